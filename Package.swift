@@ -1,0 +1,81 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let package = Package(
+    name: "Dredge",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "DredgeStore", targets: ["DredgeStore"]),
+        .library(name: "DredgeLogging", targets: ["DredgeLogging"]),
+        .executable(name: "dredge-agent", targets: ["dredge-agent"]),
+        .executable(name: "dredge-demo", targets: ["dredge-demo"]),
+        .executable(name: "dredge-bench", targets: ["dredge-bench"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+    ],
+    targets: [
+        // The client's local, bounded log store: schema, migrations, batched writer, retention,
+        // queries by filter. No networking.
+        .target(
+            name: "DredgeStore",
+            dependencies: [
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
+            ]
+        ),
+        // The logging API apps embed: levels, types, privacy per value, the swift-log handler.
+        .target(
+            name: "DredgeLogging",
+            dependencies: [
+                "DredgeStore",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
+        ),
+        // Realistic synthetic logs for the demo, the benchmarks and the tests.
+        .target(name: "DredgeSamples", dependencies: ["DredgeStore"]),
+        .executableTarget(
+            name: "dredge-agent",
+            dependencies: [
+                "DredgeStore", "DredgeLogging",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(
+            name: "dredge-demo",
+            dependencies: [
+                "DredgeStore", "DredgeLogging", "DredgeSamples",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(
+            name: "dredge-bench",
+            dependencies: [
+                "DredgeStore", "DredgeLogging", "DredgeSamples",
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        // A child process for crash tests: logs, flushes, reports, then waits to be killed.
+        .executableTarget(
+            name: "store-crash-child",
+            dependencies: ["DredgeStore", "DredgeLogging"],
+            path: "Tests/Helpers/store-crash-child"
+        ),
+        .testTarget(
+            name: "DredgeStoreTests",
+            dependencies: ["DredgeStore", "DredgeSamples", .product(name: "GRDB", package: "GRDB.swift")]
+        ),
+        .testTarget(
+            name: "DredgeLoggingTests",
+            dependencies: [
+                "DredgeLogging", "DredgeStore",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+    ]
+)

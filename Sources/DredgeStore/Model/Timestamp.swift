@@ -1,0 +1,111 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Foundation
+
+/// A point in time in microseconds since the Unix epoch, UTC.
+///
+/// Microseconds are what the store keeps and what the wire format carries; they order records
+/// exactly and survive a round trip through RFC 3339 text without loss.
+public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible {
+    public var microseconds: Int64
+
+    public init(microseconds: Int64) { self.microseconds = microseconds }
+
+    public init(_ date: Date) {
+        self.microseconds = Int64((date.timeIntervalSince1970 * 1_000_000).rounded())
+    }
+
+    /// The wall clock now, read with `clock_gettime(CLOCK_REALTIME)` (no Foundation allocation).
+    public static var now: Timestamp {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Timestamp(microseconds: Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1_000)
+    }
+
+    public var date: Date { Date(timeIntervalSince1970: Double(microseconds) / 1_000_000) }
+
+    public static func < (a: Timestamp, b: Timestamp) -> Bool { a.microseconds < b.microseconds }
+
+    public func adding(_ duration: Duration) -> Timestamp {
+        let (s, atto) = duration.components
+        return Timestamp(microseconds: microseconds + s * 1_000_000 + atto / 1_000_000_000_000)
+    }
+
+    public func subtracting(_ duration: Duration) -> Timestamp { adding(.zero - duration) }
+
+    /// RFC 3339 with exactly six fractional digits and a `Z` suffix, e.g.
+    /// `2026-11-21T09:30:00.000042Z`.
+    public var rfc3339: String {
+        var seconds = time_t(microseconds.floorDiv(1_000_000))
+        let micros = Int(microseconds.floorMod(1_000_000))
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        return String(
+            format: "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ",
+            Int(parts.tm_year) + 1900, Int(parts.tm_mon) + 1, Int(parts.tm_mday),
+            Int(parts.tm_hour), Int(parts.tm_min), Int(parts.tm_sec), micros)
+    }
+
+    /// The UTC day this instant falls in, as `YYYY-MM-DD`.
+    public var utcDay: String { String(rfc3339.prefix(10)) }
+
+    /// Parses RFC 3339 (`Z` or a numeric offset, any number of fractional digits up to 9) or a
+    /// plain `YYYY-MM-DD` (midnight UTC). Returns nil for anything else.
+    public init?(rfc3339 text: String) {
+        let bytes = Array(text.utf8)
+        func digits(_ start: Int, _ count: Int) -> Int? {
+            guard start + count <= bytes.count else { return nil }
+            var value = 0
+            for b in bytes[start..<start + count] {
+                guard b >= 48, b <= 57 else { return nil }
+                value = value * 10 + Int(b - 48)
+            }
+            return value
+        }
+        guard let year = digits(0, 4), bytes.count >= 10, bytes[4] == 45, let month = digits(5, 2),
+            bytes[7] == 45, let day = digits(8, 2), (1...12).contains(month), (1...31).contains(day)
+        else { return nil }
+        var hour = 0, minute = 0, second = 0, micros = 0, offsetSeconds = 0
+        if bytes.count > 10 {
+            guard bytes[10] == 84 || bytes[10] == 116 || bytes[10] == 32, let h = digits(11, 2),
+                bytes.count > 13, bytes[13] == 58, let m = digits(14, 2), bytes.count > 16,
+                bytes[16] == 58, let s = digits(17, 2), h < 24, m < 60, s < 61
+            else { return nil }
+            hour = h; minute = m; second = s
+            var i = 19
+            if i < bytes.count, bytes[i] == 46 {
+                i += 1
+                var scale = 100_000, n = 0
+                while i < bytes.count, bytes[i] >= 48, bytes[i] <= 57 {
+                    micros += Int(bytes[i] - 48) * scale
+                    scale /= 10; i += 1; n += 1
+                }
+                guard n > 0, n <= 9 else { return nil }
+            }
+            guard i < bytes.count else { return nil }
+            if bytes[i] == 90 || bytes[i] == 122 {
+                guard i + 1 == bytes.count else { return nil }
+            } else if bytes[i] == 43 || bytes[i] == 45, let oh = digits(i + 1, 2), i + 3 < bytes.count,
+                bytes[i + 3] == 58, let om = digits(i + 4, 2), i + 6 == bytes.count {
+                offsetSeconds = (oh * 3600 + om * 60) * (bytes[i] == 43 ? 1 : -1)
+            } else {
+                return nil
+            }
+        }
+        var parts = tm()
+        parts.tm_year = Int32(year - 1900); parts.tm_mon = Int32(month - 1); parts.tm_mday = Int32(day)
+        parts.tm_hour = Int32(hour); parts.tm_min = Int32(minute); parts.tm_sec = Int32(second)
+        let epoch = Int64(timegm(&parts)) - Int64(offsetSeconds)
+        self.microseconds = epoch * 1_000_000 + Int64(micros)
+    }
+
+    public var description: String { rfc3339 }
+}
+
+extension Int64 {
+    fileprivate func floorDiv(_ d: Int64) -> Int64 { (self >= 0 ? self : self - d + 1) / d }
+    fileprivate func floorMod(_ d: Int64) -> Int64 { self - floorDiv(d) * d }
+}

@@ -1,0 +1,61 @@
+import GRDB
+
+/// Turns a ``LogFilter`` into SQL over the `log` table.
+///
+/// Index use: with a uid, `log_by_uid_ts (uid, ts)` serves both the range and the order; without
+/// one, `log_by_ts (ts)`. Both indexes end in the rowid, so `ORDER BY ts, id` needs no sort and
+/// results stream in time order straight off the index. Types, levels and text are checked on
+/// the rows the index range yields.
+struct LogQuery {
+    var sql: String
+    var arguments: StatementArguments
+
+    static let columns = "id, ts, level, type, uid, message, metadata, context_id"
+
+    init(filter: LogFilter, select: String = LogQuery.columns, ordered: Bool = true, limit: Int? = nil) {
+        var clauses: [String] = []
+        var arguments = StatementArguments()
+        if let uid = filter.uid {
+            clauses.append("uid = ?")
+            arguments += [uid]
+        }
+        if let since = filter.since {
+            clauses.append("ts >= ?")
+            arguments += [since.microseconds]
+        }
+        if let until = filter.until {
+            clauses.append("ts < ?")
+            arguments += [until.microseconds]
+        }
+        if let types = filter.types {
+            let sorted = types.map(\.rawValue).sorted()
+            clauses.append("type IN (\(sorted.map { _ in "?" }.joined(separator: ",")))")
+            arguments += StatementArguments(sorted)
+        }
+        if let levels = filter.levels {
+            let sorted = levels.map(\.rawValue).sorted()
+            clauses.append("level IN (\(sorted.map { _ in "?" }.joined(separator: ",")))")
+            arguments += StatementArguments(sorted)
+        }
+        if let text = filter.text, !text.isEmpty {
+            let pattern = "%" + Self.escapeLike(text) + "%"
+            clauses.append("(message LIKE ? ESCAPE '\\' OR metadata LIKE ? ESCAPE '\\')")
+            arguments += [pattern, pattern]
+        }
+        var sql = "SELECT \(select) FROM log"
+        if !clauses.isEmpty { sql += " WHERE " + clauses.joined(separator: " AND ") }
+        if ordered { sql += " ORDER BY ts, id" }
+        if let limit { sql += " LIMIT \(limit)" }
+        self.sql = sql
+        self.arguments = arguments
+    }
+
+    static func escapeLike(_ text: String) -> String {
+        var out = ""
+        for c in text {
+            if c == "%" || c == "_" || c == "\\" { out.append("\\") }
+            out.append(c)
+        }
+        return out
+    }
+}

@@ -1,0 +1,77 @@
+/// What happens when a log call finds the write queue full.
+public enum OverflowPolicy: Sendable, Hashable {
+    /// The new record is dropped and counted (``StoreStatistics/droppedQueueFull``), and the
+    /// drop is recorded in the store as a loss with its time range. The caller never waits.
+    /// The default: a logging call must not stall an app.
+    case dropNewest
+    /// The caller waits until the writer makes room. For ingestion pipelines where a record
+    /// must not be lost and back-pressure is wanted (`dredge-agent ingest`).
+    case block
+}
+
+/// How hard a commit is pushed to the disk.
+public enum Durability: Sendable, Hashable {
+    /// `synchronous=NORMAL` in WAL mode: a committed batch survives the process being killed;
+    /// a power loss may lose the last commits. The default.
+    case normal
+    /// `synchronous=FULL`: every commit is fsynced and survives a power loss, at a cost in
+    /// ingest speed.
+    case full
+}
+
+/// How much the store keeps. Retention deletes the oldest records first.
+public struct RetentionPolicy: Sendable, Hashable {
+    /// Records older than this are deleted. Default 3 days.
+    public var maxAge: Duration
+    /// The store's size on disk (database plus WAL) is kept under this many bytes. Default
+    /// 200 MB (200,000,000 bytes).
+    public var maxBytes: Int64
+    /// When over ``maxBytes``, retention deletes down to this fraction of it, so it does not
+    /// run again after every batch. Default 0.9.
+    public var lowWaterFraction: Double
+
+    public init(maxAge: Duration = .seconds(3 * 86_400), maxBytes: Int64 = 200_000_000, lowWaterFraction: Double = 0.9) {
+        self.maxAge = maxAge
+        self.maxBytes = maxBytes
+        self.lowWaterFraction = lowWaterFraction
+    }
+}
+
+/// Limits on one record, enforced when it is written. What is over a limit is truncated, never
+/// rejected, and the truncation is marked (see docs/store.md).
+public struct StoreLimits: Sendable, Hashable {
+    /// Bytes of UTF-8 in a message. Default 64 KiB.
+    public var maxMessageBytes = 64 * 1024
+    /// Bytes of UTF-8 in one metadata string value. Default 16 KiB.
+    public var maxMetadataValueBytes = 16 * 1024
+    /// Bytes of the encoded metadata JSON of one record. Default 64 KiB.
+    public var maxMetadataBytes = 64 * 1024
+    /// Bytes in a uid. Default 256.
+    public var maxUIDBytes = 256
+
+    public init() {}
+}
+
+public struct StoreConfiguration: Sendable {
+    public var retention = RetentionPolicy()
+    public var limits = StoreLimits()
+    /// Entries the write queue holds before ``overflowPolicy`` applies. Default 65,536.
+    public var queueCapacity = 65_536
+    public var overflowPolicy = OverflowPolicy.dropNewest
+    /// Most records in one write transaction. Default 1,024.
+    public var maxBatchSize = 1_024
+    /// How often retention runs besides at open. Default one minute. Size is also checked
+    /// after every ``sizeCheckEveryBatches`` batches.
+    public var retentionInterval = Duration.seconds(60)
+    public var sizeCheckEveryBatches = 64
+    public var durability = Durability.normal
+    /// Open for queries only: no writer, no retention, no migration.
+    public var readOnly = false
+    /// The clock retention ages records by. Tests pass a fixed one.
+    public var now: @Sendable () -> Timestamp = { .now }
+    /// SQLite's `max_page_count` on the writer: a hard cap on the database file. Used to
+    /// simulate a full disk; nil means SQLite's default.
+    public var maxPageCount: Int?
+
+    public init() {}
+}

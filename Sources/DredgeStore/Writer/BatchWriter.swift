@@ -1,0 +1,142 @@
+import Foundation
+import GRDB
+
+/// The store's single writer: a dedicated thread that drains the ``WriteQueue`` into
+/// transactions of at most `maxBatchSize` records, and runs retention at start, every
+/// `retentionInterval`, and whenever a size check finds the store over its limit.
+///
+/// A failed write (a full disk, an I/O error) drops that batch, counts it, reports it to the
+/// next `flush`, and records it as a `write.failed` loss once a write succeeds again. It never
+/// touches records already committed.
+final class BatchWriter: @unchecked Sendable {
+    private let queue: WriteQueue
+    private let pool: DatabasePool
+    private let configuration: StoreConfiguration
+    private let retention: Retention
+    private let path: String
+    private let exited = DispatchSemaphore(value: 0)
+    private let maintenance = NSLock()
+
+    private var inserter: RecordInserter
+    private var pendingFailure: WriteQueue.LossWindow?
+    private var batchesSinceSizeCheck = 0
+    private var lastRetentionReport: RetentionReport?
+    private var retentionErrors: UInt64 = 0
+
+    init(queue: WriteQueue, pool: DatabasePool, configuration: StoreConfiguration, path: String) {
+        self.queue = queue
+        self.pool = pool
+        self.configuration = configuration
+        self.path = path
+        self.retention = Retention(policy: configuration.retention, path: path)
+        self.inserter = RecordInserter(limits: configuration.limits)
+    }
+
+    func start() {
+        let thread = Thread { [self] in run() }
+        thread.name = "dredge-store-writer"
+        thread.start()
+    }
+
+    /// Returns once the writer has drained the queue and stopped. Call after `queue.close()`.
+    func join() { exited.wait() }
+
+    private func run() {
+        runRetention()
+        var nextRetention = Date().addingTimeInterval(configuration.retentionInterval.seconds)
+        while let batch = queue.take(until: nextRetention) {
+            write(batch)
+            batchesSinceSizeCheck += 1
+            if Date() >= nextRetention {
+                runRetention()
+                nextRetention = Date().addingTimeInterval(configuration.retentionInterval.seconds)
+            } else if batchesSinceSizeCheck >= configuration.sizeCheckEveryBatches {
+                batchesSinceSizeCheck = 0
+                if retention.bytesOnDiskIgnoringErrors(pool) > configuration.retention.maxBytes { runRetention() }
+            }
+        }
+        exited.signal()
+    }
+
+    private func write(_ batch: WriteQueue.Batch) {
+        var entries = batch.entries
+        var dropped = batch.dropped
+        var start = entries.startIndex
+        repeat {
+            let end = min(start + configuration.maxBatchSize, entries.endIndex)
+            let slice = entries[start..<end]
+            do {
+                let failure = pendingFailure
+                try pool.write { db in
+                    try inserter.insert(slice, in: db)
+                    let now = configuration.now()
+                    if let dropped {
+                        try LossTable.insert(LossRecord(recordedAt: now, reason: .queueFull, count: Int64(dropped.count), first: dropped.first, last: dropped.last), db: db)
+                    }
+                    if let failure {
+                        try LossTable.insert(LossRecord(recordedAt: now, reason: .writeFailed, count: Int64(failure.count), first: failure.first, last: failure.last), db: db)
+                    }
+                }
+                dropped = nil
+                pendingFailure = nil
+                queue.finish(count: slice.count, error: nil)
+            } catch {
+                let storeError = StoreError.wrap(error, path: path)
+                if let first = slice.first {
+                    var window = pendingFailure ?? WriteQueue.LossWindow(count: 0, first: first.timestamp, last: first.timestamp)
+                    for entry in slice { window.add(entry.timestamp) }
+                    pendingFailure = window
+                }
+                let failure = StoreError(
+                    code: storeError.code == .diskFull ? .diskFull : .writeFailed,
+                    message: "\(slice.count) records not stored: \(storeError.message)", path: path)
+                queue.finish(count: slice.count, error: failure)
+            }
+            start = end
+        } while start < entries.endIndex
+        if let dropped { queue.restoreDrop(dropped) }
+        queue.recycle(&entries)
+    }
+
+    /// Runs one retention pass now. Safe to call from any thread; passes never overlap.
+    func retentionPass() throws -> RetentionReport {
+        maintenance.lock()
+        defer { maintenance.unlock() }
+        let report = try retention.run(pool: pool, now: configuration.now())
+        lastRetentionReport = report
+        return report
+    }
+
+    var lastRetention: RetentionReport? {
+        maintenance.lock()
+        defer { maintenance.unlock() }
+        return lastRetentionReport
+    }
+
+    private func runRetention() {
+        do {
+            _ = try retentionPass()
+        } catch {
+            maintenance.lock()
+            retentionErrors += 1
+            maintenance.unlock()
+        }
+    }
+
+    var retentionFailures: UInt64 {
+        maintenance.lock()
+        defer { maintenance.unlock() }
+        return retentionErrors
+    }
+}
+
+extension Retention {
+    func bytesOnDiskIgnoringErrors(_ pool: DatabasePool) -> Int64 { (try? bytesOnDisk(pool)) ?? 0 }
+}
+
+extension Duration {
+    var seconds: Double {
+        let (s, atto) = components
+        return Double(s) + Double(atto) / 1e18
+    }
+}

@@ -1,0 +1,215 @@
+import Foundation
+
+/// The bounded buffer between log calls and the writer thread.
+///
+/// A log call takes one uncontended lock, appends, and wakes the writer only if it sleeps. The
+/// writer swaps the whole buffer out in one step, so producers never wait on SQLite.
+///
+/// Sequence numbers: every accepted entry gets the next number; the writer reports how many it
+/// finished (written or failed, in order). `flush` waits until the finished count reaches the
+/// accepted count it saw when called.
+final class WriteQueue: @unchecked Sendable {
+    struct Batch {
+        var entries: [LogEntry]
+        var dropped: LossWindow?
+    }
+
+    /// Entries that never reached the store, summarised for the loss table.
+    struct LossWindow: Equatable {
+        var count: Int
+        var first: Timestamp
+        var last: Timestamp
+
+        mutating func add(_ ts: Timestamp) {
+            count += 1
+            first = min(first, ts)
+            last = max(last, ts)
+        }
+    }
+
+    struct Counters {
+        var accepted: UInt64 = 0
+        var finished: UInt64 = 0
+        var droppedQueueFull: UInt64 = 0
+        var droppedClosed: UInt64 = 0
+        var failedWrites: UInt64 = 0
+        var depth = 0
+    }
+
+    private let condition = NSCondition()
+    private var buffer: [LogEntry]
+    private var spare: [LogEntry]
+    private let capacity: Int
+    private let policy: OverflowPolicy
+
+    private var counters = Counters()
+    private var writerSleeping = false
+    private var blockedProducers = 0
+    private var closed = false
+    private var pendingDrop: LossWindow?
+    private var unreportedFailure: StoreError?
+    private var asyncWaiters: [(target: UInt64, continuation: CheckedContinuation<Void, any Error>)] = []
+
+    init(capacity: Int, policy: OverflowPolicy) {
+        precondition(capacity > 0)
+        self.capacity = capacity
+        self.policy = policy
+        self.buffer = []
+        self.spare = []
+        buffer.reserveCapacity(min(capacity, 4096))
+        spare.reserveCapacity(min(capacity, 4096))
+    }
+
+    /// Appends an entry, or applies the overflow policy. Returns false if the entry was dropped.
+    @discardableResult
+    func enqueue(_ entry: LogEntry) -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        if closed {
+            counters.droppedClosed += 1
+            return false
+        }
+        if buffer.count >= capacity {
+            switch policy {
+            case .dropNewest:
+                counters.droppedQueueFull += 1
+                if pendingDrop == nil {
+                    pendingDrop = LossWindow(count: 1, first: entry.timestamp, last: entry.timestamp)
+                } else {
+                    pendingDrop!.add(entry.timestamp)
+                }
+                return false
+            case .block:
+                blockedProducers += 1
+                while buffer.count >= capacity && !closed { condition.wait() }
+                blockedProducers -= 1
+                if closed {
+                    counters.droppedClosed += 1
+                    return false
+                }
+            }
+        }
+        buffer.append(entry)
+        counters.accepted += 1
+        if writerSleeping { condition.broadcast() }
+        return true
+    }
+
+    /// Writer side: waits until there are entries, the deadline passes, or the queue closes.
+    /// Returns nil only when closed and empty.
+    func take(until deadline: Date) -> Batch? {
+        condition.lock()
+        defer { condition.unlock() }
+        while buffer.isEmpty && pendingDrop == nil && !closed {
+            writerSleeping = true
+            let signalled = condition.wait(until: deadline)
+            writerSleeping = false
+            if !signalled { break }
+        }
+        if buffer.isEmpty && pendingDrop == nil && closed { return nil }
+        swap(&buffer, &spare)
+        let entries = spare
+        spare = []
+        let dropped = pendingDrop
+        pendingDrop = nil
+        if blockedProducers > 0 { condition.broadcast() }
+        return Batch(entries: entries, dropped: dropped)
+    }
+
+    /// Writer side: hands the emptied array back so its capacity is reused.
+    func recycle(_ array: inout [LogEntry]) {
+        array.removeAll(keepingCapacity: true)
+        condition.lock()
+        if spare.capacity < array.capacity { swap(&spare, &array) }
+        condition.unlock()
+    }
+
+    /// Writer side: `count` entries, in order, are done; `error` if they were not stored.
+    func finish(count: Int, error: StoreError?) {
+        condition.lock()
+        counters.finished += UInt64(count)
+        if let error {
+            counters.failedWrites += UInt64(count)
+            var failure = error
+            if let previous = unreportedFailure, previous.code == .writeFailed || previous.code == error.code {
+                failure.message = "\(previous.message); \(error.message)"
+            }
+            unreportedFailure = failure
+        }
+        let finished = counters.finished
+        var ready: [CheckedContinuation<Void, any Error>] = []
+        asyncWaiters.removeAll { waiter in
+            if waiter.target <= finished { ready.append(waiter.continuation); return true }
+            return false
+        }
+        let failure = ready.isEmpty ? nil : takeFailure()
+        condition.broadcast()
+        condition.unlock()
+        for continuation in ready {
+            if let failure { continuation.resume(throwing: failure) } else { continuation.resume() }
+        }
+    }
+
+    /// Puts back drop counts the writer could not persist, so the next batch records them.
+    func restoreDrop(_ window: LossWindow) {
+        condition.lock()
+        if var pending = pendingDrop {
+            pending.count += window.count
+            pending.first = min(pending.first, window.first)
+            pending.last = max(pending.last, window.last)
+            pendingDrop = pending
+        } else {
+            pendingDrop = window
+        }
+        condition.unlock()
+    }
+
+    private func takeFailure() -> StoreError? {
+        defer { unreportedFailure = nil }
+        return unreportedFailure
+    }
+
+    /// Blocks until every entry accepted before the call is finished. Throws the first write
+    /// failure not yet reported by an earlier flush.
+    func flush() throws {
+        condition.lock()
+        let target = counters.accepted
+        if writerSleeping { condition.broadcast() }
+        while counters.finished < target { condition.wait() }
+        let failure = takeFailure()
+        condition.unlock()
+        if let failure { throw failure }
+    }
+
+    func flush() async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            condition.lock()
+            let target = counters.accepted
+            if counters.finished >= target {
+                let failure = takeFailure()
+                condition.unlock()
+                if let failure { continuation.resume(throwing: failure) } else { continuation.resume() }
+                return
+            }
+            asyncWaiters.append((target, continuation))
+            if writerSleeping { condition.broadcast() }
+            condition.unlock()
+        }
+    }
+
+    /// Refuses new entries and wakes everyone. The writer drains what is left.
+    func close() {
+        condition.lock()
+        closed = true
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    var snapshot: Counters {
+        condition.lock()
+        defer { condition.unlock() }
+        var c = counters
+        c.depth = buffer.count
+        return c
+    }
+}

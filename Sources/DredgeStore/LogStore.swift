@@ -128,6 +128,8 @@ public final class LogStore: Sendable {
         guard !already else { return }
         queue.close()
         writer?.join()
+        // Leave a single self-contained file behind: fold the WAL back in.
+        if !configuration.readOnly { _ = try? pool.writeWithoutTransaction { try $0.checkpoint(.truncate) } }
         do { try pool.close() } catch { throw StoreError.wrap(error, path: path) }
     }
 

@@ -43,19 +43,26 @@ final class BatchWriter: @unchecked Sendable {
 
     private func run() {
         runRetention()
+        queue.markReady()
         var nextRetention = Date().addingTimeInterval(configuration.retentionInterval.seconds)
         while let batch = queue.take(until: nextRetention) {
             write(batch)
-            batchesSinceSizeCheck += 1
             if Date() >= nextRetention {
                 runRetention()
                 nextRetention = Date().addingTimeInterval(configuration.retentionInterval.seconds)
-            } else if batchesSinceSizeCheck >= configuration.sizeCheckEveryBatches {
-                batchesSinceSizeCheck = 0
-                if retention.bytesOnDiskIgnoringErrors(pool) > configuration.retention.maxBytes { runRetention() }
             }
         }
         exited.signal()
+    }
+
+    /// Counts a committed transaction and runs retention when the store has grown over its
+    /// size limit. Checked before the transaction's entries are reported finished, so a
+    /// `flush` also waits for the retention its own records caused.
+    private func checkSizeAfterCommit() {
+        batchesSinceSizeCheck += 1
+        guard batchesSinceSizeCheck >= configuration.sizeCheckEveryBatches else { return }
+        batchesSinceSizeCheck = 0
+        if retention.bytesOnDiskIgnoringErrors(pool) > configuration.retention.maxBytes { runRetention() }
     }
 
     private func write(_ batch: WriteQueue.Batch) {
@@ -79,6 +86,7 @@ final class BatchWriter: @unchecked Sendable {
                 }
                 dropped = nil
                 pendingFailure = nil
+                checkSizeAfterCommit()
                 queue.finish(count: slice.count, error: nil)
             } catch {
                 let storeError = StoreError.wrap(error, path: path)

@@ -46,6 +46,8 @@ final class WriteQueue: @unchecked Sendable {
     private var writerSleeping = false
     private var blockedProducers = 0
     private var closed = false
+    /// Set once the writer has run the retention pass it runs at open.
+    private var ready = false
     private var pendingDrop: LossWindow?
     private var unreportedFailure: StoreError?
     private var asyncWaiters: [(target: UInt64, continuation: CheckedContinuation<Void, any Error>)] = []
@@ -136,16 +138,24 @@ final class WriteQueue: @unchecked Sendable {
             }
             unreportedFailure = failure
         }
-        let finished = counters.finished
-        var ready: [CheckedContinuation<Void, any Error>] = []
-        asyncWaiters.removeAll { waiter in
-            if waiter.target <= finished { ready.append(waiter.continuation); return true }
-            return false
-        }
-        let failure = ready.isEmpty ? nil : takeFailure()
+        resumeAsyncWaiters()
         condition.broadcast()
         condition.unlock()
-        for continuation in ready {
+    }
+
+    /// Resumes the async flushes whose entries are all finished. Called with the lock held;
+    /// resuming a continuation only schedules its task, so it is safe under the lock.
+    private func resumeAsyncWaiters() {
+        guard ready || closed else { return }
+        let finished = counters.finished
+        var resumable: [CheckedContinuation<Void, any Error>] = []
+        asyncWaiters.removeAll { waiter in
+            if waiter.target <= finished { resumable.append(waiter.continuation); return true }
+            return false
+        }
+        guard !resumable.isEmpty else { return }
+        let failure = takeFailure()
+        for continuation in resumable {
             if let failure { continuation.resume(throwing: failure) } else { continuation.resume() }
         }
     }
@@ -169,13 +179,22 @@ final class WriteQueue: @unchecked Sendable {
         return unreportedFailure
     }
 
-    /// Blocks until every entry accepted before the call is finished. Throws the first write
-    /// failure not yet reported by an earlier flush.
+    /// Writer side: the retention pass at open is done.
+    func markReady() {
+        condition.lock()
+        ready = true
+        resumeAsyncWaiters()
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    /// Blocks until every entry accepted before the call is finished (and the writer has done
+    /// its work at open). Throws the first write failure not yet reported by an earlier flush.
     func flush() throws {
         condition.lock()
         let target = counters.accepted
         if writerSleeping { condition.broadcast() }
-        while counters.finished < target { condition.wait() }
+        while counters.finished < target || !(ready || closed) { condition.wait() }
         let failure = takeFailure()
         condition.unlock()
         if let failure { throw failure }
@@ -185,7 +204,7 @@ final class WriteQueue: @unchecked Sendable {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             condition.lock()
             let target = counters.accepted
-            if counters.finished >= target {
+            if counters.finished >= target && (ready || closed) {
                 let failure = takeFailure()
                 condition.unlock()
                 if let failure { continuation.resume(throwing: failure) } else { continuation.resume() }

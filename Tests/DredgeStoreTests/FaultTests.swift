@@ -102,7 +102,7 @@ import Testing
         try store.close()
 
         let reopened = try LogStore(path: path)
-        let messages = try reopened.records(matching: LogFilter(until: Timestamp(microseconds: 200))).map(\.message)
+        let messages = try reopened.records(matching: LogFilter(until: Timestamp(microseconds: testEpoch + 200))).map(\.message)
         #expect(messages == (0..<200).map { "kept \($0)" })
         #expect(try reopened.records(matching: LogFilter(text: "after")).count == 1)
     }
@@ -155,7 +155,7 @@ import Testing
         #expect(stats.recordCount == Int64(stats.accepted))
         let losses = try store.losses().filter { $0.reason == .queueFull }
         #expect(losses.reduce(0) { $0 + $1.count } == Int64(stats.droppedQueueFull))
-        #expect(losses.last?.last == Timestamp(microseconds: 299))
+        #expect(losses.last?.last == Timestamp(microseconds: testEpoch + 299))
     }
 
     @Test func theBlockingPolicyWaitsForRoomAndLosesNothing() throws {

@@ -55,13 +55,14 @@ import Testing
         let dir = TempDir()
         let store = try LogStore(path: dir.file("logs.sqlite"))
         let ctx = try store.register(testContext)
-        let start = Timestamp(rfc3339: "2026-11-18T00:00:00Z")!
-        let end = Timestamp(rfc3339: "2026-11-21T00:00:00Z")!
+        // Within the default three days of retention, so no retention pass can interfere.
+        let end = Timestamp.now
+        let start = end.subtracting(.seconds(60 * 3_600))
         let samples = Array(SampleLogs(count: 3_000, uids: ["u-1", "u-2", "u-3"], from: start, to: end, context: ctx))
         for e in samples { store.enqueue(e) }
         try store.flush()
 
-        let day = Timestamp(rfc3339: "2026-11-19T00:00:00Z")!
+        let day = start.adding(.seconds(12 * 3_600))
         let filters: [LogFilter] = [
             .all,
             LogFilter(uid: "u-2"),

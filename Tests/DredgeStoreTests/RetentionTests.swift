@@ -20,7 +20,7 @@ import Testing
         let ctx = try store.register(testContext)
         let day: Int64 = 86_400_000_000
         let oldest = Self.now.microseconds - 3 * day
-        for i in 0..<300 { store.enqueue(entry(oldest + Int64(i) * day / 100, message: "\(i)", context: ctx)) }
+        for i in 0..<300 { store.enqueue(entry(absolute: oldest + Int64(i) * day / 100, message: "\(i)", context: ctx)) }
         try store.flush()
 
         let report = try store.runRetention()
@@ -46,7 +46,7 @@ import Testing
         do {
             let store = try LogStore(path: path, configuration: configuration(maxAge: .seconds(100 * 86_400)))
             let ctx = try store.register(testContext)
-            for i in 0..<50 { store.enqueue(entry(Self.now.microseconds - Int64(10 - i / 5) * 86_400_000_000, context: ctx)) }
+            for i in 0..<50 { store.enqueue(entry(absolute: Self.now.microseconds - Int64(10 - i / 5) * 86_400_000_000, context: ctx)) }
             try store.close()
         }
         let store = try LogStore(path: path, configuration: configuration(maxAge: .seconds(3 * 86_400)))

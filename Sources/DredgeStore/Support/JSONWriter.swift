@@ -39,12 +39,13 @@ public struct JSONWriter {
     public mutating func writeObject(_ object: [String: LogValue]) {
         bytes.append(UInt8(ascii: "{"))
         var first = true
-        for key in object.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+        // String's `<` orders NFC strings by Unicode scalar value, which is UTF-8 byte order.
+        for (key, value) in object.sorted(by: { $0.key < $1.key }) {
             if !first { bytes.append(UInt8(ascii: ",")) }
             first = false
             writeString(key)
             bytes.append(UInt8(ascii: ":"))
-            write(object[key]!)
+            write(value)
         }
         bytes.append(UInt8(ascii: "}"))
     }
@@ -53,19 +54,35 @@ public struct JSONWriter {
 
     public mutating func writeString(_ s: String) {
         bytes.append(UInt8(ascii: "\""))
-        for b in s.utf8 {
-            switch b {
-            case UInt8(ascii: "\""): bytes.append(UInt8(ascii: "\\")); bytes.append(b)
-            case UInt8(ascii: "\\"): bytes.append(UInt8(ascii: "\\")); bytes.append(b)
-            case 0x0A: bytes.append(UInt8(ascii: "\\")); bytes.append(UInt8(ascii: "n"))
-            case 0x0D: bytes.append(UInt8(ascii: "\\")); bytes.append(UInt8(ascii: "r"))
-            case 0x09: bytes.append(UInt8(ascii: "\\")); bytes.append(UInt8(ascii: "t"))
-            case 0..<0x20:
-                let hex: [UInt8] = Array("0123456789abcdef".utf8)
-                bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "u"), 48, 48, hex[Int(b >> 4)], hex[Int(b & 0xF)]])
-            default: bytes.append(b)
-            }
+        let copied: Void? = s.utf8.withContiguousStorageIfAvailable { buffer in appendEscaped(buffer) }
+        if copied == nil {
+            var copy = s
+            copy.withUTF8 { appendEscaped($0) }
         }
         bytes.append(UInt8(ascii: "\""))
     }
+
+    /// Copies runs of bytes that need no escaping in one go; escapes the rest.
+    private mutating func appendEscaped(_ buffer: UnsafeBufferPointer<UInt8>) {
+        var runStart = 0
+        for i in 0..<buffer.count {
+            let b = buffer[i]
+            guard b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") else { continue }
+            if runStart < i { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[runStart..<i])) }
+            runStart = i + 1
+            bytes.append(UInt8(ascii: "\\"))
+            switch b {
+            case UInt8(ascii: "\""), UInt8(ascii: "\\"): bytes.append(b)
+            case 0x0A: bytes.append(UInt8(ascii: "n"))
+            case 0x0D: bytes.append(UInt8(ascii: "r"))
+            case 0x09: bytes.append(UInt8(ascii: "t"))
+            default:
+                let hex = Self.hexDigits
+                bytes.append(contentsOf: [UInt8(ascii: "u"), 48, 48, hex[Int(b >> 4)], hex[Int(b & 0xF)]])
+            }
+        }
+        if runStart < buffer.count { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[runStart...])) }
+    }
+
+    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
 }

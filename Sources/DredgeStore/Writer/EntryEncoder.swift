@@ -73,7 +73,7 @@ struct EntryEncoder {
         var used = 2
         var omitted = 0
         var w = JSONWriter()
-        for key in metadata.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+        for key in metadata.keys.sorted() {
             w.reset()
             w.writeString(key)
             w.write(clamp(metadata[key]!))

@@ -1,0 +1,24 @@
+# The two commands a newcomer runs (see README.md):
+#   make demo   the main job
+#   make test   the whole test suite
+.PHONY: demo test bench deps clean
+
+SWIFT ?= swift
+
+deps:
+	@scripts/install-deps.sh
+
+demo: deps
+	$(SWIFT) build -c release --product dredge-demo
+	.build/release/dredge-demo --dir demo-output
+
+test: deps
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build
+
+bench: deps
+	$(SWIFT) build -c release --product dredge-bench
+	.build/release/dredge-bench store
+
+clean:
+	rm -rf .build demo-output

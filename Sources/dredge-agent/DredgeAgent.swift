@@ -1,0 +1,10 @@
+import ArgumentParser
+
+@main
+struct DredgeAgent: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "dredge-agent",
+        abstract: "The Dredge agent: feeds and reads the local log store.",
+        discussion: "The store path comes from --store, else $DREDGE_STORE, else ~/.local/state/dredge/logs.sqlite.",
+        subcommands: [LogCommand.self, IngestCommand.self, QueryCommand.self, StatsCommand.self])
+}

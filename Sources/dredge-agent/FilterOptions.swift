@@ -1,0 +1,57 @@
+import ArgumentParser
+import DredgeStore
+
+/// The record filter flags, as `dredge pull` will take them too.
+struct FilterOptions: ParsableArguments {
+    @Option(help: "Only this user's records.")
+    var uid: String?
+
+    @Option(help: "From this time: RFC 3339, YYYY-MM-DD, or a duration ago (90m, 2d).")
+    var since: String?
+
+    @Option(help: "Before this time, same forms as --since.")
+    var until: String?
+
+    @Option(name: .customLong("type"), help: "Log types; repeatable or comma-separated.")
+    var types: [String] = []
+
+    @Option(name: .customLong("level"), help: "Levels: 'error', 'warning,error' or 'warning+' (and above); repeatable.")
+    var levels: [String] = []
+
+    @Option(help: "Text contained in the message or metadata (case-insensitive).")
+    var grep: String?
+
+    func filter() throws -> LogFilter {
+        var filter = LogFilter(uid: uid, text: grep)
+        if let since {
+            guard let t = Timestamp(userInput: since) else { throw ValidationError("cannot read --since '\(since)'") }
+            filter.since = t
+        }
+        if let until {
+            guard let t = Timestamp(userInput: until) else { throw ValidationError("cannot read --until '\(until)'") }
+            filter.until = t
+        }
+        if let since = filter.since, let until = filter.until, until <= since {
+            throw ValidationError("--until must be after --since")
+        }
+        if !types.isEmpty {
+            var set = Set<LogType>()
+            for name in types.flatMap({ $0.split(separator: ",") }) {
+                guard let type = LogType(String(name)) else { throw ValidationError("invalid log type '\(name)'") }
+                set.insert(type)
+            }
+            filter.types = set
+        }
+        if !levels.isEmpty {
+            var set = Set<LogLevel>()
+            for text in levels {
+                guard let parsed = LogLevel.parseSet(text) else { throw ValidationError("cannot read --level '\(text)'") }
+                set.formUnion(parsed)
+            }
+            filter.levels = set
+        }
+        return filter
+    }
+
+    func validate() throws { _ = try filter() }
+}

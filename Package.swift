@@ -66,14 +66,17 @@ let package = Package(
             dependencies: ["DredgeStore", "DredgeLogging"],
             path: "Tests/Helpers/store-crash-child"
         ),
+        // Helpers the test targets share: temporary directories, finding built executables.
+        .target(name: "DredgeTestSupport", path: "Tests/DredgeTestSupport"),
         .testTarget(
             name: "DredgeStoreTests",
-            dependencies: ["DredgeStore", "DredgeSamples", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["DredgeStore", "DredgeSamples", "DredgeTestSupport", .product(name: "GRDB", package: "GRDB.swift")]
         ),
+        .testTarget(name: "DredgeAgentTests", dependencies: ["DredgeTestSupport"]),
         .testTarget(
             name: "DredgeLoggingTests",
             dependencies: [
-                "DredgeLogging", "DredgeStore",
+                "DredgeLogging", "DredgeStore", "DredgeTestSupport",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -1,5 +1,6 @@
 import DredgeLogging
 import DredgeStore
+import DredgeTestSupport
 import Foundation
 import Testing
 

@@ -214,3 +214,35 @@ import Testing
         #expect(pragmas.2 == 1)  // NORMAL
     }
 }
+
+@Suite struct StreamingMemoryTests {
+    static func residentBytes() -> Int {
+        let statm = (try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8)) ?? "0 0"
+        return (Int(statm.split(separator: " ")[1]) ?? 0) * Int(sysconf(Int32(_SC_PAGESIZE)))
+    }
+
+    /// Streaming a result far larger than the memory allowed for it: resident memory grows by
+    /// a small, fixed amount (SQLite's page cache, one row), not with the result.
+    @Test func streamingAResultDoesNotGrowMemoryWithItsSize() throws {
+        let dir = TempDir()
+        var config = StoreConfiguration()
+        config.overflowPolicy = .block
+        let store = try LogStore(path: dir.file("logs.sqlite"), configuration: config)
+        let ctx = try store.register(testContext)
+        let payload = String(repeating: "p", count: 1_000)
+        for i in 0..<150_000 { store.enqueue(entry(Int64(i), message: "\(i) \(payload)", context: ctx)) }
+        try store.flush()
+
+        var count = 0, bytes = 0
+        let before = Self.residentBytes()
+        var peak = before
+        try store.forEachRecord(matching: .all) { record in
+            count += 1
+            bytes += record.message.utf8.count
+            if count % 10_000 == 0 { peak = max(peak, Self.residentBytes()) }
+        }
+        #expect(count == 150_000)
+        #expect(bytes > 150_000_000)
+        #expect(peak - before < 32 * 1024 * 1024, "grew \((peak - before) / 1024) KiB while streaming \(bytes / 1_000_000) MB")
+    }
+}

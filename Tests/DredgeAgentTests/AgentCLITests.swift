@@ -1,0 +1,96 @@
+import DredgeTestSupport
+import Foundation
+import Testing
+
+/// `dredge-agent` as a user runs it: a real process, stdin, stdout, stderr and exit status.
+@Suite struct AgentCLITests {
+    struct Result {
+        var status: Int32
+        var stdout: String
+        var stderr: String
+    }
+
+    func run(_ arguments: [String], stdin: String = "", store: String) throws -> Result {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: builtProduct("dredge-agent"))
+        process.arguments = arguments + ["--store", store]
+        let input = Pipe(), output = Pipe(), errors = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        input.fileHandleForWriting.write(Data(stdin.utf8))
+        try input.fileHandleForWriting.close()
+        let out = output.fileHandleForReading.readDataToEndOfFile()
+        let err = errors.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return Result(status: process.terminationStatus, stdout: String(decoding: out, as: UTF8.self), stderr: String(decoding: err, as: UTF8.self))
+    }
+
+    @Test func ingestThenQueryReturnsTheLinesInOrder() throws {
+        let dir = TempDir()
+        let store = dir.file("logs.sqlite")
+        let ingest = try run(["ingest", "--uid", "u-7", "--type", "system", "--level", "warning"], stdin: "disk 91% full\n\nfan speed high\n", store: store)
+        #expect(ingest.status == 0, "\(ingest.stderr)")
+        #expect(ingest.stderr.contains("ingested 2 records"))
+        let query = try run(["query", "--format", "jsonl", "--uid", "u-7"], store: store)
+        #expect(query.status == 0)
+        let lines = query.stdout.split(separator: "\n").map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
+        #expect(lines.map { $0["message"] as? String } == ["disk 91% full", "fan speed high"])
+        #expect(lines.allSatisfy { $0["level"] as? String == "warning" && $0["type"] as? String == "system" && $0["uid"] as? String == "u-7" })
+        #expect(try run(["query", "--uid", "someone-else"], store: store).stdout.isEmpty)
+        #expect(try run(["query", "--grep", "FAN", "--level", "warning+"], store: store).stdout.contains("fan speed high"))
+    }
+
+    @Test func badJSONLinesAreReportedSkippedAndTheRestKept() throws {
+        let dir = TempDir()
+        let store = dir.file("logs.sqlite")
+        let lines = [
+            #"{"message":"ok 1","ts":"2026-11-21T08:00:00Z","level":"error","type":"network","uid":"u","metadata":{"status":502}}"#,
+            #"{"message": 12}"#,
+            "not json at all",
+            #"{"message":"bad level","level":"loud"}"#,
+            #"{"message":"bad ts","ts":"yesterday"}"#,
+            #"{"message":"ok 2","ts":1795000000000000}"#,
+        ]
+        let ingest = try run(["ingest", "--json"], stdin: lines.joined(separator: "\n") + "\n", store: store)
+        #expect(ingest.status == 65)
+        for n in 2...5 { #expect(ingest.stderr.contains("line \(n):"), "\(ingest.stderr)") }
+        #expect(ingest.stderr.contains("ingested 2 records, rejected 4"))
+        let query = try run(["query", "--format", "jsonl", "--since", "2026-01-01"], store: store)
+        #expect(query.stdout.contains(#""message":"ok 1""#) && query.stdout.contains(#""metadata":{"status":502}"#))
+        #expect(query.stdout.contains(#""message":"ok 2""#))
+    }
+
+    @Test func badFlagsExitWithUsageErrors() throws {
+        let dir = TempDir()
+        let store = dir.file("logs.sqlite")
+        _ = try run(["log", "hello"], store: store)
+        for arguments in [
+            ["query", "--level", "loud"], ["query", "--since", "the day before"], ["query", "--type", "Not A Type"],
+            ["query", "--since", "2026-11-21", "--until", "2026-11-20"], ["log", "--type", "BAD", "x"],
+            ["log", "--level", "x", "y"], ["log", "--meta", "novalue", "m"], ["query", "--format", "xml"], ["frobnicate"],
+        ] {
+            let result = try run(arguments, store: store)
+            #expect(result.status == 64, "\(arguments): \(result.stderr)")
+            #expect(result.stderr.contains("Error:") || result.stderr.contains("error:"), "\(arguments)")
+        }
+        // Nothing above wrote anything: only the one record.
+        #expect(try run(["query"], store: store).stdout.split(separator: "\n").count == 1)
+    }
+
+    @Test func aStoreThatIsNotSQLiteIsReportedAndLeftAlone() throws {
+        let dir = TempDir()
+        let store = dir.file("logs.sqlite")
+        let garbage = Data("this is a text file, not a database\n".utf8)
+        try garbage.write(to: URL(fileURLWithPath: store))
+        for arguments in [["query"], ["log", "hello"], ["stats"]] {
+            let result = try run(arguments, store: store)
+            #expect(result.status == 1, "\(arguments)")
+            #expect(result.stderr.contains("notADatabase"), "\(arguments): \(result.stderr)")
+        }
+        #expect(try Data(contentsOf: URL(fileURLWithPath: store)) == garbage)
+        let missing = try run(["query"], store: dir.file("nothing-here.sqlite"))
+        #expect(missing.status == 64 && missing.stderr.contains("no store at"))
+    }
+}

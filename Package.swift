@@ -7,6 +7,9 @@ let package = Package(
     products: [
         .library(name: "DredgeStore", targets: ["DredgeStore"]),
         .library(name: "DredgeLogging", targets: ["DredgeLogging"]),
+        .library(name: "DredgeWire", targets: ["DredgeWire"]),
+        .library(name: "DredgeEnvelope", targets: ["DredgeEnvelope"]),
+        .library(name: "DredgeExport", targets: ["DredgeExport"]),
         .executable(name: "dredge-agent", targets: ["dredge-agent"]),
         .executable(name: "dredge-demo", targets: ["dredge-demo"]),
         .executable(name: "dredge-bench", targets: ["dredge-bench"]),
@@ -14,8 +17,11 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
-        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
+        .package(url: "https://github.com/apple/swift-protobuf", from: "1.39.0"),
+        .package(url: "https://github.com/weichsel/ZIPFoundation", from: "0.9.20"),
     ],
     targets: [
         // The client's local, bounded log store: schema, migrations, batched writer, retention,
@@ -33,6 +39,35 @@ let package = Package(
             dependencies: [
                 "DredgeStore",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
+        ),
+        // The wire protocol's pure core: generated messages, framing, limits, canonical signing
+        // inputs and the connection and upload state machines. No sockets, no database.
+        .target(
+            name: "DredgeWire",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+            ]
+        ),
+        // The encryption envelope: key wrap, command and challenge signatures, chunk sealing.
+        .target(
+            name: "DredgeEnvelope",
+            dependencies: [
+                "DredgeWire",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+            ]
+        ),
+        .systemLibrary(name: "CDredgeZlib", providers: [.apt(["zlib1g-dev"])]),
+        // Store → per-day files → zip → encrypted chunks, and back with limits on the way in.
+        .target(
+            name: "DredgeExport",
+            dependencies: [
+                "DredgeStore", "DredgeWire", "DredgeEnvelope", "CDredgeZlib",
+                .product(name: "ZIPFoundation", package: "ZIPFoundation"),
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
@@ -73,6 +108,23 @@ let package = Package(
             dependencies: ["DredgeStore", "DredgeSamples", "DredgeTestSupport", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .testTarget(name: "DredgeAgentTests", dependencies: ["DredgeTestSupport"]),
+        .testTarget(
+            name: "DredgeWireTests",
+            dependencies: [
+                "DredgeWire", "DredgeTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOTestUtils", package: "swift-nio"),
+            ]
+        ),
+        .testTarget(
+            name: "DredgeEnvelopeTests",
+            dependencies: ["DredgeEnvelope", "DredgeWire", "DredgeTestSupport", .product(name: "Crypto", package: "swift-crypto"), .product(name: "_CryptoExtras", package: "swift-crypto")]
+        ),
+        .testTarget(
+            name: "DredgeExportTests",
+            dependencies: ["DredgeExport", "DredgeEnvelope", "DredgeWire", "DredgeStore", "DredgeSamples", "DredgeTestSupport"]
+        ),
         .testTarget(
             name: "DredgeLoggingTests",
             dependencies: [

@@ -37,17 +37,41 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
     public func subtracting(_ duration: Duration) -> Timestamp { adding(.zero - duration) }
 
     /// RFC 3339 with exactly six fractional digits and a `Z` suffix, e.g.
-    /// `2026-11-21T09:30:00.000042Z`.
+    /// `2026-11-21T09:30:00.000042Z`. Formatted by hand: exports format one per record.
     public var rfc3339: String {
-        var seconds = time_t(microseconds.floorDiv(1_000_000))
-        let micros = Int(microseconds.floorMod(1_000_000))
-        var parts = tm()
-        gmtime_r(&seconds, &parts)
-        return String(
-            format: "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ",
-            Int(parts.tm_year) + 1900, Int(parts.tm_mon) + 1, Int(parts.tm_mday),
-            Int(parts.tm_hour), Int(parts.tm_min), Int(parts.tm_sec), micros)
+        let (days, secondOfDay) = (microseconds.floorDiv(86_400_000_000), microseconds.floorMod(86_400_000_000))
+        let (year, month, day) = Self.civil(fromDays: days)
+        let seconds = Int(secondOfDay / 1_000_000), micros = Int(secondOfDay % 1_000_000)
+        var out = [UInt8](repeating: 0, count: 27)
+        func put(_ value: Int, _ at: Int, _ width: Int) {
+            var v = value
+            for i in stride(from: at + width - 1, through: at, by: -1) {
+                out[i] = UInt8(48 + v % 10)
+                v /= 10
+            }
+        }
+        put(year, 0, 4); out[4] = 45; put(month, 5, 2); out[7] = 45; put(day, 8, 2); out[10] = 84
+        put(seconds / 3600, 11, 2); out[13] = 58; put(seconds / 60 % 60, 14, 2); out[16] = 58; put(seconds % 60, 17, 2)
+        out[19] = 46; put(micros, 20, 6); out[26] = 90
+        return String(decoding: out, as: UTF8.self)
     }
+
+    /// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar
+    /// (H. Hinnant's algorithm).
+    static func civil(fromDays z0: Int64) -> (Int, Int, Int) {
+        let z = z0 + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let doe = z - era * 146_097
+        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let d = doy - (153 * mp + 2) / 5 + 1
+        let m = mp < 10 ? mp + 3 : mp - 9
+        return (Int(yoe + era * 400 + (m <= 2 ? 1 : 0)), Int(m), Int(d))
+    }
+
+    /// Whole days since the Unix epoch (UTC); equal for instants in the same UTC day.
+    public var epochDay: Int64 { microseconds.floorDiv(86_400_000_000) }
 
     /// The UTC day this instant falls in, as `YYYY-MM-DD`.
     public var utcDay: String { String(rfc3339.prefix(10)) }

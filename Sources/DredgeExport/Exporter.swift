@@ -1,0 +1,107 @@
+import DredgeStore
+import DredgeWire
+import Foundation
+
+/// What to export and for whom.
+public struct ExportRequest: Sendable {
+    public enum Kind: String, Sendable { case pull, feedback }
+
+    public var uploadID: String
+    public var kind: Kind
+    public var agentID: String
+    public var commandID: String?
+    public var filter: LogFilter
+    public var feedback: ExportManifest.FeedbackDescription?
+    public var createdAt: Timestamp
+
+    public init(
+        uploadID: String, kind: Kind, agentID: String, commandID: String? = nil, filter: LogFilter,
+        feedback: ExportManifest.FeedbackDescription? = nil, createdAt: Timestamp = .now
+    ) {
+        self.uploadID = uploadID
+        self.kind = kind
+        self.agentID = agentID
+        self.commandID = commandID
+        self.filter = filter
+        self.feedback = feedback
+        self.createdAt = createdAt
+    }
+}
+
+public struct ExportOptions: Sendable {
+    /// zlib level. 6 is zlib's default; see docs/export.md for the measured trade-off.
+    public var compressionLevel: Int32 = 6
+    /// Threads compressing in parallel. Default: the active processor count.
+    public var workers = ProcessInfo.processInfo.activeProcessorCount
+    public init() {}
+}
+
+/// Turns stored logs into the export zip (README § Payload): one `YYYY-MM-DD.jsonl` per UTC day
+/// that has records, oldest first, then `manifest.json`.
+///
+/// Streaming: records are read off the store's index one at a time, written as JSON lines into
+/// a 256 KiB buffer and handed to the parallel deflater; memory is bounded by the buffers and
+/// the blocks in flight, never by the size of the export. The zip is written to `zipPath`
+/// (fsynced) and nothing else touches the disk.
+public enum Exporter {
+    public static func export(
+        from store: LogStore, _ request: ExportRequest, to zipPath: String, options: ExportOptions = ExportOptions()
+    ) throws -> ExportManifest {
+        let zip = try ZipWriter(path: zipPath, level: options.compressionLevel, workers: options.workers, modified: request.createdAt.date)
+        var days: [ExportManifest.Day] = []
+        var contextIDs = Set<ContextID>()
+        var currentDay: Int64?
+        var line = JSONWriter(reservingCapacity: 300 * 1024)
+        var dayRecords = 0, dayBytes = 0, total = 0
+        var first = Timestamp(microseconds: 0), last = Timestamp(microseconds: 0)
+
+        func closeDay() throws {
+            guard currentDay != nil else { return }
+            try zip.write(line.bytes)
+            dayBytes += line.bytes.count
+            line.reset()
+            try zip.endEntry()
+            days.append(ExportManifest.Day(file: first.utcDay + ".jsonl", records: dayRecords, bytes: dayBytes, first: first.rfc3339, last: last.rfc3339))
+        }
+
+        try store.forEachRecord(matching: request.filter) { record in
+            let day = record.timestamp.epochDay
+            if day != currentDay {
+                try closeDay()
+                currentDay = day
+                dayRecords = 0
+                dayBytes = 0
+                first = record.timestamp
+                try zip.beginEntry(record.timestamp.utcDay + ".jsonl")
+            }
+            record.writeJSON(into: &line)
+            line.writeRaw("\n")
+            dayRecords += 1
+            total += 1
+            last = record.timestamp
+            contextIDs.insert(record.context)
+            if line.bytes.count >= 256 * 1024 {
+                try zip.write(line.bytes)
+                dayBytes += line.bytes.count
+                line.reset()
+            }
+        }
+        try closeDay()
+
+        let contexts = try store.contexts(contextIDs)
+        let losses = try store.losses(since: request.filter.since, until: request.filter.until).map {
+            ExportManifest.Loss(reason: $0.reason.rawValue, count: $0.count, first: $0.first.rfc3339, last: $0.last.rfc3339, recordedAt: $0.recordedAt.rfc3339)
+        }
+        let manifest = ExportManifest(
+            format: ExportManifest.formatName, uploadID: request.uploadID, kind: request.kind.rawValue,
+            commandID: request.commandID, agentID: request.agentID, createdAt: request.createdAt.rfc3339,
+            filter: .init(request.filter), recordCount: total, empty: total == 0, days: days,
+            contexts: Dictionary(uniqueKeysWithValues: contexts.map { (String($0.key.rawValue), $0.value) }),
+            losses: losses, feedback: request.feedback)
+        try zip.beginEntry(PayloadLimits.manifestName)
+        try zip.write(try manifest.encoded())
+        try zip.endEntry()
+        _ = try zip.finish()
+        return manifest
+    }
+}

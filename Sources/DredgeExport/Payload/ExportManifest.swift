@@ -1,0 +1,94 @@
+import DredgeStore
+import Foundation
+
+/// `manifest.json`, the last entry of every export zip (README § Payload). It says what was
+/// asked for, what each per-day file holds, where records came from, and what the device had
+/// already lost in the range, so an engineer can tell "no logs" from "logs removed".
+public struct ExportManifest: Codable, Hashable, Sendable {
+    public static let formatName = "dredge-export/1"
+
+    public struct FilterDescription: Codable, Hashable, Sendable {
+        public var since: String?
+        public var until: String?
+        public var uid: String?
+        public var types: [String]?
+        public var levels: [String]?
+        public var text: String?
+
+        public init(_ filter: LogFilter) {
+            since = filter.since?.rfc3339
+            until = filter.until?.rfc3339
+            uid = filter.uid
+            types = filter.types.map { $0.map(\.rawValue).sorted() }
+            levels = filter.levels.map { $0.sorted().map(\.name) }
+            text = filter.text
+        }
+    }
+
+    public struct Day: Codable, Hashable, Sendable {
+        /// `YYYY-MM-DD.jsonl`
+        public var file: String
+        public var records: Int
+        /// Bytes of the uncompressed file.
+        public var bytes: Int
+        public var first: String
+        public var last: String
+    }
+
+    public struct Loss: Codable, Hashable, Sendable {
+        public var reason: String
+        public var count: Int64
+        public var first: String
+        public var last: String
+        public var recordedAt: String
+    }
+
+    public struct FeedbackDescription: Codable, Hashable, Sendable {
+        public var feedbackID: String
+        public var uid: String
+        public var text: String
+        public var createdAt: String
+    }
+
+    public var format: String
+    public var uploadID: String
+    public var kind: String
+    public var commandID: String?
+    public var agentID: String
+    public var createdAt: String
+    public var filter: FilterDescription
+    public var recordCount: Int
+    public var empty: Bool
+    public var days: [Day]
+    /// Context rows by id, as the records' `context` field refers to them.
+    public var contexts: [String: LogContext]
+    public var losses: [Loss]
+    public var feedback: FeedbackDescription?
+
+    enum CodingKeys: String, CodingKey {
+        case format, kind, filter, empty, days, contexts, losses, feedback
+        case uploadID = "upload_id", commandID = "command_id", agentID = "agent_id", createdAt = "created_at"
+        case recordCount = "record_count"
+    }
+
+    /// Canonical JSON: sorted keys, no escaped slashes, so the same export yields the same bytes.
+    public func encoded() throws -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return Array(try encoder.encode(self))
+    }
+}
+
+extension ExportManifest.Loss {
+    enum CodingKeys: String, CodingKey {
+        case reason, count, first, last
+        case recordedAt = "recorded_at"
+    }
+}
+
+extension ExportManifest.FeedbackDescription {
+    enum CodingKeys: String, CodingKey {
+        case uid, text
+        case feedbackID = "feedback_id", createdAt = "created_at"
+    }
+}

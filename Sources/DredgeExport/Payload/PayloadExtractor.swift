@@ -1,0 +1,122 @@
+import DredgeStore
+import Foundation
+import ZIPFoundation
+
+/// A received export, unpacked and checked.
+public struct ExtractedPayload: Sendable {
+    public var manifest: ExportManifest
+    /// Per-day files, in day order.
+    public var files: [String]
+    public var directory: String
+}
+
+/// Unpacks an export zip on the receiving side with limits (README § Payload limits):
+/// only the expected names, a bounded number of entries, a bounded total size and compression
+/// ratio counted on the bytes actually inflated, CRCs checked; then the manifest is checked
+/// against the files (names, record and byte counts, one JSON object per line). Anything wrong
+/// is `ExportError(.payloadInvalid)` and leaves no partial files behind.
+public enum PayloadExtractor {
+    public static func extract(zip zipPath: String, into directory: String, limits: PayloadLimits = PayloadLimits()) throws -> ExtractedPayload {
+        let fm = FileManager.default
+        let staging = directory + ".partial"
+        try? fm.removeItem(atPath: staging)
+        do {
+            try fm.createDirectory(atPath: staging, withIntermediateDirectories: true)
+            let payload = try extractChecked(zipPath: zipPath, staging: staging, limits: limits)
+            try? fm.removeItem(atPath: directory)
+            try fm.moveItem(atPath: staging, toPath: directory)
+            return ExtractedPayload(manifest: payload.manifest, files: payload.files.map { directory + "/" + $0 }, directory: directory)
+        } catch {
+            try? fm.removeItem(atPath: staging)
+            if let error = error as? ExportError { throw error }
+            throw ExportError(.payloadInvalid, "\(error)")
+        }
+    }
+
+    private static func invalid(_ message: String) -> ExportError { ExportError(.payloadInvalid, message) }
+
+    private static func extractChecked(zipPath: String, staging: String, limits: PayloadLimits) throws -> (manifest: ExportManifest, files: [String]) {
+        let archive: Archive
+        do {
+            archive = try Archive(url: URL(fileURLWithPath: zipPath), accessMode: .read)
+        } catch {
+            throw invalid("not a readable zip archive")
+        }
+        var names = Set<String>()
+        var entries: [Entry] = []
+        for entry in archive {
+            guard entries.count < limits.maxEntries else { throw invalid("more than \(limits.maxEntries) entries") }
+            guard entry.type == .file else { throw invalid("entry \(entry.path.debugDescription) is not a regular file") }
+            let name = entry.path
+            guard PayloadLimits.isAllowedName(name) else { throw invalid("unexpected entry name \(name.debugDescription)") }
+            guard names.insert(name).inserted else { throw invalid("duplicate entry \(name)") }
+            entries.append(entry)
+        }
+        guard names.contains(PayloadLimits.manifestName) else { throw invalid("no manifest.json") }
+
+        var total: Int64 = 0
+        var manifestBytes: [UInt8] = []
+        var dayFiles: [String: (bytes: Int, lines: Int)] = [:]
+        for entry in entries {
+            let name = entry.path
+            let isManifest = name == PayloadLimits.manifestName
+            let compressed = max(Int64(entry.compressedSize), 1)
+            var written: Int64 = 0
+            var lines = 0, lastByte: UInt8 = 10
+            let handle: FileHandle? = isManifest ? nil : try {
+                let path = staging + "/" + name
+                guard FileManager.default.createFile(atPath: path, contents: nil) else { throw ExportError(.io, "cannot create \(path)") }
+                return try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+            }()
+            do {
+                _ = try archive.extract(entry, skipCRC32: false) { data in
+                    written += Int64(data.count)
+                    total += Int64(data.count)
+                    if total > limits.maxTotalBytes { throw invalid("payload inflates past \(limits.maxTotalBytes) bytes") }
+                    if written > compressed * limits.maxCompressionRatio && written > 1 << 20 {
+                        throw invalid("\(name) inflates more than \(limits.maxCompressionRatio)× its compressed size")
+                    }
+                    if isManifest {
+                        if written > limits.maxManifestBytes { throw invalid("manifest over \(limits.maxManifestBytes) bytes") }
+                        manifestBytes.append(contentsOf: data)
+                    } else {
+                        lines += data.reduce(0) { $0 + ($1 == 10 ? 1 : 0) }
+                        lastByte = data.last ?? lastByte
+                        try handle!.write(contentsOf: data)
+                    }
+                }
+            } catch let error as ExportError {
+                throw error
+            } catch {
+                throw invalid("\(name) is damaged: \(error)")
+            }
+            if let handle {
+                try handle.synchronize()
+                try handle.close()
+                guard lastByte == 10 else { throw invalid("\(name) does not end with a newline") }
+                dayFiles[name] = (Int(written), lines)
+            }
+        }
+
+        let manifest: ExportManifest
+        do {
+            manifest = try JSONDecoder().decode(ExportManifest.self, from: Data(manifestBytes))
+        } catch {
+            throw invalid("manifest.json is not a valid manifest: \(error)")
+        }
+        guard manifest.format == ExportManifest.formatName else { throw invalid("unknown format \(manifest.format.debugDescription)") }
+        guard Set(manifest.days.map(\.file)) == Set(dayFiles.keys), manifest.days.count == dayFiles.count else {
+            throw invalid("manifest lists \(manifest.days.map(\.file)) but the zip holds \(dayFiles.keys.sorted())")
+        }
+        for day in manifest.days {
+            let actual = dayFiles[day.file]!
+            guard actual.bytes == day.bytes, actual.lines == day.records else {
+                throw invalid("\(day.file): manifest says \(day.records) records in \(day.bytes) bytes, file has \(actual.lines) lines in \(actual.bytes) bytes")
+            }
+        }
+        guard manifest.recordCount == manifest.days.reduce(0, { $0 + $1.records }), manifest.empty == (manifest.recordCount == 0) else {
+            throw invalid("manifest record count does not add up")
+        }
+        return (manifest, manifest.days.map(\.file).sorted())
+    }
+}

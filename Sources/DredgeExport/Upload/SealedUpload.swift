@@ -1,0 +1,62 @@
+import Crypto
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+
+/// The agent's side of an upload: an export zip on disk, its header, and chunks sealed on
+/// demand (one chunk of memory each), so an upload of any size is sent with a window of chunks
+/// in memory.
+public final class SealedUpload: @unchecked Sendable {
+    public let header: WireUploadHeader
+    public let cipher: ChunkCipher
+    public let path: String
+    private let fd: Int32
+
+    /// - Parameters:
+    ///   - wrappedKey: for feedback uploads, the key wrapped under the server's RSA key; empty
+    ///     for pulls (the server made the key).
+    public init(
+        zipPath: String, uploadID: String, kind: WireUploadKind, agentID: String, key: SymmetricKey,
+        wrappedKey: [UInt8] = [], feedback: WireFeedback? = nil, empty: Bool, createdAt: Int64,
+        chunkSize: Int = WireLimits.defaultChunkBytes, noncePrefix: [UInt8] = secureRandomBytes(WireLimits.noncePrefixBytes)
+    ) throws {
+        let size = UInt64((try? FileManager.default.attributesOfItem(atPath: zipPath)[.size] as? NSNumber)??.int64Value ?? -1)
+        var h = WireUploadHeader()
+        h.uploadID = uploadID
+        h.kind = kind
+        h.agentID = agentID
+        h.noncePrefix = Data(noncePrefix)
+        h.chunkSize = UInt32(chunkSize)
+        h.plaintextSize = size
+        h.chunkCount = UInt32(max(1, (size + UInt64(chunkSize) - 1) / UInt64(chunkSize)))
+        h.wrappedKey = Data(wrappedKey)
+        if let feedback { h.feedback = feedback }
+        h.empty = empty
+        h.createdAtUs = createdAt
+        do {
+            cipher = try ChunkCipher(key: key, header: h)
+        } catch let error as EnvelopeError {
+            throw ExportError(.uploadInvalid, error.message)
+        }
+        header = h
+        path = zipPath
+        fd = open(zipPath, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw ExportError(.io, "cannot open \(zipPath)") }
+    }
+
+    deinit { close(fd) }
+
+    /// Chunk `index`, sealed.
+    public func chunk(_ index: UInt32) throws -> [UInt8] {
+        let length = cipher.plaintextSize(ofChunk: index)
+        var plaintext = [UInt8](repeating: 0, count: length)
+        let offset = off_t(UInt64(index) * UInt64(header.chunkSize))
+        var done = 0
+        while done < length {
+            let n = plaintext[done...].withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset + off_t(done)) }
+            guard n > 0 else { throw ExportError(.io, "reading \(path) at \(offset + off_t(done))") }
+            done += n
+        }
+        return try cipher.seal(plaintext, index: index)
+    }
+}

@@ -1,0 +1,137 @@
+import Crypto
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+import SwiftProtobuf
+
+/// The receiving side of one upload, on disk, so it survives a dropped connection and a
+/// restart of the receiver (README § Uploads, resumption).
+///
+/// Layout of its directory: `header.pb` (the serialized header), `chunks/NNNNNN` (verified
+/// ciphertext of chunk N). A chunk is decrypted (verified) before it is written; it is written
+/// to a temporary name, fsynced and renamed, and the directory fsynced, before ``accept`` returns,
+/// so a chunk acknowledged after `accept` is never lost. Re-sending a held chunk is harmless.
+/// Ciphertext is what stays on disk until the upload completes.
+public final class UploadAssembler {
+    public let directory: String
+    public let cipher: ChunkCipher
+    public var header: WireUploadHeader { cipher.header }
+    public private(set) var received: Set<UInt32>
+
+    /// Starts an upload, or reopens one with the same header (resume). A different header for
+    /// an existing directory is refused.
+    public init(directory: String, header: WireUploadHeader, key: SymmetricKey) throws {
+        do {
+            cipher = try ChunkCipher(key: key, header: header)
+        } catch let error as EnvelopeError {
+            throw ExportError(.uploadInvalid, error.message)
+        }
+        self.directory = directory
+        let fm = FileManager.default
+        let headerPath = directory + "/header.pb"
+        let bytes: [UInt8] = try header.serializedBytes()
+        if let existing = fm.contents(atPath: headerPath) {
+            guard Array(existing) == bytes else { throw ExportError(.uploadInvalid, "upload \(header.uploadID) already exists with another header") }
+        } else {
+            try fm.createDirectory(atPath: directory + "/chunks", withIntermediateDirectories: true)
+            try Self.durableWrite(bytes, to: headerPath, directory: directory)
+        }
+        try? fm.createDirectory(atPath: directory + "/chunks", withIntermediateDirectories: true)
+        received = []
+        for name in (try? fm.contentsOfDirectory(atPath: directory + "/chunks")) ?? [] {
+            if let index = UInt32(name), index < header.chunkCount { received.insert(index) }
+        }
+    }
+
+    /// Reopens an upload from its directory alone (after a restart).
+    public convenience init(resuming directory: String, key: SymmetricKey) throws {
+        guard let bytes = FileManager.default.contents(atPath: directory + "/header.pb") else {
+            throw ExportError(.uploadInvalid, "no upload in \(directory)")
+        }
+        try self.init(directory: directory, header: try WireUploadHeader(serializedBytes: bytes), key: key)
+    }
+
+    public var isComplete: Bool { received.count == Int(header.chunkCount) }
+
+    /// The bitmap of held chunks as the wire carries it (README § Uploads).
+    public var receivedBitmap: [UInt8] { ChunkBitmap.encode(received, count: header.chunkCount) }
+
+    /// Verifies chunk `index` and stores it durably. Throws `.chunkAuthFailed` for a chunk that
+    /// does not authenticate and `.uploadInvalid` for a bad index or size; nothing is stored then.
+    public func accept(index: UInt32, ciphertext: [UInt8]) throws {
+        do {
+            _ = try cipher.open(ciphertext, index: index)
+        } catch let error as EnvelopeError {
+            throw ExportError(error.code == .chunkAuthFailed ? .chunkAuthFailed : .uploadInvalid, error.message)
+        }
+        if received.contains(index) { return }
+        try Self.durableWrite(ciphertext, to: chunkPath(index), directory: directory + "/chunks")
+        received.insert(index)
+    }
+
+    /// Decrypts every chunk in order into `zipPath` (fsynced). Throws `.incomplete` if chunks
+    /// are missing.
+    public func assemble(to zipPath: String) throws {
+        guard isComplete else {
+            throw ExportError(.incomplete, "\(Int(header.chunkCount) - received.count) of \(header.chunkCount) chunks missing")
+        }
+        let file = try BufferedFile(creating: zipPath)
+        for index in 0..<header.chunkCount {
+            guard let sealed = FileManager.default.contents(atPath: chunkPath(index)) else { throw ExportError(.io, "chunk \(index) vanished") }
+            do {
+                try file.write(try cipher.open(sealed, index: index))
+            } catch let error as EnvelopeError {
+                throw ExportError(.chunkAuthFailed, "stored chunk \(index): \(error.message)")
+            }
+        }
+        try file.close()
+    }
+
+    private func chunkPath(_ index: UInt32) -> String { directory + "/chunks/" + String(format: "%06u", index) }
+
+    /// Write to a temporary name, fsync, rename, fsync the directory.
+    static func durableWrite(_ bytes: [UInt8], to path: String, directory: String) throws {
+        let temporary = path + ".tmp"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw ExportError(.io, "cannot create \(temporary): \(String(cString: strerror(errno)))") }
+        var done = 0
+        while done < bytes.count {
+            let n = bytes[done...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            guard n > 0 else {
+                let code = errno
+                close(fd)
+                unlink(temporary)
+                throw ExportError(code == ENOSPC ? .diskFull : .io, "writing \(path): \(String(cString: strerror(code)))")
+            }
+            done += n
+        }
+        guard fsync(fd) == 0 else { close(fd); unlink(temporary); throw ExportError(.io, "fsync \(path)") }
+        close(fd)
+        guard rename(temporary, path) == 0 else { unlink(temporary); throw ExportError(.io, "rename \(path)") }
+        let dfd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if dfd >= 0 {
+            fsync(dfd)
+            close(dfd)
+        }
+    }
+}
+
+/// The chunk bitmap of `UploadReady` and `UploadStatus`: bit i is byte i/8, bit i%8, LSB first.
+public enum ChunkBitmap {
+    public static func encode(_ indexes: Set<UInt32>, count: UInt32) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: Int((count + 7) / 8))
+        for i in indexes where i < count { bytes[Int(i / 8)] |= 1 << (i % 8) }
+        return bytes
+    }
+
+    public static func decode(_ bytes: some Collection<UInt8>, count: UInt32) -> Set<UInt32> {
+        var result = Set<UInt32>()
+        for (byteIndex, byte) in bytes.enumerated() where byte != 0 {
+            for bit in 0..<8 where byte & (1 << bit) != 0 {
+                let i = UInt32(byteIndex * 8 + bit)
+                if i < count { result.insert(i) }
+            }
+        }
+        return result
+    }
+}

@@ -1,0 +1,99 @@
+/// The canonical byte encoding signatures and associated data are computed over
+/// (README § Canonical encoding). Protobuf encodings are not canonical across implementations,
+/// so what is signed is this: a domain tag, then fixed fields in a fixed order.
+///
+/// - domain tag: ASCII, then one 0x00 byte
+/// - string, bytes: u32 big-endian length, then the UTF-8 / raw bytes
+/// - u32, u64, i64: fixed width, big-endian (i64 two's complement)
+/// - bool: one byte, 0x00 or 0x01
+/// - optional: 0x00 when absent, or 0x01 then the value
+/// - list: u32 big-endian count, then each element
+public struct CanonicalWriter {
+    public private(set) var bytes: [UInt8] = []
+
+    public init(domain: String) {
+        bytes.append(contentsOf: domain.utf8)
+        bytes.append(0)
+    }
+
+    public mutating func string(_ s: String) { self.bytes(Array(s.utf8)) }
+
+    public mutating func bytes(_ b: [UInt8]) {
+        u32(UInt32(b.count))
+        bytes.append(contentsOf: b)
+    }
+
+    public mutating func u32(_ v: UInt32) { withUnsafeBytes(of: v.bigEndian) { bytes.append(contentsOf: $0) } }
+    public mutating func u64(_ v: UInt64) { withUnsafeBytes(of: v.bigEndian) { bytes.append(contentsOf: $0) } }
+    public mutating func i64(_ v: Int64) { u64(UInt64(bitPattern: v)) }
+    public mutating func bool(_ v: Bool) { bytes.append(v ? 1 : 0) }
+
+    public mutating func optional<T>(_ value: T?, _ write: (inout CanonicalWriter, T) -> Void) {
+        if let value {
+            bytes.append(1)
+            write(&self, value)
+        } else {
+            bytes.append(0)
+        }
+    }
+
+    public mutating func list<T>(_ values: [T], _ write: (inout CanonicalWriter, T) -> Void) {
+        u32(UInt32(values.count))
+        for value in values { write(&self, value) }
+    }
+}
+
+/// The signing inputs of the protocol.
+public enum SigningInput {
+    /// What the server signs in a `PullCommand` (README § Pull commands): every field but the
+    /// signature. Types are sorted by their UTF-8 bytes and levels ascending, so the order they
+    /// are listed in does not matter.
+    public static func pullCommand(_ c: WirePullCommand) -> [UInt8] {
+        var w = CanonicalWriter(domain: "dredge.v1.pull-command")
+        w.string(c.commandID)
+        w.string(c.target.uid)
+        w.string(c.target.agentID)
+        let f = c.filter
+        w.optional(f.hasSinceUs ? f.sinceUs : nil) { $0.i64($1) }
+        w.optional(f.hasUntilUs ? f.untilUs : nil) { $0.i64($1) }
+        w.optional(f.hasUid ? f.uid : nil) { $0.string($1) }
+        w.list(f.types.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }) { $0.string($1) }
+        w.list(f.levels.map { UInt32($0.rawValue) }.sorted()) { $0.u32($1) }
+        w.optional(f.hasText ? f.text : nil) { $0.string($1) }
+        w.i64(c.issuedAtUs)
+        w.i64(c.expiresAtUs)
+        w.bytes(Array(c.wrappedKey))
+        return w.bytes
+    }
+
+    /// The upload header as bound into every chunk (README § Envelope); the associated data is
+    /// SHA-256 of these bytes.
+    public static func uploadHeader(_ h: WireUploadHeader) -> [UInt8] {
+        var w = CanonicalWriter(domain: "dredge.v1.upload-header")
+        w.string(h.uploadID)
+        w.u32(UInt32(h.kind.rawValue))
+        w.string(h.agentID)
+        w.bytes(Array(h.noncePrefix))
+        w.u32(h.chunkSize)
+        w.u64(h.plaintextSize)
+        w.u32(h.chunkCount)
+        w.bytes(Array(h.wrappedKey))
+        w.optional(h.hasFeedback ? h.feedback : nil) { w, f in
+            w.string(f.feedbackID)
+            w.string(f.uid)
+            w.string(f.text)
+            w.i64(f.createdAtUs)
+        }
+        w.bool(h.empty)
+        w.i64(h.createdAtUs)
+        return w.bytes
+    }
+
+    /// What an agent signs to authenticate (README § Authentication).
+    public static func auth(challenge: [UInt8], agentID: String) -> [UInt8] {
+        var w = CanonicalWriter(domain: "dredge.v1.auth")
+        w.bytes(challenge)
+        w.string(agentID)
+        return w.bytes
+    }
+}

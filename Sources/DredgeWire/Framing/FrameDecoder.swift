@@ -1,0 +1,61 @@
+import NIOCore
+import SwiftProtobuf
+
+/// Splits the byte stream into frames (README § Framing): a 4-byte big-endian length, then that
+/// many bytes of a serialized `Frame`.
+///
+/// A length of zero or over ``WireLimits/maxFrameBytes`` is rejected as soon as the 4 bytes of
+/// the prefix arrive, before anything is buffered or allocated for the body. A body that does
+/// not parse, or parses to a frame with no (known) body, is rejected too. All rejections are
+/// ``WireProtocolError``s and fatal: framing cannot recover from them.
+public struct FrameDecoder: ByteToMessageDecoder {
+    public typealias InboundOut = WireFrame
+
+    public init() {}
+
+    public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        guard let frame = try Self.decodeFrame(from: &buffer) else { return .needMoreData }
+        context.fireChannelRead(Self.wrapInboundOut(frame))
+        return .continue
+    }
+
+    public mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {
+        while try decode(context: context, buffer: &buffer) == .continue {}
+        if seenEOF && buffer.readableBytes > 0 {
+            throw WireProtocolError.malformed("connection closed inside a frame (\(buffer.readableBytes) bytes pending)")
+        }
+        return .needMoreData
+    }
+
+    /// Reads one frame if the buffer holds a whole one; nil if more bytes are needed. Leaves
+    /// the buffer untouched when it returns nil or throws on the length prefix.
+    public static func decodeFrame(from buffer: inout ByteBuffer) throws -> WireFrame? {
+        guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self) else { return nil }
+        guard length > 0 else { throw WireProtocolError.malformed("empty frame") }
+        guard length <= WireLimits.maxFrameBytes else { throw WireProtocolError.frameTooLarge(Int(length)) }
+        guard buffer.readableBytes >= 4 + Int(length) else { return nil }
+        buffer.moveReaderIndex(forwardBy: 4)
+        let body = buffer.readSlice(length: Int(length))!
+        return try parse(body)
+    }
+
+    static func parse(_ body: ByteBuffer) throws -> WireFrame {
+        let frame: WireFrame
+        do {
+            frame = try body.withUnsafeReadableBytes { raw in
+                try WireFrame(serializedBytes: raw, extensions: nil, partial: false, options: decodingOptions)
+            }
+        } catch {
+            throw WireProtocolError.malformed("frame body is not a Frame message: \(error)")
+        }
+        guard frame.body != nil else { throw WireProtocolError.malformed("frame has no known body") }
+        return frame
+    }
+
+    static let decodingOptions: BinaryDecodingOptions = {
+        var options = BinaryDecodingOptions()
+        options.messageDepthLimit = 16
+        options.discardUnknownFields = true
+        return options
+    }()
+}

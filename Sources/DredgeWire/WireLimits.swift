@@ -1,0 +1,33 @@
+/// The protocol's named limits. Each cites the section of Protocol/README.md that defines it;
+/// changing one is a protocol change.
+public enum WireLimits {
+    /// § Versioning: the only version so far.
+    public static let protocolVersion: UInt32 = 1
+    /// § Framing: the largest frame body a peer accepts (the 4-byte length prefix excluded).
+    public static let maxFrameBytes = 2 * 1024 * 1024
+    /// § Uploads: plaintext bytes per chunk an agent uses unless told otherwise.
+    public static let defaultChunkBytes = 256 * 1024
+    /// § Uploads: the largest plaintext chunk; with the tag and framing it fits a frame.
+    public static let maxChunkBytes = 1024 * 1024
+    /// § Uploads: the smallest chunk size (except the last chunk).
+    public static let minChunkBytes = 4 * 1024
+    /// § Uploads: the most chunks one upload may have (a 4 GiB upload at 64 KiB chunks).
+    public static let maxChunkCount = 65_536
+    /// § Uploads: unacknowledged chunks in flight per upload, by default and at most.
+    public static let defaultWindow = 8
+    public static let maxWindow = 64
+    /// § Envelope: bytes of the random per-upload nonce prefix.
+    public static let noncePrefixBytes = 7
+    /// § Envelope: AES-GCM tag bytes appended to each chunk.
+    public static let tagBytes = 16
+    /// § Identities: bytes in an id (command, upload, agent, feedback).
+    public static let maxIDBytes = 64
+    /// § Heartbeats: uids one heartbeat may list.
+    public static let maxActiveUIDs = 1_024
+    /// § Pull commands: how far a command's issued_at may be ahead of the agent's clock.
+    public static let clockSkewMicroseconds: Int64 = 5 * 60 * 1_000_000
+    /// § Authentication: bytes of the server's challenge.
+    public static let challengeBytes = 32
+    /// § Heartbeats: default interval.
+    public static let defaultHeartbeatSeconds: UInt32 = 30
+}

@@ -1,0 +1,110 @@
+@testable import DredgeExport
+import DredgeStore
+import DredgeTestSupport
+import Foundation
+import Testing
+import ZIPFoundation
+
+@Suite struct ExporterTests {
+    @Test func exportsExactlyTheFilteredRecordsAsPerDayFiles() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 20_000)
+        let filter = LogFilter(since: Timestamp.now.subtracting(.seconds(2 * 86_400)), uid: "u-2", levels: [.warning, .error, .critical])
+        let request = ExportRequest(uploadID: "up-1", kind: .pull, agentID: "agent-1", commandID: "cmd-1", filter: filter)
+        let manifest = try Exporter.export(from: store, request, to: dir.file("export.zip"))
+
+        let expected = try expectedDays(store, filter)
+        #expect(manifest.days.map(\.file) == expected.keys.sorted())
+        #expect(manifest.recordCount == (try store.count(matching: filter)))
+        #expect(manifest.recordCount > 100)
+        #expect(manifest.contexts.values.contains(exportContext))
+        #expect(manifest.filter.uid == "u-2" && manifest.filter.levels == ["warning", "error", "critical"])
+
+        let payload = try PayloadExtractor.extract(zip: dir.file("export.zip"), into: dir.file("out"))
+        #expect(payload.manifest == manifest)
+        #expect(payload.files.map { ($0 as NSString).lastPathComponent } == expected.keys.sorted())
+        for file in payload.files {
+            #expect(contents(file) == expected[(file as NSString).lastPathComponent], "\(file)")
+        }
+        // Every line is a JSON object with the documented fields.
+        let line = contents(payload.files[0]).split(separator: "\n")[0]
+        let object = try JSONSerialization.jsonObject(with: Data(line.utf8)) as! [String: Any]
+        #expect(Set(object.keys) == ["ts", "level", "type", "uid", "message", "metadata", "context"])
+    }
+
+    @Test func anyUnzipToolOpensTheArchive() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 5_000)
+        _ = try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: .all), to: dir.file("export.zip"))
+        // ZIPFoundation reads it and the CRCs check.
+        let archive = try Archive(url: URL(fileURLWithPath: dir.file("export.zip")), accessMode: .read)
+        var names: [String] = []
+        for entry in archive {
+            names.append(entry.path)
+            _ = try archive.extract(entry, skipCRC32: false) { _ in }
+        }
+        #expect(names.last == "manifest.json")
+        #expect(names.count == 5)  // 4 days (3 days back, partial at both ends) + manifest
+    }
+
+    @Test func anEmptySelectionIsASmallValidExportThatSaysItIsEmpty() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 100)
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: LogFilter(uid: "nobody")), to: dir.file("e.zip"))
+        #expect(manifest.empty && manifest.recordCount == 0 && manifest.days.isEmpty)
+        let size = try FileManager.default.attributesOfItem(atPath: dir.file("e.zip"))[.size] as! Int
+        #expect(size < 2_000)
+        let payload = try PayloadExtractor.extract(zip: dir.file("e.zip"), into: dir.file("out"))
+        #expect(payload.files.isEmpty && payload.manifest.empty)
+    }
+
+    @Test func theManifestReportsWhatRetentionRemoved() throws {
+        let dir = TempDir()
+        var config = StoreConfiguration()
+        config.retention.maxAge = .seconds(86_400)
+        let store = try LogStore(path: dir.file("logs.sqlite"), configuration: config)
+        let ctx = try store.register(exportContext)
+        let now = Timestamp.now
+        for i in 0..<48 {
+            store.enqueue(LogEntry(timestamp: now.subtracting(.seconds(Int64(i) * 3_600)), level: .info, type: .app, uid: "u", message: "hour \(i)", context: ctx))
+        }
+        try store.flush()
+        try store.runRetention()
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: LogFilter(since: now.subtracting(.seconds(2 * 86_400)))), to: dir.file("e.zip"))
+        #expect(manifest.recordCount == 24)
+        #expect(manifest.losses.count == 1)
+        #expect(manifest.losses[0].reason == "retention.age" && manifest.losses[0].count == 24)
+    }
+
+    @Test func parallelDeflateProducesOneValidStreamWhateverTheWorkers() throws {
+        let dir = TempDir()
+        var rng = SystemRandomNumberGenerator()
+        // Text-like input across many blocks, with a tail that is not a block multiple.
+        let words = ["timeout", "GET", "/api/v2/cart", "200", "503", "user", "checkout", "retry"]
+        var text = ""
+        while text.utf8.count < 3_300_000 { text += words[Int(rng.next() % 8)] + (rng.next() % 7 == 0 ? "\n" : " ") }
+        let input = Array(text.utf8)
+        var outputs: [[UInt8]] = []
+        for workers in [1, 2, 4] {
+            let path = dir.file("w\(workers).zip")
+            let zip = try ZipWriter(path: path, level: 6, workers: workers, modified: Date(timeIntervalSince1970: 1_795_340_400))
+            try zip.beginEntry("2026-11-22.jsonl")
+            // Written in uneven pieces.
+            var offset = 0
+            while offset < input.count {
+                let n = min(Int(rng.next() % 200_000) + 1, input.count - offset)
+                try zip.write(Array(input[offset..<offset + n]))
+                offset += n
+            }
+            try zip.endEntry()
+            _ = try zip.finish()
+            let archive = try Archive(url: URL(fileURLWithPath: path), accessMode: .read)
+            var out: [UInt8] = []
+            _ = try archive.extract(archive["2026-11-22.jsonl"]!, skipCRC32: false) { out.append(contentsOf: $0) }
+            #expect(out == input)
+            outputs.append(Array(FileManager.default.contents(atPath: path)!))
+        }
+        // Deterministic: the bytes do not depend on the number of workers.
+        #expect(outputs[0] == outputs[1] && outputs[1] == outputs[2])
+    }
+}

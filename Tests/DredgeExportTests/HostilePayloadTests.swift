@@ -1,0 +1,116 @@
+@testable import DredgeExport
+import DredgeStore
+import DredgeTestSupport
+import Foundation
+import Testing
+import ZIPFoundation
+
+/// Zips an attacker could send: every one is refused with `.payloadInvalid` and leaves nothing
+/// behind in the output directory.
+@Suite struct HostilePayloadTests {
+    func manifest(days: [ExportManifest.Day] = [], records: Int = 0) -> [UInt8] {
+        try! ExportManifest(
+            format: ExportManifest.formatName, uploadID: "u", kind: "pull", commandID: nil, agentID: "a", createdAt: "2026-11-21T00:00:00.000000Z",
+            filter: .init(.all), recordCount: records, empty: records == 0, days: days, contexts: [:], losses: [], feedback: nil
+        ).encoded()
+    }
+
+    func zip(_ dir: TempDir, _ entries: [(String, [UInt8])], level: Int32 = 6) throws -> String {
+        let path = dir.file("hostile-\(UUID().uuidString).zip")
+        let zip = try ZipWriter(path: path, level: level, workers: 2, modified: Date())
+        for (name, bytes) in entries {
+            try zip.beginEntry(name)
+            try zip.write(bytes)
+            try zip.endEntry()
+        }
+        _ = try zip.finish()
+        return path
+    }
+
+    func expectRefused(_ path: String, _ dir: TempDir, limits: PayloadLimits = PayloadLimits(), _ comment: Comment) {
+        let out = dir.file("out-\(UUID().uuidString)")
+        let error = #expect(throws: ExportError.self, comment) { try PayloadExtractor.extract(zip: path, into: out, limits: limits) }
+        #expect(error?.code == .payloadInvalid, comment)
+        #expect(!FileManager.default.fileExists(atPath: out), comment)
+        #expect(!FileManager.default.fileExists(atPath: out + ".partial"), comment)
+    }
+
+    @Test func namesOutsideTheExpectedSetAreRefused() throws {
+        let dir = TempDir()
+        let line = Array("{}\n".utf8)
+        for name in ["../2026-11-20.jsonl", "/etc/passwd", "a/2026-11-20.jsonl", "2026-11-20.jsonl/", "..", "2026-13-45.jsonl", "2026-11-20.JSONL", "notes.txt", "2026-11-20.jsonl\u{0}x", "./manifest.json"] {
+            let path = try zip(dir, [(name, line), ("manifest.json", manifest())])
+            expectRefused(path, dir, "name \(name.debugDescription)")
+        }
+        for good in ["2026-11-20.jsonl", "manifest.json"] { #expect(PayloadLimits.isAllowedName(good)) }
+    }
+
+    @Test func duplicatesMissingManifestAndTooManyEntriesAreRefused() throws {
+        let dir = TempDir()
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: 3, first: "", last: "")
+        expectRefused(try zip(dir, [("2026-11-20.jsonl", Array("{}\n".utf8)), ("2026-11-20.jsonl", Array("{}\n".utf8)), ("manifest.json", manifest(days: [day], records: 1))]), dir, "duplicate")
+        expectRefused(try zip(dir, [("2026-11-20.jsonl", Array("{}\n".utf8))]), dir, "no manifest")
+        var limits = PayloadLimits()
+        limits.maxEntries = 3
+        let many = (1...4).map { (String(format: "2026-11-%02d.jsonl", $0), Array("{}\n".utf8)) } + [("manifest.json", manifest())]
+        expectRefused(try zip(dir, many), dir, limits: limits, "too many entries")
+    }
+
+    @Test func zipBombsAndOversizePayloadsAreStoppedWhileInflating() throws {
+        let dir = TempDir()
+        let zeros = [UInt8](repeating: 0x30, count: 40 * 1_048_576)  // 40 MiB of one byte: ~1000× compression
+        let bomb = try zip(dir, [("2026-11-20.jsonl", zeros), ("manifest.json", manifest())], level: 9)
+        let bombSize = try FileManager.default.attributesOfItem(atPath: bomb)[.size] as! Int
+        #expect(bombSize < 200_000)
+        expectRefused(bomb, dir, "compression ratio")
+        var limits = PayloadLimits()
+        limits.maxTotalBytes = 1_048_576
+        limits.maxCompressionRatio = 100_000
+        expectRefused(bomb, dir, limits: limits, "total size")
+        limits = PayloadLimits()
+        limits.maxManifestBytes = 10
+        expectRefused(try zip(dir, [("manifest.json", manifest())]), dir, limits: limits, "manifest size")
+    }
+
+    @Test func aManifestThatDisagreesWithTheFilesIsRefused() throws {
+        let dir = TempDir()
+        let file = Array("{\"a\":1}\n{\"a\":2}\n".utf8)
+        let right = ExportManifest.Day(file: "2026-11-20.jsonl", records: 2, bytes: file.count, first: "", last: "")
+        #expect(throws: Never.self) { try PayloadExtractor.extract(zip: try zip(dir, [("2026-11-20.jsonl", file), ("manifest.json", manifest(days: [right], records: 2))]), into: dir.file("ok")) }
+        var wrongCount = right
+        wrongCount.records = 3
+        expectRefused(try zip(dir, [("2026-11-20.jsonl", file), ("manifest.json", manifest(days: [wrongCount], records: 3))]), dir, "record count")
+        var other = right
+        other.file = "2026-11-21.jsonl"
+        expectRefused(try zip(dir, [("2026-11-20.jsonl", file), ("manifest.json", manifest(days: [other], records: 2))]), dir, "file list")
+        expectRefused(try zip(dir, [("2026-11-20.jsonl", Array("{}".utf8)), ("manifest.json", manifest(days: [right], records: 2))]), dir, "no final newline")
+        expectRefused(try zip(dir, [("manifest.json", Array("{\"format\":\"x\"}".utf8))]), dir, "bad manifest")
+        expectRefused(try zip(dir, [("manifest.json", Array("not json".utf8))]), dir, "not json")
+    }
+
+    @Test func damagedAndNonZipFilesAreRefused() throws {
+        let dir = TempDir()
+        let good = try zip(dir, [("2026-11-20.jsonl", Array(String(repeating: "{\"k\":\"value\"}\n", count: 5_000).utf8)), ("manifest.json", manifest())])
+        var bytes = Array(FileManager.default.contents(atPath: good)!)
+        bytes[200] ^= 0xFF  // inside the deflated data: CRC or inflate fails
+        let damaged = dir.file("damaged.zip")
+        FileManager.default.createFile(atPath: damaged, contents: Data(bytes))
+        expectRefused(damaged, dir, "damaged data")
+        let truncated = dir.file("truncated.zip")
+        FileManager.default.createFile(atPath: truncated, contents: Data(bytes.prefix(bytes.count / 2)))
+        expectRefused(truncated, dir, "truncated")
+        let text = dir.file("text.zip")
+        FileManager.default.createFile(atPath: text, contents: Data("hello".utf8))
+        expectRefused(text, dir, "not a zip")
+        expectRefused(dir.file("missing.zip"), dir, "missing file")
+    }
+
+    @Test func symlinkEntriesAreRefused() throws {
+        let dir = TempDir()
+        let path = dir.file("symlink.zip")
+        let archive = try Archive(url: URL(fileURLWithPath: path), accessMode: .create)
+        let target = Data("/etc/passwd".utf8)
+        try archive.addEntry(with: "2026-11-20.jsonl", type: .symlink, uncompressedSize: Int64(target.count), provider: { (_: Int64, _: Int) in target })
+        expectRefused(path, dir, "symlink")
+    }
+}

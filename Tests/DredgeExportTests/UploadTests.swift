@@ -1,0 +1,81 @@
+import Crypto
+@testable import DredgeExport
+import DredgeEnvelope
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Testing
+
+@Suite struct UploadTests {
+    func exported(_ dir: TempDir, count: Int = 8_000) throws -> (LogStore, ExportManifest, SealedUpload, SymmetricKey) {
+        let store = try makeStore(in: dir, count: count)
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "up-7", kind: .pull, agentID: "agent-7", commandID: "up-7", filter: .all), to: dir.file("export.zip"))
+        let key = SymmetricKey.uploadKey()
+        let upload = try SealedUpload(
+            zipPath: dir.file("export.zip"), uploadID: "up-7", kind: .pull, agentID: "agent-7", key: key, empty: manifest.empty,
+            createdAt: Timestamp.now.microseconds, chunkSize: 16 * 1024)
+        return (store, manifest, upload, key)
+    }
+
+    @Test func chunksArrivingInAnyOrderWithResendsReassembleToTheSameFiles() throws {
+        let dir = TempDir()
+        let (store, manifest, upload, key) = try exported(dir)
+        #expect(upload.header.chunkCount > 10)
+        let assembler = try UploadAssembler(directory: dir.file("incoming/up-7"), header: upload.header, key: key)
+        var order = Array(0..<upload.header.chunkCount).shuffled()
+        order += order.prefix(5)  // idempotent re-sends
+        for index in order { try assembler.accept(index: index, ciphertext: try upload.chunk(index)) }
+        #expect(assembler.isComplete)
+        try assembler.assemble(to: dir.file("received.zip"))
+        #expect(FileManager.default.contents(atPath: dir.file("received.zip")) == FileManager.default.contents(atPath: dir.file("export.zip")))
+        let payload = try PayloadExtractor.extract(zip: dir.file("received.zip"), into: dir.file("files"))
+        #expect(payload.manifest == manifest)
+        let expected = try expectedDays(store, .all)
+        for file in payload.files { #expect(contents(file) == expected[(file as NSString).lastPathComponent]) }
+    }
+
+    @Test func aReceiverRestartKeepsEveryAcceptedChunk() throws {
+        let dir = TempDir()
+        let (_, _, upload, key) = try exported(dir)
+        let path = dir.file("incoming/up-7")
+        do {
+            let first = try UploadAssembler(directory: path, header: upload.header, key: key)
+            for index in stride(from: 0, to: upload.header.chunkCount, by: 2) { try first.accept(index: index, ciphertext: try upload.chunk(index)) }
+        }
+        // A new process: only the directory and the key.
+        let resumed = try UploadAssembler(resuming: path, key: key)
+        let held = ChunkBitmap.decode(resumed.receivedBitmap, count: upload.header.chunkCount)
+        #expect(held == Set(stride(from: 0, to: upload.header.chunkCount, by: 2)))
+        #expect(!resumed.isComplete)
+        #expect((#expect(throws: ExportError.self) { try resumed.assemble(to: dir.file("r.zip")) })?.code == .incomplete)
+        for index in 0..<upload.header.chunkCount where !held.contains(index) { try resumed.accept(index: index, ciphertext: try upload.chunk(index)) }
+        try resumed.assemble(to: dir.file("r.zip"))
+        _ = try PayloadExtractor.extract(zip: dir.file("r.zip"), into: dir.file("files"))
+        // The same upload id with a different header is refused.
+        var other = upload.header
+        other.noncePrefix = Data([9, 9, 9, 9, 9, 9, 9])
+        #expect(throws: ExportError.self) { try UploadAssembler(directory: path, header: other, key: key) }
+    }
+
+    @Test func aTamperedOrForeignChunkIsRejectedAndNotStored() throws {
+        let dir = TempDir()
+        let (_, _, upload, key) = try exported(dir)
+        let assembler = try UploadAssembler(directory: dir.file("incoming/up-7"), header: upload.header, key: key)
+        var chunk = try upload.chunk(3)
+        chunk[chunk.count / 2] ^= 0x01
+        #expect((#expect(throws: ExportError.self) { try assembler.accept(index: 3, ciphertext: chunk) })?.code == .chunkAuthFailed)
+        #expect((#expect(throws: ExportError.self) { try assembler.accept(index: 4, ciphertext: try upload.chunk(3)) })?.code == .chunkAuthFailed)
+        #expect((#expect(throws: ExportError.self) { try assembler.accept(index: 99_999, ciphertext: try upload.chunk(3)) })?.code == .uploadInvalid)
+        #expect(assembler.received.isEmpty)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: dir.file("incoming/up-7/chunks")).isEmpty)
+    }
+
+    @Test func bitmapsRoundTrip() {
+        let set: Set<UInt32> = [0, 2, 7, 8, 15, 16]
+        let bytes = ChunkBitmap.encode(set, count: 17)
+        #expect(bytes == [0b1000_0101, 0b1000_0001, 0b0000_0001])
+        #expect(ChunkBitmap.decode(bytes, count: 17) == set)
+        #expect(ChunkBitmap.decode([0xFF, 0xFF, 0xFF], count: 17).count == 17)
+    }
+}

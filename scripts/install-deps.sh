@@ -3,14 +3,19 @@
 # SQLite (GRDB links the system library) and zlib. Uses apt-get as root, or sudo.
 set -euo pipefail
 
+# System packages: SQLite (GRDB links the system library), zlib, and Python 3 with
+# `cryptography` for the independent protocol check (Tests/interop).
 packages=(libsqlite3-dev zlib1g-dev)
+command -v python3 >/dev/null || packages+=(python3)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+need_crypto=0
+python3 -c "import cryptography" 2>/dev/null || need_crypto=1
+if [ ${#missing[@]} -eq 0 ] && [ $need_crypto -eq 0 ]; then exit 0; fi
 
-echo "installing: ${missing[*]}" >&2
+echo "installing: ${missing[*]} $([ $need_crypto -eq 1 ] && echo python cryptography)" >&2
 if [ "$(id -u)" -eq 0 ]; then
     SUDO=""
 elif command -v sudo >/dev/null; then
@@ -20,5 +25,13 @@ else
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+if ! python3 -c "import cryptography" 2>/dev/null; then
+    # The python3 on PATH may be Debian's or another install: try pip, then Debian's package.
+    python3 -m pip install --quiet cryptography 2>/dev/null \
+        || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq python3-cryptography; }
+    python3 -c "import cryptography" || { echo "error: python3 cannot import cryptography" >&2; exit 1; }
+fi

@@ -1,3 +1,4 @@
+import DredgeTestSupport
 import DredgeWire
 import Foundation
 import NIOCore
@@ -183,5 +184,25 @@ enum SampleFrames {
         w.optional(Int64?.some(3)) { $0.i64($1) }
         w.list(["x"]) { $0.string($1) }
         #expect(w.bytes == [0x74, 0x00, 0, 0, 0, 2, 0x61, 0x62, 0, 0, 0, 1, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFE, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0, 1, 0x78])
+    }
+}
+
+@Suite struct FrameVectorTests {
+    /// `Protocol/vectors/frames.json`: one frame of every message type, exact bytes.
+    @Test func framesMatchTheCommittedVectors() throws {
+        var frames: [[String: Any]] = []
+        for (name, frame) in SampleFrames.all {
+            let bytes = try FrameEncoder.bytes(of: frame)
+            // The body's field number: the first key of the Frame message.
+            let fieldNumber = Int(bytes[4] >> 3)
+            frames.append(["name": name, "body_field": fieldNumber, "hex": bytes.map { String(format: "%02x", $0) }.joined()])
+            var buffer = ByteBuffer(bytes: bytes)
+            #expect(try FrameDecoder.decodeFrame(from: &buffer) == frame)
+        }
+        let (committed, produced) = try Vectors.check("frames.json", [
+            "description": "One frame of every message type: 4-byte big-endian length, then the serialized dredge.v1.Frame. body_field is the Frame field number of the message.",
+            "frames": frames,
+        ])
+        #expect(committed == produced)
     }
 }

@@ -1,0 +1,184 @@
+"""An independent implementation of the parts of Protocol/README.md the checks need.
+
+Written from the specification, not from the Swift code: canonical encoding, the signing
+inputs, the chunk nonce and associated data, agent ids, and a minimal protobuf reader.
+Uses only the standard library and the `cryptography` package.
+"""
+import hashlib
+import io
+import json
+import struct
+import zipfile
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+# --- Canonical encoding (README § Canonical encoding) ---------------------------------------
+
+
+class Canonical:
+    def __init__(self, domain: str):
+        self.out = bytearray(domain.encode("ascii") + b"\x00")
+
+    def string(self, s: str):
+        self.bytes(s.encode("utf-8"))
+
+    def bytes(self, b: bytes):
+        self.out += struct.pack(">I", len(b)) + b
+
+    def u32(self, v: int):
+        self.out += struct.pack(">I", v)
+
+    def u64(self, v: int):
+        self.out += struct.pack(">Q", v)
+
+    def i64(self, v: int):
+        self.out += struct.pack(">q", v)
+
+    def boolean(self, v: bool):
+        self.out += b"\x01" if v else b"\x00"
+
+    def optional(self, value, write):
+        if value is None:
+            self.out += b"\x00"
+        else:
+            self.out += b"\x01"
+            write(value)
+
+    def list(self, values, write):
+        self.u32(len(values))
+        for v in values:
+            write(v)
+
+
+def pull_command_signing_input(c: dict) -> bytes:
+    w = Canonical("dredge.v1.pull-command")
+    w.string(c["command_id"])
+    w.string(c.get("target_uid", ""))
+    w.string(c.get("target_agent_id", ""))
+    w.optional(c.get("since_us"), w.i64)
+    w.optional(c.get("until_us"), w.i64)
+    w.optional(c.get("uid"), w.string)
+    w.list(sorted(c.get("types", []), key=lambda t: t.encode("utf-8")), w.string)
+    w.list(sorted(c.get("levels", [])), w.u32)
+    w.optional(c.get("text"), w.string)
+    w.i64(c["issued_at_us"])
+    w.i64(c["expires_at_us"])
+    w.bytes(bytes.fromhex(c.get("wrapped_key", "")))
+    return bytes(w.out)
+
+
+def upload_header_canonical(h: dict) -> bytes:
+    w = Canonical("dredge.v1.upload-header")
+    w.string(h["upload_id"])
+    w.u32(h["kind"])
+    w.string(h["agent_id"])
+    w.bytes(bytes.fromhex(h["nonce_prefix"]))
+    w.u32(h["chunk_size"])
+    w.u64(h["plaintext_size"])
+    w.u32(h["chunk_count"])
+    w.bytes(bytes.fromhex(h.get("wrapped_key", "")))
+    fb = h.get("feedback")
+
+    def feedback(f):
+        w.string(f["feedback_id"])
+        w.string(f["uid"])
+        w.string(f["text"])
+        w.i64(f["created_at_us"])
+
+    w.optional(fb, feedback)
+    w.boolean(h.get("empty", False))
+    w.i64(h["created_at_us"])
+    return bytes(w.out)
+
+
+def auth_signing_input(challenge: bytes, agent_id: str) -> bytes:
+    w = Canonical("dredge.v1.auth")
+    w.bytes(challenge)
+    w.string(agent_id)
+    return bytes(w.out)
+
+
+def agent_id(spki_der: bytes) -> str:
+    return hashlib.sha256(spki_der).digest()[:16].hex()
+
+
+# --- Envelope (README § Envelope) -----------------------------------------------------------
+
+
+def chunk_nonce(prefix: bytes, index: int, count: int) -> bytes:
+    return prefix + struct.pack(">I", index) + (b"\x01" if index + 1 == count else b"\x00")
+
+
+def open_upload(key: bytes, header: dict, chunks: list) -> bytes:
+    """Decrypts and reassembles an upload; raises on any failure."""
+    if len(chunks) != header["chunk_count"]:
+        raise ValueError("wrong chunk count")
+    aad = hashlib.sha256(upload_header_canonical(header)).digest()
+    prefix = bytes.fromhex(header["nonce_prefix"])
+    aes = AESGCM(key)
+    out = bytearray()
+    for i, sealed in enumerate(chunks):
+        out += aes.decrypt(chunk_nonce(prefix, i, len(chunks)), sealed, aad)
+    if len(out) != header["plaintext_size"]:
+        raise ValueError("plaintext size differs from the header")
+    return bytes(out)
+
+
+# --- Payload (README § Payload) -------------------------------------------------------------
+
+
+def read_payload(zip_bytes: bytes) -> tuple:
+    """Opens the zip with the standard library and checks it against its manifest."""
+    z = zipfile.ZipFile(io.BytesIO(zip_bytes))
+    if z.testzip() is not None:
+        raise ValueError("CRC error")
+    names = z.namelist()
+    if names[-1] != "manifest.json":
+        raise ValueError("manifest.json is not the last entry")
+    manifest = json.loads(z.read("manifest.json"))
+    files = {}
+    for day in manifest["days"]:
+        text = z.read(day["file"]).decode("utf-8")
+        lines = text.split("\n")[:-1]
+        if len(lines) != day["records"] or len(text.encode("utf-8")) != day["bytes"]:
+            raise ValueError(day["file"] + " disagrees with the manifest")
+        for line in lines:
+            record = json.loads(line)
+            missing = {"ts", "level", "type", "uid", "message", "metadata"} - set(record)
+            if missing:
+                raise ValueError("record without " + ",".join(sorted(missing)))
+        files[day["file"]] = text
+    if sorted(files) + ["manifest.json"] != sorted(names[:-1]) + ["manifest.json"]:
+        raise ValueError("entries differ from the manifest")
+    if manifest["record_count"] != sum(d["records"] for d in manifest["days"]):
+        raise ValueError("record_count does not add up")
+    return manifest, files
+
+
+# --- Protobuf, just enough to see a frame's body field ---------------------------------------
+
+
+def varint(data: bytes, i: int) -> tuple:
+    value, shift = 0, 0
+    while True:
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, i
+
+
+def frame_body_field(frame: bytes) -> int:
+    (length,) = struct.unpack(">I", frame[:4])
+    body = frame[4:]
+    if length != len(body):
+        raise ValueError("length prefix does not match")
+    key, i = varint(body, 0)
+    field, wire_type = key >> 3, key & 7
+    if wire_type != 2:
+        raise ValueError("body is not length-delimited")
+    size, i = varint(body, i)
+    if i + size != len(body):
+        raise ValueError("trailing bytes after the body")
+    return field

@@ -111,7 +111,7 @@ let package = Package(
         .testTarget(
             name: "DredgeWireTests",
             dependencies: [
-                "DredgeWire", "DredgeTestSupport",
+                "DredgeWire", "DredgeEnvelope", "DredgeTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),

@@ -1,6 +1,4 @@
 #!/usr/bin/env bash
-# Installs the system packages Dredge builds against, if they are missing:
-# SQLite (GRDB links the system library) and zlib. Uses apt-get as root, or sudo.
 set -euo pipefail
 
 # System packages: SQLite (GRDB links the system library), zlib, and Python 3 with

@@ -115,23 +115,3 @@ public final class UploadAssembler {
         }
     }
 }
-
-/// The chunk bitmap of `UploadReady` and `UploadStatus`: bit i is byte i/8, bit i%8, LSB first.
-public enum ChunkBitmap {
-    public static func encode(_ indexes: Set<UInt32>, count: UInt32) -> [UInt8] {
-        var bytes = [UInt8](repeating: 0, count: Int((count + 7) / 8))
-        for i in indexes where i < count { bytes[Int(i / 8)] |= 1 << (i % 8) }
-        return bytes
-    }
-
-    public static func decode(_ bytes: some Collection<UInt8>, count: UInt32) -> Set<UInt32> {
-        var result = Set<UInt32>()
-        for (byteIndex, byte) in bytes.enumerated() where byte != 0 {
-            for bit in 0..<8 where byte & (1 << bit) != 0 {
-                let i = UInt32(byteIndex * 8 + bit)
-                if i < count { result.insert(i) }
-            }
-        }
-        return result
-    }
-}

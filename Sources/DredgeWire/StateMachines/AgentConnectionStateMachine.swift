@@ -1,0 +1,143 @@
+import SwiftProtobuf
+
+/// The agent's side of one connection (README § Connection states), as a value that takes
+/// events and returns actions. It does no I/O and no cryptography: the driver sends the frames
+/// it is told to, signs the challenge when asked, and feeds back what arrives.
+///
+/// ```
+/// idle ──start──▶ awaitingHelloAck ──HelloAck──▶ authenticating ──AuthResult──▶ ready
+///                                    └─(enroll)─▶ enrolling ──EnrollResponse──▶ enrolled (closes)
+/// any ──Error(fatal) / Goodbye / protocol violation──▶ closed
+/// ```
+public struct AgentConnectionStateMachine: Sendable {
+    public enum Mode: Sendable, Equatable {
+        /// A known agent: answers the challenge with a signature.
+        case authenticate(agentID: String, host: WireHostInfo)
+        /// First contact: enrolls with a token and the agent's public key.
+        case enroll(token: String, publicKey: [UInt8], host: WireHostInfo)
+    }
+
+    public enum State: Sendable, Equatable {
+        case idle
+        case awaitingHelloAck
+        case awaitingSignature(challenge: [UInt8])
+        case authenticating
+        case enrolling
+        case ready(WireAuthResult)
+        case closed(String)
+    }
+
+    public enum Action: Sendable, Equatable {
+        case send(WireFrame)
+        /// Sign `challenge` (README § Authentication) and call ``signed(_:)``.
+        case signChallenge([UInt8])
+        /// Authenticated: start heartbeats every `heartbeatIntervalS`, resume uploads.
+        case established(WireAuthResult)
+        /// Enrolled: persist the agent id and the server's keys; the server closes this
+        /// connection, reconnect in `.authenticate` mode.
+        case enrolled(WireEnrollResponse)
+        /// A frame for the command and upload layers.
+        case deliver(WireFrame)
+        /// Close the connection. The error (if any) was already sent or came from the peer.
+        case close(WireProtocolError?)
+    }
+
+    public private(set) var state: State = .idle
+    public let mode: Mode
+    public let software: String
+    private var heartbeatSeq: UInt64 = 0
+
+    public init(mode: Mode, software: String = "dredge-agent") {
+        self.mode = mode
+        self.software = software
+    }
+
+    public var isReady: Bool { if case .ready = state { return true } else { return false } }
+
+    public mutating func start() -> [Action] {
+        guard case .idle = state else { return [] }
+        state = .awaitingHelloAck
+        return [.send(.with { $0.hello = .with { $0.minVersion = WireLimits.protocolVersion; $0.maxVersion = WireLimits.protocolVersion; $0.software = software } })]
+    }
+
+    public mutating func receive(_ frame: WireFrame) -> [Action] {
+        if case .closed = state { return [] }
+        switch frame.body {
+        case .error(let error)?:
+            if error.fatal || !isReady {
+                state = .closed("server error \(error.code): \(error.detail)")
+                return [.close(WireProtocolError(error.code, error.detail))]
+            }
+            return [.deliver(frame)]
+        case .goodbye(let goodbye)?:
+            state = .closed("goodbye: \(goodbye.reason)")
+            return [.close(nil)]
+        default:
+            break
+        }
+        switch (state, frame.body) {
+        case (.awaitingHelloAck, .helloAck(let ack)?):
+            guard ack.version == WireLimits.protocolVersion else {
+                return fail(WireProtocolError(.errorVersionUnsupported, "server chose version \(ack.version)"))
+            }
+            switch mode {
+            case .authenticate:
+                guard ack.challenge.count == WireLimits.challengeBytes else { return fail(.malformed("challenge of \(ack.challenge.count) bytes")) }
+                state = .awaitingSignature(challenge: Array(ack.challenge))
+                return [.signChallenge(Array(ack.challenge))]
+            case .enroll(let token, let publicKey, let host):
+                state = .enrolling
+                return [.send(.with { $0.enrollRequest = .with { $0.token = token; $0.publicKey = .init(publicKey); $0.host = host } })]
+            }
+        case (.authenticating, .authResult(let result)?):
+            guard case .authenticate(let agentID, _) = mode, result.agentID == agentID else {
+                return fail(.malformed("authenticated as another agent"))
+            }
+            state = .ready(result)
+            return [.established(result)]
+        case (.enrolling, .enrollResponse(let response)?):
+            state = .closed("enrolled")
+            return [.enrolled(response), .close(nil)]
+        case (.ready, .heartbeatAck?), (.ready, .pullCommand?), (.ready, .uploadReady?), (.ready, .chunkAck?),
+            (.ready, .uploadStatus?), (.ready, .uploadResult?):
+            return [.deliver(frame)]
+        default:
+            return fail(.unexpected(Self.name(frame), in: "\(state)"))
+        }
+    }
+
+    /// The driver's signature over the challenge.
+    public mutating func signed(_ signature: [UInt8]) -> [Action] {
+        guard case .awaitingSignature = state, case .authenticate(let agentID, let host) = mode else { return [] }
+        state = .authenticating
+        return [.send(.with { $0.authResponse = .with { $0.agentID = agentID; $0.signature = .init(signature); $0.host = host } })]
+    }
+
+    /// A heartbeat, when the interval elapses. Nothing unless ready.
+    public mutating func heartbeat(activeUIDs: [String], stats: WireStoreStats) -> [Action] {
+        guard isReady else { return [] }
+        heartbeatSeq += 1
+        let seq = heartbeatSeq
+        return [.send(.with { $0.heartbeat = .with { $0.seq = seq; $0.activeUids = Array(activeUIDs.prefix(WireLimits.maxActiveUIDs)); $0.stats = stats } })]
+    }
+
+    /// A frame of the command and upload layers to send; refused (nothing) unless ready.
+    public func send(_ frame: WireFrame) -> [Action] {
+        guard isReady else { return [] }
+        return [.send(frame)]
+    }
+
+    /// The connection dropped or the driver gave up.
+    public mutating func closed(_ reason: String) {
+        state = .closed(reason)
+    }
+
+    private mutating func fail(_ error: WireProtocolError) -> [Action] {
+        state = .closed(error.description)
+        return [.send(error.frame), .close(error)]
+    }
+
+    static func name(_ frame: WireFrame) -> String {
+        frame.body.map { String(String(describing: $0).prefix(while: { $0 != "(" })) } ?? "empty frame"
+    }
+}

@@ -1,0 +1,126 @@
+import SwiftProtobuf
+
+/// The server's side of one agent connection (README § Connection states).
+///
+/// ```
+/// awaitingHello ──Hello──▶ awaitingCredentials ──AuthResponse──▶ verifying ──ok──▶ ready
+///                                              └─EnrollRequest──▶ enrolling ──ok──▶ closed
+/// any ──protocol violation / failed check──▶ closed (after an Error frame)
+/// ```
+/// The driver supplies the challenge's random bytes, checks signatures and tokens against its
+/// registry, and reports back; the machine decides what is sent.
+public struct ServerConnectionStateMachine: Sendable {
+    public enum State: Sendable, Equatable {
+        case awaitingHello
+        case awaitingCredentials(challenge: [UInt8])
+        case verifying(agentID: String)
+        case enrolling
+        case ready(agentID: String)
+        case closed(String)
+    }
+
+    public enum Action: Sendable, Equatable {
+        case send(WireFrame)
+        /// Check that `agentID` is enrolled and `signature` signs `challenge` under its key;
+        /// then call ``authenticated(_:)`` or ``authenticationFailed(_:)``.
+        case verify(agentID: String, signature: [UInt8], challenge: [UInt8], host: WireHostInfo)
+        /// Check the token and key, register the agent, then call ``enrolled(_:)`` or
+        /// ``enrollmentFailed(_:)``.
+        case enroll(WireEnrollRequest)
+        /// The agent is authenticated: register the connection.
+        case registered(agentID: String)
+        /// A frame for the agent's session (heartbeats, command answers, uploads).
+        case deliver(agentID: String, WireFrame)
+        case close(WireProtocolError?)
+    }
+
+    public private(set) var state: State = .awaitingHello
+    public let software: String
+    public let session: WireAuthResult
+
+    /// - Parameter session: what the server tells an authenticated agent (interval, window).
+    public init(software: String = "dredge-server", session: WireAuthResult = .with {
+        $0.heartbeatIntervalS = WireLimits.defaultHeartbeatSeconds
+        $0.window = UInt32(WireLimits.defaultWindow)
+        $0.maxChunkBytes = UInt32(WireLimits.maxChunkBytes)
+    }) {
+        self.software = software
+        self.session = session
+    }
+
+    public var agentID: String? { if case .ready(let id) = state { return id } else { return nil } }
+
+    /// A frame arrived. `challenge` is 32 fresh random bytes, used when the frame is a Hello.
+    public mutating func receive(_ frame: WireFrame, challenge: @autoclosure () -> [UInt8]) -> [Action] {
+        if case .closed = state { return [] }
+        if case .goodbye? = frame.body {
+            state = .closed("goodbye")
+            return [.close(nil)]
+        }
+        switch (state, frame.body) {
+        case (.awaitingHello, .hello(let hello)?):
+            guard hello.minVersion <= WireLimits.protocolVersion, WireLimits.protocolVersion <= hello.maxVersion else {
+                return fail(WireProtocolError(.errorVersionUnsupported, "server speaks version \(WireLimits.protocolVersion); agent \(hello.minVersion)...\(hello.maxVersion)"))
+            }
+            let bytes = challenge()
+            state = .awaitingCredentials(challenge: bytes)
+            return [.send(.with { $0.helloAck = .with { $0.version = WireLimits.protocolVersion; $0.software = software; $0.challenge = .init(bytes) } })]
+        case (.awaitingCredentials(let challenge), .authResponse(let response)?):
+            guard !response.agentID.isEmpty, response.agentID.utf8.count <= WireLimits.maxIDBytes else { return fail(.malformed("bad agent id")) }
+            state = .verifying(agentID: response.agentID)
+            return [.verify(agentID: response.agentID, signature: Array(response.signature), challenge: challenge, host: response.host)]
+        case (.awaitingCredentials, .enrollRequest(let request)?):
+            state = .enrolling
+            return [.enroll(request)]
+        case (.ready(let id), .heartbeat?), (.ready(let id), .commandAccepted?), (.ready(let id), .commandRejected?),
+            (.ready(let id), .uploadBegin?), (.ready(let id), .uploadChunk?), (.ready(let id), .uploadStatusQuery?),
+            (.ready(let id), .uploadComplete?):
+            return [.deliver(agentID: id, frame)]
+        case (.ready(let id), .error(let error)?) where !error.fatal:
+            return [.deliver(agentID: id, frame)]
+        case (_, .error(let error)?):
+            state = .closed("agent error \(error.code)")
+            return [.close(WireProtocolError(error.code, error.detail))]
+        default:
+            return fail(.unexpected(AgentConnectionStateMachine.name(frame), in: "\(state)"))
+        }
+    }
+
+    public mutating func authenticated(_ agentID: String) -> [Action] {
+        guard case .verifying(let pending) = state, pending == agentID else { return [] }
+        state = .ready(agentID: agentID)
+        var result = session
+        result.agentID = agentID
+        return [.send(.with { $0.authResult = result }), .registered(agentID: agentID)]
+    }
+
+    public mutating func authenticationFailed(_ why: String) -> [Action] {
+        guard case .verifying = state else { return [] }
+        return fail(WireProtocolError(.errorAuthFailed, why))
+    }
+
+    public mutating func enrolled(_ response: WireEnrollResponse) -> [Action] {
+        guard case .enrolling = state else { return [] }
+        state = .closed("enrolled \(response.agentID)")
+        return [.send(.with { $0.enrollResponse = response }), .close(nil)]
+    }
+
+    public mutating func enrollmentFailed(_ why: String) -> [Action] {
+        guard case .enrolling = state else { return [] }
+        return fail(WireProtocolError(.errorEnrollmentRefused, why))
+    }
+
+    /// A frame of the server's session to send (pull commands, upload answers); nothing unless
+    /// ready.
+    public func send(_ frame: WireFrame) -> [Action] {
+        guard case .ready = state else { return [] }
+        return [.send(frame)]
+    }
+
+    /// A protocol error detected outside the machine (the frame decoder's).
+    public mutating func fail(_ error: WireProtocolError) -> [Action] {
+        if case .closed = state { return [] }
+        state = .closed(error.description)
+        return [.send(error.frame), .close(error)]
+    }
+}

@@ -15,10 +15,12 @@ demo: deps
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+	scripts/fuzz.sh 20
 
 bench: deps
 	$(SWIFT) build -c release --product dredge-bench
 	.build/release/dredge-bench store
+	.build/release/dredge-bench export
 
 clean:
-	rm -rf .build demo-output
+	rm -rf .build .build-fuzz demo-output

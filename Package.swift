@@ -90,7 +90,8 @@ let package = Package(
         .executableTarget(
             name: "dredge-bench",
             dependencies: [
-                "DredgeStore", "DredgeLogging", "DredgeSamples",
+                "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgeExport", "CDredgeZlib",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
@@ -100,6 +101,12 @@ let package = Package(
             name: "store-crash-child",
             dependencies: ["DredgeStore", "DredgeLogging"],
             path: "Tests/Helpers/store-crash-child"
+        ),
+        // The frame decoder's fuzz target; a corpus replayer when not built for libFuzzer.
+        .executableTarget(
+            name: "dredge-fuzz-frames",
+            dependencies: ["DredgeWire", .product(name: "NIOCore", package: "swift-nio")],
+            path: "Tests/Fuzz/FrameFuzzer"
         ),
         // Helpers the test targets share: temporary directories, finding built executables.
         .target(name: "DredgeTestSupport", path: "Tests/DredgeTestSupport"),

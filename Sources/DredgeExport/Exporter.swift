@@ -39,8 +39,8 @@ public struct ExportOptions: Sendable {
 /// Turns stored logs into the export zip (README § Payload): one `YYYY-MM-DD.jsonl` per UTC day
 /// that has records, oldest first, then `manifest.json`.
 ///
-/// Streaming: records are read off the store's index one at a time, written as JSON lines into
-/// a 256 KiB buffer and handed to the parallel deflater; memory is bounded by the buffers and
+/// Streaming: records are read off the store's index one at a time and written as JSON lines
+/// straight from SQLite's buffers into a 256 KiB buffer handed to the parallel deflater; memory is bounded by the buffers and
 /// the blocks in flight, never by the size of the export. The zip is written to `zipPath`
 /// (fsynced) and nothing else touches the disk.
 public enum Exporter {
@@ -51,6 +51,7 @@ public enum Exporter {
         var days: [ExportManifest.Day] = []
         var contextIDs = Set<ContextID>()
         var currentDay: Int64?
+        var lastContext: ContextID?
         var line = JSONWriter(reservingCapacity: 300 * 1024)
         var dayRecords = 0, dayBytes = 0, total = 0
         var first = Timestamp(microseconds: 0), last = Timestamp(microseconds: 0)
@@ -64,22 +65,24 @@ public enum Exporter {
             days.append(ExportManifest.Day(file: first.utcDay + ".jsonl", records: dayRecords, bytes: dayBytes, first: first.rfc3339, last: last.rfc3339))
         }
 
-        try store.forEachRecord(matching: request.filter) { record in
-            let day = record.timestamp.epochDay
+        try store.forEachJSONLine(matching: request.filter) { timestamp, context, bytes in
+            let day = timestamp.epochDay
             if day != currentDay {
                 try closeDay()
                 currentDay = day
                 dayRecords = 0
                 dayBytes = 0
-                first = record.timestamp
-                try zip.beginEntry(record.timestamp.utcDay + ".jsonl")
+                first = timestamp
+                try zip.beginEntry(timestamp.utcDay + ".jsonl")
             }
-            record.writeJSON(into: &line)
-            line.writeRaw("\n")
+            line.writeRawBytes(bytes.assumingMemoryBound(to: UInt8.self))
             dayRecords += 1
             total += 1
-            last = record.timestamp
-            contextIDs.insert(record.context)
+            last = timestamp
+            if context != lastContext {
+                contextIDs.insert(context)
+                lastContext = context
+            }
             if line.bytes.count >= 256 * 1024 {
                 try zip.write(line.bytes)
                 dayBytes += line.bytes.count

@@ -206,3 +206,20 @@ enum SampleFrames {
         #expect(committed == produced)
     }
 }
+
+@Suite struct FuzzCorpusTests {
+    /// The fuzz target's own checks, over the committed seed corpus (scripts/fuzz.sh runs the
+    /// real fuzzer on top of it).
+    @Test func theSeedCorpusReplaysCleanly() throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: builtProduct("dredge-fuzz-frames"))
+        process.arguments = [Vectors.repositoryRoot.appendingPathComponent("Tests/Fuzz/corpus/frames").path]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        #expect(text.contains("replayed 28 inputs"))
+    }
+}

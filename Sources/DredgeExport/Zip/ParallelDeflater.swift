@@ -6,7 +6,7 @@ import Foundation
 /// The input is cut into blocks; each block is compressed on its own worker with the last
 /// 32 KiB of the previous block's input as its dictionary and ends with a sync flush (the last
 /// with a final block), so the concatenated outputs are one valid stream — the pigz technique.
-/// Outputs are handed to `sink` in order. At most `2 × workers` blocks are in flight, so memory
+/// Outputs are handed to `sink` in order. At most `4 × workers` blocks are in flight, so memory
 /// is bounded by the block size, not by the input.
 final class ParallelDeflater: @unchecked Sendable {  // worker results cross threads under `lock`
     struct Summary {
@@ -35,7 +35,7 @@ final class ParallelDeflater: @unchecked Sendable {  // worker results cross thr
     init(level: Int32, blockSize: Int = 512 * 1024, workers: Int, sink: @escaping ([UInt8]) throws -> Void) {
         self.level = level
         self.blockSize = blockSize
-        self.maxInFlight = max(1, workers) * 2
+        self.maxInFlight = max(1, workers) * 4
         self.sink = sink
         current.reserveCapacity(blockSize)
     }

@@ -39,21 +39,29 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
     /// RFC 3339 with exactly six fractional digits and a `Z` suffix, e.g.
     /// `2026-11-21T09:30:00.000042Z`. Formatted by hand: exports format one per record.
     public var rfc3339: String {
-        let (days, secondOfDay) = (microseconds.floorDiv(86_400_000_000), microseconds.floorMod(86_400_000_000))
+        var w = JSONWriter(reservingCapacity: 27)
+        writeRFC3339(into: &w)
+        return w.string
+    }
+
+    /// Appends the RFC 3339 form to `w` without making a string.
+    public func writeRFC3339(into w: inout JSONWriter) {
+        let (days, microOfDay) = (microseconds.floorDiv(86_400_000_000), microseconds.floorMod(86_400_000_000))
         let (year, month, day) = Self.civil(fromDays: days)
-        let seconds = Int(secondOfDay / 1_000_000), micros = Int(secondOfDay % 1_000_000)
-        var out = [UInt8](repeating: 0, count: 27)
-        func put(_ value: Int, _ at: Int, _ width: Int) {
-            var v = value
-            for i in stride(from: at + width - 1, through: at, by: -1) {
-                out[i] = UInt8(48 + v % 10)
-                v /= 10
+        let seconds = Int(microOfDay / 1_000_000), micros = Int(microOfDay % 1_000_000)
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 27) { out in
+            func put(_ value: Int, _ at: Int, _ width: Int) {
+                var v = value
+                for i in stride(from: at + width - 1, through: at, by: -1) {
+                    out[i] = UInt8(48 + v % 10)
+                    v /= 10
+                }
             }
+            put(year, 0, 4); out[4] = 45; put(month, 5, 2); out[7] = 45; put(day, 8, 2); out[10] = 84
+            put(seconds / 3600, 11, 2); out[13] = 58; put(seconds / 60 % 60, 14, 2); out[16] = 58; put(seconds % 60, 17, 2)
+            out[19] = 46; put(micros, 20, 6); out[26] = 90
+            w.writeRawBytes(UnsafeBufferPointer(out))
         }
-        put(year, 0, 4); out[4] = 45; put(month, 5, 2); out[7] = 45; put(day, 8, 2); out[10] = 84
-        put(seconds / 3600, 11, 2); out[13] = 58; put(seconds / 60 % 60, 14, 2); out[16] = 58; put(seconds % 60, 17, 2)
-        out[19] = 46; put(micros, 20, 6); out[26] = 90
-        return String(decoding: out, as: UTF8.self)
     }
 
     /// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar

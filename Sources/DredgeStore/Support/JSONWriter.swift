@@ -52,6 +52,37 @@ public struct JSONWriter {
 
     public mutating func writeRaw(_ s: String) { bytes.append(contentsOf: s.utf8) }
 
+    /// Appends bytes that are already JSON.
+    public mutating func writeRawBytes(_ b: UnsafeBufferPointer<UInt8>) { bytes.append(contentsOf: b) }
+    public mutating func writeRawBytes(_ b: [UInt8]) { bytes.append(contentsOf: b) }
+
+    /// Appends an integer in decimal.
+    public mutating func writeDecimal(_ value: Int64) {
+        if value < 0 {
+            writeRaw(String(value))
+            return
+        }
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        withUnsafeMutableBytes(of: &digits) { buffer in
+            var v = UInt64(value)
+            var i = buffer.count
+            repeat {
+                i -= 1
+                buffer[i] = UInt8(48 + v % 10)
+                v /= 10
+            } while v > 0
+            bytes.append(contentsOf: buffer[i...])
+        }
+    }
+
+    /// Appends a JSON string of UTF-8 bytes.
+    public mutating func writeString(_ utf8: UnsafeBufferPointer<UInt8>) {
+        bytes.append(UInt8(ascii: "\""))
+        appendEscaped(utf8)
+        bytes.append(UInt8(ascii: "\""))
+    }
+
     public mutating func writeString(_ s: String) {
         bytes.append(UInt8(ascii: "\""))
         let copied: Void? = s.utf8.withContiguousStorageIfAvailable { buffer in appendEscaped(buffer) }

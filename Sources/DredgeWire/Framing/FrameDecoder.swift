@@ -42,9 +42,7 @@ public struct FrameDecoder: ByteToMessageDecoder {
     static func parse(_ body: ByteBuffer) throws -> WireFrame {
         let frame: WireFrame
         do {
-            frame = try body.withUnsafeReadableBytes { raw in
-                try WireFrame(serializedBytes: raw, extensions: nil, partial: false, options: decodingOptions)
-            }
+            frame = try WireFrame(serializedBytes: Array(body.readableBytesView), extensions: nil, partial: false, options: decodingOptions)
         } catch {
             throw WireProtocolError.malformed("frame body is not a Frame message: \(error)")
         }

@@ -44,8 +44,22 @@ public struct ExportOptions: Sendable {
 /// the blocks in flight, never by the size of the export. The zip is written to `zipPath`
 /// (fsynced) and nothing else touches the disk.
 public enum Exporter {
+    /// On failure the partial zip is removed.
     public static func export(
         from store: LogStore, _ request: ExportRequest, to zipPath: String, options: ExportOptions = ExportOptions()
+    ) throws -> ExportManifest {
+        do {
+            return try write(from: store, request, to: zipPath, options: options)
+        } catch {
+            unlink(zipPath)
+            if let error = error as? ExportError { throw error }
+            if let error = error as? StoreError { throw error }
+            throw ExportError(.io, "\(error)")
+        }
+    }
+
+    private static func write(
+        from store: LogStore, _ request: ExportRequest, to zipPath: String, options: ExportOptions
     ) throws -> ExportManifest {
         let zip = try ZipWriter(path: zipPath, level: options.compressionLevel, workers: options.workers, modified: request.createdAt.date)
         var days: [ExportManifest.Day] = []

@@ -1,3 +1,4 @@
+import Crypto
 @testable import DredgeExport
 import DredgeStore
 import DredgeTestSupport
@@ -106,5 +107,46 @@ import ZIPFoundation
         }
         // Deterministic: the bytes do not depend on the number of workers.
         #expect(outputs[0] == outputs[1] && outputs[1] == outputs[2])
+    }
+}
+
+@Suite struct ExportFailureTests {
+    @Test func aFailedExportLeavesNoPartialZip() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 1_000)
+        try store.close()
+        let zip = dir.file("export.zip")
+        #expect(throws: (any Error).self) {
+            try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: .all), to: zip)
+        }
+        #expect(!FileManager.default.fileExists(atPath: zip))
+        let missing = #expect(throws: ExportError.self) {
+            try SealedUpload(zipPath: dir.file("none.zip"), uploadID: "u", kind: .pull, agentID: "a", key: .uploadKey(), empty: true, createdAt: 0)
+        }
+        #expect(missing?.code == .io)
+    }
+
+    @Test func anExportIntoADirectoryThatCannotBeWrittenFailsCleanly() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 100)
+        let error = #expect(throws: ExportError.self) {
+            try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: .all), to: "/proc/dredge-export.zip")
+        }
+        #expect(error?.code == .io)
+    }
+
+    @Test(.enabled(if: TmpfsMount.isSupported)) func aFullDiskFailsTheExportWithDiskFullAndLeavesNothing() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 60_000)
+        let mount = try TmpfsMount(megabytes: 1)
+        defer { mount.remove() }
+        let zip = mount.path + "/export.zip"
+        let error = #expect(throws: ExportError.self) {
+            try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: .all), to: zip)
+        }
+        #expect(error?.code == .diskFull)
+        #expect(!FileManager.default.fileExists(atPath: zip))
+        // The store is untouched.
+        #expect(try store.count(matching: .all) == 60_000)
     }
 }

@@ -78,4 +78,29 @@ import Testing
         #expect(ChunkBitmap.decode(bytes, count: 17) == set)
         #expect(ChunkBitmap.decode([0xFF, 0xFF, 0xFF], count: 17).count == 17)
     }
+
+    @Test(.enabled(if: TmpfsMount.isSupported)) func aFullDiskOnTheReceiverRefusesTheChunkAndKeepsTheRest() throws {
+        let dir = TempDir()
+        let (_, _, upload, key) = try exported(dir, count: 80_000)
+        #expect(upload.header.plaintextSize > 2_000_000)
+        let mount = try TmpfsMount(megabytes: 1)
+        defer { mount.remove() }
+        let assembler = try UploadAssembler(directory: mount.path + "/up-7", header: upload.header, key: key)
+        var stored: Set<UInt32> = []
+        var failure: ExportError?
+        for index in 0..<upload.header.chunkCount {
+            do {
+                try assembler.accept(index: index, ciphertext: try upload.chunk(index))
+                stored.insert(index)
+            } catch let error as ExportError {
+                failure = error
+                break
+            }
+        }
+        #expect(failure?.code == .diskFull, "the upload needs more than the 1 MiB disk")
+        #expect(assembler.received == stored)
+        // Everything acknowledged before the disk filled is still there for the resume.
+        let resumed = try UploadAssembler(resuming: mount.path + "/up-7", key: key)
+        #expect(resumed.received == stored)
+    }
 }

@@ -57,8 +57,8 @@ import Testing
 
     /// A store on a file system that became read-only (remounted after a disk error, say).
     /// Needs permission to mount a tmpfs, which the test machine's root has.
-    @Test(.enabled(if: ReadOnlyMount.isSupported)) func aReadOnlyStoreIsRefusedAndKeepsItsRecords() throws {
-        let mount = try ReadOnlyMount()
+    @Test(.enabled(if: TmpfsMount.isSupported)) func aReadOnlyStoreIsRefusedAndKeepsItsRecords() throws {
+        let mount = try TmpfsMount()
         defer { mount.remove() }
         let path = mount.path + "/logs.sqlite"
         do {
@@ -205,45 +205,5 @@ final class WriterGate: @unchecked Sendable {
     func open() {
         release.signal()
         finished.wait()
-    }
-}
-
-/// A tmpfs mounted for one test, so it can be made read-only underneath an existing store.
-struct ReadOnlyMount {
-    let path: String
-
-    static let isSupported: Bool = {
-        guard let mount = try? ReadOnlyMount() else { return false }
-        mount.remove()
-        return true
-    }()
-
-    init() throws {
-        path = FileManager.default.temporaryDirectory.appendingPathComponent("dredge-ro-\(UUID().uuidString)").path
-        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        guard Self.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", path]) else {
-            try? FileManager.default.removeItem(atPath: path)
-            throw CocoaError(.featureUnsupported)
-        }
-    }
-
-    func remount(readOnly: Bool) throws {
-        guard Self.run(["mount", "-o", "remount,\(readOnly ? "ro" : "rw")", path]) else { throw CocoaError(.featureUnsupported) }
-    }
-
-    func remove() {
-        _ = Self.run(["umount", path])
-        try? FileManager.default.removeItem(atPath: path)
-    }
-
-    private static func run(_ arguments: [String]) -> Bool {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = arguments
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        guard (try? process.run()) != nil else { return false }
-        process.waitUntilExit()
-        return process.terminationStatus == 0
     }
 }

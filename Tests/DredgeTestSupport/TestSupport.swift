@@ -26,3 +26,45 @@ public func builtProduct(_ name: String) -> String {
     }
     return name
 }
+
+/// A tmpfs mounted for one test: a file system that can be made read-only under a store, or
+/// that fills up. Needs permission to mount, which the test machine's root has; tests that use
+/// it are enabled only where ``isSupported``.
+public struct TmpfsMount {
+    public let path: String
+
+    public static let isSupported: Bool = {
+        guard let mount = try? TmpfsMount() else { return false }
+        mount.remove()
+        return true
+    }()
+
+    public init(megabytes: Int = 16) throws {
+        path = FileManager.default.temporaryDirectory.appendingPathComponent("dredge-mnt-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        guard Self.run(["mount", "-t", "tmpfs", "-o", "size=\(megabytes)m", "tmpfs", path]) else {
+            try? FileManager.default.removeItem(atPath: path)
+            throw CocoaError(.featureUnsupported)
+        }
+    }
+
+    public func remount(readOnly: Bool) throws {
+        guard Self.run(["mount", "-o", "remount,\(readOnly ? "ro" : "rw")", path]) else { throw CocoaError(.featureUnsupported) }
+    }
+
+    public func remove() {
+        _ = Self.run(["umount", path])
+        try? FileManager.default.removeItem(atPath: path)
+    }
+
+    private static func run(_ arguments: [String]) -> Bool {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = arguments
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        guard (try? process.run()) != nil else { return false }
+        process.waitUntilExit()
+        return process.terminationStatus == 0
+    }
+}

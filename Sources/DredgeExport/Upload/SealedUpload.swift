@@ -20,7 +20,9 @@ public final class SealedUpload: @unchecked Sendable {
         wrappedKey: [UInt8] = [], feedback: WireFeedback? = nil, empty: Bool, createdAt: Int64,
         chunkSize: Int = WireLimits.defaultChunkBytes, noncePrefix: [UInt8] = secureRandomBytes(WireLimits.noncePrefixBytes)
     ) throws {
-        let size = UInt64((try? FileManager.default.attributesOfItem(atPath: zipPath)[.size] as? NSNumber)??.int64Value ?? -1)
+        var st = stat()
+        guard stat(zipPath, &st) == 0, st.st_size >= 0 else { throw ExportError(.io, "cannot read \(zipPath)") }
+        let size = UInt64(st.st_size)
         var h = WireUploadHeader()
         h.uploadID = uploadID
         h.kind = kind

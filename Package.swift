@@ -10,6 +10,8 @@ let package = Package(
         .library(name: "DredgeWire", targets: ["DredgeWire"]),
         .library(name: "DredgeEnvelope", targets: ["DredgeEnvelope"]),
         .library(name: "DredgeExport", targets: ["DredgeExport"]),
+        .library(name: "DredgeServer", targets: ["DredgeServer"]),
+        .executable(name: "dredge-server", targets: ["dredge-server"]),
         .executable(name: "dredge-agent", targets: ["dredge-agent"]),
         .executable(name: "dredge-demo", targets: ["dredge-demo"]),
         .executable(name: "dredge-bench", targets: ["dredge-bench"]),
@@ -22,6 +24,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
         .package(url: "https://github.com/apple/swift-protobuf", from: "1.39.0"),
         .package(url: "https://github.com/weichsel/ZIPFoundation", from: "0.9.20"),
+        .package(url: "https://github.com/apple/swift-certificates", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-asn1", from: "1.7.4"),
     ],
     targets: [
         // The client's local, bounded log store: schema, migrations, batched writer, retention,
@@ -71,6 +75,21 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
+        // The command server: deployment material (CA, certificates, keys, tokens) and, as it
+        // grows, the agent listener, registry, command queue and upload reception.
+        .target(
+            name: "DredgeServer",
+            dependencies: [
+                "DredgeWire", "DredgeEnvelope", "DredgeExport",
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
+        ),
+        .executableTarget(
+            name: "dredge-server",
+            dependencies: ["DredgeServer", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
         // Realistic synthetic logs for the demo, the benchmarks and the tests.
         .target(name: "DredgeSamples", dependencies: ["DredgeStore"]),
         .executableTarget(
@@ -115,6 +134,10 @@ let package = Package(
             dependencies: ["DredgeStore", "DredgeSamples", "DredgeTestSupport", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .testTarget(name: "DredgeAgentTests", dependencies: ["DredgeTestSupport"]),
+        .testTarget(
+            name: "DredgeServerTests",
+            dependencies: ["DredgeServer", "DredgeEnvelope", "DredgeTestSupport", .product(name: "X509", package: "swift-certificates")]
+        ),
         .testTarget(
             name: "DredgeWireTests",
             dependencies: [

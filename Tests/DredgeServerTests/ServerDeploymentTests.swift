@@ -1,0 +1,93 @@
+import DredgeEnvelope
+@testable import DredgeServer
+import DredgeTestSupport
+import Foundation
+import Testing
+import X509
+
+@Suite struct ServerDeploymentTests {
+    @Test func initCreatesACompleteDeploymentWithPrivateSecrets() async throws {
+        let dir = TempDir()
+        var options = ServerDeployment.Options(dataDirectory: dir.file("data"))
+        options.names = ["logs.example.com", "10.1.2.3"]
+        let created = try ServerDeployment.initialize(options)
+        let fm = FileManager.default
+        for file in ServerDeployment.files {
+            let attributes = try fm.attributesOfItem(atPath: dir.file("data/\(file)"))
+            let mode = (attributes[.posixPermissions] as! NSNumber).intValue
+            let secret = !["ca.pem", "server.pem", "server.json"].contains(file)
+            #expect(mode == (secret ? 0o600 : 0o644), "\(file) has mode \(String(mode, radix: 8))")
+        }
+        #expect(created.agentAddress == "logs.example.com:7443")
+        #expect(created.enrollmentToken.hasPrefix("dredge_enr_") && created.adminToken.hasPrefix("dredge_adm_"))
+
+        // The server certificate chains to the CA and names the server.
+        let ca = try Certificate(pemEncoded: contents(dir.file("data/ca.pem")))
+        let server = try Certificate(pemEncoded: contents(dir.file("data/server.pem")))
+        #expect(ServerDeployment.fingerprint(of: ca) == created.caFingerprint)
+        for name in ["localhost", "logs.example.com"] {
+            var verifier = Verifier(rootCertificates: CertificateStore([ca])) {
+                RFC5280Policy(validationTime: Date())
+                ServerIdentityPolicy(serverHostname: name, serverIP: nil)
+            }
+            let result = await verifier.validate(leaf: server, intermediates: CertificateStore())
+            guard case .validCertificate = result else { Issue.record("\(name): \(result)"); continue }
+        }
+        var wrongName = Verifier(rootCertificates: CertificateStore([ca])) {
+            RFC5280Policy(validationTime: Date())
+            ServerIdentityPolicy(serverHostname: "evil.example.net", serverIP: nil)
+        }
+        if case .validCertificate = await wrongName.validate(leaf: server, intermediates: CertificateStore()) { Issue.record("accepted a name not in the certificate") }
+
+        // Keys load back; the tokens file holds hashes only.
+        _ = try ServerSigningKey(rawRepresentation: Hex.decode(contents(dir.file("data/signing-key")).trimmingCharacters(in: .whitespacesAndNewlines))!)
+        _ = try RSAPrivateKey(pemRepresentation: contents(dir.file("data/encryption-key.pem")))
+        let tokens = try JSONDecoder().decode(TokenFile.self, from: Data(contents(dir.file("data/tokens.json")).utf8))
+        #expect(tokens.acceptsAdmin(created.adminToken) && !tokens.acceptsAdmin(created.enrollmentToken))
+        #expect(tokens.acceptsEnrollment(created.enrollmentToken) && !tokens.acceptsEnrollment("guess"))
+        #expect(!contents(dir.file("data/tokens.json")).contains(created.adminToken))
+    }
+
+    @Test func initRefusesToOverwriteAnExistingDeployment() throws {
+        let dir = TempDir()
+        let options = ServerDeployment.Options(dataDirectory: dir.file("data"))
+        _ = try ServerDeployment.initialize(options)
+        let before = ServerDeployment.files.map { contents(dir.file("data/\($0)")) }
+        #expect(throws: DeploymentError.self) { try ServerDeployment.initialize(options) }
+        #expect(ServerDeployment.files.map { contents(dir.file("data/\($0)")) } == before)
+        // Even one leftover file is enough to refuse.
+        let other = dir.file("other")
+        try FileManager.default.createDirectory(atPath: other, withIntermediateDirectories: true)
+        FileManager.default.createFile(atPath: other + "/signing-key", contents: Data("keep me".utf8))
+        #expect(throws: DeploymentError.self) { try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: other)) }
+        #expect(contents(other + "/signing-key") == "keep me")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: other) == ["signing-key"])
+    }
+
+    @Test func theCommandLinePrintsWhatAnAgentNeeds() throws {
+        let dir = TempDir()
+        func run() throws -> (Int32, String, String) {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: builtProduct("dredge-server"))
+            process.arguments = ["init", "--data", dir.file("data"), "--name", "logs.example.com"]
+            let out = Pipe(), err = Pipe()
+            process.standardOutput = out
+            process.standardError = err
+            try process.run()
+            let o = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            let e = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            process.waitUntilExit()
+            return (process.terminationStatus, o, e)
+        }
+        let (status, output, _) = try run()
+        #expect(status == 0)
+        for expected in ["server:          logs.example.com:7443", "CA fingerprint:  sha256:", "enrollment token: dredge_enr_", "dredge_adm_"] {
+            #expect(output.contains(expected), "\(expected)")
+        }
+        let (again, _, errors) = try run()
+        #expect(again == 1)
+        #expect(errors.contains("refusing to overwrite"))
+    }
+}
+
+func contents(_ path: String) -> String { String(decoding: FileManager.default.contents(atPath: path) ?? Data(), as: UTF8.self) }

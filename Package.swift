@@ -26,6 +26,8 @@ let package = Package(
         .package(url: "https://github.com/weichsel/ZIPFoundation", from: "0.9.20"),
         .package(url: "https://github.com/apple/swift-certificates", from: "1.21.1"),
         .package(url: "https://github.com/apple/swift-asn1", from: "1.7.4"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
     ],
     targets: [
         // The client's local, bounded log store: schema, migrations, batched writer, retention,
@@ -84,18 +86,38 @@ let package = Package(
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         .executableTarget(
             name: "dredge-server",
-            dependencies: ["DredgeServer", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DredgeServer", .product(name: "ArgumentParser", package: "swift-argument-parser"), .product(name: "Logging", package: "swift-log")]
         ),
         // Realistic synthetic logs for the demo, the benchmarks and the tests.
         .target(name: "DredgeSamples", dependencies: ["DredgeStore"]),
+        // The agent as a library: enrollment, the connection loop, and (next) pulls and uploads.
+        .target(
+            name: "DredgeAgentCore",
+            dependencies: [
+                "DredgeStore", "DredgeWire", "DredgeEnvelope", "DredgeExport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
         .executableTarget(
             name: "dredge-agent",
             dependencies: [
-                "DredgeStore", "DredgeLogging",
+                "DredgeStore", "DredgeLogging", "DredgeAgentCore", "DredgeWire",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -136,7 +158,10 @@ let package = Package(
         .testTarget(name: "DredgeAgentTests", dependencies: ["DredgeTestSupport"]),
         .testTarget(
             name: "DredgeServerTests",
-            dependencies: ["DredgeServer", "DredgeEnvelope", "DredgeTestSupport", .product(name: "X509", package: "swift-certificates")]
+            dependencies: [
+                "DredgeServer", "DredgeEnvelope", "DredgeTestSupport", .product(name: "X509", package: "swift-certificates"),
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+            ]
         ),
         .testTarget(
             name: "DredgeWireTests",

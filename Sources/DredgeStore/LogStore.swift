@@ -272,3 +272,31 @@ public struct StoreStatistics: Sendable, Hashable {
     public var retentionFailures: UInt64
     public var lastRetention: RetentionReport?
 }
+
+extension LogStore {
+    /// The uids (non-empty) with records at or after `since`: what a heartbeat reports as the
+    /// users active on this device.
+    public func activeUIDs(since: Timestamp) throws -> [String] {
+        do {
+            return try pool.read { db in
+                // A loose index scan over log_by_uid_ts: one seek per distinct uid, then one for
+                // its newest record, instead of reading every record of the period.
+                try String.fetchAll(
+                    db,
+                    sql: """
+                        WITH RECURSIVE u(uid) AS (
+                            SELECT min(uid) FROM log
+                            UNION ALL
+                            SELECT (SELECT min(uid) FROM log WHERE uid > u.uid) FROM u WHERE u.uid IS NOT NULL
+                        )
+                        SELECT uid FROM u
+                        WHERE uid IS NOT NULL AND uid != '' AND (SELECT max(ts) FROM log WHERE log.uid = u.uid) >= ?
+                        LIMIT 1024
+                        """,
+                    arguments: [since.microseconds])
+            }
+        } catch let error as DatabaseError {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+}

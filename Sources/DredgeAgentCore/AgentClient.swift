@@ -1,0 +1,166 @@
+import DredgeEnvelope
+import DredgeStore
+import DredgeWire
+import Foundation
+import Logging
+import NIOCore
+import ServiceLifecycle
+
+/// `dredge-agent run`: keeps one connection to the server — connect, authenticate, heartbeat —
+/// and reconnects with backoff and jitter when it drops. A swift-service-lifecycle `Service`:
+/// graceful shutdown says goodbye and stops.
+public final class AgentClient: Service, Sendable {
+    public let state: AgentState
+    let store: LogStore?
+    let logger: Logger
+    let hostInfo: WireHostInfo
+    let stop = StopSignal()
+
+    public init(state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger) {
+        self.state = state
+        self.store = store
+        self.hostInfo = hostInfo
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        await withTaskCancellationOrGracefulShutdownHandler {
+            var backoff = Backoff()
+            while !Task.isCancelled && !self.stop.isStopped {
+                let started = ContinuousClock.now
+                do {
+                    try await self.connectOnce()
+                } catch {
+                    if Task.isCancelled || self.stop.isStopped { break }
+                    self.logger.warning("connection to the server failed", metadata: ["error": "\(error)"])
+                }
+                if Task.isCancelled || self.stop.isStopped { break }
+                if ContinuousClock.now - started > .seconds(60) { backoff.reset() }
+                let delay = backoff.next()
+                self.logger.info("reconnecting", metadata: ["in": "\(delay)"])
+                // Sleep, but wake at once on stop.
+                for _ in 0..<Int(delay / .milliseconds(100)) + 1 where !self.stop.isStopped {
+                    do { try await Task.sleep(for: .milliseconds(100)) } catch { break }
+                }
+            }
+        } onCancelOrGracefulShutdown: {
+            self.stop.signal()
+        }
+    }
+
+    func connectOnce() async throws {
+        let channel = try await AgentConnector.connect(host: state.file.serverHost, port: state.file.serverPort, caPEM: state.caPEM)
+        stop.onStop { channel.channel.close(promise: nil) }
+        let session = Session(
+            machine: AgentConnectionStateMachine(mode: .authenticate(agentID: state.file.agentID, host: hostInfo), software: "dredge-agent/0.1"),
+            key: state.key)
+        do {
+            try await channel.executeThenClose { inbound, outbound in
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    group.addTask {
+                        try await session.perform(await session.start(), outbound: outbound)
+                        for try await frame in inbound {
+                            guard try await session.perform(await session.receive(frame), outbound: outbound) else { break }
+                        }
+                    }
+                    group.addTask {
+                        // Heartbeats once authenticated, at the interval the server asked for.
+                        while !Task.isCancelled {
+                            let interval = await session.heartbeatInterval
+                            try await Task.sleep(for: .seconds(Int(interval ?? 1)))
+                            guard interval != nil else { continue }
+                            let (uids, stats) = self.storeReport()
+                            _ = try await session.perform(await session.heartbeat(uids: uids, stats: stats), outbound: outbound)
+                        }
+                    }
+                    // Either task ending ends the connection.
+                    _ = try await group.next()
+                    group.cancelAll()
+                }
+            }
+        } catch {
+            throw AgentError(AgentConnector.explain(error))
+        }
+        if let failure = await session.failure { throw AgentError("the server closed the connection: \(failure)") }
+    }
+
+    /// Users with records in the last day, and the store's statistics.
+    func storeReport() -> ([String], WireStoreStats) {
+        guard let store, let stats = try? store.statistics() else { return ([], WireStoreStats()) }
+        let uids = (try? store.activeUIDs(since: Timestamp.now.subtracting(.seconds(86_400)))) ?? []
+        return (uids, .with {
+            $0.records = UInt64(max(0, stats.recordCount))
+            $0.oldestUs = stats.oldest?.microseconds ?? 0
+            $0.newestUs = stats.newest?.microseconds ?? 0
+            $0.bytesOnDisk = UInt64(max(0, stats.bytesOnDisk))
+            $0.dropped = stats.droppedQueueFull + stats.failedWrites
+        })
+    }
+
+    /// The connection's state machine, shared by the reader and the heartbeat timer.
+    actor Session {
+        var machine: AgentConnectionStateMachine
+        let key: RSAPrivateKey
+        var heartbeatInterval: UInt32?
+        var failure: WireProtocolError?
+
+        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey) {
+            self.machine = machine
+            self.key = key
+        }
+
+        func start() -> [AgentConnectionStateMachine.Action] { machine.start() }
+        func receive(_ frame: WireFrame) -> [AgentConnectionStateMachine.Action] { machine.receive(frame) }
+        func heartbeat(uids: [String], stats: WireStoreStats) -> [AgentConnectionStateMachine.Action] { machine.heartbeat(activeUIDs: uids, stats: stats) }
+
+        /// Carries out actions; false when the connection must close.
+        func perform(_ actions: [AgentConnectionStateMachine.Action], outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws -> Bool {
+            for action in actions {
+                switch action {
+                case .send(let frame):
+                    try await outbound.write(frame)
+                case .signChallenge(let challenge):
+                    guard case .authenticate(let id, _) = machine.mode else { continue }
+                    let signature = try AgentAuthentication.sign(challenge: challenge, agentID: id, with: key)
+                    guard try await perform(machine.signed(signature), outbound: outbound) else { return false }
+                case .established(let result):
+                    heartbeatInterval = max(1, result.heartbeatIntervalS)
+                case .enrolled:
+                    break
+                case .deliver:
+                    // Pull commands and uploads are handled by the next step of the agent.
+                    break
+                case .close(let error):
+                    failure = error
+                    return false
+                }
+            }
+            return true
+        }
+    }
+}
+
+/// Closes the open connection when the service is asked to stop.
+final class StopSignal: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stopped = false
+    private var action: (@Sendable () -> Void)?
+
+    var isStopped: Bool { lock.withLock { stopped } }
+
+    func onStop(_ body: @escaping @Sendable () -> Void) {
+        let run = lock.withLock { () -> Bool in
+            action = body
+            return stopped
+        }
+        if run { body() }
+    }
+
+    func signal() {
+        let body = lock.withLock { () -> (@Sendable () -> Void)? in
+            stopped = true
+            return action
+        }
+        body?()
+    }
+}

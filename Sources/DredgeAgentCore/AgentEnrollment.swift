@@ -1,0 +1,56 @@
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+import NIOCore
+
+/// `dredge-agent enroll`: makes the agent's RSA key, enrolls it with a token over a connection
+/// that trusts only the given CA, checks the id the server assigns is the one the key derives,
+/// and saves the state. Refuses if the state directory already holds an enrolled agent.
+public enum AgentEnrollment {
+    public static func enroll(host: String, port: Int, caPEM: String, token: String, stateDirectory: String, hostInfo: WireHostInfo) async throws -> AgentState {
+        guard !AgentState.isEnrolled(stateDirectory) else {
+            throw AgentError("\(stateDirectory) already holds an enrolled agent; remove it to enroll again")
+        }
+        let key = try RSAPrivateKey.generate()
+        let channel = try await AgentConnector.connect(host: host, port: port, caPEM: caPEM)
+        var machine = AgentConnectionStateMachine(mode: .enroll(token: token, publicKey: key.publicKey.spki, host: hostInfo), software: "dredge-agent/0.1")
+        var response: WireEnrollResponse?
+        var failure: WireProtocolError?
+        do {
+            try await channel.executeThenClose { inbound, outbound in
+                for action in machine.start() { if case .send(let f) = action { try await outbound.write(f) } }
+                loop: for try await frame in inbound {
+                    for action in machine.receive(frame) {
+                        switch action {
+                        case .send(let f): try await outbound.write(f)
+                        case .enrolled(let r): response = r
+                        case .close(let error):
+                            failure = error
+                            break loop
+                        default: break
+                        }
+                    }
+                }
+            }
+        } catch {
+            throw AgentError("enrollment failed: \(AgentConnector.explain(error))")
+        }
+        guard let response else {
+            if let failure, failure.code == .errorEnrollmentRefused { throw AgentError("enrollment refused by the server: \(failure.message)") }
+            throw AgentError("enrollment failed: \(failure?.description ?? "the server closed the connection")")
+        }
+        guard response.agentID == key.publicKey.agentID else {
+            throw AgentError("the server assigned id \(response.agentID), but this key derives \(key.publicKey.agentID)")
+        }
+        _ = try CommandVerifier(rawRepresentation: response.serverSigningKey)
+        _ = try RSAPublicKey(spki: response.serverEncryptionKey)
+        let state = AgentState(
+            directory: stateDirectory,
+            file: .init(
+                agentID: response.agentID, serverHost: host, serverPort: port, serverSigningKey: Hex.encode(response.serverSigningKey),
+                serverEncryptionKey: Hex.encode(response.serverEncryptionKey), enrolledAt: Date()),
+            key: key, caPEM: caPEM)
+        try state.save()
+        return state
+    }
+}

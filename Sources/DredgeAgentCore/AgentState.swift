@@ -1,0 +1,76 @@
+import DredgeEnvelope
+import Foundation
+
+/// What an agent keeps after enrollment, in its state directory:
+///
+/// | file | what | mode |
+/// |---|---|---|
+/// | `agent-key.pem` | the agent's RSA key (its identity; unwraps command keys) | 0600 |
+/// | `ca.pem` | the pinned CA: the only root the agent trusts for the server | 0644 |
+/// | `agent.json` | agent id, server address, the server's signing and encryption keys | 0600 |
+public struct AgentState: Sendable {
+    public struct File: Codable, Sendable, Equatable {
+        public var agentID: String
+        public var serverHost: String
+        public var serverPort: Int
+        /// Ed25519 public key that signs pull commands, hex.
+        public var serverSigningKey: String
+        /// RSA SPKI DER that wraps feedback keys, hex.
+        public var serverEncryptionKey: String
+        public var enrolledAt: Date
+    }
+
+    public var directory: String
+    public var file: File
+    public var key: RSAPrivateKey
+    public var caPEM: String
+
+    public static func load(from directory: String) throws -> AgentState {
+        func read(_ name: String) throws -> Data {
+            guard let data = FileManager.default.contents(atPath: directory + "/" + name) else {
+                throw AgentError("\(directory)/\(name) is missing: enroll this agent first (`dredge-agent enroll`)")
+            }
+            return data
+        }
+        let file: File
+        do {
+            let decoder = JSONDecoder()
+            decoder.dateDecodingStrategy = .iso8601
+            file = try decoder.decode(File.self, from: try read("agent.json"))
+        } catch let error as AgentError {
+            throw error
+        } catch {
+            throw AgentError("\(directory)/agent.json is damaged: \(error)")
+        }
+        return AgentState(
+            directory: directory, file: file, key: try RSAPrivateKey(pemRepresentation: String(decoding: try read("agent-key.pem"), as: UTF8.self)),
+            caPEM: String(decoding: try read("ca.pem"), as: UTF8.self))
+    }
+
+    public static func isEnrolled(_ directory: String) -> Bool { FileManager.default.fileExists(atPath: directory + "/agent.json") }
+
+    func save() throws {
+        let fm = FileManager.default
+        try fm.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        try Self.write(Array(key.pemRepresentation.utf8), to: directory + "/agent-key.pem", mode: 0o600)
+        try Self.write(Array(caPEM.utf8), to: directory + "/ca.pem", mode: 0o644)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        encoder.dateEncodingStrategy = .iso8601
+        // agent.json last: its presence means the enrollment is complete.
+        try Self.write(Array(try encoder.encode(file)) + [10], to: directory + "/agent.json", mode: 0o600)
+    }
+
+    static func write(_ bytes: [UInt8], to path: String, mode: Int) throws {
+        let temporary = path + ".tmp"
+        guard FileManager.default.createFile(atPath: temporary, contents: Data(bytes), attributes: [.posixPermissions: mode]) else {
+            throw AgentError("cannot write \(path)")
+        }
+        guard rename(temporary, path) == 0 else { throw AgentError("cannot write \(path): \(String(cString: strerror(errno)))") }
+    }
+}
+
+public struct AgentError: Error, CustomStringConvertible, Sendable {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}

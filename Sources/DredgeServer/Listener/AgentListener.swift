@@ -1,0 +1,195 @@
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import ServiceLifecycle
+
+/// The agent listener: TLS over TCP, one ``ServerConnectionStateMachine`` per connection. A
+/// failing connection never affects the others; on graceful shutdown it stops accepting and
+/// says `Goodbye` to every agent.
+public final class AgentListener: Service, Sendable {
+    public let deployment: LoadedDeployment
+    public let registry: AgentRegistry
+    let logger: Logger
+    let host: String
+    let port: Int
+    let session: WireAuthResult
+    private let bound: BoundAddress
+    private let connections = ConnectionSet()
+
+    public init(deployment: LoadedDeployment, registry: AgentRegistry, logger: Logger, host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil) {
+        self.deployment = deployment
+        self.registry = registry
+        self.logger = logger
+        self.host = host ?? deployment.config.listenHost
+        self.port = port ?? deployment.config.agentPort
+        var session = WireAuthResult()
+        session.heartbeatIntervalS = heartbeatSeconds ?? WireLimits.defaultHeartbeatSeconds
+        session.window = UInt32(WireLimits.defaultWindow)
+        session.maxChunkBytes = UInt32(WireLimits.maxChunkBytes)
+        self.session = session
+        self.bound = BoundAddress()
+    }
+
+    /// The port actually bound (useful with port 0), once listening.
+    public var boundPort: Int? { bound.port }
+
+    public func run() async throws {
+        let sslContext = try NIOSSLContext(configuration: deployment.tlsConfiguration)
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.so_keepalive), value: 1)
+            .bind(host: host, port: port) { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: sslContext))
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
+                    try channel.pipeline.syncOperations.addHandler(MessageToByteHandler(FrameEncoder()))
+                    return try NIOAsyncChannel<WireFrame, WireFrame>(wrappingChannelSynchronously: channel)
+                }
+            }
+        bound.port = server.channel.localAddress?.port
+        logger.info("agent listener ready", metadata: ["address": "\(host):\(bound.port ?? port)"])
+        try await withGracefulShutdownHandler {
+            try await withThrowingDiscardingTaskGroup { group in
+                try await server.executeThenClose { inbound in
+                    for try await connection in inbound {
+                        group.addTask { await self.serve(connection) }
+                    }
+                }
+            }
+        } onGracefulShutdown: {
+            // Stop accepting, then say goodbye to every agent so the connections end.
+            server.channel.close(promise: nil)
+            self.connections.closeAll(saying: .with { $0.goodbye = .with { $0.reason = "server shutting down" } })
+        }
+    }
+
+    /// One connection, start to end. Errors end this connection only.
+    func serve(_ channel: NIOAsyncChannel<WireFrame, WireFrame>) async {
+        let remote = channel.channel.remoteAddress?.description
+        let token = connections.insert(channel.channel)
+        defer { connections.remove(token) }
+        var machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: session)
+        var agentID: String?
+        var host = WireHostInfo()
+        do {
+            try await channel.executeThenClose { inbound, outbound in
+                func perform(_ actions: [ServerConnectionStateMachine.Action]) async throws -> Bool {
+                    for action in actions {
+                        switch action {
+                        case .send(let frame):
+                            try await outbound.write(frame)
+                        case .verify(let id, let signature, let challenge, let claimedHost):
+                            host = claimedHost
+                            let key = try registry.publicKey(of: id)
+                            if let key, AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) {
+                                if try await !perform(machine.authenticated(id)) { return false }
+                            } else {
+                                logger.notice("agent authentication failed", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
+                                if try await !perform(machine.authenticationFailed("unknown agent or bad signature")) { return false }
+                            }
+                        case .enroll(let request):
+                            if try await !perform(enroll(request, machine: &machine)) { return false }
+                        case .registered(let id):
+                            agentID = id
+                            try registry.connected(id, from: remote, host: host)
+                            logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
+                        case .deliver(let id, let frame):
+                            try await handle(frame, from: id, outbound: outbound)
+                        case .close(let error):
+                            if let error { logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"]) }
+                            return false
+                        }
+                    }
+                    return true
+                }
+                do {
+                    for try await frame in inbound {
+                        if try await !perform(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes))) { break }
+                    }
+                } catch let error as WireProtocolError {
+                    // The decoder refused the stream: tell the peer why, then close.
+                    _ = try? await perform(machine.fail(error))
+                }
+            }
+        } catch {
+            logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"])
+        }
+        if let agentID {
+            try? registry.disconnected(agentID)
+            logger.info("agent disconnected", metadata: ["agent.id": "\(agentID)"])
+        }
+    }
+
+    private func enroll(_ request: WireEnrollRequest, machine: inout ServerConnectionStateMachine) -> [ServerConnectionStateMachine.Action] {
+        guard deployment.tokens.acceptsEnrollment(request.token) else {
+            logger.notice("enrollment refused: bad token")
+            return machine.enrollmentFailed("enrollment token not accepted")
+        }
+        do {
+            let key = try RSAPublicKey(spki: request.publicKey)
+            let id = try registry.enroll(publicKey: key, host: request.host)
+            logger.info("agent enrolled", metadata: ["agent.id": "\(id)", "host": "\(request.host.hostname)"])
+            return machine.enrolled(.with {
+                $0.agentID = id
+                $0.serverSigningKey = Data(deployment.signingKey.verifyingKey.rawRepresentation)
+                $0.serverEncryptionKey = Data(deployment.encryptionKey.publicKey.spki)
+            })
+        } catch {
+            return machine.enrollmentFailed("public key not accepted: \(error)")
+        }
+    }
+
+    private func handle(_ frame: WireFrame, from agentID: String, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
+        switch frame.body {
+        case .heartbeat(let heartbeat)?:
+            try registry.heartbeat(agentID, heartbeat)
+            try await outbound.write(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
+        default:
+            logger.debug("frame not handled yet", metadata: ["agent.id": "\(agentID)", "frame": "\(frame)"])
+        }
+    }
+}
+
+/// The open agent connections, so a shutdown can end them.
+final class ConnectionSet: @unchecked Sendable {
+    private let lock = NSLock()
+    private var channels: [Int: any Channel] = [:]
+    private var next = 0
+    private var closing = false
+
+    func insert(_ channel: any Channel) -> Int {
+        let (token, close) = lock.withLock { () -> (Int, Bool) in
+            next += 1
+            channels[next] = channel
+            return (next, closing)
+        }
+        if close { channel.close(promise: nil) }
+        return token
+    }
+
+    func remove(_ token: Int) { _ = lock.withLock { channels.removeValue(forKey: token) } }
+
+    func closeAll(saying frame: WireFrame) {
+        let all = lock.withLock { () -> [any Channel] in
+            closing = true
+            return Array(channels.values)
+        }
+        for channel in all {
+            channel.writeAndFlush(frame).whenComplete { _ in channel.close(promise: nil) }
+        }
+    }
+}
+
+/// The listening port, set once bound.
+final class BoundAddress: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: Int?
+    var port: Int? {
+        get { lock.withLock { value } }
+        set { lock.withLock { value = newValue } }
+    }
+}

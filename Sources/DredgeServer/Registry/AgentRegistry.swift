@@ -1,0 +1,115 @@
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+import GRDB
+
+/// An enrolled agent and what the server last heard from it.
+public struct AgentRecord: Sendable, Equatable, Codable {
+    public var agentID: String
+    public var hostname: String
+    public var os: String
+    public var app: String
+    public var appVersion: String
+    public var enrolledAt: Date
+    public var connected: Bool
+    public var connectedAt: Date?
+    public var remoteAddress: String?
+    public var lastHeartbeatAt: Date?
+    public var activeUIDs: [String]
+    public var storeRecords: UInt64
+}
+
+/// The server's registry of agents: who is enrolled (with the public key that authenticates
+/// it) and who is connected, since when, from where, serving which uids. SQLite in the data
+/// directory (`server.sqlite`), so it survives restarts; presence is reset at start.
+public final class AgentRegistry: Sendable {
+    private let db: DatabaseQueue
+
+    public init(path: String) throws {
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(10)
+        db = try DatabaseQueue(path: path, configuration: configuration)
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE agent (
+                    id TEXT PRIMARY KEY NOT NULL,
+                    public_key BLOB NOT NULL,
+                    hostname TEXT NOT NULL,
+                    os TEXT NOT NULL,
+                    app TEXT NOT NULL,
+                    app_version TEXT NOT NULL,
+                    enrolled_at REAL NOT NULL,
+                    connected INTEGER NOT NULL DEFAULT 0,
+                    connected_at REAL,
+                    remote_address TEXT,
+                    last_heartbeat_at REAL,
+                    active_uids TEXT NOT NULL DEFAULT '[]',
+                    store_records INTEGER NOT NULL DEFAULT 0
+                );
+                """)
+        }
+        try migrator.migrate(db)
+    }
+
+    /// Marks every agent disconnected: called when the server starts.
+    public func resetPresence() throws {
+        try db.write { try $0.execute(sql: "UPDATE agent SET connected = 0") }
+    }
+
+    /// Registers an agent's key (enrollment). Enrolling the same key again refreshes its host
+    /// information and keeps its id.
+    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date = Date()) throws -> String {
+        let id = publicKey.agentID
+        try db.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO agent (id, public_key, hostname, os, app, app_version, enrolled_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(id) DO UPDATE SET hostname = excluded.hostname, os = excluded.os, app = excluded.app, app_version = excluded.app_version
+                    """,
+                arguments: [id, Data(publicKey.spki), host.hostname, host.os, host.app, host.appVersion, now.timeIntervalSince1970])
+        }
+        return id
+    }
+
+    public func publicKey(of agentID: String) throws -> RSAPublicKey? {
+        guard let spki = try db.read({ try Data.fetchOne($0, sql: "SELECT public_key FROM agent WHERE id = ?", arguments: [agentID]) }) else { return nil }
+        return try RSAPublicKey(spki: spki)
+    }
+
+    public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date = Date()) throws {
+        try db.write { db in
+            try db.execute(
+                sql: "UPDATE agent SET connected = 1, connected_at = ?, remote_address = ?, hostname = ?, os = ?, app = ?, app_version = ? WHERE id = ?",
+                arguments: [now.timeIntervalSince1970, address, host.hostname, host.os, host.app, host.appVersion, agentID])
+        }
+    }
+
+    public func disconnected(_ agentID: String) throws {
+        try db.write { try $0.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ?", arguments: [agentID]) }
+    }
+
+    public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date = Date()) throws {
+        let uids = String(decoding: try JSONEncoder().encode(heartbeat.activeUids.sorted()), as: UTF8.self)
+        try db.write { db in
+            try db.execute(
+                sql: "UPDATE agent SET last_heartbeat_at = ?, active_uids = ?, store_records = ? WHERE id = ?",
+                arguments: [now.timeIntervalSince1970, uids, Int64(clamping: heartbeat.stats.records), agentID])
+        }
+    }
+
+    public func agents() throws -> [AgentRecord] {
+        try db.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM agent ORDER BY hostname, id").map { row in
+                AgentRecord(
+                    agentID: row["id"], hostname: row["hostname"], os: row["os"], app: row["app"], appVersion: row["app_version"],
+                    enrolledAt: Date(timeIntervalSince1970: row["enrolled_at"]), connected: row["connected"],
+                    connectedAt: (row["connected_at"] as Double?).map(Date.init(timeIntervalSince1970:)),
+                    remoteAddress: row["remote_address"],
+                    lastHeartbeatAt: (row["last_heartbeat_at"] as Double?).map(Date.init(timeIntervalSince1970:)),
+                    activeUIDs: (try? JSONDecoder().decode([String].self, from: Data((row["active_uids"] as String).utf8))) ?? [],
+                    storeRecords: UInt64(max(0, row["store_records"] as Int64)))
+            }
+        }
+    }
+}

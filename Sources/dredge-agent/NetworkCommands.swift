@@ -1,0 +1,100 @@
+import ArgumentParser
+import DredgeAgentCore
+import DredgeStore
+import DredgeWire
+import Foundation
+import Logging
+import ServiceLifecycle
+
+struct AgentStateOptions: ParsableArguments {
+    @Option(help: "The agent's state directory (key, pinned CA, enrollment).")
+    var state: String?
+
+    var path: String {
+        if let state { return state }
+        if let env = ProcessInfo.processInfo.environment["DREDGE_AGENT_STATE"], !env.isEmpty { return env }
+        return FileManager.default.homeDirectoryForCurrentUser.appendingPathComponent(".local/state/dredge/agent").path
+    }
+}
+
+func currentHostInfo(app: String) -> WireHostInfo {
+    let info = ProcessInfo.processInfo
+    return .with {
+        $0.hostname = info.hostName
+        $0.os = info.operatingSystemVersionString
+        $0.app = app
+        $0.appVersion = "0.1"
+    }
+}
+
+struct EnrollCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "enroll", abstract: "Enroll this agent with a server: make its key, register it with a token, pin the CA.")
+
+    @OptionGroup var agentState: AgentStateOptions
+
+    @Option(help: "The server's agent address, HOST:PORT, as `dredge-server init` printed it.")
+    var server: String
+
+    @Option(help: "The server's CA certificate (PEM file), as `dredge-server init` made it.")
+    var ca: String
+
+    @Option(help: "The enrollment token.")
+    var token: String
+
+    @Option(help: "App name reported to the server.")
+    var app = "dredge-agent"
+
+    func validate() throws {
+        guard let colon = server.lastIndex(of: ":"), Int(server[server.index(after: colon)...]) != nil else {
+            throw ValidationError("--server must be HOST:PORT")
+        }
+    }
+
+    func run() async throws {
+        let colon = server.lastIndex(of: ":")!
+        let host = String(server[..<colon]), port = Int(server[server.index(after: colon)...])!
+        guard let caPEM = FileManager.default.contents(atPath: ca).map({ String(decoding: $0, as: UTF8.self) }) else {
+            throw fail("cannot read the CA certificate \(ca)")
+        }
+        do {
+            let state = try await AgentEnrollment.enroll(
+                host: host, port: port, caPEM: caPEM, token: token, stateDirectory: agentState.path, hostInfo: currentHostInfo(app: app))
+            print("enrolled as agent \(state.file.agentID); state in \(state.directory)")
+        } catch let error as AgentError {
+            throw fail(error.description)
+        }
+    }
+}
+
+struct RunAgentCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "run", abstract: "Stay connected to the server: authenticate, heartbeat, reconnect. Stops on SIGTERM or SIGINT.")
+
+    @OptionGroup var agentState: AgentStateOptions
+    @OptionGroup var store: StoreOptions
+
+    @Option(help: "App name reported to the server.")
+    var app = "dredge-agent"
+
+    @Option(help: "Log level: trace, debug, info, notice, warning, error.")
+    var logLevel = "info"
+
+    func run() async throws {
+        LoggingSystem.bootstrap { StreamLogHandler.standardError(label: $0) }
+        var logger = Logger(label: "dredge.agent")
+        logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
+        let state: AgentState
+        do {
+            state = try AgentState.load(from: agentState.path)
+        } catch let error as AgentError {
+            throw fail(error.description)
+        }
+        let logStore = try store.open(readOnly: false)
+        let client = AgentClient(state: state, store: logStore, hostInfo: currentHostInfo(app: app), logger: logger)
+        let group = ServiceGroup(services: [client], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        try await group.run()
+        try logStore.close()
+        logger.info("dredge-agent stopped")
+    }
+}

@@ -1,0 +1,124 @@
+import DredgeServer
+import DredgeTestSupport
+import Foundation
+import NIOCore
+import NIOPosix
+import Testing
+
+/// The real `dredge-server` and `dredge-agent` processes on loopback.
+@Suite struct AgentServerEndToEndTests {
+    struct Deployment {
+        let dir = TempDir()
+        let created: ServerDeployment.Created
+
+        init() throws {
+            created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: dir.file("server")))
+        }
+
+        var data: String { dir.file("server") }
+
+        func startServer() throws -> (ManagedProcess, Int) {
+            let server = try ManagedProcess("dredge-server", ["run", "--data", data, "--agent-port", "0", "--heartbeat-seconds", "1"], outputPath: dir.file("server-\(UUID().uuidString).log"))
+            var port: Int?
+            try ManagedProcess.waitFor {
+                guard let line = server.output.split(separator: "\n").first(where: { $0.contains("agent listener ready") }),
+                    let range = line.range(of: #"address=127\.0\.0\.1:(\d+)"#, options: .regularExpression)
+                else { return false }
+                port = Int(line[range].split(separator: ":").last!)
+                return true
+            }
+            guard let port else { throw DeploymentError("server did not start: \(server.output)") }
+            return (server, port)
+        }
+
+        func agents() throws -> [[String: Any]] {
+            let (status, output) = try ManagedProcess.run("dredge-server", ["agents", "--data", data, "--json"])
+            guard status == 0 else { return [] }
+            return (try? JSONSerialization.jsonObject(with: Data(output.utf8)) as? [[String: Any]]) ?? []
+        }
+
+        func enroll(state: String, port: Int, token: String? = nil, ca: String? = nil) throws -> (Int32, String) {
+            try ManagedProcess.run("dredge-agent", ["enroll", "--state", state, "--server", "localhost:\(port)", "--ca", ca ?? data + "/ca.pem", "--token", token ?? created.enrollmentToken])
+        }
+    }
+
+    @Test func anAgentEnrollsConnectsHeartbeatsAndReconnectsAfterAServerRestart() throws {
+        let d = try Deployment()
+        var (server, port) = try d.startServer()
+        let state = d.dir.file("agent"), store = d.dir.file("logs.sqlite")
+        let (status, output) = try d.enroll(state: state, port: port)
+        #expect(status == 0, "\(output)")
+        #expect(output.contains("enrolled as agent "))
+        _ = try ManagedProcess.run("dredge-agent", ["log", "--store", store, "--uid", "u-42", "oven door opened"])
+        _ = try ManagedProcess.run("dredge-agent", ["log", "--store", store, "--uid", "u-7", "preheat started"])
+
+        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        let online = try ManagedProcess.waitFor {
+            try d.agents().contains { ($0["connected"] as? Bool) == true && ($0["activeUIDs"] as? [String]) == ["u-42", "u-7"] }
+        }
+        #expect(online, "agent log:\n\(agent.output)\nserver log:\n\(server.output)")
+
+        // The server goes away and comes back on the same port: the agent reconnects by itself.
+        #expect(server.stop() == 0)
+        #expect(try ManagedProcess.waitFor { try d.agents().allSatisfy { ($0["connected"] as? Bool) == false } })
+        let restarted = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--heartbeat-seconds", "1"], outputPath: d.dir.file("server2.log"))
+        server = restarted
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(90)) { try d.agents().contains { ($0["connected"] as? Bool) == true } }, "agent log:\n\(agent.output)")
+        #expect(agent.output.contains("reconnecting"))
+
+        // Both stop gracefully.
+        #expect(agent.stop() == 0)
+        #expect(try ManagedProcess.waitFor { try d.agents().allSatisfy { ($0["connected"] as? Bool) == false } })
+        #expect(server.stop() == 0)
+        #expect(server.output.contains("dredge-server stopped"))
+    }
+
+    @Test func aWrongTokenOrAWrongCAIsRefusedAndTheServerKeepsServing() throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+
+        let (badToken, tokenOutput) = try d.enroll(state: d.dir.file("a1"), port: port, token: "dredge_enr_guess")
+        #expect(badToken == 1)
+        #expect(tokenOutput.contains("enrollment refused"))
+        #expect(!FileManager.default.fileExists(atPath: d.dir.file("a1/agent.json")))
+
+        let other = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: d.dir.file("other")))
+        let (badCA, caOutput) = try d.enroll(state: d.dir.file("a2"), port: port, ca: other.caPath)
+        #expect(badCA == 1)
+        #expect(caOutput.contains("TLS handshake failed"))
+
+        // Garbage on the agent port: that connection fails, nobody else notices.
+        let garbage = try ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton).connect(host: "127.0.0.1", port: port).wait()
+        try garbage.writeAndFlush(ByteBuffer(string: "GET / HTTP/1.1\r\nHost: dredge\r\n\r\n")).wait()
+        try? garbage.close().wait()
+
+        let (status, output) = try d.enroll(state: d.dir.file("a3"), port: port)
+        #expect(status == 0, "\(output)")
+        #expect(try d.agents().count == 1)
+    }
+
+    @Test func anAgentThatIsNotEnrolledCannotAuthenticate() throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        // Enroll with one server, then point the agent at another deployment's server that
+        // trusts the same CA file: copy the CA so TLS passes and only authentication decides.
+        let state = d.dir.file("agent")
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+        let d2 = try Deployment()
+        let (server2, port2) = try d2.startServer()
+        defer { server2.stop() }
+        var file = try JSONSerialization.jsonObject(with: FileManager.default.contents(atPath: state + "/agent.json")!) as! [String: Any]
+        file["serverPort"] = port2
+        try JSONSerialization.data(withJSONObject: file).write(to: URL(fileURLWithPath: state + "/agent.json"))
+        try FileManager.default.removeItem(atPath: state + "/ca.pem")
+        try FileManager.default.copyItem(atPath: d2.data + "/ca.pem", toPath: state + "/ca.pem")
+
+        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", d.dir.file("logs.sqlite")], outputPath: d.dir.file("agent.log"))
+        #expect(try ManagedProcess.waitFor { server2.output.contains("agent authentication failed") }, "\(server2.output)")
+        #expect(try ManagedProcess.waitFor { agent.output.contains("errorAuthFailed") }, "\(agent.output)")
+        #expect(try d2.agents().isEmpty)
+        #expect(agent.stop() == 0)
+    }
+}

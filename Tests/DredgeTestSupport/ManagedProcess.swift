@@ -1,0 +1,61 @@
+import Foundation
+
+/// A child process for end-to-end tests: output goes to files the test can poll, and the process
+/// is killed when the value is released if the test did not stop it.
+public final class ManagedProcess: @unchecked Sendable {
+    public let process = Process()
+    public let outputPath: String
+
+    public init(_ executable: String, _ arguments: [String], outputPath: String) throws {
+        self.outputPath = outputPath
+        FileManager.default.createFile(atPath: outputPath, contents: nil)
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: outputPath))
+        process.executableURL = URL(fileURLWithPath: builtProduct(executable))
+        process.arguments = arguments
+        process.standardOutput = handle
+        process.standardError = handle
+        try process.run()
+    }
+
+    deinit {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+
+    public var output: String { String(decoding: FileManager.default.contents(atPath: outputPath) ?? Data(), as: UTF8.self) }
+
+    /// Polls until `condition` holds (or `timeout` passes; the caller then asserts and sees why).
+    @discardableResult
+    public static func waitFor(timeout: Duration = .seconds(30), _ condition: () throws -> Bool) rethrows -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if try condition() { return true }
+            usleep(50_000)
+        }
+        return try condition()
+    }
+
+    /// Sends `signal` and waits for the exit; returns the exit status.
+    @discardableResult
+    public func stop(_ signal: Int32 = SIGTERM) -> Int32 {
+        if process.isRunning { kill(process.processIdentifier, signal) }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// Runs a command to completion and returns its status and combined output.
+    public static func run(_ executable: String, _ arguments: [String]) throws -> (status: Int32, output: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: builtProduct(executable))
+        process.arguments = arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+}

@@ -96,7 +96,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "dredge-server",
-            dependencies: ["DredgeServer", .product(name: "ArgumentParser", package: "swift-argument-parser"), .product(name: "Logging", package: "swift-log")]
+            dependencies: ["DredgeServer", "DredgeStore", .product(name: "ArgumentParser", package: "swift-argument-parser"), .product(name: "Logging", package: "swift-log")]
         ),
         // Realistic synthetic logs for the demo, the benchmarks and the tests.
         .target(name: "DredgeSamples", dependencies: ["DredgeStore"]),

@@ -15,12 +15,14 @@ public final class AgentClient: Service, Sendable {
     let logger: Logger
     let hostInfo: WireHostInfo
     let stop = StopSignal()
+    let uploads: UploadManager
 
-    public init(state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger) {
+    public init(state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger) throws {
         self.state = state
         self.store = store
         self.hostInfo = hostInfo
         self.logger = logger
+        self.uploads = try UploadManager(state: state, store: store, logger: logger)
     }
 
     public func run() async throws {
@@ -53,7 +55,7 @@ public final class AgentClient: Service, Sendable {
         stop.onStop { channel.channel.close(promise: nil) }
         let session = Session(
             machine: AgentConnectionStateMachine(mode: .authenticate(agentID: state.file.agentID, host: hostInfo), software: "dredge-agent/0.1"),
-            key: state.key)
+            key: state.key, uploads: uploads)
         do {
             try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -79,8 +81,10 @@ public final class AgentClient: Service, Sendable {
                 }
             }
         } catch {
+            await uploads.disconnected()
             throw AgentError(AgentConnector.explain(error))
         }
+        await uploads.disconnected()
         if let failure = await session.failure { throw AgentError("the server closed the connection: \(failure)") }
     }
 
@@ -103,10 +107,12 @@ public final class AgentClient: Service, Sendable {
         let key: RSAPrivateKey
         var heartbeatInterval: UInt32?
         var failure: WireProtocolError?
+        let uploads: UploadManager
 
-        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey) {
+        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey, uploads: UploadManager) {
             self.machine = machine
             self.key = key
+            self.uploads = uploads
         }
 
         func start() -> [AgentConnectionStateMachine.Action] { machine.start() }
@@ -125,11 +131,11 @@ public final class AgentClient: Service, Sendable {
                     guard try await perform(machine.signed(signature), outbound: outbound) else { return false }
                 case .established(let result):
                     heartbeatInterval = max(1, result.heartbeatIntervalS)
+                    try await uploads.connected(outbound)
                 case .enrolled:
                     break
-                case .deliver:
-                    // Pull commands and uploads are handled by the next step of the agent.
-                    break
+                case .deliver(let frame):
+                    try await uploads.receive(frame)
                 case .close(let error):
                     failure = error
                     return false

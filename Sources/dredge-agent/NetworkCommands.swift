@@ -91,7 +91,7 @@ struct RunAgentCommand: AsyncParsableCommand {
             throw fail(error.description)
         }
         let logStore = try store.open(readOnly: false)
-        let client = AgentClient(state: state, store: logStore, hostInfo: currentHostInfo(app: app), logger: logger)
+        let client = try AgentClient(state: state, store: logStore, hostInfo: currentHostInfo(app: app), logger: logger)
         let group = ServiceGroup(services: [client], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         try logStore.close()

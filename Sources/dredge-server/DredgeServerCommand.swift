@@ -7,7 +7,7 @@ struct DredgeServerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dredge-server",
         abstract: "The Dredge command server.",
-        subcommands: [InitCommand.self, RunCommand.self, AgentsCommand.self])
+        subcommands: [InitCommand.self, RunCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self])
 }
 
 struct InitCommand: AsyncParsableCommand {

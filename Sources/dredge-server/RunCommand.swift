@@ -1,5 +1,6 @@
 import ArgumentParser
 import DredgeServer
+import DredgeStore
 import Foundation
 import Logging
 
@@ -54,4 +55,104 @@ struct AgentsCommand: AsyncParsableCommand {
             print("\(a.agentID)  \(a.connected ? "online " : "offline")  \(a.hostname)  \(a.app) \(a.appVersion)  uids=\(a.activeUIDs.joined(separator: ","))  records=\(a.storeRecords)")
         }
     }
+}
+
+/// Queues a pull from the server host itself (the admin API and the `dredge` command line are
+/// the engineers' way; this is the operator's, recorded in the audit log as `local-operator`).
+struct PullCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pull", abstract: "Queue a pull for the agents that have a uid (or one agent); the running server delivers it.")
+
+    @Option(help: "The data directory.")
+    var data: String
+
+    @Option(help: "The user whose logs to pull.")
+    var uid: String?
+
+    @Option(help: "Only this agent.")
+    var agent: String?
+
+    @Option(help: "From this time: RFC 3339, YYYY-MM-DD, or a duration ago (90m, 2d).")
+    var since: String?
+
+    @Option(help: "Before this time.")
+    var until: String?
+
+    @Option(name: .customLong("type"), help: "Log types; repeatable or comma-separated.")
+    var types: [String] = []
+
+    @Option(name: .customLong("level"), help: "Levels: 'error', 'warning,error' or 'warning+'.")
+    var levels: [String] = []
+
+    @Option(help: "Text in the message or metadata.")
+    var grep: String?
+
+    @Option(help: "Minutes until the pull expires if not delivered.")
+    var expiresIn = 60
+
+    func run() async throws {
+        guard uid != nil || agent != nil else { throw ValidationError("give --uid, --agent, or both") }
+        var filter = LogFilter(uid: uid, text: grep)
+        if let since { guard let t = Timestamp(userInput: since) else { throw ValidationError("cannot read --since") }; filter.since = t }
+        if let until { guard let t = Timestamp(userInput: until) else { throw ValidationError("cannot read --until") }; filter.until = t }
+        if !types.isEmpty {
+            filter.types = Set(try types.flatMap { $0.split(separator: ",") }.map { name in
+                guard let t = LogType(String(name)) else { throw ValidationError("invalid type \(name)") }
+                return t
+            })
+        }
+        if !levels.isEmpty {
+            var set = Set<LogLevel>()
+            for text in levels {
+                guard let parsed = LogLevel.parseSet(text) else { throw ValidationError("cannot read --level \(text)") }
+                set.formUnion(parsed)
+            }
+            filter.levels = set
+        }
+        let deployment = try LoadedDeployment(directory: data)
+        let registry = try AgentRegistry(path: data + "/server.sqlite")
+        let agents = try registry.agents().filter { a in
+            if let agent, a.agentID != agent { return false }
+            if let uid, agent == nil, !a.activeUIDs.contains(uid) { return false }
+            return true
+        }.map(\.agentID)
+        guard !agents.isEmpty else {
+            throw fail(agent != nil ? "no enrolled agent \(agent!)" : "no agent has reported uid \(uid!)")
+        }
+        let pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+        let id = try pulls.create(uid: uid ?? "", agentID: agent ?? "", filter: filter, agents: agents, lifetime: .seconds(Int64(expiresIn) * 60), requestedBy: "local-operator")
+        print(id)
+    }
+}
+
+struct PullsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "pulls", abstract: "List pulls and their status per agent.")
+
+    @Option(help: "The data directory.")
+    var data: String
+
+    @Flag(help: "JSON output.")
+    var json = false
+
+    func run() async throws {
+        let deployment = try LoadedDeployment(directory: data)
+        let pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey).pulls()
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            encoder.dateEncodingStrategy = .iso8601
+            print(String(decoding: try encoder.encode(pulls), as: UTF8.self))
+            return
+        }
+        for p in pulls {
+            for t in p.targets {
+                print("\(p.id)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(t.status.rawValue)  \(t.chunksReceived)/\(t.chunkCount) chunks  \(t.detail)")
+            }
+        }
+    }
+}
+
+func fail(_ message: String) -> ExitCode {
+    FileHandle.standardError.write(Data("error: \(message)\n".utf8))
+    return ExitCode.failure
 }

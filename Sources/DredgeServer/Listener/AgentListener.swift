@@ -13,6 +13,7 @@ import ServiceLifecycle
 public final class AgentListener: Service, Sendable {
     public let deployment: LoadedDeployment
     public let registry: AgentRegistry
+    public let pulls: PullStore
     let logger: Logger
     let host: String
     let port: Int
@@ -20,9 +21,10 @@ public final class AgentListener: Service, Sendable {
     private let bound: BoundAddress
     private let connections = ConnectionSet()
 
-    public init(deployment: LoadedDeployment, registry: AgentRegistry, logger: Logger, host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil) {
+    public init(deployment: LoadedDeployment, registry: AgentRegistry, pulls: PullStore, logger: Logger, host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil) {
         self.deployment = deployment
         self.registry = registry
+        self.pulls = pulls
         self.logger = logger
         self.host = host ?? deployment.config.listenHost
         self.port = port ?? deployment.config.agentPort
@@ -75,44 +77,55 @@ public final class AgentListener: Service, Sendable {
         var machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: session)
         var agentID: String?
         var host = WireHostInfo()
+        var uploads: ConnectionUploads?
         do {
             try await channel.executeThenClose { inbound, outbound in
-                func perform(_ actions: [ServerConnectionStateMachine.Action]) async throws -> Bool {
-                    for action in actions {
-                        switch action {
-                        case .send(let frame):
-                            try await outbound.write(frame)
-                        case .verify(let id, let signature, let challenge, let claimedHost):
-                            host = claimedHost
-                            let key = try registry.publicKey(of: id)
-                            if let key, AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) {
-                                if try await !perform(machine.authenticated(id)) { return false }
-                            } else {
-                                logger.notice("agent authentication failed", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
-                                if try await !perform(machine.authenticationFailed("unknown agent or bad signature")) { return false }
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    func perform(_ actions: [ServerConnectionStateMachine.Action]) async throws -> Bool {
+                        for action in actions {
+                            switch action {
+                            case .send(let frame):
+                                try await outbound.write(frame)
+                            case .verify(let id, let signature, let challenge, let claimedHost):
+                                host = claimedHost
+                                let key = try registry.publicKey(of: id)
+                                if let key, AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) {
+                                    if try await !perform(machine.authenticated(id)) { return false }
+                                } else {
+                                    logger.notice("agent authentication failed", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
+                                    if try await !perform(machine.authenticationFailed("unknown agent or bad signature")) { return false }
+                                }
+                            case .enroll(let request):
+                                if try await !perform(enroll(request, machine: &machine)) { return false }
+                            case .registered(let id):
+                                agentID = id
+                                uploads = ConnectionUploads(agentID: id, pulls: pulls, dataDirectory: deployment.directory, logger: logger)
+                                try registry.connected(id, from: remote, host: host)
+                                logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
+                                group.addTask { try await self.deliverPulls(to: id, outbound: outbound) }
+                            case .deliver(let id, let frame):
+                                if case .heartbeat(let heartbeat)? = frame.body {
+                                    try registry.heartbeat(id, heartbeat)
+                                    try await outbound.write(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
+                                } else if let uploads {
+                                    for reply in try uploads.handle(frame) { try await outbound.write(reply) }
+                                }
+                            case .close(let error):
+                                if let error { logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"]) }
+                                return false
                             }
-                        case .enroll(let request):
-                            if try await !perform(enroll(request, machine: &machine)) { return false }
-                        case .registered(let id):
-                            agentID = id
-                            try registry.connected(id, from: remote, host: host)
-                            logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
-                        case .deliver(let id, let frame):
-                            try await handle(frame, from: id, outbound: outbound)
-                        case .close(let error):
-                            if let error { logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"]) }
-                            return false
                         }
+                        return true
                     }
-                    return true
-                }
-                do {
-                    for try await frame in inbound {
-                        if try await !perform(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes))) { break }
+                    do {
+                        for try await frame in inbound {
+                            if try await !perform(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes))) { break }
+                        }
+                    } catch let error as WireProtocolError {
+                        // The decoder refused the stream: tell the peer why, then close.
+                        _ = try? await perform(machine.fail(error))
                     }
-                } catch let error as WireProtocolError {
-                    // The decoder refused the stream: tell the peer why, then close.
-                    _ = try? await perform(machine.fail(error))
+                    group.cancelAll()
                 }
             }
         } catch {
@@ -121,6 +134,21 @@ public final class AgentListener: Service, Sendable {
         if let agentID {
             try? registry.disconnected(agentID)
             logger.info("agent disconnected", metadata: ["agent.id": "\(agentID)"])
+        }
+    }
+
+    /// Sends the agent its queued pulls now and whenever new ones appear (checked twice a
+    /// second; pulls made through this process's admin API will wake it at once).
+    private func deliverPulls(to agentID: String, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
+        while !Task.isCancelled {
+            for pull in try pulls.pending(for: agentID) {
+                guard let key = try registry.publicKey(of: agentID) else { break }
+                let command = try pulls.command(for: pull, agentKey: key, signer: deployment.signingKey)
+                try await outbound.write(.with { $0.pullCommand = command })
+                try pulls.update(pull.id, agent: agentID, status: .delivered)
+                logger.info("pull delivered", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)"])
+            }
+            try await Task.sleep(for: .milliseconds(500))
         }
     }
 
@@ -140,16 +168,6 @@ public final class AgentListener: Service, Sendable {
             })
         } catch {
             return machine.enrollmentFailed("public key not accepted: \(error)")
-        }
-    }
-
-    private func handle(_ frame: WireFrame, from agentID: String, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
-        switch frame.body {
-        case .heartbeat(let heartbeat)?:
-            try registry.heartbeat(agentID, heartbeat)
-            try await outbound.write(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
-        default:
-            logger.debug("frame not handled yet", metadata: ["agent.id": "\(agentID)", "frame": "\(frame)"])
         }
     }
 }

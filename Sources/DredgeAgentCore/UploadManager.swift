@@ -1,0 +1,135 @@
+import Crypto
+import DredgeEnvelope
+import DredgeExport
+import DredgeStore
+import DredgeWire
+import Foundation
+import Logging
+import NIOCore
+
+/// The agent's pulls and uploads, across connections: admits commands (``PullAdmission``),
+/// exports off the connection's path, and drives one ``UploadSenderStateMachine`` per upload,
+/// resuming them on every new connection. Nothing here blocks the connection: heartbeats and
+/// new commands keep flowing while exports and uploads run.
+actor UploadManager {
+    struct Active {
+        var sender: UploadSenderStateMachine
+        var upload: SealedUpload
+    }
+
+    private var admission: PullAdmission
+    private var uploads: [String: Active] = [:]
+    private var outbound: NIOAsyncChannelOutboundWriter<WireFrame>?
+    private let store: LogStore?
+    private let state: AgentState
+    private let logger: Logger
+
+    init(state: AgentState, store: LogStore?, logger: Logger) throws {
+        self.state = state
+        self.store = store
+        self.logger = logger
+        let seenPath = state.directory + "/seen-commands.json"
+        let seen = FileManager.default.contents(atPath: seenPath).flatMap { try? JSONDecoder().decode([String: Int64].self, from: $0) } ?? [:]
+        admission = PullAdmission(
+            agentID: state.file.agentID,
+            serverKey: try CommandVerifier(rawRepresentation: Hex.decode(state.file.serverSigningKey) ?? []),
+            agentKey: state.key, seen: seen)
+    }
+
+    /// A connection is ready: send through it, and resume every unfinished upload.
+    func connected(_ writer: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
+        outbound = writer
+        for id in uploads.keys.sorted() {
+            try await perform(id, uploads[id]!.sender.resume())
+        }
+    }
+
+    func disconnected() {
+        outbound = nil
+        for id in uploads.keys { uploads[id]!.sender.connectionLost() }
+    }
+
+    /// A frame for the command and upload layer.
+    func receive(_ frame: WireFrame) async throws {
+        switch frame.body {
+        case .pullCommand(let command)?:
+            try await admit(command)
+        case .uploadReady(let m)?: try await route(m.uploadID, frame)
+        case .chunkAck(let m)?: try await route(m.uploadID, frame)
+        case .uploadStatus(let m)?: try await route(m.uploadID, frame)
+        case .uploadResult(let m)?: try await route(m.uploadID, frame)
+        case .error(let e)? where !e.uploadID.isEmpty: try await route(e.uploadID, frame)
+        default: break
+        }
+    }
+
+    private func admit(_ command: WirePullCommand) async throws {
+        let decision = admission.admit(command)
+        saveSeen()
+        try await outbound?.write(decision.frame(commandID: command.commandID))
+        guard case .accept(let accepted) = decision else {
+            if case .reject(let reason, let detail) = decision {
+                logger.notice("pull command rejected", metadata: ["command.id": "\(command.commandID)", "reason": "\(reason)", "detail": "\(detail)"])
+            }
+            return
+        }
+        logger.info("pull command accepted", metadata: ["command.id": "\(accepted.commandID)"])
+        guard let store else { return }
+        let directory = state.directory + "/uploads/" + accepted.commandID
+        let agentID = state.file.agentID
+        // Export off the connection's path.
+        Task.detached { [logger] in
+            do {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                let zip = directory + "/export.zip"
+                let manifest = try Exporter.export(
+                    from: store, ExportRequest(uploadID: accepted.commandID, kind: .pull, agentID: agentID, commandID: accepted.commandID, filter: accepted.filter),
+                    to: zip)
+                let upload = try SealedUpload(
+                    zipPath: zip, uploadID: accepted.commandID, kind: .pull, agentID: agentID, key: accepted.key, empty: manifest.empty,
+                    createdAt: Timestamp.now.microseconds)
+                logger.info("export ready", metadata: ["upload.id": "\(accepted.commandID)", "records": "\(manifest.recordCount)", "chunks": "\(upload.header.chunkCount)"])
+                try await self.start(upload)
+            } catch {
+                logger.error("export failed", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
+            }
+        }
+    }
+
+    private func start(_ upload: SealedUpload) async throws {
+        let id = upload.header.uploadID
+        uploads[id] = Active(sender: UploadSenderStateMachine(header: upload.header), upload: upload)
+        if outbound != nil { try await perform(id, uploads[id]!.sender.resume()) }
+    }
+
+    private func route(_ uploadID: String, _ frame: WireFrame) async throws {
+        guard uploads[uploadID] != nil else { return }
+        try await perform(uploadID, uploads[uploadID]!.sender.receive(frame))
+    }
+
+    private func perform(_ uploadID: String, _ actions: [UploadSenderStateMachine.Action]) async throws {
+        guard let active = uploads[uploadID] else { return }
+        for action in actions {
+            switch action {
+            case .send(let frame):
+                try await outbound?.write(frame)
+            case .sendChunk(let index):
+                let sealed = try active.upload.chunk(index)
+                try await outbound?.write(.with { $0.uploadChunk = .with { $0.uploadID = uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
+            case .finished(let result):
+                uploads[uploadID] = nil
+                try? FileManager.default.removeItem(atPath: state.directory + "/uploads/" + uploadID)
+                if result.ok {
+                    logger.info("upload complete", metadata: ["upload.id": "\(uploadID)", "files": "\(result.files)", "records": "\(result.records)"])
+                } else {
+                    logger.error("upload failed", metadata: ["upload.id": "\(uploadID)", "error": "\(result.error)", "detail": "\(result.detail)"])
+                }
+            }
+        }
+    }
+
+    private func saveSeen() {
+        guard let data = try? JSONEncoder().encode(admission.seen) else { return }
+        try? AgentState.write(Array(data), to: state.directory + "/seen-commands.json", mode: 0o600)
+    }
+}

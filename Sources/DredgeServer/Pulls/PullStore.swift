@@ -1,0 +1,189 @@
+import Crypto
+import DredgeEnvelope
+import DredgeExport
+import DredgeStore
+import DredgeWire
+import Foundation
+import GRDB
+
+/// The durable command queue: every pull, who asked for it, its key and its status per agent.
+///
+/// A pull is created `queued` for each target agent; it becomes `delivered` when sent,
+/// `exporting`/`uploading` as the agent reports, then `complete`, or `rejected` / `failed` /
+/// `expired` with the reason. Rows survive server restarts, so a pull for an offline agent is
+/// delivered when it connects, unless it expired first. The per-pull AES key is kept wrapped
+/// under the server's encryption key.
+public final class PullStore: Sendable {
+    public enum Status: String, Codable, Sendable {
+        case queued, delivered, exporting, uploading, complete, rejected, failed, expired
+    }
+
+    public struct Target: Sendable, Equatable, Codable {
+        public var pullID: String
+        public var agentID: String
+        public var status: Status
+        public var detail: String
+        public var chunksReceived: Int
+        public var chunkCount: Int
+        public var bytes: Int64
+        public var files: [String]
+        public var updatedAt: Date
+    }
+
+    public struct Pull: Sendable, Equatable, Codable {
+        public var id: String
+        public var uid: String
+        public var agentID: String
+        public var filter: LogFilter
+        public var issuedAt: Timestamp
+        public var expiresAt: Timestamp
+        public var requestedBy: String
+        public var targets: [Target]
+    }
+
+    let db: DatabaseQueue
+    let encryptionKey: RSAPrivateKey
+
+    public init(path: String, encryptionKey: RSAPrivateKey) throws {
+        self.encryptionKey = encryptionKey
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(10)
+        db = try DatabaseQueue(path: path, configuration: configuration)
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("pulls-v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE pull (
+                    id TEXT PRIMARY KEY NOT NULL,
+                    uid TEXT NOT NULL,
+                    agent_id TEXT NOT NULL,
+                    filter TEXT NOT NULL,
+                    issued_at INTEGER NOT NULL,
+                    expires_at INTEGER NOT NULL,
+                    wrapped_key BLOB NOT NULL,
+                    requested_by TEXT NOT NULL,
+                    created_at REAL NOT NULL
+                );
+                CREATE TABLE pull_target (
+                    pull_id TEXT NOT NULL REFERENCES pull(id),
+                    agent_id TEXT NOT NULL,
+                    status TEXT NOT NULL,
+                    detail TEXT NOT NULL DEFAULT '',
+                    chunks_received INTEGER NOT NULL DEFAULT 0,
+                    chunk_count INTEGER NOT NULL DEFAULT 0,
+                    bytes INTEGER NOT NULL DEFAULT 0,
+                    files TEXT NOT NULL DEFAULT '[]',
+                    updated_at REAL NOT NULL,
+                    PRIMARY KEY (pull_id, agent_id)
+                );
+                CREATE INDEX pull_target_by_agent ON pull_target(agent_id, status);
+                CREATE TABLE audit (
+                    id INTEGER PRIMARY KEY,
+                    at REAL NOT NULL,
+                    actor TEXT NOT NULL,
+                    action TEXT NOT NULL,
+                    detail TEXT NOT NULL
+                );
+                """)
+        }
+        try migrator.migrate(db)
+    }
+
+    /// Queues a pull for `agents` (resolved by the caller from the registry) and records who
+    /// asked, in the audit log. Returns the pull id.
+    public func create(uid: String, agentID: String, filter: LogFilter, agents: [String], lifetime: Duration, requestedBy: String, now: Timestamp = .now) throws -> String {
+        let id = Hex.encode(secureRandomBytes(16))
+        let key = SymmetricKey.uploadKey()
+        let wrapped = try encryptionKey.publicKey.wrapKey(key)
+        let filterJSON = String(decoding: try JSONEncoder().encode(filter), as: UTF8.self)
+        try db.write { db in
+            try db.execute(
+                sql: "INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                arguments: [id, uid, agentID, filterJSON, now.microseconds, now.adding(lifetime).microseconds, Data(wrapped), requestedBy, Date().timeIntervalSince1970])
+            for agent in agents {
+                try db.execute(
+                    sql: "INSERT INTO pull_target (pull_id, agent_id, status, updated_at) VALUES (?, ?, 'queued', ?)",
+                    arguments: [id, agent, Date().timeIntervalSince1970])
+            }
+            try db.execute(
+                sql: "INSERT INTO audit (at, actor, action, detail) VALUES (?, ?, 'pull', ?)",
+                arguments: [Date().timeIntervalSince1970, requestedBy, "pull \(id) uid=\(uid) agent=\(agentID) filter=\(filterJSON) targets=\(agents.joined(separator: ","))"])
+        }
+        return id
+    }
+
+    /// The pull's AES key (unwrapped from storage).
+    public func key(of pullID: String) throws -> SymmetricKey? {
+        guard let wrapped = try db.read({ try Data.fetchOne($0, sql: "SELECT wrapped_key FROM pull WHERE id = ?", arguments: [pullID]) }) else { return nil }
+        return try encryptionKey.unwrapKey(wrapped)
+    }
+
+    /// Queued pulls for `agentID`, expiring the ones past their time first.
+    public func pending(for agentID: String, now: Timestamp = .now) throws -> [Pull] {
+        try db.write { db in
+            try db.execute(
+                sql: """
+                    UPDATE pull_target SET status = 'expired', detail = 'expired before delivery', updated_at = ?
+                    WHERE status = 'queued' AND pull_id IN (SELECT id FROM pull WHERE expires_at <= ?)
+                    """,
+                arguments: [Date().timeIntervalSince1970, now.microseconds])
+        }
+        let ids = try db.read { db in
+            try String.fetchAll(db, sql: "SELECT pull_id FROM pull_target WHERE agent_id = ? AND status = 'queued'", arguments: [agentID])
+        }
+        return try ids.compactMap { try pull($0) }
+    }
+
+    public func pull(_ id: String) throws -> Pull? {
+        try db.read { db in
+            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM pull WHERE id = ?", arguments: [id]) else { return nil }
+            let targets = try Row.fetchAll(db, sql: "SELECT * FROM pull_target WHERE pull_id = ? ORDER BY agent_id", arguments: [id]).map { t in
+                Target(
+                    pullID: t["pull_id"], agentID: t["agent_id"], status: Status(rawValue: t["status"]) ?? .failed, detail: t["detail"],
+                    chunksReceived: t["chunks_received"], chunkCount: t["chunk_count"], bytes: t["bytes"],
+                    files: (try? JSONDecoder().decode([String].self, from: Data((t["files"] as String).utf8))) ?? [],
+                    updatedAt: Date(timeIntervalSince1970: t["updated_at"]))
+            }
+            return Pull(
+                id: row["id"], uid: row["uid"], agentID: row["agent_id"],
+                filter: (try? JSONDecoder().decode(LogFilter.self, from: Data((row["filter"] as String).utf8))) ?? .all,
+                issuedAt: Timestamp(microseconds: row["issued_at"]), expiresAt: Timestamp(microseconds: row["expires_at"]),
+                requestedBy: row["requested_by"], targets: targets)
+        }
+    }
+
+    public func pulls() throws -> [Pull] {
+        let ids = try db.read { try String.fetchAll($0, sql: "SELECT id FROM pull ORDER BY created_at DESC") }
+        return try ids.compactMap { try pull($0) }
+    }
+
+    public func update(_ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, files: [String]? = nil) throws {
+        try db.write { db in
+            try db.execute(
+                sql: """
+                    UPDATE pull_target SET status = ?, detail = ?, updated_at = ?,
+                        chunks_received = coalesce(?, chunks_received), chunk_count = coalesce(?, chunk_count),
+                        bytes = coalesce(?, bytes), files = coalesce(?, files)
+                    WHERE pull_id = ? AND agent_id = ?
+                    """,
+                arguments: [
+                    status.rawValue, detail, Date().timeIntervalSince1970, chunksReceived, chunkCount, bytes,
+                    files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, pullID, agent,
+                ])
+        }
+    }
+
+    /// The signed command for one target.
+    public func command(for pull: Pull, agentKey: RSAPublicKey, signer: ServerSigningKey) throws -> WirePullCommand {
+        guard let key = try key(of: pull.id) else { throw DeploymentError("pull \(pull.id) has no key") }
+        var command = WirePullCommand.with {
+            $0.commandID = pull.id
+            $0.target = .with { $0.uid = pull.uid; $0.agentID = pull.agentID }
+            $0.filter = pull.filter.wire
+            $0.issuedAtUs = pull.issuedAt.microseconds
+            $0.expiresAtUs = pull.expiresAt.microseconds
+        }
+        command.wrappedKey = Data(try agentKey.wrapKey(key))
+        try signer.sign(&command)
+        return command
+    }
+}

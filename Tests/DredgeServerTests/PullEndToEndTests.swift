@@ -1,0 +1,105 @@
+import DredgeEnvelope
+import DredgeSamples
+import DredgeServer
+import DredgeStore
+import DredgeTestSupport
+import Foundation
+import Testing
+
+/// Pulls through the real processes: the operator queues a pull, the server delivers it over
+/// TLS, the agent exports, encrypts and uploads, the server verifies, decrypts and unpacks.
+@Suite struct PullEndToEndTests {
+    /// A device store with three users over three days.
+    static func makeDeviceStore(_ path: String) throws {
+        var config = StoreConfiguration()
+        config.overflowPolicy = .block
+        let store = try LogStore(path: path, configuration: config)
+        let ctx = try store.register(LogContext(host: "oven-7", os: "Linux", app: "oven", appVersion: "1", process: "oven[1]"))
+        let now = Timestamp.now
+        for e in SampleLogs(count: 12_000, uids: ["u-1", "u-2", "u-3"], from: now.subtracting(.seconds(60 * 3_600)), to: now, context: ctx) { store.enqueue(e) }
+        try store.close()
+    }
+
+    /// What the store holds for `filter`, per day file, as the export writes it.
+    static func expected(_ path: String, _ filter: LogFilter) throws -> [String: String] {
+        var config = StoreConfiguration()
+        config.readOnly = true
+        let store = try LogStore(path: path, configuration: config)
+        var days: [String: String] = [:]
+        try store.forEachRecord(matching: filter) { days[$0.timestamp.utcDay + ".jsonl", default: ""] += $0.jsonLine + "\n" }
+        return days
+    }
+
+    func pulls(_ d: AgentServerEndToEndTests.Deployment) throws -> [[String: Any]] {
+        let (status, output) = try ManagedProcess.run("dredge-server", ["pulls", "--data", d.data, "--json"])
+        guard status == 0 else { return [] }
+        return (try? JSONSerialization.jsonObject(with: Data(output.utf8)) as? [[String: Any]]) ?? []
+    }
+
+    func targetStatus(_ d: AgentServerEndToEndTests.Deployment, _ id: String) throws -> String? {
+        let pull = try pulls(d).first { $0["id"] as? String == id }
+        return ((pull?["targets"] as? [[String: Any]])?.first)?["status"] as? String
+    }
+
+    @Test func aPullByUidArrivesAsExactlyTheFilteredRecords() throws {
+        let d = try AgentServerEndToEndTests.Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try Self.makeDeviceStore(store)
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        defer { agent.stop() }
+        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-2") == true } })
+
+        let (status, output) = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-2", "--since", "2d", "--level", "warning+", "--type", "network,player"])
+        #expect(status == 0, "\(output)")
+        let id = output.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(try ManagedProcess.waitFor { try targetStatus(d, id) == "complete" }, "\(agent.output)\n\(server.output)")
+
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+        let dir = d.data + "/pulls/\(id)/\(agentID)"
+        let since = Timestamp.now.subtracting(.seconds(2 * 86_400))
+        // The filter the server sent, re-evaluated on the device's store: the since bound was
+        // resolved when the pull was made, so read it back from the manifest.
+        let manifest = try JSONSerialization.jsonObject(with: FileManager.default.contents(atPath: dir + "/manifest.json")!) as! [String: Any]
+        let filterSince = Timestamp(rfc3339: (manifest["filter"] as! [String: Any])["since"] as! String)!
+        #expect(abs(filterSince.microseconds - since.microseconds) < 120_000_000)
+        let expected = try Self.expected(store, LogFilter(since: filterSince, uid: "u-2", types: [.network, .player], levels: [.warning, .error, .critical]))
+        #expect(!expected.isEmpty)
+        let files = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".jsonl") }.sorted()
+        #expect(files == expected.keys.sorted())
+        for file in files { #expect(contents(dir + "/" + file) == expected[file], "\(file)") }
+    }
+
+    @Test func aPullForAnOfflineAgentIsDeliveredWhenItConnectsAndAnExpiredOneNever() throws {
+        let d = try AgentServerEndToEndTests.Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try Self.makeDeviceStore(store)
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+
+        // Queued while the agent is offline: one that lives, one that expires first.
+        let (s1, o1) = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--agent", agentID])
+        #expect(s1 == 0, "\(o1)")
+        let live = o1.trimmingCharacters(in: .whitespacesAndNewlines)
+        let deployment = try LoadedDeployment(directory: d.data)
+        let queue = try PullStore(path: d.data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+        let expired = try queue.create(uid: "", agentID: agentID, filter: .all, agents: [agentID], lifetime: .milliseconds(200), requestedBy: "test")
+        usleep(400_000)
+        #expect(try targetStatus(d, live) == "queued")
+
+        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        defer { agent.stop() }
+        #expect(try ManagedProcess.waitFor { try targetStatus(d, live) == "complete" }, "\(agent.output)\n\(server.output)")
+        #expect(try targetStatus(d, expired) == "expired")
+        #expect(!agent.output.contains(expired), "the expired pull never reached the agent")
+        // Everything the agent has, since the pull had no filter but the agent.
+        let files = try FileManager.default.contentsOfDirectory(atPath: d.data + "/pulls/\(live)/\(agentID)").filter { $0.hasSuffix(".jsonl") }
+        #expect(files.count >= 3)
+        // The audit log records who asked.
+        #expect(try queue.pull(live)?.requestedBy == "local-operator")
+    }
+}

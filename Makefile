@@ -1,7 +1,7 @@
 # The two commands a newcomer runs (see README.md):
 #   make demo   the main job
 #   make test   the whole test suite
-.PHONY: demo test bench deps clean
+.PHONY: demo demo-local test bench deps clean
 
 SWIFT ?= swift
 
@@ -9,8 +9,12 @@ deps:
 	@scripts/install-deps.sh
 
 demo: deps
+	scripts/demo.sh
+
+# The client store on its own (no server): realistic logs and a filtered query.
+demo-local: deps
 	$(SWIFT) build -c release --product dredge-demo
-	.build/release/dredge-demo --dir demo-output
+	.build/release/dredge-demo local --dir demo-output
 
 test: deps
 	$(SWIFT) build --build-tests

@@ -60,7 +60,7 @@ public final class AgentClient: Service, Sendable {
             try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask {
-                        try await session.perform(await session.start(), outbound: outbound)
+                        guard try await session.perform(await session.start(), outbound: outbound) else { return }
                         for try await frame in inbound {
                             guard try await session.perform(await session.receive(frame), outbound: outbound) else { break }
                         }

@@ -11,6 +11,91 @@ import Foundation
 struct DredgeDemo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dredge-demo",
+        abstract: "Demo helpers: a local store demo, realistic device logs, and checking a pull's files.",
+        subcommands: [LocalDemo.self, Generate.self, Verify.self],
+        defaultSubcommand: LocalDemo.self)
+}
+
+/// A device's store filled with realistic logs, as the full demo's agents use.
+struct Generate: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "generate", abstract: "Write realistic logs for some users over some days into a store.")
+
+    @Option(help: "The store.") var store: String
+    @Option(help: "Comma-separated uids.") var uids: String
+    @Option(help: "Records.") var records = 40_000
+    @Option(help: "Days of history (at most 3, the store's default retention).") var days = 3
+    @Option(help: "Random seed.") var seed: UInt64 = 42
+    @Option(help: "Host name in the context row.") var host = "device"
+
+    func run() async throws {
+        var configuration = StoreConfiguration()
+        configuration.overflowPolicy = .block
+        let logStore = try LogStore(path: store, configuration: configuration)
+        let context = try logStore.register(LogContext(host: host, os: "Debian 12", app: "oven-control", appVersion: "2.4.1", process: "oven-control[812]"))
+        let now = Timestamp.now
+        let span = Int64(min(days, 3)) * 86_400 - 600
+        for e in SampleLogs(count: records, uids: uids.split(separator: ",").map(String.init), from: now.subtracting(.seconds(span)), to: now, context: context, seed: seed) {
+            logStore.enqueue(e)
+        }
+        try logStore.close()
+        print("\(records) records for \(uids) in \(store)")
+    }
+}
+
+/// Checks that a pull's per-day files are exactly what the device's store selects for the
+/// pull's filter (read back from the manifest).
+struct Verify: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "verify", abstract: "Compare a pull's files with the device's store.")
+
+    @Option(help: "The device's store.") var store: String
+    @Option(help: "The pull's directory for that device (pulls/<pull>/<agent>).") var dir: String
+
+    func run() async throws {
+        let manifestData = try Data(contentsOf: URL(fileURLWithPath: dir + "/manifest.json"))
+        let manifest = try JSONDecoder().decode(DemoManifest.self, from: manifestData)
+        var filter = LogFilter(uid: manifest.filter.uid, text: manifest.filter.text)
+        filter.since = manifest.filter.since.flatMap { Timestamp(rfc3339: $0) }
+        filter.until = manifest.filter.until.flatMap { Timestamp(rfc3339: $0) }
+        filter.types = manifest.filter.types.map { Set($0.compactMap { LogType($0) }) }
+        filter.levels = manifest.filter.levels.map { Set($0.compactMap { LogLevel(name: $0) }) }
+        var configuration = StoreConfiguration()
+        configuration.readOnly = true
+        let logStore = try LogStore(path: store, configuration: configuration)
+        var expected: [String: String] = [:]
+        try logStore.forEachRecord(matching: filter) { expected[$0.timestamp.utcDay + ".jsonl", default: ""] += $0.jsonLine + "\n" }
+        let files = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".jsonl") }.sorted()
+        var records = 0
+        guard files == expected.keys.sorted() else {
+            FileHandle.standardError.write(Data("verify: files \(files) but the store selects days \(expected.keys.sorted())\n".utf8))
+            throw ExitCode.failure
+        }
+        for file in files {
+            let text = String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/" + file)), as: UTF8.self)
+            guard text == expected[file] else {
+                FileHandle.standardError.write(Data("verify: \(file) differs from what the store selects\n".utf8))
+                throw ExitCode.failure
+            }
+            records += text.split(separator: "\n").count
+        }
+        print("verified: \(files.count) files, \(records) records, exactly what the filter selects on the device")
+    }
+
+    struct DemoManifest: Decodable {
+        struct Filter: Decodable {
+            var since: String?
+            var until: String?
+            var uid: String?
+            var types: [String]?
+            var levels: [String]?
+            var text: String?
+        }
+        var filter: Filter
+    }
+}
+
+struct LocalDemo: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "local",
         abstract: "Write a realistic log set into a store and print a filtered query of it.")
 
     @Option(help: "Directory for the demo store (recreated).")

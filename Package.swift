@@ -159,8 +159,9 @@ let package = Package(
         .testTarget(
             name: "DredgeServerTests",
             dependencies: [
-                "DredgeServer", "DredgeEnvelope", "DredgeTestSupport", .product(name: "X509", package: "swift-certificates"),
+                "DredgeServer", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]
         ),
         .testTarget(

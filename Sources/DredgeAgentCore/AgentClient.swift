@@ -15,6 +15,7 @@ public final class AgentClient: Service, Sendable {
     let logger: Logger
     let hostInfo: WireHostInfo
     let stop = StopSignal()
+    let established = Flag()
     let uploads: UploadManager
 
     public init(state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger) throws {
@@ -29,7 +30,6 @@ public final class AgentClient: Service, Sendable {
         await withTaskCancellationOrGracefulShutdownHandler {
             var backoff = Backoff()
             while !Task.isCancelled && !self.stop.isStopped {
-                let started = ContinuousClock.now
                 do {
                     try await self.connectOnce()
                 } catch {
@@ -37,7 +37,10 @@ public final class AgentClient: Service, Sendable {
                     self.logger.warning("connection to the server failed", metadata: ["error": "\(error)"])
                 }
                 if Task.isCancelled || self.stop.isStopped { break }
-                if ContinuousClock.now - started > .seconds(60) { backoff.reset() }
+                // A connection the server accepted means the server is there: a drop after that
+                // is the network's, so start again from the shortest delay.
+                if self.established.isSet { backoff.reset() }
+                self.established.clear()
                 let delay = backoff.next()
                 self.logger.info("reconnecting", metadata: ["in": "\(delay)"])
                 // Sleep, but wake at once on stop.
@@ -55,7 +58,7 @@ public final class AgentClient: Service, Sendable {
         stop.onStop { channel.channel.close(promise: nil) }
         let session = Session(
             machine: AgentConnectionStateMachine(mode: .authenticate(agentID: state.file.agentID, host: hostInfo), software: "dredge-agent/0.1"),
-            key: state.key, uploads: uploads)
+            key: state.key, uploads: uploads, established: established)
         do {
             try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -108,11 +111,13 @@ public final class AgentClient: Service, Sendable {
         var heartbeatInterval: UInt32?
         var failure: WireProtocolError?
         let uploads: UploadManager
+        let established: Flag
 
-        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey, uploads: UploadManager) {
+        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey, uploads: UploadManager, established: Flag) {
             self.machine = machine
             self.key = key
             self.uploads = uploads
+            self.established = established
         }
 
         func start() -> [AgentConnectionStateMachine.Action] { machine.start() }
@@ -131,6 +136,7 @@ public final class AgentClient: Service, Sendable {
                     guard try await perform(machine.signed(signature), outbound: outbound) else { return false }
                 case .established(let result):
                     heartbeatInterval = max(1, result.heartbeatIntervalS)
+                    established.set()
                     try await uploads.connected(outbound)
                 case .enrolled:
                     break
@@ -169,4 +175,13 @@ final class StopSignal: @unchecked Sendable {
         }
         body?()
     }
+}
+
+/// A thread-safe boolean.
+final class Flag: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value = false
+    var isSet: Bool { lock.withLock { value } }
+    func set() { lock.withLock { value = true } }
+    func clear() { lock.withLock { value = false } }
 }

@@ -4,6 +4,7 @@ import DredgeServer
 import DredgeStore
 import DredgeTestSupport
 import Foundation
+import NIOCore
 import Testing
 
 /// Pulls through the real processes: the operator queues a pull, the server delivers it over
@@ -101,5 +102,71 @@ import Testing
         #expect(files.count >= 3)
         // The audit log records who asked.
         #expect(try queue.pull(live)?.requestedBy == "local-operator")
+    }
+}
+
+@Suite struct FaultyNetworkTests {
+    /// Every connection between agent and server is cut after 0.3–1.2 MB sent by the agent,
+    /// many times during one upload: the upload resumes each time and
+    /// completes with exactly the filtered records. Then the server is killed with SIGKILL
+    /// mid-upload and restarted: the upload resumes from the chunks stored before the kill.
+    @Test func uploadsSurviveCutConnectionsAndAServerKilledMidUpload() throws {
+        let d = try AgentServerEndToEndTests.Deployment()
+        var (server, port) = try d.startServer()
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        // Enough logs for an upload of many chunks.
+        var config = StoreConfiguration()
+        config.overflowPolicy = .block
+        let logStore = try LogStore(path: store, configuration: config)
+        let ctx = try logStore.register(LogContext(host: "oven-9", os: "Linux", app: "oven", appVersion: "1", process: "oven[1]"))
+        var rng = SplitMix64(seed: 9)
+        let now = Timestamp.now
+        for i in 0..<40_000 {
+            // Incompressible-ish payloads so the zip is large: ~10 MB.
+            let noise = (0..<24).map { _ in String(rng.next(), radix: 36) }.joined()
+            logStore.enqueue(LogEntry(timestamp: now.subtracting(.seconds(Int64(40_000 - i))), level: .info, type: .app, uid: "u-1", message: "event \(i) \(noise)", context: ctx))
+        }
+        try logStore.close()
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+
+        // The agent talks to the server through the cutting proxy.
+        let proxy = try CuttingProxy(targetPort: port, cutAfter: 300_000...1_200_000)
+        var file = try JSONSerialization.jsonObject(with: FileManager.default.contents(atPath: state + "/agent.json")!) as! [String: Any]
+        file["serverPort"] = proxy.port
+        try JSONSerialization.data(withJSONObject: file).write(to: URL(fileURLWithPath: state + "/agent.json"))
+        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        defer { agent.stop() }
+        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String]) == ["u-1"] } }, "agent:\n\(agent.output)")
+
+        let (status, output) = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-1"])
+        #expect(status == 0, "\(output)")
+        let id = output.trimmingCharacters(in: .whitespacesAndNewlines)
+        func target() throws -> [String: Any]? {
+            let (_, json) = try ManagedProcess.run("dredge-server", ["pulls", "--data", d.data, "--json"])
+            let pulls = (try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [[String: Any]]) ?? []
+            return (pulls.first { $0["id"] as? String == id }?["targets"] as? [[String: Any]])?.first
+        }
+        // Kill the server once part of the upload is stored.
+        let midway = try ManagedProcess.waitFor(timeout: .seconds(120)) {
+            guard let t = try target(), let received = t["chunksReceived"] as? Int, let count = t["chunkCount"] as? Int else { return false }
+            return received > 2 && received < count
+        }
+        #expect(midway, "agent:\n\(agent.output)")
+        #expect(server.stop(SIGKILL) != 0)
+        let stored = try target()?["chunksReceived"] as? Int ?? 0
+        server = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--heartbeat-seconds", "1"], outputPath: d.dir.file("server-restarted.log"))
+        defer { server.stop() }
+
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try target()?["status"] as? String == "complete" }, "agent:\n\(agent.output)\nserver:\n\(server.output)")
+        #expect(proxy.cuts.withLockedValue { $0 } >= 3, "the connection was cut during the upload")
+        #expect(stored > 0)
+
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+        let dir = d.data + "/pulls/\(id)/\(agentID)"
+        let manifestData = try #require(FileManager.default.contents(atPath: dir + "/manifest.json"))
+        let manifest = try #require(try JSONSerialization.jsonObject(with: manifestData) as? [String: Any])
+        #expect(manifest["record_count"] as? Int == 40_000)
+        let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
+        for (name, text) in expected { #expect(contents(dir + "/" + name) == text, "\(name)") }
     }
 }

@@ -105,6 +105,7 @@ let package = Package(
             name: "DredgeAgentCore",
             dependencies: [
                 "DredgeStore", "DredgeWire", "DredgeEnvelope", "DredgeExport",
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),

@@ -27,6 +27,7 @@ public final class AgentClient: Service, Sendable {
     }
 
     public func run() async throws {
+        await uploads.recover()
         await withTaskCancellationOrGracefulShutdownHandler {
             var backoff = Backoff()
             while !Task.isCancelled && !self.stop.isStopped {

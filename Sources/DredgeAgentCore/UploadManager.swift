@@ -6,6 +6,7 @@ import DredgeWire
 import Foundation
 import Logging
 import NIOCore
+import SwiftProtobuf
 
 /// The agent's pulls and uploads, across connections: admits commands (``PullAdmission``),
 /// exports off the connection's path, and drives one ``UploadSenderStateMachine`` per upload,
@@ -34,6 +35,35 @@ actor UploadManager {
             agentID: state.file.agentID,
             serverKey: try CommandVerifier(rawRepresentation: Hex.decode(state.file.serverSigningKey) ?? []),
             agentKey: state.key, seen: seen)
+    }
+
+    /// Picks up the uploads a previous run left unfinished (`uploads/<id>/`): the accepted
+    /// command is kept there (its key wrapped under this agent's key), and, once exported, the
+    /// zip and the upload header. Unexported ones are exported again.
+    func recover() {
+        let root = state.directory + "/uploads"
+        for id in ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted() {
+            let dir = root + "/" + id
+            guard let bytes = FileManager.default.contents(atPath: dir + "/command.pb"),
+                let command = try? WirePullCommand(serializedBytes: bytes),
+                let key = try? state.key.unwrapKey(command.wrappedKey),
+                let filter = try? LogFilter(wire: command.filter)
+            else {
+                logger.warning("dropping an unreadable unfinished upload", metadata: ["upload.id": "\(id)"])
+                try? FileManager.default.removeItem(atPath: dir)
+                continue
+            }
+            if let headerBytes = FileManager.default.contents(atPath: dir + "/header.pb"),
+                let header = try? WireUploadHeader(serializedBytes: headerBytes),
+                let upload = try? SealedUpload(zipPath: dir + "/export.zip", header: header, key: key)
+            {
+                logger.info("resuming upload", metadata: ["upload.id": "\(id)"])
+                uploads[id] = Active(sender: UploadSenderStateMachine(header: header), upload: upload)
+            } else {
+                logger.info("exporting again", metadata: ["upload.id": "\(id)"])
+                export(PullAdmission.Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs)))
+            }
+        }
     }
 
     /// A connection is ready: send through it, and resume every unfinished upload.
@@ -74,6 +104,14 @@ actor UploadManager {
             return
         }
         logger.info("pull command accepted", metadata: ["command.id": "\(accepted.commandID)"])
+        // Keep the command until the upload ends, so a restart can finish it.
+        let directory = state.directory + "/uploads/" + accepted.commandID
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try AgentState.write(try command.serializedBytes(), to: directory + "/command.pb", mode: 0o600)
+        export(accepted)
+    }
+
+    private func export(_ accepted: PullAdmission.Accepted) {
         guard let store else { return }
         let directory = state.directory + "/uploads/" + accepted.commandID
         let agentID = state.file.agentID
@@ -88,6 +126,7 @@ actor UploadManager {
                 let upload = try SealedUpload(
                     zipPath: zip, uploadID: accepted.commandID, kind: .pull, agentID: agentID, key: accepted.key, empty: manifest.empty,
                     createdAt: Timestamp.now.microseconds)
+                try AgentState.write(try upload.header.serializedBytes(), to: directory + "/header.pb", mode: 0o600)
                 logger.info("export ready", metadata: ["upload.id": "\(accepted.commandID)", "records": "\(manifest.recordCount)", "chunks": "\(upload.header.chunkCount)"])
                 try await self.start(upload)
             } catch {

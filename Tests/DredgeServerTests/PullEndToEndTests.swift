@@ -106,14 +106,8 @@ import Testing
 }
 
 @Suite struct FaultyNetworkTests {
-    /// Every connection between agent and server is cut after 0.3–1.2 MB sent by the agent,
-    /// many times during one upload: the upload resumes each time and
-    /// completes with exactly the filtered records. Then the server is killed with SIGKILL
-    /// mid-upload and restarted: the upload resumes from the chunks stored before the kill.
-    @Test func uploadsSurviveCutConnectionsAndAServerKilledMidUpload() throws {
-        let d = try AgentServerEndToEndTests.Deployment()
-        var (server, port) = try d.startServer()
-        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+    /// 40,000 records of one user with incompressible payloads: an upload of ~33 chunks.
+    static func makeLargeStore(_ store: String) throws {
         // Enough logs for an upload of many chunks.
         var config = StoreConfiguration()
         config.overflowPolicy = .block
@@ -127,13 +121,68 @@ import Testing
             logStore.enqueue(LogEntry(timestamp: now.subtracting(.seconds(Int64(40_000 - i))), level: .info, type: .app, uid: "u-1", message: "event \(i) \(noise)", context: ctx))
         }
         try logStore.close()
+    }
+
+    static func target(_ d: AgentServerEndToEndTests.Deployment, _ id: String) throws -> [String: Any]? {
+        let (_, json) = try ManagedProcess.run("dredge-server", ["pulls", "--data", d.data, "--json"])
+        let pulls = (try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [[String: Any]]) ?? []
+        return (pulls.first { $0["id"] as? String == id }?["targets"] as? [[String: Any]])?.first
+    }
+
+    static func pointAgent(_ state: String, at port: Int) throws {
+        var file = try JSONSerialization.jsonObject(with: FileManager.default.contents(atPath: state + "/agent.json")!) as! [String: Any]
+        file["serverPort"] = port
+        try JSONSerialization.data(withJSONObject: file).write(to: URL(fileURLWithPath: state + "/agent.json"))
+    }
+
+    /// The agent is killed with SIGKILL mid-upload and started again: it finds the accepted
+    /// command and the export on disk and finishes the upload.
+    @Test func anAgentKilledMidUploadFinishesItAfterARestart() throws {
+        let d = try AgentServerEndToEndTests.Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try Self.makeLargeStore(store)
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+        // Cuts slow the upload down enough to kill the agent in the middle of it.
+        let proxy = try CuttingProxy(targetPort: port, cutAfter: 300_000...600_000)
+        try Self.pointAgent(state, at: proxy.port)
+        var agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String]) == ["u-1"] } })
+        let (status, output) = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-1"])
+        #expect(status == 0, "\(output)")
+        let id = output.trimmingCharacters(in: .whitespacesAndNewlines)
+        let midway = try ManagedProcess.waitFor(timeout: .seconds(120)) {
+            guard let t = try Self.target(d, id), let received = t["chunksReceived"] as? Int, let count = t["chunkCount"] as? Int else { return false }
+            return received > 2 && received < count
+        }
+        #expect(midway, "agent:\n\(agent.output)")
+        agent.stop(SIGKILL)
+        #expect(FileManager.default.fileExists(atPath: state + "/uploads/\(id)/command.pb"))
+        agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent2.log"))
+        defer { agent.stop() }
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try Self.target(d, id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)")
+        #expect(agent.output.contains("resuming upload"))
+        #expect(!FileManager.default.fileExists(atPath: state + "/uploads/\(id)"), "the agent cleans up after the upload")
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+        let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
+        for (name, text) in expected { #expect(contents(d.data + "/pulls/\(id)/\(agentID)/" + name) == text, "\(name)") }
+    }
+
+    /// Every connection between agent and server is cut after 0.3–1.2 MB sent by the agent,
+    /// many times during one upload: the upload resumes each time and
+    /// completes with exactly the filtered records. Then the server is killed with SIGKILL
+    /// mid-upload and restarted: the upload resumes from the chunks stored before the kill.
+    @Test func uploadsSurviveCutConnectionsAndAServerKilledMidUpload() throws {
+        let d = try AgentServerEndToEndTests.Deployment()
+        var (server, port) = try d.startServer()
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try Self.makeLargeStore(store)
         #expect(try d.enroll(state: state, port: port).0 == 0)
 
         // The agent talks to the server through the cutting proxy.
         let proxy = try CuttingProxy(targetPort: port, cutAfter: 300_000...1_200_000)
-        var file = try JSONSerialization.jsonObject(with: FileManager.default.contents(atPath: state + "/agent.json")!) as! [String: Any]
-        file["serverPort"] = proxy.port
-        try JSONSerialization.data(withJSONObject: file).write(to: URL(fileURLWithPath: state + "/agent.json"))
+        try Self.pointAgent(state, at: proxy.port)
         let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
         defer { agent.stop() }
         #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String]) == ["u-1"] } }, "agent:\n\(agent.output)")

@@ -16,6 +16,13 @@ public struct PullAdmission: Sendable {
         public var filter: LogFilter
         public var key: SymmetricKey
         public var expiresAt: Timestamp
+
+        public init(commandID: String, filter: LogFilter, key: SymmetricKey, expiresAt: Timestamp) {
+            self.commandID = commandID
+            self.filter = filter
+            self.key = key
+            self.expiresAt = expiresAt
+        }
     }
 
     public enum Decision: Sendable {

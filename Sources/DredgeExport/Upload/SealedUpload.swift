@@ -46,6 +46,24 @@ public final class SealedUpload: @unchecked Sendable {
         guard fd >= 0 else { throw ExportError(.io, "cannot open \(zipPath)") }
     }
 
+    /// Reopens an upload from its saved header (after an agent restart): the zip must still be
+    /// the one the header describes.
+    public init(zipPath: String, header: WireUploadHeader, key: SymmetricKey) throws {
+        var st = stat()
+        guard stat(zipPath, &st) == 0, UInt64(st.st_size) == header.plaintextSize else {
+            throw ExportError(.uploadInvalid, "\(zipPath) is not the zip this upload's header describes")
+        }
+        do {
+            cipher = try ChunkCipher(key: key, header: header)
+        } catch let error as EnvelopeError {
+            throw ExportError(.uploadInvalid, error.message)
+        }
+        self.header = header
+        path = zipPath
+        fd = open(zipPath, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw ExportError(.io, "cannot open \(zipPath)") }
+    }
+
     deinit { close(fd) }
 
     /// Chunk `index`, sealed.

@@ -94,9 +94,14 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
+        // What the command-line tools share: the record filter flags.
+        .target(
+            name: "DredgeCommandLine",
+            dependencies: ["DredgeStore", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
         .executableTarget(
             name: "dredge-server",
-            dependencies: ["DredgeServer", "DredgeStore", .product(name: "ArgumentParser", package: "swift-argument-parser"), .product(name: "Logging", package: "swift-log")]
+            dependencies: ["DredgeServer", "DredgeStore", "DredgeCommandLine", .product(name: "ArgumentParser", package: "swift-argument-parser"), .product(name: "Logging", package: "swift-log")]
         ),
         // Realistic synthetic logs for the demo, the benchmarks and the tests.
         .target(name: "DredgeSamples", dependencies: ["DredgeStore"]),
@@ -116,7 +121,7 @@ let package = Package(
         .executableTarget(
             name: "dredge-agent",
             dependencies: [
-                "DredgeStore", "DredgeLogging", "DredgeAgentCore", "DredgeWire",
+                "DredgeStore", "DredgeLogging", "DredgeAgentCore", "DredgeWire", "DredgeCommandLine",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeCommandLine
 import DredgeStore
 import Foundation
 

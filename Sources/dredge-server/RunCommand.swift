@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeCommandLine
 import DredgeServer
 import DredgeStore
 import Foundation
@@ -66,49 +67,18 @@ struct PullCommand: AsyncParsableCommand {
     @Option(help: "The data directory.")
     var data: String
 
-    @Option(help: "The user whose logs to pull.")
-    var uid: String?
+    @OptionGroup var selection: FilterOptions
 
     @Option(help: "Only this agent.")
     var agent: String?
-
-    @Option(help: "From this time: RFC 3339, YYYY-MM-DD, or a duration ago (90m, 2d).")
-    var since: String?
-
-    @Option(help: "Before this time.")
-    var until: String?
-
-    @Option(name: .customLong("type"), help: "Log types; repeatable or comma-separated.")
-    var types: [String] = []
-
-    @Option(name: .customLong("level"), help: "Levels: 'error', 'warning,error' or 'warning+'.")
-    var levels: [String] = []
-
-    @Option(help: "Text in the message or metadata.")
-    var grep: String?
 
     @Option(help: "Minutes until the pull expires if not delivered.")
     var expiresIn = 60
 
     func run() async throws {
+        let uid = selection.uid
         guard uid != nil || agent != nil else { throw ValidationError("give --uid, --agent, or both") }
-        var filter = LogFilter(uid: uid, text: grep)
-        if let since { guard let t = Timestamp(userInput: since) else { throw ValidationError("cannot read --since") }; filter.since = t }
-        if let until { guard let t = Timestamp(userInput: until) else { throw ValidationError("cannot read --until") }; filter.until = t }
-        if !types.isEmpty {
-            filter.types = Set(try types.flatMap { $0.split(separator: ",") }.map { name in
-                guard let t = LogType(String(name)) else { throw ValidationError("invalid type \(name)") }
-                return t
-            })
-        }
-        if !levels.isEmpty {
-            var set = Set<LogLevel>()
-            for text in levels {
-                guard let parsed = LogLevel.parseSet(text) else { throw ValidationError("cannot read --level \(text)") }
-                set.formUnion(parsed)
-            }
-            filter.levels = set
-        }
+        let filter = try selection.filter()
         let deployment = try LoadedDeployment(directory: data)
         let registry = try AgentRegistry(path: data + "/server.sqlite")
         let agents = try registry.agents().filter { a in

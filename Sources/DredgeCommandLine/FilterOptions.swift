@@ -1,27 +1,30 @@
 import ArgumentParser
 import DredgeStore
 
-/// The record filter flags, as `dredge pull` will take them too.
-struct FilterOptions: ParsableArguments {
+/// The record filter flags, shared by `dredge-agent query`, `dredge-server pull` and (next)
+/// `dredge pull`.
+public struct FilterOptions: ParsableArguments {
     @Option(help: "Only this user's records.")
-    var uid: String?
+    public var uid: String?
 
     @Option(help: "From this time: RFC 3339, YYYY-MM-DD, or a duration ago (90m, 2d).")
-    var since: String?
+    public var since: String?
 
     @Option(help: "Before this time, same forms as --since.")
-    var until: String?
+    public var until: String?
 
     @Option(name: .customLong("type"), help: "Log types; repeatable or comma-separated.")
-    var types: [String] = []
+    public var types: [String] = []
 
     @Option(name: .customLong("level"), help: "Levels: 'error', 'warning,error' or 'warning+' (and above); repeatable.")
-    var levels: [String] = []
+    public var levels: [String] = []
 
     @Option(help: "Text contained in the message or metadata (case-insensitive).")
-    var grep: String?
+    public var grep: String?
 
-    func filter() throws -> LogFilter {
+    public init() {}
+
+    public func filter() throws -> LogFilter {
         var filter = LogFilter(uid: uid, text: grep)
         if let since {
             guard let t = Timestamp(userInput: since) else { throw ValidationError("cannot read --since '\(since)'") }
@@ -53,5 +56,5 @@ struct FilterOptions: ParsableArguments {
         return filter
     }
 
-    func validate() throws { _ = try filter() }
+    public func validate() throws { _ = try filter() }
 }

@@ -73,6 +73,29 @@ import Testing
         for file in files { #expect(contents(dir + "/" + file) == expected[file], "\(file)") }
     }
 
+    @Test func twoPullsAtOnceBothCompleteWhileHeartbeatsContinue() throws {
+        let d = try AgentServerEndToEndTests.Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try Self.makeDeviceStore(store)
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        defer { agent.stop() }
+        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-1") == true } })
+        let first = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-1"]).output.trimmingCharacters(in: .whitespacesAndNewlines)
+        let second = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-3", "--type", "network"]).output.trimmingCharacters(in: .whitespacesAndNewlines)
+        let heartbeatBefore = try d.agents().first?["lastHeartbeatAt"] as? String
+        #expect(try ManagedProcess.waitFor { try targetStatus(d, first) == "complete" && targetStatus(d, second) == "complete" }, "\(agent.output)")
+        // Heartbeats kept flowing.
+        #expect(try ManagedProcess.waitFor { try d.agents().first?["lastHeartbeatAt"] as? String != heartbeatBefore })
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+        for (id, filter) in [(first, LogFilter(uid: "u-1")), (second, LogFilter(uid: "u-3", types: [.network]))] {
+            let expected = try Self.expected(store, filter)
+            for (name, text) in expected { #expect(contents(d.data + "/pulls/\(id)/\(agentID)/" + name) == text, "\(id) \(name)") }
+        }
+    }
+
     @Test func aPullForAnOfflineAgentIsDeliveredWhenItConnectsAndAnExpiredOneNever() throws {
         let d = try AgentServerEndToEndTests.Deployment()
         let (server, port) = try d.startServer()

@@ -157,7 +157,7 @@ public final class LogStore: Sendable {
             var result: [ContextID: LogContext] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT id, fields FROM context WHERE id IN (\(list.map { _ in "?" }.joined(separator: ",")))", arguments: StatementArguments(list)) {
                 let fields: String = row[1]
-                result[ContextID(rawValue: row[0])] = try JSONDecoderCache.decode(LogContext.self, from: fields)
+                result[ContextID(rawValue: row[0])] = try JSONReading.decode(LogContext.self, from: fields)
             }
             return result
         }
@@ -241,7 +241,7 @@ public final class LogStore: Sendable {
             recordCount: count,
             oldest: oldest.map(Timestamp.init(microseconds:)),
             newest: newest.map(Timestamp.init(microseconds:)),
-            bytesOnDisk: Retention.fileSize(path) + Retention.fileSize(path + "-wal"),
+            bytesOnDisk: Retention.bytesOnDisk(path),
             queueDepth: counters.depth,
             accepted: counters.accepted,
             written: counters.finished - counters.failedWrites,

@@ -1,5 +1,6 @@
 import ArgumentParser
 import DredgeAgentCore
+import DredgeCommandLine
 import DredgeStore
 import DredgeWire
 import Foundation

@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeCommandLine
 import DredgeLogging
 import DredgeStore
 import Foundation
@@ -51,8 +52,3 @@ struct RecordOptions: ParsableArguments {
     var logType: LogType { LogType(type)! }
 }
 
-/// Prints `error: message` to stderr and returns the exit code to throw.
-func fail(_ message: String) -> ExitCode {
-    FileHandle.standardError.write(Data("error: \(message)\n".utf8))
-    return ExitCode.failure
-}

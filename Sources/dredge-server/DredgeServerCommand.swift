@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeCommandLine
 import DredgeServer
 import Foundation
 
@@ -47,8 +48,7 @@ struct InitCommand: AsyncParsableCommand {
         do {
             created = try ServerDeployment.initialize(options)
         } catch let error as DeploymentError {
-            FileHandle.standardError.write(Data("error: \(error)\n".utf8))
-            throw ExitCode.failure
+            throw fail(error.description)
         }
         print("""
             Created a Dredge deployment in \(data).

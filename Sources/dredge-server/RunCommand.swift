@@ -28,8 +28,7 @@ struct RunCommand: AsyncParsableCommand {
         do {
             try await ServerRuntime.run(dataDirectory: data, agentPort: agentPort, heartbeatSeconds: heartbeatSeconds, logger: logger)
         } catch let error as DeploymentError {
-            FileHandle.standardError.write(Data("error: \(error)\n".utf8))
-            throw ExitCode.failure
+            throw fail(error.description)
         }
     }
 }
@@ -45,13 +44,7 @@ struct AgentsCommand: AsyncParsableCommand {
 
     func run() async throws {
         let agents = try AgentRegistry(path: data + "/server.sqlite").agents()
-        if json {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-            encoder.dateEncodingStrategy = .iso8601
-            print(String(decoding: try encoder.encode(agents), as: UTF8.self))
-            return
-        }
+        if json { return try printJSON(agents) }
         for a in agents {
             print("\(a.agentID)  \(a.connected ? "online " : "offline")  \(a.hostname)  \(a.app) \(a.appVersion)  uids=\(a.activeUIDs.joined(separator: ","))  records=\(a.storeRecords)")
         }
@@ -107,13 +100,7 @@ struct PullsCommand: AsyncParsableCommand {
     func run() async throws {
         let deployment = try LoadedDeployment(directory: data)
         let pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey).pulls()
-        if json {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-            encoder.dateEncodingStrategy = .iso8601
-            print(String(decoding: try encoder.encode(pulls), as: UTF8.self))
-            return
-        }
+        if json { return try printJSON(pulls) }
         for p in pulls {
             for t in p.targets {
                 print("\(p.id)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(t.status.rawValue)  \(t.chunksReceived)/\(t.chunkCount) chunks  \(t.detail)")
@@ -122,7 +109,3 @@ struct PullsCommand: AsyncParsableCommand {
     }
 }
 
-func fail(_ message: String) -> ExitCode {
-    FileHandle.standardError.write(Data("error: \(message)\n".utf8))
-    return ExitCode.failure
-}

@@ -37,6 +37,24 @@ import Testing
             return (try? JSONSerialization.jsonObject(with: Data(output.utf8)) as? [[String: Any]]) ?? []
         }
 
+        /// `dredge-agent run` for a state directory and a store.
+        func runAgent(state: String, store: String, log: String = "agent.log") throws -> ManagedProcess {
+            try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: dir.file(log))
+        }
+
+        /// Queues a pull with `dredge-server pull ARGS`; returns its exit status and the pull id.
+        func pull(_ arguments: [String]) throws -> (status: Int32, id: String) {
+            let (status, output) = try ManagedProcess.run("dredge-server", ["pull", "--data", data] + arguments)
+            return (status, output.trimmingCharacters(in: .whitespacesAndNewlines))
+        }
+
+        /// The first target of a pull, as `dredge-server pulls --json` shows it.
+        func pullTarget(_ id: String) throws -> [String: Any]? {
+            let (_, json) = try ManagedProcess.run("dredge-server", ["pulls", "--data", data, "--json"])
+            let pulls = (try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [[String: Any]]) ?? []
+            return (pulls.first { $0["id"] as? String == id }?["targets"] as? [[String: Any]])?.first
+        }
+
         func enroll(state: String, port: Int, token: String? = nil, ca: String? = nil) throws -> (Int32, String) {
             try ManagedProcess.run("dredge-agent", ["enroll", "--state", state, "--server", "localhost:\(port)", "--ca", ca ?? data + "/ca.pem", "--token", token ?? created.enrollmentToken])
         }
@@ -52,7 +70,7 @@ import Testing
         _ = try ManagedProcess.run("dredge-agent", ["log", "--store", store, "--uid", "u-42", "oven door opened"])
         _ = try ManagedProcess.run("dredge-agent", ["log", "--store", store, "--uid", "u-7", "preheat started"])
 
-        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        let agent = try d.runAgent(state: state, store: store)
         let online = try ManagedProcess.waitFor {
             try d.agents().contains { ($0["connected"] as? Bool) == true && ($0["activeUIDs"] as? [String]) == ["u-42", "u-7"] }
         }
@@ -115,7 +133,7 @@ import Testing
         try FileManager.default.removeItem(atPath: state + "/ca.pem")
         try FileManager.default.copyItem(atPath: d2.data + "/ca.pem", toPath: state + "/ca.pem")
 
-        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", d.dir.file("logs.sqlite")], outputPath: d.dir.file("agent.log"))
+        let agent = try d.runAgent(state: state, store: d.dir.file("logs.sqlite"))
         #expect(try ManagedProcess.waitFor { server2.output.contains("agent authentication failed") }, "\(server2.output)")
         #expect(try ManagedProcess.waitFor { agent.output.contains("errorAuthFailed") }, "\(agent.output)")
         #expect(try d2.agents().isEmpty)

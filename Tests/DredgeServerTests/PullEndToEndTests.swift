@@ -31,15 +31,8 @@ import Testing
         return days
     }
 
-    func pulls(_ d: AgentServerEndToEndTests.Deployment) throws -> [[String: Any]] {
-        let (status, output) = try ManagedProcess.run("dredge-server", ["pulls", "--data", d.data, "--json"])
-        guard status == 0 else { return [] }
-        return (try? JSONSerialization.jsonObject(with: Data(output.utf8)) as? [[String: Any]]) ?? []
-    }
-
     func targetStatus(_ d: AgentServerEndToEndTests.Deployment, _ id: String) throws -> String? {
-        let pull = try pulls(d).first { $0["id"] as? String == id }
-        return ((pull?["targets"] as? [[String: Any]])?.first)?["status"] as? String
+        try d.pullTarget(id)?["status"] as? String
     }
 
     @Test func aPullByUidArrivesAsExactlyTheFilteredRecords() throws {
@@ -49,13 +42,12 @@ import Testing
         let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
         try Self.makeDeviceStore(store)
         #expect(try d.enroll(state: state, port: port).0 == 0)
-        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        let agent = try d.runAgent(state: state, store: store)
         defer { agent.stop() }
         #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-2") == true } })
 
-        let (status, output) = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-2", "--since", "2d", "--level", "warning+", "--type", "network,player"])
-        #expect(status == 0, "\(output)")
-        let id = output.trimmingCharacters(in: .whitespacesAndNewlines)
+        let (status, id) = try d.pull(["--uid", "u-2", "--since", "2d", "--level", "warning+", "--type", "network,player"])
+        #expect(status == 0, "\(id)")
         #expect(try ManagedProcess.waitFor { try targetStatus(d, id) == "complete" }, "\(agent.output)\n\(server.output)")
 
         let agentID = try #require(try d.agents().first?["agentID"] as? String)
@@ -80,11 +72,11 @@ import Testing
         let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
         try Self.makeDeviceStore(store)
         #expect(try d.enroll(state: state, port: port).0 == 0)
-        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        let agent = try d.runAgent(state: state, store: store)
         defer { agent.stop() }
         #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-1") == true } })
-        let first = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-1"]).output.trimmingCharacters(in: .whitespacesAndNewlines)
-        let second = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-3", "--type", "network"]).output.trimmingCharacters(in: .whitespacesAndNewlines)
+        let first = try d.pull(["--uid", "u-1"]).id
+        let second = try d.pull(["--uid", "u-3", "--type", "network"]).id
         let heartbeatBefore = try d.agents().first?["lastHeartbeatAt"] as? String
         #expect(try ManagedProcess.waitFor { try targetStatus(d, first) == "complete" && targetStatus(d, second) == "complete" }, "\(agent.output)")
         // Heartbeats kept flowing.
@@ -106,16 +98,15 @@ import Testing
         let agentID = try #require(try d.agents().first?["agentID"] as? String)
 
         // Queued while the agent is offline: one that lives, one that expires first.
-        let (s1, o1) = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--agent", agentID])
-        #expect(s1 == 0, "\(o1)")
-        let live = o1.trimmingCharacters(in: .whitespacesAndNewlines)
+        let (s1, live) = try d.pull(["--agent", agentID])
+        #expect(s1 == 0, "\(live)")
         let deployment = try LoadedDeployment(directory: d.data)
         let queue = try PullStore(path: d.data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
         let expired = try queue.create(uid: "", agentID: agentID, filter: .all, agents: [agentID], lifetime: .milliseconds(200), requestedBy: "test")
         usleep(400_000)
         #expect(try targetStatus(d, live) == "queued")
 
-        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        let agent = try d.runAgent(state: state, store: store)
         defer { agent.stop() }
         #expect(try ManagedProcess.waitFor { try targetStatus(d, live) == "complete" }, "\(agent.output)\n\(server.output)")
         #expect(try targetStatus(d, expired) == "expired")
@@ -146,12 +137,6 @@ import Testing
         try logStore.close()
     }
 
-    static func target(_ d: AgentServerEndToEndTests.Deployment, _ id: String) throws -> [String: Any]? {
-        let (_, json) = try ManagedProcess.run("dredge-server", ["pulls", "--data", d.data, "--json"])
-        let pulls = (try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [[String: Any]]) ?? []
-        return (pulls.first { $0["id"] as? String == id }?["targets"] as? [[String: Any]])?.first
-    }
-
     static func pointAgent(_ state: String, at port: Int) throws {
         var file = try JSONSerialization.jsonObject(with: FileManager.default.contents(atPath: state + "/agent.json")!) as! [String: Any]
         file["serverPort"] = port
@@ -170,21 +155,20 @@ import Testing
         // Cuts slow the upload down enough to kill the agent in the middle of it.
         let proxy = try CuttingProxy(targetPort: port, cutAfter: 300_000...600_000)
         try Self.pointAgent(state, at: proxy.port)
-        var agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        var agent = try d.runAgent(state: state, store: store)
         #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String]) == ["u-1"] } })
-        let (status, output) = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-1"])
-        #expect(status == 0, "\(output)")
-        let id = output.trimmingCharacters(in: .whitespacesAndNewlines)
+        let (status, id) = try d.pull(["--uid", "u-1"])
+        #expect(status == 0, "\(id)")
         let midway = try ManagedProcess.waitFor(timeout: .seconds(120)) {
-            guard let t = try Self.target(d, id), let received = t["chunksReceived"] as? Int, let count = t["chunkCount"] as? Int else { return false }
+            guard let t = try d.pullTarget(id), let received = t["chunksReceived"] as? Int, let count = t["chunkCount"] as? Int else { return false }
             return received > 2 && received < count
         }
         #expect(midway, "agent:\n\(agent.output)")
         agent.stop(SIGKILL)
         #expect(FileManager.default.fileExists(atPath: state + "/uploads/\(id)/command.pb"))
-        agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent2.log"))
+        agent = try d.runAgent(state: state, store: store, log: "agent2.log")
         defer { agent.stop() }
-        #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try Self.target(d, id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)")
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try d.pullTarget(id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)")
         #expect(agent.output.contains("resuming upload"))
         #expect(!FileManager.default.fileExists(atPath: state + "/uploads/\(id)"), "the agent cleans up after the upload")
         let agentID = try #require(try d.agents().first?["agentID"] as? String)
@@ -206,30 +190,24 @@ import Testing
         // The agent talks to the server through the cutting proxy.
         let proxy = try CuttingProxy(targetPort: port, cutAfter: 300_000...1_200_000)
         try Self.pointAgent(state, at: proxy.port)
-        let agent = try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: d.dir.file("agent.log"))
+        let agent = try d.runAgent(state: state, store: store)
         defer { agent.stop() }
         #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String]) == ["u-1"] } }, "agent:\n\(agent.output)")
 
-        let (status, output) = try ManagedProcess.run("dredge-server", ["pull", "--data", d.data, "--uid", "u-1"])
-        #expect(status == 0, "\(output)")
-        let id = output.trimmingCharacters(in: .whitespacesAndNewlines)
-        func target() throws -> [String: Any]? {
-            let (_, json) = try ManagedProcess.run("dredge-server", ["pulls", "--data", d.data, "--json"])
-            let pulls = (try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [[String: Any]]) ?? []
-            return (pulls.first { $0["id"] as? String == id }?["targets"] as? [[String: Any]])?.first
-        }
+        let (status, id) = try d.pull(["--uid", "u-1"])
+        #expect(status == 0, "\(id)")
         // Kill the server once part of the upload is stored.
         let midway = try ManagedProcess.waitFor(timeout: .seconds(120)) {
-            guard let t = try target(), let received = t["chunksReceived"] as? Int, let count = t["chunkCount"] as? Int else { return false }
+            guard let t = try d.pullTarget(id), let received = t["chunksReceived"] as? Int, let count = t["chunkCount"] as? Int else { return false }
             return received > 2 && received < count
         }
         #expect(midway, "agent:\n\(agent.output)")
         #expect(server.stop(SIGKILL) != 0)
-        let stored = try target()?["chunksReceived"] as? Int ?? 0
+        let stored = try d.pullTarget(id)?["chunksReceived"] as? Int ?? 0
         server = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--heartbeat-seconds", "1"], outputPath: d.dir.file("server-restarted.log"))
         defer { server.stop() }
 
-        #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try target()?["status"] as? String == "complete" }, "agent:\n\(agent.output)\nserver:\n\(server.output)")
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try d.pullTarget(id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)\nserver:\n\(server.output)")
         #expect(proxy.cuts.withLockedValue { $0 } >= 3, "the connection was cut during the upload")
         #expect(stored > 0)
 

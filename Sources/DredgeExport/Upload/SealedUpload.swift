@@ -15,7 +15,7 @@ public final class SealedUpload: @unchecked Sendable {
     /// - Parameters:
     ///   - wrappedKey: for feedback uploads, the key wrapped under the server's RSA key; empty
     ///     for pulls (the server made the key).
-    public init(
+    public convenience init(
         zipPath: String, uploadID: String, kind: WireUploadKind, agentID: String, key: SymmetricKey,
         wrappedKey: [UInt8] = [], feedback: WireFeedback? = nil, empty: Bool, createdAt: Int64,
         chunkSize: Int = WireLimits.defaultChunkBytes, noncePrefix: [UInt8] = secureRandomBytes(WireLimits.noncePrefixBytes)
@@ -35,19 +35,11 @@ public final class SealedUpload: @unchecked Sendable {
         if let feedback { h.feedback = feedback }
         h.empty = empty
         h.createdAtUs = createdAt
-        do {
-            cipher = try ChunkCipher(key: key, header: h)
-        } catch let error as EnvelopeError {
-            throw ExportError(.uploadInvalid, error.message)
-        }
-        header = h
-        path = zipPath
-        fd = open(zipPath, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw ExportError(.io, "cannot open \(zipPath)") }
+        try self.init(zipPath: zipPath, header: h, key: key)
     }
 
-    /// Reopens an upload from its saved header (after an agent restart): the zip must still be
-    /// the one the header describes.
+    /// The upload of `zipPath` under `header`; also reopens an upload after an agent restart.
+    /// The zip must be the one the header describes.
     public init(zipPath: String, header: WireUploadHeader, key: SymmetricKey) throws {
         var st = stat()
         guard stat(zipPath, &st) == 0, UInt64(st.st_size) == header.plaintextSize else {

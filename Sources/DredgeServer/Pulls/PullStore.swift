@@ -41,51 +41,48 @@ public final class PullStore: Sendable {
         public var targets: [Target]
     }
 
-    let db: DatabaseQueue
+    let db: DatabasePool
     let encryptionKey: RSAPrivateKey
 
     public init(path: String, encryptionKey: RSAPrivateKey) throws {
         self.encryptionKey = encryptionKey
-        var configuration = Configuration()
-        configuration.busyMode = .timeout(10)
-        db = try DatabaseQueue(path: path, configuration: configuration)
-        var migrator = DatabaseMigrator()
-        migrator.registerMigration("pulls-v1") { db in
-            try db.execute(sql: """
-                CREATE TABLE pull (
-                    id TEXT PRIMARY KEY NOT NULL,
-                    uid TEXT NOT NULL,
-                    agent_id TEXT NOT NULL,
-                    filter TEXT NOT NULL,
-                    issued_at INTEGER NOT NULL,
-                    expires_at INTEGER NOT NULL,
-                    wrapped_key BLOB NOT NULL,
-                    requested_by TEXT NOT NULL,
-                    created_at REAL NOT NULL
-                );
-                CREATE TABLE pull_target (
-                    pull_id TEXT NOT NULL REFERENCES pull(id),
-                    agent_id TEXT NOT NULL,
-                    status TEXT NOT NULL,
-                    detail TEXT NOT NULL DEFAULT '',
-                    chunks_received INTEGER NOT NULL DEFAULT 0,
-                    chunk_count INTEGER NOT NULL DEFAULT 0,
-                    bytes INTEGER NOT NULL DEFAULT 0,
-                    files TEXT NOT NULL DEFAULT '[]',
-                    updated_at REAL NOT NULL,
-                    PRIMARY KEY (pull_id, agent_id)
-                );
-                CREATE INDEX pull_target_by_agent ON pull_target(agent_id, status);
-                CREATE TABLE audit (
-                    id INTEGER PRIMARY KEY,
-                    at REAL NOT NULL,
-                    actor TEXT NOT NULL,
-                    action TEXT NOT NULL,
-                    detail TEXT NOT NULL
-                );
-                """)
+        db = try ServerDatabase.open(path) { migrator in
+            migrator.registerMigration("pulls-v1") { db in
+                try db.execute(sql: """
+                    CREATE TABLE pull (
+                        id TEXT PRIMARY KEY NOT NULL,
+                        uid TEXT NOT NULL,
+                        agent_id TEXT NOT NULL,
+                        filter TEXT NOT NULL,
+                        issued_at INTEGER NOT NULL,
+                        expires_at INTEGER NOT NULL,
+                        wrapped_key BLOB NOT NULL,
+                        requested_by TEXT NOT NULL,
+                        created_at REAL NOT NULL
+                    );
+                    CREATE TABLE pull_target (
+                        pull_id TEXT NOT NULL REFERENCES pull(id),
+                        agent_id TEXT NOT NULL,
+                        status TEXT NOT NULL,
+                        detail TEXT NOT NULL DEFAULT '',
+                        chunks_received INTEGER NOT NULL DEFAULT 0,
+                        chunk_count INTEGER NOT NULL DEFAULT 0,
+                        bytes INTEGER NOT NULL DEFAULT 0,
+                        files TEXT NOT NULL DEFAULT '[]',
+                        updated_at REAL NOT NULL,
+                        PRIMARY KEY (pull_id, agent_id)
+                    );
+                    CREATE INDEX pull_target_by_agent ON pull_target(agent_id, status);
+                    CREATE TABLE audit (
+                        id INTEGER PRIMARY KEY,
+                        at REAL NOT NULL,
+                        actor TEXT NOT NULL,
+                        action TEXT NOT NULL,
+                        detail TEXT NOT NULL
+                    );
+                    """)
+            }
         }
-        try migrator.migrate(db)
     }
 
     /// Queues a pull for `agents` (resolved by the caller from the registry) and records who
@@ -118,27 +115,39 @@ public final class PullStore: Sendable {
     }
 
     /// Queued pulls for `agentID`, expiring the ones past their time first.
+    /// It runs twice a second for every connected agent, so it only reads unless a queued pull
+    /// has expired.
     public func pending(for agentID: String, now: Timestamp = .now) throws -> [Pull] {
-        try db.write { db in
-            try db.execute(
-                sql: """
-                    UPDATE pull_target SET status = 'expired', detail = 'expired before delivery', updated_at = ?
-                    WHERE status = 'queued' AND pull_id IN (SELECT id FROM pull WHERE expires_at <= ?)
-                    """,
-                arguments: [Date().timeIntervalSince1970, now.microseconds])
+        let queued = try db.read { db in
+            try Row.fetchAll(
+                db,
+                sql: "SELECT t.pull_id, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id WHERE t.agent_id = ? AND t.status = 'queued'",
+                arguments: [agentID])
         }
-        let ids = try db.read { db in
-            try String.fetchAll(db, sql: "SELECT pull_id FROM pull_target WHERE agent_id = ? AND status = 'queued'", arguments: [agentID])
+        let expired = queued.filter { ($0[1] as Int64) <= now.microseconds }.map { $0[0] as String }
+        if !expired.isEmpty {
+            try db.write { db in
+                for id in expired {
+                    try db.execute(
+                        sql: "UPDATE pull_target SET status = 'expired', detail = 'expired before delivery', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = 'queued'",
+                        arguments: [Date().timeIntervalSince1970, id, agentID])
+                }
+            }
         }
-        return try ids.compactMap { try pull($0) }
+        return try queued.filter { ($0[1] as Int64) > now.microseconds }.compactMap { try pull($0[0]) }
     }
 
     public func pull(_ id: String) throws -> Pull? {
         try db.read { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT * FROM pull WHERE id = ?", arguments: [id]) else { return nil }
+            let expired = (row["expires_at"] as Int64) <= Timestamp.now.microseconds
             let targets = try Row.fetchAll(db, sql: "SELECT * FROM pull_target WHERE pull_id = ? ORDER BY agent_id", arguments: [id]).map { t in
-                Target(
-                    pullID: t["pull_id"], agentID: t["agent_id"], status: Status(rawValue: t["status"]) ?? .failed, detail: t["detail"],
+                // A queued pull past its expiry is expired even if no delivery pass marked it yet.
+                let stored = Status(rawValue: t["status"]) ?? .failed
+                let stale = stored == .queued && expired
+                return Target(
+                    pullID: t["pull_id"], agentID: t["agent_id"], status: stale ? .expired : stored,
+                    detail: stale ? "expired before delivery" : t["detail"],
                     chunksReceived: t["chunks_received"], chunkCount: t["chunk_count"], bytes: t["bytes"],
                     files: (try? JSONDecoder().decode([String].self, from: Data((t["files"] as String).utf8))) ?? [],
                     updatedAt: Date(timeIntervalSince1970: t["updated_at"]))

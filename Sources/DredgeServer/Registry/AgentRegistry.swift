@@ -23,33 +23,30 @@ public struct AgentRecord: Sendable, Equatable, Codable {
 /// it) and who is connected, since when, from where, serving which uids. SQLite in the data
 /// directory (`server.sqlite`), so it survives restarts; presence is reset at start.
 public final class AgentRegistry: Sendable {
-    private let db: DatabaseQueue
+    private let db: DatabasePool
 
     public init(path: String) throws {
-        var configuration = Configuration()
-        configuration.busyMode = .timeout(10)
-        db = try DatabaseQueue(path: path, configuration: configuration)
-        var migrator = DatabaseMigrator()
-        migrator.registerMigration("v1") { db in
-            try db.execute(sql: """
-                CREATE TABLE agent (
-                    id TEXT PRIMARY KEY NOT NULL,
-                    public_key BLOB NOT NULL,
-                    hostname TEXT NOT NULL,
-                    os TEXT NOT NULL,
-                    app TEXT NOT NULL,
-                    app_version TEXT NOT NULL,
-                    enrolled_at REAL NOT NULL,
-                    connected INTEGER NOT NULL DEFAULT 0,
-                    connected_at REAL,
-                    remote_address TEXT,
-                    last_heartbeat_at REAL,
-                    active_uids TEXT NOT NULL DEFAULT '[]',
-                    store_records INTEGER NOT NULL DEFAULT 0
-                );
-                """)
+        db = try ServerDatabase.open(path) { migrator in
+            migrator.registerMigration("v1") { db in
+                try db.execute(sql: """
+                    CREATE TABLE agent (
+                        id TEXT PRIMARY KEY NOT NULL,
+                        public_key BLOB NOT NULL,
+                        hostname TEXT NOT NULL,
+                        os TEXT NOT NULL,
+                        app TEXT NOT NULL,
+                        app_version TEXT NOT NULL,
+                        enrolled_at REAL NOT NULL,
+                        connected INTEGER NOT NULL DEFAULT 0,
+                        connected_at REAL,
+                        remote_address TEXT,
+                        last_heartbeat_at REAL,
+                        active_uids TEXT NOT NULL DEFAULT '[]',
+                        store_records INTEGER NOT NULL DEFAULT 0
+                    );
+                    """)
+            }
         }
-        try migrator.migrate(db)
     }
 
     /// Marks every agent disconnected: called when the server starts.

@@ -56,6 +56,6 @@ public struct LogRecord: Sendable, Hashable {
 
     /// The metadata decoded; empty if it is not a JSON object (which the store never writes).
     public var metadata: LogMetadata {
-        (try? JSONDecoderCache.decode(LogMetadata.self, from: metadataJSON)) ?? [:]
+        (try? JSONReading.decode(LogMetadata.self, from: metadataJSON)) ?? [:]
     }
 }

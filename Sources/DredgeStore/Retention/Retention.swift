@@ -23,7 +23,7 @@ struct Retention {
 
     func run(pool: DatabasePool, now: Timestamp) throws -> RetentionReport {
         var report = RetentionReport()
-        report.bytesBefore = try bytesOnDisk(pool)
+        report.bytesBefore = Self.bytesOnDisk(path)
 
         let cutoff = now.subtracting(policy.maxAge)
         let expired = try pool.read { db in
@@ -33,7 +33,7 @@ struct Retention {
             report.deletedByAge = try deleteOldest(expired, reason: .retentionAge, pool: pool, now: now, into: &report)
         }
 
-        if try bytesOnDisk(pool) > policy.maxBytes {
+        if Self.bytesOnDisk(path) > policy.maxBytes {
             try reclaim(pool)
             let target = Int64(Double(policy.maxBytes) * policy.lowWaterFraction)
             for _ in 0..<50 {
@@ -50,7 +50,7 @@ struct Retention {
             }
         }
         if report.deletedByAge > 0 && report.deletedBySize == 0 { try reclaim(pool) }
-        report.bytesAfter = try bytesOnDisk(pool)
+        report.bytesAfter = Self.bytesOnDisk(path)
         return report
     }
 
@@ -98,8 +98,8 @@ struct Retention {
     }
 
     /// The database file plus its WAL, as the file system sees them.
-    func bytesOnDisk(_ pool: DatabasePool) throws -> Int64 {
-        Self.fileSize(path) + Self.fileSize(path + "-wal")
+    static func bytesOnDisk(_ path: String) -> Int64 {
+        fileSize(path) + fileSize(path + "-wal")
     }
 
     static func fileSize(_ path: String) -> Int64 {

@@ -62,7 +62,7 @@ final class BatchWriter: @unchecked Sendable {
         batchesSinceSizeCheck += 1
         guard batchesSinceSizeCheck >= configuration.sizeCheckEveryBatches else { return }
         batchesSinceSizeCheck = 0
-        if retention.bytesOnDiskIgnoringErrors(pool) > configuration.retention.maxBytes { runRetention() }
+        if Retention.bytesOnDisk(path) > configuration.retention.maxBytes { runRetention() }
     }
 
     private func write(_ batch: WriteQueue.Batch) {
@@ -136,10 +136,6 @@ final class BatchWriter: @unchecked Sendable {
         defer { maintenance.unlock() }
         return retentionErrors
     }
-}
-
-extension Retention {
-    func bytesOnDiskIgnoringErrors(_ pool: DatabasePool) -> Int64 { (try? bytesOnDisk(pool)) ?? 0 }
 }
 
 extension Duration {

@@ -74,12 +74,13 @@ struct EntryEncoder {
         var omitted = 0
         var w = JSONWriter()
         for key in metadata.keys.sorted() {
+            let value = clamp(metadata[key]!)
             w.reset()
             w.writeString(key)
-            w.write(clamp(metadata[key]!))
+            w.write(value)
             let size = w.bytes.count + 2
             if used + size <= budget {
-                kept[key] = clamp(metadata[key]!)
+                kept[key] = value
                 used += size
             } else {
                 omitted += 1

@@ -11,6 +11,9 @@ let package = Package(
         .library(name: "DredgeEnvelope", targets: ["DredgeEnvelope"]),
         .library(name: "DredgeExport", targets: ["DredgeExport"]),
         .library(name: "DredgeServer", targets: ["DredgeServer"]),
+        .library(name: "DredgeAdminAPI", targets: ["DredgeAdminAPI"]),
+        .library(name: "DredgeAgentCore", targets: ["DredgeAgentCore"]),
+        .executable(name: "dredge", targets: ["dredge"]),
         .executable(name: "dredge-server", targets: ["dredge-server"]),
         .executable(name: "dredge-agent", targets: ["dredge-agent"]),
         .executable(name: "dredge-demo", targets: ["dredge-demo"]),
@@ -28,6 +31,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-asn1", from: "1.7.4"),
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        // No default traits: the admin API needs neither swift-configuration nor full Foundation.
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
     ],
     targets: [
         // The client's local, bounded log store: schema, migrations, batched writer, retention,
@@ -77,12 +82,15 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
-        // The command server: deployment material (CA, certificates, keys, tokens) and, as it
-        // grows, the agent listener, registry, command queue and upload reception.
+        // The admin API's messages and its client (what `dredge` speaks), without the server.
+        .target(name: "DredgeAdminAPI", dependencies: ["DredgeStore"]),
+        // The command server: deployment material (CA, certificates, keys, tokens), the agent
+        // listener, registry, command queue, upload reception and the admin HTTP API.
         .target(
             name: "DredgeServer",
             dependencies: [
-                "DredgeWire", "DredgeEnvelope", "DredgeExport",
+                "DredgeWire", "DredgeEnvelope", "DredgeExport", "DredgeAdminAPI",
+                .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -98,6 +106,11 @@ let package = Package(
         .target(
             name: "DredgeCommandLine",
             dependencies: ["DredgeStore", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
+        // The support engineers' command line, a client of the admin API.
+        .executableTarget(
+            name: "dredge",
+            dependencies: ["DredgeAdminAPI", "DredgeStore", "DredgeCommandLine", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .executableTarget(
             name: "dredge-server",

@@ -4,10 +4,9 @@
 # the agents' stores select. Exits non-zero if anything differs; stops everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-swift build -c release --product dredge-server >&2
-swift build -c release --product dredge-agent >&2
-swift build -c release --product dredge-demo >&2
-bin=.build/release
+config=${DEMO_CONFIG:-release}   # DEMO_CONFIG=debug reuses the test build
+for product in dredge-server dredge-agent dredge-demo dredge; do swift build -c "$config" --product "$product" >&2; done
+bin=.build/$config
 out=${DEMO_DIR:-demo-output}
 rm -rf "$out" && mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -19,12 +18,15 @@ echo "== 1. A server deployment in $out/server"
 "$bin/dredge-server" init --data "$out/server" > "$out/init.txt"
 sed -n '1,7p' "$out/init.txt"
 token=$(awk '/enrollment token/ {print $3}' "$out/init.txt")
-"$bin/dredge-server" run --data "$out/server" --agent-port 0 --heartbeat-seconds 2 2> "$out/server.log" &
+export DREDGE_TOKEN=$(awk '/Admin token/ {getline; print $1}' "$out/init.txt")
+"$bin/dredge-server" run --data "$out/server" --agent-port 0 --admin-port 0 --heartbeat-seconds 2 2> "$out/server.log" &
 pids+=($!)
-for _ in $(seq 100); do grep -q "agent listener ready" "$out/server.log" && break; sleep 0.1; done
-port=$(grep -o 'address=127.0.0.1:[0-9]*' "$out/server.log" | head -1 | cut -d: -f2)
-[ -n "$port" ] || { echo "server did not start:"; cat "$out/server.log"; exit 1; }
-echo "   listening on localhost:$port"
+for _ in $(seq 100); do grep -q "admin API ready" "$out/server.log" && grep -q "agent listener ready" "$out/server.log" && break; sleep 0.1; done
+port=$(grep 'agent listener ready' "$out/server.log" | grep -o 'address=127.0.0.1:[0-9]*' | head -1 | cut -d: -f2)
+admin=$(grep 'admin API ready' "$out/server.log" | grep -o 'address=127.0.0.1:[0-9]*' | head -1 | cut -d= -f2)
+[ -n "$port" ] && [ -n "$admin" ] || { echo "server did not start:"; cat "$out/server.log"; exit 1; }
+export DREDGE_SERVER="http://$admin"
+echo "   agents connect to localhost:$port; the admin API is $DREDGE_SERVER"
 
 echo "== 2. Two devices with three days of logs"
 "$bin/dredge-demo" generate --store "$out/kitchen/logs.sqlite" --uids u-1001,u-1002,u-1003 --records 60000 --seed 1 --host kitchen-oven-0042
@@ -35,22 +37,15 @@ for device in kitchen bakery; do
     pids+=($!)
 done
 for _ in $(seq 150); do
-    [ "$("$bin/dredge-server" agents --data "$out/server" | grep -c ' online .*u-1002')" = 2 ] && break
+    [ "$("$bin/dredge" agents | grep -c ' online .*u-1002')" = 2 ] && break
     sleep 0.2
 done
-"$bin/dredge-server" agents --data "$out/server"
+"$bin/dredge" agents
 
-echo "== 3. Pull: user u-1002's warnings and errors of the last two days"
-pull=$("$bin/dredge-server" pull --data "$out/server" --uid u-1002 --since 2d --level warning+)
-echo "   pull $pull"
-for _ in $(seq 300); do
-    status=$("$bin/dredge-server" pulls --data "$out/server" | grep "$pull" || true)
-    [ "$(echo "$status" | grep -c ' complete ')" = 2 ] && break
-    echo "$status" | grep -qE ' (failed|rejected|expired) ' && break
-    sleep 0.2
-done
-"$bin/dredge-server" pulls --data "$out/server"
-[ "$(echo "$status" | grep -c ' complete ')" = 2 ] || { echo "the pull did not complete"; exit 1; }
+echo "== 3. An engineer pulls user u-1002's warnings and errors of the last two days"
+echo "   \$ dredge pull --uid u-1002 --since 2d --level warning+ --wait"
+"$bin/dredge" pull --uid u-1002 --since 2d --level warning+ --wait --timeout 300 || { echo "the pull did not complete"; exit 1; }
+pull=$("$bin/dredge" pulls --json | python3 -c "import json,sys;print(json.load(sys.stdin)[0]['id'])")
 
 echo "== 4. The decrypted per-day files"
 ok=1

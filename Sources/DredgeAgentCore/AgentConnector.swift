@@ -7,6 +7,11 @@ import NIOSSL
 /// Opens the agent's TLS connection to the server, trusting only the pinned CA.
 enum AgentConnector {
     static func connect(host: String, port: Int, caPEM: String) async throws -> NIOAsyncChannel<WireFrame, WireFrame> {
+        try await connect(host: host, port: port, context: try tlsContext(caPEM: caPEM))
+    }
+
+    /// A client TLS context that trusts only the pinned CA. One can serve many connections.
+    static func tlsContext(caPEM: String) throws -> NIOSSLContext {
         var tls = TLSConfiguration.makeClientConfiguration()
         tls.minimumTLSVersion = .tlsv12
         tls.certificateVerification = .fullVerification
@@ -15,7 +20,10 @@ enum AgentConnector {
         } catch {
             throw AgentError("the pinned CA certificate cannot be read: \(error)")
         }
-        let context = try NIOSSLContext(configuration: tls)
+        return try NIOSSLContext(configuration: tls)
+    }
+
+    static func connect(host: String, port: Int, context: NIOSSLContext) async throws -> NIOAsyncChannel<WireFrame, WireFrame> {
         let serverHostname = host.contains(where: { $0.isLetter }) ? host : nil
         do {
             return try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)

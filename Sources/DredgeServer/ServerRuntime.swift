@@ -1,17 +1,42 @@
+import DredgeAdminAPI
 import Foundation
 import Logging
 import ServiceLifecycle
 
-/// `dredge-server run`: loads the deployment, opens the registry, and runs the listeners in
-/// one service group that stops gracefully on SIGTERM and SIGINT.
+/// `dredge-server run`: loads the deployment, opens the registry and the pull queue, and runs
+/// the agent listener, the admin API and the delivery sweep in one service group that stops
+/// gracefully on SIGTERM and SIGINT.
 public enum ServerRuntime {
-    public static func run(dataDirectory: String, agentPort: Int? = nil, heartbeatSeconds: UInt32? = nil, logger: Logger) async throws {
-        let deployment = try LoadedDeployment(directory: dataDirectory)
-        let registry = try AgentRegistry(path: dataDirectory + "/server.sqlite")
+    public struct Options: Sendable {
+        public var dataDirectory: String
+        public var agentPort: Int?
+        public var adminPort: Int?
+        public var heartbeatSeconds: UInt32?
+
+        public init(dataDirectory: String, agentPort: Int? = nil, adminPort: Int? = nil, heartbeatSeconds: UInt32? = nil) {
+            self.dataDirectory = dataDirectory
+            self.agentPort = agentPort
+            self.adminPort = adminPort
+            self.heartbeatSeconds = heartbeatSeconds
+        }
+    }
+
+    public static func run(_ options: Options, logger: Logger) async throws {
+        // Absolute, so the file paths the admin API reports work from anywhere.
+        let dir = URL(fileURLWithPath: options.dataDirectory).standardizedFileURL.path
+        let deployment = try LoadedDeployment(directory: dir)
+        let registry = try AgentRegistry(path: dir + "/server.sqlite")
         try registry.resetPresence()
-        let pulls = try PullStore(path: dataDirectory + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
-        let listener = AgentListener(deployment: deployment, registry: registry, pulls: pulls, logger: logger, port: agentPort, heartbeatSeconds: heartbeatSeconds)
-        let group = ServiceGroup(services: [listener], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let pulls = try PullStore(path: dir + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+        let tokens = TokenStore(path: dir + "/tokens.json", file: deployment.tokens)
+        let dispatcher = PullDispatcher(pulls: pulls, logger: logger)
+        let listener = AgentListener(
+            deployment: deployment, registry: registry, pulls: pulls, tokens: tokens, dispatcher: dispatcher, logger: logger,
+            port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds)
+        let admin = AdminAPI.application(
+            registry: registry, pulls: pulls, tokens: tokens, dispatcher: dispatcher,
+            port: options.adminPort ?? deployment.config.adminPort, logger: logger)
+        let group = ServiceGroup(services: [dispatcher, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         logger.info("dredge-server stopped")
     }

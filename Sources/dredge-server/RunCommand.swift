@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeAdminAPI
 import DredgeCommandLine
 import DredgeServer
 import DredgeStore
@@ -7,13 +8,16 @@ import Logging
 
 struct RunCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "run", abstract: "Run the server: the agent listener (TLS). Stops gracefully on SIGTERM or SIGINT.")
+        commandName: "run", abstract: "Run the server: the agent listener (TLS) and the admin API (loopback HTTP). Stops gracefully on SIGTERM or SIGINT.")
 
     @Option(help: "The data directory made by `dredge-server init`.")
     var data: String
 
     @Option(help: "Override the agent port from server.json.")
     var agentPort: Int?
+
+    @Option(help: "Override the admin API port from server.json (0: any free port, printed in the log).")
+    var adminPort: Int?
 
     @Option(help: "Heartbeat interval agents are told to use, in seconds.")
     var heartbeatSeconds: UInt32?
@@ -26,7 +30,7 @@ struct RunCommand: AsyncParsableCommand {
         var logger = Logger(label: "dredge.server")
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
         do {
-            try await ServerRuntime.run(dataDirectory: data, agentPort: agentPort, heartbeatSeconds: heartbeatSeconds, logger: logger)
+            try await ServerRuntime.run(.init(dataDirectory: data, agentPort: agentPort, adminPort: adminPort, heartbeatSeconds: heartbeatSeconds), logger: logger)
         } catch let error as DeploymentError {
             throw fail(error.description)
         }
@@ -69,22 +73,17 @@ struct PullCommand: AsyncParsableCommand {
     var expiresIn = 60
 
     func run() async throws {
-        let uid = selection.uid
-        guard uid != nil || agent != nil else { throw ValidationError("give --uid, --agent, or both") }
         let filter = try selection.filter()
         let deployment = try LoadedDeployment(directory: data)
         let registry = try AgentRegistry(path: data + "/server.sqlite")
-        let agents = try registry.agents().filter { a in
-            if let agent, a.agentID != agent { return false }
-            if let uid, agent == nil, !a.activeUIDs.contains(uid) { return false }
-            return true
-        }.map(\.agentID)
-        guard !agents.isEmpty else {
-            throw fail(agent != nil ? "no enrolled agent \(agent!)" : "no agent has reported uid \(uid!)")
-        }
         let pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
-        let id = try pulls.create(uid: uid ?? "", agentID: agent ?? "", filter: filter, agents: agents, lifetime: .seconds(Int64(expiresIn) * 60), requestedBy: "local-operator")
-        print(id)
+        do {
+            let pull = try pulls.create(
+                PullRequest(uid: selection.uid, agent: agent, filter: filter, expiresInSeconds: expiresIn * 60), registry: registry, requestedBy: "local-operator")
+            print(pull.id)
+        } catch let error as PullRequestError {
+            throw fail(error.description)
+        }
     }
 }
 

@@ -1,4 +1,5 @@
 import DredgeEnvelope
+import DredgeAdminAPI
 @testable import DredgeServer
 import DredgeTestSupport
 import Foundation
@@ -42,7 +43,7 @@ import X509
         // Keys load back; the tokens file holds hashes only.
         _ = try ServerSigningKey(rawRepresentation: Hex.decode(contents(dir.file("data/signing-key")).trimmingCharacters(in: .whitespacesAndNewlines))!)
         _ = try RSAPrivateKey(pemRepresentation: contents(dir.file("data/encryption-key.pem")))
-        let tokens = try JSONDecoder().decode(TokenFile.self, from: Data(contents(dir.file("data/tokens.json")).utf8))
+        let tokens = try JSONDecoder.adminAPI.decode(TokenFile.self, from: Data(contents(dir.file("data/tokens.json")).utf8))
         #expect(tokens.acceptsAdmin(created.adminToken) && !tokens.acceptsAdmin(created.enrollmentToken))
         #expect(tokens.acceptsEnrollment(created.enrollmentToken) && !tokens.acceptsEnrollment("guess"))
         #expect(!contents(dir.file("data/tokens.json")).contains(created.adminToken))

@@ -1,3 +1,4 @@
+import DredgeAdminAPI
 import DredgeEnvelope
 import Foundation
 import NIOSSL
@@ -21,7 +22,7 @@ public struct LoadedDeployment: Sendable {
         }
         do {
             config = try JSONDecoder().decode(ServerDeployment.Config.self, from: Data(try read("server.json").utf8))
-            tokens = try JSONDecoder().decode(TokenFile.self, from: Data(try read("tokens.json").utf8))
+            tokens = try JSONDecoder.adminAPI.decode(TokenFile.self, from: Data(try read("tokens.json").utf8))
         } catch let error as DeploymentError {
             throw error
         } catch {

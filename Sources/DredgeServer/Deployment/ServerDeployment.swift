@@ -1,4 +1,5 @@
 import Crypto
+import DredgeAdminAPI
 import DredgeEnvelope
 import Foundation
 import SwiftASN1
@@ -12,7 +13,7 @@ import X509
 /// | `server.pem`, `server-key.pem` | the agent listener's TLS certificate (P-256, 2 years), signed by the CA | 0644, 0600 |
 /// | `signing-key` | Ed25519 key that signs pull commands (hex) | 0600 |
 /// | `encryption-key.pem` | RSA-3072 key that unwraps feedback upload keys | 0600 |
-/// | `tokens.json` | SHA-256 of the admin and enrollment tokens (the tokens themselves are shown once) | 0600 |
+/// | `tokens.json` | names and SHA-256 of the admin and enrollment tokens (the tokens themselves are shown once) | 0600 |
 /// | `server.json` | listen addresses and the names in the certificate | 0644 |
 ///
 /// Existing files are never overwritten: `initialize` refuses a directory that already holds
@@ -70,7 +71,10 @@ public enum ServerDeployment {
         let encryption = try RSAPrivateKey.generate()
         let adminToken = "dredge_adm_" + Hex.encode(secureRandomBytes(24))
         let enrollmentToken = "dredge_enr_" + Hex.encode(secureRandomBytes(24))
-        let tokens = TokenFile(admin: [TokenFile.hash(adminToken)], enrollment: [TokenFile.hash(enrollmentToken)])
+        let tokens = TokenFile(tokens: [
+            .init(name: "admin", kind: .admin, token: adminToken, createdAt: options.now),
+            .init(name: "default", kind: .enrollment, token: enrollmentToken, createdAt: options.now),
+        ])
         let config = Config(listenHost: options.listenHost, agentPort: options.agentPort, adminPort: options.adminPort, names: names)
 
         // Secrets first, each created exclusively; a failure part-way leaves no usable half.
@@ -151,6 +155,7 @@ public enum ServerDeployment {
     static func encode(_ value: some Encodable) throws -> [UInt8] {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        encoder.dateEncodingStrategy = .iso8601
         return Array(try encoder.encode(value)) + [10]
     }
 
@@ -167,18 +172,6 @@ public enum ServerDeployment {
         }
         guard fsync(fd) == 0 else { throw DeploymentError("fsync \(path): \(String(cString: strerror(errno)))") }
     }
-}
-
-/// Hashes of the tokens the server accepts. Tokens are compared by their SHA-256, so the file
-/// does not give them away.
-public struct TokenFile: Codable, Sendable, Equatable {
-    public var admin: [String]
-    public var enrollment: [String]
-
-    public static func hash(_ token: String) -> String { Hex.encode(SHA256.hash(data: Array(token.utf8))) }
-
-    public func acceptsAdmin(_ token: String) -> Bool { admin.contains(Self.hash(token)) }
-    public func acceptsEnrollment(_ token: String) -> Bool { enrollment.contains(Self.hash(token)) }
 }
 
 public struct DeploymentError: Error, CustomStringConvertible, Sendable {

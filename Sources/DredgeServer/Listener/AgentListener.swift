@@ -14,6 +14,8 @@ public final class AgentListener: Service, Sendable {
     public let deployment: LoadedDeployment
     public let registry: AgentRegistry
     public let pulls: PullStore
+    public let tokens: TokenStore
+    public let dispatcher: PullDispatcher
     let logger: Logger
     let host: String
     let port: Int
@@ -21,10 +23,15 @@ public final class AgentListener: Service, Sendable {
     private let bound: BoundAddress
     private let connections = ConnectionSet()
 
-    public init(deployment: LoadedDeployment, registry: AgentRegistry, pulls: PullStore, logger: Logger, host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil) {
+    public init(
+        deployment: LoadedDeployment, registry: AgentRegistry, pulls: PullStore, tokens: TokenStore, dispatcher: PullDispatcher, logger: Logger,
+        host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil
+    ) {
         self.deployment = deployment
         self.registry = registry
         self.pulls = pulls
+        self.tokens = tokens
+        self.dispatcher = dispatcher
         self.logger = logger
         self.host = host ?? deployment.config.listenHost
         self.port = port ?? deployment.config.agentPort
@@ -137,10 +144,11 @@ public final class AgentListener: Service, Sendable {
         }
     }
 
-    /// Sends the agent its queued pulls now and whenever new ones appear (checked twice a
-    /// second; pulls made through this process's admin API will wake it at once).
+    /// Sends the agent its queued pulls now and whenever the dispatcher says new ones appeared.
     private func deliverPulls(to agentID: String, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
-        while !Task.isCancelled {
+        let (wakes, token) = dispatcher.register(agentID)
+        defer { dispatcher.unregister(agentID, token: token) }
+        for await _ in wakes {
             for pull in try pulls.pending(for: agentID) {
                 guard let key = try registry.publicKey(of: agentID) else { break }
                 let command = try pulls.command(for: pull, agentKey: key, signer: deployment.signingKey)
@@ -148,12 +156,11 @@ public final class AgentListener: Service, Sendable {
                 try pulls.update(pull.id, agent: agentID, status: .delivered)
                 logger.info("pull delivered", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)"])
             }
-            try await Task.sleep(for: .milliseconds(500))
         }
     }
 
     private func enroll(_ request: WireEnrollRequest, machine: inout ServerConnectionStateMachine) -> [ServerConnectionStateMachine.Action] {
-        guard deployment.tokens.acceptsEnrollment(request.token) else {
+        guard tokens.acceptsEnrollment(request.token) else {
             logger.notice("enrollment refused: bad token")
             return machine.enrollmentFailed("enrollment token not accepted")
         }

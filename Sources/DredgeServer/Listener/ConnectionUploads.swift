@@ -117,7 +117,7 @@ final class ConnectionUploads {
             let payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: limits)
             try? FileManager.default.copyItem(atPath: zip, toPath: destination + "/../\(agentID).zip")
             try? FileManager.default.removeItem(atPath: assembler.directory)
-            let files = payload.files.map { ($0 as NSString).lastPathComponent } + ["manifest.json"]
+            let files = (payload.files.map { ($0 as NSString).lastPathComponent } + ["manifest.json"]).map { destination + "/" + $0 }
             try Data(try payload.manifest.encoded()).write(to: URL(fileURLWithPath: destination + "/manifest.json"))
             try pulls.update(uploadID, agent: agentID, status: .complete, detail: "\(payload.manifest.recordCount) records", files: files)
             logger.info("pull complete", metadata: ["pull.id": "\(uploadID)", "agent.id": "\(agentID)", "records": "\(payload.manifest.recordCount)"])

@@ -1,4 +1,5 @@
 import Crypto
+import DredgeAdminAPI
 import DredgeEnvelope
 import DredgeExport
 import DredgeStore
@@ -14,32 +15,9 @@ import GRDB
 /// delivered when it connects, unless it expired first. The per-pull AES key is kept wrapped
 /// under the server's encryption key.
 public final class PullStore: Sendable {
-    public enum Status: String, Codable, Sendable {
-        case queued, delivered, exporting, uploading, complete, rejected, failed, expired
-    }
-
-    public struct Target: Sendable, Equatable, Codable {
-        public var pullID: String
-        public var agentID: String
-        public var status: Status
-        public var detail: String
-        public var chunksReceived: Int
-        public var chunkCount: Int
-        public var bytes: Int64
-        public var files: [String]
-        public var updatedAt: Date
-    }
-
-    public struct Pull: Sendable, Equatable, Codable {
-        public var id: String
-        public var uid: String
-        public var agentID: String
-        public var filter: LogFilter
-        public var issuedAt: Timestamp
-        public var expiresAt: Timestamp
-        public var requestedBy: String
-        public var targets: [Target]
-    }
+    public typealias Status = PullStatus
+    public typealias Target = PullTarget
+    public typealias Pull = PullRecord
 
     let db: DatabasePool
     let encryptionKey: RSAPrivateKey
@@ -81,6 +59,10 @@ public final class PullStore: Sendable {
                         detail TEXT NOT NULL
                     );
                     """)
+            }
+            // The delivery pass looks for queued targets across all agents.
+            migrator.registerMigration("pulls-v2") { db in
+                try db.execute(sql: "CREATE INDEX pull_target_by_status ON pull_target(status, agent_id)")
             }
         }
     }
@@ -137,6 +119,28 @@ public final class PullStore: Sendable {
         return try queued.filter { ($0[1] as Int64) > now.microseconds }.compactMap { try pull($0[0]) }
     }
 
+    /// Agents with a queued pull: what the delivery pass wakes (it also catches pulls queued by
+    /// another process, such as `dredge-server pull`).
+    public func agentsWithQueuedPulls() throws -> Set<String> {
+        try db.read { Set(try String.fetchAll($0, sql: "SELECT DISTINCT agent_id FROM pull_target WHERE status = 'queued'")) }
+    }
+
+    /// The audit log, newest first.
+    public func audit(limit: Int = 1000) throws -> [AuditEntry] {
+        try db.read { db in
+            try Row.fetchAll(db, sql: "SELECT at, actor, action, detail FROM audit ORDER BY id DESC LIMIT ?", arguments: [limit]).map {
+                AuditEntry(at: Date(timeIntervalSince1970: $0["at"]), actor: $0["actor"], action: $0["action"], detail: $0["detail"])
+            }
+        }
+    }
+
+    /// Records an administrative action other than a pull (token changes).
+    public func record(actor: String, action: String, detail: String) throws {
+        try db.write { db in
+            try db.execute(sql: "INSERT INTO audit (at, actor, action, detail) VALUES (?, ?, ?, ?)", arguments: [Date().timeIntervalSince1970, actor, action, detail])
+        }
+    }
+
     public func pull(_ id: String) throws -> Pull? {
         try db.read { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT * FROM pull WHERE id = ?", arguments: [id]) else { return nil }
@@ -160,8 +164,8 @@ public final class PullStore: Sendable {
         }
     }
 
-    public func pulls() throws -> [Pull] {
-        let ids = try db.read { try String.fetchAll($0, sql: "SELECT id FROM pull ORDER BY created_at DESC") }
+    public func pulls(limit: Int = 1000) throws -> [Pull] {
+        let ids = try db.read { try String.fetchAll($0, sql: "SELECT id FROM pull ORDER BY created_at DESC LIMIT ?", arguments: [limit]) }
         return try ids.compactMap { try pull($0) }
     }
 

@@ -1,23 +1,8 @@
+import DredgeAdminAPI
 import DredgeEnvelope
 import DredgeWire
 import Foundation
 import GRDB
-
-/// An enrolled agent and what the server last heard from it.
-public struct AgentRecord: Sendable, Equatable, Codable {
-    public var agentID: String
-    public var hostname: String
-    public var os: String
-    public var app: String
-    public var appVersion: String
-    public var enrolledAt: Date
-    public var connected: Bool
-    public var connectedAt: Date?
-    public var remoteAddress: String?
-    public var lastHeartbeatAt: Date?
-    public var activeUIDs: [String]
-    public var storeRecords: UInt64
-}
 
 /// The server's registry of agents: who is enrolled (with the public key that authenticates
 /// it) and who is connected, since when, from where, serving which uids. SQLite in the data

@@ -1,0 +1,214 @@
+import DredgeStore
+import Foundation
+
+// The admin API's messages: JSON bodies with ISO 8601 dates, the same types on both sides.
+// The routes are listed in docs/admin-api.md.
+
+/// An enrolled agent and what the server last heard from it.
+public struct AgentRecord: Sendable, Equatable, Codable {
+    public var agentID: String
+    public var hostname: String
+    public var os: String
+    public var app: String
+    public var appVersion: String
+    public var enrolledAt: Date
+    public var connected: Bool
+    public var connectedAt: Date?
+    public var remoteAddress: String?
+    public var lastHeartbeatAt: Date?
+    public var activeUIDs: [String]
+    public var storeRecords: UInt64
+
+    public init(
+        agentID: String, hostname: String, os: String, app: String, appVersion: String, enrolledAt: Date, connected: Bool, connectedAt: Date?,
+        remoteAddress: String?, lastHeartbeatAt: Date?, activeUIDs: [String], storeRecords: UInt64
+    ) {
+        self.agentID = agentID
+        self.hostname = hostname
+        self.os = os
+        self.app = app
+        self.appVersion = appVersion
+        self.enrolledAt = enrolledAt
+        self.connected = connected
+        self.connectedAt = connectedAt
+        self.remoteAddress = remoteAddress
+        self.lastHeartbeatAt = lastHeartbeatAt
+        self.activeUIDs = activeUIDs
+        self.storeRecords = storeRecords
+    }
+}
+
+/// Where a pull stands for one agent: `queued → delivered → exporting → uploading → complete`,
+/// or one of the final failures with a reason.
+public enum PullStatus: String, Codable, Sendable, CaseIterable {
+    case queued, delivered, exporting, uploading, complete, rejected, failed, expired
+
+    /// No further change will come.
+    public var isFinal: Bool {
+        switch self {
+        case .complete, .rejected, .failed, .expired: true
+        case .queued, .delivered, .exporting, .uploading: false
+        }
+    }
+}
+
+/// One pull for one agent.
+public struct PullTarget: Sendable, Equatable, Codable {
+    public var pullID: String
+    public var agentID: String
+    public var status: PullStatus
+    /// The reason for a rejection or failure, or what is happening now.
+    public var detail: String
+    public var chunksReceived: Int
+    public var chunkCount: Int
+    /// Bytes of the encrypted upload received so far.
+    public var bytes: Int64
+    /// The decrypted per-day files and the manifest, absolute paths on the server, once complete.
+    public var files: [String]
+    public var updatedAt: Date
+
+    public init(pullID: String, agentID: String, status: PullStatus, detail: String, chunksReceived: Int, chunkCount: Int, bytes: Int64, files: [String], updatedAt: Date) {
+        self.pullID = pullID
+        self.agentID = agentID
+        self.status = status
+        self.detail = detail
+        self.chunksReceived = chunksReceived
+        self.chunkCount = chunkCount
+        self.bytes = bytes
+        self.files = files
+        self.updatedAt = updatedAt
+    }
+}
+
+/// A pull: what was asked, by whom, and where it stands per agent.
+public struct PullRecord: Sendable, Equatable, Codable {
+    public var id: String
+    public var uid: String
+    public var agentID: String
+    public var filter: LogFilter
+    public var issuedAt: Timestamp
+    public var expiresAt: Timestamp
+    /// The name of the admin token that asked (or `local-operator` for `dredge-server pull`).
+    public var requestedBy: String
+    public var targets: [PullTarget]
+
+    public init(id: String, uid: String, agentID: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, targets: [PullTarget]) {
+        self.id = id
+        self.uid = uid
+        self.agentID = agentID
+        self.filter = filter
+        self.issuedAt = issuedAt
+        self.expiresAt = expiresAt
+        self.requestedBy = requestedBy
+        self.targets = targets
+    }
+
+    /// Every target has reached a final status.
+    public var isFinished: Bool { targets.allSatisfy { $0.status.isFinal } }
+}
+
+/// `POST /v1/pulls`: by uid (every agent that reported it), by agent, or both (that agent only).
+public struct PullRequest: Sendable, Equatable, Codable {
+    public var uid: String?
+    public var agent: String?
+    public var filter: LogFilter
+    /// How long the pull may wait for an offline agent before it expires.
+    public var expiresInSeconds: Int?
+
+    public init(uid: String?, agent: String?, filter: LogFilter, expiresInSeconds: Int? = nil) {
+        self.uid = uid
+        self.agent = agent
+        self.filter = filter
+        self.expiresInSeconds = expiresInSeconds
+    }
+}
+
+/// Which kind of secret a token is.
+public enum TokenKind: String, Codable, Sendable, CaseIterable {
+    /// Engineers: the admin API.
+    case admin
+    /// Agents: `dredge-agent enroll`.
+    case enrollment
+}
+
+/// A token as listed: never the secret itself, which is shown once when made.
+public struct TokenInfo: Sendable, Equatable, Codable {
+    public var name: String
+    public var kind: TokenKind
+    public var createdAt: Date
+
+    public init(name: String, kind: TokenKind, createdAt: Date) {
+        self.name = name
+        self.kind = kind
+        self.createdAt = createdAt
+    }
+}
+
+/// `POST /v1/tokens`.
+public struct TokenRequest: Sendable, Equatable, Codable {
+    public var name: String
+    public var kind: TokenKind
+
+    public init(name: String, kind: TokenKind) {
+        self.name = name
+        self.kind = kind
+    }
+}
+
+/// The answer to `POST /v1/tokens`: the only time the secret is shown.
+public struct TokenCreated: Sendable, Equatable, Codable {
+    public var info: TokenInfo
+    public var token: String
+
+    public init(info: TokenInfo, token: String) {
+        self.info = info
+        self.token = token
+    }
+}
+
+/// One line of the audit log.
+public struct AuditEntry: Sendable, Equatable, Codable {
+    public var at: Date
+    /// The admin token's name (`local-operator` for the server's own command line).
+    public var actor: String
+    public var action: String
+    public var detail: String
+
+    public init(at: Date, actor: String, action: String, detail: String) {
+        self.at = at
+        self.actor = actor
+        self.action = action
+        self.detail = detail
+    }
+}
+
+/// Every error the API returns: a status code and this body.
+public struct APIErrorBody: Sendable, Equatable, Codable {
+    /// Stable, for programs: `unauthorized`, `not_found`, `no_agent`, `bad_request`, `conflict`, `internal`.
+    public var code: String
+    /// For people.
+    public var error: String
+
+    public init(code: String, error: String) {
+        self.code = code
+        self.error = error
+    }
+}
+
+extension JSONEncoder {
+    /// The admin API's encoder: ISO 8601 dates, sorted keys.
+    public static var adminAPI: JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys]
+        return encoder
+    }
+}
+
+extension JSONDecoder {
+    public static var adminAPI: JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return decoder
+    }
+}

@@ -1,0 +1,99 @@
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+import NIOCore
+import NIOSSL
+
+/// One authenticated agent connection without the rest of the agent (no store, no uploads):
+/// connect with the pinned CA, authenticate with the agent's key, then hand the open link to
+/// the caller. For tools that act as many agents at once (the benchmarks' simulated fleet)
+/// and for tests that need an agent to misbehave on purpose. ``AgentClient`` is the agent.
+public struct AgentLink: ~Copyable {
+    public let agentID: String
+    /// What the server said when it accepted the agent (heartbeat interval, window, chunk size).
+    public let session: WireAuthResult
+    var machine: AgentConnectionStateMachine
+    var inbound: NIOAsyncChannelInboundStream<WireFrame>.AsyncIterator
+    let outbound: NIOAsyncChannelOutboundWriter<WireFrame>
+
+    /// A TLS context trusting only `caPEM`; share one between many links.
+    public static func tlsContext(caPEM: String) throws -> NIOSSLContext { try AgentConnector.tlsContext(caPEM: caPEM) }
+
+    /// Connects, authenticates as `agentID` with `key`, runs `body` with the link, then closes.
+    public static func withConnection<R: Sendable>(
+        host: String, port: Int, tls: NIOSSLContext, agentID: String, key: RSAPrivateKey, hostInfo: WireHostInfo = WireHostInfo(),
+        _ body: (inout AgentLink) async throws -> R
+    ) async throws -> R {
+        let channel = try await AgentConnector.connect(host: host, port: port, context: tls)
+        return try await channel.executeThenClose { inbound, outbound in
+            var machine = AgentConnectionStateMachine(mode: .authenticate(agentID: agentID, host: hostInfo), software: "dredge-agent/0.1")
+            var iterator = inbound.makeAsyncIterator()
+            var actions = machine.start()
+            var session: WireAuthResult?
+            while session == nil {
+                for action in actions {
+                    switch action {
+                    case .send(let frame): try await outbound.write(frame)
+                    case .established(let result): session = result
+                    case .close(let error): throw AgentError("authentication failed: \(error?.description ?? "closed")")
+                    case .signChallenge, .enrolled, .deliver: break
+                    }
+                }
+                if session != nil { break }
+                if let challenge = actions.lazy.compactMap({ if case .signChallenge(let c) = $0 { c } else { nil } }).first {
+                    actions = machine.signed(try AgentAuthentication.sign(challenge: challenge, agentID: agentID, with: key))
+                    continue
+                }
+                guard let frame = try await iterator.next() else { throw AgentError("the server closed the connection during authentication") }
+                actions = machine.receive(frame)
+            }
+            var link = AgentLink(agentID: agentID, session: session!, machine: machine, inbound: iterator, outbound: outbound)
+            return try await body(&link)
+        }
+    }
+
+    /// The next frame for the agent (heartbeat acks, commands, upload replies); nil when the
+    /// server closed. A protocol error from the server is thrown.
+    public mutating func next() async throws -> WireFrame? {
+        while let frame = try await inbound.next() {
+            for action in machine.receive(frame) {
+                switch action {
+                case .deliver(let frame): return frame
+                case .send(let reply): try await outbound.write(reply)
+                case .close(let error): throw AgentError("the server closed the connection: \(error?.description ?? "goodbye")")
+                case .signChallenge, .established, .enrolled: break
+                }
+            }
+        }
+        return nil
+    }
+
+    public mutating func heartbeat(activeUIDs: [String], stats: WireStoreStats = WireStoreStats()) async throws {
+        for case .send(let frame) in machine.heartbeat(activeUIDs: activeUIDs, stats: stats) { try await outbound.write(frame) }
+    }
+
+    /// Sends any frame as is, valid or not.
+    public func send(_ frame: WireFrame) async throws { try await outbound.write(frame) }
+}
+
+extension AgentEnrollment {
+    /// Enrolls an existing key without saving any state: returns the id the server assigned.
+    public static func register(host: String, port: Int, tls: NIOSSLContext, token: String, key: RSAPrivateKey, hostInfo: WireHostInfo) async throws -> String {
+        let channel = try await AgentConnector.connect(host: host, port: port, context: tls)
+        var machine = AgentConnectionStateMachine(mode: .enroll(token: token, publicKey: key.publicKey.spki, host: hostInfo), software: "dredge-agent/0.1")
+        return try await channel.executeThenClose { inbound, outbound in
+            for case .send(let f) in machine.start() { try await outbound.write(f) }
+            for try await frame in inbound {
+                for action in machine.receive(frame) {
+                    switch action {
+                    case .send(let f): try await outbound.write(f)
+                    case .enrolled(let response): return response.agentID
+                    case .close(let error): throw AgentError("enrollment failed: \(error?.description ?? "closed")")
+                    default: break
+                    }
+                }
+            }
+            throw AgentError("enrollment failed: the server closed the connection")
+        }
+    }
+}

@@ -1,0 +1,177 @@
+import DredgeAdminAPI
+import DredgeStore
+import Foundation
+import Hummingbird
+import Logging
+import NIOCore
+
+/// The admin HTTP API engineers use (through `dredge`): loopback only, every `/v1` route behind
+/// a bearer admin token, JSON in and out. Routes are listed in docs/admin-api.md.
+public enum AdminAPI {
+    /// Builds the Hummingbird application; a `Service` for the server's service group.
+    public static func application(
+        registry: AgentRegistry, pulls: PullStore, tokens: TokenStore, dispatcher: PullDispatcher, port: Int, logger: Logger,
+        onReady: @escaping @Sendable (Int) -> Void = { _ in }
+    ) -> some ApplicationProtocol {
+        let router = Router(context: AdminRequestContext.self)
+        router.add(middleware: ErrorMiddleware(logger: logger))
+        router.get("health") { _, _ in json(["status": "ok"]) }
+
+        let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens))
+        v1.get("agents") { _, _ in try json(registry.agents()) }
+        v1.get("pulls") { request, _ in
+            let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
+            return try json(pulls.pulls(limit: min(max(limit, 1), 1000)))
+        }
+        v1.post("pulls") { request, context in
+            let body = try await decode(PullRequest.self, from: request)
+            let pull: PullRecord
+            do {
+                pull = try pulls.create(body, registry: registry, requestedBy: context.tokenName ?? "?")
+            } catch let error as PullRequestError {
+                switch error {
+                case .unknownAgent, .noAgentForUID: throw AdminAPIError(.notFound, "no_agent", error.description)
+                case .noTarget, .invalid: throw AdminAPIError(.badRequest, "bad_request", error.description)
+                }
+            }
+            dispatcher.wake(pull.targets.map(\.agentID))
+            logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)"])
+            return try json(pull, status: .created)
+        }
+        v1.get("pulls/:id") { _, context in
+            let id = try context.parameters.require("id")
+            guard let pull = try pulls.pull(id) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
+            return try json(pull)
+        }
+        v1.get("audit") { _, _ in try json(pulls.audit()) }
+        v1.get("tokens") { _, _ in try json(tokens.list()) }
+        v1.post("tokens") { request, context in
+            let body = try await decode(TokenRequest.self, from: request)
+            let created: TokenCreated
+            do {
+                created = try tokens.create(name: body.name, kind: body.kind)
+            } catch let error as TokenError {
+                throw AdminAPIError(error == .exists(body.name) ? .conflict : .badRequest, error == .exists(body.name) ? "conflict" : "bad_request", error.description)
+            }
+            try pulls.record(actor: context.tokenName ?? "?", action: "token.create", detail: "\(body.kind.rawValue) token '\(body.name)'")
+            return try json(created, status: .created)
+        }
+        v1.delete("tokens/:kind/:name") { _, context in
+            let name = try context.parameters.require("name")
+            guard let kind = TokenKind(rawValue: try context.parameters.require("kind")) else {
+                throw AdminAPIError(.notFound, "not_found", "token kinds are admin and enrollment")
+            }
+            do {
+                try tokens.revoke(name: name, kind: kind)
+            } catch let error as TokenError {
+                throw AdminAPIError(error == .lastAdmin ? .conflict : .notFound, error == .lastAdmin ? "conflict" : "not_found", error.description)
+            }
+            try pulls.record(actor: context.tokenName ?? "?", action: "token.revoke", detail: "\(kind.rawValue) token '\(name)'")
+            return try json(tokens.list())
+        }
+
+        return Application(
+            router: router,
+            configuration: .init(address: .hostname("127.0.0.1", port: port), serverName: "dredge-admin"),
+            onServerRunning: { channel in
+                let bound = channel.localAddress?.port ?? port
+                logger.info("admin API ready", metadata: ["address": "127.0.0.1:\(bound)"])
+                onReady(bound)
+            },
+            logger: logger)
+    }
+
+    static let maximumBody = 64 * 1024
+
+    static func decode<T: Decodable>(_ type: T.Type, from request: Request) async throws -> T {
+        var request = request
+        let buffer: ByteBuffer
+        do {
+            buffer = try await request.collectBody(upTo: maximumBody)
+        } catch {
+            throw AdminAPIError(.contentTooLarge, "bad_request", "request body larger than \(maximumBody) bytes")
+        }
+        do {
+            return try JSONDecoder.adminAPI.decode(T.self, from: Data(buffer.readableBytesView))
+        } catch {
+            throw AdminAPIError(.badRequest, "bad_request", "cannot read the request body as \(T.self): \(error)")
+        }
+    }
+
+    static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
+        let body = try JSONEncoder.adminAPI.encode(value)
+        return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: body)))
+    }
+
+    static func json(_ value: [String: String]) -> Response {
+        (try? json(value, status: .ok)) ?? Response(status: .internalServerError)
+    }
+}
+
+/// Carries the name of the admin token that authenticated the request, for the audit log.
+public struct AdminRequestContext: RequestContext {
+    public var coreContext: CoreRequestContextStorage
+    public var tokenName: String?
+
+    public init(source: ApplicationRequestContextSource) {
+        coreContext = .init(source: source)
+        tokenName = nil
+    }
+}
+
+/// `Authorization: Bearer <admin token>`, checked against the hashes in `tokens.json`.
+struct BearerTokenMiddleware: RouterMiddleware {
+    let tokens: TokenStore
+
+    func handle(_ request: Request, context: AdminRequestContext, next: (Request, AdminRequestContext) async throws -> Response) async throws -> Response {
+        guard let header = request.headers[.authorization] else {
+            throw AdminAPIError(.unauthorized, "unauthorized", "missing bearer token")
+        }
+        let parts = header.split(separator: " ", maxSplits: 1)
+        guard parts.count == 2, parts[0].lowercased() == "bearer", let name = tokens.adminName(for: String(parts[1])) else {
+            throw AdminAPIError(.unauthorized, "unauthorized", "admin token not accepted")
+        }
+        var context = context
+        context.tokenName = name
+        return try await next(request, context)
+    }
+}
+
+/// Turns every error into an ``APIErrorBody``: Hummingbird's own (unknown route, bad method),
+/// ours, and unexpected ones (logged, answered 500 without details).
+struct ErrorMiddleware: RouterMiddleware {
+    typealias Context = AdminRequestContext
+    let logger: Logger
+
+    func handle(_ request: Request, context: AdminRequestContext, next: (Request, AdminRequestContext) async throws -> Response) async throws -> Response {
+        do {
+            return try await next(request, context)
+        } catch let error as AdminAPIError {
+            throw error
+        } catch let error as HTTPError {
+            throw AdminAPIError(error.status, error.status == .notFound ? "not_found" : "bad_request", error.body ?? "\(error.status)")
+        } catch {
+            logger.error("admin API request failed", metadata: ["path": "\(request.uri.path)", "error": "\(error)"])
+            throw AdminAPIError(.internalServerError, "internal", "internal error; see the server log")
+        }
+    }
+}
+
+struct AdminAPIError: HTTPResponseError {
+    let status: HTTPResponse.Status
+    let code: String
+    let message: String
+
+    init(_ status: HTTPResponse.Status, _ code: String, _ message: String) {
+        self.status = status
+        self.code = code
+        self.message = message
+    }
+
+    func response(from request: Request, context: some RequestContext) throws -> Response {
+        var headers: HTTPFields = [.contentType: "application/json"]
+        if status == .unauthorized { headers[.wwwAuthenticate] = "Bearer realm=\"dredge\"" }
+        let body = try JSONEncoder.adminAPI.encode(APIErrorBody(code: code, error: message))
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: body)))
+    }
+}

@@ -1,0 +1,68 @@
+import Foundation
+import Logging
+import ServiceLifecycle
+
+/// Wakes the connection of every agent that has a pull to deliver.
+///
+/// Pulls made through this process's admin API wake their agents at once. A sweep every
+/// `sweepInterval` catches the rest: pulls queued by another process (`dredge-server pull`)
+/// and anything a wake missed. Idle connections cost nothing: one query per sweep in all,
+/// not one per agent.
+public final class PullDispatcher: Service, @unchecked Sendable {
+    let pulls: PullStore
+    let sweepInterval: Duration
+    let logger: Logger
+    private let lock = NSLock()
+    private var waiting: [String: [Int: AsyncStream<Void>.Continuation]] = [:]
+    private var next = 0
+
+    public init(pulls: PullStore, sweepInterval: Duration = .seconds(1), logger: Logger) {
+        self.pulls = pulls
+        self.sweepInterval = sweepInterval
+        self.logger = logger
+    }
+
+    /// A stream that yields when `agentID` may have pulls to deliver; it yields once at once.
+    func register(_ agentID: String) -> (wakes: AsyncStream<Void>, token: Int) {
+        let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        continuation.yield()
+        let token = lock.withLock {
+            next += 1
+            waiting[agentID, default: [:]][next] = continuation
+            return next
+        }
+        return (stream, token)
+    }
+
+    func unregister(_ agentID: String, token: Int) {
+        let continuation = lock.withLock { () -> AsyncStream<Void>.Continuation? in
+            let c = waiting[agentID]?.removeValue(forKey: token)
+            if waiting[agentID]?.isEmpty == true { waiting[agentID] = nil }
+            return c
+        }
+        continuation?.finish()
+    }
+
+    /// Wakes the connections of these agents, if connected.
+    public func wake(_ agentIDs: some Sequence<String>) {
+        let continuations = lock.withLock { agentIDs.flatMap { waiting[$0].map { Array($0.values) } ?? [] } }
+        for c in continuations { c.yield() }
+    }
+
+    public func run() async throws {
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: self.sweepInterval) }
+            } catch {
+                break
+            }
+            do {
+                wake(try pulls.agentsWithQueuedPulls())
+            } catch {
+                logger.error("delivery sweep failed", metadata: ["error": "\(error)"])
+            }
+        }
+        let all = lock.withLock { waiting.values.flatMap(\.values) }
+        for c in all { c.finish() }
+    }
+}

@@ -1,0 +1,54 @@
+import DredgeAdminAPI
+import DredgeStore
+import Foundation
+
+/// Why a pull cannot be queued.
+public enum PullRequestError: Error, CustomStringConvertible, Equatable, Sendable {
+    case noTarget
+    case unknownAgent(String)
+    case noAgentForUID(String)
+    case invalid(String)
+
+    public var description: String {
+        switch self {
+        case .noTarget: "give a uid, an agent, or both"
+        case .unknownAgent(let id): "no enrolled agent \(id)"
+        case .noAgentForUID(let uid): "no agent has reported uid \(uid): it must have logged with that uid in the last day and connected since"
+        case .invalid(let message): message
+        }
+    }
+}
+
+extension PullStore {
+    /// The longest a pull may wait for an offline agent.
+    public static let maximumLifetime: Duration = .seconds(7 * 86_400)
+
+    /// Resolves a request's targets in the registry and queues the pull: by uid, every agent
+    /// that has reported it; by agent, that agent (with a uid too, that agent's records of the
+    /// uid). Recorded in the audit log under `requestedBy`.
+    public func create(_ request: PullRequest, registry: AgentRegistry, requestedBy: String, now: Timestamp = .now) throws -> PullRecord {
+        let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
+        let agent = request.agent.flatMap { $0.isEmpty ? nil : $0 }
+        guard uid != nil || agent != nil else { throw PullRequestError.noTarget }
+        if let uid, uid.utf8.count > 256 { throw PullRequestError.invalid("uid is longer than 256 bytes") }
+        let seconds = request.expiresInSeconds ?? 3600
+        guard seconds > 0, Duration.seconds(seconds) <= Self.maximumLifetime else {
+            throw PullRequestError.invalid("expiresInSeconds must be between 1 and \(7 * 86_400)")
+        }
+        var filter = request.filter
+        filter.uid = uid
+        if let since = filter.since, let until = filter.until, until <= since { throw PullRequestError.invalid("until must be after since") }
+
+        let agents = try registry.agents().filter { a in
+            if let agent { return a.agentID == agent }
+            return a.activeUIDs.contains(uid!)
+        }.map(\.agentID)
+        guard !agents.isEmpty else {
+            if let agent { throw PullRequestError.unknownAgent(agent) }
+            throw PullRequestError.noAgentForUID(uid!)
+        }
+        let id = try create(uid: uid ?? "", agentID: agent ?? "", filter: filter, agents: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
+        guard let pull = try pull(id) else { throw PullRequestError.invalid("pull \(id) vanished") }
+        return pull
+    }
+}

@@ -1,0 +1,231 @@
+import ArgumentParser
+import DredgeAdminAPI
+import DredgeCommandLine
+import DredgeStore
+import Foundation
+
+@main
+struct Dredge: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "dredge",
+        abstract: "Pull logs from the field: the support engineer's side of a Dredge server.",
+        discussion: """
+            Talks to the server's admin API. The address and the admin token come from --server and
+            --token, or from DREDGE_SERVER and DREDGE_TOKEN.
+            """,
+        subcommands: [AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, AuditCommand.self, TokensCommand.self])
+}
+
+/// Where the server is and the token to show it.
+struct ServerOptions: ParsableArguments {
+    @Option(help: "The admin API: http://HOST:PORT (default: $DREDGE_SERVER, else http://127.0.0.1:7080).")
+    var server: String?
+
+    @Option(help: "An admin token (default: $DREDGE_TOKEN).")
+    var token: String?
+
+    func client() throws -> AdminClient {
+        let environment = ProcessInfo.processInfo.environment
+        guard let token = token ?? environment["DREDGE_TOKEN"], !token.isEmpty else {
+            throw fail("no admin token: give --token or set DREDGE_TOKEN (`dredge-server init` printed one)")
+        }
+        do {
+            return try AdminClient(server: server ?? environment["DREDGE_SERVER"] ?? "http://127.0.0.1:7080", token: token)
+        } catch let error as AdminClientError {
+            throw fail(error.description)
+        }
+    }
+}
+
+/// Runs an admin API call, turning its errors into one line on stderr and exit status 1.
+func calling<T>(_ body: () async throws -> T) async throws -> T {
+    do {
+        return try await body()
+    } catch let error as AdminClientError {
+        throw fail(error.description)
+    }
+}
+
+struct AgentsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "agents", abstract: "List enrolled agents: online or not, since when, from where, which uids.")
+
+    @OptionGroup var server: ServerOptions
+    @Flag(help: "JSON output.") var json = false
+
+    func run() async throws {
+        let client = try server.client()
+        let agents = try await calling { try await client.agents() }
+        if json { return try printJSON(agents) }
+        if agents.isEmpty { print("no agents enrolled") }
+        for a in agents {
+            let presence = a.connected ? "online since \(Format.time(a.connectedAt)) from \(a.remoteAddress ?? "?")" : "offline"
+            print("\(a.agentID)  \(a.hostname)  \(a.app) \(a.appVersion)  \(presence)  uids: \(a.activeUIDs.isEmpty ? "-" : a.activeUIDs.joined(separator: ","))")
+        }
+    }
+}
+
+struct PullCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pull",
+        abstract: "Pull a user's logs from every agent that has them (or from one agent).",
+        discussion: "With --wait, shows progress until every agent is done, then prints the per-day files' paths.")
+
+    @OptionGroup var server: ServerOptions
+    @OptionGroup var selection: FilterOptions
+
+    @Option(help: "Only this agent (with --uid: that agent's records of the uid).")
+    var agent: String?
+
+    @Option(help: "Minutes the pull may wait for an offline agent before it expires.")
+    var expiresIn = 60
+
+    @Flag(help: "Wait until the files are ready and print their paths.")
+    var wait = false
+
+    @Option(help: "With --wait: give up after this many seconds (the pull goes on on the server).")
+    var timeout: Int?
+
+    @Flag(help: "JSON output (the pull as it ends, with --wait).")
+    var json = false
+
+    func validate() throws {
+        guard selection.uid != nil || agent != nil else { throw ValidationError("give --uid, --agent, or both") }
+        guard expiresIn > 0 else { throw ValidationError("--expires-in must be positive") }
+    }
+
+    func run() async throws {
+        let client = try server.client()
+        let request = PullRequest(uid: selection.uid, agent: agent, filter: try selection.filter(), expiresInSeconds: expiresIn * 60)
+        let created = try await calling { try await client.createPull(request) }
+        guard wait else {
+            if json { return try printJSON(created) }
+            print(created.id)
+            FileHandle.standardError.write(Data("queued pull \(created.id) for \(created.targets.count) agent(s); follow it with `dredge show \(created.id)`\n".utf8))
+            return
+        }
+        FileHandle.standardError.write(Data("pull \(created.id): \(created.targets.count) agent(s)\n".utf8))
+        let progress = ProgressDisplay()
+        let deadline = timeout.map { ContinuousClock.now + .seconds($0) }
+        let finished = try await calling {
+            try await withThrowingTaskGroup(of: PullRecord?.self) { group in
+                group.addTask { try await client.wait(for: created.id) { progress.show($0) } }
+                if let deadline {
+                    group.addTask {
+                        try await Task.sleep(until: deadline)
+                        return nil
+                    }
+                }
+                let first = try await group.next()!
+                group.cancelAll()
+                return first
+            }
+        }
+        progress.end()
+        guard let finished else {
+            throw fail("gave up waiting after \(timeout!) s; the pull goes on: `dredge show \(created.id)`")
+        }
+        if json { try printJSON(finished) } else { Format.printResult(finished) }
+        if finished.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
+    }
+}
+
+struct PullsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "pulls", abstract: "List recent pulls and where each stands per agent.")
+
+    @OptionGroup var server: ServerOptions
+    @Flag(help: "JSON output.") var json = false
+
+    func run() async throws {
+        let client = try server.client()
+        let pulls = try await calling { try await client.pulls() }
+        if json { return try printJSON(pulls) }
+        if pulls.isEmpty { print("no pulls yet") }
+        for p in pulls {
+            for t in p.targets {
+                print("\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(Format.status(t))")
+            }
+        }
+    }
+}
+
+struct ShowCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "show", abstract: "Show one pull: its filter, who asked, each agent's status and files.")
+
+    @OptionGroup var server: ServerOptions
+    @Argument(help: "The pull id.") var pull: String
+    @Flag(help: "JSON output.") var json = false
+
+    func run() async throws {
+        let client = try server.client()
+        let record = try await calling { try await client.pull(pull) }
+        if json { return try printJSON(record) }
+        print("pull \(record.id)")
+        print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
+        print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   agent: \(record.agentID.isEmpty ? "(every agent with the uid)" : record.agentID)")
+        print("  filter: \(Format.filter(record.filter))")
+        Format.printResult(record)
+    }
+}
+
+struct AuditCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "audit", abstract: "The audit log: which token asked for what, and when.")
+
+    @OptionGroup var server: ServerOptions
+    @Flag(help: "JSON output.") var json = false
+
+    func run() async throws {
+        let client = try server.client()
+        let entries = try await calling { try await client.audit() }
+        if json { return try printJSON(entries) }
+        for e in entries { print("\(Format.time(e.at))  \(e.actor)  \(e.action)  \(e.detail)") }
+    }
+}
+
+struct TokensCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "tokens", abstract: "List, create and revoke admin and enrollment tokens.",
+        discussion: "Rotate a token: create a new one, move its users over, revoke the old one. Changes take effect at once.",
+        subcommands: [List.self, Create.self, Revoke.self], defaultSubcommand: List.self)
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List tokens by name (never the secrets).")
+        @OptionGroup var server: ServerOptions
+        @Flag(help: "JSON output.") var json = false
+
+        func run() async throws {
+            let client = try server.client()
+            let tokens = try await calling { try await client.tokens() }
+            if json { return try printJSON(tokens) }
+            for t in tokens { print("\(t.kind.rawValue)  \(t.name)  created \(Format.time(t.createdAt))") }
+        }
+    }
+
+    struct Create: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Create a token; its secret is printed once.")
+        @OptionGroup var server: ServerOptions
+        @Option(help: "A name for the token (who or what uses it).") var name: String
+        @Option(help: "admin or enrollment.") var kind: TokenKind = .admin
+
+        func run() async throws {
+            let client = try server.client()
+            let created = try await calling { try await client.createToken(TokenRequest(name: name, kind: kind)) }
+            print(created.token)
+            FileHandle.standardError.write(Data("created \(kind.rawValue) token '\(name)'; it is not shown again\n".utf8))
+        }
+    }
+
+    struct Revoke: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Revoke a token at once.")
+        @OptionGroup var server: ServerOptions
+        @Option(help: "The token's name.") var name: String
+        @Option(help: "admin or enrollment.") var kind: TokenKind = .admin
+
+        func run() async throws {
+            let client = try server.client()
+            try await calling { try await client.revokeToken(kind: kind, name: name) }
+            FileHandle.standardError.write(Data("revoked \(kind.rawValue) token '\(name)'\n".utf8))
+        }
+    }
+}
+
+extension TokenKind: ExpressibleByArgument {}

@@ -1,0 +1,89 @@
+import DredgeAdminAPI
+import DredgeStore
+import Foundation
+
+/// How `dredge` shows things to people.
+enum Format {
+    static func time(_ date: Date?) -> String {
+        guard let date else { return "-" }
+        return date.formatted(.iso8601.year().month().day().time(includingFractionalSeconds: false).timeZone(separator: .omitted))
+    }
+
+    static func bytes(_ n: Int64) -> String {
+        if n < 1024 { return "\(n) B" }
+        if n < 1024 * 1024 { return String(format: "%.1f KiB", Double(n) / 1024) }
+        return String(format: "%.1f MiB", Double(n) / 1024 / 1024)
+    }
+
+    static func status(_ t: PullTarget) -> String {
+        var text = t.status.rawValue
+        if t.status == .uploading || (t.status == .complete && t.chunkCount > 0) {
+            text += " \(t.chunksReceived)/\(t.chunkCount) chunks, \(bytes(t.bytes))"
+        }
+        if !t.detail.isEmpty { text += " (\(t.detail))" }
+        return text
+    }
+
+    static func filter(_ f: LogFilter) -> String {
+        var parts: [String] = []
+        if let since = f.since { parts.append("since \(time(since.date))") }
+        if let until = f.until { parts.append("until \(time(until.date))") }
+        if let types = f.types { parts.append("types \(types.map(\.description).sorted().joined(separator: ","))") }
+        if let levels = f.levels { parts.append("levels \(levels.sorted().map(\.description).joined(separator: ","))") }
+        if let text = f.text { parts.append("text '\(text)'") }
+        return parts.isEmpty ? "everything" : parts.joined(separator: ", ")
+    }
+
+    /// Each agent's outcome and, for complete ones, the files.
+    static func printResult(_ pull: PullRecord) {
+        for t in pull.targets {
+            print("agent \(t.agentID): \(status(t))")
+            for file in t.files { print("  \(file)") }
+        }
+        let complete = pull.targets.filter { $0.status == .complete }
+        let files = complete.flatMap(\.files).filter { $0.hasSuffix(".jsonl") }
+        print("\(complete.count) of \(pull.targets.count) agent(s) complete, \(files.count) per-day file(s)")
+    }
+}
+
+/// A progress line per agent on stderr: redrawn in place on a terminal, one line per change
+/// otherwise (logs, CI).
+final class ProgressDisplay: @unchecked Sendable {
+    private let lock = NSLock()
+    private let terminal = isatty(2) == 1
+    private var drawn = 0
+    private var last: [String: String] = [:]
+
+    func show(_ pull: PullRecord) {
+        lock.withLock {
+            if terminal {
+                var out = drawn > 0 ? "\u{1B}[\(drawn)A" : ""
+                for t in pull.targets { out += "\u{1B}[2K" + line(t) + "\n" }
+                drawn = pull.targets.count
+                FileHandle.standardError.write(Data(out.utf8))
+            } else {
+                for t in pull.targets {
+                    let state = "\(t.status.rawValue) \(t.chunksReceived)/\(t.chunkCount)"
+                    if last[t.agentID] != state {
+                        last[t.agentID] = state
+                        FileHandle.standardError.write(Data((line(t) + "\n").utf8))
+                    }
+                }
+            }
+        }
+    }
+
+    func end() {}
+
+    private func line(_ t: PullTarget) -> String {
+        let width = 30
+        let fraction: Double = switch t.status {
+        case .complete: 1
+        case .uploading where t.chunkCount > 0: Double(t.chunksReceived) / Double(t.chunkCount)
+        default: 0
+        }
+        let filled = Int((fraction * Double(width)).rounded(.down))
+        let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
+        return "\(t.agentID.prefix(12))  [\(bar)] \(String(format: "%3d", Int(fraction * 100)))%  \(Format.status(t))"
+    }
+}

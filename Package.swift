@@ -178,7 +178,8 @@ let package = Package(
         .testTarget(
             name: "DredgeServerTests",
             dependencies: [
-                "DredgeServer", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", .product(name: "X509", package: "swift-certificates"),
+                "DredgeServer", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", "DredgeAdminAPI", "DredgeAgentCore", "DredgeWire", "DredgeExport",
+                .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]

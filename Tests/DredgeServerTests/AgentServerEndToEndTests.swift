@@ -18,7 +18,7 @@ import Testing
         var data: String { dir.file("server") }
 
         func startServer() throws -> (ManagedProcess, Int) {
-            let server = try ManagedProcess("dredge-server", ["run", "--data", data, "--agent-port", "0", "--heartbeat-seconds", "1"], outputPath: dir.file("server-\(UUID().uuidString).log"))
+            let server = try ManagedProcess("dredge-server", ["run", "--data", data, "--agent-port", "0", "--admin-port", "0", "--heartbeat-seconds", "1"], outputPath: dir.file("server-\(UUID().uuidString).log"))
             var port: Int?
             try ManagedProcess.waitFor {
                 guard let line = server.output.split(separator: "\n").first(where: { $0.contains("agent listener ready") }),
@@ -29,6 +29,25 @@ import Testing
             }
             guard let port else { throw DeploymentError("server did not start: \(server.output)") }
             return (server, port)
+        }
+
+        /// The admin API's address, from the server's log line.
+        func adminAddress(_ server: ManagedProcess) throws -> String {
+            var address: String?
+            _ = try ManagedProcess.waitFor {
+                guard let line = server.output.split(separator: "\n").first(where: { $0.contains("admin API ready") }),
+                    let range = line.range(of: #"127\.0\.0\.1:\d+"#, options: .regularExpression)
+                else { return false }
+                address = "http://" + line[range]
+                return true
+            }
+            guard let address else { throw DeploymentError("admin API did not start: \(server.output)") }
+            return address
+        }
+
+        /// `dredge ARGS --server ADMIN --token TOKEN` (the init admin token unless given).
+        func dredge(_ arguments: [String], server: String, token: String? = nil) throws -> (status: Int32, output: String) {
+            try ManagedProcess.run("dredge", arguments + ["--server", server, "--token", token ?? created.adminToken])
         }
 
         func agents() throws -> [[String: Any]] {
@@ -79,7 +98,7 @@ import Testing
         // The server goes away and comes back on the same port: the agent reconnects by itself.
         #expect(server.stop() == 0)
         #expect(try ManagedProcess.waitFor { try d.agents().allSatisfy { ($0["connected"] as? Bool) == false } })
-        let restarted = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--heartbeat-seconds", "1"], outputPath: d.dir.file("server2.log"))
+        let restarted = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"], outputPath: d.dir.file("server2.log"))
         server = restarted
         #expect(try ManagedProcess.waitFor(timeout: .seconds(90)) { try d.agents().contains { ($0["connected"] as? Bool) == true } }, "agent log:\n\(agent.output)")
         #expect(agent.output.contains("reconnecting"))

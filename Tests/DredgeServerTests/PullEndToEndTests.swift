@@ -204,7 +204,7 @@ import Testing
         #expect(midway, "agent:\n\(agent.output)")
         #expect(server.stop(SIGKILL) != 0)
         let stored = try d.pullTarget(id)?["chunksReceived"] as? Int ?? 0
-        server = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--heartbeat-seconds", "1"], outputPath: d.dir.file("server-restarted.log"))
+        server = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"], outputPath: d.dir.file("server-restarted.log"))
         defer { server.stop() }
 
         #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try d.pullTarget(id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)\nserver:\n\(server.output)")

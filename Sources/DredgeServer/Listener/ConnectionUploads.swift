@@ -38,6 +38,7 @@ final class ConnectionUploads {
         case .uploadChunk(let chunk)?:
             guard var entry = receivers[chunk.uploadID] else { return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")] }
             var out: [WireFrame] = []
+            var refused = false
             for action in entry.machine.chunk(chunk) {
                 switch action {
                 case .send(let f): out.append(f)
@@ -50,6 +51,7 @@ final class ConnectionUploads {
                         logger.warning("chunk refused", metadata: ["upload.id": "\(chunk.uploadID)", "index": "\(index)", "error": "\(e)"])
                         next = entry.machine.rejected(index, e.code == .chunkAuthFailed ? .errorChunkAuthFailed : .errorInternal)
                         if e.code == .chunkAuthFailed {
+                            refused = true
                             try pulls.update(chunk.uploadID, agent: agentID, status: .failed, detail: "chunk \(index) failed authentication")
                         }
                     }
@@ -58,7 +60,9 @@ final class ConnectionUploads {
                 }
             }
             receivers[chunk.uploadID] = entry
-            try pulls.update(chunk.uploadID, agent: agentID, status: .uploading, chunksReceived: entry.assembler.received.count)
+            if !refused {
+                try pulls.update(chunk.uploadID, agent: agentID, status: .uploading, chunksReceived: entry.assembler.received.count)
+            }
             return out
         case .uploadComplete(let m)?:
             guard var entry = receivers[m.uploadID] else { return [error(.errorUploadUnknown, m.uploadID, "no upload \(m.uploadID) begun on this connection")] }

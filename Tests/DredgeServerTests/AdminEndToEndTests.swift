@@ -1,0 +1,237 @@
+import DredgeAdminAPI
+import DredgeAgentCore
+import DredgeEnvelope
+import DredgeExport
+import DredgeServer
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Testing
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// The engineers' side through real processes: the admin API behind its tokens, `dredge`, and
+/// pulls that go wrong on purpose (forged, replayed, tampered), each visible on the pull.
+@Suite struct AdminEndToEndTests {
+    typealias Deployment = AgentServerEndToEndTests.Deployment
+
+    /// A raw HTTP call, to see exactly what the API answers.
+    static func http(_ method: String, _ url: String, authorization: String? = nil, body: String? = nil) async throws -> (Int, [String: Any], String?) {
+        var request = URLRequest(url: URL(string: url)!)
+        request.httpMethod = method
+        if let authorization { request.setValue(authorization, forHTTPHeaderField: "Authorization") }
+        if let body { request.httpBody = Data(body.utf8) }
+        let (data, response) = try await URLSession.shared.data(for: request)
+        let http = response as! HTTPURLResponse
+        let json = (try? JSONSerialization.jsonObject(with: data) as? [String: Any]) ?? [:]
+        return (http.statusCode, json, http.value(forHTTPHeaderField: "WWW-Authenticate"))
+    }
+
+    @Test func callsWithoutAValidTokenAreRefusedWithClearErrorsAndNothingHappens() async throws {
+        let d = try Deployment()
+        let (server, _) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+
+        for authorization in [nil, "Bearer dredge_adm_guess", "Basic YWRtaW46YWRtaW4=", "Bearer " + d.created.enrollmentToken] {
+            let (status, body, challenge) = try await Self.http("GET", admin + "/v1/agents", authorization: authorization)
+            #expect(status == 401, "\(authorization ?? "none")")
+            #expect(body["code"] as? String == "unauthorized")
+            #expect(challenge?.hasPrefix("Bearer") == true)
+        }
+        let (status, _, _) = try await Self.http("POST", admin + "/v1/pulls", body: #"{"agent":"x","filter":{}}"#)
+        #expect(status == 401)
+        let (health, _, _) = try await Self.http("GET", admin + "/health")
+        #expect(health == 200)
+
+        // `dredge` says what is wrong in each case.
+        let wrong = try d.dredge(["agents"], server: admin, token: "dredge_adm_guess")
+        #expect(wrong.status == 1 && wrong.output.contains("refused the admin token"), "\(wrong.output)")
+        let none = try ManagedProcess.run("dredge", ["agents", "--server", admin])
+        #expect(none.status == 1 && none.output.contains("no admin token"), "\(none.output)")
+        let down = try d.dredge(["agents"], server: "http://127.0.0.1:9")
+        #expect(down.status == 1 && down.output.contains("cannot reach the Dredge server"), "\(down.output)")
+        let unknown = try d.dredge(["pull", "--uid", "nobody"], server: admin)
+        #expect(unknown.status == 1 && unknown.output.contains("no agent has reported uid nobody"), "\(unknown.output)")
+        let noPull = try d.dredge(["show", "0123abcd"], server: admin)
+        #expect(noPull.status == 1 && noPull.output.contains("no pull 0123abcd"), "\(noPull.output)")
+        let badFlag = try d.dredge(["pull", "--uid", "u", "--level", "loud"], server: admin)
+        #expect(badFlag.status == 64, "\(badFlag.output)")
+
+        // Nothing was queued, and the server still serves.
+        let pulls = try d.dredge(["pulls", "--json"], server: admin)
+        #expect(pulls.status == 0)
+        #expect((try JSONSerialization.jsonObject(with: Data(pulls.output.utf8)) as? [Any])?.isEmpty == true, "\(pulls.output)")
+    }
+
+    @Test func tokensRotateAndTheAuditNamesTheTokenThatAsked() throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+
+        let created = try d.dredge(["tokens", "create", "--name", "alice"], server: admin)
+        #expect(created.status == 0, "\(created.output)")
+        let alice = try #require(created.output.split(separator: "\n").first { $0.hasPrefix("dredge_adm_") }).description
+        #expect(try d.dredge(["tokens", "revoke", "--name", "admin"], server: admin, token: alice).status == 0)
+        #expect(try d.dredge(["agents"], server: admin).output.contains("refused the admin token"))
+        let last = try d.dredge(["tokens", "revoke", "--name", "alice"], server: admin, token: alice)
+        #expect(last.status == 1 && last.output.contains("last admin token"), "\(last.output)")
+        #expect(!contents(d.data + "/tokens.json").contains(alice), "only the hash is stored")
+
+        // Enrollment tokens rotate the same way, at once.
+        let fleet = try d.dredge(["tokens", "create", "--kind", "enrollment", "--name", "fleet-2"], server: admin, token: alice)
+        let newEnrollment = try #require(fleet.output.split(separator: "\n").first { $0.hasPrefix("dredge_enr_") }).description
+        #expect(try d.dredge(["tokens", "revoke", "--kind", "enrollment", "--name", "default"], server: admin, token: alice).status == 0)
+        let refused = try d.enroll(state: d.dir.file("a1"), port: port)
+        #expect(refused.0 == 1 && refused.1.contains("enrollment refused"), "\(refused.1)")
+        #expect(try d.enroll(state: d.dir.file("a2"), port: port, token: newEnrollment).0 == 0)
+
+        // A pull made with alice's token says so, in the pull and in the audit log.
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+        let pull = try d.dredge(["pull", "--agent", agentID, "--since", "1d"], server: admin, token: alice)
+        #expect(pull.status == 0, "\(pull.output)")
+        let shown = try d.dredge(["pulls"], server: admin, token: alice)
+        #expect(shown.output.contains("by alice") && shown.output.contains("queued"), "\(shown.output)")
+        let audit = try d.dredge(["audit", "--json"], server: admin, token: alice)
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(audit.output.utf8)) as? [[String: Any]])
+        #expect(entries.contains { $0["actor"] as? String == "alice" && $0["action"] as? String == "pull" && ($0["detail"] as? String)?.contains(agentID) == true })
+        #expect(entries.contains { $0["actor"] as? String == "admin" && $0["action"] as? String == "token.create" })
+        #expect(entries.contains { $0["actor"] as? String == "alice" && $0["action"] as? String == "token.revoke" })
+    }
+
+    @Test func dredgePullWaitShowsProgressThenTheFiles() throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+        let agent = try d.runAgent(state: state, store: store)
+        defer { agent.stop() }
+        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-2") == true } })
+
+        let (status, output) = try d.dredge(["pull", "--uid", "u-2", "--since", "2d", "--type", "network", "--wait", "--timeout", "120"], server: admin)
+        #expect(status == 0, "\(output)\n\(agent.output)")
+        #expect(output.contains("[##############################] 100%  complete"), "\(output)")
+        #expect(output.contains("1 of 1 agent(s) complete"))
+        let files = output.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }.filter { $0.hasSuffix(".jsonl") }
+        #expect(!files.isEmpty)
+        for file in files {
+            #expect(file.hasPrefix("/") && FileManager.default.fileExists(atPath: file), "\(file)")
+            #expect(contents(file).split(separator: "\n").allSatisfy { $0.contains(#""uid":"u-2""#) && $0.contains(#""type":"network""#) })
+        }
+    }
+
+    /// The agent trusts a different signing key than the server's: every command it gets is,
+    /// to it, forged. It refuses with the reason, the pull shows it, the other agent is served.
+    @Test func aForgedCommandIsRejectedAndTheReasonShowsOnThePull() throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+        let store = d.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        for name in ["honest", "fooled"] { #expect(try d.enroll(state: d.dir.file(name), port: port).0 == 0) }
+        let statePath = d.dir.file("fooled/agent.json")
+        var file = try JSONSerialization.jsonObject(with: FileManager.default.contents(atPath: statePath)!) as! [String: Any]
+        file["serverSigningKey"] = Hex.encode(ServerSigningKey.generate().verifyingKey.rawRepresentation)
+        try JSONSerialization.data(withJSONObject: file).write(to: URL(fileURLWithPath: statePath))
+        let fooledID = file["agentID"] as! String
+
+        let honest = try d.runAgent(state: d.dir.file("honest"), store: store, log: "honest.log")
+        let fooled = try d.runAgent(state: d.dir.file("fooled"), store: store, log: "fooled.log")
+        defer { honest.stop(); fooled.stop() }
+        #expect(try ManagedProcess.waitFor { try d.agents().filter { ($0["activeUIDs"] as? [String])?.contains("u-1") == true }.count == 2 })
+
+        let (status, output) = try d.dredge(["pull", "--uid", "u-1", "--type", "network", "--wait", "--timeout", "120"], server: admin)
+        #expect(status == 2, "one agent refused: \(output)")
+        #expect(output.contains("agent \(fooledID): rejected (rejectBadSignature"), "\(output)")
+        #expect(output.contains("1 of 2 agent(s) complete"), "\(output)")
+    }
+
+    /// The same signed command delivered again (a replay) is refused by the agent's memory.
+    @Test func aReplayedCommandIsRejectedAndTheReasonShowsOnThePull() throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+        let agent = try d.runAgent(state: state, store: store)
+        defer { agent.stop() }
+        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-3") == true } })
+        let first = try d.dredge(["pull", "--uid", "u-3", "--type", "player", "--wait", "--timeout", "120"], server: admin)
+        #expect(first.status == 0, "\(first.output)")
+        let listed = try d.dredge(["pulls", "--json"], server: admin).output
+        let id = try #require((try JSONSerialization.jsonObject(with: Data(listed.utf8)) as? [[String: Any]])?.first?["id"] as? String)
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+
+        // Put the finished pull back in the queue: the server delivers the same command again.
+        let pulls = try PullStore(path: d.data + "/pulls.sqlite", encryptionKey: try LoadedDeployment(directory: d.data).encryptionKey)
+        try pulls.update(id, agent: agentID, status: .queued)
+        #expect(try ManagedProcess.waitFor { (try pulls.pull(id)?.targets.first?.status) == .rejected }, "\(agent.output)")
+        let shown = try d.dredge(["show", id], server: admin)
+        #expect(shown.output.contains("rejected (rejectReplayed"), "\(shown.output)")
+    }
+
+    /// An enrolled agent that misbehaves: it accepts a pull and sends a chunk that was changed
+    /// after sealing. The server refuses the chunk, fails the pull with the reason, keeps the
+    /// tampered bytes out of the data directory, and goes on serving.
+    @Test func aTamperedChunkFailsThePullAndTheServerGoesOn() async throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let client = try AdminClient(server: try d.adminAddress(server), token: d.created.adminToken)
+        let tls = try AgentLink.tlsContext(caPEM: contents(d.data + "/ca.pem"))
+        let key = try RSAPrivateKey.generate()
+        let agentID = try await AgentEnrollment.register(host: "127.0.0.1", port: port, tls: tls, token: d.created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = "rogue" })
+        let payload = d.dir.file("payload.zip")
+        try Data((0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 31) }).write(to: URL(fileURLWithPath: payload))
+
+        let pullID = try await AgentLink.withConnection(host: "127.0.0.1", port: port, tls: tls, agentID: agentID, key: key) { link in
+            let pull = try await client.createPull(PullRequest(uid: nil, agent: agentID, filter: .all))
+            var command: WirePullCommand?
+            while command == nil, let frame = try await link.next() {
+                if case .pullCommand(let c)? = frame.body { command = c }
+            }
+            let cmd = try #require(command)
+            try await link.send(.with { $0.commandAccepted = .with { $0.commandID = cmd.commandID } })
+            let upload = try SealedUpload(
+                zipPath: payload, uploadID: cmd.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(cmd.wrappedKey)),
+                empty: false, createdAt: Timestamp.now.microseconds)
+            try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+            var sealed = try upload.chunk(0)
+            sealed[sealed.count / 2] ^= 0x01
+            try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = 0; $0.ciphertext = Data(sealed) } })
+            // The server answers the chunk with an error (the link throws it) or a refusal.
+            reading: while true {
+                do {
+                    guard let frame = try await link.next() else { break reading }
+                    switch frame.body {
+                    case .error?, .chunkAck?, .uploadResult?: break reading
+                    default: continue
+                    }
+                } catch {
+                    break reading
+                }
+            }
+            return pull.id
+        }
+        let failed = try await client.pull(pullID)
+        #expect(failed.targets.first?.status == .failed)
+        #expect(failed.targets.first?.detail == "chunk 0 failed authentication")
+        #expect(!FileManager.default.fileExists(atPath: d.data + "/pulls/\(pullID)/\(agentID)"))
+        // The server goes on: the same agent authenticates again and heartbeats.
+        try await AgentLink.withConnection(host: "127.0.0.1", port: port, tls: tls, agentID: agentID, key: key) { link in
+            try await link.heartbeat(activeUIDs: ["u-9"])
+            _ = try await link.next()
+        }
+        #expect(try await client.agents().first?.activeUIDs == ["u-9"])
+    }
+}

@@ -151,6 +151,8 @@ let package = Package(
             name: "dredge-bench",
             dependencies: [
                 "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgeExport", "CDredgeZlib",
+                "DredgeServer", "DredgeAgentCore", "DredgeAdminAPI",
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

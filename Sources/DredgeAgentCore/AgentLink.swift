@@ -8,13 +8,24 @@ import NIOSSL
 /// connect with the pinned CA, authenticate with the agent's key, then hand the open link to
 /// the caller. For tools that act as many agents at once (the benchmarks' simulated fleet)
 /// and for tests that need an agent to misbehave on purpose. ``AgentClient`` is the agent.
-public struct AgentLink: ~Copyable {
+///
+/// One task reads (``next()``); any task may send or heartbeat.
+public final class AgentLink: @unchecked Sendable {
     public let agentID: String
     /// What the server said when it accepted the agent (heartbeat interval, window, chunk size).
     public let session: WireAuthResult
-    var machine: AgentConnectionStateMachine
-    var inbound: NIOAsyncChannelInboundStream<WireFrame>.AsyncIterator
-    let outbound: NIOAsyncChannelOutboundWriter<WireFrame>
+    private let lock = NSLock()
+    private var machine: AgentConnectionStateMachine
+    private var inbound: NIOAsyncChannelInboundStream<WireFrame>.AsyncIterator
+    private let outbound: NIOAsyncChannelOutboundWriter<WireFrame>
+
+    init(agentID: String, session: WireAuthResult, machine: AgentConnectionStateMachine, inbound: NIOAsyncChannelInboundStream<WireFrame>.AsyncIterator, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) {
+        self.agentID = agentID
+        self.session = session
+        self.machine = machine
+        self.inbound = inbound
+        self.outbound = outbound
+    }
 
     /// A TLS context trusting only `caPEM`; share one between many links.
     public static func tlsContext(caPEM: String) throws -> NIOSSLContext { try AgentConnector.tlsContext(caPEM: caPEM) }
@@ -22,7 +33,7 @@ public struct AgentLink: ~Copyable {
     /// Connects, authenticates as `agentID` with `key`, runs `body` with the link, then closes.
     public static func withConnection<R: Sendable>(
         host: String, port: Int, tls: NIOSSLContext, agentID: String, key: RSAPrivateKey, hostInfo: WireHostInfo = WireHostInfo(),
-        _ body: (inout AgentLink) async throws -> R
+        _ body: (AgentLink) async throws -> R
     ) async throws -> R {
         let channel = try await AgentConnector.connect(host: host, port: port, context: tls)
         return try await channel.executeThenClose { inbound, outbound in
@@ -47,16 +58,15 @@ public struct AgentLink: ~Copyable {
                 guard let frame = try await iterator.next() else { throw AgentError("the server closed the connection during authentication") }
                 actions = machine.receive(frame)
             }
-            var link = AgentLink(agentID: agentID, session: session!, machine: machine, inbound: iterator, outbound: outbound)
-            return try await body(&link)
+            return try await body(AgentLink(agentID: agentID, session: session!, machine: machine, inbound: iterator, outbound: outbound))
         }
     }
 
     /// The next frame for the agent (heartbeat acks, commands, upload replies); nil when the
     /// server closed. A protocol error from the server is thrown.
-    public mutating func next() async throws -> WireFrame? {
+    public func next() async throws -> WireFrame? {
         while let frame = try await inbound.next() {
-            for action in machine.receive(frame) {
+            for action in lock.withLock({ machine.receive(frame) }) {
                 switch action {
                 case .deliver(let frame): return frame
                 case .send(let reply): try await outbound.write(reply)
@@ -68,8 +78,8 @@ public struct AgentLink: ~Copyable {
         return nil
     }
 
-    public mutating func heartbeat(activeUIDs: [String], stats: WireStoreStats = WireStoreStats()) async throws {
-        for case .send(let frame) in machine.heartbeat(activeUIDs: activeUIDs, stats: stats) { try await outbound.write(frame) }
+    public func heartbeat(activeUIDs: [String], stats: WireStoreStats = WireStoreStats()) async throws {
+        for case .send(let frame) in lock.withLock({ machine.heartbeat(activeUIDs: activeUIDs, stats: stats) }) { try await outbound.write(frame) }
     }
 
     /// Sends any frame as is, valid or not.

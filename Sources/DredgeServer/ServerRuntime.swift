@@ -22,6 +22,8 @@ public enum ServerRuntime {
     }
 
     public static func run(_ options: Options, logger: Logger) async throws {
+        let openFiles = raiseOpenFileLimit()
+        logger.info("open file limit", metadata: ["limit": "\(openFiles)"])
         // Absolute, so the file paths the admin API reports work from anywhere.
         let dir = URL(fileURLWithPath: options.dataDirectory).standardizedFileURL.path
         let deployment = try LoadedDeployment(directory: dir)
@@ -39,5 +41,24 @@ public enum ServerRuntime {
         let group = ServiceGroup(services: [dispatcher, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         logger.info("dredge-server stopped")
+    }
+
+    /// Every agent connection is a file descriptor: raise the soft limit to the hard one, as
+    /// far as the system allows. Returns the limit in effect.
+    @discardableResult
+    public static func raiseOpenFileLimit() -> Int {
+        var limit = rlimit()
+        #if os(Linux)
+        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        #else
+        let resource = RLIMIT_NOFILE
+        #endif
+        guard getrlimit(resource, &limit) == 0 else { return -1 }
+        if limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max
+            _ = setrlimit(resource, &limit)
+            _ = getrlimit(resource, &limit)
+        }
+        return Int(clamping: limit.rlim_cur)
     }
 }

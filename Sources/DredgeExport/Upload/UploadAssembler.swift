@@ -89,8 +89,9 @@ public final class UploadAssembler {
 
     private func chunkPath(_ index: UInt32) -> String { directory + "/chunks/" + String(format: "%06u", index) }
 
-    /// Write to a temporary name, fsync, rename, fsync the directory.
-    static func durableWrite(_ bytes: [UInt8], to path: String, directory: String) throws {
+    /// Write to a temporary name, fsync, rename, fsync the directory: what the server does with
+    /// each chunk before acknowledging it (public for the upload benchmark's limit).
+    public static func durableWrite(_ bytes: [UInt8], to path: String, directory: String) throws {
         let temporary = path + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw ExportError(.io, "cannot create \(temporary): \(String(cString: strerror(errno)))") }

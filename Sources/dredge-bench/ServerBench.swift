@@ -1,0 +1,338 @@
+import ArgumentParser
+import DredgeAdminAPI
+import DredgeAgentCore
+import DredgeEnvelope
+import DredgeExport
+import DredgeServer
+import DredgeStore
+import DredgeWire
+import Foundation
+
+/// `dredge-bench server`: the real `dredge-server` process under three loads.
+///
+/// - `upload.throughput`: one large upload over loopback TLS, sent by an agent built from the
+///   agent library, against sealing the same chunks and writing each durably (what the
+///   server must at least do) in the same run.
+/// - `server.idle_connections`: a fleet of authenticated, heartbeating agents held by one
+///   server, simulated in other processes (`fleet-child`), with the server's memory per
+///   connection.
+/// - `server.command_latency`: from a pull made through the admin API (what `dredge pull`
+///   does) to the agent receiving the command, while the server holds the fleet.
+struct ServerBench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "server", abstract: "Upload throughput, idle connections, command latency.")
+
+    @Option(help: "Agents in the simulated fleet (capped by the open-file limit).")
+    var agents = 20_000
+
+    @Option(help: "Processes simulating the fleet.")
+    var fleetProcesses = 2
+
+    @Option(help: "Approximate size of the upload, MB.")
+    var uploadMb = 100
+
+    @Option(help: "Pulls timed for the command latency.")
+    var samples = 200
+
+    @Option(help: "Where the fleet's keys are cached (made by scripts/bench-fleet-keys.py).")
+    var keyCache = ".build/bench-fleet-keys"
+
+    @Flag(help: "Only the upload.")
+    var uploadOnly = false
+
+    func run() async throws {
+        let dir = NSTemporaryDirectory() + "dredge-bench-server-\(getpid())"
+        try? FileManager.default.removeItem(atPath: dir)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
+        let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log")
+        defer { server.stop() }
+        let admin = try AdminClient(server: server.adminAddress, token: created.adminToken)
+
+        print(try await upload(dir: dir, server: server, admin: admin, created: created).line)
+        if uploadOnly { return }
+        for figure in try await fleet(dir: dir, server: server, admin: admin, created: created) { print(figure.line) }
+    }
+
+    // MARK: upload.throughput
+
+    func upload(dir: String, server: ServerProcess, admin: AdminClient, created: ServerDeployment.Created) async throws -> Figure {
+        let tls = try AgentLink.tlsContext(caPEM: String(contentsOfFile: created.caPath, encoding: .utf8))
+        let key = try RSAPrivateKey.generate()
+        let agentID = try await AgentEnrollment.register(host: "127.0.0.1", port: server.agentPort, tls: tls, token: created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = "bench-uploader" })
+        let storePath = try buildStore(dir: dir)
+        let zip = dir + "/upload.zip"
+
+        struct Timing: Sendable { var acked: Double; var done: Double; var bytes: UInt64; var chunks: UInt32; var ok: Bool; var upload: SealedUpload }
+        let timing = try await AgentLink.withConnection(host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key) { link -> Timing in
+            _ = try await admin.createPull(PullRequest(uid: nil, agent: agentID, filter: .all))
+            var command: WirePullCommand?
+            while command == nil, let frame = try await link.next() {
+                if case .pullCommand(let c)? = frame.body { command = c }
+            }
+            guard let command else { throw ValidationError("no command arrived") }
+            let uploadKey = try key.unwrapKey(Array(command.wrappedKey))
+            try await link.send(.with { $0.commandAccepted = .with { $0.commandID = command.commandID } })
+            // The export is not timed: this measures the upload.
+            var configuration = StoreConfiguration()
+            configuration.readOnly = true
+            let store = try LogStore(path: storePath, configuration: configuration)
+            let manifest = try Exporter.export(
+                from: store, ExportRequest(uploadID: command.commandID, kind: .pull, agentID: agentID, commandID: command.commandID, filter: .all), to: zip)
+            try store.close()
+            let upload = try SealedUpload(
+                zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: uploadKey, empty: manifest.empty,
+                createdAt: Timestamp.now.microseconds)
+
+            var sender = UploadSenderStateMachine(header: upload.header)
+            var acked = Set<UInt32>()
+            var ackedAt: Int64 = 0
+            var result: WireUploadResult?
+            func perform(_ actions: [UploadSenderStateMachine.Action]) async throws {
+                for action in actions {
+                    switch action {
+                    case .send(let frame): try await link.send(frame)
+                    case .sendChunk(let index):
+                        let sealed = try upload.chunk(index)
+                        try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = command.commandID; $0.index = index; $0.ciphertext = Data(sealed) } })
+                    case .finished(let r): result = r
+                    }
+                }
+            }
+            let start = monotonicNanos()
+            try await perform(sender.resume())
+            while result == nil, let frame = try await link.next() {
+                if case .chunkAck(let ack)? = frame.body {
+                    acked.insert(ack.index)
+                    if acked.count == Int(upload.header.chunkCount) { ackedAt = monotonicNanos() }
+                }
+                try await perform(sender.receive(frame))
+            }
+            let end = monotonicNanos()
+            return Timing(
+                acked: Double(ackedAt - start) / 1e9, done: Double(end - start) / 1e9, bytes: upload.header.plaintextSize,
+                chunks: upload.header.chunkCount, ok: result?.ok == true, upload: upload)
+        }
+        guard timing.ok else { throw ValidationError("the upload did not complete") }
+
+        // The limit: seal every chunk and write it durably, as the server must, one after another.
+        let limitDir = dir + "/limit"
+        try FileManager.default.createDirectory(atPath: limitDir, withIntermediateDirectories: true)
+        let limitSeconds = try seconds {
+            for index in 0..<timing.chunks {
+                try UploadAssembler.durableWrite(try timing.upload.chunk(index), to: limitDir + "/\(index)", directory: limitDir)
+            }
+        }
+        let mb = Double(timing.bytes) / 1e6
+        return Figure(
+            name: "upload.throughput", value: mb / timing.acked, unit: "MB/s", limit: mb / limitSeconds, higherIsBetter: true,
+            extra: String(format: "upload_mb=%.1f chunks=%d with_unpack=%.0f MB/s", mb, timing.chunks, mb / timing.done))
+    }
+
+    /// A store whose export is large: messages of random base64, which deflate barely shrinks.
+    func buildStore(dir: String) throws -> String {
+        let path = dir + "/upload.sqlite"
+        var configuration = StoreConfiguration()
+        configuration.overflowPolicy = .block
+        configuration.retention = RetentionPolicy(maxAge: .seconds(365 * 86_400), maxBytes: 100_000_000_000)
+        let store = try LogStore(path: path, configuration: configuration)
+        let context = try store.register(.current(app: "bench"))
+        var rng = SystemRandomNumberGenerator()
+        let now = Timestamp.now
+        let count = uploadMb * 1_000_000 / 1_300
+        for i in 0..<count {
+            let bytes = (0..<1_000).map { _ in UInt8.random(in: 0...255, using: &rng) }
+            store.enqueue(LogEntry(
+                timestamp: now.subtracting(.microseconds(Int64(count - i) * 1_000)), level: .info, type: .app, uid: "u-upload",
+                message: Data(bytes).base64EncodedString(), context: context))
+        }
+        try store.close()
+        return path
+    }
+
+    // MARK: server.idle_connections and server.command_latency
+
+    func fleet(dir: String, server: ServerProcess, admin: AdminClient, created: ServerDeployment.Created) async throws -> [Figure] {
+        var limit = rlimit()
+        getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+        // The server needs its own descriptors too (listeners, databases, event loops).
+        let count = min(agents, Int(limit.rlim_max) - 150)
+        let keys = keyCache + "/fleet-\(count).bin"
+        if !FileManager.default.fileExists(atPath: keys) {
+            try FileManager.default.createDirectory(atPath: keyCache, withIntermediateDirectories: true)
+            FileHandle.standardError.write(Data("making \(count) agent keys (cached in \(keys))\n".utf8))
+            let python = Process()
+            python.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+            python.arguments = ["python3", Self.script("bench-fleet-keys.py"), String(count), keys]
+            try python.run()
+            python.waitUntilExit()
+            guard python.terminationStatus == 0 else { throw ValidationError("bench-fleet-keys.py failed") }
+        }
+
+        var children: [FleetProcess] = []
+        defer { for c in children { c.stop() } }
+        let share = (count + fleetProcesses - 1) / fleetProcesses
+        for p in 0..<fleetProcesses {
+            let from = p * share
+            let n = min(share, count - from)
+            guard n > 0 else { break }
+            children.append(try FleetProcess(arguments: [
+                "fleet-child", "--keys", keys, "--from", String(from), "--count", String(n), "--port", String(server.agentPort),
+                "--ca", created.caPath, "--token", created.enrollmentToken,
+            ]))
+        }
+        FileHandle.standardError.write(Data("enrolling \(count) agents\n".utf8))
+        for c in children { try c.waitFor("enrolled", timeout: 1_800) }
+        try await Task.sleep(for: .seconds(2))
+        let baseline = server.residentKB()
+        FileHandle.standardError.write(Data("connecting \(count) agents (server at \(baseline / 1024) MB)\n".utf8))
+        for c in children { c.send("connect") }
+        for c in children { try c.waitFor("ready", timeout: 1_800) }
+        // Every agent heartbeats within one interval (30 s); wait for a full round.
+        try await Task.sleep(for: .seconds(35))
+        let now = Date()
+        let listed = try await admin.agents().filter { $0.connected && $0.lastHeartbeatAt.map { now.timeIntervalSince($0) < 40 } == true }
+        let held = listed.count
+        let resident = server.residentKB()
+        let perConnection = Double(resident - baseline) / Double(max(held, 1))
+        let idle = Figure(
+            name: "server.idle_connections", value: Double(held), unit: "agents", limit: Double(agents), higherIsBetter: true,
+            extra: String(format: "kb_per_conn=%.1f server_rss_mb=%.0f baseline_mb=%.0f fd_limit=%d", perConnection, Double(resident) / 1024, Double(baseline) / 1024, Int(limit.rlim_max)))
+
+        // Pulls through the admin API to random agents of the fleet, one at a time.
+        var latencies: [Double] = []
+        let ids = listed.map(\.agentID)
+        for _ in 0..<samples {
+            let target = ids.randomElement()!
+            let start = monotonicNanos()
+            let pull = try await admin.createPull(PullRequest(uid: nil, agent: target, filter: .all, expiresInSeconds: 60))
+            var arrived: Int64?
+            let deadline = ContinuousClock.now + .seconds(10)
+            while arrived == nil && ContinuousClock.now < deadline {
+                arrived = children.lazy.compactMap { $0.arrival(of: pull.id) }.first
+                if arrived == nil { try await Task.sleep(for: .milliseconds(1)) }
+            }
+            guard let arrived else { throw ValidationError("pull \(pull.id) never reached agent \(target)") }
+            latencies.append(Double(arrived - start) / 1e6)
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        latencies.sort()
+        let p50 = latencies[latencies.count / 2]
+        let p99 = latencies[min(latencies.count - 1, Int(Double(latencies.count) * 0.99))]
+        let latency = Figure(
+            name: "server.command_latency", value: p99, unit: "ms", limit: 50, higherIsBetter: false,
+            extra: String(format: "p50=%.1f p99=%.1f agents=%d samples=%d", p50, p99, held, latencies.count))
+        return [idle, latency]
+    }
+
+    /// A script of this repository, found from the current directory.
+    static func script(_ name: String) -> String { FileManager.default.currentDirectoryPath + "/scripts/" + name }
+}
+
+/// Resident memory of a process, KiB.
+func processResidentKB(pid: Int32) -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
+    else { return 0 }
+    return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
+}
+
+/// The executable next to this one.
+func sibling(_ name: String) -> String {
+    let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    return URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent(name).path
+}
+
+/// A `dredge-server run` child with ports chosen by the system.
+final class ServerProcess: @unchecked Sendable {
+    let process = Process()
+    let agentPort: Int
+    let adminAddress: String
+
+    init(data: String, log: String) throws {
+        FileManager.default.createFile(atPath: log, contents: nil)
+        process.executableURL = URL(fileURLWithPath: sibling("dredge-server"))
+        process.arguments = ["run", "--data", data, "--agent-port", "0", "--admin-port", "0"]
+        process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        var agent: Int?, admin: String?
+        for _ in 0..<300 where agent == nil || admin == nil {
+            usleep(100_000)
+            let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+            for line in text.split(separator: "\n") {
+                guard let range = line.range(of: #"127\.0\.0\.1:\d+"#, options: .regularExpression) else { continue }
+                if line.contains("agent listener ready") { agent = Int(line[range].split(separator: ":")[1]) }
+                if line.contains("admin API ready") { admin = "http://" + line[range] }
+            }
+        }
+        guard let agent, let admin else { process.terminate(); throw ValidationError("dredge-server did not start; see \(log)") }
+        agentPort = agent
+        adminAddress = admin
+    }
+
+    func residentKB() -> Int { processResidentKB(pid: process.processIdentifier) }
+
+    func stop() {
+        guard process.isRunning else { return }
+        process.terminate()
+        process.waitUntilExit()
+    }
+}
+
+/// A `dredge-bench fleet-child`: lines out (`enrolled`, `ready`, `pull ID NANOS`), lines in.
+final class FleetProcess: @unchecked Sendable {
+    let process = Process()
+    let input = Pipe()
+    let output = Pipe()
+    private let lock = NSLock()
+    private var lines: [String] = []
+    private var arrivals: [String: Int64] = [:]
+
+    init(arguments: [String]) throws {
+        process.executableURL = URL(fileURLWithPath: sibling("dredge-bench"))
+        process.arguments = arguments
+        process.standardInput = input
+        process.standardOutput = output
+        try process.run()
+        let handle = output.fileHandleForReading
+        Thread.detachNewThread { [self] in
+            var pending = Data()
+            while true {
+                let chunk = handle.availableData
+                if chunk.isEmpty { break }
+                pending.append(chunk)
+                while let newline = pending.firstIndex(of: 10) {
+                    let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
+                    pending.removeSubrange(pending.startIndex...newline)
+                    lock.withLock {
+                        let parts = line.split(separator: " ")
+                        if parts.count == 3, parts[0] == "pull", let at = Int64(parts[2]) {
+                            arrivals[String(parts[1])] = at
+                        } else {
+                            lines.append(line)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    func arrival(of pullID: String) -> Int64? { lock.withLock { arrivals[pullID] } }
+
+    func waitFor(_ prefix: String, timeout: Int) throws {
+        for _ in 0..<(timeout * 10) {
+            if lock.withLock({ lines.contains { $0.hasPrefix(prefix) } }) { return }
+            if !process.isRunning { break }
+            usleep(100_000)
+        }
+        throw ValidationError("fleet child never said '\(prefix)': \(lock.withLock { lines.suffix(5) })")
+    }
+
+    func send(_ line: String) { input.fileHandleForWriting.write(Data((line + "\n").utf8)) }
+
+    func stop() {
+        try? input.fileHandleForWriting.close()
+        if process.isRunning { process.terminate() }
+        process.waitUntilExit()
+    }
+}

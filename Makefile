@@ -23,8 +23,10 @@ test: deps
 
 bench: deps
 	$(SWIFT) build -c release --product dredge-bench
+	$(SWIFT) build -c release --product dredge-server
 	.build/release/dredge-bench store
 	.build/release/dredge-bench export
+	.build/release/dredge-bench server
 
 clean:
 	rm -rf .build .build-fuzz demo-output

@@ -77,60 +77,32 @@ public final class AgentListener: Service, Sendable {
     }
 
     /// One connection, start to end. Errors end this connection only.
+    ///
+    /// An idle connection must be cheap: the task keeps, for its whole life, the memory of the
+    /// deepest chain of async frames it ever ran. So everything but the writes happens in the
+    /// synchronous ``ConnectionSession``, and the async part stays small and flat.
     func serve(_ channel: NIOAsyncChannel<WireFrame, WireFrame>) async {
         let remote = channel.channel.remoteAddress?.description
         let token = connections.insert(channel.channel)
         defer { connections.remove(token) }
-        var machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: session)
-        var agentID: String?
-        var host = WireHostInfo()
-        var uploads: ConnectionUploads?
+        let session = ConnectionSession(listener: self, remote: remote)
         do {
             try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: Void.self) { group in
-                    func perform(_ actions: [ServerConnectionStateMachine.Action]) async throws -> Bool {
-                        for action in actions {
-                            switch action {
-                            case .send(let frame):
-                                try await outbound.write(frame)
-                            case .verify(let id, let signature, let challenge, let claimedHost):
-                                host = claimedHost
-                                let key = try registry.publicKey(of: id)
-                                if let key, AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) {
-                                    if try await !perform(machine.authenticated(id)) { return false }
-                                } else {
-                                    logger.notice("agent authentication failed", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
-                                    if try await !perform(machine.authenticationFailed("unknown agent or bad signature")) { return false }
-                                }
-                            case .enroll(let request):
-                                if try await !perform(enroll(request, machine: &machine)) { return false }
-                            case .registered(let id):
-                                agentID = id
-                                uploads = ConnectionUploads(agentID: id, pulls: pulls, dataDirectory: deployment.directory, logger: logger)
-                                try registry.connected(id, from: remote, host: host)
-                                logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
-                                group.addTask { try await self.deliverPulls(to: id, outbound: outbound) }
-                            case .deliver(let id, let frame):
-                                if case .heartbeat(let heartbeat)? = frame.body {
-                                    try registry.heartbeat(id, heartbeat)
-                                    try await outbound.write(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
-                                } else if let uploads {
-                                    for reply in try uploads.handle(frame) { try await outbound.write(reply) }
-                                }
-                            case .close(let error):
-                                if let error { logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"]) }
-                                return false
-                            }
+                    func apply(_ outcome: ConnectionSession.Outcome) async throws -> Bool {
+                        if !outcome.frames.isEmpty { try await outbound.write(contentsOf: outcome.frames) }
+                        if let id = outcome.registered {
+                            group.addTask { try await self.deliverPulls(to: id, outbound: outbound) }
                         }
-                        return true
+                        return !outcome.close
                     }
                     do {
                         for try await frame in inbound {
-                            if try await !perform(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes))) { break }
+                            if try await !apply(session.receive(frame)) { break }
                         }
                     } catch let error as WireProtocolError {
                         // The decoder refused the stream: tell the peer why, then close.
-                        _ = try? await perform(machine.fail(error))
+                        _ = try? await apply(session.fail(error))
                     }
                     group.cancelAll()
                 }
@@ -138,7 +110,7 @@ public final class AgentListener: Service, Sendable {
         } catch {
             logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"])
         }
-        if let agentID {
+        if let agentID = session.agentID {
             try? registry.disconnected(agentID)
             logger.info("agent disconnected", metadata: ["agent.id": "\(agentID)"])
         }
@@ -149,17 +121,28 @@ public final class AgentListener: Service, Sendable {
         let (wakes, token) = dispatcher.register(agentID)
         defer { dispatcher.unregister(agentID, token: token) }
         for await _ in wakes {
-            for pull in try pulls.pending(for: agentID) {
-                guard let key = try registry.publicKey(of: agentID) else { break }
-                let command = try pulls.command(for: pull, agentKey: key, signer: deployment.signingKey)
-                try await outbound.write(.with { $0.pullCommand = command })
-                try pulls.update(pull.id, agent: agentID, status: .delivered)
-                logger.info("pull delivered", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)"])
+            for (pullID, frame) in try commands(for: agentID) {
+                try await outbound.write(frame)
+                try delivered(pullID, to: agentID)
             }
         }
     }
 
-    private func enroll(_ request: WireEnrollRequest, machine: inout ServerConnectionStateMachine) -> [ServerConnectionStateMachine.Action] {
+    /// The signed commands of the agent's queued pulls.
+    private func commands(for agentID: String) throws -> [(String, WireFrame)] {
+        guard let key = try registry.publicKey(of: agentID) else { return [] }
+        return try pulls.pending(for: agentID).map { pull in
+            let command = try pulls.command(for: pull, agentKey: key, signer: deployment.signingKey)
+            return (pull.id, WireFrame.with { $0.pullCommand = command })
+        }
+    }
+
+    private func delivered(_ pullID: String, to agentID: String) throws {
+        try pulls.update(pullID, agent: agentID, status: .delivered)
+        logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
+    }
+
+    fileprivate func enroll(_ request: WireEnrollRequest, machine: inout ServerConnectionStateMachine) -> [ServerConnectionStateMachine.Action] {
         guard tokens.acceptsEnrollment(request.token) else {
             logger.notice("enrollment refused: bad token")
             return machine.enrollmentFailed("enrollment token not accepted")
@@ -216,5 +199,75 @@ final class BoundAddress: @unchecked Sendable {
     var port: Int? {
         get { lock.withLock { value } }
         set { lock.withLock { value = newValue } }
+    }
+}
+
+/// The synchronous side of one agent connection: the state machine and what its actions do to
+/// the registry and the uploads. Returns what to write; never suspends.
+final class ConnectionSession {
+    struct Outcome {
+        var frames: [WireFrame] = []
+        /// The agent authenticated: start delivering its pulls.
+        var registered: String?
+        var close = false
+    }
+
+    let listener: AgentListener
+    let remote: String?
+    private var machine: ServerConnectionStateMachine
+    private(set) var agentID: String?
+    private var host = WireHostInfo()
+    private var uploads: ConnectionUploads?
+
+    init(listener: AgentListener, remote: String?) {
+        self.listener = listener
+        self.remote = remote
+        machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: listener.session)
+    }
+
+    func receive(_ frame: WireFrame) throws -> Outcome {
+        try run(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)))
+    }
+
+    func fail(_ error: WireProtocolError) throws -> Outcome { try run(machine.fail(error)) }
+
+    private func run(_ actions: [ServerConnectionStateMachine.Action]) throws -> Outcome {
+        var outcome = Outcome()
+        var pending = actions[...]
+        while let action = pending.popFirst() {
+            switch action {
+            case .send(let frame):
+                outcome.frames.append(frame)
+            case .verify(let id, let signature, let challenge, let claimedHost):
+                host = claimedHost
+                let key = try listener.registry.publicKey(of: id)
+                if let key, AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) {
+                    pending.append(contentsOf: machine.authenticated(id))
+                } else {
+                    listener.logger.notice("agent authentication failed", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
+                    pending.append(contentsOf: machine.authenticationFailed("unknown agent or bad signature"))
+                }
+            case .enroll(let request):
+                pending.append(contentsOf: listener.enroll(request, machine: &machine))
+            case .registered(let id):
+                agentID = id
+                uploads = ConnectionUploads(agentID: id, pulls: listener.pulls, dataDirectory: listener.deployment.directory, logger: listener.logger)
+                try listener.registry.connected(id, from: remote, host: host)
+                listener.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
+                outcome.registered = id
+            case .deliver(let id, let frame):
+                if case .heartbeat(let heartbeat)? = frame.body {
+                    try listener.registry.heartbeat(id, heartbeat)
+                    outcome.frames.append(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
+                } else if let uploads {
+                    outcome.frames.append(contentsOf: try uploads.handle(frame))
+                }
+            case .close(let error):
+                if let error { listener.logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"]) }
+                outcome.close = true
+                return outcome
+            }
+        }
+        return outcome
     }
 }

@@ -39,10 +39,12 @@ extension PullStore {
         filter.uid = uid
         if let since = filter.since, let until = filter.until, until <= since { throw PullRequestError.invalid("until must be after since") }
 
-        let agents = try registry.agents().filter { a in
-            if let agent { return a.agentID == agent }
-            return a.activeUIDs.contains(uid!)
-        }.map(\.agentID)
+        let agents: [String]
+        if let agent {
+            agents = try registry.isEnrolled(agent) ? [agent] : []
+        } else {
+            agents = try registry.agentIDs(withUID: uid!)
+        }
         guard !agents.isEmpty else {
             if let agent { throw PullRequestError.unknownAgent(agent) }
             throw PullRequestError.noAgentForUID(uid!)

@@ -31,6 +31,17 @@ public final class AgentRegistry: Sendable {
                     );
                     """)
             }
+            // Pulls by uid look agents up by uid: an index instead of reading every agent.
+            migrator.registerMigration("v2-agent-uid") { db in
+                try db.execute(sql: """
+                    CREATE TABLE agent_uid (
+                        uid TEXT NOT NULL,
+                        agent_id TEXT NOT NULL REFERENCES agent(id),
+                        PRIMARY KEY (uid, agent_id)
+                    ) WITHOUT ROWID;
+                    INSERT OR IGNORE INTO agent_uid (uid, agent_id) SELECT j.value, a.id FROM agent a, json_each(a.active_uids) j;
+                    """)
+            }
         }
     }
 
@@ -71,13 +82,30 @@ public final class AgentRegistry: Sendable {
         try db.write { try $0.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ?", arguments: [agentID]) }
     }
 
+    /// Records a heartbeat; the agent's uids are rewritten only when they changed.
     public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date = Date()) throws {
-        let uids = String(decoding: try JSONEncoder().encode(heartbeat.activeUids.sorted()), as: UTF8.self)
+        let sorted = heartbeat.activeUids.sorted()
+        let uids = String(decoding: try JSONEncoder().encode(sorted), as: UTF8.self)
         try db.write { db in
+            let previous = try String.fetchOne(db, sql: "SELECT active_uids FROM agent WHERE id = ?", arguments: [agentID])
             try db.execute(
                 sql: "UPDATE agent SET last_heartbeat_at = ?, active_uids = ?, store_records = ? WHERE id = ?",
                 arguments: [now.timeIntervalSince1970, uids, Int64(clamping: heartbeat.stats.records), agentID])
+            guard previous != nil, previous != uids else { return }
+            try db.execute(sql: "DELETE FROM agent_uid WHERE agent_id = ?", arguments: [agentID])
+            for uid in Set(sorted) {
+                try db.execute(sql: "INSERT INTO agent_uid (uid, agent_id) VALUES (?, ?)", arguments: [uid, agentID])
+            }
         }
+    }
+
+    /// Agents whose last heartbeat reported `uid`.
+    public func agentIDs(withUID uid: String) throws -> [String] {
+        try db.read { try String.fetchAll($0, sql: "SELECT agent_id FROM agent_uid WHERE uid = ? ORDER BY agent_id", arguments: [uid]) }
+    }
+
+    public func isEnrolled(_ agentID: String) throws -> Bool {
+        try db.read { try Bool.fetchOne($0, sql: "SELECT 1 FROM agent WHERE id = ?", arguments: [agentID]) ?? false }
     }
 
     public func agents() throws -> [AgentRecord] {

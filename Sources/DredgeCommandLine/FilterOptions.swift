@@ -1,7 +1,7 @@
 import ArgumentParser
 import DredgeStore
 
-/// The record filter flags, shared by `dredge-agent query`, `dredge-server pull` and (next)
+/// The record filter flags, shared by `dredge-agent query`, `dredge-server pull` and
 /// `dredge pull`.
 public struct FilterOptions: ParsableArguments {
     @Option(help: "Only this user's records.")

@@ -97,7 +97,7 @@ public final class PullStore: Sendable {
     }
 
     /// Queued pulls for `agentID`, expiring the ones past their time first.
-    /// It runs twice a second for every connected agent, so it only reads unless a queued pull
+    /// It runs whenever an agent connects or is woken, so it only reads unless a queued pull
     /// has expired.
     public func pending(for agentID: String, now: Timestamp = .now) throws -> [Pull] {
         let queued = try db.read { db in

@@ -40,6 +40,14 @@ public struct AdminClient: Sendable {
         try await call("GET", "/v1/pulls/\(try Self.pathComponent(id))")
     }
 
+    public func feedback() async throws -> [FeedbackRecord] {
+        try await call("GET", "/v1/feedback")
+    }
+
+    public func feedback(_ id: String) async throws -> FeedbackRecord {
+        try await call("GET", "/v1/feedback/\(try Self.pathComponent(id))")
+    }
+
     public func audit() async throws -> [AuditEntry] {
         try await call("GET", "/v1/audit")
     }

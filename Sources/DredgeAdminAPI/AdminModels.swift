@@ -212,3 +212,42 @@ extension JSONDecoder {
         return decoder
     }
 }
+
+/// A user's feedback, uploaded by their agent with their recent logs.
+public struct FeedbackRecord: Sendable, Equatable, Codable {
+    public var id: String
+    public var agentID: String
+    public var uid: String
+    public var text: String
+    /// When the user gave it (the device's clock).
+    public var createdAt: Timestamp
+    public var receivedAt: Date
+    /// `uploading`, `complete` or `failed`.
+    public var status: PullStatus
+    public var detail: String
+    public var chunksReceived: Int
+    public var chunkCount: Int
+    public var bytes: Int64
+    public var records: Int
+    /// The decrypted per-day files and the manifest, absolute paths on the server.
+    public var files: [String]
+
+    public init(
+        id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, receivedAt: Date, status: PullStatus, detail: String,
+        chunksReceived: Int, chunkCount: Int, bytes: Int64, records: Int, files: [String]
+    ) {
+        self.id = id
+        self.agentID = agentID
+        self.uid = uid
+        self.text = text
+        self.createdAt = createdAt
+        self.receivedAt = receivedAt
+        self.status = status
+        self.detail = detail
+        self.chunksReceived = chunksReceived
+        self.chunkCount = chunkCount
+        self.bytes = bytes
+        self.records = records
+        self.files = files
+    }
+}

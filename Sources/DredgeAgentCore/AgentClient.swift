@@ -26,8 +26,26 @@ public final class AgentClient: Service, Sendable {
         self.uploads = try UploadManager(state: state, store: store, logger: logger)
     }
 
+    /// Records a user's feedback and uploads the uid's recent logs with it (see ``Feedback``):
+    /// now if connected, else as soon as the connection returns, also after a restart.
+    @discardableResult
+    public func submitFeedback(uid: String, text: String, days: Int = Feedback.defaultDays) async throws -> String {
+        guard let store else { throw AgentError("this agent has no store to take the logs from") }
+        let id = try Feedback.submit(uid: uid, text: text, days: days, state: state, store: store)
+        try await uploads.rescanOutbox()
+        return id
+    }
+
     public func run() async throws {
         await uploads.recover()
+        // Feedback queued by other processes (`dredge-agent feedback`) is picked up within seconds.
+        let outbox = Task { [uploads, stop, logger] in
+            while !Task.isCancelled && !stop.isStopped {
+                try? await Task.sleep(for: .seconds(2))
+                do { try await uploads.rescanOutbox() } catch { logger.debug("outbox rescan", metadata: ["error": "\(error)"]) }
+            }
+        }
+        defer { outbox.cancel() }
         await withTaskCancellationOrGracefulShutdownHandler {
             var backoff = Backoff()
             while !Task.isCancelled && !self.stop.isStopped {

@@ -42,8 +42,12 @@ actor UploadManager {
     /// zip and the upload header. Unexported ones are exported again.
     func recover() {
         let root = state.directory + "/uploads"
-        for id in ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted() {
+        for id in ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted() where !id.hasPrefix(".") {
             let dir = root + "/" + id
+            if FileManager.default.fileExists(atPath: dir + "/feedback-key.bin") {
+                adoptFeedback(id)
+                continue
+            }
             guard let bytes = FileManager.default.contents(atPath: dir + "/command.pb"),
                 let command = try? WirePullCommand(serializedBytes: bytes),
                 let key = try? state.key.unwrapKey(command.wrappedKey),
@@ -64,6 +68,31 @@ actor UploadManager {
                 export(PullAdmission.Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs)))
             }
         }
+    }
+
+    /// Picks up feedback uploads that appeared in the outbox (from ``Feedback/submit`` in this
+    /// process or another, such as `dredge-agent feedback`) and starts them if connected.
+    func rescanOutbox() async throws {
+        for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil {
+            adoptFeedback(id)
+            if uploads[id] != nil, outbound != nil { try await perform(id, uploads[id]!.sender.resume()) }
+        }
+    }
+
+    private func adoptFeedback(_ id: String) {
+        let dir = state.directory + "/uploads/" + id
+        guard let headerBytes = FileManager.default.contents(atPath: dir + "/header.pb"),
+            let header = try? WireUploadHeader(serializedBytes: headerBytes),
+            let wrapped = FileManager.default.contents(atPath: dir + "/feedback-key.bin"),
+            let key = try? state.key.unwrapKey(wrapped),
+            let upload = try? SealedUpload(zipPath: dir + "/export.zip", header: header, key: key)
+        else {
+            logger.warning("dropping an unreadable feedback upload", metadata: ["upload.id": "\(id)"])
+            try? FileManager.default.removeItem(atPath: dir)
+            return
+        }
+        logger.info("feedback upload queued", metadata: ["upload.id": "\(id)"])
+        uploads[id] = Active(sender: UploadSenderStateMachine(header: header), upload: upload)
     }
 
     /// A connection is ready: send through it, and resume every unfinished upload.

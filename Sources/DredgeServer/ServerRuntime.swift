@@ -30,13 +30,14 @@ public enum ServerRuntime {
         let registry = try AgentRegistry(path: dir + "/server.sqlite")
         try registry.resetPresence()
         let pulls = try PullStore(path: dir + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+        let feedback = try FeedbackStore(path: dir + "/feedback.sqlite")
         let tokens = TokenStore(path: dir + "/tokens.json", file: deployment.tokens)
         let dispatcher = PullDispatcher(pulls: pulls, logger: logger)
         let listener = AgentListener(
-            deployment: deployment, registry: registry, pulls: pulls, tokens: tokens, dispatcher: dispatcher, logger: logger,
+            deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds)
         let admin = AdminAPI.application(
-            registry: registry, pulls: pulls, tokens: tokens, dispatcher: dispatcher,
+            registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher,
             port: options.adminPort ?? deployment.config.adminPort, logger: logger)
         let group = ServiceGroup(services: [dispatcher, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()

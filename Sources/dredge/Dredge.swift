@@ -13,7 +13,7 @@ struct Dredge: AsyncParsableCommand {
             Talks to the server's admin API. The address and the admin token come from --server and
             --token, or from DREDGE_SERVER and DREDGE_TOKEN.
             """,
-        subcommands: [AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, AuditCommand.self, TokensCommand.self])
+        subcommands: [AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self])
 }
 
 /// Where the server is and the token to show it.
@@ -138,12 +138,18 @@ struct PullsCommand: AsyncParsableCommand {
     func run() async throws {
         let client = try server.client()
         let pulls = try await calling { try await client.pulls() }
+        // JSON stays the pulls alone (`dredge feedback --json` lists feedback).
         if json { return try printJSON(pulls) }
-        if pulls.isEmpty { print("no pulls yet") }
+        let feedback = try await calling { try await client.feedback() }
+        if pulls.isEmpty && feedback.isEmpty { print("no pulls yet") }
         for p in pulls {
             for t in p.targets {
                 print("\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(Format.status(t))")
             }
+        }
+        // Feedback uploads are pulls nobody asked for: the user's agent sent them.
+        for f in feedback {
+            print("\(f.id)  \(Format.time(f.createdAt.date))  feedback  uid=\(f.uid)  agent=\(f.agentID)  \(Format.status(f))  \"\(Format.excerpt(f.text))\"")
         }
     }
 }
@@ -164,6 +170,46 @@ struct ShowCommand: AsyncParsableCommand {
         print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   agent: \(record.agentID.isEmpty ? "(every agent with the uid)" : record.agentID)")
         print("  filter: \(Format.filter(record.filter))")
         Format.printResult(record)
+    }
+}
+
+struct FeedbackCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "feedback", abstract: "Feedback users sent with their logs: list, or show one.",
+        subcommands: [List.self, Show.self], defaultSubcommand: List.self)
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Recent feedback, newest first.")
+        @OptionGroup var server: ServerOptions
+        @Flag(help: "JSON output.") var json = false
+
+        func run() async throws {
+            let client = try server.client()
+            let all = try await calling { try await client.feedback() }
+            if json { return try printJSON(all) }
+            if all.isEmpty { print("no feedback yet") }
+            for f in all {
+                print("\(f.id)  \(Format.time(f.createdAt.date))  uid=\(f.uid)  agent=\(f.agentID)  \(Format.status(f))  \"\(Format.excerpt(f.text))\"")
+            }
+        }
+    }
+
+    struct Show: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "One feedback: the text, who, when, and the files.")
+        @OptionGroup var server: ServerOptions
+        @Argument(help: "The feedback id.") var id: String
+        @Flag(help: "JSON output.") var json = false
+
+        func run() async throws {
+            let client = try server.client()
+            let f = try await calling { try await client.feedback(id) }
+            if json { return try printJSON(f) }
+            print("feedback \(f.id)")
+            print("  from uid \(f.uid) on agent \(f.agentID), given \(Format.time(f.createdAt.date)), received \(Format.time(f.receivedAt))")
+            print("  status: \(Format.status(f))")
+            print("  text: \(f.text)")
+            for file in f.files { print("  \(file)") }
+        }
     }
 }
 

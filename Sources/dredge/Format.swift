@@ -24,6 +24,20 @@ enum Format {
         return text
     }
 
+    static func status(_ f: FeedbackRecord) -> String {
+        var text = f.status.rawValue
+        if f.status == .uploading { text += " \(f.chunksReceived)/\(f.chunkCount) chunks" }
+        if f.status == .complete { text += " (\(f.records) records)" }
+        if f.status == .failed, !f.detail.isEmpty { text += " (\(f.detail))" }
+        return text
+    }
+
+    /// The start of a text, on one line.
+    static func excerpt(_ text: String, _ length: Int = 60) -> String {
+        let line = text.replacingOccurrences(of: "\n", with: " ")
+        return line.count > length ? String(line.prefix(length)) + "…" : line
+    }
+
     static func filter(_ f: LogFilter) -> String {
         var parts: [String] = []
         if let since = f.since { parts.append("since \(time(since.date))") }

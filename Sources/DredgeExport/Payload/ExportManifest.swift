@@ -48,6 +48,13 @@ public struct ExportManifest: Codable, Hashable, Sendable {
         public var uid: String
         public var text: String
         public var createdAt: String
+
+        public init(feedbackID: String, uid: String, text: String, createdAt: String) {
+            self.feedbackID = feedbackID
+            self.uid = uid
+            self.text = text
+            self.createdAt = createdAt
+        }
     }
 
     public var format: String

@@ -10,7 +10,7 @@ import NIOCore
 public enum AdminAPI {
     /// Builds the Hummingbird application; a `Service` for the server's service group.
     public static func application(
-        registry: AgentRegistry, pulls: PullStore, tokens: TokenStore, dispatcher: PullDispatcher, port: Int, logger: Logger,
+        registry: AgentRegistry, pulls: PullStore, feedback: FeedbackStore, tokens: TokenStore, dispatcher: PullDispatcher, port: Int, logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) -> some ApplicationProtocol {
         let router = Router(context: AdminRequestContext.self)
@@ -42,6 +42,15 @@ public enum AdminAPI {
             let id = try context.parameters.require("id")
             guard let pull = try pulls.pull(id) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
             return try json(pull)
+        }
+        v1.get("feedback") { request, _ in
+            let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
+            return try json(feedback.all(limit: min(max(limit, 1), 1000)))
+        }
+        v1.get("feedback/:id") { _, context in
+            let id = try context.parameters.require("id")
+            guard let record = try feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
+            return try json(record)
         }
         v1.get("audit") { _, _ in try json(pulls.audit()) }
         v1.get("tokens") { _, _ in try json(tokens.list()) }

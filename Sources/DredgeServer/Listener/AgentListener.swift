@@ -14,6 +14,7 @@ public final class AgentListener: Service, Sendable {
     public let deployment: LoadedDeployment
     public let registry: AgentRegistry
     public let pulls: PullStore
+    public let feedback: FeedbackStore
     public let tokens: TokenStore
     public let dispatcher: PullDispatcher
     let logger: Logger
@@ -24,12 +25,13 @@ public final class AgentListener: Service, Sendable {
     private let connections = ConnectionSet()
 
     public init(
-        deployment: LoadedDeployment, registry: AgentRegistry, pulls: PullStore, tokens: TokenStore, dispatcher: PullDispatcher, logger: Logger,
+        deployment: LoadedDeployment, registry: AgentRegistry, pulls: PullStore, feedback: FeedbackStore, tokens: TokenStore, dispatcher: PullDispatcher, logger: Logger,
         host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil
     ) {
         self.deployment = deployment
         self.registry = registry
         self.pulls = pulls
+        self.feedback = feedback
         self.tokens = tokens
         self.dispatcher = dispatcher
         self.logger = logger
@@ -251,7 +253,9 @@ final class ConnectionSession {
                 pending.append(contentsOf: listener.enroll(request, machine: &machine))
             case .registered(let id):
                 agentID = id
-                uploads = ConnectionUploads(agentID: id, pulls: listener.pulls, dataDirectory: listener.deployment.directory, logger: listener.logger)
+                uploads = ConnectionUploads(
+                    agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
+                    dataDirectory: listener.deployment.directory, logger: listener.logger)
                 try listener.registry.connected(id, from: remote, host: host)
                 listener.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
                 outcome.registered = id

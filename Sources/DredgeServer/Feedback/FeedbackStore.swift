@@ -1,0 +1,76 @@
+import DredgeAdminAPI
+import DredgeStore
+import Foundation
+import GRDB
+
+/// Feedback uploads as the server received them (`feedback.sqlite`): who, what they said, and
+/// where the upload stands. The files go to `feedback/<id>/`. A feedback id is its upload id;
+/// a second upload of the same id is answered with the first one's result, never stored again.
+public final class FeedbackStore: Sendable {
+    let db: DatabasePool
+
+    public init(path: String) throws {
+        db = try ServerDatabase.open(path) { migrator in
+            migrator.registerMigration("feedback-v1") { db in
+                try db.execute(sql: """
+                    CREATE TABLE feedback (
+                        id TEXT PRIMARY KEY NOT NULL,
+                        agent_id TEXT NOT NULL,
+                        uid TEXT NOT NULL,
+                        text TEXT NOT NULL,
+                        created_at_us INTEGER NOT NULL,
+                        received_at REAL NOT NULL,
+                        status TEXT NOT NULL,
+                        detail TEXT NOT NULL DEFAULT '',
+                        chunks_received INTEGER NOT NULL DEFAULT 0,
+                        chunk_count INTEGER NOT NULL DEFAULT 0,
+                        bytes INTEGER NOT NULL DEFAULT 0,
+                        records INTEGER NOT NULL DEFAULT 0,
+                        files TEXT NOT NULL DEFAULT '[]'
+                    );
+                    CREATE INDEX feedback_by_time ON feedback(received_at);
+                    """)
+            }
+        }
+    }
+
+    /// Records a feedback upload the first time its header arrives; later calls change nothing.
+    public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64) throws {
+        try db.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO feedback (id, agent_id, uid, text, created_at_us, received_at, status, chunk_count, bytes)
+                    VALUES (?, ?, ?, ?, ?, ?, 'uploading', ?, ?) ON CONFLICT(id) DO NOTHING
+                    """,
+                arguments: [id, agentID, uid, text, createdAt.microseconds, Date().timeIntervalSince1970, chunkCount, bytes])
+        }
+    }
+
+    public func update(_ id: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil) throws {
+        try db.write { db in
+            try db.execute(
+                sql: """
+                    UPDATE feedback SET status = ?, detail = ?, chunks_received = coalesce(?, chunks_received),
+                        records = coalesce(?, records), files = coalesce(?, files) WHERE id = ?
+                    """,
+                arguments: [status.rawValue, detail, chunksReceived, records, files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, id])
+        }
+    }
+
+    public func feedback(_ id: String) throws -> FeedbackRecord? {
+        try db.read { db in try Row.fetchOne(db, sql: "SELECT * FROM feedback WHERE id = ?", arguments: [id]).map(Self.record) }
+    }
+
+    /// Newest first.
+    public func all(limit: Int = 100) throws -> [FeedbackRecord] {
+        try db.read { db in try Row.fetchAll(db, sql: "SELECT * FROM feedback ORDER BY received_at DESC LIMIT ?", arguments: [limit]).map(Self.record) }
+    }
+
+    static func record(_ row: Row) -> FeedbackRecord {
+        FeedbackRecord(
+            id: row["id"], agentID: row["agent_id"], uid: row["uid"], text: row["text"], createdAt: Timestamp(microseconds: row["created_at_us"]),
+            receivedAt: Date(timeIntervalSince1970: row["received_at"]), status: PullStatus(rawValue: row["status"]) ?? .failed, detail: row["detail"],
+            chunksReceived: row["chunks_received"], chunkCount: row["chunk_count"], bytes: row["bytes"], records: row["records"],
+            files: (try? JSONDecoder().decode([String].self, from: Data((row["files"] as String).utf8))) ?? [])
+    }
+}

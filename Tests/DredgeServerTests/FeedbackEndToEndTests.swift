@@ -1,0 +1,124 @@
+import Crypto
+import DredgeAdminAPI
+import DredgeAgentCore
+import DredgeEnvelope
+import DredgeExport
+import DredgeServer
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Testing
+
+/// Feedback uploads through the real processes: given while the server is down, kept across an
+/// agent restart, sent when the server is back, stored once.
+@Suite struct FeedbackEndToEndTests {
+    typealias Deployment = AgentServerEndToEndTests.Deployment
+
+    @Test func feedbackGivenWhileTheServerIsDownArrivesOnceWhenItIsBack() throws {
+        let d = try Deployment()
+        var (server, port) = try d.startServer()
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+        #expect(server.stop() == 0)
+
+        // The user gives feedback; the server is unreachable.
+        let (status, output) = try ManagedProcess.run(
+            "dredge-agent", ["feedback", "--state", state, "--store", store, "--uid", "u-2", "--text", "the oven didn't turn off", "--days", "2"])
+        #expect(status == 0, "\(output)")
+        let id = try #require(output.split(separator: "\n").first { $0.count == 32 }.map(String.init))
+        #expect(Feedback.pending(stateDirectory: state) == [id])
+
+        // The agent starts, cannot connect, and is restarted: the feedback waits in the outbox.
+        var agent = try d.runAgent(state: state, store: store, log: "agent1.log")
+        #expect(try ManagedProcess.waitFor { agent.output.contains("feedback upload queued") }, "\(agent.output)")
+        #expect(agent.stop() == 0)
+        #expect(Feedback.pending(stateDirectory: state) == [id])
+        agent = try d.runAgent(state: state, store: store, log: "agent2.log")
+
+        // The server comes back on the same port.
+        server = try ManagedProcess(
+            "dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"],
+            outputPath: d.dir.file("server2.log"))
+        defer { agent.stop(); server.stop() }
+        let admin = try d.adminAddress(server)
+        func listed() throws -> [[String: Any]] {
+            let (_, json) = try d.dredge(["feedback", "--json"], server: admin)
+            return (try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [[String: Any]]) ?? []
+        }
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(120)) { try listed().first?["status"] as? String == "complete" }, "\(agent.output)\n\(server.output)")
+        let record = try #require(try listed().first)
+        #expect(record["id"] as? String == id)
+        #expect(record["uid"] as? String == "u-2")
+        #expect(record["text"] as? String == "the oven didn't turn off")
+        #expect(record["agentID"] as? String == (try d.agents().first?["agentID"] as? String))
+        #expect(try ManagedProcess.waitFor { Feedback.pending(stateDirectory: state).isEmpty }, "the outbox is emptied once the server confirmed")
+
+        // The files: exactly the uid's records of the two days before the feedback, the feedback
+        // itself among them.
+        let dir = d.data + "/feedback/\(id)"
+        let manifest = try JSONSerialization.jsonObject(with: FileManager.default.contents(atPath: dir + "/manifest.json")!) as! [String: Any]
+        let filter = manifest["filter"] as! [String: Any]
+        let since = try #require(Timestamp(rfc3339: filter["since"] as! String)), until = try #require(Timestamp(rfc3339: filter["until"] as! String))
+        #expect(abs(until.microseconds - since.microseconds - 2 * 86_400_000_000) < 2_000_000)
+        let expected = try PullEndToEndTests.expected(store, LogFilter(since: since, until: until, uid: "u-2"))
+        let files = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".jsonl") }.sorted()
+        #expect(files == expected.keys.sorted())
+        for file in files { #expect(contents(dir + "/" + file) == expected[file], "\(file)") }
+        #expect(files.contains { contents(dir + "/" + $0).contains(#""type":"feedback""#) && contents(dir + "/" + $0).contains("the oven didn't turn off") })
+        #expect((manifest["feedback"] as? [String: Any])?["text"] as? String == "the oven didn't turn off")
+
+        // Engineers see it: `dredge feedback show` and `dredge pulls`.
+        let shown = try d.dredge(["feedback", "show", id], server: admin)
+        #expect(shown.output.contains("text: the oven didn't turn off") && shown.output.contains(dir + "/"), "\(shown.output)")
+        #expect(try d.dredge(["pulls"], server: admin).output.contains("\(id)"))
+
+        // Never twice: the agent restarts and sends nothing more; the server holds one feedback.
+        #expect(agent.stop() == 0)
+        agent = try d.runAgent(state: state, store: store, log: "agent3.log")
+        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["connected"] as? Bool) == true } })
+        usleep(3_000_000)
+        #expect(try listed().count == 1)
+        #expect(!agent.output.contains("feedback upload queued"))
+    }
+
+    /// A feedback whose key is wrapped for another server, or that names another agent, is
+    /// refused at its first frame; nothing is recorded.
+    @Test func aFeedbackTheServerCannotOpenIsRefused() async throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let client = try AdminClient(server: try d.adminAddress(server), token: d.created.adminToken)
+        let tls = try AgentLink.tlsContext(caPEM: contents(d.data + "/ca.pem"))
+        let key = try RSAPrivateKey.generate()
+        let agentID = try await AgentEnrollment.register(host: "127.0.0.1", port: port, tls: tls, token: d.created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = "odd" })
+        let zip = d.dir.file("feedback.zip")
+        try Data(repeating: 7, count: 10_000).write(to: URL(fileURLWithPath: zip))
+        let otherServer = try RSAPrivateKey.generate()
+
+        try await AgentLink.withConnection(host: "127.0.0.1", port: port, tls: tls, agentID: agentID, key: key) { link in
+            for (name, wrapFor, claimedAgent) in [("wrong key", otherServer.publicKey, agentID), ("other agent", try LoadedDeployment(directory: d.data).encryptionKey.publicKey, "00" + agentID.dropFirst(2))] {
+                let id = Hex.encode(secureRandomBytes(16))
+                let uploadKey = SymmetricKey.uploadKey()
+                let upload = try SealedUpload(
+                    zipPath: zip, uploadID: id, kind: .feedback, agentID: String(claimedAgent), key: uploadKey, wrappedKey: try wrapFor.wrapKey(uploadKey),
+                    feedback: .with { $0.feedbackID = id; $0.uid = "u-1"; $0.text = name; $0.createdAtUs = Timestamp.now.microseconds },
+                    empty: false, createdAt: Timestamp.now.microseconds)
+                try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+                var refusal: WireError?
+                while refusal == nil {
+                    do {
+                        guard let frame = try await link.next() else { break }
+                        if case .error(let e)? = frame.body { refusal = e }
+                    } catch {
+                        break
+                    }
+                }
+                #expect(refusal?.code == .errorUploadInvalid, "\(name)")
+                #expect(refusal?.uploadID == id, "\(name)")
+            }
+        }
+        #expect(try await client.feedback().isEmpty)
+    }
+}

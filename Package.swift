@@ -153,6 +153,7 @@ let package = Package(
                 "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgeExport", "CDredgeZlib",
                 "DredgeServer", "DredgeAgentCore", "DredgeAdminAPI",
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -208,6 +209,7 @@ let package = Package(
             dependencies: [
                 "DredgeLogging", "DredgeStore", "DredgeTestSupport",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Hummingbird", package: "hummingbird"),
             ]
         ),
     ]

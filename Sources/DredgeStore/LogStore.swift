@@ -47,7 +47,7 @@ public final class LogStore: Sendable {
         } catch {
             throw StoreError.wrap(error, path: path)
         }
-        queue = WriteQueue(capacity: configuration.queueCapacity, policy: configuration.overflowPolicy)
+        queue = WriteQueue(capacity: configuration.queueCapacity, policy: configuration.overflowPolicy, linger: configuration.writeLinger, lingerBelow: configuration.lingerBelow)
         if configuration.readOnly {
             queue.close()
             writer = nil

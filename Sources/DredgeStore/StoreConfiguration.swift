@@ -60,6 +60,12 @@ public struct StoreConfiguration: Sendable {
     public var overflowPolicy = OverflowPolicy.dropNewest
     /// Most records in one write transaction. Default 1,024.
     public var maxBatchSize = 1_024
+    /// When the writer wakes for fewer than `lingerBelow` records, it waits up to this long for
+    /// more before writing, so a trickle of records (one per HTTP request, say) is written in a
+    /// few transactions instead of one each. `flush()` and `close()` cut the wait short; zero
+    /// turns it off. Records are in memory this much longer before a crash would lose them.
+    public var writeLinger = Duration.milliseconds(5)
+    public var lingerBelow = 64
     /// How often retention runs besides at open. Default one minute. Size is also checked
     /// after every ``sizeCheckEveryBatches`` batches.
     public var retentionInterval = Duration.seconds(60)

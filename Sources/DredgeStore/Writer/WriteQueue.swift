@@ -44,6 +44,10 @@ final class WriteQueue: @unchecked Sendable {
 
     private var counters = Counters()
     private var writerSleeping = false
+    /// The writer holds a small batch back for more (see `StoreConfiguration.writeLinger`).
+    private var lingering = false
+    private let linger: Duration
+    private let lingerBelow: Int
     private var blockedProducers = 0
     private var closed = false
     /// Set once the writer has run the retention pass it runs at open.
@@ -51,11 +55,15 @@ final class WriteQueue: @unchecked Sendable {
     private var pendingDrop: LossWindow?
     private var unreportedFailure: StoreError?
     private var asyncWaiters: [(target: UInt64, continuation: CheckedContinuation<Void, any Error>)] = []
+    private var syncFlushers = 0
+    private var flushWaiting: Bool { syncFlushers > 0 || !asyncWaiters.isEmpty }
 
-    init(capacity: Int, policy: OverflowPolicy) {
+    init(capacity: Int, policy: OverflowPolicy, linger: Duration = .zero, lingerBelow: Int = 64) {
         precondition(capacity > 0)
         self.capacity = capacity
         self.policy = policy
+        self.linger = linger
+        self.lingerBelow = lingerBelow
         self.buffer = []
         self.spare = []
         buffer.reserveCapacity(min(capacity, 4096))
@@ -93,7 +101,7 @@ final class WriteQueue: @unchecked Sendable {
         }
         buffer.append(entry)
         counters.accepted += 1
-        if writerSleeping { condition.broadcast() }
+        if writerSleeping || (lingering && buffer.count >= lingerBelow) { condition.broadcast() }
         return true
     }
 
@@ -109,6 +117,15 @@ final class WriteQueue: @unchecked Sendable {
             if !signalled { break }
         }
         if buffer.isEmpty && pendingDrop == nil && closed { return nil }
+        // A few records: wait a little for more, unless someone waits for them.
+        if linger > .zero && !buffer.isEmpty && buffer.count < lingerBelow && !closed && !flushWaiting {
+            let until = Date().addingTimeInterval(Double(linger.components.attoseconds) / 1e18 + Double(linger.components.seconds))
+            lingering = true
+            while buffer.count < lingerBelow && !closed && !flushWaiting {
+                if !condition.wait(until: until) { break }
+            }
+            lingering = false
+        }
         swap(&buffer, &spare)
         let entries = spare
         spare = []
@@ -193,8 +210,10 @@ final class WriteQueue: @unchecked Sendable {
     func flush() throws {
         condition.lock()
         let target = counters.accepted
-        if writerSleeping { condition.broadcast() }
+        syncFlushers += 1
+        if writerSleeping || lingering { condition.broadcast() }
         while counters.finished < target || !(ready || closed) { condition.wait() }
+        syncFlushers -= 1
         let failure = takeFailure()
         condition.unlock()
         if let failure { throw failure }
@@ -211,7 +230,7 @@ final class WriteQueue: @unchecked Sendable {
                 return
             }
             asyncWaiters.append((target, continuation))
-            if writerSleeping { condition.broadcast() }
+            if writerSleeping || lingering { condition.broadcast() }
             condition.unlock()
         }
     }

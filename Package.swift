@@ -110,7 +110,7 @@ let package = Package(
         // The support engineers' command line, a client of the admin API.
         .executableTarget(
             name: "dredge",
-            dependencies: ["DredgeAdminAPI", "DredgeStore", "DredgeCommandLine", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DredgeAdminAPI", "DredgeStore", "DredgeCommandLine", "DredgeExport", "DredgeEnvelope", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .executableTarget(
             name: "dredge-server",
@@ -134,7 +134,7 @@ let package = Package(
         .executableTarget(
             name: "dredge-agent",
             dependencies: [
-                "DredgeStore", "DredgeLogging", "DredgeAgentCore", "DredgeWire", "DredgeCommandLine",
+                "DredgeStore", "DredgeLogging", "DredgeAgentCore", "DredgeWire", "DredgeCommandLine", "DredgeExport", "DredgeEnvelope",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -177,7 +177,7 @@ let package = Package(
             name: "DredgeStoreTests",
             dependencies: ["DredgeStore", "DredgeSamples", "DredgeTestSupport", .product(name: "GRDB", package: "GRDB.swift")]
         ),
-        .testTarget(name: "DredgeAgentTests", dependencies: ["DredgeTestSupport"]),
+        .testTarget(name: "DredgeAgentTests", dependencies: ["DredgeTestSupport", "DredgeEnvelope"]),
         .testTarget(
             name: "DredgeServerTests",
             dependencies: [

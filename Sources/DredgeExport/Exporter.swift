@@ -4,7 +4,7 @@ import Foundation
 
 /// What to export and for whom.
 public struct ExportRequest: Sendable {
-    public enum Kind: String, Sendable { case pull, feedback }
+    public enum Kind: String, Sendable { case pull, feedback, export }
 
     public var uploadID: String
     public var kind: Kind

@@ -6,5 +6,5 @@ struct DredgeAgent: AsyncParsableCommand {
         commandName: "dredge-agent",
         abstract: "The Dredge agent: feeds and reads the local log store.",
         discussion: "The store path comes from --store, else $DREDGE_STORE, else ~/.local/state/dredge/logs.sqlite.",
-        subcommands: [LogCommand.self, IngestCommand.self, QueryCommand.self, StatsCommand.self, EnrollCommand.self, RunAgentCommand.self, FeedbackCommand.self])
+        subcommands: [LogCommand.self, IngestCommand.self, QueryCommand.self, StatsCommand.self, EnrollCommand.self, RunAgentCommand.self, FeedbackCommand.self, ExportCommand.self])
 }

@@ -167,6 +167,9 @@ public nonisolated enum WireUploadKind: SwiftProtobuf.Enum, Swift.CaseIterable {
   case unspecified // = 0
   case pull // = 1
   case feedback // = 2
+
+  /// a manual export sealed to a file (§19); never uploaded
+  case export // = 3
   case UNRECOGNIZED(Int)
 
   public init() {
@@ -178,6 +181,7 @@ public nonisolated enum WireUploadKind: SwiftProtobuf.Enum, Swift.CaseIterable {
     case 0: self = .unspecified
     case 1: self = .pull
     case 2: self = .feedback
+    case 3: self = .export
     default: self = .UNRECOGNIZED(rawValue)
     }
   }
@@ -187,6 +191,7 @@ public nonisolated enum WireUploadKind: SwiftProtobuf.Enum, Swift.CaseIterable {
     case .unspecified: return 0
     case .pull: return 1
     case .feedback: return 2
+    case .export: return 3
     case .UNRECOGNIZED(let i): return i
     }
   }
@@ -196,6 +201,7 @@ public nonisolated enum WireUploadKind: SwiftProtobuf.Enum, Swift.CaseIterable {
     .unspecified,
     .pull,
     .feedback,
+    .export,
   ]
 
 }
@@ -981,7 +987,7 @@ public nonisolated struct WireUploadHeader: Sendable {
   /// ceil(plaintext_size / chunk_size), at least 1
   public var chunkCount: UInt32 = 0
 
-  /// feedback: AES key, RSA-OAEP-SHA256 under the server key; pulls: empty
+  /// feedback: AES key, RSA-OAEP-SHA256 under the server key; export: under the recipient's key; pulls: empty
   public var wrappedKey: Data = Data()
 
   /// feedback only
@@ -1188,7 +1194,7 @@ nonisolated extension WireRejectReason: SwiftProtobuf._ProtoNameProviding {
 }
 
 nonisolated extension WireUploadKind: SwiftProtobuf._ProtoNameProviding {
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0UPLOAD_KIND_UNSPECIFIED\0\u{1}UPLOAD_KIND_PULL\0\u{1}UPLOAD_KIND_FEEDBACK\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0UPLOAD_KIND_UNSPECIFIED\0\u{1}UPLOAD_KIND_PULL\0\u{1}UPLOAD_KIND_FEEDBACK\0\u{1}UPLOAD_KIND_EXPORT\0")
 }
 
 nonisolated extension WireUploadState: SwiftProtobuf._ProtoNameProviding {

@@ -27,6 +27,7 @@ bench: deps
 	.build/release/dredge-bench store
 	.build/release/dredge-bench export
 	.build/release/dredge-bench server
+	.build/release/dredge-bench network
 
 clean:
 	rm -rf .build .build-fuzz demo-output

@@ -182,6 +182,7 @@ let package = Package(
             name: "DredgeServerTests",
             dependencies: [
                 "DredgeServer", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", "DredgeAdminAPI", "DredgeAgentCore", "DredgeWire", "DredgeExport",
+                "DredgeLogging",
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

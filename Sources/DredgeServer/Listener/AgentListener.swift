@@ -140,7 +140,7 @@ public final class AgentListener: Service, Sendable {
     }
 
     private func delivered(_ pullID: String, to agentID: String) throws {
-        try pulls.update(pullID, agent: agentID, status: .delivered)
+        try pulls.markDelivered(pullID, agent: agentID)
         logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
     }
 

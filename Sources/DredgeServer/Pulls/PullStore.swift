@@ -169,6 +169,16 @@ public final class PullStore: Sendable {
         return try ids.compactMap { try pull($0) }
     }
 
+    /// Marks a queued pull delivered after its command was written. Only a queued one: the
+    /// agent's answer (accepted, rejected) may already have moved it on.
+    public func markDelivered(_ pullID: String, agent: String) throws {
+        try db.write { db in
+            try db.execute(
+                sql: "UPDATE pull_target SET status = 'delivered', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = 'queued'",
+                arguments: [Date().timeIntervalSince1970, pullID, agent])
+        }
+    }
+
     public func update(_ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, files: [String]? = nil) throws {
         try db.write { db in
             try db.execute(

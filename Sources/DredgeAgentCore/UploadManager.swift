@@ -20,6 +20,8 @@ actor UploadManager {
 
     private var admission: PullAdmission
     private var uploads: [String: Active] = [:]
+    /// Feedback the server failed to take on its side; retried on the next connection.
+    private var parked: Set<String> = []
     private var outbound: NIOAsyncChannelOutboundWriter<WireFrame>?
     private let store: LogStore?
     private let state: AgentState
@@ -73,7 +75,7 @@ actor UploadManager {
     /// Picks up feedback uploads that appeared in the outbox (from ``Feedback/submit`` in this
     /// process or another, such as `dredge-agent feedback`) and starts them if connected.
     func rescanOutbox() async throws {
-        for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil {
+        for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil && !parked.contains(id) {
             adoptFeedback(id)
             if uploads[id] != nil, outbound != nil { try await perform(id, uploads[id]!.sender.resume()) }
         }
@@ -98,6 +100,8 @@ actor UploadManager {
     /// A connection is ready: send through it, and resume every unfinished upload.
     func connected(_ writer: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
         outbound = writer
+        parked.removeAll()
+        for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil { adoptFeedback(id) }
         for id in uploads.keys.sorted() {
             try await perform(id, uploads[id]!.sender.resume())
         }
@@ -186,7 +190,16 @@ actor UploadManager {
                 try await outbound?.write(.with { $0.uploadChunk = .with { $0.uploadID = uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
             case .finished(let result):
                 uploads[uploadID] = nil
-                try? FileManager.default.removeItem(atPath: state.directory + "/uploads/" + uploadID)
+                let directory = state.directory + "/uploads/" + uploadID
+                // Feedback exists nowhere else: if the server failed on its side (its disk, say),
+                // keep it and try again on the next connection. A payload it refused stays refused.
+                let refused: Set<WireErrorCode> = [.errorPayloadInvalid, .errorChunkAuthFailed, .errorUploadInvalid]
+                if !result.ok, !refused.contains(result.error), FileManager.default.fileExists(atPath: directory + "/feedback-key.bin") {
+                    parked.insert(uploadID)
+                    logger.warning("feedback upload failed on the server; kept for the next connection", metadata: ["upload.id": "\(uploadID)", "error": "\(result.error)", "detail": "\(result.detail)"])
+                    continue
+                }
+                try? FileManager.default.removeItem(atPath: directory)
                 if result.ok {
                     logger.info("upload complete", metadata: ["upload.id": "\(uploadID)", "files": "\(result.files)", "records": "\(result.records)"])
                 } else {

@@ -83,6 +83,34 @@ import Testing
         #expect(!agent.output.contains("feedback upload queued"))
     }
 
+    /// The server fails on its side (here it cannot create `feedback/`): the agent keeps the
+    /// feedback and sends it again on its next connection, once the server is mended.
+    @Test func aFeedbackTheServerFailedToStoreIsKeptAndSentAgain() throws {
+        let d = try Deployment()
+        var (server, port) = try d.startServer()
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        #expect(try d.enroll(state: state, port: port).0 == 0)
+        try Data("in the way".utf8).write(to: URL(fileURLWithPath: d.data + "/feedback"))
+        let agent = try d.runAgent(state: state, store: store)
+        defer { agent.stop() }
+        let (status, output) = try ManagedProcess.run("dredge-agent", ["feedback", "--state", state, "--store", store, "--uid", "u-1", "--text", "door stuck"])
+        #expect(status == 0, "\(output)")
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(60)) { agent.output.contains("feedback upload failed on the server; kept") }, "\(agent.output)")
+        #expect(Feedback.pending(stateDirectory: state).count == 1)
+
+        // Mended, and restarted: the agent reconnects and the feedback arrives.
+        #expect(server.stop() == 0)
+        try FileManager.default.removeItem(atPath: d.data + "/feedback")
+        server = try ManagedProcess(
+            "dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"],
+            outputPath: d.dir.file("server2.log"))
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(120)) { try d.dredge(["feedback"], server: admin).output.contains("complete") }, "\(agent.output)")
+        #expect(try ManagedProcess.waitFor { Feedback.pending(stateDirectory: state).isEmpty })
+    }
+
     /// A feedback whose key is wrapped for another server, or that names another agent, is
     /// refused at its first frame; nothing is recorded.
     @Test func aFeedbackTheServerCannotOpenIsRefused() async throws {

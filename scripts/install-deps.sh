@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 set -euo pipefail
 
-# System packages: SQLite (GRDB links the system library), zlib, and Python 3 with
-# `cryptography` for the independent protocol check (Tests/interop).
-packages=(libsqlite3-dev zlib1g-dev)
+# System packages: SQLite (GRDB links the system library), zlib, libcurl (FoundationNetworking's
+# URLSession: `dredge` and network logging), and Python 3 with `cryptography` for the
+# independent protocol check (Tests/interop) and the benchmark's fleet keys.
+packages=(libsqlite3-dev zlib1g-dev libcurl4)
 command -v python3 >/dev/null || packages+=(python3)
 missing=()
 for p in "${packages[@]}"; do

@@ -184,6 +184,7 @@ let package = Package(
                 "DredgeServer", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", "DredgeAdminAPI", "DredgeAgentCore", "DredgeWire", "DredgeExport",
                 "DredgeLogging",
                 .product(name: "X509", package: "swift-certificates"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]

@@ -7,6 +7,7 @@ import DredgeStore
 import DredgeTestSupport
 import DredgeWire
 import Foundation
+import NIOSSL
 import Testing
 
 #if canImport(FoundationNetworking)
@@ -17,6 +18,14 @@ import FoundationNetworking
 /// pulls that go wrong on purpose (forged, replayed, tampered), each visible on the pull.
 @Suite struct AdminEndToEndTests {
     typealias Deployment = AgentServerEndToEndTests.Deployment
+
+    /// An agent made of `AgentLink` (to misbehave on purpose), enrolled with a fresh key.
+    static func enrollLinkAgent(_ d: Deployment, port: Int, hostname: String) async throws -> (tls: NIOSSLContext, key: RSAPrivateKey, agentID: String) {
+        let tls = try AgentLink.tlsContext(caPEM: contents(d.data + "/ca.pem"))
+        let key = try RSAPrivateKey.generate()
+        let id = try await AgentEnrollment.register(host: "127.0.0.1", port: port, tls: tls, token: d.created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = hostname })
+        return (tls, key, id)
+    }
 
     /// A raw HTTP call, to see exactly what the API answers.
     static func http(_ method: String, _ url: String, authorization: String? = nil, body: String? = nil) async throws -> (Int, [String: Any], String?) {
@@ -108,12 +117,8 @@ import FoundationNetworking
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)
-        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
-        #expect(try d.enroll(state: state, port: port).0 == 0)
-        let agent = try d.runAgent(state: state, store: store)
+        let agent = try d.runDevice(port: port, waitingFor: "u-2").agent
         defer { agent.stop() }
-        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-2") == true } })
 
         let (status, output) = try d.dredge(["pull", "--uid", "u-2", "--since", "2d", "--type", "network", "--wait", "--timeout", "120"], server: admin)
         #expect(status == 0, "\(output)\n\(agent.output)")
@@ -160,12 +165,8 @@ import FoundationNetworking
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)
-        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
-        #expect(try d.enroll(state: state, port: port).0 == 0)
-        let agent = try d.runAgent(state: state, store: store)
+        let agent = try d.runDevice(port: port, waitingFor: "u-3").agent
         defer { agent.stop() }
-        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-3") == true } })
         let first = try d.dredge(["pull", "--uid", "u-3", "--type", "player", "--wait", "--timeout", "120"], server: admin)
         #expect(first.status == 0, "\(first.output)")
         let listed = try d.dredge(["pulls", "--json"], server: admin).output
@@ -188,9 +189,7 @@ import FoundationNetworking
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let client = try AdminClient(server: try d.adminAddress(server), token: d.created.adminToken)
-        let tls = try AgentLink.tlsContext(caPEM: contents(d.data + "/ca.pem"))
-        let key = try RSAPrivateKey.generate()
-        let agentID = try await AgentEnrollment.register(host: "127.0.0.1", port: port, tls: tls, token: d.created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = "rogue" })
+        let (tls, key, agentID) = try await Self.enrollLinkAgent(d, port: port, hostname: "rogue")
         let payload = d.dir.file("payload.zip")
         try Data((0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 31) }).write(to: URL(fileURLWithPath: payload))
 

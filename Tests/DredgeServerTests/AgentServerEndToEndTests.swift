@@ -50,6 +50,21 @@ import Testing
             try ManagedProcess.run("dredge", arguments + ["--server", server, "--token", token ?? created.adminToken])
         }
 
+        /// A device with three users' logs (`PullEndToEndTests.makeDeviceStore`), enrolled and
+        /// running, once the server has seen `uid` in its heartbeats.
+        func runDevice(port: Int, waitingFor uid: String = "u-1") throws -> (agent: ManagedProcess, state: String, store: String) {
+            let state = dir.file("agent"), store = dir.file("device.sqlite")
+            try PullEndToEndTests.makeDeviceStore(store)
+            let (status, output) = try enroll(state: state, port: port)
+            guard status == 0 else { throw DeploymentError("enrollment failed: \(output)") }
+            let agent = try runAgent(state: state, store: store)
+            guard try ManagedProcess.waitFor({ try agents().contains { ($0["activeUIDs"] as? [String])?.contains(uid) == true } }) else {
+                agent.stop()
+                throw DeploymentError("the agent never reported \(uid): \(agent.output)")
+            }
+            return (agent, state, store)
+        }
+
         func agents() throws -> [[String: Any]] {
             let (status, output) = try ManagedProcess.run("dredge-server", ["agents", "--data", data, "--json"])
             guard status == 0 else { return [] }

@@ -118,9 +118,7 @@ import Testing
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let client = try AdminClient(server: try d.adminAddress(server), token: d.created.adminToken)
-        let tls = try AgentLink.tlsContext(caPEM: contents(d.data + "/ca.pem"))
-        let key = try RSAPrivateKey.generate()
-        let agentID = try await AgentEnrollment.register(host: "127.0.0.1", port: port, tls: tls, token: d.created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = "odd" })
+        let (tls, key, agentID) = try await AdminEndToEndTests.enrollLinkAgent(d, port: port, hostname: "odd")
         let zip = d.dir.file("feedback.zip")
         try Data(repeating: 7, count: 10_000).write(to: URL(fileURLWithPath: zip))
         let otherServer = try RSAPrivateKey.generate()

@@ -39,12 +39,8 @@ import Testing
         let d = try AgentServerEndToEndTests.Deployment()
         let (server, port) = try d.startServer()
         defer { server.stop() }
-        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
-        try Self.makeDeviceStore(store)
-        #expect(try d.enroll(state: state, port: port).0 == 0)
-        let agent = try d.runAgent(state: state, store: store)
+        let (agent, _, store) = try d.runDevice(port: port, waitingFor: "u-2")
         defer { agent.stop() }
-        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-2") == true } })
 
         let (status, id) = try d.pull(["--uid", "u-2", "--since", "2d", "--level", "warning+", "--type", "network,player"])
         #expect(status == 0, "\(id)")
@@ -69,12 +65,8 @@ import Testing
         let d = try AgentServerEndToEndTests.Deployment()
         let (server, port) = try d.startServer()
         defer { server.stop() }
-        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
-        try Self.makeDeviceStore(store)
-        #expect(try d.enroll(state: state, port: port).0 == 0)
-        let agent = try d.runAgent(state: state, store: store)
+        let (agent, _, store) = try d.runDevice(port: port, waitingFor: "u-1")
         defer { agent.stop() }
-        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String])?.contains("u-1") == true } })
         let first = try d.pull(["--uid", "u-1"]).id
         let second = try d.pull(["--uid", "u-3", "--type", "network"]).id
         let heartbeatBefore = try d.agents().first?["lastHeartbeatAt"] as? String

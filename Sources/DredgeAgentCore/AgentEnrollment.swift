@@ -2,6 +2,7 @@ import DredgeEnvelope
 import DredgeWire
 import Foundation
 import NIOCore
+import NIOSSL
 
 /// `dredge-agent enroll`: makes the agent's RSA key, enrolls it with a token over a connection
 /// that trusts only the given CA, checks the id the server assigns is the one the key derives,
@@ -12,7 +13,26 @@ public enum AgentEnrollment {
             throw AgentError("\(stateDirectory) already holds an enrolled agent; remove it to enroll again")
         }
         let key = try RSAPrivateKey.generate()
-        let channel = try await AgentConnector.connect(host: host, port: port, caPEM: caPEM)
+        let response = try await request(host: host, port: port, tls: try AgentConnector.tlsContext(caPEM: caPEM), token: token, key: key, hostInfo: hostInfo)
+        guard response.agentID == key.publicKey.agentID else {
+            throw AgentError("the server assigned id \(response.agentID), but this key derives \(key.publicKey.agentID)")
+        }
+        _ = try CommandVerifier(rawRepresentation: response.serverSigningKey)
+        _ = try RSAPublicKey(spki: response.serverEncryptionKey)
+        let state = AgentState(
+            directory: stateDirectory,
+            file: .init(
+                agentID: response.agentID, serverHost: host, serverPort: port, serverSigningKey: Hex.encode(response.serverSigningKey),
+                serverEncryptionKey: Hex.encode(response.serverEncryptionKey), enrolledAt: Date()),
+            key: key, caPEM: caPEM)
+        try state.save()
+        return state
+    }
+
+    /// One enrollment exchange over a fresh connection: the server's answer, or an error that
+    /// says why there is none.
+    static func request(host: String, port: Int, tls: NIOSSLContext, token: String, key: RSAPrivateKey, hostInfo: WireHostInfo) async throws -> WireEnrollResponse {
+        let channel = try await AgentConnector.connect(host: host, port: port, context: tls)
         var machine = AgentConnectionStateMachine(mode: .enroll(token: token, publicKey: key.publicKey.spki, host: hostInfo), software: "dredge-agent/0.1")
         var response: WireEnrollResponse?
         var failure: WireProtocolError?
@@ -30,6 +50,7 @@ public enum AgentEnrollment {
                         default: break
                         }
                     }
+                    if response != nil { break loop }
                 }
             }
         } catch {
@@ -39,18 +60,6 @@ public enum AgentEnrollment {
             if let failure, failure.code == .errorEnrollmentRefused { throw AgentError("enrollment refused by the server: \(failure.message)") }
             throw AgentError("enrollment failed: \(failure?.description ?? "the server closed the connection")")
         }
-        guard response.agentID == key.publicKey.agentID else {
-            throw AgentError("the server assigned id \(response.agentID), but this key derives \(key.publicKey.agentID)")
-        }
-        _ = try CommandVerifier(rawRepresentation: response.serverSigningKey)
-        _ = try RSAPublicKey(spki: response.serverEncryptionKey)
-        let state = AgentState(
-            directory: stateDirectory,
-            file: .init(
-                agentID: response.agentID, serverHost: host, serverPort: port, serverSigningKey: Hex.encode(response.serverSigningKey),
-                serverEncryptionKey: Hex.encode(response.serverEncryptionKey), enrolledAt: Date()),
-            key: key, caPEM: caPEM)
-        try state.save()
-        return state
+        return response
     }
 }

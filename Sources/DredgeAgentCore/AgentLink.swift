@@ -89,21 +89,6 @@ public final class AgentLink: @unchecked Sendable {
 extension AgentEnrollment {
     /// Enrolls an existing key without saving any state: returns the id the server assigned.
     public static func register(host: String, port: Int, tls: NIOSSLContext, token: String, key: RSAPrivateKey, hostInfo: WireHostInfo) async throws -> String {
-        let channel = try await AgentConnector.connect(host: host, port: port, context: tls)
-        var machine = AgentConnectionStateMachine(mode: .enroll(token: token, publicKey: key.publicKey.spki, host: hostInfo), software: "dredge-agent/0.1")
-        return try await channel.executeThenClose { inbound, outbound in
-            for case .send(let f) in machine.start() { try await outbound.write(f) }
-            for try await frame in inbound {
-                for action in machine.receive(frame) {
-                    switch action {
-                    case .send(let f): try await outbound.write(f)
-                    case .enrolled(let response): return response.agentID
-                    case .close(let error): throw AgentError("enrollment failed: \(error?.description ?? "closed")")
-                    default: break
-                    }
-                }
-            }
-            throw AgentError("enrollment failed: the server closed the connection")
-        }
+        try await request(host: host, port: port, tls: tls, token: token, key: key, hostInfo: hostInfo).agentID
     }
 }

@@ -49,6 +49,8 @@ public final class NetworkLogger: Sendable {
     public let configuration: Configuration
     let logger: DredgeLogger
     let redacted: Set<String>
+    /// `configuration.bodies` by lowercased host.
+    let bodyCaps: [String: Int]
     private let enabled: Atomic<Bool>
     /// Correlation ids: 64 random bits per logger, then a counter. Unique without a system call
     /// per request (`UUID()` reads the random device every time).
@@ -59,6 +61,7 @@ public final class NetworkLogger: Sendable {
         self.configuration = configuration
         logger = center.logger(type: .network)
         redacted = Self.alwaysRedacted.union(configuration.redactedHeaders.map { $0.lowercased() })
+        bodyCaps = Dictionary(configuration.bodies.map { ($0.key.lowercased(), $0.value) }, uniquingKeysWith: min)
         self.enabled = Atomic(enabled)
         var random = SystemRandomNumberGenerator()
         idPrefix = String(random.next() as UInt64, radix: 16).leftPadded(to: 16)
@@ -119,7 +122,7 @@ public final class NetworkLogger: Sendable {
     }
 
     func body(_ data: Data?, host: String?) -> LogValue? {
-        guard let data, let host, let cap = configuration.bodies[host.lowercased()] ?? configuration.bodies[host] else { return nil }
+        guard let data, let host, let cap = bodyCaps[host.lowercased()] else { return nil }
         let kept = data.prefix(cap)
         let text = String(decoding: kept, as: UTF8.self)
         return .string(data.count > cap ? text + "…[\(data.count - cap) more bytes]" : text)

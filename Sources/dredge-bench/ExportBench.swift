@@ -40,11 +40,7 @@ struct ExportBench: AsyncParsableCommand {
     /// A store whose full export is `megabytes` MB of JSON lines.
     func buildStore(dir: String) throws -> String {
         let path = dir + "/export.sqlite"
-        var configuration = StoreConfiguration()
-        configuration.overflowPolicy = .block
-        configuration.retention = RetentionPolicy(maxAge: .seconds(365 * 86_400), maxBytes: 100_000_000_000)
-        let store = try LogStore(path: path, configuration: configuration)
-        let context = try store.register(.current(app: "bench"))
+        let (store, context) = try openBenchStore(path)
         let now = Timestamp.now
         // About 300 bytes of JSON per sample record.
         let count = megabytes * 1_000_000 / 300
@@ -186,4 +182,14 @@ struct ExportRSSChild: AsyncParsableCommand {
         let kilobytes = Double(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
         print(String(format: "%.1f", kilobytes / 1024))
     }
+}
+
+/// A store for building benchmark data: the queue blocks rather than drops, and retention keeps
+/// everything, so the store holds exactly what was written.
+func openBenchStore(_ path: String) throws -> (LogStore, ContextID) {
+    var configuration = StoreConfiguration()
+    configuration.overflowPolicy = .block
+    configuration.retention = RetentionPolicy(maxAge: .seconds(365 * 86_400), maxBytes: 100_000_000_000)
+    let store = try LogStore(path: path, configuration: configuration)
+    return (store, try store.register(.current(app: "bench")))
 }

@@ -131,11 +131,7 @@ struct ServerBench: AsyncParsableCommand {
     /// A store whose export is large: messages of random base64, which deflate barely shrinks.
     func buildStore(dir: String) throws -> String {
         let path = dir + "/upload.sqlite"
-        var configuration = StoreConfiguration()
-        configuration.overflowPolicy = .block
-        configuration.retention = RetentionPolicy(maxAge: .seconds(365 * 86_400), maxBytes: 100_000_000_000)
-        let store = try LogStore(path: path, configuration: configuration)
-        let context = try store.register(.current(app: "bench"))
+        let (store, context) = try openBenchStore(path)
         var rng = SystemRandomNumberGenerator()
         let now = Timestamp.now
         let count = uploadMb * 1_000_000 / 1_300

@@ -12,13 +12,18 @@ import Testing
 @Suite struct PullEndToEndTests {
     /// A device store with three users over three days.
     static func makeDeviceStore(_ path: String) throws {
-        var config = StoreConfiguration()
-        config.overflowPolicy = .block
-        let store = try LogStore(path: path, configuration: config)
-        let ctx = try store.register(LogContext(host: "oven-7", os: "Linux", app: "oven", appVersion: "1", process: "oven[1]"))
+        let (store, ctx) = try openDeviceStore(path, host: "oven-7")
         let now = Timestamp.now
         for e in SampleLogs(count: 12_000, uids: ["u-1", "u-2", "u-3"], from: now.subtracting(.seconds(60 * 3_600)), to: now, context: ctx) { store.enqueue(e) }
         try store.close()
+    }
+
+    /// A device's store for writing test logs: the queue blocks, nothing is dropped.
+    static func openDeviceStore(_ path: String, host: String) throws -> (LogStore, ContextID) {
+        var config = StoreConfiguration()
+        config.overflowPolicy = .block
+        let store = try LogStore(path: path, configuration: config)
+        return (store, try store.register(LogContext(host: host, os: "Linux", app: "oven", appVersion: "1", process: "oven[1]")))
     }
 
     /// What the store holds for `filter`, per day file, as the export writes it.
@@ -114,11 +119,7 @@ import Testing
 @Suite struct FaultyNetworkTests {
     /// 40,000 records of one user with incompressible payloads: an upload of ~33 chunks.
     static func makeLargeStore(_ store: String) throws {
-        // Enough logs for an upload of many chunks.
-        var config = StoreConfiguration()
-        config.overflowPolicy = .block
-        let logStore = try LogStore(path: store, configuration: config)
-        let ctx = try logStore.register(LogContext(host: "oven-9", os: "Linux", app: "oven", appVersion: "1", process: "oven[1]"))
+        let (logStore, ctx) = try PullEndToEndTests.openDeviceStore(store, host: "oven-9")
         var rng = SplitMix64(seed: 9)
         let now = Timestamp.now
         for i in 0..<40_000 {

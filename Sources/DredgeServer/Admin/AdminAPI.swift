@@ -15,7 +15,7 @@ public enum AdminAPI {
     ) -> some ApplicationProtocol {
         let router = Router(context: AdminRequestContext.self)
         router.add(middleware: ErrorMiddleware(logger: logger))
-        router.get("health") { _, _ in json(["status": "ok"]) }
+        router.get("health") { _, _ in try json(["status": "ok"]) }
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens))
         v1.get("agents") { _, _ in try json(registry.agents()) }
@@ -110,10 +110,6 @@ public enum AdminAPI {
     static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
         let body = try JSONEncoder.adminAPI.encode(value)
         return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: body)))
-    }
-
-    static func json(_ value: [String: String]) -> Response {
-        (try? json(value, status: .ok)) ?? Response(status: .internalServerError)
     }
 }
 

@@ -1,6 +1,7 @@
 import Crypto
 import DredgeAdminAPI
 import DredgeEnvelope
+import DredgeExport
 import Foundation
 
 /// The tokens the server accepts, by name and kind, as SHA-256 only: `tokens.json` does not
@@ -93,10 +94,8 @@ public final class TokenStore: @unchecked Sendable {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         encoder.dateEncodingStrategy = .iso8601
-        let temporary = path + ".tmp"
-        try? FileManager.default.removeItem(atPath: temporary)
-        try ServerDeployment.writeExclusive(temporary, Array(try encoder.encode(next)) + [10], mode: 0o600)
-        guard rename(temporary, path) == 0 else { throw DeploymentError("cannot replace \(path): \(String(cString: strerror(errno)))") }
+        // The same durable replace the server uses for upload chunks (0600, fsync, rename).
+        try UploadAssembler.durableWrite(Array(try encoder.encode(next)) + [10], to: path, directory: (path as NSString).deletingLastPathComponent)
     }
 }
 

@@ -132,8 +132,9 @@ public final class AgentListener: Service, Sendable {
 
     /// The signed commands of the agent's queued pulls.
     private func commands(for agentID: String) throws -> [(String, WireFrame)] {
-        guard let key = try registry.publicKey(of: agentID) else { return [] }
-        return try pulls.pending(for: agentID).map { pull in
+        let pending = try pulls.pending(for: agentID)
+        guard !pending.isEmpty, let key = try registry.publicKey(of: agentID) else { return [] }
+        return try pending.map { pull in
             let command = try pulls.command(for: pull, agentKey: key, signer: deployment.signingKey)
             return (pull.id, WireFrame.with { $0.pullCommand = command })
         }

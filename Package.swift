@@ -110,7 +110,7 @@ let package = Package(
         // The support engineers' command line, a client of the admin API.
         .executableTarget(
             name: "dredge",
-            dependencies: ["DredgeAdminAPI", "DredgeStore", "DredgeCommandLine", "DredgeExport", "DredgeEnvelope", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DredgeAdminAPI", "DredgeStore", "DredgeCommandLine", "DredgeExport", "DredgeEnvelope", "DredgeWire", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .executableTarget(
             name: "dredge-server",

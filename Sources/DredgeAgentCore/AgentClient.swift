@@ -18,12 +18,14 @@ public final class AgentClient: Service, Sendable {
     let established = Flag()
     let uploads: UploadManager
 
-    public init(state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger) throws {
+    /// - Parameter firstRetryDelay: how long an upload the server cannot take now (its disk is
+    ///   full, a quota) waits before it is tried again; doubles up to 5 minutes.
+    public init(state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger, firstRetryDelay: Duration = .seconds(5)) throws {
         self.state = state
         self.store = store
         self.hostInfo = hostInfo
         self.logger = logger
-        self.uploads = try UploadManager(state: state, store: store, logger: logger)
+        self.uploads = try UploadManager(state: state, store: store, logger: logger, firstRetryDelay: firstRetryDelay)
     }
 
     /// Records a user's feedback and uploads the uid's recent logs with it (see ``Feedback``):
@@ -113,8 +115,9 @@ public final class AgentClient: Service, Sendable {
     /// Users with records in the last day, and the store's statistics.
     func storeReport() -> ([String], WireStoreStats) {
         guard let store, let stats = try? store.statistics() else { return ([], WireStoreStats()) }
-        let uids = (try? store.activeUIDs(since: Timestamp.now.subtracting(.seconds(86_400)))) ?? []
-        return (uids, .with {
+        // The protocol's rules for the list (§ Heartbeats): valid uids only, at most MAX_ACTIVE_UIDS.
+        let uids = ((try? store.activeUIDs(since: Timestamp.now.subtracting(.seconds(86_400)))) ?? []).filter(UserID.isValid).prefix(WireLimits.maxActiveUIDs)
+        return (Array(uids), .with {
             $0.records = UInt64(max(0, stats.recordCount))
             $0.oldestUs = stats.oldest?.microseconds ?? 0
             $0.newestUs = stats.newest?.microseconds ?? 0

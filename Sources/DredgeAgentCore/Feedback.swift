@@ -25,7 +25,7 @@ public enum Feedback {
     /// connected (at once if it is this process's ``AgentClient``; within seconds otherwise).
     @discardableResult
     public static func submit(uid: String, text: String, days: Int = defaultDays, state: AgentState, store: LogStore, now: Timestamp = .now) throws -> String {
-        guard !uid.isEmpty, uid.utf8.count <= 256 else { throw AgentError("feedback needs a uid of 1 to 256 bytes") }
+        if let problem = UserID.problem(uid) { throw AgentError("feedback needs a valid uid: \(problem)") }
         guard !text.isEmpty, text.utf8.count <= maxTextBytes else { throw AgentError("feedback text must be 1 to \(maxTextBytes) bytes") }
         guard (1...30).contains(days) else { throw AgentError("feedback covers 1 to 30 days") }
         let serverKey = try RSAPublicKey(spki: Hex.decode(state.file.serverEncryptionKey) ?? [])

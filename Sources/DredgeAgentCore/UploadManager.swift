@@ -20,17 +20,23 @@ actor UploadManager {
 
     private var admission: PullAdmission
     private var uploads: [String: Active] = [:]
-    /// Feedback the server failed to take on its side; retried on the next connection.
-    private var parked: Set<String> = []
+    /// The delay before the next retry of an upload the server could not take now.
+    private var retryDelays: [String: Duration] = [:]
     private var outbound: NIOAsyncChannelOutboundWriter<WireFrame>?
     private let store: LogStore?
     private let state: AgentState
     private let logger: Logger
+    /// The first retry's delay; it doubles up to ``maxRetryDelay``.
+    let firstRetryDelay: Duration
+    static let maxRetryDelay: Duration = .seconds(300)
+    /// Exports of one command started (across restarts) before it is given up as failing.
+    static let maxExportAttempts = 3
 
-    init(state: AgentState, store: LogStore?, logger: Logger) throws {
+    init(state: AgentState, store: LogStore?, logger: Logger, firstRetryDelay: Duration = .seconds(5)) throws {
         self.state = state
         self.store = store
         self.logger = logger
+        self.firstRetryDelay = firstRetryDelay
         let seenPath = state.directory + "/seen-commands.json"
         let seen = FileManager.default.contents(atPath: seenPath).flatMap { try? JSONDecoder().decode([String: Int64].self, from: $0) } ?? [:]
         admission = PullAdmission(
@@ -41,22 +47,37 @@ actor UploadManager {
 
     /// Picks up the uploads a previous run left unfinished (`uploads/<id>/`): the accepted
     /// command is kept there (its key wrapped under this agent's key), and, once exported, the
-    /// zip and the upload header. Unexported ones are exported again.
+    /// zip and the upload header. Each saved command is checked again first: one that no longer
+    /// admits (invalid, or expired before its export was made), or whose export was started
+    /// ``maxExportAttempts`` times without finishing (it crashed the agent, say), is reported
+    /// to the server as failed and never run again.
     func recover() {
         let root = state.directory + "/uploads"
         for id in ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted() where !id.hasPrefix(".") {
             let dir = root + "/" + id
+            guard WireID.isValid(id) else {
+                logger.warning("removing an unfinished upload with a malformed name", metadata: ["name": "\(id.prefix(80))"])
+                removeDirectory(dir)
+                continue
+            }
+            if FileManager.default.fileExists(atPath: dir + "/" + Self.failureFile) { continue }  // reported on the next connection
             if FileManager.default.fileExists(atPath: dir + "/feedback-key.bin") {
                 adoptFeedback(id)
                 continue
             }
             guard let bytes = FileManager.default.contents(atPath: dir + "/command.pb"),
-                let command = try? WirePullCommand(serializedBytes: bytes),
-                let key = try? state.key.unwrapKey(command.wrappedKey),
-                let filter = try? LogFilter(wire: command.filter)
+                let command = try? WirePullCommand(serializedBytes: bytes), command.commandID == id,
+                let key = try? state.key.unwrapKey(command.wrappedKey)
             else {
-                logger.warning("dropping an unreadable unfinished upload", metadata: ["upload.id": "\(id)"])
-                try? FileManager.default.removeItem(atPath: dir)
+                recordFailure(id, "the saved command could not be read again")
+                continue
+            }
+            let filter: LogFilter
+            do {
+                guard Timestamp.acceptedRange.contains(command.expiresAtUs) else { throw AgentError("expires_at_us is outside 1970–9999") }
+                filter = try LogFilter(wire: command.filter)
+            } catch {
+                recordFailure(id, "the saved command is invalid: \(error)")
                 continue
             }
             if let headerBytes = FileManager.default.contents(atPath: dir + "/header.pb"),
@@ -65,17 +86,60 @@ actor UploadManager {
             {
                 logger.info("resuming upload", metadata: ["upload.id": "\(id)"])
                 uploads[id] = Active(sender: UploadSenderStateMachine(header: header), upload: upload)
-            } else {
-                logger.info("exporting again", metadata: ["upload.id": "\(id)"])
-                export(PullAdmission.Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs)))
+                continue
             }
+            if Timestamp.now.microseconds >= command.expiresAtUs {
+                recordFailure(id, "the command expired before its export finished")
+                continue
+            }
+            logger.info("exporting again", metadata: ["upload.id": "\(id)"])
+            export(PullAdmission.Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs)))
         }
+    }
+
+    /// The file in `uploads/<id>/` that says the command failed here and why, until the server
+    /// has been told.
+    static let failureFile = "failed.txt"
+
+    /// Gives up an accepted command: drops its export, keeps the reason until the server is
+    /// told (now if connected, else on the next connection).
+    private func recordFailure(_ id: String, _ reason: String) {
+        logger.error("pull failed on this agent", metadata: ["upload.id": "\(id)", "reason": "\(reason)"])
+        uploads[id] = nil
+        let dir = state.directory + "/uploads/" + id
+        do {
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            for name in (try FileManager.default.contentsOfDirectory(atPath: dir)) where name != Self.failureFile {
+                try FileManager.default.removeItem(atPath: dir + "/" + name)
+            }
+            try AgentState.write(Array(reason.utf8.prefix(1024)), to: dir + "/" + Self.failureFile, mode: 0o600)
+        } catch {
+            logger.error("could not record a failed pull; dropping it", metadata: ["upload.id": "\(id)", "error": "\(error)"])
+            removeDirectory(dir)
+        }
+    }
+
+    /// Tells the server about every command that failed here, then forgets them.
+    private func reportFailures() async throws {
+        let root = state.directory + "/uploads"
+        for id in ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted() where WireID.isValid(id) {
+            let dir = root + "/" + id
+            guard let reason = FileManager.default.contents(atPath: dir + "/" + Self.failureFile), let outbound else { continue }
+            try await outbound.write(.with {
+                $0.error = .with { $0.code = .errorInternal; $0.detail = String(decoding: reason, as: UTF8.self); $0.fatal = false; $0.uploadID = id }
+            })
+            removeDirectory(dir)
+        }
+    }
+
+    private func removeDirectory(_ dir: String) {
+        do { try FileManager.default.removeItem(atPath: dir) } catch { logger.warning("could not remove \(dir)", metadata: ["error": "\(error)"]) }
     }
 
     /// Picks up feedback uploads that appeared in the outbox (from ``Feedback/submit`` in this
     /// process or another, such as `dredge-agent feedback`) and starts them if connected.
     func rescanOutbox() async throws {
-        for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil && !parked.contains(id) {
+        for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil {
             adoptFeedback(id)
             if uploads[id] != nil, outbound != nil { try await perform(id, uploads[id]!.sender.resume()) }
         }
@@ -90,7 +154,7 @@ actor UploadManager {
             let upload = try? SealedUpload(zipPath: dir + "/export.zip", header: header, key: key)
         else {
             logger.warning("dropping an unreadable feedback upload", metadata: ["upload.id": "\(id)"])
-            try? FileManager.default.removeItem(atPath: dir)
+            removeDirectory(dir)
             return
         }
         logger.info("feedback upload queued", metadata: ["upload.id": "\(id)"])
@@ -100,7 +164,7 @@ actor UploadManager {
     /// A connection is ready: send through it, and resume every unfinished upload.
     func connected(_ writer: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
         outbound = writer
-        parked.removeAll()
+        try await reportFailures()
         for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil { adoptFeedback(id) }
         for id in uploads.keys.sorted() {
             try await perform(id, uploads[id]!.sender.resume())
@@ -145,13 +209,30 @@ actor UploadManager {
     }
 
     private func export(_ accepted: PullAdmission.Accepted) {
-        guard let store else { return }
         let directory = state.directory + "/uploads/" + accepted.commandID
+        guard let store else {
+            recordFailure(accepted.commandID, "this agent has no store")
+            return
+        }
+        // Count the attempt before making it: an export that takes the agent down with it is
+        // tried a bounded number of times, not on every start for ever.
+        let attemptsPath = directory + "/attempts"
+        let attempts = (FileManager.default.contents(atPath: attemptsPath).flatMap { Int(String(decoding: $0, as: UTF8.self)) } ?? 0) + 1
+        guard attempts <= Self.maxExportAttempts else {
+            recordFailure(accepted.commandID, "the export was started \(Self.maxExportAttempts) times and never finished")
+            return
+        }
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            try AgentState.write(Array(String(attempts).utf8), to: attemptsPath, mode: 0o600)
+        } catch {
+            recordFailure(accepted.commandID, "cannot prepare the export: \(error)")
+            return
+        }
         let agentID = state.file.agentID
         // Export off the connection's path.
         Task.detached { [logger] in
             do {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
                 let zip = directory + "/export.zip"
                 let manifest = try Exporter.export(
                     from: store, ExportRequest(uploadID: accepted.commandID, kind: .pull, agentID: agentID, commandID: accepted.commandID, filter: accepted.filter),
@@ -164,8 +245,14 @@ actor UploadManager {
                 try await self.start(upload)
             } catch {
                 logger.error("export failed", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
+                await self.exportFailed(accepted.commandID, "export failed: \(error)")
             }
         }
+    }
+
+    private func exportFailed(_ id: String, _ reason: String) async {
+        recordFailure(id, reason)
+        do { try await reportFailures() } catch { logger.warning("could not report a failed pull now; will on the next connection", metadata: ["upload.id": "\(id)"]) }
     }
 
     private func start(_ upload: SealedUpload) async throws {
@@ -190,22 +277,36 @@ actor UploadManager {
                 try await outbound?.write(.with { $0.uploadChunk = .with { $0.uploadID = uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
             case .finished(let result):
                 uploads[uploadID] = nil
-                let directory = state.directory + "/uploads/" + uploadID
-                // Feedback exists nowhere else: if the server failed on its side (its disk, say),
-                // keep it and try again on the next connection. A payload it refused stays refused.
-                let refused: Set<WireErrorCode> = [.errorPayloadInvalid, .errorChunkAuthFailed, .errorUploadInvalid]
-                if !result.ok, !refused.contains(result.error), FileManager.default.fileExists(atPath: directory + "/feedback-key.bin") {
-                    parked.insert(uploadID)
-                    logger.warning("feedback upload failed on the server; kept for the next connection", metadata: ["upload.id": "\(uploadID)", "error": "\(result.error)", "detail": "\(result.detail)"])
-                    continue
-                }
-                try? FileManager.default.removeItem(atPath: directory)
+                retryDelays[uploadID] = nil
+                removeDirectory(state.directory + "/uploads/" + uploadID)
                 if result.ok {
                     logger.info("upload complete", metadata: ["upload.id": "\(uploadID)", "files": "\(result.files)", "records": "\(result.records)"])
                 } else {
                     logger.error("upload failed", metadata: ["upload.id": "\(uploadID)", "error": "\(result.error)", "detail": "\(result.detail)"])
                 }
+            case .retryLater(let result):
+                // The server cannot take it now (its disk, a quota): keep everything, try again
+                // after a growing delay, or on the next connection, whichever comes first.
+                let delay = retryDelays[uploadID] ?? firstRetryDelay
+                retryDelays[uploadID] = min(delay * 2, Self.maxRetryDelay)
+                logger.warning("the server cannot take the upload now; will retry", metadata: ["upload.id": "\(uploadID)", "error": "\(result.error)", "detail": "\(result.detail)", "in": "\(delay)"])
+                let jittered = delay * Double.random(in: 0.75...1.25)
+                Task { [weak self] in
+                    try? await Task.sleep(for: jittered)  // cancellation only means retrying sooner
+                    await self?.retry(uploadID)
+                }
             }
+        }
+    }
+
+    /// Resumes an upload waiting after ``UploadSenderStateMachine/Action/retryLater(_:)``,
+    /// if still waiting and connected.
+    private func retry(_ uploadID: String) async {
+        guard outbound != nil, let active = uploads[uploadID], active.sender.state == .suspended else { return }
+        do {
+            try await perform(uploadID, uploads[uploadID]!.sender.resume())
+        } catch {
+            logger.warning("retrying an upload failed; the next connection resumes it", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
         }
     }
 

@@ -27,16 +27,18 @@ public struct FilterOptions: ParsableArguments {
     public func filter() throws -> LogFilter {
         var filter = LogFilter(uid: uid, text: grep)
         if let since {
-            guard let t = Timestamp(userInput: since) else { throw ValidationError("cannot read --since '\(since)'") }
+            guard let t = Timestamp(userInput: since) else { throw ValidationError("cannot read --since '\(since)': give RFC 3339, YYYY-MM-DD or a duration ago (90m, 2d), between 1970 and 9999") }
             filter.since = t
         }
         if let until {
-            guard let t = Timestamp(userInput: until) else { throw ValidationError("cannot read --until '\(until)'") }
+            guard let t = Timestamp(userInput: until) else { throw ValidationError("cannot read --until '\(until)': give RFC 3339, YYYY-MM-DD or a duration ago (90m, 2d), between 1970 and 9999") }
             filter.until = t
         }
         if let since = filter.since, let until = filter.until, until <= since {
             throw ValidationError("--until must be after --since")
         }
+        if let uid, let problem = UserID.problem(uid) { throw ValidationError("--uid: \(problem)") }
+        if let problem = filter.problem { throw ValidationError(problem) }
         if !types.isEmpty {
             var set = Set<LogType>()
             for name in types.flatMap({ $0.split(separator: ",") }) {

@@ -14,6 +14,8 @@ public struct ExportError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let uploadInvalid = Code("uploadInvalid")
         /// A chunk failed authentication.
         public static let chunkAuthFailed = Code("chunkAuthFailed")
+        /// The destination already holds a finished result; it was left untouched.
+        public static let exists = Code("exists")
         /// The upload is missing chunks.
         public static let incomplete = Code("incomplete")
         public var description: String { name }

@@ -32,7 +32,13 @@ public enum ServerRuntime {
         let pulls = try PullStore(path: dir + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
         let feedback = try FeedbackStore(path: dir + "/feedback.sqlite")
         let tokens = TokenStore(path: dir + "/tokens.json", file: deployment.tokens)
-        let dispatcher = PullDispatcher(pulls: pulls, logger: logger)
+        let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
+        try pulls.expireStalled()
+        try janitor.sweep(atStart: true)
+        let dispatcher = PullDispatcher(pulls: pulls, logger: logger) {
+            try pulls.expireStalled()
+            try janitor.sweep()
+        }
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds)

@@ -94,7 +94,7 @@ struct ServerBench: AsyncParsableCommand {
                     case .sendChunk(let index):
                         let sealed = try upload.chunk(index)
                         try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = command.commandID; $0.index = index; $0.ciphertext = Data(sealed) } })
-                    case .finished(let r): result = r
+                    case .finished(let r), .retryLater(let r): result = r
                     }
                 }
             }

@@ -72,6 +72,10 @@ struct PullCommand: AsyncParsableCommand {
     @Option(help: "Minutes until the pull expires if not delivered.")
     var expiresIn = 60
 
+    func validate() throws {
+        guard (1...7 * 24 * 60).contains(expiresIn) else { throw ValidationError("--expires-in must be between 1 and \(7 * 24 * 60) minutes") }
+    }
+
     func run() async throws {
         let filter = try selection.filter()
         let deployment = try LoadedDeployment(directory: data)

@@ -2,6 +2,7 @@ import ArgumentParser
 import DredgeAdminAPI
 import DredgeCommandLine
 import DredgeStore
+import DredgeWire
 import Foundation
 
 @main
@@ -90,7 +91,8 @@ struct PullCommand: AsyncParsableCommand {
 
     func validate() throws {
         guard selection.uid != nil || agent != nil else { throw ValidationError("give --uid, --agent, or both") }
-        guard expiresIn > 0 else { throw ValidationError("--expires-in must be positive") }
+        guard (1...7 * 24 * 60).contains(expiresIn) else { throw ValidationError("--expires-in must be between 1 and \(7 * 24 * 60) minutes") }
+        if let agent, !WireID.isValid(agent) { throw ValidationError("--agent must be an agent id: 32 lowercase hex characters") }
     }
 
     func run() async throws {

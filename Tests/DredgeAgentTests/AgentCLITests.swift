@@ -70,6 +70,9 @@ import Testing
             ["query", "--level", "loud"], ["query", "--since", "the day before"], ["query", "--type", "Not A Type"],
             ["query", "--since", "2026-11-21", "--until", "2026-11-20"], ["log", "--type", "BAD", "x"],
             ["log", "--level", "x", "y"], ["log", "--meta", "novalue", "m"], ["query", "--format", "xml"], ["frobnicate"],
+            // Values that once trapped (overflowing day arithmetic) or matched another user.
+            ["query", "--since", "99999999d"], ["query", "--until", "9223372036854775807s"], ["query", "--since", "0000-01-01"],
+            ["query", "--uid", "u1\nx"], ["query", "--uid", "u1\u{7}x"],
         ] {
             let result = try run(arguments, store: store)
             #expect(result.status == 64, "\(arguments): \(result.stderr)")

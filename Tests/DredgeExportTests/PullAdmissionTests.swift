@@ -13,7 +13,7 @@ import Testing
 
     func command(id: String = "c1", agent: String = "", expiresIn: Int64 = 3_600, issuedAgo: Int64 = 10, key: SymmetricKey = SymmetricKey(size: .bits256), filter: LogFilter = LogFilter(uid: "u-1", types: [.network], levels: [.error])) throws -> WirePullCommand {
         var c = try WirePullCommand.with {
-            $0.commandID = id
+            $0.commandID = Self.id(id)
             $0.target = .with { $0.uid = "u-1"; $0.agentID = agent }
             $0.filter = filter.wire
             $0.issuedAtUs = now.microseconds - issuedAgo * 1_000_000
@@ -22,6 +22,11 @@ import Testing
         }
         try server.sign(&c)
         return c
+    }
+
+    /// A valid command id for a readable label (a valid id stays itself).
+    static func id(_ label: String) -> String {
+        WireID.isValid(label) ? label : String(Hex.encode(Array(SHA256.hash(data: Data(label.utf8)))).prefix(32))
     }
 
     func gate() -> PullAdmission {
@@ -39,7 +44,7 @@ import Testing
         guard case .accept(let accepted) = g.admit(try command(key: key, filter: filter), now: now) else { Issue.record("rejected"); return }
         #expect(accepted.key == key)
         #expect(accepted.filter == filter)
-        #expect(accepted.commandID == "c1")
+        #expect(accepted.commandID == Self.id("c1"))
         let answer = PullAdmission.Decision.accept(accepted).frame(commandID: "c1")
         #expect(answer.commandAccepted.uploadID == "c1")
     }
@@ -93,6 +98,35 @@ import Testing
         #expect(reason(restarted.admit(c, now: now)) == .rejectReplayed)
         // After expiry the id is forgotten, and the command is refused as expired anyway.
         #expect(reason(restarted.admit(c, now: now.adding(.seconds(61)))) == .rejectExpired)
-        #expect(restarted.seen["persist"] == nil)
+        #expect(restarted.seen[Self.id("persist")] == nil)
+    }
+
+    /// A signed command with times outside 1970–9999 (a since of Int64.min once crashed every
+    /// agent it reached, in day arithmetic while writing the manifest), a malformed id, or a uid
+    /// with a control character is refused as invalid, and remembered by no one.
+    @Test func outOfRangeTimesMalformedIdsAndControlCharactersAreInvalid() throws {
+        var g = gate()
+        func signed(_ change: (inout WirePullCommand) -> Void) throws -> WirePullCommand {
+            var c = try command(id: UUID().uuidString)
+            change(&c)
+            try server.sign(&c)
+            return c
+        }
+        let cases: [(String, WirePullCommand)] = [
+            ("since Int64.min", try signed { $0.filter.sinceUs = .min }),
+            ("until Int64.max", try signed { $0.filter.untilUs = .max }),
+            ("since before 1970", try signed { $0.filter.sinceUs = -1 }),
+            ("expires Int64.max", try signed { $0.expiresAtUs = .max }),
+            ("id ../pulls", try signed { $0.commandID = "../pulls" }),
+            ("id uppercase", try signed { $0.commandID = $0.commandID.uppercased() }),
+            ("id 100 KB", try signed { $0.commandID = String(repeating: "a", count: 100_000) }),
+            ("filter uid with NUL", try signed { $0.filter.uid = "u-1\u{0}x" }),
+            ("target uid with newline", try signed { $0.target.uid = "u-1\nx" }),
+            ("text with NUL", try signed { $0.filter.text = "a\u{0}" }),
+        ]
+        for (name, c) in cases {
+            #expect(reason(g.admit(c, now: now)) == .rejectInvalid, "\(name)")
+        }
+        #expect(!g.seen.values.contains(.max))
     }
 }

@@ -2,7 +2,7 @@ import DredgeAdminAPI
 import DredgeAgentCore
 import DredgeEnvelope
 import DredgeExport
-import DredgeServer
+@testable import DredgeServer
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire
@@ -65,8 +65,10 @@ import FoundationNetworking
         #expect(down.status == 1 && down.output.contains("cannot reach the Dredge server"), "\(down.output)")
         let unknown = try d.dredge(["pull", "--uid", "nobody"], server: admin)
         #expect(unknown.status == 1 && unknown.output.contains("no agent has reported uid nobody"), "\(unknown.output)")
-        let noPull = try d.dredge(["show", "0123abcd"], server: admin)
-        #expect(noPull.status == 1 && noPull.output.contains("no pull 0123abcd"), "\(noPull.output)")
+        let noPull = try d.dredge(["show", "0123456789abcdef0123456789abcdef"], server: admin)
+        #expect(noPull.status == 1 && noPull.output.contains("no pull 0123456789abcdef0123456789abcdef"), "\(noPull.output)")
+        let notAnID = try d.dredge(["show", "0123abcd"], server: admin)
+        #expect(notAnID.status == 1 && notAnID.output.contains("32 lowercase hex characters"), "\(notAnID.output)")
         let badFlag = try d.dredge(["pull", "--uid", "u", "--level", "loud"], server: admin)
         #expect(badFlag.status == 64, "\(badFlag.output)")
 
@@ -173,9 +175,10 @@ import FoundationNetworking
         let id = try #require((try JSONSerialization.jsonObject(with: Data(listed.utf8)) as? [[String: Any]])?.first?["id"] as? String)
         let agentID = try #require(try d.agents().first?["agentID"] as? String)
 
-        // Put the finished pull back in the queue: the server delivers the same command again.
+        // Put the finished pull back in the queue behind the store's back (its API keeps final
+        // statuses final): the server delivers the same command again.
         let pulls = try PullStore(path: d.data + "/pulls.sqlite", encryptionKey: try LoadedDeployment(directory: d.data).encryptionKey)
-        try pulls.update(id, agent: agentID, status: .queued)
+        try pulls.db.write { try $0.execute(sql: "UPDATE pull_target SET status = 'queued' WHERE pull_id = ? AND agent_id = ?", arguments: [id, agentID]) }
         #expect(try ManagedProcess.waitFor { (try pulls.pull(id)?.targets.first?.status) == .rejected }, "\(agent.output)")
         let shown = try d.dredge(["show", id], server: admin)
         #expect(shown.output.contains("rejected (rejectReplayed"), "\(shown.output)")

@@ -246,3 +246,18 @@ import Testing
         #expect(peak - before < 32 * 1024 * 1024, "grew \((peak - before) / 1024) KiB while streaming \(bytes / 1_000_000) MB")
     }
 }
+
+/// SQLite's string binding stops at a NUL: a query for "u1\0x" must not return u1's records.
+@Suite struct NulUIDTests {
+    @Test func aUidWithANulNeverMatchesAnotherUid() throws {
+        let dir = TempDir()
+        let store = try LogStore(path: dir.file("logs.sqlite"))
+        let ctx = try store.register(testContext)
+        for i in 0..<10 { store.enqueue(entry(Int64(i), uid: "u1", context: ctx)) }
+        try store.flush()
+        #expect(try store.records(matching: LogFilter(uid: "u1")).count == 10)
+        #expect(try store.records(matching: LogFilter(uid: "u1\u{0}x")).isEmpty)
+        #expect(try store.records(matching: LogFilter(uid: "u1\u{0}")).isEmpty)
+        try store.close()
+    }
+}

@@ -25,3 +25,42 @@ import Testing
         }
     }
 }
+
+/// Values from outside never trap: every Int64 formats, durations saturate, and user input that
+/// would overflow or leave 1970–9999 is refused (`dredge pull --since 99999999d` once crashed).
+@Suite struct TimestampBoundsTests {
+    @Test func everyInt64FormatsWithoutTrapping() {
+        #expect(Timestamp(microseconds: .min).rfc3339 == "0000-01-01T00:00:00.000000Z")
+        #expect(Timestamp(microseconds: .max).rfc3339 == "9999-12-31T23:59:59.999999Z")
+        #expect(Timestamp(microseconds: -1).rfc3339 == "1969-12-31T23:59:59.999999Z")
+        #expect(Timestamp(microseconds: .min).utcDay == "0000-01-01")
+        _ = Timestamp(microseconds: .min).epochDay
+    }
+
+    @Test func arithmeticSaturates() {
+        #expect(Timestamp(microseconds: .max - 5).adding(.seconds(1)).microseconds == .max)
+        #expect(Timestamp(microseconds: .min + 5).subtracting(.seconds(1)).microseconds == .min)
+        #expect(Timestamp(microseconds: 0).adding(.seconds(Int64.max)).microseconds == .max)
+    }
+
+    @Test func userInputOutOfRangeIsRefused() {
+        let now = Timestamp(rfc3339: "2026-11-21T10:00:00Z")!
+        #expect(Timestamp(userInput: "99999999d", now: now) == nil)
+        #expect(Timestamp(userInput: "9223372036854775807s", now: now) == nil)
+        #expect(Timestamp(userInput: "60000w", now: now) == nil)  // before 1970
+        #expect(Timestamp(userInput: "0000-01-01", now: now) == nil)
+        #expect(Timestamp(userInput: "2d", now: now) == now.subtracting(.seconds(2 * 86_400)))
+        #expect(LogFilter(since: Timestamp(microseconds: .min)).problem != nil)
+        #expect(LogFilter(until: Timestamp(microseconds: .max)).problem != nil)
+        #expect(LogFilter(since: now, until: now.adding(.seconds(1))).problem == nil)
+    }
+
+    @Test func uidsWithControlCharactersAreInvalid() {
+        for bad in ["", "u-1\u{0}x", "u\n1", "u\u{7F}", "u\u{85}", String(repeating: "x", count: 257)] {
+            #expect(UserID.problem(bad) != nil, "\(bad.debugDescription)")
+        }
+        for good in ["u-1", "42", "élodie@example.com", String(repeating: "x", count: 256)] {
+            #expect(UserID.problem(good) == nil, "\(good)")
+        }
+    }
+}

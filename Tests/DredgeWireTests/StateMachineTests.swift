@@ -182,6 +182,7 @@ struct Loopback {
                     #expect(!sender.acknowledged.contains(i), "acknowledged chunk \(i) sent again")
                     toServer.append(.with { $0.uploadChunk = .with { $0.uploadID = "up-1"; $0.index = i; $0.ciphertext = Data([UInt8(i % 256)]) } })
                 case .finished(let r): result = r
+                case .retryLater(let r): Issue.record("unexpected retry: \(r)")
                 }
             }
             #expect(sender.inFlight.count <= sender.window)
@@ -272,6 +273,56 @@ struct Loopback {
         let end = done.receive(.with { $0.uploadResult = .with { $0.uploadID = "up-1"; $0.ok = true } })
         #expect(end.count == 1 && done.resume().isEmpty)
     }
+
+    /// The server's own trouble (a full disk) is "not now": the sender keeps the upload and,
+    /// resumed later, sends only what is missing; the receiver keeps every chunk it held.
+    @Test func aServerFaultIsRetriedNotTheEndOfTheUpload() {
+        let h = header(chunks: 4)
+        var sender = UploadSenderStateMachine(header: h, window: 4)
+        _ = sender.resume()
+        _ = sender.receive(.with { $0.uploadReady = .with { $0.uploadID = "up-1"; $0.received = Data() } })
+        _ = sender.receive(.with { $0.chunkAck = .with { $0.uploadID = "up-1"; $0.index = 0 } })
+        let disk = sender.receive(.with { $0.error = .with { $0.code = .errorInternal; $0.uploadID = "up-1"; $0.detail = "disk full" } })
+        #expect(disk.count == 1)
+        guard case .retryLater(let r)? = disk.first else { Issue.record("not retried: \(disk)"); return }
+        #expect(r.error == .errorInternal)
+        #expect(sender.state == .suspended)
+        // Later: begin again; the server holds 0 and 1; only 2 and 3 go.
+        #expect(sender.resume().count == 1)
+        let rest = sender.receive(.with { $0.uploadReady = .with { $0.uploadID = "up-1"; $0.received = Data(ChunkBitmap.encode([0, 1], count: 4)) } })
+        #expect(rest == [.sendChunk(2), .sendChunk(3)])
+        // A quota or an internal failure in the result is retried too; a refusal is final.
+        var quota = UploadSenderStateMachine(header: h)
+        _ = quota.resume()
+        guard case .retryLater? = quota.receive(.with { $0.uploadResult = .with { $0.uploadID = "up-1"; $0.ok = false; $0.error = .errorLimitExceeded } }).first else {
+            Issue.record("a quota ended the upload"); return
+        }
+        var refused = UploadSenderStateMachine(header: h)
+        _ = refused.resume()
+        guard case .finished? = refused.receive(.with { $0.error = .with { $0.code = .errorChunkInvalid; $0.uploadID = "up-1" } }).first else {
+            Issue.record("an invalid chunk did not end the upload"); return
+        }
+
+        var receiver = UploadReceiverStateMachine(header: h, received: [0, 1, 2, 3])
+        #expect(receiver.complete() == [.assemble])
+        _ = receiver.assembled(.with { $0.uploadID = "up-1"; $0.ok = false; $0.error = .errorInternal })
+        #expect(receiver.state == .receiving)
+        #expect(receiver.complete() == [.assemble])
+    }
+
+    /// A chunk of the wrong size ends the upload with ERROR_CHUNK_INVALID (not an internal
+    /// error the agent would retry for ever).
+    @Test func aWrongSizeChunkEndsTheUploadAsInvalid() {
+        var receiver = UploadReceiverStateMachine(header: header(chunks: 3))
+        _ = receiver.chunk(.with { $0.uploadID = "up-1"; $0.index = 1; $0.ciphertext = Data(count: 5) })
+        let actions = receiver.rejected(1, .errorChunkInvalid)
+        #expect(actions.contains { if case .send(let f) = $0 { return f.error.code == .errorChunkInvalid } else { return false } })
+        #expect(receiver.status().uploadStatus.state == .failed)
+        var stored = UploadReceiverStateMachine(header: header(chunks: 3))
+        _ = stored.chunk(.with { $0.uploadID = "up-1"; $0.index = 1 })
+        _ = stored.rejected(1, .errorInternal)
+        #expect(stored.state == .receiving)
+    }
 }
 
 struct SeededRandom {
@@ -283,5 +334,18 @@ struct SeededRandom {
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
+    }
+}
+
+@Suite struct WireIDTests {
+    @Test func onlyThirtyTwoLowercaseHexCharactersAreIds() {
+        #expect(WireID.isValid("0123456789abcdef0123456789abcdef"))
+        for bad in ["", ".", "..", "../pulls", "../../x", "/etc/passwd", "0123456789ABCDEF0123456789ABCDEF", "0123456789abcdef0123456789abcde",
+            "0123456789abcdef0123456789abcdef0", "0123456789abcdef0123456789abcdeg", String(repeating: "a", count: 100_000), "0123456789abcdef0123456789abcd\u{0}f"]
+        {
+            #expect(!WireID.isValid(bad), "\(bad.prefix(40).debugDescription)")
+        }
+        #expect(WireID.echo(String(repeating: "a", count: 100_000)) == "")
+        #expect(WireID.echo("../pulls") == "../pulls")
     }
 }

@@ -60,6 +60,11 @@ public struct PullAdmission: Sendable {
         } catch {
             return .reject(.rejectBadSignature, "\(error)")
         }
+        // Times outside 1970–9999 are refused before anything is remembered or computed from
+        // them (an expiry of Int64.max would be remembered forever).
+        guard Timestamp.acceptedRange.contains(command.issuedAtUs), Timestamp.acceptedRange.contains(command.expiresAtUs) else {
+            return .reject(.rejectInvalid, "issued_at_us or expires_at_us is outside 1970–9999")
+        }
         if now.microseconds >= command.expiresAtUs {
             return .reject(.rejectExpired, "expired at \(Timestamp(microseconds: command.expiresAtUs))")
         }
@@ -79,8 +84,11 @@ public struct PullAdmission: Sendable {
         } catch {
             return .reject(.rejectBadKey, "the command key does not unwrap under this agent's key")
         }
-        guard !command.commandID.isEmpty, command.commandID.utf8.count <= WireLimits.maxIDBytes else {
-            return .reject(.rejectInvalid, "bad command id")
+        guard WireID.isValid(command.commandID) else {
+            return .reject(.rejectInvalid, "the command id is not 32 lowercase hex characters")
+        }
+        if !command.target.uid.isEmpty, let problem = UserID.problem(command.target.uid) {
+            return .reject(.rejectInvalid, "target: \(problem)")
         }
         do {
             let filter = try LogFilter(wire: command.filter)
@@ -102,7 +110,6 @@ extension LogFilter {
         self.init()
         if f.hasSinceUs { since = Timestamp(microseconds: f.sinceUs) }
         if f.hasUntilUs { until = Timestamp(microseconds: f.untilUs) }
-        if let since, let until, until <= since { throw InvalidFilter(description: "until is not after since") }
         if f.hasUid { uid = f.uid }
         if !f.types.isEmpty {
             types = Set(try f.types.map { name in
@@ -117,6 +124,7 @@ extension LogFilter {
             })
         }
         if f.hasText { text = f.text }
+        if let problem { throw InvalidFilter(description: problem) }
     }
 
     /// The wire form of this filter, as the server puts it in a pull command.

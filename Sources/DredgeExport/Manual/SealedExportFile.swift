@@ -101,9 +101,7 @@ public enum SealedExportFile {
         }
         guard ((try? handle.read(upToCount: 1)) ?? nil)?.isEmpty ?? true else { throw ExportError(.uploadInvalid, "\(path) has bytes after its last chunk") }
         try out.close()
-        let payload = try PayloadExtractor.extract(zip: zip, into: directory, limits: limits)
-        try Data(try payload.manifest.encoded()).write(to: URL(fileURLWithPath: directory + "/manifest.json"))
-        return payload
+        return try PayloadExtractor.extract(zip: zip, into: directory, limits: limits)
     }
 
     static func publish(_ temporary: String, as path: String) throws {

@@ -8,6 +8,12 @@ public struct ExtractedPayload: Sendable {
     /// Per-day files, in day order.
     public var files: [String]
     public var directory: String
+
+    public init(manifest: ExportManifest, files: [String], directory: String) {
+        self.manifest = manifest
+        self.files = files
+        self.directory = directory
+    }
 }
 
 /// Unpacks an export zip on the receiving side with limits (README § Payload limits):
@@ -16,24 +22,49 @@ public struct ExtractedPayload: Sendable {
 /// against the files (names, record and byte counts, one JSON object per line). Anything wrong
 /// is `ExportError(.payloadInvalid)` and leaves no partial files behind.
 public enum PayloadExtractor {
-    public static func extract(zip zipPath: String, into directory: String, limits: PayloadLimits = PayloadLimits()) throws -> ExtractedPayload {
+    /// Unpacks into `directory`, which must not exist yet: a directory that already holds a
+    /// result is never removed or replaced (`ExportError(.exists)`). The files are staged in
+    /// `directory.partial`, checked, given the manifest (`manifest.json`, re-encoded), passed to
+    /// `check` (which may refuse the manifest by throwing), and only then moved into place, so
+    /// `directory` appears whole or not at all.
+    public static func extract(
+        zip zipPath: String, into directory: String, limits: PayloadLimits = PayloadLimits(), check: (ExportManifest) throws -> Void = { _ in }
+    ) throws -> ExtractedPayload {
         let fm = FileManager.default
+        guard !fm.fileExists(atPath: directory) else {
+            throw ExportError(.exists, "\(directory) already holds a result; it is left as it is")
+        }
         let staging = directory + ".partial"
-        try? fm.removeItem(atPath: staging)
+        if fm.fileExists(atPath: staging) { try fm.removeItem(atPath: staging) }
         do {
             try fm.createDirectory(atPath: staging, withIntermediateDirectories: true)
             let payload = try extractChecked(zipPath: zipPath, staging: staging, limits: limits)
-            try? fm.removeItem(atPath: directory)
+            try check(payload.manifest)
+            try Data(try payload.manifest.encoded()).write(to: URL(fileURLWithPath: staging + "/" + PayloadLimits.manifestName))
+            guard !fm.fileExists(atPath: directory) else {
+                throw ExportError(.exists, "\(directory) already holds a result; it is left as it is")
+            }
             try fm.moveItem(atPath: staging, toPath: directory)
             return ExtractedPayload(manifest: payload.manifest, files: payload.files.map { directory + "/" + $0 }, directory: directory)
         } catch {
-            try? fm.removeItem(atPath: staging)
+            if fm.fileExists(atPath: staging) { try? fm.removeItem(atPath: staging) }  // our own partial files; the first error is the one to report
             if let error = error as? ExportError { throw error }
-            throw ExportError(.payloadInvalid, "\(error)")
+            // What is left are the receiver's own file operations failing (a full disk): not
+            // the payload's fault, so not `.payloadInvalid`.
+            throw fileError(error, "unpacking into \(directory)")
         }
     }
 
     private static func invalid(_ message: String) -> ExportError { ExportError(.payloadInvalid, message) }
+
+    /// A failed write of our own: `.diskFull` when the disk is full, else `.io`.
+    static func fileError(_ error: any Error, _ doing: String) -> ExportError {
+        let ns = error as NSError
+        let underlying = ns.userInfo[NSUnderlyingErrorKey] as? NSError
+        let full = (ns.domain == NSPOSIXErrorDomain && ns.code == Int(ENOSPC)) || (underlying?.domain == NSPOSIXErrorDomain && underlying?.code == Int(ENOSPC))
+            || (error as? CocoaError)?.code == .fileWriteOutOfSpace
+        return ExportError(full ? .diskFull : .io, "\(doing): \(error)")
+    }
 
     private static func extractChecked(zipPath: String, staging: String, limits: PayloadLimits) throws -> (manifest: ExportManifest, files: [String]) {
         let archive: Archive
@@ -82,7 +113,7 @@ public enum PayloadExtractor {
                     } else {
                         lines += data.reduce(0) { $0 + ($1 == 10 ? 1 : 0) }
                         lastByte = data.last ?? lastByte
-                        try handle!.write(contentsOf: data)
+                        do { try handle?.write(contentsOf: data) } catch { throw fileError(error, "writing \(name)") }
                     }
                 }
             } catch let error as ExportError {
@@ -91,8 +122,12 @@ public enum PayloadExtractor {
                 throw invalid("\(name) is damaged: \(error)")
             }
             if let handle {
-                try handle.synchronize()
-                try handle.close()
+                do {
+                    try handle.synchronize()
+                    try handle.close()
+                } catch {
+                    throw fileError(error, "writing \(name)")
+                }
                 guard lastByte == 10 else { throw invalid("\(name) does not end with a newline") }
                 dayFiles[name] = (Int(written), lines)
             }

@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeStore
+import DredgeWire
 import Foundation
 import Hummingbird
 import Logging
@@ -39,7 +40,7 @@ public enum AdminAPI {
             return try json(pull, status: .created)
         }
         v1.get("pulls/:id") { _, context in
-            let id = try context.parameters.require("id")
+            let id = try validID(context.parameters.require("id"), "pull")
             guard let pull = try pulls.pull(id) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
             return try json(pull)
         }
@@ -48,7 +49,7 @@ public enum AdminAPI {
             return try json(feedback.all(limit: min(max(limit, 1), 1000)))
         }
         v1.get("feedback/:id") { _, context in
-            let id = try context.parameters.require("id")
+            let id = try validID(context.parameters.require("id"), "feedback")
             guard let record = try feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
             return try json(record)
         }
@@ -91,6 +92,12 @@ public enum AdminAPI {
     }
 
     static let maximumBody = 64 * 1024
+
+    /// An id from a URL or a body, checked against the protocol's form before any use.
+    static func validID(_ id: String, _ what: String) throws -> String {
+        guard WireID.isValid(id) else { throw AdminAPIError(.badRequest, "bad_request", "\(what) id must be 32 lowercase hex characters") }
+        return id
+    }
 
     static func decode<T: Decodable>(_ type: T.Type, from request: Request) async throws -> T {
         var request = request

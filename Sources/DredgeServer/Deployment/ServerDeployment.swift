@@ -48,6 +48,8 @@ public enum ServerDeployment {
         public var agentPort: Int
         public var adminPort: Int
         public var names: [String]
+        /// Per-agent feedback quotas; the defaults when absent.
+        public var feedback: FeedbackLimits?
     }
 
     public static let files = ["ca.pem", "ca-key.pem", "server.pem", "server-key.pem", "signing-key", "encryption-key.pem", "tokens.json", "server.json"]

@@ -31,6 +31,10 @@ public final class FeedbackStore: Sendable {
                     CREATE INDEX feedback_by_time ON feedback(received_at);
                     """)
             }
+            // Quotas count an agent's recent feedback.
+            migrator.registerMigration("feedback-v2") { db in
+                try db.execute(sql: "CREATE INDEX feedback_by_agent ON feedback(agent_id, received_at)")
+            }
         }
     }
 
@@ -46,14 +50,26 @@ public final class FeedbackStore: Sendable {
         }
     }
 
+    /// Moves a feedback's status, unless it is already final (complete or failed).
     public func update(_ id: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil) throws {
         try db.write { db in
             try db.execute(
                 sql: """
                     UPDATE feedback SET status = ?, detail = ?, chunks_received = coalesce(?, chunks_received),
-                        records = coalesce(?, records), files = coalesce(?, files) WHERE id = ?
+                        records = coalesce(?, records), files = coalesce(?, files) WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)
                     """,
                 arguments: [status.rawValue, detail, chunksReceived, records, files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, id])
+        }
+    }
+
+    /// How many feedback uploads an agent began since `since`, and their declared bytes: what
+    /// its quotas count.
+    public func usage(agentID: String, since: Date) throws -> (count: Int, bytes: Int64) {
+        try db.read { db in
+            let row = try Row.fetchOne(
+                db, sql: "SELECT count(*), coalesce(sum(bytes), 0) FROM feedback WHERE agent_id = ? AND received_at >= ?",
+                arguments: [agentID, since.timeIntervalSince1970])
+            return (row?[0] ?? 0, row?[1] ?? 0)
         }
     }
 

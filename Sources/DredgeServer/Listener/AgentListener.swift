@@ -21,14 +21,20 @@ public final class AgentListener: Service, Sendable {
     let host: String
     let port: Int
     let session: WireAuthResult
+    let paths: DataDirectory
+    let feedbackLimits: FeedbackLimits
     private let bound: BoundAddress
     private let connections = ConnectionSet()
+    /// Enrollment refusals are logged with their source, at most a few a minute.
+    let refusals = RateLimitedLog(perMinute: 10)
 
     public init(
         deployment: LoadedDeployment, registry: AgentRegistry, pulls: PullStore, feedback: FeedbackStore, tokens: TokenStore, dispatcher: PullDispatcher, logger: Logger,
-        host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil
+        host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil
     ) {
         self.deployment = deployment
+        self.paths = DataDirectory(deployment.directory)
+        self.feedbackLimits = feedbackLimits ?? deployment.config.feedback ?? .default
         self.registry = registry
         self.pulls = pulls
         self.feedback = feedback
@@ -145,9 +151,11 @@ public final class AgentListener: Service, Sendable {
         logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
     }
 
-    fileprivate func enroll(_ request: WireEnrollRequest, machine: inout ServerConnectionStateMachine) -> [ServerConnectionStateMachine.Action] {
+    fileprivate func enroll(_ request: WireEnrollRequest, remote: String?, machine: inout ServerConnectionStateMachine) -> [ServerConnectionStateMachine.Action] {
         guard tokens.acceptsEnrollment(request.token) else {
-            logger.notice("enrollment refused: bad token")
+            refusals.log { suppressed in
+                logger.notice("enrollment refused: bad token", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
+            }
             return machine.enrollmentFailed("enrollment token not accepted")
         }
         do {
@@ -160,8 +168,41 @@ public final class AgentListener: Service, Sendable {
                 $0.serverEncryptionKey = Data(deployment.encryptionKey.publicKey.spki)
             })
         } catch {
+            refusals.log { suppressed in
+                logger.notice("enrollment refused: bad key", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
+            }
             return machine.enrollmentFailed("public key not accepted: \(error)")
         }
+    }
+}
+
+/// Lets through at most `perMinute` log records a minute; the next one let through says how
+/// many were held back. For events an outsider can cause at will (enrollment refusals).
+final class RateLimitedLog: @unchecked Sendable {
+    private let lock = NSLock()
+    private let perMinute: Int
+    private var windowStart = ContinuousClock.now
+    private var inWindow = 0
+    private var suppressed = 0
+
+    init(perMinute: Int) { self.perMinute = perMinute }
+
+    func log(_ emit: (_ suppressed: Int) -> Void) {
+        let held: Int? = lock.withLock {
+            let now = ContinuousClock.now
+            if now - windowStart >= .seconds(60) {
+                windowStart = now
+                inWindow = 0
+            }
+            guard inWindow < perMinute else {
+                suppressed += 1
+                return nil
+            }
+            inWindow += 1
+            defer { suppressed = 0 }
+            return suppressed
+        }
+        if let held { emit(held) }
     }
 }
 
@@ -243,7 +284,7 @@ final class ConnectionSession {
                 outcome.frames.append(frame)
             case .verify(let id, let signature, let challenge, let claimedHost):
                 host = claimedHost
-                let key = try listener.registry.publicKey(of: id)
+                let key = WireID.isValid(id) ? try listener.registry.publicKey(of: id) : nil
                 if let key, AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) {
                     pending.append(contentsOf: machine.authenticated(id))
                 } else {
@@ -251,17 +292,22 @@ final class ConnectionSession {
                     pending.append(contentsOf: machine.authenticationFailed("unknown agent or bad signature"))
                 }
             case .enroll(let request):
-                pending.append(contentsOf: listener.enroll(request, machine: &machine))
+                pending.append(contentsOf: listener.enroll(request, remote: remote, machine: &machine))
             case .registered(let id):
                 agentID = id
                 uploads = ConnectionUploads(
                     agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
-                    dataDirectory: listener.deployment.directory, logger: listener.logger)
+                    paths: listener.paths, feedbackLimits: listener.feedbackLimits, logger: listener.logger)
                 try listener.registry.connected(id, from: remote, host: host)
                 listener.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
                 outcome.registered = id
             case .deliver(let id, let frame):
                 if case .heartbeat(let heartbeat)? = frame.body {
+                    if let problem = AgentRegistry.problem(with: heartbeat) {
+                        listener.logger.notice("heartbeat refused", metadata: ["agent.id": "\(id)", "problem": "\(problem)"])
+                        pending.append(contentsOf: machine.fail(WireProtocolError(.errorMalformedFrame, problem)))
+                        continue
+                    }
                     try listener.registry.heartbeat(id, heartbeat)
                     outcome.frames.append(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
                 } else if let uploads {

@@ -7,35 +7,63 @@ import DredgeWire
 import Foundation
 import Logging
 
+/// What the server accepts from one agent's feedback uploads (configurable in `server.json`,
+/// `"feedback": {…}`): how many per hour, how many bytes (as uploaded) per day, and how large
+/// one may unpack. Pulls are asked for by engineers and keep the general payload limits.
+public struct FeedbackLimits: Codable, Sendable, Equatable {
+    /// Feedback uploads one agent may begin per hour. Default 12.
+    public var perHour: Int
+    /// Bytes of feedback uploads (zips, as declared in their headers) one agent may begin per
+    /// 24 hours. Default 64 MiB.
+    public var bytesPerDay: Int64
+    /// Bytes one feedback upload may unpack to (its files together). Default 32 MiB.
+    public var maxUnpackedBytes: Int64
+
+    public init(perHour: Int = 12, bytesPerDay: Int64 = 64 << 20, maxUnpackedBytes: Int64 = 32 << 20) {
+        self.perHour = perHour
+        self.bytesPerDay = bytesPerDay
+        self.maxUnpackedBytes = maxUnpackedBytes
+    }
+
+    public static let `default` = FeedbackLimits()
+}
+
 /// The uploads of one agent connection on the server: one ``UploadReceiverStateMachine`` and
 /// one ``UploadAssembler`` (on disk, so they survive reconnects and restarts) per upload, and
 /// the pull or feedback statuses they move.
+///
+/// Every id that arrives is checked (``WireID``) before it is looked up or becomes part of a
+/// path, and paths come from ``DataDirectory`` only. A final status (complete, rejected,
+/// failed, expired) is never changed by anything the agent sends afterwards.
 final class ConnectionUploads {
     let agentID: String
     let pulls: PullStore
     let feedback: FeedbackStore
     let encryptionKey: RSAPrivateKey
-    let dataDirectory: String
+    let paths: DataDirectory
     let limits: PayloadLimits
+    let feedbackLimits: FeedbackLimits
     let logger: Logger
     private var receivers: [String: (machine: UploadReceiverStateMachine, assembler: UploadAssembler)] = [:]
     /// Uploads begun on this connection that are feedback, not pulls.
     private var feedbackUploads: Set<String> = []
 
     init(
-        agentID: String, pulls: PullStore, feedback: FeedbackStore, encryptionKey: RSAPrivateKey, dataDirectory: String,
-        limits: PayloadLimits = PayloadLimits(), logger: Logger
+        agentID: String, pulls: PullStore, feedback: FeedbackStore, encryptionKey: RSAPrivateKey, paths: DataDirectory,
+        limits: PayloadLimits = PayloadLimits(), feedbackLimits: FeedbackLimits = .default, logger: Logger
     ) {
         self.agentID = agentID
         self.pulls = pulls
         self.feedback = feedback
         self.encryptionKey = encryptionKey
-        self.dataDirectory = dataDirectory
+        self.paths = paths
         self.limits = limits
+        self.feedbackLimits = feedbackLimits
         self.logger = logger
     }
 
     /// Moves the status of the pull (for this agent) or the feedback an upload belongs to.
+    /// The stores ignore a change to a status that is already final.
     private func progress(_ uploadID: String, _ status: PullStatus, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, records: Int? = nil, files: [String]? = nil) throws {
         if feedbackUploads.contains(uploadID) {
             try feedback.update(uploadID, status: status, detail: detail, chunksReceived: chunksReceived, records: records, files: files)
@@ -44,48 +72,37 @@ final class ConnectionUploads {
         }
     }
 
+    /// The id a frame names, when it has the spec's form; otherwise the frame that refuses it.
+    private func checked(_ id: String, _ what: String) -> Result<String, FeedbackRefusal> {
+        WireID.isValid(id) ? .success(id) : .failure(FeedbackRefusal(error(.errorUploadInvalid, id, "\(what) is not 32 lowercase hex characters")))
+    }
+
     /// Handles an upload frame; returns the frames to send back.
     func handle(_ frame: WireFrame) throws -> [WireFrame] {
         switch frame.body {
         case .commandAccepted(let m)?:
-            try pulls.update(m.commandID, agent: agentID, status: .exporting)
+            guard case .success(let id) = checked(m.commandID, "command id") else { return [error(.errorUploadInvalid, m.commandID, "command id is not 32 lowercase hex characters")] }
+            try pulls.update(id, agent: agentID, status: .exporting)
             return []
         case .commandRejected(let m)?:
-            try pulls.update(m.commandID, agent: agentID, status: .rejected, detail: "\(m.reason): \(m.detail)")
-            logger.notice("pull rejected by agent", metadata: ["pull.id": "\(m.commandID)", "agent.id": "\(agentID)", "reason": "\(m.reason)"])
+            guard case .success(let id) = checked(m.commandID, "command id") else { return [error(.errorUploadInvalid, m.commandID, "command id is not 32 lowercase hex characters")] }
+            try pulls.update(id, agent: agentID, status: .rejected, detail: "\(m.reason): \(Self.bounded(m.detail))")
+            logger.notice("pull rejected by agent", metadata: ["pull.id": "\(id)", "agent.id": "\(agentID)", "reason": "\(m.reason)"])
+            return []
+        case .error(let e)?:
+            // The agent could not carry out an accepted command (its export failed, say).
+            guard WireID.isValid(e.uploadID), !feedbackUploads.contains(e.uploadID) else { return [] }
+            try pulls.update(e.uploadID, agent: agentID, status: .failed, detail: "the agent could not finish it: \(Self.bounded(e.detail))")
+            logger.notice("pull failed on the agent", metadata: ["pull.id": "\(e.uploadID)", "agent.id": "\(agentID)", "code": "\(e.code)"])
             return []
         case .uploadBegin(let m)?:
+            if case .failure(let refusal) = checked(m.header.uploadID, "upload id") { return [refusal.frame] }
             return try begin(m.header)
         case .uploadChunk(let chunk)?:
-            guard var entry = receivers[chunk.uploadID] else { return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")] }
-            var out: [WireFrame] = []
-            var refused = false
-            for action in entry.machine.chunk(chunk) {
-                switch action {
-                case .send(let f): out.append(f)
-                case .store(let index, let ciphertext):
-                    let next: [UploadReceiverStateMachine.Action]
-                    do {
-                        try entry.assembler.accept(index: index, ciphertext: ciphertext)
-                        next = entry.machine.stored(index)
-                    } catch let e as ExportError {
-                        logger.warning("chunk refused", metadata: ["upload.id": "\(chunk.uploadID)", "index": "\(index)", "error": "\(e)"])
-                        next = entry.machine.rejected(index, e.code == .chunkAuthFailed ? .errorChunkAuthFailed : .errorInternal)
-                        if e.code == .chunkAuthFailed {
-                            refused = true
-                            try progress(chunk.uploadID, .failed, detail: "chunk \(index) failed authentication")
-                        }
-                    }
-                    for case .send(let f) in next { out.append(f) }
-                case .assemble: break
-                }
-            }
-            receivers[chunk.uploadID] = entry
-            if !refused {
-                try progress(chunk.uploadID, .uploading, chunksReceived: entry.assembler.received.count)
-            }
-            return out
+            if case .failure(let refusal) = checked(chunk.uploadID, "upload id") { return [refusal.frame] }
+            return try receive(chunk)
         case .uploadComplete(let m)?:
+            if case .failure(let refusal) = checked(m.uploadID, "upload id") { return [refusal.frame] }
             guard var entry = receivers[m.uploadID] else { return [error(.errorUploadUnknown, m.uploadID, "no upload \(m.uploadID) begun on this connection")] }
             var out: [WireFrame] = []
             for action in entry.machine.complete() {
@@ -100,11 +117,52 @@ final class ConnectionUploads {
             receivers[m.uploadID] = entry
             return out
         case .uploadStatusQuery(let m)?:
+            if case .failure(let refusal) = checked(m.uploadID, "upload id") { return [refusal.frame] }
             if let entry = receivers[m.uploadID] { return [entry.machine.status()] }
             return [.with { $0.uploadStatus = .with { $0.uploadID = m.uploadID; $0.state = .unknown } }]
         default:
             return []
         }
+    }
+
+    private func receive(_ chunk: WireUploadChunk) throws -> [WireFrame] {
+        guard var entry = receivers[chunk.uploadID] else { return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")] }
+        var out: [WireFrame] = []
+        var stored = false
+        for action in entry.machine.chunk(chunk) {
+            switch action {
+            case .send(let f): out.append(f)
+            case .store(let index, let ciphertext):
+                let next: [UploadReceiverStateMachine.Action]
+                do {
+                    try entry.assembler.accept(index: index, ciphertext: ciphertext)
+                    next = entry.machine.stored(index)
+                    stored = true
+                } catch let e as ExportError {
+                    logger.warning("chunk refused", metadata: ["upload.id": "\(chunk.uploadID)", "index": "\(index)", "error": "\(e)"])
+                    switch e.code {
+                    case .chunkAuthFailed:
+                        next = entry.machine.rejected(index, .errorChunkAuthFailed)
+                        try progress(chunk.uploadID, .failed, detail: "chunk \(index) failed authentication")
+                    case .uploadInvalid:
+                        next = entry.machine.rejected(index, .errorChunkInvalid)
+                        try progress(chunk.uploadID, .failed, detail: "chunk \(index) is invalid: \(e.message)")
+                    default:
+                        // The server's own trouble (a full disk): the agent keeps its export and
+                        // sends the chunk again later; the status stays open, with the reason.
+                        next = entry.machine.rejected(index, .errorInternal)
+                        try progress(chunk.uploadID, .uploading, detail: "the server could not store chunk \(index) (\(e.code)); the agent will retry")
+                    }
+                }
+                for case .send(let f) in next { out.append(f) }
+            case .assemble: break
+            }
+        }
+        receivers[chunk.uploadID] = entry
+        if stored {
+            try progress(chunk.uploadID, .uploading, chunksReceived: entry.assembler.received.count)
+        }
+        return out
     }
 
     private func begin(_ header: WireUploadHeader) throws -> [WireFrame] {
@@ -119,39 +177,48 @@ final class ConnectionUploads {
             case .success(let k): key = k
             }
         default:
-            guard let pull = try pulls.pull(header.uploadID), pull.targets.contains(where: { $0.agentID == agentID }),
+            guard let pull = try pulls.pull(header.uploadID), let target = pull.targets.first(where: { $0.agentID == agentID }),
                 let k = try pulls.key(of: header.uploadID)
             else {
                 return [error(.errorUploadInvalid, header.uploadID, "no pull \(header.uploadID) for this agent")]
             }
-            if let target = pull.targets.first(where: { $0.agentID == agentID }), target.status == .complete {
+            if target.status == .complete {
                 return [.with { $0.uploadResult = .with { $0.uploadID = header.uploadID; $0.ok = true; $0.files = UInt32(target.files.count) } }]
+            }
+            if target.status.isFinal {
+                return [error(.errorUploadInvalid, header.uploadID, "pull \(header.uploadID) is \(target.status.rawValue) for this agent: \(target.detail)")]
             }
             key = k
         }
         if receivers[header.uploadID] == nil {
             let assembler: UploadAssembler
             do {
-                assembler = try UploadAssembler(directory: "\(dataDirectory)/uploads/\(header.uploadID)-\(agentID)", header: header, key: key)
-            } catch let e as ExportError {
+                assembler = try UploadAssembler(directory: try paths.upload(header.uploadID, agent: agentID), header: header, key: key)
+            } catch let e as ExportError where e.code == .uploadInvalid {
                 return [error(.errorUploadInvalid, header.uploadID, e.message)]
+            } catch let e as ExportError {
+                return [error(.errorInternal, header.uploadID, "the server cannot keep this upload now (\(e.code)); try later")]
             }
             receivers[header.uploadID] = (UploadReceiverStateMachine(header: header, received: assembler.received), assembler)
         }
-        try progress(header.uploadID, .uploading, chunksReceived: receivers[header.uploadID]!.assembler.received.count, chunkCount: Int(header.chunkCount), bytes: Int64(header.plaintextSize))
-        var entry = receivers[header.uploadID]!
+        guard var entry = receivers[header.uploadID] else { return [] }
+        try progress(header.uploadID, .uploading, chunksReceived: entry.assembler.received.count, chunkCount: Int(header.chunkCount), bytes: Int64(header.plaintextSize))
         let actions = entry.machine.begin(header)
         receivers[header.uploadID] = entry
         return actions.compactMap { if case .send(let f) = $0 { return f } else { return nil } }
     }
 
     /// A feedback upload's key (unwrapped with the server's encryption key), after checking the
-    /// header; or the frame that refuses it, or answers it if it was already received.
+    /// header and this agent's quotas; or the frame that refuses it, or answers it if it was
+    /// already received.
     private func admitFeedback(_ header: WireUploadHeader) throws -> Result<SymmetricKey, FeedbackRefusal> {
         let id = header.uploadID
         let f = header.feedback
-        guard header.hasFeedback, f.feedbackID == id, !f.uid.isEmpty, f.uid.utf8.count <= 256, !f.text.isEmpty, f.text.utf8.count <= 16 * 1024 else {
+        guard header.hasFeedback, f.feedbackID == id, UserID.isValid(f.uid), !f.text.isEmpty, f.text.utf8.count <= 16 * 1024 else {
             return .failure(FeedbackRefusal(error(.errorUploadInvalid, id, "feedback header incomplete or over its limits")))
+        }
+        guard Timestamp.acceptedRange.contains(f.createdAtUs) else {
+            return .failure(FeedbackRefusal(error(.errorUploadInvalid, id, "feedback created_at_us is outside 1970–9999")))
         }
         let key: SymmetricKey
         do {
@@ -164,7 +231,22 @@ final class ConnectionUploads {
             if existing.status == .complete {
                 return .failure(FeedbackRefusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(max(0, existing.files.count - 1)); $0.records = UInt64(existing.records) } }))
             }
+            if existing.status.isFinal {
+                return .failure(FeedbackRefusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = false; $0.error = .errorPayloadInvalid; $0.detail = existing.detail } }))
+            }
         } else {
+            guard Int64(header.plaintextSize) <= feedbackLimits.maxUnpackedBytes else {
+                return .failure(FeedbackRefusal(error(.errorLimitExceeded, id, "a feedback upload may be at most \(feedbackLimits.maxUnpackedBytes) bytes")))
+            }
+            let now = Date()
+            let lastHour = try feedback.usage(agentID: agentID, since: now.addingTimeInterval(-3600))
+            let lastDay = try feedback.usage(agentID: agentID, since: now.addingTimeInterval(-86_400))
+            guard lastHour.count < feedbackLimits.perHour, lastDay.bytes + Int64(header.plaintextSize) <= feedbackLimits.bytesPerDay else {
+                logger.notice("feedback quota exceeded", metadata: ["agent.id": "\(agentID)", "last_hour": "\(lastHour.count)", "last_day_bytes": "\(lastDay.bytes)"])
+                return .failure(FeedbackRefusal(error(
+                    .errorLimitExceeded, id,
+                    "feedback quota: at most \(feedbackLimits.perHour) per hour and \(feedbackLimits.bytesPerDay) bytes per day from one agent; try later")))
+            }
             try feedback.begin(id: id, agentID: agentID, uid: f.uid, text: f.text, createdAt: Timestamp(microseconds: f.createdAtUs), chunkCount: Int(header.chunkCount), bytes: Int64(header.plaintextSize))
             logger.info("feedback upload begun", metadata: ["feedback.id": "\(id)", "agent.id": "\(agentID)", "uid": "\(f.uid)"])
         }
@@ -173,38 +255,87 @@ final class ConnectionUploads {
     }
 
     /// Reassemble, decrypt, unpack with limits into `pulls/<pull>/<agent>/` or `feedback/<id>/`.
+    /// A failure of the server's own (disk, I/O) leaves the upload open for the agent to finish
+    /// later; a payload that breaks the rules fails it for good.
     private func finish(_ uploadID: String, _ assembler: UploadAssembler) -> WireUploadResult {
-        let zip = assembler.directory + "/payload.zip"
         let isFeedback = feedbackUploads.contains(uploadID)
-        let parent = isFeedback ? "\(dataDirectory)/feedback" : "\(dataDirectory)/pulls/\(uploadID)"
-        let destination = isFeedback ? "\(parent)/\(uploadID)" : "\(parent)/\(agentID)"
         let what = isFeedback ? "feedback" : "pull"
         do {
-            try FileManager.default.createDirectory(atPath: parent, withIntermediateDirectories: true)
-            try assembler.assemble(to: zip)
-            let payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: limits)
-            guard payload.manifest.uploadID == uploadID, payload.manifest.kind == (isFeedback ? "feedback" : "pull") else {
-                try? FileManager.default.removeItem(atPath: destination)
-                throw ExportError(.payloadInvalid, "the manifest describes another upload (\(payload.manifest.kind) \(payload.manifest.uploadID))")
+            if !isFeedback, let target = try pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID }), target.status.isFinal {
+                throw ExportError(.uploadInvalid, "pull \(uploadID) is already \(target.status.rawValue): \(target.detail)")
             }
-            try? FileManager.default.copyItem(atPath: zip, toPath: destination + (isFeedback ? ".zip" : "/../\(agentID).zip"))
-            try? FileManager.default.removeItem(atPath: assembler.directory)
-            let files = (payload.files.map { ($0 as NSString).lastPathComponent } + ["manifest.json"]).map { destination + "/" + $0 }
-            try Data(try payload.manifest.encoded()).write(to: URL(fileURLWithPath: destination + "/manifest.json"))
+            let destination = isFeedback ? try paths.feedbackFiles(uploadID) : try paths.pullFiles(uploadID, agent: agentID)
+            let zipCopy = isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)
+            let zip = try paths.inside(assembler.directory + "/payload.zip")
+            try FileManager.default.createDirectory(atPath: (destination as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+            try assembler.assemble(to: zip)
+            let payload: ExtractedPayload
+            do {
+                payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: isFeedback ? feedbackPayloadLimits : limits) { manifest in
+                    guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull") else {
+                        throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID))")
+                    }
+                }
+            } catch let error as ExportError where error.code == .exists {
+                // Unpacked before, and the server stopped before recording it: adopt it if it is
+                // this upload's; never replace it.
+                payload = try adopt(destination, uploadID: uploadID, isFeedback: isFeedback, error: error)
+            }
+            do {
+                if FileManager.default.fileExists(atPath: zipCopy) { try FileManager.default.removeItem(atPath: zipCopy) }
+                try FileManager.default.copyItem(atPath: zip, toPath: zipCopy)
+            } catch {
+                logger.warning("could not keep the zip beside the files", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+            }
+            let files = (payload.files.map { ($0 as NSString).lastPathComponent } + [PayloadLimits.manifestName]).map { destination + "/" + $0 }
             try progress(uploadID, .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files)
+            do {
+                try FileManager.default.removeItem(atPath: try paths.inside(assembler.directory))
+            } catch {
+                logger.warning("could not remove a finished upload's chunks", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+            }
             logger.info("\(what) complete", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "records": "\(payload.manifest.recordCount)"])
             return .with { $0.uploadID = uploadID; $0.ok = true; $0.files = UInt32(payload.files.count); $0.records = UInt64(payload.manifest.recordCount) }
         } catch {
-            let code: WireErrorCode = (error as? ExportError)?.code == .payloadInvalid ? .errorPayloadInvalid : .errorInternal
-            try? progress(uploadID, .failed, detail: "\(error)")
-            logger.error("\(what) failed", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
-            return .with { $0.uploadID = uploadID; $0.ok = false; $0.error = code; $0.detail = "\(error)" }
+            let final: (WireErrorCode, String)? =
+                switch (error as? ExportError)?.code {
+                case .payloadInvalid?: (.errorPayloadInvalid, "\(error)")
+                case .uploadInvalid?, .chunkAuthFailed?, .exists?: (.errorUploadInvalid, "\(error)")
+                default: nil
+                }
+            if let (code, detail) = final {
+                do { try progress(uploadID, .failed, detail: detail) } catch { logger.error("could not record a failed upload", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"]) }
+                logger.error("\(what) failed", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
+                return .with { $0.uploadID = uploadID; $0.ok = false; $0.error = code; $0.detail = detail }
+            }
+            do { try progress(uploadID, .uploading, detail: "the server could not unpack it (\(error)); the agent will retry") } catch { logger.error("could not record an upload's trouble", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"]) }
+            logger.error("\(what) could not be unpacked; left for the agent to retry", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
+            return .with { $0.uploadID = uploadID; $0.ok = false; $0.error = .errorInternal; $0.detail = "the server could not store the upload now; try later" }
         }
     }
 
-    private func error(_ code: WireErrorCode, _ uploadID: String, _ detail: String) -> WireFrame {
-        .with { $0.error = .with { $0.code = code; $0.detail = detail; $0.fatal = false; $0.uploadID = uploadID } }
+    private var feedbackPayloadLimits: PayloadLimits {
+        var l = limits
+        l.maxTotalBytes = min(l.maxTotalBytes, feedbackLimits.maxUnpackedBytes)
+        return l
     }
+
+    /// A destination that already exists is this upload's finished result only if its manifest
+    /// says so (same upload, kind and agent); anything else is refused and left alone.
+    private func adopt(_ destination: String, uploadID: String, isFeedback: Bool, error: ExportError) throws -> ExtractedPayload {
+        guard let bytes = FileManager.default.contents(atPath: destination + "/" + PayloadLimits.manifestName),
+            let manifest = try? JSONDecoder().decode(ExportManifest.self, from: bytes),
+            manifest.uploadID == uploadID, manifest.agentID == agentID, manifest.kind == (isFeedback ? "feedback" : "pull")
+        else { throw error }
+        return ExtractedPayload(manifest: manifest, files: manifest.days.map { destination + "/" + $0.file }.sorted(), directory: destination)
+    }
+
+    private func error(_ code: WireErrorCode, _ uploadID: String, _ detail: String) -> WireFrame {
+        .with { $0.error = .with { $0.code = code; $0.detail = detail; $0.fatal = false; $0.uploadID = WireID.echo(uploadID) } }
+    }
+
+    /// An agent's free text, cut to a size fit for a status line.
+    static func bounded(_ text: String) -> String { text.utf8.count <= 1024 ? text : String(decoding: text.utf8.prefix(1024), as: UTF8.self) + "…" }
 }
 
 /// The frame that ends a feedback upload's begin early: a refusal, or the earlier result.

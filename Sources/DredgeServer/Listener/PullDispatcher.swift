@@ -16,10 +16,14 @@ public final class PullDispatcher: Service, @unchecked Sendable {
     private var waiting: [String: [Int: AsyncStream<Void>.Continuation]] = [:]
     private var next = 0
 
-    public init(pulls: PullStore, sweepInterval: Duration = .seconds(1), logger: Logger) {
+    /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
+    let housekeeping: (@Sendable () throws -> Void)?
+
+    public init(pulls: PullStore, sweepInterval: Duration = .seconds(1), logger: Logger, housekeeping: (@Sendable () throws -> Void)? = nil) {
         self.pulls = pulls
         self.sweepInterval = sweepInterval
         self.logger = logger
+        self.housekeeping = housekeeping
     }
 
     /// A stream that yields when `agentID` may have pulls to deliver; it yields once at once.
@@ -50,6 +54,7 @@ public final class PullDispatcher: Service, @unchecked Sendable {
     }
 
     public func run() async throws {
+        var lastHousekeeping = ContinuousClock.now
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
             do {
                 try await cancelWhenGracefulShutdown { try await Task.sleep(for: self.sweepInterval) }
@@ -60,6 +65,10 @@ public final class PullDispatcher: Service, @unchecked Sendable {
                 wake(try pulls.agentsWithQueuedPulls())
             } catch {
                 logger.error("delivery sweep failed", metadata: ["error": "\(error)"])
+            }
+            if let housekeeping, ContinuousClock.now - lastHousekeeping >= .seconds(60) {
+                lastHousekeeping = .now
+                do { try housekeeping() } catch { logger.error("housekeeping failed", metadata: ["error": "\(error)"]) }
             }
         }
         let all = lock.withLock { waiting.values.flatMap(\.values) }

@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeStore
+import DredgeWire
 import Foundation
 
 /// Why a pull cannot be queued.
@@ -30,14 +31,15 @@ extension PullStore {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
         let agent = request.agent.flatMap { $0.isEmpty ? nil : $0 }
         guard uid != nil || agent != nil else { throw PullRequestError.noTarget }
-        if let uid, uid.utf8.count > 256 { throw PullRequestError.invalid("uid is longer than 256 bytes") }
+        if let uid, let problem = UserID.problem(uid) { throw PullRequestError.invalid(problem) }
+        if let agent, !WireID.isValid(agent) { throw PullRequestError.invalid("agent must be an agent id: 32 lowercase hex characters") }
         let seconds = request.expiresInSeconds ?? 3600
         guard seconds > 0, Duration.seconds(seconds) <= Self.maximumLifetime else {
             throw PullRequestError.invalid("expiresInSeconds must be between 1 and \(7 * 86_400)")
         }
         var filter = request.filter
         filter.uid = uid
-        if let since = filter.since, let until = filter.until, until <= since { throw PullRequestError.invalid("until must be after since") }
+        if let problem = filter.problem { throw PullRequestError.invalid(problem) }
 
         let agents: [String]
         if let agent {

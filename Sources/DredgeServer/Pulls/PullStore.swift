@@ -119,6 +119,61 @@ public final class PullStore: Sendable {
         return try queued.filter { ($0[1] as Int64) > now.microseconds }.compactMap { try pull($0[0]) }
     }
 
+    /// How long a delivered pull may go without word from its agent, and how long an upload may
+    /// go on, before the server ends it (``expireStalled(now:)``).
+    public struct Deadlines: Sendable {
+        /// After the pull's expiry, a target with no progress for this long is expired.
+        public var quietAfterExpiry: Duration
+        /// After the pull's expiry, every target still open this long is expired, progress or not.
+        public var afterExpiry: Duration
+
+        public init(quietAfterExpiry: Duration = .seconds(15 * 60), afterExpiry: Duration = .seconds(24 * 3600)) {
+            self.quietAfterExpiry = quietAfterExpiry
+            self.afterExpiry = afterExpiry
+        }
+    }
+
+    /// Ends the targets that will not finish: delivered, exporting or uploading past the pull's
+    /// expiry with nothing heard for `quietAfterExpiry` (an agent gone for good, an export that
+    /// never reported), or still open `afterExpiry` past it. They become `expired`, with the
+    /// reason. Returns how many. (Queued ones expire at their expiry: ``pending(for:now:)``.)
+    @discardableResult
+    public func expireStalled(now: Date = Date(), deadlines: Deadlines = Deadlines()) throws -> Int {
+        let nowUs = Timestamp(now).microseconds
+        let quietUs = Int64(deadlines.quietAfterExpiry.components.seconds) * 1_000_000
+        let hardUs = Int64(deadlines.afterExpiry.components.seconds) * 1_000_000
+        let open = try db.read { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
+                    WHERE t.status IN ('delivered', 'exporting', 'uploading') AND p.expires_at <= ?
+                    """,
+                arguments: [nowUs])
+        }
+        var ended = 0
+        for row in open {
+            let expiresAt: Int64 = row["expires_at"]
+            let heardUs = Timestamp(Date(timeIntervalSince1970: row["updated_at"])).microseconds
+            let status: String = row["status"]
+            let detail: String
+            if nowUs - max(heardUs, expiresAt) >= quietUs {
+                detail = "no word from the agent since \(Timestamp(microseconds: heardUs)) (\(status)); the pull expired at \(Timestamp(microseconds: expiresAt))"
+            } else if nowUs - expiresAt >= hardUs {
+                detail = "still \(status) \(deadlines.afterExpiry) after the pull expired at \(Timestamp(microseconds: expiresAt)); given up"
+            } else {
+                continue
+            }
+            try db.write { db in
+                try db.execute(
+                    sql: "UPDATE pull_target SET status = 'expired', detail = ?, updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = ?",
+                    arguments: [detail, now.timeIntervalSince1970, row["pull_id"] as String, row["agent_id"] as String, status])
+                ended += db.changesCount
+            }
+        }
+        return ended
+    }
+
     /// Agents with a queued pull: what the delivery pass wakes (it also catches pulls queued by
     /// another process, such as `dredge-server pull`).
     public func agentsWithQueuedPulls() throws -> Set<String> {
@@ -179,6 +234,11 @@ public final class PullStore: Sendable {
         }
     }
 
+    /// The SQL list of final statuses: a target in one of them never changes again.
+    static let finalStatuses = "(" + PullStatus.allCases.filter(\.isFinal).map { "'\($0.rawValue)'" }.joined(separator: ",") + ")"
+
+    /// Moves a target's status and progress, unless its status is already final (complete,
+    /// rejected, failed, expired): whatever an agent sends afterwards changes nothing.
     public func update(_ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, files: [String]? = nil) throws {
         try db.write { db in
             try db.execute(
@@ -186,7 +246,7 @@ public final class PullStore: Sendable {
                     UPDATE pull_target SET status = ?, detail = ?, updated_at = ?,
                         chunks_received = coalesce(?, chunks_received), chunk_count = coalesce(?, chunk_count),
                         bytes = coalesce(?, bytes), files = coalesce(?, files)
-                    WHERE pull_id = ? AND agent_id = ?
+                    WHERE pull_id = ? AND agent_id = ? AND status NOT IN \(Self.finalStatuses)
                     """,
                 arguments: [
                     status.rawValue, detail, Date().timeIntervalSince1970, chunksReceived, chunkCount, bytes,

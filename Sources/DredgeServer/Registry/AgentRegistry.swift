@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeEnvelope
+import DredgeStore
 import DredgeWire
 import Foundation
 import GRDB
@@ -82,8 +83,20 @@ public final class AgentRegistry: Sendable {
         try db.write { try $0.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ?", arguments: [agentID]) }
     }
 
-    /// Records a heartbeat; the agent's uids are rewritten only when they changed.
+    /// Why a heartbeat breaks the protocol's rules (§ Heartbeats: at most MAX_ACTIVE_UIDS uids,
+    /// each a valid uid), or nil.
+    public static func problem(with heartbeat: WireHeartbeat) -> String? {
+        if heartbeat.activeUids.count > WireLimits.maxActiveUIDs {
+            return "heartbeat lists \(heartbeat.activeUids.count) uids; at most \(WireLimits.maxActiveUIDs)"
+        }
+        if let bad = heartbeat.activeUids.lazy.compactMap(UserID.problem).first { return "heartbeat lists an invalid uid: \(bad)" }
+        return nil
+    }
+
+    /// Records a heartbeat; the agent's uids are rewritten only when they changed. A heartbeat
+    /// that breaks the rules (``problem(with:)``) is refused and changes nothing.
     public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date = Date()) throws {
+        if let problem = Self.problem(with: heartbeat) { throw DeploymentError(problem) }
         let sorted = heartbeat.activeUids.sorted()
         let uids = String(decoding: try JSONEncoder().encode(sorted), as: UTF8.self)
         try db.write { db in
@@ -99,9 +112,11 @@ public final class AgentRegistry: Sendable {
         }
     }
 
-    /// Agents whose last heartbeat reported `uid`.
+    /// Agents whose last heartbeat reported `uid`. None for an invalid uid: SQLite's binding
+    /// would cut `"u-1\u{0}x"` at its NUL and find `u-1`'s agents.
     public func agentIDs(withUID uid: String) throws -> [String] {
-        try db.read { try String.fetchAll($0, sql: "SELECT agent_id FROM agent_uid WHERE uid = ? ORDER BY agent_id", arguments: [uid]) }
+        guard UserID.isValid(uid) else { return [] }
+        return try db.read { try String.fetchAll($0, sql: "SELECT agent_id FROM agent_uid WHERE uid = ? ORDER BY agent_id", arguments: [uid]) }
     }
 
     public func isEnrolled(_ agentID: String) throws -> Bool {

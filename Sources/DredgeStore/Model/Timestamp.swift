@@ -29,9 +29,14 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
 
     public static func < (a: Timestamp, b: Timestamp) -> Bool { a.microseconds < b.microseconds }
 
+    /// Saturates at the ends of `Int64` instead of trapping.
     public func adding(_ duration: Duration) -> Timestamp {
         let (s, atto) = duration.components
-        return Timestamp(microseconds: microseconds + s * 1_000_000 + atto / 1_000_000_000_000)
+        let (scaled, o1) = s.multipliedReportingOverflow(by: 1_000_000)
+        let (delta, o2) = scaled.addingReportingOverflow(atto / 1_000_000_000_000)
+        let (sum, o3) = microseconds.addingReportingOverflow(delta)
+        if o1 || o2 || o3 { return Timestamp(microseconds: s < 0 ? .min : .max) }
+        return Timestamp(microseconds: sum)
     }
 
     public func subtracting(_ duration: Duration) -> Timestamp { adding(.zero - duration) }
@@ -44,9 +49,11 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
         return w.string
     }
 
-    /// Appends the RFC 3339 form to `w` without making a string.
+    /// Appends the RFC 3339 form to `w` without making a string. Instants outside years
+    /// 0000–9999 are written as the nearest end of that range (RFC 3339 has four-digit years).
     public func writeRFC3339(into w: inout JSONWriter) {
-        let (days, microOfDay) = (microseconds.floorDiv(86_400_000_000), microseconds.floorMod(86_400_000_000))
+        let clamped = min(max(microseconds, Self.formattableRange.lowerBound), Self.formattableRange.upperBound)
+        let (days, microOfDay) = (clamped.floorDiv(86_400_000_000), clamped.floorMod(86_400_000_000))
         let (year, month, day) = Self.civil(fromDays: days)
         let seconds = Int(microOfDay / 1_000_000), micros = Int(microOfDay % 1_000_000)
         withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 27) { out in
@@ -63,6 +70,9 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
             w.writeRawBytes(UnsafeBufferPointer(out))
         }
     }
+
+    /// 0000-01-01T00:00:00Z ... 9999-12-31T23:59:59.999999Z.
+    static let formattableRange: ClosedRange<Int64> = -62_167_219_200_000_000...253_402_300_799_999_999
 
     /// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar
     /// (H. Hinnant's algorithm).
@@ -138,6 +148,10 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
 }
 
 extension Int64 {
-    fileprivate func floorDiv(_ d: Int64) -> Int64 { (self >= 0 ? self : self - d + 1) / d }
+    /// Floor division without overflow for any `self` (`d` > 0).
+    fileprivate func floorDiv(_ d: Int64) -> Int64 {
+        let q = self / d
+        return (self % d != 0 && self < 0) ? q - 1 : q
+    }
     fileprivate func floorMod(_ d: Int64) -> Int64 { self - floorDiv(d) * d }
 }

@@ -17,10 +17,15 @@ extension Timestamp {
             case "w": seconds = 604_800
             default: return nil
             }
-            self = Timestamp(microseconds: now.microseconds - amount * seconds * 1_000_000)
+            // Overflow is a value nobody meant (99999999d): refused, never a trap.
+            let (perUnit, o1) = seconds.multipliedReportingOverflow(by: 1_000_000)
+            let (ago, o2) = amount.multipliedReportingOverflow(by: perUnit)
+            let (value, o3) = now.microseconds.subtractingReportingOverflow(ago)
+            guard !o1, !o2, !o3, Timestamp.acceptedRange.contains(value) else { return nil }
+            self = Timestamp(microseconds: value)
             return
         }
-        guard let parsed = Timestamp(rfc3339: text) else { return nil }
+        guard let parsed = Timestamp(rfc3339: text), parsed.isAccepted else { return nil }
         self = parsed
     }
 }

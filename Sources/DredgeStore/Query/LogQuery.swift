@@ -16,8 +16,10 @@ struct LogQuery {
         var clauses: [String] = []
         var arguments = StatementArguments()
         if let uid = filter.uid {
-            clauses.append("uid = ?")
-            arguments += [uid]
+            // SQLite's binding ends a string at its first NUL: "u-1\0x" would select u-1's
+            // records. A uid with a NUL matches no stored uid (none can hold one).
+            clauses.append(uid.utf8.contains(0) ? "0" : "uid = ?")
+            if !uid.utf8.contains(0) { arguments += [uid] }
         }
         if let since = filter.since {
             clauses.append("ts >= ?")

@@ -60,16 +60,24 @@ public struct UploadReceiverStateMachine: Sendable {
         return [.send(.with { $0.chunkAck = .with { $0.uploadID = uploadID; $0.index = index } })]
     }
 
-    /// The chunk failed verification (`.errorChunkAuthFailed`: the upload fails) or could not be
-    /// stored (`.errorInternal`: the agent may resend later).
+    /// The chunk failed verification (`.errorChunkAuthFailed`: the upload fails with an
+    /// `UploadResult`), does not fit the upload (`.errorChunkInvalid`, a wrong size: the upload
+    /// fails, answered with that `Error`), or could not be stored (`.errorInternal`: the agent
+    /// may send it again later).
     public mutating func rejected(_ index: UInt32, _ code: WireErrorCode) -> [Action] {
         guard case .receiving = state else { return [] }
-        if code == .errorChunkAuthFailed {
+        switch code {
+        case .errorChunkAuthFailed:
             let result = WireUploadResult.with { $0.uploadID = uploadID; $0.ok = false; $0.error = code; $0.detail = "chunk \(index) does not authenticate" }
             state = .finished(result)
             return [.send(.with { $0.uploadResult = result })]
+        case .errorChunkInvalid:
+            let detail = "chunk \(index) does not fit the upload's header (wrong size)"
+            state = .finished(.with { $0.uploadID = uploadID; $0.ok = false; $0.error = code; $0.detail = detail })
+            return [.send(error(code, detail))]
+        default:
+            return [.send(error(code, "chunk \(index) not stored now; send it again later"))]
         }
-        return [.send(error(code, "chunk \(index) not stored"))]
     }
 
     public mutating func complete() -> [Action] {
@@ -85,9 +93,11 @@ public struct UploadReceiverStateMachine: Sendable {
         }
     }
 
+    /// The driver's result. A failure of the receiver's own (`ERROR_INTERNAL`, a full disk)
+    /// does not end the upload: every chunk is still held, and the agent completes it again later.
     public mutating func assembled(_ result: WireUploadResult) -> [Action] {
         guard case .assembling = state else { return [] }
-        state = .finished(result)
+        state = !result.ok && result.error == .errorInternal ? .receiving : .finished(result)
         return [.send(.with { $0.uploadResult = result })]
     }
 

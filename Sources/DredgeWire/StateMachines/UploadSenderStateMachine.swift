@@ -22,7 +22,13 @@ public struct UploadSenderStateMachine: Sendable {
         case sendChunk(UInt32)
         /// The upload ended (ok or not): report it and drop the local files.
         case finished(WireUploadResult)
+        /// The server cannot take the upload now (`ERROR_INTERNAL`, `ERROR_LIMIT_EXCEEDED`): keep
+        /// every file and call ``resume()`` after a backoff (or on the next connection).
+        case retryLater(WireUploadResult)
     }
+
+    /// Codes that mean "not now" rather than "never" (Protocol/README.md § Errors).
+    public static let retryable: Set<WireErrorCode> = [.errorInternal, .errorLimitExceeded, .errorShuttingDown]
 
     public let header: WireUploadHeader
     public let window: Int
@@ -76,14 +82,25 @@ public struct UploadSenderStateMachine: Sendable {
             return []
         case (_, .uploadResult(let result)?) where result.uploadID == uploadID:
             if case .finished = state { return [] }
+            if !result.ok && Self.retryable.contains(result.error) {
+                state = .suspended
+                inFlight = []
+                return [.retryLater(result)]
+            }
             state = .finished(result)
             inFlight = []
             return [.finished(result)]
         case (_, .error(let error)?) where error.uploadID == uploadID:
             let result = WireUploadResult.with { $0.uploadID = uploadID; $0.ok = false; $0.error = error.code; $0.detail = error.detail }
+            if case .finished = state { return [] }
             if error.code == .errorUploadIncomplete, case .completing = state {
                 // The server lacks chunks we thought acknowledged: begin again to learn which.
                 return resume()
+            }
+            if Self.retryable.contains(error.code) {
+                state = .suspended
+                inFlight = []
+                return [.retryLater(result)]
             }
             state = .finished(result)
             return [.finished(result)]

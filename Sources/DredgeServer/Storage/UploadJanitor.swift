@@ -1,0 +1,50 @@
+import DredgeAdminAPI
+import Foundation
+import Logging
+
+/// Removes upload state nothing will finish: `uploads/<upload>-<agent>/` whose pull target or
+/// feedback has reached a final status (or never existed), entries of any other name, and (at
+/// start only) the `*.partial` staging directories an interrupted unpacking left. Finished
+/// results (`pulls/`, `feedback/`) are never touched.
+struct UploadJanitor {
+    let paths: DataDirectory
+    let pulls: PullStore
+    let feedback: FeedbackStore
+    let logger: Logger
+
+    /// Returns the paths removed.
+    @discardableResult
+    func sweep(atStart: Bool = false) throws -> [String] {
+        var removed: [String] = []
+        let fm = FileManager.default
+        for name in (try? fm.contentsOfDirectory(atPath: paths.uploads)) ?? [] {
+            let path = try paths.inside(paths.uploads + "/" + name)
+            if let (upload, agent) = DataDirectory.parseUploadName(name), try !isFinished(upload: upload, agent: agent) { continue }
+            try fm.removeItem(atPath: path)
+            removed.append(path)
+        }
+        if atStart {
+            for parent in [paths.feedback] + ((try? fm.contentsOfDirectory(atPath: paths.pulls)) ?? []).map({ paths.pulls + "/" + $0 }) {
+                for name in (try? fm.contentsOfDirectory(atPath: parent)) ?? [] where name.hasSuffix(".partial") {
+                    let path = try paths.inside(parent + "/" + name)
+                    try fm.removeItem(atPath: path)
+                    removed.append(path)
+                }
+            }
+        }
+        if !removed.isEmpty { logger.info("removed abandoned upload state", metadata: ["count": "\(removed.count)"]) }
+        return removed
+    }
+
+    /// True when nothing will ever complete this upload: its pull target or feedback is final,
+    /// or there is neither.
+    private func isFinished(upload: String, agent: String) throws -> Bool {
+        if let pull = try pulls.pull(upload), let target = pull.targets.first(where: { $0.agentID == agent }) {
+            return target.status.isFinal
+        }
+        if let record = try feedback.feedback(upload), record.agentID == agent {
+            return record.status.isFinal
+        }
+        return true
+    }
+}

@@ -1,0 +1,254 @@
+import DredgeAdminAPI
+import DredgeAgentCore
+import DredgeEnvelope
+import DredgeExport
+@testable import DredgeServer
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Testing
+
+/// What an enrolled agent can do against the real server, through the real wire protocol and
+/// admin API (docs/threat_model.md): each attack once broke something; each is refused now,
+/// and nothing already stored changes.
+@Suite struct HostileAgentTests {
+    /// Accepts the next pull command on `link` and sends a real export for it; returns the id.
+    static func completePull(_ agent: LinkAgent, link: AgentLink, store: String, dir: TempDir) async throws -> String {
+        var command: WirePullCommand?
+        while command == nil, let frame = try await link.next() {
+            if case .pullCommand(let c)? = frame.body { command = c }
+        }
+        let cmd = try #require(command)
+        try await link.send(.with { $0.commandAccepted = .with { $0.commandID = cmd.commandID; $0.uploadID = cmd.commandID } })
+        let outcome = try await LinkAgent.send(try agent.pullUpload(cmd, store: store, dir: dir), over: link)
+        #expect(outcome.result.ok, "\(outcome)")
+        return cmd.commandID
+    }
+
+    /// A feedback whose id is a path (`../pulls`, `../../victim`, `..`, `.`, an absolute path,
+    /// 100 KB, uppercase) or another agent's finished feedback is refused at its first frame:
+    /// no row, no file, nothing outside the data directory touched, no finished pull or
+    /// feedback changed. The same agent cannot rewrite its completed pull afterwards either.
+    @Test func hostileIdsAreRefusedAndNothingStoredChanges() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let dir = server.dir
+        let store = dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let victim = dir.file("victim")
+        try FileManager.default.createDirectory(atPath: victim, withIntermediateDirectories: true)
+        try Data("precious".utf8).write(to: URL(fileURLWithPath: victim + "/keep.txt"))
+
+        // A finished pull and a finished feedback from agent A.
+        let a = try await server.enrollAgent(hostname: "a")
+        let feedbackID = Hex.encode(secureRandomBytes(16))
+        let pullID = try await a.connect { link in
+            _ = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-1")))
+            let id = try await Self.completePull(a, link: link, store: store, dir: dir)
+            let outcome = try await LinkAgent.send(try a.feedbackUpload(id: feedbackID, store: store, dir: dir), over: link)
+            #expect(outcome.result.ok, "\(outcome)")
+            return id
+        }
+        #expect(try await server.admin.pull(pullID).targets.first?.status == .complete)
+        let before = InProcessServer.snapshot(dir.path).filter { !$0.key.hasSuffix(".sqlite-wal") && !$0.key.hasSuffix(".sqlite-shm") && !$0.key.hasSuffix(".sqlite") }
+        #expect(before.keys.contains("server/pulls/\(pullID)/\(a.agentID)/manifest.json"))
+        #expect(before.keys.contains("server/feedback/\(feedbackID)/manifest.json"))
+
+        let hostile = ["../pulls", "../../victim", "..", ".", dir.file("absolute"), String(repeating: "a", count: 100_000), feedbackID.uppercased(), "", "0123456789abcdef0123456789abcde/"]
+        let b = try await server.enrollAgent(hostname: "b")
+        try await b.connect { link in
+            for id in hostile {
+                let upload = try b.feedbackUpload(id: id, store: store, dir: dir)
+                try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+                let answer = try await LinkAgent.answer(to: WireID.echo(id), over: link)
+                #expect(answer?.error.code == .errorUploadInvalid, "\(id.prefix(40).debugDescription): \(String(describing: answer))")
+                // Chunks and completion for it are refused the same way.
+                try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = id; $0.index = 0; $0.ciphertext = Data((try? upload.chunk(0)) ?? []) } })
+                #expect(try await LinkAgent.answer(to: WireID.echo(id), over: link)?.error.code == .errorUploadInvalid)
+                try await link.send(.with { $0.uploadComplete = .with { $0.uploadID = id } })
+                #expect(try await LinkAgent.answer(to: WireID.echo(id), over: link)?.error.code == .errorUploadInvalid)
+            }
+            // A valid-looking id: agent A's finished feedback.
+            let theirs = try b.feedbackUpload(id: feedbackID, store: store, dir: dir)
+            try await link.send(.with { $0.uploadBegin = .with { $0.header = theirs.header } })
+            #expect(try await LinkAgent.answer(to: feedbackID, over: link)?.error.code == .errorUploadInvalid)
+            // The connection survived all of it.
+            try await link.heartbeat(activeUIDs: ["u-9"])
+            var acked = false
+            while !acked, let frame = try await link.next() { if case .heartbeatAck? = frame.body { acked = true } }
+            #expect(acked)
+        }
+        // A cannot rewrite its completed pull.
+        try await a.connect { link in
+            try await link.send(.with { $0.commandRejected = .with { $0.commandID = pullID; $0.reason = .rejectBadSignature; $0.detail = "changed my mind" } })
+            try await link.heartbeat(activeUIDs: [])
+            _ = try await link.next()
+        }
+
+        let after = InProcessServer.snapshot(dir.path).filter { !$0.key.hasSuffix(".sqlite-wal") && !$0.key.hasSuffix(".sqlite-shm") && !$0.key.hasSuffix(".sqlite") }
+        #expect(after.filter { !$0.key.hasPrefix("feedback-") } == before.filter { !$0.key.hasPrefix("feedback-") }, "files changed")
+        #expect(try await server.admin.feedback().map(\.id) == [feedbackID])
+        #expect(try await server.admin.feedback(feedbackID).agentID == a.agentID)
+        let pull = try await server.admin.pull(pullID)
+        #expect(pull.targets.first?.status == .complete)
+        #expect(pull.targets.first?.detail.hasPrefix("rejectBadSignature") == false)
+    }
+
+    /// A chunk one byte short or long is ERROR_CHUNK_INVALID (not an internal error the agent
+    /// would retry), and the pull fails with the reason instead of staying `uploading`.
+    @Test func aChunkOfTheWrongSizeFailsThePull() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let a = try await server.enrollAgent()
+        for change in [-1, 1] {
+            let pullID = try await a.connect { link in
+                let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-2")))
+                var command: WirePullCommand?
+                while command == nil, let frame = try await link.next() { if case .pullCommand(let c)? = frame.body { command = c } }
+                let cmd = try #require(command)
+                try await link.send(.with { $0.commandAccepted = .with { $0.commandID = cmd.commandID } })
+                let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
+                try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+                _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
+                var sealed = try upload.chunk(0)
+                if change < 0 { sealed.removeLast() } else { sealed.append(0) }
+                try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = 0; $0.ciphertext = Data(sealed) } })
+                let answer = try await LinkAgent.answer(to: cmd.commandID, over: link)
+                #expect(answer?.error.code == .errorChunkInvalid, "\(String(describing: answer))")
+                return pull.id
+            }
+            let target = try #require(try await server.admin.pull(pullID).targets.first)
+            #expect(target.status == .failed)
+            #expect(target.detail.contains("chunk 0"))
+        }
+    }
+
+    /// Heartbeats over MAX_ACTIVE_UIDS or with a control character in a uid are refused and
+    /// recorded nowhere; a pull for `"u-1\0x"` is refused and never reaches u-1's agent.
+    @Test func heartbeatListsAndUidsAreHeldToTheSpec() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let a = try await server.enrollAgent()
+        try await a.connect { link in
+            try await link.heartbeat(activeUIDs: ["u-1"])
+            _ = try await link.next()
+        }
+        for uids in [(0...WireLimits.maxActiveUIDs).map { "u-\($0)" }, ["u-2", "u-1\u{0}x"], ["u\nforged"]] {
+            await #expect(throws: (any Error).self) {
+                try await a.connect { link in
+                    // Raw: the agent's own state machine would trim the list.
+                    try await link.send(.with { $0.heartbeat = .with { $0.seq = 1; $0.activeUids = uids } })
+                    while try await link.next() != nil {}
+                }
+            }
+        }
+        #expect(try await server.admin.agents().first?.activeUIDs == ["u-1"])
+        #expect(try server.registry.agentIDs(withUID: "u-1\u{0}x").isEmpty)
+
+        let (status, body, _) = try await AdminEndToEndTests.http(
+            "POST", server.adminURL + "/v1/pulls", authorization: "Bearer \(server.created.adminToken)", body: #"{"uid":"u-1\u0000x","filter":{}}"#)
+        #expect(status == 400, "\(body)")
+        #expect(try await server.admin.pulls().isEmpty)
+    }
+
+    /// The admin API refuses times outside 1970–9999 (Int64.min once crash-looped every agent
+    /// it reached) and ids that are not ids, with 400 and nothing queued.
+    @Test func theAdminAPIRefusesOutOfRangeTimesAndMalformedIds() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let a = try await server.enrollAgent()
+        let auth = "Bearer \(server.created.adminToken)"
+        for filter in [#"{"since":-9223372036854775808}"#, #"{"until":9223372036854775807}"#, #"{"since":-1}"#] {
+            let (status, body, _) = try await AdminEndToEndTests.http("POST", server.adminURL + "/v1/pulls", authorization: auth, body: #"{"agent":"\#(a.agentID)","filter":\#(filter)}"#)
+            #expect(status == 400, "\(filter): \(body)")
+        }
+        let (badAgent, _, _) = try await AdminEndToEndTests.http("POST", server.adminURL + "/v1/pulls", authorization: auth, body: #"{"agent":"..","filter":{}}"#)
+        #expect(badAgent == 400)
+        for path in ["/v1/pulls/ZZZ", "/v1/feedback/abc", "/v1/pulls/" + String(repeating: "a", count: 33)] {
+            let (status, _, _) = try await AdminEndToEndTests.http("GET", server.adminURL + path, authorization: auth)
+            #expect(status == 400, "\(path)")
+        }
+        #expect(try await server.admin.pulls().isEmpty)
+    }
+
+    /// Per-agent feedback quotas and the unpacked-size limit: a feedback that inflates past the
+    /// limit fails; one over the hourly count is ERROR_LIMIT_EXCEEDED (the agent keeps it for
+    /// later), and nothing of it is stored.
+    @Test func feedbackQuotasHold() async throws {
+        let server = try await InProcessServer(feedbackLimits: FeedbackLimits(perHour: 2, bytesPerDay: 64 << 20, maxUnpackedBytes: 256 * 1024))
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        let (s, ctx) = try PullEndToEndTests.openDeviceStore(store, host: "h")
+        for i in 0..<10 { s.enqueue(LogEntry(timestamp: .now, level: .info, type: .app, uid: "u-1", message: "small \(i)", context: ctx)) }
+        for _ in 0..<20_000 { s.enqueue(LogEntry(timestamp: .now, level: .info, type: .app, uid: "bomb", message: String(repeating: "A", count: 100), context: ctx)) }
+        try s.close()
+        let a = try await server.enrollAgent()
+        try await a.connect { link in
+            let small = try await LinkAgent.send(try a.feedbackUpload(id: Hex.encode(secureRandomBytes(16)), uid: "u-1", store: store, dir: server.dir), over: link)
+            #expect(small.result.ok, "\(small)")
+            let bomb = try await LinkAgent.send(try a.feedbackUpload(id: Hex.encode(secureRandomBytes(16)), uid: "bomb", store: store, dir: server.dir), over: link)
+            #expect(bomb == .finished(bomb.result) && bomb.result.error == .errorPayloadInvalid, "\(bomb)")
+            let third = Hex.encode(secureRandomBytes(16))
+            let over = try await LinkAgent.send(try a.feedbackUpload(id: third, uid: "u-1", store: store, dir: server.dir), over: link)
+            #expect(over == .retryLater(over.result) && over.result.error == .errorLimitExceeded, "\(over)")
+            #expect(!FileManager.default.fileExists(atPath: server.data + "/feedback/\(third)"))
+        }
+        let listed = try await server.admin.feedback()
+        #expect(listed.count == 2)
+        #expect(listed.filter { $0.status == .complete }.count == 1)
+        let unpacked = try FileManager.default.contentsOfDirectory(atPath: server.data + "/feedback").filter { !$0.hasSuffix(".zip") }
+        #expect(unpacked.count == 1)
+    }
+
+    /// Enrollment refusals are logged with where they came from, and a flood of them is
+    /// rate-limited rather than logged one by one.
+    @Test func enrollmentRefusalsAreLoggedWithTheSourceRateLimited() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let tls = try AgentLink.tlsContext(caPEM: contents(server.data + "/ca.pem"))
+        let key = try RSAPrivateKey.generate()
+        for _ in 0..<25 {
+            _ = try? await AgentEnrollment.register(host: "127.0.0.1", port: server.agentPort, tls: tls, token: "dredge_enr_wrong", key: key, hostInfo: .init())
+        }
+        let refusals = server.logs.records.filter { $0.metadata["remote"] != nil && $0.message.hasPrefix("enrollment refused") }
+        #expect(!refusals.isEmpty)
+        #expect(refusals.count <= 10)
+        #expect(refusals.allSatisfy { "\($0.metadata["remote"]!)".contains("127.0.0.1") })
+    }
+
+    /// Upload state nothing will finish is removed; uploads still open and finished results stay.
+    @Test func theJanitorRemovesOnlyAbandonedUploadState() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let a = try await server.enrollAgent()
+        let open = try server.pulls.create(uid: "", agentID: a.agentID, filter: .all, agents: [a.agentID], lifetime: .seconds(3600), requestedBy: "t")
+        let done = try server.pulls.create(uid: "", agentID: a.agentID, filter: .all, agents: [a.agentID], lifetime: .seconds(3600), requestedBy: "t")
+        try server.pulls.update(done, agent: a.agentID, status: .failed, detail: "x")
+        let paths = DataDirectory(server.data)
+        let keep = try paths.upload(open, agent: a.agentID), drop = try paths.upload(done, agent: a.agentID)
+        let orphan = try paths.upload(Hex.encode(secureRandomBytes(16)), agent: a.agentID), odd = paths.uploads + "/not-an-upload"
+        for p in [keep, drop, orphan, odd] { try FileManager.default.createDirectory(atPath: p + "/chunks", withIntermediateDirectories: true) }
+        let finished = try paths.pullFiles(done, agent: a.agentID)
+        try FileManager.default.createDirectory(atPath: finished, withIntermediateDirectories: true)
+        let removed = try UploadJanitor(paths: paths, pulls: server.pulls, feedback: server.feedback, logger: .init(label: "t")).sweep()
+        #expect(Set(removed) == [drop, orphan, odd])
+        #expect(FileManager.default.fileExists(atPath: keep) && FileManager.default.fileExists(atPath: finished))
+    }
+
+    /// Paths are built from ids only and never leave the data directory.
+    @Test func dataDirectoryPathsStayInside() throws {
+        let paths = DataDirectory("/srv/dredge/data")
+        let id = "0123456789abcdef0123456789abcdef"
+        #expect(try paths.feedbackFiles(id) == "/srv/dredge/data/feedback/\(id)")
+        for bad in ["../pulls", "..", ".", "/etc", String(repeating: "a", count: 100_000)] {
+            #expect(throws: DataDirectory.PathError.self) { try paths.feedbackFiles(bad) }
+            #expect(throws: DataDirectory.PathError.self) { try paths.upload(id, agent: bad) }
+        }
+        #expect(throws: DataDirectory.PathError.self) { try paths.inside("/srv/dredge/data/../pulls") }
+        #expect(throws: DataDirectory.PathError.self) { try paths.inside("/srv/dredge/data") }
+        #expect(throws: DataDirectory.PathError.self) { try paths.inside("/srv/dredge/database") }
+    }
+}

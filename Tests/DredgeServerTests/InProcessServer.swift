@@ -1,0 +1,219 @@
+import Crypto
+import DredgeAdminAPI
+import DredgeAgentCore
+import DredgeEnvelope
+import DredgeExport
+import DredgeServer
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Logging
+import NIOSSL
+import ServiceLifecycle
+import Synchronization
+
+/// The real server (agent listener, admin API, delivery) in this process, on loopback ports
+/// chosen by the system, with its log captured. For tests that act as a hostile agent through
+/// the real wire protocol and watch what the server stores.
+final class InProcessServer: @unchecked Sendable {
+    let dir = TempDir()
+    let created: ServerDeployment.Created
+    let registry: AgentRegistry
+    let pulls: PullStore
+    let feedback: FeedbackStore
+    let listener: AgentListener
+    let logs = LogCapture()
+    let agentPort: Int
+    let admin: AdminClient
+    let adminURL: String
+    private let group: ServiceGroup
+    private let task: Task<Void, Error>
+
+    let data: String
+
+    /// - Parameter dataDirectory: where the data directory goes (a small tmpfs, say); in the
+    ///   test's temporary directory by default.
+    init(feedbackLimits: FeedbackLimits? = nil, dataDirectory: String? = nil) async throws {
+        let data = dataDirectory ?? dir.file("server")
+        self.data = data
+        created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
+        let deployment = try LoadedDeployment(directory: data)
+        registry = try AgentRegistry(path: data + "/server.sqlite")
+        pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+        feedback = try FeedbackStore(path: data + "/feedback.sqlite")
+        let tokens = TokenStore(path: data + "/tokens.json", file: deployment.tokens)
+        let logger = Logger(label: "test.server") { [logs] _ in logs }
+        let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger)
+        listener = AgentListener(
+            deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
+            host: "127.0.0.1", port: 0, heartbeatSeconds: 1, feedbackLimits: feedbackLimits)
+        let adminPort = Mutex<Int?>(nil)
+        let app = AdminAPI.application(
+            registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, port: 0, logger: logger,
+            onReady: { port in adminPort.withLock { $0 = port } })
+        group = ServiceGroup(services: [dispatcher, listener, app], logger: logger)
+        task = Task { [group] in try await group.run() }
+        var agentPort: Int?, admin: Int?
+        for _ in 0..<300 where agentPort == nil || admin == nil {
+            try await Task.sleep(for: .milliseconds(20))
+            agentPort = listener.boundPort
+            admin = adminPort.withLock { $0 }
+        }
+        guard let agentPort, let admin else { throw DeploymentError("the in-process server did not start") }
+        self.agentPort = agentPort
+        adminURL = "http://127.0.0.1:\(admin)"
+        self.admin = try AdminClient(server: adminURL, token: created.adminToken)
+    }
+
+    func stop() async {
+        await group.triggerGracefulShutdown()
+        _ = try? await task.value
+    }
+
+    /// An agent made of ``AgentLink``, enrolled with a fresh key.
+    func enrollAgent(hostname: String = "probe") async throws -> LinkAgent {
+        let tls = try AgentLink.tlsContext(caPEM: contents(data + "/ca.pem"))
+        let key = try RSAPrivateKey.generate()
+        let id = try await AgentEnrollment.register(
+            host: "127.0.0.1", port: agentPort, tls: tls, token: created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = hostname })
+        return LinkAgent(server: self, tls: tls, key: key, agentID: id)
+    }
+
+    /// Every file under `path` with its size and a digest of its bytes: compared before and
+    /// after an attack to show nothing changed.
+    static func snapshot(_ path: String) -> [String: String] {
+        var result: [String: String] = [:]
+        guard let walker = FileManager.default.enumerator(atPath: path) else { return result }
+        while let relative = walker.nextObject() as? String {
+            let full = path + "/" + relative
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: full, isDirectory: &isDirectory) else { continue }
+            if isDirectory.boolValue {
+                result[relative] = "dir"
+            } else if let bytes = FileManager.default.contents(atPath: full) {
+                result[relative] = "\(bytes.count):" + SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
+            }
+        }
+        return result
+    }
+}
+
+/// An enrolled agent that speaks the wire protocol frame by frame.
+struct LinkAgent: Sendable {
+    let server: InProcessServer
+    let tls: NIOSSLContext
+    let key: RSAPrivateKey
+    let agentID: String
+
+    func connect<R: Sendable>(_ body: (AgentLink) async throws -> R) async throws -> R {
+        try await AgentLink.withConnection(host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key, body)
+    }
+
+    /// A real export of `store`'s records as a feedback upload with this id, sealed for the
+    /// server.
+    func feedbackUpload(id: String, uid: String = "u-1", text: String = "it broke", store: String, dir: TempDir) throws -> SealedUpload {
+        let s = try LogStore(path: store)
+        defer { try? s.close() }
+        let now = Timestamp.now
+        let zip = dir.file("feedback-\(UUID().uuidString).zip")
+        let manifest = try Exporter.export(
+            from: s,
+            ExportRequest(
+                uploadID: id, kind: .feedback, agentID: agentID, filter: LogFilter(uid: uid),
+                feedback: ExportManifest.FeedbackDescription(feedbackID: id, uid: uid, text: text, createdAt: now.rfc3339), createdAt: now),
+            to: zip)
+        let uploadKey = SymmetricKey.uploadKey()
+        let serverKey = try LoadedDeployment(directory: server.data).encryptionKey.publicKey
+        return try SealedUpload(
+            zipPath: zip, uploadID: id, kind: .feedback, agentID: agentID, key: uploadKey, wrappedKey: try serverKey.wrapKey(uploadKey),
+            feedback: .with { $0.feedbackID = id; $0.uid = uid; $0.text = text; $0.createdAtUs = now.microseconds },
+            empty: manifest.empty, createdAt: now.microseconds)
+    }
+
+    /// A real export for a pull command, sealed with the command's key.
+    func pullUpload(_ command: WirePullCommand, store: String, dir: TempDir) throws -> SealedUpload {
+        let s = try LogStore(path: store)
+        defer { try? s.close() }
+        let zip = dir.file("pull-\(UUID().uuidString).zip")
+        let manifest = try Exporter.export(
+            from: s, ExportRequest(uploadID: command.commandID, kind: .pull, agentID: agentID, commandID: command.commandID, filter: try LogFilter(wire: command.filter)),
+            to: zip)
+        return try SealedUpload(
+            zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)),
+            empty: manifest.empty, createdAt: Timestamp.now.microseconds)
+    }
+
+    /// Sends a whole upload through the sender state machine; returns how it ended.
+    static func send(_ upload: SealedUpload, over link: AgentLink) async throws -> UploadOutcome {
+        var sender = UploadSenderStateMachine(header: upload.header, window: Int(link.session.window))
+        func perform(_ actions: [UploadSenderStateMachine.Action]) async throws -> UploadOutcome? {
+            for action in actions {
+                switch action {
+                case .send(let frame): try await link.send(frame)
+                case .sendChunk(let index):
+                    let sealed = try upload.chunk(index)
+                    try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = upload.header.uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
+                case .finished(let result): return .finished(result)
+                case .retryLater(let result): return .retryLater(result)
+                }
+            }
+            return nil
+        }
+        if let outcome = try await perform(sender.resume()) { return outcome }
+        while let frame = try await link.next() {
+            if let outcome = try await perform(sender.receive(frame)) { return outcome }
+        }
+        throw AgentError("the server closed the connection during the upload")
+    }
+
+    /// The next frame that concerns `uploadID` (an error, a result, an ack), skipping others.
+    static func answer(to uploadID: String, over link: AgentLink) async throws -> WireFrame? {
+        while let frame = try await link.next() {
+            switch frame.body {
+            case .error(let e)? where e.uploadID == uploadID || uploadID.isEmpty || e.uploadID.isEmpty: return frame
+            case .uploadResult(let r)? where r.uploadID == uploadID: return frame
+            case .uploadReady(let r)? where r.uploadID == uploadID: return frame
+            case .chunkAck(let r)? where r.uploadID == uploadID: return frame
+            default: continue
+            }
+        }
+        return nil
+    }
+}
+
+enum UploadOutcome: Equatable {
+    case finished(WireUploadResult)
+    case retryLater(WireUploadResult)
+
+    var result: WireUploadResult {
+        switch self {
+        case .finished(let r), .retryLater(let r): r
+        }
+    }
+}
+
+/// Log records kept in memory, to check what the server logged (its metadata, never wording).
+final class LogCapture: LogHandler, @unchecked Sendable {
+    struct Record {
+        var level: Logger.Level
+        var message: String
+        var metadata: Logger.Metadata
+    }
+
+    private let lock = NSLock()
+    private var stored: [Record] = []
+    var metadata: Logger.Metadata = [:]
+    var logLevel: Logger.Level = .trace
+
+    var records: [Record] { lock.withLock { stored } }
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String, file: String, function: String, line: UInt) {
+        lock.withLock { stored.append(Record(level: level, message: "\(message)", metadata: self.metadata.merging(metadata ?? [:]) { $1 })) }
+    }
+}

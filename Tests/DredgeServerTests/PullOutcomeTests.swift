@@ -1,0 +1,160 @@
+import DredgeAdminAPI
+import DredgeAgentCore
+import DredgeEnvelope
+import DredgeExport
+import DredgeServer
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Logging
+import Testing
+
+/// Every pull ends: an agent that cannot carry one out says so, a saved command that no longer
+/// admits is not run again on every start, the server's own full disk is waited out, and a pull
+/// the agent never finishes is ended by the server.
+@Suite struct PullOutcomeTests {
+    /// The real agent (``AgentClient``) in this process against ``InProcessServer``.
+    final class Device: @unchecked Sendable {
+        let state: AgentState
+        let client: AgentClient
+        let task: Task<Void, Error>
+
+        init(_ server: InProcessServer, store: String, retry: Duration = .seconds(5), before: (AgentState) throws -> Void = { _ in }) async throws {
+            let dir = server.dir.file("agent-\(UUID().uuidString)")
+            state = try await AgentEnrollment.enroll(
+                host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"), token: server.created.enrollmentToken,
+                stateDirectory: dir, hostInfo: .with { $0.hostname = "device" })
+            try before(state)
+            client = try AgentClient(state: state, store: try LogStore(path: store), hostInfo: .with { $0.hostname = "device" }, logger: Logger(label: "test.agent") { _ in SwiftLogNoOpLogHandler() }, firstRetryDelay: retry)
+            task = Task { [client] in try await client.run() }
+        }
+
+        func stop() async {
+            task.cancel()
+            _ = try? await task.value
+        }
+    }
+
+    static func waitFor(_ timeout: Duration = .seconds(60), _ condition: () async throws -> Bool) async throws -> Bool {
+        let end = ContinuousClock.now + timeout
+        while ContinuousClock.now < end {
+            if try await condition() { return true }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        return try await condition()
+    }
+
+    /// The device's store is damaged while the agent runs (pages scribbled over): the export
+    /// fails, the agent reports it, the pull shows `failed` with the reason instead of
+    /// `exporting` for ever, and the agent drops it.
+    @Test func anExportThatFailsIsReportedAndThePullEnds() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let device = try await Device(server, store: store)
+        defer { Task { await device.stop() } }
+        #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
+        let handle = try FileHandle(forUpdating: URL(fileURLWithPath: store))
+        let size = try handle.seekToEnd()
+        try handle.seek(toOffset: 8192)
+        try handle.write(contentsOf: Data(repeating: 0xFF, count: Int(size) - 16_384))
+        try handle.close()
+        let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
+        #expect(try await Self.waitFor { try await server.admin.pull(pull.id).targets.first?.status == .failed })
+        let target = try #require(try await server.admin.pull(pull.id).targets.first)
+        #expect(target.detail.contains("export failed"), "\(target.detail)")
+        #expect(try await Self.waitFor { !FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pull.id)") })
+    }
+
+    /// A saved command that no longer admits (a filter from before 1970, queued straight into
+    /// the store as an old server might have) is checked again at start: reported as failed,
+    /// never exported, and the agent keeps running.
+    @Test func aSavedCommandIsCheckedAgainBeforeItResumes() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        var pullID = ""
+        let device = try await Device(server, store: store) { state in
+            let id = try server.pulls.create(
+                uid: "", agentID: state.file.agentID, filter: LogFilter(since: Timestamp(microseconds: .min)), agents: [state.file.agentID],
+                lifetime: .seconds(600), requestedBy: "t")
+            pullID = id
+            try server.pulls.markDelivered(id, agent: state.file.agentID)
+            let pull = try #require(try server.pulls.pull(id))
+            let command = try server.pulls.command(for: pull, agentKey: state.key.publicKey, signer: try LoadedDeployment(directory: server.data).signingKey)
+            try FileManager.default.createDirectory(atPath: state.directory + "/uploads/\(id)", withIntermediateDirectories: true)
+            let bytes: [UInt8] = try command.serializedBytes()
+            try Data(bytes).write(to: URL(fileURLWithPath: state.directory + "/uploads/\(id)/command.pb"))
+        }
+        defer { Task { await device.stop() } }
+        #expect(try await Self.waitFor { try await server.admin.pull(pullID).targets.first?.status == .failed })
+        #expect(try await server.admin.pull(pullID).targets.first?.detail.contains("invalid") == true)
+        #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
+    }
+
+    /// The server's disk fills while chunks arrive: it answers ERROR_INTERNAL, the pull stays
+    /// open with the reason, the agent keeps its export and retries; once there is room the
+    /// pull completes with every record.
+    @Test(.enabled(if: TmpfsMount.isSupported)) func aFullServerDiskIsWaitedOutNotFatal() async throws {
+        let mount = try TmpfsMount(megabytes: 32)
+        defer { mount.remove() }
+        let server = try await InProcessServer(dataDirectory: mount.path + "/server")
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let device = try await Device(server, store: store, retry: .milliseconds(500))
+        defer { Task { await device.stop() } }
+        #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
+        // Leave almost no room (enough for the databases' next pages, not for a chunk), then pull.
+        func free() -> Int {
+            var stat = statvfs()
+            statvfs(mount.path, &stat)
+            return Int(stat.f_bavail) * Int(stat.f_frsize)
+        }
+        let filler = mount.path + "/filler"
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: { FileManager.default.createFile(atPath: filler, contents: nil); return filler }()))
+        while free() > 192 * 1024 { try handle.write(contentsOf: Data(count: min(1 << 20, free() - 160 * 1024))) }
+        try handle.close()
+        #expect(free() < 256 * 1024)
+        let pull = try await server.admin.createPull(PullRequest(uid: "u-1", agent: device.state.file.agentID, filter: .all))
+        // The server refuses what it cannot store, at warning level (its databases share the
+        // full disk, so the pull's detail may not change); the agent keeps its export meanwhile.
+        #expect(try await Self.waitFor { server.logs.records.contains { $0.level >= .warning && $0.metadata["upload.id"] == "\(pull.id)" } })
+        #expect(FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pull.id)/export.zip"))
+        let stuck = try #require(try await server.admin.pull(pull.id).targets.first)
+        #expect(!stuck.status.isFinal, "\(stuck)")
+        try FileManager.default.removeItem(atPath: filler)
+        let done = try await Self.waitFor(.seconds(120)) { try await server.admin.pull(pull.id).targets.first?.status == .complete }
+        #expect(done, "\(server.logs.records.filter { $0.level >= .notice }.suffix(5).map { "\($0.message) \($0.metadata)" })")
+        let target = try #require(try await server.admin.pull(pull.id).targets.first)
+        let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
+        #expect(Set(target.files.map { ($0 as NSString).lastPathComponent }) == Set(expected.keys).union(["manifest.json"]))
+    }
+
+    /// A delivered pull whose agent never finishes is ended by the server after its expiry
+    /// (injected clock), with the reason; a target still moving is left until the hard limit.
+    @Test func deliveredPullsThatNeverFinishExpire() throws {
+        let dir = TempDir()
+        let pulls = try PullStore(path: dir.file("pulls.sqlite"), encryptionKey: try RSAPrivateKey.generate())
+        let now = Date()
+        let quiet = try pulls.create(uid: "u", agentID: "", filter: .all, agents: ["a"], lifetime: .seconds(60), requestedBy: "t")
+        let moving = try pulls.create(uid: "u", agentID: "", filter: .all, agents: ["a"], lifetime: .seconds(60), requestedBy: "t")
+        let done = try pulls.create(uid: "u", agentID: "", filter: .all, agents: ["a"], lifetime: .seconds(60), requestedBy: "t")
+        try pulls.markDelivered(quiet, agent: "a")
+        try pulls.update(moving, agent: "a", status: .uploading, chunksReceived: 1)
+        try pulls.update(done, agent: "a", status: .complete)
+        let deadlines = PullStore.Deadlines(quietAfterExpiry: .seconds(600), afterExpiry: .seconds(3600))
+        #expect(try pulls.expireStalled(now: now, deadlines: deadlines) == 0)
+        #expect(try pulls.expireStalled(now: now.addingTimeInterval(60 + 599), deadlines: deadlines) == 0)
+        #expect(try pulls.expireStalled(now: now.addingTimeInterval(60 + 601), deadlines: deadlines) == 2)
+        #expect(try pulls.pull(quiet)?.targets.first?.status == .expired)
+        #expect(try pulls.pull(quiet)?.targets.first?.detail.contains("no word from the agent") == true)
+        #expect(try pulls.pull(done)?.targets.first?.status == .complete)
+        // Final is final: a late report changes nothing.
+        try pulls.update(quiet, agent: "a", status: .uploading, chunksReceived: 5)
+        #expect(try pulls.pull(quiet)?.targets.first?.status == .expired)
+    }
+}

@@ -22,6 +22,7 @@ actor UploadManager {
     private var uploads: [String: Active] = [:]
     /// The delay before the next retry of an upload the server could not take now.
     private var retryDelays: [String: Duration] = [:]
+    private var retryTasks: [String: Task<Void, Never>] = [:]
     private var outbound: NIOAsyncChannelOutboundWriter<WireFrame>?
     private let store: LogStore?
     private let state: AgentState
@@ -141,7 +142,7 @@ actor UploadManager {
     func rescanOutbox() async throws {
         for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil {
             adoptFeedback(id)
-            if uploads[id] != nil, outbound != nil { try await perform(id, uploads[id]!.sender.resume()) }
+            if outbound != nil { try await drive(id) { $0.resume() } }
         }
     }
 
@@ -167,13 +168,13 @@ actor UploadManager {
         try await reportFailures()
         for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil { adoptFeedback(id) }
         for id in uploads.keys.sorted() {
-            try await perform(id, uploads[id]!.sender.resume())
+            try await drive(id) { $0.resume() }
         }
     }
 
     func disconnected() {
         outbound = nil
-        for id in uploads.keys { uploads[id]!.sender.connectionLost() }
+        for id in uploads.keys { uploads[id]?.sender.connectionLost() }
     }
 
     /// A frame for the command and upload layer.
@@ -203,8 +204,13 @@ actor UploadManager {
         logger.info("pull command accepted", metadata: ["command.id": "\(accepted.commandID)"])
         // Keep the command until the upload ends, so a restart can finish it.
         let directory = state.directory + "/uploads/" + accepted.commandID
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        try AgentState.write(try command.serializedBytes(), to: directory + "/command.pb", mode: 0o600)
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            try AgentState.write(try command.serializedBytes(), to: directory + "/command.pb", mode: 0o600)
+        } catch {
+            await exportFailed(accepted.commandID, "cannot keep the accepted command: \(error)")
+            return
+        }
         export(accepted)
     }
 
@@ -232,20 +238,27 @@ actor UploadManager {
         let agentID = state.file.agentID
         // Export off the connection's path.
         Task.detached { [logger] in
+            let upload: SealedUpload
             do {
                 let zip = directory + "/export.zip"
                 let manifest = try Exporter.export(
                     from: store, ExportRequest(uploadID: accepted.commandID, kind: .pull, agentID: agentID, commandID: accepted.commandID, filter: accepted.filter),
                     to: zip)
-                let upload = try SealedUpload(
+                upload = try SealedUpload(
                     zipPath: zip, uploadID: accepted.commandID, kind: .pull, agentID: agentID, key: accepted.key, empty: manifest.empty,
                     createdAt: Timestamp.now.microseconds)
                 try AgentState.write(try upload.header.serializedBytes(), to: directory + "/header.pb", mode: 0o600)
                 logger.info("export ready", metadata: ["upload.id": "\(accepted.commandID)", "records": "\(manifest.recordCount)", "chunks": "\(upload.header.chunkCount)"])
-                try await self.start(upload)
             } catch {
                 logger.error("export failed", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
                 await self.exportFailed(accepted.commandID, "export failed: \(error)")
+                return
+            }
+            do {
+                try await self.start(upload)
+            } catch {
+                // The connection went away: the upload is kept and the next connection resumes it.
+                logger.warning("upload not started now; the next connection resumes it", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
             }
         }
     }
@@ -258,26 +271,36 @@ actor UploadManager {
     private func start(_ upload: SealedUpload) async throws {
         let id = upload.header.uploadID
         uploads[id] = Active(sender: UploadSenderStateMachine(header: upload.header), upload: upload)
-        if outbound != nil { try await perform(id, uploads[id]!.sender.resume()) }
+        if outbound != nil { try await drive(id) { $0.resume() } }
     }
 
     private func route(_ uploadID: String, _ frame: WireFrame) async throws {
-        guard uploads[uploadID] != nil else { return }
-        try await perform(uploadID, uploads[uploadID]!.sender.receive(frame))
+        try await drive(uploadID) { $0.receive(frame) }
+    }
+
+    /// Steps the sender of `uploadID`, if it still exists, and carries out what it says.
+    private func drive(_ uploadID: String, _ step: (inout UploadSenderStateMachine) -> [UploadSenderStateMachine.Action]) async throws {
+        guard var active = uploads[uploadID] else { return }
+        let actions = step(&active.sender)
+        uploads[uploadID] = active
+        try await perform(uploadID, actions)
     }
 
     private func perform(_ uploadID: String, _ actions: [UploadSenderStateMachine.Action]) async throws {
         guard let active = uploads[uploadID] else { return }
+        // The connection these actions were decided for: never carry them over to the next one.
+        let writer = outbound
         for action in actions {
             switch action {
             case .send(let frame):
-                try await outbound?.write(frame)
+                try await writer?.write(frame)
             case .sendChunk(let index):
                 let sealed = try active.upload.chunk(index)
-                try await outbound?.write(.with { $0.uploadChunk = .with { $0.uploadID = uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
+                try await writer?.write(.with { $0.uploadChunk = .with { $0.uploadID = uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
             case .finished(let result):
                 uploads[uploadID] = nil
                 retryDelays[uploadID] = nil
+                retryTasks.removeValue(forKey: uploadID)?.cancel()
                 removeDirectory(state.directory + "/uploads/" + uploadID)
                 if result.ok {
                     logger.info("upload complete", metadata: ["upload.id": "\(uploadID)", "files": "\(result.files)", "records": "\(result.records)"])
@@ -291,8 +314,9 @@ actor UploadManager {
                 retryDelays[uploadID] = min(delay * 2, Self.maxRetryDelay)
                 logger.warning("the server cannot take the upload now; will retry", metadata: ["upload.id": "\(uploadID)", "error": "\(result.error)", "detail": "\(result.detail)", "in": "\(delay)"])
                 let jittered = delay * Double.random(in: 0.75...1.25)
-                Task { [weak self] in
-                    try? await Task.sleep(for: jittered)  // cancellation only means retrying sooner
+                retryTasks[uploadID]?.cancel()
+                retryTasks[uploadID] = Task { [weak self] in
+                    do { try await Task.sleep(for: jittered) } catch { return }  // cancelled: a newer retry replaces this one
                     await self?.retry(uploadID)
                 }
             }
@@ -302,9 +326,10 @@ actor UploadManager {
     /// Resumes an upload waiting after ``UploadSenderStateMachine/Action/retryLater(_:)``,
     /// if still waiting and connected.
     private func retry(_ uploadID: String) async {
-        guard outbound != nil, let active = uploads[uploadID], active.sender.state == .suspended else { return }
+        retryTasks[uploadID] = nil
+        guard outbound != nil, uploads[uploadID]?.sender.state == .suspended else { return }
         do {
-            try await perform(uploadID, uploads[uploadID]!.sender.resume())
+            try await drive(uploadID) { $0.resume() }
         } catch {
             logger.warning("retrying an upload failed; the next connection resumes it", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
         }

@@ -33,7 +33,9 @@ public struct ChunkCipher: Sendable {
         guard (WireLimits.minChunkBytes...WireLimits.maxChunkBytes).contains(Int(h.chunkSize)) else {
             throw EnvelopeError(.invalidUpload, "chunk size \(h.chunkSize) outside \(WireLimits.minChunkBytes)...\(WireLimits.maxChunkBytes)")
         }
-        let expected = max(1, (h.plaintextSize + UInt64(h.chunkSize) - 1) / UInt64(h.chunkSize))
+        // Without overflow for any plaintext_size a peer may claim.
+        let size = UInt64(h.chunkSize)
+        let expected = max(1, h.plaintextSize / size + (h.plaintextSize % size == 0 ? 0 : 1))
         guard UInt64(h.chunkCount) == expected, h.chunkCount <= WireLimits.maxChunkCount else {
             throw EnvelopeError(.invalidUpload, "chunk count \(h.chunkCount) does not fit \(h.plaintextSize) bytes in chunks of \(h.chunkSize)")
         }

@@ -33,12 +33,8 @@ public enum ServerRuntime {
         let feedback = try FeedbackStore(path: dir + "/feedback.sqlite")
         let tokens = TokenStore(path: dir + "/tokens.json", file: deployment.tokens)
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
-        try pulls.expireStalled()
         try janitor.sweep(atStart: true)
-        let dispatcher = PullDispatcher(pulls: pulls, logger: logger) {
-            try pulls.expireStalled()
-            try janitor.sweep()
-        }
+        let dispatcher = PullDispatcher(pulls: pulls, logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds)

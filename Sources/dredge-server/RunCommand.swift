@@ -69,7 +69,7 @@ struct PullCommand: AsyncParsableCommand {
     @Option(help: "Only this agent.")
     var agent: String?
 
-    @Option(help: "Minutes until the pull expires if not delivered.")
+    @Option(help: "Minutes the pull may wait for an offline agent before it expires (a delivered pull that then goes quiet expires 15 minutes later).")
     var expiresIn = 60
 
     func validate() throws {

@@ -77,7 +77,7 @@ struct PullCommand: AsyncParsableCommand {
     @Option(help: "Only this agent (with --uid: that agent's records of the uid).")
     var agent: String?
 
-    @Option(help: "Minutes the pull may wait for an offline agent before it expires.")
+    @Option(help: "Minutes the pull may wait for an offline agent before it expires (a delivered pull that then goes quiet expires 15 minutes later).")
     var expiresIn = 60
 
     @Flag(help: "Wait until the files are ready and print their paths.")

@@ -3,7 +3,7 @@ import DredgeAdminAPI
 import DredgeAgentCore
 import DredgeEnvelope
 import DredgeExport
-import DredgeServer
+@testable import DredgeServer
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire
@@ -44,7 +44,8 @@ final class InProcessServer: @unchecked Sendable {
         feedback = try FeedbackStore(path: data + "/feedback.sqlite")
         let tokens = TokenStore(path: data + "/tokens.json", file: deployment.tokens)
         let logger = Logger(label: "test.server") { [logs] _ in logs }
-        let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger)
+        let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, logger: logger)
+        let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
         listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             host: "127.0.0.1", port: 0, heartbeatSeconds: 1, feedbackLimits: feedbackLimits)

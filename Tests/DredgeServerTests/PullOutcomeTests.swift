@@ -59,7 +59,8 @@ import Testing
         let handle = try FileHandle(forUpdating: URL(fileURLWithPath: store))
         let size = try handle.seekToEnd()
         try handle.seek(toOffset: 8192)
-        try handle.write(contentsOf: Data(repeating: 0xFF, count: Int(size) - 16_384))
+        #expect(size > 1 << 20)
+        try handle.write(contentsOf: Data(repeating: 0xFF, count: max(0, Int(size) - 16_384)))
         try handle.close()
         let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
         #expect(try await Self.waitFor { try await server.admin.pull(pull.id).targets.first?.status == .failed })
@@ -91,7 +92,10 @@ import Testing
         }
         defer { Task { await device.stop() } }
         #expect(try await Self.waitFor { try await server.admin.pull(pullID).targets.first?.status == .failed })
-        #expect(try await server.admin.pull(pullID).targets.first?.detail.contains("invalid") == true)
+        let target = try #require(try await server.admin.pull(pullID).targets.first)
+        #expect(target.detail.contains("invalid"), "\(target.detail)")
+        #expect(target.chunkCount == 0, "nothing was uploaded")
+        #expect(try await Self.waitFor { !FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pullID)") })
         #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
     }
 
@@ -135,26 +139,38 @@ import Testing
     }
 
     /// A delivered pull whose agent never finishes is ended by the server after its expiry
-    /// (injected clock), with the reason; a target still moving is left until the hard limit.
+    /// (injected clock), with the reason; a target still moving is left until the hard limit;
+    /// the server's own downtime never counts as the agent's silence.
     @Test func deliveredPullsThatNeverFinishExpire() throws {
         let dir = TempDir()
         let pulls = try PullStore(path: dir.file("pulls.sqlite"), encryptionKey: try RSAPrivateKey.generate())
-        let now = Date()
-        let quiet = try pulls.create(uid: "u", agentID: "", filter: .all, agents: ["a"], lifetime: .seconds(60), requestedBy: "t")
-        let moving = try pulls.create(uid: "u", agentID: "", filter: .all, agents: ["a"], lifetime: .seconds(60), requestedBy: "t")
-        let done = try pulls.create(uid: "u", agentID: "", filter: .all, agents: ["a"], lifetime: .seconds(60), requestedBy: "t")
-        try pulls.markDelivered(quiet, agent: "a")
-        try pulls.update(moving, agent: "a", status: .uploading, chunksReceived: 1)
-        try pulls.update(done, agent: "a", status: .complete)
+        let base = Date()
+        func make() throws -> String {
+            try pulls.create(uid: "u", agentID: "", filter: .all, agents: ["a"], lifetime: .seconds(60), requestedBy: "t", now: Timestamp(base))
+        }
+        let quiet = try make(), moving = try make(), done = try make(), restarted = try make()
+        try pulls.update(quiet, agent: "a", status: .delivered, at: base)
+        try pulls.update(moving, agent: "a", status: .uploading, chunksReceived: 1, at: base.addingTimeInterval(600))
+        try pulls.update(done, agent: "a", status: .complete, at: base)
+        try pulls.update(restarted, agent: "a", status: .exporting, at: base)
         let deadlines = PullStore.Deadlines(quietAfterExpiry: .seconds(600), afterExpiry: .seconds(3600))
-        #expect(try pulls.expireStalled(now: now, deadlines: deadlines) == 0)
-        #expect(try pulls.expireStalled(now: now.addingTimeInterval(60 + 599), deadlines: deadlines) == 0)
-        #expect(try pulls.expireStalled(now: now.addingTimeInterval(60 + 601), deadlines: deadlines) == 2)
-        #expect(try pulls.pull(quiet)?.targets.first?.status == .expired)
+        func expire(at seconds: Double, listening: Double? = nil, only ids: [String]) throws -> [String] {
+            _ = try pulls.expireStalled(now: base.addingTimeInterval(seconds), listeningSince: listening.map { base.addingTimeInterval($0) } ?? .distantPast, deadlines: deadlines)
+            return try ids.filter { try pulls.pull($0)?.targets.first?.status == .expired }
+        }
+        // A server that started listening at +500 s has heard nothing for only 161 s at +661 s.
+        #expect(try expire(at: 661, listening: 500, only: [restarted]).isEmpty)
+        #expect(try expire(at: 659, only: [quiet, moving, done]).isEmpty)
+        #expect(try expire(at: 661, only: [quiet, moving, done, restarted]) == [quiet, restarted])
         #expect(try pulls.pull(quiet)?.targets.first?.detail.contains("no word from the agent") == true)
+        // Still moving near the hard limit: kept until it, then given up.
+        try pulls.update(moving, agent: "a", status: .uploading, chunksReceived: 2, at: base.addingTimeInterval(3400))
+        #expect(try expire(at: 60 + 3599, only: [moving]).isEmpty)
+        #expect(try expire(at: 60 + 3601, only: [moving, done]) == [moving])
+        #expect(try pulls.pull(moving)?.targets.first?.detail.contains("given up") == true)
         #expect(try pulls.pull(done)?.targets.first?.status == .complete)
         // Final is final: a late report changes nothing.
-        try pulls.update(quiet, agent: "a", status: .uploading, chunksReceived: 5)
+        #expect(try pulls.update(quiet, agent: "a", status: .uploading, chunksReceived: 5) == false)
         #expect(try pulls.pull(quiet)?.targets.first?.status == .expired)
     }
 }

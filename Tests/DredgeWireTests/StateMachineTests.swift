@@ -248,6 +248,9 @@ struct Loopback {
             return nil
         }
         #expect(errorCode(receiver.chunk(.with { $0.uploadID = "up-1"; $0.index = 3 })) == .errorChunkInvalid)
+        // An index out of range fails the upload (§ Uploads).
+        #expect(receiver.status().uploadStatus.state == .failed)
+        receiver = UploadReceiverStateMachine(header: h)
         #expect(errorCode(receiver.complete()) == .errorUploadIncomplete)
         var other = h
         other.chunkCount = 2

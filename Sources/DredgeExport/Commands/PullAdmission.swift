@@ -6,7 +6,8 @@ import Foundation
 
 /// The agent's checks on a pull command before it runs it (Protocol/README.md § Pull commands),
 /// in the specified order, each failure with its distinct reason:
-/// unsigned → bad signature → expired → replayed → not for this agent → bad key → invalid.
+/// unsigned → bad signature → malformed id or times (invalid) → expired → replayed → not for
+/// this agent → bad key → invalid (filter, uid).
 ///
 /// A value: it remembers the ids of commands it has let past the signature and expiry checks
 /// until they expire (``seen``), which the agent persists across restarts.
@@ -33,7 +34,7 @@ public struct PullAdmission: Sendable {
         public func frame(commandID: String) -> WireFrame {
             switch self {
             case .accept: return .with { $0.commandAccepted = .with { $0.commandID = commandID; $0.uploadID = commandID } }
-            case .reject(let reason, let detail): return .with { $0.commandRejected = .with { $0.commandID = commandID; $0.reason = reason; $0.detail = detail } }
+            case .reject(let reason, let detail): return .with { $0.commandRejected = .with { $0.commandID = WireID.echo(commandID); $0.reason = reason; $0.detail = detail } }
             }
         }
     }
@@ -65,6 +66,9 @@ public struct PullAdmission: Sendable {
         guard Timestamp.acceptedRange.contains(command.issuedAtUs), Timestamp.acceptedRange.contains(command.expiresAtUs) else {
             return .reject(.rejectInvalid, "issued_at_us or expires_at_us is outside 1970–9999")
         }
+        guard WireID.isValid(command.commandID) else {
+            return .reject(.rejectInvalid, "the command id is not 32 lowercase hex characters")
+        }
         if now.microseconds >= command.expiresAtUs {
             return .reject(.rejectExpired, "expired at \(Timestamp(microseconds: command.expiresAtUs))")
         }
@@ -83,9 +87,6 @@ public struct PullAdmission: Sendable {
             key = try agentKey.unwrapKey(command.wrappedKey)
         } catch {
             return .reject(.rejectBadKey, "the command key does not unwrap under this agent's key")
-        }
-        guard WireID.isValid(command.commandID) else {
-            return .reject(.rejectInvalid, "the command id is not 32 lowercase hex characters")
         }
         if !command.target.uid.isEmpty, let problem = UserID.problem(command.target.uid) {
             return .reject(.rejectInvalid, "target: \(problem)")

@@ -91,7 +91,10 @@ public enum PayloadExtractor {
         for entry in entries {
             let name = entry.path
             let isManifest = name == PayloadLimits.manifestName
-            let compressed = max(Int64(entry.compressedSize), 1)
+            // Declared by the zip (up to 2^64 − 1 in zip64): clamped, never trusted.
+            let compressed = max(Int64(clamping: entry.compressedSize), 1)
+            let ratioLimit = compressed.multipliedReportingOverflow(by: limits.maxCompressionRatio)
+            let maxInflated = ratioLimit.overflow ? Int64.max : ratioLimit.partialValue
             var written: Int64 = 0
             var lines = 0, lastByte: UInt8 = 10
             let handle: FileHandle? = isManifest ? nil : try {
@@ -104,7 +107,7 @@ public enum PayloadExtractor {
                     written += Int64(data.count)
                     total += Int64(data.count)
                     if total > limits.maxTotalBytes { throw invalid("payload inflates past \(limits.maxTotalBytes) bytes") }
-                    if written > compressed * limits.maxCompressionRatio && written > 1 << 20 {
+                    if written > maxInflated && written > 1 << 20 {
                         throw invalid("\(name) inflates more than \(limits.maxCompressionRatio)× its compressed size")
                     }
                     if isManifest {

@@ -51,7 +51,8 @@ public final class FeedbackStore: Sendable {
     }
 
     /// Moves a feedback's status, unless it is already final (complete or failed).
-    public func update(_ id: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil) throws {
+    @discardableResult
+    public func update(_ id: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil) throws -> Bool {
         try db.write { db in
             try db.execute(
                 sql: """
@@ -59,6 +60,7 @@ public final class FeedbackStore: Sendable {
                         records = coalesce(?, records), files = coalesce(?, files) WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)
                     """,
                 arguments: [status.rawValue, detail, chunksReceived, records, files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, id])
+            return db.changesCount > 0
         }
     }
 
@@ -70,6 +72,18 @@ public final class FeedbackStore: Sendable {
                 db, sql: "SELECT count(*), coalesce(sum(bytes), 0) FROM feedback WHERE agent_id = ? AND received_at >= ?",
                 arguments: [agentID, since.timeIntervalSince1970])
             return (row?[0] ?? 0, row?[1] ?? 0)
+        }
+    }
+
+    /// Fails the feedback uploads begun more than `after` ago and still not complete (an agent
+    /// that never came back): their upload state can then be removed. Returns how many.
+    @discardableResult
+    public func failAbandoned(now: Date = Date(), after: Duration = .seconds(7 * 86_400)) throws -> Int {
+        try db.write { db in
+            try db.execute(
+                sql: "UPDATE feedback SET status = 'failed', detail = ? WHERE status NOT IN \(PullStore.finalStatuses) AND received_at <= ?",
+                arguments: ["not completed within \(after) of its first frame; abandoned", now.timeIntervalSince1970 - Double(after.components.seconds)])
+            return db.changesCount
         }
     }
 

@@ -25,7 +25,8 @@ public final class AgentListener: Service, Sendable {
     let feedbackLimits: FeedbackLimits
     private let bound: BoundAddress
     private let connections = ConnectionSet()
-    /// Enrollment refusals are logged with their source, at most a few a minute.
+    /// Enrollment and authentication refusals are logged with their source, at most a few a
+    /// minute (anyone who can reach the port can cause them).
     let refusals = RateLimitedLog(perMinute: 10)
 
     public init(
@@ -288,7 +289,11 @@ final class ConnectionSession {
                 if let key, AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) {
                     pending.append(contentsOf: machine.authenticated(id))
                 } else {
-                    listener.logger.notice("agent authentication failed", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
+                    listener.refusals.log { suppressed in
+                        listener.logger.notice("agent authentication failed", metadata: [
+                            "agent.id": "\(WireID.isValid(id) ? id : "(malformed)")", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)",
+                        ])
+                    }
                     pending.append(contentsOf: machine.authenticationFailed("unknown agent or bad signature"))
                 }
             case .enroll(let request):
@@ -311,7 +316,19 @@ final class ConnectionSession {
                     try listener.registry.heartbeat(id, heartbeat)
                     outcome.frames.append(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
                 } else if let uploads {
-                    outcome.frames.append(contentsOf: try uploads.handle(frame))
+                    do {
+                        outcome.frames.append(contentsOf: try uploads.handle(frame))
+                    } catch {
+                        // The server's own trouble (a database on a full disk): "not now" for
+                        // this upload, and the connection goes on.
+                        let uploadID = ConnectionUploads.uploadID(of: frame)
+                        listener.logger.error("upload frame not handled", metadata: ["agent.id": "\(id)", "upload.id": "\(WireID.echo(uploadID))", "error": "\(error)"])
+                        if !uploadID.isEmpty {
+                            outcome.frames.append(.with {
+                                $0.error = .with { $0.code = .errorInternal; $0.detail = "the server cannot handle this upload now; try later"; $0.uploadID = WireID.echo(uploadID) }
+                            })
+                        }
+                    }
                 }
             case .close(let error):
                 if let error { listener.logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"]) }

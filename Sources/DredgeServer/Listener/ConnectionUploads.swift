@@ -26,6 +26,15 @@ public struct FeedbackLimits: Codable, Sendable, Equatable {
     }
 
     public static let `default` = FeedbackLimits()
+
+    /// Keys left out of `server.json` keep their defaults.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let d = FeedbackLimits()
+        perHour = try c.decodeIfPresent(Int.self, forKey: .perHour) ?? d.perHour
+        bytesPerDay = try c.decodeIfPresent(Int64.self, forKey: .bytesPerDay) ?? d.bytesPerDay
+        maxUnpackedBytes = try c.decodeIfPresent(Int64.self, forKey: .maxUnpackedBytes) ?? d.maxUnpackedBytes
+    }
 }
 
 /// The uploads of one agent connection on the server: one ``UploadReceiverStateMachine`` and
@@ -63,12 +72,27 @@ final class ConnectionUploads {
     }
 
     /// Moves the status of the pull (for this agent) or the feedback an upload belongs to.
-    /// The stores ignore a change to a status that is already final.
-    private func progress(_ uploadID: String, _ status: PullStatus, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, records: Int? = nil, files: [String]? = nil) throws {
+    /// The stores ignore a change to a status that is already final; returns whether it applied.
+    @discardableResult
+    private func progress(_ uploadID: String, _ status: PullStatus, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, records: Int? = nil, files: [String]? = nil) throws -> Bool {
         if feedbackUploads.contains(uploadID) {
-            try feedback.update(uploadID, status: status, detail: detail, chunksReceived: chunksReceived, records: records, files: files)
+            return try feedback.update(uploadID, status: status, detail: detail, chunksReceived: chunksReceived, records: records, files: files)
         } else {
-            try pulls.update(uploadID, agent: agentID, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files)
+            return try pulls.update(uploadID, agent: agentID, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files)
+        }
+    }
+
+    /// The upload id a frame of the upload layer names, or "".
+    static func uploadID(of frame: WireFrame) -> String {
+        switch frame.body {
+        case .commandAccepted(let m)?: m.commandID
+        case .commandRejected(let m)?: m.commandID
+        case .uploadBegin(let m)?: m.header.uploadID
+        case .uploadChunk(let m)?: m.uploadID
+        case .uploadComplete(let m)?: m.uploadID
+        case .uploadStatusQuery(let m)?: m.uploadID
+        case .error(let m)?: m.uploadID
+        default: ""
         }
     }
 
@@ -161,6 +185,8 @@ final class ConnectionUploads {
         receivers[chunk.uploadID] = entry
         if stored {
             try progress(chunk.uploadID, .uploading, chunksReceived: entry.assembler.received.count)
+        } else if case .finished(let result) = entry.machine.state, !result.ok, result.error == .errorChunkInvalid {
+            try progress(chunk.uploadID, .failed, detail: result.detail)
         }
         return out
     }
@@ -168,6 +194,11 @@ final class ConnectionUploads {
     private func begin(_ header: WireUploadHeader) throws -> [WireFrame] {
         guard header.agentID == agentID else {
             return [error(.errorUploadInvalid, header.uploadID, "upload \(header.uploadID) names another agent")]
+        }
+        do {
+            try ChunkCipher.validate(header)
+        } catch {
+            return [self.error(.errorUploadInvalid, header.uploadID, "\(error)")]
         }
         let key: SymmetricKey
         switch header.kind {
@@ -202,7 +233,7 @@ final class ConnectionUploads {
             receivers[header.uploadID] = (UploadReceiverStateMachine(header: header, received: assembler.received), assembler)
         }
         guard var entry = receivers[header.uploadID] else { return [] }
-        try progress(header.uploadID, .uploading, chunksReceived: entry.assembler.received.count, chunkCount: Int(header.chunkCount), bytes: Int64(header.plaintextSize))
+        try progress(header.uploadID, .uploading, chunksReceived: entry.assembler.received.count, chunkCount: Int(header.chunkCount), bytes: Int64(clamping: header.plaintextSize))
         let actions = entry.machine.begin(header)
         receivers[header.uploadID] = entry
         return actions.compactMap { if case .send(let f) = $0 { return f } else { return nil } }
@@ -235,19 +266,20 @@ final class ConnectionUploads {
                 return .failure(FeedbackRefusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = false; $0.error = .errorPayloadInvalid; $0.detail = existing.detail } }))
             }
         } else {
-            guard Int64(header.plaintextSize) <= feedbackLimits.maxUnpackedBytes else {
-                return .failure(FeedbackRefusal(error(.errorLimitExceeded, id, "a feedback upload may be at most \(feedbackLimits.maxUnpackedBytes) bytes")))
+            // Too large ever to be accepted: refused for good, not "later".
+            guard header.plaintextSize <= UInt64(clamping: feedbackLimits.maxUnpackedBytes) else {
+                return .failure(FeedbackRefusal(error(.errorUploadInvalid, id, "a feedback upload may be at most \(feedbackLimits.maxUnpackedBytes) bytes")))
             }
             let now = Date()
             let lastHour = try feedback.usage(agentID: agentID, since: now.addingTimeInterval(-3600))
             let lastDay = try feedback.usage(agentID: agentID, since: now.addingTimeInterval(-86_400))
-            guard lastHour.count < feedbackLimits.perHour, lastDay.bytes + Int64(header.plaintextSize) <= feedbackLimits.bytesPerDay else {
+            guard lastHour.count < feedbackLimits.perHour, lastDay.bytes + Int64(clamping: header.plaintextSize) <= feedbackLimits.bytesPerDay else {
                 logger.notice("feedback quota exceeded", metadata: ["agent.id": "\(agentID)", "last_hour": "\(lastHour.count)", "last_day_bytes": "\(lastDay.bytes)"])
                 return .failure(FeedbackRefusal(error(
                     .errorLimitExceeded, id,
                     "feedback quota: at most \(feedbackLimits.perHour) per hour and \(feedbackLimits.bytesPerDay) bytes per day from one agent; try later")))
             }
-            try feedback.begin(id: id, agentID: agentID, uid: f.uid, text: f.text, createdAt: Timestamp(microseconds: f.createdAtUs), chunkCount: Int(header.chunkCount), bytes: Int64(header.plaintextSize))
+            try feedback.begin(id: id, agentID: agentID, uid: f.uid, text: f.text, createdAt: Timestamp(microseconds: f.createdAtUs), chunkCount: Int(header.chunkCount), bytes: Int64(clamping: header.plaintextSize))
             logger.info("feedback upload begun", metadata: ["feedback.id": "\(id)", "agent.id": "\(agentID)", "uid": "\(f.uid)"])
         }
         feedbackUploads.insert(id)
@@ -272,8 +304,8 @@ final class ConnectionUploads {
             let payload: ExtractedPayload
             do {
                 payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: isFeedback ? feedbackPayloadLimits : limits) { manifest in
-                    guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull") else {
-                        throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID))")
+                    guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull"), manifest.agentID == self.agentID else {
+                        throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID) of agent \(manifest.agentID))")
                     }
                 }
             } catch let error as ExportError where error.code == .exists {
@@ -288,7 +320,10 @@ final class ConnectionUploads {
                 logger.warning("could not keep the zip beside the files", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
             }
             let files = (payload.files.map { ($0 as NSString).lastPathComponent } + [PayloadLimits.manifestName]).map { destination + "/" + $0 }
-            try progress(uploadID, .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files)
+            guard try progress(uploadID, .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files) else {
+                // Ended meanwhile (expired by the deadline sweep): the agent must not believe it arrived.
+                throw ExportError(.uploadInvalid, "\(what) \(uploadID) ended before its upload finished")
+            }
             do {
                 try FileManager.default.removeItem(atPath: try paths.inside(assembler.directory))
             } catch {

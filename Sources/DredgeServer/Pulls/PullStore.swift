@@ -137,9 +137,13 @@ public final class PullStore: Sendable {
     /// expiry with nothing heard for `quietAfterExpiry` (an agent gone for good, an export that
     /// never reported), or still open `afterExpiry` past it. They become `expired`, with the
     /// reason. Returns how many. (Queued ones expire at their expiry: ``pending(for:now:)``.)
+    ///
+    /// - Parameter listeningSince: when this server started listening: silence before it is
+    ///   the server's own downtime, not the agent's, so it never counts.
     @discardableResult
-    public func expireStalled(now: Date = Date(), deadlines: Deadlines = Deadlines()) throws -> Int {
+    public func expireStalled(now: Date = Date(), listeningSince: Date = .distantPast, deadlines: Deadlines = Deadlines()) throws -> Int {
         let nowUs = Timestamp(now).microseconds
+        let sinceUs = listeningSince == .distantPast ? Int64.min : Timestamp(listeningSince).microseconds
         let quietUs = Int64(deadlines.quietAfterExpiry.components.seconds) * 1_000_000
         let hardUs = Int64(deadlines.afterExpiry.components.seconds) * 1_000_000
         let open = try db.read { db in
@@ -157,7 +161,7 @@ public final class PullStore: Sendable {
             let heardUs = Timestamp(Date(timeIntervalSince1970: row["updated_at"])).microseconds
             let status: String = row["status"]
             let detail: String
-            if nowUs - max(heardUs, expiresAt) >= quietUs {
+            if nowUs - max(heardUs, expiresAt, sinceUs) >= quietUs {
                 detail = "no word from the agent since \(Timestamp(microseconds: heardUs)) (\(status)); the pull expired at \(Timestamp(microseconds: expiresAt))"
             } else if nowUs - expiresAt >= hardUs {
                 detail = "still \(status) \(deadlines.afterExpiry) after the pull expired at \(Timestamp(microseconds: expiresAt)); given up"
@@ -239,7 +243,11 @@ public final class PullStore: Sendable {
 
     /// Moves a target's status and progress, unless its status is already final (complete,
     /// rejected, failed, expired): whatever an agent sends afterwards changes nothing.
-    public func update(_ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, files: [String]? = nil) throws {
+    @discardableResult
+    public func update(
+        _ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, files: [String]? = nil,
+        at now: Date = Date()
+    ) throws -> Bool {
         try db.write { db in
             try db.execute(
                 sql: """
@@ -249,9 +257,10 @@ public final class PullStore: Sendable {
                     WHERE pull_id = ? AND agent_id = ? AND status NOT IN \(Self.finalStatuses)
                     """,
                 arguments: [
-                    status.rawValue, detail, Date().timeIntervalSince1970, chunksReceived, chunkCount, bytes,
+                    status.rawValue, detail, now.timeIntervalSince1970, chunksReceived, chunkCount, bytes,
                     files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, pullID, agent,
                 ])
+            return db.changesCount > 0
         }
     }
 

@@ -6,11 +6,22 @@ import Logging
 /// feedback has reached a final status (or never existed), entries of any other name, and (at
 /// start only) the `*.partial` staging directories an interrupted unpacking left. Finished
 /// results (`pulls/`, `feedback/`) are never touched.
-struct UploadJanitor {
+struct UploadJanitor: Sendable {
     let paths: DataDirectory
     let pulls: PullStore
     let feedback: FeedbackStore
     let logger: Logger
+
+    /// What the server runs about once a minute: pulls and feedback that will not finish are
+    /// ended, then their upload state removed.
+    func housekeeping(listeningSince: Date) -> @Sendable () throws -> Void {
+        let janitor = self
+        return {
+            try janitor.pulls.expireStalled(listeningSince: listeningSince)
+            try janitor.feedback.failAbandoned()
+            try janitor.sweep()
+        }
+    }
 
     /// Returns the paths removed.
     @discardableResult

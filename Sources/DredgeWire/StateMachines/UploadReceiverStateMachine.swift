@@ -46,7 +46,10 @@ public struct UploadReceiverStateMachine: Sendable {
     public mutating func chunk(_ chunk: WireUploadChunk) -> [Action] {
         guard case .receiving = state else { return [] }
         guard chunk.index < header.chunkCount else {
-            return [.send(error(.errorChunkInvalid, "chunk \(chunk.index) of an upload of \(header.chunkCount)"))]
+            // § Uploads: the upload fails (the agent gives it up on ERROR_CHUNK_INVALID).
+            let detail = "chunk \(chunk.index) of an upload of \(header.chunkCount)"
+            state = .finished(.with { $0.uploadID = uploadID; $0.ok = false; $0.error = .errorChunkInvalid; $0.detail = detail })
+            return [.send(error(.errorChunkInvalid, detail))]
         }
         if received.contains(chunk.index) {
             return [.send(.with { $0.chunkAck = .with { $0.uploadID = uploadID; $0.index = chunk.index } })]

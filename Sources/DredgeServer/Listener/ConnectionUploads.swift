@@ -97,19 +97,20 @@ final class ConnectionUploads {
     }
 
     /// The id a frame names, when it has the spec's form; otherwise the frame that refuses it.
-    private func checked(_ id: String, _ what: String) -> Result<String, FeedbackRefusal> {
-        WireID.isValid(id) ? .success(id) : .failure(FeedbackRefusal(error(.errorUploadInvalid, id, "\(what) is not 32 lowercase hex characters")))
+    private func checked(_ id: String, _ what: String) -> Result<String, Refusal> {
+        WireID.isValid(id) ? .success(id) : .failure(Refusal(error(.errorUploadInvalid, id, "\(what) is not 32 lowercase hex characters")))
     }
 
     /// Handles an upload frame; returns the frames to send back.
     func handle(_ frame: WireFrame) throws -> [WireFrame] {
         switch frame.body {
         case .commandAccepted(let m)?:
-            guard case .success(let id) = checked(m.commandID, "command id") else { return [error(.errorUploadInvalid, m.commandID, "command id is not 32 lowercase hex characters")] }
-            try pulls.update(id, agent: agentID, status: .exporting)
+            if case .failure(let refusal) = checked(m.commandID, "command id") { return [refusal.frame] }
+            try pulls.update(m.commandID, agent: agentID, status: .exporting)
             return []
         case .commandRejected(let m)?:
-            guard case .success(let id) = checked(m.commandID, "command id") else { return [error(.errorUploadInvalid, m.commandID, "command id is not 32 lowercase hex characters")] }
+            if case .failure(let refusal) = checked(m.commandID, "command id") { return [refusal.frame] }
+            let id = m.commandID
             try pulls.update(id, agent: agentID, status: .rejected, detail: "\(m.reason): \(Self.bounded(m.detail))")
             logger.notice("pull rejected by agent", metadata: ["pull.id": "\(id)", "agent.id": "\(agentID)", "reason": "\(m.reason)"])
             return []
@@ -242,40 +243,40 @@ final class ConnectionUploads {
     /// A feedback upload's key (unwrapped with the server's encryption key), after checking the
     /// header and this agent's quotas; or the frame that refuses it, or answers it if it was
     /// already received.
-    private func admitFeedback(_ header: WireUploadHeader) throws -> Result<SymmetricKey, FeedbackRefusal> {
+    private func admitFeedback(_ header: WireUploadHeader) throws -> Result<SymmetricKey, Refusal> {
         let id = header.uploadID
         let f = header.feedback
         guard header.hasFeedback, f.feedbackID == id, UserID.isValid(f.uid), !f.text.isEmpty, f.text.utf8.count <= 16 * 1024 else {
-            return .failure(FeedbackRefusal(error(.errorUploadInvalid, id, "feedback header incomplete or over its limits")))
+            return .failure(Refusal(error(.errorUploadInvalid, id, "feedback header incomplete or over its limits")))
         }
         guard Timestamp.acceptedRange.contains(f.createdAtUs) else {
-            return .failure(FeedbackRefusal(error(.errorUploadInvalid, id, "feedback created_at_us is outside 1970–9999")))
+            return .failure(Refusal(error(.errorUploadInvalid, id, "feedback created_at_us is outside 1970–9999")))
         }
         let key: SymmetricKey
         do {
             key = try encryptionKey.unwrapKey(header.wrappedKey)
         } catch {
-            return .failure(FeedbackRefusal(self.error(.errorUploadInvalid, id, "the feedback key does not unwrap with this server's key")))
+            return .failure(Refusal(self.error(.errorUploadInvalid, id, "the feedback key does not unwrap with this server's key")))
         }
         if let existing = try feedback.feedback(id) {
-            guard existing.agentID == agentID else { return .failure(FeedbackRefusal(error(.errorUploadInvalid, id, "feedback \(id) belongs to another agent"))) }
+            guard existing.agentID == agentID else { return .failure(Refusal(error(.errorUploadInvalid, id, "feedback \(id) belongs to another agent"))) }
             if existing.status == .complete {
-                return .failure(FeedbackRefusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(max(0, existing.files.count - 1)); $0.records = UInt64(existing.records) } }))
+                return .failure(Refusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(max(0, existing.files.count - 1)); $0.records = UInt64(existing.records) } }))
             }
             if existing.status.isFinal {
-                return .failure(FeedbackRefusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = false; $0.error = .errorPayloadInvalid; $0.detail = existing.detail } }))
+                return .failure(Refusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = false; $0.error = .errorPayloadInvalid; $0.detail = existing.detail } }))
             }
         } else {
             // Too large ever to be accepted: refused for good, not "later".
             guard header.plaintextSize <= UInt64(clamping: feedbackLimits.maxUnpackedBytes) else {
-                return .failure(FeedbackRefusal(error(.errorUploadInvalid, id, "a feedback upload may be at most \(feedbackLimits.maxUnpackedBytes) bytes")))
+                return .failure(Refusal(error(.errorUploadInvalid, id, "a feedback upload may be at most \(feedbackLimits.maxUnpackedBytes) bytes")))
             }
             let now = Date()
             let lastHour = try feedback.usage(agentID: agentID, since: now.addingTimeInterval(-3600))
             let lastDay = try feedback.usage(agentID: agentID, since: now.addingTimeInterval(-86_400))
             guard lastHour.count < feedbackLimits.perHour, lastDay.bytes + Int64(clamping: header.plaintextSize) <= feedbackLimits.bytesPerDay else {
                 logger.notice("feedback quota exceeded", metadata: ["agent.id": "\(agentID)", "last_hour": "\(lastHour.count)", "last_day_bytes": "\(lastDay.bytes)"])
-                return .failure(FeedbackRefusal(error(
+                return .failure(Refusal(error(
                     .errorLimitExceeded, id,
                     "feedback quota: at most \(feedbackLimits.perHour) per hour and \(feedbackLimits.bytesPerDay) bytes per day from one agent; try later")))
             }
@@ -373,8 +374,8 @@ final class ConnectionUploads {
     static func bounded(_ text: String) -> String { text.utf8.count <= 1024 ? text : String(decoding: text.utf8.prefix(1024), as: UTF8.self) + "…" }
 }
 
-/// The frame that ends a feedback upload's begin early: a refusal, or the earlier result.
-struct FeedbackRefusal: Error {
+/// The frame that ends handling of an upload frame early: a refusal, or an earlier result.
+struct Refusal: Error {
     let frame: WireFrame
     init(_ frame: WireFrame) { self.frame = frame }
 }

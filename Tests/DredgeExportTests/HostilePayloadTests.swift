@@ -114,3 +114,48 @@ import ZIPFoundation
         expectRefused(path, dir, "symlink")
     }
 }
+
+/// Every entry's CRC-32 is checked (README § Payload): changed bytes under the original CRC, or
+/// a changed CRC over the original bytes, are refused.
+@Suite struct PayloadCRCTests {
+    let base = HostilePayloadTests()
+
+    func storedZip(_ dir: TempDir) throws -> (path: String, bytes: [UInt8]) {
+        let line = Array(#"{"a":1}"#.utf8) + [10]
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "", last: "")
+        let path = try base.zip(dir, [("2026-11-20.jsonl", line), ("manifest.json", base.manifest(days: [day], records: 1))], level: 0)
+        return (path, Array(FileManager.default.contents(atPath: path)!))
+    }
+
+    @Test func theUnchangedZipIsAccepted() throws {
+        let dir = TempDir()
+        #expect(throws: Never.self) { try PayloadExtractor.extract(zip: try storedZip(dir).path, into: dir.file("ok")) }
+    }
+
+    @Test func changedBytesUnderTheOriginalCRCAreRefused() throws {
+        let dir = TempDir()
+        var (path, bytes) = try storedZip(dir)
+        let needle = Array(#"{"a":1}"#.utf8)
+        let at = try #require((0...(bytes.count - needle.count)).first { Array(bytes[$0..<$0 + needle.count]) == needle })
+        bytes[at + 5] = UInt8(ascii: "2")
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        base.expectRefused(path, dir, "changed byte")
+        _ = path
+    }
+
+    @Test func aWrongCRCIsRefused() throws {
+        let dir = TempDir()
+        var (path, bytes) = try storedZip(dir)
+        // The first entry's CRC wherever the zip records it: local header (+14), data
+        // descriptor (+4), central directory (+16).
+        func flip(after signature: [UInt8], offset: Int) {
+            if let at = (0...(bytes.count - 4)).first(where: { Array(bytes[$0..<$0 + 4]) == signature }) { bytes[at + offset] ^= 0x5A }
+        }
+        flip(after: [0x50, 0x4B, 0x03, 0x04], offset: 14)
+        flip(after: [0x50, 0x4B, 0x07, 0x08], offset: 4)
+        flip(after: [0x50, 0x4B, 0x01, 0x02], offset: 16)
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        base.expectRefused(path, dir, "wrong CRC")
+        _ = path
+    }
+}

@@ -253,3 +253,52 @@ import Testing
         #expect(throws: DataDirectory.PathError.self) { try paths.inside("/srv/dredge/database") }
     }
 }
+
+/// `UploadStatusQuery` answers from what the server stored, not only from the asking
+/// connection: a resuming agent learns its partial upload is held, or that it finished.
+@Suite struct UploadStatusTests {
+    @Test func statusComesFromStoredStateAcrossConnections() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let a = try await server.enrollAgent(hostname: "a"), b = try await server.enrollAgent(hostname: "b")
+        func status(_ agent: LinkAgent, _ id: String) async throws -> WireUploadStatus? {
+            try await agent.connect { link in
+                try await link.send(.with { $0.uploadStatusQuery = .with { $0.uploadID = id } })
+                while let frame = try await link.next() { if case .uploadStatus(let s)? = frame.body { return s } }
+                return nil
+            }
+        }
+        // A partial upload: one chunk of two or more stored, then the connection is gone.
+        let (command, upload) = try await a.connect { link -> (WirePullCommand, SealedUpload) in
+            _ = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: .all))
+            var command: WirePullCommand?
+            while command == nil, let frame = try await link.next() { if case .pullCommand(let c)? = frame.body { command = c } }
+            let cmd = try #require(command)
+            try await link.send(.with { $0.commandAccepted = .with { $0.commandID = cmd.commandID } })
+            let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
+            try #require(upload.header.chunkCount >= 2)
+            try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+            _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
+            for index: UInt32 in [1] {
+                let sealed = try upload.chunk(index)
+                try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = index; $0.ciphertext = Data(sealed) } })
+                #expect(try await LinkAgent.answer(to: cmd.commandID, over: link)?.chunkAck.index == index)
+            }
+            return (cmd, upload)
+        }
+        let partial = try #require(try await status(a, command.commandID))
+        #expect(partial.state == .receiving)
+        #expect(ChunkBitmap.decode(partial.received, count: upload.header.chunkCount) == [1])
+        // Not another agent's to know, nor an id nobody began.
+        #expect(try await status(b, command.commandID)?.state == .unknown)
+        #expect(try await status(a, Hex.encode(secureRandomBytes(16)))?.state == .unknown)
+        // Finished on a later connection: complete.
+        try await a.connect { link in
+            let outcome = try await LinkAgent.send(upload, over: link)
+            #expect(outcome.result.ok, "\(outcome)")
+        }
+        #expect(try await status(a, command.commandID)?.state == .complete)
+    }
+}

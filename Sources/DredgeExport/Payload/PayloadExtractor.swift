@@ -103,7 +103,9 @@ public enum PayloadExtractor {
                 return try FileHandle(forWritingTo: URL(fileURLWithPath: path))
             }()
             do {
-                _ = try archive.extract(entry, skipCRC32: false) { data in
+                // ZIPFoundation computes the CRC of what it inflated but does not compare it:
+                // that is ours to do (README § Payload: the receiver MUST check every entry's CRC).
+                let crc = try archive.extract(entry, skipCRC32: false) { data in
                     written += Int64(data.count)
                     total += Int64(data.count)
                     if total > limits.maxTotalBytes { throw invalid("payload inflates past \(limits.maxTotalBytes) bytes") }
@@ -118,6 +120,9 @@ public enum PayloadExtractor {
                         lastByte = data.last ?? lastByte
                         do { try handle?.write(contentsOf: data) } catch { throw fileError(error, "writing \(name)") }
                     }
+                }
+                guard crc == entry.checksum else {
+                    throw invalid("\(name) does not match its CRC-32 (\(String(crc, radix: 16)) computed, \(String(entry.checksum, radix: 16)) in the zip)")
                 }
             } catch let error as ExportError {
                 throw error

@@ -53,6 +53,16 @@ public final class UploadAssembler {
 
     public var isComplete: Bool { received.count == Int(header.chunkCount) }
 
+    /// What an upload directory holds, read without the key: its header and the chunks stored
+    /// (for a status answer about an upload not open on this connection). Nil if there is none.
+    public static func stored(in directory: String) -> (header: WireUploadHeader, received: Set<UInt32>)? {
+        guard let bytes = FileManager.default.contents(atPath: directory + "/header.pb"),
+            let header = try? WireUploadHeader(serializedBytes: bytes)  // unreadable: as if absent
+        else { return nil }
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: directory + "/chunks")) ?? []
+        return (header, Set(names.compactMap { UInt32($0) }.filter { $0 < header.chunkCount }))
+    }
+
     /// The bitmap of held chunks as the wire carries it (README § Uploads).
     public var receivedBitmap: [UInt8] { ChunkBitmap.encode(received, count: header.chunkCount) }
 

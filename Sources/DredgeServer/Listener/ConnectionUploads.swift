@@ -144,10 +144,36 @@ final class ConnectionUploads {
         case .uploadStatusQuery(let m)?:
             if case .failure(let refusal) = checked(m.uploadID, "upload id") { return [refusal.frame] }
             if let entry = receivers[m.uploadID] { return [entry.machine.status()] }
-            return [.with { $0.uploadStatus = .with { $0.uploadID = m.uploadID; $0.state = .unknown } }]
+            return [try storedStatus(m.uploadID)]
         default:
             return []
         }
+    }
+
+    /// The status of an upload this agent did not begin on this connection, from what the
+    /// server stored: complete or failed by the pull's (or feedback's) final status, receiving
+    /// with the chunks on disk, or unknown (never begun, or not this agent's).
+    private func storedStatus(_ uploadID: String) throws -> WireFrame {
+        var status = WireUploadStatus.with { $0.uploadID = uploadID; $0.state = .unknown }
+        let recorded: PullStatus?
+        if let target = try pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID }) {
+            recorded = target.status
+        } else if let record = try feedback.feedback(uploadID), record.agentID == agentID {
+            recorded = record.status
+        } else {
+            recorded = nil
+        }
+        switch recorded {
+        case .complete?: status.state = .complete
+        case let s? where s.isFinal: status.state = .failed
+        case .some:
+            if let held = UploadAssembler.stored(in: try paths.upload(uploadID, agent: agentID)) {
+                status.state = .receiving
+                status.received = Data(ChunkBitmap.encode(held.received, count: held.header.chunkCount))
+            }
+        case nil: break
+        }
+        return .with { $0.uploadStatus = status }
     }
 
     private func receive(_ chunk: WireUploadChunk) throws -> [WireFrame] {

@@ -73,6 +73,11 @@ public struct RSAPublicKey: @unchecked Sendable, Hashable {
             throw EnvelopeError(.invalidKey, "not an RSA public key of 2048 bits or more")
         }
         guard signing.keySizeInBits <= 4096 else { throw EnvelopeError(.invalidKey, "RSA keys over 4096 bits are not accepted") }
+        // Exactly SubjectPublicKeyInfo DER: the agent id is a hash of these bytes, so another
+        // encoding of the same key (PKCS#1) would give another id.
+        guard Array(signing.derRepresentation) == self.spki else {
+            throw EnvelopeError(.invalidKey, "not SubjectPublicKeyInfo DER (PKCS#1 and other encodings are refused)")
+        }
     }
 
     public init(pemRepresentation pem: String) throws {

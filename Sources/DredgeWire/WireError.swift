@@ -21,8 +21,12 @@ public struct WireProtocolError: Error, Hashable, Sendable, CustomStringConverti
         WireProtocolError(.errorMalformedFrame, why)
     }
 
-    public static func unexpected(_ what: String, in state: String) -> WireProtocolError {
-        WireProtocolError(.errorUnexpectedMessage, "\(what) not allowed in state \(state)")
+    /// `state` is described by its name only: a state's payload (a challenge, say) never goes
+    /// into a detail the peer reads.
+    public static func unexpected(_ what: String, in state: Any) -> WireProtocolError {
+        let description = String(describing: state)
+        let name = description.prefix { $0 != "(" }
+        return WireProtocolError(.errorUnexpectedMessage, "\(what) not allowed in state \(name)")
     }
 
     public var description: String { "\(code): \(message)" }

@@ -2,6 +2,7 @@ import Crypto
 import DredgeEnvelope
 import DredgeWire
 import Foundation
+import _CryptoExtras
 import Testing
 
 /// One RSA key for the suite: generating 3072-bit keys takes a while.
@@ -163,5 +164,17 @@ func sampleHeader(chunkCount: UInt32 = 3, plaintextSize: UInt64 = 10_000, prefix
         }
         // An empty upload still has one (empty) chunk.
         #expect((try? ChunkCipher(key: key, header: sampleHeader(chunkCount: 1, plaintextSize: 0))) != nil)
+    }
+}
+
+@Suite struct PublicKeyEncodingTests {
+    /// Only SubjectPublicKeyInfo DER is a public key on the wire: the agent id hashes those
+    /// bytes, so the same key as PKCS#1 (another id) is refused.
+    @Test func onlySPKIIsAccepted() throws {
+        let key = try RSAPrivateKey.generate().publicKey
+        #expect(try RSAPublicKey(spki: key.spki).agentID == key.agentID)
+        let pkcs1 = try _RSA.Signing.PublicKey(derRepresentation: key.spki).pkcs1DERRepresentation
+        #expect(Array(pkcs1) != key.spki)
+        #expect(throws: EnvelopeError.self) { try RSAPublicKey(spki: pkcs1) }
     }
 }

@@ -159,3 +159,13 @@ import ZIPFoundation
         _ = path
     }
 }
+
+extension PayloadCRCTests {
+    /// A day listed with no records (its file empty) breaks § Payload: a day without records
+    /// has no file.
+    @Test func anEmptyDayFileIsRefused() throws {
+        let dir = TempDir()
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 0, bytes: 0, first: "", last: "")
+        base.expectRefused(try base.zip(dir, [("2026-11-20.jsonl", []), ("manifest.json", base.manifest(days: [day], records: 0))]), dir, "empty day")
+    }
+}

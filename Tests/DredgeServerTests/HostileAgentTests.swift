@@ -302,3 +302,31 @@ import Testing
         #expect(try await status(a, command.commandID)?.state == .complete)
     }
 }
+
+extension UploadStatusTests {
+    /// `header.empty` must agree with the payload: an upload that claims to be empty but holds
+    /// records fails as an invalid payload, and the pull says so.
+    @Test func aHeaderThatMisstatesEmptinessFailsThePayload() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let a = try await server.enrollAgent()
+        let pullID = try await a.connect { link in
+            let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-3")))
+            var command: WirePullCommand?
+            while command == nil, let frame = try await link.next() { if case .pullCommand(let c)? = frame.body { command = c } }
+            let cmd = try #require(command)
+            try await link.send(.with { $0.commandAccepted = .with { $0.commandID = cmd.commandID } })
+            let honest = try a.pullUpload(cmd, store: store, dir: server.dir)
+            #expect(!honest.header.empty)
+            let lying = try SealedUpload(
+                zipPath: honest.path, uploadID: cmd.commandID, kind: .pull, agentID: a.agentID, key: try a.key.unwrapKey(Array(cmd.wrappedKey)),
+                empty: true, createdAt: Timestamp.now.microseconds)
+            let outcome = try await LinkAgent.send(lying, over: link)
+            #expect(outcome == .finished(outcome.result) && outcome.result.error == .errorPayloadInvalid, "\(outcome)")
+            return pull.id
+        }
+        #expect(try await server.admin.pull(pullID).targets.first?.status == .failed)
+    }
+}

@@ -352,3 +352,18 @@ struct SeededRandom {
         #expect(WireID.echo("../pulls") == "../pulls")
     }
 }
+
+@Suite struct UnexpectedMessageDetailTests {
+    /// The detail of ERROR_UNEXPECTED_MESSAGE names the state, never its contents (the
+    /// challenge, once).
+    @Test func theDetailNamesTheStateWithoutItsContents() {
+        var server = ServerConnectionStateMachine()
+        let challenge = [UInt8](repeating: 0xAB, count: 32)
+        _ = server.receive(.with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1 } }, challenge: challenge)
+        let actions = server.receive(.with { $0.heartbeat = .with { $0.seq = 1 } }, challenge: challenge)
+        let detail = actions.compactMap { if case .send(let f) = $0, case .error(let e)? = f.body { return e.detail } else { return nil } }.first
+        #expect(detail != nil)
+        #expect(detail?.contains("171") == false, "\(detail ?? "")")  // 0xAB
+        #expect(detail?.contains("awaitingCredentials") == true, "\(detail ?? "")")
+    }
+}

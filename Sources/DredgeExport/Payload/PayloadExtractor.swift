@@ -152,7 +152,8 @@ public enum PayloadExtractor {
             throw invalid("manifest lists \(manifest.days.map(\.file)) but the zip holds \(dayFiles.keys.sorted())")
         }
         for day in manifest.days {
-            let actual = dayFiles[day.file]!
+            guard let actual = dayFiles[day.file] else { throw invalid("manifest lists \(day.file), which the zip does not hold") }
+            guard day.records > 0 else { throw invalid("\(day.file) is listed with no records: a day without records has no file") }
             guard actual.bytes == day.bytes, actual.lines == day.records else {
                 throw invalid("\(day.file): manifest says \(day.records) records in \(day.bytes) bytes, file has \(actual.lines) lines in \(actual.bytes) bytes")
             }

@@ -334,6 +334,15 @@ final class ConnectionUploads {
                     guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull"), manifest.agentID == self.agentID else {
                         throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID) of agent \(manifest.agentID))")
                     }
+                    let header = assembler.header
+                    guard manifest.empty == header.empty else {
+                        throw ExportError(.payloadInvalid, "the header says empty=\(header.empty) but the manifest says empty=\(manifest.empty)")
+                    }
+                    if isFeedback {
+                        guard let described = manifest.feedback, described.feedbackID == header.feedback.feedbackID, described.uid == header.feedback.uid,
+                            described.text == header.feedback.text
+                        else { throw ExportError(.payloadInvalid, "the manifest's feedback differs from the upload header's") }
+                    }
                 }
             } catch let error as ExportError where error.code == .exists {
                 // Unpacked before, and the server stopped before recording it: adopt it if it is

@@ -102,7 +102,7 @@ public struct AgentConnectionStateMachine: Sendable {
             (.ready, .uploadStatus?), (.ready, .uploadResult?):
             return [.deliver(frame)]
         default:
-            return fail(.unexpected(Self.name(frame), in: "\(state)"))
+            return fail(.unexpected(Self.name(frame), in: state))
         }
     }
 

@@ -82,7 +82,7 @@ public struct ServerConnectionStateMachine: Sendable {
             state = .closed("agent error \(error.code)")
             return [.close(WireProtocolError(error.code, error.detail))]
         default:
-            return fail(.unexpected(AgentConnectionStateMachine.name(frame), in: "\(state)"))
+            return fail(.unexpected(AgentConnectionStateMachine.name(frame), in: state))
         }
     }
 

@@ -15,12 +15,7 @@ import Testing
 @Suite struct HostileAgentTests {
     /// Accepts the next pull command on `link` and sends a real export for it; returns the id.
     static func completePull(_ agent: LinkAgent, link: AgentLink, store: String, dir: TempDir) async throws -> String {
-        var command: WirePullCommand?
-        while command == nil, let frame = try await link.next() {
-            if case .pullCommand(let c)? = frame.body { command = c }
-        }
-        let cmd = try #require(command)
-        try await link.send(.with { $0.commandAccepted = .with { $0.commandID = cmd.commandID; $0.uploadID = cmd.commandID } })
+        let cmd = try await LinkAgent.acceptNextPull(over: link)
         let outcome = try await LinkAgent.send(try agent.pullUpload(cmd, store: store, dir: dir), over: link)
         #expect(outcome.result.ok, "\(outcome)")
         return cmd.commandID
@@ -51,7 +46,7 @@ import Testing
             return id
         }
         #expect(try await server.admin.pull(pullID).targets.first?.status == .complete)
-        let before = InProcessServer.snapshot(dir.path).filter { !$0.key.hasSuffix(".sqlite-wal") && !$0.key.hasSuffix(".sqlite-shm") && !$0.key.hasSuffix(".sqlite") }
+        let before = InProcessServer.snapshot(dir.path)
         #expect(before.keys.contains("server/pulls/\(pullID)/\(a.agentID)/manifest.json"))
         #expect(before.keys.contains("server/feedback/\(feedbackID)/manifest.json"))
 
@@ -86,7 +81,7 @@ import Testing
             _ = try await link.next()
         }
 
-        let after = InProcessServer.snapshot(dir.path).filter { !$0.key.hasSuffix(".sqlite-wal") && !$0.key.hasSuffix(".sqlite-shm") && !$0.key.hasSuffix(".sqlite") }
+        let after = InProcessServer.snapshot(dir.path)
         #expect(after.filter { !$0.key.hasPrefix("feedback-") } == before.filter { !$0.key.hasPrefix("feedback-") }, "files changed")
         #expect(try await server.admin.feedback().map(\.id) == [feedbackID])
         #expect(try await server.admin.feedback(feedbackID).agentID == a.agentID)
@@ -106,10 +101,7 @@ import Testing
         for change in [-1, 1] {
             let pullID = try await a.connect { link in
                 let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-2")))
-                var command: WirePullCommand?
-                while command == nil, let frame = try await link.next() { if case .pullCommand(let c)? = frame.body { command = c } }
-                let cmd = try #require(command)
-                try await link.send(.with { $0.commandAccepted = .with { $0.commandID = cmd.commandID } })
+                let cmd = try await LinkAgent.acceptNextPull(over: link)
                 let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
                 try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
                 _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
@@ -273,10 +265,7 @@ import Testing
         // A partial upload: one chunk of two or more stored, then the connection is gone.
         let (command, upload) = try await a.connect { link -> (WirePullCommand, SealedUpload) in
             _ = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: .all))
-            var command: WirePullCommand?
-            while command == nil, let frame = try await link.next() { if case .pullCommand(let c)? = frame.body { command = c } }
-            let cmd = try #require(command)
-            try await link.send(.with { $0.commandAccepted = .with { $0.commandID = cmd.commandID } })
+            let cmd = try await LinkAgent.acceptNextPull(over: link)
             let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
             try #require(upload.header.chunkCount >= 2)
             try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
@@ -314,10 +303,7 @@ extension UploadStatusTests {
         let a = try await server.enrollAgent()
         let pullID = try await a.connect { link in
             let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-3")))
-            var command: WirePullCommand?
-            while command == nil, let frame = try await link.next() { if case .pullCommand(let c)? = frame.body { command = c } }
-            let cmd = try #require(command)
-            try await link.send(.with { $0.commandAccepted = .with { $0.commandID = cmd.commandID } })
+            let cmd = try await LinkAgent.acceptNextPull(over: link)
             let honest = try a.pullUpload(cmd, store: store, dir: server.dir)
             #expect(!honest.header.empty)
             let lying = try SealedUpload(

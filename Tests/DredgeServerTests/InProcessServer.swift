@@ -83,10 +83,12 @@ final class InProcessServer: @unchecked Sendable {
 
     /// Every file under `path` with its size and a digest of its bytes: compared before and
     /// after an attack to show nothing changed.
+    /// SQLite files are left out: they change with every status update.
     static func snapshot(_ path: String) -> [String: String] {
         var result: [String: String] = [:]
         guard let walker = FileManager.default.enumerator(atPath: path) else { return result }
         while let relative = walker.nextObject() as? String {
+            if [".sqlite", ".sqlite-wal", ".sqlite-shm"].contains(where: relative.hasSuffix) { continue }
             let full = path + "/" + relative
             var isDirectory: ObjCBool = false
             guard FileManager.default.fileExists(atPath: full, isDirectory: &isDirectory) else { continue }
@@ -143,6 +145,16 @@ struct LinkAgent: Sendable {
         return try SealedUpload(
             zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)),
             empty: manifest.empty, createdAt: Timestamp.now.microseconds)
+    }
+
+    /// Waits for the next pull command on `link` and accepts it.
+    static func acceptNextPull(over link: AgentLink) async throws -> WirePullCommand {
+        while let frame = try await link.next() {
+            guard case .pullCommand(let command)? = frame.body else { continue }
+            try await link.send(.with { $0.commandAccepted = .with { $0.commandID = command.commandID; $0.uploadID = command.commandID } })
+            return command
+        }
+        throw AgentError("the server closed the connection before sending a pull")
     }
 
     /// Sends a whole upload through the sender state machine; returns how it ended.

@@ -321,7 +321,7 @@ final class ConnectionSession {
                     } catch {
                         // The server's own trouble (a database on a full disk): "not now" for
                         // this upload, and the connection goes on.
-                        let uploadID = ConnectionUploads.uploadID(of: frame)
+                        let uploadID = ConnectionUploads.uploadID(of: frame) ?? ""
                         listener.logger.error("upload frame not handled", metadata: ["agent.id": "\(id)", "upload.id": "\(WireID.echo(uploadID))", "error": "\(error)"])
                         if !uploadID.isEmpty {
                             outcome.frames.append(.with {

@@ -82,8 +82,8 @@ final class ConnectionUploads {
         }
     }
 
-    /// The upload id a frame of the upload layer names, or "".
-    static func uploadID(of frame: WireFrame) -> String {
+    /// The upload (or command) id a frame of the upload layer names; nil for other frames.
+    static func uploadID(of frame: WireFrame) -> String? {
         switch frame.body {
         case .commandAccepted(let m)?: m.commandID
         case .commandRejected(let m)?: m.commandID
@@ -92,24 +92,23 @@ final class ConnectionUploads {
         case .uploadComplete(let m)?: m.uploadID
         case .uploadStatusQuery(let m)?: m.uploadID
         case .error(let m)?: m.uploadID
-        default: ""
+        default: nil
         }
-    }
-
-    /// The id a frame names, when it has the spec's form; otherwise the frame that refuses it.
-    private func checked(_ id: String, _ what: String) -> Result<String, Refusal> {
-        WireID.isValid(id) ? .success(id) : .failure(Refusal(error(.errorUploadInvalid, id, "\(what) is not 32 lowercase hex characters")))
     }
 
     /// Handles an upload frame; returns the frames to send back.
     func handle(_ frame: WireFrame) throws -> [WireFrame] {
+        // Every id is checked once, here, before anything looks it up. (An agent's own error
+        // report with a malformed id is ignored below rather than answered.)
+        let isReport = if case .error? = frame.body { true } else { false }
+        if !isReport, let named = Self.uploadID(of: frame), !WireID.isValid(named) {
+            return [error(.errorUploadInvalid, named, "the id \(WireID.echo(named).debugDescription) is not 32 lowercase hex characters")]
+        }
         switch frame.body {
         case .commandAccepted(let m)?:
-            if case .failure(let refusal) = checked(m.commandID, "command id") { return [refusal.frame] }
             try pulls.update(m.commandID, agent: agentID, status: .exporting)
             return []
         case .commandRejected(let m)?:
-            if case .failure(let refusal) = checked(m.commandID, "command id") { return [refusal.frame] }
             let id = m.commandID
             try pulls.update(id, agent: agentID, status: .rejected, detail: "\(m.reason): \(Self.bounded(m.detail))")
             logger.notice("pull rejected by agent", metadata: ["pull.id": "\(id)", "agent.id": "\(agentID)", "reason": "\(m.reason)"])
@@ -121,13 +120,10 @@ final class ConnectionUploads {
             logger.notice("pull failed on the agent", metadata: ["pull.id": "\(e.uploadID)", "agent.id": "\(agentID)", "code": "\(e.code)"])
             return []
         case .uploadBegin(let m)?:
-            if case .failure(let refusal) = checked(m.header.uploadID, "upload id") { return [refusal.frame] }
             return try begin(m.header)
         case .uploadChunk(let chunk)?:
-            if case .failure(let refusal) = checked(chunk.uploadID, "upload id") { return [refusal.frame] }
             return try receive(chunk)
         case .uploadComplete(let m)?:
-            if case .failure(let refusal) = checked(m.uploadID, "upload id") { return [refusal.frame] }
             guard var entry = receivers[m.uploadID] else { return [error(.errorUploadUnknown, m.uploadID, "no upload \(m.uploadID) begun on this connection")] }
             var out: [WireFrame] = []
             for action in entry.machine.complete() {
@@ -142,7 +138,6 @@ final class ConnectionUploads {
             receivers[m.uploadID] = entry
             return out
         case .uploadStatusQuery(let m)?:
-            if case .failure(let refusal) = checked(m.uploadID, "upload id") { return [refusal.frame] }
             if let entry = receivers[m.uploadID] { return [entry.machine.status()] }
             return [try storedStatus(m.uploadID)]
         default:

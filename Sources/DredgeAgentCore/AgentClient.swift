@@ -15,13 +15,22 @@ public final class AgentClient: Service, Sendable {
     let logger: Logger
     let hostInfo: WireHostInfo
     let stop = StopSignal()
-    let established = Flag()
+    /// When the current connection became ready, if it did.
+    let established = ReadySince()
     let uploads: UploadManager
 
-    /// - Parameter firstRetryDelay: how long an upload the server cannot take now (its disk is
-    ///   full, a quota) waits before it is tried again; doubles up to 5 minutes.
-    public init(state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger, firstRetryDelay: Duration = .seconds(5)) throws {
+    let maxReconnectDelay: Duration
+
+    /// - Parameters:
+    ///   - firstRetryDelay: how long an upload the server cannot take now (its disk is full, a
+    ///     quota) waits before it is tried again; doubles up to 5 minutes.
+    ///   - maxReconnectDelay: the longest wait between attempts to reconnect (the backoff
+    ///     doubles from 1 s up to it).
+    public init(
+        state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger, firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60)
+    ) throws {
         self.state = state
+        self.maxReconnectDelay = maxReconnectDelay
         self.store = store
         self.hostInfo = hostInfo
         self.logger = logger
@@ -49,7 +58,7 @@ public final class AgentClient: Service, Sendable {
         }
         defer { outbox.cancel() }
         await withTaskCancellationOrGracefulShutdownHandler {
-            var backoff = Backoff()
+            var backoff = Backoff(initial: min(.seconds(1), self.maxReconnectDelay), maximum: self.maxReconnectDelay)
             while !Task.isCancelled && !self.stop.isStopped {
                 do {
                     try await self.connectOnce()
@@ -58,11 +67,10 @@ public final class AgentClient: Service, Sendable {
                     self.logger.warning("connection to the server failed", metadata: ["error": "\(error)"])
                 }
                 if Task.isCancelled || self.stop.isStopped { break }
-                // A connection the server accepted means the server is there: a drop after that
-                // is the network's, so start again from the shortest delay.
-                if self.established.isSet { backoff.reset() }
-                self.established.clear()
-                let delay = backoff.next()
+                // A connection that stayed ready a minute means the server is there: a drop
+                // after that is the network's, so start again from the shortest delay. One
+                // dropped sooner (a server that accepts, then falls over) keeps backing off.
+                let delay = backoff.afterConnection(readyFor: self.established.take().map { ContinuousClock.now - $0 })
                 self.logger.info("reconnecting", metadata: ["in": "\(delay)"])
                 // Sleep, but wake at once on stop.
                 for _ in 0..<Int(delay / .milliseconds(100)) + 1 where !self.stop.isStopped {
@@ -90,11 +98,15 @@ public final class AgentClient: Service, Sendable {
                         }
                     }
                     group.addTask {
-                        // Heartbeats once authenticated, at the interval the server asked for.
+                        // Heartbeats once authenticated, at the interval the server asked for;
+                        // the connection is given up when the server stops answering.
                         while !Task.isCancelled {
                             let interval = await session.heartbeatInterval
                             try await Task.sleep(for: .seconds(Int(interval ?? 1)))
                             guard interval != nil else { continue }
+                            if let silence = await session.overdue(at: .now) {
+                                throw AgentError("the server sent nothing for \(silence); reconnecting")
+                            }
                             let (uids, stats) = self.storeReport()
                             _ = try await session.perform(await session.heartbeat(uids: uids, stats: stats), outbound: outbound)
                         }
@@ -131,11 +143,12 @@ public final class AgentClient: Service, Sendable {
         var machine: AgentConnectionStateMachine
         let key: RSAPrivateKey
         var heartbeatInterval: UInt32?
+        var watch: HeartbeatWatch?
         var failure: WireProtocolError?
         let uploads: UploadManager
-        let established: Flag
+        let established: ReadySince
 
-        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey, uploads: UploadManager, established: Flag) {
+        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey, uploads: UploadManager, established: ReadySince) {
             self.machine = machine
             self.key = key
             self.uploads = uploads
@@ -143,7 +156,16 @@ public final class AgentClient: Service, Sendable {
         }
 
         func start() -> [AgentConnectionStateMachine.Action] { machine.start() }
-        func receive(_ frame: WireFrame) -> [AgentConnectionStateMachine.Action] { machine.receive(frame) }
+        func receive(_ frame: WireFrame) -> [AgentConnectionStateMachine.Action] {
+            watch?.heard(at: .now)
+            return machine.receive(frame)
+        }
+
+        /// How long the server has been silent, when that is past what the watch allows.
+        func overdue(at now: ContinuousClock.Instant) -> Duration? {
+            guard let watch, watch.isOverdue(at: now) else { return nil }
+            return watch.silenceAllowed
+        }
         func heartbeat(uids: [String], stats: WireStoreStats) -> [AgentConnectionStateMachine.Action] { machine.heartbeat(activeUIDs: uids, stats: stats) }
 
         /// Carries out actions; false when the connection must close.
@@ -158,7 +180,8 @@ public final class AgentClient: Service, Sendable {
                     guard try await perform(machine.signed(signature), outbound: outbound) else { return false }
                 case .established(let result):
                     heartbeatInterval = max(1, result.heartbeatIntervalS)
-                    established.set()
+                    watch = HeartbeatWatch(interval: .seconds(Int(max(1, result.heartbeatIntervalS))), now: .now)
+                    established.set(.now)
                     try await uploads.connected(outbound)
                 case .enrolled:
                     break
@@ -199,11 +222,10 @@ final class StopSignal: @unchecked Sendable {
     }
 }
 
-/// A thread-safe boolean.
-final class Flag: @unchecked Sendable {
+/// When the current connection became ready; taken (and cleared) when it ends.
+final class ReadySince: @unchecked Sendable {
     private let lock = NSLock()
-    private var value = false
-    var isSet: Bool { lock.withLock { value } }
-    func set() { lock.withLock { value = true } }
-    func clear() { lock.withLock { value = false } }
+    private var value: ContinuousClock.Instant?
+    func set(_ instant: ContinuousClock.Instant) { lock.withLock { value = instant } }
+    func take() -> ContinuousClock.Instant? { lock.withLock { defer { value = nil }; return value } }
 }

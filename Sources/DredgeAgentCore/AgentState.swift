@@ -1,4 +1,5 @@
 import DredgeEnvelope
+import DredgeExport
 import Foundation
 
 /// What an agent keeps after enrollment, in its state directory:
@@ -61,12 +62,9 @@ public struct AgentState: Sendable {
         try Self.write(Array(try encoder.encode(file)) + [10], to: directory + "/agent.json", mode: 0o600)
     }
 
+    /// Durably (``DurableFile``): a crash leaves the old content or the new, never a torn file.
     static func write(_ bytes: [UInt8], to path: String, mode: Int) throws {
-        let temporary = path + ".tmp"
-        guard FileManager.default.createFile(atPath: temporary, contents: Data(bytes), attributes: [.posixPermissions: mode]) else {
-            throw AgentError("cannot write \(path)")
-        }
-        guard rename(temporary, path) == 0 else { throw AgentError("cannot write \(path): \(String(cString: strerror(errno)))") }
+        try DurableFile.write(bytes, to: path, mode: mode_t(mode))
     }
 }
 

@@ -1,3 +1,5 @@
+import DredgeWire
+
 /// Reconnection delays: exponential from `initial` to `maximum`, each with ±50 % random jitter
 /// so a fleet of agents does not reconnect in step (Protocol/README.md § 6).
 public struct Backoff: Sendable {
@@ -25,4 +27,41 @@ public struct Backoff: Sendable {
 
     /// After a connection that stayed up.
     public mutating func reset() { attempt = 0 }
+}
+
+extension Backoff {
+    /// How long a connection must stay ready before a drop starts the backoff again from the
+    /// shortest delay (Protocol § Connection states). A server that accepts and then falls over
+    /// at once keeps its fleet backing off instead of back every second.
+    public static let resetAfterConnected: Duration = .seconds(60)
+
+    /// The delay before reconnecting after a connection that was ready for `readyFor` (nil:
+    /// it never got that far). Resets first if it stayed up ``resetAfterConnected``.
+    public mutating func afterConnection(readyFor: Duration?) -> Duration {
+        if let readyFor, readyFor >= Self.resetAfterConnected { reset() }
+        return next()
+    }
+}
+
+/// Whether the server still answers heartbeats: with no `HeartbeatAck` (or any other frame)
+/// for `missed` intervals, the connection is taken for dead and the agent reconnects, instead
+/// of waiting for TCP keepalive (hours). Times are passed in, so tests need no clock.
+public struct HeartbeatWatch: Sendable {
+    public let interval: Duration
+    public let missed: Int
+    private var lastHeard: ContinuousClock.Instant
+
+    public init(interval: Duration, missed: Int = Int(WireLimits.missedHeartbeatsBeforeClose), now: ContinuousClock.Instant) {
+        self.interval = interval
+        self.missed = missed
+        self.lastHeard = now
+    }
+
+    /// The server sent something.
+    public mutating func heard(at now: ContinuousClock.Instant) { lastHeard = max(lastHeard, now) }
+
+    /// True once nothing has come for `missed` intervals.
+    public func isOverdue(at now: ContinuousClock.Instant) -> Bool { now - lastHeard >= interval * missed }
+
+    public var silenceAllowed: Duration { interval * missed }
 }

@@ -58,6 +58,7 @@ public enum Feedback {
             try AgentState.write(try upload.header.serializedBytes(), to: building + "/header.pb", mode: 0o600)
             try AgentState.write(try state.key.publicKey.wrapKey(key), to: building + "/feedback-key.bin", mode: 0o600)
             guard rename(building, root + "/" + id) == 0 else { throw AgentError("cannot move the feedback into the outbox: \(String(cString: strerror(errno)))") }
+            try DurableFile.syncDirectory(root)
         } catch {
             try? FileManager.default.removeItem(atPath: building)
             throw error

@@ -38,8 +38,7 @@ actor UploadManager {
         self.store = store
         self.logger = logger
         self.firstRetryDelay = firstRetryDelay
-        let seenPath = state.directory + "/seen-commands.json"
-        let seen = FileManager.default.contents(atPath: seenPath).flatMap { try? JSONDecoder().decode([String: Int64].self, from: $0) } ?? [:]
+        let seen = Self.loadSeen(state.directory + "/seen-commands.json", logger: logger)
         admission = PullAdmission(
             agentID: state.file.agentID,
             serverKey: try CommandVerifier(rawRepresentation: Hex.decode(state.file.serverSigningKey) ?? []),
@@ -76,7 +75,7 @@ actor UploadManager {
             let filter: LogFilter
             do {
                 guard Timestamp.acceptedRange.contains(command.expiresAtUs) else { throw AgentError("expires_at_us is outside 1970–9999") }
-                filter = try LogFilter(wire: command.filter)
+                filter = try PullAdmission.filter(of: command)
             } catch {
                 recordFailure(id, "the saved command is invalid: \(error)")
                 continue
@@ -107,6 +106,9 @@ actor UploadManager {
     private func recordFailure(_ id: String, _ reason: String) {
         logger.error("pull failed on this agent", metadata: ["upload.id": "\(id)", "reason": "\(reason)"])
         uploads[id] = nil
+        // A redelivery of the command gets the failure again, not a second export.
+        admission.rememberFailure(id, String(reason.prefix(1024)), until: Timestamp.now.adding(.seconds(86_400)).microseconds)
+        saveSeen()
         let dir = state.directory + "/uploads/" + id
         do {
             try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
@@ -126,9 +128,7 @@ actor UploadManager {
         for id in ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted() where WireID.isValid(id) {
             let dir = root + "/" + id
             guard let reason = FileManager.default.contents(atPath: dir + "/" + Self.failureFile), let outbound else { continue }
-            try await outbound.write(.with {
-                $0.error = .with { $0.code = .errorInternal; $0.detail = String(decoding: reason, as: UTF8.self); $0.fatal = false; $0.uploadID = id }
-            })
+            try await outbound.write(PullAdmission.Decision.failure(id, String(decoding: reason, as: UTF8.self)))
             removeDirectory(dir)
         }
     }
@@ -191,27 +191,44 @@ actor UploadManager {
         }
     }
 
+    /// Answers a pull command and, when accepted, starts its export.
+    ///
+    /// A command the agent already knows (the server redelivers one whose answer it never got)
+    /// is answered as the first time and not run again: its upload, if still going, resumes
+    /// on its own; if it failed here, the failure is reported again.
     private func admit(_ command: WirePullCommand) async throws {
-        let decision = admission.admit(command)
-        saveSeen()
-        try await outbound?.write(decision.frame(commandID: command.commandID))
-        guard case .accept(let accepted) = decision else {
-            if case .reject(let reason, let detail) = decision {
-                logger.notice("pull command rejected", metadata: ["command.id": "\(command.commandID)", "reason": "\(reason)", "detail": "\(detail)"])
+        let id = command.commandID
+        let directory = state.directory + "/uploads/" + id
+        var decision = admission.admit(command)
+        if case .accept = decision, uploads[id] != nil || FileManager.default.fileExists(atPath: directory) {
+            // Known here although not remembered (the agent stopped between keeping the command
+            // and saving its memory): the same command, already under way.
+            decision = .repeated(PullAdmission.Remembered(expiresAtUs: command.expiresAtUs, answer: .accepted))
+        }
+        switch decision {
+        case .accept(let accepted):
+            // Keep the command before answering, so a restart can finish what was accepted.
+            do {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                try AgentState.write(try command.serializedBytes(), to: directory + "/command.pb", mode: 0o600)
+            } catch {
+                saveSeen()
+                try await outbound?.write(decision.frame(commandID: id))
+                await exportFailed(id, "cannot keep the accepted command: \(error)")
+                return
             }
-            return
+            saveSeen()
+            try await outbound?.write(decision.frame(commandID: id))
+            logger.info("pull command accepted", metadata: ["command.id": "\(id)"])
+            export(accepted)
+        case .reject(let reason, let detail):
+            saveSeen()
+            try await outbound?.write(decision.frame(commandID: id))
+            logger.notice("pull command rejected", metadata: ["command.id": "\(WireID.echo(id))", "reason": "\(reason)", "detail": "\(detail)"])
+        case .repeated:
+            logger.info("pull command received again; answering as before", metadata: ["command.id": "\(id)"])
+            try await outbound?.write(decision.frame(commandID: id))
         }
-        logger.info("pull command accepted", metadata: ["command.id": "\(accepted.commandID)"])
-        // Keep the command until the upload ends, so a restart can finish it.
-        let directory = state.directory + "/uploads/" + accepted.commandID
-        do {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-            try AgentState.write(try command.serializedBytes(), to: directory + "/command.pb", mode: 0o600)
-        } catch {
-            await exportFailed(accepted.commandID, "cannot keep the accepted command: \(error)")
-            return
-        }
-        export(accepted)
     }
 
     private func export(_ accepted: PullAdmission.Accepted) {
@@ -335,8 +352,24 @@ actor UploadManager {
         }
     }
 
+    /// Saves the memory of seen commands. A failure is logged: the commands are still
+    /// answered, but after a restart one delivered again would be run again.
     private func saveSeen() {
-        guard let data = try? JSONEncoder().encode(admission.seen) else { return }
-        try? AgentState.write(Array(data), to: state.directory + "/seen-commands.json", mode: 0o600)
+        do {
+            try AgentState.write(Array(try JSONEncoder().encode(admission.seen)), to: state.directory + "/seen-commands.json", mode: 0o600)
+        } catch {
+            logger.error("cannot save the memory of seen commands", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// The saved memory of seen commands; empty, with an error logged, when it is unreadable.
+    static func loadSeen(_ path: String, logger: Logger) -> [String: PullAdmission.Remembered] {
+        guard let data = FileManager.default.contents(atPath: path) else { return [:] }
+        do {
+            return try JSONDecoder().decode([String: PullAdmission.Remembered].self, from: data)
+        } catch {
+            logger.error("the memory of seen commands is unreadable; starting without it", metadata: ["path": "\(path)", "error": "\(error)"])
+            return [:]
+        }
     }
 }

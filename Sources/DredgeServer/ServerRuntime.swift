@@ -46,6 +46,19 @@ public enum ServerRuntime {
         logger.info("dredge-server stopped")
     }
 
+    /// The soft limit on open files now (-1 if unknown): what the agent listener sizes its
+    /// connection caps by.
+    public static func openFileLimit() -> Int {
+        var limit = rlimit()
+        #if os(Linux)
+        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        #else
+        let resource = RLIMIT_NOFILE
+        #endif
+        guard getrlimit(resource, &limit) == 0 else { return -1 }
+        return Int(clamping: limit.rlim_cur)
+    }
+
     /// Every agent connection is a file descriptor: raise the soft limit to the hard one, as
     /// far as the system allows. Returns the limit in effect.
     @discardableResult

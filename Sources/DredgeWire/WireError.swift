@@ -13,8 +13,8 @@ public struct WireProtocolError: Error, Hashable, Sendable, CustomStringConverti
         self.fatal = fatal
     }
 
-    public static func frameTooLarge(_ length: Int) -> WireProtocolError {
-        WireProtocolError(.errorFrameTooLarge, "frame of \(length) bytes exceeds the maximum of \(WireLimits.maxFrameBytes)")
+    public static func frameTooLarge(_ length: Int, limit: Int = WireLimits.maxFrameBytes) -> WireProtocolError {
+        WireProtocolError(.errorFrameTooLarge, "frame of \(length) bytes exceeds the maximum of \(limit)")
     }
 
     public static func malformed(_ why: String) -> WireProtocolError {

@@ -5,6 +5,14 @@ public enum WireLimits {
     public static let protocolVersion: UInt32 = 1
     /// § Framing: the largest frame body a peer accepts (the 4-byte length prefix excluded).
     public static let maxFrameBytes = 2 * 1024 * 1024
+    /// § Framing: the largest frame body a server accepts before the agent is authenticated
+    /// (Hello, AuthResponse, EnrollRequest all fit in a few kilobytes).
+    public static let maxPreAuthFrameBytes = 16 * 1024
+    /// § Connection states: how long a server waits for TLS, Hello and authentication together.
+    public static let defaultHandshakeSeconds: UInt32 = 10
+    /// § Heartbeats: intervals without a frame (server) or an ack (agent) before the
+    /// connection is given up.
+    public static let missedHeartbeatsBeforeClose: UInt32 = 3
     /// § Uploads: plaintext bytes per chunk an agent uses unless told otherwise.
     public static let defaultChunkBytes = 256 * 1024
     /// § Uploads: the largest plaintext chunk; with the tag and framing it fits a frame.

@@ -81,6 +81,13 @@ struct RunAgentCommand: AsyncParsableCommand {
     @Option(help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel = "info"
 
+    @Option(help: "The longest wait, in seconds, between attempts to reconnect (1 to 3600).")
+    var reconnectMaxSeconds = 60
+
+    func validate() throws {
+        guard (1...3600).contains(reconnectMaxSeconds) else { throw ValidationError("--reconnect-max-seconds must be 1 to 3600") }
+    }
+
     func run() async throws {
         LoggingSystem.bootstrap { StreamLogHandler.standardError(label: $0) }
         var logger = Logger(label: "dredge.agent")
@@ -92,7 +99,8 @@ struct RunAgentCommand: AsyncParsableCommand {
             throw fail(error.description)
         }
         let logStore = try store.open(readOnly: false)
-        let client = try AgentClient(state: state, store: logStore, hostInfo: currentHostInfo(app: app), logger: logger)
+        let client = try AgentClient(
+            state: state, store: logStore, hostInfo: currentHostInfo(app: app), logger: logger, maxReconnectDelay: .seconds(reconnectMaxSeconds))
         let group = ServiceGroup(services: [client], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         try logStore.close()

@@ -119,7 +119,7 @@ struct ServerBench: AsyncParsableCommand {
         try FileManager.default.createDirectory(atPath: limitDir, withIntermediateDirectories: true)
         let limitSeconds = try seconds {
             for index in 0..<timing.chunks {
-                try UploadAssembler.durableWrite(try timing.upload.chunk(index), to: limitDir + "/\(index)", directory: limitDir)
+                try DurableFile.write(try timing.upload.chunk(index), to: limitDir + "/\(index)")
             }
         }
         let mb = Double(timing.bytes) / 1e6

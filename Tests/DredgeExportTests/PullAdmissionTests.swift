@@ -37,6 +37,11 @@ import Testing
         if case .reject(let r, _) = d { return r } else { return nil }
     }
 
+    /// The answer a repeated command gets, nil if it was not taken for a repeat.
+    func repeated(_ d: PullAdmission.Decision) -> PullAdmission.Remembered.Answer?? {
+        if case .repeated(let r) = d { return .some(r.answer) } else { return nil }
+    }
+
     @Test func aValidCommandIsAcceptedWithItsKeyAndFilter() throws {
         var g = gate()
         let key = SymmetricKey(size: .bits256)
@@ -67,7 +72,7 @@ import Testing
 
         let once = try command(id: "r")
         #expect(reason(g.admit(once, now: now)) == nil)
-        #expect(reason(g.admit(once, now: now)) == .rejectReplayed)
+        #expect(repeated(g.admit(once, now: now)) == .some(.accepted))
 
         #expect(reason(g.admit(try command(id: "n", agent: "another-agent"), now: now)) == .rejectNotForMe)
 
@@ -95,7 +100,7 @@ import Testing
         #expect(reason(g.admit(c, now: now)) == nil)
         // The agent restarts with its saved memory.
         var restarted = PullAdmission(agentID: Self.agentKey.publicKey.agentID, serverKey: server.verifyingKey, agentKey: Self.agentKey, seen: g.seen)
-        #expect(reason(restarted.admit(c, now: now)) == .rejectReplayed)
+        #expect(repeated(restarted.admit(c, now: now)) == .some(.accepted))
         // After expiry the id is forgotten, and the command is refused as expired anyway.
         #expect(reason(restarted.admit(c, now: now.adding(.seconds(61)))) == .rejectExpired)
         #expect(restarted.seen[Self.id("persist")] == nil)
@@ -127,6 +132,52 @@ import Testing
         for (name, c) in cases {
             #expect(reason(g.admit(c, now: now)) == .rejectInvalid, "\(name)")
         }
-        #expect(!g.seen.values.contains(.max))
+        #expect(!g.seen.values.contains { $0.expiresAtUs == .max })
+    }
+
+    /// A command delivered again (the server never got the answer) is answered as the first
+    /// time, and is not run twice: accepted again, rejected for the same reason, or its failure
+    /// reported again.
+    @Test func aRepeatedCommandGetsItsFirstAnswer() throws {
+        var g = gate()
+        let accepted = try command(id: "acc")
+        guard case .accept = g.admit(accepted, now: now) else { Issue.record("rejected"); return }
+        let again = g.admit(accepted, now: now)
+        #expect(repeated(again) == .some(.accepted))
+        #expect(again.frame(commandID: accepted.commandID).commandAccepted.commandID == accepted.commandID)
+
+        let notMine = try command(id: "other", agent: String(repeating: "b", count: 32))
+        #expect(reason(g.admit(notMine, now: now)) == .rejectNotForMe)
+        let rejectedAgain = g.admit(notMine, now: now).frame(commandID: notMine.commandID)
+        #expect(rejectedAgain.commandRejected.reason == .rejectNotForMe)
+
+        g.rememberFailure(accepted.commandID, "the store is damaged", until: 0)
+        let failed = g.admit(accepted, now: now).frame(commandID: accepted.commandID)
+        #expect(failed.error.code == .errorInternal && failed.error.uploadID == accepted.commandID && !failed.error.fatal)
+        #expect(failed.error.detail == "the store is damaged")
+    }
+
+    /// The memory an older agent saved (bare expiries) still reads; those ids, whose answer
+    /// is unknown, are refused as replayed.
+    @Test func theOlderFormOfTheMemoryStillReads() throws {
+        let c = try command(id: "old")
+        let saved = Data(#"{"\#(c.commandID)": \#(c.expiresAtUs)}"#.utf8)
+        let seen = try JSONDecoder().decode([String: PullAdmission.Remembered].self, from: saved)
+        var g = PullAdmission(agentID: Self.agentKey.publicKey.agentID, serverKey: server.verifyingKey, agentKey: Self.agentKey, seen: seen)
+        let answer = g.admit(c, now: now)
+        #expect(repeated(answer) == .some(nil))
+        #expect(answer.frame(commandID: c.commandID).commandRejected.reason == .rejectReplayed)
+    }
+
+    /// The signed target uid bounds the export whatever the filter says: a filter without a
+    /// uid gets the target's, one with another uid is refused.
+    @Test func theTargetUIDBoundsTheFilter() throws {
+        var g = gate()
+        guard case .accept(let a) = g.admit(try command(id: "no-uid", filter: LogFilter(types: [.network])), now: now) else {
+            Issue.record("rejected")
+            return
+        }
+        #expect(a.filter.uid == "u-1")
+        #expect(reason(g.admit(try command(id: "other-uid", filter: LogFilter(uid: "u-2")), now: now)) == .rejectInvalid)
     }
 }

@@ -161,29 +161,6 @@ import FoundationNetworking
         #expect(output.contains("1 of 2 agent(s) complete"), "\(output)")
     }
 
-    /// The same signed command delivered again (a replay) is refused by the agent's memory.
-    @Test func aReplayedCommandIsRejectedAndTheReasonShowsOnThePull() throws {
-        let d = try Deployment()
-        let (server, port) = try d.startServer()
-        defer { server.stop() }
-        let admin = try d.adminAddress(server)
-        let agent = try d.runDevice(port: port, waitingFor: "u-3").agent
-        defer { agent.stop() }
-        let first = try d.dredge(["pull", "--uid", "u-3", "--type", "player", "--wait", "--timeout", "120"], server: admin)
-        #expect(first.status == 0, "\(first.output)")
-        let listed = try d.dredge(["pulls", "--json"], server: admin).output
-        let id = try #require((try JSONSerialization.jsonObject(with: Data(listed.utf8)) as? [[String: Any]])?.first?["id"] as? String)
-        let agentID = try #require(try d.agents().first?["agentID"] as? String)
-
-        // Put the finished pull back in the queue behind the store's back (its API keeps final
-        // statuses final): the server delivers the same command again.
-        let pulls = try PullStore(path: d.data + "/pulls.sqlite", encryptionKey: try LoadedDeployment(directory: d.data).encryptionKey)
-        try pulls.db.write { try $0.execute(sql: "UPDATE pull_target SET status = 'queued' WHERE pull_id = ? AND agent_id = ?", arguments: [id, agentID]) }
-        #expect(try ManagedProcess.waitFor { (try pulls.pull(id)?.targets.first?.status) == .rejected }, "\(agent.output)")
-        let shown = try d.dredge(["show", id], server: admin)
-        #expect(shown.output.contains("rejected (rejectReplayed"), "\(shown.output)")
-    }
-
     /// An enrolled agent that misbehaves: it accepts a pull and sends a chunk that was changed
     /// after sealing. The server refuses the chunk, fails the pull with the reason, keeps the
     /// tampered bytes out of the data directory, and goes on serving.

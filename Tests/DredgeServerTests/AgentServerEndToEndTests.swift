@@ -13,6 +13,14 @@ import Testing
 
         init() throws {
             created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: dir.file("server")))
+            // A longer handshake deadline than the default 10 s: the synchronous tests of this
+            // suite hold the test process's few cooperative threads while they wait, which can
+            // stall an async test's handshake for seconds. The deadline itself is tested in
+            // process (ConnectionRulesTests, ConnectionDeadlineTests).
+            let path = data + "/server.json"
+            var config = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any])
+            config["connections"] = ["handshakeSeconds": 120]
+            try JSONSerialization.data(withJSONObject: config).write(to: URL(fileURLWithPath: path))
         }
 
         var data: String { dir.file("server") }
@@ -72,8 +80,11 @@ import Testing
         }
 
         /// `dredge-agent run` for a state directory and a store.
-        func runAgent(state: String, store: String, log: String = "agent.log") throws -> ManagedProcess {
-            try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store], outputPath: dir.file(log))
+        /// - Parameter reconnectMax: the agent's longest reconnect delay: short where a test
+        ///   cuts connections many times (the backoff only starts again from 1 s after a
+        ///   connection stayed up a minute).
+        func runAgent(state: String, store: String, log: String = "agent.log", reconnectMax: Int = 60) throws -> ManagedProcess {
+            try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store, "--reconnect-max-seconds", String(reconnectMax)], outputPath: dir.file(log))
         }
 
         /// Queues a pull with `dredge-server pull ARGS`; returns its exit status and the pull id.

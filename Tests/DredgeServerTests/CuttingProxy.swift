@@ -68,3 +68,51 @@ final class CuttingProxy: @unchecked Sendable {
         }
     }
 }
+
+/// A TCP proxy on loopback that forwards both ways for `forwardFor`, then keeps every
+/// connection open but drops whatever the server sends: a server that hangs, seen from the
+/// agent. Counts the connections it accepted.
+final class StallingProxy: @unchecked Sendable {
+    let channel: any Channel
+    let connections = NIOLockedValueBox(0)
+    var port: Int { channel.localAddress!.port! }
+
+    init(targetPort: Int, forwardFor: TimeAmount) throws {
+        let count = connections
+        channel = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { inbound in
+                count.withLockedValue { $0 += 1 }
+                let stallAt = NIODeadline.now() + forwardFor
+                return ClientBootstrap(group: inbound.eventLoop)
+                    .connect(host: "127.0.0.1", port: targetPort)
+                    .flatMap { outbound in
+                        inbound.pipeline.addHandler(Stall(peer: outbound, stallAt: nil)).flatMap {
+                            outbound.pipeline.addHandler(Stall(peer: inbound, stallAt: stallAt))
+                        }
+                    }
+            }
+            .bind(host: "127.0.0.1", port: 0).wait()
+    }
+
+    deinit { try? channel.close().wait() }
+
+    final class Stall: ChannelInboundHandler, @unchecked Sendable {
+        typealias InboundIn = ByteBuffer
+        let peer: any Channel
+        let stallAt: NIODeadline?
+
+        init(peer: any Channel, stallAt: NIODeadline?) {
+            self.peer = peer
+            self.stallAt = stallAt
+        }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            if let stallAt, NIODeadline.now() >= stallAt { return }
+            peer.writeAndFlush(unwrapInboundIn(data), promise: nil)
+        }
+
+        func channelInactive(context: ChannelHandlerContext) { peer.close(promise: nil) }
+        func errorCaught(context: ChannelHandlerContext, error: any Error) { context.close(promise: nil) }
+    }
+}

@@ -34,7 +34,14 @@ final class InProcessServer: @unchecked Sendable {
 
     /// - Parameter dataDirectory: where the data directory goes (a small tmpfs, say); in the
     ///   test's temporary directory by default.
-    init(feedbackLimits: FeedbackLimits? = nil, dataDirectory: String? = nil) async throws {
+    /// - Parameter connectionLimits: by default the server's, but 30 missed heartbeats instead
+    ///   of 3, so links that send no heartbeats are not closed during a test, and a 120 s
+    ///   handshake deadline instead of 10 s, since the synchronous child-process tests can hold
+    ///   the test process's few cooperative threads (where this server runs) for seconds.
+    init(
+        feedbackLimits: FeedbackLimits? = nil, dataDirectory: String? = nil, connectionLimits: ConnectionLimits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 30),
+        heartbeatSeconds: UInt32 = 1
+    ) async throws {
         let data = dataDirectory ?? dir.file("server")
         self.data = data
         created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
@@ -48,7 +55,7 @@ final class InProcessServer: @unchecked Sendable {
         let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
         listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
-            host: "127.0.0.1", port: 0, heartbeatSeconds: 1, feedbackLimits: feedbackLimits)
+            host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits)
         let adminPort = Mutex<Int?>(nil)
         let app = AdminAPI.application(
             registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, port: 0, logger: logger,

@@ -148,7 +148,7 @@ import Testing
         // Cuts slow the upload down enough to kill the agent in the middle of it.
         let proxy = try CuttingProxy(targetPort: port, cutAfter: 300_000...600_000)
         try Self.pointAgent(state, at: proxy.port)
-        var agent = try d.runAgent(state: state, store: store)
+        var agent = try d.runAgent(state: state, store: store, reconnectMax: 1)
         #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String]) == ["u-1"] } })
         let (status, id) = try d.pull(["--uid", "u-1"])
         #expect(status == 0, "\(id)")
@@ -159,7 +159,7 @@ import Testing
         #expect(midway, "agent:\n\(agent.output)")
         agent.stop(SIGKILL)
         #expect(FileManager.default.fileExists(atPath: state + "/uploads/\(id)/command.pb"))
-        agent = try d.runAgent(state: state, store: store, log: "agent2.log")
+        agent = try d.runAgent(state: state, store: store, log: "agent2.log", reconnectMax: 1)
         defer { agent.stop() }
         #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try d.pullTarget(id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)")
         #expect(agent.output.contains("resuming upload"))
@@ -183,7 +183,7 @@ import Testing
         // The agent talks to the server through the cutting proxy.
         let proxy = try CuttingProxy(targetPort: port, cutAfter: 300_000...1_200_000)
         try Self.pointAgent(state, at: proxy.port)
-        let agent = try d.runAgent(state: state, store: store)
+        let agent = try d.runAgent(state: state, store: store, reconnectMax: 1)
         defer { agent.stop() }
         #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["activeUIDs"] as? [String]) == ["u-1"] } }, "agent:\n\(agent.output)")
 

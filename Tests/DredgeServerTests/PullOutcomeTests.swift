@@ -80,12 +80,15 @@ import Testing
         var pullID = ""
         let device = try await Device(server, store: store) { state in
             let id = try server.pulls.create(
-                uid: "", agentID: state.file.agentID, filter: LogFilter(since: Timestamp(microseconds: .min)), agents: [state.file.agentID],
-                lifetime: .seconds(600), requestedBy: "t")
+                uid: "", agentID: state.file.agentID, filter: .all, agents: [state.file.agentID], lifetime: .seconds(600), requestedBy: "t")
             pullID = id
             try server.pulls.markDelivered(id, agent: state.file.agentID)
-            let pull = try #require(try server.pulls.pull(id))
-            let command = try server.pulls.command(for: pull, agentKey: state.key.publicKey, signer: try LoadedDeployment(directory: server.data).signingKey)
+            // The command the agent kept says something no agent accepts (a since of
+            // Int64.min), signed by the server as if an older server had sent it.
+            let signer = try LoadedDeployment(directory: server.data).signingKey
+            var command = try server.pulls.command(id, agent: state.file.agentID, agentKey: state.key.publicKey, signer: signer)
+            command.filter.sinceUs = .min
+            try signer.sign(&command)
             try FileManager.default.createDirectory(atPath: state.directory + "/uploads/\(id)", withIntermediateDirectories: true)
             let bytes: [UInt8] = try command.serializedBytes()
             try Data(bytes).write(to: URL(fileURLWithPath: state.directory + "/uploads/\(id)/command.pb"))

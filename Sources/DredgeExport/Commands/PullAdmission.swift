@@ -9,8 +9,10 @@ import Foundation
 /// unsigned → bad signature → malformed id or times (invalid) → expired → replayed → not for
 /// this agent → bad key → invalid (filter, uid).
 ///
-/// A value: it remembers the ids of commands it has let past the signature and expiry checks
-/// until they expire (``seen``), which the agent persists across restarts.
+/// A value: it remembers the ids of commands it has let past the signature and expiry checks,
+/// with its answer, until they expire (``seen``), which the agent persists across restarts. A
+/// command it has seen before is not admitted again: ``Decision/repeated(_:)`` carries the first
+/// answer, which the agent gives again (a server redelivers a command whose answer it never got).
 public struct PullAdmission: Sendable {
     public struct Accepted: Sendable {
         public var commandID: String
@@ -29,31 +31,89 @@ public struct PullAdmission: Sendable {
     public enum Decision: Sendable {
         case accept(Accepted)
         case reject(WireRejectReason, String)
+        /// A command seen before (within its expiry), with the answer it was given then.
+        case repeated(Remembered)
 
         /// The frame that answers the command.
         public func frame(commandID: String) -> WireFrame {
+            let accepted = WireFrame.with { $0.commandAccepted = .with { $0.commandID = commandID; $0.uploadID = commandID } }
             switch self {
-            case .accept: return .with { $0.commandAccepted = .with { $0.commandID = commandID; $0.uploadID = commandID } }
-            case .reject(let reason, let detail): return .with { $0.commandRejected = .with { $0.commandID = WireID.echo(commandID); $0.reason = reason; $0.detail = detail } }
+            case .accept:
+                return accepted
+            case .reject(let reason, let detail):
+                return Self.rejection(commandID, reason, detail)
+            case .repeated(let remembered):
+                switch remembered.answer {
+                case .accepted?: return accepted
+                case .rejected(let reason, let detail)?: return Self.rejection(commandID, WireRejectReason(rawValue: reason) ?? .rejectInvalid, detail)
+                case .failed(let detail)?: return Self.failure(commandID, detail)
+                case nil: return Self.rejection(commandID, .rejectReplayed, "command \(commandID) was already received")
+                }
             }
+        }
+
+        /// The report of an accepted command that could not be carried out (§ Pull commands).
+        public static func failure(_ commandID: String, _ detail: String) -> WireFrame {
+            .with { $0.error = .with { $0.code = .errorInternal; $0.detail = detail; $0.fatal = false; $0.uploadID = commandID } }
+        }
+
+        static func rejection(_ commandID: String, _ reason: WireRejectReason, _ detail: String) -> WireFrame {
+            .with { $0.commandRejected = .with { $0.commandID = WireID.echo(commandID); $0.reason = reason; $0.detail = detail } }
+        }
+    }
+
+    /// What the agent remembers of a command it has seen: until when, and how it answered.
+    public struct Remembered: Codable, Sendable, Equatable {
+        public enum Answer: Codable, Sendable, Equatable {
+            case accepted
+            case rejected(reason: Int, detail: String)
+            /// Accepted, then given up here (its export failed, say): reported again.
+            case failed(detail: String)
+        }
+
+        /// Until when (µs) the id is remembered: the command's expiry.
+        public var expiresAtUs: Int64
+        /// Nil for an id remembered without its answer (the memory of an older agent); such a
+        /// command is answered `REJECT_REPLAYED`.
+        public var answer: Answer?
+
+        public init(expiresAtUs: Int64, answer: Answer?) {
+            self.expiresAtUs = expiresAtUs
+            self.answer = answer
+        }
+
+        /// Also reads the older form, a bare expiry.
+        public init(from decoder: any Decoder) throws {
+            if let expiry = try? decoder.singleValueContainer().decode(Int64.self) {
+                self.init(expiresAtUs: expiry, answer: nil)
+                return
+            }
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            self.init(expiresAtUs: try c.decode(Int64.self, forKey: .expiresAtUs), answer: try c.decodeIfPresent(Answer.self, forKey: .answer))
         }
     }
 
     public let agentID: String
     private let verifier: CommandVerifier
     private let agentKey: RSAPrivateKey
-    /// Command ids seen, with the time (µs) until which they must be remembered.
-    public private(set) var seen: [String: Int64]
+    /// Command ids seen, with their expiry and answer.
+    public private(set) var seen: [String: Remembered]
 
-    public init(agentID: String, serverKey: CommandVerifier, agentKey: RSAPrivateKey, seen: [String: Int64] = [:]) {
+    public init(agentID: String, serverKey: CommandVerifier, agentKey: RSAPrivateKey, seen: [String: Remembered] = [:]) {
         self.agentID = agentID
         self.verifier = serverKey
         self.agentKey = agentKey
         self.seen = seen
     }
 
+    /// Records that an accepted command failed here, so a redelivery of it is answered with the
+    /// failure. `until` is used when the id is not remembered already.
+    public mutating func rememberFailure(_ commandID: String, _ detail: String, until: Int64) {
+        seen[commandID] = Remembered(expiresAtUs: seen[commandID]?.expiresAtUs ?? until, answer: .failed(detail: detail))
+    }
+
     public mutating func admit(_ command: WirePullCommand, now: Timestamp = .now) -> Decision {
-        seen = seen.filter { $0.value > now.microseconds }
+        seen = seen.filter { $0.value.expiresAtUs > now.microseconds }
         do {
             try verifier.verify(command)
         } catch let error as EnvelopeError {
@@ -75,10 +135,34 @@ public struct PullAdmission: Sendable {
         if command.issuedAtUs > now.microseconds + WireLimits.clockSkewMicroseconds {
             return .reject(.rejectExpired, "issued at \(Timestamp(microseconds: command.issuedAtUs)), in the future")
         }
-        if seen[command.commandID] != nil {
-            return .reject(.rejectReplayed, "command \(command.commandID) was already received")
+        if let remembered = seen[command.commandID] {
+            return .repeated(remembered)
         }
-        seen[command.commandID] = command.expiresAtUs
+        let decision = decide(command)
+        let answer: Remembered.Answer = switch decision {
+        case .reject(let reason, let detail): .rejected(reason: reason.rawValue, detail: detail)
+        case .accept, .repeated: .accepted
+        }
+        seen[command.commandID] = Remembered(expiresAtUs: command.expiresAtUs, answer: answer)
+        return decision
+    }
+
+    /// The records a command selects: its filter, bounded by the signed target uid, whatever
+    /// the filter says (a pull for one user never yields another's records). Throws for a
+    /// filter the store cannot mean or a filter uid other than the target's. Used on admission
+    /// and again when a saved command is resumed.
+    public static func filter(of command: WirePullCommand) throws -> LogFilter {
+        var filter = try LogFilter(wire: command.filter)
+        if !command.target.uid.isEmpty {
+            if let problem = UserID.problem(command.target.uid) { throw LogFilter.InvalidFilter(description: "target: \(problem)") }
+            if let uid = filter.uid, uid != command.target.uid { throw LogFilter.InvalidFilter(description: "the filter's uid is not the target's uid") }
+            filter.uid = command.target.uid
+        }
+        return filter
+    }
+
+    /// The checks after the id is remembered.
+    private func decide(_ command: WirePullCommand) -> Decision {
         if !command.target.agentID.isEmpty && command.target.agentID != agentID {
             return .reject(.rejectNotForMe, "command is for agent \(command.target.agentID)")
         }
@@ -92,7 +176,7 @@ public struct PullAdmission: Sendable {
             return .reject(.rejectInvalid, "target: \(problem)")
         }
         do {
-            let filter = try LogFilter(wire: command.filter)
+            let filter = try Self.filter(of: command)
             return .accept(Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs)))
         } catch {
             return .reject(.rejectInvalid, "\(error)")

@@ -34,7 +34,7 @@ public final class UploadAssembler {
             guard Array(existing) == bytes else { throw ExportError(.uploadInvalid, "upload \(header.uploadID) already exists with another header") }
         } else {
             try fm.createDirectory(atPath: directory + "/chunks", withIntermediateDirectories: true)
-            try Self.durableWrite(bytes, to: headerPath, directory: directory)
+            try DurableFile.write(bytes, to: headerPath)
         }
         try? fm.createDirectory(atPath: directory + "/chunks", withIntermediateDirectories: true)
         received = []
@@ -75,7 +75,7 @@ public final class UploadAssembler {
             throw ExportError(error.code == .chunkAuthFailed ? .chunkAuthFailed : .uploadInvalid, error.message)
         }
         if received.contains(index) { return }
-        try Self.durableWrite(ciphertext, to: chunkPath(index), directory: directory + "/chunks")
+        try DurableFile.write(ciphertext, to: chunkPath(index))
         received.insert(index)
     }
 
@@ -98,31 +98,4 @@ public final class UploadAssembler {
     }
 
     private func chunkPath(_ index: UInt32) -> String { directory + "/chunks/" + String(format: "%06u", index) }
-
-    /// Write to a temporary name, fsync, rename, fsync the directory: what the server does with
-    /// each chunk before acknowledging it (public for the upload benchmark's limit).
-    public static func durableWrite(_ bytes: [UInt8], to path: String, directory: String) throws {
-        let temporary = path + ".tmp"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw ExportError(.io, "cannot create \(temporary): \(String(cString: strerror(errno)))") }
-        var done = 0
-        while done < bytes.count {
-            let n = bytes[done...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            guard n > 0 else {
-                let code = errno
-                close(fd)
-                unlink(temporary)
-                throw ExportError(code == ENOSPC ? .diskFull : .io, "writing \(path): \(String(cString: strerror(code)))")
-            }
-            done += n
-        }
-        guard fsync(fd) == 0 else { close(fd); unlink(temporary); throw ExportError(.io, "fsync \(path)") }
-        close(fd)
-        guard rename(temporary, path) == 0 else { unlink(temporary); throw ExportError(.io, "rename \(path)") }
-        let dfd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if dfd >= 0 {
-            fsync(dfd)
-            close(dfd)
-        }
-    }
 }

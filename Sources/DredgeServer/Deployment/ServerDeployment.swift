@@ -50,6 +50,8 @@ public enum ServerDeployment {
         public var names: [String]
         /// Per-agent feedback quotas; the defaults when absent.
         public var feedback: FeedbackLimits?
+        /// Deadlines and caps of agent connections; the defaults when absent.
+        public var connections: ConnectionLimits?
     }
 
     public static let files = ["ca.pem", "ca-key.pem", "server.pem", "server-key.pem", "signing-key", "encryption-key.pem", "tokens.json", "server.json"]

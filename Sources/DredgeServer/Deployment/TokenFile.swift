@@ -94,8 +94,7 @@ public final class TokenStore: @unchecked Sendable {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         encoder.dateEncodingStrategy = .iso8601
-        // The same durable replace the server uses for upload chunks (0600, fsync, rename).
-        try UploadAssembler.durableWrite(Array(try encoder.encode(next)) + [10], to: path, directory: (path as NSString).deletingLastPathComponent)
+        try DurableFile.write(Array(try encoder.encode(next)) + [10], to: path)
     }
 }
 

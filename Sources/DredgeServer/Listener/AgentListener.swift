@@ -10,6 +10,10 @@ import ServiceLifecycle
 /// The agent listener: TLS over TCP, one ``ServerConnectionStateMachine`` per connection. A
 /// failing connection never affects the others; on graceful shutdown it stops accepting and
 /// says `Goodbye` to every agent.
+///
+/// Connections obey ``ConnectionLimits``: the ``ConnectionGate`` caps them (per source address
+/// while unauthenticated), ``ConnectionDeadlineHandler`` closes the ones that do not
+/// authenticate in time or go silent, and ``AgentConnections`` keeps one per agent.
 public final class AgentListener: Service, Sendable {
     public let deployment: LoadedDeployment
     public let registry: AgentRegistry
@@ -23,6 +27,9 @@ public final class AgentListener: Service, Sendable {
     let session: WireAuthResult
     let paths: DataDirectory
     let feedbackLimits: FeedbackLimits
+    let connectionLimits: ConnectionLimits
+    let gate: ConnectionGate
+    let agentConnections = AgentConnections()
     private let bound: BoundAddress
     private let connections = ConnectionSet()
     /// Enrollment and authentication refusals are logged with their source, at most a few a
@@ -31,11 +38,14 @@ public final class AgentListener: Service, Sendable {
 
     public init(
         deployment: LoadedDeployment, registry: AgentRegistry, pulls: PullStore, feedback: FeedbackStore, tokens: TokenStore, dispatcher: PullDispatcher, logger: Logger,
-        host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil
+        host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil,
+        connectionLimits: ConnectionLimits? = nil, openFiles: Int = ServerRuntime.openFileLimit()
     ) {
         self.deployment = deployment
         self.paths = DataDirectory(deployment.directory)
         self.feedbackLimits = feedbackLimits ?? deployment.config.feedback ?? .default
+        self.connectionLimits = connectionLimits ?? deployment.config.connections ?? .default
+        self.gate = ConnectionGate(caps: self.connectionLimits.caps(openFiles: openFiles))
         self.registry = registry
         self.pulls = pulls
         self.feedback = feedback
@@ -61,20 +71,17 @@ public final class AgentListener: Service, Sendable {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.so_keepalive), value: 1)
             .bind(host: host, port: port) { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: sslContext))
-                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
-                    try channel.pipeline.syncOperations.addHandler(MessageToByteHandler(FrameEncoder()))
-                    return try NIOAsyncChannel<WireFrame, WireFrame>(wrappingChannelSynchronously: channel)
-                }
+                self.admit(channel, tls: sslContext)
             }
         bound.port = server.channel.localAddress?.port
-        logger.info("agent listener ready", metadata: ["address": "\(host):\(bound.port ?? port)"])
+        logger.info("agent listener ready", metadata: [
+            "address": "\(host):\(bound.port ?? port)", "max_agents": "\(gate.caps.authenticated)", "max_unauthenticated": "\(gate.caps.unauthenticated)",
+        ])
         try await withGracefulShutdownHandler {
             try await withThrowingDiscardingTaskGroup { group in
                 try await server.executeThenClose { inbound in
-                    for try await connection in inbound {
-                        group.addTask { await self.serve(connection) }
+                    for try await (connection, token) in inbound {
+                        group.addTask { await self.serve(connection, token: token) }
                     }
                 }
             }
@@ -85,23 +92,61 @@ public final class AgentListener: Service, Sendable {
         }
     }
 
+    /// A new TCP connection: refused (closed before TLS) over its address's cap, else counted,
+    /// given its deadlines and a frame limit small until it authenticates, and served.
+    private func admit(_ channel: any Channel, tls: NIOSSLContext) -> EventLoopFuture<(NIOAsyncChannel<WireFrame, WireFrame>, Int)> {
+        let address = channel.remoteAddress?.ipAddress ?? "unknown"
+        switch gate.admit(address: address, channel: channel) {
+        case .refused(let why):
+            refusals.log { suppressed in
+                logger.notice("connection refused", metadata: ["remote": "\(address)", "reason": "\(why)", "suppressed": "\(suppressed)"])
+            }
+            channel.close(promise: nil)
+            return channel.eventLoop.makeFailedFuture(ChannelError.inputClosed)
+        case .admitted(let token, let evicted):
+            if let evicted {
+                refusals.log { suppressed in
+                    logger.notice("closing the oldest unauthenticated connection to make room", metadata: ["suppressed": "\(suppressed)"])
+                }
+                evicted.close(promise: nil)
+            }
+            let gate = self.gate
+            channel.closeFuture.whenComplete { _ in gate.release(token) }
+            let frameLimit = FrameSizeLimit(WireLimits.maxPreAuthFrameBytes)
+            let limits = connectionLimits
+            return channel.eventLoop.makeCompletedFuture { () throws -> (NIOAsyncChannel<WireFrame, WireFrame>, Int) in
+                let handlers = channel.pipeline.syncOperations
+                try handlers.addHandler(NIOSSLServerHandler(context: tls))
+                try handlers.addHandler(ByteToMessageHandler(FrameDecoder(limit: frameLimit)))
+                try handlers.addHandler(MessageToByteHandler(FrameEncoder()))
+                try handlers.addHandler(ConnectionDeadlineHandler(
+                    handshake: .nanoseconds(Int64(limits.handshakeSeconds * 1e9)), missedHeartbeats: limits.missedHeartbeats, frameLimit: frameLimit))
+                return (try NIOAsyncChannel<WireFrame, WireFrame>(wrappingChannelSynchronously: channel), token)
+            }.flatMapError { error in
+                // NIO drops a channel whose initializer failed without closing it.
+                channel.close(promise: nil)
+                return channel.eventLoop.makeFailedFuture(error)
+            }
+        }
+    }
+
     /// One connection, start to end. Errors end this connection only.
     ///
     /// An idle connection must be cheap: the task keeps, for its whole life, the memory of the
     /// deepest chain of async frames it ever ran. So everything but the writes happens in the
     /// synchronous ``ConnectionSession``, and the async part stays small and flat.
-    func serve(_ channel: NIOAsyncChannel<WireFrame, WireFrame>) async {
+    func serve(_ channel: NIOAsyncChannel<WireFrame, WireFrame>, token: Int) async {
         let remote = channel.channel.remoteAddress?.description
-        let token = connections.insert(channel.channel)
-        defer { connections.remove(token) }
-        let session = ConnectionSession(listener: self, remote: remote)
+        let setToken = connections.insert(channel.channel)
+        defer { connections.remove(setToken) }
+        let session = ConnectionSession(listener: self, remote: remote, channel: channel.channel, token: token)
         do {
             try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     func apply(_ outcome: ConnectionSession.Outcome) async throws -> Bool {
                         if !outcome.frames.isEmpty { try await outbound.write(contentsOf: outcome.frames) }
                         if let id = outcome.registered {
-                            group.addTask { try await self.deliverPulls(to: id, outbound: outbound) }
+                            group.addTask { try await self.deliverPulls(to: id, token: token, outbound: outbound) }
                         }
                         return !outcome.close
                     }
@@ -119,37 +164,74 @@ public final class AgentListener: Service, Sendable {
         } catch {
             logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"])
         }
-        if let agentID = session.agentID {
-            try? registry.disconnected(agentID)
+        if let agentID = session.agentID, let generation = session.generation {
+            agentConnections.remove(agentID, token: token)
+            do {
+                try registry.disconnected(agentID, generation: generation)
+            } catch {
+                logger.error("could not record an agent's disconnection", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
+            }
             logger.info("agent disconnected", metadata: ["agent.id": "\(agentID)"])
         }
     }
 
-    /// Sends the agent its queued pulls now and whenever the dispatcher says new ones appeared.
-    private func deliverPulls(to agentID: String, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
-        let (wakes, token) = dispatcher.register(agentID)
-        defer { dispatcher.unregister(agentID, token: token) }
+    /// Sends the agent its pulls: on connecting, the queued ones and the ones delivered before
+    /// but never answered (the agent answers a repeated command as it did the first time); then
+    /// new ones whenever the dispatcher says they appeared.
+    ///
+    /// Each pull is marked delivered before its command is written, so one whose write is lost
+    /// goes again on the next connection; only the agent's live connection delivers (a replaced
+    /// one that is still closing does not). A pull whose command cannot be made (its stored
+    /// row is unreadable, its key is gone) is marked failed on its own; the others are
+    /// delivered. A passing failure (the database) leaves it for the next wake.
+    private func deliverPulls(to agentID: String, token: Int, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
+        let (wakes, registration) = dispatcher.register(agentID)
+        defer { dispatcher.unregister(agentID, token: registration) }
+        var reconnecting = true
         for await _ in wakes {
-            for (pullID, frame) in try commands(for: agentID) {
+            let due: [String]
+            do {
+                due = try pulls.deliverable(for: agentID, includingUnanswered: reconnecting)
+                reconnecting = false
+            } catch {
+                logger.error("cannot read an agent's pulls; trying again on the next wake", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
+                continue
+            }
+            for pullID in due {
+                guard agentConnections.isLive(agentID, token: token) else { return }
+                guard let frame = command(pullID, for: agentID) else { continue }
+                do {
+                    guard try pulls.markDelivered(pullID, agent: agentID) else { continue }
+                } catch {
+                    logger.error("cannot mark a pull delivered; not sending it now", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
+                    continue
+                }
                 try await outbound.write(frame)
-                try delivered(pullID, to: agentID)
+                logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
             }
         }
     }
 
-    /// The signed commands of the agent's queued pulls.
-    private func commands(for agentID: String) throws -> [(String, WireFrame)] {
-        let pending = try pulls.pending(for: agentID)
-        guard !pending.isEmpty, let key = try registry.publicKey(of: agentID) else { return [] }
-        return try pending.map { pull in
-            let command = try pulls.command(for: pull, agentKey: key, signer: deployment.signingKey)
-            return (pull.id, WireFrame.with { $0.pullCommand = command })
+    /// The signed command of one pull for one agent; nil when it cannot be made now. A pull
+    /// that can never be sent (``PullStore/UnreadablePull``) is failed for that agent with the
+    /// reason; any other error is logged and the pull waits for the next wake.
+    private func command(_ pullID: String, for agentID: String) -> WireFrame? {
+        do {
+            guard let key = try registry.publicKey(of: agentID) else { throw PullStore.UnreadablePull("agent \(agentID) is not enrolled") }
+            let command = try pulls.command(pullID, agent: agentID, agentKey: key, signer: deployment.signingKey)
+            return .with { $0.pullCommand = command }
+        } catch let error as PullStore.UnreadablePull {
+            logger.error("pull cannot be delivered; marking it failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
+            do {
+                try pulls.update(pullID, agent: agentID, status: .failed, detail: "the server could not make its command: \(error)")
+            } catch {
+                logger.error("could not mark a pull failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
+            }
+            return nil
+        } catch {
+            logger.error("cannot make a pull's command now; trying again on the next wake", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
+            return nil
         }
-    }
-
-    private func delivered(_ pullID: String, to agentID: String) throws {
-        try pulls.markDelivered(pullID, agent: agentID)
-        logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
     }
 
     fileprivate func enroll(_ request: WireEnrollRequest, remote: String?, machine: inout ServerConnectionStateMachine) -> [ServerConnectionStateMachine.Action] {
@@ -161,7 +243,15 @@ public final class AgentListener: Service, Sendable {
         }
         do {
             let key = try RSAPublicKey(spki: request.publicKey)
-            let id = try registry.enroll(publicKey: key, host: request.host)
+            let id: String
+            do {
+                id = try registry.enroll(publicKey: key, host: request.host)
+            } catch let error as AgentRegistry.AlreadyEnrolled {
+                refusals.log { suppressed in
+                    logger.notice("enrollment refused: key already enrolled", metadata: ["agent.id": "\(error.agentID)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
+                }
+                return machine.enrollmentFailed("\(error)")
+            }
             logger.info("agent enrolled", metadata: ["agent.id": "\(id)", "host": "\(request.host.hostname)"])
             return machine.enrolled(.with {
                 $0.agentID = id
@@ -259,14 +349,21 @@ final class ConnectionSession {
 
     let listener: AgentListener
     let remote: String?
+    let channel: any Channel
+    /// The connection's place in the ``ConnectionGate``.
+    let token: Int
     private var machine: ServerConnectionStateMachine
     private(set) var agentID: String?
+    /// The registry's presence generation of this connection, once registered.
+    private(set) var generation: Int64?
     private var host = WireHostInfo()
     private var uploads: ConnectionUploads?
 
-    init(listener: AgentListener, remote: String?) {
+    init(listener: AgentListener, remote: String?, channel: any Channel, token: Int) {
         self.listener = listener
         self.remote = remote
+        self.channel = channel
+        self.token = token
         machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: listener.session)
     }
 
@@ -287,7 +384,16 @@ final class ConnectionSession {
                 host = claimedHost
                 let key = WireID.isValid(id) ? try listener.registry.publicKey(of: id) : nil
                 if let key, AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) {
-                    pending.append(contentsOf: machine.authenticated(id))
+                    if listener.gate.authenticate(token) {
+                        pending.append(contentsOf: machine.authenticated(id))
+                    } else {
+                        listener.refusals.log { suppressed in
+                            listener.logger.warning("agent refused: no room for another agent connection", metadata: [
+                                "agent.id": "\(id)", "max_agents": "\(listener.gate.caps.authenticated)", "suppressed": "\(suppressed)",
+                            ])
+                        }
+                        pending.append(contentsOf: machine.fail(WireProtocolError(.errorLimitExceeded, "the server has no room for another agent connection; try later")))
+                    }
                 } else {
                     listener.refusals.log { suppressed in
                         listener.logger.notice("agent authentication failed", metadata: [
@@ -303,7 +409,11 @@ final class ConnectionSession {
                 uploads = ConnectionUploads(
                     agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
                     paths: listener.paths, feedbackLimits: listener.feedbackLimits, logger: listener.logger)
-                try listener.registry.connected(id, from: remote, host: host)
+                generation = try listener.registry.connected(id, from: remote, host: host)
+                if let replaced = listener.agentConnections.replace(id, token: token, generation: generation ?? 0, channel: channel) {
+                    listener.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])
+                    AgentConnections.close(replaced, saying: "replaced by a newer connection of the same agent")
+                }
                 listener.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
                 outcome.registered = id
             case .deliver(let id, let frame):

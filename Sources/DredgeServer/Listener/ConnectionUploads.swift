@@ -106,7 +106,9 @@ final class ConnectionUploads {
         }
         switch frame.body {
         case .commandAccepted(let m)?:
-            try pulls.update(m.commandID, agent: agentID, status: .exporting)
+            // Only a delivered pull moves on: an answer repeated for a redelivered command
+            // never takes an uploading one back.
+            try pulls.update(m.commandID, agent: agentID, status: .exporting, from: [.queued, .delivered])
             return []
         case .commandRejected(let m)?:
             let id = m.commandID

@@ -96,17 +96,22 @@ public final class PullStore: Sendable {
         return try encryptionKey.unwrapKey(wrapped)
     }
 
-    /// Queued pulls for `agentID`, expiring the ones past their time first.
-    /// It runs whenever an agent connects or is woken, so it only reads unless a queued pull
-    /// has expired.
-    public func pending(for agentID: String, now: Timestamp = .now) throws -> [Pull] {
+    /// The ids of the pulls to send `agentID` now: the queued ones, and with
+    /// `includingUnanswered` (when the agent has just connected) the ones delivered before that
+    /// it never answered. Queued ones past their expiry are expired first. It runs whenever an
+    /// agent connects or is woken, so it only reads unless a queued pull has expired.
+    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp = .now) throws -> [String] {
+        let statuses = includingUnanswered ? "('queued', 'delivered')" : "('queued')"
         let queued = try db.read { db in
             try Row.fetchAll(
                 db,
-                sql: "SELECT t.pull_id, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id WHERE t.agent_id = ? AND t.status = 'queued'",
+                sql: """
+                    SELECT t.pull_id, p.expires_at, t.status FROM pull_target t JOIN pull p ON p.id = t.pull_id
+                    WHERE t.agent_id = ? AND t.status IN \(statuses) ORDER BY p.created_at, t.pull_id
+                    """,
                 arguments: [agentID])
         }
-        let expired = queued.filter { ($0[1] as Int64) <= now.microseconds }.map { $0[0] as String }
+        let expired = queued.filter { ($0[1] as Int64) <= now.microseconds && ($0[2] as String) == "queued" }.map { $0[0] as String }
         if !expired.isEmpty {
             try db.write { db in
                 for id in expired {
@@ -116,7 +121,7 @@ public final class PullStore: Sendable {
                 }
             }
         }
-        return try queued.filter { ($0[1] as Int64) > now.microseconds }.compactMap { try pull($0[0]) }
+        return queued.filter { ($0[1] as Int64) > now.microseconds }.map { $0[0] as String }
     }
 
     /// How long a delivered pull may go without word from its agent, and how long an upload may
@@ -228,13 +233,16 @@ public final class PullStore: Sendable {
         return try ids.compactMap { try pull($0) }
     }
 
-    /// Marks a queued pull delivered after its command was written. Only a queued one: the
-    /// agent's answer (accepted, rejected) may already have moved it on.
-    public func markDelivered(_ pullID: String, agent: String) throws {
+    /// Marks a pull delivered just before its command is written; false when it is no longer
+    /// queued or delivered (the agent's answer, or an expiry, moved it on meanwhile), and then
+    /// it must not be sent.
+    @discardableResult
+    public func markDelivered(_ pullID: String, agent: String) throws -> Bool {
         try db.write { db in
             try db.execute(
-                sql: "UPDATE pull_target SET status = 'delivered', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = 'queued'",
+                sql: "UPDATE pull_target SET status = 'delivered', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status IN ('queued', 'delivered')",
                 arguments: [Date().timeIntervalSince1970, pullID, agent])
+            return db.changesCount > 0
         }
     }
 
@@ -243,18 +251,22 @@ public final class PullStore: Sendable {
 
     /// Moves a target's status and progress, unless its status is already final (complete,
     /// rejected, failed, expired): whatever an agent sends afterwards changes nothing.
+    ///
+    /// - Parameter from: when given, the statuses the target may be in for this to apply (an
+    ///   agent's repeated `CommandAccepted` moves a delivered pull on, not an uploading one back).
     @discardableResult
     public func update(
         _ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, files: [String]? = nil,
-        at now: Date = Date()
+        from: Set<Status>? = nil, at now: Date = Date()
     ) throws -> Bool {
-        try db.write { db in
+        let allowed = from.map { " AND status IN (" + $0.map { "'\($0.rawValue)'" }.sorted().joined(separator: ",") + ")" } ?? ""
+        return try db.write { db in
             try db.execute(
                 sql: """
                     UPDATE pull_target SET status = ?, detail = ?, updated_at = ?,
                         chunks_received = coalesce(?, chunks_received), chunk_count = coalesce(?, chunk_count),
                         bytes = coalesce(?, bytes), files = coalesce(?, files)
-                    WHERE pull_id = ? AND agent_id = ? AND status NOT IN \(Self.finalStatuses)
+                    WHERE pull_id = ? AND agent_id = ? AND status NOT IN \(Self.finalStatuses)\(allowed)
                     """,
                 arguments: [
                     status.rawValue, detail, now.timeIntervalSince1970, chunksReceived, chunkCount, bytes,
@@ -264,15 +276,40 @@ public final class PullStore: Sendable {
         }
     }
 
-    /// The signed command for one target.
-    public func command(for pull: Pull, agentKey: RSAPublicKey, signer: ServerSigningKey) throws -> WirePullCommand {
-        guard let key = try key(of: pull.id) else { throw DeploymentError("pull \(pull.id) has no key") }
+    /// A stored pull that can never become a command (its row does not read back exactly).
+    public struct UnreadablePull: Error, CustomStringConvertible {
+        public var description: String
+        public init(_ description: String) { self.description = description }
+    }
+
+    /// The signed command of one pull for one of its targets. Throws, and makes nothing, when
+    /// the stored pull cannot be read back exactly (an unreadable filter never becomes "all").
+    public func command(_ pullID: String, agent: String, agentKey: RSAPublicKey, signer: ServerSigningKey) throws -> WirePullCommand {
+        let row = try db.read { db in
+            try Row.fetchOne(db, sql: "SELECT uid, agent_id, filter, issued_at, expires_at FROM pull WHERE id = ?", arguments: [pullID])
+        }
+        guard let row else { throw UnreadablePull("pull \(pullID) does not exist") }
+        let filter: LogFilter
+        do {
+            filter = try JSONDecoder().decode(LogFilter.self, from: Data((row["filter"] as String).utf8))
+            if let problem = filter.problem { throw DeploymentError(problem) }
+        } catch {
+            throw UnreadablePull("the stored filter of pull \(pullID) is unreadable: \(error)")
+        }
+        let wrapped = try db.read { try Data.fetchOne($0, sql: "SELECT wrapped_key FROM pull WHERE id = ?", arguments: [pullID]) }
+        let key: SymmetricKey
+        do {
+            guard let wrapped else { throw DeploymentError("no key") }
+            key = try encryptionKey.unwrapKey(wrapped)
+        } catch {
+            throw UnreadablePull("the key of pull \(pullID) does not unwrap: \(error)")
+        }
         var command = WirePullCommand.with {
-            $0.commandID = pull.id
-            $0.target = .with { $0.uid = pull.uid; $0.agentID = pull.agentID }
-            $0.filter = pull.filter.wire
-            $0.issuedAtUs = pull.issuedAt.microseconds
-            $0.expiresAtUs = pull.expiresAt.microseconds
+            $0.commandID = pullID
+            $0.target = .with { $0.uid = row["uid"]; $0.agentID = agent }
+            $0.filter = filter.wire
+            $0.issuedAtUs = row["issued_at"]
+            $0.expiresAtUs = row["expires_at"]
         }
         command.wrappedKey = Data(try agentKey.wrapKey(key))
         try signer.sign(&command)

@@ -43,6 +43,11 @@ public final class AgentRegistry: Sendable {
                     INSERT OR IGNORE INTO agent_uid (uid, agent_id) SELECT j.value, a.id FROM agent a, json_each(a.active_uids) j;
                     """)
             }
+            // Presence by generation: each authenticated connection gets the next number, and
+            // only the connection holding the current one may mark the agent offline.
+            migrator.registerMigration("v3-generation") { db in
+                try db.execute(sql: "ALTER TABLE agent ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+            }
         }
     }
 
@@ -51,19 +56,27 @@ public final class AgentRegistry: Sendable {
         try db.write { try $0.execute(sql: "UPDATE agent SET connected = 0") }
     }
 
-    /// Registers an agent's key (enrollment). Enrolling the same key again refreshes its host
-    /// information and keeps its id.
+    /// Registers an agent's key (enrollment). A key that is already enrolled is refused
+    /// (``AlreadyEnrolled``): whoever holds a token could otherwise rename another agent.
     public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date = Date()) throws -> String {
         let id = publicKey.agentID
-        try db.write { db in
+        let inserted = try db.write { db in
             try db.execute(
                 sql: """
                     INSERT INTO agent (id, public_key, hostname, os, app, app_version, enrolled_at) VALUES (?, ?, ?, ?, ?, ?, ?)
-                    ON CONFLICT(id) DO UPDATE SET hostname = excluded.hostname, os = excluded.os, app = excluded.app, app_version = excluded.app_version
+                    ON CONFLICT(id) DO NOTHING
                     """,
                 arguments: [id, Data(publicKey.spki), host.hostname, host.os, host.app, host.appVersion, now.timeIntervalSince1970])
+            return db.changesCount > 0
         }
+        guard inserted else { throw AlreadyEnrolled(agentID: id) }
         return id
+    }
+
+    /// Enrollment of a key the registry already holds.
+    public struct AlreadyEnrolled: Error, CustomStringConvertible {
+        public var agentID: String
+        public var description: String { "this key is already enrolled (agent \(agentID))" }
     }
 
     public func publicKey(of agentID: String) throws -> RSAPublicKey? {
@@ -71,16 +84,22 @@ public final class AgentRegistry: Sendable {
         return try RSAPublicKey(spki: spki)
     }
 
-    public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date = Date()) throws {
+    /// Marks the agent connected through a new connection; returns that connection's
+    /// generation, which ``disconnected(_:generation:)`` must present.
+    @discardableResult
+    public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date = Date()) throws -> Int64 {
         try db.write { db in
             try db.execute(
-                sql: "UPDATE agent SET connected = 1, connected_at = ?, remote_address = ?, hostname = ?, os = ?, app = ?, app_version = ? WHERE id = ?",
+                sql: "UPDATE agent SET connected = 1, generation = generation + 1, connected_at = ?, remote_address = ?, hostname = ?, os = ?, app = ?, app_version = ? WHERE id = ?",
                 arguments: [now.timeIntervalSince1970, address, host.hostname, host.os, host.app, host.appVersion, agentID])
+            return try Int64.fetchOne(db, sql: "SELECT generation FROM agent WHERE id = ?", arguments: [agentID]) ?? 0
         }
     }
 
-    public func disconnected(_ agentID: String) throws {
-        try db.write { try $0.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ?", arguments: [agentID]) }
+    /// Marks the agent offline if `generation` is still its newest connection's: a replaced
+    /// connection that closes late leaves the live one's presence alone.
+    public func disconnected(_ agentID: String, generation: Int64) throws {
+        try db.write { try $0.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ? AND generation = ?", arguments: [agentID, generation]) }
     }
 
     /// Why a heartbeat breaks the protocol's rules (§ Heartbeats: at most MAX_ACTIVE_UIDS uids,

@@ -1,5 +1,6 @@
 import NIOCore
 import SwiftProtobuf
+import Synchronization
 
 /// Splits the byte stream into frames (README § Framing): a 4-byte big-endian length, then that
 /// many bytes of a serialized `Frame`.
@@ -8,13 +9,20 @@ import SwiftProtobuf
 /// the prefix arrive, before anything is buffered or allocated for the body. A body that does
 /// not parse, or parses to a frame with no (known) body, is rejected too. All rejections are
 /// ``WireProtocolError``s and fatal: framing cannot recover from them.
+///
+/// A server gives the decoder a ``FrameSizeLimit`` that starts at
+/// ``WireLimits/maxPreAuthFrameBytes`` and is raised once the agent is authenticated, so a
+/// connection nobody has vouched for cannot make it buffer 2 MiB.
 public struct FrameDecoder: ByteToMessageDecoder {
     public typealias InboundOut = WireFrame
+    let limit: FrameSizeLimit?
 
-    public init() {}
+    /// - Parameter limit: the largest body accepted, if it may change during the connection;
+    ///   ``WireLimits/maxFrameBytes`` when nil.
+    public init(limit: FrameSizeLimit? = nil) { self.limit = limit }
 
     public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
-        guard let frame = try Self.decodeFrame(from: &buffer) else { return .needMoreData }
+        guard let frame = try Self.decodeFrame(from: &buffer, maxBytes: limit?.bytes ?? WireLimits.maxFrameBytes) else { return .needMoreData }
         context.fireChannelRead(Self.wrapInboundOut(frame))
         return .continue
     }
@@ -29,10 +37,10 @@ public struct FrameDecoder: ByteToMessageDecoder {
 
     /// Reads one frame if the buffer holds a whole one; nil if more bytes are needed. Leaves
     /// the buffer untouched when it returns nil or throws on the length prefix.
-    public static func decodeFrame(from buffer: inout ByteBuffer) throws -> WireFrame? {
+    public static func decodeFrame(from buffer: inout ByteBuffer, maxBytes: Int = WireLimits.maxFrameBytes) throws -> WireFrame? {
         guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self) else { return nil }
         guard length > 0 else { throw WireProtocolError.malformed("empty frame") }
-        guard length <= WireLimits.maxFrameBytes else { throw WireProtocolError.frameTooLarge(Int(length)) }
+        guard length <= min(maxBytes, WireLimits.maxFrameBytes) else { throw WireProtocolError.frameTooLarge(Int(length), limit: min(maxBytes, WireLimits.maxFrameBytes)) }
         guard buffer.readableBytes >= 4 + Int(length) else { return nil }
         buffer.moveReaderIndex(forwardBy: 4)
         let body = buffer.readSlice(length: Int(length))!
@@ -56,4 +64,16 @@ public struct FrameDecoder: ByteToMessageDecoder {
         options.discardUnknownFields = true
         return options
     }()
+}
+
+/// The largest frame body a connection's ``FrameDecoder`` accepts now; one per connection,
+/// shared with whatever raises it (the server, once the agent is authenticated).
+public final class FrameSizeLimit: Sendable {
+    private let value: Atomic<Int>
+
+    public init(_ bytes: Int) { value = Atomic(bytes) }
+
+    public var bytes: Int { value.load(ordering: .relaxed) }
+
+    public func set(_ bytes: Int) { value.store(bytes, ordering: .relaxed) }
 }

@@ -97,7 +97,7 @@ public nonisolated enum WireRejectReason: SwiftProtobuf.Enum, Swift.CaseIterable
   /// now ≥ expires_at_us (or issued in the future beyond skew)
   case rejectExpired // = 3
 
-  /// command_id seen before
+  /// command_id seen before, its first answer unknown (§10 Redelivery)
   case rejectReplayed // = 4
 
   /// target.agent_id names another agent

@@ -1,0 +1,55 @@
+import Foundation
+
+/// Writes that survive a crash or a power cut at any moment: the bytes go to a temporary file
+/// beside the target, which is fsynced, renamed over the target, and the directory fsynced, so
+/// the target holds either the old content or the whole new one. The one helper the agent's
+/// state files and the server's chunks, headers and token file all use.
+public enum DurableFile {
+    /// Replaces `path` with `bytes`, created with `mode`. A full disk is ``ExportError/Code/diskFull``,
+    /// any other failure ``ExportError/Code/io``; the temporary file is removed either way.
+    public static func write(_ bytes: some Collection<UInt8>, to path: String, mode: mode_t = 0o600) throws {
+        let directory = (path as NSString).deletingLastPathComponent
+        let temporary = path + ".tmp"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
+        guard fd >= 0 else { throw failure("cannot create \(temporary)") }
+        let bytes = Array(bytes)
+        var done = 0
+        while done < bytes.count {
+            let n = bytes[done...].withUnsafeBytes { Foundation.write(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else {
+                let error = failure("writing \(path)")
+                close(fd)
+                unlink(temporary)
+                throw error
+            }
+            done += n
+        }
+        guard fsync(fd) == 0 else {
+            let error = failure("fsync \(path)")
+            close(fd)
+            unlink(temporary)
+            throw error
+        }
+        close(fd)
+        guard rename(temporary, path) == 0 else {
+            let error = failure("rename \(path)")
+            unlink(temporary)
+            throw error
+        }
+        try syncDirectory(directory.isEmpty ? "." : directory)
+    }
+
+    /// fsyncs a directory, so the names created, renamed or removed in it are durable.
+    public static func syncDirectory(_ directory: String) throws {
+        let dfd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dfd >= 0 else { throw failure("cannot open \(directory)") }
+        defer { close(dfd) }
+        guard fsync(dfd) == 0 else { throw failure("fsync \(directory)") }
+    }
+
+    private static func failure(_ what: String) -> ExportError {
+        let code = errno
+        return ExportError(code == ENOSPC || code == EDQUOT ? .diskFull : .io, "\(what): \(String(cString: strerror(code)))")
+    }
+}

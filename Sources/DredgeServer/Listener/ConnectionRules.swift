@@ -1,0 +1,291 @@
+import DredgeWire
+import Foundation
+import NIOCore
+
+/// What the agent listener allows a connection: how long it may take to authenticate, how
+/// long an authenticated one may stay silent, and how many may be open at once
+/// (`"connections"` in `server.json`; keys left out keep their defaults).
+public struct ConnectionLimits: Codable, Sendable, Equatable {
+    /// Seconds from accept to a ready connection (TLS, Hello and authentication). Default 10.
+    public var handshakeSeconds: Double
+    /// Heartbeat intervals an authenticated agent may send nothing before it is closed. Default 3.
+    public var missedHeartbeats: Int
+    /// Agent connections open at once, authenticated or not. Default: the open-file limit
+    /// less ``reservedFileDescriptors`` (room for the admin API, databases and uploads).
+    public var maxConnections: Int?
+    /// Of those, connections not yet authenticated. Default: a quarter. The rest is kept for
+    /// enrolled agents, so a flood of connections that never authenticate cannot take it.
+    public var maxUnauthenticated: Int?
+    /// Unauthenticated connections from one source address. Default 32.
+    public var maxUnauthenticatedPerAddress: Int
+
+    public static let reservedFileDescriptors = 256
+
+    public init(
+        handshakeSeconds: Double = Double(WireLimits.defaultHandshakeSeconds), missedHeartbeats: Int = Int(WireLimits.missedHeartbeatsBeforeClose),
+        maxConnections: Int? = nil, maxUnauthenticated: Int? = nil, maxUnauthenticatedPerAddress: Int = 32
+    ) {
+        self.handshakeSeconds = handshakeSeconds
+        self.missedHeartbeats = missedHeartbeats
+        self.maxConnections = maxConnections
+        self.maxUnauthenticated = maxUnauthenticated
+        self.maxUnauthenticatedPerAddress = maxUnauthenticatedPerAddress
+    }
+
+    public static let `default` = ConnectionLimits()
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let d = ConnectionLimits()
+        handshakeSeconds = try c.decodeIfPresent(Double.self, forKey: .handshakeSeconds) ?? d.handshakeSeconds
+        missedHeartbeats = try c.decodeIfPresent(Int.self, forKey: .missedHeartbeats) ?? d.missedHeartbeats
+        maxConnections = try c.decodeIfPresent(Int.self, forKey: .maxConnections)
+        maxUnauthenticated = try c.decodeIfPresent(Int.self, forKey: .maxUnauthenticated)
+        maxUnauthenticatedPerAddress = try c.decodeIfPresent(Int.self, forKey: .maxUnauthenticatedPerAddress) ?? d.maxUnauthenticatedPerAddress
+        if let problem { throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: problem)) }
+    }
+
+    /// Why these limits cannot work, or nil.
+    public var problem: String? {
+        if !(handshakeSeconds > 0 && handshakeSeconds <= 600) { return "handshakeSeconds must be in (0, 600]" }
+        if !(1...100).contains(missedHeartbeats) { return "missedHeartbeats must be 1 to 100" }
+        if let maxConnections, maxConnections < 2 { return "maxConnections must be at least 2" }
+        if let maxUnauthenticated, maxUnauthenticated < 1 { return "maxUnauthenticated must be at least 1" }
+        if let maxConnections, let maxUnauthenticated, maxUnauthenticated >= maxConnections {
+            return "maxUnauthenticated must be below maxConnections, to leave room for enrolled agents"
+        }
+        if maxUnauthenticatedPerAddress < 1 { return "maxUnauthenticatedPerAddress must be at least 1" }
+        return nil
+    }
+
+    /// The caps in effect under an open-file limit of `openFiles`.
+    func caps(openFiles: Int) -> ConnectionGate.Caps {
+        let openFiles = openFiles > 0 ? openFiles : 1024
+        let total = maxConnections ?? max(16, openFiles - Self.reservedFileDescriptors)
+        let unauthenticated = min(maxUnauthenticated ?? max(4, total / 4), total - 1)
+        return ConnectionGate.Caps(
+            authenticated: total - unauthenticated, unauthenticated: unauthenticated,
+            unauthenticatedPerAddress: min(maxUnauthenticatedPerAddress, unauthenticated))
+    }
+}
+
+/// Counts the agent listener's connections and decides who may have one (``ConnectionLimits``).
+///
+/// A new connection is unauthenticated. One over its address's cap is refused. One over the
+/// global cap for unauthenticated connections takes the place of the oldest of them (closed),
+/// so a flood from many addresses slows new agents down but never locks them out. An
+/// authenticated connection moves to its own pool (``authenticate(_:)``), which unauthenticated
+/// ones never use.
+final class ConnectionGate: @unchecked Sendable {
+    struct Caps: Sendable, Equatable {
+        var authenticated: Int
+        var unauthenticated: Int
+        var unauthenticatedPerAddress: Int
+    }
+
+    enum Admission {
+        case admitted(token: Int, evicted: (any Channel)?)
+        case refused(String)
+    }
+
+    let caps: Caps
+    private let lock = NSLock()
+    private var next = 0
+    private var pending: [Int: (address: String, channel: any Channel)] = [:]
+    /// Tokens of unauthenticated connections in arrival order; entries no longer pending are
+    /// skipped when met (and dropped when they pile up).
+    private var arrivals: [Int] = []
+    private var arrivalsHead = 0
+    private var pendingByAddress: [String: Int] = [:]
+    private var authenticated: Set<Int> = []
+    private(set) var refusedCount = 0
+    private(set) var evictedCount = 0
+
+    init(caps: Caps) { self.caps = caps }
+
+    var counts: (authenticated: Int, unauthenticated: Int) { lock.withLock { (authenticated.count, pending.count) } }
+
+    func admit(address: String, channel: any Channel) -> Admission {
+        lock.withLock {
+            if pendingByAddress[address, default: 0] >= caps.unauthenticatedPerAddress {
+                refusedCount += 1
+                return .refused("\(caps.unauthenticatedPerAddress) connections from \(address) are already authenticating")
+            }
+            var evicted: (any Channel)?
+            if pending.count >= caps.unauthenticated, let oldest = oldestPending() {
+                evicted = removePending(oldest)?.channel
+                evictedCount += 1
+            }
+            next += 1
+            pending[next] = (address, channel)
+            arrivals.append(next)
+            if arrivalsHead > 1024 && arrivalsHead * 2 > arrivals.count {
+                arrivals.removeFirst(arrivalsHead)
+                arrivalsHead = 0
+            }
+            pendingByAddress[address, default: 0] += 1
+            return .admitted(token: next, evicted: evicted)
+        }
+    }
+
+    /// Moves a connection to the authenticated pool; false when that pool is full (or the
+    /// connection was evicted meanwhile).
+    func authenticate(_ token: Int) -> Bool {
+        lock.withLock {
+            guard pending[token] != nil, authenticated.count < caps.authenticated else { return false }
+            removePending(token)
+            authenticated.insert(token)
+            return true
+        }
+    }
+
+    func release(_ token: Int) {
+        lock.withLock {
+            if authenticated.remove(token) == nil { removePending(token) }
+        }
+    }
+
+    private func oldestPending() -> Int? {
+        while arrivalsHead < arrivals.count {
+            let token = arrivals[arrivalsHead]
+            if pending[token] != nil { return token }
+            arrivalsHead += 1
+        }
+        return nil
+    }
+
+    @discardableResult
+    private func removePending(_ token: Int) -> (address: String, channel: any Channel)? {
+        guard let entry = pending.removeValue(forKey: token) else { return nil }
+        let left = pendingByAddress[entry.address, default: 1] - 1
+        pendingByAddress[entry.address] = left > 0 ? left : nil
+        return entry
+    }
+}
+
+/// Closes a connection that misses its deadlines: one that is not authenticated
+/// `handshake` after it was accepted (TLS, Hello, credentials, however slowly they trickle
+/// in), and an authenticated one that sends no whole frame for `missedHeartbeats` heartbeat
+/// intervals. On authentication it also raises the connection's frame limit from
+/// ``WireLimits/maxPreAuthFrameBytes`` to ``WireLimits/maxFrameBytes``.
+///
+/// It sits between the frame codec and the connection's async channel and learns of the
+/// authentication from the `AuthResult` frame the server writes, so it needs no other wiring.
+/// Times come from the channel's event loop (an `EmbeddedEventLoop` in tests).
+final class ConnectionDeadlineHandler: ChannelDuplexHandler {
+    typealias InboundIn = WireFrame
+    typealias InboundOut = WireFrame
+    typealias OutboundIn = WireFrame
+    typealias OutboundOut = WireFrame
+
+    enum Expiry: Sendable, Equatable {
+        case handshake
+        case silent(TimeAmount)
+    }
+
+    private let handshake: TimeAmount
+    private let missedHeartbeats: Int64
+    private let frameLimit: FrameSizeLimit
+    private let onExpiry: @Sendable (Expiry) -> Void
+    private var timer: Scheduled<Void>?
+    private var silenceLimit: TimeAmount?
+    private var lastFrame = NIODeadline.uptimeNanoseconds(0)
+
+    init(handshake: TimeAmount, missedHeartbeats: Int, frameLimit: FrameSizeLimit, onExpiry: @escaping @Sendable (Expiry) -> Void = { _ in }) {
+        self.handshake = handshake
+        self.missedHeartbeats = Int64(missedHeartbeats)
+        self.frameLimit = frameLimit
+        self.onExpiry = onExpiry
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        lastFrame = context.eventLoop.now
+        timer = context.eventLoop.assumeIsolated().scheduleTask(in: handshake) {
+            guard self.silenceLimit == nil else { return }
+            self.onExpiry(.handshake)
+            context.close(promise: nil)
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+        context.fireChannelInactive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        lastFrame = context.eventLoop.now
+        context.fireChannelRead(data)
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if silenceLimit == nil, case .authResult(let result)? = unwrapOutboundIn(data).body {
+            let interval = Int64(max(1, result.heartbeatIntervalS))
+            silenceLimit = .seconds(interval * missedHeartbeats)
+            frameLimit.set(WireLimits.maxFrameBytes)
+            lastFrame = context.eventLoop.now
+            timer?.cancel()
+            scheduleSilenceCheck(context: context)
+        }
+        context.write(data, promise: promise)
+    }
+
+    private func scheduleSilenceCheck(context: ChannelHandlerContext) {
+        guard let limit = silenceLimit else { return }
+        timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: lastFrame + limit) {
+            if context.eventLoop.now - self.lastFrame >= limit {
+                self.onExpiry(.silent(limit))
+                let goodbye = WireFrame.with { $0.goodbye = .with { $0.reason = "nothing received for \(limit.nanoseconds / 1_000_000_000) s" } }
+                context.writeAndFlush(self.wrapOutboundOut(goodbye)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+                // A peer that does not read never lets the write complete: close anyway.
+                context.eventLoop.assumeIsolated().scheduleTask(in: .seconds(5)) { context.close(promise: nil) }
+            } else {
+                self.scheduleSilenceCheck(context: context)
+            }
+        }
+    }
+}
+
+/// The one live connection of each authenticated agent. A newer connection of the same agent
+/// replaces the older, which is told so and closed: a stale connection can neither take
+/// commands nor mark the agent offline.
+final class AgentConnections: @unchecked Sendable {
+    private let lock = NSLock()
+    private var live: [String: (token: Int, generation: Int64, channel: any Channel)] = [:]
+
+    /// Makes `channel` the agent's connection, unless a connection with a newer presence
+    /// generation got there first (two authenticating at once). Returns the connection that
+    /// must go: the one replaced, or `channel` itself when it lost.
+    func replace(_ agentID: String, token: Int, generation: Int64, channel: any Channel) -> (any Channel)? {
+        lock.withLock {
+            if let current = live[agentID], current.generation > generation { return channel }
+            let old = live[agentID]
+            live[agentID] = (token, generation, channel)
+            return old?.channel
+        }
+    }
+
+    /// Whether `token` holds the agent's live connection (a replaced one no longer delivers).
+    func isLive(_ agentID: String, token: Int) -> Bool { lock.withLock { live[agentID]?.token == token } }
+
+    /// Says `Goodbye` and closes; closes anyway after a few seconds if the peer does not read.
+    static func close(_ channel: any Channel, saying reason: String) {
+        let goodbye = WireFrame.with { $0.goodbye = .with { $0.reason = reason } }
+        channel.writeAndFlush(goodbye).whenComplete { _ in channel.close(promise: nil) }
+        channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
+    }
+
+    /// Forgets the agent's connection if it is still `token`'s.
+    func remove(_ agentID: String, token: Int) {
+        lock.withLock {
+            if live[agentID]?.token == token { live[agentID] = nil }
+        }
+    }
+
+    var count: Int { lock.withLock { live.count } }
+}

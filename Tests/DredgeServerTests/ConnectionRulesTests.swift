@@ -1,0 +1,240 @@
+@testable import DredgeAgentCore
+import DredgeAdminAPI
+import DredgeEnvelope
+@testable import DredgeServer
+import DredgeStore
+import DredgeWire
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Logging
+import NIOCore
+import NIOPosix
+import Testing
+
+/// The listener's connection rules against the real server in this process: deadlines, the
+/// small frame limit before authentication, the caps, one connection per agent, and the
+/// delivery rules that go with them (redelivery, a poisoned pull failing alone).
+@Suite struct ConnectionRulesTests {
+    static let waitFor = PullOutcomeTests.waitFor
+
+    /// A TCP connection from `source` (any loopback address) that never says anything.
+    static func silentConnection(port: Int, from source: String = "127.0.0.2") async throws -> any Channel {
+        try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .bind(to: try SocketAddress(ipAddress: source, port: 0))
+            .connect(host: "127.0.0.1", port: port).get()
+    }
+
+    /// Runs `body`, or fails with a timeout after `limit` (so a broken rule fails the test
+    /// instead of hanging it).
+    static func within<R: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> R) async throws -> R {
+        try await withThrowingTaskGroup(of: R?.self) { group in
+            group.addTask { try await body() }
+            group.addTask {
+                try await Task.sleep(for: limit)
+                return nil
+            }
+            defer { group.cancelAll() }
+            guard let first = try await group.next(), let result = first else { throw AgentError("timed out after \(limit)") }
+            return result
+        }
+    }
+
+    @Test func connectionsThatNeverAuthenticateAreClosedAtTheDeadline() async throws {
+        let server = try await InProcessServer(connectionLimits: ConnectionLimits(handshakeSeconds: 1, missedHeartbeats: 30))
+        defer { Task { await server.stop() } }
+        // One says nothing at all, one finishes TLS and says nothing, one sends half a frame.
+        let silent = try await Self.silentConnection(port: server.agentPort)
+        let tls = try await AgentConnector.connect(host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"))
+        let partial = try await AgentConnector.connect(host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"))
+        var raw = ByteBuffer()
+        raw.writeInteger(UInt32(1_000))
+        raw.writeBytes([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+        let prefix = raw
+        // Below the frame codec: raw bytes inside the TLS stream.
+        try await partial.channel.pipeline.context(handlerType: MessageToByteHandler<FrameEncoder>.self).flatMap { context in
+            context.writeAndFlush(NIOAny(prefix))
+        }.get()
+        for channel in [silent, tls.channel, partial.channel] {
+            #expect(try await Self.waitFor(.seconds(30)) { !channel.isActive })
+        }
+        #expect(try await Self.waitFor(.seconds(10)) { server.listener.gate.counts.unauthenticated == 0 })
+    }
+
+    @Test func aLargeFrameBeforeAuthenticationIsRefused() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let channel = try await AgentConnector.connect(host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"))
+        let answer = try await channel.executeThenClose { inbound, outbound in
+            try await outbound.write(.with {
+                $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1; $0.software = String(repeating: "x", count: WireLimits.maxPreAuthFrameBytes + 1) }
+            })
+            var frames = inbound.makeAsyncIterator()
+            return try await frames.next()
+        }
+        #expect(answer?.error.code == .errorFrameTooLarge)
+        #expect(answer?.error.fatal == true)
+    }
+
+    /// The slow-loris case: one address holds as many unauthenticated connections as it may;
+    /// more from it are closed at once, and an enrolled agent from elsewhere still connects
+    /// and is pulled, and the admin API answers.
+    @Test func oneAddressCannotCrowdOutAgentsOrTheAdminAPI() async throws {
+        let server = try await InProcessServer(connectionLimits: ConnectionLimits(handshakeSeconds: 60, missedHeartbeats: 30, maxUnauthenticatedPerAddress: 4))
+        defer { Task { await server.stop() } }
+        let agent = try await server.enrollAgent()
+        var held: [any Channel] = []
+        for _ in 0..<4 { held.append(try await Self.silentConnection(port: server.agentPort)) }
+        #expect(try await Self.waitFor(.seconds(10)) { server.listener.gate.counts.unauthenticated == 4 })
+        let extra = try await Self.silentConnection(port: server.agentPort)
+        #expect(try await Self.waitFor(.seconds(10)) { !extra.isActive }, "over the address's cap, closed well before the 60 s deadline")
+        let allHeld = held.allSatisfy { $0.isActive }
+        #expect(allHeld)
+
+        let started = ContinuousClock.now
+        let (_, health) = try await URLSession.shared.data(from: try #require(URL(string: server.adminURL + "/health")))
+        #expect((health as? HTTPURLResponse)?.statusCode == 200)
+        let pulled = try await agent.connect { link in
+            let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: .all))
+            let command = try await LinkAgent.acceptNextPull(over: link)
+            return command.commandID == pull.id
+        }
+        #expect(pulled)
+        print("slow-loris: admin answered and an enrolled agent was pulled in \(ContinuousClock.now - started) with the address at its cap")
+        for channel in held { try await channel.close() }
+    }
+
+    /// A second connection of the same agent replaces the first: the first is told goodbye,
+    /// its closing does not mark the agent offline, and commands go through the second.
+    @Test func aNewConnectionOfAnAgentReplacesTheOld() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let agent = try await server.enrollAgent()
+        try await agent.connect { first in
+            try await agent.connect { second in
+                // The first is told goodbye (its link reports the server's close as an error).
+                let firstEnded = try await Self.within(.seconds(20)) {
+                    do {
+                        while try await first.next() != nil {}
+                        return false
+                    } catch {
+                        return true
+                    }
+                }
+                #expect(firstEnded)
+                #expect(try await Self.waitFor(.seconds(10)) {
+                    server.listener.agentConnections.count == 1 && server.listener.gate.counts.authenticated == 1
+                })
+                // The old connection's end was processed; the agent is still shown connected.
+                #expect(try await server.admin.agents().first?.connected == true)
+                let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: .all))
+                let command = try await Self.within(.seconds(20)) { try await LinkAgent.acceptNextPull(over: second) }
+                #expect(command.commandID == pull.id)
+            }
+        }
+        #expect(try await Self.waitFor(.seconds(10)) { try await server.admin.agents().first?.connected == false })
+    }
+
+    /// Closed by the silence rule alone: the handshake deadline is far off, and the link is
+    /// told goodbye well before it.
+    @Test func anAuthenticatedAgentThatGoesSilentIsClosed() async throws {
+        let server = try await InProcessServer(connectionLimits: ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 2))
+        defer { Task { await server.stop() } }
+        let agent = try await server.enrollAgent()
+        let ended = try await agent.connect { link in
+            try await Self.within(.seconds(60)) {
+                do {
+                    while try await link.next() != nil {}
+                    return false
+                } catch {
+                    return true
+                }
+            }
+        }
+        #expect(ended)
+    }
+
+    @Test func aKeyThatIsAlreadyEnrolledCannotBeEnrolledAgain() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let agent = try await server.enrollAgent(hostname: "original")
+        await #expect(throws: AgentError.self) {
+            _ = try await AgentEnrollment.register(
+                host: "127.0.0.1", port: server.agentPort, tls: agent.tls, token: server.created.enrollmentToken, key: agent.key,
+                hostInfo: .with { $0.hostname = "renamed" })
+        }
+        #expect(try await server.admin.agents().map(\.hostname) == ["original"])
+    }
+
+    /// A command delivered but never answered (the agent went away first) is delivered again
+    /// when the agent reconnects.
+    @Test func anUnansweredCommandIsDeliveredAgainOnReconnect() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let agent = try await server.enrollAgent()
+        func nextCommand(_ link: AgentLink) async throws -> WirePullCommand {
+            try await Self.within(.seconds(20)) {
+                while let frame = try await link.next() {
+                    if case .pullCommand(let command)? = frame.body { return command }
+                }
+                throw AgentError("closed")
+            }
+        }
+        let pull = try await agent.connect { link in
+            let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: .all))
+            #expect(try await nextCommand(link).commandID == pull.id)
+            return pull
+        }
+        #expect(try server.pulls.pull(pull.id)?.targets.first?.status == .delivered)
+        try await agent.connect { link in
+            let again = try await nextCommand(link)
+            #expect(again.commandID == pull.id)
+            try await link.send(.with { $0.commandAccepted = .with { $0.commandID = again.commandID; $0.uploadID = again.commandID } })
+            #expect(try await Self.waitFor(.seconds(10)) { try server.pulls.pull(pull.id)?.targets.first?.status == .exporting })
+        }
+    }
+
+    /// A pull whose stored row cannot be read back is failed with the reason, on its own: the
+    /// agent's other pulls are delivered, and the bad one is never sent as "everything".
+    @Test func aPoisonedPullFailsAloneAndIsNeverSent() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let agent = try await server.enrollAgent()
+        let bad = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: LogFilter(uid: "u-1")))
+        let good = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: .all))
+        try await server.pulls.db.write { try $0.execute(sql: "UPDATE pull SET filter = '{\"uid\": 7' WHERE id = ?", arguments: [bad.id]) }
+        let received = try await agent.connect { link in
+            try await Self.within(.seconds(20)) {
+                var ids: [String] = []
+                while let frame = try await link.next() {
+                    if case .pullCommand(let command)? = frame.body { ids.append(command.commandID) }
+                    if ids.contains(good.id) { break }
+                }
+                return ids
+            }
+        }
+        #expect(received == [good.id])
+        let target = try #require(try server.pulls.pull(bad.id)?.targets.first)
+        #expect(target.status == .failed)
+        #expect(server.logs.records.contains { $0.level == .error && $0.metadata["pull.id"] == "\(bad.id)" })
+    }
+
+    /// The agent's side: a server that stops answering (here a proxy that swallows whatever
+    /// the server sends after a few seconds) is given up after three missed heartbeat acks,
+    /// and the agent connects again.
+    @Test func theAgentReconnectsWhenTheServerStopsAnswering() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let proxy = try StallingProxy(targetPort: server.agentPort, forwardFor: .seconds(3))
+        let dir = server.dir.file("agent")
+        var state = try await AgentEnrollment.enroll(
+            host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"), token: server.created.enrollmentToken,
+            stateDirectory: dir, hostInfo: .with { $0.hostname = "device" })
+        state.file.serverPort = proxy.port
+        let client = try AgentClient(state: state, store: nil, hostInfo: .with { $0.hostname = "device" }, logger: Logger(label: "test.agent") { _ in SwiftLogNoOpLogHandler() })
+        let task = Task { try await client.run() }
+        defer { task.cancel() }
+        #expect(try await Self.waitFor(.seconds(60)) { proxy.connections.withLockedValue { $0 } >= 2 })
+    }
+}

@@ -48,21 +48,14 @@ public enum ServerRuntime {
 
     /// The soft limit on open files now (-1 if unknown): what the agent listener sizes its
     /// connection caps by.
-    public static func openFileLimit() -> Int {
-        var limit = rlimit()
-        #if os(Linux)
-        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
-        #else
-        let resource = RLIMIT_NOFILE
-        #endif
-        guard getrlimit(resource, &limit) == 0 else { return -1 }
-        return Int(clamping: limit.rlim_cur)
-    }
+    public static func openFileLimit() -> Int { openFiles(raise: false) }
 
     /// Every agent connection is a file descriptor: raise the soft limit to the hard one, as
     /// far as the system allows. Returns the limit in effect.
     @discardableResult
-    public static func raiseOpenFileLimit() -> Int {
+    public static func raiseOpenFileLimit() -> Int { openFiles(raise: true) }
+
+    private static func openFiles(raise: Bool) -> Int {
         var limit = rlimit()
         #if os(Linux)
         let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
@@ -70,7 +63,7 @@ public enum ServerRuntime {
         let resource = RLIMIT_NOFILE
         #endif
         guard getrlimit(resource, &limit) == 0 else { return -1 }
-        if limit.rlim_cur < limit.rlim_max {
+        if raise && limit.rlim_cur < limit.rlim_max {
             limit.rlim_cur = limit.rlim_max
             _ = setrlimit(resource, &limit)
             _ = getrlimit(resource, &limit)

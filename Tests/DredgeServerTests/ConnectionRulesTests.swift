@@ -41,6 +41,19 @@ import Testing
         }
     }
 
+    /// Reads `link` until the server ends it: true when it was closed with a Goodbye or an
+    /// error (the link throws), false when the stream just ended.
+    static func closedByServer(_ link: AgentLink, within limit: Duration) async throws -> Bool {
+        try await within(limit) {
+            do {
+                while try await link.next() != nil {}
+                return false
+            } catch {
+                return true
+            }
+        }
+    }
+
     @Test func connectionsThatNeverAuthenticateAreClosedAtTheDeadline() async throws {
         let server = try await InProcessServer(connectionLimits: ConnectionLimits(handshakeSeconds: 1, missedHeartbeats: 30))
         defer { Task { await server.stop() } }
@@ -114,14 +127,7 @@ import Testing
         try await agent.connect { first in
             try await agent.connect { second in
                 // The first is told goodbye (its link reports the server's close as an error).
-                let firstEnded = try await Self.within(.seconds(20)) {
-                    do {
-                        while try await first.next() != nil {}
-                        return false
-                    } catch {
-                        return true
-                    }
-                }
+                let firstEnded = try await Self.closedByServer(first, within: .seconds(20))
                 #expect(firstEnded)
                 #expect(try await Self.waitFor(.seconds(10)) {
                     server.listener.agentConnections.count == 1 && server.listener.gate.counts.authenticated == 1
@@ -143,14 +149,7 @@ import Testing
         defer { Task { await server.stop() } }
         let agent = try await server.enrollAgent()
         let ended = try await agent.connect { link in
-            try await Self.within(.seconds(60)) {
-                do {
-                    while try await link.next() != nil {}
-                    return false
-                } catch {
-                    return true
-                }
-            }
+            try await Self.closedByServer(link, within: .seconds(60))
         }
         #expect(ended)
     }

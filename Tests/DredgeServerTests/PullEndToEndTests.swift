@@ -163,7 +163,8 @@ import Testing
         defer { agent.stop() }
         #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try d.pullTarget(id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)")
         #expect(agent.output.contains("resuming upload"))
-        #expect(!FileManager.default.fileExists(atPath: state + "/uploads/\(id)"), "the agent cleans up after the upload")
+        // The agent removes it once the result reaches it, just after the server records it.
+        #expect(try ManagedProcess.waitFor { !FileManager.default.fileExists(atPath: state + "/uploads/\(id)") }, "the agent cleans up after the upload")
         let agentID = try #require(try d.agents().first?["agentID"] as? String)
         let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
         for (name, text) in expected { #expect(contents(d.data + "/pulls/\(id)/\(agentID)/" + name) == text, "\(name)") }

@@ -17,6 +17,7 @@ demo-local: deps
 	.build/release/dredge-demo local --dir demo-output
 
 test: deps
+	scripts/check-imports.py
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 	scripts/fuzz.sh 20

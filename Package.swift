@@ -5,10 +5,12 @@ let package = Package(
     name: "Dredge",
     platforms: [.macOS(.v15)],
     products: [
+        .library(name: "DredgeDomain", targets: ["DredgeDomain"]),
         .library(name: "DredgeStore", targets: ["DredgeStore"]),
         .library(name: "DredgeLogging", targets: ["DredgeLogging"]),
         .library(name: "DredgeWire", targets: ["DredgeWire"]),
         .library(name: "DredgeEnvelope", targets: ["DredgeEnvelope"]),
+        .library(name: "DredgePayload", targets: ["DredgePayload"]),
         .library(name: "DredgeExport", targets: ["DredgeExport"]),
         .library(name: "DredgeServer", targets: ["DredgeServer"]),
         .library(name: "DredgeAdminAPI", targets: ["DredgeAdminAPI"]),
@@ -35,11 +37,15 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
     ],
     targets: [
+        // What every other module agrees on, with no dependencies: timestamps, levels, types,
+        // filters (and their versioned stored form), uids and the limits shared by all ends.
+        .target(name: "DredgeDomain"),
         // The client's local, bounded log store: schema, migrations, batched writer, retention,
         // queries by filter. No networking.
         .target(
             name: "DredgeStore",
             dependencies: [
+                "DredgeDomain",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
             ]
@@ -48,7 +54,7 @@ let package = Package(
         .target(
             name: "DredgeLogging",
             dependencies: [
-                "DredgeStore",
+                "DredgeDomain", "DredgeStore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
@@ -58,6 +64,7 @@ let package = Package(
         .target(
             name: "DredgeWire",
             dependencies: [
+                "DredgeDomain",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "SwiftProtobuf", package: "swift-protobuf"),
             ]
@@ -72,24 +79,35 @@ let package = Package(
             ]
         ),
         .systemLibrary(name: "CDredgeZlib", providers: [.apt(["zlib1g-dev"])]),
-        // Store → per-day files → zip → encrypted chunks, and back with limits on the way in.
+        // The payload both ends share, without the client store: the manifest, extraction with
+        // limits, sealing an upload into chunks and reassembling it, sealed export files, and
+        // durable file writes.
         .target(
-            name: "DredgeExport",
+            name: "DredgePayload",
             dependencies: [
-                "DredgeStore", "DredgeWire", "DredgeEnvelope", "CDredgeZlib",
+                "DredgeDomain", "DredgeWire", "DredgeEnvelope",
                 .product(name: "ZIPFoundation", package: "ZIPFoundation"),
                 .product(name: "SwiftProtobuf", package: "swift-protobuf"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
+        // The agent's export: store → per-day files → zip (deflated in parallel) → a payload.
+        .target(
+            name: "DredgeExport",
+            dependencies: [
+                "DredgeDomain", "DredgeStore", "DredgePayload", "DredgeWire", "DredgeEnvelope", "CDredgeZlib",
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
+        ),
         // The admin API's messages and its client (what `dredge` speaks), without the server.
-        .target(name: "DredgeAdminAPI", dependencies: ["DredgeStore"]),
+        .target(name: "DredgeAdminAPI", dependencies: ["DredgeDomain"]),
         // The command server: deployment material (CA, certificates, keys, tokens), the agent
         // listener, registry, command queue, upload reception and the admin HTTP API.
         .target(
             name: "DredgeServer",
             dependencies: [
-                "DredgeWire", "DredgeEnvelope", "DredgeExport", "DredgeAdminAPI",
+                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeAdminAPI",
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
@@ -105,25 +123,26 @@ let package = Package(
         // What the command-line tools share: the record filter flags.
         .target(
             name: "DredgeCommandLine",
-            dependencies: ["DredgeStore", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DredgeDomain", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         // The support engineers' command line, a client of the admin API.
         .executableTarget(
             name: "dredge",
-            dependencies: ["DredgeAdminAPI", "DredgeStore", "DredgeCommandLine", "DredgeExport", "DredgeEnvelope", "DredgeWire", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DredgeAdminAPI", "DredgeDomain", "DredgeCommandLine", "DredgePayload", "DredgeEnvelope", "DredgeWire", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .executableTarget(
             name: "dredge-server",
-            dependencies: ["DredgeServer", "DredgeStore", "DredgeCommandLine", .product(name: "ArgumentParser", package: "swift-argument-parser"), .product(name: "Logging", package: "swift-log")]
+            dependencies: ["DredgeServer", "DredgeDomain", "DredgeAdminAPI", "DredgeCommandLine", .product(name: "ArgumentParser", package: "swift-argument-parser"), .product(name: "Logging", package: "swift-log")]
         ),
         // Realistic synthetic logs for the demo, the benchmarks and the tests.
-        .target(name: "DredgeSamples", dependencies: ["DredgeStore"]),
+        .target(name: "DredgeSamples", dependencies: ["DredgeDomain", "DredgeStore"]),
         // The agent as a library: enrollment, the connection loop, and (next) pulls and uploads.
         .target(
             name: "DredgeAgentCore",
             dependencies: [
-                "DredgeStore", "DredgeWire", "DredgeEnvelope", "DredgeExport",
+                "DredgeDomain", "DredgeStore", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -134,7 +153,7 @@ let package = Package(
         .executableTarget(
             name: "dredge-agent",
             dependencies: [
-                "DredgeStore", "DredgeLogging", "DredgeAgentCore", "DredgeWire", "DredgeCommandLine", "DredgeExport", "DredgeEnvelope",
+                "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeAgentCore", "DredgeWire", "DredgeCommandLine", "DredgePayload", "DredgeExport", "DredgeEnvelope",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -143,26 +162,27 @@ let package = Package(
         .executableTarget(
             name: "dredge-demo",
             dependencies: [
-                "DredgeStore", "DredgeLogging", "DredgeSamples",
+                "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
         .executableTarget(
             name: "dredge-bench",
             dependencies: [
-                "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgeExport", "CDredgeZlib",
+                "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport", "CDredgeZlib",
                 "DredgeServer", "DredgeAgentCore", "DredgeAdminAPI",
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
         // A child process for crash tests: logs, flushes, reports, then waits to be killed.
         .executableTarget(
             name: "store-crash-child",
-            dependencies: ["DredgeStore", "DredgeLogging"],
+            dependencies: ["DredgeDomain", "DredgeStore", "DredgeLogging"],
             path: "Tests/Helpers/store-crash-child"
         ),
         // The frame decoder's fuzz target; a corpus replayer when not built for libFuzzer.
@@ -175,19 +195,30 @@ let package = Package(
         .target(name: "DredgeTestSupport", path: "Tests/DredgeTestSupport"),
         .testTarget(
             name: "DredgeStoreTests",
-            dependencies: ["DredgeStore", "DredgeSamples", "DredgeTestSupport", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["DredgeDomain", "DredgeStore", "DredgeSamples", "DredgeTestSupport", .product(name: "GRDB", package: "GRDB.swift")]
         ),
-        .testTarget(name: "DredgeAgentTests", dependencies: ["DredgeTestSupport", "DredgeEnvelope"]),
+        .testTarget(name: "DredgeDomainTests", dependencies: ["DredgeDomain"]),
+        .testTarget(
+            name: "DredgeAgentTests",
+            dependencies: [
+                "DredgeTestSupport", "DredgeDomain", "DredgeEnvelope", "DredgeWire", "DredgeAgentCore", "DredgeStore", "DredgeSamples", "DredgePayload", "DredgeExport",
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
+        ),
         .testTarget(
             name: "DredgeServerTests",
             dependencies: [
-                "DredgeServer", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", "DredgeAdminAPI", "DredgeAgentCore", "DredgeWire", "DredgeExport",
+                "DredgeServer", "DredgeDomain", "DredgePayload", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", "DredgeAdminAPI", "DredgeAgentCore", "DredgeWire", "DredgeExport",
                 "DredgeLogging",
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         .testTarget(
@@ -205,12 +236,16 @@ let package = Package(
         ),
         .testTarget(
             name: "DredgeExportTests",
-            dependencies: ["DredgeExport", "DredgeEnvelope", "DredgeWire", "DredgeStore", "DredgeSamples", "DredgeTestSupport"]
+            dependencies: [
+                "DredgeDomain", "DredgePayload", "DredgeExport", "DredgeEnvelope", "DredgeWire", "DredgeStore", "DredgeSamples", "DredgeTestSupport",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "ZIPFoundation", package: "ZIPFoundation"),
+            ]
         ),
         .testTarget(
             name: "DredgeLoggingTests",
             dependencies: [
-                "DredgeLogging", "DredgeStore", "DredgeTestSupport",
+                "DredgeDomain", "DredgeLogging", "DredgeStore", "DredgeTestSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Hummingbird", package: "hummingbird"),
             ]

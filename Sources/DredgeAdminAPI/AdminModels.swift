@@ -1,4 +1,4 @@
-import DredgeStore
+import DredgeDomain
 import Foundation
 
 // The admin API's messages: JSON bodies with ISO 8601 dates, the same types on both sides.
@@ -85,14 +85,16 @@ public struct PullRecord: Sendable, Equatable, Codable {
     public var id: String
     public var uid: String
     public var agentID: String
-    public var filter: LogFilter
+    /// What was asked for; nil when the stored filter no longer reads back (the pull is then
+    /// failed, never delivered as a wider filter).
+    public var filter: LogFilter?
     public var issuedAt: Timestamp
     public var expiresAt: Timestamp
     /// The name of the admin token that asked (or `local-operator` for `dredge-server pull`).
     public var requestedBy: String
     public var targets: [PullTarget]
 
-    public init(id: String, uid: String, agentID: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, targets: [PullTarget]) {
+    public init(id: String, uid: String, agentID: String, filter: LogFilter?, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, targets: [PullTarget]) {
         self.id = id
         self.uid = uid
         self.agentID = agentID

@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeEnvelope
 import DredgeStore
 import DredgeWire

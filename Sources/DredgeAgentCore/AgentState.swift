@@ -1,5 +1,6 @@
 import DredgeEnvelope
 import DredgeExport
+import DredgePayload
 import Foundation
 
 /// What an agent keeps after enrollment, in its state directory:

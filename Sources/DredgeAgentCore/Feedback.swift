@@ -1,6 +1,8 @@
 import Crypto
+import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
+import DredgePayload
 import DredgeStore
 import DredgeWire
 import Foundation
@@ -19,14 +21,14 @@ public enum Feedback {
     public static let logType: LogType = "feedback"
     public static let defaultDays = 3
     /// The longest feedback text accepted, in bytes.
-    public static let maxTextBytes = 16 * 1024
+    public static let maxTextBytes = DomainLimits.feedbackTextBytes
 
     /// Prepares a feedback upload in the outbox; returns its id. A running agent sends it when
     /// connected (at once if it is this process's ``AgentClient``; within seconds otherwise).
     @discardableResult
     public static func submit(uid: String, text: String, days: Int = defaultDays, state: AgentState, store: LogStore, now: Timestamp = .now) throws -> String {
         if let problem = UserID.problem(uid) { throw AgentError("feedback needs a valid uid: \(problem)") }
-        guard !text.isEmpty, text.utf8.count <= maxTextBytes else { throw AgentError("feedback text must be 1 to \(maxTextBytes) bytes") }
+        if let problem = FeedbackText.problem(text) { throw AgentError(problem) }
         guard (1...30).contains(days) else { throw AgentError("feedback covers 1 to 30 days") }
         let serverKey = try RSAPublicKey(spki: Hex.decode(state.file.serverEncryptionKey) ?? [])
         let id = Hex.encode(secureRandomBytes(16))

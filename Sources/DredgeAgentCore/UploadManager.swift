@@ -1,6 +1,8 @@
 import Crypto
+import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
+import DredgePayload
 import DredgeStore
 import DredgeWire
 import Foundation

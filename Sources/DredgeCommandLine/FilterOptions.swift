@@ -1,5 +1,5 @@
 import ArgumentParser
-import DredgeStore
+import DredgeDomain
 
 /// The record filter flags, shared by `dredge-agent query`, `dredge-server pull` and
 /// `dredge pull`.

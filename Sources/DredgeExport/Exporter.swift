@@ -1,3 +1,5 @@
+import DredgeDomain
+import DredgePayload
 import DredgeStore
 import DredgeWire
 import Foundation

@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeStore
 import Logging
 

@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeStore
 
 /// The logging API for app code: a level, a log type, structured metadata and privacy per value.

@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeStore
 
 /// A metadata value with its privacy level, as a log call passes it:

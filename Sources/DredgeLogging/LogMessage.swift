@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeStore
 
 /// A log message whose interpolated values each carry a privacy level:

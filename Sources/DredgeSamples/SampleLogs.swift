@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeStore
 
 /// Deterministic, realistic log traffic for the demo, the benchmarks and tests: several users

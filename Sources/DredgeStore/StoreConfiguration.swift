@@ -1,3 +1,5 @@
+import DredgeDomain
+
 /// What happens when a log call finds the write queue full.
 public enum OverflowPolicy: Sendable, Hashable {
     /// The new record is dropped and counted (``StoreStatistics/droppedQueueFull``), and the

@@ -1,3 +1,5 @@
+import DredgeDomain
+
 /// The protocol's named limits. Each cites the section of Protocol/README.md that defines it;
 /// changing one is a protocol change.
 public enum WireLimits {
@@ -31,7 +33,7 @@ public enum WireLimits {
     /// § Identities: bytes in an id (command, upload, agent, feedback).
     public static let maxIDBytes = 64
     /// § Heartbeats: uids one heartbeat may list.
-    public static let maxActiveUIDs = 1_024
+    public static let maxActiveUIDs = DomainLimits.activeUIDs
     /// § Pull commands: how far a command's issued_at may be ahead of the agent's clock.
     public static let clockSkewMicroseconds: Int64 = 5 * 60 * 1_000_000
     /// § Authentication: bytes of the server's challenge.

@@ -3,6 +3,7 @@ import DredgeAgentCore
 import DredgeCommandLine
 import DredgeEnvelope
 import DredgeExport
+import DredgePayload
 import Foundation
 
 /// `dredge-agent export`: the zip a pull would upload, written locally for a developer at the

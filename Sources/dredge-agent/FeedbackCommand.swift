@@ -1,6 +1,7 @@
 import ArgumentParser
 import DredgeAgentCore
 import DredgeCommandLine
+import DredgeDomain
 import Foundation
 
 /// `dredge-agent feedback`: a user's feedback with their recent logs, queued for the server.
@@ -28,7 +29,7 @@ struct FeedbackCommand: AsyncParsableCommand {
 
     func validate() throws {
         guard (1...30).contains(days) else { throw ValidationError("--days must be between 1 and 30") }
-        guard !text.isEmpty, text.utf8.count <= Feedback.maxTextBytes else { throw ValidationError("--text must be 1 to \(Feedback.maxTextBytes) bytes") }
+        if let problem = FeedbackText.problem(text) { throw ValidationError("--text: \(problem)") }
     }
 
     func run() async throws {

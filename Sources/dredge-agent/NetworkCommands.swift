@@ -1,6 +1,7 @@
 import ArgumentParser
 import DredgeAgentCore
 import DredgeCommandLine
+import DredgeDomain
 import DredgeStore
 import DredgeWire
 import Foundation

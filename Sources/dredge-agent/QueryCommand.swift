@@ -1,5 +1,6 @@
 import ArgumentParser
 import DredgeCommandLine
+import DredgeDomain
 import DredgeStore
 import Foundation
 

@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeDomain
 import DredgeStore
 
 struct StatsCommand: AsyncParsableCommand {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import DredgeCommandLine
+import DredgeDomain
 import DredgeLogging
 import DredgeStore
 import Foundation

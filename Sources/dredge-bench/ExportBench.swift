@@ -1,8 +1,10 @@
 import ArgumentParser
 import CDredgeZlib
 import Crypto
+import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
+import DredgePayload
 import DredgeSamples
 import DredgeStore
 import DredgeWire

@@ -1,12 +1,13 @@
 import ArgumentParser
+import DredgeDomain
 import DredgeLogging
 import DredgeStore
 import Foundation
+import FoundationNetworking
 import Hummingbird
 import Logging
 
 #if canImport(FoundationNetworking)
-import FoundationNetworking
 #endif
 
 /// `dredge-bench network`: what logging every HTTP exchange costs the app. Requests/s through

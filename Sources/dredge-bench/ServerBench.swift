@@ -1,8 +1,10 @@
 import ArgumentParser
 import DredgeAdminAPI
 import DredgeAgentCore
+import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
+import DredgePayload
 import DredgeServer
 import DredgeStore
 import DredgeWire

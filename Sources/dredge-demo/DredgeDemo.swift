@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeDomain
 import DredgeLogging
 import DredgeSamples
 import DredgeStore

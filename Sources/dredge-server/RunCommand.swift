@@ -1,8 +1,8 @@
 import ArgumentParser
 import DredgeAdminAPI
 import DredgeCommandLine
+import DredgeDomain
 import DredgeServer
-import DredgeStore
 import Foundation
 import Logging
 

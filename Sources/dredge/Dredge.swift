@@ -1,7 +1,7 @@
 import ArgumentParser
 import DredgeAdminAPI
 import DredgeCommandLine
-import DredgeStore
+import DredgeDomain
 import DredgeWire
 import Foundation
 
@@ -170,7 +170,7 @@ struct ShowCommand: AsyncParsableCommand {
         print("pull \(record.id)")
         print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
         print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   agent: \(record.agentID.isEmpty ? "(every agent with the uid)" : record.agentID)")
-        print("  filter: \(Format.filter(record.filter))")
+        print("  filter: \(record.filter.map(Format.filter) ?? "(unreadable on the server; the pull is failed)")")
         Format.printResult(record)
     }
 }

@@ -1,5 +1,5 @@
 import DredgeAdminAPI
-import DredgeStore
+import DredgeDomain
 import Foundation
 
 /// How `dredge` shows things to people.

@@ -1,7 +1,7 @@
 import ArgumentParser
 import DredgeCommandLine
 import DredgeEnvelope
-import DredgeExport
+import DredgePayload
 import Foundation
 
 /// `dredge open-export`: opens a sealed manual export (`dredge-agent export --encrypt-to`) with

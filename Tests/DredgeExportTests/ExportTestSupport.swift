@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeSamples
 import DredgeStore
 import DredgeTestSupport

@@ -1,10 +1,12 @@
 import Crypto
-@testable import DredgeExport
+import DredgeDomain
+import DredgePayload
 import DredgeStore
 import DredgeTestSupport
 import Foundation
 import Testing
 import ZIPFoundation
+@testable import DredgeExport
 
 @Suite struct ExporterTests {
     @Test func exportsExactlyTheFilteredRecordsAsPerDayFiles() throws {

@@ -1,4 +1,6 @@
 @testable import DredgeExport
+import DredgeDomain
+import DredgePayload
 import DredgeStore
 import DredgeTestSupport
 import Foundation

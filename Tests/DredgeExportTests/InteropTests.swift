@@ -1,11 +1,13 @@
 import Crypto
+import DredgeDomain
 import DredgeEnvelope
-@testable import DredgeExport
+import DredgePayload
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire
 import Foundation
 import Testing
+@testable import DredgeExport
 
 /// The independent check: Python (`cryptography` and the standard `zipfile`), written from
 /// Protocol/README.md, verifies the vectors and decrypts an upload made here.

@@ -1,11 +1,13 @@
 import Crypto
-@testable import DredgeExport
+import DredgeDomain
 import DredgeEnvelope
+import DredgePayload
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire
 import Foundation
 import Testing
+@testable import DredgeExport
 
 func hex(_ bytes: some Sequence<UInt8>) -> String { Hex.encode(bytes) }
 func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }

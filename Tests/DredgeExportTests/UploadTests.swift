@@ -1,11 +1,13 @@
 import Crypto
-@testable import DredgeExport
+import DredgeDomain
 import DredgeEnvelope
+import DredgePayload
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire
 import Foundation
 import Testing
+@testable import DredgeExport
 
 @Suite struct UploadTests {
     func exported(_ dir: TempDir, count: Int = 8_000) throws -> (LogStore, ExportManifest, SealedUpload, SymmetricKey) {

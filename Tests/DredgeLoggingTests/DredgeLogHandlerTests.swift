@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeLogging
 import DredgeStore
 import DredgeTestSupport

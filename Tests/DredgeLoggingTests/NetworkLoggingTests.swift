@@ -1,13 +1,14 @@
+import DredgeDomain
 import DredgeLogging
 import DredgeStore
 import DredgeTestSupport
 import Foundation
+import FoundationNetworking
 import Hummingbird
 import Logging
 import Testing
 
 #if canImport(FoundationNetworking)
-import FoundationNetworking
 #endif
 
 /// Real HTTP exchanges with a local server on loopback, logged by the URLSession hook.

@@ -1,17 +1,19 @@
 import DredgeAdminAPI
 import DredgeAgentCore
+import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
-@testable import DredgeServer
+import DredgePayload
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire
 import Foundation
+import FoundationNetworking
 import NIOSSL
 import Testing
+@testable import DredgeServer
 
 #if canImport(FoundationNetworking)
-import FoundationNetworking
 #endif
 
 /// The engineers' side through real processes: the admin API behind its tokens, `dredge`, and

@@ -1,17 +1,18 @@
 @testable import DredgeAgentCore
 import DredgeAdminAPI
+import DredgeDomain
 import DredgeEnvelope
-@testable import DredgeServer
 import DredgeStore
 import DredgeWire
 import Foundation
-#if canImport(FoundationNetworking)
 import FoundationNetworking
-#endif
 import Logging
 import NIOCore
 import NIOPosix
 import Testing
+@testable import DredgeServer
+#if canImport(FoundationNetworking)
+#endif
 
 /// The listener's connection rules against the real server in this process: deadlines, the
 /// small frame limit before authentication, the caps, one connection per agent, and the
@@ -216,6 +217,8 @@ import Testing
         #expect(received == [good.id])
         let target = try #require(try server.pulls.pull(bad.id)?.targets.first)
         #expect(target.status == .failed)
+        #expect(try server.pulls.pull(bad.id)?.filter == nil)
+        #expect(try server.pulls.pull(good.id)?.filter == .all)
         #expect(server.logs.records.contains { $0.level == .error && $0.metadata["pull.id"] == "\(bad.id)" })
     }
 

@@ -1,13 +1,15 @@
 import DredgeAdminAPI
 import DredgeAgentCore
+import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
-@testable import DredgeServer
+import DredgePayload
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire
 import Foundation
 import Testing
+@testable import DredgeServer
 
 /// What an enrolled agent can do against the real server, through the real wire protocol and
 /// admin API (docs/threat_model.md): each attack once broke something; each is refused now,

@@ -1,9 +1,10 @@
 import Crypto
 import DredgeAdminAPI
 import DredgeAgentCore
+import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
-@testable import DredgeServer
+import DredgePayload
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire
@@ -12,6 +13,7 @@ import Logging
 import NIOSSL
 import ServiceLifecycle
 import Synchronization
+@testable import DredgeServer
 
 /// The real server (agent listener, admin API, delivery) in this process, on loopback ports
 /// chosen by the system, with its log captured. For tests that act as a hostile agent through

@@ -1,11 +1,12 @@
+import DredgeDomain
 import DredgeLogging
 import DredgeStore
 import DredgeTestSupport
 import Foundation
+import FoundationNetworking
 import Testing
 
 #if canImport(FoundationNetworking)
-import FoundationNetworking
 #endif
 
 /// An app logs its HTTP exchanges; an engineer pulls them with `--type network`.

@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeEnvelope
 import DredgeSamples
 import DredgeServer

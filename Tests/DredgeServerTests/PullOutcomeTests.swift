@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeAgentCore
+import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
 import DredgeServer

@@ -1,4 +1,5 @@
 @testable import DredgeStore
+import DredgeDomain
 import Foundation
 import GRDB
 import Testing

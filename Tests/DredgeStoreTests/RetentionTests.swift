@@ -1,4 +1,5 @@
 @testable import DredgeStore
+import DredgeDomain
 import DredgeSamples
 import Foundation
 import GRDB

@@ -1,4 +1,5 @@
 @_exported import DredgeTestSupport
+import DredgeDomain
 import DredgeStore
 import Foundation
 

@@ -1,3 +1,4 @@
+import DredgePayload
 import Foundation
 
 /// Writes a standard zip file (PKWARE APPNOTE 6.3: local headers, deflated data, central

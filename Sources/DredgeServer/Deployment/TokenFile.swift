@@ -1,7 +1,7 @@
 import Crypto
 import DredgeAdminAPI
 import DredgeEnvelope
-import DredgeExport
+import DredgePayload
 import Foundation
 
 /// The tokens the server accepts, by name and kind, as SHA-256 only: `tokens.json` does not

@@ -1,5 +1,5 @@
 import DredgeAdminAPI
-import DredgeStore
+import DredgeDomain
 import Foundation
 import GRDB
 
@@ -96,11 +96,11 @@ public final class FeedbackStore: Sendable {
         try db.read { db in try Row.fetchAll(db, sql: "SELECT * FROM feedback ORDER BY received_at DESC LIMIT ?", arguments: [limit]).map(Self.record) }
     }
 
-    static func record(_ row: Row) -> FeedbackRecord {
+    static func record(_ row: Row) throws -> FeedbackRecord {
         FeedbackRecord(
             id: row["id"], agentID: row["agent_id"], uid: row["uid"], text: row["text"], createdAt: Timestamp(microseconds: row["created_at_us"]),
             receivedAt: Date(timeIntervalSince1970: row["received_at"]), status: PullStatus(rawValue: row["status"]) ?? .failed, detail: row["detail"],
             chunksReceived: row["chunks_received"], chunkCount: row["chunk_count"], bytes: row["bytes"], records: row["records"],
-            files: (try? JSONDecoder().decode([String].self, from: Data((row["files"] as String).utf8))) ?? [])
+            files: try PullStore.files(row["files"], of: row["id"]))
     }
 }

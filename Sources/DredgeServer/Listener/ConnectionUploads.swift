@@ -1,8 +1,8 @@
 import Crypto
 import DredgeAdminAPI
+import DredgeDomain
 import DredgeEnvelope
-import DredgeExport
-import DredgeStore
+import DredgePayload
 import DredgeWire
 import Foundation
 import Logging
@@ -269,7 +269,7 @@ final class ConnectionUploads {
     private func admitFeedback(_ header: WireUploadHeader) throws -> Result<SymmetricKey, Refusal> {
         let id = header.uploadID
         let f = header.feedback
-        guard header.hasFeedback, f.feedbackID == id, UserID.isValid(f.uid), !f.text.isEmpty, f.text.utf8.count <= 16 * 1024 else {
+        guard header.hasFeedback, f.feedbackID == id, UserID.isValid(f.uid), FeedbackText.isValid(f.text) else {
             return .failure(Refusal(error(.errorUploadInvalid, id, "feedback header incomplete or over its limits")))
         }
         guard Timestamp.acceptedRange.contains(f.createdAtUs) else {

@@ -1,5 +1,5 @@
 import DredgeAdminAPI
-import DredgeStore
+import DredgeDomain
 import DredgeWire
 import Foundation
 

@@ -1,8 +1,8 @@
 import Crypto
 import DredgeAdminAPI
+import DredgeDomain
 import DredgeEnvelope
-import DredgeExport
-import DredgeStore
+import DredgePayload
 import DredgeWire
 import Foundation
 import GRDB
@@ -64,6 +64,22 @@ public final class PullStore: Sendable {
             migrator.registerMigration("pulls-v2") { db in
                 try db.execute(sql: "CREATE INDEX pull_target_by_status ON pull_target(status, agent_id)")
             }
+            // Filters were stored as the synthesized JSON of the filter type, without a version;
+            // rewrite each in the versioned form (StoredFilter). A row that does not read as the
+            // old form is left as it is: it fails to read back and its pull fails, closed.
+            migrator.registerMigration("pulls-v3-stored-filter") { db in
+                for row in try Row.fetchAll(db, sql: "SELECT id, filter FROM pull") {
+                    let old: String = row["filter"]
+                    let legacy: LogFilter
+                    do {
+                        legacy = try JSONDecoder().decode(LogFilter.self, from: Data(old.utf8))
+                    } catch {
+                        continue
+                    }
+                    guard legacy.problem == nil else { continue }
+                    try db.execute(sql: "UPDATE pull SET filter = ? WHERE id = ?", arguments: [try StoredFilter.encode(legacy), row["id"] as String])
+                }
+            }
         }
     }
 
@@ -73,7 +89,8 @@ public final class PullStore: Sendable {
         let id = Hex.encode(secureRandomBytes(16))
         let key = SymmetricKey.uploadKey()
         let wrapped = try encryptionKey.publicKey.wrapKey(key)
-        let filterJSON = String(decoding: try JSONEncoder().encode(filter), as: UTF8.self)
+        if let problem = filter.problem { throw DeploymentError(problem) }
+        let filterJSON = try StoredFilter.encode(filter)
         try db.write { db in
             try db.execute(
                 sql: "INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -217,14 +234,33 @@ public final class PullStore: Sendable {
                     pullID: t["pull_id"], agentID: t["agent_id"], status: stale ? .expired : stored,
                     detail: stale ? "expired before delivery" : t["detail"],
                     chunksReceived: t["chunks_received"], chunkCount: t["chunk_count"], bytes: t["bytes"],
-                    files: (try? JSONDecoder().decode([String].self, from: Data((t["files"] as String).utf8))) ?? [],
+                    files: try Self.files(t["files"], of: id),
                     updatedAt: Date(timeIntervalSince1970: t["updated_at"]))
             }
             return Pull(
                 id: row["id"], uid: row["uid"], agentID: row["agent_id"],
-                filter: (try? JSONDecoder().decode(LogFilter.self, from: Data((row["filter"] as String).utf8))) ?? .all,
+                filter: Self.shownFilter(row["filter"]),
                 issuedAt: Timestamp(microseconds: row["issued_at"]), expiresAt: Timestamp(microseconds: row["expires_at"]),
                 requestedBy: row["requested_by"], targets: targets)
+        }
+    }
+
+    /// The filter a pull shows: nil when the stored one does not read back (its delivery then
+    /// fails the pull with the reason; see ``command(_:agent:agentKey:signer:)``).
+    static func shownFilter(_ stored: String) -> LogFilter? {
+        do {
+            return try StoredFilter.decode(stored)
+        } catch {
+            return nil
+        }
+    }
+
+    /// A stored list of file names, or an error naming the damaged row.
+    static func files(_ json: String, of id: String) throws -> [String] {
+        do {
+            return try JSONDecoder().decode([String].self, from: Data(json.utf8))
+        } catch {
+            throw DeploymentError("the stored file list of \(id) is unreadable: \(error)")
         }
     }
 
@@ -291,8 +327,7 @@ public final class PullStore: Sendable {
         guard let row else { throw UnreadablePull("pull \(pullID) does not exist") }
         let filter: LogFilter
         do {
-            filter = try JSONDecoder().decode(LogFilter.self, from: Data((row["filter"] as String).utf8))
-            if let problem = filter.problem { throw DeploymentError(problem) }
+            filter = try StoredFilter.decode(row["filter"])
         } catch {
             throw UnreadablePull("the stored filter of pull \(pullID) is unreadable: \(error)")
         }

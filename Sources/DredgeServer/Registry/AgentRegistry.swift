@@ -1,6 +1,6 @@
 import DredgeAdminAPI
+import DredgeDomain
 import DredgeEnvelope
-import DredgeStore
 import DredgeWire
 import Foundation
 import GRDB
@@ -144,14 +144,18 @@ public final class AgentRegistry: Sendable {
 
     public func agents() throws -> [AgentRecord] {
         try db.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM agent ORDER BY hostname, id").map { row in
+            // The uid index is the truth (the JSON column only detects a change).
+            let uids = Dictionary(
+                grouping: try Row.fetchAll(db, sql: "SELECT agent_id, uid FROM agent_uid ORDER BY agent_id, uid"), by: { $0["agent_id"] as String }
+            ).mapValues { $0.map { $0["uid"] as String } }
+            return try Row.fetchAll(db, sql: "SELECT * FROM agent ORDER BY hostname, id").map { row in
                 AgentRecord(
                     agentID: row["id"], hostname: row["hostname"], os: row["os"], app: row["app"], appVersion: row["app_version"],
                     enrolledAt: Date(timeIntervalSince1970: row["enrolled_at"]), connected: row["connected"],
                     connectedAt: (row["connected_at"] as Double?).map(Date.init(timeIntervalSince1970:)),
                     remoteAddress: row["remote_address"],
                     lastHeartbeatAt: (row["last_heartbeat_at"] as Double?).map(Date.init(timeIntervalSince1970:)),
-                    activeUIDs: (try? JSONDecoder().decode([String].self, from: Data((row["active_uids"] as String).utf8))) ?? [],
+                    activeUIDs: uids[row["id"] as String] ?? [],
                     storeRecords: UInt64(max(0, row["store_records"] as Int64)))
             }
         }

@@ -1,3 +1,5 @@
+import DredgeDomain
+
 /// A record on its way into the store: what a log call enqueues.
 ///
 /// The store enforces its limits (``StoreLimits``) when it writes an entry, not when it is

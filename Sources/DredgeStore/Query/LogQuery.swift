@@ -1,3 +1,4 @@
+import DredgeDomain
 import GRDB
 
 /// Turns a ``LogFilter`` into SQL over the `log` table.

@@ -1,3 +1,5 @@
+import DredgeDomain
+
 /// Why records that were logged are not in the store.
 public struct LossReason: Hashable, Sendable, Codable, CustomStringConvertible {
     public let rawValue: String

@@ -1,3 +1,4 @@
+import DredgeDomain
 import Foundation
 
 /// The bounded buffer between log calls and the writer thread.

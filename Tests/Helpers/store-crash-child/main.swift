@@ -1,5 +1,6 @@
 // A child process for the crash tests: logs N records through the public API, calls flush(),
 // reports "flushed N" on stdout, then keeps logging until it is killed.
+import DredgeDomain
 import DredgeLogging
 import DredgeStore
 import Foundation

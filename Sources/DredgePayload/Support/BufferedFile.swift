@@ -2,13 +2,13 @@ import Foundation
 
 /// A write-only file with a 1 MiB buffer, positioned writes for patching headers, and fsync on
 /// close.
-final class BufferedFile {
+package final class BufferedFile {
     private let fd: Int32
     private var buffer: [UInt8] = []
-    private(set) var offset: UInt64 = 0
+    package private(set) var offset: UInt64 = 0
     private let path: String
 
-    init(creating path: String) throws {
+    package init(creating path: String) throws {
         self.path = path
         fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw ExportError(.io, "cannot create \(path): \(String(cString: strerror(errno)))") }
@@ -17,13 +17,13 @@ final class BufferedFile {
 
     deinit { if fd >= 0 { Glibc.close(fd) } }
 
-    func write(_ bytes: [UInt8]) throws {
+    package func write(_ bytes: [UInt8]) throws {
         buffer.append(contentsOf: bytes)
         offset += UInt64(bytes.count)
         if buffer.count >= 1 << 20 { try flush() }
     }
 
-    func flush() throws {
+    package func flush() throws {
         var done = 0
         while done < buffer.count {
             let n = buffer[done...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
@@ -34,13 +34,13 @@ final class BufferedFile {
     }
 
     /// Overwrites bytes already written at `position`.
-    func patch(_ bytes: [UInt8], at position: UInt64) throws {
+    package func patch(_ bytes: [UInt8], at position: UInt64) throws {
         try flush()
         let n = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, off_t(position)) }
         guard n == bytes.count else { throw ExportError(.io, "patching \(path): \(String(cString: strerror(errno)))") }
     }
 
-    func close() throws {
+    package func close() throws {
         try flush()
         guard fsync(fd) == 0 else { throw ExportError(.io, "fsync \(path): \(String(cString: strerror(errno)))") }
     }

@@ -1,6 +1,5 @@
 import Crypto
 import DredgeEnvelope
-import DredgeStore
 import DredgeWire
 import Foundation
 
@@ -18,39 +17,6 @@ public enum SealedExportFile {
     public static let magic = Array("DRDGEXP1".utf8)
     /// The most header bytes a reader accepts.
     public static let maxHeaderBytes = 64 * 1024
-
-    /// Exports `filter` from `store` to `path`: the zip itself, or sealed to `recipient`.
-    /// Written beside `path` and renamed, so `path` is whole or absent. Returns the manifest.
-    @discardableResult
-    public static func write(
-        from store: LogStore, filter: LogFilter, agentID: String = "", to path: String, recipient: RSAPublicKey? = nil, now: Timestamp = .now
-    ) throws -> ExportManifest {
-        let id = Hex.encode(secureRandomBytes(16))
-        let zip = path + ".\(id).zip.partial"
-        defer { try? FileManager.default.removeItem(atPath: zip) }
-        let manifest = try Exporter.export(
-            from: store, ExportRequest(uploadID: id, kind: .export, agentID: agentID, filter: filter, createdAt: now), to: zip)
-        guard let recipient else {
-            try publish(zip, as: path)
-            return manifest
-        }
-        let key = SymmetricKey.uploadKey()
-        let sealed = try SealedUpload(
-            zipPath: zip, uploadID: id, kind: .export, agentID: agentID, key: key, wrappedKey: try recipient.wrapKey(key),
-            empty: manifest.empty, createdAt: now.microseconds)
-        let temporary = path + ".\(id).partial"
-        defer { try? FileManager.default.removeItem(atPath: temporary) }
-        let file = try BufferedFile(creating: temporary)
-        let header = Array(try sealed.header.serializedBytes() as Data)
-        try file.write(magic + u32(header.count) + header)
-        for index in 0..<sealed.header.chunkCount {
-            let chunk = try sealed.chunk(index)
-            try file.write(u32(chunk.count) + chunk)
-        }
-        try file.close()
-        try publish(temporary, as: path)
-        return manifest
-    }
 
     /// Opens a sealed export with the recipient's private key into `directory` (per-day files
     /// and `manifest.json`, with the payload limits). Nothing is left in `directory` unless
@@ -104,10 +70,10 @@ public enum SealedExportFile {
         return try PayloadExtractor.extract(zip: zip, into: directory, limits: limits)
     }
 
-    static func publish(_ temporary: String, as path: String) throws {
+    package static func publish(_ temporary: String, as path: String) throws {
         guard rename(temporary, path) == 0 else { throw ExportError(.io, "cannot write \(path): \(String(cString: strerror(errno)))") }
     }
 
-    static func u32(_ n: Int) -> [UInt8] { withUnsafeBytes(of: UInt32(n).bigEndian) { Array($0) } }
-    static func u32(_ bytes: [UInt8]) -> UInt32 { bytes.reduce(0) { $0 << 8 | UInt32($1) } }
+    package static func u32(_ n: Int) -> [UInt8] { withUnsafeBytes(of: UInt32(n).bigEndian) { Array($0) } }
+    package static func u32(_ bytes: [UInt8]) -> UInt32 { bytes.reduce(0) { $0 << 8 | UInt32($1) } }
 }

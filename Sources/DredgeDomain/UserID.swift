@@ -5,7 +5,7 @@
 /// Control characters are refused because a NUL ends a C string: SQLite bindings cut a uid at
 /// its first NUL, so `"u-1\u{0}x"` would otherwise select `u-1`'s records.
 public enum UserID {
-    public static let maxBytes = 256
+    public static let maxBytes = DomainLimits.uidBytes
 
     /// Why `uid` is not a valid uid, or nil if it is.
     public static func problem(_ uid: String) -> String? {
@@ -29,17 +29,4 @@ extension Timestamp {
     public static let acceptedRange: ClosedRange<Int64> = 0...253_402_300_799_999_999
 
     public var isAccepted: Bool { Self.acceptedRange.contains(microseconds) }
-}
-
-extension LogFilter {
-    /// Why this filter cannot be accepted from outside, or nil: times outside
-    /// ``Timestamp/acceptedRange``, `until` not after `since`, an invalid uid, a NUL in the text.
-    public var problem: String? {
-        if let since, !since.isAccepted { return "since is out of range (\(Timestamp.acceptedRange.lowerBound)...\(Timestamp.acceptedRange.upperBound) µs)" }
-        if let until, !until.isAccepted { return "until is out of range (\(Timestamp.acceptedRange.lowerBound)...\(Timestamp.acceptedRange.upperBound) µs)" }
-        if let since, let until, until <= since { return "until must be after since" }
-        if let uid, let problem = UserID.problem(uid) { return problem }
-        if let text, text.utf8.contains(0) { return "text contains a NUL character" }
-        return nil
-    }
 }

@@ -1,4 +1,4 @@
-import DredgeStore
+import DredgeDomain
 import Foundation
 import ZIPFoundation
 

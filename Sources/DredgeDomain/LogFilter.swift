@@ -26,12 +26,15 @@ public struct LogFilter: Sendable, Hashable, Codable {
     public static let all = LogFilter()
 }
 
-extension Timestamp: Codable {
-    public init(from decoder: any Decoder) throws {
-        self.init(microseconds: try decoder.singleValueContainer().decode(Int64.self))
-    }
-    public func encode(to encoder: any Encoder) throws {
-        var c = encoder.singleValueContainer()
-        try c.encode(microseconds)
+extension LogFilter {
+    /// Why this filter cannot be accepted from outside, or nil: times outside
+    /// ``Timestamp/acceptedRange``, `until` not after `since`, an invalid uid, a NUL in the text.
+    public var problem: String? {
+        if let since, !since.isAccepted { return "since is out of range (\(Timestamp.acceptedRange.lowerBound)...\(Timestamp.acceptedRange.upperBound) µs)" }
+        if let until, !until.isAccepted { return "until is out of range (\(Timestamp.acceptedRange.lowerBound)...\(Timestamp.acceptedRange.upperBound) µs)" }
+        if let since, let until, until <= since { return "until must be after since" }
+        if let uid, let problem = UserID.problem(uid) { return problem }
+        if let text, text.utf8.contains(0) { return "text contains a NUL character" }
+        return nil
     }
 }

@@ -26,7 +26,7 @@ public struct LogType: Hashable, Sendable, Codable, ExpressibleByStringLiteral, 
     }
 
     /// Used when reading back rows the store itself validated on the way in.
-    init(unchecked rawValue: String) { self.rawValue = rawValue }
+    package init(unchecked rawValue: String) { self.rawValue = rawValue }
 
     public init(from decoder: any Decoder) throws {
         let raw = try decoder.singleValueContainer().decode(String.self)

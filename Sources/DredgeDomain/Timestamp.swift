@@ -43,20 +43,18 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
 
     /// RFC 3339 with exactly six fractional digits and a `Z` suffix, e.g.
     /// `2026-11-21T09:30:00.000042Z`. Formatted by hand: exports format one per record.
-    public var rfc3339: String {
-        var w = JSONWriter(reservingCapacity: 27)
-        writeRFC3339(into: &w)
-        return w.string
-    }
+    public var rfc3339: String { withRFC3339Bytes { String(decoding: $0, as: UTF8.self) } }
 
-    /// Appends the RFC 3339 form to `w` without making a string. Instants outside years
-    /// 0000–9999 are written as the nearest end of that range (RFC 3339 has four-digit years).
-    public func writeRFC3339(into w: inout JSONWriter) {
+    /// Calls `body` with the 27 bytes of the RFC 3339 form, without making a string. Instants
+    /// outside years 0000–9999 are written as the nearest end of that range (RFC 3339 has
+    /// four-digit years).
+    @inlinable
+    public func withRFC3339Bytes<R>(_ body: (UnsafeBufferPointer<UInt8>) throws -> R) rethrows -> R {
         let clamped = min(max(microseconds, Self.formattableRange.lowerBound), Self.formattableRange.upperBound)
         let (days, microOfDay) = (clamped.floorDiv(86_400_000_000), clamped.floorMod(86_400_000_000))
         let (year, month, day) = Self.civil(fromDays: days)
         let seconds = Int(microOfDay / 1_000_000), micros = Int(microOfDay % 1_000_000)
-        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 27) { out in
+        return try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 27) { out in
             func put(_ value: Int, _ at: Int, _ width: Int) {
                 var v = value
                 for i in stride(from: at + width - 1, through: at, by: -1) {
@@ -67,16 +65,16 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
             put(year, 0, 4); out[4] = 45; put(month, 5, 2); out[7] = 45; put(day, 8, 2); out[10] = 84
             put(seconds / 3600, 11, 2); out[13] = 58; put(seconds / 60 % 60, 14, 2); out[16] = 58; put(seconds % 60, 17, 2)
             out[19] = 46; put(micros, 20, 6); out[26] = 90
-            w.writeRawBytes(UnsafeBufferPointer(out))
+            return try body(UnsafeBufferPointer(out))
         }
     }
 
     /// 0000-01-01T00:00:00Z ... 9999-12-31T23:59:59.999999Z.
-    static let formattableRange: ClosedRange<Int64> = -62_167_219_200_000_000...253_402_300_799_999_999
+    @usableFromInline static let formattableRange: ClosedRange<Int64> = -62_167_219_200_000_000...253_402_300_799_999_999
 
     /// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar
     /// (H. Hinnant's algorithm).
-    static func civil(fromDays z0: Int64) -> (Int, Int, Int) {
+    @usableFromInline static func civil(fromDays z0: Int64) -> (Int, Int, Int) {
         let z = z0 + 719_468
         let era = (z >= 0 ? z : z - 146_096) / 146_097
         let doe = z - era * 146_097
@@ -149,9 +147,20 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
 
 extension Int64 {
     /// Floor division without overflow for any `self` (`d` > 0).
-    fileprivate func floorDiv(_ d: Int64) -> Int64 {
+    @usableFromInline func floorDiv(_ d: Int64) -> Int64 {
         let q = self / d
         return (self % d != 0 && self < 0) ? q - 1 : q
     }
-    fileprivate func floorMod(_ d: Int64) -> Int64 { self - floorDiv(d) * d }
+    @usableFromInline func floorMod(_ d: Int64) -> Int64 { self - floorDiv(d) * d }
+}
+
+extension Timestamp: Codable {
+    /// Microseconds since the epoch, as a JSON number.
+    public init(from decoder: any Decoder) throws {
+        self.init(microseconds: try decoder.singleValueContainer().decode(Int64.self))
+    }
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.singleValueContainer()
+        try c.encode(microseconds)
+    }
 }

@@ -1,6 +1,7 @@
 import Crypto
+import DredgeAgentCore
+import DredgeDomain
 import DredgeEnvelope
-import DredgeExport
 import DredgeStore
 import DredgeWire
 import Foundation

@@ -1,3 +1,5 @@
+import DredgeDomain
+
 /// What the receiving side accepts in an export zip (README § Payload limits). Everything is
 /// checked against what is actually decompressed, never against sizes the zip declares.
 public struct PayloadLimits: Sendable, Hashable {
@@ -31,5 +33,3 @@ public struct PayloadLimits: Sendable, Hashable {
         return Timestamp(rfc3339: String(name.prefix(10))) != nil
     }
 }
-
-import DredgeStore

@@ -1,4 +1,4 @@
-import DredgeStore
+import DredgeDomain
 import Foundation
 
 /// `manifest.json`, the last entry of every export zip (README § Payload). It says what was
@@ -33,6 +33,14 @@ public struct ExportManifest: Codable, Hashable, Sendable {
         public var bytes: Int
         public var first: String
         public var last: String
+
+        public init(file: String, records: Int, bytes: Int, first: String, last: String) {
+            self.file = file
+            self.records = records
+            self.bytes = bytes
+            self.first = first
+            self.last = last
+        }
     }
 
     public struct Loss: Codable, Hashable, Sendable {
@@ -41,6 +49,14 @@ public struct ExportManifest: Codable, Hashable, Sendable {
         public var first: String
         public var last: String
         public var recordedAt: String
+
+        public init(reason: String, count: Int64, first: String, last: String, recordedAt: String) {
+            self.reason = reason
+            self.count = count
+            self.first = first
+            self.last = last
+            self.recordedAt = recordedAt
+        }
     }
 
     public struct FeedbackDescription: Codable, Hashable, Sendable {
@@ -71,6 +87,25 @@ public struct ExportManifest: Codable, Hashable, Sendable {
     public var contexts: [String: LogContext]
     public var losses: [Loss]
     public var feedback: FeedbackDescription?
+
+    public init(
+        format: String, uploadID: String, kind: String, commandID: String?, agentID: String, createdAt: String, filter: FilterDescription,
+        recordCount: Int, empty: Bool, days: [Day], contexts: [String: LogContext], losses: [Loss], feedback: FeedbackDescription?
+    ) {
+        self.format = format
+        self.uploadID = uploadID
+        self.kind = kind
+        self.commandID = commandID
+        self.agentID = agentID
+        self.createdAt = createdAt
+        self.filter = filter
+        self.recordCount = recordCount
+        self.empty = empty
+        self.days = days
+        self.contexts = contexts
+        self.losses = losses
+        self.feedback = feedback
+    }
 
     enum CodingKeys: String, CodingKey {
         case format, kind, filter, empty, days, contexts, losses, feedback

@@ -160,8 +160,9 @@ struct Loopback {
     }
 
     /// A sender and a receiver over a connection that is cut at random moments, many times.
-    /// Frames in flight when it is cut are lost. The upload still completes, the window is
-    /// never exceeded, and no chunk the sender knew to be acknowledged is sent again.
+    /// Frames in flight when it is cut are lost, and now and then a chunk frame arrives twice.
+    /// The upload still completes, the window is never exceeded, no chunk the agent has seen
+    /// acknowledged (by an ack or a bitmap) is sent again, and no chunk is stored twice.
     @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8])
     func completesAcrossRandomDisconnectsWithoutResendingAcknowledgedChunks(seed: UInt64) throws {
         var rng = SeededRandom(seed)
@@ -170,7 +171,11 @@ struct Loopback {
         var receiver = UploadReceiverStateMachine(header: h)
         var toServer: [WireFrame] = []
         var toAgent: [WireFrame] = []
-        var storedTwice = 0
+        // What the test itself saw, not the machines' own bookkeeping: chunks stored by the
+        // "disk", and chunks the agent was told the server holds.
+        var storeCount: [UInt32: Int] = [:]
+        var seenAcknowledged = Set<UInt32>()
+        var duplicates = 0
         var disconnects = 0
         var result: WireUploadResult?
 
@@ -179,7 +184,7 @@ struct Loopback {
                 switch a {
                 case .send(let f): toServer.append(f)
                 case .sendChunk(let i):
-                    #expect(!sender.acknowledged.contains(i), "acknowledged chunk \(i) sent again")
+                    #expect(!seenAcknowledged.contains(i), "chunk \(i) sent again after the agent saw it acknowledged")
                     toServer.append(.with { $0.uploadChunk = .with { $0.uploadID = "up-1"; $0.index = i; $0.ciphertext = Data([UInt8(i % 256)]) } })
                 case .finished(let r): result = r
                 case .retryLater(let r): Issue.record("unexpected retry: \(r)")
@@ -192,7 +197,7 @@ struct Loopback {
                 switch a {
                 case .send(let f): toAgent.append(f)
                 case .store(let index, _):
-                    if receiver.received.contains(index) { storedTwice += 1 }
+                    storeCount[index, default: 0] += 1
                     server(receiver.stored(index))
                 case .assemble: server(receiver.assembled(.with { $0.uploadID = "up-1"; $0.ok = true; $0.files = 3 }))
                 }
@@ -219,12 +224,24 @@ struct Loopback {
                 let f = toServer.removeFirst()
                 switch f.body {
                 case .uploadBegin(let b)?: server(receiver.begin(b.header))
-                case .uploadChunk(let c)?: server(receiver.chunk(c))
+                case .uploadChunk(let c)?:
+                    server(receiver.chunk(c))
+                    if rng.next() % 7 == 0 {
+                        // The same chunk again (a duplicate on the wire): acked, never stored again.
+                        duplicates += 1
+                        server(receiver.chunk(c))
+                    }
                 case .uploadComplete?: server(receiver.complete())
                 default: Issue.record("unexpected \(f)")
                 }
             } else if !toAgent.isEmpty {
-                agent(sender.receive(toAgent.removeFirst()))
+                let f = toAgent.removeFirst()
+                switch f.body {
+                case .chunkAck(let a)?: seenAcknowledged.insert(a.index)
+                case .uploadReady(let r)?: seenAcknowledged = ChunkBitmap.decode(r.received, count: h.chunkCount)
+                default: break
+                }
+                agent(sender.receive(f))
             } else {
                 // Both idle without a result: the sender must have something pending.
                 Issue.record("stalled in \(sender.state)")
@@ -233,7 +250,8 @@ struct Loopback {
         }
         #expect(result?.ok == true)
         #expect(receiver.received.count == 97)
-        #expect(storedTwice == 0, "the receiver acknowledges resent held chunks without storing them")
+        #expect(storeCount.count == 97 && storeCount.values.allSatisfy { $0 == 1 }, "every chunk stored exactly once")
+        #expect(duplicates > 0, "the test did send duplicates")
         #expect(disconnects > 3, "the test did cut the connection")
         // A chunk is sent more than once only when its ack (or it) was lost in a cut.
         let resent = sender.sendCount.values.filter { $0 > 1 }.count
@@ -262,6 +280,41 @@ struct Loopback {
         #expect(receiver.status().uploadStatus.state == .failed)
         // Beginning again after the end only repeats the result.
         #expect(receiver.begin(h).count == 1)
+    }
+
+    /// After `ERROR_UPLOAD_INCOMPLETE` the server's bitmap is the truth: a chunk it once
+    /// acknowledged and has lost is sent again, and only that one.
+    @Test func afterUploadIncompleteTheServersBitmapIsTheTruth() {
+        let h = header(chunks: 4)
+        var sender = UploadSenderStateMachine(header: h, window: 4)
+        _ = sender.resume()
+        #expect(sender.receive(.with { $0.uploadReady = .with { $0.uploadID = "up-1"; $0.received = Data() } }).count == 4)
+        for i: UInt32 in 0..<3 { #expect(sender.receive(.with { $0.chunkAck = .with { $0.uploadID = "up-1"; $0.index = i } }).isEmpty) }
+        let complete = sender.receive(.with { $0.chunkAck = .with { $0.uploadID = "up-1"; $0.index = 3 } })
+        #expect(complete == [.send(.with { $0.uploadComplete = .with { $0.uploadID = "up-1" } })])
+        let again = sender.receive(.with { $0.error = .with { $0.code = .errorUploadIncomplete; $0.uploadID = "up-1" } })
+        #expect(again == [.send(.with { $0.uploadBegin = .with { $0.header = h } })])
+        let missing = sender.receive(.with { $0.uploadReady = .with { $0.uploadID = "up-1"; $0.received = Data(ChunkBitmap.encode([0, 1, 3], count: 4)) } })
+        #expect(missing == [.sendChunk(2)])
+        #expect(sender.receive(.with { $0.chunkAck = .with { $0.uploadID = "up-1"; $0.index = 2 } }) == complete)
+    }
+
+    /// A server that keeps answering `ERROR_UPLOAD_INCOMPLETE` while its bitmap says it holds
+    /// everything does not make the agent loop: the upload fails after three answers.
+    @Test func anUploadIncompleteLoopEnds() {
+        let h = header(chunks: 2)
+        let full = Data(ChunkBitmap.encode([0, 1], count: 2))
+        var sender = UploadSenderStateMachine(header: h, window: 4)
+        _ = sender.resume()
+        var ends: [UploadSenderStateMachine.Action] = []
+        for _ in 0..<UploadSenderStateMachine.maxIncompleteWithoutProgress {
+            let actions = sender.receive(.with { $0.uploadReady = .with { $0.uploadID = "up-1"; $0.received = full } })
+            #expect(actions == [.send(.with { $0.uploadComplete = .with { $0.uploadID = "up-1" } })])
+            ends = sender.receive(.with { $0.error = .with { $0.code = .errorUploadIncomplete; $0.uploadID = "up-1" } })
+        }
+        guard case .finished(let result)? = ends.first else { Issue.record("still looping: \(ends)"); return }
+        #expect(!result.ok && result.error == .errorUploadIncomplete)
+        #expect(sender.resume().isEmpty)
     }
 
     @Test func aResumedSenderSkipsWhatTheServerHolds() {

@@ -2,8 +2,14 @@ import SwiftProtobuf
 
 /// The agent's side of one upload (README § Uploads): begin, then chunks with at most `window`
 /// unacknowledged, then complete. It survives the connection: after a reconnect, ``resume()``
-/// begins again with the same header and the server's bitmap decides what is left, so an
-/// acknowledged chunk is never sent twice.
+/// begins again with the same header and the server's bitmap decides what is left, so a chunk
+/// the server holds is never sent twice.
+///
+/// The server's bitmap (`UploadReady`, `UploadStatus`) is the truth: it replaces what the
+/// sender believed acknowledged. A server that answers `ERROR_UPLOAD_INCOMPLETE` has lost
+/// chunks it once acknowledged; beginning again learns which, and only those are sent. After
+/// ``maxIncompleteWithoutProgress`` such answers in a row with no chunk acknowledged between
+/// them, the upload fails instead of looping.
 public struct UploadSenderStateMachine: Sendable {
     public enum State: Sendable, Equatable {
         /// UploadBegin sent; waiting for UploadReady (or a result if the server already has it).
@@ -27,6 +33,10 @@ public struct UploadSenderStateMachine: Sendable {
         case retryLater(WireUploadResult)
     }
 
+    /// `ERROR_UPLOAD_INCOMPLETE` answers in a row, with no chunk acknowledged between them,
+    /// after which the upload is given up (Protocol/README.md § Uploads).
+    public static let maxIncompleteWithoutProgress = 3
+
     /// Codes that mean "not now" rather than "never" (Protocol/README.md § Errors).
     public static let retryable: Set<WireErrorCode> = [.errorInternal, .errorLimitExceeded, .errorShuttingDown]
 
@@ -39,6 +49,8 @@ public struct UploadSenderStateMachine: Sendable {
     public private(set) var inFlight: Set<UInt32> = []
     /// Every chunk ever handed to the driver to send, with how many times: for tests and stats.
     public private(set) var sendCount: [UInt32: Int] = [:]
+    /// `ERROR_UPLOAD_INCOMPLETE` answers since a chunk was last acknowledged.
+    private var incompleteInARow = 0
 
     public init(header: WireUploadHeader, window: Int = WireLimits.defaultWindow) {
         self.header = header
@@ -68,17 +80,19 @@ public struct UploadSenderStateMachine: Sendable {
     public mutating func receive(_ frame: WireFrame) -> [Action] {
         switch (state, frame.body) {
         case (.beginning, .uploadReady(let ready)?) where ready.uploadID == uploadID:
-            acknowledged.formUnion(ChunkBitmap.decode(ready.received, count: header.chunkCount))
+            // The server's bitmap replaces what we believed: it may have lost chunks it acked.
+            acknowledged = ChunkBitmap.decode(ready.received, count: header.chunkCount)
             state = .sending
             return fill()
         case (.sending, .chunkAck(let ack)?) where ack.uploadID == uploadID:
             guard ack.index < header.chunkCount else { return [] }
             inFlight.remove(ack.index)
-            acknowledged.insert(ack.index)
+            if acknowledged.insert(ack.index).inserted { incompleteInARow = 0 }
             return fill()
         case (.beginning, .uploadStatus(let status)?) where status.uploadID == uploadID,
             (.sending, .uploadStatus(let status)?) where status.uploadID == uploadID:
-            acknowledged.formUnion(ChunkBitmap.decode(status.received, count: header.chunkCount))
+            // What the server holds, less what is in flight (those are acked or lost later).
+            acknowledged = ChunkBitmap.decode(status.received, count: header.chunkCount).subtracting(inFlight)
             return []
         case (_, .uploadResult(let result)?) where result.uploadID == uploadID:
             if case .finished = state { return [] }
@@ -94,8 +108,13 @@ public struct UploadSenderStateMachine: Sendable {
             let result = WireUploadResult.with { $0.uploadID = uploadID; $0.ok = false; $0.error = error.code; $0.detail = error.detail }
             if case .finished = state { return [] }
             if error.code == .errorUploadIncomplete, case .completing = state {
-                // The server lacks chunks we thought acknowledged: begin again to learn which.
-                return resume()
+                // The server lacks chunks we thought acknowledged: begin again to learn which,
+                // unless it keeps saying so while acknowledging nothing.
+                incompleteInARow += 1
+                if incompleteInARow < Self.maxIncompleteWithoutProgress { return resume() }
+                state = .finished(result)
+                inFlight = []
+                return [.finished(result)]
             }
             if Self.retryable.contains(error.code) {
                 state = .suspended

@@ -1,0 +1,261 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgeServer
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import Logging
+import NIOCore
+import Testing
+
+/// Every admin route, in process through `HummingbirdTesting` (no socket), against the real
+/// stores in a temporary data directory: the answers, the error codes, and what the routes
+/// leave behind (the audit log, the token file).
+@Suite struct AdminRouteTests {
+    /// A data directory with its stores, and the admin application over them.
+    struct Fixture {
+        let dir = TempDir()
+        let created: ServerDeployment.Created
+        let registry: AgentRegistry
+        let pulls: PullStore
+        let feedback: FeedbackStore
+        let tokens: TokenStore
+        let data: String
+
+        init() throws {
+            data = dir.file("server")
+            created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
+            let deployment = try LoadedDeployment(directory: data)
+            registry = try AgentRegistry(path: data + "/server.sqlite")
+            pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+            feedback = try FeedbackStore(path: data + "/feedback.sqlite")
+            tokens = TokenStore(path: data + "/tokens.json", file: deployment.tokens)
+        }
+
+        /// Runs `body` against the application, each request with the admin token unless told otherwise.
+        func test(_ body: @Sendable (Client) async throws -> Void) async throws {
+            let logger = Logger(label: "test.admin") { _ in SwiftLogNoOpLogHandler() }
+            let app = AdminAPI.application(
+                registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: PullDispatcher(pulls: pulls, logger: logger), port: 0,
+                logger: logger)
+            let token = created.adminToken
+            try await app.test(.router) { client in try await body(Client(client: client, token: token)) }
+        }
+
+        /// An enrolled agent whose last heartbeat reported `uids`.
+        func agent(uids: [String]) throws -> String {
+            let key = try RSAPrivateKey.generate()
+            let id = try registry.enroll(publicKey: key.publicKey, host: .with { $0.hostname = "host-\(uids.first ?? "none")" })
+            try registry.heartbeat(id, .with { $0.activeUids = uids })
+            return id
+        }
+    }
+
+    struct Client: Sendable {
+        let client: any TestClientProtocol
+        let token: String
+
+        struct Answer {
+            var status: HTTPResponse.Status
+            var headers: HTTPFields
+            var body: Data
+
+            func decode<T: Decodable>(_ type: T.Type) throws -> T { try JSONDecoder.adminAPI.decode(type, from: body) }
+            var code: String? { (try? decode(APIErrorBody.self))?.code }
+        }
+
+        func call(_ method: HTTPRequest.Method, _ uri: String, json: Data? = nil, token: String?? = .none) async throws -> Answer {
+            var headers: HTTPFields = [:]
+            let bearer: String? = token ?? self.token
+            if let bearer { headers[.authorization] = "Bearer \(bearer)" }
+            if json != nil { headers[.contentType] = "application/json" }
+            return try await client.execute(uri: uri, method: method, headers: headers, body: json.map { ByteBuffer(bytes: $0) }) { response in
+                Answer(status: response.status, headers: response.headers, body: Data(response.body.readableBytesView))
+            }
+        }
+
+        func post(_ uri: String, _ value: some Encodable) async throws -> Answer {
+            try await call(.post, uri, json: try JSONEncoder.adminAPI.encode(value))
+        }
+    }
+
+    @Test func healthNeedsNoToken() async throws {
+        try await Fixture().test { api in
+            let answer = try await api.call(.get, "/health", token: .some(nil))
+            #expect(answer.status == .ok)
+            #expect(try answer.decode([String: String].self) == ["status": "ok"])
+        }
+    }
+
+    @Test func everyV1RouteNeedsAnAdminToken() async throws {
+        let fixture = try Fixture()
+        let enrollment = fixture.created.enrollmentToken
+        try await fixture.test { api in
+            for (method, uri) in [(HTTPRequest.Method.get, "/v1/agents"), (.get, "/v1/pulls"), (.post, "/v1/pulls"), (.get, "/v1/feedback"), (.get, "/v1/audit"), (.get, "/v1/tokens"), (.delete, "/v1/tokens/admin/admin")] {
+                for token in [nil, "nonsense", enrollment] {
+                    let answer = try await api.call(method, uri, token: .some(token))
+                    #expect(answer.status == .unauthorized, "\(method) \(uri) with \(token ?? "no token")")
+                    #expect(answer.code == "unauthorized")
+                    #expect(answer.headers[.wwwAuthenticate]?.hasPrefix("Bearer") == true)
+                }
+            }
+            // Not "Bearer": refused even with the right secret.
+            var headers: HTTPFields = [.authorization: "Basic \(api.token)"]
+            headers[.accept] = "application/json"
+            let basic = try await api.client.execute(uri: "/v1/agents", method: .get, headers: headers) { $0.status }
+            #expect(basic == .unauthorized)
+        }
+    }
+
+    @Test func agentsAreListedWithTheirUIDs() async throws {
+        let fixture = try Fixture()
+        let id = try fixture.agent(uids: ["u-2", "u-1"])
+        try await fixture.test { api in
+            let answer = try await api.call(.get, "/v1/agents")
+            #expect(answer.status == .ok)
+            let agents = try answer.decode([AgentRecord].self)
+            #expect(agents.map(\.agentID) == [id])
+            #expect(agents.first?.activeUIDs == ["u-1", "u-2"])
+            #expect(agents.first?.connected == false)
+        }
+    }
+
+    @Test func pullsAreQueuedListedAndShown() async throws {
+        let fixture = try Fixture()
+        let a = try fixture.agent(uids: ["u-1"]), b = try fixture.agent(uids: ["u-1", "u-2"])
+        try await fixture.test { api in
+            let filter = LogFilter(since: Timestamp(microseconds: 1_000), levels: [.error])
+            let created = try await api.post("/v1/pulls", PullRequest(uid: "u-1", agent: nil, filter: filter))
+            #expect(created.status == .created)
+            let pull = try created.decode(PullRecord.self)
+            #expect(Set(pull.targets.map(\.agentID)) == [a, b])
+            #expect(pull.targets.allSatisfy { $0.status == .queued })
+            #expect(pull.filter == LogFilter(since: Timestamp(microseconds: 1_000), uid: "u-1", levels: [.error]))
+            #expect(pull.requestedBy == "admin")
+
+            let narrowed = try await api.post("/v1/pulls", PullRequest(uid: "u-2", agent: b, filter: .all)).decode(PullRecord.self)
+            #expect(narrowed.targets.map(\.agentID) == [b])
+
+            let shown = try await api.call(.get, "/v1/pulls/\(pull.id)")
+            #expect(shown.status == .ok)
+            #expect(try shown.decode(PullRecord.self) == pull)
+
+            let list = try await api.call(.get, "/v1/pulls").decode([PullRecord].self)
+            #expect(Set(list.map(\.id)) == [pull.id, narrowed.id])
+            #expect(try await api.call(.get, "/v1/pulls?limit=1").decode([PullRecord].self).count == 1)
+            #expect(try await api.call(.get, "/v1/pulls?limit=0").decode([PullRecord].self).count == 1, "a limit below 1 is 1")
+
+            let audit = try await api.call(.get, "/v1/audit").decode([AuditEntry].self)
+            #expect(audit.filter { $0.action == "pull" }.count == 2)
+            #expect(audit.allSatisfy { $0.actor == "admin" })
+        }
+    }
+
+    @Test func pullRequestsThatCannotBeMetAreRefused() async throws {
+        let fixture = try Fixture()
+        let agent = try fixture.agent(uids: ["u-1"])
+        try await fixture.test { api in
+            let cases: [(PullRequest, HTTPResponse.Status, String)] = [
+                (PullRequest(uid: nil, agent: nil, filter: .all), .badRequest, "bad_request"),
+                (PullRequest(uid: "nobody", agent: nil, filter: .all), .notFound, "no_agent"),
+                (PullRequest(uid: nil, agent: String(repeating: "0", count: 32), filter: .all), .notFound, "no_agent"),
+                (PullRequest(uid: nil, agent: "not-an-id", filter: .all), .badRequest, "bad_request"),
+                (PullRequest(uid: "u\u{0}1", agent: agent, filter: .all), .badRequest, "bad_request"),
+                (PullRequest(uid: nil, agent: agent, filter: LogFilter(since: Timestamp(microseconds: 5), until: Timestamp(microseconds: 5))), .badRequest, "bad_request"),
+                (PullRequest(uid: nil, agent: agent, filter: LogFilter(since: Timestamp(microseconds: -1))), .badRequest, "bad_request"),
+            ]
+            for (request, status, code) in cases {
+                let answer = try await api.post("/v1/pulls", request)
+                #expect(answer.status == status, "\(request)")
+                #expect(answer.code == code, "\(request)")
+            }
+            let unreadable = try await api.call(.post, "/v1/pulls", json: Data("{\"uid\": 7".utf8))
+            #expect(unreadable.status == .badRequest && unreadable.code == "bad_request")
+            let huge = try await api.call(.post, "/v1/pulls", json: Data(repeating: 32, count: 64 * 1024 + 1))
+            #expect(huge.status == .contentTooLarge)
+            // Nothing above was queued or audited.
+            #expect(try fixture.pulls.pulls().isEmpty)
+            #expect(try await api.call(.get, "/v1/audit").decode([AuditEntry].self).isEmpty)
+        }
+    }
+
+    @Test func unknownAndMalformedIdsAreTold() async throws {
+        try await Fixture().test { api in
+            let unknown = String(repeating: "a", count: 32)
+            for uri in ["/v1/pulls/\(unknown)", "/v1/feedback/\(unknown)", "/v1/nothing"] {
+                let answer = try await api.call(.get, uri)
+                #expect(answer.status == .notFound, "\(uri)")
+                #expect(answer.code == "not_found", "\(uri)")
+            }
+            for uri in ["/v1/pulls/ABC", "/v1/feedback/..%2F..%2Fetc", "/v1/pulls/\(unknown)0"] {
+                let answer = try await api.call(.get, uri)
+                #expect(answer.status == .badRequest, "\(uri)")
+                #expect(answer.code == "bad_request", "\(uri)")
+            }
+        }
+    }
+
+    @Test func feedbackIsListedAndShown() async throws {
+        let fixture = try Fixture()
+        let agent = try fixture.agent(uids: ["u-1"])
+        let first = Hex.encode(secureRandomBytes(16)), second = Hex.encode(secureRandomBytes(16))
+        try fixture.feedback.begin(id: first, agentID: agent, uid: "u-1", text: "the oven", createdAt: Timestamp(microseconds: 1), chunkCount: 1, bytes: 10)
+        try fixture.feedback.begin(id: second, agentID: agent, uid: "u-1", text: "the fridge", createdAt: Timestamp(microseconds: 2), chunkCount: 1, bytes: 10)
+        try fixture.feedback.update(first, status: .complete, detail: "3 records", records: 3, files: ["a.jsonl"])
+        try await fixture.test { api in
+            let list = try await api.call(.get, "/v1/feedback")
+            #expect(list.status == .ok)
+            #expect(Set(try list.decode([FeedbackRecord].self).map(\.id)) == [first, second])
+            let one = try await api.call(.get, "/v1/feedback/\(first)").decode(FeedbackRecord.self)
+            #expect(one.text == "the oven" && one.status == .complete && one.records == 3 && one.files == ["a.jsonl"])
+            #expect(try await api.call(.get, "/v1/feedback?limit=1").decode([FeedbackRecord].self).count == 1)
+        }
+    }
+
+    @Test func tokensAreMadeListedAndRevoked() async throws {
+        let fixture = try Fixture()
+        try await fixture.test { api in
+            let made = try await api.post("/v1/tokens", TokenRequest(name: "alice", kind: .admin))
+            #expect(made.status == .created)
+            let alice = try made.decode(TokenCreated.self)
+            #expect(alice.token.hasPrefix("dredge_adm_"))
+            // The new token works at once, and what it does is audited under its name.
+            let asAlice = try await api.call(.post, "/v1/tokens", json: try JSONEncoder.adminAPI.encode(TokenRequest(name: "bob", kind: .enrollment)), token: .some(alice.token))
+            #expect(asAlice.status == .created)
+            let names = try await api.call(.get, "/v1/tokens").decode([TokenInfo].self).map(\.name)
+            #expect(Set(names) == ["admin", "alice", "bob", "default"])
+            #expect(!String(decoding: try await api.call(.get, "/v1/tokens").body, as: UTF8.self).contains(alice.token))
+
+            #expect(try await api.post("/v1/tokens", TokenRequest(name: "alice", kind: .admin)).status == .conflict)
+            #expect(try await api.post("/v1/tokens", TokenRequest(name: "no spaces", kind: .admin)).code == "bad_request")
+
+            let revoked = try await api.call(.delete, "/v1/tokens/admin/alice")
+            #expect(revoked.status == .ok)
+            #expect(!(try revoked.decode([TokenInfo].self)).contains { $0.name == "alice" })
+            #expect(try await api.call(.get, "/v1/agents", token: .some(alice.token)).status == .unauthorized)
+            #expect(try await api.call(.delete, "/v1/tokens/admin/alice").code == "not_found")
+            #expect(try await api.call(.delete, "/v1/tokens/root/alice").code == "not_found")
+
+            let audit = try await api.call(.get, "/v1/audit").decode([AuditEntry].self)
+            #expect(audit.contains { $0.actor == "alice" && $0.action == "token.create" && $0.detail.contains("bob") })
+            #expect(audit.contains { $0.actor == "admin" && $0.action == "token.revoke" })
+        }
+        // Each change reached tokens.json before it took effect.
+        let onDisk = try JSONDecoder.adminAPI.decode(TokenFile.self, from: Data(contentsOf: URL(fileURLWithPath: fixture.data + "/tokens.json")))
+        #expect(onDisk.tokens.contains { $0.name == "bob" } && !onDisk.tokens.contains { $0.name == "alice" })
+    }
+
+    @Test func theLastAdminTokenCannotBeRevoked() async throws {
+        let fixture = try Fixture()
+        try await fixture.test { api in
+            let admins = try await api.call(.get, "/v1/tokens").decode([TokenInfo].self).filter { $0.kind == .admin }
+            #expect(admins.count == 1)
+            let answer = try await api.call(.delete, "/v1/tokens/admin/\(admins[0].name)")
+            #expect(answer.status == .conflict && answer.code == "conflict")
+            #expect(try await api.call(.get, "/v1/agents").status == .ok, "the token still works")
+        }
+    }
+}

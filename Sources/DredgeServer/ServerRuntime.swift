@@ -29,7 +29,7 @@ public enum ServerRuntime {
         let deployment = try LoadedDeployment(directory: dir)
         let registry = try AgentRegistry(path: dir + "/server.sqlite")
         try registry.resetPresence()
-        let pulls = try PullStore(path: dir + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+        let pulls = try PullStore(path: dir + "/pulls.sqlite")
         let feedback = try FeedbackStore(path: dir + "/feedback.sqlite")
         let tokens = TokenStore(path: dir + "/tokens.json", file: deployment.tokens)
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
@@ -39,7 +39,8 @@ public enum ServerRuntime {
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds)
         let admin = AdminAPI.application(
-            registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher,
+            registry: registry, pulls: pulls, audit: pulls, issuer: CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey),
+            feedback: feedback, tokens: tokens, dispatcher: dispatcher,
             port: options.adminPort ?? deployment.config.adminPort, logger: logger)
         let group = ServiceGroup(services: [dispatcher, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()

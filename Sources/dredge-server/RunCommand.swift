@@ -80,10 +80,11 @@ struct PullCommand: AsyncParsableCommand {
         let filter = try selection.filter()
         let deployment = try LoadedDeployment(directory: data)
         let registry = try AgentRegistry(path: data + "/server.sqlite")
-        let pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+        let pulls = try PullStore(path: data + "/pulls.sqlite")
         do {
-            let pull = try pulls.create(
-                PullRequest(uid: selection.uid, agent: agent, filter: filter, expiresInSeconds: expiresIn * 60), registry: registry, requestedBy: "local-operator")
+            let pull = try await pulls.create(
+                PullRequest(uid: selection.uid, agent: agent, filter: filter, expiresInSeconds: expiresIn * 60), registry: registry,
+                issuer: CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey), requestedBy: "local-operator")
             print(pull.id)
         } catch let error as PullRequestError {
             throw fail(error.description)
@@ -101,8 +102,8 @@ struct PullsCommand: AsyncParsableCommand {
     var json = false
 
     func run() async throws {
-        let deployment = try LoadedDeployment(directory: data)
-        let pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey).pulls()
+        _ = try LoadedDeployment(directory: data)  // refuses what is not a data directory
+        let pulls = try PullStore(path: data + "/pulls.sqlite").pulls()
         if json { return try printJSON(pulls) }
         for p in pulls {
             for t in p.targets {

@@ -21,6 +21,7 @@ import Testing
         let created: ServerDeployment.Created
         let registry: AgentRegistry
         let pulls: PullStore
+        let issuer: CommandIssuer
         let feedback: FeedbackStore
         let tokens: TokenStore
         let data: String
@@ -30,7 +31,8 @@ import Testing
             created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
             let deployment = try LoadedDeployment(directory: data)
             registry = try AgentRegistry(path: data + "/server.sqlite")
-            pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+            pulls = try PullStore(path: data + "/pulls.sqlite")
+            issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
             feedback = try FeedbackStore(path: data + "/feedback.sqlite")
             tokens = TokenStore(path: data + "/tokens.json", file: deployment.tokens)
         }
@@ -39,7 +41,7 @@ import Testing
         func test(_ body: @Sendable (Client) async throws -> Void) async throws {
             let logger = Logger(label: "test.admin") { _ in SwiftLogNoOpLogHandler() }
             let app = AdminAPI.application(
-                registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: PullDispatcher(pulls: pulls, logger: logger), port: 0,
+                registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: PullDispatcher(pulls: pulls, logger: logger), port: 0,
                 logger: logger)
             let token = created.adminToken
             try await app.test(.router) { client in try await body(Client(client: client, token: token)) }

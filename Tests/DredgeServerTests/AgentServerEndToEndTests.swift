@@ -13,13 +13,14 @@ import Testing
 
         init() throws {
             created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: dir.file("server")))
-            // A longer handshake deadline than the default 10 s: the synchronous tests of this
-            // suite hold the test process's few cooperative threads while they wait, which can
-            // stall an async test's handshake for seconds. The deadline itself is tested in
-            // process (ConnectionRulesTests, ConnectionDeadlineTests).
+            // A longer handshake deadline than the default 10 s, and 30 missed heartbeats instead
+            // of 3: the synchronous tests of this suite hold the test process's few cooperative
+            // threads while they wait, which can stall an async test's handshake, or a hand-driven
+            // link that sends no heartbeats, for seconds. Both deadlines are tested in process
+            // (ConnectionRulesTests, ConnectionDeadlineTests).
             let path = data + "/server.json"
             var config = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any])
-            config["connections"] = ["handshakeSeconds": 120]
+            config["connections"] = ["handshakeSeconds": 120, "missedHeartbeats": 30]
             try JSONSerialization.data(withJSONObject: config).write(to: URL(fileURLWithPath: path))
         }
 

@@ -219,8 +219,8 @@ import Testing
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
         let a = try await server.enrollAgent()
-        let open = try server.pulls.create(uid: "", agentID: a.agentID, filter: .all, agents: [a.agentID], lifetime: .seconds(3600), requestedBy: "t")
-        let done = try server.pulls.create(uid: "", agentID: a.agentID, filter: .all, agents: [a.agentID], lifetime: .seconds(3600), requestedBy: "t")
+        let open = try server.queuePull(agentID: a.agentID)
+        let done = try server.queuePull(agentID: a.agentID)
         try server.pulls.update(done, agent: a.agentID, status: .failed, detail: "x")
         let paths = DataDirectory(server.data)
         let keep = try paths.upload(open, agent: a.agentID), drop = try paths.upload(done, agent: a.agentID)

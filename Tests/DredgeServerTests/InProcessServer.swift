@@ -23,6 +23,7 @@ final class InProcessServer: @unchecked Sendable {
     let created: ServerDeployment.Created
     let registry: AgentRegistry
     let pulls: PullStore
+    let issuer: CommandIssuer
     let feedback: FeedbackStore
     let listener: AgentListener
     let logs = LogCapture()
@@ -49,7 +50,8 @@ final class InProcessServer: @unchecked Sendable {
         created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
         let deployment = try LoadedDeployment(directory: data)
         registry = try AgentRegistry(path: data + "/server.sqlite")
-        pulls = try PullStore(path: data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
+        pulls = try PullStore(path: data + "/pulls.sqlite")
+        issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
         feedback = try FeedbackStore(path: data + "/feedback.sqlite")
         let tokens = TokenStore(path: data + "/tokens.json", file: deployment.tokens)
         let logger = Logger(label: "test.server") { [logs] _ in logs }
@@ -60,7 +62,7 @@ final class InProcessServer: @unchecked Sendable {
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits)
         let adminPort = Mutex<Int?>(nil)
         let app = AdminAPI.application(
-            registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, port: 0, logger: logger,
+            registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, port: 0, logger: logger,
             onReady: { port in adminPort.withLock { $0 = port } })
         group = ServiceGroup(services: [dispatcher, listener, app], logger: logger)
         task = Task { [group] in try await group.run() }
@@ -237,5 +239,15 @@ final class LogCapture: LogHandler, @unchecked Sendable {
 
     func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String, file: String, function: String, line: UInt) {
         lock.withLock { stored.append(Record(level: level, message: "\(message)", metadata: self.metadata.merging(metadata ?? [:]) { $1 })) }
+    }
+}
+
+extension InProcessServer {
+    /// Queues a pull straight in the queue (what the admin API does after resolving targets).
+    @discardableResult
+    func queuePull(uid: String = "", agentID: String, filter: LogFilter = .all, agents: [String]? = nil, lifetime: Duration = .seconds(3600)) throws -> String {
+        let pull = try issuer.newPull(uid: uid, agentID: agentID, filter: filter, targets: agents ?? [agentID], lifetime: lifetime, requestedBy: "t")
+        try pulls.create(pull)
+        return pull.id
     }
 }

@@ -99,8 +99,11 @@ import Testing
         let (s1, live) = try d.pull(["--agent", agentID])
         #expect(s1 == 0, "\(live)")
         let deployment = try LoadedDeployment(directory: d.data)
-        let queue = try PullStore(path: d.data + "/pulls.sqlite", encryptionKey: deployment.encryptionKey)
-        let expired = try queue.create(uid: "", agentID: agentID, filter: .all, agents: [agentID], lifetime: .milliseconds(200), requestedBy: "test")
+        let queue = try PullStore(path: d.data + "/pulls.sqlite")
+        let expiring = try CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey).newPull(
+            uid: "", agentID: agentID, filter: .all, targets: [agentID], lifetime: .milliseconds(200), requestedBy: "test")
+        try queue.create(expiring)
+        let expired = expiring.id
         usleep(400_000)
         #expect(try targetStatus(d, live) == "queued")
 

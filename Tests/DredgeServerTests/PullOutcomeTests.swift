@@ -80,14 +80,13 @@ import Testing
         try PullEndToEndTests.makeDeviceStore(store)
         var pullID = ""
         let device = try await Device(server, store: store) { state in
-            let id = try server.pulls.create(
-                uid: "", agentID: state.file.agentID, filter: .all, agents: [state.file.agentID], lifetime: .seconds(600), requestedBy: "t")
+            let id = try server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
             pullID = id
             try server.pulls.markDelivered(id, agent: state.file.agentID)
             // The command the agent kept says something no agent accepts (a since of
             // Int64.min), signed by the server as if an older server had sent it.
             let signer = try LoadedDeployment(directory: server.data).signingKey
-            var command = try server.pulls.command(id, agent: state.file.agentID, agentKey: state.key.publicKey, signer: signer)
+            var command = try server.issuer.command(try server.pulls.storedPull(id), agent: state.file.agentID, agentKey: state.key.publicKey)
             command.filter.sinceUs = .min
             try signer.sign(&command)
             try FileManager.default.createDirectory(atPath: state.directory + "/uploads/\(id)", withIntermediateDirectories: true)
@@ -147,10 +146,13 @@ import Testing
     /// the server's own downtime never counts as the agent's silence.
     @Test func deliveredPullsThatNeverFinishExpire() throws {
         let dir = TempDir()
-        let pulls = try PullStore(path: dir.file("pulls.sqlite"), encryptionKey: try RSAPrivateKey.generate())
+        let pulls = try PullStore(path: dir.file("pulls.sqlite"))
+        let issuer = CommandIssuer(encryptionKey: try RSAPrivateKey.generate(), signingKey: .generate())
         let base = Date()
         func make() throws -> String {
-            try pulls.create(uid: "u", agentID: "", filter: .all, agents: ["a"], lifetime: .seconds(60), requestedBy: "t", now: Timestamp(base))
+            let pull = try issuer.newPull(uid: "u", agentID: "", filter: LogFilter(uid: "u"), targets: ["a"], lifetime: .seconds(60), requestedBy: "t", now: Timestamp(base))
+            try pulls.create(pull)
+            return pull.id
         }
         let quiet = try make(), moving = try make(), done = try make(), restarted = try make()
         try pulls.update(quiet, agent: "a", status: .delivered, at: base)

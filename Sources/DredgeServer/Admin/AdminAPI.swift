@@ -11,7 +11,8 @@ import NIOCore
 public enum AdminAPI {
     /// Builds the Hummingbird application; a `Service` for the server's service group.
     public static func application(
-        registry: AgentRegistry, pulls: PullStore, feedback: FeedbackStore, tokens: TokenStore, dispatcher: PullDispatcher, port: Int, logger: Logger,
+        registry: AgentRegistry, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: FeedbackStore, tokens: TokenStore,
+        dispatcher: PullDispatcher, port: Int, logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) -> some ApplicationProtocol {
         let router = Router(context: AdminRequestContext.self)
@@ -22,13 +23,13 @@ public enum AdminAPI {
         v1.get("agents") { _, _ in try json(registry.agents()) }
         v1.get("pulls") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
-            return try json(pulls.pulls(limit: min(max(limit, 1), 1000)))
+            return try json(await pulls.pulls(limit: min(max(limit, 1), 1000), now: .now))
         }
         v1.post("pulls") { request, context in
             let body = try await decode(PullRequest.self, from: request)
             let pull: PullRecord
             do {
-                pull = try pulls.create(body, registry: registry, requestedBy: context.tokenName ?? "?")
+                pull = try await pulls.create(body, registry: registry, issuer: issuer, requestedBy: context.tokenName ?? "?")
             } catch let error as PullRequestError {
                 switch error {
                 case .unknownAgent, .noAgentForUID: throw AdminAPIError(.notFound, "no_agent", error.description)
@@ -41,7 +42,7 @@ public enum AdminAPI {
         }
         v1.get("pulls/:id") { _, context in
             let id = try validID(context.parameters.require("id"), "pull")
-            guard let pull = try pulls.pull(id) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
+            guard let pull = try await pulls.pull(id, now: .now) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
             return try json(pull)
         }
         v1.get("feedback") { request, _ in
@@ -53,7 +54,7 @@ public enum AdminAPI {
             guard let record = try feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
             return try json(record)
         }
-        v1.get("audit") { _, _ in try json(pulls.audit()) }
+        v1.get("audit") { _, _ in try json(await audit.audit(limit: 1000)) }
         v1.get("tokens") { _, _ in try json(tokens.list()) }
         v1.post("tokens") { request, context in
             let body = try await decode(TokenRequest.self, from: request)
@@ -63,7 +64,7 @@ public enum AdminAPI {
             } catch let error as TokenError {
                 throw AdminAPIError(error == .exists(body.name) ? .conflict : .badRequest, error == .exists(body.name) ? "conflict" : "bad_request", error.description)
             }
-            try pulls.record(actor: context.tokenName ?? "?", action: "token.create", detail: "\(body.kind.rawValue) token '\(body.name)'")
+            try await audit.record(actor: context.tokenName ?? "?", action: "token.create", detail: "\(body.kind.rawValue) token '\(body.name)'", at: Date())
             return try json(created, status: .created)
         }
         v1.delete("tokens/:kind/:name") { _, context in
@@ -76,7 +77,7 @@ public enum AdminAPI {
             } catch let error as TokenError {
                 throw AdminAPIError(error == .lastAdmin ? .conflict : .notFound, error == .lastAdmin ? "conflict" : "not_found", error.description)
             }
-            try pulls.record(actor: context.tokenName ?? "?", action: "token.revoke", detail: "\(kind.rawValue) token '\(name)'")
+            try await audit.record(actor: context.tokenName ?? "?", action: "token.revoke", detail: "\(kind.rawValue) token '\(name)'", at: Date())
             return try json(tokens.list())
         }
 

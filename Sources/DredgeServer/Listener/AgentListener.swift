@@ -16,6 +16,7 @@ import ServiceLifecycle
 /// authenticate in time or go silent, and ``AgentConnections`` keeps one per agent.
 public final class AgentListener: Service, Sendable {
     public let deployment: LoadedDeployment
+    let issuer: CommandIssuer
     public let registry: AgentRegistry
     public let pulls: PullStore
     public let feedback: FeedbackStore
@@ -42,6 +43,7 @@ public final class AgentListener: Service, Sendable {
         connectionLimits: ConnectionLimits? = nil, openFiles: Int = ServerRuntime.openFileLimit()
     ) {
         self.deployment = deployment
+        self.issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
         self.paths = DataDirectory(deployment.directory)
         self.feedbackLimits = feedbackLimits ?? deployment.config.feedback ?? .default
         self.connectionLimits = connectionLimits ?? deployment.config.connections ?? .default
@@ -213,14 +215,14 @@ public final class AgentListener: Service, Sendable {
     }
 
     /// The signed command of one pull for one agent; nil when it cannot be made now. A pull
-    /// that can never be sent (``PullStore/UnreadablePull``) is failed for that agent with the
+    /// that can never be sent (``UnreadablePull``) is failed for that agent with the
     /// reason; any other error is logged and the pull waits for the next wake.
     private func command(_ pullID: String, for agentID: String) -> WireFrame? {
         do {
-            guard let key = try registry.publicKey(of: agentID) else { throw PullStore.UnreadablePull("agent \(agentID) is not enrolled") }
-            let command = try pulls.command(pullID, agent: agentID, agentKey: key, signer: deployment.signingKey)
+            guard let key = try registry.publicKey(of: agentID) else { throw UnreadablePull("agent \(agentID) is not enrolled") }
+            let command = try issuer.command(try pulls.storedPull(pullID), agent: agentID, agentKey: key)
             return .with { $0.pullCommand = command }
-        } catch let error as PullStore.UnreadablePull {
+        } catch let error as UnreadablePull {
             logger.error("pull cannot be delivered; marking it failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
             do {
                 try pulls.update(pullID, agent: agentID, status: .failed, detail: "the server could not make its command: \(error)")

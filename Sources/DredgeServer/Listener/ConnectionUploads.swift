@@ -233,9 +233,16 @@ final class ConnectionUploads {
             }
         default:
             guard let pull = try pulls.pull(header.uploadID), let target = pull.targets.first(where: { $0.agentID == agentID }),
-                let k = try pulls.key(of: header.uploadID)
+                let wrapped = try pulls.wrappedKey(of: header.uploadID)
             else {
                 return [error(.errorUploadInvalid, header.uploadID, "no pull \(header.uploadID) for this agent")]
+            }
+            let k: SymmetricKey
+            do {
+                k = try encryptionKey.unwrapKey(wrapped)
+            } catch {
+                logger.error("a pull's key does not unwrap", metadata: ["pull.id": "\(header.uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
+                return [self.error(.errorUploadInvalid, header.uploadID, "pull \(header.uploadID) cannot be received by this server (its key does not unwrap)")]
             }
             if target.status == .complete {
                 return [.with { $0.uploadResult = .with { $0.uploadID = header.uploadID; $0.ok = true; $0.files = UInt32(target.files.count) } }]

@@ -20,21 +20,21 @@ public enum PullRequestError: Error, CustomStringConvertible, Equatable, Sendabl
     }
 }
 
-extension PullStore {
-    /// The longest a pull may wait for an offline agent.
-    public static let maximumLifetime: Duration = .seconds(7 * 86_400)
+/// The longest a pull may wait for an offline agent.
+public let maximumPullLifetime: Duration = .seconds(7 * 86_400)
 
+extension PullQueue {
     /// Resolves a request's targets in the registry and queues the pull: by uid, every agent
     /// that has reported it; by agent, that agent (with a uid too, that agent's records of the
     /// uid). Recorded in the audit log under `requestedBy`.
-    public func create(_ request: PullRequest, registry: AgentRegistry, requestedBy: String, now: Timestamp = .now) throws -> PullRecord {
+    public func create(_ request: PullRequest, registry: AgentRegistry, issuer: CommandIssuer, requestedBy: String, now: Timestamp = .now) async throws -> PullRecord {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
         let agent = request.agent.flatMap { $0.isEmpty ? nil : $0 }
         guard uid != nil || agent != nil else { throw PullRequestError.noTarget }
         if let uid, let problem = UserID.problem(uid) { throw PullRequestError.invalid(problem) }
         if let agent, !WireID.isValid(agent) { throw PullRequestError.invalid("agent must be an agent id: 32 lowercase hex characters") }
         let seconds = request.expiresInSeconds ?? 3600
-        guard seconds > 0, Duration.seconds(seconds) <= Self.maximumLifetime else {
+        guard seconds > 0, Duration.seconds(seconds) <= maximumPullLifetime else {
             throw PullRequestError.invalid("expiresInSeconds must be between 1 and \(7 * 86_400)")
         }
         var filter = request.filter
@@ -44,15 +44,19 @@ extension PullStore {
         let agents: [String]
         if let agent {
             agents = try registry.isEnrolled(agent) ? [agent] : []
+        } else if let uid {
+            agents = try registry.agentIDs(withUID: uid)
         } else {
-            agents = try registry.agentIDs(withUID: uid!)
+            agents = []
         }
         guard !agents.isEmpty else {
             if let agent { throw PullRequestError.unknownAgent(agent) }
-            throw PullRequestError.noAgentForUID(uid!)
+            throw PullRequestError.noAgentForUID(uid ?? "")
         }
-        let id = try create(uid: uid ?? "", agentID: agent ?? "", filter: filter, agents: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
-        guard let pull = try pull(id) else { throw PullRequestError.invalid("pull \(id) vanished") }
-        return pull
+        let pull = try issuer.newPull(
+            uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
+        try await create(pull)
+        guard let record = try await self.pull(pull.id, now: now) else { throw PullRequestError.invalid("pull \(pull.id) vanished") }
+        return record
     }
 }

@@ -1,4 +1,3 @@
-import Crypto
 import DredgeAdminAPI
 import DredgeDomain
 import DredgeEnvelope
@@ -7,23 +6,23 @@ import DredgeWire
 import Foundation
 import GRDB
 
-/// The durable command queue: every pull, who asked for it, its key and its status per agent.
+/// The pull queue and audit log in SQLite (``PullQueue``, ``AuditLog``): every pull, who asked
+/// for it, its wrapped key and its status per agent.
 ///
 /// A pull is created `queued` for each target agent; it becomes `delivered` when sent,
 /// `exporting`/`uploading` as the agent reports, then `complete`, or `rejected` / `failed` /
 /// `expired` with the reason. Rows survive server restarts, so a pull for an offline agent is
 /// delivered when it connects, unless it expired first. The per-pull AES key is kept wrapped
-/// under the server's encryption key.
-public final class PullStore: Sendable {
+/// under the server's encryption key; ``CommandIssuer`` makes and unwraps it, never this store.
+public final class PullStore: PullQueue, AuditLog, Sendable {
     public typealias Status = PullStatus
     public typealias Target = PullTarget
     public typealias Pull = PullRecord
+    public typealias UnreadablePull = DredgeServer.UnreadablePull
 
     let db: DatabasePool
-    let encryptionKey: RSAPrivateKey
 
-    public init(path: String, encryptionKey: RSAPrivateKey) throws {
-        self.encryptionKey = encryptionKey
+    public init(path: String) throws {
         db = try ServerDatabase.open(path) { migrator in
             migrator.registerMigration("pulls-v1") { db in
                 try db.execute(sql: """
@@ -83,41 +82,34 @@ public final class PullStore: Sendable {
         }
     }
 
-    /// Queues a pull for `agents` (resolved by the caller from the registry) and records who
-    /// asked, in the audit log. Returns the pull id.
-    public func create(uid: String, agentID: String, filter: LogFilter, agents: [String], lifetime: Duration, requestedBy: String, now: Timestamp = .now) throws -> String {
-        let id = Hex.encode(secureRandomBytes(16))
-        let key = SymmetricKey.uploadKey()
-        let wrapped = try encryptionKey.publicKey.wrapKey(key)
-        if let problem = filter.problem { throw DeploymentError(problem) }
-        let filterJSON = try StoredFilter.encode(filter)
+    /// Queues a pull (made by ``CommandIssuer/newPull(uid:agentID:filter:targets:lifetime:requestedBy:now:)``)
+    /// for its targets and records who asked, in the audit log, in one transaction.
+    public func create(_ pull: NewPull) throws {
+        if let problem = pull.filter.problem { throw DeploymentError(problem) }
+        let filterJSON = try StoredFilter.encode(pull.filter)
+        let now = Date().timeIntervalSince1970
         try db.write { db in
             try db.execute(
                 sql: "INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                arguments: [id, uid, agentID, filterJSON, now.microseconds, now.adding(lifetime).microseconds, Data(wrapped), requestedBy, Date().timeIntervalSince1970])
-            for agent in agents {
-                try db.execute(
-                    sql: "INSERT INTO pull_target (pull_id, agent_id, status, updated_at) VALUES (?, ?, 'queued', ?)",
-                    arguments: [id, agent, Date().timeIntervalSince1970])
+                arguments: [pull.id, pull.uid, pull.agentID, filterJSON, pull.issuedAt.microseconds, pull.expiresAt.microseconds, Data(pull.wrappedKey), pull.requestedBy, now])
+            for agent in pull.targets {
+                try db.execute(sql: "INSERT INTO pull_target (pull_id, agent_id, status, updated_at) VALUES (?, ?, 'queued', ?)", arguments: [pull.id, agent, now])
             }
             try db.execute(
                 sql: "INSERT INTO audit (at, actor, action, detail) VALUES (?, ?, 'pull', ?)",
-                arguments: [Date().timeIntervalSince1970, requestedBy, "pull \(id) uid=\(uid) agent=\(agentID) filter=\(filterJSON) targets=\(agents.joined(separator: ","))"])
+                arguments: [now, pull.requestedBy, "pull \(pull.id) uid=\(pull.uid) agent=\(pull.agentID) filter=\(filterJSON) targets=\(pull.targets.joined(separator: ","))"])
         }
-        return id
     }
 
-    /// The pull's AES key (unwrapped from storage).
-    public func key(of pullID: String) throws -> SymmetricKey? {
-        guard let wrapped = try db.read({ try Data.fetchOne($0, sql: "SELECT wrapped_key FROM pull WHERE id = ?", arguments: [pullID]) }) else { return nil }
-        return try encryptionKey.unwrapKey(wrapped)
+    public func wrappedKey(of pullID: String) throws -> [UInt8]? {
+        try db.read { try Data.fetchOne($0, sql: "SELECT wrapped_key FROM pull WHERE id = ?", arguments: [pullID]) }.map { Array($0) }
     }
 
     /// The ids of the pulls to send `agentID` now: the queued ones, and with
     /// `includingUnanswered` (when the agent has just connected) the ones delivered before that
     /// it never answered. Queued ones past their expiry are expired first. It runs whenever an
     /// agent connects or is woken, so it only reads unless a queued pull has expired.
-    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp = .now) throws -> [String] {
+    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) throws -> [String] {
         let statuses = includingUnanswered ? "('queued', 'delivered')" : "('queued')"
         let queued = try db.read { db in
             try Row.fetchAll(
@@ -207,7 +199,7 @@ public final class PullStore: Sendable {
     }
 
     /// The audit log, newest first.
-    public func audit(limit: Int = 1000) throws -> [AuditEntry] {
+    public func audit(limit: Int) throws -> [AuditEntry] {
         try db.read { db in
             try Row.fetchAll(db, sql: "SELECT at, actor, action, detail FROM audit ORDER BY id DESC LIMIT ?", arguments: [limit]).map {
                 AuditEntry(at: Date(timeIntervalSince1970: $0["at"]), actor: $0["actor"], action: $0["action"], detail: $0["detail"])
@@ -216,16 +208,16 @@ public final class PullStore: Sendable {
     }
 
     /// Records an administrative action other than a pull (token changes).
-    public func record(actor: String, action: String, detail: String) throws {
+    public func record(actor: String, action: String, detail: String, at: Date) throws {
         try db.write { db in
-            try db.execute(sql: "INSERT INTO audit (at, actor, action, detail) VALUES (?, ?, ?, ?)", arguments: [Date().timeIntervalSince1970, actor, action, detail])
+            try db.execute(sql: "INSERT INTO audit (at, actor, action, detail) VALUES (?, ?, ?, ?)", arguments: [at.timeIntervalSince1970, actor, action, detail])
         }
     }
 
-    public func pull(_ id: String) throws -> Pull? {
+    public func pull(_ id: String, now: Timestamp) throws -> Pull? {
         try db.read { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT * FROM pull WHERE id = ?", arguments: [id]) else { return nil }
-            let expired = (row["expires_at"] as Int64) <= Timestamp.now.microseconds
+            let expired = (row["expires_at"] as Int64) <= now.microseconds
             let targets = try Row.fetchAll(db, sql: "SELECT * FROM pull_target WHERE pull_id = ? ORDER BY agent_id", arguments: [id]).map { t in
                 // A queued pull past its expiry is expired even if no delivery pass marked it yet.
                 let stored = Status(rawValue: t["status"]) ?? .failed
@@ -246,7 +238,7 @@ public final class PullStore: Sendable {
     }
 
     /// The filter a pull shows: nil when the stored one does not read back (its delivery then
-    /// fails the pull with the reason; see ``command(_:agent:agentKey:signer:)``).
+    /// fails the pull with the reason; see ``storedPull(_:)``).
     static func shownFilter(_ stored: String) -> LogFilter? {
         do {
             return try StoredFilter.decode(stored)
@@ -264,20 +256,20 @@ public final class PullStore: Sendable {
         }
     }
 
-    public func pulls(limit: Int = 1000) throws -> [Pull] {
-        let ids = try db.read { try String.fetchAll($0, sql: "SELECT id FROM pull ORDER BY created_at DESC LIMIT ?", arguments: [limit]) }
-        return try ids.compactMap { try pull($0) }
+    public func pulls(limit: Int, now: Timestamp) throws -> [Pull] {
+        let ids = try db.read { try String.fetchAll($0, sql: "SELECT id FROM pull ORDER BY created_at DESC, rowid DESC LIMIT ?", arguments: [limit]) }
+        return try ids.compactMap { try pull($0, now: now) }
     }
 
     /// Marks a pull delivered just before its command is written; false when it is no longer
     /// queued or delivered (the agent's answer, or an expiry, moved it on meanwhile), and then
     /// it must not be sent.
     @discardableResult
-    public func markDelivered(_ pullID: String, agent: String) throws -> Bool {
+    public func markDelivered(_ pullID: String, agent: String, at now: Date) throws -> Bool {
         try db.write { db in
             try db.execute(
                 sql: "UPDATE pull_target SET status = 'delivered', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status IN ('queued', 'delivered')",
-                arguments: [Date().timeIntervalSince1970, pullID, agent])
+                arguments: [now.timeIntervalSince1970, pullID, agent])
             return db.changesCount > 0
         }
     }
@@ -292,8 +284,8 @@ public final class PullStore: Sendable {
     ///   agent's repeated `CommandAccepted` moves a delivered pull on, not an uploading one back).
     @discardableResult
     public func update(
-        _ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, files: [String]? = nil,
-        from: Set<Status>? = nil, at now: Date = Date()
+        _ pullID: String, agent: String, status: Status, detail: String, chunksReceived: Int?, chunkCount: Int?, bytes: Int64?, files: [String]?,
+        from: Set<Status>?, at now: Date
     ) throws -> Bool {
         let allowed = from.map { " AND status IN (" + $0.map { "'\($0.rawValue)'" }.sorted().joined(separator: ",") + ")" } ?? ""
         return try db.write { db in
@@ -312,42 +304,46 @@ public final class PullStore: Sendable {
         }
     }
 
-    /// A stored pull that can never become a command (its row does not read back exactly).
-    public struct UnreadablePull: Error, CustomStringConvertible {
-        public var description: String
-        public init(_ description: String) { self.description = description }
-    }
-
-    /// The signed command of one pull for one of its targets. Throws, and makes nothing, when
-    /// the stored pull cannot be read back exactly (an unreadable filter never becomes "all").
-    public func command(_ pullID: String, agent: String, agentKey: RSAPublicKey, signer: ServerSigningKey) throws -> WirePullCommand {
+    /// What a command is made from. Throws ``UnreadablePull``, and makes nothing, when the pull
+    /// is gone or its row does not read back exactly (an unreadable filter never becomes "all").
+    public func storedPull(_ id: String) throws -> StoredPull {
         let row = try db.read { db in
-            try Row.fetchOne(db, sql: "SELECT uid, agent_id, filter, issued_at, expires_at FROM pull WHERE id = ?", arguments: [pullID])
+            try Row.fetchOne(db, sql: "SELECT uid, filter, issued_at, expires_at, wrapped_key FROM pull WHERE id = ?", arguments: [id])
         }
-        guard let row else { throw UnreadablePull("pull \(pullID) does not exist") }
+        guard let row else { throw UnreadablePull("pull \(id) does not exist") }
         let filter: LogFilter
         do {
             filter = try StoredFilter.decode(row["filter"])
         } catch {
-            throw UnreadablePull("the stored filter of pull \(pullID) is unreadable: \(error)")
+            throw UnreadablePull("the stored filter of pull \(id) is unreadable: \(error)")
         }
-        let wrapped = try db.read { try Data.fetchOne($0, sql: "SELECT wrapped_key FROM pull WHERE id = ?", arguments: [pullID]) }
-        let key: SymmetricKey
-        do {
-            guard let wrapped else { throw DeploymentError("no key") }
-            key = try encryptionKey.unwrapKey(wrapped)
-        } catch {
-            throw UnreadablePull("the key of pull \(pullID) does not unwrap: \(error)")
-        }
-        var command = WirePullCommand.with {
-            $0.commandID = pullID
-            $0.target = .with { $0.uid = row["uid"]; $0.agentID = agent }
-            $0.filter = filter.wire
-            $0.issuedAtUs = row["issued_at"]
-            $0.expiresAtUs = row["expires_at"]
-        }
-        command.wrappedKey = Data(try agentKey.wrapKey(key))
-        try signer.sign(&command)
-        return command
+        return StoredPull(
+            id: id, uid: row["uid"], filter: filter, issuedAt: Timestamp(microseconds: row["issued_at"]), expiresAt: Timestamp(microseconds: row["expires_at"]),
+            wrappedKey: Array(row["wrapped_key"] as Data))
     }
+}
+
+/// The sync calls the listener, the janitor and the command line still make (they move to the
+/// async ``PullQueue`` calls with the listener's rework), with the usual defaults.
+extension PullStore {
+    public func pull(_ id: String) throws -> Pull? { try pull(id, now: .now) }
+    public func pulls(limit: Int = 1000) throws -> [Pull] { try pulls(limit: limit, now: .now) }
+    public func deliverable(for agentID: String, includingUnanswered: Bool) throws -> [String] {
+        try deliverable(for: agentID, includingUnanswered: includingUnanswered, now: .now)
+    }
+    @discardableResult
+    public func markDelivered(_ pullID: String, agent: String) throws -> Bool { try markDelivered(pullID, agent: agent, at: Date()) }
+    @discardableResult
+    public func update(
+        _ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil,
+        files: [String]? = nil, from: Set<Status>? = nil
+    ) throws -> Bool {
+        try update(pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files, from: from, at: Date())
+    }
+    @discardableResult
+    public func update(_ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, at now: Date) throws -> Bool {
+        try update(pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: nil, bytes: nil, files: nil, from: nil, at: now)
+    }
+    public func audit() throws -> [AuditEntry] { try audit(limit: 1000) }
+    public func record(actor: String, action: String, detail: String) throws { try record(actor: actor, action: action, detail: detail, at: Date()) }
 }

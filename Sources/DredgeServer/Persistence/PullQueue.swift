@@ -1,0 +1,112 @@
+import DredgeAdminAPI
+import DredgeDomain
+import Foundation
+
+/// The durable pull queue, as the rest of the server sees it: every pull, who asked for it,
+/// its wrapped key, and its status per target agent, with the status moves guarded.
+///
+/// The rules every implementation keeps (``PullQueueConformanceTests`` checks each):
+/// - A pull is created with all its targets `queued`, and its audit entry, at once.
+/// - A queued target past the pull's expiry is `expired`: ``deliverable(for:includingUnanswered:now:)``
+///   marks it so and never returns it; ``pull(_:now:)`` shows it so even before.
+/// - ``markDelivered(_:agent:at:)`` applies only to a queued or delivered target.
+/// - A final status (complete, rejected, failed, expired) never changes again; ``update``
+///   with `from` applies only from those statuses.
+/// - A stored filter that does not read back exactly throws ``UnreadablePull`` from
+///   ``storedPull(_:)`` (and shows as nil in ``pull(_:now:)``), never a wider filter.
+///
+/// Keys are never in the clear here: the queue keeps the pull's key wrapped under the server's
+/// encryption key, and ``CommandIssuer`` does the unwrapping and signing.
+public protocol PullQueue: Sendable {
+    /// Stores a new pull with its targets queued, and records who asked in the audit log.
+    func create(_ pull: NewPull) async throws
+    func pull(_ id: String, now: Timestamp) async throws -> PullRecord?
+    /// Newest first.
+    func pulls(limit: Int, now: Timestamp) async throws -> [PullRecord]
+    /// What a command is made from; throws ``UnreadablePull`` when the pull does not exist or
+    /// its row does not read back exactly.
+    func storedPull(_ id: String) async throws -> StoredPull
+    /// The pull's key, wrapped under the server's encryption key; nil for an unknown pull.
+    func wrappedKey(of pullID: String) async throws -> [UInt8]?
+    /// The pulls to send `agentID` now: its queued ones, and with `includingUnanswered` those
+    /// delivered and never answered, oldest first. Queued ones past their expiry are expired.
+    func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [String]
+    /// Claims a target for delivery just before its command is written: false when it is no
+    /// longer queued or delivered, and then the command must not be sent.
+    func markDelivered(_ pullID: String, agent: String, at: Date) async throws -> Bool
+    /// Moves a target's status and progress unless its status is final (or, with `from`, not
+    /// one of those). Nil progress values keep what is stored. Returns whether it applied.
+    func update(
+        _ pullID: String, agent: String, status: PullStatus, detail: String, chunksReceived: Int?, chunkCount: Int?, bytes: Int64?, files: [String]?,
+        from: Set<PullStatus>?, at: Date
+    ) async throws -> Bool
+    /// Expires delivered, exporting or uploading targets that will not finish (see
+    /// ``PullStore/Deadlines``); returns how many.
+    func expireStalled(now: Date, listeningSince: Date, deadlines: PullStore.Deadlines) async throws -> Int
+    /// Agents with a queued pull.
+    func agentsWithQueuedPulls() async throws -> Set<String>
+}
+
+/// What administrators did, newest first: pulls, token changes.
+public protocol AuditLog: Sendable {
+    func record(actor: String, action: String, detail: String, at: Date) async throws
+    func audit(limit: Int) async throws -> [AuditEntry]
+}
+
+/// A pull about to be queued: everything but its statuses.
+public struct NewPull: Sendable, Equatable {
+    public var id: String
+    /// Empty for a pull by agent only.
+    public var uid: String
+    /// Empty for a pull by uid only.
+    public var agentID: String
+    public var filter: LogFilter
+    public var issuedAt: Timestamp
+    public var expiresAt: Timestamp
+    /// The pull's AES key, wrapped under the server's encryption key.
+    public var wrappedKey: [UInt8]
+    /// The admin token's name (or `local-operator`).
+    public var requestedBy: String
+    public var targets: [String]
+
+    public init(
+        id: String, uid: String, agentID: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, wrappedKey: [UInt8], requestedBy: String,
+        targets: [String]
+    ) {
+        self.id = id
+        self.uid = uid
+        self.agentID = agentID
+        self.filter = filter
+        self.issuedAt = issuedAt
+        self.expiresAt = expiresAt
+        self.wrappedKey = wrappedKey
+        self.requestedBy = requestedBy
+        self.targets = targets
+    }
+}
+
+/// A queued pull as read back to make its command.
+public struct StoredPull: Sendable, Equatable {
+    public var id: String
+    public var uid: String
+    public var filter: LogFilter
+    public var issuedAt: Timestamp
+    public var expiresAt: Timestamp
+    public var wrappedKey: [UInt8]
+
+    public init(id: String, uid: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, wrappedKey: [UInt8]) {
+        self.id = id
+        self.uid = uid
+        self.filter = filter
+        self.issuedAt = issuedAt
+        self.expiresAt = expiresAt
+        self.wrappedKey = wrappedKey
+    }
+}
+
+/// A stored pull that can never become a command (it is gone, or its row does not read back
+/// exactly, or its key does not unwrap): the pull fails for its target, with this reason.
+public struct UnreadablePull: Error, CustomStringConvertible, Sendable {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}

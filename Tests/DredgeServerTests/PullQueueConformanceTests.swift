@@ -1,0 +1,175 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgeServer
+import DredgeTestSupport
+import Foundation
+import Testing
+
+/// The rules of ``PullQueue`` and ``AuditLog``, written once and run against every
+/// implementation in ``Backend/all``: a second back end (PostgreSQL) joins that list and must
+/// pass the same tests. Everything goes through the protocols, with injected clocks.
+@Suite struct PullQueueConformanceTests {
+    /// One implementation under test, made fresh in a temporary directory.
+    struct Backend: Sendable, CustomTestStringConvertible {
+        let name: String
+        let make: @Sendable (TempDir) async throws -> any PullQueue & AuditLog
+        var testDescription: String { name }
+
+        static let sqlite = Backend(name: "SQLite") { dir in try PullStore(path: dir.file("pulls.sqlite")) }
+        static let all: [Backend] = [.sqlite]
+    }
+
+    static let issuer = CommandIssuer(encryptionKey: try! RSAPrivateKey.generate(), signingKey: .generate())
+    static let base = Timestamp(microseconds: 1_800_000_000_000_000)
+
+    static func newPull(targets: [String] = ["a"], filter: LogFilter = LogFilter(uid: "u-1"), lifetime: Duration = .seconds(600), at: Timestamp = base) throws -> NewPull {
+        try issuer.newPull(uid: filter.uid ?? "", agentID: "", filter: filter, targets: targets, lifetime: lifetime, requestedBy: "alice", now: at)
+    }
+
+    static func status(_ queue: any PullQueue, _ id: String, _ agent: String = "a", now: Timestamp = base) async throws -> PullStatus? {
+        try await queue.pull(id, now: now)?.targets.first { $0.agentID == agent }?.status
+    }
+
+    @Test(arguments: Backend.all)
+    func aPullReadsBackAsItWasQueued(_ backend: Backend) async throws {
+        let dir = TempDir()
+        defer { withExtendedLifetime(dir) {} }
+        let queue = try await backend.make(dir)
+        let filter = LogFilter(since: Timestamp(microseconds: 5), uid: "u-1", types: ["app", "network"], levels: [.error, .critical], text: "time out")
+        let new = try Self.newPull(targets: ["b", "a"], filter: filter)
+        try await queue.create(new)
+        let pull = try #require(try await queue.pull(new.id, now: Self.base))
+        #expect(pull.id == new.id && pull.uid == "u-1" && pull.agentID == "" && pull.requestedBy == "alice")
+        #expect(pull.filter == filter)
+        #expect(pull.issuedAt == Self.base && pull.expiresAt == Self.base.adding(.seconds(600)))
+        #expect(pull.targets.map(\.agentID) == ["a", "b"])
+        #expect(pull.targets.allSatisfy { $0.status == .queued && $0.chunksReceived == 0 && $0.files.isEmpty })
+
+        let stored = try await queue.storedPull(new.id)
+        #expect(stored == StoredPull(id: new.id, uid: "u-1", filter: filter, issuedAt: new.issuedAt, expiresAt: new.expiresAt, wrappedKey: new.wrappedKey))
+        #expect(try await queue.wrappedKey(of: new.id) == new.wrappedKey)
+        #expect(try Self.issuer.key(new.wrappedKey).withUnsafeBytes { Array($0) }.count == 32)
+
+        #expect(try await queue.pull(String(repeating: "0", count: 32), now: Self.base) == nil)
+        #expect(try await queue.wrappedKey(of: String(repeating: "0", count: 32)) == nil)
+        await #expect(throws: UnreadablePull.self) { try await queue.storedPull(String(repeating: "0", count: 32)) }
+    }
+
+    @Test(arguments: Backend.all)
+    func pullsAreListedNewestFirstAndAudited(_ backend: Backend) async throws {
+        let dir = TempDir()
+        defer { withExtendedLifetime(dir) {} }
+        let queue = try await backend.make(dir)
+        var ids: [String] = []
+        for _ in 0..<3 {
+            let new = try Self.newPull()
+            try await queue.create(new)
+            ids.append(new.id)
+        }
+        #expect(try await queue.pulls(limit: 10, now: Self.base).map(\.id) == ids.reversed())
+        #expect(try await queue.pulls(limit: 2, now: Self.base).map(\.id) == Array(ids.reversed().prefix(2)))
+        let audit = try await queue.audit(limit: 10)
+        #expect(audit.count == 3 && audit.allSatisfy { $0.action == "pull" && $0.actor == "alice" })
+        #expect(audit.first?.detail.contains(ids[2]) == true, "newest first")
+
+        try await queue.record(actor: "bob", action: "token.create", detail: "admin token 'carol'", at: Date())
+        let latest = try await queue.audit(limit: 1)
+        #expect(latest.map(\.actor) == ["bob"] && latest.first?.action == "token.create")
+    }
+
+    @Test(arguments: Backend.all)
+    func anInvalidFilterIsNeverQueued(_ backend: Backend) async throws {
+        let dir = TempDir()
+        defer { withExtendedLifetime(dir) {} }
+        let queue = try await backend.make(dir)
+        var bad = try Self.newPull()
+        bad.filter = LogFilter(since: Timestamp(microseconds: 10), until: Timestamp(microseconds: 10))
+        await #expect(throws: (any Error).self) { try await queue.create(bad) }
+        #expect(try await queue.pull(bad.id, now: Self.base) == nil)
+        #expect(try await queue.audit(limit: 10).isEmpty)
+    }
+
+    @Test(arguments: Backend.all)
+    func deliveryFollowsQueueAndExpiry(_ backend: Backend) async throws {
+        let dir = TempDir()
+        defer { withExtendedLifetime(dir) {} }
+        let queue = try await backend.make(dir)
+        let first = try Self.newPull(targets: ["a", "b"]), second = try Self.newPull(lifetime: .seconds(60))
+        try await queue.create(first)
+        try await queue.create(second)
+        #expect(try await queue.agentsWithQueuedPulls() == ["a", "b"])
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: false, now: Self.base) == [first.id, second.id])
+
+        // Claimed, it is no longer queued, but an unanswered delivery comes back on reconnect.
+        #expect(try await queue.markDelivered(first.id, agent: "a", at: Date()))
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: false, now: Self.base) == [second.id])
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: Self.base) == [first.id, second.id])
+        #expect(try await queue.markDelivered(first.id, agent: "a", at: Date()), "a redelivery may claim it again")
+
+        // Once the agent answered, it cannot be claimed for delivery again.
+        #expect(try await queue.update(first.id, agent: "a", status: .exporting, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, from: [.queued, .delivered], at: Date()))
+        #expect(try await !queue.markDelivered(first.id, agent: "a", at: Date()))
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: Self.base) == [second.id])
+
+        // Past its expiry a queued pull is shown expired, and expired by the next delivery pass.
+        let later = Self.base.adding(.seconds(61))
+        #expect(try await Self.status(queue, second.id, now: later) == .expired)
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: later).isEmpty)
+        #expect(try await Self.status(queue, second.id, now: Self.base) == .expired, "expired for good, whatever the clock says")
+        #expect(try await !queue.markDelivered(second.id, agent: "a", at: Date()))
+        #expect(try await queue.agentsWithQueuedPulls() == ["b"])
+    }
+
+    @Test(arguments: Backend.all)
+    func finalStatusesNeverChangeAndFromGuardsMoves(_ backend: Backend) async throws {
+        let dir = TempDir()
+        defer { withExtendedLifetime(dir) {} }
+        let queue = try await backend.make(dir)
+        let new = try Self.newPull()
+        try await queue.create(new)
+        func move(_ status: PullStatus, from: Set<PullStatus>? = nil, chunks: Int? = nil, files: [String]? = nil) async throws -> Bool {
+            try await queue.update(new.id, agent: "a", status: status, detail: "\(status)", chunksReceived: chunks, chunkCount: chunks.map { _ in 4 }, bytes: nil, files: files, from: from, at: Date())
+        }
+        #expect(try await !move(.exporting, from: [.delivered]), "only from delivered")
+        #expect(try await Self.status(queue, new.id) == .queued)
+        #expect(try await move(.uploading, chunks: 2))
+        #expect(try await !move(.exporting, from: [.queued, .delivered]), "a repeated answer never takes an upload back")
+        #expect(try await move(.uploading))
+        let progress = try #require(try await queue.pull(new.id, now: Self.base)?.targets.first)
+        #expect(progress.chunksReceived == 2 && progress.chunkCount == 4, "nil progress keeps what is stored")
+        #expect(try await move(.complete, files: ["/x/2026-11-21.jsonl"]))
+        for status in PullStatus.allCases {
+            #expect(try await !move(status), "complete is final: \(status)")
+        }
+        let done = try #require(try await queue.pull(new.id, now: Self.base)?.targets.first)
+        #expect(done.status == .complete && done.files == ["/x/2026-11-21.jsonl"] && done.detail == "complete")
+        #expect(try await queue.update("nope", agent: "a", status: .failed, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, from: nil, at: Date()) == false)
+    }
+
+    @Test(arguments: Backend.all)
+    func stalledTargetsExpireByTheDeadlines(_ backend: Backend) async throws {
+        let dir = TempDir()
+        defer { withExtendedLifetime(dir) {} }
+        let queue = try await backend.make(dir)
+        let start = Self.base.date
+        let quiet = try Self.newPull(lifetime: .seconds(60)), moving = try Self.newPull(lifetime: .seconds(60)), queued = try Self.newPull(lifetime: .seconds(60))
+        for pull in [quiet, moving, queued] { try await queue.create(pull) }
+        _ = try await queue.update(quiet.id, agent: "a", status: .delivered, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, from: nil, at: start)
+        _ = try await queue.update(moving.id, agent: "a", status: .uploading, detail: "", chunksReceived: 1, chunkCount: 9, bytes: nil, files: nil, from: nil, at: start.addingTimeInterval(600))
+        let deadlines = PullStore.Deadlines(quietAfterExpiry: .seconds(600), afterExpiry: .seconds(3600))
+
+        // Before the quiet period has passed since the expiry: nothing ends.
+        #expect(try await queue.expireStalled(now: start.addingTimeInterval(300), listeningSince: .distantPast, deadlines: deadlines) == 0)
+        // A server that just started does not count its own downtime as the agent's silence.
+        #expect(try await queue.expireStalled(now: start.addingTimeInterval(700), listeningSince: start.addingTimeInterval(650), deadlines: deadlines) == 0)
+        #expect(try await queue.expireStalled(now: start.addingTimeInterval(700), listeningSince: .distantPast, deadlines: deadlines) == 1)
+        #expect(try await Self.status(queue, quiet.id) == .expired)
+        #expect(try await Self.status(queue, moving.id) == .uploading, "heard from recently")
+        #expect(try await Self.status(queue, queued.id) == .queued, "queued pulls expire on delivery, not here")
+        // Past the hard limit everything still open ends, progress or not.
+        #expect(try await queue.expireStalled(now: start.addingTimeInterval(3700), listeningSince: .distantPast, deadlines: deadlines) == 1)
+        #expect(try await Self.status(queue, moving.id) == .expired)
+        #expect(try await queue.expireStalled(now: start.addingTimeInterval(9000), listeningSince: .distantPast, deadlines: deadlines) == 0)
+    }
+}

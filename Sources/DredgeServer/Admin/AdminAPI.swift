@@ -11,7 +11,7 @@ import NIOCore
 public enum AdminAPI {
     /// Builds the Hummingbird application; a `Service` for the server's service group.
     public static func application(
-        registry: AgentRegistry, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: FeedbackStore, tokens: TokenStore,
+        registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: TokenStore,
         dispatcher: PullDispatcher, port: Int, logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) -> some ApplicationProtocol {
@@ -20,7 +20,7 @@ public enum AdminAPI {
         router.get("health") { _, _ in try json(["status": "ok"]) }
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens))
-        v1.get("agents") { _, _ in try json(registry.agents()) }
+        v1.get("agents") { _, _ in try json(await registry.agents()) }
         v1.get("pulls") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
             return try json(await pulls.pulls(limit: min(max(limit, 1), 1000), now: .now))
@@ -47,11 +47,11 @@ public enum AdminAPI {
         }
         v1.get("feedback") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
-            return try json(feedback.all(limit: min(max(limit, 1), 1000)))
+            return try json(await feedback.all(limit: min(max(limit, 1), 1000)))
         }
         v1.get("feedback/:id") { _, context in
             let id = try validID(context.parameters.require("id"), "feedback")
-            guard let record = try feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
+            guard let record = try await feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
             return try json(record)
         }
         v1.get("audit") { _, _ in try json(await audit.audit(limit: 1000)) }

@@ -6,7 +6,7 @@ import GRDB
 /// Feedback uploads as the server received them (`feedback.sqlite`): who, what they said, and
 /// where the upload stands. The files go to `feedback/<id>/`. A feedback id is its upload id;
 /// a second upload of the same id is answered with the first one's result, never stored again.
-public final class FeedbackStore: Sendable {
+public final class FeedbackStore: FeedbackInbox, Sendable {
     let db: DatabasePool
 
     public init(path: String) throws {
@@ -39,14 +39,14 @@ public final class FeedbackStore: Sendable {
     }
 
     /// Records a feedback upload the first time its header arrives; later calls change nothing.
-    public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64) throws {
+    public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at now: Date = Date()) throws {
         try db.write { db in
             try db.execute(
                 sql: """
                     INSERT INTO feedback (id, agent_id, uid, text, created_at_us, received_at, status, chunk_count, bytes)
                     VALUES (?, ?, ?, ?, ?, ?, 'uploading', ?, ?) ON CONFLICT(id) DO NOTHING
                     """,
-                arguments: [id, agentID, uid, text, createdAt.microseconds, Date().timeIntervalSince1970, chunkCount, bytes])
+                arguments: [id, agentID, uid, text, createdAt.microseconds, now.timeIntervalSince1970, chunkCount, bytes])
         }
     }
 
@@ -93,7 +93,7 @@ public final class FeedbackStore: Sendable {
 
     /// Newest first.
     public func all(limit: Int = 100) throws -> [FeedbackRecord] {
-        try db.read { db in try Row.fetchAll(db, sql: "SELECT * FROM feedback ORDER BY received_at DESC LIMIT ?", arguments: [limit]).map(Self.record) }
+        try db.read { db in try Row.fetchAll(db, sql: "SELECT * FROM feedback ORDER BY received_at DESC, rowid DESC LIMIT ?", arguments: [limit]).map(Self.record) }
     }
 
     static func record(_ row: Row) throws -> FeedbackRecord {

@@ -27,7 +27,7 @@ extension PullQueue {
     /// Resolves a request's targets in the registry and queues the pull: by uid, every agent
     /// that has reported it; by agent, that agent (with a uid too, that agent's records of the
     /// uid). Recorded in the audit log under `requestedBy`.
-    public func create(_ request: PullRequest, registry: AgentRegistry, issuer: CommandIssuer, requestedBy: String, now: Timestamp = .now) async throws -> PullRecord {
+    public func create(_ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, now: Timestamp = .now) async throws -> PullRecord {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
         let agent = request.agent.flatMap { $0.isEmpty ? nil : $0 }
         guard uid != nil || agent != nil else { throw PullRequestError.noTarget }
@@ -43,9 +43,9 @@ extension PullQueue {
 
         let agents: [String]
         if let agent {
-            agents = try registry.isEnrolled(agent) ? [agent] : []
+            agents = try await registry.isEnrolled(agent) ? [agent] : []
         } else if let uid {
-            agents = try registry.agentIDs(withUID: uid)
+            agents = try await registry.agentIDs(withUID: uid)
         } else {
             agents = []
         }

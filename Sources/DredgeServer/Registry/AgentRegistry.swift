@@ -8,7 +8,7 @@ import GRDB
 /// The server's registry of agents: who is enrolled (with the public key that authenticates
 /// it) and who is connected, since when, from where, serving which uids. SQLite in the data
 /// directory (`server.sqlite`), so it survives restarts; presence is reset at start.
-public final class AgentRegistry: Sendable {
+public final class AgentRegistry: AgentDirectory, Sendable {
     private let db: DatabasePool
 
     public init(path: String) throws {
@@ -73,11 +73,7 @@ public final class AgentRegistry: Sendable {
         return id
     }
 
-    /// Enrollment of a key the registry already holds.
-    public struct AlreadyEnrolled: Error, CustomStringConvertible {
-        public var agentID: String
-        public var description: String { "this key is already enrolled (agent \(agentID))" }
-    }
+    public typealias AlreadyEnrolled = DredgeServer.AlreadyEnrolled
 
     public func publicKey(of agentID: String) throws -> RSAPublicKey? {
         guard let spki = try db.read({ try Data.fetchOne($0, sql: "SELECT public_key FROM agent WHERE id = ?", arguments: [agentID]) }) else { return nil }

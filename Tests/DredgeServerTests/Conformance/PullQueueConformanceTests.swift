@@ -7,18 +7,10 @@ import Foundation
 import Testing
 
 /// The rules of ``PullQueue`` and ``AuditLog``, written once and run against every
-/// implementation in ``Backend/all``: a second back end (PostgreSQL) joins that list and must
+/// implementation in ``PersistenceBackend/all``: a second back end (PostgreSQL) joins that list and must
 /// pass the same tests. Everything goes through the protocols, with injected clocks.
 @Suite struct PullQueueConformanceTests {
-    /// One implementation under test, made fresh in a temporary directory.
-    struct Backend: Sendable, CustomTestStringConvertible {
-        let name: String
-        let make: @Sendable (TempDir) async throws -> any PullQueue & AuditLog
-        var testDescription: String { name }
-
-        static let sqlite = Backend(name: "SQLite") { dir in try PullStore(path: dir.file("pulls.sqlite")) }
-        static let all: [Backend] = [.sqlite]
-    }
+    typealias Backend = PersistenceBackend
 
     static let issuer = CommandIssuer(encryptionKey: try! RSAPrivateKey.generate(), signingKey: .generate())
     static let base = Timestamp(microseconds: 1_800_000_000_000_000)
@@ -35,7 +27,7 @@ import Testing
     func aPullReadsBackAsItWasQueued(_ backend: Backend) async throws {
         let dir = TempDir()
         defer { withExtendedLifetime(dir) {} }
-        let queue = try await backend.make(dir)
+        let queue = try await backend.pulls(dir)
         let filter = LogFilter(since: Timestamp(microseconds: 5), uid: "u-1", types: ["app", "network"], levels: [.error, .critical], text: "time out")
         let new = try Self.newPull(targets: ["b", "a"], filter: filter)
         try await queue.create(new)
@@ -60,7 +52,7 @@ import Testing
     func pullsAreListedNewestFirstAndAudited(_ backend: Backend) async throws {
         let dir = TempDir()
         defer { withExtendedLifetime(dir) {} }
-        let queue = try await backend.make(dir)
+        let queue = try await backend.pulls(dir)
         var ids: [String] = []
         for _ in 0..<3 {
             let new = try Self.newPull()
@@ -82,7 +74,7 @@ import Testing
     func anInvalidFilterIsNeverQueued(_ backend: Backend) async throws {
         let dir = TempDir()
         defer { withExtendedLifetime(dir) {} }
-        let queue = try await backend.make(dir)
+        let queue = try await backend.pulls(dir)
         var bad = try Self.newPull()
         bad.filter = LogFilter(since: Timestamp(microseconds: 10), until: Timestamp(microseconds: 10))
         await #expect(throws: (any Error).self) { try await queue.create(bad) }
@@ -94,7 +86,7 @@ import Testing
     func deliveryFollowsQueueAndExpiry(_ backend: Backend) async throws {
         let dir = TempDir()
         defer { withExtendedLifetime(dir) {} }
-        let queue = try await backend.make(dir)
+        let queue = try await backend.pulls(dir)
         let first = try Self.newPull(targets: ["a", "b"]), second = try Self.newPull(lifetime: .seconds(60))
         try await queue.create(first)
         try await queue.create(second)
@@ -125,7 +117,7 @@ import Testing
     func finalStatusesNeverChangeAndFromGuardsMoves(_ backend: Backend) async throws {
         let dir = TempDir()
         defer { withExtendedLifetime(dir) {} }
-        let queue = try await backend.make(dir)
+        let queue = try await backend.pulls(dir)
         let new = try Self.newPull()
         try await queue.create(new)
         func move(_ status: PullStatus, from: Set<PullStatus>? = nil, chunks: Int? = nil, files: [String]? = nil) async throws -> Bool {
@@ -151,7 +143,7 @@ import Testing
     func stalledTargetsExpireByTheDeadlines(_ backend: Backend) async throws {
         let dir = TempDir()
         defer { withExtendedLifetime(dir) {} }
-        let queue = try await backend.make(dir)
+        let queue = try await backend.pulls(dir)
         let start = Self.base.date
         let quiet = try Self.newPull(lifetime: .seconds(60)), moving = try Self.newPull(lifetime: .seconds(60)), queued = try Self.newPull(lifetime: .seconds(60))
         for pull in [quiet, moving, queued] { try await queue.create(pull) }

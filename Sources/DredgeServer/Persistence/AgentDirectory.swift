@@ -1,0 +1,55 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+
+/// The enrolled agents and their presence, as the rest of the server sees them.
+///
+/// The rules every implementation keeps (``AgentDirectoryConformanceTests`` checks each):
+/// - An agent's id is derived from its key; enrolling a key already enrolled throws
+///   ``AlreadyEnrolled`` and changes nothing (whoever holds a token cannot rename an agent).
+/// - Each ``connected(_:from:host:now:)`` returns a higher generation; only the newest
+///   generation's ``disconnected(_:generation:)`` marks the agent offline.
+/// - A heartbeat that breaks the protocol's rules (``AgentRegistry/problem(with:)``) throws
+///   and changes nothing; otherwise its uids replace the agent's, and
+///   ``agentIDs(withUID:)`` finds the agent by each of them (never by an invalid uid).
+public protocol AgentDirectory: Sendable {
+    /// Marks every agent offline (the server starts).
+    func resetPresence() async throws
+    /// Registers a key; returns the agent id.
+    func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String
+    func publicKey(of agentID: String) async throws -> RSAPublicKey?
+    /// The agent authenticated on a new connection; returns that connection's generation.
+    func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date) async throws -> Int64
+    func disconnected(_ agentID: String, generation: Int64) async throws
+    func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) async throws
+    func agentIDs(withUID uid: String) async throws -> [String]
+    func isEnrolled(_ agentID: String) async throws -> Bool
+    /// By host name, then id.
+    func agents() async throws -> [AgentRecord]
+}
+
+/// Enrollment of a key the directory already holds.
+public struct AlreadyEnrolled: Error, CustomStringConvertible, Sendable {
+    public var agentID: String
+    public var description: String { "this key is already enrolled (agent \(agentID))" }
+}
+
+/// Feedback uploads as the server received them.
+///
+/// The rules every implementation keeps (``FeedbackInboxConformanceTests`` checks each):
+/// - ``begin(id:agentID:uid:text:createdAt:chunkCount:bytes:at:)`` records a feedback the
+///   first time; later calls for the same id change nothing.
+/// - A final status (complete, failed) never changes; nil progress keeps what is stored.
+/// - ``usage(agentID:since:)`` counts what one agent began in the window, and their bytes.
+/// - ``failAbandoned(now:after:)`` fails only feedback still open `after` its beginning.
+public protocol FeedbackInbox: Sendable {
+    func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at: Date) async throws
+    func update(_ id: String, status: PullStatus, detail: String, chunksReceived: Int?, records: Int?, files: [String]?) async throws -> Bool
+    func usage(agentID: String, since: Date) async throws -> (count: Int, bytes: Int64)
+    func failAbandoned(now: Date, after: Duration) async throws -> Int
+    func feedback(_ id: String) async throws -> FeedbackRecord?
+    /// Newest first.
+    func all(limit: Int) async throws -> [FeedbackRecord]
+}

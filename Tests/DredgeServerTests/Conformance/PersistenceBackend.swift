@@ -1,0 +1,22 @@
+import DredgeServer
+import DredgeTestSupport
+import Testing
+
+/// One implementation of the server's persistence protocols, made fresh in a temporary
+/// directory for each test. The conformance suites run every rule against each backend in
+/// ``all``; a second back end (PostgreSQL) is added here and must pass the same tests.
+struct PersistenceBackend: Sendable, CustomTestStringConvertible {
+    let name: String
+    let pulls: @Sendable (TempDir) async throws -> any PullQueue & AuditLog
+    let agents: @Sendable (TempDir) async throws -> any AgentDirectory
+    let feedback: @Sendable (TempDir) async throws -> any FeedbackInbox
+    var testDescription: String { name }
+
+    static let sqlite = PersistenceBackend(
+        name: "SQLite",
+        pulls: { try PullStore(path: $0.file("pulls.sqlite")) },
+        agents: { try AgentRegistry(path: $0.file("server.sqlite")) },
+        feedback: { try FeedbackStore(path: $0.file("feedback.sqlite")) })
+
+    static let all: [PersistenceBackend] = [.sqlite]
+}

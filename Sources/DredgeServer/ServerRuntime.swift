@@ -27,11 +27,9 @@ public enum ServerRuntime {
         // Absolute, so the file paths the admin API reports work from anywhere.
         let dir = URL(fileURLWithPath: options.dataDirectory).standardizedFileURL.path
         let deployment = try LoadedDeployment(directory: dir)
-        let registry = try AgentRegistry(path: dir + "/server.sqlite")
+        let stores = try ServerStores(deployment)
+        let (registry, pulls, feedback, tokens) = (stores.registry, stores.pulls, stores.feedback, stores.tokens)
         try registry.resetPresence()
-        let pulls = try PullStore(path: dir + "/pulls.sqlite")
-        let feedback = try FeedbackStore(path: dir + "/feedback.sqlite")
-        let tokens = TokenStore(path: dir + "/tokens.json", file: deployment.tokens)
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
         try janitor.sweep(atStart: true)
         let dispatcher = PullDispatcher(pulls: pulls, logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
@@ -39,7 +37,7 @@ public enum ServerRuntime {
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds)
         let admin = AdminAPI.application(
-            registry: registry, pulls: pulls, audit: pulls, issuer: CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey),
+            registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer,
             feedback: feedback, tokens: tokens, dispatcher: dispatcher,
             port: options.adminPort ?? deployment.config.adminPort, logger: logger)
         let group = ServiceGroup(services: [dispatcher, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)

@@ -78,13 +78,11 @@ struct PullCommand: AsyncParsableCommand {
 
     func run() async throws {
         let filter = try selection.filter()
-        let deployment = try LoadedDeployment(directory: data)
-        let registry = try AgentRegistry(path: data + "/server.sqlite")
-        let pulls = try PullStore(path: data + "/pulls.sqlite")
+        let stores = try ServerStores(try LoadedDeployment(directory: data))
         do {
-            let pull = try await pulls.create(
-                PullRequest(uid: selection.uid, agent: agent, filter: filter, expiresInSeconds: expiresIn * 60), registry: registry,
-                issuer: CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey), requestedBy: "local-operator")
+            let pull = try await stores.pulls.create(
+                PullRequest(uid: selection.uid, agent: agent, filter: filter, expiresInSeconds: expiresIn * 60), registry: stores.registry,
+                issuer: stores.issuer, requestedBy: "local-operator")
             print(pull.id)
         } catch let error as PullRequestError {
             throw fail(error.description)

@@ -29,12 +29,8 @@ import Testing
         init() throws {
             data = dir.file("server")
             created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
-            let deployment = try LoadedDeployment(directory: data)
-            registry = try AgentRegistry(path: data + "/server.sqlite")
-            pulls = try PullStore(path: data + "/pulls.sqlite")
-            issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
-            feedback = try FeedbackStore(path: data + "/feedback.sqlite")
-            tokens = TokenStore(path: data + "/tokens.json", file: deployment.tokens)
+            let stores = try ServerStores(try LoadedDeployment(directory: data))
+            (registry, pulls, issuer, feedback, tokens) = (stores.registry, stores.pulls, stores.issuer, stores.feedback, stores.tokens)
         }
 
         /// Runs `body` against the application, each request with the admin token unless told otherwise.

@@ -49,11 +49,9 @@ final class InProcessServer: @unchecked Sendable {
         self.data = data
         created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
         let deployment = try LoadedDeployment(directory: data)
-        registry = try AgentRegistry(path: data + "/server.sqlite")
-        pulls = try PullStore(path: data + "/pulls.sqlite")
-        issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
-        feedback = try FeedbackStore(path: data + "/feedback.sqlite")
-        let tokens = TokenStore(path: data + "/tokens.json", file: deployment.tokens)
+        let stores = try ServerStores(deployment)
+        (registry, pulls, issuer, feedback) = (stores.registry, stores.pulls, stores.issuer, stores.feedback)
+        let tokens = stores.tokens
         let logger = Logger(label: "test.server") { [logs] _ in logs }
         let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, logger: logger)
         let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))

@@ -1,8 +1,5 @@
 import DredgeAdminAPI
 import DredgeDomain
-import DredgeEnvelope
-import DredgePayload
-import DredgeWire
 import Foundation
 import GRDB
 

@@ -9,13 +9,14 @@ import Testing
 
 /// The rules of ``AgentDirectory``, run against every ``PersistenceBackend``.
 @Suite struct AgentDirectoryConformanceTests {
+    /// A fresh directory for each test (Swift Testing makes a suite instance per test).
+    let dir = TempDir()
+
     static let keys = (0..<2).map { _ in try! RSAPrivateKey.generate() }
     static let host = WireHostInfo.with { $0.hostname = "kitchen"; $0.os = "Linux"; $0.app = "oven"; $0.appVersion = "1.2" }
 
     @Test(arguments: PersistenceBackend.all)
     func enrollmentIsOncePerKey(_ backend: PersistenceBackend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let agents = try await backend.agents(dir)
         let key = Self.keys[0].publicKey
         let id = try await agents.enroll(publicKey: key, host: Self.host, now: Date(timeIntervalSince1970: 1_000))
@@ -39,8 +40,6 @@ import Testing
 
     @Test(arguments: PersistenceBackend.all)
     func presenceFollowsTheNewestConnection(_ backend: PersistenceBackend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let agents = try await backend.agents(dir)
         let id = try await agents.enroll(publicKey: Self.keys[0].publicKey, host: Self.host, now: Date())
         let first = try await agents.connected(id, from: "10.0.0.1:5000", host: Self.host, now: Date(timeIntervalSince1970: 2_000))
@@ -63,8 +62,6 @@ import Testing
 
     @Test(arguments: PersistenceBackend.all)
     func heartbeatsSetTheUIDsAgentsAreFoundBy(_ backend: PersistenceBackend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let agents = try await backend.agents(dir)
         let a = try await agents.enroll(publicKey: Self.keys[0].publicKey, host: Self.host, now: Date())
         let b = try await agents.enroll(publicKey: Self.keys[1].publicKey, host: .with { $0.hostname = "bakery" }, now: Date())

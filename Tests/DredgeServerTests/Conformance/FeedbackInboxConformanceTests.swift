@@ -7,14 +7,15 @@ import Testing
 
 /// The rules of ``FeedbackInbox``, run against every ``PersistenceBackend``.
 @Suite struct FeedbackInboxConformanceTests {
+    /// A fresh directory for each test (Swift Testing makes a suite instance per test).
+    let dir = TempDir()
+
     static func id(_ n: Int) -> String { String(format: "%032x", n) }
     static let agent = String(repeating: "a", count: 32)
     static let t0 = Date(timeIntervalSince1970: 1_800_000_000)
 
     @Test(arguments: PersistenceBackend.all)
     func feedbackIsRecordedOnceAndMovesUntilFinal(_ backend: PersistenceBackend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let inbox = try await backend.feedback(dir)
         try await inbox.begin(id: Self.id(1), agentID: Self.agent, uid: "u-1", text: "the oven", createdAt: Timestamp(microseconds: 7), chunkCount: 3, bytes: 900, at: Self.t0)
         // A second begin of the same id changes nothing.
@@ -37,8 +38,6 @@ import Testing
 
     @Test(arguments: PersistenceBackend.all)
     func usageCountsOneAgentsWindow(_ backend: PersistenceBackend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let inbox = try await backend.feedback(dir)
         let other = String(repeating: "b", count: 32)
         try await inbox.begin(id: Self.id(1), agentID: Self.agent, uid: "u", text: "x", createdAt: Timestamp(microseconds: 1), chunkCount: 1, bytes: 100, at: Self.t0)
@@ -56,8 +55,6 @@ import Testing
 
     @Test(arguments: PersistenceBackend.all)
     func onlyOpenFeedbackIsAbandoned(_ backend: PersistenceBackend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let inbox = try await backend.feedback(dir)
         for n in 1...3 {
             try await inbox.begin(id: Self.id(n), agentID: Self.agent, uid: "u", text: "x", createdAt: Timestamp(microseconds: 1), chunkCount: 1, bytes: 1, at: Self.t0)

@@ -10,6 +10,9 @@ import Testing
 /// implementation in ``PersistenceBackend/all``: a second back end (PostgreSQL) joins that list and must
 /// pass the same tests. Everything goes through the protocols, with injected clocks.
 @Suite struct PullQueueConformanceTests {
+    /// A fresh directory for each test (Swift Testing makes a suite instance per test).
+    let dir = TempDir()
+
     typealias Backend = PersistenceBackend
 
     static let issuer = CommandIssuer(encryptionKey: try! RSAPrivateKey.generate(), signingKey: .generate())
@@ -25,8 +28,6 @@ import Testing
 
     @Test(arguments: Backend.all)
     func aPullReadsBackAsItWasQueued(_ backend: Backend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let queue = try await backend.pulls(dir)
         let filter = LogFilter(since: Timestamp(microseconds: 5), uid: "u-1", types: ["app", "network"], levels: [.error, .critical], text: "time out")
         let new = try Self.newPull(targets: ["b", "a"], filter: filter)
@@ -50,8 +51,6 @@ import Testing
 
     @Test(arguments: Backend.all)
     func pullsAreListedNewestFirstAndAudited(_ backend: Backend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let queue = try await backend.pulls(dir)
         var ids: [String] = []
         for _ in 0..<3 {
@@ -72,8 +71,6 @@ import Testing
 
     @Test(arguments: Backend.all)
     func anInvalidFilterIsNeverQueued(_ backend: Backend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let queue = try await backend.pulls(dir)
         var bad = try Self.newPull()
         bad.filter = LogFilter(since: Timestamp(microseconds: 10), until: Timestamp(microseconds: 10))
@@ -84,8 +81,6 @@ import Testing
 
     @Test(arguments: Backend.all)
     func deliveryFollowsQueueAndExpiry(_ backend: Backend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let queue = try await backend.pulls(dir)
         let first = try Self.newPull(targets: ["a", "b"]), second = try Self.newPull(lifetime: .seconds(60))
         try await queue.create(first)
@@ -115,8 +110,6 @@ import Testing
 
     @Test(arguments: Backend.all)
     func finalStatusesNeverChangeAndFromGuardsMoves(_ backend: Backend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let queue = try await backend.pulls(dir)
         let new = try Self.newPull()
         try await queue.create(new)
@@ -141,8 +134,6 @@ import Testing
 
     @Test(arguments: Backend.all)
     func stalledTargetsExpireByTheDeadlines(_ backend: Backend) async throws {
-        let dir = TempDir()
-        defer { withExtendedLifetime(dir) {} }
         let queue = try await backend.pulls(dir)
         let start = Self.base.date
         let quiet = try Self.newPull(lifetime: .seconds(60)), moving = try Self.newPull(lifetime: .seconds(60)), queued = try Self.newPull(lifetime: .seconds(60))

@@ -8,7 +8,9 @@ import DredgeStore
 import DredgeTestSupport
 import DredgeWire
 import Foundation
+import Synchronization
 import Testing
+@testable import DredgeServer
 @testable import DredgeServer
 
 /// What an enrolled agent can do against the real server, through the real wire protocol and
@@ -204,6 +206,9 @@ import Testing
         defer { Task { await server.stop() } }
         let tls = try AgentLink.tlsContext(caPEM: contents(server.data + "/ca.pem"))
         let key = try RSAPrivateKey.generate()
+        // Time stands still for the limiter: on a loaded machine 25 attempts can span a minute.
+        let start = ContinuousClock.now
+        server.listener.refusals.useClock { start }
         for _ in 0..<25 {
             _ = try? await AgentEnrollment.register(host: "127.0.0.1", port: server.agentPort, tls: tls, token: "dredge_enr_wrong", key: key, hostInfo: .init())
         }
@@ -212,6 +217,23 @@ import Testing
         #expect(!refusals.isEmpty)
         #expect(refusals.count <= 10)
         #expect(refusals.allSatisfy { "\($0.metadata["remote"]!)".contains("127.0.0.1") })
+    }
+
+    /// The limiter lets `perMinute` records through a window, holds the rest back, and the first
+    /// record of the next window says how many were held back.
+    @Test func theRefusalLimiterCountsWhatItHoldsBack() {
+        let start = ContinuousClock.now
+        let now = Mutex(start)
+        let limiter = RateLimitedLog(perMinute: 3) { now.withLock { $0 } }
+        var emitted: [Int] = []
+        for _ in 0..<8 { limiter.log { emitted.append($0) } }
+        #expect(emitted == [0, 0, 0])
+        now.withLock { $0 = start + .seconds(59) }
+        limiter.log { emitted.append($0) }
+        #expect(emitted == [0, 0, 0])
+        now.withLock { $0 = start + .seconds(60) }
+        for _ in 0..<4 { limiter.log { emitted.append($0) } }
+        #expect(emitted == [0, 0, 0, 6, 0, 0])
     }
 
     /// Upload state nothing will finish is removed; uploads still open and finished results stay.

@@ -28,6 +28,12 @@ public enum ServerRuntime {
         let dir = URL(fileURLWithPath: options.dataDirectory).standardizedFileURL.path
         let deployment = try LoadedDeployment(directory: dir)
         let stores = try ServerStores(deployment)
+        if !stores.database.imported.isEmpty {
+            logger.notice("imported the files of an earlier release into the database", metadata: [
+                "files": "\(stores.database.imported.joined(separator: ", "))", "database": "\(stores.database.path)",
+            ])
+        }
+        for problem in stores.database.importProblems { logger.warning("after the import", metadata: ["problem": "\(problem)"]) }
         let (registry, pulls, feedback, tokens) = (stores.registry, stores.pulls, stores.feedback, stores.tokens)
         try registry.resetPresence()
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)

@@ -47,7 +47,7 @@ struct AgentsCommand: AsyncParsableCommand {
     var json = false
 
     func run() async throws {
-        let agents = try AgentRegistry(path: data + "/server.sqlite").agents()
+        let agents = try ServerStores(try LoadedDeployment(directory: data)).registry.agents()
         if json { return try printJSON(agents) }
         for a in agents {
             print("\(a.agentID)  \(a.connected ? "online " : "offline")  \(a.hostname)  \(a.app) \(a.appVersion)  uids=\(a.activeUIDs.joined(separator: ","))  records=\(a.storeRecords)")
@@ -100,8 +100,7 @@ struct PullsCommand: AsyncParsableCommand {
     var json = false
 
     func run() async throws {
-        _ = try LoadedDeployment(directory: data)  // refuses what is not a data directory
-        let pulls = try PullStore(path: data + "/pulls.sqlite").pulls()
+        let pulls = try ServerStores(try LoadedDeployment(directory: data)).pulls.pulls()
         if json { return try printJSON(pulls) }
         for p in pulls {
             for t in p.targets {

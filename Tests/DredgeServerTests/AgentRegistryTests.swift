@@ -8,7 +8,7 @@ import Testing
 @Suite struct AgentRegistryTests {
     @Test func pullsByUidFindTheAgentsWhoseLastHeartbeatReportedIt() throws {
         let dir = TempDir()
-        let registry = try AgentRegistry(path: dir.file("server.sqlite"))
+        let registry = AgentRegistry(try ServerDatabase(directory: dir.path))
         let a = try registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "a" })
         let b = try registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "b" })
         try registry.heartbeat(a, .with { $0.activeUids = ["u-1", "u-2"] })
@@ -25,6 +25,6 @@ import Testing
         #expect(try registry.agentIDs(withUID: "u-3") == [a])
         #expect(try registry.isEnrolled(a) && !registry.isEnrolled("0000"))
         // Reopening keeps it.
-        #expect(try AgentRegistry(path: dir.file("server.sqlite")).agentIDs(withUID: "u-3") == [a])
+        #expect(try AgentRegistry(try ServerDatabase(directory: dir.path)).agentIDs(withUID: "u-3") == [a])
     }
 }

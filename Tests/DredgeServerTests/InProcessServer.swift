@@ -37,12 +37,12 @@ final class InProcessServer: @unchecked Sendable {
 
     /// - Parameter dataDirectory: where the data directory goes (a small tmpfs, say); in the
     ///   test's temporary directory by default.
-    /// - Parameter connectionLimits: by default the server's, but 30 missed heartbeats instead
+    /// - Parameter connectionLimits: by default the server's, but 100 missed heartbeats instead
     ///   of 3, so links that send no heartbeats are not closed during a test, and a 120 s
     ///   handshake deadline instead of 10 s, since the synchronous child-process tests can hold
     ///   the test process's few cooperative threads (where this server runs) for seconds.
     init(
-        feedbackLimits: FeedbackLimits? = nil, dataDirectory: String? = nil, connectionLimits: ConnectionLimits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 30),
+        feedbackLimits: FeedbackLimits? = nil, dataDirectory: String? = nil, connectionLimits: ConnectionLimits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 100),
         heartbeatSeconds: UInt32 = 1
     ) async throws {
         let data = dataDirectory ?? dir.file("server")
@@ -65,7 +65,7 @@ final class InProcessServer: @unchecked Sendable {
         group = ServiceGroup(services: [dispatcher, listener, app], logger: logger)
         task = Task { [group] in try await group.run() }
         var agentPort: Int?, admin: Int?
-        for _ in 0..<300 where agentPort == nil || admin == nil {
+        for _ in 0..<3000 where agentPort == nil || admin == nil {
             try await Task.sleep(for: .milliseconds(20))
             agentPort = listener.boundPort
             admin = adminPort.withLock { $0 }

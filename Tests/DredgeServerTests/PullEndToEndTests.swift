@@ -99,7 +99,7 @@ import Testing
         let (s1, live) = try d.pull(["--agent", agentID])
         #expect(s1 == 0, "\(live)")
         let deployment = try LoadedDeployment(directory: d.data)
-        let queue = try PullStore(path: d.data + "/pulls.sqlite")
+        let queue = PullStore(try ServerDatabase(directory: d.data))
         let expiring = try CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey).newPull(
             uid: "", agentID: agentID, filter: .all, targets: [agentID], lifetime: .milliseconds(200), requestedBy: "test")
         try queue.create(expiring)

@@ -146,7 +146,7 @@ import Testing
     /// the server's own downtime never counts as the agent's silence.
     @Test func deliveredPullsThatNeverFinishExpire() throws {
         let dir = TempDir()
-        let pulls = try PullStore(path: dir.file("pulls.sqlite"))
+        let pulls = PullStore(try ServerDatabase(directory: dir.path))
         let issuer = CommandIssuer(encryptionKey: try RSAPrivateKey.generate(), signingKey: .generate())
         let base = Date()
         func make() throws -> String {

@@ -40,13 +40,15 @@ import X509
         }
         if case .validCertificate = await wrongName.validate(leaf: server, intermediates: CertificateStore()) { Issue.record("accepted a name not in the certificate") }
 
-        // Keys load back; the tokens file holds hashes only.
+        // Keys load back; the database holds token hashes only.
         _ = try ServerSigningKey(rawRepresentation: Hex.decode(contents(dir.file("data/signing-key")).trimmingCharacters(in: .whitespacesAndNewlines))!)
         _ = try RSAPrivateKey(pemRepresentation: contents(dir.file("data/encryption-key.pem")))
-        let tokens = try JSONDecoder.adminAPI.decode(TokenFile.self, from: Data(contents(dir.file("data/tokens.json")).utf8))
-        #expect(tokens.acceptsAdmin(created.adminToken) && !tokens.acceptsAdmin(created.enrollmentToken))
-        #expect(tokens.acceptsEnrollment(created.enrollmentToken) && !tokens.acceptsEnrollment("guess"))
-        #expect(!contents(dir.file("data/tokens.json")).contains(created.adminToken))
+        let tokens = TokenStore(try ServerDatabase(directory: dir.file("data")))
+        #expect(try tokens.adminName(for: created.adminToken) == "admin" && tokens.adminName(for: created.enrollmentToken) == nil)
+        #expect(try tokens.acceptsEnrollment(created.enrollmentToken) && !tokens.acceptsEnrollment(created.adminToken) && !tokens.acceptsEnrollment("guess"))
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: dir.file("data/dredge.sqlite")))
+        #expect(bytes.range(of: Data(created.adminToken.utf8)) == nil && bytes.range(of: Data(created.enrollmentToken.utf8)) == nil)
+        #expect(try FileManager.default.attributesOfItem(atPath: dir.file("data/dredge.sqlite"))[.posixPermissions] as? Int == 0o600)
     }
 
     @Test func initRefusesToOverwriteAnExistingDeployment() throws {

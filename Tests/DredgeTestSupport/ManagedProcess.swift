@@ -28,7 +28,7 @@ public final class ManagedProcess: @unchecked Sendable {
 
     /// Polls until `condition` holds (or `timeout` passes; the caller then asserts and sees why).
     @discardableResult
-    public static func waitFor(timeout: Duration = .seconds(30), _ condition: () throws -> Bool) rethrows -> Bool {
+    public static func waitFor(timeout: Duration = .seconds(120), _ condition: () throws -> Bool) rethrows -> Bool {
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
             if try condition() { return true }

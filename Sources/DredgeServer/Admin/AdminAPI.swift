@@ -11,7 +11,7 @@ import NIOCore
 public enum AdminAPI {
     /// Builds the Hummingbird application; a `Service` for the server's service group.
     public static func application(
-        registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: TokenStore,
+        registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
         dispatcher: PullDispatcher, port: Int, logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) -> some ApplicationProtocol {
@@ -55,12 +55,12 @@ public enum AdminAPI {
             return try json(record)
         }
         v1.get("audit") { _, _ in try json(await audit.audit(limit: 1000)) }
-        v1.get("tokens") { _, _ in try json(tokens.list()) }
+        v1.get("tokens") { _, _ in try json(await tokens.list()) }
         v1.post("tokens") { request, context in
             let body = try await decode(TokenRequest.self, from: request)
             let created: TokenCreated
             do {
-                created = try tokens.create(name: body.name, kind: body.kind)
+                created = try await tokens.create(name: body.name, kind: body.kind, now: Date())
             } catch let error as TokenError {
                 throw AdminAPIError(error == .exists(body.name) ? .conflict : .badRequest, error == .exists(body.name) ? "conflict" : "bad_request", error.description)
             }
@@ -73,12 +73,12 @@ public enum AdminAPI {
                 throw AdminAPIError(.notFound, "not_found", "token kinds are admin and enrollment")
             }
             do {
-                try tokens.revoke(name: name, kind: kind)
+                try await tokens.revoke(name: name, kind: kind)
             } catch let error as TokenError {
                 throw AdminAPIError(error == .lastAdmin ? .conflict : .notFound, error == .lastAdmin ? "conflict" : "not_found", error.description)
             }
             try await audit.record(actor: context.tokenName ?? "?", action: "token.revoke", detail: "\(kind.rawValue) token '\(name)'", at: Date())
-            return try json(tokens.list())
+            return try json(await tokens.list())
         }
 
         return Application(
@@ -132,16 +132,16 @@ public struct AdminRequestContext: RequestContext {
     }
 }
 
-/// `Authorization: Bearer <admin token>`, checked against the hashes in `tokens.json`.
+/// `Authorization: Bearer <admin token>`, checked against the token hashes the server keeps.
 struct BearerTokenMiddleware: RouterMiddleware {
-    let tokens: TokenStore
+    let tokens: any TokenVault
 
     func handle(_ request: Request, context: AdminRequestContext, next: (Request, AdminRequestContext) async throws -> Response) async throws -> Response {
         guard let header = request.headers[.authorization] else {
             throw AdminAPIError(.unauthorized, "unauthorized", "missing bearer token")
         }
         let parts = header.split(separator: " ", maxSplits: 1)
-        guard parts.count == 2, parts[0].lowercased() == "bearer", let name = tokens.adminName(for: String(parts[1])) else {
+        guard parts.count == 2, parts[0].lowercased() == "bearer", let name = try await tokens.adminName(for: String(parts[1])) else {
             throw AdminAPIError(.unauthorized, "unauthorized", "admin token not accepted")
         }
         var context = context

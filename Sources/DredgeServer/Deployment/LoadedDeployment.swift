@@ -7,7 +7,6 @@ import NIOSSL
 public struct LoadedDeployment: Sendable {
     public var directory: String
     public var config: ServerDeployment.Config
-    public var tokens: TokenFile
     public var signingKey: ServerSigningKey
     public var encryptionKey: RSAPrivateKey
     public var tlsConfiguration: TLSConfiguration
@@ -22,7 +21,6 @@ public struct LoadedDeployment: Sendable {
         }
         do {
             config = try JSONDecoder().decode(ServerDeployment.Config.self, from: Data(try read("server.json").utf8))
-            tokens = try JSONDecoder.adminAPI.decode(TokenFile.self, from: Data(try read("tokens.json").utf8))
         } catch let error as DeploymentError {
             throw error
         } catch {

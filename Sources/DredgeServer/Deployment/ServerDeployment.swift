@@ -13,7 +13,7 @@ import X509
 /// | `server.pem`, `server-key.pem` | the agent listener's TLS certificate (P-256, 2 years), signed by the CA | 0644, 0600 |
 /// | `signing-key` | Ed25519 key that signs pull commands (hex) | 0600 |
 /// | `encryption-key.pem` | RSA-3072 key that unwraps feedback upload keys | 0600 |
-/// | `tokens.json` | names and SHA-256 of the admin and enrollment tokens (the tokens themselves are shown once) | 0600 |
+/// | `dredge.sqlite` | the server's database (``ServerDatabase``): agents, pulls, feedback, the audit log, and the names and SHA-256 of the admin and enrollment tokens (the tokens themselves are shown once) | 0600 |
 /// | `server.json` | listen addresses and the names in the certificate | 0644 |
 ///
 /// Existing files are never overwritten: `initialize` refuses a directory that already holds
@@ -54,13 +54,14 @@ public enum ServerDeployment {
         public var connections: ConnectionLimits?
     }
 
-    public static let files = ["ca.pem", "ca-key.pem", "server.pem", "server-key.pem", "signing-key", "encryption-key.pem", "tokens.json", "server.json"]
+    /// What `initialize` makes.
+    public static let files = ["ca.pem", "ca-key.pem", "server.pem", "server-key.pem", "signing-key", "encryption-key.pem", "server.json", ServerDatabase.fileName]
 
     public static func initialize(_ options: Options) throws -> Created {
         let fm = FileManager.default
         let dir = options.dataDirectory
         try fm.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        let existing = files.filter { fm.fileExists(atPath: dir + "/" + $0) }
+        let existing = (files + ServerDatabase.legacyFiles).filter { fm.fileExists(atPath: dir + "/" + $0) }
         guard existing.isEmpty else {
             throw DeploymentError("\(dir) already holds a deployment (\(existing.joined(separator: ", "))); refusing to overwrite it")
         }
@@ -73,16 +74,11 @@ public enum ServerDeployment {
         let server = try makeServerCertificate(key: serverKey, names: names, ca: ca, caKey: caKey, now: options.now)
         let signing = ServerSigningKey.generate()
         let encryption = try RSAPrivateKey.generate()
-        let adminToken = "dredge_adm_" + Hex.encode(secureRandomBytes(24))
-        let enrollmentToken = "dredge_enr_" + Hex.encode(secureRandomBytes(24))
-        let tokens = TokenFile(tokens: [
-            .init(name: "admin", kind: .admin, token: adminToken, createdAt: options.now),
-            .init(name: "default", kind: .enrollment, token: enrollmentToken, createdAt: options.now),
-        ])
         let config = Config(listenHost: options.listenHost, agentPort: options.agentPort, adminPort: options.adminPort, names: names)
 
         // Secrets first, each created exclusively; a failure part-way leaves no usable half.
         var written: [String] = []
+        let adminToken: String, enrollmentToken: String
         do {
             func write(_ name: String, _ bytes: [UInt8], mode: Int) throws {
                 try writeExclusive(dir + "/" + name, bytes, mode: mode)
@@ -92,12 +88,18 @@ public enum ServerDeployment {
             try write("server-key.pem", Array(serverKey.pemRepresentation.utf8), mode: 0o600)
             try write("signing-key", Array((Hex.encode(signing.rawRepresentation) + "\n").utf8), mode: 0o600)
             try write("encryption-key.pem", Array(encryption.pemRepresentation.utf8), mode: 0o600)
-            try write("tokens.json", try encode(tokens), mode: 0o600)
             try write("ca.pem", Array(try ca.serializeAsPEM().pemString.utf8), mode: 0o644)
             try write("server.pem", Array(try server.serializeAsPEM().pemString.utf8), mode: 0o644)
             try write("server.json", try encode(config), mode: 0o644)
+            written += [ServerDatabase.fileName, ServerDatabase.fileName + "-wal", ServerDatabase.fileName + "-shm"]
+            let tokens = TokenStore(try ServerDatabase(directory: dir))
+            adminToken = try tokens.create(name: "admin", kind: .admin, now: options.now).token
+            enrollmentToken = try tokens.create(name: "default", kind: .enrollment, now: options.now).token
         } catch {
-            for name in written { try? fm.removeItem(atPath: dir + "/" + name) }
+            let failure = error
+            for name in written where fm.fileExists(atPath: dir + "/" + name) {
+                do { try fm.removeItem(atPath: dir + "/" + name) } catch { throw DeploymentError("\(failure); and removing the half-made \(name) failed: \(error)") }
+            }
             throw error
         }
         return Created(

@@ -237,7 +237,14 @@ public final class AgentListener: Service, Sendable {
     }
 
     fileprivate func enroll(_ request: WireEnrollRequest, remote: String?, machine: inout ServerConnectionStateMachine) -> [ServerConnectionStateMachine.Action] {
-        guard tokens.acceptsEnrollment(request.token) else {
+        let accepted: Bool
+        do {
+            accepted = try tokens.acceptsEnrollment(request.token)
+        } catch {
+            logger.error("cannot read the enrollment tokens; refusing enrollment", metadata: ["remote": "\(remote ?? "?")", "error": "\(error)"])
+            return machine.enrollmentFailed("the server cannot check enrollment tokens now; try later")
+        }
+        guard accepted else {
             refusals.log { suppressed in
                 logger.notice("enrollment refused: bad token", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
             }

@@ -1,7 +1,8 @@
-/// The server's stores in a data directory, opened the one way `dredge-server run`, the
-/// command-line tools and the tests open them (one place to change when they become one
-/// database), and the ``CommandIssuer`` over the deployment's keys.
+/// The server's stores over its one database in a data directory (``ServerDatabase``), opened
+/// the one way `dredge-server run`, the command-line tools and the tests open them, and the
+/// ``CommandIssuer`` over the deployment's keys.
 public struct ServerStores: Sendable {
+    public let database: ServerDatabase
     public let registry: AgentRegistry
     public let pulls: PullStore
     public let feedback: FeedbackStore
@@ -9,11 +10,11 @@ public struct ServerStores: Sendable {
     public let issuer: CommandIssuer
 
     public init(_ deployment: LoadedDeployment) throws {
-        let dir = deployment.directory
-        registry = try AgentRegistry(path: dir + "/server.sqlite")
-        pulls = try PullStore(path: dir + "/pulls.sqlite")
-        feedback = try FeedbackStore(path: dir + "/feedback.sqlite")
-        tokens = TokenStore(path: dir + "/tokens.json", file: deployment.tokens)
+        database = try ServerDatabase(directory: deployment.directory)
+        registry = AgentRegistry(database)
+        pulls = PullStore(database)
+        feedback = FeedbackStore(database)
+        tokens = TokenStore(database)
         issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
     }
 }

@@ -10,13 +10,15 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
     let pulls: @Sendable (TempDir) async throws -> any PullQueue & AuditLog
     let agents: @Sendable (TempDir) async throws -> any AgentDirectory
     let feedback: @Sendable (TempDir) async throws -> any FeedbackInbox
+    let tokens: @Sendable (TempDir) async throws -> any TokenVault
     var testDescription: String { name }
 
     static let sqlite = PersistenceBackend(
         name: "SQLite",
-        pulls: { try PullStore(path: $0.file("pulls.sqlite")) },
-        agents: { try AgentRegistry(path: $0.file("server.sqlite")) },
-        feedback: { try FeedbackStore(path: $0.file("feedback.sqlite")) })
+        pulls: { PullStore(try ServerDatabase(directory: $0.path)) },
+        agents: { AgentRegistry(try ServerDatabase(directory: $0.path)) },
+        feedback: { FeedbackStore(try ServerDatabase(directory: $0.path)) },
+        tokens: { TokenStore(try ServerDatabase(directory: $0.path)) })
 
     static let all: [PersistenceBackend] = [.sqlite]
 }

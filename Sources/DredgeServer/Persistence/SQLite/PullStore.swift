@@ -3,8 +3,8 @@ import DredgeDomain
 import Foundation
 import GRDB
 
-/// The pull queue and audit log in SQLite (``PullQueue``, ``AuditLog``): every pull, who asked
-/// for it, its wrapped key and its status per agent.
+/// The pull queue and audit log in the server's database (``PullQueue``, ``AuditLog``): every
+/// pull, who asked for it, its wrapped key and its status per agent.
 ///
 /// A pull is created `queued` for each target agent; it becomes `delivered` when sent,
 /// `exporting`/`uploading` as the agent reports, then `complete`, or `rejected` / `failed` /
@@ -19,62 +19,64 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
 
     let db: DatabasePool
 
-    public init(path: String) throws {
-        db = try ServerDatabase.open(path) { migrator in
-            migrator.registerMigration("pulls-v1") { db in
-                try db.execute(sql: """
-                    CREATE TABLE pull (
-                        id TEXT PRIMARY KEY NOT NULL,
-                        uid TEXT NOT NULL,
-                        agent_id TEXT NOT NULL,
-                        filter TEXT NOT NULL,
-                        issued_at INTEGER NOT NULL,
-                        expires_at INTEGER NOT NULL,
-                        wrapped_key BLOB NOT NULL,
-                        requested_by TEXT NOT NULL,
-                        created_at REAL NOT NULL
-                    );
-                    CREATE TABLE pull_target (
-                        pull_id TEXT NOT NULL REFERENCES pull(id),
-                        agent_id TEXT NOT NULL,
-                        status TEXT NOT NULL,
-                        detail TEXT NOT NULL DEFAULT '',
-                        chunks_received INTEGER NOT NULL DEFAULT 0,
-                        chunk_count INTEGER NOT NULL DEFAULT 0,
-                        bytes INTEGER NOT NULL DEFAULT 0,
-                        files TEXT NOT NULL DEFAULT '[]',
-                        updated_at REAL NOT NULL,
-                        PRIMARY KEY (pull_id, agent_id)
-                    );
-                    CREATE INDEX pull_target_by_agent ON pull_target(agent_id, status);
-                    CREATE TABLE audit (
-                        id INTEGER PRIMARY KEY,
-                        at REAL NOT NULL,
-                        actor TEXT NOT NULL,
-                        action TEXT NOT NULL,
-                        detail TEXT NOT NULL
-                    );
-                    """)
-            }
-            // The delivery pass looks for queued targets across all agents.
-            migrator.registerMigration("pulls-v2") { db in
-                try db.execute(sql: "CREATE INDEX pull_target_by_status ON pull_target(status, agent_id)")
-            }
-            // Filters were stored as the synthesized JSON of the filter type, without a version;
-            // rewrite each in the versioned form (StoredFilter). A row that does not read as the
-            // old form is left as it is: it fails to read back and its pull fails, closed.
-            migrator.registerMigration("pulls-v3-stored-filter") { db in
-                for row in try Row.fetchAll(db, sql: "SELECT id, filter FROM pull") {
-                    let old: String = row["filter"]
-                    let legacy: LogFilter
-                    do {
-                        legacy = try JSONDecoder().decode(LogFilter.self, from: Data(old.utf8))
-                    } catch {
-                        continue
-                    }
-                    guard legacy.problem == nil else { continue }
-                    try db.execute(sql: "UPDATE pull SET filter = ? WHERE id = ?", arguments: [try StoredFilter.encode(legacy), row["id"] as String])
+    public init(_ database: ServerDatabase) { db = database.pool }
+
+    /// The `pull`, `pull_target` and `audit` tables as they were when `pulls.sqlite` was
+    /// merged into the one database.
+    static func legacySchema(_ migrator: inout DatabaseMigrator) {
+        migrator.registerMigration("pulls-v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE pull (
+                    id TEXT PRIMARY KEY NOT NULL,
+                    uid TEXT NOT NULL,
+                    agent_id TEXT NOT NULL,
+                    filter TEXT NOT NULL,
+                    issued_at INTEGER NOT NULL,
+                    expires_at INTEGER NOT NULL,
+                    wrapped_key BLOB NOT NULL,
+                    requested_by TEXT NOT NULL,
+                    created_at REAL NOT NULL
+                );
+                CREATE TABLE pull_target (
+                    pull_id TEXT NOT NULL REFERENCES pull(id),
+                    agent_id TEXT NOT NULL,
+                    status TEXT NOT NULL,
+                    detail TEXT NOT NULL DEFAULT '',
+                    chunks_received INTEGER NOT NULL DEFAULT 0,
+                    chunk_count INTEGER NOT NULL DEFAULT 0,
+                    bytes INTEGER NOT NULL DEFAULT 0,
+                    files TEXT NOT NULL DEFAULT '[]',
+                    updated_at REAL NOT NULL,
+                    PRIMARY KEY (pull_id, agent_id)
+                );
+                CREATE INDEX pull_target_by_agent ON pull_target(agent_id, status);
+                CREATE TABLE audit (
+                    id INTEGER PRIMARY KEY,
+                    at REAL NOT NULL,
+                    actor TEXT NOT NULL,
+                    action TEXT NOT NULL,
+                    detail TEXT NOT NULL
+                );
+                """)
+        }
+        // The delivery pass looks for queued targets across all agents.
+        migrator.registerMigration("pulls-v2") { db in
+            try db.execute(sql: "CREATE INDEX pull_target_by_status ON pull_target(status, agent_id)")
+        }
+        // Filters were stored as the synthesized JSON of the filter type, without a version;
+        // rewrite each in the versioned form (StoredFilter). A row that does not read as the
+        // old form is left as it is: it fails to read back and its pull fails, closed.
+        migrator.registerMigration("pulls-v3-stored-filter") { db in
+            for row in try Row.fetchAll(db, sql: "SELECT id, filter FROM pull") {
+                let old: String = row["filter"]
+                let legacy: LogFilter
+                do {
+                    legacy = try JSONDecoder().decode(LogFilter.self, from: Data(old.utf8))
+                } catch {
+                    continue
                 }
+                guard legacy.problem == nil else { continue }
+                try db.execute(sql: "UPDATE pull SET filter = ? WHERE id = ?", arguments: [try StoredFilter.encode(legacy), row["id"] as String])
             }
         }
     }
@@ -86,20 +88,22 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         let filterJSON = try StoredFilter.encode(pull.filter)
         let now = Date().timeIntervalSince1970
         try db.write { db in
-            try db.execute(
-                sql: "INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                arguments: [pull.id, pull.uid, pull.agentID, filterJSON, pull.issuedAt.microseconds, pull.expiresAt.microseconds, Data(pull.wrappedKey), pull.requestedBy, now])
+            try PullRow(
+                id: pull.id, uid: pull.uid, agentId: pull.agentID, filter: filterJSON, issuedAt: pull.issuedAt.microseconds, expiresAt: pull.expiresAt.microseconds,
+                wrappedKey: Data(pull.wrappedKey), requestedBy: pull.requestedBy, createdAt: now
+            ).insert(db)
             for agent in pull.targets {
-                try db.execute(sql: "INSERT INTO pull_target (pull_id, agent_id, status, updated_at) VALUES (?, ?, 'queued', ?)", arguments: [pull.id, agent, now])
+                try PullTargetRow(pullId: pull.id, agentId: agent, status: Status.queued.rawValue, updatedAt: now).insert(db)
             }
-            try db.execute(
-                sql: "INSERT INTO audit (at, actor, action, detail) VALUES (?, ?, 'pull', ?)",
-                arguments: [now, pull.requestedBy, "pull \(pull.id) uid=\(pull.uid) agent=\(pull.agentID) filter=\(filterJSON) targets=\(pull.targets.joined(separator: ","))"])
+            try AuditRow(
+                at: now, actor: pull.requestedBy, action: "pull",
+                detail: "pull \(pull.id) uid=\(pull.uid) agent=\(pull.agentID) filter=\(filterJSON) targets=\(pull.targets.joined(separator: ","))"
+            ).insert(db)
         }
     }
 
     public func wrappedKey(of pullID: String) throws -> [UInt8]? {
-        try db.read { try Data.fetchOne($0, sql: "SELECT wrapped_key FROM pull WHERE id = ?", arguments: [pullID]) }.map { Array($0) }
+        try db.read { try PullRow.fetchOne($0, key: pullID) }.map { Array($0.wrappedKey) }
     }
 
     /// The ids of the pulls to send `agentID` now: the queued ones, and with
@@ -109,15 +113,15 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) throws -> [String] {
         let statuses = includingUnanswered ? "('queued', 'delivered')" : "('queued')"
         let queued = try db.read { db in
-            try Row.fetchAll(
+            try OpenTarget.fetchAll(
                 db,
                 sql: """
-                    SELECT t.pull_id, p.expires_at, t.status FROM pull_target t JOIN pull p ON p.id = t.pull_id
+                    SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
                     WHERE t.agent_id = ? AND t.status IN \(statuses) ORDER BY p.created_at, t.pull_id
                     """,
                 arguments: [agentID])
         }
-        let expired = queued.filter { ($0[1] as Int64) <= now.microseconds && ($0[2] as String) == "queued" }.map { $0[0] as String }
+        let expired = queued.filter { $0.expiresAt <= now.microseconds && $0.status == Status.queued.rawValue }.map(\.pullId)
         if !expired.isEmpty {
             try db.write { db in
                 for id in expired {
@@ -127,7 +131,17 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
                 }
             }
         }
-        return queued.filter { ($0[1] as Int64) > now.microseconds }.map { $0[0] as String }
+        return queued.filter { $0.expiresAt > now.microseconds }.map(\.pullId)
+    }
+
+    /// A target still open, with its pull's expiry (the delivery and deadline passes read these).
+    struct OpenTarget: Decodable, FetchableRecord {
+        static var databaseColumnDecodingStrategy: DatabaseColumnDecodingStrategy { .convertFromSnakeCase }
+        var pullId: String
+        var agentId: String
+        var status: String
+        var updatedAt: Double
+        var expiresAt: Int64
     }
 
     /// How long a delivered pull may go without word from its agent, and how long an upload may
@@ -158,7 +172,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         let quietUs = Int64(deadlines.quietAfterExpiry.components.seconds) * 1_000_000
         let hardUs = Int64(deadlines.afterExpiry.components.seconds) * 1_000_000
         let open = try db.read { db in
-            try Row.fetchAll(
+            try OpenTarget.fetchAll(
                 db,
                 sql: """
                     SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
@@ -168,9 +182,9 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         }
         var ended = 0
         for row in open {
-            let expiresAt: Int64 = row["expires_at"]
-            let heardUs = Timestamp(Date(timeIntervalSince1970: row["updated_at"])).microseconds
-            let status: String = row["status"]
+            let expiresAt = row.expiresAt
+            let heardUs = Timestamp(Date(timeIntervalSince1970: row.updatedAt)).microseconds
+            let status = row.status
             let detail: String
             if nowUs - max(heardUs, expiresAt, sinceUs) >= quietUs {
                 detail = "no word from the agent since \(Timestamp(microseconds: heardUs)) (\(status)); the pull expired at \(Timestamp(microseconds: expiresAt))"
@@ -182,7 +196,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             try db.write { db in
                 try db.execute(
                     sql: "UPDATE pull_target SET status = 'expired', detail = ?, updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = ?",
-                    arguments: [detail, now.timeIntervalSince1970, row["pull_id"] as String, row["agent_id"] as String, status])
+                    arguments: [detail, now.timeIntervalSince1970, row.pullId, row.agentId, status])
                 ended += db.changesCount
             }
         }
@@ -198,8 +212,8 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     /// The audit log, newest first.
     public func audit(limit: Int) throws -> [AuditEntry] {
         try db.read { db in
-            try Row.fetchAll(db, sql: "SELECT at, actor, action, detail FROM audit ORDER BY id DESC LIMIT ?", arguments: [limit]).map {
-                AuditEntry(at: Date(timeIntervalSince1970: $0["at"]), actor: $0["actor"], action: $0["action"], detail: $0["detail"])
+            try AuditRow.order(Column("id").desc).limit(limit).fetchAll(db).map {
+                AuditEntry(at: Date(timeIntervalSince1970: $0.at), actor: $0.actor, action: $0.action, detail: $0.detail)
             }
         }
     }
@@ -207,31 +221,34 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     /// Records an administrative action other than a pull (token changes).
     public func record(actor: String, action: String, detail: String, at: Date) throws {
         try db.write { db in
-            try db.execute(sql: "INSERT INTO audit (at, actor, action, detail) VALUES (?, ?, ?, ?)", arguments: [at.timeIntervalSince1970, actor, action, detail])
+            try AuditRow(at: at.timeIntervalSince1970, actor: actor, action: action, detail: detail).insert(db)
         }
     }
 
     public func pull(_ id: String, now: Timestamp) throws -> Pull? {
         try db.read { db in
-            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM pull WHERE id = ?", arguments: [id]) else { return nil }
-            let expired = (row["expires_at"] as Int64) <= now.microseconds
-            let targets = try Row.fetchAll(db, sql: "SELECT * FROM pull_target WHERE pull_id = ? ORDER BY agent_id", arguments: [id]).map { t in
+            guard let row = try PullRow.fetchOne(db, key: id) else { return nil }
+            let expired = row.expiresAt <= now.microseconds
+            let targets = try PullTargetRow.filter(Column("pull_id") == id).order(Column("agent_id")).fetchAll(db).map { t in
                 // A queued pull past its expiry is expired even if no delivery pass marked it yet.
-                let stored = Status(rawValue: t["status"]) ?? .failed
+                let stored = try Self.status(t.status, of: id)
                 let stale = stored == .queued && expired
                 return Target(
-                    pullID: t["pull_id"], agentID: t["agent_id"], status: stale ? .expired : stored,
-                    detail: stale ? "expired before delivery" : t["detail"],
-                    chunksReceived: t["chunks_received"], chunkCount: t["chunk_count"], bytes: t["bytes"],
-                    files: try Self.files(t["files"], of: id),
-                    updatedAt: Date(timeIntervalSince1970: t["updated_at"]))
+                    pullID: t.pullId, agentID: t.agentId, status: stale ? .expired : stored, detail: stale ? "expired before delivery" : t.detail,
+                    chunksReceived: t.chunksReceived, chunkCount: t.chunkCount, bytes: t.bytes, files: try Self.files(t.files, of: id),
+                    updatedAt: Date(timeIntervalSince1970: t.updatedAt))
             }
             return Pull(
-                id: row["id"], uid: row["uid"], agentID: row["agent_id"],
-                filter: Self.shownFilter(row["filter"]),
-                issuedAt: Timestamp(microseconds: row["issued_at"]), expiresAt: Timestamp(microseconds: row["expires_at"]),
-                requestedBy: row["requested_by"], targets: targets)
+                id: row.id, uid: row.uid, agentID: row.agentId, filter: Self.shownFilter(row.filter),
+                issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
+                requestedBy: row.requestedBy, targets: targets)
         }
+    }
+
+    /// A stored status, or an error naming the damaged row (never a guess).
+    static func status(_ stored: String, of id: String) throws -> Status {
+        guard let status = Status(rawValue: stored) else { throw DeploymentError("the stored status of \(id) is unreadable: \(stored.debugDescription)") }
+        return status
     }
 
     /// The filter a pull shows: nil when the stored one does not read back (its delivery then
@@ -304,19 +321,22 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     /// What a command is made from. Throws ``UnreadablePull``, and makes nothing, when the pull
     /// is gone or its row does not read back exactly (an unreadable filter never becomes "all").
     public func storedPull(_ id: String) throws -> StoredPull {
-        let row = try db.read { db in
-            try Row.fetchOne(db, sql: "SELECT uid, filter, issued_at, expires_at, wrapped_key FROM pull WHERE id = ?", arguments: [id])
+        let row: PullRow?
+        do {
+            row = try db.read { try PullRow.fetchOne($0, key: id) }
+        } catch let error as RowDecodingError {
+            throw UnreadablePull("the stored row of pull \(id) is unreadable: \(error)")
         }
         guard let row else { throw UnreadablePull("pull \(id) does not exist") }
         let filter: LogFilter
         do {
-            filter = try StoredFilter.decode(row["filter"])
+            filter = try StoredFilter.decode(row.filter)
         } catch {
             throw UnreadablePull("the stored filter of pull \(id) is unreadable: \(error)")
         }
         return StoredPull(
-            id: id, uid: row["uid"], filter: filter, issuedAt: Timestamp(microseconds: row["issued_at"]), expiresAt: Timestamp(microseconds: row["expires_at"]),
-            wrappedKey: Array(row["wrapped_key"] as Data))
+            id: id, uid: row.uid, filter: filter, issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
+            wrappedKey: Array(row.wrappedKey))
     }
 }
 

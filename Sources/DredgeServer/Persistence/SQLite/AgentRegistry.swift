@@ -5,49 +5,51 @@ import DredgeWire
 import Foundation
 import GRDB
 
-/// The server's registry of agents: who is enrolled (with the public key that authenticates
-/// it) and who is connected, since when, from where, serving which uids. SQLite in the data
-/// directory (`server.sqlite`), so it survives restarts; presence is reset at start.
+/// The server's registry of agents in the server's database (``AgentDirectory``): who is
+/// enrolled (with the public key that authenticates it) and who is connected, since when, from
+/// where, serving which uids. Presence is reset at start.
 public final class AgentRegistry: AgentDirectory, Sendable {
     private let db: DatabasePool
 
-    public init(path: String) throws {
-        db = try ServerDatabase.open(path) { migrator in
-            migrator.registerMigration("v1") { db in
-                try db.execute(sql: """
-                    CREATE TABLE agent (
-                        id TEXT PRIMARY KEY NOT NULL,
-                        public_key BLOB NOT NULL,
-                        hostname TEXT NOT NULL,
-                        os TEXT NOT NULL,
-                        app TEXT NOT NULL,
-                        app_version TEXT NOT NULL,
-                        enrolled_at REAL NOT NULL,
-                        connected INTEGER NOT NULL DEFAULT 0,
-                        connected_at REAL,
-                        remote_address TEXT,
-                        last_heartbeat_at REAL,
-                        active_uids TEXT NOT NULL DEFAULT '[]',
-                        store_records INTEGER NOT NULL DEFAULT 0
-                    );
-                    """)
-            }
-            // Pulls by uid look agents up by uid: an index instead of reading every agent.
-            migrator.registerMigration("v2-agent-uid") { db in
-                try db.execute(sql: """
-                    CREATE TABLE agent_uid (
-                        uid TEXT NOT NULL,
-                        agent_id TEXT NOT NULL REFERENCES agent(id),
-                        PRIMARY KEY (uid, agent_id)
-                    ) WITHOUT ROWID;
-                    INSERT OR IGNORE INTO agent_uid (uid, agent_id) SELECT j.value, a.id FROM agent a, json_each(a.active_uids) j;
-                    """)
-            }
-            // Presence by generation: each authenticated connection gets the next number, and
-            // only the connection holding the current one may mark the agent offline.
-            migrator.registerMigration("v3-generation") { db in
-                try db.execute(sql: "ALTER TABLE agent ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
-            }
+    public init(_ database: ServerDatabase) { db = database.pool }
+
+    /// The `agent` and `agent_uid` tables as they were when `server.sqlite` was merged into the
+    /// one database (`prefix` empty: the names that file recorded).
+    static func legacySchema(_ migrator: inout DatabaseMigrator, prefix: String) {
+        migrator.registerMigration(prefix + "v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE agent (
+                    id TEXT PRIMARY KEY NOT NULL,
+                    public_key BLOB NOT NULL,
+                    hostname TEXT NOT NULL,
+                    os TEXT NOT NULL,
+                    app TEXT NOT NULL,
+                    app_version TEXT NOT NULL,
+                    enrolled_at REAL NOT NULL,
+                    connected INTEGER NOT NULL DEFAULT 0,
+                    connected_at REAL,
+                    remote_address TEXT,
+                    last_heartbeat_at REAL,
+                    active_uids TEXT NOT NULL DEFAULT '[]',
+                    store_records INTEGER NOT NULL DEFAULT 0
+                );
+                """)
+        }
+        // Pulls by uid look agents up by uid: an index instead of reading every agent.
+        migrator.registerMigration(prefix + "v2-agent-uid") { db in
+            try db.execute(sql: """
+                CREATE TABLE agent_uid (
+                    uid TEXT NOT NULL,
+                    agent_id TEXT NOT NULL REFERENCES agent(id),
+                    PRIMARY KEY (uid, agent_id)
+                ) WITHOUT ROWID;
+                INSERT OR IGNORE INTO agent_uid (uid, agent_id) SELECT j.value, a.id FROM agent a, json_each(a.active_uids) j;
+                """)
+        }
+        // Presence by generation: each authenticated connection gets the next number, and
+        // only the connection holding the current one may mark the agent offline.
+        migrator.registerMigration(prefix + "v3-generation") { db in
+            try db.execute(sql: "ALTER TABLE agent ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
         }
     }
 
@@ -60,14 +62,13 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     /// (``AlreadyEnrolled``): whoever holds a token could otherwise rename another agent.
     public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date = Date()) throws -> String {
         let id = publicKey.agentID
+        let row = AgentRow(
+            id: id, publicKey: Data(publicKey.spki), hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion,
+            enrolledAt: now.timeIntervalSince1970)
         let inserted = try db.write { db in
-            try db.execute(
-                sql: """
-                    INSERT INTO agent (id, public_key, hostname, os, app, app_version, enrolled_at) VALUES (?, ?, ?, ?, ?, ?, ?)
-                    ON CONFLICT(id) DO NOTHING
-                    """,
-                arguments: [id, Data(publicKey.spki), host.hostname, host.os, host.app, host.appVersion, now.timeIntervalSince1970])
-            return db.changesCount > 0
+            guard try AgentRow.exists(db, key: id) == false else { return false }
+            try row.insert(db)
+            return true
         }
         guard inserted else { throw AlreadyEnrolled(agentID: id) }
         return id
@@ -76,8 +77,8 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     public typealias AlreadyEnrolled = DredgeServer.AlreadyEnrolled
 
     public func publicKey(of agentID: String) throws -> RSAPublicKey? {
-        guard let spki = try db.read({ try Data.fetchOne($0, sql: "SELECT public_key FROM agent WHERE id = ?", arguments: [agentID]) }) else { return nil }
-        return try RSAPublicKey(spki: spki)
+        guard let row = try db.read({ try AgentRow.fetchOne($0, key: agentID) }) else { return nil }
+        return try RSAPublicKey(spki: row.publicKey)
     }
 
     /// Marks the agent connected through a new connection; returns that connection's
@@ -121,9 +122,7 @@ public final class AgentRegistry: AgentDirectory, Sendable {
                 arguments: [now.timeIntervalSince1970, uids, Int64(clamping: heartbeat.stats.records), agentID])
             guard previous != nil, previous != uids else { return }
             try db.execute(sql: "DELETE FROM agent_uid WHERE agent_id = ?", arguments: [agentID])
-            for uid in Set(sorted) {
-                try db.execute(sql: "INSERT INTO agent_uid (uid, agent_id) VALUES (?, ?)", arguments: [uid, agentID])
-            }
+            for uid in Set(sorted) { try AgentUIDRow(uid: uid, agentId: agentID).insert(db) }
         }
     }
 
@@ -135,24 +134,20 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     }
 
     public func isEnrolled(_ agentID: String) throws -> Bool {
-        try db.read { try Bool.fetchOne($0, sql: "SELECT 1 FROM agent WHERE id = ?", arguments: [agentID]) ?? false }
+        try db.read { try AgentRow.exists($0, key: agentID) }
     }
 
     public func agents() throws -> [AgentRecord] {
         try db.read { db in
             // The uid index is the truth (the JSON column only detects a change).
-            let uids = Dictionary(
-                grouping: try Row.fetchAll(db, sql: "SELECT agent_id, uid FROM agent_uid ORDER BY agent_id, uid"), by: { $0["agent_id"] as String }
-            ).mapValues { $0.map { $0["uid"] as String } }
-            return try Row.fetchAll(db, sql: "SELECT * FROM agent ORDER BY hostname, id").map { row in
+            let uids = Dictionary(grouping: try AgentUIDRow.order(Column("agent_id"), Column("uid")).fetchAll(db), by: \.agentId).mapValues { $0.map(\.uid) }
+            return try AgentRow.order(Column("hostname"), Column("id")).fetchAll(db).map { row in
                 AgentRecord(
-                    agentID: row["id"], hostname: row["hostname"], os: row["os"], app: row["app"], appVersion: row["app_version"],
-                    enrolledAt: Date(timeIntervalSince1970: row["enrolled_at"]), connected: row["connected"],
-                    connectedAt: (row["connected_at"] as Double?).map(Date.init(timeIntervalSince1970:)),
-                    remoteAddress: row["remote_address"],
-                    lastHeartbeatAt: (row["last_heartbeat_at"] as Double?).map(Date.init(timeIntervalSince1970:)),
-                    activeUIDs: uids[row["id"] as String] ?? [],
-                    storeRecords: UInt64(max(0, row["store_records"] as Int64)))
+                    agentID: row.id, hostname: row.hostname, os: row.os, app: row.app, appVersion: row.appVersion,
+                    enrolledAt: Date(timeIntervalSince1970: row.enrolledAt), connected: row.connected,
+                    connectedAt: row.connectedAt.map(Date.init(timeIntervalSince1970:)), remoteAddress: row.remoteAddress,
+                    lastHeartbeatAt: row.lastHeartbeatAt.map(Date.init(timeIntervalSince1970:)),
+                    activeUIDs: uids[row.id] ?? [], storeRecords: UInt64(max(0, row.storeRecords)))
             }
         }
     }

@@ -1,0 +1,107 @@
+import DredgeAdminAPI
+import DredgeDomain
+import Foundation
+import GRDB
+
+/// Feedback uploads as the server received them, in the server's database (``FeedbackInbox``):
+/// who, what they said, and where the upload stands. The files go to `feedback/<id>/`. A
+/// feedback id is its upload id; a second upload of the same id is answered with the first
+/// one's result, never stored again.
+public final class FeedbackStore: FeedbackInbox, Sendable {
+    let db: DatabasePool
+
+    public init(_ database: ServerDatabase) { db = database.pool }
+
+    /// The `feedback` table as it was when `feedback.sqlite` was merged into the one database.
+    static func legacySchema(_ migrator: inout DatabaseMigrator) {
+        migrator.registerMigration("feedback-v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE feedback (
+                    id TEXT PRIMARY KEY NOT NULL,
+                    agent_id TEXT NOT NULL,
+                    uid TEXT NOT NULL,
+                    text TEXT NOT NULL,
+                    created_at_us INTEGER NOT NULL,
+                    received_at REAL NOT NULL,
+                    status TEXT NOT NULL,
+                    detail TEXT NOT NULL DEFAULT '',
+                    chunks_received INTEGER NOT NULL DEFAULT 0,
+                    chunk_count INTEGER NOT NULL DEFAULT 0,
+                    bytes INTEGER NOT NULL DEFAULT 0,
+                    records INTEGER NOT NULL DEFAULT 0,
+                    files TEXT NOT NULL DEFAULT '[]'
+                );
+                CREATE INDEX feedback_by_time ON feedback(received_at);
+                """)
+        }
+        // Quotas count an agent's recent feedback.
+        migrator.registerMigration("feedback-v2") { db in
+            try db.execute(sql: "CREATE INDEX feedback_by_agent ON feedback(agent_id, received_at)")
+        }
+    }
+
+    /// Records a feedback upload the first time its header arrives; later calls change nothing.
+    public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at now: Date = Date()) throws {
+        let row = FeedbackRow(
+            id: id, agentId: agentID, uid: uid, text: text, createdAtUs: createdAt.microseconds, receivedAt: now.timeIntervalSince1970,
+            status: PullStatus.uploading.rawValue, chunkCount: chunkCount, bytes: bytes)
+        try db.write { db in
+            guard try !FeedbackRow.exists(db, key: id) else { return }
+            try row.insert(db)
+        }
+    }
+
+    /// Moves a feedback's status, unless it is already final (complete or failed).
+    @discardableResult
+    public func update(_ id: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil) throws -> Bool {
+        try db.write { db in
+            try db.execute(
+                sql: """
+                    UPDATE feedback SET status = ?, detail = ?, chunks_received = coalesce(?, chunks_received),
+                        records = coalesce(?, records), files = coalesce(?, files) WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)
+                    """,
+                arguments: [status.rawValue, detail, chunksReceived, records, files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, id])
+            return db.changesCount > 0
+        }
+    }
+
+    /// How many feedback uploads an agent began since `since`, and their declared bytes: what
+    /// its quotas count.
+    public func usage(agentID: String, since: Date) throws -> (count: Int, bytes: Int64) {
+        try db.read { db in
+            let row = try Row.fetchOne(
+                db, sql: "SELECT count(*), coalesce(sum(bytes), 0) FROM feedback WHERE agent_id = ? AND received_at >= ?",
+                arguments: [agentID, since.timeIntervalSince1970])
+            return (row?[0] ?? 0, row?[1] ?? 0)
+        }
+    }
+
+    /// Fails the feedback uploads begun more than `after` ago and still not complete (an agent
+    /// that never came back): their upload state can then be removed. Returns how many.
+    @discardableResult
+    public func failAbandoned(now: Date = Date(), after: Duration = .seconds(7 * 86_400)) throws -> Int {
+        try db.write { db in
+            try db.execute(
+                sql: "UPDATE feedback SET status = 'failed', detail = ? WHERE status NOT IN \(PullStore.finalStatuses) AND received_at <= ?",
+                arguments: ["not completed within \(after) of its first frame; abandoned", now.timeIntervalSince1970 - Double(after.components.seconds)])
+            return db.changesCount
+        }
+    }
+
+    public func feedback(_ id: String) throws -> FeedbackRecord? {
+        try db.read { db in try FeedbackRow.fetchOne(db, key: id).map(Self.record) }
+    }
+
+    /// Newest first.
+    public func all(limit: Int = 100) throws -> [FeedbackRecord] {
+        try db.read { db in try FeedbackRow.order(Column("received_at").desc, Column.rowID.desc).limit(limit).fetchAll(db).map(Self.record) }
+    }
+
+    static func record(_ row: FeedbackRow) throws -> FeedbackRecord {
+        FeedbackRecord(
+            id: row.id, agentID: row.agentId, uid: row.uid, text: row.text, createdAt: Timestamp(microseconds: row.createdAtUs),
+            receivedAt: Date(timeIntervalSince1970: row.receivedAt), status: try PullStore.status(row.status, of: row.id), detail: row.detail,
+            chunksReceived: row.chunksReceived, chunkCount: row.chunkCount, bytes: row.bytes, records: row.records,
+            files: try PullStore.files(row.files, of: row.id))
+    }
+}

@@ -1,0 +1,105 @@
+import Foundation
+import GRDB
+
+// The rows of the server's database as record types: what the SQLite stores read and insert.
+// Columns are snake_case; times are seconds since 1970 (REAL) unless named `_us`
+// (microseconds, INTEGER). Decoding a row that does not fit its record throws; it never
+// becomes a default.
+
+protocol ServerRecord: Codable, FetchableRecord, PersistableRecord {}
+
+extension ServerRecord {
+    static var databaseColumnDecodingStrategy: DatabaseColumnDecodingStrategy { .convertFromSnakeCase }
+    static var databaseColumnEncodingStrategy: DatabaseColumnEncodingStrategy { .convertToSnakeCase }
+}
+
+struct AgentRow: ServerRecord {
+    static let databaseTableName = "agent"
+    var id: String
+    var publicKey: Data
+    var hostname: String
+    var os: String
+    var app: String
+    var appVersion: String
+    var enrolledAt: Double
+    var connected: Bool = false
+    var connectedAt: Double?
+    var remoteAddress: String?
+    var lastHeartbeatAt: Double?
+    /// The uids of the last heartbeat, as a sorted JSON array: only to detect a change;
+    /// `agent_uid` is the index pulls by uid read.
+    var activeUids: String = "[]"
+    var storeRecords: Int64 = 0
+    /// Presence by generation: each authenticated connection gets the next number.
+    var generation: Int64 = 0
+}
+
+struct AgentUIDRow: ServerRecord {
+    static let databaseTableName = "agent_uid"
+    var uid: String
+    var agentId: String
+}
+
+struct PullRow: ServerRecord {
+    static let databaseTableName = "pull"
+    var id: String
+    var uid: String
+    var agentId: String
+    /// ``StoredFilter`` text.
+    var filter: String
+    var issuedAt: Int64
+    var expiresAt: Int64
+    var wrappedKey: Data
+    var requestedBy: String
+    var createdAt: Double
+}
+
+struct PullTargetRow: ServerRecord {
+    static let databaseTableName = "pull_target"
+    var pullId: String
+    var agentId: String
+    var status: String
+    var detail: String = ""
+    var chunksReceived: Int = 0
+    var chunkCount: Int = 0
+    var bytes: Int64 = 0
+    /// JSON array of paths.
+    var files: String = "[]"
+    var updatedAt: Double
+}
+
+struct AuditRow: ServerRecord {
+    static let databaseTableName = "audit"
+    var id: Int64?
+    var at: Double
+    var actor: String
+    var action: String
+    var detail: String
+}
+
+struct FeedbackRow: ServerRecord {
+    static let databaseTableName = "feedback"
+    var id: String
+    var agentId: String
+    var uid: String
+    var text: String
+    var createdAtUs: Int64
+    var receivedAt: Double
+    var status: String
+    var detail: String = ""
+    var chunksReceived: Int = 0
+    var chunkCount: Int = 0
+    var bytes: Int64 = 0
+    var records: Int = 0
+    /// JSON array of paths.
+    var files: String = "[]"
+}
+
+struct TokenRow: ServerRecord {
+    static let databaseTableName = "token"
+    var kind: String
+    var name: String
+    /// Lowercase hex SHA-256 of the token; the token itself is never stored.
+    var sha256: String
+    var createdAt: Double
+}

@@ -1,0 +1,128 @@
+import DredgeAdminAPI
+import Foundation
+import GRDB
+
+/// The server's one SQLite database, `dredge.sqlite` in the data directory: agents, the pull
+/// queue and audit log, feedback and tokens, each table migrated by the store that owns it
+/// (``AgentRegistry``, ``PullStore``, ``FeedbackStore``, ``TokenStore``).
+///
+/// WAL with `synchronous=NORMAL`, so the listener's frequent small writes (heartbeats, chunk
+/// progress) are cheap and the operator's commands (`dredge-server agents`, `pulls`) read
+/// without blocking it. The file is made readable by its owner only: it holds wrapped pull keys
+/// and token hashes.
+///
+/// Deployments made before the one database kept `server.sqlite`, `pulls.sqlite`,
+/// `feedback.sqlite` and `tokens.json`. The first open imports them, in the same transaction
+/// as the migration that records it (a crash part-way imports again from the start), then
+/// renames each to `<name>.imported`. A legacy file that cannot be read stops the open with
+/// the reason; nothing is half-imported.
+public final class ServerDatabase: Sendable {
+    public static let fileName = "dredge.sqlite"
+    /// The files of deployments made before the one database, in the order they are imported.
+    public static let legacyFiles = ["server.sqlite", "pulls.sqlite", "feedback.sqlite", "tokens.json"]
+    static let importMigration = "import-legacy-files"
+
+    let pool: DatabasePool
+    public let path: String
+    /// The legacy files this open imported (renamed to `<name>.imported`).
+    public let imported: [String]
+    /// What went wrong renaming imported files (their contents are in the database already;
+    /// the files are left where they are and never imported again).
+    public let importProblems: [String]
+
+    public init(directory: String) throws {
+        path = directory + "/" + Self.fileName
+        let isNew = !FileManager.default.fileExists(atPath: path)
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(10)
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
+        pool = try DatabasePool(path: path, configuration: configuration)
+        if isNew, chmod(path, 0o600) != 0 {
+            throw DeploymentError("cannot restrict \(path) to its owner: \(String(cString: strerror(errno)))")
+        }
+        let migrator = Self.migrator(importingFrom: directory)
+        let applied = try pool.read { try migrator.appliedIdentifiers($0) }
+        try migrator.migrate(pool)
+        guard !applied.contains(Self.importMigration) else {
+            (imported, importProblems) = ([], [])
+            return
+        }
+        var imported: [String] = [], problems: [String] = []
+        let fm = FileManager.default
+        for name in Self.legacyFiles where fm.fileExists(atPath: directory + "/" + name) {
+            imported.append(name)
+            for suffix in ["", "-wal", "-shm"] where fm.fileExists(atPath: directory + "/" + name + suffix) {
+                let from = directory + "/" + name + suffix
+                if rename(from, directory + "/" + name + ".imported" + suffix) != 0 {
+                    problems.append("could not rename \(from) after importing it: \(String(cString: strerror(errno)))")
+                }
+            }
+        }
+        (self.imported, importProblems) = (imported, problems)
+    }
+
+    /// Every table's migrations, in order. A migration added later goes after the import: the
+    /// legacy files are brought to the schema registered before it, then copied.
+    static func migrator(importingFrom directory: String) -> DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        AgentRegistry.legacySchema(&migrator, prefix: "agents-")
+        PullStore.legacySchema(&migrator)
+        FeedbackStore.legacySchema(&migrator)
+        TokenStore.schema(&migrator)
+        migrator.registerMigration(importMigration) { db in
+            try LegacyImport(directory: directory).run(into: db)
+        }
+        return migrator
+    }
+}
+
+/// Copies a pre-database deployment's files into the one database (see ``ServerDatabase``).
+struct LegacyImport {
+    let directory: String
+
+    func run(into db: Database) throws {
+        try copy("server.sqlite", tables: ["agent", "agent_uid"], into: db) { AgentRegistry.legacySchema(&$0, prefix: "") }
+        try copy("pulls.sqlite", tables: ["pull", "pull_target", "audit"], into: db) { PullStore.legacySchema(&$0) }
+        try copy("feedback.sqlite", tables: ["feedback"], into: db) { FeedbackStore.legacySchema(&$0) }
+        let tokens = directory + "/tokens.json"
+        if let data = FileManager.default.contents(atPath: tokens) {
+            let file: TokenFile
+            do {
+                file = try JSONDecoder.adminAPI.decode(TokenFile.self, from: data)
+            } catch {
+                throw DeploymentError("cannot import \(tokens): \(error)")
+            }
+            for entry in file.tokens {
+                try TokenRow(kind: entry.kind.rawValue, name: entry.name, sha256: entry.sha256, createdAt: entry.createdAt.timeIntervalSince1970).insert(db)
+            }
+        }
+    }
+
+    /// Brings a legacy file to the schema its store had when files were merged (its own
+    /// migrations, as that release ran them), then copies its rows, column by column.
+    private func copy(_ name: String, tables: [String], into db: Database, schema: (inout DatabaseMigrator) -> Void) throws {
+        let path = directory + "/" + name
+        guard FileManager.default.fileExists(atPath: path) else { return }
+        do {
+            let legacy = try DatabaseQueue(path: path)
+            var migrator = DatabaseMigrator()
+            schema(&migrator)
+            try migrator.migrate(legacy)
+            try legacy.read { old in
+                for table in tables {
+                    let rows = try Row.fetchCursor(old, sql: "SELECT * FROM \(table)")
+                    while let row = try rows.next() {
+                        let columns = row.columnNames.map { "\"\($0)\"" }.joined(separator: ", ")
+                        let marks = Array(repeating: "?", count: row.count).joined(separator: ", ")
+                        try db.execute(sql: "INSERT INTO \(table) (\(columns)) VALUES (\(marks))", arguments: StatementArguments(row.databaseValues))
+                    }
+                }
+            }
+            try legacy.close()
+        } catch {
+            throw DeploymentError("cannot import \(path) into \(ServerDatabase.fileName): \(error)")
+        }
+    }
+}

@@ -1,0 +1,64 @@
+import DredgeAdminAPI
+import Foundation
+import GRDB
+
+/// The tokens in the server's database (``TokenVault``): each change is committed before it
+/// takes effect, and every check reads the table, so a revocation holds at once, also for a
+/// token revoked by another process on the same data directory.
+public final class TokenStore: TokenVault, Sendable {
+    private let db: DatabasePool
+
+    public init(_ database: ServerDatabase) { db = database.pool }
+
+    static func schema(_ migrator: inout DatabaseMigrator) {
+        migrator.registerMigration("tokens-v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE token (
+                    kind TEXT NOT NULL,
+                    name TEXT NOT NULL,
+                    sha256 TEXT NOT NULL UNIQUE,
+                    created_at REAL NOT NULL,
+                    PRIMARY KEY (kind, name)
+                ) WITHOUT ROWID;
+                """)
+        }
+    }
+
+    private func name(of token: String, kind: TokenKind) throws -> String? {
+        let hash = TokenFile.hash(token)
+        return try db.read { try TokenRow.filter(Column("sha256") == hash && Column("kind") == kind.rawValue).fetchOne($0)?.name }
+    }
+
+    public func adminName(for token: String) throws -> String? { try name(of: token, kind: .admin) }
+    public func acceptsEnrollment(_ token: String) throws -> Bool { try name(of: token, kind: .enrollment) != nil }
+
+    public func list() throws -> [TokenInfo] {
+        try db.read { db in
+            try TokenRow.order(Column("kind"), Column("name")).fetchAll(db).map { row in
+                guard let kind = TokenKind(rawValue: row.kind) else { throw DeploymentError("the stored kind of token \(row.name) is unreadable: \(row.kind)") }
+                return TokenInfo(name: row.name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt))
+            }
+        }
+    }
+
+    public func create(name: String, kind: TokenKind, now: Date = Date()) throws -> TokenCreated {
+        guard !name.isEmpty, name.count <= 64, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }) else {
+            throw TokenError.invalidName(name)
+        }
+        let token = TokenFile.generate(kind)
+        let row = TokenRow(kind: kind.rawValue, name: name, sha256: TokenFile.hash(token), createdAt: now.timeIntervalSince1970)
+        try db.write { db in
+            guard try !TokenRow.exists(db, key: ["kind": kind.rawValue, "name": name]) else { throw TokenError.exists(name) }
+            try row.insert(db)
+        }
+        return TokenCreated(info: TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt)), token: token)
+    }
+
+    /// Revokes a token at once. The last admin token cannot go: nobody could make another.
+    public func revoke(name: String, kind: TokenKind) throws {
+        try db.write { db in
+            guard try TokenRow.deleteOne(db, key: ["kind": kind.rawValue, "name": name]) else { throw TokenError.unknown(name) }
+            if kind == .admin, try TokenRow.filter(Column("kind") == TokenKind.admin.rawValue).fetchCount(db) == 0 { throw TokenError.lastAdmin }
+        }
+    }
+}

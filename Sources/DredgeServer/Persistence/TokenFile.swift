@@ -1,0 +1,58 @@
+import Crypto
+import DredgeAdminAPI
+import DredgeEnvelope
+import DredgePayload
+import Foundation
+
+/// Tokens as deployments before the one database kept them (`tokens.json`, imported by
+/// ``ServerDatabase``), and how tokens are made and hashed: by name and kind, as SHA-256 only.
+/// A token is `dredge_adm_…` or `dredge_enr_…` with 192 random bits.
+public struct TokenFile: Codable, Sendable, Equatable {
+    public struct Entry: Codable, Sendable, Equatable {
+        public var name: String
+        public var kind: TokenKind
+        public var sha256: String
+        public var createdAt: Date
+
+        public init(name: String, kind: TokenKind, token: String, createdAt: Date) {
+            self.name = name
+            self.kind = kind
+            self.sha256 = TokenFile.hash(token)
+            self.createdAt = createdAt
+        }
+
+        public var info: TokenInfo { TokenInfo(name: name, kind: kind, createdAt: createdAt) }
+    }
+
+    public var tokens: [Entry]
+
+    public init(tokens: [Entry]) { self.tokens = tokens }
+
+    public static func hash(_ token: String) -> String { Hex.encode(SHA256.hash(data: Array(token.utf8))) }
+
+    public static func generate(_ kind: TokenKind) -> String {
+        (kind == .admin ? "dredge_adm_" : "dredge_enr_") + Hex.encode(secureRandomBytes(24))
+    }
+
+    /// The name of the token of `kind` that `token` is, if the file accepts it.
+    public func name(of token: String, kind: TokenKind) -> String? {
+        let hash = Self.hash(token)
+        return tokens.first { $0.kind == kind && $0.sha256 == hash }?.name
+    }
+
+    public func acceptsAdmin(_ token: String) -> Bool { name(of: token, kind: .admin) != nil }
+    public func acceptsEnrollment(_ token: String) -> Bool { name(of: token, kind: .enrollment) != nil }
+}
+
+public enum TokenError: Error, CustomStringConvertible, Equatable, Sendable {
+    case invalidName(String), exists(String), unknown(String), lastAdmin
+
+    public var description: String {
+        switch self {
+        case .invalidName(let name): "token name '\(name)' is not valid: 1 to 64 letters, digits, '-', '_' or '.'"
+        case .exists(let name): "a token named '\(name)' already exists"
+        case .unknown(let name): "no token named '\(name)'"
+        case .lastAdmin: "refusing to revoke the last admin token: create another first"
+        }
+    }
+}

@@ -66,8 +66,15 @@ public struct PullTarget: Sendable, Equatable, Codable {
     /// The decrypted per-day files and the manifest, absolute paths on the server, once complete.
     public var files: [String]
     public var updatedAt: Date
+    /// When the server failed the upload: the protocol's error code it answered with (Protocol
+    /// § Errors, e.g. 10 for `ERROR_CHUNK_AUTH_FAILED`), which it answers again if the agent
+    /// begins that upload once more. Nil otherwise.
+    public var errorCode: Int?
 
-    public init(pullID: String, agentID: String, status: PullStatus, detail: String, chunksReceived: Int, chunkCount: Int, bytes: Int64, files: [String], updatedAt: Date) {
+    public init(
+        pullID: String, agentID: String, status: PullStatus, detail: String, chunksReceived: Int, chunkCount: Int, bytes: Int64, files: [String], updatedAt: Date,
+        errorCode: Int? = nil
+    ) {
         self.pullID = pullID
         self.agentID = agentID
         self.status = status
@@ -77,6 +84,7 @@ public struct PullTarget: Sendable, Equatable, Codable {
         self.bytes = bytes
         self.files = files
         self.updatedAt = updatedAt
+        self.errorCode = errorCode
     }
 }
 
@@ -233,10 +241,13 @@ public struct FeedbackRecord: Sendable, Equatable, Codable {
     public var records: Int
     /// The decrypted per-day files and the manifest, absolute paths on the server.
     public var files: [String]
+    /// When the server failed the upload: the protocol's error code it answered with (as in
+    /// ``PullTarget/errorCode``). Nil otherwise.
+    public var errorCode: Int?
 
     public init(
         id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, receivedAt: Date, status: PullStatus, detail: String,
-        chunksReceived: Int, chunkCount: Int, bytes: Int64, records: Int, files: [String]
+        chunksReceived: Int, chunkCount: Int, bytes: Int64, records: Int, files: [String], errorCode: Int? = nil
     ) {
         self.id = id
         self.agentID = agentID
@@ -251,5 +262,6 @@ public struct FeedbackRecord: Sendable, Equatable, Codable {
         self.bytes = bytes
         self.records = records
         self.files = files
+        self.errorCode = errorCode
     }
 }

@@ -122,6 +122,41 @@ import Testing
         }
     }
 
+    /// A failed upload's result outlives its connection: the agent that begins it again, on
+    /// another connection, is answered the same `UploadResult` (the spec's "for an upload it
+    /// has already finished it answers the UploadResult"), and nothing it sends revives it.
+    @Test func aFailedUploadIsAnsweredWithItsResultOnLaterConnections() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let a = try await server.enrollAgent()
+        let (pullID, upload) = try await a.connect { link in
+            let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-2")))
+            let cmd = try await LinkAgent.acceptNextPull(over: link)
+            let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
+            try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+            _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
+            var sealed = try upload.chunk(0)
+            sealed[sealed.count / 2] ^= 0x01
+            try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = 0; $0.ciphertext = Data(sealed) } })
+            let answer = try await LinkAgent.answer(to: cmd.commandID, over: link)
+            #expect(answer?.uploadResult.error == .errorChunkAuthFailed, "\(String(describing: answer))")
+            return (pull.id, upload)
+        }
+        let target = try #require(try await server.admin.pull(pullID).targets.first)
+        #expect(target.status == .failed && target.errorCode == Int(WireErrorCode.errorChunkAuthFailed.rawValue))
+        for _ in 0..<2 {
+            try await a.connect { link in
+                try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+                let again = try #require(try await LinkAgent.answer(to: pullID, over: link))
+                #expect(again.uploadResult.uploadID == pullID && !again.uploadResult.ok, "\(again)")
+                #expect(again.uploadResult.error == .errorChunkAuthFailed && again.uploadResult.detail == target.detail, "\(again)")
+            }
+        }
+        #expect(try await server.admin.pull(pullID).targets.first?.status == .failed)
+    }
+
     /// Heartbeats over MAX_ACTIVE_UIDS or with a control character in a uid are refused and
     /// recorded nowhere; a pull for `"u-1\0x"` is refused and never reaches u-1's agent.
     @Test func heartbeatListsAndUidsAreHeldToTheSpec() async throws {

@@ -74,12 +74,26 @@ final class ConnectionUploads {
     /// Moves the status of the pull (for this agent) or the feedback an upload belongs to.
     /// The stores ignore a change to a status that is already final; returns whether it applied.
     @discardableResult
-    private func progress(_ uploadID: String, _ status: PullStatus, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil, records: Int? = nil, files: [String]? = nil) throws -> Bool {
+    private func progress(
+        _ uploadID: String, _ status: PullStatus, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil,
+        records: Int? = nil, files: [String]? = nil, failedWith code: WireErrorCode? = nil
+    ) throws -> Bool {
+        let errorCode = code.map(\.rawValue)
         if feedbackUploads.contains(uploadID) {
-            return try feedback.update(uploadID, status: status, detail: detail, chunksReceived: chunksReceived, records: records, files: files)
+            return try feedback.update(uploadID, status: status, detail: detail, chunksReceived: chunksReceived, records: records, files: files, errorCode: errorCode)
         } else {
-            return try pulls.update(uploadID, agent: agentID, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files)
+            return try pulls.update(
+                uploadID, agent: agentID, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files,
+                errorCode: errorCode)
         }
+    }
+
+    /// The result a failed upload was answered with, answered again when the agent begins it
+    /// once more (on any connection); nil when it failed without one (before this server kept
+    /// codes), and then the caller refuses the upload instead.
+    static func failedResult(_ uploadID: String, code: Int?, detail: String) -> WireFrame? {
+        guard let code, let error = WireErrorCode(rawValue: code) else { return nil }
+        return .with { $0.uploadResult = .with { $0.uploadID = uploadID; $0.ok = false; $0.error = error; $0.detail = detail } }
     }
 
     /// The upload (or command) id a frame of the upload layer names; nil for other frames.
@@ -191,10 +205,10 @@ final class ConnectionUploads {
                     switch e.code {
                     case .chunkAuthFailed:
                         next = entry.machine.rejected(index, .errorChunkAuthFailed)
-                        try progress(chunk.uploadID, .failed, detail: "chunk \(index) failed authentication")
+                        try progress(chunk.uploadID, .failed, detail: "chunk \(index) failed authentication", failedWith: .errorChunkAuthFailed)
                     case .uploadInvalid:
                         next = entry.machine.rejected(index, .errorChunkInvalid)
-                        try progress(chunk.uploadID, .failed, detail: "chunk \(index) is invalid: \(e.message)")
+                        try progress(chunk.uploadID, .failed, detail: "chunk \(index) is invalid: \(e.message)", failedWith: .errorChunkInvalid)
                     default:
                         // The server's own trouble (a full disk): the agent keeps its export and
                         // sends the chunk again later; the status stays open, with the reason.
@@ -210,7 +224,7 @@ final class ConnectionUploads {
         if stored {
             try progress(chunk.uploadID, .uploading, chunksReceived: entry.assembler.received.count)
         } else if case .finished(let result) = entry.machine.state, !result.ok, result.error == .errorChunkInvalid {
-            try progress(chunk.uploadID, .failed, detail: result.detail)
+            try progress(chunk.uploadID, .failed, detail: result.detail, failedWith: .errorChunkInvalid)
         }
         return out
     }
@@ -246,6 +260,9 @@ final class ConnectionUploads {
             }
             if target.status == .complete {
                 return [.with { $0.uploadResult = .with { $0.uploadID = header.uploadID; $0.ok = true; $0.files = UInt32(target.files.count) } }]
+            }
+            if target.status == .failed, let result = Self.failedResult(header.uploadID, code: target.errorCode, detail: target.detail) {
+                return [result]
             }
             if target.status.isFinal {
                 return [error(.errorUploadInvalid, header.uploadID, "pull \(header.uploadID) is \(target.status.rawValue) for this agent: \(target.detail)")]
@@ -294,7 +311,10 @@ final class ConnectionUploads {
                 return .failure(Refusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(max(0, existing.files.count - 1)); $0.records = UInt64(existing.records) } }))
             }
             if existing.status.isFinal {
-                return .failure(Refusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = false; $0.error = .errorPayloadInvalid; $0.detail = existing.detail } }))
+                // Feedback failed before codes were kept: its payload was refused.
+                return .failure(Refusal(
+                    Self.failedResult(id, code: existing.errorCode ?? WireErrorCode.errorPayloadInvalid.rawValue, detail: existing.detail)
+                        ?? error(.errorUploadInvalid, id, existing.detail)))
             }
         } else {
             // Too large ever to be accepted: refused for good, not "later".
@@ -379,7 +399,7 @@ final class ConnectionUploads {
                 default: nil
                 }
             if let (code, detail) = final {
-                do { try progress(uploadID, .failed, detail: detail) } catch { logger.error("could not record a failed upload", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"]) }
+                do { try progress(uploadID, .failed, detail: detail, failedWith: code) } catch { logger.error("could not record a failed upload", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"]) }
                 logger.error("\(what) failed", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
                 return .with { $0.uploadID = uploadID; $0.ok = false; $0.error = code; $0.detail = detail }
             }

@@ -46,7 +46,8 @@ public struct AlreadyEnrolled: Error, CustomStringConvertible, Sendable {
 /// - ``failAbandoned(now:after:)`` fails only feedback still open `after` its beginning.
 public protocol FeedbackInbox: Sendable {
     func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at: Date) async throws
-    func update(_ id: String, status: PullStatus, detail: String, chunksReceived: Int?, records: Int?, files: [String]?) async throws -> Bool
+    /// `errorCode`: the wire code a failed upload was answered with; nil keeps what is stored.
+    func update(_ id: String, status: PullStatus, detail: String, chunksReceived: Int?, records: Int?, files: [String]?, errorCode: Int?) async throws -> Bool
     func usage(agentID: String, since: Date) async throws -> (count: Int, bytes: Int64)
     func failAbandoned(now: Date, after: Duration) async throws -> Int
     func feedback(_ id: String) async throws -> FeedbackRecord?

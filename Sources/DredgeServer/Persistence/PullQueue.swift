@@ -35,10 +35,11 @@ public protocol PullQueue: Sendable {
     /// longer queued or delivered, and then the command must not be sent.
     func markDelivered(_ pullID: String, agent: String, at: Date) async throws -> Bool
     /// Moves a target's status and progress unless its status is final (or, with `from`, not
-    /// one of those). Nil progress values keep what is stored. Returns whether it applied.
+    /// one of those). Nil progress values (and a nil `errorCode`, the wire code a failed
+    /// upload was answered with) keep what is stored. Returns whether it applied.
     func update(
         _ pullID: String, agent: String, status: PullStatus, detail: String, chunksReceived: Int?, chunkCount: Int?, bytes: Int64?, files: [String]?,
-        from: Set<PullStatus>?, at: Date
+        errorCode: Int?, from: Set<PullStatus>?, at: Date
     ) async throws -> Bool
     /// Expires delivered, exporting or uploading targets that will not finish (see
     /// ``PullStore/Deadlines``); returns how many.

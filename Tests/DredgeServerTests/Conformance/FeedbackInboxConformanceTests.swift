@@ -24,16 +24,23 @@ import Testing
         #expect(record.uid == "u-1" && record.text == "the oven" && record.createdAt == Timestamp(microseconds: 7) && record.receivedAt == Self.t0)
         #expect(record.status == .uploading && record.chunkCount == 3 && record.bytes == 900 && record.chunksReceived == 0)
 
-        #expect(try await inbox.update(Self.id(1), status: .uploading, detail: "", chunksReceived: 2, records: nil, files: nil))
-        #expect(try await inbox.update(Self.id(1), status: .complete, detail: "12 records", chunksReceived: nil, records: 12, files: ["/f/a.jsonl"]))
+        #expect(try await inbox.update(Self.id(1), status: .uploading, detail: "", chunksReceived: 2, records: nil, files: nil, errorCode: nil))
+        #expect(try await inbox.update(Self.id(1), status: .complete, detail: "12 records", chunksReceived: nil, records: 12, files: ["/f/a.jsonl"], errorCode: nil))
         record = try #require(try await inbox.feedback(Self.id(1)))
         #expect(record.status == .complete && record.chunksReceived == 2 && record.records == 12 && record.files == ["/f/a.jsonl"])
         for status in PullStatus.allCases {
-            #expect(try await !inbox.update(Self.id(1), status: status, detail: "", chunksReceived: 0, records: 0, files: []), "final: \(status)")
+            #expect(try await !inbox.update(Self.id(1), status: status, detail: "", chunksReceived: 0, records: 0, files: [], errorCode: nil), "final: \(status)")
         }
         #expect(try await inbox.feedback(Self.id(1))?.records == 12)
+        #expect(try await inbox.feedback(Self.id(1))?.errorCode == nil)
+        // A failed one keeps the wire code it was answered with.
+        try await inbox.begin(id: Self.id(3), agentID: Self.agent, uid: "u-1", text: "x", createdAt: Timestamp(microseconds: 7), chunkCount: 1, bytes: 9, at: Self.t0)
+        #expect(try await inbox.update(Self.id(3), status: .failed, detail: "bad zip", chunksReceived: nil, records: nil, files: nil, errorCode: 12))
+        #expect(try await !inbox.update(Self.id(3), status: .failed, detail: "other", chunksReceived: nil, records: nil, files: nil, errorCode: 10))
+        let failed = try #require(try await inbox.feedback(Self.id(3)))
+        #expect(failed.status == .failed && failed.errorCode == 12 && failed.detail == "bad zip")
         #expect(try await inbox.feedback(Self.id(2)) == nil)
-        #expect(try await !inbox.update(Self.id(2), status: .failed, detail: "", chunksReceived: nil, records: nil, files: nil))
+        #expect(try await !inbox.update(Self.id(2), status: .failed, detail: "", chunksReceived: nil, records: nil, files: nil, errorCode: nil))
     }
 
     @Test(arguments: PersistenceBackend.all)
@@ -60,8 +67,8 @@ import Testing
             try await inbox.begin(id: Self.id(n), agentID: Self.agent, uid: "u", text: "x", createdAt: Timestamp(microseconds: 1), chunkCount: 1, bytes: 1, at: Self.t0)
         }
         try await inbox.begin(id: Self.id(4), agentID: Self.agent, uid: "u", text: "x", createdAt: Timestamp(microseconds: 1), chunkCount: 1, bytes: 1, at: Self.t0.addingTimeInterval(86_400))
-        _ = try await inbox.update(Self.id(2), status: .complete, detail: "", chunksReceived: 1, records: 1, files: [])
-        _ = try await inbox.update(Self.id(3), status: .failed, detail: "bad zip", chunksReceived: nil, records: nil, files: nil)
+        _ = try await inbox.update(Self.id(2), status: .complete, detail: "", chunksReceived: 1, records: 1, files: [], errorCode: nil)
+        _ = try await inbox.update(Self.id(3), status: .failed, detail: "bad zip", chunksReceived: nil, records: nil, files: nil, errorCode: nil)
         #expect(try await inbox.failAbandoned(now: Self.t0.addingTimeInterval(3_600), after: .seconds(7_200)) == 0)
         #expect(try await inbox.failAbandoned(now: Self.t0.addingTimeInterval(7_200), after: .seconds(7_200)) == 1)
         #expect(try await inbox.feedback(Self.id(1))?.status == .failed)

@@ -95,7 +95,7 @@ import Testing
         #expect(try await queue.markDelivered(first.id, agent: "a", at: Date()), "a redelivery may claim it again")
 
         // Once the agent answered, it cannot be claimed for delivery again.
-        #expect(try await queue.update(first.id, agent: "a", status: .exporting, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, from: [.queued, .delivered], at: Date()))
+        #expect(try await queue.update(first.id, agent: "a", status: .exporting, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, errorCode: nil, from: [.queued, .delivered], at: Date()))
         #expect(try await !queue.markDelivered(first.id, agent: "a", at: Date()))
         #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: Self.base) == [second.id])
 
@@ -114,7 +114,7 @@ import Testing
         let new = try Self.newPull()
         try await queue.create(new)
         func move(_ status: PullStatus, from: Set<PullStatus>? = nil, chunks: Int? = nil, files: [String]? = nil) async throws -> Bool {
-            try await queue.update(new.id, agent: "a", status: status, detail: "\(status)", chunksReceived: chunks, chunkCount: chunks.map { _ in 4 }, bytes: nil, files: files, from: from, at: Date())
+            try await queue.update(new.id, agent: "a", status: status, detail: "\(status)", chunksReceived: chunks, chunkCount: chunks.map { _ in 4 }, bytes: nil, files: files, errorCode: nil, from: from, at: Date())
         }
         #expect(try await !move(.exporting, from: [.delivered]), "only from delivered")
         #expect(try await Self.status(queue, new.id) == .queued)
@@ -129,7 +129,21 @@ import Testing
         }
         let done = try #require(try await queue.pull(new.id, now: Self.base)?.targets.first)
         #expect(done.status == .complete && done.files == ["/x/2026-11-21.jsonl"] && done.detail == "complete")
-        #expect(try await queue.update("nope", agent: "a", status: .failed, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, from: nil, at: Date()) == false)
+        #expect(try await queue.update("nope", agent: "a", status: .failed, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, errorCode: nil, from: nil, at: Date()) == false)
+    }
+
+    /// A failed upload keeps the wire code it was answered with, so the same answer can be given
+    /// again; a later move never replaces it.
+    @Test(arguments: Backend.all)
+    func aFailedUploadKeepsItsErrorCode(_ backend: Backend) async throws {
+        let queue = try await backend.pulls(dir)
+        let new = try Self.newPull()
+        try await queue.create(new)
+        #expect(try await queue.pull(new.id, now: Self.base)?.targets.first?.errorCode == nil)
+        #expect(try await queue.update(new.id, agent: "a", status: .failed, detail: "chunk 3 failed authentication", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, errorCode: 10, from: nil, at: Date()))
+        #expect(try await !queue.update(new.id, agent: "a", status: .failed, detail: "again", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, errorCode: 12, from: nil, at: Date()))
+        let failed = try #require(try await queue.pull(new.id, now: Self.base)?.targets.first)
+        #expect(failed.status == .failed && failed.errorCode == 10 && failed.detail == "chunk 3 failed authentication")
     }
 
     @Test(arguments: Backend.all)
@@ -138,8 +152,8 @@ import Testing
         let start = Self.base.date
         let quiet = try Self.newPull(lifetime: .seconds(60)), moving = try Self.newPull(lifetime: .seconds(60)), queued = try Self.newPull(lifetime: .seconds(60))
         for pull in [quiet, moving, queued] { try await queue.create(pull) }
-        _ = try await queue.update(quiet.id, agent: "a", status: .delivered, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, from: nil, at: start)
-        _ = try await queue.update(moving.id, agent: "a", status: .uploading, detail: "", chunksReceived: 1, chunkCount: 9, bytes: nil, files: nil, from: nil, at: start.addingTimeInterval(600))
+        _ = try await queue.update(quiet.id, agent: "a", status: .delivered, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, errorCode: nil, from: nil, at: start)
+        _ = try await queue.update(moving.id, agent: "a", status: .uploading, detail: "", chunksReceived: 1, chunkCount: 9, bytes: nil, files: nil, errorCode: nil, from: nil, at: start.addingTimeInterval(600))
         let deadlines = PullStore.Deadlines(quietAfterExpiry: .seconds(600), afterExpiry: .seconds(3600))
 
         // Before the quiet period has passed since the expiry: nothing ends.

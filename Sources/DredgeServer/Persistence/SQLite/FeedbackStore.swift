@@ -53,14 +53,17 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
 
     /// Moves a feedback's status, unless it is already final (complete or failed).
     @discardableResult
-    public func update(_ id: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil) throws -> Bool {
+    public func update(
+        _ id: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil, errorCode: Int? = nil
+    ) throws -> Bool {
         try db.write { db in
             try db.execute(
                 sql: """
                     UPDATE feedback SET status = ?, detail = ?, chunks_received = coalesce(?, chunks_received),
-                        records = coalesce(?, records), files = coalesce(?, files) WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)
+                        records = coalesce(?, records), files = coalesce(?, files), error_code = coalesce(?, error_code)
+                    WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)
                     """,
-                arguments: [status.rawValue, detail, chunksReceived, records, files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, id])
+                arguments: [status.rawValue, detail, chunksReceived, records, files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, errorCode, id])
             return db.changesCount > 0
         }
     }
@@ -102,6 +105,6 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
             id: row.id, agentID: row.agentId, uid: row.uid, text: row.text, createdAt: Timestamp(microseconds: row.createdAtUs),
             receivedAt: Date(timeIntervalSince1970: row.receivedAt), status: try PullStore.status(row.status, of: row.id), detail: row.detail,
             chunksReceived: row.chunksReceived, chunkCount: row.chunkCount, bytes: row.bytes, records: row.records,
-            files: try PullStore.files(row.files, of: row.id))
+            files: try PullStore.files(row.files, of: row.id), errorCode: row.errorCode)
     }
 }

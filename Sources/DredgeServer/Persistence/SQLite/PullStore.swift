@@ -236,7 +236,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
                 return Target(
                     pullID: t.pullId, agentID: t.agentId, status: stale ? .expired : stored, detail: stale ? "expired before delivery" : t.detail,
                     chunksReceived: t.chunksReceived, chunkCount: t.chunkCount, bytes: t.bytes, files: try Self.files(t.files, of: id),
-                    updatedAt: Date(timeIntervalSince1970: t.updatedAt))
+                    updatedAt: Date(timeIntervalSince1970: t.updatedAt), errorCode: t.errorCode)
             }
             return Pull(
                 id: row.id, uid: row.uid, agentID: row.agentId, filter: Self.shownFilter(row.filter),
@@ -299,7 +299,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     @discardableResult
     public func update(
         _ pullID: String, agent: String, status: Status, detail: String, chunksReceived: Int?, chunkCount: Int?, bytes: Int64?, files: [String]?,
-        from: Set<Status>?, at now: Date
+        errorCode: Int?, from: Set<Status>?, at now: Date
     ) throws -> Bool {
         let allowed = from.map { " AND status IN (" + $0.map { "'\($0.rawValue)'" }.sorted().joined(separator: ",") + ")" } ?? ""
         return try db.write { db in
@@ -307,12 +307,12 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
                 sql: """
                     UPDATE pull_target SET status = ?, detail = ?, updated_at = ?,
                         chunks_received = coalesce(?, chunks_received), chunk_count = coalesce(?, chunk_count),
-                        bytes = coalesce(?, bytes), files = coalesce(?, files)
+                        bytes = coalesce(?, bytes), files = coalesce(?, files), error_code = coalesce(?, error_code)
                     WHERE pull_id = ? AND agent_id = ? AND status NOT IN \(Self.finalStatuses)\(allowed)
                     """,
                 arguments: [
                     status.rawValue, detail, now.timeIntervalSince1970, chunksReceived, chunkCount, bytes,
-                    files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, pullID, agent,
+                    files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, errorCode, pullID, agent,
                 ])
             return db.changesCount > 0
         }
@@ -353,13 +353,15 @@ extension PullStore {
     @discardableResult
     public func update(
         _ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil,
-        files: [String]? = nil, from: Set<Status>? = nil
+        files: [String]? = nil, errorCode: Int? = nil, from: Set<Status>? = nil
     ) throws -> Bool {
-        try update(pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files, from: from, at: Date())
+        try update(
+            pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files,
+            errorCode: errorCode, from: from, at: Date())
     }
     @discardableResult
     public func update(_ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, at now: Date) throws -> Bool {
-        try update(pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: nil, bytes: nil, files: nil, from: nil, at: now)
+        try update(pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: nil, bytes: nil, files: nil, errorCode: nil, from: nil, at: now)
     }
     public func audit() throws -> [AuditEntry] { try audit(limit: 1000) }
     public func record(actor: String, action: String, detail: String) throws { try record(actor: actor, action: action, detail: detail, at: Date()) }

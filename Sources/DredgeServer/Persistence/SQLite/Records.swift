@@ -66,6 +66,8 @@ struct PullTargetRow: ServerRecord {
     /// JSON array of paths.
     var files: String = "[]"
     var updatedAt: Double
+    /// The wire error code a failed upload was answered with.
+    var errorCode: Int?
 }
 
 struct AuditRow: ServerRecord {
@@ -93,6 +95,8 @@ struct FeedbackRow: ServerRecord {
     var records: Int = 0
     /// JSON array of paths.
     var files: String = "[]"
+    /// The wire error code a failed upload was answered with.
+    var errorCode: Int?
 }
 
 struct TokenRow: ServerRecord {

@@ -74,6 +74,13 @@ public final class ServerDatabase: Sendable {
         migrator.registerMigration(importMigration) { db in
             try LegacyImport(directory: directory).run(into: db)
         }
+        // A failed upload keeps the code it was answered with, to answer it again.
+        migrator.registerMigration("uploads-v1-error-code") { db in
+            try db.execute(sql: """
+                ALTER TABLE pull_target ADD COLUMN error_code INTEGER;
+                ALTER TABLE feedback ADD COLUMN error_code INTEGER;
+                """)
+        }
         return migrator
     }
 }

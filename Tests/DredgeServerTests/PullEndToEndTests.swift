@@ -1,5 +1,6 @@
 import DredgeDomain
 import DredgeEnvelope
+import DredgePayload
 import DredgeSamples
 import DredgeServer
 import DredgeStore
@@ -202,14 +203,22 @@ import Testing
         #expect(midway, "agent:\n\(agent.output)")
         #expect(server.stop(SIGKILL) != 0)
         let stored = try d.pullTarget(id)?["chunksReceived"] as? Int ?? 0
+        // Every chunk acknowledged before the kill is on disk after it: that is what the
+        // restarted server offers the agent in its bitmap.
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+        let held = UploadAssembler.stored(in: try DataDirectory(d.data).upload(id, agent: agentID))?.received.count ?? 0
+        #expect(held >= stored, "\(held) chunks on disk, \(stored) recorded")
         server = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"], outputPath: d.dir.file("server-restarted.log"))
         defer { server.stop() }
 
         #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try d.pullTarget(id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)\nserver:\n\(server.output)")
         #expect(proxy.cuts.withLockedValue { $0 } >= 3, "the connection was cut during the upload")
         #expect(stored > 0)
+        // Larger than any one connection carries before it is cut (1.2 MB at most): it arrived
+        // only because each connection went on from the chunks the server already held.
+        let target = try #require(try d.pullTarget(id))
+        #expect((target["bytes"] as? Int ?? 0) > 1_200_000, "\(target)")
 
-        let agentID = try #require(try d.agents().first?["agentID"] as? String)
         let dir = d.data + "/pulls/\(id)/\(agentID)"
         let manifestData = try #require(FileManager.default.contents(atPath: dir + "/manifest.json"))
         let manifest = try #require(try JSONSerialization.jsonObject(with: manifestData) as? [String: Any])

@@ -1,4 +1,3 @@
-import DredgeAdminAPI
 import DredgeEnvelope
 import Foundation
 import NIOSSL

@@ -66,9 +66,8 @@ public final class AgentRegistry: AgentDirectory, Sendable {
             id: id, publicKey: Data(publicKey.spki), hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion,
             enrolledAt: now.timeIntervalSince1970)
         let inserted = try db.write { db in
-            guard try AgentRow.exists(db, key: id) == false else { return false }
-            try row.insert(db)
-            return true
+            try row.insert(db, onConflict: .ignore)
+            return db.changesCount > 0
         }
         guard inserted else { throw AlreadyEnrolled(agentID: id) }
         return id

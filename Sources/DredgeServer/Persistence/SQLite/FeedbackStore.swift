@@ -45,10 +45,7 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
         let row = FeedbackRow(
             id: id, agentId: agentID, uid: uid, text: text, createdAtUs: createdAt.microseconds, receivedAt: now.timeIntervalSince1970,
             status: PullStatus.uploading.rawValue, chunkCount: chunkCount, bytes: bytes)
-        try db.write { db in
-            guard try !FeedbackRow.exists(db, key: id) else { return }
-            try row.insert(db)
-        }
+        try db.write { db in try row.insert(db, onConflict: .ignore) }
     }
 
     /// Moves a feedback's status, unless it is already final (complete or failed).

@@ -135,8 +135,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     }
 
     /// A target still open, with its pull's expiry (the delivery and deadline passes read these).
-    struct OpenTarget: Decodable, FetchableRecord {
-        static var databaseColumnDecodingStrategy: DatabaseColumnDecodingStrategy { .convertFromSnakeCase }
+    struct OpenTarget: SnakeCaseRow {
         var pullId: String
         var agentId: String
         var status: String

@@ -6,10 +6,16 @@ import GRDB
 // (microseconds, INTEGER). Decoding a row that does not fit its record throws; it never
 // becomes a default.
 
-protocol ServerRecord: Codable, FetchableRecord, PersistableRecord {}
+/// A row read by column names in snake_case (a table's record, or the row of a join).
+protocol SnakeCaseRow: Decodable, FetchableRecord {}
+
+extension SnakeCaseRow {
+    static var databaseColumnDecodingStrategy: DatabaseColumnDecodingStrategy { .convertFromSnakeCase }
+}
+
+protocol ServerRecord: SnakeCaseRow, Encodable, PersistableRecord {}
 
 extension ServerRecord {
-    static var databaseColumnDecodingStrategy: DatabaseColumnDecodingStrategy { .convertFromSnakeCase }
     static var databaseColumnEncodingStrategy: DatabaseColumnEncodingStrategy { .convertToSnakeCase }
 }
 

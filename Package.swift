@@ -80,12 +80,12 @@ let package = Package(
         ),
         .systemLibrary(name: "CDredgeZlib", providers: [.apt(["zlib1g-dev"])]),
         // The payload both ends share, without the client store: the manifest, extraction with
-        // limits, sealing an upload into chunks and reassembling it, sealed export files, and
+        // limits (of a finished zip, or front to back while it arrives), sealing an upload into chunks and reassembling it, sealed export files, and
         // durable file writes.
         .target(
             name: "DredgePayload",
             dependencies: [
-                "DredgeDomain", "DredgeWire", "DredgeEnvelope",
+                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "CDredgeZlib",
                 .product(name: "ZIPFoundation", package: "ZIPFoundation"),
                 .product(name: "SwiftProtobuf", package: "swift-protobuf"),
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -206,7 +206,7 @@ import Testing
         // Every chunk acknowledged before the kill is on disk after it: that is what the
         // restarted server offers the agent in its bitmap.
         let agentID = try #require(try d.agents().first?["agentID"] as? String)
-        let held = UploadAssembler.stored(in: try DataDirectory(d.data).upload(id, agent: agentID))?.received.count ?? 0
+        let held = try UploadAssembler.stored(in: try DataDirectory(d.data).upload(id, agent: agentID))?.received.count ?? 0
         #expect(held >= stored, "\(held) chunks on disk, \(stored) recorded")
         server = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"], outputPath: d.dir.file("server-restarted.log"))
         defer { server.stop() }

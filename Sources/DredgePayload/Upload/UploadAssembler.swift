@@ -17,6 +17,10 @@ public final class UploadAssembler {
     public let cipher: ChunkCipher
     public var header: WireUploadHeader { cipher.header }
     public private(set) var received: Set<UInt32>
+    /// Unpacks the payload while chunks arrive, once ``stream(into:)`` started it.
+    public private(set) var stream: PayloadStream?
+    /// Chunks handed to ``stream``, in order: the next one it needs.
+    private var streamed: UInt32 = 0
 
     /// Starts an upload, or reopens one with the same header (resume). A different header for
     /// an existing directory is refused.
@@ -36,10 +40,14 @@ public final class UploadAssembler {
             try fm.createDirectory(atPath: directory + "/chunks", withIntermediateDirectories: true)
             try DurableFile.write(bytes, to: headerPath)
         }
-        try? fm.createDirectory(atPath: directory + "/chunks", withIntermediateDirectories: true)
         received = []
-        for name in (try? fm.contentsOfDirectory(atPath: directory + "/chunks")) ?? [] {
-            if let index = UInt32(name), index < header.chunkCount { received.insert(index) }
+        do {
+            try fm.createDirectory(atPath: directory + "/chunks", withIntermediateDirectories: true)
+            for name in try fm.contentsOfDirectory(atPath: directory + "/chunks") {
+                if let index = UInt32(name), index < header.chunkCount { received.insert(index) }
+            }
+        } catch {
+            throw PayloadExtractor.fileError(error, "reading the chunks of upload \(header.uploadID)")
         }
     }
 
@@ -55,12 +63,51 @@ public final class UploadAssembler {
 
     /// What an upload directory holds, read without the key: its header and the chunks stored
     /// (for a status answer about an upload not open on this connection). Nil if there is none.
-    public static func stored(in directory: String) -> (header: WireUploadHeader, received: Set<UInt32>)? {
+    /// A header that does not parse is as if absent (the upload begins again); a chunk
+    /// directory that cannot be read is an error (`.io`), not "no chunks".
+    public static func stored(in directory: String) throws -> (header: WireUploadHeader, received: Set<UInt32>)? {
         guard let bytes = FileManager.default.contents(atPath: directory + "/header.pb"),
             let header = try? WireUploadHeader(serializedBytes: bytes)  // unreadable: as if absent
         else { return nil }
-        let names = (try? FileManager.default.contentsOfDirectory(atPath: directory + "/chunks")) ?? []
+        let chunks = directory + "/chunks"
+        guard FileManager.default.fileExists(atPath: chunks) else { return (header, []) }
+        let names: [String]
+        do {
+            names = try FileManager.default.contentsOfDirectory(atPath: chunks)
+        } catch {
+            throw PayloadExtractor.fileError(error, "reading the chunks of upload \(header.uploadID)")
+        }
         return (header, Set(names.compactMap { UInt32($0) }.filter { $0 < header.chunkCount }))
+    }
+
+    /// Starts unpacking while chunks arrive: the chunks already held, in order from the first,
+    /// go to `stream` now, and each next one as it is accepted.
+    public func stream(into stream: PayloadStream) {
+        self.stream?.discard()
+        self.stream = stream
+        streamed = 0
+        feedStream(nil)
+    }
+
+    /// Whether the stream was handed every chunk and has not failed (so far).
+    public var streamedEverything: Bool { stream != nil && streamed == header.chunkCount && stream?.failure == nil }
+
+    /// Hands `plaintext` (of chunk ``streamed``) and then every held chunk after it to the stream.
+    private func feedStream(_ plaintext: [UInt8]?) {
+        guard let stream, stream.failure == nil else { return }
+        if let plaintext {
+            stream.append(plaintext)
+            streamed += 1
+        }
+        while streamed < header.chunkCount, received.contains(streamed), stream.failure == nil {
+            do {
+                guard let sealed = FileManager.default.contents(atPath: chunkPath(streamed)) else { throw ExportError(.io, "chunk \(streamed) vanished") }
+                stream.append(try cipher.open(Array(sealed), index: streamed))
+                streamed += 1
+            } catch {
+                stream.fail(error)
+            }
+        }
     }
 
     /// The bitmap of held chunks as the wire carries it (README § Uploads).
@@ -69,14 +116,16 @@ public final class UploadAssembler {
     /// Verifies chunk `index` and stores it durably. Throws `.chunkAuthFailed` for a chunk that
     /// does not authenticate and `.uploadInvalid` for a bad index or size; nothing is stored then.
     public func accept(index: UInt32, ciphertext: [UInt8]) throws {
+        let plaintext: [UInt8]
         do {
-            _ = try cipher.open(ciphertext, index: index)
+            plaintext = try cipher.open(ciphertext, index: index)
         } catch let error as EnvelopeError {
             throw ExportError(error.code == .chunkAuthFailed ? .chunkAuthFailed : .uploadInvalid, error.message)
         }
         if received.contains(index) { return }
         try DurableFile.write(ciphertext, to: chunkPath(index))
         received.insert(index)
+        if index == streamed { feedStream(plaintext) }
     }
 
     /// Decrypts every chunk in order into `zipPath` (fsynced). Throws `.incomplete` if chunks

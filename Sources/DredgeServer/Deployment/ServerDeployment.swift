@@ -52,6 +52,8 @@ public enum ServerDeployment {
         public var feedback: FeedbackLimits?
         /// Deadlines and caps of agent connections; the defaults when absent.
         public var connections: ConnectionLimits?
+        /// Threads for the listener's blocking work; the defaults when absent.
+        public var threads: WorkThreads?
     }
 
     /// What `initialize` makes.

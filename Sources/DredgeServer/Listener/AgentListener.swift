@@ -1,4 +1,5 @@
 import DredgeEnvelope
+import DredgePayload
 import DredgeWire
 import Foundation
 import Logging
@@ -29,6 +30,7 @@ public final class AgentListener: Service, Sendable {
     let paths: DataDirectory
     let feedbackLimits: FeedbackLimits
     let connectionLimits: ConnectionLimits
+    let threads: WorkThreads
     let gate: ConnectionGate
     let agentConnections = AgentConnections()
     private let bound: BoundAddress
@@ -40,13 +42,14 @@ public final class AgentListener: Service, Sendable {
     public init(
         deployment: LoadedDeployment, registry: AgentRegistry, pulls: PullStore, feedback: FeedbackStore, tokens: TokenStore, dispatcher: PullDispatcher, logger: Logger,
         host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil,
-        connectionLimits: ConnectionLimits? = nil, openFiles: Int = ServerRuntime.openFileLimit()
+        connectionLimits: ConnectionLimits? = nil, threads: WorkThreads? = nil, openFiles: Int = ServerRuntime.openFileLimit()
     ) {
         self.deployment = deployment
         self.issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
         self.paths = DataDirectory(deployment.directory)
         self.feedbackLimits = feedbackLimits ?? deployment.config.feedback ?? .default
         self.connectionLimits = connectionLimits ?? deployment.config.connections ?? .default
+        self.threads = threads ?? deployment.config.threads ?? .default
         self.gate = ConnectionGate(caps: self.connectionLimits.caps(openFiles: openFiles))
         self.registry = registry
         self.pulls = pulls
@@ -78,20 +81,28 @@ public final class AgentListener: Service, Sendable {
         bound.port = server.channel.localAddress?.port
         logger.info("agent listener ready", metadata: [
             "address": "\(host):\(bound.port ?? port)", "max_agents": "\(gate.caps.authenticated)", "max_unauthenticated": "\(gate.caps.unauthenticated)",
+            "threads": "control \(threads.control), uploads \(threads.uploads), unpack \(threads.unpack)",
         ])
-        try await withGracefulShutdownHandler {
-            try await withThrowingDiscardingTaskGroup { group in
-                try await server.executeThenClose { inbound in
-                    for try await (connection, token) in inbound {
-                        group.addTask { await self.serve(connection, token: token) }
+        let work = ServerWork(threads)
+        do {
+            try await withGracefulShutdownHandler {
+                try await withThrowingDiscardingTaskGroup { group in
+                    try await server.executeThenClose { inbound in
+                        for try await (connection, token) in inbound {
+                            group.addTask { await self.serve(connection, token: token, work: work) }
+                        }
                     }
                 }
+            } onGracefulShutdown: {
+                // Stop accepting, then say goodbye to every agent so the connections end.
+                server.channel.close(promise: nil)
+                self.connections.closeAll(saying: .with { $0.goodbye = .with { $0.reason = "server shutting down" } })
             }
-        } onGracefulShutdown: {
-            // Stop accepting, then say goodbye to every agent so the connections end.
-            server.channel.close(promise: nil)
-            self.connections.closeAll(saying: .with { $0.goodbye = .with { $0.reason = "server shutting down" } })
+        } catch {
+            await work.shutdown()
+            throw error
         }
+        await work.shutdown()
     }
 
     /// A new TCP connection: refused (closed before TLS) over its address's cap, else counted,
@@ -136,29 +147,31 @@ public final class AgentListener: Service, Sendable {
     ///
     /// An idle connection must be cheap: the task keeps, for its whole life, the memory of the
     /// deepest chain of async frames it ever ran. So everything but the writes happens in the
-    /// synchronous ``ConnectionSession``, and the async part stays small and flat.
-    func serve(_ channel: NIOAsyncChannel<WireFrame, WireFrame>, token: Int) async {
+    /// synchronous ``ConnectionSession``, one frame at a time on a ``ServerWork`` pool (upload
+    /// frames on `uploads`, the rest on `control`), and the async part stays small and flat.
+    func serve(_ channel: NIOAsyncChannel<WireFrame, WireFrame>, token: Int, work: ServerWork) async {
         let remote = channel.channel.remoteAddress?.description
         let setToken = connections.insert(channel.channel)
         defer { connections.remove(setToken) }
-        let session = ConnectionSession(listener: self, remote: remote, channel: channel.channel, token: token)
+        let session = ConnectionSession(listener: self, remote: remote, channel: channel.channel, token: token, unpacking: work.unpacking)
         do {
             try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     func apply(_ outcome: ConnectionSession.Outcome) async throws -> Bool {
                         if !outcome.frames.isEmpty { try await outbound.write(contentsOf: outcome.frames) }
                         if let id = outcome.registered {
-                            group.addTask { try await self.deliverPulls(to: id, token: token, outbound: outbound) }
+                            group.addTask { try await self.deliverPulls(to: id, token: token, outbound: outbound, work: work) }
                         }
                         return !outcome.close
                     }
                     do {
                         for try await frame in inbound {
-                            if try await !apply(session.receive(frame)) { break }
+                            let pool = ConnectionUploads.uploadID(of: frame) == nil ? work.control : work.uploads
+                            if try await !apply(pool.runIfActive { try session.receive(frame) }) { break }
                         }
                     } catch let error as WireProtocolError {
                         // The decoder refused the stream: tell the peer why, then close.
-                        _ = try? await apply(session.fail(error))
+                        _ = try? await apply(work.control.runIfActive { try session.fail(error) })
                     }
                     group.cancelAll()
                 }
@@ -166,10 +179,16 @@ public final class AgentListener: Service, Sendable {
         } catch {
             logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"])
         }
+        // Uploads being unpacked stop (what they staged is removed); the upload stays on disk.
+        do {
+            try await work.uploads.runIfActive { session.closed() }
+        } catch {
+            logger.debug("the upload pool stopped before a connection's uploads were closed", metadata: ["remote": "\(remote ?? "?")"])
+        }
         if let agentID = session.agentID, let generation = session.generation {
             agentConnections.remove(agentID, token: token)
             do {
-                try registry.disconnected(agentID, generation: generation)
+                try await work.control.runIfActive { [registry] in try registry.disconnected(agentID, generation: generation) }
             } catch {
                 logger.error("could not record an agent's disconnection", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
             }
@@ -186,32 +205,42 @@ public final class AgentListener: Service, Sendable {
     /// one that is still closing does not). A pull whose command cannot be made (its stored
     /// row is unreadable, its key is gone) is marked failed on its own; the others are
     /// delivered. A passing failure (the database) leaves it for the next wake.
-    private func deliverPulls(to agentID: String, token: Int, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
+    private func deliverPulls(to agentID: String, token: Int, outbound: NIOAsyncChannelOutboundWriter<WireFrame>, work: ServerWork) async throws {
         let (wakes, registration) = dispatcher.register(agentID)
         defer { dispatcher.unregister(agentID, token: registration) }
         var reconnecting = true
         for await _ in wakes {
             let due: [String]
             do {
-                due = try pulls.deliverable(for: agentID, includingUnanswered: reconnecting)
+                let unanswered = reconnecting
+                due = try await work.control.runIfActive { [pulls] in try pulls.deliverable(for: agentID, includingUnanswered: unanswered) }
                 reconnecting = false
+            } catch is CancellationError {
+                return
             } catch {
                 logger.error("cannot read an agent's pulls; trying again on the next wake", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
                 continue
             }
             for pullID in due {
                 guard agentConnections.isLive(agentID, token: token) else { return }
-                guard let frame = command(pullID, for: agentID) else { continue }
-                do {
-                    guard try pulls.markDelivered(pullID, agent: agentID) else { continue }
-                } catch {
-                    logger.error("cannot mark a pull delivered; not sending it now", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
-                    continue
-                }
+                // Made (RSA wrap, signature) and marked delivered on the control pool.
+                guard let frame = try await work.control.runIfActive({ self.deliverable(pullID, to: agentID) }) else { continue }
                 try await outbound.write(frame)
                 logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
             }
         }
+    }
+
+    /// The command of one pull, marked delivered; nil when it cannot be made or marked now.
+    private func deliverable(_ pullID: String, to agentID: String) -> WireFrame? {
+        guard let frame = command(pullID, for: agentID) else { return nil }
+        do {
+            guard try pulls.markDelivered(pullID, agent: agentID) else { return nil }
+        } catch {
+            logger.error("cannot mark a pull delivered; not sending it now", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
+            return nil
+        }
+        return frame
     }
 
     /// The signed command of one pull for one agent; nil when it cannot be made now. A pull
@@ -361,8 +390,10 @@ final class BoundAddress: @unchecked Sendable {
 }
 
 /// The synchronous side of one agent connection: the state machine and what its actions do to
-/// the registry and the uploads. Returns what to write; never suspends.
-final class ConnectionSession {
+/// the registry and the uploads. Returns what to write; never suspends. It runs on the
+/// ``ServerWork`` pools, one step at a time: the connection's loop hands it the next frame only
+/// after the previous step returned (hence `@unchecked Sendable`).
+final class ConnectionSession: @unchecked Sendable {
     struct Outcome {
         var frames: [WireFrame] = []
         /// The agent authenticated: start delivering its pulls.
@@ -381,14 +412,19 @@ final class ConnectionSession {
     private(set) var generation: Int64?
     private var host = WireHostInfo()
     private var uploads: ConnectionUploads?
+    private let unpacking: PayloadStream.Schedule?
 
-    init(listener: AgentListener, remote: String?, channel: any Channel, token: Int) {
+    init(listener: AgentListener, remote: String?, channel: any Channel, token: Int, unpacking: PayloadStream.Schedule?) {
         self.listener = listener
         self.remote = remote
         self.channel = channel
         self.token = token
+        self.unpacking = unpacking
         machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: listener.session)
     }
+
+    /// The connection ended: uploads being unpacked while they arrived stop.
+    func closed() { uploads?.closed() }
 
     func receive(_ frame: WireFrame) throws -> Outcome {
         try run(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)))
@@ -431,7 +467,7 @@ final class ConnectionSession {
                 agentID = id
                 uploads = ConnectionUploads(
                     agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
-                    paths: listener.paths, feedbackLimits: listener.feedbackLimits, logger: listener.logger)
+                    paths: listener.paths, feedbackLimits: listener.feedbackLimits, unpacking: unpacking, logger: listener.logger)
                 generation = try listener.registry.connected(id, from: remote, host: host)
                 if let replaced = listener.agentConnections.replace(id, token: token, generation: generation ?? 0, channel: channel) {
                     listener.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])

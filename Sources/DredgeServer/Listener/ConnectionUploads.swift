@@ -53,14 +53,17 @@ final class ConnectionUploads {
     let limits: PayloadLimits
     let feedbackLimits: FeedbackLimits
     let logger: Logger
+    /// Where uploads are unpacked while they arrive; nil: each is unpacked after its last chunk.
+    let unpacking: PayloadStream.Schedule?
     private var receivers: [String: (machine: UploadReceiverStateMachine, assembler: UploadAssembler)] = [:]
     /// Uploads begun on this connection that are feedback, not pulls.
     private var feedbackUploads: Set<String> = []
 
     init(
         agentID: String, pulls: PullStore, feedback: FeedbackStore, encryptionKey: RSAPrivateKey, paths: DataDirectory,
-        limits: PayloadLimits = PayloadLimits(), feedbackLimits: FeedbackLimits = .default, logger: Logger
+        limits: PayloadLimits = PayloadLimits(), feedbackLimits: FeedbackLimits = .default, unpacking: PayloadStream.Schedule? = nil, logger: Logger
     ) {
+        self.unpacking = unpacking
         self.agentID = agentID
         self.pulls = pulls
         self.feedback = feedback
@@ -178,7 +181,7 @@ final class ConnectionUploads {
         case .complete?: status.state = .complete
         case let s? where s.isFinal: status.state = .failed
         case .some:
-            if let held = UploadAssembler.stored(in: try paths.upload(uploadID, agent: agentID)) {
+            if let held = try UploadAssembler.stored(in: try paths.upload(uploadID, agent: agentID)) {
                 status.state = .receiving
                 status.received = Data(ChunkBitmap.encode(held.received, count: held.header.chunkCount))
             }
@@ -251,13 +254,6 @@ final class ConnectionUploads {
             else {
                 return [error(.errorUploadInvalid, header.uploadID, "no pull \(header.uploadID) for this agent")]
             }
-            let k: SymmetricKey
-            do {
-                k = try encryptionKey.unwrapKey(wrapped)
-            } catch {
-                logger.error("a pull's key does not unwrap", metadata: ["pull.id": "\(header.uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
-                return [self.error(.errorUploadInvalid, header.uploadID, "pull \(header.uploadID) cannot be received by this server (its key does not unwrap)")]
-            }
             if target.status == .complete {
                 return [.with { $0.uploadResult = .with { $0.uploadID = header.uploadID; $0.ok = true; $0.files = UInt32(target.files.count) } }]
             }
@@ -267,7 +263,13 @@ final class ConnectionUploads {
             if target.status.isFinal {
                 return [error(.errorUploadInvalid, header.uploadID, "pull \(header.uploadID) is \(target.status.rawValue) for this agent: \(target.detail)")]
             }
-            key = k
+            // Unwrapped only for an upload that can still be received (RSA is the costly part).
+            do {
+                key = try encryptionKey.unwrapKey(wrapped)
+            } catch {
+                logger.error("a pull's key does not unwrap", metadata: ["pull.id": "\(header.uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
+                return [self.error(.errorUploadInvalid, header.uploadID, "pull \(header.uploadID) cannot be received by this server (its key does not unwrap)")]
+            }
         }
         if receivers[header.uploadID] == nil {
             let assembler: UploadAssembler
@@ -278,6 +280,7 @@ final class ConnectionUploads {
             } catch let e as ExportError {
                 return [error(.errorInternal, header.uploadID, "the server cannot keep this upload now (\(e.code)); try later")]
             }
+            startStreaming(assembler, isFeedback: header.kind == .feedback)
             receivers[header.uploadID] = (UploadReceiverStateMachine(header: header, received: assembler.received), assembler)
         }
         guard var entry = receivers[header.uploadID] else { return [] }
@@ -337,6 +340,37 @@ final class ConnectionUploads {
         return .success(key)
     }
 
+    /// Starts unpacking an upload while it arrives, in a directory of this connection's own
+    /// inside the upload's (what an earlier connection left there is removed). Without it the
+    /// upload is unpacked after its last chunk, as it is when streaming fails.
+    private func startStreaming(_ assembler: UploadAssembler, isFeedback: Bool) {
+        guard let unpacking else { return }
+        let fm = FileManager.default
+        do {
+            for name in try fm.contentsOfDirectory(atPath: assembler.directory) where name.hasPrefix("stream-") {
+                try fm.removeItem(atPath: try paths.inside(assembler.directory + "/" + name))
+            }
+            let name = "stream-" + Hex.encode(secureRandomBytes(8))
+            let stream = try PayloadStream(
+                staging: try paths.inside(assembler.directory + "/" + name), zipPath: try paths.inside(assembler.directory + "/" + name + ".zip"),
+                limits: isFeedback ? feedbackPayloadLimits : limits, schedule: unpacking)
+            assembler.stream(into: stream)
+        } catch {
+            logger.warning("cannot unpack an upload while it arrives; it is unpacked after its last chunk", metadata: [
+                "upload.id": "\(assembler.header.uploadID)", "error": "\(error)",
+            ])
+        }
+    }
+
+    /// The connection ended: uploads being unpacked while they arrived stop, and what they
+    /// staged is removed (the chunks stay, for the agent to finish the upload later).
+    func closed() {
+        for (_, entry) in receivers {
+            entry.assembler.stream?.discard()
+        }
+        receivers.removeAll()
+    }
+
     /// Reassemble, decrypt, unpack with limits into `pulls/<pull>/<agent>/` or `feedback/<id>/`.
     /// A failure of the server's own (disk, I/O) leaves the upload open for the agent to finish
     /// later; a payload that breaks the rules fails it for good.
@@ -349,33 +383,55 @@ final class ConnectionUploads {
             }
             let destination = isFeedback ? try paths.feedbackFiles(uploadID) : try paths.pullFiles(uploadID, agent: agentID)
             let zipCopy = isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)
-            let zip = try paths.inside(assembler.directory + "/payload.zip")
             try FileManager.default.createDirectory(atPath: (destination as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-            try assembler.assemble(to: zip)
-            let payload: ExtractedPayload
+            let check = { (manifest: ExportManifest) throws in
+                guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull"), manifest.agentID == self.agentID else {
+                    throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID) of agent \(manifest.agentID))")
+                }
+                let header = assembler.header
+                guard manifest.empty == header.empty else {
+                    throw ExportError(.payloadInvalid, "the header says empty=\(header.empty) but the manifest says empty=\(manifest.empty)")
+                }
+                if isFeedback {
+                    guard let described = manifest.feedback, described.feedbackID == header.feedback.feedbackID, described.uid == header.feedback.uid,
+                        described.text == header.feedback.text
+                    else { throw ExportError(.payloadInvalid, "the manifest's feedback differs from the upload header's") }
+                }
+            }
+            var zip = ""
+            var payload: ExtractedPayload?
             do {
-                payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: isFeedback ? feedbackPayloadLimits : limits) { manifest in
-                    guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull"), manifest.agentID == self.agentID else {
-                        throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID) of agent \(manifest.agentID))")
+                // Unpacked while it arrived: what is left is checking the manifest and moving
+                // the files into place. If that did not work out, the whole zip is unpacked
+                // below, which decides.
+                if assembler.streamedEverything, let stream = assembler.stream {
+                    do {
+                        payload = try stream.finish(into: destination, check: check)
+                        zip = stream.zipPath
+                    } catch let error as ExportError where error.code == .exists {
+                        throw error
+                    } catch {
+                        logger.notice("unpacking while receiving did not finish; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+                        stream.discard()
                     }
-                    let header = assembler.header
-                    guard manifest.empty == header.empty else {
-                        throw ExportError(.payloadInvalid, "the header says empty=\(header.empty) but the manifest says empty=\(manifest.empty)")
-                    }
-                    if isFeedback {
-                        guard let described = manifest.feedback, described.feedbackID == header.feedback.feedbackID, described.uid == header.feedback.uid,
-                            described.text == header.feedback.text
-                        else { throw ExportError(.payloadInvalid, "the manifest's feedback differs from the upload header's") }
-                    }
+                } else if let stream = assembler.stream {
+                    logger.notice("unpacking while receiving stopped; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(stream.failure.map { "\($0)" } ?? "")"])
+                    stream.discard()
+                }
+                if payload == nil {
+                    zip = try paths.inside(assembler.directory + "/payload.zip")
+                    try assembler.assemble(to: zip)
+                    payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: isFeedback ? feedbackPayloadLimits : limits, check: check)
                 }
             } catch let error as ExportError where error.code == .exists {
                 // Unpacked before, and the server stopped before recording it: adopt it if it is
                 // this upload's; never replace it.
                 payload = try adopt(destination, uploadID: uploadID, isFeedback: isFeedback, error: error)
             }
+            guard let payload else { throw ExportError(.io, "no payload") }
             do {
                 if FileManager.default.fileExists(atPath: zipCopy) { try FileManager.default.removeItem(atPath: zipCopy) }
-                try FileManager.default.copyItem(atPath: zip, toPath: zipCopy)
+                if !zip.isEmpty && FileManager.default.fileExists(atPath: zip) { try FileManager.default.moveItem(atPath: zip, toPath: zipCopy) }
             } catch {
                 logger.warning("could not keep the zip beside the files", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
             }

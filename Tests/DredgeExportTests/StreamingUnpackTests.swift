@@ -1,0 +1,197 @@
+import Crypto
+import DredgeDomain
+import DredgeEnvelope
+@testable import DredgePayload
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Testing
+import ZIPFoundation
+@testable import DredgeExport
+
+/// The executor a stream's work runs on in these tests: another thread, as the server's pool.
+let testUnpacking: PayloadStream.Schedule = { work in DispatchQueue.global().async { work(true) } }
+
+/// Streams the zip at `path` through a ``PayloadStream`` in pieces of `piece` bytes and
+/// publishes it into `out`; throws what the stream refused.
+@discardableResult
+func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = PayloadLimits(), piece: Int = 7_777) throws -> ExtractedPayload {
+    let bytes = Array(FileManager.default.contents(atPath: path) ?? Data())
+    let stream = try PayloadStream(staging: out + ".stream", zipPath: out + ".zip", limits: limits, schedule: testUnpacking)
+    var at = 0
+    while at < bytes.count {
+        stream.append(Array(bytes[at..<min(bytes.count, at + piece)]))
+        at += piece
+    }
+    do {
+        return try stream.finish(into: out) { _ in }
+    } catch {
+        stream.discard()
+        throw error
+    }
+}
+
+/// Unpacking while an upload arrives gives exactly what unpacking the finished zip gives, and
+/// refuses every hostile zip the finished-zip path refuses.
+@Suite struct StreamingUnpackTests {
+    let hostile = HostilePayloadTests()
+
+    @Test func aStreamedExportEqualsTheExtractedOneInAnyPieceSize() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 6_000)
+        let zip = dir.file("export.zip")
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "up-1", kind: .pull, agentID: "agent-1", commandID: "up-1", filter: .all), to: zip)
+        let extracted = try PayloadExtractor.extract(zip: zip, into: dir.file("extracted"))
+        for piece in [1, 29, 4_096, 1 << 20] {
+            let out = dir.file("streamed-\(piece)")
+            let streamed = try streamUnpack(zip, into: out, piece: piece)
+            #expect(streamed.manifest == manifest)
+            #expect(streamed.files.map { ($0 as NSString).lastPathComponent } == extracted.files.map { ($0 as NSString).lastPathComponent })
+            for (a, b) in Swift.zip(streamed.files, extracted.files) { #expect(FileManager.default.contents(atPath: a) == FileManager.default.contents(atPath: b)) }
+            // The zip the stream kept is the zip it was given, whole.
+            #expect(FileManager.default.contents(atPath: out + ".zip") == FileManager.default.contents(atPath: zip))
+            #expect(!FileManager.default.fileExists(atPath: out + ".stream"), "the staging directory became the result")
+        }
+    }
+
+    @Test func storedEntriesAndDataDescriptorsAreReadFrontToBack() throws {
+        let dir = TempDir()
+        let line = Array(#"{"a":1}"#.utf8) + [10]
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 3, bytes: line.count * 3, first: "", last: "")
+        let entries = [("2026-11-20.jsonl", line + line + line), ("manifest.json", hostile.manifest(days: [day], records: 3))]
+        // Stored (level 0) from our writer; deflated with data descriptors from ZIPFoundation.
+        let stored = try hostile.zip(dir, entries, level: 0)
+        #expect(try streamUnpack(stored, into: dir.file("stored")).manifest.recordCount == 3)
+        let other = dir.file("zipfoundation.zip")
+        let archive = try Archive(url: URL(fileURLWithPath: other), accessMode: .create)
+        for (name, bytes) in entries {
+            try archive.addEntry(with: name, type: .file, uncompressedSize: Int64(bytes.count), compressionMethod: .deflate) { (position: Int64, size: Int) in
+                Data(bytes[Int(position)..<Int(position) + size])
+            }
+        }
+        let out = try streamUnpack(other, into: dir.file("deflated"))
+        #expect(out.manifest.recordCount == 3)
+        #expect(FileManager.default.contents(atPath: out.files[0]) == Data(line + line + line))
+    }
+
+    /// Each hostile zip of ``HostilePayloadTests``, streamed, is refused as an invalid payload
+    /// and publishes nothing.
+    func expectStreamRefused(_ path: String, _ dir: TempDir, limits: PayloadLimits = PayloadLimits(), _ comment: Comment) {
+        let out = dir.file("stream-out-\(UUID().uuidString)")
+        let error = #expect(throws: ExportError.self, comment) { try streamUnpack(path, into: out, limits: limits) }
+        #expect(error?.code == .payloadInvalid, comment)
+        #expect(!FileManager.default.fileExists(atPath: out), comment)
+        #expect(!FileManager.default.fileExists(atPath: out + ".stream"), comment)
+    }
+
+    @Test func hostileZipsAreRefusedWhileStreaming() throws {
+        let dir = TempDir()
+        let line = Array("{}\n".utf8)
+        for name in ["../2026-11-20.jsonl", "/etc/passwd", "a/2026-11-20.jsonl", "2026-11-20.jsonl/", "2026-13-45.jsonl", "notes.txt", "./manifest.json"] {
+            expectStreamRefused(try hostile.zip(dir, [(name, line), ("manifest.json", hostile.manifest())]), dir, "name \(name.debugDescription)")
+        }
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: 3, first: "", last: "")
+        expectStreamRefused(try hostile.zip(dir, [("2026-11-20.jsonl", line), ("2026-11-20.jsonl", line), ("manifest.json", hostile.manifest(days: [day], records: 1))]), dir, "duplicate")
+        expectStreamRefused(try hostile.zip(dir, [("2026-11-20.jsonl", line)]), dir, "no manifest")
+        var few = PayloadLimits()
+        few.maxEntries = 3
+        let many = (1...4).map { (String(format: "2026-11-%02d.jsonl", $0), line) } + [("manifest.json", hostile.manifest())]
+        expectStreamRefused(try hostile.zip(dir, many), dir, limits: few, "too many entries")
+
+        let bomb = try hostile.zip(dir, [("2026-11-20.jsonl", [UInt8](repeating: 0x30, count: 40 << 20)), ("manifest.json", hostile.manifest())], level: 9)
+        expectStreamRefused(bomb, dir, "compression ratio")
+        var small = PayloadLimits()
+        small.maxTotalBytes = 1 << 20
+        small.maxCompressionRatio = 100_000
+        expectStreamRefused(bomb, dir, limits: small, "total size")
+
+        let file = Array("{\"a\":1}\n{\"a\":2}\n".utf8)
+        var wrong = ExportManifest.Day(file: "2026-11-20.jsonl", records: 3, bytes: file.count, first: "", last: "")
+        expectStreamRefused(try hostile.zip(dir, [("2026-11-20.jsonl", file), ("manifest.json", hostile.manifest(days: [wrong], records: 3))]), dir, "record count")
+        wrong.records = 2
+        expectStreamRefused(try hostile.zip(dir, [("2026-11-20.jsonl", Array("{}".utf8)), ("manifest.json", hostile.manifest(days: [wrong], records: 2))]), dir, "no final newline")
+        expectStreamRefused(try hostile.zip(dir, [("manifest.json", Array("not json".utf8))]), dir, "not json")
+    }
+
+    @Test func damagedTruncatedAndMislabelledZipsAreRefusedWhileStreaming() throws {
+        let dir = TempDir()
+        let good = try hostile.zip(dir, [("2026-11-20.jsonl", Array(String(repeating: "{\"k\":\"value\"}\n", count: 5_000).utf8)), ("manifest.json", hostile.manifest())])
+        var bytes = Array(FileManager.default.contents(atPath: good)!)
+        bytes[200] ^= 0xFF
+        let damaged = dir.file("damaged.zip")
+        FileManager.default.createFile(atPath: damaged, contents: Data(bytes))
+        expectStreamRefused(damaged, dir, "damaged data")
+        let truncated = dir.file("truncated.zip")
+        FileManager.default.createFile(atPath: truncated, contents: Data(bytes.prefix(bytes.count / 2)))
+        expectStreamRefused(truncated, dir, "truncated")
+
+        // A CRC changed in the central directory only: the directory no longer describes the entry.
+        let line = Array(#"{"a":1}"#.utf8) + [10]
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "", last: "")
+        let stored = try hostile.zip(dir, [("2026-11-20.jsonl", line), ("manifest.json", hostile.manifest(days: [day], records: 1))], level: 0)
+        var central = Array(FileManager.default.contents(atPath: stored)!)
+        let at = try #require((0...(central.count - 4)).first { Array(central[$0..<$0 + 4]) == [0x50, 0x4B, 0x01, 0x02] })
+        central[at + 16] ^= 0x5A
+        let mislabelled = dir.file("central.zip")
+        FileManager.default.createFile(atPath: mislabelled, contents: Data(central))
+        expectStreamRefused(mislabelled, dir, "central directory CRC")
+        // Bytes after the end record.
+        let trailing = dir.file("trailing.zip")
+        FileManager.default.createFile(atPath: trailing, contents: Data(Array(FileManager.default.contents(atPath: stored)!) + [0]))
+        expectStreamRefused(trailing, dir, "trailing bytes")
+    }
+
+    @Test func symlinkEntriesAreRefusedWhileStreaming() throws {
+        let dir = TempDir()
+        let path = dir.file("symlink.zip")
+        let archive = try Archive(url: URL(fileURLWithPath: path), accessMode: .create)
+        let target = Data("/etc/passwd".utf8)
+        try archive.addEntry(with: "2026-11-20.jsonl", type: .symlink, uncompressedSize: Int64(target.count), provider: { (_: Int64, _: Int) in target })
+        try archive.addEntry(with: "manifest.json", type: .file, uncompressedSize: Int64(hostile.manifest().count)) { (_: Int64, _: Int) in Data(hostile.manifest()) }
+        expectStreamRefused(path, dir, "symlink")
+    }
+
+    /// What it does not read front to back is said to be unreadable, not invalid: the receiver
+    /// then unpacks the finished zip, which decides.
+    @Test func aZipWithBytesBeforeItsFirstEntryIsLeftToTheWholeZipReader() throws {
+        let dir = TempDir()
+        let line = Array(#"{"a":1}"#.utf8) + [10]
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "", last: "")
+        let stored = try hostile.zip(dir, [("2026-11-20.jsonl", line), ("manifest.json", hostile.manifest(days: [day], records: 1))])
+        let text = dir.file("text.zip")
+        FileManager.default.createFile(atPath: text, contents: Data("hello".utf8 + Array(FileManager.default.contents(atPath: stored)!)))
+        #expect(throws: ZipStreamReader.Unreadable.self) { try streamUnpack(text, into: dir.file("out")) }
+        #expect(!FileManager.default.fileExists(atPath: dir.file("out")))
+    }
+
+    /// The receiver's side: chunks accepted in any order are handed to the stream in order, so
+    /// the files are published from the stream without assembling the zip again.
+    @Test func anAssemblerStreamsChunksInOrderWhateverOrderTheyArriveIn() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 8_000)
+        let zip = dir.file("export.zip")
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "up-7", kind: .pull, agentID: "agent-7", commandID: "up-7", filter: .all), to: zip)
+        let key = SymmetricKey.uploadKey()
+        let upload = try SealedUpload(zipPath: zip, uploadID: "up-7", kind: .pull, agentID: "agent-7", key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 16 * 1024)
+        let path = dir.file("incoming/up-7")
+        // Half the chunks before a restart; the rest after, in reverse, with re-sends.
+        do {
+            let first = try UploadAssembler(directory: path, header: upload.header, key: key)
+            first.stream(into: try PayloadStream(staging: path + "/s1", zipPath: path + "/s1.zip", schedule: testUnpacking))
+            for index in stride(from: 0, to: upload.header.chunkCount, by: 2) { try first.accept(index: index, ciphertext: try upload.chunk(index)) }
+            #expect(!first.streamedEverything)
+            first.stream?.discard()
+        }
+        let assembler = try UploadAssembler(resuming: path, key: key)
+        assembler.stream(into: try PayloadStream(staging: path + "/s2", zipPath: path + "/s2.zip", schedule: testUnpacking))
+        for index in Array(0..<upload.header.chunkCount).reversed() + [0, 1] { try assembler.accept(index: index, ciphertext: try upload.chunk(index)) }
+        #expect(assembler.streamedEverything)
+        let payload = try #require(assembler.stream).finish(into: dir.file("files")) { _ in }
+        #expect(payload.manifest == manifest)
+        let expected = try expectedDays(store, .all)
+        for file in payload.files { #expect(contents(file) == expected[(file as NSString).lastPathComponent]) }
+        #expect(FileManager.default.contents(atPath: path + "/s2.zip") == FileManager.default.contents(atPath: zip))
+        #expect(!FileManager.default.fileExists(atPath: path + "/s1"), "a discarded stream leaves nothing")
+    }
+}

@@ -27,15 +27,18 @@ public final class AgentClient: Service, Sendable {
     ///     quota) waits before it is tried again; doubles up to 5 minutes.
     ///   - maxReconnectDelay: the longest wait between attempts to reconnect (the backoff
     ///     doubles from 1 s up to it).
+    ///   - maxExports: exports run at once, on their own threads; a pull command beyond them
+    ///     is answered `REJECT_BUSY`.
     public init(
-        state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger, firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60)
+        state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger, firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60),
+        maxExports: Int = 2
     ) throws {
         self.state = state
         self.maxReconnectDelay = maxReconnectDelay
         self.store = store
         self.hostInfo = hostInfo
         self.logger = logger
-        self.uploads = try UploadManager(state: state, store: store, logger: logger, firstRetryDelay: firstRetryDelay)
+        self.uploads = try UploadManager(state: state, store: store, logger: logger, firstRetryDelay: firstRetryDelay, maxExports: maxExports)
     }
 
     /// Records a user's feedback and uploads the uid's recent logs with it (see ``Feedback``):

@@ -29,14 +29,20 @@ actor UploadManager {
     private let store: LogStore?
     private let state: AgentState
     private let logger: Logger
+    /// Where exports run, a bounded number at a time.
+    let exports: ExportExecutor
     /// The first retry's delay; it doubles up to ``maxRetryDelay``.
     let firstRetryDelay: Duration
     static let maxRetryDelay: Duration = .seconds(300)
     /// Exports of one command started (across restarts) before it is given up as failing.
     static let maxExportAttempts = 3
 
-    init(state: AgentState, store: LogStore?, logger: Logger, firstRetryDelay: Duration = .seconds(5)) throws {
+    /// Exports run at once by default; a command beyond them is answered `REJECT_BUSY`.
+    static let defaultMaxExports = 2
+
+    init(state: AgentState, store: LogStore?, logger: Logger, firstRetryDelay: Duration = .seconds(5), maxExports: Int = UploadManager.defaultMaxExports) throws {
         self.state = state
+        self.exports = ExportExecutor(capacity: maxExports)
         self.store = store
         self.logger = logger
         self.firstRetryDelay = firstRetryDelay
@@ -95,6 +101,7 @@ actor UploadManager {
                 continue
             }
             logger.info("exporting again", metadata: ["upload.id": "\(id)"])
+            exports.reserveAnyway()
             export(PullAdmission.Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs)))
         }
     }
@@ -201,11 +208,18 @@ actor UploadManager {
     private func admit(_ command: WirePullCommand) async throws {
         let id = command.commandID
         let directory = state.directory + "/uploads/" + id
-        var decision = admission.admit(command)
-        if case .accept = decision, uploads[id] != nil || FileManager.default.fileExists(atPath: directory) {
+        let known = uploads[id] != nil || FileManager.default.fileExists(atPath: directory)
+        // A place for its export is taken before the command is accepted; none free: REJECT_BUSY.
+        let reserved = !known && exports.reserve()
+        var decision = admission.admit(command, busy: !known && !reserved)
+        if case .accept = decision, known {
             // Known here although not remembered (the agent stopped between keeping the command
             // and saving its memory): the same command, already under way.
             decision = .repeated(PullAdmission.Remembered(expiresAtUs: command.expiresAtUs, answer: .accepted))
+        }
+        if reserved {
+            // The place stays taken only by a command accepted now.
+            if case .accept = decision {} else { exports.release() }
         }
         switch decision {
         case .accept(let accepted):
@@ -215,6 +229,7 @@ actor UploadManager {
                 try AgentState.write(try command.serializedBytes(), to: directory + "/command.pb", mode: 0o600)
             } catch {
                 saveSeen()
+                exports.release()
                 try await outbound?.write(decision.frame(commandID: id))
                 await exportFailed(id, "cannot keep the accepted command: \(error)")
                 return
@@ -233,9 +248,11 @@ actor UploadManager {
         }
     }
 
+    /// Exports an accepted command on ``exports``, in the place reserved for it.
     private func export(_ accepted: PullAdmission.Accepted) {
         let directory = state.directory + "/uploads/" + accepted.commandID
         guard let store else {
+            exports.release()
             recordFailure(accepted.commandID, "this agent has no store")
             return
         }
@@ -244,6 +261,7 @@ actor UploadManager {
         let attemptsPath = directory + "/attempts"
         let attempts = (FileManager.default.contents(atPath: attemptsPath).flatMap { Int(String(decoding: $0, as: UTF8.self)) } ?? 0) + 1
         guard attempts <= Self.maxExportAttempts else {
+            exports.release()
             recordFailure(accepted.commandID, "the export was started \(Self.maxExportAttempts) times and never finished")
             return
         }
@@ -251,33 +269,45 @@ actor UploadManager {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             try AgentState.write(Array(String(attempts).utf8), to: attemptsPath, mode: 0o600)
         } catch {
+            exports.release()
             recordFailure(accepted.commandID, "cannot prepare the export: \(error)")
             return
         }
         let agentID = state.file.agentID
-        // Export off the connection's path.
-        Task.detached { [logger] in
-            let upload: SealedUpload
-            do {
-                let zip = directory + "/export.zip"
-                let manifest = try Exporter.export(
-                    from: store, ExportRequest(uploadID: accepted.commandID, kind: .pull, agentID: agentID, commandID: accepted.commandID, filter: accepted.filter),
-                    to: zip)
-                upload = try SealedUpload(
-                    zipPath: zip, uploadID: accepted.commandID, kind: .pull, agentID: agentID, key: accepted.key, empty: manifest.empty,
-                    createdAt: Timestamp.now.microseconds)
-                try AgentState.write(try upload.header.serializedBytes(), to: directory + "/header.pb", mode: 0o600)
-                logger.info("export ready", metadata: ["upload.id": "\(accepted.commandID)", "records": "\(manifest.recordCount)", "chunks": "\(upload.header.chunkCount)"])
-            } catch {
-                logger.error("export failed", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
-                await self.exportFailed(accepted.commandID, "export failed: \(error)")
+        // Export on the export threads, off the connection's path; then back here to upload.
+        exports.run { [logger] run in
+            let outcome: Result<SealedUpload, any Error>
+            if run {
+                outcome = Result {
+                    let zip = directory + "/export.zip"
+                    let manifest = try Exporter.export(
+                        from: store, ExportRequest(uploadID: accepted.commandID, kind: .pull, agentID: agentID, commandID: accepted.commandID, filter: accepted.filter),
+                        to: zip)
+                    let upload = try SealedUpload(
+                        zipPath: zip, uploadID: accepted.commandID, kind: .pull, agentID: agentID, key: accepted.key, empty: manifest.empty,
+                        createdAt: Timestamp.now.microseconds)
+                    try AgentState.write(try upload.header.serializedBytes(), to: directory + "/header.pb", mode: 0o600)
+                    logger.info("export ready", metadata: ["upload.id": "\(accepted.commandID)", "records": "\(manifest.recordCount)", "chunks": "\(upload.header.chunkCount)"])
+                    return upload
+                }
+            } else {
+                // The agent is stopping: the command stays saved, and the next start exports it.
+                logger.notice("export not started: the agent is stopping", metadata: ["upload.id": "\(accepted.commandID)"])
                 return
             }
-            do {
-                try await self.start(upload)
-            } catch {
-                // The connection went away: the upload is kept and the next connection resumes it.
-                logger.warning("upload not started now; the next connection resumes it", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
+            Task {
+                switch outcome {
+                case .success(let upload):
+                    do {
+                        try await self.start(upload)
+                    } catch {
+                        // The connection went away: the upload is kept and the next connection resumes it.
+                        logger.warning("upload not started now; the next connection resumes it", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
+                    }
+                case .failure(let error):
+                    logger.error("export failed", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
+                    await self.exportFailed(accepted.commandID, "export failed: \(error)")
+                }
             }
         }
     }

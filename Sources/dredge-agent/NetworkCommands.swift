@@ -85,8 +85,12 @@ struct RunAgentCommand: AsyncParsableCommand {
     @Option(help: "The longest wait, in seconds, between attempts to reconnect (1 to 3600).")
     var reconnectMaxSeconds = 60
 
+    @Option(help: "Exports run at once (1 to 16); a pull beyond them is answered REJECT_BUSY.")
+    var maxExports = 2
+
     func validate() throws {
         guard (1...3600).contains(reconnectMaxSeconds) else { throw ValidationError("--reconnect-max-seconds must be 1 to 3600") }
+        guard (1...16).contains(maxExports) else { throw ValidationError("--max-exports must be 1 to 16") }
     }
 
     func run() async throws {
@@ -101,7 +105,8 @@ struct RunAgentCommand: AsyncParsableCommand {
         }
         let logStore = try store.open(readOnly: false)
         let client = try AgentClient(
-            state: state, store: logStore, hostInfo: currentHostInfo(app: app), logger: logger, maxReconnectDelay: .seconds(reconnectMaxSeconds))
+            state: state, store: logStore, hostInfo: currentHostInfo(app: app), logger: logger, maxReconnectDelay: .seconds(reconnectMaxSeconds),
+            maxExports: maxExports)
         let group = ServiceGroup(services: [client], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         try logStore.close()

@@ -158,6 +158,20 @@ import Testing
         #expect(failed.error.detail == "the store is damaged")
     }
 
+    /// Busy is the last check: a command that breaks an earlier rule gets that rule's reason;
+    /// a valid one gets `REJECT_BUSY` and is not remembered, so a later delivery is accepted.
+    @Test func busyComesLastAndIsForgotten() throws {
+        var g = gate()
+        let valid = try command(id: "busy")
+        #expect(reason(g.admit(valid, now: now, busy: true)) == .rejectBusy)
+        #expect(g.seen[valid.commandID] == nil)
+        guard case .accept = g.admit(valid, now: now) else { Issue.record("not accepted once there was room"); return }
+        let notMine = try command(id: "not-mine", agent: String(repeating: "b", count: 32))
+        #expect(reason(g.admit(notMine, now: now, busy: true)) == .rejectNotForMe)
+        let expired = try command(id: "old", expiresIn: -10)
+        #expect(reason(g.admit(expired, now: now, busy: true)) == .rejectExpired)
+    }
+
     /// The memory an older agent saved (bare expiries) still reads; those ids, whose answer
     /// is unknown, are refused as replayed.
     @Test func theOlderFormOfTheMemoryStillReads() throws {

@@ -1,5 +1,5 @@
 import DredgeAdminAPI
-import DredgeAgentCore
+@testable import DredgeAgentCore
 import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
@@ -21,13 +21,13 @@ import Testing
         let client: AgentClient
         let task: Task<Void, Error>
 
-        init(_ server: InProcessServer, store: String, retry: Duration = .seconds(5), before: (AgentState) throws -> Void = { _ in }) async throws {
+        init(_ server: InProcessServer, store: String, retry: Duration = .seconds(5), maxExports: Int = 2, before: (AgentState) throws -> Void = { _ in }) async throws {
             let dir = server.dir.file("agent-\(UUID().uuidString)")
             state = try await AgentEnrollment.enroll(
                 host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"), token: server.created.enrollmentToken,
                 stateDirectory: dir, hostInfo: .with { $0.hostname = "device" })
             try before(state)
-            client = try AgentClient(state: state, store: try LogStore(path: store), hostInfo: .with { $0.hostname = "device" }, logger: Logger(label: "test.agent") { _ in SwiftLogNoOpLogHandler() }, firstRetryDelay: retry)
+            client = try AgentClient(state: state, store: try LogStore(path: store), hostInfo: .with { $0.hostname = "device" }, logger: Logger(label: "test.agent") { _ in SwiftLogNoOpLogHandler() }, firstRetryDelay: retry, maxExports: maxExports)
             task = Task { [client] in try await client.run() }
         }
 
@@ -68,6 +68,31 @@ import Testing
         let target = try #require(try await server.admin.pull(pull.id).targets.first)
         #expect(target.detail.contains("export failed"), "\(target.detail)")
         #expect(try await Self.waitFor { !FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pull.id)") })
+    }
+
+    /// An agent running as many exports as it may answers a new pull `REJECT_BUSY` and keeps
+    /// no place for it; once an export ends, the next pull is accepted and completes.
+    @Test func anAgentWithNoRoomForAnotherExportAnswersBusy() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let device = try await Device(server, store: store, maxExports: 1)
+        defer { Task { await device.stop() } }
+        #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
+        let exports = await device.client.uploads.exports
+        #expect(exports.reserve(), "the one place, taken as a running export would")
+        let busy = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
+        #expect(try await Self.waitFor { try await server.admin.pull(busy.id).targets.first?.status == .rejected })
+        let target = try #require(try await server.admin.pull(busy.id).targets.first)
+        #expect(target.detail.hasPrefix("rejectBusy"), "\(target.detail)")
+        #expect(exports.running == 1, "a refused command takes no place")
+        #expect(!FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(busy.id)"))
+
+        exports.release()
+        let next = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
+        #expect(try await Self.waitFor { try await server.admin.pull(next.id).targets.first?.status == .complete })
+        #expect(try await Self.waitFor { exports.running == 0 }, "the export's place is given back when it ends")
     }
 
     /// A saved command that no longer admits (a filter from before 1970, queued straight into

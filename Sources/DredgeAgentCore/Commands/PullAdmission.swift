@@ -112,7 +112,10 @@ public struct PullAdmission: Sendable {
         seen[commandID] = Remembered(expiresAtUs: seen[commandID]?.expiresAtUs ?? until, answer: .failed(detail: detail))
     }
 
-    public mutating func admit(_ command: WirePullCommand, now: Timestamp = .now) -> Decision {
+    /// Decides on a command. `busy`: the agent has no room for another export now; a command
+    /// that passes every other check is then answered `REJECT_BUSY` and not remembered, so a
+    /// later delivery of it is decided afresh.
+    public mutating func admit(_ command: WirePullCommand, now: Timestamp = .now, busy: Bool = false) -> Decision {
         seen = seen.filter { $0.value.expiresAtUs > now.microseconds }
         do {
             try verifier.verify(command)
@@ -139,6 +142,9 @@ public struct PullAdmission: Sendable {
             return .repeated(remembered)
         }
         let decision = decide(command)
+        if case .accept = decision, busy {
+            return .reject(.rejectBusy, "the agent is running as many exports as it may; ask again later")
+        }
         let answer: Remembered.Answer = switch decision {
         case .reject(let reason, let detail): .rejected(reason: reason.rawValue, detail: detail)
         case .accept, .repeated: .accepted

@@ -11,7 +11,9 @@ import Synchronization
 /// agent library (``AgentLink``). Enrolls its share of the keys, says `enrolled`, waits for
 /// `connect` on stdin, connects and authenticates them all (64 at a time), says `ready`, then
 /// heartbeats each at the server's interval and prints `pull ID MONOTONIC_NS` when a command
-/// arrives (and refuses it as busy). Stops when stdin closes.
+/// arrives (and refuses it as busy). With `--measure-heartbeats` each agent times its
+/// heartbeats' round trips: `reset` on stdin forgets the times so far, `report` prints them
+/// (`rtt MS,MS,…`). Stops when stdin closes.
 struct FleetChild: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "fleet-child", shouldDisplay: false)
 
@@ -21,6 +23,10 @@ struct FleetChild: AsyncParsableCommand {
     @Option var port: Int
     @Option var ca: String
     @Option var token: String
+    @Flag var measureHeartbeats = false
+
+    /// Heartbeat round trips (ms) since the last `reset`.
+    static let roundTrips = Mutex<[Double]>([])
 
     func run() async throws {
         ServerRuntime.raiseOpenFileLimit()
@@ -53,7 +59,7 @@ struct FleetChild: AsyncParsableCommand {
         let failed = Counter()
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
-                await Self.waitForEOF()
+                await Self.readCommands()
                 throw CancellationError()
             }
             group.addTask {
@@ -64,7 +70,7 @@ struct FleetChild: AsyncParsableCommand {
                         }
                         agents.addTask {
                             do {
-                                try await Self.agent(id: ids[i], key: all[i], uid: "fleet-u-\(i)", port: port, tls: tls, connected: connected)
+                                try await Self.agent(id: ids[i], key: all[i], uid: "fleet-u-\(i)", port: port, tls: tls, connected: connected, measure: measureHeartbeats)
                             } catch {
                                 if !Task.isCancelled { failed.add() }
                             }
@@ -81,21 +87,28 @@ struct FleetChild: AsyncParsableCommand {
         }
     }
 
-    static func agent(id: String, key: RSAPrivateKey, uid: String, port: Int, tls: NIOSSLContext, connected: Counter) async throws {
+    static func agent(id: String, key: RSAPrivateKey, uid: String, port: Int, tls: NIOSSLContext, connected: Counter, measure: Bool) async throws {
         try await AgentLink.withConnection(host: "127.0.0.1", port: port, tls: tls, agentID: id, key: key) { link in
             connected.add()
             let interval = Double(max(1, link.session.heartbeatIntervalS))
+            // When the heartbeat waiting for its ack was sent (one at a time per agent).
+            let sentAt = SentAt()
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask {
                     // Spread the fleet's heartbeats over the interval.
                     try await Task.sleep(for: .seconds(Double.random(in: 0..<interval)))
                     while true {
+                        sentAt.value.withLock { $0 = monotonicNanos() }
                         try await link.heartbeat(activeUIDs: [uid])
                         try await Task.sleep(for: .seconds(interval))
                     }
                 }
                 group.addTask {
                     while let frame = try await link.next() {
+                        if measure, case .heartbeatAck? = frame.body, let sent = sentAt.value.withLock({ s in defer { s = nil }; return s }) {
+                            let ms = Double(monotonicNanos() - sent) / 1e6
+                            roundTrips.withLock { $0.append(ms) }
+                        }
                         guard case .pullCommand(let command)? = frame.body else { continue }
                         say("pull \(command.commandID) \(monotonicNanos())")
                         try await link.send(.with {
@@ -141,14 +154,28 @@ struct FleetChild: AsyncParsableCommand {
         }
     }
 
-    static func waitForEOF() async {
+    /// Reads `reset` and `report` lines on its own thread until EOF.
+    static func readCommands() async {
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             Thread.detachNewThread {
-                while readLine() != nil {}
+                while let line = readLine() {
+                    switch line {
+                    case "reset": roundTrips.withLock { $0.removeAll() }
+                    case "report":
+                        let all = roundTrips.withLock { $0 }
+                        say("rtt " + all.map { String(format: "%.3f", $0) }.joined(separator: ","))
+                    default: break
+                    }
+                }
                 c.resume()
             }
         }
     }
+}
+
+/// When an agent's heartbeat that waits for its ack was sent.
+final class SentAt: Sendable {
+    let value = Mutex<Int64?>(nil)
 }
 
 /// A thread-safe count.

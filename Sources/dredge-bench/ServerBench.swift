@@ -61,7 +61,7 @@ struct ServerBench: AsyncParsableCommand {
         let tls = try AgentLink.tlsContext(caPEM: String(contentsOfFile: created.caPath, encoding: .utf8))
         let key = try RSAPrivateKey.generate()
         let agentID = try await AgentEnrollment.register(host: "127.0.0.1", port: server.agentPort, tls: tls, token: created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = "bench-uploader" })
-        let storePath = try buildStore(dir: dir)
+        let storePath = try Self.buildStore(dir: dir, mb: uploadMb)
         let zip = dir + "/upload.zip"
 
         struct Timing: Sendable { var acked: Double; var done: Double; var bytes: UInt64; var chunks: UInt32; var ok: Bool; var upload: SealedUpload }
@@ -131,12 +131,12 @@ struct ServerBench: AsyncParsableCommand {
     }
 
     /// A store whose export is large: messages of random base64, which deflate barely shrinks.
-    func buildStore(dir: String) throws -> String {
+    static func buildStore(dir: String, mb: Int) throws -> String {
         let path = dir + "/upload.sqlite"
         let (store, context) = try openBenchStore(path)
         var rng = SystemRandomNumberGenerator()
         let now = Timestamp.now
-        let count = uploadMb * 1_000_000 / 1_300
+        let count = mb * 1_000_000 / 1_300
         for i in 0..<count {
             let bytes = (0..<1_000).map { _ in UInt8.random(in: 0...255, using: &rng) }
             store.enqueue(LogEntry(
@@ -154,17 +154,7 @@ struct ServerBench: AsyncParsableCommand {
         getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
         // The server needs its own descriptors too (listeners, databases, event loops).
         let count = min(agents, Int(limit.rlim_max) - 150)
-        let keys = keyCache + "/fleet-\(count).bin"
-        if !FileManager.default.fileExists(atPath: keys) {
-            try FileManager.default.createDirectory(atPath: keyCache, withIntermediateDirectories: true)
-            FileHandle.standardError.write(Data("making \(count) agent keys (cached in \(keys))\n".utf8))
-            let python = Process()
-            python.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            python.arguments = ["python3", Self.script("bench-fleet-keys.py"), String(count), keys]
-            try python.run()
-            python.waitUntilExit()
-            guard python.terminationStatus == 0 else { throw ValidationError("bench-fleet-keys.py failed") }
-        }
+        let keys = try Self.fleetKeys(cache: keyCache, count: count)
 
         var children: [FleetProcess] = []
         defer { for c in children { c.stop() } }
@@ -222,6 +212,27 @@ struct ServerBench: AsyncParsableCommand {
         return [idle, latency]
     }
 
+    /// A file of at least `count` fleet keys: one in the cache, else made by
+    /// `scripts/bench-fleet-keys.py` (and cached).
+    static func fleetKeys(cache: String, count: Int) throws -> String {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: cache)) ?? []  // no cache yet: made below
+        let held = names.compactMap { name -> (Int, String)? in
+            guard name.hasPrefix("fleet-"), name.hasSuffix(".bin"), let n = Int(name.dropFirst(6).dropLast(4)), n >= count else { return nil }
+            return (n, cache + "/" + name)
+        }
+        if let smallest = held.min(by: { $0.0 < $1.0 }) { return smallest.1 }
+        let keys = cache + "/fleet-\(count).bin"
+        try FileManager.default.createDirectory(atPath: cache, withIntermediateDirectories: true)
+        FileHandle.standardError.write(Data("making \(count) agent keys (cached in \(keys))\n".utf8))
+        let python = Process()
+        python.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        python.arguments = ["python3", script("bench-fleet-keys.py"), String(count), keys]
+        try python.run()
+        python.waitUntilExit()
+        guard python.terminationStatus == 0 else { throw ValidationError("bench-fleet-keys.py failed") }
+        return keys
+    }
+
     /// A script of this repository, found from the current directory.
     static func script(_ name: String) -> String { FileManager.default.currentDirectoryPath + "/scripts/" + name }
 }
@@ -246,10 +257,10 @@ final class ServerProcess: @unchecked Sendable {
     let agentPort: Int
     let adminAddress: String
 
-    init(data: String, log: String) throws {
+    init(data: String, log: String, heartbeatSeconds: Int? = nil) throws {
         FileManager.default.createFile(atPath: log, contents: nil)
         process.executableURL = URL(fileURLWithPath: sibling("dredge-server"))
-        process.arguments = ["run", "--data", data, "--agent-port", "0", "--admin-port", "0"]
+        process.arguments = ["run", "--data", data, "--agent-port", "0", "--admin-port", "0"] + (heartbeatSeconds.map { ["--heartbeat-seconds", String($0)] } ?? [])
         process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
         process.standardOutput = FileHandle.nullDevice
         try process.run()
@@ -316,6 +327,16 @@ final class FleetProcess: @unchecked Sendable {
     }
 
     func arrival(of pullID: String) -> Int64? { lock.withLock { arrivals[pullID] } }
+
+    /// The last line that starts with `prefix`, once one came (waits up to `timeout` s).
+    func line(_ prefix: String, timeout: Int) throws -> String {
+        try waitFor(prefix, timeout: timeout)
+        return lock.withLock {
+            let found = lines.last { $0.hasPrefix(prefix) } ?? ""
+            lines.removeAll { $0.hasPrefix(prefix) }
+            return found
+        }
+    }
 
     func waitFor(_ prefix: String, timeout: Int) throws {
         for _ in 0..<(timeout * 10) {

@@ -1,0 +1,162 @@
+import ArgumentParser
+import DredgeAdminAPI
+import DredgeAgentCore
+import DredgeDomain
+import DredgeEnvelope
+import DredgeExport
+import DredgePayload
+import DredgeServer
+import DredgeStore
+import DredgeWire
+import Foundation
+import NIOSSL
+
+/// `dredge-bench heartbeat`: `server.heartbeat_under_upload`, the real `dredge-server` holding
+/// a fleet of idle agents (`fleet-child` processes timing every heartbeat's round trip) while
+/// a few agents upload large pulls at once. The limit is the same fleet's p99 round trip in
+/// the same run with no upload. Also `server.idle_connections` for that fleet (the server's
+/// memory per authenticated connection).
+struct HeartbeatBench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "heartbeat", abstract: "Heartbeat round trips of an idle fleet while large uploads run.")
+
+    @Option(help: "Idle agents in the fleet.")
+    var agents = 2_000
+
+    @Option(help: "Agents uploading at once.")
+    var uploaders = 4
+
+    @Option(help: "Approximate size of each upload, MB.")
+    var uploadMb = 80
+
+    @Option(help: "Heartbeat interval the server asks for, seconds.")
+    var heartbeatSeconds = 2
+
+    @Option(help: "Seconds of round trips measured with no upload.")
+    var idleSeconds = 20
+
+    @Option(help: "Where the fleet's keys are cached (made by scripts/bench-fleet-keys.py).")
+    var keyCache = ".build/bench-fleet-keys"
+
+    func run() async throws {
+        let dir = NSTemporaryDirectory() + "dredge-bench-heartbeat-\(getpid())"
+        try? FileManager.default.removeItem(atPath: dir)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
+        let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log", heartbeatSeconds: heartbeatSeconds)
+        defer { server.stop() }
+        let admin = try AdminClient(server: server.adminAddress, token: created.adminToken)
+        ServerRuntime.raiseOpenFileLimit()
+
+        // The uploads' zips first (not timed): one store, one export per uploader.
+        let tls = try AgentLink.tlsContext(caPEM: String(contentsOfFile: created.caPath, encoding: .utf8))
+        var uploaderKeys: [(String, RSAPrivateKey)] = []
+        for i in 0..<uploaders {
+            let key = try RSAPrivateKey.generate()
+            let id = try await AgentEnrollment.register(host: "127.0.0.1", port: server.agentPort, tls: tls, token: created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = "bench-uploader-\(i)" })
+            uploaderKeys.append((id, key))
+        }
+        let storePath = try ServerBench.buildStore(dir: dir, mb: uploadMb)
+        var readOnly = StoreConfiguration()
+        readOnly.readOnly = true
+        let store = try LogStore(path: storePath, configuration: readOnly)
+        for (id, _) in uploaderKeys {
+            let pull = try await admin.createPull(PullRequest(uid: nil, agent: id, filter: .all))
+            _ = try Exporter.export(from: store, ExportRequest(uploadID: pull.id, kind: .pull, agentID: id, commandID: pull.id, filter: .all), to: dir + "/\(id).zip")
+        }
+        try store.close()
+
+        // The fleet.
+        let keys = try ServerBench.fleetKeys(cache: keyCache, count: agents)
+        var children: [FleetProcess] = []
+        defer { for c in children { c.stop() } }
+        let processes = 2
+        let share = (agents + processes - 1) / processes
+        for p in 0..<processes {
+            let from = p * share
+            let n = min(share, agents - from)
+            guard n > 0 else { break }
+            children.append(try FleetProcess(arguments: [
+                "fleet-child", "--keys", keys, "--from", String(from), "--count", String(n), "--port", String(server.agentPort),
+                "--ca", created.caPath, "--token", created.enrollmentToken, "--measure-heartbeats",
+            ]))
+        }
+        FileHandle.standardError.write(Data("enrolling \(agents) agents\n".utf8))
+        for c in children { try c.waitFor("enrolled", timeout: 1_800) }
+        try await Task.sleep(for: .seconds(2))
+        let baseline = server.residentKB()
+        for c in children { c.send("connect") }
+        for c in children { try c.waitFor("ready", timeout: 1_800) }
+        try await Task.sleep(for: .seconds(Double(heartbeatSeconds * 3)))
+        let held = try await admin.agents().filter(\.connected).count - uploaders
+        let perConnection = Double(server.residentKB() - baseline) / Double(max(held, 1))
+
+        func roundTrips(during body: () async throws -> Void) async throws -> [Double] {
+            for c in children { c.send("reset") }
+            try await body()
+            for c in children { c.send("report") }
+            var all: [Double] = []
+            for c in children {
+                let line = try c.line("rtt", timeout: 60)
+                all += line.dropFirst(4).split(separator: ",").compactMap { Double($0) }
+            }
+            return all.sorted()
+        }
+        func p99(_ sorted: [Double]) -> Double { sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * 0.99))] }
+
+        FileHandle.standardError.write(Data("measuring \(idleSeconds) s with no upload\n".utf8))
+        let idle = try await roundTrips { try await Task.sleep(for: .seconds(Double(idleSeconds))) }
+        FileHandle.standardError.write(Data("measuring while \(uploaders) agents upload \(uploadMb) MB each\n".utf8))
+        var uploadSeconds = 0.0
+        let busy = try await roundTrips {
+            let start = monotonicNanos()
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for (id, key) in uploaderKeys {
+                    group.addTask { try await Self.upload(zip: dir + "/\(id).zip", agentID: id, key: key, port: server.agentPort, tls: tls) }
+                }
+                try await group.waitForAll()
+            }
+            uploadSeconds = Double(monotonicNanos() - start) / 1e9
+        }
+        let figure = Figure(
+            name: "server.heartbeat_under_upload", value: p99(busy), unit: "ms", limit: p99(idle), higherIsBetter: false,
+            extra: String(
+                format: "slowdown=%.2f p50_idle=%.2f p50_upload=%.2f samples_idle=%d samples_upload=%d agents=%d uploads=%dx%d MB upload_s=%.1f",
+                p99(busy) / p99(idle), idle[idle.count / 2], busy.isEmpty ? .nan : busy[busy.count / 2], idle.count, busy.count, held, uploaders, uploadMb, uploadSeconds))
+        print(figure.line)
+        print(Figure(
+            name: "server.idle_connections", value: perConnection, unit: "KB/conn", limit: 32, higherIsBetter: false,
+            extra: String(format: "agents=%d baseline_mb=%.0f", held, Double(baseline) / 1024)).line)
+    }
+
+    /// One agent's upload of its pull: connects, takes the command, accepts it and sends every
+    /// chunk of `zip` until the server's result.
+    static func upload(zip: String, agentID: String, key: RSAPrivateKey, port: Int, tls: NIOSSLContext) async throws {
+        try await AgentLink.withConnection(host: "127.0.0.1", port: port, tls: tls, agentID: agentID, key: key) { link in
+            var command: WirePullCommand?
+            while command == nil, let frame = try await link.next() {
+                if case .pullCommand(let c)? = frame.body { command = c }
+            }
+            guard let command else { throw ValidationError("no command arrived") }
+            try await link.send(.with { $0.commandAccepted = .with { $0.commandID = command.commandID } })
+            let upload = try SealedUpload(
+                zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)), empty: false,
+                createdAt: Timestamp.now.microseconds)
+            var sender = UploadSenderStateMachine(header: upload.header)
+            var result: WireUploadResult?
+            func perform(_ actions: [UploadSenderStateMachine.Action]) async throws {
+                for action in actions {
+                    switch action {
+                    case .send(let frame): try await link.send(frame)
+                    case .sendChunk(let index):
+                        let sealed = Data(try upload.chunk(index))
+                        try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = command.commandID; $0.index = index; $0.ciphertext = sealed } })
+                    case .finished(let r), .retryLater(let r): result = r
+                    }
+                }
+            }
+            try await perform(sender.resume())
+            while result == nil, let frame = try await link.next() { try await perform(sender.receive(frame)) }
+            guard result?.ok == true else { throw ValidationError("upload of \(agentID) ended: \(String(describing: result))") }
+        }
+    }
+}

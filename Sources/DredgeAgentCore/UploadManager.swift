@@ -235,7 +235,14 @@ actor UploadManager {
                 return
             }
             saveSeen()
-            try await outbound?.write(decision.frame(commandID: id))
+            do {
+                try await outbound?.write(decision.frame(commandID: id))
+            } catch {
+                // The command is kept: export it anyway (its place is taken), and the next
+                // connection answers a redelivery and resumes the upload.
+                export(accepted)
+                throw error
+            }
             logger.info("pull command accepted", metadata: ["command.id": "\(id)"])
             export(accepted)
         case .reject(let reason, let detail):

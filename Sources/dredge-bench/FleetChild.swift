@@ -98,14 +98,14 @@ struct FleetChild: AsyncParsableCommand {
                     // Spread the fleet's heartbeats over the interval.
                     try await Task.sleep(for: .seconds(Double.random(in: 0..<interval)))
                     while true {
-                        sentAt.value.withLock { $0 = monotonicNanos() }
+                        sentAt.value.withLock { $0.append(monotonicNanos()) }
                         try await link.heartbeat(activeUIDs: [uid])
                         try await Task.sleep(for: .seconds(interval))
                     }
                 }
                 group.addTask {
                     while let frame = try await link.next() {
-                        if measure, case .heartbeatAck? = frame.body, let sent = sentAt.value.withLock({ s in defer { s = nil }; return s }) {
+                        if measure, case .heartbeatAck? = frame.body, let sent = sentAt.value.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) {
                             let ms = Double(monotonicNanos() - sent) / 1e6
                             roundTrips.withLock { $0.append(ms) }
                         }
@@ -173,9 +173,9 @@ struct FleetChild: AsyncParsableCommand {
     }
 }
 
-/// When an agent's heartbeat that waits for its ack was sent.
+/// When an agent's heartbeats that wait for their acks were sent, oldest first.
 final class SentAt: Sendable {
-    let value = Mutex<Int64?>(nil)
+    let value = Mutex<[Int64]>([])
 }
 
 /// A thread-safe count.

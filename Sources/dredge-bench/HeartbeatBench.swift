@@ -87,7 +87,7 @@ struct HeartbeatBench: AsyncParsableCommand {
         for c in children { c.send("connect") }
         for c in children { try c.waitFor("ready", timeout: 1_800) }
         try await Task.sleep(for: .seconds(Double(heartbeatSeconds * 3)))
-        let held = try await admin.agents().filter(\.connected).count - uploaders
+        let held = try await admin.agents().filter(\.connected).count
         let perConnection = Double(server.residentKB() - baseline) / Double(max(held, 1))
 
         func roundTrips(during body: () async throws -> Void) async throws -> [Double] {

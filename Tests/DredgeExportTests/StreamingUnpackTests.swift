@@ -195,3 +195,64 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
         #expect(!FileManager.default.fileExists(atPath: path + "/s1"), "a discarded stream leaves nothing")
     }
 }
+
+extension StreamingUnpackTests {
+    /// A pool that has stopped answers at once on the caller's thread: the stream fails with a
+    /// reason instead of hanging the thread that feeds it.
+    @Test func aStoppedPoolFailsTheStreamInsteadOfHangingIt() throws {
+        let dir = TempDir()
+        let stream = try PayloadStream(staging: dir.file("staging"), zipPath: dir.file("s.zip"), schedule: { work in work(false) })
+        stream.append([0x50, 0x4B, 0x03, 0x04])
+        stream.append([0x00])
+        #expect(stream.failure != nil)
+        #expect(throws: ExportError.self) { try stream.finish(into: dir.file("out")) { _ in } }
+        #expect(!FileManager.default.fileExists(atPath: dir.file("out")))
+    }
+}
+
+extension StreamingUnpackTests {
+    func bytes(of path: String) -> [UInt8] { Array(FileManager.default.contents(atPath: path) ?? Data()) }
+    func offset(of signature: [UInt8], in b: [UInt8], last: Bool = false) -> Int? {
+        let all = (0...(b.count - 4)).filter { Array(b[$0..<$0 + 4]) == signature }
+        return last ? all.last : all.first
+    }
+
+    /// A deflated entry that declares no compressed bytes cannot keep the reader waiting (and
+    /// holding every byte that follows in memory): it is refused as soon as its header is read.
+    @Test func aDeflatedEntryOfNoBytesIsRefusedAtItsHeader() throws {
+        let dir = TempDir()
+        let path = try hostile.zip(dir, [("2026-11-20.jsonl", Array(String(repeating: "{\"k\":1}\n", count: 1_000).utf8)), ("manifest.json", hostile.manifest())])
+        var b = bytes(of: path)
+        for i in 18..<22 { b[i] = 0 }  // the first local header's compressed size
+        let stream = try PayloadStream(staging: dir.file("staging"), zipPath: dir.file("s.zip"), schedule: testUnpacking)
+        stream.append(b)
+        let error = #expect(throws: ExportError.self) { try stream.finish(into: dir.file("out")) { _ in } }
+        #expect(error?.code == .payloadInvalid)
+        #expect(error?.message.contains("no bytes") == true, "\(String(describing: error))")
+    }
+
+    /// Where a whole-zip reader could read the zip differently (an end record hidden in a
+    /// comment, central flags that differ from the local ones), the stream does not decide.
+    @Test func commentsAndDifferingFlagsAreNotDecidedByTheStream() throws {
+        let dir = TempDir()
+        let line = Array(#"{"a":1}"#.utf8) + [10]
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "", last: "")
+        let path = try hostile.zip(dir, [("2026-11-20.jsonl", line), ("manifest.json", hostile.manifest(days: [day], records: 1))])
+        #expect(throws: Never.self) { try streamUnpack(path, into: dir.file("plain")) }
+
+        var commented = bytes(of: path)
+        let end = try #require(offset(of: [0x50, 0x4B, 0x05, 0x06], in: commented, last: true))
+        commented[end + 20] = 3
+        commented += Array("abc".utf8)
+        let withComment = dir.file("comment.zip")
+        FileManager.default.createFile(atPath: withComment, contents: Data(commented))
+        #expect(throws: ZipStreamReader.Unreadable.self) { try streamUnpack(withComment, into: dir.file("c")) }
+
+        var flagged = bytes(of: path)
+        let central = try #require(offset(of: [0x50, 0x4B, 0x01, 0x02], in: flagged))
+        flagged[central + 8] |= 0x08  // "a data descriptor follows", which none does
+        let withFlags = dir.file("flags.zip")
+        FileManager.default.createFile(atPath: withFlags, contents: Data(flagged))
+        expectStreamRefused(withFlags, dir, "central flags differ")
+    }
+}

@@ -50,7 +50,7 @@ final class ZipStreamReader {
     private var crc: UInt32 = 0
     private var zstream = z_stream()
     private var inflating = false
-    private var output = [UInt8](repeating: 0, count: 256 << 10)
+    private var output: [UInt8] = []
     private var centralRead = 0
     private var centralStart: UInt64 = 0
 
@@ -59,7 +59,15 @@ final class ZipStreamReader {
     }
 
     deinit {
+        release()
+    }
+
+    /// Frees the inflater and the buffers (after the last byte, or when giving up).
+    func release() {
         if inflating { inflateEnd(&zstream) }
+        inflating = false
+        input = []
+        output = []
     }
 
     var isDone: Bool { if case .done = state { true } else { false } }
@@ -73,6 +81,9 @@ final class ZipStreamReader {
         }
         input.append(contentsOf: bytes)
         while try step() {}
+        // Every state consumes what it can; a reader holding megabytes it cannot use is
+        // stuck on a layout it does not follow, and must not hold the upload in memory.
+        if available > 2 << 20 { throw Unreadable(description: "no progress at offset \(offset)") }
         if position >= 1 << 20 || position == input.count {
             input.removeFirst(position)
             position = 0
@@ -130,6 +141,9 @@ final class ZipStreamReader {
         guard local.method == 0 || local.method == 8 else { throw Self.invalid("entry \(name(local).debugDescription) uses compression method \(local.method)") }
         if local.compressedSize == 0xFFFF_FFFF || local.uncompressedSize == 0xFFFF_FFFF { throw Unreadable(description: "ZIP64 sizes") }
         if local.method == 0 && local.hasDescriptor { throw Unreadable(description: "a stored entry with a data descriptor") }
+        if local.method == 8 && !local.hasDescriptor && local.compressedSize == 0 {
+            throw Self.invalid("entry \(name(local).debugDescription) is deflated into no bytes")
+        }
         advance(30 + nameLength + extraLength)
         try staged.begin(name(local), isRegularFile: true, compressedSize: local.hasDescriptor ? nil : Int64(local.compressedSize))
         current = local
@@ -137,6 +151,7 @@ final class ZipStreamReader {
         inflated = 0
         crc = UInt32(crc32(0, nil, 0))
         if local.method == 8 {
+            if output.isEmpty { output = [UInt8](repeating: 0, count: 256 << 10) }
             if inflating { inflateReset(&zstream) } else {
                 guard inflateInit2_(&zstream, -15, ZLIB_VERSION, Int32(MemoryLayout<z_stream>.size)) == Z_OK else {
                     throw ExportError(.io, "zlib cannot start inflating")
@@ -267,7 +282,10 @@ final class ZipStreamReader {
         guard centralRead < entries.count else { throw Self.invalid("the central directory lists more entries than the zip holds") }
         let local = entries[centralRead]
         let nameBytes = Array(input[(position + 46)..<(position + 46 + nameLength)])
-        guard nameBytes == local.nameBytes, u16(10) == local.method, u32(16) == local.crc, u32(20) == local.compressedSize,
+        // A comment is where a whole-zip reader may find an end record of its own: this reader
+        // leaves such zips to it.
+        guard commentLength == 0 else { throw Unreadable(description: "a comment in the central directory") }
+        guard nameBytes == local.nameBytes, u16(8) == local.flags, u16(10) == local.method, u32(16) == local.crc, u32(20) == local.compressedSize,
             u32(24) == local.uncompressedSize, UInt64(u32(42)) == local.offset
         else {
             throw Self.invalid("the central directory's entry \(centralRead) (\(String(decoding: nameBytes, as: UTF8.self).debugDescription)) differs from the entry in the zip")
@@ -296,8 +314,8 @@ final class ZipStreamReader {
 
     private func endRecord() throws -> Bool {
         guard available >= 22 else { return false }
-        let commentLength = Int(u16(20))
-        guard available >= 22 + commentLength else { return false }
+        guard u16(20) == 0 else { throw Unreadable(description: "a zip comment") }
+        let commentLength = 0
         guard u16(4) == 0, u16(6) == 0 else { throw Unreadable(description: "a zip split over disks") }
         let onDisk = Int(u16(8)), total = Int(u16(10)), size = UInt64(u32(12)), start = UInt64(u32(16))
         if onDisk == 0xFFFF || total == 0xFFFF || size == 0xFFFF_FFFF || start == 0xFFFF_FFFF { throw Unreadable(description: "ZIP64 end records") }

@@ -3,7 +3,7 @@ import Foundation
 /// A write-only file with a 1 MiB buffer, positioned writes for patching headers, and fsync on
 /// close.
 package final class BufferedFile {
-    private let fd: Int32
+    private var fd: Int32
     private var buffer: [UInt8] = []
     package private(set) var offset: UInt64 = 0
     private let path: String
@@ -40,8 +40,11 @@ package final class BufferedFile {
         guard n == bytes.count else { throw ExportError(.io, "patching \(path): \(String(cString: strerror(errno)))") }
     }
 
+    /// Flushes, fsyncs and closes the file; nothing may be written after.
     package func close() throws {
         try flush()
         guard fsync(fd) == 0 else { throw ExportError(.io, "fsync \(path): \(String(cString: strerror(errno)))") }
+        Glibc.close(fd)
+        fd = -1
     }
 }

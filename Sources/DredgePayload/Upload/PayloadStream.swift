@@ -57,15 +57,18 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// The next bytes of the zip, in order. Waits while ``maxPendingBytes`` are already waiting.
     public func append(_ plaintext: [UInt8]) {
         condition.lock()
-        defer { condition.unlock() }
         while pendingBytes >= Self.maxPendingBytes && failed == nil && draining { condition.wait() }
-        guard failed == nil else { return }
+        guard failed == nil else {
+            condition.unlock()
+            return
+        }
         pending.append(plaintext)
         pendingBytes += plaintext.count
-        if !draining {
-            draining = true
-            schedule { run in self.drain(run) }
-        }
+        let start = !draining
+        draining = true
+        condition.unlock()
+        // Outside the lock: a stopped pool answers at once, on this thread.
+        if start { schedule { run in self.drain(run) } }
     }
 
     private func drain(_ run: Bool) {
@@ -112,6 +115,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// fsynced, stays at ``zipPath``. Throws ``failure`` if streaming had stopped.
     public func finish(into directory: String, check: (ExportManifest) throws -> Void) throws -> ExtractedPayload {
         waitIdle()
+        defer { reader.release() }
         if let failed = failure { throw failed }
         try reader.finish()
         try zip.close()
@@ -124,6 +128,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     public func discard() {
         fail(ExportError(.io, "discarded"))
         staged.abandon()
+        reader.release()
         for path in [staging, zipPath] where FileManager.default.fileExists(atPath: path) {
             try? FileManager.default.removeItem(atPath: path)  // scratch space of our own; what remains is removed with the upload
         }

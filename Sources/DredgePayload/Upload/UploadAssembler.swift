@@ -89,6 +89,9 @@ public final class UploadAssembler {
         feedStream(nil)
     }
 
+    /// Lets go of the stream (after its last use), so what it holds is freed.
+    public func endStream() { stream = nil }
+
     /// Whether the stream was handed every chunk and has not failed (so far).
     public var streamedEverything: Bool { stream != nil && streamed == header.chunkCount && stream?.failure == nil }
 

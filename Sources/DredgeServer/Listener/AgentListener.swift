@@ -180,15 +180,21 @@ public final class AgentListener: Service, Sendable {
             logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"])
         }
         // Uploads being unpacked stop (what they staged is removed); the upload stays on disk.
+        // Cleanup runs even when this task was cancelled (the pool skips work for a cancelled
+        // task): then here, directly.
         do {
             try await work.uploads.runIfActive { session.closed() }
         } catch {
-            logger.debug("the upload pool stopped before a connection's uploads were closed", metadata: ["remote": "\(remote ?? "?")"])
+            session.closed()
         }
         if let agentID = session.agentID, let generation = session.generation {
             agentConnections.remove(agentID, token: token)
             do {
-                try await work.control.runIfActive { [registry] in try registry.disconnected(agentID, generation: generation) }
+                do {
+                    try await work.control.runIfActive { [registry] in try registry.disconnected(agentID, generation: generation) }
+                } catch is CancellationError {
+                    try registry.disconnected(agentID, generation: generation)
+                }
             } catch {
                 logger.error("could not record an agent's disconnection", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
             }

@@ -343,8 +343,12 @@ final class ConnectionUploads {
     /// Starts unpacking an upload while it arrives, in a directory of this connection's own
     /// inside the upload's (what an earlier connection left there is removed). Without it the
     /// upload is unpacked after its last chunk, as it is when streaming fails.
+    ///
+    /// Only an upload with no chunks held yet streams: one resumed after a reconnect or a
+    /// restart would first have to read back every chunk it holds, which is the same work as
+    /// unpacking after the last chunk, done while the agent waits for Ready.
     private func startStreaming(_ assembler: UploadAssembler, isFeedback: Bool) {
-        guard let unpacking else { return }
+        guard let unpacking, assembler.received.isEmpty else { return }
         let fm = FileManager.default
         do {
             for name in try fm.contentsOfDirectory(atPath: assembler.directory) where name.hasPrefix("stream-") {
@@ -367,6 +371,7 @@ final class ConnectionUploads {
     func closed() {
         for (_, entry) in receivers {
             entry.assembler.stream?.discard()
+            entry.assembler.endStream()
         }
         receivers.removeAll()
     }
@@ -405,10 +410,12 @@ final class ConnectionUploads {
                 // the files into place. If that did not work out, the whole zip is unpacked
                 // below, which decides.
                 if assembler.streamedEverything, let stream = assembler.stream {
+                    defer { assembler.endStream() }
                     do {
                         payload = try stream.finish(into: destination, check: check)
                         zip = stream.zipPath
                     } catch let error as ExportError where error.code == .exists {
+                        zip = stream.zipPath
                         throw error
                     } catch {
                         logger.notice("unpacking while receiving did not finish; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
@@ -417,9 +424,12 @@ final class ConnectionUploads {
                 } else if let stream = assembler.stream {
                     logger.notice("unpacking while receiving stopped; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(stream.failure.map { "\($0)" } ?? "")"])
                     stream.discard()
+                    assembler.endStream()
                 }
                 if payload == nil {
-                    zip = try paths.inside(assembler.directory + "/payload.zip")
+                    // A name of this connection's own: an older connection of the same agent
+                    // may still be finishing the same upload.
+                    zip = try paths.inside(assembler.directory + "/payload-" + Hex.encode(secureRandomBytes(4)) + ".zip")
                     try assembler.assemble(to: zip)
                     payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: isFeedback ? feedbackPayloadLimits : limits, check: check)
                 }
@@ -430,8 +440,10 @@ final class ConnectionUploads {
             }
             guard let payload else { throw ExportError(.io, "no payload") }
             do {
-                if FileManager.default.fileExists(atPath: zipCopy) { try FileManager.default.removeItem(atPath: zipCopy) }
-                if !zip.isEmpty && FileManager.default.fileExists(atPath: zip) { try FileManager.default.moveItem(atPath: zip, toPath: zipCopy) }
+                if !zip.isEmpty && FileManager.default.fileExists(atPath: zip) {
+                    if FileManager.default.fileExists(atPath: zipCopy) { try FileManager.default.removeItem(atPath: zipCopy) }
+                    try FileManager.default.moveItem(atPath: zip, toPath: zipCopy)
+                }
             } catch {
                 logger.warning("could not keep the zip beside the files", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
             }

@@ -28,6 +28,7 @@ bench: deps
 	.build/release/dredge-bench store
 	.build/release/dredge-bench export
 	.build/release/dredge-bench server
+	.build/release/dredge-bench heartbeat
 	.build/release/dredge-bench network
 
 clean:

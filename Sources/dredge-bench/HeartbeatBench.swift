@@ -42,6 +42,7 @@ struct HeartbeatBench: AsyncParsableCommand {
         try? FileManager.default.removeItem(atPath: dir)
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
+        try ServerBench.allowOneAddressFleet(dir + "/server")
         let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log", heartbeatSeconds: heartbeatSeconds)
         defer { server.stop() }
         let admin = try AdminClient(server: server.adminAddress, token: created.adminToken)

@@ -46,6 +46,7 @@ struct ServerBench: AsyncParsableCommand {
         try? FileManager.default.removeItem(atPath: dir)
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
+        try Self.allowOneAddressFleet(dir + "/server")
         let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log")
         defer { server.stop() }
         let admin = try AdminClient(server: server.adminAddress, token: created.adminToken)
@@ -210,6 +211,17 @@ struct ServerBench: AsyncParsableCommand {
             name: "server.command_latency", value: p99, unit: "ms", limit: 50, higherIsBetter: false,
             extra: String(format: "p50=%.1f p99=%.1f agents=%d samples=%d", p50, p99, held, latencies.count))
         return [idle, latency]
+    }
+
+    /// The whole simulated fleet connects from 127.0.0.1: lift the per-address cap on
+    /// unauthenticated connections (meant for the open internet) in `server.json`.
+    static func allowOneAddressFleet(_ data: String) throws {
+        let path = data + "/server.json"
+        guard var config = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any] else {
+            throw ValidationError("\(path) is not a JSON object")
+        }
+        config["connections"] = ["maxUnauthenticatedPerAddress": 1_000_000]
+        try JSONSerialization.data(withJSONObject: config, options: [.prettyPrinted, .sortedKeys]).write(to: URL(fileURLWithPath: path))
     }
 
     /// A file of at least `count` fleet keys: one in the cache, else made by

@@ -235,12 +235,15 @@ import Testing
         try store.flush()
 
         var count = 0, bytes = 0
-        let before = Self.residentBytes()
-        var peak = before
-        try store.forEachRecord(matching: .all) { record in
-            count += 1
-            bytes += record.message.utf8.count
-            if count % 10_000 == 0 { peak = max(peak, Self.residentBytes()) }
+        var before = 0, peak = 0
+        try MemoryHeavy.run {
+            before = Self.residentBytes()
+            peak = before
+            try store.forEachRecord(matching: .all) { record in
+                count += 1
+                bytes += record.message.utf8.count
+                if count % 10_000 == 0 { peak = max(peak, Self.residentBytes()) }
+            }
         }
         #expect(count == 150_000)
         #expect(bytes > 150_000_000)

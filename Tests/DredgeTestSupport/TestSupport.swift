@@ -68,3 +68,15 @@ public struct TmpfsMount {
         return process.terminationStatus == 0
     }
 }
+
+/// Tests run in parallel in one process, and a few measure that process's resident memory:
+/// those measurements, and the tests that allocate tens of megabytes at once, hold this lock,
+/// so one never counts the other's memory.
+public enum MemoryHeavy {
+    private static let lock = NSLock()
+    public static func run<T>(_ body: () throws -> T) rethrows -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return try body()
+    }
+}

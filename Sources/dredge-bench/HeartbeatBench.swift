@@ -68,19 +68,8 @@ struct HeartbeatBench: AsyncParsableCommand {
 
         // The fleet.
         let keys = try ServerBench.fleetKeys(cache: keyCache, count: agents)
-        var children: [FleetProcess] = []
+        let children = try FleetProcess.spawn(agents: agents, processes: 2, keys: keys, port: server.agentPort, created: created, extra: ["--measure-heartbeats"])
         defer { for c in children { c.stop() } }
-        let processes = 2
-        let share = (agents + processes - 1) / processes
-        for p in 0..<processes {
-            let from = p * share
-            let n = min(share, agents - from)
-            guard n > 0 else { break }
-            children.append(try FleetProcess(arguments: [
-                "fleet-child", "--keys", keys, "--from", String(from), "--count", String(n), "--port", String(server.agentPort),
-                "--ca", created.caPath, "--token", created.enrollmentToken, "--measure-heartbeats",
-            ]))
-        }
         FileHandle.standardError.write(Data("enrolling \(agents) agents\n".utf8))
         for c in children { try c.waitFor("enrolled", timeout: 1_800) }
         try await Task.sleep(for: .seconds(2))
@@ -142,21 +131,7 @@ struct HeartbeatBench: AsyncParsableCommand {
             let upload = try SealedUpload(
                 zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)), empty: false,
                 createdAt: Timestamp.now.microseconds)
-            var sender = UploadSenderStateMachine(header: upload.header)
-            var result: WireUploadResult?
-            func perform(_ actions: [UploadSenderStateMachine.Action]) async throws {
-                for action in actions {
-                    switch action {
-                    case .send(let frame): try await link.send(frame)
-                    case .sendChunk(let index):
-                        let sealed = Data(try upload.chunk(index))
-                        try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = command.commandID; $0.index = index; $0.ciphertext = sealed } })
-                    case .finished(let r), .retryLater(let r): result = r
-                    }
-                }
-            }
-            try await perform(sender.resume())
-            while result == nil, let frame = try await link.next() { try await perform(sender.receive(frame)) }
+            let result = try await sendUpload(upload, over: link)
             guard result?.ok == true else { throw ValidationError("upload of \(agentID) ended: \(String(describing: result))") }
         }
     }

@@ -86,29 +86,14 @@ struct ServerBench: AsyncParsableCommand {
                 zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: uploadKey, empty: manifest.empty,
                 createdAt: Timestamp.now.microseconds)
 
-            var sender = UploadSenderStateMachine(header: upload.header)
             var acked = Set<UInt32>()
             var ackedAt: Int64 = 0
-            var result: WireUploadResult?
-            func perform(_ actions: [UploadSenderStateMachine.Action]) async throws {
-                for action in actions {
-                    switch action {
-                    case .send(let frame): try await link.send(frame)
-                    case .sendChunk(let index):
-                        let sealed = try upload.chunk(index)
-                        try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = command.commandID; $0.index = index; $0.ciphertext = Data(sealed) } })
-                    case .finished(let r), .retryLater(let r): result = r
-                    }
-                }
-            }
             let start = monotonicNanos()
-            try await perform(sender.resume())
-            while result == nil, let frame = try await link.next() {
+            let result = try await sendUpload(upload, over: link) { frame in
                 if case .chunkAck(let ack)? = frame.body {
                     acked.insert(ack.index)
                     if acked.count == Int(upload.header.chunkCount) { ackedAt = monotonicNanos() }
                 }
-                try await perform(sender.receive(frame))
             }
             let end = monotonicNanos()
             return Timing(
@@ -157,18 +142,8 @@ struct ServerBench: AsyncParsableCommand {
         let count = min(agents, Int(limit.rlim_max) - 150)
         let keys = try Self.fleetKeys(cache: keyCache, count: count)
 
-        var children: [FleetProcess] = []
+        let children = try FleetProcess.spawn(agents: count, processes: fleetProcesses, keys: keys, port: server.agentPort, created: created)
         defer { for c in children { c.stop() } }
-        let share = (count + fleetProcesses - 1) / fleetProcesses
-        for p in 0..<fleetProcesses {
-            let from = p * share
-            let n = min(share, count - from)
-            guard n > 0 else { break }
-            children.append(try FleetProcess(arguments: [
-                "fleet-child", "--keys", keys, "--from", String(from), "--count", String(n), "--port", String(server.agentPort),
-                "--ca", created.caPath, "--token", created.enrollmentToken,
-            ]))
-        }
         FileHandle.standardError.write(Data("enrolling \(count) agents\n".utf8))
         for c in children { try c.waitFor("enrolled", timeout: 1_800) }
         try await Task.sleep(for: .seconds(2))
@@ -336,6 +311,28 @@ final class FleetProcess: @unchecked Sendable {
                 }
             }
         }
+    }
+
+    /// `agents` simulated agents (keys from the start of `keys`), shared among `processes`
+    /// children.
+    static func spawn(agents: Int, processes: Int, keys: String, port: Int, created: ServerDeployment.Created, extra: [String] = []) throws -> [FleetProcess] {
+        var children: [FleetProcess] = []
+        let share = (agents + processes - 1) / processes
+        for p in 0..<processes {
+            let from = p * share
+            let n = min(share, agents - from)
+            guard n > 0 else { break }
+            do {
+                children.append(try FleetProcess(arguments: [
+                    "fleet-child", "--keys", keys, "--from", String(from), "--count", String(n), "--port", String(port),
+                    "--ca", created.caPath, "--token", created.enrollmentToken,
+                ] + extra))
+            } catch {
+                for c in children { c.stop() }
+                throw error
+            }
+        }
+        return children
     }
 
     func arrival(of pullID: String) -> Int64? { lock.withLock { arrivals[pullID] } }

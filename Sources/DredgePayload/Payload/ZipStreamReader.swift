@@ -75,10 +75,6 @@ final class ZipStreamReader {
     /// Reads the next bytes of the zip. Throws ``Unreadable``, `.payloadInvalid` for a zip that
     /// breaks the rules, or `.io`/`.diskFull` for a staged file that cannot be written.
     func read(_ bytes: UnsafeRawBufferPointer) throws {
-        if position > 0 && position == input.count {
-            input.removeAll(keepingCapacity: true)
-            position = 0
-        }
         input.append(contentsOf: bytes)
         while try step() {}
         // Every state consumes what it can; a reader holding megabytes it cannot use is

@@ -35,9 +35,9 @@ public enum ServerRuntime {
         }
         for problem in stores.database.importProblems { logger.warning("after the import", metadata: ["problem": "\(problem)"]) }
         let (registry, pulls, feedback, tokens) = (stores.registry, stores.pulls, stores.feedback, stores.tokens)
-        try registry.resetPresence()
+        try await registry.resetPresence()
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
-        try janitor.sweep(atStart: true)
+        try await janitor.sweep(atStart: true)
         let dispatcher = PullDispatcher(pulls: pulls, logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,

@@ -47,7 +47,7 @@ struct AgentsCommand: AsyncParsableCommand {
     var json = false
 
     func run() async throws {
-        let agents = try ServerStores(try LoadedDeployment(directory: data)).registry.agents()
+        let agents = try await ServerStores(try LoadedDeployment(directory: data)).registry.agents()
         if json { return try printJSON(agents) }
         for a in agents {
             print("\(a.agentID)  \(a.connected ? "online " : "offline")  \(a.hostname)  \(a.app) \(a.appVersion)  uids=\(a.activeUIDs.joined(separator: ","))  records=\(a.storeRecords)")
@@ -100,7 +100,7 @@ struct PullsCommand: AsyncParsableCommand {
     var json = false
 
     func run() async throws {
-        let pulls = try ServerStores(try LoadedDeployment(directory: data)).pulls.pulls()
+        let pulls = try await ServerStores(try LoadedDeployment(directory: data)).pulls.pulls()
         if json { return try printJSON(pulls) }
         for p in pulls {
             for t in p.targets {

@@ -44,10 +44,10 @@ import Testing
         }
 
         /// An enrolled agent whose last heartbeat reported `uids`.
-        func agent(uids: [String]) throws -> String {
+        func agent(uids: [String]) async throws -> String {
             let key = try RSAPrivateKey.generate()
-            let id = try registry.enroll(publicKey: key.publicKey, host: .with { $0.hostname = "host-\(uids.first ?? "none")" })
-            try registry.heartbeat(id, .with { $0.activeUids = uids })
+            let id = try await registry.enroll(publicKey: key.publicKey, host: .with { $0.hostname = "host-\(uids.first ?? "none")" })
+            try await registry.heartbeat(id, .with { $0.activeUids = uids })
             return id
         }
     }
@@ -110,7 +110,7 @@ import Testing
 
     @Test func agentsAreListedWithTheirUIDs() async throws {
         let fixture = try Fixture()
-        let id = try fixture.agent(uids: ["u-2", "u-1"])
+        let id = try await fixture.agent(uids: ["u-2", "u-1"])
         try await fixture.test { api in
             let answer = try await api.call(.get, "/v1/agents")
             #expect(answer.status == .ok)
@@ -123,7 +123,7 @@ import Testing
 
     @Test func pullsAreQueuedListedAndShown() async throws {
         let fixture = try Fixture()
-        let a = try fixture.agent(uids: ["u-1"]), b = try fixture.agent(uids: ["u-1", "u-2"])
+        let a = try await fixture.agent(uids: ["u-1"]), b = try await fixture.agent(uids: ["u-1", "u-2"])
         try await fixture.test { api in
             let filter = LogFilter(since: Timestamp(microseconds: 1_000), levels: [.error])
             let created = try await api.post("/v1/pulls", PullRequest(uid: "u-1", agent: nil, filter: filter))
@@ -154,7 +154,7 @@ import Testing
 
     @Test func pullRequestsThatCannotBeMetAreRefused() async throws {
         let fixture = try Fixture()
-        let agent = try fixture.agent(uids: ["u-1"])
+        let agent = try await fixture.agent(uids: ["u-1"])
         try await fixture.test { api in
             let cases: [(PullRequest, HTTPResponse.Status, String)] = [
                 (PullRequest(uid: nil, agent: nil, filter: .all), .badRequest, "bad_request"),
@@ -175,7 +175,7 @@ import Testing
             let huge = try await api.call(.post, "/v1/pulls", json: Data(repeating: 32, count: 64 * 1024 + 1))
             #expect(huge.status == .contentTooLarge)
             // Nothing above was queued or audited.
-            #expect(try fixture.pulls.pulls().isEmpty)
+            #expect(try await fixture.pulls.pulls().isEmpty)
             #expect(try await api.call(.get, "/v1/audit").decode([AuditEntry].self).isEmpty)
         }
     }
@@ -198,11 +198,11 @@ import Testing
 
     @Test func feedbackIsListedAndShown() async throws {
         let fixture = try Fixture()
-        let agent = try fixture.agent(uids: ["u-1"])
+        let agent = try await fixture.agent(uids: ["u-1"])
         let first = Hex.encode(secureRandomBytes(16)), second = Hex.encode(secureRandomBytes(16))
-        try fixture.feedback.begin(id: first, agentID: agent, uid: "u-1", text: "the oven", createdAt: Timestamp(microseconds: 1), chunkCount: 1, bytes: 10)
-        try fixture.feedback.begin(id: second, agentID: agent, uid: "u-1", text: "the fridge", createdAt: Timestamp(microseconds: 2), chunkCount: 1, bytes: 10)
-        try fixture.feedback.update(first, status: .complete, detail: "3 records", records: 3, files: ["a.jsonl"])
+        try await fixture.feedback.begin(id: first, agentID: agent, uid: "u-1", text: "the oven", createdAt: Timestamp(microseconds: 1), chunkCount: 1, bytes: 10)
+        try await fixture.feedback.begin(id: second, agentID: agent, uid: "u-1", text: "the fridge", createdAt: Timestamp(microseconds: 2), chunkCount: 1, bytes: 10)
+        try await fixture.feedback.update(first, status: .complete, detail: "3 records", records: 3, files: ["a.jsonl"])
         try await fixture.test { api in
             let list = try await api.call(.get, "/v1/feedback")
             #expect(list.status == .ok)
@@ -242,7 +242,7 @@ import Testing
             #expect(audit.contains { $0.actor == "admin" && $0.action == "token.revoke" })
         }
         // Each change was committed before it took effect: the database opened anew has it.
-        let onDisk = try TokenStore(try ServerDatabase(directory: fixture.data)).list().map(\.name)
+        let onDisk = try await TokenStore(try ServerDatabase(directory: fixture.data)).list().map(\.name)
         #expect(onDisk.contains("bob") && !onDisk.contains("alice"))
     }
 

@@ -191,7 +191,7 @@ import Testing
             #expect(try await nextCommand(link).commandID == pull.id)
             return pull
         }
-        #expect(try server.pulls.pull(pull.id)?.targets.first?.status == .delivered)
+        #expect(try await server.pulls.pull(pull.id)?.targets.first?.status == .delivered)
         try await agent.connect { link in
             let again = try await nextCommand(link)
             #expect(again.commandID == pull.id)
@@ -220,10 +220,10 @@ import Testing
             }
         }
         #expect(received == [good.id])
-        let target = try #require(try server.pulls.pull(bad.id)?.targets.first)
+        let target = try #require(try await server.pulls.pull(bad.id)?.targets.first)
         #expect(target.status == .failed)
-        #expect(try server.pulls.pull(bad.id)?.filter == nil)
-        #expect(try server.pulls.pull(good.id)?.filter == .all)
+        #expect(try await server.pulls.pull(bad.id)?.filter == nil)
+        #expect(try await server.pulls.pull(good.id)?.filter == .all)
         #expect(server.logs.records.contains { $0.level == .error && $0.metadata["pull.id"] == "\(bad.id)" })
     }
 

@@ -177,7 +177,7 @@ import Testing
             }
         }
         #expect(try await server.admin.agents().first?.activeUIDs == ["u-1"])
-        #expect(try server.registry.agentIDs(withUID: "u-1\u{0}x").isEmpty)
+        #expect(try await server.registry.agentIDs(withUID: "u-1\u{0}x").isEmpty)
 
         let (status, body, _) = try await AdminEndToEndTests.http(
             "POST", server.adminURL + "/v1/pulls", authorization: "Bearer \(server.created.adminToken)", body: #"{"uid":"u-1\u0000x","filter":{}}"#)
@@ -276,16 +276,16 @@ import Testing
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
         let a = try await server.enrollAgent()
-        let open = try server.queuePull(agentID: a.agentID)
-        let done = try server.queuePull(agentID: a.agentID)
-        try server.pulls.update(done, agent: a.agentID, status: .failed, detail: "x")
+        let open = try await server.queuePull(agentID: a.agentID)
+        let done = try await server.queuePull(agentID: a.agentID)
+        try await server.pulls.update(done, agent: a.agentID, status: .failed, detail: "x")
         let paths = DataDirectory(server.data)
         let keep = try paths.upload(open, agent: a.agentID), drop = try paths.upload(done, agent: a.agentID)
         let orphan = try paths.upload(Hex.encode(secureRandomBytes(16)), agent: a.agentID), odd = paths.uploads + "/not-an-upload"
         for p in [keep, drop, orphan, odd] { try FileManager.default.createDirectory(atPath: p + "/chunks", withIntermediateDirectories: true) }
         let finished = try paths.pullFiles(done, agent: a.agentID)
         try FileManager.default.createDirectory(atPath: finished, withIntermediateDirectories: true)
-        let removed = try UploadJanitor(paths: paths, pulls: server.pulls, feedback: server.feedback, logger: .init(label: "t")).sweep()
+        let removed = try await UploadJanitor(paths: paths, pulls: server.pulls, feedback: server.feedback, logger: .init(label: "t")).sweep()
         #expect(Set(removed) == [drop, orphan, odd])
         #expect(FileManager.default.fileExists(atPath: keep) && FileManager.default.fileExists(atPath: finished))
     }

@@ -243,9 +243,9 @@ final class LogCapture: LogHandler, @unchecked Sendable {
 extension InProcessServer {
     /// Queues a pull straight in the queue (what the admin API does after resolving targets).
     @discardableResult
-    func queuePull(uid: String = "", agentID: String, filter: LogFilter = .all, agents: [String]? = nil, lifetime: Duration = .seconds(3600)) throws -> String {
+    func queuePull(uid: String = "", agentID: String, filter: LogFilter = .all, agents: [String]? = nil, lifetime: Duration = .seconds(3600)) async throws -> String {
         let pull = try issuer.newPull(uid: uid, agentID: agentID, filter: filter, targets: agents ?? [agentID], lifetime: lifetime, requestedBy: "t")
-        try pulls.create(pull)
+        try await pulls.create(pull)
         return pull.id
     }
 }

@@ -68,7 +68,7 @@ import Testing
         return (ids[0], ids[1])
     }
 
-    @Test func anEarlierDeploymentIsImportedOnceAndReadsBack() throws {
+    @Test func anEarlierDeploymentIsImportedOnceAndReadsBack() async throws {
         let (kept, damaged) = try writeLegacyDeployment()
         let database = try ServerDatabase(directory: dir.path)
         #expect(database.imported == ServerDatabase.legacyFiles && database.importProblems.isEmpty)
@@ -76,32 +76,34 @@ import Testing
             #expect(!FileManager.default.fileExists(atPath: dir.file(name)) && FileManager.default.fileExists(atPath: dir.file(name + ".imported")), "\(name)")
         }
         let (agents, pulls, feedback, tokens) = (AgentRegistry(database), PullStore(database), FeedbackStore(database), TokenStore(database))
-        let agent = try #require(try agents.agents().first)
+        let agent = try #require(try await agents.agents().first)
         #expect(agent.agentID == agentKey.publicKey.agentID && agent.hostname == "oven" && agent.activeUIDs == ["u-1"])
-        #expect(try agents.agentIDs(withUID: "u-1") == [agent.agentID])
-        #expect(try agents.publicKey(of: agent.agentID)?.spki == agentKey.publicKey.spki)
+        #expect(try await agents.agentIDs(withUID: "u-1") == [agent.agentID])
+        #expect(try await agents.publicKey(of: agent.agentID)?.spki == agentKey.publicKey.spki)
         // Presence generations go on from where they were.
-        #expect(try agents.connected(agent.agentID, from: nil, host: .init()) == 5)
+        #expect(try await agents.connected(agent.agentID, from: nil, host: .init()) == 5)
 
         // The old filter is rewritten in the versioned form and makes the same command.
-        let stored = try database.pool.read { try String.fetchOne($0, sql: "SELECT filter FROM pull WHERE id = ?", arguments: [kept]) }
+        let stored = try await database.pool.read { try String.fetchOne($0, sql: "SELECT filter FROM pull WHERE id = ?", arguments: [kept]) }
         #expect(stored == (try StoredFilter.encode(filter)))
-        #expect(try pulls.pull(kept)?.filter == filter)
-        let command = try issuer.command(try pulls.storedPull(kept), agent: agent.agentID, agentKey: agentKey.publicKey)
+        #expect(try await pulls.pull(kept)?.filter == filter)
+        let command = try issuer.command(try await pulls.storedPull(kept), agent: agent.agentID, agentKey: agentKey.publicKey)
         #expect(try LogFilter(wire: command.filter) == filter)
         // The damaged one stays unreadable: it never becomes a wider filter.
-        #expect(try pulls.pull(damaged)?.filter == nil)
-        #expect(throws: UnreadablePull.self) { try pulls.storedPull(damaged) }
-        #expect(try pulls.deliverable(for: agent.agentID, includingUnanswered: false) == [kept, damaged])
-        #expect(try pulls.audit().count == 2)
+        #expect(try await pulls.pull(damaged)?.filter == nil)
+        await #expect(throws: UnreadablePull.self) { try await pulls.storedPull(damaged) }
+        #expect(try await pulls.deliverable(for: agent.agentID, includingUnanswered: false) == [kept, damaged])
+        #expect(try await pulls.audit().count == 2)
 
-        #expect(try feedback.feedback(String(repeating: "f", count: 32))?.records == 12)
-        #expect(try tokens.adminName(for: admin) == "admin" && tokens.acceptsEnrollment(enrollment))
+        #expect(try await feedback.feedback(String(repeating: "f", count: 32))?.records == 12)
+        #expect(try await tokens.adminName(for: admin) == "admin")
+        #expect(try await tokens.acceptsEnrollment(enrollment))
 
         // Opened again: nothing is imported twice.
         let again = try ServerDatabase(directory: dir.path)
         #expect(again.imported.isEmpty)
-        #expect(try PullStore(again).pulls().count == 2 && TokenStore(again).list().count == 2)
+        #expect(try await PullStore(again).pulls().count == 2)
+        #expect(try await TokenStore(again).list().count == 2)
     }
 
     @Test func anUnreadableFileStopsTheOpenAndImportsNothing() throws {
@@ -125,7 +127,7 @@ import Testing
         #expect(throws: (any Error).self) {
             try pulls.create(issuer.newPull(uid: "u-1", agentID: "", filter: LogFilter(uid: "u\u{0}"), targets: ["a"], lifetime: .seconds(60), requestedBy: "t"))
         }
-        #expect(try pulls.pulls().isEmpty)
+        #expect(try await pulls.pulls().isEmpty)
     }
 }
 

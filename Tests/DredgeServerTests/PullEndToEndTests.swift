@@ -87,7 +87,7 @@ import Testing
         }
     }
 
-    @Test func aPullForAnOfflineAgentIsDeliveredWhenItConnectsAndAnExpiredOneNever() throws {
+    @Test func aPullForAnOfflineAgentIsDeliveredWhenItConnectsAndAnExpiredOneNever() async throws {
         let d = try AgentServerEndToEndTests.Deployment()
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -103,7 +103,7 @@ import Testing
         let queue = PullStore(try ServerDatabase(directory: d.data))
         let expiring = try CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey).newPull(
             uid: "", agentID: agentID, filter: .all, targets: [agentID], lifetime: .milliseconds(200), requestedBy: "test")
-        try queue.create(expiring)
+        try await queue.create(expiring)
         let expired = expiring.id
         usleep(400_000)
         #expect(try targetStatus(d, live) == "queued")
@@ -117,7 +117,7 @@ import Testing
         let files = try FileManager.default.contentsOfDirectory(atPath: d.data + "/pulls/\(live)/\(agentID)").filter { $0.hasSuffix(".jsonl") }
         #expect(files.count >= 3)
         // The audit log records who asked.
-        #expect(try queue.pull(live)?.requestedBy == "local-operator")
+        #expect(try await queue.pull(live)?.requestedBy == "local-operator")
     }
 }
 

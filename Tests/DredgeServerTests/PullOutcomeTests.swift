@@ -21,12 +21,12 @@ import Testing
         let client: AgentClient
         let task: Task<Void, Error>
 
-        init(_ server: InProcessServer, store: String, retry: Duration = .seconds(5), maxExports: Int = 2, before: (AgentState) throws -> Void = { _ in }) async throws {
+        init(_ server: InProcessServer, store: String, retry: Duration = .seconds(5), maxExports: Int = 2, before: (AgentState) async throws -> Void = { _ in }) async throws {
             let dir = server.dir.file("agent-\(UUID().uuidString)")
             state = try await AgentEnrollment.enroll(
                 host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"), token: server.created.enrollmentToken,
                 stateDirectory: dir, hostInfo: .with { $0.hostname = "device" })
-            try before(state)
+            try await before(state)
             client = try AgentClient(state: state, store: try LogStore(path: store), hostInfo: .with { $0.hostname = "device" }, logger: Logger(label: "test.agent") { _ in SwiftLogNoOpLogHandler() }, firstRetryDelay: retry, maxExports: maxExports)
             task = Task { [client] in try await client.run() }
         }
@@ -105,13 +105,13 @@ import Testing
         try PullEndToEndTests.makeDeviceStore(store)
         var pullID = ""
         let device = try await Device(server, store: store) { state in
-            let id = try server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
+            let id = try await server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
             pullID = id
-            try server.pulls.markDelivered(id, agent: state.file.agentID)
+            try await server.pulls.markDelivered(id, agent: state.file.agentID)
             // The command the agent kept says something no agent accepts (a since of
             // Int64.min), signed by the server as if an older server had sent it.
             let signer = try LoadedDeployment(directory: server.data).signingKey
-            var command = try server.issuer.command(try server.pulls.storedPull(id), agent: state.file.agentID, agentKey: state.key.publicKey)
+            var command = try server.issuer.command(try await server.pulls.storedPull(id), agent: state.file.agentID, agentKey: state.key.publicKey)
             command.filter.sinceUs = .min
             try signer.sign(&command)
             try FileManager.default.createDirectory(atPath: state.directory + "/uploads/\(id)", withIntermediateDirectories: true)
@@ -169,39 +169,41 @@ import Testing
     /// A delivered pull whose agent never finishes is ended by the server after its expiry
     /// (injected clock), with the reason; a target still moving is left until the hard limit;
     /// the server's own downtime never counts as the agent's silence.
-    @Test func deliveredPullsThatNeverFinishExpire() throws {
+    @Test func deliveredPullsThatNeverFinishExpire() async throws {
         let dir = TempDir()
         let pulls = PullStore(try ServerDatabase(directory: dir.path))
         let issuer = CommandIssuer(encryptionKey: try RSAPrivateKey.generate(), signingKey: .generate())
         let base = Date()
-        func make() throws -> String {
+        func make() async throws -> String {
             let pull = try issuer.newPull(uid: "u", agentID: "", filter: LogFilter(uid: "u"), targets: ["a"], lifetime: .seconds(60), requestedBy: "t", now: Timestamp(base))
-            try pulls.create(pull)
+            try await pulls.create(pull)
             return pull.id
         }
-        let quiet = try make(), moving = try make(), done = try make(), restarted = try make()
-        try pulls.update(quiet, agent: "a", status: .delivered, at: base)
-        try pulls.update(moving, agent: "a", status: .uploading, chunksReceived: 1, at: base.addingTimeInterval(600))
-        try pulls.update(done, agent: "a", status: .complete, at: base)
-        try pulls.update(restarted, agent: "a", status: .exporting, at: base)
+        let quiet = try await make(), moving = try await make(), done = try await make(), restarted = try await make()
+        try await pulls.update(quiet, agent: "a", status: .delivered, at: base)
+        try await pulls.update(moving, agent: "a", status: .uploading, chunksReceived: 1, at: base.addingTimeInterval(600))
+        try await pulls.update(done, agent: "a", status: .complete, at: base)
+        try await pulls.update(restarted, agent: "a", status: .exporting, at: base)
         let deadlines = PullStore.Deadlines(quietAfterExpiry: .seconds(600), afterExpiry: .seconds(3600))
-        func expire(at seconds: Double, listening: Double? = nil, only ids: [String]) throws -> [String] {
-            _ = try pulls.expireStalled(now: base.addingTimeInterval(seconds), listeningSince: listening.map { base.addingTimeInterval($0) } ?? .distantPast, deadlines: deadlines)
-            return try ids.filter { try pulls.pull($0)?.targets.first?.status == .expired }
+        func expire(at seconds: Double, listening: Double? = nil, only ids: [String]) async throws -> [String] {
+            _ = try await pulls.expireStalled(now: base.addingTimeInterval(seconds), listeningSince: listening.map { base.addingTimeInterval($0) } ?? .distantPast, deadlines: deadlines)
+            var expired: [String] = []
+            for id in ids where try await pulls.pull(id)?.targets.first?.status == .expired { expired.append(id) }
+            return expired
         }
         // A server that started listening at +500 s has heard nothing for only 161 s at +661 s.
-        #expect(try expire(at: 661, listening: 500, only: [restarted]).isEmpty)
-        #expect(try expire(at: 659, only: [quiet, moving, done]).isEmpty)
-        #expect(try expire(at: 661, only: [quiet, moving, done, restarted]) == [quiet, restarted])
-        #expect(try pulls.pull(quiet)?.targets.first?.detail.contains("no word from the agent") == true)
+        #expect(try await expire(at: 661, listening: 500, only: [restarted]).isEmpty)
+        #expect(try await expire(at: 659, only: [quiet, moving, done]).isEmpty)
+        #expect(try await expire(at: 661, only: [quiet, moving, done, restarted]) == [quiet, restarted])
+        #expect(try await pulls.pull(quiet)?.targets.first?.detail.contains("no word from the agent") == true)
         // Still moving near the hard limit: kept until it, then given up.
-        try pulls.update(moving, agent: "a", status: .uploading, chunksReceived: 2, at: base.addingTimeInterval(3400))
-        #expect(try expire(at: 60 + 3599, only: [moving]).isEmpty)
-        #expect(try expire(at: 60 + 3601, only: [moving, done]) == [moving])
-        #expect(try pulls.pull(moving)?.targets.first?.detail.contains("given up") == true)
-        #expect(try pulls.pull(done)?.targets.first?.status == .complete)
+        try await pulls.update(moving, agent: "a", status: .uploading, chunksReceived: 2, at: base.addingTimeInterval(3400))
+        #expect(try await expire(at: 60 + 3599, only: [moving]).isEmpty)
+        #expect(try await expire(at: 60 + 3601, only: [moving, done]) == [moving])
+        #expect(try await pulls.pull(moving)?.targets.first?.detail.contains("given up") == true)
+        #expect(try await pulls.pull(done)?.targets.first?.status == .complete)
         // Final is final: a late report changes nothing.
-        #expect(try pulls.update(quiet, agent: "a", status: .uploading, chunksReceived: 5) == false)
-        #expect(try pulls.pull(quiet)?.targets.first?.status == .expired)
+        #expect(try await pulls.update(quiet, agent: "a", status: .uploading, chunksReceived: 5) == false)
+        #expect(try await pulls.pull(quiet)?.targets.first?.status == .expired)
     }
 }

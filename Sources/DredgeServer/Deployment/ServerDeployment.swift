@@ -95,8 +95,8 @@ public enum ServerDeployment {
             try write("server.json", try encode(config), mode: 0o644)
             written += [ServerDatabase.fileName, ServerDatabase.fileName + "-wal", ServerDatabase.fileName + "-shm"]
             let tokens = TokenStore(try ServerDatabase(directory: dir))
-            adminToken = try tokens.create(name: "admin", kind: .admin, now: options.now).token
-            enrollmentToken = try tokens.create(name: "default", kind: .enrollment, now: options.now).token
+            adminToken = try tokens.createWhileInitializing(name: "admin", kind: .admin, now: options.now).token
+            enrollmentToken = try tokens.createWhileInitializing(name: "default", kind: .enrollment, now: options.now).token
         } catch {
             let failure = error
             for name in written where fm.fileExists(atPath: dir + "/" + name) {

@@ -18,10 +18,10 @@ import ServiceLifecycle
 public final class AgentListener: Service, Sendable {
     public let deployment: LoadedDeployment
     let issuer: CommandIssuer
-    public let registry: AgentRegistry
-    public let pulls: PullStore
-    public let feedback: FeedbackStore
-    public let tokens: TokenStore
+    public let registry: any AgentDirectory
+    public let pulls: any PullQueue
+    public let feedback: any FeedbackInbox
+    public let tokens: any TokenVault
     public let dispatcher: PullDispatcher
     let logger: Logger
     let host: String
@@ -40,7 +40,8 @@ public final class AgentListener: Service, Sendable {
     let refusals = RateLimitedLog(perMinute: 10)
 
     public init(
-        deployment: LoadedDeployment, registry: AgentRegistry, pulls: PullStore, feedback: FeedbackStore, tokens: TokenStore, dispatcher: PullDispatcher, logger: Logger,
+        deployment: LoadedDeployment, registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, dispatcher: PullDispatcher,
+        logger: Logger,
         host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil,
         connectionLimits: ConnectionLimits? = nil, threads: WorkThreads? = nil, openFiles: Int = ServerRuntime.openFileLimit()
     ) {
@@ -145,15 +146,15 @@ public final class AgentListener: Service, Sendable {
 
     /// One connection, start to end. Errors end this connection only.
     ///
-    /// An idle connection must be cheap: the task keeps, for its whole life, the memory of the
-    /// deepest chain of async frames it ever ran. So everything but the writes happens in the
-    /// synchronous ``ConnectionSession``, one frame at a time on a ``ServerWork`` pool (upload
-    /// frames on `uploads`, the rest on `control`), and the async part stays small and flat.
+    /// An idle connection must be cheap: a task keeps, for its whole life, the memory of the
+    /// deepest chain of async frames it ever ran. So each frame is handled by
+    /// ``ConnectionSession`` in a child task of its own (``step(_:)``), whose memory goes when
+    /// the frame is answered, and the connection's own task stays small and flat.
     func serve(_ channel: NIOAsyncChannel<WireFrame, WireFrame>, token: Int, work: ServerWork) async {
         let remote = channel.channel.remoteAddress?.description
         let setToken = connections.insert(channel.channel)
         defer { connections.remove(setToken) }
-        let session = ConnectionSession(listener: self, remote: remote, channel: channel.channel, token: token, unpacking: work.unpacking)
+        let session = ConnectionSession(listener: self, remote: remote, channel: channel.channel, token: token, work: work)
         do {
             try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -166,12 +167,11 @@ public final class AgentListener: Service, Sendable {
                     }
                     do {
                         for try await frame in inbound {
-                            let pool = ConnectionUploads.uploadID(of: frame) == nil ? work.control : work.uploads
-                            if try await !apply(pool.runIfActive { try session.receive(frame) }) { break }
+                            if try await !apply(Self.step { try await session.receive(frame) }) { break }
                         }
                     } catch let error as WireProtocolError {
                         // The decoder refused the stream: tell the peer why, then close.
-                        _ = try? await apply(work.control.runIfActive { try session.fail(error) })
+                        _ = try? await apply(Self.step { try await session.fail(error) })
                     }
                     group.cancelAll()
                 }
@@ -190,11 +190,8 @@ public final class AgentListener: Service, Sendable {
         if let agentID = session.agentID, let generation = session.generation {
             agentConnections.remove(agentID, token: token)
             do {
-                do {
-                    try await work.control.runIfActive { [registry] in try registry.disconnected(agentID, generation: generation) }
-                } catch is CancellationError {
-                    try registry.disconnected(agentID, generation: generation)
-                }
+                // Recorded even when this task was cancelled (a shutdown).
+                try await Task { [registry] in try await registry.disconnected(agentID, generation: generation) }.value
             } catch {
                 logger.error("could not record an agent's disconnection", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
             }
@@ -219,7 +216,7 @@ public final class AgentListener: Service, Sendable {
             let due: [String]
             do {
                 let unanswered = reconnecting
-                due = try await work.control.runIfActive { [pulls] in try pulls.deliverable(for: agentID, includingUnanswered: unanswered) }
+                due = try await pulls.deliverable(for: agentID, includingUnanswered: unanswered)
                 reconnecting = false
             } catch is CancellationError {
                 return
@@ -229,8 +226,7 @@ public final class AgentListener: Service, Sendable {
             }
             for pullID in due {
                 guard agentConnections.isLive(agentID, token: token) else { return }
-                // Made (RSA wrap, signature) and marked delivered on the control pool.
-                guard let frame = try await work.control.runIfActive({ self.deliverable(pullID, to: agentID) }) else { continue }
+                guard let frame = await deliverable(pullID, to: agentID, work: work) else { continue }
                 try await outbound.write(frame)
                 logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
             }
@@ -238,10 +234,10 @@ public final class AgentListener: Service, Sendable {
     }
 
     /// The command of one pull, marked delivered; nil when it cannot be made or marked now.
-    private func deliverable(_ pullID: String, to agentID: String) -> WireFrame? {
-        guard let frame = command(pullID, for: agentID) else { return nil }
+    private func deliverable(_ pullID: String, to agentID: String, work: ServerWork) async -> WireFrame? {
+        guard let frame = await command(pullID, for: agentID, work: work) else { return nil }
         do {
-            guard try pulls.markDelivered(pullID, agent: agentID) else { return nil }
+            guard try await pulls.markDelivered(pullID, agent: agentID) else { return nil }
         } catch {
             logger.error("cannot mark a pull delivered; not sending it now", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
             return nil
@@ -251,16 +247,18 @@ public final class AgentListener: Service, Sendable {
 
     /// The signed command of one pull for one agent; nil when it cannot be made now. A pull
     /// that can never be sent (``UnreadablePull``) is failed for that agent with the
-    /// reason; any other error is logged and the pull waits for the next wake.
-    private func command(_ pullID: String, for agentID: String) -> WireFrame? {
+    /// reason; any other error is logged and the pull waits for the next wake. The RSA wrap and
+    /// the signature run on the control pool.
+    private func command(_ pullID: String, for agentID: String, work: ServerWork) async -> WireFrame? {
         do {
-            guard let key = try registry.publicKey(of: agentID) else { throw UnreadablePull("agent \(agentID) is not enrolled") }
-            let command = try issuer.command(try pulls.storedPull(pullID), agent: agentID, agentKey: key)
+            guard let key = try await registry.publicKey(of: agentID) else { throw UnreadablePull("agent \(agentID) is not enrolled") }
+            let stored = try await pulls.storedPull(pullID)
+            let command = try await work.control.runIfActive { [issuer] in try issuer.command(stored, agent: agentID, agentKey: key) }
             return .with { $0.pullCommand = command }
         } catch let error as UnreadablePull {
             logger.error("pull cannot be delivered; marking it failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
             do {
-                try pulls.update(pullID, agent: agentID, status: .failed, detail: "the server could not make its command: \(error)")
+                try await pulls.update(pullID, agent: agentID, status: .failed, detail: "the server could not make its command: \(error)")
             } catch {
                 logger.error("could not mark a pull failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
             }
@@ -271,42 +269,62 @@ public final class AgentListener: Service, Sendable {
         }
     }
 
-    fileprivate func enroll(_ request: WireEnrollRequest, remote: String?, machine: inout ServerConnectionStateMachine) -> [ServerConnectionStateMachine.Action] {
+    /// What enrolling a key comes to: the agent's id and the server's keys, or why not.
+    enum Enrollment {
+        case enrolled(WireEnrollResponse)
+        case refused(String)
+    }
+
+    fileprivate func enroll(_ request: WireEnrollRequest, remote: String?) async -> Enrollment {
         let accepted: Bool
         do {
-            accepted = try tokens.acceptsEnrollment(request.token)
+            accepted = try await tokens.acceptsEnrollment(request.token)
         } catch {
             logger.error("cannot read the enrollment tokens; refusing enrollment", metadata: ["remote": "\(remote ?? "?")", "error": "\(error)"])
-            return machine.enrollmentFailed("the server cannot check enrollment tokens now; try later")
+            return .refused("the server cannot check enrollment tokens now; try later")
         }
         guard accepted else {
             refusals.log { suppressed in
                 logger.notice("enrollment refused: bad token", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
             }
-            return machine.enrollmentFailed("enrollment token not accepted")
+            return .refused("enrollment token not accepted")
         }
+        let key: RSAPublicKey
         do {
-            let key = try RSAPublicKey(spki: request.publicKey)
-            let id: String
-            do {
-                id = try registry.enroll(publicKey: key, host: request.host)
-            } catch let error as AgentRegistry.AlreadyEnrolled {
-                refusals.log { suppressed in
-                    logger.notice("enrollment refused: key already enrolled", metadata: ["agent.id": "\(error.agentID)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
-                }
-                return machine.enrollmentFailed("\(error)")
-            }
-            logger.info("agent enrolled", metadata: ["agent.id": "\(id)", "host": "\(request.host.hostname)"])
-            return machine.enrolled(.with {
-                $0.agentID = id
-                $0.serverSigningKey = Data(deployment.signingKey.verifyingKey.rawRepresentation)
-                $0.serverEncryptionKey = Data(deployment.encryptionKey.publicKey.spki)
-            })
+            key = try RSAPublicKey(spki: request.publicKey)
         } catch {
             refusals.log { suppressed in
                 logger.notice("enrollment refused: bad key", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
             }
-            return machine.enrollmentFailed("public key not accepted: \(error)")
+            return .refused("public key not accepted: \(error)")
+        }
+        let id: String
+        do {
+            id = try await registry.enroll(publicKey: key, host: request.host, now: Date())
+        } catch let error as AlreadyEnrolled {
+            refusals.log { suppressed in
+                logger.notice("enrollment refused: key already enrolled", metadata: ["agent.id": "\(error.agentID)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
+            }
+            return .refused("\(error)")
+        } catch {
+            logger.error("cannot record an enrollment", metadata: ["remote": "\(remote ?? "?")", "error": "\(error)"])
+            return .refused("the server cannot enroll agents now; try later")
+        }
+        logger.info("agent enrolled", metadata: ["agent.id": "\(id)", "host": "\(request.host.hostname)"])
+        return .enrolled(.with {
+            $0.agentID = id
+            $0.serverSigningKey = Data(deployment.signingKey.verifyingKey.rawRepresentation)
+            $0.serverEncryptionKey = Data(deployment.encryptionKey.publicKey.spki)
+        })
+    }
+
+    /// Runs one step of a connection in a child task, so that the memory of its async frames
+    /// goes when the step ends instead of staying with the connection's task.
+    static func step(_ body: @escaping @Sendable () async throws -> ConnectionSession.Outcome) async throws -> ConnectionSession.Outcome {
+        try await withThrowingTaskGroup(of: ConnectionSession.Outcome.self) { group in
+            group.addTask(operation: body)
+            guard let outcome = try await group.next() else { throw CancellationError() }
+            return outcome
         }
     }
 }
@@ -395,10 +413,11 @@ final class BoundAddress: @unchecked Sendable {
     }
 }
 
-/// The synchronous side of one agent connection: the state machine and what its actions do to
-/// the registry and the uploads. Returns what to write; never suspends. It runs on the
-/// ``ServerWork`` pools, one step at a time: the connection's loop hands it the next frame only
-/// after the previous step returned (hence `@unchecked Sendable`).
+/// One agent connection's state machine and what its actions do to the registry and the
+/// uploads; returns what to write. The stores are called through their async protocols, and
+/// RSA and disk work runs on the ``ServerWork`` pools. One step at a time: the connection's
+/// loop hands it the next frame only after the previous step returned (hence
+/// `@unchecked Sendable`).
 final class ConnectionSession: @unchecked Sendable {
     struct Outcome {
         var frames: [WireFrame] = []
@@ -418,27 +437,27 @@ final class ConnectionSession: @unchecked Sendable {
     private(set) var generation: Int64?
     private var host = WireHostInfo()
     private var uploads: ConnectionUploads?
-    private let unpacking: PayloadStream.Schedule?
+    private let work: ServerWork
 
-    init(listener: AgentListener, remote: String?, channel: any Channel, token: Int, unpacking: PayloadStream.Schedule?) {
+    init(listener: AgentListener, remote: String?, channel: any Channel, token: Int, work: ServerWork) {
         self.listener = listener
         self.remote = remote
         self.channel = channel
         self.token = token
-        self.unpacking = unpacking
+        self.work = work
         machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: listener.session)
     }
 
     /// The connection ended: uploads being unpacked while they arrived stop.
     func closed() { uploads?.closed() }
 
-    func receive(_ frame: WireFrame) throws -> Outcome {
-        try run(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)))
+    func receive(_ frame: WireFrame) async throws -> Outcome {
+        try await run(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)))
     }
 
-    func fail(_ error: WireProtocolError) throws -> Outcome { try run(machine.fail(error)) }
+    func fail(_ error: WireProtocolError) async throws -> Outcome { try await run(machine.fail(error)) }
 
-    private func run(_ actions: [ServerConnectionStateMachine.Action]) throws -> Outcome {
+    private func run(_ actions: [ServerConnectionStateMachine.Action]) async throws -> Outcome {
         var outcome = Outcome()
         var pending = actions[...]
         while let action = pending.popFirst() {
@@ -447,8 +466,13 @@ final class ConnectionSession: @unchecked Sendable {
                 outcome.frames.append(frame)
             case .verify(let id, let signature, let challenge, let claimedHost):
                 host = claimedHost
-                let key = WireID.isValid(id) ? try listener.registry.publicKey(of: id) : nil
-                if let key, AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) {
+                let key = WireID.isValid(id) ? try await listener.registry.publicKey(of: id) : nil
+                let verified = if let key {
+                    try await work.control.runIfActive { AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) }
+                } else {
+                    false
+                }
+                if verified {
                     if listener.gate.authenticate(token) {
                         pending.append(contentsOf: machine.authenticated(id))
                     } else {
@@ -468,13 +492,16 @@ final class ConnectionSession: @unchecked Sendable {
                     pending.append(contentsOf: machine.authenticationFailed("unknown agent or bad signature"))
                 }
             case .enroll(let request):
-                pending.append(contentsOf: listener.enroll(request, remote: remote, machine: &machine))
+                switch await listener.enroll(request, remote: remote) {
+                case .enrolled(let response): pending.append(contentsOf: machine.enrolled(response))
+                case .refused(let why): pending.append(contentsOf: machine.enrollmentFailed(why))
+                }
             case .registered(let id):
                 agentID = id
                 uploads = ConnectionUploads(
                     agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
-                    paths: listener.paths, feedbackLimits: listener.feedbackLimits, unpacking: unpacking, logger: listener.logger)
-                generation = try listener.registry.connected(id, from: remote, host: host)
+                    paths: listener.paths, feedbackLimits: listener.feedbackLimits, blocking: work.uploads, unpacking: work.unpacking, logger: listener.logger)
+                generation = try await listener.registry.connected(id, from: remote, host: host, now: Date())
                 if let replaced = listener.agentConnections.replace(id, token: token, generation: generation ?? 0, channel: channel) {
                     listener.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])
                     AgentConnections.close(replaced, saying: "replaced by a newer connection of the same agent")
@@ -483,16 +510,16 @@ final class ConnectionSession: @unchecked Sendable {
                 outcome.registered = id
             case .deliver(let id, let frame):
                 if case .heartbeat(let heartbeat)? = frame.body {
-                    if let problem = AgentRegistry.problem(with: heartbeat) {
+                    if let problem = HeartbeatRules.problem(with: heartbeat) {
                         listener.logger.notice("heartbeat refused", metadata: ["agent.id": "\(id)", "problem": "\(problem)"])
                         pending.append(contentsOf: machine.fail(WireProtocolError(.errorMalformedFrame, problem)))
                         continue
                     }
-                    try listener.registry.heartbeat(id, heartbeat)
+                    try await listener.registry.heartbeat(id, heartbeat, now: Date())
                     outcome.frames.append(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
                 } else if let uploads {
                     do {
-                        outcome.frames.append(contentsOf: try uploads.handle(frame))
+                        outcome.frames.append(contentsOf: try await uploads.handle(frame))
                     } catch {
                         // The server's own trouble (a database on a full disk): "not now" for
                         // this upload, and the connection goes on.

@@ -6,6 +6,7 @@ import DredgePayload
 import DredgeWire
 import Foundation
 import Logging
+import NIOPosix
 
 /// What the server accepts from one agent's feedback uploads (configurable in `server.json`,
 /// `"feedback": {…}`): how many per hour, how many bytes (as uploaded) per day, and how large
@@ -44,10 +45,15 @@ public struct FeedbackLimits: Codable, Sendable, Equatable {
 /// Every id that arrives is checked (``WireID``) before it is looked up or becomes part of a
 /// path, and paths come from ``DataDirectory`` only. A final status (complete, rejected,
 /// failed, expired) is never changed by anything the agent sends afterwards.
-final class ConnectionUploads {
+///
+/// The statuses are read and moved through the async stores; everything that waits on a disk
+/// or costs CPU (chunk verification and durable writes, RSA unwrapping, the last steps of an
+/// upload) runs on `blocking`, a ``ServerWork`` pool. One frame is handled at a time (the
+/// connection hands over the next only when the last is answered), hence `@unchecked Sendable`.
+final class ConnectionUploads: @unchecked Sendable {
     let agentID: String
-    let pulls: PullStore
-    let feedback: FeedbackStore
+    let pulls: any PullQueue
+    let feedback: any FeedbackInbox
     let encryptionKey: RSAPrivateKey
     let paths: DataDirectory
     let limits: PayloadLimits
@@ -55,15 +61,19 @@ final class ConnectionUploads {
     let logger: Logger
     /// Where uploads are unpacked while they arrive; nil: each is unpacked after its last chunk.
     let unpacking: PayloadStream.Schedule?
+    /// Where the blocking steps run.
+    let blocking: NIOThreadPool
     private var receivers: [String: (machine: UploadReceiverStateMachine, assembler: UploadAssembler)] = [:]
     /// Uploads begun on this connection that are feedback, not pulls.
     private var feedbackUploads: Set<String> = []
 
     init(
-        agentID: String, pulls: PullStore, feedback: FeedbackStore, encryptionKey: RSAPrivateKey, paths: DataDirectory,
-        limits: PayloadLimits = PayloadLimits(), feedbackLimits: FeedbackLimits = .default, unpacking: PayloadStream.Schedule? = nil, logger: Logger
+        agentID: String, pulls: any PullQueue, feedback: any FeedbackInbox, encryptionKey: RSAPrivateKey, paths: DataDirectory,
+        limits: PayloadLimits = PayloadLimits(), feedbackLimits: FeedbackLimits = .default, blocking: NIOThreadPool, unpacking: PayloadStream.Schedule? = nil,
+        logger: Logger
     ) {
         self.unpacking = unpacking
+        self.blocking = blocking
         self.agentID = agentID
         self.pulls = pulls
         self.feedback = feedback
@@ -80,12 +90,12 @@ final class ConnectionUploads {
     private func progress(
         _ uploadID: String, _ status: PullStatus, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil,
         records: Int? = nil, files: [String]? = nil, failedWith code: WireErrorCode? = nil
-    ) throws -> Bool {
+    ) async throws -> Bool {
         let errorCode = code.map(\.rawValue)
         if feedbackUploads.contains(uploadID) {
-            return try feedback.update(uploadID, status: status, detail: detail, chunksReceived: chunksReceived, records: records, files: files, errorCode: errorCode)
+            return try await feedback.update(uploadID, status: status, detail: detail, chunksReceived: chunksReceived, records: records, files: files, errorCode: errorCode)
         } else {
-            return try pulls.update(
+            return try await pulls.update(
                 uploadID, agent: agentID, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files,
                 errorCode: errorCode)
         }
@@ -114,7 +124,7 @@ final class ConnectionUploads {
     }
 
     /// Handles an upload frame; returns the frames to send back.
-    func handle(_ frame: WireFrame) throws -> [WireFrame] {
+    func handle(_ frame: WireFrame) async throws -> [WireFrame] {
         // Every id is checked once, here, before anything looks it up. (An agent's own error
         // report with a malformed id is ignored below rather than answered.)
         let isReport = if case .error? = frame.body { true } else { false }
@@ -125,23 +135,23 @@ final class ConnectionUploads {
         case .commandAccepted(let m)?:
             // Only a delivered pull moves on: an answer repeated for a redelivered command
             // never takes an uploading one back.
-            try pulls.update(m.commandID, agent: agentID, status: .exporting, from: [.queued, .delivered])
+            try await pulls.update(m.commandID, agent: agentID, status: .exporting, from: [.queued, .delivered])
             return []
         case .commandRejected(let m)?:
             let id = m.commandID
-            try pulls.update(id, agent: agentID, status: .rejected, detail: "\(m.reason): \(Self.bounded(m.detail))")
+            try await pulls.update(id, agent: agentID, status: .rejected, detail: "\(m.reason): \(Self.bounded(m.detail))")
             logger.notice("pull rejected by agent", metadata: ["pull.id": "\(id)", "agent.id": "\(agentID)", "reason": "\(m.reason)"])
             return []
         case .error(let e)?:
             // The agent could not carry out an accepted command (its export failed, say).
             guard WireID.isValid(e.uploadID), !feedbackUploads.contains(e.uploadID) else { return [] }
-            try pulls.update(e.uploadID, agent: agentID, status: .failed, detail: "the agent could not finish it: \(Self.bounded(e.detail))")
+            try await pulls.update(e.uploadID, agent: agentID, status: .failed, detail: "the agent could not finish it: \(Self.bounded(e.detail))")
             logger.notice("pull failed on the agent", metadata: ["pull.id": "\(e.uploadID)", "agent.id": "\(agentID)", "code": "\(e.code)"])
             return []
         case .uploadBegin(let m)?:
-            return try begin(m.header)
+            return try await begin(m.header)
         case .uploadChunk(let chunk)?:
-            return try receive(chunk)
+            return try await receive(chunk)
         case .uploadComplete(let m)?:
             guard var entry = receivers[m.uploadID] else { return [error(.errorUploadUnknown, m.uploadID, "no upload \(m.uploadID) begun on this connection")] }
             var out: [WireFrame] = []
@@ -149,7 +159,7 @@ final class ConnectionUploads {
                 switch action {
                 case .send(let f): out.append(f)
                 case .assemble:
-                    let result = finish(m.uploadID, entry.assembler)
+                    let result = await finish(m.uploadID, entry.assembler)
                     for case .send(let f) in entry.machine.assembled(result) { out.append(f) }
                 default: break
                 }
@@ -158,7 +168,7 @@ final class ConnectionUploads {
             return out
         case .uploadStatusQuery(let m)?:
             if let entry = receivers[m.uploadID] { return [entry.machine.status()] }
-            return [try storedStatus(m.uploadID)]
+            return [try await storedStatus(m.uploadID)]
         default:
             return []
         }
@@ -167,12 +177,12 @@ final class ConnectionUploads {
     /// The status of an upload this agent did not begin on this connection, from what the
     /// server stored: complete or failed by the pull's (or feedback's) final status, receiving
     /// with the chunks on disk, or unknown (never begun, or not this agent's).
-    private func storedStatus(_ uploadID: String) throws -> WireFrame {
+    private func storedStatus(_ uploadID: String) async throws -> WireFrame {
         var status = WireUploadStatus.with { $0.uploadID = uploadID; $0.state = .unknown }
         let recorded: PullStatus?
-        if let target = try pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID }) {
+        if let target = try await pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID }) {
             recorded = target.status
-        } else if let record = try feedback.feedback(uploadID), record.agentID == agentID {
+        } else if let record = try await feedback.feedback(uploadID), record.agentID == agentID {
             recorded = record.status
         } else {
             recorded = nil
@@ -181,18 +191,44 @@ final class ConnectionUploads {
         case .complete?: status.state = .complete
         case let s? where s.isFinal: status.state = .failed
         case .some:
-            if let held = try UploadAssembler.stored(in: try paths.upload(uploadID, agent: agentID)) {
+            let directory = try paths.upload(uploadID, agent: agentID)
+            let held = try await blocking.runIfActive { () throws -> [UInt8]? in
+                guard let held = try UploadAssembler.stored(in: directory) else { return nil }
+                return ChunkBitmap.encode(held.received, count: held.header.chunkCount)
+            }
+            if let held {
                 status.state = .receiving
-                status.received = Data(ChunkBitmap.encode(held.received, count: held.header.chunkCount))
+                status.received = Data(held)
             }
         case nil: break
         }
         return .with { $0.uploadStatus = status }
     }
 
-    private func receive(_ chunk: WireUploadChunk) throws -> [WireFrame] {
-        guard var entry = receivers[chunk.uploadID] else { return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")] }
+    /// A status an upload step moves, recorded once the step is done.
+    private struct Progress: Sendable {
+        var status: PullStatus
+        var detail = ""
+        var chunksReceived: Int?
+        var failedWith: WireErrorCode?
+    }
+
+    private func receive(_ chunk: WireUploadChunk) async throws -> [WireFrame] {
+        guard receivers[chunk.uploadID] != nil else { return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")] }
+        // Verified and written durably off the cooperative pool; the statuses after.
+        let (out, moves) = try await blocking.runIfActive { self.store(chunk) }
+        for move in moves {
+            try await progress(chunk.uploadID, move.status, detail: move.detail, chunksReceived: move.chunksReceived, failedWith: move.failedWith)
+        }
+        return out
+    }
+
+    /// A chunk through its upload's machine and assembler (blocking); the frames to send and the
+    /// status moves to record.
+    private func store(_ chunk: WireUploadChunk) -> ([WireFrame], [Progress]) {
+        guard var entry = receivers[chunk.uploadID] else { return ([], []) }
         var out: [WireFrame] = []
+        var moves: [Progress] = []
         var stored = false
         for action in entry.machine.chunk(chunk) {
             switch action {
@@ -208,16 +244,20 @@ final class ConnectionUploads {
                     switch e.code {
                     case .chunkAuthFailed:
                         next = entry.machine.rejected(index, .errorChunkAuthFailed)
-                        try progress(chunk.uploadID, .failed, detail: "chunk \(index) failed authentication", failedWith: .errorChunkAuthFailed)
+                        moves.append(Progress(status: .failed, detail: "chunk \(index) failed authentication", failedWith: .errorChunkAuthFailed))
                     case .uploadInvalid:
                         next = entry.machine.rejected(index, .errorChunkInvalid)
-                        try progress(chunk.uploadID, .failed, detail: "chunk \(index) is invalid: \(e.message)", failedWith: .errorChunkInvalid)
+                        moves.append(Progress(status: .failed, detail: "chunk \(index) is invalid: \(e.message)", failedWith: .errorChunkInvalid))
                     default:
                         // The server's own trouble (a full disk): the agent keeps its export and
                         // sends the chunk again later; the status stays open, with the reason.
                         next = entry.machine.rejected(index, .errorInternal)
-                        try progress(chunk.uploadID, .uploading, detail: "the server could not store chunk \(index) (\(e.code)); the agent will retry")
+                        moves.append(Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(e.code)); the agent will retry"))
                     }
+                } catch {
+                    // `accept` throws only ExportError; anything else is the server's own trouble too.
+                    next = entry.machine.rejected(index, .errorInternal)
+                    moves.append(Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(error)); the agent will retry"))
                 }
                 for case .send(let f) in next { out.append(f) }
             case .assemble: break
@@ -225,14 +265,14 @@ final class ConnectionUploads {
         }
         receivers[chunk.uploadID] = entry
         if stored {
-            try progress(chunk.uploadID, .uploading, chunksReceived: entry.assembler.received.count)
+            moves.append(Progress(status: .uploading, chunksReceived: entry.assembler.received.count))
         } else if case .finished(let result) = entry.machine.state, !result.ok, result.error == .errorChunkInvalid {
-            try progress(chunk.uploadID, .failed, detail: result.detail, failedWith: .errorChunkInvalid)
+            moves.append(Progress(status: .failed, detail: result.detail, failedWith: .errorChunkInvalid))
         }
-        return out
+        return (out, moves)
     }
 
-    private func begin(_ header: WireUploadHeader) throws -> [WireFrame] {
+    private func begin(_ header: WireUploadHeader) async throws -> [WireFrame] {
         guard header.agentID == agentID else {
             return [error(.errorUploadInvalid, header.uploadID, "upload \(header.uploadID) names another agent")]
         }
@@ -244,13 +284,13 @@ final class ConnectionUploads {
         let key: SymmetricKey
         switch header.kind {
         case .feedback:
-            switch try admitFeedback(header) {
+            switch try await admitFeedback(header) {
             case .failure(let refusal): return [refusal.frame]
             case .success(let k): key = k
             }
         default:
-            guard let pull = try pulls.pull(header.uploadID), let target = pull.targets.first(where: { $0.agentID == agentID }),
-                let wrapped = try pulls.wrappedKey(of: header.uploadID)
+            guard let pull = try await pulls.pull(header.uploadID), let target = pull.targets.first(where: { $0.agentID == agentID }),
+                let wrapped = try await pulls.wrappedKey(of: header.uploadID)
             else {
                 return [error(.errorUploadInvalid, header.uploadID, "no pull \(header.uploadID) for this agent")]
             }
@@ -264,36 +304,52 @@ final class ConnectionUploads {
                 return [error(.errorUploadInvalid, header.uploadID, "pull \(header.uploadID) is \(target.status.rawValue) for this agent: \(target.detail)")]
             }
             // Unwrapped only for an upload that can still be received (RSA is the costly part).
-            do {
-                key = try encryptionKey.unwrapKey(wrapped)
-            } catch {
-                logger.error("a pull's key does not unwrap", metadata: ["pull.id": "\(header.uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
+            guard let unwrapped = try await unwrap(wrapped) else {
+                logger.error("a pull's key does not unwrap", metadata: ["pull.id": "\(header.uploadID)", "agent.id": "\(agentID)"])
                 return [self.error(.errorUploadInvalid, header.uploadID, "pull \(header.uploadID) cannot be received by this server (its key does not unwrap)")]
             }
+            key = unwrapped
         }
-        if receivers[header.uploadID] == nil {
-            let assembler: UploadAssembler
-            do {
-                assembler = try UploadAssembler(directory: try paths.upload(header.uploadID, agent: agentID), header: header, key: key)
-            } catch let e as ExportError where e.code == .uploadInvalid {
-                return [error(.errorUploadInvalid, header.uploadID, e.message)]
-            } catch let e as ExportError {
-                return [error(.errorInternal, header.uploadID, "the server cannot keep this upload now (\(e.code)); try later")]
-            }
-            startStreaming(assembler, isFeedback: header.kind == .feedback)
-            receivers[header.uploadID] = (UploadReceiverStateMachine(header: header, received: assembler.received), assembler)
+        if receivers[header.uploadID] == nil, let refused = try await blocking.runIfActive({ self.open(header, key: key) }) {
+            return [refused]
         }
         guard var entry = receivers[header.uploadID] else { return [] }
-        try progress(header.uploadID, .uploading, chunksReceived: entry.assembler.received.count, chunkCount: Int(header.chunkCount), bytes: Int64(clamping: header.plaintextSize))
+        try await progress(
+            header.uploadID, .uploading, chunksReceived: entry.assembler.received.count, chunkCount: Int(header.chunkCount), bytes: Int64(clamping: header.plaintextSize))
         let actions = entry.machine.begin(header)
         receivers[header.uploadID] = entry
         return actions.compactMap { if case .send(let f) = $0 { return f } else { return nil } }
     }
 
+    /// Opens an upload's assembler over the chunks already on disk and starts unpacking it while
+    /// it arrives (blocking); the frame that refuses it, or nil.
+    private func open(_ header: WireUploadHeader, key: SymmetricKey) -> WireFrame? {
+        let assembler: UploadAssembler
+        do {
+            assembler = try UploadAssembler(directory: try paths.upload(header.uploadID, agent: agentID), header: header, key: key)
+        } catch let e as ExportError where e.code == .uploadInvalid {
+            return error(.errorUploadInvalid, header.uploadID, e.message)
+        } catch {
+            return self.error(.errorInternal, header.uploadID, "the server cannot keep this upload now (\(error)); try later")
+        }
+        startStreaming(assembler, isFeedback: header.kind == .feedback)
+        receivers[header.uploadID] = (UploadReceiverStateMachine(header: header, received: assembler.received), assembler)
+        return nil
+    }
+
+    /// An upload's key, unwrapped with the server's encryption key on the blocking pool (an RSA
+    /// private-key operation); nil when it does not unwrap.
+    private func unwrap(_ wrapped: [UInt8]) async throws -> SymmetricKey? {
+        let encryptionKey = self.encryptionKey
+        return try await blocking.runIfActive { () -> SymmetricKey? in
+            do { return try encryptionKey.unwrapKey(wrapped) } catch { return nil }
+        }
+    }
+
     /// A feedback upload's key (unwrapped with the server's encryption key), after checking the
     /// header and this agent's quotas; or the frame that refuses it, or answers it if it was
     /// already received.
-    private func admitFeedback(_ header: WireUploadHeader) throws -> Result<SymmetricKey, Refusal> {
+    private func admitFeedback(_ header: WireUploadHeader) async throws -> Result<SymmetricKey, Refusal> {
         let id = header.uploadID
         let f = header.feedback
         guard header.hasFeedback, f.feedbackID == id, UserID.isValid(f.uid), FeedbackText.isValid(f.text) else {
@@ -302,13 +358,10 @@ final class ConnectionUploads {
         guard Timestamp.acceptedRange.contains(f.createdAtUs) else {
             return .failure(Refusal(error(.errorUploadInvalid, id, "feedback created_at_us is outside 1970–9999")))
         }
-        let key: SymmetricKey
-        do {
-            key = try encryptionKey.unwrapKey(header.wrappedKey)
-        } catch {
+        guard let key = try await unwrap(Array(header.wrappedKey)) else {
             return .failure(Refusal(self.error(.errorUploadInvalid, id, "the feedback key does not unwrap with this server's key")))
         }
-        if let existing = try feedback.feedback(id) {
+        if let existing = try await feedback.feedback(id) {
             guard existing.agentID == agentID else { return .failure(Refusal(error(.errorUploadInvalid, id, "feedback \(id) belongs to another agent"))) }
             if existing.status == .complete {
                 return .failure(Refusal(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(max(0, existing.files.count - 1)); $0.records = UInt64(existing.records) } }))
@@ -325,15 +378,17 @@ final class ConnectionUploads {
                 return .failure(Refusal(error(.errorUploadInvalid, id, "a feedback upload may be at most \(feedbackLimits.maxUnpackedBytes) bytes")))
             }
             let now = Date()
-            let lastHour = try feedback.usage(agentID: agentID, since: now.addingTimeInterval(-3600))
-            let lastDay = try feedback.usage(agentID: agentID, since: now.addingTimeInterval(-86_400))
+            let lastHour = try await feedback.usage(agentID: agentID, since: now.addingTimeInterval(-3600))
+            let lastDay = try await feedback.usage(agentID: agentID, since: now.addingTimeInterval(-86_400))
             guard lastHour.count < feedbackLimits.perHour, lastDay.bytes + Int64(clamping: header.plaintextSize) <= feedbackLimits.bytesPerDay else {
                 logger.notice("feedback quota exceeded", metadata: ["agent.id": "\(agentID)", "last_hour": "\(lastHour.count)", "last_day_bytes": "\(lastDay.bytes)"])
                 return .failure(Refusal(error(
                     .errorLimitExceeded, id,
                     "feedback quota: at most \(feedbackLimits.perHour) per hour and \(feedbackLimits.bytesPerDay) bytes per day from one agent; try later")))
             }
-            try feedback.begin(id: id, agentID: agentID, uid: f.uid, text: f.text, createdAt: Timestamp(microseconds: f.createdAtUs), chunkCount: Int(header.chunkCount), bytes: Int64(clamping: header.plaintextSize))
+            try await feedback.begin(
+                id: id, agentID: agentID, uid: f.uid, text: f.text, createdAt: Timestamp(microseconds: f.createdAtUs), chunkCount: Int(header.chunkCount),
+                bytes: Int64(clamping: header.plaintextSize), at: now)
             logger.info("feedback upload begun", metadata: ["feedback.id": "\(id)", "agent.id": "\(agentID)", "uid": "\(f.uid)"])
         }
         feedbackUploads.insert(id)
@@ -379,81 +434,25 @@ final class ConnectionUploads {
     /// Reassemble, decrypt, unpack with limits into `pulls/<pull>/<agent>/` or `feedback/<id>/`.
     /// A failure of the server's own (disk, I/O) leaves the upload open for the agent to finish
     /// later; a payload that breaks the rules fails it for good.
-    private func finish(_ uploadID: String, _ assembler: UploadAssembler) -> WireUploadResult {
+    private func finish(_ uploadID: String, _ assembler: UploadAssembler) async -> WireUploadResult {
         let isFeedback = feedbackUploads.contains(uploadID)
         let what = isFeedback ? "feedback" : "pull"
         do {
-            if !isFeedback, let target = try pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID }), target.status.isFinal {
+            if !isFeedback, let target = try await pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID }), target.status.isFinal {
                 throw ExportError(.uploadInvalid, "pull \(uploadID) is already \(target.status.rawValue): \(target.detail)")
             }
             let destination = isFeedback ? try paths.feedbackFiles(uploadID) : try paths.pullFiles(uploadID, agent: agentID)
-            let zipCopy = isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)
-            try FileManager.default.createDirectory(atPath: (destination as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-            let check = { (manifest: ExportManifest) throws in
-                guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull"), manifest.agentID == self.agentID else {
-                    throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID) of agent \(manifest.agentID))")
-                }
-                let header = assembler.header
-                guard manifest.empty == header.empty else {
-                    throw ExportError(.payloadInvalid, "the header says empty=\(header.empty) but the manifest says empty=\(manifest.empty)")
-                }
-                if isFeedback {
-                    guard let described = manifest.feedback, described.feedbackID == header.feedback.feedbackID, described.uid == header.feedback.uid,
-                        described.text == header.feedback.text
-                    else { throw ExportError(.payloadInvalid, "the manifest's feedback differs from the upload header's") }
-                }
-            }
-            var zip = ""
-            var payload: ExtractedPayload?
-            do {
-                // Unpacked while it arrived: what is left is checking the manifest and moving
-                // the files into place. If that did not work out, the whole zip is unpacked
-                // below, which decides.
-                if assembler.streamedEverything, let stream = assembler.stream {
-                    defer { assembler.endStream() }
-                    do {
-                        payload = try stream.finish(into: destination, check: check)
-                        zip = stream.zipPath
-                    } catch let error as ExportError where error.code == .exists {
-                        zip = stream.zipPath
-                        throw error
-                    } catch {
-                        logger.notice("unpacking while receiving did not finish; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
-                        stream.discard()
-                    }
-                } else if let stream = assembler.stream {
-                    logger.notice("unpacking while receiving stopped; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(stream.failure.map { "\($0)" } ?? "")"])
-                    stream.discard()
-                    assembler.endStream()
-                }
-                if payload == nil {
-                    // A name of this connection's own: an older connection of the same agent
-                    // may still be finishing the same upload.
-                    zip = try paths.inside(assembler.directory + "/payload-" + Hex.encode(secureRandomBytes(4)) + ".zip")
-                    try assembler.assemble(to: zip)
-                    payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: isFeedback ? feedbackPayloadLimits : limits, check: check)
-                }
-            } catch let error as ExportError where error.code == .exists {
-                // Unpacked before, and the server stopped before recording it: adopt it if it is
-                // this upload's; never replace it.
-                payload = try adopt(destination, uploadID: uploadID, isFeedback: isFeedback, error: error)
-            }
-            guard let payload else { throw ExportError(.io, "no payload") }
-            do {
-                if !zip.isEmpty && FileManager.default.fileExists(atPath: zip) {
-                    if FileManager.default.fileExists(atPath: zipCopy) { try FileManager.default.removeItem(atPath: zipCopy) }
-                    try FileManager.default.moveItem(atPath: zip, toPath: zipCopy)
-                }
-            } catch {
-                logger.warning("could not keep the zip beside the files", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
-            }
+            // The assembler belongs to this connection's one step at a time, like everything here.
+            nonisolated(unsafe) let assembler = assembler
+            let payload = try await blocking.runIfActive { try self.unpack(uploadID, assembler, into: destination, isFeedback: isFeedback) }
             let files = (payload.files.map { ($0 as NSString).lastPathComponent } + [PayloadLimits.manifestName]).map { destination + "/" + $0 }
-            guard try progress(uploadID, .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files) else {
+            guard try await progress(uploadID, .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files) else {
                 // Ended meanwhile (expired by the deadline sweep): the agent must not believe it arrived.
                 throw ExportError(.uploadInvalid, "\(what) \(uploadID) ended before its upload finished")
             }
+            let chunks = try paths.inside(assembler.directory)
             do {
-                try FileManager.default.removeItem(atPath: try paths.inside(assembler.directory))
+                try await blocking.runIfActive { try FileManager.default.removeItem(atPath: chunks) }
             } catch {
                 logger.warning("could not remove a finished upload's chunks", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
             }
@@ -467,14 +466,81 @@ final class ConnectionUploads {
                 default: nil
                 }
             if let (code, detail) = final {
-                do { try progress(uploadID, .failed, detail: detail, failedWith: code) } catch { logger.error("could not record a failed upload", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"]) }
+                do { try await progress(uploadID, .failed, detail: detail, failedWith: code) } catch { logger.error("could not record a failed upload", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"]) }
                 logger.error("\(what) failed", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
                 return .with { $0.uploadID = uploadID; $0.ok = false; $0.error = code; $0.detail = detail }
             }
-            do { try progress(uploadID, .uploading, detail: "the server could not unpack it (\(error)); the agent will retry") } catch { logger.error("could not record an upload's trouble", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"]) }
+            do { try await progress(uploadID, .uploading, detail: "the server could not unpack it (\(error)); the agent will retry") } catch { logger.error("could not record an upload's trouble", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"]) }
             logger.error("\(what) could not be unpacked; left for the agent to retry", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
             return .with { $0.uploadID = uploadID; $0.ok = false; $0.error = .errorInternal; $0.detail = "the server could not store the upload now; try later" }
         }
+    }
+
+    /// An upload's files in place (blocking): what streaming unpacked, checked and moved; else
+    /// the whole zip reassembled and unpacked; else (unpacked before a restart) adopted. The zip
+    /// is kept beside the files.
+    private func unpack(_ uploadID: String, _ assembler: UploadAssembler, into destination: String, isFeedback: Bool) throws -> ExtractedPayload {
+        let zipCopy = isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)
+        try FileManager.default.createDirectory(atPath: (destination as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        let check = { (manifest: ExportManifest) throws in
+            guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull"), manifest.agentID == self.agentID else {
+                throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID) of agent \(manifest.agentID))")
+            }
+            let header = assembler.header
+            guard manifest.empty == header.empty else {
+                throw ExportError(.payloadInvalid, "the header says empty=\(header.empty) but the manifest says empty=\(manifest.empty)")
+            }
+            if isFeedback {
+                guard let described = manifest.feedback, described.feedbackID == header.feedback.feedbackID, described.uid == header.feedback.uid,
+                    described.text == header.feedback.text
+                else { throw ExportError(.payloadInvalid, "the manifest's feedback differs from the upload header's") }
+            }
+        }
+        var zip = ""
+        var payload: ExtractedPayload?
+        do {
+            // Unpacked while it arrived: what is left is checking the manifest and moving
+            // the files into place. If that did not work out, the whole zip is unpacked
+            // below, which decides.
+            if assembler.streamedEverything, let stream = assembler.stream {
+                defer { assembler.endStream() }
+                do {
+                    payload = try stream.finish(into: destination, check: check)
+                    zip = stream.zipPath
+                } catch let error as ExportError where error.code == .exists {
+                    zip = stream.zipPath
+                    throw error
+                } catch {
+                    logger.notice("unpacking while receiving did not finish; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+                    stream.discard()
+                }
+            } else if let stream = assembler.stream {
+                logger.notice("unpacking while receiving stopped; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(stream.failure.map { "\($0)" } ?? "")"])
+                stream.discard()
+                assembler.endStream()
+            }
+            if payload == nil {
+                // A name of this connection's own: an older connection of the same agent
+                // may still be finishing the same upload.
+                zip = try paths.inside(assembler.directory + "/payload-" + Hex.encode(secureRandomBytes(4)) + ".zip")
+                try assembler.assemble(to: zip)
+                payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: isFeedback ? feedbackPayloadLimits : limits, check: check)
+            }
+        } catch let error as ExportError where error.code == .exists {
+            // Unpacked before, and the server stopped before recording it: adopt it if it is
+            // this upload's; never replace it.
+            payload = try adopt(destination, uploadID: uploadID, isFeedback: isFeedback, error: error)
+        }
+        guard let payload else { throw ExportError(.io, "no payload") }
+        do {
+            if !zip.isEmpty && FileManager.default.fileExists(atPath: zip) {
+                if FileManager.default.fileExists(atPath: zipCopy) { try FileManager.default.removeItem(atPath: zipCopy) }
+                try FileManager.default.moveItem(atPath: zip, toPath: zipCopy)
+            }
+        } catch {
+            logger.warning("could not keep the zip beside the files", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+        }
+        return payload
     }
 
     private var feedbackPayloadLimits: PayloadLimits {

@@ -9,7 +9,7 @@ import ServiceLifecycle
 /// and anything a wake missed. Idle connections cost nothing: one query per sweep in all,
 /// not one per agent.
 public final class PullDispatcher: Service, @unchecked Sendable {
-    let pulls: PullStore
+    let pulls: any PullQueue
     let sweepInterval: Duration
     let logger: Logger
     private let lock = NSLock()
@@ -17,9 +17,9 @@ public final class PullDispatcher: Service, @unchecked Sendable {
     private var next = 0
 
     /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
-    let housekeeping: (@Sendable () throws -> Void)?
+    let housekeeping: (@Sendable () async throws -> Void)?
 
-    public init(pulls: PullStore, sweepInterval: Duration = .seconds(1), logger: Logger, housekeeping: (@Sendable () throws -> Void)? = nil) {
+    public init(pulls: any PullQueue, sweepInterval: Duration = .seconds(1), logger: Logger, housekeeping: (@Sendable () async throws -> Void)? = nil) {
         self.pulls = pulls
         self.sweepInterval = sweepInterval
         self.logger = logger
@@ -62,13 +62,13 @@ public final class PullDispatcher: Service, @unchecked Sendable {
                 break
             }
             do {
-                wake(try pulls.agentsWithQueuedPulls())
+                wake(try await pulls.agentsWithQueuedPulls())
             } catch {
                 logger.error("delivery sweep failed", metadata: ["error": "\(error)"])
             }
             if let housekeeping, ContinuousClock.now - lastHousekeeping >= .seconds(60) {
                 lastHousekeeping = .now
-                do { try housekeeping() } catch { logger.error("housekeeping failed", metadata: ["error": "\(error)"]) }
+                do { try await housekeeping() } catch { logger.error("housekeeping failed", metadata: ["error": "\(error)"]) }
             }
         }
         let all = lock.withLock { waiting.values.flatMap(\.values) }

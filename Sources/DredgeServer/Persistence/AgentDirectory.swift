@@ -11,7 +11,7 @@ import Foundation
 ///   ``AlreadyEnrolled`` and changes nothing (whoever holds a token cannot rename an agent).
 /// - Each ``connected(_:from:host:now:)`` returns a higher generation; only the newest
 ///   generation's ``disconnected(_:generation:)`` marks the agent offline.
-/// - A heartbeat that breaks the protocol's rules (``AgentRegistry/problem(with:)``) throws
+/// - A heartbeat that breaks the protocol's rules (``HeartbeatRules/problem(with:)``) throws
 ///   and changes nothing; otherwise its uids replace the agent's, and
 ///   ``agentIDs(withUID:)`` finds the agent by each of them (never by an invalid uid).
 public protocol AgentDirectory: Sendable {
@@ -28,6 +28,18 @@ public protocol AgentDirectory: Sendable {
     func isEnrolled(_ agentID: String) async throws -> Bool
     /// By host name, then id.
     func agents() async throws -> [AgentRecord]
+}
+
+/// What the protocol allows a heartbeat to say (§ Heartbeats).
+public enum HeartbeatRules {
+    /// Why a heartbeat breaks the rules (at most MAX_ACTIVE_UIDS uids, each a valid uid), or nil.
+    public static func problem(with heartbeat: WireHeartbeat) -> String? {
+        if heartbeat.activeUids.count > WireLimits.maxActiveUIDs {
+            return "heartbeat lists \(heartbeat.activeUids.count) uids; at most \(WireLimits.maxActiveUIDs)"
+        }
+        if let bad = heartbeat.activeUids.lazy.compactMap(UserID.problem).first { return "heartbeat lists an invalid uid: \(bad)" }
+        return nil
+    }
 }
 
 /// Enrollment of a key the directory already holds.
@@ -53,4 +65,21 @@ public protocol FeedbackInbox: Sendable {
     func feedback(_ id: String) async throws -> FeedbackRecord?
     /// Newest first.
     func all(limit: Int) async throws -> [FeedbackRecord]
+}
+
+/// The usual defaults: now.
+extension AgentDirectory {
+    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo) async throws -> String { try await enroll(publicKey: publicKey, host: host, now: Date()) }
+    @discardableResult
+    public func connected(_ agentID: String, from address: String?, host: WireHostInfo) async throws -> Int64 {
+        try await connected(agentID, from: address, host: host, now: Date())
+    }
+    public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat) async throws { try await self.heartbeat(agentID, heartbeat, now: Date()) }
+}
+
+/// The usual defaults: now, and nothing but the status and its detail.
+extension FeedbackInbox {
+    public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64) async throws {
+        try await begin(id: id, agentID: agentID, uid: uid, text: text, createdAt: createdAt, chunkCount: chunkCount, bytes: bytes, at: Date())
+    }
 }

@@ -111,3 +111,33 @@ public struct UnreadablePull: Error, CustomStringConvertible, Sendable {
     public var description: String
     public init(_ description: String) { self.description = description }
 }
+
+/// The usual defaults: now, and nothing but the status and its detail.
+extension PullQueue {
+    public func pull(_ id: String) async throws -> PullRecord? { try await pull(id, now: .now) }
+    public func pulls(limit: Int = 1000) async throws -> [PullRecord] { try await pulls(limit: limit, now: .now) }
+    public func deliverable(for agentID: String, includingUnanswered: Bool) async throws -> [String] {
+        try await deliverable(for: agentID, includingUnanswered: includingUnanswered, now: .now)
+    }
+    @discardableResult
+    public func markDelivered(_ pullID: String, agent: String) async throws -> Bool { try await markDelivered(pullID, agent: agent, at: Date()) }
+    @discardableResult
+    public func update(
+        _ pullID: String, agent: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil,
+        files: [String]? = nil, errorCode: Int? = nil, from: Set<PullStatus>? = nil
+    ) async throws -> Bool {
+        try await update(
+            pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files,
+            errorCode: errorCode, from: from, at: Date())
+    }
+    @discardableResult
+    public func update(_ pullID: String, agent: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, at now: Date) async throws -> Bool {
+        try await update(
+            pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: nil, bytes: nil, files: nil, errorCode: nil, from: nil, at: now)
+    }
+}
+
+extension AuditLog {
+    public func audit() async throws -> [AuditEntry] { try await audit(limit: 1000) }
+    public func record(actor: String, action: String, detail: String) async throws { try await record(actor: actor, action: action, detail: detail, at: Date()) }
+}

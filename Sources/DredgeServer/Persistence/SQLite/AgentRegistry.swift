@@ -54,18 +54,18 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     }
 
     /// Marks every agent disconnected: called when the server starts.
-    public func resetPresence() throws {
-        try db.write { try $0.execute(sql: "UPDATE agent SET connected = 0") }
+    public func resetPresence() async throws {
+        try await db.write { try $0.execute(sql: "UPDATE agent SET connected = 0") }
     }
 
     /// Registers an agent's key (enrollment). A key that is already enrolled is refused
     /// (``AlreadyEnrolled``): whoever holds a token could otherwise rename another agent.
-    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date = Date()) throws -> String {
+    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date = Date()) async throws -> String {
         let id = publicKey.agentID
         let row = AgentRow(
             id: id, publicKey: Data(publicKey.spki), hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion,
             enrolledAt: now.timeIntervalSince1970)
-        let inserted = try db.write { db in
+        let inserted = try await db.write { db in
             try row.insert(db, onConflict: .ignore)
             return db.changesCount > 0
         }
@@ -75,16 +75,16 @@ public final class AgentRegistry: AgentDirectory, Sendable {
 
     public typealias AlreadyEnrolled = DredgeServer.AlreadyEnrolled
 
-    public func publicKey(of agentID: String) throws -> RSAPublicKey? {
-        guard let row = try db.read({ try AgentRow.fetchOne($0, key: agentID) }) else { return nil }
+    public func publicKey(of agentID: String) async throws -> RSAPublicKey? {
+        guard let row = try await db.read({ try AgentRow.fetchOne($0, key: agentID) }) else { return nil }
         return try RSAPublicKey(spki: row.publicKey)
     }
 
     /// Marks the agent connected through a new connection; returns that connection's
     /// generation, which ``disconnected(_:generation:)`` must present.
     @discardableResult
-    public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date = Date()) throws -> Int64 {
-        try db.write { db in
+    public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date = Date()) async throws -> Int64 {
+        try await db.write { db in
             try db.execute(
                 sql: "UPDATE agent SET connected = 1, generation = generation + 1, connected_at = ?, remote_address = ?, hostname = ?, os = ?, app = ?, app_version = ? WHERE id = ?",
                 arguments: [now.timeIntervalSince1970, address, host.hostname, host.os, host.app, host.appVersion, agentID])
@@ -94,27 +94,17 @@ public final class AgentRegistry: AgentDirectory, Sendable {
 
     /// Marks the agent offline if `generation` is still its newest connection's: a replaced
     /// connection that closes late leaves the live one's presence alone.
-    public func disconnected(_ agentID: String, generation: Int64) throws {
-        try db.write { try $0.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ? AND generation = ?", arguments: [agentID, generation]) }
-    }
-
-    /// Why a heartbeat breaks the protocol's rules (§ Heartbeats: at most MAX_ACTIVE_UIDS uids,
-    /// each a valid uid), or nil.
-    public static func problem(with heartbeat: WireHeartbeat) -> String? {
-        if heartbeat.activeUids.count > WireLimits.maxActiveUIDs {
-            return "heartbeat lists \(heartbeat.activeUids.count) uids; at most \(WireLimits.maxActiveUIDs)"
-        }
-        if let bad = heartbeat.activeUids.lazy.compactMap(UserID.problem).first { return "heartbeat lists an invalid uid: \(bad)" }
-        return nil
+    public func disconnected(_ agentID: String, generation: Int64) async throws {
+        try await db.write { try $0.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ? AND generation = ?", arguments: [agentID, generation]) }
     }
 
     /// Records a heartbeat; the agent's uids are rewritten only when they changed. A heartbeat
-    /// that breaks the rules (``problem(with:)``) is refused and changes nothing.
-    public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date = Date()) throws {
-        if let problem = Self.problem(with: heartbeat) { throw DeploymentError(problem) }
+    /// that breaks the rules (``HeartbeatRules/problem(with:)``) is refused and changes nothing.
+    public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date = Date()) async throws {
+        if let problem = HeartbeatRules.problem(with: heartbeat) { throw DeploymentError(problem) }
         let sorted = heartbeat.activeUids.sorted()
         let uids = String(decoding: try JSONEncoder().encode(sorted), as: UTF8.self)
-        try db.write { db in
+        try await db.write { db in
             let previous = try String.fetchOne(db, sql: "SELECT active_uids FROM agent WHERE id = ?", arguments: [agentID])
             try db.execute(
                 sql: "UPDATE agent SET last_heartbeat_at = ?, active_uids = ?, store_records = ? WHERE id = ?",
@@ -127,17 +117,17 @@ public final class AgentRegistry: AgentDirectory, Sendable {
 
     /// Agents whose last heartbeat reported `uid`. None for an invalid uid: SQLite's binding
     /// would cut `"u-1\u{0}x"` at its NUL and find `u-1`'s agents.
-    public func agentIDs(withUID uid: String) throws -> [String] {
+    public func agentIDs(withUID uid: String) async throws -> [String] {
         guard UserID.isValid(uid) else { return [] }
-        return try db.read { try String.fetchAll($0, sql: "SELECT agent_id FROM agent_uid WHERE uid = ? ORDER BY agent_id", arguments: [uid]) }
+        return try await db.read { try String.fetchAll($0, sql: "SELECT agent_id FROM agent_uid WHERE uid = ? ORDER BY agent_id", arguments: [uid]) }
     }
 
-    public func isEnrolled(_ agentID: String) throws -> Bool {
-        try db.read { try AgentRow.exists($0, key: agentID) }
+    public func isEnrolled(_ agentID: String) async throws -> Bool {
+        try await db.read { try AgentRow.exists($0, key: agentID) }
     }
 
-    public func agents() throws -> [AgentRecord] {
-        try db.read { db in
+    public func agents() async throws -> [AgentRecord] {
+        try await db.read { db in
             // The uid index is the truth (the JSON column only detects a change).
             let uids = Dictionary(grouping: try AgentUIDRow.order(Column("agent_id"), Column("uid")).fetchAll(db), by: \.agentId).mapValues { $0.map(\.uid) }
             return try AgentRow.order(Column("hostname"), Column("id")).fetchAll(db).map { row in

@@ -41,19 +41,19 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
     }
 
     /// Records a feedback upload the first time its header arrives; later calls change nothing.
-    public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at now: Date = Date()) throws {
+    public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at now: Date = Date()) async throws {
         let row = FeedbackRow(
             id: id, agentId: agentID, uid: uid, text: text, createdAtUs: createdAt.microseconds, receivedAt: now.timeIntervalSince1970,
             status: PullStatus.uploading.rawValue, chunkCount: chunkCount, bytes: bytes)
-        try db.write { db in try row.insert(db, onConflict: .ignore) }
+        try await db.write { db in try row.insert(db, onConflict: .ignore) }
     }
 
     /// Moves a feedback's status, unless it is already final (complete or failed).
     @discardableResult
     public func update(
         _ id: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil, errorCode: Int? = nil
-    ) throws -> Bool {
-        try db.write { db in
+    ) async throws -> Bool {
+        try await db.write { db in
             try db.execute(
                 sql: """
                     UPDATE feedback SET status = ?, detail = ?, chunks_received = coalesce(?, chunks_received),
@@ -67,8 +67,8 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
 
     /// How many feedback uploads an agent began since `since`, and their declared bytes: what
     /// its quotas count.
-    public func usage(agentID: String, since: Date) throws -> (count: Int, bytes: Int64) {
-        try db.read { db in
+    public func usage(agentID: String, since: Date) async throws -> (count: Int, bytes: Int64) {
+        try await db.read { db in
             let row = try Row.fetchOne(
                 db, sql: "SELECT count(*), coalesce(sum(bytes), 0) FROM feedback WHERE agent_id = ? AND received_at >= ?",
                 arguments: [agentID, since.timeIntervalSince1970])
@@ -79,8 +79,8 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
     /// Fails the feedback uploads begun more than `after` ago and still not complete (an agent
     /// that never came back): their upload state can then be removed. Returns how many.
     @discardableResult
-    public func failAbandoned(now: Date = Date(), after: Duration = .seconds(7 * 86_400)) throws -> Int {
-        try db.write { db in
+    public func failAbandoned(now: Date = Date(), after: Duration = .seconds(7 * 86_400)) async throws -> Int {
+        try await db.write { db in
             try db.execute(
                 sql: "UPDATE feedback SET status = 'failed', detail = ? WHERE status NOT IN \(PullStore.finalStatuses) AND received_at <= ?",
                 arguments: ["not completed within \(after) of its first frame; abandoned", now.timeIntervalSince1970 - Double(after.components.seconds)])
@@ -88,13 +88,13 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
         }
     }
 
-    public func feedback(_ id: String) throws -> FeedbackRecord? {
-        try db.read { db in try FeedbackRow.fetchOne(db, key: id).map(Self.record) }
+    public func feedback(_ id: String) async throws -> FeedbackRecord? {
+        try await db.read { db in try FeedbackRow.fetchOne(db, key: id).map(Self.record) }
     }
 
     /// Newest first.
-    public func all(limit: Int = 100) throws -> [FeedbackRecord] {
-        try db.read { db in try FeedbackRow.order(Column("received_at").desc, Column.rowID.desc).limit(limit).fetchAll(db).map(Self.record) }
+    public func all(limit: Int = 100) async throws -> [FeedbackRecord] {
+        try await db.read { db in try FeedbackRow.order(Column("received_at").desc, Column.rowID.desc).limit(limit).fetchAll(db).map(Self.record) }
     }
 
     static func record(_ row: FeedbackRow) throws -> FeedbackRecord {

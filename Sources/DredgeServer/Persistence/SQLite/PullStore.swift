@@ -83,11 +83,11 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
 
     /// Queues a pull (made by ``CommandIssuer/newPull(uid:agentID:filter:targets:lifetime:requestedBy:now:)``)
     /// for its targets and records who asked, in the audit log, in one transaction.
-    public func create(_ pull: NewPull) throws {
+    public func create(_ pull: NewPull) async throws {
         if let problem = pull.filter.problem { throw DeploymentError(problem) }
         let filterJSON = try StoredFilter.encode(pull.filter)
         let now = Date().timeIntervalSince1970
-        try db.write { db in
+        try await db.write { db in
             try PullRow(
                 id: pull.id, uid: pull.uid, agentId: pull.agentID, filter: filterJSON, issuedAt: pull.issuedAt.microseconds, expiresAt: pull.expiresAt.microseconds,
                 wrappedKey: Data(pull.wrappedKey), requestedBy: pull.requestedBy, createdAt: now
@@ -102,17 +102,17 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         }
     }
 
-    public func wrappedKey(of pullID: String) throws -> [UInt8]? {
-        try db.read { try PullRow.fetchOne($0, key: pullID) }.map { Array($0.wrappedKey) }
+    public func wrappedKey(of pullID: String) async throws -> [UInt8]? {
+        try await db.read { try PullRow.fetchOne($0, key: pullID) }.map { Array($0.wrappedKey) }
     }
 
     /// The ids of the pulls to send `agentID` now: the queued ones, and with
     /// `includingUnanswered` (when the agent has just connected) the ones delivered before that
     /// it never answered. Queued ones past their expiry are expired first. It runs whenever an
     /// agent connects or is woken, so it only reads unless a queued pull has expired.
-    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) throws -> [String] {
+    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [String] {
         let statuses = includingUnanswered ? "('queued', 'delivered')" : "('queued')"
-        let queued = try db.read { db in
+        let queued = try await db.read { db in
             try OpenTarget.fetchAll(
                 db,
                 sql: """
@@ -123,7 +123,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         }
         let expired = queued.filter { $0.expiresAt <= now.microseconds && $0.status == Status.queued.rawValue }.map(\.pullId)
         if !expired.isEmpty {
-            try db.write { db in
+            try await db.write { db in
                 for id in expired {
                     try db.execute(
                         sql: "UPDATE pull_target SET status = 'expired', detail = 'expired before delivery', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = 'queued'",
@@ -165,12 +165,12 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     /// - Parameter listeningSince: when this server started listening: silence before it is
     ///   the server's own downtime, not the agent's, so it never counts.
     @discardableResult
-    public func expireStalled(now: Date = Date(), listeningSince: Date = .distantPast, deadlines: Deadlines = Deadlines()) throws -> Int {
+    public func expireStalled(now: Date = Date(), listeningSince: Date = .distantPast, deadlines: Deadlines = Deadlines()) async throws -> Int {
         let nowUs = Timestamp(now).microseconds
         let sinceUs = listeningSince == .distantPast ? Int64.min : Timestamp(listeningSince).microseconds
         let quietUs = Int64(deadlines.quietAfterExpiry.components.seconds) * 1_000_000
         let hardUs = Int64(deadlines.afterExpiry.components.seconds) * 1_000_000
-        let open = try db.read { db in
+        let open = try await db.read { db in
             try OpenTarget.fetchAll(
                 db,
                 sql: """
@@ -192,11 +192,11 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             } else {
                 continue
             }
-            try db.write { db in
+            ended += try await db.write { db in
                 try db.execute(
                     sql: "UPDATE pull_target SET status = 'expired', detail = ?, updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = ?",
                     arguments: [detail, now.timeIntervalSince1970, row.pullId, row.agentId, status])
-                ended += db.changesCount
+                return db.changesCount
             }
         }
         return ended
@@ -204,13 +204,13 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
 
     /// Agents with a queued pull: what the delivery pass wakes (it also catches pulls queued by
     /// another process, such as `dredge-server pull`).
-    public func agentsWithQueuedPulls() throws -> Set<String> {
-        try db.read { Set(try String.fetchAll($0, sql: "SELECT DISTINCT agent_id FROM pull_target WHERE status = 'queued'")) }
+    public func agentsWithQueuedPulls() async throws -> Set<String> {
+        try await db.read { Set(try String.fetchAll($0, sql: "SELECT DISTINCT agent_id FROM pull_target WHERE status = 'queued'")) }
     }
 
     /// The audit log, newest first.
-    public func audit(limit: Int) throws -> [AuditEntry] {
-        try db.read { db in
+    public func audit(limit: Int) async throws -> [AuditEntry] {
+        try await db.read { db in
             try AuditRow.order(Column("id").desc).limit(limit).fetchAll(db).map {
                 AuditEntry(at: Date(timeIntervalSince1970: $0.at), actor: $0.actor, action: $0.action, detail: $0.detail)
             }
@@ -218,14 +218,14 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     }
 
     /// Records an administrative action other than a pull (token changes).
-    public func record(actor: String, action: String, detail: String, at: Date) throws {
-        try db.write { db in
+    public func record(actor: String, action: String, detail: String, at: Date) async throws {
+        try await db.write { db in
             try AuditRow(at: at.timeIntervalSince1970, actor: actor, action: action, detail: detail).insert(db)
         }
     }
 
-    public func pull(_ id: String, now: Timestamp) throws -> Pull? {
-        try db.read { db in
+    public func pull(_ id: String, now: Timestamp) async throws -> Pull? {
+        try await db.read { db in
             guard let row = try PullRow.fetchOne(db, key: id) else { return nil }
             let expired = row.expiresAt <= now.microseconds
             let targets = try PullTargetRow.filter(Column("pull_id") == id).order(Column("agent_id")).fetchAll(db).map { t in
@@ -269,17 +269,21 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         }
     }
 
-    public func pulls(limit: Int, now: Timestamp) throws -> [Pull] {
-        let ids = try db.read { try String.fetchAll($0, sql: "SELECT id FROM pull ORDER BY created_at DESC, rowid DESC LIMIT ?", arguments: [limit]) }
-        return try ids.compactMap { try pull($0, now: now) }
+    public func pulls(limit: Int, now: Timestamp) async throws -> [Pull] {
+        let ids = try await db.read { try String.fetchAll($0, sql: "SELECT id FROM pull ORDER BY created_at DESC, rowid DESC LIMIT ?", arguments: [limit]) }
+        var pulls: [Pull] = []
+        for id in ids {
+            if let pull = try await pull(id, now: now) { pulls.append(pull) }
+        }
+        return pulls
     }
 
     /// Marks a pull delivered just before its command is written; false when it is no longer
     /// queued or delivered (the agent's answer, or an expiry, moved it on meanwhile), and then
     /// it must not be sent.
     @discardableResult
-    public func markDelivered(_ pullID: String, agent: String, at now: Date) throws -> Bool {
-        try db.write { db in
+    public func markDelivered(_ pullID: String, agent: String, at now: Date) async throws -> Bool {
+        try await db.write { db in
             try db.execute(
                 sql: "UPDATE pull_target SET status = 'delivered', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status IN ('queued', 'delivered')",
                 arguments: [now.timeIntervalSince1970, pullID, agent])
@@ -299,9 +303,9 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     public func update(
         _ pullID: String, agent: String, status: Status, detail: String, chunksReceived: Int?, chunkCount: Int?, bytes: Int64?, files: [String]?,
         errorCode: Int?, from: Set<Status>?, at now: Date
-    ) throws -> Bool {
+    ) async throws -> Bool {
         let allowed = from.map { " AND status IN (" + $0.map { "'\($0.rawValue)'" }.sorted().joined(separator: ",") + ")" } ?? ""
-        return try db.write { db in
+        return try await db.write { db in
             try db.execute(
                 sql: """
                     UPDATE pull_target SET status = ?, detail = ?, updated_at = ?,
@@ -319,10 +323,10 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
 
     /// What a command is made from. Throws ``UnreadablePull``, and makes nothing, when the pull
     /// is gone or its row does not read back exactly (an unreadable filter never becomes "all").
-    public func storedPull(_ id: String) throws -> StoredPull {
+    public func storedPull(_ id: String) async throws -> StoredPull {
         let row: PullRow?
         do {
-            row = try db.read { try PullRow.fetchOne($0, key: id) }
+            row = try await db.read { try PullRow.fetchOne($0, key: id) }
         } catch let error as RowDecodingError {
             throw UnreadablePull("the stored row of pull \(id) is unreadable: \(error)")
         }
@@ -337,31 +341,4 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             id: id, uid: row.uid, filter: filter, issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
             wrappedKey: Array(row.wrappedKey))
     }
-}
-
-/// The sync calls the listener, the janitor and the command line still make (they move to the
-/// async ``PullQueue`` calls with the listener's rework), with the usual defaults.
-extension PullStore {
-    public func pull(_ id: String) throws -> Pull? { try pull(id, now: .now) }
-    public func pulls(limit: Int = 1000) throws -> [Pull] { try pulls(limit: limit, now: .now) }
-    public func deliverable(for agentID: String, includingUnanswered: Bool) throws -> [String] {
-        try deliverable(for: agentID, includingUnanswered: includingUnanswered, now: .now)
-    }
-    @discardableResult
-    public func markDelivered(_ pullID: String, agent: String) throws -> Bool { try markDelivered(pullID, agent: agent, at: Date()) }
-    @discardableResult
-    public func update(
-        _ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil, bytes: Int64? = nil,
-        files: [String]? = nil, errorCode: Int? = nil, from: Set<Status>? = nil
-    ) throws -> Bool {
-        try update(
-            pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files,
-            errorCode: errorCode, from: from, at: Date())
-    }
-    @discardableResult
-    public func update(_ pullID: String, agent: String, status: Status, detail: String = "", chunksReceived: Int? = nil, at now: Date) throws -> Bool {
-        try update(pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: nil, bytes: nil, files: nil, errorCode: nil, from: nil, at: now)
-    }
-    public func audit() throws -> [AuditEntry] { try audit(limit: 1000) }
-    public func record(actor: String, action: String, detail: String) throws { try record(actor: actor, action: action, detail: detail, at: Date()) }
 }

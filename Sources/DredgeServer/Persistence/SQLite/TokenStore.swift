@@ -24,16 +24,16 @@ public final class TokenStore: TokenVault, Sendable {
         }
     }
 
-    private func name(of token: String, kind: TokenKind) throws -> String? {
+    private func name(of token: String, kind: TokenKind) async throws -> String? {
         let hash = TokenFile.hash(token)
-        return try db.read { try TokenRow.filter(Column("sha256") == hash && Column("kind") == kind.rawValue).fetchOne($0)?.name }
+        return try await db.read { try TokenRow.filter(Column("sha256") == hash && Column("kind") == kind.rawValue).fetchOne($0)?.name }
     }
 
-    public func adminName(for token: String) throws -> String? { try name(of: token, kind: .admin) }
-    public func acceptsEnrollment(_ token: String) throws -> Bool { try name(of: token, kind: .enrollment) != nil }
+    public func adminName(for token: String) async throws -> String? { try await name(of: token, kind: .admin) }
+    public func acceptsEnrollment(_ token: String) async throws -> Bool { try await name(of: token, kind: .enrollment) != nil }
 
-    public func list() throws -> [TokenInfo] {
-        try db.read { db in
+    public func list() async throws -> [TokenInfo] {
+        try await db.read { db in
             try TokenRow.order(Column("kind"), Column("name")).fetchAll(db).map { row in
                 guard let kind = TokenKind(rawValue: row.kind) else { throw DeploymentError("the stored kind of token \(row.name) is unreadable: \(row.kind)") }
                 return TokenInfo(name: row.name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt))
@@ -41,22 +41,36 @@ public final class TokenStore: TokenVault, Sendable {
         }
     }
 
-    public func create(name: String, kind: TokenKind, now: Date = Date()) throws -> TokenCreated {
+    public func create(name: String, kind: TokenKind, now: Date = Date()) async throws -> TokenCreated {
+        let (row, created) = try Self.make(name: name, kind: kind, now: now)
+        try await db.write { try Self.insert(row, into: $0) }
+        return created
+    }
+
+    /// ``create(name:kind:now:)`` for a deployment being made (no async context there yet).
+    func createWhileInitializing(name: String, kind: TokenKind, now: Date) throws -> TokenCreated {
+        let (row, created) = try Self.make(name: name, kind: kind, now: now)
+        try db.write { try Self.insert(row, into: $0) }
+        return created
+    }
+
+    private static func make(name: String, kind: TokenKind, now: Date) throws -> (TokenRow, TokenCreated) {
         guard !name.isEmpty, name.count <= 64, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }) else {
             throw TokenError.invalidName(name)
         }
         let token = TokenFile.generate(kind)
         let row = TokenRow(kind: kind.rawValue, name: name, sha256: TokenFile.hash(token), createdAt: now.timeIntervalSince1970)
-        try db.write { db in
-            guard try !TokenRow.exists(db, key: ["kind": kind.rawValue, "name": name]) else { throw TokenError.exists(name) }
-            try row.insert(db)
-        }
-        return TokenCreated(info: TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt)), token: token)
+        return (row, TokenCreated(info: TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt)), token: token))
+    }
+
+    private static func insert(_ row: TokenRow, into db: Database) throws {
+        guard try !TokenRow.exists(db, key: ["kind": row.kind, "name": row.name]) else { throw TokenError.exists(row.name) }
+        try row.insert(db)
     }
 
     /// Revokes a token at once. The last admin token cannot go: nobody could make another.
-    public func revoke(name: String, kind: TokenKind) throws {
-        try db.write { db in
+    public func revoke(name: String, kind: TokenKind) async throws {
+        try await db.write { db in
             guard try TokenRow.deleteOne(db, key: ["kind": kind.rawValue, "name": name]) else { throw TokenError.unknown(name) }
             if kind == .admin, try TokenRow.filter(Column("kind") == TokenKind.admin.rawValue).fetchCount(db) == 0 { throw TokenError.lastAdmin }
         }

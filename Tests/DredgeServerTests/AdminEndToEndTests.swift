@@ -80,7 +80,7 @@ import Testing
         #expect((try JSONSerialization.jsonObject(with: Data(pulls.output.utf8)) as? [Any])?.isEmpty == true, "\(pulls.output)")
     }
 
-    @Test func tokensRotateAndTheAuditNamesTheTokenThatAsked() throws {
+    @Test func tokensRotateAndTheAuditNamesTheTokenThatAsked() async throws {
         let d = try Deployment()
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -95,7 +95,7 @@ import Testing
         #expect(last.status == 1 && last.output.contains("last admin token"), "\(last.output)")
         let stored = ["", "-wal"].compactMap { FileManager.default.contents(atPath: d.data + "/dredge.sqlite" + $0) }
         #expect(!stored.isEmpty && stored.allSatisfy { $0.range(of: Data(alice.utf8)) == nil }, "only the hash is stored")
-        #expect(try TokenStore(ServerDatabase(directory: d.data)).list().contains { $0.name == "alice" }, "the database holds the token's name")
+        #expect(try await TokenStore(ServerDatabase(directory: d.data)).list().contains { $0.name == "alice" }, "the database holds the token's name")
 
         // Enrollment tokens rotate the same way, at once.
         let fleet = try d.dredge(["tokens", "create", "--kind", "enrollment", "--name", "fleet-2"], server: admin, token: alice)

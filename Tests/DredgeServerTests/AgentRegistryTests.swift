@@ -1,8 +1,9 @@
 import DredgeEnvelope
-import DredgeServer
+@testable import DredgeServer
 import DredgeTestSupport
 import DredgeWire
 import Foundation
+import GRDB
 import Testing
 
 @Suite struct AgentRegistryTests {
@@ -23,8 +24,40 @@ import Testing
         // A heartbeat for an agent that is not enrolled changes nothing.
         try await registry.heartbeat("0000", .with { $0.activeUids = ["u-3"] })
         #expect(try await registry.agentIDs(withUID: "u-3") == [a])
-        #expect(try await registry.isEnrolled(a) && !registry.isEnrolled("0000"))
+        #expect(try await registry.isEnrolled(a))
+        #expect(try await !registry.isEnrolled("0000"))
         // Reopening keeps it.
         #expect(try await AgentRegistry(try ServerDatabase(directory: dir.path)).agentIDs(withUID: "u-3") == [a])
+    }
+
+    /// Heartbeats with unchanged uids wait in memory and are written together; what the
+    /// registry answers is never behind, a change of uids is written at once, and a heartbeat
+    /// time never goes back.
+    @Test func heartbeatsAreWrittenInBatchesAndReadBackCurrent() async throws {
+        let dir = TempDir()
+        let database = try ServerDatabase(directory: dir.path)
+        let registry = AgentRegistry(database, heartbeatFlush: .seconds(3600))
+        let a = try await registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "a" })
+        func stored() async throws -> Double? {
+            try await database.pool.read { try Double.fetchOne($0, sql: "SELECT last_heartbeat_at FROM agent WHERE id = ?", arguments: [a]) }
+        }
+        try await registry.heartbeat(a, .with { $0.activeUids = ["u-1"] }, now: Date(timeIntervalSince1970: 100))
+        #expect(try await stored() == 100)
+        // Same uids: held, not yet in the database.
+        try await registry.heartbeat(a, .with { $0.activeUids = ["u-1"]; $0.stats.records = 7 }, now: Date(timeIntervalSince1970: 200))
+        #expect(try await stored() == 100)
+        // The registry's own answer is current (it writes what it holds first).
+        let record = try #require(try await registry.agents().first)
+        #expect(record.lastHeartbeatAt == Date(timeIntervalSince1970: 200) && record.storeRecords == 7)
+        #expect(try await stored() == 200)
+        // An older heartbeat held after a newer one was written does not take the time back.
+        try await registry.heartbeat(a, .with { $0.activeUids = ["u-1"] }, now: Date(timeIntervalSince1970: 150))
+        try await registry.flushHeartbeats()
+        #expect(try await stored() == 200)
+        // New uids: written at once, and found by uid.
+        try await registry.heartbeat(a, .with { $0.activeUids = ["u-2"] }, now: Date(timeIntervalSince1970: 300))
+        #expect(try await stored() == 300)
+        #expect(try await registry.agentIDs(withUID: "u-2") == [a])
+        #expect(try await registry.agentIDs(withUID: "u-1").isEmpty)
     }
 }

@@ -196,7 +196,7 @@ import Testing
             let again = try await nextCommand(link)
             #expect(again.commandID == pull.id)
             try await link.send(.with { $0.commandAccepted = .with { $0.commandID = again.commandID; $0.uploadID = again.commandID } })
-            #expect(try await Self.waitFor(.seconds(60)) { try server.pulls.pull(pull.id)?.targets.first?.status == .exporting })
+            #expect(try await Self.waitFor(.seconds(60)) { try await server.pulls.pull(pull.id)?.targets.first?.status == .exporting })
         }
     }
 

@@ -106,26 +106,27 @@ import Testing
         #expect(try await TokenStore(again).list().count == 2)
     }
 
-    @Test func anUnreadableFileStopsTheOpenAndImportsNothing() throws {
+    @Test func anUnreadableFileStopsTheOpenAndImportsNothing() async throws {
         _ = try writeLegacyDeployment(tokensJSON: #"{"tokens":[{"name":"admin"}]}"#)
         #expect(throws: DeploymentError.self) { try ServerDatabase(directory: dir.path) }
         for name in ServerDatabase.legacyFiles { #expect(FileManager.default.fileExists(atPath: dir.file(name)), "\(name)") }
         let half = try DatabaseQueue(path: dir.file(ServerDatabase.fileName))
-        #expect(try half.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM agent") } == 0)
+        #expect(try await half.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM agent") } == 0)
         try half.close()
 
         // Mended, the next open imports everything.
         try FileManager.default.removeItem(atPath: dir.file("tokens.json"))
         let database = try ServerDatabase(directory: dir.path)
         #expect(database.imported == ["server.sqlite", "pulls.sqlite", "feedback.sqlite"])
-        #expect(try AgentRegistry(database).agents().count == 1 && PullStore(database).pulls().count == 2)
+        #expect(try await AgentRegistry(database).agents().count == 1)
+        #expect(try await PullStore(database).pulls().count == 2)
     }
 
     /// A filter the admin API would refuse is refused by the queue too, before anything is stored.
-    @Test func anInvalidFilterIsNotQueued() throws {
+    @Test func anInvalidFilterIsNotQueued() async throws {
         let pulls = PullStore(try ServerDatabase(directory: dir.path))
-        #expect(throws: (any Error).self) {
-            try pulls.create(issuer.newPull(uid: "u-1", agentID: "", filter: LogFilter(uid: "u\u{0}"), targets: ["a"], lifetime: .seconds(60), requestedBy: "t"))
+        await #expect(throws: (any Error).self) {
+            try await pulls.create(issuer.newPull(uid: "u-1", agentID: "", filter: LogFilter(uid: "u\u{0}"), targets: ["a"], lifetime: .seconds(60), requestedBy: "t"))
         }
         #expect(try await pulls.pulls().isEmpty)
     }

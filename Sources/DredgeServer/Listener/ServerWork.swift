@@ -1,6 +1,9 @@
 import DredgePayload
 import Foundation
 import NIOPosix
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Threads for the server's blocking work (configurable in `server.json`, `"threads": {…}`).
 public struct WorkThreads: Codable, Sendable, Equatable {
@@ -12,11 +15,16 @@ public struct WorkThreads: Codable, Sendable, Equatable {
     public var uploads: Int
     /// Unpacking uploads while they arrive (decrypted chunks inflated into files). Default 2.
     public var unpack: Int
+    /// The `nice` value of the `uploads` and `unpack` threads (Linux: per thread), 0 to 19:
+    /// under load the scheduler gives the event loops, heartbeats and commands the CPU first.
+    /// Default 10.
+    public var bulkNice: Int
 
-    public init(control: Int = 2, uploads: Int = 4, unpack: Int = 2) {
+    public init(control: Int = 2, uploads: Int = 4, unpack: Int = 2, bulkNice: Int = 10) {
         self.control = control
         self.uploads = uploads
         self.unpack = unpack
+        self.bulkNice = bulkNice
     }
 
     public static let `default` = WorkThreads()
@@ -28,6 +36,7 @@ public struct WorkThreads: Codable, Sendable, Equatable {
         control = max(1, try c.decodeIfPresent(Int.self, forKey: .control) ?? d.control)
         uploads = max(1, try c.decodeIfPresent(Int.self, forKey: .uploads) ?? d.uploads)
         unpack = max(1, try c.decodeIfPresent(Int.self, forKey: .unpack) ?? d.unpack)
+        bulkNice = min(19, max(0, try c.decodeIfPresent(Int.self, forKey: .bulkNice) ?? d.bulkNice))
     }
 }
 
@@ -49,6 +58,23 @@ final class ServerWork: Sendable {
         uploads = NIOThreadPool(numberOfThreads: max(1, threads.uploads))
         unpack = NIOThreadPool(numberOfThreads: max(1, threads.unpack))
         for pool in [control, uploads, unpack] { pool.start() }
+        if threads.bulkNice > 0 {
+            Self.lowerPriority(of: uploads, threads: max(1, threads.uploads), nice: threads.bulkNice)
+            Self.lowerPriority(of: unpack, threads: max(1, threads.unpack), nice: threads.bulkNice)
+        }
+    }
+
+    /// Sets the nice value of every thread of `pool`: one item per thread, each holding its
+    /// thread until all have run, so that no thread runs two. Returns when all are set.
+    static func lowerPriority(of pool: NIOThreadPool, threads: Int, nice: Int) {
+        let barrier = Barrier(parties: threads)
+        for _ in 0..<threads {
+            pool.submit { _ in
+                ThreadPriority.setNice(nice)
+                barrier.arriveAndWait()
+            }
+        }
+        barrier.wait()
     }
 
     /// The executor of ``PayloadStream``: the unpack pool (never the threads that wait for it).
@@ -60,5 +86,51 @@ final class ServerWork: Sendable {
         for pool in [control, uploads, unpack] {
             do { try await pool.shutdownGracefully() } catch {}  // already stopped: nothing left to wait for
         }
+    }
+}
+
+/// The calling thread's scheduling priority.
+enum ThreadPriority {
+    /// Sets the calling thread's nice value; elsewhere than Linux, nothing. Linux keeps the
+    /// nice value per thread, and `PRIO_PROCESS` with id 0 names the calling thread. Lowering
+    /// priority needs no privilege; a failure leaves the thread as it was.
+    static func setNice(_ nice: Int) {
+        #if os(Linux)
+        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, Int32(nice))
+        #endif
+    }
+
+    /// The calling thread's nice value (0 where it is not known).
+    static func nice() -> Int {
+        #if os(Linux)
+        errno = 0
+        let value = getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
+        return errno == 0 ? Int(value) : 0
+        #else
+        return 0
+        #endif
+    }
+}
+
+/// Waits until `parties` threads have arrived.
+private final class Barrier: @unchecked Sendable {  // `arrived` only under `condition`
+    private let condition = NSCondition()
+    private let parties: Int
+    private var arrived = 0
+
+    init(parties: Int) { self.parties = parties }
+
+    func arriveAndWait() {
+        condition.lock()
+        defer { condition.unlock() }
+        arrived += 1
+        condition.broadcast()
+        while arrived < parties { condition.wait() }
+    }
+
+    func wait() {
+        condition.lock()
+        defer { condition.unlock() }
+        while arrived < parties { condition.wait() }
     }
 }

@@ -1,0 +1,36 @@
+import Foundation
+import NIOPosix
+import Testing
+
+@testable import DredgeServer
+
+@Suite struct ServerWorkTests {
+    /// Upload and unpack threads yield the CPU to the event loops, heartbeats and commands:
+    /// every one of their threads runs at the configured nice value, the control pool's at the
+    /// process's own.
+    @Test func bulkThreadsRunAtALowerPriority() async throws {
+        let work = ServerWork(WorkThreads(control: 2, uploads: 3, unpack: 2, bulkNice: 7))
+        let base = ThreadPriority.nice()
+        func nices(_ pool: NIOThreadPool, times: Int) async throws -> Set<Int> {
+            var seen: Set<Int> = []
+            for _ in 0..<times { seen.insert(try await pool.runIfActive { ThreadPriority.nice() }) }
+            return seen
+        }
+        #if os(Linux)
+        try #require(base <= 7, "the tests run at nice \(base), above the value tested")
+        #expect(try await nices(work.uploads, times: 30) == [7])
+        #expect(try await nices(work.unpack, times: 30) == [7])
+        #expect(try await nices(work.control, times: 30) == [base])
+        #endif
+        await work.shutdown()
+    }
+
+    @Test func theNiceValueIsReadFromServerJSONWithinItsRange() throws {
+        let decode = { (json: String) throws -> WorkThreads in try JSONDecoder().decode(WorkThreads.self, from: Data(json.utf8)) }
+        #expect(try decode("{}").bulkNice == 10)
+        #expect(try decode(#"{"bulkNice": 0}"#).bulkNice == 0)
+        #expect(try decode(#"{"bulkNice": 40}"#).bulkNice == 19)
+        #expect(try decode(#"{"bulkNice": -5}"#).bulkNice == 0)
+    }
+}
+

@@ -15,8 +15,9 @@ import Synchronization
 /// kept in memory and written with the others in one transaction, at most every
 /// `heartbeatFlush` (by the heartbeat that finds the interval passed, or by ``agents()`` before
 /// it reads); a change of uids is written at once, so ``agentIDs(withUID:)`` is never behind.
-/// A crash loses at most that interval of heartbeat times, which presence resets anyway.
-/// Another process reading the database (`dredge-server agents`) sees them that much later.
+/// A crash loses the heartbeat times held, which presence resets anyway. Another process
+/// reading the database (`dredge-server agents`) sees a held time once it is written: within
+/// the interval while heartbeats keep arriving, else at the next heartbeat or agent list.
 public final class AgentRegistry: AgentDirectory, Sendable {
     private let db: DatabasePool
     private let heartbeatFlush: Duration

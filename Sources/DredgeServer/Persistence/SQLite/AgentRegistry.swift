@@ -23,10 +23,13 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     private let heartbeatFlush: Duration
     private let presence = Mutex(Presence())
 
+    /// Heartbeat times and record counts held in memory, per agent.
+    private typealias Held = [String: (at: Double, records: Int64)]
+
     /// Heartbeats held in memory, and the uids last written per agent.
     private struct Presence {
         var uids: [String: [String]] = [:]
-        var pending: [String: (at: Double, records: Int64)] = [:]
+        var pending: Held = [:]
         var lastFlush = ContinuousClock.now
     }
 
@@ -126,20 +129,22 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         if let problem = HeartbeatRules.problem(with: heartbeat) { throw DeploymentError(problem) }
         let sorted = Array(Set(heartbeat.activeUids)).sorted()
         let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
-        let due: [String: (at: Double, records: Int64)]? = presence.withLock { p in
-            guard p.uids[agentID] == sorted else { return nil }
-            let held = p.pending[agentID]
-            if (held?.at ?? -.infinity) <= at { p.pending[agentID] = (at, records) }
-            guard ContinuousClock.now - p.lastFlush >= heartbeatFlush else { return [:] }
-            return Self.takePending(&p)
+        enum Step { case hold, flush(Held), write(with: Held) }
+        let step: Step = presence.withLock { p in
+            // New uids (or the first heartbeat this registry sees of the agent): written now,
+            // with whatever is held.
+            guard p.uids[agentID] == sorted else { return .write(with: Self.takePending(&p)) }
+            if (p.pending[agentID]?.at ?? -.infinity) <= at { p.pending[agentID] = (at, records) }
+            return ContinuousClock.now - p.lastFlush >= heartbeatFlush ? .flush(Self.takePending(&p)) : .hold
         }
-        if let due {
-            if !due.isEmpty { try await write(due) }
+        let held: Held
+        switch step {
+        case .hold: return
+        case .flush(let due):
+            try await write(due)
             return
+        case .write(let pending): held = pending
         }
-        // New uids (or the first heartbeat this registry sees of the agent): written now, with
-        // whatever is held.
-        let held = presence.withLock { Self.takePending(&$0) }
         let uids = String(decoding: try JSONEncoder().encode(sorted), as: UTF8.self)
         let known = try await db.write { db in
             try Self.write(held, into: db)
@@ -157,19 +162,20 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         if known { presence.withLock { $0.uids[agentID] = sorted } }
     }
 
-    private static func takePending(_ p: inout Presence) -> [String: (at: Double, records: Int64)] {
+    private static func takePending(_ p: inout Presence) -> Held {
         p.lastFlush = .now
         defer { p.pending.removeAll(keepingCapacity: true) }
         return p.pending
     }
 
-    private func write(_ held: [String: (at: Double, records: Int64)]) async throws {
+    private func write(_ held: Held) async throws {
+        guard !held.isEmpty else { return }
         try await db.write { try Self.write(held, into: $0) }
     }
 
     /// Held heartbeats into the database; a time never goes back (two writes may land in
     /// either order).
-    private static func write(_ held: [String: (at: Double, records: Int64)], into db: Database) throws {
+    private static func write(_ held: Held, into db: Database) throws {
         guard !held.isEmpty else { return }
         let statement = try db.cachedStatement(
             sql: "UPDATE agent SET last_heartbeat_at = ?, store_records = ? WHERE id = ? AND coalesce(last_heartbeat_at, 0) <= ?")
@@ -178,8 +184,7 @@ public final class AgentRegistry: AgentDirectory, Sendable {
 
     /// Writes the heartbeats held in memory now.
     public func flushHeartbeats() async throws {
-        let held = presence.withLock { Self.takePending(&$0) }
-        if !held.isEmpty { try await write(held) }
+        try await write(presence.withLock { Self.takePending(&$0) })
     }
 
     /// Agents whose last heartbeat reported `uid`. None for an invalid uid: SQLite's binding

@@ -225,23 +225,25 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     }
 
     public func pull(_ id: String, now: Timestamp) async throws -> Pull? {
-        try await db.read { db in
-            guard let row = try PullRow.fetchOne(db, key: id) else { return nil }
-            let expired = row.expiresAt <= now.microseconds
-            let targets = try PullTargetRow.filter(Column("pull_id") == id).order(Column("agent_id")).fetchAll(db).map { t in
-                // A queued pull past its expiry is expired even if no delivery pass marked it yet.
-                let stored = try Self.status(t.status, of: id)
-                let stale = stored == .queued && expired
-                return Target(
-                    pullID: t.pullId, agentID: t.agentId, status: stale ? .expired : stored, detail: stale ? "expired before delivery" : t.detail,
-                    chunksReceived: t.chunksReceived, chunkCount: t.chunkCount, bytes: t.bytes, files: try Self.files(t.files, of: id),
-                    updatedAt: Date(timeIntervalSince1970: t.updatedAt), errorCode: t.errorCode)
-            }
-            return Pull(
-                id: row.id, uid: row.uid, agentID: row.agentId, filter: Self.shownFilter(row.filter),
-                issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
-                requestedBy: row.requestedBy, targets: targets)
+        try await db.read { try Self.pull(id, now: now, in: $0) }
+    }
+
+    private static func pull(_ id: String, now: Timestamp, in db: Database) throws -> Pull? {
+        guard let row = try PullRow.fetchOne(db, key: id) else { return nil }
+        let expired = row.expiresAt <= now.microseconds
+        let targets = try PullTargetRow.filter(Column("pull_id") == id).order(Column("agent_id")).fetchAll(db).map { t in
+            // A queued pull past its expiry is expired even if no delivery pass marked it yet.
+            let stored = try Self.status(t.status, of: id)
+            let stale = stored == .queued && expired
+            return Target(
+                pullID: t.pullId, agentID: t.agentId, status: stale ? .expired : stored, detail: stale ? "expired before delivery" : t.detail,
+                chunksReceived: t.chunksReceived, chunkCount: t.chunkCount, bytes: t.bytes, files: try Self.files(t.files, of: id),
+                updatedAt: Date(timeIntervalSince1970: t.updatedAt), errorCode: t.errorCode)
         }
+        return Pull(
+            id: row.id, uid: row.uid, agentID: row.agentId, filter: Self.shownFilter(row.filter),
+            issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
+            requestedBy: row.requestedBy, targets: targets)
     }
 
     /// A stored status, or an error naming the damaged row (never a guess).
@@ -270,12 +272,11 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     }
 
     public func pulls(limit: Int, now: Timestamp) async throws -> [Pull] {
-        let ids = try await db.read { try String.fetchAll($0, sql: "SELECT id FROM pull ORDER BY created_at DESC, rowid DESC LIMIT ?", arguments: [limit]) }
-        var pulls: [Pull] = []
-        for id in ids {
-            if let pull = try await pull(id, now: now) { pulls.append(pull) }
+        // One read: one snapshot, one trip to the database's queue.
+        try await db.read { db in
+            try String.fetchAll(db, sql: "SELECT id FROM pull ORDER BY created_at DESC, rowid DESC LIMIT ?", arguments: [limit])
+                .compactMap { try Self.pull($0, now: now, in: db) }
         }
-        return pulls
     }
 
     /// Marks a pull delivered just before its command is written; false when it is no longer

@@ -2,8 +2,8 @@
 set -euo pipefail
 
 # System packages: SQLite (GRDB links the system library), zlib, libcurl (FoundationNetworking's
-# URLSession: `dredge` and network logging), and Python 3 with `cryptography` for the
-# independent protocol check (Tests/interop) and the benchmark's fleet keys.
+# URLSession: `dredge` and network logging), and Python 3 with `cryptography` and `jsonschema`
+# for the independent protocol check (Tests/interop) and the benchmark's fleet keys.
 packages=(libsqlite3-dev zlib1g-dev libcurl4)
 command -v python3 >/dev/null || packages+=(python3)
 missing=()
@@ -11,10 +11,10 @@ for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 need_crypto=0
-python3 -c "import cryptography" 2>/dev/null || need_crypto=1
+python3 -c "import cryptography, jsonschema" 2>/dev/null || need_crypto=1
 if [ ${#missing[@]} -eq 0 ] && [ $need_crypto -eq 0 ]; then exit 0; fi
 
-echo "installing: ${missing[*]} $([ $need_crypto -eq 1 ] && echo python cryptography)" >&2
+echo "installing: ${missing[*]} $([ $need_crypto -eq 1 ] && echo python cryptography jsonschema)" >&2
 if [ "$(id -u)" -eq 0 ]; then
     SUDO=""
 elif command -v sudo >/dev/null; then
@@ -28,9 +28,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq "${missing[@]}"
 fi
-if ! python3 -c "import cryptography" 2>/dev/null; then
-    # The python3 on PATH may be Debian's or another install: try pip, then Debian's package.
-    python3 -m pip install --quiet cryptography 2>/dev/null \
-        || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq python3-cryptography; }
-    python3 -c "import cryptography" || { echo "error: python3 cannot import cryptography" >&2; exit 1; }
-fi
+# The python3 on PATH may be Debian's or another install: try pip, then Debian's package.
+for module in cryptography jsonschema; do
+    if ! python3 -c "import $module" 2>/dev/null; then
+        python3 -m pip install --quiet "$module" 2>/dev/null \
+            || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "python3-$module"; }
+        python3 -c "import $module" || { echo "error: python3 cannot import $module" >&2; exit 1; }
+    fi
+done

@@ -5,6 +5,9 @@ public enum DomainLimits {
     public static let uidBytes = 256
     /// Bytes of UTF-8 in a feedback's free text (1 at least).
     public static let feedbackTextBytes = 16 * 1024
+    /// Bytes of UTF-8 in a filter's text (a substring searched for; longer is no search anyone
+    /// types, and SQLite refuses LIKE patterns over 50,000 bytes).
+    public static let filterTextBytes = 1_024
     /// Uids an agent reports as active in one heartbeat (the most recent ones).
     public static let activeUIDs = 1_024
 }

@@ -27,14 +27,25 @@ public struct LogFilter: Sendable, Hashable, Codable {
 }
 
 extension LogFilter {
+    /// The records a pull selects (Protocol § Pull commands): this filter with `uid` set to the
+    /// target's when the pull names a user (`targetUID` not empty). Agents refuse a command whose
+    /// filter names another uid; here the target wins.
+    public func bounded(toTarget targetUID: String) -> LogFilter {
+        guard !targetUID.isEmpty else { return self }
+        var bounded = self
+        bounded.uid = targetUID
+        return bounded
+    }
+
     /// Why this filter cannot be accepted from outside, or nil: times outside
-    /// ``Timestamp/acceptedRange``, `until` not after `since`, an invalid uid, a NUL in the text.
+    /// ``Timestamp/acceptedRange``, `until` not after `since`, an invalid uid, a NUL in the text, a text over ``DomainLimits/filterTextBytes``.
     public var problem: String? {
         if let since, !since.isAccepted { return "since is out of range (\(Timestamp.acceptedRange.lowerBound)...\(Timestamp.acceptedRange.upperBound) µs)" }
         if let until, !until.isAccepted { return "until is out of range (\(Timestamp.acceptedRange.lowerBound)...\(Timestamp.acceptedRange.upperBound) µs)" }
         if let since, let until, until <= since { return "until must be after since" }
         if let uid, let problem = UserID.problem(uid) { return problem }
         if let text, text.utf8.contains(0) { return "text contains a NUL character" }
+        if let text, text.utf8.count > DomainLimits.filterTextBytes { return "text is longer than \(DomainLimits.filterTextBytes) bytes" }
         return nil
     }
 }

@@ -129,6 +129,7 @@ import Testing
             ("filter uid with NUL", try signed { $0.filter.uid = "u-1\u{0}x" }),
             ("target uid with newline", try signed { $0.target.uid = "u-1\nx" }),
             ("text with NUL", try signed { $0.filter.text = "a\u{0}" }),
+            ("text over 1,024 bytes", try signed { $0.filter.text = String(repeating: "é", count: 513) }),
         ]
         for (name, c) in cases {
             #expect(reason(g.admit(c, now: now)) == .rejectInvalid, "\(name)")

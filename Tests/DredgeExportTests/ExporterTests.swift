@@ -13,7 +13,7 @@ import ZIPFoundation
         let dir = TempDir()
         let store = try makeStore(in: dir, count: 20_000)
         let filter = LogFilter(since: Timestamp.now.subtracting(.seconds(2 * 86_400)), uid: "u-2", levels: [.warning, .error, .critical])
-        let request = ExportRequest(uploadID: "up-1", kind: .pull, agentID: "agent-1", commandID: "cmd-1", filter: filter)
+        let request = ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a01", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b01", commandID: "0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c01", filter: filter)
         let manifest = try Exporter.export(from: store, request, to: dir.file("export.zip"))
 
         let expected = try expectedDays(store, filter)
@@ -38,7 +38,7 @@ import ZIPFoundation
     @Test func anyUnzipToolOpensTheArchive() throws {
         let dir = TempDir()
         let store = try makeStore(in: dir, count: 5_000)
-        _ = try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: .all), to: dir.file("export.zip"))
+        _ = try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b00", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", filter: .all), to: dir.file("export.zip"))
         // ZIPFoundation reads it and the CRCs check.
         let archive = try Archive(url: URL(fileURLWithPath: dir.file("export.zip")), accessMode: .read)
         var names: [String] = []
@@ -53,7 +53,7 @@ import ZIPFoundation
     @Test func anEmptySelectionIsASmallValidExportThatSaysItIsEmpty() throws {
         let dir = TempDir()
         let store = try makeStore(in: dir, count: 100)
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: LogFilter(uid: "nobody")), to: dir.file("e.zip"))
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b00", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", filter: LogFilter(uid: "nobody")), to: dir.file("e.zip"))
         #expect(manifest.empty && manifest.recordCount == 0 && manifest.days.isEmpty)
         let size = try FileManager.default.attributesOfItem(atPath: dir.file("e.zip"))[.size] as! Int
         #expect(size < 2_000)
@@ -73,7 +73,7 @@ import ZIPFoundation
         }
         try store.flush()
         try store.runRetention()
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: LogFilter(since: now.subtracting(.seconds(2 * 86_400)))), to: dir.file("e.zip"))
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b00", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", filter: LogFilter(since: now.subtracting(.seconds(2 * 86_400)))), to: dir.file("e.zip"))
         #expect(manifest.recordCount == 24)
         #expect(manifest.losses.count == 1)
         #expect(manifest.losses[0].reason == "retention.age" && manifest.losses[0].count == 24)
@@ -119,11 +119,11 @@ import ZIPFoundation
         try store.close()
         let zip = dir.file("export.zip")
         #expect(throws: (any Error).self) {
-            try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: .all), to: zip)
+            try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b00", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", filter: .all), to: zip)
         }
         #expect(!FileManager.default.fileExists(atPath: zip))
         let missing = #expect(throws: ExportError.self) {
-            try SealedUpload(zipPath: dir.file("none.zip"), uploadID: "u", kind: .pull, agentID: "a", key: .uploadKey(), empty: true, createdAt: 0)
+            try SealedUpload(zipPath: dir.file("none.zip"), uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b00", key: .uploadKey(), empty: true, createdAt: 0)
         }
         #expect(missing?.code == .io)
     }
@@ -132,7 +132,7 @@ import ZIPFoundation
         let dir = TempDir()
         let store = try makeStore(in: dir, count: 100)
         let error = #expect(throws: ExportError.self) {
-            try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: .all), to: "/proc/dredge-export.zip")
+            try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b00", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", filter: .all), to: "/proc/dredge-export.zip")
         }
         #expect(error?.code == .io)
     }
@@ -144,7 +144,7 @@ import ZIPFoundation
         defer { mount.remove() }
         let zip = mount.path + "/export.zip"
         let error = #expect(throws: ExportError.self) {
-            try Exporter.export(from: store, ExportRequest(uploadID: "u", kind: .pull, agentID: "a", filter: .all), to: zip)
+            try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b00", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", filter: .all), to: zip)
         }
         #expect(error?.code == .diskFull)
         #expect(!FileManager.default.fileExists(atPath: zip))

@@ -12,7 +12,7 @@ import ZIPFoundation
 @Suite struct HostilePayloadTests {
     func manifest(days: [ExportManifest.Day] = [], records: Int = 0) -> [UInt8] {
         try! ExportManifest(
-            format: ExportManifest.formatName, uploadID: "u", kind: "pull", commandID: nil, agentID: "a", createdAt: "2026-11-21T00:00:00.000000Z",
+            format: ExportManifest.formatName, uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", kind: "pull", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a00", agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b00", createdAt: "2026-11-21T00:00:00.000000Z",
             filter: .init(.all), recordCount: records, empty: records == 0, days: days, contexts: [:], losses: [], feedback: nil
         ).encoded()
     }
@@ -40,16 +40,18 @@ import ZIPFoundation
     @Test func namesOutsideTheExpectedSetAreRefused() throws {
         let dir = TempDir()
         let line = Array("{}\n".utf8)
-        for name in ["../2026-11-20.jsonl", "/etc/passwd", "a/2026-11-20.jsonl", "2026-11-20.jsonl/", "..", "2026-13-45.jsonl", "2026-11-20.JSONL", "notes.txt", "2026-11-20.jsonl\u{0}x", "./manifest.json"] {
+        for name in ["../2026-11-20.jsonl", "/etc/passwd", "a/2026-11-20.jsonl", "2026-11-20.jsonl/", "..", "2026-13-45.jsonl", "2026-02-30.jsonl", "2026-04-31.jsonl", "2026-11-20.JSONL", "notes.txt", "2026-11-20.jsonl\u{0}x", "./manifest.json"] {
             let path = try zip(dir, [(name, line), ("manifest.json", manifest())])
             expectRefused(path, dir, "name \(name.debugDescription)")
+            // Refused for its name, not only because the manifest does not list it.
+            #expect(!PayloadLimits.isAllowedName(name), "\(name.debugDescription)")
         }
-        for good in ["2026-11-20.jsonl", "manifest.json"] { #expect(PayloadLimits.isAllowedName(good)) }
+        for good in ["2026-11-20.jsonl", "2028-02-29.jsonl", "manifest.json"] { #expect(PayloadLimits.isAllowedName(good)) }
     }
 
     @Test func duplicatesMissingManifestAndTooManyEntriesAreRefused() throws {
         let dir = TempDir()
-        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: 3, first: "", last: "")
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: 3, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         expectRefused(try zip(dir, [("2026-11-20.jsonl", Array("{}\n".utf8)), ("2026-11-20.jsonl", Array("{}\n".utf8)), ("manifest.json", manifest(days: [day], records: 1))]), dir, "duplicate")
         expectRefused(try zip(dir, [("2026-11-20.jsonl", Array("{}\n".utf8))]), dir, "no manifest")
         var limits = PayloadLimits()
@@ -81,7 +83,7 @@ import ZIPFoundation
     @Test func aManifestThatDisagreesWithTheFilesIsRefused() throws {
         let dir = TempDir()
         let file = Array("{\"a\":1}\n{\"a\":2}\n".utf8)
-        let right = ExportManifest.Day(file: "2026-11-20.jsonl", records: 2, bytes: file.count, first: "", last: "")
+        let right = ExportManifest.Day(file: "2026-11-20.jsonl", records: 2, bytes: file.count, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         #expect(throws: Never.self) { try PayloadExtractor.extract(zip: try zip(dir, [("2026-11-20.jsonl", file), ("manifest.json", manifest(days: [right], records: 2))]), into: dir.file("ok")) }
         var wrongCount = right
         wrongCount.records = 3
@@ -128,7 +130,7 @@ import ZIPFoundation
 
     func storedZip(_ dir: TempDir) throws -> (path: String, bytes: [UInt8]) {
         let line = Array(#"{"a":1}"#.utf8) + [10]
-        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "", last: "")
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         let path = try base.zip(dir, [("2026-11-20.jsonl", line), ("manifest.json", base.manifest(days: [day], records: 1))], level: 0)
         return (path, Array(FileManager.default.contents(atPath: path)!))
     }
@@ -171,7 +173,7 @@ extension PayloadCRCTests {
     /// has no file.
     @Test func anEmptyDayFileIsRefused() throws {
         let dir = TempDir()
-        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 0, bytes: 0, first: "", last: "")
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 0, bytes: 0, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         base.expectRefused(try base.zip(dir, [("2026-11-20.jsonl", []), ("manifest.json", base.manifest(days: [day], records: 0))]), dir, "empty day")
     }
 }

@@ -41,7 +41,7 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
         let dir = TempDir()
         let store = try makeStore(in: dir, count: 6_000)
         let zip = dir.file("export.zip")
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "up-1", kind: .pull, agentID: "agent-1", commandID: "up-1", filter: .all), to: zip)
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a01", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b01", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a01", filter: .all), to: zip)
         let extracted = try PayloadExtractor.extract(zip: zip, into: dir.file("extracted"))
         for piece in [1, 29, 4_096, 1 << 20] {
             let out = dir.file("streamed-\(piece)")
@@ -58,7 +58,7 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
     @Test func storedEntriesAndDataDescriptorsAreReadFrontToBack() throws {
         let dir = TempDir()
         let line = Array(#"{"a":1}"#.utf8) + [10]
-        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 3, bytes: line.count * 3, first: "", last: "")
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 3, bytes: line.count * 3, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         let entries = [("2026-11-20.jsonl", line + line + line), ("manifest.json", hostile.manifest(days: [day], records: 3))]
         // Stored (level 0) from our writer; deflated with data descriptors from ZIPFoundation.
         let stored = try hostile.zip(dir, entries, level: 0)
@@ -91,7 +91,7 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
         for name in ["../2026-11-20.jsonl", "/etc/passwd", "a/2026-11-20.jsonl", "2026-11-20.jsonl/", "2026-13-45.jsonl", "notes.txt", "./manifest.json"] {
             expectStreamRefused(try hostile.zip(dir, [(name, line), ("manifest.json", hostile.manifest())]), dir, "name \(name.debugDescription)")
         }
-        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: 3, first: "", last: "")
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: 3, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         expectStreamRefused(try hostile.zip(dir, [("2026-11-20.jsonl", line), ("2026-11-20.jsonl", line), ("manifest.json", hostile.manifest(days: [day], records: 1))]), dir, "duplicate")
         expectStreamRefused(try hostile.zip(dir, [("2026-11-20.jsonl", line)]), dir, "no manifest")
         var few = PayloadLimits()
@@ -107,7 +107,7 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
         expectStreamRefused(bomb, dir, limits: small, "total size")
 
         let file = Array("{\"a\":1}\n{\"a\":2}\n".utf8)
-        var wrong = ExportManifest.Day(file: "2026-11-20.jsonl", records: 3, bytes: file.count, first: "", last: "")
+        var wrong = ExportManifest.Day(file: "2026-11-20.jsonl", records: 3, bytes: file.count, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         expectStreamRefused(try hostile.zip(dir, [("2026-11-20.jsonl", file), ("manifest.json", hostile.manifest(days: [wrong], records: 3))]), dir, "record count")
         wrong.records = 2
         expectStreamRefused(try hostile.zip(dir, [("2026-11-20.jsonl", Array("{}".utf8)), ("manifest.json", hostile.manifest(days: [wrong], records: 2))]), dir, "no final newline")
@@ -128,7 +128,7 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
 
         // A CRC changed in the central directory only: the directory no longer describes the entry.
         let line = Array(#"{"a":1}"#.utf8) + [10]
-        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "", last: "")
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         let stored = try hostile.zip(dir, [("2026-11-20.jsonl", line), ("manifest.json", hostile.manifest(days: [day], records: 1))], level: 0)
         var central = Array(FileManager.default.contents(atPath: stored)!)
         let at = try #require((0...(central.count - 4)).first { Array(central[$0..<$0 + 4]) == [0x50, 0x4B, 0x01, 0x02] })
@@ -157,7 +157,7 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
     @Test func aZipWithBytesBeforeItsFirstEntryIsLeftToTheWholeZipReader() throws {
         let dir = TempDir()
         let line = Array(#"{"a":1}"#.utf8) + [10]
-        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "", last: "")
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         let stored = try hostile.zip(dir, [("2026-11-20.jsonl", line), ("manifest.json", hostile.manifest(days: [day], records: 1))])
         let text = dir.file("text.zip")
         FileManager.default.createFile(atPath: text, contents: Data("hello".utf8 + Array(FileManager.default.contents(atPath: stored)!)))
@@ -171,9 +171,9 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
         let dir = TempDir()
         let store = try makeStore(in: dir, count: 8_000)
         let zip = dir.file("export.zip")
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "up-7", kind: .pull, agentID: "agent-7", commandID: "up-7", filter: .all), to: zip)
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b07", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", filter: .all), to: zip)
         let key = SymmetricKey.uploadKey()
-        let upload = try SealedUpload(zipPath: zip, uploadID: "up-7", kind: .pull, agentID: "agent-7", key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 16 * 1024)
+        let upload = try SealedUpload(zipPath: zip, uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b07", key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 16 * 1024)
         let path = dir.file("incoming/up-7")
         // Half the chunks before a restart; the rest after, in reverse, with re-sends.
         do {
@@ -236,7 +236,7 @@ extension StreamingUnpackTests {
     @Test func commentsAndDifferingFlagsAreNotDecidedByTheStream() throws {
         let dir = TempDir()
         let line = Array(#"{"a":1}"#.utf8) + [10]
-        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "", last: "")
+        let day = ExportManifest.Day(file: "2026-11-20.jsonl", records: 1, bytes: line.count, first: "2026-11-20T10:00:00.000000Z", last: "2026-11-20T10:00:01.000000Z")
         let path = try hostile.zip(dir, [("2026-11-20.jsonl", line), ("manifest.json", hostile.manifest(days: [day], records: 1))])
         #expect(throws: Never.self) { try streamUnpack(path, into: dir.file("plain")) }
 

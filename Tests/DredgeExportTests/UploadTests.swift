@@ -12,10 +12,10 @@ import Testing
 @Suite struct UploadTests {
     func exported(_ dir: TempDir, count: Int = 8_000) throws -> (LogStore, ExportManifest, SealedUpload, SymmetricKey) {
         let store = try makeStore(in: dir, count: count)
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "up-7", kind: .pull, agentID: "agent-7", commandID: "up-7", filter: .all), to: dir.file("export.zip"))
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b07", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", filter: .all), to: dir.file("export.zip"))
         let key = SymmetricKey.uploadKey()
         let upload = try SealedUpload(
-            zipPath: dir.file("export.zip"), uploadID: "up-7", kind: .pull, agentID: "agent-7", key: key, empty: manifest.empty,
+            zipPath: dir.file("export.zip"), uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b07", key: key, empty: manifest.empty,
             createdAt: Timestamp.now.microseconds, chunkSize: 16 * 1024)
         return (store, manifest, upload, key)
     }

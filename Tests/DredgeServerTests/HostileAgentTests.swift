@@ -375,3 +375,53 @@ extension UploadStatusTests {
         #expect(try await server.admin.pull(pullID).targets.first?.status == .failed)
     }
 }
+
+extension UploadStatusTests {
+    /// An export sealed for `cmd` but made with `filter` and naming `commandID` in its manifest.
+    static func export(_ cmd: WirePullCommand, filter: LogFilter, commandID: String, by agent: LinkAgent, store: String, dir: TempDir) throws -> SealedUpload {
+        let s = try LogStore(path: store)
+        defer { try? s.close() }
+        let zip = dir.file("lying-\(UUID().uuidString).zip")
+        let manifest = try Exporter.export(
+            from: s, ExportRequest(uploadID: cmd.commandID, kind: .pull, agentID: agent.agentID, commandID: commandID, filter: filter), to: zip)
+        return try SealedUpload(
+            zipPath: zip, uploadID: cmd.commandID, kind: .pull, agentID: agent.agentID, key: try agent.key.unwrapKey(Array(cmd.wrappedKey)),
+            empty: manifest.empty, createdAt: Timestamp.now.microseconds)
+    }
+
+    /// The manifest must describe the pull it answers (Protocol § Payload): its command, and the
+    /// command's filter bounded by the target uid. An agent that exports more than was asked
+    /// (every user's records for a pull by uid) or answers with another command's manifest
+    /// fails the payload; the honest export of the same pull completes.
+    @Test func aManifestThatDoesNotDescribeItsPullFailsThePayload() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let a = try await server.enrollAgent()
+        let filter = LogFilter(levels: [.info, .error])
+        let (wider, otherCommand, honest) = try await a.connect { link in
+            try await link.heartbeat(activeUIDs: ["u-3"])
+            var ids: [String] = []
+            for _ in 0..<3 {
+                let pull = try await server.admin.createPull(PullRequest(uid: "u-3", agent: a.agentID, filter: filter))
+                let cmd = try await LinkAgent.acceptNextPull(over: link)
+                #expect(cmd.commandID == pull.id)
+                ids.append(pull.id)
+                let upload: SealedUpload
+                switch ids.count {
+                case 1: upload = try Self.export(cmd, filter: filter, commandID: cmd.commandID, by: a, store: store, dir: server.dir)  // uid left out
+                case 2: upload = try Self.export(cmd, filter: filter.bounded(toTarget: "u-3"), commandID: ids[0], by: a, store: store, dir: server.dir)
+                default: upload = try a.pullUpload(cmd, store: store, dir: server.dir)
+                }
+                let outcome = try await LinkAgent.send(upload, over: link)
+                #expect(outcome.result.ok == (ids.count == 3), "\(outcome)")
+                if ids.count < 3 { #expect(outcome.result.error == .errorPayloadInvalid, "\(outcome)") }
+            }
+            return (ids[0], ids[1], ids[2])
+        }
+        #expect(try await server.admin.pull(wider).targets.first?.status == .failed)
+        #expect(try await server.admin.pull(otherCommand).targets.first?.status == .failed)
+        #expect(try await server.admin.pull(honest).targets.first?.status == .complete)
+    }
+}

@@ -132,7 +132,7 @@ struct LinkAgent: Sendable {
         let manifest = try Exporter.export(
             from: s,
             ExportRequest(
-                uploadID: id, kind: .feedback, agentID: agentID, filter: LogFilter(uid: uid),
+                uploadID: id, kind: .feedback, agentID: agentID, filter: LogFilter(since: now.subtracting(.seconds(3 * 86_400)), until: now.adding(.seconds(1)), uid: uid),
                 feedback: ExportManifest.FeedbackDescription(feedbackID: id, uid: uid, text: text, createdAt: now.rfc3339), createdAt: now),
             to: zip)
         let uploadKey = SymmetricKey.uploadKey()
@@ -149,7 +149,8 @@ struct LinkAgent: Sendable {
         defer { try? s.close() }
         let zip = dir.file("pull-\(UUID().uuidString).zip")
         let manifest = try Exporter.export(
-            from: s, ExportRequest(uploadID: command.commandID, kind: .pull, agentID: agentID, commandID: command.commandID, filter: try LogFilter(wire: command.filter)),
+            from: s, ExportRequest(uploadID: command.commandID, kind: .pull, agentID: agentID, commandID: command.commandID,
+                filter: try LogFilter(wire: command.filter).bounded(toTarget: command.target.uid)),
             to: zip)
         return try SealedUpload(
             zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)),

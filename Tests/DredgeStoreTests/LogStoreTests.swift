@@ -52,6 +52,22 @@ import Testing
         #expect(elsewhere.installKey != key)
     }
 
+    /// LIKE's wildcards in a text are literal even when a combining mark follows them (one
+    /// grapheme, so escaping by `Character` missed the `%`).
+    @Test func aWildcardBeforeACombiningMarkIsLiteral() throws {
+        let dir = TempDir()
+        let store = try LogStore(path: dir.file("logs.sqlite"))
+        let ctx = try store.register(testContext)
+        for message in ["cafe\u{301} au lait", "100%\u{301} sure", "a_\u{301}b"] { store.enqueue(entry(0, message: message, context: ctx)) }
+        try store.flush()
+        var got: [String] = []
+        try store.forEachRecord(matching: LogFilter(text: "%\u{301}")) { got.append($0.message) }
+        #expect(got == ["100%\u{301} sure"])
+        got = []
+        try store.forEachRecord(matching: LogFilter(text: "_\u{301}")) { got.append($0.message) }
+        #expect(got == ["a_\u{301}b"])
+    }
+
     @Test func filtersSelectExactlyWhatABruteForceScanSelects() throws {
         let dir = TempDir()
         let store = try LogStore(path: dir.file("logs.sqlite"))

@@ -5,7 +5,10 @@ Usage: check_vectors.py VECTORS_DIR. Exit status 0 when every vector holds.
 """
 import hashlib
 import json
+import os
 import sys
+
+import jsonschema
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, padding
@@ -74,4 +77,16 @@ manifest, files = spec.read_payload(zip_bytes)
 check(files == up["files"], "zip holds the per-day files")
 check(json.loads(up["manifest"]) == manifest, "manifest")
 check(spec.frame_body_field(bytes.fromhex(up["upload_begin_frame"])) == 12, "upload begin frame")
+with open(os.path.join(sys.argv[1], "..", "manifest.schema.json")) as f:
+    schema = json.load(f)
+jsonschema.Draft202012Validator.check_schema(schema)
+validator = jsonschema.Draft202012Validator(schema)
+check(not list(validator.iter_errors(manifest)), "the upload vector's manifest is valid under manifest.schema.json")
+cases = load("manifests.json")["cases"]
+for c in cases:
+    try:
+        valid = not list(validator.iter_errors(json.loads(c["manifest"])))
+    except ValueError:
+        valid = False
+    check(valid == c["valid"], f"manifest case {c['name']}: {'valid' if c['valid'] else 'invalid'} ({c['rule']})")
 print("all vectors hold")

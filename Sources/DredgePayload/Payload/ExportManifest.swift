@@ -23,6 +23,14 @@ public struct ExportManifest: Codable, Hashable, Sendable {
             levels = filter.levels.map { $0.sorted().map(\.name) }
             text = filter.text
         }
+
+        /// Whether this and `other` describe the same selection: the same bounds, uid and text,
+        /// the same types and levels in any order; an empty list is the same as none.
+        public func selectsTheSame(as other: FilterDescription) -> Bool {
+            func set(_ list: [String]?) -> Set<String>? { list.flatMap { $0.isEmpty ? nil : Set($0) } }
+            return since == other.since && until == other.until && uid == other.uid && text == other.text
+                && set(types) == set(other.types) && set(levels) == set(other.levels)
+        }
     }
 
     public struct Day: Codable, Hashable, Sendable {

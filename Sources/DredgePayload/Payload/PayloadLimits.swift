@@ -30,6 +30,8 @@ public struct PayloadLimits: Sendable, Hashable {
                 guard (48...57).contains(c) else { return false }
             }
         }
-        return Timestamp(rfc3339: String(name.prefix(10))) != nil
+        // A date that exists: the parser takes 2026-02-31 as March 3rd, so the day must read back.
+        let day = String(name.prefix(10))
+        return Timestamp(rfc3339: day)?.utcDay == day
     }
 }

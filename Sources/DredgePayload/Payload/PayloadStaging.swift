@@ -124,13 +124,18 @@ final class PayloadStaging {
     /// day order.
     func finish() throws -> (manifest: ExportManifest, files: [String]) {
         guard names.contains(PayloadLimits.manifestName) else { throw Self.invalid("no manifest.json") }
+        // The published schema first (types, forms, required fields), so the decoder below
+        // never has to be the one that explains what is wrong.
+        let problems = ManifestSchema.problems(manifestBytes)
+        guard problems.isEmpty else {
+            throw Self.invalid("manifest.json breaks the manifest schema: \(problems.prefix(5).joined(separator: "; "))\(problems.count > 5 ? "; …" : "")")
+        }
         let manifest: ExportManifest
         do {
             manifest = try JSONDecoder().decode(ExportManifest.self, from: Data(manifestBytes))
         } catch {
             throw Self.invalid("manifest.json is not a valid manifest: \(error)")
         }
-        guard manifest.format == ExportManifest.formatName else { throw Self.invalid("unknown format \(manifest.format.debugDescription)") }
         guard Set(manifest.days.map(\.file)) == Set(dayFiles.keys), manifest.days.count == dayFiles.count else {
             throw Self.invalid("manifest lists \(manifest.days.map(\.file)) but the zip holds \(dayFiles.keys.sorted())")
         }

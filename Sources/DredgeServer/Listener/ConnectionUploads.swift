@@ -438,13 +438,25 @@ final class ConnectionUploads: @unchecked Sendable {
         let isFeedback = feedbackUploads.contains(uploadID)
         let what = isFeedback ? "feedback" : "pull"
         do {
-            if !isFeedback, let target = try await pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID }), target.status.isFinal {
-                throw ExportError(.uploadInvalid, "pull \(uploadID) is already \(target.status.rawValue): \(target.detail)")
+            // What the manifest must say was selected (Protocol § Payload).
+            var selection: ExportManifest.FilterDescription?
+            if !isFeedback {
+                guard let pull = try await pulls.pull(uploadID), let target = pull.targets.first(where: { $0.agentID == agentID }) else {
+                    throw ExportError(.uploadInvalid, "no pull \(uploadID) for this agent")
+                }
+                if target.status.isFinal {
+                    throw ExportError(.uploadInvalid, "pull \(uploadID) is already \(target.status.rawValue): \(target.detail)")
+                }
+                guard let filter = pull.filter else { throw ExportError(.uploadInvalid, "pull \(uploadID)'s stored filter does not read back") }
+                selection = ExportManifest.FilterDescription(filter.bounded(toTarget: pull.uid))
             }
             let destination = isFeedback ? try paths.feedbackFiles(uploadID) : try paths.pullFiles(uploadID, agent: agentID)
+            let selected = selection
             // The assembler belongs to this connection's one step at a time, like everything here.
             nonisolated(unsafe) let assembler = assembler
-            let payload = try await blocking.runIfActive { try self.unpack(uploadID, assembler, into: destination, isFeedback: isFeedback) }
+            let payload = try await blocking.runIfActive {
+                try self.unpack(uploadID, assembler, into: destination, isFeedback: isFeedback, selection: selected)
+            }
             let files = (payload.files.map { ($0 as NSString).lastPathComponent } + [PayloadLimits.manifestName]).map { destination + "/" + $0 }
             guard try await progress(uploadID, .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files) else {
                 // Ended meanwhile (expired by the deadline sweep): the agent must not believe it arrived.
@@ -479,7 +491,9 @@ final class ConnectionUploads: @unchecked Sendable {
     /// An upload's files in place (blocking): what streaming unpacked, checked and moved; else
     /// the whole zip reassembled and unpacked; else (unpacked before a restart) adopted. The zip
     /// is kept beside the files.
-    private func unpack(_ uploadID: String, _ assembler: UploadAssembler, into destination: String, isFeedback: Bool) throws -> ExtractedPayload {
+    private func unpack(
+        _ uploadID: String, _ assembler: UploadAssembler, into destination: String, isFeedback: Bool, selection: ExportManifest.FilterDescription?
+    ) throws -> ExtractedPayload {
         let zipCopy = isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)
         try FileManager.default.createDirectory(atPath: (destination as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
         let check = { (manifest: ExportManifest) throws in
@@ -492,8 +506,19 @@ final class ConnectionUploads: @unchecked Sendable {
             }
             if isFeedback {
                 guard let described = manifest.feedback, described.feedbackID == header.feedback.feedbackID, described.uid == header.feedback.uid,
-                    described.text == header.feedback.text
+                    described.text == header.feedback.text, described.createdAt == Timestamp(microseconds: header.feedback.createdAtUs).rfc3339
                 else { throw ExportError(.payloadInvalid, "the manifest's feedback differs from the upload header's") }
+                let f = manifest.filter
+                guard f.uid == header.feedback.uid, f.since != nil, f.until != nil, (f.types ?? []).isEmpty, (f.levels ?? []).isEmpty, f.text == nil else {
+                    throw ExportError(.payloadInvalid, "a feedback's manifest selects its uid in a time range and nothing else")
+                }
+            } else {
+                guard manifest.commandID == uploadID else {
+                    throw ExportError(.payloadInvalid, "the manifest names command \(manifest.commandID ?? "none"), not \(uploadID)")
+                }
+                if let selection, !manifest.filter.selectsTheSame(as: selection) {
+                    throw ExportError(.payloadInvalid, "the manifest's filter is not the pull's (\(Self.describe(manifest.filter)) instead of \(Self.describe(selection)))")
+                }
             }
         }
         var zip = ""
@@ -541,6 +566,12 @@ final class ConnectionUploads: @unchecked Sendable {
             logger.warning("could not keep the zip beside the files", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
         }
         return payload
+    }
+
+    private static func describe(_ f: ExportManifest.FilterDescription) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return bounded((try? encoder.encode(f)).map { String(decoding: $0, as: UTF8.self) } ?? "?")  // only for the detail text
     }
 
     private var feedbackPayloadLimits: PayloadLimits {

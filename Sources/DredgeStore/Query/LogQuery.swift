@@ -53,12 +53,14 @@ struct LogQuery {
         self.arguments = arguments
     }
 
+    /// Escapes LIKE's wildcards by Unicode scalar: walking `Character`s would miss a `%`
+    /// followed by a combining mark (one grapheme), leaving it a wildcard.
     static func escapeLike(_ text: String) -> String {
-        var out = ""
-        for c in text {
-            if c == "%" || c == "_" || c == "\\" { out.append("\\") }
-            out.append(c)
+        var out = String.UnicodeScalarView()
+        for scalar in text.unicodeScalars {
+            if scalar == "%" || scalar == "_" || scalar == "\\" { out.append("\\") }
+            out.append(scalar)
         }
-        return out
+        return String(out)
     }
 }

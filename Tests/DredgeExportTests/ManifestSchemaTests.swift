@@ -1,0 +1,63 @@
+@testable import DredgePayload
+import DredgeTestSupport
+import Foundation
+import Testing
+
+/// The manifest's JSON Schema (Protocol/manifest.schema.json) as every reader applies it, and
+/// the schema subset validator under it.
+@Suite struct ManifestSchemaTests {
+    @Test func theCompiledCopyIsTheProtocolFile() throws {
+        let file = try String(contentsOf: Vectors.repositoryRoot.appendingPathComponent("Protocol/manifest.schema.json"), encoding: .utf8)
+        #expect(ManifestSchema.text == file, "Sources/DredgePayload/Payload/ManifestSchema.swift must hold Protocol/manifest.schema.json byte for byte")
+        // It compiles: a valid manifest has no problems (a schema that did not compile gives one for every manifest).
+        let upload = try #require(Vectors.load("upload.json"))
+        #expect(ManifestSchema.problems(Array(try #require(upload["manifest"] as? String).utf8)) == [])
+    }
+
+    /// Protocol/vectors/manifests.json: the same verdicts as Python's `jsonschema` (check_vectors.py).
+    @Test func everyManifestCaseGetsItsVerdict() throws {
+        let cases = try #require(Vectors.load("manifests.json")?["cases"] as? [[String: Any]])
+        #expect(cases.count > 50)
+        var invalid = 0
+        for c in cases {
+            let name = c["name"] as? String ?? "?"
+            let valid = try #require(c["valid"] as? Bool)
+            let problems = ManifestSchema.problems(Array(try #require(c["manifest"] as? String).utf8))
+            #expect(problems.isEmpty == valid, "\(name): \(c["rule"] ?? ""): \(problems)")
+            if !valid { invalid += 1 }
+        }
+        #expect(invalid > 40)
+    }
+
+    @Test func problemsNameTheValueAndTheRule() throws {
+        let upload = try #require(Vectors.load("upload.json"))
+        let text = try #require(upload["manifest"] as? String)
+        var manifest = try #require(try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any])
+        var days = try #require(manifest["days"] as? [[String: Any]])
+        days[1]["records"] = 0
+        manifest["days"] = days
+        manifest.removeValue(forKey: "losses")
+        let problems = ManifestSchema.problems(Array(try JSONSerialization.data(withJSONObject: manifest)))
+        #expect(problems.sorted() == ["/: lacks the required losses", "/days/1/records: is less than 1"])
+    }
+
+    @Test func hostileDocumentsAreRefusedWithoutTrapping() {
+        // Nesting far deeper than any manifest: the JSON reader refuses it instead of exhausting the stack.
+        let deep = String(repeating: "[", count: 200_000) + String(repeating: "]", count: 200_000)
+        #expect(!ManifestSchema.problems(Array(deep.utf8)).isEmpty)
+        let deepObject = "{\"filter\":" + String(repeating: "{\"a\":", count: 100_000) + "1" + String(repeating: "}", count: 100_001)
+        #expect(!ManifestSchema.problems(Array(deepObject.utf8)).isEmpty)
+        // A long list under `uniqueItems` is checked in one pass.
+        let types = (0..<200_000).map { "\"t\($0)\"" }.joined(separator: ",")
+        let manifest = "{\"filter\":{\"types\":[\(types),\"t0\"]}}"
+        #expect(ManifestSchema.problems(Array(manifest.utf8)).contains("/filter/types: repeats an item"))
+        #expect(!ManifestSchema.problems([0xFF, 0xFE]).isEmpty)
+        #expect(!ManifestSchema.problems([]).isEmpty)
+    }
+
+    @Test func aSchemaUsingWhatTheValidatorDoesNotDoIsRefused() {
+        for schema in [##"{"format": "email"}"##, ##"{"$ref": "#/$defs/missing"}"##, ##"{"type": "text"}"##, ##"{"then": {}}"##, ##"{"pattern": "("}"##, "[]"] {
+            #expect(throws: JSONSchema.SchemaError.self, "\(schema)") { try JSONSchema(json: Array(schema.utf8)) }
+        }
+    }
+}

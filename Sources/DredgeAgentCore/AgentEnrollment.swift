@@ -57,8 +57,10 @@ public enum AgentEnrollment {
             throw AgentError("enrollment failed: \(AgentConnector.explain(error))")
         }
         guard let response else {
-            if let failure, failure.code == .errorEnrollmentRefused { throw AgentError("enrollment refused by the server: \(failure.message)") }
-            throw AgentError("enrollment failed: \(failure?.description ?? "the server closed the connection")")
+            if let failure, failure.code == .errorEnrollmentRefused {
+                throw AgentError("enrollment refused by the server: \(failure.message)", serverError: failure.code)
+            }
+            throw AgentError("enrollment failed: \(failure?.description ?? "the server closed the connection")", serverError: failure?.code)
         }
         return response
     }

@@ -1,6 +1,7 @@
 import DredgeEnvelope
 import DredgeExport
 import DredgePayload
+import DredgeWire
 import Foundation
 
 /// What an agent keeps after enrollment, in its state directory:
@@ -71,5 +72,10 @@ public struct AgentState: Sendable {
 
 public struct AgentError: Error, CustomStringConvertible, Sendable {
     public var description: String
-    public init(_ description: String) { self.description = description }
+    /// The code of the server's `Error` frame this comes from, if any.
+    public var serverError: WireErrorCode?
+    public init(_ description: String, serverError: WireErrorCode? = nil) {
+        self.description = description
+        self.serverError = serverError
+    }
 }

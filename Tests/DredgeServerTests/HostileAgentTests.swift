@@ -254,6 +254,30 @@ import Testing
         #expect(refusals.allSatisfy { "\($0.metadata["remote"]!)".contains("127.0.0.1") })
     }
 
+    /// A server that cannot read its tokens answers an enrollment `ERROR_INTERNAL` (its fault:
+    /// try later), not `ERROR_ENROLLMENT_REFUSED` (which asks an operator for a new token); a
+    /// wrong token is still refused, and once the tokens read again the same agent enrolls.
+    @Test func aServerFaultAtEnrollmentIsNotARefusal() async throws {
+        let vault = FlakyTokens()
+        let server = try await InProcessServer(tokens: { vault.wrap($0) })
+        defer { Task { await server.stop() } }
+        let tls = try AgentLink.tlsContext(caPEM: contents(server.data + "/ca.pem"))
+        let key = try RSAPrivateKey.generate()
+        func enroll(_ token: String) async -> WireErrorCode? {
+            do {
+                _ = try await AgentEnrollment.register(host: "127.0.0.1", port: server.agentPort, tls: tls, token: token, key: key, hostInfo: .init())
+                return nil
+            } catch {
+                return (error as? AgentError)?.serverError ?? .errorUnspecified
+            }
+        }
+        vault.failing.withLock { $0 = true }
+        #expect(await enroll(server.created.enrollmentToken) == .errorInternal)
+        vault.failing.withLock { $0 = false }
+        #expect(await enroll("dredge_enr_wrong") == .errorEnrollmentRefused)
+        #expect(await enroll(server.created.enrollmentToken) == nil)
+    }
+
     /// The limiter lets `perMinute` records through a window, holds the rest back, and the first
     /// record of the next window says how many were held back.
     @Test func theRefusalLimiterCountsWhatItHoldsBack() {
@@ -423,5 +447,47 @@ extension UploadStatusTests {
         #expect(try await server.admin.pull(wider).targets.first?.status == .failed)
         #expect(try await server.admin.pull(otherCommand).targets.first?.status == .failed)
         #expect(try await server.admin.pull(honest).targets.first?.status == .complete)
+    }
+}
+
+/// Tokens that fail to read while `failing` is set (a database the server cannot reach).
+final class FlakyTokens: Sendable {
+    let failing = Mutex(false)
+    struct Unreadable: Error {}
+
+    struct Vault: TokenVault {
+        let inner: any TokenVault
+        let owner: FlakyTokens
+        func adminName(for token: String) async throws -> String? { try await inner.adminName(for: token) }
+        func acceptsEnrollment(_ token: String) async throws -> Bool {
+            if owner.failing.withLock({ $0 }) { throw Unreadable() }
+            return try await inner.acceptsEnrollment(token)
+        }
+        func list() async throws -> [TokenInfo] { try await inner.list() }
+        func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated { try await inner.create(name: name, kind: kind, now: now) }
+        func revoke(name: String, kind: TokenKind) async throws { try await inner.revoke(name: name, kind: kind) }
+    }
+
+    func wrap(_ inner: any TokenVault) -> any TokenVault { Vault(inner: inner, owner: self) }
+}
+
+extension UploadStatusTests {
+    /// A `CommandRejected` for a command the agent already accepted (and is uploading) changes
+    /// nothing: only a queued or delivered pull can be rejected, as only those can be accepted.
+    @Test func aRejectionAfterAcceptanceIsIgnored() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let a = try await server.enrollAgent()
+        let pullID = try await a.connect { link in
+            let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-3")))
+            let cmd = try await LinkAgent.acceptNextPull(over: link)
+            try await link.send(.with { $0.commandRejected = .with { $0.commandID = cmd.commandID; $0.reason = .rejectBusy } })
+            let outcome = try await LinkAgent.send(try a.pullUpload(cmd, store: store, dir: server.dir), over: link)
+            #expect(outcome.result.ok, "\(outcome)")
+            return pull.id
+        }
+        #expect(try await server.admin.pull(pullID).targets.first?.status == .complete)
     }
 }

@@ -43,7 +43,7 @@ final class InProcessServer: @unchecked Sendable {
     ///   the test process's few cooperative threads (where this server runs) for seconds.
     init(
         feedbackLimits: FeedbackLimits? = nil, dataDirectory: String? = nil, connectionLimits: ConnectionLimits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 100),
-        heartbeatSeconds: UInt32 = 1
+        heartbeatSeconds: UInt32 = 1, tokens wrapTokens: (@Sendable (any TokenVault) -> any TokenVault)? = nil
     ) async throws {
         let data = dataDirectory ?? dir.file("server")
         self.data = data
@@ -51,7 +51,7 @@ final class InProcessServer: @unchecked Sendable {
         let deployment = try LoadedDeployment(directory: data)
         let stores = try ServerStores(deployment)
         (registry, pulls, issuer, feedback) = (stores.registry, stores.pulls, stores.issuer, stores.feedback)
-        let tokens = stores.tokens
+        let tokens = wrapTokens?(stores.tokens) ?? stores.tokens
         let logger = Logger(label: "test.server") { [logs] _ in logs }
         let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, logger: logger)
         let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))

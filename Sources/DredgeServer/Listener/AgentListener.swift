@@ -273,6 +273,8 @@ public final class AgentListener: Service, Sendable {
     enum Enrollment {
         case enrolled(WireEnrollResponse)
         case refused(String)
+        /// The server's own fault (its database): the agent may try again later.
+        case unavailable(String)
     }
 
     fileprivate func enroll(_ request: WireEnrollRequest, remote: String?) async -> Enrollment {
@@ -281,7 +283,7 @@ public final class AgentListener: Service, Sendable {
             accepted = try await tokens.acceptsEnrollment(request.token)
         } catch {
             logger.error("cannot read the enrollment tokens; refusing enrollment", metadata: ["remote": "\(remote ?? "?")", "error": "\(error)"])
-            return .refused("the server cannot check enrollment tokens now; try later")
+            return .unavailable("the server cannot check enrollment tokens now; try later")
         }
         guard accepted else {
             refusals.log { suppressed in
@@ -308,7 +310,7 @@ public final class AgentListener: Service, Sendable {
             return .refused("\(error)")
         } catch {
             logger.error("cannot record an enrollment", metadata: ["remote": "\(remote ?? "?")", "error": "\(error)"])
-            return .refused("the server cannot enroll agents now; try later")
+            return .unavailable("the server cannot enroll agents now; try later")
         }
         logger.info("agent enrolled", metadata: ["agent.id": "\(id)", "host": "\(request.host.hostname)"])
         return .enrolled(.with {
@@ -495,6 +497,7 @@ final class ConnectionSession: @unchecked Sendable {
                 switch await listener.enroll(request, remote: remote) {
                 case .enrolled(let response): pending.append(contentsOf: machine.enrolled(response))
                 case .refused(let why): pending.append(contentsOf: machine.enrollmentFailed(why))
+                case .unavailable(let why): pending.append(contentsOf: machine.enrollmentFailed(why, code: .errorInternal))
                 }
             case .registered(let id):
                 agentID = id

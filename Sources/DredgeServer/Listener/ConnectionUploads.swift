@@ -138,9 +138,11 @@ final class ConnectionUploads: @unchecked Sendable {
             try await pulls.update(m.commandID, agent: agentID, status: .exporting, from: [.queued, .delivered])
             return []
         case .commandRejected(let m)?:
+            // Likewise: a rejection after the agent accepted (and began uploading) changes nothing.
             let id = m.commandID
-            try await pulls.update(id, agent: agentID, status: .rejected, detail: "\(m.reason): \(Self.bounded(m.detail))")
-            logger.notice("pull rejected by agent", metadata: ["pull.id": "\(id)", "agent.id": "\(agentID)", "reason": "\(m.reason)"])
+            if try await pulls.update(id, agent: agentID, status: .rejected, detail: "\(m.reason): \(Self.bounded(m.detail))", from: [.queued, .delivered]) {
+                logger.notice("pull rejected by agent", metadata: ["pull.id": "\(id)", "agent.id": "\(agentID)", "reason": "\(m.reason)"])
+            }
             return []
         case .error(let e)?:
             // The agent could not carry out an accepted command (its export failed, say).

@@ -105,9 +105,11 @@ public struct ServerConnectionStateMachine: Sendable {
         return [.send(.with { $0.enrollResponse = response }), .close(nil)]
     }
 
-    public mutating func enrollmentFailed(_ why: String) -> [Action] {
+    /// Enrollment refused (`ERROR_ENROLLMENT_REFUSED`: the token or key), or, with
+    /// `.errorInternal`, not possible now through the server's own fault (try again later).
+    public mutating func enrollmentFailed(_ why: String, code: WireErrorCode = .errorEnrollmentRefused) -> [Action] {
         guard case .enrolling = state else { return [] }
-        return fail(WireProtocolError(.errorEnrollmentRefused, why))
+        return fail(WireProtocolError(code, why))
     }
 
     /// A frame of the server's session to send (pull commands, upload answers); nothing unless

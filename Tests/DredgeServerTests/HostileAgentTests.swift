@@ -491,3 +491,25 @@ extension UploadStatusTests {
         #expect(try await server.admin.pull(pullID).targets.first?.status == .complete)
     }
 }
+
+extension UploadStatusTests {
+    /// A completed pull begun again, on a later connection, is answered its original
+    /// `UploadResult`: the same day files and records (the stored file list also holds the
+    /// manifest, which is not a day file).
+    @Test func aCompletedPullBegunAgainGetsItsOriginalResult() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let a = try await server.enrollAgent()
+        let (upload, first) = try await a.connect { link in
+            _ = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-3")))
+            let cmd = try await LinkAgent.acceptNextPull(over: link)
+            let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
+            return (upload, try await LinkAgent.send(upload, over: link).result)
+        }
+        #expect(first.ok && first.files > 0 && first.records > 0, "\(first)")
+        let again = try await a.connect { link in try await LinkAgent.send(upload, over: link).result }
+        #expect(again == first)
+    }
+}

@@ -297,7 +297,12 @@ final class ConnectionUploads: @unchecked Sendable {
                 return [error(.errorUploadInvalid, header.uploadID, "no pull \(header.uploadID) for this agent")]
             }
             if target.status == .complete {
-                return [.with { $0.uploadResult = .with { $0.uploadID = header.uploadID; $0.ok = true; $0.files = UInt32(target.files.count) } }]
+                // The same result as the first time: the day files (the stored list also has the
+                // manifest) and the records the manifest counts.
+                let id = header.uploadID
+                let records = try await blocking.runIfActive { self.finishedRecordCount(id) }
+                let days = target.files.filter { ($0 as NSString).lastPathComponent != PayloadLimits.manifestName }.count
+                return [.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(days); $0.records = UInt64(records) } }]
             }
             if target.status == .failed, let result = Self.failedResult(header.uploadID, code: target.errorCode, detail: target.detail) {
                 return [result]
@@ -321,6 +326,18 @@ final class ConnectionUploads: @unchecked Sendable {
         let actions = entry.machine.begin(header)
         receivers[header.uploadID] = entry
         return actions.compactMap { if case .send(let f) = $0 { return f } else { return nil } }
+    }
+
+    /// The record count in a finished pull's stored manifest (blocking); 0, logged, when it
+    /// does not read (the files were removed by hand, say).
+    private func finishedRecordCount(_ uploadID: String) -> Int {
+        do {
+            let path = try paths.pullFiles(uploadID, agent: agentID) + "/" + PayloadLimits.manifestName
+            return try JSONDecoder().decode(ExportManifest.self, from: Data(contentsOf: URL(fileURLWithPath: path))).recordCount
+        } catch {
+            logger.warning("a finished pull's manifest does not read", metadata: ["pull.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
+            return 0
+        }
     }
 
     /// Opens an upload's assembler over the chunks already on disk and starts unpacking it while

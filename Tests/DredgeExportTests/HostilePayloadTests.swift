@@ -1,6 +1,6 @@
 @testable import DredgeExport
 import DredgeDomain
-import DredgePayload
+@testable import DredgePayload
 import DredgeStore
 import DredgeTestSupport
 import Foundation
@@ -169,6 +169,25 @@ import ZIPFoundation
 }
 
 extension PayloadCRCTests {
+    /// An entry marked encrypted (general purpose flag bit 0) is refused for that reason, by the
+    /// whole-zip reader and by the stream, rather than inflated into garbage or reported as a
+    /// zip with no manifest.
+    @Test func anEncryptedEntryIsRefusedAsSuch() throws {
+        let dir = TempDir()
+        var (path, bytes) = try storedZip(dir)
+        // The flags of every entry: local headers (+6) and the central directory (+8).
+        for at in 0...(bytes.count - 4) {
+            if bytes[at..<at + 4].elementsEqual([0x50, 0x4B, 0x03, 0x04]) { bytes[at + 6] |= 1 }
+            if bytes[at..<at + 4].elementsEqual([0x50, 0x4B, 0x01, 0x02]) { bytes[at + 8] |= 1 }
+        }
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        #expect(PayloadExtractor.encryptedEntries(zipPath: path) == ["2026-11-20.jsonl", "manifest.json"])
+        base.expectRefused(path, dir, "encrypted")
+        let error = #expect(throws: ExportError.self) { try PayloadExtractor.extract(zip: path, into: dir.file("x")) }
+        #expect(error?.message.contains("encrypted") == true, "\(String(describing: error))")
+        #expect(PayloadExtractor.encryptedEntries(zipPath: try storedZip(TempDir()).path) == [])
+    }
+
     /// A day listed with no records (its file empty) breaks § Payload: a day without records
     /// has no file.
     @Test func anEmptyDayFileIsRefused() throws {

@@ -513,3 +513,37 @@ extension UploadStatusTests {
         #expect(again == first)
     }
 }
+
+extension UploadStatusTests {
+    /// A pull's header is a pull's: kind PULL, no feedback, no wrapped key. An export-kind header
+    /// (a manual export file's), or a pull header dressed with feedback fields, is refused at
+    /// its first frame, and the honest header of the same pull is then received.
+    @Test func aPullHeaderOfAnotherShapeIsRefused() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let a = try await server.enrollAgent()
+        try await a.connect { link in
+            _ = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-3")))
+            let cmd = try await LinkAgent.acceptNextPull(over: link)
+            let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
+            var shapes: [WireUploadHeader] = []
+            var export = upload.header
+            export.kind = .export
+            shapes.append(export)
+            var withFeedback = upload.header
+            withFeedback.feedback = .with { $0.feedbackID = cmd.commandID; $0.uid = "u-3"; $0.text = "hi"; $0.createdAtUs = 1 }
+            shapes.append(withFeedback)
+            var withKey = upload.header
+            withKey.wrappedKey = Data(repeating: 7, count: 384)
+            shapes.append(withKey)
+            for header in shapes {
+                try await link.send(.with { $0.uploadBegin = .with { $0.header = header } })
+                #expect(try await LinkAgent.answer(to: cmd.commandID, over: link)?.error.code == .errorUploadInvalid, "\(header.kind)")
+            }
+            let outcome = try await LinkAgent.send(upload, over: link)
+            #expect(outcome.result.ok, "\(outcome)")
+        }
+    }
+}

@@ -25,10 +25,11 @@ public struct ExportManifest: Codable, Hashable, Sendable {
         }
 
         /// Whether this and `other` describe the same selection: the same bounds, uid and text,
-        /// the same types and levels in any order; an empty list is the same as none.
+        /// the same types and levels in any order; an empty list or text is the same as none.
         public func selectsTheSame(as other: FilterDescription) -> Bool {
             func set(_ list: [String]?) -> Set<String>? { list.flatMap { $0.isEmpty ? nil : Set($0) } }
-            return since == other.since && until == other.until && uid == other.uid && text == other.text
+            func text(_ t: String?) -> String? { t?.isEmpty == true ? nil : t }
+            return since == other.since && until == other.until && uid == other.uid && text(self.text) == text(other.text)
                 && set(types) == set(other.types) && set(levels) == set(other.levels)
         }
     }

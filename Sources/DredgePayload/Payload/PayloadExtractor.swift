@@ -61,7 +61,40 @@ public enum PayloadExtractor {
         return ExportError(full ? .diskFull : .io, "\(doing): \(error)")
     }
 
+    /// The names of the entries the central directory marks encrypted (flag bit 0), which
+    /// ZIPFoundation would list like any other and then inflate into garbage. A directory that
+    /// does not parse gives none here: ZIPFoundation then reports the damage.
+    static func encryptedEntries(zipPath: String) -> [String] {
+        guard let handle = FileHandle(forReadingAtPath: zipPath) else { return [] }
+        defer { try? handle.close() }  // read only; nothing to lose
+        guard let size = try? handle.seekToEnd(), size >= 22 else { return [] }
+        let tailLength = min(size, 22 + 65_535)
+        guard (try? handle.seek(toOffset: size - tailLength)) != nil, let tail = try? handle.read(upToCount: Int(tailLength)).map(Array.init) else { return [] }
+        func u16(_ b: [UInt8], _ i: Int) -> Int { Int(b[i]) | Int(b[i + 1]) << 8 }
+        func u32(_ b: [UInt8], _ i: Int) -> Int { u16(b, i) | u16(b, i + 2) << 16 }
+        guard let end = stride(from: tail.count - 22, through: 0, by: -1).first(where: { tail[$0..<$0 + 4].elementsEqual([0x50, 0x4B, 0x05, 0x06]) }) else { return [] }
+        let (count, directorySize, directoryOffset) = (u16(tail, end + 10), u32(tail, end + 12), u32(tail, end + 16))
+        guard UInt64(directoryOffset) + UInt64(directorySize) <= size, directorySize <= 64 << 20,
+            (try? handle.seek(toOffset: UInt64(directoryOffset))) != nil,
+            let directory = try? handle.read(upToCount: directorySize).map(Array.init), directory.count == directorySize
+        else { return [] }
+        var names: [String] = []
+        var at = 0
+        for _ in 0..<count {
+            guard at + 46 <= directory.count, directory[at..<at + 4].elementsEqual([0x50, 0x4B, 0x01, 0x02]) else { break }
+            let nameLength = u16(directory, at + 28)
+            let next = at + 46 + nameLength + u16(directory, at + 30) + u16(directory, at + 32)
+            guard next <= directory.count else { break }
+            if u16(directory, at + 8) & 1 != 0 { names.append(String(decoding: directory[at + 46..<at + 46 + nameLength], as: UTF8.self)) }
+            at = next
+        }
+        return names
+    }
+
     private static func extractChecked(zipPath: String, staging: String, limits: PayloadLimits) throws -> (manifest: ExportManifest, files: [String]) {
+        if let encrypted = encryptedEntries(zipPath: zipPath).first {
+            throw invalid("entry \(encrypted.debugDescription) is encrypted: a payload's entries never are")
+        }
         let archive: Archive
         do {
             archive = try Archive(url: URL(fileURLWithPath: zipPath), accessMode: .read)

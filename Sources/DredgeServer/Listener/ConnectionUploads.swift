@@ -290,7 +290,10 @@ final class ConnectionUploads: @unchecked Sendable {
             case .failure(let refusal): return [refusal.frame]
             case .success(let k): key = k
             }
-        default:
+        case .pull:
+            guard !header.hasFeedback, header.wrappedKey.isEmpty else {
+                return [error(.errorUploadInvalid, header.uploadID, "a pull's header carries no feedback and no wrapped key")]
+            }
             guard let pull = try await pulls.pull(header.uploadID), let target = pull.targets.first(where: { $0.agentID == agentID }),
                 let wrapped = try await pulls.wrappedKey(of: header.uploadID)
             else {
@@ -316,6 +319,8 @@ final class ConnectionUploads: @unchecked Sendable {
                 return [self.error(.errorUploadInvalid, header.uploadID, "pull \(header.uploadID) cannot be received by this server (its key does not unwrap)")]
             }
             key = unwrapped
+        default:
+            return [error(.errorUploadInvalid, header.uploadID, "an upload is a pull or a feedback, not kind \(header.kind.rawValue)")]
         }
         if receivers[header.uploadID] == nil, let refused = try await blocking.runIfActive({ self.open(header, key: key) }) {
             return [refused]

@@ -98,6 +98,66 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         #expect(file == produced)
     }
 
+    /// A command with a text filter (non-ASCII, addressed to an agent, no uid), and the §10
+    /// matching rule on a few records: Swift's store and the Python check must agree on each.
+    @Test func textFilterCommand() throws {
+        let server = try ServerSigningKey(rawRepresentation: Self.ed25519Seed)
+        var command = WirePullCommand.with {
+            $0.commandID = "3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f"
+            $0.target = .with { $0.agentID = "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f" }
+            $0.filter = .with { $0.untilUs = 1_795_340_400_000_000; $0.text = "Déclin" }
+            $0.issuedAtUs = 1_795_340_400_000_000
+            $0.expiresAtUs = 1_795_344_000_000_000
+            $0.wrappedKey = Data(repeating: 0x77, count: 8)
+        }
+        try server.sign(&command)
+        // (message, metadata, text, matches)
+        let cases: [(String, LogMetadata, String, Bool)] = [
+            ("Payment DÉCLINÉ by issuer", [:], "Déclin", false),  // é and É differ: only ASCII letters fold
+            ("payment déclined", [:], "Déclin", true),
+            ("PAYMENT DECLINED", [:], "declined", true),
+            ("checkout", ["status": 503], "\"status\":503", true),  // metadata as serialized (§13)
+            ("checkout", ["status": 503], "status: 503", false),
+            ("checkout", ["path": "/api/v2"], "/api/v2", true),  // '/' is not escaped
+            ("checkout", ["note": "line1\nline2"], "line1\\nline2", true),  // a newline is \n in the metadata text
+            ("100% sure", [:], "0% s", true),
+            ("1000 sure", [:], "0% s", false),  // % is no wildcard
+            ("a_b", [:], "a_b", true),
+            ("axb", [:], "a_b", false),  // nor is _
+            ("no metadata here", [:], "{}", false),  // a record without metadata has no metadata text
+        ]
+        let dir = TempDir()
+        let store = try LogStore(path: dir.file("logs.sqlite"))
+        let ctx = try store.register(exportContext)
+        var rendered: [[String: Any]] = []
+        for (i, c) in cases.enumerated() {
+            let entry = LogEntry(timestamp: Timestamp(microseconds: 1_795_000_000_000_000 + Int64(i)), level: .info, type: .app, uid: "u", message: "\(i)|" + c.0, metadata: c.1, context: ctx)
+            store.enqueue(entry)
+            var w = JSONWriter()
+            w.writeObject(c.1)
+            rendered.append(["message": c.0, "metadata": c.1.isEmpty ? NSNull() : w.string as Any, "text": c.2, "matches": c.3])
+        }
+        try store.flush()
+        for (i, c) in cases.enumerated() {
+            var found = false
+            try store.forEachRecord(matching: LogFilter(text: c.2)) { if $0.message == "\(i)|" + c.0 { found = true } }
+            #expect(found == c.3, "\(c)")
+        }
+        let (file, produced) = try Vectors.check("command_text.json", [
+            "description": "A pull command with a text filter (and no uid), signed with command.json's Ed25519 key; and the text rule of §10 on records: `metadata` is the record's metadata as serialized in its line (null: the record has none), `matches` whether `text` selects it.",
+            "command": [
+                "command_id": command.commandID, "target_uid": command.target.uid, "target_agent_id": command.target.agentID,
+                "until_us": command.filter.untilUs, "text": command.filter.text,
+                "issued_at_us": command.issuedAtUs, "expires_at_us": command.expiresAtUs, "wrapped_key": hex(command.wrappedKey),
+            ] as [String: Any],
+            "signing_input": hex(SigningInput.pullCommand(command)),
+            "signature": hex(command.signature),
+            "frame": hex(try FrameEncoder.bytes(of: WireFrame.with { $0.pullCommand = command })),
+            "matching": rendered,
+        ])
+        #expect(file == produced)
+    }
+
     static func headerFields(_ h: WireUploadHeader) -> [String: Any] {
         [
             "upload_id": h.uploadID, "kind": h.kind.rawValue, "agent_id": h.agentID, "nonce_prefix": hex(h.noncePrefix),
@@ -131,49 +191,140 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         #expect(file == produced)
     }
 
-    /// A complete small upload: fixed records → store → per-day JSONL → zip → sealed chunks.
-    @Test func completeUpload() throws {
+    typealias Record = (Int64, LogLevel, LogType, String, String, LogMetadata)
+
+    /// Fixed records → store → per-day JSONL → zip → sealed chunks, written to (or compared with)
+    /// `name`. Returns the upload and the vector's fields.
+    static func uploadVector(
+        _ name: String, description: String, records: [Record], base: Timestamp, request: ExportRequest, chunkSize: Int = 4_096,
+        wrappedKey: [UInt8] = [], feedback: WireFeedback? = nil, filesAsDigests: Bool = false
+    ) throws -> (committed: String?, produced: String) {
         let dir = TempDir()
         var config = StoreConfiguration()
         config.retention.maxAge = .seconds(100 * 365 * 86_400)
+        config.retention.maxBytes = 1 << 40
         let store = try LogStore(path: dir.file("logs.sqlite"), configuration: config)
         let ctx = try store.register(exportContext)
-        let base = Timestamp(rfc3339: "2026-11-20T23:59:58.250000Z")!
-        let records: [(Int64, LogLevel, LogType, String, String, LogMetadata)] = [
-            (0, .info, .network, "u-1002", "GET https://api.example.com/api/v2/cart -> 200 in 84 ms", ["http.status": 200, "duration_ms": 84]),
-            (1_000_000, .warning, .player, "u-1002", "player buffering at 312s", ["track": "trk_1a2b3c"]),
-            (2_500_000, .error, .business, "u-1002", "checkout failed: payment declined by issuer", ["order": "ORD-41872", "amount": 23.5]),
-            (3_000_000, .notice, .app, "", "screen \"settings\" shown\twith a tab and é", [:]),
-        ]
         for r in records {
             store.enqueue(LogEntry(timestamp: base.adding(.microseconds(r.0)), level: r.1, type: r.2, uid: r.3, message: r.4, metadata: r.5, context: ctx))
         }
         try store.flush()
-        let createdAt = Timestamp(rfc3339: "2026-11-21T08:00:00Z")!
-        let request = ExportRequest(uploadID: "9b2f4c6d8e0a1b3c5d7e9f0a2b4c6d8e", kind: .pull, agentID: "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f", commandID: "9b2f4c6d8e0a1b3c5d7e9f0a2b4c6d8e", filter: LogFilter(uid: "u-1002"), createdAt: createdAt)
         var options = ExportOptions()
         options.workers = 2
         let manifest = try Exporter.export(from: store, request, to: dir.file("export.zip"), options: options)
-        #expect(manifest.days.map(\.file) == ["2026-11-20.jsonl", "2026-11-21.jsonl"])
-        let zip = Array(FileManager.default.contents(atPath: dir.file("export.zip"))!)
+        let zip = Array(FileManager.default.contents(atPath: dir.file("export.zip")) ?? Data())
         let upload = try SealedUpload(
-            zipPath: dir.file("export.zip"), uploadID: request.uploadID, kind: .pull, agentID: request.agentID, key: SymmetricKey(data: Self.aesKey),
-            empty: manifest.empty, createdAt: createdAt.microseconds, chunkSize: 4_096, noncePrefix: Self.noncePrefix)
+            zipPath: dir.file("export.zip"), uploadID: request.uploadID, kind: request.kind == .feedback ? .feedback : .pull, agentID: request.agentID,
+            key: SymmetricKey(data: Self.aesKey), wrappedKey: wrappedKey, feedback: feedback,
+            empty: manifest.empty, createdAt: request.createdAt.microseconds, chunkSize: chunkSize, noncePrefix: Self.noncePrefix)
         let chunks = try (0..<upload.header.chunkCount).map { hex(try upload.chunk($0)) }
         let payload = try PayloadExtractor.extract(zip: dir.file("export.zip"), into: dir.file("files"))
+        #expect(payload.manifest == manifest)
         var files: [String: String] = [:]
         for path in payload.files { files[(path as NSString).lastPathComponent] = contents(path) }
-        let (file, produced) = try Vectors.check("upload.json", [
-            "description": "A complete pull upload of uid u-1002's records: per-day JSONL files and manifest.json in a zip (deflate level 6 in 512 KiB blocks; zip bytes depend on the zlib build, the files do not), sealed in 4096-byte chunks with the key and nonce prefix given.",
+        var header = Self.headerFields(upload.header)
+        if let feedback {
+            header["feedback"] = ["feedback_id": feedback.feedbackID, "uid": feedback.uid, "text": feedback.text, "created_at_us": feedback.createdAtUs] as [String: Any]
+        }
+        var fields: [String: Any] = [
+            "description": description,
             "key": hex(Self.aesKey),
-            "header": Self.headerFields(upload.header),
+            "header": header,
             "header_canonical": hex(SigningInput.uploadHeader(upload.header)),
             "upload_begin_frame": hex(try FrameEncoder.bytes(of: WireFrame.with { $0.uploadBegin = .with { $0.header = upload.header } })),
             "zip": hex(zip),
             "chunks": chunks,
-            "files": files,
             "manifest": String(decoding: try manifest.encoded(), as: UTF8.self),
-        ])
+        ]
+        if filesAsDigests {
+            fields["files_sha256"] = files.mapValues { hex(SHA256.hash(data: Data($0.utf8))) }
+        } else {
+            fields["files"] = files
+        }
+        return try Vectors.check(name, fields)
+    }
+
+    static let uploadBase = Timestamp(rfc3339: "2026-11-20T23:59:58.250000Z")!
+    static let uploadCreatedAt = Timestamp(rfc3339: "2026-11-21T08:00:00Z")!
+    static let sampleRecords: [Record] = [
+        (0, .info, .network, "u-1002", "GET https://api.example.com/api/v2/cart -> 200 in 84 ms", ["http.status": 200, "duration_ms": 84]),
+        (1_000_000, .warning, .player, "u-1002", "player buffering at 312s", ["track": "trk_1a2b3c"]),
+        (2_500_000, .error, .business, "u-1002", "checkout failed: payment declined by issuer", ["order": "ORD-41872", "amount": 23.5]),
+        (3_000_000, .notice, .app, "", "screen \"settings\" shown\twith a tab and é", [:]),
+    ]
+
+    /// A complete small upload: fixed records → store → per-day JSONL → zip → sealed chunks.
+    @Test func completeUpload() throws {
+        let request = ExportRequest(
+            uploadID: "9b2f4c6d8e0a1b3c5d7e9f0a2b4c6d8e", kind: .pull, agentID: "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f", commandID: "9b2f4c6d8e0a1b3c5d7e9f0a2b4c6d8e",
+            filter: LogFilter(uid: "u-1002"), createdAt: Self.uploadCreatedAt)
+        let (file, produced) = try Self.uploadVector(
+            "upload.json",
+            description: "A complete pull upload of uid u-1002's records: per-day JSONL files and manifest.json in a zip (deflate level 6 in 512 KiB blocks; zip bytes depend on the zlib build, the files do not), sealed in 4096-byte chunks with the key and nonce prefix given.",
+            records: Self.sampleRecords, base: Self.uploadBase, request: request)
         #expect(file == produced)
+    }
+
+    /// An empty selection: the zip holds only the manifest, which says so, and so does the header.
+    @Test func emptyUpload() throws {
+        let request = ExportRequest(
+            uploadID: "6d1e2f3a4b5c6d7e8f9a0b1c2d3e4f50", kind: .pull, agentID: "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f", commandID: "6d1e2f3a4b5c6d7e8f9a0b1c2d3e4f50",
+            filter: LogFilter(uid: "u-nobody"), createdAt: Self.uploadCreatedAt)
+        let (file, produced) = try Self.uploadVector(
+            "upload_empty.json",
+            description: "A pull whose filter matches nothing: the zip holds only manifest.json (empty: true, record_count 0, days []), and the header has empty = true.",
+            records: Self.sampleRecords, base: Self.uploadBase, request: request)
+        #expect(file == produced)
+    }
+
+    /// A feedback upload: the header's feedback branch and a wrapped key (the feedback key under
+    /// the test RSA key, which stands for the server's encryption key).
+    @Test func feedbackUpload() throws {
+        let key = try Self.testKey()
+        let committed = Vectors.load("upload_feedback.json")
+        var wrapped = unhex(committed?["header"].flatMap { ($0 as? [String: Any])?["wrapped_key"] })
+        if (try? key.unwrapKey(wrapped)) == nil {
+            wrapped = try key.publicKey.wrapKey(SymmetricKey(data: Self.aesKey))
+        }
+        #expect(try key.unwrapKey(wrapped) == SymmetricKey(data: Self.aesKey))
+        let id = "5e0c1d2f3a4b5c6d7e8f90a1b2c3d4e5"
+        let createdAt = Timestamp(rfc3339: "2026-11-21T00:00:01.000000Z")!
+        let text = "The oven beeps twice and stops. Ça ne chauffe plus."
+        let request = ExportRequest(
+            uploadID: id, kind: .feedback, agentID: "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f",
+            filter: LogFilter(since: createdAt.subtracting(.seconds(3 * 86_400)), until: createdAt.adding(.seconds(1)), uid: "u-1002"),
+            feedback: ExportManifest.FeedbackDescription(feedbackID: id, uid: "u-1002", text: text, createdAt: createdAt.rfc3339), createdAt: createdAt)
+        let (file, produced) = try Self.uploadVector(
+            "upload_feedback.json",
+            description: "A feedback upload: kind 2, the feedback branch of the canonical header, and wrapped_key = the feedback key (key) under keywrap.json's RSA key with RSA-OAEP-SHA256 (randomized: unwrap and compare). The manifest's filter is the feedback's uid over the 3 days before it, up to one second after.",
+            records: Self.sampleRecords, base: Self.uploadBase, request: request, wrappedKey: wrapped,
+            feedback: .with { $0.feedbackID = id; $0.uid = "u-1002"; $0.text = text; $0.createdAtUs = createdAt.microseconds })
+        #expect(file == produced)
+    }
+
+    /// A day file over 512 KiB: its deflate stream is two blocks, the second primed with the last
+    /// 32 KiB of the first as its dictionary; the zip is reproduced byte for byte by the Python check.
+    @Test func multiBlockUpload() throws {
+        var records: [Record] = []
+        let levels: [LogLevel] = [.debug, .info, .notice, .warning, .error]
+        let types: [LogType] = [.app, .network, .player, .business]
+        for i in 0..<4_000 {
+            let n = Int64(i)
+            records.append((
+                n * 5_000_000, levels[i % levels.count], types[i % types.count], "u-\(1000 + i % 7)",
+                "event \(i): request \((i * 7_919) % 100_003) took \((i * 37) % 997) ms on shard \(i % 13)",
+                ["seq": .int(n), "shard": .string("s-\(i % 13)"), "ok": .bool(i % 5 != 4)]
+            ))
+        }
+        let request = ExportRequest(
+            uploadID: "7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d", kind: .pull, agentID: "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f", commandID: "7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d",
+            filter: .all, createdAt: Self.uploadCreatedAt)
+        let (file, produced) = try Self.uploadVector(
+            "upload_multiblock.json",
+            description: "A pull upload whose one day file is over 512 KiB, so its deflate data is two blocks (§13, the exporter's zip): sealed in 16384-byte chunks. files_sha256: the SHA-256 of each file the zip holds.",
+            records: records, base: Timestamp(rfc3339: "2026-11-20T00:00:00Z")!, request: request, chunkSize: 16_384, filesAsDigests: true)
+        #expect(file == produced)
+        let manifest = try #require(Vectors.load("upload_multiblock.json")?["manifest"] as? String)
+        #expect(try JSONDecoder().decode(ExportManifest.self, from: Data(manifest.utf8)).days.contains { $0.bytes > 512 * 1024 })
     }
 }

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+import zlib
 
 import jsonschema
 
@@ -69,19 +70,54 @@ for c in chunks["chunks"]:
     sealed = aes.encrypt(nonce, bytes.fromhex(c["plaintext"]), bytes.fromhex(chunks["associated_data"]))
     check(sealed.hex() == c["ciphertext_and_tag"], f"AES-256-GCM chunk {c['index']} reproduced")
 
-up = load("upload.json")
-check(spec.upload_header_canonical(up["header"]).hex() == up["header_canonical"], "upload header canonical bytes")
-zip_bytes = spec.open_upload(bytes.fromhex(up["key"]), up["header"], [bytes.fromhex(c) for c in up["chunks"]])
-check(zip_bytes.hex() == up["zip"], "upload decrypts to the zip")
-manifest, files = spec.read_payload(zip_bytes)
-check(files == up["files"], "zip holds the per-day files")
-check(json.loads(up["manifest"]) == manifest, "manifest")
-check(spec.frame_body_field(bytes.fromhex(up["upload_begin_frame"])) == 12, "upload begin frame")
+ct = load("command_text.json")
+text_input = spec.pull_command_signing_input(ct["command"])
+check(text_input.hex() == ct["signing_input"], "text-filter command signing input")
+check(signer.sign(text_input).hex() == ct["signature"], "text-filter command signature reproduced")
+check(spec.frame_body_field(bytes.fromhex(ct["frame"])) == 9, "text-filter command frame")
+for case in ct["matching"]:
+    metadata = case["metadata"]
+    if metadata is not None:
+        check(spec.serialized_metadata(json.loads(metadata)) == metadata, f"metadata serialized as a record line writes it: {metadata}")
+    got = spec.text_matches(case["text"], case["message"], metadata)
+    check(got == case["matches"], f"text {case['text']!r} {'selects' if case['matches'] else 'does not select'} {case['message']!r} / {metadata}")
+
+
+def check_upload(name, kind):
+    up = load(name)
+    check(spec.upload_header_canonical(up["header"]).hex() == up["header_canonical"], f"{name}: upload header canonical bytes")
+    check(up["header"]["kind"] == kind, f"{name}: kind {kind}")
+    zip_bytes = spec.open_upload(bytes.fromhex(up["key"]), up["header"], [bytes.fromhex(c) for c in up["chunks"]])
+    check(zip_bytes.hex() == up["zip"], f"{name}: upload decrypts to the zip")
+    manifest, files = spec.read_payload(zip_bytes)
+    if "files" in up:
+        check(files == up["files"], f"{name}: zip holds the per-day files")
+    else:
+        digests = {n: hashlib.sha256(t.encode("utf-8")).hexdigest() for n, t in files.items()}
+        check(digests == up["files_sha256"], f"{name}: zip holds the per-day files (SHA-256)")
+    check(json.loads(up["manifest"]) == manifest, f"{name}: manifest")
+    check(spec.frame_body_field(bytes.fromhex(up["upload_begin_frame"])) == 12, f"{name}: upload begin frame")
+    check(manifest["empty"] == up["header"]["empty"] == (manifest["record_count"] == 0), f"{name}: empty agrees")
+    rebuilt = spec.exporter_zip(spec.zip_entries(zip_bytes), manifest["created_at"])
+    check(rebuilt == zip_bytes, f"{name}: the zip rebuilt from its files by the exporter's recipe, byte for byte (zlib {zlib.ZLIB_RUNTIME_VERSION})")
+    return up, manifest, files
+
+
+up, manifest, files = check_upload("upload.json", 1)
+_, empty_manifest, empty_files = check_upload("upload_empty.json", 1)
+check(empty_files == {} and empty_manifest["days"] == [], "an empty selection holds only the manifest")
+fb, fb_manifest, _ = check_upload("upload_feedback.json", 2)
+check(private_key.decrypt(bytes.fromhex(fb["header"]["wrapped_key"]), oaep).hex() == fb["key"], "feedback key unwraps with the server's RSA key")
+check(fb_manifest["feedback"]["feedback_id"] == fb["header"]["upload_id"] == fb["header"]["feedback"]["feedback_id"], "feedback id is the upload id")
+check(set(fb_manifest["filter"]) == {"since", "until", "uid"} and fb_manifest["filter"]["uid"] == fb["header"]["feedback"]["uid"], "feedback filter is its uid in a time range")
+_, mb_manifest, mb_files = check_upload("upload_multiblock.json", 1)
+check(any(len(t.encode("utf-8")) > 512 * 1024 for t in mb_files.values()), "a day file over 512 KiB (two deflate blocks)")
 with open(os.path.join(sys.argv[1], "..", "manifest.schema.json")) as f:
     schema = json.load(f)
 jsonschema.Draft202012Validator.check_schema(schema)
 validator = jsonschema.Draft202012Validator(schema)
-check(not list(validator.iter_errors(manifest)), "the upload vector's manifest is valid under manifest.schema.json")
+for name, m in [("upload.json", manifest), ("upload_empty.json", empty_manifest), ("upload_feedback.json", fb_manifest), ("upload_multiblock.json", mb_manifest)]:
+    check(not list(validator.iter_errors(m)), f"{name}: the manifest is valid under manifest.schema.json")
 cases = load("manifests.json")["cases"]
 for c in cases:
     try:

@@ -9,6 +9,7 @@ import io
 import json
 import struct
 import zipfile
+import zlib
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -182,3 +183,75 @@ def frame_body_field(frame: bytes) -> int:
     if i + size != len(body):
         raise ValueError("trailing bytes after the body")
     return field
+
+
+# --- The exporter's zip (README § Payload, informative) ---------------------------------------
+
+
+def dos_time_date(rfc3339: str) -> tuple:
+    """DOS time and date of a `created_at`: UTC, seconds rounded down to even, years from 1980."""
+    year, month, day = int(rfc3339[0:4]), int(rfc3339[5:7]), int(rfc3339[8:10])
+    hour, minute, second = int(rfc3339[11:13]), int(rfc3339[14:16]), int(rfc3339[17:19])
+    year = max(year, 1980)
+    return (hour << 11) | (minute << 5) | (second // 2), ((year - 1980) << 9) | (month << 5) | day
+
+
+def deflate_in_blocks(data: bytes, block: int = 512 * 1024) -> bytes:
+    """Each 512 KiB piece a fresh raw deflate stream (level 6, window bits -15, memory level 8),
+    primed with the preceding 32 KiB of the entry; sync flush, the last piece finished."""
+    out = bytearray()
+    pieces = [data[i:i + block] for i in range(0, len(data), block)] or [b""]
+    if len(data) and len(data) % block == 0:
+        pieces.append(b"")
+    start = 0
+    for n, piece in enumerate(pieces):
+        dictionary = data[max(0, start - 32 * 1024):start]
+        if dictionary:
+            c = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, zdict=dictionary)
+        else:
+            c = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY)
+        out += c.compress(piece)
+        out += c.flush(zlib.Z_FINISH if n == len(pieces) - 1 else zlib.Z_SYNC_FLUSH)
+        start += len(piece)
+    return bytes(out)
+
+
+def exporter_zip(entries: list, created_at: str) -> bytes:
+    """The zip the Swift exporter writes for `entries` ([(name, bytes)] in order)."""
+    time, date = dos_time_date(created_at)
+    out, central = bytearray(), bytearray()
+    for name, data in entries:
+        raw = name.encode("utf-8")
+        packed = deflate_in_blocks(data)
+        crc = zlib.crc32(data) & 0xFFFFFFFF
+        offset = len(out)
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0x0800, 8, time, date, crc, len(packed), len(data), len(raw), 0) + raw + packed
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0x0314, 20, 0x0800, 8, time, date, crc, len(packed), len(data),
+                               len(raw), 0, 0, 0, 0, 0x81A40000, offset) + raw
+    directory_offset = len(out)
+    out += central
+    out += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(entries), len(entries), len(central), directory_offset, 0)
+    return bytes(out)
+
+
+def zip_entries(zip_bytes: bytes) -> list:
+    z = zipfile.ZipFile(io.BytesIO(zip_bytes))
+    return [(name, z.read(name)) for name in z.namelist()]
+
+
+# --- The text filter (README § Pull commands, Text) -------------------------------------------
+
+_ASCII_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def text_matches(text: str, message: str, metadata) -> bool:
+    """`text` in the message or the serialized metadata, ASCII letters without regard to case."""
+    if text == "":
+        return True
+    needle = text.translate(_ASCII_FOLD)
+    return needle in message.translate(_ASCII_FOLD) or (metadata is not None and needle in metadata.translate(_ASCII_FOLD))
+
+
+def serialized_metadata(value: dict) -> str:
+    """Metadata as a record line writes it: keys sorted, no whitespace, non-ASCII as UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

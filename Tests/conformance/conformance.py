@@ -1,0 +1,638 @@
+#!/usr/bin/env python3
+"""Protocol conformance of the real server, driven over the wire by an agent written from
+Protocol/ alone (README.md, dredge.proto, manifest.schema.json), never from the Swift sources.
+
+Usage: conformance.py DREDGE_SERVER_BINARY
+
+It makes a deployment in a temporary directory, runs the server on loopback ports, and checks
+each receiver rule the specification puts on a server twice: a case that keeps the rule and is
+accepted, and a case that breaks it and gets the exact error code the specification names.
+Exit status 0 when every case holds.
+"""
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+import zipfile
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "interop"))
+import dredge_spec as spec  # noqa: E402  (canonical encoding, nonces: also written from the spec)
+import wire  # noqa: E402
+
+OAEP = padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=32)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def now_us() -> int:
+    return int(time.time() * 1_000_000)
+
+
+def rfc3339(us: int) -> str:
+    seconds, micros = divmod(us, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+
+
+# --- The server under test -------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, binary: str):
+        self.dir = tempfile.mkdtemp(prefix="dredge-conformance-")
+        data = os.path.join(self.dir, "server")
+        out = subprocess.run([binary, "init", "--data", data], check=True, capture_output=True, text=True).stdout
+        self.enrollment_token = re.search(r"dredge_enr_[0-9a-f]+", out).group(0)
+        self.admin_token = re.search(r"dredge_adm_[0-9a-f]+", out).group(0)
+        self.ca = os.path.join(data, "ca.pem")
+        self.port, self.admin_port = free_port(), free_port()
+        self.log = open(os.path.join(self.dir, "server.log"), "w")
+        self.process = subprocess.Popen(
+            [binary, "run", "--data", data, "--agent-port", str(self.port), "--admin-port", str(self.admin_port), "--heartbeat-seconds", "5"],
+            stdout=self.log, stderr=self.log)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"the server exited ({self.process.returncode}); see {self.log.name}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                socket.create_connection(("127.0.0.1", self.admin_port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise SystemExit("the server did not start listening")
+
+    def admin(self, method: str, path: str, body=None):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.admin_port}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def pull_status(self, pull_id: str, agent_id: str) -> str:
+        pull = self.admin("GET", f"/v1/pulls/{pull_id}")
+        return next(t["status"] for t in pull["targets"] if t["agentID"] == agent_id)
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+# --- An agent written from the specification --------------------------------------------------
+
+
+def spki(public_key) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+class Agent:
+    def __init__(self, server: Server, bits: int = 2048):
+        self.server = server
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=bits)
+        self.agent_id = spec.agent_id(spki(self.key.public_key()))
+
+    def hello(self, link: wire.Link) -> dict:
+        link.send("hello", {"min_version": 1, "max_version": 1, "software": "conformance/1"})
+        name, ack = link.expect("hello_ack")
+        assert name == "hello_ack", ack
+        return ack
+
+    def enroll(self, token=None, public_key=None):
+        """(body name, message) of the server's answer to EnrollRequest."""
+        link = wire.Link(self.server.port, self.server.ca)
+        try:
+            self.hello(link)
+            link.send("enroll_request", {"token": token or self.server.enrollment_token,
+                                         "public_key": public_key if public_key is not None else spki(self.key.public_key()),
+                                         "host": {"hostname": "conformance"}})
+            answer = link.expect("enroll_response")
+            if answer[0] == "enroll_response":
+                self.signing_key = ed25519.Ed25519PublicKey.from_public_bytes(answer[1]["server_signing_key"])
+                self.encryption_key = serialization.load_der_public_key(answer[1]["server_encryption_key"])
+            return answer
+        finally:
+            link.close()
+
+    def connect(self) -> wire.Link:
+        link = wire.Link(self.server.port, self.server.ca)
+        ack = self.hello(link)
+        signature = self.key.sign(spec.auth_signing_input(ack["challenge"], self.agent_id), PSS, hashes.SHA256())
+        link.send("auth_response", {"agent_id": self.agent_id, "signature": signature, "host": {"hostname": "conformance"}})
+        name, result = link.expect("auth_result")
+        assert name == "auth_result", result
+        link.session = result
+        return link
+
+    def pull(self, link: wire.Link, uid="u-3") -> tuple:
+        """Asks the admin API for a pull of this agent's `uid` records and accepts the command:
+        (command, key)."""
+        record = self.server.admin("POST", "/v1/pulls", {"uid": uid, "agent": self.agent_id, "filter": {}})
+        while True:
+            name, command = link.receive()
+            if name == "pull_command" and command["command_id"] == record["id"]:
+                break
+        fields = dict(command_id=command["command_id"], target_uid=command.get("target", {}).get("uid", ""),
+                      target_agent_id=command.get("target", {}).get("agent_id", ""), issued_at_us=command["issued_at_us"],
+                      expires_at_us=command["expires_at_us"], wrapped_key=command.get("wrapped_key", b"").hex())
+        f = command.get("filter", {})
+        for k in ("since_us", "until_us", "uid", "text"):
+            if k in f:
+                fields[k] = f[k]
+        fields["types"], fields["levels"] = f.get("types", []), f.get("levels", [])
+        self.signing_key.verify(command["signature"], spec.pull_command_signing_input(fields))
+        key = self.key.decrypt(command["wrapped_key"], OAEP)
+        link.send("command_accepted", {"command_id": command["command_id"], "upload_id": command["command_id"]})
+        return command, key
+
+
+# --- Payloads (§13) and envelopes (§12) ---------------------------------------------------------
+
+CONTEXT = {"host": "conformance", "os": "Linux", "app": "conformance", "appVersion": "1", "process": "conformance[1]", "extra": {}}
+
+
+def record_line(ts_us: int, message: str, uid="u-3", metadata=None) -> str:
+    record = {"ts": rfc3339(ts_us), "level": "info", "type": "app", "uid": uid, "message": message,
+              "metadata": metadata or {}, "context": 1}
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
+
+
+def payload(upload_id: str, agent_id: str, kind="pull", command_id=None, filter=None, feedback=None, records=2,
+            manifest_changes=None, entries_changes=None, created_us=None) -> tuple:
+    """A zip made with the standard library's zipfile, as §13 describes: (zip bytes, manifest)."""
+    created_us = created_us or now_us()
+    base = created_us - 3_600_000_000
+    lines = [record_line(base + i * 1_000_000, f"record {i}") for i in range(records)]
+    text = "".join(lines)
+    day = rfc3339(base)[:10] + ".jsonl"
+    manifest = {"format": "dredge-export/1", "upload_id": upload_id, "kind": kind, "agent_id": agent_id, "created_at": rfc3339(created_us),
+                "filter": filter if filter is not None else {"uid": "u-3"}, "record_count": records, "empty": records == 0,
+                "days": [{"file": day, "records": records, "bytes": len(text.encode()), "first": rfc3339(base),
+                          "last": rfc3339(base + (records - 1) * 1_000_000)}] if records else [],
+                "contexts": {"1": CONTEXT}, "losses": []}
+    if kind == "pull":
+        manifest["command_id"] = command_id or upload_id
+    if feedback is not None:
+        manifest["feedback"] = feedback
+    for k, v in (manifest_changes or {}).items():
+        if v is None:
+            manifest.pop(k, None)
+        else:
+            manifest[k] = v
+    entries = ([(day, text.encode())] if records else []) + [("manifest.json", json.dumps(manifest).encode())]
+    if entries_changes:
+        entries = entries_changes(entries)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in entries:
+            z.writestr(name, data)
+    return out.getvalue(), manifest
+
+
+def header(upload_id, agent_id, plaintext_size, kind=1, chunk_size=4096, empty=False, **extra) -> dict:
+    h = {"upload_id": upload_id, "kind": kind, "agent_id": agent_id, "nonce_prefix": os.urandom(7), "chunk_size": chunk_size,
+         "plaintext_size": plaintext_size, "chunk_count": max(1, -(-plaintext_size // chunk_size)), "empty": empty, "created_at_us": now_us()}
+    h.update(extra)
+    return h
+
+
+def spec_header(h: dict) -> dict:
+    """The header in the form the canonical encoder of the interop check takes."""
+    out = dict(h, nonce_prefix=h["nonce_prefix"].hex(), wrapped_key=h.get("wrapped_key", b"").hex())
+    return out
+
+
+def seal(key: bytes, h: dict, data: bytes) -> list:
+    aad = hashlib.sha256(spec.upload_header_canonical(spec_header(h))).digest()
+    aes = AESGCM(key)
+    size, count = h["chunk_size"], h["chunk_count"]
+    return [aes.encrypt(spec.chunk_nonce(h["nonce_prefix"], i, count), data[i * size:(i + 1) * size], aad) for i in range(count)]
+
+
+def upload(link: wire.Link, h: dict, chunks: list, complete=True) -> tuple:
+    """Begins, sends every chunk, completes: the server's last answer (name, message)."""
+    link.send("upload_begin", {"header": h})
+    name, answer = link.expect("upload_ready", "upload_result")
+    if name != "upload_ready":
+        return name, answer
+    for i, c in enumerate(chunks):
+        link.send("upload_chunk", {"upload_id": h["upload_id"], "index": i, "ciphertext": c})
+        name, answer = link.expect("chunk_ack", "upload_result")
+        if name != "chunk_ack":
+            return name, answer
+    if not complete:
+        return name, answer
+    link.send("upload_complete", {"upload_id": h["upload_id"]})
+    return link.expect("upload_result")
+
+
+def code_of(answer: tuple):
+    name, message = answer
+    if name == "error":
+        return wire.ERRORS.get(message.get("code", 0))
+    if name == "upload_result":
+        return "ok" if message.get("ok") else wire.ERRORS.get(message.get("error", 0))
+    return name
+
+
+# --- The cases ----------------------------------------------------------------------------------
+
+CASES = []
+
+
+def case(rule: str):
+    def register(fn):
+        CASES.append((rule, fn))
+        return fn
+    return register
+
+
+def expect(what: str, got, wanted):
+    if got != wanted:
+        raise AssertionError(f"{what}: got {got}, wanted {wanted}")
+    print(f"  ok: {what}: {wanted}")
+
+
+def fresh_link(server) -> wire.Link:
+    return wire.Link(server.port, server.ca)
+
+
+@case("§3 a frame's length is 1 to MAX_FRAME_BYTES; zero is ERROR_MALFORMED_FRAME")
+def frame_length(s: Server, a: Agent):
+    link = fresh_link(s)
+    link.send("hello", {"min_version": 1, "max_version": 1})
+    expect("a Hello", code_of(link.expect("hello_ack")), "hello_ack")
+    link.close()
+    link = fresh_link(s)
+    link.send_raw(b"\x00\x00\x00\x00")
+    expect("a zero length", code_of(link.expect("hello_ack")), "ERROR_MALFORMED_FRAME")
+    expect("then the server closes", link.closed(), True)
+
+
+@case("§3 before authentication a frame is at most MAX_PREAUTH_FRAME_BYTES (16,384)")
+def preauth_limit(s: Server, a: Agent):
+    def hello_of(size):
+        base = wire.frame("hello", {"min_version": 1, "max_version": 1, "software": ""})
+        pad = size - (len(base) - 4)
+        body = wire.frame("hello", {"min_version": 1, "max_version": 1, "software": "x" * pad})
+        # The string's length prefix may grow by a byte: trim to the exact size.
+        while len(body) - 4 > size:
+            pad -= 1
+            body = wire.frame("hello", {"min_version": 1, "max_version": 1, "software": "x" * pad})
+        assert len(body) - 4 == size, (len(body), size)
+        return body
+    link = fresh_link(s)
+    link.send_raw(hello_of(16_384))
+    expect("a Hello of exactly 16,384 bytes", code_of(link.expect("hello_ack")), "hello_ack")
+    link.close()
+    link = fresh_link(s)
+    link.send_raw(struct.pack(">I", 16_385))
+    expect("a length of 16,385 before authentication", code_of(link.expect("hello_ack")), "ERROR_FRAME_TOO_LARGE")
+
+
+@case("§3 after authentication a frame is at most MAX_FRAME_BYTES (2,097,152)")
+def frame_limit(s: Server, a: Agent):
+    link = a.connect()
+    link.send("heartbeat", {"seq": 1})
+    expect("a heartbeat", code_of(link.expect("heartbeat_ack", skip=("pull_command",))), "heartbeat_ack")
+    link.send_raw(struct.pack(">I", 2_097_153))
+    expect("a length of 2,097,153", code_of(link.expect("heartbeat_ack", skip=("pull_command",))), "ERROR_FRAME_TOO_LARGE")
+    link.close()
+
+
+@case("§3 a body with no known message is ERROR_MALFORMED_FRAME, not ERROR_UNEXPECTED_MESSAGE")
+def unknown_body(s: Server, a: Agent):
+    for what, body in [("field 127", b"\xfa\x07\x00"), ("no field", b"\x00"), ("not protobuf", b"\xff\xff\xff")]:
+        link = fresh_link(s)
+        link.send_raw(struct.pack(">I", len(body)) + body)
+        expect(f"a body of {what}", code_of(link.expect("hello_ack")), "ERROR_MALFORMED_FRAME")
+        link.close()
+    # Unknown fields inside a known message are ignored.
+    link = fresh_link(s)
+    body = wire.encode_field(1, ("msg", wire.HELLO), {"min_version": 1, "max_version": 1})
+    inner = wire.encode({"min_version": 1, "max_version": 1}, wire.HELLO) + wire.key(99, 0) + wire.varint(5)
+    body = wire.key(1, 2) + wire.varint(len(inner)) + inner
+    link.send_raw(struct.pack(">I", len(body)) + body)
+    expect("a Hello with an unknown field 99", code_of(link.expect("hello_ack")), "hello_ack")
+    link.close()
+
+
+@case("§4 the server picks a common version, else ERROR_VERSION_UNSUPPORTED")
+def versions(s: Server, a: Agent):
+    link = fresh_link(s)
+    link.send("hello", {"min_version": 1, "max_version": 3})
+    name, ack = link.expect("hello_ack")
+    expect("versions 1 to 3", (name, ack.get("version"), len(ack.get("challenge", b""))), ("hello_ack", 1, 32))
+    link.close()
+    link = fresh_link(s)
+    link.send("hello", {"min_version": 2, "max_version": 3})
+    expect("versions 2 to 3", code_of(link.expect("hello_ack")), "ERROR_VERSION_UNSUPPORTED")
+    link.close()
+
+
+@case("§6 a frame the state does not allow is ERROR_UNEXPECTED_MESSAGE")
+def unexpected(s: Server, a: Agent):
+    link = fresh_link(s)
+    a.hello(link)
+    link.send("heartbeat", {"seq": 1})
+    expect("a Heartbeat before authentication", code_of(link.expect("heartbeat_ack")), "ERROR_UNEXPECTED_MESSAGE")
+    link.close()
+    link = a.connect()
+    link.send("hello", {"min_version": 1, "max_version": 1})
+    expect("a second Hello when ready", code_of(link.expect("hello_ack", skip=("pull_command", "heartbeat_ack"))), "ERROR_UNEXPECTED_MESSAGE")
+    link.close()
+
+
+@case("§7 enrollment: a valid token and an SPKI key of 2048-4096 bits, enrolled once")
+def enrollment(s: Server, a: Agent):
+    fresh = Agent(s)
+    name, response = fresh.enroll()
+    expect("a fresh 2048-bit key", (name, response.get("agent_id")), ("enroll_response", fresh.agent_id))
+    expect("the same key again", code_of(fresh.enroll()), "ERROR_ENROLLMENT_REFUSED")
+    expect("a wrong token", code_of(Agent(s).enroll(token="dredge_enr_" + "0" * 48)), "ERROR_ENROLLMENT_REFUSED")
+    pkcs1 = Agent(s)
+    der = pkcs1.key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.PKCS1)
+    expect("a PKCS#1 key", code_of(pkcs1.enroll(public_key=der)), "ERROR_ENROLLMENT_REFUSED")
+    small = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    expect("a 1024-bit key", code_of(Agent(s).enroll(public_key=spki(small.public_key()))), "ERROR_ENROLLMENT_REFUSED")
+
+
+@case("§8 authentication: the agent's signature over the server's own challenge")
+def authentication(s: Server, a: Agent):
+    link = a.connect()
+    session = link.session
+    expect("a valid signature", session["agent_id"], a.agent_id)
+    expect("window within [8, 64]", 8 <= session.get("window", 0) <= 64, True)
+    expect("max_chunk_bytes within [262,144, 1,048,576]", 262_144 <= session.get("max_chunk_bytes", 0) <= 1_048_576, True)
+    link.close()
+    for what, agent_id, sign in [
+        ("a signature over another challenge", a.agent_id, lambda ch: a.key.sign(spec.auth_signing_input(os.urandom(32), a.agent_id), PSS, hashes.SHA256())),
+        ("an agent that is not enrolled", "0" * 32, lambda ch: a.key.sign(spec.auth_signing_input(ch, "0" * 32), PSS, hashes.SHA256())),
+    ]:
+        link = fresh_link(s)
+        ack = a.hello(link)
+        link.send("auth_response", {"agent_id": agent_id, "signature": sign(ack["challenge"])})
+        expect(what, code_of(link.expect("auth_result")), "ERROR_AUTH_FAILED")
+        link.close()
+    link = fresh_link(s)
+    a.hello(link)
+    link.send("auth_response", {"agent_id": "", "signature": b"x"})
+    expect("an empty agent id", code_of(link.expect("auth_result")), "ERROR_MALFORMED_FRAME")
+    link.close()
+
+
+@case("§9 a heartbeat has at most MAX_ACTIVE_UIDS valid uids")
+def heartbeats(s: Server, a: Agent):
+    link = a.connect()
+    link.send("heartbeat", {"seq": 1, "active_uids": [f"u-{i}" for i in range(1023)] + ["x" * 256]})
+    name, ack = link.expect("heartbeat_ack", skip=("pull_command",))
+    expect("1,024 uids, one of 256 bytes", (name, ack.get("seq")), ("heartbeat_ack", 1))
+    link.close()
+    for what, uids in [("1,025 uids", [f"u-{i}" for i in range(1025)]), ("a uid of 257 bytes", ["x" * 257]),
+                       ("a uid with a control character", ["u-1\nx"]), ("an empty uid", [""])]:
+        link = a.connect()
+        link.send("heartbeat", {"seq": 1, "active_uids": uids})
+        expect(what, code_of(link.expect("heartbeat_ack", skip=("pull_command",))), "ERROR_MALFORMED_FRAME")
+        link.close()
+
+
+def honest_pull(s, a, link):
+    command, key = a.pull(link)
+    cid = command["command_id"]
+    data, _ = payload(cid, a.agent_id)
+    h = header(cid, a.agent_id, len(data))
+    return cid, key, data, h
+
+
+@case("§11 an honest pull upload completes, and begun again gets its result again")
+def honest_upload(s: Server, a: Agent):
+    link = a.connect()
+    cid, key, data, h = honest_pull(s, a, link)
+    name, result = upload(link, h, seal(key, h, data))
+    expect("the upload", (code_of((name, result)), result.get("files"), result.get("records")), ("ok", 1, 2))
+    expect("the pull", s.pull_status(cid, a.agent_id), "complete")
+    link.close()
+    link = a.connect()
+    link.send("upload_begin", {"header": h})
+    name, again = link.expect("upload_ready", "upload_result")
+    expect("begun again on a new connection", (name, again.get("ok"), again.get("files"), again.get("records")), ("upload_result", True, 1, 2))
+    link.send("upload_status_query", {"upload_id": cid})
+    name, status = link.expect("upload_status")
+    expect("its status", wire.STATES[status.get("state", 0)], "COMPLETE")
+    link.close()
+
+
+@case("§11/§12 header rules: ERROR_UPLOAD_INVALID for a header that breaks them")
+def header_rules(s: Server, a: Agent):
+    link = a.connect()
+    cid, key, data, h = honest_pull(s, a, link)
+    bad = [
+        ("another agent's id", dict(h, agent_id="0" * 32)),
+        ("a 6-byte nonce prefix", dict(h, nonce_prefix=os.urandom(6))),
+        ("chunk_size 4,095", dict(h, chunk_size=4095, chunk_count=-(-len(data) // 4095))),
+        ("chunk_size over max_chunk_bytes", dict(h, chunk_size=link.session["max_chunk_bytes"] + 1, chunk_count=1)),
+        ("a wrong chunk_count", dict(h, chunk_count=h["chunk_count"] + 1)),
+        ("kind EXPORT", dict(h, kind=3)),
+        ("a pull header with feedback", dict(h, feedback={"feedback_id": cid, "uid": "u-3", "text": "x", "created_at_us": now_us()})),
+        ("a pull header with a wrapped key", dict(h, wrapped_key=b"\x01" * 256)),
+        ("an upload id of no pull", dict(h, upload_id=os.urandom(16).hex())),
+        ("an upload id that is not 32 hex digits", dict(h, upload_id="../" + cid)),
+    ]
+    for what, hh in bad:
+        link.send("upload_begin", {"header": hh})
+        expect(what, code_of(link.expect("upload_ready", "upload_result")), "ERROR_UPLOAD_INVALID")
+    name, result = upload(link, h, seal(key, h, data))
+    expect("then the honest header", code_of((name, result)), "ok")
+    link.close()
+
+
+@case("§11 chunks: unknown upload, index, length, authentication, completeness")
+def chunk_rules(s: Server, a: Agent):
+    link = a.connect()
+    link.send("upload_chunk", {"upload_id": os.urandom(16).hex(), "index": 0, "ciphertext": b"x" * 32})
+    expect("a chunk of an upload not begun", code_of(link.expect("chunk_ack")), "ERROR_UPLOAD_UNKNOWN")
+    link.send("upload_status_query", {"upload_id": os.urandom(16).hex()})
+    expect("the status of an upload not begun", wire.STATES[link.expect("upload_status")[1].get("state", 0)], "UNKNOWN")
+
+    for what, mutate, wanted in [
+        ("an index past chunk_count", lambda h, cs: [(h["chunk_count"], cs[0])], "ERROR_CHUNK_INVALID"),
+        ("a chunk one byte short", lambda h, cs: [(0, cs[0][:-1])], "ERROR_CHUNK_INVALID"),
+        ("a chunk that does not authenticate", lambda h, cs: [(0, bytes([cs[0][0] ^ 1]) + cs[0][1:])], "ERROR_CHUNK_AUTH_FAILED"),
+    ]:
+        cid, key, data, h = honest_pull(s, a, link)
+        chunks = seal(key, h, data + b"")
+        link.send("upload_begin", {"header": h})
+        link.expect("upload_ready")
+        for index, c in mutate(h, chunks):
+            link.send("upload_chunk", {"upload_id": cid, "index": index, "ciphertext": c})
+        expect(what, code_of(link.expect("chunk_ack", "upload_result")), wanted)
+        expect(f"{what}: the pull", s.pull_status(cid, a.agent_id), "failed")
+
+    # Completing with a chunk missing, then finishing it.
+    command, key = a.pull(link)
+    cid = command["command_id"]
+    data, _ = payload(cid, a.agent_id, records=5000)
+    h = header(cid, a.agent_id, len(data))
+    chunks = seal(key, h, data)
+    assert len(chunks) >= 2, len(chunks)
+    name, answer = upload(link, h, chunks[:-1], complete=False)
+    link.send("upload_status_query", {"upload_id": cid})
+    status = link.expect("upload_status")[1]
+    expect("the status of a partial upload", wire.STATES[status.get("state", 0)], "RECEIVING")
+    expect("its bitmap", status.get("received", b"")[0] & 1, 1)
+    link.send("upload_complete", {"upload_id": cid})
+    expect("complete with a chunk missing", code_of(link.expect("upload_result")), "ERROR_UPLOAD_INCOMPLETE")
+    link.close()
+    link = a.connect()  # resumed on another connection: only the missing chunk
+    link.send("upload_begin", {"header": h})
+    name, ready = link.expect("upload_ready")
+    held = [i for i in range(len(chunks)) if ready["received"][i // 8] >> (i % 8) & 1]
+    expect("UploadReady lists the chunks already held", held, list(range(len(chunks) - 1)))
+    link.send("upload_chunk", {"upload_id": cid, "index": len(chunks) - 1, "ciphertext": chunks[-1]})
+    link.expect("chunk_ack")
+    link.send("upload_complete", {"upload_id": cid})
+    expect("the resumed upload", code_of(link.expect("upload_result")), "ok")
+    link.close()
+
+
+def payload_case(s, a, link, what, wanted="ERROR_PAYLOAD_INVALID", empty=None, **changes):
+    command, key = a.pull(link)
+    cid = command["command_id"]
+    data, manifest = payload(cid, a.agent_id, **changes)
+    h = header(cid, a.agent_id, len(data), empty=manifest["empty"] if empty is None else empty)
+    expect(what, code_of(upload(link, h, seal(key, h, data))), wanted)
+    expect(f"{what}: the pull", s.pull_status(cid, a.agent_id), "complete" if wanted == "ok" else "failed")
+
+
+@case("§13 the payload: schema, rules by kind, entries, CRCs, counts")
+def payload_rules(s: Server, a: Agent):
+    link = a.connect()
+    payload_case(s, a, link, "an honest payload made with zipfile", "ok")
+    payload_case(s, a, link, "an empty selection", "ok", records=0)
+    payload_case(s, a, link, "a manifest without losses", manifest_changes={"losses": None})
+    payload_case(s, a, link, "a manifest time without six fractional digits", manifest_changes={"created_at": "2026-11-21T08:00:00Z"})
+    payload_case(s, a, link, "a manifest naming another command", manifest_changes={"command_id": os.urandom(16).hex()})
+    payload_case(s, a, link, "a manifest with a wider filter than the pull's", filter={})
+    payload_case(s, a, link, "a manifest with another agent", manifest_changes={"agent_id": "0" * 32})
+    payload_case(s, a, link, "a header that says empty over records", empty=True)
+    payload_case(s, a, link, "a day listed with the wrong count", manifest_changes={"record_count": 3})
+
+    def rename(entries):
+        return [("2026-02-30.jsonl" if n.endswith(".jsonl") else n, d) for n, d in entries]
+    payload_case(s, a, link, "a day file of a date that does not exist", entries_changes=rename)
+
+    def traverse(entries):
+        return entries + [("../escape.jsonl", b"{}\n")]
+    payload_case(s, a, link, "an entry name with ..", entries_changes=traverse)
+
+    def unlisted(entries):
+        return [("2020-01-01.jsonl", b'{"a":1}\n')] + entries
+    payload_case(s, a, link, "a day the manifest does not list", entries_changes=unlisted)
+
+    def no_manifest(entries):
+        return [(n, d) for n, d in entries if n != "manifest.json"]
+    payload_case(s, a, link, "no manifest", entries_changes=no_manifest)
+
+    # A wrong CRC: the zip's stored CRC of the first entry altered.
+    command, key = a.pull(link)
+    cid = command["command_id"]
+    data, manifest = payload(cid, a.agent_id)
+    broken = bytearray(data)
+    for sig, offset in ((b"PK\x03\x04", 14), (b"PK\x01\x02", 16)):
+        at = broken.find(sig)
+        broken[at + offset] ^= 0x5A
+    h = header(cid, a.agent_id, len(broken))
+    expect("an entry whose CRC-32 is wrong", code_of(upload(link, h, seal(key, h, bytes(broken)))), "ERROR_PAYLOAD_INVALID")
+    # An entry marked encrypted.
+    command, key = a.pull(link)
+    cid = command["command_id"]
+    data, manifest = payload(cid, a.agent_id)
+    marked = bytearray(data)
+    for sig, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = marked.find(sig)
+        while at >= 0:
+            marked[at + offset] |= 1
+            at = marked.find(sig, at + 4)
+    h = header(cid, a.agent_id, len(marked))
+    expect("entries marked encrypted", code_of(upload(link, h, seal(key, h, bytes(marked)))), "ERROR_PAYLOAD_INVALID")
+    link.close()
+
+
+@case("§5/§11 feedback: feedback_id = upload_id, a valid uid and text, a key the server can unwrap")
+def feedback_rules(s: Server, a: Agent):
+    link = a.connect()
+
+    def send(what, wanted, mutate_header=lambda h: h, **fields):
+        fid = os.urandom(16).hex()
+        key = os.urandom(32)
+        created = now_us()
+        fb = {"feedback_id": fid, "uid": "u-3", "text": "it stopped", "created_at_us": created}
+        fb.update(fields)
+        manifest_feedback = {"feedback_id": fb["feedback_id"], "uid": fb["uid"] or "u-3", "text": fb["text"] or "x", "created_at": rfc3339(created)}
+        data, _ = payload(fid, a.agent_id, kind="feedback", feedback=manifest_feedback, created_us=created,
+                          filter={"uid": "u-3", "since": rfc3339(created - 86_400_000_000), "until": rfc3339(created + 1_000_000)})
+        h = header(fid, a.agent_id, len(data), kind=2, feedback=fb, wrapped_key=a.encryption_key.encrypt(key, OAEP))
+        h = mutate_header(h)
+        expect(what, code_of(upload(link, h, seal(key, h, data))), wanted)
+
+    send("an honest feedback", "ok")
+    send("a feedback_id other than the upload id", "ERROR_UPLOAD_INVALID", feedback_id=os.urandom(16).hex())
+    send("an empty text", "ERROR_UPLOAD_INVALID", text="")
+    send("a text over 16,384 bytes", "ERROR_UPLOAD_INVALID", text="x" * 16_385)
+    send("a uid with a control character", "ERROR_UPLOAD_INVALID", uid="u\x00")
+    send("a wrapped key the server cannot unwrap", "ERROR_UPLOAD_INVALID", mutate_header=lambda h: dict(h, wrapped_key=os.urandom(256)))
+    link.close()
+
+
+def main():
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    server = Server(sys.argv[1])
+    failures = 0
+    try:
+        agent = Agent(server)
+        name, _ = agent.enroll()
+        assert name == "enroll_response", name
+        for rule, fn in CASES:
+            print(rule)
+            try:
+                fn(server, agent)
+            except Exception:
+                failures += 1
+                print("  FAIL:", traceback.format_exc().strip().splitlines()[-1])
+                traceback.print_exc()
+    finally:
+        server.stop()
+    if failures:
+        print(f"{failures} of {len(CASES)} rules FAILED; the server's log: {server.log.name}")
+        raise SystemExit(1)
+    shutil.rmtree(server.dir, ignore_errors=True)
+    print(f"all {len(CASES)} rules hold")
+
+
+if __name__ == "__main__":
+    main()

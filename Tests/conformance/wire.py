@@ -1,0 +1,240 @@
+"""The wire protocol of Protocol/README.md §3 and dredge.proto, written from the specification:
+a minimal proto3 codec for the messages the conformance agent uses, frames, and a TLS link.
+
+Messages are dicts; each schema below maps a field name to (number, type), where type is one of
+"uint", "int", "bool", "string", "bytes", "enum", ("msg", SCHEMA), ("repeated", type) or
+("map", key type, value type).
+"""
+import socket
+import ssl
+import struct
+
+HELLO = {"min_version": (1, "uint"), "max_version": (2, "uint"), "software": (3, "string")}
+HELLO_ACK = {"version": (1, "uint"), "software": (2, "string"), "challenge": (3, "bytes")}
+HOST_INFO = {"hostname": (1, "string"), "os": (2, "string"), "app": (3, "string"), "app_version": (4, "string"),
+             "extra": (5, ("map", "string", "string"))}
+ENROLL_REQUEST = {"token": (1, "string"), "public_key": (2, "bytes"), "host": (3, ("msg", HOST_INFO))}
+ENROLL_RESPONSE = {"agent_id": (1, "string"), "server_signing_key": (2, "bytes"), "server_encryption_key": (3, "bytes")}
+AUTH_RESPONSE = {"agent_id": (1, "string"), "signature": (2, "bytes"), "host": (3, ("msg", HOST_INFO))}
+AUTH_RESULT = {"agent_id": (1, "string"), "heartbeat_interval_s": (2, "uint"), "window": (3, "uint"), "max_chunk_bytes": (4, "uint")}
+STORE_STATS = {"records": (1, "uint"), "oldest_us": (2, "int"), "newest_us": (3, "int"), "bytes_on_disk": (4, "uint"), "dropped": (5, "uint")}
+HEARTBEAT = {"seq": (1, "uint"), "active_uids": (2, ("repeated", "string")), "stats": (3, ("msg", STORE_STATS))}
+HEARTBEAT_ACK = {"seq": (1, "uint")}
+TARGET = {"uid": (1, "string"), "agent_id": (2, "string")}
+FILTER = {"since_us": (1, "int"), "until_us": (2, "int"), "uid": (3, "string"), "types": (4, ("repeated", "string")),
+          "levels": (5, ("repeated", "enum")), "text": (6, "string")}
+PULL_COMMAND = {"command_id": (1, "string"), "target": (2, ("msg", TARGET)), "filter": (3, ("msg", FILTER)), "issued_at_us": (4, "int"),
+                "expires_at_us": (5, "int"), "wrapped_key": (6, "bytes"), "signature": (7, "bytes")}
+COMMAND_ACCEPTED = {"command_id": (1, "string"), "upload_id": (2, "string")}
+COMMAND_REJECTED = {"command_id": (1, "string"), "reason": (2, "enum"), "detail": (3, "string")}
+FEEDBACK = {"feedback_id": (1, "string"), "uid": (2, "string"), "text": (3, "string"), "created_at_us": (4, "int")}
+UPLOAD_HEADER = {"upload_id": (1, "string"), "kind": (2, "enum"), "agent_id": (3, "string"), "nonce_prefix": (4, "bytes"),
+                 "chunk_size": (5, "uint"), "plaintext_size": (6, "uint"), "chunk_count": (7, "uint"), "wrapped_key": (8, "bytes"),
+                 "feedback": (9, ("msg", FEEDBACK)), "empty": (10, "bool"), "created_at_us": (11, "int")}
+UPLOAD_BEGIN = {"header": (1, ("msg", UPLOAD_HEADER))}
+UPLOAD_READY = {"upload_id": (1, "string"), "received": (2, "bytes")}
+UPLOAD_CHUNK = {"upload_id": (1, "string"), "index": (2, "uint"), "ciphertext": (3, "bytes")}
+CHUNK_ACK = {"upload_id": (1, "string"), "index": (2, "uint")}
+UPLOAD_STATUS_QUERY = {"upload_id": (1, "string")}
+UPLOAD_STATUS = {"upload_id": (1, "string"), "state": (2, "enum"), "received": (3, "bytes")}
+UPLOAD_COMPLETE = {"upload_id": (1, "string")}
+UPLOAD_RESULT = {"upload_id": (1, "string"), "ok": (2, "bool"), "error": (3, "enum"), "detail": (4, "string"), "files": (5, "uint"),
+                 "records": (6, "uint")}
+ERROR = {"code": (1, "enum"), "detail": (2, "string"), "fatal": (3, "bool"), "upload_id": (4, "string")}
+GOODBYE = {"reason": (1, "string")}
+
+BODIES = {
+    "hello": (1, HELLO), "hello_ack": (2, HELLO_ACK), "enroll_request": (3, ENROLL_REQUEST), "enroll_response": (4, ENROLL_RESPONSE),
+    "auth_response": (5, AUTH_RESPONSE), "auth_result": (6, AUTH_RESULT), "heartbeat": (7, HEARTBEAT), "heartbeat_ack": (8, HEARTBEAT_ACK),
+    "pull_command": (9, PULL_COMMAND), "command_accepted": (10, COMMAND_ACCEPTED), "command_rejected": (11, COMMAND_REJECTED),
+    "upload_begin": (12, UPLOAD_BEGIN), "upload_ready": (13, UPLOAD_READY), "upload_chunk": (14, UPLOAD_CHUNK), "chunk_ack": (15, CHUNK_ACK),
+    "upload_status_query": (16, UPLOAD_STATUS_QUERY), "upload_status": (17, UPLOAD_STATUS), "upload_complete": (18, UPLOAD_COMPLETE),
+    "upload_result": (19, UPLOAD_RESULT), "error": (20, ERROR), "goodbye": (21, GOODBYE),
+}
+BODY_BY_NUMBER = {number: (name, schema) for name, (number, schema) in BODIES.items()}
+
+ERRORS = {0: "ERROR_UNSPECIFIED", 1: "ERROR_VERSION_UNSUPPORTED", 2: "ERROR_MALFORMED_FRAME", 3: "ERROR_FRAME_TOO_LARGE",
+          4: "ERROR_UNEXPECTED_MESSAGE", 5: "ERROR_ENROLLMENT_REFUSED", 6: "ERROR_AUTH_FAILED", 7: "ERROR_UPLOAD_UNKNOWN",
+          8: "ERROR_UPLOAD_INVALID", 9: "ERROR_CHUNK_INVALID", 10: "ERROR_CHUNK_AUTH_FAILED", 11: "ERROR_UPLOAD_INCOMPLETE",
+          12: "ERROR_PAYLOAD_INVALID", 13: "ERROR_LIMIT_EXCEEDED", 14: "ERROR_INTERNAL", 15: "ERROR_SHUTTING_DOWN"}
+CODE = {name: number for number, name in ERRORS.items()}
+STATES = {0: "UNKNOWN", 1: "RECEIVING", 2: "COMPLETE", 3: "FAILED"}
+LEVELS = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+
+
+# --- proto3 -----------------------------------------------------------------------------------
+
+
+def varint(value: int) -> bytes:
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def key(number: int, wire_type: int) -> bytes:
+    return varint(number << 3 | wire_type)
+
+
+def encode(message: dict, schema: dict) -> bytes:
+    out = bytearray()
+    for name, value in message.items():
+        number, kind = schema[name]
+        out += encode_field(number, kind, value)
+    return bytes(out)
+
+
+def encode_field(number, kind, value) -> bytes:
+    if isinstance(kind, tuple) and kind[0] == "repeated":
+        return b"".join(encode_field(number, kind[1], v) for v in value)
+    if isinstance(kind, tuple) and kind[0] == "map":
+        entry = {"key": (1, kind[1]), "value": (2, kind[2])}
+        return b"".join(encode_field(number, ("msg", entry), {"key": k, "value": v}) for k, v in value.items())
+    if isinstance(kind, tuple) and kind[0] == "msg":
+        body = encode(value, kind[1])
+        return key(number, 2) + varint(len(body)) + body
+    if kind in ("uint", "int", "enum"):
+        return key(number, 0) + varint(value)
+    if kind == "bool":
+        return key(number, 0) + varint(1 if value else 0)
+    if kind == "string":
+        value = value.encode("utf-8")
+    return key(number, 2) + varint(len(value)) + bytes(value)
+
+
+def read_varint(data: bytes, i: int) -> tuple:
+    value, shift = 0, 0
+    while True:
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, i
+
+
+def decode(data: bytes, schema: dict) -> dict:
+    by_number = {number: (name, kind) for name, (number, kind) in schema.items()}
+    message, i = {}, 0
+    while i < len(data):
+        k, i = read_varint(data, i)
+        number, wire_type = k >> 3, k & 7
+        if wire_type == 0:
+            raw, i = read_varint(data, i)
+        elif wire_type == 2:
+            size, i = read_varint(data, i)
+            raw, i = data[i:i + size], i + size
+        elif wire_type == 1:
+            raw, i = data[i:i + 8], i + 8
+        elif wire_type == 5:
+            raw, i = data[i:i + 4], i + 4
+        else:
+            raise ValueError(f"wire type {wire_type}")
+        if number not in by_number:
+            continue  # unknown fields are ignored (§3)
+        name, kind = by_number[number]
+        repeated = isinstance(kind, tuple) and kind[0] == "repeated"
+        value = convert(raw, kind[1] if repeated else kind)
+        if repeated:
+            message.setdefault(name, []).append(value)
+        else:
+            message[name] = value
+    return message
+
+
+def convert(raw, kind):
+    if isinstance(kind, tuple) and kind[0] == "msg":
+        return decode(raw, kind[1])
+    if kind == "int":
+        return raw - (1 << 64) if raw >= 1 << 63 else raw
+    if kind in ("uint", "enum"):
+        return raw
+    if kind == "bool":
+        return bool(raw)
+    if kind == "string":
+        return raw.decode("utf-8")
+    return bytes(raw)
+
+
+def frame(body_name: str, message: dict) -> bytes:
+    number, schema = BODIES[body_name]
+    body = encode_field(number, ("msg", schema), message)
+    return struct.pack(">I", len(body)) + body
+
+
+def parse_body(body: bytes) -> tuple:
+    """(body name, message) of a Frame's bytes."""
+    k, i = read_varint(body, 0)
+    size, i = read_varint(body, i)
+    name, schema = BODY_BY_NUMBER[k >> 3]
+    return name, decode(body[i:i + size], schema)
+
+
+# --- A TLS connection to the server -------------------------------------------------------------
+
+
+class Closed(Exception):
+    pass
+
+
+class Link:
+    def __init__(self, port: int, ca_path: str, timeout: float = 20.0):
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_path)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        # §2: connecting by IP address, the certificate must carry it as an iPAddress name.
+        self.sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+        self.buffer = b""
+
+    def send_raw(self, data: bytes):
+        self.sock.sendall(data)
+
+    def send(self, body_name: str, message: dict):
+        self.send_raw(frame(body_name, message))
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            try:
+                chunk = self.sock.recv(65536)
+            except (ConnectionResetError, ssl.SSLError) as e:
+                raise Closed(str(e))
+            if not chunk:
+                raise Closed("the server closed the connection")
+            self.buffer += chunk
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def receive(self) -> tuple:
+        (length,) = struct.unpack(">I", self._read(4))
+        return parse_body(self._read(length))
+
+    def expect(self, *names, skip=("heartbeat_ack", "pull_command")) -> tuple:
+        """The next frame that is one of `names` (an Error always ends the wait); frames named
+        in `skip` are passed over."""
+        while True:
+            name, message = self.receive()
+            if name in names or name == "error":
+                return name, message
+            if name not in skip:
+                raise AssertionError(f"expected {names}, got {name} {message}")
+
+    def closed(self) -> bool:
+        """True when the server closes the connection (after anything still in flight)."""
+        try:
+            while True:
+                self.receive()
+        except Closed:
+            return True
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -59,17 +59,24 @@ def rfc3339(us: int) -> str:
 
 
 class Server:
-    def __init__(self, binary: str):
+    def __init__(self, binary: str, config=None, heartbeat_seconds=5):
         self.dir = tempfile.mkdtemp(prefix="dredge-conformance-")
         data = os.path.join(self.dir, "server")
         out = subprocess.run([binary, "init", "--data", data], check=True, capture_output=True, text=True).stdout
+        if config:
+            path = os.path.join(data, "server.json")
+            with open(path) as f:
+                merged = json.load(f)
+            merged.update(config)
+            with open(path, "w") as f:
+                json.dump(merged, f)
         self.enrollment_token = re.search(r"dredge_enr_[0-9a-f]+", out).group(0)
         self.admin_token = re.search(r"dredge_adm_[0-9a-f]+", out).group(0)
         self.ca = os.path.join(data, "ca.pem")
         self.port, self.admin_port = free_port(), free_port()
         self.log = open(os.path.join(self.dir, "server.log"), "w")
         self.process = subprocess.Popen(
-            [binary, "run", "--data", data, "--agent-port", str(self.port), "--admin-port", str(self.admin_port), "--heartbeat-seconds", "5"],
+            [binary, "run", "--data", data, "--agent-port", str(self.port), "--admin-port", str(self.admin_port), "--heartbeat-seconds", str(heartbeat_seconds)],
             stdout=self.log, stderr=self.log)
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -608,11 +615,195 @@ def feedback_rules(s: Server, a: Agent):
     link.close()
 
 
+@case("§10 redelivery: a delivered command left unanswered is sent again on the next connection")
+def redelivery(s: Server, a: Agent):
+    link = a.connect()
+    record = s.admin("POST", "/v1/pulls", {"uid": "u-3", "agent": a.agent_id, "filter": {}})
+    while True:
+        name, command = link.receive()
+        if name == "pull_command" and command["command_id"] == record["id"]:
+            break
+    link.close()  # no answer
+    link = a.connect()
+    again = None
+    while again is None:
+        name, message = link.receive()
+        if name == "pull_command" and message["command_id"] == record["id"]:
+            again = message
+    same = lambda c: (c["command_id"], c.get("target"), c.get("filter"), c["issued_at_us"], c["expires_at_us"])
+    expect("the same command, delivered again", same(again), same(command))
+    expect("its key wrapped anew, to the same key", a.key.decrypt(again["wrapped_key"], OAEP) == a.key.decrypt(command["wrapped_key"], OAEP), True)
+    link.send("command_rejected", {"command_id": record["id"], "reason": 8, "detail": "busy"})
+    link.send("heartbeat", {"seq": 1})
+    link.expect("heartbeat_ack", skip=("pull_command",))
+    expect("rejected busy", s.pull_status(record["id"], a.agent_id), "rejected")
+    link.close()
+
+
+@case("§10 answers the server does not expect change nothing")
+def unexpected_answers(s: Server, a: Agent):
+    link = a.connect()
+    cid, key, data, h = honest_pull(s, a, link)
+    link.send("command_rejected", {"command_id": cid, "reason": 8})  # after CommandAccepted: ignored
+    link.send("command_accepted", {"command_id": os.urandom(16).hex(), "upload_id": "x"})  # no such pull: ignored
+    link.send("error", {"code": 14, "detail": "x", "upload_id": os.urandom(16).hex()})  # no such pull: ignored
+    link.send("command_accepted", {"command_id": "not-an-id"})
+    expect("an answer whose id is not of the §5 form", code_of(link.expect("heartbeat_ack")), "ERROR_UPLOAD_INVALID")
+    name, result = upload(link, h, seal(key, h, data))
+    expect("the accepted pull still uploads", code_of((name, result)), "ok")
+    expect("and completes", s.pull_status(cid, a.agent_id), "complete")
+    link.close()
+
+
+@case("§11 a failed upload begun again is answered its original result, on any connection")
+def failed_again(s: Server, a: Agent):
+    link = a.connect()
+    cid, key, data, h = honest_pull(s, a, link)
+    chunks = seal(key, h, data)
+    chunks[0] = bytes([chunks[0][0] ^ 1]) + chunks[0][1:]
+    first = upload(link, h, chunks)
+    expect("a chunk that does not authenticate", code_of(first), "ERROR_CHUNK_AUTH_FAILED")
+    link.close()
+    link = a.connect()
+    link.send("upload_begin", {"header": h})
+    again = link.expect("upload_ready", "upload_result")
+    expect("begun again", (again[0], again[1].get("error")), ("upload_result", first[1].get("error")))
+    link.send("upload_status_query", {"upload_id": cid})
+    expect("its status", wire.STATES[link.expect("upload_status")[1].get("state", 0)], "FAILED")
+    link.close()
+
+
+def many_days(count: int):
+    """Entries for `count` days of one record each, listed in the manifest: (entries changer,
+    manifest changes)."""
+    start = 946_684_800_000_000  # 2000-01-01
+    lines = [(start + i * 86_400_000_000, record_line(start + i * 86_400_000_000, f"day {i}")) for i in range(count)]
+    days = [{"file": rfc3339(ts)[:10] + ".jsonl", "records": 1, "bytes": len(line.encode()), "first": rfc3339(ts), "last": rfc3339(ts)} for ts, line in lines]
+
+    def entries(original):
+        manifest = json.loads(original[-1][1])
+        manifest.update(days=days, record_count=count)
+        return [(d["file"], line.encode()) for d, (_, line) in zip(days, lines)] + [("manifest.json", json.dumps(manifest).encode())]
+    return entries
+
+
+@case("§13 limits counted on the bytes inflated: entries, compression ratio")
+def payload_limits(s: Server, a: Agent):
+    link = a.connect()
+    payload_case(s, a, link, "999 day files and the manifest (1,000 entries)", "ok", entries_changes=many_days(999))
+    payload_case(s, a, link, "1,000 day files and the manifest (1,001 entries)", entries_changes=many_days(1000))
+
+    def bomb(entries):
+        manifest = json.loads(entries[-1][1])
+        text = b"\n" * (8 << 20)
+        manifest["days"][0].update(records=len(text), bytes=len(text))
+        manifest["record_count"] = len(text)
+        return [(entries[0][0], text), ("manifest.json", json.dumps(manifest).encode())]
+    payload_case(s, a, link, "a day file that inflates over 200 times its size", entries_changes=bomb)
+    link.close()
+
+
+def second_server_cases(binary: str, failures: list):
+    """Rules that need the server's deadlines and caps set small (server.json)."""
+    config = {"connections": {"handshakeSeconds": 2, "missedHeartbeats": 3, "maxUnauthenticatedPerAddress": 4},
+              "feedback": {"perHour": 2}}
+    s = Server(binary, config=config, heartbeat_seconds=1)
+    try:
+        a = Agent(s)
+        assert a.enroll()[0] == "enroll_response"
+        checks = []
+
+        def check(rule):
+            def register(fn):
+                checks.append((rule, fn))
+                return fn
+            return register
+
+        @check("§6 HANDSHAKE_TIMEOUT: a connection not ready in time is closed, whatever it sent")
+        def handshake():
+            link = a.connect()
+            expect("a connection that authenticates at once", link.session["agent_id"], a.agent_id)
+            link.send("heartbeat", {"seq": 1})
+            expect("is served", code_of(link.expect("heartbeat_ack")), "heartbeat_ack")
+            link.close()
+            silent = fresh_link(s)
+            expect("a connection that sends nothing", silent.closed(within=10), True)
+            slow = fresh_link(s)
+            a.hello(slow)
+            expect("a connection that stops after Hello", slow.closed(within=10), True)
+
+        @check("§9 MISSED_HEARTBEATS: a ready connection with no whole frame for 3 intervals gets Goodbye and is closed")
+        def heartbeat_deadline():
+            link = a.connect()
+            for seq in range(1, 7):
+                time.sleep(0.5)
+                link.send("heartbeat", {"seq": seq})
+                link.expect("heartbeat_ack")
+            expect("heartbeats every half interval for 3 s: still open", True, True)
+            expect("then silence", link.frames_until_closed(within=10), ["goodbye"])
+
+        @check("§6 one connection per agent: a new authenticated one replaces the old")
+        def one_connection():
+            old = a.connect()
+            new = a.connect()
+            expect("the old connection", old.frames_until_closed(within=10), ["goodbye"])
+            new.send("heartbeat", {"seq": 1})
+            expect("the new one is served", code_of(new.expect("heartbeat_ack")), "heartbeat_ack")
+            new.close()
+
+        @check("§6 caps: unauthenticated connections per address are capped, enrolled agents still connect")
+        def caps():
+            held = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(4)]
+            time.sleep(0.5)
+            refused = False
+            try:
+                link = fresh_link(s)
+                refused = link.closed(within=5)
+            except (OSError, wire.Closed):
+                refused = True
+            expect("a 5th unauthenticated connection from the address", refused, True)
+            for sock in held:
+                sock.close()
+            time.sleep(0.5)
+            link = a.connect()
+            expect("once they are gone, the agent connects", link.session["agent_id"], a.agent_id)
+            link.close()
+
+        @check("§11 feedback quotas: over the quota is ERROR_LIMIT_EXCEEDED before anything is stored")
+        def quotas():
+            link = a.connect()
+            answers = []
+            for _ in range(3):
+                fid, key, created = os.urandom(16).hex(), os.urandom(32), now_us()
+                fb = {"feedback_id": fid, "uid": "u-3", "text": "slow", "created_at_us": created}
+                data, _ = payload(fid, a.agent_id, kind="feedback", created_us=created,
+                                  feedback={"feedback_id": fid, "uid": "u-3", "text": "slow", "created_at": rfc3339(created)},
+                                  filter={"uid": "u-3", "since": rfc3339(created - 86_400_000_000), "until": rfc3339(created + 1_000_000)})
+                h = header(fid, a.agent_id, len(data), kind=2, feedback=fb, wrapped_key=a.encryption_key.encrypt(key, OAEP))
+                answers.append(code_of(upload(link, h, seal(key, h, data))))
+            expect("three feedbacks with a quota of two an hour", answers, ["ok", "ok", "ERROR_LIMIT_EXCEEDED"])
+            link.close()
+
+        for rule, fn in checks:
+            print(rule)
+            try:
+                fn()
+            except Exception:
+                failures.append(rule)
+                print("  FAIL:", traceback.format_exc().strip().splitlines()[-1])
+                traceback.print_exc()
+        return len(checks)
+    finally:
+        s.stop()
+        if not failures:
+            shutil.rmtree(s.dir, ignore_errors=True)
+
+
 def main():
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     server = Server(sys.argv[1])
-    failures = 0
+    failures = []
     try:
         agent = Agent(server)
         name, _ = agent.enroll()
@@ -622,16 +813,17 @@ def main():
             try:
                 fn(server, agent)
             except Exception:
-                failures += 1
+                failures.append(rule)
                 print("  FAIL:", traceback.format_exc().strip().splitlines()[-1])
                 traceback.print_exc()
     finally:
         server.stop()
+    total = len(CASES) + second_server_cases(sys.argv[1], failures)
     if failures:
-        print(f"{failures} of {len(CASES)} rules FAILED; the server's log: {server.log.name}")
+        print(f"{len(failures)} of {total} rules FAILED; the servers' logs are under {tempfile.gettempdir()}/dredge-conformance-*")
         raise SystemExit(1)
     shutil.rmtree(server.dir, ignore_errors=True)
-    print(f"all {len(CASES)} rules hold")
+    print(f"all {total} rules hold")
 
 
 if __name__ == "__main__":

@@ -225,13 +225,30 @@ class Link:
             if name not in skip:
                 raise AssertionError(f"expected {names}, got {name} {message}")
 
-    def closed(self) -> bool:
-        """True when the server closes the connection (after anything still in flight)."""
+    def closed(self, within: float = 20.0) -> bool:
+        """True when the server closes the connection within `within` seconds (after anything
+        still in flight); False when it is still open then."""
+        self.sock.settimeout(within)
         try:
             while True:
                 self.receive()
         except Closed:
             return True
+        except (socket.timeout, TimeoutError):
+            return False
+
+    def frames_until_closed(self, within: float = 20.0) -> list:
+        """The names of the frames the server sends before it closes (None at the end if it did
+        not close within `within` seconds)."""
+        self.sock.settimeout(within)
+        names = []
+        try:
+            while True:
+                names.append(self.receive()[0])
+        except Closed:
+            return names
+        except (socket.timeout, TimeoutError):
+            return names + [None]
 
     def close(self):
         try:

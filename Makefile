@@ -30,6 +30,7 @@ bench: deps
 	.build/release/dredge-bench export
 	.build/release/dredge-bench server
 	.build/release/dredge-bench heartbeat
+	.build/release/dredge-bench slowloris
 	.build/release/dredge-bench network
 
 clean:

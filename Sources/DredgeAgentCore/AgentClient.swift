@@ -6,6 +6,7 @@ import Foundation
 import Logging
 import NIOCore
 import ServiceLifecycle
+import Synchronization
 
 /// `dredge-agent run`: keeps one connection to the server — connect, authenticate, heartbeat —
 /// and reconnects with backoff and jitter when it drops. A swift-service-lifecycle `Service`:
@@ -19,6 +20,8 @@ public final class AgentClient: Service, Sendable {
     /// When the current connection became ready, if it did.
     let established = ReadySince()
     let uploads: UploadManager
+    /// The active uids of the last heartbeat that could read them.
+    let lastActiveUIDs = Mutex<[String]>([])
 
     let maxReconnectDelay: Duration
 
@@ -102,12 +105,15 @@ public final class AgentClient: Service, Sendable {
                         }
                     }
                     group.addTask {
-                        // Heartbeats once authenticated, at the interval the server asked for;
-                        // the connection is given up when the server stops answering.
+                        // Heartbeats once authenticated: the first at once (until it arrives the
+                        // server routes no pull by uid here), then at the interval the server
+                        // asked for; the connection is given up when the server stops answering.
+                        var sent = false
                         while !Task.isCancelled {
                             let interval = await session.heartbeatInterval
-                            try await Task.sleep(for: .seconds(Int(interval ?? 1)))
+                            if interval == nil || sent { try await Task.sleep(for: .seconds(Int(interval ?? 1))) }
                             guard interval != nil else { continue }
+                            sent = true
                             if let silence = await session.overdue(at: .now) {
                                 throw AgentError("the server sent nothing for \(silence); reconnecting")
                             }
@@ -128,12 +134,28 @@ public final class AgentClient: Service, Sendable {
         if let failure = await session.failure { throw AgentError("the server closed the connection: \(failure)") }
     }
 
-    /// Users with records in the last day, and the store's statistics.
+    /// Users with records in the last day, and the store's statistics. The server replaces its
+    /// routing by uid with each list, so a store that cannot be read now repeats the last list
+    /// it gave rather than an empty one (which would make this device unreachable by uid).
     func storeReport() -> ([String], WireStoreStats) {
-        guard let store, let stats = try? store.statistics() else { return ([], WireStoreStats()) }
-        // The protocol's rules for the list (§ Heartbeats): valid uids only, at most MAX_ACTIVE_UIDS.
-        let uids = ((try? store.activeUIDs(since: Timestamp.now.subtracting(.seconds(86_400)))) ?? []).filter(UserID.isValid).prefix(WireLimits.maxActiveUIDs)
-        return (Array(uids), .with {
+        guard let store else { return ([], WireStoreStats()) }
+        let uids: [String]
+        do {
+            // The protocol's rules for the list (§ Heartbeats): valid uids only, at most MAX_ACTIVE_UIDS.
+            uids = Array(try store.activeUIDs(since: Timestamp.now.subtracting(.seconds(86_400))).filter(UserID.isValid).prefix(WireLimits.maxActiveUIDs))
+            lastActiveUIDs.withLock { $0 = uids }
+        } catch {
+            logger.warning("cannot read the store's active users; repeating the last list", metadata: ["error": "\(error)"])
+            uids = lastActiveUIDs.withLock { $0 }
+        }
+        let stats: StoreStatistics
+        do {
+            stats = try store.statistics()
+        } catch {
+            logger.warning("cannot read the store's statistics", metadata: ["error": "\(error)"])
+            return (uids, WireStoreStats())
+        }
+        return (uids, .with {
             $0.records = UInt64(max(0, stats.recordCount))
             $0.oldestUs = stats.oldest?.microseconds ?? 0
             $0.newestUs = stats.newest?.microseconds ?? 0

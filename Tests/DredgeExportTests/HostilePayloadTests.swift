@@ -188,6 +188,18 @@ extension PayloadCRCTests {
         #expect(PayloadExtractor.encryptedEntries(zipPath: try storedZip(TempDir()).path) == [])
     }
 
+    /// Marked only in an entry's local header (the central directory says nothing): still
+    /// refused, by the whole-zip reader too (the stream refuses it and hands over to it).
+    @Test func anEntryMarkedEncryptedOnlyInItsLocalHeaderIsRefused() throws {
+        let dir = TempDir()
+        var (path, bytes) = try storedZip(dir)
+        let at = try #require((0...(bytes.count - 4)).first { bytes[$0..<$0 + 4].elementsEqual([0x50, 0x4B, 0x03, 0x04]) })
+        bytes[at + 6] |= 1
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        #expect(PayloadExtractor.encryptedEntries(zipPath: path) == ["2026-11-20.jsonl"])
+        base.expectRefused(path, dir, "encrypted in the local header only")
+    }
+
     /// A day listed with no records (its file empty) breaks § Payload: a day without records
     /// has no file.
     @Test func anEmptyDayFileIsRefused() throws {

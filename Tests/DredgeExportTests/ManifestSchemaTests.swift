@@ -48,9 +48,18 @@ import Testing
         let deepObject = "{\"filter\":" + String(repeating: "{\"a\":", count: 100_000) + "1" + String(repeating: "}", count: 100_001)
         #expect(!ManifestSchema.problems(Array(deepObject.utf8)).isEmpty)
         // A long list under `uniqueItems` is checked in one pass.
-        let types = (0..<200_000).map { "\"t\($0)\"" }.joined(separator: ",")
+        let types = (0..<20_000).map { "\"t\($0)\"" }.joined(separator: ",")
         let manifest = "{\"filter\":{\"types\":[\(types),\"t0\"]}}"
         #expect(ManifestSchema.problems(Array(manifest.utf8)).contains("/filter/types: repeats an item"))
+        // Nesting past 16 levels is refused before anything is decoded (decoding a hostile deep
+        // document costs time that grows with its depth), brackets inside strings do not count.
+        let wide = "[" + Array(repeating: String(repeating: "[", count: 500) + String(repeating: "]", count: 500), count: 100).joined(separator: ",") + "]"
+        #expect(ManifestSchema.problems(Array(wide.utf8)).count == 1)
+        #expect(JSONSchema.nesting(Array(#"{"a":[{"b":"[[[[{{{{"}]}"#.utf8)) == 3)
+        // A document breaking a rule millions of times yields a bounded list.
+        let losses = "[" + Array(repeating: "1", count: 100_000).joined(separator: ",") + "]"
+        let many = ManifestSchema.problems(Array(#"{"losses":\#(losses)}"#.utf8))
+        #expect(many.count == JSONSchema.maxViolations)
         #expect(!ManifestSchema.problems([0xFF, 0xFE]).isEmpty)
         #expect(!ManifestSchema.problems([]).isEmpty)
     }

@@ -207,3 +207,20 @@ import Testing
         #expect(try await pulls.pull(quiet)?.targets.first?.status == .expired)
     }
 }
+
+extension PullOutcomeTests {
+    /// The agent's first heartbeat follows authentication at once, not an interval later: with
+    /// a 10-minute interval, the server still learns the device's users (and can route a pull
+    /// by uid to it) within seconds of the connection.
+    @Test func theFirstHeartbeatFollowsAuthenticationAtOnce() async throws {
+        let server = try await InProcessServer(heartbeatSeconds: 600)
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let device = try await Device(server, store: store)
+        defer { Task { await device.stop() } }
+        #expect(try await Self.waitFor(.seconds(120)) { try await server.admin.agents().first?.activeUIDs.sorted() == ["u-1", "u-2", "u-3"] })
+        let pull = try await server.admin.createPull(PullRequest(uid: "u-2", agent: nil, filter: .all))
+        #expect(pull.targets.map(\.agentID) == [device.state.file.agentID])
+    }
+}

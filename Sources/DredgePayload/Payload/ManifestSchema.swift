@@ -63,7 +63,6 @@ public enum ManifestSchema {
     },
     "days": {
       "type": "array",
-      "maxItems": 999,
       "items": {
         "$ref": "#/$defs/day"
       }

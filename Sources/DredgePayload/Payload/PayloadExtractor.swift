@@ -61,9 +61,10 @@ public enum PayloadExtractor {
         return ExportError(full ? .diskFull : .io, "\(doing): \(error)")
     }
 
-    /// The names of the entries the central directory marks encrypted (flag bit 0), which
-    /// ZIPFoundation would list like any other and then inflate into garbage. A directory that
-    /// does not parse gives none here: ZIPFoundation then reports the damage.
+    /// The names of the entries marked encrypted (flag bit 0) in the central directory or in
+    /// their local header, which ZIPFoundation would list like any other and inflate into
+    /// garbage. A directory that does not parse gives none here: ZIPFoundation then reports
+    /// the damage.
     static func encryptedEntries(zipPath: String) -> [String] {
         guard let handle = FileHandle(forReadingAtPath: zipPath) else { return [] }
         defer { try? handle.close() }  // read only; nothing to lose
@@ -85,7 +86,14 @@ public enum PayloadExtractor {
             let nameLength = u16(directory, at + 28)
             let next = at + 46 + nameLength + u16(directory, at + 30) + u16(directory, at + 32)
             guard next <= directory.count else { break }
-            if u16(directory, at + 8) & 1 != 0 { names.append(String(decoding: directory[at + 46..<at + 46 + nameLength], as: UTF8.self)) }
+            // Marked in the central directory, or only in the entry's own local header.
+            var encrypted = u16(directory, at + 8) & 1 != 0
+            if !encrypted, (try? handle.seek(toOffset: UInt64(u32(directory, at + 42)))) != nil,
+                let local = try? handle.read(upToCount: 30).map(Array.init), local.count == 30, local[0..<4].elementsEqual([0x50, 0x4B, 0x03, 0x04])
+            {
+                encrypted = u16(local, 6) & 1 != 0
+            }
+            if encrypted { names.append(String(decoding: directory[at + 46..<at + 46 + nameLength], as: UTF8.self)) }
             at = next
         }
         return names

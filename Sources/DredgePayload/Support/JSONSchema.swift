@@ -161,6 +161,12 @@ struct JSONSchema: Sendable {
     /// Every violation of the schema in `json`, document order not guaranteed; empty when valid.
     /// A document that is not JSON is one violation at the root.
     func violations(in json: [UInt8]) -> [Violation] {
+        // Deep nesting is refused before decoding: no protocol document nests deeper than a few
+        // levels, and decoding a deeply nested hostile one costs time that grows with its depth.
+        let deepest = Self.nesting(json)
+        guard deepest <= Self.maxNesting else {
+            return [Violation(pointer: "", message: "nests arrays and objects \(deepest) deep (at most \(Self.maxNesting))")]
+        }
         let value: JSONValue
         do {
             value = try JSONDecoder().decode(JSONValue.self, from: Data(json))
@@ -168,6 +174,33 @@ struct JSONSchema: Sendable {
             return [Violation(pointer: "", message: "not JSON")]
         }
         return violations(of: value)
+    }
+
+    /// Arrays and objects nested deeper than this are refused unread.
+    static let maxNesting = 16
+    /// Checking stops after this many violations: enough to explain a document, and a hostile
+    /// one cannot make the list (or the time to make it) grow with its size.
+    static let maxViolations = 16
+
+    /// The deepest nesting of arrays and objects in `json`, counted without parsing (brackets
+    /// inside strings do not count).
+    static func nesting(_ json: [UInt8]) -> Int {
+        var depth = 0, deepest = 0, inString = false, escaped = false
+        for byte in json {
+            if inString {
+                if escaped { escaped = false } else if byte == UInt8(ascii: "\\") { escaped = true } else if byte == UInt8(ascii: "\"") { inString = false }
+                continue
+            }
+            switch byte {
+            case UInt8(ascii: "\""): inString = true
+            case UInt8(ascii: "["), UInt8(ascii: "{"):
+                depth += 1
+                deepest = max(deepest, depth)
+            case UInt8(ascii: "]"), UInt8(ascii: "}"): depth -= 1
+            default: break
+            }
+        }
+        return deepest
     }
 
     func violations(of value: JSONValue) -> [Violation] {
@@ -292,6 +325,7 @@ struct JSONSchema: Sendable {
     private static let maxDepth = 64
 
     private func check(_ value: JSONValue, against node: Node, at pointer: String, depth: Int, into found: inout [Violation]) {
+        guard found.count < Self.maxViolations else { return }
         guard depth < Self.maxDepth else {
             found.append(Violation(pointer: pointer, message: "the schema nests deeper than \(Self.maxDepth)"))
             return
@@ -320,7 +354,9 @@ struct JSONSchema: Sendable {
     }
 
     private func check(_ value: JSONValue, _ rule: Rule, at pointer: String, depth: Int, into found: inout [Violation]) {
-        func violation(_ message: String) { found.append(Violation(pointer: pointer, message: message)) }
+        func violation(_ message: String) {
+            if found.count < Self.maxViolations { found.append(Violation(pointer: pointer, message: message)) }
+        }
         switch rule {
         case .type(let names):
             let matches = names.contains { name in
@@ -345,7 +381,7 @@ struct JSONSchema: Sendable {
             for name in names where object[name] == nil { violation("lacks the required \(name)") }
         case .additionalProperties(let node, let known):
             guard case .object(let object) = value else { return }
-            for (name, member) in object.sorted(by: { $0.key < $1.key }) where !known.contains(name) {
+            for (name, member) in object.sorted(by: { $0.key < $1.key }) where !known.contains(name) && found.count < Self.maxViolations {
                 check(member, against: node, at: pointer + "/" + Self.escape(name), depth: depth + 1, into: &found)
             }
         case .propertyNames(let node):
@@ -357,7 +393,9 @@ struct JSONSchema: Sendable {
             if case .object(let object) = value, object.count > n { violation("has more than \(n) members") }
         case .items(let node):
             guard case .array(let items) = value else { return }
-            for (i, item) in items.enumerated() { check(item, against: node, at: pointer + "/\(i)", depth: depth + 1, into: &found) }
+            for (i, item) in items.enumerated() where found.count < Self.maxViolations {
+                check(item, against: node, at: pointer + "/\(i)", depth: depth + 1, into: &found)
+            }
         case .minItems(let n):
             if case .array(let items) = value, items.count < n { violation("has fewer than \(n) items") }
         case .maxItems(let n):

@@ -533,7 +533,7 @@ final class ConnectionUploads: @unchecked Sendable {
                     described.text == header.feedback.text, described.createdAt == Timestamp(microseconds: header.feedback.createdAtUs).rfc3339
                 else { throw ExportError(.payloadInvalid, "the manifest's feedback differs from the upload header's") }
                 let f = manifest.filter
-                guard f.uid == header.feedback.uid, f.since != nil, f.until != nil, (f.types ?? []).isEmpty, (f.levels ?? []).isEmpty, f.text == nil else {
+                guard f.uid == header.feedback.uid, f.since != nil, f.until != nil, (f.types ?? []).isEmpty, (f.levels ?? []).isEmpty, (f.text ?? "").isEmpty else {
                     throw ExportError(.payloadInvalid, "a feedback's manifest selects its uid in a time range and nothing else")
                 }
             } else {

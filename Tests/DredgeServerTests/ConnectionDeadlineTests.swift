@@ -108,5 +108,11 @@ import Testing
         #expect(caps.authenticated + caps.unauthenticated == 1024 - ConnectionLimits.reservedFileDescriptors)
         #expect(caps.unauthenticated < caps.authenticated)
         #expect(ConnectionLimits(maxConnections: 10, maxUnauthenticated: 10).problem != nil)
+        // A large process keeps at most 1,024 places for connections still authenticating, so
+        // almost all of its file descriptors can hold agents (a quarter held back 5,000 of 20,000).
+        let large = ConnectionLimits().caps(openFiles: 20_000)
+        #expect(large.unauthenticated == 1_024)
+        #expect(large.authenticated == 20_000 - ConnectionLimits.reservedFileDescriptors - 1_024)
+        #expect(ConnectionLimits(maxUnauthenticated: 5_000).caps(openFiles: 20_000).unauthenticated == 5_000)
     }
 }

@@ -401,6 +401,19 @@ extension UploadStatusTests {
 }
 
 extension UploadStatusTests {
+    /// A server, a device store with records of u-1, u-2 and u-3, and one enrolled agent.
+    static func serverWithDevice() async throws -> (InProcessServer, String, LinkAgent) {
+        let server = try await InProcessServer()
+        do {
+            let store = server.dir.file("device.sqlite")
+            try PullEndToEndTests.makeDeviceStore(store)
+            return (server, store, try await server.enrollAgent())
+        } catch {
+            await server.stop()
+            throw error
+        }
+    }
+
     /// An export sealed for `cmd` but made with `filter` and naming `commandID` in its manifest.
     static func export(_ cmd: WirePullCommand, filter: LogFilter, commandID: String, by agent: LinkAgent, store: String, dir: TempDir) throws -> SealedUpload {
         let s = try LogStore(path: store)
@@ -418,11 +431,8 @@ extension UploadStatusTests {
     /// (every user's records for a pull by uid) or answers with another command's manifest
     /// fails the payload; the honest export of the same pull completes.
     @Test func aManifestThatDoesNotDescribeItsPullFailsThePayload() async throws {
-        let server = try await InProcessServer()
+        let (server, store, a) = try await Self.serverWithDevice()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
-        let a = try await server.enrollAgent()
         let filter = LogFilter(levels: [.info, .error])
         let (wider, otherCommand, honest) = try await a.connect { link in
             try await link.heartbeat(activeUIDs: ["u-3"])
@@ -475,11 +485,8 @@ extension UploadStatusTests {
     /// A `CommandRejected` for a command the agent already accepted (and is uploading) changes
     /// nothing: only a queued or delivered pull can be rejected, as only those can be accepted.
     @Test func aRejectionAfterAcceptanceIsIgnored() async throws {
-        let server = try await InProcessServer()
+        let (server, store, a) = try await Self.serverWithDevice()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
-        let a = try await server.enrollAgent()
         let pullID = try await a.connect { link in
             let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-3")))
             let cmd = try await LinkAgent.acceptNextPull(over: link)
@@ -497,11 +504,8 @@ extension UploadStatusTests {
     /// `UploadResult`: the same day files and records (the stored file list also holds the
     /// manifest, which is not a day file).
     @Test func aCompletedPullBegunAgainGetsItsOriginalResult() async throws {
-        let server = try await InProcessServer()
+        let (server, store, a) = try await Self.serverWithDevice()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
-        let a = try await server.enrollAgent()
         let (upload, first) = try await a.connect { link in
             _ = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-3")))
             let cmd = try await LinkAgent.acceptNextPull(over: link)
@@ -519,11 +523,8 @@ extension UploadStatusTests {
     /// (a manual export file's), or a pull header dressed with feedback fields, is refused at
     /// its first frame, and the honest header of the same pull is then received.
     @Test func aPullHeaderOfAnotherShapeIsRefused() async throws {
-        let server = try await InProcessServer()
+        let (server, store, a) = try await Self.serverWithDevice()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
-        let a = try await server.enrollAgent()
         try await a.connect { link in
             _ = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-3")))
             let cmd = try await LinkAgent.acceptNextPull(over: link)

@@ -13,8 +13,10 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
     /// Agent connections open at once, authenticated or not. Default: the open-file limit
     /// less ``reservedFileDescriptors`` (room for the admin API, databases and uploads).
     public var maxConnections: Int?
-    /// Of those, connections not yet authenticated. Default: a quarter. The rest is kept for
-    /// enrolled agents, so a flood of connections that never authenticate cannot take it.
+    /// Of those, connections not yet authenticated. Default: a quarter, at most 1,024 (more is
+    /// no help to agents arriving at once, and every one held back is an agent fewer the server
+    /// can hold). The rest is kept for enrolled agents, so a flood of connections that never
+    /// authenticate cannot take it.
     public var maxUnauthenticated: Int?
     /// Unauthenticated connections from one source address. Default 32.
     public var maxUnauthenticatedPerAddress: Int
@@ -59,10 +61,13 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
     }
 
     /// The caps in effect under an open-file limit of `openFiles`.
+    /// The most unauthenticated connections by default, whatever the open-file limit.
+    public static let defaultMaxUnauthenticated = 1_024
+
     func caps(openFiles: Int) -> ConnectionGate.Caps {
         let openFiles = openFiles > 0 ? openFiles : 1024
         let total = maxConnections ?? max(16, openFiles - Self.reservedFileDescriptors)
-        let unauthenticated = min(maxUnauthenticated ?? max(4, total / 4), total - 1)
+        let unauthenticated = min(maxUnauthenticated ?? max(4, min(Self.defaultMaxUnauthenticated, total / 4)), total - 1)
         return ConnectionGate.Caps(
             authenticated: total - unauthenticated, unauthenticated: unauthenticated,
             unauthenticatedPerAddress: min(maxUnauthenticatedPerAddress, unauthenticated))

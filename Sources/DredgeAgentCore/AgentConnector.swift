@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import NIOSSL
+import NIOTLS
 
 /// Opens the agent's TLS connection to the server, trusting only the pinned CA.
 enum AgentConnector {
@@ -23,23 +24,38 @@ enum AgentConnector {
         return try NIOSSLContext(configuration: tls)
     }
 
+    /// Connects and completes the TLS handshake before returning, so a certificate the pinned
+    /// CA does not vouch for is reported as such, not as a write on a channel that closed.
     static func connect(host: String, port: Int, context: NIOSSLContext) async throws -> NIOAsyncChannel<WireFrame, WireFrame> {
         let serverHostname = host.contains(where: { $0.isLetter }) ? host : nil
+        let channel: NIOAsyncChannel<WireFrame, WireFrame>
+        let handshake: EventLoopFuture<Void>
         do {
-            return try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            (channel, handshake) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .connectTimeout(.seconds(10))
                 .channelOption(.socketOption(.so_keepalive), value: 1)
                 .connect(host: host, port: port) { channel in
                     channel.eventLoop.makeCompletedFuture {
+                        let waiter = HandshakeWaiter(promise: channel.eventLoop.makePromise())
                         try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: serverHostname))
+                        try channel.pipeline.syncOperations.addHandler(waiter)
                         try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
                         try channel.pipeline.syncOperations.addHandler(MessageToByteHandler(FrameEncoder()))
-                        return try NIOAsyncChannel<WireFrame, WireFrame>(wrappingChannelSynchronously: channel)
+                        return (try NIOAsyncChannel<WireFrame, WireFrame>(wrappingChannelSynchronously: channel), waiter.promise.futureResult)
                     }
                 }
         } catch {
-            throw AgentError("cannot connect to \(host):\(port): \(error)")
+            throw AgentError("cannot connect to \(host):\(port): \(explain(error))")
         }
+        do {
+            try await handshake.get()
+        } catch {
+            // Closed through the async channel, which must finish its writer; the handshake's
+            // error is the one reported, not the close's.
+            try? await channel.executeThenClose { _, _ in }
+            throw AgentError("cannot connect to \(host):\(port): \(explain(error))")
+        }
+        return channel
     }
 
     /// A readable reason for a failure on an open connection (TLS errors mostly).
@@ -49,5 +65,35 @@ enum AgentConnector {
         }
         if let error = error as? BoringSSLError { return "TLS failed: \(error)" }
         return "\(error)"
+    }
+}
+
+/// Completes `promise` when the TLS handshake completes, or fails it with the first error (or
+/// the connection closing, or never opening) before that; passes every event on.
+private final class HandshakeWaiter: ChannelInboundHandler, Sendable {
+    typealias InboundIn = NIOAny
+    let promise: EventLoopPromise<Void>
+
+    init(promise: EventLoopPromise<Void>) { self.promise = promise }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? TLSUserEvent, case .handshakeCompleted = event { promise.succeed(()) }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        promise.fail(error)
+        context.fireErrorCaught(error)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        promise.fail(ChannelError.inputClosed)
+        context.fireChannelInactive()
+    }
+
+    /// A connection that never became active (refused, timed out) ends here: the promise must
+    /// not be left unfulfilled. Fulfilling a promise again does nothing.
+    func handlerRemoved(context: ChannelHandlerContext) {
+        promise.fail(ChannelError.ioOnClosedChannel)
     }
 }

@@ -420,6 +420,10 @@ def enrollment(s: Server, a: Agent):
     expect("a PKCS#1 key", code_of(pkcs1.enroll(public_key=der)), "ERROR_ENROLLMENT_REFUSED")
     small = rsa.generate_private_key(public_exponent=65537, key_size=1024)
     expect("a 1024-bit key", code_of(Agent(s).enroll(public_key=spki(small.public_key()))), "ERROR_ENROLLMENT_REFUSED")
+    large = rsa.generate_private_key(public_exponent=65537, key_size=4104)
+    expect("a 4104-bit key", code_of(Agent(s).enroll(public_key=spki(large.public_key()))), "ERROR_ENROLLMENT_REFUSED")
+    padded = bytearray(spki(Agent(s).key.public_key()))
+    expect("an SPKI with bytes after it", code_of(Agent(s).enroll(public_key=bytes(padded) + b"\x00")), "ERROR_ENROLLMENT_REFUSED")
 
 
 @case("§8 authentication: the agent's signature over the server's own challenge")
@@ -747,6 +751,26 @@ def redelivery(s: Server, a: Agent):
     link.send("heartbeat", {"seq": 1})
     link.expect("heartbeat_ack", skip=("pull_command",))
     expect("rejected busy", s.pull_status(record["id"], a.agent_id), "rejected")
+    link.close()
+    # Answered: not sent again. A second pull made while the agent is away is delivered on the
+    # next connection with whatever else is due; the answered one must not be among them.
+    second = s.admin("POST", "/v1/pulls", {"uid": "u-3", "agent": a.agent_id, "filter": {}})
+    link = a.connect()
+    seen = []
+    while second["id"] not in seen:
+        name, message = link.receive()
+        if name == "pull_command":
+            seen.append(message["command_id"])
+    link.send("heartbeat", {"seq": 1})
+    while True:
+        name, message = link.receive()
+        if name == "pull_command":
+            seen.append(message["command_id"])
+        if name == "heartbeat_ack":
+            break
+    expect("the unanswered second pull is delivered", second["id"] in seen, True)
+    expect("the answered first is not delivered again", record["id"] in seen, False)
+    link.send("command_rejected", {"command_id": second["id"], "reason": 8})
     link.close()
 
 

@@ -129,28 +129,24 @@ final class Attacker: @unchecked Sendable {
         guard fd >= 0 else { return nil }
         // From an address of its own (all of 127/8 is loopback): the agent and the engineer
         // come from 127.0.0.1.
-        var source = sockaddr_in()
-        source.sin_family = sa_family_t(AF_INET)
-        source.sin_addr.s_addr = inet_addr("127.0.0.2")
-        let bound = withUnsafePointer(to: &source) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0 else {
-            close(fd)
-            return nil
-        }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard result == 0 else {
+        guard Self.call(bind, fd, "127.0.0.2", port: 0) == 0, Self.call(connect, fd, "127.0.0.1", port: port) == 0 else {
             close(fd)
             return nil
         }
         return fd
+    }
+
+    /// `operation` (bind or connect) on `fd` with an IPv4 address and port.
+    private static func call(
+        _ operation: (Int32, UnsafePointer<sockaddr>, socklen_t) -> Int32, _ fd: Int32, _ ip: String, port: Int
+    ) -> Int32 {
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr(ip)
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { operation(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
     }
 
     /// Stops and closes every connection; returns how many it opened in all.

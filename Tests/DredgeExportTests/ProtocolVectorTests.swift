@@ -244,6 +244,11 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         return try Vectors.check(name, fields)
     }
 
+    /// A pull's export request: the upload id is the command id, the vectors' agent id.
+    static func pullRequest(_ id: String, filter: LogFilter) -> ExportRequest {
+        ExportRequest(uploadID: id, kind: .pull, agentID: "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f", commandID: id, filter: filter, createdAt: uploadCreatedAt)
+    }
+
     static let uploadBase = Timestamp(rfc3339: "2026-11-20T23:59:58.250000Z")!
     static let uploadCreatedAt = Timestamp(rfc3339: "2026-11-21T08:00:00Z")!
     static let sampleRecords: [Record] = [
@@ -255,9 +260,7 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
 
     /// A complete small upload: fixed records → store → per-day JSONL → zip → sealed chunks.
     @Test func completeUpload() throws {
-        let request = ExportRequest(
-            uploadID: "9b2f4c6d8e0a1b3c5d7e9f0a2b4c6d8e", kind: .pull, agentID: "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f", commandID: "9b2f4c6d8e0a1b3c5d7e9f0a2b4c6d8e",
-            filter: LogFilter(uid: "u-1002"), createdAt: Self.uploadCreatedAt)
+        let request = Self.pullRequest("9b2f4c6d8e0a1b3c5d7e9f0a2b4c6d8e", filter: LogFilter(uid: "u-1002"))
         let (file, produced) = try Self.uploadVector(
             "upload.json",
             description: "A complete pull upload of uid u-1002's records: per-day JSONL files and manifest.json in a zip (deflate level 6 in 512 KiB blocks; zip bytes depend on the zlib build, the files do not), sealed in 4096-byte chunks with the key and nonce prefix given.",
@@ -267,9 +270,7 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
 
     /// An empty selection: the zip holds only the manifest, which says so, and so does the header.
     @Test func emptyUpload() throws {
-        let request = ExportRequest(
-            uploadID: "6d1e2f3a4b5c6d7e8f9a0b1c2d3e4f50", kind: .pull, agentID: "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f", commandID: "6d1e2f3a4b5c6d7e8f9a0b1c2d3e4f50",
-            filter: LogFilter(uid: "u-nobody"), createdAt: Self.uploadCreatedAt)
+        let request = Self.pullRequest("6d1e2f3a4b5c6d7e8f9a0b1c2d3e4f50", filter: LogFilter(uid: "u-nobody"))
         let (file, produced) = try Self.uploadVector(
             "upload_empty.json",
             description: "A pull whose filter matches nothing: the zip holds only manifest.json (empty: true, record_count 0, days []), and the header has empty = true.",
@@ -316,9 +317,7 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
                 ["seq": .int(n), "shard": .string("s-\(i % 13)"), "ok": .bool(i % 5 != 4)]
             ))
         }
-        let request = ExportRequest(
-            uploadID: "7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d", kind: .pull, agentID: "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f", commandID: "7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d",
-            filter: .all, createdAt: Self.uploadCreatedAt)
+        let request = Self.pullRequest("7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d", filter: .all)
         let (file, produced) = try Self.uploadVector(
             "upload_multiblock.json",
             description: "A pull upload whose one day file is over 512 KiB, so its deflate data is two blocks (§13, the exporter's zip): sealed in 16384-byte chunks. files_sha256: the SHA-256 of each file the zip holds.",

@@ -168,14 +168,19 @@ class Agent:
         link.session = result
         return link
 
+    @staticmethod
+    def command(link: wire.Link, command_id: str) -> dict:
+        """The next PullCommand with this id (other frames passed over)."""
+        while True:
+            name, command = link.receive()
+            if name == "pull_command" and command["command_id"] == command_id:
+                return command
+
     def pull(self, link: wire.Link, uid="u-3") -> tuple:
         """Asks the admin API for a pull of this agent's `uid` records and accepts the command:
         (command, key)."""
         record = self.server.admin("POST", "/v1/pulls", {"uid": uid, "agent": self.agent_id, "filter": {}})
-        while True:
-            name, command = link.receive()
-            if name == "pull_command" and command["command_id"] == record["id"]:
-                break
+        command = self.command(link, record["id"])
         fields = dict(command_id=command["command_id"], target_uid=command.get("target", {}).get("uid", ""),
                       target_agent_id=command.get("target", {}).get("agent_id", ""), issued_at_us=command["issued_at_us"],
                       expires_at_us=command["expires_at_us"], wrapped_key=command.get("wrapped_key", b"").hex())
@@ -590,19 +595,11 @@ def upload_identity(s: Server, a: Agent):
     other = Agent(s)
     assert other.enroll()[0] == "enroll_response"
     fid, fkey, created = os.urandom(16).hex(), os.urandom(32), now_us()
-
-    def feedback_upload(agent):
-        fb = {"feedback_id": fid, "uid": "u-3", "text": "mine", "created_at_us": created}
-        data, _ = payload(fid, agent.agent_id, kind="feedback", created_us=created,
-                          feedback={"feedback_id": fid, "uid": "u-3", "text": "mine", "created_at": rfc3339(created)},
-                          filter={"uid": "u-3", "since": rfc3339(created - 86_400_000_000), "until": rfc3339(created + 1_000_000)})
-        hh = header(fid, agent.agent_id, len(data), kind=2, feedback=fb, wrapped_key=agent.encryption_key.encrypt(fkey, OAEP))
-        return hh, seal(fkey, hh, data)
     link = other.connect()
-    expect("a feedback", code_of(upload(link, *feedback_upload(other))), "ok")
+    expect("a feedback", code_of(upload(link, *feedback_upload(other, fid, fkey, created, text="mine"))), "ok")
     link.close()
     link = a.connect()
-    expect("the same feedback id from another agent", code_of(upload(link, *feedback_upload(a))), "ERROR_UPLOAD_INVALID")
+    expect("the same feedback id from another agent", code_of(upload(link, *feedback_upload(a, fid, fkey, created, text="mine"))), "ERROR_UPLOAD_INVALID")
     link.close()
 
 
@@ -628,6 +625,28 @@ def routing(s: Server, a: Agent):
     except urllib.error.HTTPError as e:
         targets = e.code
     expect("the same uid once no heartbeat lists it (no agent to send it to)", targets in (400, 404, 409, 422), True)
+
+
+def feedback_upload(agent: Agent, fid=None, key=None, created=None, text="it stopped", mutate_header=lambda h: h, **fields) -> tuple:
+    """(header, sealed chunks) of an honest feedback by `agent`, with `fields` of its header's
+    feedback replaced (the manifest keeps the honest ones)."""
+    fid, key, created = fid or os.urandom(16).hex(), key or os.urandom(32), created or now_us()
+    fb = dict({"feedback_id": fid, "uid": "u-3", "text": text, "created_at_us": created}, **fields)
+    data, _ = payload(fid, agent.agent_id, kind="feedback", created_us=created,
+                      feedback={"feedback_id": fid, "uid": "u-3", "text": text, "created_at": rfc3339(created)},
+                      filter={"uid": "u-3", "since": rfc3339(created - 86_400_000_000), "until": rfc3339(created + 1_000_000)})
+    h = mutate_header(header(fid, agent.agent_id, len(data), kind=2, feedback=fb, wrapped_key=agent.encryption_key.encrypt(key, OAEP)))
+    return h, seal(key, h, data)
+
+
+def zip_bytes_case(s, a, link, what, mutate):
+    """A pull whose honest zip is changed byte by byte by `mutate` (a bytearray) is refused."""
+    command, key = a.pull(link)
+    cid = command["command_id"]
+    data = bytearray(payload(cid, a.agent_id)[0])
+    mutate(data)
+    h = header(cid, a.agent_id, len(data))
+    expect(what, code_of(upload(link, h, seal(key, h, bytes(data)))), "ERROR_PAYLOAD_INVALID")
 
 
 def payload_case(s, a, link, what, wanted="ERROR_PAYLOAD_INVALID", empty=None, **changes):
@@ -678,28 +697,19 @@ def payload_rules(s: Server, a: Agent):
         return [(n, d) for n, d in entries if n != "manifest.json"]
     payload_case(s, a, link, "no manifest", entries_changes=no_manifest)
 
-    # A wrong CRC: the zip's stored CRC of the first entry altered.
-    command, key = a.pull(link)
-    cid = command["command_id"]
-    data, manifest = payload(cid, a.agent_id)
-    broken = bytearray(data)
-    for sig, offset in ((b"PK\x03\x04", 14), (b"PK\x01\x02", 16)):
-        at = broken.find(sig)
-        broken[at + offset] ^= 0x5A
-    h = header(cid, a.agent_id, len(broken))
-    expect("an entry whose CRC-32 is wrong", code_of(upload(link, h, seal(key, h, bytes(broken)))), "ERROR_PAYLOAD_INVALID")
-    # An entry marked encrypted.
-    command, key = a.pull(link)
-    cid = command["command_id"]
-    data, manifest = payload(cid, a.agent_id)
-    marked = bytearray(data)
-    for sig, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
-        at = marked.find(sig)
-        while at >= 0:
-            marked[at + offset] |= 1
-            at = marked.find(sig, at + 4)
-    h = header(cid, a.agent_id, len(marked))
-    expect("entries marked encrypted", code_of(upload(link, h, seal(key, h, bytes(marked)))), "ERROR_PAYLOAD_INVALID")
+    def wrong_crc(data):
+        # The first entry's stored CRC, in its local header and in the central directory.
+        for sig, offset in ((b"PK\x03\x04", 14), (b"PK\x01\x02", 16)):
+            data[data.find(sig) + offset] ^= 0x5A
+    zip_bytes_case(s, a, link, "an entry whose CRC-32 is wrong", wrong_crc)
+
+    def encrypted(data):
+        for sig, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+            at = data.find(sig)
+            while at >= 0:
+                data[at + offset] |= 1
+                at = data.find(sig, at + 4)
+    zip_bytes_case(s, a, link, "entries marked encrypted", encrypted)
     link.close()
 
 
@@ -708,17 +718,7 @@ def feedback_rules(s: Server, a: Agent):
     link = a.connect()
 
     def send(what, wanted, mutate_header=lambda h: h, **fields):
-        fid = os.urandom(16).hex()
-        key = os.urandom(32)
-        created = now_us()
-        fb = {"feedback_id": fid, "uid": "u-3", "text": "it stopped", "created_at_us": created}
-        fb.update(fields)
-        manifest_feedback = {"feedback_id": fb["feedback_id"], "uid": fb["uid"] or "u-3", "text": fb["text"] or "x", "created_at": rfc3339(created)}
-        data, _ = payload(fid, a.agent_id, kind="feedback", feedback=manifest_feedback, created_us=created,
-                          filter={"uid": "u-3", "since": rfc3339(created - 86_400_000_000), "until": rfc3339(created + 1_000_000)})
-        h = header(fid, a.agent_id, len(data), kind=2, feedback=fb, wrapped_key=a.encryption_key.encrypt(key, OAEP))
-        h = mutate_header(h)
-        expect(what, code_of(upload(link, h, seal(key, h, data))), wanted)
+        expect(what, code_of(upload(link, *feedback_upload(a, mutate_header=mutate_header, **fields))), wanted)
 
     send("an honest feedback", "ok")
     send("a feedback_id other than the upload id", "ERROR_UPLOAD_INVALID", feedback_id=os.urandom(16).hex())
@@ -733,17 +733,10 @@ def feedback_rules(s: Server, a: Agent):
 def redelivery(s: Server, a: Agent):
     link = a.connect()
     record = s.admin("POST", "/v1/pulls", {"uid": "u-3", "agent": a.agent_id, "filter": {}})
-    while True:
-        name, command = link.receive()
-        if name == "pull_command" and command["command_id"] == record["id"]:
-            break
+    command = Agent.command(link, record["id"])
     link.close()  # no answer
     link = a.connect()
-    again = None
-    while again is None:
-        name, message = link.receive()
-        if name == "pull_command" and message["command_id"] == record["id"]:
-            again = message
+    again = Agent.command(link, record["id"])
     same = lambda c: (c["command_id"], c.get("target"), c.get("filter"), c["issued_at_us"], c["expires_at_us"])
     expect("the same command, delivered again", same(again), same(command))
     expect("its key wrapped anew, to the same key", a.key.decrypt(again["wrapped_key"], OAEP) == a.key.decrypt(command["wrapped_key"], OAEP), True)
@@ -928,13 +921,7 @@ def second_server_cases(binary: str, failures: list):
             link = a.connect()
             answers = []
             for _ in range(3):
-                fid, key, created = os.urandom(16).hex(), os.urandom(32), now_us()
-                fb = {"feedback_id": fid, "uid": "u-3", "text": "slow", "created_at_us": created}
-                data, _ = payload(fid, a.agent_id, kind="feedback", created_us=created,
-                                  feedback={"feedback_id": fid, "uid": "u-3", "text": "slow", "created_at": rfc3339(created)},
-                                  filter={"uid": "u-3", "since": rfc3339(created - 86_400_000_000), "until": rfc3339(created + 1_000_000)})
-                h = header(fid, a.agent_id, len(data), kind=2, feedback=fb, wrapped_key=a.encryption_key.encrypt(key, OAEP))
-                answers.append(code_of(upload(link, h, seal(key, h, data))))
+                answers.append(code_of(upload(link, *feedback_upload(a, text="slow"))))
             expect("three feedbacks with a quota of two an hour", answers, ["ok", "ok", "ERROR_LIMIT_EXCEEDED"])
             link.close()
 

@@ -5,9 +5,14 @@ Messages are dicts; each schema below maps a field name to (number, type), where
 "uint", "int", "bool", "string", "bytes", "enum", ("msg", SCHEMA), ("repeated", type) or
 ("map", key type, value type).
 """
+import os
 import socket
 import ssl
 import struct
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
+from dredge_spec import varint as read_varint  # noqa: E402  (the interop check's protobuf reader)
 
 HELLO = {"min_version": (1, "uint"), "max_version": (2, "uint"), "software": (3, "string")}
 HELLO_ACK = {"version": (1, "uint"), "software": (2, "string"), "challenge": (3, "bytes")}
@@ -107,17 +112,6 @@ def encode_field(number, kind, value) -> bytes:
     if kind == "string":
         value = value.encode("utf-8")
     return key(number, 2) + varint(len(value)) + bytes(value)
-
-
-def read_varint(data: bytes, i: int) -> tuple:
-    value, shift = 0, 0
-    while True:
-        b = data[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return value, i
 
 
 def decode(data: bytes, schema: dict) -> dict:

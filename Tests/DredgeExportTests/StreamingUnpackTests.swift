@@ -37,6 +37,25 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
 @Suite struct StreamingUnpackTests {
     let hostile = HostilePayloadTests()
 
+    /// The word-at-a-time newline count against a byte-by-byte one: every byte value (10 and
+    /// its neighbours, 0x8A with the high bit set, 0) at every alignment and tail length.
+    @Test func newlinesAreCountedExactly() {
+        var generator = SystemRandomNumberGenerator()
+        let alphabet: [UInt8] = [10, 11, 9, 0x8A, 0x0A | 0x80, 0, 0xFF, 0x7F, 65]
+        for length in 0..<80 {
+            for _ in 0..<20 {
+                let bytes = (0..<length).map { _ in alphabet.randomElement(using: &generator)! }
+                for start in 0..<min(8, length + 1) {
+                    let part = bytes[start...]
+                    let counted = part.withUnsafeBytes { PayloadStaging.newlines(in: $0) }
+                    #expect(counted == part.filter { $0 == 10 }.count, "\(Array(part))")
+                }
+            }
+        }
+        let all = (0..<4096).map { UInt8(truncatingIfNeeded: $0) }
+        #expect(all.withUnsafeBytes { PayloadStaging.newlines(in: $0) } == 16)
+    }
+
     @Test func aStreamedExportEqualsTheExtractedOneInAnyPieceSize() throws {
         let dir = TempDir()
         let store = try makeStore(in: dir, count: 6_000)

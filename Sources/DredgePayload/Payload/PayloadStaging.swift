@@ -86,12 +86,32 @@ final class PayloadStaging {
             if written > limits.maxManifestBytes { throw Self.invalid("manifest over \(limits.maxManifestBytes) bytes") }
             manifestBytes.append(contentsOf: data)
         } else {
-            var newlines = 0
-            for byte in data where byte == 10 { newlines += 1 }
-            lines += newlines
+            lines += Self.newlines(in: data)
             lastByte = data.last ?? lastByte
             do { try handle?.write(contentsOf: data) } catch { throw PayloadExtractor.fileError(error, "writing \(name)") }
         }
+    }
+
+    /// The `\n` bytes in `data`, eight at a time: a byte-by-byte loop was an eighth of the
+    /// time spent unpacking.
+    static func newlines(in data: UnsafeRawBufferPointer) -> Int {
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let low7 = ones &* 0x7F
+        let pattern = ones &* 10
+        var count = 0
+        var i = 0
+        while i + 8 <= data.count {
+            // Each byte equal to 10 becomes 0; its high bit is then set exactly where a byte was 0.
+            let v = data.loadUnaligned(fromByteOffset: i, as: UInt64.self) ^ pattern
+            let zero = ~(((v & low7) &+ low7) | v | low7)
+            count += zero.nonzeroBitCount
+            i += 8
+        }
+        while i < data.count {
+            if data[i] == 10 { count += 1 }
+            i += 1
+        }
+        return count
     }
 
     /// Ends the entry: its CRC-32 (of the bytes inflated) against the zip's, the file fsynced

@@ -119,16 +119,36 @@ public final class UploadAssembler {
     /// Verifies chunk `index` and stores it durably. Throws `.chunkAuthFailed` for a chunk that
     /// does not authenticate and `.uploadInvalid` for a bad index or size; nothing is stored then.
     public func accept(index: UInt32, ciphertext: [UInt8]) throws {
-        let plaintext: [UInt8]
+        if received.contains(index) {
+            _ = try verify(index: index, ciphertext: ciphertext)
+            return
+        }
+        commit(index: index, plaintext: try write(index: index, ciphertext: ciphertext))
+    }
+
+    /// The first half of ``accept(index:ciphertext:)``: verifies chunk `index` and writes it
+    /// durably; returns its plaintext for ``commit(index:plaintext:)``. It reads only what
+    /// never changes (the key, the directory), so several chunks may be written at once, from
+    /// any threads, as long as no two write the same index at the same time.
+    public func write(index: UInt32, ciphertext: [UInt8]) throws -> [UInt8] {
+        let plaintext = try verify(index: index, ciphertext: ciphertext)
+        try DurableFile.write(ciphertext, to: chunkPath(index))
+        return plaintext
+    }
+
+    /// The second half: records chunk `index`, written by ``write(index:ciphertext:)``, as held
+    /// and hands it to the stream. One call at a time.
+    public func commit(index: UInt32, plaintext: [UInt8]) {
+        guard index < header.chunkCount, received.insert(index).inserted else { return }
+        if index == streamed { feedStream(plaintext) }
+    }
+
+    private func verify(index: UInt32, ciphertext: [UInt8]) throws -> [UInt8] {
         do {
-            plaintext = try cipher.open(ciphertext, index: index)
+            return try cipher.open(ciphertext, index: index)
         } catch let error as EnvelopeError {
             throw ExportError(error.code == .chunkAuthFailed ? .chunkAuthFailed : .uploadInvalid, error.message)
         }
-        if received.contains(index) { return }
-        try DurableFile.write(ciphertext, to: chunkPath(index))
-        received.insert(index)
-        if index == streamed { feedStream(plaintext) }
     }
 
     /// Decrypts every chunk in order into `zipPath` (fsynced). Throws `.incomplete` if chunks

@@ -163,6 +163,10 @@ public final class AgentListener: Service, Sendable {
                         if let id = outcome.registered {
                             group.addTask { try await self.deliverPulls(to: id, token: token, outbound: outbound, work: work) }
                         }
+                        if let acks = outcome.acknowledgements {
+                            // Chunks acknowledged once written, after their frame was handled.
+                            group.addTask { for await frames in acks { try await outbound.write(contentsOf: frames) } }
+                        }
                         return !outcome.close
                     }
                     do {
@@ -182,6 +186,7 @@ public final class AgentListener: Service, Sendable {
         // Uploads being unpacked stop (what they staged is removed); the upload stays on disk.
         // Cleanup runs even when this task was cancelled (the pool skips work for a cancelled
         // task): then here, directly.
+        await session.settled()
         do {
             try await work.uploads.runIfActive { session.closed() }
         } catch {
@@ -425,6 +430,8 @@ final class ConnectionSession: @unchecked Sendable {
         var frames: [WireFrame] = []
         /// The agent authenticated: start delivering its pulls.
         var registered: String?
+        /// The connection's first chunk arrived: write these frames as they come.
+        var acknowledgements: AsyncStream<[WireFrame]>?
         var close = false
     }
 
@@ -439,6 +446,10 @@ final class ConnectionSession: @unchecked Sendable {
     private(set) var generation: Int64?
     private var host = WireHostInfo()
     private var uploads: ConnectionUploads?
+    /// Acknowledgements of chunks written after their frame was handled; handed to the
+    /// connection's loop with the first chunk (an agent that never uploads costs no writer).
+    private var acknowledgements: (stream: AsyncStream<[WireFrame]>, continuation: AsyncStream<[WireFrame]>.Continuation)?
+    private var acknowledgementsHandedOver = false
     private let work: ServerWork
 
     init(listener: AgentListener, remote: String?, channel: any Channel, token: Int, work: ServerWork) {
@@ -450,8 +461,14 @@ final class ConnectionSession: @unchecked Sendable {
         machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: listener.session)
     }
 
+    /// Waits for the chunks still being written (call before ``closed()``).
+    func settled() async { await uploads?.settled() }
+
     /// The connection ended: uploads being unpacked while they arrived stop.
-    func closed() { uploads?.closed() }
+    func closed() {
+        uploads?.closed()
+        acknowledgements?.continuation.finish()
+    }
 
     func receive(_ frame: WireFrame) async throws -> Outcome {
         try await run(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)))
@@ -501,9 +518,12 @@ final class ConnectionSession: @unchecked Sendable {
                 }
             case .registered(let id):
                 agentID = id
+                let acks = AsyncStream<[WireFrame]>.makeStream()
+                acknowledgements = acks
                 uploads = ConnectionUploads(
                     agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
-                    paths: listener.paths, feedbackLimits: listener.feedbackLimits, blocking: work.uploads, unpacking: work.unpacking, logger: listener.logger)
+                    paths: listener.paths, feedbackLimits: listener.feedbackLimits, blocking: work.uploads, unpacking: work.unpacking, logger: listener.logger,
+                    emit: { frames in acks.continuation.yield(frames) })
                 generation = try await listener.registry.connected(id, from: remote, host: host, now: Date())
                 if let replaced = listener.agentConnections.replace(id, token: token, generation: generation ?? 0, channel: channel) {
                     listener.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])
@@ -521,6 +541,10 @@ final class ConnectionSession: @unchecked Sendable {
                     try await listener.registry.heartbeat(id, heartbeat, now: Date())
                     outcome.frames.append(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
                 } else if let uploads {
+                    if case .uploadChunk? = frame.body, !acknowledgementsHandedOver {
+                        acknowledgementsHandedOver = true
+                        outcome.acknowledgements = acknowledgements?.stream
+                    }
                     do {
                         outcome.frames.append(contentsOf: try await uploads.handle(frame))
                     } catch {

@@ -63,15 +63,31 @@ final class ConnectionUploads: @unchecked Sendable {
     let unpacking: PayloadStream.Schedule?
     /// Where the blocking steps run.
     let blocking: NIOThreadPool
+    /// Under ``chunks`` while chunks are in flight; otherwise touched by one step at a time.
     private var receivers: [String: (machine: UploadReceiverStateMachine, assembler: UploadAssembler)] = [:]
+    /// Guards ``receivers``, the machines in it and the chunk pipeline below: chunk writes
+    /// finish on pool threads while the connection reads on.
+    private let chunks = NSLock()
+    private var slots: [ChunkSlot] = []
+    private var inFlight: Set<ChunkKey> = []
+    private var committing = false
+    private var roomWaiters: [CheckedContinuation<Void, Never>] = []
+    private var idleWaiters: [CheckedContinuation<Void, Never>] = []
+    /// The last status write queued; each waits for the one before it.
+    private var recording: Task<Void, Never>?
+    /// Per upload, the `chunks_received` last queued for writing (touched by the committer only).
+    private var recordedCount: [String: Int] = [:]
+    /// Where acknowledgements of chunks written after their frame was handled go.
+    let emit: @Sendable ([WireFrame]) -> Void
     /// Uploads begun on this connection that are feedback, not pulls.
     private var feedbackUploads: Set<String> = []
 
     init(
         agentID: String, pulls: any PullQueue, feedback: any FeedbackInbox, encryptionKey: RSAPrivateKey, paths: DataDirectory,
         limits: PayloadLimits = PayloadLimits(), feedbackLimits: FeedbackLimits = .default, blocking: NIOThreadPool, unpacking: PayloadStream.Schedule? = nil,
-        logger: Logger
+        logger: Logger, emit: @escaping @Sendable ([WireFrame]) -> Void
     ) {
+        self.emit = emit
         self.unpacking = unpacking
         self.blocking = blocking
         self.agentID = agentID
@@ -131,6 +147,9 @@ final class ConnectionUploads: @unchecked Sendable {
         if !isReport, let named = Self.uploadID(of: frame), !WireID.isValid(named) {
             return [error(.errorUploadInvalid, named, "the id \(WireID.echo(named).debugDescription) is not 32 lowercase hex characters")]
         }
+        if case .uploadChunk? = frame.body {} else { await settled() }
+        // Every other upload frame sees the chunks before it committed.
+        if case .uploadChunk? = frame.body {} else { await settled() }
         switch frame.body {
         case .commandAccepted(let m)?:
             // Only a delivered pull moves on: an answer repeated for a redelivered command
@@ -215,63 +234,205 @@ final class ConnectionUploads: @unchecked Sendable {
         var failedWith: WireErrorCode?
     }
 
+    /// A chunk goes to the `blocking` pool to be verified and written durably, and the next
+    /// frame is read at once: up to ``maxChunksInFlight`` chunks of this connection are written
+    /// at the same time, since most of a durable write is waiting for fsync. Each chunk is
+    /// committed (held, streamed, acknowledged) in the order it arrived once it is written,
+    /// by whichever pool thread finishes it; its acknowledgement goes out through ``emit``.
+    /// Answers that need no write (a chunk held already, a bad index) are returned at once.
     private func receive(_ chunk: WireUploadChunk) async throws -> [WireFrame] {
-        guard receivers[chunk.uploadID] != nil else { return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")] }
-        // Verified and written durably off the cooperative pool; the statuses after.
-        let (out, moves) = try await blocking.runIfActive { self.store(chunk) }
-        for move in moves {
-            try await progress(chunk.uploadID, move.status, detail: move.detail, chunksReceived: move.chunksReceived, failedWith: move.failedWith)
+        guard chunks.withLock({ receivers[chunk.uploadID] != nil }) else {
+            return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")]
         }
+        await roomForChunk()
+        var out: [WireFrame] = []
+        var failed: Progress?
+        let started: (ChunkSlot, UploadAssembler)? = chunks.withLock {
+            guard var entry = receivers[chunk.uploadID] else { return nil }
+            var started: (ChunkSlot, UploadAssembler)?
+            for action in entry.machine.chunk(chunk) {
+                switch action {
+                case .send(let f): out.append(f)
+                case .store(let index, let ciphertext):
+                    // A chunk sent again while its first copy is being written is answered once.
+                    guard inFlight.insert(ChunkKey(uploadID: chunk.uploadID, index: index)).inserted else { continue }
+                    let slot = ChunkSlot(uploadID: chunk.uploadID, index: index, ciphertext: ciphertext)
+                    slots.append(slot)
+                    started = (slot, entry.assembler)
+                case .assemble: break
+                }
+            }
+            if case .finished(let result) = entry.machine.state, !result.ok, result.error == .errorChunkInvalid {
+                failed = Progress(status: .failed, detail: result.detail, failedWith: .errorChunkInvalid)
+            }
+            receivers[chunk.uploadID] = entry
+            return started
+        }
+        if let (slot, assembler) = started {
+            nonisolated(unsafe) let assembler = assembler  // `write` reads only what never changes
+            blocking.submit { state in
+                let outcome: Result<[UInt8], any Error> =
+                    state == .active
+                    ? Result { try assembler.write(index: slot.index, ciphertext: slot.ciphertext) }
+                    : .failure(ExportError(.io, "the server is stopping"))
+                self.written(slot, outcome)
+            }
+        }
+        if let failed { record([(chunk.uploadID, failed)]) }
         return out
     }
 
-    /// A chunk through its upload's machine and assembler (blocking); the frames to send and the
-    /// status moves to record.
-    private func store(_ chunk: WireUploadChunk) -> ([WireFrame], [Progress]) {
-        guard var entry = receivers[chunk.uploadID] else { return ([], []) }
-        var out: [WireFrame] = []
-        var moves: [Progress] = []
-        var stored = false
-        for action in entry.machine.chunk(chunk) {
-            switch action {
-            case .send(let f): out.append(f)
-            case .store(let index, let ciphertext):
-                let next: [UploadReceiverStateMachine.Action]
-                do {
-                    try entry.assembler.accept(index: index, ciphertext: ciphertext)
-                    next = entry.machine.stored(index)
-                    stored = true
-                } catch let e as ExportError {
-                    logger.warning("chunk refused", metadata: ["upload.id": "\(chunk.uploadID)", "index": "\(index)", "error": "\(e)"])
-                    switch e.code {
-                    case .chunkAuthFailed:
-                        next = entry.machine.rejected(index, .errorChunkAuthFailed)
-                        moves.append(Progress(status: .failed, detail: "chunk \(index) failed authentication", failedWith: .errorChunkAuthFailed))
-                    case .uploadInvalid:
-                        next = entry.machine.rejected(index, .errorChunkInvalid)
-                        moves.append(Progress(status: .failed, detail: "chunk \(index) is invalid: \(e.message)", failedWith: .errorChunkInvalid))
-                    default:
-                        // The server's own trouble (a full disk): the agent keeps its export and
-                        // sends the chunk again later; the status stays open, with the reason.
-                        next = entry.machine.rejected(index, .errorInternal)
-                        moves.append(Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(e.code)); the agent will retry"))
-                    }
-                } catch {
-                    // `accept` throws only ExportError; anything else is the server's own trouble too.
-                    next = entry.machine.rejected(index, .errorInternal)
-                    moves.append(Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(error)); the agent will retry"))
+    /// Chunks written at once per connection, at most (the agent's window is 8).
+    static let maxChunksInFlight = 16
+
+    private struct ChunkKey: Hashable {
+        var uploadID: String
+        var index: UInt32
+    }
+
+    /// A chunk between arriving and being committed.
+    private final class ChunkSlot: @unchecked Sendable {  // `outcome` under `chunks`
+        let uploadID: String
+        let index: UInt32
+        let ciphertext: [UInt8]
+        var outcome: Result<[UInt8], any Error>?
+        init(uploadID: String, index: UInt32, ciphertext: [UInt8]) {
+            self.uploadID = uploadID
+            self.index = index
+            self.ciphertext = ciphertext
+        }
+    }
+
+    /// Waits while ``maxChunksInFlight`` chunks are being written (the connection reads no
+    /// further frame meanwhile, which holds the agent back through TCP).
+    private func roomForChunk() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = chunks.withLock { () -> Bool in
+                if slots.count < Self.maxChunksInFlight { return true }
+                roomWaiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    /// Waits until every chunk that arrived is committed and its status recorded: every other
+    /// upload frame sees the chunks before it.
+    func settled() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = chunks.withLock { () -> Bool in
+                if slots.isEmpty && !committing { return true }
+                idleWaiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+        while let task = chunks.withLock({ recording }) {
+            await task.value
+            if chunks.withLock({ recording == task }) { break }
+        }
+    }
+
+    /// A chunk's write finished (on a pool thread): commits, in arrival order, every chunk at
+    /// the front that is written. One thread commits at a time; the others leave their chunk
+    /// to it.
+    private func written(_ slot: ChunkSlot, _ outcome: Result<[UInt8], any Error>) {
+        var mine = chunks.withLock { () -> Bool in
+            slot.outcome = outcome
+            if committing { return false }
+            committing = true
+            return true
+        }
+        while mine {
+            let ready: [ChunkSlot] = chunks.withLock {
+                var ready: [ChunkSlot] = []
+                while let first = slots.first, first.outcome != nil { ready.append(slots.removeFirst()) }
+                return ready
+            }
+            var frames: [WireFrame] = []
+            var moves: [(String, Progress)] = []
+            for slot in ready { commit(slot, frames: &frames, moves: &moves) }
+            if !frames.isEmpty { emit(frames) }
+            if !moves.isEmpty { record(moves) }
+            let wake: (room: [CheckedContinuation<Void, Never>], idle: [CheckedContinuation<Void, Never>]) = chunks.withLock {
+                for slot in ready { inFlight.remove(ChunkKey(uploadID: slot.uploadID, index: slot.index)) }
+                if let first = slots.first, first.outcome != nil {
+                    mine = true
+                } else {
+                    mine = false
+                    committing = false
                 }
-                for case .send(let f) in next { out.append(f) }
-            case .assemble: break
+                let room = slots.count < Self.maxChunksInFlight ? roomWaiters : []
+                if !room.isEmpty { roomWaiters = [] }
+                let idle = slots.isEmpty && !committing ? idleWaiters : []
+                if !idle.isEmpty { idleWaiters = [] }
+                return (room, idle)
+            }
+            for c in wake.room { c.resume() }
+            for c in wake.idle { c.resume() }
+        }
+    }
+
+    /// One written (or refused) chunk through its upload's machine and assembler.
+    private func commit(_ slot: ChunkSlot, frames: inout [WireFrame], moves: inout [(String, Progress)]) {
+        let id = slot.uploadID
+        let index = slot.index
+        guard let assembler = chunks.withLock({ receivers[id]?.assembler }) else { return }
+        let next: [UploadReceiverStateMachine.Action]
+        switch slot.outcome {
+        case .success(let plaintext)?:
+            assembler.commit(index: index, plaintext: plaintext)
+            next = chunks.withLock { receivers[id]?.machine.stored(index) ?? [] }
+            let held = assembler.received.count
+            let total = Int(assembler.header.chunkCount)
+            if held == total || held - (recordedCount[id] ?? 0) >= Self.chunksPerStatusWrite {
+                recordedCount[id] = held
+                moves.append((id, Progress(status: .uploading, chunksReceived: held)))
+            }
+        case .failure(let e as ExportError)?:
+            logger.warning("chunk refused", metadata: ["upload.id": "\(id)", "index": "\(index)", "error": "\(e)"])
+            switch e.code {
+            case .chunkAuthFailed:
+                next = chunks.withLock { receivers[id]?.machine.rejected(index, .errorChunkAuthFailed) ?? [] }
+                moves.append((id, Progress(status: .failed, detail: "chunk \(index) failed authentication", failedWith: .errorChunkAuthFailed)))
+            case .uploadInvalid:
+                next = chunks.withLock { receivers[id]?.machine.rejected(index, .errorChunkInvalid) ?? [] }
+                moves.append((id, Progress(status: .failed, detail: "chunk \(index) is invalid: \(e.message)", failedWith: .errorChunkInvalid)))
+            default:
+                // The server's own trouble (a full disk): the agent keeps its export and
+                // sends the chunk again later; the status stays open, with the reason.
+                next = chunks.withLock { receivers[id]?.machine.rejected(index, .errorInternal) ?? [] }
+                moves.append((id, Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(e.code)); the agent will retry")))
+            }
+        case .failure(let error)?:
+            // `write` throws only ExportError; anything else is the server's own trouble too.
+            next = chunks.withLock { receivers[id]?.machine.rejected(index, .errorInternal) ?? [] }
+            moves.append((id, Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(error)); the agent will retry")))
+        case nil:
+            return
+        }
+        for case .send(let f) in next { frames.append(f) }
+    }
+
+    /// Chunks held between two writes of an upload's progress (`chunks_received`): one write
+    /// per chunk cost as much as the chunk's own durable write. The last chunk is always written.
+    static let chunksPerStatusWrite = 16
+
+    /// Records status moves in order, after the ones recorded before, off the committing thread.
+    private func record(_ moves: [(String, Progress)]) {
+        chunks.withLock {
+            let previous = recording
+            recording = Task {
+                await previous?.value
+                for (id, move) in moves {
+                    do {
+                        try await progress(id, move.status, detail: move.detail, chunksReceived: move.chunksReceived, failedWith: move.failedWith)
+                    } catch {
+                        logger.error("could not record an upload's progress", metadata: ["upload.id": "\(id)", "error": "\(error)"])
+                    }
+                }
             }
         }
-        receivers[chunk.uploadID] = entry
-        if stored {
-            moves.append(Progress(status: .uploading, chunksReceived: entry.assembler.received.count))
-        } else if case .finished(let result) = entry.machine.state, !result.ok, result.error == .errorChunkInvalid {
-            moves.append(Progress(status: .failed, detail: result.detail, failedWith: .errorChunkInvalid))
-        }
-        return (out, moves)
     }
 
     private func begin(_ header: WireUploadHeader) async throws -> [WireFrame] {
@@ -447,6 +608,7 @@ final class ConnectionUploads: @unchecked Sendable {
 
     /// The connection ended: uploads being unpacked while they arrived stop, and what they
     /// staged is removed (the chunks stay, for the agent to finish the upload later).
+    /// Call after ``settled()``.
     func closed() {
         for (_, entry) in receivers {
             entry.assembler.stream?.discard()

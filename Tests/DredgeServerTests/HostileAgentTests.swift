@@ -122,6 +122,52 @@ import Testing
         }
     }
 
+    /// Chunks sent all at once, last first and each twice, without waiting for a single
+    /// acknowledgement (far past the window, so many are written at the same time): every
+    /// chunk is acknowledged, the upload completes with every record, and the pull's progress
+    /// counts every chunk once.
+    @Test func chunksFloodedOutOfOrderAndTwiceAreEachHeldOnce() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = server.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        let a = try await server.enrollAgent()
+        let (pullID, chunkCount) = try await a.connect { link in
+            let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: .all))
+            let cmd = try await LinkAgent.acceptNextPull(over: link)
+            let upload = try a.pullUpload(cmd, store: store, dir: server.dir, chunkSize: WireLimits.minChunkBytes)
+            let count = upload.header.chunkCount
+            #expect(count > 32, "enough chunks to fill the server's pipeline twice")
+            try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+            let ready = try await LinkAgent.answer(to: cmd.commandID, over: link)
+            #expect(ready?.uploadReady.uploadID == cmd.commandID, "\(String(describing: ready))")
+            for index in (0..<count).reversed() {
+                let chunk = WireFrame.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = index; $0.ciphertext = Data(try! upload.chunk(index)) } }
+                try await link.send(chunk)
+                try await link.send(chunk)
+            }
+            var acked = Set<UInt32>()
+            while acked.count < count {
+                let answer = try #require(try await LinkAgent.answer(to: cmd.commandID, over: link))
+                guard case .chunkAck(let ack)? = answer.body else {
+                    Issue.record("not an acknowledgement: \(answer)")
+                    break
+                }
+                acked.insert(ack.index)
+            }
+            try await link.send(.with { $0.uploadComplete = .with { $0.uploadID = cmd.commandID } })
+            var result: WireUploadResult?
+            while result == nil, let answer = try await LinkAgent.answer(to: cmd.commandID, over: link) {
+                if case .uploadResult(let r)? = answer.body { result = r }  // late duplicate acks may come first
+            }
+            let expected = try PullEndToEndTests.expected(store, .all).values.reduce(0) { $0 + $1.utf8.reduce(0) { $1 == 10 ? $0 + 1 : $0 } }
+            #expect(result?.ok == true && result?.records == UInt64(expected), "\(String(describing: result))")
+            return (pull.id, Int(count))
+        }
+        let target = try #require(try await server.admin.pull(pullID).targets.first)
+        #expect(target.status == .complete && target.chunksReceived == chunkCount && target.chunkCount == chunkCount, "\(target)")
+    }
+
     /// A failed upload's result outlives its connection: the agent that begins it again, on
     /// another connection, is answered the same `UploadResult` (the spec's "for an upload it
     /// has already finished it answers the UploadResult"), and nothing it sends revives it.

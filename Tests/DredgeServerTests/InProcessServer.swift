@@ -144,7 +144,7 @@ struct LinkAgent: Sendable {
     }
 
     /// A real export for a pull command, sealed with the command's key.
-    func pullUpload(_ command: WirePullCommand, store: String, dir: TempDir) throws -> SealedUpload {
+    func pullUpload(_ command: WirePullCommand, store: String, dir: TempDir, chunkSize: Int = WireLimits.defaultChunkBytes) throws -> SealedUpload {
         let s = try LogStore(path: store)
         defer { try? s.close() }
         let zip = dir.file("pull-\(UUID().uuidString).zip")
@@ -154,7 +154,7 @@ struct LinkAgent: Sendable {
             to: zip)
         return try SealedUpload(
             zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)),
-            empty: manifest.empty, createdAt: Timestamp.now.microseconds)
+            empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: chunkSize)
     }
 
     /// Waits for the next pull command on `link` and accepts it.

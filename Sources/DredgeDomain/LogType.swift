@@ -2,6 +2,9 @@
 /// (lowercase letters, digits, `.`, `-`, `_`, at most ``LogType/maxLength`` bytes).
 public struct LogType: Hashable, Sendable, Codable, ExpressibleByStringLiteral, CustomStringConvertible {
     public let rawValue: String
+    /// The text this type was normalized from (``init(normalizing:)``), when it was not a valid
+    /// name; nil for a valid one. Not part of the type's identity.
+    public let normalizedFrom: String?
 
     public static let maxLength = 64
 
@@ -18,15 +21,43 @@ public struct LogType: Hashable, Sendable, Codable, ExpressibleByStringLiteral, 
             rawValue.utf8.allSatisfy({ (97...122).contains($0) || (48...57).contains($0) || $0 == 46 || $0 == 45 || $0 == 95 })
         else { return nil }
         self.rawValue = rawValue
+        self.normalizedFrom = nil
     }
 
+    /// A literal that is not a valid name (`"Checkout"`, `"my type"`) is normalized, never a
+    /// crash: see ``init(normalizing:)``. A `LogCenter` records the first use of each such
+    /// name once, as a warning.
     public init(stringLiteral value: String) {
-        guard let type = LogType(value) else { preconditionFailure("invalid log type literal \(value)") }
-        self = type
+        self.init(normalizing: value)
     }
+
+    /// A valid type made from any text: ASCII letters lowercased, every other character outside
+    /// `[a-z0-9._-]` replaced by `-`, cut to ``maxLength`` bytes; empty text is `app`. A name
+    /// that had to change keeps what it was given in ``normalizedFrom``.
+    public init(normalizing name: String) {
+        if let valid = LogType(name) {
+            self = valid
+            return
+        }
+        var bytes: [UInt8] = []
+        for scalar in name.lowercased().unicodeScalars {
+            guard bytes.count < Self.maxLength else { break }
+            let v = scalar.value
+            let allowed = (97...122).contains(v) || (48...57).contains(v) || v == 46 || v == 45 || v == 95
+            bytes.append(allowed ? UInt8(v) : 45)
+        }
+        self.rawValue = bytes.isEmpty ? "app" : String(decoding: bytes, as: UTF8.self)
+        self.normalizedFrom = name
+    }
+
+    public static func == (a: LogType, b: LogType) -> Bool { a.rawValue == b.rawValue }
+    public func hash(into hasher: inout Hasher) { hasher.combine(rawValue) }
 
     /// Used when reading back rows the store itself validated on the way in.
-    package init(unchecked rawValue: String) { self.rawValue = rawValue }
+    package init(unchecked rawValue: String) {
+        self.rawValue = rawValue
+        self.normalizedFrom = nil
+    }
 
     public init(from decoder: any Decoder) throws {
         let raw = try decoder.singleValueContainer().decode(String.self)

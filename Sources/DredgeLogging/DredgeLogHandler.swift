@@ -14,7 +14,15 @@ import Logging
 /// - `logger.label` and `logger.source` are added to the metadata; `code.file`/`code.line`
 ///   too when ``includeSourceLocation`` is set;
 /// - an attached error is stored as `error`;
-/// - the type is the handler's ``type``, unless the call's metadata has a valid `dredge.type`.
+/// - the type is the handler's ``type``, unless the call's metadata has a valid `dredge.type`;
+/// - the uid is the center's current one, unless the metadata has a valid `dredge.uid`
+///   (`logger[metadataKey: "dredge.uid"] = "\(user.id)"` on a request's logger, say).
+///
+/// Privacy: swift-log renders a message's interpolations into a plain string before a handler
+/// sees it, so a handler cannot tell a private value inside the message from the literal text.
+/// Keep personal data out of swift-log messages and pass it as metadata with a privacy level
+/// (`"email": "\(email, privacy: .hashed)"`), or log it through ``DredgeLogger``, whose
+/// messages keep each interpolation's privacy.
 public struct DredgeLogHandler: LogHandler {
     public let label: String
     public let center: LogCenter
@@ -49,6 +57,13 @@ public struct DredgeLogHandler: LogHandler {
         if case .string(let name)? = stored.removeValue(forKey: "dredge.type"), let custom = LogType(name) {
             recordType = custom
         }
+        // `dredge.uid` names the record's user (else the center's current one); a value that is
+        // not a valid uid (or was redacted) stays an ordinary metadata value.
+        var uid: String?
+        if case .string(let named)? = stored["dredge.uid"], UserID.isValid(named) {
+            uid = named
+            stored["dredge.uid"] = nil
+        }
         stored["logger.label"] = .string(label)
         stored["logger.source"] = .string(event.source)
         if includeSourceLocation {
@@ -58,7 +73,7 @@ public struct DredgeLogHandler: LogHandler {
         if let error = event.error { stored["error"] = .string(String(describing: error)) }
         center.submit(
             level: LogLevel(event.level), type: recordType, message: event.message.description, metadata: stored, at: nil,
-            uid: nil)
+            uid: uid)
     }
 
     static func convert(_ value: Logger.MetadataValue, redactor: Redactor) -> LogValue {

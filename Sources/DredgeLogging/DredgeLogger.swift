@@ -40,8 +40,8 @@ public struct DredgeLogger: Sendable {
         var stored: LogMetadata = [:]
         if !(self.metadata.isEmpty && fields.isEmpty) {
             stored.reserveCapacity(self.metadata.count + fields.count)
-            for (key, field) in self.metadata { stored[key] = field.stored(with: redactor) }
-            for (key, field) in fields { stored[key] = field.stored(with: redactor) }
+            for (key, field) in self.metadata { stored[key] = field.logField.stored(with: redactor) }
+            for (key, field) in fields { stored[key] = field.logField.stored(with: redactor) }
         }
         return center.submit(level: level, type: type, message: text, metadata: stored, at: timestamp, uid: uid)
     }

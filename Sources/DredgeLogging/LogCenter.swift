@@ -1,5 +1,6 @@
 import DredgeDomain
 import DredgeStore
+import Foundation
 import Synchronization
 
 /// The client side an app embeds: one per store and process. It stamps every record with the
@@ -18,23 +19,60 @@ public final class LogCenter: Sendable {
     public let context: ContextID
     public let redactor: Redactor
     private let currentUID = Mutex("")
+    /// Invalid type names already recorded as a warning.
+    private let warned = Mutex<Set<String>>([])
     private let ownsStore: Bool
 
+    /// Sees every record as it is enqueued (tests: ``LogRecorder``).
+    public let recorder: LogRecorder?
+    /// Prints every record to stderr as well (while developing); nil: off.
+    public let echo: ConsoleEcho?
+    /// A directory of this center's own, removed by ``close()`` (``recording(_:)``).
+    private let scratch: String?
+
     /// Uses an open store (several centers may share one, each with its own context).
-    public init(store: LogStore, context: LogContext = .current()) throws {
+    public init(store: LogStore, context: LogContext = .current(), recorder: LogRecorder? = nil, echo: ConsoleEcho? = nil) throws {
         self.store = store
         self.context = try store.register(context)
         self.redactor = Redactor(installKey: store.installKey)
         self.ownsStore = false
+        self.recorder = recorder
+        self.echo = echo
+        self.scratch = nil
     }
 
     /// Opens the store at `path` and owns it: ``close()`` closes it.
-    public init(path: String, configuration: StoreConfiguration = StoreConfiguration(), context: LogContext = .current()) throws {
+    public convenience init(
+        path: String, configuration: StoreConfiguration = StoreConfiguration(), context: LogContext = .current(), recorder: LogRecorder? = nil,
+        echo: ConsoleEcho? = nil
+    ) throws {
+        try self.init(path: path, configuration: configuration, context: context, recorder: recorder, echo: echo, scratch: nil)
+    }
+
+    private init(path: String, configuration: StoreConfiguration, context: LogContext, recorder: LogRecorder?, echo: ConsoleEcho?, scratch: String?) throws {
         let store = try LogStore(path: path, configuration: configuration)
         self.store = store
         self.context = try store.register(context)
         self.redactor = Redactor(installKey: store.installKey)
         self.ownsStore = true
+        self.recorder = recorder
+        self.echo = echo
+        self.scratch = scratch
+    }
+
+    /// A center for tests: a real store in a temporary directory of its own (removed by
+    /// ``close()``), every record also kept by `recorder` for the test to check.
+    ///
+    /// ```swift
+    /// let recorder = LogRecorder()
+    /// let center = try LogCenter.recording(recorder)
+    /// Checkout(log: center.logger()).pay()
+    /// #expect(recorder.events.map(\.name) == ["paymentFailed"])
+    /// ```
+    public static func recording(_ recorder: LogRecorder, context: LogContext = .current()) throws -> LogCenter {
+        let directory = NSTemporaryDirectory() + "dredge-recording-" + UUID().uuidString
+        return try LogCenter(
+            path: directory + "/logs.sqlite", configuration: StoreConfiguration(), context: context, recorder: recorder, echo: nil, scratch: directory)
     }
 
     /// The uid stamped on records from now on; empty when nobody is logged in.
@@ -57,18 +95,35 @@ public final class LogCenter: Sendable {
     /// entry already names one).
     @discardableResult
     func submit(level: LogLevel, type: LogType, message: String, metadata: LogMetadata, at timestamp: Timestamp?, uid: String?) -> Bool {
-        store.enqueue(
-            LogEntry(
-                timestamp: timestamp ?? .now, level: level, type: type, uid: uid ?? self.uid, message: message,
-                metadata: metadata, context: context))
+        if let given = type.normalizedFrom { warnOnce(given: given, used: type) }
+        let entry = LogEntry(
+            timestamp: timestamp ?? .now, level: level, type: type, uid: uid ?? self.uid, message: message,
+            metadata: metadata, context: context)
+        recorder?.record(entry)
+        echo?.print(entry)
+        return store.enqueue(entry)
+    }
+
+    /// A type name that was not valid and was normalized is recorded once per center (at most
+    /// 64 names), as a warning.
+    private func warnOnce(given: String, used: LogType) {
+        let first = warned.withLock { names -> Bool in
+            guard names.count < 64 else { return false }
+            return names.insert(given).inserted
+        }
+        guard first else { return }
+        submit(
+            level: .warning, type: .app, message: "log type \(given.debugDescription) is not a valid type name; its records are logged as type \"\(used)\"",
+            metadata: ["dredge.given_type": .string(given), "dredge.type": .string(used.rawValue)], at: nil, uid: nil)
     }
 
     /// Waits until everything logged before the call is durable. See ``LogStore/flush()``.
     public func flush() throws { try store.flush() }
     public func flush() async throws { try await store.flush() }
 
-    /// Closes the store if this center opened it.
+    /// Closes the store if this center opened it (and removes it, for a ``recording(_:)`` center).
     public func close() throws {
         if ownsStore { try store.close() } else { try store.flush() }
+        if let scratch { try FileManager.default.removeItem(atPath: scratch) }
     }
 }

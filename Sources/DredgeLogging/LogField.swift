@@ -1,16 +1,44 @@
 import DredgeDomain
 import DredgeStore
+import Foundation
 
-/// A metadata value with its privacy level, as a log call passes it:
+/// Anything a log call accepts as a metadata value: a plain value (``LogValueConvertible``) or
+/// one wrapped with its privacy level (``LogField``).
 ///
 /// ```swift
 /// log.error("checkout failed", metadata: [
-///     "amount": 12.5,                  // public
+///     "amount": amount,                // an Int variable: public
+///     "retry": true,
 ///     "email": .hashed(user.email),    // correlatable, not readable
-///     "card": .private(card.number),   // never stored
+///     "card": .private(card),          // never stored
 /// ])
 /// ```
-public struct LogField: Sendable {
+public protocol LogFieldConvertible: Sendable {
+    /// The value and its privacy.
+    var logField: LogField { get }
+}
+
+/// A value that can be stored as metadata. `String`, `Substring`, `Character`, the integer and
+/// floating-point types, `Bool`, `Date` (RFC 3339, UTC), `UUID`, `URL`, optionals (nil is
+/// JSON `null`), arrays of them and dictionaries keyed by `String` conform; so may an app's own
+/// types, by saying how they are stored:
+///
+/// ```swift
+/// struct OrderID: LogValueConvertible {
+///     let raw: Int
+///     var logValue: LogValue { .string("order-\(raw)") }
+/// }
+/// ```
+public protocol LogValueConvertible: LogFieldConvertible {
+    var logValue: LogValue { get }
+}
+
+extension LogValueConvertible {
+    public var logField: LogField { LogField(logValue) }
+}
+
+/// A metadata value with its privacy level.
+public struct LogField: LogFieldConvertible, Sendable {
     public var value: LogValue
     public var privacy: LogPrivacy
 
@@ -19,9 +47,11 @@ public struct LogField: Sendable {
         self.privacy = privacy
     }
 
-    public static func `public`(_ value: LogValue) -> LogField { LogField(value) }
-    public static func `private`(_ value: LogValue) -> LogField { LogField(value, privacy: .private) }
-    public static func hashed(_ value: LogValue) -> LogField { LogField(value, privacy: .hashed) }
+    public init(_ value: some LogValueConvertible, privacy: LogPrivacy = .public) {
+        self.init(value.logValue, privacy: privacy)
+    }
+
+    public var logField: LogField { self }
 
     /// The value as stored: private values become `<private>`, hashed ones `<hash:…>` (a
     /// non-string value is hashed over its JSON text).
@@ -36,13 +66,61 @@ public struct LogField: Sendable {
     }
 }
 
-extension LogField: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByFloatLiteral,
-    ExpressibleByBooleanLiteral, ExpressibleByStringInterpolation
-{
-    public init(stringLiteral value: String) { self.init(.string(value)) }
-    public init(integerLiteral value: Int64) { self.init(.int(value)) }
-    public init(floatLiteral value: Double) { self.init(.double(value)) }
-    public init(booleanLiteral value: Bool) { self.init(.bool(value)) }
+extension LogFieldConvertible where Self == LogField {
+    /// Stored as given.
+    public static func `public`(_ value: some LogValueConvertible) -> LogField { LogField(value) }
+    /// Replaced by `<private>` before it leaves the call: the value never reaches the store.
+    public static func `private`(_ value: some LogValueConvertible) -> LogField { LogField(value, privacy: .private) }
+    /// Replaced by a keyed hash (`<hash:…>`): the same value hashes the same on one install.
+    public static func hashed(_ value: some LogValueConvertible) -> LogField { LogField(value, privacy: .hashed) }
+
+    // The same for a `LogValue` written out (`.hashed(.string(email))`, `.private(["a", 1])`).
+    public static func `public`(_ value: LogValue) -> LogField { LogField(value) }
+    public static func `private`(_ value: LogValue) -> LogField { LogField(value, privacy: .private) }
+    public static func hashed(_ value: LogValue) -> LogField { LogField(value, privacy: .hashed) }
 }
 
-public typealias LogFields = [String: LogField]
+/// Metadata of a log call: values of any ``LogFieldConvertible`` type.
+public typealias LogFields = [String: any LogFieldConvertible]
+
+extension LogValue: LogValueConvertible {
+    public var logValue: LogValue { self }
+}
+
+extension String: LogValueConvertible { public var logValue: LogValue { .string(self) } }
+extension Substring: LogValueConvertible { public var logValue: LogValue { .string(String(self)) } }
+extension Character: LogValueConvertible { public var logValue: LogValue { .string(String(self)) } }
+extension Bool: LogValueConvertible { public var logValue: LogValue { .bool(self) } }
+extension Int: LogValueConvertible { public var logValue: LogValue { .int(Int64(self)) } }
+extension Int8: LogValueConvertible { public var logValue: LogValue { .int(Int64(self)) } }
+extension Int16: LogValueConvertible { public var logValue: LogValue { .int(Int64(self)) } }
+extension Int32: LogValueConvertible { public var logValue: LogValue { .int(Int64(self)) } }
+extension Int64: LogValueConvertible { public var logValue: LogValue { .int(self) } }
+extension UInt8: LogValueConvertible { public var logValue: LogValue { .int(Int64(self)) } }
+extension UInt16: LogValueConvertible { public var logValue: LogValue { .int(Int64(self)) } }
+extension UInt32: LogValueConvertible { public var logValue: LogValue { .int(Int64(self)) } }
+/// Past `Int64.max`, stored as its decimal text (JSON numbers beyond 2⁶³ do not read back).
+extension UInt64: LogValueConvertible { public var logValue: LogValue { self <= UInt64(Int64.max) ? .int(Int64(self)) : .string(String(self)) } }
+extension UInt: LogValueConvertible { public var logValue: LogValue { UInt64(self).logValue } }
+/// Not-a-number and the infinities are not JSON numbers: stored as the text `nan`, `inf`, `-inf`.
+extension Double: LogValueConvertible { public var logValue: LogValue { isFinite ? .double(self) : .string(isNaN ? "nan" : (self < 0 ? "-inf" : "inf")) } }
+extension Float: LogValueConvertible { public var logValue: LogValue { Double(self).logValue } }
+/// RFC 3339 in UTC with microseconds, as record times are written.
+extension Date: LogValueConvertible {
+    public var logValue: LogValue { .string(Timestamp(self).rfc3339) }
+}
+extension UUID: LogValueConvertible { public var logValue: LogValue { .string(uuidString) } }
+extension URL: LogValueConvertible { public var logValue: LogValue { .string(absoluteString) } }
+extension Optional: LogFieldConvertible where Wrapped: LogValueConvertible {}
+extension Optional: LogValueConvertible where Wrapped: LogValueConvertible {
+    public var logValue: LogValue { self?.logValue ?? .null }
+}
+extension Array: LogFieldConvertible where Element: LogValueConvertible {}
+extension Array: LogValueConvertible where Element: LogValueConvertible {
+    public var logValue: LogValue { .array(map(\.logValue)) }
+}
+extension Dictionary: LogFieldConvertible where Key == String, Value: LogValueConvertible {}
+extension Dictionary: LogValueConvertible where Key == String, Value: LogValueConvertible {
+    public var logValue: LogValue { .object(mapValues(\.logValue)) }
+}
+extension Timestamp: LogValueConvertible { public var logValue: LogValue { .string(rfc3339) } }

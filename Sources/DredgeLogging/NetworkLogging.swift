@@ -148,20 +148,20 @@ public struct NetworkExchange: Sendable {
         let host = request.url?.host
         let requestHeaders = request.allHTTPHeaderFields ?? [:]
         var fields: LogFields = [
-            "method": .public(.string(method)),
-            "url": .public(.string(url)),
-            "host": .public(.string(host ?? "")),
-            "duration_ms": .public(.double((milliseconds * 10).rounded() / 10)),
-            "request_bytes": .public(.int(Int64(request.httpBody?.count ?? 0))),
-            "response_bytes": .public(.int(Int64(responseBytes))),
-            "correlation_id": .public(.string(correlationID)),
-            "request_headers": .public(logger.headers(requestHeaders)),
-            "response_headers": .public(logger.headers(responseHeaders)),
+            "method": method,
+            "url": url,
+            "host": host ?? "",
+            "duration_ms": (milliseconds * 10).rounded() / 10,
+            "request_bytes": request.httpBody?.count ?? 0,
+            "response_bytes": responseBytes,
+            "correlation_id": correlationID,
+            "request_headers": logger.headers(requestHeaders),
+            "response_headers": logger.headers(responseHeaders),
         ]
-        if let status { fields["status"] = .public(.int(Int64(status))) }
-        if let error { fields["error"] = .public(.string(String(describing: error))) }
-        if let body = logger.body(request.httpBody, host: host) { fields["request_body"] = .public(body) }
-        if let body = logger.body(responseBody, host: host) { fields["response_body"] = .public(body) }
+        if let status { fields["status"] = status }
+        if let error { fields["error"] = String(describing: error) }
+        if let body = logger.body(request.httpBody, host: host) { fields["request_body"] = body }
+        if let body = logger.body(responseBody, host: host) { fields["response_body"] = body }
 
         let level: LogLevel
         let outcome: String

@@ -31,6 +31,7 @@ public final class LogStore: Sendable {
     public init(path: String, configuration: StoreConfiguration = StoreConfiguration()) throws {
         self.path = path
         self.configuration = configuration
+        if let problem = configuration.problem { throw StoreError(code: .invalidConfiguration, message: problem, path: path) }
         let directory = (path as NSString).deletingLastPathComponent
         if !configuration.readOnly, !directory.isEmpty, !FileManager.default.fileExists(atPath: directory) {
             do {

@@ -83,3 +83,29 @@ public struct StoreConfiguration: Sendable {
 
     public init() {}
 }
+
+extension StoreConfiguration {
+    /// The first value out of its range, described; nil when every value is usable. A store
+    /// refuses to open with such a configuration (``StoreError/Code/invalidConfiguration``)
+    /// rather than trap or spin later.
+    public var problem: String? {
+        func positive(_ d: Duration) -> Bool { d > .zero }
+        if queueCapacity < 1 { return "queueCapacity must be at least 1 (is \(queueCapacity))" }
+        if maxBatchSize < 1 { return "maxBatchSize must be at least 1 (is \(maxBatchSize))" }
+        if lingerBelow < 0 { return "lingerBelow must not be negative (is \(lingerBelow))" }
+        if writeLinger < .zero { return "writeLinger must not be negative" }
+        if sizeCheckEveryBatches < 1 { return "sizeCheckEveryBatches must be at least 1 (is \(sizeCheckEveryBatches))" }
+        if !positive(retentionInterval) { return "retentionInterval must be positive" }
+        if !positive(retention.maxAge) { return "retention.maxAge must be positive" }
+        if retention.maxBytes < 1 { return "retention.maxBytes must be positive (is \(retention.maxBytes))" }
+        if !(retention.lowWaterFraction > 0 && retention.lowWaterFraction <= 1) {
+            return "retention.lowWaterFraction must be in (0, 1] (is \(retention.lowWaterFraction))"
+        }
+        if limits.maxMessageBytes < 1 { return "limits.maxMessageBytes must be positive (is \(limits.maxMessageBytes))" }
+        if limits.maxMetadataValueBytes < 1 { return "limits.maxMetadataValueBytes must be positive (is \(limits.maxMetadataValueBytes))" }
+        if limits.maxMetadataBytes < 128 { return "limits.maxMetadataBytes must be at least 128 (is \(limits.maxMetadataBytes))" }
+        if limits.maxUIDBytes < 1 { return "limits.maxUIDBytes must be positive (is \(limits.maxUIDBytes))" }
+        if let pages = maxPageCount, pages < 1 { return "maxPageCount must be positive (is \(pages))" }
+        return nil
+    }
+}

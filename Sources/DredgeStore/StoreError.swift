@@ -24,6 +24,9 @@ public struct StoreError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let closed = Code("closed")
         /// Any other SQLite or I/O failure.
         public static let io = Code("io")
+        /// A ``StoreConfiguration`` value out of its range (a queue of no entries, a negative
+        /// limit); the message names it. Nothing was opened.
+        public static let invalidConfiguration = Code("invalidConfiguration")
 
         public var description: String { name }
     }

@@ -60,8 +60,7 @@ final class WriteQueue: @unchecked Sendable {
     private var flushWaiting: Bool { syncFlushers > 0 || !asyncWaiters.isEmpty }
 
     init(capacity: Int, policy: OverflowPolicy, linger: Duration = .zero, lingerBelow: Int = 64) {
-        precondition(capacity > 0)
-        self.capacity = capacity
+        self.capacity = max(1, capacity)  // LogStore refuses a configuration below 1 first
         self.policy = policy
         self.linger = linger
         self.lingerBelow = lingerBelow

@@ -15,7 +15,7 @@ do {
     center.setUser("crash-user")
     let log = center.logger(type: .business)
     for i in 0..<count {
-        log.info("durable \(i)", metadata: ["i": .public(.int(Int64(i)))])
+        log.info("durable \(i)", metadata: ["i": i])
     }
     try center.flush()
     FileHandle.standardOutput.write(Data("flushed \(count)\n".utf8))

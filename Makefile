@@ -20,6 +20,7 @@ test: deps
 	scripts/check-imports.py
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+	python3 scripts/fresh-app.py
 	python3 Tests/conformance/conformance.py "$$($(SWIFT) build --show-bin-path)/dredge-server"
 	scripts/fuzz.sh 20
 

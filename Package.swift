@@ -21,6 +21,15 @@ let package = Package(
         .executable(name: "dredge-demo", targets: ["dredge-demo"]),
         .executable(name: "dredge-bench", targets: ["dredge-bench"]),
     ],
+    traits: [
+        // The server, the agent, the command-line tools and the dependencies only they need
+        // (SwiftNIO, NIOSSL, Hummingbird, swift-certificates, swift-protobuf, ZIPFoundation,
+        // ArgumentParser, ServiceLifecycle). On by default; an app that only logs depends on
+        // this package with `traits: []` and fetches and builds none of them: the logging
+        // library needs GRDB, swift-log and swift-crypto only.
+        .trait(name: "Server"),
+        .default(enabledTraits: ["Server"]),
+    ],
     dependencies: [
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
@@ -65,8 +74,8 @@ let package = Package(
             name: "DredgeWire",
             dependencies: [
                 "DredgeDomain",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+                .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
             ]
         ),
         // The encryption envelope: key wrap, command and challenge signatures, chunk sealing.
@@ -86,8 +95,8 @@ let package = Package(
             name: "DredgePayload",
             dependencies: [
                 "DredgeDomain", "DredgeWire", "DredgeEnvelope", "CDredgeZlib",
-                .product(name: "ZIPFoundation", package: "ZIPFoundation"),
-                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+                .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
+                .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
@@ -107,32 +116,32 @@ let package = Package(
             name: "DredgeServer",
             dependencies: [
                 "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeAdminAPI",
-                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "X509", package: "swift-certificates"),
-                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
+                .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
+                .product(name: "X509", package: "swift-certificates", condition: .when(traits: ["Server"])),
+                .product(name: "SwiftASN1", package: "swift-asn1", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle", condition: .when(traits: ["Server"])),
             ]
         ),
         // What the command-line tools share: the record filter flags.
         .target(
             name: "DredgeCommandLine",
-            dependencies: ["DredgeDomain", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DredgeDomain", .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"]))]
         ),
         // The support engineers' command line, a client of the admin API.
         .executableTarget(
             name: "dredge",
-            dependencies: ["DredgeAdminAPI", "DredgeDomain", "DredgeCommandLine", "DredgePayload", "DredgeEnvelope", "DredgeWire", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DredgeAdminAPI", "DredgeDomain", "DredgeCommandLine", "DredgePayload", "DredgeEnvelope", "DredgeWire", .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"]))]
         ),
         .executableTarget(
             name: "dredge-server",
-            dependencies: ["DredgeServer", "DredgeDomain", "DredgeAdminAPI", "DredgeCommandLine", .product(name: "ArgumentParser", package: "swift-argument-parser"), .product(name: "Logging", package: "swift-log")]
+            dependencies: ["DredgeServer", "DredgeDomain", "DredgeAdminAPI", "DredgeCommandLine", .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"])), .product(name: "Logging", package: "swift-log")]
         ),
         // Realistic synthetic logs for the demo, the benchmarks and the tests.
         .target(name: "DredgeSamples", dependencies: ["DredgeDomain", "DredgeStore"]),
@@ -141,14 +150,14 @@ let package = Package(
             name: "DredgeAgentCore",
             dependencies: [
                 "DredgeDomain", "DredgeStore", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport",
-                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+                .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
+                .product(name: "NIOTLS", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle", condition: .when(traits: ["Server"])),
             ]
         ),
         .executableTarget(
@@ -156,15 +165,15 @@ let package = Package(
             dependencies: [
                 "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeAgentCore", "DredgeWire", "DredgeCommandLine", "DredgePayload", "DredgeExport", "DredgeEnvelope",
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle", condition: .when(traits: ["Server"])),
+                .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"])),
             ]
         ),
         .executableTarget(
             name: "dredge-demo",
             dependencies: [
                 "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"])),
             ]
         ),
         .executableTarget(
@@ -172,12 +181,12 @@ let package = Package(
             dependencies: [
                 "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport", "CDredgeZlib",
                 "DredgeServer", "DredgeAgentCore", "DredgeAdminAPI",
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
+                .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"])),
             ]
         ),
         // A child process for crash tests: logs, flushes, reports, then waits to be killed.
@@ -189,7 +198,7 @@ let package = Package(
         // The frame decoder's fuzz target; a corpus replayer when not built for libFuzzer.
         .executableTarget(
             name: "dredge-fuzz-frames",
-            dependencies: ["DredgeWire", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["DredgeWire", .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"]))],
             path: "Tests/Fuzz/FrameFuzzer"
         ),
         // Helpers the test targets share: temporary directories, finding built executables.
@@ -211,26 +220,26 @@ let package = Package(
             dependencies: [
                 "DredgeServer", "DredgeDomain", "DredgePayload", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", "DredgeAdminAPI", "DredgeAgentCore", "DredgeWire", "DredgeExport",
                 "DredgeLogging",
-                .product(name: "X509", package: "swift-certificates"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "X509", package: "swift-certificates", condition: .when(traits: ["Server"])),
+                .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
+                .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])), .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOEmbedded", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle", condition: .when(traits: ["Server"])),
+                .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
+                .product(name: "HummingbirdTesting", package: "hummingbird", condition: .when(traits: ["Server"])),
             ]
         ),
         .testTarget(
             name: "DredgeWireTests",
             dependencies: [
                 "DredgeWire", "DredgeEnvelope", "DredgeTestSupport",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOEmbedded", package: "swift-nio"),
-                .product(name: "NIOTestUtils", package: "swift-nio"),
+                .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOEmbedded", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOTestUtils", package: "swift-nio", condition: .when(traits: ["Server"])),
             ]
         ),
         .testTarget(
@@ -242,7 +251,7 @@ let package = Package(
             dependencies: [
                 "DredgeDomain", "DredgePayload", "DredgeExport", "DredgeEnvelope", "DredgeWire", "DredgeStore", "DredgeSamples", "DredgeTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "ZIPFoundation", package: "ZIPFoundation"),
+                .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
             ]
         ),
         .testTarget(
@@ -250,7 +259,7 @@ let package = Package(
             dependencies: [
                 "DredgeDomain", "DredgeLogging", "DredgeStore", "DredgeTestSupport",
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
             ]
         ),
     ]

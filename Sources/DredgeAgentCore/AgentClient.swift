@@ -78,7 +78,7 @@ public final class AgentClient: Service, Sendable {
                 // after that is the network's, so start again from the shortest delay. One
                 // dropped sooner (a server that accepts, then falls over) keeps backing off.
                 let delay = backoff.afterConnection(readyFor: self.established.take().map { ContinuousClock.now - $0 })
-                self.logger.info("reconnecting", metadata: ["in": "\(delay)"])
+                self.logger.info("reconnecting", metadata: ["in": "\(Self.rounded(delay))"])
                 // Sleep, but wake at once on stop.
                 for _ in 0..<Int(delay / .milliseconds(100)) + 1 where !self.stop.isStopped {
                     do { try await Task.sleep(for: .milliseconds(100)) } catch { break }
@@ -89,12 +89,18 @@ public final class AgentClient: Service, Sendable {
         }
     }
 
+    /// A delay as people read it: `1.5 s`, `12 s` (not `1.4999999 seconds`).
+    static func rounded(_ delay: Duration) -> String {
+        let seconds = Double(delay.components.seconds) + Double(delay.components.attoseconds) / 1e18
+        return seconds < 10 ? String(format: "%.1f s", seconds) : "\(Int(seconds.rounded())) s"
+    }
+
     func connectOnce() async throws {
         let channel = try await AgentConnector.connect(host: state.file.serverHost, port: state.file.serverPort, caPEM: state.caPEM)
         stop.onStop { channel.channel.close(promise: nil) }
         let session = Session(
             machine: AgentConnectionStateMachine(mode: .authenticate(agentID: state.file.agentID, host: hostInfo), software: "dredge-agent/0.1"),
-            key: state.key, uploads: uploads, established: established)
+            key: state.key, uploads: uploads, established: established, logger: logger, server: "\(state.file.serverHost):\(state.file.serverPort)")
         do {
             try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -173,12 +179,16 @@ public final class AgentClient: Service, Sendable {
         var failure: WireProtocolError?
         let uploads: UploadManager
         let established: ReadySince
+        let logger: Logger
+        let server: String
 
-        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey, uploads: UploadManager, established: ReadySince) {
+        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey, uploads: UploadManager, established: ReadySince, logger: Logger, server: String) {
             self.machine = machine
             self.key = key
             self.uploads = uploads
             self.established = established
+            self.logger = logger
+            self.server = server
         }
 
         func start() -> [AgentConnectionStateMachine.Action] { machine.start() }
@@ -208,6 +218,7 @@ public final class AgentClient: Service, Sendable {
                     heartbeatInterval = max(1, result.heartbeatIntervalS)
                     watch = HeartbeatWatch(interval: .seconds(Int(max(1, result.heartbeatIntervalS))), now: .now)
                     established.set(.now)
+                    logger.info("connected", metadata: ["server": "\(server)", "heartbeat_s": "\(result.heartbeatIntervalS)"])
                     try await uploads.connected(outbound)
                 case .enrolled:
                     break

@@ -3,3 +3,5 @@
 // store, its configuration, retention and values from DredgeStore).
 @_exported import DredgeDomain
 @_exported import DredgeStore
+// swift-log, for `LoggingSystem.bootstrap { center.logHandler(label: $0) }` and `Logger`.
+@_exported import Logging

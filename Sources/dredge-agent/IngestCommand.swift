@@ -9,7 +9,9 @@ struct IngestCommand: AsyncParsableCommand {
         commandName: "ingest",
         abstract: "Write records from standard input, one per line, until end of input.",
         discussion: """
-            Plain lines become messages with the --level, --type and --uid given. With --json, each line \
+            Plain lines become messages with the --type and --uid given, at the level the line states \
+            (a syslog <PRI>, a JSON "level", level=…, or a word such as ERROR, WARN, [info], fatal:), \
+            else at --level (--no-detect-level: always --level). With --json, each line \
             is an object {"ts", "level", "type", "uid", "message", "metadata"}; only "message" is required, \
             "ts" is RFC 3339 or microseconds since the epoch. A line that cannot be read is reported on \
             stderr with its number and skipped; the exit status is then 65. Nothing read before is lost: \
@@ -21,6 +23,9 @@ struct IngestCommand: AsyncParsableCommand {
 
     @Flag(help: "Read JSON objects instead of plain lines.")
     var json = false
+
+    @Flag(inversion: .prefixedNo, help: "Take a plain line's level from the line when it states one.")
+    var detectLevel = true
 
     struct Line: Decodable {
         var ts: TimeValue?
@@ -63,7 +68,8 @@ struct IngestCommand: AsyncParsableCommand {
     }
 
     private func plain(_ text: String, center: LogCenter) -> LogEntry {
-        LogEntry(level: record.logLevel, type: record.logType, uid: record.uid, message: text, context: center.context)
+        let level = detectLevel ? LogLevel.detected(inLine: text) ?? record.logLevel : record.logLevel
+        return LogEntry(level: level, type: record.logType, uid: record.uid, message: text, context: center.context)
     }
 
     struct LineError: Error, CustomStringConvertible {

@@ -88,6 +88,9 @@ struct RunAgentCommand: AsyncParsableCommand {
     @Option(help: "Exports run at once (1 to 16); a pull beyond them is answered REJECT_BUSY.")
     var maxExports = 2
 
+    @Flag(help: "Create an empty store when there is none at the store path (without it, a missing store is an error: a mistyped path would answer every pull with 0 records).")
+    var create = false
+
     func validate() throws {
         guard (1...3600).contains(reconnectMaxSeconds) else { throw ValidationError("--reconnect-max-seconds must be 1 to 3600") }
         guard (1...16).contains(maxExports) else { throw ValidationError("--max-exports must be 1 to 16") }
@@ -97,6 +100,9 @@ struct RunAgentCommand: AsyncParsableCommand {
         LoggingSystem.bootstrap { StreamLogHandler.standardError(label: $0) }
         var logger = Logger(label: "dredge.agent")
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
+        guard create || FileManager.default.fileExists(atPath: store.path) else {
+            throw fail("no store at \(store.path): the app logs there, so check the path (or pass --create to start an empty one)")
+        }
         let state: AgentState
         do {
             state = try AgentState.load(from: agentState.path)

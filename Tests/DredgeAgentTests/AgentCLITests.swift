@@ -42,6 +42,33 @@ import Testing
         #expect(try run(["query", "--grep", "FAN", "--level", "warning+"], store: store).stdout.contains("fan speed high"))
     }
 
+    @Test func plainLinesKeepTheLevelTheyState() throws {
+        let dir = TempDir()
+        let store = dir.file("logs.sqlite")
+        let text = "2026-11-22 09:00:00 ERROR payment failed\n<12>disk almost full\nlevel=debug tick\njust a line\n"
+        #expect(try run(["ingest", "--level", "notice"], stdin: text, store: store).status == 0)
+        let query = try run(["query", "--format", "jsonl"], store: store)
+        let levels = query.stdout.split(separator: "\n").map { (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])?["level"] as? String }
+        #expect(levels == ["error", "warning", "debug", "notice"], "\(query.stdout)")
+        let plain = dir.file("plain.sqlite")
+        #expect(try run(["ingest", "--level", "info", "--no-detect-level"], stdin: "ERROR but not detected\n", store: plain).status == 0)
+        #expect(try run(["query", "--format", "jsonl"], store: plain).stdout.contains(#""level":"info""#))
+    }
+
+    /// A mistyped store path used to start an empty store, and every pull then "succeeded" with
+    /// 0 records.
+    @Test func runRefusesAStorePathThatDoesNotExistUnlessAskedToCreateIt() throws {
+        let dir = TempDir()
+        let missing = dir.file("mistyped/logs.sqlite")
+        let refused = try run(["run", "--state", dir.file("state")], store: missing)
+        #expect(refused.status != 0)
+        #expect(refused.stderr.contains(missing) && refused.stderr.contains("--create"), "\(refused.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: missing))
+        // With --create the store check passes (this agent has no enrollment, which is the next error).
+        let created = try run(["run", "--create", "--state", dir.file("state")], store: missing)
+        #expect(created.status != 0 && !created.stderr.contains("--create"), "\(created.stderr)")
+    }
+
     @Test func badJSONLinesAreReportedSkippedAndTheRestKept() throws {
         let dir = TempDir()
         let store = dir.file("logs.sqlite")

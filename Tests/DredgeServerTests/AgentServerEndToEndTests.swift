@@ -85,7 +85,7 @@ import Testing
         ///   cuts connections many times (the backoff only starts again from 1 s after a
         ///   connection stayed up a minute).
         func runAgent(state: String, store: String, log: String = "agent.log", reconnectMax: Int = 60) throws -> ManagedProcess {
-            try ManagedProcess("dredge-agent", ["run", "--state", state, "--store", store, "--reconnect-max-seconds", String(reconnectMax)], outputPath: dir.file(log))
+            try ManagedProcess("dredge-agent", ["run", "--create", "--state", state, "--store", store, "--reconnect-max-seconds", String(reconnectMax)], outputPath: dir.file(log))
         }
 
         /// Queues a pull with `dredge-server pull ARGS`; returns its exit status and the pull id.

@@ -11,7 +11,6 @@ import Foundation
 import Synchronization
 import Testing
 @testable import DredgeServer
-@testable import DredgeServer
 
 /// What an enrolled agent can do against the real server, through the real wire protocol and
 /// admin API (docs/threat_model.md): each attack once broke something; each is refused now,
@@ -137,7 +136,7 @@ import Testing
             let cmd = try await LinkAgent.acceptNextPull(over: link)
             let upload = try a.pullUpload(cmd, store: store, dir: server.dir, chunkSize: WireLimits.minChunkBytes)
             let count = upload.header.chunkCount
-            #expect(count > 32, "enough chunks to fill the server's pipeline twice")
+            try #require(count > 32, "enough chunks to fill the server's pipeline several times")
             try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
             let ready = try await LinkAgent.answer(to: cmd.commandID, over: link)
             #expect(ready?.uploadReady.uploadID == cmd.commandID, "\(String(describing: ready))")
@@ -151,7 +150,7 @@ import Testing
                 let answer = try #require(try await LinkAgent.answer(to: cmd.commandID, over: link))
                 guard case .chunkAck(let ack)? = answer.body else {
                     Issue.record("not an acknowledgement: \(answer)")
-                    break
+                    return (pull.id, Int(count))
                 }
                 acked.insert(ack.index)
             }

@@ -147,7 +147,6 @@ final class ConnectionUploads: @unchecked Sendable {
         if !isReport, let named = Self.uploadID(of: frame), !WireID.isValid(named) {
             return [error(.errorUploadInvalid, named, "the id \(WireID.echo(named).debugDescription) is not 32 lowercase hex characters")]
         }
-        if case .uploadChunk? = frame.body {} else { await settled() }
         // Every other upload frame sees the chunks before it committed.
         if case .uploadChunk? = frame.body {} else { await settled() }
         switch frame.body {
@@ -250,6 +249,7 @@ final class ConnectionUploads: @unchecked Sendable {
         let started: (ChunkSlot, UploadAssembler)? = chunks.withLock {
             guard var entry = receivers[chunk.uploadID] else { return nil }
             var started: (ChunkSlot, UploadAssembler)?
+            let wasReceiving = entry.machine.state == .receiving
             for action in entry.machine.chunk(chunk) {
                 switch action {
                 case .send(let f): out.append(f)
@@ -262,7 +262,8 @@ final class ConnectionUploads: @unchecked Sendable {
                 case .assemble: break
                 }
             }
-            if case .finished(let result) = entry.machine.state, !result.ok, result.error == .errorChunkInvalid {
+            // Recorded when this chunk ended the upload, not for every chunk sent after it.
+            if wasReceiving, case .finished(let result) = entry.machine.state, !result.ok, result.error == .errorChunkInvalid {
                 failed = Progress(status: .failed, detail: result.detail, failedWith: .errorChunkInvalid)
             }
             receivers[chunk.uploadID] = entry
@@ -270,11 +271,15 @@ final class ConnectionUploads: @unchecked Sendable {
         }
         if let (slot, assembler) = started {
             nonisolated(unsafe) let assembler = assembler  // `write` reads only what never changes
+            // Set before any chunk is written, cleared only after `settled()`.
+            let streaming = assembler.stream != nil
             blocking.submit { state in
-                let outcome: Result<[UInt8], any Error> =
+                var outcome: Result<[UInt8], any Error> =
                     state == .active
                     ? Result { try assembler.write(index: slot.index, ciphertext: slot.ciphertext) }
                     : .failure(ExportError(.io, "the server is stopping"))
+                slot.ciphertext = []  // written: only the plaintext may still be needed, by the stream
+                if !streaming, case .success = outcome { outcome = .success([]) }
                 self.written(slot, outcome)
             }
         }
@@ -282,8 +287,10 @@ final class ConnectionUploads: @unchecked Sendable {
         return out
     }
 
-    /// Chunks written at once per connection, at most (the agent's window is 8).
-    static let maxChunksInFlight = 16
+    /// Chunks written at once per connection, at most: the agent's window. Each holds its
+    /// ciphertext until written, then its plaintext until committed when the upload streams
+    /// (at most 2 MiB a chunk at the largest chunk size).
+    static let maxChunksInFlight = 8
 
     private struct ChunkKey: Hashable {
         var uploadID: String
@@ -291,10 +298,10 @@ final class ConnectionUploads: @unchecked Sendable {
     }
 
     /// A chunk between arriving and being committed.
-    private final class ChunkSlot: @unchecked Sendable {  // `outcome` under `chunks`
+    private final class ChunkSlot: @unchecked Sendable {  // `outcome` under `chunks`; `ciphertext` by its writer only
         let uploadID: String
         let index: UInt32
-        let ciphertext: [UInt8]
+        var ciphertext: [UInt8]
         var outcome: Result<[UInt8], any Error>?
         init(uploadID: String, index: UInt32, ciphertext: [UInt8]) {
             self.uploadID = uploadID
@@ -381,6 +388,8 @@ final class ConnectionUploads: @unchecked Sendable {
         let next: [UploadReceiverStateMachine.Action]
         switch slot.outcome {
         case .success(let plaintext)?:
+            // An upload that ended meanwhile (a chunk that failed authentication) takes no more.
+            guard chunks.withLock({ receivers[id]?.machine.state == .receiving }) else { return }
             assembler.commit(index: index, plaintext: plaintext)
             next = chunks.withLock { receivers[id]?.machine.stored(index) ?? [] }
             let held = assembler.received.count

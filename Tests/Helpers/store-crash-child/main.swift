@@ -6,6 +6,37 @@ import DredgeStore
 import Foundation
 
 let arguments = CommandLine.arguments
+
+/// This process's resident memory, bytes.
+func residentBytes() -> Int {
+    let statm = (try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8)) ?? "0 0"
+    return (Int(statm.split(separator: " ")[1]) ?? 0) * Int(sysconf(Int32(_SC_PAGESIZE)))
+}
+
+// `stream STORE`: reads every record of STORE one at a time and prints
+// "RECORDS BYTES GROWTH", GROWTH the most resident memory grew meanwhile: measured in a
+// process of its own, so no other test's allocations count.
+if arguments.count == 3, arguments[1] == "stream" {
+    do {
+        var configuration = StoreConfiguration()
+        configuration.readOnly = true
+        let store = try LogStore(path: arguments[2], configuration: configuration)
+        var count = 0, bytes = 0
+        let before = residentBytes()
+        var peak = before
+        try store.forEachRecord(matching: .all) { record in
+            count += 1
+            bytes += record.message.utf8.count
+            if count % 10_000 == 0 { peak = max(peak, residentBytes()) }
+        }
+        print("\(count) \(bytes) \(peak - before)")
+        exit(0)
+    } catch {
+        FileHandle.standardError.write("crash-child: \(error)\n".data(using: .utf8)!)
+        exit(1)
+    }
+}
+
 guard arguments.count == 3, let count = Int(arguments[2]) else {
     FileHandle.standardError.write("usage: store-crash-child STORE COUNT\n".data(using: .utf8)!)
     exit(2)

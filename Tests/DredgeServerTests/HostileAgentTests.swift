@@ -98,8 +98,7 @@ import Testing
     @Test func aChunkOfTheWrongSizeFailsThePull() async throws {
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         let a = try await server.enrollAgent()
         for change in [-1, 1] {
             let pullID = try await a.connect { link in
@@ -128,8 +127,7 @@ import Testing
     @Test func chunksFloodedOutOfOrderAndTwiceAreEachHeldOnce() async throws {
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         let a = try await server.enrollAgent()
         let (pullID, chunkCount) = try await a.connect { link in
             let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: .all))
@@ -173,8 +171,7 @@ import Testing
     @Test func aFailedUploadIsAnsweredWithItsResultOnLaterConnections() async throws {
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         let a = try await server.enrollAgent()
         let (pullID, upload) = try await a.connect { link in
             let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-2")))
@@ -380,8 +377,7 @@ import Testing
     @Test func statusComesFromStoredStateAcrossConnections() async throws {
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         let a = try await server.enrollAgent(hostname: "a"), b = try await server.enrollAgent(hostname: "b")
         func status(_ agent: LinkAgent, _ id: String) async throws -> WireUploadStatus? {
             try await agent.connect { link in
@@ -426,8 +422,7 @@ extension UploadStatusTests {
     @Test func aHeaderThatMisstatesEmptinessFailsThePayload() async throws {
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         let a = try await server.enrollAgent()
         let pullID = try await a.connect { link in
             let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-3")))
@@ -450,8 +445,7 @@ extension UploadStatusTests {
     static func serverWithDevice() async throws -> (InProcessServer, String, LinkAgent) {
         let server = try await InProcessServer()
         do {
-            let store = server.dir.file("device.sqlite")
-            try PullEndToEndTests.makeDeviceStore(store)
+            let store = try server.deviceStore()
             return (server, store, try await server.enrollAgent())
         } catch {
             await server.stop()

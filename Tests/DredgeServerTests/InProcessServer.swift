@@ -82,6 +82,14 @@ final class InProcessServer: @unchecked Sendable {
     }
 
     /// An agent made of ``AgentLink``, enrolled with a fresh key.
+    /// A device's store in this server's directory with the end-to-end tests' records
+    /// (`PullEndToEndTests.makeDeviceStore`); its path.
+    func deviceStore() throws -> String {
+        let store = dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        return store
+    }
+
     func enrollAgent(hostname: String = "probe") async throws -> LinkAgent {
         let tls = try AgentLink.tlsContext(caPEM: contents(data + "/ca.pem"))
         let key = try RSAPrivateKey.generate()

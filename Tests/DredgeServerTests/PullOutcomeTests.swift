@@ -52,8 +52,7 @@ import Testing
     @Test func anExportThatFailsIsReportedAndThePullEnds() async throws {
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         let device = try await Device(server, store: store)
         defer { Task { await device.stop() } }
         #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
@@ -75,8 +74,7 @@ import Testing
     @Test func anAgentWithNoRoomForAnotherExportAnswersBusy() async throws {
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         let device = try await Device(server, store: store, maxExports: 1)
         defer { Task { await device.stop() } }
         #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
@@ -101,8 +99,7 @@ import Testing
     @Test func aSavedCommandIsCheckedAgainBeforeItResumes() async throws {
         let server = try await InProcessServer()
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         var pullID = ""
         let device = try await Device(server, store: store) { state in
             let id = try await server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
@@ -135,8 +132,7 @@ import Testing
         defer { mount.remove() }
         let server = try await InProcessServer(dataDirectory: mount.path + "/server")
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         let device = try await Device(server, store: store, retry: .milliseconds(500))
         defer { Task { await device.stop() } }
         #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
@@ -215,8 +211,7 @@ extension PullOutcomeTests {
     @Test func theFirstHeartbeatFollowsAuthenticationAtOnce() async throws {
         let server = try await InProcessServer(heartbeatSeconds: 600)
         defer { Task { await server.stop() } }
-        let store = server.dir.file("device.sqlite")
-        try PullEndToEndTests.makeDeviceStore(store)
+        let store = try server.deviceStore()
         let device = try await Device(server, store: store)
         defer { Task { await device.stop() } }
         #expect(try await Self.waitFor(.seconds(120)) { try await server.admin.agents().first?.activeUIDs.sorted() == ["u-1", "u-2", "u-3"] })

@@ -29,10 +29,18 @@ public final class LogCenter: Sendable {
     public let echo: ConsoleEcho?
     /// A directory of this center's own, removed by ``close()`` (``recording(_:)``).
     private let scratch: String?
+    /// What a sign-in does to the anonymous records before it.
+    public let beforeSignIn: RecordsBeforeSignIn
+    /// When this center was opened: where ``RecordsBeforeSignIn/processRun`` begins.
+    private let opened = Timestamp.now
 
     /// Uses an open store (several centers may share one, each with its own context).
-    public init(store: LogStore, context: LogContext = .current(), recorder: LogRecorder? = nil, echo: ConsoleEcho? = nil) throws {
+    public init(
+        store: LogStore, context: LogContext = .current(), recorder: LogRecorder? = nil, echo: ConsoleEcho? = nil,
+        beforeSignIn: RecordsBeforeSignIn = .processRun
+    ) throws {
         self.store = store
+        self.beforeSignIn = beforeSignIn
         self.context = try store.register(context)
         self.redactor = Redactor(installKey: store.installKey)
         self.ownsStore = false
@@ -44,14 +52,18 @@ public final class LogCenter: Sendable {
     /// Opens the store at `path` and owns it: ``close()`` closes it.
     public convenience init(
         path: String, configuration: StoreConfiguration = StoreConfiguration(), context: LogContext = .current(), recorder: LogRecorder? = nil,
-        echo: ConsoleEcho? = nil
+        echo: ConsoleEcho? = nil, beforeSignIn: RecordsBeforeSignIn = .processRun
     ) throws {
-        try self.init(path: path, configuration: configuration, context: context, recorder: recorder, echo: echo, scratch: nil)
+        try self.init(path: path, configuration: configuration, context: context, recorder: recorder, echo: echo, beforeSignIn: beforeSignIn, scratch: nil)
     }
 
-    private init(path: String, configuration: StoreConfiguration, context: LogContext, recorder: LogRecorder?, echo: ConsoleEcho?, scratch: String?) throws {
+    private init(
+        path: String, configuration: StoreConfiguration, context: LogContext, recorder: LogRecorder?, echo: ConsoleEcho?,
+        beforeSignIn: RecordsBeforeSignIn, scratch: String?
+    ) throws {
         let store = try LogStore(path: path, configuration: configuration)
         self.store = store
+        self.beforeSignIn = beforeSignIn
         self.context = try store.register(context)
         self.redactor = Redactor(installKey: store.installKey)
         self.ownsStore = true
@@ -69,18 +81,35 @@ public final class LogCenter: Sendable {
     /// Checkout(log: center.logger()).pay()
     /// #expect(recorder.events.map(\.name) == ["paymentFailed"])
     /// ```
-    public static func recording(_ recorder: LogRecorder, context: LogContext = .current()) throws -> LogCenter {
+    public static func recording(
+        _ recorder: LogRecorder, context: LogContext = .current(), beforeSignIn: RecordsBeforeSignIn = .processRun
+    ) throws -> LogCenter {
         let directory = NSTemporaryDirectory() + "dredge-recording-" + UUID().uuidString
         return try LogCenter(
-            path: directory + "/logs.sqlite", configuration: StoreConfiguration(), context: context, recorder: recorder, echo: nil, scratch: directory)
+            path: directory + "/logs.sqlite", configuration: StoreConfiguration(), context: context, recorder: recorder, echo: nil,
+            beforeSignIn: beforeSignIn, scratch: directory)
     }
 
     /// The uid stamped on records from now on; empty when nobody is logged in.
     public var uid: String { currentUID.withLock { $0 } }
 
     /// Sets the logged-in user (login) or clears it with nil (logout). Records logged after the
-    /// call carry the new uid; records already enqueued keep theirs.
-    public func setUser(_ uid: String?) { currentUID.withLock { $0 = uid ?? "" } }
+    /// call carry the new uid. On a sign-in (no user before, one now) the anonymous records
+    /// logged just before are given the uid too, as ``beforeSignIn`` says; ``flush()`` waits
+    /// for that. Other records already enqueued keep theirs.
+    public func setUser(_ uid: String?) {
+        let new = uid ?? ""
+        currentUID.withLock { current in
+            // Queued under the lock: a record logged with the new uid on another thread is
+            // queued after it, so it cannot end the stretch the attribution takes.
+            if current.isEmpty, !new.isEmpty,
+                let attribution = Self.attribution(of: beforeSignIn, uid: new, context: context, opened: opened, now: .now)
+            {
+                store.attribute(attribution)
+            }
+            current = new
+        }
+    }
 
     public func logger(type: LogType = .app, minimumLevel: LogLevel = .trace, metadata: LogFields = [:]) -> DredgeLogger {
         DredgeLogger(center: self, type: type, minimumLevel: minimumLevel, metadata: metadata)

@@ -112,6 +112,12 @@ public final class LogStore: Sendable {
     @discardableResult
     public func enqueue(_ entry: LogEntry) -> Bool { queue.enqueue(entry) }
 
+    /// Queues ``SignInAttribution``: once every entry enqueued before this call is stored, the
+    /// anonymous records it selects are given its uid. ``flush()`` waits for it and throws if it
+    /// failed. Returns false if the store is closed.
+    @discardableResult
+    public func attribute(_ attribution: SignInAttribution) -> Bool { queue.attribute(attribution) }
+
     /// Blocks until every entry enqueued before this call is committed.
     ///
     /// - Throws: ``StoreError`` (`.diskFull` or `.writeFailed`) if entries enqueued since the

@@ -10,7 +10,8 @@ import Testing
 
     @Test func stampsTheCurrentUserUntilItChanges() throws {
         let dir = TempDir()
-        let center = try LogCenter(path: dir.file("logs.sqlite"), context: context)
+        // Stamping alone: records before the sign-in stay anonymous (RecordsBeforeSignInTests).
+        let center = try LogCenter(path: dir.file("logs.sqlite"), context: context, beforeSignIn: .none)
         let log = center.logger(type: .business)
         log.info("anonymous")
         center.setUser("42")

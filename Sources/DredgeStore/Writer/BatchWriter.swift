@@ -69,8 +69,16 @@ final class BatchWriter: @unchecked Sendable {
         var entries = batch.entries
         var dropped = batch.dropped
         var start = entries.startIndex
+        let attributions = batch.attributions
+        var nextAttribution = attributions.startIndex
         repeat {
-            let end = min(start + configuration.maxBatchSize, entries.endIndex)
+            // An attribution runs exactly where it was queued: after the entries before it.
+            while nextAttribution < attributions.endIndex, attributions[nextAttribution].position <= start {
+                attribute(attributions[nextAttribution].attribution)
+                nextAttribution += 1
+            }
+            var end = min(start + configuration.maxBatchSize, entries.endIndex)
+            if nextAttribution < attributions.endIndex { end = min(end, attributions[nextAttribution].position) }
             let slice = entries[start..<end]
             do {
                 let failure = pendingFailure
@@ -104,6 +112,24 @@ final class BatchWriter: @unchecked Sendable {
         } while start < entries.endIndex
         if let dropped { queue.restoreDrop(dropped) }
         queue.recycle(&entries)
+        for (_, attribution) in attributions[nextAttribution...] { attribute(attribution) }
+    }
+
+    /// Runs an attribution in a transaction of its own. A failure leaves the records anonymous
+    /// and is reported to the next flush.
+    private func attribute(_ attribution: SignInAttribution) {
+        do {
+            try pool.write { db in
+                try attribution.apply(in: db, maxUIDBytes: configuration.limits.maxUIDBytes)
+            }
+            queue.finishAttribution(error: nil)
+        } catch {
+            let storeError = StoreError.wrap(error, path: path)
+            queue.finishAttribution(
+                error: StoreError(
+                    code: storeError.code == .diskFull ? .diskFull : .writeFailed,
+                    message: "records logged before a sign-in were not given the user's uid: \(storeError.message)", path: path))
+        }
     }
 
     /// Runs one retention pass now. Safe to call from any thread; passes never overlap.

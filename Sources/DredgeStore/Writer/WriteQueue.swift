@@ -13,6 +13,9 @@ final class WriteQueue: @unchecked Sendable {
     struct Batch {
         var entries: [LogEntry]
         var dropped: LossWindow?
+        /// Each runs once the entries before `position` in `entries` are stored, and before
+        /// the rest: exactly where it was queued among them.
+        var attributions: [(position: Int, attribution: SignInAttribution)] = []
     }
 
     /// Entries that never reached the store, summarised for the loss table.
@@ -35,6 +38,10 @@ final class WriteQueue: @unchecked Sendable {
         var droppedClosed: UInt64 = 0
         var failedWrites: UInt64 = 0
         var depth = 0
+        /// Entries and attributions taken in, and those the writer is done with: what a flush
+        /// waits on.
+        var operations: UInt64 = 0
+        var operationsDone: UInt64 = 0
     }
 
     private let condition = NSCondition()
@@ -54,6 +61,7 @@ final class WriteQueue: @unchecked Sendable {
     /// Set once the writer has run the retention pass it runs at open.
     private var ready = false
     private var pendingDrop: LossWindow?
+    private var attributions: [(position: Int, attribution: SignInAttribution)] = []
     private var unreportedFailure: StoreError?
     private var asyncWaiters: [(target: UInt64, continuation: CheckedContinuation<Void, any Error>)] = []
     private var syncFlushers = 0
@@ -101,7 +109,20 @@ final class WriteQueue: @unchecked Sendable {
         }
         buffer.append(entry)
         counters.accepted += 1
+        counters.operations += 1
         if writerSleeping || (lingering && buffer.count >= lingerBelow) { condition.broadcast() }
+        return true
+    }
+
+    /// Queues an attribution behind every entry enqueued so far. Returns false if the queue is
+    /// closed.
+    func attribute(_ attribution: SignInAttribution) -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        guard !closed else { return false }
+        attributions.append((buffer.count, attribution))
+        counters.operations += 1
+        if writerSleeping || lingering { condition.broadcast() }
         return true
     }
 
@@ -110,15 +131,15 @@ final class WriteQueue: @unchecked Sendable {
     func take(until deadline: Date) -> Batch? {
         condition.lock()
         defer { condition.unlock() }
-        while buffer.isEmpty && pendingDrop == nil && !closed {
+        while buffer.isEmpty && pendingDrop == nil && attributions.isEmpty && !closed {
             writerSleeping = true
             let signalled = condition.wait(until: deadline)
             writerSleeping = false
             if !signalled { break }
         }
-        if buffer.isEmpty && pendingDrop == nil && closed { return nil }
+        if buffer.isEmpty && pendingDrop == nil && attributions.isEmpty && closed { return nil }
         // A few records: wait a little for more, unless someone waits for them.
-        if linger > .zero && !buffer.isEmpty && buffer.count < lingerBelow && !closed && !flushWaiting {
+        if linger > .zero && !buffer.isEmpty && buffer.count < lingerBelow && !closed && !flushWaiting && attributions.isEmpty {
             let until = Date().addingTimeInterval(Double(linger.components.attoseconds) / 1e18 + Double(linger.components.seconds))
             lingering = true
             while buffer.count < lingerBelow && !closed && !flushWaiting {
@@ -131,8 +152,10 @@ final class WriteQueue: @unchecked Sendable {
         spare = []
         let dropped = pendingDrop
         pendingDrop = nil
+        let taken = attributions
+        attributions = []
         if blockedProducers > 0 { condition.broadcast() }
-        return Batch(entries: entries, dropped: dropped)
+        return Batch(entries: entries, dropped: dropped, attributions: taken)
     }
 
     /// Writer side: hands the emptied array back so its capacity is reused.
@@ -147,24 +170,40 @@ final class WriteQueue: @unchecked Sendable {
     func finish(count: Int, error: StoreError?) {
         condition.lock()
         counters.finished += UInt64(count)
+        counters.operationsDone += UInt64(count)
         if let error {
             counters.failedWrites += UInt64(count)
-            var failure = error
-            if let previous = unreportedFailure, previous.code == .writeFailed || previous.code == error.code {
-                failure.message = "\(previous.message); \(error.message)"
-            }
-            unreportedFailure = failure
+            report(error)
         }
         resumeAsyncWaiters()
         condition.broadcast()
         condition.unlock()
     }
 
+    /// Writer side: an attribution is done; `error` if it could not be applied.
+    func finishAttribution(error: StoreError?) {
+        condition.lock()
+        counters.operationsDone += 1
+        if let error { report(error) }
+        resumeAsyncWaiters()
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    /// Keeps a failure for the next flush to throw. Called with the lock held.
+    private func report(_ error: StoreError) {
+        var failure = error
+        if let previous = unreportedFailure, previous.code == .writeFailed || previous.code == error.code {
+            failure.message = "\(previous.message); \(error.message)"
+        }
+        unreportedFailure = failure
+    }
+
     /// Resumes the async flushes whose entries are all finished. Called with the lock held;
     /// resuming a continuation only schedules its task, so it is safe under the lock.
     private func resumeAsyncWaiters() {
         guard ready || closed else { return }
-        let finished = counters.finished
+        let finished = counters.operationsDone
         var resumable: [CheckedContinuation<Void, any Error>] = []
         asyncWaiters.removeAll { waiter in
             if waiter.target <= finished { resumable.append(waiter.continuation); return true }
@@ -209,10 +248,10 @@ final class WriteQueue: @unchecked Sendable {
     /// its work at open). Throws the first write failure not yet reported by an earlier flush.
     func flush() throws {
         condition.lock()
-        let target = counters.accepted
+        let target = counters.operations
         syncFlushers += 1
         if writerSleeping || lingering { condition.broadcast() }
-        while counters.finished < target || !(ready || closed) { condition.wait() }
+        while counters.operationsDone < target || !(ready || closed) { condition.wait() }
         syncFlushers -= 1
         let failure = takeFailure()
         condition.unlock()
@@ -222,8 +261,8 @@ final class WriteQueue: @unchecked Sendable {
     func flush() async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             condition.lock()
-            let target = counters.accepted
-            if counters.finished >= target && (ready || closed) {
+            let target = counters.operations
+            if counters.operationsDone >= target && (ready || closed) {
                 let failure = takeFailure()
                 condition.unlock()
                 if let failure { continuation.resume(throwing: failure) } else { continuation.resume() }

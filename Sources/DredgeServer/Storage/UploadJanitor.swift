@@ -1,16 +1,29 @@
 import DredgeAdminAPI
 import Foundation
 import Logging
+import NIOPosix
 
 /// Removes upload state nothing will finish: `uploads/<upload>-<agent>/` whose pull target or
 /// feedback has reached a final status (or never existed), entries of any other name, and (at
 /// start only) the `*.partial` staging directories an interrupted unpacking left. Finished
 /// results (`pulls/`, `feedback/`) are never touched.
+///
+/// Listing and removing (an abandoned upload may hold 2 GiB of chunk files) run on `blocking`,
+/// never on Swift's cooperative pool, whose threads serve every agent's heartbeats.
 struct UploadJanitor: Sendable {
     let paths: DataDirectory
     let pulls: any PullQueue
     let feedback: any FeedbackInbox
     let logger: Logger
+    let blocking: NIOThreadPool
+
+    init(paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, logger: Logger, blocking: NIOThreadPool = .singleton) {
+        self.paths = paths
+        self.pulls = pulls
+        self.feedback = feedback
+        self.logger = logger
+        self.blocking = blocking
+    }
 
     /// What the server runs about once a minute: pulls and feedback that will not finish are
     /// ended, then their upload state removed.
@@ -26,25 +39,41 @@ struct UploadJanitor: Sendable {
     /// Returns the paths removed.
     @discardableResult
     func sweep(atStart: Bool = false) async throws -> [String] {
-        var removed: [String] = []
-        let fm = FileManager.default
-        for name in (try? fm.contentsOfDirectory(atPath: paths.uploads)) ?? [] {
-            let path = try paths.inside(paths.uploads + "/" + name)
+        let paths = self.paths
+        var doomed: [String] = []
+        for name in try await blocking.runIfActive({ try Self.entries(of: paths.uploads) }) {
             if let (upload, agent) = DataDirectory.parseUploadName(name), try await !isFinished(upload: upload, agent: agent) { continue }
-            try fm.removeItem(atPath: path)
-            removed.append(path)
+            doomed.append(try paths.inside(paths.uploads + "/" + name))
         }
-        if atStart {
-            for parent in [paths.feedback] + ((try? fm.contentsOfDirectory(atPath: paths.pulls)) ?? []).map({ paths.pulls + "/" + $0 }) {
-                for name in (try? fm.contentsOfDirectory(atPath: parent)) ?? [] where name.hasSuffix(".partial") {
-                    let path = try paths.inside(parent + "/" + name)
-                    try fm.removeItem(atPath: path)
-                    removed.append(path)
+        let remove = doomed
+        let removed = try await blocking.runIfActive { () throws -> [String] in
+            var removed: [String] = []
+            for path in remove {
+                try FileManager.default.removeItem(atPath: path)
+                removed.append(path)
+            }
+            if atStart {
+                let parents = [paths.feedback] + (try Self.entries(of: paths.pulls)).map { paths.pulls + "/" + $0 }
+                for parent in parents {
+                    for name in try Self.entries(of: parent) where name.hasSuffix(".partial") {
+                        let path = try paths.inside(parent + "/" + name)
+                        try FileManager.default.removeItem(atPath: path)
+                        removed.append(path)
+                    }
                 }
             }
+            return removed
         }
         if !removed.isEmpty { logger.info("removed abandoned upload state", metadata: ["count": "\(removed.count)"]) }
         return removed
+    }
+
+    /// The names in `directory`; none if it does not exist (yet). Any other failure throws.
+    private static func entries(of directory: String) throws -> [String] {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) else { return [] }
+        guard isDirectory.boolValue else { return [] }
+        return try FileManager.default.contentsOfDirectory(atPath: directory)
     }
 
     /// True when nothing will ever complete this upload: its pull target or feedback is final,

@@ -100,8 +100,9 @@ public final class LogCenter: Sendable {
     public func setUser(_ uid: String?) {
         let new = uid ?? ""
         currentUID.withLock { current in
-            // Queued under the lock: a record logged with the new uid on another thread is
-            // queued after it, so it cannot end the stretch the attribution takes.
+            // Queued under the lock entries are stamped and queued under (``submit``): every
+            // entry stamped anonymous is queued before it, every entry stamped with the new
+            // uid after it.
             if current.isEmpty, !new.isEmpty,
                 let attribution = Self.attribution(of: beforeSignIn, uid: new, context: context, opened: opened, now: .now)
             {
@@ -125,12 +126,24 @@ public final class LogCenter: Sendable {
     @discardableResult
     func submit(level: LogLevel, type: LogType, message: String, metadata: LogMetadata, at timestamp: Timestamp?, uid: String?) -> Bool {
         if let given = type.normalizedFrom { warnOnce(given: given, used: type) }
-        let entry = LogEntry(
-            timestamp: timestamp ?? .now, level: level, type: type, uid: uid ?? self.uid, message: message,
+        var entry = LogEntry(
+            timestamp: timestamp ?? .now, level: level, type: type, uid: uid ?? "", message: message,
             metadata: metadata, context: context)
+        let enqueued: Bool
+        if uid != nil {
+            enqueued = store.enqueue(entry)
+        } else {
+            // The current uid is read and the entry queued under one lock, the one `setUser`
+            // queues its attribution under: an entry stamped anonymous is always queued before
+            // the sign-in's attribution, so the attribution sees it.
+            enqueued = currentUID.withLock { current in
+                entry.uid = current
+                return store.enqueue(entry)
+            }
+        }
         recorder?.record(entry)
         echo?.print(entry)
-        return store.enqueue(entry)
+        return enqueued
     }
 
     /// A type name that was not valid and was normalized is recorded once per center (at most

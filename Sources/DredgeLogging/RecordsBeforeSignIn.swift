@@ -6,14 +6,16 @@ import DredgeStore
 /// selects records by their uid, so records left anonymous are invisible to it.
 ///
 /// The records given the uid are the anonymous stretch directly before the sign-in: back to the
-/// newest record that already carries a user, and no further back than the window. Each is
-/// marked with the metadata key `dredge.before_sign_in` (``LogStore/beforeSignInKey``) set to
-/// `true`, so a reader can tell them from the records logged while signed in.
+/// newest record that already carries a user, no further back than the window, at most
+/// ``SignInAttribution/maxRecords`` (the newest). Each is marked with the metadata key
+/// `dredge.before_sign_in` (``LogStore/beforeSignInKey``) set to `true`, so a reader can tell
+/// them from the records logged while signed in.
 public enum RecordsBeforeSignIn: Sendable, Equatable {
-    /// The records this center logged since it was opened: this process run. The default.
+    /// The records logged since this center was opened with its context (this process run;
+    /// centers of one process with equal contexts share one). The default.
     case processRun
-    /// The records of this app on this host (this run and earlier ones, such as a run that
-    /// crashed before anyone signed in) logged within `window` before the sign-in.
+    /// The records of this app on this host logged within `window` before the sign-in, from
+    /// this run and earlier ones (such as a run that crashed before anyone signed in).
     case within(Duration)
     /// Records logged before a sign-in stay anonymous.
     case none
@@ -30,14 +32,8 @@ extension LogCenter {
         case .processRun:
             return SignInAttribution(uid: uid, scope: .context(context), from: opened, through: now)
         case .within(let window):
-            let (seconds, attoseconds) = window.components
-            guard seconds >= 0, attoseconds >= 0 else { return nil }
-            // Microseconds, saturating: a window longer than the clock's range reaches back to its start.
-            let micros = seconds.multipliedReportingOverflow(by: 1_000_000)
-            let width = micros.overflow ? Int64.max : micros.partialValue &+ min(attoseconds / 1_000_000_000_000, Int64.max - micros.partialValue)
-            let from = now.microseconds.subtractingReportingOverflow(width)
-            return SignInAttribution(
-                uid: uid, scope: .app(of: context), from: Timestamp(microseconds: from.overflow ? Int64.min : from.partialValue), through: now)
+            guard window >= .zero else { return nil }
+            return SignInAttribution(uid: uid, scope: .app(of: context), from: now.subtracting(window), through: now)
         }
     }
 }

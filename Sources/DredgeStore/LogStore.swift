@@ -118,7 +118,8 @@ public final class LogStore: Sendable {
     @discardableResult
     public func attribute(_ attribution: SignInAttribution) -> Bool { queue.attribute(attribution) }
 
-    /// Blocks until every entry enqueued before this call is committed.
+    /// Blocks until every entry enqueued before this call is committed (and every attribution
+    /// queued before it has run).
     ///
     /// - Throws: ``StoreError`` (`.diskFull` or `.writeFailed`) if entries enqueued since the
     ///   last flush could not be written. Each failure is reported to one flush only.

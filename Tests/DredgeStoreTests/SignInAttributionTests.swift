@@ -57,9 +57,12 @@ import Testing
         let path = dir.file("logs.sqlite")
         let store = try LogStore(path: path)
         let run = try store.register(testContext)
+        try store.flush()  // the retention pass at open is done: the writer is idle
         // Hold the write lock from another connection: the writer takes "first" and waits for
         // it, so everything after lands in the writer's next batch.
-        let blocker = try DatabaseQueue(path: path)
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(10)
+        let blocker = try DatabaseQueue(path: path, configuration: configuration)
         let holding = DispatchSemaphore(value: 0)
         let release = DispatchSemaphore(value: 0)
         let held = Thread {
@@ -91,6 +94,49 @@ import Testing
         try store.flush()
         #expect(try rows(store) == ["first:u-1:before", "launch:u-1:before", "home:u-1"])
         try blocker.close()
+        try store.close()
+    }
+
+    /// The writer cuts batches into transactions of `maxBatchSize`: attributions at a cut, inside
+    /// a slice and after the last entry each run at their place; the async flush waits for them.
+    @Test func attributionsFallInPlaceAcrossTransactionsOfABatch() async throws {
+        let dir = TempDir()
+        var configuration = StoreConfiguration()
+        configuration.maxBatchSize = 2
+        configuration.writeLinger = .milliseconds(50)  // hold small batches back: one batch, cut in slices
+        configuration.lingerBelow = 1_000
+        let store = try LogStore(path: dir.file("logs.sqlite"), configuration: configuration)
+        let run = try store.register(testContext)
+        try await store.flush()
+        func anonymous(_ offset: Int64) { store.enqueue(entry(offset, uid: "", message: "a\(offset)", context: run)) }
+        func signIn(_ uid: String, _ offset: Int64) {
+            store.attribute(SignInAttribution(uid: uid, scope: .context(run), from: at(0), through: at(offset)))
+        }
+        anonymous(1)
+        anonymous(2)
+        signIn("u-1", 2)  // at a cut (position 2 of slices of 2)
+        store.enqueue(entry(3, uid: "u-1", message: "u1", context: run))
+        store.enqueue(entry(4, uid: "", message: "a4", context: run))
+        anonymous(5)
+        signIn("u-2", 5)  // inside a slice (position 5)
+        store.enqueue(entry(6, uid: "u-2", message: "u2", context: run))
+        anonymous(7)
+        signIn("u-3", 7)  // after the last entry
+        try await store.flush()
+        #expect(try rows(store) == ["a1:u-1:before", "a2:u-1:before", "u1:u-1", "a4:u-2:before", "a5:u-2:before", "u2:u-2", "a7:u-3:before"])
+        try store.close()
+    }
+
+    @Test func atMostTheNewestMaxRecordsAreTaken() throws {
+        let dir = TempDir()
+        let store = try LogStore(path: dir.file("logs.sqlite"))
+        let run = try store.register(testContext)
+        let count = SignInAttribution.maxRecords + 5
+        for i in 0..<count { store.enqueue(entry(Int64(i), uid: "", message: "m\(i)", context: run)) }
+        store.attribute(SignInAttribution(uid: "u-1", scope: .context(run), from: at(0), through: at(Int64(count))))
+        try store.flush()
+        #expect(try store.count(matching: LogFilter(uid: "u-1")) == SignInAttribution.maxRecords)
+        #expect(try store.records(matching: LogFilter(uid: "")).map(\.message) == (0..<5).map { "m\($0)" })
         try store.close()
     }
 
@@ -141,13 +187,12 @@ import Testing
         try store.close()
     }
 
-    @Test func nothingIsTakenWithoutAUserOrAfterTheStoreCloses() throws {
+    @Test func nothingIsTakenForAnEmptyUidOrAfterTheStoreCloses() throws {
         let dir = TempDir()
         let store = try LogStore(path: dir.file("logs.sqlite"))
         let run = try store.register(testContext)
         store.enqueue(entry(0, uid: "", message: "x", context: run))
         store.attribute(SignInAttribution(uid: "", scope: .context(run), from: at(0), through: at(10)))
-        store.attribute(SignInAttribution(uid: "u", scope: .context(run), from: at(10), through: at(0)))
         try store.flush()
         #expect(try rows(store) == ["x:"])
         try store.close()

@@ -5,16 +5,14 @@ import GRDB
 /// Gives a user the anonymous records logged just before they signed in, so a pull by their uid
 /// also returns the launch and sign-in that led up to it.
 ///
-/// The writer applies it in order with the entries around it: every entry enqueued before
-/// ``LogStore/attribute(_:)`` is stored before the attribution runs. The records it takes are
+/// The writer applies it exactly where it was queued among the entries: every entry enqueued
+/// before ``LogStore/attribute(_:)`` is stored before it runs, none after. Going back from the
+/// newest record of the scope's contexts, it takes
 ///
-/// - anonymous (uid `""`),
-/// - of the scope's contexts,
-/// - timestamped within `from...through`,
-/// - and stored after the last record in that range, of those contexts, that already carries a
-///   uid: the anonymous stretch directly before the sign-in, never one that another user's
-///   records end. (Store order, not timestamps: records logged within the same microsecond
-///   still fall on the right side.)
+/// - the anonymous records (uid `""`) timestamped within `from...through`,
+/// - until a record that carries a uid (another user's records end the stretch; store order,
+///   not timestamps, so records of the same microsecond fall on the right side), a record
+///   older than `from`, ``maxRecords`` records taken, or ``maxScanned`` records read.
 ///
 /// Each gets `uid` and the metadata key ``LogStore/beforeSignInKey`` set to `true`.
 public struct SignInAttribution: Sendable, Equatable {
@@ -25,6 +23,12 @@ public struct SignInAttribution: Sendable, Equatable {
         /// app on this install as well.
         case app(of: ContextID)
     }
+
+    /// At most this many records are given the uid (the newest).
+    public static let maxRecords = 10_000
+    /// At most this many records, of any context, are read looking for them: the cost of a
+    /// sign-in on the writer thread is bounded whatever the store holds.
+    public static let maxScanned = 100_000
 
     public var uid: String
     public var scope: Scope
@@ -43,41 +47,54 @@ public struct SignInAttribution: Sendable, Equatable {
     @discardableResult
     func apply(in db: Database, maxUIDBytes: Int) throws -> Int {
         guard !uid.isEmpty, from <= through else { return 0 }
-        let contexts: String
-        let contextID: Int64
+        let contexts: Set<Int64>
         switch scope {
         case .context(let id):
-            contexts = "context_id = :context"
-            contextID = id.rawValue
+            contexts = [id.rawValue]
         case .app(of: let id):
-            contexts = """
-                context_id IN (
-                    SELECT c.id FROM context c, context me
-                    WHERE me.id = :context
-                      AND json_extract(c.fields, '$.app') = json_extract(me.fields, '$.app')
-                      AND json_extract(c.fields, '$.host') = json_extract(me.fields, '$.host'))
-                """
-            contextID = id.rawValue
+            contexts = Set(
+                try Int64.fetchAll(
+                    db,
+                    sql: """
+                        SELECT c.id FROM context c, context me
+                        WHERE me.id = ?
+                          AND json_extract(c.fields, '$.app') = json_extract(me.fields, '$.app')
+                          AND json_extract(c.fields, '$.host') = json_extract(me.fields, '$.host')
+                        """, arguments: [id.rawValue]))
         }
-        let selection = """
-            uid = '' AND ts BETWEEN :from AND :through AND \(contexts)
-              AND id > coalesce(
-                  (SELECT max(id) FROM log WHERE uid != '' AND ts BETWEEN :from AND :through AND \(contexts)),
-                  0)
-            """
-        let arguments: StatementArguments = ["context": contextID, "from": from.microseconds, "through": through.microseconds]
-        let rows = try Row.fetchAll(db, sql: "SELECT id, metadata FROM log WHERE \(selection)", arguments: arguments)
+        // Newest first by rowid: the scan stops early, and is capped.
+        var taken: [Int64] = []
+        do {
+            var scanned = 0
+            let rows = try Row.fetchCursor(db, sql: "SELECT id, uid, ts, context_id FROM log ORDER BY id DESC")
+            while scanned < Self.maxScanned, taken.count < Self.maxRecords, let row = try rows.next() {
+                scanned += 1
+                guard contexts.contains(row[3]) else { continue }
+                let ts: Int64 = row[2]
+                if ts > through.microseconds { continue }
+                if ts < from.microseconds { break }
+                let owner: String = row[1]
+                if !owner.isEmpty { break }
+                taken.append(row[0])
+            }
+        }
         let stored = EntryEncoder.truncate(uid, maxBytes: maxUIDBytes, marked: false)
+        let read = try db.makeStatement(sql: "SELECT metadata FROM log WHERE id = ?")
         let update = try db.makeStatement(sql: "UPDATE log SET uid = ?, metadata = ? WHERE id = ?")
-        for row in rows {
-            let id: Int64 = row[0]
-            let metadata: String? = row[1]
+        for id in taken {
+            let metadata = try String?.fetchOne(read, arguments: [id]) ?? nil
             // Metadata the store did not write canonically keeps its text: the record still gets the uid.
             let marked = CanonicalObject.setting(LogStore.beforeSignInKey, to: "true", in: metadata ?? "{}") ?? metadata
             try update.execute(arguments: [stored, marked, id])
         }
-        return rows.count
+        return taken.count
     }
+}
+
+extension LogStore {
+    /// The metadata key, set to `true`, that marks a record logged before its user signed in and
+    /// given their uid afterwards (see ``SignInAttribution``).
+    public static let beforeSignInKey = "dredge.before_sign_in"
 }
 
 /// Edits the canonical JSON object the store keeps as a record's metadata (keys sorted, no
@@ -175,11 +192,4 @@ enum CanonicalObject {
         if !inner.contains(UInt8(ascii: "\\")) { return String(decoding: inner, as: UTF8.self) }
         return try? JSONDecoder().decode(String.self, from: Data(token))
     }
-}
-
-
-extension LogStore {
-    /// The metadata key, set to `true`, that marks a record logged before its user signed in and
-    /// given their uid afterwards (see ``SignInAttribution``).
-    public static let beforeSignInKey = "dredge.before_sign_in"
 }

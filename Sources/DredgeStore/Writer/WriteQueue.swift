@@ -6,9 +6,9 @@ import Foundation
 /// A log call takes one uncontended lock, appends, and wakes the writer only if it sleeps. The
 /// writer swaps the whole buffer out in one step, so producers never wait on SQLite.
 ///
-/// Sequence numbers: every accepted entry gets the next number; the writer reports how many it
-/// finished (written or failed, in order). `flush` waits until the finished count reaches the
-/// accepted count it saw when called.
+/// Sequence numbers: every accepted entry, and every sign-in attribution, is an operation; the
+/// writer reports how many it finished (written or failed, in order). `flush` waits until the
+/// finished count reaches the count of operations it saw when called.
 final class WriteQueue: @unchecked Sendable {
     struct Batch {
         var entries: [LogEntry]

@@ -398,29 +398,35 @@ final class ConnectionUploads: @unchecked Sendable {
                 recordedCount[id] = held
                 moves.append((id, Progress(status: .uploading, chunksReceived: held)))
             }
-        case .failure(let e as ExportError)?:
-            logger.warning("chunk refused", metadata: ["upload.id": "\(id)", "index": "\(index)", "error": "\(e)"])
-            switch e.code {
-            case .chunkAuthFailed:
-                next = chunks.withLock { receivers[id]?.machine.rejected(index, .errorChunkAuthFailed) ?? [] }
-                moves.append((id, Progress(status: .failed, detail: "chunk \(index) failed authentication", failedWith: .errorChunkAuthFailed)))
-            case .uploadInvalid:
-                next = chunks.withLock { receivers[id]?.machine.rejected(index, .errorChunkInvalid) ?? [] }
-                moves.append((id, Progress(status: .failed, detail: "chunk \(index) is invalid: \(e.message)", failedWith: .errorChunkInvalid)))
-            default:
-                // The server's own trouble (a full disk): the agent keeps its export and
-                // sends the chunk again later; the status stays open, with the reason.
-                next = chunks.withLock { receivers[id]?.machine.rejected(index, .errorInternal) ?? [] }
-                moves.append((id, Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(e.code)); the agent will retry")))
-            }
         case .failure(let error)?:
-            // `write` throws only ExportError; anything else is the server's own trouble too.
-            next = chunks.withLock { receivers[id]?.machine.rejected(index, .errorInternal) ?? [] }
-            moves.append((id, Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(error)); the agent will retry")))
+            if let e = error as? ExportError {
+                logger.warning("chunk refused", metadata: ["upload.id": "\(id)", "index": "\(index)", "error": "\(e)"])
+            }
+            let (code, move) = Self.refusal(of: error, index: index)
+            next = chunks.withLock { receivers[id]?.machine.rejected(index, code) ?? [] }
+            moves.append((id, move))
         case nil:
             return
         }
         for case .send(let f) in next { frames.append(f) }
+    }
+
+    /// What a chunk whose write failed with `error` answers the agent, and the status recorded.
+    private static func refusal(of error: any Error, index: UInt32) -> (WireErrorCode, Progress) {
+        guard let e = error as? ExportError else {
+            // `write` throws only ExportError; anything else is the server's own trouble too.
+            return (.errorInternal, Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(error)); the agent will retry"))
+        }
+        switch e.code {
+        case .chunkAuthFailed:
+            return (.errorChunkAuthFailed, Progress(status: .failed, detail: "chunk \(index) failed authentication", failedWith: .errorChunkAuthFailed))
+        case .uploadInvalid:
+            return (.errorChunkInvalid, Progress(status: .failed, detail: "chunk \(index) is invalid: \(e.message)", failedWith: .errorChunkInvalid))
+        default:
+            // The server's own trouble (a full disk): the agent keeps its export and sends the
+            // chunk again later; the status stays open, with the reason.
+            return (.errorInternal, Progress(status: .uploading, detail: "the server could not store chunk \(index) (\(e.code)); the agent will retry"))
+        }
     }
 
     /// Chunks held between two writes of an upload's progress (`chunks_received`): one write

@@ -122,6 +122,7 @@ let package = Package(
                 .product(name: "SwiftASN1", package: "swift-asn1", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),

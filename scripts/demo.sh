@@ -57,4 +57,24 @@ for device in kitchen bakery; do
     "$bin/dredge-demo" verify --store "$out/$device/logs.sqlite" --dir "$dir" | sed 's/^/     /' || ok=0
 done
 [ $ok = 1 ] || { echo "FAILED: what arrived is not what the filter selects"; exit 1; }
-echo "OK: the pull arrived, decrypted and verified, in $out/server/pulls/$pull"
+echo "   the pull arrived, decrypted and verified, in $out/server/pulls/$pull"
+echo "== 5. The engineer reads it: one timeline across both devices, searched on the server"
+expected=$(cat "$out/server/pulls/$pull"/*/*.jsonl | wc -l)
+indexed=0
+for _ in $(seq 300); do
+    indexed=$("$bin/dredge" logs --pull "$pull" --limit 0 --format jsonl 2>/dev/null | wc -l)
+    [ "$indexed" = "$expected" ] && break
+    sleep 0.2
+done
+[ "$indexed" = "$expected" ] || { echo "FAILED: $indexed of the pull's $expected records are searchable"; exit 1; }
+echo "   \$ dredge logs --uid u-1002 --since 2d --level error --limit 6"
+"$bin/dredge" logs --uid u-1002 --since 2d --level error --limit 6 2>/dev/null
+echo "   \$ dredge logs --pull $pull --grep 'payment declined' --where event=checkout.failed --limit 3"
+"$bin/dredge" logs --pull "$pull" --grep 'payment declined' --where event=checkout.failed --limit 3 2>/dev/null
+found=$("$bin/dredge" logs --pull "$pull" --where http.status=503 --format jsonl --limit 0 | python3 -c "
+import json,sys
+rows=[json.loads(l) for l in sys.stdin]
+assert all(r['metadata'].get('http.status')==503 for r in rows), 'a record without http.status=503'
+print(len(rows))")
+echo "   \$ dredge logs --pull $pull --where http.status=503: $found records, each with http.status 503"
+echo "OK: the pull arrived, decrypted, verified and searchable ($indexed records indexed)"

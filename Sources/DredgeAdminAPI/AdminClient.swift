@@ -48,6 +48,11 @@ public struct AdminClient: Sendable {
         try await call("GET", "/v1/feedback/\(try Self.pathComponent(id))")
     }
 
+    /// One page of records across everything pulled (`POST /v1/records/search`).
+    public func search(_ search: RecordSearch) async throws -> RecordPage {
+        try await call("POST", "/v1/records/search", body: search)
+    }
+
     public func audit() async throws -> [AuditEntry] {
         try await call("GET", "/v1/audit")
     }

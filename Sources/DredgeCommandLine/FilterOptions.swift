@@ -7,10 +7,10 @@ public struct FilterOptions: ParsableArguments {
     @Option(help: "Only this user's records.")
     public var uid: String?
 
-    @Option(help: "From this time: RFC 3339, YYYY-MM-DD, or a duration ago (90m, 2d).")
+    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00 (local time unless a zone is given: Z, +01:00).")
     public var since: String?
 
-    @Option(help: "Before this time, same forms as --since.")
+    @Option(help: "Before this time; the same forms as --since.")
     public var until: String?
 
     @Option(name: .customLong("type"), help: "Log types; repeatable or comma-separated.")
@@ -27,11 +27,11 @@ public struct FilterOptions: ParsableArguments {
     public func filter() throws -> LogFilter {
         var filter = LogFilter(uid: uid, text: grep)
         if let since {
-            guard let t = Timestamp(userInput: since) else { throw ValidationError("cannot read --since '\(since)': give RFC 3339, YYYY-MM-DD or a duration ago (90m, 2d), between 1970 and 9999") }
+            guard let t = Timestamp(userInput: since) else { throw ValidationError("cannot read --since '\(since)': give \(Timestamp.userInputForms), between 1970 and 9999") }
             filter.since = t
         }
         if let until {
-            guard let t = Timestamp(userInput: until) else { throw ValidationError("cannot read --until '\(until)': give RFC 3339, YYYY-MM-DD or a duration ago (90m, 2d), between 1970 and 9999") }
+            guard let t = Timestamp(userInput: until) else { throw ValidationError("cannot read --until '\(until)': give \(Timestamp.userInputForms), between 1970 and 9999") }
             filter.until = t
         }
         if let since = filter.since, let until = filter.until, until <= since {
@@ -42,7 +42,7 @@ public struct FilterOptions: ParsableArguments {
         if !types.isEmpty {
             var set = Set<LogType>()
             for name in types.flatMap({ $0.split(separator: ",") }) {
-                guard let type = LogType(String(name)) else { throw ValidationError("invalid log type '\(name)'") }
+                guard let type = LogType(String(name)) else { throw ValidationError("invalid log type '\(name)': a type is lowercase letters, digits, '.', '-' and '_', at most \(LogType.maxLength) bytes (app, network, business, player, system, or your own)") }
                 set.insert(type)
             }
             filter.types = set
@@ -50,7 +50,9 @@ public struct FilterOptions: ParsableArguments {
         if !levels.isEmpty {
             var set = Set<LogLevel>()
             for text in levels {
-                guard let parsed = LogLevel.parseSet(text) else { throw ValidationError("cannot read --level '\(text)'") }
+                guard let parsed = LogLevel.parseSet(text) else {
+                    throw ValidationError("cannot read --level '\(text)': give \(LogLevel.allCases.map(\.name).joined(separator: ", ")), a list (warning,error) or a floor (warning+)")
+                }
                 set.formUnion(parsed)
             }
             filter.levels = set

@@ -1,11 +1,31 @@
+import Foundation
+
 /// Parsing of the filter syntax the command-line tools share.
 extension Timestamp {
-    /// Accepts RFC 3339 (`2026-11-21T09:30:00Z`), a date (`2026-11-21`, midnight UTC), `now`, or
-    /// a duration before `now`: a number with `s`, `m`, `h`, `d` or `w` (`90m`, `2d`).
-    public init?(userInput text: String, now: Timestamp = .now) {
-        if text == "now" {
+    /// The forms ``init(userInput:now:timeZone:)`` accepts, for help texts and errors.
+    public static let userInputForms =
+        "now, today, yesterday, a duration ago (90m, 2d, 1w), a date (2026-11-20), a local time (2026-11-20T10:00 or 2026-11-20 10:00:30), or RFC 3339 with a zone (2026-11-20T10:00:00Z, …+01:00); dates and times without a zone are in local time"
+
+    /// Accepts `now`; `today` and `yesterday` (midnight, local time); a duration before `now`:
+    /// a number with `s`, `m`, `h`, `d` or `w` (`90m`, `2d`); a date `YYYY-MM-DD` (midnight,
+    /// local time); a time `YYYY-MM-DDTHH:MM[:SS[.ffffff]]` (`T` or a space) in local time; or
+    /// RFC 3339 with `Z` or an offset. Only instants between 1970 and 9999; anything else
+    /// (including amounts that overflow) is nil, never a trap.
+    public init?(userInput raw: String, now: Timestamp = .now, timeZone: TimeZone = .current) {
+        let text = raw.trimmingCharacters(in: .whitespaces)
+        switch text.lowercased() {
+        case "now":
             self = now
             return
+        case "today", "yesterday":
+            var calendar = Calendar(identifier: .gregorian)
+            calendar.timeZone = timeZone
+            let midnight = calendar.startOfDay(for: now.date)
+            let day = text.lowercased() == "today" ? midnight : calendar.date(byAdding: .day, value: -1, to: midnight)
+            guard let day else { return nil }
+            self = Timestamp(day)
+            return
+        default: break
         }
         if let unit = text.last, let amount = Int64(text.dropLast()), amount >= 0 {
             let seconds: Int64
@@ -25,8 +45,75 @@ extension Timestamp {
             self = Timestamp(microseconds: value)
             return
         }
-        guard let parsed = Timestamp(rfc3339: text), parsed.isAccepted else { return nil }
+        let parsed: Timestamp?
+        if Self.hasZone(text) {
+            parsed = Timestamp(rfc3339: text)
+        } else {
+            parsed = Self.localTime(text, timeZone: timeZone)
+        }
+        guard let parsed, parsed.isAccepted else { return nil }
         self = parsed
+    }
+
+    /// True when the text ends in `Z` or a `±HH:MM` offset after a time.
+    private static func hasZone(_ text: String) -> Bool {
+        let b = Array(text.utf8)
+        guard b.count > 10 else { return false }
+        if b.last == UInt8(ascii: "Z") || b.last == UInt8(ascii: "z") { return true }
+        guard b.count >= 6 else { return false }
+        let sign = b[b.count - 6]
+        return (sign == UInt8(ascii: "+") || sign == UInt8(ascii: "-")) && b[b.count - 3] == UInt8(ascii: ":")
+    }
+
+    /// `YYYY-MM-DD`, or with `T`/space `HH:MM`, `HH:MM:SS`, `HH:MM:SS.ffffff`, in `timeZone`.
+    /// Nil for a date or time that does not exist (2026-02-30, 25:00).
+    static func localTime(_ text: String, timeZone: TimeZone) -> Timestamp? {
+        let b = Array(text.utf8)
+        func digits(_ start: Int, _ count: Int) -> Int? {
+            guard start + count <= b.count else { return nil }
+            var value = 0
+            for c in b[start..<start + count] {
+                guard c >= 48, c <= 57 else { return nil }
+                value = value * 10 + Int(c - 48)
+            }
+            return value
+        }
+        guard b.count >= 10, let year = digits(0, 4), b[4] == 45, let month = digits(5, 2), b[7] == 45, let day = digits(8, 2),
+            (1...12).contains(month), (1...31).contains(day)
+        else { return nil }
+        var hour = 0, minute = 0, second = 0, micros = 0
+        if b.count > 10 {
+            guard b[10] == UInt8(ascii: "T") || b[10] == UInt8(ascii: "t") || b[10] == UInt8(ascii: " "), b.count >= 16, let h = digits(11, 2), b[13] == 58,
+                let m = digits(14, 2), h < 24, m < 60
+            else { return nil }
+            (hour, minute) = (h, m)
+            var i = 16
+            if i < b.count {
+                guard b[i] == 58, let s = digits(i + 1, 2), s < 60 else { return nil }
+                second = s
+                i += 3
+                if i < b.count {
+                    guard b[i] == 46 else { return nil }
+                    i += 1
+                    var scale = 100_000, n = 0
+                    while i < b.count, b[i] >= 48, b[i] <= 57, n < 9 {
+                        micros += Int(b[i] - 48) * scale
+                        scale /= 10
+                        i += 1
+                        n += 1
+                    }
+                    guard n > 0, i == b.count else { return nil }
+                }
+            }
+        }
+        var calendar = Calendar(identifier: .gregorian)
+        calendar.timeZone = timeZone
+        let components = DateComponents(year: year, month: month, day: day, hour: hour, minute: minute, second: second)
+        guard let date = calendar.date(from: components) else { return nil }
+        // The calendar rolls 2026-02-30 over into March: a date that does not read back does not exist.
+        let back = calendar.dateComponents([.year, .month, .day], from: date)
+        guard back.year == year, back.month == month, back.day == day else { return nil }
+        return Timestamp(microseconds: Int64(date.timeIntervalSince1970.rounded()) * 1_000_000 + Int64(micros))
     }
 }
 

@@ -4,7 +4,7 @@ import Logging
 import ServiceLifecycle
 
 /// `dredge-server run`: loads the deployment, opens the registry and the pull queue, and runs
-/// the agent listener, the admin API and the delivery sweep in one service group that stops
+/// the agent listener, the admin API, the delivery sweep and the indexer in one service group that stops
 /// gracefully on SIGTERM and SIGINT.
 public enum ServerRuntime {
     public struct Options: Sendable {
@@ -39,14 +39,15 @@ public enum ServerRuntime {
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
         try await janitor.sweep(atStart: true)
         let dispatcher = PullDispatcher(pulls: pulls, logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
+        let indexer = Indexer(index: stores.records, paths: DataDirectory(dir), logger: logger)
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
-            port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds)
+            port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, landed: { indexer.landed($0) })
         let admin = AdminAPI.application(
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer,
-            feedback: feedback, tokens: tokens, dispatcher: dispatcher,
+            feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: stores.records, indexer: indexer,
             port: options.adminPort ?? deployment.config.adminPort, logger: logger)
-        let group = ServiceGroup(services: [dispatcher, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let group = ServiceGroup(services: [dispatcher, indexer, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         logger.info("dredge-server stopped")
     }

@@ -14,7 +14,7 @@ struct Dredge: AsyncParsableCommand {
             Talks to the server's admin API. The address and the admin token come from --server and
             --token, or from DREDGE_SERVER and DREDGE_TOKEN.
             """,
-        subcommands: [AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
+        subcommands: [AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
 }
 
 /// Where the server is and the token to show it.

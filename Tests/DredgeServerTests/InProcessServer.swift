@@ -26,6 +26,8 @@ final class InProcessServer: @unchecked Sendable {
     let issuer: CommandIssuer
     let feedback: FeedbackStore
     let listener: AgentListener
+    let records: RecordIndexStore
+    let indexer: Indexer
     let logs = LogCapture()
     let agentPort: Int
     let admin: AdminClient
@@ -50,19 +52,22 @@ final class InProcessServer: @unchecked Sendable {
         created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
         let deployment = try LoadedDeployment(directory: data)
         let stores = try ServerStores(deployment)
-        (registry, pulls, issuer, feedback) = (stores.registry, stores.pulls, stores.issuer, stores.feedback)
+        (registry, pulls, issuer, feedback, records) = (stores.registry, stores.pulls, stores.issuer, stores.feedback, stores.records)
         let tokens = wrapTokens?(stores.tokens) ?? stores.tokens
         let logger = Logger(label: "test.server") { [logs] _ in logs }
         let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, logger: logger)
         let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
+        let indexer = Indexer(index: records, paths: DataDirectory(data), logger: logger)
+        self.indexer = indexer
         listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
-            host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits)
+            host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
+            landed: { indexer.landed($0) })
         let adminPort = Mutex<Int?>(nil)
         let app = AdminAPI.application(
-            registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, port: 0, logger: logger,
-            onReady: { port in adminPort.withLock { $0 = port } })
-        group = ServiceGroup(services: [dispatcher, listener, app], logger: logger)
+            registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,
+            indexer: indexer, port: 0, logger: logger, onReady: { port in adminPort.withLock { $0 = port } })
+        group = ServiceGroup(services: [dispatcher, indexer, listener, app], logger: logger)
         task = Task { [group] in try await group.run() }
         var agentPort: Int?, admin: Int?
         for _ in 0..<3000 where agentPort == nil || admin == nil {

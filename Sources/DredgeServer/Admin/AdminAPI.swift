@@ -12,7 +12,7 @@ public enum AdminAPI {
     /// Builds the Hummingbird application; a `Service` for the server's service group.
     public static func application(
         registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
-        dispatcher: PullDispatcher, port: Int, logger: Logger,
+        dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, port: Int, logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) -> some ApplicationProtocol {
         let router = Router(context: AdminRequestContext.self)
@@ -54,6 +54,23 @@ public enum AdminAPI {
             guard let record = try await feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
             return try json(record)
         }
+        v1.post("records/search") { request, context in
+            guard let records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not index records") }
+            let search = try await decode(RecordSearch.self, from: request)
+            try checkSearch(search)
+            var page: RecordPage
+            do {
+                page = try await records.search(search)
+            } catch let error as RecordSearchError {
+                throw AdminAPIError(.badRequest, "bad_request", error.description)
+            }
+            if let indexer { page.indexing = indexer.backlog }
+            // A search is audited once, not for every further page or every look of a follow.
+            if search.after == nil && search.arrivedAfter == nil {
+                try await audit.record(actor: context.tokenName ?? "?", action: "records.search", detail: describe(search), at: Date())
+            }
+            return try json(page)
+        }
         v1.get("audit") { _, _ in try json(await audit.audit(limit: 1000)) }
         v1.get("tokens") { _, _ in try json(await tokens.list()) }
         v1.post("tokens") { request, context in
@@ -93,6 +110,35 @@ public enum AdminAPI {
     }
 
     static let maximumBody = 64 * 1024
+
+    /// Ids in a search have the protocol's form, a uid the store's rules.
+    static func checkSearch(_ search: RecordSearch) throws {
+        if let pull = search.pull { _ = try validID(pull, "pull") }
+        if let feedback = search.feedback { _ = try validID(feedback, "feedback") }
+        for agent in search.agents ?? [] { _ = try validID(agent, "agent") }
+        if let uid = search.uid, let problem = UserID.problem(uid) { throw AdminAPIError(.badRequest, "bad_request", "uid: \(problem)") }
+        if let since = search.since, let until = search.until, until <= since {
+            throw AdminAPIError(.badRequest, "bad_request", "until must be after since")
+        }
+    }
+
+    /// A search as the audit log shows it: each narrowing, readably.
+    static func describe(_ s: RecordSearch) -> String {
+        var parts: [String] = []
+        if let uid = s.uid { parts.append("uid=\(uid)") }
+        if let agents = s.agents, !agents.isEmpty { parts.append("agent=\(agents.joined(separator: ","))") }
+        if let hosts = s.hosts, !hosts.isEmpty { parts.append("host=\(hosts.joined(separator: ","))") }
+        if let apps = s.apps, !apps.isEmpty { parts.append("app=\(apps.joined(separator: ","))") }
+        if let pull = s.pull { parts.append("pull=\(pull)") }
+        if let feedback = s.feedback { parts.append("feedback=\(feedback)") }
+        if let since = s.since { parts.append("since=\(since.rfc3339)") }
+        if let until = s.until { parts.append("until=\(until.rfc3339)") }
+        if let levels = s.levels, !levels.isEmpty { parts.append("level=\(levels.joined(separator: ","))") }
+        if let types = s.types, !types.isEmpty { parts.append("type=\(types.joined(separator: ","))") }
+        if let text = s.text { parts.append("text=\(text.debugDescription)") }
+        for m in s.metadata ?? [] { parts.append("where \(m.key)=\(m.value)") }
+        return ConnectionUploads.bounded(parts.isEmpty ? "everything" : parts.joined(separator: " "))
+    }
 
     /// An id from a URL or a body, checked against the protocol's form before any use.
     static func validID(_ id: String, _ what: String) throws -> String {

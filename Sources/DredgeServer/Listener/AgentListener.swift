@@ -32,6 +32,8 @@ public final class AgentListener: Service, Sendable {
     let connectionLimits: ConnectionLimits
     let threads: WorkThreads
     let gate: ConnectionGate
+    /// Told of each pull or feedback whose files are in place (the ``Indexer``).
+    let landed: @Sendable (IndexedSource) -> Void
     let agentConnections = AgentConnections()
     private let bound: BoundAddress
     private let connections = ConnectionSet()
@@ -43,8 +45,10 @@ public final class AgentListener: Service, Sendable {
         deployment: LoadedDeployment, registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, dispatcher: PullDispatcher,
         logger: Logger,
         host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil,
-        connectionLimits: ConnectionLimits? = nil, threads: WorkThreads? = nil, openFiles: Int = ServerRuntime.openFileLimit()
+        connectionLimits: ConnectionLimits? = nil, threads: WorkThreads? = nil, openFiles: Int = ServerRuntime.openFileLimit(),
+        landed: @escaping @Sendable (IndexedSource) -> Void = { _ in }
     ) {
+        self.landed = landed
         self.deployment = deployment
         self.issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
         self.paths = DataDirectory(deployment.directory)
@@ -523,7 +527,7 @@ final class ConnectionSession: @unchecked Sendable {
                 uploads = ConnectionUploads(
                     agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
                     paths: listener.paths, feedbackLimits: listener.feedbackLimits, blocking: work.uploads, unpacking: work.unpacking, logger: listener.logger,
-                    emit: { frames in acks.continuation.yield(frames) })
+                    landed: listener.landed, emit: { frames in acks.continuation.yield(frames) })
                 generation = try await listener.registry.connected(id, from: remote, host: host, now: Date())
                 if let replaced = listener.agentConnections.replace(id, token: token, generation: generation ?? 0, channel: channel) {
                     listener.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])

@@ -81,13 +81,16 @@ final class ConnectionUploads: @unchecked Sendable {
     let emit: @Sendable ([WireFrame]) -> Void
     /// Uploads begun on this connection that are feedback, not pulls.
     private var feedbackUploads: Set<String> = []
+    /// Told of each upload whose files are in place and recorded complete (the ``Indexer``).
+    let landed: @Sendable (IndexedSource) -> Void
 
     init(
         agentID: String, pulls: any PullQueue, feedback: any FeedbackInbox, encryptionKey: RSAPrivateKey, paths: DataDirectory,
         limits: PayloadLimits = PayloadLimits(), feedbackLimits: FeedbackLimits = .default, blocking: NIOThreadPool, unpacking: PayloadStream.Schedule? = nil,
-        logger: Logger, emit: @escaping @Sendable ([WireFrame]) -> Void
+        logger: Logger, landed: @escaping @Sendable (IndexedSource) -> Void = { _ in }, emit: @escaping @Sendable ([WireFrame]) -> Void
     ) {
         self.emit = emit
+        self.landed = landed
         self.unpacking = unpacking
         self.blocking = blocking
         self.agentID = agentID
@@ -663,6 +666,7 @@ final class ConnectionUploads: @unchecked Sendable {
                 // Ended meanwhile (expired by the deadline sweep): the agent must not believe it arrived.
                 throw ExportError(.uploadInvalid, "\(what) \(uploadID) ended before its upload finished")
             }
+            landed(IndexedSource(kind: isFeedback ? .feedback : .pull, id: uploadID, agentID: agentID))
             let chunks = try paths.inside(assembler.directory)
             do {
                 try await blocking.runIfActive { try FileManager.default.removeItem(atPath: chunks) }

@@ -7,6 +7,8 @@ public struct ServerStores: Sendable {
     public let pulls: PullStore
     public let feedback: FeedbackStore
     public let tokens: TokenStore
+    /// The search index, `index.sqlite` beside the database.
+    public let records: RecordIndexStore
     public let issuer: CommandIssuer
 
     public init(_ deployment: LoadedDeployment) throws {
@@ -15,6 +17,7 @@ public struct ServerStores: Sendable {
         pulls = PullStore(database)
         feedback = FeedbackStore(database)
         tokens = TokenStore(database)
+        records = try RecordIndexStore(directory: deployment.directory)
         issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
     }
 }

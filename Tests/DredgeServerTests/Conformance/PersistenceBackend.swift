@@ -11,6 +11,7 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
     let agents: @Sendable (TempDir) async throws -> any AgentDirectory
     let feedback: @Sendable (TempDir) async throws -> any FeedbackInbox
     let tokens: @Sendable (TempDir) async throws -> any TokenVault
+    let records: @Sendable (TempDir) async throws -> any RecordIndex
     var testDescription: String { name }
 
     static let sqlite = PersistenceBackend(
@@ -18,7 +19,8 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
         pulls: { PullStore(try ServerDatabase(directory: $0.path)) },
         agents: { AgentRegistry(try ServerDatabase(directory: $0.path)) },
         feedback: { FeedbackStore(try ServerDatabase(directory: $0.path)) },
-        tokens: { TokenStore(try ServerDatabase(directory: $0.path)) })
+        tokens: { TokenStore(try ServerDatabase(directory: $0.path)) },
+        records: { try RecordIndexStore(directory: $0.path) })
 
     static let all: [PersistenceBackend] = [.sqlite]
 }

@@ -1,0 +1,186 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgePayload
+import DredgeWire
+import Foundation
+import Logging
+import NIOPosix
+import ServiceLifecycle
+import Synchronization
+
+/// Makes every landed pull and feedback searchable: the listener reports each upload it
+/// completes (``landed(_:)``), and the indexer reads its files (the manifest's contexts, then
+/// each day file in blocks of whole lines) into the ``RecordIndex``, one source at a time, in
+/// the order they landed. Records are searchable block by block, while the rest of the source
+/// is still being read.
+///
+/// At start it indexes what landed while it was not running: every `pulls/<pull>/<agent>/`
+/// and `feedback/<id>/` that the index does not list as finished (a source cut short by a
+/// crash is indexed again from the start). Files are read on `blocking`, never on Swift's
+/// cooperative pool. A source that cannot be indexed (unreadable manifest, a failing index)
+/// is logged and left; the next start tries it again. The files are never changed.
+public final class Indexer: Service, Sendable {
+    public static let blockBytes = 4 << 20
+
+    let index: any RecordIndex
+    let paths: DataDirectory
+    let logger: Logger
+    let blocking: NIOThreadPool
+    private let queue: (stream: AsyncStream<IndexedSource>, continuation: AsyncStream<IndexedSource>.Continuation)
+    /// Sources reported and not yet finished (or failed).
+    private let waiting = Mutex<Set<IndexedSource>>([])
+
+    public init(index: any RecordIndex, paths: DataDirectory, logger: Logger, blocking: NIOThreadPool = .singleton) {
+        self.index = index
+        self.paths = paths
+        self.logger = logger
+        self.blocking = blocking
+        queue = AsyncStream.makeStream(of: IndexedSource.self)
+    }
+
+    /// A pull's files from one agent, or a feedback's, are in place: index them soon.
+    /// A source already waiting (or being indexed) is not queued twice.
+    public func landed(_ source: IndexedSource) {
+        guard waiting.withLock({ $0.insert(source).inserted }) else { return }
+        queue.continuation.yield(source)
+    }
+
+    /// Sources reported and not yet indexed.
+    public var backlog: Int { waiting.withLock { $0.count } }
+
+    public func run() async throws {
+        await catchUp()
+        for await source in queue.stream.cancelOnGracefulShutdown() {
+            await indexLogging(source)
+        }
+    }
+
+    /// Indexes every landed source the index does not list as finished.
+    func catchUp() async {
+        do {
+            let done = try await index.indexedSources()
+            let landed = try await blocking.runIfActive { [paths] in try Self.landedSources(paths) }
+            let missing = landed.filter { !done.contains($0) }
+            if !missing.isEmpty { logger.info("indexing pulls and feedback that landed before", metadata: ["count": "\(missing.count)"]) }
+            for source in missing { self.landed(source) }
+        } catch {
+            logger.error("cannot list what landed before; it is indexed on the next start", metadata: ["error": "\(error)"])
+        }
+    }
+
+    private func indexLogging(_ source: IndexedSource) async {
+        defer { _ = waiting.withLock { $0.remove(source) } }
+        do {
+            let count = try await index(source)
+            logger.info("indexed", metadata: ["source": "\(source)", "records": "\(count.records)", "unreadable": "\(count.unreadable)"])
+            if count.unreadable > 0 {
+                logger.warning("lines that are not records were left out of the index", metadata: ["source": "\(source)", "lines": "\(count.unreadable)"])
+            }
+        } catch {
+            logger.error("could not index; the files stay, and the next start tries again", metadata: ["source": "\(source)", "error": "\(error)"])
+        }
+    }
+
+    /// Indexes one source now, from the start.
+    @discardableResult
+    public func index(_ source: IndexedSource) async throws -> IndexCount {
+        let directory = try directory(of: source)
+        let manifestPath = try paths.inside(directory + "/" + PayloadLimits.manifestName)
+        let manifest = try await blocking.runIfActive { () throws -> ExportManifest in
+            guard let data = FileManager.default.contents(atPath: manifestPath) else { throw IndexingError("\(manifestPath) cannot be read") }
+            do {
+                return try JSONDecoder().decode(ExportManifest.self, from: data)
+            } catch {
+                throw IndexingError("\(manifestPath) is not a manifest: \(error)")
+            }
+        }
+        try await index.begin(source, contexts: manifest.contexts, landedAt: Date())
+        var count = IndexCount()
+        for day in manifest.days {
+            guard day.file != PayloadLimits.manifestName, PayloadLimits.isAllowedName(day.file) else { throw IndexingError("the manifest names \(day.file.debugDescription), not a day file") }
+            let file = try paths.inside(directory + "/" + day.file)
+            let reader = try await blocking.runIfActive { try LineBlockReader(path: file, blockBytes: Self.blockBytes) }
+            while let block = try await blocking.runIfActive({ try reader.next() }) {
+                count += try await index.add(source, lines: block)
+            }
+        }
+        try await index.finish(source)
+        return count
+    }
+
+    private func directory(of source: IndexedSource) throws -> String {
+        switch source.kind {
+        case .pull: try paths.pullFiles(source.id, agent: source.agentID)
+        case .feedback: try paths.feedbackFiles(source.id)
+        }
+    }
+
+    /// Every finished result under the data directory: `pulls/<pull>/<agent>/` and
+    /// `feedback/<id>/` (whose agent its manifest names). Staging (`*.partial`) and zips are
+    /// not results.
+    static func landedSources(_ paths: DataDirectory) throws -> [IndexedSource] {
+        let fm = FileManager.default
+        func directories(_ path: String) throws -> [String] {
+            var isDirectory: ObjCBool = false
+            guard fm.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue else { return [] }
+            return try fm.contentsOfDirectory(atPath: path).filter { name in
+                var d: ObjCBool = false
+                return fm.fileExists(atPath: path + "/" + name, isDirectory: &d) && d.boolValue && !name.hasSuffix(".partial")
+            }.sorted()
+        }
+        var sources: [IndexedSource] = []
+        for pull in try directories(paths.pulls) where WireID.isValid(pull) {
+            for agent in try directories(paths.pulls + "/" + pull) where WireID.isValid(agent) {
+                sources.append(IndexedSource(kind: .pull, id: pull, agentID: agent))
+            }
+        }
+        for id in try directories(paths.feedback) where WireID.isValid(id) {
+            let manifest = try paths.feedbackFiles(id) + "/" + PayloadLimits.manifestName
+            guard let data = fm.contents(atPath: manifest), let decoded = try? JSONDecoder().decode(ExportManifest.self, from: data) else { continue }  // not a finished result: nothing to index
+            sources.append(IndexedSource(kind: .feedback, id: id, agentID: decoded.agentID))
+        }
+        return sources
+    }
+}
+
+/// Why a landed source could not be indexed.
+public struct IndexingError: Error, CustomStringConvertible, Sendable {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Reads a file in blocks of whole lines: each block ends after a `\n` (the last one may
+/// not, if the file does not end with one), and a line longer than a block is returned whole.
+final class LineBlockReader: @unchecked Sendable {  // used by one indexing step at a time
+    private let handle: FileHandle
+    private let blockBytes: Int
+    private var carry: [UInt8] = []
+    private var ended = false
+
+    init(path: String, blockBytes: Int) throws {
+        guard let handle = FileHandle(forReadingAtPath: path) else { throw IndexingError("\(path) cannot be opened") }
+        self.handle = handle
+        self.blockBytes = blockBytes
+    }
+
+    deinit { try? handle.close() }  // read only; nothing to lose
+
+    func next() throws -> [UInt8]? {
+        while !ended {
+            let data = try handle.read(upToCount: blockBytes) ?? Data()
+            if data.isEmpty {
+                ended = true
+                break
+            }
+            carry.append(contentsOf: data)
+            if let lastNewline = carry.lastIndex(of: 0x0A) {
+                let block = Array(carry[...lastNewline])
+                carry.removeSubrange(...lastNewline)
+                return block
+            }
+        }
+        guard !carry.isEmpty else { return nil }
+        defer { carry = [] }
+        return carry + [0x0A]
+    }
+}

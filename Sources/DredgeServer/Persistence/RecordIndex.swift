@@ -1,0 +1,123 @@
+import DredgeAdminAPI
+import DredgeDomain
+import Foundation
+
+/// Where the records that arrived are searched: every landed pull and feedback, record by
+/// record, with full text over the message and the metadata. Fed by the ``Indexer``, read by
+/// the admin API's search route.
+///
+/// The index is derived data: the files under `pulls/` and `feedback/` stay the truth, and a
+/// source can always be indexed again from them. The rules every implementation keeps
+/// (``RecordIndexConformanceTests`` checks each):
+/// - ``begin(_:contexts:landedAt:)`` starts a source over: records of an earlier, unfinished
+///   attempt are removed first, so a source indexed twice holds its records once.
+/// - ``add(_:lines:)`` takes whole lines, each one JSON record (Protocol § Payload); a line
+///   that is not a readable record is counted, never fatal, and never half-stored.
+/// - A source is listed by ``indexedSources()`` only once ``finish(_:)`` ran.
+/// - ``remove(_:)`` removes a source's records and contexts; searching finds none after.
+/// - ``search(_:)`` returns records in (time, id) order, each page after the one its `after`
+///   names, and `next` only when more may follow.
+public protocol RecordIndex: Sendable {
+    /// Starts (or starts over) indexing a source whose records refer to `contexts` by key.
+    func begin(_ source: IndexedSource, contexts: [String: LogContext], landedAt: Date) async throws
+    /// Indexes records: `lines` holds whole lines, each ending in `\n`.
+    func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount
+    /// Marks the source complete.
+    func finish(_ source: IndexedSource) async throws
+    /// Sources whose indexing finished.
+    func indexedSources() async throws -> Set<IndexedSource>
+    /// Removes a source's records; a source not indexed is no error.
+    func remove(_ source: IndexedSource) async throws
+    func search(_ search: RecordSearch) async throws -> RecordPage
+}
+
+/// A landed payload: a pull's files from one agent, or one feedback's.
+public struct IndexedSource: Sendable, Hashable, CustomStringConvertible {
+    public enum Kind: String, Sendable, Hashable, Codable {
+        case pull, feedback
+    }
+
+    public var kind: Kind
+    /// The pull's or the feedback's id.
+    public var id: String
+    public var agentID: String
+
+    public init(kind: Kind, id: String, agentID: String) {
+        self.kind = kind
+        self.id = id
+        self.agentID = agentID
+    }
+
+    public var description: String { "\(kind.rawValue) \(id) of agent \(agentID)" }
+}
+
+/// What one ``RecordIndex/add(_:lines:)`` took.
+public struct IndexCount: Sendable, Equatable {
+    public var records: Int
+    /// Lines that are not a readable record (not JSON, or lacking `ts`, `level` or `type`).
+    public var unreadable: Int
+
+    public init(records: Int = 0, unreadable: Int = 0) {
+        self.records = records
+        self.unreadable = unreadable
+    }
+
+    public static func += (a: inout IndexCount, b: IndexCount) {
+        a.records += b.records
+        a.unreadable += b.unreadable
+    }
+}
+
+/// A search the index cannot run as asked (a bad cursor, a text with nothing to search for):
+/// the caller's mistake, shown as it is.
+public struct RecordSearchError: Error, CustomStringConvertible, Sendable {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Turns the `text` of a ``RecordSearch`` into an FTS query any implementation with word
+/// search can map: terms, each all letters and digits, all required.
+public enum SearchText {
+    public struct Term: Sendable, Equatable {
+        /// The words, in order (a phrase has several).
+        public var words: String
+        public var isPrefix: Bool
+    }
+
+    /// `timeout "connection refused" auth*` → three terms. Nil when nothing in `text` is a word.
+    public static func terms(_ text: String) -> [Term]? {
+        var terms: [Term] = []
+        var rest = Substring(text)
+        while let start = rest.firstIndex(where: { !$0.isWhitespace }) {
+            rest = rest[start...]
+            var body: Substring
+            var prefix = false
+            if rest.first == "\"" {
+                let afterQuote = rest.index(after: rest.startIndex)
+                let close = rest[afterQuote...].firstIndex(of: "\"") ?? rest.endIndex
+                body = rest[afterQuote..<close]
+                rest = close == rest.endIndex ? rest[close...] : rest[rest.index(after: close)...]
+            } else {
+                let end = rest.firstIndex(where: \.isWhitespace) ?? rest.endIndex
+                body = rest[..<end]
+                rest = rest[end...]
+                if body.hasSuffix("*") {
+                    prefix = true
+                    body = body.dropLast()
+                }
+            }
+            guard body.contains(where: { $0.isLetter || $0.isNumber }) else { continue }
+            terms.append(Term(words: String(body), isPrefix: prefix))
+        }
+        return terms.isEmpty ? nil : terms
+    }
+
+    /// An FTS5 query: each term a quoted string (its quotes doubled), prefix terms with `*`,
+    /// optionally limited to one column.
+    public static func fts5(_ terms: [Term], column: String? = nil) -> String {
+        terms.map { term in
+            let quoted = "\"" + term.words.replacingOccurrences(of: "\"", with: "\"\"") + "\"" + (term.isPrefix ? "*" : "")
+            return column.map { "\($0) : \(quoted)" } ?? quoted
+        }.joined(separator: " AND ")
+    }
+}

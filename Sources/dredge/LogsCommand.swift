@@ -1,0 +1,275 @@
+import ArgumentParser
+import DredgeAdminAPI
+import DredgeCommandLine
+import DredgeDomain
+import DredgeWire
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `dredge logs`: reads across everything the server has received, pulls and feedback, as one
+/// timeline across devices, with the host and app on each line.
+struct LogsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "logs",
+        abstract: "Read and search the records of every pull and feedback: one timeline across devices.",
+        discussion: """
+            Every filter narrows the result. Times given without a zone are local time; lines show
+            local time too (--utc for UTC). --grep matches whole words in the message and the
+            metadata, any case, all of them: `--grep 'timeout "connection refused" auth*'`.
+            --where matches a top-level metadata member exactly: `--where status=503`.
+
+            Examples:
+              dredge logs --uid u-1002 --since yesterday --level warning+
+              dredge logs --uid u-1002 --around 2026-11-20T10:02 --window 2m
+              dredge logs --pull 3f2c… --format jsonl | jq .message
+            """)
+
+    @OptionGroup var server: ServerOptions
+
+    @Option(help: "Only this user's records.") var uid: String?
+    @Option(help: "Only this agent's records (an agent id); repeatable.") var agent: [String] = []
+    @Option(help: "Only records from this host (as the device names itself); repeatable.") var host: [String] = []
+    @Option(help: "Only records from this app; repeatable.") var app: [String] = []
+    @Option(help: "Only the records of this pull.") var pull: String?
+    @Option(help: "Only the records of this feedback.") var feedback: String?
+    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00, or with a zone (Z, +01:00).") var since: String?
+    @Option(help: "Before this time; the same forms as --since.") var until: String?
+    @Option(help: "Records around this time (the same forms as --since), --window either side.") var around: String?
+    @Option(help: "With --around: how far either side (30s, 5m, 1h).") var window = "5m"
+    @Option(name: .customLong("level"), help: "Levels: 'error', 'warning,error' or 'warning+' (and above); repeatable.") var levels: [String] = []
+    @Option(name: .customLong("type"), help: "Log types; repeatable or comma-separated.") var types: [String] = []
+    @Option(help: "Words in the message or metadata (all of them; \"a phrase\"; word* for a prefix).") var grep: String?
+    @Option(name: .customLong("where"), help: "A metadata member's value: key=value (status=503, event=userLoggedIn); repeatable.") var matches: [String] = []
+    @Option(help: "text, json or jsonl.") var format: OutputFormat = .text
+    @Option(help: "At most this many records (0: all).") var limit = 10_000
+    @Flag(help: "After the records there are, print those that arrive (pulls and feedback landing), until interrupted.") var follow = false
+    @Flag(help: "Show times in UTC.") var utc = false
+    @Option(help: "Colour: auto (on a terminal), always, never.") var color: ColorChoice = .auto
+
+    enum OutputFormat: String, ExpressibleByArgument, CaseIterable { case text, json, jsonl }
+    enum ColorChoice: String, ExpressibleByArgument, CaseIterable { case auto, always, never }
+
+    func validate() throws { _ = try search() }
+
+    /// The flags as a search.
+    func search(now: Timestamp = .now) throws -> RecordSearch {
+        var search = RecordSearch()
+        if let uid {
+            if let problem = UserID.problem(uid) { throw ValidationError("--uid: \(problem)") }
+            search.uid = uid
+        }
+        for id in agent where !WireID.isValid(id) { throw ValidationError("--agent must be an agent id: 32 lowercase hex characters") }
+        search.agents = agent.isEmpty ? nil : agent
+        search.hosts = host.isEmpty ? nil : host
+        search.apps = app.isEmpty ? nil : app
+        if let pull {
+            guard WireID.isValid(pull) else { throw ValidationError("--pull must be a pull id: 32 lowercase hex characters") }
+            search.pull = pull
+        }
+        if let feedback {
+            guard WireID.isValid(feedback) else { throw ValidationError("--feedback must be a feedback id: 32 lowercase hex characters") }
+            search.feedback = feedback
+        }
+        func time(_ text: String, _ flag: String) throws -> Timestamp {
+            guard let t = Timestamp(userInput: text, now: now) else { throw ValidationError("cannot read \(flag) '\(text)': give \(Timestamp.userInputForms)") }
+            return t
+        }
+        if let around {
+            guard since == nil, until == nil else { throw ValidationError("give --around or --since/--until, not both") }
+            guard let unit = window.last, let amount = Int64(window.dropLast()), amount > 0,
+                let perUnit: Int64 = ["s": 1, "m": 60, "h": 3_600, "d": 86_400][String(unit)], amount <= 366 * 86_400 / perUnit
+            else { throw ValidationError("cannot read --window '\(window)': give a duration of up to a year, like 30s, 5m, 2h or 1d") }
+            let center = try time(around, "--around")
+            let half = amount * perUnit * 1_000_000
+            search.since = Timestamp(microseconds: center.microseconds - half)
+            search.until = Timestamp(microseconds: center.microseconds + half + 1)
+        } else {
+            search.since = try since.map { try time($0, "--since") }
+            search.until = try until.map { try time($0, "--until") }
+            if let s = search.since, let u = search.until, u <= s { throw ValidationError("--until must be after --since") }
+        }
+        if !levels.isEmpty {
+            var set = Set<LogLevel>()
+            for text in levels {
+                guard let parsed = LogLevel.parseSet(text) else {
+                    throw ValidationError("cannot read --level '\(text)': give \(LogLevel.allCases.map(\.name).joined(separator: ", ")), a list (warning,error) or a floor (warning+)")
+                }
+                set.formUnion(parsed)
+            }
+            search.levels = set.sorted().map(\.name)
+        }
+        let typeNames = types.flatMap { $0.split(separator: ",").map(String.init) }
+        for name in typeNames where LogType(name) == nil {
+            throw ValidationError("invalid log type '\(name)': a type is lowercase letters, digits, '.', '-' and '_' (app, network, business, player, system, or your own)")
+        }
+        search.types = typeNames.isEmpty ? nil : typeNames
+        if let grep {
+            guard SearchTerms.hasWord(grep) else { throw ValidationError("--grep '\(grep)' has no word to search for") }
+            search.text = grep
+        }
+        var metadata: [MetadataMatch] = []
+        for text in matches {
+            guard let match = MetadataMatch(parsing: text) else { throw ValidationError("cannot read --where '\(text)': give key=value, like status=503") }
+            metadata.append(match)
+        }
+        search.metadata = metadata.isEmpty ? nil : metadata
+        guard limit >= 0 else { throw ValidationError("--limit must be 0 (all) or more") }
+        return search
+    }
+
+    func run() async throws {
+        let client = try server.client()
+        var search = try search()
+        let printer = RecordPrinter(format: format, utc: utc, color: color == .always || (color == .auto && isatty(1) == 1 && ProcessInfo.processInfo.environment["NO_COLOR"] == nil))
+        var printed = 0
+        var lastID: Int64 = 0
+        var more = false
+        var indexing = 0
+        printer.begin()
+        pages: while true {
+            if limit > 0 { search.limit = min(RecordSearch.maximumLimit, limit - printed) }
+            let page = try await calling { try await client.search(search) }
+            indexing = page.indexing
+            for record in page.records {
+                if limit > 0 && printed == limit {
+                    more = true
+                    break pages
+                }
+                printer.print(record)
+                printed += 1
+                lastID = max(lastID, record.id)
+            }
+            guard let next = page.next else { break }
+            if limit > 0 && printed == limit {
+                more = true
+                break
+            }
+            search.after = next
+        }
+        if !follow { printer.end() }
+        if more {
+            note("more records match; showing the first \(limit) (--limit 0 for all, or narrow the search)")
+        }
+        if indexing > 0 && !follow {
+            note("\(indexing) pull(s) or feedback still being indexed: records may be missing; run again, or add --follow")
+        }
+        if printed == 0 && !follow { note("no records match") }
+        guard follow else { return }
+        search.after = nil
+        search.limit = RecordSearch.maximumLimit
+        while true {
+            search.arrivedAfter = lastID
+            let page = try await calling { try await client.search(search) }
+            for record in page.records {
+                printer.print(record)
+                lastID = max(lastID, record.id)
+            }
+            if page.next == nil { try await Task.sleep(for: .seconds(1)) }
+        }
+    }
+
+    private func note(_ text: String) { FileHandle.standardError.write(Data("dredge: \(text)\n".utf8)) }
+}
+
+/// Whether a `--grep` text holds anything to search for (the server's rule).
+enum SearchTerms {
+    static func hasWord(_ text: String) -> Bool { text.contains { $0.isLetter || $0.isNumber } }
+}
+
+/// Prints found records: one line each (text), a JSON array (json) or one object per line (jsonl).
+final class RecordPrinter {
+    let format: LogsCommand.OutputFormat
+    let utc: Bool
+    let color: Bool
+    private var first = true
+    private let encoder: JSONEncoder
+    private let formatter: DateFormatter
+
+    init(format: LogsCommand.OutputFormat, utc: Bool, color: Bool) {
+        self.format = format
+        self.utc = utc
+        self.color = color
+        encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = utc ? TimeZone(identifier: "UTC") : .current
+        formatter.dateFormat = "yyyy-MM-dd HH:mm:ss.SSS"
+    }
+
+    /// A record as `--format json`/`jsonl` writes it: the payload's members, the time in
+    /// RFC 3339, and where it came from.
+    struct Line: Encodable {
+        var ts: String
+        var level: String
+        var type: String
+        var uid: String
+        var message: String
+        var metadata: JSONValue
+        var agent: String
+        var host: String
+        var app: String
+        var appVersion: String
+        var source: String
+        var sourceID: String
+
+        enum CodingKeys: String, CodingKey {
+            case ts, level, type, uid, message, metadata, agent, host, app, source
+            case appVersion = "app_version", sourceID = "source_id"
+        }
+    }
+
+    func begin() { if format == .json { write("[") } }
+
+    func end() { if format == .json { write(first ? "]\n" : "\n]\n") } }
+
+    func print(_ r: FoundRecord) {
+        switch format {
+        case .json, .jsonl:
+            let line = Line(
+                ts: r.ts.rfc3339, level: r.level, type: r.type, uid: r.uid, message: r.message, metadata: r.metadata, agent: r.agentID, host: r.host, app: r.app,
+                appVersion: r.appVersion, source: r.sourceKind, sourceID: r.sourceID)
+            let json = (try? encoder.encode(line)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"  // encoding strings and a JSONValue does not fail
+            if format == .jsonl {
+                write(json + "\n")
+            } else {
+                write((first ? "\n  " : ",\n  ") + json)
+            }
+        case .text:
+            write(text(r) + "\n")
+        }
+        first = false
+    }
+
+    func text(_ r: FoundRecord) -> String {
+        let time = formatter.string(from: r.ts.date)
+        let level = r.level.uppercased().padding(toLength: 8, withPad: " ", startingAt: 0)
+        let app = r.appVersion.isEmpty ? r.app : "\(r.app) \(r.appVersion)"
+        var metadata = ""
+        if case .object(let members) = r.metadata, !members.isEmpty {
+            metadata = "  " + members.sorted { $0.key < $1.key }.map { key, member in
+                let value: String
+                if case .string(let s) = member { value = s.contains(" ") ? s.debugDescription : s } else { value = member.jsonText }
+                return "\(key)=\(value)"
+            }.joined(separator: " ")
+        }
+        let uid = r.uid.isEmpty ? "-" : r.uid
+        let message = r.message.replacingOccurrences(of: "\n", with: "⏎")
+        guard color else { return "\(time)  \(r.host)  \(app)  \(level) \(r.type)  \(uid)  \(message)\(metadata)" }
+        let paint: String
+        switch r.level {
+        case "critical", "error": paint = "\u{1B}[31m"
+        case "warning": paint = "\u{1B}[33m"
+        case "notice": paint = "\u{1B}[36m"
+        case "debug", "trace": paint = "\u{1B}[2m"
+        default: paint = ""
+        }
+        let dim = "\u{1B}[2m", reset = "\u{1B}[0m"
+        return "\(dim)\(time)\(reset)  \(r.host)  \(app)  \(paint)\(level)\(reset) \(r.type)  \(uid)  \(paint)\(message)\(reset)\(dim)\(metadata)\(reset)"
+    }
+
+    private func write(_ text: String) { FileHandle.standardOutput.write(Data(text.utf8)) }
+}

@@ -1,0 +1,224 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeServer
+import DredgeTestSupport
+import Foundation
+import Testing
+
+/// The rules of ``RecordIndex``, run against every ``PersistenceBackend``.
+@Suite struct RecordIndexConformanceTests {
+    let dir = TempDir()
+
+    static func id(_ n: Int) -> String { String(format: "%032x", n) }
+    static let agentA = String(repeating: "a", count: 32)
+    static let agentB = String(repeating: "b", count: 32)
+    static let pull1 = IndexedSource(kind: .pull, id: id(1), agentID: agentA)
+    static let pull1b = IndexedSource(kind: .pull, id: id(1), agentID: agentB)
+    static let feedback2 = IndexedSource(kind: .feedback, id: id(2), agentID: agentA)
+    static let contexts = [
+        "1": LogContext(host: "kitchen-oven", os: "Linux", app: "oven-control", appVersion: "2.4.1", process: "oven[7]"),
+        "2": LogContext(host: "bakery-oven", os: "Linux", app: "oven-ui", appVersion: "1.0", process: "ui[9]"),
+    ]
+
+    /// A payload line in the writer's form (Protocol § Payload).
+    static func line(_ seconds: Int, _ message: String, level: String = "info", type: String = "app", uid: String = "u-1", metadata: String = "{}", context: Int = 1)
+        -> String
+    {
+        let ts = Timestamp(microseconds: Int64(1_800_000_000 + seconds) * 1_000_000 + 250_000).rfc3339
+        let escaped = message.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+        return #"{"ts":"\#(ts)","level":"\#(level)","type":"\#(type)","uid":"\#(uid)","message":"\#(escaped)","metadata":\#(metadata),"context":\#(context)}"#
+    }
+
+    static func at(_ seconds: Int) -> Timestamp { Timestamp(microseconds: Int64(1_800_000_000 + seconds) * 1_000_000 + 250_000) }
+
+    func indexed(_ backend: PersistenceBackend, _ sources: [(IndexedSource, [String])]) async throws -> any RecordIndex {
+        let index = try await backend.records(dir)
+        for (source, lines) in sources {
+            try await index.begin(source, contexts: Self.contexts, landedAt: Date())
+            let count = try await index.add(source, lines: Array((lines.joined(separator: "\n") + "\n").utf8))
+            #expect(count == IndexCount(records: lines.count, unreadable: 0))
+            try await index.finish(source)
+        }
+        return index
+    }
+
+    func messages(_ index: any RecordIndex, _ search: RecordSearch) async throws -> [String] {
+        try await index.search(search).records.map(\.message)
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func recordsComeBackWithTheirSourceAndContext(_ backend: PersistenceBackend) async throws {
+        let index = try await indexed(backend, [
+            (Self.pull1, [Self.line(10, "GET /cart -> 503", level: "error", type: "network", metadata: #"{"http.status":503,"tags":["a"]}"#)]),
+            (Self.pull1b, [Self.line(5, "from b", level: "debug", uid: "", context: 2)]),
+        ])
+        let page = try await index.search(RecordSearch())
+        #expect(page.records.map(\.message) == ["from b", "GET /cart -> 503"], "ordered by time across sources")
+        let r = try #require(page.records.last)
+        #expect(r.ts == Self.at(10) && r.level == "error" && r.type == "network" && r.uid == "u-1" && r.agentID == Self.agentA)
+        #expect(r.sourceKind == "pull" && r.sourceID == Self.id(1) && r.host == "kitchen-oven" && r.app == "oven-control" && r.appVersion == "2.4.1")
+        #expect(r.metadata == .object(["http.status": .integer(503), "tags": .array([.string("a")])]))
+        #expect(page.records.first?.host == "bakery-oven" && page.records.first?.uid == "")
+        #expect(page.next == nil)
+        #expect(try await index.indexedSources() == [Self.pull1, Self.pull1b])
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func linesThatAreNotRecordsAreCountedAndLeftOut(_ backend: PersistenceBackend) async throws {
+        let index = try await backend.records(dir)
+        try await index.begin(Self.pull1, contexts: Self.contexts, landedAt: Date())
+        let lines = [
+            Self.line(1, "good one"),
+            "not json at all",
+            #"{"ts":"2026-11-20T10:00:00Z","level":"info","type":"app","message":"short ts"}"#,
+            #"{"ts":"2026-13-45T10:00:00.000000Z","level":"info","type":"app","message":"no such day"}"#,
+            #"{"ts":"2026-11-20T10:00:00.000000Z","level":"loud","type":"app","message":"unknown level"}"#,
+            #"{"ts":"2026-11-20T10:00:00.000000Z","level":"info","message":"no type"}"#,
+            #"{"ts":12,"level":"info","type":"app","message":"numeric ts"}"#,
+            #"[1,2,3]"#,
+            #"{"ts":"2026-11-20T10:00:00.000000Z","level":"info","type":"app","message":"#,
+            // Members in another order, unknown members, no uid: still a record.
+            #"{"message":"reordered","extra":{"x":1},"type":"app","level":"warning","ts":"2026-11-20T10:00:00.000001Z","context":1}"#,
+        ]
+        let count = try await index.add(Self.pull1, lines: Array((lines.joined(separator: "\n") + "\n\n").utf8))
+        #expect(count == IndexCount(records: 2, unreadable: 8))
+        try await index.finish(Self.pull1)
+        let found = try await index.search(RecordSearch()).records
+        #expect(Set(found.map(\.message)) == ["good one", "reordered"])
+        #expect(found.first { $0.message == "reordered" }.map { $0.uid == "" && $0.metadata == .object([:]) && $0.level == "warning" } == true)
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func beginningAgainReplacesAnUnfinishedAttempt(_ backend: PersistenceBackend) async throws {
+        let index = try await backend.records(dir)
+        try await index.begin(Self.pull1, contexts: Self.contexts, landedAt: Date())
+        _ = try await index.add(Self.pull1, lines: Array((Self.line(1, "first try") + "\n").utf8))
+        #expect(try await index.indexedSources().isEmpty, "not finished: not listed")
+        try await index.begin(Self.pull1, contexts: Self.contexts, landedAt: Date())
+        _ = try await index.add(Self.pull1, lines: Array((Self.line(1, "second try") + "\n").utf8))
+        try await index.finish(Self.pull1)
+        #expect(try await messages(index, RecordSearch()) == ["second try"])
+        #expect(try await index.indexedSources() == [Self.pull1])
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func removeTakesASourcesRecordsAndWordsAway(_ backend: PersistenceBackend) async throws {
+        let index = try await indexed(backend, [
+            (Self.pull1, [Self.line(1, "oven overheated")]),
+            (Self.feedback2, [Self.line(2, "oven door open")]),
+        ])
+        try await index.remove(Self.pull1)
+        #expect(try await messages(index, RecordSearch(text: "oven")) == ["oven door open"])
+        #expect(try await messages(index, RecordSearch(text: "overheated")).isEmpty)
+        #expect(try await index.indexedSources() == [Self.feedback2])
+        try await index.remove(Self.pull1)  // again: no error
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func everyFilterNarrows(_ backend: PersistenceBackend) async throws {
+        let index = try await indexed(backend, [
+            (Self.pull1, [
+                Self.line(1, "one", level: "info", type: "app", uid: "u-1"),
+                Self.line(2, "two", level: "warning", type: "network", uid: "u-2"),
+                Self.line(3, "three", level: "error", type: "network", uid: "u-1", context: 2),
+            ]),
+            (Self.pull1b, [Self.line(4, "four", level: "critical", type: "player", uid: "u-1")]),
+            (Self.feedback2, [Self.line(5, "five", level: "notice", type: "business", uid: "u-3")]),
+        ])
+        #expect(try await messages(index, RecordSearch(uid: "u-1")) == ["one", "three", "four"])
+        #expect(try await messages(index, RecordSearch(since: Self.at(2), until: Self.at(4))) == ["two", "three"])
+        #expect(try await messages(index, RecordSearch(levels: ["error", "critical"])) == ["three", "four"])
+        #expect(try await messages(index, RecordSearch(types: ["network"])) == ["two", "three"])
+        #expect(try await messages(index, RecordSearch(agents: [Self.agentB])) == ["four"])
+        #expect(try await messages(index, RecordSearch(pull: Self.id(1))) == ["one", "two", "three", "four"])
+        #expect(try await messages(index, RecordSearch(feedback: Self.id(2))) == ["five"])
+        #expect(try await messages(index, RecordSearch(pull: Self.id(2))).isEmpty, "a feedback is not a pull")
+        #expect(try await messages(index, RecordSearch(hosts: ["bakery-oven"])) == ["three"])
+        #expect(try await messages(index, RecordSearch(apps: ["oven-control"])) == ["one", "two", "four", "five"])
+        #expect(try await messages(index, RecordSearch(uid: "u-1", levels: ["error"], types: ["network"])) == ["three"])
+        await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(levels: ["loud"])) }
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func fullTextFindsWordsPhrasesAndPrefixes(_ backend: PersistenceBackend) async throws {
+        let index = try await indexed(backend, [
+            (Self.pull1, [
+                Self.line(1, "Connection refused by upstream"),
+                Self.line(2, "connection reset; refused later"),
+                Self.line(3, "Café opened", metadata: #"{"screen":"checkout"}"#),
+                Self.line(4, "authentication failed"),
+                Self.line(5, #"quote " and backslash \ in text"#),
+            ])
+        ])
+        #expect(try await messages(index, RecordSearch(text: "connection")) == ["Connection refused by upstream", "connection reset; refused later"])
+        #expect(try await messages(index, RecordSearch(text: "\"connection refused\"")) == ["Connection refused by upstream"])
+        #expect(try await messages(index, RecordSearch(text: "refused connection")).count == 2, "words, in any order")
+        #expect(try await messages(index, RecordSearch(text: "cafe")) == ["Café opened"], "accents and case ignored")
+        #expect(try await messages(index, RecordSearch(text: "checkout")) == ["Café opened"], "metadata is searched too")
+        #expect(try await messages(index, RecordSearch(text: "auth*")) == ["authentication failed"])
+        #expect(try await messages(index, RecordSearch(text: "auth")).isEmpty, "a word is matched whole")
+        // The user's quotes, stars and operators never break the query.
+        #expect(try await messages(index, RecordSearch(text: #"quote " AND NOT backslash"#)).isEmpty)
+        #expect(try await messages(index, RecordSearch(text: "backslash OR")).isEmpty)
+        #expect(try await messages(index, RecordSearch(text: "backslash text")) == [#"quote " and backslash \ in text"#])
+        await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(text: "*** \"\"")) }
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func metadataMatchesAMemberExactly(_ backend: PersistenceBackend) async throws {
+        let index = try await indexed(backend, [
+            (Self.pull1, [
+                Self.line(1, "number", metadata: #"{"http.status":503}"#),
+                Self.line(2, "string", metadata: #"{"http.status":"503"}"#),
+                Self.line(3, "other value", metadata: #"{"http.status":200,"note":"http status 503"}"#),
+                Self.line(4, "nested", metadata: #"{"http":{"status":503}}"#),
+                Self.line(5, "event", metadata: #"{"event":"userLoggedIn","ok":true,"gone":null,"ratio":1.5}"#),
+                Self.line(6, "case", metadata: #"{"event":"USERLOGGEDIN"}"#),
+            ])
+        ])
+        #expect(try await messages(index, RecordSearch(metadata: [MetadataMatch(key: "http.status", value: "503")])) == ["number", "string"])
+        #expect(try await messages(index, RecordSearch(metadata: [MetadataMatch(key: "event", value: "userLoggedIn")])) == ["event"])
+        #expect(try await messages(index, RecordSearch(metadata: [MetadataMatch(key: "ok", value: "true")])) == ["event"])
+        #expect(try await messages(index, RecordSearch(metadata: [MetadataMatch(key: "gone", value: "null")])) == ["event"])
+        #expect(try await messages(index, RecordSearch(metadata: [MetadataMatch(key: "ratio", value: "1.5")])) == ["event"])
+        #expect(try await messages(index, RecordSearch(metadata: [MetadataMatch(key: "ok", value: "false")])).isEmpty)
+        #expect(
+            try await messages(index, RecordSearch(metadata: [MetadataMatch(key: "event", value: "userLoggedIn"), MetadataMatch(key: "ok", value: "true")]))
+                == ["event"])
+        #expect(try await messages(index, RecordSearch(text: "number", metadata: [MetadataMatch(key: "http.status", value: "503")])) == ["number"])
+        #expect(MetadataMatch(parsing: "a=b=c") == MetadataMatch(key: "a", value: "b=c"))
+        #expect(MetadataMatch(parsing: "=b") == nil && MetadataMatch(parsing: "ab") == nil)
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func pagesFollowEachOtherWithoutGapsOrRepeats(_ backend: PersistenceBackend) async throws {
+        // 25 records, many at the same instant: the cursor orders by time, then arrival.
+        let lines = (0..<25).map { Self.line($0 / 4, "r\($0)") }
+        let index = try await indexed(backend, [(Self.pull1, Array(lines.reversed()))])
+        var seen: [String] = []
+        var search = RecordSearch(limit: 7)
+        var pages = 0
+        while true {
+            let page = try await index.search(search)
+            pages += 1
+            seen += page.records.map(\.message)
+            guard let next = page.next else { break }
+            search.after = next
+        }
+        #expect(pages == 4)
+        #expect(seen.count == 25 && Set(seen).count == 25)
+        let times = try await index.search(RecordSearch(limit: 100)).records.map(\.ts)
+        #expect(times == times.sorted())
+        await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(after: "nonsense")) }
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func arrivedAfterReturnsOnlyLaterArrivals(_ backend: PersistenceBackend) async throws {
+        let index = try await indexed(backend, [(Self.pull1, [Self.line(9, "early arrival")])])
+        let last = try #require(try await index.search(RecordSearch()).records.last?.id)
+        try await index.begin(Self.feedback2, contexts: Self.contexts, landedAt: Date())
+        _ = try await index.add(Self.feedback2, lines: Array((Self.line(1, "late arrival, older record") + "\n").utf8))
+        #expect(try await messages(index, RecordSearch(arrivedAfter: last)) == ["late arrival, older record"])
+        #expect(try await messages(index, RecordSearch(text: "arrival", arrivedAfter: 0)) == ["early arrival", "late arrival, older record"])
+    }
+}

@@ -1,0 +1,177 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgePayload
+import DredgeTestSupport
+import Foundation
+import Testing
+@testable import DredgeServer
+
+/// What lands is searchable: a pull and a feedback through the real exporter, wire and server,
+/// then the admin API's search route (over HTTP, with the admin token) finds exactly the
+/// records the files hold; and the indexer's own rules on the files it reads.
+@Suite struct RecordSearchTests {
+    /// Waits (bounded) until nothing is waiting to be indexed.
+    static func indexed(_ indexer: Indexer) async throws {
+        for _ in 0..<1500 where indexer.backlog > 0 { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(indexer.backlog == 0)
+    }
+
+    /// Every line of the day files in `dir`, parsed.
+    static func lines(in dir: String) throws -> [[String: Any]] {
+        try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".jsonl") }.sorted().flatMap { file in
+            try contents(dir + "/" + file).split(separator: "\n").map { line in
+                try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            }
+        }
+    }
+
+    static func all(_ admin: AdminClient, _ search: RecordSearch) async throws -> [FoundRecord] {
+        var search = search
+        var found: [FoundRecord] = []
+        while true {
+            let page = try await admin.search(search)
+            found += page.records
+            guard let next = page.next else { return found }
+            search.after = next
+        }
+    }
+
+    @Test func whatLandsIsSearchableThroughTheAdminAPI() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let store = try server.deviceStore()
+        let agent = try await server.enrollAgent(hostname: "oven-7")
+        let feedbackID = Hex.encode(secureRandomBytes(16))
+        let pullID = try await agent.connect { link in
+            _ = try await server.admin.createPull(PullRequest(uid: "u-2", agent: agent.agentID, filter: LogFilter(uid: "u-2", levels: [.warning, .error, .critical])))
+            let id = try await HostileAgentTests.completePull(agent, link: link, store: store, dir: server.dir)
+            let outcome = try await LinkAgent.send(try agent.feedbackUpload(id: feedbackID, uid: "u-1", store: store, dir: server.dir), over: link)
+            #expect(outcome.result.ok, "\(outcome)")
+            return id
+        }
+        try await Self.indexed(server.indexer)
+        let onDisk = try Self.lines(in: server.data + "/pulls/\(pullID)/\(agent.agentID)")
+        #expect(onDisk.count > 100)
+
+        // The pull, page by page: exactly the files' records, in time order, with their device.
+        let found = try await Self.all(server.admin, RecordSearch(pull: pullID, limit: 333))
+        #expect(found.map(\.message) == onDisk.map { $0["message"] as? String })
+        #expect(found.map(\.ts.rfc3339) == onDisk.map { $0["ts"] as? String })
+        #expect(found.allSatisfy { $0.uid == "u-2" && $0.host == "oven-7" && $0.app == "oven" && $0.agentID == agent.agentID && $0.sourceKind == "pull" })
+
+        // The feedback's records are there too, and a uid search spans both.
+        let feedbackFound = try await Self.all(server.admin, RecordSearch(feedback: feedbackID, limit: 5000))
+        let feedbackOnDisk = try Self.lines(in: server.data + "/feedback/\(feedbackID)")
+        #expect(feedbackFound.count == feedbackOnDisk.count && !feedbackFound.isEmpty)
+        #expect(feedbackFound.allSatisfy { $0.sourceKind == "feedback" && $0.sourceID == feedbackID })
+
+        // Full text and metadata: the same records a scan of the files finds.
+        let declined = try await Self.all(server.admin, RecordSearch(pull: pullID, text: "payment declined"))
+        let declinedOnDisk = onDisk.filter { ($0["message"] as? String)?.contains("payment declined") == true }
+        #expect(declined.count == declinedOnDisk.count && !declined.isEmpty)
+        let status503 = try await Self.all(server.admin, RecordSearch(pull: pullID, metadata: [MetadataMatch(key: "http.status", value: "503")]))
+        let status503OnDisk = onDisk.filter { (($0["metadata"] as? [String: Any])?["http.status"] as? Int) == 503 }
+        #expect(status503.count == status503OnDisk.count && !status503.isEmpty)
+
+        // The first page of a search is audited, with the filter readable; the next pages are not.
+        let audit = try await server.admin.audit().filter { $0.action == "records.search" }
+        #expect(audit.count == 4, "four searches, whatever their pages")
+        #expect(audit.contains { $0.detail.contains("pull=\(pullID)") && $0.detail.contains("where http.status=503") })
+
+        // Bad searches are the caller's mistake, answered as such.
+        await #expect(throws: AdminClientError.self) { try await server.admin.search(RecordSearch(pull: "../etc")) }
+        await #expect(throws: AdminClientError.self) { try await server.admin.search(RecordSearch(text: "***")) }
+        await #expect(throws: AdminClientError.self) { try await server.admin.search(RecordSearch(after: "x")) }
+        await #expect(throws: AdminClientError.self) { try await server.admin.search(RecordSearch(levels: ["loud"])) }
+        do {
+            _ = try await server.admin.search(RecordSearch(uid: String(repeating: "u", count: 5000)))
+            Issue.record("an over-long uid was accepted")
+        } catch let error as AdminClientError {
+            guard case .badRequest = error else { throw error }
+        }
+    }
+
+    // MARK: The indexer on the files
+
+    /// A finished pull's directory as the server leaves it: day files and the manifest.
+    static func land(_ paths: DataDirectory, _ source: IndexedSource, days: [String: [String]], manifestDays: [String]? = nil) throws {
+        let dir = source.kind == .pull ? try paths.pullFiles(source.id, agent: source.agentID) : try paths.feedbackFiles(source.id)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        var described: [ExportManifest.Day] = []
+        for (file, lines) in days.sorted(by: { $0.key < $1.key }) {
+            let text = lines.map { $0 + "\n" }.joined()
+            try Data(text.utf8).write(to: URL(fileURLWithPath: dir + "/" + file))
+            described.append(ExportManifest.Day(file: file, records: lines.count, bytes: text.utf8.count, first: "", last: ""))
+        }
+        for name in manifestDays ?? [] { described.append(ExportManifest.Day(file: name, records: 1, bytes: 1, first: "", last: "")) }
+        let manifest = ExportManifest(
+            format: ExportManifest.formatName, uploadID: source.id, kind: source.kind.rawValue, commandID: source.kind == .pull ? source.id : nil,
+            agentID: source.agentID, createdAt: Timestamp.now.rfc3339, filter: ExportManifest.FilterDescription(LogFilter()), recordCount: 0, empty: days.isEmpty,
+            days: described, contexts: RecordIndexConformanceTests.contexts, losses: [], feedback: nil)
+        try Data(try manifest.encoded()).write(to: URL(fileURLWithPath: dir + "/" + PayloadLimits.manifestName))
+    }
+
+    @Test func atStartItIndexesWhatLandedBeforeAndStartsOverWhatWasCutShort() async throws {
+        let dir = TempDir()
+        let paths = DataDirectory(dir.path)
+        let index = try RecordIndexStore(directory: dir.path)
+        let a = RecordIndexConformanceTests.pull1, b = RecordIndexConformanceTests.feedback2
+        try Self.land(paths, a, days: ["2027-01-15.jsonl": [RecordIndexConformanceTests.line(1, "a one"), RecordIndexConformanceTests.line(2, "a two")]])
+        try Self.land(paths, b, days: ["2027-01-15.jsonl": [RecordIndexConformanceTests.line(3, "b one", context: 2)]])
+        // Not results: staging left by a crash, and a name that is no id.
+        try FileManager.default.createDirectory(atPath: paths.pulls + "/" + a.id + "/" + a.agentID + ".partial", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: paths.pulls + "/not-an-id/x", withIntermediateDirectories: true)
+        // Source a was cut short by a crash: begun, one record in, never finished.
+        try await index.begin(a, contexts: [:], landedAt: Date())
+        _ = try await index.add(a, lines: Array((RecordIndexConformanceTests.line(1, "a one") + "\n").utf8))
+
+        #expect(Set(try Indexer.landedSources(paths)) == [a, b])
+        let indexer = Indexer(index: index, paths: paths, logger: .init(label: "test"))
+        let running = Task { try await indexer.run() }
+        defer { running.cancel() }
+        for _ in 0..<1500 where try await index.indexedSources().count < 2 { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(try await index.indexedSources() == [a, b])
+        let found = try await index.search(RecordSearch()).records
+        #expect(found.map(\.message) == ["a one", "a two", "b one"], "each record once")
+        #expect(found.last?.host == "bakery-oven")
+    }
+
+    @Test func aManifestNamingAFileOutsideItsDirectoryIsRefused() async throws {
+        let dir = TempDir()
+        let paths = DataDirectory(dir.path)
+        let index = try RecordIndexStore(directory: dir.path)
+        let source = RecordIndexConformanceTests.pull1
+        try Data("{\"secret\":1}\n".utf8).write(to: URL(fileURLWithPath: dir.file("secret.jsonl")))
+        for hostile in ["../../../secret.jsonl", "/etc/passwd", "manifest.json", "2027-02-30.jsonl"] {
+            try? FileManager.default.removeItem(atPath: try paths.pull(source.id))
+            try Self.land(paths, source, days: [:], manifestDays: [hostile])
+            let indexer = Indexer(index: index, paths: paths, logger: .init(label: "test"))
+            await #expect(throws: IndexingError.self, "\(hostile)") { try await indexer.index(source) }
+            #expect(try await index.indexedSources().isEmpty)
+        }
+        // A manifest that is not one, and a missing day file: errors, nothing listed as indexed.
+        try Data("not json".utf8).write(to: URL(fileURLWithPath: try paths.pullFiles(source.id, agent: source.agentID) + "/manifest.json"))
+        await #expect(throws: IndexingError.self) { try await Indexer(index: index, paths: paths, logger: .init(label: "test")).index(source) }
+        try FileManager.default.removeItem(atPath: try paths.pull(source.id))
+        try Self.land(paths, source, days: [:], manifestDays: ["2027-01-15.jsonl"])
+        await #expect(throws: IndexingError.self) { try await Indexer(index: index, paths: paths, logger: .init(label: "test")).index(source) }
+        #expect(try await index.indexedSources().isEmpty)
+    }
+
+    @Test func blocksAreWholeLinesWhateverTheirLength() throws {
+        let dir = TempDir()
+        let path = dir.file("day.jsonl")
+        let lines = (0..<200).map { String(repeating: "x", count: $0 * 7 % 97) + "|\($0)" }
+        try Data((lines.joined(separator: "\n")).utf8).write(to: URL(fileURLWithPath: path))  // no newline at the end
+        for blockBytes in [1, 5, 64, 1000, 1 << 20] {
+            let reader = try LineBlockReader(path: path, blockBytes: blockBytes)
+            var seen: [String] = []
+            while let block = try reader.next() {
+                #expect(block.last == 0x0A)
+                seen += String(decoding: block.dropLast(), as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+            }
+            #expect(seen == lines, "block \(blockBytes)")
+        }
+    }
+}

@@ -1,3 +1,4 @@
+import Foundation
 import DredgeDomain
 import DredgeStore
 import Testing
@@ -54,6 +55,26 @@ import Testing
         #expect(LogFilter(since: Timestamp(microseconds: .min)).problem != nil)
         #expect(LogFilter(until: Timestamp(microseconds: .max)).problem != nil)
         #expect(LogFilter(since: now, until: now.adding(.seconds(1))).problem == nil)
+    }
+
+    @Test func userInputTakesLocalDaysAndTimesAndZones() throws {
+        let berlin = try #require(TimeZone(identifier: "Europe/Berlin"))
+        let now = Timestamp(rfc3339: "2026-11-21T00:30:00Z")!  // 01:30 on the 21st in Berlin
+        func t(_ text: String) -> Timestamp? { Timestamp(userInput: text, now: now, timeZone: berlin) }
+        #expect(t("today") == Timestamp(rfc3339: "2026-11-20T23:00:00Z"))
+        #expect(t("Yesterday") == Timestamp(rfc3339: "2026-11-19T23:00:00Z"))
+        #expect(t("now") == now)
+        #expect(t("2026-11-20") == Timestamp(rfc3339: "2026-11-19T23:00:00Z"), "a date is local midnight")
+        #expect(t("2026-11-20T10:00") == Timestamp(rfc3339: "2026-11-20T09:00:00Z"))
+        #expect(t("2026-11-20 10:00:30") == Timestamp(rfc3339: "2026-11-20T09:00:30Z"))
+        #expect(t("2026-11-20T10:00:30.25") == Timestamp(rfc3339: "2026-11-20T09:00:30.25Z"))
+        #expect(t("2026-07-01T10:00") == Timestamp(rfc3339: "2026-07-01T08:00:00Z"), "summer time")
+        #expect(t("2026-11-20T10:00:00Z") == Timestamp(rfc3339: "2026-11-20T10:00:00Z"), "a zone given is kept")
+        #expect(t("2026-11-20T10:00:00+05:00") == Timestamp(rfc3339: "2026-11-20T05:00:00Z"))
+        #expect(t("90m") == now.subtracting(.seconds(5_400)))
+        for bad in ["2026-02-30", "2026-11-20T25:00", "2026-11-20T10", "2026-11-20T10:00:61", "2026-11-20T10:00:00.", "tomorrow", "2d ago", "", "1e3d", "-2d"] {
+            #expect(t(bad) == nil, "\(bad)")
+        }
     }
 
     @Test func uidsWithControlCharactersAreInvalid() {

@@ -1,0 +1,83 @@
+import DredgeTestSupport
+import Foundation
+import Testing
+@testable import DredgeServer
+
+/// `dredge logs` through real processes: a server, a running agent, a pull by `dredge pull`,
+/// then the engineer reads and searches it, and a `--follow` started before the pull prints
+/// its records as they arrive.
+@Suite struct LogsCommandEndToEndTests {
+    typealias Deployment = AgentServerEndToEndTests.Deployment
+
+    static func jsonLines(_ output: String) throws -> [[String: Any]] {
+        try output.split(separator: "\n").filter { $0.hasPrefix("{") }.map { line in
+            try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        }
+    }
+
+    @Test func anEngineerPullsThenReadsAndSearchesOneTimeline() throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+        let (agent, _, _) = try d.runDevice(port: port)
+        defer { agent.stop() }
+        let follow = try ManagedProcess(
+            "dredge", ["logs", "--follow", "--format", "jsonl", "--uid", "u-1", "--server", admin, "--token", d.created.adminToken], outputPath: d.dir.file("follow.out"))
+        defer { follow.stop() }
+
+        let pulled = try d.dredge(["pull", "--uid", "u-1", "--since", "2d", "--level", "warning+", "--wait", "--json"], server: admin)
+        #expect(pulled.status == 0, "\(pulled.output)")
+        // stdout (the pull, pretty JSON) and stderr (progress) come mixed: the JSON is from "{" to "}".
+        let lines = pulled.output.split(separator: "\n", omittingEmptySubsequences: false)
+        let start = try #require(lines.firstIndex(of: "{")), end = try #require(lines.lastIndex(of: "}"))
+        let pull = try #require(try JSONSerialization.jsonObject(with: Data(lines[start...end].joined(separator: "\n").utf8)) as? [String: Any])
+        let pullID = try #require(pull["id"] as? String)
+        let files = try #require((pull["targets"] as? [[String: Any]])?.first?["files"] as? [String]).filter { $0.hasSuffix(".jsonl") }
+        let onDisk = try files.flatMap { try contents($0).split(separator: "\n") }.count
+        #expect(onDisk > 100)
+
+        // Everything the pull brought is read back, once indexed.
+        var all: [[String: Any]] = []
+        try ManagedProcess.waitFor {
+            all = try Self.jsonLines(try d.dredge(["logs", "--uid", "u-1", "--format", "jsonl", "--limit", "0"], server: admin).output)
+            return all.count == onDisk
+        }
+        #expect(all.count == onDisk)
+        #expect(all.allSatisfy { $0["uid"] as? String == "u-1" && $0["host"] as? String == "oven-7" && $0["source_id"] as? String == pullID })
+        let times = all.compactMap { $0["ts"] as? String }
+        #expect(times == times.sorted() && times.count == all.count)
+        #expect(Set(all.compactMap { $0["level"] as? String }).isSubset(of: ["warning", "error", "critical"]))
+
+        // The follow started before the pull printed the same records as they arrived.
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(30)) { try Self.jsonLines(follow.output).count == onDisk }, "\(follow.output.suffix(500))")
+
+        // Searches: metadata, full text with a level, a time window around a record, and JSON.
+        let status503 = try d.dredge(["logs", "--pull", pullID, "--where", "http.status=503", "--format", "jsonl", "--limit", "0"], server: admin)
+        let expected503 = all.filter { (($0["metadata"] as? [String: Any])?["http.status"] as? Int) == 503 }
+        #expect(try Self.jsonLines(status503.output).count == expected503.count && !expected503.isEmpty)
+        let text = try d.dredge(["logs", "--uid", "u-1", "--grep", "payment declined", "--level", "error", "--color", "never", "--limit", "2"], server: admin)
+        #expect(text.status == 0)
+        let textLines = text.output.split(separator: "\n").filter { !$0.hasPrefix("dredge:") }
+        #expect(textLines.count == 2 && textLines.allSatisfy { $0.contains("oven-7") && $0.contains("payment declined") && $0.contains("ERROR") }, "\(text.output)")
+        #expect(text.output.contains("more records match"), "a cut result says so")
+        let middle = try #require(times[times.count / 2] as String?)
+        let around = try d.dredge(["logs", "--uid", "u-1", "--around", middle, "--window", "1s", "--format", "jsonl"], server: admin)
+        #expect(try Self.jsonLines(around.output).contains { $0["ts"] as? String == middle }, "\(around.output.prefix(300))")
+        let json = try d.dredge(["logs", "--uid", "u-1", "--format", "json", "--limit", "5"], server: admin)
+        let array = try JSONSerialization.jsonObject(with: Data(json.output.split(separator: "\n").filter { !$0.hasPrefix("dredge:") }.joined(separator: "\n").utf8)) as? [[String: Any]]
+        #expect(array?.count == 5, "\(json.output.prefix(300))")
+        let none = try d.dredge(["logs", "--uid", "nobody"], server: admin)
+        #expect(none.status == 0 && none.output.contains("no records match"))
+
+        // Bad flags: exit 64, and the error lists what is accepted.
+        for (arguments, says) in [
+            (["--since", "99999999d"], "yesterday"), (["--since", "2026-02-30"], "local time"), (["--level", "loud"], "critical"),
+            (["--where", "status"], "key=value"), (["--type", "Bad Type"], "lowercase"), (["--around", "now", "--since", "2d"], "not both"),
+            (["--around", "now", "--window", "5y"], "30s"), (["--pull", "../x"], "32 lowercase hex"), (["--grep", "***"], "no word"),
+        ] {
+            let result = try d.dredge(["logs"] + arguments, server: admin)
+            #expect(result.status == 64 && result.output.contains(says), "\(arguments): \(result.output)")
+        }
+    }
+}

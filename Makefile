@@ -29,6 +29,7 @@ bench: deps
 	$(SWIFT) build -c release --product dredge-server
 	.build/release/dredge-bench store
 	.build/release/dredge-bench export
+	.build/release/dredge-bench search
 	.build/release/dredge-bench server
 	.build/release/dredge-bench heartbeat
 	.build/release/dredge-bench slowloris

@@ -10,11 +10,11 @@ import GRDBSQLite
 /// Tables: `source` (one per landed pull-and-agent or feedback, with its state), `context`
 /// (the manifest's contexts of each source), `record` (time in µs, uid, level number, type,
 /// message, metadata as compact JSON) with indexes on time, uid and time, and source, and
-/// `record_text`, an FTS5 table over `record`'s message and metadata (external content, kept
-/// by triggers; tokenizer `unicode61` without diacritics).
+/// `record_text`, an FTS5 table over `record`'s message and metadata (external content: filled
+/// after each block, emptied of a record by a trigger when it is deleted; tokenizer `unicode61`
+/// without diacritics).
 ///
-/// Lines are read by SQLite's own JSON functions, one prepared statement bound to each line's
-/// bytes as they lie in the block: a line that is not JSON, or lacks a `ts` of the payload's
+/// Lines are read by ``RecordLine``: a line that is not JSON, or lacks a `ts` of the payload's
 /// form, a known `level` or a `type`, inserts nothing and is counted. WAL, `synchronous=NORMAL`:
 /// the index can always be built again from the files.
 public final class RecordIndexStore: RecordIndex, Sendable {
@@ -82,9 +82,6 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 CREATE VIRTUAL TABLE record_text USING fts5(
                     message, metadata, content = 'record', content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 2'
                 );
-                CREATE TRIGGER record_text_insert AFTER INSERT ON record BEGIN
-                    INSERT INTO record_text(rowid, message, metadata) VALUES (new.id, new.message, new.metadata);
-                END;
                 CREATE TRIGGER record_text_delete AFTER DELETE ON record BEGIN
                     INSERT INTO record_text(record_text, rowid, message, metadata) VALUES ('delete', old.id, old.message, old.metadata);
                 END;
@@ -116,64 +113,73 @@ public final class RecordIndexStore: RecordIndex, Sendable {
         }
     }
 
-    /// One statement per line, the line's JSON read by SQLite: the checks in `WHERE` keep a
-    /// record without a usable `ts`, `level` or `type` out, and JSON that does not parse fails
-    /// the statement alone (SQLITE_ERROR), which is counted, not thrown.
-    static let insertSQL = """
-        INSERT INTO record (source, context, ts, uid, level, type, message, metadata)
-        SELECT ?2, (SELECT id FROM context WHERE source = ?2 AND key = json_extract(?1, '$.context')),
-            unixepoch(substr(t, 1, 19)) * 1000000 + CAST(substr(t, 21, 6) AS INTEGER),
-            coalesce(u, ''), l, ty, coalesce(m, ''), coalesce(md, '{}')
-        FROM (
-            SELECT json_extract(?1, '$.ts') AS t,
-                CASE json_extract(?1, '$.level') WHEN 'trace' THEN 0 WHEN 'debug' THEN 1 WHEN 'info' THEN 2 WHEN 'notice' THEN 3
-                    WHEN 'warning' THEN 4 WHEN 'error' THEN 5 WHEN 'critical' THEN 6 END AS l,
-                json_extract(?1, '$.type') AS ty,
-                CASE json_type(?1, '$.uid') WHEN 'text' THEN json_extract(?1, '$.uid') END AS u,
-                CASE json_type(?1, '$.message') WHEN 'text' THEN json_extract(?1, '$.message') END AS m,
-                CASE json_type(?1, '$.metadata') WHEN 'object' THEN json_extract(?1, '$.metadata') END AS md,
-                json_type(?1, '$.ts') AS tt, json_type(?1, '$.type') AS tyt
-        )
-        WHERE tt = 'text' AND length(t) = 27 AND substr(t, 20, 1) = '.' AND substr(t, 27, 1) = 'Z'
-            AND substr(t, 21, 6) GLOB '[0-9][0-9][0-9][0-9][0-9][0-9]' AND unixepoch(substr(t, 1, 19)) IS NOT NULL
-            AND l IS NOT NULL AND tyt = 'text' AND length(ty) BETWEEN 1 AND 64
-        """
+    static let insertSQL = "INSERT INTO record (source, context, ts, uid, level, type, message, metadata) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
 
+    /// Each line read by ``RecordLine`` (one pass, no JSON tree) and bound to one prepared
+    /// insert straight from the block; the block's words go into `record_text` with one
+    /// `INSERT … SELECT` at its end (far cheaper than a trigger per row). One transaction.
     public func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount {
         try await pool.write { db in
             guard let id = try Self.sourceID(db, source) else { throw RecordSearchError("\(source) was not begun") }
+            var contexts: [Int64: Int64] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT key, id FROM context WHERE source = ?", arguments: [id]) { contexts[row[0]] = row[1] }
+            let before = try Int64.fetchOne(db, sql: "SELECT coalesce(max(id), 0) FROM record") ?? 0
             let statement = try db.cachedStatement(sql: Self.insertSQL)
             let handle = statement.sqliteStatement
             guard let connection = db.sqliteConnection else { throw DatabaseError(resultCode: .SQLITE_MISUSE, message: "the index database is closed") }
+            let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
             var count = IndexCount()
             try lines.withUnsafeBufferPointer { buffer in
                 guard let base = buffer.baseAddress else { return }
-                sqlite3_bind_int64(handle, 2, id)
+                func bind(_ index: Int32, _ range: Range<Int>) -> Int32 {
+                    base.advanced(by: range.lowerBound).withMemoryRebound(to: CChar.self, capacity: max(range.count, 1)) {
+                        sqlite3_bind_text(handle, index, $0, Int32(range.count), nil)  // SQLITE_STATIC: the block outlives the step
+                    }
+                }
+                func bind(_ index: Int32, _ text: RecordLine.Text?, in line: UnsafeBufferPointer<UInt8>, offset: Int) -> Int32 {
+                    guard let text else { return sqlite3_bind_text(handle, index, "", 0, nil) }
+                    guard text.escaped else { return bind(index, (text.range.lowerBound + offset)..<(text.range.upperBound + offset)) }
+                    let decoded = RecordLine.decode(text, in: line)
+                    return decoded.withUnsafeBufferPointer { d in
+                        d.baseAddress!.withMemoryRebound(to: CChar.self, capacity: max(d.count, 1)) { sqlite3_bind_text(handle, index, $0, Int32(d.count), transient) }
+                    }
+                }
+                sqlite3_bind_int64(handle, 1, id)
                 var start = 0
                 while start < buffer.count {
                     var end = start
                     while end < buffer.count && buffer[end] != 0x0A { end += 1 }
                     defer { start = end + 1 }
                     guard end > start else { continue }
-                    let bound = base.advanced(by: start).withMemoryRebound(to: CChar.self, capacity: end - start) {
-                        sqlite3_bind_text(handle, 1, $0, Int32(end - start), nil)  // SQLITE_STATIC: the block outlives the step
+                    let line = UnsafeBufferPointer(rebasing: buffer[start..<end])
+                    guard let record = RecordLine.parse(line) else {
+                        count.unreadable += 1
+                        continue
                     }
-                    guard bound == SQLITE_OK else { throw DatabaseError(resultCode: ResultCode(rawValue: bound), message: "binding a record line") }
+                    if let key = record.context, let context = contexts[key] { sqlite3_bind_int64(handle, 2, context) } else { sqlite3_bind_null(handle, 2) }
+                    sqlite3_bind_int64(handle, 3, record.ts)
+                    sqlite3_bind_int64(handle, 5, Int64(record.level))
+                    var bound = bind(4, record.uid, in: line, offset: start)
+                    if bound == SQLITE_OK { bound = bind(6, record.type, in: line, offset: start) }
+                    if bound == SQLITE_OK { bound = bind(7, record.message, in: line, offset: start) }
+                    if bound == SQLITE_OK {
+                        if let metadata = record.metadata {
+                            bound = bind(8, (metadata.lowerBound + start)..<(metadata.upperBound + start))
+                        } else {
+                            bound = sqlite3_bind_text(handle, 8, "{}", 2, nil)
+                        }
+                    }
+                    guard bound == SQLITE_OK else { throw DatabaseError(resultCode: ResultCode(rawValue: bound), message: "binding a record") }
                     let stepped = sqlite3_step(handle)
                     sqlite3_reset(handle)
-                    switch stepped {
-                    case SQLITE_DONE:
-                        if sqlite3_changes(connection) > 0 { count.records += 1 } else { count.unreadable += 1 }
-                    case SQLITE_ERROR:
-                        // Malformed JSON: this line only.
-                        count.unreadable += 1
-                    default:
-                        let message = String(cString: sqlite3_errmsg(connection))
-                        throw DatabaseError(resultCode: ResultCode(rawValue: stepped), message: message)
+                    guard stepped == SQLITE_DONE else {
+                        throw DatabaseError(resultCode: ResultCode(rawValue: stepped), message: String(cString: sqlite3_errmsg(connection)))
                     }
+                    count.records += 1
                 }
             }
             sqlite3_clear_bindings(handle)
+            try db.execute(sql: "INSERT INTO record_text (rowid, message, metadata) SELECT id, message, metadata FROM record WHERE id > ?", arguments: [before])
             try db.execute(
                 sql: "UPDATE source SET records = records + ?, unreadable = unreadable + ? WHERE id = ?", arguments: [count.records, count.unreadable, id])
             return count
@@ -237,31 +243,47 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     }
 }
 
-/// A ``RecordSearch`` as one SQL statement over the index's tables.
-struct SQLRecordQuery {
-    var sql: String
-    var arguments: StatementArguments
-    var limit: Int
-    var followsArrival: Bool
+/// A ``RecordSearch`` as one SQL statement over the index's tables (public for the benchmark,
+/// which runs the same statement through SQLite's C API as its limit).
+public struct SQLRecordQuery: Sendable {
+    public enum Binding: Sendable, Equatable {
+        case integer(Int64)
+        case text(String)
+    }
 
-    init(_ search: RecordSearch) throws {
+    public let sql: String
+    public let bindings: [Binding]
+    /// Records per page; the statement asks for one more, to know whether a next page exists.
+    public let limit: Int
+    let followsArrival: Bool
+
+    var arguments: StatementArguments {
+        StatementArguments(bindings.map { binding -> (any DatabaseValueConvertible)? in
+            switch binding {
+            case .integer(let i): i
+            case .text(let t): t
+            }
+        })
+    }
+
+    public init(_ search: RecordSearch) throws {
         limit = min(max(search.limit ?? RecordSearch.defaultLimit, 1), RecordSearch.maximumLimit)
         followsArrival = search.arrivedAfter != nil
         var clauses: [String] = []
-        var values: [(any DatabaseValueConvertible)?] = []
+        var values: [Binding] = []
         func list(_ count: Int) -> String { "(" + Array(repeating: "?", count: count).joined(separator: ", ") + ")" }
 
         if let uid = search.uid {
             clauses.append("r.uid = ?")
-            values.append(uid)
+            values.append(.text(uid))
         }
         if let since = search.since {
             clauses.append("r.ts >= ?")
-            values.append(since.microseconds)
+            values.append(.integer(since.microseconds))
         }
         if let until = search.until {
             clauses.append("r.ts < ?")
-            values.append(until.microseconds)
+            values.append(.integer(until.microseconds))
         }
         if let levels = search.levels, !levels.isEmpty {
             var numbers: [Int] = []
@@ -272,31 +294,31 @@ struct SQLRecordQuery {
                 numbers.append(level.rawValue)
             }
             clauses.append("r.level IN \(list(numbers.count))")
-            values += numbers.map { $0 }
+            values += numbers.map { .integer(Int64($0)) }
         }
         if let types = search.types, !types.isEmpty {
             clauses.append("r.type IN \(list(types.count))")
-            values += types.map { $0 }
+            values += types.map { .text($0) }
         }
         if let agents = search.agents, !agents.isEmpty {
             clauses.append("r.source IN (SELECT id FROM source WHERE agent IN \(list(agents.count)))")
-            values += agents.map { $0 }
+            values += agents.map { .text($0) }
         }
         if let pull = search.pull {
             clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'pull' AND ref = ?)")
-            values.append(pull)
+            values.append(.text(pull))
         }
         if let feedback = search.feedback {
             clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'feedback' AND ref = ?)")
-            values.append(feedback)
+            values.append(.text(feedback))
         }
         if let hosts = search.hosts, !hosts.isEmpty {
             clauses.append("r.context IN (SELECT id FROM context WHERE host IN \(list(hosts.count)))")
-            values += hosts.map { $0 }
+            values += hosts.map { .text($0) }
         }
         if let apps = search.apps, !apps.isEmpty {
             clauses.append("r.context IN (SELECT id FROM context WHERE app IN \(list(apps.count)))")
-            values += apps.map { $0 }
+            values += apps.map { .text($0) }
         }
         // Full text: the words asked for, and each metadata match's key and value as a phrase
         // in the metadata column (a superset, narrowed exactly below).
@@ -317,16 +339,16 @@ struct SQLRecordQuery {
                 WHEN 'integer' THEN CAST(json_extract(r.metadata, ?) AS TEXT) = ? WHEN 'real' THEN CAST(json_extract(r.metadata, ?) AS TEXT) = ? \
                 WHEN 'true' THEN ? = 'true' WHEN 'false' THEN ? = 'false' WHEN 'null' THEN ? = 'null' ELSE 0 END)
                 """)
-            values += [path, path, m.value, path, m.value, path, m.value, m.value, m.value, m.value]
+            values += [path, path, m.value, path, m.value, path, m.value, m.value, m.value, m.value].map { .text($0) }
         }
         if !match.isEmpty {
             clauses.append("r.id IN (SELECT rowid FROM record_text WHERE record_text MATCH ?)")
-            values.append(match.joined(separator: " AND "))
+            values.append(.text(match.joined(separator: " AND ")))
         }
         let order: String
         if let arrived = search.arrivedAfter {
             clauses.append("r.id > ?")
-            values.append(arrived)
+            values.append(.integer(arrived))
             order = "r.id"
         } else {
             if let after = search.after {
@@ -335,7 +357,7 @@ struct SQLRecordQuery {
                     throw RecordSearchError("'\(after)' is not a page cursor: pass the `next` of the previous page")
                 }
                 clauses.append("(r.ts > ? OR (r.ts = ? AND r.id > ?))")
-                values += [ts, ts, id]
+                values += [.integer(ts), .integer(ts), .integer(id)]
             }
             order = "r.ts, r.id"
         }
@@ -346,6 +368,6 @@ struct SQLRecordQuery {
             \(clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND "))
             ORDER BY \(order) LIMIT \(limit + 1)
             """
-        arguments = StatementArguments(values)
+        bindings = values
     }
 }

@@ -1,0 +1,364 @@
+import DredgeDomain
+
+/// One line of a day file (Protocol § Payload) read for the index, without building a JSON
+/// tree: a single pass over the bytes that checks the whole line is one JSON object (RFC 8259:
+/// strings and their escapes, numbers, literals, nesting up to ``maxDepth``) and picks out the
+/// members the index keeps. Strings without escapes are handed out as ranges of the line, so
+/// most values are bound to SQLite straight from the block they were read into.
+///
+/// A line is a record when it is an object whose `ts` is a string of the payload's form
+/// (`YYYY-MM-DDTHH:MM:SS.ffffffZ`, a time that exists), whose `level` is one of the seven
+/// names, and whose `type` is a string of 1 to 64 bytes. `uid` and `message` default to `""`,
+/// `metadata` (an object; anything else is taken as none) to `{}`, `context` to none. Members
+/// it does not know are checked and ignored; of a member given twice, the first counts.
+struct RecordLine {
+    static let maxDepth = 64
+
+    /// A string value: its bytes in the line (between the quotes), and whether it holds escapes
+    /// (then ``decode(_:in:)`` gives its text).
+    struct Text {
+        var range: Range<Int>
+        var escaped: Bool
+    }
+
+    var ts: Int64 = 0
+    var level: Int = 0
+    var type = Text(range: 0..<0, escaped: false)
+    var uid: Text?
+    var message: Text?
+    /// The object's bytes, braces included, as written.
+    var metadata: Range<Int>?
+    var context: Int64?
+
+    /// Nil when the line is not a record.
+    static func parse(_ line: UnsafeBufferPointer<UInt8>) -> RecordLine? {
+        var scanner = Scanner(bytes: line)
+        return scanner.record()
+    }
+
+    /// The text of a string value, its escapes resolved.
+    static func decode(_ text: Text, in line: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(text.range.count)
+        var i = text.range.lowerBound
+        while i < text.range.upperBound {
+            let c = line[i]
+            guard c == UInt8(ascii: "\\") else {
+                out.append(c)
+                i += 1
+                continue
+            }
+            let e = line[i + 1]
+            i += 2
+            switch e {
+            case UInt8(ascii: "n"): out.append(0x0A)
+            case UInt8(ascii: "t"): out.append(0x09)
+            case UInt8(ascii: "r"): out.append(0x0D)
+            case UInt8(ascii: "b"): out.append(0x08)
+            case UInt8(ascii: "f"): out.append(0x0C)
+            case UInt8(ascii: "u"):
+                var scalar = UInt32(hex4(line, i))
+                i += 4
+                if (0xD800..<0xDC00).contains(scalar), i + 6 <= text.range.upperBound, line[i] == UInt8(ascii: "\\"), line[i + 1] == UInt8(ascii: "u") {
+                    let low = UInt32(hex4(line, i + 2))
+                    if (0xDC00..<0xE000).contains(low) {
+                        scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
+                        i += 6
+                    }
+                }
+                // A lone surrogate is not a character: written as U+FFFD, as a UTF-8 decoder would.
+                let value = Unicode.Scalar(scalar) ?? "\u{FFFD}"
+                out.append(contentsOf: Array(String(Character(value)).utf8))
+            default: out.append(e)  // \" \\ \/
+            }
+        }
+        return out
+    }
+
+    private static func hex4(_ line: UnsafeBufferPointer<UInt8>, _ at: Int) -> Int {
+        var value = 0
+        for k in 0..<4 {
+            let c = line[at + k]
+            let digit: Int
+            switch c {
+            case 48...57: digit = Int(c - 48)
+            case 65...70: digit = Int(c - 55)
+            default: digit = Int(c - 87)  // a-f: checked by the scanner
+            }
+            value = value << 4 | digit
+        }
+        return value
+    }
+
+    static func levelNumber(_ name: UnsafeBufferPointer<UInt8>.SubSequence) -> Int? {
+        switch name.count {
+        case 4: return name.elementsEqual("info".utf8) ? 2 : nil
+        case 5: return name.elementsEqual("trace".utf8) ? 0 : name.elementsEqual("debug".utf8) ? 1 : name.elementsEqual("error".utf8) ? 5 : nil
+        case 6: return name.elementsEqual("notice".utf8) ? 3 : nil
+        case 7: return name.elementsEqual("warning".utf8) ? 4 : nil
+        case 8: return name.elementsEqual("critical".utf8) ? 6 : nil
+        default: return nil
+        }
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS.ffffffZ` → µs, only for a time that exists.
+    static func timestamp(_ b: UnsafeBufferPointer<UInt8>.SubSequence) -> Int64? {
+        guard b.count == 27 else { return nil }
+        let s = b.startIndex
+        func d(_ at: Int, _ n: Int) -> Int? {
+            var v = 0
+            for k in 0..<n {
+                let c = b[s + at + k]
+                guard c >= 48, c <= 57 else { return nil }
+                v = v * 10 + Int(c - 48)
+            }
+            return v
+        }
+        guard b[s + 4] == 45, b[s + 7] == 45, b[s + 10] == 84, b[s + 13] == 58, b[s + 16] == 58, b[s + 19] == 46, b[s + 26] == 90,
+            let year = d(0, 4), let month = d(5, 2), let day = d(8, 2), let hour = d(11, 2), let minute = d(14, 2), let second = d(17, 2), let micros = d(20, 6),
+            (1...12).contains(month), day >= 1, day <= daysIn(month, year), hour < 24, minute < 60, second < 60
+        else { return nil }
+        // Days since the epoch (H. Hinnant's days_from_civil).
+        let y = Int64(month <= 2 ? year - 1 : year)
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yoe = y - era * 400
+        let mp = Int64(month > 2 ? month - 3 : month + 9)
+        let doy = (153 * mp + 2) / 5 + Int64(day) - 1
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
+        let days = era * 146_097 + doe - 719_468
+        return ((days * 86_400 + Int64(hour * 3600 + minute * 60 + second)) * 1_000_000) + Int64(micros)
+    }
+
+    private static func daysIn(_ month: Int, _ year: Int) -> Int {
+        switch month {
+        case 2: return (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 ? 29 : 28
+        case 4, 6, 9, 11: return 30
+        default: return 31
+        }
+    }
+
+    /// The single pass. Every `value()` checks what it consumes; `record()` keeps the members.
+    private struct Scanner {
+        let bytes: UnsafeBufferPointer<UInt8>
+        var i = 0
+
+        init(bytes: UnsafeBufferPointer<UInt8>) { self.bytes = bytes }
+
+        mutating func space() {
+            while i < bytes.count {
+                let c = bytes[i]
+                guard c == 0x20 || c == 0x09 || c == 0x0A || c == 0x0D else { return }
+                i += 1
+            }
+        }
+
+        mutating func record() -> RecordLine? {
+            space()
+            guard i < bytes.count, bytes[i] == UInt8(ascii: "{") else { return nil }
+            i += 1
+            var line = RecordLine()
+            var seen: UInt8 = 0  // bits: ts, level, type, uid, message, metadata, context
+            var ok: UInt8 = 0
+            space()
+            if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
+                return nil  // no ts, level or type
+            }
+            while true {
+                space()
+                guard let key = string() else { return nil }
+                space()
+                guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { return nil }
+                i += 1
+                space()
+                let start = i
+                let keyBytes = bytes[key.range]
+                let member: Int? =
+                    key.escaped ? nil
+                    : keyBytes.elementsEqual("ts".utf8) ? 0 : keyBytes.elementsEqual("level".utf8) ? 1 : keyBytes.elementsEqual("type".utf8) ? 2
+                    : keyBytes.elementsEqual("uid".utf8) ? 3 : keyBytes.elementsEqual("message".utf8) ? 4 : keyBytes.elementsEqual("metadata".utf8) ? 5
+                    : keyBytes.elementsEqual("context".utf8) ? 6 : nil
+                if let member, seen & (1 << member) == 0 {
+                    seen |= 1 << member
+                    let isString = i < bytes.count && bytes[i] == UInt8(ascii: "\"")
+                    switch member {
+                    case 0...4:
+                        if isString {
+                            guard let text = string() else { return nil }
+                            switch member {
+                            case 0: if !text.escaped, let t = RecordLine.timestamp(bytes[text.range]) { line.ts = t; ok |= 1 }
+                            case 1: if !text.escaped, let l = RecordLine.levelNumber(bytes[text.range]) { line.level = l; ok |= 2 }
+                            case 2: if (1...64).contains(text.range.count) { line.type = text; ok |= 4 }
+                            case 3: line.uid = text
+                            default: line.message = text
+                            }
+                        } else {
+                            guard value(depth: 1) else { return nil }
+                        }
+                    case 5:
+                        guard value(depth: 1) else { return nil }
+                        if bytes[start] == UInt8(ascii: "{") { line.metadata = start..<i }
+                    default:
+                        guard value(depth: 1) else { return nil }
+                        line.context = integer(start..<i)
+                    }
+                } else {
+                    guard value(depth: 1) else { return nil }
+                }
+                space()
+                guard i < bytes.count else { return nil }
+                if bytes[i] == UInt8(ascii: ",") {
+                    i += 1
+                    continue
+                }
+                guard bytes[i] == UInt8(ascii: "}") else { return nil }
+                i += 1
+                break
+            }
+            space()
+            guard i == bytes.count, ok == 7 else { return nil }
+            return line
+        }
+
+        /// An integer written as one (no fraction or exponent) that fits in 64 bits.
+        func integer(_ range: Range<Int>) -> Int64? {
+            guard !range.isEmpty, range.count <= 20 else { return nil }
+            var value: Int64 = 0
+            var negative = false
+            for (k, c) in bytes[range].enumerated() {
+                if k == 0 && c == UInt8(ascii: "-") {
+                    negative = true
+                    continue
+                }
+                guard c >= 48, c <= 57 else { return nil }
+                let (m, o1) = value.multipliedReportingOverflow(by: 10)
+                let (a, o2) = m.addingReportingOverflow(Int64(c - 48))
+                guard !o1, !o2 else { return nil }
+                value = a
+            }
+            return negative ? -value : value
+        }
+
+        mutating func string() -> Text? {
+            guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { return nil }
+            i += 1
+            let start = i
+            var escaped = false
+            while i < bytes.count {
+                let c = bytes[i]
+                if c == UInt8(ascii: "\"") {
+                    defer { i += 1 }
+                    return Text(range: start..<i, escaped: escaped)
+                }
+                if c < 0x20 { return nil }
+                if c == UInt8(ascii: "\\") {
+                    escaped = true
+                    guard i + 1 < bytes.count else { return nil }
+                    switch bytes[i + 1] {
+                    case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
+                        i += 2
+                    case UInt8(ascii: "u"):
+                        guard i + 6 <= bytes.count else { return nil }
+                        for k in 2..<6 {
+                            let h = bytes[i + k]
+                            guard (48...57).contains(h) || (65...70).contains(h) || (97...102).contains(h) else { return nil }
+                        }
+                        i += 6
+                    default: return nil
+                    }
+                    continue
+                }
+                i += 1
+            }
+            return nil
+        }
+
+        mutating func value(depth: Int) -> Bool {
+            guard depth <= RecordLine.maxDepth, i < bytes.count else { return false }
+            switch bytes[i] {
+            case UInt8(ascii: "\""):
+                return string() != nil
+            case UInt8(ascii: "{"):
+                i += 1
+                space()
+                if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
+                    i += 1
+                    return true
+                }
+                while true {
+                    space()
+                    guard string() != nil else { return false }
+                    space()
+                    guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { return false }
+                    i += 1
+                    space()
+                    guard value(depth: depth + 1) else { return false }
+                    space()
+                    guard i < bytes.count else { return false }
+                    if bytes[i] == UInt8(ascii: ",") {
+                        i += 1
+                        continue
+                    }
+                    guard bytes[i] == UInt8(ascii: "}") else { return false }
+                    i += 1
+                    return true
+                }
+            case UInt8(ascii: "["):
+                i += 1
+                space()
+                if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
+                    i += 1
+                    return true
+                }
+                while true {
+                    space()
+                    guard value(depth: depth + 1) else { return false }
+                    space()
+                    guard i < bytes.count else { return false }
+                    if bytes[i] == UInt8(ascii: ",") {
+                        i += 1
+                        continue
+                    }
+                    guard bytes[i] == UInt8(ascii: "]") else { return false }
+                    i += 1
+                    return true
+                }
+            case UInt8(ascii: "t"): return literal("true")
+            case UInt8(ascii: "f"): return literal("false")
+            case UInt8(ascii: "n"): return literal("null")
+            default: return number()
+            }
+        }
+
+        mutating func literal(_ word: StaticString) -> Bool {
+            let n = word.utf8CodeUnitCount
+            guard i + n <= bytes.count else { return false }
+            for k in 0..<n where bytes[i + k] != word.utf8Start[k] { return false }
+            i += n
+            return true
+        }
+
+        /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
+        mutating func number() -> Bool {
+            func digit(_ at: Int) -> Bool { at < bytes.count && bytes[at] >= 48 && bytes[at] <= 57 }
+            if i < bytes.count, bytes[i] == UInt8(ascii: "-") { i += 1 }
+            guard digit(i) else { return false }
+            if bytes[i] == 48 {
+                i += 1
+            } else {
+                while digit(i) { i += 1 }
+            }
+            if i < bytes.count, bytes[i] == UInt8(ascii: ".") {
+                i += 1
+                guard digit(i) else { return false }
+                while digit(i) { i += 1 }
+            }
+            if i < bytes.count, bytes[i] == UInt8(ascii: "e") || bytes[i] == UInt8(ascii: "E") {
+                i += 1
+                if i < bytes.count, bytes[i] == UInt8(ascii: "+") || bytes[i] == UInt8(ascii: "-") { i += 1 }
+                guard digit(i) else { return false }
+                while digit(i) { i += 1 }
+            }
+            return true
+        }
+    }
+}

@@ -88,15 +88,21 @@ public struct MetadataMatch: Sendable, Equatable, Codable {
 /// One page of a ``RecordSearch``.
 public struct RecordPage: Sendable, Equatable, Codable {
     public var records: [FoundRecord]
-    /// Pass as `after` for the next page; nil when this page is the last.
+    /// Pass as `after` for the next page (as `arrivedAfter` when following arrivals); nil when
+    /// this page is the last.
     public var next: String?
-    /// Landed pulls and feedback whose records are not all searchable yet (being indexed).
+    /// Landed pulls and feedback whose records are not all searchable yet (being indexed, or
+    /// whose indexing failed and waits to be tried again).
     public var indexing: Int
+    /// The id of the newest record in the index when this page was read: follow arrivals with
+    /// `arrivedAfter` set to it.
+    public var newestID: Int64
 
-    public init(records: [FoundRecord], next: String?, indexing: Int) {
+    public init(records: [FoundRecord], next: String?, indexing: Int, newestID: Int64) {
         self.records = records
         self.next = next
         self.indexing = indexing
+        self.newestID = newestID
     }
 }
 

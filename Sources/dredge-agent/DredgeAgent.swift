@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeDomain
 
 @main
 struct DredgeAgent: AsyncParsableCommand {
@@ -6,5 +7,6 @@ struct DredgeAgent: AsyncParsableCommand {
         commandName: "dredge-agent",
         abstract: "The Dredge agent: feeds and reads the local log store.",
         discussion: "The store path comes from --store, else $DREDGE_STORE, else ~/.local/state/dredge/logs.sqlite.",
+        version: DredgeVersion.current,
         subcommands: [LogCommand.self, IngestCommand.self, QueryCommand.self, StatsCommand.self, EnrollCommand.self, RunAgentCommand.self, FeedbackCommand.self, ExportCommand.self])
 }

@@ -13,6 +13,7 @@ struct DredgeDemo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dredge-demo",
         abstract: "Demo helpers: a local store demo, realistic device logs, and checking a pull's files.",
+        version: DredgeVersion.current,
         subcommands: [LocalDemo.self, Generate.self, Verify.self],
         defaultSubcommand: LocalDemo.self)
 }

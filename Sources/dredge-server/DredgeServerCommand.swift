@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeDomain
 import DredgeCommandLine
 import DredgeServer
 import Foundation
@@ -8,6 +9,7 @@ struct DredgeServerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dredge-server",
         abstract: "The Dredge command server.",
+        version: DredgeVersion.current,
         subcommands: [InitCommand.self, RunCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self])
 }
 

@@ -14,6 +14,7 @@ struct Dredge: AsyncParsableCommand {
             Talks to the server's admin API. The address and the admin token come from --server and
             --token, or from DREDGE_SERVER and DREDGE_TOKEN.
             """,
+        version: DredgeVersion.current,
         subcommands: [AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
 }
 
@@ -92,12 +93,13 @@ struct PullCommand: AsyncParsableCommand {
     func validate() throws {
         guard selection.uid != nil || agent != nil else { throw ValidationError("give --uid, --agent, or both") }
         guard (1...7 * 24 * 60).contains(expiresIn) else { throw ValidationError("--expires-in must be between 1 and \(7 * 24 * 60) minutes") }
-        if let agent, !WireID.isValid(agent) { throw ValidationError("--agent must be an agent id: 32 lowercase hex characters") }
+        if let agent { try IDPrefix.validate(agent, flag: "--agent") }
     }
 
     func run() async throws {
         let client = try server.client()
-        let request = PullRequest(uid: selection.uid, agent: agent, filter: try selection.filter(), expiresInSeconds: expiresIn * 60)
+        let agentID: String? = if let agent { try await client.resolveAgent(agent) } else { nil }
+        let request = PullRequest(uid: selection.uid, agent: agentID, filter: try selection.filter(), expiresInSeconds: expiresIn * 60)
         let created = try await calling { try await client.createPull(request) }
         guard wait else {
             if json { return try printJSON(created) }
@@ -132,46 +134,70 @@ struct PullCommand: AsyncParsableCommand {
 }
 
 struct PullsCommand: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "pulls", abstract: "List recent pulls and where each stands per agent.")
+    static let configuration = CommandConfiguration(
+        commandName: "pulls", abstract: "List recent pulls and feedback, newest first, and where each stands per agent.")
 
     @OptionGroup var server: ServerOptions
-    @Flag(help: "JSON output.") var json = false
+    @Option(help: "Only targets in this status: \(PullStatus.allCases.map(\.rawValue).joined(separator: ", ")).") var status: PullStatus?
+    @Option(help: "Only pulls and feedback of this uid.") var uid: String?
+    @Flag(help: "JSON output (the pulls alone; `dredge feedback --json` lists feedback).") var json = false
 
     func run() async throws {
         let client = try server.client()
-        let pulls = try await calling { try await client.pulls() }
-        // JSON stays the pulls alone (`dredge feedback --json` lists feedback).
-        if json { return try printJSON(pulls) }
-        let feedback = try await calling { try await client.feedback() }
-        if pulls.isEmpty && feedback.isEmpty { print("no pulls yet") }
-        for p in pulls {
-            for t in p.targets {
-                print("\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(Format.status(t))")
+        var pulls = try await calling { try await client.pulls() }
+        if let uid { pulls = pulls.filter { $0.uid == uid } }
+        if let status {
+            pulls = pulls.compactMap { pull in
+                var pull = pull
+                pull.targets = pull.targets.filter { $0.status == status }
+                return pull.targets.isEmpty ? nil : pull
             }
         }
-        // Feedback uploads are pulls nobody asked for: the user's agent sent them.
-        for f in feedback {
-            print("\(f.id)  \(Format.time(f.createdAt.date))  feedback  uid=\(f.uid)  agent=\(f.agentID)  \(Format.status(f))  \"\(Format.excerpt(f.text))\"")
+        if json { return try printJSON(pulls) }
+        var feedback = try await calling { try await client.feedback() }
+        if let uid { feedback = feedback.filter { $0.uid == uid } }
+        if let status { feedback = feedback.filter { $0.status == status } }
+        if pulls.isEmpty && feedback.isEmpty { print(uid == nil && status == nil ? "no pulls yet" : "no pulls or feedback match") }
+        // Feedback uploads are pulls nobody asked for: the user's agent sent them. One list, newest first.
+        var lines: [(Timestamp, String)] = []
+        for p in pulls {
+            for t in p.targets {
+                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(Format.status(t))"))
+            }
         }
+        for f in feedback {
+            lines.append((f.createdAt, "\(f.id)  \(Format.time(f.createdAt.date))  feedback  uid=\(f.uid)  agent=\(f.agentID)  \(Format.status(f))  \"\(Format.excerpt(f.text))\""))
+        }
+        for (_, line) in lines.sorted(by: { $0.0 > $1.0 }) { print(line) }
     }
 }
+
+extension PullStatus: ExpressibleByArgument {}
 
 struct ShowCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "show", abstract: "Show one pull: its filter, who asked, each agent's status and files.")
 
     @OptionGroup var server: ServerOptions
-    @Argument(help: "The pull id.") var pull: String
+    @Argument(help: "The pull id, or its first 4 or more characters.") var pull: String
+    @Flag(help: "Wait until every agent is done, showing progress.") var wait = false
     @Flag(help: "JSON output.") var json = false
 
     func run() async throws {
         let client = try server.client()
-        let record = try await calling { try await client.pull(pull) }
+        let id = try await client.resolvePull(pull)
+        var record = try await calling { try await client.pull(id) }
+        if wait && !record.isFinished {
+            let progress = ProgressDisplay()
+            record = try await calling { try await client.wait(for: record.id) { progress.show($0) } }
+            progress.end()
+        }
         if json { return try printJSON(record) }
         print("pull \(record.id)")
         print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
         print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   agent: \(record.agentID.isEmpty ? "(every agent with the uid)" : record.agentID)")
         print("  filter: \(record.filter.map(Format.filter) ?? "(unreadable on the server; the pull is failed)")")
         Format.printResult(record)
+        if wait && record.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
     }
 }
 
@@ -199,12 +225,13 @@ struct FeedbackCommand: AsyncParsableCommand {
     struct Show: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "One feedback: the text, who, when, and the files.")
         @OptionGroup var server: ServerOptions
-        @Argument(help: "The feedback id.") var id: String
+        @Argument(help: "The feedback id, or its first 4 or more characters.") var id: String
         @Flag(help: "JSON output.") var json = false
 
         func run() async throws {
             let client = try server.client()
-            let f = try await calling { try await client.feedback(id) }
+            let resolved = try await client.resolveFeedback(id)
+            let f = try await calling { try await client.feedback(resolved) }
             if json { return try printJSON(f) }
             print("feedback \(f.id)")
             print("  from uid \(f.uid) on agent \(f.agentID), given \(Format.time(f.createdAt.date)), received \(Format.time(f.receivedAt))")

@@ -30,11 +30,11 @@ struct LogsCommand: AsyncParsableCommand {
     @OptionGroup var server: ServerOptions
 
     @Option(help: "Only this user's records.") var uid: String?
-    @Option(help: "Only this agent's records (an agent id); repeatable.") var agent: [String] = []
+    @Option(help: "Only this agent's records (an id or its first 4+ characters); repeatable.") var agent: [String] = []
     @Option(help: "Only records from this host (as the device names itself); repeatable.") var host: [String] = []
     @Option(help: "Only records from this app; repeatable.") var app: [String] = []
-    @Option(help: "Only the records of this pull.") var pull: String?
-    @Option(help: "Only the records of this feedback.") var feedback: String?
+    @Option(help: "Only the records of this pull (an id or its first 4+ characters).") var pull: String?
+    @Option(help: "Only the records of this feedback (an id or its first 4+ characters).") var feedback: String?
     @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00, or with a zone (Z, +01:00).") var since: String?
     @Option(help: "Before this time; the same forms as --since.") var until: String?
     @Option(help: "Records around this time (the same forms as --since), --window either side.") var around: String?
@@ -61,16 +61,16 @@ struct LogsCommand: AsyncParsableCommand {
             if let problem = UserID.problem(uid) { throw ValidationError("--uid: \(problem)") }
             search.uid = uid
         }
-        for id in agent where !WireID.isValid(id) { throw ValidationError("--agent must be an agent id: 32 lowercase hex characters") }
+        for id in agent { try IDPrefix.validate(id, flag: "--agent") }
         search.agents = agent.isEmpty ? nil : agent
         search.hosts = host.isEmpty ? nil : host
         search.apps = app.isEmpty ? nil : app
         if let pull {
-            guard WireID.isValid(pull) else { throw ValidationError("--pull must be a pull id: 32 lowercase hex characters") }
+            try IDPrefix.validate(pull, flag: "--pull")
             search.pull = pull
         }
         if let feedback {
-            guard WireID.isValid(feedback) else { throw ValidationError("--feedback must be a feedback id: 32 lowercase hex characters") }
+            try IDPrefix.validate(feedback, flag: "--feedback")
             search.feedback = feedback
         }
         func time(_ text: String, _ flag: String) throws -> Timestamp {
@@ -117,22 +117,35 @@ struct LogsCommand: AsyncParsableCommand {
         }
         search.metadata = metadata.isEmpty ? nil : metadata
         guard limit >= 0 else { throw ValidationError("--limit must be 0 (all) or more") }
+        if follow && format == .json { throw ValidationError("--follow prints records as they come: use --format text or jsonl") }
         return search
     }
 
     func run() async throws {
         let client = try server.client()
         var search = try search()
+        // Prefixes become whole ids (the server takes whole ids only).
+        if let agents = search.agents {
+            var whole: [String] = []
+            for agent in agents { whole.append(try await client.resolveAgent(agent)) }
+            search.agents = whole
+        }
+        if let pull = search.pull { search.pull = try await client.resolvePull(pull) }
+        if let feedback = search.feedback { search.feedback = try await client.resolveFeedback(feedback) }
         let printer = RecordPrinter(format: format, utc: utc, color: color == .always || (color == .auto && isatty(1) == 1 && ProcessInfo.processInfo.environment["NO_COLOR"] == nil))
         var printed = 0
-        var lastID: Int64 = 0
+        var newest: Int64?
+        // Records that arrived while the listing ran and were listed: a follow does not print them again.
+        var listedArrivals = Set<Int64>()
         var more = false
         var indexing = 0
         printer.begin()
         pages: while true {
-            if limit > 0 { search.limit = min(RecordSearch.maximumLimit, limit - printed) }
+            search.limit = limit > 0 ? min(RecordSearch.maximumLimit, limit - printed) : RecordSearch.maximumLimit
             let page = try await calling { try await client.search(search) }
             indexing = page.indexing
+            // Following starts after what the index held when the listing began.
+            if newest == nil { newest = page.newestID }
             for record in page.records {
                 if limit > 0 && printed == limit {
                     more = true
@@ -140,7 +153,7 @@ struct LogsCommand: AsyncParsableCommand {
                 }
                 printer.print(record)
                 printed += 1
-                lastID = max(lastID, record.id)
+                if let newest, record.id > newest { listedArrivals.insert(record.id) }
             }
             guard let next = page.next else { break }
             if limit > 0 && printed == limit {
@@ -160,13 +173,16 @@ struct LogsCommand: AsyncParsableCommand {
         guard follow else { return }
         search.after = nil
         search.limit = RecordSearch.maximumLimit
+        var lastID = newest ?? 0
         while true {
             search.arrivedAfter = lastID
             let page = try await calling { try await client.search(search) }
             for record in page.records {
-                printer.print(record)
+                if listedArrivals.remove(record.id) == nil { printer.print(record) }
                 lastID = max(lastID, record.id)
             }
+            // Nothing new that matches: nothing before the newest record needs reading again.
+            if page.records.isEmpty { lastID = max(lastID, page.newestID) }
             if page.next == nil { try await Task.sleep(for: .seconds(1)) }
         }
     }

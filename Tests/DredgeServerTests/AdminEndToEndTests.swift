@@ -69,8 +69,10 @@ import Testing
         #expect(unknown.status == 1 && unknown.output.contains("no agent has reported uid nobody"), "\(unknown.output)")
         let noPull = try d.dredge(["show", "0123456789abcdef0123456789abcdef"], server: admin)
         #expect(noPull.status == 1 && noPull.output.contains("no pull 0123456789abcdef0123456789abcdef"), "\(noPull.output)")
-        let notAnID = try d.dredge(["show", "0123abcd"], server: admin)
+        let notAnID = try d.dredge(["show", "01-x"], server: admin)
         #expect(notAnID.status == 1 && notAnID.output.contains("32 lowercase hex characters"), "\(notAnID.output)")
+        let noSuchPrefix = try d.dredge(["show", "0123abcd"], server: admin)
+        #expect(noSuchPrefix.status == 1 && noSuchPrefix.output.contains("no pull id starts with 0123abcd"), "\(noSuchPrefix.output)")
         let badFlag = try d.dredge(["pull", "--uid", "u", "--level", "loud"], server: admin)
         #expect(badFlag.status == 64, "\(badFlag.output)")
 

@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeTestSupport
 import Foundation
 import Testing
@@ -69,6 +70,23 @@ import Testing
         #expect(array?.count == 5, "\(json.output.prefix(300))")
         let none = try d.dredge(["logs", "--uid", "nobody"], server: admin)
         #expect(none.status == 0 && none.output.contains("no records match"))
+
+        // Ids by their start, git-style; the lists narrowed by status and uid.
+        let short = String(pullID.prefix(8))
+        let byPrefix = try Self.jsonLines(try d.dredge(["logs", "--pull", short, "--format", "jsonl", "--limit", "0"], server: admin).output)
+        #expect(byPrefix.count == onDisk)
+        let shown = try d.dredge(["show", short, "--wait"], server: admin)
+        #expect(shown.status == 0 && shown.output.contains("pull \(pullID)"), "\(shown.output)")
+        let complete = try d.dredge(["pulls", "--status", "complete", "--uid", "u-1"], server: admin)
+        #expect(complete.output.contains(pullID), "\(complete.output)")
+        let queued = try d.dredge(["pulls", "--status", "queued"], server: admin)
+        #expect(!queued.output.contains(pullID) && queued.output.contains("no pulls or feedback match"), "\(queued.output)")
+        let unknown = try d.dredge(["show", "ffff"], server: admin)
+        #expect(unknown.status == 1 && unknown.output.contains("no pull id starts with ffff") || pullID.hasPrefix("ffff"), "\(unknown.output)")
+        for tool in ["dredge", "dredge-server", "dredge-agent"] {
+            let version = try ManagedProcess.run(tool, ["--version"])
+            #expect(version.status == 0 && version.output.trimmingCharacters(in: .whitespacesAndNewlines) == DredgeVersion.current, "\(tool): \(version.output)")
+        }
 
         // Bad flags: exit 64, and the error lists what is accepted.
         for (arguments, says) in [

@@ -74,21 +74,33 @@ import Testing
         let status503OnDisk = onDisk.filter { (($0["metadata"] as? [String: Any])?["http.status"] as? Int) == 503 }
         #expect(status503.count == status503OnDisk.count && !status503.isEmpty)
 
-        // The first page of a search is audited, with the filter readable; the next pages are not.
-        let audit = try await server.admin.audit().filter { $0.action == "records.search" }
+        // Every search is audited with its filter readable; its further pages are not recorded again.
+        var audit = try await server.admin.audit().filter { $0.action == "records.search" }
         #expect(audit.count == 4, "four searches, whatever their pages")
         #expect(audit.contains { $0.detail.contains("pull=\(pullID)") && $0.detail.contains("where http.status=503") })
+        // A search that starts at a page cursor or as a follow is recorded all the same.
+        _ = try await server.admin.search(RecordSearch(uid: "u-3", after: "0.0"))
+        _ = try await server.admin.search(RecordSearch(uid: "u-9", arrivedAfter: 0))
+        audit = try await server.admin.audit().filter { $0.action == "records.search" }
+        #expect(audit.count == 6 && audit.contains { $0.detail == "uid=u-3" } && audit.contains { $0.detail == "uid=u-9" })
 
-        // Bad searches are the caller's mistake, answered as such.
-        await #expect(throws: AdminClientError.self) { try await server.admin.search(RecordSearch(pull: "../etc")) }
-        await #expect(throws: AdminClientError.self) { try await server.admin.search(RecordSearch(text: "***")) }
-        await #expect(throws: AdminClientError.self) { try await server.admin.search(RecordSearch(after: "x")) }
-        await #expect(throws: AdminClientError.self) { try await server.admin.search(RecordSearch(levels: ["loud"])) }
-        do {
-            _ = try await server.admin.search(RecordSearch(uid: String(repeating: "u", count: 5000)))
-            Issue.record("an over-long uid was accepted")
-        } catch let error as AdminClientError {
-            guard case .badRequest = error else { throw error }
+        // Bad searches are the caller's mistake, answered 400 with the reason.
+        let bad: [RecordSearch] = [
+            RecordSearch(pull: "../etc"), RecordSearch(text: "***"), RecordSearch(after: "x"), RecordSearch(levels: ["loud"]),
+            RecordSearch(uid: String(repeating: "u", count: 5000)), RecordSearch(text: "nul\u{0}byte"),
+            RecordSearch(metadata: [MetadataMatch(key: "a\"b", value: "1")]), RecordSearch(metadata: (0..<65).map { MetadataMatch(key: "k\($0)", value: "v") }),
+            RecordSearch(since: Timestamp(microseconds: -1)), RecordSearch(since: Timestamp(microseconds: 10), until: Timestamp(microseconds: 5)),
+        ]
+        for search in bad {
+            do {
+                _ = try await server.admin.search(search)
+                Issue.record("accepted: \(search)")
+            } catch let error as AdminClientError {
+                guard case .badRequest = error else {
+                    Issue.record("\(search): \(error)")
+                    continue
+                }
+            }
         }
     }
 
@@ -172,6 +184,36 @@ import Testing
                 seen += String(decoding: block.dropLast(), as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
             }
             #expect(seen == lines, "block \(blockBytes)")
+            #expect(reader.overlong == 0)
         }
+    }
+
+    /// A line longer than the limit (a hostile agent's day file of one 2 GiB line, in small) is
+    /// skipped and counted; the lines around it are read, and memory stays bounded.
+    @Test func overLongLinesAreSkippedAndCounted() throws {
+        let dir = TempDir()
+        let path = dir.file("day.jsonl")
+        let text = "short one\n" + String(repeating: "y", count: 5000) + "\nshort two\n" + String(repeating: "z", count: 3000)
+        try Data(text.utf8).write(to: URL(fileURLWithPath: path))
+        // Reads smaller than the long lines: they cross reads, as a 2 GiB line crosses 4 MiB ones.
+        for blockBytes in [7, 100, 999] {
+            let reader = try LineBlockReader(path: path, blockBytes: blockBytes, maxLineBytes: 1000)
+            var seen: [String] = []
+            while let block = try reader.next() {
+                #expect(block.count <= blockBytes + 1001)
+                seen += String(decoding: block.dropLast(), as: UTF8.self).split(separator: "\n").map(String.init)
+            }
+            #expect(seen == ["short one", "short two"], "block \(blockBytes)")
+            #expect(reader.overlong == 2, "block \(blockBytes)")
+        }
+    }
+
+    @Test func aDamagedIndexIsMovedAsideAndMadeAgain() throws {
+        let dir = TempDir()
+        try Data(repeating: 0x41, count: 10_000).write(to: URL(fileURLWithPath: dir.file(RecordIndexStore.fileName)))
+        let index = try RecordIndexStore.openOrRebuild(directory: dir.path)
+        #expect(FileManager.default.fileExists(atPath: index.path))
+        let names = try FileManager.default.contentsOfDirectory(atPath: dir.path)
+        #expect(names.contains { $0.hasPrefix(RecordIndexStore.fileName + ".damaged-") }, "\(names)")
     }
 }

@@ -5,6 +5,7 @@ import Foundation
 import Hummingbird
 import Logging
 import NIOCore
+import Synchronization
 
 /// The admin HTTP API engineers use (through `dredge`): loopback only, every `/v1` route behind
 /// a bearer admin token, JSON in and out. Routes are listed in docs/admin-api.md.
@@ -20,6 +21,7 @@ public enum AdminAPI {
         router.get("health") { _, _ in try json(["status": "ok"]) }
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens))
+        let searchAudit = SearchAudit()
         v1.get("agents") { _, _ in try json(await registry.agents()) }
         v1.get("pulls") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
@@ -64,10 +66,12 @@ public enum AdminAPI {
             } catch let error as RecordSearchError {
                 throw AdminAPIError(.badRequest, "bad_request", error.description)
             }
-            if let indexer { page.indexing = indexer.backlog }
-            // A search is audited once, not for every further page or every look of a follow.
-            if search.after == nil && search.arrivedAfter == nil {
-                try await audit.record(actor: context.tokenName ?? "?", action: "records.search", detail: describe(search), at: Date())
+            if let indexer { page.indexing += indexer.queued }
+            // Every search is audited; its further pages and a follow's looks (the same actor and
+            // filter) are recorded again only after ten minutes.
+            let actor = context.tokenName ?? "?", detail = describe(search)
+            if searchAudit.shouldRecord(actor: actor, detail: detail, now: Date()) {
+                try await audit.record(actor: actor, action: "records.search", detail: detail, at: Date())
             }
             return try json(page)
         }
@@ -111,8 +115,24 @@ public enum AdminAPI {
 
     static let maximumBody = 64 * 1024
 
-    /// Ids in a search have the protocol's form, a uid the store's rules.
+    /// Ids in a search have the protocol's form, a uid the store's rules; texts hold no control
+    /// characters, and lists are bounded.
     static func checkSearch(_ search: RecordSearch) throws {
+        func bad(_ message: String) -> AdminAPIError { AdminAPIError(.badRequest, "bad_request", message) }
+        let lists: [(String, Int)] = [
+            ("agents", search.agents?.count ?? 0), ("hosts", search.hosts?.count ?? 0), ("apps", search.apps?.count ?? 0),
+            ("levels", search.levels?.count ?? 0), ("types", search.types?.count ?? 0), ("metadata", search.metadata?.count ?? 0),
+        ]
+        for (name, count) in lists where count > 64 { throw bad("at most 64 \(name) in one search") }
+        let texts = [search.text].compactMap { $0 } + (search.hosts ?? []) + (search.apps ?? []) + (search.types ?? [])
+            + (search.metadata ?? []).flatMap { [$0.key, $0.value] }
+        for text in texts {
+            if text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) { throw bad("a search text holds a control character") }
+            if text.utf8.count > 4096 { throw bad("a search text is longer than 4096 bytes") }
+        }
+        for time in [search.since, search.until].compactMap({ $0 }) where !time.isAccepted {
+            throw bad("times must lie between 1970 and 9999")
+        }
         if let pull = search.pull { _ = try validID(pull, "pull") }
         if let feedback = search.feedback { _ = try validID(feedback, "feedback") }
         for agent in search.agents ?? [] { _ = try validID(agent, "agent") }
@@ -164,6 +184,25 @@ public enum AdminAPI {
     static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
         let body = try JSONEncoder.adminAPI.encode(value)
         return Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: body)))
+    }
+}
+
+/// When a search is recorded in the audit log: the first time an actor runs it (its filter, as
+/// ``AdminAPI/describe(_:)`` writes it), then again only after ``interval``, so the pages of a
+/// search and the looks of a follow do not flood the log, while no filter is ever run unrecorded.
+final class SearchAudit: Sendable {
+    static let interval: TimeInterval = 600
+    static let capacity = 10_000
+    private let recent = Mutex<[String: Date]>([:])
+
+    func shouldRecord(actor: String, detail: String, now: Date) -> Bool {
+        let key = actor + "\u{0}" + detail
+        return recent.withLock { recent in
+            if let last = recent[key], now.timeIntervalSince(last) < Self.interval { return false }
+            if recent.count >= Self.capacity { recent = recent.filter { now.timeIntervalSince($0.value) < Self.interval } }
+            recent[key] = now
+            return true
+        }
     }
 }
 

@@ -18,7 +18,8 @@ import Synchronization
 /// and `feedback/<id>/` that the index does not list as finished (a source cut short by a
 /// crash is indexed again from the start). Files are read on `blocking`, never on Swift's
 /// cooperative pool. A source that cannot be indexed (unreadable manifest, a failing index)
-/// is logged and left; the next start tries it again. The files are never changed.
+/// is logged and tried again later (after a minute, doubling up to an hour), and at the next
+/// start; meanwhile searches count it as still indexing. The files are never changed.
 public final class Indexer: Service, Sendable {
     public static let blockBytes = 4 << 20
 
@@ -27,11 +28,15 @@ public final class Indexer: Service, Sendable {
     let logger: Logger
     let blocking: NIOThreadPool
     private let queue: (stream: AsyncStream<IndexedSource>, continuation: AsyncStream<IndexedSource>.Continuation)
-    /// Sources reported and not yet finished (or failed).
-    private let waiting = Mutex<Set<IndexedSource>>([])
+    /// Sources reported and not yet finished (or failed), and the one being indexed.
+    private let waiting = Mutex<(all: Set<IndexedSource>, current: IndexedSource?)>(([], nil))
+    /// How long after a failure a source is tried again: doubling from a minute to an hour.
+    private let failures = Mutex<[IndexedSource: Int]>([:])
+    let retryBase: Duration
 
-    public init(index: any RecordIndex, paths: DataDirectory, logger: Logger, blocking: NIOThreadPool = .singleton) {
+    public init(index: any RecordIndex, paths: DataDirectory, logger: Logger, blocking: NIOThreadPool = .singleton, retryBase: Duration = .seconds(60)) {
         self.index = index
+        self.retryBase = retryBase
         self.paths = paths
         self.logger = logger
         self.blocking = blocking
@@ -41,12 +46,15 @@ public final class Indexer: Service, Sendable {
     /// A pull's files from one agent, or a feedback's, are in place: index them soon.
     /// A source already waiting (or being indexed) is not queued twice.
     public func landed(_ source: IndexedSource) {
-        guard waiting.withLock({ $0.insert(source).inserted }) else { return }
+        guard waiting.withLock({ $0.all.insert(source).inserted }) else { return }
         queue.continuation.yield(source)
     }
 
-    /// Sources reported and not yet indexed.
-    public var backlog: Int { waiting.withLock { $0.count } }
+    /// Sources reported and not yet indexed, the one being indexed included.
+    public var backlog: Int { waiting.withLock { $0.all.count } }
+
+    /// Sources reported and not yet begun (what the index itself does not count as unfinished).
+    public var queued: Int { waiting.withLock { $0.all.count - ($0.current == nil ? 0 : 1) } }
 
     public func run() async throws {
         await catchUp()
@@ -69,15 +77,36 @@ public final class Indexer: Service, Sendable {
     }
 
     private func indexLogging(_ source: IndexedSource) async {
-        defer { _ = waiting.withLock { $0.remove(source) } }
+        waiting.withLock { $0.current = source }
+        defer {
+            waiting.withLock {
+                $0.all.remove(source)
+                $0.current = nil
+            }
+        }
         do {
+            // Reported again (an upload adopted after a restart): already done.
+            if try await index.isIndexed(source) { return }
             let count = try await index(source)
+            failures.withLock { _ = $0.removeValue(forKey: source) }
             logger.info("indexed", metadata: ["source": "\(source)", "records": "\(count.records)", "unreadable": "\(count.unreadable)"])
             if count.unreadable > 0 {
                 logger.warning("lines that are not records were left out of the index", metadata: ["source": "\(source)", "lines": "\(count.unreadable)"])
             }
         } catch {
-            logger.error("could not index; the files stay, and the next start tries again", metadata: ["source": "\(source)", "error": "\(error)"])
+            let attempt = failures.withLock { failures in
+                failures[source, default: 0] += 1
+                return failures[source] ?? 1
+            }
+            let delay = retryBase * (1 << min(attempt - 1, 6))
+            let wait = min(delay, .seconds(3600))
+            logger.error("could not index; the files stay, and it is tried again later", metadata: [
+                "source": "\(source)", "error": "\(error)", "retry.seconds": "\(wait.components.seconds)",
+            ])
+            Task { [weak self] in
+                try? await Task.sleep(for: wait)  // cancelled only when the server stops; the next start catches up
+                self?.landed(source)
+            }
         }
     }
 
@@ -103,6 +132,7 @@ public final class Indexer: Service, Sendable {
             while let block = try await blocking.runIfActive({ try reader.next() }) {
                 count += try await index.add(source, lines: block)
             }
+            count.unreadable += reader.overlong
         }
         try await index.finish(source)
         return count
@@ -150,37 +180,67 @@ public struct IndexingError: Error, CustomStringConvertible, Sendable {
 }
 
 /// Reads a file in blocks of whole lines: each block ends after a `\n` (the last one may
-/// not, if the file does not end with one), and a line longer than a block is returned whole.
+/// not, if the file does not end with one). The first block is small (256 KiB), so a source's
+/// first records are searchable soon. A line that runs past ``maxLineBytes`` across reads is
+/// skipped to its end and counted in ``overlong``, so memory stays bounded by a block plus that
+/// limit whatever the file holds (a line within one read is bounded by the read).
 final class LineBlockReader: @unchecked Sendable {  // used by one indexing step at a time
+    static let maxLineBytes = 16 << 20
+    static let firstBlockBytes = 256 << 10
     private let handle: FileHandle
     private let blockBytes: Int
+    private let maxLineBytes: Int
+    /// The bytes after the last newline handed out: the start of the next line.
     private var carry: [UInt8] = []
+    /// Inside an over-long line: bytes are dropped up to its newline.
+    private var skipping = false
     private var ended = false
+    private var reads = 0
+    /// Lines skipped for being longer than the limit.
+    private(set) var overlong = 0
 
-    init(path: String, blockBytes: Int) throws {
+    init(path: String, blockBytes: Int, maxLineBytes: Int = LineBlockReader.maxLineBytes) throws {
         guard let handle = FileHandle(forReadingAtPath: path) else { throw IndexingError("\(path) cannot be opened") }
         self.handle = handle
         self.blockBytes = blockBytes
+        self.maxLineBytes = maxLineBytes
     }
 
     deinit { try? handle.close() }  // read only; nothing to lose
 
     func next() throws -> [UInt8]? {
         while !ended {
-            let data = try handle.read(upToCount: blockBytes) ?? Data()
-            if data.isEmpty {
+            reads += 1
+            guard let data = try handle.read(upToCount: reads == 1 ? min(blockBytes, Self.firstBlockBytes) : blockBytes), !data.isEmpty else {
                 ended = true
                 break
             }
-            carry.append(contentsOf: data)
-            if let lastNewline = carry.lastIndex(of: 0x0A) {
-                let block = Array(carry[...lastNewline])
-                carry.removeSubrange(...lastNewline)
+            var bytes = [UInt8](data)
+            if skipping {
+                guard let newline = bytes.firstIndex(of: 0x0A) else { continue }
+                bytes.removeSubrange(...newline)
+                skipping = false
+            }
+            // Only the new bytes are searched: a long line costs one pass, not one per read.
+            if let lastNewline = bytes.lastIndex(of: 0x0A) {
+                var block = carry
+                block.append(contentsOf: bytes[...lastNewline])
+                carry = Array(bytes[(lastNewline + 1)...])
+                trimCarry()
                 return block
             }
+            carry.append(contentsOf: bytes)
+            trimCarry()
         }
         guard !carry.isEmpty else { return nil }
         defer { carry = [] }
         return carry + [0x0A]
+    }
+
+    private func trimCarry() {
+        guard carry.count > maxLineBytes else { return }
+        overlong += 1
+        carry = []
+        skipping = true
     }
 }

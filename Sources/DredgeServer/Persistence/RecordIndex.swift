@@ -26,6 +26,8 @@ public protocol RecordIndex: Sendable {
     func finish(_ source: IndexedSource) async throws
     /// Sources whose indexing finished.
     func indexedSources() async throws -> Set<IndexedSource>
+    /// Whether this source's indexing finished.
+    func isIndexed(_ source: IndexedSource) async throws -> Bool
     /// Removes a source's records; a source not indexed is no error.
     func remove(_ source: IndexedSource) async throws
     func search(_ search: RecordSearch) async throws -> RecordPage

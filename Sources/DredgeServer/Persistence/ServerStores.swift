@@ -17,7 +17,7 @@ public struct ServerStores: Sendable {
         pulls = PullStore(database)
         feedback = FeedbackStore(database)
         tokens = TokenStore(database)
-        records = try RecordIndexStore(directory: deployment.directory)
+        records = try RecordIndexStore.openOrRebuild(directory: deployment.directory)
         issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
     }
 }

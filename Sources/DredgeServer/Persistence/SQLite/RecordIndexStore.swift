@@ -8,8 +8,8 @@ import GRDBSQLite
 /// from `dredge.sqlite` so that indexing a large pull never holds up the listener's writes.
 ///
 /// Tables: `source` (one per landed pull-and-agent or feedback, with its state), `context`
-/// (the manifest's contexts of each source), `record` (time in µs, uid, level number, type,
-/// message, metadata as compact JSON) with indexes on time, uid and time, and source, and
+/// (the manifest's contexts of each source), `record` (ids never reused; time in µs, uid,
+/// level number, type, message, metadata as the line wrote it) with indexes on time, uid and time, and source, and
 /// `record_text`, an FTS5 table over `record`'s message and metadata (external content: filled
 /// after each block, emptied of a record by a trigger when it is deleted; tokenizer `unicode61`
 /// without diacritics).
@@ -35,6 +35,24 @@ public final class RecordIndexStore: RecordIndex, Sendable {
             throw DeploymentError("cannot restrict \(path) to its owner: \(String(cString: strerror(errno)))")
         }
         try Self.migrator.migrate(pool)
+    }
+
+    /// Opens the index; one that is damaged or not a database is moved aside
+    /// (`index.sqlite.damaged-<time>`, with its `-wal` and `-shm`) and a new one made, which
+    /// the ``Indexer`` fills again from the files. Other failures (permissions, a full disk) throw.
+    public static func openOrRebuild(directory: String) throws -> RecordIndexStore {
+        do {
+            return try RecordIndexStore(directory: directory)
+        } catch let error as DatabaseError where [.SQLITE_CORRUPT, .SQLITE_NOTADB].contains(error.resultCode.primaryResultCode) {
+            let path = directory + "/" + fileName
+            let aside = path + ".damaged-\(Int(Date().timeIntervalSince1970))"
+            for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
+                guard rename(path + suffix, aside + suffix) == 0 else {
+                    throw DeploymentError("\(path) is damaged (\(error)) and cannot be moved aside: \(String(cString: strerror(errno)))")
+                }
+            }
+            return try RecordIndexStore(directory: directory)
+        }
     }
 
     static var migrator: DatabaseMigrator {
@@ -66,7 +84,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 CREATE INDEX context_host ON context(host);
                 CREATE INDEX context_app ON context(app);
                 CREATE TABLE record (
-                    id INTEGER PRIMARY KEY,
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
                     source INTEGER NOT NULL,
                     context INTEGER,
                     ts INTEGER NOT NULL,
@@ -104,10 +122,11 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 arguments: [source.kind.rawValue, source.id, source.agentID, landedAt.timeIntervalSince1970])
             let id = db.lastInsertedRowID
             for (key, context) in contexts {
-                // Keys are decimal integers (Protocol § Payload); any other key no record can name.
+                // Keys are decimal integers (Protocol § Payload); any other key no record can name,
+                // and of two spellings of one number ("1", "01") the first is kept.
                 guard let number = Int64(key) else { continue }
                 try db.execute(
-                    sql: "INSERT INTO context (source, key, host, os, app, app_version, process) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    sql: "INSERT OR IGNORE INTO context (source, key, host, os, app, app_version, process) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     arguments: [id, number, context.host, context.os, context.app, context.appVersion, context.process])
             }
         }
@@ -129,19 +148,28 @@ public final class RecordIndexStore: RecordIndex, Sendable {
             guard let connection = db.sqliteConnection else { throw DatabaseError(resultCode: .SQLITE_MISUSE, message: "the index database is closed") }
             let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
             var count = IndexCount()
+            // Bindings point into `lines` (SQLITE_STATIC): they are cleared before it can go away,
+            // whatever happens.
+            defer {
+                sqlite3_reset(handle)
+                sqlite3_clear_bindings(handle)
+            }
             try lines.withUnsafeBufferPointer { buffer in
                 guard let base = buffer.baseAddress else { return }
+                let characters = UnsafeRawPointer(base).assumingMemoryBound(to: CChar.self)
+                /// Bytes of the block, as they lie there; an over-long value is a line that is not a record.
                 func bind(_ index: Int32, _ range: Range<Int>) -> Int32 {
-                    base.advanced(by: range.lowerBound).withMemoryRebound(to: CChar.self, capacity: max(range.count, 1)) {
-                        sqlite3_bind_text(handle, index, $0, Int32(range.count), nil)  // SQLITE_STATIC: the block outlives the step
-                    }
+                    guard let length = Int32(exactly: range.count) else { return SQLITE_TOOBIG }
+                    return sqlite3_bind_text(handle, index, characters + range.lowerBound, length, nil)  // SQLITE_STATIC: the block outlives the step
                 }
                 func bind(_ index: Int32, _ text: RecordLine.Text?, in line: UnsafeBufferPointer<UInt8>, offset: Int) -> Int32 {
-                    guard let text else { return sqlite3_bind_text(handle, index, "", 0, nil) }
+                    guard let text else { return sqlite3_bind_text(handle, index, "", 0, transient) }
                     guard text.escaped else { return bind(index, (text.range.lowerBound + offset)..<(text.range.upperBound + offset)) }
                     let decoded = RecordLine.decode(text, in: line)
-                    return decoded.withUnsafeBufferPointer { d in
-                        d.baseAddress!.withMemoryRebound(to: CChar.self, capacity: max(d.count, 1)) { sqlite3_bind_text(handle, index, $0, Int32(d.count), transient) }
+                    guard let length = Int32(exactly: decoded.count) else { return SQLITE_TOOBIG }
+                    return decoded.withUnsafeBytes { d in
+                        guard let start = d.baseAddress else { return sqlite3_bind_text(handle, index, "", 0, transient) }
+                        return sqlite3_bind_text(handle, index, start.assumingMemoryBound(to: CChar.self), length, transient)  // copied by SQLite now
                     }
                 }
                 sqlite3_bind_int64(handle, 1, id)
@@ -166,19 +194,23 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                         if let metadata = record.metadata {
                             bound = bind(8, (metadata.lowerBound + start)..<(metadata.upperBound + start))
                         } else {
-                            bound = sqlite3_bind_text(handle, 8, "{}", 2, nil)
+                            bound = sqlite3_bind_text(handle, 8, "{}", 2, transient)
                         }
+                    }
+                    if bound == SQLITE_TOOBIG {
+                        count.unreadable += 1
+                        continue
                     }
                     guard bound == SQLITE_OK else { throw DatabaseError(resultCode: ResultCode(rawValue: bound), message: "binding a record") }
                     let stepped = sqlite3_step(handle)
                     sqlite3_reset(handle)
-                    guard stepped == SQLITE_DONE else {
-                        throw DatabaseError(resultCode: ResultCode(rawValue: stepped), message: String(cString: sqlite3_errmsg(connection)))
+                    switch stepped {
+                    case SQLITE_DONE: count.records += 1
+                    case SQLITE_TOOBIG: count.unreadable += 1  // a value over SQLite's length limit: this line only
+                    default: throw DatabaseError(resultCode: ResultCode(rawValue: stepped), message: String(cString: sqlite3_errmsg(connection)))
                     }
-                    count.records += 1
                 }
             }
-            sqlite3_clear_bindings(handle)
             try db.execute(sql: "INSERT INTO record_text (rowid, message, metadata) SELECT id, message, metadata FROM record WHERE id > ?", arguments: [before])
             try db.execute(
                 sql: "UPDATE source SET records = records + ?, unreadable = unreadable + ? WHERE id = ?", arguments: [count.records, count.unreadable, id])
@@ -204,6 +236,13 @@ public final class RecordIndexStore: RecordIndex, Sendable {
         }
     }
 
+    public func isIndexed(_ source: IndexedSource) async throws -> Bool {
+        try await pool.read { db in
+            try Bool.fetchOne(
+                db, sql: "SELECT indexed FROM source WHERE kind = ? AND ref = ? AND agent = ?", arguments: [source.kind.rawValue, source.id, source.agentID]) ?? false
+        }
+    }
+
     public func remove(_ source: IndexedSource) async throws {
         try await pool.write { db in
             guard let id = try Self.sourceID(db, source) else { return }
@@ -226,9 +265,10 @@ public final class RecordIndexStore: RecordIndex, Sendable {
             let rows = try Row.fetchAll(db, sql: query.sql, arguments: query.arguments)
             var records: [FoundRecord] = []
             records.reserveCapacity(min(rows.count, query.limit))
+            let decoder = JSONDecoder()
             for row in rows.prefix(query.limit) {
                 let metadataText: String = row["metadata"]
-                let metadata = (try? JSONDecoder().decode(JSONValue.self, from: Data(metadataText.utf8))) ?? .string(metadataText)  // written by SQLite's json functions; shown as text if ever not an object
+                let metadata = (try? decoder.decode(JSONValue.self, from: Data(metadataText.utf8))) ?? .string(metadataText)  // checked by RecordLine; shown as text if it ever does not decode
                 let level: Int = row["level"]
                 records.append(
                     FoundRecord(
@@ -238,7 +278,9 @@ public final class RecordIndexStore: RecordIndex, Sendable {
             }
             let next = rows.count > query.limit ? records.last.map { query.followsArrival ? "\($0.id)" : "\($0.ts.microseconds).\($0.id)" } : nil
             let indexing = try Int.fetchOne(db, sql: "SELECT count(*) FROM source WHERE indexed = 0") ?? 0
-            return RecordPage(records: records, next: next, indexing: indexing)
+            // In the same read: what a follower starts after.
+            let newest = try Int64.fetchOne(db, sql: "SELECT coalesce(max(id), 0) FROM record") ?? 0
+            return RecordPage(records: records, next: next, indexing: indexing, newestID: newest)
         }
     }
 }
@@ -320,8 +362,11 @@ public struct SQLRecordQuery: Sendable {
             clauses.append("r.context IN (SELECT id FROM context WHERE app IN \(list(apps.count)))")
             values += apps.map { .text($0) }
         }
-        // Full text: the words asked for, and each metadata match's key and value as a phrase
-        // in the metadata column (a superset, narrowed exactly below).
+        // Full text: the words asked for, and each metadata match's value (else its key) as a
+        // phrase in the metadata column, narrowed exactly below. The key's words are left out of
+        // the phrase: every record with that key holds them, which makes the phrase slow and
+        // narrows little. A superset of the exact matches as long as the metadata is written
+        // with the protocol's escaping (only `"`, `\` and control characters escaped).
         var match: [String] = []
         if let text = search.text, !text.trimmingCharacters(in: .whitespaces).isEmpty {
             guard let terms = SearchText.terms(text) else { throw RecordSearchError("the text '\(text)' has no word to search for") }
@@ -329,9 +374,9 @@ public struct SQLRecordQuery: Sendable {
         }
         for m in search.metadata ?? [] {
             guard !m.key.isEmpty, !m.key.contains("\"") else { throw RecordSearchError("metadata key '\(m.key)' cannot be searched (empty, or holds a \")") }
-            let phrase = m.key + " " + m.value
-            if phrase.contains(where: { $0.isLetter || $0.isNumber }) {
-                match.append(SearchText.fts5([SearchText.Term(words: phrase, isPrefix: false)], column: "metadata"))
+            let escapedInJSON = { (text: String) in text.unicodeScalars.contains { $0.value < 0x20 || $0 == "\"" || $0 == "\\" } }
+            if let words = [m.value, m.key].first(where: { $0.contains { $0.isLetter || $0.isNumber } }), !escapedInJSON(words) {
+                match.append(SearchText.fts5([SearchText.Term(words: words, isPrefix: false)], column: "metadata"))
             }
             let path = "$.\"" + m.key + "\""
             clauses.append("""
@@ -356,7 +401,8 @@ public struct SQLRecordQuery: Sendable {
                 guard parts.count == 2, let ts = Int64(parts[0]), let id = Int64(parts[1]) else {
                     throw RecordSearchError("'\(after)' is not a page cursor: pass the `next` of the previous page")
                 }
-                clauses.append("(r.ts > ? OR (r.ts = ? AND r.id > ?))")
+                // `r.ts >= ?` on its own lets the time index start at the cursor.
+                clauses.append("r.ts >= ? AND (r.ts > ? OR r.id > ?)")
                 values += [.integer(ts), .integer(ts), .integer(id)]
             }
             order = "r.ts, r.id"

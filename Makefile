@@ -27,6 +27,8 @@ test: deps
 bench: deps
 	$(SWIFT) build -c release --product dredge-bench
 	$(SWIFT) build -c release --product dredge-server
+	$(SWIFT) build -c release --product dredge-agent
+	$(SWIFT) build -c release --product dredge
 	.build/release/dredge-bench store
 	.build/release/dredge-bench export
 	.build/release/dredge-bench search

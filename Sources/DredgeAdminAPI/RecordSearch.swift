@@ -200,3 +200,190 @@ public enum JSONValue: Sendable, Hashable, Codable {
         return (try? encoder.encode(self)).map { String(decoding: $0, as: UTF8.self) } ?? "null"  // encoding a JSONValue cannot fail but for non-finite numbers, which JSON lacks
     }
 }
+
+extension JSONValue {
+    /// Parses JSON text in one pass (no Foundation decoder): what the index uses to hand out
+    /// records' metadata. Nil when `text` is not one JSON value (or nests deeper than 64).
+    public static func parse(_ text: String) -> JSONValue? {
+        var text = text
+        return text.withUTF8 { bytes in
+            var parser = Parser(bytes: bytes)
+            parser.space()
+            guard let value = parser.value(depth: 0) else { return nil }
+            parser.space()
+            return parser.i == bytes.count ? value : nil
+        }
+    }
+
+    private struct Parser {
+        let bytes: UnsafeBufferPointer<UInt8>
+        var i = 0
+
+        mutating func space() {
+            while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x09 || bytes[i] == 0x0A || bytes[i] == 0x0D { i += 1 }
+        }
+
+        mutating func value(depth: Int) -> JSONValue? {
+            guard depth < 64, i < bytes.count else { return nil }
+            switch bytes[i] {
+            case UInt8(ascii: "{"):
+                i += 1
+                var members: [String: JSONValue] = [:]
+                space()
+                if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
+                    i += 1
+                    return .object(members)
+                }
+                while true {
+                    space()
+                    guard let key = string() else { return nil }
+                    space()
+                    guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { return nil }
+                    i += 1
+                    space()
+                    guard let member = value(depth: depth + 1) else { return nil }
+                    if members[key] == nil { members[key] = member }
+                    space()
+                    guard i < bytes.count else { return nil }
+                    if bytes[i] == UInt8(ascii: ",") {
+                        i += 1
+                        continue
+                    }
+                    guard bytes[i] == UInt8(ascii: "}") else { return nil }
+                    i += 1
+                    return .object(members)
+                }
+            case UInt8(ascii: "["):
+                i += 1
+                var items: [JSONValue] = []
+                space()
+                if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
+                    i += 1
+                    return .array(items)
+                }
+                while true {
+                    space()
+                    guard let item = value(depth: depth + 1) else { return nil }
+                    items.append(item)
+                    space()
+                    guard i < bytes.count else { return nil }
+                    if bytes[i] == UInt8(ascii: ",") {
+                        i += 1
+                        continue
+                    }
+                    guard bytes[i] == UInt8(ascii: "]") else { return nil }
+                    i += 1
+                    return .array(items)
+                }
+            case UInt8(ascii: "\""):
+                return string().map { .string($0) }
+            case UInt8(ascii: "t"): return literal("true") ? .bool(true) : nil
+            case UInt8(ascii: "f"): return literal("false") ? .bool(false) : nil
+            case UInt8(ascii: "n"): return literal("null") ? .null : nil
+            default: return number()
+            }
+        }
+
+        mutating func literal(_ word: String) -> Bool {
+            let w = Array(word.utf8)
+            guard i + w.count <= bytes.count, bytes[i..<i + w.count].elementsEqual(w) else { return false }
+            i += w.count
+            return true
+        }
+
+        mutating func number() -> JSONValue? {
+            let start = i
+            var integral = true
+            func digit() -> Bool { i < bytes.count && bytes[i] >= 48 && bytes[i] <= 57 }
+            if i < bytes.count, bytes[i] == UInt8(ascii: "-") { i += 1 }
+            guard digit() else { return nil }
+            if bytes[i] == 48 { i += 1 } else { while digit() { i += 1 } }
+            if i < bytes.count, bytes[i] == UInt8(ascii: ".") {
+                integral = false
+                i += 1
+                guard digit() else { return nil }
+                while digit() { i += 1 }
+            }
+            if i < bytes.count, bytes[i] == UInt8(ascii: "e") || bytes[i] == UInt8(ascii: "E") {
+                integral = false
+                i += 1
+                if i < bytes.count, bytes[i] == UInt8(ascii: "+") || bytes[i] == UInt8(ascii: "-") { i += 1 }
+                guard digit() else { return nil }
+                while digit() { i += 1 }
+            }
+            let text = String(decoding: bytes[start..<i], as: UTF8.self)
+            if integral, let value = Int64(text) { return .integer(value) }
+            return Double(text).map { .number($0) }
+        }
+
+        mutating func string() -> String? {
+            guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { return nil }
+            i += 1
+            let start = i
+            // The common case: no escapes, one copy.
+            while i < bytes.count, bytes[i] != UInt8(ascii: "\""), bytes[i] != UInt8(ascii: "\\"), bytes[i] >= 0x20 { i += 1 }
+            guard i < bytes.count else { return nil }
+            if bytes[i] == UInt8(ascii: "\"") {
+                defer { i += 1 }
+                return String(decoding: bytes[start..<i], as: UTF8.self)
+            }
+            var out = Array(bytes[start..<i])
+            while i < bytes.count {
+                let c = bytes[i]
+                if c == UInt8(ascii: "\"") {
+                    i += 1
+                    return String(decoding: out, as: UTF8.self)
+                }
+                guard c >= 0x20 else { return nil }
+                guard c == UInt8(ascii: "\\") else {
+                    out.append(c)
+                    i += 1
+                    continue
+                }
+                guard i + 1 < bytes.count else { return nil }
+                let e = bytes[i + 1]
+                i += 2
+                switch e {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): out.append(e)
+                case UInt8(ascii: "n"): out.append(0x0A)
+                case UInt8(ascii: "t"): out.append(0x09)
+                case UInt8(ascii: "r"): out.append(0x0D)
+                case UInt8(ascii: "b"): out.append(0x08)
+                case UInt8(ascii: "f"): out.append(0x0C)
+                case UInt8(ascii: "u"):
+                    guard var scalar = hex4() else { return nil }
+                    if (0xD800..<0xDC00).contains(scalar), i + 6 <= bytes.count, bytes[i] == UInt8(ascii: "\\"), bytes[i + 1] == UInt8(ascii: "u") {
+                        let save = i
+                        i += 2
+                        if let low = hex4(), (0xDC00..<0xE000).contains(low) {
+                            scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
+                        } else {
+                            i = save
+                        }
+                    }
+                    out.append(contentsOf: String(Character(Unicode.Scalar(scalar) ?? "\u{FFFD}")).utf8)
+                default: return nil
+                }
+            }
+            return nil
+        }
+
+        mutating func hex4() -> UInt32? {
+            guard i + 4 <= bytes.count else { return nil }
+            var value: UInt32 = 0
+            for _ in 0..<4 {
+                let c = bytes[i]
+                let digit: UInt32
+                switch c {
+                case 48...57: digit = UInt32(c - 48)
+                case 65...70: digit = UInt32(c - 55)
+                case 97...102: digit = UInt32(c - 87)
+                default: return nil
+                }
+                value = value << 4 | digit
+                i += 1
+            }
+            return value
+        }
+    }
+}

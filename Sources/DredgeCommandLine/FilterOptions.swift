@@ -7,7 +7,7 @@ public struct FilterOptions: ParsableArguments {
     @Option(help: "Only this user's records.")
     public var uid: String?
 
-    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00 (local time unless a zone is given: Z, +01:00).")
+    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00 (local time), or 2026-11-20T10:00:00Z / +01:00.")
     public var since: String?
 
     @Option(help: "Before this time; the same forms as --since.")

@@ -4,7 +4,7 @@ import Foundation
 extension Timestamp {
     /// The forms ``init(userInput:now:timeZone:)`` accepts, for help texts and errors.
     public static let userInputForms =
-        "now, today, yesterday, a duration ago (90m, 2d, 1w), a date (2026-11-20), a local time (2026-11-20T10:00 or 2026-11-20 10:00:30), or RFC 3339 with a zone (2026-11-20T10:00:00Z, …+01:00); dates and times without a zone are in local time"
+        "now, today, yesterday, a duration ago (90m, 2d, 1w), a date (2026-11-20), a local time (2026-11-20T10:00 or 2026-11-20 10:00:30), or RFC 3339 with seconds and a zone (2026-11-20T10:00:00Z, …+01:00); dates and times without a zone are in local time"
 
     /// Accepts `now`; `today` and `yesterday` (midnight, local time); a duration before `now`:
     /// a number with `s`, `m`, `h`, `d` or `w` (`90m`, `2d`); a date `YYYY-MM-DD` (midnight,
@@ -66,7 +66,8 @@ extension Timestamp {
     }
 
     /// `YYYY-MM-DD`, or with `T`/space `HH:MM`, `HH:MM:SS`, `HH:MM:SS.ffffff`, in `timeZone`.
-    /// Nil for a date or time that does not exist (2026-02-30, 25:00).
+    /// Nil for a date or time that does not exist (2026-02-30, 25:00); a local time skipped by
+    /// a daylight-saving change is taken as the calendar moves it (forward by the gap).
     static func localTime(_ text: String, timeZone: TimeZone) -> Timestamp? {
         let b = Array(text.utf8)
         func digits(_ start: Int, _ count: Int) -> Int? {

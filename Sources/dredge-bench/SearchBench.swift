@@ -16,7 +16,7 @@ import Logging
 /// through SQLite's C API on the same file).
 struct SearchBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "search", abstract: "Search figures: index.overhead, index.rate, search.latency (p50 and p99 per query shape).")
+        commandName: "search", abstract: "Search figures: index.overhead, index.rate, search.latency (p50 and p99 per query shape), pull.to_readable.")
 
     @Option(help: "MB of JSON-lines records in the pull unpacked for index.overhead.")
     var megabytes = 200
@@ -36,19 +36,29 @@ struct SearchBench: AsyncParsableCommand {
     @Flag(help: "Only search.latency.")
     var latencyOnly = false
 
+    @Flag(help: "Only pull.to_readable (real dredge-server, dredge-agent and dredge processes, built beside this one).")
+    var readableOnly = false
+
+    @Flag(help: "With --scratch: search the index a previous run left there, if it holds --records records.")
+    var reuse = false
+
     static let uids = (1...40).map { String(format: "u-%04d", $0) }
     static let pullID = String(repeating: "1", count: 32)
     static let agentID = String(repeating: "a", count: 32)
 
     func run() async throws {
         let dir = scratch ?? FileManager.default.temporaryDirectory.appendingPathComponent("dredge-bench-search-\(getpid())").path
-        try? FileManager.default.removeItem(atPath: dir)
+        if !(reuse && scratch != nil) { try? FileManager.default.removeItem(atPath: dir) }
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { if scratch == nil { try? FileManager.default.removeItem(atPath: dir) } }
-        if !latencyOnly {
+        let all = !overheadOnly && !latencyOnly && !readableOnly
+        if all || overheadOnly {
             for figure in try await overhead(dir: dir) { print(figure.line) }
         }
-        if !overheadOnly {
+        if all || readableOnly {
+            print(try await toReadable(dir: dir).line)
+        }
+        if all || latencyOnly {
             for figure in try await latency(dir: dir) { print(figure.line) }
         }
     }
@@ -105,6 +115,76 @@ struct SearchBench: AsyncParsableCommand {
         ]
     }
 
+    // MARK: pull.to_readable
+
+    /// `dredge pull --wait` for one user's day, then `dredge logs --pull` until it prints a
+    /// record: the time from the pull to the first record read, against the time to the files
+    /// on disk (what `--wait` waits for), on loopback with real processes. Five rounds, medians.
+    func toReadable(dir: String) async throws -> Figure {
+        let data = dir + "/readable-server"
+        let created = try ServerDeployment.initialize(.init(dataDirectory: data))
+        let server = try ServerProcess(data: data, log: dir + "/readable-server.log", heartbeatSeconds: 1)
+        defer { server.stop() }
+        let storePath = dir + "/readable-device.sqlite"
+        try buildStore(storePath, count: 200_000)
+        func run(_ tool: String, _ arguments: [String]) throws -> (Int32, String) {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: sibling(tool))
+            process.arguments = arguments
+            let pipe = Pipe()
+            process.standardOutput = pipe
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            let output = pipe.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            return (process.terminationStatus, String(decoding: output, as: UTF8.self))
+        }
+        let state = dir + "/readable-agent"
+        let (enrolled, enrollOutput) = try run("dredge-agent", [
+            "enroll", "--state", state, "--server", "127.0.0.1:\(server.agentPort)", "--ca", created.caPath, "--token", created.enrollmentToken,
+        ])
+        guard enrolled == 0 else { throw ValidationError("dredge-agent enroll failed: \(enrollOutput)") }
+        let agent = Process()
+        agent.executableURL = URL(fileURLWithPath: sibling("dredge-agent"))
+        agent.arguments = ["run", "--state", state, "--store", storePath]
+        agent.standardOutput = FileHandle.nullDevice
+        agent.standardError = FileHandle.nullDevice
+        try agent.run()
+        defer {
+            agent.terminate()
+            agent.waitUntilExit()
+        }
+        let admin = try AdminClient(server: server.adminAddress, token: created.adminToken)
+        for _ in 0..<600 {
+            if try await admin.agents().contains(where: { $0.connected && $0.activeUIDs.contains("u-0007") }) { break }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        let credentials = ["--server", server.adminAddress, "--token", created.adminToken]
+        let day = Timestamp(microseconds: (Timestamp.now.epochDay - 1) * 86_400_000_000)
+        var toFiles: [Double] = [], toReadable: [Double] = []
+        for round in 0..<5 {
+            let uid = Self.uids[round + 6]
+            let start = monotonicNanos()
+            let (status, output) = try run("dredge", ["pull", "--uid", uid, "--since", day.rfc3339, "--until", day.adding(.seconds(86_400)).rfc3339, "--wait", "--json"] + credentials)
+            let filesAt = monotonicNanos()
+            guard status == 0, let json = try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any], let id = json["id"] as? String else {
+                throw ValidationError("dredge pull failed (\(status)): \(output.prefix(500))")
+            }
+            var first = ""
+            while first.isEmpty {
+                first = try run("dredge", ["logs", "--pull", id, "--limit", "1", "--format", "jsonl"] + credentials).1
+                guard monotonicNanos() - start < 60_000_000_000 else { throw ValidationError("the pull's records were not readable within a minute") }
+            }
+            let readableAt = monotonicNanos()
+            toFiles.append(Double(filesAt - start) / 1e6)
+            toReadable.append(Double(readableAt - start) / 1e6)
+            note(String(format: "round %d: files in %.0f ms, first record read in %.0f ms", round, toFiles.last!, toReadable.last!))
+        }
+        return Figure(
+            name: "pull.to_readable", value: median(toReadable), unit: "ms", limit: median(toFiles), higherIsBetter: false,
+            extra: "(from dredge pull to the first record dredge logs prints ÷ to the files on disk; goal < 500 ms)")
+    }
+
     // MARK: search.latency
 
     func latency(dir: String) async throws -> [Figure] {
@@ -113,6 +193,10 @@ struct SearchBench: AsyncParsableCommand {
         let index = try RecordIndexStore(directory: data)
         let perSource = 1_000_000
         var built = 0, sourceNumber = 0
+        if reuse, try await index.indexedSources().count * perSource >= records {
+            built = records
+            note("search.latency: searching the index left in \(data)")
+        }
         let buildStart = monotonicNanos()
         while built < records {
             let count = min(perSource, records - built)

@@ -35,7 +35,7 @@ struct LogsCommand: AsyncParsableCommand {
     @Option(help: "Only records from this app; repeatable.") var app: [String] = []
     @Option(help: "Only the records of this pull (an id or its first 4+ characters).") var pull: String?
     @Option(help: "Only the records of this feedback (an id or its first 4+ characters).") var feedback: String?
-    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00, or with a zone (Z, +01:00).") var since: String?
+    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00 (local time), or 2026-11-20T10:00:00Z / +01:00.") var since: String?
     @Option(help: "Before this time; the same forms as --since.") var until: String?
     @Option(help: "Records around this time (the same forms as --since), --window either side.") var around: String?
     @Option(help: "With --around: how far either side (30s, 5m, 1h).") var window = "5m"

@@ -1,3 +1,4 @@
+import DredgeAdminAPI
 import Foundation
 import DredgeDomain
 import Testing
@@ -75,6 +76,24 @@ import Testing
             let bytes = Array(text.utf8)
             let parsed = bytes.withUnsafeBufferPointer { RecordLine.timestamp($0[...]) }
             #expect(parsed == DredgeDomain.Timestamp(rfc3339: text)?.microseconds, "\(text)")
+        }
+    }
+
+    /// The metadata the search hands out is parsed by `JSONValue.parse`: the same JSON as
+    /// Foundation's decoder reads, and nil for what is not JSON.
+    @Test func metadataParsesAsFoundationReadsIt() throws {
+        let texts = [
+            #"{}"#, #"{"a":1,"b":-2.5e3,"c":"x\"y\\z\n\u00e9\ud83d\ude00","d":[true,false,null,{"e":[]}],"f":9223372036854775807}"#,
+            #" { "k" : [ 1 , 2 ] } "#, #"{"neg0":-0,"frac":0.1,"exp":1E+2}"#,
+        ]
+        for text in texts {
+            let ours = try #require(JSONValue.parse(text), "\(text)")
+            let theirs = try JSONDecoder().decode(JSONValue.self, from: Data(text.utf8))
+            // Foundation takes -2.5e3 as the integer -2500, this parser as the number written: the same JSON.
+            #expect(ours.jsonText == theirs.jsonText, "\(text)")
+        }
+        for bad in ["", "{", #"{"a":}"#, #"{"a":1,}"#, "[1 2]", #""\x""#, "01", "1.", "tru", #"{"a":1} x"#, String(repeating: "[", count: 70) + String(repeating: "]", count: 70)] {
+            #expect(JSONValue.parse(bad) == nil, "\(bad)")
         }
     }
 

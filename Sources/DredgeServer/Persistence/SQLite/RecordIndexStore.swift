@@ -265,10 +265,9 @@ public final class RecordIndexStore: RecordIndex, Sendable {
             let rows = try Row.fetchAll(db, sql: query.sql, arguments: query.arguments)
             var records: [FoundRecord] = []
             records.reserveCapacity(min(rows.count, query.limit))
-            let decoder = JSONDecoder()
             for row in rows.prefix(query.limit) {
                 let metadataText: String = row["metadata"]
-                let metadata = (try? decoder.decode(JSONValue.self, from: Data(metadataText.utf8))) ?? .string(metadataText)  // checked by RecordLine; shown as text if it ever does not decode
+                let metadata = JSONValue.parse(metadataText) ?? .string(metadataText)  // checked by RecordLine; shown as text if it ever does not parse
                 let level: Int = row["level"]
                 records.append(
                     FoundRecord(

@@ -53,8 +53,13 @@ public struct AdminClient: Sendable {
         try await call("POST", "/v1/records/search", body: search)
     }
 
-    public func audit() async throws -> [AuditEntry] {
-        try await call("GET", "/v1/audit")
+    public func audit(_ query: AuditQuery = AuditQuery()) async throws -> [AuditEntry] {
+        var items: [URLQueryItem] = [URLQueryItem(name: "limit", value: String(query.limit))]
+        if let since = query.since { items.append(URLQueryItem(name: "since", value: String(Int64((since.timeIntervalSince1970 * 1_000_000).rounded())))) }
+        if let actor = query.actor { items.append(URLQueryItem(name: "actor", value: actor)) }
+        if let action = query.action { items.append(URLQueryItem(name: "action", value: action)) }
+        if let before = query.before { items.append(URLQueryItem(name: "before", value: String(before))) }
+        return try await call("GET", "/v1/audit", query: items)
     }
 
     public func tokens() async throws -> [TokenInfo] {
@@ -88,12 +93,19 @@ public struct AdminClient: Sendable {
 
     struct Empty: Encodable {}
 
-    func call<Response: Decodable>(_ method: String, _ path: String) async throws -> Response {
-        try await call(method, path, body: Optional<Empty>.none)
+    func call<Response: Decodable>(_ method: String, _ path: String, query: [URLQueryItem] = []) async throws -> Response {
+        try await call(method, path, body: Optional<Empty>.none, query: query)
     }
 
-    func call<Response: Decodable>(_ method: String, _ path: String, body: (some Encodable)?) async throws -> Response {
-        var request = URLRequest(url: baseURL.appendingPathComponent(path))
+    func call<Response: Decodable>(_ method: String, _ path: String, body: (some Encodable)?, query: [URLQueryItem] = []) async throws -> Response {
+        var url = baseURL.appendingPathComponent(path)
+        if !query.isEmpty, var components = URLComponents(url: url, resolvingAgainstBaseURL: false) {
+            components.queryItems = query
+            // `+` is a space to many servers' query parsers: sent encoded.
+            components.percentEncodedQuery = components.percentEncodedQuery?.replacingOccurrences(of: "+", with: "%2B")
+            url = components.url ?? url
+        }
+        var request = URLRequest(url: url)
         request.httpMethod = method
         request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
         request.setValue("application/json", forHTTPHeaderField: "Accept")

@@ -124,13 +124,23 @@ public struct PullRequest: Sendable, Equatable, Codable {
     public var filter: LogFilter
     /// How long the pull may wait for an offline agent before it expires.
     public var expiresInSeconds: Int?
+    /// Why (a ticket number, say): recorded in the audit log. At most 256 bytes, no control characters.
+    public var reason: String?
 
-    public init(uid: String?, agent: String?, filter: LogFilter, expiresInSeconds: Int? = nil) {
+    public init(uid: String?, agent: String?, filter: LogFilter, expiresInSeconds: Int? = nil, reason: String? = nil) {
         self.uid = uid
         self.agent = agent
         self.filter = filter
         self.expiresInSeconds = expiresInSeconds
+        self.reason = reason
     }
+}
+
+/// The rule for a `reason` (on a pull or a search): nil when it is fine.
+public func reasonProblem(_ reason: String) -> String? {
+    if reason.utf8.count > 256 { return "a reason is at most 256 bytes" }
+    if reason.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) { return "a reason holds no control characters" }
+    return nil
 }
 
 /// Which kind of secret a token is.
@@ -178,17 +188,43 @@ public struct TokenCreated: Sendable, Equatable, Codable {
 
 /// One line of the audit log.
 public struct AuditEntry: Sendable, Equatable, Codable {
+    /// Its place in the log (newer entries have larger ids): page with `before`.
+    public var id: Int64?
     public var at: Date
-    /// The admin token's name (`local-operator` for the server's own command line).
+    /// The admin token's name (`local-operator` for the server's own command line; `-` for a
+    /// request no token authenticated).
     public var actor: String
     public var action: String
     public var detail: String
 
-    public init(at: Date, actor: String, action: String, detail: String) {
+    public init(id: Int64? = nil, at: Date, actor: String, action: String, detail: String) {
+        self.id = id
         self.at = at
         self.actor = actor
         self.action = action
         self.detail = detail
+    }
+}
+
+/// Which audit entries to read, newest first (`GET /v1/audit`).
+public struct AuditQuery: Sendable, Equatable {
+    /// Entries at or after this time.
+    public var since: Date?
+    /// Only this actor's (exact).
+    public var actor: String?
+    /// Only this action (exact), or those starting with it and a `.` (`token` finds
+    /// `token.create` and `token.revoke`).
+    public var action: String?
+    /// Entries older than the one with this id: the next page.
+    public var before: Int64?
+    public var limit: Int
+
+    public init(since: Date? = nil, actor: String? = nil, action: String? = nil, before: Int64? = nil, limit: Int = 1000) {
+        self.since = since
+        self.actor = actor
+        self.action = action
+        self.before = before
+        self.limit = limit
     }
 }
 

@@ -39,14 +39,18 @@ public struct RecordSearch: Sendable, Equatable, Codable {
     /// `dredge logs --follow` asks); `after` and the time order do not apply then.
     public var arrivedAfter: Int64?
 
+    /// Why (a ticket number, say): recorded in the audit log with the search.
+    public var reason: String?
+
     public static let maximumLimit = 5000
     public static let defaultLimit = 500
 
     public init(
         uid: String? = nil, agents: [String]? = nil, hosts: [String]? = nil, apps: [String]? = nil, pull: String? = nil, feedback: String? = nil,
         since: Timestamp? = nil, until: Timestamp? = nil, levels: [String]? = nil, types: [String]? = nil, text: String? = nil,
-        metadata: [MetadataMatch]? = nil, after: String? = nil, limit: Int? = nil, arrivedAfter: Int64? = nil
+        metadata: [MetadataMatch]? = nil, after: String? = nil, limit: Int? = nil, arrivedAfter: Int64? = nil, reason: String? = nil
     ) {
+        self.reason = reason
         self.uid = uid
         self.agents = agents
         self.hosts = hosts

@@ -81,6 +81,9 @@ struct PullCommand: AsyncParsableCommand {
     @Option(help: "Minutes the pull may wait for an offline agent before it expires (a delivered pull that then goes quiet expires 15 minutes later).")
     var expiresIn = 60
 
+    @Option(help: "Why (a ticket number, say): recorded in the audit log.")
+    var reason: String?
+
     @Flag(help: "Wait until the files are ready and print their paths.")
     var wait = false
 
@@ -94,12 +97,13 @@ struct PullCommand: AsyncParsableCommand {
         guard selection.uid != nil || agent != nil else { throw ValidationError("give --uid, --agent, or both") }
         guard (1...7 * 24 * 60).contains(expiresIn) else { throw ValidationError("--expires-in must be between 1 and \(7 * 24 * 60) minutes") }
         if let agent { try IDPrefix.validate(agent, flag: "--agent") }
+        if let reason, let problem = reasonProblem(reason) { throw ValidationError("--reason: \(problem)") }
     }
 
     func run() async throws {
         let client = try server.client()
         let agentID: String? = if let agent { try await client.resolveAgent(agent) } else { nil }
-        let request = PullRequest(uid: selection.uid, agent: agentID, filter: try selection.filter(), expiresInSeconds: expiresIn * 60)
+        let request = PullRequest(uid: selection.uid, agent: agentID, filter: try selection.filter(), expiresInSeconds: expiresIn * 60, reason: reason)
         let created = try await calling { try await client.createPull(request) }
         guard wait else {
             if json { return try printJSON(created) }
@@ -243,16 +247,33 @@ struct FeedbackCommand: AsyncParsableCommand {
 }
 
 struct AuditCommand: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "audit", abstract: "The audit log: which token asked for what, and when.")
+    static let configuration = CommandConfiguration(
+        commandName: "audit", abstract: "The audit log, newest first: which token asked for what, and when; refused tokens with their source.",
+        discussion: "Each line starts with the entry's id; --before ID shows the page after it.")
 
     @OptionGroup var server: ServerOptions
+    @Option(help: "Entries from this time (the same forms as `dredge logs --since`).") var since: String?
+    @Option(help: "Only this actor's entries (a token's name; - for refused tokens).") var actor: String?
+    @Option(help: "Only this action: pull, records.search, token (token.create, token.revoke), auth.failed.") var action: String?
+    @Option(help: "Entries older than the one with this id.") var before: Int64?
+    @Option(help: "At most this many entries (1 to 10000).") var limit = 100
     @Flag(help: "JSON output.") var json = false
+
+    func validate() throws {
+        guard (1...10_000).contains(limit) else { throw ValidationError("--limit must be between 1 and 10000") }
+        if let since, Timestamp(userInput: since) == nil { throw ValidationError("cannot read --since '\(since)': give \(Timestamp.userInputForms)") }
+    }
 
     func run() async throws {
         let client = try server.client()
-        let entries = try await calling { try await client.audit() }
+        let query = AuditQuery(since: since.flatMap { Timestamp(userInput: $0)?.date }, actor: actor, action: action, before: before, limit: limit)
+        let entries = try await calling { try await client.audit(query) }
         if json { return try printJSON(entries) }
-        for e in entries { print("\(Format.time(e.at))  \(e.actor)  \(e.action)  \(e.detail)") }
+        if entries.isEmpty { print("no audit entries match") }
+        for e in entries { print("\(e.id.map(String.init) ?? "-")  \(Format.time(e.at))  \(e.actor)  \(e.action)  \(e.detail)") }
+        if entries.count == limit, let last = entries.last?.id {
+            FileHandle.standardError.write(Data("dredge: more entries may follow: --before \(last)\n".utf8))
+        }
     }
 }
 

@@ -43,6 +43,7 @@ struct LogsCommand: AsyncParsableCommand {
     @Option(name: .customLong("type"), help: "Log types; repeatable or comma-separated.") var types: [String] = []
     @Option(help: "Words in the message or metadata (all of them; \"a phrase\"; word* for a prefix).") var grep: String?
     @Option(name: .customLong("where"), help: "A metadata member's value: key=value (status=503, event=userLoggedIn); repeatable.") var matches: [String] = []
+    @Option(help: "Why (a ticket number, say): recorded in the audit log with the search.") var reason: String?
     @Option(help: "text, json or jsonl.") var format: OutputFormat = .text
     @Option(help: "At most this many records (0: all).") var limit = 10_000
     @Flag(help: "After the records there are, print those that arrive (pulls and feedback landing), until interrupted.") var follow = false
@@ -117,6 +118,10 @@ struct LogsCommand: AsyncParsableCommand {
         }
         search.metadata = metadata.isEmpty ? nil : metadata
         guard limit >= 0 else { throw ValidationError("--limit must be 0 (all) or more") }
+        if let reason {
+            if let problem = reasonProblem(reason) { throw ValidationError("--reason: \(problem)") }
+            search.reason = reason
+        }
         if follow && format == .json { throw ValidationError("--follow prints records as they come: use --format text or jsonl") }
         return search
     }

@@ -80,6 +80,13 @@ import Testing
         let pulls = try d.dredge(["pulls", "--json"], server: admin)
         #expect(pulls.status == 0)
         #expect((try JSONSerialization.jsonObject(with: Data(pulls.output.utf8)) as? [Any])?.isEmpty == true, "\(pulls.output)")
+
+        // The refusals are in the audit log with where they came from: once a minute per host,
+        // however many there were.
+        let refused = try d.dredge(["audit", "--action", "auth.failed", "--json"], server: admin)
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(refused.output.utf8)) as? [[String: Any]], "\(refused.output)")
+        #expect(entries.count == 1, "\(refused.output)")
+        #expect((entries.first?["detail"] as? String)?.contains("from 127.0.0.1:") == true && entries.first?["actor"] as? String == "-", "\(refused.output)")
     }
 
     @Test func tokensRotateAndTheAuditNamesTheTokenThatAsked() async throws {

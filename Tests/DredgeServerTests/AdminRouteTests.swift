@@ -1,7 +1,7 @@
 import DredgeAdminAPI
 import DredgeDomain
 import DredgeEnvelope
-import DredgeServer
+@testable import DredgeServer
 import DredgeTestSupport
 import DredgeWire
 import Foundation
@@ -255,5 +255,22 @@ import Testing
             #expect(answer.status == .conflict && answer.code == "conflict")
             #expect(try await api.call(.get, "/v1/agents").status == .ok, "the token still works")
         }
+    }
+
+    @Test func refusedTokensAndSearchesAreRecordedWithoutFlooding() {
+        let refusals = RefusalAudit()
+        let t0 = Date(timeIntervalSince1970: 1_800_000_000)
+        #expect(refusals.admit(host: "10.0.0.1", now: t0) == 0)
+        #expect(refusals.admit(host: "10.0.0.1", now: t0.addingTimeInterval(1)) == nil)
+        #expect(refusals.admit(host: "10.0.0.1", now: t0.addingTimeInterval(59)) == nil)
+        #expect(refusals.admit(host: "10.0.0.2", now: t0.addingTimeInterval(2)) == 0, "another host is recorded at once")
+        #expect(refusals.admit(host: "10.0.0.1", now: t0.addingTimeInterval(61)) == 2, "the next entry says how many were not recorded")
+
+        let searches = SearchAudit()
+        #expect(searches.shouldRecord(actor: "alice", detail: "uid=u-1", now: t0))
+        #expect(!searches.shouldRecord(actor: "alice", detail: "uid=u-1", now: t0.addingTimeInterval(599)))
+        #expect(searches.shouldRecord(actor: "bob", detail: "uid=u-1", now: t0.addingTimeInterval(1)))
+        #expect(searches.shouldRecord(actor: "alice", detail: "uid=u-2", now: t0.addingTimeInterval(1)))
+        #expect(searches.shouldRecord(actor: "alice", detail: "uid=u-1", now: t0.addingTimeInterval(601)))
     }
 }

@@ -27,7 +27,7 @@ import Testing
             "dredge", ["logs", "--follow", "--format", "jsonl", "--uid", "u-1", "--server", admin, "--token", d.created.adminToken], outputPath: d.dir.file("follow.out"))
         defer { follow.stop() }
 
-        let pulled = try d.dredge(["pull", "--uid", "u-1", "--since", "2d", "--level", "warning+", "--wait", "--json"], server: admin)
+        let pulled = try d.dredge(["pull", "--uid", "u-1", "--since", "2d", "--level", "warning+", "--wait", "--json", "--reason", "TICKET-42"], server: admin)
         #expect(pulled.status == 0, "\(pulled.output)")
         // stdout (the pull, pretty JSON) and stderr (progress) come mixed: the JSON is from "{" to "}".
         let lines = pulled.output.split(separator: "\n", omittingEmptySubsequences: false)
@@ -88,11 +88,26 @@ import Testing
             #expect(version.status == 0 && version.output.trimmingCharacters(in: .whitespacesAndNewlines) == DredgeVersion.current, "\(tool): \(version.output)")
         }
 
+        // The reasons are in the audit log, which reads by action and actor, page by page.
+        _ = try d.dredge(["logs", "--uid", "u-1", "--level", "critical", "--reason", "TICKET-43"], server: admin)
+        let pullsAudited = try d.dredge(["audit", "--action", "pull"], server: admin)
+        #expect(pullsAudited.output.contains("reason=\"TICKET-42\"") && !pullsAudited.output.contains("records.search"), "\(pullsAudited.output)")
+        let searchesAudited = try d.dredge(["audit", "--action", "records", "--actor", "admin"], server: admin)
+        #expect(searchesAudited.output.contains("reason=\"TICKET-43\""), "\(searchesAudited.output)")
+        let firstPage = try d.dredge(["audit", "--limit", "2"], server: admin)
+        let more = try #require(firstPage.output.split(separator: "\n").first { $0.hasPrefix("dredge: more entries may follow: --before ") })
+        let before = String(more.split(separator: " ").last ?? "")
+        let nextPage = try d.dredge(["audit", "--limit", "2", "--before", before], server: admin)
+        let firstIDs = firstPage.output.split(separator: "\n").filter { !$0.hasPrefix("dredge:") }.compactMap { Int($0.split(separator: " ").first ?? "") }
+        let nextIDs = nextPage.output.split(separator: "\n").filter { !$0.hasPrefix("dredge:") }.compactMap { Int($0.split(separator: " ").first ?? "") }
+        #expect(firstIDs.count == 2 && !nextIDs.isEmpty && nextIDs.allSatisfy { $0 < firstIDs.min()! }, "\(firstPage.output) / \(nextPage.output)")
+
         // Bad flags: exit 64, and the error lists what is accepted.
         for (arguments, says) in [
             (["--since", "99999999d"], "yesterday"), (["--since", "2026-02-30"], "local time"), (["--level", "loud"], "critical"),
             (["--where", "status"], "key=value"), (["--type", "Bad Type"], "lowercase"), (["--around", "now", "--since", "2d"], "not both"),
             (["--around", "now", "--window", "5y"], "30s"), (["--pull", "../x"], "32 lowercase hex"), (["--grep", "***"], "no word"),
+            (["--reason", "a\tb"], "control"), (["--follow", "--format", "json"], "jsonl"),
         ] {
             let result = try d.dredge(["logs"] + arguments, server: admin)
             #expect(result.status == 64 && result.output.contains(says), "\(arguments): \(result.output)")

@@ -20,7 +20,7 @@ public enum AdminAPI {
         router.add(middleware: ErrorMiddleware(logger: logger))
         router.get("health") { _, _ in try json(["status": "ok"]) }
 
-        let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens))
+        let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens, audit: audit, logger: logger))
         let searchAudit = SearchAudit()
         v1.get("agents") { _, _ in try json(await registry.agents()) }
         v1.get("pulls") { request, _ in
@@ -75,7 +75,23 @@ public enum AdminAPI {
             }
             return try json(page)
         }
-        v1.get("audit") { _, _ in try json(await audit.audit(limit: 1000)) }
+        v1.get("audit") { request, _ in
+            let parameters = request.uri.queryParameters
+            var query = AuditQuery(limit: min(max(parameters.get("limit", as: Int.self) ?? 1000, 1), 10_000))
+            if let since = parameters.get("since") {
+                guard let micros = Int64(since), Timestamp(microseconds: micros).isAccepted else {
+                    throw AdminAPIError(.badRequest, "bad_request", "since is µs since 1970 (up to 9999)")
+                }
+                query.since = Timestamp(microseconds: micros).date
+            }
+            query.actor = parameters.get("actor").map { String($0) }
+            query.action = parameters.get("action").map { String($0) }
+            if let before = parameters.get("before") {
+                guard let id = Int64(before) else { throw AdminAPIError(.badRequest, "bad_request", "before is an entry's id") }
+                query.before = id
+            }
+            return try json(await audit.audit(query))
+        }
         v1.get("tokens") { _, _ in try json(await tokens.list()) }
         v1.post("tokens") { request, context in
             let body = try await decode(TokenRequest.self, from: request)
@@ -137,6 +153,7 @@ public enum AdminAPI {
         if let feedback = search.feedback { _ = try validID(feedback, "feedback") }
         for agent in search.agents ?? [] { _ = try validID(agent, "agent") }
         if let uid = search.uid, let problem = UserID.problem(uid) { throw AdminAPIError(.badRequest, "bad_request", "uid: \(problem)") }
+        if let reason = search.reason, let problem = reasonProblem(reason) { throw bad(problem) }
         if let since = search.since, let until = search.until, until <= since {
             throw AdminAPIError(.badRequest, "bad_request", "until must be after since")
         }
@@ -157,6 +174,7 @@ public enum AdminAPI {
         if let types = s.types, !types.isEmpty { parts.append("type=\(types.joined(separator: ","))") }
         if let text = s.text { parts.append("text=\(text.debugDescription)") }
         for m in s.metadata ?? [] { parts.append("where \(m.key)=\(m.value)") }
+        if let reason = s.reason, !reason.isEmpty { parts.append("reason=\(reason.debugDescription)") }
         return ConnectionUploads.bounded(parts.isEmpty ? "everything" : parts.joined(separator: " "))
     }
 
@@ -210,28 +228,76 @@ final class SearchAudit: Sendable {
 public struct AdminRequestContext: RequestContext {
     public var coreContext: CoreRequestContextStorage
     public var tokenName: String?
+    /// Where the request came from, for the audit log of refused tokens.
+    public var remoteAddress: String?
 
     public init(source: ApplicationRequestContextSource) {
         coreContext = .init(source: source)
         tokenName = nil
+        remoteAddress = source.channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" }
     }
 }
 
 /// `Authorization: Bearer <admin token>`, checked against the token hashes the server keeps.
+/// A refused token is recorded in the audit log (`auth.failed`, with the source address and
+/// the route), at most once a minute per source address, so a flood cannot fill the log.
 struct BearerTokenMiddleware: RouterMiddleware {
     let tokens: any TokenVault
+    let audit: any AuditLog
+    let logger: Logger
+    let refusals = RefusalAudit()
 
     func handle(_ request: Request, context: AdminRequestContext, next: (Request, AdminRequestContext) async throws -> Response) async throws -> Response {
         guard let header = request.headers[.authorization] else {
+            await refused(request, context, "no bearer token")
             throw AdminAPIError(.unauthorized, "unauthorized", "missing bearer token")
         }
         let parts = header.split(separator: " ", maxSplits: 1)
         guard parts.count == 2, parts[0].lowercased() == "bearer", let name = try await tokens.adminName(for: String(parts[1])) else {
+            await refused(request, context, "a token that is not an admin token")
             throw AdminAPIError(.unauthorized, "unauthorized", "admin token not accepted")
         }
         var context = context
         context.tokenName = name
         return try await next(request, context)
+    }
+}
+
+extension BearerTokenMiddleware {
+    private func refused(_ request: Request, _ context: AdminRequestContext, _ why: String) async {
+        let source = context.remoteAddress ?? "?"
+        // The host alone: each new connection has a new port.
+        let host = source.split(separator: ":").dropLast().joined(separator: ":")
+        guard let suppressed = refusals.admit(host: host.isEmpty ? source : host, now: Date()) else { return }
+        let detail = "\(why) for \(request.method) \(ConnectionUploads.bounded(request.uri.path)) from \(source)"
+            + (suppressed > 0 ? " (and \(suppressed) more from that host not recorded)" : "")
+        do {
+            try await audit.record(actor: "-", action: "auth.failed", detail: detail, at: Date())
+        } catch {
+            logger.error("could not record a refused admin token in the audit log", metadata: ["error": "\(error)"])
+        }
+    }
+}
+
+/// Refused tokens recorded at most once a minute per host; the refusals in between are
+/// counted and reported with the next entry.
+final class RefusalAudit: Sendable {
+    static let interval: TimeInterval = 60
+    static let capacity = 10_000
+    private let state = Mutex<[String: (last: Date, suppressed: Int)]>([:])
+
+    /// Nil: do not record now (counted). Else record, saying how many were not recorded since.
+    func admit(host: String, now: Date) -> Int? {
+        state.withLock { state in
+            if let entry = state[host], now.timeIntervalSince(entry.last) < Self.interval {
+                state[host]?.suppressed += 1
+                return nil
+            }
+            if state.count >= Self.capacity { state = state.filter { now.timeIntervalSince($0.value.last) < Self.interval } }
+            let suppressed = state[host]?.suppressed ?? 0
+            state[host] = (now, 0)
+            return suppressed
+        }
     }
 }
 

@@ -48,10 +48,11 @@ public protocol PullQueue: Sendable {
     func agentsWithQueuedPulls() async throws -> Set<String>
 }
 
-/// What administrators did, newest first: pulls, token changes.
+/// What administrators did, newest first: pulls, searches, token changes, refused tokens.
 public protocol AuditLog: Sendable {
     func record(actor: String, action: String, detail: String, at: Date) async throws
-    func audit(limit: Int) async throws -> [AuditEntry]
+    /// Newest first, each with its id; `query.before` pages back.
+    func audit(_ query: AuditQuery) async throws -> [AuditEntry]
 }
 
 /// A pull about to be queued: everything but its statuses.
@@ -69,6 +70,8 @@ public struct NewPull: Sendable, Equatable {
     /// The admin token's name (or `local-operator`).
     public var requestedBy: String
     public var targets: [String]
+    /// Why, as the requester said (empty: not said); in the audit entry.
+    public var reason: String = ""
 
     public init(
         id: String, uid: String, agentID: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, wrappedKey: [UInt8], requestedBy: String,
@@ -138,6 +141,6 @@ extension PullQueue {
 }
 
 extension AuditLog {
-    public func audit() async throws -> [AuditEntry] { try await audit(limit: 1000) }
+    public func audit(limit: Int = 1000) async throws -> [AuditEntry] { try await audit(AuditQuery(limit: limit)) }
     public func record(actor: String, action: String, detail: String) async throws { try await record(actor: actor, action: action, detail: detail, at: Date()) }
 }

@@ -37,6 +37,7 @@ extension PullQueue {
         guard seconds > 0, Duration.seconds(seconds) <= maximumPullLifetime else {
             throw PullRequestError.invalid("expiresInSeconds must be between 1 and \(7 * 86_400)")
         }
+        if let reason = request.reason, let problem = reasonProblem(reason) { throw PullRequestError.invalid(problem) }
         var filter = request.filter
         filter.uid = uid
         if let problem = filter.problem { throw PullRequestError.invalid(problem) }
@@ -53,8 +54,9 @@ extension PullQueue {
             if let agent { throw PullRequestError.unknownAgent(agent) }
             throw PullRequestError.noAgentForUID(uid ?? "")
         }
-        let pull = try issuer.newPull(
+        var pull = try issuer.newPull(
             uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
+        pull.reason = request.reason ?? ""
         try await create(pull)
         guard let record = try await self.pull(pull.id, now: now) else { throw PullRequestError.invalid("pull \(pull.id) vanished") }
         return record

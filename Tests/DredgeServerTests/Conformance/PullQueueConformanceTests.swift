@@ -70,6 +70,38 @@ import Testing
     }
 
     @Test(arguments: Backend.all)
+    func theAuditLogIsReadByTimeActorActionAndPage(_ backend: Backend) async throws {
+        let log = try await backend.pulls(dir)
+        let t0 = Date(timeIntervalSince1970: 1_800_000_000)
+        let entries: [(String, String, TimeInterval)] = [
+            ("alice", "pull", 0), ("bob", "token.create", 10), ("alice", "records.search", 20), ("-", "auth.failed", 30),
+            ("bob", "token.revoke", 40), ("carol", "tokens_x", 50), ("alice", "token%", 60),
+        ]
+        for (actor, action, offset) in entries { try await log.record(actor: actor, action: action, detail: "d", at: t0.addingTimeInterval(offset)) }
+        let all = try await log.audit(AuditQuery())
+        #expect(all.map(\.action) == entries.reversed().map(\.1), "newest first")
+        let ids = all.compactMap(\.id)
+        #expect(ids.count == entries.count && ids == ids.sorted(by: >))
+        #expect(try await log.audit(AuditQuery(since: t0.addingTimeInterval(35))).map(\.action) == ["token%", "tokens_x", "token.revoke"])
+        #expect(try await log.audit(AuditQuery(actor: "alice")).map(\.action) == ["token%", "records.search", "pull"])
+        // An action matches itself and the actions under it, its `%` and `_` taken literally.
+        #expect(try await log.audit(AuditQuery(action: "token")).map(\.action) == ["token.revoke", "token.create"])
+        #expect(try await log.audit(AuditQuery(action: "token%")).map(\.action) == ["token%"])
+        #expect(try await log.audit(AuditQuery(action: "tokens_x")).map(\.action) == ["tokens_x"])
+        #expect(try await log.audit(AuditQuery(action: "token_")).isEmpty)
+        // Pages: each after the last entry of the one before, nothing skipped or repeated.
+        var seen: [String] = []
+        var before: Int64?
+        while true {
+            let page = try await log.audit(AuditQuery(before: before, limit: 3))
+            seen += page.map(\.action)
+            guard page.count == 3, let last = page.last?.id else { break }
+            before = last
+        }
+        #expect(seen == entries.reversed().map(\.1))
+    }
+
+    @Test(arguments: Backend.all)
     func anInvalidFilterIsNeverQueued(_ backend: Backend) async throws {
         let queue = try await backend.pulls(dir)
         var bad = try Self.newPull()

@@ -98,6 +98,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             try AuditRow(
                 at: now, actor: pull.requestedBy, action: "pull",
                 detail: "pull \(pull.id) uid=\(pull.uid) agent=\(pull.agentID) filter=\(filterJSON) targets=\(pull.targets.joined(separator: ","))"
+                    + (pull.reason.isEmpty ? "" : " reason=\(pull.reason.debugDescription)")
             ).insert(db)
         }
     }
@@ -209,12 +210,22 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     }
 
     /// The audit log, newest first.
-    public func audit(limit: Int) async throws -> [AuditEntry] {
+    public func audit(_ query: AuditQuery) async throws -> [AuditEntry] {
         try await db.read { db in
-            try AuditRow.order(Column("id").desc).limit(limit).fetchAll(db).map {
-                AuditEntry(at: Date(timeIntervalSince1970: $0.at), actor: $0.actor, action: $0.action, detail: $0.detail)
+            var request = AuditRow.order(Column("id").desc).limit(min(max(query.limit, 1), 10_000))
+            if let since = query.since { request = request.filter(Column("at") >= since.timeIntervalSince1970) }
+            if let actor = query.actor { request = request.filter(Column("actor") == actor) }
+            if let action = query.action { request = request.filter(Column("action") == action || Column("action").like(Self.likePrefix(action + "."), escape: "\\")) }
+            if let before = query.before { request = request.filter(Column("id") < before) }
+            return try request.fetchAll(db).map {
+                AuditEntry(id: $0.id, at: Date(timeIntervalSince1970: $0.at), actor: $0.actor, action: $0.action, detail: $0.detail)
             }
         }
+    }
+
+    /// `text%` for LIKE (with `\\` as its escape), `text`'s own `%`, `_` and `\\` taken literally.
+    static func likePrefix(_ text: String) -> String {
+        text.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "%", with: "\\%").replacingOccurrences(of: "_", with: "\\_") + "%"
     }
 
     /// Records an administrative action other than a pull (token changes).

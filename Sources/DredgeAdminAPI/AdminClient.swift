@@ -32,16 +32,18 @@ public struct AdminClient: Sendable {
         try await call("POST", "/v1/pulls", body: request)
     }
 
-    public func pulls() async throws -> [PullRecord] {
-        try await call("GET", "/v1/pulls")
+    /// Newest first: the 100 most recent, or up to 1000 with `limit`.
+    public func pulls(limit: Int? = nil) async throws -> [PullRecord] {
+        try await call("GET", "/v1/pulls", query: limit.map { [URLQueryItem(name: "limit", value: String($0))] } ?? [])
     }
 
     public func pull(_ id: String) async throws -> PullRecord {
         try await call("GET", "/v1/pulls/\(try Self.pathComponent(id))")
     }
 
-    public func feedback() async throws -> [FeedbackRecord] {
-        try await call("GET", "/v1/feedback")
+    /// Newest first: the 100 most recent, or up to 1000 with `limit`.
+    public func feedback(limit: Int? = nil) async throws -> [FeedbackRecord] {
+        try await call("GET", "/v1/feedback", query: limit.map { [URLQueryItem(name: "limit", value: String($0))] } ?? [])
     }
 
     public func feedback(_ id: String) async throws -> FeedbackRecord {

@@ -207,7 +207,9 @@ public enum JSONValue: Sendable, Hashable, Codable {
 
 extension JSONValue {
     /// Parses JSON text in one pass (no Foundation decoder): what the index uses to hand out
-    /// records' metadata. Nil when `text` is not one JSON value (or nests deeper than 64).
+    /// records' metadata. Nil when `text` is not one JSON value, nests deeper than 64, or holds
+    /// a number too large for a Double. Of a key given twice, the first counts (as SQLite's
+    /// `json_extract`, which `--where` uses).
     public static func parse(_ text: String) -> JSONValue? {
         var text = text
         return text.withUTF8 { bytes in
@@ -288,10 +290,11 @@ extension JSONValue {
             }
         }
 
-        mutating func literal(_ word: String) -> Bool {
-            let w = Array(word.utf8)
-            guard i + w.count <= bytes.count, bytes[i..<i + w.count].elementsEqual(w) else { return false }
-            i += w.count
+        mutating func literal(_ word: StaticString) -> Bool {
+            let n = word.utf8CodeUnitCount
+            guard i + n <= bytes.count else { return false }
+            for k in 0..<n where bytes[i + k] != word.utf8Start[k] { return false }
+            i += n
             return true
         }
 
@@ -317,7 +320,9 @@ extension JSONValue {
             }
             let text = String(decoding: bytes[start..<i], as: UTF8.self)
             if integral, let value = Int64(text) { return .integer(value) }
-            return Double(text).map { .number($0) }
+            // 1e400 reads as infinity, which JSON cannot carry: not a value this parser hands out.
+            guard let value = Double(text), value.isFinite else { return nil }
+            return .number(value)
         }
 
         mutating func string() -> String? {

@@ -148,7 +148,8 @@ struct PullsCommand: AsyncParsableCommand {
 
     func run() async throws {
         let client = try server.client()
-        var pulls = try await calling { try await client.pulls() }
+        // Narrowed here, so the window is wider when narrowing.
+        var pulls = try await calling { try await client.pulls(limit: uid == nil && status == nil ? nil : 1000) }
         if let uid { pulls = pulls.filter { $0.uid == uid } }
         if let status {
             pulls = pulls.compactMap { pull in
@@ -158,7 +159,7 @@ struct PullsCommand: AsyncParsableCommand {
             }
         }
         if json { return try printJSON(pulls) }
-        var feedback = try await calling { try await client.feedback() }
+        var feedback = try await calling { try await client.feedback(limit: uid == nil && status == nil ? nil : 1000) }
         if let uid { feedback = feedback.filter { $0.uid == uid } }
         if let status { feedback = feedback.filter { $0.status == status } }
         if pulls.isEmpty && feedback.isEmpty { print(uid == nil && status == nil ? "no pulls yet" : "no pulls or feedback match") }
@@ -195,12 +196,15 @@ struct ShowCommand: AsyncParsableCommand {
             record = try await calling { try await client.wait(for: record.id) { progress.show($0) } }
             progress.end()
         }
-        if json { return try printJSON(record) }
-        print("pull \(record.id)")
+        if json {
+            try printJSON(record)
+        } else {
+            print("pull \(record.id)")
         print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
         print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   agent: \(record.agentID.isEmpty ? "(every agent with the uid)" : record.agentID)")
-        print("  filter: \(record.filter.map(Format.filter) ?? "(unreadable on the server; the pull is failed)")")
-        Format.printResult(record)
+            print("  filter: \(record.filter.map(Format.filter) ?? "(unreadable on the server; the pull is failed)")")
+            Format.printResult(record)
+        }
         if wait && record.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
     }
 }

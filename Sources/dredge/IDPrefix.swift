@@ -4,13 +4,14 @@ import DredgeCommandLine
 import DredgeWire
 
 /// Ids as people type them: a whole id, or (as git takes commits) a unique start of one, at
-/// least 4 hex characters, looked up among what the server lists.
+/// least 4 hex characters, looked up among what the server lists: every agent, the 1000 most
+/// recent pulls and feedback (an older one is named by its whole id).
 enum IDPrefix {
     static let minimumLength = 4
 
     /// Whether `text` could be an id or the start of one.
     static func isPlausible(_ text: String) -> Bool {
-        text.count >= minimumLength && text.count <= 32 && text.allSatisfy { $0.isHexDigit && !$0.isUppercase }
+        text.utf8.count >= minimumLength && text.utf8.count <= 32 && text.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
     }
 
     /// Checks the form only; ``resolve(_:what:among:)`` finds the id.
@@ -30,7 +31,7 @@ enum IDPrefix {
         let matches = Array(Set(try await calling { try await candidates() }.filter { $0.hasPrefix(text) })).sorted()
         switch matches.count {
         case 1: return matches[0]
-        case 0: throw fail("no \(what) id starts with \(text)")
+        case 0: throw fail("no \(what) id starts with \(text)" + (what == "agent" ? "" : " among the 1000 most recent; give an older one's whole id"))
         default:
             let shown = matches.prefix(5).joined(separator: ", ") + (matches.count > 5 ? ", …" : "")
             throw fail("\(text) is ambiguous: \(matches.count) \(what) ids start with it (\(shown)); give more characters")
@@ -40,11 +41,11 @@ enum IDPrefix {
 
 extension AdminClient {
     func resolvePull(_ text: String) async throws -> String {
-        try await IDPrefix.resolve(text, what: "pull") { try await pulls().map(\.id) }
+        try await IDPrefix.resolve(text, what: "pull") { try await pulls(limit: 1000).map(\.id) }
     }
 
     func resolveFeedback(_ text: String) async throws -> String {
-        try await IDPrefix.resolve(text, what: "feedback") { try await feedback().map(\.id) }
+        try await IDPrefix.resolve(text, what: "feedback") { try await feedback(limit: 1000).map(\.id) }
     }
 
     func resolveAgent(_ text: String) async throws -> String {

@@ -92,6 +92,10 @@ import Testing
             // Foundation takes -2.5e3 as the integer -2500, this parser as the number written: the same JSON.
             #expect(ours.jsonText == theirs.jsonText, "\(text)")
         }
+        // Numbers too large for a Double are not JSON values this parser hands out (the search then shows the text).
+        for huge in [#"{"x":1e400}"#, #"{"x":-1e400}"#, #"{"x":"# + String(repeating: "9", count: 400) + "}"] {
+            #expect(JSONValue.parse(huge) == nil, "\(huge.prefix(40))")
+        }
         for bad in ["", "{", #"{"a":}"#, #"{"a":1,}"#, "[1 2]", #""\x""#, "01", "1.", "tru", #"{"a":1} x"#, String(repeating: "[", count: 70) + String(repeating: "]", count: 70)] {
             #expect(JSONValue.parse(bad) == nil, "\(bad)")
         }

@@ -71,21 +71,32 @@ public enum AdminAPI {
             // filter) are recorded again only after ten minutes.
             let actor = context.tokenName ?? "?", detail = describe(search)
             if searchAudit.shouldRecord(actor: actor, detail: detail, now: Date()) {
-                try await audit.record(actor: actor, action: "records.search", detail: detail, at: Date())
+                do {
+                    try await audit.record(actor: actor, action: "records.search", detail: detail, at: Date())
+                } catch {
+                    // Not recorded: the next run of this search must try again.
+                    searchAudit.forget(actor: actor, detail: detail)
+                    throw error
+                }
             }
             return try json(page)
         }
         v1.get("audit") { request, _ in
             let parameters = request.uri.queryParameters
-            var query = AuditQuery(limit: min(max(parameters.get("limit", as: Int.self) ?? 1000, 1), 10_000))
+            var query = AuditQuery()
+            if let limit = parameters.get("limit") {
+                guard let n = Int(limit), (1...10_000).contains(n) else { throw AdminAPIError(.badRequest, "bad_request", "limit is 1 to 10000") }
+                query.limit = n
+            }
             if let since = parameters.get("since") {
                 guard let micros = Int64(since), Timestamp(microseconds: micros).isAccepted else {
                     throw AdminAPIError(.badRequest, "bad_request", "since is µs since 1970 (up to 9999)")
                 }
                 query.since = Timestamp(microseconds: micros).date
             }
-            query.actor = parameters.get("actor").map { String($0) }
-            query.action = parameters.get("action").map { String($0) }
+            // Empty means not given.
+            query.actor = parameters.get("actor").flatMap { $0.isEmpty ? nil : String($0) }
+            query.action = parameters.get("action").flatMap { $0.isEmpty ? nil : String($0) }
             if let before = parameters.get("before") {
                 guard let id = Int64(before) else { throw AdminAPIError(.badRequest, "bad_request", "before is an entry's id") }
                 query.before = id
@@ -217,10 +228,19 @@ final class SearchAudit: Sendable {
         let key = actor + "\u{0}" + detail
         return recent.withLock { recent in
             if let last = recent[key], now.timeIntervalSince(last) < Self.interval { return false }
-            if recent.count >= Self.capacity { recent = recent.filter { now.timeIntervalSince($0.value) < Self.interval } }
+            if recent.count >= Self.capacity {
+                recent = recent.filter { now.timeIntervalSince($0.value) < Self.interval }
+                // Still full of recent searches: forgetting them only records some twice.
+                if recent.count >= Self.capacity { recent.removeAll() }
+            }
             recent[key] = now
             return true
         }
+    }
+
+    /// The write failed: the search is not recorded, so it must be the next time.
+    func forget(actor: String, detail: String) {
+        _ = recent.withLock { $0.removeValue(forKey: actor + "\u{0}" + detail) }
     }
 }
 
@@ -269,7 +289,7 @@ extension BearerTokenMiddleware {
         // The host alone: each new connection has a new port.
         let host = source.split(separator: ":").dropLast().joined(separator: ":")
         guard let suppressed = refusals.admit(host: host.isEmpty ? source : host, now: Date()) else { return }
-        let detail = "\(why) for \(request.method) \(ConnectionUploads.bounded(request.uri.path)) from \(source)"
+        let detail = "\(why) for \(request.method) \(ConnectionUploads.bounded(request.uri.path).debugDescription) from \(source)"
             + (suppressed > 0 ? " (and \(suppressed) more from that host not recorded)" : "")
         do {
             try await audit.record(actor: "-", action: "auth.failed", detail: detail, at: Date())
@@ -293,7 +313,10 @@ final class RefusalAudit: Sendable {
                 state[host]?.suppressed += 1
                 return nil
             }
-            if state.count >= Self.capacity { state = state.filter { now.timeIntervalSince($0.value.last) < Self.interval } }
+            if state.count >= Self.capacity {
+                state = state.filter { now.timeIntervalSince($0.value.last) < Self.interval }
+                if state.count >= Self.capacity { state.removeAll() }
+            }
             let suppressed = state[host]?.suppressed ?? 0
             state[host] = (now, 0)
             return suppressed

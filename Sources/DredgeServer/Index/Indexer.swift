@@ -53,8 +53,12 @@ public final class Indexer: Service, Sendable {
     /// Sources reported and not yet indexed, the one being indexed included.
     public var backlog: Int { waiting.withLock { $0.all.count } }
 
-    /// Sources reported and not yet begun (what the index itself does not count as unfinished).
-    public var queued: Int { waiting.withLock { $0.all.count - ($0.current == nil ? 0 : 1) } }
+    /// Sources reported and not yet begun, and those waiting to be tried again (what the index
+    /// itself may not count as unfinished: a source can fail before it is begun).
+    public var queued: Int { waiting.withLock { $0.all.count - ($0.current == nil ? 0 : 1) } + retrying.withLock { $0.count } }
+
+    /// Sources whose indexing failed, waiting for their retry.
+    private let retrying = Mutex<Set<IndexedSource>>([])
 
     public func run() async throws {
         await catchUp()
@@ -86,7 +90,10 @@ public final class Indexer: Service, Sendable {
         }
         do {
             // Reported again (an upload adopted after a restart): already done.
-            if try await index.isIndexed(source) { return }
+            if try await index.isIndexed(source) {
+                failures.withLock { _ = $0.removeValue(forKey: source) }
+                return
+            }
             let count = try await index(source)
             failures.withLock { _ = $0.removeValue(forKey: source) }
             logger.info("indexed", metadata: ["source": "\(source)", "records": "\(count.records)", "unreadable": "\(count.unreadable)"])
@@ -103,9 +110,14 @@ public final class Indexer: Service, Sendable {
             logger.error("could not index; the files stay, and it is tried again later", metadata: [
                 "source": "\(source)", "error": "\(error)", "retry.seconds": "\(wait.components.seconds)",
             ])
+            retrying.withLock { _ = $0.insert(source) }
+            // Not a child of run(): after the server stops it wakes at most once more, and its
+            // source goes to a queue nobody reads; the next start catches up from the files.
             Task { [weak self] in
-                try? await Task.sleep(for: wait)  // cancelled only when the server stops; the next start catches up
-                self?.landed(source)
+                try? await Task.sleep(for: wait)  // only the wait is lost if it is cancelled
+                guard let self else { return }
+                self.retrying.withLock { _ = $0.remove(source) }
+                self.landed(source)
             }
         }
     }

@@ -178,8 +178,12 @@ import Testing
                 Self.line(5, "event", metadata: #"{"event":"userLoggedIn","ok":true,"gone":null,"ratio":1.5}"#),
                 Self.line(6, "case", metadata: #"{"event":"USERLOGGEDIN"}"#),
                 Self.line(7, "escaped", metadata: #"{"k":"v","note":"line1\nline2 \"quoted\""}"#),
+                Self.line(8, "huge", metadata: #"{"big":1e400}"#),
             ])
         ])
+        // A number JSON readers take as infinity: found, its metadata shown as written.
+        let huge = try await index.search(RecordSearch(text: "huge")).records
+        #expect(huge.map(\.metadata) == [.string(#"{"big":1e400}"#)])
         // Values written with escapes are matched exactly, and their record's other members too.
         #expect(try await messages(index, RecordSearch(metadata: [MetadataMatch(key: "note", value: "line1\nline2 \"quoted\"")])) == ["escaped"])
         #expect(try await messages(index, RecordSearch(metadata: [MetadataMatch(key: "k", value: "v")])) == ["escaped"])

@@ -215,7 +215,8 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             var request = AuditRow.order(Column("id").desc).limit(min(max(query.limit, 1), 10_000))
             if let since = query.since { request = request.filter(Column("at") >= since.timeIntervalSince1970) }
             if let actor = query.actor { request = request.filter(Column("actor") == actor) }
-            if let action = query.action { request = request.filter(Column("action") == action || Column("action").like(Self.likePrefix(action + "."), escape: "\\")) }
+            // The action itself, or one under it: "token" finds "token.create" (byte order: "." < "/").
+            if let action = query.action { request = request.filter(Column("action") == action || (Column("action") > action + "." && Column("action") < action + "/")) }
             if let before = query.before { request = request.filter(Column("id") < before) }
             return try request.fetchAll(db).map {
                 AuditEntry(id: $0.id, at: Date(timeIntervalSince1970: $0.at), actor: $0.actor, action: $0.action, detail: $0.detail)
@@ -223,10 +224,6 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         }
     }
 
-    /// `text%` for LIKE (with `\\` as its escape), `text`'s own `%`, `_` and `\\` taken literally.
-    static func likePrefix(_ text: String) -> String {
-        text.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "%", with: "\\%").replacingOccurrences(of: "_", with: "\\_") + "%"
-    }
 
     /// Records an administrative action other than a pull (token changes).
     public func record(actor: String, action: String, detail: String, at: Date) async throws {

@@ -52,13 +52,20 @@ struct AgentsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "agents", abstract: "List enrolled agents: online or not, since when, from where, which uids.")
 
     @OptionGroup var server: ServerOptions
+    @Flag(help: "Only agents connected now.") var online = false
+    @Option(help: "Only agents that reported this uid.") var uid: String?
+    @Option(help: "Only agents on this host (its name as the agent reported it).") var host: String?
     @Flag(help: "JSON output.") var json = false
 
     func run() async throws {
         let client = try server.client()
-        let agents = try await calling { try await client.agents() }
+        var agents = try await calling { try await client.agents() }
+        let all = agents.count
+        if online { agents = agents.filter(\.connected) }
+        if let uid { agents = agents.filter { $0.activeUIDs.contains(uid) } }
+        if let host { agents = agents.filter { $0.hostname == host } }
         if json { return try printJSON(agents) }
-        if agents.isEmpty { print("no agents enrolled") }
+        if agents.isEmpty { print(all == 0 ? "no agents enrolled" : "no agents match (\(all) enrolled)") }
         for a in agents {
             let presence = a.connected ? "online since \(Format.time(a.connectedAt)) from \(a.remoteAddress ?? "?")" : "offline"
             print("\(a.agentID)  \(a.hostname)  \(a.app) \(a.appVersion)  \(presence)  uids: \(a.activeUIDs.isEmpty ? "-" : a.activeUIDs.joined(separator: ","))")

@@ -81,12 +81,12 @@ import Testing
         #expect(pulls.status == 0)
         #expect((try JSONSerialization.jsonObject(with: Data(pulls.output.utf8)) as? [Any])?.isEmpty == true, "\(pulls.output)")
 
-        // The refusals are in the audit log with where they came from: once a minute per host,
-        // however many there were.
+        // The refusals (six above) are in the audit log with where they came from, at most once a
+        // minute per host (the window itself is tested with an injected clock in AdminRouteTests).
         let refused = try d.dredge(["audit", "--action", "auth.failed", "--json"], server: admin)
         let entries = try #require(try JSONSerialization.jsonObject(with: Data(refused.output.utf8)) as? [[String: Any]], "\(refused.output)")
-        #expect(entries.count == 1, "\(refused.output)")
-        #expect((entries.first?["detail"] as? String)?.contains("from 127.0.0.1:") == true && entries.first?["actor"] as? String == "-", "\(refused.output)")
+        #expect(!entries.isEmpty && entries.count < 6, "\(refused.output)")
+        #expect(entries.allSatisfy { ($0["detail"] as? String)?.contains("from 127.0.0.1:") == true && $0["actor"] as? String == "-" }, "\(refused.output)")
     }
 
     @Test func tokensRotateAndTheAuditNamesTheTokenThatAsked() async throws {

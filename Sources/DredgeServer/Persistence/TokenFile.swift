@@ -47,9 +47,13 @@ public struct TokenFile: Codable, Sendable, Equatable {
 public enum TokenError: Error, CustomStringConvertible, Equatable, Sendable {
     case invalidName(String), exists(String), unknown(String), lastAdmin
 
+    /// Actors the audit log uses for what no token did: a refused token (`-`) and the server
+    /// host's own command line (`local-operator`).
+    public static let reservedNames: Set<String> = ["-", "local-operator"]
+
     public var description: String {
         switch self {
-        case .invalidName(let name): "token name '\(name)' is not valid: 1 to 64 letters, digits, '-', '_' or '.'"
+        case .invalidName(let name): "token name '\(name)' is not valid: 1 to 64 letters, digits, '-', '_' or '.', and not '-' or 'local-operator'"
         case .exists(let name): "a token named '\(name)' already exists"
         case .unknown(let name): "no token named '\(name)'"
         case .lastAdmin: "refusing to revoke the last admin token: create another first"

@@ -6,8 +6,9 @@ import Foundation
 ///
 /// The rules every implementation keeps (``TokenVaultConformanceTests`` checks each):
 /// - Only a token's SHA-256 is kept; the token is returned once, by ``create(name:kind:now:)``.
-/// - A name is 1 to 64 letters, digits, `-`, `_` or `.`, and unique within its kind
-///   (``TokenError/invalidName(_:)``, ``TokenError/exists(_:)``).
+/// - A name is 1 to 64 letters, digits, `-`, `_` or `.`, not one the audit log reserves
+///   (``TokenError/reservedNames``), and unique within its kind (``TokenError/invalidName(_:)``,
+///   ``TokenError/exists(_:)``).
 /// - A revoked token is refused at once. The last admin token cannot be revoked
 ///   (``TokenError/lastAdmin``): nobody could make another.
 /// - A token is accepted only as the kind it was made for.

@@ -41,7 +41,7 @@ import Testing
     @Test(arguments: PersistenceBackend.all)
     func namesAreCheckedAndTheLastAdminTokenStays(_ backend: PersistenceBackend) async throws {
         let tokens = try await backend.tokens(dir)
-        for bad in ["", "has space", "semi;colon", String(repeating: "a", count: 65), "ünï"] {
+        for bad in ["", "has space", "semi;colon", String(repeating: "a", count: 65), "ünï", "-", "local-operator"] {
             await #expect(throws: TokenError.invalidName(bad)) { try await tokens.create(name: bad, kind: .admin, now: Self.t0) }
         }
         #expect(try await tokens.list().isEmpty)

@@ -285,12 +285,21 @@ struct SearchBench: AsyncParsableCommand {
 }
 
 extension RawSQLite {
-    /// Runs a search's statement through the C API and reads every column of every row: the
-    /// same work as the index's search, without GRDB or the records' decoding.
+    /// Runs a search's statements through the C API (the scan-first one, then the main one
+    /// when that did not fill the page, as the index does) and reads every column of every row:
+    /// the same work as the index's search, without GRDB or the records' decoding.
     func rows(_ query: SQLRecordQuery) throws -> Int {
-        let statement = try prepare(query.sql)
+        if let scan = query.scanFirst {
+            let count = try rows(sql: scan.sql, bindings: scan.bindings)
+            if count > query.limit { return count }
+        }
+        return try rows(sql: query.sql, bindings: query.bindings)
+    }
+
+    func rows(sql: String, bindings: [SQLRecordQuery.Binding]) throws -> Int {
+        let statement = try prepare(sql)
         defer { sqlite3_finalize(statement) }
-        for (i, binding) in query.bindings.enumerated() {
+        for (i, binding) in bindings.enumerated() {
             switch binding {
             case .integer(let v): sqlite3_bind_int64(statement, Int32(i + 1), v)
             case .text(let t): sqlite3_bind_text(statement, Int32(i + 1), t, -1, unsafeBitCast(-1, to: sqlite3_destructor_type.self))

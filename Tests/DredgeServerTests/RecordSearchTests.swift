@@ -149,6 +149,44 @@ import Testing
         #expect(found.last?.host == "bakery-oven")
     }
 
+    /// A metadata search reads records in time order first, at most a bound of them, and turns
+    /// to the full-text index when that does not fill a page: whatever the bound, the pages are
+    /// the same, in order, without gaps or repeats.
+    @Test func metadataPagesAreTheSameWhicheverWayTheyAreFound() async throws {
+        let dir = TempDir()
+        let sources = (0..<3).map { IndexedSource(kind: .pull, id: String(format: "%032x", $0 + 10), agentID: RecordIndexConformanceTests.agentA) }
+        var expected: [String] = []
+        for (n, source) in sources.enumerated() {
+            var lines: [String] = []
+            for i in 0..<40 {
+                let second = i * 3 + n
+                let hit = (i * 7 + n) % 5 == 0
+                let message = "r\(second)"
+                if hit { expected.append(message) }
+                lines.append(RecordIndexConformanceTests.line(second, message, metadata: hit ? #"{"status":503}"# : #"{"status":200,"note":"503"}"#))
+            }
+            try Self.land(DataDirectory(dir.path), source, days: ["2027-01-15.jsonl": lines])
+        }
+        expected.sort { Int($0.dropFirst())! < Int($1.dropFirst())! }
+        for scanLimit in [1, 5, 17, 200, 50_000] {
+            try FileManager.default.createDirectory(atPath: dir.file("index-\(scanLimit)"), withIntermediateDirectories: true)
+            let index = try RecordIndexStore(directory: dir.file("index-\(scanLimit)"), scanLimit: scanLimit)
+            let indexer = Indexer(index: index, paths: DataDirectory(dir.path), logger: .init(label: "test"))
+            for source in sources { try await indexer.index(source) }
+            for limit in [1, 3, 10, 100] {
+                var seen: [String] = []
+                var search = RecordSearch(metadata: [MetadataMatch(key: "status", value: "503")], limit: limit)
+                while true {
+                    let page = try await index.search(search)
+                    seen += page.records.map(\.message)
+                    guard let next = page.next else { break }
+                    search.after = next
+                }
+                #expect(seen == expected, "scan \(scanLimit), limit \(limit)")
+            }
+        }
+    }
+
     @Test func aManifestNamingAFileOutsideItsDirectoryIsRefused() async throws {
         let dir = TempDir()
         let paths = DataDirectory(dir.path)

@@ -21,8 +21,12 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     public static let fileName = "index.sqlite"
     let pool: DatabasePool
     public let path: String
+    /// How many records a metadata search reads in time order before it turns to the
+    /// full-text index (``SQLRecordQuery/scanFirst``).
+    let scanLimit: Int
 
-    public init(directory: String) throws {
+    public init(directory: String, scanLimit: Int = SQLRecordQuery.defaultScanLimit) throws {
+        self.scanLimit = scanLimit
         path = directory + "/" + Self.fileName
         let isNew = !FileManager.default.fileExists(atPath: path)
         var configuration = Configuration()
@@ -260,9 +264,15 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     // MARK: Searching
 
     public func search(_ search: RecordSearch) async throws -> RecordPage {
-        let query = try SQLRecordQuery(search)
+        let query = try SQLRecordQuery(search, scanLimit: scanLimit)
         return try await pool.read { db in
-            let rows = try Row.fetchAll(db, sql: query.sql, arguments: query.arguments)
+            var rows: [Row] = []
+            if let scan = query.scanFirst {
+                rows = try Row.fetchAll(db, sql: scan.sql, arguments: SQLRecordQuery.arguments(scan.bindings))
+            }
+            if rows.count <= query.limit {
+                rows = try Row.fetchAll(db, sql: query.sql, arguments: query.arguments)
+            }
             var records: [FoundRecord] = []
             records.reserveCapacity(min(rows.count, query.limit))
             for row in rows.prefix(query.limit) {
@@ -294,11 +304,18 @@ public struct SQLRecordQuery: Sendable {
 
     public let sql: String
     public let bindings: [Binding]
+    /// Run first when set (see the end of `init`): its rows are the page when there are more
+    /// than ``limit``; otherwise ``sql`` is run.
+    public let scanFirst: (sql: String, bindings: [Binding])?
+    /// Records the scan-first statement reads at most.
+    public static let defaultScanLimit = 50_000
     /// Records per page; the statement asks for one more, to know whether a next page exists.
     public let limit: Int
     let followsArrival: Bool
 
-    var arguments: StatementArguments {
+    var arguments: StatementArguments { Self.arguments(bindings) }
+
+    static func arguments(_ bindings: [Binding]) -> StatementArguments {
         StatementArguments(bindings.map { binding -> (any DatabaseValueConvertible)? in
             switch binding {
             case .integer(let i): i
@@ -307,7 +324,7 @@ public struct SQLRecordQuery: Sendable {
         })
     }
 
-    public init(_ search: RecordSearch) throws {
+    public init(_ search: RecordSearch, scanLimit: Int = SQLRecordQuery.defaultScanLimit) throws {
         limit = min(max(search.limit ?? RecordSearch.defaultLimit, 1), RecordSearch.maximumLimit)
         followsArrival = search.arrivedAfter != nil
         var clauses: [String] = []
@@ -361,6 +378,10 @@ public struct SQLRecordQuery: Sendable {
             clauses.append("r.context IN (SELECT id FROM context WHERE app IN \(list(apps.count)))")
             values += apps.map { .text($0) }
         }
+        // Metadata matches, checked exactly (kept apart: the scan-first statement applies them
+        // after its bounded scan).
+        var exact: [String] = []
+        var exactValues: [Binding] = []
         // Full text: the words asked for, and each metadata match's value (else its key) as a
         // phrase in the metadata column, narrowed exactly below. The key's words are left out of
         // the phrase: every record with that key holds them, which makes the phrase slow and
@@ -378,16 +399,12 @@ public struct SQLRecordQuery: Sendable {
                 match.append(SearchText.fts5([SearchText.Term(words: words, isPrefix: false)], column: "metadata"))
             }
             let path = "$.\"" + m.key + "\""
-            clauses.append("""
+            exact.append("""
                 (CASE json_type(r.metadata, ?) WHEN 'text' THEN json_extract(r.metadata, ?) = ? \
                 WHEN 'integer' THEN CAST(json_extract(r.metadata, ?) AS TEXT) = ? WHEN 'real' THEN CAST(json_extract(r.metadata, ?) AS TEXT) = ? \
                 WHEN 'true' THEN ? = 'true' WHEN 'false' THEN ? = 'false' WHEN 'null' THEN ? = 'null' ELSE 0 END)
                 """)
-            values += [path, path, m.value, path, m.value, path, m.value, m.value, m.value, m.value].map { .text($0) }
-        }
-        if !match.isEmpty {
-            clauses.append("r.id IN (SELECT rowid FROM record_text WHERE record_text MATCH ?)")
-            values.append(.text(match.joined(separator: " AND ")))
+            exactValues += [path, path, m.value, path, m.value, path, m.value, m.value, m.value, m.value].map { .text($0) }
         }
         let order: String
         if let arrived = search.arrivedAfter {
@@ -406,13 +423,41 @@ public struct SQLRecordQuery: Sendable {
             }
             order = "r.ts, r.id"
         }
-        sql = """
+        var all = clauses + exact
+        var allValues = values + exactValues
+        if !match.isEmpty {
+            all.append("r.id IN (SELECT rowid FROM record_text WHERE record_text MATCH ?)")
+            allValues.append(.text(match.joined(separator: " AND ")))
+        }
+        let columns = """
             SELECT r.id, r.ts, r.uid, r.level, r.type, r.message, r.metadata, s.kind, s.ref, s.agent,
                 c.host, c.app, c.app_version, c.os, c.process
+            """
+        sql = """
+            \(columns)
             FROM record r JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context
-            \(clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND "))
+            \(all.isEmpty ? "" : "WHERE " + all.joined(separator: " AND "))
             ORDER BY \(order) LIMIT \(limit + 1)
             """
-        bindings = values
+        bindings = allValues
+        // A common metadata value matches so many records that collecting them through the
+        // full-text index costs a second; reading records in time order and checking each
+        // finds the first page of a common value in milliseconds. So when metadata is the
+        // search's word filter: first the records in order, at most `scanLimit` of them, checked
+        // exactly. If that fills a page it is the page (the first matches among the first
+        // records in order are the first matches); else the statement above decides.
+        if !exact.isEmpty && (search.text ?? "").trimmingCharacters(in: .whitespaces).isEmpty && search.arrivedAfter == nil {
+            scanFirst = (
+                sql: """
+                    \(columns)
+                    FROM (SELECT * FROM record r \(clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")) ORDER BY r.ts, r.id LIMIT \(scanLimit)) r
+                    JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context
+                    WHERE \(exact.joined(separator: " AND "))
+                    ORDER BY r.ts, r.id LIMIT \(limit + 1)
+                    """,
+                bindings: values + exactValues)
+        } else {
+            scanFirst = nil
+        }
     }
 }

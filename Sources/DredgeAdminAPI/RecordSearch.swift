@@ -326,73 +326,10 @@ extension JSONValue {
         }
 
         mutating func string() -> String? {
-            guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { return nil }
-            i += 1
-            let start = i
-            // The common case: no escapes, one copy.
-            while i < bytes.count, bytes[i] != UInt8(ascii: "\""), bytes[i] != UInt8(ascii: "\\"), bytes[i] >= 0x20 { i += 1 }
-            guard i < bytes.count else { return nil }
-            if bytes[i] == UInt8(ascii: "\"") {
-                defer { i += 1 }
-                return String(decoding: bytes[start..<i], as: UTF8.self)
-            }
-            var out = Array(bytes[start..<i])
-            while i < bytes.count {
-                let c = bytes[i]
-                if c == UInt8(ascii: "\"") {
-                    i += 1
-                    return String(decoding: out, as: UTF8.self)
-                }
-                guard c >= 0x20 else { return nil }
-                guard c == UInt8(ascii: "\\") else {
-                    out.append(c)
-                    i += 1
-                    continue
-                }
-                guard i + 1 < bytes.count else { return nil }
-                let e = bytes[i + 1]
-                i += 2
-                switch e {
-                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): out.append(e)
-                case UInt8(ascii: "n"): out.append(0x0A)
-                case UInt8(ascii: "t"): out.append(0x09)
-                case UInt8(ascii: "r"): out.append(0x0D)
-                case UInt8(ascii: "b"): out.append(0x08)
-                case UInt8(ascii: "f"): out.append(0x0C)
-                case UInt8(ascii: "u"):
-                    guard var scalar = hex4() else { return nil }
-                    if (0xD800..<0xDC00).contains(scalar), i + 6 <= bytes.count, bytes[i] == UInt8(ascii: "\\"), bytes[i + 1] == UInt8(ascii: "u") {
-                        let save = i
-                        i += 2
-                        if let low = hex4(), (0xDC00..<0xE000).contains(low) {
-                            scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
-                        } else {
-                            i = save
-                        }
-                    }
-                    out.append(contentsOf: String(Character(Unicode.Scalar(scalar) ?? "\u{FFFD}")).utf8)
-                default: return nil
-                }
-            }
-            return nil
-        }
-
-        mutating func hex4() -> UInt32? {
-            guard i + 4 <= bytes.count else { return nil }
-            var value: UInt32 = 0
-            for _ in 0..<4 {
-                let c = bytes[i]
-                let digit: UInt32
-                switch c {
-                case 48...57: digit = UInt32(c - 48)
-                case 65...70: digit = UInt32(c - 55)
-                case 97...102: digit = UInt32(c - 87)
-                default: return nil
-                }
-                value = value << 4 | digit
-                i += 1
-            }
-            return value
+            guard i < bytes.count, bytes[i] == UInt8(ascii: "\""), let (end, escaped) = JSONString.scan(bytes, from: i + 1) else { return nil }
+            defer { i = end + 1 }
+            let content = (i + 1)..<end
+            return escaped ? String(decoding: JSONString.unescape(bytes, content), as: UTF8.self) : String(decoding: bytes[content], as: UTF8.self)
         }
     }
 }

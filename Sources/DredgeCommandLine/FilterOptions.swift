@@ -26,38 +26,50 @@ public struct FilterOptions: ParsableArguments {
 
     public func filter() throws -> LogFilter {
         var filter = LogFilter(uid: uid, text: grep)
-        if let since {
-            guard let t = Timestamp(userInput: since) else { throw ValidationError("cannot read --since '\(since)': give \(Timestamp.userInputForms), between 1970 and 9999") }
-            filter.since = t
-        }
-        if let until {
-            guard let t = Timestamp(userInput: until) else { throw ValidationError("cannot read --until '\(until)': give \(Timestamp.userInputForms), between 1970 and 9999") }
-            filter.until = t
-        }
+        filter.since = try since.map { try Self.time($0, flag: "--since") }
+        filter.until = try until.map { try Self.time($0, flag: "--until") }
         if let since = filter.since, let until = filter.until, until <= since {
             throw ValidationError("--until must be after --since")
         }
         if let uid, let problem = UserID.problem(uid) { throw ValidationError("--uid: \(problem)") }
         if let problem = filter.problem { throw ValidationError(problem) }
-        if !types.isEmpty {
-            var set = Set<LogType>()
-            for name in types.flatMap({ $0.split(separator: ",") }) {
-                guard let type = LogType(String(name)) else { throw ValidationError("invalid log type '\(name)': a type is lowercase letters, digits, '.', '-' and '_', at most \(LogType.maxLength) bytes (app, network, business, player, system, or your own)") }
-                set.insert(type)
-            }
-            filter.types = set
-        }
-        if !levels.isEmpty {
-            var set = Set<LogLevel>()
-            for text in levels {
-                guard let parsed = LogLevel.parseSet(text) else {
-                    throw ValidationError("cannot read --level '\(text)': give \(LogLevel.allCases.map(\.name).joined(separator: ", ")), a list (warning,error) or a floor (warning+)")
-                }
-                set.formUnion(parsed)
-            }
-            filter.levels = set
-        }
+        if !types.isEmpty { filter.types = try Self.types(types) }
+        if !levels.isEmpty { filter.levels = try Self.levels(levels) }
         return filter
+    }
+
+    // The flags' parsing, for every command that takes them (`dredge logs` too).
+
+    /// A time flag's value in ``Timestamp/init(userInput:now:timeZone:)``'s forms.
+    public static func time(_ text: String, flag: String, now: Timestamp = .now) throws -> Timestamp {
+        guard let t = Timestamp(userInput: text, now: now) else {
+            throw ValidationError("cannot read \(flag) '\(text)': give \(Timestamp.userInputForms), between 1970 and 9999")
+        }
+        return t
+    }
+
+    /// `--type` values: repeatable, each comma-separated.
+    public static func types(_ texts: [String]) throws -> Set<LogType> {
+        var set = Set<LogType>()
+        for name in texts.flatMap({ $0.split(separator: ",") }) {
+            guard let type = LogType(String(name)) else {
+                throw ValidationError("invalid log type '\(name)': a type is lowercase letters, digits, '.', '-' and '_', at most \(LogType.maxLength) bytes (app, network, business, player, system, or your own)")
+            }
+            set.insert(type)
+        }
+        return set
+    }
+
+    /// `--level` values: repeatable, each a name, a list or a floor.
+    public static func levels(_ texts: [String]) throws -> Set<LogLevel> {
+        var set = Set<LogLevel>()
+        for text in texts {
+            guard let parsed = LogLevel.parseSet(text) else {
+                throw ValidationError("cannot read --level '\(text)': give \(LogLevel.allCases.map(\.name).joined(separator: ", ")), a list (warning,error) or a floor (warning+)")
+            }
+            set.formUnion(parsed)
+        }
+        return set
     }
 
     public func validate() throws { _ = try filter() }

@@ -74,39 +74,22 @@ struct LogsCommand: AsyncParsableCommand {
             try IDPrefix.validate(feedback, flag: "--feedback")
             search.feedback = feedback
         }
-        func time(_ text: String, _ flag: String) throws -> Timestamp {
-            guard let t = Timestamp(userInput: text, now: now) else { throw ValidationError("cannot read \(flag) '\(text)': give \(Timestamp.userInputForms)") }
-            return t
-        }
         if let around {
             guard since == nil, until == nil else { throw ValidationError("give --around or --since/--until, not both") }
             guard let unit = window.last, let amount = Int64(window.dropLast()), amount > 0,
                 let perUnit: Int64 = ["s": 1, "m": 60, "h": 3_600, "d": 86_400][String(unit)], amount <= 366 * 86_400 / perUnit
             else { throw ValidationError("cannot read --window '\(window)': give a duration of up to a year, like 30s, 5m, 2h or 1d") }
-            let center = try time(around, "--around")
+            let center = try FilterOptions.time(around, flag: "--around", now: now)
             let half = amount * perUnit * 1_000_000
             search.since = Timestamp(microseconds: center.microseconds - half)
             search.until = Timestamp(microseconds: center.microseconds + half + 1)
         } else {
-            search.since = try since.map { try time($0, "--since") }
-            search.until = try until.map { try time($0, "--until") }
+            search.since = try since.map { try FilterOptions.time($0, flag: "--since", now: now) }
+            search.until = try until.map { try FilterOptions.time($0, flag: "--until", now: now) }
             if let s = search.since, let u = search.until, u <= s { throw ValidationError("--until must be after --since") }
         }
-        if !levels.isEmpty {
-            var set = Set<LogLevel>()
-            for text in levels {
-                guard let parsed = LogLevel.parseSet(text) else {
-                    throw ValidationError("cannot read --level '\(text)': give \(LogLevel.allCases.map(\.name).joined(separator: ", ")), a list (warning,error) or a floor (warning+)")
-                }
-                set.formUnion(parsed)
-            }
-            search.levels = set.sorted().map(\.name)
-        }
-        let typeNames = types.flatMap { $0.split(separator: ",").map(String.init) }
-        for name in typeNames where LogType(name) == nil {
-            throw ValidationError("invalid log type '\(name)': a type is lowercase letters, digits, '.', '-' and '_' (app, network, business, player, system, or your own)")
-        }
-        search.types = typeNames.isEmpty ? nil : typeNames
+        if !levels.isEmpty { search.levels = try FilterOptions.levels(levels).sorted().map(\.name) }
+        if !types.isEmpty { search.types = try FilterOptions.types(types).map(\.rawValue).sorted() }
         if let grep {
             guard SearchTerms.hasWord(grep) else { throw ValidationError("--grep '\(grep)' has no word to search for") }
             search.text = grep

@@ -216,32 +216,49 @@ public enum AdminAPI {
     }
 }
 
-/// When a search is recorded in the audit log: the first time an actor runs it (its filter, as
-/// ``AdminAPI/describe(_:)`` writes it), then again only after ``interval``, so the pages of a
-/// search and the looks of a follow do not flood the log, while no filter is ever run unrecorded.
-final class SearchAudit: Sendable {
-    static let interval: TimeInterval = 600
+/// At most one audit entry per key and interval: a key is admitted, then refused until the
+/// interval has passed, the refusals counted. Bounded: when full of keys still in their
+/// interval, it forgets them all (some entries are then recorded twice, none lost).
+final class AuditThrottle: Sendable {
+    let interval: TimeInterval
     static let capacity = 10_000
-    private let recent = Mutex<[String: Date]>([:])
+    private let state = Mutex<[String: (last: Date, suppressed: Int)]>([:])
 
-    func shouldRecord(actor: String, detail: String, now: Date) -> Bool {
-        let key = actor + "\u{0}" + detail
-        return recent.withLock { recent in
-            if let last = recent[key], now.timeIntervalSince(last) < Self.interval { return false }
-            if recent.count >= Self.capacity {
-                recent = recent.filter { now.timeIntervalSince($0.value) < Self.interval }
-                // Still full of recent searches: forgetting them only records some twice.
-                if recent.count >= Self.capacity { recent.removeAll() }
+    init(interval: TimeInterval) { self.interval = interval }
+
+    /// Nil: not now (counted). Else record, with how many were refused since the last entry.
+    func admit(_ key: String, now: Date) -> Int? {
+        state.withLock { state in
+            if let entry = state[key], now.timeIntervalSince(entry.last) < interval {
+                state[key]?.suppressed += 1
+                return nil
             }
-            recent[key] = now
-            return true
+            if state.count >= Self.capacity {
+                state = state.filter { now.timeIntervalSince($0.value.last) < interval }
+                if state.count >= Self.capacity { state.removeAll() }
+            }
+            let suppressed = state[key]?.suppressed ?? 0
+            state[key] = (now, 0)
+            return suppressed
         }
     }
 
-    /// The write failed: the search is not recorded, so it must be the next time.
-    func forget(actor: String, detail: String) {
-        _ = recent.withLock { $0.removeValue(forKey: actor + "\u{0}" + detail) }
+    /// The entry could not be written: the key is admitted again next time.
+    func forget(_ key: String) {
+        _ = state.withLock { $0.removeValue(forKey: key) }
     }
+}
+
+/// When a search is recorded in the audit log: the first time an actor runs it (its filter, as
+/// ``AdminAPI/describe(_:)`` writes it), then again only after ten minutes, so the pages of a
+/// search and the looks of a follow do not flood the log, while no filter is ever run unrecorded.
+final class SearchAudit: Sendable {
+    private let throttle = AuditThrottle(interval: 600)
+
+    func shouldRecord(actor: String, detail: String, now: Date) -> Bool { throttle.admit(actor + "\u{0}" + detail, now: now) != nil }
+
+    /// The write failed: the search is not recorded, so it must be the next time.
+    func forget(actor: String, detail: String) { throttle.forget(actor + "\u{0}" + detail) }
 }
 
 /// Carries the name of the admin token that authenticated the request, for the audit log.
@@ -302,26 +319,10 @@ extension BearerTokenMiddleware {
 /// Refused tokens recorded at most once a minute per host; the refusals in between are
 /// counted and reported with the next entry.
 final class RefusalAudit: Sendable {
-    static let interval: TimeInterval = 60
-    static let capacity = 10_000
-    private let state = Mutex<[String: (last: Date, suppressed: Int)]>([:])
+    private let throttle = AuditThrottle(interval: 60)
 
     /// Nil: do not record now (counted). Else record, saying how many were not recorded since.
-    func admit(host: String, now: Date) -> Int? {
-        state.withLock { state in
-            if let entry = state[host], now.timeIntervalSince(entry.last) < Self.interval {
-                state[host]?.suppressed += 1
-                return nil
-            }
-            if state.count >= Self.capacity {
-                state = state.filter { now.timeIntervalSince($0.value.last) < Self.interval }
-                if state.count >= Self.capacity { state.removeAll() }
-            }
-            let suppressed = state[host]?.suppressed ?? 0
-            state[host] = (now, 0)
-            return suppressed
-        }
-    }
+    func admit(host: String, now: Date) -> Int? { throttle.admit(host, now: now) }
 }
 
 /// Turns every error into an ``APIErrorBody``: Hummingbird's own (unknown route, bad method),

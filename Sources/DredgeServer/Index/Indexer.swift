@@ -71,7 +71,8 @@ public final class Indexer: Service, Sendable {
     func catchUp() async {
         do {
             let done = try await index.indexedSources()
-            let landed = try await blocking.runIfActive { [paths] in try Self.landedSources(paths) }
+            let indexedFeedback = Set(done.filter { $0.kind == .feedback }.map(\.id))
+            let landed = try await blocking.runIfActive { [paths] in try Self.landedSources(paths, skippingFeedback: indexedFeedback) }
             let missing = landed.filter { !done.contains($0) }
             if !missing.isEmpty { logger.info("indexing pulls and feedback that landed before", metadata: ["count": "\(missing.count)"]) }
             for source in missing { self.landed(source) }
@@ -159,8 +160,9 @@ public final class Indexer: Service, Sendable {
 
     /// Every finished result under the data directory: `pulls/<pull>/<agent>/` and
     /// `feedback/<id>/` (whose agent its manifest names). Staging (`*.partial`) and zips are
-    /// not results.
-    static func landedSources(_ paths: DataDirectory) throws -> [IndexedSource] {
+    /// not results. Feedback in `skippingFeedback` (indexed already) is left out without
+    /// reading its manifest, so a start reads only the manifests it needs.
+    static func landedSources(_ paths: DataDirectory, skippingFeedback: Set<String> = []) throws -> [IndexedSource] {
         let fm = FileManager.default
         func directories(_ path: String) throws -> [String] {
             var isDirectory: ObjCBool = false
@@ -176,7 +178,7 @@ public final class Indexer: Service, Sendable {
                 sources.append(IndexedSource(kind: .pull, id: pull, agentID: agent))
             }
         }
-        for id in try directories(paths.feedback) where WireID.isValid(id) {
+        for id in try directories(paths.feedback) where WireID.isValid(id) && !skippingFeedback.contains(id) {
             let manifest = try paths.feedbackFiles(id) + "/" + PayloadLimits.manifestName
             guard let data = fm.contents(atPath: manifest), let decoded = try? JSONDecoder().decode(ExportManifest.self, from: data) else { continue }  // not a finished result: nothing to index
             sources.append(IndexedSource(kind: .feedback, id: id, agentID: decoded.agentID))

@@ -1,3 +1,4 @@
+import DredgeAdminAPI
 import DredgeDomain
 
 /// One line of a day file (Protocol § Payload) read for the index, without building a JSON
@@ -38,56 +39,7 @@ struct RecordLine {
 
     /// The text of a string value, its escapes resolved.
     static func decode(_ text: Text, in line: UnsafeBufferPointer<UInt8>) -> [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(text.range.count)
-        var i = text.range.lowerBound
-        while i < text.range.upperBound {
-            let c = line[i]
-            guard c == UInt8(ascii: "\\") else {
-                out.append(c)
-                i += 1
-                continue
-            }
-            let e = line[i + 1]
-            i += 2
-            switch e {
-            case UInt8(ascii: "n"): out.append(0x0A)
-            case UInt8(ascii: "t"): out.append(0x09)
-            case UInt8(ascii: "r"): out.append(0x0D)
-            case UInt8(ascii: "b"): out.append(0x08)
-            case UInt8(ascii: "f"): out.append(0x0C)
-            case UInt8(ascii: "u"):
-                var scalar = UInt32(hex4(line, i))
-                i += 4
-                if (0xD800..<0xDC00).contains(scalar), i + 6 <= text.range.upperBound, line[i] == UInt8(ascii: "\\"), line[i + 1] == UInt8(ascii: "u") {
-                    let low = UInt32(hex4(line, i + 2))
-                    if (0xDC00..<0xE000).contains(low) {
-                        scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
-                        i += 6
-                    }
-                }
-                // A lone surrogate is not a character: written as U+FFFD, as a UTF-8 decoder would.
-                let value = Unicode.Scalar(scalar) ?? "\u{FFFD}"
-                out.append(contentsOf: Array(String(Character(value)).utf8))
-            default: out.append(e)  // \" \\ \/
-            }
-        }
-        return out
-    }
-
-    private static func hex4(_ line: UnsafeBufferPointer<UInt8>, _ at: Int) -> Int {
-        var value = 0
-        for k in 0..<4 {
-            let c = line[at + k]
-            let digit: Int
-            switch c {
-            case 48...57: digit = Int(c - 48)
-            case 65...70: digit = Int(c - 55)
-            default: digit = Int(c - 87)  // a-f: checked by the scanner
-            }
-            value = value << 4 | digit
-        }
-        return value
+        JSONString.unescape(line, text.range)
     }
 
     static func levelNumber(_ name: UnsafeBufferPointer<UInt8>.SubSequence) -> Int? {
@@ -239,37 +191,9 @@ struct RecordLine {
         }
 
         mutating func string() -> Text? {
-            guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { return nil }
-            i += 1
-            let start = i
-            var escaped = false
-            while i < bytes.count {
-                let c = bytes[i]
-                if c == UInt8(ascii: "\"") {
-                    defer { i += 1 }
-                    return Text(range: start..<i, escaped: escaped)
-                }
-                if c < 0x20 { return nil }
-                if c == UInt8(ascii: "\\") {
-                    escaped = true
-                    guard i + 1 < bytes.count else { return nil }
-                    switch bytes[i + 1] {
-                    case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
-                        i += 2
-                    case UInt8(ascii: "u"):
-                        guard i + 6 <= bytes.count else { return nil }
-                        for k in 2..<6 {
-                            let h = bytes[i + k]
-                            guard (48...57).contains(h) || (65...70).contains(h) || (97...102).contains(h) else { return nil }
-                        }
-                        i += 6
-                    default: return nil
-                    }
-                    continue
-                }
-                i += 1
-            }
-            return nil
+            guard i < bytes.count, bytes[i] == UInt8(ascii: "\""), let (end, escaped) = JSONString.scan(bytes, from: i + 1) else { return nil }
+            defer { i = end + 1 }
+            return Text(range: (i + 1)..<end, escaped: escaped)
         }
 
         mutating func value(depth: Int) -> Bool {

@@ -28,16 +28,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     public init(directory: String, scanLimit: Int = SQLRecordQuery.defaultScanLimit) throws {
         self.scanLimit = scanLimit
         path = directory + "/" + Self.fileName
-        let isNew = !FileManager.default.fileExists(atPath: path)
-        var configuration = Configuration()
-        configuration.busyMode = .timeout(10)
-        configuration.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = NORMAL")
-        }
-        pool = try DatabasePool(path: path, configuration: configuration)
-        if isNew, chmod(path, 0o600) != 0 {
-            throw DeploymentError("cannot restrict \(path) to its owner: \(String(cString: strerror(errno)))")
-        }
+        pool = try ServerDatabase.openPool(path)
         try Self.migrator.migrate(pool)
     }
 
@@ -117,9 +108,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     public func begin(_ source: IndexedSource, contexts: [String: LogContext], landedAt: Date) async throws {
         try await pool.write { db in
             if let id = try Self.sourceID(db, source) {
-                try db.execute(sql: "DELETE FROM record WHERE source = ?", arguments: [id])
-                try db.execute(sql: "DELETE FROM context WHERE source = ?", arguments: [id])
-                try db.execute(sql: "DELETE FROM source WHERE id = ?", arguments: [id])
+                try Self.delete(source: id, db)
             }
             try db.execute(
                 sql: "INSERT INTO source (kind, ref, agent, landed_at) VALUES (?, ?, ?, ?)",
@@ -250,10 +239,15 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     public func remove(_ source: IndexedSource) async throws {
         try await pool.write { db in
             guard let id = try Self.sourceID(db, source) else { return }
-            try db.execute(sql: "DELETE FROM record WHERE source = ?", arguments: [id])
-            try db.execute(sql: "DELETE FROM context WHERE source = ?", arguments: [id])
-            try db.execute(sql: "DELETE FROM source WHERE id = ?", arguments: [id])
+            try Self.delete(source: id, db)
         }
+    }
+
+    /// A source's records (and their words, by the delete trigger), contexts and row.
+    static func delete(source id: Int64, _ db: Database) throws {
+        try db.execute(sql: "DELETE FROM record WHERE source = ?", arguments: [id])
+        try db.execute(sql: "DELETE FROM context WHERE source = ?", arguments: [id])
+        try db.execute(sql: "DELETE FROM source WHERE id = ?", arguments: [id])
     }
 
     static func sourceID(_ db: Database, _ source: IndexedSource) throws -> Int64? {

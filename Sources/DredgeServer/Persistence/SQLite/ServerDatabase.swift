@@ -32,16 +32,7 @@ public final class ServerDatabase: Sendable {
 
     public init(directory: String) throws {
         path = directory + "/" + Self.fileName
-        let isNew = !FileManager.default.fileExists(atPath: path)
-        var configuration = Configuration()
-        configuration.busyMode = .timeout(10)
-        configuration.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = NORMAL")
-        }
-        pool = try DatabasePool(path: path, configuration: configuration)
-        if isNew, chmod(path, 0o600) != 0 {
-            throw DeploymentError("cannot restrict \(path) to its owner: \(String(cString: strerror(errno)))")
-        }
+        pool = try Self.openPool(path)
         let migrator = Self.migrator(importingFrom: directory)
         let applied = try pool.read { try migrator.appliedIdentifiers($0) }
         try migrator.migrate(pool)
@@ -61,6 +52,22 @@ public final class ServerDatabase: Sendable {
             }
         }
         (self.imported, importProblems) = (imported, problems)
+    }
+
+    /// A server database file as the server opens each one: WAL with `synchronous=NORMAL`, a
+    /// 10 s busy timeout, and (when it is new) readable by its owner only.
+    static func openPool(_ path: String) throws -> DatabasePool {
+        let isNew = !FileManager.default.fileExists(atPath: path)
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(10)
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
+        let pool = try DatabasePool(path: path, configuration: configuration)
+        if isNew, chmod(path, 0o600) != 0 {
+            throw DeploymentError("cannot restrict \(path) to its owner: \(String(cString: strerror(errno)))")
+        }
+        return pool
     }
 
     /// Every table's migrations, in order. A migration added later goes after the import: the

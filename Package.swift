@@ -44,6 +44,8 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         // No default traits: the admin API needs neither swift-configuration nor full Foundation.
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
+        // The admin client: HTTPS with a pinned CA, streamed downloads.
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
     ],
     targets: [
         // What every other module agrees on, with no dependencies: timestamps, levels, types,
@@ -109,7 +111,17 @@ let package = Package(
             ]
         ),
         // The admin API's messages and its client (what `dredge` speaks), without the server.
-        .target(name: "DredgeAdminAPI", dependencies: ["DredgeDomain"]),
+        .target(
+            name: "DredgeAdminAPI",
+            dependencies: [
+                "DredgeDomain",
+                .product(name: "AsyncHTTPClient", package: "async-http-client", condition: .when(traits: ["Server"])),
+                .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
+                .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOHTTP1", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
+        ),
         // The command server: deployment material (CA, certificates, keys, tokens), the agent
         // listener, registry, command queue, upload reception and the admin HTTP API.
         .target(
@@ -118,6 +130,7 @@ let package = Package(
                 "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeAdminAPI",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
                 .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
+                .product(name: "HummingbirdTLS", package: "hummingbird", condition: .when(traits: ["Server"])),
                 .product(name: "X509", package: "swift-certificates", condition: .when(traits: ["Server"])),
                 .product(name: "SwiftASN1", package: "swift-asn1", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -220,7 +233,7 @@ let package = Package(
             name: "DredgeServerTests",
             dependencies: [
                 "DredgeServer", "DredgeDomain", "DredgePayload", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", "DredgeAdminAPI", "DredgeAgentCore", "DredgeWire", "DredgeExport",
-                "DredgeLogging",
+                "DredgeLogging", "DredgeCommandLine",
                 .product(name: "X509", package: "swift-certificates", condition: .when(traits: ["Server"])),
                 .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
                 .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])), .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["Server"])),

@@ -1,27 +1,103 @@
+import AsyncHTTPClient
+import Crypto
 import Foundation
-
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
+import NIOCore
+import NIOHTTP1
+import NIOSSL
+import Synchronization
 
 /// A client of the server's admin API: what `dredge` and the benchmarks use. Every call sends
 /// the bearer token; every failure is an ``AdminClientError`` that says what to do.
+///
+/// HTTPS is verified against the system's trust roots, or against one pinned CA only (the
+/// deployment's, which `dredge login` stores): a certificate any other CA signed is refused.
 public struct AdminClient: Sendable {
+    /// Which certificates the client accepts from an `https://` server.
+    public enum Trust: Sendable, Hashable {
+        /// The system's trust roots (an operator's certificate from a public or company CA).
+        case system
+        /// Only certificates this CA (PEM) signed.
+        case pinned(caPEM: String)
+    }
+
     public let baseURL: URL
     let token: String
-    let session: URLSession
+    let http: HTTPClient
 
-    /// - Parameter server: `http://127.0.0.1:7080`, or `host:port`.
-    public init(server: String, token: String) throws {
+    /// - Parameter server: `https://HOST:PORT`, `http://127.0.0.1:7080`, or `host:port` (HTTP).
+    public init(server: String, token: String, trust: Trust = .system) throws {
         let text = server.contains("://") ? server : "http://" + server
         guard let url = URL(string: text), let scheme = url.scheme, ["http", "https"].contains(scheme), url.host != nil else {
             throw AdminClientError.badServerAddress(server)
         }
         baseURL = url
         self.token = token
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = 30
-        session = URLSession(configuration: configuration)
+        http = try Self.client(trust)
+    }
+
+    /// One HTTP client per trust, for the life of the process (like `HTTPClient.shared`): a
+    /// command makes a handful of calls, and connections are kept between them.
+    private static let clients = Mutex<[Trust?: HTTPClient]>([:])
+
+    /// `nil`: no verification, only to fetch the CA whose fingerprint the caller then checks.
+    static func client(_ trust: Trust?) throws -> HTTPClient {
+        try clients.withLock { clients in
+            if let client = clients[trust] { return client }
+            var tls = TLSConfiguration.makeClientConfiguration()
+            switch trust {
+            case .system?:
+                break
+            case .pinned(let pem)?:
+                let roots: [NIOSSLCertificate]
+                do { roots = try NIOSSLCertificate.fromPEMBytes(Array(pem.utf8)) } catch { throw AdminClientError.badCA("\(error)") }
+                guard !roots.isEmpty else { throw AdminClientError.badCA("no certificate in it") }
+                tls.trustRoots = .certificates(roots)
+            case nil:
+                tls.certificateVerification = .none
+            }
+            let configuration = HTTPClient.Configuration(
+                tlsConfiguration: tls, redirectConfiguration: .disallow, timeout: .init(connect: .seconds(10), read: .seconds(60)))
+            let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration)
+            clients[trust] = client
+            return client
+        }
+    }
+
+    /// The deployment CA a server hands out at `/ca.pem`, accepted only if its SHA-256 (of the
+    /// DER) is `fingerprint` (`sha256:` + hex, as `dredge-server init` prints it). The TLS of
+    /// this one request is not verified: the fingerprint is what makes the answer trustworthy.
+    public static func fetchCA(server: String, fingerprint: String) async throws -> String {
+        let client = try AdminClient(server: server, token: "")
+        let expected = fingerprint.lowercased().replacingOccurrences(of: "sha256:", with: "").replacingOccurrences(of: ":", with: "")
+        guard expected.count == 64, expected.allSatisfy(\.isHexDigit) else {
+            throw AdminClientError.badRequest("'\(fingerprint)' is not a fingerprint: give sha256: and 64 hex digits, as `dredge-server init` printed it")
+        }
+        let (status, body) = try await client.send("GET", client.url("/ca.pem"), headers: [:], body: nil, through: try Self.client(nil))
+        guard status == 200 else { throw AdminClientError.server(status, "the server did not hand out its CA") }
+        let pem = String(decoding: body, as: UTF8.self)
+        guard let der = pemBody(pem), Self.sha256Hex(der) == expected else {
+            throw AdminClientError.fingerprintMismatch(server)
+        }
+        return pem
+    }
+
+    /// The DER of the first certificate in a PEM text.
+    static func pemBody(_ pem: String) -> [UInt8]? {
+        guard let begin = pem.range(of: "-----BEGIN CERTIFICATE-----"), let end = pem.range(of: "-----END CERTIFICATE-----", range: begin.upperBound..<pem.endIndex) else {
+            return nil
+        }
+        let base64 = pem[begin.upperBound..<end.lowerBound].filter { !$0.isWhitespace }
+        return Data(base64Encoded: String(base64)).map { Array($0) }
+    }
+
+    static func sha256Hex(_ bytes: some DataProtocol) -> String {
+        SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// `GET /health` (no token needed): throws unless the server answers 200.
+    public func health() async throws {
+        let (status, data) = try await send("GET", url("/health"), headers: [:], body: nil)
+        try Self.check(status, data)
     }
 
     public func agents() async throws -> [AgentRecord] {
@@ -99,7 +175,7 @@ public struct AdminClient: Sendable {
         try await call(method, path, body: Optional<Empty>.none, query: query)
     }
 
-    func call<Response: Decodable>(_ method: String, _ path: String, body: (some Encodable)?, query: [URLQueryItem] = []) async throws -> Response {
+    func url(_ path: String, query: [URLQueryItem] = []) -> URL {
         var url = baseURL.appendingPathComponent(path)
         if !query.isEmpty, var components = URLComponents(url: url, resolvingAgainstBaseURL: false) {
             components.queryItems = query
@@ -107,38 +183,71 @@ public struct AdminClient: Sendable {
             components.percentEncodedQuery = components.percentEncodedQuery?.replacingOccurrences(of: "+", with: "%2B")
             url = components.url ?? url
         }
-        var request = URLRequest(url: url)
-        request.httpMethod = method
-        request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
-        request.setValue("application/json", forHTTPHeaderField: "Accept")
-        if let body {
-            request.httpBody = try JSONEncoder.adminAPI.encode(body)
-            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        }
-        let data: Data
-        let response: URLResponse
-        do {
-            (data, response) = try await session.data(for: request)
-        } catch {
-            throw AdminClientError.unreachable(baseURL.absoluteString, "\(error.localizedDescription)")
-        }
-        guard let http = response as? HTTPURLResponse else {
-            throw AdminClientError.unreachable(baseURL.absoluteString, "not an HTTP response")
-        }
-        guard (200..<300).contains(http.statusCode) else {
-            let body = try? JSONDecoder.adminAPI.decode(APIErrorBody.self, from: data)
-            let message = body?.error ?? String(decoding: data.prefix(200), as: UTF8.self)
-            switch http.statusCode {
-            case 401: throw AdminClientError.unauthorized(message)
-            case 404: throw AdminClientError.notFound(message)
-            case 400, 409, 413, 422: throw AdminClientError.badRequest(message)
-            default: throw AdminClientError.server(http.statusCode, message)
-            }
-        }
+        return url
+    }
+
+    func call<Response: Decodable>(_ method: String, _ path: String, body: (some Encodable)?, query: [URLQueryItem] = []) async throws -> Response {
+        let encoded = try body.map { try JSONEncoder.adminAPI.encode($0) }
+        let (status, data) = try await send(method, url(path, query: query), headers: encoded == nil ? [:] : ["Content-Type": "application/json"], body: encoded)
+        try Self.check(status, data)
         do {
             return try JSONDecoder.adminAPI.decode(Response.self, from: data)
         } catch {
-            throw AdminClientError.server(http.statusCode, "unreadable answer from the server: \(error)")
+            throw AdminClientError.server(status, "unreadable answer from the server: \(error)")
+        }
+    }
+
+    /// Answers of at most this size are read whole (a page of records, a listing).
+    static let maximumAnswer = 256 << 20
+
+    func send(_ method: String, _ url: URL, headers: [String: String], body: Data?, through client: HTTPClient? = nil) async throws -> (Int, Data) {
+        let response = try await start(method, url, headers: headers, body: body, through: client)
+        do {
+            let buffer = try await response.body.collect(upTo: Self.maximumAnswer)
+            return (Int(response.status.code), Data(buffer.readableBytesView))
+        } catch {
+            throw describe(error)
+        }
+    }
+
+    /// Sends a request and returns once the answer's head is in; the body streams.
+    func start(_ method: String, _ url: URL, headers: [String: String], body: Data?, through client: HTTPClient? = nil) async throws -> HTTPClientResponse {
+        var request = HTTPClientRequest(url: url.absoluteString)
+        request.method = HTTPMethod(rawValue: method)
+        if !token.isEmpty { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
+        request.headers.add(name: "Accept", value: "application/json")
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
+        if let body { request.body = .bytes(ByteBuffer(bytes: body)) }
+        do {
+            return try await (client ?? http).execute(request, timeout: .seconds(60))
+        } catch {
+            throw describe(error)
+        }
+    }
+
+    /// A transport failure as the engineer can act on it: an untrusted certificate says so.
+    func describe(_ error: any Error) -> AdminClientError {
+        if let error = error as? AdminClientError { return error }
+        let text = "\(error)"
+        if error is NIOSSLError || text.contains("CERTIFICATE_VERIFY_FAILED") || text.contains("handshakeFailed") {
+            return .untrusted(baseURL.absoluteString, text)
+        }
+        if let error = error as? HTTPClientError, error == .remoteConnectionClosed, baseURL.scheme == "http" {
+            return .unreachable(baseURL.absoluteString, "the connection was closed: does the server speak https?")
+        }
+        return .unreachable(baseURL.absoluteString, text)
+    }
+
+    static func check(_ status: Int, _ data: Data) throws {
+        guard (200..<300).contains(status) else {
+            let body = try? JSONDecoder.adminAPI.decode(APIErrorBody.self, from: data)
+            let message = body?.error ?? String(decoding: data.prefix(200), as: UTF8.self)
+            switch status {
+            case 401: throw AdminClientError.unauthorized(message)
+            case 404: throw AdminClientError.notFound(message)
+            case 400, 409, 413, 416, 422: throw AdminClientError.badRequest(message)
+            default: throw AdminClientError.server(status, message)
+            }
         }
     }
 }
@@ -150,11 +259,19 @@ public enum AdminClientError: Error, CustomStringConvertible, Equatable, Sendabl
     case notFound(String)
     case badRequest(String)
     case server(Int, String)
+    /// The server's certificate is not signed by the CA this client trusts.
+    case untrusted(String, String)
+    /// The CA the server handed out is not the one the fingerprint names.
+    case fingerprintMismatch(String)
+    /// A CA file that holds no usable certificate.
+    case badCA(String)
+    /// A downloaded file whose SHA-256 is not the one the server listed.
+    case corrupt(String)
 
     public var description: String {
         switch self {
         case .badServerAddress(let address):
-            "'\(address)' is not a server address: give http://HOST:PORT of the admin API"
+            "'\(address)' is not a server address: give https://HOST:PORT of the admin API"
         case .unreachable(let url, let reason):
             "cannot reach the Dredge server at \(url) (\(reason)): is `dredge-server run` running, and is the address right?"
         case .unauthorized(let message):
@@ -163,6 +280,14 @@ public enum AdminClientError: Error, CustomStringConvertible, Equatable, Sendabl
             message
         case .server(let status, let message):
             "the server answered \(status): \(message)"
+        case .untrusted(let url, let reason):
+            "the certificate of \(url) is not trusted (\(reason)): log in again with the deployment's --ca or --fingerprint, or check that the address is the server's"
+        case .fingerprintMismatch(let url):
+            "the CA that \(url) hands out does not have that fingerprint: not logging in (is the address or the fingerprint wrong, or is something in between?)"
+        case .badCA(let reason):
+            "the CA certificate is not usable: \(reason)"
+        case .corrupt(let what):
+            what
         }
     }
 }

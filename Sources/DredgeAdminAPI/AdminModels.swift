@@ -301,3 +301,31 @@ public struct FeedbackRecord: Sendable, Equatable, Codable {
         self.errorCode = errorCode
     }
 }
+
+/// One downloadable file of a pull (`GET /v1/pulls/{id}/files`): an agent's per-day JSON-lines
+/// files, its manifest, and the agent's whole decrypted zip.
+public struct PullFile: Sendable, Equatable, Codable {
+    public enum Kind: String, Sendable, Codable {
+        /// A per-day JSON-lines file.
+        case day
+        /// The upload's `manifest.json`.
+        case manifest
+        /// Everything the agent sent, as one zip.
+        case zip
+    }
+
+    public var agentID: String
+    public var name: String
+    public var kind: Kind
+    public var size: Int64
+    /// Lowercase hex of the file's SHA-256.
+    public var sha256: String
+
+    public init(agentID: String, name: String, kind: Kind, size: Int64, sha256: String) {
+        self.agentID = agentID
+        self.name = name
+        self.kind = kind
+        self.size = size
+        self.sha256 = sha256
+    }
+}

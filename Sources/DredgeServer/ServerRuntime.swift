@@ -11,12 +11,15 @@ public enum ServerRuntime {
         public var dataDirectory: String
         public var agentPort: Int?
         public var adminPort: Int?
+        /// Overrides `server.json`'s admin address (plain HTTP still only on loopback).
+        public var adminHost: String?
         public var heartbeatSeconds: UInt32?
 
-        public init(dataDirectory: String, agentPort: Int? = nil, adminPort: Int? = nil, heartbeatSeconds: UInt32? = nil) {
+        public init(dataDirectory: String, agentPort: Int? = nil, adminPort: Int? = nil, adminHost: String? = nil, heartbeatSeconds: UInt32? = nil) {
             self.dataDirectory = dataDirectory
             self.agentPort = agentPort
             self.adminPort = adminPort
+            self.adminHost = adminHost
             self.heartbeatSeconds = heartbeatSeconds
         }
     }
@@ -27,6 +30,8 @@ public enum ServerRuntime {
         // Absolute, so the file paths the admin API reports work from anywhere.
         let dir = URL(fileURLWithPath: options.dataDirectory).standardizedFileURL.path
         let deployment = try LoadedDeployment(directory: dir)
+        let adminHost = options.adminHost ?? deployment.config.adminHost ?? "127.0.0.1"
+        try LoadedDeployment.checkAdmin(host: adminHost, tls: deployment.adminTLSConfiguration != nil)
         let stores = try ServerStores(deployment)
         if !stores.database.imported.isEmpty {
             logger.notice("imported the files of an earlier release into the database", metadata: [
@@ -43,10 +48,12 @@ public enum ServerRuntime {
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, landed: { indexer.landed($0) })
-        let admin = AdminAPI.application(
+        let admin = try AdminAPI.application(
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer,
             feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: stores.records, indexer: indexer,
-            port: options.adminPort ?? deployment.config.adminPort, logger: logger)
+            files: PullFiles(paths: DataDirectory(dir), pulls: pulls),
+            host: adminHost, port: options.adminPort ?? deployment.config.adminPort, tls: deployment.adminTLSConfiguration,
+            caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self), logger: logger)
         let group = ServiceGroup(services: [dispatcher, indexer, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         logger.info("dredge-server stopped")

@@ -48,7 +48,7 @@ struct HeartbeatBench: AsyncParsableCommand {
         try ServerBench.allowOneAddressFleet(dir + "/server")
         let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log", heartbeatSeconds: heartbeatSeconds)
         defer { server.stop() }
-        let admin = try AdminClient(server: server.adminAddress, token: created.adminToken)
+        let admin = try server.admin(token: created.adminToken)
         ServerRuntime.raiseOpenFileLimit()
 
         // The uploads' zips first (not timed): one store, one export per uploader.

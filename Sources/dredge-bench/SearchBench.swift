@@ -154,12 +154,12 @@ struct SearchBench: AsyncParsableCommand {
             agent.terminate()
             agent.waitUntilExit()
         }
-        let admin = try AdminClient(server: server.adminAddress, token: created.adminToken)
+        let admin = try server.admin(token: created.adminToken)
         for _ in 0..<600 {
             if try await admin.agents().contains(where: { $0.connected && $0.activeUIDs.contains("u-0007") }) { break }
             try await Task.sleep(for: .milliseconds(100))
         }
-        let credentials = ["--server", server.adminAddress, "--token", created.adminToken]
+        let credentials = server.credentials(token: created.adminToken)
         let day = Timestamp(microseconds: (Timestamp.now.epochDay - 1) * 86_400_000_000)
         var toFiles: [Double] = [], toReadable: [Double] = []
         for round in 0..<5 {

@@ -49,7 +49,7 @@ struct ServerBench: AsyncParsableCommand {
         try Self.allowOneAddressFleet(dir + "/server")
         let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log")
         defer { server.stop() }
-        let admin = try AdminClient(server: server.adminAddress, token: created.adminToken)
+        let admin = try server.admin(token: created.adminToken)
 
         print(try await upload(dir: dir, server: server, admin: admin, created: created).line)
         if uploadOnly { return }
@@ -242,7 +242,10 @@ func sibling(_ name: String) -> String {
 final class ServerProcess: @unchecked Sendable {
     let process = Process()
     let agentPort: Int
+    /// `https://127.0.0.1:PORT`
     let adminAddress: String
+    /// The deployment's CA, which signs the admin API's certificate.
+    let caPath: String
 
     init(data: String, log: String, heartbeatSeconds: Int? = nil) throws {
         FileManager.default.createFile(atPath: log, contents: nil)
@@ -256,15 +259,27 @@ final class ServerProcess: @unchecked Sendable {
             usleep(100_000)
             let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
             for line in text.split(separator: "\n") {
-                guard let range = line.range(of: #"127\.0\.0\.1:\d+"#, options: .regularExpression) else { continue }
-                if line.contains("agent listener ready") { agent = Int(line[range].split(separator: ":")[1]) }
-                if line.contains("admin API ready") { admin = "http://" + line[range] }
+                if line.contains("agent listener ready"), let range = line.range(of: #"127\.0\.0\.1:\d+"#, options: .regularExpression) {
+                    agent = Int(line[range].split(separator: ":")[1])
+                }
+                if line.contains("admin API ready"), let range = line.range(of: #"url=https?://[0-9.]+:\d+"#, options: .regularExpression) {
+                    admin = String(line[range].dropFirst("url=".count))
+                }
             }
         }
         guard let agent, let admin else { process.terminate(); throw ValidationError("dredge-server did not start; see \(log)") }
         agentPort = agent
         adminAddress = admin
+        caPath = data + "/ca.pem"
     }
+
+    /// An admin client that trusts the deployment's CA only.
+    func admin(token: String) throws -> AdminClient {
+        try AdminClient(server: adminAddress, token: token, trust: .pinned(caPEM: String(contentsOfFile: caPath, encoding: .utf8)))
+    }
+
+    /// `dredge`'s flags for this server.
+    func credentials(token: String) -> [String] { ["--server", adminAddress, "--token", token, "--ca", caPath] }
 
     func residentKB() -> Int { processResidentKB(pid: process.processIdentifier) }
 

@@ -26,19 +26,17 @@ struct SlowLorisBench: AsyncParsableCommand {
         let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
         let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log")
         defer { server.stop() }
-        let admin = try AdminClient(server: server.adminAddress, token: created.adminToken)
+        let admin = try server.admin(token: created.adminToken)
         let tls = try AgentLink.tlsContext(caPEM: String(contentsOfFile: created.caPath, encoding: .utf8))
         let key = try RSAPrivateKey.generate()
         let agentID = try await AgentEnrollment.register(
             host: "127.0.0.1", port: server.agentPort, tls: tls, token: created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = "bench-agent" })
-        let health = try unwrapURL(server.adminAddress + "/health")
 
         /// Milliseconds for: admin `/health`, the agent connecting and authenticating, a pull
         /// created through the admin API and its command arriving.
         func serve() async throws -> Double {
             let start = monotonicNanos()
-            let (_, response) = try await URLSession.shared.data(from: health)
-            guard (response as? HTTPURLResponse)?.statusCode == 200 else { throw ValidationError("the admin API did not answer 200") }
+            try await admin.health()
             let delivered = try await AgentLink.withConnection(host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key) { link -> Bool in
                 let pull = try await admin.createPull(PullRequest(uid: nil, agent: agentID, filter: .all))
                 while let frame = try await link.next() {

@@ -28,23 +28,51 @@ struct InitCommand: AsyncParsableCommand {
     @Option(help: "Port of the agent listener (TLS).")
     var agentPort = 7443
 
-    @Option(help: "Port of the admin API (loopback only).")
+    @Option(help: "Port of the admin API.")
     var adminPort = 7080
+
+    @Option(help: ArgumentHelp("Address the admin API binds, HOST or HOST:PORT (default 127.0.0.1). It speaks HTTPS (TLS 1.3) with the deployment's certificate, which names this address.", valueName: "host[:port]"))
+    var adminListen: String?
+
+    @Flag(help: "The admin API speaks plain HTTP instead: allowed only on a loopback address.")
+    var adminPlainHttp = false
+
+    @Option(help: "Your own certificate chain (PEM) for the admin API instead of the deployment's; with --admin-key.")
+    var adminCertificate: String?
+
+    @Option(help: "The private key (PEM) of --admin-certificate.")
+    var adminKey: String?
 
     @Option(name: .customLong("name"), help: "A host name or IPv4 address agents use to reach the server; repeatable. Goes into the certificate.")
     var names: [String] = []
 
     func validate() throws {
-        guard (1...65_535).contains(agentPort), (1...65_535).contains(adminPort), agentPort != adminPort else {
+        let admin = try adminAddress()
+        guard (1...65_535).contains(agentPort), (1...65_535).contains(admin.port), agentPort != admin.port else {
             throw ValidationError("ports must be distinct and within 1...65535")
         }
+        guard (adminCertificate == nil) == (adminKey == nil) else { throw ValidationError("give --admin-certificate and --admin-key together") }
+        if adminPlainHttp && adminCertificate != nil { throw ValidationError("--admin-plain-http and --admin-certificate contradict each other") }
+    }
+
+    func adminAddress() throws -> (host: String, port: Int) {
+        guard let adminListen else { return ("127.0.0.1", adminPort) }
+        guard let address = HostPort(adminListen, defaultPort: adminPort) else {
+            throw ValidationError("--admin-listen: '\(adminListen)' is not HOST, HOST:PORT or [IPv6]:PORT")
+        }
+        return (address.host, address.port)
     }
 
     func run() async throws {
         var options = ServerDeployment.Options(dataDirectory: data)
         options.listenHost = listen
         options.agentPort = agentPort
-        options.adminPort = adminPort
+        (options.adminHost, options.adminPort) = try adminAddress()
+        options.adminPlainHTTP = adminPlainHttp
+        if let adminCertificate, let adminKey {
+            func absolute(_ path: String) -> String { URL(fileURLWithPath: path).standardizedFileURL.path }
+            options.adminCertificate = (absolute(adminCertificate), absolute(adminKey))
+        }
         options.names = names
         let created: ServerDeployment.Created
         do {
@@ -63,6 +91,9 @@ struct InitCommand: AsyncParsableCommand {
 
             Admin token for engineers (shown once; only its hash is stored):
               \(created.adminToken)
+
+            An engineer logs in with (the admin API: \(created.adminURL)):
+              \(created.loginCommand)
             """)
     }
 }

@@ -19,6 +19,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Override the admin API port from server.json (0: any free port, printed in the log).")
     var adminPort: Int?
 
+    @Option(help: ArgumentHelp("Override the admin API's address from server.json: HOST or HOST:PORT (plain HTTP only on loopback).", valueName: "host[:port]"))
+    var adminListen: String?
+
     @Option(help: "Heartbeat interval agents are told to use, in seconds.")
     var heartbeatSeconds: UInt32?
 
@@ -29,8 +32,16 @@ struct RunCommand: AsyncParsableCommand {
         LoggingSystem.bootstrap { StreamLogHandler.standardError(label: $0) }
         var logger = Logger(label: "dredge.server")
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
+        var adminHost: String?, port = adminPort
+        if let adminListen {
+            guard let address = HostPort(adminListen, defaultPort: adminPort ?? -1) else {
+                throw ValidationError("--admin-listen: '\(adminListen)' is not HOST, HOST:PORT or [IPv6]:PORT")
+            }
+            adminHost = address.host
+            if address.port >= 0 { port = address.port }
+        }
         do {
-            try await ServerRuntime.run(.init(dataDirectory: data, agentPort: agentPort, adminPort: adminPort, heartbeatSeconds: heartbeatSeconds), logger: logger)
+            try await ServerRuntime.run(.init(dataDirectory: data, agentPort: agentPort, adminPort: port, adminHost: adminHost, heartbeatSeconds: heartbeatSeconds), logger: logger)
         } catch let error as DeploymentError {
             throw fail(error.description)
         }

@@ -11,32 +11,12 @@ struct Dredge: AsyncParsableCommand {
         commandName: "dredge",
         abstract: "Pull logs from the field: the support engineer's side of a Dredge server.",
         discussion: """
-            Talks to the server's admin API. The address and the admin token come from --server and
-            --token, or from DREDGE_SERVER and DREDGE_TOKEN.
+            Talks to the server's admin API. `dredge login` saves its address, the admin token and
+            the deployment's CA as a profile; --server, --token and --ca (or DREDGE_SERVER,
+            DREDGE_TOKEN and DREDGE_CA) override it.
             """,
         version: DredgeVersion.current,
-        subcommands: [AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
-}
-
-/// Where the server is and the token to show it.
-struct ServerOptions: ParsableArguments {
-    @Option(help: "The admin API: http://HOST:PORT (default: $DREDGE_SERVER, else http://127.0.0.1:7080).")
-    var server: String?
-
-    @Option(help: "An admin token (default: $DREDGE_TOKEN).")
-    var token: String?
-
-    func client() throws -> AdminClient {
-        let environment = ProcessInfo.processInfo.environment
-        guard let token = token ?? environment["DREDGE_TOKEN"], !token.isEmpty else {
-            throw fail("no admin token: give --token or set DREDGE_TOKEN (`dredge-server init` printed one)")
-        }
-        do {
-            return try AdminClient(server: server ?? environment["DREDGE_SERVER"] ?? "http://127.0.0.1:7080", token: token)
-        } catch let error as AdminClientError {
-            throw fail(error.description)
-        }
-    }
+        subcommands: [LoginCommand.self, LogoutCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FetchCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
 }
 
 /// Runs an admin API call, turning its errors into one line on stderr and exit status 1.
@@ -94,6 +74,9 @@ struct PullCommand: AsyncParsableCommand {
     @Flag(help: "Wait until the files are ready and print their paths.")
     var wait = false
 
+    @Option(help: "With --wait: download the files into this directory (as `dredge fetch` does).")
+    var out: String?
+
     @Option(help: "With --wait: give up after this many seconds (the pull goes on on the server).")
     var timeout: Int?
 
@@ -105,6 +88,7 @@ struct PullCommand: AsyncParsableCommand {
         guard (1...7 * 24 * 60).contains(expiresIn) else { throw ValidationError("--expires-in must be between 1 and \(7 * 24 * 60) minutes") }
         if let agent { try IDPrefix.validate(agent, flag: "--agent") }
         if let reason, let problem = reasonProblem(reason) { throw ValidationError("--reason: \(problem)") }
+        if out != nil && !wait { throw ValidationError("--out needs --wait") }
     }
 
     func run() async throws {
@@ -139,7 +123,10 @@ struct PullCommand: AsyncParsableCommand {
         guard let finished else {
             throw fail("gave up waiting after \(timeout!) s; the pull goes on: `dredge show \(created.id)`")
         }
-        if json { try printJSON(finished) } else { Format.printResult(finished) }
+        if json { try printJSON(finished) } else if out == nil { Format.printResult(finished) }
+        if let out, finished.targets.contains(where: { $0.status == .complete }) {
+            try await Fetch.files(of: finished.id, client: client, into: out)
+        }
         if finished.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
     }
 }

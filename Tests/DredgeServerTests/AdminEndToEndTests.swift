@@ -42,7 +42,7 @@ import Testing
     }
 
     @Test func callsWithoutAValidTokenAreRefusedWithClearErrorsAndNothingHappens() async throws {
-        let d = try Deployment()
+        let d = try Deployment(adminTLS: false)
         let (server, _) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)
@@ -61,7 +61,7 @@ import Testing
         // `dredge` says what is wrong in each case.
         let wrong = try d.dredge(["agents"], server: admin, token: "dredge_adm_guess")
         #expect(wrong.status == 1 && wrong.output.contains("refused the admin token"), "\(wrong.output)")
-        let none = try ManagedProcess.run("dredge", ["agents", "--server", admin])
+        let none = try ManagedProcess.run("dredge", ["agents", "--server", admin], environment: d.dredgeEnvironment)
         #expect(none.status == 1 && none.output.contains("no admin token"), "\(none.output)")
         let down = try d.dredge(["agents"], server: "http://127.0.0.1:9")
         #expect(down.status == 1 && down.output.contains("cannot reach the Dredge server"), "\(down.output)")
@@ -181,7 +181,7 @@ import Testing
         let d = try Deployment()
         let (server, port) = try d.startServer()
         defer { server.stop() }
-        let client = try AdminClient(server: try d.adminAddress(server), token: d.created.adminToken)
+        let client = try d.adminClient(server)
         let (tls, key, agentID) = try await Self.enrollLinkAgent(d, port: port, hostname: "rogue")
         let payload = d.dir.file("payload.zip")
         try Data((0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 31) }).write(to: URL(fileURLWithPath: payload))

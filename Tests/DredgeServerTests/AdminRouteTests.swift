@@ -36,7 +36,7 @@ import Testing
         /// Runs `body` against the application, each request with the admin token unless told otherwise.
         func test(_ body: @Sendable (Client) async throws -> Void) async throws {
             let logger = Logger(label: "test.admin") { _ in SwiftLogNoOpLogHandler() }
-            let app = AdminAPI.application(
+            let app = try AdminAPI.application(
                 registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: PullDispatcher(pulls: pulls, logger: logger), port: 0,
                 logger: logger)
             let token = created.adminToken

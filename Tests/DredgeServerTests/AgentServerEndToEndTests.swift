@@ -1,3 +1,4 @@
+import DredgeAdminAPI
 import DredgeServer
 import DredgeTestSupport
 import Foundation
@@ -11,8 +12,15 @@ import Testing
         let dir = TempDir()
         let created: ServerDeployment.Created
 
-        init() throws {
-            created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: dir.file("server")))
+        /// - Parameters:
+        ///   - adminTLS: the admin API speaks HTTPS (the default of `init`); plain HTTP where a
+        ///     test calls it with URLSession, which cannot pin a CA on Linux.
+        ///   - adminHost: where the admin API listens.
+        init(adminTLS: Bool = true, adminHost: String = "127.0.0.1") throws {
+            var options = ServerDeployment.Options(dataDirectory: dir.file("server"))
+            options.adminPlainHTTP = !adminTLS
+            options.adminHost = adminHost
+            created = try ServerDeployment.initialize(options)
             // A longer handshake deadline than the default 10 s, and 30 missed heartbeats instead
             // of 3: the synchronous tests of this suite hold the test process's few cooperative
             // threads while they wait, which can stall an async test's handshake, or a hand-driven
@@ -40,24 +48,35 @@ import Testing
             return (server, port)
         }
 
-        /// The admin API's address, from the server's log line.
+        /// The admin API's URL (`https://127.0.0.1:PORT`), from the server's log line.
         func adminAddress(_ server: ManagedProcess) throws -> String {
             var address: String?
             _ = try ManagedProcess.waitFor {
                 guard let line = server.output.split(separator: "\n").first(where: { $0.contains("admin API ready") }),
-                    let range = line.range(of: #"127\.0\.0\.1:\d+"#, options: .regularExpression)
+                    let range = line.range(of: #"url=https?://[0-9.]+:\d+"#, options: .regularExpression)
                 else { return false }
-                address = "http://" + line[range]
+                address = String(line[range].dropFirst("url=".count))
                 return true
             }
             guard let address else { throw DeploymentError("admin API did not start: \(server.output)") }
             return address
         }
 
-        /// `dredge ARGS --server ADMIN --token TOKEN` (the init admin token unless given).
+        /// `dredge ARGS --server ADMIN --token TOKEN --ca CA` (the init admin token unless given;
+        /// the deployment's CA for https), with a configuration directory of its own.
         func dredge(_ arguments: [String], server: String, token: String? = nil) throws -> (status: Int32, output: String) {
-            try ManagedProcess.run("dredge", arguments + ["--server", server, "--token", token ?? created.adminToken])
+            try ManagedProcess.run(
+                "dredge", arguments + ["--server", server, "--token", token ?? created.adminToken] + (server.hasPrefix("https:") ? ["--ca", data + "/ca.pem"] : []),
+                environment: dredgeEnvironment)
         }
+
+        /// An admin client of the running server that trusts the deployment's CA only.
+        func adminClient(_ server: ManagedProcess) throws -> AdminClient {
+            try AdminClient(server: try adminAddress(server), token: created.adminToken, trust: .pinned(caPEM: contents(data + "/ca.pem")))
+        }
+
+        /// Where `dredge login` keeps its profiles in these tests: not the user's.
+        var dredgeEnvironment: [String: String] { ["XDG_CONFIG_HOME": dir.file("config"), "DREDGE_SERVER": "", "DREDGE_TOKEN": "", "DREDGE_CA": "", "DREDGE_PROFILE": ""] }
 
         /// A device with three users' logs (`PullEndToEndTests.makeDeviceStore`), enrolled and
         /// running, once the server has seen `uid` in its heartbeats.

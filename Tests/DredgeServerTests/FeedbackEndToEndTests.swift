@@ -123,7 +123,7 @@ import Testing
         let d = try Deployment()
         let (server, port) = try d.startServer()
         defer { server.stop() }
-        let client = try AdminClient(server: try d.adminAddress(server), token: d.created.adminToken)
+        let client = try d.adminClient(server)
         let (tls, key, agentID) = try await AdminEndToEndTests.enrollLinkAgent(d, port: port, hostname: "odd")
         let zip = d.dir.file("feedback.zip")
         try Data(repeating: 7, count: 10_000).write(to: URL(fileURLWithPath: zip))

@@ -64,7 +64,7 @@ final class InProcessServer: @unchecked Sendable {
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
             landed: { indexer.landed($0) })
         let adminPort = Mutex<Int?>(nil)
-        let app = AdminAPI.application(
+        let app = try AdminAPI.application(
             registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,
             indexer: indexer, port: 0, logger: logger, onReady: { port in adminPort.withLock { $0 = port } })
         group = ServiceGroup(services: [dispatcher, indexer, listener, app], logger: logger)

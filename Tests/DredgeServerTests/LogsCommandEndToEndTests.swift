@@ -24,7 +24,8 @@ import Testing
         let (agent, _, _) = try d.runDevice(port: port)
         defer { agent.stop() }
         let follow = try ManagedProcess(
-            "dredge", ["logs", "--follow", "--format", "jsonl", "--uid", "u-1", "--server", admin, "--token", d.created.adminToken], outputPath: d.dir.file("follow.out"))
+            "dredge", ["logs", "--follow", "--format", "jsonl", "--uid", "u-1", "--server", admin, "--token", d.created.adminToken, "--ca", d.data + "/ca.pem"],
+            outputPath: d.dir.file("follow.out"), environment: d.dredgeEnvironment)
         defer { follow.stop() }
 
         let pulled = try d.dredge(["pull", "--uid", "u-1", "--since", "2d", "--level", "warning+", "--wait", "--json", "--reason", "TICKET-42"], server: admin)

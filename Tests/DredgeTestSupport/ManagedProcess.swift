@@ -6,12 +6,14 @@ public final class ManagedProcess: @unchecked Sendable {
     public let process = Process()
     public let outputPath: String
 
-    public init(_ executable: String, _ arguments: [String], outputPath: String) throws {
+    /// - Parameter environment: set on top of this process's environment.
+    public init(_ executable: String, _ arguments: [String], outputPath: String, environment: [String: String] = [:]) throws {
         self.outputPath = outputPath
         FileManager.default.createFile(atPath: outputPath, contents: nil)
         let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: outputPath))
         process.executableURL = URL(fileURLWithPath: builtProduct(executable))
         process.arguments = arguments
+        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         process.standardOutput = handle
         process.standardError = handle
         try process.run()
@@ -46,10 +48,11 @@ public final class ManagedProcess: @unchecked Sendable {
     }
 
     /// Runs a command to completion and returns its status and combined output.
-    public static func run(_ executable: String, _ arguments: [String]) throws -> (status: Int32, output: String) {
+    public static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, output: String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: builtProduct(executable))
         process.arguments = arguments
+        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         let pipe = Pipe()
         process.standardOutput = pipe
         process.standardError = pipe

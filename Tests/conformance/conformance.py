@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -104,10 +105,11 @@ class Server:
         raise SystemExit("the server did not start listening")
 
     def admin(self, method: str, path: str, body=None):
+        # The admin API speaks HTTPS with the deployment's certificate: trust its CA only.
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.admin_port}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+            f"https://127.0.0.1:{self.admin_port}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=30, context=ssl.create_default_context(cafile=self.ca)) as response:
             return json.loads(response.read())
 
     def pull_status(self, pull_id: str, agent_id: str) -> str:

@@ -1,10 +1,13 @@
 import DredgeAdminAPI
 import DredgeDomain
+import DredgeEnvelope
 import DredgeWire
 import Foundation
 import Hummingbird
+import HummingbirdTLS
 import Logging
 import NIOCore
+import NIOSSL
 import Synchronization
 
 /// The admin HTTP API engineers use (through `dredge`): loopback only, every `/v1` route behind
@@ -13,12 +16,20 @@ public enum AdminAPI {
     /// Builds the Hummingbird application; a `Service` for the server's service group.
     public static func application(
         registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
-        dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, port: Int, logger: Logger,
+        dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil,
+        host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil, caPEM: String? = nil, logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
-    ) -> some ApplicationProtocol {
+    ) throws -> some ApplicationProtocol {
         let router = Router(context: AdminRequestContext.self)
         router.add(middleware: ErrorMiddleware(logger: logger))
         router.get("health") { _, _ in try json(["status": "ok"]) }
+        // The deployment's CA, public: `dredge login --fingerprint` fetches it and checks it
+        // against the fingerprint `init` printed before trusting anything else.
+        if let caPEM {
+            router.get("ca.pem") { _, _ in
+                Response(status: .ok, headers: [.contentType: "application/x-pem-file"], body: .init(byteBuffer: ByteBuffer(string: caPEM)))
+            }
+        }
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens, audit: audit, logger: logger))
         let searchAudit = SearchAudit()
@@ -46,6 +57,57 @@ public enum AdminAPI {
             let id = try validID(context.parameters.require("id"), "pull")
             guard let pull = try await pulls.pull(id, now: .now) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
             return try json(pull)
+        }
+        let downloadAudit = SearchAudit()
+        v1.get("pulls/:id/files") { _, context in
+            guard let files else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not serve files") }
+            let id = try validID(context.parameters.require("id"), "pull")
+            guard let list = try await files.list(id) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
+            return try json(list.map(\.file))
+        }
+        v1.get("pulls/:id/files/:agent/:name") { request, context in
+            guard let files else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not serve files") }
+            let id = try validID(context.parameters.require("id"), "pull")
+            let agent = try validID(context.parameters.require("agent"), "agent")
+            let name = try context.parameters.require("name")
+            guard let located = try await files.locate(id, agent: agent, name: name) else {
+                throw AdminAPIError(.notFound, "not_found", "pull \(id) has no file \(WireID.echo(name).debugDescription) from agent \(agent)")
+            }
+            let file = located.file
+            let range = ByteRange.parse(request.headers[.range], size: file.size)
+            // Every download is audited; the same file again by the same token (a resumed or
+            // repeated download) is recorded again only after ten minutes.
+            let actor = context.tokenName ?? "?", detail = "pull \(id) agent \(agent) file \(file.name)"
+            if range != .unsatisfiable && downloadAudit.shouldRecord(actor: actor, detail: detail, now: Date()) {
+                do {
+                    try await audit.record(actor: actor, action: "pull.download", detail: detail, at: Date())
+                } catch {
+                    downloadAudit.forget(actor: actor, detail: detail)
+                    throw error
+                }
+            }
+            var headers: HTTPFields = [
+                .acceptRanges: "bytes", .eTag: "\"\(file.sha256)\"",
+                .contentType: file.kind == .zip ? "application/zip" : file.kind == .manifest ? "application/json" : "application/x-ndjson",
+                .contentDisposition: "attachment; filename=\"\(file.name)\"",
+            ]
+            if let digestName = HTTPFields.Element.Name("Repr-Digest"), let sha = Hex.decode(file.sha256) {
+                headers[digestName] = "sha-256=:\(Data(sha).base64EncodedString()):"
+            }
+            switch range {
+            case .unsatisfiable:
+                headers[.contentRange] = "bytes */\(file.size)"
+                return Response(status: .rangeNotSatisfiable, headers: headers)
+            case .whole:
+                headers[.contentLength] = String(file.size)
+                let body = file.size == 0 ? ResponseBody() : try await FileIO().loadFile(path: located.path, context: context)
+                return Response(status: .ok, headers: headers, body: body)
+            case .partial(let bytes):
+                headers[.contentRange] = "bytes \(bytes.lowerBound)-\(bytes.upperBound)/\(file.size)"
+                headers[.contentLength] = String(bytes.count)
+                let body = try await FileIO().loadFile(path: located.path, range: Int(bytes.lowerBound)...Int(bytes.upperBound), context: context)
+                return Response(status: .partialContent, headers: headers, body: body)
+            }
         }
         v1.get("feedback") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
@@ -129,12 +191,15 @@ public enum AdminAPI {
             return try json(await tokens.list())
         }
 
+        let scheme = tls == nil ? "http" : "https"
         return Application(
             router: router,
-            configuration: .init(address: .hostname("127.0.0.1", port: port), serverName: "dredge-admin"),
+            server: try tls.map { try .tls(.http1(), tlsConfiguration: $0) } ?? .http1(),
+            configuration: .init(address: .hostname(host, port: port), serverName: "dredge-admin"),
             onServerRunning: { channel in
                 let bound = channel.localAddress?.port ?? port
-                logger.info("admin API ready", metadata: ["address": "127.0.0.1:\(bound)"])
+                let name = host.contains(":") ? "[\(host)]" : host
+                logger.info("admin API ready", metadata: ["address": "\(name):\(bound)", "url": "\(scheme)://\(name):\(bound)"])
                 onReady(bound)
             },
             logger: logger)

@@ -9,6 +9,8 @@ public struct LoadedDeployment: Sendable {
     public var signingKey: ServerSigningKey
     public var encryptionKey: RSAPrivateKey
     public var tlsConfiguration: TLSConfiguration
+    /// The admin API's TLS (1.3 only); nil for plain HTTP, which only a loopback address gets.
+    public var adminTLSConfiguration: TLSConfiguration?
 
     public init(directory: String) throws {
         self.directory = directory
@@ -35,5 +37,14 @@ public struct LoadedDeployment: Sendable {
         var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
         tls.minimumTLSVersion = .tlsv12
         tlsConfiguration = tls
+        adminTLSConfiguration = try config.adminTLS.map { try ServerDeployment.adminTLSConfiguration($0, directory: directory) }
+        try Self.checkAdmin(host: config.adminHost ?? "127.0.0.1", tls: adminTLSConfiguration != nil)
+    }
+
+    /// Plain HTTP only on loopback: bearer tokens never cross a network in the clear.
+    public static func checkAdmin(host: String, tls: Bool) throws {
+        guard tls || ServerDeployment.isLoopback(host) else {
+            throw DeploymentError("the admin API on \(host) would speak plain HTTP, which is allowed only on loopback: give server.json an adminTLS certificate and key")
+        }
     }
 }

@@ -2,6 +2,7 @@ import Crypto
 import DredgeAdminAPI
 import DredgeEnvelope
 import Foundation
+import NIOSSL
 import SwiftASN1
 import X509
 
@@ -14,17 +15,24 @@ import X509
 /// | `signing-key` | Ed25519 key that signs pull commands (hex) | 0600 |
 /// | `encryption-key.pem` | RSA-3072 key that unwraps feedback upload keys | 0600 |
 /// | `dredge.sqlite` | the server's database (``ServerDatabase``): agents, pulls, feedback, the audit log, and the names and SHA-256 of the admin and enrollment tokens (the tokens themselves are shown once) | 0600 |
-/// | `server.json` | listen addresses and the names in the certificate | 0644 |
+/// | `server.json` | listen addresses, the admin API's TLS and the names in the certificate | 0644 |
 ///
 /// Existing files are never overwritten: `initialize` refuses a directory that already holds
 /// any of them.
 public enum ServerDeployment {
     public struct Options: Sendable {
         public var dataDirectory: String
-        /// Address the agent listener binds (and the admin API, which is always loopback).
+        /// Address the agent listener binds.
         public var listenHost = "127.0.0.1"
         public var agentPort = 7443
+        /// Address the admin API binds; a specific address or name goes into the certificate.
+        public var adminHost = "127.0.0.1"
         public var adminPort = 7080
+        /// Plain HTTP for the admin API instead of HTTPS: refused unless `adminHost` is loopback.
+        public var adminPlainHTTP = false
+        /// An operator's certificate chain and key (PEM files) for the admin API instead of the
+        /// deployment's `server.pem`; stored as given (make them absolute).
+        public var adminCertificate: (chain: String, key: String)?
         /// Names agents use to reach the server; they go into the certificate. `localhost` and
         /// `127.0.0.1` are always included.
         public var names: [String] = []
@@ -41,12 +49,38 @@ public enum ServerDeployment {
         public var agentAddress: String
         public var enrollmentToken: String
         public var adminToken: String
+        /// Where engineers reach the admin API: `https://NAME:PORT` (or `http://` on loopback).
+        public var adminURL: String
+
+        /// The line an engineer pastes to log in: the CA pinned by its fingerprint (the
+        /// deployment's CA signs the admin certificate unless the operator gave one).
+        public var loginCommand: String {
+            adminURL.hasPrefix("https://")
+                ? "dredge login --server \(adminURL) --fingerprint \(caFingerprint) --token \(adminToken)"
+                : "dredge login --server \(adminURL) --token \(adminToken)"
+        }
+    }
+
+    /// The admin API's certificate and key (PEM files; relative paths are inside the data
+    /// directory). Absent in `server.json`: plain HTTP, which is allowed only on loopback.
+    public struct AdminTLS: Codable, Sendable, Equatable {
+        public var certificate: String
+        public var key: String
+        public init(certificate: String, key: String) {
+            self.certificate = certificate
+            self.key = key
+        }
     }
 
     public struct Config: Codable, Sendable, Equatable {
         public var listenHost: String
         public var agentPort: Int
         public var adminPort: Int
+        /// The admin API's address; `127.0.0.1` when absent.
+        public var adminHost: String?
+        /// The admin API's TLS; plain HTTP (loopback only) when absent, as in deployments made
+        /// before the admin API spoke HTTPS.
+        public var adminTLS: AdminTLS?
         public var names: [String]
         /// Per-agent feedback quotas; the defaults when absent.
         public var feedback: FeedbackLimits?
@@ -68,15 +102,26 @@ public enum ServerDeployment {
             throw DeploymentError("\(dir) already holds a deployment (\(existing.joined(separator: ", "))); refusing to overwrite it")
         }
 
+        if options.adminPlainHTTP && !isLoopback(options.adminHost) {
+            throw DeploymentError("plain HTTP is allowed only on loopback: the admin API on \(options.adminHost) speaks HTTPS (drop --admin-plain-http)")
+        }
+        var adminTLS: AdminTLS? = options.adminPlainHTTP ? nil : AdminTLS(certificate: "server.pem", key: "server-key.pem")
+        if let operatorCertificate = options.adminCertificate, !options.adminPlainHTTP {
+            adminTLS = AdminTLS(certificate: operatorCertificate.chain, key: operatorCertificate.key)
+            _ = try adminTLSConfiguration(adminTLS!, directory: dir)
+        }
         var names = ["localhost", "127.0.0.1"]
         for name in options.names where !names.contains(name) { names.append(name) }
+        // Engineers reach the admin API by its address: the certificate names it.
+        if !isWildcard(options.adminHost) && !names.contains(options.adminHost) { names.append(options.adminHost) }
         let caKey = P256.Signing.PrivateKey()
         let ca = try makeCA(key: caKey, now: options.now)
         let serverKey = P256.Signing.PrivateKey()
         let server = try makeServerCertificate(key: serverKey, names: names, ca: ca, caKey: caKey, now: options.now)
         let signing = ServerSigningKey.generate()
         let encryption = try RSAPrivateKey.generate()
-        let config = Config(listenHost: options.listenHost, agentPort: options.agentPort, adminPort: options.adminPort, names: names)
+        let config = Config(
+            listenHost: options.listenHost, agentPort: options.agentPort, adminPort: options.adminPort, adminHost: options.adminHost, adminTLS: adminTLS, names: names)
 
         // Secrets first, each created exclusively; a failure part-way leaves no usable half.
         var written: [String] = []
@@ -107,7 +152,39 @@ public enum ServerDeployment {
         return Created(
             caPath: dir + "/ca.pem", caFingerprint: fingerprint(of: ca),
             agentAddress: "\(names.count > 2 ? names[2] : options.listenHost):\(options.agentPort)",
-            enrollmentToken: enrollmentToken, adminToken: adminToken)
+            enrollmentToken: enrollmentToken, adminToken: adminToken,
+            adminURL: adminURL(host: options.adminHost, port: options.adminPort, tls: adminTLS != nil, names: names))
+    }
+
+    /// `https://NAME:PORT`: the admin host, or for a wildcard address the first name given
+    /// with `--name` (else `localhost`).
+    static func adminURL(host: String, port: Int, tls: Bool, names: [String]) -> String {
+        let name = isWildcard(host) ? (names.count > 2 ? names[2] : "localhost") : host
+        return "\(tls ? "https" : "http")://\(name.contains(":") ? "[\(name)]" : name):\(port)"
+    }
+
+    /// Loopback: 127.0.0.0/8, `::1` and `localhost`.
+    public static func isLoopback(_ host: String) -> Bool {
+        if host == "localhost" || host == "::1" { return true }
+        return IPv4Address(host)?.bytes.first == 127
+    }
+
+    static func isWildcard(_ host: String) -> Bool { host == "0.0.0.0" || host == "::" }
+
+    /// The admin API's server TLS: TLS 1.3 only.
+    static func adminTLSConfiguration(_ tls: AdminTLS, directory: String) throws -> TLSConfiguration {
+        func path(_ p: String) -> String { p.hasPrefix("/") ? p : directory + "/" + p }
+        let chain: [NIOSSLCertificate], key: NIOSSLPrivateKey
+        do {
+            chain = try NIOSSLCertificate.fromPEMFile(path(tls.certificate))
+            key = try NIOSSLPrivateKey(file: path(tls.key), format: .pem)
+        } catch {
+            throw DeploymentError("cannot load the admin API's certificate (\(path(tls.certificate))) and key (\(path(tls.key))): \(error)")
+        }
+        guard !chain.isEmpty else { throw DeploymentError("\(path(tls.certificate)) holds no certificate") }
+        var configuration = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
+        configuration.minimumTLSVersion = .tlsv13
+        return configuration
     }
 
     /// `sha256:` + lowercase hex of the certificate's DER.

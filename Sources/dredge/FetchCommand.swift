@@ -1,0 +1,58 @@
+import ArgumentParser
+import DredgeAdminAPI
+import DredgeCommandLine
+import Foundation
+
+struct FetchCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "fetch",
+        abstract: "Download a pull's files: per agent, its per-day JSON-lines files and manifest (or its zip).",
+        discussion: """
+            Files go to DIR/PULL/AGENT/. Each is checked against the SHA-256 the server lists; an
+            interrupted download goes on where it stopped when run again, and files already there
+            are not downloaded again. Downloads are recorded in the server's audit log.
+            """)
+
+    @OptionGroup var server: ServerOptions
+    @Argument(help: "The pull id, or its first 4 or more characters.") var pull: String
+    @Option(help: "Where to put the files (default: the current directory).") var out = "."
+    @Option(help: "Only this agent's files.") var agent: String?
+    @Flag(help: "Each agent's zip instead of its per-day files.") var zip = false
+
+    func validate() throws {
+        if let agent { try IDPrefix.validate(agent, flag: "--agent") }
+    }
+
+    func run() async throws {
+        let client = try server.client()
+        let id = try await client.resolvePull(pull)
+        let agentID: String? = if let agent { try await client.resolveAgent(agent) } else { nil }
+        try await Fetch.files(of: id, client: client, into: out, agent: agentID, zip: zip)
+    }
+}
+
+enum Fetch {
+    /// Downloads the pull's files into `directory/PULL/AGENT/`, one line per file on stdout.
+    static func files(of id: String, client: AdminClient, into directory: String, agent: String? = nil, zip: Bool = false) async throws {
+        let listed = try await calling { try await client.pullFiles(id) }
+        let wanted = listed.filter { ($0.kind == .zip) == zip && (agent == nil || $0.agentID == agent) }
+        guard !wanted.isEmpty else {
+            throw fail("pull \(id) has no files\(agent.map { " from agent \($0)" } ?? "") yet: `dredge show \(id)` says where it stands")
+        }
+        let root = URL(fileURLWithPath: directory).standardizedFileURL.path + "/" + id
+        var bytes: Int64 = 0
+        for file in wanted {
+            let path = root + "/" + file.agentID + "/" + file.name
+            let outcome = try await calling { try await client.download(pull: id, file: file, to: path) }
+            let how =
+                switch outcome {
+                case .present: "already there"
+                case .downloaded: "downloaded"
+                case .resumed(let from): "resumed from byte \(from)"
+                }
+            print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(how)")
+            bytes += file.size
+        }
+        FileHandle.standardError.write(Data("\(wanted.count) file(s), \(Format.bytes(bytes)), checked, in \(root)\n".utf8))
+    }
+}

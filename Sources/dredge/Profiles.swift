@@ -1,0 +1,188 @@
+import ArgumentParser
+import DredgeAdminAPI
+import DredgeCommandLine
+import Foundation
+
+/// What `dredge login` stores: per profile name, the admin API's address, the token and the
+/// pinned CA. One file, `$XDG_CONFIG_HOME/dredge/profiles.json` (else `~/.config/dredge/`),
+/// mode 0600 in a 0700 directory; a file others can read is refused, as ssh refuses its keys.
+struct ProfileFile: Codable, Equatable {
+    struct Profile: Codable, Equatable {
+        var server: String
+        var token: String
+        /// The deployment CA (PEM) to pin, or nil for the system's trust roots.
+        var ca: String?
+    }
+
+    var profiles: [String: Profile] = [:]
+
+    static var path: String {
+        let environment = ProcessInfo.processInfo.environment
+        let base = environment["XDG_CONFIG_HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil }
+            ?? (environment["HOME"] ?? NSHomeDirectory()) + "/.config"
+        return base + "/dredge/profiles.json"
+    }
+
+    /// The stored profiles; none when there is no file.
+    static func load(from path: String = path) throws -> ProfileFile {
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            if errno == ENOENT { return ProfileFile() }
+            throw fail("cannot read \(path): \(String(cString: strerror(errno)))")
+        }
+        guard info.st_mode & 0o077 == 0 else {
+            throw fail("\(path) holds admin tokens but others can read it: `chmod 600 \(path)` (or log in again)")
+        }
+        guard let data = FileManager.default.contents(atPath: path) else { throw fail("cannot read \(path)") }
+        do {
+            return try JSONDecoder().decode(ProfileFile.self, from: data)
+        } catch {
+            throw fail("\(path) is not a profile file (\(error)); remove it and log in again")
+        }
+    }
+
+    /// Writes the file whole: a new file (0600) synced and renamed over the old one.
+    func save(to path: String = path) throws {
+        let directory = (path as NSString).deletingLastPathComponent
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw fail("cannot create \(directory): \(error.localizedDescription)")
+        }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        let bytes = Array(try encoder.encode(self)) + [10]
+        let temporary = path + ".\(getpid()).tmp"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw fail("cannot write \(temporary): \(String(cString: strerror(errno)))") }
+        var done = 0
+        while done < bytes.count {
+            let n = bytes[done...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            guard n > 0 else {
+                let reason = String(cString: strerror(errno))
+                close(fd)
+                unlink(temporary)
+                throw fail("cannot write \(temporary): \(reason)")
+            }
+            done += n
+        }
+        let synced = fsync(fd) == 0
+        close(fd)
+        guard synced, rename(temporary, path) == 0 else {
+            let reason = String(cString: strerror(errno))
+            unlink(temporary)
+            throw fail("cannot save \(path): \(reason)")
+        }
+    }
+}
+
+/// Where the server is and the token to show it: flags, else the environment, else the
+/// profile `dredge login` saved.
+struct ServerOptions: ParsableArguments {
+    @Option(help: "The admin API: https://HOST:PORT (default: $DREDGE_SERVER, else the profile's, else http://127.0.0.1:7080).")
+    var server: String?
+
+    @Option(help: "An admin token (default: $DREDGE_TOKEN, else the profile's).")
+    var token: String?
+
+    @Option(help: "Trust only this CA (PEM) for https (default: $DREDGE_CA, else the profile's).")
+    var ca: String?
+
+    @Option(help: "The `dredge login` profile to use (default: $DREDGE_PROFILE, else 'default').")
+    var profile: String?
+
+    func client() throws -> AdminClient {
+        let environment = ProcessInfo.processInfo.environment
+        let name = profile ?? nonEmpty(environment["DREDGE_PROFILE"]) ?? "default"
+        let stored = try ProfileFile.load().profiles[name]
+        if profile != nil && stored == nil { throw fail("no profile '\(name)' in \(ProfileFile.path): `dredge login --profile \(name) …` first") }
+        let address = server ?? nonEmpty(environment["DREDGE_SERVER"]) ?? stored?.server ?? "http://127.0.0.1:7080"
+        guard let token = token ?? nonEmpty(environment["DREDGE_TOKEN"]) ?? stored?.token, !token.isEmpty else {
+            throw fail("no admin token: `dredge login`, or give --token or set DREDGE_TOKEN (`dredge-server init` printed one)")
+        }
+        let trust: AdminClient.Trust
+        if let file = ca ?? nonEmpty(environment["DREDGE_CA"]) {
+            trust = .pinned(caPEM: try readCA(file))
+        } else if let stored, let pem = stored.ca, stored.server == address {
+            trust = .pinned(caPEM: pem)
+        } else {
+            trust = .system
+        }
+        do {
+            return try AdminClient(server: address, token: token, trust: trust)
+        } catch let error as AdminClientError {
+            throw fail(error.description)
+        }
+    }
+}
+
+func nonEmpty(_ text: String?) -> String? { text?.isEmpty == false ? text : nil }
+
+func readCA(_ path: String) throws -> String {
+    guard let data = FileManager.default.contents(atPath: path) else { throw fail("cannot read the CA certificate \(path)") }
+    let pem = String(decoding: data, as: UTF8.self)
+    guard pem.contains("-----BEGIN CERTIFICATE-----") else { throw fail("\(path) is not a PEM certificate") }
+    return pem
+}
+
+struct LoginCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "login",
+        abstract: "Check an admin API address, its certificate and a token, and save them as a profile.",
+        discussion: """
+            `dredge-server init` prints the line to paste. The server's certificate is pinned to the
+            deployment's CA: give the CA file with --ca, or its fingerprint with --fingerprint
+            (the CA is then fetched and kept only if its SHA-256 matches). Without either, the
+            system's trust roots are used (an operator's own certificate). The profile is saved in
+            \(ProfileFile.path) with mode 0600.
+            """)
+
+    @Option(help: "The admin API: https://HOST:PORT (http:// only on loopback).") var server: String
+    @Option(help: "The admin token.") var token: String
+    @Option(help: "The deployment's CA certificate (PEM file).") var ca: String?
+    @Option(help: "The deployment CA's fingerprint, sha256:HEX, as `dredge-server init` printed it.") var fingerprint: String?
+    @Option(help: "Save under this name (default 'default').") var profile = "default"
+
+    func validate() throws {
+        guard ca == nil || fingerprint == nil else { throw ValidationError("give --ca or --fingerprint, not both") }
+        guard !profile.isEmpty, profile.count <= 64, profile.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }) else {
+            throw ValidationError("--profile is 1 to 64 letters, digits, '-', '_' or '.'")
+        }
+    }
+
+    func run() async throws {
+        guard let url = URL(string: server), let scheme = url.scheme, let host = url.host else {
+            throw fail("'\(server)' is not an address: give https://HOST:PORT")
+        }
+        if scheme == "http" && !(host == "localhost" || host.hasPrefix("127.") || host == "::1" || host == "[::1]") {
+            throw fail("plain http is only for loopback: the token would cross the network in the clear; give https://\(host)…")
+        }
+        let pem: String? =
+            if let ca { try readCA(ca) } else if let fingerprint { try await calling { try await AdminClient.fetchCA(server: server, fingerprint: fingerprint) } } else { nil }
+        let client: AdminClient
+        do {
+            client = try AdminClient(server: server, token: token, trust: pem.map { .pinned(caPEM: $0) } ?? .system)
+        } catch let error as AdminClientError {
+            throw fail(error.description)
+        }
+        // The certificate and the token, both checked before anything is saved.
+        let agents = try await calling { try await client.agents() }
+        var file = try ProfileFile.load()
+        file.profiles[profile] = .init(server: server, token: token, ca: pem)
+        try file.save()
+        print("logged in to \(server) (\(agents.count) agent(s) enrolled); profile '\(profile)' saved in \(ProfileFile.path)")
+    }
+}
+
+struct LogoutCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "logout", abstract: "Forget a saved profile (its token and CA).")
+
+    @Option(help: "The profile to forget (default 'default').") var profile = "default"
+
+    func run() async throws {
+        var file = try ProfileFile.load()
+        guard file.profiles.removeValue(forKey: profile) != nil else { throw fail("no profile '\(profile)' in \(ProfileFile.path)") }
+        try file.save()
+        print("forgot profile '\(profile)'")
+    }
+}

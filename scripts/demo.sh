@@ -18,15 +18,20 @@ echo "== 1. A server deployment in $out/server"
 "$bin/dredge-server" init --data "$out/server" > "$out/init.txt"
 sed -n '1,7p' "$out/init.txt"
 token=$(awk '/enrollment token/ {print $3}' "$out/init.txt")
-export DREDGE_TOKEN=$(awk '/Admin token/ {getline; print $1}' "$out/init.txt")
+fingerprint=$(awk '/CA fingerprint/ {print $3}' "$out/init.txt")
+admin_token=$(awk '/Admin token/ {getline; print $1}' "$out/init.txt")
 "$bin/dredge-server" run --data "$out/server" --agent-port 0 --admin-port 0 --heartbeat-seconds 2 2> "$out/server.log" &
 pids+=($!)
 for _ in $(seq 100); do grep -q "admin API ready" "$out/server.log" && grep -q "agent listener ready" "$out/server.log" && break; sleep 0.1; done
 port=$(grep 'agent listener ready' "$out/server.log" | grep -o 'address=127.0.0.1:[0-9]*' | head -1 | cut -d: -f2)
-admin=$(grep 'admin API ready' "$out/server.log" | grep -o 'address=127.0.0.1:[0-9]*' | head -1 | cut -d= -f2)
+admin=$(grep 'admin API ready' "$out/server.log" | grep -o 'url=https://[0-9.]*:[0-9]*' | head -1 | cut -d= -f2)
 [ -n "$port" ] && [ -n "$admin" ] || { echo "server did not start:"; cat "$out/server.log"; exit 1; }
-export DREDGE_SERVER="http://$admin"
-echo "   agents connect to localhost:$port; the admin API is $DREDGE_SERVER"
+echo "   agents connect to localhost:$port; the admin API is $admin (HTTPS, TLS 1.3)"
+# The engineer's side keeps its profile here, not in your ~/.config.
+export XDG_CONFIG_HOME="$out/engineer/config"
+unset DREDGE_SERVER DREDGE_TOKEN DREDGE_CA DREDGE_PROFILE
+echo "   \$ dredge login --server $admin --fingerprint ${fingerprint:0:20}… --token dredge_adm_…   (the line init printed)"
+"$bin/dredge" login --server "$admin" --fingerprint "$fingerprint" --token "$admin_token" | sed 's/^/   /'
 
 echo "== 2. Two devices with three days of logs"
 "$bin/dredge-demo" generate --store "$out/kitchen/logs.sqlite" --uids u-1001,u-1002,u-1003 --records 60000 --seed 1 --host kitchen-oven-0042
@@ -42,22 +47,24 @@ for _ in $(seq 150); do
 done
 "$bin/dredge" agents
 
-echo "== 3. An engineer pulls user u-1002's warnings and errors of the last two days"
-echo "   \$ dredge pull --uid u-1002 --since 2d --level warning+ --wait"
-"$bin/dredge" pull --uid u-1002 --since 2d --level warning+ --wait --timeout 300 || { echo "the pull did not complete"; exit 1; }
+echo "== 3. An engineer pulls user u-1002's warnings and errors of the last two days, and downloads them"
+echo "   \$ dredge pull --uid u-1002 --since 2d --level warning+ --wait --out $out/engineer/pulls"
+"$bin/dredge" pull --uid u-1002 --since 2d --level warning+ --wait --timeout 300 --out "$out/engineer/pulls" | sed "s|$out/||" \
+    || { echo "the pull did not complete"; exit 1; }
 pull=$("$bin/dredge" pulls --json | python3 -c "import json,sys;print(json.load(sys.stdin)[0]['id'])")
 
-echo "== 4. The decrypted per-day files"
+echo "== 4. The decrypted per-day files, downloaded over HTTPS (each checked against its SHA-256)"
 ok=1
 for device in kitchen bakery; do
     agent=$(python3 -c "import json;print(json.load(open('$out/$device/agent/agent.json'))['agentID'])")
-    dir="$out/server/pulls/$pull/$agent"
+    dir="$out/engineer/pulls/$pull/$agent"
     echo "   $device ($agent):"
     for f in "$dir"/*.jsonl; do echo "     $f  ($(wc -l < "$f") records)"; done
     "$bin/dredge-demo" verify --store "$out/$device/logs.sqlite" --dir "$dir" | sed 's/^/     /' || ok=0
 done
 [ $ok = 1 ] || { echo "FAILED: what arrived is not what the filter selects"; exit 1; }
-echo "   the pull arrived, decrypted and verified, in $out/server/pulls/$pull"
+cmp -s <(cat "$out/server/pulls/$pull"/*/*.jsonl) <(cat "$out/engineer/pulls/$pull"/*/*.jsonl) || { echo "FAILED: the downloaded files differ from the server's"; exit 1; }
+echo "   the pull arrived, decrypted and verified, in $out/engineer/pulls/$pull"
 echo "== 5. The engineer reads it: one timeline across both devices, searched on the server"
 expected=$(cat "$out/server/pulls/$pull"/*/*.jsonl | wc -l)
 indexed=0

@@ -24,12 +24,14 @@ public struct AdminClient: Sendable {
     let token: String
     let http: HTTPClient
 
-    /// - Parameter server: `https://HOST:PORT`, `http://127.0.0.1:7080`, or `host:port` (HTTP).
+    /// - Parameter server: `https://HOST:PORT` (`HOST:PORT` alone means https), or
+    ///   `http://` to a loopback address only: a token never crosses a network in the clear.
     public init(server: String, token: String, trust: Trust = .system) throws {
-        let text = server.contains("://") ? server : "http://" + server
-        guard let url = URL(string: text), let scheme = url.scheme, ["http", "https"].contains(scheme), url.host != nil else {
+        let text = server.contains("://") ? server : "https://" + server
+        guard let url = URL(string: text), let scheme = url.scheme, ["http", "https"].contains(scheme), let host = url.host, !host.isEmpty else {
             throw AdminClientError.badServerAddress(server)
         }
+        guard scheme == "https" || HostAddress.isLoopback(host) else { throw AdminClientError.plainHTTP(server) }
         baseURL = url
         self.token = token
         http = try Self.client(trust)
@@ -74,11 +76,25 @@ public struct AdminClient: Sendable {
         }
         let (status, body) = try await client.send("GET", client.url("/ca.pem"), headers: [:], body: nil, through: try Self.client(nil))
         guard status == 200 else { throw AdminClientError.server(status, "the server did not hand out its CA") }
-        let pem = String(decoding: body, as: UTF8.self)
-        guard let der = pemBody(pem), Self.sha256Hex(der) == expected else {
+        guard let pem = verifiedCA(String(decoding: body.prefix(64 * 1024), as: UTF8.self), sha256Hex: expected) else {
             throw AdminClientError.fingerprintMismatch(server)
         }
         return pem
+    }
+
+    /// The first certificate of `pem`, re-encoded alone, if its DER's SHA-256 is `sha256Hex`:
+    /// whatever else the text holds (a second CA slipped in after the real one) is dropped,
+    /// so only the certificate the fingerprint names is ever pinned.
+    static func verifiedCA(_ pem: String, sha256Hex expected: String) -> String? {
+        guard let der = pemBody(pem), sha256Hex(der) == expected else { return nil }
+        let base64 = Data(der).base64EncodedString()
+        var lines: [String] = []
+        var rest = Substring(base64)
+        while !rest.isEmpty {
+            lines.append(String(rest.prefix(64)))
+            rest = rest.dropFirst(64)
+        }
+        return "-----BEGIN CERTIFICATE-----\n" + lines.joined(separator: "\n") + "\n-----END CERTIFICATE-----\n"
     }
 
     /// The DER of the first certificate in a PEM text.
@@ -229,9 +245,8 @@ public struct AdminClient: Sendable {
     func describe(_ error: any Error) -> AdminClientError {
         if let error = error as? AdminClientError { return error }
         let text = "\(error)"
-        if error is NIOSSLError || text.contains("CERTIFICATE_VERIFY_FAILED") || text.contains("handshakeFailed") {
-            return .untrusted(baseURL.absoluteString, text)
-        }
+        if text.contains("CERTIFICATE_VERIFY_FAILED") { return .untrusted(baseURL.absoluteString, "its certificate is not signed by the CA this client trusts") }
+        if error is NIOSSLError || text.contains("handshakeFailed") { return .untrusted(baseURL.absoluteString, text) }
         if let error = error as? HTTPClientError, error == .remoteConnectionClosed, baseURL.scheme == "http" {
             return .unreachable(baseURL.absoluteString, "the connection was closed: does the server speak https?")
         }
@@ -267,6 +282,10 @@ public enum AdminClientError: Error, CustomStringConvertible, Equatable, Sendabl
     case badCA(String)
     /// A downloaded file whose SHA-256 is not the one the server listed.
     case corrupt(String)
+    /// Plain http to an address that is not loopback.
+    case plainHTTP(String)
+    /// Writing a download on this machine failed (disk full, no permission).
+    case localFile(String, String)
 
     public var description: String {
         switch self {
@@ -288,6 +307,10 @@ public enum AdminClientError: Error, CustomStringConvertible, Equatable, Sendabl
             "the CA certificate is not usable: \(reason)"
         case .corrupt(let what):
             what
+        case .plainHTTP(let address):
+            "'\(address)': plain http only to a loopback address (the token would cross the network in the clear); give https://"
+        case .localFile(let path, let reason):
+            "cannot write \(path): \(reason)"
         }
     }
 }

@@ -24,10 +24,28 @@ extension AdminClient {
     /// listed one. A file already at `path` with that SHA-256 is left alone.
     @discardableResult
     public func download(pull id: String, file: PullFile, to path: String) async throws -> DownloadOutcome {
+        try await download(pull: id, file: file, to: path, restarted: false)
+    }
+
+    /// Whether a listed agent id and file name are safe to use as path components on this
+    /// machine: a hostile server's `..` or `.bashrc` is refused.
+    public static func isSafeName(_ name: String) -> Bool {
+        guard let first = name.unicodeScalars.first, first != ".", name.utf8.count <= 255 else { return false }
+        return name.unicodeScalars.allSatisfy { $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-_.".unicodeScalars.contains($0)) }
+    }
+
+    private func download(pull id: String, file: PullFile, to path: String, restarted: Bool) async throws -> DownloadOutcome {
+        guard Self.isSafeName(file.agentID), Self.isSafeName(file.name) else {
+            throw AdminClientError.corrupt("the server listed a file named \(file.agentID.debugDescription)/\(file.name.debugDescription): refused")
+        }
         let fm = FileManager.default
         if fm.fileExists(atPath: path), try Self.sha256(ofFile: path) == file.sha256 { return .present }
         let part = path + ".part"
-        try fm.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        do {
+            try fm.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        } catch {
+            throw AdminClientError.localFile((path as NSString).deletingLastPathComponent, error.localizedDescription)
+        }
         var have = Int64((try? fm.attributesOfItem(atPath: part)[.size] as? NSNumber)?.int64Value ?? 0)
         if have > file.size { have = 0 }
         let url = url("/v1/pulls/\(try Self.pathComponent(id))/files/\(try Self.pathComponent(file.agentID))/\(try Self.pathComponent(file.name))")
@@ -38,43 +56,50 @@ extension AdminClient {
             let append: Bool
             switch status {
             case 206:
+                // Appended only where it continues the part.
+                guard response.headers.first(name: "Content-Range")?.hasPrefix("bytes \(have)-") == true else {
+                    throw AdminClientError.server(206, "a partial answer that does not start at byte \(have)")
+                }
                 append = true
                 outcome = .resumed(from: have)
             case 200:
                 append = false
-            case 416:
-                // The part is not a prefix of this file any more: start again.
-                _ = try? await response.body.collect(upTo: 1 << 16)
-                try? fm.removeItem(atPath: part)
-                return try await download(pull: id, file: file, to: path)
+            case 416 where !restarted:
+                // The part is not a prefix of this file any more: start again, once.
+                _ = try await response.body.collect(upTo: 1 << 16)
+                do { try fm.removeItem(atPath: part) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+                return try await download(pull: id, file: file, to: path, restarted: true)
             default:
                 let body = try await response.body.collect(upTo: 1 << 16)
                 try Self.check(status, Data(body.readableBytesView))
                 throw AdminClientError.server(status, "unexpected answer to a download")
             }
             if !append || !fm.fileExists(atPath: part) {
-                guard fm.createFile(atPath: part, contents: nil) else { throw AdminClientError.corrupt("cannot create \(part)") }
+                guard fm.createFile(atPath: part, contents: nil) else { throw AdminClientError.localFile(part, "cannot create it") }
             }
-            let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: part))
+            let handle: FileHandle
+            do { handle = try FileHandle(forWritingTo: URL(fileURLWithPath: part)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+            defer { try? handle.close() }
             do {
                 if append { try handle.seekToEnd() } else { try handle.truncate(atOffset: 0) }
-                for try await buffer in response.body {
-                    try handle.write(contentsOf: Data(buffer.readableBytesView))
-                }
-                try handle.synchronize()
-                try handle.close()
             } catch {
-                try? handle.close()
-                throw error is AdminClientError ? error : describe(error)
+                throw AdminClientError.localFile(part, error.localizedDescription)
             }
+            var body = response.body.makeAsyncIterator()
+            while true {
+                let buffer: ByteBuffer?
+                do { buffer = try await body.next() } catch { throw describe(error) }
+                guard let buffer else { break }
+                do { try handle.write(contentsOf: Data(buffer.readableBytesView)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+            }
+            do { try handle.synchronize() } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
         }
         let sha = try Self.sha256(ofFile: part)
         guard sha == file.sha256 else {
-            try? fm.removeItem(atPath: part)
+            do { try fm.removeItem(atPath: part) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
             throw AdminClientError.corrupt("\(file.name) of agent \(file.agentID) arrived with SHA-256 \(sha), not the listed \(file.sha256): removed; run the download again")
         }
-        if fm.fileExists(atPath: path) { try fm.removeItem(atPath: path) }
-        try fm.moveItem(atPath: part, toPath: path)
+        guard rename(part, path) == 0 else { throw AdminClientError.localFile(path, String(cString: strerror(errno))) }
         return outcome
     }
 

@@ -125,7 +125,7 @@ struct PullCommand: AsyncParsableCommand {
         }
         if json { try printJSON(finished) } else if out == nil { Format.printResult(finished) }
         if let out, finished.targets.contains(where: { $0.status == .complete }) {
-            try await Fetch.files(of: finished.id, client: client, into: out)
+            try await Fetch.files(of: finished.id, client: client, into: out, toStderr: json)
         }
         if finished.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
     }

@@ -32,8 +32,12 @@ struct FetchCommand: AsyncParsableCommand {
 }
 
 enum Fetch {
-    /// Downloads the pull's files into `directory/PULL/AGENT/`, one line per file on stdout.
-    static func files(of id: String, client: AdminClient, into directory: String, agent: String? = nil, zip: Bool = false) async throws {
+    /// Downloads the pull's files into `directory/PULL/AGENT/`, one line per file on stdout (on
+    /// stderr when stdout carries JSON).
+    static func files(of id: String, client: AdminClient, into directory: String, agent: String? = nil, zip: Bool = false, toStderr: Bool = false) async throws {
+        func say(_ line: String) {
+            if toStderr { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { print(line) }
+        }
         let listed = try await calling { try await client.pullFiles(id) }
         let wanted = listed.filter { ($0.kind == .zip) == zip && (agent == nil || $0.agentID == agent) }
         guard !wanted.isEmpty else {
@@ -50,9 +54,9 @@ enum Fetch {
                 case .downloaded: "downloaded"
                 case .resumed(let from): "resumed from byte \(from)"
                 }
-            print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(how)")
+            say("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(how)")
             bytes += file.size
         }
-        FileHandle.standardError.write(Data("\(wanted.count) file(s), \(Format.bytes(bytes)), checked, in \(root)\n".utf8))
+        say("\(wanted.count) file(s), \(Format.bytes(bytes)), each checked against its SHA-256, in \(root)")
     }
 }

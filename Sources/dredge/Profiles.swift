@@ -79,7 +79,7 @@ struct ProfileFile: Codable, Equatable {
 /// Where the server is and the token to show it: flags, else the environment, else the
 /// profile `dredge login` saved.
 struct ServerOptions: ParsableArguments {
-    @Option(help: "The admin API: https://HOST:PORT (default: $DREDGE_SERVER, else the profile's, else http://127.0.0.1:7080).")
+    @Option(help: "The admin API: https://HOST:PORT (default: $DREDGE_SERVER, else the profile's, else https://127.0.0.1:7080).")
     var server: String?
 
     @Option(help: "An admin token (default: $DREDGE_TOKEN, else the profile's).")
@@ -96,14 +96,16 @@ struct ServerOptions: ParsableArguments {
         let name = profile ?? nonEmpty(environment["DREDGE_PROFILE"]) ?? "default"
         let stored = try ProfileFile.load().profiles[name]
         if profile != nil && stored == nil { throw fail("no profile '\(name)' in \(ProfileFile.path): `dredge login --profile \(name) …` first") }
-        let address = server ?? nonEmpty(environment["DREDGE_SERVER"]) ?? stored?.server ?? "http://127.0.0.1:7080"
-        guard let token = token ?? nonEmpty(environment["DREDGE_TOKEN"]) ?? stored?.token, !token.isEmpty else {
+        let address = server ?? nonEmpty(environment["DREDGE_SERVER"]) ?? stored?.server ?? "https://127.0.0.1:7080"
+        // The profile's token and CA go only to the profile's server.
+        let own = stored.flatMap { $0.server == address ? $0 : nil }
+        guard let token = token ?? nonEmpty(environment["DREDGE_TOKEN"]) ?? own?.token, !token.isEmpty else {
             throw fail("no admin token: `dredge login`, or give --token or set DREDGE_TOKEN (`dredge-server init` printed one)")
         }
         let trust: AdminClient.Trust
         if let file = ca ?? nonEmpty(environment["DREDGE_CA"]) {
             trust = .pinned(caPEM: try readCA(file))
-        } else if let stored, let pem = stored.ca, stored.server == address {
+        } else if let pem = own?.ca {
             trust = .pinned(caPEM: pem)
         } else {
             trust = .system
@@ -154,7 +156,7 @@ struct LoginCommand: AsyncParsableCommand {
         guard let url = URL(string: server), let scheme = url.scheme, let host = url.host else {
             throw fail("'\(server)' is not an address: give https://HOST:PORT")
         }
-        if scheme == "http" && !(host == "localhost" || host.hasPrefix("127.") || host == "::1" || host == "[::1]") {
+        if scheme == "http" && !HostAddress.isLoopback(host) {
             throw fail("plain http is only for loopback: the token would cross the network in the clear; give https://\(host)…")
         }
         let pem: String? =

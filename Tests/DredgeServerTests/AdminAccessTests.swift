@@ -1,9 +1,9 @@
-import DredgeAdminAPI
 import DredgeCommandLine
 import DredgeTestSupport
 import Foundation
 import NIOSSL
 import Testing
+@testable import DredgeAdminAPI
 @testable import DredgeServer
 
 /// The admin API's listener rules (HTTPS by default, plain HTTP only on loopback) and the pure
@@ -43,6 +43,60 @@ import Testing
         #expect(throws: DeploymentError.self) { try LoadedDeployment(directory: dir.file("data")) }
         #expect(throws: DeploymentError.self) { try LoadedDeployment.checkAdmin(host: "::", tls: false) }
         for loopback in ["127.0.0.1", "127.9.8.7", "::1", "localhost"] { #expect(throws: Never.self) { try LoadedDeployment.checkAdmin(host: loopback, tls: false) } }
+    }
+
+    @Test func loopbackIsReadStrictly() {
+        for loopback in ["127.0.0.1", "127.255.0.9", "localhost", "LOCALHOST", "::1", "[::1]"] { #expect(HostAddress.isLoopback(loopback), "\(loopback)") }
+        // Spellings a resolver reads as another address, and names that only start like loopback.
+        for other in ["0127.0.0.1", "127.1", "127.0.0.1.evil.example", "127.0.0.01", "0x7f.0.0.1", "10.0.0.1", "::", "0.0.0.0", "127.0.0.256", " 127.0.0.1"] {
+            #expect(!HostAddress.isLoopback(other), "\(other)")
+        }
+    }
+
+    @Test func theServerRefusesToStartPlainHTTPOffLoopbackEvenWhenTheCommandLineMovesIt() throws {
+        let dir = TempDir()
+        var options = ServerDeployment.Options(dataDirectory: dir.file("data"))
+        options.adminPlainHTTP = true
+        _ = try ServerDeployment.initialize(options)
+        let (status, output) = try ManagedProcess.run("dredge-server", ["run", "--data", dir.file("data"), "--agent-port", "0", "--admin-listen", "0.0.0.0:0"])
+        #expect(status != 0 && output.contains("allowed only on loopback"), "\(output)")
+    }
+
+    @Test func theClientSendsNoTokenInTheClearOffLoopback() throws {
+        #expect(throws: AdminClientError.plainHTTP("http://10.0.0.1:7080")) { try AdminClient(server: "http://10.0.0.1:7080", token: "t") }
+        #expect(throws: AdminClientError.plainHTTP("http://0127.0.0.1:7080")) { try AdminClient(server: "http://0127.0.0.1:7080", token: "t") }
+        #expect(try AdminClient(server: "10.0.0.1:7080", token: "t").baseURL.scheme == "https", "a bare address means https")
+        #expect(try AdminClient(server: "http://127.0.0.1:7080", token: "t").baseURL.scheme == "http")
+    }
+
+    @Test func onlyTheCertificateTheFingerprintNamesIsPinned() throws {
+        let dir = TempDir()
+        let real = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: dir.file("real")))
+        _ = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: dir.file("attacker")))
+        let realPEM = try contents(dir.file("real/ca.pem")), attackerPEM = try contents(dir.file("attacker/ca.pem"))
+        let expected = String(real.caFingerprint.dropFirst("sha256:".count))
+        // The real CA with the attacker's after it: only the real one comes back.
+        let pinned = try #require(AdminClient.verifiedCA(realPEM + attackerPEM, sha256Hex: expected))
+        #expect(pinned.components(separatedBy: "BEGIN CERTIFICATE").count == 2)
+        #expect(try NIOSSLCertificate.fromPEMBytes(Array(pinned.utf8)) == NIOSSLCertificate.fromPEMBytes(Array(realPEM.utf8)))
+        #expect(AdminClient.verifiedCA(attackerPEM + realPEM, sha256Hex: expected) == nil)
+        #expect(AdminClient.verifiedCA("junk", sha256Hex: expected) == nil)
+    }
+
+    @Test func namesAServerListsAreUsedAsPathsOnlyWhenSafe() {
+        for safe in ["2026-11-20.jsonl", "manifest.json", "0123456789abcdef0123456789abcdef.zip"] { #expect(AdminClient.isSafeName(safe), "\(safe)") }
+        for unsafe in ["..", ".", ".bashrc", "a/b", "", "x\u{0}y", "ü.jsonl", String(repeating: "a", count: 256)] { #expect(!AdminClient.isSafeName(unsafe), "\(unsafe)") }
+    }
+
+    @Test func withTheOperatorsCertificateTheLoginLineHasNoFingerprint() throws {
+        let dir = TempDir()
+        // Any valid chain and key stand for the operator's: another deployment's.
+        _ = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: dir.file("company")))
+        var options = ServerDeployment.Options(dataDirectory: dir.file("data"))
+        options.adminCertificate = (dir.file("company/server.pem"), dir.file("company/server-key.pem"))
+        let created = try ServerDeployment.initialize(options)
+        #expect(created.loginCommand == "dredge login --server https://127.0.0.1:7080 --token \(created.adminToken)")
+        #expect(try LoadedDeployment(directory: dir.file("data")).config.adminTLS == .init(certificate: dir.file("company/server.pem"), key: dir.file("company/server-key.pem")))
     }
 
     @Test func anOperatorCertificateThatDoesNotLoadIsRefusedAtInit() throws {

@@ -33,6 +33,8 @@ import Testing
         #expect(!FileManager.default.fileExists(atPath: profiles))
         let plain = try dredge(["login", "--server", admin.replacingOccurrences(of: "https:", with: "http:"), "--token", d.created.adminToken])
         #expect(plain.status == 1, "\(plain.output)")
+        let clear = try dredge(["agents", "--server", "http://192.0.2.1:7080", "--token", d.created.adminToken])
+        #expect(clear.status == 1 && clear.output.contains("plain http only to a loopback address"), "\(clear.output)")
 
         // The line init printed, with this run's port.
         let login = try dredge(["login", "--server", admin, "--fingerprint", d.created.caFingerprint, "--token", d.created.adminToken])

@@ -2,7 +2,6 @@ import Crypto
 import DredgeAdminAPI
 import DredgeWire
 import Foundation
-import NIOPosix
 import Synchronization
 
 /// A pull's files as the download routes serve them: only what the pull's record lists for a
@@ -28,30 +27,54 @@ public struct PullFiles: Sendable {
 
     /// The pull's files in agent then name order; nil when there is no such pull.
     public func list(_ pullID: String) async throws -> [Located]? {
-        guard let pull = try await pulls.pull(pullID) else { return nil }
+        guard let candidates = try await candidates(pullID) else { return nil }
         var located: [Located] = []
-        for target in pull.targets where target.status == .complete {
-            var candidates: [(String, PullFile.Kind)] = target.files.map { path in
-                let name = (path as NSString).lastPathComponent
-                return (path, name == "manifest.json" ? PullFile.Kind.manifest : PullFile.Kind.day)
-            }
-            candidates.append((try paths.pullZip(pullID, agent: target.agentID), .zip))
-            for (path, kind) in candidates.sorted(by: { $0.0 < $1.0 }) {
-                let inside = try paths.inside(path)
-                guard let (size, sha) = try await digest(inside) else { continue }
-                located.append(Located(path: inside, file: PullFile(agentID: target.agentID, name: (inside as NSString).lastPathComponent, kind: kind, size: size, sha256: sha)))
-            }
+        for candidate in candidates {
+            if let file = try await describe(candidate) { located.append(file) }
         }
         return located
     }
 
     /// One file of the listing, by agent and name; nil when the pull or the file is not there.
+    /// Only that file's SHA-256 is computed.
     public func locate(_ pullID: String, agent agentID: String, name: String) async throws -> Located? {
-        try await list(pullID)?.first { $0.file.agentID == agentID && $0.file.name == name }
+        guard let candidate = try await candidates(pullID)?.first(where: { $0.agentID == agentID && $0.name == name }) else { return nil }
+        return try await describe(candidate)
+    }
+
+    private struct Candidate {
+        var agentID: String
+        var path: String
+        var name: String
+        var kind: PullFile.Kind
+    }
+
+    /// What a pull's record says it holds: each complete target's files and its zip.
+    private func candidates(_ pullID: String) async throws -> [Candidate]? {
+        guard let pull = try await pulls.pull(pullID) else { return nil }
+        var candidates: [Candidate] = []
+        for target in pull.targets where target.status == .complete {
+            var files: [(String, PullFile.Kind)] = target.files.map { path in
+                ((path as NSString).lastPathComponent == "manifest.json" ? (path, .manifest) : (path, .day))
+            }
+            files.append((try paths.pullZip(pullID, agent: target.agentID), .zip))
+            for (path, kind) in files.sorted(by: { $0.0 < $1.0 }) {
+                let inside = try paths.inside(path)
+                candidates.append(Candidate(agentID: target.agentID, path: inside, name: (inside as NSString).lastPathComponent, kind: kind))
+            }
+        }
+        return candidates
+    }
+
+    private func describe(_ candidate: Candidate) async throws -> Located? {
+        guard let (size, sha) = try await digest(candidate.path) else { return nil }
+        return Located(path: candidate.path, file: PullFile(agentID: candidate.agentID, name: candidate.name, kind: candidate.kind, size: size, sha256: sha))
     }
 
     /// (size, SHA-256 hex) of a regular file, nil when it is missing. Symbolic links are not
-    /// followed: the server never makes them, so one is refused.
+    /// followed: the server never makes them, so one is refused. Hashing runs on a queue of its
+    /// own (not the event loops, not the thread pool file reads use), one file at a time, and
+    /// a file asked for twice meanwhile is hashed once.
     private func digest(_ path: String) async throws -> (Int64, String)? {
         var info = stat()
         guard lstat(path, &info) == 0 else {
@@ -61,10 +84,23 @@ public struct PullFiles: Sendable {
         guard (info.st_mode & S_IFMT) == S_IFREG else { throw DataDirectory.PathError(description: "\(path) is not a regular file") }
         let key = DigestCache.Key(path: path, size: Int64(info.st_size), modified: Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec))
         if let known = digests.get(key) { return (key.size, known) }
-        let sha = try await NIOThreadPool.singleton.runIfActive { try Self.sha256(of: path) }
-        digests.set(key, sha)
+        let digests = digests
+        let sha: String = try await withCheckedThrowingContinuation { continuation in
+            Self.hashing.async {
+                if let known = digests.get(key) { return continuation.resume(returning: known) }
+                do {
+                    let sha = try Self.sha256(of: path)
+                    digests.set(key, sha)
+                    continuation.resume(returning: sha)
+                } catch {
+                    continuation.resume(throwing: error)
+                }
+            }
+        }
         return (key.size, sha)
     }
+
+    private static let hashing = DispatchQueue(label: "dredge.pull-files.sha256")
 
     static func sha256(of path: String) throws -> String {
         guard let handle = FileHandle(forReadingAtPath: path) else {

@@ -51,11 +51,13 @@ public enum ServerDeployment {
         public var adminToken: String
         /// Where engineers reach the admin API: `https://NAME:PORT` (or `http://` on loopback).
         public var adminURL: String
+        /// The admin API uses the operator's certificate, not one the deployment CA signed.
+        public var operatorCertificate = false
 
         /// The line an engineer pastes to log in: the CA pinned by its fingerprint (the
         /// deployment's CA signs the admin certificate unless the operator gave one).
         public var loginCommand: String {
-            adminURL.hasPrefix("https://")
+            adminURL.hasPrefix("https://") && !operatorCertificate
                 ? "dredge login --server \(adminURL) --fingerprint \(caFingerprint) --token \(adminToken)"
                 : "dredge login --server \(adminURL) --token \(adminToken)"
         }
@@ -153,7 +155,8 @@ public enum ServerDeployment {
             caPath: dir + "/ca.pem", caFingerprint: fingerprint(of: ca),
             agentAddress: "\(names.count > 2 ? names[2] : options.listenHost):\(options.agentPort)",
             enrollmentToken: enrollmentToken, adminToken: adminToken,
-            adminURL: adminURL(host: options.adminHost, port: options.adminPort, tls: adminTLS != nil, names: names))
+            adminURL: adminURL(host: options.adminHost, port: options.adminPort, tls: adminTLS != nil, names: names),
+            operatorCertificate: options.adminCertificate != nil && adminTLS != nil)
     }
 
     /// `https://NAME:PORT`: the admin host, or for a wildcard address the first name given
@@ -163,11 +166,8 @@ public enum ServerDeployment {
         return "\(tls ? "https" : "http")://\(name.contains(":") ? "[\(name)]" : name):\(port)"
     }
 
-    /// Loopback: 127.0.0.0/8, `::1` and `localhost`.
-    public static func isLoopback(_ host: String) -> Bool {
-        if host == "localhost" || host == "::1" { return true }
-        return IPv4Address(host)?.bytes.first == 127
-    }
+    /// Loopback: 127.0.0.0/8, `::1` and `localhost` (``HostAddress/isLoopback(_:)``).
+    public static func isLoopback(_ host: String) -> Bool { HostAddress.isLoopback(host) }
 
     static func isWildcard(_ host: String) -> Bool { host == "0.0.0.0" || host == "::" }
 
@@ -219,6 +219,7 @@ public enum ServerDeployment {
         }
         let sans: [GeneralName] = names.map { name in
             if let ip = IPv4Address(name) { return .ipAddress(ASN1OctetString(contentBytes: ArraySlice(ip.bytes))) }
+            if let ip = IPv6Address(name) { return .ipAddress(ASN1OctetString(contentBytes: ArraySlice(ip.bytes))) }
             return .dnsName(name)
         }
         let publicKey = Certificate.PrivateKey(key).publicKey
@@ -264,17 +265,21 @@ public struct DeploymentError: Error, CustomStringConvertible, Sendable {
     public init(_ description: String) { self.description = description }
 }
 
-/// A dotted-quad IPv4 address.
+/// A dotted-quad IPv4 address, in its canonical spelling only.
 struct IPv4Address {
     var bytes: [UInt8]
     init?(_ text: String) {
-        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 4 else { return nil }
-        var bytes: [UInt8] = []
-        for part in parts {
-            guard let value = UInt8(part) else { return nil }
-            bytes.append(value)
-        }
+        guard let bytes = HostAddress.ipv4(text) else { return nil }
         self.bytes = bytes
+    }
+}
+
+/// An IPv6 address (`inet_pton`), for the certificate's IP entries.
+struct IPv6Address {
+    var bytes: [UInt8]
+    init?(_ text: String) {
+        var address = in6_addr()
+        guard text.contains(":"), inet_pton(AF_INET6, text, &address) == 1 else { return nil }
+        bytes = withUnsafeBytes(of: &address) { Array($0) }
     }
 }

@@ -1,5 +1,4 @@
 import AsyncHTTPClient
-import Crypto
 import Foundation
 import NIOCore
 import NIOHTTP1
@@ -86,7 +85,7 @@ public struct AdminClient: Sendable {
     /// whatever else the text holds (a second CA slipped in after the real one) is dropped,
     /// so only the certificate the fingerprint names is ever pinned.
     static func verifiedCA(_ pem: String, sha256Hex expected: String) -> String? {
-        guard let der = pemBody(pem), sha256Hex(der) == expected else { return nil }
+        guard let der = pemBody(pem), FileDigest.sha256(der) == expected else { return nil }
         let base64 = Data(der).base64EncodedString()
         var lines: [String] = []
         var rest = Substring(base64)
@@ -106,9 +105,6 @@ public struct AdminClient: Sendable {
         return Data(base64Encoded: String(base64)).map { Array($0) }
     }
 
-    static func sha256Hex(_ bytes: some DataProtocol) -> String {
-        SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
-    }
 
     /// `GET /health` (no token needed): throws unless the server answers 200.
     public func health() async throws {

@@ -1,3 +1,40 @@
+/// JSON literals and numbers (RFC 8259) read straight from bytes: what the server's line
+/// reader and ``JSONValue/parse(_:)`` share, with ``JSONString``.
+public enum JSONToken {
+    /// The index just past `word` (`true`, `false`, `null`) if the bytes at `start` spell it.
+    public static func literal(_ bytes: UnsafeBufferPointer<UInt8>, at start: Int, _ word: StaticString) -> Int? {
+        let n = word.utf8CodeUnitCount
+        guard start + n <= bytes.count else { return nil }
+        for k in 0..<n where bytes[start + k] != word.utf8Start[k] { return nil }
+        return start + n
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?` from `start`: the index just past
+    /// it and whether it is an integer (no fraction, no exponent); nil when it is not a number.
+    public static func number(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int) -> (end: Int, integral: Bool)? {
+        var i = start
+        var integral = true
+        func digit() -> Bool { i < bytes.count && bytes[i] >= 48 && bytes[i] <= 57 }
+        if i < bytes.count, bytes[i] == UInt8(ascii: "-") { i += 1 }
+        guard digit() else { return nil }
+        if bytes[i] == 48 { i += 1 } else { while digit() { i += 1 } }
+        if i < bytes.count, bytes[i] == UInt8(ascii: ".") {
+            integral = false
+            i += 1
+            guard digit() else { return nil }
+            while digit() { i += 1 }
+        }
+        if i < bytes.count, bytes[i] == UInt8(ascii: "e") || bytes[i] == UInt8(ascii: "E") {
+            integral = false
+            i += 1
+            if i < bytes.count, bytes[i] == UInt8(ascii: "+") || bytes[i] == UInt8(ascii: "-") { i += 1 }
+            guard digit() else { return nil }
+            while digit() { i += 1 }
+        }
+        return (i, integral)
+    }
+}
+
 /// JSON strings (RFC 8259) read straight from bytes: what the server's line reader and
 /// ``JSONValue/parse(_:)`` share.
 public enum JSONString {

@@ -155,56 +155,6 @@ public struct FoundRecord: Sendable, Equatable, Codable {
     }
 }
 
-/// Any JSON value, as records' metadata holds them.
-public enum JSONValue: Sendable, Hashable, Codable {
-    case null
-    case bool(Bool)
-    case integer(Int64)
-    case number(Double)
-    case string(String)
-    case array([JSONValue])
-    case object([String: JSONValue])
-
-    public init(from decoder: any Decoder) throws {
-        let c = try decoder.singleValueContainer()
-        if c.decodeNil() {
-            self = .null
-        } else if let b = try? c.decode(Bool.self) {
-            self = .bool(b)
-        } else if let i = try? c.decode(Int64.self) {
-            self = .integer(i)
-        } else if let d = try? c.decode(Double.self) {
-            self = .number(d)
-        } else if let s = try? c.decode(String.self) {
-            self = .string(s)
-        } else if let a = try? c.decode([JSONValue].self) {
-            self = .array(a)
-        } else {
-            self = .object(try c.decode([String: JSONValue].self))
-        }
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var c = encoder.singleValueContainer()
-        switch self {
-        case .null: try c.encodeNil()
-        case .bool(let b): try c.encode(b)
-        case .integer(let i): try c.encode(i)
-        case .number(let d): try c.encode(d)
-        case .string(let s): try c.encode(s)
-        case .array(let a): try c.encode(a)
-        case .object(let o): try c.encode(o)
-        }
-    }
-
-    /// Compact JSON with sorted keys.
-    public var jsonText: String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return (try? encoder.encode(self)).map { String(decoding: $0, as: UTF8.self) } ?? "null"  // encoding a JSONValue cannot fail but for non-finite numbers, which JSON lacks
-    }
-}
-
 extension JSONValue {
     /// Parses JSON text in one pass (no Foundation decoder): what the index uses to hand out
     /// records' metadata. Nil when `text` is not one JSON value, nests deeper than 64, or holds
@@ -291,34 +241,15 @@ extension JSONValue {
         }
 
         mutating func literal(_ word: StaticString) -> Bool {
-            let n = word.utf8CodeUnitCount
-            guard i + n <= bytes.count else { return false }
-            for k in 0..<n where bytes[i + k] != word.utf8Start[k] { return false }
-            i += n
+            guard let end = JSONToken.literal(bytes, at: i, word) else { return false }
+            i = end
             return true
         }
 
         mutating func number() -> JSONValue? {
-            let start = i
-            var integral = true
-            func digit() -> Bool { i < bytes.count && bytes[i] >= 48 && bytes[i] <= 57 }
-            if i < bytes.count, bytes[i] == UInt8(ascii: "-") { i += 1 }
-            guard digit() else { return nil }
-            if bytes[i] == 48 { i += 1 } else { while digit() { i += 1 } }
-            if i < bytes.count, bytes[i] == UInt8(ascii: ".") {
-                integral = false
-                i += 1
-                guard digit() else { return nil }
-                while digit() { i += 1 }
-            }
-            if i < bytes.count, bytes[i] == UInt8(ascii: "e") || bytes[i] == UInt8(ascii: "E") {
-                integral = false
-                i += 1
-                if i < bytes.count, bytes[i] == UInt8(ascii: "+") || bytes[i] == UInt8(ascii: "-") { i += 1 }
-                guard digit() else { return nil }
-                while digit() { i += 1 }
-            }
-            let text = String(decoding: bytes[start..<i], as: UTF8.self)
+            guard let (end, integral) = JSONToken.number(bytes, from: i) else { return nil }
+            let text = String(decoding: bytes[i..<end], as: UTF8.self)
+            i = end
             if integral, let value = Int64(text) { return .integer(value) }
             // 1e400 reads as infinity, which JSON cannot carry: not a value this parser hands out.
             guard let value = Double(text), value.isFinite else { return nil }

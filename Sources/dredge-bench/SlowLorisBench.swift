@@ -71,11 +71,6 @@ struct SlowLorisBench: AsyncParsableCommand {
             extra: String(format: "slowdown=%.2f max=%.1f quiet_max=%.1f attacker_connections=%d rounds=%d",
                 median(attacked) / median(quiet), attacked.max() ?? .nan, quiet.max() ?? .nan, opened, rounds)).line)
     }
-
-    private func unwrapURL(_ text: String) throws -> URL {
-        guard let url = URL(string: text) else { throw ValidationError("bad URL \(text)") }
-        return url
-    }
 }
 
 /// Opens silent TCP connections to `port` from 127.0.0.2 as fast as the server lets it keep

@@ -1,35 +1,8 @@
+import DredgeDomain
 import Foundation
 
-/// A JSON value read for validation (not for decoding into a type): integers stay exact.
-enum JSONValue: Decodable, Equatable {
-    case null
-    case bool(Bool)
-    case integer(Int64)
-    case number(Double)
-    case string(String)
-    case array([JSONValue])
-    case object([String: JSONValue])
-
-    init(from decoder: any Decoder) throws {
-        let c = try decoder.singleValueContainer()
-        // Probing each JSON type in turn: a mismatch is the expected answer, not an error to keep.
-        if c.decodeNil() {
-            self = .null
-        } else if let b = try? c.decode(Bool.self) {
-            self = .bool(b)
-        } else if let i = try? c.decode(Int64.self) {
-            self = .integer(i)
-        } else if let d = try? c.decode(Double.self) {
-            self = .number(d)
-        } else if let s = try? c.decode(String.self) {
-            self = .string(s)
-        } else if let a = try? c.decode([JSONValue].self) {
-            self = .array(a)
-        } else {
-            self = .object(try c.decode([String: JSONValue].self))
-        }
-    }
-
+/// What validation asks of a JSON value (``DredgeDomain/JSONValue``, read with integers exact).
+extension JSONValue {
     var typeName: String {
         switch self {
         case .null: "null"

@@ -1,4 +1,3 @@
-import Crypto
 import DredgeAdminAPI
 import DredgeWire
 import Foundation
@@ -89,7 +88,7 @@ public struct PullFiles: Sendable {
             Self.hashing.async {
                 if let known = digests.get(key) { return continuation.resume(returning: known) }
                 do {
-                    let sha = try Self.sha256(of: path)
+                    let sha = try FileDigest.sha256(ofFile: path)
                     digests.set(key, sha)
                     continuation.resume(returning: sha)
                 } catch {
@@ -101,16 +100,6 @@ public struct PullFiles: Sendable {
     }
 
     private static let hashing = DispatchQueue(label: "dredge.pull-files.sha256")
-
-    static func sha256(of path: String) throws -> String {
-        guard let handle = FileHandle(forReadingAtPath: path) else {
-            throw DataDirectory.PathError(description: "cannot open \(path)")
-        }
-        defer { try? handle.close() }
-        var hash = SHA256()
-        while let block = try handle.read(upToCount: 1 << 20), !block.isEmpty { hash.update(data: block) }
-        return hash.finalize().map { String(format: "%02x", $0) }.joined()
-    }
 }
 
 /// SHA-256s of files by (path, size, modification time); bounded.

@@ -254,34 +254,14 @@ struct RecordLine {
         }
 
         mutating func literal(_ word: StaticString) -> Bool {
-            let n = word.utf8CodeUnitCount
-            guard i + n <= bytes.count else { return false }
-            for k in 0..<n where bytes[i + k] != word.utf8Start[k] { return false }
-            i += n
+            guard let end = JSONToken.literal(bytes, at: i, word) else { return false }
+            i = end
             return true
         }
 
-        /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
         mutating func number() -> Bool {
-            func digit(_ at: Int) -> Bool { at < bytes.count && bytes[at] >= 48 && bytes[at] <= 57 }
-            if i < bytes.count, bytes[i] == UInt8(ascii: "-") { i += 1 }
-            guard digit(i) else { return false }
-            if bytes[i] == 48 {
-                i += 1
-            } else {
-                while digit(i) { i += 1 }
-            }
-            if i < bytes.count, bytes[i] == UInt8(ascii: ".") {
-                i += 1
-                guard digit(i) else { return false }
-                while digit(i) { i += 1 }
-            }
-            if i < bytes.count, bytes[i] == UInt8(ascii: "e") || bytes[i] == UInt8(ascii: "E") {
-                i += 1
-                if i < bytes.count, bytes[i] == UInt8(ascii: "+") || bytes[i] == UInt8(ascii: "-") { i += 1 }
-                guard digit(i) else { return false }
-                while digit(i) { i += 1 }
-            }
+            guard let (end, _) = JSONToken.number(bytes, from: i) else { return false }
+            i = end
             return true
         }
     }

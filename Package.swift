@@ -250,7 +250,7 @@ let package = Package(
         .testTarget(
             name: "DredgeWireTests",
             dependencies: [
-                "DredgeWire", "DredgeEnvelope", "DredgeTestSupport",
+                "DredgeWire", "DredgeEnvelope", "DredgeDomain", "DredgeTestSupport",
                 .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "NIOEmbedded", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "NIOTestUtils", package: "swift-nio", condition: .when(traits: ["Server"])),

@@ -112,8 +112,9 @@ public struct AdminClient: Sendable {
         try Self.check(status, data)
     }
 
-    public func agents() async throws -> [AgentRecord] {
-        try await call("GET", "/v1/agents")
+    /// Every enrolled agent; with `uid`, only those that hold it, each with when it last saw it.
+    public func agents(uid: String? = nil) async throws -> [AgentRecord] {
+        try await call("GET", "/v1/agents", query: uid.map { [URLQueryItem(name: "uid", value: $0)] } ?? [])
     }
 
     public func createPull(_ request: PullRequest) async throws -> PullRecord {

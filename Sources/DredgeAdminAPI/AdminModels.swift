@@ -7,34 +7,78 @@ import Foundation
 /// An enrolled agent and what the server last heard from it.
 public struct AgentRecord: Sendable, Equatable, Codable {
     public var agentID: String
+    /// The device's host name, its OS, and the app whose logs it holds with that app's version,
+    /// as the agent last described itself (from its newest record's context).
     public var hostname: String
     public var os: String
     public var app: String
     public var appVersion: String
+    /// Free labels from the device's context (`region=eu`).
+    public var labels: [String: String]
     public var enrolledAt: Date
     public var connected: Bool
     public var connectedAt: Date?
     public var remoteAddress: String?
     public var lastHeartbeatAt: Date?
+    /// Uids with records in the last day (the heartbeat's active uids).
     public var activeUIDs: [String]
+    /// Uids the store holds records of, whatever their age (the agent's user report).
+    public var reportedUsers: Int
+    /// The store holds more users than its report could list.
+    public var usersTruncated: Bool
     public var storeRecords: UInt64
+    /// In a listing by uid (`GET /v1/agents?uid=`): the hour of that uid's newest record on
+    /// this agent, as its user report said (nil when only its active uids hold the uid).
+    public var uidLastSeen: Date?
 
     public init(
-        agentID: String, hostname: String, os: String, app: String, appVersion: String, enrolledAt: Date, connected: Bool, connectedAt: Date?,
-        remoteAddress: String?, lastHeartbeatAt: Date?, activeUIDs: [String], storeRecords: UInt64
+        agentID: String, hostname: String, os: String, app: String, appVersion: String, labels: [String: String] = [:], enrolledAt: Date, connected: Bool,
+        connectedAt: Date?, remoteAddress: String?, lastHeartbeatAt: Date?, activeUIDs: [String], reportedUsers: Int = 0, usersTruncated: Bool = false,
+        storeRecords: UInt64, uidLastSeen: Date? = nil
     ) {
         self.agentID = agentID
         self.hostname = hostname
         self.os = os
         self.app = app
         self.appVersion = appVersion
+        self.labels = labels
         self.enrolledAt = enrolledAt
         self.connected = connected
         self.connectedAt = connectedAt
         self.remoteAddress = remoteAddress
         self.lastHeartbeatAt = lastHeartbeatAt
         self.activeUIDs = activeUIDs
+        self.reportedUsers = reportedUsers
+        self.usersTruncated = usersTruncated
         self.storeRecords = storeRecords
+        self.uidLastSeen = uidLastSeen
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case agentID, hostname, os, app, appVersion, labels, enrolledAt, connected, connectedAt, remoteAddress, lastHeartbeatAt, activeUIDs, reportedUsers
+        case usersTruncated, storeRecords, uidLastSeen
+    }
+
+    /// Fields added after the first release (labels, the user report) read as empty when a
+    /// server does not send them.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        agentID = try c.decode(String.self, forKey: .agentID)
+        hostname = try c.decode(String.self, forKey: .hostname)
+        os = try c.decode(String.self, forKey: .os)
+        app = try c.decode(String.self, forKey: .app)
+        appVersion = try c.decode(String.self, forKey: .appVersion)
+        labels = try c.decodeIfPresent([String: String].self, forKey: .labels) ?? [:]
+        enrolledAt = try c.decode(Date.self, forKey: .enrolledAt)
+        connected = try c.decode(Bool.self, forKey: .connected)
+        connectedAt = try c.decodeIfPresent(Date.self, forKey: .connectedAt)
+        remoteAddress = try c.decodeIfPresent(String.self, forKey: .remoteAddress)
+        lastHeartbeatAt = try c.decodeIfPresent(Date.self, forKey: .lastHeartbeatAt)
+        activeUIDs = try c.decode([String].self, forKey: .activeUIDs)
+        reportedUsers = try c.decodeIfPresent(Int.self, forKey: .reportedUsers) ?? 0
+        usersTruncated = try c.decodeIfPresent(Bool.self, forKey: .usersTruncated) ?? false
+        storeRecords = try c.decode(UInt64.self, forKey: .storeRecords)
+        uidLastSeen = try c.decodeIfPresent(Date.self, forKey: .uidLastSeen)
     }
 }
 
@@ -113,11 +157,17 @@ public struct PullRecord: Sendable, Equatable, Codable {
         self.targets = targets
     }
 
-    /// Every target has reached a final status.
-    public var isFinished: Bool { targets.allSatisfy { $0.status.isFinal } }
+    /// Every target has reached a final status; a pull with no target yet (by a uid no agent
+    /// holds so far) is finished only once it has expired.
+    public var isFinished: Bool { isFinished(at: .now) }
+
+    public func isFinished(at now: Timestamp) -> Bool {
+        targets.isEmpty ? expiresAt <= now : targets.allSatisfy { $0.status.isFinal }
+    }
 }
 
-/// `POST /v1/pulls`: by uid (every agent that reported it), by agent, or both (that agent only).
+/// `POST /v1/pulls`: by uid (every agent that holds it, and those that come to hold it before it
+/// expires), by agent, or both (that agent only).
 public struct PullRequest: Sendable, Equatable, Codable {
     public var uid: String?
     public var agent: String?

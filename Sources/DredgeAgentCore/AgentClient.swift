@@ -15,7 +15,10 @@ public final class AgentClient: Service, Sendable {
     public let state: AgentState
     let store: LogStore?
     let logger: Logger
+    /// What the agent knows of its host without the store (host name, OS), and what the
+    /// operator set (`--app`, `--label`), which wins over the store's context.
     let hostInfo: WireHostInfo
+    let hostOverrides: WireHostInfo
     let stop = StopSignal()
     /// When the current connection became ready, if it did.
     let established = ReadySince()
@@ -33,13 +36,14 @@ public final class AgentClient: Service, Sendable {
     ///   - maxExports: exports run at once, on their own threads; a pull command beyond them
     ///     is answered `REJECT_BUSY`.
     public init(
-        state: AgentState, store: LogStore?, hostInfo: WireHostInfo, logger: Logger, firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60),
-        maxExports: Int = 2
+        state: AgentState, store: LogStore?, hostInfo: WireHostInfo, hostOverrides: WireHostInfo = WireHostInfo(), logger: Logger,
+        firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60), maxExports: Int = 2
     ) throws {
         self.state = state
         self.maxReconnectDelay = maxReconnectDelay
         self.store = store
         self.hostInfo = hostInfo
+        self.hostOverrides = hostOverrides
         self.logger = logger
         self.uploads = try UploadManager(state: state, store: store, logger: logger, firstRetryDelay: firstRetryDelay, maxExports: maxExports)
     }
@@ -99,7 +103,7 @@ public final class AgentClient: Service, Sendable {
         let channel = try await AgentConnector.connect(host: state.file.serverHost, port: state.file.serverPort, caPEM: state.caPEM)
         stop.onStop { channel.channel.close(promise: nil) }
         let session = Session(
-            machine: AgentConnectionStateMachine(mode: .authenticate(agentID: state.file.agentID, host: hostInfo), software: "dredge-agent/0.1"),
+            machine: AgentConnectionStateMachine(mode: .authenticate(agentID: state.file.agentID, host: describeHost()), software: "dredge-agent/\(DredgeVersion.current)"),
             key: state.key, uploads: uploads, established: established, logger: logger, server: "\(state.file.serverHost):\(state.file.serverPort)")
         do {
             try await channel.executeThenClose { inbound, outbound in
@@ -123,8 +127,8 @@ public final class AgentClient: Service, Sendable {
                             if let silence = await session.overdue(at: .now) {
                                 throw AgentError("the server sent nothing for \(silence); reconnecting")
                             }
-                            let (uids, stats) = self.storeReport()
-                            _ = try await session.perform(await session.heartbeat(uids: uids, stats: stats), outbound: outbound)
+                            let (uids, stats, users) = self.storeReport()
+                            _ = try await session.perform(await session.heartbeat(uids: uids, stats: stats, users: users), outbound: outbound)
                         }
                     }
                     // Either task ending ends the connection.
@@ -140,12 +144,27 @@ public final class AgentClient: Service, Sendable {
         if let failure = await session.failure { throw AgentError("the server closed the connection: \(failure)") }
     }
 
-    /// Users with records in the last day, and the store's statistics. The server replaces its
-    /// routing by uid with each list, so a store that cannot be read now repeats the last list
-    /// it gave rather than an empty one (which would make this device unreachable by uid).
-    func storeReport() -> ([String], WireStoreStats) {
-        guard let store else { return ([], WireStoreStats()) }
+    /// How the device names itself on this connection: the context of the newest record in its
+    /// store (host, app, app version, labels) over the process's own host name and OS, with the
+    /// operator's settings on top. A store that cannot be read leaves the process's own.
+    func describeHost() -> WireHostInfo {
+        var context: LogContext?
+        do {
+            context = try store?.newestContext()
+        } catch {
+            logger.warning("cannot read the store's newest context; describing the host without it", metadata: ["error": "\(error)"])
+        }
+        return WireHostInfo.describing(context, fallback: hostInfo, overrides: hostOverrides)
+    }
+
+    /// Users with records in the last day, the store's statistics, and its user report (every
+    /// user it holds, with the hour each was last seen). The server replaces its routing by uid
+    /// with each list, so a store that cannot be read now repeats the last lists it gave rather
+    /// than empty ones (which would make this device unreachable by uid).
+    func storeReport() -> ([String], WireStoreStats, WireUserReport?) {
+        guard let store else { return ([], WireStoreStats(), nil) }
         let uids: [String]
+        let users: WireUserReport?
         do {
             // The protocol's rules for the list (§ Heartbeats): valid uids only, at most MAX_ACTIVE_UIDS.
             uids = Array(try store.activeUIDs(since: Timestamp.now.subtracting(.seconds(86_400))).filter(UserID.isValid).prefix(WireLimits.maxActiveUIDs))
@@ -154,12 +173,19 @@ public final class AgentClient: Service, Sendable {
             logger.warning("cannot read the store's active users; repeating the last list", metadata: ["error": "\(error)"])
             uids = lastActiveUIDs.withLock { $0 }
         }
+        do {
+            users = Self.userReport(try store.users())
+        } catch {
+            // Nil: "the same as my last report" (or, before any, the active uids alone).
+            logger.warning("cannot read the store's users; keeping the last report", metadata: ["error": "\(error)"])
+            users = nil
+        }
         let stats: StoreStatistics
         do {
             stats = try store.statistics()
         } catch {
             logger.warning("cannot read the store's statistics", metadata: ["error": "\(error)"])
-            return (uids, WireStoreStats())
+            return (uids, WireStoreStats(), users)
         }
         return (uids, .with {
             $0.records = UInt64(max(0, stats.recordCount))
@@ -167,7 +193,20 @@ public final class AgentClient: Service, Sendable {
             $0.newestUs = stats.newest?.microseconds ?? 0
             $0.bytesOnDisk = UInt64(max(0, stats.bytesOnDisk))
             $0.dropped = stats.droppedQueueFull + stats.failedWrites
-        })
+        }, users)
+    }
+
+    /// The protocol's user report (§ Heartbeats) from the store's users, most recently seen
+    /// first: valid uids only, each time truncated to the hour, at most MAX_REPORTED_USERS.
+    static func userReport(_ users: [(uid: String, lastSeen: Timestamp)]) -> WireUserReport {
+        let hour = WireLimits.userReportGranularityMicroseconds
+        let valid = users.filter { UserID.isValid($0.uid) && $0.lastSeen.microseconds >= 0 }
+        return .with { report in
+            report.users = valid.prefix(WireLimits.maxReportedUsers).map { user in
+                .with { $0.uid = user.uid; $0.lastSeenUs = user.lastSeen.microseconds / hour * hour }
+            }
+            report.truncated = valid.count > WireLimits.maxReportedUsers
+        }
     }
 
     /// The connection's state machine, shared by the reader and the heartbeat timer.
@@ -202,7 +241,16 @@ public final class AgentClient: Service, Sendable {
             guard let watch, watch.isOverdue(at: now) else { return nil }
             return watch.silenceAllowed
         }
-        func heartbeat(uids: [String], stats: WireStoreStats) -> [AgentConnectionStateMachine.Action] { machine.heartbeat(activeUIDs: uids, stats: stats) }
+        var reports = UserReportDeduplication()
+
+        /// A heartbeat, with the user report only when it differs from the last one sent on
+        /// this connection.
+        func heartbeat(uids: [String], stats: WireStoreStats, users: WireUserReport?) -> [AgentConnectionStateMachine.Action] {
+            let report = reports.toSend(users)
+            let actions = machine.heartbeat(activeUIDs: uids, stats: stats, users: report)
+            if let report, !actions.isEmpty { reports.sent(report) }
+            return actions
+        }
 
         /// Carries out actions; false when the connection must close.
         func perform(_ actions: [AgentConnectionStateMachine.Action], outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws -> Bool {
@@ -232,6 +280,20 @@ public final class AgentClient: Service, Sendable {
             return true
         }
     }
+}
+
+/// One connection's user reports (Protocol § Heartbeats): the first heartbeat carries the
+/// report, later ones only when it changed; nil (the store could not be read) sends none.
+struct UserReportDeduplication {
+    private var last: WireUserReport?
+
+    /// The report to put in the next heartbeat, or nil for "the same as the last".
+    func toSend(_ report: WireUserReport?) -> WireUserReport? {
+        guard let report, report != last else { return nil }
+        return report
+    }
+
+    mutating func sent(_ report: WireUserReport) { last = report }
 }
 
 /// Closes the open connection when the service is asked to stop.

@@ -34,7 +34,9 @@ public enum Feedback {
         let id = Hex.encode(secureRandomBytes(16))
 
         // The feedback itself goes into the store, so it is in the export and stays on the device.
-        let context = try store.register(.current(app: "dredge-agent"))
+        // Under the device's own context (its newest record's), so the feedback does not rename
+        // the device to the agent when the agent next describes it to the server.
+        let context = try store.register(try store.newestContext() ?? .current(app: "dredge-agent"))
         store.enqueue(LogEntry(timestamp: now, level: .info, type: logType, uid: uid, message: text, metadata: ["feedback_id": .string(id)], context: context))
         try store.flush()
 

@@ -10,6 +10,9 @@ public enum DomainLimits {
     public static let filterTextBytes = 1_024
     /// Uids an agent reports as active in one heartbeat (the most recent ones).
     public static let activeUIDs = 1_024
+    /// Uids an agent's user report lists (every user its store holds, the most recently seen
+    /// first): a device serving more users than this is reported truncated.
+    public static let reportedUsers = 4_096
 }
 
 /// The rule for a feedback's text: 1 to ``DomainLimits/feedbackTextBytes`` bytes of UTF-8.

@@ -172,6 +172,17 @@ public final class LogStore: Sendable {
         }
     }
 
+    /// The context of the newest record (by time), or nil for an empty store: how the device
+    /// names itself to the server (its host, app, app version and labels).
+    public func newestContext() throws -> LogContext? {
+        try read { db in
+            guard let id = try Int64.fetchOne(db, sql: "SELECT context_id FROM log ORDER BY ts DESC, id DESC LIMIT 1"),
+                let fields = try String.fetchOne(db, sql: "SELECT fields FROM context WHERE id = ?", arguments: [id])
+            else { return nil }
+            return try JSONReading.decode(LogContext.self, from: fields)
+        }
+    }
+
     // MARK: Reading
 
     /// Calls `body` with every record matching `filter`, in time order (timestamp, then id),
@@ -303,6 +314,37 @@ extension LogStore {
                         LIMIT 1024
                         """,
                     arguments: [since.microseconds])
+            }
+        } catch let error as DatabaseError {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Every non-empty uid the store holds records of, whatever their age, with the time of its
+    /// newest record: the most recently seen first (ties by uid). What the agent's user report
+    /// is made from.
+    public func users() throws -> [(uid: String, lastSeen: Timestamp)] {
+        do {
+            return try pool.read { db in
+                // The same loose index scan over log_by_uid_ts as activeUIDs(since:): one seek per
+                // distinct uid and one for its newest record.
+                try Row.fetchAll(
+                    db,
+                    sql: """
+                        WITH RECURSIVE u(uid) AS (
+                            SELECT min(uid) FROM log
+                            UNION ALL
+                            SELECT (SELECT min(uid) FROM log WHERE uid > u.uid) FROM u WHERE u.uid IS NOT NULL
+                        )
+                        SELECT uid, (SELECT max(ts) FROM log WHERE log.uid = u.uid) AS last FROM u
+                        WHERE uid IS NOT NULL AND uid != ''
+                        ORDER BY last DESC, uid
+                        """
+                ).compactMap { row in
+                    // Read as optionals: GRDB traps on a NULL read as a non-optional.
+                    guard let uid = row["uid"] as String?, let last = row["last"] as Int64? else { return nil }
+                    return (uid: uid, lastSeen: Timestamp(microseconds: last))
+                }
             }
         } catch let error as DatabaseError {
             throw StoreError.wrap(error, path: path)

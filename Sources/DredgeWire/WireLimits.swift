@@ -34,6 +34,11 @@ public enum WireLimits {
     public static let maxIDBytes = 64
     /// § Heartbeats: uids one heartbeat may list.
     public static let maxActiveUIDs = DomainLimits.activeUIDs
+    /// § Heartbeats: users one user report may list.
+    public static let maxReportedUsers = DomainLimits.reportedUsers
+    /// § Heartbeats: a reported user's last-seen time is truncated to this (one hour), so a
+    /// user who keeps logging changes the report at most once an hour.
+    public static let userReportGranularityMicroseconds: Int64 = 3_600 * 1_000_000
     /// § Pull commands: how far a command's issued_at may be ahead of the agent's clock.
     public static let clockSkewMicroseconds: Int64 = 5 * 60 * 1_000_000
     /// § Authentication: bytes of the server's challenge.

@@ -19,13 +19,42 @@ struct AgentStateOptions: ParsableArguments {
     }
 }
 
-func currentHostInfo(app: String) -> WireHostInfo {
+/// The process's own host name and OS: what the agent says of its host when its store has no
+/// record to take the device's context from.
+func processHostInfo() -> WireHostInfo {
     let info = ProcessInfo.processInfo
     return .with {
         $0.hostname = info.hostName
         $0.os = info.operatingSystemVersionString
-        $0.app = app
-        $0.appVersion = "0.1"
+    }
+}
+
+/// How the operator names the device, over what the store's newest record says.
+struct HostDescriptionOptions: ParsableArguments {
+    @Option(help: "The app name reported to the server (default: the app of the store's newest record).")
+    var app: String?
+
+    @Option(help: "The app version reported to the server (default: that of the store's newest record).")
+    var appVersion: String?
+
+    @Option(name: .customLong("label"), help: "A label KEY=VALUE reported to the server (repeatable), over the store's context.")
+    var labels: [String] = []
+
+    func validate() throws {
+        for label in labels {
+            guard let eq = label.firstIndex(of: "="), eq != label.startIndex else { throw ValidationError("--label must be KEY=VALUE, not '\(label)'") }
+        }
+    }
+
+    var overrides: WireHostInfo {
+        .with { info in
+            info.app = app ?? ""
+            info.appVersion = appVersion ?? ""
+            for label in labels {
+                guard let eq = label.firstIndex(of: "=") else { continue }
+                info.extra[String(label[..<eq])] = String(label[label.index(after: eq)...])
+            }
+        }
     }
 }
 
@@ -44,8 +73,7 @@ struct EnrollCommand: AsyncParsableCommand {
     @Option(help: "The enrollment token.")
     var token: String
 
-    @Option(help: "App name reported to the server.")
-    var app = "dredge-agent"
+    @OptionGroup var describing: HostDescriptionOptions
 
     func validate() throws {
         guard let colon = server.lastIndex(of: ":"), Int(server[server.index(after: colon)...]) != nil else {
@@ -61,7 +89,8 @@ struct EnrollCommand: AsyncParsableCommand {
         }
         do {
             let state = try await AgentEnrollment.enroll(
-                host: host, port: port, caPEM: caPEM, token: token, stateDirectory: agentState.path, hostInfo: currentHostInfo(app: app))
+                host: host, port: port, caPEM: caPEM, token: token, stateDirectory: agentState.path,
+                hostInfo: WireHostInfo.describing(nil, fallback: processHostInfo(), overrides: describing.overrides))
             print("enrolled as agent \(state.file.agentID); state in \(state.directory)")
         } catch let error as AgentError {
             throw fail(error.description)
@@ -76,8 +105,7 @@ struct RunAgentCommand: AsyncParsableCommand {
     @OptionGroup var agentState: AgentStateOptions
     @OptionGroup var store: StoreOptions
 
-    @Option(help: "App name reported to the server.")
-    var app = "dredge-agent"
+    @OptionGroup var describing: HostDescriptionOptions
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel = "info"
@@ -111,7 +139,7 @@ struct RunAgentCommand: AsyncParsableCommand {
         }
         let logStore = try store.open(readOnly: false)
         let client = try AgentClient(
-            state: state, store: logStore, hostInfo: currentHostInfo(app: app), logger: logger, maxReconnectDelay: .seconds(reconnectMaxSeconds),
+            state: state, store: logStore, hostInfo: processHostInfo(), hostOverrides: describing.overrides, logger: logger, maxReconnectDelay: .seconds(reconnectMaxSeconds),
             maxExports: maxExports)
         let group = ServiceGroup(services: [client], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()

@@ -93,8 +93,11 @@ struct PullCommand: AsyncParsableCommand {
         do {
             let pull = try await stores.pulls.create(
                 PullRequest(uid: selection.uid, agent: agent, filter: filter, expiresInSeconds: expiresIn * 60), registry: stores.registry,
-                issuer: stores.issuer, requestedBy: "local-operator")
+                issuer: stores.issuer, requestedBy: "local-operator", logger: Logger(label: "dredge.server"))
             print(pull.id)
+            if pull.targets.isEmpty {
+                FileHandle.standardError.write(Data("no agent holds uid \(pull.uid) yet; the pull waits for one until it expires\n".utf8))
+            }
         } catch let error as PullRequestError {
             throw fail(error.description)
         }
@@ -114,6 +117,9 @@ struct PullsCommand: AsyncParsableCommand {
         let pulls = try await ServerStores(try LoadedDeployment(directory: data)).pulls.pulls()
         if json { return try printJSON(pulls) }
         for p in pulls {
+            if p.targets.isEmpty {
+                print("\(p.id)  uid=\(p.uid)  agent=-  \(p.isFinished ? "expired: no agent held the uid" : "waiting for an agent that holds the uid")")
+            }
             for t in p.targets {
                 print("\(p.id)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(t.status.rawValue)  \(t.chunksReceived)/\(t.chunkCount) chunks  \(t.detail)")
             }

@@ -29,27 +29,51 @@ func calling<T>(_ body: () async throws -> T) async throws -> T {
 }
 
 struct AgentsCommand: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "agents", abstract: "List enrolled agents: online or not, since when, from where, which uids.")
+    static let configuration = CommandConfiguration(
+        commandName: "agents",
+        abstract: "List enrolled agents: the device (host, app and version, labels), online or not, last seen, records held, users.",
+        discussion: """
+            An agent holds a uid when its store has records of that user, whatever their age (the
+            agent reports them on each connection), or logged it in the last day. --uid lists the
+            agents that hold it, with the hour each last saw it.
+            """)
 
     @OptionGroup var server: ServerOptions
     @Flag(help: "Only agents connected now.") var online = false
-    @Option(help: "Only agents that reported this uid.") var uid: String?
-    @Option(help: "Only agents on this host (its name as the agent reported it).") var host: String?
+    @Option(help: "Only agents whose store holds this uid.") var uid: String?
+    @Option(help: "Only agents on this host (its name as the device reported it).") var host: String?
     @Flag(help: "JSON output.") var json = false
+
+    func validate() throws {
+        if let uid, let problem = UserID.problem(uid) { throw ValidationError("--uid: \(problem)") }
+    }
 
     func run() async throws {
         let client = try server.client()
-        var agents = try await calling { try await client.agents() }
-        let all = agents.count
+        let all = try await calling { try await client.agents() }
+        var agents = all
+        if let uid {
+            // A server that does not know `?uid=` lists every agent: keep those that hold it.
+            agents = try await calling { try await client.agents(uid: uid) }.filter { $0.uidLastSeen != nil || $0.activeUIDs.contains(uid) }
+        }
         if online { agents = agents.filter(\.connected) }
-        if let uid { agents = agents.filter { $0.activeUIDs.contains(uid) } }
         if let host { agents = agents.filter { $0.hostname == host } }
         if json { return try printJSON(agents) }
-        if agents.isEmpty { print(all == 0 ? "no agents enrolled" : "no agents match (\(all) enrolled)") }
-        for a in agents {
-            let presence = a.connected ? "online since \(Format.time(a.connectedAt)) from \(a.remoteAddress ?? "?")" : "offline"
-            print("\(a.agentID)  \(a.hostname)  \(a.app) \(a.appVersion)  \(presence)  uids: \(a.activeUIDs.isEmpty ? "-" : a.activeUIDs.joined(separator: ","))")
+        if agents.isEmpty {
+            if all.isEmpty { print("no agents enrolled") } else if let uid { print("no agent holds uid \(uid)\(online || host != nil ? " among those that match" : "") (\(all.count) enrolled)") } else { print("no agents match (\(all.count) enrolled)") }
         }
+        for a in agents { print(Self.describe(a, uid: uid)) }
+    }
+
+    /// One agent on one line: id, host, app and version, labels, presence, records, users.
+    static func describe(_ a: AgentRecord, uid: String?) -> String {
+        var parts = [a.agentID, a.hostname.isEmpty ? "-" : a.hostname, a.app.isEmpty ? "-" : "\(a.app) \(a.appVersion)".trimmingCharacters(in: .whitespaces)]
+        if !a.labels.isEmpty { parts.append(a.labels.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",")) }
+        parts.append(a.connected ? "online since \(Format.time(a.connectedAt)) from \(a.remoteAddress ?? "?")" : "offline, last seen \(Format.time(a.lastHeartbeatAt ?? a.connectedAt))")
+        parts.append("\(a.storeRecords) records")
+        parts.append("users: \(a.reportedUsers)\(a.usersTruncated ? "+" : "") (active: \(a.activeUIDs.isEmpty ? "-" : a.activeUIDs.prefix(5).joined(separator: ",") + (a.activeUIDs.count > 5 ? ",…" : "")))")
+        if let uid { parts.append(a.uidLastSeen.map { "\(uid) last seen \(Format.time($0))" } ?? "\(uid) active in the last day") }
+        return parts.joined(separator: "  ")
     }
 }
 
@@ -99,10 +123,10 @@ struct PullCommand: AsyncParsableCommand {
         guard wait else {
             if json { return try printJSON(created) }
             print(created.id)
-            FileHandle.standardError.write(Data("queued pull \(created.id) for \(created.targets.count) agent(s); follow it with `dredge show \(created.id)`\n".utf8))
+            FileHandle.standardError.write(Data("\(Self.queued(created)); follow it with `dredge show \(created.id)`\n".utf8))
             return
         }
-        FileHandle.standardError.write(Data("pull \(created.id): \(created.targets.count) agent(s)\n".utf8))
+        FileHandle.standardError.write(Data("\(Self.queued(created))\n".utf8))
         let progress = ProgressDisplay()
         let deadline = timeout.map { ContinuousClock.now + .seconds($0) }
         let finished = try await calling {
@@ -127,7 +151,16 @@ struct PullCommand: AsyncParsableCommand {
         if let out, finished.targets.contains(where: { $0.status == .complete }) {
             try await Fetch.files(of: finished.id, client: client, into: out, toStderr: json)
         }
-        if finished.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
+        if finished.targets.isEmpty || finished.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
+    }
+
+    /// What was queued, on one line: a pull by uid that no agent holds yet waits for one.
+    static func queued(_ pull: PullRecord) -> String {
+        if pull.targets.isEmpty {
+            return "queued pull \(pull.id): no agent holds uid \(pull.uid) yet; the pull waits for one until \(Format.time(pull.expiresAt.date))"
+        }
+        return "queued pull \(pull.id) for \(pull.targets.count) agent(s)"
+            + (pull.agentID.isEmpty ? " (agents that come to hold uid \(pull.uid) before \(Format.time(pull.expiresAt.date)) join it)" : "")
     }
 }
 
@@ -160,6 +193,10 @@ struct PullsCommand: AsyncParsableCommand {
         // Feedback uploads are pulls nobody asked for: the user's agent sent them. One list, newest first.
         var lines: [(Timestamp, String)] = []
         for p in pulls {
+            if p.targets.isEmpty && status == nil {
+                let state = p.isFinished ? "expired (no agent held the uid)" : "waiting for an agent that holds the uid (until \(Format.time(p.expiresAt.date)))"
+                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid)  agent=-  \(state)"))
+            }
             for t in p.targets {
                 lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(Format.status(t))"))
             }
@@ -194,12 +231,12 @@ struct ShowCommand: AsyncParsableCommand {
             try printJSON(record)
         } else {
             print("pull \(record.id)")
-        print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
-        print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   agent: \(record.agentID.isEmpty ? "(every agent with the uid)" : record.agentID)")
+            print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
+            print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   agent: \(record.agentID.isEmpty ? "(every agent that holds the uid until it expires)" : record.agentID)")
             print("  filter: \(record.filter.map(Format.filter) ?? "(unreadable on the server; the pull is failed)")")
             Format.printResult(record)
         }
-        if wait && record.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
+        if wait && (record.targets.isEmpty || record.targets.contains(where: { $0.status != .complete })) { throw ExitCode(2) }
     }
 }
 

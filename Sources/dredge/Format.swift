@@ -50,6 +50,10 @@ enum Format {
 
     /// Each agent's outcome and, for complete ones, the files.
     static func printResult(_ pull: PullRecord) {
+        if pull.targets.isEmpty {
+            print(pull.isFinished ? "no agent held uid \(pull.uid) before the pull expired" : "no agent holds uid \(pull.uid) yet; waiting until \(time(pull.expiresAt.date))")
+            return
+        }
         for t in pull.targets {
             print("agent \(t.agentID): \(status(t))")
             for file in t.files { print("  \(file)") }

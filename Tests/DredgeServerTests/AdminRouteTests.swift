@@ -152,13 +152,50 @@ import Testing
         }
     }
 
+    @Test func agentsAreFoundByAnyUIDTheirStoreHolds() async throws {
+        let fixture = try Fixture()
+        let active = try await fixture.agent(uids: ["u-1"])
+        let key = try RSAPrivateKey.generate()
+        let reporting = try await fixture.registry.enroll(publicKey: key.publicKey, host: .with { $0.hostname = "host-old" })
+        // Records of u-1 and u-old two days ago: no longer active, still in the store.
+        let seen = Timestamp.now.subtracting(.seconds(48 * 3_600)).microseconds / 3_600_000_000 * 3_600_000_000
+        try await fixture.registry.heartbeat(reporting, .with {
+            $0.users = .with { $0.users = [.with { $0.uid = "u-old"; $0.lastSeenUs = seen }, .with { $0.uid = "u-1"; $0.lastSeenUs = seen }] }
+        })
+        try await fixture.test { api in
+            let holders = try await api.call(.get, "/v1/agents?uid=u-old").decode([AgentRecord].self)
+            #expect(holders.map(\.agentID) == [reporting])
+            #expect(holders.first?.uidLastSeen == Date(timeIntervalSince1970: Double(seen) / 1e6) && holders.first?.reportedUsers == 2)
+            let both = try await api.call(.get, "/v1/agents?uid=u-1").decode([AgentRecord].self)
+            #expect(Set(both.map(\.agentID)) == [active, reporting])
+            #expect(both.first { $0.agentID == active }?.uidLastSeen == nil, "known by its active uids alone")
+            #expect(try await api.call(.get, "/v1/agents?uid=nobody").decode([AgentRecord].self).isEmpty)
+            #expect(try await api.call(.get, "/v1/agents").decode([AgentRecord].self).count == 2)
+            let bad = try await api.call(.get, "/v1/agents?uid=u%001")
+            #expect(bad.status == .badRequest && bad.code == "bad_request")
+
+            // A pull by u-old goes to the agent that holds it though its records are two days old.
+            let pull = try await api.post("/v1/pulls", PullRequest(uid: "u-old", agent: nil, filter: .all)).decode(PullRecord.self)
+            #expect(pull.targets.map(\.agentID) == [reporting])
+            // A pull by a uid nobody holds yet waits for an agent that comes to hold it.
+            let created = try await api.post("/v1/pulls", PullRequest(uid: "u-later", agent: nil, filter: .all))
+            #expect(created.status == .created)
+            let waiting = try created.decode(PullRecord.self)
+            #expect(waiting.targets.isEmpty && !waiting.isFinished)
+            let added = try await fixture.registry.heartbeat(active, .with { $0.activeUids = ["u-1", "u-later"] })
+            #expect(added == ["u-later"])
+            #expect(try await fixture.pulls.adopt(agent: active, uids: added, now: .now) == [waiting.id])
+            let joined = try await api.call(.get, "/v1/pulls/\(waiting.id)").decode(PullRecord.self)
+            #expect(joined.targets.map(\.agentID) == [active] && joined.targets.first?.status == .queued)
+        }
+    }
+
     @Test func pullRequestsThatCannotBeMetAreRefused() async throws {
         let fixture = try Fixture()
         let agent = try await fixture.agent(uids: ["u-1"])
         try await fixture.test { api in
             let cases: [(PullRequest, HTTPResponse.Status, String)] = [
                 (PullRequest(uid: nil, agent: nil, filter: .all), .badRequest, "bad_request"),
-                (PullRequest(uid: "nobody", agent: nil, filter: .all), .notFound, "no_agent"),
                 (PullRequest(uid: nil, agent: String(repeating: "0", count: 32), filter: .all), .notFound, "no_agent"),
                 (PullRequest(uid: nil, agent: "not-an-id", filter: .all), .badRequest, "bad_request"),
                 (PullRequest(uid: "u\u{0}1", agent: agent, filter: .all), .badRequest, "bad_request"),

@@ -84,11 +84,11 @@ import Testing
         #expect(!queued.output.contains(pullID) && queued.output.contains("no pulls or feedback match"), "\(queued.output)")
         let unknown = try d.dredge(["show", "ffff"], server: admin)
         #expect(unknown.status == 1 && unknown.output.contains("no pull id starts with ffff") || pullID.hasPrefix("ffff"), "\(unknown.output)")
-        // The agent names the machine it runs on (the records' own host is the device's context).
-        let online = try d.dredge(["agents", "--online", "--uid", "u-1", "--host", ProcessInfo.processInfo.hostName], server: admin)
-        #expect(online.output.contains("online since") && online.output.split(separator: "\n").count == 1, "\(online.output)")
+        // The agent names the device as its newest record's context does (host oven-7, app oven 1).
+        let online = try d.dredge(["agents", "--online", "--uid", "u-1", "--host", "oven-7"], server: admin)
+        #expect(online.output.contains("online since") && online.output.contains("oven 1") && online.output.split(separator: "\n").count == 1, "\(online.output)")
         let nobody = try d.dredge(["agents", "--uid", "nobody"], server: admin)
-        #expect(nobody.output.contains("no agents match (1 enrolled)"), "\(nobody.output)")
+        #expect(nobody.output.contains("no agent holds uid nobody (1 enrolled)"), "\(nobody.output)")
         for tool in ["dredge", "dredge-server", "dredge-agent"] {
             let version = try ManagedProcess.run(tool, ["--version"])
             #expect(version.status == 0 && version.output.trimmingCharacters(in: .whitespacesAndNewlines) == DredgeVersion.current, "\(tool): \(version.output)")

@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeEnvelope
 import DredgeWire
 import Foundation
@@ -93,9 +94,34 @@ struct Loopback {
         try net.agentActions(net.agent.heartbeat(activeUIDs: ["u-1"], stats: .with { $0.records = 10 }))
         try net.run()
         #expect(net.serverDelivered.count == 1 && net.serverDelivered[0].heartbeat.activeUids == ["u-1"])
+        #expect(!net.serverDelivered[0].heartbeat.hasUsers, "no report: the same as the last")
+        // A user report over MAX_REPORTED_USERS goes out cut to it and marked truncated.
+        let many = WireUserReport.with { r in r.users = (0...WireLimits.maxReportedUsers).map { i in .with { $0.uid = "u-\(i)"; $0.lastSeenUs = 0 } } }
+        try net.agentActions(net.agent.heartbeat(activeUIDs: [], stats: .init(), users: many))
+        try net.run()
+        let report = net.serverDelivered[1].heartbeat.users
+        #expect(net.serverDelivered[1].heartbeat.hasUsers && report.users.count == WireLimits.maxReportedUsers && report.truncated)
         try net.serverActions(net.server.send(.with { $0.pullCommand = .with { $0.commandID = "c1" } }))
         try net.run()
         #expect(net.agentDelivered.map { $0.pullCommand.commandID } == ["c1"])
+    }
+
+    @Test func aDeviceIsDescribedByItsNewestContextWithinTheProtocolsBounds() {
+        let process = WireHostInfo.with { $0.hostname = "box"; $0.os = "Linux 6" }
+        // No record yet: the process's own host name and OS, and no app.
+        #expect(WireHostInfo.describing(nil, fallback: process) == process)
+        let context = LogContext(host: "till-7", os: "", app: "checkout", appVersion: "3.2.1", process: "p", extra: ["lane": "4", "store": "berlin"])
+        let described = WireHostInfo.describing(context, fallback: process)
+        #expect(described.hostname == "till-7" && described.os == "Linux 6" && described.app == "checkout" && described.appVersion == "3.2.1")
+        #expect(described.extra == ["lane": "4", "store": "berlin"])
+        // What the operator set wins.
+        let set = WireHostInfo.with { $0.app = "pos"; $0.extra = ["lane": "5"] }
+        let overridden = WireHostInfo.describing(context, fallback: process, overrides: set)
+        #expect(overridden.app == "pos" && overridden.appVersion == "3.2.1" && overridden.extra == ["lane": "5", "store": "berlin"])
+        // Bounds: a value is cut at a whole character, control characters go.
+        let long = LogContext(host: String(repeating: "€", count: 100), os: "", app: "a\u{1B}[2Jb", appVersion: "", process: "p")
+        let bounded = WireHostInfo.describing(long, fallback: process)
+        #expect(bounded.hostname == String(repeating: "€", count: 85) && bounded.app == "a\u{FFFD}[2Jb")
     }
 
     @Test func aBadSignatureOrUnknownAgentIsRefusedWithAuthFailed() throws {

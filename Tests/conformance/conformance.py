@@ -472,6 +472,31 @@ def heartbeats(s: Server, a: Agent):
         link.close()
 
 
+@case("§9 a user report has at most MAX_REPORTED_USERS distinct valid uids, each seen in 1970-9999")
+def user_reports(s: Server, a: Agent):
+    hour = 3_600_000_000
+    link = a.connect()
+    users = [{"uid": f"r-{i}", "last_seen_us": hour * (i % 50)} for i in range(4096)]
+    link.send("heartbeat", {"seq": 1, "users": {"users": users, "truncated": True}})
+    name, ack = link.expect("heartbeat_ack", skip=("pull_command",))
+    expect("4,096 users", (name, ack.get("seq")), ("heartbeat_ack", 1))
+    link.close()
+    for what, report in [("4,097 users", [{"uid": f"r-{i}", "last_seen_us": 0} for i in range(4097)]),
+                         ("a uid listed twice", [{"uid": "r-1", "last_seen_us": 0}, {"uid": "r-1", "last_seen_us": hour}]),
+                         ("a negative last_seen_us", [{"uid": "r-1", "last_seen_us": -1}]),
+                         ("a last_seen_us after 9999", [{"uid": "r-1", "last_seen_us": 253_402_300_800_000_000}]),
+                         ("an invalid uid", [{"uid": "r-1\x7fx", "last_seen_us": 0}])]:
+        link = a.connect()
+        link.send("heartbeat", {"seq": 1, "users": {"users": report}})
+        expect(f"a report with {what}", code_of(link.expect("heartbeat_ack", skip=("pull_command",))), "ERROR_MALFORMED_FRAME")
+        link.close()
+    # Two spellings of one accented name are two uids (compared byte for byte).
+    link = a.connect()
+    link.send("heartbeat", {"seq": 1, "users": {"users": [{"uid": "r-\u00e9", "last_seen_us": 0}, {"uid": "r-e\u0301", "last_seen_us": 0}]}})
+    expect("two spellings of one accented uid", link.expect("heartbeat_ack", skip=("pull_command",))[0], "heartbeat_ack")
+    link.close()
+
+
 def honest_pull(s, a, link):
     command, key = a.pull(link)
     cid = command["command_id"]
@@ -605,28 +630,39 @@ def upload_identity(s: Server, a: Agent):
     link.close()
 
 
-@case("§9 routing by active uids: a pull by uid alone goes to the agents whose last heartbeat listed it")
+@case("§9 routing: a pull by uid alone goes to the agents that hold it, and to agents that come to hold it until it expires")
 def routing(s: Server, a: Agent):
     b = Agent(s)
     assert b.enroll()[0] == "enroll_response"
-    uid = "routed-" + os.urandom(4).hex()
-    for agent, uids in ((a, [uid, "u-3"]), (b, ["u-3"])):
+    uid, old = "routed-" + os.urandom(4).hex(), "reported-" + os.urandom(4).hex()
+    hour = 3_600_000_000
+    for agent, beat in ((a, {"active_uids": [uid, "u-3"]}), (b, {"active_uids": ["u-3"], "users": {"users": [{"uid": old, "last_seen_us": (now_us() - 40 * hour) // hour * hour}]}})):
         link = agent.connect()
-        link.send("heartbeat", {"seq": 1, "active_uids": uids})
+        link.send("heartbeat", dict(beat, seq=1))
         link.expect("heartbeat_ack", skip=("pull_command",))
         link.close()
     pull = s.admin("POST", "/v1/pulls", {"uid": uid, "filter": {}})
-    expect("a pull by a uid one agent listed", sorted(t["agentID"] for t in pull["targets"]), [a.agent_id])
+    expect("a pull by a uid one agent's active uids list", sorted(t["agentID"] for t in pull["targets"]), [a.agent_id])
+    pull = s.admin("POST", "/v1/pulls", {"uid": old, "filter": {}})
+    expect("a pull by a uid only a user report lists (records 40 hours old)", sorted(t["agentID"] for t in pull["targets"]), [b.agent_id])
     link = a.connect()
     link.send("heartbeat", {"seq": 1, "active_uids": ["u-3"]})  # the next heartbeat replaces the set
     link.expect("heartbeat_ack", skip=("pull_command",))
     link.close()
-    try:
-        s.admin("POST", "/v1/pulls", {"uid": uid, "filter": {}})
-        targets = "created"
-    except urllib.error.HTTPError as e:
-        targets = e.code
-    expect("the same uid once no heartbeat lists it (no agent to send it to)", targets in (400, 404, 409, 422), True)
+    waiting = s.admin("POST", "/v1/pulls", {"uid": uid, "filter": {}, "expiresInSeconds": 600})
+    expect("the same uid once no agent holds it: made, with no target yet", waiting["targets"], [])
+    # b comes to hold the uid: it joins the waiting pull (not the finished ones), queued.
+    link = b.connect()
+    link.send("heartbeat", {"seq": 1, "active_uids": [uid]})
+    link.expect("heartbeat_ack", skip=("pull_command",))
+    joined = []
+    for _ in range(100):
+        joined = [t["agentID"] for t in s.admin("GET", f"/v1/pulls/{waiting['id']}")["targets"]]
+        if joined:
+            break
+        time.sleep(0.1)
+    link.close()
+    expect("an agent that comes to hold the uid joins the pull", joined, [b.agent_id])
 
 
 def feedback_upload(agent: Agent, fid=None, key=None, created=None, text="it stopped", mutate_header=lambda h: h, **fields) -> tuple:

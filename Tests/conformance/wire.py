@@ -23,7 +23,10 @@ ENROLL_RESPONSE = {"agent_id": (1, "string"), "server_signing_key": (2, "bytes")
 AUTH_RESPONSE = {"agent_id": (1, "string"), "signature": (2, "bytes"), "host": (3, ("msg", HOST_INFO))}
 AUTH_RESULT = {"agent_id": (1, "string"), "heartbeat_interval_s": (2, "uint"), "window": (3, "uint"), "max_chunk_bytes": (4, "uint")}
 STORE_STATS = {"records": (1, "uint"), "oldest_us": (2, "int"), "newest_us": (3, "int"), "bytes_on_disk": (4, "uint"), "dropped": (5, "uint")}
-HEARTBEAT = {"seq": (1, "uint"), "active_uids": (2, ("repeated", "string")), "stats": (3, ("msg", STORE_STATS))}
+USER_SEEN = {"uid": (1, "string"), "last_seen_us": (2, "int")}
+USER_REPORT = {"users": (1, ("repeated", ("msg", USER_SEEN))), "truncated": (2, "bool")}
+HEARTBEAT = {"seq": (1, "uint"), "active_uids": (2, ("repeated", "string")), "stats": (3, ("msg", STORE_STATS)),
+             "users": (4, ("msg", USER_REPORT))}
 HEARTBEAT_ACK = {"seq": (1, "uint")}
 TARGET = {"uid": (1, "string"), "agent_id": (2, "string")}
 FILTER = {"since_us": (1, "int"), "until_us": (2, "int"), "uid": (3, "string"), "types": (4, ("repeated", "string")),

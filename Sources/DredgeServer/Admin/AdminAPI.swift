@@ -33,7 +33,18 @@ public enum AdminAPI {
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens, audit: audit, logger: logger))
         let searchAudit = SearchAudit()
-        v1.get("agents") { _, _ in try json(await registry.agents()) }
+        v1.get("agents") { request, _ in
+            guard let uid = request.uri.queryParameters.get("uid") else { return try json(await registry.agents()) }
+            if let problem = UserID.problem(uid) { throw AdminAPIError(.badRequest, "bad_request", "uid: \(problem)") }
+            // The agents that hold the uid, each with when it last saw it.
+            let holders = Dictionary(try await registry.holders(of: uid).map { ($0.agentID, $0.lastSeen) }, uniquingKeysWith: { a, _ in a })
+            return try json(try await registry.agents().compactMap { agent -> AgentRecord? in
+                guard let seen = holders[agent.agentID] else { return nil }
+                var agent = agent
+                agent.uidLastSeen = seen
+                return agent
+            })
+        }
         v1.get("pulls") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
             return try json(await pulls.pulls(limit: min(max(limit, 1), 1000), now: .now))
@@ -42,10 +53,10 @@ public enum AdminAPI {
             let body = try await decode(PullRequest.self, from: request)
             let pull: PullRecord
             do {
-                pull = try await pulls.create(body, registry: registry, issuer: issuer, requestedBy: context.tokenName ?? "?")
+                pull = try await pulls.create(body, registry: registry, issuer: issuer, requestedBy: context.tokenName ?? "?", logger: logger)
             } catch let error as PullRequestError {
                 switch error {
-                case .unknownAgent, .noAgentForUID: throw AdminAPIError(.notFound, "no_agent", error.description)
+                case .unknownAgent: throw AdminAPIError(.notFound, "no_agent", error.description)
                 case .noTarget, .invalid: throw AdminAPIError(.badRequest, "bad_request", error.description)
                 }
             }

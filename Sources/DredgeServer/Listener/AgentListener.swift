@@ -208,6 +208,27 @@ public final class AgentListener: Service, Sendable {
         }
     }
 
+    /// Joins the agent to the open pulls by uid alone of the uids it came to hold, and wakes its
+    /// delivery if it joined any. With a user report (the first heartbeat of each connection),
+    /// every uid it holds is looked at, so a join that failed once (the database was busy) is
+    /// made on the next connection at the latest.
+    func adoptPulls(for agentID: String, heartbeat: WireHeartbeat, added: Set<String>) async {
+        var uids = added
+        if heartbeat.hasUsers {
+            uids.formUnion(heartbeat.users.users.map(\.uid))
+            uids.formUnion(heartbeat.activeUids)
+        }
+        guard !uids.isEmpty else { return }
+        do {
+            let adopted = try await pulls.adopt(agent: agentID, uids: uids, now: .now)
+            guard !adopted.isEmpty else { return }
+            logger.info("agent joined pulls by uid", metadata: ["agent.id": "\(agentID)", "pulls": "\(adopted.joined(separator: ","))"])
+            dispatcher.wake([agentID])
+        } catch {
+            logger.error("cannot join an agent to the pulls of its uids", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
+        }
+    }
+
     /// Sends the agent its pulls: on connecting, the queued ones and the ones delivered before
     /// but never answered (the agent answers a repeated command as it did the first time); then
     /// new ones whenever the dispatcher says they appeared.
@@ -321,7 +342,7 @@ public final class AgentListener: Service, Sendable {
             logger.error("cannot record an enrollment", metadata: ["remote": "\(remote ?? "?")", "error": "\(error)"])
             return .unavailable("the server cannot enroll agents now; try later")
         }
-        logger.info("agent enrolled", metadata: ["agent.id": "\(id)", "host": "\(request.host.hostname)"])
+        logger.info("agent enrolled", metadata: ["agent.id": "\(id)", "host": "\(request.host.bounded.hostname)"])
         return .enrolled(.with {
             $0.agentID = id
             $0.serverSigningKey = Data(deployment.signingKey.verifyingKey.rawRepresentation)
@@ -542,8 +563,12 @@ final class ConnectionSession: @unchecked Sendable {
                         pending.append(contentsOf: machine.fail(WireProtocolError(.errorMalformedFrame, problem)))
                         continue
                     }
-                    try await listener.registry.heartbeat(id, heartbeat, now: Date())
+                    let added = try await listener.registry.heartbeat(id, heartbeat, now: Date())
                     outcome.frames.append(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
+                    // Off the connection's path: the ack does not wait for the pull queue.
+                    if !added.isEmpty || heartbeat.hasUsers {
+                        Task { [listener] in await listener.adoptPulls(for: id, heartbeat: heartbeat, added: added) }
+                    }
                 } else if let uploads {
                     if case .uploadChunk? = frame.body, !acknowledgementsHandedOver {
                         acknowledgementsHandedOver = true

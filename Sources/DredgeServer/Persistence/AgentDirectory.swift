@@ -12,8 +12,11 @@ import Foundation
 /// - Each ``connected(_:from:host:now:)`` returns a higher generation; only the newest
 ///   generation's ``disconnected(_:generation:)`` marks the agent offline.
 /// - A heartbeat that breaks the protocol's rules (``HeartbeatRules/problem(with:)``) throws
-///   and changes nothing; otherwise its uids replace the agent's, and
-///   ``agentIDs(withUID:)`` finds the agent by each of them (never by an invalid uid).
+///   and changes nothing; otherwise its active uids replace the agent's, its user report (when
+///   it has one) replaces the agent's reported users, and ``holders(of:)`` finds the agent by
+///   each uid of either (never by an invalid uid). A heartbeat without a report keeps the
+///   reported users. It returns the uids the agent holds now and did not before.
+/// - Host info is kept within the protocol's bounds (``WireHostInfo/bounded``).
 public protocol AgentDirectory: Sendable {
     /// Marks every agent offline (the server starts).
     func resetPresence() async throws
@@ -23,21 +26,54 @@ public protocol AgentDirectory: Sendable {
     /// The agent authenticated on a new connection; returns that connection's generation.
     func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date) async throws -> Int64
     func disconnected(_ agentID: String, generation: Int64) async throws
-    func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) async throws
-    func agentIDs(withUID uid: String) async throws -> [String]
+    /// Returns the uids the agent holds after this heartbeat that it did not hold before.
+    @discardableResult
+    func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) async throws -> Set<String>
+    /// The agents that hold `uid` (in their active uids or their user report), by agent id,
+    /// each with when it last saw the uid (nil when only its active uids hold it: within the
+    /// last day of its last heartbeat).
+    func holders(of uid: String) async throws -> [UIDHolder]
     func isEnrolled(_ agentID: String) async throws -> Bool
     /// By host name, then id.
     func agents() async throws -> [AgentRecord]
 }
 
+/// An agent that holds a uid, and when it last saw it.
+public struct UIDHolder: Sendable, Equatable {
+    public var agentID: String
+    /// The hour of the uid's newest record in the agent's store, as its user report said; nil
+    /// when only the agent's active uids hold it.
+    public var lastSeen: Date?
+
+    public init(agentID: String, lastSeen: Date?) {
+        self.agentID = agentID
+        self.lastSeen = lastSeen
+    }
+}
+
 /// What the protocol allows a heartbeat to say (§ Heartbeats).
 public enum HeartbeatRules {
-    /// Why a heartbeat breaks the rules (at most MAX_ACTIVE_UIDS uids, each a valid uid), or nil.
+    /// Why a heartbeat breaks the rules, or nil: at most MAX_ACTIVE_UIDS active uids, at most
+    /// MAX_REPORTED_USERS reported users, each uid valid, none reported twice (byte for byte), each
+    /// time in 1970–9999.
     public static func problem(with heartbeat: WireHeartbeat) -> String? {
         if heartbeat.activeUids.count > WireLimits.maxActiveUIDs {
             return "heartbeat lists \(heartbeat.activeUids.count) uids; at most \(WireLimits.maxActiveUIDs)"
         }
         if let bad = heartbeat.activeUids.lazy.compactMap(UserID.problem).first { return "heartbeat lists an invalid uid: \(bad)" }
+        guard heartbeat.hasUsers else { return nil }
+        let users = heartbeat.users.users
+        if users.count > WireLimits.maxReportedUsers {
+            return "user report lists \(users.count) users; at most \(WireLimits.maxReportedUsers)"
+        }
+        // Byte for byte: Swift's String equality would take two spellings of "é" for one uid,
+        // which the store (and SQLite) keep apart.
+        var seen = Set<[UInt8]>()
+        for user in users {
+            if let bad = UserID.problem(user.uid) { return "user report lists an invalid uid: \(bad)" }
+            if !Timestamp.acceptedRange.contains(user.lastSeenUs) { return "user report gives a last_seen_us outside 1970–9999" }
+            if !seen.insert(Array(user.uid.utf8)).inserted { return "user report lists a uid twice" }
+        }
         return nil
     }
 }
@@ -74,7 +110,10 @@ extension AgentDirectory {
     public func connected(_ agentID: String, from address: String?, host: WireHostInfo) async throws -> Int64 {
         try await connected(agentID, from: address, host: host, now: Date())
     }
-    public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat) async throws { try await self.heartbeat(agentID, heartbeat, now: Date()) }
+    @discardableResult
+    public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat) async throws -> Set<String> { try await self.heartbeat(agentID, heartbeat, now: Date()) }
+    /// The ids of the agents that hold `uid`, in order.
+    public func agentIDs(withUID uid: String) async throws -> [String] { try await holders(of: uid).map(\.agentID) }
 }
 
 /// The usual defaults: now, and nothing but the status and its detail.

@@ -6,7 +6,9 @@ import Foundation
 /// its wrapped key, and its status per target agent, with the status moves guarded.
 ///
 /// The rules every implementation keeps (``PullQueueConformanceTests`` checks each):
-/// - A pull is created with all its targets `queued`, and its audit entry, at once.
+/// - A pull is created with all its targets `queued`, and its audit entry, at once; a pull by
+///   uid alone may have none yet. ``adopt(agent:uids:now:)`` adds an agent to the unexpired
+///   pulls by uid alone of the uids given, once each.
 /// - A queued target past the pull's expiry is `expired`: ``deliverable(for:includingUnanswered:now:)``
 ///   marks it so and never returns it; ``pull(_:now:)`` shows it so even before.
 /// - ``markDelivered(_:agent:at:)`` applies only to a queued or delivered target.
@@ -46,6 +48,10 @@ public protocol PullQueue: Sendable {
     func expireStalled(now: Date, listeningSince: Date, deadlines: PullStore.Deadlines) async throws -> Int
     /// Agents with a queued pull.
     func agentsWithQueuedPulls() async throws -> Set<String>
+    /// Queues for `agent` every pull by uid alone (no agent named) that has not expired at
+    /// `now`, whose uid is one of `uids`, and that does not target `agent` yet: an agent that
+    /// came to hold the uid after the pull was made. Returns those pulls' ids.
+    func adopt(agent: String, uids: Set<String>, now: Timestamp) async throws -> [String]
 }
 
 /// What administrators did, newest first: pulls, searches, token changes, refused tokens.

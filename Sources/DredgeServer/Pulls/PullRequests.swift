@@ -2,19 +2,18 @@ import DredgeAdminAPI
 import DredgeDomain
 import DredgeWire
 import Foundation
+import Logging
 
 /// Why a pull cannot be queued.
 public enum PullRequestError: Error, CustomStringConvertible, Equatable, Sendable {
     case noTarget
     case unknownAgent(String)
-    case noAgentForUID(String)
     case invalid(String)
 
     public var description: String {
         switch self {
         case .noTarget: "give a uid, an agent, or both"
         case .unknownAgent(let id): "no enrolled agent \(id)"
-        case .noAgentForUID(let uid): "no agent has reported uid \(uid): it must have logged with that uid in the last day and connected since"
         case .invalid(let message): message
         }
     }
@@ -25,9 +24,14 @@ public let maximumPullLifetime: Duration = .seconds(7 * 86_400)
 
 extension PullQueue {
     /// Resolves a request's targets in the registry and queues the pull: by uid, every agent
-    /// that has reported it; by agent, that agent (with a uid too, that agent's records of the
-    /// uid). Recorded in the audit log under `requestedBy`.
-    public func create(_ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, now: Timestamp = .now) async throws -> PullRecord {
+    /// that holds it (and, until the pull expires, every agent that comes to hold it later,
+    /// through ``adopt(agent:uids:now:)``; with none yet the pull waits for one); by agent, that
+    /// agent (with a uid too, that agent's records of the uid). Recorded in the audit log under
+    /// `requestedBy`. Once the pull is stored it is returned: a late join that fails is logged
+    /// (the agent joins on its next connection, whose first heartbeat carries its report).
+    public func create(
+        _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, logger: Logger, now: Timestamp = .now
+    ) async throws -> PullRecord {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
         let agent = request.agent.flatMap { $0.isEmpty ? nil : $0 }
         guard uid != nil || agent != nil else { throw PullRequestError.noTarget }
@@ -44,20 +48,28 @@ extension PullQueue {
 
         let agents: [String]
         if let agent {
-            agents = try await registry.isEnrolled(agent) ? [agent] : []
-        } else if let uid {
-            agents = try await registry.agentIDs(withUID: uid)
+            guard try await registry.isEnrolled(agent) else { throw PullRequestError.unknownAgent(agent) }
+            agents = [agent]
         } else {
-            agents = []
-        }
-        guard !agents.isEmpty else {
-            if let agent { throw PullRequestError.unknownAgent(agent) }
-            throw PullRequestError.noAgentForUID(uid ?? "")
+            agents = try await registry.agentIDs(withUID: uid ?? "")
         }
         var pull = try issuer.newPull(
             uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
         pull.reason = request.reason ?? ""
         try await create(pull)
+        if let uid, agent == nil {
+            // An agent whose heartbeat added the uid between the lookup above and the pull's
+            // creation found no pull to join: join it now (the heartbeat writes the registry,
+            // then adopts; this writes the pull, then reads the registry, so one of them sees
+            // the other).
+            do {
+                for late in try await registry.agentIDs(withUID: uid) where !agents.contains(late) {
+                    _ = try await adopt(agent: late, uids: [uid], now: now)
+                }
+            } catch {
+                logger.warning("pull queued; agents that came to hold its uid meanwhile join it later", metadata: ["pull.id": "\(pull.id)", "error": "\(error)"])
+            }
+        }
         guard let record = try await self.pull(pull.id, now: now) else { throw PullRequestError.invalid("pull \(pull.id) vanished") }
         return record
     }

@@ -266,7 +266,7 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
   /// valid frame, wrong state; connection closes
   case errorUnexpectedMessage // = 4
 
-  /// bad or used-up token, bad key; connection closes
+  /// unknown or revoked token, bad key, key enrolled; connection closes
   case errorEnrollmentRefused // = 5
 
   /// unknown agent or bad signature; connection closes
@@ -371,7 +371,8 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
 }
 
 /// One frame's body. Exactly one field of `body` is set; a frame with none set, or with a field
-/// this peer does not know, is answered with Error{UNEXPECTED_MESSAGE}.
+/// this peer does not know, is answered with Error{MALFORMED_FRAME} (README §3). A known message
+/// in a state that does not allow it is Error{UNEXPECTED_MESSAGE} (README §6).
 public nonisolated struct WireFrame: Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
@@ -721,10 +722,10 @@ public nonisolated struct WireAuthResult: Sendable {
   /// how often the agent sends Heartbeat
   public var heartbeatIntervalS: UInt32 = 0
 
-  /// chunks an upload may have in flight, unacknowledged
+  /// most unacknowledged chunks per upload (>= 8, <= 64; README §8)
   public var window: UInt32 = 0
 
-  /// largest plaintext chunk the server accepts
+  /// largest chunk_size the server accepts (>= 262,144; README §8)
   public var maxChunkBytes: UInt32 = 0
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
@@ -753,6 +754,39 @@ public nonisolated struct WireStoreStats: Sendable {
   public init() {}
 }
 
+/// One user the agent's store holds records of.
+public nonisolated struct WireUserSeen: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var uid: String = String()
+
+  /// the user's newest record, µs since the Unix epoch UTC, truncated to the hour
+  public var lastSeenUs: Int64 = 0
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
+/// Every user the agent's store holds records of, whatever their age (README § Heartbeats).
+public nonisolated struct WireUserReport: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  /// distinct uids, most recently seen first, at most MAX_REPORTED_USERS
+  public var users: [WireUserSeen] = []
+
+  /// the store holds more users than the report lists
+  public var truncated: Bool = false
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
 /// Agent → server, every heartbeat_interval_s.
 public nonisolated struct WireHeartbeat: Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
@@ -773,11 +807,22 @@ public nonisolated struct WireHeartbeat: Sendable {
   /// Clears the value of `stats`. Subsequent reads from it will return its default value.
   public mutating func clearStats() {self._stats = nil}
 
+  /// absent: the same as the last report on this connection
+  public var users: WireUserReport {
+    get {_users ?? WireUserReport()}
+    set {_users = newValue}
+  }
+  /// Returns true if `users` has been explicitly set.
+  public var hasUsers: Bool {self._users != nil}
+  /// Clears the value of `users`. Subsequent reads from it will return its default value.
+  public mutating func clearUsers() {self._users = nil}
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
 
   fileprivate var _stats: WireStoreStats? = nil
+  fileprivate var _users: WireUserReport? = nil
 }
 
 public nonisolated struct WireHeartbeatAck: Sendable {
@@ -1948,9 +1993,79 @@ nonisolated extension WireStoreStats: SwiftProtobuf.Message, SwiftProtobuf._Mess
   }
 }
 
+nonisolated extension WireUserSeen: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".UserSeen"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}uid\0\u{3}last_seen_us\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.uid) }()
+      case 2: try { try decoder.decodeSingularInt64Field(value: &self.lastSeenUs) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.uid.isEmpty {
+      try visitor.visitSingularStringField(value: self.uid, fieldNumber: 1)
+    }
+    if self.lastSeenUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.lastSeenUs, fieldNumber: 2)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireUserSeen, rhs: WireUserSeen) -> Bool {
+    if lhs.uid != rhs.uid {return false}
+    if lhs.lastSeenUs != rhs.lastSeenUs {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireUserReport: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".UserReport"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}users\0\u{1}truncated\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeRepeatedMessageField(value: &self.users) }()
+      case 2: try { try decoder.decodeSingularBoolField(value: &self.truncated) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.users.isEmpty {
+      try visitor.visitRepeatedMessageField(value: self.users, fieldNumber: 1)
+    }
+    if self.truncated != false {
+      try visitor.visitSingularBoolField(value: self.truncated, fieldNumber: 2)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireUserReport, rhs: WireUserReport) -> Bool {
+    if lhs.users != rhs.users {return false}
+    if lhs.truncated != rhs.truncated {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
 nonisolated extension WireHeartbeat: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Heartbeat"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}seq\0\u{3}active_uids\0\u{1}stats\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}seq\0\u{3}active_uids\0\u{1}stats\0\u{1}users\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -1961,6 +2076,7 @@ nonisolated extension WireHeartbeat: SwiftProtobuf.Message, SwiftProtobuf._Messa
       case 1: try { try decoder.decodeSingularUInt64Field(value: &self.seq) }()
       case 2: try { try decoder.decodeRepeatedStringField(value: &self.activeUids) }()
       case 3: try { try decoder.decodeSingularMessageField(value: &self._stats) }()
+      case 4: try { try decoder.decodeSingularMessageField(value: &self._users) }()
       default: break
       }
     }
@@ -1980,6 +2096,9 @@ nonisolated extension WireHeartbeat: SwiftProtobuf.Message, SwiftProtobuf._Messa
     try { if let v = self._stats {
       try visitor.visitSingularMessageField(value: v, fieldNumber: 3)
     } }()
+    try { if let v = self._users {
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 4)
+    } }()
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -1987,6 +2106,7 @@ nonisolated extension WireHeartbeat: SwiftProtobuf.Message, SwiftProtobuf._Messa
     if lhs.seq != rhs.seq {return false}
     if lhs.activeUids != rhs.activeUids {return false}
     if lhs._stats != rhs._stats {return false}
+    if lhs._users != rhs._users {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

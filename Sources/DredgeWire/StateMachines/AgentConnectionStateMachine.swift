@@ -113,12 +113,28 @@ public struct AgentConnectionStateMachine: Sendable {
         return [.send(.with { $0.authResponse = .with { $0.agentID = agentID; $0.signature = .init(signature); $0.host = host } })]
     }
 
-    /// A heartbeat, when the interval elapses. Nothing unless ready.
-    public mutating func heartbeat(activeUIDs: [String], stats: WireStoreStats) -> [Action] {
+    /// A heartbeat, when the interval elapses. Nothing unless ready. `users`: the store's user
+    /// report, or nil when it is the same as the last one sent on this connection.
+    public mutating func heartbeat(activeUIDs: [String], stats: WireStoreStats, users: WireUserReport? = nil) -> [Action] {
         guard isReady else { return [] }
         heartbeatSeq += 1
         let seq = heartbeatSeq
-        return [.send(.with { $0.heartbeat = .with { $0.seq = seq; $0.activeUids = Array(activeUIDs.prefix(WireLimits.maxActiveUIDs)); $0.stats = stats } })]
+        return [
+            .send(.with {
+                $0.heartbeat = .with {
+                    $0.seq = seq
+                    $0.activeUids = Array(activeUIDs.prefix(WireLimits.maxActiveUIDs))
+                    $0.stats = stats
+                    if var users {
+                        if users.users.count > WireLimits.maxReportedUsers {
+                            users.users = Array(users.users.prefix(WireLimits.maxReportedUsers))
+                            users.truncated = true
+                        }
+                        $0.users = users
+                    }
+                }
+            })
+        ]
     }
 
     /// A frame of the command and upload layers to send; refused (nothing) unless ready.

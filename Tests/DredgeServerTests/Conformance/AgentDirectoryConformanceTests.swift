@@ -86,4 +86,97 @@ import Testing
         // An invalid uid finds nobody (a NUL would otherwise cut it to a valid one).
         #expect(try await agents.agentIDs(withUID: "u-3\u{0}x").isEmpty)
     }
+
+    static func report(_ users: [(String, Int64)], truncated: Bool = false) -> WireUserReport {
+        .with { r in
+            r.users = users.map { u in .with { $0.uid = u.0; $0.lastSeenUs = u.1 } }
+            r.truncated = truncated
+        }
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func userReportsFindAgentsByAnyUIDTheirStoreHolds(_ backend: PersistenceBackend) async throws {
+        let agents = try await backend.agents(dir)
+        let a = try await agents.enroll(publicKey: Self.keys[0].publicKey, host: Self.host, now: Date())
+        let b = try await agents.enroll(publicKey: Self.keys[1].publicKey, host: Self.host, now: Date())
+        let hour: Int64 = 3_600_000_000
+        // a logged u-old two days ago (not active), u-new today (active too).
+        var added = try await agents.heartbeat(a, .with {
+            $0.activeUids = ["u-new"]
+            $0.users = Self.report([("u-new", 100 * hour), ("u-old", 52 * hour)], truncated: true)
+        }, now: Date())
+        #expect(added == ["u-new", "u-old"])
+        added = try await agents.heartbeat(b, .with { $0.activeUids = ["u-new"] }, now: Date())
+        #expect(added == ["u-new"])
+        #expect(try await agents.holders(of: "u-old") == [UIDHolder(agentID: a, lastSeen: Date(timeIntervalSince1970: Double(52 * 3_600)))])
+        #expect(try await agents.holders(of: "u-new") == [
+            UIDHolder(agentID: a, lastSeen: Date(timeIntervalSince1970: Double(100 * 3_600))), UIDHolder(agentID: b, lastSeen: nil),
+        ].sorted { $0.agentID < $1.agentID })
+        let record = try #require(try await agents.agents().first { $0.agentID == a })
+        #expect(record.reportedUsers == 2 && record.usersTruncated && record.activeUIDs == ["u-new"])
+
+        // No report: the reported users stay, and nothing is new.
+        added = try await agents.heartbeat(a, .with { $0.activeUids = [] }, now: Date())
+        #expect(added.isEmpty)
+        #expect(try await agents.agentIDs(withUID: "u-old") == [a])
+        #expect(try await agents.agentIDs(withUID: "u-new") == [a, b].sorted(), "a's report still holds u-new")
+        // The same again (nothing changed: an implementation may hold it in memory): the same.
+        #expect(try await agents.heartbeat(a, .with { $0.activeUids = [] }, now: Date()).isEmpty)
+        #expect(try await agents.agentIDs(withUID: "u-old") == [a])
+        // The same report again (every connection sends one): nothing new, nothing lost.
+        added = try await agents.heartbeat(a, .with { $0.users = Self.report([("u-new", 100 * hour), ("u-old", 52 * hour)], truncated: true) }, now: Date())
+        #expect(added.isEmpty)
+        #expect(try await agents.holders(of: "u-old") == [UIDHolder(agentID: a, lastSeen: Date(timeIntervalSince1970: Double(52 * 3_600)))])
+        // Two spellings of "é" are two uids, byte for byte (a store keeps them apart).
+        try await agents.heartbeat(a, .with { $0.users = Self.report([("u-\u{E9}", 1), ("u-e\u{301}", 1), ("u-old", 52 * hour)]) }, now: Date())
+        #expect(try await agents.agents().first { $0.agentID == a }?.reportedUsers == 3)
+        #expect(try await agents.agentIDs(withUID: "u-e\u{301}") == [a])
+        #expect(try await agents.agentIDs(withUID: "u-\u{E9}") == [a])
+
+        // A new report replaces the last; an empty one clears it.
+        added = try await agents.heartbeat(a, .with { $0.users = Self.report([("u-third", 101 * hour)]) }, now: Date())
+        #expect(added == ["u-third"])
+        #expect(try await agents.agentIDs(withUID: "u-old").isEmpty)
+        added = try await agents.heartbeat(a, .with { $0.users = WireUserReport() }, now: Date())
+        #expect(added.isEmpty)
+        #expect(try await agents.agentIDs(withUID: "u-third").isEmpty)
+        #expect(try await agents.agents().first { $0.agentID == a }?.reportedUsers == 0)
+
+        // A report that breaks the rules changes nothing.
+        try await agents.heartbeat(a, .with { $0.users = Self.report([("u-kept", 1)]) }, now: Date())
+        let bad: [WireUserReport] = [
+            Self.report([("u-1", 1), ("u-1", 2)]), Self.report([("u-1", -1)]), Self.report([("u-1", 253_402_300_800_000_000)]), Self.report([("u\u{0}1", 1)]),
+            Self.report([("", 1)]),
+            Self.report((0...DomainLimits.reportedUsers).map { ("u-\($0)", 1) }),
+        ]
+        for report in bad {
+            await #expect(throws: (any Error).self) { try await agents.heartbeat(a, .with { $0.users = report }, now: Date()) }
+        }
+        #expect(try await agents.agentIDs(withUID: "u-kept") == [a])
+        #expect(try await agents.agentIDs(withUID: "u-1").isEmpty)
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func hostInfoIsKeptWithinTheProtocolsBounds(_ backend: PersistenceBackend) async throws {
+        let agents = try await backend.agents(dir)
+        var labels: [String: String] = ["region": "eu", "": "dropped", "tier": "gold\u{1B}[31m"]
+        for i in 0..<40 { labels["z\(i)"] = "v" }
+        let hostile = WireHostInfo.with {
+            $0.hostname = "kitchen\u{7}\n" + String(repeating: "é", count: 300)
+            $0.app = "oven"
+            $0.appVersion = "2.4.1"
+            $0.extra = labels
+        }
+        let id = try await agents.enroll(publicKey: Self.keys[0].publicKey, host: hostile, now: Date())
+        var record = try #require(try await agents.agents().first)
+        #expect(record.hostname.hasPrefix("kitchen\u{FFFD}\u{FFFD}é") && record.hostname.utf8.count <= 256)
+        #expect(!record.hostname.unicodeScalars.contains { $0.value < 0x20 })
+        #expect(record.labels["region"] == "eu" && record.labels["tier"] == "gold\u{FFFD}[31m" && record.labels[""] == nil)
+        #expect(record.labels.count == WireHostInfo.maxLabels)
+        #expect(record.app == "oven" && record.appVersion == "2.4.1")
+        // Each connection's host info replaces the last.
+        _ = try await agents.connected(id, from: nil, host: .with { $0.hostname = "kitchen"; $0.app = "oven"; $0.appVersion = "2.5"; $0.extra = ["region": "us"] }, now: Date())
+        record = try #require(try await agents.agents().first)
+        #expect(record.hostname == "kitchen" && record.appVersion == "2.5" && record.labels == ["region": "us"])
+    }
 }

@@ -201,4 +201,37 @@ import Testing
         #expect(try await Self.status(queue, moving.id) == .expired)
         #expect(try await queue.expireStalled(now: start.addingTimeInterval(9000), listeningSince: .distantPast, deadlines: deadlines) == 0)
     }
+
+    @Test(arguments: Backend.all)
+    func agentsThatComeToHoldAUIDJoinItsOpenPulls(_ backend: Backend) async throws {
+        let queue = try await backend.pulls(dir)
+        // By uid alone with no agent yet; by uid alone with one; by agent; another uid; expired.
+        let waiting = try Self.newPull(targets: [])
+        let open = try Self.newPull(targets: ["a"])
+        let named = try Self.issuer.newPull(uid: "u-1", agentID: "a", filter: LogFilter(uid: "u-1"), targets: ["a"], lifetime: .seconds(600), requestedBy: "alice", now: Self.base)
+        let other = try Self.newPull(targets: [], filter: LogFilter(uid: "u-2"))
+        let expired = try Self.newPull(targets: [], lifetime: .seconds(10), at: Self.base.subtracting(.seconds(20)))
+        for pull in [waiting, open, named, other, expired] { try await queue.create(pull) }
+
+        let empty = try #require(try await queue.pull(waiting.id, now: Self.base))
+        #expect(empty.targets.isEmpty && !empty.isFinished(at: Self.base), "a pull with no target waits")
+        #expect(empty.isFinished(at: Self.base.adding(.seconds(601))), "until it expires")
+
+        let joined = try await queue.adopt(agent: "b", uids: ["u-1"], now: Self.base)
+        #expect(Set(joined) == [waiting.id, open.id])
+        #expect(try await Self.status(queue, waiting.id, "b") == .queued)
+        #expect(try await queue.pull(open.id, now: Self.base)?.targets.map(\.agentID) == ["a", "b"])
+        #expect(try await queue.pull(named.id, now: Self.base)?.targets.map(\.agentID) == ["a"], "a pull naming its agent takes no other")
+        #expect(try await queue.pull(other.id, now: Self.base)?.targets.isEmpty == true)
+        #expect(try await queue.pull(expired.id, now: Self.base)?.targets.isEmpty == true, "an expired pull takes no one")
+        #expect(try await queue.deliverable(for: "b", includingUnanswered: false, now: Self.base).sorted() == [waiting.id, open.id].sorted())
+        #expect(try await queue.agentsWithQueuedPulls().contains("b"))
+
+        // Once each: again, and for the agent already there, nothing.
+        #expect(try await queue.adopt(agent: "b", uids: ["u-1"], now: Self.base).isEmpty)
+        #expect(try await queue.adopt(agent: "a", uids: ["u-1"], now: Self.base) == [waiting.id])
+        // Past the expiry, nobody joins.
+        #expect(try await queue.adopt(agent: "c", uids: ["u-1", "u-2"], now: Self.base.adding(.seconds(600))).isEmpty)
+        #expect(try await queue.adopt(agent: "c", uids: ["u-2"], now: Self.base) == [other.id])
+    }
 }

@@ -1,9 +1,11 @@
+import Crypto
 import DredgeAdminAPI
 import DredgeDomain
 import DredgeEnvelope
 import DredgeWire
 import Foundation
 import GRDB
+import SwiftProtobuf
 import Synchronization
 
 /// The server's registry of agents in the server's database (``AgentDirectory``): who is
@@ -78,6 +80,26 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         }
     }
 
+    /// Migrations after the one database: the device's labels and the users its store holds
+    /// (the heartbeat's user report), with the hour each was last seen.
+    static func schema(_ migrator: inout DatabaseMigrator) {
+        migrator.registerMigration("agents-v4-users") { db in
+            try db.execute(sql: """
+                ALTER TABLE agent ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+                ALTER TABLE agent ADD COLUMN users_reported INTEGER NOT NULL DEFAULT 0;
+                ALTER TABLE agent ADD COLUMN users_truncated INTEGER NOT NULL DEFAULT 0;
+                ALTER TABLE agent ADD COLUMN users_digest TEXT NOT NULL DEFAULT '';
+                CREATE TABLE agent_user (
+                    uid TEXT NOT NULL,
+                    agent_id TEXT NOT NULL REFERENCES agent(id),
+                    last_seen_us INTEGER NOT NULL,
+                    PRIMARY KEY (uid, agent_id)
+                ) WITHOUT ROWID;
+                CREATE INDEX agent_user_by_agent ON agent_user(agent_id);
+                """)
+        }
+    }
+
     /// Marks every agent disconnected: called when the server starts.
     public func resetPresence() async throws {
         try await db.write { try $0.execute(sql: "UPDATE agent SET connected = 0") }
@@ -87,9 +109,10 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     /// (``AlreadyEnrolled``): whoever holds a token could otherwise rename another agent.
     public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date = Date()) async throws -> String {
         let id = publicKey.agentID
+        let host = host.bounded
         let row = AgentRow(
             id: id, publicKey: Data(publicKey.spki), hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion,
-            enrolledAt: now.timeIntervalSince1970)
+            enrolledAt: now.timeIntervalSince1970, labels: try Self.json(host.extra))
         let inserted = try await db.write { db in
             try row.insert(db, onConflict: .ignore)
             return db.changesCount > 0
@@ -109,10 +132,15 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     /// generation, which ``disconnected(_:generation:)`` must present.
     @discardableResult
     public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date = Date()) async throws -> Int64 {
-        try await db.write { db in
+        let host = host.bounded
+        let labels = try Self.json(host.extra)
+        return try await db.write { db in
             try db.execute(
-                sql: "UPDATE agent SET connected = 1, generation = generation + 1, connected_at = ?, remote_address = ?, hostname = ?, os = ?, app = ?, app_version = ? WHERE id = ?",
-                arguments: [now.timeIntervalSince1970, address, host.hostname, host.os, host.app, host.appVersion, agentID])
+                sql: """
+                    UPDATE agent SET connected = 1, generation = generation + 1, connected_at = ?, remote_address = ?, hostname = ?, os = ?, app = ?,
+                    app_version = ?, labels = ? WHERE id = ?
+                    """,
+                arguments: [now.timeIntervalSince1970, address, host.hostname, host.os, host.app, host.appVersion, labels, agentID])
             return try Int64.fetchOne(db, sql: "SELECT generation FROM agent WHERE id = ?", arguments: [agentID]) ?? 0
         }
     }
@@ -123,33 +151,38 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         try await db.write { try $0.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ? AND generation = ?", arguments: [agentID, generation]) }
     }
 
-    /// Records a heartbeat; the agent's uids are rewritten only when they changed. A heartbeat
-    /// that breaks the rules (``HeartbeatRules/problem(with:)``) is refused and changes nothing.
-    public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date = Date()) async throws {
+    /// Records a heartbeat; the agent's active uids are rewritten only when they changed, its
+    /// reported users whenever the heartbeat carries a report. A heartbeat that breaks the rules
+    /// (``HeartbeatRules/problem(with:)``) is refused and changes nothing. Returns the uids the
+    /// agent holds now and did not before.
+    @discardableResult
+    public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date = Date()) async throws -> Set<String> {
         if let problem = HeartbeatRules.problem(with: heartbeat) { throw DeploymentError(problem) }
         let sorted = Array(Set(heartbeat.activeUids)).sorted()
+        let report = heartbeat.hasUsers ? heartbeat.users : nil
         let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
         enum Step { case hold, flush(Held), write(with: Held) }
         let step: Step = presence.withLock { p in
-            // New uids (or the first heartbeat this registry sees of the agent): written now,
-            // with whatever is held.
-            guard p.uids[agentID] == sorted else { return .write(with: Self.takePending(&p)) }
+            // New uids, a user report, or the first heartbeat this registry sees of the agent:
+            // written now, with whatever is held.
+            guard report == nil, p.uids[agentID] == sorted else { return .write(with: Self.takePending(&p)) }
             if (p.pending[agentID]?.at ?? -.infinity) <= at { p.pending[agentID] = (at, records) }
             return ContinuousClock.now - p.lastFlush >= heartbeatFlush ? .flush(Self.takePending(&p)) : .hold
         }
         let held: Held
         switch step {
-        case .hold: return
+        case .hold: return []
         case .flush(let due):
             try await write(due)
-            return
+            return []
         case .write(let pending): held = pending
         }
-        let uids = String(decoding: try JSONEncoder().encode(sorted), as: UTF8.self)
-        let known = try await db.write { db in
+        let uids = try Self.json(sorted)
+        let outcome: (known: Bool, added: Set<String>) = try await db.write { db in
             try Self.write(held, into: db)
             let previous = try String.fetchOne(db, sql: "SELECT active_uids FROM agent WHERE id = ?", arguments: [agentID])
-            guard previous != nil else { return false }
+            guard previous != nil else { return (false, []) }
+            let before = try Self.heldUIDs(of: agentID, in: db)
             try db.execute(
                 sql: "UPDATE agent SET last_heartbeat_at = ?, active_uids = ?, store_records = ? WHERE id = ?",
                 arguments: [at, uids, records, agentID])
@@ -157,9 +190,39 @@ public final class AgentRegistry: AgentDirectory, Sendable {
                 try db.execute(sql: "DELETE FROM agent_uid WHERE agent_id = ?", arguments: [agentID])
                 for uid in sorted { try AgentUIDRow(uid: uid, agentId: agentID).insert(db) }
             }
-            return true
+            // A report the same as the one stored (every reconnection sends one) is not rewritten.
+            if let report, let digest = Self.digest(report), try String.fetchOne(db, sql: "SELECT users_digest FROM agent WHERE id = ?", arguments: [agentID]) != digest {
+                try db.execute(sql: "DELETE FROM agent_user WHERE agent_id = ?", arguments: [agentID])
+                let insert = try db.cachedStatement(sql: "INSERT INTO agent_user (uid, agent_id, last_seen_us) VALUES (?, ?, ?)")
+                for user in report.users { try insert.execute(arguments: [user.uid, agentID, user.lastSeenUs]) }
+                try db.execute(
+                    sql: "UPDATE agent SET users_reported = ?, users_truncated = ?, users_digest = ? WHERE id = ?",
+                    arguments: [report.users.count, report.truncated, digest, agentID])
+            }
+            return (true, try Self.heldUIDs(of: agentID, in: db).subtracting(before))
         }
-        if known { presence.withLock { $0.uids[agentID] = sorted } }
+        if outcome.known { presence.withLock { $0.uids[agentID] = sorted } }
+        return outcome.added
+    }
+
+    /// A user report's SHA-256 (hex) over its deterministic serialization; nil if it cannot be
+    /// serialized (then it is always written).
+    static func digest(_ report: WireUserReport) -> String? {
+        var options = BinaryEncodingOptions()
+        options.useDeterministicOrdering = true
+        guard let bytes = try? report.serializedBytes(options: options) as [UInt8] else { return nil }
+        return SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// The uids an agent holds: its active uids and its reported users.
+    private static func heldUIDs(of agentID: String, in db: Database) throws -> Set<String> {
+        Set(try String.fetchAll(db, sql: "SELECT uid FROM agent_uid WHERE agent_id = ? UNION SELECT uid FROM agent_user WHERE agent_id = ?", arguments: [agentID, agentID]))
+    }
+
+    static func json(_ value: some Encodable) throws -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        return String(decoding: try encoder.encode(value), as: UTF8.self)
     }
 
     private static func takePending(_ p: inout Presence) -> Held {
@@ -187,11 +250,26 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         try await write(presence.withLock { Self.takePending(&$0) })
     }
 
-    /// Agents whose last heartbeat reported `uid`. None for an invalid uid: SQLite's binding
-    /// would cut `"u-1\u{0}x"` at its NUL and find `u-1`'s agents.
-    public func agentIDs(withUID uid: String) async throws -> [String] {
+    /// The agents that hold `uid` (active uids or user report). None for an invalid uid:
+    /// SQLite's binding would cut `"u-1\u{0}x"` at its NUL and find `u-1`'s agents.
+    public func holders(of uid: String) async throws -> [UIDHolder] {
         guard UserID.isValid(uid) else { return [] }
-        return try await db.read { try String.fetchAll($0, sql: "SELECT agent_id FROM agent_uid WHERE uid = ? ORDER BY agent_id", arguments: [uid]) }
+        return try await db.read { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT agent_id, max(last_seen_us) AS last_seen_us FROM (
+                        SELECT agent_id, NULL AS last_seen_us FROM agent_uid WHERE uid = ?
+                        UNION ALL
+                        SELECT agent_id, last_seen_us FROM agent_user WHERE uid = ?
+                    ) GROUP BY agent_id ORDER BY agent_id
+                    """,
+                arguments: [uid, uid]
+            ).compactMap { row in
+                guard let agent = row["agent_id"] as String? else { return nil }
+                return UIDHolder(agentID: agent, lastSeen: (row["last_seen_us"] as Int64?).map { Date(timeIntervalSince1970: Double($0) / 1e6) })
+            }
+        }
     }
 
     public func isEnrolled(_ agentID: String) async throws -> Bool {
@@ -204,13 +282,28 @@ public final class AgentRegistry: AgentDirectory, Sendable {
             // The uid index is the truth (the JSON column only detects a change).
             let uids = Dictionary(grouping: try AgentUIDRow.order(Column("agent_id"), Column("uid")).fetchAll(db), by: \.agentId).mapValues { $0.map(\.uid) }
             return try AgentRow.order(Column("hostname"), Column("id")).fetchAll(db).map { row in
-                AgentRecord(
-                    agentID: row.id, hostname: row.hostname, os: row.os, app: row.app, appVersion: row.appVersion,
-                    enrolledAt: Date(timeIntervalSince1970: row.enrolledAt), connected: row.connected,
+                // Cleaned again as read: rows written before host info was bounded are shown safely too.
+                let host = WireHostInfo.with {
+                    $0.hostname = row.hostname
+                    $0.os = row.os
+                    $0.app = row.app
+                    $0.appVersion = row.appVersion
+                    $0.extra = Self.labels(row.labels)
+                }.bounded
+                return AgentRecord(
+                    agentID: row.id, hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion,
+                    labels: host.extra, enrolledAt: Date(timeIntervalSince1970: row.enrolledAt), connected: row.connected,
                     connectedAt: row.connectedAt.map(Date.init(timeIntervalSince1970:)), remoteAddress: row.remoteAddress,
                     lastHeartbeatAt: row.lastHeartbeatAt.map(Date.init(timeIntervalSince1970:)),
-                    activeUIDs: uids[row.id] ?? [], storeRecords: UInt64(max(0, row.storeRecords)))
+                    activeUIDs: uids[row.id] ?? [], reportedUsers: Int(row.usersReported), usersTruncated: row.usersTruncated,
+                    storeRecords: UInt64(max(0, row.storeRecords)))
             }
         }
+    }
+
+    /// A stored labels column; one that does not read as an object of strings shows as none
+    /// (labels are descriptive: the agent sends them again on its next connection).
+    static func labels(_ json: String) -> [String: String] {
+        (try? JSONDecoder().decode([String: String].self, from: Data(json.utf8))) ?? [:]
     }
 }

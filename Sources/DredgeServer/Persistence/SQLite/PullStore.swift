@@ -81,6 +81,49 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         }
     }
 
+    /// Migrations after the one database.
+    static func schema(_ migrator: inout DatabaseMigrator) {
+        // Agents that come to hold a uid join the open pulls by that uid alone.
+        migrator.registerMigration("pulls-v4-by-uid") { db in
+            // By expiry first: the open ones are a short range at the end, however many old pulls there are.
+            try db.execute(sql: "CREATE INDEX pull_open_by_uid ON pull(expires_at, uid) WHERE agent_id = ''")
+        }
+    }
+
+    public func adopt(agent: String, uids: Set<String>, now: Timestamp) async throws -> [String] {
+        guard !uids.isEmpty else { return [] }
+        let at = now.date.timeIntervalSince1970
+        // The unexpired pulls by uid alone are few (a range of the partial index); the agent's
+        // uids may be thousands: match in memory, not one query per uid.
+        let open = try await db.read { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > ? AND uid != ''
+                    AND NOT EXISTS (SELECT 1 FROM pull_target t WHERE t.pull_id = pull.id AND t.agent_id = ?)
+                    ORDER BY created_at, id
+                    """,
+                arguments: [now.microseconds, agent]
+            ).compactMap { row -> (id: String, uid: String)? in
+                guard let id = row["id"] as String?, let uid = row["uid"] as String? else { return nil }
+                return (id, uid)
+            }
+        }
+        let wanted = Set(uids.filter(UserID.isValid).map { Array($0.utf8) })
+        let matching = open.filter { wanted.contains(Array($0.uid.utf8)) }
+        guard !matching.isEmpty else { return [] }
+        return try await db.write { db in
+            var adopted: [String] = []
+            for pull in matching {
+                try db.execute(
+                    sql: "INSERT OR IGNORE INTO pull_target (pull_id, agent_id, status, updated_at) VALUES (?, ?, ?, ?)",
+                    arguments: [pull.id, agent, Status.queued.rawValue, at])
+                if db.changesCount > 0 { adopted.append(pull.id) }
+            }
+            return adopted
+        }
+    }
+
     /// Queues a pull (made by ``CommandIssuer/newPull(uid:agentID:filter:targets:lifetime:requestedBy:now:)``)
     /// for its targets and records who asked, in the audit log, in one transaction.
     public func create(_ pull: NewPull) async throws {

@@ -38,6 +38,21 @@ struct AgentRow: ServerRecord {
     var storeRecords: Int64 = 0
     /// Presence by generation: each authenticated connection gets the next number.
     var generation: Int64 = 0
+    /// The device's labels (host info `extra`), as a JSON object.
+    var labels: String = "{}"
+    /// How many users the agent's last user report listed, and whether the store held more.
+    var usersReported: Int64 = 0
+    var usersTruncated: Bool = false
+    /// SHA-256 of the last user report written, to skip writing the same one again.
+    var usersDigest: String = ""
+}
+
+/// A user an agent's report listed: the uid, and the hour of its newest record (µs).
+struct AgentUserRow: ServerRecord {
+    static let databaseTableName = "agent_user"
+    var uid: String
+    var agentId: String
+    var lastSeenUs: Int64
 }
 
 struct AgentUIDRow: ServerRecord {

@@ -88,6 +88,8 @@ public final class ServerDatabase: Sendable {
                 ALTER TABLE feedback ADD COLUMN error_code INTEGER;
                 """)
         }
+        AgentRegistry.schema(&migrator)
+        PullStore.schema(&migrator)
         return migrator
     }
 }

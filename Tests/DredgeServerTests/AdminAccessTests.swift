@@ -1,3 +1,4 @@
+import AsyncHTTPClient
 import DredgeCommandLine
 import DredgeTestSupport
 import Foundation
@@ -21,6 +22,34 @@ import Testing
         #expect(loaded.config.names.contains("10.1.2.3"))
         let tls = try #require(loaded.adminTLSConfiguration)
         #expect(tls.minimumTLSVersion == .tlsv13)
+    }
+
+    /// The running server, not only its configuration: a client that stops at TLS 1.2 gets no
+    /// answer; the same client allowed TLS 1.3 gets one.
+    @Test func theRunningAdminAPIRefusesTLS12() async throws {
+        let d = try AgentServerEndToEndTests.Deployment()
+        let (server, _) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+        func health(upTo version: TLSVersion) async throws -> Result<UInt, any Error> {
+            var tls = TLSConfiguration.makeClientConfiguration()
+            tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(d.data + "/ca.pem"))
+            tls.maximumTLSVersion = version
+            let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: HTTPClient.Configuration(tlsConfiguration: tls))
+            let result: Result<UInt, any Error>
+            do {
+                let response = try await client.execute(HTTPClientRequest(url: admin + "/health"), timeout: .seconds(30))
+                result = .success(response.status.code)
+            } catch {
+                result = .failure(error)
+            }
+            try await client.shutdown()
+            return result
+        }
+        let modern = try await health(upTo: .tlsv13)
+        #expect((try? modern.get()) == 200, "\(modern)")
+        let old = try await health(upTo: .tlsv12)
+        #expect((try? old.get()) == nil, "a TLS 1.2 client must not be answered: \(old)")
     }
 
     @Test func plainHTTPIsRefusedOffLoopbackAtInitAndAtStart() throws {

@@ -45,7 +45,7 @@ for _ in $(seq 150); do
     [ "$("$bin/dredge" agents | grep -c ' online .*u-1002')" = 2 ] && break
     sleep 0.2
 done
-"$bin/dredge" agents
+"$bin/dredge" agents --uid u-1002   # the devices that hold the user, and when each last saw them
 
 echo "== 3. An engineer pulls user u-1002's warnings and errors of the last two days, and downloads them"
 echo "   \$ dredge pull --uid u-1002 --since 2d --level warning+ --wait --out $out/engineer/pulls"

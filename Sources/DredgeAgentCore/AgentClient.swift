@@ -166,18 +166,16 @@ public final class AgentClient: Service, Sendable {
         let uids: [String]
         let users: WireUserReport?
         do {
-            // The protocol's rules for the list (§ Heartbeats): valid uids only, at most MAX_ACTIVE_UIDS.
-            uids = Array(try store.activeUIDs(since: Timestamp.now.subtracting(.seconds(86_400))).filter(UserID.isValid).prefix(WireLimits.maxActiveUIDs))
+            // One scan of the store's users serves both lists. The protocol's rules (§ Heartbeats):
+            // valid uids only, at most MAX_ACTIVE_UIDS active ones.
+            let all = try store.users()
+            uids = Array(LogStore.activeUIDs(in: all, since: Timestamp.now.subtracting(.seconds(86_400))).filter(UserID.isValid).prefix(WireLimits.maxActiveUIDs))
+            users = Self.userReport(all)
             lastActiveUIDs.withLock { $0 = uids }
         } catch {
-            logger.warning("cannot read the store's active users; repeating the last list", metadata: ["error": "\(error)"])
+            // Nil report: "the same as my last one" (or, before any, the active uids alone).
+            logger.warning("cannot read the store's users; repeating the last lists", metadata: ["error": "\(error)"])
             uids = lastActiveUIDs.withLock { $0 }
-        }
-        do {
-            users = Self.userReport(try store.users())
-        } catch {
-            // Nil: "the same as my last report" (or, before any, the active uids alone).
-            logger.warning("cannot read the store's users; keeping the last report", metadata: ["error": "\(error)"])
             users = nil
         }
         let stats: StoreStatistics

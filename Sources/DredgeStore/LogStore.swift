@@ -294,30 +294,16 @@ public struct StoreStatistics: Sendable, Hashable {
 }
 
 extension LogStore {
-    /// The uids (non-empty) with records at or after `since`: what a heartbeat reports as the
-    /// users active on this device.
+    /// The uids (non-empty) with records at or after `since`, in byte order, at most
+    /// ``DomainLimits/activeUIDs``: what a heartbeat reports as the users active on this device.
+    /// Read from ``users()``; a caller that needs both reads that once and filters it.
     public func activeUIDs(since: Timestamp) throws -> [String] {
-        do {
-            return try pool.read { db in
-                // A loose index scan over log_by_uid_ts: one seek per distinct uid, then one for
-                // its newest record, instead of reading every record of the period.
-                try String.fetchAll(
-                    db,
-                    sql: """
-                        WITH RECURSIVE u(uid) AS (
-                            SELECT min(uid) FROM log
-                            UNION ALL
-                            SELECT (SELECT min(uid) FROM log WHERE uid > u.uid) FROM u WHERE u.uid IS NOT NULL
-                        )
-                        SELECT uid FROM u
-                        WHERE uid IS NOT NULL AND uid != '' AND (SELECT max(ts) FROM log WHERE log.uid = u.uid) >= ?
-                        LIMIT 1024
-                        """,
-                    arguments: [since.microseconds])
-            }
-        } catch let error as DatabaseError {
-            throw StoreError.wrap(error, path: path)
-        }
+        Self.activeUIDs(in: try users(), since: since)
+    }
+
+    /// ``activeUIDs(since:)`` from a ``users()`` already read.
+    public static func activeUIDs(in users: [(uid: String, lastSeen: Timestamp)], since: Timestamp) -> [String] {
+        Array(users.filter { $0.lastSeen >= since }.map(\.uid).sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }.prefix(DomainLimits.activeUIDs))
     }
 
     /// Every non-empty uid the store holds records of, whatever their age, with the time of its
@@ -326,8 +312,8 @@ extension LogStore {
     public func users() throws -> [(uid: String, lastSeen: Timestamp)] {
         do {
             return try pool.read { db in
-                // The same loose index scan over log_by_uid_ts as activeUIDs(since:): one seek per
-                // distinct uid and one for its newest record.
+                // A loose index scan over log_by_uid_ts: one seek per distinct uid, then one for
+                // its newest record, instead of reading every record.
                 try Row.fetchAll(
                     db,
                     sql: """

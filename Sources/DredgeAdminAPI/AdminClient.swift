@@ -139,6 +139,16 @@ public struct AdminClient: Sendable {
         try await call("GET", "/v1/feedback/\(try Self.pathComponent(id))")
     }
 
+    /// Deletes a pull's files and index rows (`DELETE /v1/pulls/{id}`); the record stays, marked removed.
+    public func removePull(_ id: String, reason: String? = nil) async throws -> RemovalReport {
+        try await call("DELETE", "/v1/pulls/\(try Self.pathComponent(id))", query: reason.map { [URLQueryItem(name: "reason", value: $0)] } ?? [])
+    }
+
+    /// Deletes a feedback's files and index rows (`DELETE /v1/feedback/{id}`).
+    public func removeFeedback(_ id: String, reason: String? = nil) async throws -> RemovalReport {
+        try await call("DELETE", "/v1/feedback/\(try Self.pathComponent(id))", query: reason.map { [URLQueryItem(name: "reason", value: $0)] } ?? [])
+    }
+
     /// One page of records across everything pulled (`POST /v1/records/search`).
     public func search(_ search: RecordSearch) async throws -> RecordPage {
         try await call("POST", "/v1/records/search", body: search)

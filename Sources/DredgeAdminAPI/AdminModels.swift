@@ -145,8 +145,17 @@ public struct PullRecord: Sendable, Equatable, Codable {
     /// The name of the admin token that asked (or `local-operator` for `dredge-server pull`).
     public var requestedBy: String
     public var targets: [PullTarget]
+    /// Set once the pull's files and index rows are deleted (`dredge rm`, or kept past the
+    /// server's retention); the record itself stays.
+    public var removed: Removal?
+    /// Bytes its files take on the server's disk (the per-day files, manifests and zips), as
+    /// the admin API measured when it answered; nil when not measured.
+    public var diskBytes: Int64?
 
-    public init(id: String, uid: String, agentID: String, filter: LogFilter?, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, targets: [PullTarget]) {
+    public init(
+        id: String, uid: String, agentID: String, filter: LogFilter?, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, targets: [PullTarget],
+        removed: Removal? = nil, diskBytes: Int64? = nil
+    ) {
         self.id = id
         self.uid = uid
         self.agentID = agentID
@@ -155,6 +164,8 @@ public struct PullRecord: Sendable, Equatable, Codable {
         self.expiresAt = expiresAt
         self.requestedBy = requestedBy
         self.targets = targets
+        self.removed = removed
+        self.diskBytes = diskBytes
     }
 
     /// Every target has reached a final status; a pull with no target yet (by a uid no agent
@@ -163,6 +174,53 @@ public struct PullRecord: Sendable, Equatable, Codable {
 
     public func isFinished(at now: Timestamp) -> Bool {
         targets.isEmpty ? expiresAt <= now : targets.allSatisfy { $0.status.isFinal }
+    }
+}
+
+/// A pull's or a feedback's files and index rows, deleted: when, and by whom.
+public struct Removal: Sendable, Equatable, Codable {
+    public var at: Date
+    /// The admin token's name, `local-operator`, or ``Removal/retention`` (kept past the
+    /// server's retention).
+    public var by: String
+    /// Why, as the remover said (empty: not said).
+    public var reason: String
+
+    /// The actor of removals made by the server's retention.
+    public static let retention = "retention"
+
+    public init(at: Date, by: String, reason: String = "") {
+        self.at = at
+        self.by = by
+        self.reason = reason
+    }
+}
+
+/// `DELETE /v1/pulls/{id}` and `DELETE /v1/feedback/{id}`: what was removed.
+public struct RemovalReport: Sendable, Equatable, Codable {
+    public enum Kind: String, Sendable, Codable {
+        case pull, feedback
+    }
+
+    public var kind: Kind
+    public var id: String
+    /// The removal in effect: this one, or the earlier one when it was removed before.
+    public var removal: Removal
+    /// False when it had been removed before (then nothing more was deleted, unless files a
+    /// late upload left behind).
+    public var newlyRemoved: Bool
+    /// Bytes deleted from the server's disk now.
+    public var freedBytes: Int64
+    /// Sources (a pull's files from one agent, or a feedback) taken out of the search index now.
+    public var unindexedSources: Int
+
+    public init(kind: Kind, id: String, removal: Removal, newlyRemoved: Bool, freedBytes: Int64, unindexedSources: Int) {
+        self.kind = kind
+        self.id = id
+        self.removal = removal
+        self.newlyRemoved = newlyRemoved
+        self.freedBytes = freedBytes
+        self.unindexedSources = unindexedSources
     }
 }
 
@@ -330,11 +388,17 @@ public struct FeedbackRecord: Sendable, Equatable, Codable {
     /// When the server failed the upload: the protocol's error code it answered with (as in
     /// ``PullTarget/errorCode``). Nil otherwise.
     public var errorCode: Int?
+    /// Set once its files and index rows are deleted; the record stays.
+    public var removed: Removal?
+    /// Bytes its files take on the server's disk, as the admin API measured; nil when not measured.
+    public var diskBytes: Int64?
 
     public init(
         id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, receivedAt: Date, status: PullStatus, detail: String,
-        chunksReceived: Int, chunkCount: Int, bytes: Int64, records: Int, files: [String], errorCode: Int? = nil
+        chunksReceived: Int, chunkCount: Int, bytes: Int64, records: Int, files: [String], errorCode: Int? = nil, removed: Removal? = nil, diskBytes: Int64? = nil
     ) {
+        self.removed = removed
+        self.diskBytes = diskBytes
         self.id = id
         self.agentID = agentID
         self.uid = uid

@@ -14,13 +14,18 @@ public enum ServerRuntime {
         /// Overrides `server.json`'s admin address (plain HTTP still only on loopback).
         public var adminHost: String?
         public var heartbeatSeconds: UInt32?
+        /// Overrides `server.json`'s `results.keepDays` (0: keep until removed).
+        public var keepDays: Int?
 
-        public init(dataDirectory: String, agentPort: Int? = nil, adminPort: Int? = nil, adminHost: String? = nil, heartbeatSeconds: UInt32? = nil) {
+        public init(
+            dataDirectory: String, agentPort: Int? = nil, adminPort: Int? = nil, adminHost: String? = nil, heartbeatSeconds: UInt32? = nil, keepDays: Int? = nil
+        ) {
             self.dataDirectory = dataDirectory
             self.agentPort = agentPort
             self.adminPort = adminPort
             self.adminHost = adminHost
             self.heartbeatSeconds = heartbeatSeconds
+            self.keepDays = keepDays
         }
     }
 
@@ -41,17 +46,28 @@ public enum ServerRuntime {
         for problem in stores.database.importProblems { logger.warning("after the import", metadata: ["problem": "\(problem)"]) }
         let (registry, pulls, feedback, tokens) = (stores.registry, stores.pulls, stores.feedback, stores.tokens)
         try await registry.resetPresence()
+        let retention = options.keepDays.map(ResultsRetention.init(keepDays:)) ?? deployment.config.results ?? .default
+        if let problem = retention.problem { throw DeploymentError("results retention: \(problem)") }
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
         try await janitor.sweep(atStart: true)
-        let dispatcher = PullDispatcher(pulls: pulls, logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
         let indexer = Indexer(index: stores.records, paths: DataDirectory(dir), logger: logger)
+        let results = ResultsKeeper(
+            paths: DataDirectory(dir), pulls: pulls, feedback: feedback, records: stores.records, indexer: indexer, audit: pulls, retention: retention, logger: logger)
+        // Before the indexer catches up: it must not index what a cut-short removal left.
+        try await results.finishInterruptedRemovals()
+        logger.info("results retention", metadata: ["keep.days": "\(retention.keepDays == 0 ? "until removed" : String(retention.keepDays))"])
+        let uploads = janitor.housekeeping(listeningSince: Date())
+        let dispatcher = PullDispatcher(pulls: pulls, logger: logger) {
+            try await uploads()
+            try await results.applyRetention()
+        }
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, landed: { indexer.landed($0) })
         let admin = try AdminAPI.application(
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer,
             feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: stores.records, indexer: indexer,
-            files: PullFiles(paths: DataDirectory(dir), pulls: pulls),
+            files: PullFiles(paths: DataDirectory(dir), pulls: pulls), results: results,
             host: adminHost, port: options.adminPort ?? deployment.config.adminPort, tls: deployment.adminTLSConfiguration,
             caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self), logger: logger)
         let group = ServiceGroup(services: [dispatcher, indexer, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)

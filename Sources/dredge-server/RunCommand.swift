@@ -25,8 +25,15 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Heartbeat interval agents are told to use, in seconds.")
     var heartbeatSeconds: UInt32?
 
+    @Option(help: "Days pulled and feedback files (and their index rows) are kept before they are deleted; 0 keeps them until `dredge rm`. Overrides server.json's results.keepDays (default 30).")
+    var keepDays: Int?
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel = "info"
+
+    func validate() throws {
+        if let keepDays, let problem = ResultsRetention(keepDays: keepDays).problem { throw ValidationError("--keep-days: \(problem)") }
+    }
 
     func run() async throws {
         LoggingSystem.bootstrap { StreamLogHandler.standardError(label: $0) }
@@ -41,7 +48,7 @@ struct RunCommand: AsyncParsableCommand {
             if address.port >= 0 { port = address.port }
         }
         do {
-            try await ServerRuntime.run(.init(dataDirectory: data, agentPort: agentPort, adminPort: port, adminHost: adminHost, heartbeatSeconds: heartbeatSeconds), logger: logger)
+            try await ServerRuntime.run(.init(dataDirectory: data, agentPort: agentPort, adminPort: port, adminHost: adminHost, heartbeatSeconds: heartbeatSeconds, keepDays: keepDays), logger: logger)
         } catch let error as DeploymentError {
             throw fail(error.description)
         }

@@ -16,7 +16,7 @@ struct Dredge: AsyncParsableCommand {
             DREDGE_TOKEN and DREDGE_CA) override it.
             """,
         version: DredgeVersion.current,
-        subcommands: [LoginCommand.self, LogoutCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FetchCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
+        subcommands: [LoginCommand.self, LogoutCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FetchCommand.self, RemoveCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
 }
 
 /// Runs an admin API call, turning its errors into one line on stderr and exit status 1.
@@ -193,18 +193,31 @@ struct PullsCommand: AsyncParsableCommand {
         // Feedback uploads are pulls nobody asked for: the user's agent sent them. One list, newest first.
         var lines: [(Timestamp, String)] = []
         for p in pulls {
+            if let removed = p.removed {
+                // Its files are gone: one line says so, whatever its targets were.
+                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  \(Format.removed(removed))"))
+                continue
+            }
+            let disk = p.diskBytes.map { "  [\(Format.bytes($0))]" } ?? ""
             if p.targets.isEmpty && status == nil {
                 let state = p.isFinished ? "expired (no agent held the uid)" : "waiting for an agent that holds the uid (until \(Format.time(p.expiresAt.date)))"
                 lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid)  agent=-  \(state)"))
             }
             for t in p.targets {
-                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(Format.status(t))"))
+                // The pull's disk use once, on its first line.
+                let shown = t.agentID == p.targets.first?.agentID ? disk : ""
+                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(Format.status(t))\(shown)"))
             }
         }
         for f in feedback {
-            lines.append((f.createdAt, "\(f.id)  \(Format.time(f.createdAt.date))  feedback  uid=\(f.uid)  agent=\(f.agentID)  \(Format.status(f))  \"\(Format.excerpt(f.text))\""))
+            let state = f.removed.map(Format.removed) ?? Format.status(f) + (f.diskBytes.map { "  [\(Format.bytes($0))]" } ?? "")
+            lines.append((f.createdAt, "\(f.id)  \(Format.time(f.createdAt.date))  feedback  uid=\(f.uid)  agent=\(f.agentID)  \(state)  \"\(Format.excerpt(f.text))\""))
         }
         for (_, line) in lines.sorted(by: { $0.0 > $1.0 }) { print(line) }
+        let total = pulls.compactMap(\.diskBytes).reduce(0, +) + feedback.compactMap(\.diskBytes).reduce(0, +)
+        if !lines.isEmpty && (pulls.contains { $0.diskBytes != nil } || feedback.contains { $0.diskBytes != nil }) {
+            print("\(Format.bytes(total)) on the server's disk for these")
+        }
     }
 }
 
@@ -234,6 +247,11 @@ struct ShowCommand: AsyncParsableCommand {
             print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
             print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   agent: \(record.agentID.isEmpty ? "(every agent that holds the uid until it expires)" : record.agentID)")
             print("  filter: \(record.filter.map(Format.filter) ?? "(unreadable on the server; the pull is failed)")")
+            if let removed = record.removed {
+                print("  \(Format.removed(removed))")
+            } else if let disk = record.diskBytes {
+                print("  on the server's disk: \(Format.bytes(disk))")
+            }
             Format.printResult(record)
         }
         if wait && (record.targets.isEmpty || record.targets.contains(where: { $0.status != .complete })) { throw ExitCode(2) }
@@ -275,6 +293,11 @@ struct FeedbackCommand: AsyncParsableCommand {
             print("feedback \(f.id)")
             print("  from uid \(f.uid) on agent \(f.agentID), given \(Format.time(f.createdAt.date)), received \(Format.time(f.receivedAt))")
             print("  status: \(Format.status(f))")
+            if let removed = f.removed {
+                print("  \(Format.removed(removed))")
+            } else if let disk = f.diskBytes {
+                print("  on the server's disk: \(Format.bytes(disk))")
+            }
             print("  text: \(f.text)")
             for file in f.files { print("  \(file)") }
         }

@@ -41,6 +41,9 @@ enum Fetch {
         let listed = try await calling { try await client.pullFiles(id) }
         let wanted = listed.filter { ($0.kind == .zip) == zip && (agent == nil || $0.agentID == agent) }
         guard !wanted.isEmpty else {
+            if let removed = try await calling({ try await client.pull(id) }).removed {
+                throw fail("pull \(id) has no files: \(Format.removed(removed))")
+            }
             throw fail("pull \(id) has no files\(agent.map { " from agent \($0)" } ?? "") yet: `dredge show \(id)` says where it stands")
         }
         let root = URL(fileURLWithPath: directory).standardizedFileURL.path + "/" + id

@@ -15,6 +15,12 @@ enum Format {
         return String(format: "%.1f MiB", Double(n) / 1024 / 1024)
     }
 
+    /// "removed 2026-11-20T10:00:00+0100 by alice (T-1): files deleted"
+    static func removed(_ r: Removal) -> String {
+        let by = r.by == Removal.retention ? "after the server's retention" : "by \(r.by)"
+        return "removed \(time(r.at)) \(by)" + (r.reason.isEmpty || r.by == Removal.retention ? "" : " (\(r.reason))") + ": files deleted"
+    }
+
     static func status(_ t: PullTarget) -> String {
         var text = t.status.rawValue
         if t.status == .uploading || (t.status == .complete && t.chunkCount > 0) {
@@ -56,7 +62,7 @@ enum Format {
         }
         for t in pull.targets {
             print("agent \(t.agentID): \(status(t))")
-            for file in t.files { print("  \(file)") }
+            if pull.removed == nil { for file in t.files { print("  \(file)") } }
         }
         let complete = pull.targets.filter { $0.status == .complete }
         let files = complete.flatMap(\.files).filter { $0.hasSuffix(".jsonl") }

@@ -16,7 +16,7 @@ public enum AdminAPI {
     /// Builds the Hummingbird application; a `Service` for the server's service group.
     public static func application(
         registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
-        dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil,
+        dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil, results: ResultsKeeper? = nil,
         host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil, caPEM: String? = nil, logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
@@ -47,7 +47,8 @@ public enum AdminAPI {
         }
         v1.get("pulls") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
-            return try json(await pulls.pulls(limit: min(max(limit, 1), 1000), now: .now))
+            let listed = try await pulls.pulls(limit: min(max(limit, 1), 1000), now: .now)
+            return try json(try await results?.measured(listed) ?? listed)
         }
         v1.post("pulls") { request, context in
             let body = try await decode(PullRequest.self, from: request)
@@ -67,7 +68,17 @@ public enum AdminAPI {
         v1.get("pulls/:id") { _, context in
             let id = try validID(context.parameters.require("id"), "pull")
             guard let pull = try await pulls.pull(id, now: .now) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
-            return try json(pull)
+            return try json(try await results?.measured([pull]).first ?? pull)
+        }
+        v1.delete("pulls/:id") { request, context in
+            guard let results else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not remove results") }
+            let id = try validID(context.parameters.require("id"), "pull")
+            let reason = try removalReason(request)
+            guard let report = try await results.removePull(id, by: context.tokenName ?? "?", reason: reason) else {
+                throw AdminAPIError(.notFound, "not_found", "no pull \(id)")
+            }
+            logger.info("pull removed", metadata: ["pull.id": "\(id)", "by": "\(context.tokenName ?? "?")", "bytes": "\(report.freedBytes)"])
+            return try json(report)
         }
         let downloadAudit = SearchAudit()
         v1.get("pulls/:id/files") { _, context in
@@ -122,12 +133,23 @@ public enum AdminAPI {
         }
         v1.get("feedback") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
-            return try json(await feedback.all(limit: min(max(limit, 1), 1000)))
+            let listed = try await feedback.all(limit: min(max(limit, 1), 1000))
+            return try json(try await results?.measured(listed) ?? listed)
         }
         v1.get("feedback/:id") { _, context in
             let id = try validID(context.parameters.require("id"), "feedback")
             guard let record = try await feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
-            return try json(record)
+            return try json(try await results?.measured([record]).first ?? record)
+        }
+        v1.delete("feedback/:id") { request, context in
+            guard let results else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not remove results") }
+            let id = try validID(context.parameters.require("id"), "feedback")
+            let reason = try removalReason(request)
+            guard let report = try await results.removeFeedback(id, by: context.tokenName ?? "?", reason: reason) else {
+                throw AdminAPIError(.notFound, "not_found", "no feedback \(id)")
+            }
+            logger.info("feedback removed", metadata: ["feedback.id": "\(id)", "by": "\(context.tokenName ?? "?")", "bytes": "\(report.freedBytes)"])
+            return try json(report)
         }
         v1.post("records/search") { request, context in
             guard let records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not index records") }
@@ -263,6 +285,13 @@ public enum AdminAPI {
         for m in s.metadata ?? [] { parts.append("where \(m.key)=\(m.value)") }
         if let reason = s.reason, !reason.isEmpty { parts.append("reason=\(reason.debugDescription)") }
         return ConnectionUploads.bounded(parts.isEmpty ? "everything" : parts.joined(separator: " "))
+    }
+
+    /// A removal's `?reason=`: empty when absent; refused when it breaks the rule of reasons.
+    static func removalReason(_ request: Request) throws -> String {
+        let reason = request.uri.queryParameters.get("reason") ?? ""
+        if let problem = reasonProblem(reason) { throw AdminAPIError(.badRequest, "bad_request", problem) }
+        return reason
     }
 
     /// An id from a URL or a body, checked against the protocol's form before any use.

@@ -90,6 +90,8 @@ public enum ServerDeployment {
         public var connections: ConnectionLimits?
         /// Threads for the listener's blocking work; the defaults when absent.
         public var threads: WorkThreads?
+        /// How long pulled and feedback files are kept; 30 days when absent.
+        public var results: ResultsRetention?
     }
 
     /// What `initialize` makes.

@@ -59,6 +59,18 @@ public final class Indexer: Service, Sendable {
 
     /// Sources whose indexing failed, waiting for their retry.
     private let retrying = Mutex<Set<IndexedSource>>([])
+    /// Sources whose results were deleted while they waited or were being indexed: what was
+    /// indexed of them is removed again once the indexing step ends.
+    private let removed = Mutex<Set<IndexedSource>>([])
+
+    /// The source's files are being deleted (``ResultsKeeper``): if it is waiting, it is not
+    /// indexed; if it is being indexed, its records are removed from the index when that step
+    /// ends, so the removal's own `remove` cannot be undone by a step still running.
+    public func forget(_ source: IndexedSource) {
+        let pending = waiting.withLock { $0.all.contains(source) } || retrying.withLock { $0.contains(source) }
+        guard pending else { return }
+        removed.withLock { _ = $0.insert(source) }
+    }
 
     public func run() async throws {
         await catchUp()
@@ -89,7 +101,13 @@ public final class Indexer: Service, Sendable {
                 $0.current = nil
             }
         }
+        defer { removed.withLock { _ = $0.remove(source) } }
         do {
+            if removed.withLock({ $0.contains(source) }) {
+                failures.withLock { _ = $0.removeValue(forKey: source) }
+                try await index.remove(source)
+                return
+            }
             // Reported again (an upload adopted after a restart): already done.
             if try await index.isIndexed(source) {
                 failures.withLock { _ = $0.removeValue(forKey: source) }
@@ -97,11 +115,24 @@ public final class Indexer: Service, Sendable {
             }
             let count = try await index(source)
             failures.withLock { _ = $0.removeValue(forKey: source) }
+            if removed.withLock({ $0.contains(source) }) {
+                // Deleted while it was being indexed: what this step added goes too.
+                try await index.remove(source)
+                logger.info("results removed while they were indexed; their records are out of the index", metadata: ["source": "\(source)"])
+                return
+            }
             logger.info("indexed", metadata: ["source": "\(source)", "records": "\(count.records)", "unreadable": "\(count.unreadable)"])
             if count.unreadable > 0 {
                 logger.warning("lines that are not records were left out of the index", metadata: ["source": "\(source)", "lines": "\(count.unreadable)"])
             }
         } catch {
+            if isGone(source) {
+                // Its results were deleted (dredge rm, retention): nothing to index, nothing to retry.
+                failures.withLock { _ = $0.removeValue(forKey: source) }
+                do { try await index.remove(source) } catch { logger.error("could not clear a removed source from the index", metadata: ["source": "\(source)", "error": "\(error)"]) }
+                logger.info("not indexed: its results were removed", metadata: ["source": "\(source)"])
+                return
+            }
             let attempt = failures.withLock { failures in
                 failures[source, default: 0] += 1
                 return failures[source] ?? 1
@@ -149,6 +180,12 @@ public final class Indexer: Service, Sendable {
         }
         try await index.finish(source)
         return count
+    }
+
+    /// The source's directory is no longer there (its results were deleted).
+    private func isGone(_ source: IndexedSource) -> Bool {
+        guard let directory = try? directory(of: source) else { return false }  // not a path we make: an ordinary failure
+        return !FileManager.default.fileExists(atPath: directory)
     }
 
     private func directory(of source: IndexedSource) throws -> String {

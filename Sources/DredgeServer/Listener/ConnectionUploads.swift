@@ -663,7 +663,19 @@ final class ConnectionUploads: @unchecked Sendable {
             }
             let files = (payload.files.map { ($0 as NSString).lastPathComponent } + [PayloadLimits.manifestName]).map { destination + "/" + $0 }
             guard try await progress(uploadID, .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files) else {
-                // Ended meanwhile (expired by the deadline sweep): the agent must not believe it arrived.
+                // Ended meanwhile (expired by the deadline sweep, removed by an engineer): the
+                // agent must not believe it arrived, and the files just put in place go.
+                // (Unless another connection of this agent landed the same upload meanwhile.)
+                let placed = [destination, isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)]
+                do {
+                    let now =
+                        isFeedback
+                        ? try await feedback.feedback(uploadID)?.status
+                        : try await pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID })?.status
+                    if now != .complete { _ = try await blocking.runIfActive { try ResultsKeeper.delete(placed) } }
+                } catch {
+                    logger.error("could not delete the files of an upload that ended before it landed", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+                }
                 throw ExportError(.uploadInvalid, "\(what) \(uploadID) ended before its upload finished")
             }
             landed(IndexedSource(kind: isFeedback ? .feedback : .pull, id: uploadID, agentID: agentID))

@@ -92,6 +92,9 @@ public struct AlreadyEnrolled: Error, CustomStringConvertible, Sendable {
 /// - A final status (complete, failed) never changes; nil progress keeps what is stored.
 /// - ``usage(agentID:since:)`` counts what one agent began in the window, and their bytes.
 /// - ``failAbandoned(now:after:)`` fails only feedback still open `after` its beginning.
+/// - ``markRemoved(_:by:reason:at:)`` records a removal once and fails an open upload;
+///   ``removable(receivedUntil:limit:)`` lists only final feedback not removed, received at or
+///   before the cutoff.
 public protocol FeedbackInbox: Sendable {
     func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at: Date) async throws
     /// `errorCode`: the wire code a failed upload was answered with; nil keeps what is stored.
@@ -101,6 +104,13 @@ public protocol FeedbackInbox: Sendable {
     func feedback(_ id: String) async throws -> FeedbackRecord?
     /// Newest first.
     func all(limit: Int) async throws -> [FeedbackRecord]
+    /// Records that the feedback's files and index rows are deleted (the caller deletes them,
+    /// after this); an upload still open becomes `failed`. A feedback removed before keeps its
+    /// first removal. Nil for an unknown feedback.
+    func markRemoved(_ id: String, by actor: String, reason: String, at: Date) async throws -> RemovalMark?
+    /// Feedback kept long enough: not removed, final, and received at or before `cutoff`.
+    /// Oldest first.
+    func removable(receivedUntil cutoff: Date, limit: Int) async throws -> [String]
 }
 
 /// The usual defaults: now.

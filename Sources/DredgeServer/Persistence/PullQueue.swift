@@ -14,6 +14,10 @@ import Foundation
 /// - ``markDelivered(_:agent:at:)`` applies only to a queued or delivered target.
 /// - A final status (complete, rejected, failed, expired) never changes again; ``update``
 ///   with `from` applies only from those statuses.
+/// - ``markRemoved(_:by:reason:at:)`` records a removal once (a second one keeps the first),
+///   ends every open target as `failed`, and drops the wrapped key; ``removable(keptUntil:limit:)``
+///   lists only finished pulls not removed, whose expiry and last change are at or before the
+///   cutoff.
 /// - A stored filter that does not read back exactly throws ``UnreadablePull`` from
 ///   ``storedPull(_:)`` (and shows as nil in ``pull(_:now:)``), never a wider filter.
 ///
@@ -52,6 +56,27 @@ public protocol PullQueue: Sendable {
     /// `now`, whose uid is one of `uids`, and that does not target `agent` yet: an agent that
     /// came to hold the uid after the pull was made. Returns those pulls' ids.
     func adopt(agent: String, uids: Set<String>, now: Timestamp) async throws -> [String]
+    /// Records that the pull's results are deleted (its files and index rows: the caller
+    /// deletes them, after this). Every target not final yet becomes `failed` (a removed pull is
+    /// never delivered, and an upload for it is refused), and the wrapped key is dropped. A pull
+    /// removed before keeps its first removal. Nil for an unknown pull.
+    func markRemoved(_ pullID: String, by actor: String, reason: String, at: Date) async throws -> RemovalMark?
+    /// Pulls kept long enough: not removed, finished (every target final; a pull with no
+    /// target, expired), and neither expiring nor changing after `cutoff`. Oldest first.
+    func removable(keptUntil cutoff: Date, limit: Int) async throws -> [String]
+}
+
+/// What ``PullQueue/markRemoved(_:by:reason:at:)`` and ``FeedbackInbox/markRemoved(_:by:reason:at:)`` did.
+public struct RemovalMark: Sendable, Equatable {
+    /// The removal in effect.
+    public var removal: Removal
+    /// False when it had been removed before (``removal`` is that earlier one).
+    public var isNew: Bool
+
+    public init(removal: Removal, isNew: Bool) {
+        self.removal = removal
+        self.isNew = isNew
+    }
 }
 
 /// What administrators did, newest first: pulls, searches, token changes, refused tokens.

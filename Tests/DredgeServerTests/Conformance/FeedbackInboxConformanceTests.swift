@@ -76,4 +76,33 @@ import Testing
         #expect(try await inbox.feedback(Self.id(3))?.detail == "bad zip")
         #expect(try await inbox.feedback(Self.id(4))?.status == .uploading)
     }
+
+    @Test(arguments: PersistenceBackend.all)
+    func removedFeedbackKeepsItsFirstRemovalAndRemovableIsFinalFeedbackBeforeTheCutoff(_ backend: PersistenceBackend) async throws {
+        let inbox = try await backend.feedback(dir)
+        for n in 1...3 {
+            try await inbox.begin(
+                id: Self.id(n), agentID: Self.agent, uid: "u-1", text: "t", createdAt: Timestamp(microseconds: 7), chunkCount: 1, bytes: 9,
+                at: Self.t0.addingTimeInterval(Double(n) * 10))
+        }
+        #expect(try await inbox.update(Self.id(1), status: .complete, detail: "", chunksReceived: 1, records: 3, files: [], errorCode: nil))
+        #expect(try await inbox.update(Self.id(3), status: .failed, detail: "bad", chunksReceived: nil, records: nil, files: nil, errorCode: 12))
+        // id 2 is still uploading.
+        #expect(try await inbox.removable(receivedUntil: Self.t0.addingTimeInterval(9), limit: 10).isEmpty)
+        #expect(try await inbox.removable(receivedUntil: Self.t0.addingTimeInterval(10), limit: 10) == [Self.id(1)])
+        #expect(try await inbox.removable(receivedUntil: Self.t0.addingTimeInterval(100), limit: 10) == [Self.id(1), Self.id(3)], "oldest first, never one still open")
+        #expect(try await inbox.removable(receivedUntil: Self.t0.addingTimeInterval(100), limit: 1) == [Self.id(1)])
+
+        let at = Date(timeIntervalSince1970: 1_800_000_500)
+        let mark = try #require(try await inbox.markRemoved(Self.id(2), by: "alice", reason: "T-9", at: at))
+        #expect(mark == RemovalMark(removal: Removal(at: at, by: "alice", reason: "T-9"), isNew: true))
+        let open = try #require(try await inbox.feedback(Self.id(2)))
+        #expect(open.removed == Removal(at: at, by: "alice", reason: "T-9") && open.status == .failed, "an open upload ends")
+        #expect(try await inbox.markRemoved(Self.id(2), by: "bob", reason: "", at: at.addingTimeInterval(1))?.isNew == false)
+        #expect(try await inbox.feedback(Self.id(2))?.removed?.by == "alice")
+        #expect(try await inbox.feedback(Self.id(1))?.removed == nil)
+        #expect(try await inbox.markRemoved(Self.id(9), by: "alice", reason: "", at: at) == nil)
+        _ = try await inbox.markRemoved(Self.id(1), by: "alice", reason: "", at: at)
+        #expect(try await inbox.removable(receivedUntil: Self.t0.addingTimeInterval(100), limit: 10) == [Self.id(3)], "a removed one is not listed again")
+    }
 }

@@ -234,4 +234,60 @@ import Testing
         #expect(try await queue.adopt(agent: "c", uids: ["u-1", "u-2"], now: Self.base.adding(.seconds(600))).isEmpty)
         #expect(try await queue.adopt(agent: "c", uids: ["u-2"], now: Self.base) == [other.id])
     }
+
+    @Test(arguments: Backend.all)
+    func aRemovedPullEndsItsOpenTargetsAndKeepsItsFirstRemoval(_ backend: Backend) async throws {
+        let queue = try await backend.pulls(dir)
+        let running = try Self.newPull(targets: ["a", "b"])
+        try await queue.create(running)
+        #expect(try await queue.update(running.id, agent: "a", status: .complete, detail: "9 records", at: Self.base.date))
+        #expect(try await queue.update(running.id, agent: "b", status: .uploading, detail: "", at: Self.base.date))
+        let at = Date(timeIntervalSince1970: 1_800_000_100)
+
+        let mark = try #require(try await queue.markRemoved(running.id, by: "alice", reason: "T-1", at: at))
+        #expect(mark == RemovalMark(removal: Removal(at: at, by: "alice", reason: "T-1"), isNew: true))
+        let pull = try #require(try await queue.pull(running.id, now: Self.base))
+        #expect(pull.removed == Removal(at: at, by: "alice", reason: "T-1"))
+        #expect(pull.targets.first { $0.agentID == "a" }?.status == .complete, "a finished target stays as it was")
+        let b = try #require(pull.targets.first { $0.agentID == "b" })
+        #expect(b.status == .failed && b.detail.contains("alice"), "an open one ends: its upload is refused")
+        #expect(try await queue.wrappedKey(of: running.id)?.isEmpty != false, "the key is dropped")
+        #expect(try await queue.deliverable(for: "b", includingUnanswered: true, now: Self.base).isEmpty)
+
+        // A second removal keeps the first.
+        let again = try #require(try await queue.markRemoved(running.id, by: "bob", reason: "", at: at.addingTimeInterval(60)))
+        #expect(again == RemovalMark(removal: Removal(at: at, by: "alice", reason: "T-1"), isNew: false))
+        #expect(try await queue.pull(running.id, now: Self.base)?.removed?.by == "alice")
+        #expect(try await queue.markRemoved(String(repeating: "0", count: 32), by: "alice", reason: "", at: at) == nil)
+        // Another pull is untouched.
+        let other = try Self.newPull()
+        try await queue.create(other)
+        #expect(try await queue.pull(other.id, now: Self.base)?.removed == nil)
+        #expect(try await queue.wrappedKey(of: other.id) == other.wrappedKey)
+    }
+
+    @Test(arguments: Backend.all)
+    func removablePullsAreFinishedAndUnchangedSinceTheCutoff(_ backend: Backend) async throws {
+        let queue = try await backend.pulls(dir)
+        let base = Self.base.date
+        // Each expires at base + 600 s.
+        let done = try Self.newPull()
+        let running = try Self.newPull()
+        let waitedInVain = try Self.newPull(targets: [])
+        let lateChange = try Self.newPull()
+        let removed = try Self.newPull()
+        for p in [done, running, waitedInVain, lateChange, removed] { try await queue.create(p) }
+        #expect(try await queue.update(done.id, agent: "a", status: .complete, detail: "", at: base.addingTimeInterval(100)))
+        #expect(try await queue.update(running.id, agent: "a", status: .uploading, detail: "", at: base.addingTimeInterval(100)))
+        #expect(try await queue.update(lateChange.id, agent: "a", status: .failed, detail: "", at: base.addingTimeInterval(5000)))
+        #expect(try await queue.update(removed.id, agent: "a", status: .complete, detail: "", at: base.addingTimeInterval(100)))
+        _ = try await queue.markRemoved(removed.id, by: "alice", reason: "", at: base.addingTimeInterval(200))
+
+        #expect(try await queue.removable(keptUntil: base.addingTimeInterval(599), limit: 100).isEmpty, "none has expired by then")
+        #expect(Set(try await queue.removable(keptUntil: base.addingTimeInterval(600), limit: 100)) == [done.id, waitedInVain.id])
+        #expect(Set(try await queue.removable(keptUntil: base.addingTimeInterval(4999), limit: 100)) == [done.id, waitedInVain.id])
+        #expect(Set(try await queue.removable(keptUntil: base.addingTimeInterval(5000), limit: 100)) == [done.id, waitedInVain.id, lateChange.id])
+        #expect(try await queue.removable(keptUntil: base.addingTimeInterval(86_400 * 365), limit: 2).count == 2)
+        #expect(!(try await queue.removable(keptUntil: base.addingTimeInterval(86_400 * 365), limit: 100)).contains(running.id), "never one still running")
+    }
 }

@@ -88,6 +88,32 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
         }
     }
 
+    public func markRemoved(_ id: String, by actor: String, reason: String, at now: Date) async throws -> RemovalMark? {
+        try await db.write { db -> RemovalMark? in
+            guard let row = try FeedbackRow.fetchOne(db, key: id) else { return nil }
+            if let earlier = Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason) { return RemovalMark(removal: earlier, isNew: false) }
+            try db.execute(
+                sql: "UPDATE feedback SET removed_at = ?, removed_by = ?, removed_reason = ? WHERE id = ?",
+                arguments: [now.timeIntervalSince1970, actor, reason, id])
+            try db.execute(
+                sql: "UPDATE feedback SET status = 'failed', detail = ? WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)",
+                arguments: ["removed by \(actor) before it finished", id])
+            return RemovalMark(removal: Removal(at: now, by: actor, reason: reason), isNew: true)
+        }
+    }
+
+    public func removable(receivedUntil cutoff: Date, limit: Int) async throws -> [String] {
+        try await db.read { db in
+            try String.fetchAll(
+                db,
+                sql: """
+                    SELECT id FROM feedback INDEXED BY feedback_kept WHERE removed_at IS NULL AND received_at <= ?
+                    AND status IN \(PullStore.finalStatuses) ORDER BY received_at, id LIMIT ?
+                    """,
+                arguments: [cutoff.timeIntervalSince1970, max(limit, 0)])
+        }
+    }
+
     public func feedback(_ id: String) async throws -> FeedbackRecord? {
         try await db.read { db in try FeedbackRow.fetchOne(db, key: id).map(Self.record) }
     }
@@ -102,6 +128,7 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
             id: row.id, agentID: row.agentId, uid: row.uid, text: row.text, createdAt: Timestamp(microseconds: row.createdAtUs),
             receivedAt: Date(timeIntervalSince1970: row.receivedAt), status: try PullStore.status(row.status, of: row.id), detail: row.detail,
             chunksReceived: row.chunksReceived, chunkCount: row.chunkCount, bytes: row.bytes, records: row.records,
-            files: try PullStore.files(row.files, of: row.id), errorCode: row.errorCode)
+            files: try PullStore.files(row.files, of: row.id), errorCode: row.errorCode,
+            removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason))
     }
 }

@@ -294,7 +294,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         return Pull(
             id: row.id, uid: row.uid, agentID: row.agentId, filter: Self.shownFilter(row.filter),
             issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
-            requestedBy: row.requestedBy, targets: targets)
+            requestedBy: row.requestedBy, targets: targets, removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason))
     }
 
     /// A stored status, or an error naming the damaged row (never a guess).
@@ -370,6 +370,36 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
                     files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, errorCode, pullID, agent,
                 ])
             return db.changesCount > 0
+        }
+    }
+
+    public func markRemoved(_ pullID: String, by actor: String, reason: String, at now: Date) async throws -> RemovalMark? {
+        try await db.write { db -> RemovalMark? in
+            guard let row = try PullRow.fetchOne(db, key: pullID) else { return nil }
+            if let earlier = Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason) { return RemovalMark(removal: earlier, isNew: false) }
+            let removal = Removal(at: now, by: actor, reason: reason)
+            try db.execute(
+                sql: "UPDATE pull SET removed_at = ?, removed_by = ?, removed_reason = ?, wrapped_key = x'' WHERE id = ?",
+                arguments: [now.timeIntervalSince1970, actor, reason, pullID])
+            try db.execute(
+                sql: "UPDATE pull_target SET status = 'failed', detail = ?, updated_at = ? WHERE pull_id = ? AND status NOT IN \(Self.finalStatuses)",
+                arguments: ["removed by \(actor) before it finished", now.timeIntervalSince1970, pullID])
+            return RemovalMark(removal: removal, isNew: true)
+        }
+    }
+
+    public func removable(keptUntil cutoff: Date, limit: Int) async throws -> [String] {
+        let cutoffSeconds = cutoff.timeIntervalSince1970
+        return try await db.read { db in
+            try String.fetchAll(
+                db,
+                sql: """
+                    SELECT id FROM pull p INDEXED BY pull_kept WHERE removed_at IS NULL AND expires_at <= ?
+                    AND NOT EXISTS (
+                        SELECT 1 FROM pull_target t WHERE t.pull_id = p.id AND (t.status NOT IN \(Self.finalStatuses) OR t.updated_at > ?))
+                    ORDER BY expires_at, id LIMIT ?
+                    """,
+                arguments: [Timestamp(cutoff).microseconds, cutoffSeconds, max(limit, 0)])
         }
     }
 

@@ -1,3 +1,4 @@
+import DredgeAdminAPI
 import Foundation
 import GRDB
 
@@ -73,6 +74,17 @@ struct PullRow: ServerRecord {
     var wrappedKey: Data
     var requestedBy: String
     var createdAt: Double
+    var removedAt: Double?
+    var removedBy: String?
+    var removedReason: String?
+}
+
+extension Removal {
+    /// From a row's `removed_*` columns: nil when not removed.
+    init?(at: Double?, by: String?, reason: String?) {
+        guard let at else { return nil }
+        self.init(at: Date(timeIntervalSince1970: at), by: by ?? "?", reason: reason ?? "")
+    }
 }
 
 struct PullTargetRow: ServerRecord {
@@ -118,6 +130,9 @@ struct FeedbackRow: ServerRecord {
     var files: String = "[]"
     /// The wire error code a failed upload was answered with.
     var errorCode: Int?
+    var removedAt: Double?
+    var removedBy: String?
+    var removedReason: String?
 }
 
 struct TokenRow: ServerRecord {

@@ -90,6 +90,19 @@ public final class ServerDatabase: Sendable {
         }
         AgentRegistry.schema(&migrator)
         PullStore.schema(&migrator)
+        // Results deleted (dredge rm, retention) keep their records, marked.
+        migrator.registerMigration("results-v1-removed") { db in
+            try db.execute(sql: """
+                ALTER TABLE pull ADD COLUMN removed_at REAL;
+                ALTER TABLE pull ADD COLUMN removed_by TEXT;
+                ALTER TABLE pull ADD COLUMN removed_reason TEXT;
+                ALTER TABLE feedback ADD COLUMN removed_at REAL;
+                ALTER TABLE feedback ADD COLUMN removed_by TEXT;
+                ALTER TABLE feedback ADD COLUMN removed_reason TEXT;
+                CREATE INDEX pull_kept ON pull(expires_at) WHERE removed_at IS NULL;
+                CREATE INDEX feedback_kept ON feedback(received_at) WHERE removed_at IS NULL;
+                """)
+        }
         return migrator
     }
 }

@@ -1,0 +1,310 @@
+import DredgeAdminAPI
+import DredgeWire
+import Foundation
+import Logging
+import NIOPosix
+
+/// How long the server keeps what it received: pulled and feedback files and their index
+/// rows. `server.json`'s `results.keepDays` (default 30; 0 keeps them until removed by hand),
+/// or `dredge-server run --keep-days`.
+public struct ResultsRetention: Codable, Sendable, Equatable {
+    public var keepDays: Int
+
+    public static let `default` = ResultsRetention(keepDays: 30)
+    /// The longest retention accepted: 100 years.
+    public static let maximumDays = 36_500
+
+    public init(keepDays: Int) { self.keepDays = keepDays }
+
+    /// Nil when results are kept until removed by hand.
+    public var keep: Duration? { keepDays > 0 ? .seconds(Int64(keepDays) * 86_400) : nil }
+
+    /// Nil when fine; else what is wrong, for the operator.
+    public var problem: String? {
+        (0...Self.maximumDays).contains(keepDays) ? nil : "keepDays must be between 0 (keep until removed) and \(Self.maximumDays)"
+    }
+
+    /// Keys left out of `server.json` keep their defaults.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        keepDays = try c.decodeIfPresent(Int.self, forKey: .keepDays) ?? Self.default.keepDays
+    }
+}
+
+/// Deletes results: a pull's files (`pulls/<pull>/`, every agent's files and zip) or a
+/// feedback's (`feedback/<id>/` and its zip), with their rows in the search index, when an
+/// engineer removes them (`dredge rm`, `DELETE /v1/pulls/{id}`) or when they have been kept
+/// for the retention. The pull or feedback record stays, marked removed, and each removal is
+/// in the audit log.
+///
+/// The order makes every interruption safe to finish later: the record is marked first (an
+/// upload still arriving is then refused, and the indexer told to drop the source), then the
+/// index rows go, then the files. ``finishInterruptedRemovals()`` (at start) deletes what a
+/// removal cut short by a crash left: files and index rows of a record marked removed, and
+/// result directories no record names. Listing, measuring and deleting files run on
+/// `blocking`, never on Swift's cooperative pool.
+public struct ResultsKeeper: Sendable {
+    let paths: DataDirectory
+    let pulls: any PullQueue
+    let feedback: any FeedbackInbox
+    let records: (any RecordIndex)?
+    let indexer: Indexer?
+    let audit: any AuditLog
+    let retention: ResultsRetention
+    let logger: Logger
+    let blocking: NIOThreadPool
+
+    /// At most this many pulls and as many feedback are removed by one retention pass; the
+    /// next pass (a minute later) goes on.
+    static let batch = 200
+
+    public init(
+        paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, records: (any RecordIndex)?, indexer: Indexer?, audit: any AuditLog,
+        retention: ResultsRetention = .default, logger: Logger, blocking: NIOThreadPool = .singleton
+    ) {
+        self.paths = paths
+        self.pulls = pulls
+        self.feedback = feedback
+        self.records = records
+        self.indexer = indexer
+        self.audit = audit
+        self.retention = retention
+        self.logger = logger
+        self.blocking = blocking
+    }
+
+    // MARK: Removing
+
+    /// Removes a pull's results; nil for an unknown pull. Removing one removed before deletes
+    /// only what is still there (a late upload's files) and keeps the first removal.
+    public func removePull(_ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
+        guard let record = try await pulls.pull(id) else { return nil }
+        guard let mark = try await pulls.markRemoved(id, by: actor, reason: reason, at: now) else { return nil }
+        let directory = try paths.pull(id)
+        let agents = Set(record.targets.map(\.agentID)).union(try await blocking.runIfActive { try Self.agentDirectories(in: directory) })
+        let sources = agents.sorted().map { IndexedSource(kind: .pull, id: id, agentID: $0) }
+        let unindexed = try await unindex(sources)
+        let freed = try await blocking.runIfActive { try Self.delete([directory]) }
+        let report = RemovalReport(kind: .pull, id: id, removal: mark.removal, newlyRemoved: mark.isNew, freedBytes: freed, unindexedSources: unindexed)
+        if mark.isNew || freed > 0 {
+            try await audit.record(actor: actor, action: "pull.remove", detail: Self.describe(report, reason: reason), at: now)
+        }
+        return report
+    }
+
+    /// Removes a feedback's results; nil for an unknown feedback.
+    public func removeFeedback(_ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
+        guard let record = try await feedback.feedback(id) else { return nil }
+        guard let mark = try await feedback.markRemoved(id, by: actor, reason: reason, at: now) else { return nil }
+        let unindexed = try await unindex([IndexedSource(kind: .feedback, id: id, agentID: record.agentID)])
+        let doomed = [try paths.feedbackFiles(id), try paths.feedbackZip(id)]
+        let freed = try await blocking.runIfActive { try Self.delete(doomed) }
+        let report = RemovalReport(kind: .feedback, id: id, removal: mark.removal, newlyRemoved: mark.isNew, freedBytes: freed, unindexedSources: unindexed)
+        if mark.isNew || freed > 0 {
+            try await audit.record(actor: actor, action: "feedback.remove", detail: Self.describe(report, reason: reason), at: now)
+        }
+        return report
+    }
+
+    /// Takes sources out of the index (and out of the indexer's queue); returns how many
+    /// were indexed.
+    private func unindex(_ sources: [IndexedSource]) async throws -> Int {
+        guard let records else { return 0 }
+        var indexed = 0
+        for source in sources {
+            indexer?.forget(source)
+            if try await records.isIndexed(source) { indexed += 1 }
+            try await records.remove(source)
+        }
+        return indexed
+    }
+
+    static func describe(_ report: RemovalReport, reason: String) -> String {
+        "\(report.kind.rawValue) \(report.id): \(report.freedBytes) bytes deleted, \(report.unindexedSources) indexed source(s) removed"
+            + (report.newlyRemoved ? "" : " (removed before, on \(report.removal.at); files left after it)")
+            + (reason.isEmpty ? "" : " reason=\(reason.debugDescription)")
+    }
+
+    // MARK: Retention
+
+    /// What ``applyRetention(now:)`` removed.
+    public struct RetentionPass: Sendable, Equatable {
+        public var pulls: [String] = []
+        public var feedback: [String] = []
+        public var freedBytes: Int64 = 0
+    }
+
+    /// Removes the results kept past the retention (at most ``batch`` pulls and as many
+    /// feedback per pass): pulls finished and unchanged since `now - keep`, feedback received
+    /// before it. Nothing when results are kept until removed by hand.
+    @discardableResult
+    public func applyRetention(now: Date = Date()) async throws -> RetentionPass {
+        guard let keep = retention.keep else { return RetentionPass() }
+        let cutoff = now.addingTimeInterval(-Double(keep.components.seconds))
+        let reason = "kept \(retention.keepDays) day(s)"
+        var pass = RetentionPass()
+        for id in try await pulls.removable(keptUntil: cutoff, limit: Self.batch) {
+            if let report = try await removePull(id, by: Removal.retention, reason: reason, now: now) {
+                pass.pulls.append(id)
+                pass.freedBytes += report.freedBytes
+            }
+        }
+        for id in try await feedback.removable(receivedUntil: cutoff, limit: Self.batch) {
+            if let report = try await removeFeedback(id, by: Removal.retention, reason: reason, now: now) {
+                pass.feedback.append(id)
+                pass.freedBytes += report.freedBytes
+            }
+        }
+        if !pass.pulls.isEmpty || !pass.feedback.isEmpty {
+            logger.info("removed results kept past the retention", metadata: [
+                "pulls": "\(pass.pulls.count)", "feedback": "\(pass.feedback.count)", "bytes": "\(pass.freedBytes)", "keep.days": "\(retention.keepDays)",
+            ])
+        }
+        return pass
+    }
+
+    // MARK: Interrupted removals
+
+    /// At start, before the indexer catches up: finishes removals a crash cut short. Every
+    /// `pulls/<pull>/` and `feedback/<id>/` (and zip) whose record is marked removed, or that
+    /// no record names, is deleted with its index rows. Returns the ids finished.
+    @discardableResult
+    public func finishInterruptedRemovals(now: Date = Date()) async throws -> [String] {
+        let paths = self.paths
+        let (pullIDs, feedbackIDs) = try await blocking.runIfActive { () throws -> ([String], [String]) in
+            let pulls = try Self.entries(of: paths.pulls).filter { WireID.isValid($0) }
+            let feedback = Set(try Self.entries(of: paths.feedback).compactMap { name -> String? in
+                let id = name.hasSuffix(".zip") ? String(name.dropLast(4)) : name
+                return WireID.isValid(id) ? id : nil
+            })
+            return (pulls, feedback.sorted())
+        }
+        var finished: [String] = []
+        for id in pullIDs {
+            let record = try await pulls.pull(id)
+            guard record == nil || record?.removed != nil else { continue }
+            let freed: Int64
+            if let record, let removal = record.removed {
+                freed = try await removePull(id, by: removal.by, reason: removal.reason, now: now)?.freedBytes ?? 0
+            } else {
+                _ = try await unindexOrphan(kind: .pull, id: id)
+                let directory = try paths.pull(id)
+                freed = try await blocking.runIfActive { try Self.delete([directory]) }
+            }
+            logger.notice("deleted results left behind", metadata: ["pull.id": "\(id)", "bytes": "\(freed)", "why": "\(record == nil ? "no such pull" : "removed")"])
+            finished.append(id)
+        }
+        for id in feedbackIDs {
+            let record = try await feedback.feedback(id)
+            guard record == nil || record?.removed != nil else { continue }
+            let freed: Int64
+            if let record, let removal = record.removed {
+                freed = try await removeFeedback(id, by: removal.by, reason: removal.reason, now: now)?.freedBytes ?? 0
+            } else {
+                _ = try await unindexOrphan(kind: .feedback, id: id)
+                let doomed = [try paths.feedbackFiles(id), try paths.feedbackZip(id)]
+                freed = try await blocking.runIfActive { try Self.delete(doomed) }
+            }
+            logger.notice("deleted results left behind", metadata: ["feedback.id": "\(id)", "bytes": "\(freed)", "why": "\(record == nil ? "no such feedback" : "removed")"])
+            finished.append(id)
+        }
+        return finished
+    }
+
+    /// Index rows of a result no record names.
+    private func unindexOrphan(kind: IndexedSource.Kind, id: String) async throws -> Int {
+        guard let records else { return 0 }
+        let sources = try await records.indexedSources().filter { $0.kind == kind && $0.id == id }
+        return try await unindex(Array(sources))
+    }
+
+    // MARK: Disk use
+
+    /// Bytes a pull's files take on disk (0 once removed).
+    public func diskUse(pull id: String) async throws -> Int64 {
+        let directory = try paths.pull(id)
+        return try await blocking.runIfActive { try Self.size([directory]) }
+    }
+
+    /// Bytes a feedback's files and zip take on disk.
+    public func diskUse(feedback id: String) async throws -> Int64 {
+        let doomed = [try paths.feedbackFiles(id), try paths.feedbackZip(id)]
+        return try await blocking.runIfActive { try Self.size(doomed) }
+    }
+
+    /// Fills in ``PullRecord/diskBytes``.
+    public func measured(_ pulls: [PullRecord]) async throws -> [PullRecord] {
+        let directories = try pulls.map { try paths.pull($0.id) }
+        let sizes = try await blocking.runIfActive { try directories.map { try Self.size([$0]) } }
+        return zip(pulls, sizes).map { pull, size in
+            var pull = pull
+            pull.diskBytes = size
+            return pull
+        }
+    }
+
+    /// Fills in ``FeedbackRecord/diskBytes``.
+    public func measured(_ feedback: [FeedbackRecord]) async throws -> [FeedbackRecord] {
+        let paths = try feedback.map { [try self.paths.feedbackFiles($0.id), try self.paths.feedbackZip($0.id)] }
+        let sizes = try await blocking.runIfActive { try paths.map { try Self.size($0) } }
+        return zip(feedback, sizes).map { record, size in
+            var record = record
+            record.diskBytes = size
+            return record
+        }
+    }
+
+    // MARK: Files (blocking)
+
+    /// The bytes under each path (a file, or a directory walked without following links);
+    /// a missing path is 0.
+    static func size(_ paths: [String]) throws -> Int64 {
+        var total: Int64 = 0
+        for path in paths {
+            var info = stat()
+            guard lstat(path, &info) == 0 else {
+                if errno == ENOENT { continue }
+                throw DataDirectory.PathError(description: "cannot measure \(path): \(String(cString: strerror(errno)))")
+            }
+            if (info.st_mode & S_IFMT) == S_IFDIR {
+                for name in try FileManager.default.contentsOfDirectory(atPath: path) {
+                    total += try size([path + "/" + name])
+                }
+            } else {
+                total += Int64(info.st_size)
+            }
+        }
+        return total
+    }
+
+    /// Deletes each path (missing ones are no error); returns the bytes they held.
+    static func delete(_ paths: [String]) throws -> Int64 {
+        var freed: Int64 = 0
+        for path in paths {
+            var info = stat()
+            guard lstat(path, &info) == 0 else {
+                if errno == ENOENT { continue }
+                throw DataDirectory.PathError(description: "cannot delete \(path): \(String(cString: strerror(errno)))")
+            }
+            let bytes = try size([path])
+            try FileManager.default.removeItem(atPath: path)
+            freed += bytes
+        }
+        return freed
+    }
+
+    /// The agent directories (and zips) of a pull's directory, as agent ids.
+    static func agentDirectories(in directory: String) throws -> Set<String> {
+        Set(try entries(of: directory).compactMap { name -> String? in
+            let base = name.hasSuffix(".zip") ? String(name.dropLast(4)) : name.hasSuffix(".partial") ? String(name.dropLast(8)) : name
+            return WireID.isValid(base) ? base : nil
+        })
+    }
+
+    /// The names in `directory`; none if it does not exist.
+    static func entries(of directory: String) throws -> [String] {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else { return [] }
+        return try FileManager.default.contentsOfDirectory(atPath: directory)
+    }
+}

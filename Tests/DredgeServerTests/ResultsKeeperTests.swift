@@ -1,0 +1,189 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgeTestSupport
+import Foundation
+import Testing
+@testable import DredgeServer
+
+/// Results are deleted with their index rows (by an engineer, or after the retention), the
+/// records stay marked, removals cut short are finished at start, and the indexer never brings
+/// back what was removed. Real stores, real files, real index; injected clocks.
+@Suite struct ResultsKeeperTests {
+    let dir = TempDir()
+    let paths: DataDirectory
+    let database: ServerDatabase
+    let pulls: PullStore
+    let feedback: FeedbackStore
+    let index: RecordIndexStore
+    let indexer: Indexer
+
+    static let issuer = CommandIssuer(encryptionKey: try! RSAPrivateKey.generate(), signingKey: .generate())
+    static let agentA = RecordIndexConformanceTests.agentA
+    static let agentB = RecordIndexConformanceTests.agentB
+
+    init() throws {
+        paths = DataDirectory(dir.path)
+        database = try ServerDatabase(directory: dir.path)
+        pulls = PullStore(database)
+        feedback = FeedbackStore(database)
+        index = try RecordIndexStore(directory: dir.path)
+        indexer = Indexer(index: index, paths: paths, logger: .init(label: "test"))
+    }
+
+    func keeper(keepDays: Int = 30) -> ResultsKeeper {
+        ResultsKeeper(
+            paths: paths, pulls: pulls, feedback: feedback, records: index, indexer: indexer, audit: pulls, retention: ResultsRetention(keepDays: keepDays),
+            logger: .init(label: "test"))
+    }
+
+    /// A pull whose targets are `agents`, made at `now` (expiring a minute later).
+    func pull(_ agents: [String], now: Date = Date()) async throws -> String {
+        let new = try Self.issuer.newPull(
+            uid: "u-1", agentID: "", filter: LogFilter(uid: "u-1"), targets: agents, lifetime: .seconds(60), requestedBy: "alice", now: Timestamp(now))
+        try await pulls.create(new)
+        return new.id
+    }
+
+    /// A pull's files from one agent as the server leaves them (day file, manifest, zip),
+    /// indexed; the target marked complete at `at`.
+    func land(pull id: String, agent: String, message: String, at: Date = Date()) async throws {
+        let source = IndexedSource(kind: .pull, id: id, agentID: agent)
+        try RecordSearchTests.land(paths, source, days: ["2027-01-15.jsonl": [RecordIndexConformanceTests.line(1, message)]])
+        try Data(repeating: 7, count: 1000).write(to: URL(fileURLWithPath: try paths.pullZip(id, agent: agent)))
+        try await indexer.index(source)
+        #expect(try await pulls.update(id, agent: agent, status: .complete, detail: "1 records", at: at))
+    }
+
+    func landFeedback(_ id: String, message: String, at: Date = Date()) async throws {
+        try await feedback.begin(id: id, agentID: Self.agentA, uid: "u-1", text: "it broke", createdAt: Timestamp(at), chunkCount: 1, bytes: 10, at: at)
+        let source = IndexedSource(kind: .feedback, id: id, agentID: Self.agentA)
+        try RecordSearchTests.land(paths, source, days: ["2027-01-15.jsonl": [RecordIndexConformanceTests.line(2, message)]])
+        try Data(repeating: 7, count: 500).write(to: URL(fileURLWithPath: try paths.feedbackZip(id)))
+        try await indexer.index(source)
+        #expect(try await feedback.update(id, status: .complete, detail: "", chunksReceived: 1, records: 1, files: [], errorCode: nil))
+    }
+
+    func messages(_ search: RecordSearch = RecordSearch()) async throws -> [String] {
+        try await index.search(search).records.map(\.message)
+    }
+
+    func exists(_ path: String) -> Bool { FileManager.default.fileExists(atPath: path) }
+
+    @Test func anEngineerRemovesAPullItsFilesAndRecordsAndTheRecordStaysMarked() async throws {
+        let removed = try await pull([Self.agentA, Self.agentB])
+        let kept = try await pull([Self.agentA])
+        try await land(pull: removed, agent: Self.agentA, message: "removed one")
+        #expect(try await pulls.update(removed, agent: Self.agentB, status: .uploading, detail: ""))
+        try await land(pull: kept, agent: Self.agentA, message: "kept one")
+        let keeper = keeper()
+        let before = try await keeper.diskUse(pull: removed)
+        #expect(before > 1000, "the day file, the manifest and the zip")
+        #expect(try await keeper.measured(try await pulls.pulls()).first { $0.id == removed }?.diskBytes == before)
+
+        let report = try #require(try await keeper.removePull(removed, by: "alice", reason: "T-1"))
+        #expect(report.newlyRemoved && report.kind == .pull && report.id == removed)
+        #expect(report.freedBytes == before && report.unindexedSources == 1)
+        #expect(!exists(try paths.pull(removed)))
+        #expect(try await keeper.diskUse(pull: removed) == 0)
+        #expect(try await messages() == ["kept one"])
+        #expect(try await messages(RecordSearch(pull: removed)).isEmpty)
+        #expect(!(try await index.indexedSources()).contains { $0.id == removed })
+
+        let record = try #require(try await pulls.pull(removed))
+        #expect(record.removed?.by == "alice" && record.removed?.reason == "T-1")
+        #expect(record.targets.first { $0.agentID == Self.agentB }?.status == .failed, "the agent still uploading is refused from now on")
+        #expect(try await pulls.pull(kept)?.removed == nil)
+        #expect(exists(try paths.pullFiles(kept, agent: Self.agentA)))
+
+        let audit = try await pulls.audit(AuditQuery(action: "pull.remove"))
+        #expect(audit.count == 1 && audit.first?.actor == "alice")
+        #expect(audit.first.map { $0.detail.contains(removed) && $0.detail.contains("T-1") } == true)
+
+        // Again: nothing more to delete, the first removal stands, nothing more audited.
+        let again = try #require(try await keeper.removePull(removed, by: "bob"))
+        #expect(!again.newlyRemoved && again.freedBytes == 0 && again.removal.by == "alice")
+        #expect(try await pulls.audit(AuditQuery(action: "pull.remove")).count == 1)
+        #expect(try await keeper.removePull(String(repeating: "0", count: 32), by: "alice") == nil)
+    }
+
+    @Test func feedbackIsRemovedWithItsZipAndRecords() async throws {
+        let id = String(repeating: "f", count: 32)
+        try await landFeedback(id, message: "feedback one")
+        let keeper = keeper()
+        let before = try await keeper.diskUse(feedback: id)
+        #expect(before > 500)
+        let report = try #require(try await keeper.removeFeedback(id, by: "alice"))
+        #expect(report.newlyRemoved && report.freedBytes == before && report.unindexedSources == 1)
+        #expect(try !exists(paths.feedbackFiles(id)) && !exists(try paths.feedbackZip(id)))
+        #expect(try await messages().isEmpty)
+        #expect(try await feedback.feedback(id)?.removed?.by == "alice")
+        #expect(try await pulls.audit(AuditQuery(action: "feedback.remove")).count == 1)
+    }
+
+    @Test func retentionRemovesOnlyWhatWasKeptLongEnough() async throws {
+        let now = Date()
+        let old = try await pull([Self.agentA], now: now)
+        try await land(pull: old, agent: Self.agentA, message: "old", at: now)
+        let running = try await pull([Self.agentA], now: now)
+        #expect(try await pulls.update(running, agent: Self.agentA, status: .uploading, detail: "", at: now))
+        let fb = String(repeating: "f", count: 32)
+        try await landFeedback(fb, message: "feedback", at: now)
+        let day = 86_400.0
+
+        // 0 days: kept until removed by hand.
+        #expect(try await keeper(keepDays: 0).applyRetention(now: now.addingTimeInterval(3650 * day)) == .init())
+        // Not yet.
+        #expect(try await keeper().applyRetention(now: now.addingTimeInterval(29 * day)) == .init())
+        #expect(exists(try paths.pull(old)))
+
+        let pass = try await keeper().applyRetention(now: now.addingTimeInterval(31 * day))
+        #expect(pass.pulls == [old] && pass.feedback == [fb] && pass.freedBytes > 1500)
+        #expect(try !exists(paths.pull(old)) && !exists(try paths.feedbackFiles(fb)))
+        #expect(try await messages().isEmpty)
+        #expect(try await pulls.pull(old)?.removed?.by == Removal.retention)
+        #expect(try await pulls.pull(running)?.removed == nil, "a pull still running is never removed by the retention")
+        #expect(try await pulls.audit(AuditQuery(actor: Removal.retention)).count == 2)
+        // Nothing left to do.
+        #expect(try await keeper().applyRetention(now: now.addingTimeInterval(31 * day)) == .init())
+    }
+
+    @Test func aRemovalCutShortAndResultsNoRecordNamesAreDeletedAtStart() async throws {
+        let cutShort = try await pull([Self.agentA])
+        try await land(pull: cutShort, agent: Self.agentA, message: "cut short")
+        // The record was marked, then the server died: files and index rows are still there.
+        _ = try await pulls.markRemoved(cutShort, by: "alice", reason: "", at: Date())
+        // Results of a pull the database does not know (restored from another backup, say).
+        let unknown = String(repeating: "9", count: 32)
+        let orphan = IndexedSource(kind: .pull, id: unknown, agentID: Self.agentA)
+        try RecordSearchTests.land(paths, orphan, days: ["2027-01-15.jsonl": [RecordIndexConformanceTests.line(3, "orphan")]])
+        try await indexer.index(orphan)
+        let kept = try await pull([Self.agentA])
+        try await land(pull: kept, agent: Self.agentA, message: "kept")
+        #expect(Set(try await messages()) == ["cut short", "orphan", "kept"])
+
+        let finished = try await keeper().finishInterruptedRemovals()
+        #expect(Set(finished) == [cutShort, unknown])
+        #expect(try !exists(paths.pull(cutShort)) && !exists(try paths.pull(unknown)))
+        #expect(try await messages() == ["kept"])
+        #expect(exists(try paths.pullFiles(kept, agent: Self.agentA)))
+        #expect(try await keeper().finishInterruptedRemovals().isEmpty)
+    }
+
+    @Test func theIndexerNeverBringsBackARemovedSource() async throws {
+        let id = try await pull([Self.agentA])
+        let source = IndexedSource(kind: .pull, id: id, agentID: Self.agentA)
+        try RecordSearchTests.land(paths, source, days: ["2027-01-15.jsonl": [RecordIndexConformanceTests.line(1, "waiting")]])
+        #expect(try await pulls.update(id, agent: Self.agentA, status: .complete, detail: ""))
+        // Landed and waiting to be indexed when the engineer removes it.
+        indexer.landed(source)
+        #expect(indexer.backlog == 1)
+        _ = try await keeper().removePull(id, by: "alice")
+        let running = Task { try await indexer.run() }
+        defer { running.cancel() }
+        try await RecordSearchTests.indexed(indexer)
+        #expect(try await messages().isEmpty)
+        #expect(try await !index.isIndexed(source))
+        #expect(indexer.queued == 0, "not waiting for a retry: its files are gone for good")
+    }
+}

@@ -1,0 +1,67 @@
+import DredgeTestSupport
+import Foundation
+import Testing
+@testable import DredgeServer
+
+/// An engineer sees what a pull takes on the server's disk and removes it with `dredge rm`:
+/// the files and the searchable records go, the pull stays listed as removed, and the audit
+/// log says who removed it and why. Real processes throughout.
+@Suite struct ResultsLifecycleEndToEndTests {
+    typealias Deployment = AgentServerEndToEndTests.Deployment
+
+    @Test func anEngineerRemovesAPullAndItsRecordsWithDredgeRm() throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+        let (agent, _, _) = try d.runDevice(port: port)
+        defer { agent.stop() }
+        func dredge(_ arguments: [String]) throws -> (status: Int32, output: String) { try d.dredge(arguments, server: admin) }
+
+        let pulled = try dredge(["pull", "--uid", "u-1", "--since", "2d", "--wait"])
+        #expect(pulled.status == 0, "\(pulled.output)")
+        let pulls = try dredge(["pulls", "--json"])
+        let listed = try #require(try JSONSerialization.jsonObject(with: Data(pulls.output.utf8)) as? [[String: Any]], "\(pulls.output)")
+        let pullID = try #require(listed.first?["id"] as? String)
+        let onServer = d.data + "/pulls/" + pullID
+        let bytes = try #require(listed.first?["diskBytes"] as? Int, "\(pulls.output)")
+        #expect(try bytes > 0 && Int64(bytes) == ResultsKeeper.size([onServer]), "the disk use is what the files take")
+        let text = try dredge(["pulls"])
+        #expect(text.output.contains("on the server's disk"), "\(text.output)")
+        #expect(try dredge(["logs", "--pull", pullID, "--format", "jsonl"]).output.contains("\"uid\":\"u-1\""))
+
+        // Refused before anything is touched: a bad reason, an id of nothing.
+        let badReason = try dredge(["rm", pullID, "--reason", "two\nlines"])
+        #expect(badReason.status != 0 && badReason.output.contains("--reason"), "\(badReason.output)")
+        let nothing = try dredge(["rm", "0000"])
+        #expect(nothing.status == 1 && nothing.output.contains("no pull or feedback id starts with 0000"), "\(nothing.output)")
+        #expect(FileManager.default.fileExists(atPath: onServer))
+
+        let removed = try dredge(["rm", String(pullID.prefix(6)), "--reason", "TICKET-9 done"])
+        #expect(removed.status == 0 && removed.output.contains("removed pull \(pullID)"), "\(removed.output)")
+        #expect(!FileManager.default.fileExists(atPath: onServer), "the files are gone")
+        let logs = try dredge(["logs", "--pull", pullID, "--format", "jsonl"])
+        #expect(!logs.output.contains("\"uid\":\"u-1\""), "its records are out of the index: \(logs.output)")
+        let after = try dredge(["pulls"])
+        #expect(after.output.contains("\(pullID)") && after.output.contains("removed") && after.output.contains("by admin (TICKET-9 done)"), "\(after.output)")
+        let fetch = try dredge(["fetch", pullID, "--out", d.dir.file("engineer")])
+        #expect(fetch.status == 1 && fetch.output.contains("removed"), "\(fetch.output)")
+
+        let audit = try dredge(["audit", "--action", "pull.remove", "--json"])
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(audit.output.utf8)) as? [[String: Any]], "\(audit.output)")
+        #expect(entries.count == 1)
+        #expect(entries.first?["actor"] as? String == "admin")
+        #expect((entries.first?["detail"] as? String).map { $0.contains(pullID) && $0.contains("TICKET-9 done") } == true, "\(audit.output)")
+
+        // Again: said so, nothing more recorded.
+        let again = try dredge(["rm", pullID])
+        #expect(again.status == 0 && again.output.contains("was removed before"), "\(again.output)")
+        #expect(try dredge(["audit", "--action", "pull.remove", "--json"]).output == audit.output)
+    }
+
+    @Test func aRetentionOutOfRangeIsRefusedAtStart() throws {
+        let d = try Deployment()
+        let refused = try ManagedProcess.run("dredge-server", ["run", "--data", d.data, "--keep-days", "-1"])
+        #expect(refused.status != 0 && refused.output.contains("--keep-days"), "\(refused.output)")
+    }
+}

@@ -129,6 +129,7 @@ let package = Package(
             dependencies: [
                 "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeAdminAPI",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
+                .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
                 .product(name: "HummingbirdTLS", package: "hummingbird", condition: .when(traits: ["Server"])),
                 .product(name: "X509", package: "swift-certificates", condition: .when(traits: ["Server"])),
@@ -241,6 +242,7 @@ let package = Package(
                 .product(name: "NIOEmbedded", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle", condition: .when(traits: ["Server"])),
                 .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),

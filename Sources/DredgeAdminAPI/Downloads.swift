@@ -27,6 +27,51 @@ extension AdminClient {
         try await download(pull: id, file: file, to: path, restarted: false)
     }
 
+    /// Streams the whole pull as one zip (`GET /v1/pulls/{id}/zip`: every complete agent's
+    /// files as `AGENT/NAME`) to `path`, through `path.part`; it takes its name only once its
+    /// SHA-256 is the one the server sent (`ETag`). Returns the file as the server described it.
+    public func downloadWholeZip(pull id: String, to path: String) async throws -> PullFile {
+        let fm = FileManager.default
+        let part = path + ".part"
+        do {
+            try fm.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        } catch {
+            throw AdminClientError.localFile((path as NSString).deletingLastPathComponent, error.localizedDescription)
+        }
+        let response = try await start("GET", url("/v1/pulls/\(try Self.pathComponent(id))/zip"), headers: [:], body: nil)
+        let status = Int(response.status.code)
+        guard status == 200 else {
+            let body = try await response.body.collect(upTo: 1 << 16)
+            try Self.check(status, Data(body.readableBytesView))
+            throw AdminClientError.server(status, "unexpected answer to a download")
+        }
+        let etag = response.headers.first(name: "ETag")?.trimmingCharacters(in: CharacterSet(charactersIn: "\""))
+        guard let expected = etag, expected.count == 64, expected.allSatisfy(\.isHexDigit) else {
+            throw AdminClientError.server(status, "the server sent the pull's zip without its SHA-256")
+        }
+        guard fm.createFile(atPath: part, contents: nil) else { throw AdminClientError.localFile(part, "cannot create it") }
+        let handle: FileHandle
+        do { handle = try FileHandle(forWritingTo: URL(fileURLWithPath: part)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+        defer { try? handle.close() }
+        var size: Int64 = 0
+        var body = response.body.makeAsyncIterator()
+        while true {
+            let buffer: ByteBuffer?
+            do { buffer = try await body.next() } catch { throw describe(error) }
+            guard let buffer else { break }
+            size += Int64(buffer.readableBytes)
+            do { try handle.write(contentsOf: Data(buffer.readableBytesView)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+        }
+        do { try handle.synchronize() } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+        let sha = try Self.sha256(ofFile: part)
+        guard sha == expected.lowercased() else {
+            do { try fm.removeItem(atPath: part) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+            throw AdminClientError.corrupt("the pull's zip arrived with SHA-256 \(sha), not the server's \(expected): removed; run the download again")
+        }
+        guard rename(part, path) == 0 else { throw AdminClientError.localFile(path, String(cString: strerror(errno))) }
+        return PullFile(agentID: "", name: id + ".zip", kind: .zip, size: size, sha256: sha)
+    }
+
     /// Whether a listed agent id and file name are safe to use as path components on this
     /// machine: a hostile server's `..` or `.bashrc` is refused.
     public static func isSafeName(_ name: String) -> Bool {

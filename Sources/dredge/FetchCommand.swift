@@ -18,14 +18,29 @@ struct FetchCommand: AsyncParsableCommand {
     @Option(help: "Where to put the files (default: the current directory).") var out = "."
     @Option(help: "Only this agent's files.") var agent: String?
     @Flag(help: "Each agent's zip instead of its per-day files.") var zip = false
+    @Flag(help: "The whole pull as one zip, DIR/PULL.zip: every agent's per-day files and manifest as AGENT/NAME.") var oneZip = false
 
     func validate() throws {
         if let agent { try IDPrefix.validate(agent, flag: "--agent") }
+        if oneZip && (zip || agent != nil) { throw ValidationError("--one-zip holds every agent's files: it goes without --zip and --agent") }
     }
 
     func run() async throws {
         let client = try server.client()
         let id = try await client.resolvePull(pull)
+        if oneZip {
+            let path = URL(fileURLWithPath: out).standardizedFileURL.path + "/" + id + ".zip"
+            do {
+                let file = try await client.downloadWholeZip(pull: id, to: path)
+                print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  checked")
+            } catch AdminClientError.notFound(let message) {
+                if let removed = try await calling({ try await client.pull(id) }).removed { throw fail("pull \(id) has no files: \(Format.removed(removed))") }
+                throw fail(message)
+            } catch let error as AdminClientError {
+                throw fail(error.description)
+            }
+            return
+        }
         let agentID: String? = if let agent { try await client.resolveAgent(agent) } else { nil }
         try await Fetch.files(of: id, client: client, into: out, agent: agentID, zip: zip)
     }

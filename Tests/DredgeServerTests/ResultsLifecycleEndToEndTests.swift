@@ -1,6 +1,7 @@
 import DredgeTestSupport
 import Foundation
 import Testing
+import ZIPFoundation
 @testable import DredgeServer
 
 /// An engineer sees what a pull takes on the server's disk and removes it with `dredge rm`:
@@ -30,6 +31,25 @@ import Testing
         #expect(text.output.contains("on the server's disk"), "\(text.output)")
         #expect(try dredge(["logs", "--pull", pullID, "--format", "jsonl"]).output.contains("\"uid\":\"u-1\""))
 
+        // The whole pull as one zip: every agent's files, each as the server holds it.
+        let engineer = d.dir.file("engineer")
+        let one = try dredge(["fetch", String(pullID.prefix(6)), "--one-zip", "--out", engineer])
+        #expect(one.status == 0 && one.output.contains("checked"), "\(one.output)")
+        let archive = try Archive(url: URL(fileURLWithPath: engineer + "/" + pullID + ".zip"), accessMode: .read)
+        let zipped = archive.map(\.path).sorted()
+        let agentID = try #require(try FileManager.default.contentsOfDirectory(atPath: onServer).first { !$0.hasSuffix(".zip") })
+        let served = try FileManager.default.contentsOfDirectory(atPath: onServer + "/" + agentID).sorted().map { agentID + "/" + $0 }
+        #expect(zipped == served, "\(zipped) vs \(served)")
+        for entry in archive {
+            var bytes = Data()
+            _ = try archive.extract(entry) { bytes.append($0) }
+            #expect(bytes == (try Data(contentsOf: URL(fileURLWithPath: onServer + "/" + entry.path))), "\(entry.path)")
+        }
+        let oneAgain = try dredge(["fetch", pullID, "--one-zip", "--out", engineer])
+        #expect(oneAgain.status == 0, "made once, served again: \(oneAgain.output)")
+        #expect(try dredge(["audit", "--action", "pull.download"]).output.contains("pull \(pullID) whole zip"))
+        let bytesWithZip = try ResultsKeeper.size([onServer])
+
         // Refused before anything is touched: a bad reason, an id of nothing.
         let badReason = try dredge(["rm", pullID, "--reason", "two\nlines"])
         #expect(badReason.status != 0 && badReason.output.contains("--reason"), "\(badReason.output)")
@@ -37,15 +57,20 @@ import Testing
         #expect(nothing.status == 1 && nothing.output.contains("no pull or feedback id starts with 0000"), "\(nothing.output)")
         #expect(FileManager.default.fileExists(atPath: onServer))
 
-        let removed = try dredge(["rm", String(pullID.prefix(6)), "--reason", "TICKET-9 done"])
-        #expect(removed.status == 0 && removed.output.contains("removed pull \(pullID)"), "\(removed.output)")
+        let removed = try dredge(["rm", String(pullID.prefix(6)), "--reason", "TICKET-9 done", "--json"])
+        #expect(removed.status == 0, "\(removed.output)")
+        let reports = try #require(try JSONSerialization.jsonObject(with: Data(removed.output.utf8)) as? [[String: Any]], "\(removed.output)")
+        #expect(reports.count == 1 && reports.first?["id"] as? String == pullID && reports.first?["newlyRemoved"] as? Bool == true)
+        #expect(reports.first?["freedBytes"] as? Int == Int(bytesWithZip), "the bytes deleted, the zip made for the download too: \(removed.output)")
         #expect(!FileManager.default.fileExists(atPath: onServer), "the files are gone")
         let logs = try dredge(["logs", "--pull", pullID, "--format", "jsonl"])
         #expect(!logs.output.contains("\"uid\":\"u-1\""), "its records are out of the index: \(logs.output)")
         let after = try dredge(["pulls"])
         #expect(after.output.contains("\(pullID)") && after.output.contains("removed") && after.output.contains("by admin (TICKET-9 done)"), "\(after.output)")
-        let fetch = try dredge(["fetch", pullID, "--out", d.dir.file("engineer")])
+        let fetch = try dredge(["fetch", pullID, "--out", engineer])
         #expect(fetch.status == 1 && fetch.output.contains("removed"), "\(fetch.output)")
+        let oneAfter = try dredge(["fetch", pullID, "--one-zip", "--out", engineer + "/after"])
+        #expect(oneAfter.status == 1 && oneAfter.output.contains("removed"), "\(oneAfter.output)")
 
         let audit = try dredge(["audit", "--action", "pull.remove", "--json"])
         let entries = try #require(try JSONSerialization.jsonObject(with: Data(audit.output.utf8)) as? [[String: Any]], "\(audit.output)")

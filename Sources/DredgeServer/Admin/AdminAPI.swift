@@ -95,41 +95,19 @@ public enum AdminAPI {
             guard let located = try await files.locate(id, agent: agent, name: name) else {
                 throw AdminAPIError(.notFound, "not_found", "pull \(id) has no file \(WireID.echo(name).debugDescription) from agent \(agent)")
             }
-            let file = located.file
-            let range = ByteRange.parse(request.headers[.range], size: file.size)
-            // Every download is audited; the same file again by the same token (a resumed or
-            // repeated download) is recorded again only after ten minutes.
-            let actor = context.tokenName ?? "?", detail = "pull \(id) agent \(agent) file \(file.name)"
-            if range != .unsatisfiable && downloadAudit.shouldRecord(actor: actor, detail: detail, now: Date()) {
-                do {
-                    try await audit.record(actor: actor, action: "pull.download", detail: detail, at: Date())
-                } catch {
-                    downloadAudit.forget(actor: actor, detail: detail)
-                    throw error
-                }
+            return try await serve(located, request: request, context: context, audit: audit, throttle: downloadAudit, detail: "pull \(id) agent \(agent) file \(located.file.name)")
+        }
+        v1.get("pulls/:id/zip") { request, context in
+            guard let files else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not serve files") }
+            let id = try validID(context.parameters.require("id"), "pull")
+            let located: PullFiles.Located
+            do {
+                guard let zip = try await files.wholeZip(id) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
+                located = zip
+            } catch PullFiles.WholeZipError.nothingYet {
+                throw AdminAPIError(.notFound, "not_found", "pull \(id) has no files yet (none of its agents is complete, or it was removed)")
             }
-            var headers: HTTPFields = [
-                .acceptRanges: "bytes", .eTag: "\"\(file.sha256)\"",
-                .contentType: file.kind == .zip ? "application/zip" : file.kind == .manifest ? "application/json" : "application/x-ndjson",
-                .contentDisposition: "attachment; filename=\"\(file.name)\"",
-            ]
-            if let digestName = HTTPFields.Element.Name("Repr-Digest"), let sha = Hex.decode(file.sha256) {
-                headers[digestName] = "sha-256=:\(Data(sha).base64EncodedString()):"
-            }
-            switch range {
-            case .unsatisfiable:
-                headers[.contentRange] = "bytes */\(file.size)"
-                return Response(status: .rangeNotSatisfiable, headers: headers)
-            case .whole:
-                headers[.contentLength] = String(file.size)
-                let body = file.size == 0 ? ResponseBody() : try await FileIO().loadFile(path: located.path, context: context)
-                return Response(status: .ok, headers: headers, body: body)
-            case .partial(let bytes):
-                headers[.contentRange] = "bytes \(bytes.lowerBound)-\(bytes.upperBound)/\(file.size)"
-                headers[.contentLength] = String(bytes.count)
-                let body = try await FileIO().loadFile(path: located.path, range: Int(bytes.lowerBound)...Int(bytes.upperBound), context: context)
-                return Response(status: .partialContent, headers: headers, body: body)
-            }
+            return try await serve(located, request: request, context: context, audit: audit, throttle: downloadAudit, detail: "pull \(id) whole zip")
         }
         v1.get("feedback") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
@@ -239,6 +217,47 @@ public enum AdminAPI {
     }
 
     static let maximumBody = 64 * 1024
+
+    /// A file of a pull, streamed, with `Range` (one range: 206; past the end: 416), its
+    /// SHA-256 as `ETag` and `Repr-Digest`. Every download is audited; the same file again by
+    /// the same token (a resumed or repeated download) is recorded again only after ten minutes.
+    static func serve(
+        _ located: PullFiles.Located, request: Request, context: AdminRequestContext, audit: any AuditLog, throttle: SearchAudit, detail: String
+    ) async throws -> Response {
+        let file = located.file
+        let range = ByteRange.parse(request.headers[.range], size: file.size)
+        let actor = context.tokenName ?? "?"
+        if range != .unsatisfiable && throttle.shouldRecord(actor: actor, detail: detail, now: Date()) {
+            do {
+                try await audit.record(actor: actor, action: "pull.download", detail: detail, at: Date())
+            } catch {
+                throttle.forget(actor: actor, detail: detail)
+                throw error
+            }
+        }
+        var headers: HTTPFields = [
+            .acceptRanges: "bytes", .eTag: "\"\(file.sha256)\"",
+            .contentType: file.kind == .zip ? "application/zip" : file.kind == .manifest ? "application/json" : "application/x-ndjson",
+            .contentDisposition: "attachment; filename=\"\(file.name)\"",
+        ]
+        if let digestName = HTTPFields.Element.Name("Repr-Digest"), let sha = Hex.decode(file.sha256) {
+            headers[digestName] = "sha-256=:\(Data(sha).base64EncodedString()):"
+        }
+        switch range {
+        case .unsatisfiable:
+            headers[.contentRange] = "bytes */\(file.size)"
+            return Response(status: .rangeNotSatisfiable, headers: headers)
+        case .whole:
+            headers[.contentLength] = String(file.size)
+            let body = file.size == 0 ? ResponseBody() : try await FileIO().loadFile(path: located.path, context: context)
+            return Response(status: .ok, headers: headers, body: body)
+        case .partial(let bytes):
+            headers[.contentRange] = "bytes \(bytes.lowerBound)-\(bytes.upperBound)/\(file.size)"
+            headers[.contentLength] = String(bytes.count)
+            let body = try await FileIO().loadFile(path: located.path, range: Int(bytes.lowerBound)...Int(bytes.upperBound), context: context)
+            return Response(status: .partialContent, headers: headers, body: body)
+        }
+    }
 
     /// Ids in a search have the protocol's form, a uid the store's rules; texts hold no control
     /// characters, and lists are bounded.

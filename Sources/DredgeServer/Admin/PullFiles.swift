@@ -1,7 +1,9 @@
 import DredgeAdminAPI
 import DredgeWire
+import Crypto
 import Foundation
 import Synchronization
+import ZIPFoundation
 
 /// A pull's files as the download routes serve them: only what the pull's record lists for a
 /// complete target (its per-day files and manifest) and the agent's zip beside them, each
@@ -40,6 +42,69 @@ public struct PullFiles: Sendable {
         guard let candidate = try await candidates(pullID)?.first(where: { $0.agentID == agentID && $0.name == name }) else { return nil }
         return try await describe(candidate)
     }
+
+    /// The whole pull as one zip: every complete agent's per-day files and manifest, as
+    /// `AGENT/NAME`, deflated. Made on first ask as `pulls/<pull>/pull-<key>.zip`, where the
+    /// key is a digest of the listing (names and SHA-256s), so it is made again when another
+    /// agent's files land, and deleted with the pull. Nil when the pull is unknown; an empty
+    /// list of files is ``WholeZipError/nothingYet``.
+    public func wholeZip(_ pullID: String) async throws -> Located? {
+        guard let listed = try await list(pullID) else { return nil }
+        let parts = listed.filter { $0.file.kind != .zip }
+        guard !parts.isEmpty else { throw WholeZipError.nothingYet }
+        var hash = SHA256()
+        for part in parts { hash.update(data: Array("\(part.file.agentID)/\(part.file.name) \(part.file.sha256)\n".utf8)) }
+        let key = hash.finalize().prefix(8).map { String(format: "%02x", $0) }.joined()
+        let directory = try paths.pull(pullID)
+        let path = try paths.inside(directory + "/pull-" + key + ".zip")
+        if !FileManager.default.fileExists(atPath: path) {
+            let entries = parts.map { (name: $0.file.agentID + "/" + $0.file.name, path: $0.path) }
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                Self.zipping.async {
+                    do {
+                        try Self.makeZip(at: path, of: entries, replacingOthersIn: directory)
+                        continuation.resume()
+                    } catch {
+                        continuation.resume(throwing: error)
+                    }
+                }
+            }
+        }
+        guard let (size, sha) = try await digest(path) else { return nil }
+        return Located(path: path, file: PullFile(agentID: "", name: pullID + ".zip", kind: .zip, size: size, sha256: sha))
+    }
+
+    public enum WholeZipError: Error, Equatable {
+        /// No agent's upload is complete yet.
+        case nothingYet
+    }
+
+    /// Writes the zip beside its final name, then renames it (a reader never sees half a
+    /// zip), and removes earlier versions made from another listing. Blocking.
+    private static func makeZip(at path: String, of entries: [(name: String, path: String)], replacingOthersIn directory: String) throws {
+        let fm = FileManager.default
+        // Made meanwhile by an ask queued before this one.
+        if fm.fileExists(atPath: path) { return }
+        let staging = path + ".partial"
+        if fm.fileExists(atPath: staging) { try fm.removeItem(atPath: staging) }
+        do {
+            let archive = try Archive(url: URL(fileURLWithPath: staging), accessMode: .create)
+            for entry in entries {
+                try archive.addEntry(with: entry.name, fileURL: URL(fileURLWithPath: entry.path), compressionMethod: .deflate)
+            }
+        } catch {
+            try? fm.removeItem(atPath: staging)  // the error thrown below is what matters; a leftover is replaced next time
+            throw error
+        }
+        guard rename(staging, path) == 0 else {
+            throw DataDirectory.PathError(description: "cannot move the pull's zip into place: \(String(cString: strerror(errno)))")
+        }
+        for name in try fm.contentsOfDirectory(atPath: directory) where name.hasPrefix("pull-") && name.hasSuffix(".zip") && directory + "/" + name != path {
+            try fm.removeItem(atPath: directory + "/" + name)
+        }
+    }
+
+    private static let zipping = DispatchQueue(label: "dredge.pull-files.zip")
 
     private struct Candidate {
         var agentID: String

@@ -48,7 +48,7 @@ public enum AdminAPI {
         v1.get("pulls") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
             let listed = try await pulls.pulls(limit: min(max(limit, 1), 1000), now: .now)
-            return try json(try await results?.measured(listed) ?? listed)
+            return try json(await measured(listed, results, logger))
         }
         v1.post("pulls") { request, context in
             let body = try await decode(PullRequest.self, from: request)
@@ -68,7 +68,7 @@ public enum AdminAPI {
         v1.get("pulls/:id") { _, context in
             let id = try validID(context.parameters.require("id"), "pull")
             guard let pull = try await pulls.pull(id, now: .now) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
-            return try json(try await results?.measured([pull]).first ?? pull)
+            return try json(await measured([pull], results, logger).first ?? pull)
         }
         v1.delete("pulls/:id") { request, context in
             guard let results else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not remove results") }
@@ -106,18 +106,20 @@ public enum AdminAPI {
                 located = zip
             } catch PullFiles.WholeZipError.nothingYet {
                 throw AdminAPIError(.notFound, "not_found", "pull \(id) has no files yet (none of its agents is complete, or it was removed)")
+            } catch PullFiles.WholeZipError.changing {
+                throw AdminAPIError(.serviceUnavailable, "unavailable", "pull \(id)'s files are changing; ask again")
             }
             return try await serve(located, request: request, context: context, audit: audit, throttle: downloadAudit, detail: "pull \(id) whole zip")
         }
         v1.get("feedback") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
             let listed = try await feedback.all(limit: min(max(limit, 1), 1000))
-            return try json(try await results?.measured(listed) ?? listed)
+            return try json(await measured(listed, results, logger))
         }
         v1.get("feedback/:id") { _, context in
             let id = try validID(context.parameters.require("id"), "feedback")
             guard let record = try await feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
-            return try json(try await results?.measured([record]).first ?? record)
+            return try json(await measured([record], results, logger).first ?? record)
         }
         v1.delete("feedback/:id") { request, context in
             guard let results else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not remove results") }
@@ -304,6 +306,28 @@ public enum AdminAPI {
         for m in s.metadata ?? [] { parts.append("where \(m.key)=\(m.value)") }
         if let reason = s.reason, !reason.isEmpty { parts.append("reason=\(reason.debugDescription)") }
         return ConnectionUploads.bounded(parts.isEmpty ? "everything" : parts.joined(separator: " "))
+    }
+
+    /// Pulls with their disk use; as they are (without it) when measuring fails: a listing
+    /// never fails for want of a size.
+    static func measured(_ pulls: [PullRecord], _ results: ResultsKeeper?, _ logger: Logger) async -> [PullRecord] {
+        guard let results else { return pulls }
+        do {
+            return try await results.measured(pulls)
+        } catch {
+            logger.warning("cannot measure the disk use of pulls", metadata: ["error": "\(error)"])
+            return pulls
+        }
+    }
+
+    static func measured(_ feedback: [FeedbackRecord], _ results: ResultsKeeper?, _ logger: Logger) async -> [FeedbackRecord] {
+        guard let results else { return feedback }
+        do {
+            return try await results.measured(feedback)
+        } catch {
+            logger.warning("cannot measure the disk use of feedback", metadata: ["error": "\(error)"])
+            return feedback
+        }
     }
 
     /// A removal's `?reason=`: empty when absent; refused when it breaks the rule of reasons.

@@ -57,26 +57,34 @@ public struct PullFiles: Sendable {
         let key = hash.finalize().prefix(8).map { String(format: "%02x", $0) }.joined()
         let directory = try paths.pull(pullID)
         let path = try paths.inside(directory + "/pull-" + key + ".zip")
-        if !FileManager.default.fileExists(atPath: path) {
-            let entries = parts.map { (name: $0.file.agentID + "/" + $0.file.name, path: $0.path) }
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                Self.zipping.async {
-                    do {
-                        try Self.makeZip(at: path, of: entries, replacingOthersIn: directory)
-                        continuation.resume()
-                    } catch {
-                        continuation.resume(throwing: error)
+        let entries = parts.map { (name: $0.file.agentID + "/" + $0.file.name, path: $0.path) }
+        // Twice at most: a zip replaced (another agent landed) or removed between making and
+        // measuring it is made again once.
+        for _ in 0..<2 {
+            if !FileManager.default.fileExists(atPath: path) {
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                    Self.zipping.async {
+                        do {
+                            try Self.makeZip(at: path, of: entries, replacingOthersIn: directory)
+                            continuation.resume()
+                        } catch {
+                            continuation.resume(throwing: error)
+                        }
                     }
                 }
             }
+            if let (size, sha) = try await digest(path) {
+                return Located(path: path, file: PullFile(agentID: "", name: pullID + ".zip", kind: .zip, size: size, sha256: sha))
+            }
         }
-        guard let (size, sha) = try await digest(path) else { return nil }
-        return Located(path: path, file: PullFile(agentID: "", name: pullID + ".zip", kind: .zip, size: size, sha256: sha))
+        throw WholeZipError.changing
     }
 
     public enum WholeZipError: Error, Equatable {
         /// No agent's upload is complete yet.
         case nothingYet
+        /// The pull's files changed while the zip was made, twice: ask again.
+        case changing
     }
 
     /// Writes the zip beside its final name, then renames it (a reader never sees half a

@@ -15,7 +15,8 @@ import Foundation
 /// - A final status (complete, rejected, failed, expired) never changes again; ``update``
 ///   with `from` applies only from those statuses.
 /// - ``markRemoved(_:by:reason:at:)`` records a removal once (a second one keeps the first),
-///   ends every open target as `failed`, and drops the wrapped key; ``removable(keptUntil:limit:)``
+///   ends every open target as `failed` (answered `ERROR_UPLOAD_INVALID`), drops the wrapped
+///   key, and the pull takes no agent again (``adopt(agent:uids:now:)``); ``removable(keptUntil:limit:)``
 ///   lists only finished pulls not removed, whose expiry and last change are at or before the
 ///   cutoff.
 /// - A stored filter that does not read back exactly throws ``UnreadablePull`` from

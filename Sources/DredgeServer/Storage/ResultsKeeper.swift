@@ -83,12 +83,29 @@ public struct ResultsKeeper: Sendable {
         let directory = try paths.pull(id)
         let agents = Set(record.targets.map(\.agentID)).union(try await blocking.runIfActive { try Self.agentDirectories(in: directory) })
         let sources = agents.sorted().map { IndexedSource(kind: .pull, id: id, agentID: $0) }
-        let unindexed = try await unindex(sources)
-        let freed = try await blocking.runIfActive { try Self.delete([directory]) }
-        let report = RemovalReport(kind: .pull, id: id, removal: mark.removal, newlyRemoved: mark.isNew, freedBytes: freed, unindexedSources: unindexed)
-        if mark.isNew || freed > 0 {
-            try await audit.record(actor: actor, action: "pull.remove", detail: Self.describe(report, reason: reason), at: now)
+        return try await finish(.pull, id, mark, by: actor, reason: reason, now: now) {
+            let unindexed = try await unindex(sources)
+            let freed = try await blocking.runIfActive { try Self.delete([directory]) }
+            return (unindexed, freed)
         }
+    }
+
+    /// Deletes what `work` deletes, then records the removal in the audit log: a new removal
+    /// always (saying so when the deletion did not finish, and then throwing its error), an
+    /// earlier one again only when files were left to delete.
+    private func finish(
+        _ kind: RemovalReport.Kind, _ id: String, _ mark: RemovalMark, by actor: String, reason: String, now: Date,
+        _ work: () async throws -> (unindexed: Int, freed: Int64)
+    ) async throws -> RemovalReport {
+        var done = (unindexed: 0, freed: Int64(0))
+        var failure: (any Error)?
+        do { done = try await work() } catch { failure = error }
+        let report = RemovalReport(kind: kind, id: id, removal: mark.removal, newlyRemoved: mark.isNew, freedBytes: done.freed, unindexedSources: done.unindexed)
+        if mark.isNew || done.freed > 0 {
+            let detail = Self.describe(report, reason: reason) + (failure.map { "; not finished (the server finishes it at its next start): \($0)" } ?? "")
+            try await audit.record(actor: actor, action: kind == .pull ? "pull.remove" : "feedback.remove", detail: detail, at: now)
+        }
+        if let failure { throw failure }
         return report
     }
 
@@ -96,14 +113,12 @@ public struct ResultsKeeper: Sendable {
     public func removeFeedback(_ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
         guard let record = try await feedback.feedback(id) else { return nil }
         guard let mark = try await feedback.markRemoved(id, by: actor, reason: reason, at: now) else { return nil }
-        let unindexed = try await unindex([IndexedSource(kind: .feedback, id: id, agentID: record.agentID)])
         let doomed = [try paths.feedbackFiles(id), try paths.feedbackZip(id)]
-        let freed = try await blocking.runIfActive { try Self.delete(doomed) }
-        let report = RemovalReport(kind: .feedback, id: id, removal: mark.removal, newlyRemoved: mark.isNew, freedBytes: freed, unindexedSources: unindexed)
-        if mark.isNew || freed > 0 {
-            try await audit.record(actor: actor, action: "feedback.remove", detail: Self.describe(report, reason: reason), at: now)
+        return try await finish(.feedback, id, mark, by: actor, reason: reason, now: now) {
+            let unindexed = try await unindex([IndexedSource(kind: .feedback, id: id, agentID: record.agentID)])
+            let freed = try await blocking.runIfActive { try Self.delete(doomed) }
+            return (unindexed, freed)
         }
-        return report
     }
 
     /// Takes sources out of the index (and out of the indexer's queue); returns how many
@@ -143,16 +158,26 @@ public struct ResultsKeeper: Sendable {
         let cutoff = now.addingTimeInterval(-Double(keep.components.seconds))
         let reason = "kept \(retention.keepDays) day(s)"
         var pass = RetentionPass()
+        // One that fails is logged and the pass goes on (it is marked removed: what is left of
+        // it is deleted at the next start).
         for id in try await pulls.removable(keptUntil: cutoff, limit: Self.batch) {
-            if let report = try await removePull(id, by: Removal.retention, reason: reason, now: now) {
-                pass.pulls.append(id)
-                pass.freedBytes += report.freedBytes
+            do {
+                if let report = try await removePull(id, by: Removal.retention, reason: reason, now: now) {
+                    pass.pulls.append(id)
+                    pass.freedBytes += report.freedBytes
+                }
+            } catch {
+                logger.error("could not remove a pull kept past the retention", metadata: ["pull.id": "\(id)", "error": "\(error)"])
             }
         }
         for id in try await feedback.removable(receivedUntil: cutoff, limit: Self.batch) {
-            if let report = try await removeFeedback(id, by: Removal.retention, reason: reason, now: now) {
-                pass.feedback.append(id)
-                pass.freedBytes += report.freedBytes
+            do {
+                if let report = try await removeFeedback(id, by: Removal.retention, reason: reason, now: now) {
+                    pass.feedback.append(id)
+                    pass.freedBytes += report.freedBytes
+                }
+            } catch {
+                logger.error("could not remove a feedback kept past the retention", metadata: ["feedback.id": "\(id)", "error": "\(error)"])
             }
         }
         if !pass.pulls.isEmpty || !pass.feedback.isEmpty {
@@ -166,8 +191,10 @@ public struct ResultsKeeper: Sendable {
     // MARK: Interrupted removals
 
     /// At start, before the indexer catches up: finishes removals a crash cut short. Every
-    /// `pulls/<pull>/` and `feedback/<id>/` (and zip) whose record is marked removed, or that
-    /// no record names, is deleted with its index rows. Returns the ids finished.
+    /// `pulls/<pull>/` and `feedback/<id>/` (and zip) whose record is marked removed is deleted
+    /// with its index rows. Results no record names (a database restored from an older backup,
+    /// say) are left as they are, and logged: they may be all that is left of them. One that
+    /// cannot be finished is logged and left for the next start. Returns the ids finished.
     @discardableResult
     public func finishInterruptedRemovals(now: Date = Date()) async throws -> [String] {
         let paths = self.paths
@@ -180,42 +207,28 @@ public struct ResultsKeeper: Sendable {
             return (pulls, feedback.sorted())
         }
         var finished: [String] = []
-        for id in pullIDs {
-            let record = try await pulls.pull(id)
-            guard record == nil || record?.removed != nil else { continue }
-            let freed: Int64
-            if let record, let removal = record.removed {
-                freed = try await removePull(id, by: removal.by, reason: removal.reason, now: now)?.freedBytes ?? 0
-            } else {
-                _ = try await unindexOrphan(kind: .pull, id: id)
-                let directory = try paths.pull(id)
-                freed = try await blocking.runIfActive { try Self.delete([directory]) }
+        for (kind, ids) in [(RemovalReport.Kind.pull, pullIDs), (.feedback, feedbackIDs)] {
+            for id in ids {
+                do {
+                    // Nil: no record; .some(nil): a record not removed.
+                    let removal = kind == .pull ? try await pulls.pull(id).map { $0.removed } : try await feedback.feedback(id).map { $0.removed }
+                    guard let removal else {
+                        logger.warning("results that no record names are kept; delete them by hand if they are not wanted", metadata: ["\(kind.rawValue).id": "\(id)"])
+                        continue
+                    }
+                    guard let removal else { continue }
+                    let report =
+                        kind == .pull
+                        ? try await removePull(id, by: removal.by, reason: removal.reason, now: now)
+                        : try await removeFeedback(id, by: removal.by, reason: removal.reason, now: now)
+                    logger.notice("finished a removal cut short", metadata: ["\(kind.rawValue).id": "\(id)", "bytes": "\(report?.freedBytes ?? 0)"])
+                    finished.append(id)
+                } catch {
+                    logger.error("could not finish a removal cut short; tried again at the next start", metadata: ["\(kind.rawValue).id": "\(id)", "error": "\(error)"])
+                }
             }
-            logger.notice("deleted results left behind", metadata: ["pull.id": "\(id)", "bytes": "\(freed)", "why": "\(record == nil ? "no such pull" : "removed")"])
-            finished.append(id)
-        }
-        for id in feedbackIDs {
-            let record = try await feedback.feedback(id)
-            guard record == nil || record?.removed != nil else { continue }
-            let freed: Int64
-            if let record, let removal = record.removed {
-                freed = try await removeFeedback(id, by: removal.by, reason: removal.reason, now: now)?.freedBytes ?? 0
-            } else {
-                _ = try await unindexOrphan(kind: .feedback, id: id)
-                let doomed = [try paths.feedbackFiles(id), try paths.feedbackZip(id)]
-                freed = try await blocking.runIfActive { try Self.delete(doomed) }
-            }
-            logger.notice("deleted results left behind", metadata: ["feedback.id": "\(id)", "bytes": "\(freed)", "why": "\(record == nil ? "no such feedback" : "removed")"])
-            finished.append(id)
         }
         return finished
-    }
-
-    /// Index rows of a result no record names.
-    private func unindexOrphan(kind: IndexedSource.Kind, id: String) async throws -> Int {
-        guard let records else { return 0 }
-        let sources = try await records.indexedSources().filter { $0.kind == kind && $0.id == id }
-        return try await unindex(Array(sources))
     }
 
     // MARK: Disk use
@@ -263,11 +276,18 @@ public struct ResultsKeeper: Sendable {
         for path in paths {
             var info = stat()
             guard lstat(path, &info) == 0 else {
-                if errno == ENOENT { continue }
+                // Nothing there (a parent that is not a directory holds nothing either).
+                if errno == ENOENT || errno == ENOTDIR { continue }
                 throw DataDirectory.PathError(description: "cannot measure \(path): \(String(cString: strerror(errno)))")
             }
             if (info.st_mode & S_IFMT) == S_IFDIR {
-                for name in try FileManager.default.contentsOfDirectory(atPath: path) {
+                let names: [String]
+                do {
+                    names = try FileManager.default.contentsOfDirectory(atPath: path)
+                } catch CocoaError.fileReadNoSuchFile, CocoaError.fileNoSuchFile {
+                    continue  // deleted while it was measured
+                }
+                for name in names {
                     total += try size([path + "/" + name])
                 }
             } else {
@@ -283,7 +303,7 @@ public struct ResultsKeeper: Sendable {
         for path in paths {
             var info = stat()
             guard lstat(path, &info) == 0 else {
-                if errno == ENOENT { continue }
+                if errno == ENOENT || errno == ENOTDIR { continue }
                 throw DataDirectory.PathError(description: "cannot delete \(path): \(String(cString: strerror(errno)))")
             }
             let bytes = try size([path])

@@ -97,7 +97,7 @@ import Testing
         let mark = try #require(try await inbox.markRemoved(Self.id(2), by: "alice", reason: "T-9", at: at))
         #expect(mark == RemovalMark(removal: Removal(at: at, by: "alice", reason: "T-9"), isNew: true))
         let open = try #require(try await inbox.feedback(Self.id(2)))
-        #expect(open.removed == Removal(at: at, by: "alice", reason: "T-9") && open.status == .failed, "an open upload ends")
+        #expect(open.removed == Removal(at: at, by: "alice", reason: "T-9") && open.status == .failed && open.errorCode == 8, "an open upload ends, answered ERROR_UPLOAD_INVALID")
         #expect(try await inbox.markRemoved(Self.id(2), by: "bob", reason: "", at: at.addingTimeInterval(1))?.isNew == false)
         #expect(try await inbox.feedback(Self.id(2))?.removed?.by == "alice")
         #expect(try await inbox.feedback(Self.id(1))?.removed == nil)

@@ -250,7 +250,7 @@ import Testing
         #expect(pull.removed == Removal(at: at, by: "alice", reason: "T-1"))
         #expect(pull.targets.first { $0.agentID == "a" }?.status == .complete, "a finished target stays as it was")
         let b = try #require(pull.targets.first { $0.agentID == "b" })
-        #expect(b.status == .failed && b.detail.contains("alice"), "an open one ends: its upload is refused")
+        #expect(b.status == .failed && b.detail.contains("alice") && b.errorCode == 8, "an open one ends: its upload is refused (ERROR_UPLOAD_INVALID)")
         #expect(try await queue.wrappedKey(of: running.id)?.isEmpty != false, "the key is dropped")
         #expect(try await queue.deliverable(for: "b", includingUnanswered: true, now: Self.base).isEmpty)
 
@@ -259,6 +259,12 @@ import Testing
         #expect(again == RemovalMark(removal: Removal(at: at, by: "alice", reason: "T-1"), isNew: false))
         #expect(try await queue.pull(running.id, now: Self.base)?.removed?.by == "alice")
         #expect(try await queue.markRemoved(String(repeating: "0", count: 32), by: "alice", reason: "", at: at) == nil)
+        // A removed pull by uid alone takes no agent that comes to hold the uid.
+        let waiting = try Self.newPull(targets: [])
+        try await queue.create(waiting)
+        _ = try await queue.markRemoved(waiting.id, by: "alice", reason: "", at: at)
+        #expect(try await queue.adopt(agent: "c", uids: ["u-1"], now: Self.base).isEmpty)
+        #expect(try await queue.pull(waiting.id, now: Self.base)?.targets.isEmpty == true)
         // Another pull is untouched.
         let other = try Self.newPull()
         try await queue.create(other)

@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeDomain
+import DredgeWire
 import Foundation
 import GRDB
 
@@ -96,8 +97,8 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
                 sql: "UPDATE feedback SET removed_at = ?, removed_by = ?, removed_reason = ? WHERE id = ?",
                 arguments: [now.timeIntervalSince1970, actor, reason, id])
             try db.execute(
-                sql: "UPDATE feedback SET status = 'failed', detail = ? WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)",
-                arguments: ["removed by \(actor) before it finished", id])
+                sql: "UPDATE feedback SET status = 'failed', detail = ?, error_code = ? WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)",
+                arguments: ["removed by \(actor) before it finished", WireErrorCode.errorUploadInvalid.rawValue, id])
             return RemovalMark(removal: Removal(at: now, by: actor, reason: reason), isNew: true)
         }
     }

@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeDomain
+import DredgeWire
 import Foundation
 import GRDB
 
@@ -99,7 +100,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             try Row.fetchAll(
                 db,
                 sql: """
-                    SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > ? AND uid != ''
+                    SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > ? AND uid != '' AND removed_at IS NULL
                     AND NOT EXISTS (SELECT 1 FROM pull_target t WHERE t.pull_id = pull.id AND t.agent_id = ?)
                     ORDER BY created_at, id
                     """,
@@ -115,9 +116,10 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         return try await db.write { db in
             var adopted: [String] = []
             for pull in matching {
+                // Not a pull removed since the read.
                 try db.execute(
-                    sql: "INSERT OR IGNORE INTO pull_target (pull_id, agent_id, status, updated_at) VALUES (?, ?, ?, ?)",
-                    arguments: [pull.id, agent, Status.queued.rawValue, at])
+                    sql: "INSERT OR IGNORE INTO pull_target (pull_id, agent_id, status, updated_at) SELECT ?, ?, ?, ? FROM pull WHERE id = ? AND removed_at IS NULL",
+                    arguments: [pull.id, agent, Status.queued.rawValue, at, pull.id])
                 if db.changesCount > 0 { adopted.append(pull.id) }
             }
             return adopted
@@ -382,8 +384,8 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
                 sql: "UPDATE pull SET removed_at = ?, removed_by = ?, removed_reason = ?, wrapped_key = x'' WHERE id = ?",
                 arguments: [now.timeIntervalSince1970, actor, reason, pullID])
             try db.execute(
-                sql: "UPDATE pull_target SET status = 'failed', detail = ?, updated_at = ? WHERE pull_id = ? AND status NOT IN \(Self.finalStatuses)",
-                arguments: ["removed by \(actor) before it finished", now.timeIntervalSince1970, pullID])
+                sql: "UPDATE pull_target SET status = 'failed', detail = ?, updated_at = ?, error_code = ? WHERE pull_id = ? AND status NOT IN \(Self.finalStatuses)",
+                arguments: ["removed by \(actor) before it finished", now.timeIntervalSince1970, WireErrorCode.errorUploadInvalid.rawValue, pullID])
             return RemovalMark(removal: removal, isNew: true)
         }
     }

@@ -49,20 +49,7 @@ extension AdminClient {
         guard let expected = etag, expected.count == 64, expected.allSatisfy(\.isHexDigit) else {
             throw AdminClientError.server(status, "the server sent the pull's zip without its SHA-256")
         }
-        guard fm.createFile(atPath: part, contents: nil) else { throw AdminClientError.localFile(part, "cannot create it") }
-        let handle: FileHandle
-        do { handle = try FileHandle(forWritingTo: URL(fileURLWithPath: part)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
-        defer { try? handle.close() }
-        var size: Int64 = 0
-        var body = response.body.makeAsyncIterator()
-        while true {
-            let buffer: ByteBuffer?
-            do { buffer = try await body.next() } catch { throw describe(error) }
-            guard let buffer else { break }
-            size += Int64(buffer.readableBytes)
-            do { try handle.write(contentsOf: Data(buffer.readableBytesView)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
-        }
-        do { try handle.synchronize() } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+        let size = try await write(response, to: part, appending: false)
         let sha = try Self.sha256(ofFile: part)
         guard sha == expected.lowercased() else {
             do { try fm.removeItem(atPath: part) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
@@ -70,6 +57,34 @@ extension AdminClient {
         }
         guard rename(part, path) == 0 else { throw AdminClientError.localFile(path, String(cString: strerror(errno))) }
         return PullFile(agentID: "", name: id + ".zip", kind: .zip, size: size, sha256: sha)
+    }
+
+    /// Streams a response's body into `part` (after what it holds, or from its start) and
+    /// syncs it; returns the bytes written.
+    @discardableResult
+    private func write(_ response: HTTPClientResponse, to part: String, appending: Bool) async throws -> Int64 {
+        if !appending || !FileManager.default.fileExists(atPath: part) {
+            guard FileManager.default.createFile(atPath: part, contents: nil) else { throw AdminClientError.localFile(part, "cannot create it") }
+        }
+        let handle: FileHandle
+        do { handle = try FileHandle(forWritingTo: URL(fileURLWithPath: part)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+        defer { try? handle.close() }  // synced below; a failing close loses nothing written
+        do {
+            if appending { try handle.seekToEnd() } else { try handle.truncate(atOffset: 0) }
+        } catch {
+            throw AdminClientError.localFile(part, error.localizedDescription)
+        }
+        var written: Int64 = 0
+        var body = response.body.makeAsyncIterator()
+        while true {
+            let buffer: ByteBuffer?
+            do { buffer = try await body.next() } catch { throw describe(error) }
+            guard let buffer else { break }
+            written += Int64(buffer.readableBytes)
+            do { try handle.write(contentsOf: Data(buffer.readableBytesView)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+        }
+        do { try handle.synchronize() } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+        return written
     }
 
     /// Whether a listed agent id and file name are safe to use as path components on this
@@ -119,25 +134,7 @@ extension AdminClient {
                 try Self.check(status, Data(body.readableBytesView))
                 throw AdminClientError.server(status, "unexpected answer to a download")
             }
-            if !append || !fm.fileExists(atPath: part) {
-                guard fm.createFile(atPath: part, contents: nil) else { throw AdminClientError.localFile(part, "cannot create it") }
-            }
-            let handle: FileHandle
-            do { handle = try FileHandle(forWritingTo: URL(fileURLWithPath: part)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
-            defer { try? handle.close() }
-            do {
-                if append { try handle.seekToEnd() } else { try handle.truncate(atOffset: 0) }
-            } catch {
-                throw AdminClientError.localFile(part, error.localizedDescription)
-            }
-            var body = response.body.makeAsyncIterator()
-            while true {
-                let buffer: ByteBuffer?
-                do { buffer = try await body.next() } catch { throw describe(error) }
-                guard let buffer else { break }
-                do { try handle.write(contentsOf: Data(buffer.readableBytesView)) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
-            }
-            do { try handle.synchronize() } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+            try await write(response, to: part, appending: append)
         }
         let sha = try Self.sha256(ofFile: part)
         guard sha == file.sha256 else {

@@ -34,7 +34,7 @@ struct FetchCommand: AsyncParsableCommand {
                 let file = try await client.downloadWholeZip(pull: id, to: path)
                 print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  checked")
             } catch AdminClientError.notFound(let message) {
-                if let removed = try await calling({ try await client.pull(id) }).removed { throw fail("pull \(id) has no files: \(Format.removed(removed))") }
+                try await Fetch.failIfRemoved(id, client: client)
                 throw fail(message)
             } catch let error as AdminClientError {
                 throw fail(error.description)
@@ -47,6 +47,11 @@ struct FetchCommand: AsyncParsableCommand {
 }
 
 enum Fetch {
+    /// A pull with no files to download because it was removed: says so, and by whom.
+    static func failIfRemoved(_ id: String, client: AdminClient) async throws {
+        if let removed = try await calling({ try await client.pull(id) }).removed { throw fail("pull \(id) has no files: \(Format.removed(removed))") }
+    }
+
     /// Downloads the pull's files into `directory/PULL/AGENT/`, one line per file on stdout (on
     /// stderr when stdout carries JSON).
     static func files(of id: String, client: AdminClient, into directory: String, agent: String? = nil, zip: Bool = false, toStderr: Bool = false) async throws {
@@ -56,9 +61,7 @@ enum Fetch {
         let listed = try await calling { try await client.pullFiles(id) }
         let wanted = listed.filter { ($0.kind == .zip) == zip && (agent == nil || $0.agentID == agent) }
         guard !wanted.isEmpty else {
-            if let removed = try await calling({ try await client.pull(id) }).removed {
-                throw fail("pull \(id) has no files: \(Format.removed(removed))")
-            }
+            try await failIfRemoved(id, client: client)
             throw fail("pull \(id) has no files\(agent.map { " from agent \($0)" } ?? "") yet: `dredge show \(id)` says where it stands")
         }
         let root = URL(fileURLWithPath: directory).standardizedFileURL.path + "/" + id

@@ -70,16 +70,6 @@ public enum AdminAPI {
             guard let pull = try await pulls.pull(id, now: .now) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
             return try json(await measured([pull], results, logger).first ?? pull)
         }
-        v1.delete("pulls/:id") { request, context in
-            guard let results else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not remove results") }
-            let id = try validID(context.parameters.require("id"), "pull")
-            let reason = try removalReason(request)
-            guard let report = try await results.removePull(id, by: context.tokenName ?? "?", reason: reason) else {
-                throw AdminAPIError(.notFound, "not_found", "no pull \(id)")
-            }
-            logger.info("pull removed", metadata: ["pull.id": "\(id)", "by": "\(context.tokenName ?? "?")", "bytes": "\(report.freedBytes)"])
-            return try json(report)
-        }
         let downloadAudit = SearchAudit()
         v1.get("pulls/:id/files") { _, context in
             guard let files else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not serve files") }
@@ -121,15 +111,19 @@ public enum AdminAPI {
             guard let record = try await feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
             return try json(await measured([record], results, logger).first ?? record)
         }
-        v1.delete("feedback/:id") { request, context in
-            guard let results else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not remove results") }
-            let id = try validID(context.parameters.require("id"), "feedback")
-            let reason = try removalReason(request)
-            guard let report = try await results.removeFeedback(id, by: context.tokenName ?? "?", reason: reason) else {
-                throw AdminAPIError(.notFound, "not_found", "no feedback \(id)")
+        // DELETE /v1/pulls/{id}, DELETE /v1/feedback/{id}: the results go, the record stays.
+        for (kind, path) in [(RemovalReport.Kind.pull, "pulls/:id"), (.feedback, "feedback/:id")] {
+            v1.delete(RouterPath(path)) { request, context in
+                guard let results else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not remove results") }
+                let id = try validID(context.parameters.require("id"), kind.rawValue)
+                let reason = try removalReason(request), actor = context.tokenName ?? "?"
+                let report =
+                    kind == .pull
+                    ? try await results.removePull(id, by: actor, reason: reason) : try await results.removeFeedback(id, by: actor, reason: reason)
+                guard let report else { throw AdminAPIError(.notFound, "not_found", "no \(kind.rawValue) \(id)") }
+                logger.info("\(kind.rawValue) removed", metadata: ["\(kind.rawValue).id": "\(id)", "by": "\(actor)", "bytes": "\(report.freedBytes)"])
+                return try json(report)
             }
-            logger.info("feedback removed", metadata: ["feedback.id": "\(id)", "by": "\(context.tokenName ?? "?")", "bytes": "\(report.freedBytes)"])
-            return try json(report)
         }
         v1.post("records/search") { request, context in
             guard let records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not index records") }
@@ -311,22 +305,19 @@ public enum AdminAPI {
     /// Pulls with their disk use; as they are (without it) when measuring fails: a listing
     /// never fails for want of a size.
     static func measured(_ pulls: [PullRecord], _ results: ResultsKeeper?, _ logger: Logger) async -> [PullRecord] {
-        guard let results else { return pulls }
-        do {
-            return try await results.measured(pulls)
-        } catch {
-            logger.warning("cannot measure the disk use of pulls", metadata: ["error": "\(error)"])
-            return pulls
-        }
+        await measured(pulls, logger) { try await results?.measured($0) }
     }
 
     static func measured(_ feedback: [FeedbackRecord], _ results: ResultsKeeper?, _ logger: Logger) async -> [FeedbackRecord] {
-        guard let results else { return feedback }
+        await measured(feedback, logger) { try await results?.measured($0) }
+    }
+
+    private static func measured<Record>(_ records: [Record], _ logger: Logger, _ measure: ([Record]) async throws -> [Record]?) async -> [Record] {
         do {
-            return try await results.measured(feedback)
+            return try await measure(records) ?? records
         } catch {
-            logger.warning("cannot measure the disk use of feedback", metadata: ["error": "\(error)"])
-            return feedback
+            logger.warning("cannot measure the disk use of results", metadata: ["error": "\(error)"])
+            return records
         }
     }
 

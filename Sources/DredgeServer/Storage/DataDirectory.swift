@@ -62,6 +62,14 @@ public struct DataDirectory: Sendable {
         return value
     }
 
+    /// The names in `directory`; none if it does not exist (yet) or is not a directory. Any
+    /// other failure throws. Blocking.
+    static func entries(of directory: String) throws -> [String] {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else { return [] }
+        return try FileManager.default.contentsOfDirectory(atPath: directory)
+    }
+
     /// The (upload, agent) ids of an `uploads/` entry's name, if it has that form.
     static func parseUploadName(_ name: String) -> (upload: String, agent: String)? {
         let parts = name.split(separator: "-", omittingEmptySubsequences: false).map(String.init)

@@ -80,12 +80,12 @@ public struct ResultsKeeper: Sendable {
     public func removePull(_ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
         guard let record = try await pulls.pull(id) else { return nil }
         guard let mark = try await pulls.markRemoved(id, by: actor, reason: reason, at: now) else { return nil }
-        let directory = try paths.pull(id)
+        let directory = try paths.pull(id), doomed = try files(ofPull: id)
         let agents = Set(record.targets.map(\.agentID)).union(try await blocking.runIfActive { try Self.agentDirectories(in: directory) })
         let sources = agents.sorted().map { IndexedSource(kind: .pull, id: id, agentID: $0) }
         return try await finish(.pull, id, mark, by: actor, reason: reason, now: now) {
             let unindexed = try await unindex(sources)
-            let freed = try await blocking.runIfActive { try Self.delete([directory]) }
+            let freed = try await blocking.runIfActive { try Self.delete(doomed) }
             return (unindexed, freed)
         }
     }
@@ -113,7 +113,7 @@ public struct ResultsKeeper: Sendable {
     public func removeFeedback(_ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
         guard let record = try await feedback.feedback(id) else { return nil }
         guard let mark = try await feedback.markRemoved(id, by: actor, reason: reason, at: now) else { return nil }
-        let doomed = [try paths.feedbackFiles(id), try paths.feedbackZip(id)]
+        let doomed = try files(ofFeedback: id)
         return try await finish(.feedback, id, mark, by: actor, reason: reason, now: now) {
             let unindexed = try await unindex([IndexedSource(kind: .feedback, id: id, agentID: record.agentID)])
             let freed = try await blocking.runIfActive { try Self.delete(doomed) }
@@ -199,8 +199,8 @@ public struct ResultsKeeper: Sendable {
     public func finishInterruptedRemovals(now: Date = Date()) async throws -> [String] {
         let paths = self.paths
         let (pullIDs, feedbackIDs) = try await blocking.runIfActive { () throws -> ([String], [String]) in
-            let pulls = try Self.entries(of: paths.pulls).filter { WireID.isValid($0) }
-            let feedback = Set(try Self.entries(of: paths.feedback).compactMap { name -> String? in
+            let pulls = try DataDirectory.entries(of: paths.pulls).filter { WireID.isValid($0) }
+            let feedback = Set(try DataDirectory.entries(of: paths.feedback).compactMap { name -> String? in
                 let id = name.hasSuffix(".zip") ? String(name.dropLast(4)) : name
                 return WireID.isValid(id) ? id : nil
             })
@@ -233,66 +233,75 @@ public struct ResultsKeeper: Sendable {
 
     // MARK: Disk use
 
+    /// What a pull's results are on disk: its directory (every agent's files and zip, and
+    /// the whole-pull zip).
+    func files(ofPull id: String) throws -> [String] { [try paths.pull(id)] }
+
+    /// What a feedback's results are on disk: its files and its zip.
+    func files(ofFeedback id: String) throws -> [String] { [try paths.feedbackFiles(id), try paths.feedbackZip(id)] }
+
     /// Bytes a pull's files take on disk (0 once removed).
     public func diskUse(pull id: String) async throws -> Int64 {
-        let directory = try paths.pull(id)
-        return try await blocking.runIfActive { try Self.size([directory]) }
+        let files = try files(ofPull: id)
+        return try await blocking.runIfActive { try Self.size(files) }
     }
 
     /// Bytes a feedback's files and zip take on disk.
     public func diskUse(feedback id: String) async throws -> Int64 {
-        let doomed = [try paths.feedbackFiles(id), try paths.feedbackZip(id)]
-        return try await blocking.runIfActive { try Self.size(doomed) }
+        let files = try files(ofFeedback: id)
+        return try await blocking.runIfActive { try Self.size(files) }
     }
 
     /// Fills in ``PullRecord/diskBytes``.
     public func measured(_ pulls: [PullRecord]) async throws -> [PullRecord] {
-        let directories = try pulls.map { try paths.pull($0.id) }
-        let sizes = try await blocking.runIfActive { try directories.map { try Self.size([$0]) } }
-        return zip(pulls, sizes).map { pull, size in
-            var pull = pull
-            pull.diskBytes = size
-            return pull
-        }
+        try await measured(pulls, files: { try files(ofPull: $0.id) }, set: { $0.diskBytes = $1 })
     }
 
     /// Fills in ``FeedbackRecord/diskBytes``.
     public func measured(_ feedback: [FeedbackRecord]) async throws -> [FeedbackRecord] {
-        let paths = try feedback.map { [try self.paths.feedbackFiles($0.id), try self.paths.feedbackZip($0.id)] }
+        try await measured(feedback, files: { try files(ofFeedback: $0.id) }, set: { $0.diskBytes = $1 })
+    }
+
+    private func measured<Record>(_ records: [Record], files: (Record) throws -> [String], set: (inout Record, Int64) -> Void) async throws -> [Record] {
+        let paths = try records.map(files)
         let sizes = try await blocking.runIfActive { try paths.map { try Self.size($0) } }
-        return zip(feedback, sizes).map { record, size in
+        return zip(records, sizes).map { record, size in
             var record = record
-            record.diskBytes = size
+            set(&record, size)
             return record
         }
     }
 
     // MARK: Files (blocking)
 
+    /// A path's `lstat`; nil when nothing is there (a parent that is not a directory holds
+    /// nothing either). Any other failure throws, saying what was being `done`.
+    private static func info(_ path: String, _ doing: String) throws -> stat? {
+        var info = stat()
+        guard lstat(path, &info) == 0 else {
+            if errno == ENOENT || errno == ENOTDIR { return nil }
+            throw DataDirectory.PathError(description: "cannot \(doing) \(path): \(String(cString: strerror(errno)))")
+        }
+        return info
+    }
+
     /// The bytes under each path (a file, or a directory walked without following links);
     /// a missing path is 0.
     static func size(_ paths: [String]) throws -> Int64 {
         var total: Int64 = 0
         for path in paths {
-            var info = stat()
-            guard lstat(path, &info) == 0 else {
-                // Nothing there (a parent that is not a directory holds nothing either).
-                if errno == ENOENT || errno == ENOTDIR { continue }
-                throw DataDirectory.PathError(description: "cannot measure \(path): \(String(cString: strerror(errno)))")
-            }
-            if (info.st_mode & S_IFMT) == S_IFDIR {
-                let names: [String]
-                do {
-                    names = try FileManager.default.contentsOfDirectory(atPath: path)
-                } catch CocoaError.fileReadNoSuchFile, CocoaError.fileNoSuchFile {
-                    continue  // deleted while it was measured
-                }
-                for name in names {
-                    total += try size([path + "/" + name])
-                }
-            } else {
+            guard let info = try info(path, "measure") else { continue }
+            guard (info.st_mode & S_IFMT) == S_IFDIR else {
                 total += Int64(info.st_size)
+                continue
             }
+            let names: [String]
+            do {
+                names = try FileManager.default.contentsOfDirectory(atPath: path)
+            } catch CocoaError.fileReadNoSuchFile, CocoaError.fileNoSuchFile {
+                continue  // deleted while it was measured
+            }
+            total += try size(names.map { path + "/" + $0 })
         }
         return total
     }
@@ -300,31 +309,18 @@ public struct ResultsKeeper: Sendable {
     /// Deletes each path (missing ones are no error); returns the bytes they held.
     static func delete(_ paths: [String]) throws -> Int64 {
         var freed: Int64 = 0
-        for path in paths {
-            var info = stat()
-            guard lstat(path, &info) == 0 else {
-                if errno == ENOENT || errno == ENOTDIR { continue }
-                throw DataDirectory.PathError(description: "cannot delete \(path): \(String(cString: strerror(errno)))")
-            }
-            let bytes = try size([path])
+        for path in paths where try info(path, "delete") != nil {
+            freed += try size([path])
             try FileManager.default.removeItem(atPath: path)
-            freed += bytes
         }
         return freed
     }
 
     /// The agent directories (and zips) of a pull's directory, as agent ids.
     static func agentDirectories(in directory: String) throws -> Set<String> {
-        Set(try entries(of: directory).compactMap { name -> String? in
+        Set(try DataDirectory.entries(of: directory).compactMap { name -> String? in
             let base = name.hasSuffix(".zip") ? String(name.dropLast(4)) : name.hasSuffix(".partial") ? String(name.dropLast(8)) : name
             return WireID.isValid(base) ? base : nil
         })
-    }
-
-    /// The names in `directory`; none if it does not exist.
-    static func entries(of directory: String) throws -> [String] {
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else { return [] }
-        return try FileManager.default.contentsOfDirectory(atPath: directory)
     }
 }

@@ -41,7 +41,7 @@ struct UploadJanitor: Sendable {
     func sweep(atStart: Bool = false) async throws -> [String] {
         let paths = self.paths
         var doomed: [String] = []
-        for name in try await blocking.runIfActive({ try Self.entries(of: paths.uploads) }) {
+        for name in try await blocking.runIfActive({ try DataDirectory.entries(of: paths.uploads) }) {
             if let (upload, agent) = DataDirectory.parseUploadName(name), try await !isFinished(upload: upload, agent: agent) { continue }
             doomed.append(try paths.inside(paths.uploads + "/" + name))
         }
@@ -53,9 +53,9 @@ struct UploadJanitor: Sendable {
                 removed.append(path)
             }
             if atStart {
-                let parents = [paths.feedback] + (try Self.entries(of: paths.pulls)).map { paths.pulls + "/" + $0 }
+                let parents = [paths.feedback] + (try DataDirectory.entries(of: paths.pulls)).map { paths.pulls + "/" + $0 }
                 for parent in parents {
-                    for name in try Self.entries(of: parent) where name.hasSuffix(".partial") {
+                    for name in try DataDirectory.entries(of: parent) where name.hasSuffix(".partial") {
                         let path = try paths.inside(parent + "/" + name)
                         try FileManager.default.removeItem(atPath: path)
                         removed.append(path)
@@ -66,14 +66,6 @@ struct UploadJanitor: Sendable {
         }
         if !removed.isEmpty { logger.info("removed abandoned upload state", metadata: ["count": "\(removed.count)"]) }
         return removed
-    }
-
-    /// The names in `directory`; none if it does not exist (yet). Any other failure throws.
-    private static func entries(of directory: String) throws -> [String] {
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) else { return [] }
-        guard isDirectory.boolValue else { return [] }
-        return try FileManager.default.contentsOfDirectory(atPath: directory)
     }
 
     /// True when nothing will ever complete this upload: its pull target or feedback is final,

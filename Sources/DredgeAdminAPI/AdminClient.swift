@@ -121,18 +121,23 @@ public struct AdminClient: Sendable {
         try await call("POST", "/v1/pulls", body: request)
     }
 
-    /// Newest first: the 100 most recent, or up to 1000 with `limit`.
-    public func pulls(limit: Int? = nil) async throws -> [PullRecord] {
-        try await call("GET", "/v1/pulls", query: limit.map { [URLQueryItem(name: "limit", value: String($0))] } ?? [])
+    /// Newest first: the 100 most recent, or up to 1000 with `limit`; without their disk use
+    /// (`diskBytes`, which costs the server a walk of each pull's directory) when `diskUse` is false.
+    public func pulls(limit: Int? = nil, diskUse: Bool = true) async throws -> [PullRecord] {
+        try await call("GET", "/v1/pulls", query: Self.listing(limit: limit, diskUse: diskUse))
+    }
+
+    static func listing(limit: Int?, diskUse: Bool) -> [URLQueryItem] {
+        (limit.map { [URLQueryItem(name: "limit", value: String($0))] } ?? []) + (diskUse ? [] : [URLQueryItem(name: "disk", value: "false")])
     }
 
     public func pull(_ id: String) async throws -> PullRecord {
         try await call("GET", "/v1/pulls/\(try Self.pathComponent(id))")
     }
 
-    /// Newest first: the 100 most recent, or up to 1000 with `limit`.
-    public func feedback(limit: Int? = nil) async throws -> [FeedbackRecord] {
-        try await call("GET", "/v1/feedback", query: limit.map { [URLQueryItem(name: "limit", value: String($0))] } ?? [])
+    /// Newest first: the 100 most recent, or up to 1000 with `limit`; `diskUse` as for ``pulls(limit:diskUse:)``.
+    public func feedback(limit: Int? = nil, diskUse: Bool = true) async throws -> [FeedbackRecord] {
+        try await call("GET", "/v1/feedback", query: Self.listing(limit: limit, diskUse: diskUse))
     }
 
     public func feedback(_ id: String) async throws -> FeedbackRecord {

@@ -29,34 +29,76 @@ extension AdminClient {
 
     /// Streams the whole pull as one zip (`GET /v1/pulls/{id}/zip`: every complete agent's
     /// files as `AGENT/NAME`) to `path`, through `path.part`; it takes its name only once its
-    /// SHA-256 is the one the server sent (`ETag`). Returns the file as the server described it.
-    public func downloadWholeZip(pull id: String, to path: String) async throws -> PullFile {
+    /// SHA-256 is the one the server sent (`ETag`). An interrupted download goes on where it
+    /// stopped: the ETag is kept beside the part (`path.part.etag`) and sent as `If-Range`, so a
+    /// zip made again meanwhile (another agent landed) comes whole instead of being appended to.
+    /// Returns the file as the server described it, and how it came.
+    public func downloadWholeZip(pull id: String, to path: String) async throws -> (file: PullFile, outcome: DownloadOutcome) {
+        try await downloadWholeZip(pull: id, to: path, restarted: false)
+    }
+
+    private func downloadWholeZip(pull id: String, to path: String, restarted: Bool) async throws -> (file: PullFile, outcome: DownloadOutcome) {
         let fm = FileManager.default
-        let part = path + ".part"
+        let part = path + ".part", etagFile = part + ".etag"
         do {
             try fm.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
         } catch {
             throw AdminClientError.localFile((path as NSString).deletingLastPathComponent, error.localizedDescription)
         }
-        let response = try await start("GET", url("/v1/pulls/\(try Self.pathComponent(id))/zip"), headers: [:], body: nil)
+        // What an interrupted download left: its bytes and the ETag they are a prefix of.
+        let have = Int64((try? fm.attributesOfItem(atPath: part)[.size] as? NSNumber)?.int64Value ?? 0)
+        let heldETag = (try? String(contentsOfFile: etagFile, encoding: .utf8)).flatMap { Self.sha256(etag: $0) }
+        let resuming = have > 0 && heldETag != nil
+        let headers = resuming ? ["Range": "bytes=\(have)-", "If-Range": "\"\(heldETag ?? "")\""] : [:]
+        let response = try await start("GET", url("/v1/pulls/\(try Self.pathComponent(id))/zip"), headers: headers, body: nil)
         let status = Int(response.status.code)
-        guard status == 200 else {
+        let append: Bool
+        switch status {
+        case 200: append = false
+        case 206 where resuming:
+            guard response.headers.first(name: "Content-Range")?.hasPrefix("bytes \(have)-") == true else {
+                throw AdminClientError.server(206, "a partial answer that does not start at byte \(have)")
+            }
+            append = true
+        case 416 where resuming && !restarted:
+            // The part is longer than the zip it was a prefix of: start again, once.
+            _ = try await response.body.collect(upTo: 1 << 16)
+            for stale in [part, etagFile] where fm.fileExists(atPath: stale) {
+                do { try fm.removeItem(atPath: stale) } catch { throw AdminClientError.localFile(stale, error.localizedDescription) }
+            }
+            return try await downloadWholeZip(pull: id, to: path, restarted: true)
+        default:
             let body = try await response.body.collect(upTo: 1 << 16)
             try Self.check(status, Data(body.readableBytesView))
             throw AdminClientError.server(status, "unexpected answer to a download")
         }
-        let etag = response.headers.first(name: "ETag")?.trimmingCharacters(in: CharacterSet(charactersIn: "\""))
-        guard let expected = etag, expected.count == 64, expected.allSatisfy(\.isHexDigit) else {
+        guard let expected = response.headers.first(name: "ETag").flatMap(Self.sha256(etag:)) else {
             throw AdminClientError.server(status, "the server sent the pull's zip without its SHA-256")
         }
-        let size = try await write(response, to: part, appending: false)
+        if append && expected != heldETag {
+            throw AdminClientError.server(206, "a partial answer for another version of the zip")
+        }
+        if !append {
+            do { try Data(expected.utf8).write(to: URL(fileURLWithPath: etagFile)) } catch { throw AdminClientError.localFile(etagFile, error.localizedDescription) }
+        }
+        let written = try await write(response, to: part, appending: append)
         let sha = try Self.sha256(ofFile: part)
-        guard sha == expected.lowercased() else {
-            do { try fm.removeItem(atPath: part) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+        guard sha == expected else {
+            for stale in [part, etagFile] where fm.fileExists(atPath: stale) {
+                do { try fm.removeItem(atPath: stale) } catch { throw AdminClientError.localFile(stale, error.localizedDescription) }
+            }
             throw AdminClientError.corrupt("the pull's zip arrived with SHA-256 \(sha), not the server's \(expected): removed; run the download again")
         }
         guard rename(part, path) == 0 else { throw AdminClientError.localFile(path, String(cString: strerror(errno))) }
-        return PullFile(agentID: "", name: id + ".zip", kind: .zip, size: size, sha256: sha)
+        do { try fm.removeItem(atPath: etagFile) } catch { throw AdminClientError.localFile(etagFile, error.localizedDescription) }
+        return (PullFile(agentID: "", name: id + ".zip", kind: .zip, size: (append ? have : 0) + written, sha256: sha), append ? .resumed(from: have) : .downloaded)
+    }
+
+    /// The SHA-256 a strong ETag (`"HEX"`) carries, lowercase; nil when it carries none.
+    static func sha256(etag: String) -> String? {
+        let hex = etag.trimmingCharacters(in: CharacterSet(charactersIn: "\" \n"))
+        guard hex.count == 64, hex.allSatisfy(\.isHexDigit) else { return nil }
+        return hex.lowercased()
     }
 
     /// Streams a response's body into `part` (after what it holds, or from its start) and
@@ -111,7 +153,8 @@ extension AdminClient {
         let url = url("/v1/pulls/\(try Self.pathComponent(id))/files/\(try Self.pathComponent(file.agentID))/\(try Self.pathComponent(file.name))")
         var outcome = DownloadOutcome.downloaded
         if have < file.size || file.size == 0 {
-            let response = try await start("GET", url, headers: have > 0 ? ["Range": "bytes=\(have)-"] : [:], body: nil)
+            // If-Range: should the file have changed since it was listed, it comes whole.
+            let response = try await start("GET", url, headers: have > 0 ? ["Range": "bytes=\(have)-", "If-Range": "\"\(file.sha256)\""] : [:], body: nil)
             let status = Int(response.status.code)
             let append: Bool
             switch status {

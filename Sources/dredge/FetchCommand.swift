@@ -18,7 +18,7 @@ struct FetchCommand: AsyncParsableCommand {
     @Option(help: "Where to put the files (default: the current directory).") var out = "."
     @Option(help: "Only this agent's files.") var agent: String?
     @Flag(help: "Each agent's zip instead of its per-day files.") var zip = false
-    @Flag(help: "The whole pull as one zip, DIR/PULL.zip: every agent's per-day files and manifest as AGENT/NAME.") var oneZip = false
+    @Flag(help: "The whole pull as one zip, DIR/PULL.zip: every agent's per-day files and manifest as AGENT/NAME. An interrupted download goes on where it stopped.") var oneZip = false
 
     func validate() throws {
         if let agent { try IDPrefix.validate(agent, flag: "--agent") }
@@ -31,8 +31,8 @@ struct FetchCommand: AsyncParsableCommand {
         if oneZip {
             let path = URL(fileURLWithPath: out).standardizedFileURL.path + "/" + id + ".zip"
             do {
-                let file = try await client.downloadWholeZip(pull: id, to: path)
-                print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  checked")
+                let (file, outcome) = try await client.downloadWholeZip(pull: id, to: path)
+                print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(Fetch.describe(outcome)), checked")
             } catch AdminClientError.notFound(let message) {
                 try await Fetch.failIfRemoved(id, client: client)
                 throw fail(message)
@@ -69,15 +69,17 @@ enum Fetch {
         for file in wanted {
             let path = root + "/" + file.agentID + "/" + file.name
             let outcome = try await calling { try await client.download(pull: id, file: file, to: path) }
-            let how =
-                switch outcome {
-                case .present: "already there"
-                case .downloaded: "downloaded"
-                case .resumed(let from): "resumed from byte \(from)"
-                }
-            say("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(how)")
+            say("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(describe(outcome))")
             bytes += file.size
         }
         say("\(wanted.count) file(s), \(Format.bytes(bytes)), each checked against its SHA-256, in \(root)")
+    }
+
+    static func describe(_ outcome: AdminClient.DownloadOutcome) -> String {
+        switch outcome {
+        case .present: "already there"
+        case .downloaded: "downloaded"
+        case .resumed(let from): "resumed from byte \(from)"
+        }
     }
 }

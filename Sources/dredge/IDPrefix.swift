@@ -41,11 +41,11 @@ enum IDPrefix {
 
 extension AdminClient {
     func resolvePull(_ text: String) async throws -> String {
-        try await IDPrefix.resolve(text, what: "pull") { try await pulls(limit: 1000).map(\.id) }
+        try await IDPrefix.resolve(text, what: "pull") { try await pulls(limit: 1000, diskUse: false).map(\.id) }
     }
 
     func resolveFeedback(_ text: String) async throws -> String {
-        try await IDPrefix.resolve(text, what: "feedback") { try await feedback(limit: 1000).map(\.id) }
+        try await IDPrefix.resolve(text, what: "feedback") { try await feedback(limit: 1000, diskUse: false).map(\.id) }
     }
 
     func resolveAgent(_ text: String) async throws -> String {

@@ -68,8 +68,8 @@ extension AdminClient {
                 throw fail(error.description)
             }
         }
-        let pulls = Set(try await calling { try await self.pulls(limit: 1000) }.map(\.id))
-        let feedback = Set(try await calling { try await self.feedback(limit: 1000) }.map(\.id))
+        let pulls = Set(try await calling { try await self.pulls(limit: 1000, diskUse: false) }.map(\.id))
+        let feedback = Set(try await calling { try await self.feedback(limit: 1000, diskUse: false) }.map(\.id))
         let id = try await IDPrefix.resolve(text, what: "pull or feedback") { Array(pulls.union(feedback)) }
         return (pulls.contains(id) ? .pull : .feedback, id)
     }

@@ -24,6 +24,7 @@ import Testing
         let issuer: CommandIssuer
         let feedback: FeedbackStore
         let tokens: TokenStore
+        let results: ResultsKeeper
         let data: String
 
         init() throws {
@@ -31,14 +32,18 @@ import Testing
             created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
             let stores = try ServerStores(try LoadedDeployment(directory: data))
             (registry, pulls, issuer, feedback, tokens) = (stores.registry, stores.pulls, stores.issuer, stores.feedback, stores.tokens)
+            let logger = Logger(label: "test.admin") { _ in SwiftLogNoOpLogHandler() }
+            results = ResultsKeeper(
+                paths: DataDirectory(data), pulls: pulls, feedback: feedback, records: stores.records,
+                indexer: Indexer(index: stores.records, paths: DataDirectory(data), logger: logger), audit: pulls, retention: ResultsRetention(keepDays: 30), logger: logger)
         }
 
         /// Runs `body` against the application, each request with the admin token unless told otherwise.
         func test(_ body: @Sendable (Client) async throws -> Void) async throws {
             let logger = Logger(label: "test.admin") { _ in SwiftLogNoOpLogHandler() }
             let app = try AdminAPI.application(
-                registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: PullDispatcher(pulls: pulls, logger: logger), port: 0,
-                logger: logger)
+                registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: PullDispatcher(pulls: pulls, logger: logger),
+                results: results, port: 0, logger: logger)
             let token = created.adminToken
             try await app.test(.router) { client in try await body(Client(client: client, token: token)) }
         }
@@ -139,7 +144,10 @@ import Testing
 
             let shown = try await api.call(.get, "/v1/pulls/\(pull.id)")
             #expect(shown.status == .ok)
-            #expect(try shown.decode(PullRecord.self) == pull)
+            var shownPull = try shown.decode(PullRecord.self)
+            #expect(shownPull.diskBytes == 0, "nothing landed yet")
+            shownPull.diskBytes = nil
+            #expect(shownPull == pull)
 
             let list = try await api.call(.get, "/v1/pulls").decode([PullRecord].self)
             #expect(Set(list.map(\.id)) == [pull.id, narrowed.id])
@@ -149,6 +157,32 @@ import Testing
             let audit = try await api.call(.get, "/v1/audit").decode([AuditEntry].self)
             #expect(audit.filter { $0.action == "pull" }.count == 2)
             #expect(audit.allSatisfy { $0.actor == "admin" })
+        }
+    }
+
+    /// Listings carry each result's disk use unless asked not to (`disk=false`, what the CLI
+    /// asks when it only resolves an id prefix); any other value is refused.
+    @Test func listingsMeasureDiskUseUnlessToldNot() async throws {
+        let fixture = try Fixture()
+        _ = try await fixture.agent(uids: ["u-1"])
+        let paths = DataDirectory(fixture.data)
+        let feedbackID = Hex.encode(secureRandomBytes(16))
+        try await fixture.feedback.begin(id: feedbackID, agentID: "a", uid: "u-1", text: "", createdAt: Timestamp(microseconds: 1), chunkCount: 1, bytes: 10)
+        try FileManager.default.createDirectory(atPath: try paths.feedbackFiles(feedbackID), withIntermediateDirectories: true)
+        try Data(count: 700).write(to: URL(fileURLWithPath: try paths.feedbackFiles(feedbackID) + "/2027-01-01.jsonl"))
+        try await fixture.test { api in
+            let pull = try await api.post("/v1/pulls", PullRequest(uid: "u-1", agent: nil, filter: .all)).decode(PullRecord.self)
+            try FileManager.default.createDirectory(atPath: try paths.pull(pull.id) + "/x", withIntermediateDirectories: true)
+            try Data(count: 1234).write(to: URL(fileURLWithPath: try paths.pull(pull.id) + "/x/f"))
+            #expect(try await api.call(.get, "/v1/pulls").decode([PullRecord].self).first?.diskBytes == 1234)
+            #expect(try await api.call(.get, "/v1/pulls?disk=true&limit=5").decode([PullRecord].self).first?.diskBytes == 1234)
+            #expect(try await api.call(.get, "/v1/pulls?disk=false").decode([PullRecord].self).map(\.diskBytes) == [nil])
+            #expect(try await api.call(.get, "/v1/feedback").decode([FeedbackRecord].self).first?.diskBytes == 700)
+            #expect(try await api.call(.get, "/v1/feedback?disk=false").decode([FeedbackRecord].self).map(\.diskBytes) == [nil])
+            for bad in ["/v1/pulls?disk=no", "/v1/feedback?disk=1"] {
+                let answer = try await api.call(.get, bad)
+                #expect(answer.status == .badRequest && answer.code == "bad_request", "\(bad)")
+            }
         }
     }
 

@@ -4,6 +4,7 @@ import DredgeEnvelope
 import DredgePayload
 import DredgeTestSupport
 import Foundation
+import GRDB
 import Testing
 @testable import DredgeServer
 
@@ -244,6 +245,49 @@ import Testing
             #expect(seen == ["short one", "short two"], "block \(blockBytes)")
             #expect(reader.overlong == 2, "block \(blockBytes)")
         }
+    }
+
+    /// Words in `record_text` for a full-text query, counted straight in the file.
+    static func textMatches(_ path: String, _ query: String) throws -> Int {
+        try DatabaseQueue(path: path).read { try Int.fetchOne($0, sql: "SELECT count(*) FROM record_text WHERE record_text MATCH ?", arguments: [query]) ?? -1 }
+    }
+
+    /// An index made before the uid was a word of `record_text` is filled again when it is
+    /// opened, so a search by uid and text finds what it held; a removed source takes its words
+    /// with it; text never matches the uid's word.
+    @Test func theTextIndexHoldsEachRecordsUidAndFollowsItsRecords() async throws {
+        let dir = TempDir()
+        let path = dir.file(RecordIndexStore.fileName)
+        let old = try DatabaseQueue(path: path)
+        try RecordIndexStore.migrator.migrate(old, upTo: "index-v1")
+        try await old.write { db in
+            try db.execute(sql: "INSERT INTO source (id, kind, ref, agent, indexed, records, landed_at) VALUES (1, 'pull', ?, ?, 1, 2, 0)", arguments: [RecordIndexConformanceTests.pull1.id, RecordIndexConformanceTests.agentA])
+            for (uid, message) in [("zoë", "card declined"), ("ann", "card declined")] {
+                try db.execute(sql: "INSERT INTO record (source, ts, uid, level, type, message, metadata) VALUES (1, 1, ?, 2, 'app', ?, '{}')", arguments: [uid, message])
+            }
+            try db.execute(sql: "INSERT INTO record_text (rowid, message, metadata) SELECT id, message, metadata FROM record")
+        }
+        try old.close()
+
+        let index = try RecordIndexStore(directory: dir.path)
+        #expect(try await index.search(RecordSearch(uid: "zoë", text: "declined")).records.map(\.uid) == ["zoë"])
+        #expect(try await index.search(RecordSearch(text: "declined")).records.count == 2)
+        let zoeWord = SQLRecordQuery.uidWord("zoë")
+        #expect(try Self.textMatches(path, "uid : \(zoeWord)") == 1)
+        #expect(try await index.search(RecordSearch(text: zoeWord)).records.isEmpty, "the uid's word is not text")
+
+        // Removing the source takes its words out too (a trigger passing other values than the
+        // ones inserted would leave them behind).
+        try await index.remove(RecordIndexConformanceTests.pull1)
+        #expect(try Self.textMatches(path, "declined") == 0)
+        #expect(try Self.textMatches(path, "uid : \(zoeWord)") == 0)
+        // Indexed anew, through the store's own path: found by uid and text again.
+        let source = RecordIndexConformanceTests.pull1b
+        try await index.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
+        _ = try await index.add(source, lines: Array((RecordIndexConformanceTests.line(1, "card declined", uid: "zoë") + "\n").utf8))
+        try await index.finish(source)
+        #expect(try await index.search(RecordSearch(uid: "zoë", text: "declined")).records.map(\.agentID) == [source.agentID])
+        #expect(try Self.textMatches(path, "uid : \(zoeWord) AND declined") == 1)
     }
 
     @Test func aDamagedIndexIsMovedAsideAndMadeAgain() throws {

@@ -1,3 +1,4 @@
+import DredgeAdminAPI
 import DredgeTestSupport
 import Foundation
 import Testing
@@ -47,6 +48,24 @@ import ZIPFoundation
         }
         let oneAgain = try dredge(["fetch", pullID, "--one-zip", "--out", engineer])
         #expect(oneAgain.status == 0, "made once, served again: \(oneAgain.output)")
+
+        // Interrupted: it goes on from the byte it stopped at, while the zip is the same one
+        // (If-Range); a part of another version of the zip is not appended to: it comes whole.
+        let zipPath = engineer + "/" + pullID + ".zip"
+        let whole = try Data(contentsOf: URL(fileURLWithPath: zipPath))
+        try FileManager.default.removeItem(atPath: zipPath)
+        try whole.prefix(whole.count / 2).write(to: URL(fileURLWithPath: zipPath + ".part"))
+        try Data(FileDigest.sha256(whole).utf8).write(to: URL(fileURLWithPath: zipPath + ".part.etag"))
+        let resumed = try dredge(["fetch", pullID, "--one-zip", "--out", engineer])
+        #expect(resumed.status == 0 && resumed.output.contains("resumed from byte \(whole.count / 2)"), "\(resumed.output)")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: zipPath)) == whole)
+        #expect(!FileManager.default.fileExists(atPath: zipPath + ".part.etag"))
+        try FileManager.default.removeItem(atPath: zipPath)
+        try Data(repeating: 0x41, count: whole.count / 2).write(to: URL(fileURLWithPath: zipPath + ".part"))
+        try Data(String(repeating: "0", count: 64).utf8).write(to: URL(fileURLWithPath: zipPath + ".part.etag"))
+        let other = try dredge(["fetch", pullID, "--one-zip", "--out", engineer])
+        #expect(other.status == 0 && other.output.contains("downloaded"), "\(other.output)")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: zipPath)) == whole)
         #expect(try dredge(["audit", "--action", "pull.download"]).output.contains("pull \(pullID) whole zip"))
         let bytesWithZip = try ResultsKeeper.size([onServer])
 

@@ -48,7 +48,7 @@ public enum AdminAPI {
         v1.get("pulls") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
             let listed = try await pulls.pulls(limit: min(max(limit, 1), 1000), now: .now)
-            return try json(await measured(listed, results, logger))
+            return try json(try diskWanted(request) ? await measured(listed, results, logger) : listed)
         }
         v1.post("pulls") { request, context in
             let body = try await decode(PullRequest.self, from: request)
@@ -104,7 +104,7 @@ public enum AdminAPI {
         v1.get("feedback") { request, _ in
             let limit = request.uri.queryParameters.get("limit", as: Int.self) ?? 100
             let listed = try await feedback.all(limit: min(max(limit, 1), 1000))
-            return try json(await measured(listed, results, logger))
+            return try json(try diskWanted(request) ? await measured(listed, results, logger) : listed)
         }
         v1.get("feedback/:id") { _, context in
             let id = try validID(context.parameters.require("id"), "feedback")
@@ -214,14 +214,19 @@ public enum AdminAPI {
 
     static let maximumBody = 64 * 1024
 
-    /// A file of a pull, streamed, with `Range` (one range: 206; past the end: 416), its
-    /// SHA-256 as `ETag` and `Repr-Digest`. Every download is audited; the same file again by
-    /// the same token (a resumed or repeated download) is recorded again only after ten minutes.
+    /// A file of a pull, streamed, with `Range` (one range: 206; past the end: 416) and
+    /// `If-Range` (the range only while the ETag is the one given, else the whole file: RFC 9110
+    /// § 13.1.5), its SHA-256 as `ETag` and `Repr-Digest`. Every download is audited; the same
+    /// file again by the same token (a resumed or repeated download) is recorded again only after
+    /// ten minutes.
     static func serve(
         _ located: PullFiles.Located, request: Request, context: AdminRequestContext, audit: any AuditLog, throttle: SearchAudit, detail: String
     ) async throws -> Response {
         let file = located.file
-        let range = ByteRange.parse(request.headers[.range], size: file.size)
+        let etag = "\"\(file.sha256)\""
+        // A strong comparison; there is no Last-Modified, so a date never matches either.
+        let rangeAsked = request.headers[.ifRange].map { $0 == etag } ?? true ? request.headers[.range] : nil
+        let range = ByteRange.parse(rangeAsked, size: file.size)
         let actor = context.tokenName ?? "?"
         if range != .unsatisfiable && throttle.shouldRecord(actor: actor, detail: detail, now: Date()) {
             do {
@@ -232,7 +237,7 @@ public enum AdminAPI {
             }
         }
         var headers: HTTPFields = [
-            .acceptRanges: "bytes", .eTag: "\"\(file.sha256)\"",
+            .acceptRanges: "bytes", .eTag: etag,
             .contentType: file.kind == .zip ? "application/zip" : file.kind == .manifest ? "application/json" : "application/x-ndjson",
             .contentDisposition: "attachment; filename=\"\(file.name)\"",
         ]
@@ -304,6 +309,16 @@ public enum AdminAPI {
 
     /// Pulls with their disk use; as they are (without it) when measuring fails: a listing
     /// never fails for want of a size.
+    /// A listing's `disk` parameter: `false` leaves `diskBytes` out (and every result
+    /// directory unwalked), for callers that only want ids, such as the CLI resolving a prefix.
+    static func diskWanted(_ request: Request) throws -> Bool {
+        switch request.uri.queryParameters.get("disk") {
+        case nil, "true": return true
+        case "false": return false
+        case let other?: throw AdminAPIError(.badRequest, "bad_request", "disk must be true or false, not '\(other)'")
+        }
+    }
+
     static func measured(_ pulls: [PullRecord], _ results: ResultsKeeper?, _ logger: Logger) async -> [PullRecord] {
         await measured(pulls, logger) { try await results?.measured($0) }
     }

@@ -167,6 +167,30 @@ import Testing
         await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(text: "*** \"\"")) }
     }
 
+    /// A uid with text or metadata finds that user's matches only, whatever the uid holds.
+    @Test(arguments: PersistenceBackend.all)
+    func uidAndTextTogetherFindOnlyThatUsersMatches(_ backend: PersistenceBackend) async throws {
+        let index = try await indexed(backend, [
+            (Self.pull1, [
+                Self.line(1, "zoe declined", uid: "zoë"),
+                Self.line(2, "u1 declined", uid: "u-1"),
+                Self.line(3, "zoe approved", uid: "zoë"),
+                Self.line(4, "ann declined", uid: "ann smith", metadata: #"{"status":503}"#),
+                Self.line(5, "ann approved", uid: "ann smith", metadata: #"{"status":200}"#),
+                Self.line(6, "nobody declined", uid: ""),
+            ]),
+            (Self.pull1b, [Self.line(7, "zoe declined elsewhere", uid: "zoë")]),
+        ])
+        #expect(try await messages(index, RecordSearch(uid: "zoë", text: "declined")) == ["zoe declined", "zoe declined elsewhere"])
+        #expect(try await messages(index, RecordSearch(uid: "u-1", text: "declined")) == ["u1 declined"])
+        #expect(try await messages(index, RecordSearch(uid: "ann smith", text: "declined")) == ["ann declined"])
+        #expect(try await messages(index, RecordSearch(uid: "", text: "declined")) == ["nobody declined"])
+        #expect(try await messages(index, RecordSearch(uid: "ann smith", metadata: [MetadataMatch(key: "status", value: "503")])) == ["ann declined"])
+        #expect(try await messages(index, RecordSearch(uid: "zoë", metadata: [MetadataMatch(key: "status", value: "503")])).isEmpty)
+        #expect(try await messages(index, RecordSearch(uid: "ann", text: "declined")).isEmpty, "a uid is matched whole")
+        #expect(try await messages(index, RecordSearch(uid: "zoe", text: "declined")).isEmpty, "a uid is matched exactly")
+    }
+
     @Test(arguments: PersistenceBackend.all)
     func metadataMatchesAMemberExactly(_ backend: PersistenceBackend) async throws {
         let index = try await indexed(backend, [

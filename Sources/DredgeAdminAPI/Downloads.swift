@@ -61,8 +61,14 @@ extension AdminClient {
             }
             append = true
         case 416 where resuming && !restarted:
-            // The part is longer than the zip it was a prefix of: start again, once.
             _ = try await response.body.collect(upTo: 1 << 16)
+            // Nothing after the part: it may be the whole zip, cut short only before its rename.
+            if try Self.sha256(ofFile: part) == heldETag {
+                guard rename(part, path) == 0 else { throw AdminClientError.localFile(path, String(cString: strerror(errno))) }
+                Self.removeSidecar(etagFile)
+                return (PullFile(agentID: "", name: id + ".zip", kind: .zip, size: have, sha256: heldETag ?? ""), .resumed(from: have))
+            }
+            // Longer than the zip it was a prefix of: start again, once.
             for stale in [part, etagFile] where fm.fileExists(atPath: stale) {
                 do { try fm.removeItem(atPath: stale) } catch { throw AdminClientError.localFile(stale, error.localizedDescription) }
             }
@@ -90,8 +96,15 @@ extension AdminClient {
             throw AdminClientError.corrupt("the pull's zip arrived with SHA-256 \(sha), not the server's \(expected): removed; run the download again")
         }
         guard rename(part, path) == 0 else { throw AdminClientError.localFile(path, String(cString: strerror(errno))) }
-        do { try fm.removeItem(atPath: etagFile) } catch { throw AdminClientError.localFile(etagFile, error.localizedDescription) }
+        Self.removeSidecar(etagFile)
         return (PullFile(agentID: "", name: id + ".zip", kind: .zip, size: (append ? have : 0) + written, sha256: sha), append ? .resumed(from: have) : .downloaded)
+    }
+
+    /// Removes a finished download's kept ETag. A failure is no error: the zip is in place and
+    /// checked, and a sidecar without its part is never used (nothing to resume) and is
+    /// overwritten by the next download.
+    static func removeSidecar(_ path: String) {
+        _ = unlink(path)
     }
 
     /// The SHA-256 a strong ETag (`"HEX"`) carries, lowercase; nil when it carries none.

@@ -307,8 +307,6 @@ public enum AdminAPI {
         return ConnectionUploads.bounded(parts.isEmpty ? "everything" : parts.joined(separator: " "))
     }
 
-    /// Pulls with their disk use; as they are (without it) when measuring fails: a listing
-    /// never fails for want of a size.
     /// A listing's `disk` parameter: `false` leaves `diskBytes` out (and every result
     /// directory unwalked), for callers that only want ids, such as the CLI resolving a prefix.
     static func diskWanted(_ request: Request) throws -> Bool {
@@ -319,6 +317,8 @@ public enum AdminAPI {
         }
     }
 
+    /// Pulls with their disk use; as they are (without it) when measuring fails: a listing
+    /// never fails for want of a size.
     static func measured(_ pulls: [PullRecord], _ results: ResultsKeeper?, _ logger: Logger) async -> [PullRecord] {
         await measured(pulls, logger) { try await results?.measured($0) }
     }

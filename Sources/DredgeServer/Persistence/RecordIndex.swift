@@ -115,7 +115,7 @@ public enum SearchText {
     }
 
     /// An FTS5 query: each term a quoted string (its quotes doubled), prefix terms with `*`,
-    /// optionally limited to one column.
+    /// optionally limited to a column (`metadata`) or columns (`{message metadata}`).
     public static func fts5(_ terms: [Term], column: String? = nil) -> String {
         terms.map { term in
             let quoted = "\"" + term.words.replacingOccurrences(of: "\"", with: "\"\"") + "\"" + (term.isPrefix ? "*" : "")

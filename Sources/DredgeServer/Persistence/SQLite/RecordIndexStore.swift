@@ -283,7 +283,10 @@ public final class RecordIndexStore: RecordIndex, Sendable {
         let query = try SQLRecordQuery(search, scanLimit: scanLimit)
         return try await pool.read { db in
             // Rows are read from a cursor by column position (the order of `SQLRecordQuery`'s
-            // columns): no row is copied and no column looked up by name.
+            // columns): no row is copied and no column looked up by name. A page's records come
+            // from a few sources and contexts: their strings are read once each.
+            var sources: [Int64: (kind: String, ref: String, agent: String)] = [:]
+            var contexts: [Int64: (host: String, app: String, appVersion: String, os: String, process: String)] = [:]
             func page(sql: String, arguments: StatementArguments) throws -> (records: [FoundRecord], more: Bool) {
                 var records: [FoundRecord] = []
                 records.reserveCapacity(min(query.limit, 512))
@@ -293,12 +296,20 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                     let metadataText: String = row[6]
                     let metadata = JSONValue.parse(metadataText) ?? .string(metadataText)  // checked by RecordLine; shown as text if it ever does not parse
                     let level: Int = row[3]
+                    let sourceID: Int64 = row[15]
+                    let source = sources[sourceID] ?? (row[7], row[8], row[9])
+                    sources[sourceID] = source
+                    let contextID: Int64? = row[16]
+                    var context = ("", "", "", "", "")
+                    if let contextID {
+                        context = contexts[contextID] ?? ((row[10] as String?) ?? "", (row[11] as String?) ?? "", (row[12] as String?) ?? "", (row[13] as String?) ?? "", (row[14] as String?) ?? "")
+                        contexts[contextID] = context
+                    }
                     records.append(
                         FoundRecord(
                             id: row[0], ts: Timestamp(microseconds: row[1]), level: LogLevel(rawValue: level)?.name ?? "\(level)", type: row[4],
-                            uid: row[2], message: row[5], metadata: metadata, agentID: row[9], sourceKind: row[7], sourceID: row[8],
-                            host: (row[10] as String?) ?? "", app: (row[11] as String?) ?? "", appVersion: (row[12] as String?) ?? "", os: (row[13] as String?) ?? "",
-                            process: (row[14] as String?) ?? ""))
+                            uid: row[2], message: row[5], metadata: metadata, agentID: source.agent, sourceKind: source.kind, sourceID: source.ref,
+                            host: context.0, app: context.1, appVersion: context.2, os: context.3, process: context.4))
                 }
                 return (records, false)
             }
@@ -330,7 +341,7 @@ public struct SQLRecordQuery: Sendable {
     /// Run first when set (see the end of `init`): its rows are the page when there are more
     /// than ``limit``; otherwise ``sql`` is run.
     public let scanFirst: (sql: String, bindings: [Binding])?
-    /// Records the scan-first statement reads at most.
+    /// How many records (the first in time order, and any at the same instant as the last) the scan-first statement reads at most.
     public static let defaultScanLimit = 50_000
     /// Records per page; the statement asks for one more, to know whether a next page exists.
     public let limit: Int
@@ -466,7 +477,7 @@ public struct SQLRecordQuery: Sendable {
         // `RecordIndexStore.search` reads these by position.
         let columns = """
             SELECT r.id, r.ts, r.uid, r.level, r.type, r.message, r.metadata, s.kind, s.ref, s.agent,
-                c.host, c.app, c.app_version, c.os, c.process
+                c.host, c.app, c.app_version, c.os, c.process, r.source, r.context
             """
         sql = """
             \(columns)
@@ -478,19 +489,24 @@ public struct SQLRecordQuery: Sendable {
         // A common metadata value matches so many records that collecting them through the
         // full-text index costs a second; reading records in time order and checking each
         // finds the first page of a common value in milliseconds. So when metadata is the
-        // search's word filter: first the records in order, at most `scanLimit` of them, checked
-        // exactly. If that fills a page it is the page (the first matches among the first
+        // search's word filter: first the records in order, the first `scanLimit` of them,
+        // checked exactly. If that fills a page it is the page (the first matches among the first
         // records in order are the first matches); else the statement above decides.
         if !exact.isEmpty && (search.text ?? "").trimmingCharacters(in: .whitespaces).isEmpty && search.arrivedAfter == nil {
+            // Bounded by the time of the `scanLimit`-th record (found through the same filters),
+            // not by copying the first records out: the scan stops as soon as the page is full.
+            // Records at that same instant are read too, so the scanned ones are still the first
+            // in order, and fewer records than the bound are all read.
+            let filter = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
+            let bound = "(SELECT r.ts FROM record r \(filter) ORDER BY r.ts, r.id LIMIT 1 OFFSET \(max(scanLimit, 1) - 1))"
             scanFirst = (
                 sql: """
                     \(columns)
-                    FROM (SELECT * FROM record r \(clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")) ORDER BY r.ts, r.id LIMIT \(scanLimit)) r
-                    JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context
-                    WHERE \(exact.joined(separator: " AND "))
+                    FROM record r JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context
+                    WHERE \((clauses + ["r.ts <= coalesce(\(bound), \(Int64.max))"] + exact).joined(separator: " AND "))
                     ORDER BY r.ts, r.id LIMIT \(limit + 1)
                     """,
-                bindings: values + exactValues)
+                bindings: values + values + exactValues)
         } else {
             scanFirst = nil
         }

@@ -205,6 +205,7 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
         let assembler = try UploadAssembler(resuming: path, key: key)
         assembler.stream(into: try PayloadStream(staging: path + "/s2", zipPath: path + "/s2.zip", schedule: testUnpacking))
         for index in Array(0..<upload.header.chunkCount).reversed() + [0, 1] { try assembler.accept(index: index, ciphertext: try upload.chunk(index)) }
+        assembler.catchUp()  // what the receiver does after the last chunk
         #expect(assembler.streamedEverything)
         let payload = try #require(assembler.stream).finish(into: dir.file("files")) { _ in }
         #expect(payload.manifest == manifest)
@@ -212,6 +213,44 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
         for file in payload.files { #expect(contents(file) == expected[(file as NSString).lastPathComponent]) }
         #expect(FileManager.default.contents(atPath: path + "/s2.zip") == FileManager.default.contents(atPath: zip))
         #expect(!FileManager.default.fileExists(atPath: path + "/s1"), "a discarded stream leaves nothing")
+    }
+
+    /// A resumed upload streams too, without reading its held chunks back before the agent may
+    /// go on: the stream catches up a few chunks with each one that arrives, and the rest after
+    /// the last; the files are the stream's, byte for byte what was exported.
+    @Test func aResumedUploadCatchesUpWhileTheRestArrives() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 8_000)
+        let zip = dir.file("export.zip")
+        let id = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a08", agent = "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b08"
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: id, kind: .pull, agentID: agent, commandID: id, filter: .all), to: zip)
+        let key = SymmetricKey.uploadKey()
+        let upload = try SealedUpload(zipPath: zip, uploadID: id, kind: .pull, agentID: agent, key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 8 * 1024)
+        let count = upload.header.chunkCount
+        let path = dir.file("incoming/up-8")
+        let held = count * 3 / 4
+        #expect(held > 2 * UploadAssembler.catchUpPerCommit + 2)
+        do {
+            let first = try UploadAssembler(directory: path, header: upload.header, key: key)
+            for index in 0..<held { try first.accept(index: index, ciphertext: try upload.chunk(index)) }
+        }
+        let assembler = try UploadAssembler(resuming: path, key: key)
+        assembler.stream(into: try PayloadStream(staging: path + "/s", zipPath: path + "/s.zip", schedule: testUnpacking))
+        #expect(assembler.streamed == 0, "nothing is read back before the next chunk")
+        try assembler.accept(index: held, ciphertext: try upload.chunk(held))
+        #expect(assembler.streamed == UInt32(UploadAssembler.catchUpPerCommit), "a few held chunks with each that arrives")
+        try assembler.accept(index: held, ciphertext: try upload.chunk(held))
+        #expect(assembler.streamed == UInt32(UploadAssembler.catchUpPerCommit), "a chunk sent again commits nothing")
+        for index in (held + 1)..<count { try assembler.accept(index: index, ciphertext: try upload.chunk(index)) }
+        #expect(assembler.streamed == UInt32(UploadAssembler.catchUpPerCommit) * (count - held), "still behind after the last chunk")
+        #expect(!assembler.streamedEverything)
+        assembler.catchUp()
+        #expect(assembler.streamedEverything)
+        let payload = try #require(assembler.stream).finish(into: dir.file("files")) { _ in }
+        #expect(payload.manifest == manifest)
+        let expected = try expectedDays(store, .all)
+        for file in payload.files { #expect(contents(file) == expected[(file as NSString).lastPathComponent]) }
+        #expect(FileManager.default.contents(atPath: path + "/s.zip") == FileManager.default.contents(atPath: zip))
     }
 }
 

@@ -20,7 +20,12 @@ public final class UploadAssembler {
     /// Unpacks the payload while chunks arrive, once ``stream(into:)`` started it.
     public private(set) var stream: PayloadStream?
     /// Chunks handed to ``stream``, in order: the next one it needs.
-    private var streamed: UInt32 = 0
+    public private(set) var streamed: UInt32 = 0
+    /// Chunks already held that are read back and handed to the stream with each chunk
+    /// committed while the stream is behind (an upload resumed after a reconnect or a restart):
+    /// the catch-up runs alongside the chunks still to come instead of before the agent may
+    /// send them, and ``catchUp(budget:)`` without a budget does the rest after the last one.
+    public static let catchUpPerCommit = 2
 
     /// Starts an upload, or reopens one with the same header (resume). A different header for
     /// an existing directory is refused.
@@ -80,13 +85,13 @@ public final class UploadAssembler {
         return (header, Set(names.compactMap { UInt32($0) }.filter { $0 < header.chunkCount }))
     }
 
-    /// Starts unpacking while chunks arrive: the chunks already held, in order from the first,
-    /// go to `stream` now, and each next one as it is accepted.
+    /// Starts unpacking while chunks arrive. Nothing is read now: the chunks already held (an
+    /// upload resumed) are read back from the first, ``catchUpPerCommit`` with each chunk
+    /// committed, and each next chunk goes straight to the stream once the stream reaches it.
     public func stream(into stream: PayloadStream) {
         self.stream?.discard()
         self.stream = stream
         streamed = 0
-        feedStream(nil)
     }
 
     /// Lets go of the stream (after its last use), so what it holds is freed.
@@ -95,18 +100,19 @@ public final class UploadAssembler {
     /// Whether the stream was handed every chunk and has not failed (so far).
     public var streamedEverything: Bool { stream != nil && streamed == header.chunkCount && stream?.failure == nil }
 
-    /// Hands `plaintext` (of chunk ``streamed``) and then every held chunk after it to the stream.
-    private func feedStream(_ plaintext: [UInt8]?) {
-        guard let stream, stream.failure == nil else { return }
-        if let plaintext {
-            stream.append(plaintext)
-            streamed += 1
-        }
-        while streamed < header.chunkCount, received.contains(streamed), stream.failure == nil {
+    /// Reads back held chunks from the next one the stream needs, in order, and hands them to
+    /// it: at most `budget` of them, and only while they are held. One call at a time (as
+    /// ``commit(index:plaintext:)``). A chunk that no longer reads or opens stops the stream
+    /// (the upload is then unpacked from the whole zip, which decides).
+    public func catchUp(budget: Int = .max) {
+        guard let stream else { return }
+        var left = budget
+        while left > 0, streamed < header.chunkCount, received.contains(streamed), stream.failure == nil {
             do {
                 guard let sealed = FileManager.default.contents(atPath: chunkPath(streamed)) else { throw ExportError(.io, "chunk \(streamed) vanished") }
                 stream.append(try cipher.open(Array(sealed), index: streamed))
                 streamed += 1
+                left -= 1
             } catch {
                 stream.fail(error)
             }
@@ -140,7 +146,11 @@ public final class UploadAssembler {
     /// and hands it to the stream. One call at a time.
     public func commit(index: UInt32, plaintext: [UInt8]) {
         guard index < header.chunkCount, received.insert(index).inserted else { return }
-        if index == streamed { feedStream(plaintext) }
+        if index == streamed, let stream, stream.failure == nil {
+            stream.append(plaintext)
+            streamed += 1
+        }
+        catchUp(budget: Self.catchUpPerCommit)
     }
 
     private func verify(index: UInt32, ciphertext: [UInt8]) throws -> [UInt8] {

@@ -602,11 +602,11 @@ final class ConnectionUploads: @unchecked Sendable {
     /// inside the upload's (what an earlier connection left there is removed). Without it the
     /// upload is unpacked after its last chunk, as it is when streaming fails.
     ///
-    /// Only an upload with no chunks held yet streams: one resumed after a reconnect or a
-    /// restart would first have to read back every chunk it holds, which is the same work as
-    /// unpacking after the last chunk, done while the agent waits for Ready.
+    /// An upload resumed after a reconnect or a restart streams too: the chunks it holds are
+    /// read back a few with each chunk that arrives (``UploadAssembler/catchUp(budget:)``), not
+    /// while the agent waits for Ready, and what is left after the last chunk in ``unpack``.
     private func startStreaming(_ assembler: UploadAssembler, isFeedback: Bool) {
-        guard let unpacking, assembler.received.isEmpty else { return }
+        guard let unpacking else { return }
         let fm = FileManager.default
         do {
             for name in try fm.contentsOfDirectory(atPath: assembler.directory) where name.hasPrefix("stream-") {
@@ -741,9 +741,10 @@ final class ConnectionUploads: @unchecked Sendable {
         var zip = ""
         var payload: ExtractedPayload?
         do {
-            // Unpacked while it arrived: what is left is checking the manifest and moving
-            // the files into place. If that did not work out, the whole zip is unpacked
-            // below, which decides.
+            // Unpacked while it arrived: what is left is the held chunks a resumed upload's
+            // stream has not caught up with yet, checking the manifest and moving the files
+            // into place. If that did not work out, the whole zip is unpacked below, which decides.
+            assembler.catchUp()
             if assembler.streamedEverything, let stream = assembler.stream {
                 defer { assembler.endStream() }
                 do {

@@ -59,7 +59,7 @@ public enum ServerRuntime {
         let uploads = janitor.housekeeping(listeningSince: Date())
         let dispatcher = PullDispatcher(pulls: pulls, logger: logger) {
             try await uploads()
-            try await results.applyRetention()
+            try await results.housekeeping()
         }
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,

@@ -171,6 +171,23 @@ import Testing
         #expect(try await keeper().finishInterruptedRemovals().isEmpty)
     }
 
+    /// A removal whose deletion did not finish is tried again while the server runs, once
+    /// every retry interval, not only at the next start.
+    @Test func aRemovalLeftUnfinishedIsTriedAgainWithinTheHour() async throws {
+        let id = try await pull([Self.agentA])
+        try await land(pull: id, agent: Self.agentA, message: "left behind")
+        // Marked, its deletion failed (as a read-only disk would make it): files and rows remain.
+        _ = try await pulls.markRemoved(id, by: "alice", reason: "T-1", at: Date())
+        let keeper = keeper(keepDays: 0)
+        try await keeper.housekeeping(now: Date().addingTimeInterval(60))
+        #expect(try exists(paths.pull(id)), "not yet: the server finished removals when it started")
+        try await keeper.housekeeping(now: Date().addingTimeInterval(ResultsKeeper.retryInterval + 1))
+        #expect(try !exists(paths.pull(id)))
+        #expect(try await messages().isEmpty)
+        let entries = try await pulls.audit(AuditQuery(action: "pull.remove"))
+        #expect(entries.count == 1 && entries.first?.actor == "alice" && entries.first?.detail.contains("removed before") == true, "\(entries)")
+    }
+
     @Test func theIndexerNeverBringsBackARemovedSource() async throws {
         let id = try await pull([Self.agentA])
         let source = IndexedSource(kind: .pull, id: id, agentID: Self.agentA)

@@ -3,6 +3,7 @@ import DredgeWire
 import Foundation
 import Logging
 import NIOPosix
+import Synchronization
 
 /// How long the server keeps what it received: pulled and feedback files and their index
 /// rows. `server.json`'s `results.keepDays` (default 30; 0 keeps them until removed by hand),
@@ -53,10 +54,16 @@ public struct ResultsKeeper: Sendable {
     let retention: ResultsRetention
     let logger: Logger
     let blocking: NIOThreadPool
+    /// When ``housekeeping(now:)`` last finished removals cut short (at first, when this keeper
+    /// was made: the server finishes them at start).
+    private let lastRetry: Shared<Date>
 
     /// At most this many pulls and as many feedback are removed by one retention pass; the
     /// next pass (a minute later) goes on.
     static let batch = 200
+    /// How often a removal whose deletion failed (a full or read-only disk, a directory whose
+    /// permissions an operator mended) is tried again while the server runs.
+    public static let retryInterval: TimeInterval = 3600
 
     public init(
         paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, records: (any RecordIndex)?, indexer: Indexer?, audit: any AuditLog,
@@ -71,6 +78,20 @@ public struct ResultsKeeper: Sendable {
         self.retention = retention
         self.logger = logger
         self.blocking = blocking
+        lastRetry = Shared(Date())
+    }
+
+    /// The server's once-a-minute pass: ``applyRetention(now:)``, and once every
+    /// ``retryInterval`` the removals whose deletion did not finish are tried again
+    /// (``finishInterruptedRemovals(now:atStart:)``).
+    public func housekeeping(now: Date = Date()) async throws {
+        try await applyRetention(now: now)
+        let due = lastRetry.value.withLock { last in
+            guard now.timeIntervalSince(last) >= Self.retryInterval else { return false }
+            last = now
+            return true
+        }
+        if due { try await finishInterruptedRemovals(now: now, atStart: false) }
     }
 
     // MARK: Removing
@@ -102,7 +123,7 @@ public struct ResultsKeeper: Sendable {
         do { done = try await work() } catch { failure = error }
         let report = RemovalReport(kind: kind, id: id, removal: mark.removal, newlyRemoved: mark.isNew, freedBytes: done.freed, unindexedSources: done.unindexed)
         if mark.isNew || done.freed > 0 {
-            let detail = Self.describe(report, reason: reason) + (failure.map { "; not finished (the server finishes it at its next start): \($0)" } ?? "")
+            let detail = Self.describe(report, reason: reason) + (failure.map { "; not finished (the server tries again within the hour, and at its next start): \($0)" } ?? "")
             try await audit.record(actor: actor, action: kind == .pull ? "pull.remove" : "feedback.remove", detail: detail, at: now)
         }
         if let failure { throw failure }
@@ -159,7 +180,7 @@ public struct ResultsKeeper: Sendable {
         let reason = "kept \(retention.keepDays) day(s)"
         var pass = RetentionPass()
         // One that fails is logged and the pass goes on (it is marked removed: what is left of
-        // it is deleted at the next start).
+        // it is deleted when removals are tried again).
         for id in try await pulls.removable(keptUntil: cutoff, limit: Self.batch) {
             do {
                 if let report = try await removePull(id, by: Removal.retention, reason: reason, now: now) {
@@ -193,10 +214,11 @@ public struct ResultsKeeper: Sendable {
     /// At start, before the indexer catches up: finishes removals a crash cut short. Every
     /// `pulls/<pull>/` and `feedback/<id>/` (and zip) whose record is marked removed is deleted
     /// with its index rows. Results no record names (a database restored from an older backup,
-    /// say) are left as they are, and logged: they may be all that is left of them. One that
-    /// cannot be finished is logged and left for the next start. Returns the ids finished.
+    /// say) are left as they are, and logged at start: they may be all that is left of them. One
+    /// that cannot be finished is logged and tried again (``housekeeping(now:)``, every
+    /// ``retryInterval``; and at the next start). Returns the ids finished.
     @discardableResult
-    public func finishInterruptedRemovals(now: Date = Date()) async throws -> [String] {
+    public func finishInterruptedRemovals(now: Date = Date(), atStart: Bool = true) async throws -> [String] {
         let paths = self.paths
         let (pullIDs, feedbackIDs) = try await blocking.runIfActive { () throws -> ([String], [String]) in
             let pulls = try DataDirectory.entries(of: paths.pulls).filter { WireID.isValid($0) }
@@ -213,7 +235,9 @@ public struct ResultsKeeper: Sendable {
                     // Nil: no record; .some(nil): a record not removed.
                     let removal = kind == .pull ? try await pulls.pull(id).map { $0.removed } : try await feedback.feedback(id).map { $0.removed }
                     guard let removal else {
-                        logger.warning("results that no record names are kept; delete them by hand if they are not wanted", metadata: ["\(kind.rawValue).id": "\(id)"])
+                        if atStart {
+                            logger.warning("results that no record names are kept; delete them by hand if they are not wanted", metadata: ["\(kind.rawValue).id": "\(id)"])
+                        }
                         continue
                     }
                     guard let removal else { continue }
@@ -224,7 +248,7 @@ public struct ResultsKeeper: Sendable {
                     logger.notice("finished a removal cut short", metadata: ["\(kind.rawValue).id": "\(id)", "bytes": "\(report?.freedBytes ?? 0)"])
                     finished.append(id)
                 } catch {
-                    logger.error("could not finish a removal cut short; tried again at the next start", metadata: ["\(kind.rawValue).id": "\(id)", "error": "\(error)"])
+                    logger.error("could not finish a removal cut short; tried again later", metadata: ["\(kind.rawValue).id": "\(id)", "error": "\(error)"])
                 }
             }
         }
@@ -323,4 +347,10 @@ public struct ResultsKeeper: Sendable {
             return WireID.isValid(base) ? base : nil
         })
     }
+}
+
+/// A value every copy of a struct shares, under a lock.
+final class Shared<Value: Sendable>: Sendable {
+    let value: Mutex<Value>
+    init(_ value: Value) { self.value = Mutex(value) }
 }

@@ -188,6 +188,22 @@ import Testing
         #expect(entries.count == 1 && entries.first?.actor == "alice" && entries.first?.detail.contains("removed before") == true, "\(entries)")
     }
 
+    /// Two removals of the same results never run at once (an engineer's and the hourly
+    /// retry's would delete the same files): the second is refused, and nothing it would have
+    /// done is done; once the first ends the id is free again.
+    @Test func oneRemovalOfAResultRunsAtATime() async throws {
+        let id = try await pull([Self.agentA])
+        try await land(pull: id, agent: Self.agentA, message: "busy")
+        let keeper = keeper()
+        await #expect(throws: ResultsKeeper.RemovalInProgress.self) {
+            try await keeper.exclusively(id) { try await keeper.removePull(id, by: "bob") }
+        }
+        #expect(try exists(paths.pull(id)))
+        #expect(try await pulls.pull(id)?.removed == nil, "not even marked")
+        #expect(try await keeper.removePull(id, by: "bob")?.newlyRemoved == true)
+        #expect(try !exists(paths.pull(id)))
+    }
+
     @Test func theIndexerNeverBringsBackARemovedSource() async throws {
         let id = try await pull([Self.agentA])
         let source = IndexedSource(kind: .pull, id: id, agentID: Self.agentA)

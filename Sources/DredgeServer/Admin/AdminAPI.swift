@@ -117,9 +117,14 @@ public enum AdminAPI {
                 guard let results else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not remove results") }
                 let id = try validID(context.parameters.require("id"), kind.rawValue)
                 let reason = try removalReason(request), actor = context.tokenName ?? "?"
-                let report =
-                    kind == .pull
-                    ? try await results.removePull(id, by: actor, reason: reason) : try await results.removeFeedback(id, by: actor, reason: reason)
+                let report: RemovalReport?
+                do {
+                    report =
+                        kind == .pull
+                        ? try await results.removePull(id, by: actor, reason: reason) : try await results.removeFeedback(id, by: actor, reason: reason)
+                } catch let busy as ResultsKeeper.RemovalInProgress {
+                    throw AdminAPIError(.conflict, "conflict", busy.description)
+                }
                 guard let report else { throw AdminAPIError(.notFound, "not_found", "no \(kind.rawValue) \(id)") }
                 logger.info("\(kind.rawValue) removed", metadata: ["\(kind.rawValue).id": "\(id)", "by": "\(actor)", "bytes": "\(report.freedBytes)"])
                 return try json(report)

@@ -57,6 +57,9 @@ public struct ResultsKeeper: Sendable {
     /// When ``housekeeping(now:)`` last finished removals cut short (at first, when this keeper
     /// was made: the server finishes them at start).
     private let lastRetry: Shared<Date>
+    /// The results being removed now: one removal of an id at a time (an engineer's, the
+    /// retention's, a retry's), so two never delete the same files at once.
+    private let removing: Shared<Set<String>>
 
     /// At most this many pulls and as many feedback are removed by one retention pass; the
     /// next pass (a minute later) goes on.
@@ -79,6 +82,20 @@ public struct ResultsKeeper: Sendable {
         self.logger = logger
         self.blocking = blocking
         lastRetry = Shared(Date())
+        removing = Shared([])
+    }
+
+    /// Another removal of the same results is running.
+    public struct RemovalInProgress: Error, CustomStringConvertible {
+        public let id: String
+        public var description: String { "\(id) is being removed now; ask again when that is done" }
+    }
+
+    /// Runs `body` as the one removal of `id`; throws ``RemovalInProgress`` when another runs.
+    func exclusively<T>(_ id: String, _ body: () async throws -> T) async throws -> T {
+        guard removing.value.withLock({ $0.insert(id).inserted }) else { throw RemovalInProgress(id: id) }
+        defer { _ = removing.value.withLock { $0.remove(id) } }
+        return try await body()
     }
 
     /// The server's once-a-minute pass: ``applyRetention(now:)``, and once every
@@ -99,6 +116,10 @@ public struct ResultsKeeper: Sendable {
     /// Removes a pull's results; nil for an unknown pull. Removing one removed before deletes
     /// only what is still there (a late upload's files) and keeps the first removal.
     public func removePull(_ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
+        try await exclusively(id) { try await removingPull(id, by: actor, reason: reason, now: now) }
+    }
+
+    private func removingPull(_ id: String, by actor: String, reason: String, now: Date) async throws -> RemovalReport? {
         guard let record = try await pulls.pull(id) else { return nil }
         guard let mark = try await pulls.markRemoved(id, by: actor, reason: reason, at: now) else { return nil }
         let directory = try paths.pull(id), doomed = try files(ofPull: id)
@@ -132,6 +153,10 @@ public struct ResultsKeeper: Sendable {
 
     /// Removes a feedback's results; nil for an unknown feedback.
     public func removeFeedback(_ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
+        try await exclusively(id) { try await removingFeedback(id, by: actor, reason: reason, now: now) }
+    }
+
+    private func removingFeedback(_ id: String, by actor: String, reason: String, now: Date) async throws -> RemovalReport? {
         guard let record = try await feedback.feedback(id) else { return nil }
         guard let mark = try await feedback.markRemoved(id, by: actor, reason: reason, at: now) else { return nil }
         let doomed = try files(ofFeedback: id)
@@ -187,6 +212,8 @@ public struct ResultsKeeper: Sendable {
                     pass.pulls.append(id)
                     pass.freedBytes += report.freedBytes
                 }
+            } catch is RemovalInProgress {
+                continue  // being removed by hand now
             } catch {
                 logger.error("could not remove a pull kept past the retention", metadata: ["pull.id": "\(id)", "error": "\(error)"])
             }
@@ -197,6 +224,8 @@ public struct ResultsKeeper: Sendable {
                     pass.feedback.append(id)
                     pass.freedBytes += report.freedBytes
                 }
+            } catch is RemovalInProgress {
+                continue
             } catch {
                 logger.error("could not remove a feedback kept past the retention", metadata: ["feedback.id": "\(id)", "error": "\(error)"])
             }
@@ -247,6 +276,8 @@ public struct ResultsKeeper: Sendable {
                         : try await removeFeedback(id, by: removal.by, reason: removal.reason, now: now)
                     logger.notice("finished a removal cut short", metadata: ["\(kind.rawValue).id": "\(id)", "bytes": "\(report?.freedBytes ?? 0)"])
                     finished.append(id)
+                } catch is RemovalInProgress {
+                    continue  // an engineer's removal of it is running: it finishes it
                 } catch {
                     logger.error("could not finish a removal cut short; tried again later", metadata: ["\(kind.rawValue).id": "\(id)", "error": "\(error)"])
                 }

@@ -119,9 +119,7 @@ public enum AdminAPI {
                 let reason = try removalReason(request), actor = context.tokenName ?? "?"
                 let report: RemovalReport?
                 do {
-                    report =
-                        kind == .pull
-                        ? try await results.removePull(id, by: actor, reason: reason) : try await results.removeFeedback(id, by: actor, reason: reason)
+                    report = try await results.remove(kind, id, by: actor, reason: reason)
                 } catch let busy as ResultsKeeper.RemovalInProgress {
                     throw AdminAPIError(.conflict, "conflict", busy.description)
                 }

@@ -132,6 +132,15 @@ public struct ResultsKeeper: Sendable {
         }
     }
 
+    /// Removes a pull's or a feedback's results (``removePull(_:by:reason:now:)``,
+    /// ``removeFeedback(_:by:reason:now:)``); nil when there is no such `kind`.
+    public func remove(_ kind: RemovalReport.Kind, _ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
+        switch kind {
+        case .pull: try await removePull(id, by: actor, reason: reason, now: now)
+        case .feedback: try await removeFeedback(id, by: actor, reason: reason, now: now)
+        }
+    }
+
     /// Deletes what `work` deletes, then records the removal in the audit log: a new removal
     /// always (saying so when the deletion did not finish, and then throwing its error), an
     /// earlier one again only when files were left to delete.
@@ -205,29 +214,22 @@ public struct ResultsKeeper: Sendable {
         let reason = "kept \(retention.keepDays) day(s)"
         var pass = RetentionPass()
         // One that fails is logged and the pass goes on (it is marked removed: what is left of
-        // it is deleted when removals are tried again).
-        for id in try await pulls.removable(keptUntil: cutoff, limit: Self.batch) {
-            do {
-                if let report = try await removePull(id, by: Removal.retention, reason: reason, now: now) {
-                    pass.pulls.append(id)
+        // it is deleted when removals are tried again); one being removed by hand now is left to that.
+        let due = [
+            (RemovalReport.Kind.pull, try await pulls.removable(keptUntil: cutoff, limit: Self.batch)),
+            (.feedback, try await feedback.removable(receivedUntil: cutoff, limit: Self.batch)),
+        ]
+        for (kind, ids) in due {
+            for id in ids {
+                do {
+                    guard let report = try await remove(kind, id, by: Removal.retention, reason: reason, now: now) else { continue }
+                    if kind == .pull { pass.pulls.append(id) } else { pass.feedback.append(id) }
                     pass.freedBytes += report.freedBytes
+                } catch is RemovalInProgress {
+                    continue
+                } catch {
+                    logger.error("could not remove results kept past the retention", metadata: ["\(kind.rawValue).id": "\(id)", "error": "\(error)"])
                 }
-            } catch is RemovalInProgress {
-                continue  // being removed by hand now
-            } catch {
-                logger.error("could not remove a pull kept past the retention", metadata: ["pull.id": "\(id)", "error": "\(error)"])
-            }
-        }
-        for id in try await feedback.removable(receivedUntil: cutoff, limit: Self.batch) {
-            do {
-                if let report = try await removeFeedback(id, by: Removal.retention, reason: reason, now: now) {
-                    pass.feedback.append(id)
-                    pass.freedBytes += report.freedBytes
-                }
-            } catch is RemovalInProgress {
-                continue
-            } catch {
-                logger.error("could not remove a feedback kept past the retention", metadata: ["feedback.id": "\(id)", "error": "\(error)"])
             }
         }
         if !pass.pulls.isEmpty || !pass.feedback.isEmpty {
@@ -270,10 +272,7 @@ public struct ResultsKeeper: Sendable {
                         continue
                     }
                     guard let removal else { continue }
-                    let report =
-                        kind == .pull
-                        ? try await removePull(id, by: removal.by, reason: removal.reason, now: now)
-                        : try await removeFeedback(id, by: removal.by, reason: removal.reason, now: now)
+                    let report = try await remove(kind, id, by: removal.by, reason: removal.reason, now: now)
                     logger.notice("finished a removal cut short", metadata: ["\(kind.rawValue).id": "\(id)", "bytes": "\(report?.freedBytes ?? 0)"])
                     finished.append(id)
                 } catch is RemovalInProgress {

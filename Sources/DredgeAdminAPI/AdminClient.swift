@@ -131,8 +131,9 @@ public struct AdminClient: Sendable {
         (limit.map { [URLQueryItem(name: "limit", value: String($0))] } ?? []) + (diskUse ? [] : [URLQueryItem(name: "disk", value: "false")])
     }
 
-    public func pull(_ id: String) async throws -> PullRecord {
-        try await call("GET", "/v1/pulls/\(try Self.pathComponent(id))")
+    /// One pull; without its disk use when `diskUse` is false (as for ``pulls(limit:diskUse:)``).
+    public func pull(_ id: String, diskUse: Bool = true) async throws -> PullRecord {
+        try await call("GET", "/v1/pulls/\(try Self.pathComponent(id))", query: Self.listing(limit: nil, diskUse: diskUse))
     }
 
     /// Newest first: the 100 most recent, or up to 1000 with `limit`; `diskUse` as for ``pulls(limit:diskUse:)``.

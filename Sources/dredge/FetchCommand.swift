@@ -49,7 +49,7 @@ struct FetchCommand: AsyncParsableCommand {
 enum Fetch {
     /// A pull with no files to download because it was removed: says so, and by whom.
     static func failIfRemoved(_ id: String, client: AdminClient) async throws {
-        if let removed = try await calling({ try await client.pull(id) }).removed { throw fail("pull \(id) has no files: \(Format.removed(removed))") }
+        if let removed = try await calling({ try await client.pull(id, diskUse: false) }).removed { throw fail("pull \(id) has no files: \(Format.removed(removed))") }
     }
 
     /// Downloads the pull's files into `directory/PULL/AGENT/`, one line per file on stdout (on

@@ -60,7 +60,7 @@ extension AdminClient {
         if WireID.isValid(text) {
             // A whole id: a pull's, unless the server knows no such pull.
             do {
-                _ = try await pull(text)
+                _ = try await pull(text, diskUse: false)
                 return (.pull, text)
             } catch AdminClientError.notFound {
                 return (.feedback, text)

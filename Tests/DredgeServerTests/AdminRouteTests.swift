@@ -179,7 +179,12 @@ import Testing
             #expect(try await api.call(.get, "/v1/pulls?disk=false").decode([PullRecord].self).map(\.diskBytes) == [nil])
             #expect(try await api.call(.get, "/v1/feedback").decode([FeedbackRecord].self).first?.diskBytes == 700)
             #expect(try await api.call(.get, "/v1/feedback?disk=false").decode([FeedbackRecord].self).map(\.diskBytes) == [nil])
-            for bad in ["/v1/pulls?disk=no", "/v1/feedback?disk=1"] {
+            // One at a time, likewise.
+            #expect(try await api.call(.get, "/v1/pulls/\(pull.id)").decode(PullRecord.self).diskBytes == 1234)
+            #expect(try await api.call(.get, "/v1/pulls/\(pull.id)?disk=false").decode(PullRecord.self).diskBytes == nil)
+            #expect(try await api.call(.get, "/v1/feedback/\(feedbackID)").decode(FeedbackRecord.self).diskBytes == 700)
+            #expect(try await api.call(.get, "/v1/feedback/\(feedbackID)?disk=false").decode(FeedbackRecord.self).diskBytes == nil)
+            for bad in ["/v1/pulls?disk=no", "/v1/feedback?disk=1", "/v1/pulls/\(pull.id)?disk=0"] {
                 let answer = try await api.call(.get, bad)
                 #expect(answer.status == .badRequest && answer.code == "bad_request", "\(bad)")
             }

@@ -65,10 +65,10 @@ public enum AdminAPI {
             logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)"])
             return try json(pull, status: .created)
         }
-        v1.get("pulls/:id") { _, context in
+        v1.get("pulls/:id") { request, context in
             let id = try validID(context.parameters.require("id"), "pull")
             guard let pull = try await pulls.pull(id, now: .now) else { throw AdminAPIError(.notFound, "not_found", "no pull \(id)") }
-            return try json(await measured([pull], results, logger).first ?? pull)
+            return try json(try diskWanted(request) ? await measured([pull], results, logger).first ?? pull : pull)
         }
         let downloadAudit = SearchAudit()
         v1.get("pulls/:id/files") { _, context in
@@ -106,10 +106,10 @@ public enum AdminAPI {
             let listed = try await feedback.all(limit: min(max(limit, 1), 1000))
             return try json(try diskWanted(request) ? await measured(listed, results, logger) : listed)
         }
-        v1.get("feedback/:id") { _, context in
+        v1.get("feedback/:id") { request, context in
             let id = try validID(context.parameters.require("id"), "feedback")
             guard let record = try await feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
-            return try json(await measured([record], results, logger).first ?? record)
+            return try json(try diskWanted(request) ? await measured([record], results, logger).first ?? record : record)
         }
         // DELETE /v1/pulls/{id}, DELETE /v1/feedback/{id}: the results go, the record stays.
         for (kind, path) in [(RemovalReport.Kind.pull, "pulls/:id"), (.feedback, "feedback/:id")] {
@@ -310,8 +310,9 @@ public enum AdminAPI {
         return ConnectionUploads.bounded(parts.isEmpty ? "everything" : parts.joined(separator: " "))
     }
 
-    /// A listing's `disk` parameter: `false` leaves `diskBytes` out (and every result
-    /// directory unwalked), for callers that only want ids, such as the CLI resolving a prefix.
+    /// The `disk` parameter of a listing or a single pull or feedback: `false` leaves
+    /// `diskBytes` out (and the result directories unwalked), for callers that do not show it,
+    /// such as the CLI resolving a prefix or checking whether a pull was removed.
     static func diskWanted(_ request: Request) throws -> Bool {
         switch request.uri.queryParameters.get("disk") {
         case nil, "true": return true

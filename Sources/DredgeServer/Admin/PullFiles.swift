@@ -1,4 +1,5 @@
 import DredgeAdminAPI
+import DredgeEnvelope
 import DredgeWire
 import Crypto
 import Foundation
@@ -49,12 +50,16 @@ public struct PullFiles: Sendable {
     /// agent's files land, and deleted with the pull. Nil when the pull is unknown; an empty
     /// list of files is ``WholeZipError/nothingYet``.
     public func wholeZip(_ pullID: String) async throws -> Located? {
-        guard let listed = try await list(pullID) else { return nil }
-        let parts = listed.filter { $0.file.kind != .zip }
+        guard let candidates = try await candidates(pullID) else { return nil }
+        // The agents' zips are not in it: never hashed for it either.
+        var parts: [Located] = []
+        for candidate in candidates where candidate.kind != .zip {
+            if let part = try await describe(candidate) { parts.append(part) }
+        }
         guard !parts.isEmpty else { throw WholeZipError.nothingYet }
         var hash = SHA256()
         for part in parts { hash.update(data: Array("\(part.file.agentID)/\(part.file.name) \(part.file.sha256)\n".utf8)) }
-        let key = hash.finalize().prefix(8).map { String(format: "%02x", $0) }.joined()
+        let key = Hex.encode(hash.finalize().prefix(8))
         let directory = try paths.pull(pullID)
         let path = try paths.inside(directory + "/pull-" + key + ".zip")
         let entries = parts.map { (name: $0.file.agentID + "/" + $0.file.name, path: $0.path) }

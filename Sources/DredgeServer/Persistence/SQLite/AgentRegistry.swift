@@ -211,7 +211,7 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         var options = BinaryEncodingOptions()
         options.useDeterministicOrdering = true
         guard let bytes = try? report.serializedBytes(options: options) as [UInt8] else { return nil }
-        return SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
+        return Hex.encode(SHA256.hash(data: bytes))
     }
 
     /// The uids an agent holds: its active uids and its reported users.

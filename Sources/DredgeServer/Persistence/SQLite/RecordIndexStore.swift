@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeDomain
+import DredgeEnvelope
 import Foundation
 import GRDB
 import GRDBSQLite
@@ -360,12 +361,7 @@ public struct SQLRecordQuery: Sendable {
 
     /// A uid as `record_text` holds it: `x` and the hex of its UTF-8 bytes, one word whatever
     /// the uid holds (`'x' || hex(uid)` in SQL; the tokenizer folds the case).
-    static func uidWord(_ uid: String) -> String {
-        let hex: [UInt8] = Array("0123456789abcdef".utf8)
-        var word: [UInt8] = [UInt8(ascii: "x")]
-        for byte in uid.utf8 { word += [hex[Int(byte >> 4)], hex[Int(byte & 0x0F)]] }
-        return String(decoding: word, as: UTF8.self)
-    }
+    static func uidWord(_ uid: String) -> String { "x" + Hex.encode(uid.utf8) }
 
     public init(_ search: RecordSearch, scanLimit: Int = SQLRecordQuery.defaultScanLimit) throws {
         limit = min(max(search.limit ?? RecordSearch.defaultLimit, 1), RecordSearch.maximumLimit)

@@ -120,8 +120,8 @@ public struct FoundRecord: Sendable, Equatable, Codable {
     public var type: String
     public var uid: String
     public var message: String
-    /// The record's metadata, a JSON object.
-    public var metadata: JSONValue
+    /// The record's metadata, a JSON object (``RecordMetadata/value``).
+    public var metadata: RecordMetadata
     public var agentID: String
     /// `pull` or `feedback`.
     public var sourceKind: String
@@ -134,7 +134,7 @@ public struct FoundRecord: Sendable, Equatable, Codable {
     public var process: String
 
     public init(
-        id: Int64, ts: Timestamp, level: String, type: String, uid: String, message: String, metadata: JSONValue, agentID: String, sourceKind: String,
+        id: Int64, ts: Timestamp, level: String, type: String, uid: String, message: String, metadata: RecordMetadata, agentID: String, sourceKind: String,
         sourceID: String, host: String, app: String, appVersion: String, os: String, process: String
     ) {
         self.id = id

@@ -234,7 +234,7 @@ final class RecordPrinter {
         switch format {
         case .json, .jsonl:
             let line = Line(
-                ts: r.ts.rfc3339, level: r.level, type: r.type, uid: r.uid, message: r.message, metadata: r.metadata, agent: r.agentID, host: r.host, app: r.app,
+                ts: r.ts.rfc3339, level: r.level, type: r.type, uid: r.uid, message: r.message, metadata: r.metadata.value, agent: r.agentID, host: r.host, app: r.app,
                 appVersion: r.appVersion, source: r.sourceKind, sourceID: r.sourceID)
             let json = (try? encoder.encode(line)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"  // encoding strings and a JSONValue does not fail
             if format == .jsonl {
@@ -253,7 +253,7 @@ final class RecordPrinter {
         let level = r.level.uppercased().padding(toLength: 8, withPad: " ", startingAt: 0)
         let app = r.appVersion.isEmpty ? r.app : "\(r.app) \(r.appVersion)"
         var metadata = ""
-        if case .object(let members) = r.metadata, !members.isEmpty {
+        if case .object(let members) = r.metadata.value, !members.isEmpty {
             metadata = "  " + members.sorted { $0.key < $1.key }.map { key, member in
                 let value: String
                 if case .string(let s) = member { value = s.contains(" ") ? s.debugDescription : s } else { value = member.jsonText }

@@ -294,8 +294,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 let rows = try Row.fetchCursor(db, sql: sql, arguments: arguments)
                 while let row = try rows.next() {
                     guard records.count < query.limit else { return (records, true) }
-                    let metadataText: String = row[6]
-                    let metadata = JSONValue.parse(metadataText) ?? .string(metadataText)  // checked by RecordLine; shown as text if it ever does not parse
+                    let metadata = RecordMetadata(indexedText: row[6])  // kept as text: spliced into the page's JSON as written
                     let level: Int = row[3]
                     let sourceID: Int64 = row[15]
                     let source = sources[sourceID] ?? (row[7], row[8], row[9])

@@ -102,8 +102,8 @@ struct JSONBytes {
                 case 0x08: bytes.append(contentsOf: [0x5C, UInt8(ascii: "b")])
                 case 0x0C: bytes.append(contentsOf: [0x5C, UInt8(ascii: "f")])
                 case ..<0x20:
-                    let hex = Array("0123456789abcdef".utf8)
-                    bytes.append(contentsOf: [0x5C, UInt8(ascii: "u"), 0x30, 0x30, hex[Int(c >> 4)], hex[Int(c & 0xF)]])
+                    func hex(_ n: UInt8) -> UInt8 { n < 10 ? 0x30 + n : 0x61 + n - 10 }
+                    bytes.append(contentsOf: [0x5C, UInt8(ascii: "u"), 0x30, 0x30, hex(c >> 4), hex(c & 0xF)])
                 default: bytes.append(c)
                 }
             }

@@ -8,9 +8,12 @@ import Foundation
 /// server then writes back out as JSON: ``RecordPage/jsonBytes()`` splices the text instead.
 /// Text is kept only when splicing it says exactly what ``value`` says: one JSON object, at
 /// most 64 deep, no member name given twice in any object (``JSONValue/parse(_:)`` keeps the
-/// first, a JSON reader may keep the last), no name with escapes (whose duplicates the check
-/// would not see), and every number finite as a Double. Anything else is parsed, and text that
-/// does not parse is shown as a string of itself.
+/// first, a JSON reader may keep the last), member names of ASCII without escapes (names that
+/// differ in bytes but not as Swift strings, `é` precomposed or not, are one key to the parser
+/// and two to other readers), no `\u` escape of half a surrogate pair (the parser reads U+FFFD,
+/// Swift's JSONDecoder refuses the page), and numbers read alike everywhere (an integer within
+/// Int64 but not `-0`, or a finite Double). Anything else is parsed, and text that does not
+/// parse is shown as a string of itself.
 public struct RecordMetadata: Sendable, Equatable, Codable {
     enum Storage: Sendable {
         case text(String)
@@ -101,7 +104,7 @@ public struct RecordMetadata: Sendable, Equatable, Codable {
                     guard i < bytes.count, bytes[i] == UInt8(ascii: "\""), let (end, escaped) = JSONString.scan(bytes, from: i + 1), !escaped else { return false }
                     let name = (i + 1)..<end
                     i = end + 1
-                    guard held < names.count, isNew(name, since: first) else { return false }
+                    guard held < names.count, !name.contains(where: { bytes[$0] >= 0x80 }), isNew(name, since: first) else { return false }
                     names[held] = name
                     held += 1
                     space()
@@ -140,7 +143,7 @@ public struct RecordMetadata: Sendable, Equatable, Codable {
                     return true
                 }
             case UInt8(ascii: "\""):
-                guard let (end, _) = JSONString.scan(bytes, from: i + 1) else { return false }
+                guard let (end, escaped) = JSONString.scan(bytes, from: i + 1), !escaped || surrogatesPair((i + 1)..<end) else { return false }
                 i = end + 1
                 return true
             case UInt8(ascii: "t"): return literal("true")
@@ -160,21 +163,61 @@ public struct RecordMetadata: Sendable, Equatable, Codable {
             return true
         }
 
+        /// Whether every `\u` escape of a surrogate in a string's content (escapes checked by
+        /// `JSONString.scan`) is a high one followed at once by a low one.
+        func surrogatesPair(_ content: Range<Int>) -> Bool {
+            func unit(at k: Int) -> UInt32? {
+                guard k + 6 <= content.upperBound, bytes[k] == UInt8(ascii: "\\"), bytes[k + 1] == UInt8(ascii: "u") else { return nil }
+                var v: UInt32 = 0
+                for c in bytes[(k + 2)..<(k + 6)] {
+                    switch c {
+                    case 0x30...0x39: v = v << 4 | UInt32(c - 0x30)
+                    case 0x41...0x46: v = v << 4 | UInt32(c - 0x41 + 10)
+                    case 0x61...0x66: v = v << 4 | UInt32(c - 0x61 + 10)
+                    default: return nil
+                    }
+                }
+                return v
+            }
+            var k = content.lowerBound
+            while k < content.upperBound {
+                guard bytes[k] == UInt8(ascii: "\\") else {
+                    k += 1
+                    continue
+                }
+                guard let v = unit(at: k) else {
+                    k += 2  // a two-character escape
+                    continue
+                }
+                switch v {
+                case 0xD800...0xDBFF:
+                    guard let low = unit(at: k + 6), (0xDC00...0xDFFF).contains(low) else { return false }
+                    k += 12
+                case 0xDC00...0xDFFF: return false
+                default: k += 6
+                }
+            }
+            return true
+        }
+
         mutating func literal(_ word: StaticString) -> Bool {
             guard let end = JSONToken.literal(bytes, at: i, word) else { return false }
             i = end
             return true
         }
 
-        /// A number the parser takes: an integer of up to 18 digits always fits an Int64;
-        /// anything else must read as a finite Double.
+        /// A number every reader takes as the parser does: an integer within Int64 (up to 18
+        /// digits always is) but not `-0` (0 to the parser, -0 to JavaScript), or a fraction or
+        /// exponent that is a finite Double. An integer beyond Int64 is a Double to the parser
+        /// and exact to Python: not vouched for.
         mutating func number() -> Bool {
             guard let (end, integral) = JSONToken.number(bytes, from: i) else { return false }
             defer { i = end }
-            if integral, end - i <= 18 { return true }
-            let text = String(decoding: bytes[i..<end], as: UTF8.self)
-            if integral, Int64(text) != nil { return true }
-            return Double(text)?.isFinite ?? false
+            if integral {
+                if bytes[i] == UInt8(ascii: "-"), bytes[i + 1] == UInt8(ascii: "0") { return false }
+                return end - i <= 18 || Int64(String(decoding: bytes[i..<end], as: UTF8.self)) != nil
+            }
+            return Double(String(decoding: bytes[i..<end], as: UTF8.self))?.isFinite ?? false
         }
     }
 }

@@ -43,7 +43,7 @@ import Testing
             let logger = Logger(label: "test.admin") { _ in SwiftLogNoOpLogHandler() }
             let app = try AdminAPI.application(
                 registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: PullDispatcher(pulls: pulls, logger: logger),
-                results: results, port: 0, logger: logger)
+                files: PullFiles(paths: DataDirectory(data), pulls: pulls), results: results, port: 0, logger: logger)
             let token = created.adminToken
             try await app.test(.router) { client in try await body(Client(client: client, token: token)) }
         }
@@ -82,6 +82,51 @@ import Testing
 
         func post(_ uri: String, _ value: some Encodable) async throws -> Answer {
             try await call(.post, uri, json: try JSONEncoder.adminAPI.encode(value))
+        }
+    }
+
+    /// A file download answers HEAD with its headers alone (not audited), a range asked with
+    /// the file's ETag in `If-Range` with that range, and one asked with another ETag with the
+    /// whole file (it changed since the first part was fetched).
+    @Test func downloadsAnswerHeadAndRangesOnlyForTheSameFile() async throws {
+        let fixture = try Fixture()
+        let agent = try await fixture.agent(uids: ["u-1"])
+        let new = try fixture.issuer.newPull(
+            uid: "u-1", agentID: "", filter: LogFilter(uid: "u-1"), targets: [agent], lifetime: .seconds(600), requestedBy: "alice", now: .now)
+        try await fixture.pulls.create(new)
+        let zip = try DataDirectory(fixture.data).pullZip(new.id, agent: agent)
+        try FileManager.default.createDirectory(atPath: (zip as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        let content = Data((0..<1000).map { UInt8($0 % 251) })
+        try content.write(to: URL(fileURLWithPath: zip))
+        #expect(try await fixture.pulls.update(new.id, agent: agent, status: .complete, detail: "", at: Date()))
+        let uri = "/v1/pulls/\(new.id)/files/\(agent)/\((zip as NSString).lastPathComponent)"
+        @Sendable func downloads() async throws -> Int { try await fixture.pulls.audit(AuditQuery(action: "pull.download")).count }
+
+        try await fixture.test { api in
+            let head = try await api.call(.head, uri)
+            #expect(head.status == .ok)
+            #expect(head.headers[.contentLength] == "1000")
+            #expect(head.body.isEmpty)
+            let etag = try #require(head.headers[.eTag])
+            #expect(try await downloads() == 0, "a HEAD is not a download")
+
+            func get(_ headers: HTTPFields) async throws -> (HTTPResponse.Status, HTTPFields, Data) {
+                var all = headers
+                all[.authorization] = "Bearer \(api.token)"
+                return try await api.client.execute(uri: uri, method: .get, headers: all) { ($0.status, $0.headers, Data($0.body.readableBytesView)) }
+            }
+            let part = try await get([.range: "bytes=10-19", .ifRange: etag])
+            #expect(part.0 == .partialContent)
+            #expect(part.2 == content[10..<20])
+            #expect(part.1[.contentRange] == "bytes 10-19/1000")
+            let changed = try await get([.range: "bytes=10-19", .ifRange: "\"0000\""])
+            #expect(changed.0 == .ok)
+            #expect(changed.2 == content)
+            #expect(try await downloads() == 1)
+            let headPart = try await api.client.execute(
+                uri: uri, method: .head, headers: [.authorization: "Bearer \(api.token)", .range: "bytes=0-9"]
+            ) { ($0.status, $0.headers[.contentLength], $0.body.readableBytes) }
+            #expect(headPart.0 == .partialContent && headPart.1 == "10" && headPart.2 == 0)
         }
     }
 

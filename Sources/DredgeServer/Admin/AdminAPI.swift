@@ -20,7 +20,9 @@ public enum AdminAPI {
         host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil, caPEM: String? = nil, logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
-        let router = Router(context: AdminRequestContext.self)
+        // HEAD answers every GET route with its headers (a download's size, ETag and SHA-256
+        // without its bytes; `serve` neither reads nor audits the file then).
+        let router = Router(context: AdminRequestContext.self, options: .autoGenerateHeadEndpoints)
         router.add(middleware: ErrorMiddleware(logger: logger))
         router.get("health") { _, _ in try json(["status": "ok"]) }
         // The deployment's CA, public: `dredge login --fingerprint` fetches it and checks it
@@ -233,7 +235,8 @@ public enum AdminAPI {
         let rangeAsked = request.headers[.ifRange].map { $0 == etag } ?? true ? request.headers[.range] : nil
         let range = ByteRange.parse(rangeAsked, size: file.size)
         let actor = context.tokenName ?? "?"
-        if range != .unsatisfiable && throttle.shouldRecord(actor: actor, detail: detail, now: Date()) {
+        let headOnly = request.method == .head  // nothing downloaded: not audited, the file not opened
+        if !headOnly && range != .unsatisfiable && throttle.shouldRecord(actor: actor, detail: detail, now: Date()) {
             do {
                 try await audit.record(actor: actor, action: "pull.download", detail: detail, at: Date())
             } catch {
@@ -255,11 +258,12 @@ public enum AdminAPI {
             return Response(status: .rangeNotSatisfiable, headers: headers)
         case .whole:
             headers[.contentLength] = String(file.size)
-            let body = file.size == 0 ? ResponseBody() : try await FileIO().loadFile(path: located.path, context: context)
+            let body = file.size == 0 || headOnly ? ResponseBody() : try await FileIO().loadFile(path: located.path, context: context)
             return Response(status: .ok, headers: headers, body: body)
         case .partial(let bytes):
             headers[.contentRange] = "bytes \(bytes.lowerBound)-\(bytes.upperBound)/\(file.size)"
             headers[.contentLength] = String(bytes.count)
+            if headOnly { return Response(status: .partialContent, headers: headers) }
             let body = try await FileIO().loadFile(path: located.path, range: Int(bytes.lowerBound)...Int(bytes.upperBound), context: context)
             return Response(status: .partialContent, headers: headers, body: body)
         }

@@ -141,8 +141,8 @@ public struct AdminClient: Sendable {
         try await call("GET", "/v1/feedback", query: Self.listing(limit: limit, diskUse: diskUse))
     }
 
-    public func feedback(_ id: String) async throws -> FeedbackRecord {
-        try await call("GET", "/v1/feedback/\(try Self.pathComponent(id))")
+    public func feedback(_ id: String, diskUse: Bool = true) async throws -> FeedbackRecord {
+        try await call("GET", "/v1/feedback/\(try Self.pathComponent(id))", query: Self.listing(limit: nil, diskUse: diskUse))
     }
 
     /// Deletes a pull's files and index rows (`DELETE /v1/pulls/{id}`); the record stays, marked removed.

@@ -9,6 +9,12 @@ extension AdminClient {
         try await call("GET", "/v1/pulls/\(try Self.pathComponent(id))/files")
     }
 
+    /// A feedback's downloadable files (`GET /v1/feedback/{id}/files`): its per-day files,
+    /// manifest and zip, once it is complete.
+    public func feedbackFiles(_ id: String) async throws -> [PullFile] {
+        try await call("GET", "/v1/feedback/\(try Self.pathComponent(id))/files")
+    }
+
     /// What ``download(pull:file:to:)`` did.
     public enum DownloadOutcome: Equatable, Sendable {
         /// Already there with the listed SHA-256: nothing sent.
@@ -24,7 +30,15 @@ extension AdminClient {
     /// listed one. A file already at `path` with that SHA-256 is left alone.
     @discardableResult
     public func download(pull id: String, file: PullFile, to path: String) async throws -> DownloadOutcome {
-        try await download(pull: id, file: file, to: path, restarted: false)
+        try await download(
+            url("/v1/pulls/\(try Self.pathComponent(id))/files/\(try Self.pathComponent(file.agentID))/\(try Self.pathComponent(file.name))"), file: file, to: path,
+            restarted: false)
+    }
+
+    /// Streams one file of a feedback to `path`, as ``download(pull:file:to:)`` does.
+    @discardableResult
+    public func download(feedback id: String, file: PullFile, to path: String) async throws -> DownloadOutcome {
+        try await download(url("/v1/feedback/\(try Self.pathComponent(id))/files/\(try Self.pathComponent(file.name))"), file: file, to: path, restarted: false)
     }
 
     /// Streams the whole pull as one zip (`GET /v1/pulls/{id}/zip`: every complete agent's
@@ -149,7 +163,7 @@ extension AdminClient {
         return name.unicodeScalars.allSatisfy { $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-_.".unicodeScalars.contains($0)) }
     }
 
-    private func download(pull id: String, file: PullFile, to path: String, restarted: Bool) async throws -> DownloadOutcome {
+    private func download(_ url: URL, file: PullFile, to path: String, restarted: Bool) async throws -> DownloadOutcome {
         guard Self.isSafeName(file.agentID), Self.isSafeName(file.name) else {
             throw AdminClientError.corrupt("the server listed a file named \(file.agentID.debugDescription)/\(file.name.debugDescription): refused")
         }
@@ -163,7 +177,6 @@ extension AdminClient {
         }
         var have = Int64((try? fm.attributesOfItem(atPath: part)[.size] as? NSNumber)?.int64Value ?? 0)
         if have > file.size { have = 0 }
-        let url = url("/v1/pulls/\(try Self.pathComponent(id))/files/\(try Self.pathComponent(file.agentID))/\(try Self.pathComponent(file.name))")
         var outcome = DownloadOutcome.downloaded
         if have < file.size || file.size == 0 {
             // If-Range: should the file have changed since it was listed, it comes whole.
@@ -184,7 +197,7 @@ extension AdminClient {
                 // The part is not a prefix of this file any more: start again, once.
                 _ = try await response.body.collect(upTo: 1 << 16)
                 do { try fm.removeItem(atPath: part) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
-                return try await download(pull: id, file: file, to: path, restarted: true)
+                return try await download(url, file: file, to: path, restarted: true)
             default:
                 let body = try await response.body.collect(upTo: 1 << 16)
                 try Self.check(status, Data(body.readableBytesView))

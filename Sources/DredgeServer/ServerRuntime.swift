@@ -67,7 +67,7 @@ public enum ServerRuntime {
         let admin = try AdminAPI.application(
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer,
             feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: stores.records, indexer: indexer,
-            files: PullFiles(paths: DataDirectory(dir), pulls: pulls), results: results,
+            files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
             host: adminHost, port: options.adminPort ?? deployment.config.adminPort, tls: deployment.adminTLSConfiguration,
             caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self), logger: logger)
         let group = ServiceGroup(services: [dispatcher, indexer, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)

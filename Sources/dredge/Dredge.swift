@@ -149,7 +149,7 @@ struct PullCommand: AsyncParsableCommand {
         }
         if json { try printJSON(finished) } else if out == nil { Format.printResult(finished) }
         if let out, finished.targets.contains(where: { $0.status == .complete }) {
-            try await Fetch.files(of: finished.id, client: client, into: out, toStderr: json)
+            try await DredgeFetch.files(of: finished.id, client: client, into: out, toStderr: json)
         }
         if finished.targets.isEmpty || finished.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
     }
@@ -260,8 +260,8 @@ struct ShowCommand: AsyncParsableCommand {
 
 struct FeedbackCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "feedback", abstract: "Feedback users sent with their logs: list, or show one.",
-        subcommands: [List.self, Show.self], defaultSubcommand: List.self)
+        commandName: "feedback", abstract: "Feedback users sent with their logs: list, show one, or download its files.",
+        subcommands: [List.self, Show.self, Fetch.self], defaultSubcommand: List.self)
 
     struct List: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Recent feedback, newest first.")
@@ -300,6 +300,42 @@ struct FeedbackCommand: AsyncParsableCommand {
             }
             print("  text: \(f.text)")
             for file in f.files { print("  \(file)") }
+        }
+    }
+
+    struct Fetch: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Download a feedback's files: its per-day JSON-lines files and manifest (or its zip).",
+            discussion: """
+                Files go to DIR/FEEDBACK/. Each is checked against the SHA-256 the server lists; an
+                interrupted download goes on where it stopped when run again, and files already
+                there are not downloaded again. Downloads are recorded in the server's audit log.
+                """)
+        @OptionGroup var server: ServerOptions
+        @Argument(help: "The feedback id, or its first 4 or more characters.") var id: String
+        @Option(help: "Where to put the files (default: the current directory).") var out = "."
+        @Flag(help: "Its zip instead of its per-day files.") var zip = false
+
+        func run() async throws {
+            let client = try server.client()
+            let resolved = try await client.resolveFeedback(id)
+            let listed = try await calling { try await client.feedbackFiles(resolved) }
+            let wanted = listed.filter { ($0.kind == .zip) == zip }
+            guard !wanted.isEmpty else {
+                let f = try await calling { try await client.feedback(resolved, diskUse: false) }
+                if let removed = f.removed { throw fail("feedback \(resolved) has no files: \(Format.removed(removed))") }
+                throw fail("feedback \(resolved) has no files yet (\(Format.status(f))): `dredge feedback show \(resolved)` says where it stands")
+            }
+            let root = URL(fileURLWithPath: out).standardizedFileURL.path + "/" + resolved
+            var bytes: Int64 = 0
+            for file in wanted {
+                guard AdminClient.isSafeName(file.name) else { throw fail("the server listed a file named \(file.name.debugDescription): refused") }
+                let path = root + "/" + file.name
+                let outcome = try await calling { try await client.download(feedback: resolved, file: file, to: path) }
+                print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(DredgeFetch.describe(outcome))")
+                bytes += file.size
+            }
+            print("\(wanted.count) file(s), \(Format.bytes(bytes)), each checked against its SHA-256, in \(root)")
         }
     }
 }

@@ -32,9 +32,9 @@ struct FetchCommand: AsyncParsableCommand {
             let path = URL(fileURLWithPath: out).standardizedFileURL.path + "/" + id + ".zip"
             do {
                 let (file, outcome) = try await client.downloadWholeZip(pull: id, to: path)
-                print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(Fetch.describe(outcome)), checked")
+                print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(DredgeFetch.describe(outcome)), checked")
             } catch AdminClientError.notFound(let message) {
-                try await Fetch.failIfRemoved(id, client: client)
+                try await DredgeFetch.failIfRemoved(id, client: client)
                 throw fail(message)
             } catch let error as AdminClientError {
                 throw fail(error.description)
@@ -42,11 +42,11 @@ struct FetchCommand: AsyncParsableCommand {
             return
         }
         let agentID: String? = if let agent { try await client.resolveAgent(agent) } else { nil }
-        try await Fetch.files(of: id, client: client, into: out, agent: agentID, zip: zip)
+        try await DredgeFetch.files(of: id, client: client, into: out, agent: agentID, zip: zip)
     }
 }
 
-enum Fetch {
+enum DredgeFetch {
     /// A pull with no files to download because it was removed: says so, and by whom.
     static func failIfRemoved(_ id: String, client: AdminClient) async throws {
         if let removed = try await calling({ try await client.pull(id, diskUse: false) }).removed { throw fail("pull \(id) has no files: \(Format.removed(removed))") }

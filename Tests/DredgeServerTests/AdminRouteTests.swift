@@ -43,7 +43,7 @@ import Testing
             let logger = Logger(label: "test.admin") { _ in SwiftLogNoOpLogHandler() }
             let app = try AdminAPI.application(
                 registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: PullDispatcher(pulls: pulls, logger: logger),
-                files: PullFiles(paths: DataDirectory(data), pulls: pulls), results: results, port: 0, logger: logger)
+                files: PullFiles(paths: DataDirectory(data), pulls: pulls, feedback: feedback), results: results, port: 0, logger: logger)
             let token = created.adminToken
             try await app.test(.router) { client in try await body(Client(client: client, token: token)) }
         }
@@ -128,6 +128,45 @@ import Testing
             ) { ($0.status, $0.headers[.contentLength], $0.body.readableBytes) }
             #expect(headPart.0 == .partialContent && headPart.1 == "10" && headPart.2 == 0)
         }
+    }
+
+    /// A feedback's files are listed and served once it is complete (its day files, manifest
+    /// and zip), audited as `feedback.download`; none while it uploads; 404 for one unknown.
+    @Test func feedbackFilesAreListedAndServedOnceComplete() async throws {
+        let fixture = try Fixture()
+        let agent = try await fixture.agent(uids: ["u-1"])
+        let id = "0123456789abcdef0123456789abcdef"
+        try await fixture.feedback.begin(id: id, agentID: agent, uid: "u-1", text: "it broke", createdAt: .now, chunkCount: 1, bytes: 10, at: Date())
+        let paths = DataDirectory(fixture.data)
+        let dir = try paths.feedbackFiles(id)
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let day = Data("{\"ts\":\"2027-01-15T10:00:00.000000Z\",\"level\":\"info\",\"type\":\"app\",\"message\":\"m\"}\n".utf8)
+        try day.write(to: URL(fileURLWithPath: dir + "/2027-01-15.jsonl"))
+        try Data("{}".utf8).write(to: URL(fileURLWithPath: dir + "/manifest.json"))
+        try Data(repeating: 7, count: 300).write(to: URL(fileURLWithPath: try paths.feedbackZip(id)))
+
+        try await fixture.test { api in
+            let uploading = try await api.call(.get, "/v1/feedback/\(id)/files")
+            #expect(uploading.status == .ok)
+            #expect(try uploading.decode([PullFile].self).isEmpty, "nothing is served before the feedback is complete")
+            #expect(try await api.call(.get, "/v1/feedback/\(id)/files/2027-01-15.jsonl").status == .notFound)
+        }
+        #expect(
+            try await fixture.feedback.update(
+                id, status: .complete, detail: "", chunksReceived: 1, records: 1, files: [dir + "/2027-01-15.jsonl", dir + "/manifest.json"], errorCode: nil))
+        try await fixture.test { api in
+            let listed = try await api.call(.get, "/v1/feedback/\(id)/files").decode([PullFile].self)
+            #expect(listed.map(\.name) == ["\(id).zip", "2027-01-15.jsonl", "manifest.json"])
+            #expect(listed.allSatisfy { $0.agentID == agent })
+            #expect(listed.first { $0.name == "2027-01-15.jsonl" }?.sha256 == FileDigest.sha256(day))
+            let file = try await api.call(.get, "/v1/feedback/\(id)/files/2027-01-15.jsonl")
+            #expect(file.status == .ok && file.body == day)
+            #expect(try await api.call(.get, "/v1/feedback/\(id)/files/..%2Fmanifest.json").status == .notFound)
+            #expect(try await api.call(.get, "/v1/feedback/fedcba9876543210fedcba9876543210/files").status == .notFound)
+            #expect(try await api.call(.get, "/v1/feedback/\(id)/files/nothing.jsonl").status == .notFound)
+        }
+        let audited = try await fixture.pulls.audit(AuditQuery(action: "feedback.download"))
+        #expect(audited.map(\.detail) == ["feedback \(id) file 2027-01-15.jsonl"])
     }
 
     @Test func healthNeedsNoToken() async throws {

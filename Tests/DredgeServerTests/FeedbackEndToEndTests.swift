@@ -76,6 +76,16 @@ import Testing
         #expect(shown.output.contains("text: the oven didn't turn off") && shown.output.contains(dir + "/"), "\(shown.output)")
         #expect(try d.dredge(["pulls"], server: admin).output.contains("\(id)"))
 
+        // And download its files from afar: the same bytes, by a unique prefix of its id; run
+        // again, nothing is sent.
+        let out = d.dir.file("fetched")
+        let fetched = try d.dredge(["feedback", "fetch", String(id.prefix(6)), "--out", out], server: admin)
+        #expect(fetched.status == 0, "\(fetched.output)")
+        for file in files + ["manifest.json"] { #expect(contents(out + "/\(id)/" + file) == contents(dir + "/" + file), "\(file)") }
+        #expect(try d.dredge(["feedback", "fetch", id, "--out", out], server: admin).output.contains("already there"))
+        let zipped = try d.dredge(["feedback", "fetch", id, "--zip", "--out", out], server: admin)
+        #expect(FileManager.default.contents(atPath: out + "/\(id)/\(id).zip") == FileManager.default.contents(atPath: d.data + "/feedback/\(id).zip"), "\(zipped.output)")
+
         // Never twice: the agent restarts and sends nothing more; the server holds one feedback.
         #expect(agent.stop() == 0)
         agent = try d.runAgent(state: state, store: store, log: "agent3.log")

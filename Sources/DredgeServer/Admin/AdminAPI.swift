@@ -113,6 +113,23 @@ public enum AdminAPI {
             guard let record = try await feedback.feedback(id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
             return try json(try diskWanted(request) ? await measured([record], results, logger).first ?? record : record)
         }
+        v1.get("feedback/:id/files") { _, context in
+            guard let files else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not serve files") }
+            let id = try validID(context.parameters.require("id"), "feedback")
+            guard let list = try await files.list(feedback: id) else { throw AdminAPIError(.notFound, "not_found", "no feedback \(id)") }
+            return try json(list.map(\.file))
+        }
+        v1.get("feedback/:id/files/:name") { request, context in
+            guard let files else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not serve files") }
+            let id = try validID(context.parameters.require("id"), "feedback")
+            let name = try context.parameters.require("name")
+            guard let located = try await files.locate(feedback: id, name: name) else {
+                throw AdminAPIError(.notFound, "not_found", "feedback \(id) has no file \(WireID.echo(name).debugDescription)")
+            }
+            return try await serve(
+                located, request: request, context: context, audit: audit, throttle: downloadAudit, action: "feedback.download",
+                detail: "feedback \(id) file \(located.file.name)")
+        }
         // DELETE /v1/pulls/{id}, DELETE /v1/feedback/{id}: the results go, the record stays.
         for (kind, path) in [(RemovalReport.Kind.pull, "pulls/:id"), (.feedback, "feedback/:id")] {
             v1.delete(RouterPath(path)) { request, context in
@@ -227,7 +244,8 @@ public enum AdminAPI {
     /// file again by the same token (a resumed or repeated download) is recorded again only after
     /// ten minutes.
     static func serve(
-        _ located: PullFiles.Located, request: Request, context: AdminRequestContext, audit: any AuditLog, throttle: SearchAudit, detail: String
+        _ located: PullFiles.Located, request: Request, context: AdminRequestContext, audit: any AuditLog, throttle: SearchAudit,
+        action: String = "pull.download", detail: String
     ) async throws -> Response {
         let file = located.file
         let etag = "\"\(file.sha256)\""
@@ -238,7 +256,7 @@ public enum AdminAPI {
         let headOnly = request.method == .head  // nothing downloaded: not audited, the file not opened
         if !headOnly && range != .unsatisfiable && throttle.shouldRecord(actor: actor, detail: detail, now: Date()) {
             do {
-                try await audit.record(actor: actor, action: "pull.download", detail: detail, at: Date())
+                try await audit.record(actor: actor, action: action, detail: detail, at: Date())
             } catch {
                 throttle.forget(actor: actor, detail: detail)
                 throw error

@@ -6,19 +6,22 @@ import Foundation
 import Synchronization
 import ZIPFoundation
 
-/// A pull's files as the download routes serve them: only what the pull's record lists for a
-/// complete target (its per-day files and manifest) and the agent's zip beside them, each
-/// checked to lie inside the data directory; no path is ever built from a request's text.
+/// A pull's (or a feedback's) files as the download routes serve them: only what the pull's
+/// record lists for a complete target (its per-day files and manifest) and the agent's zip
+/// beside them, each checked to lie inside the data directory; no path is ever built from a
+/// request's text. A feedback's are the same: its files and its zip, once it is complete.
 /// SHA-256s are computed off the event loops and kept while the file's size and modification
 /// time stay the same.
 public struct PullFiles: Sendable {
     let paths: DataDirectory
     let pulls: any PullQueue
+    let feedback: any FeedbackInbox
     private let digests = DigestCache()
 
-    public init(paths: DataDirectory, pulls: any PullQueue) {
+    public init(paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox) {
         self.paths = paths
         self.pulls = pulls
+        self.feedback = feedback
     }
 
     /// A file to serve: where it is on disk and what the listing says of it.
@@ -41,6 +44,23 @@ public struct PullFiles: Sendable {
     /// Only that file's SHA-256 is computed.
     public func locate(_ pullID: String, agent agentID: String, name: String) async throws -> Located? {
         guard let candidate = try await candidates(pullID)?.first(where: { $0.agentID == agentID && $0.name == name }) else { return nil }
+        return try await describe(candidate)
+    }
+
+    /// A feedback's files in name order (its per-day files, manifest and zip); nil when there
+    /// is no such feedback, empty until it is complete and once it is removed.
+    public func list(feedback id: String) async throws -> [Located]? {
+        guard let candidates = try await candidates(feedback: id) else { return nil }
+        var located: [Located] = []
+        for candidate in candidates {
+            if let file = try await describe(candidate) { located.append(file) }
+        }
+        return located
+    }
+
+    /// One file of a feedback's listing, by name; nil when the feedback or the file is not there.
+    public func locate(feedback id: String, name: String) async throws -> Located? {
+        guard let candidate = try await candidates(feedback: id)?.first(where: { $0.name == name }) else { return nil }
         return try await describe(candidate)
     }
 
@@ -141,6 +161,20 @@ public struct PullFiles: Sendable {
             }
         }
         return candidates
+    }
+
+    /// What a feedback's record says it holds once complete: its files and its zip.
+    private func candidates(feedback id: String) async throws -> [Candidate]? {
+        guard let record = try await feedback.feedback(id) else { return nil }
+        guard record.status == .complete, record.removed == nil else { return [] }
+        var files: [(String, PullFile.Kind)] = record.files.map { path in
+            ((path as NSString).lastPathComponent == "manifest.json" ? (path, .manifest) : (path, .day))
+        }
+        files.append((try paths.feedbackZip(id), .zip))
+        return try files.sorted(by: { $0.0 < $1.0 }).map { path, kind in
+            let inside = try paths.inside(path)
+            return Candidate(agentID: record.agentID, path: inside, name: (inside as NSString).lastPathComponent, kind: kind)
+        }
     }
 
     private func describe(_ candidate: Candidate) async throws -> Located? {

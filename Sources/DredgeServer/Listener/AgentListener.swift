@@ -136,7 +136,9 @@ public final class AgentListener: Service, Sendable {
                 let handlers = channel.pipeline.syncOperations
                 try handlers.addHandler(NIOSSLServerHandler(context: tls))
                 try handlers.addHandler(ByteToMessageHandler(FrameDecoder(limit: frameLimit)))
-                try handlers.addHandler(MessageToByteHandler(FrameEncoder()))
+                // Its buffer shrinks back after each flush: a connection that once sent a large
+                // frame does not keep that much while idle.
+                try handlers.addHandler(MessageToByteHandler(FrameEncoder(), desiredBufferCapacity: 256))
                 try handlers.addHandler(ConnectionDeadlineHandler(
                     handshake: .nanoseconds(Int64(limits.handshakeSeconds * 1e9)), missedHeartbeats: limits.missedHeartbeats, frameLimit: frameLimit))
                 return (try NIOAsyncChannel<WireFrame, WireFrame>(wrappingChannelSynchronously: channel), token)
@@ -243,24 +245,50 @@ public final class AgentListener: Service, Sendable {
         defer { dispatcher.unregister(agentID, token: registration) }
         var reconnecting = true
         for await _ in wakes {
-            let due: [String]
-            do {
-                let unanswered = reconnecting
-                due = try await pulls.deliverable(for: agentID, includingUnanswered: unanswered)
-                reconnecting = false
-            } catch is CancellationError {
-                return
-            } catch {
-                logger.error("cannot read an agent's pulls; trying again on the next wake", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
-                continue
+            // Each wake is handled in a child task: the memory of its reads, signing and writes
+            // goes when it is done instead of staying with this task, which waits for the
+            // connection's whole life.
+            let unanswered = reconnecting
+            let pass = try await Self.inChildTask {
+                try await self.deliverDue(to: agentID, includingUnanswered: unanswered, token: token, outbound: outbound, work: work)
             }
-            for pullID in due {
-                guard agentConnections.isLive(agentID, token: token) else { return }
-                guard let frame = await deliverable(pullID, to: agentID, work: work) else { continue }
-                try await outbound.write(frame)
-                logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
+            switch pass {
+            case .unread: continue
+            case .delivered: reconnecting = false
+            case .stop: return
             }
         }
+    }
+
+    private enum DeliveryPass: Sendable {
+        /// The agent's pulls could not be read: the next wake tries again.
+        case unread
+        case delivered
+        /// Cancelled, or this connection is no longer the agent's live one.
+        case stop
+    }
+
+    /// One wake of ``deliverPulls(to:token:outbound:work:)``: the due pulls' commands, each
+    /// marked delivered, then written.
+    private func deliverDue(
+        to agentID: String, includingUnanswered unanswered: Bool, token: Int, outbound: NIOAsyncChannelOutboundWriter<WireFrame>, work: ServerWork
+    ) async throws -> DeliveryPass {
+        let due: [String]
+        do {
+            due = try await pulls.deliverable(for: agentID, includingUnanswered: unanswered)
+        } catch is CancellationError {
+            return .stop
+        } catch {
+            logger.error("cannot read an agent's pulls; trying again on the next wake", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
+            return .unread
+        }
+        for pullID in due {
+            guard agentConnections.isLive(agentID, token: token) else { return .stop }
+            guard let frame = await deliverable(pullID, to: agentID, work: work) else { continue }
+            try await outbound.write(frame)
+            logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
+        }
+        return .delivered
     }
 
     /// The command of one pull, marked delivered; nil when it cannot be made or marked now.
@@ -353,10 +381,15 @@ public final class AgentListener: Service, Sendable {
     /// Runs one step of a connection in a child task, so that the memory of its async frames
     /// goes when the step ends instead of staying with the connection's task.
     static func step(_ body: @escaping @Sendable () async throws -> ConnectionSession.Outcome) async throws -> ConnectionSession.Outcome {
-        try await withThrowingTaskGroup(of: ConnectionSession.Outcome.self) { group in
+        try await inChildTask(body)
+    }
+
+    /// `body` in a child task of its own, awaited: the memory of its async frames goes with it.
+    static func inChildTask<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        try await withThrowingTaskGroup(of: T.self) { group in
             group.addTask(operation: body)
-            guard let outcome = try await group.next() else { throw CancellationError() }
-            return outcome
+            guard let value = try await group.next() else { throw CancellationError() }
+            return value
         }
     }
 }

@@ -44,6 +44,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         // No default traits: the admin API needs neither swift-configuration nor full Foundation.
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
+        .package(url: "https://github.com/hummingbird-project/swift-mustache", from: "2.1.1"),
         // The admin client: HTTPS with a pinned CA, streamed downloads.
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
     ],
@@ -132,6 +133,7 @@ let package = Package(
                 .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
                 .product(name: "HummingbirdTLS", package: "hummingbird", condition: .when(traits: ["Server"])),
+                .product(name: "Mustache", package: "swift-mustache", condition: .when(traits: ["Server"])),
                 .product(name: "X509", package: "swift-certificates", condition: .when(traits: ["Server"])),
                 .product(name: "SwiftASN1", package: "swift-asn1", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),

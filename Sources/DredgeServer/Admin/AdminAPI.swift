@@ -17,7 +17,8 @@ public enum AdminAPI {
     public static func application(
         registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
         dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil, results: ResultsKeeper? = nil,
-        host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil, caPEM: String? = nil, logger: Logger,
+        consoleSessions: ConsoleSessions = ConsoleSessions(), host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil, caPEM: String? = nil,
+        logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
         // HEAD answers every GET route with its headers (a download's size, ETag and SHA-256
@@ -32,6 +33,10 @@ public enum AdminAPI {
                 Response(status: .ok, headers: [.contentType: "application/x-pem-file"], body: .init(byteBuffer: ByteBuffer(string: caPEM)))
             }
         }
+
+        try Console.register(
+            on: router,
+            Console.Dependencies(registry: registry, tokens: tokens, audit: audit, sessions: consoleSessions, secure: tls != nil, logger: logger))
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens, audit: audit, logger: logger))
         let searchAudit = SearchAudit()

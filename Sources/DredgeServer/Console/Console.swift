@@ -1,0 +1,200 @@
+import DredgeAdminAPI
+import Foundation
+import Hummingbird
+import Logging
+import Mustache
+import NIOCore
+
+/// The web console on the admin listener (`/console/…`): server-rendered pages for support
+/// engineers, signed in with an admin token (docs/console.md).
+///
+/// - A session is a cookie (`dredge_console`: HttpOnly, SameSite=Strict, `Path=/console`,
+///   Secure when the listener speaks TLS, expiring with the session) naming a
+///   ``ConsoleSessions`` entry; pages without one send the browser to the sign-in page.
+/// - Every form carries a CSRF token, checked in constant time: the session's, or for the
+///   sign-in form a random one kept in a cookie of its own (`dredge_console_csrf`). A post
+///   without it is refused (403) and changes nothing.
+/// - Every answer carries a Content-Security-Policy without `unsafe-inline` (styles and
+///   scripts only from `/console/static/`), `X-Content-Type-Options: nosniff`,
+///   `Referrer-Policy: no-referrer` and `Cache-Control: no-store`; pages cannot be framed.
+/// - Sign-in and sign-out are audited under the token's name (`console.sign-in`,
+///   `console.sign-out`); a refused token as `auth.failed`, as on the API.
+enum Console {
+    static let sessionCookie = "dredge_console"
+    static let signInCookie = "dredge_console_csrf"
+    static let securityHeaders: HTTPFields = [
+        HTTPFields.Element.Name("Content-Security-Policy")!:
+            "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        HTTPFields.Element.Name("X-Content-Type-Options")!: "nosniff",
+        HTTPFields.Element.Name("Referrer-Policy")!: "no-referrer",
+        .cacheControl: "no-store",
+    ]
+    /// The largest form body read (a sign-in, a filter).
+    static let maxFormBytes = 16 * 1024
+
+    struct Dependencies {
+        let registry: any AgentDirectory
+        let tokens: any TokenVault
+        let audit: any AuditLog
+        let sessions: ConsoleSessions
+        /// Whether the listener speaks TLS: cookies are then `Secure`.
+        let secure: Bool
+        let logger: Logger
+    }
+
+    static func register(on router: Router<AdminRequestContext>, _ d: Dependencies) throws {
+        let library = try ConsoleTemplates.library()
+        let refusals = RefusalAudit()
+        let console = router.group("console")
+
+        console.get("") { _, _ in redirect("/console/agents") }
+        console.get("static/console.css") { _, _ in
+            var headers = securityHeaders
+            headers[.contentType] = "text/css; charset=utf-8"
+            headers[.cacheControl] = "max-age=3600"
+            return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: ConsoleTemplates.css)))
+        }
+
+        console.get("sign-in") { request, _ in
+            if signedIn(request, d) != nil { return redirect("/console/agents") }
+            return signInPage(library, d, problem: nil, status: .ok)
+        }
+        console.post("sign-in") { request, context in
+            let form = try await formFields(request, context)
+            guard let expected = request.cookies[signInCookie]?.value, let sent = form["csrf"], ConsoleSessions.same(expected, sent) else {
+                return forbidden(library, d)
+            }
+            let token = form["token"] ?? ""
+            guard !token.isEmpty, let name = try await d.tokens.adminName(for: token) else {
+                await refused(request, context, d, refusals)
+                return signInPage(library, d, problem: "That is not an admin token.", status: .unauthorized)
+            }
+            // Recorded first: a sign-in the audit log cannot hold does not happen.
+            try await d.audit.record(actor: name, action: "console.sign-in", detail: "from \(context.remoteAddress ?? "?")", at: Date())
+            let (id, session) = d.sessions.open(tokenName: name, token: token)
+            var response = redirect("/console/agents")
+            response.setCookie(
+                Cookie(
+                    name: sessionCookie, value: id, maxAge: max(1, Int(session.expires.timeIntervalSince(d.sessions.now()))), path: "/console", secure: d.secure,
+                    httpOnly: true, sameSite: .strict))
+            response.setCookie(expired(signInCookie, d))
+            return response
+        }
+        console.post("sign-out") { request, context in
+            let form = try await formFields(request, context)
+            guard let id = request.cookies[sessionCookie]?.value, let session = d.sessions.session(id) else { return redirect("/console/sign-in") }
+            guard let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
+            d.sessions.close(id)
+            try await d.audit.record(actor: session.tokenName, action: "console.sign-out", detail: "", at: Date())
+            var response = redirect("/console/sign-in")
+            response.setCookie(expired(sessionCookie, d))
+            return response
+        }
+
+        console.get("agents") { request, _ in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            let query = (request.uri.queryParameters.get("q") ?? "").trimmingCharacters(in: .whitespaces)
+            let all = try await d.registry.agents()
+            let shown = query.isEmpty ? all : all.filter { matches($0, query) }
+            let rows = shown.sorted { ($0.connected ? 0 : 1, $0.hostname) < ($1.connected ? 0 : 1, $1.hostname) }.map(row)
+            let page: [String: Any] = [
+                "title": "Agents", "signedIn": true, "onAgents": true, "tokenName": session.tokenName, "csrf": session.csrf, "query": query,
+                "online": all.filter(\.connected).count, "total": all.count, "shown": shown.count, "rows": rows,
+            ]
+            return html(library, "agents", page)
+        }
+    }
+
+    // MARK: Pages
+
+    static func row(_ a: AgentRecord) -> [String: Any] {
+        let users = a.activeUIDs.prefix(5).joined(separator: ", ") + (a.activeUIDs.count > 5 ? " +\(a.activeUIDs.count - 5)" : "")
+        let reported = a.reportedUsers > a.activeUIDs.count ? " (\(a.reportedUsers)\(a.usersTruncated ? "+" : "") in the store)" : ""
+        let lastSeen = a.lastHeartbeatAt ?? a.connectedAt ?? a.enrolledAt
+        return [
+            "status": a.connected ? "online" : "offline", "host": a.hostname.isEmpty ? "?" : a.hostname,
+            "labels": a.labels.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "),
+            "app": [a.app, a.appVersion].filter { !$0.isEmpty }.joined(separator: " "), "users": users + reported, "records": "\(a.storeRecords)",
+            "lastSeen": ISO8601DateFormatter().string(from: lastSeen), "agentID": a.agentID, "shortID": String(a.agentID.prefix(8)),
+        ]
+    }
+
+    /// Case-insensitive, in the host, labels, app, OS, id and the users seen.
+    static func matches(_ a: AgentRecord, _ query: String) -> Bool {
+        let fields = [a.hostname, a.app, a.appVersion, a.os, a.agentID] + a.activeUIDs + a.labels.map { "\($0.key)=\($0.value)" }
+        return fields.contains { $0.range(of: query, options: [.caseInsensitive, .diacriticInsensitive]) != nil }
+    }
+
+    static func signInPage(_ library: MustacheLibrary, _ d: Dependencies, problem: String?, status: HTTPResponse.Status) -> Response {
+        let csrf = ConsoleSessions.randomToken()
+        var page: [String: Any] = ["title": "Sign in", "csrf": csrf, "hours": "\(Int(d.sessions.lifetime / 3600))"]
+        if let problem { page["problem"] = problem }
+        var response = html(library, "sign-in", page, status: status)
+        response.setCookie(Cookie(name: signInCookie, value: csrf, maxAge: 3600, path: "/console", secure: d.secure, httpOnly: true, sameSite: .strict))
+        return response
+    }
+
+    static func forbidden(_ library: MustacheLibrary, _ d: Dependencies) -> Response {
+        signInPage(library, d, problem: "The form had expired or did not come from this console; nothing was done. Try again.", status: .forbidden)
+    }
+
+    static func html(_ library: MustacheLibrary, _ template: String, _ page: [String: Any], status: HTTPResponse.Status = .ok) -> Response {
+        var headers = securityHeaders
+        headers[.contentType] = "text/html; charset=utf-8"
+        let body = library.render(page, withTemplate: template) ?? ""
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: body)))
+    }
+
+    static func redirect(_ location: String) -> Response {
+        var headers = securityHeaders
+        headers[.location] = location
+        return Response(status: .seeOther, headers: headers)
+    }
+
+    static func expired(_ name: String, _ d: Dependencies) -> Cookie {
+        Cookie(name: name, value: "", maxAge: 0, path: "/console", secure: d.secure, httpOnly: true, sameSite: .strict)
+    }
+
+    // MARK: Sessions and forms
+
+    /// The session of the request's cookie, if live (whatever its token says now).
+    static func signedIn(_ request: Request, _ d: Dependencies) -> ConsoleSessions.Session? {
+        request.cookies[sessionCookie].flatMap { d.sessions.session($0.value) }
+    }
+
+    /// The session, its token checked again: a revoked token's session ends here.
+    static func checked(_ request: Request, _ d: Dependencies) async throws -> ConsoleSessions.Session? {
+        guard let id = request.cookies[sessionCookie]?.value, let session = d.sessions.session(id) else { return nil }
+        guard try await d.tokens.adminName(for: session.token) == session.tokenName else {
+            d.sessions.close(id)
+            return nil
+        }
+        return session
+    }
+
+    /// An `application/x-www-form-urlencoded` body's fields (the first of a name given twice).
+    static func formFields(_ request: Request, _ context: AdminRequestContext) async throws -> [String: String] {
+        let body = try await request.body.collect(upTo: maxFormBytes)
+        var fields: [String: String] = [:]
+        for pair in String(buffer: body).split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            func decoded(_ s: Substring) -> String? { s.replacingOccurrences(of: "+", with: " ").removingPercentEncoding }
+            guard let name = parts.first.flatMap(decoded), let value = decoded(parts.count > 1 ? parts[1] : "") else { continue }
+            if fields[name] == nil { fields[name] = value }
+        }
+        return fields
+    }
+
+    static func refused(_ request: Request, _ context: AdminRequestContext, _ d: Dependencies, _ refusals: RefusalAudit) async {
+        let source = context.remoteAddress ?? "?"
+        let host = source.split(separator: ":").dropLast().joined(separator: ":")
+        guard let suppressed = refusals.admit(host: host.isEmpty ? source : host, now: Date()) else { return }
+        let detail = "a token that is not an admin token for the console's sign-in from \(source)"
+            + (suppressed > 0 ? " (and \(suppressed) more from that host not recorded)" : "")
+        do {
+            try await d.audit.record(actor: "-", action: "auth.failed", detail: detail, at: Date())
+        } catch {
+            d.logger.error("could not record a refused console sign-in in the audit log", metadata: ["error": "\(error)"])
+        }
+    }
+}

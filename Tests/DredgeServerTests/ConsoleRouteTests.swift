@@ -1,0 +1,217 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+@testable import DredgeServer
+import DredgeTestSupport
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import Logging
+import NIOCore
+import Synchronization
+import Testing
+
+/// The web console's sign-in, sessions and pages over HTTP, in process (`HummingbirdTesting`):
+/// what a browser is sent and what it must send back. The pages in a real browser are the
+/// browser tests' part.
+@Suite struct ConsoleRouteTests {
+    /// A clock the test moves.
+    final class Clock: Sendable {
+        private let time = Mutex(Date())
+        func now() -> Date { time.withLock { $0 } }
+        func advance(_ seconds: TimeInterval) { time.withLock { $0 = $0.addingTimeInterval(seconds) } }
+    }
+
+    struct Browser {
+        let client: any TestClientProtocol
+        /// The cookies it holds, by name.
+        var cookies: [String: String] = [:]
+
+        struct Page {
+            var status: HTTPResponse.Status
+            var headers: HTTPFields
+            var body: String
+            var location: String? { headers[.location] }
+            /// The value of the first hidden `csrf` field.
+            var csrf: String? {
+                guard let range = body.range(of: #"name="csrf" value=""#) else { return nil }
+                return String(body[range.upperBound...].prefix { $0 != "\"" })
+            }
+        }
+
+        mutating func get(_ uri: String) async throws -> Page { try await send(.get, uri, form: nil) }
+
+        mutating func post(_ uri: String, _ form: [String: String]) async throws -> Page { try await send(.post, uri, form: form) }
+
+        mutating func send(_ method: HTTPRequest.Method, _ uri: String, form: [String: String]?) async throws -> Page {
+            var headers: HTTPFields = [:]
+            if !cookies.isEmpty { headers[.cookie] = cookies.map { "\($0.key)=\($0.value)" }.joined(separator: "; ") }
+            var body: ByteBuffer?
+            if let form {
+                headers[.contentType] = "application/x-www-form-urlencoded"
+                var allowed = CharacterSet.alphanumerics
+                allowed.insert(charactersIn: "-._~")
+                body = ByteBuffer(
+                    string: form.map { "\($0.key)=\($0.value.addingPercentEncoding(withAllowedCharacters: allowed) ?? "")" }.joined(separator: "&"))
+            }
+            let page = try await client.execute(uri: uri, method: method, headers: headers, body: body) { response in
+                Page(status: response.status, headers: response.headers, body: String(buffer: response.body))
+            }
+            for line in page.headers[values: .setCookie] {
+                let pair = line.split(separator: ";", maxSplits: 1)[0].split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+                let name = String(pair[0]), value = pair.count > 1 ? String(pair[1]) : ""
+                if line.contains("Max-Age=0") || value.isEmpty { cookies[name] = nil } else { cookies[name] = value }
+            }
+            return page
+        }
+
+        /// Signs in with `token` through the form, as a browser does.
+        mutating func signIn(_ token: String) async throws -> Page {
+            let form = try await get("/console/sign-in")
+            return try await post("/console/sign-in", ["token": token, "csrf": form.csrf ?? ""])
+        }
+    }
+
+    struct Fixture {
+        let admin = try! AdminRouteTests.Fixture()
+        let clock = Clock()
+
+        func test(_ body: @Sendable (inout Browser) async throws -> Void) async throws {
+            let logger = Logger(label: "test.console") { _ in SwiftLogNoOpLogHandler() }
+            let clock = clock
+            let a = admin
+            let app = try AdminAPI.application(
+                registry: a.registry, pulls: a.pulls, audit: a.pulls, issuer: a.issuer, feedback: a.feedback, tokens: a.tokens,
+                dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), consoleSessions: ConsoleSessions(lifetime: 3600, now: { clock.now() }), port: 0,
+                logger: logger)
+            try await app.test(.router) { client in
+                var browser = Browser(client: client)
+                try await body(&browser)
+            }
+        }
+
+        func audit(_ action: String) async throws -> [AuditEntry] { try await admin.pulls.audit(AuditQuery(action: action)) }
+    }
+
+    @Test func pagesWithoutASessionSendTheBrowserToSignIn() async throws {
+        try await Fixture().test { browser in
+            for uri in ["/console/agents", "/console/agents?q=x"] {
+                let page = try await browser.get(uri)
+                #expect(page.status == .seeOther && page.location == "/console/sign-in", "\(uri)")
+            }
+            #expect(try await browser.get("/console").location == "/console/agents")
+            let signIn = try await browser.get("/console/sign-in")
+            #expect(signIn.status == .ok && signIn.body.contains(#"<form class="sign-in""#))
+            let policy = try #require(signIn.headers[HTTPFields.Element.Name("Content-Security-Policy")!])
+            #expect(!policy.contains("unsafe-inline") && policy.contains("default-src 'none'") && policy.contains("frame-ancestors 'none'"))
+            #expect(!signIn.body.contains("<script") && !signIn.body.contains("style="), "no inline script or style")
+            let css = try await browser.get("/console/static/console.css")
+            #expect(css.status == .ok && css.headers[.contentType]?.hasPrefix("text/css") == true)
+        }
+    }
+
+    @Test func signingInSetsAStrictSessionCookieAndSigningOutEndsIt() async throws {
+        let fixture = Fixture()
+        let token = fixture.admin.created.adminToken
+        try await fixture.test { browser in
+            let signedIn = try await browser.signIn(token)
+            #expect(signedIn.status == .seeOther && signedIn.location == "/console/agents")
+            let cookie = try #require(signedIn.headers[values: .setCookie].first { $0.hasPrefix("dredge_console=") })
+            for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age=3600"] { #expect(cookie.contains(attribute), "\(cookie)") }
+            #expect(!cookie.contains("Secure"), "plain HTTP on loopback: a Secure cookie would never come back")
+            let agents = try await browser.get("/console/agents")
+            #expect(agents.status == .ok && agents.body.contains("<h1>Agents</h1>") && agents.body.contains("admin"))
+            let csrf = try #require(agents.csrf)
+
+            // Signing out needs the session's CSRF token.
+            let forged = try await browser.post("/console/sign-out", ["csrf": String(repeating: "0", count: 64)])
+            #expect(forged.status == .forbidden)
+            #expect(try await browser.get("/console/agents").status == .ok, "still signed in")
+            let out = try await browser.post("/console/sign-out", ["csrf": csrf])
+            #expect(out.status == .seeOther && out.location == "/console/sign-in")
+            #expect(browser.cookies["dredge_console"] == nil, "the cookie is cleared")
+        }
+        // The old cookie, replayed after signing out, is refused.
+        try await fixture.test { browser in
+            _ = try await browser.signIn(token)
+            let stolen = try #require(browser.cookies["dredge_console"])
+            let csrf = try #require(try await browser.get("/console/agents").csrf)
+            _ = try await browser.post("/console/sign-out", ["csrf": csrf])
+            browser.cookies["dredge_console"] = stolen
+            #expect(try await browser.get("/console/agents").location == "/console/sign-in")
+        }
+        #expect(try await fixture.audit("console.sign-in").count == 2)
+        #expect(try await fixture.audit("console.sign-out").map(\.actor) == ["admin", "admin"])
+    }
+
+    @Test func aSignInFormWithoutItsCSRFTokenOrWithAWrongTokenIsRefused() async throws {
+        let fixture = Fixture()
+        let token = fixture.admin.created.adminToken
+        try await fixture.test { browser in
+            // A post from elsewhere: no sign-in cookie, or a token that is not the cookie's.
+            let noCookie = try await browser.post("/console/sign-in", ["token": token, "csrf": "x"])
+            #expect(noCookie.status == .forbidden && browser.cookies["dredge_console"] == nil)
+            _ = try await browser.get("/console/sign-in")
+            let wrongCSRF = try await browser.post("/console/sign-in", ["token": token, "csrf": String(repeating: "a", count: 64)])
+            #expect(wrongCSRF.status == .forbidden && browser.cookies["dredge_console"] == nil)
+            // Not an admin token.
+            let wrong = try await browser.signIn("dredge_adm_not-a-token")
+            #expect(wrong.status == .unauthorized && wrong.body.contains(#"class="problem""#))
+            #expect(browser.cookies["dredge_console"] == nil)
+            #expect(try await browser.get("/console/agents").location == "/console/sign-in")
+        }
+        #expect(try await fixture.audit("auth.failed").count == 1)
+        #expect(try await fixture.audit("console.sign-in").isEmpty)
+    }
+
+    @Test func aSessionEndsAtItsExpiryAndWhenItsTokenIsRevoked() async throws {
+        let fixture = Fixture()
+        let second = try await fixture.admin.tokens.create(name: "bob", kind: .admin, now: Date())
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            fixture.clock.advance(3599)
+            #expect(try await browser.get("/console/agents").status == .ok)
+            fixture.clock.advance(2)
+            #expect(try await browser.get("/console/agents").location == "/console/sign-in", "expired")
+
+            _ = try await browser.signIn(second.token)
+            #expect(try await browser.get("/console/agents").status == .ok)
+            try await fixture.admin.tokens.revoke(name: "bob", kind: .admin)
+            #expect(try await browser.get("/console/agents").location == "/console/sign-in", "its token was revoked")
+        }
+    }
+
+    /// Whatever an agent says of itself (its host name, labels, app, users) is shown as text.
+    @Test func hostileTextFromAgentsRendersInert() async throws {
+        let fixture = Fixture()
+        let key = try RSAPrivateKey.generate()
+        let hostile = #"<script>alert(1)</script>"#, attribute = #""><img src=x onerror=alert(1)>"#
+        let id = try await fixture.admin.registry.enroll(publicKey: key.publicKey, host: .with { $0.hostname = hostile })
+        try await fixture.admin.registry.heartbeat(id, .with { $0.activeUids = [attribute, "javascript:alert(1)"] })
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let page = try await browser.get("/console/agents")
+            #expect(page.status == .ok)
+            #expect(!page.body.contains(hostile) && page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"))
+            #expect(!page.body.contains("<img") && page.body.contains("&quot;&gt;&lt;img src=x onerror=alert(1)&gt;"))
+            #expect(!page.body.contains("href=\"javascript:"))
+            // The filter's own text comes back escaped too.
+            let filtered = try await browser.get("/console/agents?q=%22%3E%3Cscript%3E")
+            #expect(!filtered.body.contains("\"><script>") && filtered.body.contains("value=\"&quot;&gt;&lt;script&gt;\""))
+        }
+    }
+
+    @Test func theAgentsPageFiltersByText() async throws {
+        let fixture = Fixture()
+        _ = try await fixture.admin.agent(uids: ["u-1"])
+        _ = try await fixture.admin.agent(uids: ["anna"])
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let all = try await browser.get("/console/agents")
+            #expect(all.body.contains("host-u-1") && all.body.contains("host-anna"))
+            let one = try await browser.get("/console/agents?q=ANNA")
+            #expect(one.body.contains("host-anna") && !one.body.contains("host-u-1"))
+            #expect(one.body.contains("1 match"))
+        }
+    }
+}

@@ -22,6 +22,7 @@ test: deps
 	$(SWIFT) test --skip-build
 	python3 scripts/fresh-app.py
 	python3 Tests/conformance/conformance.py "$$($(SWIFT) build --show-bin-path)/dredge-server"
+	python3 Tests/browser/console.py "$$($(SWIFT) build --show-bin-path)" test-output/console
 	scripts/fuzz.sh 20
 
 bench: deps
@@ -38,4 +39,4 @@ bench: deps
 	.build/release/dredge-bench network
 
 clean:
-	rm -rf .build .build-fuzz demo-output
+	rm -rf .build .build-fuzz demo-output test-output

@@ -2,19 +2,20 @@
 set -euo pipefail
 
 # System packages: SQLite (GRDB links the system library), zlib, libcurl (FoundationNetworking's
-# URLSession: `dredge` and network logging), and Python 3 with `cryptography` and `jsonschema`
-# for the independent protocol check (Tests/interop) and the benchmark's fleet keys.
-packages=(libsqlite3-dev zlib1g-dev libcurl4)
+# URLSession: `dredge` and network logging), Python 3 with `cryptography` and `jsonschema`
+# for the independent protocol check (Tests/interop) and the benchmark's fleet keys, and
+# Chromium with its WebDriver and Python's `selenium` for the console's browser test.
+packages=(libsqlite3-dev zlib1g-dev libcurl4 chromium chromium-driver)
 command -v python3 >/dev/null || packages+=(python3)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 need_crypto=0
-python3 -c "import cryptography, jsonschema" 2>/dev/null || need_crypto=1
+python3 -c "import cryptography, jsonschema, selenium" 2>/dev/null || need_crypto=1
 if [ ${#missing[@]} -eq 0 ] && [ $need_crypto -eq 0 ]; then exit 0; fi
 
-echo "installing: ${missing[*]} $([ $need_crypto -eq 1 ] && echo python cryptography jsonschema)" >&2
+echo "installing: ${missing[*]} $([ $need_crypto -eq 1 ] && echo python cryptography jsonschema selenium)" >&2
 if [ "$(id -u)" -eq 0 ]; then
     SUDO=""
 elif command -v sudo >/dev/null; then
@@ -26,10 +27,10 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq "${missing[@]}"
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 # The python3 on PATH may be Debian's or another install: try pip, then Debian's package.
-for module in cryptography jsonschema; do
+for module in cryptography jsonschema selenium; do
     if ! python3 -c "import $module" 2>/dev/null; then
         python3 -m pip install --quiet "$module" 2>/dev/null \
             || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "python3-$module"; }

@@ -164,6 +164,38 @@ import Testing
         #expect(try await fixture.audit("console.sign-in").isEmpty)
     }
 
+    /// A post naming another origin (another port of the same host, a sibling site: SameSite
+    /// does not tell them apart) is refused, even with the right CSRF token.
+    @Test func postsFromAnotherOriginAreRefused() async throws {
+        let fixture = Fixture()
+        try await fixture.test { browser in
+            let form = try await browser.get("/console/sign-in")
+            let csrf = try #require(form.csrf)
+            let cookie = try #require(browser.cookies["dredge_console_csrf"])
+            for (name, value) in [("Origin", "http://127.0.0.1:9999"), ("Sec-Fetch-Site", "same-site")] {
+                var headers: HTTPFields = [.cookie: "dredge_console_csrf=\(cookie)", .contentType: "application/x-www-form-urlencoded"]
+                headers[HTTPFields.Element.Name(name)!] = value
+                let body = ByteBuffer(string: "token=\(fixture.admin.created.adminToken)&csrf=\(csrf)")
+                let status = try await browser.client.execute(uri: "/console/sign-in", method: .post, headers: headers, body: body) { $0.status }
+                #expect(status == .forbidden, "\(name): \(value)")
+            }
+        }
+        #expect(try await fixture.audit("console.sign-in").isEmpty)
+    }
+
+    /// Errors under /console are pages with the console's headers, not the API's JSON.
+    @Test func errorsArePagesWithTheSameHeaders() async throws {
+        try await Fixture().test { browser in
+            let missing = try await browser.get("/console/no-such-page")
+            let large = try await browser.post("/console/sign-in", ["token": String(repeating: "x", count: 20_000), "csrf": "x"])
+            for (page, status) in [(missing, HTTPResponse.Status.notFound), (large, .contentTooLarge)] {
+                #expect(page.status == status)
+                #expect(page.headers[.contentType]?.hasPrefix("text/html") == true)
+                #expect(page.headers[HTTPFields.Element.Name("Content-Security-Policy")!]?.contains("default-src 'none'") == true)
+            }
+        }
+    }
+
     @Test func aSessionEndsAtItsExpiryAndWhenItsTokenIsRevoked() async throws {
         let fixture = Fixture()
         let second = try await fixture.admin.tokens.create(name: "bob", kind: .admin, now: Date())
@@ -186,8 +218,11 @@ import Testing
         let fixture = Fixture()
         let key = try RSAPrivateKey.generate()
         let hostile = #"<script>alert(1)</script>"#, attribute = #""><img src=x onerror=alert(1)>"#
+        // Characters that join the next or the previous one into a grapheme cluster: an escaper
+        // working by Character lets the `<` and the `"` through.
+        let joined = "\u{600}<b>bold</b>", accent = "\"\u{301} autofocus onfocus=alert(1) x=\u{301}\""
         let id = try await fixture.admin.registry.enroll(publicKey: key.publicKey, host: .with { $0.hostname = hostile })
-        try await fixture.admin.registry.heartbeat(id, .with { $0.activeUids = [attribute, "javascript:alert(1)"] })
+        try await fixture.admin.registry.heartbeat(id, .with { $0.activeUids = [attribute, "javascript:alert(1)", joined, accent] })
         try await fixture.test { browser in
             _ = try await browser.signIn(fixture.admin.created.adminToken)
             let page = try await browser.get("/console/agents")
@@ -195,6 +230,10 @@ import Testing
             #expect(!page.body.contains(hostile) && page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"))
             #expect(!page.body.contains("<img") && page.body.contains("&quot;&gt;&lt;img src=x onerror=alert(1)&gt;"))
             #expect(!page.body.contains("href=\"javascript:"))
+            // Compared as bytes: as Swift strings, "<b>" is not "in" "\u{600}<b>" (another grapheme cluster).
+            func holds(_ text: String) -> Bool { Data(page.body.utf8).range(of: Data(text.utf8)) != nil }
+            #expect(!holds("<b>") && holds("\u{600}&lt;b&gt;bold&lt;/b&gt;"))
+            #expect(!holds("\"\u{301} autofocus") && holds("&quot;\u{301} autofocus"))
             // The filter's own text comes back escaped too.
             let filtered = try await browser.get("/console/agents?q=%22%3E%3Cscript%3E")
             #expect(!filtered.body.contains("\"><script>") && filtered.body.contains("value=\"&quot;&gt;&lt;script&gt;\""))

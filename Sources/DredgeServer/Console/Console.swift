@@ -16,7 +16,7 @@ import NIOCore
 ///   without it is refused (403) and changes nothing.
 /// - Every answer carries a Content-Security-Policy without `unsafe-inline` (styles and
 ///   scripts only from `/console/static/`), `X-Content-Type-Options: nosniff`,
-///   `Referrer-Policy: no-referrer` and `Cache-Control: no-store`; pages cannot be framed.
+///   `Referrer-Policy: same-origin` and `Cache-Control: no-store`; pages cannot be framed.
 /// - Sign-in and sign-out are audited under the token's name (`console.sign-in`,
 ///   `console.sign-out`); a refused token as `auth.failed`, as on the API.
 enum Console {
@@ -26,7 +26,7 @@ enum Console {
         HTTPFields.Element.Name("Content-Security-Policy")!:
             "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
         HTTPFields.Element.Name("X-Content-Type-Options")!: "nosniff",
-        HTTPFields.Element.Name("Referrer-Policy")!: "no-referrer",
+        HTTPFields.Element.Name("Referrer-Policy")!: "same-origin",  // not no-referrer: browsers then post with `Origin: null`
         .cacheControl: "no-store",
     ]
     /// The largest form body read (a sign-in, a filter).
@@ -45,14 +45,16 @@ enum Console {
     static func register(on router: Router<AdminRequestContext>, _ d: Dependencies) throws {
         let library = try ConsoleTemplates.library()
         let refusals = RefusalAudit()
-        let console = router.group("console")
+        let console = router.group("console").add(middleware: ConsoleErrors(library: library, logger: d.logger))
 
         console.get("") { _, _ in redirect("/console/agents") }
-        console.get("static/console.css") { _, _ in
-            var headers = securityHeaders
-            headers[.contentType] = "text/css; charset=utf-8"
-            headers[.cacheControl] = "max-age=3600"
-            return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: ConsoleTemplates.css)))
+        for (name, type, content) in [("console.css", "text/css; charset=utf-8", ConsoleTemplates.css), ("icon.svg", "image/svg+xml", ConsoleTemplates.icon)] {
+            console.get(RouterPath("static/" + name)) { _, _ in
+                var headers = securityHeaders
+                headers[.contentType] = type
+                headers[.cacheControl] = "max-age=3600"
+                return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: content)))
+            }
         }
 
         console.get("sign-in") { request, _ in
@@ -61,6 +63,7 @@ enum Console {
         }
         console.post("sign-in") { request, context in
             let form = try await formFields(request, context)
+            guard sameOrigin(request, d) else { return forbidden(library, d) }
             guard let expected = request.cookies[signInCookie]?.value, let sent = form["csrf"], ConsoleSessions.same(expected, sent) else {
                 return forbidden(library, d)
             }
@@ -69,6 +72,8 @@ enum Console {
                 await refused(request, context, d, refusals)
                 return signInPage(library, d, problem: "That is not an admin token.", status: .unauthorized)
             }
+            // A session this browser held before ends: one at a time.
+            if let old = request.cookies[sessionCookie]?.value { d.sessions.close(old) }
             // Recorded first: a sign-in the audit log cannot hold does not happen.
             try await d.audit.record(actor: name, action: "console.sign-in", detail: "from \(context.remoteAddress ?? "?")", at: Date())
             let (id, session) = d.sessions.open(tokenName: name, token: token)
@@ -83,7 +88,7 @@ enum Console {
         console.post("sign-out") { request, context in
             let form = try await formFields(request, context)
             guard let id = request.cookies[sessionCookie]?.value, let session = d.sessions.session(id) else { return redirect("/console/sign-in") }
-            guard let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
+            guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
             d.sessions.close(id)
             try await d.audit.record(actor: session.tokenName, action: "console.sign-out", detail: "", at: Date())
             var response = redirect("/console/sign-in")
@@ -98,24 +103,44 @@ enum Console {
             let shown = query.isEmpty ? all : all.filter { matches($0, query) }
             let rows = shown.sorted { ($0.connected ? 0 : 1, $0.hostname) < ($1.connected ? 0 : 1, $1.hostname) }.map(row)
             let page: [String: Any] = [
-                "title": "Agents", "signedIn": true, "onAgents": true, "tokenName": session.tokenName, "csrf": session.csrf, "query": query,
+                "title": "Agents", "signedIn": true, "onAgents": true, "tokenName": session.tokenName, "csrf": session.csrf, "query": query, "filtered": !query.isEmpty,
                 "online": all.filter(\.connected).count, "total": all.count, "shown": shown.count, "rows": rows,
             ]
             return html(library, "agents", page)
         }
+        // Anything else under /console: a page, not the API's JSON.
+        console.get("**") { _, _ -> Response in
+            throw AdminAPIError(.notFound, "not_found", "There is no such page.")
+        }
+    }
+
+    /// Whether a post comes from this console's own pages: a browser names the page's origin
+    /// (`Origin`, and `Sec-Fetch-Site`). SameSite cookies do not tell ports or sibling hosts
+    /// apart; this does. A request naming neither (not a browser) is left to the CSRF token.
+    static func sameOrigin(_ request: Request, _ d: Dependencies) -> Bool {
+        if let site = request.headers[HTTPFields.Element.Name("Sec-Fetch-Site")!], site != "same-origin" { return false }
+        guard let origin = request.headers[.origin] else { return true }
+        guard let authority = request.head.authority else { return false }
+        return origin == (d.secure ? "https://" : "http://") + authority
     }
 
     // MARK: Pages
 
     static func row(_ a: AgentRecord) -> [String: Any] {
+        var row = fields(a)
+        // A section of an empty string is shown: an absent key is not.
+        if !a.labels.isEmpty { row["labels"] = a.labels.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ") }
+        return row
+    }
+
+    static func fields(_ a: AgentRecord) -> [String: Any] {
         let users = a.activeUIDs.prefix(5).joined(separator: ", ") + (a.activeUIDs.count > 5 ? " +\(a.activeUIDs.count - 5)" : "")
         let reported = a.reportedUsers > a.activeUIDs.count ? " (\(a.reportedUsers)\(a.usersTruncated ? "+" : "") in the store)" : ""
         let lastSeen = a.lastHeartbeatAt ?? a.connectedAt ?? a.enrolledAt
         return [
             "status": a.connected ? "online" : "offline", "host": a.hostname.isEmpty ? "?" : a.hostname,
-            "labels": a.labels.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "),
             "app": [a.app, a.appVersion].filter { !$0.isEmpty }.joined(separator: " "), "users": users + reported, "records": "\(a.storeRecords)",
-            "lastSeen": ISO8601DateFormatter().string(from: lastSeen), "agentID": a.agentID, "shortID": String(a.agentID.prefix(8)),
+            "lastSeen": lastSeen.formatted(Date.ISO8601FormatStyle(dateSeparator: .dash, dateTimeSeparator: .space, timeZone: .gmt)).replacingOccurrences(of: "Z", with: " UTC"), "agentID": a.agentID, "shortID": String(a.agentID.prefix(8)),
         ]
     }
 
@@ -174,7 +199,12 @@ enum Console {
 
     /// An `application/x-www-form-urlencoded` body's fields (the first of a name given twice).
     static func formFields(_ request: Request, _ context: AdminRequestContext) async throws -> [String: String] {
-        let body = try await request.body.collect(upTo: maxFormBytes)
+        let body: ByteBuffer
+        do {
+            body = try await request.body.collect(upTo: maxFormBytes)
+        } catch {
+            throw AdminAPIError(.contentTooLarge, "bad_request", "The form was larger than \(maxFormBytes) bytes.")
+        }
         var fields: [String: String] = [:]
         for pair in String(buffer: body).split(separator: "&") {
             let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
@@ -196,5 +226,31 @@ enum Console {
         } catch {
             d.logger.error("could not record a refused console sign-in in the audit log", metadata: ["error": "\(error)"])
         }
+    }
+}
+
+/// Every error under /console as a page with the console's headers (not the API's JSON): the
+/// status and message of an ``AdminAPIError`` or Hummingbird's own, and for anything else a
+/// 500 without details (logged).
+struct ConsoleErrors: RouterMiddleware {
+    typealias Context = AdminRequestContext
+    let library: MustacheLibrary
+    let logger: Logger
+
+    func handle(_ request: Request, context: AdminRequestContext, next: (Request, AdminRequestContext) async throws -> Response) async throws -> Response {
+        do {
+            return try await next(request, context)
+        } catch let error as AdminAPIError {
+            return page(error.status, error.message)
+        } catch let error as HTTPError {
+            return page(error.status, error.status == .notFound ? "There is no such page." : "The request could not be read.")
+        } catch {
+            logger.error("console page failed", metadata: ["path": "\(ConnectionUploads.bounded(request.uri.path))", "error": "\(error)"])
+            return page(.internalServerError, "The server could not answer; the error is in its log.")
+        }
+    }
+
+    func page(_ status: HTTPResponse.Status, _ message: String) -> Response {
+        Console.html(library, "error", ["title": "\(status.code)", "heading": "\(status.code) \(status.reasonPhrase)", "message": message], status: status)
     }
 }

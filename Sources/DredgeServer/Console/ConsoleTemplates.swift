@@ -5,15 +5,45 @@ import Mustache
 /// only inside element text or double-quoted attributes; no page carries inline script or
 /// style (the Content-Security-Policy forbids both).
 enum ConsoleTemplates {
+    /// The content type every template names (`{{% CONTENT_TYPE: DREDGE_HTML}}`).
+    static let contentType = "DREDGE_HTML"
+
+    /// HTML escaping by Unicode scalar. swift-mustache's own escapes by `Character`, a grapheme
+    /// cluster: a `<` after U+0600, or a `"` before a combining accent, is part of a cluster
+    /// that is not in its table, and went out raw — markup any agent could plant in its host
+    /// name. Here every `<`, `>`, `&`, `"` and `'` is escaped whatever surrounds it.
+    struct HTML: MustacheContentType {
+        func escapeText(_ text: String) -> String { Self.escape(text) }
+
+        static func escape(_ text: String) -> String {
+            guard text.utf8.contains(where: { $0 == 0x3C || $0 == 0x3E || $0 == 0x26 || $0 == 0x22 || $0 == 0x27 }) else { return text }
+            var out = String.UnicodeScalarView()
+            for scalar in text.unicodeScalars {
+                switch scalar {
+                case "<": out.append(contentsOf: "&lt;".unicodeScalars)
+                case ">": out.append(contentsOf: "&gt;".unicodeScalars)
+                case "&": out.append(contentsOf: "&amp;".unicodeScalars)
+                case "\"": out.append(contentsOf: "&quot;".unicodeScalars)
+                case "'": out.append(contentsOf: "&#39;".unicodeScalars)
+                default: out.append(scalar)
+                }
+            }
+            return String(out)
+        }
+    }
+
     static func library() throws -> MustacheLibrary {
+        MustacheContentTypes.register(HTML(), named: contentType)
         var library = MustacheLibrary()
         try library.register(layout, named: "layout")
         try library.register(signIn, named: "sign-in")
         try library.register(agents, named: "agents")
+        try library.register(error, named: "error")
         return library
     }
 
     static let layout = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
         <!doctype html>
         <html lang="en">
         <head>
@@ -21,6 +51,7 @@ enum ConsoleTemplates {
         <meta name="viewport" content="width=device-width, initial-scale=1">
         <title>{{title}} · Dredge</title>
         <link rel="stylesheet" href="/console/static/console.css">
+        <link rel="icon" href="/console/static/icon.svg" type="image/svg+xml">
         </head>
         <body>
         <header>
@@ -44,6 +75,7 @@ enum ConsoleTemplates {
         """
 
     static let signIn = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
         {{<layout}}
         {{$content}}
         <h1>Sign in</h1>
@@ -59,7 +91,19 @@ enum ConsoleTemplates {
         {{/layout}}
         """
 
+    static let error = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>{{heading}}</h1>
+        <p class="problem" role="alert">{{message}}</p>
+        <p><a href="/console/agents">Back to the console</a></p>
+        {{/content}}
+        {{/layout}}
+        """
+
     static let agents = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
         {{<layout}}
         {{$content}}
         <h1>Agents</h1>
@@ -68,7 +112,8 @@ enum ConsoleTemplates {
         <input id="q" name="q" type="search" value="{{query}}" placeholder="host, app, user, id">
         <button type="submit">Filter</button>
         </form>
-        <p class="summary">{{online}} online of {{total}}{{#query}}; {{shown}} match “{{query}}”{{/query}}</p>
+        <p class="summary">{{online}} online of {{total}}{{#filtered}}; {{shown}} match “{{query}}”{{/filtered}}</p>
+        <div class="table-wrap">
         <table>
         <thead><tr><th scope="col">Status</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Users seen</th><th scope="col">Records</th><th scope="col">Last seen</th><th scope="col">Agent</th></tr></thead>
         <tbody>
@@ -79,15 +124,20 @@ enum ConsoleTemplates {
         <td>{{app}}</td>
         <td>{{users}}</td>
         <td>{{records}}</td>
-        <td>{{lastSeen}}</td>
+        <td class="nowrap">{{lastSeen}}</td>
         <td><code title="{{agentID}}">{{shortID}}</code></td>
         </tr>
         {{/rows}}
-        {{^rows}}<tr><td colspan="7">No agent{{#query}} matches{{/query}}.</td></tr>{{/rows}}
+        {{^rows}}<tr><td colspan="7">No agent{{#filtered}} matches{{/filtered}}.</td></tr>{{/rows}}
         </tbody>
         </table>
+        </div>
         {{/content}}
         {{/layout}}
+        """
+
+    static let icon = """
+        <svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#0b57d0"/><path d="M4 4h4.5a4 4 0 0 1 0 8H4z" fill="#fff"/></svg>
         """
 
     static let css = """
@@ -110,8 +160,12 @@ enum ConsoleTemplates {
         form.filter { display: flex; flex-wrap: wrap; gap: .5rem; align-items: center; margin-bottom: .6rem; }
         .problem { color: var(--bad); font-weight: 600; }
         .hint, .summary, small { color: var(--muted); }
+        .table-wrap { overflow-x: auto; }
         table { border-collapse: collapse; width: 100%; }
-        th, td { text-align: left; padding: .35rem .6rem; border-bottom: 1px solid var(--line); vertical-align: top; overflow-wrap: anywhere; }
+        th, td { text-align: left; padding: .35rem .6rem; border-bottom: 1px solid var(--line); vertical-align: top; }
+        th { white-space: nowrap; }
+        td { overflow-wrap: anywhere; }
+        td.nowrap, td code { white-space: nowrap; overflow-wrap: normal; }
         .status.online { color: var(--good); font-weight: 600; }
         .status.offline { color: var(--muted); }
         @media (max-width: 700px) { th:nth-child(5), td:nth-child(5), th:nth-child(7), td:nth-child(7) { display: none; } }

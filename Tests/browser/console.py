@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""The web console in a real browser.
+
+Headless Chromium (Debian's, driven through Selenium and Debian's chromedriver) against a real
+`dredge-server` over HTTPS and a real `dredge-agent` with generated logs, all on loopback, all
+started and stopped here. The browser trusts the server's certificate by its public key
+(`--ignore-certificate-errors-spki-list`), nothing else.
+
+The flow: pages without a session go to sign-in; a wrong token is refused; the right one signs
+in with a Secure, HttpOnly, SameSite=Strict cookie; the agents page shows the device online,
+its hostile host name as text (no script ran, no console error); the filter works; the page
+holds at 1280x800 and at a narrow width; signing out ends the session. Screenshots of each page
+go to the output folder.
+
+    python3 Tests/browser/console.py BIN_DIR [OUT_DIR]
+"""
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+HOSTILE_HOST = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait(what, check, timeout=60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"FAILED: {what} within {timeout:.0f} s")
+
+
+def main():
+    bin_dir = os.path.abspath(sys.argv[1])
+    out = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else "test-output/console")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    work = tempfile.mkdtemp(prefix="dredge-console-")
+    processes = []
+    driver = None
+    try:
+        data = os.path.join(work, "server")
+        init = subprocess.run([f"{bin_dir}/dredge-server", "init", "--data", data], check=True, capture_output=True, text=True).stdout
+        words = init.split()
+        enrollment = next(w for w in words if w.startswith("dredge_enr_"))
+        admin_token = next(w for w in words if w.startswith("dredge_adm_"))
+        agent_port, admin_port = free_port(), free_port()
+        server_log = open(os.path.join(work, "server.log"), "w")
+        processes.append(subprocess.Popen(
+            [f"{bin_dir}/dredge-server", "run", "--data", data, "--agent-port", str(agent_port), "--admin-port", str(admin_port),
+             "--heartbeat-seconds", "2"], stdout=server_log, stderr=server_log))
+        base = f"https://127.0.0.1:{admin_port}"
+        tls = ssl.create_default_context(cafile=os.path.join(data, "ca.pem"))
+
+        def api(path):
+            request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {admin_token}"})
+            with urllib.request.urlopen(request, context=tls, timeout=5) as answer:
+                return json.load(answer)
+
+        wait("the server answers", lambda: api("/health")["status"] == "ok")
+
+        # Two devices: an oven, and one whose logs name a hostile host.
+        for name, host, uids in [("kitchen", "kitchen-oven-0042", "u-1,u-2"), ("hostile", HOSTILE_HOST, "u-3")]:
+            device = os.path.join(work, name)
+            store = os.path.join(device, "logs.sqlite")
+            subprocess.run([f"{bin_dir}/dredge-demo", "generate", "--store", store, "--uids", uids, "--records", "3000", "--seed", "1",
+                            "--host", host], check=True, capture_output=True)
+            state = os.path.join(device, "agent")
+            subprocess.run([f"{bin_dir}/dredge-agent", "enroll", "--state", state, "--server", f"localhost:{agent_port}", "--ca",
+                            os.path.join(data, "ca.pem"), "--token", enrollment, "--app", "oven"], check=True, capture_output=True)
+            agent_log = open(os.path.join(device, "agent.log"), "w")
+            processes.append(subprocess.Popen([f"{bin_dir}/dredge-agent", "run", "--state", state, "--store", store, "--app", "oven"],
+                                              stdout=agent_log, stderr=agent_log))
+        wait("both agents are online and described",
+             lambda: sorted(a["hostname"] for a in api("/v1/agents") if a["connected"]) == sorted([HOSTILE_HOST, "kitchen-oven-0042"]))
+
+        # The browser trusts the admin listener's key, and only that.
+        certificate = x509.load_pem_x509_certificate(open(os.path.join(data, "server.pem"), "rb").read())
+        spki = certificate.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        options = Options()
+        for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,800",
+                     f"--ignore-certificate-errors-spki-list={base64.b64encode(hashlib.sha256(spki).digest()).decode()}",
+                     f"--user-data-dir={os.path.join(work, 'chromium')}"]:
+            options.add_argument(flag)
+        options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=options)
+        driver.set_page_load_timeout(30)
+
+        def shot(name):
+            driver.save_screenshot(os.path.join(out, name + ".png"))
+
+        def check(condition, message):
+            if not condition:
+                shot("failure")
+                text = driver.find_element(By.TAG_NAME, "body").text[:500]
+                raise SystemExit(f"FAILED: {message} (at {driver.current_url}; the page says: {text!r})")
+
+        def at(url, message):
+            """Waits for the browser to be at `url` (a click navigates after it returns)."""
+            try:
+                WebDriverWait(driver, 15).until(lambda d: d.current_url == url and d.execute_script("return document.readyState") == "complete")
+            except Exception:
+                check(False, message)
+
+        def console_errors():
+            return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+        # Without a session: the sign-in page.
+        driver.get(base + "/console/agents")
+        at(base + "/console/sign-in", "a page without a session goes to sign-in")
+        shot("1-sign-in")
+
+        # A wrong token is refused.
+        driver.find_element(By.ID, "token").send_keys("dredge_adm_wrong")
+        driver.find_element(By.CSS_SELECTOR, "form.sign-in button").click()
+        WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".problem"))
+        check("That is not an admin token" in driver.find_element(By.CSS_SELECTOR, ".problem").text, "a wrong token is refused")
+        check(not any(c["name"] == "dredge_console" for c in driver.get_cookies()), "no session for a wrong token")
+
+        driver.get_log("browser")  # the refused sign-in's 401 is logged as an error: expected
+
+        # The right one signs in.
+        driver.find_element(By.ID, "token").send_keys(admin_token)
+        driver.find_element(By.CSS_SELECTOR, "form.sign-in button").click()
+        at(base + "/console/agents", "signing in leads to the agents")
+        session = next((c for c in driver.get_cookies() if c["name"] == "dredge_console"), None)
+        check(session is not None and session["httpOnly"] and session["secure"] and session.get("sameSite") == "Strict",
+              f"the session cookie is HttpOnly, Secure and SameSite=Strict: {session}")
+
+        # The agent, its hostile host name shown as text and inert.
+        rows = driver.find_elements(By.CSS_SELECTOR, "tbody tr")
+        check(len(rows) == 2 and all("online" in r.text and "oven" in r.text for r in rows), "both agents are listed online")
+        check(any(HOSTILE_HOST in r.text for r in rows), "the hostile host name is shown as written")
+        check(driver.execute_script("return window.pwned === undefined"), "no script from the host name ran")
+        check(not driver.find_elements(By.CSS_SELECTOR, "tbody img, tbody script"), "no element came from the host name")
+        check(driver.find_element(By.CSS_SELECTOR, "header").value_of_css_property("display") == "flex", "the style sheet applies")
+        errors = console_errors()
+        check(errors == [], f"no console errors (a CSP refusal would be one): {errors}")
+        shot("2-agents")
+
+        # The filter.
+        box = driver.find_element(By.ID, "q")
+        box.send_keys("no such device")
+        box.submit()
+        at(base + "/console/agents?q=no+such+device", "the filter is a plain GET")
+        check("No agent matches" in driver.find_element(By.CSS_SELECTOR, "tbody").text, "a filter matching nothing shows none")
+        box = driver.find_element(By.ID, "q")
+        box.clear()
+        box.send_keys("U-2")
+        box.submit()
+        at(base + "/console/agents?q=U-2", "the filter is a plain GET")
+        rows = driver.find_elements(By.CSS_SELECTOR, "tbody tr")
+        check(len(rows) == 1 and "kitchen-oven-0042" in rows[0].text, "a filter by user finds its agent only")
+        shot("3-agents-filtered")
+
+        # Narrow.
+        driver.set_window_size(420, 800)
+        check(driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1"), "no sideways scrolling at 420 px")
+        shot("4-agents-narrow")
+        driver.set_window_size(1280, 800)
+
+        # Keyboard: the filter, then the sign-out button, are reachable with Tab.
+        reached = set()
+        body = driver.find_element(By.TAG_NAME, "body")
+        for _ in range(8):
+            body.send_keys("\ue004")  # Tab
+            active = driver.switch_to.active_element
+            reached.add(active.get_attribute("id") or active.text)
+        check("q" in reached and "Sign out" in reached, f"keyboard reaches the filter and sign-out: {reached}")
+
+        # Sign out: back to sign-in, and the session is gone.
+        driver.find_element(By.CSS_SELECTOR, "form.sign-out button").click()
+        at(base + "/console/sign-in", "signing out leads to sign-in")
+        check(not any(c["name"] == "dredge_console" for c in driver.get_cookies()), "signing out clears the cookie")
+        driver.get(base + "/console/agents")
+        at(base + "/console/sign-in", "after signing out, pages need a new sign-in")
+        shot("5-signed-out")
+        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, sign-out passed; screenshots in {out}")
+    finally:
+        if driver is not None:
+            driver.quit()
+        for p in processes:
+            p.terminate()
+        for p in processes:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

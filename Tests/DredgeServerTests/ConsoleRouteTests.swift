@@ -240,6 +240,67 @@ import Testing
         }
     }
 
+    /// A token made in the console is shown once, works, and is audited under the session's
+    /// token; a form without the CSRF token makes nothing; revoking works as on the API (not
+    /// the last admin token) and one's own ends the session.
+    @Test func tokensAreMadeShownOnceAndRevoked() async throws {
+        let fixture = Fixture()
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let page = try await browser.get("/console/tokens")
+            let csrf = try #require(page.csrf)
+            #expect(page.status == .ok && page.body.contains("<td>admin <small>(this session's)</small></td>"))
+
+            let forged = try await browser.post("/console/tokens", ["name": "mallory", "kind": "admin"])
+            #expect(forged.status == .forbidden)
+            let bad = try await browser.post("/console/tokens", ["name": "no spaces", "kind": "admin", "csrf": csrf])
+            #expect(bad.status == .badRequest && bad.body.contains(#"class="problem""#))
+            #expect(try await fixture.admin.tokens.list().allSatisfy { $0.name != "mallory" && $0.name != "no spaces" }, "nothing was made")
+
+            let made = try await browser.post("/console/tokens", ["name": "carol", "kind": "admin", "csrf": csrf])
+            #expect(made.status == .ok)
+            let shown = try #require(made.body.range(of: #"<code class="token">"#).map { String(made.body[$0.upperBound...].prefix { $0 != "<" }) })
+            #expect(try await fixture.admin.tokens.adminName(for: shown) == "carol", "the token shown is the one made")
+            #expect(try await browser.get("/console/tokens").body.contains(shown) == false, "shown once")
+
+            // The last admin token cannot go; bob's can; then one's own ends the session.
+            let other = try await browser.post("/console/tokens/revoke", ["name": "carol", "kind": "admin", "csrf": csrf])
+            #expect(other.status == .seeOther && other.location == "/console/tokens")
+            let last = try await browser.post("/console/tokens/revoke", ["name": "admin", "kind": "admin", "csrf": csrf])
+            #expect(last.status == .conflict && last.body.contains(#"class="problem""#))
+            _ = try await fixture.admin.tokens.create(name: "dave", kind: .admin, now: Date())
+            let own = try await browser.post("/console/tokens/revoke", ["name": "admin", "kind": "admin", "csrf": csrf])
+            #expect(own.status == .seeOther)
+            #expect(try await browser.get("/console/tokens").location == "/console/sign-in")
+        }
+        #expect(try await fixture.audit("token.create").map(\.detail) == ["admin token 'carol'"])
+        #expect(try await fixture.audit("token.revoke").map(\.actor) == ["admin", "admin"])
+        #expect(try await fixture.admin.tokens.list().filter { $0.kind == .admin }.map(\.name) == ["dave"])
+    }
+
+    /// The audit log page: newest first, filtered by action or actor, paged back, its details
+    /// shown as text.
+    @Test func theAuditLogIsFilteredAndPaged() async throws {
+        let fixture = Fixture()
+        for n in 0..<120 {
+            try await fixture.admin.pulls.record(actor: n % 2 == 0 ? "alice" : "bob", action: "pull", detail: "pull \(n) <script>x</script>", at: Date())
+        }
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let first = try await browser.get("/console/audit")
+            #expect(first.status == .ok && first.body.contains("console.sign-in"))
+            #expect(!first.body.contains("<script>x") && first.body.contains("&lt;script&gt;x&lt;/script&gt;"))
+            let older = try #require(first.body.range(of: #"<p><a href=""#).map { String(first.body[$0.upperBound...].prefix { $0 != "\"" }) }.flatMap {
+                $0.hasPrefix("/console/audit?") ? $0.replacingOccurrences(of: "&amp;", with: "&") : nil
+            })
+            let second = try await browser.get(older)
+            #expect(second.status == .ok && second.body.contains("pull 0 ") && !second.body.contains("pull 119 "))
+            let bob = try await browser.get("/console/audit?actor=bob&action=pull")
+            #expect(bob.body.contains("pull 119 ") && !bob.body.contains("pull 118 ") && !bob.body.contains("console.sign-in"))
+            #expect(try await browser.get("/console/audit?before=x").status == .badRequest)
+        }
+    }
+
     @Test func theAgentsPageFiltersByText() async throws {
         let fixture = Fixture()
         _ = try await fixture.admin.agent(uids: ["u-1"])

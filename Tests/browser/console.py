@@ -9,8 +9,9 @@ started and stopped here. The browser trusts the server's certificate by its pub
 The flow: pages without a session go to sign-in; a wrong token is refused; the right one signs
 in with a Secure, HttpOnly, SameSite=Strict cookie; the agents page shows the device online,
 its hostile host name as text (no script ran, no console error); the filter works; the page
-holds at 1280x800 and at a narrow width; signing out ends the session. Screenshots of each page
-go to the output folder.
+holds at 1280x800 and at a narrow width; the keyboard reaches the controls; a token made on the
+tokens page is shown once and the audit log's newest entry names it; signing out ends the
+session. Screenshots of each page go to the output folder.
 
     python3 Tests/browser/console.py BIN_DIR [OUT_DIR]
 """
@@ -196,14 +197,35 @@ def main():
             reached.add(active.get_attribute("id") or active.text)
         check("q" in reached and "Sign out" in reached, f"keyboard reaches the filter and sign-out: {reached}")
 
+        # Tokens: a new one is shown once; the audit log names who made it.
+        driver.find_element(By.LINK_TEXT, "Tokens").click()
+        at(base + "/console/tokens", "the Tokens link")
+        driver.find_element(By.ID, "name").send_keys("carol")
+        driver.find_element(By.CSS_SELECTOR, "form.create button").click()
+        WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, "code.token"))
+        new_token = driver.find_element(By.CSS_SELECTOR, "code.token").text
+        check(new_token.startswith("dredge_adm_"), f"the new token is shown: {new_token!r}")
+        shot("5-tokens-created")
+        driver.get(base + "/console/tokens")
+        at(base + "/console/tokens", "the tokens page again")
+        check(new_token not in driver.page_source and "carol" in driver.page_source, "the token is shown once, its name stays")
+        driver.find_element(By.LINK_TEXT, "Audit log").click()
+        at(base + "/console/audit", "the Audit log link")
+        rows = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "tbody tr")]
+        check(rows and "token.create" in rows[0] and "carol" in rows[0] and "admin" in rows[0], f"the newest entry is the token made: {rows[:2]}")
+        check(any("auth.failed" in r for r in rows) and any("console.sign-in" in r for r in rows), "the refused and the accepted sign-ins are recorded")
+        shot("6-audit")
+        errors = console_errors()
+        check(errors == [], f"no console errors: {errors}")
+
         # Sign out: back to sign-in, and the session is gone.
         driver.find_element(By.CSS_SELECTOR, "form.sign-out button").click()
         at(base + "/console/sign-in", "signing out leads to sign-in")
         check(not any(c["name"] == "dredge_console" for c in driver.get_cookies()), "signing out clears the cookie")
         driver.get(base + "/console/agents")
         at(base + "/console/sign-in", "after signing out, pages need a new sign-in")
-        shot("5-signed-out")
-        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, sign-out passed; screenshots in {out}")
+        shot("7-signed-out")
+        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, tokens, audit log, sign-out passed; screenshots in {out}")
     finally:
         if driver is not None:
             driver.quit()

@@ -108,6 +108,7 @@ enum Console {
             ]
             return html(library, "agents", page)
         }
+        registerAdministration(on: console, library, d)
         // Anything else under /console: a page, not the API's JSON.
         console.get("**") { _, _ -> Response in
             throw AdminAPIError(.notFound, "not_found", "There is no such page.")

@@ -39,6 +39,8 @@ enum ConsoleTemplates {
         try library.register(signIn, named: "sign-in")
         try library.register(agents, named: "agents")
         try library.register(error, named: "error")
+        try library.register(audit, named: "audit")
+        try library.register(tokens, named: "tokens")
         return library
     }
 
@@ -59,6 +61,8 @@ enum ConsoleTemplates {
         {{#signedIn}}
         <nav aria-label="Pages">
         <a href="/console/agents"{{#onAgents}} aria-current="page"{{/onAgents}}>Agents</a>
+        <a href="/console/audit"{{#onAudit}} aria-current="page"{{/onAudit}}>Audit log</a>
+        <a href="/console/tokens"{{#onTokens}} aria-current="page"{{/onTokens}}>Tokens</a>
         </nav>
         <form class="sign-out" method="post" action="/console/sign-out">
         <input type="hidden" name="csrf" value="{{csrf}}">
@@ -140,6 +144,88 @@ enum ConsoleTemplates {
         <svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#0b57d0"/><path d="M4 4h4.5a4 4 0 0 1 0 8H4z" fill="#fff"/></svg>
         """
 
+    static let audit = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>Audit log</h1>
+        <form class="filter" method="get" action="/console/audit" role="search">
+        <label for="actor">Actor</label>
+        <input id="actor" name="actor" value="{{actor}}" placeholder="a token's name">
+        <label for="action">Action</label>
+        <select id="action" name="action">
+        <option value="">any</option>
+        {{#actions}}<option value="{{name}}"{{#selected}} selected{{/selected}}>{{name}}</option>{{/actions}}
+        </select>
+        <button type="submit">Show</button>
+        </form>
+        <div class="table-wrap">
+        <table>
+        <thead><tr><th scope="col">#</th><th scope="col">When</th><th scope="col">Actor</th><th scope="col">Action</th><th scope="col">Detail</th></tr></thead>
+        <tbody>
+        {{#rows}}
+        <tr><td>{{id}}</td><td class="nowrap">{{at}}</td><td>{{actor}}</td><td class="nowrap">{{action}}</td><td>{{detail}}</td></tr>
+        {{/rows}}
+        {{^rows}}<tr><td colspan="5">Nothing recorded.</td></tr>{{/rows}}
+        </tbody>
+        </table>
+        </div>
+        {{#older}}<p><a href="{{older}}">Older entries</a></p>{{/older}}
+        {{/content}}
+        {{/layout}}
+        """
+
+    static let tokens = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>Tokens</h1>
+        {{#problem}}<p class="problem" role="alert">{{problem}}</p>{{/problem}}
+        {{#created}}
+        <div class="created" role="status">
+        <p>The new {{kind}} token “{{name}}”, shown this once: copy it now.</p>
+        <p><code class="token">{{token}}</code></p>
+        </div>
+        {{/created}}
+        <div class="table-wrap">
+        <table>
+        <thead><tr><th scope="col">Name</th><th scope="col">Kind</th><th scope="col">Created</th><th scope="col"></th></tr></thead>
+        <tbody>
+        {{#rows}}
+        <tr>
+        <td>{{name}}{{#yours}} <small>(this session's)</small>{{/yours}}</td>
+        <td>{{kind}}</td>
+        <td class="nowrap">{{createdAt}}</td>
+        <td>
+        <form class="revoke" method="post" action="/console/tokens/revoke">
+        <input type="hidden" name="csrf" value="{{csrf}}">
+        <input type="hidden" name="name" value="{{name}}">
+        <input type="hidden" name="kind" value="{{kind}}">
+        <button type="submit" aria-label="Revoke the {{kind}} token {{name}}">Revoke</button>
+        </form>
+        </td>
+        </tr>
+        {{/rows}}
+        </tbody>
+        </table>
+        </div>
+        <h2>New token</h2>
+        <form class="create" method="post" action="/console/tokens">
+        <input type="hidden" name="csrf" value="{{csrf}}">
+        <label for="name">Name</label>
+        <input id="name" name="name" required maxlength="64" autocomplete="off">
+        <label for="kind">Kind</label>
+        <select id="kind" name="kind">
+        <option value="admin">admin (engineers)</option>
+        <option value="enrollment">enrollment (agents)</option>
+        </select>
+        <button type="submit">Create</button>
+        </form>
+        <p class="hint">Names are 1 to 64 letters, digits, “-”, “_” or “.”. A revoked admin token's sessions end at once; the last admin token cannot be revoked.</p>
+        {{/content}}
+        {{/layout}}
+        """
+
     static let css = """
         :root { color-scheme: light dark; --fg: #1b1f24; --bg: #ffffff; --muted: #57606a; --line: #d0d7de; --accent: #0b57d0; --bad: #b3261e; --good: #1a7f37; }
         @media (prefers-color-scheme: dark) { :root { --fg: #e6edf3; --bg: #0d1117; --muted: #9da7b3; --line: #30363d; --accent: #6ea8fe; --bad: #ff7b72; --good: #56d364; } }
@@ -157,6 +243,12 @@ enum ConsoleTemplates {
         input, button { font: inherit; padding: .35rem .6rem; border: 1px solid var(--line); border-radius: 4px; background: var(--bg); color: var(--fg); }
         button { cursor: pointer; }
         form.sign-in { display: grid; gap: .5rem; max-width: 28rem; }
+        select { font: inherit; padding: .35rem .6rem; border: 1px solid var(--line); border-radius: 4px; background: var(--bg); color: var(--fg); }
+        h2 { font-size: 1.1rem; margin: 1.5rem 0 .6rem; }
+        form.create { display: flex; flex-wrap: wrap; gap: .5rem; align-items: center; }
+        form.revoke { margin: 0; }
+        .created { border: 1px solid var(--good); border-radius: 6px; padding: .2rem 1rem; margin-bottom: 1rem; }
+        code.token { font-size: 1rem; overflow-wrap: anywhere; }
         form.filter { display: flex; flex-wrap: wrap; gap: .5rem; align-items: center; margin-bottom: .6rem; }
         .problem { color: var(--bad); font-weight: 600; }
         .hint, .summary, small { color: var(--muted); }

@@ -104,7 +104,8 @@ import Testing
             #expect(signIn.status == .ok && signIn.body.contains(#"<form class="sign-in""#))
             let policy = try #require(signIn.headers[HTTPFields.Element.Name("Content-Security-Policy")!])
             #expect(!policy.contains("unsafe-inline") && policy.contains("default-src 'none'") && policy.contains("frame-ancestors 'none'"))
-            #expect(!signIn.body.contains("<script") && !signIn.body.contains("style="), "no inline script or style")
+            let scripts = signIn.body.components(separatedBy: "<script").dropFirst()
+            #expect(scripts.allSatisfy { $0.hasPrefix(#" src="/console/static/console.js" defer></script>"#) } && !signIn.body.contains("style="), "no inline script or style")
             let css = try await browser.get("/console/static/console.css")
             #expect(css.status == .ok && css.headers[.contentType]?.hasPrefix("text/css") == true)
         }
@@ -299,6 +300,59 @@ import Testing
             #expect(bob.body.contains("pull 119 ") && !bob.body.contains("pull 118 ") && !bob.body.contains("console.sign-in"))
             #expect(try await browser.get("/console/audit?before=x").status == .badRequest)
         }
+    }
+
+    /// A pull asked for through the form is the CLI's pull: the same rules, audited under the
+    /// session's token, and shown with its targets; a forged or a wrong form makes none.
+    @Test func aPullIsAskedForShownAndListed() async throws {
+        let fixture = Fixture()
+        let agent = try await fixture.admin.agent(uids: ["u-1"])
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let form = try await browser.get("/console/pulls/new?uid=u-1")
+            #expect(form.status == .ok && form.body.contains(#"id="uid" name="uid" value="u-1""#))
+            let csrf = try #require(form.csrf)
+
+            #expect(try await browser.post("/console/pulls", ["uid": "u-1"]).status == .forbidden)
+            let none = try await browser.post("/console/pulls", ["csrf": csrf, "range": "2d"])
+            #expect(none.status == .badRequest && none.body.contains("Give a uid, an agent, or both."))
+            let badType = try await browser.post("/console/pulls", ["csrf": csrf, "uid": "u-1", "types": "Not A Type", "text": "<b>kept</b>"])
+            #expect(badType.status == .badRequest && badType.body.contains("is not a log type"))
+            #expect(badType.body.contains(#"value="&lt;b&gt;kept&lt;/b&gt;""#), "what was typed is kept, as text")
+            let badTime = try await browser.post("/console/pulls", ["csrf": csrf, "uid": "u-1", "range": "custom", "since": "yesterday"])
+            #expect(badTime.status == .badRequest && badTime.body.contains("Since must be a date and time"))
+            #expect(try await fixture.admin.pulls.pulls(limit: 10, now: .now).isEmpty, "no pull was made")
+
+            let made = try await browser.post(
+                "/console/pulls",
+                ["csrf": csrf, "uid": "u-1", "range": "custom", "since": "2026-11-20T10:00", "until": "2026-11-21T10:00", "level-warning": "on", "level-error": "on",
+                 "types": "app, network", "text": "timeout", "reason": "TICKET-9"])
+            #expect(made.status == .seeOther)
+            let pull = try #require(try await fixture.admin.pulls.pulls(limit: 10, now: .now).first)
+            #expect(made.location == "/console/pulls/\(pull.id)")
+            #expect(pull.uid == "u-1" && pull.requestedBy == "admin" && pull.targets.map(\.agentID) == [agent])
+            let filter = try #require(pull.filter)
+            #expect(filter.levels == [.warning, .error] && filter.types == ["app", "network"] && filter.text == "timeout")
+            #expect(filter.since == Timestamp(microseconds: 1_795_168_800_000_000) && filter.until == Timestamp(microseconds: 1_795_255_200_000_000))
+
+            let shown = try await browser.get("/console/pulls/\(pull.id)")
+            #expect(shown.status == .ok && shown.body.contains("uid u-1") && shown.body.contains("host-u-1") && shown.body.contains(#"<span class="status queued">"#))
+            #expect(shown.body.contains("levels warning, error") && shown.body.contains("2026-11-20 10:00:00 UTC"))
+            #expect(try await browser.get("/console/pulls").body.contains("/console/pulls/\(pull.id)"))
+            #expect(try await browser.get("/console/pulls/\(String(repeating: "f", count: 32))").status == .notFound)
+
+            // Its events: the targets' progress, then `done` once it is finished.
+            #expect(try await fixture.admin.pulls.update(pull.id, agent: agent, status: .complete, detail: "7 records", at: Date()))
+            let events = try await browser.get("/console/pulls/\(pull.id)/events")
+            #expect(events.status == .ok && events.headers[.contentType] == "text/event-stream")
+            let data = try #require(events.body.split(separator: "\n").first { $0.hasPrefix("data: [") }.map { $0.dropFirst(6) })
+            let targets = try #require(try JSONSerialization.jsonObject(with: Data(data.utf8)) as? [[String: String]])
+            #expect(targets == [["agentID": agent, "status": "complete", "progress": "", "files": "0 files", "detail": "7 records"]])
+            #expect(events.body.hasSuffix("event: done\ndata: {}\n\n"))
+            var stranger = Browser(client: browser.client)
+            #expect(try await stranger.get("/console/pulls/\(pull.id)/events").status == .unauthorized)
+        }
+        #expect(try await fixture.audit("pull").first?.actor == "admin")
     }
 
     @Test func theAgentsPageFiltersByText() async throws {

@@ -197,6 +197,29 @@ def main():
             reached.add(active.get_attribute("id") or active.text)
         check("q" in reached and "Sign out" in reached, f"keyboard reaches the filter and sign-out: {reached}")
 
+        # A pull of u-2 through the form; its page follows the upload live (server-sent events,
+        # no reload) until the device's files are on the server.
+        driver.find_element(By.LINK_TEXT, "Pulls").click()
+        at(base + "/console/pulls", "the Pulls link")
+        driver.find_element(By.LINK_TEXT, "New pull").click()
+        at(base + "/console/pulls/new", "the New pull link")
+        driver.find_element(By.ID, "uid").send_keys("u-2")
+        driver.find_element(By.CSS_SELECTOR, "input[name=level-warning]").click()
+        driver.find_element(By.CSS_SELECTOR, "input[name=level-error]").click()
+        driver.find_element(By.ID, "reason").send_keys("TICKET-7")
+        shot("5-new-pull")
+        driver.find_element(By.CSS_SELECTOR, "form.pull button").click()
+        WebDriverWait(driver, 15).until(lambda d: "/console/pulls/" in d.current_url and d.current_url != base + "/console/pulls/new")
+        page_id = driver.execute_script("return window.performance.timeOrigin")
+        try:
+            WebDriverWait(driver, 90).until(lambda d: d.find_element(By.CSS_SELECTOR, "tbody .status").text == "complete")
+        except Exception:
+            check(False, "the pull page shows the upload complete")
+        check(driver.execute_script("return window.performance.timeOrigin") == page_id, "it became complete without a reload")
+        check("files" in driver.find_element(By.CSS_SELECTOR, "tbody .files").text, "the files are counted")
+        WebDriverWait(driver, 10).until(lambda d: d.find_element(By.ID, "live").text == "Finished.")
+        shot("6-pull-complete")
+
         # Tokens: a new one is shown once; the audit log names who made it.
         driver.find_element(By.LINK_TEXT, "Tokens").click()
         at(base + "/console/tokens", "the Tokens link")
@@ -205,7 +228,7 @@ def main():
         WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, "code.token"))
         new_token = driver.find_element(By.CSS_SELECTOR, "code.token").text
         check(new_token.startswith("dredge_adm_"), f"the new token is shown: {new_token!r}")
-        shot("5-tokens-created")
+        shot("7-tokens-created")
         driver.get(base + "/console/tokens")
         at(base + "/console/tokens", "the tokens page again")
         check(new_token not in driver.page_source and "carol" in driver.page_source, "the token is shown once, its name stays")
@@ -213,8 +236,9 @@ def main():
         at(base + "/console/audit", "the Audit log link")
         rows = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "tbody tr")]
         check(rows and "token.create" in rows[0] and "carol" in rows[0] and "admin" in rows[0], f"the newest entry is the token made: {rows[:2]}")
+        check(any(r.split()[4:6] == ["admin", "pull"] and "TICKET-7" in r for r in rows), f"the pull is recorded with its reason: {rows[:4]}")
         check(any("auth.failed" in r for r in rows) and any("console.sign-in" in r for r in rows), "the refused and the accepted sign-ins are recorded")
-        shot("6-audit")
+        shot("8-audit")
         errors = console_errors()
         check(errors == [], f"no console errors: {errors}")
 
@@ -224,8 +248,8 @@ def main():
         check(not any(c["name"] == "dredge_console" for c in driver.get_cookies()), "signing out clears the cookie")
         driver.get(base + "/console/agents")
         at(base + "/console/sign-in", "after signing out, pages need a new sign-in")
-        shot("7-signed-out")
-        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, tokens, audit log, sign-out passed; screenshots in {out}")
+        shot("9-signed-out")
+        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, tokens, audit log, sign-out passed; screenshots in {out}")
     finally:
         if driver is not None:
             driver.quit()

@@ -36,7 +36,8 @@ public enum AdminAPI {
 
         try Console.register(
             on: router,
-            Console.Dependencies(registry: registry, tokens: tokens, audit: audit, sessions: consoleSessions, secure: tls != nil, logger: logger))
+            Console.Dependencies(
+                registry: registry, pulls: pulls, issuer: issuer, dispatcher: dispatcher, tokens: tokens, audit: audit, sessions: consoleSessions, secure: tls != nil, logger: logger))
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens, audit: audit, logger: logger))
         let searchAudit = SearchAudit()

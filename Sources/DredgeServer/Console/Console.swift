@@ -34,6 +34,9 @@ enum Console {
 
     struct Dependencies {
         let registry: any AgentDirectory
+        let pulls: any PullQueue
+        let issuer: CommandIssuer
+        let dispatcher: PullDispatcher
         let tokens: any TokenVault
         let audit: any AuditLog
         let sessions: ConsoleSessions
@@ -48,7 +51,10 @@ enum Console {
         let console = router.group("console").add(middleware: ConsoleErrors(library: library, logger: d.logger))
 
         console.get("") { _, _ in redirect("/console/agents") }
-        for (name, type, content) in [("console.css", "text/css; charset=utf-8", ConsoleTemplates.css), ("icon.svg", "image/svg+xml", ConsoleTemplates.icon)] {
+        for (name, type, content) in [
+            ("console.css", "text/css; charset=utf-8", ConsoleTemplates.css), ("icon.svg", "image/svg+xml", ConsoleTemplates.icon),
+            ("console.js", "text/javascript; charset=utf-8", ConsoleTemplates.script),
+        ] {
             console.get(RouterPath("static/" + name)) { _, _ in
                 var headers = securityHeaders
                 headers[.contentType] = type
@@ -108,6 +114,7 @@ enum Console {
             ]
             return html(library, "agents", page)
         }
+        registerPulls(on: console, library, d)
         registerAdministration(on: console, library, d)
         // Anything else under /console: a page, not the API's JSON.
         console.get("**") { _, _ -> Response in

@@ -41,6 +41,9 @@ enum ConsoleTemplates {
         try library.register(error, named: "error")
         try library.register(audit, named: "audit")
         try library.register(tokens, named: "tokens")
+        try library.register(pulls, named: "pulls")
+        try library.register(newPull, named: "new-pull")
+        try library.register(pull, named: "pull")
         return library
     }
 
@@ -54,6 +57,7 @@ enum ConsoleTemplates {
         <title>{{title}} · Dredge</title>
         <link rel="stylesheet" href="/console/static/console.css">
         <link rel="icon" href="/console/static/icon.svg" type="image/svg+xml">
+        <script src="/console/static/console.js" defer></script>
         </head>
         <body>
         <header>
@@ -61,6 +65,7 @@ enum ConsoleTemplates {
         {{#signedIn}}
         <nav aria-label="Pages">
         <a href="/console/agents"{{#onAgents}} aria-current="page"{{/onAgents}}>Agents</a>
+        <a href="/console/pulls"{{#onPulls}} aria-current="page"{{/onPulls}}>Pulls</a>
         <a href="/console/audit"{{#onAudit}} aria-current="page"{{/onAudit}}>Audit log</a>
         <a href="/console/tokens"{{#onTokens}} aria-current="page"{{/onTokens}}>Tokens</a>
         </nav>
@@ -226,6 +231,124 @@ enum ConsoleTemplates {
         {{/layout}}
         """
 
+    static let pulls = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>Pulls</h1>
+        <p><a class="button" href="/console/pulls/new">New pull</a></p>
+        <div class="table-wrap">
+        <table>
+        <thead><tr><th scope="col">Pull</th><th scope="col">Asked</th><th scope="col">By</th><th scope="col">For</th><th scope="col">Where it stands</th></tr></thead>
+        <tbody>
+        {{#rows}}
+        <tr><td><a href="/console/pulls/{{id}}"><code>{{shortID}}</code></a></td><td class="nowrap">{{issuedAt}}</td><td>{{by}}</td><td>{{who}}</td><td>{{status}}</td></tr>
+        {{/rows}}
+        {{^rows}}<tr><td colspan="5">No pull yet.</td></tr>{{/rows}}
+        </tbody>
+        </table>
+        </div>
+        {{/content}}
+        {{/layout}}
+        """
+
+    static let newPull = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>New pull</h1>
+        {{#problem}}<p class="problem" role="alert">{{problem}}</p>{{/problem}}
+        <form class="pull" method="post" action="/console/pulls">
+        <input type="hidden" name="csrf" value="{{csrf}}">
+        <label for="uid">User id</label>
+        <input id="uid" name="uid" value="{{uid}}" autocomplete="off">
+        <label for="agent">Device</label>
+        <select id="agent" name="agent">
+        <option value="">every device that holds the user</option>
+        {{#agents}}<option value="{{id}}"{{#selected}} selected{{/selected}}>{{label}}</option>{{/agents}}
+        </select>
+        <fieldset>
+        <legend>Time</legend>
+        {{#ranges}}<label><input type="radio" name="range" value="{{value}}"{{#checked}} checked{{/checked}}> {{label}}</label>{{/ranges}}
+        <label for="since">from</label> <input id="since" name="since" type="datetime-local" value="{{since}}">
+        <label for="until">to</label> <input id="until" name="until" type="datetime-local" value="{{until}}">
+        </fieldset>
+        <fieldset>
+        <legend>Levels (none: all)</legend>
+        {{#levels}}<label><input type="checkbox" name="level-{{name}}"{{#checked}} checked{{/checked}}> {{name}}</label>{{/levels}}
+        </fieldset>
+        <label for="types">Types</label>
+        <input id="types" name="types" value="{{types}}" placeholder="app, network (empty: all)">
+        <label for="text">Text</label>
+        <input id="text" name="text" value="{{text}}" placeholder="words in the message">
+        <label for="reason">Reason</label>
+        <input id="reason" name="reason" value="{{reason}}" placeholder="a ticket number (recorded in the audit log)">
+        <button type="submit">Pull</button>
+        </form>
+        <p class="hint">A user id, a device, or both. The pull waits up to an hour for devices that are offline.</p>
+        {{/content}}
+        {{/layout}}
+        """
+
+    static let pull = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>Pull <code>{{id}}</code></h1>
+        <dl class="facts">
+        <dt>For</dt><dd>{{who}}</dd>
+        <dt>Filter</dt><dd>{{filter}}</dd>
+        <dt>Asked by</dt><dd>{{by}}, {{issuedAt}}</dd>
+        <dt>Waits until</dt><dd>{{expiresAt}}</dd>
+        {{#removed}}<dt>Removed</dt><dd>{{removed}}</dd>{{/removed}}
+        </dl>
+        <div class="table-wrap">
+        <table{{#open}} data-events="/console/pulls/{{id}}/events"{{/open}}>
+        <thead><tr><th scope="col">Device</th><th scope="col">Status</th><th scope="col">Progress</th><th scope="col">Files</th><th scope="col">Detail</th></tr></thead>
+        <tbody>
+        {{#targets}}
+        <tr data-agent="{{agentID}}"><td>{{host}} <code title="{{agentID}}">{{shortID}}</code></td><td><span class="status {{status}}">{{status}}</span></td><td class="progress">{{progress}}</td><td class="files">{{files}}</td><td class="detail">{{detail}}</td></tr>
+        {{/targets}}
+        {{#waiting}}<tr><td colspan="5">No device holds the user yet: the pull waits for one until it expires.</td></tr>{{/waiting}}
+        </tbody>
+        </table>
+        </div>
+        {{#open}}<p class="hint" id="live">Updated as it happens.</p>{{/open}}
+        {{/content}}
+        {{/layout}}
+        """
+
+    /// The pull page's live progress: its table names its event stream (`data-events`); each
+    /// event updates the rows' text (never markup), a target that joined reloads the page.
+    static let script = """
+        "use strict";
+        (function () {
+          var table = document.querySelector("table[data-events]");
+          if (!table || !window.EventSource) { return; }
+          var source = new EventSource(table.getAttribute("data-events"));
+          source.onmessage = function (event) {
+            var targets = JSON.parse(event.data);
+            for (var i = 0; i < targets.length; i++) {
+              var t = targets[i];
+              if (!/^[0-9a-f]{32}$/.test(t.agentID)) { continue; }
+              var row = table.querySelector('tr[data-agent="' + t.agentID + '"]');
+              if (!row) { source.close(); window.location.reload(); return; }
+              var status = row.querySelector(".status");
+              status.textContent = t.status;
+              status.className = "status " + t.status;
+              row.querySelector(".progress").textContent = t.progress;
+              row.querySelector(".files").textContent = t.files;
+              row.querySelector(".detail").textContent = t.detail;
+            }
+          };
+          source.addEventListener("done", function () {
+            source.close();
+            var live = document.getElementById("live");
+            if (live) { live.textContent = "Finished."; }
+          });
+        })();
+        """
+
     static let css = """
         :root { color-scheme: light dark; --fg: #1b1f24; --bg: #ffffff; --muted: #57606a; --line: #d0d7de; --accent: #0b57d0; --bad: #b3261e; --good: #1a7f37; }
         @media (prefers-color-scheme: dark) { :root { --fg: #e6edf3; --bg: #0d1117; --muted: #9da7b3; --line: #30363d; --accent: #6ea8fe; --bad: #ff7b72; --good: #56d364; } }
@@ -249,6 +372,17 @@ enum ConsoleTemplates {
         form.revoke { margin: 0; }
         .created { border: 1px solid var(--good); border-radius: 6px; padding: .2rem 1rem; margin-bottom: 1rem; }
         code.token { font-size: 1rem; overflow-wrap: anywhere; }
+        form.pull { display: grid; grid-template-columns: 8rem minmax(0, 1fr); max-width: 52rem; gap: .5rem .8rem; align-items: center; }
+        form.pull > input, form.pull > select { width: 100%; }
+        form.pull fieldset { grid-column: 1 / -1; display: flex; flex-wrap: wrap; gap: .4rem 1rem; border: 1px solid var(--line); border-radius: 4px; }
+        form.pull button { grid-column: 2; justify-self: start; }
+        a.button { display: inline-block; padding: .35rem .8rem; border: 1px solid var(--accent); border-radius: 4px; text-decoration: none; }
+        dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: .3rem 1rem; }
+        dl.facts dt { color: var(--muted); }
+        dl.facts dd { margin: 0; overflow-wrap: anywhere; }
+        .status.complete { color: var(--good); font-weight: 600; }
+        .status.failed, .status.rejected, .status.expired { color: var(--bad); font-weight: 600; }
+        @media (max-width: 700px) { form.pull { grid-template-columns: 1fr; } form.pull button { grid-column: 1; } }
         form.filter { display: flex; flex-wrap: wrap; gap: .5rem; align-items: center; margin-bottom: .6rem; }
         .problem { color: var(--bad); font-weight: 600; }
         .hint, .summary, small { color: var(--muted); }

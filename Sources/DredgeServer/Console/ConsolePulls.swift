@@ -1,0 +1,217 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeWire
+import Foundation
+import Hummingbird
+import Mustache
+
+/// The console's pulls: the list, a new pull, and one pull with each agent's progress — what
+/// `dredge pulls`, `dredge pull` and `dredge show` do.
+extension Console {
+    /// The time ranges the new-pull form offers.
+    enum Range: String, CaseIterable {
+        case hour = "1h", today, twoDays = "2d", custom
+
+        var label: String {
+            switch self {
+            case .hour: "last hour"
+            case .today: "today (UTC)"
+            case .twoDays: "last 2 days"
+            case .custom: "from … to … (UTC)"
+            }
+        }
+    }
+
+    /// A new-pull form's fields as a request, or what is wrong with them (the CLI's rules:
+    /// levels and types by name, times within 1970–9999, until after since).
+    static func pullRequest(_ form: [String: String], now: Timestamp) -> Result<PullRequest, PullRequestError> {
+        func field(_ name: String) -> String? {
+            let value = (form[name] ?? "").trimmingCharacters(in: .whitespaces)
+            return value.isEmpty ? nil : value
+        }
+        var filter = LogFilter()
+        switch Range(rawValue: form["range"] ?? "2d") {
+        case .hour?: filter.since = now.adding(.seconds(-3600))
+        case .today?: filter.since = Timestamp(microseconds: now.epochDay * 86_400_000_000)
+        case .twoDays?: filter.since = now.adding(.seconds(-2 * 86_400))
+        case .custom?:
+            func time(_ name: String) -> Result<Timestamp?, PullRequestError> {
+                guard let text = field(name) else { return .success(nil) }
+                // `datetime-local` sends `YYYY-MM-DDTHH:MM` (or with seconds): taken as UTC.
+                let withSeconds = text.count == 16 ? text + ":00" : text
+                guard let date = try? Date.ISO8601FormatStyle(timeZone: .gmt).parse(withSeconds + "Z") else {
+                    return .failure(.invalid("\(name) must be a date and time, YYYY-MM-DDTHH:MM (UTC)"))
+                }
+                return .success(Timestamp(date))
+            }
+            switch (time("since"), time("until")) {
+            case (.success(let since), .success(let until)):
+                guard since != nil || until != nil else { return .failure(.invalid("a custom range needs a start, an end, or both")) }
+                filter.since = since
+                filter.until = until
+            case (.failure(let error), _), (_, .failure(let error)): return .failure(error)
+            }
+        case nil: return .failure(.invalid("the range is one of \(Range.allCases.map(\.rawValue).joined(separator: ", "))"))
+        }
+        let levels = LogLevel.allCases.filter { form["level-\($0.name)"] != nil }
+        if !levels.isEmpty { filter.levels = Set(levels) }
+        if let types = field("types") {
+            var set = Set<LogType>()
+            for name in types.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) where !name.isEmpty {
+                guard let type = LogType(name) else {
+                    return .failure(.invalid("“\(name)” is not a log type: lowercase letters, digits, “.”, “-”, “_”, at most \(LogType.maxLength) bytes (app, network, …)"))
+                }
+                set.insert(type)
+            }
+            if !set.isEmpty { filter.types = set }
+        }
+        filter.text = field("text")
+        return .success(PullRequest(uid: field("uid"), agent: field("agent"), filter: filter, reason: field("reason")))
+    }
+
+    static func registerPulls(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
+        console.get("pulls") { request, _ in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            var page = signedInPage("Pulls", session, current: "Pulls")
+            let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
+            page["rows"] = try await d.pulls.pulls(limit: 100, now: .now).map { pull -> [String: Any] in
+                let counts = Dictionary(grouping: pull.targets, by: \.status).map { "\($0.value.count) \($0.key.rawValue)" }.sorted()
+                return [
+                    "id": pull.id, "shortID": String(pull.id.prefix(8)), "issuedAt": timeText(pull.issuedAt.date), "by": pull.requestedBy,
+                    "who": pull.uid.isEmpty ? "agent \(hosts[pull.agentID] ?? String(pull.agentID.prefix(8)))" : "uid \(pull.uid)",
+                    "status": pull.removed != nil ? "removed" : counts.isEmpty ? "waiting for an agent" : counts.joined(separator: ", "),
+                ]
+            }
+            return html(library, "pulls", page)
+        }
+
+        @Sendable func newPullPage(_ session: ConsoleSessions.Session, _ form: [String: String], problem: String?, status: HTTPResponse.Status) async throws
+            -> Response
+        {
+            var page = signedInPage("New pull", session, current: "Pulls")
+            for name in ["uid", "types", "text", "reason", "since", "until"] { page[name] = form[name] ?? "" }
+            let range = form["range"] ?? "2d"
+            page["ranges"] = Range.allCases.map { ["value": $0.rawValue, "label": $0.label, "checked": $0.rawValue == range] }
+            page["levels"] = LogLevel.allCases.map { ["name": $0.name, "checked": form["level-\($0.name)"] != nil] }
+            page["agents"] = try await d.registry.agents().sorted { $0.hostname < $1.hostname }.map { agent -> [String: Any] in
+                ["id": agent.agentID, "label": "\(agent.hostname) (\(agent.agentID.prefix(8)))\(agent.connected ? "" : ", offline")", "selected": agent.agentID == form["agent"]]
+            }
+            if let problem { page["problem"] = problem }
+            return html(library, "new-pull", page, status: status)
+        }
+
+        console.get("pulls/new") { request, _ in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            var form: [String: String] = [:]
+            for (key, value) in request.uri.queryParameters { form[String(key)] = String(value) }  // a link can fill it in (`?uid=…`)
+            return try await newPullPage(session, form, problem: nil, status: .ok)
+        }
+        console.post("pulls") { request, context in
+            let form = try await formFields(request, context)
+            let session: ConsoleSessions.Session
+            switch try await posting(request, form, d) {
+            case .session(let s): session = s
+            case .signIn: return redirect("/console/sign-in")
+            case .forbidden: return forbidden(library, d)
+            }
+            let pull: PullRecord
+            do {
+                let asked = try pullRequest(form, now: .now).get()
+                pull = try await d.pulls.create(asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger)
+            } catch let error as PullRequestError {
+                let message = error.description.prefix(1).uppercased() + error.description.dropFirst() + "."
+                return try await newPullPage(session, form, problem: message, status: .badRequest)
+            }
+            d.dispatcher.wake(pull.targets.map(\.agentID))
+            d.logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)", "from": "console"])
+            return redirect("/console/pulls/\(pull.id)")
+        }
+
+        console.get("pulls/:id") { request, context in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            let id = try context.parameters.require("id")
+            guard WireID.isValid(id), let pull = try await d.pulls.pull(id, now: .now) else {
+                throw AdminAPIError(.notFound, "not_found", "There is no such pull.")
+            }
+            let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
+            var page = signedInPage("Pull \(pull.id.prefix(8))", session, current: "Pulls")
+            page["id"] = pull.id
+            page["who"] = pull.uid.isEmpty ? "agent \(hosts[pull.agentID] ?? pull.agentID)" : "uid \(pull.uid)" + (pull.agentID.isEmpty ? "" : " on agent \(hosts[pull.agentID] ?? pull.agentID)")
+            page["filter"] = pull.filter.map(describe) ?? "its stored filter does not read back: the pull failed"
+            page["by"] = pull.requestedBy
+            page["issuedAt"] = timeText(pull.issuedAt.date)
+            page["expiresAt"] = timeText(pull.expiresAt.date)
+            if let removed = pull.removed { page["removed"] = "removed \(timeText(removed.at)) by \(removed.by)" + (removed.reason.isEmpty ? "" : " (\(removed.reason))") }
+            page["targets"] = pull.targets.map { target -> [String: Any] in
+                let progress = TargetProgress(target)
+                return [
+                    "host": hosts[target.agentID] ?? "?", "agentID": target.agentID, "shortID": String(target.agentID.prefix(8)), "status": progress.status,
+                    "detail": progress.detail, "progress": progress.progress, "files": progress.files,
+                ]
+            }
+            page["waiting"] = pull.targets.isEmpty ? true : nil
+            page["open"] = pull.isFinished ? nil : true
+            return html(library, "pull", page)
+        }
+
+        // Server-sent events for the pull page: each target's progress whenever it changes
+        // (looked at twice a second), then `done` once the pull is finished. The stream ends
+        // then, after ten minutes (the page opens another), or when the session ends.
+        console.get("pulls/:id/events") { request, context in
+            guard try await checked(request, d) != nil else { throw AdminAPIError(.unauthorized, "unauthorized", "Sign in first.") }
+            let id = try context.parameters.require("id")
+            guard WireID.isValid(id), try await d.pulls.pull(id, now: .now) != nil else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+            var headers = securityHeaders
+            headers[.contentType] = "text/event-stream"
+            return Response(
+                status: .ok, headers: headers,
+                body: ResponseBody { writer in
+                    let encoder = JSONEncoder()
+                    encoder.outputFormatting = [.sortedKeys]
+                    var last = ""
+                    let end = ContinuousClock.now + .seconds(600)
+                    while ContinuousClock.now < end, try await checked(request, d) != nil {
+                        guard let pull = try await d.pulls.pull(id, now: .now) else { break }
+                        let state = String(decoding: try encoder.encode(pull.targets.map(TargetProgress.init)), as: UTF8.self)  // one line: JSON escapes newlines
+                        if state != last {
+                            try await writer.write(ByteBuffer(string: "data: \(state)\n\n"))
+                            last = state
+                        }
+                        if pull.isFinished {
+                            try await writer.write(ByteBuffer(string: "event: done\ndata: {}\n\n"))
+                            break
+                        }
+                        try await Task.sleep(for: .milliseconds(500))
+                    }
+                    try await writer.finish(nil)
+                })
+        }
+    }
+
+    /// One target's progress as the pull page shows it, and as its events carry it.
+    struct TargetProgress: Encodable {
+        var agentID: String
+        var status: String
+        var progress: String
+        var files: String
+        var detail: String
+
+        init(_ target: PullTarget) {
+            agentID = target.agentID
+            status = target.status.rawValue
+            progress = target.chunkCount > 0 ? "\(target.chunksReceived) of \(target.chunkCount) chunks" : ""
+            files = target.status == .complete ? "\(target.files.count) files" : ""
+            detail = target.detail
+        }
+    }
+
+    /// A filter as a line: the time range, levels, types and text asked for.
+    static func describe(_ filter: LogFilter) -> String {
+        var parts: [String] = []
+        parts.append("from " + (filter.since.map { timeText($0.date) } ?? "the beginning") + " to " + (filter.until.map { timeText($0.date) } ?? "now"))
+        if let levels = filter.levels, !levels.isEmpty { parts.append("levels " + levels.sorted { $0.rawValue < $1.rawValue }.map(\.name).joined(separator: ", ")) }
+        if let types = filter.types, !types.isEmpty { parts.append("types " + types.map(\.rawValue).sorted().joined(separator: ", ")) }
+        if let text = filter.text { parts.append("text “\(text)”") }
+        return parts.joined(separator: "; ")
+    }
+}

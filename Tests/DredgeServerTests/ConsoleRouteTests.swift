@@ -355,6 +355,27 @@ import Testing
         #expect(try await fixture.audit("pull").first?.actor == "admin")
     }
 
+    /// The feedback inbox shows what the user said (as text), who, from which device, and
+    /// where its logs stand.
+    @Test func theFeedbackInboxShowsWhatUsersSaid() async throws {
+        let fixture = Fixture()
+        let agent = try await fixture.admin.agent(uids: ["u-7"])
+        let id = "0123456789abcdef0123456789abcdef"
+        try await fixture.admin.feedback.begin(
+            id: id, agentID: agent, uid: "u-7", text: "the oven <b>beeps</b>\nall night", createdAt: Timestamp(microseconds: 1_795_168_800_000_000), chunkCount: 1,
+            bytes: 10, at: Date())
+        #expect(try await fixture.admin.feedback.update(id, status: .complete, detail: "", chunksReceived: 1, records: 42, files: [], errorCode: nil))
+        try await fixture.test { browser in
+            #expect(try await browser.get("/console/feedback").location == "/console/sign-in")
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let page = try await browser.get("/console/feedback")
+            #expect(page.status == .ok)
+            #expect(page.body.contains("the oven &lt;b&gt;beeps&lt;/b&gt;\nall night") && !page.body.contains("<b>beeps"))
+            #expect(page.body.contains("<td>u-7</td>") && page.body.contains("host-u-7") && page.body.contains("complete, 42 records"))
+            #expect(page.body.contains("2026-11-20 10:00:00 UTC"))
+        }
+    }
+
     @Test func theAgentsPageFiltersByText() async throws {
         let fixture = Fixture()
         _ = try await fixture.admin.agent(uids: ["u-1"])

@@ -9,7 +9,8 @@ started and stopped here. The browser trusts the server's certificate by its pub
 The flow: pages without a session go to sign-in; a wrong token is refused; the right one signs
 in with a Secure, HttpOnly, SameSite=Strict cookie; the agents page shows the device online,
 its hostile host name as text (no script ran, no console error); the filter works; the page
-holds at 1280x800 and at a narrow width; the keyboard reaches the controls; a token made on the
+holds at 1280x800 and at a narrow width; the keyboard reaches the controls; a pull asked by form completes live; a user's feedback shows
+in the inbox; a token made on the
 tokens page is shown once and the audit log's newest entry names it; signing out ends the
 session. Screenshots of each page go to the output folder.
 
@@ -220,6 +221,26 @@ def main():
         WebDriverWait(driver, 10).until(lambda d: d.find_element(By.ID, "live").text == "Finished.")
         shot("6-pull-complete")
 
+        # A user's feedback arrives with their logs and shows in the inbox.
+        kitchen = os.path.join(work, "kitchen")
+        subprocess.run([f"{bin_dir}/dredge-agent", "feedback", "--state", os.path.join(kitchen, "agent"), "--store", os.path.join(kitchen, "logs.sqlite"),
+                        "--uid", "u-1", "--text", "the oven <b>beeps</b> all night"], check=True, capture_output=True, timeout=120)
+        driver.find_element(By.LINK_TEXT, "Feedback").click()
+        at(base + "/console/feedback", "the Feedback link")
+        def arrived(d):
+            cells = d.find_elements(By.CSS_SELECTOR, "tbody td.said")
+            if cells and "complete" in d.find_element(By.CSS_SELECTOR, "tbody tr").text:
+                return True
+            d.refresh()
+            return False
+        try:
+            WebDriverWait(driver, 90, poll_frequency=1).until(arrived)
+        except Exception:
+            check(False, "the feedback arrives complete")
+        check(driver.find_element(By.CSS_SELECTOR, "tbody td.said").text == "the oven <b>beeps</b> all night", "what the user said, as text")
+        check("kitchen-oven-0042" in driver.find_element(By.CSS_SELECTOR, "tbody tr").text, "from their device")
+        shot("7-feedback")
+
         # Tokens: a new one is shown once; the audit log names who made it.
         driver.find_element(By.LINK_TEXT, "Tokens").click()
         at(base + "/console/tokens", "the Tokens link")
@@ -228,7 +249,7 @@ def main():
         WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, "code.token"))
         new_token = driver.find_element(By.CSS_SELECTOR, "code.token").text
         check(new_token.startswith("dredge_adm_"), f"the new token is shown: {new_token!r}")
-        shot("7-tokens-created")
+        shot("8-tokens-created")
         driver.get(base + "/console/tokens")
         at(base + "/console/tokens", "the tokens page again")
         check(new_token not in driver.page_source and "carol" in driver.page_source, "the token is shown once, its name stays")
@@ -238,7 +259,7 @@ def main():
         check(rows and "token.create" in rows[0] and "carol" in rows[0] and "admin" in rows[0], f"the newest entry is the token made: {rows[:2]}")
         check(any(r.split()[4:6] == ["admin", "pull"] and "TICKET-7" in r for r in rows), f"the pull is recorded with its reason: {rows[:4]}")
         check(any("auth.failed" in r for r in rows) and any("console.sign-in" in r for r in rows), "the refused and the accepted sign-ins are recorded")
-        shot("8-audit")
+        shot("9-audit")
         errors = console_errors()
         check(errors == [], f"no console errors: {errors}")
 
@@ -248,8 +269,8 @@ def main():
         check(not any(c["name"] == "dredge_console" for c in driver.get_cookies()), "signing out clears the cookie")
         driver.get(base + "/console/agents")
         at(base + "/console/sign-in", "after signing out, pages need a new sign-in")
-        shot("9-signed-out")
-        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, tokens, audit log, sign-out passed; screenshots in {out}")
+        shot("10-signed-out")
+        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, feedback, tokens, audit log, sign-out passed; screenshots in {out}")
     finally:
         if driver is not None:
             driver.quit()

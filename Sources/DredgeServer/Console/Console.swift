@@ -35,6 +35,7 @@ enum Console {
     struct Dependencies {
         let registry: any AgentDirectory
         let pulls: any PullQueue
+        let feedback: any FeedbackInbox
         let issuer: CommandIssuer
         let dispatcher: PullDispatcher
         let tokens: any TokenVault
@@ -115,6 +116,7 @@ enum Console {
             return html(library, "agents", page)
         }
         registerPulls(on: console, library, d)
+        registerFeedback(on: console, library, d)
         registerAdministration(on: console, library, d)
         // Anything else under /console: a page, not the API's JSON.
         console.get("**") { _, _ -> Response in

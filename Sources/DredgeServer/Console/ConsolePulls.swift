@@ -188,6 +188,25 @@ extension Console {
         }
     }
 
+    /// The feedback inbox: what users said, from which device, when, and where its upload
+    /// stands; newest first.
+    static func registerFeedback(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
+        console.get("feedback") { request, _ in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
+            var page = signedInPage("Feedback", session, current: "Feedback")
+            page["rows"] = try await d.feedback.all(limit: 200).map { f -> [String: Any] in
+                var status = f.status.rawValue + (f.status == .complete ? ", \(f.records) records" : "")
+                if let removed = f.removed { status = "removed \(timeText(removed.at)) by \(removed.by)" }
+                return [
+                    "id": f.id, "shortID": String(f.id.prefix(8)), "text": f.text, "uid": f.uid, "host": hosts[f.agentID] ?? "?", "agentID": f.agentID,
+                    "createdAt": timeText(f.createdAt.date), "status": status,
+                ]
+            }
+            return html(library, "feedback", page)
+        }
+    }
+
     /// One target's progress as the pull page shows it, and as its events carry it.
     struct TargetProgress: Encodable {
         var agentID: String

@@ -44,6 +44,7 @@ enum ConsoleTemplates {
         try library.register(pulls, named: "pulls")
         try library.register(newPull, named: "new-pull")
         try library.register(pull, named: "pull")
+        try library.register(feedback, named: "feedback")
         return library
     }
 
@@ -66,6 +67,7 @@ enum ConsoleTemplates {
         <nav aria-label="Pages">
         <a href="/console/agents"{{#onAgents}} aria-current="page"{{/onAgents}}>Agents</a>
         <a href="/console/pulls"{{#onPulls}} aria-current="page"{{/onPulls}}>Pulls</a>
+        <a href="/console/feedback"{{#onFeedback}} aria-current="page"{{/onFeedback}}>Feedback</a>
         <a href="/console/audit"{{#onAudit}} aria-current="page"{{/onAudit}}>Audit log</a>
         <a href="/console/tokens"{{#onTokens}} aria-current="page"{{/onTokens}}>Tokens</a>
         </nav>
@@ -318,6 +320,27 @@ enum ConsoleTemplates {
         {{/layout}}
         """
 
+    static let feedback = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>Feedback</h1>
+        <div class="table-wrap">
+        <table>
+        <thead><tr><th scope="col">Given</th><th scope="col">User</th><th scope="col">Device</th><th scope="col">What they said</th><th scope="col">Logs</th><th scope="col">Id</th></tr></thead>
+        <tbody>
+        {{#rows}}
+        <tr><td class="nowrap">{{createdAt}}</td><td>{{uid}}</td><td>{{host}}</td><td class="said">{{text}}</td><td>{{status}}</td><td><code title="{{id}}">{{shortID}}</code></td></tr>
+        {{/rows}}
+        {{^rows}}<tr><td colspan="6">No feedback yet.</td></tr>{{/rows}}
+        </tbody>
+        </table>
+        </div>
+        <p class="hint"><code>dredge logs --feedback ID</code> reads a feedback's logs, <code>dredge feedback fetch ID</code> downloads them.</p>
+        {{/content}}
+        {{/layout}}
+        """
+
     /// The pull page's live progress: its table names its event stream (`data-events`); each
     /// event updates the rows' text (never markup), a target that joined reloads the page.
     static let script = """
@@ -380,6 +403,7 @@ enum ConsoleTemplates {
         dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: .3rem 1rem; }
         dl.facts dt { color: var(--muted); }
         dl.facts dd { margin: 0; overflow-wrap: anywhere; }
+        td.said { white-space: pre-wrap; min-width: 16rem; }
         .status.complete { color: var(--good); font-weight: 600; }
         .status.failed, .status.rejected, .status.expired { color: var(--bad); font-weight: 600; }
         @media (max-width: 700px) { form.pull { grid-template-columns: 1fr; } form.pull button { grid-column: 1; } }

@@ -320,7 +320,7 @@ import Testing
             #expect(badType.status == .badRequest && badType.body.contains("is not a log type"))
             #expect(badType.body.contains(#"value="&lt;b&gt;kept&lt;/b&gt;""#), "what was typed is kept, as text")
             let badTime = try await browser.post("/console/pulls", ["csrf": csrf, "uid": "u-1", "range": "custom", "since": "yesterday"])
-            #expect(badTime.status == .badRequest && badTime.body.contains("Since must be a date and time"))
+            #expect(badTime.status == .badRequest && badTime.body.contains("Since must be a day or a day and time"))
             #expect(try await fixture.admin.pulls.pulls(limit: 10, now: .now).isEmpty, "no pull was made")
 
             let made = try await browser.post(
@@ -374,6 +374,41 @@ import Testing
             #expect(page.body.contains("<td>u-7</td>") && page.body.contains("host-u-7") && page.body.contains("complete, 42 records"))
             #expect(page.body.contains("2026-11-20 10:00:00 UTC"))
         }
+    }
+
+    /// The new-pull form's times: a day, a day and time, with or without seconds, all UTC;
+    /// anything else is refused with the accepted forms; dates typed in make the range custom.
+    @Test func theNewPullFormReadsTimesAsTheCLIDoes() throws {
+        let now = Timestamp(microseconds: 1_795_300_000_000_000)
+        func filter(_ form: [String: String]) -> LogFilter? { try? Console.pullRequest(form.merging(["uid": "u-1"]) { a, _ in a }, now: now).get().filter }
+        #expect(filter(["range": "2d", "since": "2026-11-20"])?.since == Timestamp(microseconds: 1_795_132_800_000_000), "typed dates win over the button")
+        #expect(filter(["since": "2026-11-20T10:00"])?.since == Timestamp(microseconds: 1_795_168_800_000_000))
+        #expect(filter(["since": "2026-11-20 10:00:30"])?.since == Timestamp(microseconds: 1_795_168_830_000_000))
+        #expect(filter(["range": "1h"])?.since == now.adding(.seconds(-3600)))
+        #expect(filter(["range": "today"])?.since == Timestamp(microseconds: now.epochDay * 86_400_000_000))
+        #expect(filter(["range": "custom"]) == nil, "a custom range needs an end")
+        for bad in ["yesterday", "2026-11-20T10:00+05:00", "2026-11-20T10:00:00.5", "2026-02-30", "2026-11-20T24:00", "1969-12-31", "2026-11-20T10:00Z"] {
+            guard case .failure(let error) = Console.pullRequest(["uid": "u-1", "since": bad], now: now) else {
+                Issue.record("\(bad) was taken")
+                continue
+            }
+            #expect(error.description.contains("since"), "\(bad): \(error)")
+        }
+    }
+
+    /// Pull pages' event streams are bounded per session and in all; places come back when a
+    /// stream ends, or after 11 minutes whatever happened to it.
+    @Test func eventStreamsAreBounded() {
+        let clock = Clock()
+        let streams = Console.EventStreams(now: { clock.now() })
+        for _ in 0..<Console.EventStreams.perSession { #expect(streams.open("a")) }
+        #expect(!streams.open("a"))
+        #expect(streams.open("b"), "another session has its own")
+        streams.close("a")
+        #expect(streams.open("a"))
+        #expect(!streams.open("a"))
+        clock.advance(Console.EventStreams.longest + 1)
+        #expect(streams.open("a"), "places of streams that never ended come back")
     }
 
     @Test func theAgentsPageFiltersByText() async throws {

@@ -4,6 +4,8 @@ import DredgeWire
 import Foundation
 import Hummingbird
 import Mustache
+import ServiceLifecycle
+import Synchronization
 
 /// The console's pulls: the list, a new pull, and one pull with each agent's progress — what
 /// `dredge pulls`, `dredge pull` and `dredge show` do.
@@ -30,19 +32,32 @@ extension Console {
             return value.isEmpty ? nil : value
         }
         var filter = LogFilter()
-        switch Range(rawValue: form["range"] ?? "2d") {
+        // Dates typed in are a custom range, whichever button is pressed.
+        let range = field("since") != nil || field("until") != nil ? .custom : Range(rawValue: form["range"] ?? "2d")
+        switch range {
         case .hour?: filter.since = now.adding(.seconds(-3600))
         case .today?: filter.since = Timestamp(microseconds: now.epochDay * 86_400_000_000)
         case .twoDays?: filter.since = now.adding(.seconds(-2 * 86_400))
         case .custom?:
             func time(_ name: String) -> Result<Timestamp?, PullRequestError> {
                 guard let text = field(name) else { return .success(nil) }
-                // `datetime-local` sends `YYYY-MM-DDTHH:MM` (or with seconds): taken as UTC.
-                let withSeconds = text.count == 16 ? text + ":00" : text
-                guard let date = try? Date.ISO8601FormatStyle(timeZone: .gmt).parse(withSeconds + "Z") else {
-                    return .failure(.invalid("\(name) must be a date and time, YYYY-MM-DDTHH:MM (UTC)"))
+                // `datetime-local` sends `YYYY-MM-DDTHH:MM` (or with seconds); a day alone is its
+                // midnight. All UTC; nothing else is taken (no zone, no fraction).
+                let shape = text.map { $0.isASCII && $0.isNumber ? "9" : String($0) }.joined()
+                let full: String
+                switch shape {
+                case "9999-99-99": full = text + "T00:00:00"
+                case "9999-99-99T99:99", "9999-99-99 99:99": full = text + ":00"
+                case "9999-99-99T99:99:99", "9999-99-99 99:99:99": full = text
+                default: return .failure(.invalid("\(name) must be a day or a day and time: YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC)"))
                 }
-                return .success(Timestamp(date))
+                let iso = full.replacingOccurrences(of: " ", with: "T") + "Z"
+                guard let date = try? Date.ISO8601FormatStyle(timeZone: .gmt).parse(iso),
+                    date.formatted(Date.ISO8601FormatStyle(timeZone: .gmt)) == iso
+                else { return .failure(.invalid("\(name) is not a time that exists: \(text)")) }
+                let time = Timestamp(date)
+                guard time.isAccepted else { return .failure(.invalid("\(name) must lie between 1970 and 9999")) }
+                return .success(time)
             }
             switch (time("since"), time("until")) {
             case (.success(let since), .success(let until)):
@@ -65,7 +80,7 @@ extension Console {
             }
             if !set.isEmpty { filter.types = set }
         }
-        filter.text = field("text")
+        filter.text = form["text"].flatMap { $0.isEmpty ? nil : $0 }  // as typed, as `--grep` takes it
         return .success(PullRequest(uid: field("uid"), agent: field("agent"), filter: filter, reason: field("reason")))
     }
 
@@ -157,25 +172,46 @@ extension Console {
         // Server-sent events for the pull page: each target's progress whenever it changes
         // (looked at twice a second), then `done` once the pull is finished. The stream ends
         // then, after ten minutes (the page opens another), or when the session ends.
+        let streams = EventStreams()
         console.get("pulls/:id/events") { request, context in
-            guard try await checked(request, d) != nil else { throw AdminAPIError(.unauthorized, "unauthorized", "Sign in first.") }
+            guard let cookie = request.cookies[sessionCookie]?.value, try await checked(request, d) != nil else {
+                throw AdminAPIError(.unauthorized, "unauthorized", "Sign in first.")
+            }
             let id = try context.parameters.require("id")
             guard WireID.isValid(id), try await d.pulls.pull(id, now: .now) != nil else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+            // Bounded: a browser holds at most six HTTP/1.1 connections to a site, and each
+            // stream reads the store twice a second. Over the bound, 204: the page stops asking.
             var headers = securityHeaders
             headers[.contentType] = "text/event-stream"
+            headers[HTTPFields.Element.Name("X-Accel-Buffering")!] = "no"
+            if request.method == .head { return Response(status: .ok, headers: headers) }
+            let session = ConsoleSessions.key(cookie)
+            guard streams.open(session) else { return Response(status: .noContent, headers: securityHeaders) }
             return Response(
                 status: .ok, headers: headers,
                 body: ResponseBody { writer in
+                    defer { streams.close(session) }
                     let encoder = JSONEncoder()
                     encoder.outputFormatting = [.sortedKeys]
-                    var last = ""
+                    var last = "", lastWrite = ContinuousClock.now, lastTokenCheck = ContinuousClock.now
                     let end = ContinuousClock.now + .seconds(600)
-                    while ContinuousClock.now < end, try await checked(request, d) != nil {
+                    // Ends when the pull is finished, after ten minutes, at the server's shutdown,
+                    // when the session ends (looked at each time, its token every ten seconds),
+                    // or when a write fails: a comment every 15 s finds a browser that went away.
+                    while ContinuousClock.now < end, !Task.isShuttingDownGracefully, d.sessions.session(cookie) != nil {
+                        if ContinuousClock.now - lastTokenCheck > .seconds(10) {
+                            guard try await checked(request, d) != nil else { break }
+                            lastTokenCheck = .now
+                        }
                         guard let pull = try await d.pulls.pull(id, now: .now) else { break }
                         let state = String(decoding: try encoder.encode(pull.targets.map(TargetProgress.init)), as: UTF8.self)  // one line: JSON escapes newlines
                         if state != last {
                             try await writer.write(ByteBuffer(string: "data: \(state)\n\n"))
                             last = state
+                            lastWrite = .now
+                        } else if ContinuousClock.now - lastWrite > .seconds(15) {
+                            try await writer.write(ByteBuffer(string: ": still here\n\n"))
+                            lastWrite = .now
                         }
                         if pull.isFinished {
                             try await writer.write(ByteBuffer(string: "event: done\ndata: {}\n\n"))
@@ -204,6 +240,42 @@ extension Console {
                 ]
             }
             return html(library, "feedback", page)
+        }
+    }
+
+    /// The pull pages' event streams open at once: at most ``perSession`` per session and
+    /// ``overall`` in all.
+    /// A place is given back when its stream ends, or after 11 minutes in any case (a stream
+    /// lasts at most 10; a response whose body never ran gives nothing back).
+    final class EventStreams: Sendable {
+        static let perSession = 4
+        static let overall = 200
+        static let longest: TimeInterval = 660
+        let now: @Sendable () -> Date
+        /// Per session, when each of its open streams began.
+        private let open = Mutex<[String: [Date]]>([:])
+
+        init(now: @escaping @Sendable () -> Date = { Date() }) { self.now = now }
+
+        func open(_ session: String) -> Bool {
+            let at = now()
+            return open.withLock { all in
+                all = all.compactMapValues { starts in
+                    let live = starts.filter { at.timeIntervalSince($0) < Self.longest }
+                    return live.isEmpty ? nil : live
+                }
+                guard all[session, default: []].count < Self.perSession, all.values.reduce(0, { $0 + $1.count }) < Self.overall else { return false }
+                all[session, default: []].append(at)
+                return true
+            }
+        }
+
+        func close(_ session: String) {
+            open.withLock { all in
+                guard var starts = all[session], !starts.isEmpty else { return }
+                starts.removeFirst()
+                all[session] = starts.isEmpty ? nil : starts
+            }
         }
     }
 

@@ -364,6 +364,12 @@ enum ConsoleTemplates {
               row.querySelector(".detail").textContent = t.detail;
             }
           };
+          source.onerror = function () {
+            if (source.readyState === EventSource.CLOSED) {
+              var live = document.getElementById("live");
+              if (live) { live.textContent = "Not updated any more: reload the page."; }
+            }
+          };
           source.addEventListener("done", function () {
             source.close();
             var live = document.getElementById("live");

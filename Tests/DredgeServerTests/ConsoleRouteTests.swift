@@ -75,6 +75,18 @@ import Testing
     struct Fixture {
         let admin = try! AdminRouteTests.Fixture()
         let clock = Clock()
+        let records: RecordIndexStore
+
+        init() {
+            records = try! RecordIndexStore(directory: admin.data)
+        }
+
+        /// A pull's records landed and indexed, as the server does when its files arrive.
+        func land(_ source: IndexedSource, _ lines: [String]) async throws {
+            let paths = DataDirectory(admin.data)
+            try RecordSearchTests.land(paths, source, days: ["2027-01-15.jsonl": lines])
+            try await Indexer(index: records, paths: paths, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }).index(source)
+        }
 
         func test(_ body: @Sendable (inout Browser) async throws -> Void) async throws {
             let logger = Logger(label: "test.console") { _ in SwiftLogNoOpLogHandler() }
@@ -82,7 +94,7 @@ import Testing
             let a = admin
             let app = try AdminAPI.application(
                 registry: a.registry, pulls: a.pulls, audit: a.pulls, issuer: a.issuer, feedback: a.feedback, tokens: a.tokens,
-                dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), consoleSessions: ConsoleSessions(lifetime: 3600, now: { clock.now() }), port: 0,
+                dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), records: records, consoleSessions: ConsoleSessions(lifetime: 3600, now: { clock.now() }), port: 0,
                 logger: logger)
             try await app.test(.router) { client in
                 var browser = Browser(client: client)
@@ -409,6 +421,42 @@ import Testing
         #expect(!streams.open("a"))
         clock.advance(Console.EventStreams.longest + 1)
         #expect(streams.open("a"), "places of streams that never ended come back")
+    }
+
+    /// The log viewer: a pull's records in time order, filtered, paged, shown as text, each
+    /// search audited; wrong fields are told.
+    @Test func theLogViewerSearchesWhatArrived() async throws {
+        let fixture = Fixture()
+        let source = RecordIndexConformanceTests.pull1
+        var lines = (0..<250).map { RecordIndexConformanceTests.line($0, "record \($0)") }
+        lines.append(RecordIndexConformanceTests.line(300, "<script>alert(1)</script> declined", level: "error", type: "network", metadata: #"{"http.status":503}"#))
+        try await fixture.land(source, lines)
+        try await fixture.test { browser in
+            #expect(try await browser.get("/console/logs?pull=\(source.id)").location == "/console/sign-in")
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let empty = try await browser.get("/console/logs")
+            #expect(empty.status == .ok && empty.body.contains("Choose a user, a pull or a feedback"))
+
+            let first = try await browser.get("/console/logs?pull=\(source.id)")
+            #expect(first.status == .ok && first.body.contains("200 records on this page.") && first.body.contains(">record 0<"))
+            #expect(!first.body.contains(">record 200<"))
+            let next = try #require(first.body.range(of: #"<a href="/console/logs?"#).map { String(first.body[$0.lowerBound...].dropFirst(9).prefix { $0 != "\"" }) })
+            let second = try await browser.get(next.replacingOccurrences(of: "&amp;", with: "&"))
+            #expect(second.body.contains(">record 200<") && second.body.contains("51 records on this page.") && !second.body.contains("Next page"))
+            #expect(second.body.contains("&lt;script&gt;alert(1)&lt;/script&gt; declined") && !second.body.contains("<script>alert"))
+
+            let errors = try await browser.get("/console/logs?pull=\(source.id)&level=error&where=http.status%3D503&text=declined")
+            #expect(errors.body.contains("1 records on this page.") && errors.body.contains("http.status=503") && errors.body.contains(#"<tr class="level-error">"#))
+            let none = try await browser.get("/console/logs?pull=\(source.id)&type=player")
+            #expect(none.body.contains("No record matches."))
+            for (query, problem) in [("level=loud", "level is one of"), ("pull=xyz", "pull must be an id"), ("uid=u-1&since=monday", "since must be a day"),
+                                     ("uid=u-1&where=nokey", "a metadata match is key=value")] {
+                let page = try await browser.get("/console/logs?" + query)
+                #expect(page.status == .badRequest && page.body.contains(problem), "\(query)")
+            }
+        }
+        let searches = try await fixture.audit("records.search")
+        #expect(searches.allSatisfy { $0.actor == "admin" } && searches.contains { $0.detail.contains("pull=\(source.id)") })
     }
 
     @Test func theAgentsPageFiltersByText() async throws {

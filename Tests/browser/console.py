@@ -192,7 +192,7 @@ def main():
         # Keyboard: the filter, then the sign-out button, are reachable with Tab.
         reached = set()
         body = driver.find_element(By.TAG_NAME, "body")
-        for _ in range(8):
+        for _ in range(14):
             body.send_keys("\ue004")  # Tab
             active = driver.switch_to.active_element
             reached.add(active.get_attribute("id") or active.text)
@@ -220,6 +220,22 @@ def main():
         check("files" in driver.find_element(By.CSS_SELECTOR, "tbody .files").text, "the files are counted")
         WebDriverWait(driver, 10).until(lambda d: d.find_element(By.ID, "live").text == "Finished.")
         shot("6-pull-complete")
+
+        # Its logs: the records that arrived, searchable once indexed, warnings and errors only.
+        driver.find_element(By.LINK_TEXT, "Read its logs").click()
+        def listed(d):
+            if d.find_elements(By.CSS_SELECTOR, "table.logs tbody tr"):
+                return True
+            d.refresh()
+            return False
+        try:
+            WebDriverWait(driver, 60, poll_frequency=1).until(listed)
+        except Exception:
+            check(False, "the pull's records are listed")
+        levels = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "table.logs td.level")}
+        check(levels and levels <= {"warning", "error", "critical"}, f"only what was pulled: {levels}")
+        check(all(c.text == "u-2" for c in driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr td:nth-child(6)")), "only u-2's records")
+        shot("6b-logs")
 
         # A user's feedback arrives with their logs and shows in the inbox.
         kitchen = os.path.join(work, "kitchen")
@@ -270,7 +286,7 @@ def main():
         driver.get(base + "/console/agents")
         at(base + "/console/sign-in", "after signing out, pages need a new sign-in")
         shot("10-signed-out")
-        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, feedback, tokens, audit log, sign-out passed; screenshots in {out}")
+        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, its logs, feedback, tokens, audit log, sign-out passed; screenshots in {out}")
     finally:
         if driver is not None:
             driver.quit()

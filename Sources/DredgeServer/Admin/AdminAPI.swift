@@ -37,7 +37,7 @@ public enum AdminAPI {
         try Console.register(
             on: router,
             Console.Dependencies(
-                registry: registry, pulls: pulls, feedback: feedback, issuer: issuer, dispatcher: dispatcher, tokens: tokens, audit: audit, sessions: consoleSessions, secure: tls != nil, logger: logger))
+                registry: registry, pulls: pulls, feedback: feedback, records: records, issuer: issuer, dispatcher: dispatcher, tokens: tokens, audit: audit, sessions: consoleSessions, secure: tls != nil, logger: logger))
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens, audit: audit, logger: logger))
         let searchAudit = SearchAudit()

@@ -36,6 +36,8 @@ enum Console {
         let registry: any AgentDirectory
         let pulls: any PullQueue
         let feedback: any FeedbackInbox
+        /// The index the log viewer searches; nil on a server that does not index.
+        let records: (any RecordIndex)?
         let issuer: CommandIssuer
         let dispatcher: PullDispatcher
         let tokens: any TokenVault
@@ -117,6 +119,7 @@ enum Console {
         }
         registerPulls(on: console, library, d)
         registerFeedback(on: console, library, d)
+        registerLogs(on: console, library, d)
         registerAdministration(on: console, library, d)
         // Anything else under /console: a page, not the API's JSON.
         console.get("**") { _, _ -> Response in
@@ -150,7 +153,7 @@ enum Console {
         return [
             "status": a.connected ? "online" : "offline", "host": a.hostname.isEmpty ? "?" : a.hostname,
             "app": [a.app, a.appVersion].filter { !$0.isEmpty }.joined(separator: " "), "users": users + reported, "records": "\(a.storeRecords)",
-            "lastSeen": lastSeen.formatted(Date.ISO8601FormatStyle(dateSeparator: .dash, dateTimeSeparator: .space, timeZone: .gmt)).replacingOccurrences(of: "Z", with: " UTC"), "agentID": a.agentID, "shortID": String(a.agentID.prefix(8)),
+            "lastSeen": timeText(lastSeen), "agentID": a.agentID, "shortID": String(a.agentID.prefix(8)),
         ]
     }
 

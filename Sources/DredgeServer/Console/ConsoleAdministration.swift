@@ -125,7 +125,9 @@ extension Console {
         }
     }
 
-    static func timeText(_ date: Date) -> String {
-        date.formatted(Date.ISO8601FormatStyle(dateSeparator: .dash, dateTimeSeparator: .space, timeZone: .gmt)).replacingOccurrences(of: "Z", with: " UTC")
+    /// `2026-11-20 10:00:00 UTC` (with `.123` milliseconds when asked).
+    static func timeText(_ date: Date, fraction: Bool = false) -> String {
+        date.formatted(Date.ISO8601FormatStyle(dateSeparator: .dash, dateTimeSeparator: .space, includingFractionalSeconds: fraction, timeZone: .gmt))
+            .replacingOccurrences(of: "Z", with: " UTC")
     }
 }

@@ -45,6 +45,7 @@ enum ConsoleTemplates {
         try library.register(newPull, named: "new-pull")
         try library.register(pull, named: "pull")
         try library.register(feedback, named: "feedback")
+        try library.register(logs, named: "logs")
         return library
     }
 
@@ -67,6 +68,7 @@ enum ConsoleTemplates {
         <nav aria-label="Pages">
         <a href="/console/agents"{{#onAgents}} aria-current="page"{{/onAgents}}>Agents</a>
         <a href="/console/pulls"{{#onPulls}} aria-current="page"{{/onPulls}}>Pulls</a>
+        <a href="/console/logs"{{#onLogs}} aria-current="page"{{/onLogs}}>Logs</a>
         <a href="/console/feedback"{{#onFeedback}} aria-current="page"{{/onFeedback}}>Feedback</a>
         <a href="/console/audit"{{#onAudit}} aria-current="page"{{/onAudit}}>Audit log</a>
         <a href="/console/tokens"{{#onTokens}} aria-current="page"{{/onTokens}}>Tokens</a>
@@ -316,6 +318,7 @@ enum ConsoleTemplates {
         </table>
         </div>
         {{#open}}<p class="hint" id="live">Updated as it happens.</p>{{/open}}
+        <p><a href="/console/logs?pull={{id}}">Read its logs</a></p>
         {{/content}}
         {{/layout}}
         """
@@ -330,13 +333,51 @@ enum ConsoleTemplates {
         <thead><tr><th scope="col">Given</th><th scope="col">User</th><th scope="col">Device</th><th scope="col">What they said</th><th scope="col">Logs</th><th scope="col">Id</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr><td class="nowrap">{{createdAt}}</td><td>{{uid}}</td><td>{{host}}</td><td class="said">{{text}}</td><td>{{status}}</td><td><code title="{{id}}">{{shortID}}</code></td></tr>
+        <tr><td class="nowrap">{{createdAt}}</td><td>{{uid}}</td><td>{{host}}</td><td class="said">{{text}}</td><td>{{status}}</td><td><a href="/console/logs?feedback={{id}}"><code title="{{id}}">{{shortID}}</code></a></td></tr>
         {{/rows}}
         {{^rows}}<tr><td colspan="6">No feedback yet.</td></tr>{{/rows}}
         </tbody>
         </table>
         </div>
-        <p class="hint"><code>dredge logs --feedback ID</code> reads a feedback's logs, <code>dredge feedback fetch ID</code> downloads them.</p>
+        <p class="hint">The id opens the feedback's logs; <code>dredge feedback fetch ID</code> downloads them.</p>
+        {{/content}}
+        {{/layout}}
+        """
+
+    static let logs = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>Logs</h1>
+        <form class="logs" method="get" action="/console/logs" role="search">
+        <label>User <input name="uid" value="{{uid}}"></label>
+        <label>Pull <input name="pull" value="{{pull}}" size="34"></label>
+        <label>Feedback <input name="feedback" value="{{feedback}}" size="34"></label>
+        <label>Level <input name="level" value="{{level}}" placeholder="warning+" size="10"></label>
+        <label>Type <input name="type" value="{{type}}" placeholder="network" size="10"></label>
+        <label>Text <input name="text" value="{{text}}" placeholder="payment declined"></label>
+        <label>Where <input name="where" value="{{where}}" placeholder="http.status=503"></label>
+        <label>From <input name="since" value="{{since}}" placeholder="YYYY-MM-DD[THH:MM]" size="18"></label>
+        <label>To <input name="until" value="{{until}}" placeholder="YYYY-MM-DD[THH:MM]" size="18"></label>
+        <button type="submit">Search</button>
+        </form>
+        {{#problem}}<p class="problem" role="alert">{{problem}}</p>{{/problem}}
+        {{#hint}}<p class="hint">{{hint}}</p>{{/hint}}
+        {{#indexing}}<p class="hint">{{indexing}}</p>{{/indexing}}
+        {{#hasRows}}
+        <div class="table-wrap">
+        <table class="logs">
+        <thead><tr><th scope="col">Time (UTC)</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
+        <tbody>
+        {{#rows}}
+        <tr class="level-{{level}}"><td class="nowrap">{{time}}</td><td>{{host}}</td><td>{{app}}</td><td class="level">{{level}}</td><td>{{type}}</td><td>{{uid}}</td><td class="message">{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
+        {{/rows}}
+        </tbody>
+        </table>
+        </div>
+        <p class="summary">{{count}} records on this page.{{#next}} <a href="{{next}}">Next page</a>{{/next}}</p>
+        {{/hasRows}}
+        {{#searched}}{{^hasRows}}<p class="summary">No record matches.</p>{{/hasRows}}{{/searched}}
         {{/content}}
         {{/layout}}
         """
@@ -409,6 +450,13 @@ enum ConsoleTemplates {
         dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: .3rem 1rem; }
         dl.facts dt { color: var(--muted); }
         dl.facts dd { margin: 0; overflow-wrap: anywhere; }
+        form.logs { display: flex; flex-wrap: wrap; gap: .4rem .8rem; align-items: center; margin-bottom: .8rem; }
+        table.logs td { font-size: .92rem; }
+        table.logs td:not(.message) { overflow-wrap: normal; }
+        td.message { white-space: pre-wrap; min-width: 20rem; }
+        tr.level-error td.level, tr.level-critical td.level { color: var(--bad); font-weight: 600; }
+        tr.level-warning td.level { color: #9a6700; font-weight: 600; }
+        tr.level-debug td, tr.level-trace td { color: var(--muted); }
         td.said { white-space: pre-wrap; min-width: 16rem; }
         .status.complete { color: var(--good); font-weight: 600; }
         .status.failed, .status.rejected, .status.expired { color: var(--bad); font-weight: 600; }

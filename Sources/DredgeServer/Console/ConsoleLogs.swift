@@ -1,0 +1,134 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeWire
+import Foundation
+import Hummingbird
+import Mustache
+
+/// The console's log viewer, first part: one merged timeline of what arrived (a pull's, a
+/// feedback's, or a user's across everything pulled), filtered by level, type, text, a
+/// metadata member and time, a page at a time — what `dredge logs` shows. Every search is
+/// audited as `records.search` under the session's token, as on the API.
+extension Console {
+    static let logsPageSize = 200
+
+    /// The viewer's query string as a search; nil search with the problem when a field is wrong.
+    static func logSearch(_ parameters: [String: String]) -> (RecordSearch?, String?) {
+        func field(_ name: String) -> String? {
+            let value = (parameters[name] ?? "").trimmingCharacters(in: .whitespaces)
+            return value.isEmpty ? nil : value
+        }
+        var search = RecordSearch(limit: logsPageSize)
+        search.uid = field("uid")
+        if let uid = search.uid, let problem = UserID.problem(uid) { return (nil, "uid: \(problem)") }
+        for name in ["pull", "feedback"] {
+            if let id = field(name), !WireID.isValid(id) { return (nil, "\(name) must be an id: 32 lowercase hex characters") }
+        }
+        search.pull = field("pull")
+        search.feedback = field("feedback")
+        if let level = field("level") {
+            guard let levels = LogLevel.parseSet(level) else {
+                return (nil, "level is one of \(LogLevel.allCases.map(\.name).joined(separator: ", ")), or one with + (warning+: warning and above)")
+            }
+            search.levels = levels.sorted { $0.rawValue < $1.rawValue }.map(\.name)
+        }
+        if let type = field("type") {
+            guard LogType(type) != nil else { return (nil, "type “\(type)” is not a log type (app, network, …)") }
+            search.types = [type]
+        }
+        search.text = field("text")
+        if let match = field("where") {
+            guard let parsed = MetadataMatch(parsing: match) else { return (nil, "a metadata match is key=value, e.g. http.status=503") }
+            search.metadata = [parsed]
+        }
+        for name in ["since", "until"] {
+            guard let text = field(name) else { continue }
+            guard let time = dayOrTime(text) else { return (nil, "\(name) must be a day or a day and time: YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC)") }
+            if name == "since" { search.since = time } else { search.until = time }
+        }
+        search.after = field("after")
+        return (search, nil)
+    }
+
+    /// `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM` or with seconds (`T` or a space), UTC, a time that
+    /// exists within 1970–9999; nil otherwise.
+    static func dayOrTime(_ text: String) -> Timestamp? {
+        let shape = text.map { $0.isASCII && $0.isNumber ? "9" : String($0) }.joined()
+        let full: String
+        switch shape {
+        case "9999-99-99": full = text + "T00:00:00"
+        case "9999-99-99T99:99", "9999-99-99 99:99": full = text + ":00"
+        case "9999-99-99T99:99:99", "9999-99-99 99:99:99": full = text
+        default: return nil
+        }
+        let iso = full.replacingOccurrences(of: " ", with: "T") + "Z"
+        guard let date = try? Date.ISO8601FormatStyle(timeZone: .gmt).parse(iso), date.formatted(Date.ISO8601FormatStyle(timeZone: .gmt)) == iso else { return nil }
+        let time = Timestamp(date)
+        return time.isAccepted ? time : nil
+    }
+
+    static func registerLogs(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
+        let audited = SearchAudit()
+        console.get("logs") { request, _ in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            var parameters: [String: String] = [:]
+            for (key, value) in request.uri.queryParameters where parameters[String(key)] == nil { parameters[String(key)] = String(value) }
+            var page = signedInPage("Logs", session, current: "Logs")
+            for name in ["uid", "pull", "feedback", "level", "type", "text", "where", "since", "until"] { page[name] = parameters[name] ?? "" }
+            let (search, problem) = logSearch(parameters)
+            guard var search else {
+                page["problem"] = problem
+                return html(library, "logs", page, status: .badRequest)
+            }
+            guard search.uid != nil || search.pull != nil || search.feedback != nil else {
+                page["hint"] = "Choose a user, a pull or a feedback to read."
+                return html(library, "logs", page)
+            }
+            guard let records = d.records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not index records.") }
+            search.reason = nil
+            try AdminAPI.checkSearch(search)
+            let found: RecordPage
+            do {
+                found = try await records.search(search)
+            } catch let error as RecordSearchError {
+                page["problem"] = error.description
+                return html(library, "logs", page, status: .badRequest)
+            }
+            let detail = AdminAPI.describe(search)
+            if audited.shouldRecord(actor: session.tokenName, detail: detail, now: Date()) {
+                do {
+                    try await d.audit.record(actor: session.tokenName, action: "records.search", detail: detail, at: Date())
+                } catch {
+                    audited.forget(actor: session.tokenName, detail: detail)
+                    throw error
+                }
+            }
+            page["rows"] = found.records.map { r -> [String: Any] in
+                var metadata = ""
+                if case .object(let members) = r.metadata.value, !members.isEmpty {
+                    metadata = members.sorted { $0.key < $1.key }.map { key, value in
+                        if case .string(let s) = value { return "\(key)=\(s)" }
+                        return "\(key)=\(value.jsonText)"
+                    }.joined(separator: " ")
+                }
+                return [
+                    "time": timeText(r.ts.date, fraction: true), "host": r.host, "app": [r.app, r.appVersion].filter { !$0.isEmpty }.joined(separator: " "),
+                    "level": r.level, "type": r.type, "uid": r.uid, "message": r.message, "metadata": metadata,
+                ]
+            }
+            page["count"] = found.records.count
+            page["searched"] = true
+            if !found.records.isEmpty { page["hasRows"] = true }
+            if found.indexing > 0 { page["indexing"] = "\(found.indexing) pull(s) or feedback still being indexed: more may come." }
+            if let next = found.next {
+                var items = parameters.filter { $0.key != "after" && !$0.value.isEmpty }.sorted { $0.key < $1.key }.map { URLQueryItem(name: $0.key, value: $0.value) }
+                items.append(URLQueryItem(name: "after", value: next))
+                var components = URLComponents()
+                components.path = "/console/logs"
+                components.queryItems = items
+                page["next"] = components.percentEncodedPath + "?" + (components.percentEncodedQuery ?? "")
+            }
+            return html(library, "logs", page)
+        }
+    }
+}

@@ -132,6 +132,18 @@ def main():
             except Exception:
                 check(False, message)
 
+        def reloading_until(condition, seconds, message):
+            """Reloads the page once a second until `condition` holds (a page that is not live)."""
+            def holds(d):
+                if condition(d):
+                    return True
+                d.refresh()
+                return False
+            try:
+                WebDriverWait(driver, seconds, poll_frequency=1).until(holds)
+            except Exception:
+                check(False, message)
+
         def console_errors():
             return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
@@ -223,15 +235,7 @@ def main():
 
         # Its logs: the records that arrived, searchable once indexed, warnings and errors only.
         driver.find_element(By.LINK_TEXT, "Read its logs").click()
-        def listed(d):
-            if d.find_elements(By.CSS_SELECTOR, "table.logs tbody tr"):
-                return True
-            d.refresh()
-            return False
-        try:
-            WebDriverWait(driver, 60, poll_frequency=1).until(listed)
-        except Exception:
-            check(False, "the pull's records are listed")
+        reloading_until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.logs tbody tr"), 60, "the pull's records are listed")
         levels = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "table.logs td.level")}
         check(levels and levels <= {"warning", "error", "critical"}, f"only what was pulled: {levels}")
         check(all(c.text == "u-2" for c in driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr td:nth-child(6)")), "only u-2's records")
@@ -243,16 +247,8 @@ def main():
                         "--uid", "u-1", "--text", "the oven <b>beeps</b> all night"], check=True, capture_output=True, timeout=120)
         driver.find_element(By.LINK_TEXT, "Feedback").click()
         at(base + "/console/feedback", "the Feedback link")
-        def arrived(d):
-            cells = d.find_elements(By.CSS_SELECTOR, "tbody td.said")
-            if cells and "complete" in d.find_element(By.CSS_SELECTOR, "tbody tr").text:
-                return True
-            d.refresh()
-            return False
-        try:
-            WebDriverWait(driver, 90, poll_frequency=1).until(arrived)
-        except Exception:
-            check(False, "the feedback arrives complete")
+        reloading_until(lambda d: d.find_elements(By.CSS_SELECTOR, "tbody td.said") and "complete" in d.find_element(By.CSS_SELECTOR, "tbody tr").text,
+                        90, "the feedback arrives complete")
         check(driver.find_element(By.CSS_SELECTOR, "tbody td.said").text == "the oven <b>beeps</b> all night", "what the user said, as text")
         check("kitchen-oven-0042" in driver.find_element(By.CSS_SELECTOR, "tbody tr").text, "from their device")
         shot("7-feedback")

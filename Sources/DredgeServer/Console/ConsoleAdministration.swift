@@ -10,19 +10,21 @@ extension Console {
         ["title": title, "signedIn": true, "on" + current: true, "tokenName": session.tokenName, "csrf": session.csrf]
     }
 
-    enum Posting {
-        /// A post from this console's own page, with its session's CSRF token.
-        case session(ConsoleSessions.Session)
-        /// No live session: sign in first.
-        case signIn
-        /// Another origin, or no or another CSRF token: refused, nothing done.
-        case forbidden
+    /// Runs `body` with the session of a post from this console's own page carrying its
+    /// session's CSRF token; otherwise answers for it: sign in first, or 403 (nothing done).
+    static func asPoster(
+        _ request: Request, _ form: [String: String], _ library: MustacheLibrary, _ d: Dependencies,
+        _ body: (ConsoleSessions.Session) async throws -> Response
+    ) async throws -> Response {
+        guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+        guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
+        return try await body(session)
     }
 
-    static func posting(_ request: Request, _ form: [String: String], _ d: Dependencies) async throws -> Posting {
-        guard let session = try await checked(request, d) else { return .signIn }
-        guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return .forbidden }
-        return .session(session)
+    /// An error's description as a sentence for a page: capitalised, with a full stop.
+    static func sentence(_ error: some CustomStringConvertible) -> String {
+        let text = error.description
+        return text.prefix(1).uppercased() + text.dropFirst() + "."
     }
 
     static func registerAdministration(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
@@ -82,46 +84,38 @@ extension Console {
         }
         console.post("tokens") { request, context in
             let form = try await formFields(request, context)
-            let session: ConsoleSessions.Session
-            switch try await posting(request, form, d) {
-            case .session(let s): session = s
-            case .signIn: return redirect("/console/sign-in")
-            case .forbidden: return forbidden(library, d)
+            return try await asPoster(request, form, library, d) { session in
+                let name = (form["name"] ?? "").trimmingCharacters(in: .whitespaces)
+                guard let kind = TokenKind(rawValue: form["kind"] ?? "") else {
+                    return try await tokensPage(session, problem: "A token is an admin or an enrollment token.", status: .badRequest)
+                }
+                let created: TokenCreated
+                do {
+                    created = try await d.tokens.create(name: name, kind: kind, now: Date())
+                } catch let error as TokenError {
+                    return try await tokensPage(session, problem: sentence(error), status: .badRequest)
+                }
+                try await d.audit.record(actor: session.tokenName, action: "token.create", detail: "\(kind.rawValue) token '\(name)'", at: Date())
+                // Shown on this answer only (not a redirect: the token is in no URL and no history).
+                return try await tokensPage(session, created: created)
             }
-            let name = (form["name"] ?? "").trimmingCharacters(in: .whitespaces)
-            guard let kind = TokenKind(rawValue: form["kind"] ?? "") else {
-                return try await tokensPage(session, problem: "A token is an admin or an enrollment token.", status: .badRequest)
-            }
-            let created: TokenCreated
-            do {
-                created = try await d.tokens.create(name: name, kind: kind, now: Date())
-            } catch let error as TokenError {
-                return try await tokensPage(session, problem: error.description.prefix(1).uppercased() + error.description.dropFirst() + ".", status: .badRequest)
-            }
-            try await d.audit.record(actor: session.tokenName, action: "token.create", detail: "\(kind.rawValue) token '\(name)'", at: Date())
-            // Shown on this answer only (not a redirect: the token is in no URL and no history).
-            return try await tokensPage(session, created: created)
         }
         console.post("tokens/revoke") { request, context in
             let form = try await formFields(request, context)
-            let session: ConsoleSessions.Session
-            switch try await posting(request, form, d) {
-            case .session(let s): session = s
-            case .signIn: return redirect("/console/sign-in")
-            case .forbidden: return forbidden(library, d)
+            return try await asPoster(request, form, library, d) { session in
+                let name = form["name"] ?? ""
+                guard let kind = TokenKind(rawValue: form["kind"] ?? "") else {
+                    return try await tokensPage(session, problem: "A token is an admin or an enrollment token.", status: .badRequest)
+                }
+                do {
+                    try await d.tokens.revoke(name: name, kind: kind)
+                } catch let error as TokenError {
+                    return try await tokensPage(session, problem: sentence(error), status: .conflict)
+                }
+                try await d.audit.record(actor: session.tokenName, action: "token.revoke", detail: "\(kind.rawValue) token '\(name)'", at: Date())
+                // Revoking one's own token ends this session: the next page asks to sign in.
+                return redirect("/console/tokens")
             }
-            let name = form["name"] ?? ""
-            guard let kind = TokenKind(rawValue: form["kind"] ?? "") else {
-                return try await tokensPage(session, problem: "A token is an admin or an enrollment token.", status: .badRequest)
-            }
-            do {
-                try await d.tokens.revoke(name: name, kind: kind)
-            } catch let error as TokenError {
-                return try await tokensPage(session, problem: error.description.prefix(1).uppercased() + error.description.dropFirst() + ".", status: .conflict)
-            }
-            try await d.audit.record(actor: session.tokenName, action: "token.revoke", detail: "\(kind.rawValue) token '\(name)'", at: Date())
-            // Revoking one's own token ends this session: the next page asks to sign in.
-            return redirect("/console/tokens")
         }
     }
 

@@ -43,15 +43,21 @@ extension Console {
         }
         for name in ["since", "until"] {
             guard let text = field(name) else { continue }
-            guard let time = dayOrTime(text) else { return (nil, "\(name) must be a day or a day and time: YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC)") }
+            guard let time = dayOrTime(text) else { return (nil, dayOrTimeProblem(name)) }
             if name == "since" { search.since = time } else { search.until = time }
         }
         search.after = field("after")
         return (search, nil)
     }
 
-    /// `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM` or with seconds (`T` or a space), UTC, a time that
-    /// exists within 1970–9999; nil otherwise.
+    /// What a time field that ``dayOrTime(_:)`` refuses is told.
+    static func dayOrTimeProblem(_ name: String) -> String {
+        "\(name) must be a day or a day and time that exists, 1970–9999: YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC)"
+    }
+
+    /// `YYYY-MM-DD` (its midnight), `YYYY-MM-DDTHH:MM` or with seconds (`T` or a space), UTC,
+    /// a time that exists within 1970–9999 (no zone, no fraction); nil otherwise. What the
+    /// new-pull form's and the log viewer's time fields take.
     static func dayOrTime(_ text: String) -> Timestamp? {
         let shape = text.map { $0.isASCII && $0.isNumber ? "9" : String($0) }.joined()
         let full: String

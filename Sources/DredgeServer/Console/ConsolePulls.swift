@@ -41,22 +41,7 @@ extension Console {
         case .custom?:
             func time(_ name: String) -> Result<Timestamp?, PullRequestError> {
                 guard let text = field(name) else { return .success(nil) }
-                // `datetime-local` sends `YYYY-MM-DDTHH:MM` (or with seconds); a day alone is its
-                // midnight. All UTC; nothing else is taken (no zone, no fraction).
-                let shape = text.map { $0.isASCII && $0.isNumber ? "9" : String($0) }.joined()
-                let full: String
-                switch shape {
-                case "9999-99-99": full = text + "T00:00:00"
-                case "9999-99-99T99:99", "9999-99-99 99:99": full = text + ":00"
-                case "9999-99-99T99:99:99", "9999-99-99 99:99:99": full = text
-                default: return .failure(.invalid("\(name) must be a day or a day and time: YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC)"))
-                }
-                let iso = full.replacingOccurrences(of: " ", with: "T") + "Z"
-                guard let date = try? Date.ISO8601FormatStyle(timeZone: .gmt).parse(iso),
-                    date.formatted(Date.ISO8601FormatStyle(timeZone: .gmt)) == iso
-                else { return .failure(.invalid("\(name) is not a time that exists: \(text)")) }
-                let time = Timestamp(date)
-                guard time.isAccepted else { return .failure(.invalid("\(name) must lie between 1970 and 9999")) }
+                guard let time = dayOrTime(text) else { return .failure(.invalid(dayOrTimeProblem(name))) }
                 return .success(time)
             }
             switch (time("since"), time("until")) {
@@ -123,23 +108,18 @@ extension Console {
         }
         console.post("pulls") { request, context in
             let form = try await formFields(request, context)
-            let session: ConsoleSessions.Session
-            switch try await posting(request, form, d) {
-            case .session(let s): session = s
-            case .signIn: return redirect("/console/sign-in")
-            case .forbidden: return forbidden(library, d)
+            return try await asPoster(request, form, library, d) { session in
+                let pull: PullRecord
+                do {
+                    let asked = try pullRequest(form, now: .now).get()
+                    pull = try await d.pulls.create(asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger)
+                } catch let error as PullRequestError {
+                    return try await newPullPage(session, form, problem: sentence(error), status: .badRequest)
+                }
+                d.dispatcher.wake(pull.targets.map(\.agentID))
+                d.logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)", "from": "console"])
+                return redirect("/console/pulls/\(pull.id)")
             }
-            let pull: PullRecord
-            do {
-                let asked = try pullRequest(form, now: .now).get()
-                pull = try await d.pulls.create(asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger)
-            } catch let error as PullRequestError {
-                let message = error.description.prefix(1).uppercased() + error.description.dropFirst() + "."
-                return try await newPullPage(session, form, problem: message, status: .badRequest)
-            }
-            d.dispatcher.wake(pull.targets.map(\.agentID))
-            d.logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)", "from": "console"])
-            return redirect("/console/pulls/\(pull.id)")
         }
 
         console.get("pulls/:id") { request, context in

@@ -3,7 +3,7 @@ import Foundation
 
 extension RecordPage {
     /// The page as `POST /v1/records/search` answers it: the JSON a `JSONEncoder` would write
-    /// (the same members; `next` left out when nil), written in one pass with each record's
+    /// (the same members; `next` and `previous` left out when nil), written in one pass with each record's
     /// metadata spliced in as the index holds it (see ``RecordMetadata``). Throws only for a
     /// metadata value built in code with a non-finite number, which JSON cannot carry.
     public func jsonBytes() throws -> [UInt8] {
@@ -17,6 +17,10 @@ extension RecordPage {
         if let next {
             out.key("next")
             out.string(next)
+        }
+        if let previous {
+            out.key("previous")
+            out.string(previous)
         }
         out.key("records")
         out.byte("[")

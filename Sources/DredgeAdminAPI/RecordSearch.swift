@@ -33,6 +33,10 @@ public struct RecordSearch: Sendable, Equatable, Codable {
     public var metadata: [MetadataMatch]?
     /// The `next` of the previous page.
     public var after: String?
+    /// The `previous` of a page: the page of records just before it, read backwards and handed
+    /// out in time order. A cursor `<µs>.0` reads the records before that instant (a viewer
+    /// opened "at" a moment). Not with `after` or `arrivedAfter`.
+    public var before: String?
     /// Records per page: 1 to ``maximumLimit``; default 500.
     public var limit: Int?
     /// Only records that arrived after the record with this id, in arrival order (what
@@ -48,8 +52,9 @@ public struct RecordSearch: Sendable, Equatable, Codable {
     public init(
         uid: String? = nil, agents: [String]? = nil, hosts: [String]? = nil, apps: [String]? = nil, pull: String? = nil, feedback: String? = nil,
         since: Timestamp? = nil, until: Timestamp? = nil, levels: [String]? = nil, types: [String]? = nil, text: String? = nil,
-        metadata: [MetadataMatch]? = nil, after: String? = nil, limit: Int? = nil, arrivedAfter: Int64? = nil, reason: String? = nil
+        metadata: [MetadataMatch]? = nil, after: String? = nil, before: String? = nil, limit: Int? = nil, arrivedAfter: Int64? = nil, reason: String? = nil
     ) {
+        self.before = before
         self.reason = reason
         self.uid = uid
         self.agents = agents
@@ -93,8 +98,12 @@ public struct MetadataMatch: Sendable, Equatable, Codable {
 public struct RecordPage: Sendable, Equatable, Codable {
     public var records: [FoundRecord]
     /// Pass as `after` for the next page (as `arrivedAfter` when following arrivals); nil when
-    /// this page is the last.
+    /// this page is the last. A page read with `before` always has one (the records from where
+    /// that cursor pointed on; there may be none).
     public var next: String?
+    /// Pass as `before` for the page before this one; nil when this page is the first (a page
+    /// read with `after` names one, which may be empty when that cursor was made up).
+    public var previous: String?
     /// Landed pulls and feedback whose records are not all searchable yet (being indexed, or
     /// whose indexing failed and waits to be tried again).
     public var indexing: Int
@@ -102,9 +111,10 @@ public struct RecordPage: Sendable, Equatable, Codable {
     /// `arrivedAfter` set to it.
     public var newestID: Int64
 
-    public init(records: [FoundRecord], next: String?, indexing: Int, newestID: Int64) {
+    public init(records: [FoundRecord], next: String?, previous: String? = nil, indexing: Int, newestID: Int64) {
         self.records = records
         self.next = next
+        self.previous = previous
         self.indexing = indexing
         self.newestID = newestID
     }
@@ -262,5 +272,25 @@ extension JSONValue {
             let content = (i + 1)..<end
             return escaped ? String(decoding: JSONString.unescape(bytes, content), as: UTF8.self) : String(decoding: bytes[content], as: UTF8.self)
         }
+    }
+}
+
+/// One record and its context: the records just before and after it from the same device's
+/// payload (its pull and agent, or its feedback), in time order. What
+/// `GET /v1/records/{id}?context=N` answers and the console's record page shows.
+public struct RecordInContext: Sendable, Equatable, Codable {
+    public var record: FoundRecord
+    /// Up to N records before it, oldest first.
+    public var before: [FoundRecord]
+    /// Up to N records after it, oldest first.
+    public var after: [FoundRecord]
+
+    /// The most records asked for on each side.
+    public static let maximumContext = 200
+
+    public init(record: FoundRecord, before: [FoundRecord], after: [FoundRecord]) {
+        self.record = record
+        self.before = before
+        self.after = after
     }
 }

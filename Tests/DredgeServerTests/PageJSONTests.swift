@@ -88,6 +88,7 @@ import Testing
         }
         for page in [
             RecordPage(records: records, next: "1795219198250006.6", indexing: 3, newestID: 9_000_000_000),
+            RecordPage(records: records, next: "1795219198250006.6", previous: "1795219198250001.2", indexing: 0, newestID: 9),
             RecordPage(records: [], next: nil, indexing: 0, newestID: 0),
         ] {
             let bytes = try page.jsonBytes()
@@ -95,7 +96,7 @@ import Testing
             // What the generic encoder writes reads back the same.
             #expect(try JSONDecoder.adminAPI.decode(RecordPage.self, from: JSONEncoder.adminAPI.encode(page)) == page)
             let object = try #require(try JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any])
-            #expect(Set(object.keys) == (page.next == nil ? ["indexing", "newestID", "records"] : ["indexing", "newestID", "next", "records"]))
+            #expect(Set(object.keys) == Set(["indexing", "newestID", "records"] + (page.next == nil ? [] : ["next"]) + (page.previous == nil ? [] : ["previous"])))
         }
     }
 

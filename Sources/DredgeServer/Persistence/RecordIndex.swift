@@ -16,7 +16,10 @@ import Foundation
 /// - A source is listed by ``indexedSources()`` only once ``finish(_:)`` ran.
 /// - ``remove(_:)`` removes a source's records and contexts; searching finds none after.
 /// - ``search(_:)`` returns records in (time, id) order, each page after the one its `after`
-///   names, and `next` only when more may follow.
+///   names (or, with `before`, the records just before that cursor), and `next` only when more
+///   may follow.
+/// - ``record(_:context:)`` finds a record by id, with up to `context` records of the same
+///   source on each side in (time, id) order.
 public protocol RecordIndex: Sendable {
     /// Starts (or starts over) indexing a source whose records refer to `contexts` by key.
     func begin(_ source: IndexedSource, contexts: [String: LogContext], landedAt: Date) async throws
@@ -31,6 +34,9 @@ public protocol RecordIndex: Sendable {
     /// Removes a source's records; a source not indexed is no error.
     func remove(_ source: IndexedSource) async throws
     func search(_ search: RecordSearch) async throws -> RecordPage
+    /// The record with this id and up to `context` (at most ``RecordInContext/maximumContext``)
+    /// records of its source on each side; nil when no record has it.
+    func record(_ id: Int64, context: Int) async throws -> RecordInContext?
 }
 
 /// A landed payload: a pull's files from one agent, or one feedback's.

@@ -269,4 +269,63 @@ import Testing
         #expect(try await messages(index, RecordSearch(arrivedAfter: last)) == ["late arrival, older record"])
         #expect(try await messages(index, RecordSearch(text: "arrival", arrivedAfter: 0)) == ["early arrival", "late arrival, older record"])
     }
+    @Test(arguments: PersistenceBackend.all)
+    func pagesReadBackwardsMeetThePagesReadForwards(_ backend: PersistenceBackend) async throws {
+        let lines = (0..<25).map { Self.line($0 / 4, "r\($0)") }
+        let index = try await indexed(backend, [(Self.pull1, Array(lines.reversed())), (Self.feedback2, [Self.line(3, "other source", level: "error")])])
+        var forward: [[String]] = []
+        var search = RecordSearch(pull: Self.id(1), limit: 7)
+        var last = try await index.search(search)
+        #expect(last.previous == nil, "the first page has none before it")
+        forward.append(last.records.map(\.message))
+        while let next = last.next {
+            search.after = next
+            last = try await index.search(search)
+            forward.append(last.records.map(\.message))
+        }
+        #expect(forward.count == 4)
+        // From the last page back to the first, through `previous`: the same pages' records.
+        var backward: [[String]] = []
+        var page = last
+        while let previous = page.previous {
+            page = try await index.search(RecordSearch(pull: Self.id(1), before: previous, limit: 7))
+            backward.append(page.records.map(\.message))
+            #expect(page.next != nil, "a page read backwards continues forwards")
+        }
+        #expect(backward.flatMap { $0 }.count == 21 && Array(backward.reversed().joined()) == Array(forward.dropLast().joined()))
+        #expect(backward.count == 3 && page.previous == nil, "the earliest page is the first")
+        // A moment: the records before it, then forwards from it.
+        let moment = "\(Self.at(3).microseconds).0"
+        let before = try await index.search(RecordSearch(pull: Self.id(1), before: moment, limit: 5))
+        #expect(before.records.map(\.ts).allSatisfy { $0 < Self.at(3) } && before.records.count == 5 && before.previous != nil)
+        let from = try await index.search(RecordSearch(pull: Self.id(1), after: try #require(before.next), limit: 100))
+        #expect(from.records.count == 13 && from.records.first?.ts == Self.at(3))
+        let none = try await index.search(RecordSearch(pull: Self.id(1), before: "\(Self.at(0).microseconds).0"))
+        #expect(none.records.isEmpty && none.previous == nil)
+        #expect(try await index.search(RecordSearch(pull: Self.id(1), after: try #require(none.next))).records.count == 25)
+        await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(after: "1.1", before: "2.2")) }
+        await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(before: "x.1")) }
+        await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(before: "1.1", arrivedAfter: 0)) }
+    }
+
+    @Test(arguments: PersistenceBackend.all)
+    func aRecordComesWithItsNeighboursFromTheSameSource(_ backend: PersistenceBackend) async throws {
+        let index = try await indexed(backend, [
+            (Self.pull1, (0..<30).map { Self.line($0 / 2, "a\($0)") }),
+            (Self.pull1b, (0..<30).map { Self.line($0, "b\($0)") }),
+        ])
+        let all = try await index.search(RecordSearch(agents: [Self.agentA], pull: Self.id(1), limit: 100)).records
+        let middle = all[10]
+        let found = try #require(try await index.record(middle.id, context: 3))
+        #expect(found.record == middle)
+        #expect(found.before.map(\.message) == ["a7", "a8", "a9"] && found.after.map(\.message) == ["a11", "a12", "a13"])
+        let first = try #require(try await index.record(all[0].id, context: 5))
+        #expect(first.before.isEmpty && first.after.map(\.message) == ["a1", "a2", "a3", "a4", "a5"])
+        let bare = try #require(try await index.record(all[29].id, context: 0))
+        #expect(bare.before.isEmpty && bare.after.isEmpty && bare.record.message == "a29")
+        let capped = try #require(try await index.record(all[29].id, context: 10_000))
+        #expect(capped.before.count == 29 && capped.after.isEmpty)
+        #expect(try await index.record(999_999, context: 3) == nil)
+    }
 }
+

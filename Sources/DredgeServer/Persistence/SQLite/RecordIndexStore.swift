@@ -283,50 +283,98 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     public func search(_ search: RecordSearch) async throws -> RecordPage {
         let query = try SQLRecordQuery(search, scanLimit: scanLimit)
         return try await pool.read { db in
-            // Rows are read from a cursor by column position (the order of `SQLRecordQuery`'s
-            // columns): no row is copied and no column looked up by name. A page's records come
-            // from a few sources and contexts: their strings are read once each.
-            var sources: [Int64: (kind: String, ref: String, agent: String)] = [:]
-            var contexts: [Int64: (host: String, app: String, appVersion: String, os: String, process: String)] = [:]
+            var rows = RecordRows()
             func page(sql: String, arguments: StatementArguments) throws -> (records: [FoundRecord], more: Bool) {
-                var records: [FoundRecord] = []
-                records.reserveCapacity(min(query.limit, 512))
-                let rows = try Row.fetchCursor(db, sql: sql, arguments: arguments)
-                while let row = try rows.next() {
-                    guard records.count < query.limit else { return (records, true) }
-                    let metadata = RecordMetadata(indexedText: row[6])  // kept as text: spliced into the page's JSON as written
-                    let level: Int = row[3]
-                    let sourceID: Int64 = row[15]
-                    let source = sources[sourceID] ?? (row[7], row[8], row[9])
-                    sources[sourceID] = source
-                    let contextID: Int64? = row[16]
-                    var context = ("", "", "", "", "")
-                    if let contextID {
-                        context = contexts[contextID] ?? ((row[10] as String?) ?? "", (row[11] as String?) ?? "", (row[12] as String?) ?? "", (row[13] as String?) ?? "", (row[14] as String?) ?? "")
-                        contexts[contextID] = context
-                    }
-                    records.append(
-                        FoundRecord(
-                            id: row[0], ts: Timestamp(microseconds: row[1]), level: LogLevel(rawValue: level)?.name ?? "\(level)", type: row[4],
-                            uid: row[2], message: row[5], metadata: metadata, agentID: source.agent, sourceKind: source.kind, sourceID: source.ref,
-                            host: context.0, app: context.1, appVersion: context.2, os: context.3, process: context.4))
-                }
-                return (records, false)
+                try rows.read(db, sql: sql, arguments: arguments, limit: query.limit)
             }
             var found: (records: [FoundRecord], more: Bool)?
             if let scan = query.scanFirst {
                 let scanned = try page(sql: scan.sql, arguments: SQLRecordQuery.arguments(scan.bindings))
                 if scanned.more { found = scanned }
             }
-            let (records, more) = try found ?? page(sql: query.sql, arguments: query.arguments)
-            let next = more ? records.last.map { query.followsArrival ? "\($0.id)" : "\($0.ts.microseconds).\($0.id)" } : nil
+            var (records, more) = try found ?? page(sql: query.sql, arguments: query.arguments)
+            func cursor(_ r: FoundRecord) -> String { "\(r.ts.microseconds).\(r.id)" }
+            let next: String?, previous: String?
+            if query.followsArrival {
+                next = more ? records.last.map { "\($0.id)" } : nil
+                previous = nil
+            } else if query.backwards, let before = search.before {
+                records.reverse()
+                previous = more ? records.first.map(cursor) : nil
+                // After the page: from where the cursor pointed on (just before it when the page is empty).
+                let (ts, id) = try SQLRecordQuery.cursor(before, "previous")
+                next = records.last.map(cursor) ?? "\(ts).\(id &- 1)"
+            } else {
+                next = more ? records.last.map(cursor) : nil
+                previous = search.after == nil ? nil : records.first.map(cursor)
+            }
             let indexing = try Int.fetchOne(db, sql: "SELECT count(*) FROM source WHERE indexed = 0") ?? 0
             // In the same read: what a follower starts after.
             let newest = try Int64.fetchOne(db, sql: "SELECT coalesce(max(id), 0) FROM record") ?? 0
-            return RecordPage(records: records, next: next, indexing: indexing, newestID: newest)
+            return RecordPage(records: records, next: next, previous: previous, indexing: indexing, newestID: newest)
         }
     }
 }
+
+/// Reads records from statements whose columns are ``SQLRecordQuery/columns``, by position: no
+/// row is copied and no column looked up by name. A page's records come from a few sources and
+/// contexts: their strings are read once each.
+struct RecordRows {
+    private var sources: [Int64: (kind: String, ref: String, agent: String)] = [:]
+    private var contexts: [Int64: (host: String, app: String, appVersion: String, os: String, process: String)] = [:]
+
+    /// At most `limit` records; `more` when the statement had another.
+    mutating func read(_ db: Database, sql: String, arguments: StatementArguments, limit: Int) throws -> (records: [FoundRecord], more: Bool) {
+        var records: [FoundRecord] = []
+        records.reserveCapacity(min(limit, 512))
+        let rows = try Row.fetchCursor(db, sql: sql, arguments: arguments)
+        while let row = try rows.next() {
+            guard records.count < limit else { return (records, true) }
+            let metadata = RecordMetadata(indexedText: row[6])  // kept as text: spliced into the page's JSON as written
+            let level: Int = row[3]
+            let sourceID: Int64 = row[15]
+            let source = sources[sourceID] ?? (row[7], row[8], row[9])
+            sources[sourceID] = source
+            let contextID: Int64? = row[16]
+            var context = ("", "", "", "", "")
+            if let contextID {
+                context = contexts[contextID] ?? ((row[10] as String?) ?? "", (row[11] as String?) ?? "", (row[12] as String?) ?? "", (row[13] as String?) ?? "", (row[14] as String?) ?? "")
+                contexts[contextID] = context
+            }
+            records.append(
+                FoundRecord(
+                    id: row[0], ts: Timestamp(microseconds: row[1]), level: LogLevel(rawValue: level)?.name ?? "\(level)", type: row[4],
+                    uid: row[2], message: row[5], metadata: metadata, agentID: source.agent, sourceKind: source.kind, sourceID: source.ref,
+                    host: context.0, app: context.1, appVersion: context.2, os: context.3, process: context.4))
+        }
+        return (records, false)
+    }
+}
+
+extension RecordIndexStore {
+    public func record(_ id: Int64, context: Int) async throws -> RecordInContext? {
+        let count = min(max(context, 0), RecordInContext.maximumContext)
+        return try await pool.read { db in
+            var rows = RecordRows()
+            let select = SQLRecordQuery.columns + " " + SQLRecordQuery.joins
+            guard let record = try rows.read(db, sql: select + " WHERE r.id = ?", arguments: [id], limit: 1).records.first else { return nil }
+            guard count > 0 else { return RecordInContext(record: record, before: [], after: []) }
+            // The same source (one device's export), next to it in (time, id) order.
+            let source = "r.source = (SELECT source FROM record WHERE id = ?)"
+            let ts = record.ts.microseconds
+            let before = try rows.read(
+                db, sql: select + " WHERE \(source) AND r.ts <= ? AND (r.ts < ? OR r.id < ?) ORDER BY r.ts DESC, r.id DESC LIMIT \(count)",
+                arguments: [id, ts, ts, id], limit: count
+            ).records
+            let after = try rows.read(
+                db, sql: select + " WHERE \(source) AND r.ts >= ? AND (r.ts > ? OR r.id > ?) ORDER BY r.ts, r.id LIMIT \(count)",
+                arguments: [id, ts, ts, id], limit: count
+            ).records
+            return RecordInContext(record: record, before: before.reversed(), after: after)
+        }
+    }
+}
+
 
 /// A ``RecordSearch`` as one SQL statement over the index's tables (public for the benchmark,
 /// which runs the same statement through SQLite's C API as its limit).
@@ -346,6 +394,24 @@ public struct SQLRecordQuery: Sendable {
     /// Records per page; the statement asks for one more, to know whether a next page exists.
     public let limit: Int
     let followsArrival: Bool
+    /// Read with `before`: the statement's rows come newest first.
+    let backwards: Bool
+
+    /// What each statement selects, read by position by ``RecordRows``.
+    static let columns = """
+        SELECT r.id, r.ts, r.uid, r.level, r.type, r.message, r.metadata, s.kind, s.ref, s.agent, \
+        c.host, c.app, c.app_version, c.os, c.process, r.source, r.context
+        """
+    static let joins = "FROM record r JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context"
+
+    /// A page cursor, `<µs>.<id>`.
+    static func cursor(_ text: String, _ member: String) throws -> (Int64, Int64) {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 2, let ts = Int64(parts[0]), let id = Int64(parts[1]) else {
+            throw RecordSearchError("'\(text)' is not a page cursor: pass the `\(member)` of a page")
+        }
+        return (ts, id)
+    }
 
     var arguments: StatementArguments { Self.arguments(bindings) }
 
@@ -446,21 +512,27 @@ public struct SQLRecordQuery: Sendable {
         }
         let order: String
         if let arrived = search.arrivedAfter {
+            guard search.before == nil else { throw RecordSearchError("before cannot be given with arrivedAfter: following arrivals reads forwards") }
             clauses.append("r.id > ?")
             values.append(.integer(arrived))
             order = "r.id"
+        } else if let before = search.before {
+            guard search.after == nil else { throw RecordSearchError("give after or before, not both") }
+            let (ts, id) = try Self.cursor(before, "previous")
+            // Read backwards from the cursor; the store hands the page out in time order.
+            clauses.append("r.ts <= ? AND (r.ts < ? OR r.id < ?)")
+            values += [.integer(ts), .integer(ts), .integer(id)]
+            order = "r.ts DESC, r.id DESC"
         } else {
             if let after = search.after {
-                let parts = after.split(separator: ".")
-                guard parts.count == 2, let ts = Int64(parts[0]), let id = Int64(parts[1]) else {
-                    throw RecordSearchError("'\(after)' is not a page cursor: pass the `next` of the previous page")
-                }
+                let (ts, id) = try Self.cursor(after, "next")
                 // `r.ts >= ?` on its own lets the time index start at the cursor.
                 clauses.append("r.ts >= ? AND (r.ts > ? OR r.id > ?)")
                 values += [.integer(ts), .integer(ts), .integer(id)]
             }
             order = "r.ts, r.id"
         }
+        backwards = search.before != nil && search.arrivedAfter == nil
         var all = clauses + exact
         var allValues = values + exactValues
         if !match.isEmpty {
@@ -469,14 +541,10 @@ public struct SQLRecordQuery: Sendable {
             all.append("r.id IN (SELECT rowid FROM record_text WHERE record_text MATCH ?)")
             allValues.append(.text(match.joined(separator: " AND ")))
         }
-        // `RecordIndexStore.search` reads these by position.
-        let columns = """
-            SELECT r.id, r.ts, r.uid, r.level, r.type, r.message, r.metadata, s.kind, s.ref, s.agent,
-                c.host, c.app, c.app_version, c.os, c.process, r.source, r.context
-            """
+        let columns = Self.columns
         sql = """
             \(columns)
-            FROM record r JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context
+            \(Self.joins)
             \(all.isEmpty ? "" : "WHERE " + all.joined(separator: " AND "))
             ORDER BY \(order) LIMIT \(limit + 1)
             """
@@ -487,7 +555,7 @@ public struct SQLRecordQuery: Sendable {
         // search's word filter: first the records in order, the first `scanLimit` of them,
         // checked exactly. If that fills a page it is the page (the first matches among the first
         // records in order are the first matches); else the statement above decides.
-        if !exact.isEmpty && (search.text ?? "").trimmingCharacters(in: .whitespaces).isEmpty && search.arrivedAfter == nil {
+        if !exact.isEmpty && (search.text ?? "").trimmingCharacters(in: .whitespaces).isEmpty && search.arrivedAfter == nil && !backwards {
             // Bounded by the time of the `scanLimit`-th record (found through the same filters),
             // not by copying the first records out: the scan stops as soon as the page is full.
             // Records at that same instant are read too, so the scanned ones are still the first
@@ -497,7 +565,7 @@ public struct SQLRecordQuery: Sendable {
             scanFirst = (
                 sql: """
                     \(columns)
-                    FROM record r JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context
+                    \(Self.joins)
                     WHERE \((clauses + ["r.ts <= coalesce(\(bound), \(Int64.max))"] + exact).joined(separator: " AND "))
                     ORDER BY r.ts, r.id LIMIT \(limit + 1)
                     """,

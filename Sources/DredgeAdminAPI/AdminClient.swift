@@ -160,6 +160,12 @@ public struct AdminClient: Sendable {
         try await call("POST", "/v1/records/search", body: search)
     }
 
+    /// A record by id with up to `context` records on each side from the same device's payload
+    /// (`GET /v1/records/{id}?context=N`).
+    public func record(_ id: Int64, context: Int = 10) async throws -> RecordInContext {
+        try await call("GET", "/v1/records/\(id)", query: [URLQueryItem(name: "context", value: String(context))])
+    }
+
     public func audit(_ query: AuditQuery = AuditQuery()) async throws -> [AuditEntry] {
         var items: [URLQueryItem] = [URLQueryItem(name: "limit", value: String(query.limit))]
         if let since = query.since { items.append(URLQueryItem(name: "since", value: String(Int64((since.timeIntervalSince1970 * 1_000_000).rounded())))) }

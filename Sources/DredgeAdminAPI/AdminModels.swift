@@ -418,6 +418,13 @@ public struct FeedbackRecord: Sendable, Equatable, Codable {
 
 /// One downloadable file of a pull (`GET /v1/pulls/{id}/files`): an agent's per-day JSON-lines
 /// files, its manifest, and the agent's whole decrypted zip.
+/// A byte count as people read it: `512 B`, `12.5 KiB`, `3.2 MiB`.
+public func byteText(_ n: Int64) -> String {
+    if n < 1024 { return "\(n) B" }
+    if n < 1024 * 1024 { return String(format: "%.1f KiB", Double(n) / 1024) }
+    return String(format: "%.1f MiB", Double(n) / 1024 / 1024)
+}
+
 public struct PullFile: Sendable, Equatable, Codable {
     public enum Kind: String, Sendable, Codable {
         /// A per-day JSON-lines file.

@@ -9,11 +9,7 @@ enum Format {
         return date.formatted(.iso8601.year().month().day().time(includingFractionalSeconds: false).timeZone(separator: .omitted))
     }
 
-    static func bytes(_ n: Int64) -> String {
-        if n < 1024 { return "\(n) B" }
-        if n < 1024 * 1024 { return String(format: "%.1f KiB", Double(n) / 1024) }
-        return String(format: "%.1f MiB", Double(n) / 1024 / 1024)
-    }
+    static func bytes(_ n: Int64) -> String { byteText(n) }
 
     /// "removed 2026-11-20T10:00:00+0100 by alice (T-1): files deleted"
     static func removed(_ r: Removal) -> String {

@@ -94,7 +94,8 @@ import Testing
             let a = admin
             let app = try AdminAPI.application(
                 registry: a.registry, pulls: a.pulls, audit: a.pulls, issuer: a.issuer, feedback: a.feedback, tokens: a.tokens,
-                dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), records: records, consoleSessions: ConsoleSessions(lifetime: 3600, now: { clock.now() }), port: 0,
+                dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), records: records,
+                files: PullFiles(paths: DataDirectory(a.data), pulls: a.pulls, feedback: a.feedback), consoleSessions: ConsoleSessions(lifetime: 3600, now: { clock.now() }), port: 0,
                 logger: logger)
             try await app.test(.router) { client in
                 var browser = Browser(client: client)
@@ -440,13 +441,12 @@ import Testing
             let first = try await browser.get("/console/logs?pull=\(source.id)")
             #expect(first.status == .ok && first.body.contains("200 records on this page.") && first.body.contains(">record 0<"))
             #expect(!first.body.contains(">record 200<"))
-            let next = try #require(first.body.range(of: #"<a href="/console/logs?"#).map { String(first.body[$0.lowerBound...].dropFirst(9).prefix { $0 != "\"" }) })
-            let second = try await browser.get(next.replacingOccurrences(of: "&amp;", with: "&"))
+            let second = try await browser.get(try #require(Self.link(first.body, rel: "next")))
             #expect(second.body.contains(">record 200<") && second.body.contains("51 records on this page.") && !second.body.contains("Next page"))
             #expect(second.body.contains("&lt;script&gt;alert(1)&lt;/script&gt; declined") && !second.body.contains("<script>alert"))
 
             let errors = try await browser.get("/console/logs?pull=\(source.id)&level=error&where=http.status%3D503&text=declined")
-            #expect(errors.body.contains("1 records on this page.") && errors.body.contains("http.status=503") && errors.body.contains(#"<tr class="level-error">"#))
+            #expect(errors.body.contains("1 records on this page.") && errors.body.contains("http.status=503") && errors.body.contains(#"<tr class="level-error" data-id="#))
             let none = try await browser.get("/console/logs?pull=\(source.id)&type=player")
             #expect(none.body.contains("No record matches."))
             for (query, problem) in [("level=loud", "level is one of"), ("pull=xyz", "pull must be an id"), ("uid=u-1&since=monday", "since must be a day"),
@@ -472,4 +472,123 @@ import Testing
             #expect(one.body.contains("1 match"))
         }
     }
+    /// The `href` of the page's link with this `rel` (`next`, `prev`), unescaped.
+    static func link(_ body: String, rel: String) -> String? {
+        guard let relRange = body.range(of: "\" rel=\"\(rel)\""), let start = body[..<relRange.lowerBound].range(of: "href=\"", options: .backwards) else { return nil }
+        return String(body[start.upperBound..<relRange.lowerBound]).replacingOccurrences(of: "&amp;", with: "&")
+    }
+
+    /// The `href` of the link whose text is `text`, unescaped.
+    static func link(_ body: String, text: String) -> String? {
+        guard let textRange = body.range(of: "\">\(text)</a>"), let start = body[..<textRange.lowerBound].range(of: "href=\"", options: .backwards) else { return nil }
+        return String(body[start.upperBound..<textRange.lowerBound]).replacingOccurrences(of: "&amp;", with: "&")
+    }
+
+    @Test func aRecordOpensInFullWithItsNeighboursAndItsHTTPExchange() async throws {
+        let fixture = Fixture()
+        let source = RecordIndexConformanceTests.pull1
+        var lines = (0..<30).map { RecordIndexConformanceTests.line($0, "record \($0)") }
+        lines[15] = RecordIndexConformanceTests.line(
+            15, "GET /cart 503", level: "error", type: "network",
+            metadata: #"{"method":"GET","url":"javascript:alert(1)//\"><img src=x onerror=alert(1)>","status":503,"duration_ms":42.5,"correlation_id":"c-77","request_headers":{"Accept":"application/json","Authorization":"<redacted>"},"response_headers":{"Retry-After":"30"},"response_body":"<script>alert(2)</script>"}"#)
+        try await fixture.land(source, lines)
+        let id = try #require(try await fixture.records.search(RecordSearch(text: "cart")).records.first?.id)
+        let plain = try #require(try await fixture.records.search(RecordSearch(text: "record")).records.first?.id)
+        try await fixture.test { browser in
+            #expect(try await browser.get("/console/records/\(id)").location == "/console/sign-in")
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let page = try await browser.get("/console/records/\(id)")
+            #expect(page.status == .ok && page.headers[HTTPFields.Element.Name("Content-Security-Policy")!] != nil)
+            // The exchange, request and response, every value as text.
+            #expect(page.body.contains("<strong>GET</strong>") && page.body.contains("<dt>Correlation id</dt><dd>c-77</dd>"))
+            #expect(page.body.contains("<dt>Status</dt><dd>503</dd>") && page.body.contains("<dt>Duration</dt><dd>42.5 ms</dd>"))
+            #expect(page.body.contains(#"<th scope="row">Retry-After</th><td>30</td>"#) && page.body.contains(#"<th scope="row">Authorization</th><td>&lt;redacted&gt;</td>"#))
+            #expect(page.body.contains(#"<span class="url">javascript:alert(1)//&quot;&gt;&lt;img src=x onerror=alert(1)&gt;</span>"#))
+            #expect(page.body.contains("<pre class=\"body\">&lt;script&gt;alert(2)&lt;/script&gt;</pre>"))
+            #expect(!page.body.contains("<script>alert") && !page.body.contains("<img") && !page.body.contains("href=\"javascript:"))
+            // Its metadata member by member, and ten records on each side from the same device.
+            #expect(page.body.contains(#"<th scope="row">status</th><td>503</td>"#))
+            for n in [5, 14, 16, 25] { #expect(page.body.contains(">record \(n)<"), "record \(n) is in its context") }
+            #expect(!page.body.contains(">record 4<") && !page.body.contains(">record 26<"))
+            #expect(page.body.contains(#"<tr class="level-error current" aria-current="true">"#))
+            // A plain record has no exchange.
+            #expect(try await !browser.get("/console/records/\(plain)").body.contains("Request"))
+            // "In the timeline": the viewer from this record on, the record marked, the page before one link away.
+            let viewer = try await browser.get(try #require(Self.link(page.body, text: "In the timeline")))
+            #expect(viewer.status == .ok && viewer.body.contains(#"data-id="\#(id)" aria-current="true""#))
+            #expect(viewer.body.contains(">GET /cart 503<") && !viewer.body.contains(">record 14<") && Self.link(viewer.body, rel: "prev") != nil)
+            #expect(try await browser.get(try #require(Self.link(viewer.body, rel: "prev"))).body.contains(">record 14<"))
+            // Unknown and malformed ids are pages that say so.
+            for bad in ["999999", "abc", "-1", "0"] {
+                #expect(try await browser.get("/console/records/\(bad)").status == .notFound, "\(bad)")
+            }
+        }
+        let reads = try await fixture.audit("records.read")
+        #expect(Set(reads.map(\.detail)) == ["record \(id)", "record \(plain)"] && reads.count == 2 && reads.allSatisfy { $0.actor == "admin" }, "each record read once")
+    }
+
+    @Test func theViewerPagesBothWaysAndOpensAtAMoment() async throws {
+        let fixture = Fixture()
+        let source = RecordIndexConformanceTests.pull1
+        try await fixture.land(source, (0..<450).map { RecordIndexConformanceTests.line($0, "record \($0)") })
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let latest = try await browser.get("/console/logs?pull=\(source.id)&before=\(Int64.max).0")
+            #expect(latest.body.contains(">record 449<") && latest.body.contains(">record 250<") && !latest.body.contains(">record 249<"))
+            #expect(latest.body.contains("200 records on this page.") && Self.link(latest.body, text: "First") != nil)
+            let earlier = try await browser.get(try #require(Self.link(latest.body, rel: "prev")))
+            #expect(earlier.body.contains(">record 50<") && earlier.body.contains(">record 249<") && !earlier.body.contains(">record 49<"))
+            let earliest = try await browser.get(try #require(Self.link(earlier.body, rel: "prev")))
+            #expect(earliest.body.contains("50 records on this page.") && earliest.body.contains(">record 0<") && Self.link(earliest.body, rel: "prev") == nil)
+            let forwards = try await browser.get(try #require(Self.link(earliest.body, rel: "next")))
+            #expect(forwards.body.contains(">record 50<") && forwards.body.contains(">record 249<") && forwards.body.contains("200 records on this page."))
+            // At a moment: what came just before it, then on from it.
+            let moment = try await browser.get("/console/logs?pull=\(source.id)&before=\(RecordIndexConformanceTests.at(100).microseconds).0")
+            #expect(moment.body.contains("100 records on this page.") && moment.body.contains(">record 99<") && !moment.body.contains(">record 100<"))
+            let after = try await browser.get(try #require(Self.link(moment.body, rel: "next")))
+            #expect(after.body.contains(">record 100<") && after.body.contains(">record 299<") && !after.body.contains(">record 99<"))
+            for query in ["before=abc", "before=1.2.3", "after=1.1&before=2.2", "after=%2B1.1"] {
+                let page = try await browser.get("/console/logs?pull=\(source.id)&" + query)
+                #expect(page.status == .badRequest && page.body.contains("class=\"problem\""), "\(query)")
+            }
+        }
+    }
+
+    @Test func filesAreListedAndDownloadedThroughTheSession() async throws {
+        let fixture = Fixture()
+        let a = fixture.admin
+        let agent = try await a.agent(uids: ["u-1"])
+        let new = try a.issuer.newPull(uid: "u-1", agentID: "", filter: LogFilter(uid: "u-1"), targets: [agent], lifetime: .seconds(600), requestedBy: "alice", now: .now)
+        try await a.pulls.create(new)
+        let paths = DataDirectory(a.data)
+        let zip = try paths.pullZip(new.id, agent: agent)
+        let dir = (zip as NSString).deletingLastPathComponent
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let day = Data("{\"ts\":\"2027-01-15T10:00:00.000000Z\",\"level\":\"info\",\"type\":\"app\",\"message\":\"m\"}\n".utf8)
+        try day.write(to: URL(fileURLWithPath: dir + "/2027-01-15.jsonl"))
+        try Data(repeating: 7, count: 300).write(to: URL(fileURLWithPath: zip))
+        #expect(try await a.pulls.update(new.id, agent: agent, status: .complete, detail: "", files: [dir + "/2027-01-15.jsonl"]))
+        let file = "/console/pulls/\(new.id)/files/\(agent)/2027-01-15.jsonl"
+        try await fixture.test { browser in
+            let refused = try await browser.get(file)
+            #expect(refused.location == "/console/sign-in" && !refused.body.contains("\"m\""), "no file without a session")
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let listing = try await browser.get("/console/pulls/\(new.id)/files")
+            #expect(listing.status == .ok && listing.body.contains(#"<a href="\#(file)" download>2027-01-15.jsonl</a>"#))
+            #expect(listing.body.contains(FileDigest.sha256(day)) && listing.body.contains("/console/pulls/\(new.id)/zip"))
+            let got = try await browser.get(file)
+            #expect(got.status == .ok && Data(got.body.utf8) == day && got.headers[.contentDisposition] == "attachment; filename=\"2027-01-15.jsonl\"")
+            #expect(got.headers[HTTPFields.Element.Name("Content-Security-Policy")!] != nil && got.headers[.eTag] == "\"\(FileDigest.sha256(day))\"")
+            let whole = try await browser.get("/console/pulls/\(new.id)/zip")
+            #expect(whole.status == .ok && whole.headers[.contentType] == "application/zip" && whole.body.utf8.starts(with: [0x50, 0x4B]))
+            for bad in ["/console/pulls/\(new.id)/files/\(agent)/..%2Fsecret", "/console/pulls/\(new.id)/files/\(agent)/nothing.jsonl",
+                        "/console/pulls/\(new.id)/files/../2027-01-15.jsonl", "/console/feedback/\(new.id)/files"] {
+                #expect(try await browser.get(bad).status == .notFound, "\(bad)")
+            }
+        }
+        let downloads = try await fixture.audit("pull.download")
+        #expect(downloads.count == 2 && downloads.allSatisfy { $0.actor == "admin" })
+        #expect(downloads.contains { $0.detail == "pull \(new.id) agent \(agent) file 2027-01-15.jsonl" } && downloads.contains { $0.detail == "pull \(new.id) whole zip" })
+    }
 }
+

@@ -85,8 +85,27 @@ import Testing
         audit = try await server.admin.audit().filter { $0.action == "records.search" }
         #expect(audit.count == 6 && audit.contains { $0.detail == "uid=u-3" } && audit.contains { $0.detail == "uid=u-9" })
 
+        // A record by id, with its neighbours from the same payload; read audited once.
+        let middle = found[found.count / 2]
+        let around = try await server.admin.record(middle.id, context: 2)
+        #expect(around.record == middle && around.before == Array(found[(found.count / 2 - 2)..<(found.count / 2)]))
+        #expect(around.after == Array(found[(found.count / 2 + 1)...(found.count / 2 + 2)]))
+        _ = try await server.admin.record(middle.id, context: 0)
+        #expect(try await server.admin.audit().filter { $0.action == "records.read" }.map(\.detail) == ["record \(middle.id)"])
+        for (id, context) in [(middle.id, -1), (middle.id, 201), (0, 1)] {
+            await #expect(throws: AdminClientError.self) { _ = try await server.admin.record(id, context: context) }
+        }
+        do {
+            _ = try await server.admin.record(Int64.max, context: 1)
+            Issue.record("a record that does not exist was found")
+        } catch AdminClientError.notFound {}
+        // The last page, read backwards from its end: the same records as read forwards.
+        let tail = try await server.admin.search(RecordSearch(pull: pullID, before: "\(Int64.max).0", limit: 10))
+        #expect(tail.records == Array(found.suffix(10)) && tail.previous != nil)
+
         // Bad searches are the caller's mistake, answered 400 with the reason.
         let bad: [RecordSearch] = [
+            RecordSearch(after: "1.1", before: "2.2"),
             RecordSearch(pull: "../etc"), RecordSearch(text: "***"), RecordSearch(after: "x"), RecordSearch(levels: ["loud"]),
             RecordSearch(uid: String(repeating: "u", count: 5000)), RecordSearch(text: "nul\u{0}byte"),
             RecordSearch(metadata: [MetadataMatch(key: "a\"b", value: "1")]), RecordSearch(metadata: (0..<65).map { MetadataMatch(key: "k\($0)", value: "v") }),

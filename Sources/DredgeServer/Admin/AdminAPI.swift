@@ -37,7 +37,7 @@ public enum AdminAPI {
         try Console.register(
             on: router,
             Console.Dependencies(
-                registry: registry, pulls: pulls, feedback: feedback, records: records, issuer: issuer, dispatcher: dispatcher, tokens: tokens, audit: audit, sessions: consoleSessions, secure: tls != nil, logger: logger))
+                registry: registry, pulls: pulls, feedback: feedback, records: records, files: files, issuer: issuer, dispatcher: dispatcher, tokens: tokens, audit: audit, sessions: consoleSessions, secure: tls != nil, logger: logger))
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(tokens: tokens, audit: audit, logger: logger))
         let searchAudit = SearchAudit()
@@ -179,6 +179,22 @@ public enum AdminAPI {
             // Written by hand: each record's metadata goes in as the index holds it, not parsed
             // and written again.
             return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: try page.jsonBytes())))
+        }
+        v1.get("records/:id") { request, context in
+            guard let records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "this server does not index records") }
+            guard let id = Int64(try context.parameters.require("id")), id > 0 else { throw AdminAPIError(.badRequest, "bad_request", "a record id is a positive integer") }
+            let count = try recordContext(request)
+            guard let found = try await records.record(id, context: count) else { throw AdminAPIError(.notFound, "not_found", "no record \(id)") }
+            let actor = context.tokenName ?? "?", detail = "record \(id)"
+            if searchAudit.shouldRecord(actor: actor, detail: detail, now: Date()) {
+                do {
+                    try await audit.record(actor: actor, action: "records.read", detail: detail, at: Date())
+                } catch {
+                    searchAudit.forget(actor: actor, detail: detail)
+                    throw error
+                }
+            }
+            return try json(found)
         }
         v1.get("audit") { request, _ in
             let parameters = request.uri.queryParameters
@@ -368,6 +384,15 @@ public enum AdminAPI {
             logger.warning("cannot measure the disk use of results", metadata: ["error": "\(error)"])
             return records
         }
+    }
+
+    /// `?context=N` of a record: 0 to ``RecordInContext/maximumContext``, 10 when absent.
+    static func recordContext(_ request: Request) throws -> Int {
+        guard let text = request.uri.queryParameters.get("context") else { return 10 }
+        guard let count = Int(text), (0...RecordInContext.maximumContext).contains(count) else {
+            throw AdminAPIError(.badRequest, "bad_request", "context is a number of records from 0 to \(RecordInContext.maximumContext)")
+        }
+        return count
     }
 
     /// A removal's `?reason=`: empty when absent; refused when it breaks the rule of reasons.

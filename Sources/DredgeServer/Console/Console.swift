@@ -38,6 +38,8 @@ enum Console {
         let feedback: any FeedbackInbox
         /// The index the log viewer searches; nil on a server that does not index.
         let records: (any RecordIndex)?
+        /// The pulled and fed-back files; nil on a server that does not serve them.
+        let files: PullFiles?
         let issuer: CommandIssuer
         let dispatcher: PullDispatcher
         let tokens: any TokenVault
@@ -120,6 +122,8 @@ enum Console {
         registerPulls(on: console, library, d)
         registerFeedback(on: console, library, d)
         registerLogs(on: console, library, d)
+        registerRecords(on: console, library, d)
+        registerFiles(on: console, library, d)
         registerAdministration(on: console, library, d)
         // Anything else under /console: a page, not the API's JSON.
         console.get("**") { _, _ -> Response in

@@ -46,8 +46,29 @@ extension Console {
             guard let time = dayOrTime(text) else { return (nil, dayOrTimeProblem(name)) }
             if name == "since" { search.since = time } else { search.until = time }
         }
-        search.after = field("after")
+        for name in ["after", "before"] {
+            guard let cursor = field(name) else { continue }
+            guard isCursor(cursor) else { return (nil, "\(name) must be a page cursor, as the page links give it") }
+            if name == "after" { search.after = cursor } else { search.before = cursor }
+        }
+        if search.after != nil && search.before != nil { return (nil, "give after or before, not both") }
         return (search, nil)
+    }
+
+    /// `<µs>.<id>`: digits (a leading `-` on the id only), at most 19 of each.
+    static func isCursor(_ text: String) -> Bool {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 2 else { return false }
+        let id = parts[1].hasPrefix("-") ? parts[1].dropFirst() : parts[1]
+        return [parts[0], id].allSatisfy { !$0.isEmpty && $0.count <= 19 && $0.allSatisfy { $0.isASCII && $0.isNumber } }
+    }
+
+    /// The viewer at a moment: the records of `filter` just before it (read backwards), then on.
+    static func logsAt(_ time: Timestamp, _ filter: (name: String, value: String)) -> String {
+        var components = URLComponents()
+        components.path = "/console/logs"
+        components.queryItems = [URLQueryItem(name: filter.name, value: filter.value), URLQueryItem(name: "before", value: "\(time.microseconds).0")]
+        return components.percentEncodedPath + "?" + (components.percentEncodedQuery ?? "")
     }
 
     /// What a time field that ``dayOrTime(_:)`` refuses is told.
@@ -109,31 +130,30 @@ extension Console {
                     throw error
                 }
             }
+            let focus = parameters["focus"]
             page["rows"] = found.records.map { r -> [String: Any] in
-                var metadata = ""
-                if case .object(let members) = r.metadata.value, !members.isEmpty {
-                    metadata = members.sorted { $0.key < $1.key }.map { key, value in
-                        if case .string(let s) = value { return "\(key)=\(s)" }
-                        return "\(key)=\(value.jsonText)"
-                    }.joined(separator: " ")
-                }
-                return [
-                    "time": timeText(r.ts.date, fraction: true), "host": r.host, "app": [r.app, r.appVersion].filter { !$0.isEmpty }.joined(separator: " "),
-                    "level": r.level, "type": r.type, "uid": r.uid, "message": r.message, "metadata": metadata,
-                ]
+                var row = logRow(r)
+                if focus == "\(r.id)" { row["current"] = true }
+                return row
             }
             page["count"] = found.records.count
             page["searched"] = true
             if !found.records.isEmpty { page["hasRows"] = true }
             if found.indexing > 0 { page["indexing"] = "\(found.indexing) pull(s) or feedback still being indexed: more may come." }
-            if let next = found.next {
-                var items = parameters.filter { $0.key != "after" && !$0.value.isEmpty }.sorted { $0.key < $1.key }.map { URLQueryItem(name: $0.key, value: $0.value) }
-                items.append(URLQueryItem(name: "after", value: next))
+            /// This search at another page: the filters kept, the cursor replaced.
+            func link(_ cursor: (name: String, value: String)?) -> String {
+                var items = parameters.filter { !["after", "before", "focus"].contains($0.key) && !$0.value.isEmpty }.sorted { $0.key < $1.key }
+                    .map { URLQueryItem(name: $0.key, value: $0.value) }
+                if let cursor { items.append(URLQueryItem(name: cursor.name, value: cursor.value)) }
                 var components = URLComponents()
                 components.path = "/console/logs"
                 components.queryItems = items
-                page["next"] = components.percentEncodedPath + "?" + (components.percentEncodedQuery ?? "")
+                return components.percentEncodedPath + "?" + (components.percentEncodedQuery ?? "")
             }
+            if let next = found.next { page["next"] = link(("after", next)) }
+            if let previous = found.previous { page["previous"] = link(("before", previous)) }
+            if search.after != nil || search.before != nil { page["first"] = link(nil) }
+            page["latest"] = link(("before", "\(Int64.max).0"))
             return html(library, "logs", page)
         }
     }

@@ -217,6 +217,8 @@ extension Console {
                 return [
                     "id": f.id, "shortID": String(f.id.prefix(8)), "text": f.text, "uid": f.uid, "host": hosts[f.agentID] ?? "?", "agentID": f.agentID,
                     "createdAt": timeText(f.createdAt.date), "status": status,
+                    // The user's timeline up to a second after they gave it (their logs were read then).
+                    "moment": logsAt(Timestamp(microseconds: f.createdAt.microseconds + 1_000_000), f.uid.isEmpty ? ("feedback", f.id) : ("uid", f.uid)),
                 ]
             }
             return html(library, "feedback", page)

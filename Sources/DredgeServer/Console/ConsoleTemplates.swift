@@ -46,6 +46,8 @@ enum ConsoleTemplates {
         try library.register(pull, named: "pull")
         try library.register(feedback, named: "feedback")
         try library.register(logs, named: "logs")
+        try library.register(record, named: "record")
+        try library.register(files, named: "files")
         return library
     }
 
@@ -318,7 +320,7 @@ enum ConsoleTemplates {
         </table>
         </div>
         {{#open}}<p class="hint" id="live">Updated as it happens.</p>{{/open}}
-        <p><a href="/console/logs?pull={{id}}">Read its logs</a></p>
+        <p class="links"><a href="/console/logs?pull={{id}}">Read its logs</a> <a href="/console/pulls/{{id}}/files">Files</a></p>
         {{/content}}
         {{/layout}}
         """
@@ -330,16 +332,16 @@ enum ConsoleTemplates {
         <h1>Feedback</h1>
         <div class="table-wrap">
         <table>
-        <thead><tr><th scope="col">Given</th><th scope="col">User</th><th scope="col">Device</th><th scope="col">What they said</th><th scope="col">Logs</th><th scope="col">Id</th></tr></thead>
+        <thead><tr><th scope="col">Given</th><th scope="col">User</th><th scope="col">Device</th><th scope="col">What they said</th><th scope="col">Upload</th><th scope="col">Read</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr><td class="nowrap">{{createdAt}}</td><td>{{uid}}</td><td>{{host}}</td><td class="said">{{text}}</td><td>{{status}}</td><td><a href="/console/logs?feedback={{id}}"><code title="{{id}}">{{shortID}}</code></a></td></tr>
+        <tr data-id="{{id}}"><td class="nowrap">{{createdAt}}</td><td>{{uid}}</td><td>{{host}}</td><td class="said">{{text}}</td><td>{{status}}</td><td class="links"><a class="moment" href="{{moment}}">At that moment</a> <a href="/console/logs?feedback={{id}}">Its logs</a> <a href="/console/feedback/{{id}}/files">Files</a> <code title="{{id}}">{{shortID}}</code></td></tr>
         {{/rows}}
         {{^rows}}<tr><td colspan="6">No feedback yet.</td></tr>{{/rows}}
         </tbody>
         </table>
         </div>
-        <p class="hint">The id opens the feedback's logs; <code>dredge feedback fetch ID</code> downloads them.</p>
+        <p class="hint">“At that moment” opens the user's timeline, across everything pulled, where they gave the feedback; “Its logs” the records that came with it.</p>
         {{/content}}
         {{/layout}}
         """
@@ -365,19 +367,95 @@ enum ConsoleTemplates {
         {{#hint}}<p class="hint">{{hint}}</p>{{/hint}}
         {{#indexing}}<p class="hint">{{indexing}}</p>{{/indexing}}
         {{#hasRows}}
+        <nav class="pages" aria-label="Pages of records">{{#first}}<a href="{{first}}">First</a>{{/first}}{{#previous}}<a href="{{previous}}" rel="prev" id="previous-page">Previous page</a>{{/previous}}{{#next}}<a href="{{next}}" rel="next" id="next-page">Next page</a>{{/next}}<a href="{{latest}}">Latest</a></nav>
         <div class="table-wrap">
-        <table class="logs">
+        <table class="logs" id="records">
         <thead><tr><th scope="col">Time (UTC)</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr class="level-{{level}}"><td class="nowrap">{{time}}</td><td>{{host}}</td><td>{{app}}</td><td class="level">{{level}}</td><td>{{type}}</td><td>{{uid}}</td><td class="message">{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
+        <tr class="level-{{level}}{{#current}} current{{/current}}" data-id="{{id}}"{{#current}} aria-current="true"{{/current}}><td class="nowrap"><a class="open" href="/console/records/{{id}}">{{time}}</a></td><td>{{host}}</td><td>{{app}}</td><td class="level">{{level}}</td><td>{{type}}</td><td>{{uid}}</td><td class="message">{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
         {{/rows}}
         </tbody>
         </table>
         </div>
+        <aside id="detail" class="detail" hidden tabindex="-1" aria-label="The record opened"></aside>
         <p class="summary">{{count}} records on this page.{{#next}} <a href="{{next}}">Next page</a>{{/next}}</p>
+        <p class="hint keys">Keys: <kbd>j</kbd> and <kbd>k</kbd> (or <kbd>↓</kbd> and <kbd>↑</kbd> on a row) move through the records, <kbd>Enter</kbd> opens one beside the list, <kbd>Esc</kbd> closes it, <kbd>n</kbd> and <kbd>p</kbd> turn the page. A record's time is its permalink.</p>
         {{/hasRows}}
         {{#searched}}{{^hasRows}}<p class="summary">No record matches.</p>{{/hasRows}}{{/searched}}
+        {{/content}}
+        {{/layout}}
+        """
+
+    /// One record in full (`/console/records/{id}`); the viewer's detail panel shows its article.
+    static let record = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>Record {{id}}</h1>
+        <article class="record" aria-labelledby="record-heading">
+        <h2 id="record-heading"><span class="level-{{level}}"><span class="level">{{level}}</span></span> {{type}} record from {{host}}</h2>
+        <p class="links"><a class="permalink" href="/console/records/{{id}}">Permalink</a> <a href="{{timeline}}">In the timeline</a> <a href="{{files}}">Files of this {{sourceKind}}</a></p>
+        <p class="message">{{message}}</p>
+        <dl class="facts">
+        <dt>Time (UTC)</dt><dd>{{time}} <small>{{rfc3339}}</small></dd>
+        <dt>User</dt><dd>{{uid}}</dd>
+        <dt>Device</dt><dd>{{host}}</dd>
+        {{#app}}<dt>App</dt><dd>{{app}}</dd>{{/app}}
+        {{#os}}<dt>OS</dt><dd>{{os}}</dd>{{/os}}
+        {{#process}}<dt>Process</dt><dd>{{process}}</dd>{{/process}}
+        <dt>Agent</dt><dd><code>{{agentID}}</code></dd>
+        <dt>Came with</dt><dd>{{sourceKind}} <code>{{sourceID}}</code></dd>
+        </dl>
+        {{#network}}
+        <section class="exchange" aria-label="The HTTP exchange">
+        <h3>Request</h3>
+        <p class="request-line"><strong>{{method}}</strong> <span class="url">{{url}}</span></p>
+        <dl class="facts">{{#request}}<dt>{{name}}</dt><dd>{{value}}</dd>{{/request}}</dl>
+        {{#requestHeaders}}<table class="headers request-headers"><caption>Request headers</caption><tbody>{{#rows}}<tr><th scope="row">{{name}}</th><td>{{value}}</td></tr>{{/rows}}</tbody></table>{{/requestHeaders}}
+        {{#requestBody}}<h4>Request body</h4><pre class="body">{{requestBody}}</pre>{{/requestBody}}
+        <h3>Response</h3>
+        <dl class="facts response">{{#response}}<dt>{{name}}</dt><dd>{{value}}</dd>{{/response}}</dl>
+        {{#responseHeaders}}<table class="headers response-headers"><caption>Response headers</caption><tbody>{{#rows}}<tr><th scope="row">{{name}}</th><td>{{value}}</td></tr>{{/rows}}</tbody></table>{{/responseHeaders}}
+        {{#responseBody}}<h4>Response body</h4><pre class="body">{{responseBody}}</pre>{{/responseBody}}
+        </section>
+        {{/network}}
+        {{#metadata}}
+        <table class="metadata"><caption>Metadata</caption><tbody>{{#rows}}<tr><th scope="row">{{key}}</th><td>{{value}}</td></tr>{{/rows}}</tbody></table>
+        {{/metadata}}
+        <div class="table-wrap">
+        <table class="logs context"><caption>Before and after it on this device</caption>
+        <thead><tr><th scope="col">Time (UTC)</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
+        <tbody>
+        {{#context}}
+        <tr class="level-{{level}}{{#current}} current{{/current}}"{{#current}} aria-current="true"{{/current}}><td class="nowrap"><a href="/console/records/{{id}}">{{time}}</a></td><td class="level">{{level}}</td><td>{{type}}</td><td>{{uid}}</td><td class="message">{{message}}</td></tr>
+        {{/context}}
+        </tbody>
+        </table>
+        </div>
+        </article>
+        {{/content}}
+        {{/layout}}
+        """
+
+    /// A pull's or a feedback's files, each a download.
+    static let files = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>Files of {{kind}} <code>{{id}}</code></h1>
+        <p class="links"><a href="{{back}}">Back to the {{kind}}</a> <a href="{{logs}}">Read its logs</a>{{#zip}} <a class="button" href="{{zip}}">Everything as one zip</a>{{/zip}}</p>
+        <div class="table-wrap">
+        <table class="files">
+        <thead><tr><th scope="col">Device</th><th scope="col">File</th><th scope="col">Kind</th><th scope="col">Size</th><th scope="col">SHA-256</th></tr></thead>
+        <tbody>
+        {{#rows}}
+        <tr><td>{{host}}</td><td><a href="{{href}}" download>{{name}}</a></td><td>{{kind}}</td><td class="nowrap">{{size}}</td><td><code class="digest">{{sha256}}</code></td></tr>
+        {{/rows}}
+        {{^rows}}<tr><td colspan="5">No files yet: they are listed once a device's upload is complete, and go when the {{kind}} is removed.</td></tr>{{/rows}}
+        </tbody>
+        </table>
+        </div>
         {{/content}}
         {{/layout}}
         """
@@ -416,6 +494,99 @@ enum ConsoleTemplates {
             var live = document.getElementById("live");
             if (live) { live.textContent = "Finished."; }
           });
+        })();
+
+        // The log viewer: a record opens in the detail panel beside the list (its record page's
+        // article, fetched and parsed, never run); j/k (and the arrows on a row) move, Enter
+        // opens, Escape closes, n/p turn the page. Without script, a record's time is a link
+        // to its page.
+        (function () {
+          var table = document.getElementById("records");
+          var panel = document.getElementById("detail");
+          if (!table || !panel || !window.fetch || !window.DOMParser) { return; }
+          var rows = Array.prototype.slice.call(table.querySelectorAll("tbody tr"));
+          var selected = -1;
+          var asked = 0;
+          function link(i) { return rows[i].querySelector("a.open"); }
+          function select(i, focus) {
+            if (i < 0 || i >= rows.length) { return false; }
+            if (selected >= 0) { rows[selected].classList.remove("selected"); }
+            selected = i;
+            rows[i].classList.add("selected");
+            if (focus) { link(i).focus(); }
+            return true;
+          }
+          function closeButton() {
+            var button = document.createElement("button");
+            button.type = "button";
+            button.className = "close";
+            button.textContent = "Close";
+            button.addEventListener("click", close);
+            return button;
+          }
+          function show(nodes) {
+            panel.replaceChildren.apply(panel, [closeButton()].concat(nodes));
+            panel.removeAttribute("aria-busy");
+          }
+          function open(i) {
+            if (!select(i, false)) { return; }
+            var mine = ++asked;
+            panel.hidden = false;
+            panel.setAttribute("aria-busy", "true");
+            fetch(link(i).href, { credentials: "same-origin" }).then(function (answer) {
+              if (!answer.ok) { throw new Error("The record could not be read (" + answer.status + ")."); }
+              return answer.text();
+            }).then(function (text) {
+              if (mine !== asked) { return; }
+              var article = new DOMParser().parseFromString(text, "text/html").querySelector("article.record");
+              if (!article) { throw new Error("The record could not be read: sign in again."); }
+              show([document.adoptNode(article)]);
+              panel.focus();
+            }).catch(function (error) {
+              if (mine !== asked) { return; }
+              var problem = document.createElement("p");
+              problem.className = "problem";
+              problem.textContent = error.message;
+              show([problem]);
+            });
+          }
+          function close() {
+            asked++;
+            panel.hidden = true;
+            panel.replaceChildren();
+            if (selected >= 0) { link(selected).focus(); }
+          }
+          table.addEventListener("click", function (event) {
+            var row = event.target.closest("tbody tr");
+            if (!row || event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0) { return; }
+            event.preventDefault();
+            open(rows.indexOf(row));
+          });
+          table.addEventListener("focusin", function (event) {
+            var row = event.target.closest("tbody tr");
+            if (row) { select(rows.indexOf(row), false); }
+          });
+          document.addEventListener("keydown", function (event) {
+            var target = event.target;
+            if (event.altKey || event.ctrlKey || event.metaKey || (target && target.closest && target.closest("input, textarea, select"))) { return; }
+            var onRow = target && target.closest && target.closest("#records tbody tr");
+            var step = 0;
+            if (event.key === "j" || (onRow && event.key === "ArrowDown")) { step = 1; }
+            if (event.key === "k" || (onRow && event.key === "ArrowUp")) { step = -1; }
+            if (step !== 0) {
+              event.preventDefault();
+              var next = selected < 0 ? 0 : selected + step;
+              if (select(next, true) && !panel.hidden) { open(next); }
+            } else if (event.key === "Escape" && !panel.hidden) {
+              event.preventDefault();
+              close();
+            } else if (event.key === "n" || event.key === "p") {
+              var page = document.getElementById(event.key === "n" ? "next-page" : "previous-page");
+              if (page) { window.location.assign(page.href); }
+            }
+          });
+          var current = table.querySelector("tr.current");
+          if (current) { select(rows.indexOf(current), true); }
         })();
         """
 
@@ -473,5 +644,23 @@ enum ConsoleTemplates {
         .status.online { color: var(--good); font-weight: 600; }
         .status.offline { color: var(--muted); }
         @media (max-width: 700px) { th:nth-child(5), td:nth-child(5), th:nth-child(7), td:nth-child(7) { display: none; } }
+        @media (max-width: 700px) { table.logs th:nth-child(n), table.logs td:nth-child(n) { display: table-cell; } table.logs th:nth-child(2), table.logs td:nth-child(2), table.logs th:nth-child(3), table.logs td:nth-child(3), table.logs th:nth-child(5), table.logs td:nth-child(5) { display: none; } table.context th:nth-child(n), table.context td:nth-child(n) { display: table-cell; } }
+        nav.pages, p.links { display: flex; flex-wrap: wrap; gap: .4rem 1rem; align-items: center; margin: .4rem 0; }
+        table.logs tbody tr.selected td { background: color-mix(in srgb, var(--accent) 12%, transparent); }
+        table.logs tbody tr.current td { box-shadow: inset 0 -2px 0 var(--accent); }
+        table.logs td a.open { color: inherit; }
+        aside.detail { position: fixed; top: 0; right: 0; bottom: 0; width: min(44rem, 100%); overflow: auto; padding: .8rem 1rem 2rem; background: var(--bg); border-left: 1px solid var(--line); box-shadow: -6px 0 18px rgba(0, 0, 0, .18); z-index: 10; }
+        aside.detail button.close { float: right; }
+        article.record h2 { font-size: 1.1rem; margin-top: .2rem; }
+        article.record h3 { font-size: 1rem; margin: 1.2rem 0 .4rem; }
+        article.record .message { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 1rem; padding: .5rem .7rem; border-left: 3px solid var(--line); }
+        article.record table { margin: .8rem 0; }
+        article.record caption { text-align: left; font-weight: 600; padding: .3rem 0; }
+        article.record th[scope=row] { color: var(--muted); font-weight: normal; white-space: normal; overflow-wrap: anywhere; width: 30%; }
+        .request-line { overflow-wrap: anywhere; font-family: ui-monospace, monospace; }
+        pre.body { white-space: pre-wrap; overflow-wrap: anywhere; max-height: 24rem; overflow: auto; padding: .5rem; border: 1px solid var(--line); border-radius: 4px; }
+        code.digest { font-size: .8rem; overflow-wrap: anywhere; white-space: normal; }
+        kbd { font: .85em ui-monospace, monospace; padding: 0 .3em; border: 1px solid var(--line); border-radius: 3px; }
+        td.links a { margin-right: .5rem; white-space: nowrap; }
         """
 }

@@ -1,0 +1,97 @@
+import DredgeAdminAPI
+import DredgeWire
+import Foundation
+import Hummingbird
+import Mustache
+
+/// The console's downloads: a pull's or a feedback's files listed (per device, with sizes and
+/// SHA-256), each downloaded through the session, and a pull's files as one zip — what
+/// `dredge fetch` and `dredge feedback fetch` get. Served as the API serves them (ranges,
+/// ETag, `Repr-Digest`) and audited the same way (`pull.download`, `feedback.download`) under
+/// the session's token.
+extension Console {
+    static func registerFiles(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
+        let audited = SearchAudit()
+        @Sendable func files() throws -> PullFiles {
+            guard let files = d.files else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not serve files.") }
+            return files
+        }
+        @Sendable func id(_ context: AdminRequestContext, _ name: String = "id") throws -> String {
+            let id = try context.parameters.require(name)
+            guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such page.") }
+            return id
+        }
+        /// The API's download answer, as the session's token, with the console's headers.
+        @Sendable func serve(
+            _ located: PullFiles.Located, _ session: ConsoleSessions.Session, _ request: Request, _ context: AdminRequestContext, action: String,
+            detail: String
+        ) async throws -> Response {
+            var context = context
+            context.tokenName = session.tokenName
+            var response = try await AdminAPI.serve(located, request: request, context: context, audit: d.audit, throttle: audited, action: action, detail: detail)
+            for field in securityHeaders where field.name != .cacheControl { response.headers[field.name] = field.value }
+            response.headers[.cacheControl] = "private, no-cache"
+            return response
+        }
+        @Sendable func listing(_ session: ConsoleSessions.Session, kind: String, id: String, _ located: [PullFiles.Located]) async throws -> Response {
+            let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
+            var page = signedInPage("Files of \(kind) \(id.prefix(8))", session, current: kind == "pull" ? "Pulls" : "Feedback")
+            page["kind"] = kind
+            page["id"] = id
+            page["back"] = kind == "pull" ? "/console/pulls/\(id)" : "/console/feedback"
+            page["logs"] = "/console/logs?\(kind)=\(id)"
+            if kind == "pull" && located.contains(where: { $0.file.kind != .zip }) { page["zip"] = "/console/pulls/\(id)/zip" }
+            page["rows"] = located.map { l -> [String: Any] in
+                let f = l.file
+                let href = kind == "pull" ? "/console/pulls/\(id)/files/\(f.agentID)/\(percentEncoded(f.name))" : "/console/feedback/\(id)/files/\(percentEncoded(f.name))"
+                return ["host": hosts[f.agentID] ?? "?", "name": f.name, "kind": f.kind.rawValue, "size": byteText(f.size), "sha256": f.sha256, "href": href]
+            }
+            return html(library, "files", page)
+        }
+
+        console.get("pulls/:id/files") { request, context in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            let pull = try id(context)
+            guard let located = try await files().list(pull) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+            return try await listing(session, kind: "pull", id: pull, located)
+        }
+        console.get("feedback/:id/files") { request, context in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            let feedback = try id(context)
+            guard let located = try await files().list(feedback: feedback) else { throw AdminAPIError(.notFound, "not_found", "There is no such feedback.") }
+            return try await listing(session, kind: "feedback", id: feedback, located)
+        }
+        console.get("pulls/:id/files/:agent/:name") { request, context in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            let pull = try id(context), agent = try id(context, "agent"), name = try context.parameters.require("name")
+            guard let located = try await files().locate(pull, agent: agent, name: name) else { throw AdminAPIError(.notFound, "not_found", "There is no such file.") }
+            return try await serve(located, session, request, context, action: "pull.download", detail: "pull \(pull) agent \(agent) file \(located.file.name)")
+        }
+        console.get("pulls/:id/zip") { request, context in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            let pull = try id(context)
+            let located: PullFiles.Located
+            do {
+                guard let zip = try await files().wholeZip(pull) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+                located = zip
+            } catch PullFiles.WholeZipError.nothingYet {
+                throw AdminAPIError(.notFound, "not_found", "This pull has no files yet (none of its devices is complete, or it was removed).")
+            } catch PullFiles.WholeZipError.changing {
+                throw AdminAPIError(.serviceUnavailable, "unavailable", "This pull's files are changing; try again.")
+            }
+            return try await serve(located, session, request, context, action: "pull.download", detail: "pull \(pull) whole zip")
+        }
+        console.get("feedback/:id/files/:name") { request, context in
+            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            let feedback = try id(context), name = try context.parameters.require("name")
+            guard let located = try await files().locate(feedback: feedback, name: name) else { throw AdminAPIError(.notFound, "not_found", "There is no such file.") }
+            return try await serve(located, session, request, context, action: "feedback.download", detail: "feedback \(feedback) file \(located.file.name)")
+        }
+    }
+
+    /// A file name as one path segment.
+    static func percentEncoded(_ name: String) -> String {
+        let allowed = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+        return name.addingPercentEncoding(withAllowedCharacters: allowed) ?? name
+    }
+}

@@ -386,6 +386,9 @@ import Testing
             #expect(page.body.contains("the oven &lt;b&gt;beeps&lt;/b&gt;\nall night") && !page.body.contains("<b>beeps"))
             #expect(page.body.contains("<td>u-7</td>") && page.body.contains("host-u-7") && page.body.contains("complete, 42 records"))
             #expect(page.body.contains("2026-11-20 10:00:00 UTC"))
+            // Into the user's timeline at that moment: what came before it (a second after, read backwards).
+            #expect(Self.link(page.body, text: "At that moment") == "/console/logs?uid=u-7&before=1795168801000000.0")
+            #expect(page.body.contains(#"<a href="/console/feedback/\#(id)/files">Files</a>"#))
         }
     }
 
@@ -545,6 +548,9 @@ import Testing
             // At a moment: what came just before it, then on from it.
             let moment = try await browser.get("/console/logs?pull=\(source.id)&before=\(RecordIndexConformanceTests.at(100).microseconds).0")
             #expect(moment.body.contains("100 records on this page.") && moment.body.contains(">record 99<") && !moment.body.contains(">record 100<"))
+            // The last record before the moment is the one marked: the reader starts there.
+            let marked = try #require(moment.body.range(of: #"aria-current="true""#))
+            #expect(moment.body[marked.upperBound...].contains(">record 99<") && !moment.body[marked.upperBound...].contains(">record 98<"))
             let after = try await browser.get(try #require(Self.link(moment.body, rel: "next")))
             #expect(after.body.contains(">record 100<") && after.body.contains(">record 299<") && !after.body.contains(">record 99<"))
             for query in ["before=abc", "before=1.2.3", "after=1.1&before=2.2", "after=%2B1.1"] {

@@ -19,6 +19,7 @@ session. Screenshots of each page go to the output folder.
 
 import base64
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -35,10 +36,15 @@ from cryptography.hazmat.primitives import serialization
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 HOSTILE_HOST = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+HOSTILE_MESSAGE = 'hostile <script>window.pwned=4</script> "><img src=x onerror="window.pwned=5"> javascript:window.pwned=6'
+HOSTILE_ATTRIBUTE = '"><img src=x onerror="window.pwned=7">'
+HOSTILE_URL = 'javascript:window.pwned=8'
+BULK_RECORDS = int(os.environ.get("DREDGE_CONSOLE_BULK_RECORDS", "100000"))
 
 
 def free_port():
@@ -57,6 +63,73 @@ def wait(what, check, timeout=60.0):
             pass
         time.sleep(0.2)
     raise SystemExit(f"FAILED: {what} within {timeout:.0f} s")
+
+
+def median(values):
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def first_page(driver, base, tls, admin_token, api, pull_id, check):
+    """console.first_page: from navigation to the first rows of the bulk pull painted (the
+    page's `dredge:rows-painted` mark, set in the frame after the rows), against the same
+    search through the API alone on a kept-alive connection; then paging on from it. A figure,
+    not asserted."""
+    def ready():
+        pull = api(f"/v1/pulls/{pull_id}?disk=false")
+        if not pull["targets"] or pull["targets"][0]["status"] != "complete":
+            return False
+        return api("/v1/records/search", {"pull": pull_id, "limit": 1})["indexing"] == 0
+    started = time.monotonic()
+    wait("the bulk pull is complete and indexed", ready, timeout=900)
+    ready_seconds = time.monotonic() - started
+    total = 0
+    page = {"pull": pull_id, "limit": 5000}
+    while True:
+        found = api("/v1/records/search", page)
+        total += len(found["records"])
+        if "next" not in found:
+            break
+        page["after"] = found["next"]
+
+    def painted(url):
+        driver.get(url)
+        WebDriverWait(driver, 60).until(lambda d: d.execute_script("return performance.getEntriesByName('dredge:rows-painted').length") > 0)
+        check(len(driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr")) == 200, "a full page of the bulk pull")
+        return driver.execute_script("""
+            const n = performance.getEntriesByType('navigation')[0];
+            return [performance.getEntriesByName('dredge:rows-painted')[0].startTime, n.responseEnd - n.requestStart];""")
+
+    url = f"{base}/console/logs?pull={pull_id}"
+    measured = [painted(url) for _ in range(7)]
+    console_ms = [m[0] for m in measured]
+    host, port = base.removeprefix("https://").split(":")
+    connection = http.client.HTTPSConnection(host, int(port), context=tls, timeout=30)
+    api_ms = []
+    for _ in range(7):
+        begun = time.perf_counter()
+        connection.request("POST", "/v1/records/search", body=json.dumps({"pull": pull_id, "limit": 200}),
+                           headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"})
+        answer = connection.getresponse()
+        body = answer.read()
+        api_ms.append((time.perf_counter() - begun) * 1000)
+        check(answer.status == 200 and len(json.loads(body)["records"]) == 200, "the API's page of the bulk pull")
+    connection.close()
+    # Paging on: ten next pages, then the latest (the far end of the pull).
+    driver.get(url)
+    paging_ms = []
+    for _ in range(10):
+        next_url = driver.find_element(By.ID, "next-page").get_attribute("href")
+        paging_ms.append(painted(next_url)[0])
+    latest_url = driver.find_element(By.LINK_TEXT, "Latest").get_attribute("href")
+    latest_ms = median([painted(latest_url)[0] for _ in range(3)])
+    warm_console, warm_api = median(console_ms[1:]), median(api_ms[1:])
+    return {
+        "records": total, "ready_after_seconds": round(ready_seconds, 1),
+        "first_page_ms": round(warm_console, 1), "first_page_cold_ms": round(console_ms[0], 1),
+        "page_answered_ms": round(median([m[1] for m in measured[1:]]), 1), "search_api_ms": round(warm_api, 1), "ratio_api_over_console": round(warm_api / warm_console, 2),
+        "next_page_ms": round(median(paging_ms), 1), "latest_page_ms": round(latest_ms, 1),
+    }
 
 
 def main():
@@ -81,18 +154,20 @@ def main():
         base = f"https://127.0.0.1:{admin_port}"
         tls = ssl.create_default_context(cafile=os.path.join(data, "ca.pem"))
 
-        def api(path):
-            request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {admin_token}"})
-            with urllib.request.urlopen(request, context=tls, timeout=5) as answer:
+        def api(path, body=None):
+            request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"},
+                                             data=None if body is None else json.dumps(body).encode())
+            with urllib.request.urlopen(request, context=tls, timeout=30) as answer:
                 return json.load(answer)
 
         wait("the server answers", lambda: api("/health")["status"] == "ok")
 
         # Two devices: an oven, and one whose logs name a hostile host.
-        for name, host, uids in [("kitchen", "kitchen-oven-0042", "u-1,u-2"), ("hostile", HOSTILE_HOST, "u-3")]:
+        for name, host, uids, records in [("kitchen", "kitchen-oven-0042", "u-1,u-2", 3000), ("hostile", HOSTILE_HOST, "u-3", 3000),
+                                          ("bulk", "bulk-oven-0100", "u-bulk", BULK_RECORDS)]:
             device = os.path.join(work, name)
             store = os.path.join(device, "logs.sqlite")
-            subprocess.run([f"{bin_dir}/dredge-demo", "generate", "--store", store, "--uids", uids, "--records", "3000", "--seed", "1",
+            subprocess.run([f"{bin_dir}/dredge-demo", "generate", "--store", store, "--uids", uids, "--records", str(records), "--seed", "1",
                             "--host", host], check=True, capture_output=True)
             state = os.path.join(device, "agent")
             subprocess.run([f"{bin_dir}/dredge-agent", "enroll", "--state", state, "--server", f"localhost:{agent_port}", "--ca",
@@ -100,8 +175,16 @@ def main():
             agent_log = open(os.path.join(device, "agent.log"), "w")
             processes.append(subprocess.Popen([f"{bin_dir}/dredge-agent", "run", "--state", state, "--store", store, "--app", "oven"],
                                               stdout=agent_log, stderr=agent_log))
-        wait("both agents are online and described",
-             lambda: sorted(a["hostname"] for a in api("/v1/agents") if a["connected"]) == sorted([HOSTILE_HOST, "kitchen-oven-0042"]))
+        wait("the agents are online and described",
+             lambda: sorted(a["hostname"] for a in api("/v1/agents") if a["connected"]) == sorted([HOSTILE_HOST, "kitchen-oven-0042", "bulk-oven-0100"]))
+        # A record whose message and metadata are hostile, in u-2's logs: a network record naming a javascript: URL.
+        kitchen = os.path.join(work, "kitchen")
+        subprocess.run([f"{bin_dir}/dredge-agent", "log", "--store", os.path.join(kitchen, "logs.sqlite"), "--uid", "u-2", "--level", "error",
+                        "--type", "network", "--meta", "method=GET", "--meta", f"url={HOSTILE_URL}", "--meta", "status=503",
+                        "--meta", "correlation_id=corr-hostile-1", "--meta", f"note={HOSTILE_ATTRIBUTE}", HOSTILE_MESSAGE], check=True, capture_output=True)
+        # The bulk device's every record, pulled through the API while the browser starts: the first-page figure reads it.
+        bulk_agent = next(a["agentID"] for a in api("/v1/agents") if a["hostname"] == "bulk-oven-0100")
+        bulk_pull = api("/v1/pulls", {"agent": bulk_agent, "filter": {}})["id"]
 
         # The browser trusts the admin listener's key, and only that.
         certificate = x509.load_pem_x509_certificate(open(os.path.join(data, "server.pem"), "rb").read())
@@ -171,7 +254,7 @@ def main():
 
         # The agent, its hostile host name shown as text and inert.
         rows = driver.find_elements(By.CSS_SELECTOR, "tbody tr")
-        check(len(rows) == 2 and all("online" in r.text and "oven" in r.text for r in rows), "both agents are listed online")
+        check(len(rows) == 3 and all("online" in r.text and "oven" in r.text for r in rows), "the agents are listed online")
         check(any(HOSTILE_HOST in r.text for r in rows), "the hostile host name is shown as written")
         check(driver.execute_script("return window.pwned === undefined"), "no script from the host name ran")
         check(not driver.find_elements(By.CSS_SELECTOR, "tbody img, tbody script"), "no element came from the host name")
@@ -241,8 +324,76 @@ def main():
         check(all(c.text == "u-2" for c in driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr td:nth-child(6)")), "only u-2's records")
         shot("6b-logs")
 
+        # The filter bar: errors with a word, then the hostile network record, all of it inert text.
+        def search(**fields):
+            for name in ["level", "type", "text", "where", "since", "until"]:
+                box = driver.find_element(By.CSS_SELECTOR, f"form.logs input[name={name}]")
+                box.clear()
+                if name in fields:
+                    box.send_keys(fields[name])
+            page = driver.execute_script("return window.performance.timeOrigin")
+            driver.find_element(By.CSS_SELECTOR, "form.logs button").click()
+            WebDriverWait(driver, 15).until(
+                lambda d: d.execute_script("return window.performance.timeOrigin") != page and d.execute_script("return document.readyState") == "complete")
+
+        search(level="error", text="declined")
+        rows = driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr")
+        check(rows and all(r.find_element(By.CSS_SELECTOR, "td.level").text == "error" and "declined" in r.text for r in rows),
+              f"level and text narrow the list: {[r.text[:80] for r in rows[:3]]}")
+        search(type="network", text="hostile")
+        rows = driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr")
+        check(len(rows) == 1 and HOSTILE_MESSAGE in rows[0].text, f"the hostile record is listed as written: {[r.text for r in rows]}")
+        check(driver.execute_script("return window.pwned === undefined"), "nothing in the record ran")
+        check(not driver.find_elements(By.CSS_SELECTOR, "main img, main script, a[href^='javascript']"), "no element came from the record")
+
+        # Opened in the detail panel (no navigation): the request and the response.
+        page_id = driver.execute_script("return window.performance.timeOrigin")
+        rows[0].find_element(By.CSS_SELECTOR, "td.message").click()
+        WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, "aside.detail article.record"))
+        panel = driver.find_element(By.CSS_SELECTOR, "aside.detail")
+        check(panel.find_element(By.CSS_SELECTOR, ".request-line").text == f"GET {HOSTILE_URL}", "the request line, as text")
+        check("corr-hostile-1" in panel.text and "503" in panel.find_element(By.CSS_SELECTOR, "dl.response").text, "the correlation id and the status")
+        check(HOSTILE_ATTRIBUTE in panel.find_element(By.CSS_SELECTOR, "table.metadata").text, "the hostile metadata, as text")
+        check(driver.execute_script("return window.performance.timeOrigin") == page_id, "the panel opened without leaving the page")
+        check(driver.execute_script("return window.pwned === undefined") and not driver.find_elements(By.CSS_SELECTOR, "main img, main script, a[href^='javascript']"),
+              "nothing in the opened record ran")
+        shot("6c-network-record")
+
+        # Keyboard: Escape closes; j selects the first row, Enter opens it.
+        driver.switch_to.active_element.send_keys("\ue00c")  # Escape
+        WebDriverWait(driver, 5).until(lambda d: not d.find_element(By.CSS_SELECTOR, "aside.detail").is_displayed())
+        search(level="warning+")
+        driver.execute_script("document.activeElement.blur()")
+        ActionChains(driver).send_keys("j").send_keys("j").perform()
+        active = driver.switch_to.active_element
+        rows = driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr")
+        check(len(rows) > 2 and active.get_attribute("href") == rows[1].find_element(By.CSS_SELECTOR, "a.open").get_attribute("href"),
+              "j moves to the next record")
+        active.send_keys("\ue007")  # Enter
+        WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, "aside.detail article.record"))
+        opened = driver.find_element(By.CSS_SELECTOR, "aside.detail article.record")
+        check(rows[1].find_element(By.CSS_SELECTOR, "td.message").text.split("\n")[0] in opened.text, "Enter opens the record selected")
+        check(opened.find_elements(By.CSS_SELECTOR, "table.context tr.current"), "with its context around it")
+        driver.switch_to.active_element.send_keys("j")
+        WebDriverWait(driver, 15).until(
+            lambda d: rows[2].find_element(By.CSS_SELECTOR, "td.message").text.split("\n")[0] in d.find_element(By.CSS_SELECTOR, "aside.detail").text)
+
+        # The permalink: the record's own page; from it, the files of its pull, each a download.
+        driver.find_element(By.CSS_SELECTOR, "aside.detail a.permalink").click()
+        WebDriverWait(driver, 15).until(lambda d: "/console/records/" in d.current_url)
+        check(driver.find_elements(By.CSS_SELECTOR, "main article.record table.context tr.current"), "the record's page")
+        shot("6d-record")
+        driver.find_element(By.PARTIAL_LINK_TEXT, "Files of this pull").click()
+        WebDriverWait(driver, 15).until(lambda d: d.current_url.endswith("/files"))
+        links = driver.find_elements(By.CSS_SELECTOR, "table.files a[download]")
+        check(any(l.text == "manifest.json" for l in links) and any(l.text.endswith(".jsonl") for l in links), f"the files: {[l.text for l in links]}")
+        sizes = driver.execute_script("""
+            const links = Array.from(document.querySelectorAll('table.files a[download]'));
+            return Promise.all(links.map(l => fetch(l.href).then(r => r.ok ? r.arrayBuffer().then(b => b.byteLength) : -r.status)));""")
+        check(all(size > 0 for size in sizes), f"each file downloads through the session: {sizes}")
+        shot("6e-files")
+
         # A user's feedback arrives with their logs and shows in the inbox.
-        kitchen = os.path.join(work, "kitchen")
         subprocess.run([f"{bin_dir}/dredge-agent", "feedback", "--state", os.path.join(kitchen, "agent"), "--store", os.path.join(kitchen, "logs.sqlite"),
                         "--uid", "u-1", "--text", "the oven <b>beeps</b> all night"], check=True, capture_output=True, timeout=120)
         driver.find_element(By.LINK_TEXT, "Feedback").click()
@@ -252,6 +403,11 @@ def main():
         check(driver.find_element(By.CSS_SELECTOR, "tbody td.said").text == "the oven <b>beeps</b> all night", "what the user said, as text")
         check("kitchen-oven-0042" in driver.find_element(By.CSS_SELECTOR, "tbody tr").text, "from their device")
         shot("7-feedback")
+        driver.find_element(By.CSS_SELECTOR, "tbody tr a.moment").click()
+        reloading_until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.logs tbody tr"), 60, "the user's timeline at the feedback")
+        users = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr td:nth-child(6)")}
+        check(users == {"u-1"} and driver.find_elements(By.ID, "next-page"), f"u-1's records up to that moment, and on from it: {users}")
+        shot("7b-feedback-moment")
 
         # Tokens: a new one is shown once; the audit log names who made it.
         driver.find_element(By.LINK_TEXT, "Tokens").click()
@@ -274,6 +430,11 @@ def main():
         shot("9-audit")
         errors = console_errors()
         check(errors == [], f"no console errors: {errors}")
+
+        figures = first_page(driver, base, tls, admin_token, api, bulk_pull, check)
+        with open(os.path.join(out, "figures.json"), "w") as f:
+            json.dump(figures, f, indent=2)
+        print("console.first_page: " + json.dumps(figures))
 
         # Sign out: back to sign-in, and the session is gone.
         driver.find_element(By.CSS_SELECTOR, "form.sign-out button").click()

@@ -130,7 +130,9 @@ extension Console {
                     throw error
                 }
             }
-            let focus = parameters["focus"]
+            // The record asked for is marked (and focused); on a page read backwards, the last
+            // one: the moment or the page the reader came from is just below it.
+            let focus = parameters["focus"] ?? (search.before != nil ? found.records.last.map { "\($0.id)" } : nil)
             page["rows"] = found.records.map { r -> [String: Any] in
                 var row = logRow(r)
                 if focus == "\(r.id)" { row["current"] = true }

@@ -44,6 +44,7 @@ extension Console {
             "id": "\(r.id)", "time": timeText(r.ts.date, fraction: true), "rfc3339": r.ts.rfc3339, "level": r.level, "type": r.type,
             "uid": r.uid.isEmpty ? "none" : r.uid, "host": r.host.isEmpty ? "?" : r.host, "app": [r.app, r.appVersion].filter { !$0.isEmpty }.joined(separator: " "),
             "os": r.os, "process": r.process, "agentID": r.agentID, "sourceKind": source, "sourceID": r.sourceID, "message": r.message,
+            "sourceHref": source == "pull" ? "/console/pulls/\(r.sourceID)" : "/console/logs?feedback=\(r.sourceID)",
             "files": source == "pull" ? "/console/pulls/\(r.sourceID)/files" : "/console/feedback/\(r.sourceID)/files",
             // The viewer over the same payload, from this record on (the page before is one link away).
             "timeline": "/console/logs?\(source)=\(r.sourceID)&after=\(r.ts.microseconds).\(r.id - 1)&focus=\(r.id)",

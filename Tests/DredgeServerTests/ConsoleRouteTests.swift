@@ -110,7 +110,7 @@ import Testing
         try await Fixture().test { browser in
             for uri in ["/console/agents", "/console/agents?q=x"] {
                 let page = try await browser.get(uri)
-                #expect(page.status == .seeOther && page.location == "/console/sign-in", "\(uri)")
+                #expect(page.status == .seeOther && page.location?.hasPrefix("/console/sign-in?return=") == true, "\(uri)")
             }
             #expect(try await browser.get("/console").location == "/console/agents")
             let signIn = try await browser.get("/console/sign-in")
@@ -121,6 +121,28 @@ import Testing
             #expect(scripts.allSatisfy { $0.hasPrefix(#" src="/console/static/console.js" defer></script>"#) } && !signIn.body.contains("style="), "no inline script or style")
             let css = try await browser.get("/console/static/console.css")
             #expect(css.status == .ok && css.headers[.contentType]?.hasPrefix("text/css") == true)
+        }
+    }
+
+    /// A page opened without a session (a permalink followed from elsewhere: the strict cookie
+    /// is not sent) leads back to itself after signing in; anything but a console page is not
+    /// a place sign-in leads to.
+    @Test func signingInLeadsBackToThePageAskedFor() async throws {
+        let fixture = Fixture()
+        try await fixture.test { browser in
+            let asked = try await browser.get("/console/records/42?x=a%20b")
+            #expect(asked.location == "/console/sign-in?return=%2Fconsole%2Frecords%2F42%3Fx%3Da%2520b")
+            let form = try await browser.get(try #require(asked.location))
+            #expect(form.body.contains(#"<input type="hidden" name="return" value="/console/records/42?x=a%20b">"#))
+            let signedIn = try await browser.post("/console/sign-in", ["token": fixture.admin.created.adminToken, "csrf": form.csrf ?? "", "return": "/console/records/42?x=a%20b"])
+            #expect(signedIn.location == "/console/records/42?x=a%20b")
+            #expect(try await browser.get("/console/sign-in?return=/console/pulls").location == "/console/pulls", "already signed in: straight there")
+            for hostile in ["//evil.example/console/", "https://evil.example/", "/console\\@evil.example", "/v1/tokens", "/console/sign-out", "/console/x\u{0}y"] {
+                var other = Browser(client: browser.client)
+                let page = try await other.get("/console/sign-in")
+                let answer = try await other.post("/console/sign-in", ["token": fixture.admin.created.adminToken, "csrf": page.csrf ?? "", "return": hostile])
+                #expect(answer.location == "/console/agents", "\(hostile.debugDescription)")
+            }
         }
     }
 
@@ -152,7 +174,7 @@ import Testing
             let csrf = try #require(try await browser.get("/console/agents").csrf)
             _ = try await browser.post("/console/sign-out", ["csrf": csrf])
             browser.cookies["dredge_console"] = stolen
-            #expect(try await browser.get("/console/agents").location == "/console/sign-in")
+            #expect(try await browser.get("/console/agents").location?.hasPrefix("/console/sign-in?return=") == true)
         }
         #expect(try await fixture.audit("console.sign-in").count == 2)
         #expect(try await fixture.audit("console.sign-out").map(\.actor) == ["admin", "admin"])
@@ -172,7 +194,7 @@ import Testing
             let wrong = try await browser.signIn("dredge_adm_not-a-token")
             #expect(wrong.status == .unauthorized && wrong.body.contains(#"class="problem""#))
             #expect(browser.cookies["dredge_console"] == nil)
-            #expect(try await browser.get("/console/agents").location == "/console/sign-in")
+            #expect(try await browser.get("/console/agents").location?.hasPrefix("/console/sign-in?return=") == true)
         }
         #expect(try await fixture.audit("auth.failed").count == 1)
         #expect(try await fixture.audit("console.sign-in").isEmpty)
@@ -218,12 +240,12 @@ import Testing
             fixture.clock.advance(3599)
             #expect(try await browser.get("/console/agents").status == .ok)
             fixture.clock.advance(2)
-            #expect(try await browser.get("/console/agents").location == "/console/sign-in", "expired")
+            #expect(try await browser.get("/console/agents").location?.hasPrefix("/console/sign-in?return=") == true, "expired")
 
             _ = try await browser.signIn(second.token)
             #expect(try await browser.get("/console/agents").status == .ok)
             try await fixture.admin.tokens.revoke(name: "bob", kind: .admin)
-            #expect(try await browser.get("/console/agents").location == "/console/sign-in", "its token was revoked")
+            #expect(try await browser.get("/console/agents").location?.hasPrefix("/console/sign-in?return=") == true, "its token was revoked")
         }
     }
 
@@ -285,7 +307,7 @@ import Testing
             _ = try await fixture.admin.tokens.create(name: "dave", kind: .admin, now: Date())
             let own = try await browser.post("/console/tokens/revoke", ["name": "admin", "kind": "admin", "csrf": csrf])
             #expect(own.status == .seeOther)
-            #expect(try await browser.get("/console/tokens").location == "/console/sign-in")
+            #expect(try await browser.get("/console/tokens").location?.hasPrefix("/console/sign-in?return=") == true)
         }
         #expect(try await fixture.audit("token.create").map(\.detail) == ["admin token 'carol'"])
         #expect(try await fixture.audit("token.revoke").map(\.actor) == ["admin", "admin"])
@@ -379,7 +401,7 @@ import Testing
             bytes: 10, at: Date())
         #expect(try await fixture.admin.feedback.update(id, status: .complete, detail: "", chunksReceived: 1, records: 42, files: [], errorCode: nil))
         try await fixture.test { browser in
-            #expect(try await browser.get("/console/feedback").location == "/console/sign-in")
+            #expect(try await browser.get("/console/feedback").location?.hasPrefix("/console/sign-in?return=") == true)
             _ = try await browser.signIn(fixture.admin.created.adminToken)
             let page = try await browser.get("/console/feedback")
             #expect(page.status == .ok)
@@ -436,7 +458,7 @@ import Testing
         lines.append(RecordIndexConformanceTests.line(300, "<script>alert(1)</script> declined", level: "error", type: "network", metadata: #"{"http.status":503}"#))
         try await fixture.land(source, lines)
         try await fixture.test { browser in
-            #expect(try await browser.get("/console/logs?pull=\(source.id)").location == "/console/sign-in")
+            #expect(try await browser.get("/console/logs?pull=\(source.id)").location?.hasPrefix("/console/sign-in?return=") == true)
             _ = try await browser.signIn(fixture.admin.created.adminToken)
             let empty = try await browser.get("/console/logs")
             #expect(empty.status == .ok && empty.body.contains("Choose a user, a pull or a feedback"))
@@ -465,12 +487,12 @@ import Testing
     @Test func theAgentsPageFiltersByText() async throws {
         let fixture = Fixture()
         _ = try await fixture.admin.agent(uids: ["u-1"])
-        _ = try await fixture.admin.agent(uids: ["anna"])
+        _ = try await fixture.admin.agent(uids: ["anna lee"])
         try await fixture.test { browser in
             _ = try await browser.signIn(fixture.admin.created.adminToken)
             let all = try await browser.get("/console/agents")
             #expect(all.body.contains("host-u-1") && all.body.contains("host-anna"))
-            let one = try await browser.get("/console/agents?q=ANNA")
+            let one = try await browser.get("/console/agents?q=ANNA+LEE")  // as a form sends it: `+` is a space
             #expect(one.body.contains("host-anna") && !one.body.contains("host-u-1"))
             #expect(one.body.contains("1 match"))
         }
@@ -498,7 +520,7 @@ import Testing
         let id = try #require(try await fixture.records.search(RecordSearch(text: "cart")).records.first?.id)
         let plain = try #require(try await fixture.records.search(RecordSearch(text: "record")).records.first?.id)
         try await fixture.test { browser in
-            #expect(try await browser.get("/console/records/\(id)").location == "/console/sign-in")
+            #expect(try await browser.get("/console/records/\(id)").location?.hasPrefix("/console/sign-in?return=") == true)
             _ = try await browser.signIn(fixture.admin.created.adminToken)
             let page = try await browser.get("/console/records/\(id)")
             #expect(page.status == .ok && page.headers[HTTPFields.Element.Name("Content-Security-Policy")!] != nil)
@@ -516,6 +538,7 @@ import Testing
             #expect(page.body.contains(#"<tr class="level-error current" aria-current="true">"#))
             // A plain record has no exchange.
             #expect(try await !browser.get("/console/records/\(plain)").body.contains("Request"))
+            #expect(try await browser.get("/console/records/\(id)").status == .ok, "read again: not audited again")
             // "In the timeline": the viewer from this record on, the record marked, the page before one link away.
             let viewer = try await browser.get(try #require(Self.link(page.body, text: "In the timeline")))
             #expect(viewer.status == .ok && viewer.body.contains(#"data-id="\#(id)" aria-current="true""#))
@@ -527,7 +550,9 @@ import Testing
             }
         }
         let reads = try await fixture.audit("records.read")
-        #expect(Set(reads.map(\.detail)) == ["record \(id)", "record \(plain)"] && reads.count == 2 && reads.allSatisfy { $0.actor == "admin" }, "each record read once")
+        #expect(
+            Set(reads.map(\.detail)) == ["record \(id) context 10", "record \(plain) context 10"] && reads.count == 2 && reads.allSatisfy { $0.actor == "admin" },
+            "each record's reads audited once")
     }
 
     @Test func theViewerPagesBothWaysAndOpensAtAMoment() async throws {
@@ -577,7 +602,7 @@ import Testing
         let file = "/console/pulls/\(new.id)/files/\(agent)/2027-01-15.jsonl"
         try await fixture.test { browser in
             let refused = try await browser.get(file)
-            #expect(refused.location == "/console/sign-in" && !refused.body.contains("\"m\""), "no file without a session")
+            #expect(refused.location?.hasPrefix("/console/sign-in?return=") == true && !refused.body.contains("\"m\""), "no file without a session")
             _ = try await browser.signIn(fixture.admin.created.adminToken)
             let listing = try await browser.get("/console/pulls/\(new.id)/files")
             #expect(listing.status == .ok && listing.body.contains(#"<a href="\#(file)" download>2027-01-15.jsonl</a>"#))

@@ -90,8 +90,11 @@ import Testing
         let around = try await server.admin.record(middle.id, context: 2)
         #expect(around.record == middle && around.before == Array(found[(found.count / 2 - 2)..<(found.count / 2)]))
         #expect(around.after == Array(found[(found.count / 2 + 1)...(found.count / 2 + 2)]))
+        _ = try await server.admin.record(middle.id, context: 2)
         _ = try await server.admin.record(middle.id, context: 0)
-        #expect(try await server.admin.audit().filter { $0.action == "records.read" }.map(\.detail) == ["record \(middle.id)"])
+        #expect(
+            try await server.admin.audit().filter { $0.action == "records.read" }.map(\.detail) == ["record \(middle.id) context 0", "record \(middle.id) context 2"],
+            "each read audited with what it showed, once in ten minutes")
         for (id, context) in [(middle.id, -1), (middle.id, 201), (0, 1)] {
             await #expect(throws: AdminClientError.self) { _ = try await server.admin.record(id, context: context) }
         }

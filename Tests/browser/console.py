@@ -9,10 +9,15 @@ started and stopped here. The browser trusts the server's certificate by its pub
 The flow: pages without a session go to sign-in; a wrong token is refused; the right one signs
 in with a Secure, HttpOnly, SameSite=Strict cookie; the agents page shows the device online,
 its hostile host name as text (no script ran, no console error); the filter works; the page
-holds at 1280x800 and at a narrow width; the keyboard reaches the controls; a pull asked by form completes live; a user's feedback shows
-in the inbox; a token made on the
-tokens page is shown once and the audit log's newest entry names it; signing out ends the
-session. Screenshots of each page go to the output folder.
+holds at 1280x800 and at a narrow width; the keyboard reaches the controls; a pull asked by form
+completes live; its logs are filtered by level and text; a hostile network record shows as
+text, opens in the detail panel as request and response, and runs nothing; the viewer's keys
+move and open records; a record's permalink and its pull's files (each downloaded) open; a
+user's feedback shows in the inbox and opens the user's timeline at that moment; a token made
+on the tokens page is shown once and the audit log's newest entry names it; signing out ends
+the session. Screenshots of each page go to the output folder, with console.first_page (the
+first rows of a 100,000-record pull painted, against the same search through the API) in
+figures.json.
 
     python3 Tests/browser/console.py BIN_DIR [OUT_DIR]
 """
@@ -232,7 +237,7 @@ def main():
 
         # Without a session: the sign-in page.
         driver.get(base + "/console/agents")
-        at(base + "/console/sign-in", "a page without a session goes to sign-in")
+        at(base + "/console/sign-in?return=%2Fconsole%2Fagents", "a page without a session goes to sign-in, naming it")
         shot("1-sign-in")
 
         # A wrong token is refused.
@@ -323,6 +328,10 @@ def main():
         check(levels and levels <= {"warning", "error", "critical"}, f"only what was pulled: {levels}")
         check(all(c.text == "u-2" for c in driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr td:nth-child(6)")), "only u-2's records")
         shot("6b-logs")
+        driver.set_window_size(420, 800)
+        check(driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1"), "the viewer: no sideways scrolling at 420 px")
+        shot("6b-logs-narrow")
+        driver.set_window_size(1280, 800)
 
         # The filter bar: errors with a word, then the hostile network record, all of it inert text.
         def search(**fields):
@@ -406,7 +415,8 @@ def main():
         driver.find_element(By.CSS_SELECTOR, "tbody tr a.moment").click()
         reloading_until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.logs tbody tr"), 60, "the user's timeline at the feedback")
         users = {c.text for c in driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr td:nth-child(6)")}
-        check(users == {"u-1"} and driver.find_elements(By.ID, "next-page"), f"u-1's records up to that moment, and on from it: {users}")
+        check(users == {"u-1"} and driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr.current:last-child"),
+              f"u-1's records up to that moment, the last one marked: {users}")
         shot("7b-feedback-moment")
 
         # Tokens: a new one is shown once; the audit log names who made it.
@@ -428,6 +438,10 @@ def main():
         check(any(r.split()[4:6] == ["admin", "pull"] and "TICKET-7" in r for r in rows), f"the pull is recorded with its reason: {rows[:4]}")
         check(any("auth.failed" in r for r in rows) and any("console.sign-in" in r for r in rows), "the refused and the accepted sign-ins are recorded")
         shot("9-audit")
+        driver.find_element(By.LINK_TEXT, "Pulls").click()
+        at(base + "/console/pulls", "the Pulls link")
+        check(len(driver.find_elements(By.CSS_SELECTOR, "tbody tr")) == 2, "both pulls are listed")
+        shot("9b-pulls")
         errors = console_errors()
         check(errors == [], f"no console errors: {errors}")
 
@@ -441,7 +455,7 @@ def main():
         at(base + "/console/sign-in", "signing out leads to sign-in")
         check(not any(c["name"] == "dredge_console" for c in driver.get_cookies()), "signing out clears the cookie")
         driver.get(base + "/console/agents")
-        at(base + "/console/sign-in", "after signing out, pages need a new sign-in")
+        at(base + "/console/sign-in?return=%2Fconsole%2Fagents", "after signing out, pages need a new sign-in")
         shot("10-signed-out")
         print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, its logs, feedback, tokens, audit log, sign-out passed; screenshots in {out}")
     finally:

@@ -185,7 +185,7 @@ public enum AdminAPI {
             guard let id = Int64(try context.parameters.require("id")), id > 0 else { throw AdminAPIError(.badRequest, "bad_request", "a record id is a positive integer") }
             let count = try recordContext(request)
             guard let found = try await records.record(id, context: count) else { throw AdminAPIError(.notFound, "not_found", "no record \(id)") }
-            let actor = context.tokenName ?? "?", detail = "record \(id)"
+            let actor = context.tokenName ?? "?", detail = "record \(id) context \(count)"
             if searchAudit.shouldRecord(actor: actor, detail: detail, now: Date()) {
                 do {
                     try await audit.record(actor: actor, action: "records.read", detail: detail, at: Date())

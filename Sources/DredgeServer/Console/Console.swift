@@ -69,8 +69,9 @@ enum Console {
         }
 
         console.get("sign-in") { request, _ in
-            if signedIn(request, d) != nil { return redirect("/console/agents") }
-            return signInPage(library, d, problem: nil, status: .ok)
+            let back = returnPath(query(request)["return"])
+            if signedIn(request, d) != nil { return redirect(back ?? "/console/agents") }
+            return signInPage(library, d, problem: nil, status: .ok, returnTo: back)
         }
         console.post("sign-in") { request, context in
             let form = try await formFields(request, context)
@@ -78,17 +79,17 @@ enum Console {
             guard let expected = request.cookies[signInCookie]?.value, let sent = form["csrf"], ConsoleSessions.same(expected, sent) else {
                 return forbidden(library, d)
             }
-            let token = form["token"] ?? ""
+            let token = form["token"] ?? "", back = returnPath(form["return"])
             guard !token.isEmpty, let name = try await d.tokens.adminName(for: token) else {
                 await refused(request, context, d, refusals)
-                return signInPage(library, d, problem: "That is not an admin token.", status: .unauthorized)
+                return signInPage(library, d, problem: "That is not an admin token.", status: .unauthorized, returnTo: back)
             }
             // A session this browser held before ends: one at a time.
             if let old = request.cookies[sessionCookie]?.value { d.sessions.close(old) }
             // Recorded first: a sign-in the audit log cannot hold does not happen.
             try await d.audit.record(actor: name, action: "console.sign-in", detail: "from \(context.remoteAddress ?? "?")", at: Date())
             let (id, session) = d.sessions.open(tokenName: name, token: token)
-            var response = redirect("/console/agents")
+            var response = redirect(back ?? "/console/agents")
             response.setCookie(
                 Cookie(
                     name: sessionCookie, value: id, maxAge: max(1, Int(session.expires.timeIntervalSince(d.sessions.now()))), path: "/console", secure: d.secure,
@@ -98,7 +99,7 @@ enum Console {
         }
         console.post("sign-out") { request, context in
             let form = try await formFields(request, context)
-            guard let id = request.cookies[sessionCookie]?.value, let session = d.sessions.session(id) else { return redirect("/console/sign-in") }
+            guard let id = request.cookies[sessionCookie]?.value, let session = d.sessions.session(id) else { return toSignIn(request) }
             guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
             d.sessions.close(id)
             try await d.audit.record(actor: session.tokenName, action: "console.sign-out", detail: "", at: Date())
@@ -108,8 +109,8 @@ enum Console {
         }
 
         console.get("agents") { request, _ in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
-            let query = (request.uri.queryParameters.get("q") ?? "").trimmingCharacters(in: .whitespaces)
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            let query = (Console.query(request)["q"] ?? "").trimmingCharacters(in: .whitespaces)
             let all = try await d.registry.agents()
             let shown = query.isEmpty ? all : all.filter { matches($0, query) }
             let rows = shown.sorted { ($0.connected ? 0 : 1, $0.hostname) < ($1.connected ? 0 : 1, $1.hostname) }.map(row)
@@ -167,10 +168,11 @@ enum Console {
         return fields.contains { $0.range(of: query, options: [.caseInsensitive, .diacriticInsensitive]) != nil }
     }
 
-    static func signInPage(_ library: MustacheLibrary, _ d: Dependencies, problem: String?, status: HTTPResponse.Status) -> Response {
+    static func signInPage(_ library: MustacheLibrary, _ d: Dependencies, problem: String?, status: HTTPResponse.Status, returnTo: String? = nil) -> Response {
         let csrf = ConsoleSessions.randomToken()
         var page: [String: Any] = ["title": "Sign in", "csrf": csrf, "hours": "\(Int(d.sessions.lifetime / 3600))"]
         if let problem { page["problem"] = problem }
+        if let returnTo { page["return"] = returnTo }
         var response = html(library, "sign-in", page, status: status)
         response.setCookie(Cookie(name: signInCookie, value: csrf, maxAge: 3600, path: "/console", secure: d.secure, httpOnly: true, sameSite: .strict))
         return response
@@ -185,6 +187,28 @@ enum Console {
         headers[.contentType] = "text/html; charset=utf-8"
         let body = library.render(page, withTemplate: template) ?? ""
         return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: body)))
+    }
+
+    /// The sign-in page for a request without a session; a page asked for (GET) is named in
+    /// `return`, so that signing in leads back to it (a permalink opened from elsewhere: the
+    /// SameSite=Strict cookie is not sent with a link followed from another site).
+    static func toSignIn(_ request: Request) -> Response {
+        guard request.method == .get || request.method == .head, let back = returnPath(request.uri.path + (request.uri.query.map { "?" + $0 } ?? "")) else { return toSignIn(request) }
+        return redirect("/console/sign-in?return=" + percentEncoded(back))
+    }
+
+    /// Where signing in may lead: a console page of this server (a path under `/console/`,
+    /// not sign-in itself, at most 2 KB, printable ASCII); nil otherwise.
+    static func returnPath(_ path: String?) -> String? {
+        guard let path, path.hasPrefix("/console/"), !path.hasPrefix("/console/sign-"), path.utf8.count <= 2048,
+            path.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F && $0 != "\\" })
+        else { return nil }
+        return path
+    }
+
+    /// The query string's fields as a form's (`+` is a space), the first of a name given twice.
+    static func query(_ request: Request) -> [String: String] {
+        fields(request.uri.query ?? "")
     }
 
     static func redirect(_ location: String) -> Response {
@@ -222,8 +246,14 @@ enum Console {
         } catch {
             throw AdminAPIError(.contentTooLarge, "bad_request", "The form was larger than \(maxFormBytes) bytes.")
         }
+        return fields(String(buffer: body))
+    }
+
+    /// `application/x-www-form-urlencoded` text's fields (the first of a name given twice; a
+    /// pair that does not decode is left out).
+    static func fields(_ text: String) -> [String: String] {
         var fields: [String: String] = [:]
-        for pair in String(buffer: body).split(separator: "&") {
+        for pair in text.split(separator: "&") {
             let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
             func decoded(_ s: Substring) -> String? { s.replacingOccurrences(of: "+", with: " ").removingPercentEncoding }
             guard let name = parts.first.flatMap(decoded), let value = decoded(parts.count > 1 ? parts[1] : "") else { continue }

@@ -16,7 +16,7 @@ extension Console {
         _ request: Request, _ form: [String: String], _ library: MustacheLibrary, _ d: Dependencies,
         _ body: (ConsoleSessions.Session) async throws -> Response
     ) async throws -> Response {
-        guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+        guard let session = try await checked(request, d) else { return toSignIn(request) }
         guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
         return try await body(session)
     }
@@ -31,18 +31,18 @@ extension Console {
         // MARK: Audit
 
         console.get("audit") { request, _ in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
-            let parameters = request.uri.queryParameters
-            func text(_ name: String) -> String { (parameters.get(name) ?? "").trimmingCharacters(in: .whitespaces) }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            let parameters = Console.query(request)
+            func text(_ name: String) -> String { (parameters[name] ?? "").trimmingCharacters(in: .whitespaces) }
             var query = AuditQuery(limit: 100)
             query.actor = text("actor").isEmpty ? nil : text("actor")
             query.action = text("action").isEmpty ? nil : text("action")
             var page = signedInPage("Audit log", session, current: "Audit")
             page["actor"] = text("actor")
             page["action"] = text("action")
-            page["actions"] = ["pull", "pull.download", "feedback.download", "pull.remove", "feedback.remove", "records.search", "token", "auth.failed", "console"]
+            page["actions"] = ["pull", "pull.download", "feedback.download", "pull.remove", "feedback.remove", "records.search", "records.read", "token", "auth.failed", "console"]
                 .map { ["name": $0, "selected": $0 == text("action")] }
-            if let before = parameters.get("before") {
+            if let before = parameters["before"] {
                 guard let id = Int64(before), id > 0 else { throw AdminAPIError(.badRequest, "bad_request", "“before” is an entry's number.") }
                 query.before = id
             }
@@ -79,7 +79,7 @@ extension Console {
         }
 
         console.get("tokens") { request, _ in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
             return try await tokensPage(session)
         }
         console.post("tokens") { request, context in

@@ -21,6 +21,11 @@ extension Console {
             guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such page.") }
             return id
         }
+        /// The `:name` of a download, as its link percent-encoded it (only names the listing holds are served).
+        @Sendable func fileName(_ context: AdminRequestContext) throws -> String {
+            guard let name = try context.parameters.require("name").removingPercentEncoding else { throw AdminAPIError(.notFound, "not_found", "There is no such file.") }
+            return name
+        }
         /// The API's download answer, as the session's token, with the console's headers.
         @Sendable func serve(
             _ located: PullFiles.Located, _ session: ConsoleSessions.Session, _ request: Request, _ context: AdminRequestContext, action: String,
@@ -29,8 +34,7 @@ extension Console {
             var context = context
             context.tokenName = session.tokenName
             var response = try await AdminAPI.serve(located, request: request, context: context, audit: d.audit, throttle: audited, action: action, detail: detail)
-            for field in securityHeaders where field.name != .cacheControl { response.headers[field.name] = field.value }
-            response.headers[.cacheControl] = "private, no-cache"
+            for field in securityHeaders { response.headers[field.name] = field.value }  // no-store: logs stay off the browser's disk
             return response
         }
         @Sendable func listing(_ session: ConsoleSessions.Session, kind: String, id: String, _ located: [PullFiles.Located]) async throws -> Response {
@@ -50,25 +54,25 @@ extension Console {
         }
 
         console.get("pulls/:id/files") { request, context in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
             let pull = try id(context)
             guard let located = try await files().list(pull) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
             return try await listing(session, kind: "pull", id: pull, located)
         }
         console.get("feedback/:id/files") { request, context in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
             let feedback = try id(context)
             guard let located = try await files().list(feedback: feedback) else { throw AdminAPIError(.notFound, "not_found", "There is no such feedback.") }
             return try await listing(session, kind: "feedback", id: feedback, located)
         }
         console.get("pulls/:id/files/:agent/:name") { request, context in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
-            let pull = try id(context), agent = try id(context, "agent"), name = try context.parameters.require("name")
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            let pull = try id(context), agent = try id(context, "agent"), name = try fileName(context)
             guard let located = try await files().locate(pull, agent: agent, name: name) else { throw AdminAPIError(.notFound, "not_found", "There is no such file.") }
             return try await serve(located, session, request, context, action: "pull.download", detail: "pull \(pull) agent \(agent) file \(located.file.name)")
         }
         console.get("pulls/:id/zip") { request, context in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
             let pull = try id(context)
             let located: PullFiles.Located
             do {
@@ -82,8 +86,8 @@ extension Console {
             return try await serve(located, session, request, context, action: "pull.download", detail: "pull \(pull) whole zip")
         }
         console.get("feedback/:id/files/:name") { request, context in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
-            let feedback = try id(context), name = try context.parameters.require("name")
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            let feedback = try id(context), name = try fileName(context)
             guard let located = try await files().locate(feedback: feedback, name: name) else { throw AdminAPIError(.notFound, "not_found", "There is no such file.") }
             return try await serve(located, session, request, context, action: "feedback.download", detail: "feedback \(feedback) file \(located.file.name)")
         }

@@ -97,9 +97,8 @@ extension Console {
     static func registerLogs(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         let audited = SearchAudit()
         console.get("logs") { request, _ in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
-            var parameters: [String: String] = [:]
-            for (key, value) in request.uri.queryParameters where parameters[String(key)] == nil { parameters[String(key)] = String(value) }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            let parameters = query(request)
             var page = signedInPage("Logs", session, current: "Logs")
             for name in ["uid", "pull", "feedback", "level", "type", "text", "where", "since", "until"] { page[name] = parameters[name] ?? "" }
             let (search, problem) = logSearch(parameters)

@@ -71,7 +71,7 @@ extension Console {
 
     static func registerPulls(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         console.get("pulls") { request, _ in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
             var page = signedInPage("Pulls", session, current: "Pulls")
             let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
             page["rows"] = try await d.pulls.pulls(limit: 100, now: .now).map { pull -> [String: Any] in
@@ -101,9 +101,9 @@ extension Console {
         }
 
         console.get("pulls/new") { request, _ in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
             var form: [String: String] = [:]
-            for (key, value) in request.uri.queryParameters { form[String(key)] = String(value) }  // a link can fill it in (`?uid=…`)
+            for (key, value) in query(request) { form[key] = value }  // a link can fill it in (`?uid=…`)
             return try await newPullPage(session, form, problem: nil, status: .ok)
         }
         console.post("pulls") { request, context in
@@ -123,7 +123,7 @@ extension Console {
         }
 
         console.get("pulls/:id") { request, context in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
             let id = try context.parameters.require("id")
             guard WireID.isValid(id), let pull = try await d.pulls.pull(id, now: .now) else {
                 throw AdminAPIError(.notFound, "not_found", "There is no such pull.")
@@ -208,7 +208,7 @@ extension Console {
     /// stands; newest first.
     static func registerFeedback(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         console.get("feedback") { request, _ in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
             let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
             var page = signedInPage("Feedback", session, current: "Feedback")
             page["rows"] = try await d.feedback.all(limit: 200).map { f -> [String: Any] in

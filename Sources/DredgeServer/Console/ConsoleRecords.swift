@@ -16,12 +16,12 @@ extension Console {
     static func registerRecords(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         let audited = SearchAudit()
         console.get("records/:id") { request, context in
-            guard let session = try await checked(request, d) else { return redirect("/console/sign-in") }
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
             guard let records = d.records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not index records.") }
             guard let id = Int64(try context.parameters.require("id")), id > 0, let found = try await records.record(id, context: contextCount) else {
                 throw AdminAPIError(.notFound, "not_found", "There is no such record (it may have been removed with its pull or feedback).")
             }
-            let detail = "record \(id)"
+            let detail = "record \(id) context \(contextCount)"
             if audited.shouldRecord(actor: session.tokenName, detail: detail, now: Date()) {
                 do {
                     try await d.audit.record(actor: session.tokenName, action: "records.read", detail: detail, at: Date())
@@ -117,8 +117,8 @@ struct NetworkExchangeView {
         fields["response"] = response
         if let requestHeaders = headers("request_headers") { fields["requestHeaders"] = ["rows": requestHeaders] }
         if let responseHeaders = headers("response_headers") { fields["responseHeaders"] = ["rows": responseHeaders] }
-        if let body = text("request_body") { fields["requestBody"] = body }
-        if let body = text("response_body") { fields["responseBody"] = body }
+        if let body = text("request_body"), !body.isEmpty { fields["requestBody"] = body }
+        if let body = text("response_body"), !body.isEmpty { fields["responseBody"] = body }
         self.fields = fields
     }
 }

@@ -97,6 +97,7 @@ enum ConsoleTemplates {
         {{#problem}}<p class="problem" role="alert">{{problem}}</p>{{/problem}}
         <form class="sign-in" method="post" action="/console/sign-in">
         <input type="hidden" name="csrf" value="{{csrf}}">
+        {{#return}}<input type="hidden" name="return" value="{{return}}">{{/return}}
         <label for="token">Admin token</label>
         <input id="token" name="token" type="password" autocomplete="off" required autofocus>
         <button type="submit">Sign in</button>

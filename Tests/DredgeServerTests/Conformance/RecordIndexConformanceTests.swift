@@ -303,6 +303,15 @@ import Testing
         let none = try await index.search(RecordSearch(pull: Self.id(1), before: "\(Self.at(0).microseconds).0"))
         #expect(none.records.isEmpty && none.previous == nil)
         #expect(try await index.search(RecordSearch(pull: Self.id(1), after: try #require(none.next))).records.count == 25)
+        // The latest page: nothing after it, so no next; past the end, the page before it is named.
+        let latest = try await index.search(RecordSearch(pull: Self.id(1), before: "\(Int64.max).0", limit: 10))
+        #expect(latest.records.count == 10 && latest.next == nil && latest.previous != nil)
+        let past = try await index.search(RecordSearch(pull: Self.id(1), after: "\(Self.at(99).microseconds).5"))
+        #expect(past.records.isEmpty && past.next == nil)
+        #expect(try await index.search(RecordSearch(pull: Self.id(1), before: try #require(past.previous), limit: 100)).records.count == 25)
+        let nothingBefore = try await index.search(RecordSearch(pull: Self.id(1), after: "0.0", limit: 100))
+        #expect(nothingBefore.records.count == 25 && nothingBefore.previous != nil, "a page after a cursor names the page before it")
+        await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(before: "1.-2")) }
         await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(after: "1.1", before: "2.2")) }
         await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(before: "x.1")) }
         await #expect(throws: RecordSearchError.self) { try await index.search(RecordSearch(before: "1.1", arrivedAfter: 0)) }
@@ -323,9 +332,12 @@ import Testing
         #expect(first.before.isEmpty && first.after.map(\.message) == ["a1", "a2", "a3", "a4", "a5"])
         let bare = try #require(try await index.record(all[29].id, context: 0))
         #expect(bare.before.isEmpty && bare.after.isEmpty && bare.record.message == "a29")
-        let capped = try #require(try await index.record(all[29].id, context: 10_000))
-        #expect(capped.before.count == 29 && capped.after.isEmpty)
         #expect(try await index.record(999_999, context: 3) == nil)
+        // At most 200 each side, whatever is asked.
+        let long = try await indexed(backend, [(Self.feedback2, (0..<450).map { Self.line($0, "f\($0)") })])
+        let far = try await long.search(RecordSearch(feedback: Self.id(2), limit: 500)).records
+        let capped = try #require(try await long.record(far[225].id, context: 10_000))
+        #expect(capped.before.count == 200 && capped.after.count == 200 && capped.before.first?.message == "f25" && capped.after.last?.message == "f425")
     }
 }
 

@@ -10,7 +10,7 @@ import GRDBSQLite
 ///
 /// Tables: `source` (one per landed pull-and-agent or feedback, with its state), `context`
 /// (the manifest's contexts of each source), `record` (ids never reused; time in µs, uid,
-/// level number, type, message, metadata as the line wrote it) with indexes on time, uid and time, and source, and
+/// level number, type, message, metadata as the line wrote it) with indexes on time, uid and time, and source and time, and
 /// `record_text`, a contentless FTS5 table over `record`'s message, metadata and uid (as one
 /// word): filled after each block, emptied of a record by a trigger when it is deleted;
 /// tokenizer `unicode61` without diacritics.
@@ -119,6 +119,12 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 """)
             // Every record indexed before: about 100,000 records/s, once, at the first start.
             try db.execute(sql: Self.fillTextSQL, arguments: [0])
+        }
+        // A source's records in time order: a record's neighbours (`record(_:context:)`) are
+        // read from it directly instead of sorting the whole source; it serves `source = ?`
+        // (a removal, a pull's search) as the index it replaces did.
+        migrator.registerMigration("index-v3-source-time") { db in
+            try db.execute(sql: "CREATE INDEX record_source_ts ON record(source, ts); DROP INDEX record_source;")
         }
         return migrator
     }
@@ -287,6 +293,14 @@ public final class RecordIndexStore: RecordIndex, Sendable {
             func page(sql: String, arguments: StatementArguments) throws -> (records: [FoundRecord], more: Bool) {
                 try rows.read(db, sql: sql, arguments: arguments, limit: query.limit)
             }
+            /// Whether `search`'s filters find a record after (or before) a cursor.
+            func exists(_ search: RecordSearch, after: String? = nil, before: String? = nil) throws -> Bool {
+                var probe = search
+                (probe.after, probe.before, probe.limit, probe.arrivedAfter) = (after, before, 1, nil)
+                let statement = try SQLRecordQuery(probe, scanLimit: scanLimit)
+                var rows = RecordRows()
+                return try !rows.read(db, sql: statement.sql, arguments: statement.arguments, limit: 1).records.isEmpty
+            }
             var found: (records: [FoundRecord], more: Bool)?
             if let scan = query.scanFirst {
                 let scanned = try page(sql: scan.sql, arguments: SQLRecordQuery.arguments(scan.bindings))
@@ -301,12 +315,22 @@ public final class RecordIndexStore: RecordIndex, Sendable {
             } else if query.backwards, let before = search.before {
                 records.reverse()
                 previous = more ? records.first.map(cursor) : nil
-                // After the page: from where the cursor pointed on (just before it when the page is empty).
+                // Forwards from the page's end (from the cursor's own record when the page is
+                // empty), if anything is there: the cursor may be an instant past the last record.
                 let (ts, id) = try SQLRecordQuery.cursor(before, "previous")
-                next = records.last.map(cursor) ?? "\(ts).\(id &- 1)"
+                let from = records.last.map(cursor) ?? "\(ts).\(id - 1)"
+                next = try exists(search, after: from) ? from : nil
             } else {
                 next = more ? records.last.map(cursor) : nil
-                previous = search.after == nil ? nil : records.first.map(cursor)
+                if let after = search.after {
+                    // A page after a record the reader saw has that record before it; an empty
+                    // one (a made-up cursor) has a page before only if something is there.
+                    let (ts, id) = try SQLRecordQuery.cursor(after, "next")
+                    let upTo = "\(ts).\(id == Int64.max ? id : id + 1)"
+                    previous = try records.first.map(cursor) ?? (exists(search, before: upTo) ? upTo : nil)
+                } else {
+                    previous = nil
+                }
             }
             let indexing = try Int.fetchOne(db, sql: "SELECT count(*) FROM source WHERE indexed = 0") ?? 0
             // In the same read: what a follower starts after.
@@ -407,7 +431,7 @@ public struct SQLRecordQuery: Sendable {
     /// A page cursor, `<µs>.<id>`.
     static func cursor(_ text: String, _ member: String) throws -> (Int64, Int64) {
         let parts = text.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 2, let ts = Int64(parts[0]), let id = Int64(parts[1]) else {
+        guard parts.count == 2, let ts = Int64(parts[0]), let id = Int64(parts[1]), id >= -1 else {
             throw RecordSearchError("'\(text)' is not a page cursor: pass the `\(member)` of a page")
         }
         return (ts, id)

@@ -103,7 +103,9 @@ def first_page(driver, base, tls, admin_token, api, pull_id, check):
         check(len(driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr")) == 200, "a full page of the bulk pull")
         return driver.execute_script("""
             const n = performance.getEntriesByType('navigation')[0];
-            return [performance.getEntriesByName('dredge:rows-painted')[0].startTime, n.responseEnd - n.requestStart];""")
+            const fcp = performance.getEntriesByName('first-contentful-paint')[0];
+            return [performance.getEntriesByName('dredge:rows-painted')[0].startTime, n.responseEnd - n.requestStart,
+                    n.requestStart, n.responseEnd, n.domInteractive, n.domContentLoadedEventEnd, fcp ? fcp.startTime : -1];""")
 
     url = f"{base}/console/logs?pull={pull_id}"
     measured = [painted(url) for _ in range(7)]
@@ -127,13 +129,14 @@ def first_page(driver, base, tls, admin_token, api, pull_id, check):
         next_url = driver.find_element(By.ID, "next-page").get_attribute("href")
         paging_ms.append(painted(next_url)[0])
     latest_url = driver.find_element(By.LINK_TEXT, "Latest").get_attribute("href")
-    latest_ms = median([painted(latest_url)[0] for _ in range(3)])
+    latest = [painted(latest_url) for _ in range(3)]
     warm_console, warm_api = median(console_ms[1:]), median(api_ms[1:])
     return {
         "records": total, "ready_after_seconds": round(ready_seconds, 1),
         "first_page_ms": round(warm_console, 1), "first_page_cold_ms": round(console_ms[0], 1),
-        "page_answered_ms": round(median([m[1] for m in measured[1:]]), 1), "search_api_ms": round(warm_api, 1), "ratio_api_over_console": round(warm_api / warm_console, 2),
-        "next_page_ms": round(median(paging_ms), 1), "latest_page_ms": round(latest_ms, 1),
+        "page_answered_ms": round(median([m[1] for m in measured[1:]]), 1),
+        "timeline_ms": [round(x, 1) for x in measured[len(measured) // 2][2:]] + [round(measured[len(measured) // 2][0], 1)], "search_api_ms": round(warm_api, 1), "ratio_api_over_console": round(warm_api / warm_console, 2),
+        "next_page_ms": round(median(paging_ms), 1), "latest_page_ms": round(median([m[0] for m in latest]), 1), "latest_answered_ms": round(median([m[1] for m in latest]), 1),
     }
 
 
@@ -468,7 +471,10 @@ def main():
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        if os.environ.get("DREDGE_CONSOLE_KEEP"):
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -629,6 +629,9 @@ enum ConsoleTemplates {
         form.logs { display: flex; flex-wrap: wrap; gap: .4rem .8rem; align-items: center; margin-bottom: .8rem; }
         table.logs td { font-size: .92rem; }
         table.logs td:not(.message) { overflow-wrap: normal; }
+        table.logs td:nth-child(2), table.logs td:nth-child(3), table.logs td:nth-child(4), table.logs td:nth-child(5) { white-space: nowrap; }
+        table.context td:nth-child(n) { white-space: normal; }
+        table.context td.message { white-space: pre-wrap; }
         td.message { white-space: pre-wrap; min-width: 20rem; }
         tr.level-error td.level, tr.level-critical td.level { color: var(--bad); font-weight: 600; }
         tr.level-warning td.level { color: #9a6700; font-weight: 600; }

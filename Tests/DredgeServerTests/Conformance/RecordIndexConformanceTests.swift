@@ -323,6 +323,12 @@ import Testing
             (Self.pull1, (0..<30).map { Self.line($0 / 2, "a\($0)") }),
             (Self.pull1b, (0..<30).map { Self.line($0, "b\($0)") }),
         ])
+        // A pull from two devices: one timeline, forwards and backwards; a pull and a feedback at once: nothing.
+        let merged = try await index.search(RecordSearch(pull: Self.id(1), limit: 100)).records
+        #expect(merged.count == 60 && merged.map(\.ts) == merged.map(\.ts).sorted() && Set(merged.map(\.agentID)).count == 2)
+        #expect(try await index.search(RecordSearch(pull: Self.id(1), before: "\(Int64.max).0", limit: 100)).records == merged)
+        #expect(try await index.search(RecordSearch(pull: Self.id(1), feedback: Self.id(2))).records.isEmpty)
+        #expect(try await index.search(RecordSearch(pull: Self.id(9))).records.isEmpty)
         let all = try await index.search(RecordSearch(agents: [Self.agentA], pull: Self.id(1), limit: 100)).records
         let middle = all[10]
         let found = try #require(try await index.record(middle.id, context: 3))

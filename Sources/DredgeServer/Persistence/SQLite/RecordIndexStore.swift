@@ -287,8 +287,18 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     // MARK: Searching
 
     public func search(_ search: RecordSearch) async throws -> RecordPage {
-        let query = try SQLRecordQuery(search, scanLimit: scanLimit)
+        _ = try SQLRecordQuery(search, scanLimit: scanLimit)  // a bad search is refused before the database is read
         return try await pool.read { db in
+            // A pull's or a feedback's sources by id: with one (a device's pull, a feedback) its
+            // records are read in order straight from the (source, time) index, a page costing
+            // a page whatever the size of the pull or the direction.
+            var sources: [Int64]?
+            for (kind, ref) in [("pull", search.pull), ("feedback", search.feedback)] {
+                guard let ref else { continue }
+                let found = Set(try Int64.fetchAll(db, sql: "SELECT id FROM source WHERE kind = ? AND ref = ?", arguments: [kind, ref]))
+                sources = (sources.map { Set($0).intersection(found) } ?? found).sorted()
+            }
+            let query = try SQLRecordQuery(search, scanLimit: scanLimit, sources: sources)
             var rows = RecordRows()
             func page(sql: String, arguments: StatementArguments) throws -> (records: [FoundRecord], more: Bool) {
                 try rows.read(db, sql: sql, arguments: arguments, limit: query.limit)
@@ -297,7 +307,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
             func exists(_ search: RecordSearch, after: String? = nil, before: String? = nil) throws -> Bool {
                 var probe = search
                 (probe.after, probe.before, probe.limit, probe.arrivedAfter) = (after, before, 1, nil)
-                let statement = try SQLRecordQuery(probe, scanLimit: scanLimit)
+                let statement = try SQLRecordQuery(probe, scanLimit: scanLimit, sources: sources)
                 var rows = RecordRows()
                 return try !rows.read(db, sql: statement.sql, arguments: statement.arguments, limit: 1).records.isEmpty
             }
@@ -452,7 +462,10 @@ public struct SQLRecordQuery: Sendable {
     /// the uid holds (`'x' || hex(uid)` in SQL; the tokenizer folds the case).
     static func uidWord(_ uid: String) -> String { "x" + Hex.encode(uid.utf8) }
 
-    public init(_ search: RecordSearch, scanLimit: Int = SQLRecordQuery.defaultScanLimit) throws {
+    /// `sources`: the ids of the sources the search's pull and feedback name, when the caller
+    /// looked them up (in the same read): they are then matched by equality, which the
+    /// (source, time) index orders; otherwise through a subquery.
+    public init(_ search: RecordSearch, scanLimit: Int = SQLRecordQuery.defaultScanLimit, sources: [Int64]? = nil) throws {
         limit = min(max(search.limit ?? RecordSearch.defaultLimit, 1), RecordSearch.maximumLimit)
         followsArrival = search.arrivedAfter != nil
         var clauses: [String] = []
@@ -490,13 +503,22 @@ public struct SQLRecordQuery: Sendable {
             clauses.append("r.source IN (SELECT id FROM source WHERE agent IN \(list(agents.count)))")
             values += agents.map { .text($0) }
         }
-        if let pull = search.pull {
-            clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'pull' AND ref = ?)")
-            values.append(.text(pull))
-        }
-        if let feedback = search.feedback {
-            clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'feedback' AND ref = ?)")
-            values.append(.text(feedback))
+        if let sources {
+            switch sources.count {
+            case 0: clauses.append("0")
+            case 1: clauses.append("r.source = ?")
+            default: clauses.append("r.source IN \(list(sources.count))")
+            }
+            values += sources.map { .integer($0) }
+        } else {
+            if let pull = search.pull {
+                clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'pull' AND ref = ?)")
+                values.append(.text(pull))
+            }
+            if let feedback = search.feedback {
+                clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'feedback' AND ref = ?)")
+                values.append(.text(feedback))
+            }
         }
         if let hosts = search.hosts, !hosts.isEmpty {
             clauses.append("r.context IN (SELECT id FROM context WHERE host IN \(list(hosts.count)))")

@@ -504,10 +504,6 @@ enum ConsoleTemplates {
         (function () {
           var table = document.getElementById("records");
           var panel = document.getElementById("detail");
-          // When the rows are on screen: the frame after them (what the console's first-page figure reads).
-          if (table && window.requestAnimationFrame && window.performance && performance.mark) {
-            requestAnimationFrame(function () { setTimeout(function () { performance.mark("dredge:rows-painted"); }, 0); });
-          }
           if (!table || !panel || !window.fetch || !window.DOMParser) { return; }
           var rows = Array.prototype.slice.call(table.querySelectorAll("tbody tr"));
           var selected = -1;

@@ -166,16 +166,7 @@ public enum AdminAPI {
             if let indexer { page.indexing += indexer.queued }
             // Every search is audited; its further pages and a follow's looks (the same actor and
             // filter) are recorded again only after ten minutes.
-            let actor = context.tokenName ?? "?", detail = describe(search)
-            if searchAudit.shouldRecord(actor: actor, detail: detail, now: Date()) {
-                do {
-                    try await audit.record(actor: actor, action: "records.search", detail: detail, at: Date())
-                } catch {
-                    // Not recorded: the next run of this search must try again.
-                    searchAudit.forget(actor: actor, detail: detail)
-                    throw error
-                }
-            }
+            try await searchAudit.record("records.search", actor: context.tokenName ?? "?", detail: describe(search), in: audit)
             // Written by hand: each record's metadata goes in as the index holds it, not parsed
             // and written again.
             return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: try page.jsonBytes())))
@@ -185,15 +176,7 @@ public enum AdminAPI {
             guard let id = Int64(try context.parameters.require("id")), id > 0 else { throw AdminAPIError(.badRequest, "bad_request", "a record id is a positive integer") }
             let count = try recordContext(request)
             guard let found = try await records.record(id, context: count) else { throw AdminAPIError(.notFound, "not_found", "no record \(id)") }
-            let actor = context.tokenName ?? "?", detail = "record \(id) context \(count)"
-            if searchAudit.shouldRecord(actor: actor, detail: detail, now: Date()) {
-                do {
-                    try await audit.record(actor: actor, action: "records.read", detail: detail, at: Date())
-                } catch {
-                    searchAudit.forget(actor: actor, detail: detail)
-                    throw error
-                }
-            }
+            try await searchAudit.record("records.read", actor: context.tokenName ?? "?", detail: "record \(id) context \(count)", in: audit)
             return try json(found)
         }
         v1.get("audit") { request, _ in
@@ -274,16 +257,8 @@ public enum AdminAPI {
         // A strong comparison; there is no Last-Modified, so a date never matches either.
         let rangeAsked = request.headers[.ifRange].map { $0 == etag } ?? true ? request.headers[.range] : nil
         let range = ByteRange.parse(rangeAsked, size: file.size)
-        let actor = context.tokenName ?? "?"
         let headOnly = request.method == .head  // nothing downloaded: not audited, the file not opened
-        if !headOnly && range != .unsatisfiable && throttle.shouldRecord(actor: actor, detail: detail, now: Date()) {
-            do {
-                try await audit.record(actor: actor, action: action, detail: detail, at: Date())
-            } catch {
-                throttle.forget(actor: actor, detail: detail)
-                throw error
-            }
-        }
+        if !headOnly && range != .unsatisfiable { try await throttle.record(action, actor: context.tokenName ?? "?", detail: detail, in: audit) }
         var headers: HTTPFields = [
             .acceptRanges: "bytes", .eTag: etag,
             .contentType: file.kind == .zip ? "application/zip" : file.kind == .manifest ? "application/json" : "application/x-ndjson",
@@ -472,6 +447,18 @@ final class SearchAudit: Sendable {
 
     /// The write failed: the search is not recorded, so it must be the next time.
     func forget(actor: String, detail: String) { throttle.forget(actor + "\u{0}" + detail) }
+
+    /// Records `action` unless the same actor and detail were recorded in the last ten
+    /// minutes; a write that fails is thrown, and the next one tries again.
+    func record(_ action: String, actor: String, detail: String, in audit: any AuditLog) async throws {
+        guard shouldRecord(actor: actor, detail: detail, now: Date()) else { return }
+        do {
+            try await audit.record(actor: actor, action: action, detail: detail, at: Date())
+        } catch {
+            forget(actor: actor, detail: detail)
+            throw error
+        }
+    }
 }
 
 /// Carries the name of the admin token that authenticated the request, for the audit log.

@@ -120,15 +120,7 @@ extension Console {
                 page["problem"] = error.description
                 return html(library, "logs", page, status: .badRequest)
             }
-            let detail = AdminAPI.describe(search)
-            if audited.shouldRecord(actor: session.tokenName, detail: detail, now: Date()) {
-                do {
-                    try await d.audit.record(actor: session.tokenName, action: "records.search", detail: detail, at: Date())
-                } catch {
-                    audited.forget(actor: session.tokenName, detail: detail)
-                    throw error
-                }
-            }
+            try await audited.record("records.search", actor: session.tokenName, detail: AdminAPI.describe(search), in: d.audit)
             // The record asked for is marked (and focused); on a page read backwards, the last
             // one: the moment or the page the reader came from is just below it.
             let focus = parameters["focus"] ?? (search.before != nil ? found.records.last.map { "\($0.id)" } : nil)

@@ -21,15 +21,7 @@ extension Console {
             guard let id = Int64(try context.parameters.require("id")), id > 0, let found = try await records.record(id, context: contextCount) else {
                 throw AdminAPIError(.notFound, "not_found", "There is no such record (it may have been removed with its pull or feedback).")
             }
-            let detail = "record \(id) context \(contextCount)"
-            if audited.shouldRecord(actor: session.tokenName, detail: detail, now: Date()) {
-                do {
-                    try await d.audit.record(actor: session.tokenName, action: "records.read", detail: detail, at: Date())
-                } catch {
-                    audited.forget(actor: session.tokenName, detail: detail)
-                    throw error
-                }
-            }
+            try await audited.record("records.read", actor: session.tokenName, detail: "record \(id) context \(contextCount)", in: d.audit)
             var page = signedInPage("Record \(id)", session, current: "Logs")
             for (key, value) in recordFields(found) { page[key] = value }
             return html(library, "record", page)

@@ -337,7 +337,7 @@ def main():
 
         # The filter bar: errors with a word, then the hostile network record, all of it inert text.
         def search(**fields):
-            for name in ["level", "type", "text", "where", "since", "until"]:
+            for name in ["host", "app", "level", "type", "text", "where", "since", "until"]:
                 box = driver.find_element(By.CSS_SELECTOR, f"form.logs input[name={name}]")
                 box.clear()
                 if name in fields:

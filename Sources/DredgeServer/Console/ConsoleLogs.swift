@@ -5,9 +5,9 @@ import Foundation
 import Hummingbird
 import Mustache
 
-/// The console's log viewer, first part: one merged timeline of what arrived (a pull's, a
-/// feedback's, or a user's across everything pulled), filtered by level, type, text, a
-/// metadata member and time, a page at a time — what `dredge logs` shows. Every search is
+/// The console's log viewer: one merged timeline of what arrived (a pull's, a feedback's, or
+/// a user's across everything pulled), filtered by device, app, level, type, text, a metadata
+/// member and time, a page at a time in either direction — what `dredge logs` shows. Every search is
 /// audited as `records.search` under the session's token, as on the API.
 extension Console {
     static let logsPageSize = 200
@@ -36,6 +36,8 @@ extension Console {
             guard LogType(type) != nil else { return (nil, "type “\(type)” is not a log type (app, network, …)") }
             search.types = [type]
         }
+        if let host = field("host") { search.hosts = [host] }
+        if let app = field("app") { search.apps = [app] }
         search.text = field("text")
         if let match = field("where") {
             guard let parsed = MetadataMatch(parsing: match) else { return (nil, "a metadata match is key=value, e.g. http.status=503") }
@@ -100,7 +102,7 @@ extension Console {
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let parameters = query(request)
             var page = signedInPage("Logs", session, current: "Logs")
-            for name in ["uid", "pull", "feedback", "level", "type", "text", "where", "since", "until"] { page[name] = parameters[name] ?? "" }
+            for name in ["uid", "pull", "feedback", "host", "app", "level", "type", "text", "where", "since", "until"] { page[name] = parameters[name] ?? "" }
             let (search, problem) = logSearch(parameters)
             guard var search else {
                 page["problem"] = problem

@@ -356,6 +356,8 @@ enum ConsoleTemplates {
         <label>User <input name="uid" value="{{uid}}"></label>
         <label>Pull <input name="pull" value="{{pull}}" size="34"></label>
         <label>Feedback <input name="feedback" value="{{feedback}}" size="34"></label>
+        <label>Device <input name="host" value="{{host}}" placeholder="host name" size="14"></label>
+        <label>App <input name="app" value="{{app}}" size="12"></label>
         <label>Level <input name="level" value="{{level}}" placeholder="warning+" size="10"></label>
         <label>Type <input name="type" value="{{type}}" placeholder="network" size="10"></label>
         <label>Text <input name="text" value="{{text}}" placeholder="payment declined"></label>

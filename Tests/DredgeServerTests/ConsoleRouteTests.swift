@@ -580,6 +580,15 @@ import Testing
             #expect(moment.body[marked.upperBound...].contains(">record 99<") && !moment.body[marked.upperBound...].contains(">record 98<"))
             let after = try await browser.get(try #require(Self.link(moment.body, rel: "next")))
             #expect(after.body.contains(">record 100<") && after.body.contains(">record 299<") && !after.body.contains(">record 99<"))
+            // A level with `+` (warning and above) stays one in the page links: `+` alone is a space.
+            let above = try await browser.get("/console/logs?pull=\(source.id)&level=info%2B&before=\(Int64.max).0")
+            #expect(try #require(Self.link(above.body, rel: "prev")).contains("level=info%2B"))
+            // Only the last page follows arrivals, from the newest record it saw.
+            #expect(above.body.contains(#"data-follow="/console/logs/follow?level=info%2B&amp;pull=\#(source.id)&amp;from="#) && !earliest.body.contains("data-follow"))
+            let follow = try await browser.get("/console/logs/follow?pull=\(source.id)&from=x")
+            #expect(follow.status == .badRequest)
+            var stranger = Browser(client: browser.client)
+            #expect(try await stranger.get("/console/logs/follow?pull=\(source.id)&from=1").status == .unauthorized)
             for query in ["before=abc", "before=1.2.3", "after=1.1&before=2.2", "after=%2B1.1"] {
                 let page = try await browser.get("/console/logs?pull=\(source.id)&" + query)
                 #expect(page.status == .badRequest && page.body.contains("class=\"problem\""), "\(query)")

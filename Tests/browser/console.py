@@ -13,7 +13,8 @@ holds at 1280x800 and at a narrow width; the keyboard reaches the controls; a pu
 completes live; its logs are filtered by level and text; a hostile network record shows as
 text, opens in the detail panel as request and response, and runs nothing; the viewer's keys
 move and open records; a record's permalink and its pull's files (each downloaded) open; a
-user's feedback shows in the inbox and opens the user's timeline at that moment; a token made
+user's feedback shows in the inbox and opens the user's timeline at that moment, which then
+follows what arrives; a token made
 on the tokens page is shown once and the audit log's newest entry names it; signing out ends
 the session. Screenshots of each page go to the output folder, with console.first_page (the
 first rows of a 100,000-record pull painted, against the same search through the API) in
@@ -421,6 +422,24 @@ def main():
               f"u-1's records up to that moment, the last one marked: {users}")
         shot("7b-feedback-moment")
 
+        # Following: the last page adds what arrives after it (another feedback's records), as text.
+        before_rows = len(driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr"))
+        driver.find_element(By.ID, "follow").click()
+        WebDriverWait(driver, 10).until(lambda d: d.find_element(By.ID, "follow").get_attribute("aria-pressed") == "true")
+        subprocess.run([f"{bin_dir}/dredge-agent", "feedback", "--state", os.path.join(kitchen, "agent"), "--store", os.path.join(kitchen, "logs.sqlite"),
+                        "--uid", "u-1", "--text", "and again"], check=True, capture_output=True, timeout=120)
+        try:
+            WebDriverWait(driver, 90).until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.logs tbody tr.arrived"))
+        except Exception:
+            check(False, "records that arrive are added while following")
+        arrived = driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr.arrived")
+        check(len(driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr")) == before_rows + len(arrived), "added below, none replaced")
+        check(all(r.find_element(By.CSS_SELECTOR, "td:nth-child(6)").text == "u-1" for r in arrived[:50]), "only the user's records")
+        check(arrived[0].find_element(By.CSS_SELECTOR, "a.open").get_attribute("href").startswith(base + "/console/records/"), "each with its permalink")
+        shot("7c-following")
+        driver.find_element(By.ID, "follow").click()
+        check(driver.find_element(By.ID, "follow").get_attribute("aria-pressed") == "false", "following stops")
+
         # Tokens: a new one is shown once; the audit log names who made it.
         driver.find_element(By.LINK_TEXT, "Tokens").click()
         at(base + "/console/tokens", "the Tokens link")
@@ -433,6 +452,16 @@ def main():
         driver.get(base + "/console/tokens")
         at(base + "/console/tokens", "the tokens page again")
         check(new_token not in driver.page_source and "carol" in driver.page_source, "the token is shown once, its name stays")
+        # A form whose CSRF token was taken out is refused, and makes nothing.
+        driver.execute_script("document.querySelector('form.create input[name=csrf]').remove()")
+        driver.find_element(By.ID, "name").send_keys("mallory")
+        driver.find_element(By.CSS_SELECTOR, "form.create button").click()
+        WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".problem"))
+        check("nothing was done" in driver.find_element(By.CSS_SELECTOR, ".problem").text, "a post without its CSRF token is refused")
+        check(all(t["name"] != "mallory" for t in api("/v1/tokens")), "and made no token")
+        driver.get_log("browser")  # the refused post's 403 is logged as an error: expected
+        driver.get(base + "/console/tokens")
+        at(base + "/console/tokens", "the session outlives a refused post")
         driver.find_element(By.LINK_TEXT, "Audit log").click()
         at(base + "/console/audit", "the Audit log link")
         rows = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "tbody tr")]

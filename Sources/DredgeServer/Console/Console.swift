@@ -206,6 +206,12 @@ enum Console {
         return path
     }
 
+    /// A console path with a query string, every name and value percent-encoded but for the
+    /// unreserved characters (a `+` in a value is `%2B`: the console reads `+` as a space).
+    static func url(_ path: String, _ items: [(String, String)]) -> String {
+        items.isEmpty ? path : path + "?" + items.map { percentEncoded($0.0) + "=" + percentEncoded($0.1) }.joined(separator: "&")
+    }
+
     /// The query string's fields as a form's (`+` is a space), the first of a name given twice.
     static func query(_ request: Request) -> [String: String] {
         fields(request.uri.query ?? "")

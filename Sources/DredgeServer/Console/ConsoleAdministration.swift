@@ -51,13 +51,10 @@ extension Console {
                 ["id": entry.id.map(String.init) ?? "", "at": timeText(entry.at), "actor": entry.actor, "action": entry.action, "detail": entry.detail]
             }
             if entries.count == query.limit, let last = entries.last?.id {
-                var older = [URLQueryItem(name: "before", value: "\(last)")]
-                if let actor = query.actor { older.append(URLQueryItem(name: "actor", value: actor)) }
-                if let action = query.action { older.append(URLQueryItem(name: "action", value: action)) }
-                var components = URLComponents()
-                components.path = "/console/audit"
-                components.queryItems = older
-                page["older"] = components.string ?? "/console/audit"
+                var older = [("before", "\(last)")]
+                if let actor = query.actor { older.append(("actor", actor)) }
+                if let action = query.action { older.append(("action", action)) }
+                page["older"] = url("/console/audit", older)
             }
             return html(library, "audit", page)
         }

@@ -67,10 +67,7 @@ extension Console {
 
     /// The viewer at a moment: the records of `filter` just before it (read backwards), then on.
     static func logsAt(_ time: Timestamp, _ filter: (name: String, value: String)) -> String {
-        var components = URLComponents()
-        components.path = "/console/logs"
-        components.queryItems = [URLQueryItem(name: filter.name, value: filter.value), URLQueryItem(name: "before", value: "\(time.microseconds).0")]
-        return components.percentEncodedPath + "?" + (components.percentEncodedQuery ?? "")
+        url("/console/logs", [filter, ("before", "\(time.microseconds).0")])
     }
 
     /// What a time field that ``dayOrTime(_:)`` refuses is told.
@@ -136,20 +133,93 @@ extension Console {
             if !found.records.isEmpty { page["hasRows"] = true }
             if found.indexing > 0 { page["indexing"] = "\(found.indexing) pull(s) or feedback still being indexed: more may come." }
             /// This search at another page: the filters kept, the cursor replaced.
-            func link(_ cursor: (name: String, value: String)?) -> String {
-                var items = parameters.filter { !["after", "before", "focus"].contains($0.key) && !$0.value.isEmpty }.sorted { $0.key < $1.key }
-                    .map { URLQueryItem(name: $0.key, value: $0.value) }
-                if let cursor { items.append(URLQueryItem(name: cursor.name, value: cursor.value)) }
-                var components = URLComponents()
-                components.path = "/console/logs"
-                components.queryItems = items
-                return components.percentEncodedPath + "?" + (components.percentEncodedQuery ?? "")
+            func link(_ cursor: (name: String, value: String)?, path: String = "/console/logs") -> String {
+                let kept = parameters.filter { !["after", "before", "focus", "from"].contains($0.key) && !$0.value.isEmpty }.sorted { $0.key < $1.key }
+                return url(path, kept.map { ($0.key, $0.value) } + (cursor.map { [($0.name, $0.value)] } ?? []))
             }
             if let next = found.next { page["next"] = link(("after", next)) }
             if let previous = found.previous { page["previous"] = link(("before", previous)) }
             if search.after != nil || search.before != nil { page["first"] = link(nil) }
             page["latest"] = link(("before", "\(Int64.max).0"))
+            // The last page can follow what arrives after it, as `dredge logs --follow`.
+            if found.next == nil { page["follow"] = link(("from", "\(found.newestID)"), path: "/console/logs/follow") }
             return html(library, "logs", page)
+        }
+
+        // Server-sent events: the records of the viewer's search that arrive after `from` (a
+        // record id: the newest the page saw), in arrival order, 500 at most per event, looked
+        // for every second. Each event's id is its last record's, so a browser that reconnects
+        // (`Last-Event-ID`) misses and repeats nothing. Bounded and ended as the pull page's
+        // streams are: 4 per session and 200 in all, 10 minutes, the session's end, shutdown.
+        let follows = EventStreams()
+        console.get("logs/follow") { request, _ in
+            guard let cookie = request.cookies[sessionCookie]?.value, let session = try await checked(request, d) else {
+                throw AdminAPIError(.unauthorized, "unauthorized", "Sign in first.")
+            }
+            let parameters = query(request)
+            let (parsed, problem) = logSearch(parameters)
+            guard var search = parsed else { throw AdminAPIError(.badRequest, "bad_request", problem ?? "The search cannot be read.") }
+            guard search.uid != nil || search.pull != nil || search.feedback != nil else {
+                throw AdminAPIError(.badRequest, "bad_request", "Choose a user, a pull or a feedback to follow.")
+            }
+            let resumed = request.headers[HTTPFields.Element.Name("Last-Event-ID")!].flatMap { Int64($0) }
+            guard let from = parameters["from"].flatMap({ Int64($0) }), from >= 0, (resumed ?? 0) >= 0 else {
+                throw AdminAPIError(.badRequest, "bad_request", "from must be a record id.")
+            }
+            guard let records = d.records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not index records.") }
+            (search.after, search.before, search.limit, search.arrivedAfter, search.reason) = (nil, nil, 500, max(from, resumed ?? 0), nil)
+            try AdminAPI.checkSearch(search)
+            var headers = securityHeaders
+            headers[.contentType] = "text/event-stream"
+            headers[HTTPFields.Element.Name("X-Accel-Buffering")!] = "no"
+            if request.method == .head { return Response(status: .ok, headers: headers) }
+            try await audited.record("records.search", actor: session.tokenName, detail: AdminAPI.describe(search), in: d.audit)
+            let key = ConsoleSessions.key(cookie)
+            guard follows.open(key) else { return Response(status: .noContent, headers: securityHeaders) }
+            let asked = search
+            return Response(
+                status: .ok, headers: headers,
+                body: ResponseBody { writer in
+                    defer { follows.close(key) }
+                    var search = asked
+                    let encoder = JSONEncoder()
+                    encoder.outputFormatting = [.sortedKeys]
+                    var lastWrite = ContinuousClock.now, lastTokenCheck = ContinuousClock.now
+                    let end = ContinuousClock.now + .seconds(600)
+                    while ContinuousClock.now < end, !Task.isShuttingDownGracefully, d.sessions.session(cookie) != nil {
+                        if ContinuousClock.now - lastTokenCheck > .seconds(10) {
+                            guard try await checked(request, d) != nil else { break }
+                            lastTokenCheck = .now
+                        }
+                        let page = try await records.search(search)
+                        if let last = page.records.last {
+                            let rows = page.records.map(FollowedRecord.init)
+                            let data = String(decoding: try encoder.encode(rows), as: UTF8.self)  // one line: JSON escapes newlines
+                            try await writer.write(ByteBuffer(string: "id: \(last.id)\ndata: \(data)\n\n"))
+                            search.arrivedAfter = last.id
+                            lastWrite = .now
+                            if page.next != nil { continue }  // more already there
+                        } else if ContinuousClock.now - lastWrite > .seconds(15) {
+                            try await writer.write(ByteBuffer(string: ": still here\n\n"))
+                            lastWrite = .now
+                        }
+                        try await Task.sleep(for: .seconds(1))
+                    }
+                    try await writer.finish(nil)
+                })
+        }
+    }
+
+    /// A followed record as the viewer's script writes it into a row (as text).
+    struct FollowedRecord: Encodable {
+        var id: String, time: String, host: String, app: String, level: String, type: String, uid: String, message: String, metadata: String
+
+        init(_ r: FoundRecord) {
+            let row = Console.logRow(r)
+            func text(_ key: String) -> String { row[key] as? String ?? "" }
+            (id, time, host, app, level, type, uid, message, metadata) = (
+                text("id"), text("time"), text("host"), text("app"), text("level"), text("type"), text("uid"), text("message"), text("metadata")
+            )
         }
     }
 }

@@ -372,7 +372,7 @@ enum ConsoleTemplates {
         {{#hasRows}}
         <nav class="pages" aria-label="Pages of records">{{#first}}<a href="{{first}}">First</a>{{/first}}{{#previous}}<a href="{{previous}}" rel="prev" id="previous-page">Previous page</a>{{/previous}}{{#next}}<a href="{{next}}" rel="next" id="next-page">Next page</a>{{/next}}<a href="{{latest}}">Latest</a></nav>
         <div class="table-wrap">
-        <table class="logs" id="records">
+        <table class="logs" id="records"{{#follow}} data-follow="{{follow}}"{{/follow}}>
         <thead><tr><th scope="col">Time (UTC)</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
         <tbody>
         {{#rows}}
@@ -382,7 +382,7 @@ enum ConsoleTemplates {
         </table>
         </div>
         <aside id="detail" class="detail" hidden tabindex="-1" aria-label="The record opened"></aside>
-        <p class="summary">{{count}} records on this page.{{#next}} <a href="{{next}}">Next page</a>{{/next}}</p>
+        <p class="summary">{{count}} records on this page.{{#next}} <a href="{{next}}">Next page</a>{{/next}}{{#follow}} <button type="button" id="follow" hidden aria-pressed="false">Follow new records</button> <span id="followed" role="status"></span>{{/follow}}</p>
         <p class="hint keys">Keys: <kbd>j</kbd> and <kbd>k</kbd> (or <kbd>↓</kbd> and <kbd>↑</kbd> on a row) move through the records, <kbd>Enter</kbd> opens one beside the list, <kbd>Esc</kbd> closes it, <kbd>n</kbd> and <kbd>p</kbd> turn the page. A record's time is its permalink.</p>
         {{/hasRows}}
         {{#searched}}{{^hasRows}}<p class="summary">No record matches.</p>{{/hasRows}}{{/searched}}
@@ -508,6 +508,61 @@ enum ConsoleTemplates {
           var panel = document.getElementById("detail");
           if (!table || !panel || !window.fetch || !window.DOMParser) { return; }
           var rows = Array.prototype.slice.call(table.querySelectorAll("tbody tr"));
+          // The last page follows what arrives (as dredge logs --follow): rows appended as text.
+          var follow = table.getAttribute("data-follow"), button = document.getElementById("follow");
+          if (follow && button && window.EventSource) {
+            var stream = null, arrived = 0;
+            var said = document.getElementById("followed");
+            var cell = function (text, name) {
+              var td = document.createElement("td");
+              if (name) { td.className = name; }
+              td.textContent = text;
+              return td;
+            };
+            var stop = function (why) {
+              if (stream) { stream.close(); stream = null; }
+              button.textContent = "Follow new records";
+              button.setAttribute("aria-pressed", "false");
+              said.textContent = why;
+            };
+            button.hidden = false;
+            button.addEventListener("click", function () {
+              if (stream) { stop(arrived + " arrived; not following."); return; }
+              stream = new EventSource(follow);
+              button.textContent = "Stop following";
+              button.setAttribute("aria-pressed", "true");
+              said.textContent = "Following: new records are added below.";
+              stream.onmessage = function (event) {
+                var found = JSON.parse(event.data), body = table.querySelector("tbody");
+                for (var i = 0; i < found.length; i++) {
+                  var r = found[i], row = document.createElement("tr");
+                  row.className = "level-" + r.level + " arrived";
+                  row.setAttribute("data-id", r.id);
+                  var time = document.createElement("td"), open = document.createElement("a");
+                  time.className = "nowrap";
+                  open.className = "open";
+                  open.href = "/console/records/" + encodeURIComponent(r.id);
+                  open.textContent = r.time;
+                  time.appendChild(open);
+                  var message = cell(r.message, "message");
+                  if (r.metadata) {
+                    var small = document.createElement("small");
+                    small.textContent = r.metadata;
+                    message.appendChild(document.createElement("br"));
+                    message.appendChild(small);
+                  }
+                  [time, cell(r.host), cell(r.app), cell(r.level, "level"), cell(r.type), cell(r.uid), message].forEach(function (td) { row.appendChild(td); });
+                  body.appendChild(row);
+                  rows.push(row);
+                }
+                arrived += found.length;
+                said.textContent = "Following: " + arrived + " arrived.";
+              };
+              stream.onerror = function () {
+                if (stream && stream.readyState === EventSource.CLOSED) { stop("Not following any more: reload the page."); }
+              };
+            });
+          }
           var selected = -1;
           var asked = 0;
           function link(i) { return rows[i].querySelector("a.open"); }
@@ -655,6 +710,7 @@ enum ConsoleTemplates {
         table.logs tbody tr.selected td { background: color-mix(in srgb, var(--accent) 12%, transparent); }
         table.logs tbody tr.current td { box-shadow: inset 0 -2px 0 var(--accent); }
         table.logs td a.open { color: inherit; }
+        table.logs tbody tr.arrived td:first-child { border-left: 3px solid var(--good); }
         aside.detail { position: fixed; top: 0; right: 0; bottom: 0; width: min(44rem, 100%); overflow: auto; padding: .8rem 1rem 2rem; background: var(--bg); border-left: 1px solid var(--line); box-shadow: -6px 0 18px rgba(0, 0, 0, .18); z-index: 10; }
         aside.detail button.close { float: right; }
         article.record h2 { font-size: 1.1rem; margin-top: .2rem; }

@@ -28,11 +28,17 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "Days pulled and feedback files (and their index rows) are kept before they are deleted; 0 keeps them until `dredge rm`. Overrides server.json's results.keepDays (default 30).")
     var keepDays: Int?
 
+    @Option(help: "How long a web console session lasts, in minutes (1 to 10080; default 480, 8 hours).")
+    var consoleSessionMinutes: Int?
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel = "info"
 
     func validate() throws {
         if let keepDays, let problem = ResultsRetention(keepDays: keepDays).problem { throw ValidationError("--keep-days: \(problem)") }
+        if let consoleSessionMinutes, !(1...10_080).contains(consoleSessionMinutes) {
+            throw ValidationError("--console-session-minutes: \(consoleSessionMinutes) is not 1 to 10080 (a week)")
+        }
     }
 
     func run() async throws {
@@ -48,7 +54,10 @@ struct RunCommand: AsyncParsableCommand {
             if address.port >= 0 { port = address.port }
         }
         do {
-            try await ServerRuntime.run(.init(dataDirectory: data, agentPort: agentPort, adminPort: port, adminHost: adminHost, heartbeatSeconds: heartbeatSeconds, keepDays: keepDays), logger: logger)
+            var options = ServerRuntime.Options(
+                dataDirectory: data, agentPort: agentPort, adminPort: port, adminHost: adminHost, heartbeatSeconds: heartbeatSeconds, keepDays: keepDays)
+            options.consoleSessionMinutes = consoleSessionMinutes
+            try await ServerRuntime.run(options, logger: logger)
         } catch let error as DeploymentError {
             throw fail(error.description)
         }

@@ -107,5 +107,9 @@ import ZIPFoundation
         let d = try Deployment()
         let refused = try ManagedProcess.run("dredge-server", ["run", "--data", d.data, "--keep-days", "-1"])
         #expect(refused.status != 0 && refused.output.contains("--keep-days"), "\(refused.output)")
+        for minutes in ["0", "10081", "x"] {
+            let session = try ManagedProcess.run("dredge-server", ["run", "--data", d.data, "--console-session-minutes", minutes])
+            #expect(session.status != 0 && session.output.contains("--console-session-minutes"), "\(session.output)")
+        }
     }
 }

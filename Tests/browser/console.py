@@ -16,7 +16,8 @@ move and open records; a record's permalink and its pull's files (each downloade
 user's feedback shows in the inbox and opens the user's timeline at that moment, which then
 follows what arrives; a token made
 on the tokens page is shown once and the audit log's newest entry names it; signing out ends
-the session. Screenshots of each page go to the output folder, with console.first_page (the
+the session, and a session of a server whose sessions last a minute is refused after it,
+replayed cookie and all. Screenshots of each page go to the output folder, with console.first_page (the
 first rows of a 100,000-record pull painted, against the same search through the API) in
 figures.json.
 
@@ -195,11 +196,25 @@ def main():
         bulk_pull = api("/v1/pulls", {"agent": bulk_agent, "filter": {}})["id"]
 
         # The browser trusts the admin listener's key, and only that.
-        certificate = x509.load_pem_x509_certificate(open(os.path.join(data, "server.pem"), "rb").read())
-        spki = certificate.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        # A second server whose console sessions last a minute, reached as localhost (cookies do
+        # not tell ports apart): a session is signed in there first and found expired at the end.
+        short_data = os.path.join(work, "short")
+        short_words = subprocess.run([f"{bin_dir}/dredge-server", "init", "--data", short_data], check=True, capture_output=True, text=True).stdout.split()
+        short_token = next(w for w in short_words if w.startswith("dredge_adm_"))
+        short_port = free_port()
+        short_log = open(os.path.join(work, "short.log"), "w")
+        processes.append(subprocess.Popen(
+            [f"{bin_dir}/dredge-server", "run", "--data", short_data, "--agent-port", str(free_port()), "--admin-port", str(short_port),
+             "--console-session-minutes", "1"], stdout=short_log, stderr=short_log))
+        short_base = f"https://localhost:{short_port}"
+
+        def spki_hash(directory):
+            certificate = x509.load_pem_x509_certificate(open(os.path.join(directory, "server.pem"), "rb").read())
+            key = certificate.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            return base64.b64encode(hashlib.sha256(key).digest()).decode()
         options = Options()
         for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,800",
-                     f"--ignore-certificate-errors-spki-list={base64.b64encode(hashlib.sha256(spki).digest()).decode()}",
+                     f"--ignore-certificate-errors-spki-list={spki_hash(data)},{spki_hash(short_data)}",
                      f"--user-data-dir={os.path.join(work, 'chromium')}"]:
             options.add_argument(flag)
         options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
@@ -237,6 +252,16 @@ def main():
 
         def console_errors():
             return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+        # On the short server: signed in, the cookie kept for later.
+        driver.get(short_base + "/console/sign-in")
+        WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.ID, "token"))
+        driver.find_element(By.ID, "token").send_keys(short_token)
+        driver.find_element(By.CSS_SELECTOR, "form.sign-in button").click()
+        at(short_base + "/console/agents", "signing in on the short server")
+        short_cookie = driver.get_cookie("dredge_console")
+        check(short_cookie is not None, "a session on the short server")
+        short_expires = time.monotonic() + 62
 
         # Without a session: the sign-in page.
         driver.get(base + "/console/agents")
@@ -488,6 +513,16 @@ def main():
         driver.get(base + "/console/agents")
         at(base + "/console/sign-in?return=%2Fconsole%2Fagents", "after signing out, pages need a new sign-in")
         shot("10-signed-out")
+
+        # The short server's session has expired: the browser dropped its cookie, and the server
+        # refuses it when it is sent again all the same.
+        time.sleep(max(0.0, short_expires - time.monotonic()))
+        driver.get(short_base + "/console/agents")
+        at(short_base + "/console/sign-in?return=%2Fconsole%2Fagents", "an expired session leads to sign-in")
+        check(driver.get_cookie("dredge_console") is None, "the browser dropped the expired cookie")
+        driver.add_cookie({"name": "dredge_console", "value": short_cookie["value"], "path": "/console", "secure": True, "httpOnly": True, "sameSite": "Strict"})
+        driver.get(short_base + "/console/agents")
+        at(short_base + "/console/sign-in?return=%2Fconsole%2Fagents", "the expired cookie sent again is refused")
         print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, its logs, feedback, tokens, audit log, sign-out passed; screenshots in {out}")
     finally:
         if driver is not None:

@@ -16,7 +16,7 @@ public enum ServerRuntime {
         public var heartbeatSeconds: UInt32?
         /// Overrides `server.json`'s `results.keepDays` (0: keep until removed).
         public var keepDays: Int?
-        /// How long a web console session lasts (default ``ConsoleSessions/defaultLifetime``).
+        /// How long a web console session lasts, 1 to 10,080 minutes (default ``ConsoleSessions/defaultLifetime``).
         public var consoleSessionMinutes: Int?
 
         public init(
@@ -70,7 +70,7 @@ public enum ServerRuntime {
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer,
             feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: stores.records, indexer: indexer,
             files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
-            consoleSessions: ConsoleSessions(lifetime: options.consoleSessionMinutes.map { TimeInterval($0 * 60) } ?? ConsoleSessions.defaultLifetime),
+            consoleSessions: ConsoleSessions(lifetime: options.consoleSessionMinutes.map { TimeInterval(min(max($0, 1), 10_080)) * 60 } ?? ConsoleSessions.defaultLifetime),
             host: adminHost, port: options.adminPort ?? deployment.config.adminPort, tls: deployment.adminTLSConfiguration,
             caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self), logger: logger)
         let group = ServiceGroup(services: [dispatcher, indexer, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)

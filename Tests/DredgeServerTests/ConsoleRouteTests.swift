@@ -113,6 +113,11 @@ import Testing
                 #expect(page.status == .seeOther && page.location?.hasPrefix("/console/sign-in?return=") == true, "\(uri)")
             }
             #expect(try await browser.get("/console").location == "/console/agents")
+            // A post without a session (a stale tab), and a page too long to come back to: sign in.
+            #expect(try await browser.post("/console/sign-out", [:]).location == "/console/sign-in")
+            #expect(try await browser.post("/console/tokens", ["name": "x", "csrf": "y"]).location == "/console/sign-in")
+            let long = try await browser.get("/console/logs?text=" + String(repeating: "a", count: 3000))
+            #expect(long.status == .seeOther && long.location == "/console/sign-in")
             let signIn = try await browser.get("/console/sign-in")
             #expect(signIn.status == .ok && signIn.body.contains(#"<form class="sign-in""#))
             let policy = try #require(signIn.headers[HTTPFields.Element.Name("Content-Security-Policy")!])
@@ -589,6 +594,11 @@ import Testing
             #expect(follow.status == .badRequest)
             var stranger = Browser(client: browser.client)
             #expect(try await stranger.get("/console/logs/follow?pull=\(source.id)&from=1").status == .unauthorized)
+            let cookie = browser.cookies.map { "\($0.key)=\($0.value)" }.joined(separator: "; ")
+            let resumedBadly = try await browser.client.execute(
+                uri: "/console/logs/follow?pull=\(source.id)&from=1", method: .get, headers: [.cookie: cookie, HTTPFields.Element.Name("Last-Event-ID")!: "-5"]
+            ) { $0.status }
+            #expect(resumedBadly == .badRequest)
             for query in ["before=abc", "before=1.2.3", "after=1.1&before=2.2", "after=%2B1.1"] {
                 let page = try await browser.get("/console/logs?pull=\(source.id)&" + query)
                 #expect(page.status == .badRequest && page.body.contains("class=\"problem\""), "\(query)")

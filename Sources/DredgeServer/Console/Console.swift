@@ -170,7 +170,9 @@ enum Console {
 
     static func signInPage(_ library: MustacheLibrary, _ d: Dependencies, problem: String?, status: HTTPResponse.Status, returnTo: String? = nil) -> Response {
         let csrf = ConsoleSessions.randomToken()
-        var page: [String: Any] = ["title": "Sign in", "csrf": csrf, "hours": "\(Int(d.sessions.lifetime / 3600))"]
+        let minutes = Int(d.sessions.lifetime / 60)
+        let lasts = minutes % 60 == 0 ? "\(minutes / 60) hour\(minutes == 60 ? "" : "s")" : "\(minutes) minute\(minutes == 1 ? "" : "s")"
+        var page: [String: Any] = ["title": "Sign in", "csrf": csrf, "lasts": lasts]
         if let problem { page["problem"] = problem }
         if let returnTo { page["return"] = returnTo }
         var response = html(library, "sign-in", page, status: status)
@@ -193,7 +195,9 @@ enum Console {
     /// `return`, so that signing in leads back to it (a permalink opened from elsewhere: the
     /// SameSite=Strict cookie is not sent with a link followed from another site).
     static func toSignIn(_ request: Request) -> Response {
-        guard request.method == .get || request.method == .head, let back = returnPath(request.uri.path + (request.uri.query.map { "?" + $0 } ?? "")) else { return toSignIn(request) }
+        guard request.method == .get || request.method == .head, let back = returnPath(request.uri.path + (request.uri.query.map { "?" + $0 } ?? "")) else {
+            return redirect("/console/sign-in")
+        }
         return redirect("/console/sign-in?return=" + percentEncoded(back))
     }
 

@@ -173,9 +173,14 @@ extension Console {
             headers[.contentType] = "text/event-stream"
             headers[HTTPFields.Element.Name("X-Accel-Buffering")!] = "no"
             if request.method == .head { return Response(status: .ok, headers: headers) }
-            try await audited.record("records.search", actor: session.tokenName, detail: AdminAPI.describe(search), in: d.audit)
             let key = ConsoleSessions.key(cookie)
             guard follows.open(key) else { return Response(status: .noContent, headers: securityHeaders) }
+            do {
+                try await audited.record("records.search", actor: session.tokenName, detail: AdminAPI.describe(search), in: d.audit)
+            } catch {
+                follows.close(key)
+                throw error
+            }
             let asked = search
             return Response(
                 status: .ok, headers: headers,

@@ -102,7 +102,7 @@ enum ConsoleTemplates {
         <input id="token" name="token" type="password" autocomplete="off" required autofocus>
         <button type="submit">Sign in</button>
         </form>
-        <p class="hint">An admin token, as <code>dredge tokens create</code> or <code>dredge-server init</code> gave it. The session lasts {{hours}} hours.</p>
+        <p class="hint">An admin token, as <code>dredge tokens create</code> or <code>dredge-server init</code> gave it. The session lasts {{lasts}}.</p>
         {{/content}}
         {{/layout}}
         """
@@ -511,7 +511,8 @@ enum ConsoleTemplates {
           // The last page follows what arrives (as dredge logs --follow): rows appended as text.
           var follow = table.getAttribute("data-follow"), button = document.getElementById("follow");
           if (follow && button && window.EventSource) {
-            var stream = null, arrived = 0;
+            // At most this many rows are added: beyond, the page stops following and says so.
+            var stream = null, arrived = 0, most = 2000;
             var said = document.getElementById("followed");
             var cell = function (text, name) {
               var td = document.createElement("td");
@@ -528,7 +529,7 @@ enum ConsoleTemplates {
             button.hidden = false;
             button.addEventListener("click", function () {
               if (stream) { stop(arrived + " arrived; not following."); return; }
-              stream = new EventSource(follow);
+              stream = new EventSource(follow);  // from the newest record added so far (see onmessage)
               button.textContent = "Stop following";
               button.setAttribute("aria-pressed", "true");
               said.textContent = "Following: new records are added below.";
@@ -557,6 +558,9 @@ enum ConsoleTemplates {
                 }
                 arrived += found.length;
                 said.textContent = "Following: " + arrived + " arrived.";
+                // Following again goes on from here, repeating nothing.
+                if (/^[0-9]+$/.test(event.lastEventId)) { follow = follow.replace(/([?&]from=)[0-9]+/, "$1" + event.lastEventId); }
+                if (arrived >= most) { stop(arrived + " arrived, more than this page shows: open the latest page for the rest."); }
               };
               stream.onerror = function () {
                 if (stream && stream.readyState === EventSource.CLOSED) { stop("Not following any more: reload the page."); }

@@ -268,6 +268,9 @@ import Testing
         _ = try await index.add(Self.feedback2, lines: Array((Self.line(1, "late arrival, older record") + "\n").utf8))
         #expect(try await messages(index, RecordSearch(arrivedAfter: last)) == ["late arrival, older record"])
         #expect(try await messages(index, RecordSearch(text: "arrival", arrivedAfter: 0)) == ["early arrival", "late arrival, older record"])
+        #expect(try await messages(index, RecordSearch(uid: "u-1", feedback: Self.id(2), arrivedAfter: last)) == ["late arrival, older record"])
+        #expect(try await messages(index, RecordSearch(uid: "u-1", pull: Self.id(1), arrivedAfter: 0)) == ["early arrival"])
+        #expect(try await messages(index, RecordSearch(pull: Self.id(1), arrivedAfter: last)).isEmpty)
     }
     @Test(arguments: PersistenceBackend.all)
     func pagesReadBackwardsMeetThePagesReadForwards(_ backend: PersistenceBackend) async throws {

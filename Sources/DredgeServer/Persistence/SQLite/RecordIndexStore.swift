@@ -309,6 +309,10 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 (probe.after, probe.before, probe.limit, probe.arrivedAfter) = (after, before, 1, nil)
                 let statement = try SQLRecordQuery(probe, scanLimit: scanLimit, sources: sources)
                 var rows = RecordRows()
+                // A metadata search's bounded scan first, as for a page: a common value is found there.
+                if let scan = statement.scanFirst, try !rows.read(db, sql: scan.sql, arguments: SQLRecordQuery.arguments(scan.bindings), limit: 1).records.isEmpty {
+                    return true
+                }
                 return try !rows.read(db, sql: statement.sql, arguments: statement.arguments, limit: 1).records.isEmpty
             }
             var found: (records: [FoundRecord], more: Bool)?
@@ -328,8 +332,9 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 // Forwards from the page's end (from the cursor's own record when the page is
                 // empty), if anything is there: the cursor may be an instant past the last record.
                 let (ts, id) = try SQLRecordQuery.cursor(before, "previous")
-                let from = records.last.map(cursor) ?? "\(ts).\(id - 1)"
-                next = try exists(search, after: from) ? from : nil
+                let from = records.last.map(cursor) ?? "\(ts).\(max(id - 1, -1))"
+                // Read back from the end of time (the latest page): nothing can follow it.
+                next = try ts != Int64.max && exists(search, after: from) ? from : nil
             } else {
                 next = more ? records.last.map(cursor) : nil
                 if let after = search.after {
@@ -472,8 +477,11 @@ public struct SQLRecordQuery: Sendable {
         var values: [Binding] = []
         func list(_ count: Int) -> String { "(" + Array(repeating: "?", count: count).joined(separator: ", ") + ")" }
 
+        // Following arrivals reads by id from where it left off: `+` keeps the uid's and the
+        // source's indexes (ordered by time) from being chosen over that rowid range.
+        let following = search.arrivedAfter != nil ? "+" : ""
         if let uid = search.uid {
-            clauses.append("r.uid = ?")
+            clauses.append("\(following)r.uid = ?")
             values.append(.text(uid))
         }
         if let since = search.since {
@@ -506,8 +514,8 @@ public struct SQLRecordQuery: Sendable {
         if let sources {
             switch sources.count {
             case 0: clauses.append("0")
-            case 1: clauses.append("r.source = ?")
-            default: clauses.append("r.source IN \(list(sources.count))")
+            case 1: clauses.append("\(following)r.source = ?")
+            default: clauses.append("\(following)r.source IN \(list(sources.count))")
             }
             values += sources.map { .integer($0) }
         } else {

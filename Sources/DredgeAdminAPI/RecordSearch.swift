@@ -98,11 +98,11 @@ public struct MetadataMatch: Sendable, Equatable, Codable {
 public struct RecordPage: Sendable, Equatable, Codable {
     public var records: [FoundRecord]
     /// Pass as `after` for the next page (as `arrivedAfter` when following arrivals); nil when
-    /// this page is the last. A page read with `before` always has one (the records from where
-    /// that cursor pointed on; there may be none).
+    /// this page is the last (for a page read with `before`: when no record follows it).
     public var next: String?
-    /// Pass as `before` for the page before this one; nil when this page is the first (a page
-    /// read with `after` names one, which may be empty when that cursor was made up).
+    /// Pass as `before` for the page before this one; nil on a first page read forwards, and
+    /// when nothing is before it. (A page read with `after` from a cursor no record had names
+    /// the page before its first record without looking.)
     public var previous: String?
     /// Landed pulls and feedback whose records are not all searchable yet (being indexed, or
     /// whose indexing failed and waits to be tried again).

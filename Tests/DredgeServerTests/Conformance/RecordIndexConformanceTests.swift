@@ -330,6 +330,23 @@ import Testing
         let merged = try await index.search(RecordSearch(pull: Self.id(1), limit: 100)).records
         #expect(merged.count == 60 && merged.map(\.ts) == merged.map(\.ts).sorted() && Set(merged.map(\.agentID)).count == 2)
         #expect(try await index.search(RecordSearch(pull: Self.id(1), before: "\(Int64.max).0", limit: 100)).records == merged)
+        // Paged, forwards then backwards, ties at one instant across devices included: the same timeline.
+        var forwards: [FoundRecord] = [], cursor: String? = nil
+        repeat {
+            let page = try await index.search(RecordSearch(pull: Self.id(1), after: cursor, limit: 7))
+            forwards += page.records
+            cursor = page.next
+        } while cursor != nil
+        #expect(forwards == merged)
+        var backwards: [FoundRecord] = [], before: String? = "\(Int64.max).0"
+        while let at = before {
+            let page = try await index.search(RecordSearch(pull: Self.id(1), before: at, limit: 7))
+            backwards = page.records + backwards
+            before = page.previous
+        }
+        #expect(backwards == merged)
+        let errors = try await index.search(RecordSearch(pull: Self.id(1), levels: ["error"])).records
+        #expect(errors.isEmpty, "the other filters apply to each device's part")
         #expect(try await index.search(RecordSearch(pull: Self.id(1), feedback: Self.id(2))).records.isEmpty)
         #expect(try await index.search(RecordSearch(pull: Self.id(9))).records.isEmpty)
         let all = try await index.search(RecordSearch(agents: [Self.agentA], pull: Self.id(1), limit: 100)).records

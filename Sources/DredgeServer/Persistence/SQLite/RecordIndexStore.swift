@@ -436,6 +436,9 @@ public struct SQLRecordQuery: Sendable {
     /// Read with `before`: the statement's rows come newest first.
     let backwards: Bool
 
+    /// The most sources whose pages are read one by one and merged (beyond, collected and sorted).
+    static let mergedSources = 64
+
     /// What each statement selects, read by position by ``RecordRows``.
     static let columns = """
         SELECT r.id, r.ts, r.uid, r.level, r.type, r.message, r.metadata, s.kind, s.ref, s.agent, \
@@ -511,6 +514,8 @@ public struct SQLRecordQuery: Sendable {
             clauses.append("r.source IN (SELECT id FROM source WHERE agent IN \(list(agents.count)))")
             values += agents.map { .text($0) }
         }
+        // Where the sources' clause and values are, for the per-source statement below.
+        let sourceClause = clauses.count, sourceValues = values.count
         if let sources {
             switch sources.count {
             case 0: clauses.append("0")
@@ -596,13 +601,29 @@ public struct SQLRecordQuery: Sendable {
             allValues.append(.text(match.joined(separator: " AND ")))
         }
         let columns = Self.columns
-        sql = """
-            \(columns)
-            \(Self.joins)
-            \(all.isEmpty ? "" : "WHERE " + all.joined(separator: " AND "))
-            ORDER BY \(order) LIMIT \(limit + 1)
-            """
-        bindings = allValues
+        if let sources, (2...Self.mergedSources).contains(sources.count), match.isEmpty, search.arrivedAfter == nil {
+            // Several sources (a pull from several devices): each source's page in order from
+            // the (source, time) index, then merged, instead of collecting and sorting all of
+            // their records. Not with full text, whose match each part would collect again.
+            var parts: [String] = [], partValues: [Binding] = []
+            for source in sources {
+                var partClauses = clauses
+                partClauses[sourceClause] = "r.source = ?"
+                parts.append("SELECT * FROM (\(columns) \(Self.joins) WHERE \((partClauses + exact).joined(separator: " AND ")) ORDER BY \(order) LIMIT \(limit + 1))")
+                partValues += values[..<sourceValues] + [.integer(source)] + values[(sourceValues + sources.count)...] + exactValues
+            }
+            let outer = backwards ? "ts DESC, id DESC" : "ts, id"
+            sql = "SELECT * FROM (\(parts.joined(separator: " UNION ALL "))) ORDER BY \(outer) LIMIT \(limit + 1)"
+            bindings = partValues
+        } else {
+            sql = """
+                \(columns)
+                \(Self.joins)
+                \(all.isEmpty ? "" : "WHERE " + all.joined(separator: " AND "))
+                ORDER BY \(order) LIMIT \(limit + 1)
+                """
+            bindings = allValues
+        }
         // A common metadata value matches so many records that collecting them through the
         // full-text index costs a second; reading records in time order and checking each
         // finds the first page of a common value in milliseconds. So when metadata is the

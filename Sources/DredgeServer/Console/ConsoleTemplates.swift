@@ -369,7 +369,7 @@ enum ConsoleTemplates {
         {{#problem}}<p class="problem" role="alert">{{problem}}</p>{{/problem}}
         {{#hint}}<p class="hint">{{hint}}</p>{{/hint}}
         {{#indexing}}<p class="hint">{{indexing}}</p>{{/indexing}}
-        {{#hasRows}}
+        {{#searched}}
         <nav class="pages" aria-label="Pages of records">{{#first}}<a href="{{first}}">First</a>{{/first}}{{#previous}}<a href="{{previous}}" rel="prev" id="previous-page">Previous page</a>{{/previous}}{{#next}}<a href="{{next}}" rel="next" id="next-page">Next page</a>{{/next}}<a href="{{latest}}">Latest</a></nav>
         <div class="table-wrap">
         <table class="logs" id="records"{{#follow}} data-follow="{{follow}}"{{/follow}}>
@@ -382,10 +382,9 @@ enum ConsoleTemplates {
         </table>
         </div>
         <aside id="detail" class="detail" hidden tabindex="-1" aria-label="The record opened"></aside>
-        <p class="summary">{{count}} records on this page.{{#next}} <a href="{{next}}">Next page</a>{{/next}}{{#follow}} <button type="button" id="follow" hidden aria-pressed="false">Follow new records</button> <span id="followed" role="status"></span>{{/follow}}</p>
+        <p class="summary">{{#hasRows}}{{count}} records on this page.{{/hasRows}}{{^hasRows}}No record matches.{{/hasRows}}{{#next}} <a href="{{next}}">Next page</a>{{/next}}{{#follow}} <button type="button" id="follow" hidden aria-pressed="false">Follow new records</button> <span id="followed" role="status"></span>{{/follow}}</p>
         <p class="hint keys">Keys: <kbd>j</kbd> and <kbd>k</kbd> (or <kbd>↓</kbd> and <kbd>↑</kbd> on a row) move through the records, <kbd>Enter</kbd> opens one beside the list, <kbd>Esc</kbd> closes it, <kbd>n</kbd> and <kbd>p</kbd> turn the page. A record's time is its permalink.</p>
-        {{/hasRows}}
-        {{#searched}}{{^hasRows}}<p class="summary">No record matches.</p>{{/hasRows}}{{/searched}}
+        {{/searched}}
         {{/content}}
         {{/layout}}
         """

@@ -169,49 +169,19 @@ extension Console {
             guard let records = d.records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not index records.") }
             (search.after, search.before, search.limit, search.arrivedAfter, search.reason) = (nil, nil, 500, max(from, resumed ?? 0), nil)
             try AdminAPI.checkSearch(search)
-            var headers = securityHeaders
-            headers[.contentType] = "text/event-stream"
-            headers[HTTPFields.Element.Name("X-Accel-Buffering")!] = "no"
-            if request.method == .head { return Response(status: .ok, headers: headers) }
-            let key = ConsoleSessions.key(cookie)
-            guard follows.open(key) else { return Response(status: .noContent, headers: securityHeaders) }
-            do {
-                try await audited.record("records.search", actor: session.tokenName, detail: AdminAPI.describe(search), in: d.audit)
-            } catch {
-                follows.close(key)
-                throw error
+            let asked = search, encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            // State: the search, from the last record sent.
+            return try await eventStream(
+                request, cookie: cookie, follows, d, every: .seconds(1), state: asked,
+                opened: { try await audited.record("records.search", actor: session.tokenName, detail: AdminAPI.describe(asked), in: d.audit) }
+            ) { search in
+                let page = try await records.search(search)
+                guard let last = page.records.last else { return .quiet }
+                let data = String(decoding: try encoder.encode(page.records.map(FollowedRecord.init)), as: UTF8.self)  // one line: JSON escapes newlines
+                search.arrivedAfter = last.id
+                return .send("id: \(last.id)\ndata: \(data)\n\n", more: page.next != nil)  // more: already there
             }
-            let asked = search
-            return Response(
-                status: .ok, headers: headers,
-                body: ResponseBody { writer in
-                    defer { follows.close(key) }
-                    var search = asked
-                    let encoder = JSONEncoder()
-                    encoder.outputFormatting = [.sortedKeys]
-                    var lastWrite = ContinuousClock.now, lastTokenCheck = ContinuousClock.now
-                    let end = ContinuousClock.now + .seconds(600)
-                    while ContinuousClock.now < end, !Task.isShuttingDownGracefully, d.sessions.session(cookie) != nil {
-                        if ContinuousClock.now - lastTokenCheck > .seconds(10) {
-                            guard try await checked(request, d) != nil else { break }
-                            lastTokenCheck = .now
-                        }
-                        let page = try await records.search(search)
-                        if let last = page.records.last {
-                            let rows = page.records.map(FollowedRecord.init)
-                            let data = String(decoding: try encoder.encode(rows), as: UTF8.self)  // one line: JSON escapes newlines
-                            try await writer.write(ByteBuffer(string: "id: \(last.id)\ndata: \(data)\n\n"))
-                            search.arrivedAfter = last.id
-                            lastWrite = .now
-                            if page.next != nil { continue }  // more already there
-                        } else if ContinuousClock.now - lastWrite > .seconds(15) {
-                            try await writer.write(ByteBuffer(string: ": still here\n\n"))
-                            lastWrite = .now
-                        }
-                        try await Task.sleep(for: .seconds(1))
-                    }
-                    try await writer.finish(nil)
-                })
         }
     }
 

@@ -159,49 +159,82 @@ extension Console {
             }
             let id = try context.parameters.require("id")
             guard WireID.isValid(id), try await d.pulls.pull(id, now: .now) != nil else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
-            // Bounded: a browser holds at most six HTTP/1.1 connections to a site, and each
-            // stream reads the store twice a second. Over the bound, 204: the page stops asking.
-            var headers = securityHeaders
-            headers[.contentType] = "text/event-stream"
-            headers[HTTPFields.Element.Name("X-Accel-Buffering")!] = "no"
-            if request.method == .head { return Response(status: .ok, headers: headers) }
-            let session = ConsoleSessions.key(cookie)
-            guard streams.open(session) else { return Response(status: .noContent, headers: securityHeaders) }
-            return Response(
-                status: .ok, headers: headers,
-                body: ResponseBody { writer in
-                    defer { streams.close(session) }
-                    let encoder = JSONEncoder()
-                    encoder.outputFormatting = [.sortedKeys]
-                    var last = "", lastWrite = ContinuousClock.now, lastTokenCheck = ContinuousClock.now
-                    let end = ContinuousClock.now + .seconds(600)
-                    // Ends when the pull is finished, after ten minutes, at the server's shutdown,
-                    // when the session ends (looked at each time, its token every ten seconds),
-                    // or when a write fails: a comment every 15 s finds a browser that went away.
-                    while ContinuousClock.now < end, !Task.isShuttingDownGracefully, d.sessions.session(cookie) != nil {
-                        if ContinuousClock.now - lastTokenCheck > .seconds(10) {
-                            guard try await checked(request, d) != nil else { break }
-                            lastTokenCheck = .now
-                        }
-                        guard let pull = try await d.pulls.pull(id, now: .now) else { break }
-                        let state = String(decoding: try encoder.encode(pull.targets.map(TargetProgress.init)), as: UTF8.self)  // one line: JSON escapes newlines
-                        if state != last {
-                            try await writer.write(ByteBuffer(string: "data: \(state)\n\n"))
-                            last = state
-                            lastWrite = .now
-                        } else if ContinuousClock.now - lastWrite > .seconds(15) {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            // State: the last progress sent.
+            return try await eventStream(request, cookie: cookie, streams, d, every: .milliseconds(500), state: "") { last in
+                guard let pull = try await d.pulls.pull(id, now: .now) else { return .finish(nil) }
+                let state = String(decoding: try encoder.encode(pull.targets.map(TargetProgress.init)), as: UTF8.self)  // one line: JSON escapes newlines
+                let changed = state != last ? "data: \(state)\n\n" : nil
+                last = state
+                if pull.isFinished { return .finish((changed ?? "") + "event: done\ndata: {}\n\n") }
+                return changed.map { .send($0, more: false) } ?? .quiet
+            }
+        }
+    }
+
+    /// What one look of an event stream found.
+    enum EventStep {
+        /// Events to write; with `more`, look again at once.
+        case send(String, more: Bool)
+        /// Nothing new (a comment every 15 s keeps the connection known alive).
+        case quiet
+        /// The stream is done, after writing these events if any.
+        case finish(String?)
+    }
+
+    /// A console page's server-sent events: `look` is called every `interval` with the
+    /// stream's state. Bounded: a browser holds at most six HTTP/1.1 connections to a site, and
+    /// each stream reads the stores every interval; over the bound (``EventStreams``), 204 and
+    /// the page stops asking. `opened` runs once a place is taken (its failure gives it back).
+    /// The stream ends when `look` says so, after ten minutes (the page opens another), at the
+    /// server's shutdown, when the session ends (looked at each time, its token every ten
+    /// seconds), or when a write fails: a comment every 15 s finds a browser that went away.
+    static func eventStream<State: Sendable>(
+        _ request: Request, cookie: String, _ streams: EventStreams, _ d: Dependencies, every interval: Duration, state initial: State,
+        opened: @Sendable () async throws -> Void = {}, look: @escaping @Sendable (inout State) async throws -> EventStep
+    ) async throws -> Response {
+        var headers = securityHeaders
+        headers[.contentType] = "text/event-stream"
+        headers[HTTPFields.Element.Name("X-Accel-Buffering")!] = "no"
+        if request.method == .head { return Response(status: .ok, headers: headers) }
+        let key = ConsoleSessions.key(cookie)
+        guard streams.open(key) else { return Response(status: .noContent, headers: securityHeaders) }
+        do {
+            try await opened()
+        } catch {
+            streams.close(key)
+            throw error
+        }
+        return Response(
+            status: .ok, headers: headers,
+            body: ResponseBody { writer in
+                defer { streams.close(key) }
+                var state = initial, lastWrite = ContinuousClock.now, lastTokenCheck = ContinuousClock.now
+                let end = ContinuousClock.now + .seconds(600)
+                looking: while ContinuousClock.now < end, !Task.isShuttingDownGracefully, d.sessions.session(cookie) != nil {
+                    if ContinuousClock.now - lastTokenCheck > .seconds(10) {
+                        guard try await checked(request, d) != nil else { break }
+                        lastTokenCheck = .now
+                    }
+                    switch try await look(&state) {
+                    case .send(let events, let more):
+                        try await writer.write(ByteBuffer(string: events))
+                        lastWrite = .now
+                        if more { continue looking }
+                    case .quiet:
+                        if ContinuousClock.now - lastWrite > .seconds(15) {
                             try await writer.write(ByteBuffer(string: ": still here\n\n"))
                             lastWrite = .now
                         }
-                        if pull.isFinished {
-                            try await writer.write(ByteBuffer(string: "event: done\ndata: {}\n\n"))
-                            break
-                        }
-                        try await Task.sleep(for: .milliseconds(500))
+                    case .finish(let events):
+                        if let events { try await writer.write(ByteBuffer(string: events)) }
+                        break looking
                     }
-                    try await writer.finish(nil)
-                })
-        }
+                    try await Task.sleep(for: interval)
+                }
+                try await writer.finish(nil)
+            })
     }
 
     /// The feedback inbox: what users said, from which device, when, and where its upload

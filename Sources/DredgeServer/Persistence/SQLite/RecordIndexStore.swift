@@ -287,8 +287,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     // MARK: Searching
 
     public func search(_ search: RecordSearch) async throws -> RecordPage {
-        _ = try SQLRecordQuery(search, scanLimit: scanLimit)  // a bad search is refused before the database is read
-        return try await pool.read { db in
+        try await pool.read { db in
             // A pull's or a feedback's sources by id: with one (a device's pull, a feedback) its
             // records are read in order straight from the (source, time) index, a page costing
             // a page whatever the size of the pull or the direction.

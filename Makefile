@@ -19,7 +19,8 @@ demo-local: deps
 test: deps
 	scripts/check-imports.py
 	$(SWIFT) build --build-tests
-	$(SWIFT) test --skip-build
+	# Both back ends: SQLite, and PostgreSQL in a private cluster on loopback for the run.
+	scripts/postgres.sh run $(SWIFT) test --skip-build
 	python3 scripts/fresh-app.py
 	python3 Tests/conformance/conformance.py "$$($(SWIFT) build --show-bin-path)/dredge-server"
 	python3 Tests/browser/console.py "$$($(SWIFT) build --show-bin-path)" test-output/console

@@ -47,6 +47,8 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/swift-mustache", from: "2.1.1"),
         // The admin client: HTTPS with a pinned CA, streamed downloads.
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        // The PostgreSQL back end (several server nodes on one database).
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
     ],
     targets: [
         // What every other module agrees on, with no dependencies: timestamps, levels, types,
@@ -144,6 +146,7 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle", condition: .when(traits: ["Server"])),
+                .product(name: "PostgresNIO", package: "postgres-nio", condition: .when(traits: ["Server"])),
             ]
         ),
         // What the command-line tools share: the record filter flags.

@@ -1,10 +1,12 @@
 import DredgeServer
 import DredgeTestSupport
+import Foundation
 import Testing
 
-/// One implementation of the server's persistence protocols, made fresh in a temporary
-/// directory for each test. The conformance suites run every rule against each backend in
-/// ``all``; a second back end (PostgreSQL) is added here and must pass the same tests.
+/// One implementation of the server's persistence protocols, made fresh for each test. The
+/// conformance suites run every rule against each backend in ``all``: SQLite in a temporary
+/// directory, and PostgreSQL in a schema of its own when `DREDGE_TEST_POSTGRES` names a
+/// database (`make test` starts a private cluster and sets it: `scripts/postgres.sh run`).
 struct PersistenceBackend: Sendable, CustomTestStringConvertible {
     let name: String
     let pulls: @Sendable (TempDir) async throws -> any PullQueue & AuditLog
@@ -22,5 +24,27 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
         tokens: { TokenStore(try ServerDatabase(directory: $0.path)) },
         records: { try RecordIndexStore(directory: $0.path) })
 
-    static let all: [PersistenceBackend] = [.sqlite]
+    static let postgres = PersistenceBackend(
+        name: "PostgreSQL",
+        pulls: { PostgresPullQueue(try await TestPostgres.database(for: $0)) },
+        agents: { PostgresAgentDirectory(try await TestPostgres.database(for: $0)) },
+        feedback: { PostgresFeedbackInbox(try await TestPostgres.database(for: $0)) },
+        tokens: { PostgresTokenVault(try await TestPostgres.database(for: $0)) },
+        records: { PostgresRecordIndex(try await TestPostgres.database(for: $0)) })
+
+    static let all: [PersistenceBackend] = TestPostgres.url == nil ? [.sqlite] : [.sqlite, .postgres]
+}
+
+/// The PostgreSQL database the tests may use, from `DREDGE_TEST_POSTGRES`.
+enum TestPostgres {
+    static let url = ProcessInfo.processInfo.environment["DREDGE_TEST_POSTGRES"].flatMap { $0.isEmpty ? nil : $0 }
+
+    /// The test's own schema, named after its temporary directory: the stores a test opens on
+    /// one directory share it, as they share the directory's SQLite files.
+    static func database(for dir: TempDir) async throws -> PostgresDatabase {
+        guard let url else { throw DeploymentError("DREDGE_TEST_POSTGRES is not set") }
+        let schema = "t_" + String(dir.url.lastPathComponent.lowercased().filter { $0.isLetter || $0.isNumber }.suffix(40))
+        let separator = url.contains("?") ? "&" : "?"
+        return try await PostgresDatabase(try PostgresDatabase.Location(url: url + separator + "schema=" + schema))
+    }
 }

@@ -320,32 +320,9 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 if scanned.more { found = scanned }
             }
             var (records, more) = try found ?? page(sql: query.sql, arguments: query.arguments)
-            func cursor(_ r: FoundRecord) -> String { "\(r.ts.microseconds).\(r.id)" }
-            let next: String?, previous: String?
-            if query.followsArrival {
-                next = more ? records.last.map { "\($0.id)" } : nil
-                previous = nil
-            } else if query.backwards, let before = search.before {
-                records.reverse()
-                previous = more ? records.first.map(cursor) : nil
-                // Forwards from the page's end (from the cursor's own record when the page is
-                // empty), if anything is there: the cursor may be an instant past the last record.
-                let (ts, id) = try SQLRecordQuery.cursor(before, "previous")
-                let from = records.last.map(cursor) ?? "\(ts).\(max(id - 1, -1))"
-                // Read back from the end of time (the latest page): nothing can follow it.
-                next = try ts != Int64.max && exists(search, after: from) ? from : nil
-            } else {
-                next = more ? records.last.map(cursor) : nil
-                if let after = search.after {
-                    // A page after a record the reader saw has that record before it; an empty
-                    // one (a made-up cursor) has a page before only if something is there.
-                    let (ts, id) = try SQLRecordQuery.cursor(after, "next")
-                    let upTo = "\(ts).\(id == Int64.max ? id : id + 1)"
-                    previous = try records.first.map(cursor) ?? (exists(search, before: upTo) ? upTo : nil)
-                } else {
-                    previous = nil
-                }
-            }
+            let plan = try PageCursors(search, records: &records, more: more, followsArrival: query.followsArrival, backwards: query.backwards)
+            let next = try plan.next ?? plan.nextIfAnyAfter.flatMap { try exists(search, after: $0) ? $0 : nil }
+            let previous = try plan.previous ?? plan.previousIfAnyBefore.flatMap { try exists(search, before: $0) ? $0 : nil }
             let indexing = try Int.fetchOne(db, sql: "SELECT count(*) FROM source WHERE indexed = 0") ?? 0
             // In the same read: what a follower starts after.
             let newest = try Int64.fetchOne(db, sql: "SELECT coalesce(max(id), 0) FROM record") ?? 0
@@ -646,6 +623,47 @@ public struct SQLRecordQuery: Sendable {
                 bindings: values + values + exactValues)
         } else {
             scanFirst = nil
+        }
+    }
+}
+
+/// A page's cursors, from the records read (both back ends page alike): `next` and `previous`
+/// when the page alone tells them, else a cursor to probe (the back end asks whether its
+/// filters find a record after, or before, it).
+struct PageCursors {
+    var next: String?
+    var previous: String?
+    /// `next` is this cursor when a record follows it.
+    var nextIfAnyAfter: String?
+    /// `previous` is this cursor when a record comes before it.
+    var previousIfAnyBefore: String?
+
+    /// `records`: the page as read (newest first when `backwards`; put in time order here);
+    /// `more`: whether the statement had another record beyond the page.
+    init(_ search: RecordSearch, records: inout [FoundRecord], more: Bool, followsArrival: Bool, backwards: Bool) throws {
+        func cursor(_ r: FoundRecord) -> String { "\(r.ts.microseconds).\(r.id)" }
+        if followsArrival {
+            next = more ? records.last.map { "\($0.id)" } : nil
+        } else if backwards, let before = search.before {
+            records.reverse()
+            previous = more ? records.first.map(cursor) : nil
+            // Forwards from the page's end (from the cursor's own record when the page is
+            // empty), if anything is there: the cursor may be an instant past the last record.
+            let (ts, id) = try SQLRecordQuery.cursor(before, "previous")
+            // Read back from the end of time (the latest page): nothing can follow it.
+            if ts != Int64.max { nextIfAnyAfter = records.last.map(cursor) ?? "\(ts).\(max(id - 1, -1))" }
+        } else {
+            next = more ? records.last.map(cursor) : nil
+            if let after = search.after {
+                // A page after a record the reader saw has that record before it; an empty
+                // one (a made-up cursor) has a page before only if something is there.
+                let (ts, id) = try SQLRecordQuery.cursor(after, "next")
+                if let first = records.first {
+                    previous = cursor(first)
+                } else {
+                    previousIfAnyBefore = "\(ts).\(id == Int64.max ? id : id + 1)"
+                }
+            }
         }
     }
 }

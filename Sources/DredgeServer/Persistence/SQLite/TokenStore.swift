@@ -54,7 +54,7 @@ public final class TokenStore: TokenVault, Sendable {
         return created
     }
 
-    private static func make(name: String, kind: TokenKind, now: Date) throws -> (TokenRow, TokenCreated) {
+    static func make(name: String, kind: TokenKind, now: Date) throws -> (TokenRow, TokenCreated) {
         guard !name.isEmpty, name.count <= 64, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }),
             !TokenError.reservedNames.contains(name)
         else {

@@ -1,0 +1,218 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+import PostgresNIO
+import Synchronization
+
+/// The enrolled agents and their presence in the PostgreSQL database (``AgentDirectory``).
+///
+/// Heartbeats are held and written as the embedded registry holds them (``AgentRegistry``):
+/// one whose uids did not change is kept in memory and written with the others in one
+/// statement at most every `heartbeatFlush`; a change of uids or a user report is written at
+/// once, so ``holders(of:)`` is never behind.
+public final class PostgresAgentDirectory: AgentDirectory, Sendable {
+    private let db: PostgresDatabase
+    private let heartbeatFlush: Duration
+    private let presence = Mutex(Presence())
+
+    private typealias Held = [String: (at: Double, records: Int64)]
+
+    private struct Presence {
+        var uids: [String: [String]] = [:]
+        var pending: Held = [:]
+        var lastFlush = ContinuousClock.now
+    }
+
+    public init(_ database: PostgresDatabase, heartbeatFlush: Duration = .seconds(1)) {
+        db = database
+        self.heartbeatFlush = heartbeatFlush
+    }
+
+    public func resetPresence() async throws {
+        try await db.write { try await $0.run("UPDATE agent SET connected = false WHERE connected") }
+    }
+
+    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String {
+        let id = publicKey.agentID
+        let host = host.bounded
+        let labels = try AgentRegistry.json(host.extra)
+        let key = ByteBuffer(bytes: publicKey.spki)
+        let inserted = try await db.write { c in
+            try await c.run(
+                """
+                INSERT INTO agent (id, public_key, hostname, os, app, app_version, enrolled_at, labels)
+                VALUES (\(id), \(key), \(host.hostname.storable), \(host.os.storable), \(host.app.storable), \(host.appVersion.storable),
+                    \(now.timeIntervalSince1970), \(labels.storable))
+                ON CONFLICT (id) DO NOTHING RETURNING 1
+                """)
+        }
+        guard inserted > 0 else { throw AlreadyEnrolled(agentID: id) }
+        return id
+    }
+
+    public func publicKey(of agentID: String) async throws -> RSAPublicKey? {
+        guard let key = try await db.read({ try await $0.value("SELECT public_key FROM agent WHERE id = \(agentID)", as: ByteBuffer.self) }) else { return nil }
+        return try RSAPublicKey(spki: Data(key.readableBytesView))
+    }
+
+    public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date) async throws -> Int64 {
+        let host = host.bounded
+        let labels = try AgentRegistry.json(host.extra)
+        return try await db.write { c in
+            try await c.value(
+                """
+                UPDATE agent SET connected = true, generation = generation + 1, connected_at = \(now.timeIntervalSince1970), remote_address = \(address?.storable),
+                    hostname = \(host.hostname.storable), os = \(host.os.storable), app = \(host.app.storable), app_version = \(host.appVersion.storable),
+                    labels = \(labels.storable)
+                WHERE id = \(agentID) RETURNING generation
+                """, as: Int64.self) ?? 0
+        }
+    }
+
+    public func disconnected(_ agentID: String, generation: Int64) async throws {
+        try await db.write { try await $0.run("UPDATE agent SET connected = false WHERE id = \(agentID) AND generation = \(generation)") }
+    }
+
+    public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) async throws -> Set<String> {
+        if let problem = HeartbeatRules.problem(with: heartbeat) { throw DeploymentError(problem) }
+        let sorted = Array(Set(heartbeat.activeUids)).sorted()
+        let report = heartbeat.hasUsers ? heartbeat.users : nil
+        let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
+        enum Step { case hold, flush(Held), write(with: Held) }
+        let step: Step = presence.withLock { p in
+            guard report == nil, p.uids[agentID] == sorted else { return .write(with: Self.takePending(&p)) }
+            if (p.pending[agentID]?.at ?? -.infinity) <= at { p.pending[agentID] = (at, records) }
+            return ContinuousClock.now - p.lastFlush >= heartbeatFlush ? .flush(Self.takePending(&p)) : .hold
+        }
+        let held: Held
+        switch step {
+        case .hold: return []
+        case .flush(let due):
+            try await write(due)
+            return []
+        case .write(let pending): held = pending
+        }
+        let uids = try AgentRegistry.json(sorted)
+        let digest = report.flatMap(AgentRegistry.digest)
+        let outcome: (known: Bool, added: Set<String>) = try await db.write { c in
+            try await Self.write(held, on: c)
+            // The agent's row locked: two connections of one agent write one after the other.
+            guard let previous = try await c.value("SELECT active_uids FROM agent WHERE id = \(agentID) FOR UPDATE", as: String.self) else {
+                return (false, [])
+            }
+            let before = try await Self.heldUIDs(of: agentID, on: c)
+            try await c.run(
+                "UPDATE agent SET last_heartbeat_at = \(at), active_uids = \(uids), store_records = \(records) WHERE id = \(agentID)")
+            if previous != uids {
+                try await c.run("DELETE FROM agent_uid WHERE agent_id = \(agentID)")
+                try await c.run("INSERT INTO agent_uid (uid, agent_id) SELECT u, \(agentID) FROM unnest(\(sorted)::text[]) AS u")
+            }
+            if let report, let digest, try await c.value("SELECT users_digest FROM agent WHERE id = \(agentID)", as: String.self) != digest {
+                try await c.run("DELETE FROM agent_user WHERE agent_id = \(agentID)")
+                let users = report.users.map(\.uid), seen = report.users.map(\.lastSeenUs)
+                try await c.run(
+                    "INSERT INTO agent_user (uid, agent_id, last_seen_us) SELECT u, \(agentID), s FROM unnest(\(users)::text[], \(seen)::bigint[]) AS x(u, s)")
+                try await c.run(
+                    """
+                    UPDATE agent SET users_reported = \(Int64(report.users.count)), users_truncated = \(report.truncated), users_digest = \(digest)
+                    WHERE id = \(agentID)
+                    """)
+            }
+            return (true, try await Self.heldUIDs(of: agentID, on: c).subtracting(before))
+        }
+        if outcome.known { presence.withLock { $0.uids[agentID] = sorted } }
+        return outcome.added
+    }
+
+    private static func heldUIDs(of agentID: String, on c: PostgresConnection) async throws -> Set<String> {
+        Set(try await c.rows("SELECT uid FROM agent_uid WHERE agent_id = \(agentID) UNION SELECT uid FROM agent_user WHERE agent_id = \(agentID)")
+            .map { try $0.decode(String.self) })
+    }
+
+    private static func takePending(_ p: inout Presence) -> Held {
+        p.lastFlush = .now
+        defer { p.pending.removeAll(keepingCapacity: true) }
+        return p.pending
+    }
+
+    private func write(_ held: Held) async throws {
+        guard !held.isEmpty else { return }
+        try await db.write { try await Self.write(held, on: $0) }
+    }
+
+    /// Held heartbeats, all in one statement; a time never goes back.
+    private static func write(_ held: Held, on c: PostgresConnection) async throws {
+        guard !held.isEmpty else { return }
+        let entries = held.sorted { $0.key < $1.key }
+        let ids = entries.map(\.key), times = entries.map(\.value.at), counts = entries.map(\.value.records)
+        try await c.run(
+            """
+            UPDATE agent SET last_heartbeat_at = h.at, store_records = h.records
+            FROM unnest(\(ids)::text[], \(times)::double precision[], \(counts)::bigint[]) AS h(id, at, records)
+            WHERE agent.id = h.id AND coalesce(agent.last_heartbeat_at, 0) <= h.at
+            """)
+    }
+
+    public func flushHeartbeats() async throws {
+        try await write(presence.withLock { Self.takePending(&$0) })
+    }
+
+    public func holders(of uid: String) async throws -> [UIDHolder] {
+        guard UserID.isValid(uid) else { return [] }
+        return try await db.read { c in
+            try await c.rows(
+                """
+                SELECT agent_id, max(last_seen_us) FROM (
+                    SELECT agent_id, NULL::bigint AS last_seen_us FROM agent_uid WHERE uid = \(uid)
+                    UNION ALL
+                    SELECT agent_id, last_seen_us FROM agent_user WHERE uid = \(uid)
+                ) AS h GROUP BY agent_id ORDER BY agent_id
+                """
+            ).map { row in
+                let (agent, seen) = try row.decode((String, Int64?).self)
+                return UIDHolder(agentID: agent, lastSeen: seen.map { Date(timeIntervalSince1970: Double($0) / 1e6) })
+            }
+        }
+    }
+
+    public func isEnrolled(_ agentID: String) async throws -> Bool {
+        try await db.read { try await $0.value("SELECT 1 FROM agent WHERE id = \(agentID)", as: Int32.self) != nil }
+    }
+
+    public func agents() async throws -> [AgentRecord] {
+        try await flushHeartbeats()
+        return try await db.read { c in
+            var uids: [String: [String]] = [:]
+            for row in try await c.rows("SELECT agent_id, uid FROM agent_uid ORDER BY agent_id, uid") {
+                let (agent, uid) = try row.decode((String, String).self)
+                uids[agent, default: []].append(uid)
+            }
+            return try await c.rows(
+                """
+                SELECT id, hostname, os, app, app_version, labels, enrolled_at, connected, connected_at, remote_address, last_heartbeat_at,
+                    users_reported, users_truncated, store_records
+                FROM agent ORDER BY hostname, id
+                """
+            ).map { row in
+                let (id, hostname, os, app, appVersion, labels, enrolledAt, connected, connectedAt, remoteAddress, lastHeartbeatAt, usersReported, usersTruncated, storeRecords) =
+                    try row.decode((String, String, String, String, String, String, Double, Bool, Double?, String?, Double?, Int64, Bool, Int64).self)
+                let host = WireHostInfo.with {
+                    $0.hostname = hostname
+                    $0.os = os
+                    $0.app = app
+                    $0.appVersion = appVersion
+                    $0.extra = AgentRegistry.labels(labels)
+                }.bounded
+                return AgentRecord(
+                    agentID: id, hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion,
+                    labels: host.extra, enrolledAt: Date(timeIntervalSince1970: enrolledAt), connected: connected,
+                    connectedAt: connectedAt.map(Date.init(timeIntervalSince1970:)), remoteAddress: remoteAddress,
+                    lastHeartbeatAt: lastHeartbeatAt.map(Date.init(timeIntervalSince1970:)),
+                    activeUIDs: uids[id] ?? [], reportedUsers: Int(usersReported), usersTruncated: usersTruncated,
+                    storeRecords: UInt64(max(0, storeRecords)))
+            }
+        }
+    }
+}

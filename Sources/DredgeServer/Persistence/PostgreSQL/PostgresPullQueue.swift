@@ -1,0 +1,298 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeWire
+import Foundation
+import PostgresNIO
+
+/// The pull queue and audit log in the PostgreSQL database (``PullQueue``, ``AuditLog``), the
+/// same rules as the embedded ``PullStore``, shared by every node: a status move is one guarded
+/// `UPDATE`, so two nodes racing on one target cannot both move it.
+public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
+    private let db: PostgresDatabase
+
+    public init(_ database: PostgresDatabase) { db = database }
+
+    private static let final = PullStatus.allCases.filter(\.isFinal).map(\.rawValue)
+
+    public func create(_ pull: NewPull) async throws {
+        if let problem = pull.filter.problem { throw DeploymentError(problem) }
+        let filterJSON = try StoredFilter.encode(pull.filter)
+        let now = Date().timeIntervalSince1970
+        let detail =
+            "pull \(pull.id) uid=\(pull.uid) agent=\(pull.agentID) filter=\(filterJSON) targets=\(pull.targets.joined(separator: ","))"
+            + (pull.reason.isEmpty ? "" : " reason=\(pull.reason.debugDescription)")
+        try await db.write { c in
+            try await c.run(
+                """
+                INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, created_at)
+                VALUES (\(pull.id), \(pull.uid), \(pull.agentID), \(filterJSON.storable), \(pull.issuedAt.microseconds), \(pull.expiresAt.microseconds),
+                    \(ByteBuffer(bytes: pull.wrappedKey)), \(pull.requestedBy), \(now))
+                """)
+            try await c.run(
+                """
+                INSERT INTO pull_target (pull_id, agent_id, status, updated_at)
+                SELECT \(pull.id), a, \(PullStatus.queued.rawValue), \(now) FROM unnest(\(pull.targets)::text[]) AS a
+                """)
+            try await c.run("INSERT INTO audit (at, actor, action, detail) VALUES (\(now), \(pull.requestedBy), 'pull', \(detail.storable))")
+        }
+    }
+
+    public func pull(_ id: String, now: Timestamp) async throws -> PullRecord? {
+        try await db.read { try await Self.pull(id, now: now, on: $0) }
+    }
+
+    private static func pull(_ id: String, now: Timestamp, on c: PostgresConnection) async throws -> PullRecord? {
+        guard
+            let row = try await c.rows(
+                """
+                SELECT id, uid, agent_id, filter, issued_at, expires_at, requested_by, removed_at, removed_by, removed_reason FROM pull WHERE id = \(id)
+                """
+            ).first
+        else { return nil }
+        let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason) =
+            try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?).self)
+        let expired = expiresAt <= now.microseconds
+        let targets = try await c.rows(
+            """
+            SELECT agent_id, status, detail, chunks_received, chunk_count, bytes, files, updated_at, error_code FROM pull_target
+            WHERE pull_id = \(id) ORDER BY agent_id
+            """
+        ).map { row in
+            let (agent, status, detail, chunksReceived, chunkCount, bytes, files, updatedAt, errorCode) =
+                try row.decode((String, String, String, Int64, Int64, Int64, String, Double, Int64?).self)
+            let stored = try PullStore.status(status, of: id)
+            let stale = stored == .queued && expired
+            return PullTarget(
+                pullID: pullID, agentID: agent, status: stale ? .expired : stored, detail: stale ? "expired before delivery" : detail,
+                chunksReceived: Int(chunksReceived), chunkCount: Int(chunkCount), bytes: bytes, files: try PullStore.files(files, of: id),
+                updatedAt: Date(timeIntervalSince1970: updatedAt), errorCode: errorCode.map { Int($0) })
+        }
+        return PullRecord(
+            id: pullID, uid: uid, agentID: agentID, filter: PullStore.shownFilter(filter),
+            issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt),
+            requestedBy: requestedBy, targets: targets, removed: Removal(at: removedAt, by: removedBy, reason: removedReason))
+    }
+
+    public func pulls(limit: Int, now: Timestamp) async throws -> [PullRecord] {
+        try await db.write { c in
+            // One snapshot for the list (the transaction's), as the embedded store reads it.
+            try await c.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            var pulls: [PullRecord] = []
+            for row in try await c.rows("SELECT id FROM pull ORDER BY created_at DESC, seq DESC LIMIT \(Int64(max(limit, 0)))") {
+                if let pull = try await Self.pull(try row.decode(String.self), now: now, on: c) { pulls.append(pull) }
+            }
+            return pulls
+        }
+    }
+
+    public func storedPull(_ id: String) async throws -> StoredPull {
+        let row: (String, String, Int64, Int64, ByteBuffer)?
+        do {
+            row = try await db.read { c in
+                try await c.rows("SELECT uid, filter, issued_at, expires_at, wrapped_key FROM pull WHERE id = \(id)").first
+                    .map { try $0.decode((String, String, Int64, Int64, ByteBuffer).self) }
+            }
+        } catch let error as PostgresDecodingError {
+            throw UnreadablePull("the stored row of pull \(id) is unreadable: \(String(reflecting: error))")
+        }
+        guard let (uid, stored, issuedAt, expiresAt, key) = row else { throw UnreadablePull("pull \(id) does not exist") }
+        let filter: LogFilter
+        do {
+            filter = try StoredFilter.decode(stored)
+        } catch {
+            throw UnreadablePull("the stored filter of pull \(id) is unreadable: \(error)")
+        }
+        return StoredPull(
+            id: id, uid: uid, filter: filter, issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt),
+            wrappedKey: Array(key.readableBytesView))
+    }
+
+    public func wrappedKey(of pullID: String) async throws -> [UInt8]? {
+        try await db.read { try await $0.value("SELECT wrapped_key FROM pull WHERE id = \(pullID)", as: ByteBuffer.self) }.map { Array($0.readableBytesView) }
+    }
+
+    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [String] {
+        let statuses = includingUnanswered ? [PullStatus.queued.rawValue, PullStatus.delivered.rawValue] : [PullStatus.queued.rawValue]
+        let open = try await db.read { c in
+            try await c.rows(
+                """
+                SELECT t.pull_id, t.status, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
+                WHERE t.agent_id = \(agentID) AND t.status = ANY(\(statuses)::text[]) ORDER BY p.created_at, t.pull_id
+                """
+            ).map { try $0.decode((String, String, Int64).self) }
+        }
+        let expired = open.filter { $0.2 <= now.microseconds && $0.1 == PullStatus.queued.rawValue }.map(\.0)
+        if !expired.isEmpty {
+            try await db.write { c in
+                try await c.run(
+                    """
+                    UPDATE pull_target SET status = 'expired', detail = 'expired before delivery', updated_at = \(Date().timeIntervalSince1970)
+                    WHERE pull_id = ANY(\(expired)::text[]) AND agent_id = \(agentID) AND status = 'queued'
+                    """)
+            }
+        }
+        return open.filter { $0.2 > now.microseconds }.map(\.0)
+    }
+
+    public func markDelivered(_ pullID: String, agent: String, at now: Date) async throws -> Bool {
+        try await db.write { c in
+            try await c.run(
+                """
+                UPDATE pull_target SET status = 'delivered', updated_at = \(now.timeIntervalSince1970)
+                WHERE pull_id = \(pullID) AND agent_id = \(agent) AND status IN ('queued', 'delivered') RETURNING 1
+                """) > 0
+        }
+    }
+
+    public func update(
+        _ pullID: String, agent: String, status: PullStatus, detail: String, chunksReceived: Int?, chunkCount: Int?, bytes: Int64?, files: [String]?,
+        errorCode: Int?, from: Set<PullStatus>?, at now: Date
+    ) async throws -> Bool {
+        let allowed = from.map { $0.map(\.rawValue).sorted() } ?? PullStatus.allCases.map(\.rawValue)
+        let filesJSON = try files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self).storable }
+        return try await db.write { c in
+            try await c.run(
+                """
+                UPDATE pull_target SET status = \(status.rawValue), detail = \(detail.storable), updated_at = \(now.timeIntervalSince1970),
+                    chunks_received = coalesce(\(chunksReceived.map(Int64.init)), chunks_received), chunk_count = coalesce(\(chunkCount.map(Int64.init)), chunk_count),
+                    bytes = coalesce(\(bytes), bytes), files = coalesce(\(filesJSON), files), error_code = coalesce(\(errorCode.map(Int64.init)), error_code)
+                WHERE pull_id = \(pullID) AND agent_id = \(agent) AND NOT (status = ANY(\(Self.final)::text[])) AND status = ANY(\(allowed)::text[])
+                RETURNING 1
+                """) > 0
+        }
+    }
+
+    public func expireStalled(now: Date, listeningSince: Date, deadlines: PullStore.Deadlines) async throws -> Int {
+        let nowUs = Timestamp(now).microseconds
+        let sinceUs = listeningSince == .distantPast ? Int64.min : Timestamp(listeningSince).microseconds
+        let quietUs = Int64(deadlines.quietAfterExpiry.components.seconds) * 1_000_000
+        let hardUs = Int64(deadlines.afterExpiry.components.seconds) * 1_000_000
+        let open = try await db.read { c in
+            try await c.rows(
+                """
+                SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
+                WHERE t.status IN ('delivered', 'exporting', 'uploading') AND p.expires_at <= \(nowUs)
+                """
+            ).map { try $0.decode((String, String, String, Double, Int64).self) }
+        }
+        var ended = 0
+        for (pullID, agent, status, updatedAt, expiresAt) in open {
+            let heardUs = Timestamp(Date(timeIntervalSince1970: updatedAt)).microseconds
+            let detail: String
+            if nowUs - max(heardUs, expiresAt, sinceUs) >= quietUs {
+                detail = "no word from the agent since \(Timestamp(microseconds: heardUs)) (\(status)); the pull expired at \(Timestamp(microseconds: expiresAt))"
+            } else if nowUs - expiresAt >= hardUs {
+                detail = "still \(status) \(deadlines.afterExpiry) after the pull expired at \(Timestamp(microseconds: expiresAt)); given up"
+            } else {
+                continue
+            }
+            ended += try await db.write { c in
+                try await c.run(
+                    """
+                    UPDATE pull_target SET status = 'expired', detail = \(detail), updated_at = \(now.timeIntervalSince1970)
+                    WHERE pull_id = \(pullID) AND agent_id = \(agent) AND status = \(status) RETURNING 1
+                    """)
+            }
+        }
+        return ended
+    }
+
+    public func agentsWithQueuedPulls() async throws -> Set<String> {
+        try await db.read { c in Set(try await c.rows("SELECT DISTINCT agent_id FROM pull_target WHERE status = 'queued'").map { try $0.decode(String.self) }) }
+    }
+
+    public func adopt(agent: String, uids: Set<String>, now: Timestamp) async throws -> [String] {
+        guard !uids.isEmpty else { return [] }
+        let wanted = Set(uids.filter(UserID.isValid).map { Array($0.utf8) })
+        let open = try await db.read { c in
+            try await c.rows(
+                """
+                SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > \(now.microseconds) AND uid <> '' AND removed_at IS NULL
+                AND NOT EXISTS (SELECT 1 FROM pull_target t WHERE t.pull_id = pull.id AND t.agent_id = \(agent))
+                ORDER BY created_at, seq
+                """
+            ).map { try $0.decode((String, String).self) }
+        }
+        let matching = open.filter { wanted.contains(Array($0.1.utf8)) }.map(\.0)
+        guard !matching.isEmpty else { return [] }
+        let at = now.date.timeIntervalSince1970
+        return try await db.write { c in
+            var adopted: [String] = []
+            for pull in matching {
+                // Not a pull removed since the read.
+                let added = try await c.run(
+                    """
+                    INSERT INTO pull_target (pull_id, agent_id, status, updated_at)
+                    SELECT id, \(agent), 'queued', \(at) FROM pull WHERE id = \(pull) AND removed_at IS NULL
+                    ON CONFLICT (pull_id, agent_id) DO NOTHING RETURNING 1
+                    """)
+                if added > 0 { adopted.append(pull) }
+            }
+            return adopted
+        }
+    }
+
+    public func markRemoved(_ pullID: String, by actor: String, reason: String, at now: Date) async throws -> RemovalMark? {
+        try await db.write { c -> RemovalMark? in
+            guard let row = try await c.rows("SELECT removed_at, removed_by, removed_reason FROM pull WHERE id = \(pullID) FOR UPDATE").first else { return nil }
+            let (at, by, earlierReason) = try row.decode((Double?, String?, String?).self)
+            if let earlier = Removal(at: at, by: by, reason: earlierReason) { return RemovalMark(removal: earlier, isNew: false) }
+            try await c.run(
+                """
+                UPDATE pull SET removed_at = \(now.timeIntervalSince1970), removed_by = \(actor), removed_reason = \(reason.storable), wrapped_key = ''::bytea
+                WHERE id = \(pullID)
+                """)
+            let detail = "removed by \(actor) before it finished"
+            try await c.run(
+                """
+                UPDATE pull_target SET status = 'failed', detail = \(detail), updated_at = \(now.timeIntervalSince1970),
+                    error_code = \(Int64(WireErrorCode.errorUploadInvalid.rawValue))
+                WHERE pull_id = \(pullID) AND NOT (status = ANY(\(Self.final)::text[]))
+                """)
+            return RemovalMark(removal: Removal(at: now, by: actor, reason: reason.storable), isNew: true)
+        }
+    }
+
+    public func removable(keptUntil cutoff: Date, limit: Int) async throws -> [String] {
+        try await db.read { c in
+            try await c.rows(
+                """
+                SELECT id FROM pull p WHERE removed_at IS NULL AND expires_at <= \(Timestamp(cutoff).microseconds)
+                AND NOT EXISTS (
+                    SELECT 1 FROM pull_target t WHERE t.pull_id = p.id AND (NOT (t.status = ANY(\(Self.final)::text[])) OR t.updated_at > \(cutoff.timeIntervalSince1970)))
+                ORDER BY expires_at, id LIMIT \(Int64(max(limit, 0)))
+                """
+            ).map { try $0.decode(String.self) }
+        }
+    }
+
+    // MARK: Audit
+
+    public func record(actor: String, action: String, detail: String, at: Date) async throws {
+        try await db.write { c in
+            try await c.run("INSERT INTO audit (at, actor, action, detail) VALUES (\(at.timeIntervalSince1970), \(actor.storable), \(action.storable), \(detail.storable))")
+        }
+    }
+
+    public func audit(_ query: AuditQuery) async throws -> [AuditEntry] {
+        var sql = "SELECT id, at, actor, action, detail FROM audit WHERE true"
+        var binds = PostgresBindings()
+        func bind(_ value: some PostgresDynamicTypeEncodable) -> String {
+            binds.append(value)
+            return "$\(binds.count)"
+        }
+        if let since = query.since { sql += " AND at >= \(bind(since.timeIntervalSince1970))" }
+        if let actor = query.actor { sql += " AND actor = \(bind(actor.storable))" }
+        // The action itself, or one under it: "token" finds "token.create" (byte order: "." < "/").
+        if let action = query.action?.storable { sql += " AND (action = \(bind(action)) OR (action > \(bind(action + ".")) AND action < \(bind(action + "/"))))" }
+        if let before = query.before { sql += " AND id < \(bind(before))" }
+        sql += " ORDER BY id DESC LIMIT \(min(max(query.limit, 1), 10_000))"
+        let statement = PostgresQuery(unsafeSQL: sql, binds: binds)
+        return try await db.read { c in
+            try await c.rows(statement).map { row in
+                let (id, at, actor, action, detail) = try row.decode((Int64, Double, String, String, String).self)
+                return AuditEntry(id: id, at: Date(timeIntervalSince1970: at), actor: actor, action: action, detail: detail)
+            }
+        }
+    }
+}

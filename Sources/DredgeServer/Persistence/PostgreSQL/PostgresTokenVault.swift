@@ -1,0 +1,52 @@
+import DredgeAdminAPI
+import Foundation
+import PostgresNIO
+
+/// The tokens in the PostgreSQL database (``TokenVault``), shared by every node: a token made or
+/// revoked on one node holds on all of them at once (every check reads the table).
+public final class PostgresTokenVault: TokenVault, Sendable {
+    private let db: PostgresDatabase
+
+    public init(_ database: PostgresDatabase) { db = database }
+
+    private func name(of token: String, kind: TokenKind) async throws -> String? {
+        let hash = TokenFile.hash(token)
+        return try await db.read { try await $0.value("SELECT name FROM token WHERE sha256 = \(hash) AND kind = \(kind.rawValue)", as: String.self) }
+    }
+
+    public func adminName(for token: String) async throws -> String? { try await name(of: token, kind: .admin) }
+    public func acceptsEnrollment(_ token: String) async throws -> Bool { try await name(of: token, kind: .enrollment) != nil }
+
+    public func list() async throws -> [TokenInfo] {
+        try await db.read { c in
+            try await c.rows("SELECT kind, name, created_at FROM token ORDER BY kind, name").map { row in
+                let (kindName, name, createdAt) = try row.decode((String, String, Double).self)
+                guard let kind = TokenKind(rawValue: kindName) else { throw DeploymentError("the stored kind of token \(name) is unreadable: \(kindName)") }
+                return TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt))
+            }
+        }
+    }
+
+    public func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated {
+        let (row, created) = try TokenStore.make(name: name, kind: kind, now: now)
+        let inserted = try await db.write { c in
+            try await c.run(
+                """
+                INSERT INTO token (kind, name, sha256, created_at) VALUES (\(row.kind), \(row.name), \(row.sha256), \(row.createdAt))
+                ON CONFLICT (kind, name) DO NOTHING RETURNING 1
+                """)
+        }
+        guard inserted > 0 else { throw TokenError.exists(name) }
+        return created
+    }
+
+    /// Revokes a token at once. The last admin token cannot go: the admin rows are locked first,
+    /// so two nodes revoking the last two at once cannot both succeed.
+    public func revoke(name: String, kind: TokenKind) async throws {
+        try await db.write { c in
+            let admins = try await c.rows("SELECT name FROM token WHERE kind = \(TokenKind.admin.rawValue) FOR UPDATE").count
+            guard try await c.run("DELETE FROM token WHERE kind = \(kind.rawValue) AND name = \(name) RETURNING 1") > 0 else { throw TokenError.unknown(name) }
+            if kind == .admin, admins <= 1 { throw TokenError.lastAdmin }
+        }
+    }
+}

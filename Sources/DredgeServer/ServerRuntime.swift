@@ -18,6 +18,9 @@ public enum ServerRuntime {
         public var keepDays: Int?
         /// How long a web console session lasts, 1 to 10,080 minutes (default ``ConsoleSessions/defaultLifetime``).
         public var consoleSessionMinutes: Int?
+        /// A PostgreSQL database (`postgres://…`) instead of `server.json`'s `database` (or,
+        /// when neither names one, SQLite in the data directory).
+        public var database: String?
 
         public init(
             dataDirectory: String, agentPort: Int? = nil, adminPort: Int? = nil, adminHost: String? = nil, heartbeatSeconds: UInt32? = nil, keepDays: Int? = nil
@@ -39,13 +42,14 @@ public enum ServerRuntime {
         let deployment = try LoadedDeployment(directory: dir)
         let adminHost = options.adminHost ?? deployment.config.adminHost ?? "127.0.0.1"
         try LoadedDeployment.checkAdmin(host: adminHost, tls: deployment.adminTLSConfiguration != nil)
-        let stores = try ServerStores(deployment)
-        if !stores.database.imported.isEmpty {
+        let stores = try await ServerPersistence.open(deployment, database: options.database, logger: logger)
+        logger.info("state", metadata: ["database": "\(stores.location)"])
+        if !stores.imported.isEmpty {
             logger.notice("imported the files of an earlier release into the database", metadata: [
-                "files": "\(stores.database.imported.joined(separator: ", "))", "database": "\(stores.database.path)",
+                "files": "\(stores.imported.joined(separator: ", "))", "database": "\(stores.location)",
             ])
         }
-        for problem in stores.database.importProblems { logger.warning("after the import", metadata: ["problem": "\(problem)"]) }
+        for problem in stores.importProblems { logger.warning("after the import", metadata: ["problem": "\(problem)"]) }
         let (registry, pulls, feedback, tokens) = (stores.registry, stores.pulls, stores.feedback, stores.tokens)
         try await registry.resetPresence()
         let retention = options.keepDays.map(ResultsRetention.init(keepDays:)) ?? deployment.config.results ?? .default
@@ -59,7 +63,7 @@ public enum ServerRuntime {
         try await results.finishInterruptedRemovals()
         logger.info("results retention", metadata: ["keep.days": "\(retention.keepDays == 0 ? "until removed" : String(retention.keepDays))"])
         let uploads = janitor.housekeeping(listeningSince: Date())
-        let dispatcher = PullDispatcher(pulls: pulls, logger: logger) {
+        let dispatcher = PullDispatcher(pulls: pulls, logger: logger, notices: stores.notices) {
             try await uploads()
             try await results.housekeeping()
         }

@@ -43,6 +43,9 @@ struct InitCommand: AsyncParsableCommand {
     @Option(help: "The private key (PEM) of --admin-certificate.")
     var adminKey: String?
 
+    @Option(help: ArgumentHelp("Keep the server's state in this PostgreSQL database (recorded in server.json) instead of SQLite in the data directory: for several nodes sharing one data directory. postgres://USER@HOST[:PORT]/DATABASE[?sslmode=require]; the password is best given in PGPASSWORD.", valueName: "url"))
+    var database: String?
+
     @Option(name: .customLong("name"), help: "A host name or IPv4 address agents use to reach the server; repeatable. Goes into the certificate.")
     var names: [String] = []
 
@@ -74,9 +77,16 @@ struct InitCommand: AsyncParsableCommand {
             options.adminCertificate = (absolute(adminCertificate), absolute(adminKey))
         }
         options.names = names
+        options.database = database
         let created: ServerDeployment.Created
         do {
-            created = try ServerDeployment.initialize(options)
+            if let database {
+                let db = try await PostgresDatabase(try PostgresDatabase.Location(url: database))
+                defer { db.close() }
+                created = try await ServerDeployment.initialize(options, database: db)
+            } else {
+                created = try ServerDeployment.initialize(options)
+            }
         } catch let error as DeploymentError {
             throw fail(error.description)
         }

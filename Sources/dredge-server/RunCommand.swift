@@ -31,6 +31,9 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "How long a web console session lasts, in minutes (1 to 10080; default 480, 8 hours).")
     var consoleSessionMinutes: Int?
 
+    @Option(help: ArgumentHelp("A PostgreSQL database for the server's state instead of server.json's (or SQLite in the data directory): postgres://USER@HOST[:PORT]/DATABASE[?sslmode=require]. The password is best given in PGPASSWORD.", valueName: "url"))
+    var database: String?
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel = "info"
 
@@ -57,6 +60,7 @@ struct RunCommand: AsyncParsableCommand {
             var options = ServerRuntime.Options(
                 dataDirectory: data, agentPort: agentPort, adminPort: port, adminHost: adminHost, heartbeatSeconds: heartbeatSeconds, keepDays: keepDays)
             options.consoleSessionMinutes = consoleSessionMinutes
+            options.database = database
             try await ServerRuntime.run(options, logger: logger)
         } catch let error as DeploymentError {
             throw fail(error.description)
@@ -70,11 +74,14 @@ struct AgentsCommand: AsyncParsableCommand {
     @Option(help: "The data directory.")
     var data: String
 
+    @Option(help: ArgumentHelp("The PostgreSQL database, when not server.json's.", valueName: "url"))
+    var database: String?
+
     @Flag(help: "JSON output.")
     var json = false
 
     func run() async throws {
-        let agents = try await ServerStores(try LoadedDeployment(directory: data)).registry.agents()
+        let agents = try await ServerPersistence.open(try LoadedDeployment(directory: data), database: database).registry.agents()
         if json { return try printJSON(agents) }
         for a in agents {
             print("\(a.agentID)  \(a.connected ? "online " : "offline")  \(a.hostname)  \(a.app) \(a.appVersion)  uids=\(a.activeUIDs.joined(separator: ","))  records=\(a.storeRecords)")
@@ -96,6 +103,9 @@ struct PullCommand: AsyncParsableCommand {
     @Option(help: "Only this agent.")
     var agent: String?
 
+    @Option(help: ArgumentHelp("The PostgreSQL database, when not server.json's.", valueName: "url"))
+    var database: String?
+
     @Option(help: "Minutes the pull may wait for an offline agent before it expires (a delivered pull that then goes quiet expires 15 minutes later).")
     var expiresIn = 60
 
@@ -105,7 +115,7 @@ struct PullCommand: AsyncParsableCommand {
 
     func run() async throws {
         let filter = try selection.filter()
-        let stores = try ServerStores(try LoadedDeployment(directory: data))
+        let stores = try await ServerPersistence.open(try LoadedDeployment(directory: data), database: database)
         do {
             let pull = try await stores.pulls.create(
                 PullRequest(uid: selection.uid, agent: agent, filter: filter, expiresInSeconds: expiresIn * 60), registry: stores.registry,
@@ -126,11 +136,14 @@ struct PullsCommand: AsyncParsableCommand {
     @Option(help: "The data directory.")
     var data: String
 
+    @Option(help: ArgumentHelp("The PostgreSQL database, when not server.json's.", valueName: "url"))
+    var database: String?
+
     @Flag(help: "JSON output.")
     var json = false
 
     func run() async throws {
-        let pulls = try await ServerStores(try LoadedDeployment(directory: data)).pulls.pulls()
+        let pulls = try await ServerPersistence.open(try LoadedDeployment(directory: data), database: database).pulls.pulls()
         if json { return try printJSON(pulls) }
         for p in pulls {
             if p.targets.isEmpty {

@@ -41,8 +41,8 @@ import Testing
         return (http.statusCode, json, http.value(forHTTPHeaderField: "WWW-Authenticate"))
     }
 
-    @Test func callsWithoutAValidTokenAreRefusedWithClearErrorsAndNothingHappens() async throws {
-        let d = try Deployment(adminTLS: false)
+    @Test(arguments: [ServerBackend.sqlite]) func callsWithoutAValidTokenAreRefusedWithClearErrorsAndNothingHappens(_ backend: ServerBackend) async throws {
+        let d = try Deployment(adminTLS: false, backend: backend)
         let (server, _) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)
@@ -127,8 +127,8 @@ import Testing
         #expect(entries.contains { $0["actor"] as? String == "alice" && $0["action"] as? String == "token.revoke" })
     }
 
-    @Test func dredgePullWaitShowsProgressThenTheFiles() throws {
-        let d = try Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func dredgePullWaitShowsProgressThenTheFiles(_ backend: ServerBackend) throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)
@@ -149,8 +149,8 @@ import Testing
 
     /// The agent trusts a different signing key than the server's: every command it gets is,
     /// to it, forged. It refuses with the reason, the pull shows it, the other agent is served.
-    @Test func aForgedCommandIsRejectedAndTheReasonShowsOnThePull() throws {
-        let d = try Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func aForgedCommandIsRejectedAndTheReasonShowsOnThePull(_ backend: ServerBackend) throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)
@@ -177,8 +177,8 @@ import Testing
     /// An enrolled agent that misbehaves: it accepts a pull and sends a chunk that was changed
     /// after sealing. The server refuses the chunk, fails the pull with the reason, keeps the
     /// tampered bytes out of the data directory, and goes on serving.
-    @Test func aTamperedChunkFailsThePullAndTheServerGoesOn() async throws {
-        let d = try Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func aTamperedChunkFailsThePullAndTheServerGoesOn(_ backend: ServerBackend) async throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let client = try d.adminClient(server)

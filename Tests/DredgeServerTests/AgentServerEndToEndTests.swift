@@ -16,11 +16,16 @@ import Testing
         ///   - adminTLS: the admin API speaks HTTPS (the default of `init`); plain HTTP where a
         ///     test calls it with URLSession, which cannot pin a CA on Linux.
         ///   - adminHost: where the admin API listens.
-        init(adminTLS: Bool = true, adminHost: String = "127.0.0.1") throws {
+        ///   - backend: where the server keeps its state: SQLite in the data directory, or a
+        ///     schema of its own in the tests' PostgreSQL, made by `dredge-server init --database`.
+        init(adminTLS: Bool = true, adminHost: String = "127.0.0.1", backend: ServerBackend = .sqlite) throws {
             var options = ServerDeployment.Options(dataDirectory: dir.file("server"))
             options.adminPlainHTTP = !adminTLS
             options.adminHost = adminHost
-            created = try ServerDeployment.initialize(options)
+            switch backend {
+            case .sqlite: created = try ServerDeployment.initialize(options)
+            case .postgres: created = try Self.initOnPostgres(dataDirectory: dir.file("server"), adminTLS: adminTLS, adminHost: adminHost)
+            }
             // A longer handshake deadline than the default 10 s, and 30 missed heartbeats instead
             // of 3: the synchronous tests of this suite hold the test process's few cooperative
             // threads while they wait, which can stall an async test's handshake, or a hand-driven
@@ -33,6 +38,30 @@ import Testing
         }
 
         var data: String { dir.file("server") }
+
+        /// `dredge-server init --database URL`, as an operator runs it, and what it printed.
+        static func initOnPostgres(dataDirectory: String, adminTLS: Bool, adminHost: String) throws -> ServerDeployment.Created {
+            guard let url = TestPostgres.url else { throw DeploymentError("DREDGE_TEST_POSTGRES is not set") }
+            let schema = "e_" + UUID().uuidString.lowercased().filter { $0.isLetter || $0.isNumber }
+            let (status, output) = try ManagedProcess.run(
+                "dredge-server",
+                ["init", "--data", dataDirectory, "--database", url + (url.contains("?") ? "&" : "?") + "schema=" + schema, "--admin-listen", adminHost]
+                    + (adminTLS ? [] : ["--admin-plain-http"]))
+            guard status == 0 else { throw DeploymentError("dredge-server init --database failed: \(output)") }
+            let lines = output.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }
+            func value(_ label: String) throws -> String {
+                guard let line = lines.first(where: { $0.hasPrefix(label) }) else { throw DeploymentError("init printed no '\(label)': \(output)") }
+                return line.dropFirst(label.count).trimmingCharacters(in: .whitespaces)
+            }
+            guard let adminLine = lines.firstIndex(where: { $0.hasPrefix("Admin token for engineers") }), adminLine + 1 < lines.count,
+                let urlLine = lines.first(where: { $0.contains("(the admin API: ") }),
+                let urlStart = urlLine.range(of: "(the admin API: ")
+            else { throw DeploymentError("init printed no admin token or URL: \(output)") }
+            return ServerDeployment.Created(
+                caPath: try value("CA certificate:"), caFingerprint: try value("CA fingerprint:"), agentAddress: try value("server:"),
+                enrollmentToken: try value("enrollment token:"), adminToken: lines[adminLine + 1],
+                adminURL: String(urlLine[urlStart.upperBound...].prefix(while: { $0 != ")" })))
+        }
 
         func startServer() throws -> (ManagedProcess, Int) {
             let server = try ManagedProcess("dredge-server", ["run", "--data", data, "--agent-port", "0", "--admin-port", "0", "--heartbeat-seconds", "1"], outputPath: dir.file("server-\(UUID().uuidString).log"))
@@ -125,8 +154,8 @@ import Testing
         }
     }
 
-    @Test func anAgentEnrollsConnectsHeartbeatsAndReconnectsAfterAServerRestart() throws {
-        let d = try Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func anAgentEnrollsConnectsHeartbeatsAndReconnectsAfterAServerRestart(_ backend: ServerBackend) throws {
+        let d = try Deployment(backend: backend)
         var (server, port) = try d.startServer()
         let state = d.dir.file("agent"), store = d.dir.file("logs.sqlite")
         let (status, output) = try d.enroll(state: state, port: port)
@@ -156,8 +185,8 @@ import Testing
         #expect(server.output.contains("dredge-server stopped"))
     }
 
-    @Test func aWrongTokenOrAWrongCAIsRefusedAndTheServerKeepsServing() throws {
-        let d = try Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func aWrongTokenOrAWrongCAIsRefusedAndTheServerKeepsServing(_ backend: ServerBackend) throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
 
@@ -181,8 +210,8 @@ import Testing
         #expect(try d.agents().count == 1)
     }
 
-    @Test func anAgentThatIsNotEnrolledCannotAuthenticate() throws {
-        let d = try Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func anAgentThatIsNotEnrolledCannotAuthenticate(_ backend: ServerBackend) throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         // Enroll with one server, then point the agent at another deployment's server that

@@ -17,8 +17,8 @@ import Testing
 @Suite struct FeedbackEndToEndTests {
     typealias Deployment = AgentServerEndToEndTests.Deployment
 
-    @Test func feedbackGivenWhileTheServerIsDownArrivesOnceWhenItIsBack() throws {
-        let d = try Deployment()
+    @Test(arguments: ServerBackend.all) func feedbackGivenWhileTheServerIsDownArrivesOnceWhenItIsBack(_ backend: ServerBackend) throws {
+        let d = try Deployment(backend: backend)
         var (server, port) = try d.startServer()
         let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
         try PullEndToEndTests.makeDeviceStore(store)
@@ -98,8 +98,8 @@ import Testing
     /// The server fails on its side (here it cannot create `feedback/`): the feedback stays
     /// open with the reason, the agent keeps it and tries again after a backoff; once the server
     /// is mended it arrives, without restarting anything.
-    @Test func aFeedbackTheServerFailedToStoreIsKeptAndSentAgain() throws {
-        let d = try Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func aFeedbackTheServerFailedToStoreIsKeptAndSentAgain(_ backend: ServerBackend) throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)
@@ -129,8 +129,8 @@ import Testing
 
     /// A feedback whose key is wrapped for another server, or that names another agent, is
     /// refused at its first frame; nothing is recorded.
-    @Test func aFeedbackTheServerCannotOpenIsRefused() async throws {
-        let d = try Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func aFeedbackTheServerCannotOpenIsRefused(_ backend: ServerBackend) async throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let client = try d.adminClient(server)

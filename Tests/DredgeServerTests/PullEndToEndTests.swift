@@ -42,8 +42,8 @@ import Testing
         try d.pullTarget(id)?["status"] as? String
     }
 
-    @Test func aPullByUidArrivesAsExactlyTheFilteredRecords() throws {
-        let d = try AgentServerEndToEndTests.Deployment()
+    @Test(arguments: ServerBackend.all) func aPullByUidArrivesAsExactlyTheFilteredRecords(_ backend: ServerBackend) throws {
+        let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let (agent, _, store) = try d.runDevice(port: port, waitingFor: "u-2")
@@ -68,8 +68,8 @@ import Testing
         for file in files { #expect(contents(dir + "/" + file) == expected[file], "\(file)") }
     }
 
-    @Test func twoPullsAtOnceBothCompleteWhileHeartbeatsContinue() throws {
-        let d = try AgentServerEndToEndTests.Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func twoPullsAtOnceBothCompleteWhileHeartbeatsContinue(_ backend: ServerBackend) throws {
+        let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let (agent, _, store) = try d.runDevice(port: port, waitingFor: "u-1")
@@ -87,8 +87,8 @@ import Testing
         }
     }
 
-    @Test func aPullForAnOfflineAgentIsDeliveredWhenItConnectsAndAnExpiredOneNever() async throws {
-        let d = try AgentServerEndToEndTests.Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func aPullForAnOfflineAgentIsDeliveredWhenItConnectsAndAnExpiredOneNever(_ backend: ServerBackend) async throws {
+        let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
@@ -100,7 +100,7 @@ import Testing
         let (s1, live) = try d.pull(["--agent", agentID])
         #expect(s1 == 0, "\(live)")
         let deployment = try LoadedDeployment(directory: d.data)
-        let queue = PullStore(try ServerDatabase(directory: d.data))
+        let queue = try await ServerPersistence.open(deployment).pulls
         let expiring = try CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey).newPull(
             uid: "", agentID: agentID, filter: .all, targets: [agentID], lifetime: .milliseconds(200), requestedBy: "test")
         try await queue.create(expiring)
@@ -143,8 +143,8 @@ import Testing
 
     /// The agent is killed with SIGKILL mid-upload and started again: it finds the accepted
     /// command and the export on disk and finishes the upload.
-    @Test func anAgentKilledMidUploadFinishesItAfterARestart() throws {
-        let d = try AgentServerEndToEndTests.Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func anAgentKilledMidUploadFinishesItAfterARestart(_ backend: ServerBackend) throws {
+        let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
@@ -179,8 +179,8 @@ import Testing
     /// many times during one upload: the upload resumes each time and
     /// completes with exactly the filtered records. Then the server is killed with SIGKILL
     /// mid-upload and restarted: the upload resumes from the chunks stored before the kill.
-    @Test func uploadsSurviveCutConnectionsAndAServerKilledMidUpload() throws {
-        let d = try AgentServerEndToEndTests.Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func uploadsSurviveCutConnectionsAndAServerKilledMidUpload(_ backend: ServerBackend) throws {
+        let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         var (server, port) = try d.startServer()
         let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
         try Self.makeLargeStore(store)

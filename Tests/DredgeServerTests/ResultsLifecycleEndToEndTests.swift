@@ -11,8 +11,8 @@ import ZIPFoundation
 @Suite struct ResultsLifecycleEndToEndTests {
     typealias Deployment = AgentServerEndToEndTests.Deployment
 
-    @Test func anEngineerRemovesAPullAndItsRecordsWithDredgeRm() throws {
-        let d = try Deployment()
+    @Test(arguments: [ServerBackend.sqlite]) func anEngineerRemovesAPullAndItsRecordsWithDredgeRm(_ backend: ServerBackend) throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)

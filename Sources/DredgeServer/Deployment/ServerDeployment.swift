@@ -36,6 +36,9 @@ public enum ServerDeployment {
         /// Names agents use to reach the server; they go into the certificate. `localhost` and
         /// `127.0.0.1` are always included.
         public var names: [String] = []
+        /// A PostgreSQL database (`postgres://…`) instead of SQLite in the data directory:
+        /// recorded in `server.json`; made with ``initialize(_:database:)``.
+        public var database: String?
         public var now = Date()
 
         public init(dataDirectory: String) { self.dataDirectory = dataDirectory }
@@ -53,6 +56,18 @@ public enum ServerDeployment {
         public var adminURL: String
         /// The admin API uses the operator's certificate, not one the deployment CA signed.
         public var operatorCertificate = false
+
+        public init(
+            caPath: String, caFingerprint: String, agentAddress: String, enrollmentToken: String, adminToken: String, adminURL: String, operatorCertificate: Bool = false
+        ) {
+            self.caPath = caPath
+            self.caFingerprint = caFingerprint
+            self.agentAddress = agentAddress
+            self.enrollmentToken = enrollmentToken
+            self.adminToken = adminToken
+            self.adminURL = adminURL
+            self.operatorCertificate = operatorCertificate
+        }
 
         /// The line an engineer pastes to log in: the CA pinned by its fingerprint (the
         /// deployment's CA signs the admin certificate unless the operator gave one).
@@ -92,12 +107,58 @@ public enum ServerDeployment {
         public var threads: WorkThreads?
         /// How long pulled and feedback files are kept; 30 days when absent.
         public var results: ResultsRetention?
+        /// The PostgreSQL database the server's state is in (`postgres://user@host:port/db`,
+        /// the password better in `PGPASSWORD`); SQLite in the data directory when absent.
+        public var database: String?
     }
 
     /// What `initialize` makes.
     public static let files = ["ca.pem", "ca-key.pem", "server.pem", "server-key.pem", "signing-key", "encryption-key.pem", "server.json", ServerDatabase.fileName]
 
+    /// Makes a deployment whose state is in SQLite in the data directory (`dredge.sqlite`).
     public static func initialize(_ options: Options) throws -> Created {
+        guard options.database == nil else { throw DeploymentError("a deployment on PostgreSQL is made with initialize(_:database:)") }
+        return try make(options, database: nil, databaseFiles: [ServerDatabase.fileName, ServerDatabase.fileName + "-wal", ServerDatabase.fileName + "-shm"]) { dir in
+            let tokens = TokenStore(try ServerDatabase(directory: dir))
+            return (
+                admin: try tokens.createWhileInitializing(name: "admin", kind: .admin, now: options.now).token,
+                enrollment: try tokens.createWhileInitializing(name: "default", kind: .enrollment, now: options.now).token
+            )
+        }
+    }
+
+    /// Makes a deployment whose state is in a PostgreSQL database (`options.database`, recorded
+    /// in `server.json`), for one node or the first of a cluster (the others share its data
+    /// directory). The database must hold no tokens yet: it would be another deployment's.
+    public static func initialize(_ options: Options, database: PostgresDatabase) async throws -> Created {
+        guard let url = options.database else { throw DeploymentError("options.database names no PostgreSQL database") }
+        let vault = PostgresTokenVault(database)
+        guard try await vault.list().isEmpty else {
+            throw DeploymentError(
+                "the database \(database.location) already holds tokens: it is another deployment's (the nodes of a cluster share one data directory: run init once)")
+        }
+        let admin = try TokenStore.make(name: "admin", kind: .admin, now: options.now)
+        let enrollment = try TokenStore.make(name: "default", kind: .enrollment, now: options.now)
+        let created = try make(options, database: url, databaseFiles: []) { _ in (admin.1.token, enrollment.1.token) }
+        do {
+            try await vault.insert([admin.0, enrollment.0])
+        } catch {
+            let failure = error
+            for name in files where FileManager.default.fileExists(atPath: options.dataDirectory + "/" + name) {
+                do { try FileManager.default.removeItem(atPath: options.dataDirectory + "/" + name) } catch {
+                    throw DeploymentError("\(failure); and removing the half-made \(name) failed: \(error)")
+                }
+            }
+            throw failure
+        }
+        return created
+    }
+
+    /// The files, then the first tokens (by `tokens`, given the directory); a failure part-way
+    /// removes what was written.
+    private static func make(
+        _ options: Options, database: String?, databaseFiles: [String], tokens makeTokens: (String) throws -> (admin: String, enrollment: String)
+    ) throws -> Created {
         let fm = FileManager.default
         let dir = options.dataDirectory
         try fm.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
@@ -125,7 +186,8 @@ public enum ServerDeployment {
         let signing = ServerSigningKey.generate()
         let encryption = try RSAPrivateKey.generate()
         let config = Config(
-            listenHost: options.listenHost, agentPort: options.agentPort, adminPort: options.adminPort, adminHost: options.adminHost, adminTLS: adminTLS, names: names)
+            listenHost: options.listenHost, agentPort: options.agentPort, adminPort: options.adminPort, adminHost: options.adminHost, adminTLS: adminTLS, names: names,
+            database: database)
 
         // Secrets first, each created exclusively; a failure part-way leaves no usable half.
         var written: [String] = []
@@ -142,10 +204,8 @@ public enum ServerDeployment {
             try write("ca.pem", Array(try ca.serializeAsPEM().pemString.utf8), mode: 0o644)
             try write("server.pem", Array(try server.serializeAsPEM().pemString.utf8), mode: 0o644)
             try write("server.json", try encode(config), mode: 0o644)
-            written += [ServerDatabase.fileName, ServerDatabase.fileName + "-wal", ServerDatabase.fileName + "-shm"]
-            let tokens = TokenStore(try ServerDatabase(directory: dir))
-            adminToken = try tokens.createWhileInitializing(name: "admin", kind: .admin, now: options.now).token
-            enrollmentToken = try tokens.createWhileInitializing(name: "default", kind: .enrollment, now: options.now).token
+            written += databaseFiles
+            (adminToken, enrollmentToken) = try makeTokens(dir)
         } catch {
             let failure = error
             for name in written where fm.fileExists(atPath: dir + "/" + name) {

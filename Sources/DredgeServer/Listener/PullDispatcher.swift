@@ -8,6 +8,10 @@ import ServiceLifecycle
 /// `sweepInterval` catches the rest: pulls queued by another process (`dredge-server pull`)
 /// and anything a wake missed. Idle connections cost nothing: one query per sweep in all,
 /// not one per agent.
+///
+/// With ``PullNotices`` (the PostgreSQL back end, shared by several nodes), a pull queued by
+/// any node or process wakes its agents here at once, through the database's notifications;
+/// the sweep then only runs with the housekeeping, once a minute, as a safety net.
 public final class PullDispatcher: Service, @unchecked Sendable {
     let pulls: any PullQueue
     let sweepInterval: Duration
@@ -18,11 +22,16 @@ public final class PullDispatcher: Service, @unchecked Sendable {
 
     /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
     let housekeeping: (@Sendable () async throws -> Void)?
+    let notices: (any PullNotices)?
 
-    public init(pulls: any PullQueue, sweepInterval: Duration = .seconds(1), logger: Logger, housekeeping: (@Sendable () async throws -> Void)? = nil) {
+    public init(
+        pulls: any PullQueue, sweepInterval: Duration = .seconds(1), logger: Logger, notices: (any PullNotices)? = nil,
+        housekeeping: (@Sendable () async throws -> Void)? = nil
+    ) {
         self.pulls = pulls
-        self.sweepInterval = sweepInterval
+        self.sweepInterval = notices == nil ? sweepInterval : max(sweepInterval, .seconds(60))
         self.logger = logger
+        self.notices = notices
         self.housekeeping = housekeeping
     }
 
@@ -54,6 +63,12 @@ public final class PullDispatcher: Service, @unchecked Sendable {
     }
 
     public func run() async throws {
+        let listening = notices.map { notices in
+            Task { [weak self, logger] in
+                await notices.listen(logger: logger) { [weak self] agents in self?.wake(agents) }
+            }
+        }
+        defer { listening?.cancel() }
         var lastHousekeeping = ContinuousClock.now
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
             do {
@@ -74,4 +89,12 @@ public final class PullDispatcher: Service, @unchecked Sendable {
         let all = lock.withLock { waiting.values.flatMap(\.values) }
         for c in all { c.finish() }
     }
+}
+
+/// Pulls queued anywhere (any node, any process on the same database), as they are queued.
+public protocol PullNotices: Sendable {
+    /// Calls `wake` with the agents of each pull queued from now on, until cancelled; after
+    /// each (re)connection also with every agent that has a queued pull (what it may have
+    /// missed). Never throws: a lost connection is logged and made again.
+    func listen(logger: Logger, _ wake: @escaping @Sendable ([String]) -> Void) async
 }

@@ -1,3 +1,5 @@
+import Logging
+
 /// The server's stores over its one database in a data directory (``ServerDatabase``), opened
 /// the one way `dredge-server run`, the command-line tools and the tests open them, and the
 /// ``CommandIssuer`` over the deployment's keys.
@@ -19,5 +21,58 @@ public struct ServerStores: Sendable {
         tokens = TokenStore(database)
         records = try RecordIndexStore.openOrRebuild(directory: deployment.directory)
         issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
+    }
+}
+
+/// The stores a server runs on, whichever the back end: SQLite in the data directory
+/// (``ServerStores``), or the PostgreSQL database that `--database` or `server.json`'s
+/// `database` names (``PostgresDatabase``), shared by the nodes of a cluster.
+public struct ServerPersistence: Sendable {
+    public let registry: any AgentDirectory
+    public let pulls: any PullQueue & AuditLog
+    public let feedback: any FeedbackInbox
+    public let tokens: any TokenVault
+    public let records: any RecordIndex
+    public let issuer: CommandIssuer
+    /// Where the state is: the SQLite file, or the database's URL without its password.
+    public let location: String
+    /// The PostgreSQL database, when the state is there.
+    public let postgres: PostgresDatabase?
+    /// Pulls queued by any node, as they are queued (PostgreSQL's notifications); nil on SQLite,
+    /// where the dispatcher's sweep finds pulls queued by another process.
+    public let notices: (any PullNotices)?
+    /// The files of an earlier release this open imported (SQLite only), and what went wrong
+    /// renaming them.
+    public let imported: [String]
+    public let importProblems: [String]
+
+    public init(_ stores: ServerStores) {
+        (registry, pulls, feedback, tokens, records, issuer) = (stores.registry, stores.pulls, stores.feedback, stores.tokens, stores.records, stores.issuer)
+        location = stores.database.path
+        postgres = nil
+        notices = nil
+        (imported, importProblems) = (stores.database.imported, stores.database.importProblems)
+    }
+
+    public init(_ database: PostgresDatabase, deployment: LoadedDeployment) {
+        registry = PostgresAgentDirectory(database)
+        let queue = PostgresPullQueue(database)
+        pulls = queue
+        notices = queue
+        feedback = PostgresFeedbackInbox(database)
+        tokens = PostgresTokenVault(database)
+        records = PostgresRecordIndex(database)
+        issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
+        location = database.location.description
+        postgres = database
+        (imported, importProblems) = ([], [])
+    }
+
+    /// Opens the deployment's stores: on PostgreSQL when `database` (else `server.json`'s
+    /// `database`) names one, else SQLite in the data directory.
+    public static func open(_ deployment: LoadedDeployment, database: String? = nil, logger: Logger = Logger(label: "dredge.server")) async throws -> ServerPersistence {
+        guard let url = database ?? deployment.config.database else { return ServerPersistence(try ServerStores(deployment)) }
+        let db = try await PostgresDatabase(try PostgresDatabase.Location(url: url), logger: logger)
+        return ServerPersistence(db, deployment: deployment)
     }
 }

@@ -35,6 +35,14 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
     static let all: [PersistenceBackend] = TestPostgres.url == nil ? [.sqlite] : [.sqlite, .postgres]
 }
 
+/// Where a server under test keeps its state (the end-to-end suites run against each in ``all``).
+enum ServerBackend: String, Sendable, CustomTestStringConvertible, CaseIterable {
+    case sqlite = "SQLite"
+    case postgres = "PostgreSQL"
+    var testDescription: String { rawValue }
+    static let all: [ServerBackend] = TestPostgres.url == nil ? [.sqlite] : [.sqlite, .postgres]
+}
+
 /// The PostgreSQL database the tests may use, from `DREDGE_TEST_POSTGRES`.
 enum TestPostgres {
     static let url = ProcessInfo.processInfo.environment["DREDGE_TEST_POSTGRES"].flatMap { $0.isEmpty ? nil : $0 }
@@ -45,6 +53,8 @@ enum TestPostgres {
         guard let url else { throw DeploymentError("DREDGE_TEST_POSTGRES is not set") }
         let schema = "t_" + String(dir.url.lastPathComponent.lowercased().filter { $0.isLetter || $0.isNumber }.suffix(40))
         let separator = url.contains("?") ? "&" : "?"
-        return try await PostgresDatabase(try PostgresDatabase.Location(url: url + separator + "schema=" + schema))
+        // A long wait for the first answer: the child-process tests running beside these can
+        // hold the test process's few threads for seconds.
+        return try await PostgresDatabase(try PostgresDatabase.Location(url: url + separator + "schema=" + schema), connectTimeout: .seconds(300))
     }
 }

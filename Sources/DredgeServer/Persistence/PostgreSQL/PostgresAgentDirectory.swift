@@ -60,6 +60,9 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
     public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date) async throws -> Int64 {
         let host = host.bounded
         let labels = try AgentRegistry.json(host.extra)
+        // The uids this node last wrote may be stale: the agent may have been on another node
+        // since. Its first heartbeat here is written in full.
+        presence.withLock { _ = $0.uids.removeValue(forKey: agentID) }
         return try await db.write { c in
             try await c.value(
                 """

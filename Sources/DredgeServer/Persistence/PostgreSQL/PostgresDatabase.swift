@@ -140,9 +140,10 @@ public final class PostgresDatabase: Sendable {
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask { _ = try await client.query("SELECT 1", logger: logger).collect() }
+                    let wait = min(deadline - ContinuousClock.now, .seconds(30))
                     group.addTask {
-                        try await Task.sleep(for: .seconds(5))
-                        throw DeploymentError("no answer within 5 s")
+                        try await Task.sleep(for: wait)
+                        throw DeploymentError("no answer within \(wait)")
                     }
                     defer { group.cancelAll() }
                     try await group.next()

@@ -2,6 +2,7 @@ import DredgeAdminAPI
 import DredgeDomain
 import DredgeWire
 import Foundation
+import Logging
 import PostgresNIO
 
 /// The pull queue and audit log in the PostgreSQL database (``PullQueue``, ``AuditLog``), the
@@ -11,6 +12,20 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
     private let db: PostgresDatabase
 
     public init(_ database: PostgresDatabase) { db = database }
+
+    /// The channel pulls are announced on: one per schema (the deployment's tables).
+    var channel: String { db.location.schema == "public" ? "dredge_pull" : "dredge_pull_" + db.location.schema.prefix(40) }
+
+    /// Announces, when the transaction commits, that these agents have a pull queued: at most
+    /// 200 ids a notification (a payload holds under 8,000 bytes).
+    private func announce(_ agents: [String], on c: PostgresConnection) async throws {
+        var rest = agents[...]
+        while !rest.isEmpty {
+            let part = rest.prefix(200).joined(separator: ",")
+            rest = rest.dropFirst(200)
+            try await c.run("SELECT pg_notify(\(channel), \(part))")
+        }
+    }
 
     private static let final = PullStatus.allCases.filter(\.isFinal).map(\.rawValue)
 
@@ -34,6 +49,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                 SELECT \(pull.id), a, \(PullStatus.queued.rawValue), \(now) FROM unnest(\(pull.targets)::text[]) AS a
                 """)
             try await c.run("INSERT INTO audit (at, actor, action, detail) VALUES (\(now), \(pull.requestedBy), 'pull', \(detail.storable))")
+            try await announce(pull.targets, on: c)
         }
     }
 
@@ -219,7 +235,9 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         return try await db.write { c in
             var adopted: [String] = []
             for pull in matching {
-                // Not a pull removed since the read.
+                // Not a pull removed since the read: its row share-locked, so a removal on
+                // another node (which locks it for update) waits for this, or this for it.
+                guard try await c.run("SELECT 1 FROM pull WHERE id = \(pull) AND removed_at IS NULL FOR SHARE") > 0 else { continue }
                 let added = try await c.run(
                     """
                     INSERT INTO pull_target (pull_id, agent_id, status, updated_at)
@@ -228,6 +246,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                     """)
                 if added > 0 { adopted.append(pull) }
             }
+            if !adopted.isEmpty { try await announce([agent], on: c) }
             return adopted
         }
     }
@@ -293,6 +312,31 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                 let (id, at, actor, action, detail) = try row.decode((Int64, Double, String, String, String).self)
                 return AuditEntry(id: id, at: Date(timeIntervalSince1970: at), actor: actor, action: action, detail: detail)
             }
+        }
+    }
+}
+
+extension PostgresPullQueue: PullNotices {
+    public func listen(logger: Logger, _ wake: @escaping @Sendable ([String]) -> Void) async {
+        var backoff = Duration.milliseconds(250)
+        while !Task.isCancelled {
+            do {
+                try await db.client.withConnection { connection in
+                    try await connection.listen(on: channel) { notifications in
+                        // Listening now: whatever was queued while it was not is delivered too.
+                        wake(Array(try await agentsWithQueuedPulls()))
+                        backoff = .milliseconds(250)
+                        for try await notification in notifications {
+                            wake(notification.payload.split(separator: ",").map(String.init))
+                        }
+                    }
+                }
+            } catch {
+                if Task.isCancelled { return }
+                logger.warning("pull notifications: listening failed; listening again", metadata: ["error": "\(DatabaseFailure.wrapping(error))"])
+            }
+            try? await Task.sleep(for: backoff)
+            backoff = min(backoff * 2, .seconds(10))
         }
     }
 }

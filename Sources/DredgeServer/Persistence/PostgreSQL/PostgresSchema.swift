@@ -7,7 +7,8 @@ import PostgresNIO
 ///
 /// The tables mirror the embedded back end's (``ServerDatabase``, ``RecordIndexStore``), with
 /// PostgreSQL's types: `bytea` keys, `boolean` flags, identity ids, and in the index a
-/// `tsvector` column over each record's message and metadata with a GIN index (text search
+/// `tsvector` column over each record's message and metadata (their first 50,000 characters
+/// each: a `tsvector` holds at most 1 MB) with a GIN index (text search
 /// configuration `dredge_text`: the `simple` parser and dictionary behind `unaccent`, so case
 /// and accents are ignored and no word is dropped or stemmed).
 enum PostgresSchema {
@@ -205,7 +206,7 @@ enum PostgresSchema {
                     type text COLLATE "C" NOT NULL,
                     message text NOT NULL,
                     metadata text NOT NULL,
-                    words tsvector GENERATED ALWAYS AS (to_tsvector('dredge_text', message) || to_tsvector('dredge_text', metadata)) STORED
+                    words tsvector GENERATED ALWAYS AS (to_tsvector('dredge_text', left(message, 50000)) || to_tsvector('dredge_text', left(metadata, 50000))) STORED
                 )
                 """,
                 "CREATE INDEX record_ts ON record(ts, id)",

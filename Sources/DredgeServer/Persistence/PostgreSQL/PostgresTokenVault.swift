@@ -40,9 +40,26 @@ public final class PostgresTokenVault: TokenVault, Sendable {
         return created
     }
 
+    /// Stores tokens made elsewhere (a deployment's first ones, by ``ServerDeployment``), all
+    /// or none: a name already taken throws ``TokenError/exists(_:)``.
+    func insert(_ rows: [TokenRow]) async throws {
+        try await db.write { c in
+            for row in rows {
+                let inserted = try await c.run(
+                    """
+                    INSERT INTO token (kind, name, sha256, created_at) VALUES (\(row.kind), \(row.name), \(row.sha256), \(row.createdAt))
+                    ON CONFLICT (kind, name) DO NOTHING RETURNING 1
+                    """)
+                guard inserted > 0 else { throw TokenError.exists(row.name) }
+            }
+        }
+    }
+
     /// Revokes a token at once. The last admin token cannot go: the admin rows are locked first,
     /// so two nodes revoking the last two at once cannot both succeed.
     public func revoke(name: String, kind: TokenKind) async throws {
+        // A name no token can have (PostgreSQL's text cannot even hold a NUL) is unknown.
+        guard !name.contains("\u{0}") else { throw TokenError.unknown(name) }
         try await db.write { c in
             let admins = try await c.rows("SELECT name FROM token WHERE kind = \(TokenKind.admin.rawValue) FOR UPDATE").count
             guard try await c.run("DELETE FROM token WHERE kind = \(kind.rawValue) AND name = \(name) RETURNING 1") > 0 else { throw TokenError.unknown(name) }

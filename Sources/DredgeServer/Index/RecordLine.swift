@@ -37,6 +37,22 @@ struct RecordLine {
         return scanner.record()
     }
 
+    /// Each non-empty line of a block (lines end in `\n`) with its offset in the block, parsed:
+    /// nil for a line that is not a record. What both indexes read a block with.
+    static func each(
+        in block: UnsafeBufferPointer<UInt8>, _ body: (_ record: RecordLine?, _ line: UnsafeBufferPointer<UInt8>, _ offset: Int) throws -> Void
+    ) rethrows {
+        var start = 0
+        while start < block.count {
+            var end = start
+            while end < block.count && block[end] != 0x0A { end += 1 }
+            defer { start = end + 1 }
+            guard end > start else { continue }
+            let line = UnsafeBufferPointer(rebasing: block[start..<end])
+            try body(parse(line), line, start)
+        }
+    }
+
     /// The text of a string value, its escapes resolved.
     static func decode(_ text: Text, in line: UnsafeBufferPointer<UInt8>) -> [UInt8] {
         JSONString.unescape(line, text.range)

@@ -14,20 +14,13 @@ import Synchronization
 /// once, so ``holders(of:)`` is never behind.
 public final class PostgresAgentDirectory: AgentDirectory, Sendable {
     private let db: PostgresDatabase
-    private let heartbeatFlush: Duration
-    private let presence = Mutex(Presence())
+    private let hold: HeartbeatHold
 
-    private typealias Held = [String: (at: Double, records: Int64)]
-
-    private struct Presence {
-        var uids: [String: [String]] = [:]
-        var pending: Held = [:]
-        var lastFlush = ContinuousClock.now
-    }
+    private typealias Held = HeartbeatHold.Held
 
     public init(_ database: PostgresDatabase, heartbeatFlush: Duration = .seconds(1)) {
         db = database
-        self.heartbeatFlush = heartbeatFlush
+        hold = HeartbeatHold(flushEvery: heartbeatFlush)
     }
 
     public func resetPresence() async throws {
@@ -62,7 +55,7 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         let labels = try AgentRegistry.json(host.extra)
         // The uids this node last wrote may be stale: the agent may have been on another node
         // since. Its first heartbeat here is written in full.
-        presence.withLock { _ = $0.uids.removeValue(forKey: agentID) }
+        hold.forget(agentID)
         return try await db.write { c in
             try await c.value(
                 """
@@ -83,14 +76,8 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         let sorted = Array(Set(heartbeat.activeUids)).sorted()
         let report = heartbeat.hasUsers ? heartbeat.users : nil
         let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
-        enum Step { case hold, flush(Held), write(with: Held) }
-        let step: Step = presence.withLock { p in
-            guard report == nil, p.uids[agentID] == sorted else { return .write(with: Self.takePending(&p)) }
-            if (p.pending[agentID]?.at ?? -.infinity) <= at { p.pending[agentID] = (at, records) }
-            return ContinuousClock.now - p.lastFlush >= heartbeatFlush ? .flush(Self.takePending(&p)) : .hold
-        }
         let held: Held
-        switch step {
+        switch hold.step(agentID, uids: sorted, hasReport: report != nil, at: at, records: records) {
         case .hold: return []
         case .flush(let due):
             try await write(due)
@@ -125,7 +112,7 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
             }
             return (true, try await Self.heldUIDs(of: agentID, on: c).subtracting(before))
         }
-        if outcome.known { presence.withLock { $0.uids[agentID] = sorted } }
+        if outcome.known { hold.wrote(sorted, of: agentID) }
         return outcome.added
     }
 
@@ -134,11 +121,6 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
             .map { try $0.decode(String.self) })
     }
 
-    private static func takePending(_ p: inout Presence) -> Held {
-        p.lastFlush = .now
-        defer { p.pending.removeAll(keepingCapacity: true) }
-        return p.pending
-    }
 
     private func write(_ held: Held) async throws {
         guard !held.isEmpty else { return }
@@ -159,7 +141,7 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
     }
 
     public func flushHeartbeats() async throws {
-        try await write(presence.withLock { Self.takePending(&$0) })
+        try await write(hold.takePending())
     }
 
     public func holders(of uid: String) async throws -> [UIDHolder] {

@@ -181,8 +181,6 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
     public func expireStalled(now: Date, listeningSince: Date, deadlines: PullStore.Deadlines) async throws -> Int {
         let nowUs = Timestamp(now).microseconds
         let sinceUs = listeningSince == .distantPast ? Int64.min : Timestamp(listeningSince).microseconds
-        let quietUs = Int64(deadlines.quietAfterExpiry.components.seconds) * 1_000_000
-        let hardUs = Int64(deadlines.afterExpiry.components.seconds) * 1_000_000
         let open = try await db.read { c in
             try await c.rows(
                 """
@@ -193,15 +191,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         }
         var ended = 0
         for (pullID, agent, status, updatedAt, expiresAt) in open {
-            let heardUs = Timestamp(Date(timeIntervalSince1970: updatedAt)).microseconds
-            let detail: String
-            if nowUs - max(heardUs, expiresAt, sinceUs) >= quietUs {
-                detail = "no word from the agent since \(Timestamp(microseconds: heardUs)) (\(status)); the pull expired at \(Timestamp(microseconds: expiresAt))"
-            } else if nowUs - expiresAt >= hardUs {
-                detail = "still \(status) \(deadlines.afterExpiry) after the pull expired at \(Timestamp(microseconds: expiresAt)); given up"
-            } else {
-                continue
-            }
+            guard let detail = deadlines.ending(status, heard: updatedAt, expiresAt: expiresAt, nowUs: nowUs, sinceUs: sinceUs) else { continue }
             ended += try await db.write { c in
                 try await c.run(
                     """

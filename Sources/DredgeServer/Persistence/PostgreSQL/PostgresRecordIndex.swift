@@ -62,16 +62,10 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
         var ts: [Int64] = [], uids: [String] = [], levels: [Int32] = [], types: [String] = [], messages: [String] = [], metadata: [String] = []
         var keys: [Int64] = [], hasKey: [Bool] = []
         lines.withUnsafeBufferPointer { buffer in
-            var start = 0
-            while start < buffer.count {
-                var end = start
-                while end < buffer.count && buffer[end] != 0x0A { end += 1 }
-                defer { start = end + 1 }
-                guard end > start else { continue }
-                let line = UnsafeBufferPointer(rebasing: buffer[start..<end])
-                guard let record = RecordLine.parse(line) else {
+            RecordLine.each(in: buffer) { record, line, _ in
+                guard let record else {
                     count.unreadable += 1
-                    continue
+                    return
                 }
                 func text(_ value: RecordLine.Text?) -> String {
                     guard let value else { return "" }

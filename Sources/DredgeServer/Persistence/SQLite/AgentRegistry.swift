@@ -22,22 +22,13 @@ import Synchronization
 /// the interval while heartbeats keep arriving, else at the next heartbeat or agent list.
 public final class AgentRegistry: AgentDirectory, Sendable {
     private let db: DatabasePool
-    private let heartbeatFlush: Duration
-    private let presence = Mutex(Presence())
+    private let hold: HeartbeatHold
 
-    /// Heartbeat times and record counts held in memory, per agent.
-    private typealias Held = [String: (at: Double, records: Int64)]
-
-    /// Heartbeats held in memory, and the uids last written per agent.
-    private struct Presence {
-        var uids: [String: [String]] = [:]
-        var pending: Held = [:]
-        var lastFlush = ContinuousClock.now
-    }
+    private typealias Held = HeartbeatHold.Held
 
     public init(_ database: ServerDatabase, heartbeatFlush: Duration = .seconds(1)) {
         db = database.pool
-        self.heartbeatFlush = heartbeatFlush
+        hold = HeartbeatHold(flushEvery: heartbeatFlush)
     }
 
     /// The `agent` and `agent_uid` tables as they were when `server.sqlite` was merged into the
@@ -161,16 +152,8 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         let sorted = Array(Set(heartbeat.activeUids)).sorted()
         let report = heartbeat.hasUsers ? heartbeat.users : nil
         let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
-        enum Step { case hold, flush(Held), write(with: Held) }
-        let step: Step = presence.withLock { p in
-            // New uids, a user report, or the first heartbeat this registry sees of the agent:
-            // written now, with whatever is held.
-            guard report == nil, p.uids[agentID] == sorted else { return .write(with: Self.takePending(&p)) }
-            if (p.pending[agentID]?.at ?? -.infinity) <= at { p.pending[agentID] = (at, records) }
-            return ContinuousClock.now - p.lastFlush >= heartbeatFlush ? .flush(Self.takePending(&p)) : .hold
-        }
         let held: Held
-        switch step {
+        switch hold.step(agentID, uids: sorted, hasReport: report != nil, at: at, records: records) {
         case .hold: return []
         case .flush(let due):
             try await write(due)
@@ -201,7 +184,7 @@ public final class AgentRegistry: AgentDirectory, Sendable {
             }
             return (true, try Self.heldUIDs(of: agentID, in: db).subtracting(before))
         }
-        if outcome.known { presence.withLock { $0.uids[agentID] = sorted } }
+        if outcome.known { hold.wrote(sorted, of: agentID) }
         return outcome.added
     }
 
@@ -225,11 +208,6 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         return String(decoding: try encoder.encode(value), as: UTF8.self)
     }
 
-    private static func takePending(_ p: inout Presence) -> Held {
-        p.lastFlush = .now
-        defer { p.pending.removeAll(keepingCapacity: true) }
-        return p.pending
-    }
 
     private func write(_ held: Held) async throws {
         guard !held.isEmpty else { return }
@@ -247,7 +225,7 @@ public final class AgentRegistry: AgentDirectory, Sendable {
 
     /// Writes the heartbeats held in memory now.
     public func flushHeartbeats() async throws {
-        try await write(presence.withLock { Self.takePending(&$0) })
+        try await write(hold.takePending())
     }
 
     /// The agents that hold `uid` (active uids or user report). None for an invalid uid:

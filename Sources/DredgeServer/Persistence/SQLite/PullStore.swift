@@ -201,6 +201,20 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             self.quietAfterExpiry = quietAfterExpiry
             self.afterExpiry = afterExpiry
         }
+
+        /// Why an open target ends now (its status, when it was last heard of in seconds since
+        /// 1970, its pull's expiry; now and the listener's start in µs), or nil while it may go on.
+        /// Silence before the listener started is the server's own downtime, never counted.
+        func ending(_ status: String, heard: Double, expiresAt: Int64, nowUs: Int64, sinceUs: Int64) -> String? {
+            let heardUs = Timestamp(Date(timeIntervalSince1970: heard)).microseconds
+            if nowUs - max(heardUs, expiresAt, sinceUs) >= Int64(quietAfterExpiry.components.seconds) * 1_000_000 {
+                return "no word from the agent since \(Timestamp(microseconds: heardUs)) (\(status)); the pull expired at \(Timestamp(microseconds: expiresAt))"
+            }
+            if nowUs - expiresAt >= Int64(afterExpiry.components.seconds) * 1_000_000 {
+                return "still \(status) \(afterExpiry) after the pull expired at \(Timestamp(microseconds: expiresAt)); given up"
+            }
+            return nil
+        }
     }
 
     /// Ends the targets that will not finish: delivered, exporting or uploading past the pull's
@@ -214,8 +228,6 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     public func expireStalled(now: Date = Date(), listeningSince: Date = .distantPast, deadlines: Deadlines = Deadlines()) async throws -> Int {
         let nowUs = Timestamp(now).microseconds
         let sinceUs = listeningSince == .distantPast ? Int64.min : Timestamp(listeningSince).microseconds
-        let quietUs = Int64(deadlines.quietAfterExpiry.components.seconds) * 1_000_000
-        let hardUs = Int64(deadlines.afterExpiry.components.seconds) * 1_000_000
         let open = try await db.read { db in
             try OpenTarget.fetchAll(
                 db,
@@ -227,17 +239,8 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         }
         var ended = 0
         for row in open {
-            let expiresAt = row.expiresAt
-            let heardUs = Timestamp(Date(timeIntervalSince1970: row.updatedAt)).microseconds
             let status = row.status
-            let detail: String
-            if nowUs - max(heardUs, expiresAt, sinceUs) >= quietUs {
-                detail = "no word from the agent since \(Timestamp(microseconds: heardUs)) (\(status)); the pull expired at \(Timestamp(microseconds: expiresAt))"
-            } else if nowUs - expiresAt >= hardUs {
-                detail = "still \(status) \(deadlines.afterExpiry) after the pull expired at \(Timestamp(microseconds: expiresAt)); given up"
-            } else {
-                continue
-            }
+            guard let detail = deadlines.ending(status, heard: row.updatedAt, expiresAt: row.expiresAt, nowUs: nowUs, sinceUs: sinceUs) else { continue }
             ended += try await db.write { db in
                 try db.execute(
                     sql: "UPDATE pull_target SET status = 'expired', detail = ?, updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = ?",

@@ -195,16 +195,10 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                     }
                 }
                 sqlite3_bind_int64(handle, 1, id)
-                var start = 0
-                while start < buffer.count {
-                    var end = start
-                    while end < buffer.count && buffer[end] != 0x0A { end += 1 }
-                    defer { start = end + 1 }
-                    guard end > start else { continue }
-                    let line = UnsafeBufferPointer(rebasing: buffer[start..<end])
-                    guard let record = RecordLine.parse(line) else {
+                try RecordLine.each(in: buffer) { record, line, start in
+                    guard let record else {
                         count.unreadable += 1
-                        continue
+                        return
                     }
                     if let key = record.context, let context = contexts[key] { sqlite3_bind_int64(handle, 2, context) } else { sqlite3_bind_null(handle, 2) }
                     sqlite3_bind_int64(handle, 3, record.ts)
@@ -221,7 +215,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                     }
                     if bound == SQLITE_TOOBIG {
                         count.unreadable += 1
-                        continue
+                        return
                     }
                     guard bound == SQLITE_OK else { throw DatabaseError(resultCode: ResultCode(rawValue: bound), message: "binding a record") }
                     let stepped = sqlite3_step(handle)

@@ -1,4 +1,5 @@
 import DredgeAdminAPI
+import DredgeWire
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -42,7 +43,9 @@ public enum ServerRuntime {
         let deployment = try LoadedDeployment(directory: dir)
         let adminHost = options.adminHost ?? deployment.config.adminHost ?? "127.0.0.1"
         try LoadedDeployment.checkAdmin(host: adminHost, tls: deployment.adminTLSConfiguration != nil)
-        let stores = try await ServerPersistence.open(deployment, database: options.database, logger: logger)
+        // A node's lease (PostgreSQL): three of the heartbeat intervals its agents are told.
+        let heartbeat = Int64(max(1, options.heartbeatSeconds ?? WireLimits.defaultHeartbeatSeconds))
+        let stores = try await ServerPersistence.open(deployment, database: options.database, lease: .seconds(3 * heartbeat), logger: logger)
         logger.info("state", metadata: ["database": "\(stores.location)"])
         if !stores.imported.isEmpty {
             logger.notice("imported the files of an earlier release into the database", metadata: [
@@ -55,7 +58,7 @@ public enum ServerRuntime {
         let retention = options.keepDays.map(ResultsRetention.init(keepDays:)) ?? deployment.config.results ?? .default
         if let problem = retention.problem { throw DeploymentError("results retention: \(problem)") }
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
-        try await janitor.sweep(atStart: true)
+        try await janitor.sweep(atStart: true, shared: stores.node != nil)
         let indexer = Indexer(index: stores.records, paths: DataDirectory(dir), logger: logger)
         let results = ResultsKeeper(
             paths: DataDirectory(dir), pulls: pulls, feedback: feedback, records: stores.records, indexer: indexer, audit: pulls, retention: retention, logger: logger)
@@ -77,7 +80,10 @@ public enum ServerRuntime {
             consoleSessions: ConsoleSessions(lifetime: options.consoleSessionMinutes.map { TimeInterval(min(max($0, 1), 10_080)) * 60 } ?? ConsoleSessions.defaultLifetime),
             host: adminHost, port: options.adminPort ?? deployment.config.adminPort, tls: deployment.adminTLSConfiguration,
             caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self), logger: logger)
-        let group = ServiceGroup(services: [dispatcher, indexer, listener, admin], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        // On PostgreSQL the node's lease is renewed beside the rest (its agents' presence and index claims).
+        let services: [any Service] = (stores.node.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin]
+        if let node = stores.node { logger.info("cluster node", metadata: ["node": "\(node.id)", "name": "\(node.name)", "lease": "\(node.duration)"]) }
+        let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         logger.info("dredge-server stopped")
     }

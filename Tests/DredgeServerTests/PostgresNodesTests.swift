@@ -1,8 +1,10 @@
 import DredgeAdminAPI
 import DredgeDomain
+import DredgeEnvelope
 import DredgeTestSupport
 import Foundation
 import Logging
+import DredgeWire
 import Testing
 @testable import DredgeServer
 
@@ -72,5 +74,88 @@ struct PostgresNodesTests {
         defer { listening.cancel() }
         var it = told.stream.makeAsyncIterator()
         #expect(await it.next() == [agent])
+    }
+
+    /// The node's lease ran out long ago, as if it had stopped renewing it (killed, cut off).
+    static func expire(_ node: NodeLease, on db: PostgresDatabase) async throws {
+        try await db.write { try await $0.run("UPDATE node SET renewed_at = renewed_at - 1000 WHERE id = \(node.id)") }
+    }
+
+    @Test func presenceIsLeasedPerNode() async throws {
+        let db = try await TestPostgres.database(for: dir)
+        let leaseA = NodeLease(db, name: "A"), leaseB = NodeLease(db, name: "B")
+        let nodeA = PostgresAgentDirectory(db, node: leaseA), nodeB = PostgresAgentDirectory(db, node: leaseB)
+        try await nodeA.resetPresence()
+        let key = AgentDirectoryConformanceTests.keys[0].publicKey
+        let id = try await nodeA.enroll(publicKey: key, host: AgentDirectoryConformanceTests.host, now: Date())
+        let onA = try await nodeA.connected(id, from: "10.0.0.1:1", host: AgentDirectoryConformanceTests.host, now: Date())
+
+        // Node B starts: it clears nothing of node A's.
+        try await nodeB.resetPresence()
+        #expect(try await nodeB.agents().first?.connected == true, "a starting node leaves a live node's agents present")
+        #expect(Set(try await leaseB.liveNodes().map(\.name)) == ["A", "B"])
+
+        // Node A dies: once its lease has run out its agents read as offline, without a write by anyone.
+        try await Self.expire(leaseA, on: db)
+        #expect(try await nodeB.agents().first?.connected == false, "a dead node's agents are offline once its lease runs out")
+        #expect(try await leaseB.liveNodes().map(\.name) == ["B"])
+
+        // The agent moves to B; A's connection, ending late, changes nothing.
+        _ = try await nodeB.connected(id, from: "10.0.0.1:2", host: AgentDirectoryConformanceTests.host, now: Date())
+        try await nodeA.disconnected(id, generation: onA)
+        #expect(try await nodeA.agents().first?.connected == true)
+
+        // A node that renews a lease that ran out (it was cut off, not dead) has its agents back.
+        _ = try await nodeA.connected(id, from: "10.0.0.1:3", host: AgentDirectoryConformanceTests.host, now: Date())
+        try await Self.expire(leaseA, on: db)
+        #expect(try await nodeB.agents().first?.connected == false)
+        try await leaseA.renew()
+        #expect(try await nodeB.agents().first?.connected == true)
+        // A graceful stop ends the lease at once.
+        try await leaseA.leave()
+        #expect(try await nodeB.agents().first?.connected == false)
+    }
+
+    @Test func aDisconnectionWritesTheHeartbeatHeldForTheAgent() async throws {
+        let db = try await TestPostgres.database(for: dir)
+        let node = PostgresAgentDirectory(db, presenceRefresh: .seconds(3600))
+        let id = try await node.enroll(publicKey: AgentDirectoryConformanceTests.keys[0].publicKey, host: AgentDirectoryConformanceTests.host, now: Date())
+        let generation = try await node.connected(id, from: nil, host: AgentDirectoryConformanceTests.host, now: Date())
+        let beat = WireHeartbeat.with { $0.activeUids = ["u-1"] }
+        try await node.heartbeat(id, beat, now: Date(timeIntervalSince1970: 5_000))
+        try await node.heartbeat(id, beat, now: Date(timeIntervalSince1970: 6_000))  // held
+        let other = PostgresAgentDirectory(db)
+        #expect(try await other.agents().first?.lastHeartbeatAt == Date(timeIntervalSince1970: 5_000), "held, not written")
+        try await node.disconnected(id, generation: generation)
+        #expect(try await other.agents().first?.lastHeartbeatAt == Date(timeIntervalSince1970: 6_000))
+    }
+
+    @Test func aSourceIsIndexedByOneNodeAndTakenOverWhenItDies() async throws {
+        let db = try await TestPostgres.database(for: dir)
+        let leaseA = NodeLease(db, name: "A"), leaseB = NodeLease(db, name: "B")
+        let nodeA = PostgresRecordIndex(db, node: leaseA), nodeB = PostgresRecordIndex(db, node: leaseB)
+        let source = RecordIndexConformanceTests.pull1
+        func lines(_ words: [String]) -> [UInt8] {
+            Array(words.enumerated().map { RecordIndexConformanceTests.line($0.offset, $0.element) + "\n" }.joined().utf8)
+        }
+        try await nodeA.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
+        _ = try await nodeA.add(source, lines: lines(["alpha", "beta"]))
+        // Both nodes caught up on what landed: B leaves the source to A while A lives.
+        await #expect(throws: IndexedElsewhere.self) {
+            try await nodeB.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
+        }
+        // A dies mid-source; B takes it over from the start, and what A still sends goes nowhere.
+        try await Self.expire(leaseA, on: db)
+        try await nodeB.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
+        await #expect(throws: IndexedElsewhere.self) { _ = try await nodeA.add(source, lines: lines(["stray"])) }
+        _ = try await nodeB.add(source, lines: lines(["alpha", "beta", "gamma"]))
+        try await nodeA.finish(source)
+        #expect(try await !nodeB.isIndexed(source), "only the claimant finishes a source")
+        try await nodeB.finish(source)
+        #expect(try await nodeA.isIndexed(source))
+        let found = try await nodeA.search(RecordSearch(limit: 10)).records.map(\.message)
+        #expect(found == ["alpha", "beta", "gamma"])
+        // Finished, it may be indexed again by anyone (a rebuild).
+        try await nodeA.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
     }
 }

@@ -19,7 +19,9 @@ import Synchronization
 /// crash is indexed again from the start). Files are read on `blocking`, never on Swift's
 /// cooperative pool. A source that cannot be indexed (unreadable manifest, a failing index)
 /// is logged and tried again later (after a minute, doubling up to an hour), and at the next
-/// start; meanwhile searches count it as still indexing. The files are never changed.
+/// start; meanwhile searches count it as still indexing. So is a source another node of a
+/// cluster is indexing (``IndexedElsewhere``): by the retry it is done, or free again. The
+/// files are never changed.
 public final class Indexer: Service, Sendable {
     public static let blockBytes = 4 << 20
 
@@ -139,9 +141,17 @@ public final class Indexer: Service, Sendable {
             }
             let delay = retryBase * (1 << min(attempt - 1, 6))
             let wait = min(delay, .seconds(3600))
-            logger.error("could not index; the files stay, and it is tried again later", metadata: [
-                "source": "\(source)", "error": "\(error)", "retry.seconds": "\(wait.components.seconds)",
-            ])
+            if error is IndexedElsewhere {
+                // Another node of the cluster has it: looked at again later, done by then (or
+                // free, if that node died).
+                logger.info("being indexed by another node; looked at again later", metadata: [
+                    "source": "\(source)", "error": "\(error)", "retry.seconds": "\(wait.components.seconds)",
+                ])
+            } else {
+                logger.error("could not index; the files stay, and it is tried again later", metadata: [
+                    "source": "\(source)", "error": "\(error)", "retry.seconds": "\(wait.components.seconds)",
+                ])
+            }
             retrying.withLock { _ = $0.insert(source) }
             // Not a child of run(): after the server stops it wakes at most once more, and its
             // source goes to a queue nobody reads; the next start catches up from the files.

@@ -18,7 +18,8 @@ import Foundation
 ///   reported users. It returns the uids the agent holds now and did not before.
 /// - Host info is kept within the protocol's bounds (``WireHostInfo/bounded``).
 public protocol AgentDirectory: Sendable {
-    /// Marks every agent offline (the server starts).
+    /// The server (a node of a cluster) starts: marks offline every agent it held, and on a
+    /// shared database those of nodes whose lease ran out, never another live node's.
     func resetPresence() async throws
     /// Registers a key; returns the agent id.
     func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String

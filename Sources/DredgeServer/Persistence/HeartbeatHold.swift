@@ -3,7 +3,13 @@ import Synchronization
 /// Heartbeats held in memory between writes, as both agent directories hold them
 /// (``AgentRegistry``, ``PostgresAgentDirectory``): one whose uids are the ones last written
 /// for the agent, without a user report, is kept and written with the others at most every
-/// `flushEvery`; any other is written at once, with whatever is held.
+/// `flushEvery`; any other is written at once, with whatever is held and due.
+///
+/// With a `refreshEvery` (the PostgreSQL directory's, shared by a cluster), an agent's held
+/// heartbeat is due only once its row was last written that long ago: an idle agent costs the
+/// database one row write per `refreshEvery`, however often it heartbeats. Its presence is
+/// its node's lease meanwhile (``NodeLease``). ``takePending()`` (a listing, a disconnection)
+/// takes everything held, due or not.
 final class HeartbeatHold: Sendable {
     /// Heartbeat times and record counts held, per agent.
     typealias Held = [String: (at: Double, records: Int64)]
@@ -21,36 +27,80 @@ final class HeartbeatHold: Sendable {
     private struct State {
         var uids: [String: [String]] = [:]
         var pending: Held = [:]
-        var lastFlush = ContinuousClock.now
+        /// When each agent's row was last written (only with a `refreshEvery`).
+        var written: [String: ContinuousClock.Instant] = [:]
+        var lastFlush: ContinuousClock.Instant
     }
 
-    private let state = Mutex(State())
+    private let state: Mutex<State>
     private let flushEvery: Duration
+    private let refreshEvery: Duration
+    private let clock: @Sendable () -> ContinuousClock.Instant
 
-    init(flushEvery: Duration) { self.flushEvery = flushEvery }
+    init(flushEvery: Duration, refreshEvery: Duration = .zero, clock: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
+        self.flushEvery = flushEvery
+        self.refreshEvery = refreshEvery
+        self.clock = clock
+        state = Mutex(State(lastFlush: clock()))
+    }
 
     /// `uids`: the heartbeat's active uids, sorted.
     func step(_ agentID: String, uids: [String], hasReport: Bool, at: Double, records: Int64) -> Step {
-        state.withLock { s in
+        let now = clock()
+        return state.withLock { s in
             // New uids, a user report, or the first heartbeat seen of the agent: written now.
-            guard !hasReport, s.uids[agentID] == uids else { return .write(with: Self.takePending(&s)) }
+            guard !hasReport, s.uids[agentID] == uids else { return .write(with: take(&s, now: now, all: false)) }
             if (s.pending[agentID]?.at ?? -.infinity) <= at { s.pending[agentID] = (at, records) }
-            return ContinuousClock.now - s.lastFlush >= flushEvery ? .flush(Self.takePending(&s)) : .hold
+            return now - s.lastFlush >= flushEvery ? .flush(take(&s, now: now, all: false)) : .hold
         }
     }
 
-    /// The agent's uids as just written.
-    func wrote(_ uids: [String], of agentID: String) { state.withLock { $0.uids[agentID] = uids } }
+    /// The agent's uids as just written (with its heartbeat's time).
+    func wrote(_ uids: [String], of agentID: String) {
+        let now = clock()
+        state.withLock { s in
+            s.uids[agentID] = uids
+            if refreshEvery > .zero { s.written[agentID] = now }
+        }
+    }
 
-    /// Forgets the uids last written for the agent: its next heartbeat is written in full.
-    func forget(_ agentID: String) { state.withLock { _ = $0.uids.removeValue(forKey: agentID) } }
+    /// Forgets what was written for the agent: its next heartbeat is written in full.
+    func forget(_ agentID: String) {
+        state.withLock { s in
+            s.uids.removeValue(forKey: agentID)
+            s.written.removeValue(forKey: agentID)
+        }
+    }
 
     /// Everything held, taken out to be written.
-    func takePending() -> Held { state.withLock { Self.takePending(&$0) } }
+    func takePending() -> Held {
+        let now = clock()
+        return state.withLock { take(&$0, now: now, all: true) }
+    }
 
-    private static func takePending(_ s: inout State) -> Held {
-        s.lastFlush = .now
-        defer { s.pending.removeAll(keepingCapacity: true) }
-        return s.pending
+    /// What is held of one agent, taken out to be written (it disconnects).
+    func take(_ agentID: String) -> Held {
+        state.withLock { s in
+            guard let held = s.pending.removeValue(forKey: agentID) else { return [:] }
+            return [agentID: held]
+        }
+    }
+
+    /// The held heartbeats due (all of them, without a `refreshEvery`, or when `all`).
+    private func take(_ s: inout State, now: ContinuousClock.Instant, all: Bool) -> Held {
+        s.lastFlush = now
+        guard refreshEvery > .zero else {
+            defer { s.pending.removeAll(keepingCapacity: true) }
+            return s.pending
+        }
+        var due: Held = [:]
+        for (agent, held) in s.pending where all || s.written[agent].map({ now - $0 >= refreshEvery }) ?? true {
+            due[agent] = held
+        }
+        for agent in due.keys {
+            s.pending.removeValue(forKey: agent)
+            s.written[agent] = now
+        }
+        return due
     }
 }

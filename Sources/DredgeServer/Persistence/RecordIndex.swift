@@ -39,6 +39,15 @@ public protocol RecordIndex: Sendable {
     func record(_ id: Int64, context: Int) async throws -> RecordInContext?
 }
 
+/// Another indexer (a node of the cluster, ``PostgresRecordIndex``) is indexing this source now:
+/// it finishes it, or, if it dies, the source is free again once its lease runs out.
+public struct IndexedElsewhere: Error, CustomStringConvertible, Sendable {
+    public var source: IndexedSource
+    /// The node that holds the source.
+    public var node: String
+    public var description: String { "\(source) is being indexed by node \(node)" }
+}
+
 /// A landed payload: a pull's files from one agent, or one feedback's.
 public struct IndexedSource: Sendable, Hashable, CustomStringConvertible {
     public enum Kind: String, Sendable, Hashable, Codable {

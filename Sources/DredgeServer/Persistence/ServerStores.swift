@@ -38,6 +38,8 @@ public struct ServerPersistence: Sendable {
     public let location: String
     /// The PostgreSQL database, when the state is there.
     public let postgres: PostgresDatabase?
+    /// This process's lease as a node of the cluster (PostgreSQL only): the runtime renews it.
+    public let node: NodeLease?
     /// Pulls queued by any node, as they are queued (PostgreSQL's notifications); nil on SQLite,
     /// where the dispatcher's sweep finds pulls queued by another process.
     public let notices: (any PullNotices)?
@@ -50,18 +52,22 @@ public struct ServerPersistence: Sendable {
         (registry, pulls, feedback, tokens, records, issuer) = (stores.registry, stores.pulls, stores.feedback, stores.tokens, stores.records, stores.issuer)
         location = stores.database.path
         postgres = nil
+        node = nil
         notices = nil
         (imported, importProblems) = (stores.database.imported, stores.database.importProblems)
     }
 
-    public init(_ database: PostgresDatabase, deployment: LoadedDeployment) {
-        registry = PostgresAgentDirectory(database)
+    /// `lease`: how long the node's agents stay present after it stops renewing its lease.
+    public init(_ database: PostgresDatabase, deployment: LoadedDeployment, lease: Duration = .seconds(90), logger: Logger = Logger(label: "dredge.server")) {
+        let node = NodeLease(database, duration: lease, logger: logger)
+        self.node = node
+        registry = PostgresAgentDirectory(database, node: node)
         let queue = PostgresPullQueue(database)
         pulls = queue
         notices = queue
         feedback = PostgresFeedbackInbox(database)
         tokens = PostgresTokenVault(database)
-        records = PostgresRecordIndex(database)
+        records = PostgresRecordIndex(database, node: node)
         issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
         location = database.location.description
         postgres = database
@@ -70,9 +76,12 @@ public struct ServerPersistence: Sendable {
 
     /// Opens the deployment's stores: on PostgreSQL when `database` (else `server.json`'s
     /// `database`) names one, else SQLite in the data directory.
-    public static func open(_ deployment: LoadedDeployment, database: String? = nil, logger: Logger = Logger(label: "dredge.server")) async throws -> ServerPersistence {
+    /// `lease`: a node's lease on PostgreSQL (3 heartbeat intervals).
+    public static func open(
+        _ deployment: LoadedDeployment, database: String? = nil, lease: Duration = .seconds(90), logger: Logger = Logger(label: "dredge.server")
+    ) async throws -> ServerPersistence {
         guard let url = database ?? deployment.config.database else { return ServerPersistence(try ServerStores(deployment)) }
         let db = try await PostgresDatabase(try PostgresDatabase.Location(url: url), logger: logger)
-        return ServerPersistence(db, deployment: deployment)
+        return ServerPersistence(db, deployment: deployment, lease: lease, logger: logger)
     }
 }

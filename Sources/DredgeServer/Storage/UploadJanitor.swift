@@ -6,7 +6,9 @@ import NIOPosix
 /// Removes upload state nothing will finish: `uploads/<upload>-<agent>/` whose pull target or
 /// feedback has reached a final status (or never existed), entries of any other name, and (at
 /// start only) the `*.partial` staging directories an interrupted unpacking left. Finished
-/// results (`pulls/`, `feedback/`) are never touched.
+/// results (`pulls/`, `feedback/`) are never touched. On a data directory shared by the nodes
+/// of a cluster, staging is removed at start only once it is an hour old: another node may be
+/// unpacking into it now.
 ///
 /// Listing and removing (an abandoned upload may hold 2 GiB of chunk files) run on `blocking`,
 /// never on Swift's cooperative pool, whose threads serve every agent's heartbeats.
@@ -36,9 +38,9 @@ struct UploadJanitor: Sendable {
         }
     }
 
-    /// Returns the paths removed.
+    /// Returns the paths removed. `shared`: other nodes use the data directory too.
     @discardableResult
-    func sweep(atStart: Bool = false) async throws -> [String] {
+    func sweep(atStart: Bool = false, shared: Bool = false) async throws -> [String] {
         let paths = self.paths
         var doomed: [String] = []
         for name in try await blocking.runIfActive({ try DataDirectory.entries(of: paths.uploads) }) {
@@ -57,6 +59,11 @@ struct UploadJanitor: Sendable {
                 for parent in parents {
                     for name in try DataDirectory.entries(of: parent) where name.hasSuffix(".partial") {
                         let path = try paths.inside(parent + "/" + name)
+                        if shared, let modified = try FileManager.default.attributesOfItem(atPath: path)[.modificationDate] as? Date,
+                            Date().timeIntervalSince(modified) < 3600
+                        {
+                            continue
+                        }
                         try FileManager.default.removeItem(atPath: path)
                         removed.append(path)
                     }

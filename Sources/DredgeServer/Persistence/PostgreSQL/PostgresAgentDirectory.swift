@@ -6,25 +6,52 @@ import Foundation
 import PostgresNIO
 import Synchronization
 
-/// The enrolled agents and their presence in the PostgreSQL database (``AgentDirectory``).
+/// The enrolled agents and their presence in the PostgreSQL database (``AgentDirectory``),
+/// shared by the nodes of a cluster.
 ///
-/// Heartbeats are held and written as the embedded registry holds them (``AgentRegistry``):
-/// one whose uids did not change is kept in memory and written with the others in one
-/// statement at most every `heartbeatFlush`; a change of uids or a user report is written at
-/// once, so ``holders(of:)`` is never behind.
+/// Presence is leased: ``connected(_:from:host:now:)`` records the node that holds the
+/// connection (``NodeLease``), and an agent reads as connected only while that node's lease
+/// lasts. ``resetPresence()`` (a node starts) takes this node's lease and clears only agents
+/// of nodes whose lease has run out: never a live node's.
+///
+/// Heartbeats are held as the embedded registry holds them (``AgentRegistry``, through
+/// ``HeartbeatHold``): one whose uids did not change is kept in memory; a change of uids or a
+/// user report is written at once, so ``holders(of:)`` is never behind. A held heartbeat's
+/// time is written (batched with the others, one statement) only once the agent's row is
+/// `presenceRefresh` old (20 minutes by default), when the agent disconnects, or when this
+/// node lists the agents: 10,000 idle agents cost the database about 8 row writes a second
+/// however short their heartbeat interval (`docs/benchmarks.md`, `cluster.presence_writes`).
 public final class PostgresAgentDirectory: AgentDirectory, Sendable {
     private let db: PostgresDatabase
     private let hold: HeartbeatHold
+    /// The node this directory records connections under.
+    public let node: NodeLease
 
     private typealias Held = HeartbeatHold.Held
 
-    public init(_ database: PostgresDatabase, heartbeatFlush: Duration = .seconds(1)) {
+    /// `node`: this process's lease (a new one, not yet taken, when nil: the lease is taken
+    /// by the first connection or ``resetPresence()``).
+    public init(
+        _ database: PostgresDatabase, node: NodeLease? = nil, heartbeatFlush: Duration = .seconds(1), presenceRefresh: Duration = .seconds(1200),
+        clock: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
+    ) {
         db = database
-        hold = HeartbeatHold(flushEvery: heartbeatFlush)
+        self.node = node ?? NodeLease(database)
+        hold = HeartbeatHold(flushEvery: heartbeatFlush, refreshEvery: presenceRefresh, clock: clock)
     }
 
+    /// This node starts: its lease is taken, and its own agents and those left connected by
+    /// nodes whose lease ran out are marked offline (the latter read so already). Other live
+    /// nodes' agents are left alone.
     public func resetPresence() async throws {
-        try await db.write { try await $0.run("UPDATE agent SET connected = false WHERE connected") }
+        try await node.join()
+        try await db.write {
+            try await $0.run(
+                """
+                UPDATE agent SET connected = false
+                WHERE connected AND (node_id IS NULL OR node_id = \(self.node.id) OR node_id NOT IN (\(unescaped: NodeLease.live)))
+                """)
+        }
     }
 
     public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String {
@@ -56,19 +83,26 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         // The uids this node last wrote may be stale: the agent may have been on another node
         // since. Its first heartbeat here is written in full.
         hold.forget(agentID)
+        try await node.joinedOnce()
+        let nodeID = node.id
         return try await db.write { c in
             try await c.value(
                 """
                 UPDATE agent SET connected = true, generation = generation + 1, connected_at = \(now.timeIntervalSince1970), remote_address = \(address?.storable),
-                    hostname = \(host.hostname.storable), os = \(host.os.storable), app = \(host.app.storable), app_version = \(host.appVersion.storable),
+                    node_id = \(nodeID), hostname = \(host.hostname.storable), os = \(host.os.storable), app = \(host.app.storable), app_version = \(host.appVersion.storable),
                     labels = \(labels.storable)
                 WHERE id = \(agentID) RETURNING generation
                 """, as: Int64.self) ?? 0
         }
     }
 
+    /// What is held of the agent's heartbeats is written with it: its row keeps when it was last heard.
     public func disconnected(_ agentID: String, generation: Int64) async throws {
-        try await db.write { try await $0.run("UPDATE agent SET connected = false WHERE id = \(agentID) AND generation = \(generation)") }
+        let held = hold.take(agentID)
+        try await db.write { c in
+            try await Self.write(held, on: c)
+            try await c.run("UPDATE agent SET connected = false WHERE id = \(agentID) AND generation = \(generation)")
+        }
     }
 
     public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) async throws -> Set<String> {
@@ -176,8 +210,8 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
             }
             return try await c.rows(
                 """
-                SELECT id, hostname, os, app, app_version, labels, enrolled_at, connected, connected_at, remote_address, last_heartbeat_at,
-                    users_reported, users_truncated, store_records
+                SELECT id, hostname, os, app, app_version, labels, enrolled_at, coalesce(connected AND node_id IN (\(unescaped: NodeLease.live)), false), connected_at,
+                    remote_address, last_heartbeat_at, users_reported, users_truncated, store_records
                 FROM agent ORDER BY hostname, id
                 """
             ).map { row in

@@ -14,11 +14,23 @@ import PostgresNIO
 /// the order they are handed out, and a follower reading "after id N" never skips a record
 /// that commits later with a smaller id.
 ///
+/// A source is claimed by the node that begins it (its ``NodeLease``): while that node's lease
+/// lasts, another node's ``begin(_:contexts:landedAt:)`` throws ``IndexedElsewhere`` (two
+/// nodes starting together both catch up on what landed; each source is indexed by one), and
+/// once it has run out the source is taken over from the start. Blocks go in only under the
+/// claim, so a node that lost its claim adds nothing to the new one.
+///
 /// PostgreSQL's `text` cannot hold NUL: a NUL in a record's values is stored as U+FFFD.
 public final class PostgresRecordIndex: RecordIndex, Sendable {
     private let db: PostgresDatabase
+    /// The node this index claims sources under.
+    public let node: NodeLease
 
-    public init(_ database: PostgresDatabase) { db = database }
+    /// `node`: this process's lease (a new one, taken at the first ``begin(_:contexts:landedAt:)``, when nil).
+    public init(_ database: PostgresDatabase, node: NodeLease? = nil) {
+        db = database
+        self.node = node ?? NodeLease(database)
+    }
 
     /// The lock that orders index writes across nodes.
     static let writeLock: Int64 = 7_466_218_402
@@ -37,13 +49,26 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
             versions.append(context.appVersion.storable)
             processes.append(context.process.storable)
         }
+        try await node.joinedOnce()
+        let nodeID = node.id
         try await db.write { c in
             try await c.run("SELECT pg_advisory_xact_lock(\(Self.writeLock))")
-            if let id = try await Self.sourceID(source, on: c) { try await Self.delete(source: id, on: c) }
+            if let row = try await c.rows(
+                "SELECT id, indexed, claimed_by FROM source WHERE kind = \(source.kind.rawValue) AND ref = \(source.id) AND agent = \(source.agentID)"
+            ).first {
+                let (id, indexed, claimant) = try row.decode((Int64, Bool, String?).self)
+                if !indexed, let claimant, claimant != nodeID,
+                    let name = try await c.value("SELECT name FROM node WHERE id = \(claimant) AND id IN (\(unescaped: NodeLease.live))", as: String.self)
+                {
+                    throw IndexedElsewhere(source: source, node: name)
+                }
+                try await Self.delete(source: id, on: c)
+            }
             guard
                 let id = try await c.value(
                     """
-                    INSERT INTO source (kind, ref, agent, landed_at) VALUES (\(source.kind.rawValue), \(source.id), \(source.agentID), \(landedAt.timeIntervalSince1970))
+                    INSERT INTO source (kind, ref, agent, landed_at, claimed_by)
+                    VALUES (\(source.kind.rawValue), \(source.id), \(source.agentID), \(landedAt.timeIntervalSince1970), \(nodeID))
                     RETURNING id
                     """, as: Int64.self)
             else { throw RecordSearchError("\(source) could not be begun") }
@@ -84,9 +109,14 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
             }
         }
         let (records, unreadable) = (Int64(count.records), Int64(count.unreadable))
+        let nodeID = node.id
         return try await db.write { c in
             try await c.run("SELECT pg_advisory_xact_lock(\(Self.writeLock))")
-            guard let id = try await Self.sourceID(source, on: c) else { throw RecordSearchError("\(source) was not begun") }
+            guard let row = try await c.rows(
+                "SELECT id, claimed_by FROM source WHERE kind = \(source.kind.rawValue) AND ref = \(source.id) AND agent = \(source.agentID)"
+            ).first else { throw RecordSearchError("\(source) was not begun") }
+            let (id, claimant) = try row.decode((Int64, String?).self)
+            guard claimant == nodeID else { throw IndexedElsewhere(source: source, node: claimant ?? "none") }
             try await c.run(
                 """
                 INSERT INTO record (source, context, ts, uid, level, type, message, metadata)
@@ -103,7 +133,12 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
 
     public func finish(_ source: IndexedSource) async throws {
         try await db.write { c in
-            try await c.run("UPDATE source SET indexed = true WHERE kind = \(source.kind.rawValue) AND ref = \(source.id) AND agent = \(source.agentID)")
+            // Under this node's claim only: a node that took the source over finishes it itself.
+            try await c.run(
+                """
+                UPDATE source SET indexed = true, claimed_by = NULL
+                WHERE kind = \(source.kind.rawValue) AND ref = \(source.id) AND agent = \(source.agentID) AND claimed_by = \(self.node.id)
+                """)
         }
     }
 

@@ -216,6 +216,25 @@ enum PostgresSchema {
                 "CREATE INDEX record_meta ON record USING gin (dredge_json(metadata) jsonb_path_ops)",
             ]
         ),
+        (
+            "cluster-v1",
+            [
+                // The nodes of a cluster and their leases (NodeLease); times by the database's clock.
+                """
+                CREATE TABLE node (
+                    id text COLLATE "C" PRIMARY KEY,
+                    name text NOT NULL,
+                    started_at double precision NOT NULL,
+                    renewed_at double precision NOT NULL,
+                    lease_seconds double precision NOT NULL
+                )
+                """,
+                // The node that holds an agent's connection: its presence lasts as long as that node's lease.
+                "ALTER TABLE agent ADD COLUMN node_id text COLLATE \"C\"",
+                // The node indexing a source: another node takes it over only once that node's lease ran out.
+                "ALTER TABLE source ADD COLUMN claimed_by text COLLATE \"C\"",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

@@ -9,7 +9,9 @@ import ServiceLifecycle
 import Synchronization
 
 /// `dredge-agent run`: keeps one connection to the server — connect, authenticate, heartbeat —
-/// and reconnects with backoff and jitter when it drops. A swift-service-lifecycle `Service`:
+/// and reconnects with backoff and jitter when it drops. With several server addresses (the
+/// nodes of a cluster) it connects to the first that takes the connection, and when its node
+/// goes away it moves to the next: the backoff waits only once every address has failed. A swift-service-lifecycle `Service`:
 /// graceful shutdown says goodbye and stops.
 public final class AgentClient: Service, Sendable {
     public let state: AgentState
@@ -27,6 +29,8 @@ public final class AgentClient: Service, Sendable {
     let lastActiveUIDs = Mutex<[String]>([])
 
     let maxReconnectDelay: Duration
+    /// The server's addresses (its nodes), tried in order: the state's, unless the operator gave others.
+    let addresses: [ServerAddress]
 
     /// - Parameters:
     ///   - firstRetryDelay: how long an upload the server cannot take now (its disk is full, a
@@ -35,11 +39,13 @@ public final class AgentClient: Service, Sendable {
     ///     doubles from 1 s up to it).
     ///   - maxExports: exports run at once, on their own threads; a pull command beyond them
     ///     is answered `REJECT_BUSY`.
+    ///   - servers: the addresses to connect to, in order, instead of the state's.
     public init(
         state: AgentState, store: LogStore?, hostInfo: WireHostInfo, hostOverrides: WireHostInfo = WireHostInfo(), logger: Logger,
-        firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60), maxExports: Int = 2
+        firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60), maxExports: Int = 2, servers: [ServerAddress]? = nil
     ) throws {
         self.state = state
+        self.addresses = servers.flatMap { $0.isEmpty ? nil : $0 } ?? state.addresses
         self.maxReconnectDelay = maxReconnectDelay
         self.store = store
         self.hostInfo = hostInfo
@@ -70,18 +76,32 @@ public final class AgentClient: Service, Sendable {
         defer { outbox.cancel() }
         await withTaskCancellationOrGracefulShutdownHandler {
             var backoff = Backoff(initial: min(.seconds(1), self.maxReconnectDelay), maximum: self.maxReconnectDelay)
+            let addresses = self.addresses
+            // The address tried next, and how many in a row failed before a connection was ready.
+            var current = 0, failedInARow = 0
             while !Task.isCancelled && !self.stop.isStopped {
+                let server = addresses[current]
                 do {
-                    try await self.connectOnce()
+                    try await self.connectOnce(to: server)
                 } catch {
                     if Task.isCancelled || self.stop.isStopped { break }
-                    self.logger.warning("connection to the server failed", metadata: ["error": "\(error)"])
+                    self.logger.warning("connection to the server failed", metadata: ["server": "\(server)", "error": "\(error)"])
                 }
                 if Task.isCancelled || self.stop.isStopped { break }
+                let ready = self.established.take().map { ContinuousClock.now - $0 }
+                if ready == nil && addresses.count > 1 {
+                    // This node did not take the connection (down, refusing): the next one is
+                    // tried at once, and the backoff waits only once every one has failed.
+                    current = (current + 1) % addresses.count
+                    failedInARow += 1
+                    if failedInARow < addresses.count { continue }
+                }
+                failedInARow = 0
                 // A connection that stayed ready a minute means the server is there: a drop
                 // after that is the network's, so start again from the shortest delay. One
                 // dropped sooner (a server that accepts, then falls over) keeps backing off.
-                let delay = backoff.afterConnection(readyFor: self.established.take().map { ContinuousClock.now - $0 })
+                // The node that dropped is tried first again, then the others.
+                let delay = backoff.afterConnection(readyFor: ready)
                 self.logger.info("reconnecting", metadata: ["in": "\(Self.rounded(delay))"])
                 // Sleep, but wake at once on stop.
                 for _ in 0..<Int(delay / .milliseconds(100)) + 1 where !self.stop.isStopped {
@@ -99,12 +119,12 @@ public final class AgentClient: Service, Sendable {
         return seconds < 10 ? String(format: "%.1f s", seconds) : "\(Int(seconds.rounded())) s"
     }
 
-    func connectOnce() async throws {
-        let channel = try await AgentConnector.connect(host: state.file.serverHost, port: state.file.serverPort, caPEM: state.caPEM)
+    func connectOnce(to server: ServerAddress) async throws {
+        let channel = try await AgentConnector.connect(host: server.host, port: server.port, caPEM: state.caPEM)
         stop.onStop { channel.channel.close(promise: nil) }
         let session = Session(
             machine: AgentConnectionStateMachine(mode: .authenticate(agentID: state.file.agentID, host: describeHost()), software: "dredge-agent/\(DredgeVersion.current)"),
-            key: state.key, uploads: uploads, established: established, logger: logger, server: "\(state.file.serverHost):\(state.file.serverPort)")
+            key: state.key, uploads: uploads, established: established, logger: logger, server: "\(server)")
         do {
             try await channel.executeThenClose { inbound, outbound in
                 try await withThrowingTaskGroup(of: Void.self) { group in

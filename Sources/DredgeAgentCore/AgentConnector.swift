@@ -45,7 +45,7 @@ enum AgentConnector {
                     }
                 }
         } catch {
-            throw AgentError("cannot connect to \(host):\(port): \(explain(error))")
+            throw AgentError("cannot connect to \(host):\(port): \(explain(error))", isUnreachable: true)
         }
         do {
             try await handshake.get()

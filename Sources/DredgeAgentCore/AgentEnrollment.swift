@@ -9,11 +9,30 @@ import NIOSSL
 /// and saves the state. Refuses if the state directory already holds an enrolled agent.
 public enum AgentEnrollment {
     public static func enroll(host: String, port: Int, caPEM: String, token: String, stateDirectory: String, hostInfo: WireHostInfo) async throws -> AgentState {
+        try await enroll(servers: [ServerAddress(host: host, port: port)], caPEM: caPEM, token: token, stateDirectory: stateDirectory, hostInfo: hostInfo)
+    }
+
+    /// Enrolls through the first of `servers` that can be reached (the nodes of one server
+    /// share its enrollment), and keeps them all for ``AgentClient`` to connect to, in order.
+    public static func enroll(servers: [ServerAddress], caPEM: String, token: String, stateDirectory: String, hostInfo: WireHostInfo) async throws -> AgentState {
+        guard let first = servers.first else { throw AgentError("no server address to enroll with") }
         guard !AgentState.isEnrolled(stateDirectory) else {
             throw AgentError("\(stateDirectory) already holds an enrolled agent; remove it to enroll again")
         }
         let key = try RSAPrivateKey.generate()
-        let response = try await request(host: host, port: port, tls: try AgentConnector.tlsContext(caPEM: caPEM), token: token, key: key, hostInfo: hostInfo)
+        let tls = try AgentConnector.tlsContext(caPEM: caPEM)
+        var response: WireEnrollResponse?
+        var unreachable: [String] = []
+        for server in servers {
+            do {
+                response = try await request(host: server.host, port: server.port, tls: tls, token: token, key: key, hostInfo: hostInfo)
+                break
+            } catch let error as AgentError where error.isUnreachable {
+                // Another node may answer; the server's own refusal (a bad token) is final.
+                unreachable.append(error.description)
+            }
+        }
+        guard let response else { throw AgentError(unreachable.joined(separator: "; ")) }
         guard response.agentID == key.publicKey.agentID else {
             throw AgentError("the server assigned id \(response.agentID), but this key derives \(key.publicKey.agentID)")
         }
@@ -22,8 +41,8 @@ public enum AgentEnrollment {
         let state = AgentState(
             directory: stateDirectory,
             file: .init(
-                agentID: response.agentID, serverHost: host, serverPort: port, serverSigningKey: Hex.encode(response.serverSigningKey),
-                serverEncryptionKey: Hex.encode(response.serverEncryptionKey), enrolledAt: Date()),
+                agentID: response.agentID, serverHost: first.host, serverPort: first.port, servers: servers.count > 1 ? servers : nil,
+                serverSigningKey: Hex.encode(response.serverSigningKey), serverEncryptionKey: Hex.encode(response.serverEncryptionKey), enrolledAt: Date()),
             key: key, caPEM: caPEM)
         try state.save()
         return state

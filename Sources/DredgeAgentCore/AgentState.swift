@@ -14,8 +14,12 @@ import Foundation
 public struct AgentState: Sendable {
     public struct File: Codable, Sendable, Equatable {
         public var agentID: String
+        /// The first server address (the one enrolled with).
         public var serverHost: String
         public var serverPort: Int
+        /// Every address of the server's nodes, in the order they are tried; absent in a state
+        /// enrolled with one address (then `serverHost:serverPort` alone).
+        public var servers: [ServerAddress]?
         /// Ed25519 public key that signs pull commands, hex.
         public var serverSigningKey: String
         /// RSA SPKI DER that wraps feedback keys, hex.
@@ -25,6 +29,11 @@ public struct AgentState: Sendable {
 
     public var directory: String
     public var file: File
+    /// The addresses the agent connects to, in order (``File/servers``, else the one it enrolled with).
+    public var addresses: [ServerAddress] {
+        if let servers = file.servers, !servers.isEmpty { return servers }
+        return [ServerAddress(host: file.serverHost, port: file.serverPort)]
+    }
     public var key: RSAPrivateKey
     public var caPEM: String
 
@@ -70,12 +79,64 @@ public struct AgentState: Sendable {
     }
 }
 
+/// A server node's agent address: `HOST:PORT` (`[IPv6]:PORT`). A host name that resolves to
+/// several addresses is tried at each of them (the connection takes the first that answers).
+public struct ServerAddress: Codable, Sendable, Hashable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+
+    public init(host: String, port: Int) {
+        self.host = host
+        self.port = port
+    }
+
+    /// `HOST:PORT` or `[IPv6]:PORT`; nil when it is not one.
+    public init?(_ text: String) {
+        let host: Substring, port: Substring
+        if text.hasPrefix("[") {
+            guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else { return nil }
+            host = text[text.index(after: text.startIndex)..<close]
+            port = text[text.index(close, offsetBy: 2)...]
+        } else {
+            guard let colon = text.lastIndex(of: ":") else { return nil }
+            host = text[..<colon]
+            port = text[text.index(after: colon)...]
+            if host.contains(":") { return nil }  // an IPv6 address goes in brackets
+        }
+        guard !host.isEmpty, host.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-.:_".contains($0)) }),
+            port.count <= 5, !port.isEmpty, port.allSatisfy({ $0.isASCII && $0.isNumber }), let number = Int(port), (1...65_535).contains(number)
+        else { return nil }
+        self.host = String(host)
+        self.port = number
+    }
+
+    /// A comma-separated list of addresses, or the first entry that is not one.
+    public static func list(_ text: String) -> Result<[ServerAddress], ListError> {
+        var addresses: [ServerAddress] = []
+        for part in text.split(separator: ",", omittingEmptySubsequences: false).map({ $0.trimmingCharacters(in: .whitespaces) }) {
+            guard let address = ServerAddress(part) else { return .failure(ListError(entry: part)) }
+            if !addresses.contains(address) { addresses.append(address) }
+        }
+        return .success(addresses)
+    }
+
+    public struct ListError: Error, CustomStringConvertible {
+        public var entry: String
+        public var description: String { "'\(entry)' is not HOST:PORT" }
+    }
+
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+}
+
 public struct AgentError: Error, CustomStringConvertible, Sendable {
     public var description: String
     /// The code of the server's `Error` frame this comes from, if any.
     public var serverError: WireErrorCode?
-    public init(_ description: String, serverError: WireErrorCode? = nil) {
+    /// No connection could be opened (refused, timed out, no route): another address may do.
+    public var isUnreachable: Bool
+    public init(_ description: String, serverError: WireErrorCode? = nil, isUnreachable: Bool = false) {
         self.description = description
         self.serverError = serverError
+        self.isUnreachable = isUnreachable
     }
 }

@@ -58,14 +58,29 @@ struct HostDescriptionOptions: ParsableArguments {
     }
 }
 
+/// The addresses `--server` gives (each HOST:PORT, repeated or comma-separated), in order.
+func serverAddresses(_ values: [String]) throws -> [ServerAddress] {
+    var all: [ServerAddress] = []
+    for value in values {
+        switch ServerAddress.list(value) {
+        case .success(let addresses): all += addresses.filter { !all.contains($0) }
+        case .failure(let error): throw ValidationError("--server: \(error) (HOST:PORT, [IPv6]:PORT)")
+        }
+    }
+    guard !all.isEmpty else { throw ValidationError("--server needs an address") }
+    return all
+}
+
 struct EnrollCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "enroll", abstract: "Enroll this agent with a server: make its key, register it with a token, pin the CA.")
 
     @OptionGroup var agentState: AgentStateOptions
 
-    @Option(help: "The server's agent address, HOST:PORT, as `dredge-server init` printed it.")
-    var server: String
+    @Option(help: ArgumentHelp(
+        "The server's agent address, HOST:PORT, as `dredge-server init` printed it. A cluster's nodes: repeat it, or separate them with commas; they are tried in order.",
+        valueName: "host:port"))
+    var server: [String]
 
     @Option(help: "The server's CA certificate (PEM file), as `dredge-server init` made it.")
     var ca: String
@@ -75,21 +90,16 @@ struct EnrollCommand: AsyncParsableCommand {
 
     @OptionGroup var describing: HostDescriptionOptions
 
-    func validate() throws {
-        guard let colon = server.lastIndex(of: ":"), Int(server[server.index(after: colon)...]) != nil else {
-            throw ValidationError("--server must be HOST:PORT")
-        }
-    }
+    func validate() throws { _ = try serverAddresses(server) }
 
     func run() async throws {
-        let colon = server.lastIndex(of: ":")!
-        let host = String(server[..<colon]), port = Int(server[server.index(after: colon)...])!
+        let servers = try serverAddresses(server)
         guard let caPEM = FileManager.default.contents(atPath: ca).map({ String(decoding: $0, as: UTF8.self) }) else {
             throw fail("cannot read the CA certificate \(ca)")
         }
         do {
             let state = try await AgentEnrollment.enroll(
-                host: host, port: port, caPEM: caPEM, token: token, stateDirectory: agentState.path,
+                servers: servers, caPEM: caPEM, token: token, stateDirectory: agentState.path,
                 hostInfo: WireHostInfo.describing(nil, fallback: processHostInfo(), overrides: describing.overrides))
             print("enrolled as agent \(state.file.agentID); state in \(state.directory)")
         } catch let error as AgentError {
@@ -116,12 +126,17 @@ struct RunAgentCommand: AsyncParsableCommand {
     @Option(help: "Exports run at once (1 to 16); a pull beyond them is answered REJECT_BUSY.")
     var maxExports = 2
 
+    @Option(help: ArgumentHelp(
+        "Connect to these server addresses (HOST:PORT, repeated or comma-separated), in order, instead of the ones enrolled with.", valueName: "host:port"))
+    var server: [String] = []
+
     @Flag(help: "Create an empty store when there is none at the store path (without it, a missing store is an error: a mistyped path would answer every pull with 0 records).")
     var create = false
 
     func validate() throws {
         guard (1...3600).contains(reconnectMaxSeconds) else { throw ValidationError("--reconnect-max-seconds must be 1 to 3600") }
         guard (1...16).contains(maxExports) else { throw ValidationError("--max-exports must be 1 to 16") }
+        if !server.isEmpty { _ = try serverAddresses(server) }
     }
 
     func run() async throws {
@@ -140,7 +155,7 @@ struct RunAgentCommand: AsyncParsableCommand {
         let logStore = try store.open(readOnly: false)
         let client = try AgentClient(
             state: state, store: logStore, hostInfo: processHostInfo(), hostOverrides: describing.overrides, logger: logger, maxReconnectDelay: .seconds(reconnectMaxSeconds),
-            maxExports: maxExports)
+            maxExports: maxExports, servers: server.isEmpty ? nil : try serverAddresses(server))
         let group = ServiceGroup(services: [client], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         try logStore.close()

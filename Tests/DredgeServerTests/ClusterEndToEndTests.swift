@@ -1,0 +1,64 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgePayload
+import DredgeServer
+import DredgeTestSupport
+import Foundation
+import Testing
+
+/// Two real `dredge-server` nodes on one PostgreSQL database and one data directory, and a
+/// real `dredge-agent` that knows both: a pull issued on one node reaches the agent on the
+/// other, and when the agent's node is killed mid-upload the agent moves to the first node,
+/// where the upload resumes from the chunks the dead node stored and completes.
+@Suite(.enabled(if: TestPostgres.url != nil, "needs DREDGE_TEST_POSTGRES (make test starts a cluster)"))
+struct ClusterEndToEndTests {
+    @Test func anUploadResumesOnAnotherNodeWhenItsNodeIsKilled() throws {
+        let d = try AgentServerEndToEndTests.Deployment(backend: .postgres)
+        let (nodeA, portA) = try d.startServer()
+        defer { nodeA.stop() }
+        let (nodeB, portB) = try d.startServer()
+        defer { nodeB.stop() }
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try FaultyNetworkTests.makeLargeStore(store)
+        #expect(try d.enroll(state: state, port: portB).0 == 0)
+        // Node B first, through a proxy that cuts the connection now and then (the upload takes
+        // several connections, long enough to kill B in the middle of it); node A second.
+        let proxy = try CuttingProxy(targetPort: portB, cutAfter: 300_000...1_200_000)
+        let agent = try ManagedProcess(
+            "dredge-agent",
+            ["run", "--state", state, "--store", store, "--reconnect-max-seconds", "1", "--server", "localhost:\(proxy.port),localhost:\(portA)"],
+            outputPath: d.dir.file("agent.log"))
+        defer { agent.stop() }
+        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["connected"] as? Bool) == true && ($0["activeUIDs"] as? [String]) == ["u-1"] } }, "agent:\n\(agent.output)")
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+
+        // Issued on node A's admin API; the agent is held by node B.
+        let (status, output) = try d.dredge(["pull", "--uid", "u-1", "--json"], server: try d.adminAddress(nodeA))
+        #expect(status == 0, "\(output)")
+        let pull = try #require(try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any])
+        let id = try #require(pull["id"] as? String)
+        let midway = try ManagedProcess.waitFor(timeout: .seconds(120)) {
+            guard let t = try d.pullTarget(id), let received = t["chunksReceived"] as? Int, let count = t["chunkCount"] as? Int else { return false }
+            return received > 2 && received < count
+        }
+        #expect(midway, "agent:\n\(agent.output)\nnode B:\n\(nodeB.output)")
+        #expect(nodeB.stop(SIGKILL) != 0)
+        let stored = try d.pullTarget(id)?["chunksReceived"] as? Int ?? 0
+
+        // The agent moves to node A, which resumes the upload from what B stored.
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try d.pullTarget(id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)\nnode A:\n\(nodeA.output)")
+        #expect(stored > 2)
+        #expect(try d.agents().first?["connected"] as? Bool == true, "present through node A's lease")
+        let target = try #require(try d.pullTarget(id))
+        #expect((target["chunksReceived"] as? Int ?? 0) == (target["chunkCount"] as? Int ?? -1))
+        let dir = d.data + "/pulls/\(id)/\(agentID)"
+        let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
+        for (name, text) in expected { #expect(contents(dir + "/" + name) == text, "\(name)") }
+        // The node that finished it indexed it: all of it searchable through node A.
+        let adminA = try d.adminAddress(nodeA)
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(120)) {
+            let found = try d.dredge(["logs", "--pull", id, "--limit", "0", "--format", "jsonl"], server: adminA)
+            return found.status == 0 && found.output.split(separator: "\n").count == 40_000
+        })
+    }
+}

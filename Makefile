@@ -1,7 +1,8 @@
 # The two commands a newcomer runs (see README.md):
 #   make demo   the main job
 #   make test   the whole test suite
-.PHONY: demo demo-local test bench deps clean
+#   make demo-cluster   three nodes on one PostgreSQL; one killed mid-upload
+.PHONY: demo demo-local demo-cluster test bench deps clean
 
 SWIFT ?= swift
 
@@ -10,6 +11,10 @@ deps:
 
 demo: deps
 	scripts/demo.sh
+
+# Three server nodes on one PostgreSQL and one shared directory; node B killed mid-upload.
+demo-cluster: deps
+	scripts/demo-cluster.sh
 
 # The client store on its own (no server): realistic logs and a filtered query.
 demo-local: deps
@@ -40,4 +45,4 @@ bench: deps
 	.build/release/dredge-bench network
 
 clean:
-	rm -rf .build .build-fuzz demo-output test-output
+	rm -rf .build .build-fuzz demo-output demo-cluster-output test-output

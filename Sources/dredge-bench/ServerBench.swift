@@ -41,11 +41,15 @@ struct ServerBench: AsyncParsableCommand {
     @Flag(help: "Only the upload.")
     var uploadOnly = false
 
+    @Option(help: ArgumentHelp("Keep the server's state in this PostgreSQL database (a schema of its own) instead of SQLite: the same figures on PostgreSQL.", valueName: "url"))
+    var database: String?
+
     func run() async throws {
         let dir = NSTemporaryDirectory() + "dredge-bench-server-\(getpid())"
         try? FileManager.default.removeItem(atPath: dir)
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
+        let created = try await Self.initialize(dir + "/server", database: database, schema: "bench_server_\(getpid())")
+        if database != nil { FileHandle.standardError.write(Data("on PostgreSQL: the figures below are the PostgreSQL back end's\n".utf8)) }
         try Self.allowOneAddressFleet(dir + "/server")
         let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log")
         defer { server.stop() }
@@ -186,6 +190,17 @@ struct ServerBench: AsyncParsableCommand {
             name: "server.command_latency", value: p99, unit: "ms", limit: 50, higherIsBetter: false,
             extra: String(format: "p50=%.1f p99=%.1f agents=%d samples=%d", p50, p99, held, latencies.count))
         return [idle, latency]
+    }
+
+    /// A deployment in `data`: on SQLite, or in a schema of its own of the PostgreSQL `database`.
+    static func initialize(_ data: String, database: String?, schema: String) async throws -> ServerDeployment.Created {
+        guard let database else { return try ServerDeployment.initialize(.init(dataDirectory: data)) }
+        let url = database + (database.contains("?") ? "&" : "?") + "schema=" + schema
+        var options = ServerDeployment.Options(dataDirectory: data)
+        options.database = url
+        let db = try await PostgresDatabase(try PostgresDatabase.Location(url: url))
+        defer { db.close() }
+        return try await ServerDeployment.initialize(options, database: db)
     }
 
     /// The whole simulated fleet connects from 127.0.0.1: lift the per-address cap on
@@ -331,6 +346,11 @@ final class FleetProcess: @unchecked Sendable {
     /// `agents` simulated agents (keys from the start of `keys`), shared among `processes`
     /// children.
     static func spawn(agents: Int, processes: Int, keys: String, port: Int, created: ServerDeployment.Created, extra: [String] = []) throws -> [FleetProcess] {
+        try spawn(agents: agents, processes: processes, keys: keys, ports: [port], created: created, extra: extra)
+    }
+
+    /// Child `p` connects to `ports[p % ports.count]` (the nodes of a cluster, one child each).
+    static func spawn(agents: Int, processes: Int, keys: String, ports: [Int], created: ServerDeployment.Created, extra: [String] = []) throws -> [FleetProcess] {
         var children: [FleetProcess] = []
         let share = (agents + processes - 1) / processes
         for p in 0..<processes {
@@ -339,7 +359,7 @@ final class FleetProcess: @unchecked Sendable {
             guard n > 0 else { break }
             do {
                 children.append(try FleetProcess(arguments: [
-                    "fleet-child", "--keys", keys, "--from", String(from), "--count", String(n), "--port", String(port),
+                    "fleet-child", "--keys", keys, "--from", String(from), "--count", String(n), "--port", String(ports[p % ports.count]),
                     "--ca", created.caPath, "--token", created.enrollmentToken,
                 ] + extra))
             } catch {

@@ -157,6 +157,30 @@ public final class PostgresDatabase: Sendable {
         throw DeploymentError("cannot reach the database at \(location): \(lastError.map { String(reflecting: $0) } ?? "timed out")")
     }
 
+    /// What PostgreSQL has counted of the work done on this database: rows written to the
+    /// tables of this schema (inserted, updated, deleted), transactions committed in the
+    /// database, and WAL written by the whole cluster. PostgreSQL publishes its counters with a
+    /// delay (up to about ten seconds after a connection goes idle).
+    public struct WriteCounters: Sendable {
+        public var rows: Int64
+        public var commits: Int64
+        public var walBytes: Int64
+    }
+
+    public func writeCounters() async throws -> WriteCounters {
+        try await read { c in
+            let row = try await c.rows(
+                """
+                SELECT (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables WHERE schemaname = current_schema())::bigint,
+                    (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())::bigint,
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint
+                """)
+            guard let first = row.first else { throw DeploymentError("PostgreSQL returned no counters") }
+            let (rows, commits, wal) = try first.decode((Int64, Int64, Int64).self)
+            return WriteCounters(rows: rows, commits: commits, walBytes: wal)
+        }
+    }
+
     /// Runs `body` on one connection, outside a transaction (each statement its own).
     @discardableResult
     func read<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {

@@ -40,8 +40,8 @@ start_node() {
     node_pid[$name]=$!
     pids+=($!)
     for _ in $(seq 300); do grep -q "admin API ready" "$log" && grep -q "agent listener ready" "$log" && break; sleep 0.1; done
-    agent_port[$name]=$(grep 'agent listener ready' "$log" | grep -o 'address=127.0.0.1:[0-9]*' | head -1 | cut -d: -f2)
-    admin_url[$name]=$(grep 'admin API ready' "$log" | grep -o 'url=https://[0-9.]*:[0-9]*' | head -1 | cut -d= -f2)
+    agent_port[$name]=$(grep 'agent listener ready' "$log" | grep -o 'address=127.0.0.1:[0-9]*' | head -1 | cut -d: -f2 || true)
+    admin_url[$name]=$(grep 'admin API ready' "$log" | grep -o 'url=https://[0-9.]*:[0-9]*' | head -1 | cut -d= -f2 || true)
     [ -n "${agent_port[$name]}" ] && [ -n "${admin_url[$name]}" ] || { echo "node $name did not start:"; cat "$log"; exit 1; }
     echo "   node $name: agents on localhost:${agent_port[$name]}, admin API ${admin_url[$name]}"
 }
@@ -92,10 +92,11 @@ done
 [ "$received" -ge 2 ] || { echo "FAILED: the kitchen's upload never began"; exit 1; }
 t0=$(date +%s.%N)
 kill -KILL "${node_pid[B]}"
+status=missing count=0
 read -r status count < <("$bin/dredge" show "$pull" --json | python3 -c "
 import json, sys
-t = next(t for t in json.load(sys.stdin)['targets'] if t['agentID'] == '$kitchen')
-print(t['status'], t.get('chunkCount', 0))")
+t = next((t for t in json.load(sys.stdin)['targets'] if t['agentID'] == '$kitchen'), {'status': 'missing'})
+print(t['status'], t.get('chunkCount', 0))") || true
 [ "$status" = uploading ] || { echo "FAILED: node B was killed too late: the kitchen's upload is $status"; exit 1; }
 echo "== 5. Node B is killed mid-upload (the kitchen's: $(stored) of $count chunks stored)"
 back=""

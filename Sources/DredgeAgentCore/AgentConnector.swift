@@ -27,7 +27,8 @@ enum AgentConnector {
     /// Connects and completes the TLS handshake before returning, so a certificate the pinned
     /// CA does not vouch for is reported as such, not as a write on a channel that closed.
     static func connect(host: String, port: Int, context: NIOSSLContext) async throws -> NIOAsyncChannel<WireFrame, WireFrame> {
-        let serverHostname = host.contains(where: { $0.isLetter }) ? host : nil
+        // A name, not an address: IP literals (IPv4, or IPv6 with its hex letters) are never sent as SNI.
+        let serverHostname = host.contains(where: { $0.isLetter }) && !host.contains(":") ? host : nil
         let channel: NIOAsyncChannel<WireFrame, WireFrame>
         let handshake: EventLoopFuture<Void>
         do {

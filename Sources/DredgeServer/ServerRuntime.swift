@@ -59,7 +59,8 @@ public enum ServerRuntime {
         if let problem = retention.problem { throw DeploymentError("results retention: \(problem)") }
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
         try await janitor.sweep(atStart: true, shared: stores.node != nil)
-        let indexer = Indexer(index: stores.records, paths: DataDirectory(dir), logger: logger)
+        // In a cluster, what a dead node left unindexed is looked for every five minutes.
+        let indexer = Indexer(index: stores.records, paths: DataDirectory(dir), logger: logger, catchUpEvery: stores.node == nil ? nil : .seconds(300))
         let results = ResultsKeeper(
             paths: DataDirectory(dir), pulls: pulls, feedback: feedback, records: stores.records, indexer: indexer, audit: pulls, retention: retention, logger: logger)
         // Before the indexer catches up: it must not index what a cut-short removal left.

@@ -105,10 +105,14 @@ struct PostgresNodesTests {
         try await nodeA.disconnected(id, generation: onA)
         #expect(try await nodeA.agents().first?.connected == true)
 
-        // A node that renews a lease that ran out (it was cut off, not dead) has its agents back.
+        // A node that renews a lease that ran out (it was cut off, not dead) has its agents
+        // back, even when another node started meanwhile.
+        try await leaseA.renew()
         _ = try await nodeA.connected(id, from: "10.0.0.1:3", host: AgentDirectoryConformanceTests.host, now: Date())
+        #expect(try await nodeB.agents().first?.connected == true)
         try await Self.expire(leaseA, on: db)
         #expect(try await nodeB.agents().first?.connected == false)
+        try await PostgresAgentDirectory(db, node: NodeLease(db, name: "C")).resetPresence()
         try await leaseA.renew()
         #expect(try await nodeB.agents().first?.connected == true)
         // A graceful stop ends the lease at once.

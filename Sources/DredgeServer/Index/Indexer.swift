@@ -16,7 +16,8 @@ import Synchronization
 ///
 /// At start it indexes what landed while it was not running: every `pulls/<pull>/<agent>/`
 /// and `feedback/<id>/` that the index does not list as finished (a source cut short by a
-/// crash is indexed again from the start). Files are read on `blocking`, never on Swift's
+/// crash is indexed again from the start). In a cluster it looks again every few minutes
+/// (`catchUpEvery`), so what a dead node left unindexed is taken over by a live one. Files are read on `blocking`, never on Swift's
 /// cooperative pool. A source that cannot be indexed (unreadable manifest, a failing index)
 /// is logged and tried again later (after a minute, doubling up to an hour), and at the next
 /// start; meanwhile searches count it as still indexing. So is a source another node of a
@@ -35,10 +36,17 @@ public final class Indexer: Service, Sendable {
     /// How long after a failure a source is tried again: doubling from a minute to an hour.
     private let failures = Mutex<[IndexedSource: Int]>([:])
     let retryBase: Duration
+    /// How often what landed is looked over again while running (nil: at start only). In a
+    /// cluster, what a dead node left unindexed is picked up by the nodes still running.
+    let catchUpEvery: Duration?
 
-    public init(index: any RecordIndex, paths: DataDirectory, logger: Logger, blocking: NIOThreadPool = .singleton, retryBase: Duration = .seconds(60)) {
+    public init(
+        index: any RecordIndex, paths: DataDirectory, logger: Logger, blocking: NIOThreadPool = .singleton, retryBase: Duration = .seconds(60),
+        catchUpEvery: Duration? = nil
+    ) {
         self.index = index
         self.retryBase = retryBase
+        self.catchUpEvery = catchUpEvery
         self.paths = paths
         self.logger = logger
         self.blocking = blocking
@@ -76,6 +84,15 @@ public final class Indexer: Service, Sendable {
 
     public func run() async throws {
         await catchUp()
+        let sweeping = catchUpEvery.map { every in
+            Task { [weak self] in
+                while !Task.isCancelled {
+                    do { try await Task.sleep(for: every) } catch { return }
+                    await self?.catchUp()
+                }
+            }
+        }
+        defer { sweeping?.cancel() }
         for await source in queue.stream.cancelOnGracefulShutdown() {
             await indexLogging(source)
         }
@@ -87,7 +104,8 @@ public final class Indexer: Service, Sendable {
             let done = try await index.indexedSources()
             let indexedFeedback = Set(done.filter { $0.kind == .feedback }.map(\.id))
             let landed = try await blocking.runIfActive { [paths] in try Self.landedSources(paths, skippingFeedback: indexedFeedback) }
-            let missing = landed.filter { !done.contains($0) }
+            // Not those waiting for a retry already (one another node is indexing, say).
+            let missing = landed.filter { source in !done.contains(source) && !retrying.withLock { $0.contains(source) } }
             if !missing.isEmpty { logger.info("indexing pulls and feedback that landed before", metadata: ["count": "\(missing.count)"]) }
             for source in missing { self.landed(source) }
         } catch {

@@ -18,8 +18,8 @@ import Foundation
 ///   reported users. It returns the uids the agent holds now and did not before.
 /// - Host info is kept within the protocol's bounds (``WireHostInfo/bounded``).
 public protocol AgentDirectory: Sendable {
-    /// The server (a node of a cluster) starts: marks offline every agent it held, and on a
-    /// shared database those of nodes whose lease ran out, never another live node's.
+    /// The server (a node of a cluster) starts: marks offline every agent it held, never
+    /// another node's (on a shared database a dead node's agents read as offline by its lease).
     func resetPresence() async throws
     /// Registers a key; returns the agent id.
     func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String

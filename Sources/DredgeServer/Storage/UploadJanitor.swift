@@ -51,7 +51,13 @@ struct UploadJanitor: Sendable {
         let removed = try await blocking.runIfActive { () throws -> [String] in
             var removed: [String] = []
             for path in remove {
-                try FileManager.default.removeItem(atPath: path)
+                // Gone already: removed by another node of a cluster sharing the directory.
+                guard FileManager.default.fileExists(atPath: path) else { continue }
+                do {
+                    try FileManager.default.removeItem(atPath: path)
+                } catch where !FileManager.default.fileExists(atPath: path) {
+                    continue
+                }
                 removed.append(path)
             }
             if atStart {
@@ -59,12 +65,14 @@ struct UploadJanitor: Sendable {
                 for parent in parents {
                     for name in try DataDirectory.entries(of: parent) where name.hasSuffix(".partial") {
                         let path = try paths.inside(parent + "/" + name)
-                        if shared, let modified = try FileManager.default.attributesOfItem(atPath: path)[.modificationDate] as? Date,
-                            Date().timeIntervalSince(modified) < 3600
-                        {
+                        // Renamed into place or removed by another node meanwhile: nothing to do.
+                        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path) else { continue }
+                        if shared, let modified = attributes[.modificationDate] as? Date, Date().timeIntervalSince(modified) < 3600 { continue }
+                        do {
+                            try FileManager.default.removeItem(atPath: path)
+                        } catch where !FileManager.default.fileExists(atPath: path) {
                             continue
                         }
-                        try FileManager.default.removeItem(atPath: path)
                         removed.append(path)
                     }
                 }

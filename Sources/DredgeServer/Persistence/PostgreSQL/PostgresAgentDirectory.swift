@@ -11,8 +11,8 @@ import Synchronization
 ///
 /// Presence is leased: ``connected(_:from:host:now:)`` records the node that holds the
 /// connection (``NodeLease``), and an agent reads as connected only while that node's lease
-/// lasts. ``resetPresence()`` (a node starts) takes this node's lease and clears only agents
-/// of nodes whose lease has run out: never a live node's.
+/// lasts. ``resetPresence()`` (a node starts) takes this node's lease and clears only its own
+/// agents: never another node's.
 ///
 /// Heartbeats are held as the embedded registry holds them (``AgentRegistry``, through
 /// ``HeartbeatHold``): one whose uids did not change is kept in memory; a change of uids or a
@@ -40,16 +40,16 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         hold = HeartbeatHold(flushEvery: heartbeatFlush, refreshEvery: presenceRefresh, clock: clock)
     }
 
-    /// This node starts: its lease is taken, and its own agents and those left connected by
-    /// nodes whose lease ran out are marked offline (the latter read so already). Other live
-    /// nodes' agents are left alone.
+    /// This node starts: its lease is taken, and its own agents (and rows of no node) are
+    /// marked offline. Other nodes' agents are left alone, even those of a node whose lease has
+    /// lapsed: they read as offline through the lease, and as online again if that node was
+    /// only cut off for a while and renews it.
     public func resetPresence() async throws {
         try await node.join()
         try await db.write {
             try await $0.run(
                 """
-                UPDATE agent SET connected = false
-                WHERE connected AND (node_id IS NULL OR node_id = \(self.node.id) OR node_id NOT IN (\(unescaped: NodeLease.live)))
+                UPDATE agent SET connected = false WHERE connected AND (node_id IS NULL OR node_id = \(self.node.id))
                 """)
         }
     }
@@ -99,6 +99,8 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
     /// What is held of the agent's heartbeats is written with it: its row keeps when it was last heard.
     public func disconnected(_ agentID: String, generation: Int64) async throws {
         let held = hold.take(agentID)
+        // What was written for it is forgotten too: a node does not keep every agent that ever passed through it.
+        hold.forget(agentID)
         try await db.write { c in
             try await Self.write(held, on: c)
             try await c.run("UPDATE agent SET connected = false WHERE id = \(agentID) AND generation = \(generation)")

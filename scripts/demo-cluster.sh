@@ -27,16 +27,16 @@ trap cleanup EXIT
 echo "== 1. PostgreSQL on loopback, and a deployment on it"
 url=$(scripts/postgres.sh start "$pg")
 echo "   ${url%%:*}://…@${url#*@}"
-"$bin/dredge-server" init --data "$out/shared" --database "$url" > "$out/init.txt"
+"$bin/dredge-server" init --data "$out/data" --database "$url" > "$out/init.txt"
 token=$(awk '/enrollment token/ {print $3}' "$out/init.txt")
 fingerprint=$(awk '/CA fingerprint/ {print $3}' "$out/init.txt")
 admin_token=$(awk '/Admin token/ {getline; print $1}' "$out/init.txt")
 
-echo "== 2. Three nodes on one database and one shared data directory ($out/shared)"
+echo "== 2. Three nodes on one database and one shared data directory ($out/data)"
 declare -A agent_port admin_url
 start_node() {
     local name=$1 log="$out/node-$1.log"
-    "$bin/dredge-server" run --data "$out/shared" --agent-port 0 --admin-port 0 --heartbeat-seconds 2 2> "$log" &
+    "$bin/dredge-server" run --data "$out/data" --agent-port 0 --admin-port 0 --heartbeat-seconds 2 2> "$log" &
     node_pid[$name]=$!
     pids+=($!)
     for _ in $(seq 300); do grep -q "admin API ready" "$log" && grep -q "agent listener ready" "$log" && break; sleep 0.1; done
@@ -68,7 +68,7 @@ seed=1
 for device in kitchen pantry bakery; do
     "$bin/dredge-demo" generate --store "$out/$device/logs.sqlite" --uids u-1001,u-1002,u-1003 --records 120000 --seed $seed --host "$device-oven" >/dev/null
     seed=$((seed + 1))
-    "$bin/dredge-agent" enroll --state "$out/$device/agent" --server "${servers[$device]}" --ca "$out/shared/ca.pem" --token "$token" --app "$device-oven" >/dev/null
+    "$bin/dredge-agent" enroll --state "$out/$device/agent" --server "${servers[$device]}" --ca "$out/data/ca.pem" --token "$token" --app "$device-oven" >/dev/null
     "$bin/dredge-agent" run --state "$out/$device/agent" --store "$out/$device/logs.sqlite" --app "$device-oven" --reconnect-max-seconds 2 2> "$out/$device/agent.log" &
     pids+=($!)
 done
@@ -82,7 +82,7 @@ pull=$("$bin/dredge" pull --uid u-1002 --since 3d --reason "cluster demo" --json
 echo "   pull $pull"
 kitchen=$(python3 -c "import json; print(json.load(open('$out/kitchen/agent/agent.json'))['agentID'])")
 # What node B has stored of the kitchen's upload: its chunk files in the shared directory.
-stored() { { find "$out/shared/uploads/$pull-$kitchen/chunks" -maxdepth 1 -regex '.*/[0-9]+' 2>/dev/null || true; } | wc -l; }
+stored() { { find "$out/data/uploads/$pull-$kitchen/chunks" -maxdepth 1 -regex '.*/[0-9]+' 2>/dev/null || true; } | wc -l; }
 received=0
 for _ in $(seq 3000); do
     received=$(stored)
@@ -128,7 +128,7 @@ echo "   B's devices reconnected elsewhere within $back s; every upload complete
 echo "figure: cluster.failover seconds=$done_after agents_back_seconds=$back heartbeat_seconds=2 lease_seconds=6"
 
 echo "== 6. The files, downloaded from node C, checked against each device's store"
-"$bin/dredge" fetch "$pull" --server "${admin_url[C]}" --ca "$out/shared/ca.pem" --token "$admin_token" --out "$out/engineer/pulls" >/dev/null
+"$bin/dredge" fetch "$pull" --server "${admin_url[C]}" --ca "$out/data/ca.pem" --token "$admin_token" --out "$out/engineer/pulls" >/dev/null
 ok=1
 for device in kitchen pantry bakery; do
     agent=$(python3 -c "import json; print(json.load(open('$out/$device/agent/agent.json'))['agentID'])")
@@ -137,5 +137,5 @@ for device in kitchen pantry bakery; do
     "$bin/dredge-demo" verify --store "$out/$device/logs.sqlite" --dir "$dir" | sed 's/^/     /' || ok=0
 done
 [ $ok = 1 ] || { echo "FAILED: what arrived is not what the filter selects"; exit 1; }
-cmp -s <(cat "$out/shared/pulls/$pull"/*/*.jsonl) <(cat "$out/engineer/pulls/$pull"/*/*.jsonl) || { echo "FAILED: the downloaded files differ from the server's"; exit 1; }
+cmp -s <(cat "$out/data/pulls/$pull"/*/*.jsonl) <(cat "$out/engineer/pulls/$pull"/*/*.jsonl) || { echo "FAILED: the downloaded files differ from the server's"; exit 1; }
 echo "OK: a pull issued on node A reached devices on B and C, survived B's death mid-upload, and arrived verified"

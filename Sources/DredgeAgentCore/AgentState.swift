@@ -90,41 +90,6 @@ public struct ServerAddress: Codable, Sendable, Hashable, CustomStringConvertibl
         self.port = port
     }
 
-    /// `HOST:PORT` or `[IPv6]:PORT`; nil when it is not one.
-    public init?(_ text: String) {
-        let host: Substring, port: Substring
-        if text.hasPrefix("[") {
-            guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else { return nil }
-            host = text[text.index(after: text.startIndex)..<close]
-            port = text[text.index(close, offsetBy: 2)...]
-        } else {
-            guard let colon = text.lastIndex(of: ":") else { return nil }
-            host = text[..<colon]
-            port = text[text.index(after: colon)...]
-            if host.contains(":") { return nil }  // an IPv6 address goes in brackets
-        }
-        guard !host.isEmpty, host.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-.:_".contains($0)) }),
-            port.count <= 5, !port.isEmpty, port.allSatisfy({ $0.isASCII && $0.isNumber }), let number = Int(port), (1...65_535).contains(number)
-        else { return nil }
-        self.host = String(host)
-        self.port = number
-    }
-
-    /// A comma-separated list of addresses, or the first entry that is not one.
-    public static func list(_ text: String) -> Result<[ServerAddress], ListError> {
-        var addresses: [ServerAddress] = []
-        for part in text.split(separator: ",", omittingEmptySubsequences: false).map({ $0.trimmingCharacters(in: .whitespaces) }) {
-            guard let address = ServerAddress(part) else { return .failure(ListError(entry: part)) }
-            if !addresses.contains(address) { addresses.append(address) }
-        }
-        return .success(addresses)
-    }
-
-    public struct ListError: Error, CustomStringConvertible {
-        public var entry: String
-        public var description: String { "'\(entry)' is not HOST:PORT" }
-    }
-
     public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
 }
 

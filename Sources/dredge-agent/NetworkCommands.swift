@@ -58,14 +58,16 @@ struct HostDescriptionOptions: ParsableArguments {
     }
 }
 
-/// The addresses `--server` gives (each HOST:PORT, repeated or comma-separated), in order.
+/// The addresses `--server` gives (each HOST:PORT or [IPv6]:PORT, repeated or comma-separated), in order.
 func serverAddresses(_ values: [String]) throws -> [ServerAddress] {
     var all: [ServerAddress] = []
-    for value in values {
-        switch ServerAddress.list(value) {
-        case .success(let addresses): all += addresses.filter { !all.contains($0) }
-        case .failure(let error): throw ValidationError("--server: \(error) (HOST:PORT, [IPv6]:PORT)")
+    for part in values.flatMap({ $0.split(separator: ",", omittingEmptySubsequences: false) }).map({ $0.trimmingCharacters(in: .whitespaces) }) {
+        // No default port: 0 stands for "none given", which the agent cannot dial.
+        guard let parsed = HostPort(part, defaultPort: 0), parsed.port > 0 else {
+            throw ValidationError("--server: '\(part)' is not HOST:PORT ([IPv6]:PORT)")
         }
+        let address = ServerAddress(host: parsed.host, port: parsed.port)
+        if !all.contains(address) { all.append(address) }
     }
     guard !all.isEmpty else { throw ValidationError("--server needs an address") }
     return all

@@ -29,9 +29,7 @@ struct ClusterBench: AsyncParsableCommand {
     var keyCache = ".build/bench-fleet-keys"
 
     func run() async throws {
-        guard let url = database ?? ProcessInfo.processInfo.environment["DREDGE_TEST_POSTGRES"], !url.isEmpty else {
-            throw ValidationError("give --database or set DREDGE_TEST_POSTGRES (make bench starts a private PostgreSQL)")
-        }
+        let url = try PresenceBench.databaseURL(database)
         let dir = NSTemporaryDirectory() + "dredge-bench-cluster-\(getpid())"
         try? FileManager.default.removeItem(atPath: dir)
         defer { try? FileManager.default.removeItem(atPath: dir) }

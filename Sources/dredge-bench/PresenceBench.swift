@@ -27,6 +27,14 @@ struct PresenceBench: AsyncParsableCommand {
     @Option(help: "Where the fleet's keys are cached (made by scripts/bench-fleet-keys.py).")
     var keyCache = ".build/bench-fleet-keys"
 
+    /// `--database`, else `$DREDGE_TEST_POSTGRES` (what `scripts/postgres.sh run` sets).
+    static func databaseURL(_ database: String?) throws -> String {
+        guard let url = database ?? ProcessInfo.processInfo.environment["DREDGE_TEST_POSTGRES"], !url.isEmpty else {
+            throw ValidationError("give --database or set DREDGE_TEST_POSTGRES (make bench starts a private PostgreSQL)")
+        }
+        return url
+    }
+
     /// A clock the benchmark moves.
     final class VirtualClock: Sendable {
         private let now = Mutex(ContinuousClock.now)
@@ -41,9 +49,7 @@ struct PresenceBench: AsyncParsableCommand {
     }
 
     func run() async throws {
-        guard let url = database ?? ProcessInfo.processInfo.environment["DREDGE_TEST_POSTGRES"], !url.isEmpty else {
-            throw ValidationError("give --database or set DREDGE_TEST_POSTGRES (make bench starts a private PostgreSQL)")
-        }
+        let url = try Self.databaseURL(database)
         let keys = try FleetChild.loadKeys(try ServerBench.fleetKeys(cache: keyCache, count: agents), from: 0, count: agents).map(\.publicKey)
         let leased = try await measure(url: url, keys: keys, refresh: .seconds(1200), minutes: minutes, name: "leased")
         // Without a refresh every held heartbeat is written at each flush: a few minutes show its rate.

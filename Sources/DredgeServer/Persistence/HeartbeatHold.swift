@@ -1,3 +1,5 @@
+import DredgeWire
+import Foundation
 import Synchronization
 
 /// Heartbeats held in memory between writes, as both agent directories hold them
@@ -42,6 +44,36 @@ final class HeartbeatHold: Sendable {
         self.refreshEvery = refreshEvery
         self.clock = clock
         state = Mutex(State(lastFlush: clock()))
+    }
+
+    /// A heartbeat to write in full: its active uids (sorted, without repeats), its user report,
+    /// time and record count, and the held heartbeats due to go with it.
+    struct Full {
+        var uids: [String]
+        var report: WireUserReport?
+        var at: Double
+        var records: Int64
+        var held: Held
+    }
+
+    /// What a directory does with a heartbeat that keeps the protocol's rules: write the held
+    /// heartbeats due (none, often), or write this one in full. Throws, changing nothing, for
+    /// one that breaks them (``HeartbeatRules/problem(with:)``).
+    enum Received {
+        case held(due: Held)
+        case full(Full)
+    }
+
+    func receive(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) throws -> Received {
+        if let problem = HeartbeatRules.problem(with: heartbeat) { throw DeploymentError(problem) }
+        let sorted = Array(Set(heartbeat.activeUids)).sorted()
+        let report = heartbeat.hasUsers ? heartbeat.users : nil
+        let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
+        switch step(agentID, uids: sorted, hasReport: report != nil, at: at, records: records) {
+        case .hold: return .held(due: [:])
+        case .flush(let due): return .held(due: due)
+        case .write(let held): return .full(Full(uids: sorted, report: report, at: at, records: records, held: held))
+        }
     }
 
     /// `uids`: the heartbeat's active uids, sorted.

@@ -108,18 +108,14 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
     }
 
     public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) async throws -> Set<String> {
-        if let problem = HeartbeatRules.problem(with: heartbeat) { throw DeploymentError(problem) }
-        let sorted = Array(Set(heartbeat.activeUids)).sorted()
-        let report = heartbeat.hasUsers ? heartbeat.users : nil
-        let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
-        let held: Held
-        switch hold.step(agentID, uids: sorted, hasReport: report != nil, at: at, records: records) {
-        case .hold: return []
-        case .flush(let due):
+        let full: HeartbeatHold.Full
+        switch try hold.receive(agentID, heartbeat, now: now) {
+        case .held(let due):
             try await write(due)
             return []
-        case .write(let pending): held = pending
+        case .full(let heartbeat): full = heartbeat
         }
+        let (sorted, report, at, records, held) = (full.uids, full.report, full.at, full.records, full.held)
         let uids = try AgentRegistry.json(sorted)
         let digest = report.flatMap(AgentRegistry.digest)
         let outcome: (known: Bool, added: Set<String>) = try await db.write { c in

@@ -148,18 +148,14 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     /// agent holds now and did not before.
     @discardableResult
     public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date = Date()) async throws -> Set<String> {
-        if let problem = HeartbeatRules.problem(with: heartbeat) { throw DeploymentError(problem) }
-        let sorted = Array(Set(heartbeat.activeUids)).sorted()
-        let report = heartbeat.hasUsers ? heartbeat.users : nil
-        let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
-        let held: Held
-        switch hold.step(agentID, uids: sorted, hasReport: report != nil, at: at, records: records) {
-        case .hold: return []
-        case .flush(let due):
+        let full: HeartbeatHold.Full
+        switch try hold.receive(agentID, heartbeat, now: now) {
+        case .held(let due):
             try await write(due)
             return []
-        case .write(let pending): held = pending
+        case .full(let heartbeat): full = heartbeat
         }
+        let (sorted, report, at, records, held) = (full.uids, full.report, full.at, full.records, full.held)
         let uids = try Self.json(sorted)
         let outcome: (known: Bool, added: Set<String>) = try await db.write { db in
             try Self.write(held, into: db)

@@ -5,6 +5,9 @@
 .PHONY: demo demo-local demo-cluster test bench deps clean
 
 SWIFT ?= swift
+# The suites of real server and agent processes (on SQLite and, under scripts/postgres.sh, on
+# PostgreSQL; the network logging one on SQLite only: it tests the app's side).
+E2E = EndToEndTests|FaultyNetworkTests|NetworkPullTests
 
 deps:
 	@scripts/install-deps.sh
@@ -24,12 +27,16 @@ demo-local: deps
 test: deps
 	scripts/check-imports.py
 	$(SWIFT) build --build-tests
-	# Both back ends: SQLite, and PostgreSQL in a private cluster on loopback for the run.
-	scripts/postgres.sh run $(SWIFT) test --skip-build
+	# Both back ends: SQLite, and PostgreSQL in a private cluster on loopback for the run. The
+	# suites of real server and agent processes run after the others, on their own: their
+	# child processes would starve the in-process tests of the test process's threads.
+	scripts/postgres.sh run sh -c '$(SWIFT) test --skip-build --skip "$(E2E)" && $(SWIFT) test --skip-build --filter "$(E2E)"'
 	python3 scripts/fresh-app.py
 	python3 Tests/conformance/conformance.py "$$($(SWIFT) build --show-bin-path)/dredge-server"
 	python3 Tests/browser/console.py "$$($(SWIFT) build --show-bin-path)" test-output/console
 	scripts/fuzz.sh 20
+	# The cluster demo on the test build: three nodes on one PostgreSQL, one killed mid-upload.
+	SWIFT=$(SWIFT) DEMO_CONFIG=debug DEMO_DIR=test-output/demo-cluster scripts/demo-cluster.sh
 
 bench: deps
 	$(SWIFT) build -c release --product dredge-bench

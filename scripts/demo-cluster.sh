@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${DEMO_CONFIG:-release}   # DEMO_CONFIG=debug reuses the test build
-for product in dredge-server dredge-agent dredge-demo dredge; do swift build -c "$config" --product "$product" >&2; done
+for product in dredge-server dredge-agent dredge-demo dredge; do ${SWIFT:-swift} build -c "$config" --product "$product" >&2; done
 bin=.build/$config
 out=${DEMO_DIR:-demo-cluster-output}
 rm -rf "$out" && mkdir -p "$out"

@@ -29,6 +29,9 @@ public final class AgentClient: Service, Sendable {
     let lastActiveUIDs = Mutex<[String]>([])
 
     let maxReconnectDelay: Duration
+    /// How long a connection may take to be ready (TLS handshake, then authentication) before
+    /// it is given up and the next address tried.
+    let readyTimeout: Duration
     /// The server's addresses (its nodes), tried in order: the state's, unless the operator gave others.
     let addresses: [ServerAddress]
 
@@ -40,11 +43,15 @@ public final class AgentClient: Service, Sendable {
     ///   - maxExports: exports run at once, on their own threads; a pull command beyond them
     ///     is answered `REJECT_BUSY`.
     ///   - servers: the addresses to connect to, in order, instead of the state's.
+    ///   - readyTimeout: how long the TLS handshake, and then authentication, may each take
+    ///     before the connection is given up (a node that accepts and then hangs).
     public init(
         state: AgentState, store: LogStore?, hostInfo: WireHostInfo, hostOverrides: WireHostInfo = WireHostInfo(), logger: Logger,
-        firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60), maxExports: Int = 2, servers: [ServerAddress]? = nil
+        firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60), maxExports: Int = 2, servers: [ServerAddress]? = nil,
+        readyTimeout: Duration = .seconds(30)
     ) throws {
         self.state = state
+        self.readyTimeout = readyTimeout
         self.addresses = servers.flatMap { $0.isEmpty ? nil : $0 } ?? state.addresses
         self.maxReconnectDelay = maxReconnectDelay
         self.store = store
@@ -120,7 +127,8 @@ public final class AgentClient: Service, Sendable {
     }
 
     func connectOnce(to server: ServerAddress) async throws {
-        let channel = try await AgentConnector.connect(host: server.host, port: server.port, caPEM: state.caPEM)
+        let channel = try await AgentConnector.connect(host: server.host, port: server.port, caPEM: state.caPEM, handshakeTimeout: readyTimeout)
+        let opened = ContinuousClock.now
         stop.onStop { channel.channel.close(promise: nil) }
         let session = Session(
             machine: AgentConnectionStateMachine(mode: .authenticate(agentID: state.file.agentID, host: describeHost()), software: "dredge-agent/\(DredgeVersion.current)"),
@@ -137,12 +145,19 @@ public final class AgentClient: Service, Sendable {
                     group.addTask {
                         // Heartbeats once authenticated: the first at once (until it arrives the
                         // server routes no pull by uid here), then at the interval the server
-                        // asked for; the connection is given up when the server stops answering.
+                        // asked for; the connection is given up when the server stops answering,
+                        // or does not authenticate it in time.
                         var sent = false
                         while !Task.isCancelled {
                             let interval = await session.heartbeatInterval
-                            if interval == nil || sent { try await Task.sleep(for: .seconds(Int(interval ?? 1))) }
-                            guard interval != nil else { continue }
+                            if interval == nil || sent { try await Task.sleep(for: interval.map { .seconds(Int($0)) } ?? .milliseconds(200)) }
+                            guard interval != nil else {
+                                // Read again: authentication may have ended during the sleep.
+                                if ContinuousClock.now - opened >= self.readyTimeout, await session.heartbeatInterval == nil {
+                                    throw AgentError("the server did not authenticate the connection within \(self.readyTimeout)")
+                                }
+                                continue
+                            }
                             sent = true
                             if let silence = await session.overdue(at: .now) {
                                 throw AgentError("the server sent nothing for \(silence); reconnecting")

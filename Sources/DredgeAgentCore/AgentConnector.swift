@@ -7,8 +7,12 @@ import NIOTLS
 
 /// Opens the agent's TLS connection to the server, trusting only the pinned CA.
 enum AgentConnector {
-    static func connect(host: String, port: Int, caPEM: String) async throws -> NIOAsyncChannel<WireFrame, WireFrame> {
-        try await connect(host: host, port: port, context: try tlsContext(caPEM: caPEM))
+    /// How long a TLS handshake may take before the connection is given up: a node that
+    /// accepts connections and then hangs (stopped, overloaded) must not hold the agent.
+    static let handshakeTimeout: Duration = .seconds(30)
+
+    static func connect(host: String, port: Int, caPEM: String, handshakeTimeout: Duration = handshakeTimeout) async throws -> NIOAsyncChannel<WireFrame, WireFrame> {
+        try await connect(host: host, port: port, context: try tlsContext(caPEM: caPEM), handshakeTimeout: handshakeTimeout)
     }
 
     /// A client TLS context that trusts only the pinned CA. One can serve many connections.
@@ -25,14 +29,17 @@ enum AgentConnector {
     }
 
     /// Connects and completes the TLS handshake before returning, so a certificate the pinned
-    /// CA does not vouch for is reported as such, not as a write on a channel that closed.
-    static func connect(host: String, port: Int, context: NIOSSLContext) async throws -> NIOAsyncChannel<WireFrame, WireFrame> {
+    /// CA does not vouch for is reported as such, not as a write on a channel that closed. A
+    /// handshake not done within `handshakeTimeout` closes the connection and throws.
+    static func connect(
+        host: String, port: Int, context: NIOSSLContext, handshakeTimeout: Duration = handshakeTimeout
+    ) async throws -> NIOAsyncChannel<WireFrame, WireFrame> {
         // A name, not an address: IP literals (IPv4, or IPv6 with its hex letters) are never sent as SNI.
         let serverHostname = host.contains(where: { $0.isLetter }) && !host.contains(":") ? host : nil
         let channel: NIOAsyncChannel<WireFrame, WireFrame>
-        let handshake: EventLoopFuture<Void>
+        let waiter: HandshakeWaiter
         do {
-            (channel, handshake) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            (channel, waiter) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .connectTimeout(.seconds(10))
                 .channelOption(.socketOption(.so_keepalive), value: 1)
                 .connect(host: host, port: port) { channel in
@@ -42,14 +49,22 @@ enum AgentConnector {
                         try channel.pipeline.syncOperations.addHandler(waiter)
                         try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder()))
                         try channel.pipeline.syncOperations.addHandler(MessageToByteHandler(FrameEncoder()))
-                        return (try NIOAsyncChannel<WireFrame, WireFrame>(wrappingChannelSynchronously: channel), waiter.promise.futureResult)
+                        return (try NIOAsyncChannel<WireFrame, WireFrame>(wrappingChannelSynchronously: channel), waiter)
                     }
                 }
         } catch {
             throw AgentError("cannot connect to \(host):\(port): \(explain(error))", isUnreachable: true)
         }
+        // On the channel's event loop, like the waiter: the first to fulfil the promise wins.
+        let timeout = handshakeTimeout.components
+        let deadline = channel.channel.eventLoop.scheduleTask(in: .seconds(timeout.seconds) + .nanoseconds(timeout.attoseconds / 1_000_000_000)) {
+            waiter.promise.fail(AgentError("the server did not complete the TLS handshake within \(handshakeTimeout)"))
+            channel.channel.close(promise: nil)
+        }
+        // Cancelled on the event loop as the handshake ends, before the timer could fire.
+        waiter.promise.futureResult.whenComplete { _ in deadline.cancel() }
         do {
-            try await handshake.get()
+            try await waiter.promise.futureResult.get()
         } catch {
             // Closed through the async channel, which must finish its writer; the handshake's
             // error is the one reported, not the close's.

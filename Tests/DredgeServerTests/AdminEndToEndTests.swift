@@ -10,6 +10,7 @@ import DredgeWire
 import Foundation
 import FoundationNetworking
 import NIOSSL
+import PostgresNIO
 import Testing
 @testable import DredgeServer
 
@@ -41,7 +42,7 @@ import Testing
         return (http.statusCode, json, http.value(forHTTPHeaderField: "WWW-Authenticate"))
     }
 
-    @Test(arguments: [ServerBackend.sqlite]) func callsWithoutAValidTokenAreRefusedWithClearErrorsAndNothingHappens(_ backend: ServerBackend) async throws {
+    @Test(arguments: ServerBackend.all) func callsWithoutAValidTokenAreRefusedWithClearErrorsAndNothingHappens(_ backend: ServerBackend) async throws {
         let d = try Deployment(adminTLS: false, backend: backend)
         let (server, _) = try d.startServer()
         defer { server.stop() }
@@ -89,8 +90,8 @@ import Testing
         #expect(entries.allSatisfy { ($0["detail"] as? String)?.contains("from 127.0.0.1:") == true && $0["actor"] as? String == "-" }, "\(refused.output)")
     }
 
-    @Test func tokensRotateAndTheAuditNamesTheTokenThatAsked() async throws {
-        let d = try Deployment()
+    @Test(arguments: ServerBackend.all) func tokensRotateAndTheAuditNamesTheTokenThatAsked(_ backend: ServerBackend) async throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)
@@ -102,9 +103,27 @@ import Testing
         #expect(try d.dredge(["agents"], server: admin).output.contains("refused the admin token"))
         let last = try d.dredge(["tokens", "revoke", "--name", "alice"], server: admin, token: alice)
         #expect(last.status == 1 && last.output.contains("last admin token"), "\(last.output)")
-        let stored = ["", "-wal"].compactMap { FileManager.default.contents(atPath: d.data + "/dredge.sqlite" + $0) }
-        #expect(!stored.isEmpty && stored.allSatisfy { $0.range(of: Data(alice.utf8)) == nil }, "only the hash is stored")
-        #expect(try await TokenStore(ServerDatabase(directory: d.data)).list().contains { $0.name == "alice" }, "the database holds the token's name")
+        let persistence = try await ServerPersistence.open(try LoadedDeployment(directory: d.data))
+        defer { persistence.postgres?.close() }
+        #expect(try await persistence.tokens.list().contains { $0.name == "alice" }, "the database holds the token's name")
+        switch backend {
+        case .sqlite:
+            let stored = ["", "-wal"].compactMap { FileManager.default.contents(atPath: d.data + "/dredge.sqlite" + $0) }
+            #expect(!stored.isEmpty && stored.allSatisfy { $0.range(of: Data(alice.utf8)) == nil }, "only the hash is stored")
+        case .postgres:
+            // Every row of every table of the deployment's schema, as text.
+            let db = try #require(persistence.postgres)
+            let rows = try await db.read { c in
+                var all = ""
+                let tables = try await c.rows("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()").map { try $0.decode(String.self) }
+                for table in tables {
+                    all += try await c.value(PostgresQuery(unsafeSQL: "SELECT coalesce(string_agg(t::text, '|'), '') FROM \"\(table)\" t"), as: String.self) ?? ""
+                }
+                return (tables, all)
+            }
+            #expect(rows.0.contains("token") && rows.0.contains("audit"), "\(rows.0)")
+            #expect(rows.1.contains(TokenFile.hash(alice)) && !rows.1.contains(alice), "only the hash is stored")
+        }
 
         // Enrollment tokens rotate the same way, at once.
         let fleet = try d.dredge(["tokens", "create", "--kind", "enrollment", "--name", "fleet-2"], server: admin, token: alice)
@@ -127,7 +146,7 @@ import Testing
         #expect(entries.contains { $0["actor"] as? String == "alice" && $0["action"] as? String == "token.revoke" })
     }
 
-    @Test(arguments: [ServerBackend.sqlite]) func dredgePullWaitShowsProgressThenTheFiles(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func dredgePullWaitShowsProgressThenTheFiles(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -149,7 +168,7 @@ import Testing
 
     /// The agent trusts a different signing key than the server's: every command it gets is,
     /// to it, forged. It refuses with the reason, the pull shows it, the other agent is served.
-    @Test(arguments: [ServerBackend.sqlite]) func aForgedCommandIsRejectedAndTheReasonShowsOnThePull(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func aForgedCommandIsRejectedAndTheReasonShowsOnThePull(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -177,7 +196,7 @@ import Testing
     /// An enrolled agent that misbehaves: it accepts a pull and sends a chunk that was changed
     /// after sealing. The server refuses the chunk, fails the pull with the reason, keeps the
     /// tampered bytes out of the data directory, and goes on serving.
-    @Test(arguments: [ServerBackend.sqlite]) func aTamperedChunkFailsThePullAndTheServerGoesOn(_ backend: ServerBackend) async throws {
+    @Test(arguments: ServerBackend.all) func aTamperedChunkFailsThePullAndTheServerGoesOn(_ backend: ServerBackend) async throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }

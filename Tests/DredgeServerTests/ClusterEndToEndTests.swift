@@ -22,11 +22,13 @@ struct ClusterEndToEndTests {
         try FaultyNetworkTests.makeLargeStore(store)
         #expect(try d.enroll(state: state, port: portB).0 == 0)
         // Node B first, through a proxy that cuts the connection now and then (the upload takes
-        // several connections, long enough to kill B in the middle of it); node A second.
+        // several connections, long enough to kill B in the middle of it); node A second,
+        // through a proxy that counts what the agent sends it.
         let proxy = try CuttingProxy(targetPort: portB, cutAfter: 300_000...1_200_000)
+        let viaA = try CuttingProxy(targetPort: portA, cutAfter: nil)
         let agent = try ManagedProcess(
             "dredge-agent",
-            ["run", "--state", state, "--store", store, "--reconnect-max-seconds", "1", "--server", "localhost:\(proxy.port),localhost:\(portA)"],
+            ["run", "--state", state, "--store", store, "--reconnect-max-seconds", "1", "--server", "localhost:\(proxy.port),localhost:\(viaA.port)"],
             outputPath: d.dir.file("agent.log"))
         defer { agent.stop() }
         #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["connected"] as? Bool) == true && ($0["activeUIDs"] as? [String]) == ["u-1"] } }, "agent:\n\(agent.output)")
@@ -42,13 +44,22 @@ struct ClusterEndToEndTests {
             return received > 2 && received < count
         }
         #expect(midway, "agent:\n\(agent.output)\nnode B:\n\(nodeB.output)")
+        let heldByB = try #require(try d.pullTarget(id)?["chunksReceived"] as? Int)
+        #expect(viaA.forwarded.withLockedValue { $0 } == 0, "the agent was on node B until now")
         #expect(nodeB.stop(SIGKILL) != 0)
 
         // The agent moves to node A, which resumes the upload from what B stored.
         #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try d.pullTarget(id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)\nnode A:\n\(nodeA.output)")
         #expect(try d.agents().first?["connected"] as? Bool == true, "present through node A's lease")
         let target = try #require(try d.pullTarget(id))
-        #expect((target["chunksReceived"] as? Int ?? 0) == (target["chunkCount"] as? Int ?? -1))
+        let count = try #require(target["chunkCount"] as? Int), size = try #require(target["bytes"] as? Int)
+        #expect(target["chunksReceived"] as? Int == count)
+        // Resumed, not begun again: node A was sent at most the chunks B had not stored (and
+        // one chunk more: the last one's size, the chunks' tags and frames), plus a
+        // connection's handshakes and heartbeats (64 KB). Sent again from the start, it would
+        // be at least the whole upload (`bytes`: its size before encryption).
+        let toA = viaA.forwarded.withLockedValue { $0 }
+        #expect(heldByB >= 3 && toA < size / count * (count - heldByB + 1) + 64 * 1024, "\(toA) bytes to A; \(heldByB) of \(count) chunks held by B; \(size) bytes")
         let dir = d.data + "/pulls/\(id)/\(agentID)"
         let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
         for (name, text) in expected { #expect(contents(dir + "/" + name) == text, "\(name)") }

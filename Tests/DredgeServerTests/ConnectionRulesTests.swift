@@ -246,4 +246,23 @@ import Testing
         // server's handshake deadline (120 s here) ends that connection instead.
         #expect(try await Self.waitFor(.seconds(300)) { proxy.connections.withLockedValue { $0 } >= 2 })
     }
+
+    /// A node that takes the connection and then hangs — before the TLS handshake completes,
+    /// or after it and before authenticating — is given up after the agent's deadline, and the
+    /// next address is tried: a hung node of a cluster does not keep its agents from the others.
+    @Test func theAgentMovesOnFromANodeThatHangsBeforeTheConnectionIsReady() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let noHandshake = try StallingProxy(targetPort: server.agentPort, forwardFor: .zero)
+        let noAuthentication = try SilentTLSServer(data: server.data)
+        let state = try await AgentEnrollment.enroll(
+            host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"), token: server.created.enrollmentToken,
+            stateDirectory: server.dir.file("agent"), hostInfo: .with { $0.hostname = "device" })
+        let client = try AgentClient(
+            state: state, store: nil, hostInfo: .with { $0.hostname = "device" }, logger: Logger(label: "test.agent") { _ in SwiftLogNoOpLogHandler() },
+            servers: [noHandshake.port, noAuthentication.port, server.agentPort].map { ServerAddress(host: "127.0.0.1", port: $0) }, readyTimeout: .seconds(3))
+        let task = Task { try await client.run() }
+        defer { task.cancel() }
+        #expect(try await Self.waitFor(.seconds(120)) { try await server.registry.agents().first?.connected == true })
+    }
 }

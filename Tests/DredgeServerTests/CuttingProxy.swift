@@ -2,26 +2,31 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import NIOSSL
 
 /// A TCP proxy on loopback that cuts every connection after a random number of bytes from the
 /// client, so the connection breaks at arbitrary points of a TLS stream — mid-frame, mid-chunk,
-/// with acks in flight.
+/// with acks in flight. Counts the bytes it forwarded from clients.
 final class CuttingProxy: @unchecked Sendable {
     let channel: any Channel
     let cuts = NIOLockedValueBox(0)
+    /// Bytes forwarded from clients to the server, over every connection.
+    let forwarded = NIOLockedValueBox(0)
     var port: Int { channel.localAddress!.port! }
 
-    init(targetPort: Int, cutAfter: ClosedRange<Int>) throws {
-        let cutsBox = cuts
+    /// - Parameter cutAfter: where in each connection's bytes from the client to cut it; nil
+    ///   never cuts (a proxy that only counts).
+    init(targetPort: Int, cutAfter: ClosedRange<Int>?) throws {
+        let (cutsBox, forwardedBox) = (cuts, forwarded)
         channel = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { inbound in
-                let budget = Int.random(in: cutAfter)
+                let budget = cutAfter.map { Int.random(in: $0) }
                 return ClientBootstrap(group: inbound.eventLoop)
                     .connect(host: "127.0.0.1", port: targetPort)
                     .flatMap { outbound in
-                        let toServer = Forward(peer: outbound, budget: budget, cuts: cutsBox)
-                        let toClient = Forward(peer: inbound, budget: nil, cuts: cutsBox)
+                        let toServer = Forward(peer: outbound, budget: budget, cuts: cutsBox, forwarded: forwardedBox)
+                        let toClient = Forward(peer: inbound, budget: nil, cuts: cutsBox, forwarded: nil)
                         return inbound.pipeline.addHandler(toServer).flatMap { outbound.pipeline.addHandler(toClient) }
                     }
             }
@@ -30,17 +35,19 @@ final class CuttingProxy: @unchecked Sendable {
 
     deinit { try? channel.close().wait() }
 
-    /// Copies bytes to `peer`; after `budget` bytes closes both sides.
+    /// Copies bytes to `peer`, counting them in `forwarded`; after `budget` bytes closes both sides.
     final class Forward: ChannelInboundHandler, @unchecked Sendable {
         typealias InboundIn = ByteBuffer
         let peer: any Channel
         var budget: Int?
         let cuts: NIOLockedValueBox<Int>
+        let forwarded: NIOLockedValueBox<Int>?
 
-        init(peer: any Channel, budget: Int?, cuts: NIOLockedValueBox<Int>) {
+        init(peer: any Channel, budget: Int?, cuts: NIOLockedValueBox<Int>, forwarded: NIOLockedValueBox<Int>?) {
             self.peer = peer
             self.budget = budget
             self.cuts = cuts
+            self.forwarded = forwarded
         }
 
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -48,6 +55,7 @@ final class CuttingProxy: @unchecked Sendable {
             if let remaining = budget {
                 if bytes.readableBytes >= remaining {
                     let part = bytes.readSlice(length: remaining)!
+                    forwarded?.withLockedValue { $0 += part.readableBytes }
                     peer.writeAndFlush(part).whenComplete { [peer] _ in peer.close(promise: nil) }
                     cuts.withLockedValue { $0 += 1 }
                     context.close(promise: nil)
@@ -56,6 +64,7 @@ final class CuttingProxy: @unchecked Sendable {
                 }
                 budget = remaining - bytes.readableBytes
             }
+            forwarded?.withLockedValue { $0 += bytes.readableBytes }
             peer.writeAndFlush(bytes, promise: nil)
         }
 
@@ -114,5 +123,41 @@ final class StallingProxy: @unchecked Sendable {
 
         func channelInactive(context: ChannelHandlerContext) { peer.close(promise: nil) }
         func errorCaught(context: ChannelHandlerContext, error: any Error) { context.close(promise: nil) }
+    }
+}
+
+/// A TLS server on loopback with a deployment's certificate that completes the handshake and
+/// then answers nothing: a node that accepts connections and hangs before authenticating them,
+/// seen from the agent. Counts the connections it accepted.
+final class SilentTLSServer: @unchecked Sendable {
+    let channel: any Channel
+    let connections = NIOLockedValueBox(0)
+    var port: Int { channel.localAddress!.port! }
+
+    /// - Parameter data: the deployment's data directory (`server.pem`, `server-key.pem`).
+    init(data: String) throws {
+        let tls = TLSConfiguration.makeServerConfiguration(
+            certificateChain: try NIOSSLCertificate.fromPEMFile(data + "/server.pem").map { .certificate($0) },
+            privateKey: .privateKey(try NIOSSLPrivateKey(file: data + "/server-key.pem", format: .pem)))
+        let context = try NIOSSLContext(configuration: tls)
+        let count = connections
+        channel = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { child in
+                count.withLockedValue { $0 += 1 }
+                return child.eventLoop.makeCompletedFuture {
+                    try child.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: context))
+                    try child.pipeline.syncOperations.addHandler(Swallow())
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).wait()
+    }
+
+    deinit { try? channel.close().wait() }
+
+    /// Reads and drops whatever the client sends.
+    final class Swallow: ChannelInboundHandler, Sendable {
+        typealias InboundIn = ByteBuffer
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
     }
 }

@@ -16,8 +16,8 @@ import Testing
         }
     }
 
-    @Test func anEngineerPullsThenReadsAndSearchesOneTimeline() throws {
-        let d = try Deployment()
+    @Test(arguments: ServerBackend.all) func anEngineerPullsThenReadsAndSearchesOneTimeline(_ backend: ServerBackend) throws {
+        let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)

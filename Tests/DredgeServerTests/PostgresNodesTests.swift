@@ -120,7 +120,7 @@ struct PostgresNodesTests {
         #expect(try await nodeB.agents().first?.connected == false)
     }
 
-    @Test func aDisconnectionWritesTheHeartbeatHeldForTheAgent() async throws {
+    @Test func aListingShowsHeldHeartbeatsAndADisconnectionWritesThem() async throws {
         let db = try await TestPostgres.database(for: dir)
         let node = PostgresAgentDirectory(db, presenceRefresh: .seconds(3600))
         let id = try await node.enroll(publicKey: AgentDirectoryConformanceTests.keys[0].publicKey, host: AgentDirectoryConformanceTests.host, now: Date())
@@ -130,6 +130,10 @@ struct PostgresNodesTests {
         try await node.heartbeat(id, beat, now: Date(timeIntervalSince1970: 6_000))  // held
         let other = PostgresAgentDirectory(db)
         #expect(try await other.agents().first?.lastHeartbeatAt == Date(timeIntervalSince1970: 5_000), "held, not written")
+        // The node's own listing shows what it holds, and writes none of it.
+        let listed = try #require(try await node.agents().first)
+        #expect(listed.lastHeartbeatAt == Date(timeIntervalSince1970: 6_000))
+        #expect(try await other.agents().first?.lastHeartbeatAt == Date(timeIntervalSince1970: 5_000), "a listing writes nothing")
         try await node.disconnected(id, generation: generation)
         #expect(try await other.agents().first?.lastHeartbeatAt == Date(timeIntervalSince1970: 6_000))
     }
@@ -161,5 +165,75 @@ struct PostgresNodesTests {
         #expect(found == ["alpha", "beta", "gamma"])
         // Finished, it may be indexed again by anyone (a rebuild).
         try await nodeA.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
+    }
+
+    /// Failures back off, doubling up to an hour; a source another node is indexing is no
+    /// failure, and is looked at again after the base delay however often it was found so.
+    @Test func aSourceIndexedElsewhereIsLookedAtAgainSoonWhileFailuresBackOff() {
+        let base = Duration.seconds(60)
+        #expect((1...8).map { Indexer.retryDelay(afterFailure: $0, base: base) } == [60, 120, 240, 480, 960, 1920, 3600, 3600].map { Duration.seconds($0) })
+        #expect(Indexer.retryDelay(afterFailure: 0, base: base) == base)
+    }
+
+    /// Node B is told of a source node A is indexing (a listener's report, a catch-up): it
+    /// leaves it to A while A lives, and takes it over at a retry once A died.
+    @Test func aSourceFoundIndexedElsewhereIsTakenOverAtARetryOnceItsNodeDies() async throws {
+        let db = try await TestPostgres.database(for: dir)
+        let leaseA = NodeLease(db, name: "A"), leaseB = NodeLease(db, name: "B")
+        let nodeA = PostgresRecordIndex(db, node: leaseA), nodeB = PostgresRecordIndex(db, node: leaseB)
+        let paths = DataDirectory(dir.file("data"))
+        let source = RecordIndexConformanceTests.pull1
+        let lines = [RecordIndexConformanceTests.line(1, "a one"), RecordIndexConformanceTests.line(2, "a two")]
+        try RecordSearchTests.land(paths, source, days: ["2027-01-15.jsonl": lines])
+        try await nodeA.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
+        _ = try await nodeA.add(source, lines: Array((lines[0] + "\n").utf8))
+
+        let indexer = Indexer(index: nodeB, paths: paths, logger: Logger(label: "test"), retryBase: .milliseconds(100))
+        indexer.landed(source)
+        let running = Task { try await indexer.run() }
+        defer { running.cancel() }
+        // Tried, and waiting for its retry: no longer in the queue, still counted as queued.
+        for _ in 0..<1500 where !(indexer.backlog == 0 && indexer.queued == 1) { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(indexer.backlog == 0 && indexer.queued == 1)
+        #expect(try await !nodeB.isIndexed(source), "left to the live node")
+
+        try await Self.expire(leaseA, on: db)
+        for _ in 0..<1500 where try await !nodeB.isIndexed(source) { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(try await nodeB.isIndexed(source), "taken over")
+        #expect(try await nodeB.search(RecordSearch(limit: 10)).records.map(\.message) == ["a one", "a two"], "each record once")
+    }
+
+    /// A source that landed on node A after node B started, and that A died indexing, is taken
+    /// over by B's periodic catch-up, with no restart and no report from A's listener.
+    @Test func aRunningNodeTakesOverWhatADeadNodeLeftHalfIndexed() async throws {
+        let db = try await TestPostgres.database(for: dir)
+        let leaseA = NodeLease(db, name: "A"), leaseB = NodeLease(db, name: "B")
+        let nodeA = PostgresRecordIndex(db, node: leaseA), nodeB = PostgresRecordIndex(db, node: leaseB)
+        let paths = DataDirectory(dir.file("data"))
+        try FileManager.default.createDirectory(atPath: paths.pulls, withIntermediateDirectories: true)
+        // B runs, catching up every 50 ms; a failed source would wait an hour for its retry.
+        // Its start's catch-up is over once what had landed before is indexed.
+        let earlier = IndexedSource(kind: .pull, id: String(format: "%032x", 99), agentID: RecordIndexConformanceTests.agentA)
+        try RecordSearchTests.land(paths, earlier, days: ["2027-01-14.jsonl": [RecordIndexConformanceTests.line(0, "before")]])
+        let indexer = Indexer(index: nodeB, paths: paths, logger: Logger(label: "test"), retryBase: .seconds(3600), catchUpEvery: .milliseconds(50))
+        let running = Task { try await indexer.run() }
+        defer { running.cancel() }
+        for _ in 0..<1500 where try await !nodeB.isIndexed(earlier) { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(try await nodeB.isIndexed(earlier))
+
+        // A claimed the source and indexed a block of it, then died.
+        let source = RecordIndexConformanceTests.pull1
+        let lines = [RecordIndexConformanceTests.line(1, "a one"), RecordIndexConformanceTests.line(2, "a two")]
+        try await nodeA.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
+        _ = try await nodeA.add(source, lines: Array((lines[0] + "\n").utf8))
+        try await Self.expire(leaseA, on: db)
+        // Its files land in the shared directory whole (one rename), as the listener moves them.
+        let staging = DataDirectory(dir.file("staging"))
+        try RecordSearchTests.land(staging, source, days: ["2027-01-15.jsonl": lines])
+        try FileManager.default.moveItem(atPath: staging.pulls + "/" + source.id, toPath: paths.pulls + "/" + source.id)
+
+        for _ in 0..<1500 where try await !nodeB.isIndexed(source) { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(try await nodeB.isIndexed(source), "taken over by the running node")
+        #expect(try await nodeB.search(RecordSearch(limit: 10)).records.map(\.message) == ["before", "a one", "a two"], "each record once")
     }
 }

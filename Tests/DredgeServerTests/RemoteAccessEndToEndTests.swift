@@ -9,8 +9,8 @@ import Testing
 @Suite struct RemoteAccessEndToEndTests {
     typealias Deployment = AgentServerEndToEndTests.Deployment
 
-    @Test func anEngineerOnAnotherAddressLogsInPullsSearchesAndDownloadsOverHTTPS() throws {
-        let d = try Deployment(adminHost: "127.0.0.2")
+    @Test(arguments: ServerBackend.all) func anEngineerOnAnotherAddressLogsInPullsSearchesAndDownloadsOverHTTPS(_ backend: ServerBackend) throws {
+        let d = try Deployment(adminHost: "127.0.0.2", backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
         let admin = try d.adminAddress(server)

@@ -21,7 +21,8 @@ import Synchronization
 /// cooperative pool. A source that cannot be indexed (unreadable manifest, a failing index)
 /// is logged and tried again later (after a minute, doubling up to an hour), and at the next
 /// start; meanwhile searches count it as still indexing. So is a source another node of a
-/// cluster is indexing (``IndexedElsewhere``): by the retry it is done, or free again. The
+/// cluster is indexing (``IndexedElsewhere``), looked at again every minute: by then it is
+/// done, or free again once that node's lease ended. The
 /// files are never changed.
 public final class Indexer: Service, Sendable {
     public static let blockBytes = 4 << 20
@@ -153,13 +154,13 @@ public final class Indexer: Service, Sendable {
                 logger.info("not indexed: its results were removed", metadata: ["source": "\(source)"])
                 return
             }
-            let attempt = failures.withLock { failures in
+            let elsewhere = error is IndexedElsewhere
+            let attempt = elsewhere ? 0 : failures.withLock { failures in
                 failures[source, default: 0] += 1
                 return failures[source] ?? 1
             }
-            let delay = retryBase * (1 << min(attempt - 1, 6))
-            let wait = min(delay, .seconds(3600))
-            if error is IndexedElsewhere {
+            let wait = Self.retryDelay(afterFailure: attempt, base: retryBase)
+            if elsewhere {
                 // Another node of the cluster has it: looked at again later, done by then (or
                 // free, if that node died).
                 logger.info("being indexed by another node; looked at again later", metadata: [
@@ -180,6 +181,14 @@ public final class Indexer: Service, Sendable {
                 self.landed(source)
             }
         }
+    }
+
+    /// How long a source waits to be tried again: after its `attempt`th failure, the base
+    /// doubled each time up to an hour; a source another node is indexing (attempt 0, not a
+    /// failure) is looked at again after the base alone, so one whose node died is taken
+    /// over soon after that node's lease ends, not an hour later.
+    static func retryDelay(afterFailure attempt: Int, base: Duration) -> Duration {
+        min(base * (1 << min(max(attempt, 1) - 1, 6)), .seconds(3600))
     }
 
     /// Indexes one source now, from the start.

@@ -10,8 +10,9 @@ import Synchronization
 /// With a `refreshEvery` (the PostgreSQL directory's, shared by a cluster), an agent's held
 /// heartbeat is due only once its row was last written that long ago: an idle agent costs the
 /// database one row write per `refreshEvery`, however often it heartbeats. Its presence is
-/// its node's lease meanwhile (``NodeLease``). ``takePending()`` (a listing, a disconnection)
-/// takes everything held, due or not.
+/// its node's lease meanwhile (``NodeLease``). ``takePending()`` takes everything held, due or
+/// not (the embedded registry's listing); ``peek()`` shows it without taking it (the
+/// PostgreSQL directory's listing, which writes nothing).
 final class HeartbeatHold: Sendable {
     /// Heartbeat times and record counts held, per agent.
     typealias Held = [String: (at: Double, records: Int64)]
@@ -102,6 +103,11 @@ final class HeartbeatHold: Sendable {
             s.uids.removeValue(forKey: agentID)
             s.written.removeValue(forKey: agentID)
         }
+    }
+
+    /// Everything held, left held: what a listing shows over the rows it read.
+    func peek() -> Held {
+        state.withLock { $0.pending }
     }
 
     /// Everything held, taken out to be written.

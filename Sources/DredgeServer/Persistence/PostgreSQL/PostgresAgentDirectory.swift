@@ -18,9 +18,10 @@ import Synchronization
 /// ``HeartbeatHold``): one whose uids did not change is kept in memory; a change of uids or a
 /// user report is written at once, so ``holders(of:)`` is never behind. A held heartbeat's
 /// time is written (batched with the others, one statement) only once the agent's row is
-/// `presenceRefresh` old (20 minutes by default), when the agent disconnects, or when this
-/// node lists the agents: 10,000 idle agents cost the database about 8 row writes a second
-/// however short their heartbeat interval (`docs/benchmarks.md`, `cluster.presence_writes`).
+/// `presenceRefresh` old (20 minutes by default), or when the agent disconnects: 10,000 idle
+/// agents cost the database about 8 row writes a second however short their heartbeat
+/// interval (`docs/benchmarks.md`, `cluster.presence_writes`). This node's listing shows what
+/// it holds over the rows, writing nothing; another process reads the rows.
 public final class PostgresAgentDirectory: AgentDirectory, Sendable {
     private let db: PostgresDatabase
     private let hold: HeartbeatHold
@@ -172,10 +173,6 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
             """)
     }
 
-    public func flushHeartbeats() async throws {
-        try await write(hold.takePending())
-    }
-
     public func holders(of uid: String) async throws -> [UIDHolder] {
         guard UserID.isValid(uid) else { return [] }
         return try await db.read { c in
@@ -198,8 +195,12 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         try await db.read { try await $0.value("SELECT 1 FROM agent WHERE id = \(agentID)", as: Int32.self) != nil }
     }
 
+    /// Every agent, with the heartbeats this node holds shown over the rows (not written: a
+    /// console listing every few seconds must not undo the bounded write rate). Another node's
+    /// held heartbeats are not seen: an idle agent's `lastHeartbeatAt` there may be up to the
+    /// refresh interval old; whether it is connected is its node's lease, always current.
     public func agents() async throws -> [AgentRecord] {
-        try await flushHeartbeats()
+        let held = hold.peek()
         return try await db.read { c in
             var uids: [String: [String]] = [:]
             for row in try await c.rows("SELECT agent_id, uid FROM agent_uid ORDER BY agent_id, uid") {
@@ -222,13 +223,15 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
                     $0.appVersion = appVersion
                     $0.extra = AgentRegistry.labels(labels)
                 }.bounded
+                // A held heartbeat newer than the row's, as the write would make it.
+                let newer = held[id].flatMap { $0.at >= (lastHeartbeatAt ?? -.infinity) ? $0 : nil }
                 return AgentRecord(
                     agentID: id, hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion,
                     labels: host.extra, enrolledAt: Date(timeIntervalSince1970: enrolledAt), connected: connected,
                     connectedAt: connectedAt.map(Date.init(timeIntervalSince1970:)), remoteAddress: remoteAddress,
-                    lastHeartbeatAt: lastHeartbeatAt.map(Date.init(timeIntervalSince1970:)),
+                    lastHeartbeatAt: (newer?.at ?? lastHeartbeatAt).map(Date.init(timeIntervalSince1970:)),
                     activeUIDs: uids[id] ?? [], reportedUsers: Int(usersReported), usersTruncated: usersTruncated,
-                    storeRecords: UInt64(max(0, storeRecords)))
+                    storeRecords: UInt64(max(0, newer?.records ?? storeRecords)))
             }
         }
     }

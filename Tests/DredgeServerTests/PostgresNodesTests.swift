@@ -175,6 +175,24 @@ struct PostgresNodesTests {
         #expect(Indexer.retryDelay(afterFailure: 0, base: base) == base)
     }
 
+    /// The same feedback reaching two nodes (its node died mid-upload, the agent sent it again
+    /// elsewhere) is one record: the second begin changes nothing, and once one node completed
+    /// it the other cannot move it (each node has its own connections to the database).
+    @Test func feedbackIsRecordedOnceWhicheverNodesItReaches() async throws {
+        let nodeA = PostgresFeedbackInbox(try await TestPostgres.database(for: dir))
+        let nodeB = PostgresFeedbackInbox(try await TestPostgres.database(for: dir))
+        let id = FeedbackInboxConformanceTests.id(1), agent = FeedbackInboxConformanceTests.agent, t0 = FeedbackInboxConformanceTests.t0
+        try await nodeA.begin(id: id, agentID: agent, uid: "u-1", text: "the oven", createdAt: Timestamp(microseconds: 7), chunkCount: 3, bytes: 900, at: t0)
+        #expect(try await nodeA.update(id, status: .uploading, detail: "", chunksReceived: 2, records: nil, files: nil, errorCode: nil))
+        try await nodeB.begin(id: id, agentID: agent, uid: "u-1", text: "the oven", createdAt: Timestamp(microseconds: 7), chunkCount: 3, bytes: 900, at: t0.addingTimeInterval(60))
+        let resumed = try #require(try await nodeB.feedback(id))
+        #expect(resumed.receivedAt == t0 && resumed.chunksReceived == 2, "B sees A's record, and begins nothing new")
+        #expect(try await nodeB.update(id, status: .complete, detail: "", chunksReceived: 3, records: 12, files: ["/f/a.jsonl"], errorCode: nil))
+        #expect(try await !nodeA.update(id, status: .failed, detail: "late", chunksReceived: nil, records: nil, files: nil, errorCode: 10), "final on every node")
+        #expect(try await nodeA.all(limit: 10).map(\.id) == [id])
+        #expect(try await nodeA.feedback(id)?.status == .complete)
+    }
+
     /// Node B is told of a source node A is indexing (a listener's report, a catch-up): it
     /// leaves it to A while A lives, and takes it over at a retry once A died.
     @Test func aSourceFoundIndexedElsewhereIsTakenOverAtARetryOnceItsNodeDies() async throws {

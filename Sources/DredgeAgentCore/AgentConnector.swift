@@ -58,7 +58,7 @@ enum AgentConnector {
         // On the channel's event loop, like the waiter: the first to fulfil the promise wins.
         let timeout = handshakeTimeout.components
         let deadline = channel.channel.eventLoop.scheduleTask(in: .seconds(timeout.seconds) + .nanoseconds(timeout.attoseconds / 1_000_000_000)) {
-            waiter.promise.fail(AgentError("the server did not complete the TLS handshake within \(handshakeTimeout)"))
+            waiter.promise.fail(AgentError("the server did not complete the TLS handshake within \(handshakeTimeout)", isUnreachable: true))
             channel.channel.close(promise: nil)
         }
         // Cancelled on the event loop as the handshake ends, before the timer could fire.
@@ -69,7 +69,8 @@ enum AgentConnector {
             // Closed through the async channel, which must finish its writer; the handshake's
             // error is the one reported, not the close's.
             try? await channel.executeThenClose { _, _ in }
-            throw AgentError("cannot connect to \(host):\(port): \(explain(error))")
+            // A node that hangs is as good as unreachable: another address may do.
+            throw AgentError("cannot connect to \(host):\(port): \(explain(error))", isUnreachable: (error as? AgentError)?.isUnreachable ?? false)
         }
         return channel
     }

@@ -14,7 +14,11 @@ public enum AgentEnrollment {
 
     /// Enrolls through the first of `servers` that can be reached (the nodes of one server
     /// share its enrollment), and keeps them all for ``AgentClient`` to connect to, in order.
-    public static func enroll(servers: [ServerAddress], caPEM: String, token: String, stateDirectory: String, hostInfo: WireHostInfo) async throws -> AgentState {
+    /// One whose TLS handshake does not end within `handshakeTimeout` (a node that hangs)
+    /// counts as unreachable.
+    public static func enroll(
+        servers: [ServerAddress], caPEM: String, token: String, stateDirectory: String, hostInfo: WireHostInfo, handshakeTimeout: Duration = .seconds(30)
+    ) async throws -> AgentState {
         guard let first = servers.first else { throw AgentError("no server address to enroll with") }
         guard !AgentState.isEnrolled(stateDirectory) else {
             throw AgentError("\(stateDirectory) already holds an enrolled agent; remove it to enroll again")
@@ -25,7 +29,7 @@ public enum AgentEnrollment {
         var unreachable: [String] = []
         for server in servers {
             do {
-                response = try await request(host: server.host, port: server.port, tls: tls, token: token, key: key, hostInfo: hostInfo)
+                response = try await request(host: server.host, port: server.port, tls: tls, token: token, key: key, hostInfo: hostInfo, handshakeTimeout: handshakeTimeout)
                 break
             } catch let error as AgentError where error.isUnreachable {
                 // Another node may answer; the server's own refusal (a bad token) is final.
@@ -50,8 +54,10 @@ public enum AgentEnrollment {
 
     /// One enrollment exchange over a fresh connection: the server's answer, or an error that
     /// says why there is none.
-    static func request(host: String, port: Int, tls: NIOSSLContext, token: String, key: RSAPrivateKey, hostInfo: WireHostInfo) async throws -> WireEnrollResponse {
-        let channel = try await AgentConnector.connect(host: host, port: port, context: tls)
+    static func request(
+        host: String, port: Int, tls: NIOSSLContext, token: String, key: RSAPrivateKey, hostInfo: WireHostInfo, handshakeTimeout: Duration = AgentConnector.handshakeTimeout
+    ) async throws -> WireEnrollResponse {
+        let channel = try await AgentConnector.connect(host: host, port: port, context: tls, handshakeTimeout: handshakeTimeout)
         var machine = AgentConnectionStateMachine(mode: .enroll(token: token, publicKey: key.publicKey.spki, host: hostInfo), software: "dredge-agent/0.1")
         var response: WireEnrollResponse?
         var failure: WireProtocolError?

@@ -255,9 +255,11 @@ import Testing
         defer { Task { await server.stop() } }
         let noHandshake = try StallingProxy(targetPort: server.agentPort, forwardFor: .zero)
         let noAuthentication = try SilentTLSServer(data: server.data)
+        // Enrollment, too, goes on to the next address.
         let state = try await AgentEnrollment.enroll(
-            host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"), token: server.created.enrollmentToken,
-            stateDirectory: server.dir.file("agent"), hostInfo: .with { $0.hostname = "device" })
+            servers: [noHandshake.port, server.agentPort].map { ServerAddress(host: "127.0.0.1", port: $0) }, caPEM: contents(server.data + "/ca.pem"),
+            token: server.created.enrollmentToken, stateDirectory: server.dir.file("agent"), hostInfo: .with { $0.hostname = "device" }, handshakeTimeout: .seconds(3))
+        #expect(noHandshake.connections.withLockedValue { $0 } == 1)
         let client = try AgentClient(
             state: state, store: nil, hostInfo: .with { $0.hostname = "device" }, logger: Logger(label: "test.agent") { _ in SwiftLogNoOpLogHandler() },
             servers: [noHandshake.port, noAuthentication.port, server.agentPort].map { ServerAddress(host: "127.0.0.1", port: $0) }, readyTimeout: .seconds(3))

@@ -253,7 +253,6 @@ let package = Package(
                 .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
                 .product(name: "HummingbirdTesting", package: "hummingbird", condition: .when(traits: ["Server"])),
                 .product(name: "AsyncHTTPClient", package: "async-http-client", condition: .when(traits: ["Server"])),
-                .product(name: "PostgresNIO", package: "postgres-nio", condition: .when(traits: ["Server"])),
             ]
         ),
         .testTarget(

@@ -241,6 +241,16 @@ enum PostgresSchema {
     /// starting together take turns, and a migration cut short leaves nothing behind.
     static func migrate(_ database: PostgresDatabase) async throws {
         let schema = database.location.schema
+        // Already migrated (every node's start, every `dredge-server` command after `init`):
+        // nothing to do, and no lock taken, so opens never wait on one another.
+        let current = try await database.read { c -> Bool in
+            guard try await c.value("SELECT count(*) FROM pg_extension WHERE extname = 'unaccent'", as: Int64.self) == 1,
+                try await c.value("SELECT to_regclass(\(schema + ".dredge_migration")) IS NOT NULL", as: Bool.self) == true
+            else { return false }
+            let applied = Set(try await c.rows(PostgresQuery(unsafeSQL: "SELECT id FROM \(schema).dredge_migration")).map { try $0.decode(String.self) })
+            return migrations.allSatisfy { applied.contains($0.id) }
+        }
+        if current { return }
         try await database.write { c in
             try await c.run("SELECT pg_advisory_xact_lock(7466218401)")
             // The extension is the database's (one per database): made once, by its owner or a

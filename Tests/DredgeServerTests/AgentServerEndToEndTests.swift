@@ -154,7 +154,7 @@ import Testing
         }
     }
 
-    @Test(arguments: ServerBackend.all) func anAgentEnrollsConnectsHeartbeatsAndReconnectsAfterAServerRestart(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.endToEnd) func anAgentEnrollsConnectsHeartbeatsAndReconnectsAfterAServerRestart(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         var (server, port) = try d.startServer()
         let state = d.dir.file("agent"), store = d.dir.file("logs.sqlite")
@@ -185,7 +185,7 @@ import Testing
         #expect(server.output.contains("dredge-server stopped"))
     }
 
-    @Test(arguments: ServerBackend.all) func aWrongTokenOrAWrongCAIsRefusedAndTheServerKeepsServing(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.endToEnd) func aWrongTokenOrAWrongCAIsRefusedAndTheServerKeepsServing(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -210,7 +210,7 @@ import Testing
         #expect(try d.agents().count == 1)
     }
 
-    @Test(arguments: ServerBackend.all) func anAgentThatIsNotEnrolledCannotAuthenticate(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.endToEnd) func anAgentThatIsNotEnrolledCannotAuthenticate(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }

@@ -13,8 +13,7 @@ import Foundation
 struct ClusterBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "cluster", abstract: "Command latency across the nodes of a cluster on PostgreSQL.")
 
-    @Option(help: "The PostgreSQL database (default: $DREDGE_TEST_POSTGRES; `scripts/postgres.sh run` sets it).")
-    var database: String?
+    @OptionGroup var postgres: BenchDatabase
 
     @Option(help: "Agents in the fleet, spread over the nodes.")
     var agents = 3_000
@@ -29,7 +28,7 @@ struct ClusterBench: AsyncParsableCommand {
     var keyCache = ".build/bench-fleet-keys"
 
     func run() async throws {
-        let url = try PresenceBench.databaseURL(database)
+        let url = try postgres.url()
         let dir = NSTemporaryDirectory() + "dredge-bench-cluster-\(getpid())"
         try? FileManager.default.removeItem(atPath: dir)
         defer { try? FileManager.default.removeItem(atPath: dir) }

@@ -15,8 +15,7 @@ import Synchronization
 struct PresenceBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "presence", abstract: "PostgreSQL writes a second for an idle fleet's presence.")
 
-    @Option(help: "The PostgreSQL database (default: $DREDGE_TEST_POSTGRES; `scripts/postgres.sh run` sets it).")
-    var database: String?
+    @OptionGroup var postgres: BenchDatabase
 
     @Option(help: "Idle agents.")
     var agents = 10_000
@@ -26,14 +25,6 @@ struct PresenceBench: AsyncParsableCommand {
 
     @Option(help: "Where the fleet's keys are cached (made by scripts/bench-fleet-keys.py).")
     var keyCache = ".build/bench-fleet-keys"
-
-    /// `--database`, else `$DREDGE_TEST_POSTGRES` (what `scripts/postgres.sh run` sets).
-    static func databaseURL(_ database: String?) throws -> String {
-        guard let url = database ?? ProcessInfo.processInfo.environment["DREDGE_TEST_POSTGRES"], !url.isEmpty else {
-            throw ValidationError("give --database or set DREDGE_TEST_POSTGRES (make bench starts a private PostgreSQL)")
-        }
-        return url
-    }
 
     /// A clock the benchmark moves.
     final class VirtualClock: Sendable {
@@ -49,7 +40,7 @@ struct PresenceBench: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let url = try Self.databaseURL(database)
+        let url = try postgres.url()
         let keys = try FleetChild.loadKeys(try ServerBench.fleetKeys(cache: keyCache, count: agents), from: 0, count: agents).map(\.publicKey)
         let leased = try await measure(url: url, keys: keys, refresh: .seconds(1200), minutes: minutes, name: "leased")
         // Without a refresh every held heartbeat is written at each flush: a few minutes show its rate.
@@ -125,4 +116,18 @@ struct PresenceBench: AsyncParsableCommand {
 
     /// PostgreSQL publishes a connection's counters once it has been idle a while (at most ten seconds).
     func settle() async throws { try await Task.sleep(for: .seconds(11)) }
+}
+
+/// The PostgreSQL database a benchmark runs on: `--database`, else `$DREDGE_TEST_POSTGRES`
+/// (what `scripts/postgres.sh run` sets).
+struct BenchDatabase: ParsableArguments {
+    @Option(help: "The PostgreSQL database (default: $DREDGE_TEST_POSTGRES; `scripts/postgres.sh run` sets it).")
+    var database: String?
+
+    func url() throws -> String {
+        guard let url = database ?? ProcessInfo.processInfo.environment["DREDGE_TEST_POSTGRES"], !url.isEmpty else {
+            throw ValidationError("give --database or set DREDGE_TEST_POSTGRES (make bench starts a private PostgreSQL)")
+        }
+        return url
+    }
 }

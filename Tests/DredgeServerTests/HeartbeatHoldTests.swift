@@ -57,8 +57,8 @@ import Testing
         // Not due: held, whatever the flushes.
         #expect(hold.step("a", uids: [], hasReport: false, at: 30, records: 1).written.isEmpty)
         #expect(hold.step("b", uids: [], hasReport: false, at: 31, records: 2).written.isEmpty)
-        #expect(hold.take("a").mapValues(\.at) == ["a": 30])
-        #expect(hold.take("a").isEmpty)
+        #expect(hold.release("a").mapValues(\.at) == ["a": 30])
+        #expect(hold.release("a").isEmpty)
         #expect(hold.takePending().mapValues(\.at) == ["b": 31])
         #expect(hold.takePending().isEmpty)
     }

@@ -116,9 +116,13 @@ final class HeartbeatHold: Sendable {
         return state.withLock { take(&$0, now: now, all: true) }
     }
 
-    /// What is held of one agent, taken out to be written (it disconnects).
-    func take(_ agentID: String) -> Held {
+    /// The agent disconnected: what is held of it, taken out to be written, and what was
+    /// written for it forgotten (its next heartbeat, on whichever connection, is written in
+    /// full; a node does not keep every agent that ever passed through it).
+    func release(_ agentID: String) -> Held {
         state.withLock { s in
+            s.uids.removeValue(forKey: agentID)
+            s.written.removeValue(forKey: agentID)
             guard let held = s.pending.removeValue(forKey: agentID) else { return [:] }
             return [agentID: held]
         }

@@ -99,9 +99,7 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
 
     /// What is held of the agent's heartbeats is written with it: its row keeps when it was last heard.
     public func disconnected(_ agentID: String, generation: Int64) async throws {
-        let held = hold.take(agentID)
-        // What was written for it is forgotten too: a node does not keep every agent that ever passed through it.
-        hold.forget(agentID)
+        let held = hold.release(agentID)
         try await db.write { c in
             try await Self.write(held, on: c)
             try await c.run("UPDATE agent SET connected = false WHERE id = \(agentID) AND generation = \(generation)")

@@ -239,6 +239,11 @@ enum PostgresSchema {
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes
     /// starting together take turns, and a migration cut short leaves nothing behind.
+    /// The ids of the migrations the schema has had.
+    private static func applied(_ schema: String, on c: PostgresConnection) async throws -> Set<String> {
+        Set(try await c.rows(PostgresQuery(unsafeSQL: "SELECT id FROM \(schema).dredge_migration")).map { try $0.decode(String.self) })
+    }
+
     static func migrate(_ database: PostgresDatabase) async throws {
         let schema = database.location.schema
         // Already migrated (every node's start, every `dredge-server` command after `init`):
@@ -247,7 +252,7 @@ enum PostgresSchema {
             guard try await c.value("SELECT count(*) FROM pg_extension WHERE extname = 'unaccent'", as: Int64.self) == 1,
                 try await c.value("SELECT to_regclass(\(schema + ".dredge_migration")) IS NOT NULL", as: Bool.self) == true
             else { return false }
-            let applied = Set(try await c.rows(PostgresQuery(unsafeSQL: "SELECT id FROM \(schema).dredge_migration")).map { try $0.decode(String.self) })
+            let applied = try await Self.applied(schema, on: c)
             return migrations.allSatisfy { applied.contains($0.id) }
         }
         if current { return }
@@ -259,7 +264,7 @@ enum PostgresSchema {
             try await c.run("CREATE EXTENSION IF NOT EXISTS unaccent SCHEMA public")
             try await c.run(
                 PostgresQuery(unsafeSQL: "CREATE TABLE IF NOT EXISTS \(schema).dredge_migration (id text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"))
-            let applied = Set(try await c.rows(PostgresQuery(unsafeSQL: "SELECT id FROM \(schema).dredge_migration")).map { try $0.decode(String.self) })
+            let applied = try await Self.applied(schema, on: c)
             for migration in migrations where !applied.contains(migration.id) {
                 for statement in migration.statements { try await c.run(PostgresQuery(unsafeSQL: statement)) }
                 try await c.run("INSERT INTO dredge_migration (id) VALUES (\(migration.id))")

@@ -41,7 +41,7 @@ import Testing
         return (http.statusCode, json, http.value(forHTTPHeaderField: "WWW-Authenticate"))
     }
 
-    @Test(arguments: ServerBackend.endToEnd) func callsWithoutAValidTokenAreRefusedWithClearErrorsAndNothingHappens(_ backend: ServerBackend) async throws {
+    @Test(arguments: ServerBackend.all) func callsWithoutAValidTokenAreRefusedWithClearErrorsAndNothingHappens(_ backend: ServerBackend) async throws {
         let d = try Deployment(adminTLS: false, backend: backend)
         let (server, _) = try d.startServer()
         defer { server.stop() }
@@ -103,7 +103,7 @@ import Testing
         return output
     }
 
-    @Test(arguments: ServerBackend.endToEnd) func tokensRotateAndTheAuditNamesTheTokenThatAsked(_ backend: ServerBackend) async throws {
+    @Test(arguments: ServerBackend.all) func tokensRotateAndTheAuditNamesTheTokenThatAsked(_ backend: ServerBackend) async throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -150,7 +150,7 @@ import Testing
         #expect(entries.contains { $0["actor"] as? String == "alice" && $0["action"] as? String == "token.revoke" })
     }
 
-    @Test(arguments: ServerBackend.endToEnd) func dredgePullWaitShowsProgressThenTheFiles(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func dredgePullWaitShowsProgressThenTheFiles(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -172,7 +172,7 @@ import Testing
 
     /// The agent trusts a different signing key than the server's: every command it gets is,
     /// to it, forged. It refuses with the reason, the pull shows it, the other agent is served.
-    @Test(arguments: ServerBackend.endToEnd) func aForgedCommandIsRejectedAndTheReasonShowsOnThePull(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func aForgedCommandIsRejectedAndTheReasonShowsOnThePull(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -200,7 +200,7 @@ import Testing
     /// An enrolled agent that misbehaves: it accepts a pull and sends a chunk that was changed
     /// after sealing. The server refuses the chunk, fails the pull with the reason, keeps the
     /// tampered bytes out of the data directory, and goes on serving.
-    @Test(arguments: ServerBackend.endToEnd) func aTamperedChunkFailsThePullAndTheServerGoesOn(_ backend: ServerBackend) async throws {
+    @Test(arguments: ServerBackend.all) func aTamperedChunkFailsThePullAndTheServerGoesOn(_ backend: ServerBackend) async throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }

@@ -122,10 +122,22 @@ import Testing
             return (agent, state, store)
         }
 
+        /// The agents, as `dredge-server agents --json` lists them; throws, with what the
+        /// command printed, when it fails or its output is not a JSON list.
         func agents() throws -> [[String: Any]] {
-            let (status, output) = try ManagedProcess.run("dredge-server", ["agents", "--data", data, "--json"])
-            guard status == 0 else { return [] }
-            return (try? JSONSerialization.jsonObject(with: Data(output.utf8)) as? [[String: Any]]) ?? []
+            try statusList(["agents", "--data", data, "--json"])
+        }
+
+        /// A `dredge-server` status command's JSON list (standard output only).
+        func statusList(_ arguments: [String]) throws -> [[String: Any]] {
+            let (status, output, errors) = try ManagedProcess.runSeparately("dredge-server", arguments)
+            guard status == 0 else {
+                throw DeploymentError("dredge-server \(arguments.joined(separator: " ")) exited with \(status):\n\(output)\n\(errors)")
+            }
+            guard let list = (try? JSONSerialization.jsonObject(with: Data(output.utf8))) as? [[String: Any]] else {
+                throw DeploymentError("dredge-server \(arguments.joined(separator: " ")) printed no JSON list:\n\(output)\nstderr:\n\(errors)")
+            }
+            return list
         }
 
         /// `dredge-agent run` for a state directory and a store.
@@ -144,8 +156,7 @@ import Testing
 
         /// The first target of a pull, as `dredge-server pulls --json` shows it.
         func pullTarget(_ id: String) throws -> [String: Any]? {
-            let (_, json) = try ManagedProcess.run("dredge-server", ["pulls", "--data", data, "--json"])
-            let pulls = (try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [[String: Any]]) ?? []
+            let pulls = try statusList(["pulls", "--data", data, "--json"])
             return (pulls.first { $0["id"] as? String == id }?["targets"] as? [[String: Any]])?.first
         }
 
@@ -154,7 +165,7 @@ import Testing
         }
     }
 
-    @Test(arguments: ServerBackend.endToEnd) func anAgentEnrollsConnectsHeartbeatsAndReconnectsAfterAServerRestart(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func anAgentEnrollsConnectsHeartbeatsAndReconnectsAfterAServerRestart(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         var (server, port) = try d.startServer()
         let state = d.dir.file("agent"), store = d.dir.file("logs.sqlite")
@@ -185,7 +196,7 @@ import Testing
         #expect(server.output.contains("dredge-server stopped"))
     }
 
-    @Test(arguments: ServerBackend.endToEnd) func aWrongTokenOrAWrongCAIsRefusedAndTheServerKeepsServing(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func aWrongTokenOrAWrongCAIsRefusedAndTheServerKeepsServing(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -210,7 +221,7 @@ import Testing
         #expect(try d.agents().count == 1)
     }
 
-    @Test(arguments: ServerBackend.endToEnd) func anAgentThatIsNotEnrolledCannotAuthenticate(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func anAgentThatIsNotEnrolledCannotAuthenticate(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }

@@ -98,7 +98,7 @@ import Testing
     /// The server fails on its side (here it cannot create `feedback/`): the feedback stays
     /// open with the reason, the agent keeps it and tries again after a backoff; once the server
     /// is mended it arrives, without restarting anything.
-    @Test(arguments: ServerBackend.endToEnd) func aFeedbackTheServerFailedToStoreIsKeptAndSentAgain(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func aFeedbackTheServerFailedToStoreIsKeptAndSentAgain(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -129,7 +129,7 @@ import Testing
 
     /// A feedback whose key is wrapped for another server, or that names another agent, is
     /// refused at its first frame; nothing is recorded.
-    @Test(arguments: ServerBackend.endToEnd) func aFeedbackTheServerCannotOpenIsRefused(_ backend: ServerBackend) async throws {
+    @Test(arguments: ServerBackend.all) func aFeedbackTheServerCannotOpenIsRefused(_ backend: ServerBackend) async throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }

@@ -9,7 +9,7 @@ import Testing
 /// An engineer finds a user whatever the age of their records, and a pull by a uid no device
 /// holds yet waits for one: the real server, agent and `dredge` on loopback.
 @Suite struct FindingTheUserEndToEndTests {
-    @Test(arguments: ServerBackend.endToEnd) func aUserIsFoundByOldRecordsAndAPullWaitsForTheDeviceThatLogsItLater(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func aUserIsFoundByOldRecordsAndAPullWaitsForTheDeviceThatLogsItLater(_ backend: ServerBackend) throws {
         let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }

@@ -16,7 +16,7 @@ import Testing
         }
     }
 
-    @Test(arguments: ServerBackend.endToEnd) func anEngineerPullsThenReadsAndSearchesOneTimeline(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func anEngineerPullsThenReadsAndSearchesOneTimeline(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }

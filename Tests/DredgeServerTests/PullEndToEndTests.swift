@@ -68,7 +68,7 @@ import Testing
         for file in files { #expect(contents(dir + "/" + file) == expected[file], "\(file)") }
     }
 
-    @Test(arguments: ServerBackend.endToEnd) func twoPullsAtOnceBothCompleteWhileHeartbeatsContinue(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func twoPullsAtOnceBothCompleteWhileHeartbeatsContinue(_ backend: ServerBackend) throws {
         let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -94,7 +94,7 @@ import Testing
         }
     }
 
-    @Test(arguments: ServerBackend.endToEnd) func aPullForAnOfflineAgentIsDeliveredWhenItConnectsAndAnExpiredOneNever(_ backend: ServerBackend) async throws {
+    @Test(arguments: ServerBackend.all) func aPullForAnOfflineAgentIsDeliveredWhenItConnectsAndAnExpiredOneNever(_ backend: ServerBackend) async throws {
         let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -150,7 +150,7 @@ import Testing
 
     /// The agent is killed with SIGKILL mid-upload and started again: it finds the accepted
     /// command and the export on disk and finishes the upload.
-    @Test(arguments: ServerBackend.endToEnd) func anAgentKilledMidUploadFinishesItAfterARestart(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func anAgentKilledMidUploadFinishesItAfterARestart(_ backend: ServerBackend) throws {
         let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }
@@ -186,7 +186,7 @@ import Testing
     /// many times during one upload: the upload resumes each time and
     /// completes with exactly the filtered records. Then the server is killed with SIGKILL
     /// mid-upload and restarted: the upload resumes from the chunks stored before the kill.
-    @Test(arguments: ServerBackend.endToEnd) func uploadsSurviveCutConnectionsAndAServerKilledMidUpload(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func uploadsSurviveCutConnectionsAndAServerKilledMidUpload(_ backend: ServerBackend) throws {
         let d = try AgentServerEndToEndTests.Deployment(backend: backend)
         var (server, port) = try d.startServer()
         let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")

@@ -9,7 +9,7 @@ import Testing
 @Suite struct RemoteAccessEndToEndTests {
     typealias Deployment = AgentServerEndToEndTests.Deployment
 
-    @Test(arguments: ServerBackend.endToEnd) func anEngineerOnAnotherAddressLogsInPullsSearchesAndDownloadsOverHTTPS(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func anEngineerOnAnotherAddressLogsInPullsSearchesAndDownloadsOverHTTPS(_ backend: ServerBackend) throws {
         let d = try Deployment(adminHost: "127.0.0.2", backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }

@@ -11,7 +11,7 @@ import ZIPFoundation
 @Suite struct ResultsLifecycleEndToEndTests {
     typealias Deployment = AgentServerEndToEndTests.Deployment
 
-    @Test(arguments: ServerBackend.endToEnd) func anEngineerRemovesAPullAndItsRecordsWithDredgeRm(_ backend: ServerBackend) throws {
+    @Test(arguments: ServerBackend.all) func anEngineerRemovesAPullAndItsRecordsWithDredgeRm(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()
         defer { server.stop() }

@@ -61,4 +61,28 @@ public final class ManagedProcess: @unchecked Sendable {
         process.waitUntilExit()
         return (process.terminationStatus, String(decoding: data, as: UTF8.self))
     }
+
+    /// Runs a command to completion and returns its status, its standard output and its
+    /// standard error apart (for output a test parses, which a warning on stderr must not spoil).
+    public static func runSeparately(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, output: String, errors: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: builtProduct(executable))
+        process.arguments = arguments
+        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
+        // Standard error goes to a file: reading two pipes one after the other can stall a
+        // child that fills the second while the first is read.
+        let errorsPath = FileManager.default.temporaryDirectory.appendingPathComponent("dredge-stderr-\(UUID().uuidString)").path
+        FileManager.default.createFile(atPath: errorsPath, contents: nil)
+        defer { try? FileManager.default.removeItem(atPath: errorsPath) }
+        let errors = try FileHandle(forWritingTo: URL(fileURLWithPath: errorsPath))
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = errors
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        try errors.close()
+        let errorText = String(decoding: FileManager.default.contents(atPath: errorsPath) ?? Data(), as: UTF8.self)
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self), errorText)
+    }
 }

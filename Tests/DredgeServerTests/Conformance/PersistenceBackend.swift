@@ -41,13 +41,6 @@ enum ServerBackend: String, Sendable, CustomTestStringConvertible, CaseIterable 
     case postgres = "PostgreSQL"
     var testDescription: String { rawValue }
     static let all: [ServerBackend] = TestPostgres.url == nil ? [.sqlite] : [.sqlite, .postgres]
-    /// Where the rest of the end-to-end suite runs: SQLite, and PostgreSQL too when
-    /// `DREDGE_TEST_E2E_POSTGRES=1`. All of it passes on PostgreSQL run that way, but on the
-    /// 2-core CI machine, twice as many server processes in one parallel pass made some of
-    /// the tests' `dredge-server` status reads come back empty; until that is understood, CI
-    /// runs the pull-by-uid, feedback-while-down and cluster tests on both back ends (``all``)
-    /// and the rest on SQLite.
-    static let endToEnd: [ServerBackend] = ProcessInfo.processInfo.environment["DREDGE_TEST_E2E_POSTGRES"] == "1" ? all : [.sqlite]
 }
 
 /// The PostgreSQL database the tests may use, from `DREDGE_TEST_POSTGRES`.

@@ -93,6 +93,8 @@ let package = Package(
             ]
         ),
         .systemLibrary(name: "CDredgeZlib", providers: [.apt(["zlib1g-dev"])]),
+        // ISA-L's inflate (igzip), for the server's unpacking of uploads as they arrive.
+        .systemLibrary(name: "CDredgeISAL", providers: [.apt(["libisal-dev"])]),
         // The payload both ends share, without the client store: the manifest, extraction with
         // limits (of a finished zip, or front to back while it arrives), sealing an upload into chunks and reassembling it, sealed export files, and
         // durable file writes.
@@ -100,6 +102,7 @@ let package = Package(
             name: "DredgePayload",
             dependencies: [
                 "DredgeDomain", "DredgeWire", "DredgeEnvelope", "CDredgeZlib",
+                .target(name: "CDredgeISAL", condition: .when(traits: ["Server"])),
                 .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 set -euo pipefail
 
-# System packages: SQLite (GRDB links the system library), zlib, libcurl (FoundationNetworking's
+# System packages: SQLite (GRDB links the system library), zlib, ISA-L (the server's inflate), libcurl (FoundationNetworking's
 # URLSession: `dredge` and network logging), Python 3 with `cryptography` and `jsonschema`
 # for the independent protocol check (Tests/interop) and the benchmark's fleet keys, and
 # Chromium with its WebDriver and Python's `selenium` for the console's browser test, and
 # PostgreSQL (with its contrib extensions: unaccent) for the second back end's tests and demo.
-packages=(libsqlite3-dev zlib1g-dev libcurl4 chromium chromium-driver postgresql)
+packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 chromium chromium-driver postgresql)
 command -v python3 >/dev/null || packages+=(python3)
 missing=()
 for p in "${packages[@]}"; do

@@ -61,48 +61,90 @@ public enum PayloadExtractor {
         return ExportError(full ? .diskFull : .io, "\(doing): \(error)")
     }
 
+    /// One entry of a zip's central directory as its records say, with where its data starts
+    /// (after its own local header).
+    struct DirectoryEntry {
+        var name: String
+        var method: UInt16
+        var compressedSize: UInt64
+        /// Flag bit 0 in the central directory or in the local header.
+        var encrypted: Bool
+        /// Nil when the local header is not where the directory says.
+        var dataStart: UInt64?
+    }
+
+    /// The central directory read from the raw records, or nil when it cannot be read that way.
+    static func directoryEntries(zipPath: String) -> [DirectoryEntry]? {
+        guard let handle = FileHandle(forReadingAtPath: zipPath) else { return nil }
+        defer { try? handle.close() }  // read only; nothing to lose
+        guard let size = try? handle.seekToEnd(), size >= 22 else { return nil }
+        let tailLength = min(size, 22 + 65_535)
+        guard (try? handle.seek(toOffset: size - tailLength)) != nil, let tail = try? handle.read(upToCount: Int(tailLength)).map(Array.init) else { return nil }
+        func u16(_ b: [UInt8], _ i: Int) -> Int { Int(b[i]) | Int(b[i + 1]) << 8 }
+        func u32(_ b: [UInt8], _ i: Int) -> Int { u16(b, i) | u16(b, i + 2) << 16 }
+        guard let end = stride(from: tail.count - 22, through: 0, by: -1).first(where: { tail[$0..<$0 + 4].elementsEqual([0x50, 0x4B, 0x05, 0x06]) }) else { return nil }
+        let (count, directorySize, directoryOffset) = (u16(tail, end + 10), u32(tail, end + 12), u32(tail, end + 16))
+        guard UInt64(directoryOffset) + UInt64(directorySize) <= size, directorySize <= 64 << 20,
+            (try? handle.seek(toOffset: UInt64(directoryOffset))) != nil,
+            let directory = try? handle.read(upToCount: directorySize).map(Array.init), directory.count == directorySize
+        else { return nil }
+        var entries: [DirectoryEntry] = []
+        var at = 0
+        for _ in 0..<count {
+            guard at + 46 <= directory.count, directory[at..<at + 4].elementsEqual([0x50, 0x4B, 0x01, 0x02]) else { return nil }
+            let nameLength = u16(directory, at + 28)
+            let next = at + 46 + nameLength + u16(directory, at + 30) + u16(directory, at + 32)
+            guard next <= directory.count else { return nil }
+            var entry = DirectoryEntry(
+                name: String(decoding: directory[at + 46..<at + 46 + nameLength], as: UTF8.self), method: UInt16(u16(directory, at + 10)),
+                compressedSize: UInt64(u32(directory, at + 20)), encrypted: u16(directory, at + 8) & 1 != 0, dataStart: nil)
+            let localOffset = UInt64(u32(directory, at + 42))
+            if (try? handle.seek(toOffset: localOffset)) != nil, let local = try? handle.read(upToCount: 30).map(Array.init), local.count == 30,
+                local[0..<4].elementsEqual([0x50, 0x4B, 0x03, 0x04])
+            {
+                // Marked in the central directory, or only in the entry's own local header.
+                entry.encrypted = entry.encrypted || u16(local, 6) & 1 != 0
+                entry.dataStart = localOffset + 30 + UInt64(u16(local, 26)) + UInt64(u16(local, 28))
+            }
+            entries.append(entry)
+            at = next
+        }
+        return entries
+    }
+
     /// The names of the entries marked encrypted (flag bit 0) in the central directory or in
     /// their local header, which ZIPFoundation would list like any other and inflate into
     /// garbage. A directory that does not parse gives none here: ZIPFoundation then reports
     /// the damage.
     static func encryptedEntries(zipPath: String) -> [String] {
-        guard let handle = FileHandle(forReadingAtPath: zipPath) else { return [] }
+        (directoryEntries(zipPath: zipPath) ?? []).filter(\.encrypted).map(\.name)
+    }
+
+    /// Every deflated entry's stream ends within its compressed size: inflated here (the
+    /// output counted against the ratio limit and dropped) before ZIPFoundation reads it.
+    /// ZIPFoundation reads a deflated entry until its stream ends, past the entry's size, and
+    /// spins for ever at the end of the file if it never does; a payload that could make it
+    /// do that is refused first. The directory must read as the raw records say, without
+    /// ZIP64 (README § Payload).
+    static func checkDeflateStreams(zipPath: String, limits: PayloadLimits) throws {
+        guard let entries = directoryEntries(zipPath: zipPath) else { throw invalid("the zip's central directory cannot be read") }
+        guard let handle = FileHandle(forReadingAtPath: zipPath) else { throw ExportError(.io, "cannot open \(zipPath)") }
         defer { try? handle.close() }  // read only; nothing to lose
-        guard let size = try? handle.seekToEnd(), size >= 22 else { return [] }
-        let tailLength = min(size, 22 + 65_535)
-        guard (try? handle.seek(toOffset: size - tailLength)) != nil, let tail = try? handle.read(upToCount: Int(tailLength)).map(Array.init) else { return [] }
-        func u16(_ b: [UInt8], _ i: Int) -> Int { Int(b[i]) | Int(b[i + 1]) << 8 }
-        func u32(_ b: [UInt8], _ i: Int) -> Int { u16(b, i) | u16(b, i + 2) << 16 }
-        guard let end = stride(from: tail.count - 22, through: 0, by: -1).first(where: { tail[$0..<$0 + 4].elementsEqual([0x50, 0x4B, 0x05, 0x06]) }) else { return [] }
-        let (count, directorySize, directoryOffset) = (u16(tail, end + 10), u32(tail, end + 12), u32(tail, end + 16))
-        guard UInt64(directoryOffset) + UInt64(directorySize) <= size, directorySize <= 64 << 20,
-            (try? handle.seek(toOffset: UInt64(directoryOffset))) != nil,
-            let directory = try? handle.read(upToCount: directorySize).map(Array.init), directory.count == directorySize
-        else { return [] }
-        var names: [String] = []
-        var at = 0
-        for _ in 0..<count {
-            guard at + 46 <= directory.count, directory[at..<at + 4].elementsEqual([0x50, 0x4B, 0x01, 0x02]) else { break }
-            let nameLength = u16(directory, at + 28)
-            let next = at + 46 + nameLength + u16(directory, at + 30) + u16(directory, at + 32)
-            guard next <= directory.count else { break }
-            // Marked in the central directory, or only in the entry's own local header.
-            var encrypted = u16(directory, at + 8) & 1 != 0
-            if !encrypted, (try? handle.seek(toOffset: UInt64(u32(directory, at + 42)))) != nil,
-                let local = try? handle.read(upToCount: 30).map(Array.init), local.count == 30, local[0..<4].elementsEqual([0x50, 0x4B, 0x03, 0x04])
-            {
-                encrypted = u16(local, 6) & 1 != 0
+        for entry in entries where entry.method == 8 {
+            guard entry.compressedSize != 0xFFFF_FFFF else { throw invalid("entry \(entry.name.debugDescription) has ZIP64 sizes: a payload never does") }
+            guard let start = entry.dataStart else { throw invalid("entry \(entry.name.debugDescription) has no local header where the directory says") }
+            do { try handle.seek(toOffset: start) } catch { throw invalid("entry \(entry.name.debugDescription) lies outside the zip") }
+            try DeflateCheck.run(entry.name, compressedSize: Int64(entry.compressedSize), maxRatio: limits.maxCompressionRatio) { count in
+                do { return try handle.read(upToCount: count) ?? Data() } catch { throw ExportError(.io, "reading \(zipPath): \(error)") }
             }
-            if encrypted { names.append(String(decoding: directory[at + 46..<at + 46 + nameLength], as: UTF8.self)) }
-            at = next
         }
-        return names
     }
 
     private static func extractChecked(zipPath: String, staging: String, limits: PayloadLimits) throws -> (manifest: ExportManifest, files: [String]) {
         if let encrypted = encryptedEntries(zipPath: zipPath).first {
             throw invalid("entry \(encrypted.debugDescription) is encrypted: a payload's entries never are")
         }
+        try checkDeflateStreams(zipPath: zipPath, limits: limits)
         let archive: Archive
         do {
             archive = try Archive(url: URL(fileURLWithPath: zipPath), accessMode: .read)

@@ -1,6 +1,10 @@
 import CDredgeZlib
 import Foundation
 
+#if canImport(CDredgeISAL)
+import CDredgeISAL
+#endif
+
 /// Reads a zip front to back as its bytes arrive, inflating each entry into a
 /// ``PayloadStaging`` (so the payload rules apply as it goes), then checks that the central
 /// directory and its end record describe exactly the entries read: the same names, CRCs,
@@ -11,6 +15,11 @@ import Foundation
 /// cannot read front to back (a stored entry with a data descriptor, bytes between entries,
 /// ZIP64 records) is ``Unreadable``: the caller then unpacks the finished zip with
 /// ``PayloadExtractor``, which is the judge of anything unusual.
+///
+/// A deflated entry whose sizes are in its local header (every zip the agent writes) is
+/// inflated by ISA-L's igzip where the package is built with it (the `Server` trait), zlib
+/// otherwise; an entry with a data descriptor always by zlib, which says exactly where its
+/// stream ends. Both are held to the same rules.
 final class ZipStreamReader {
     /// The zip is laid out in a way this reader does not follow front to back.
     struct Unreadable: Error, CustomStringConvertible {
@@ -31,6 +40,8 @@ final class ZipStreamReader {
     private enum State {
         case header
         case data
+        /// Bytes after a deflate stream's end, up to its entry's declared compressed size.
+        case slack
         case descriptor
         case central
         case end
@@ -50,6 +61,11 @@ final class ZipStreamReader {
     private var crc: UInt32 = 0
     private var zstream = z_stream()
     private var inflating = false
+    #if canImport(CDredgeISAL)
+    private var igzip: IgzipInflater?
+    /// The current entry is inflated by ``igzip``.
+    private var usingIgzip = false
+    #endif
     private var output: [UInt8] = []
     private var centralRead = 0
     private var centralStart: UInt64 = 0
@@ -117,6 +133,7 @@ final class ZipStreamReader {
             default: throw Unreadable(description: "no zip record at offset \(offset)")
             }
         case .data: return try entryData()
+        case .slack: return try slack()
         case .descriptor: return try descriptor()
         case .central: return try centralHeader()
         case .end: return try endRecord()
@@ -146,8 +163,21 @@ final class ZipStreamReader {
         consumed = 0
         inflated = 0
         crc = UInt32(crc32(0, nil, 0))
+        #if canImport(CDredgeISAL)
+        usingIgzip = false
+        #endif
         if local.method == 8 {
             if output.isEmpty { output = [UInt8](repeating: 0, count: 256 << 10) }
+            #if canImport(CDredgeISAL)
+            if !local.hasDescriptor {
+                let inflater = try igzip ?? IgzipInflater()
+                inflater.reset()
+                igzip = inflater
+                usingIgzip = true
+                state = .data
+                return true
+            }
+            #endif
             if inflating { inflateReset(&zstream) } else {
                 guard inflateInit2_(&zstream, -15, ZLIB_VERSION, Int32(MemoryLayout<z_stream>.size)) == Z_OK else {
                     throw ExportError(.io, "zlib cannot start inflating")
@@ -179,6 +209,9 @@ final class ZipStreamReader {
             guard consumed == Int64(local.compressedSize) else { return false }
             return try endEntry(declaredCRC: local.crc)
         }
+        #if canImport(CDredgeISAL)
+        if usingIgzip, let igzip { return try igzipData(local, igzip) }
+        #endif
         // Deflated: the stream ends itself; the declared size, when there is one, bounds it.
         let limit = local.hasDescriptor ? Int64(available) : min(Int64(available), Int64(local.compressedSize) - consumed)
         guard limit > 0 else { return false }
@@ -225,11 +258,56 @@ final class ZipStreamReader {
             state = .descriptor
             return true
         }
-        guard consumed == Int64(local.compressedSize) else {
-            throw Self.invalid("\(name(local)): its deflate stream ends before its compressed size")
-        }
+        return try streamEnded(local)
+    }
+
+    /// A deflated entry with declared sizes whose stream has ended: what is left of its declared
+    /// compressed bytes is skipped, as unzip tools skip it (igzip, which reads ahead, cannot say
+    /// to the byte where a stream ended; the whole-zip reader skips them too).
+    private func streamEnded(_ local: Local) throws -> Bool {
+        guard consumed < Int64(local.compressedSize) else { return try endEntry(declaredCRC: local.crc) }
+        state = .slack
+        return true
+    }
+
+    private func slack() throws -> Bool {
+        guard let local = current else { return false }
+        let n = Int(min(Int64(available), Int64(local.compressedSize) - consumed))
+        consumed += Int64(n)
+        advance(n)
+        guard consumed == Int64(local.compressedSize) else { return false }
         return try endEntry(declaredCRC: local.crc)
     }
+
+    #if canImport(CDredgeISAL)
+    /// A deflated entry with declared sizes, through igzip: fed at most its declared compressed
+    /// bytes, so its stream must end within them. The CRC-32 is igzip's own, of the bytes it
+    /// produced.
+    private func igzipData(_ local: Local, _ igzip: IgzipInflater) throws -> Bool {
+        let limit = min(Int64(available), Int64(local.compressedSize) - consumed)
+        guard limit > 0 else { return false }
+        var result = IgzipInflater.Step(taken: 0, ended: false)
+        try input.withUnsafeMutableBytes { raw in
+            let start = raw.baseAddress!.advanced(by: position).assumingMemoryBound(to: UInt8.self)
+            result = try igzip.inflate(start, count: Int(limit), into: &output) { produced, taken in
+                inflated += Int64(produced.count)
+                try staged.write(produced, compressedSoFar: consumed + Int64(taken))
+            } damaged: { status in
+                Self.invalid("\(name(local)) is damaged: inflate says \(status)")
+            }
+        }
+        consumed += Int64(result.taken)
+        advance(result.taken)
+        guard result.ended else {
+            if consumed == Int64(local.compressedSize) {
+                throw Self.invalid("\(name(local)) is damaged: its deflate stream does not end within its compressed size")
+            }
+            return result.taken > 0
+        }
+        crc = igzip.crc
+        return try streamEnded(local)
+    }
+    #endif
 
     private func descriptor() throws -> Bool {
         guard available >= 4 else { return false }
@@ -323,3 +401,62 @@ final class ZipStreamReader {
         return true
     }
 }
+
+#if canImport(CDredgeISAL)
+/// ISA-L's streaming inflate of a raw deflate stream, with the CRC-32 of what it produced.
+final class IgzipInflater {
+    /// What one call took and whether the stream ended. igzip reads ahead and gives back at
+    /// the end only part of what it read past the stream (up to about 6 bytes are not given
+    /// back): `taken` may count a few bytes after the end.
+    struct Step {
+        var taken: Int
+        var ended: Bool
+    }
+
+    private let state: UnsafeMutablePointer<inflate_state>
+
+    init() throws {
+        state = .allocate(capacity: 1)
+        isal_inflate_init(state)
+        state.pointee.crc_flag = UInt32(ISAL_GZIP_NO_HDR)
+    }
+
+    deinit { state.deallocate() }
+
+    /// Starts a new stream (the CRC flag stays).
+    func reset() { isal_inflate_reset(state) }
+
+    /// The CRC-32 of everything produced since ``reset()`` (complete once the stream ended).
+    var crc: UInt32 { state.pointee.crc }
+
+    /// Inflates `count` bytes at `start` through `output`, passing each piece produced to
+    /// `write` with the input bytes taken so far in this call. Stops when the input is used up
+    /// (the stream wants more) or the stream ends. A damaged stream throws `damaged(status)`.
+    func inflate(
+        _ start: UnsafeMutablePointer<UInt8>, count: Int, into output: inout [UInt8],
+        write: (UnsafeRawBufferPointer, Int) throws -> Void, damaged: (Int32) -> any Error
+    ) throws -> Step {
+        state.pointee.next_in = start
+        state.pointee.avail_in = UInt32(count)
+        while true {
+            let before = state.pointee.avail_in
+            let (status, produced) = output.withUnsafeMutableBytes { out -> (Int32, Int) in
+                state.pointee.next_out = out.baseAddress!.assumingMemoryBound(to: UInt8.self)
+                state.pointee.avail_out = UInt32(out.count)
+                let status = isal_inflate(state)
+                return (status, out.count - Int(state.pointee.avail_out))
+            }
+            guard status >= 0 else { throw damaged(status) }
+            let ended = state.pointee.block_state == ISAL_BLOCK_FINISH
+            if produced > 0 {
+                let taken = ended ? count : count - Int(state.pointee.avail_in)
+                try output.withUnsafeBytes { try write(UnsafeRawBufferPointer(rebasing: $0[0..<produced]), max(0, taken)) }
+            }
+            if ended { return Step(taken: max(0, count - Int(state.pointee.avail_in)), ended: true) }
+            // Not full: it took what it could and wants more input.
+            if produced < output.count && (state.pointee.avail_in == 0 || state.pointee.avail_in == before) { break }
+        }
+        return Step(taken: count - Int(state.pointee.avail_in), ended: false)
+    }
+}
+#endif

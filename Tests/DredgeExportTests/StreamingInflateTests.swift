@@ -20,6 +20,8 @@ import ZIPFoundation
         var size: Int
         var data: [UInt8]
         var declared: Int
+        /// The method the central directory says, when it differs from the local header's.
+        var centralMethod: UInt16? = nil
     }
 
     /// A zip laid out as the agent lays it out (sizes in the local headers, no descriptors).
@@ -32,7 +34,7 @@ import ZIPFoundation
             le32(0x0403_4B50, &zip); le16(20, &zip); le16(0x0800, &zip); le16(Int(e.method), &zip); le16(0, &zip); le16(0x21, &zip)
             le32(e.crc, &zip); le32(UInt32(e.declared), &zip); le32(UInt32(e.size), &zip); le16(name.count, &zip); le16(0, &zip)
             zip += name + e.data
-            le32(0x0201_4B50, &central); le16(0x031E, &central); le16(20, &central); le16(0x0800, &central); le16(Int(e.method), &central)
+            le32(0x0201_4B50, &central); le16(0x031E, &central); le16(20, &central); le16(0x0800, &central); le16(Int(e.centralMethod ?? e.method), &central)
             le16(0, &central); le16(0x21, &central); le32(e.crc, &central); le32(UInt32(e.declared), &central); le32(UInt32(e.size), &central)
             le16(name.count, &central); le16(0, &central); le16(0, &central); le16(0, &central); le16(0, &central)
             le32(UInt32(0o100644) << 16, &central); le32(UInt32(offset), &central)
@@ -127,21 +129,67 @@ import ZIPFoundation
         #expect(!FileManager.default.fileExists(atPath: dir.file("whole-cut")))
     }
 
-    /// The whole-zip reader on a deflated entry whose stream runs to the end of the zip without
-    /// ending: refused, where ZIPFoundation alone would spin for ever (a hostile agent could
-    /// have held an unpacking thread with one upload).
-    @Test func theWholeZipReaderRefusesAStreamThatNeverEnds() throws {
+    /// A deflate stream that never ends: a stored block, not the last, announcing 65,535 bytes
+    /// where the zip has a few. ZIPFoundation alone reads past the entry and spins for ever at
+    /// the end of the file (a hostile agent could have held an unpacking thread with one upload).
+    func neverEnding(_ manifest: Entry) -> Entry {
+        let data: [UInt8] = [0x00, 0xFF, 0xFF, 0x00, 0x00] + Array("{\"a\":1}\n".utf8)
+        return Entry(name: "2026-11-20.jsonl", method: 8, crc: 0, size: 1_000, data: data, declared: data.count)
+    }
+
+    @Test(.timeLimit(.minutes(1))) func theWholeZipReaderRefusesAStreamThatNeverEnds() throws {
         let dir = TempDir()
-        let (day, manifest) = try parts(dir, dayContent(lines: 500))
-        var cut = day
-        cut.data.removeLast(day.data.count / 2)
-        cut.declared = cut.data.count
-        // The day entry last, so its stream runs into the central directory and the file's end.
-        let zip = rawZip(dir, [manifest, cut])
+        let (_, manifest) = try parts(dir, dayContent(lines: 10))
+        let zip = rawZip(dir, [manifest, neverEnding(manifest)])
         let error = #expect(throws: ExportError.self) { try PayloadExtractor.extract(zip: zip, into: dir.file("out")) }
         #expect(error?.code == .payloadInvalid)
+        #expect(error?.message.contains("does not end within") == true, "\(String(describing: error))")
         #expect(!FileManager.default.fileExists(atPath: dir.file("out")))
+        let streamed = #expect(throws: ExportError.self) { try streamUnpack(zip, into: dir.file("streamed")) }
+        #expect(streamed?.message.contains("does not end within") == true, "\(String(describing: streamed))")
     }
+
+    /// Where this check and ZIPFoundation could read an entry differently, the zip is refused:
+    /// a local header that says deflated under a directory that says stored (ZIPFoundation
+    /// goes by the local header), and ZIP64 end records (which it would follow elsewhere).
+    @Test(.timeLimit(.minutes(1))) func entriesTheTwoReadersCouldReadDifferentlyAreRefused() throws {
+        let dir = TempDir()
+        let (day, manifest) = try parts(dir, dayContent(lines: 10))
+        var mislabelled = neverEnding(manifest)
+        mislabelled.centralMethod = 0
+        let zip = rawZip(dir, [manifest, mislabelled])
+        let error = #expect(throws: ExportError.self) { try PayloadExtractor.extract(zip: zip, into: dir.file("out")) }
+        #expect(error?.code == .payloadInvalid)
+        #expect(error?.message.contains("compression method") == true, "\(String(describing: error))")
+
+        var bytes = Array(FileManager.default.contents(atPath: rawZip(dir, [day, manifest]))!)
+        let end = bytes.count - 22
+        bytes.insert(contentsOf: [0x50, 0x4B, 0x06, 0x07] + [UInt8](repeating: 0, count: 16), at: end)
+        let zip64 = dir.file("zip64.zip")
+        FileManager.default.createFile(atPath: zip64, contents: Data(bytes))
+        let refused = #expect(throws: ExportError.self) { try PayloadExtractor.extract(zip: zip64, into: dir.file("out64")) }
+        #expect(refused?.code == .payloadInvalid)
+        #expect(!FileManager.default.fileExists(atPath: dir.file("out64")))
+    }
+
+    #if canImport(CDredgeISAL)
+    /// The server's build inflates with igzip: the same bytes and CRC-32 as were deflated.
+    @Test func igzipInflatesWhatTheAgentsWriterDeflated() throws {
+        let dir = TempDir()
+        let content = dayContent(lines: 1_500)
+        let (day, _) = try parts(dir, content)
+        let inflater = IgzipInflater()
+        var input = day.data, output = [UInt8](repeating: 0, count: 4_096), inflated: [UInt8] = []
+        let step = try input.withUnsafeMutableBytes { raw in
+            try inflater.inflate(raw.baseAddress!.assumingMemoryBound(to: UInt8.self), count: raw.count, into: &output) { piece, _ in
+                inflated += piece
+            } damaged: { status in ExportError(.payloadInvalid, "inflate says \(status)") }
+        }
+        #expect(step.ended)
+        #expect(inflated == content)
+        #expect(inflater.crc == day.crc)
+    }
+    #endif
 
     @Test func everyDamagedByteOfADeflatedEntryIsRefusedWhileStreaming() throws {
         let dir = TempDir()

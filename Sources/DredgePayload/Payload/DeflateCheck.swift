@@ -5,9 +5,10 @@ import Foundation
 /// ends within its compressed size (``PayloadExtractor/checkDeflateStreams(zipPath:limits:)``).
 enum DeflateCheck {
     /// `read(n)` gives the entry's next bytes (at most `n`; fewer at the end of the file).
-    /// Throws `.payloadInvalid` for a stream that is damaged, does not end within its size, or
-    /// inflates past `maxRatio` times its size (once past 1 MiB).
-    static func run(_ name: String, compressedSize: Int64, maxRatio: Int64, read: (Int) throws -> Data) throws {
+    /// Throws `.payloadInvalid` for a stream that is damaged, does not end within its size,
+    /// inflates past `maxRatio` times its size (once past 1 MiB), or takes `total` (what the
+    /// entries before it inflated) past `maxTotal`.
+    static func run(_ name: String, compressedSize: Int64, maxRatio: Int64, total: inout Int64, maxTotal: Int64, read: (Int) throws -> Data) throws {
         func invalid(_ message: String) -> ExportError { ExportError(.payloadInvalid, "\(name.debugDescription) \(message)") }
         var stream = z_stream()
         guard inflateInit2_(&stream, -15, ZLIB_VERSION, Int32(MemoryLayout<z_stream>.size)) == Z_OK else { throw ExportError(.io, "zlib cannot start inflating") }
@@ -29,7 +30,10 @@ enum DeflateCheck {
                         stream.avail_out = uInt(out.count)
                         return inflate(&stream, Z_NO_FLUSH)
                     }
-                    inflated += Int64(output.count - Int(stream.avail_out))
+                    let produced = Int64(output.count - Int(stream.avail_out))
+                    inflated += produced
+                    total += produced
+                    if total > maxTotal { throw ExportError(.payloadInvalid, "payload inflates past \(maxTotal) bytes") }
                     guard status == Z_OK || status == Z_STREAM_END || status == Z_BUF_ERROR else { throw invalid("is damaged: inflate says \(status)") }
                     if inflated > maxInflated { throw invalid("inflates more than \(maxRatio)× its compressed size") }
                 } while status == Z_OK && (stream.avail_in > 0 || stream.avail_out == 0)

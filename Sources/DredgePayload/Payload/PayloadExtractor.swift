@@ -67,13 +67,18 @@ public enum PayloadExtractor {
         var name: String
         var method: UInt16
         var compressedSize: UInt64
+        var uncompressedSize: UInt64
+        var localOffset: UInt64
         /// Flag bit 0 in the central directory or in the local header.
         var encrypted: Bool
-        /// Nil when the local header is not where the directory says.
+        /// The method the local header says (which is the one ZIPFoundation uses); nil, with
+        /// `dataStart`, when the local header is not where the directory says.
+        var localMethod: UInt16?
         var dataStart: UInt64?
     }
 
-    /// The central directory read from the raw records, or nil when it cannot be read that way.
+    /// The central directory read from the raw records, or nil when it cannot be read that way
+    /// (ZIP64 end records, which ZIPFoundation would follow to another directory, included).
     static func directoryEntries(zipPath: String) -> [DirectoryEntry]? {
         guard let handle = FileHandle(forReadingAtPath: zipPath) else { return nil }
         defer { try? handle.close() }  // read only; nothing to lose
@@ -83,8 +88,10 @@ public enum PayloadExtractor {
         func u16(_ b: [UInt8], _ i: Int) -> Int { Int(b[i]) | Int(b[i + 1]) << 8 }
         func u32(_ b: [UInt8], _ i: Int) -> Int { u16(b, i) | u16(b, i + 2) << 16 }
         guard let end = stride(from: tail.count - 22, through: 0, by: -1).first(where: { tail[$0..<$0 + 4].elementsEqual([0x50, 0x4B, 0x05, 0x06]) }) else { return nil }
+        if end >= 20, tail[end - 20..<end - 16].elementsEqual([0x50, 0x4B, 0x06, 0x07]) { return nil }  // a ZIP64 locator
         let (count, directorySize, directoryOffset) = (u16(tail, end + 10), u32(tail, end + 12), u32(tail, end + 16))
-        guard UInt64(directoryOffset) + UInt64(directorySize) <= size, directorySize <= 64 << 20,
+        // The directory ends where the end record starts, as in every zip without ZIP64 records.
+        guard UInt64(directoryOffset) + UInt64(directorySize) == size - tailLength + UInt64(end), directorySize <= 64 << 20,
             (try? handle.seek(toOffset: UInt64(directoryOffset))) != nil,
             let directory = try? handle.read(upToCount: directorySize).map(Array.init), directory.count == directorySize
         else { return nil }
@@ -95,15 +102,17 @@ public enum PayloadExtractor {
             let nameLength = u16(directory, at + 28)
             let next = at + 46 + nameLength + u16(directory, at + 30) + u16(directory, at + 32)
             guard next <= directory.count else { return nil }
+            let localOffset = UInt64(u32(directory, at + 42))
             var entry = DirectoryEntry(
                 name: String(decoding: directory[at + 46..<at + 46 + nameLength], as: UTF8.self), method: UInt16(u16(directory, at + 10)),
-                compressedSize: UInt64(u32(directory, at + 20)), encrypted: u16(directory, at + 8) & 1 != 0, dataStart: nil)
-            let localOffset = UInt64(u32(directory, at + 42))
+                compressedSize: UInt64(u32(directory, at + 20)), uncompressedSize: UInt64(u32(directory, at + 24)), localOffset: localOffset,
+                encrypted: u16(directory, at + 8) & 1 != 0, localMethod: nil, dataStart: nil)
             if (try? handle.seek(toOffset: localOffset)) != nil, let local = try? handle.read(upToCount: 30).map(Array.init), local.count == 30,
                 local[0..<4].elementsEqual([0x50, 0x4B, 0x03, 0x04])
             {
                 // Marked in the central directory, or only in the entry's own local header.
                 entry.encrypted = entry.encrypted || u16(local, 6) & 1 != 0
+                entry.localMethod = UInt16(u16(local, 8))
                 entry.dataStart = localOffset + 30 + UInt64(u16(local, 26)) + UInt64(u16(local, 28))
             }
             entries.append(entry)
@@ -121,20 +130,32 @@ public enum PayloadExtractor {
     }
 
     /// Every deflated entry's stream ends within its compressed size: inflated here (the
-    /// output counted against the ratio limit and dropped) before ZIPFoundation reads it.
-    /// ZIPFoundation reads a deflated entry until its stream ends, past the entry's size, and
-    /// spins for ever at the end of the file if it never does; a payload that could make it
-    /// do that is refused first. The directory must read as the raw records say, without
-    /// ZIP64 (README § Payload).
+    /// output counted against the ratio and total limits and dropped) before ZIPFoundation
+    /// reads it. ZIPFoundation reads a deflated entry until its stream ends, past the entry's
+    /// size, and spins for ever at the end of the file if it never does; a payload that could
+    /// make it do that is refused first. So that this check and ZIPFoundation read the same
+    /// entries the same way, the directory must read as the raw records say (no ZIP64, README
+    /// § Payload), each entry's local header must be where it says, with the same method
+    /// (stored or deflated), and no two entries may share one; the entry count is bounded
+    /// before anything is inflated.
     static func checkDeflateStreams(zipPath: String, limits: PayloadLimits) throws {
-        guard let entries = directoryEntries(zipPath: zipPath) else { throw invalid("the zip's central directory cannot be read") }
+        guard let entries = directoryEntries(zipPath: zipPath) else { throw invalid("the zip's central directory cannot be read (or has ZIP64 records)") }
+        guard entries.count <= limits.maxEntries else { throw invalid("more than \(limits.maxEntries) entries") }
+        guard Set(entries.map(\.localOffset)).count == entries.count else { throw invalid("two entries share one local header") }
         guard let handle = FileHandle(forReadingAtPath: zipPath) else { throw ExportError(.io, "cannot open \(zipPath)") }
         defer { try? handle.close() }  // read only; nothing to lose
-        for entry in entries where entry.method == 8 {
-            guard entry.compressedSize != 0xFFFF_FFFF else { throw invalid("entry \(entry.name.debugDescription) has ZIP64 sizes: a payload never does") }
-            guard let start = entry.dataStart else { throw invalid("entry \(entry.name.debugDescription) has no local header where the directory says") }
-            do { try handle.seek(toOffset: start) } catch { throw invalid("entry \(entry.name.debugDescription) lies outside the zip") }
-            try DeflateCheck.run(entry.name, compressedSize: Int64(entry.compressedSize), maxRatio: limits.maxCompressionRatio) { count in
+        var total: Int64 = 0
+        for entry in entries {
+            let name = entry.name.debugDescription
+            guard entry.compressedSize != 0xFFFF_FFFF, entry.uncompressedSize != 0xFFFF_FFFF, entry.localOffset != 0xFFFF_FFFF else {
+                throw invalid("entry \(name) has ZIP64 sizes: a payload never does")
+            }
+            guard let start = entry.dataStart, let localMethod = entry.localMethod else { throw invalid("entry \(name) has no local header where the directory says") }
+            guard localMethod == entry.method else { throw invalid("entry \(name) says one compression method in its local header and another in the directory") }
+            guard entry.method == 0 || entry.method == 8 else { throw invalid("entry \(name) uses compression method \(entry.method)") }
+            guard entry.method == 8 else { continue }
+            do { try handle.seek(toOffset: start) } catch { throw invalid("entry \(name) lies outside the zip") }
+            try DeflateCheck.run(entry.name, compressedSize: Int64(entry.compressedSize), maxRatio: limits.maxCompressionRatio, total: &total, maxTotal: limits.maxTotalBytes) { count in
                 do { return try handle.read(upToCount: count) ?? Data() } catch { throw ExportError(.io, "reading \(zipPath): \(error)") }
             }
         }

@@ -82,6 +82,9 @@ final class ZipStreamReader {
     func release() {
         if inflating { inflateEnd(&zstream) }
         inflating = false
+        #if canImport(CDredgeISAL)
+        igzip = nil
+        #endif
         input = []
         output = []
     }
@@ -170,7 +173,7 @@ final class ZipStreamReader {
             if output.isEmpty { output = [UInt8](repeating: 0, count: 256 << 10) }
             #if canImport(CDredgeISAL)
             if !local.hasDescriptor {
-                let inflater = try igzip ?? IgzipInflater()
+                let inflater = igzip ?? IgzipInflater()
                 inflater.reset()
                 igzip = inflater
                 usingIgzip = true
@@ -415,13 +418,17 @@ final class IgzipInflater {
 
     private let state: UnsafeMutablePointer<inflate_state>
 
-    init() throws {
+    init() {
         state = .allocate(capacity: 1)
+        state.initialize(to: inflate_state())
         isal_inflate_init(state)
         state.pointee.crc_flag = UInt32(ISAL_GZIP_NO_HDR)
     }
 
-    deinit { state.deallocate() }
+    deinit {
+        state.deinitialize(count: 1)
+        state.deallocate()
+    }
 
     /// Starts a new stream (the CRC flag stays).
     func reset() { isal_inflate_reset(state) }

@@ -72,7 +72,9 @@ public final class ManagedProcess: @unchecked Sendable {
         // Standard error goes to a file: reading two pipes one after the other can stall a
         // child that fills the second while the first is read.
         let errorsPath = FileManager.default.temporaryDirectory.appendingPathComponent("dredge-stderr-\(UUID().uuidString)").path
-        FileManager.default.createFile(atPath: errorsPath, contents: nil)
+        guard FileManager.default.createFile(atPath: errorsPath, contents: nil) else {
+            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: errorsPath])
+        }
         defer { try? FileManager.default.removeItem(atPath: errorsPath) }
         let errors = try FileHandle(forWritingTo: URL(fileURLWithPath: errorsPath))
         let pipe = Pipe()

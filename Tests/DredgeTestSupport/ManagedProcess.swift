@@ -47,12 +47,18 @@ public final class ManagedProcess: @unchecked Sendable {
         return process.terminationStatus
     }
 
-    /// Runs a command to completion and returns its status and combined output.
-    public static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, output: String) {
+    /// A built product to run, with `environment` set on top of this process's.
+    private static func child(_ executable: String, _ arguments: [String], environment: [String: String]) -> Process {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: builtProduct(executable))
         process.arguments = arguments
         if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
+        return process
+    }
+
+    /// Runs a command to completion and returns its status and combined output.
+    public static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, output: String) {
+        let process = child(executable, arguments, environment: environment)
         let pipe = Pipe()
         process.standardOutput = pipe
         process.standardError = pipe
@@ -65,10 +71,7 @@ public final class ManagedProcess: @unchecked Sendable {
     /// Runs a command to completion and returns its status, its standard output and its
     /// standard error apart (for output a test parses, which a warning on stderr must not spoil).
     public static func runSeparately(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, output: String, errors: String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: builtProduct(executable))
-        process.arguments = arguments
-        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
+        let process = child(executable, arguments, environment: environment)
         // Standard error goes to a file: reading two pipes one after the other can stall a
         // child that fills the second while the first is read.
         let errorsPath = FileManager.default.temporaryDirectory.appendingPathComponent("dredge-stderr-\(UUID().uuidString)").path

@@ -123,8 +123,7 @@ public enum PayloadExtractor {
 
     /// The names of the entries marked encrypted (flag bit 0) in the central directory or in
     /// their local header, which ZIPFoundation would list like any other and inflate into
-    /// garbage. A directory that does not parse gives none here: ZIPFoundation then reports
-    /// the damage.
+    /// garbage. A directory that does not parse gives none here (the extraction refuses it).
     static func encryptedEntries(zipPath: String) -> [String] {
         (directoryEntries(zipPath: zipPath) ?? []).filter(\.encrypted).map(\.name)
     }
@@ -138,8 +137,7 @@ public enum PayloadExtractor {
     /// § Payload), each entry's local header must be where it says, with the same method
     /// (stored or deflated), and no two entries may share one; the entry count is bounded
     /// before anything is inflated.
-    static func checkDeflateStreams(zipPath: String, limits: PayloadLimits) throws {
-        guard let entries = directoryEntries(zipPath: zipPath) else { throw invalid("the zip's central directory cannot be read (or has ZIP64 records)") }
+    static func checkDeflateStreams(_ entries: [DirectoryEntry], zipPath: String, limits: PayloadLimits) throws {
         guard entries.count <= limits.maxEntries else { throw invalid("more than \(limits.maxEntries) entries") }
         guard Set(entries.map(\.localOffset)).count == entries.count else { throw invalid("two entries share one local header") }
         guard let handle = FileHandle(forReadingAtPath: zipPath) else { throw ExportError(.io, "cannot open \(zipPath)") }
@@ -162,10 +160,13 @@ public enum PayloadExtractor {
     }
 
     private static func extractChecked(zipPath: String, staging: String, limits: PayloadLimits) throws -> (manifest: ExportManifest, files: [String]) {
-        if let encrypted = encryptedEntries(zipPath: zipPath).first {
-            throw invalid("entry \(encrypted.debugDescription) is encrypted: a payload's entries never are")
+        // The raw records, read once: for the encryption flags ZIPFoundation ignores, then
+        // for the streams it would read past their entries.
+        guard let directory = directoryEntries(zipPath: zipPath) else { throw invalid("the zip's central directory cannot be read (or has ZIP64 records)") }
+        if let encrypted = directory.first(where: \.encrypted) {
+            throw invalid("entry \(encrypted.name.debugDescription) is encrypted: a payload's entries never are")
         }
-        try checkDeflateStreams(zipPath: zipPath, limits: limits)
+        try checkDeflateStreams(directory, zipPath: zipPath, limits: limits)
         let archive: Archive
         do {
             archive = try Archive(url: URL(fileURLWithPath: zipPath), accessMode: .read)

@@ -172,24 +172,32 @@ final class ZipStreamReader {
         if local.method == 8 {
             if output.isEmpty { output = [UInt8](repeating: 0, count: 256 << 10) }
             #if canImport(CDredgeISAL)
-            if !local.hasDescriptor {
+            usingIgzip = !local.hasDescriptor
+            if usingIgzip {
                 let inflater = igzip ?? IgzipInflater()
                 inflater.reset()
                 igzip = inflater
-                usingIgzip = true
-                state = .data
-                return true
+            } else {
+                try startZlib()
             }
+            #else
+            try startZlib()
             #endif
-            if inflating { inflateReset(&zstream) } else {
-                guard inflateInit2_(&zstream, -15, ZLIB_VERSION, Int32(MemoryLayout<z_stream>.size)) == Z_OK else {
-                    throw ExportError(.io, "zlib cannot start inflating")
-                }
-                inflating = true
-            }
         }
         state = .data
         return true
+    }
+
+    /// zlib ready for a new raw deflate stream (kept from entry to entry).
+    private func startZlib() throws {
+        if inflating {
+            inflateReset(&zstream)
+            return
+        }
+        guard inflateInit2_(&zstream, -15, ZLIB_VERSION, Int32(MemoryLayout<z_stream>.size)) == Z_OK else {
+            throw ExportError(.io, "zlib cannot start inflating")
+        }
+        inflating = true
     }
 
     private func name(_ local: Local) -> String { String(decoding: local.nameBytes, as: UTF8.self) }

@@ -77,42 +77,56 @@ public final class AgentListener: Service, Sendable {
 
     public func run() async throws {
         let sslContext = try NIOSSLContext(configuration: deployment.tlsConfiguration)
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .childChannelOption(.socketOption(.so_keepalive), value: 1)
-            .bind(host: host, port: port) { channel in
-                self.admit(channel, tls: sslContext)
-            }
+        let work = ServerWork(threads)
+        let server: NIOAsyncChannel<Void, Never>
+        do {
+            server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                .childChannelOption(.socketOption(.so_keepalive), value: 1)
+                .bind(host: host, port: port) { channel in
+                    self.admit(channel, tls: sslContext, work: work)
+                }
+        } catch {
+            await work.shutdown()
+            throw error
+        }
         bound.port = server.channel.localAddress?.port
         logger.info("agent listener ready", metadata: [
             "address": "\(host):\(bound.port ?? port)", "max_agents": "\(gate.caps.authenticated)", "max_unauthenticated": "\(gate.caps.unauthenticated)",
             "threads": "control \(threads.control), uploads \(threads.uploads), unpack \(threads.unpack)",
         ])
-        let work = ServerWork(threads)
+        let goodbye = WireFrame.with { $0.goodbye = .with { $0.reason = "server shutting down" } }
         do {
             try await withGracefulShutdownHandler {
-                try await withThrowingDiscardingTaskGroup { group in
+                try await withTaskCancellationHandler {
+                    // Each connection is driven by its channel (``ConnectionDriver``); accepting
+                    // only needs the server channel's stream consumed.
                     try await server.executeThenClose { inbound in
-                        for try await (connection, token) in inbound {
-                            group.addTask { await self.serve(connection, token: token, work: work) }
-                        }
+                        for try await _ in inbound {}
                     }
+                } onCancel: {
+                    server.channel.close(promise: nil)
+                    self.connections.closeAll(saying: goodbye)
                 }
             } onGracefulShutdown: {
                 // Stop accepting, then say goodbye to every agent so the connections end.
                 server.channel.close(promise: nil)
-                self.connections.closeAll(saying: .with { $0.goodbye = .with { $0.reason = "server shutting down" } })
+                self.connections.closeAll(saying: goodbye)
             }
         } catch {
+            connections.closeAll(saying: goodbye)
+            await connections.drained()
             await work.shutdown()
             throw error
         }
+        connections.closeAll(saying: goodbye)
+        await connections.drained()
         await work.shutdown()
     }
 
     /// A new TCP connection: refused (closed before TLS) over its address's cap, else counted,
     /// given its deadlines and a frame limit small until it authenticates, and served.
-    private func admit(_ channel: any Channel, tls: NIOSSLContext) -> EventLoopFuture<(NIOAsyncChannel<WireFrame, WireFrame>, Int)> {
+    private func admit(_ channel: any Channel, tls: NIOSSLContext, work: ServerWork) -> EventLoopFuture<Void> {
         let address = channel.remoteAddress?.ipAddress ?? "unknown"
         switch gate.admit(address: address, channel: channel) {
         case .refused(let why):
@@ -132,7 +146,7 @@ public final class AgentListener: Service, Sendable {
             channel.closeFuture.whenComplete { _ in gate.release(token) }
             let frameLimit = FrameSizeLimit(WireLimits.maxPreAuthFrameBytes)
             let limits = connectionLimits
-            return channel.eventLoop.makeCompletedFuture { () throws -> (NIOAsyncChannel<WireFrame, WireFrame>, Int) in
+            return channel.eventLoop.makeCompletedFuture { () throws -> Void in
                 let handlers = channel.pipeline.syncOperations
                 try handlers.addHandler(NIOSSLServerHandler(context: tls))
                 try handlers.addHandler(ByteToMessageHandler(FrameDecoder(limit: frameLimit)))
@@ -141,7 +155,10 @@ public final class AgentListener: Service, Sendable {
                 try handlers.addHandler(MessageToByteHandler(FrameEncoder(), desiredBufferCapacity: 256))
                 try handlers.addHandler(ConnectionDeadlineHandler(
                     handshake: .nanoseconds(Int64(limits.handshakeSeconds * 1e9)), missedHeartbeats: limits.missedHeartbeats, frameLimit: frameLimit))
-                return (try NIOAsyncChannel<WireFrame, WireFrame>(wrappingChannelSynchronously: channel), token)
+                let session = ConnectionSession(listener: self, remote: channel.remoteAddress?.description, channel: channel, token: token, work: work)
+                let driver = ConnectionDriver(session: session, channel: channel, logger: self.logger) { session in await self.ended(session) }
+                try handlers.addHandler(ConnectionDriverHandler(driver: driver, logger: self.logger))
+                session.setToken = self.connections.insert(channel)
             }.flatMapError { error in
                 // NIO drops a channel whose initializer failed without closing it.
                 channel.close(promise: nil)
@@ -150,64 +167,28 @@ public final class AgentListener: Service, Sendable {
         }
     }
 
-    /// One connection, start to end. Errors end this connection only.
-    ///
-    /// An idle connection must be cheap: a task keeps, for its whole life, the memory of the
-    /// deepest chain of async frames it ever ran. So each frame is handled by
-    /// ``ConnectionSession`` in a child task of its own (``step(_:)``), whose memory goes when
-    /// the frame is answered, and the connection's own task stays small and flat.
-    func serve(_ channel: NIOAsyncChannel<WireFrame, WireFrame>, token: Int, work: ServerWork) async {
-        let remote = channel.channel.remoteAddress?.description
-        let setToken = connections.insert(channel.channel)
-        defer { connections.remove(setToken) }
-        let session = ConnectionSession(listener: self, remote: remote, channel: channel.channel, token: token, work: work)
-        do {
-            try await channel.executeThenClose { inbound, outbound in
-                try await withThrowingTaskGroup(of: Void.self) { group in
-                    func apply(_ outcome: ConnectionSession.Outcome) async throws -> Bool {
-                        if !outcome.frames.isEmpty { try await outbound.write(contentsOf: outcome.frames) }
-                        if let id = outcome.registered {
-                            group.addTask { try await self.deliverPulls(to: id, token: token, outbound: outbound, work: work) }
-                        }
-                        if let acks = outcome.acknowledgements {
-                            // Chunks acknowledged once written, after their frame was handled.
-                            group.addTask { for await frames in acks { try await outbound.write(contentsOf: frames) } }
-                        }
-                        return !outcome.close
-                    }
-                    do {
-                        for try await frame in inbound {
-                            if try await !apply(Self.step { try await session.receive(frame) }) { break }
-                        }
-                    } catch let error as WireProtocolError {
-                        // The decoder refused the stream: tell the peer why, then close.
-                        _ = try? await apply(Self.step { try await session.fail(error) })
-                    }
-                    group.cancelAll()
-                }
-            }
-        } catch {
-            logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"])
-        }
-        // Uploads being unpacked stop (what they staged is removed); the upload stays on disk.
-        // Cleanup runs even when this task was cancelled (the pool skips work for a cancelled
-        // task): then here, directly.
+    /// A connection closed and its driver handled the frames it had read: its chunks still
+    /// being written are settled, uploads being unpacked stop (what they staged is removed;
+    /// the upload stays on disk), its deliveries stop, and the agent is recorded offline
+    /// unless a newer connection of it took over.
+    func ended(_ session: ConnectionSession) async {
         await session.settled()
         do {
-            try await work.uploads.runIfActive { session.closed() }
+            try await session.work.uploads.runIfActive { session.closed() }
         } catch {
             session.closed()
         }
+        await session.stopDelivery()
         if let agentID = session.agentID, let generation = session.generation {
-            agentConnections.remove(agentID, token: token)
+            agentConnections.remove(agentID, token: session.token)
             do {
-                // Recorded even when this task was cancelled (a shutdown).
-                try await Task { [registry] in try await registry.disconnected(agentID, generation: generation) }.value
+                try await registry.disconnected(agentID, generation: generation)
             } catch {
                 logger.error("could not record an agent's disconnection", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
             }
             logger.info("agent disconnected", metadata: ["agent.id": "\(agentID)"])
         }
+        if let setToken = session.setToken { connections.remove(setToken) }
     }
 
     /// Joins the agent to the open pulls by uid alone of the uids it came to hold, and wakes its
@@ -231,48 +212,17 @@ public final class AgentListener: Service, Sendable {
         }
     }
 
-    /// Sends the agent its pulls: on connecting, the queued ones and the ones delivered before
-    /// but never answered (the agent answers a repeated command as it did the first time); then
-    /// new ones whenever the dispatcher says they appeared.
+    /// Sends the agent its pulls, one pass per wake (``DeliveryRunner``): on connecting,
+    /// the queued ones and the ones delivered before but never answered (the agent answers a
+    /// repeated command as it did the first time); then new ones whenever the dispatcher says
+    /// they appeared.
     ///
     /// Each pull is marked delivered before its command is written, so one whose write is lost
     /// goes again on the next connection; only the agent's live connection delivers (a replaced
     /// one that is still closing does not). A pull whose command cannot be made (its stored
     /// row is unreadable, its key is gone) is marked failed on its own; the others are
     /// delivered. A passing failure (the database) leaves it for the next wake.
-    private func deliverPulls(to agentID: String, token: Int, outbound: NIOAsyncChannelOutboundWriter<WireFrame>, work: ServerWork) async throws {
-        let (wakes, registration) = dispatcher.register(agentID)
-        defer { dispatcher.unregister(agentID, token: registration) }
-        var reconnecting = true
-        for await _ in wakes {
-            // Each wake is handled in a child task: the memory of its reads, signing and writes
-            // goes when it is done instead of staying with this task, which waits for the
-            // connection's whole life.
-            let unanswered = reconnecting
-            let pass = try await Self.inChildTask {
-                try await self.deliverDue(to: agentID, includingUnanswered: unanswered, token: token, outbound: outbound, work: work)
-            }
-            switch pass {
-            case .unread: continue
-            case .delivered: reconnecting = false
-            case .stop: return
-            }
-        }
-    }
-
-    private enum DeliveryPass: Sendable {
-        /// The agent's pulls could not be read: the next wake tries again.
-        case unread
-        case delivered
-        /// Cancelled, or this connection is no longer the agent's live one.
-        case stop
-    }
-
-    /// One wake of ``deliverPulls(to:token:outbound:work:)``: the due pulls' commands, each
-    /// marked delivered, then written.
-    private func deliverDue(
-        to agentID: String, includingUnanswered unanswered: Bool, token: Int, outbound: NIOAsyncChannelOutboundWriter<WireFrame>, work: ServerWork
-    ) async throws -> DeliveryPass {
+    func deliverDue(to agentID: String, includingUnanswered unanswered: Bool, token: Int, channel: any Channel, work: ServerWork) async -> DeliveryRunner.Pass {
         let due: [String]
         do {
             due = try await pulls.deliverable(for: agentID, includingUnanswered: unanswered)
@@ -285,7 +235,13 @@ public final class AgentListener: Service, Sendable {
         for pullID in due {
             guard agentConnections.isLive(agentID, token: token) else { return .stop }
             guard let frame = await deliverable(pullID, to: agentID, work: work) else { continue }
-            try await outbound.write(frame)
+            do {
+                try await channel.writeAndFlush(frame).get()
+            } catch {
+                // Marked delivered and not sent: it goes again on the agent's next connection.
+                logger.debug("a pull's command was not written; the connection is gone", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
+                return .stop
+            }
             logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
         }
         return .delivered
@@ -377,21 +333,6 @@ public final class AgentListener: Service, Sendable {
             $0.serverEncryptionKey = Data(deployment.encryptionKey.publicKey.spki)
         })
     }
-
-    /// Runs one step of a connection in a child task, so that the memory of its async frames
-    /// goes when the step ends instead of staying with the connection's task.
-    static func step(_ body: @escaping @Sendable () async throws -> ConnectionSession.Outcome) async throws -> ConnectionSession.Outcome {
-        try await inChildTask(body)
-    }
-
-    /// `body` in a child task of its own, awaited: the memory of its async frames goes with it.
-    static func inChildTask<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
-        try await withThrowingTaskGroup(of: T.self) { group in
-            group.addTask(operation: body)
-            guard let value = try await group.next() else { throw CancellationError() }
-            return value
-        }
-    }
 }
 
 /// Lets through at most `perMinute` log records a minute; the next one let through says how
@@ -438,12 +379,13 @@ final class RateLimitedLog: @unchecked Sendable {
     }
 }
 
-/// The open agent connections, so a shutdown can end them.
+/// The open agent connections, so a shutdown can end them and wait until they have ended.
 final class ConnectionSet: @unchecked Sendable {
     private let lock = NSLock()
     private var channels: [Int: any Channel] = [:]
     private var next = 0
     private var closing = false
+    private var drainWaiters: [CheckedContinuation<Void, Never>] = []
 
     func insert(_ channel: any Channel) -> Int {
         let (token, close) = lock.withLock { () -> (Int, Bool) in
@@ -455,7 +397,28 @@ final class ConnectionSet: @unchecked Sendable {
         return token
     }
 
-    func remove(_ token: Int) { _ = lock.withLock { channels.removeValue(forKey: token) } }
+    func remove(_ token: Int) {
+        let waiters = lock.withLock { () -> [CheckedContinuation<Void, Never>] in
+            channels.removeValue(forKey: token)
+            guard channels.isEmpty else { return [] }
+            defer { drainWaiters = [] }
+            return drainWaiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Returns once every connection inserted has been removed (each connection removes itself
+    /// when its driver has ended it).
+    func drained() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = lock.withLock { () -> Bool in
+                if channels.isEmpty { return true }
+                drainWaiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
 
     func closeAll(saying frame: WireFrame) {
         let all = lock.withLock { () -> [any Channel] in
@@ -480,16 +443,14 @@ final class BoundAddress: @unchecked Sendable {
 
 /// One agent connection's state machine and what its actions do to the registry and the
 /// uploads; returns what to write. The stores are called through their async protocols, and
-/// RSA and disk work runs on the ``ServerWork`` pools. One step at a time: the connection's
-/// loop hands it the next frame only after the previous step returned (hence
+/// RSA and disk work runs on the ``ServerWork`` pools. One step at a time: its
+/// ``ConnectionDriver`` hands it the next frame only after the previous step returned (hence
 /// `@unchecked Sendable`).
 final class ConnectionSession: @unchecked Sendable {
     struct Outcome {
         var frames: [WireFrame] = []
         /// The agent authenticated: start delivering its pulls.
         var registered: String?
-        /// The connection's first chunk arrived: write these frames as they come.
-        var acknowledgements: AsyncStream<[WireFrame]>?
         var close = false
     }
 
@@ -504,11 +465,12 @@ final class ConnectionSession: @unchecked Sendable {
     private(set) var generation: Int64?
     private var host = WireHostInfo()
     private var uploads: ConnectionUploads?
-    /// Acknowledgements of chunks written after their frame was handled; handed to the
-    /// connection's loop with the first chunk (an agent that never uploads costs no writer).
-    private var acknowledgements: (stream: AsyncStream<[WireFrame]>, continuation: AsyncStream<[WireFrame]>.Continuation)?
-    private var acknowledgementsHandedOver = false
-    private let work: ServerWork
+    let work: ServerWork
+    /// The connection's place in the listener's ``ConnectionSet`` (set once, on the event
+    /// loop, before any frame).
+    var setToken: Int?
+    /// The agent's pull deliveries once registered, and their place with the dispatcher.
+    private var delivery: (runner: DeliveryRunner, registration: Int)?
 
     init(listener: AgentListener, remote: String?, channel: any Channel, token: Int, work: ServerWork) {
         self.listener = listener
@@ -525,7 +487,26 @@ final class ConnectionSession: @unchecked Sendable {
     /// The connection ended: uploads being unpacked while they arrived stop.
     func closed() {
         uploads?.closed()
-        acknowledgements?.continuation.finish()
+    }
+
+    /// Starts delivering the agent's pulls on this connection: a pass now, and one whenever
+    /// the dispatcher wakes it.
+    func startDelivery(_ agentID: String) {
+        let listener = self.listener
+        let (token, channel, work) = (self.token, self.channel, self.work)
+        let runner = DeliveryRunner { unanswered in
+            await listener.deliverDue(to: agentID, includingUnanswered: unanswered, token: token, channel: channel, work: work)
+        }
+        guard delivery == nil else { return }
+        delivery = (runner, listener.dispatcher.register(agentID) { runner.wake() })
+    }
+
+    /// Stops delivering (the connection ended); returns when no pass runs. Called after the
+    /// session's last step, like ``closed()``.
+    func stopDelivery() async {
+        guard let delivery, let agentID else { return }
+        listener.dispatcher.unregister(agentID, token: delivery.registration)
+        await delivery.runner.stop()
     }
 
     func receive(_ frame: WireFrame) async throws -> Outcome {
@@ -576,12 +557,15 @@ final class ConnectionSession: @unchecked Sendable {
                 }
             case .registered(let id):
                 agentID = id
-                let acks = AsyncStream<[WireFrame]>.makeStream()
-                acknowledgements = acks
                 uploads = ConnectionUploads(
                     agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
                     paths: listener.paths, feedbackLimits: listener.feedbackLimits, blocking: work.uploads, unpacking: work.unpacking, logger: listener.logger,
-                    landed: listener.landed, emit: { frames in acks.continuation.yield(frames) })
+                    landed: listener.landed, emit: { [channel] frames in
+                        // Chunks acknowledged once written, after their frame was handled;
+                        // called by one committing thread at a time, so in order.
+                        for frame in frames.dropLast() { channel.write(frame, promise: nil) }
+                        if let last = frames.last { channel.writeAndFlush(last, promise: nil) }
+                    })
                 generation = try await listener.registry.connected(id, from: remote, host: host, now: Date())
                 if let replaced = listener.agentConnections.replace(id, token: token, generation: generation ?? 0, channel: channel) {
                     listener.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])
@@ -603,10 +587,6 @@ final class ConnectionSession: @unchecked Sendable {
                         Task { [listener] in await listener.adoptPulls(for: id, heartbeat: heartbeat, added: added) }
                     }
                 } else if let uploads {
-                    if case .uploadChunk? = frame.body, !acknowledgementsHandedOver {
-                        acknowledgementsHandedOver = true
-                        outcome.acknowledgements = acknowledgements?.stream
-                    }
                     do {
                         outcome.frames.append(contentsOf: try await uploads.handle(frame))
                     } catch {
@@ -630,3 +610,4 @@ final class ConnectionSession: @unchecked Sendable {
         return outcome
     }
 }
+

@@ -17,7 +17,7 @@ public final class PullDispatcher: Service, @unchecked Sendable {
     let sweepInterval: Duration
     let logger: Logger
     private let lock = NSLock()
-    private var waiting: [String: [Int: AsyncStream<Void>.Continuation]] = [:]
+    private var waiting: [String: [Int: @Sendable () -> Void]] = [:]
     private var next = 0
 
     /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
@@ -35,31 +35,30 @@ public final class PullDispatcher: Service, @unchecked Sendable {
         self.housekeeping = housekeeping
     }
 
-    /// A stream that yields when `agentID` may have pulls to deliver; it yields once at once.
-    func register(_ agentID: String) -> (wakes: AsyncStream<Void>, token: Int) {
-        let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
-        continuation.yield()
+    /// Calls `wake` whenever `agentID` may have pulls to deliver, and once at once. `wake` is
+    /// called on whichever thread wakes (an admin request, the sweep, a notification) and must
+    /// only start work, never wait. Returns the token to ``unregister(_:token:)`` with.
+    func register(_ agentID: String, wake: @escaping @Sendable () -> Void) -> Int {
         let token = lock.withLock {
             next += 1
-            waiting[agentID, default: [:]][next] = continuation
+            waiting[agentID, default: [:]][next] = wake
             return next
         }
-        return (stream, token)
+        wake()
+        return token
     }
 
     func unregister(_ agentID: String, token: Int) {
-        let continuation = lock.withLock { () -> AsyncStream<Void>.Continuation? in
-            let c = waiting[agentID]?.removeValue(forKey: token)
+        lock.withLock {
+            waiting[agentID]?.removeValue(forKey: token)
             if waiting[agentID]?.isEmpty == true { waiting[agentID] = nil }
-            return c
         }
-        continuation?.finish()
     }
 
     /// Wakes the connections of these agents, if connected.
     public func wake(_ agentIDs: some Sequence<String>) {
-        let continuations = lock.withLock { agentIDs.flatMap { waiting[$0].map { Array($0.values) } ?? [] } }
-        for c in continuations { c.yield() }
+        let wakes = lock.withLock { agentIDs.flatMap { waiting[$0].map { Array($0.values) } ?? [] } }
+        for wake in wakes { wake() }
     }
 
     public func run() async throws {
@@ -86,8 +85,6 @@ public final class PullDispatcher: Service, @unchecked Sendable {
                 do { try await housekeeping() } catch { logger.error("housekeeping failed", metadata: ["error": "\(error)"]) }
             }
         }
-        let all = lock.withLock { waiting.values.flatMap(\.values) }
-        for c in all { c.finish() }
     }
 }
 

@@ -1,0 +1,276 @@
+import DredgeWire
+import Foundation
+import Logging
+import NIOCore
+
+/// Drives one agent connection: the frames the channel decodes go to its
+/// ``ConnectionSession`` one at a time, in order, and what the session answers is written.
+///
+/// An idle connection must be cheap, so no task waits for it: a frame that arrives while
+/// nothing runs starts a task that handles the frames queued and ends when the queue is
+/// empty (a task keeps, for its whole life, the memory of the deepest chain of async frames it
+/// ever ran). Reading stops while ``highWatermark`` frames wait (TCP then holds the agent
+/// back) and resumes below ``lowWatermark``; answers wait while the channel is not writable,
+/// so a peer that does not read stops being read.
+///
+/// When the channel closes, the frames already queued are still handled (a chunk that arrived
+/// is still stored), then ``AgentListener/ended(_:)`` runs once.
+final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the session only in the one running task
+    enum Input {
+        case frame(WireFrame)
+        /// The decoder refused the stream: the session tells the peer why, then the
+        /// connection closes.
+        case refused(WireProtocolError)
+    }
+
+    static let highWatermark = 8
+    static let lowWatermark = 2
+
+    let session: ConnectionSession
+    let channel: any Channel
+    private let ended: @Sendable (ConnectionSession) async -> Void
+    private let logger: Logger
+    private let lock = NSLock()
+    private var queue: [Input] = []
+    private var head = 0
+    private var running = false
+    /// The session asked to close: later input is dropped.
+    private var closing = false
+    private var inactive = false
+    private var finished = false
+    private var readsHeld = false
+
+    init(session: ConnectionSession, channel: any Channel, logger: Logger, ended: @escaping @Sendable (ConnectionSession) async -> Void) {
+        self.session = session
+        self.channel = channel
+        self.logger = logger
+        self.ended = ended
+    }
+
+    /// On the event loop: a decoded frame, or the decoder's refusal.
+    func receive(_ input: Input) {
+        let start = lock.withLock { () -> Bool in
+            guard !closing else { return false }
+            queue.append(input)
+            if running { return false }
+            running = true
+            return true
+        }
+        if start { Task { await self.run() } }
+    }
+
+    /// On the event loop, when the channel asks for more bytes: whether to read now. A read
+    /// held back is made when the queue has drained below ``lowWatermark``.
+    func shouldRead() -> Bool {
+        lock.withLock {
+            if queue.count - head >= Self.highWatermark {
+                readsHeld = true
+                return false
+            }
+            return true
+        }
+    }
+
+    /// On the event loop: the channel closed.
+    func channelInactive() {
+        let end = lock.withLock { () -> Bool in
+            inactive = true
+            return claimEnd()
+        }
+        if end { Task { await self.ended(self.session) } }
+    }
+
+    /// Whether the caller is the one to run ``ended`` (under `lock`).
+    private func claimEnd() -> Bool {
+        guard inactive, !running, !finished else { return false }
+        finished = true
+        return true
+    }
+
+    private func next() -> (input: Input?, resumeReading: Bool, end: Bool) {
+        lock.withLock {
+            var resume = false
+            guard head < queue.count, !closing else {
+                queue.removeAll()
+                head = 0
+                running = false
+                return (nil, false, claimEnd())
+            }
+            let input = queue[head]
+            head += 1
+            if head == queue.count {
+                queue.removeAll(keepingCapacity: queue.capacity <= 16)
+                head = 0
+            }
+            if readsHeld && queue.count - head < Self.lowWatermark {
+                readsHeld = false
+                resume = true
+            }
+            return (input, resume, false)
+        }
+    }
+
+    private func run() async {
+        while true {
+            let (input, resumeReading, end) = next()
+            if resumeReading { channel.read() }
+            guard let input else {
+                if end { await ended(session) }
+                return
+            }
+            let outcome: ConnectionSession.Outcome
+            do {
+                switch input {
+                case .frame(let frame): outcome = try await session.receive(frame)
+                case .refused(let error): outcome = try await session.fail(error)
+                }
+            } catch {
+                logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(session.remote ?? "?")"])
+                close(after: nil)
+                continue
+            }
+            let written = write(outcome.frames)
+            if let agentID = outcome.registered { session.startDelivery(agentID) }
+            if outcome.close {
+                close(after: written)
+                continue
+            }
+            if let written, !channel.isWritable {
+                // The peer is not reading: neither do we, until it does.
+                do { try await written.get() } catch { close(after: nil) }
+            }
+        }
+    }
+
+    /// Writes `frames` and flushes; the future of the last.
+    private func write(_ frames: [WireFrame]) -> EventLoopFuture<Void>? {
+        guard let last = frames.last else { return nil }
+        for frame in frames.dropLast() { channel.write(frame, promise: nil) }
+        return channel.writeAndFlush(last)
+    }
+
+    /// Drops further input and closes the channel once `written` is (at once if nil); closes
+    /// anyway after a few seconds if the peer does not read.
+    private func close(after written: EventLoopFuture<Void>?) {
+        lock.withLock { closing = true }
+        let channel = self.channel
+        if let written {
+            written.whenComplete { _ in channel.close(promise: nil) }
+            channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
+        } else {
+            channel.close(promise: nil)
+        }
+    }
+}
+
+/// The last handler of an agent connection's pipeline: hands decoded frames to its
+/// ``ConnectionDriver`` and holds reads while the driver is behind.
+final class ConnectionDriverHandler: ChannelDuplexHandler {
+    typealias InboundIn = WireFrame
+    typealias OutboundIn = WireFrame
+    typealias OutboundOut = WireFrame
+
+    private let driver: ConnectionDriver
+    private let logger: Logger
+
+    init(driver: ConnectionDriver, logger: Logger) {
+        self.driver = driver
+        self.logger = logger
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        driver.receive(.frame(unwrapInboundIn(data)))
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if let error = error as? WireProtocolError {
+            driver.receive(.refused(error))
+        } else {
+            logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(driver.session.remote ?? "?")"])
+            context.close(promise: nil)
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        driver.channelInactive()
+        context.fireChannelInactive()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if driver.shouldRead() { context.read() }
+    }
+}
+
+/// Runs an agent's pull deliveries for one connection: a wake starts a pass in a task of its
+/// own, or, when one is running, another pass after it; no task waits between wakes.
+final class DeliveryRunner: @unchecked Sendable {  // state under `lock`
+    enum Pass: Sendable {
+        /// The agent's pulls could not be read: the next wake tries again.
+        case unread
+        case delivered
+        /// This connection is no longer the agent's live one: no more passes.
+        case stop
+    }
+
+    private let lock = NSLock()
+    private var running = false
+    private var again = false
+    private var stopped = false
+    /// The first pass of a connection also sends the pulls delivered before and never answered.
+    private var reconnecting = true
+    private var idleWaiters: [CheckedContinuation<Void, Never>] = []
+    private let pass: @Sendable (_ includingUnanswered: Bool) async -> Pass
+
+    init(pass: @escaping @Sendable (_ includingUnanswered: Bool) async -> Pass) {
+        self.pass = pass
+    }
+
+    func wake() {
+        let start = lock.withLock { () -> Bool in
+            if stopped { return false }
+            if running {
+                again = true
+                return false
+            }
+            running = true
+            return true
+        }
+        if start { Task { await self.loop() } }
+    }
+
+    /// No pass starts from now on; returns when the running one (if any) is done.
+    func stop() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = lock.withLock { () -> Bool in
+                stopped = true
+                if !running { return true }
+                idleWaiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    private func loop() async {
+        while true {
+            let unanswered = lock.withLock { () -> Bool in
+                again = false
+                return reconnecting
+            }
+            let result = await pass(unanswered)
+            let (more, waiters) = lock.withLock { () -> (Bool, [CheckedContinuation<Void, Never>]) in
+                switch result {
+                case .delivered: reconnecting = false
+                case .unread: break
+                case .stop: stopped = true
+                }
+                if again && !stopped { return (true, []) }
+                running = false
+                defer { idleWaiters = [] }
+                return (false, idleWaiters)
+            }
+            for waiter in waiters { waiter.resume() }
+            if !more { return }
+        }
+    }
+}

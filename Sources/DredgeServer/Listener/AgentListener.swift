@@ -481,6 +481,25 @@ final class ConnectionSession: @unchecked Sendable {
         machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: listener.session)
     }
 
+    /// The agent's uploads on this connection, made with its first upload frame (an agent that
+    /// never uploads costs none of it while idle).
+    private func uploads(of id: String) -> ConnectionUploads {
+        if let uploads { return uploads }
+        let channel = self.channel
+        let made = ConnectionUploads(
+            agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
+            paths: listener.paths, feedbackLimits: listener.feedbackLimits, blocking: work.uploads, unpacking: work.unpacking, logger: listener.logger,
+            landed: listener.landed,
+            emit: { frames in
+                // Chunks acknowledged once written, after their frame was handled; called by
+                // one committing thread at a time, so in order.
+                for frame in frames.dropLast() { channel.write(frame, promise: nil) }
+                if let last = frames.last { channel.writeAndFlush(last, promise: nil) }
+            })
+        uploads = made
+        return made
+    }
+
     /// Waits for the chunks still being written (call before ``closed()``).
     func settled() async { await uploads?.settled() }
 
@@ -557,16 +576,8 @@ final class ConnectionSession: @unchecked Sendable {
                 }
             case .registered(let id):
                 agentID = id
-                uploads = ConnectionUploads(
-                    agentID: id, pulls: listener.pulls, feedback: listener.feedback, encryptionKey: listener.deployment.encryptionKey,
-                    paths: listener.paths, feedbackLimits: listener.feedbackLimits, blocking: work.uploads, unpacking: work.unpacking, logger: listener.logger,
-                    landed: listener.landed, emit: { [channel] frames in
-                        // Chunks acknowledged once written, after their frame was handled;
-                        // called by one committing thread at a time, so in order.
-                        for frame in frames.dropLast() { channel.write(frame, promise: nil) }
-                        if let last = frames.last { channel.writeAndFlush(last, promise: nil) }
-                    })
                 generation = try await listener.registry.connected(id, from: remote, host: host, now: Date())
+                host = WireHostInfo()  // recorded; not needed again
                 if let replaced = listener.agentConnections.replace(id, token: token, generation: generation ?? 0, channel: channel) {
                     listener.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])
                     AgentConnections.close(replaced, saying: "replaced by a newer connection of the same agent")
@@ -586,7 +597,8 @@ final class ConnectionSession: @unchecked Sendable {
                     if !added.isEmpty || heartbeat.hasUsers {
                         Task { [listener] in await listener.adoptPulls(for: id, heartbeat: heartbeat, added: added) }
                     }
-                } else if let uploads {
+                } else {
+                    let uploads = uploads(of: id)
                     do {
                         outcome.frames.append(contentsOf: try await uploads.handle(frame))
                     } catch {

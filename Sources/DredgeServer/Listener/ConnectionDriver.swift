@@ -99,7 +99,7 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
             let input = queue[head]
             head += 1
             if head == queue.count {
-                queue.removeAll(keepingCapacity: queue.capacity <= 16)
+                queue.removeAll()  // nothing kept while idle
                 head = 0
             }
             if readsHeld && queue.count - head < Self.lowWatermark {

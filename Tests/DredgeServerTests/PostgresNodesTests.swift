@@ -14,17 +14,11 @@ import Testing
 struct PostgresNodesTests {
     let dir = TempDir()
 
-    /// Counts what a stream yields, in the background.
+    /// Counts the dispatcher's wakes.
     final class Counter: @unchecked Sendable {
         private let lock = NSLock()
         private var value = 0
-        private var task: Task<Void, Never>?
-        init(_ stream: AsyncStream<Void>) {
-            task = Task { [weak self] in
-                for await _ in stream { self?.lock.withLock { self?.value += 1 } }
-            }
-        }
-        deinit { task?.cancel() }
+        func increment() { lock.withLock { value += 1 } }
         var count: Int { lock.withLock { value } }
 
         /// Whether the count reaches `n` within `timeout` (a bound for a failing test, not a
@@ -47,9 +41,9 @@ struct PostgresNodesTests {
         let running = Task { try await dispatcher.run() }
         defer { running.cancel() }
         let agent = String(repeating: "c", count: 32)
-        let (stream, token) = dispatcher.register(agent)
+        let wakes = Counter()
+        let token = dispatcher.register(agent) { wakes.increment() }
         defer { dispatcher.unregister(agent, token: token) }
-        let wakes = Counter(stream)
         #expect(await wakes.reaches(1), "the first wake, at registration")
 
         let pull = try PullQueueConformanceTests.newPull(targets: [agent], at: .now)

@@ -158,7 +158,10 @@ public final class AgentListener: Service, Sendable {
                 let session = ConnectionSession(listener: self, remote: channel.remoteAddress?.description, channel: channel, token: token, work: work)
                 let driver = ConnectionDriver(session: session, channel: channel, logger: self.logger) { session in await self.ended(session) }
                 try handlers.addHandler(ConnectionDriverHandler(driver: driver, logger: self.logger))
-                session.setToken = self.connections.insert(channel)
+                channel.closeFuture.whenComplete { _ in driver.channelClosed() }
+                let (setToken, shuttingDown) = self.connections.insert(channel)
+                session.setToken = setToken
+                if shuttingDown { channel.close(promise: nil) }
             }.flatMapError { error in
                 // NIO drops a channel whose initializer failed without closing it.
                 channel.close(promise: nil)
@@ -172,13 +175,13 @@ public final class AgentListener: Service, Sendable {
     /// the upload stays on disk), its deliveries stop, and the agent is recorded offline
     /// unless a newer connection of it took over.
     func ended(_ session: ConnectionSession) async {
+        await session.stopDelivery()
         await session.settled()
         do {
             try await session.work.uploads.runIfActive { session.closed() }
         } catch {
             session.closed()
         }
-        await session.stopDelivery()
         if let agentID = session.agentID, let generation = session.generation {
             agentConnections.remove(agentID, token: session.token)
             do {
@@ -387,14 +390,14 @@ final class ConnectionSet: @unchecked Sendable {
     private var closing = false
     private var drainWaiters: [CheckedContinuation<Void, Never>] = []
 
-    func insert(_ channel: any Channel) -> Int {
-        let (token, close) = lock.withLock { () -> (Int, Bool) in
+    /// Adds `channel`; returns its token, and whether the set is closing (the caller closes
+    /// the channel once it has kept the token).
+    func insert(_ channel: any Channel) -> (token: Int, closing: Bool) {
+        lock.withLock {
             next += 1
             channels[next] = channel
             return (next, closing)
         }
-        if close { channel.close(promise: nil) }
-        return token
     }
 
     func remove(_ token: Int) {
@@ -420,13 +423,17 @@ final class ConnectionSet: @unchecked Sendable {
         }
     }
 
+    /// Says `frame` to every connection and closes it (after a few seconds at the latest, if
+    /// the peer does not read); connections inserted later are closed at once. Acts once.
     func closeAll(saying frame: WireFrame) {
         let all = lock.withLock { () -> [any Channel] in
+            if closing { return [] }
             closing = true
             return Array(channels.values)
         }
         for channel in all {
             channel.writeAndFlush(frame).whenComplete { _ in channel.close(promise: nil) }
+            channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
         }
     }
 }
@@ -481,8 +488,8 @@ final class ConnectionSession: @unchecked Sendable {
         machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: listener.session)
     }
 
-    /// The agent's uploads on this connection, made with its first upload frame (an agent that
-    /// never uploads costs none of it while idle).
+    /// The agent's uploads and command answers on this connection, made with the first frame
+    /// that is not a heartbeat (an agent that only heartbeats costs none of it while idle).
     private func uploads(of id: String) -> ConnectionUploads {
         if let uploads { return uploads }
         let channel = self.channel
@@ -511,12 +518,12 @@ final class ConnectionSession: @unchecked Sendable {
     /// Starts delivering the agent's pulls on this connection: a pass now, and one whenever
     /// the dispatcher wakes it.
     func startDelivery(_ agentID: String) {
+        guard delivery == nil else { return }
         let listener = self.listener
         let (token, channel, work) = (self.token, self.channel, self.work)
         let runner = DeliveryRunner { unanswered in
             await listener.deliverDue(to: agentID, includingUnanswered: unanswered, token: token, channel: channel, work: work)
         }
-        guard delivery == nil else { return }
         delivery = (runner, listener.dispatcher.register(agentID) { runner.wake() })
     }
 

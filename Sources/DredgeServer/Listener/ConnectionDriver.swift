@@ -14,7 +14,8 @@ import NIOCore
 /// so a peer that does not read stops being read.
 ///
 /// When the channel closes, the frames already queued are still handled (a chunk that arrived
-/// is still stored), then ``AgentListener/ended(_:)`` runs once.
+/// is still stored), then ``AgentListener/ended(_:)`` runs once. When the session asks to
+/// close, or a step fails, the frames still queued are dropped.
 final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the session only in the one running task
     enum Input {
         case frame(WireFrame)
@@ -31,8 +32,7 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     private let ended: @Sendable (ConnectionSession) async -> Void
     private let logger: Logger
     private let lock = NSLock()
-    private var queue: [Input] = []
-    private var head = 0
+    private var queue = CircularBuffer<Input>(initialCapacity: 4)
     private var running = false
     /// The session asked to close: later input is dropped.
     private var closing = false
@@ -50,7 +50,7 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     /// On the event loop: a decoded frame, or the decoder's refusal.
     func receive(_ input: Input) {
         let start = lock.withLock { () -> Bool in
-            guard !closing else { return false }
+            guard !closing, !finished else { return false }
             queue.append(input)
             if running { return false }
             running = true
@@ -63,7 +63,7 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     /// held back is made when the queue has drained below ``lowWatermark``.
     func shouldRead() -> Bool {
         lock.withLock {
-            if queue.count - head >= Self.highWatermark {
+            if queue.count >= Self.highWatermark {
                 readsHeld = true
                 return false
             }
@@ -71,8 +71,9 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
         }
     }
 
-    /// On the event loop: the channel closed.
-    func channelInactive() {
+    /// The channel closed (its close future completed, or it went inactive; either may come
+    /// first, and a channel closed before it was registered only completes the future).
+    func channelClosed() {
         let end = lock.withLock { () -> Bool in
             inactive = true
             return claimEnd()
@@ -89,20 +90,13 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
 
     private func next() -> (input: Input?, resumeReading: Bool, end: Bool) {
         lock.withLock {
-            var resume = false
-            guard head < queue.count, !closing else {
+            guard !closing, let input = queue.popFirst() else {
                 queue.removeAll()
-                head = 0
                 running = false
                 return (nil, false, claimEnd())
             }
-            let input = queue[head]
-            head += 1
-            if head == queue.count {
-                queue.removeAll()  // nothing kept while idle
-                head = 0
-            }
-            if readsHeld && queue.count - head < Self.lowWatermark {
+            var resume = false
+            if readsHeld && queue.count < Self.lowWatermark {
                 readsHeld = false
                 resume = true
             }
@@ -149,14 +143,17 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
         return channel.writeAndFlush(last)
     }
 
-    /// Drops further input and closes the channel once `written` is (at once if nil); closes
-    /// anyway after a few seconds if the peer does not read.
+    /// Drops further input (queued frames too) and closes the channel once `written` is (at
+    /// once if nil); closes anyway after a few seconds if the peer does not read.
     private func close(after written: EventLoopFuture<Void>?) {
         lock.withLock { closing = true }
         let channel = self.channel
         if let written {
-            written.whenComplete { _ in channel.close(promise: nil) }
-            channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
+            let fallback = channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
+            written.whenComplete { _ in
+                fallback.cancel()
+                channel.close(promise: nil)
+            }
         } else {
             channel.close(promise: nil)
         }
@@ -172,6 +169,9 @@ final class ConnectionDriverHandler: ChannelDuplexHandler {
 
     private let driver: ConnectionDriver
     private let logger: Logger
+    /// The decoder refused the stream: what it reports after that (data received in its error
+    /// state) is not news, and the driver closes once the refusal is answered.
+    private var refused = false
 
     init(driver: ConnectionDriver, logger: Logger) {
         self.driver = driver
@@ -183,7 +183,9 @@ final class ConnectionDriverHandler: ChannelDuplexHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if refused { return }
         if let error = error as? WireProtocolError {
+            refused = true
             driver.receive(.refused(error))
         } else {
             logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(driver.session.remote ?? "?")"])
@@ -192,7 +194,7 @@ final class ConnectionDriverHandler: ChannelDuplexHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        driver.channelInactive()
+        driver.channelClosed()
         context.fireChannelInactive()
     }
 

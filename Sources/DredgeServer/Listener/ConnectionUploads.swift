@@ -313,8 +313,9 @@ final class ConnectionUploads: @unchecked Sendable {
         }
     }
 
-    /// Waits while ``maxChunksInFlight`` chunks are being written (the connection reads no
-    /// further frame meanwhile, which holds the agent back through TCP).
+    /// Waits while ``maxChunksInFlight`` chunks are being written (the connection's next
+    /// frames wait meanwhile, and a few more stop its reading, which holds the agent back
+    /// through TCP).
     private func roomForChunk() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let now = chunks.withLock { () -> Bool in

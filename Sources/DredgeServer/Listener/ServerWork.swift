@@ -45,9 +45,9 @@ public struct WorkThreads: Codable, Sendable, Equatable {
 /// connection only reads frames, hands each to one of these pools and writes the answers.
 ///
 /// Each pool has a fixed number of threads, which bounds the work done at once; a connection
-/// hands over one frame at a time and reads no further frames meanwhile, so a busy pool slows
-/// the connections that use it (TCP pushes back on their senders) and nothing queues without
-/// bound. Heartbeats and commands (`control`) never wait behind uploads (`uploads`, `unpack`).
+/// hands over one frame at a time and stops reading while a few wait (``ConnectionDriver``),
+/// so a busy pool slows the connections that use it (TCP pushes back on their senders) and
+/// nothing queues without bound. Heartbeats and commands (`control`) never wait behind uploads (`uploads`, `unpack`).
 final class ServerWork: Sendable {
     let control: NIOThreadPool
     let uploads: NIOThreadPool

@@ -59,8 +59,7 @@ final class ZipStreamReader {
     private var consumed: Int64 = 0
     private var inflated: Int64 = 0
     private var crc: UInt32 = 0
-    private var zstream = z_stream()
-    private var inflating = false
+    private var zlib: ZlibInflater?
     #if canImport(CDredgeISAL)
     private var igzip: IgzipInflater?
     /// The current entry is inflated by ``igzip``.
@@ -80,8 +79,7 @@ final class ZipStreamReader {
 
     /// Frees the inflater and the buffers (after the last byte, or when giving up).
     func release() {
-        if inflating { inflateEnd(&zstream) }
-        inflating = false
+        zlib = nil
         #if canImport(CDredgeISAL)
         igzip = nil
         #endif
@@ -190,14 +188,8 @@ final class ZipStreamReader {
 
     /// zlib ready for a new raw deflate stream (kept from entry to entry).
     private func startZlib() throws {
-        if inflating {
-            inflateReset(&zstream)
-            return
-        }
-        guard inflateInit2_(&zstream, -15, ZLIB_VERSION, Int32(MemoryLayout<z_stream>.size)) == Z_OK else {
-            throw ExportError(.io, "zlib cannot start inflating")
-        }
-        inflating = true
+        if let zlib { return zlib.reset() }
+        zlib = try ZlibInflater()
     }
 
     private func name(_ local: Local) -> String { String(decoding: local.nameBytes, as: UTF8.self) }
@@ -225,38 +217,18 @@ final class ZipStreamReader {
         #endif
         // Deflated: the stream ends itself; the declared size, when there is one, bounds it.
         let limit = local.hasDescriptor ? Int64(available) : min(Int64(available), Int64(local.compressedSize) - consumed)
-        guard limit > 0 else { return false }
-        var ended = false
-        let used: Int = try input.withUnsafeMutableBytes { raw in
-            let start = raw.baseAddress!.advanced(by: position).assumingMemoryBound(to: Bytef.self)
-            zstream.next_in = start
-            zstream.avail_in = uInt(limit)
-            repeat {
-                let before = zstream.avail_in
-                let (status, produced) = output.withUnsafeMutableBytes { out -> (Int32, Int) in
-                    zstream.next_out = out.baseAddress!.assumingMemoryBound(to: Bytef.self)
-                    zstream.avail_out = uInt(out.count)
-                    let status = inflate(&zstream, Z_NO_FLUSH)
-                    return (status, out.count - Int(zstream.avail_out))
-                }
-                guard status == Z_OK || status == Z_STREAM_END || (status == Z_BUF_ERROR && produced == 0) else {
-                    throw Self.invalid("\(name(local)) is damaged: inflate says \(status)")
-                }
-                if produced > 0 {
-                    let done = Int64(limit) - Int64(zstream.avail_in)
-                    inflated += Int64(produced)
-                    try output.withUnsafeBytes { out in
-                        let slice = UnsafeRawBufferPointer(rebasing: out[0..<produced])
-                        crc = UInt32(crc32(UInt(crc), slice.baseAddress?.assumingMemoryBound(to: Bytef.self), uInt(produced)))
-                        try staged.write(slice, compressedSoFar: consumed + done)
-                    }
-                }
-                if status == Z_STREAM_END { ended = true; break }
-                if status == Z_BUF_ERROR || (zstream.avail_in == 0 && zstream.avail_out > 0) { break }
-                if produced == 0 && zstream.avail_in == before { break }  // no progress: wait for more input
-            } while true
-            return Int(limit) - Int(zstream.avail_in)
+        guard limit > 0, let zlib else { return false }
+        let step = try input.withUnsafeMutableBytes { raw in
+            try zlib.inflate(
+                raw.baseAddress!.advanced(by: position).assumingMemoryBound(to: UInt8.self), count: Int(limit), into: &output,
+                write: { produced, taken in
+                    inflated += Int64(produced.count)
+                    crc = UInt32(crc32(UInt(crc), produced.baseAddress?.assumingMemoryBound(to: Bytef.self), uInt(produced.count)))
+                    try staged.write(produced, compressedSoFar: consumed + Int64(taken))
+                },
+                damaged: { Self.invalid("\(name(local)) is damaged: inflate says \($0)") })
         }
+        let (used, ended) = (step.taken, step.ended)
         consumed += Int64(used)
         advance(used)
         guard ended else {
@@ -297,7 +269,7 @@ final class ZipStreamReader {
     private func igzipData(_ local: Local, _ igzip: IgzipInflater) throws -> Bool {
         let limit = min(Int64(available), Int64(local.compressedSize) - consumed)
         guard limit > 0 else { return false }
-        var result = IgzipInflater.Step(taken: 0, ended: false)
+        var result = InflateStep(taken: 0, ended: false)
         try input.withUnsafeMutableBytes { raw in
             let start = raw.baseAddress!.advanced(by: position).assumingMemoryBound(to: UInt8.self)
             result = try igzip.inflate(start, count: Int(limit), into: &output) { produced, taken in
@@ -416,14 +388,6 @@ final class ZipStreamReader {
 #if canImport(CDredgeISAL)
 /// ISA-L's streaming inflate of a raw deflate stream, with the CRC-32 of what it produced.
 final class IgzipInflater {
-    /// What one call took and whether the stream ended. igzip reads ahead and gives back at
-    /// the end only part of what it read past the stream (up to about 6 bytes are not given
-    /// back): `taken` may count a few bytes after the end.
-    struct Step {
-        var taken: Int
-        var ended: Bool
-    }
-
     private let state: UnsafeMutablePointer<inflate_state>
 
     init() {
@@ -447,10 +411,12 @@ final class IgzipInflater {
     /// Inflates `count` bytes at `start` through `output`, passing each piece produced to
     /// `write` with the input bytes taken so far in this call. Stops when the input is used up
     /// (the stream wants more) or the stream ends. A damaged stream throws `damaged(status)`.
+    /// igzip reads ahead and gives back at the end only part of what it read past the stream
+    /// (up to about 6 bytes are not given back): `taken` may count a few bytes after the end.
     func inflate(
         _ start: UnsafeMutablePointer<UInt8>, count: Int, into output: inout [UInt8],
         write: (UnsafeRawBufferPointer, Int) throws -> Void, damaged: (Int32) -> any Error
-    ) throws -> Step {
+    ) throws -> InflateStep {
         state.pointee.next_in = start
         state.pointee.avail_in = UInt32(count)
         while true {
@@ -467,11 +433,11 @@ final class IgzipInflater {
                 let taken = ended ? count : count - Int(state.pointee.avail_in)
                 try output.withUnsafeBytes { try write(UnsafeRawBufferPointer(rebasing: $0[0..<produced]), max(0, taken)) }
             }
-            if ended { return Step(taken: max(0, count - Int(state.pointee.avail_in)), ended: true) }
+            if ended { return InflateStep(taken: max(0, count - Int(state.pointee.avail_in)), ended: true) }
             // Not full: it took what it could and wants more input.
             if produced < output.count && (state.pointee.avail_in == 0 || state.pointee.avail_in == before) { break }
         }
-        return Step(taken: count - Int(state.pointee.avail_in), ended: false)
+        return InflateStep(taken: count - Int(state.pointee.avail_in), ended: false)
     }
 }
 #endif

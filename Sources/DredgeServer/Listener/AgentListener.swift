@@ -95,7 +95,8 @@ public final class AgentListener: Service, Sendable {
             "address": "\(host):\(bound.port ?? port)", "max_agents": "\(gate.caps.authenticated)", "max_unauthenticated": "\(gate.caps.unauthenticated)",
             "threads": "control \(threads.control), uploads \(threads.uploads), unpack \(threads.unpack)",
         ])
-        let goodbye = WireFrame.with { $0.goodbye = .with { $0.reason = "server shutting down" } }
+        let goodbye = "server shutting down"
+        var failure: (any Error)?
         do {
             try await withGracefulShutdownHandler {
                 try await withTaskCancellationHandler {
@@ -114,14 +115,13 @@ public final class AgentListener: Service, Sendable {
                 self.connections.closeAll(saying: goodbye)
             }
         } catch {
-            connections.closeAll(saying: goodbye)
-            await connections.drained()
-            await work.shutdown()
-            throw error
+            failure = error
         }
+        // Every connection ends (its cleanup uses the pools) before the pools stop.
         connections.closeAll(saying: goodbye)
         await connections.drained()
         await work.shutdown()
+        if let failure { throw failure }
     }
 
     /// A new TCP connection: refused (closed before TLS) over its address's cap, else counted,
@@ -423,18 +423,15 @@ final class ConnectionSet: @unchecked Sendable {
         }
     }
 
-    /// Says `frame` to every connection and closes it (after a few seconds at the latest, if
-    /// the peer does not read); connections inserted later are closed at once. Acts once.
-    func closeAll(saying frame: WireFrame) {
+    /// Says `Goodbye` to every connection and closes it (``AgentConnections/close(_:saying:)``);
+    /// connections inserted later are closed at once. Acts once.
+    func closeAll(saying reason: String) {
         let all = lock.withLock { () -> [any Channel] in
             if closing { return [] }
             closing = true
             return Array(channels.values)
         }
-        for channel in all {
-            channel.writeAndFlush(frame).whenComplete { _ in channel.close(promise: nil) }
-            channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
-        }
+        for channel in all { AgentConnections.close(channel, saying: reason) }
     }
 }
 
@@ -500,8 +497,7 @@ final class ConnectionSession: @unchecked Sendable {
             emit: { frames in
                 // Chunks acknowledged once written, after their frame was handled; called by
                 // one committing thread at a time, so in order.
-                for frame in frames.dropLast() { channel.write(frame, promise: nil) }
-                if let last = frames.last { channel.writeAndFlush(last, promise: nil) }
+                _ = channel.writeAndFlush(frames: frames)
             })
         uploads = made
         return made

@@ -71,8 +71,8 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
         }
     }
 
-    /// The channel closed (its close future completed, or it went inactive; either may come
-    /// first, and a channel closed before it was registered only completes the future).
+    /// The channel closed (its close future completed: also for a channel closed before NIO
+    /// registered it, which never goes inactive).
     func channelClosed() {
         let end = lock.withLock { () -> Bool in
             inactive = true
@@ -123,7 +123,7 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
                 close(after: nil)
                 continue
             }
-            let written = write(outcome.frames)
+            let written = channel.writeAndFlush(frames: outcome.frames)
             if let agentID = outcome.registered { session.startDelivery(agentID) }
             if outcome.close {
                 close(after: written)
@@ -136,27 +136,11 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
         }
     }
 
-    /// Writes `frames` and flushes; the future of the last.
-    private func write(_ frames: [WireFrame]) -> EventLoopFuture<Void>? {
-        guard let last = frames.last else { return nil }
-        for frame in frames.dropLast() { channel.write(frame, promise: nil) }
-        return channel.writeAndFlush(last)
-    }
-
     /// Drops further input (queued frames too) and closes the channel once `written` is (at
     /// once if nil); closes anyway after a few seconds if the peer does not read.
     private func close(after written: EventLoopFuture<Void>?) {
         lock.withLock { closing = true }
-        let channel = self.channel
-        if let written {
-            let fallback = channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
-            written.whenComplete { _ in
-                fallback.cancel()
-                channel.close(promise: nil)
-            }
-        } else {
-            channel.close(promise: nil)
-        }
+        channel.close(after: written)
     }
 }
 
@@ -191,11 +175,6 @@ final class ConnectionDriverHandler: ChannelDuplexHandler {
             logger.debug("agent connection ended", metadata: ["error": "\(error)", "remote": "\(driver.session.remote ?? "?")"])
             context.close(promise: nil)
         }
-    }
-
-    func channelInactive(context: ChannelHandlerContext) {
-        driver.channelClosed()
-        context.fireChannelInactive()
     }
 
     func read(context: ChannelHandlerContext) {
@@ -274,5 +253,26 @@ final class DeliveryRunner: @unchecked Sendable {  // state under `lock`
             for waiter in waiters { waiter.resume() }
             if !more { return }
         }
+    }
+}
+
+extension Channel {
+    /// Closes once `written` is done (at once if nil), or after a few seconds if the peer does
+    /// not read and the write never completes.
+    func close(after written: EventLoopFuture<Void>?) {
+        guard let written else { return close(promise: nil) }
+        let fallback = eventLoop.scheduleTask(in: .seconds(5)) { self.close(promise: nil) }
+        written.whenComplete { _ in
+            fallback.cancel()
+            self.close(promise: nil)
+        }
+    }
+
+    /// Writes `frames` in order and flushes; the future of the last write, nil when there are
+    /// none. Safe from any thread: writes made one after another keep their order.
+    func writeAndFlush(frames: [WireFrame]) -> EventLoopFuture<Void>? {
+        guard let last = frames.last else { return nil }
+        for frame in frames.dropLast() { write(frame, promise: nil) }
+        return writeAndFlush(last)
     }
 }

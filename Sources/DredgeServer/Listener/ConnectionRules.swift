@@ -280,9 +280,7 @@ final class AgentConnections: @unchecked Sendable {
 
     /// Says `Goodbye` and closes; closes anyway after a few seconds if the peer does not read.
     static func close(_ channel: any Channel, saying reason: String) {
-        let goodbye = WireFrame.with { $0.goodbye = .with { $0.reason = reason } }
-        channel.writeAndFlush(goodbye).whenComplete { _ in channel.close(promise: nil) }
-        channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
+        channel.close(after: channel.writeAndFlush(WireFrame.with { $0.goodbye = .with { $0.reason = reason } }))
     }
 
     /// Forgets the agent's connection if it is still `token`'s.

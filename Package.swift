@@ -95,13 +95,16 @@ let package = Package(
         .systemLibrary(name: "CDredgeZlib", providers: [.apt(["zlib1g-dev"])]),
         // ISA-L's inflate (igzip), for the server's unpacking of uploads as they arrive.
         .systemLibrary(name: "CDredgeISAL", providers: [.apt(["libisal-dev"])]),
+        // The one system call Swift's Glibc module does not declare: starting writeback early
+        // (sync_file_range), so a long durable write's last fsync waits for little.
+        .target(name: "CDredgeSystem"),
         // The payload both ends share, without the client store: the manifest, extraction with
         // limits (of a finished zip, or front to back while it arrives), sealing an upload into chunks and reassembling it, sealed export files, and
         // durable file writes.
         .target(
             name: "DredgePayload",
             dependencies: [
-                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "CDredgeZlib",
+                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "CDredgeZlib", "CDredgeSystem",
                 .target(name: "CDredgeISAL", condition: .when(traits: ["Server"])),
                 .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),

@@ -73,7 +73,7 @@ public enum ServerRuntime {
         }
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
-            port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, landed: { indexer.landed($0) })
+            port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, issuer: stores.issuer, landed: { indexer.landed($0) })
         let admin = try AdminAPI.application(
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer,
             feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: stores.records, indexer: indexer,

@@ -62,7 +62,7 @@ final class InProcessServer: @unchecked Sendable {
         listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
-            landed: { indexer.landed($0) })
+            issuer: issuer, landed: { indexer.landed($0) })
         let adminPort = Mutex<Int?>(nil)
         let app = try AdminAPI.application(
             registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,

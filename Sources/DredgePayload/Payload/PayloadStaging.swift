@@ -23,7 +23,7 @@ final class PayloadStaging {
     private var written: Int64 = 0
     private var lines = 0
     private var lastByte: UInt8 = 10
-    private var handle: FileHandle?
+    private var file: BufferedFile?
 
     init(directory: String, limits: PayloadLimits) {
         self.directory = directory
@@ -57,17 +57,8 @@ final class PayloadStaging {
         written = 0
         lines = 0
         lastByte = 10
-        if isManifest {
-            handle = nil
-        } else {
-            let path = directory + "/" + name
-            guard FileManager.default.createFile(atPath: path, contents: nil) else { throw ExportError(.io, "cannot create \(path)") }
-            do {
-                handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
-            } catch {
-                throw PayloadExtractor.fileError(error, "opening \(name)")
-            }
-        }
+        // Buffered, with write-behind, so the fsync that ends the entry has little to wait for.
+        file = isManifest ? nil : try BufferedFile(creating: directory + "/" + name)
     }
 
     /// Inflated bytes of the current entry. `compressedSoFar` is the entry's compressed bytes
@@ -88,7 +79,7 @@ final class PayloadStaging {
         } else {
             lines += Self.newlines(in: data)
             lastByte = data.last ?? lastByte
-            do { try handle?.write(contentsOf: data) } catch { throw PayloadExtractor.fileError(error, "writing \(name)") }
+            try file?.write(data)
         }
     }
 
@@ -120,23 +111,18 @@ final class PayloadStaging {
         guard crc == declaredCRC else {
             throw Self.invalid("\(name) does not match its CRC-32 (\(String(crc, radix: 16)) computed, \(String(declaredCRC, radix: 16)) in the zip)")
         }
-        if let handle {
-            self.handle = nil
-            do {
-                try handle.synchronize()
-                try handle.close()
-            } catch {
-                throw PayloadExtractor.fileError(error, "writing \(name)")
-            }
+        if let file {
+            self.file = nil
+            try file.close()
             guard lastByte == 10 else { throw Self.invalid("\(name) does not end with a newline") }
             dayFiles[name] = (Int(written), lines)
         }
     }
 
-    /// Closes a file left open by an entry that failed.
+    /// Closes a file left open by an entry that failed (being thrown away with its directory,
+    /// unflushed and unsynced).
     func abandon() {
-        if let handle { try? handle.close() }  // being thrown away with its directory; the first error is the one reported
-        handle = nil
+        file = nil
     }
 
     /// The manifest, checked against the day files staged: the same days, each with its

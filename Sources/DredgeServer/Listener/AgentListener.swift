@@ -46,11 +46,12 @@ public final class AgentListener: Service, Sendable {
         logger: Logger,
         host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil,
         connectionLimits: ConnectionLimits? = nil, threads: WorkThreads? = nil, openFiles: Int = ServerRuntime.openFileLimit(),
-        landed: @escaping @Sendable (IndexedSource) -> Void = { _ in }
+        issuer: CommandIssuer? = nil, landed: @escaping @Sendable (IndexedSource) -> Void = { _ in }
     ) {
         self.landed = landed
         self.deployment = deployment
-        self.issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
+        // The admin API's issuer, so the keys of the pulls it just made are known here.
+        self.issuer = issuer ?? CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
         self.paths = DataDirectory(deployment.directory)
         self.feedbackLimits = feedbackLimits ?? deployment.config.feedback ?? .default
         self.connectionLimits = connectionLimits ?? deployment.config.connections ?? .default

@@ -75,6 +75,8 @@ final class ConnectionUploads: @unchecked Sendable {
     private var idleWaiters: [CheckedContinuation<Void, Never>] = []
     /// The last status write queued; each waits for the one before it.
     private var recording: Task<Void, Never>?
+    /// Finished uploads' chunk directories being removed, one after another.
+    private var removing: Task<Void, Never>?
     /// Per upload, the `chunks_received` last queued for writing (touched by the committer only).
     private var recordedCount: [String: Int] = [:]
     /// Where acknowledgements of chunks written after their frame was handled go.
@@ -341,6 +343,28 @@ final class ConnectionUploads: @unchecked Sendable {
         while let task = chunks.withLock({ recording }) {
             await task.value
             if chunks.withLock({ recording == task }) { break }
+        }
+        while let task = chunks.withLock({ removing }) {
+            await task.value
+            if chunks.withLock({ removing == task }) { break }
+        }
+    }
+
+    /// Removes a landed upload's chunks while its result goes out, after the removals asked
+    /// before. Removing an 80 MB upload's 300 chunk files took 45 ms, two thirds of the time
+    /// between its last chunk and its result. ``settled()`` waits for it, so the connection's
+    /// next upload frame, and its end (and so the server's shutdown), come after it.
+    private func removeAfterResult(_ directory: String, uploadID: String) {
+        chunks.withLock {
+            let previous = removing
+            removing = Task { [blocking, logger] in
+                await previous?.value
+                do {
+                    try await blocking.runIfActive { try FileManager.default.removeItem(atPath: directory) }
+                } catch {
+                    logger.warning("could not remove a finished upload's chunks", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+                }
+            }
         }
     }
 
@@ -680,12 +704,7 @@ final class ConnectionUploads: @unchecked Sendable {
                 throw ExportError(.uploadInvalid, "\(what) \(uploadID) ended before its upload finished")
             }
             landed(IndexedSource(kind: isFeedback ? .feedback : .pull, id: uploadID, agentID: agentID))
-            let chunks = try paths.inside(assembler.directory)
-            do {
-                try await blocking.runIfActive { try FileManager.default.removeItem(atPath: chunks) }
-            } catch {
-                logger.warning("could not remove a finished upload's chunks", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
-            }
+            removeAfterResult(try paths.inside(assembler.directory), uploadID: uploadID)
             logger.info("\(what) complete", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "records": "\(payload.manifest.recordCount)"])
             return .with { $0.uploadID = uploadID; $0.ok = true; $0.files = UInt32(payload.files.count); $0.records = UInt64(payload.manifest.recordCount) }
         } catch {

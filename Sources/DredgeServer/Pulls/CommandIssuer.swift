@@ -3,29 +3,49 @@ import DredgeDomain
 import DredgeEnvelope
 import DredgeWire
 import Foundation
+import Synchronization
 
 /// The server's cryptography for pulls, kept out of storage: it makes each pull's AES key
 /// (stored only wrapped under the server's encryption key), and turns a stored pull into the
 /// signed command for one agent (the key rewrapped under that agent's public key).
+///
+/// The keys of the pulls made or delivered lately are kept in memory (``recentKeys``, at
+/// most ``recentKeyCount``), so delivering a command usually costs no RSA private-key
+/// operation: unwrapping took 1.5–3 ms of CPU on the path from `POST /v1/pulls` to the agent,
+/// once per target agent. Copies of one issuer share them; the server makes one.
 public struct CommandIssuer: Sendable {
     let encryptionKey: RSAPrivateKey
     let signingKey: ServerSigningKey
+    /// The encryption key's public half, parsed once.
+    private let encryptionPublicKey: RSAPublicKey
+    let recentKeys: RecentKeys
+
+    public static let recentKeyCount = 1_024
 
     public init(encryptionKey: RSAPrivateKey, signingKey: ServerSigningKey) {
         self.encryptionKey = encryptionKey
         self.signingKey = signingKey
+        encryptionPublicKey = encryptionKey.publicKey
+        recentKeys = RecentKeys(capacity: Self.recentKeyCount)
     }
 
     /// A new pull with a fresh id and key, ready to queue.
     public func newPull(uid: String, agentID: String, filter: LogFilter, targets: [String], lifetime: Duration, requestedBy: String, now: Timestamp = .now) throws -> NewPull {
-        NewPull(
+        let key = SymmetricKey.uploadKey()
+        let wrapped = try encryptionPublicKey.wrapKey(key)
+        recentKeys.insert(key, for: wrapped)
+        return NewPull(
             id: Hex.encode(secureRandomBytes(16)), uid: uid, agentID: agentID, filter: filter, issuedAt: now, expiresAt: now.adding(lifetime),
-            wrappedKey: try encryptionKey.publicKey.wrapKey(SymmetricKey.uploadKey()), requestedBy: requestedBy, targets: targets)
+            wrappedKey: wrapped, requestedBy: requestedBy, targets: targets)
     }
 
-    /// A pull's AES key, from its wrapped form.
+    /// A pull's AES key, from its wrapped form (from memory when this issuer wrapped or
+    /// unwrapped it lately).
     public func key(_ wrapped: [UInt8]) throws -> SymmetricKey {
-        try encryptionKey.unwrapKey(wrapped)
+        if let known = recentKeys.key(for: wrapped) { return known }
+        let key = try encryptionKey.unwrapKey(wrapped)
+        recentKeys.insert(key, for: wrapped)
+        return key
     }
 
     /// The signed command of `pull` for `agent`. Throws ``UnreadablePull`` when its key does
@@ -33,7 +53,7 @@ public struct CommandIssuer: Sendable {
     public func command(_ pull: StoredPull, agent: String, agentKey: RSAPublicKey) throws -> WirePullCommand {
         let key: SymmetricKey
         do {
-            key = try encryptionKey.unwrapKey(pull.wrappedKey)
+            key = try self.key(pull.wrappedKey)
         } catch {
             throw UnreadablePull("the key of pull \(pull.id) does not unwrap: \(error)")
         }
@@ -47,5 +67,41 @@ public struct CommandIssuer: Sendable {
         command.wrappedKey = Data(try agentKey.wrapKey(key))
         try signingKey.sign(&command)
         return command
+    }
+}
+
+/// Pull keys by their wrapped form, the most recent ``capacity`` kept (the oldest inserted
+/// goes first). A wrapped form is random (RSA-OAEP), so it names one key of one server key.
+final class RecentKeys: Sendable {
+    private struct State {
+        var keys: [[UInt8]: SymmetricKey] = [:]
+        var order: [[UInt8]] = []
+        var next = 0
+    }
+
+    let capacity: Int
+    private let state = Mutex(State())
+
+    init(capacity: Int) {
+        self.capacity = max(1, capacity)
+    }
+
+    var count: Int { state.withLock { $0.keys.count } }
+
+    func key(for wrapped: [UInt8]) -> SymmetricKey? {
+        state.withLock { $0.keys[wrapped] }
+    }
+
+    func insert(_ key: SymmetricKey, for wrapped: [UInt8]) {
+        state.withLock { s in
+            guard s.keys.updateValue(key, forKey: wrapped) == nil else { return }
+            if s.order.count < capacity {
+                s.order.append(wrapped)
+            } else {
+                s.keys[s.order[s.next]] = nil
+                s.order[s.next] = wrapped
+                s.next = (s.next + 1) % capacity
+            }
+        }
     }
 }

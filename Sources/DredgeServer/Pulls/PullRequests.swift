@@ -29,8 +29,13 @@ extension PullQueue {
     /// agent (with a uid too, that agent's records of the uid). Recorded in the audit log under
     /// `requestedBy`. Once the pull is stored it is returned: a late join that fails is logged
     /// (the agent joins on its next connection, whose first heartbeat carries its report).
+    ///
+    /// `queued` is told the targets as soon as the pull is stored, before the rest (late
+    /// joiners, the record read back), so their delivery starts at once; the caller wakes the
+    /// targets it returns that `queued` was not told of.
     public func create(
-        _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, logger: Logger, now: Timestamp = .now
+        _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, logger: Logger, now: Timestamp = .now,
+        queued: ([String]) -> Void = { _ in }
     ) async throws -> PullRecord {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
         let agent = request.agent.flatMap { $0.isEmpty ? nil : $0 }
@@ -57,6 +62,7 @@ extension PullQueue {
             uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
         pull.reason = request.reason ?? ""
         try await create(pull)
+        queued(agents)
         if let uid, agent == nil {
             // An agent whose heartbeat added the uid between the lookup above and the pull's
             // creation found no pull to join: join it now (the heartbeat writes the registry,

@@ -552,9 +552,9 @@ extension UploadStatusTests {
             return (upload, try await LinkAgent.send(upload, over: link).result)
         }
         #expect(first.ok && first.files > 0 && first.records > 0, "\(first)")
-        // Its chunks are removed after the result went out, not before.
+        // Its chunks are removed (by the connection, well before the janitor's first sweep).
         let chunks = try DataDirectory(server.data).upload(first.uploadID, agent: a.agentID)
-        #expect(try await PullOutcomeTests.waitFor { !FileManager.default.fileExists(atPath: chunks) }, "a landed upload's chunks are removed")
+        #expect(try await PullOutcomeTests.waitFor(.seconds(5)) { !FileManager.default.fileExists(atPath: chunks) }, "a landed upload's chunks are removed")
         let again = try await a.connect { link in try await LinkAgent.send(upload, over: link).result }
         #expect(again == first)
     }

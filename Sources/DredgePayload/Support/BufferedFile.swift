@@ -69,7 +69,8 @@ package final class BufferedFile {
     package func close() throws {
         try flush()
         guard fsync(fd) == 0 else { throw ExportError(errno == ENOSPC ? .diskFull : .io, "fsync \(path): \(String(cString: strerror(errno)))") }
-        Glibc.close(fd)
+        let closed = Glibc.close(fd)
         fd = -1
+        guard closed == 0 else { throw ExportError(errno == ENOSPC ? .diskFull : .io, "closing \(path): \(String(cString: strerror(errno)))") }
     }
 }

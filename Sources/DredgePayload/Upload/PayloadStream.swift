@@ -19,8 +19,8 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     public typealias Schedule = @Sendable (_ work: @escaping @Sendable (_ run: Bool) -> Void) -> Void
 
     /// Small, because it is what is left to unpack when the last chunk arrives: with 8 MiB an
-    /// 80 MB upload's files were ready 20–80 ms after its last chunk, with 2 MiB 4–14 ms, and
-    /// the upload was no slower (docs/benchmarks.md).
+    /// 80 MB upload still had 6–78 ms of unpacking to do after its last chunk, with 2 MiB
+    /// 4–14 ms, and the upload was no slower (docs/benchmarks.md).
     public static let maxPendingBytes = 2 << 20
 
     public let staging: String

@@ -61,10 +61,10 @@ public enum AdminAPI {
         v1.post("pulls") { request, context in
             let body = try await decode(PullRequest.self, from: request)
             let pull: PullRecord
-            var woken: [String] = []
+            var woken: Set<String> = []
             do {
                 pull = try await pulls.create(body, registry: registry, issuer: issuer, requestedBy: context.tokenName ?? "?", logger: logger) { targets in
-                    woken = targets
+                    woken = Set(targets)
                     dispatcher.wake(targets)
                 }
             } catch let error as PullRequestError {

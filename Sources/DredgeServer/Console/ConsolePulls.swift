@@ -110,11 +110,11 @@ extension Console {
             let form = try await formFields(request, context)
             return try await asPoster(request, form, library, d) { session in
                 let pull: PullRecord
-                var woken: [String] = []
+                var woken: Set<String> = []
                 do {
                     let asked = try pullRequest(form, now: .now).get()
                     pull = try await d.pulls.create(asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger) { targets in
-                        woken = targets
+                        woken = Set(targets)
                         d.dispatcher.wake(targets)
                     }
                 } catch let error as PullRequestError {

@@ -25,7 +25,7 @@ package final class BufferedFile {
     package init(creating path: String) throws {
         self.path = path
         fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw ExportError(errno == ENOSPC ? .diskFull : .io, "cannot create \(path): \(String(cString: strerror(errno)))") }
+        guard fd >= 0 else { throw DurableFile.failure("cannot create \(path)") }
         buffer.reserveCapacity(1 << 20)
     }
 
@@ -45,7 +45,7 @@ package final class BufferedFile {
         var done = 0
         while done < buffer.count {
             let n = buffer[done...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            guard n > 0 else { throw ExportError(errno == ENOSPC ? .diskFull : .io, "writing \(path): \(String(cString: strerror(errno)))") }
+            guard n > 0 else { throw DurableFile.failure("writing \(path)") }
             done += n
         }
         flushed += UInt64(buffer.count)
@@ -62,15 +62,15 @@ package final class BufferedFile {
     package func patch(_ bytes: [UInt8], at position: UInt64) throws {
         try flush()
         let n = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, off_t(position)) }
-        guard n == bytes.count else { throw ExportError(errno == ENOSPC ? .diskFull : .io, "patching \(path): \(String(cString: strerror(errno)))") }
+        guard n == bytes.count else { throw DurableFile.failure("patching \(path)") }
     }
 
     /// Flushes, fsyncs and closes the file; nothing may be written after.
     package func close() throws {
         try flush()
-        guard fsync(fd) == 0 else { throw ExportError(errno == ENOSPC ? .diskFull : .io, "fsync \(path): \(String(cString: strerror(errno)))") }
+        guard fsync(fd) == 0 else { throw DurableFile.failure("fsync \(path)") }
         let closed = Glibc.close(fd)
         fd = -1
-        guard closed == 0 else { throw ExportError(errno == ENOSPC ? .diskFull : .io, "closing \(path): \(String(cString: strerror(errno)))") }
+        guard closed == 0 else { throw DurableFile.failure("closing \(path)") }
     }
 }

@@ -48,7 +48,9 @@ public enum DurableFile {
         guard fsync(dfd) == 0 else { throw failure("fsync \(directory)") }
     }
 
-    private static func failure(_ what: String) -> ExportError {
+    /// The failure `errno` says, doing `what`: a full disk (or quota) is ``ExportError/Code/diskFull``,
+    /// anything else ``ExportError/Code/io``. Shared with ``BufferedFile``.
+    static func failure(_ what: String) -> ExportError {
         let code = errno
         return ExportError(code == ENOSPC || code == EDQUOT ? .diskFull : .io, "\(what): \(String(cString: strerror(code)))")
     }

@@ -61,20 +61,14 @@ public enum AdminAPI {
         v1.post("pulls") { request, context in
             let body = try await decode(PullRequest.self, from: request)
             let pull: PullRecord
-            var woken: Set<String> = []
             do {
-                pull = try await pulls.create(body, registry: registry, issuer: issuer, requestedBy: context.tokenName ?? "?", logger: logger) { targets in
-                    woken = Set(targets)
-                    dispatcher.wake(targets)
-                }
+                pull = try await pulls.create(body, registry: registry, issuer: issuer, requestedBy: context.tokenName ?? "?", logger: logger) { dispatcher.wake($0) }
             } catch let error as PullRequestError {
                 switch error {
                 case .unknownAgent: throw AdminAPIError(.notFound, "no_agent", error.description)
                 case .noTarget, .invalid: throw AdminAPIError(.badRequest, "bad_request", error.description)
                 }
             }
-            // Agents that joined after the targets were woken (they came to hold the uid meanwhile).
-            dispatcher.wake(pull.targets.map(\.agentID).filter { !woken.contains($0) })
             logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)"])
             return try json(pull, status: .created)
         }

@@ -110,17 +110,12 @@ extension Console {
             let form = try await formFields(request, context)
             return try await asPoster(request, form, library, d) { session in
                 let pull: PullRecord
-                var woken: Set<String> = []
                 do {
                     let asked = try pullRequest(form, now: .now).get()
-                    pull = try await d.pulls.create(asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger) { targets in
-                        woken = Set(targets)
-                        d.dispatcher.wake(targets)
-                    }
+                    pull = try await d.pulls.create(asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger) { d.dispatcher.wake($0) }
                 } catch let error as PullRequestError {
                     return try await newPullPage(session, form, problem: sentence(error), status: .badRequest)
                 }
-                d.dispatcher.wake(pull.targets.map(\.agentID).filter { !woken.contains($0) })
                 d.logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)", "from": "console"])
                 return redirect("/console/pulls/\(pull.id)")
             }

@@ -340,13 +340,16 @@ final class ConnectionUploads: @unchecked Sendable {
             }
             if now { continuation.resume() }
         }
-        while let task = chunks.withLock({ recording }) {
+        await lastOf { $0.recording }
+        await lastOf { $0.removing }
+    }
+
+    /// Waits for the chain of tasks `chain` names (each waits for the one before it) until its
+    /// last one is done, including any added meanwhile.
+    private func lastOf(_ chain: (ConnectionUploads) -> Task<Void, Never>?) async {
+        while let task = chunks.withLock({ chain(self) }) {
             await task.value
-            if chunks.withLock({ recording == task }) { break }
-        }
-        while let task = chunks.withLock({ removing }) {
-            await task.value
-            if chunks.withLock({ removing == task }) { break }
+            if chunks.withLock({ chain(self) == task }) { break }
         }
     }
 

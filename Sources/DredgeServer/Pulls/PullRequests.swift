@@ -30,12 +30,11 @@ extension PullQueue {
     /// `requestedBy`. Once the pull is stored it is returned: a late join that fails is logged
     /// (the agent joins on its next connection, whose first heartbeat carries its report).
     ///
-    /// `queued` is told the targets as soon as the pull is stored, before the rest (late
-    /// joiners, the record read back), so their delivery starts at once; the caller wakes the
-    /// targets it returns that `queued` was not told of.
+    /// `wake` is told the targets as soon as the pull is stored (before the record is read
+    /// back), so their delivery starts at once, and each agent that joins late when it joins.
     public func create(
         _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, logger: Logger, now: Timestamp = .now,
-        queued: ([String]) -> Void = { _ in }
+        wake: ([String]) -> Void = { _ in }
     ) async throws -> PullRecord {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
         let agent = request.agent.flatMap { $0.isEmpty ? nil : $0 }
@@ -62,7 +61,7 @@ extension PullQueue {
             uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
         pull.reason = request.reason ?? ""
         try await create(pull)
-        queued(agents)
+        wake(agents)
         if let uid, agent == nil {
             // An agent whose heartbeat added the uid between the lookup above and the pull's
             // creation found no pull to join: join it now (the heartbeat writes the registry,
@@ -70,7 +69,7 @@ extension PullQueue {
             // the other).
             do {
                 for late in try await registry.agentIDs(withUID: uid) where !agents.contains(late) {
-                    _ = try await adopt(agent: late, uids: [uid], now: now)
+                    if try await adopt(agent: late, uids: [uid], now: now).contains(pull.id) { wake([late]) }
                 }
             } catch {
                 logger.warning("pull queued; agents that came to hold its uid meanwhile join it later", metadata: ["pull.id": "\(pull.id)", "error": "\(error)"])

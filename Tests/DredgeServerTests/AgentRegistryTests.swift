@@ -60,4 +60,57 @@ import Testing
         #expect(try await registry.agentIDs(withUID: "u-2") == [a])
         #expect(try await registry.agentIDs(withUID: "u-1").isEmpty)
     }
+
+    /// A flush of many held heartbeats is written in transactions of at most
+    /// ``AgentRegistry/heldPerTransaction`` rows, so other writes wait for one batch, not the
+    /// whole flush; every row gets its own time and count.
+    @Test func aLargeFlushIsWrittenInBatchesAndLosesNoHeartbeat() async throws {
+        let dir = TempDir()
+        let database = try ServerDatabase(directory: dir.path)
+        let registry = AgentRegistry(database, heartbeatFlush: .seconds(3600))
+        let first = try await registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "a" })
+        // More agents than two batches hold, copied from the enrolled one (an RSA key each
+        // would take the test seconds).
+        let count = 2 * AgentRegistry.heldPerTransaction + 22
+        let ids = [first] + (1..<count).map { String(format: "agent-%04d", $0) }
+        try await database.pool.write { db in
+            for id in ids.dropFirst() {
+                try db.execute(
+                    sql: """
+                        INSERT INTO agent (id, public_key, hostname, os, app, app_version, enrolled_at, labels)
+                        SELECT ?, randomblob(32), hostname, os, app, app_version, enrolled_at, labels FROM agent WHERE id = ?
+                        """,
+                    arguments: [id, first])
+            }
+        }
+        for id in ids { try await registry.heartbeat(id, .with { $0.activeUids = ["u-1"] }, now: Date(timeIntervalSince1970: 100)) }
+        for (i, id) in ids.enumerated() {
+            try await registry.heartbeat(id, .with { $0.activeUids = ["u-1"]; $0.stats.records = UInt64(i) }, now: Date(timeIntervalSince1970: 200 + Double(i)))
+        }
+        let commits = CommitCounter()
+        database.pool.add(transactionObserver: commits)
+        try await registry.flushHeartbeats()
+        #expect(commits.count == (count + AgentRegistry.heldPerTransaction - 1) / AgentRegistry.heldPerTransaction)
+        let rows = try await database.pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT id, last_heartbeat_at, store_records FROM agent").map { (String.fromDatabaseValue($0[0]) ?? "", Double.fromDatabaseValue($0[1]), Int.fromDatabaseValue($0[2])) }
+        }
+        #expect(rows.count == count)
+        for (i, id) in ids.enumerated() {
+            let row = try #require(rows.first { $0.0 == id })
+            #expect(row.1 == 200 + Double(i) && row.2 == i, "agent \(id)")
+        }
+    }
+}
+
+/// Counts the transactions committed that changed the agent table.
+final class CommitCounter: TransactionObserver, @unchecked Sendable {
+    private let lock = NSLock()
+    private var changed = false
+    private var commits = 0
+    var count: Int { lock.withLock { commits } }
+
+    func observes(eventsOfKind eventKind: DatabaseEventKind) -> Bool { eventKind.tableName == "agent" }
+    func databaseDidChange(with event: DatabaseEvent) { lock.withLock { changed = true } }
+    func databaseDidCommit(_ db: Database) { lock.withLock { if changed { commits += 1 }; changed = false } }
+    func databaseDidRollback(_ db: Database) { lock.withLock { changed = false } }
 }

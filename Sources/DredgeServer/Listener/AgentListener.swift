@@ -84,6 +84,8 @@ public final class AgentListener: Service, Sendable {
             server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .childChannelOption(.socketOption(.so_keepalive), value: 1)
+                // NIOSSL's buffers in slots of their own: an idle agent's unwritten pages stay out of memory.
+                .childChannelOption(.allocator, value: ConnectionBuffers.allocator)
                 .bind(host: host, port: port) { channel in
                     self.admit(channel, tls: sslContext, work: work)
                 }
@@ -266,11 +268,14 @@ public final class AgentListener: Service, Sendable {
     /// The signed command of one pull for one agent; nil when it cannot be made now. A pull
     /// that can never be sent (``UnreadablePull``) is failed for that agent with the
     /// reason; any other error is logged and the pull waits for the next wake. The RSA wrap and
-    /// the signature run on the control pool.
+    /// the signature run on the control pool. The agent's key and the stored pull are read at
+    /// once (one wait on the database, not two in a row).
     private func command(_ pullID: String, for agentID: String, work: ServerWork) async -> WireFrame? {
         do {
-            guard let key = try await registry.publicKey(of: agentID) else { throw UnreadablePull("agent \(agentID) is not enrolled") }
-            let stored = try await pulls.storedPull(pullID)
+            async let agentKey = registry.publicKey(of: agentID)
+            async let storedPull = pulls.storedPull(pullID)
+            guard let key = try await agentKey else { throw UnreadablePull("agent \(agentID) is not enrolled") }
+            let stored = try await storedPull
             let command = try await work.control.runIfActive { [issuer] in try issuer.command(stored, agent: agentID, agentKey: key) }
             return .with { $0.pullCommand = command }
         } catch let error as UnreadablePull {

@@ -1,0 +1,140 @@
+import Glibc
+@_spi(CustomByteBufferAllocator) import NIOCore
+import Synchronization
+
+/// The byte buffers of agent connections, so an idle connection keeps resident only the pages
+/// it has written.
+///
+/// Every TLS connection gets a 32 KiB plaintext read buffer and a 16 KiB outbound buffer from
+/// NIOSSL when it starts, and keeps them for life; an idle agent writes a page or two of each.
+/// From glibc's heap those buffers sit among the small allocations of every other connection
+/// (and the handshake's, freed), so the pages they span are resident whether or not they were
+/// written. Here buffers of exactly those two sizes come from slots of their own: a region of
+/// address space reserved once per size, whose pages the kernel provides on first write. A
+/// freed slot is reused first (an upload's copy-on-write read buffers cost no system call);
+/// past ``keptWarm`` free slots of a size, a freed slot's pages are given back to the system
+/// (a fleet disconnecting at once does not stay resident). Every other size, and either size
+/// once its region is full, is glibc's `malloc` as before.
+///
+/// The hooks are C functions (NIO's `CustomByteBufferAllocator` interface), so the slots are
+/// process-wide.
+enum ConnectionBuffers {
+    /// The allocator of agent connections' channels (`ChannelOptions.allocator`).
+    static let allocator = ByteBufferAllocator(
+        allocate: { size in ConnectionBuffers.allocate(size) },
+        reallocate: { pointer, old, new in ConnectionBuffers.reallocate(pointer, old: old, new: new) },
+        deallocate: { pointer in ConnectionBuffers.deallocate(pointer) },
+        copy: { destination, source, count in destination.copyMemory(from: source, byteCount: count) })
+
+    /// Slots per size: more than the connections a server can hold (one file descriptor each).
+    static let slotsPerSize = 65_536
+    /// Free slots of a size whose pages stay resident, for reuse.
+    static let keptWarm = 1_024
+
+    /// NIOSSL's read buffer (two TLS records) and its outbound buffer (one record).
+    static let sizes = [
+        Slots(slotSize: 32 * 1024, count: slotsPerSize, keptWarm: keptWarm), Slots(slotSize: 16 * 1024, count: slotsPerSize, keptWarm: keptWarm),
+    ]
+
+    static func slots(sized size: Int) -> Slots? {
+        sizes.first { $0.slotSize == size && $0.isReserved }
+    }
+
+    static func slots(holding pointer: UnsafeMutableRawPointer) -> Slots? {
+        sizes.first { $0.holds(pointer) }
+    }
+
+    static func allocate(_ size: Int) -> UnsafeMutableRawPointer? {
+        if let slot = slots(sized: size)?.take() { return slot }
+        return malloc(size)
+    }
+
+    static func reallocate(_ pointer: UnsafeMutableRawPointer?, old: Int, new: Int) -> UnsafeMutableRawPointer? {
+        guard let pointer else { return allocate(new) }
+        if let from = slots(holding: pointer) {
+            if new == from.slotSize { return pointer }
+            guard let moved = allocate(new) else { return nil }
+            moved.copyMemory(from: pointer, byteCount: min(old, new, from.slotSize))
+            from.give(pointer)
+            return moved
+        }
+        if let to = slots(sized: new), let moved = to.take() {
+            moved.copyMemory(from: pointer, byteCount: min(old, new))
+            free(pointer)
+            return moved
+        }
+        return realloc(pointer, new)
+    }
+
+    static func deallocate(_ pointer: UnsafeMutableRawPointer) {
+        if let from = slots(holding: pointer) {
+            from.give(pointer)
+        } else {
+            free(pointer)
+        }
+    }
+
+    /// A reserved region of `count` slots of `slotSize` bytes. Nothing is reserved (every
+    /// allocation goes to `malloc`) if the system refuses the address space.
+    final class Slots: Sendable {
+        let slotSize: Int
+        let count: Int
+        let keptWarm: Int
+        /// The region's first address, 0 when nothing was reserved.
+        private let base: UInt
+        private let state = Mutex(State())
+
+        private struct State {
+            /// Slots never handed out start here.
+            var fresh = 0
+            /// Slots handed out and given back, most recent last.
+            var free: [Int32] = []
+        }
+
+        init(slotSize: Int, count: Int, keptWarm: Int) {
+            self.slotSize = slotSize
+            self.count = count
+            self.keptWarm = keptWarm
+            let length = slotSize * count
+            let region = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+            guard let region, region != UnsafeMutableRawPointer(bitPattern: -1) else {
+                base = 0
+                return
+            }
+            // One written page must not bring in a huge page.
+            _ = madvise(region, length, MADV_NOHUGEPAGE)
+            base = UInt(bitPattern: region)
+        }
+
+        var isReserved: Bool { base != 0 }
+
+        func holds(_ pointer: UnsafeMutableRawPointer) -> Bool {
+            let address = UInt(bitPattern: pointer)
+            return base != 0 && address >= base && address < base + UInt(slotSize * count)
+        }
+
+        /// A slot, or nil when every one is in use.
+        func take() -> UnsafeMutableRawPointer? {
+            let index: Int? = state.withLock { s in
+                if let reused = s.free.popLast() { return Int(reused) }
+                guard s.fresh < count else { return nil }
+                defer { s.fresh += 1 }
+                return s.fresh
+            }
+            return index.flatMap { UnsafeMutableRawPointer(bitPattern: base + UInt($0 * slotSize)) }
+        }
+
+        /// Gives a slot back; its pages go back to the system first when enough are kept warm
+        /// (before it is listed free: once listed, another thread may write it).
+        func give(_ pointer: UnsafeMutableRawPointer) {
+            let index = Int32((UInt(bitPattern: pointer) - base) / UInt(slotSize))
+            if state.withLock({ $0.free.count >= keptWarm }) {
+                _ = madvise(pointer, slotSize, MADV_DONTNEED)
+            }
+            state.withLock { $0.free.append(index) }
+        }
+
+        /// Slots handed out and not given back.
+        var inUse: Int { state.withLock { $0.fresh - $0.free.count } }
+    }
+}

@@ -1,0 +1,67 @@
+@testable import DredgeServer
+import NIOCore
+import Testing
+
+@Suite struct ConnectionBuffersTests {
+    /// A slot is handed out once, reused first when given back, and none is handed out past
+    /// the region.
+    @Test func slotsAreHandedOutOnceAndReused() throws {
+        let slots = ConnectionBuffers.Slots(slotSize: 16 * 1024, count: 3, keptWarm: 8)
+        #expect(slots.isReserved)
+        let a = try #require(slots.take()), b = try #require(slots.take()), c = try #require(slots.take())
+        #expect(Set([a, b, c]).count == 3)
+        #expect([a, b, c].allSatisfy(slots.holds))
+        #expect(slots.take() == nil)
+        #expect(slots.inUse == 3)
+        slots.give(b)
+        #expect(slots.inUse == 2)
+        #expect(slots.take() == b)
+        let elsewhere = UnsafeMutableRawPointer.allocate(byteCount: 16, alignment: 16)
+        defer { elsewhere.deallocate() }
+        #expect(!slots.holds(elsewhere))
+    }
+
+    /// Past the slots kept warm, a slot given back loses its pages: what it held reads as
+    /// zeros when it is handed out again. A warm one keeps them.
+    @Test func slotsPastTheWarmOnesGiveTheirPagesBack() throws {
+        let slots = ConnectionBuffers.Slots(slotSize: 16 * 1024, count: 2, keptWarm: 1)
+        let warm = try #require(slots.take()), cold = try #require(slots.take())
+        warm.storeBytes(of: 0xAB, as: UInt8.self)
+        cold.storeBytes(of: 0xCD, as: UInt8.self)
+        slots.give(warm)
+        slots.give(cold)
+        #expect(try #require(slots.take()) == cold)
+        #expect(cold.load(as: UInt8.self) == 0)
+        #expect(try #require(slots.take()) == warm)
+        #expect(warm.load(as: UInt8.self) == 0xAB)
+    }
+
+    /// Buffers through the allocator keep their bytes as they grow into a slot, out of one
+    /// and past it, and as they are copied on write.
+    @Test func buffersKeepTheirBytesAcrossSlotsAndTheHeap() {
+        let allocator = ConnectionBuffers.allocator
+        var buffer = allocator.buffer(capacity: 100)
+        let bytes = (0..<70_000).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        // 100 → … → 16 KiB (a slot) → 32 KiB (a slot) → 64 KiB, 128 KiB (the heap).
+        for start in stride(from: 0, to: bytes.count, by: 1_000) {
+            buffer.writeBytes(bytes[start..<min(start + 1_000, bytes.count)])
+            #expect(buffer.readableBytesView.elementsEqual(bytes[0..<min(start + 1_000, bytes.count)]))
+        }
+        var slotted = allocator.buffer(capacity: 32 * 1024)
+        slotted.writeBytes(bytes[0..<20_000])
+        let copy = slotted
+        slotted.setBytes([1, 2, 3], at: 0)  // copy on write: a second slot
+        #expect(copy.readableBytesView.elementsEqual(bytes[0..<20_000]))
+        #expect(Array(slotted.readableBytesView.prefix(3)) == [1, 2, 3])
+        #expect(slotted.readableBytesView.dropFirst(3).elementsEqual(bytes[3..<20_000]))
+    }
+
+    /// Only NIOSSL's two buffer sizes come from slots.
+    @Test func onlyTheTwoTLSBufferSizesTakeSlots() {
+        let thirtyTwo = ConnectionBuffers.allocate(32 * 1024), sixteen = ConnectionBuffers.allocate(16 * 1024), other = ConnectionBuffers.allocate(8 * 1024)
+        #expect(thirtyTwo.map { ConnectionBuffers.slots(holding: $0)?.slotSize } == 32 * 1024)
+        #expect(sixteen.map { ConnectionBuffers.slots(holding: $0)?.slotSize } == 16 * 1024)
+        #expect(other.map { ConnectionBuffers.slots(holding: $0) == nil } == true)
+        for p in [thirtyTwo, sixteen, other].compactMap({ $0 }) { ConnectionBuffers.deallocate(p) }
+    }
+}

@@ -22,7 +22,7 @@ import Testing
     }
 
     /// Past the slots kept warm, a slot given back loses its pages: what it held reads as
-    /// zeros when it is handed out again. A warm one keeps them.
+    /// zeros when it is handed out again. A warm one keeps them and is handed out first.
     @Test func slotsPastTheWarmOnesGiveTheirPagesBack() throws {
         let slots = ConnectionBuffers.Slots(slotSize: 16 * 1024, count: 2, keptWarm: 1)
         let warm = try #require(slots.take()), cold = try #require(slots.take())
@@ -30,10 +30,19 @@ import Testing
         cold.storeBytes(of: 0xCD, as: UInt8.self)
         slots.give(warm)
         slots.give(cold)
-        #expect(try #require(slots.take()) == cold)
-        #expect(cold.load(as: UInt8.self) == 0)
+        #expect(slots.inUse == 0)
         #expect(try #require(slots.take()) == warm)
         #expect(warm.load(as: UInt8.self) == 0xAB)
+        #expect(try #require(slots.take()) == cold)
+        #expect(cold.load(as: UInt8.self) == 0)
+    }
+
+    /// A slot that is not whole pages is never reserved (giving it back would take its
+    /// neighbours' pages): every allocation of that size goes to the heap.
+    @Test func slotsThatAreNotWholePagesAreNotReserved() {
+        let slots = ConnectionBuffers.Slots(slotSize: 1_000, count: 4, keptWarm: 1)
+        #expect(!slots.isReserved)
+        #expect(slots.take() == nil)
     }
 
     /// Buffers through the allocator keep their bytes as they grow into a slot, out of one

@@ -9,12 +9,16 @@ import Synchronization
 /// NIOSSL when it starts, and keeps them for life; an idle agent writes a page or two of each.
 /// From glibc's heap those buffers sit among the small allocations of every other connection
 /// (and the handshake's, freed), so the pages they span are resident whether or not they were
-/// written. Here buffers of exactly those two sizes come from slots of their own: a region of
-/// address space reserved once per size, whose pages the kernel provides on first write. A
-/// freed slot is reused first (an upload's copy-on-write read buffers cost no system call);
-/// past ``keptWarm`` free slots of a size, a freed slot's pages are given back to the system
-/// (a fleet disconnecting at once does not stay resident). Every other size, and either size
-/// once its region is full, is glibc's `malloc` as before.
+/// written. Here buffers of exactly those two sizes (NIOSSL's, and any other buffer of the
+/// channel that is that size: a socket read buffer, a copy on write) come from slots of their
+/// own: a region of address space reserved once per size (inaccessible, so it counts against
+/// no memory limit until a slot is first handed out and made writable), whose pages the kernel
+/// provides on first write. A freed slot is reused first, warm ones before the others (an
+/// upload's copy-on-write read buffers cost no system call); past ``keptWarm`` free warm slots
+/// of a size, a freed slot's pages are given back to the system (a fleet disconnecting at once
+/// does not stay resident). Every other size, either size once its region is full or could
+/// not be reserved, and both on a system whose pages are larger than a slot, is glibc's
+/// `malloc` as before.
 ///
 /// The hooks are C functions (NIO's `CustomByteBufferAllocator` interface), so the slots are
 /// process-wide.
@@ -85,10 +89,12 @@ enum ConnectionBuffers {
         private let state = Mutex(State())
 
         private struct State {
-            /// Slots never handed out start here.
+            /// Slots never handed out (still inaccessible) start here.
             var fresh = 0
-            /// Slots handed out and given back, most recent last.
-            var free: [Int32] = []
+            /// Slots given back with their pages, most recent last (at most `keptWarm`).
+            var warm: [Int32] = []
+            /// Slots given back whose pages went back to the system.
+            var cold: [Int32] = []
         }
 
         init(slotSize: Int, count: Int, keptWarm: Int) {
@@ -96,7 +102,13 @@ enum ConnectionBuffers {
             self.count = count
             self.keptWarm = keptWarm
             let length = slotSize * count
-            let region = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+            // A slot must be whole pages: giving one back must not take its neighbours' pages.
+            let page = sysconf(Int32(_SC_PAGESIZE))
+            guard page > 0, slotSize % page == 0 else {
+                base = 0
+                return
+            }
+            let region = mmap(nil, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
             guard let region, region != UnsafeMutableRawPointer(bitPattern: -1) else {
                 base = 0
                 return
@@ -106,6 +118,10 @@ enum ConnectionBuffers {
             base = UInt(bitPattern: region)
         }
 
+        deinit {
+            if let region = UnsafeMutableRawPointer(bitPattern: base) { _ = munmap(region, slotSize * count) }
+        }
+
         var isReserved: Bool { base != 0 }
 
         func holds(_ pointer: UnsafeMutableRawPointer) -> Bool {
@@ -113,28 +129,37 @@ enum ConnectionBuffers {
             return base != 0 && address >= base && address < base + UInt(slotSize * count)
         }
 
-        /// A slot, or nil when every one is in use.
+        /// A slot, or nil when every one is in use (or a fresh one cannot be made writable).
         func take() -> UnsafeMutableRawPointer? {
-            let index: Int? = state.withLock { s in
-                if let reused = s.free.popLast() { return Int(reused) }
+            guard base != 0 else { return nil }
+            let picked: (index: Int, isFresh: Bool)? = state.withLock { s in
+                if let reused = s.warm.popLast() ?? s.cold.popLast() { return (Int(reused), false) }
                 guard s.fresh < count else { return nil }
                 defer { s.fresh += 1 }
-                return s.fresh
+                return (s.fresh, true)
             }
-            return index.flatMap { UnsafeMutableRawPointer(bitPattern: base + UInt($0 * slotSize)) }
+            guard let (index, isFresh) = picked, let slot = UnsafeMutableRawPointer(bitPattern: base + UInt(index * slotSize)) else { return nil }
+            // Made writable once, when first handed out; it stays so.
+            // (Refused, the system is out of memory: the slot is left unused, never listed.)
+            if isFresh, mprotect(slot, slotSize, PROT_READ | PROT_WRITE) != 0 { return nil }
+            return slot
         }
 
-        /// Gives a slot back; its pages go back to the system first when enough are kept warm
-        /// (before it is listed free: once listed, another thread may write it).
+        /// Gives a slot back: kept warm while fewer than `keptWarm` are, else its pages go back
+        /// to the system first (before it is listed: once listed, another thread may write it).
         func give(_ pointer: UnsafeMutableRawPointer) {
             let index = Int32((UInt(bitPattern: pointer) - base) / UInt(slotSize))
-            if state.withLock({ $0.free.count >= keptWarm }) {
-                _ = madvise(pointer, slotSize, MADV_DONTNEED)
+            let keptWarm = state.withLock { s -> Bool in
+                guard s.warm.count < self.keptWarm else { return false }
+                s.warm.append(index)
+                return true
             }
-            state.withLock { $0.free.append(index) }
+            guard !keptWarm else { return }
+            _ = madvise(pointer, slotSize, MADV_DONTNEED)
+            state.withLock { $0.cold.append(index) }
         }
 
         /// Slots handed out and not given back.
-        var inUse: Int { state.withLock { $0.fresh - $0.free.count } }
+        var inUse: Int { state.withLock { $0.fresh - $0.warm.count - $0.cold.count } }
     }
 }

@@ -79,7 +79,8 @@ enum ConnectionBuffers {
     }
 
     /// A reserved region of `count` slots of `slotSize` bytes. Nothing is reserved (every
-    /// allocation goes to `malloc`) if the system refuses the address space.
+    /// allocation goes to `malloc`) if the system refuses the address space or its pages are
+    /// larger than a slot.
     final class Slots: Sendable {
         let slotSize: Int
         let count: Int

@@ -41,7 +41,7 @@ enum ConnectionBuffers {
     ]
 
     static func slots(sized size: Int) -> Slots? {
-        sizes.first { $0.slotSize == size && $0.isReserved }
+        sizes.first { $0.slotSize == size }
     }
 
     static func slots(holding pointer: UnsafeMutableRawPointer) -> Slots? {

@@ -204,7 +204,6 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         return String(decoding: try encoder.encode(value), as: UTF8.self)
     }
 
-
     /// Held heartbeats into the database, at most ``heldPerTransaction`` rows a transaction,
     /// one transaction after the other: a pull or a chunk's progress written meanwhile waits
     /// for one batch, not for the whole flush (a second's heartbeats of a 20,000-agent fleet
@@ -213,16 +212,13 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     private func write(_ held: Held) async throws {
         guard !held.isEmpty else { return }
         // In key order: neighbouring rows share pages.
-        let agents = held.keys.sorted()
-        for start in stride(from: 0, to: agents.count, by: Self.heldPerTransaction) {
-            let batch = agents[start..<min(start + Self.heldPerTransaction, agents.count)]
+        let rows = held.sorted { $0.key < $1.key }
+        for start in stride(from: 0, to: rows.count, by: Self.heldPerTransaction) {
+            let batch = rows[start..<min(start + Self.heldPerTransaction, rows.count)]
             try await db.write { db in
                 let statement = try db.cachedStatement(
                     sql: "UPDATE agent SET last_heartbeat_at = ?, store_records = ? WHERE id = ? AND coalesce(last_heartbeat_at, 0) <= ?")
-                for agent in batch {
-                    guard let beat = held[agent] else { continue }
-                    try statement.execute(arguments: [beat.at, beat.records, agent, beat.at])
-                }
+                for (agent, beat) in batch { try statement.execute(arguments: [beat.at, beat.records, agent, beat.at]) }
             }
         }
     }

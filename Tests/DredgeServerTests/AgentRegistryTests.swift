@@ -46,9 +46,12 @@ import Testing
         // Same uids: held, not yet in the database.
         try await registry.heartbeat(a, .with { $0.activeUids = ["u-1"]; $0.stats.records = 7 }, now: Date(timeIntervalSince1970: 200))
         #expect(try await stored() == 100)
-        // The registry's own answer is current (it writes what it holds first).
+        // The registry's own answer is current (what it holds, shown over the row), and
+        // listing writes nothing.
         let record = try #require(try await registry.agents().first)
         #expect(record.lastHeartbeatAt == Date(timeIntervalSince1970: 200) && record.storeRecords == 7)
+        #expect(try await stored() == 100)
+        try await registry.flushHeartbeats()
         #expect(try await stored() == 200)
         // An older heartbeat held after a newer one was written does not take the time back.
         try await registry.heartbeat(a, .with { $0.activeUids = ["u-1"] }, now: Date(timeIntervalSince1970: 150))
@@ -59,6 +62,40 @@ import Testing
         #expect(try await stored() == 300)
         #expect(try await registry.agentIDs(withUID: "u-2") == [a])
         #expect(try await registry.agentIDs(withUID: "u-1").isEmpty)
+    }
+
+    /// An idle agent (same uids, no report) is written once per `presenceRefresh` however often
+    /// it heartbeats, its listing stays current meanwhile, and its disconnection writes what is
+    /// held of it.
+    @Test func anIdleAgentsRowIsWrittenOncePerRefreshAndAtDisconnection() async throws {
+        let dir = TempDir()
+        let database = try ServerDatabase(directory: dir.path)
+        let clock = HeartbeatHoldTests.Clock()
+        let registry = AgentRegistry(database, heartbeatFlush: .seconds(1), presenceRefresh: .seconds(300), clock: clock.read)
+        let a = try await registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "a" })
+        let generation = try await registry.connected(a, from: "127.0.0.1", host: .with { $0.hostname = "a" })
+        func stored() async throws -> Double? {
+            try await database.pool.read { try Double.fetchOne($0, sql: "SELECT last_heartbeat_at FROM agent WHERE id = ?", arguments: [a]) }
+        }
+        let commits = CommitCounter()
+        database.pool.add(transactionObserver: commits)
+        // The first heartbeat is written in full; then one every 30 s for 9 minutes.
+        try await registry.heartbeat(a, .with { $0.activeUids = ["u-1"] }, now: Date(timeIntervalSince1970: 0))
+        #expect(try await stored() == 0 && commits.count == 1)
+        for beat in 1...18 {
+            clock.advance(.seconds(30))
+            try await registry.heartbeat(a, .with { $0.activeUids = ["u-1"] }, now: Date(timeIntervalSince1970: Double(beat) * 30))
+            let listed = try #require(try await registry.agents().first)
+            #expect(listed.lastHeartbeatAt == Date(timeIntervalSince1970: Double(beat) * 30), "beat \(beat)")
+        }
+        // Written again once, at the heartbeat that found the row 300 s old (the 10th).
+        #expect(commits.count == 2)
+        #expect(try await stored() == 300)
+        // Disconnection writes the newest held heartbeat with the presence.
+        try await registry.disconnected(a, generation: generation)
+        #expect(try await stored() == 540)
+        #expect(try await registry.agents().first?.connected == false)
+        #expect(commits.count == 3)
     }
 
     /// A flush of many held heartbeats is written in transactions of at most

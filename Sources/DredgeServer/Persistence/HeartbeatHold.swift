@@ -7,12 +7,12 @@ import Synchronization
 /// for the agent, without a user report, is kept and written with the others at most every
 /// `flushEvery`; any other is written at once, with whatever is held and due.
 ///
-/// With a `refreshEvery` (the PostgreSQL directory's, shared by a cluster), an agent's held
-/// heartbeat is due only once its row was last written that long ago: an idle agent costs the
-/// database one row write per `refreshEvery`, however often it heartbeats. Its presence is
-/// its node's lease meanwhile (``NodeLease``). ``takePending()`` takes everything held, due or
-/// not (the embedded registry's listing); ``peek()`` shows it without taking it (the
-/// PostgreSQL directory's listing, which writes nothing).
+/// With a `refreshEvery` (both directories have one), an agent's held heartbeat is due only
+/// once its row was last written that long ago: an idle agent costs the database one row write
+/// per `refreshEvery`, however often it heartbeats. Its presence is its connection's row (in a
+/// cluster, its node's lease, ``NodeLease``) meanwhile. ``takePending()`` takes everything
+/// held, due or not (``AgentRegistry/flushHeartbeats()``); ``peek()`` shows it without taking
+/// it (the directories' listings, which write nothing).
 final class HeartbeatHold: Sendable {
     /// Heartbeat times and record counts held, per agent.
     typealias Held = [String: (at: Double, records: Int64)]

@@ -13,22 +13,30 @@ import Synchronization
 /// where, serving which uids. Presence is reset at start.
 ///
 /// Heartbeats are the registry's most frequent write (a fleet of 20,000 at the default interval
-/// sends 660 a second). One whose uids are the ones this registry last wrote for the agent is
-/// kept in memory and written with the others (64 rows a transaction), at most every
-/// `heartbeatFlush` (by the heartbeat that finds the interval passed, or by ``agents()`` before
-/// it reads); a change of uids is written at once, so ``agentIDs(withUID:)`` is never behind.
-/// A crash loses the heartbeat times held, which presence resets anyway. Another process
-/// reading the database (`dredge-server agents`) sees a held time once it is written: within
-/// the interval while heartbeats keep arriving, else at the next heartbeat or agent list.
+/// sends 660 a second). They are held as the PostgreSQL directory holds them
+/// (``HeartbeatHold``): one whose uids are the ones this registry last wrote for the agent is
+/// kept in memory, and its time written (with the others due, 64 rows a transaction) only once
+/// the agent's row is `presenceRefresh` old (5 minutes by default), or when the agent
+/// disconnects; a change of uids or a user report is written at once, so
+/// ``agentIDs(withUID:)`` is never behind. An idle fleet of 18,000 then costs the database
+/// about 60 row writes a second instead of 600, and the write-ahead log is checkpointed a
+/// tenth as often: each checkpoint's fsyncs hold up every write queued behind it, a pull's
+/// delivery among them (`docs/benchmarks.md`). ``agents()`` shows what is held over the rows
+/// it reads, writing nothing. A crash loses the heartbeat times held, which presence resets
+/// anyway; another process reading the database (`dredge-server agents`) sees a connected
+/// agent's last heartbeat up to `presenceRefresh` old.
 public final class AgentRegistry: AgentDirectory, Sendable {
     private let db: DatabasePool
     private let hold: HeartbeatHold
 
     private typealias Held = HeartbeatHold.Held
 
-    public init(_ database: ServerDatabase, heartbeatFlush: Duration = .seconds(1)) {
+    public init(
+        _ database: ServerDatabase, heartbeatFlush: Duration = .seconds(1), presenceRefresh: Duration = .seconds(300),
+        clock: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
+    ) {
         db = database.pool
-        hold = HeartbeatHold(flushEvery: heartbeatFlush)
+        hold = HeartbeatHold(flushEvery: heartbeatFlush, refreshEvery: presenceRefresh, clock: clock)
     }
 
     /// The `agent` and `agent_uid` tables as they were when `server.sqlite` was merged into the
@@ -137,9 +145,14 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     }
 
     /// Marks the agent offline if `generation` is still its newest connection's: a replaced
-    /// connection that closes late leaves the live one's presence alone.
+    /// connection that closes late leaves the live one's presence alone. What is held of the
+    /// agent's heartbeats is written with it: its row keeps when it was last heard.
     public func disconnected(_ agentID: String, generation: Int64) async throws {
-        try await db.write { try $0.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ? AND generation = ?", arguments: [agentID, generation]) }
+        let held = hold.release(agentID)
+        try await db.write { db in
+            try Self.write(held, in: db)
+            try db.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ? AND generation = ?", arguments: [agentID, generation])
+        }
     }
 
     /// Records a heartbeat; the agent's active uids are rewritten only when they changed, its
@@ -206,8 +219,7 @@ public final class AgentRegistry: AgentDirectory, Sendable {
 
     /// Held heartbeats into the database, at most ``heldPerTransaction`` rows a transaction,
     /// one transaction after the other: a pull or a chunk's progress written meanwhile waits
-    /// for one batch, not for the whole flush (a second's heartbeats of a 20,000-agent fleet
-    /// dirty ~550 pages of the agent table). A time never goes back (two writes may land in
+    /// for one batch, not for the whole flush. A time never goes back (two writes may land in
     /// either order).
     private func write(_ held: Held) async throws {
         guard !held.isEmpty else { return }
@@ -215,18 +227,20 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         let rows = held.sorted { $0.key < $1.key }
         for start in stride(from: 0, to: rows.count, by: Self.heldPerTransaction) {
             let batch = rows[start..<min(start + Self.heldPerTransaction, rows.count)]
-            try await db.write { db in
-                let statement = try db.cachedStatement(
-                    sql: "UPDATE agent SET last_heartbeat_at = ?, store_records = ? WHERE id = ? AND coalesce(last_heartbeat_at, 0) <= ?")
-                for (agent, beat) in batch { try statement.execute(arguments: [beat.at, beat.records, agent, beat.at]) }
-            }
+            try await db.write { db in try Self.write(batch, in: db) }
         }
+    }
+
+    private static func write(_ held: some Collection<(key: String, value: (at: Double, records: Int64))>, in db: Database) throws {
+        let statement = try db.cachedStatement(
+            sql: "UPDATE agent SET last_heartbeat_at = ?, store_records = ? WHERE id = ? AND coalesce(last_heartbeat_at, 0) <= ?")
+        for (agent, beat) in held { try statement.execute(arguments: [beat.at, beat.records, agent, beat.at]) }
     }
 
     /// Rows of held heartbeats written in one transaction.
     static let heldPerTransaction = 64
 
-    /// Writes the heartbeats held in memory now.
+    /// Writes every heartbeat held in memory now, due or not.
     public func flushHeartbeats() async throws {
         try await write(hold.takePending())
     }
@@ -257,8 +271,10 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         try await db.read { try AgentRow.exists($0, key: agentID) }
     }
 
+    /// Every agent, with the heartbeats held shown over the rows (not written: a console
+    /// listing every few seconds must not undo the bounded write rate).
     public func agents() async throws -> [AgentRecord] {
-        try await flushHeartbeats()
+        let held = hold.peek()
         return try await db.read { db in
             // The uid index is the truth (the JSON column only detects a change).
             let uids = Dictionary(grouping: try AgentUIDRow.order(Column("agent_id"), Column("uid")).fetchAll(db), by: \.agentId).mapValues { $0.map(\.uid) }
@@ -271,13 +287,15 @@ public final class AgentRegistry: AgentDirectory, Sendable {
                     $0.appVersion = row.appVersion
                     $0.extra = Self.labels(row.labels)
                 }.bounded
+                // A held heartbeat newer than the row's, as the write would make it.
+                let newer = held[row.id].flatMap { $0.at >= (row.lastHeartbeatAt ?? -.infinity) ? $0 : nil }
                 return AgentRecord(
                     agentID: row.id, hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion,
                     labels: host.extra, enrolledAt: Date(timeIntervalSince1970: row.enrolledAt), connected: row.connected,
                     connectedAt: row.connectedAt.map(Date.init(timeIntervalSince1970:)), remoteAddress: row.remoteAddress,
-                    lastHeartbeatAt: row.lastHeartbeatAt.map(Date.init(timeIntervalSince1970:)),
+                    lastHeartbeatAt: (newer?.at ?? row.lastHeartbeatAt).map(Date.init(timeIntervalSince1970:)),
                     activeUIDs: uids[row.id] ?? [], reportedUsers: Int(row.usersReported), usersTruncated: row.usersTruncated,
-                    storeRecords: UInt64(max(0, row.storeRecords)))
+                    storeRecords: UInt64(max(0, newer?.records ?? row.storeRecords)))
             }
         }
     }

@@ -207,8 +207,12 @@ import Testing
         defer { Task { await server.stop() } }
         let agent = try await server.enrollAgent()
         let bad = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: LogFilter(uid: "u-1")))
+        // Its key does not unwrap: found only once the command is being made (and the pull
+        // already marked delivered).
+        let badKey = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: LogFilter(uid: "u-2")))
         let good = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: .all))
         try await server.pulls.db.write { try $0.execute(sql: "UPDATE pull SET filter = '{\"uid\": 7' WHERE id = ?", arguments: [bad.id]) }
+        try await server.pulls.db.write { try $0.execute(sql: "UPDATE pull SET wrapped_key = x'00' WHERE id = ?", arguments: [badKey.id]) }
         let received = try await agent.connect { link in
             try await Self.within(.seconds(120)) {
                 var ids: [String] = []
@@ -222,6 +226,7 @@ import Testing
         #expect(received == [good.id])
         let target = try #require(try await server.pulls.pull(bad.id)?.targets.first)
         #expect(target.status == .failed)
+        #expect(try await server.pulls.pull(badKey.id)?.targets.first?.status == .failed)
         #expect(try await server.pulls.pull(bad.id)?.filter == nil)
         #expect(try await server.pulls.pull(good.id)?.filter == .all)
         #expect(server.logs.records.contains { $0.level == .error && $0.metadata["pull.id"] == "\(bad.id)" })

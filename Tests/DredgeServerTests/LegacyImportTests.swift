@@ -92,7 +92,10 @@ import Testing
         // The damaged one stays unreadable: it never becomes a wider filter.
         #expect(try await pulls.pull(damaged)?.filter == nil)
         await #expect(throws: UnreadablePull.self) { try await pulls.storedPull(damaged) }
-        #expect(try await pulls.deliverable(for: agent.agentID, includingUnanswered: false) == [kept, damaged])
+        let due = try await pulls.deliverable(for: agent.agentID, includingUnanswered: false)
+        #expect(due.map(\.id) == [kept, damaged])
+        #expect(try due.first?.stored.get().filter == filter)
+        #expect(throws: UnreadablePull.self) { try due.last?.stored.get() }
         #expect(try await pulls.audit().count == 2)
 
         #expect(try await feedback.feedback(String(repeating: "f", count: 32))?.records == 12)

@@ -223,72 +223,85 @@ public final class AgentListener: Service, Sendable {
     /// repeated command as it did the first time); then new ones whenever the dispatcher says
     /// they appeared.
     ///
-    /// Each pull is marked delivered before its command is written, so one whose write is lost
-    /// goes again on the next connection; only the agent's live connection delivers (a replaced
-    /// one that is still closing does not). A pull whose command cannot be made (its stored
-    /// row is unreadable, its key is gone) is marked failed on its own; the others are
-    /// delivered. A passing failure (the database) leaves it for the next wake.
+    /// Each pull is marked delivered before its command is written (the mark and the command's
+    /// RSA wrap and signature, on the control pool, run at once), so one whose write is lost
+    /// goes again on the next connection; only the agent's live connection delivers (a
+    /// replaced one that is still closing does not). A pull whose command cannot be made (its
+    /// stored row is unreadable, its key does not unwrap) is marked failed on its own; the
+    /// others are delivered. A passing failure of the database leaves the pull for the next
+    /// wake (before it is marked) or the next connection (after).
     func deliverDue(to agentID: String, includingUnanswered unanswered: Bool, token: Int, channel: any Channel, work: ServerWork) async -> DeliveryRunner.Pass {
-        let due: [String]
+        let due: [DuePull]
+        let agentKey: RSAPublicKey?
         do {
             due = try await pulls.deliverable(for: agentID, includingUnanswered: unanswered)
+            // Read only when there is something to send: most passes find nothing.
+            agentKey = due.isEmpty ? nil : try await registry.publicKey(of: agentID)
         } catch is CancellationError {
             return .stop
         } catch {
             logger.error("cannot read an agent's pulls; trying again on the next wake", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
             return .unread
         }
-        for pullID in due {
+        for pull in due {
             guard agentConnections.isLive(agentID, token: token) else { return .stop }
-            guard let frame = await deliverable(pullID, to: agentID, work: work) else { continue }
+            guard let frame = await deliverable(pull, to: agentID, key: agentKey, work: work) else { continue }
             do {
                 try await channel.writeAndFlush(frame).get()
             } catch {
                 // Marked delivered and not sent: it goes again on the agent's next connection.
-                logger.debug("a pull's command was not written; the connection is gone", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
+                logger.debug("a pull's command was not written; the connection is gone", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)", "error": "\(error)"])
                 return .stop
             }
-            logger.info("pull delivered", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)"])
+            logger.info("pull delivered", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)"])
         }
         return .delivered
     }
 
-    /// The command of one pull, marked delivered; nil when it cannot be made or marked now.
-    private func deliverable(_ pullID: String, to agentID: String, work: ServerWork) async -> WireFrame? {
-        guard let frame = await command(pullID, for: agentID, work: work) else { return nil }
-        do {
-            guard try await pulls.markDelivered(pullID, agent: agentID) else { return nil }
-        } catch {
-            logger.error("cannot mark a pull delivered; not sending it now", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
+    /// The signed command of one pull, marked delivered; nil when it must not be sent now. A
+    /// pull that can never be sent (``UnreadablePull``) is failed for the agent with the reason;
+    /// any other error is logged, and the pull goes again on the next wake (not marked) or
+    /// the next connection (marked).
+    private func deliverable(_ pull: DuePull, to agentID: String, key: RSAPublicKey?, work: ServerWork) async -> WireFrame? {
+        let stored: StoredPull
+        switch pull.stored {
+        case .success(let read): stored = read
+        case .failure(let unreadable):
+            await fail(pull.id, for: agentID, unreadable)
             return nil
         }
-        return frame
+        guard let key else {
+            await fail(pull.id, for: agentID, UnreadablePull("agent \(agentID) is not enrolled"))
+            return nil
+        }
+        async let marked = outcome { try await self.pulls.markDelivered(pull.id, agent: agentID) }
+        let command = await outcome { try await work.control.runIfActive { [issuer] in try issuer.command(stored, agent: agentID, agentKey: key) } }
+        switch await marked {
+        case .success(true): break
+        case .success(false): return nil  // answered, removed or expired meanwhile
+        case .failure(let error):
+            logger.error("cannot mark a pull delivered; not sending it now", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)", "error": "\(error)"])
+            return nil
+        }
+        switch command {
+        case .success(let command): return .with { $0.pullCommand = command }
+        case .failure(let unreadable as UnreadablePull):
+            await fail(pull.id, for: agentID, unreadable)
+        case .failure(let error):
+            logger.error(
+                "cannot make a pull's command now; it goes again on the agent's next connection",
+                metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)", "error": "\(error)"])
+        }
+        return nil
     }
 
-    /// The signed command of one pull for one agent; nil when it cannot be made now. A pull
-    /// that can never be sent (``UnreadablePull``) is failed for that agent with the
-    /// reason; any other error is logged and the pull waits for the next wake. The RSA wrap and
-    /// the signature run on the control pool. The agent's key and the stored pull are read at
-    /// once (one wait on the database, not two in a row).
-    private func command(_ pullID: String, for agentID: String, work: ServerWork) async -> WireFrame? {
+    /// Marks a pull that can never become a command failed for the agent, saying why.
+    private func fail(_ pullID: String, for agentID: String, _ error: UnreadablePull) async {
+        logger.error("pull cannot be delivered; marking it failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
         do {
-            async let agentKey = registry.publicKey(of: agentID)
-            async let storedPull = pulls.storedPull(pullID)
-            guard let key = try await agentKey else { throw UnreadablePull("agent \(agentID) is not enrolled") }
-            let stored = try await storedPull
-            let command = try await work.control.runIfActive { [issuer] in try issuer.command(stored, agent: agentID, agentKey: key) }
-            return .with { $0.pullCommand = command }
-        } catch let error as UnreadablePull {
-            logger.error("pull cannot be delivered; marking it failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
-            do {
-                try await pulls.update(pullID, agent: agentID, status: .failed, detail: "the server could not make its command: \(error)")
-            } catch {
-                logger.error("could not mark a pull failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
-            }
-            return nil
+            try await pulls.update(pullID, agent: agentID, status: .failed, detail: "the server could not make its command: \(error)")
         } catch {
-            logger.error("cannot make a pull's command now; trying again on the next wake", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
-            return nil
+            logger.error("could not mark a pull failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
         }
     }
 
@@ -632,3 +645,11 @@ final class ConnectionSession: @unchecked Sendable {
     }
 }
 
+/// What an async throwing call came to, as a value (to run two at once and look at both).
+private func outcome<T: Sendable>(_ body: () async throws -> T) async -> Result<T, any Error> {
+    do {
+        return .success(try await body())
+    } catch {
+        return .failure(error)
+    }
+}

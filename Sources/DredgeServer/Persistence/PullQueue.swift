@@ -36,8 +36,11 @@ public protocol PullQueue: Sendable {
     /// The pull's key, wrapped under the server's encryption key; nil for an unknown pull.
     func wrappedKey(of pullID: String) async throws -> [UInt8]?
     /// The pulls to send `agentID` now: its queued ones, and with `includingUnanswered` those
-    /// delivered and never answered, oldest first. Queued ones past their expiry are expired.
-    func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [String]
+    /// delivered and never answered, oldest first, each read with what its command is made
+    /// from (one trip to the database, not one per pull). Queued ones past their expiry are
+    /// expired. A pull whose row does not read back exactly is in the list with its
+    /// ``UnreadablePull``: the others are still delivered.
+    func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [DuePull]
     /// Claims a target for delivery just before its command is written: false when it is no
     /// longer queued or delivered, and then the command must not be sent.
     func markDelivered(_ pullID: String, agent: String, at: Date) async throws -> Bool
@@ -140,6 +143,18 @@ public struct StoredPull: Sendable, Equatable {
     }
 }
 
+/// A pull due for an agent (``PullQueue/deliverable(for:includingUnanswered:now:)``), with
+/// what its command is made from or why it can never be made.
+public struct DuePull: Sendable {
+    public var id: String
+    public var stored: Result<StoredPull, UnreadablePull>
+
+    public init(id: String, stored: Result<StoredPull, UnreadablePull>) {
+        self.id = id
+        self.stored = stored
+    }
+}
+
 /// A stored pull that can never become a command (it is gone, or its row does not read back
 /// exactly, or its key does not unwrap): the pull fails for its target, with this reason.
 public struct UnreadablePull: Error, CustomStringConvertible, Sendable {
@@ -151,7 +166,7 @@ public struct UnreadablePull: Error, CustomStringConvertible, Sendable {
 extension PullQueue {
     public func pull(_ id: String) async throws -> PullRecord? { try await pull(id, now: .now) }
     public func pulls(limit: Int = 1000) async throws -> [PullRecord] { try await pulls(limit: limit, now: .now) }
-    public func deliverable(for agentID: String, includingUnanswered: Bool) async throws -> [String] {
+    public func deliverable(for agentID: String, includingUnanswered: Bool) async throws -> [DuePull] {
         try await deliverable(for: agentID, includingUnanswered: includingUnanswered, now: .now)
     }
     @discardableResult

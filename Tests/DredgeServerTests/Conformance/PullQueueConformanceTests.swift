@@ -120,23 +120,30 @@ import Testing
         try await queue.create(first)
         try await queue.create(second)
         #expect(try await queue.agentsWithQueuedPulls() == ["a", "b"])
-        #expect(try await queue.deliverable(for: "a", includingUnanswered: false, now: Self.base) == [first.id, second.id])
+        let due = try await queue.deliverable(for: "a", includingUnanswered: false, now: Self.base)
+        #expect(due.map(\.id) == [first.id, second.id])
+        // Each read with what its command is made from, as stored and as storedPull reads it.
+        for (pull, made) in zip(due, [first, second]) {
+            let stored = try pull.stored.get()
+            #expect(stored == StoredPull(id: made.id, uid: made.uid, filter: made.filter, issuedAt: made.issuedAt, expiresAt: made.expiresAt, wrappedKey: made.wrappedKey))
+            #expect(stored == (try await queue.storedPull(made.id)))
+        }
 
         // Claimed, it is no longer queued, but an unanswered delivery comes back on reconnect.
         #expect(try await queue.markDelivered(first.id, agent: "a", at: Date()))
-        #expect(try await queue.deliverable(for: "a", includingUnanswered: false, now: Self.base) == [second.id])
-        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: Self.base) == [first.id, second.id])
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: false, now: Self.base).map(\.id) == [second.id])
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: Self.base).map(\.id) == [first.id, second.id])
         #expect(try await queue.markDelivered(first.id, agent: "a", at: Date()), "a redelivery may claim it again")
 
         // Once the agent answered, it cannot be claimed for delivery again.
         #expect(try await queue.update(first.id, agent: "a", status: .exporting, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, errorCode: nil, from: [.queued, .delivered], at: Date()))
         #expect(try await !queue.markDelivered(first.id, agent: "a", at: Date()))
-        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: Self.base) == [second.id])
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: Self.base).map(\.id) == [second.id])
 
         // Past its expiry a queued pull is shown expired, and expired by the next delivery pass.
         let later = Self.base.adding(.seconds(61))
         #expect(try await Self.status(queue, second.id, now: later) == .expired)
-        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: later).isEmpty)
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: later).map(\.id).isEmpty)
         #expect(try await Self.status(queue, second.id, now: Self.base) == .expired, "expired for good, whatever the clock says")
         #expect(try await !queue.markDelivered(second.id, agent: "a", at: Date()))
         #expect(try await queue.agentsWithQueuedPulls() == ["b"])
@@ -226,7 +233,7 @@ import Testing
         #expect(try await queue.pull(named.id, now: Self.base)?.targets.map(\.agentID) == ["a"], "a pull naming its agent takes no other")
         #expect(try await queue.pull(other.id, now: Self.base)?.targets.isEmpty == true)
         #expect(try await queue.pull(expired.id, now: Self.base)?.targets.isEmpty == true, "an expired pull takes no one")
-        #expect(try await queue.deliverable(for: "b", includingUnanswered: false, now: Self.base).sorted() == [waiting.id, open.id].sorted())
+        #expect(try await queue.deliverable(for: "b", includingUnanswered: false, now: Self.base).map(\.id).sorted() == [waiting.id, open.id].sorted())
         #expect(try await queue.agentsWithQueuedPulls().contains("b"))
 
         // Once each: again, and for the agent already there, nothing.
@@ -254,7 +261,7 @@ import Testing
         let b = try #require(pull.targets.first { $0.agentID == "b" })
         #expect(b.status == .failed && b.detail.contains("alice") && b.errorCode == 8, "an open one ends: its upload is refused (ERROR_UPLOAD_INVALID)")
         #expect(try await queue.wrappedKey(of: running.id)?.isEmpty != false, "the key is dropped")
-        #expect(try await queue.deliverable(for: "b", includingUnanswered: true, now: Self.base).isEmpty)
+        #expect(try await queue.deliverable(for: "b", includingUnanswered: true, now: Self.base).map(\.id).isEmpty)
 
         // A second removal keeps the first.
         let again = try #require(try await queue.markRemoved(running.id, by: "bob", reason: "", at: at.addingTimeInterval(60)))

@@ -102,40 +102,57 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
     }
 
     public func storedPull(_ id: String) async throws -> StoredPull {
-        let row: (String, String, Int64, Int64, ByteBuffer)?
+        let row = try await db.read { c in try await c.rows("SELECT \(unescaped: Self.storedColumns) FROM pull WHERE id = \(id)").first }
+        guard let row else { throw UnreadablePull("pull \(id) does not exist") }
+        return try Self.storedPull(id, columns: row.makeRandomAccess(), from: 0).get()
+    }
+
+    /// What ``storedPull(_:columns:from:)`` reads, in order.
+    static let storedColumns = "uid, filter, issued_at, expires_at, wrapped_key"
+
+    /// A pull's stored form from ``storedColumns`` (starting at column `first`), or why it
+    /// cannot become a command.
+    static func storedPull(_ id: String, columns row: PostgresRandomAccessRow, from first: Int) -> Result<StoredPull, UnreadablePull> {
+        let uid: String, stored: String, issuedAt: Int64, expiresAt: Int64, key: ByteBuffer
         do {
-            row = try await db.read { c in
-                try await c.rows("SELECT uid, filter, issued_at, expires_at, wrapped_key FROM pull WHERE id = \(id)").first
-                    .map { try $0.decode((String, String, Int64, Int64, ByteBuffer).self) }
-            }
-        } catch let error as PostgresDecodingError {
-            throw UnreadablePull("the stored row of pull \(id) is unreadable: \(String(reflecting: error))")
+            uid = try row[first].decode(String.self)
+            stored = try row[first + 1].decode(String.self)
+            issuedAt = try row[first + 2].decode(Int64.self)
+            expiresAt = try row[first + 3].decode(Int64.self)
+            key = try row[first + 4].decode(ByteBuffer.self)
+        } catch {
+            return .failure(UnreadablePull("the stored row of pull \(id) is unreadable: \(String(reflecting: error))"))
         }
-        guard let (uid, stored, issuedAt, expiresAt, key) = row else { throw UnreadablePull("pull \(id) does not exist") }
         let filter: LogFilter
         do {
             filter = try StoredFilter.decode(stored)
         } catch {
-            throw UnreadablePull("the stored filter of pull \(id) is unreadable: \(error)")
+            return .failure(UnreadablePull("the stored filter of pull \(id) is unreadable: \(error)"))
         }
-        return StoredPull(
-            id: id, uid: uid, filter: filter, issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt),
-            wrappedKey: Array(key.readableBytesView))
+        return .success(
+            StoredPull(
+                id: id, uid: uid, filter: filter, issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt),
+                wrappedKey: Array(key.readableBytesView)))
     }
 
     public func wrappedKey(of pullID: String) async throws -> [UInt8]? {
         try await db.read { try await $0.value("SELECT wrapped_key FROM pull WHERE id = \(pullID)", as: ByteBuffer.self) }.map { Array($0.readableBytesView) }
     }
 
-    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [String] {
+    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [DuePull] {
         let statuses = includingUnanswered ? [PullStatus.queued.rawValue, PullStatus.delivered.rawValue] : [PullStatus.queued.rawValue]
         let open = try await db.read { c in
             try await c.rows(
                 """
-                SELECT t.pull_id, t.status, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
+                SELECT t.pull_id, t.status, p.expires_at, \(unescaped: Self.storedColumns.split(separator: ", ").map { "p." + $0 }.joined(separator: ", "))
+                FROM pull_target t JOIN pull p ON p.id = t.pull_id
                 WHERE t.agent_id = \(agentID) AND t.status = ANY(\(statuses)::text[]) ORDER BY p.created_at, t.pull_id
                 """
-            ).map { try $0.decode((String, String, Int64).self) }
+            ).map { row in
+                let columns = row.makeRandomAccess()
+                let id = try columns[0].decode(String.self)
+                return (id, try columns[1].decode(String.self), try columns[2].decode(Int64.self), Self.storedPull(id, columns: columns, from: 3))
+            }
         }
         let expired = open.filter { $0.2 <= now.microseconds && $0.1 == PullStatus.queued.rawValue }.map(\.0)
         if !expired.isEmpty {
@@ -147,7 +164,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                     """)
             }
         }
-        return open.filter { $0.2 > now.microseconds }.map(\.0)
+        return open.filter { $0.2 > now.microseconds }.map { DuePull(id: $0.0, stored: $0.3) }
     }
 
     public func markDelivered(_ pullID: String, agent: String, at now: Date) async throws -> Bool {

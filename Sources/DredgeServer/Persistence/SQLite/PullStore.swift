@@ -152,20 +152,23 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         try await db.read { try PullRow.fetchOne($0, key: pullID) }.map { Array($0.wrappedKey) }
     }
 
-    /// The ids of the pulls to send `agentID` now: the queued ones, and with
+    /// The pulls to send `agentID` now, each with its stored form: the queued ones, and with
     /// `includingUnanswered` (when the agent has just connected) the ones delivered before that
     /// it never answered. Queued ones past their expiry are expired first. It runs whenever an
-    /// agent connects or is woken, so it only reads unless a queued pull has expired.
-    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [String] {
+    /// agent connects or is woken, so it only reads (one transaction) unless a queued pull has
+    /// expired.
+    public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [DuePull] {
         let statuses = includingUnanswered ? "('queued', 'delivered')" : "('queued')"
-        let queued = try await db.read { db in
-            try OpenTarget.fetchAll(
+        let (queued, due) = try await db.read { db in
+            let queued = try OpenTarget.fetchAll(
                 db,
                 sql: """
                     SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
                     WHERE t.agent_id = ? AND t.status IN \(statuses) ORDER BY p.created_at, t.pull_id
                     """,
                 arguments: [agentID])
+            let due = try queued.filter { $0.expiresAt > now.microseconds }.map { DuePull(id: $0.pullId, stored: try Self.storedPull($0.pullId, in: db)) }
+            return (queued, due)
         }
         let expired = queued.filter { $0.expiresAt <= now.microseconds && $0.status == Status.queued.rawValue }.map(\.pullId)
         if !expired.isEmpty {
@@ -177,7 +180,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
                 }
             }
         }
-        return queued.filter { $0.expiresAt > now.microseconds }.map(\.pullId)
+        return due
     }
 
     /// A target still open, with its pull's expiry (the delivery and deadline passes read these).
@@ -411,21 +414,27 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     /// What a command is made from. Throws ``UnreadablePull``, and makes nothing, when the pull
     /// is gone or its row does not read back exactly (an unreadable filter never becomes "all").
     public func storedPull(_ id: String) async throws -> StoredPull {
+        try await db.read { try Self.storedPull(id, in: $0) }.get()
+    }
+
+    /// A pull's stored form, or why it cannot become a command; throws only for the database.
+    static func storedPull(_ id: String, in db: Database) throws -> Result<StoredPull, UnreadablePull> {
         let row: PullRow?
         do {
-            row = try await db.read { try PullRow.fetchOne($0, key: id) }
+            row = try PullRow.fetchOne(db, key: id)
         } catch let error as RowDecodingError {
-            throw UnreadablePull("the stored row of pull \(id) is unreadable: \(error)")
+            return .failure(UnreadablePull("the stored row of pull \(id) is unreadable: \(error)"))
         }
-        guard let row else { throw UnreadablePull("pull \(id) does not exist") }
+        guard let row else { return .failure(UnreadablePull("pull \(id) does not exist")) }
         let filter: LogFilter
         do {
             filter = try StoredFilter.decode(row.filter)
         } catch {
-            throw UnreadablePull("the stored filter of pull \(id) is unreadable: \(error)")
+            return .failure(UnreadablePull("the stored filter of pull \(id) is unreadable: \(error)"))
         }
-        return StoredPull(
-            id: id, uid: row.uid, filter: filter, issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
-            wrappedKey: Array(row.wrappedKey))
+        return .success(
+            StoredPull(
+                id: id, uid: row.uid, filter: filter, issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
+                wrappedKey: Array(row.wrappedKey)))
     }
 }

@@ -38,11 +38,18 @@ struct ServerBench: AsyncParsableCommand {
     @Option(help: "Where the fleet's keys are cached (made by scripts/bench-fleet-keys.py).")
     var keyCache = ".build/bench-fleet-keys"
 
+    @Option(help: ArgumentHelp("Write each command-latency sample here: wall time, ms to the agent, ms to the admin API's answer.", valueName: "path"))
+    var latencyLog: String?
+
     @Flag(help: "Only the upload.")
     var uploadOnly = false
 
     @Option(help: ArgumentHelp("Keep the server's state in this PostgreSQL database (a schema of its own) instead of SQLite: the same figures on PostgreSQL.", valueName: "url"))
     var database: String?
+
+    func validate() throws {
+        guard samples > 0 else { throw ValidationError("--samples must be at least 1") }
+    }
 
     func run() async throws {
         let dir = NSTemporaryDirectory() + "dredge-bench-server-\(getpid())"
@@ -167,12 +174,14 @@ struct ServerBench: AsyncParsableCommand {
             extra: String(format: "kb_per_conn=%.1f server_rss_mb=%.0f baseline_mb=%.0f fd_limit=%d", perConnection, Double(resident) / 1024, Double(baseline) / 1024, Int(limit.rlim_max)))
 
         // Pulls through the admin API to random agents of the fleet, one at a time.
-        var latencies: [Double] = []
+        var latencies: [Double] = [], answers: [Double] = []
         let ids = listed.map(\.agentID)
+        var log = ""
         for _ in 0..<samples {
-            let target = ids.randomElement()!
+            guard let target = ids.randomElement() else { throw ValidationError("no agent of the fleet is connected") }
             let start = monotonicNanos()
             let pull = try await admin.createPull(PullRequest(uid: nil, agent: target, filter: .all, expiresInSeconds: 60))
+            let answered = monotonicNanos()
             var arrived: Int64?
             let deadline = ContinuousClock.now + .seconds(10)
             while arrived == nil && ContinuousClock.now < deadline {
@@ -181,14 +190,20 @@ struct ServerBench: AsyncParsableCommand {
             }
             guard let arrived else { throw ValidationError("pull \(pull.id) never reached agent \(target)") }
             latencies.append(Double(arrived - start) / 1e6)
+            answers.append(Double(answered - start) / 1e6)
+            log += String(format: "%.6f %.3f %.3f\n", Date().timeIntervalSince1970, latencies.last ?? 0, answers.last ?? 0)
             try await Task.sleep(for: .milliseconds(20))
         }
+        if let latencyLog { try log.write(toFile: latencyLog, atomically: true, encoding: .utf8) }
+        answers.sort()
         latencies.sort()
         let p50 = latencies[latencies.count / 2]
         let p99 = latencies[min(latencies.count - 1, Int(Double(latencies.count) * 0.99))]
         let latency = Figure(
             name: "server.command_latency", value: p99, unit: "ms", limit: 50, higherIsBetter: false,
-            extra: String(format: "p50=%.1f p99=%.1f agents=%d samples=%d", p50, p99, held, latencies.count))
+            extra: String(
+                format: "p50=%.1f p99=%.1f post_answered_p50=%.1f post_answered_p99=%.1f agents=%d samples=%d", p50, p99, answers[answers.count / 2],
+                answers[min(answers.count - 1, Int(Double(answers.count) * 0.99))], held, latencies.count))
         return [idle, latency]
     }
 

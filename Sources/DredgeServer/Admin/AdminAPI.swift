@@ -62,7 +62,9 @@ public enum AdminAPI {
             let body = try await decode(PullRequest.self, from: request)
             let pull: PullRecord
             do {
-                pull = try await pulls.create(body, registry: registry, issuer: issuer, requestedBy: context.tokenName ?? "?", logger: logger) { dispatcher.wake($0) }
+                pull = try await pulls.create(
+                    body, registry: registry, issuer: issuer, requestedBy: context.tokenName ?? "?", logger: logger, isConnected: dispatcher.isConnected
+                ) { dispatcher.wake($0) }
             } catch let error as PullRequestError {
                 switch error {
                 case .unknownAgent: throw AdminAPIError(.notFound, "no_agent", error.description)

@@ -112,7 +112,9 @@ extension Console {
                 let pull: PullRecord
                 do {
                     let asked = try pullRequest(form, now: .now).get()
-                    pull = try await d.pulls.create(asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger) { d.dispatcher.wake($0) }
+                    pull = try await d.pulls.create(
+                        asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger, isConnected: d.dispatcher.isConnected
+                    ) { d.dispatcher.wake($0) }
                 } catch let error as PullRequestError {
                     return try await newPullPage(session, form, problem: sentence(error), status: .badRequest)
                 }

@@ -228,15 +228,21 @@ public final class AgentListener: Service, Sendable {
     /// goes again on the next connection; only the agent's live connection delivers (a
     /// replaced one that is still closing does not). A pull whose command cannot be made (its
     /// stored row is unreadable, its key does not unwrap) is marked failed on its own; the
-    /// others are delivered. A passing failure of the database leaves the pull for the next
-    /// wake (before it is marked) or the next connection (after).
+    /// others are delivered. A passing failure leaves the pull queued for the next wake.
     func deliverDue(to agentID: String, includingUnanswered unanswered: Bool, token: Int, channel: any Channel, work: ServerWork) async -> DeliveryRunner.Pass {
         let due: [DuePull]
         let agentKey: RSAPublicKey?
         do {
-            due = try await pulls.deliverable(for: agentID, includingUnanswered: unanswered)
-            // Read only when there is something to send: most passes find nothing.
-            agentKey = due.isEmpty ? nil : try await registry.publicKey(of: agentID)
+            if unanswered {
+                // A connection's first pass: most find nothing, so the key is read only if needed.
+                due = try await pulls.deliverable(for: agentID, includingUnanswered: true)
+                agentKey = due.isEmpty ? nil : try await registry.publicKey(of: agentID)
+            } else {
+                // Woken because a pull was queued: both at once, one wait instead of two.
+                async let key = registry.publicKey(of: agentID)
+                due = try await pulls.deliverable(for: agentID, includingUnanswered: false)
+                agentKey = try await key
+            }
         } catch is CancellationError {
             return .stop
         } catch {
@@ -260,8 +266,8 @@ public final class AgentListener: Service, Sendable {
 
     /// The signed command of one pull, marked delivered; nil when it must not be sent now. A
     /// pull that can never be sent (``UnreadablePull``) is failed for the agent with the reason;
-    /// any other error is logged, and the pull goes again on the next wake (not marked) or
-    /// the next connection (marked).
+    /// any other error is logged, and the pull (queued again if it was marked) goes on the
+    /// next wake.
     private func deliverable(_ pull: DuePull, to agentID: String, key: RSAPublicKey?, work: ServerWork) async -> WireFrame? {
         let stored: StoredPull
         switch pull.stored {
@@ -288,9 +294,13 @@ public final class AgentListener: Service, Sendable {
         case .failure(let unreadable as UnreadablePull):
             await fail(pull.id, for: agentID, unreadable)
         case .failure(let error):
-            logger.error(
-                "cannot make a pull's command now; it goes again on the agent's next connection",
-                metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)", "error": "\(error)"])
+            // Marked and not sent: queued again, for the next wake (the dispatcher's sweep).
+            logger.error("cannot make a pull's command now; trying again on the next wake", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)", "error": "\(error)"])
+            do {
+                try await pulls.update(pull.id, agent: agentID, status: .queued, detail: "", from: [.delivered])
+            } catch {
+                logger.error("could not queue a pull again; it goes on the agent's next connection", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)", "error": "\(error)"])
+            }
         }
         return nil
     }
@@ -299,7 +309,8 @@ public final class AgentListener: Service, Sendable {
     private func fail(_ pullID: String, for agentID: String, _ error: UnreadablePull) async {
         logger.error("pull cannot be delivered; marking it failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
         do {
-            try await pulls.update(pullID, agent: agentID, status: .failed, detail: "the server could not make its command: \(error)")
+            // Only before the agent answered (a redelivered pull may be answered meanwhile).
+            try await pulls.update(pullID, agent: agentID, status: .failed, detail: "the server could not make its command: \(error)", from: [.queued, .delivered])
         } catch {
             logger.error("could not mark a pull failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
         }

@@ -48,6 +48,12 @@ public final class PullDispatcher: Service, @unchecked Sendable {
         return token
     }
 
+    /// Whether `agentID` has an authenticated connection to this process now (and so is
+    /// enrolled: no agent is ever unenrolled).
+    public func isConnected(_ agentID: String) -> Bool {
+        lock.withLock { waiting[agentID] != nil }
+    }
+
     func unregister(_ agentID: String, token: Int) {
         lock.withLock {
             waiting[agentID]?.removeValue(forKey: token)

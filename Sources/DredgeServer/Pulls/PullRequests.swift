@@ -32,9 +32,11 @@ extension PullQueue {
     ///
     /// `wake` is told the targets as soon as the pull is stored (before the record is read
     /// back), so their delivery starts at once, and each agent that joins late when it joins.
+    /// An agent that `isConnected` says is connected to this process (so it authenticated, so
+    /// it is enrolled: no agent is ever unenrolled) is not looked up in the registry.
     public func create(
         _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, logger: Logger, now: Timestamp = .now,
-        wake: ([String]) -> Void = { _ in }
+        isConnected: (String) -> Bool = { _ in false }, wake: ([String]) -> Void = { _ in }
     ) async throws -> PullRecord {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
         let agent = request.agent.flatMap { $0.isEmpty ? nil : $0 }
@@ -52,7 +54,9 @@ extension PullQueue {
 
         let agents: [String]
         if let agent {
-            guard try await registry.isEnrolled(agent) else { throw PullRequestError.unknownAgent(agent) }
+            if !isConnected(agent) {
+                guard try await registry.isEnrolled(agent) else { throw PullRequestError.unknownAgent(agent) }
+            }
             agents = [agent]
         } else {
             agents = try await registry.agentIDs(withUID: uid ?? "")

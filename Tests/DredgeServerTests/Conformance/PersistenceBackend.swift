@@ -1,7 +1,8 @@
-import DredgeServer
 import DredgeTestSupport
 import Foundation
+import GRDB
 import Testing
+@testable import DredgeServer
 
 /// One implementation of the server's persistence protocols, made fresh for each test. The
 /// conformance suites run every rule against each backend in ``all``: SQLite in a temporary
@@ -14,6 +15,9 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
     let feedback: @Sendable (TempDir) async throws -> any FeedbackInbox
     let tokens: @Sendable (TempDir) async throws -> any TokenVault
     let records: @Sendable (TempDir) async throws -> any RecordIndex
+    /// Overwrites a stored pull's filter with text that is not a stored filter (a damaged row),
+    /// behind the implementation's back.
+    let damageFilter: @Sendable (TempDir, String) async throws -> Void
     var testDescription: String { name }
 
     static let sqlite = PersistenceBackend(
@@ -22,7 +26,12 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
         agents: { AgentRegistry(try ServerDatabase(directory: $0.path)) },
         feedback: { FeedbackStore(try ServerDatabase(directory: $0.path)) },
         tokens: { TokenStore(try ServerDatabase(directory: $0.path)) },
-        records: { try RecordIndexStore(directory: $0.path) })
+        records: { try RecordIndexStore(directory: $0.path) },
+        damageFilter: { dir, id in
+            try await ServerDatabase(directory: dir.path).pool.write {
+                try $0.execute(sql: "UPDATE pull SET filter = '{\"uid\": 7' WHERE id = ?", arguments: [id])
+            }
+        })
 
     static let postgres = PersistenceBackend(
         name: "PostgreSQL",
@@ -30,7 +39,12 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
         agents: { PostgresAgentDirectory(try await TestPostgres.database(for: $0)) },
         feedback: { PostgresFeedbackInbox(try await TestPostgres.database(for: $0)) },
         tokens: { PostgresTokenVault(try await TestPostgres.database(for: $0)) },
-        records: { PostgresRecordIndex(try await TestPostgres.database(for: $0)) })
+        records: { PostgresRecordIndex(try await TestPostgres.database(for: $0)) },
+        damageFilter: { dir, id in
+            let db = try await TestPostgres.database(for: dir)
+            defer { db.close() }
+            _ = try await db.write { try await $0.run("UPDATE pull SET filter = '{\"uid\": 7' WHERE id = \(id)") }
+        })
 
     static let all: [PersistenceBackend] = TestPostgres.url == nil ? [.sqlite] : [.sqlite, .postgres]
 }

@@ -51,6 +51,24 @@ import Testing
         await #expect(throws: UnreadablePull.self) { try await queue.storedPull(String(repeating: "0", count: 32)) }
     }
 
+    /// A pull whose stored filter does not read back is never a wider filter: it shows with
+    /// no filter, ``PullQueue/storedPull(_:)`` throws, and ``PullQueue/deliverable(for:includingUnanswered:now:)``
+    /// lists it with its ``UnreadablePull`` beside the agent's readable pulls.
+    @Test(arguments: Backend.all)
+    func aDamagedFilterIsUnreadableNeverWider(_ backend: Backend) async throws {
+        let queue = try await backend.pulls(dir)
+        let damaged = try Self.newPull(), kept = try Self.newPull()
+        try await queue.create(damaged)
+        try await queue.create(kept)
+        try await backend.damageFilter(dir, damaged.id)
+        #expect(try await queue.pull(damaged.id, now: Self.base)?.filter == nil)
+        await #expect(throws: UnreadablePull.self) { try await queue.storedPull(damaged.id) }
+        let due = try await queue.deliverable(for: "a", includingUnanswered: false, now: Self.base)
+        #expect(due.map(\.id).sorted() == [damaged.id, kept.id].sorted())
+        #expect(throws: UnreadablePull.self) { try due.first { $0.id == damaged.id }?.stored.get() }
+        #expect(try due.first { $0.id == kept.id }?.stored.get().filter == kept.filter)
+    }
+
     @Test(arguments: Backend.all)
     func pullsAreListedNewestFirstAndAudited(_ backend: Backend) async throws {
         let queue = try await backend.pulls(dir)

@@ -24,7 +24,7 @@ import Synchronization
 /// delivery among them (`docs/benchmarks.md`). ``agents()`` shows what is held over the rows
 /// it reads, writing nothing. A crash loses the heartbeat times held, which presence resets
 /// anyway; another process reading the database (`dredge-server agents`) sees a connected
-/// agent's last heartbeat up to `presenceRefresh` old.
+/// agent's last heartbeat up to `presenceRefresh` (and one heartbeat interval) old.
 public final class AgentRegistry: AgentDirectory, Sendable {
     private let db: DatabasePool
     private let hold: HeartbeatHold

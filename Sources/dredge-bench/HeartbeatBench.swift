@@ -14,8 +14,10 @@ import NIOSSL
 /// `dredge-bench heartbeat`: `server.heartbeat_under_upload`, the real `dredge-server` holding
 /// a fleet of idle agents (`fleet-child` processes timing every heartbeat's round trip) while
 /// a few agents upload large pulls at once. The limit is the same fleet's p99 round trip in
-/// the same run with no upload. Also `server.idle_connections` for that fleet (the server's
-/// memory per authenticated connection).
+/// the same run with no upload: the run alternates windows with no upload and with uploads
+/// (`--rounds`), each idle window just before its uploads, and pools each kind, so a machine
+/// whose speed drifts (a shared host) weighs on both alike. Also `server.idle_connections`
+/// for that fleet (the server's memory per authenticated connection).
 struct HeartbeatBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "heartbeat", abstract: "Heartbeat round trips of an idle fleet while large uploads run.")
 
@@ -31,14 +33,21 @@ struct HeartbeatBench: AsyncParsableCommand {
     @Option(help: "Heartbeat interval the server asks for, seconds.")
     var heartbeatSeconds = 2
 
-    @Option(help: "Seconds of round trips measured with no upload.")
+    @Option(help: "Seconds of round trips measured with no upload, in all (split evenly over the rounds).")
     var idleSeconds = 20
+
+    @Option(help: "Rounds of an idle window followed by the uploads.")
+    var rounds = 4
 
     @Option(help: "Where the fleet's keys are cached (made by scripts/bench-fleet-keys.py).")
     var keyCache = ".build/bench-fleet-keys"
 
     @Option(help: "Nice value (0-19) of this process while its agents upload: they stand in for agents on other machines, whose sealing and TLS would not run on the server's CPU. 0 lets them compete with the server as equals.")
     var uploadersNice = 19
+
+    func validate() throws {
+        guard rounds > 0, uploaders > 0, idleSeconds > 0 else { throw ValidationError("--rounds, --uploaders and --idle-seconds must be at least 1") }
+    }
 
     func run() async throws {
         let dir = NSTemporaryDirectory() + "dredge-bench-heartbeat-\(getpid())"
@@ -63,9 +72,13 @@ struct HeartbeatBench: AsyncParsableCommand {
         var readOnly = StoreConfiguration()
         readOnly.readOnly = true
         let store = try LogStore(path: storePath, configuration: readOnly)
-        for (id, _) in uploaderKeys {
-            let pull = try await admin.createPull(PullRequest(uid: nil, agent: id, filter: .all))
-            _ = try Exporter.export(from: store, ExportRequest(uploadID: pull.id, kind: .pull, agentID: id, commandID: pull.id, filter: .all), to: dir + "/\(id).zip")
+        // A pull for each uploader and round, its zip named after it: an uploader takes the
+        // first command it is sent on connecting (its oldest pull not done) and uploads that zip.
+        for _ in 0..<rounds {
+            for (id, _) in uploaderKeys {
+                let pull = try await admin.createPull(PullRequest(uid: nil, agent: id, filter: .all))
+                _ = try Exporter.export(from: store, ExportRequest(uploadID: pull.id, kind: .pull, agentID: id, commandID: pull.id, filter: .all), to: dir + "/\(pull.id).zip")
+            }
         }
         try store.close()
 
@@ -96,27 +109,43 @@ struct HeartbeatBench: AsyncParsableCommand {
         }
         func p99(_ sorted: [Double]) -> Double { sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * 0.99))] }
 
-        FileHandle.standardError.write(Data("measuring \(idleSeconds) s with no upload\n".utf8))
-        let idle = try await roundTrips { try await Task.sleep(for: .seconds(Double(idleSeconds))) }
-        FileHandle.standardError.write(Data("measuring while \(uploaders) agents upload \(uploadMb) MB each\n".utf8))
-        var uploadSeconds = 0.0
+        var idle: [Double] = [], busy: [Double] = [], uploadSeconds: [Double] = []
+        // The uploaders stand in for other machines: every thread of this process at their nice
+        // value from here on (the exports between rounds too; they are not timed).
         Self.niceEveryThread(uploadersNice)
-        let busy = try await roundTrips {
-            let start = monotonicNanos()
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                for (id, key) in uploaderKeys {
-                    group.addTask { try await Self.upload(zip: dir + "/\(id).zip", agentID: id, key: key, port: server.agentPort, tls: tls) }
+        var indexWaits: [Double] = []
+        for round in 1...rounds {
+            // The idle window is idle: the server has indexed what the last round uploaded
+            // (reading every record into the search index, at the server's own priority), and
+            // what was written is on disk.
+            let waitStart = monotonicNanos()
+            while try await admin.search(RecordSearch(limit: 1)).indexing > 0 { try await Task.sleep(for: .seconds(1)) }
+            indexWaits.append(Double(monotonicNanos() - waitStart) / 1e9)
+            sync()
+            try await Task.sleep(for: .seconds(1))
+            FileHandle.standardError.write(Data("round \(round)/\(rounds): \(idleSeconds / rounds) s with no upload, then \(uploaders) agents upload \(uploadMb) MB each\n".utf8))
+            idle += try await roundTrips { try await Task.sleep(for: .seconds(Double(idleSeconds) / Double(rounds))) }
+            busy += try await roundTrips {
+                let start = monotonicNanos()
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    for (id, key) in uploaderKeys {
+                        group.addTask { try await Self.upload(zips: dir, agentID: id, key: key, port: server.agentPort, tls: tls) }
+                    }
+                    try await group.waitForAll()
                 }
-                try await group.waitForAll()
+                uploadSeconds.append(Double(monotonicNanos() - start) / 1e9)
             }
-            uploadSeconds = Double(monotonicNanos() - start) / 1e9
         }
+        idle.sort()
+        busy.sort()
         let figure = Figure(
             name: "server.heartbeat_under_upload", value: p99(busy), unit: "ms", limit: p99(idle), higherIsBetter: false,
             extra: String(
-                format: "slowdown=%.2f p50_idle=%.2f p50_upload=%.2f samples_idle=%d samples_upload=%d agents=%d uploads=%dx%d MB upload_s=%.1f",
-                p99(busy) / p99(idle), idle[idle.count / 2], busy.isEmpty ? .nan : busy[busy.count / 2], idle.count, busy.count, held, uploaders, uploadMb, uploadSeconds)
-                + " uploaders_nice=\(uploadersNice)")
+                format: "slowdown=%.2f p50_idle=%.2f p50_upload=%.2f samples_idle=%d samples_upload=%d agents=%d uploads=%dx%dx%d MB",
+                p99(busy) / p99(idle), idle.isEmpty ? .nan : idle[idle.count / 2], busy.isEmpty ? .nan : busy[busy.count / 2], idle.count, busy.count, held,
+                rounds, uploaders, uploadMb)
+                + " upload_s=" + uploadSeconds.map { String(format: "%.1f", $0) }.joined(separator: ",")
+                + " indexed_after_s=" + indexWaits.dropFirst().map { String(format: "%.1f", $0) }.joined(separator: ",") + " uploaders_nice=\(uploadersNice)")
         print(figure.line)
         print(Figure(
             name: "server.idle_connections", value: perConnection, unit: "KB/conn", limit: 32, higherIsBetter: false,
@@ -134,9 +163,9 @@ struct HeartbeatBench: AsyncParsableCommand {
         #endif
     }
 
-    /// One agent's upload of its pull: connects, takes the command, accepts it and sends every
-    /// chunk of `zip` until the server's result.
-    static func upload(zip: String, agentID: String, key: RSAPrivateKey, port: Int, tls: NIOSSLContext) async throws {
+    /// One agent's upload of a pull: connects, takes the first command, accepts it and sends
+    /// every chunk of its zip (`zips/<pull id>.zip`) until the server's result.
+    static func upload(zips: String, agentID: String, key: RSAPrivateKey, port: Int, tls: NIOSSLContext) async throws {
         try await AgentLink.withConnection(host: "127.0.0.1", port: port, tls: tls, agentID: agentID, key: key) { link in
             var command: WirePullCommand?
             while command == nil, let frame = try await link.next() {
@@ -145,7 +174,7 @@ struct HeartbeatBench: AsyncParsableCommand {
             guard let command else { throw ValidationError("no command arrived") }
             try await link.send(.with { $0.commandAccepted = .with { $0.commandID = command.commandID } })
             let upload = try SealedUpload(
-                zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)), empty: false,
+                zipPath: zips + "/\(command.commandID).zip", uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)), empty: false,
                 createdAt: Timestamp.now.microseconds)
             let result = try await sendUpload(upload, over: link)
             guard result?.ok == true else { throw ValidationError("upload of \(agentID) ended: \(String(describing: result))") }

@@ -111,19 +111,22 @@ struct HeartbeatBench: AsyncParsableCommand {
 
         var idle: [Double] = [], busy: [Double] = [], uploadSeconds: [Double] = []
         // The uploaders stand in for other machines: every thread of this process at their nice
-        // value from here on (the exports between rounds too; they are not timed).
+        // value from here on.
         Self.niceEveryThread(uploadersNice)
         var indexWaits: [Double] = []
         for round in 1...rounds {
             // The idle window is idle: the server has indexed what the last round uploaded
             // (reading every record into the search index, at the server's own priority), and
             // what was written is on disk.
-            let waitStart = monotonicNanos()
-            while try await admin.search(RecordSearch(limit: 1)).indexing > 0 { try await Task.sleep(for: .seconds(1)) }
+            let waitStart = monotonicNanos(), deadline = ContinuousClock.now + .seconds(600)
+            while try await admin.search(RecordSearch(limit: 1)).indexing > 0 {
+                guard ContinuousClock.now < deadline else { throw ValidationError("the server did not finish indexing round \(round - 1)'s uploads in 10 minutes") }
+                try await Task.sleep(for: .seconds(1))
+            }
             indexWaits.append(Double(monotonicNanos() - waitStart) / 1e9)
             sync()
             try await Task.sleep(for: .seconds(1))
-            FileHandle.standardError.write(Data("round \(round)/\(rounds): \(idleSeconds / rounds) s with no upload, then \(uploaders) agents upload \(uploadMb) MB each\n".utf8))
+            FileHandle.standardError.write(Data("round \(round)/\(rounds): \(Double(idleSeconds) / Double(rounds)) s with no upload, then \(uploaders) agents upload \(uploadMb) MB each\n".utf8))
             idle += try await roundTrips { try await Task.sleep(for: .seconds(Double(idleSeconds) / Double(rounds))) }
             busy += try await roundTrips {
                 let start = monotonicNanos()

@@ -19,9 +19,9 @@ import Synchronization
 /// the agent's row is `presenceRefresh` old (5 minutes by default), or when the agent
 /// disconnects; a change of uids or a user report is written at once, so
 /// ``agentIDs(withUID:)`` is never behind. An idle fleet of 18,000 then costs the database
-/// about 60 row writes a second instead of 600, and the write-ahead log is checkpointed a
-/// tenth as often: each checkpoint's fsyncs hold up every write queued behind it, a pull's
-/// delivery among them (`docs/benchmarks.md`). ``agents()`` shows what is held over the rows
+/// about 60 row writes a second instead of 600, and the write-ahead log is checkpointed about
+/// a seventh as often (measured): each checkpoint's fsyncs hold up every write queued behind
+/// it, a pull's delivery among them (`docs/benchmarks.md`). ``agents()`` shows what is held over the rows
 /// it reads, writing nothing. A crash loses the heartbeat times held, which presence resets
 /// anyway; another process reading the database (`dredge-server agents`) sees a connected
 /// agent's last heartbeat up to `presenceRefresh` (and one heartbeat interval) old.

@@ -207,6 +207,9 @@ let package = Package(
             dependencies: [
                 "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport", "CDredgeZlib",
                 "DredgeServer", "DredgeAgentCore", "DredgeAdminAPI",
+                .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["Server"])),
+                .product(name: "NIOTLS", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
                 .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
                 .product(name: "Crypto", package: "swift-crypto"),

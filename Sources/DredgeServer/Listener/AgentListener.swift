@@ -151,7 +151,11 @@ public final class AgentListener: Service, Sendable {
             let limits = connectionLimits
             return channel.eventLoop.makeCompletedFuture { () throws -> Void in
                 let handlers = channel.pipeline.syncOperations
+                // Before authentication, TLS records one at a time and whole frames only: a
+                // partial frame costs its own size, not a grown buffer kept for life.
+                try handlers.addHandler(PreAuthenticationRecordPacer(limit: frameLimit))
                 try handlers.addHandler(NIOSSLServerHandler(context: tls))
+                try handlers.addHandler(PreAuthenticationGatherer(limit: frameLimit))
                 try handlers.addHandler(ByteToMessageHandler(FrameDecoder(limit: frameLimit)))
                 // Its buffer shrinks back after each flush: a connection that once sent a large
                 // frame does not keep that much while idle.

@@ -1,0 +1,121 @@
+import DredgeWire
+import NIOCore
+
+/// Before the agent is authenticated, hands TLS the bytes it reads one whole TLS record at a
+/// time, each followed by the end of a read; once the connection's ``FrameSizeLimit`` is raised
+/// (authentication) it passes everything through and reads as NIO does by default.
+///
+/// It sits first in the pipeline, before TLS, and exists for memory, like the
+/// ``PreAuthenticationGatherer`` after TLS: NIOSSL decrypts every record of a read into its
+/// 32 KiB plaintext buffer and passes them on only when the read ends, and it doubles that
+/// buffer (for the life of the connection) when more than one record's worth of plaintext has
+/// gathered. A largest pre-authentication frame sent by an ordinary client (a full record and a
+/// small one) did that on every connection. One record per read keeps the buffer at its size.
+///
+/// Until then the connection also reads at most ``readBytes`` at a time from its socket: NIO
+/// keeps each channel's last read buffer for the next read, and its adaptive sizing would grow
+/// it for such a frame and keep it for the life of the connection.
+///
+/// It decides nothing: a record header announcing more than TLS allows is passed on at once with
+/// all that follows, for TLS to refuse. A record cut short by the connection's end is dropped
+/// (TLS would only have reported it cut short).
+final class PreAuthenticationRecordPacer: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+
+    /// A TLS record's header: content type, version, length (RFC 8446 § 5.1).
+    static let headerBytes = 5
+    /// The longest record body TLS allows: 2^14 bytes and 2,048 of expansion (RFC 5246 § 6.2.3;
+    /// TLS 1.3 allows less). A longer one is passed on for TLS to refuse.
+    static let maxRecordBodyBytes = 16_384 + 2_048
+    /// The most read from the socket at once before authentication: NIO's first read size.
+    static let readBytes = 2_048
+
+    private let limit: FrameSizeLimit
+    private let preAuthenticationBytes: Int
+    /// A record not yet whole: its header (or the first bytes of it), then its body so far, in a
+    /// buffer made for the record's size once its length is known.
+    private var held: ByteBuffer?
+    private var passing = false
+
+    init(limit: FrameSizeLimit, preAuthenticationBytes: Int = WireLimits.maxPreAuthFrameBytes) {
+        self.limit = limit
+        self.preAuthenticationBytes = preAuthenticationBytes
+    }
+
+    /// The capacity of the buffer of a record not yet whole (tests).
+    var heldCapacity: Int? { held?.capacity }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        setReads(FixedSizeRecvByteBufferAllocator(capacity: Self.readBytes), context: context)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if !passing && limit.bytes > preAuthenticationBytes {
+            passing = true
+            setReads(AdaptiveRecvByteBufferAllocator(), context: context)
+            if let record = held {
+                held = nil
+                context.fireChannelRead(wrapInboundOut(record))
+            }
+        }
+        if passing {
+            context.fireChannelRead(data)
+            return
+        }
+        var input = unwrapInboundIn(data)
+        while input.readableBytes > 0 {
+            var record = held ?? context.channel.allocator.buffer(capacity: Self.headerBytes)
+            held = nil
+            if record.readableBytes < Self.headerBytes {
+                guard let header = input.readSlice(length: min(Self.headerBytes - record.readableBytes, input.readableBytes)) else { return }
+                record.writeImmutableBuffer(header)
+                guard let length = record.getInteger(at: record.readerIndex + 3, as: UInt16.self) else {
+                    held = record  // the header is not all here yet
+                    return
+                }
+                guard Int(length) <= Self.maxRecordBodyBytes else {
+                    passing = true
+                    context.fireChannelRead(wrapInboundOut(record))
+                    if input.readableBytes > 0 { context.fireChannelRead(wrapInboundOut(input)) }
+                    return
+                }
+                var sized = context.channel.allocator.buffer(capacity: Self.headerBytes + Int(length))
+                sized.writeBuffer(&record)
+                record = sized
+            }
+            let whole = Self.headerBytes + Int(record.getInteger(at: record.readerIndex + 3, as: UInt16.self) ?? 0)
+            if let body = input.readSlice(length: min(whole - record.readableBytes, input.readableBytes)) { record.writeImmutableBuffer(body) }
+            if record.readableBytes == whole {
+                context.fireChannelRead(wrapInboundOut(record))
+                context.fireChannelReadComplete()
+            } else {
+                held = record
+            }
+        }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        // Before authentication each whole record was followed by its own.
+        if passing { context.fireChannelReadComplete() }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        held = nil
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        held = nil
+    }
+
+    /// How the channel sizes its socket reads. A channel that takes no such option (one in a
+    /// test) reads as it did.
+    private func setReads(_ allocator: some RecvByteBufferAllocator, context: ChannelHandlerContext) {
+        do {
+            try context.channel.syncOptions?.setOption(.recvAllocator, value: allocator)
+        } catch {
+            context.fireErrorCaught(error)
+        }
+    }
+}

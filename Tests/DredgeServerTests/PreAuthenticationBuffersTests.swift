@@ -1,0 +1,202 @@
+@testable import DredgeServer
+import DredgeWire
+import NIOCore
+import NIOEmbedded
+import Testing
+
+/// What reaches the next handler: each read's bytes and each end of a read, in order.
+private final class Recorder: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    /// Bytes as their count and a hash (a failure does not print kilobytes).
+    struct Bytes: Hashable, CustomStringConvertible {
+        let count: Int, hash: Int
+        init(_ bytes: some Sequence<UInt8>) {
+            let all = Array(bytes)
+            count = all.count
+            hash = all.hashValue
+        }
+        var description: String { "\(count) bytes" }
+    }
+    enum Event: Equatable, CustomStringConvertible {
+        case read(Bytes)
+        case complete
+        static func read(_ bytes: [UInt8]) -> Event { .read(Bytes(bytes)) }
+        var description: String {
+            switch self {
+            case .read(let bytes): "read(\(bytes))"
+            case .complete: "complete"
+            }
+        }
+    }
+    var events: [Event] = []
+    /// Each read's buffer: whether its capacity was sized for what it holds (``fitted``).
+    var fittedReads: [Bool] = []
+    var reads: [Bytes] { events.compactMap { if case .read(let bytes) = $0 { bytes } else { nil } } }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let buffer = unwrapInboundIn(data)
+        events.append(.read(Bytes(buffer.readableBytesView)))
+        fittedReads.append(fitted(buffer.capacity, buffer.readableBytes))
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) { events.append(.complete) }
+}
+
+private func buffer(_ bytes: some Sequence<UInt8>) -> ByteBuffer { ByteBuffer(bytes: Array(bytes)) }
+
+/// A buffer made for `count` bytes: NIO rounds a capacity up to a power of two, so under twice
+/// that. One grown by doubling as bytes came, or one of TLS's own (32 KiB), is not.
+private func fitted(_ capacity: Int?, _ count: Int) -> Bool {
+    guard let capacity else { return false }
+    return capacity >= count && capacity < 2 * count
+}
+
+/// A TLS record of `length` body bytes (application data, TLS 1.2 version).
+private func record(_ length: Int, fill: UInt8 = 0x42) -> [UInt8] {
+    [23, 3, 3, UInt8(length >> 8), UInt8(length & 0xFF)] + [UInt8](repeating: fill, count: length)
+}
+
+@Suite struct PreAuthenticationRecordPacerTests {
+    fileprivate func channel() throws -> (EmbeddedChannel, PreAuthenticationRecordPacer, Recorder, FrameSizeLimit) {
+        let limit = FrameSizeLimit(WireLimits.maxPreAuthFrameBytes)
+        let pacer = PreAuthenticationRecordPacer(limit: limit)
+        let recorder = Recorder()
+        let channel = EmbeddedChannel()
+        try channel.pipeline.syncOperations.addHandler(pacer)
+        try channel.pipeline.syncOperations.addHandler(recorder)
+        return (channel, pacer, recorder, limit)
+    }
+
+    @Test func recordsReadTogetherReachTLSOneAtATimeEachWithTheEndOfARead() throws {
+        let (channel, _, recorder, _) = try channel()
+        let a = record(16_384), b = record(3, fill: 7)
+        try channel.writeInbound(buffer(a + b))
+        channel.pipeline.fireChannelReadComplete()
+        #expect(recorder.events == [.read(a), .complete, .read(b), .complete])
+        #expect(recorder.fittedReads == [true, true])
+    }
+
+    @Test func aRecordTrickledInIsHeldInABufferOfItsOwnSizeUntilWhole() throws {
+        let (channel, pacer, recorder, _) = try channel()
+        let whole = record(16_000)
+        for byte in whole.prefix(5) { try channel.writeInbound(buffer([byte])) }
+        #expect(fitted(pacer.heldCapacity, whole.count))
+        var offset = 5
+        while offset < whole.count {
+            #expect(recorder.events.isEmpty)
+            let end = min(offset + 1_000, whole.count)
+            try channel.writeInbound(buffer(whole[offset..<end]))
+            channel.pipeline.fireChannelReadComplete()
+            offset = end
+        }
+        #expect(recorder.events == [.read(whole), .complete])
+        #expect(recorder.fittedReads == [true])
+        #expect(pacer.heldCapacity == nil)
+    }
+
+    @Test func aRecordLongerThanTLSAllowsIsPassedOnAtOnceForTLSToRefuse() throws {
+        let (channel, _, recorder, _) = try channel()
+        let header: [UInt8] = [23, 3, 3, 0x48, 0x01]  // 18,433 bytes: over 2^14 + 2,048
+        try channel.writeInbound(buffer(header + [1, 2, 3]))
+        #expect(recorder.reads == [.init(header), .init([1, 2, 3])])
+        try channel.writeInbound(buffer([4, 5]))
+        #expect(recorder.reads.last == .init([4, 5]))
+    }
+
+    @Test func readsAreSmallUntilAuthenticationThenEverythingPassesAsItCame() throws {
+        let (channel, _, recorder, limit) = try channel()
+        let before = try channel.getOption(ChannelOptions.recvAllocator).wait()
+        #expect((before as? FixedSizeRecvByteBufferAllocator)?.capacity == PreAuthenticationRecordPacer.readBytes)
+        let partial = record(100)
+        try channel.writeInbound(buffer(partial.prefix(50)))
+        #expect(recorder.events.isEmpty)
+
+        limit.set(WireLimits.maxFrameBytes)
+        let rest = Array(partial.dropFirst(50)) + record(30_000)  // no longer cut into records
+        try channel.writeInbound(buffer(rest))
+        channel.pipeline.fireChannelReadComplete()
+        #expect(recorder.reads == [.init(partial.prefix(50)), .init(rest)])
+        #expect(recorder.events.last == .complete)
+        #expect(try channel.getOption(ChannelOptions.recvAllocator).wait() is AdaptiveRecvByteBufferAllocator)
+    }
+}
+
+@Suite struct PreAuthenticationGathererTests {
+    fileprivate func channel(decoding: Bool) throws -> (EmbeddedChannel, PreAuthenticationGatherer, Recorder, FrameSizeLimit) {
+        let limit = FrameSizeLimit(WireLimits.maxPreAuthFrameBytes)
+        let gatherer = PreAuthenticationGatherer(limit: limit)
+        let recorder = Recorder()
+        let channel = EmbeddedChannel()
+        try channel.pipeline.syncOperations.addHandler(gatherer)
+        if decoding {
+            try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder(limit: limit)))
+        } else {
+            try channel.pipeline.syncOperations.addHandler(recorder)
+        }
+        return (channel, gatherer, recorder, limit)
+    }
+
+    /// A length prefix and `body` bytes.
+    func frame(announcing length: Int, body: Int) -> [UInt8] {
+        [UInt8(length >> 24), UInt8((length >> 16) & 0xFF), UInt8((length >> 8) & 0xFF), UInt8(length & 0xFF)] + [UInt8](repeating: 0x0A, count: body)
+    }
+
+    @Test func aPartialFrameIsHeldInABufferOfItsOwnSizeAndPassedOnWhole() throws {
+        let (channel, gatherer, recorder, _) = try channel(decoding: false)
+        let largest = WireLimits.maxPreAuthFrameBytes
+        let whole = frame(announcing: largest, body: largest)
+        try channel.writeInbound(buffer(whole.prefix(2)))
+        #expect(gatherer.heldCapacity == 4)
+        try channel.writeInbound(buffer(whole[2..<16_384]))
+        #expect(fitted(gatherer.heldCapacity, 4 + largest))
+        #expect(recorder.reads.isEmpty)
+        // The frame's end and the start of the next in one read.
+        let next = frame(announcing: 10, body: 3)
+        try channel.writeInbound(buffer(whole[16_384...] + next))
+        #expect(recorder.reads == [.init(whole)])
+        #expect(recorder.fittedReads == [true])
+        #expect(fitted(gatherer.heldCapacity, 14))
+    }
+
+    @Test func framesSplitAnyhowAreDecodedAsSent() throws {
+        let (channel, _, _, _) = try channel(decoding: true)
+        let sent: [WireFrame] = [
+            .with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1; $0.software = String(repeating: "s", count: 5_000) } },
+            .with { $0.authResponse = .with { $0.agentID = String(repeating: "a", count: 32); $0.signature = .init(repeating: 9, count: 512) } },
+        ]
+        let bytes = try sent.flatMap { try FrameEncoder.bytes(of: $0) }
+        var offset = 0, step = 1
+        while offset < bytes.count {
+            let end = min(offset + step, bytes.count)
+            try channel.writeInbound(buffer(bytes[offset..<end]))
+            offset = end
+            step = step * 3 % 1_999 + 1
+        }
+        #expect(try channel.readInbound(as: WireFrame.self) == sent[0])
+        #expect(try channel.readInbound(as: WireFrame.self) == sent[1])
+        #expect(try channel.readInbound(as: WireFrame.self) == nil)
+    }
+
+    @Test func aLengthTheDecoderRefusesReachesItAtOnce() throws {
+        for (length, code) in [(0, WireErrorCode.errorMalformedFrame), (WireLimits.maxPreAuthFrameBytes + 1, .errorFrameTooLarge)] {
+            let (channel, _, _, _) = try channel(decoding: true)
+            let error = #expect(throws: WireProtocolError.self) { try channel.writeInbound(buffer(frame(announcing: length, body: 2))) }
+            #expect(error?.code == code)
+        }
+    }
+
+    @Test func aFrameCutShortByTheEndOfTheConnectionReachesTheDecoder() throws {
+        let (channel, _, _, _) = try channel(decoding: true)
+        try channel.writeInbound(buffer(frame(announcing: 1_000, body: 10)))
+        #expect(throws: WireProtocolError.self) { _ = try channel.finish() }
+    }
+
+    @Test func afterAuthenticationBytesPassAsTheyCame() throws {
+        let (channel, _, recorder, limit) = try channel(decoding: false)
+        let held = frame(announcing: 1_000, body: 10)
+        try channel.writeInbound(buffer(held))
+        limit.set(WireLimits.maxFrameBytes)
+        try channel.writeInbound(buffer([1, 2, 3]))
+        #expect(recorder.reads == [.init(held), .init([1, 2, 3])])
+    }
+}

@@ -22,6 +22,9 @@ struct UnauthenticatedBench: AsyncParsableCommand {
     @Option(help: "Unauthenticated connections held.")
     var connections = 1_000
 
+    @Flag(help: ArgumentHelp("Shape the TLS records against the server: the frame's first 16,384 bytes in one record, then a record of 16,000 bytes whose last byte is never sent (the server holds both)."))
+    var shaped = false
+
     @Option(help: "Seconds each state is held after it is measured (to look at the server meanwhile).")
     var holdSeconds = 0
 
@@ -63,12 +66,27 @@ struct UnauthenticatedBench: AsyncParsableCommand {
         FileHandle.standardError.write(Data("holding \(held.count) silent connections (server pid \(server.process.processIdentifier))\n".utf8))
         try await Task.sleep(for: .seconds(holdSeconds))
 
-        // A length prefix announcing the largest pre-authentication frame, and all of its body but one byte.
         for channel in held {
-            var buffer = channel.allocator.buffer(capacity: 4 + partialBytes)
-            buffer.writeInteger(UInt32(WireLimits.maxPreAuthFrameBytes))
-            buffer.writeRepeatingByte(0x0A, count: partialBytes)
-            channel.writeAndFlush(buffer, promise: nil)
+            if shaped {
+                // One full record (the prefix and 16,380 bytes of the frame), then a record the
+                // server can never decrypt, as it lacks its last byte.
+                var first = channel.allocator.buffer(capacity: 16_384)
+                first.writeInteger(UInt32(WireLimits.maxPreAuthFrameBytes))
+                first.writeRepeatingByte(0x0A, count: 16_380)
+                var second = channel.allocator.buffer(capacity: 16_000)
+                second.writeRepeatingByte(0x0A, count: 16_000)
+                try await channel.eventLoop.submit { [first, second] in
+                    channel.writeAndFlush(first, promise: nil)
+                    (try? channel.pipeline.syncOperations.handler(type: Withholder.self))?.armed = true
+                    channel.writeAndFlush(second, promise: nil)
+                }.get()
+            } else {
+                // A length prefix announcing the largest pre-authentication frame, and all of its body but one byte.
+                var buffer = channel.allocator.buffer(capacity: 4 + partialBytes)
+                buffer.writeInteger(UInt32(WireLimits.maxPreAuthFrameBytes))
+                buffer.writeRepeatingByte(0x0A, count: partialBytes)
+                channel.writeAndFlush(buffer, promise: nil)
+            }
         }
         try await Task.sleep(for: .seconds(3))
         let partial = server.residentKB()
@@ -83,8 +101,8 @@ struct UnauthenticatedBench: AsyncParsableCommand {
         print(Figure(
             name: "server.unauthenticated_connections", value: max(silentKB, partialKB), unit: "KB/conn", limit: 64, higherIsBetter: false,
             extra: String(
-                format: "kb_silent=%.1f kb_partial_frame=%.1f partial_frame_bytes=%d connections=%d baseline_mb=%.0f",
-                silentKB, partialKB, 4 + partialBytes, held.count, Double(baseline) / 1024)).line)
+                format: "kb_silent=%.1f kb_partial_frame=%.1f partial_frame_bytes=%d shaped=%@ connections=%d baseline_mb=%.0f",
+                silentKB, partialKB, shaped ? 16_384 : 4 + partialBytes, shaped ? "yes" : "no", held.count, Double(baseline) / 1024)).line)
     }
 
     /// Lets one address hold `count` unauthenticated connections for ten minutes.
@@ -109,6 +127,7 @@ struct UnauthenticatedBench: AsyncParsableCommand {
                             .connectTimeout(.seconds(10))
                             .channelInitializer { channel in
                                 channel.eventLoop.makeCompletedFuture {
+                                    try channel.pipeline.syncOperations.addHandler(Withholder())
                                     try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: nil))
                                     try channel.pipeline.syncOperations.addHandler(HandshakeDone(promise: handshaken))
                                 }
@@ -126,6 +145,27 @@ struct UnauthenticatedBench: AsyncParsableCommand {
             channels += batch
         }
         return channels
+    }
+}
+
+/// Between TLS and the socket: once armed, sends the next write without its last byte (and
+/// nothing after it).
+private final class Withholder: ChannelOutboundHandler, @unchecked Sendable {
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    var armed = false
+    private var withholding = false
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        guard armed || withholding else { return context.write(data, promise: promise) }
+        if armed {
+            armed = false
+            withholding = true
+            var buffer = unwrapOutboundIn(data)
+            if let sent = buffer.readSlice(length: max(0, buffer.readableBytes - 1)) { context.write(wrapOutboundOut(sent), promise: promise) }
+        } else {
+            promise?.succeed()
+        }
     }
 }
 

@@ -31,12 +31,15 @@ private final class Recorder: ChannelInboundHandler, @unchecked Sendable {
     var events: [Event] = []
     /// Each read's buffer: whether its capacity was sized for what it holds (``fitted``).
     var fittedReads: [Bool] = []
+    /// Where each read's bytes lay.
+    var storages: [UInt] = []
     var reads: [Bytes] { events.compactMap { if case .read(let bytes) = $0 { bytes } else { nil } } }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = unwrapInboundIn(data)
         events.append(.read(Bytes(buffer.readableBytesView)))
         fittedReads.append(fitted(buffer.capacity, buffer.readableBytes))
+        storages.append(buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) })
     }
 
     func channelReadComplete(context: ChannelHandlerContext) { events.append(.complete) }
@@ -156,6 +159,21 @@ private func record(_ length: Int, fill: UInt8 = 0x42) -> [UInt8] {
         #expect(recorder.reads == [.init(whole)])
         #expect(recorder.fittedReads == [true])
         #expect(fitted(gatherer.heldCapacity, 14))
+    }
+
+    @Test func aWholeFrameIsPassedOnWhereItLiesAndOnlyPartOfOneIsCopied() throws {
+        let (channel, gatherer, recorder, _) = try channel(decoding: false)
+        let a = frame(announcing: 100, body: 100), b = frame(announcing: 1_000, body: 1_000)
+        // As TLS hands its bytes on: in a buffer much larger than what it holds.
+        var first = ByteBufferAllocator().buffer(capacity: 32_768)
+        first.writeBytes(a + b.prefix(300))
+        let storage = first.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) }
+        try channel.writeInbound(first)
+        #expect(fitted(gatherer.heldCapacity, b.count), "part of a frame kept in TLS's buffer")
+        try channel.writeInbound(buffer(b.dropFirst(300)))
+        #expect(recorder.reads == [.init(a), .init(b)])
+        #expect(recorder.storages.first == storage, "a whole frame copied")
+        #expect(recorder.fittedReads == [true, true])
     }
 
     @Test func framesSplitAnyhowAreDecodedAsSent() throws {

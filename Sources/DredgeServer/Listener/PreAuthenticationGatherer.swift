@@ -45,6 +45,15 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
             return
         }
         while input.readableBytes > 0 {
+            // A whole frame: passed on as it lies (the decoder keeps nothing of it).
+            if held == nil, let length = input.getInteger(at: input.readerIndex, as: UInt32.self), length > 0, Int(length) <= limit.bytes,
+                let frame = input.readSlice(length: 4 + Int(length))
+            {
+                context.fireChannelRead(wrapInboundOut(frame))
+                continue
+            }
+            // Part of one: copied out, so that TLS's buffer stays its own. Keeping it instead
+            // (as the decoder would) makes TLS copy it on its next write: 16 KB more measured.
             var frame = held ?? context.channel.allocator.buffer(capacity: 4)
             held = nil
             if frame.readableBytes < 4 {

@@ -22,7 +22,7 @@ struct UnauthenticatedBench: AsyncParsableCommand {
     @Option(help: "Unauthenticated connections held.")
     var connections = 1_000
 
-    @Flag(help: ArgumentHelp("Shape the TLS records against the server: the frame's first 16,384 bytes in one record, then a record of 16,000 bytes whose last byte is never sent (the server holds both)."))
+    @Flag(help: ArgumentHelp("Shape the TLS records against the server: the frame's first 16,384 bytes in one record, 3 more in a second, then a record of 16,000 bytes whose last byte is never sent (the server holds the frame and that record)."))
     var shaped = false
 
     @Option(help: "Seconds each state is held after it is measured (to look at the server meanwhile).")
@@ -68,17 +68,21 @@ struct UnauthenticatedBench: AsyncParsableCommand {
 
         for channel in held {
             if shaped {
-                // One full record (the prefix and 16,380 bytes of the frame), then a record the
-                // server can never decrypt, as it lacks its last byte.
+                // One full record (the prefix and 16,380 bytes of the frame), a small one (3 more:
+                // the frame lacks one byte), then a record the server can never decrypt, as it
+                // lacks its last byte.
                 var first = channel.allocator.buffer(capacity: 16_384)
                 first.writeInteger(UInt32(WireLimits.maxPreAuthFrameBytes))
                 first.writeRepeatingByte(0x0A, count: 16_380)
-                var second = channel.allocator.buffer(capacity: 16_000)
-                second.writeRepeatingByte(0x0A, count: 16_000)
-                try await channel.eventLoop.submit { [first, second] in
+                var second = channel.allocator.buffer(capacity: 3)
+                second.writeRepeatingByte(0x0A, count: 3)
+                var third = channel.allocator.buffer(capacity: 16_000)
+                third.writeRepeatingByte(0x0A, count: 16_000)
+                try await channel.eventLoop.submit { [first, second, third] in
                     channel.writeAndFlush(first, promise: nil)
-                    (try? channel.pipeline.syncOperations.handler(type: Withholder.self))?.armed = true
                     channel.writeAndFlush(second, promise: nil)
+                    (try? channel.pipeline.syncOperations.handler(type: Withholder.self))?.armed = true
+                    channel.writeAndFlush(third, promise: nil)
                 }.get()
             } else {
                 // A length prefix announcing the largest pre-authentication frame, and all of its body but one byte.
@@ -102,7 +106,7 @@ struct UnauthenticatedBench: AsyncParsableCommand {
             name: "server.unauthenticated_connections", value: max(silentKB, partialKB), unit: "KB/conn", limit: 64, higherIsBetter: false,
             extra: String(
                 format: "kb_silent=%.1f kb_partial_frame=%.1f partial_frame_bytes=%d shaped=%@ connections=%d baseline_mb=%.0f",
-                silentKB, partialKB, shaped ? 16_384 : 4 + partialBytes, shaped ? "yes" : "no", held.count, Double(baseline) / 1024)).line)
+                silentKB, partialKB, shaped ? 16_387 : 4 + partialBytes, shaped ? "yes" : "no", held.count, Double(baseline) / 1024)).line)
     }
 
     /// Lets one address hold `count` unauthenticated connections for ten minutes.

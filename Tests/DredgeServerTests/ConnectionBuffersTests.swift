@@ -1,4 +1,5 @@
 @testable import DredgeServer
+import Glibc
 import NIOCore
 import Testing
 
@@ -35,6 +36,32 @@ import Testing
         #expect(warm.load(as: UInt8.self) == 0xAB)
         #expect(try #require(slots.take()) == cold)
         #expect(cold.load(as: UInt8.self) == 0)
+    }
+
+    /// Discarding a live buffer's bytes gives back only the whole pages within them, and only
+    /// in a slot: a page they share with other bytes keeps its contents, and `malloc`'s memory
+    /// is never touched.
+    @Test func discardingGivesBackOnlyWholePagesOfASlot() throws {
+        var buffer = ConnectionBuffers.allocator.buffer(capacity: 32 * 1024)
+        buffer.writeRepeatingByte(0x5A, count: 32 * 1024)
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        try #require(page == 4_096, "this test assumes 4 KiB pages")
+        try buffer.withUnsafeMutableReadableBytes { bytes in
+            let base = try #require(bytes.baseAddress)
+            #expect(ConnectionBuffers.slots(holding: base) != nil)
+            // From the middle of the first page to the middle of the fifth: pages 2 to 4 go.
+            let given = ConnectionBuffers.discardPages(of: UnsafeRawBufferPointer(rebasing: bytes[2_000..<18_000]))
+            #expect(given == 3 * page)
+            #expect(bytes[page - 1] == 0x5A)
+            #expect(bytes[page] == 0 && bytes[4 * page - 1] == 0)
+            #expect(bytes[4 * page] == 0x5A)
+        }
+        var elsewhere = ByteBufferAllocator().buffer(capacity: 32 * 1024)
+        elsewhere.writeRepeatingByte(0x5A, count: 32 * 1024)
+        elsewhere.withUnsafeReadableBytes { bytes in
+            #expect(ConnectionBuffers.discardPages(of: bytes) == 0)
+            #expect(bytes.allSatisfy { $0 == 0x5A })
+        }
     }
 
     /// A slot that is not whole pages is never reserved (giving it back would take its

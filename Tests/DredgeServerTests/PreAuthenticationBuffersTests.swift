@@ -20,11 +20,14 @@ private final class Recorder: ChannelInboundHandler, @unchecked Sendable {
     enum Event: Equatable, CustomStringConvertible {
         case read(Bytes)
         case complete
+        /// The pacer's ``PreAuthenticationRecordPacer/RecordComing``.
+        case coming
         static func read(_ bytes: [UInt8]) -> Event { .read(Bytes(bytes)) }
         var description: String {
             switch self {
             case .read(let bytes): "read(\(bytes))"
             case .complete: "complete"
+            case .coming: "coming"
             }
         }
     }
@@ -43,6 +46,10 @@ private final class Recorder: ChannelInboundHandler, @unchecked Sendable {
     }
 
     func channelReadComplete(context: ChannelHandlerContext) { events.append(.complete) }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is PreAuthenticationRecordPacer.RecordComing { events.append(.coming) }
+    }
 }
 
 private func buffer(_ bytes: some Sequence<UInt8>) -> ByteBuffer { ByteBuffer(bytes: Array(bytes)) }
@@ -75,7 +82,7 @@ private func record(_ length: Int, fill: UInt8 = 0x42) -> [UInt8] {
         let a = record(16_384), b = record(3, fill: 7)
         try channel.writeInbound(buffer(a + b))
         channel.pipeline.fireChannelReadComplete()
-        #expect(recorder.events == [.read(a), .complete, .read(b), .complete])
+        #expect(recorder.events == [.coming, .read(a), .complete, .coming, .read(b), .complete])
         #expect(recorder.fittedReads == [true, true])
     }
 
@@ -92,7 +99,7 @@ private func record(_ length: Int, fill: UInt8 = 0x42) -> [UInt8] {
             channel.pipeline.fireChannelReadComplete()
             offset = end
         }
-        #expect(recorder.events == [.read(whole), .complete])
+        #expect(recorder.events == [.coming, .read(whole), .complete])
         #expect(recorder.fittedReads == [true])
         #expect(pacer.heldCapacity == nil)
     }
@@ -161,19 +168,57 @@ private func record(_ length: Int, fill: UInt8 = 0x42) -> [UInt8] {
         #expect(fitted(gatherer.heldCapacity, 14))
     }
 
-    @Test func aWholeFrameIsPassedOnWhereItLiesAndOnlyPartOfOneIsCopied() throws {
+    @Test func aWholeFrameIsPassedOnWhereItLiesAndPartOfOneIsCopiedOutBeforeTLSWritesAgain() throws {
         let (channel, gatherer, recorder, _) = try channel(decoding: false)
         let a = frame(announcing: 100, body: 100), b = frame(announcing: 1_000, body: 1_000)
-        // As TLS hands its bytes on: in a buffer much larger than what it holds.
+        // As TLS hands its bytes on: in its buffer, much larger than what it holds.
         var first = ByteBufferAllocator().buffer(capacity: 32_768)
         first.writeBytes(a + b.prefix(300))
         let storage = first.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) }
         try channel.writeInbound(first)
-        #expect(fitted(gatherer.heldCapacity, b.count), "part of a frame kept in TLS's buffer")
+        #expect(recorder.reads == [.init(a)])
+        #expect(recorder.storages.first == storage, "a whole frame copied")
+        #expect(gatherer.heldCapacity == 32_768, "part of a frame copied before TLS writes again")
+        // TLS is about to write to its buffer: what lies there is taken out.
+        channel.pipeline.fireUserInboundEventTriggered(PreAuthenticationRecordPacer.RecordComing())
+        #expect(fitted(gatherer.heldCapacity, b.count))
         try channel.writeInbound(buffer(b.dropFirst(300)))
         #expect(recorder.reads == [.init(a), .init(b)])
-        #expect(recorder.storages.first == storage, "a whole frame copied")
         #expect(recorder.fittedReads == [true, true])
+        #expect(recorder.events.contains(.coming) == false, "the gatherer's own event went on down the pipeline")
+    }
+
+    @Test func tlsPagesAreGivenBackOnceDoneWithAndNotWhileAFrameLiesThere() throws {
+        let (channel, gatherer, recorder, _) = try channel(decoding: false)
+        let a = frame(announcing: 12_000, body: 12_000), b = frame(announcing: 9_000, body: 9_000)
+        // TLS's buffer, from the agent connections' allocator: whole pages of it can be given back.
+        var tls = ConnectionBuffers.allocator.buffer(capacity: 32_768)
+        tls.writeBytes(a + b.prefix(8_000))
+        let view = tls  // what TLS keeps (its indices reset, as NIOSSL does)
+        try channel.writeInbound(tls)
+        #expect(recorder.reads == [.init(a)])
+        view.withUnsafeReadableBytes { bytes in
+            #expect(bytes[4_096..<8_192].allSatisfy { $0 == 0 }, "the whole frame's pages kept")
+            #expect(Array(bytes[12_004..<20_004]) == Array(b.prefix(8_000)), "the frame lying there lost its bytes")
+        }
+        #expect(gatherer.heldCapacity == 32_768)
+        channel.pipeline.fireUserInboundEventTriggered(PreAuthenticationRecordPacer.RecordComing())
+        view.withUnsafeReadableBytes { bytes in
+            #expect(bytes[12_288..<16_384].allSatisfy { $0 == 0 }, "copied out, but its pages kept")
+        }
+        try channel.writeInbound(buffer(b.dropFirst(8_000)))
+        #expect(recorder.reads == [.init(a), .init(b)])
+    }
+
+    @Test func partOfAFrameLeftInPlaceIsStillGatheredWhenMoreComesUnannounced() throws {
+        let (channel, _, _, _) = try channel(decoding: true)
+        let sent = WireFrame.with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1; $0.software = String(repeating: "s", count: 1_000) } }
+        let bytes = try FrameEncoder.bytes(of: sent)
+        var first = ByteBufferAllocator().buffer(capacity: 32_768)
+        first.writeBytes(bytes.prefix(500))
+        try channel.writeInbound(first)
+        try channel.writeInbound(buffer(bytes.dropFirst(500)))
+        #expect(try channel.readInbound(as: WireFrame.self) == sent)
     }
 
     @Test func framesSplitAnyhowAreDecodedAsSent() throws {

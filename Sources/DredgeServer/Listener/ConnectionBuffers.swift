@@ -70,6 +70,24 @@ enum ConnectionBuffers {
         return realloc(pointer, new)
     }
 
+    /// Gives back to the system the whole pages within `bytes`, if they lie in a slot; memory
+    /// outside the slots is left alone. For bytes of a live buffer that nobody will read again
+    /// (a buffer whose indices were reset): its owner keeps the buffer, the pages read as
+    /// zeros afterwards and the kernel provides them again on the next write. Returns the bytes
+    /// given back.
+    @discardableResult
+    static func discardPages(of bytes: UnsafeRawBufferPointer) -> Int {
+        guard let base = bytes.baseAddress, bytes.count > 0 else { return 0 }
+        let pointer = UnsafeMutableRawPointer(mutating: base)
+        guard slots(holding: pointer) != nil else { return 0 }
+        let page = UInt(sysconf(Int32(_SC_PAGESIZE)))
+        guard page > 0 else { return 0 }
+        let start = (UInt(bitPattern: base) + page - 1) / page * page
+        let end = (UInt(bitPattern: base) + UInt(bytes.count)) / page * page
+        guard end > start, let first = UnsafeMutableRawPointer(bitPattern: start) else { return 0 }
+        return madvise(first, Int(end - start), MADV_DONTNEED) == 0 ? Int(end - start) : 0
+    }
+
     static func deallocate(_ pointer: UnsafeMutableRawPointer) {
         if let from = slots(holding: pointer) {
             from.give(pointer)

@@ -1,17 +1,30 @@
 import DredgeWire
 import NIOCore
 
-/// Before the agent is authenticated, gathers each frame's bytes in a buffer made for the size
-/// its length prefix announces, and passes only whole frames on to the frame decoder; once the
-/// connection's ``FrameSizeLimit`` is raised (authentication) it passes everything through.
+/// Before the agent is authenticated, passes only whole frames on to the frame decoder, and
+/// gathers a frame that is not whole yet where it costs least; once the connection's
+/// ``FrameSizeLimit`` is raised (authentication) it passes everything through.
 ///
 /// It sits between TLS and the frame decoder, and exists for memory, with the
 /// ``PreAuthenticationRecordPacer`` before TLS: a connection nobody has vouched for may hold a
-/// partial frame of up to ``WireLimits/maxPreAuthFrameBytes``, and without it that partial frame
-/// is held in the TLS handler's own 32 KiB read buffer (kept by the decoder, which makes the TLS
-/// handler allocate another) or in a cumulation buffer grown by doubling. Here it costs its own
-/// size and no more: NIO rounds the buffer's capacity up to a power of two, and the agent
-/// connections' allocator (``ConnectionBuffers``) keeps the pages never written out of memory.
+/// partial frame of up to ``WireLimits/maxPreAuthFrameBytes``. The decoder would keep it in
+/// the TLS handler's own 32 KiB read buffer, and the TLS handler's next write would then copy
+/// that whole buffer (a `ByteBuffer` copied on write copies its capacity); or it would grow a
+/// buffer of its own by doubling. Here:
+///
+/// - a whole frame is passed on as it lies (the decoder keeps nothing of it);
+/// - the start of a frame with room after it in TLS's buffer stays there until TLS is about to
+///   write again (the pacer's ``PreAuthenticationRecordPacer/RecordComing``), and is then copied
+///   out to a buffer made for the frame, so TLS's buffer is its own again; a client that never
+///   sends the next record costs no copy;
+/// - otherwise the frame is gathered in a buffer made for it.
+///
+/// NIO rounds a buffer's capacity up to a power of two; the agent connections' allocator
+/// (``ConnectionBuffers``) keeps the pages never written out of memory. And once it is done
+/// with bytes TLS handed it (passed on whole, copied out), it gives their pages of TLS's
+/// buffer back to the system (``ConnectionBuffers/discardPages(of:)``): TLS resets its buffer
+/// before it passes the bytes on and reads nothing there again, so what an unauthenticated
+/// client sent earlier does not stay resident beside what it holds now.
 ///
 /// It decides nothing: a length prefix of zero or over the limit is passed on at once with all
 /// that follows, for the decoder to refuse as before, and bytes it holds when the connection
@@ -33,6 +46,9 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
         self.preAuthenticationBytes = preAuthenticationBytes
     }
 
+    /// Whether `held` lies in TLS's read buffer.
+    private var heldInPlace = false
+
     /// What it holds: the capacity of the buffer of a frame not yet whole (tests).
     var heldCapacity: Int? { held?.capacity }
 
@@ -44,6 +60,15 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
             context.fireChannelRead(data)
             return
         }
+        // The bytes as they came, given back once done with: up to a frame kept in place, and
+        // none if passed on for the decoder to refuse.
+        let entry = input
+        var doneUpTo: Int? = entry.writerIndex
+        defer {
+            if let end = doneUpTo, end > entry.readerIndex {
+                entry.withUnsafeReadableBytes { ConnectionBuffers.discardPages(of: UnsafeRawBufferPointer(rebasing: $0[..<(end - entry.readerIndex)])) }
+            }
+        }
         while input.readableBytes > 0 {
             // A whole frame: passed on as it lies (the decoder keeps nothing of it).
             if held == nil, let length = input.getInteger(at: input.readerIndex, as: UInt32.self), length > 0, Int(length) <= limit.bytes,
@@ -52,8 +77,16 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
                 context.fireChannelRead(wrapInboundOut(frame))
                 continue
             }
-            // Part of one: copied out, so that TLS's buffer stays its own. Keeping it instead
-            // (as the decoder would) makes TLS copy it on its next write: 16 KB more measured.
+            // The start of one with room after it: left where it lies for now.
+            if held == nil, let length = input.getInteger(at: input.readerIndex, as: UInt32.self), length > 0, Int(length) <= limit.bytes,
+                input.writerIndex + 4 + Int(length) - input.readableBytes <= input.capacity
+            {
+                held = input
+                heldInPlace = true
+                doneUpTo = input.readerIndex
+                return
+            }
+            copyOutHeld(context: context)
             var frame = held ?? context.channel.allocator.buffer(capacity: 4)
             held = nil
             if frame.readableBytes < 4 {
@@ -66,6 +99,7 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
                 guard length > 0, Int(length) <= limit.bytes else {
                     // Refused by the decoder, which says why.
                     passing = true
+                    doneUpTo = nil
                     context.fireChannelRead(wrapInboundOut(frame))
                     if input.readableBytes > 0 { context.fireChannelRead(wrapInboundOut(input)) }
                     return
@@ -85,6 +119,21 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
         }
     }
 
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        guard event is PreAuthenticationRecordPacer.RecordComing else { return context.fireUserInboundEventTriggered(event) }
+        copyOutHeld(context: context)
+    }
+
+    /// A frame left in TLS's buffer, copied out to a buffer made for it.
+    private func copyOutHeld(context: ChannelHandlerContext) {
+        guard heldInPlace, let frame = held, let length = frame.getInteger(at: frame.readerIndex, as: UInt32.self) else { return }
+        var copy = context.channel.allocator.buffer(capacity: 4 + Int(length))
+        copy.writeImmutableBuffer(frame)
+        held = copy
+        heldInPlace = false
+        frame.withUnsafeReadableBytes { ConnectionBuffers.discardPages(of: $0) }
+    }
+
     func channelInactive(context: ChannelHandlerContext) {
         releaseHeld(context: context)
         context.fireChannelInactive()
@@ -92,12 +141,14 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
 
     func handlerRemoved(context: ChannelHandlerContext) {
         held = nil
+        heldInPlace = false
     }
 
     /// Passes on what it holds, as it is.
     private func releaseHeld(context: ChannelHandlerContext) {
         guard let frame = held else { return }
         held = nil
+        heldInPlace = false
         context.fireChannelRead(wrapInboundOut(frame))
     }
 }

@@ -12,6 +12,10 @@ import NIOCore
 /// gathered. A largest pre-authentication frame sent by an ordinary client (a full record and a
 /// small one) did that on every connection. One record per read keeps the buffer at its size.
 ///
+/// Before each record it sends a ``RecordComing`` event down the pipeline, ahead of the record:
+/// TLS passes it on, and the ``PreAuthenticationGatherer`` takes what it keeps in TLS's buffer
+/// out of it before TLS writes there again.
+///
 /// Until then the connection also reads at most ``readBytes`` at a time from its socket: NIO
 /// keeps each channel's last read buffer for the next read, and its adaptive sizing would grow
 /// it for such a frame and keep it for the life of the connection.
@@ -22,6 +26,10 @@ import NIOCore
 final class PreAuthenticationRecordPacer: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
+
+    /// A user inbound event: a TLS record is about to reach TLS, which will write its plaintext
+    /// to its read buffer.
+    struct RecordComing: Sendable {}
 
     /// A TLS record's header: content type, version, length (RFC 8446 § 5.1).
     static let headerBytes = 5
@@ -87,6 +95,7 @@ final class PreAuthenticationRecordPacer: ChannelInboundHandler {
             let whole = Self.headerBytes + Int(record.getInteger(at: record.readerIndex + 3, as: UInt16.self) ?? 0)
             if let body = input.readSlice(length: min(whole - record.readableBytes, input.readableBytes)) { record.writeImmutableBuffer(body) }
             if record.readableBytes == whole {
+                context.fireUserInboundEventTriggered(RecordComing())
                 context.fireChannelRead(wrapInboundOut(record))
                 context.fireChannelReadComplete()
             } else {

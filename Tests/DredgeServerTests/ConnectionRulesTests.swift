@@ -96,6 +96,47 @@ import Testing
         #expect(answer?.error.fatal == true)
     }
 
+    /// The largest frames allowed before authentication, across TLS records cut anyhow (a full
+    /// record then a few bytes, a few bytes then the rest), through the server's real pipeline
+    /// (records paced one at a time, frames gathered): each is answered.
+    @Test func theLargestPreAuthenticationFramesAcrossTLSRecordsAreAnswered() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        for cut in [[16_384, 3], [3, 16_384], [9_000, 2, 5_000]] {
+            let channel = try await AgentConnector.connect(host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"))
+            // A Hello whose body is exactly the limit.
+            var software = WireLimits.maxPreAuthFrameBytes - 16
+            var hello = WireFrame()
+            while true {
+                hello = .with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1; $0.software = String(repeating: "s", count: software) } }
+                let size = (try hello.serializedBytes() as [UInt8]).count
+                if size == WireLimits.maxPreAuthFrameBytes { break }
+                software += WireLimits.maxPreAuthFrameBytes - size
+            }
+            let bytes = try FrameEncoder.bytes(of: hello)
+            var pieces: [ByteBuffer] = []
+            var offset = 0
+            for length in cut + [bytes.count] {
+                let end = min(offset + length, bytes.count)
+                if end > offset { pieces.append(ByteBuffer(bytes: bytes[offset..<end])) }
+                offset = end
+            }
+            // Below the frame codec: each piece its own write, so its own TLS record(s).
+            try await channel.channel.pipeline.context(handlerType: MessageToByteHandler<FrameEncoder>.self).flatMap { context in
+                for piece in pieces { context.writeAndFlush(NIOAny(piece), promise: nil) }
+                return context.eventLoop.makeSucceededVoidFuture()
+            }.get()
+            let answer = try await channel.executeThenClose { inbound, _ in
+                var frames = inbound.makeAsyncIterator()
+                return try await frames.next()
+            }
+            guard case .helloAck? = answer?.body else {
+                Issue.record("cut \(cut): expected HelloAck, got \(String(describing: answer))")
+                continue
+            }
+        }
+    }
+
     /// The slow-loris case: one address holds as many unauthenticated connections as it may;
     /// more from it are closed at once, and an enrolled agent from elsewhere still connects
     /// and is pulled, and the admin API answers.

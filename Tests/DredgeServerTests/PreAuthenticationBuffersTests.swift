@@ -1,5 +1,6 @@
 @testable import DredgeServer
 import DredgeWire
+import Glibc
 import NIOCore
 import NIOEmbedded
 import Testing
@@ -104,13 +105,22 @@ private func record(_ length: Int, fill: UInt8 = 0x42) -> [UInt8] {
         #expect(pacer.heldCapacity == nil)
     }
 
-    @Test func aRecordLongerThanTLSAllowsIsPassedOnAtOnceForTLSToRefuse() throws {
+    @Test func aRecordLongerThanTLSAcceptsIsPassedOnAtOnceForTLSToRefuse() throws {
         let (channel, _, recorder, _) = try channel()
-        let header: [UInt8] = [23, 3, 3, 0x48, 0x01]  // 18,433 bytes: over 2^14 + 2,048
+        let length = PreAuthenticationRecordPacer.maxRecordBodyBytes + 1
+        let header: [UInt8] = [23, 3, 3, UInt8(length >> 8), UInt8(length & 0xFF)]
         try channel.writeInbound(buffer(header + [1, 2, 3]))
         #expect(recorder.reads == [.init(header), .init([1, 2, 3])])
         try channel.writeInbound(buffer([4, 5]))
         #expect(recorder.reads.last == .init([4, 5]))
+    }
+
+    @Test func whatIsNotATLSRecordIsPassedOnAtOnceForTLSToRefuse() throws {
+        for bytes in [Array("GET / HTTP/1.1\r\n".utf8), [25, 3, 3, 0, 10, 1], [22, 2, 0, 0, 10, 1]] {
+            let (channel, _, recorder, _) = try channel()
+            try channel.writeInbound(buffer(bytes))
+            #expect(recorder.reads == [.init(bytes.prefix(5)), .init(bytes.dropFirst(5))], "\(bytes)")
+        }
     }
 
     @Test func readsAreSmallUntilAuthenticationThenEverythingPassesAsItCame() throws {
@@ -189,6 +199,7 @@ private func record(_ length: Int, fill: UInt8 = 0x42) -> [UInt8] {
     }
 
     @Test func tlsPagesAreGivenBackOnceDoneWithAndNotWhileAFrameLiesThere() throws {
+        try #require(sysconf(Int32(_SC_PAGESIZE)) == 4_096, "this test assumes 4 KiB pages")
         let (channel, gatherer, recorder, _) = try channel(decoding: false)
         let a = frame(announcing: 12_000, body: 12_000), b = frame(announcing: 9_000, body: 9_000)
         // TLS's buffer, from the agent connections' allocator: whole pages of it can be given back.
@@ -198,13 +209,13 @@ private func record(_ length: Int, fill: UInt8 = 0x42) -> [UInt8] {
         try channel.writeInbound(tls)
         #expect(recorder.reads == [.init(a)])
         view.withUnsafeReadableBytes { bytes in
-            #expect(bytes[4_096..<8_192].allSatisfy { $0 == 0 }, "the whole frame's pages kept")
+            #expect(bytes[4_096..<8_192].allSatisfy { $0 == 0 }, "the whole frame's pages not given back")
             #expect(Array(bytes[12_004..<20_004]) == Array(b.prefix(8_000)), "the frame lying there lost its bytes")
         }
         #expect(gatherer.heldCapacity == 32_768)
         channel.pipeline.fireUserInboundEventTriggered(PreAuthenticationRecordPacer.RecordComing())
         view.withUnsafeReadableBytes { bytes in
-            #expect(bytes[12_288..<16_384].allSatisfy { $0 == 0 }, "copied out, but its pages kept")
+            #expect(bytes[12_288..<16_384].allSatisfy { $0 == 0 }, "copied out, but its pages not given back")
         }
         try channel.writeInbound(buffer(b.dropFirst(8_000)))
         #expect(recorder.reads == [.init(a), .init(b)])

@@ -70,7 +70,9 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
             }
         }
         while input.readableBytes > 0 {
-            // A whole frame: passed on as it lies (the decoder keeps nothing of it).
+            // A whole frame: passed on as it lies. Its pages are given back when this read is
+            // done, so nothing after this handler may keep these bytes past its channelRead
+            // (the frame decoder copies a frame's body out to parse it: FrameDecoder.parse).
             if held == nil, let length = input.getInteger(at: input.readerIndex, as: UInt32.self), length > 0, Int(length) <= limit.bytes,
                 let frame = input.readSlice(length: 4 + Int(length))
             {
@@ -120,8 +122,10 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        guard event is PreAuthenticationRecordPacer.RecordComing else { return context.fireUserInboundEventTriggered(event) }
-        copyOutHeld(context: context)
+        if event is PreAuthenticationRecordPacer.RecordComing { return copyOutHeld(context: context) }
+        // The peer closed its side (with half-closure allowed): a frame cut short reaches the decoder.
+        if case ChannelEvent.inputClosed = event { releaseHeld(context: context) }
+        context.fireUserInboundEventTriggered(event)
     }
 
     /// A frame left in TLS's buffer, copied out to a buffer made for it.

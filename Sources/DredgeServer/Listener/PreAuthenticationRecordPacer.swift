@@ -20,8 +20,9 @@ import NIOCore
 /// keeps each channel's last read buffer for the next read, and its adaptive sizing would grow
 /// it for such a frame and keep it for the life of the connection.
 ///
-/// It decides nothing: a record header announcing more than TLS allows is passed on at once with
-/// all that follows, for TLS to refuse. A record cut short by the connection's end is dropped
+/// It decides nothing: a header that is not a TLS record's (a content type other than 20–24, a
+/// version not 3.x: a plain-text request, say) or that announces more than TLS accepts is
+/// passed on at once with all that follows, for TLS to refuse as it did without the pacer. A record cut short by the connection's end is dropped
 /// (TLS would only have reported it cut short).
 final class PreAuthenticationRecordPacer: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
@@ -33,9 +34,12 @@ final class PreAuthenticationRecordPacer: ChannelInboundHandler {
 
     /// A TLS record's header: content type, version, length (RFC 8446 § 5.1).
     static let headerBytes = 5
-    /// The longest record body TLS allows: 2^14 bytes and 2,048 of expansion (RFC 5246 § 6.2.3;
-    /// TLS 1.3 allows less). A longer one is passed on for TLS to refuse.
-    static let maxRecordBodyBytes = 16_384 + 2_048
+    /// The longest record body the server's TLS (BoringSSL) accepts: 2^14 bytes of plaintext
+    /// and 320 of expansion (`SSL3_RT_MAX_ENCRYPTED_LENGTH`). A longer one is passed on for TLS
+    /// to refuse.
+    static let maxRecordBodyBytes = 16_384 + 256 + 64
+    /// TLS content types: change_cipher_spec, alert, handshake, application_data, heartbeat.
+    static let contentTypes: ClosedRange<UInt8> = 20...24
     /// The most read from the socket at once before authentication: NIO's first read size.
     static let readBytes = 2_048
 
@@ -62,6 +66,8 @@ final class PreAuthenticationRecordPacer: ChannelInboundHandler {
         if !passing && limit.bytes > preAuthenticationBytes {
             passing = true
             setReads(AdaptiveRecvByteBufferAllocator(), context: context)
+            // TLS writes again now: the gatherer takes what it keeps in TLS's buffer out first.
+            context.fireUserInboundEventTriggered(RecordComing())
             if let record = held {
                 held = nil
                 context.fireChannelRead(wrapInboundOut(record))
@@ -82,7 +88,9 @@ final class PreAuthenticationRecordPacer: ChannelInboundHandler {
                     held = record  // the header is not all here yet
                     return
                 }
-                guard Int(length) <= Self.maxRecordBodyBytes else {
+                let type = record.getInteger(at: record.readerIndex, as: UInt8.self) ?? 0
+                let major = record.getInteger(at: record.readerIndex + 1, as: UInt8.self) ?? 0
+                guard Self.contentTypes.contains(type), major == 3, Int(length) <= Self.maxRecordBodyBytes else {
                     passing = true
                     context.fireChannelRead(wrapInboundOut(record))
                     if input.readableBytes > 0 { context.fireChannelRead(wrapInboundOut(input)) }

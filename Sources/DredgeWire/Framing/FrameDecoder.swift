@@ -50,6 +50,9 @@ public struct FrameDecoder: ByteToMessageDecoder {
     static func parse(_ body: ByteBuffer) throws -> WireFrame {
         let frame: WireFrame
         do {
+            // Copied out: the server gives the pages of a frame decoded before authentication
+            // back to the system once decoded (PreAuthenticationGatherer), so nothing here may
+            // keep a view of the buffer.
             frame = try WireFrame(serializedBytes: Array(body.readableBytesView), extensions: nil, partial: false, options: decodingOptions)
         } catch {
             throw WireProtocolError.malformed("frame body is not a Frame message: \(error)")

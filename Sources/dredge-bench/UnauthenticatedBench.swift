@@ -81,7 +81,7 @@ struct UnauthenticatedBench: AsyncParsableCommand {
                 try await channel.eventLoop.submit { [first, second, third] in
                     channel.writeAndFlush(first, promise: nil)
                     channel.writeAndFlush(second, promise: nil)
-                    (try? channel.pipeline.syncOperations.handler(type: Withholder.self))?.armed = true
+                    try channel.pipeline.syncOperations.handler(type: Withholder.self).armed = true
                     channel.writeAndFlush(third, promise: nil)
                 }.get()
             } else {

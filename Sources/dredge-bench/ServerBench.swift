@@ -221,11 +221,16 @@ struct ServerBench: AsyncParsableCommand {
     /// The whole simulated fleet connects from 127.0.0.1: lift the per-address cap on
     /// unauthenticated connections (meant for the open internet) in `server.json`.
     static func allowOneAddressFleet(_ data: String) throws {
+        try setConnections(["maxUnauthenticatedPerAddress": 1_000_000], in: data)
+    }
+
+    /// Sets the `connections` object (``ConnectionLimits``) of the deployment's `server.json`.
+    static func setConnections(_ connections: [String: Any], in data: String) throws {
         let path = data + "/server.json"
         guard var config = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any] else {
             throw ValidationError("\(path) is not a JSON object")
         }
-        config["connections"] = ["maxUnauthenticatedPerAddress": 1_000_000]
+        config["connections"] = connections
         try JSONSerialization.data(withJSONObject: config, options: [.prettyPrinted, .sortedKeys]).write(to: URL(fileURLWithPath: path))
     }
 

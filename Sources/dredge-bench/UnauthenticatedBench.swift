@@ -111,12 +111,7 @@ struct UnauthenticatedBench: AsyncParsableCommand {
 
     /// Lets one address hold `count` unauthenticated connections for ten minutes.
     static func holdUnauthenticated(_ data: String, count: Int) throws {
-        let path = data + "/server.json"
-        guard var config = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any] else {
-            throw ValidationError("\(path) is not a JSON object")
-        }
-        config["connections"] = ["maxUnauthenticated": count, "maxUnauthenticatedPerAddress": count, "handshakeSeconds": 600]
-        try JSONSerialization.data(withJSONObject: config, options: [.prettyPrinted, .sortedKeys]).write(to: URL(fileURLWithPath: path))
+        try ServerBench.setConnections(["maxUnauthenticated": count, "maxUnauthenticatedPerAddress": count, "handshakeSeconds": 600], in: data)
     }
 
     /// `count` connections that completed TLS (64 handshakes at a time) and said nothing.

@@ -33,17 +33,13 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
 
-    private let limit: FrameSizeLimit
-    private let preAuthenticationBytes: Int
+    private var phase: PreAuthenticationPhase
     /// The bytes of a frame not yet whole: its length prefix (or the first bytes of one), then
     /// its body so far, in a buffer made for `4 + length` bytes once the length is known.
     private var held: ByteBuffer?
-    /// Authenticated, or a refused length was passed on: everything passes from now on.
-    private var passing = false
 
     init(limit: FrameSizeLimit, preAuthenticationBytes: Int = WireLimits.maxPreAuthFrameBytes) {
-        self.limit = limit
-        self.preAuthenticationBytes = preAuthenticationBytes
+        phase = PreAuthenticationPhase(limit: limit, preAuthenticationBytes: preAuthenticationBytes)
     }
 
     /// Whether `held` lies in TLS's read buffer.
@@ -54,11 +50,9 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         var input = unwrapInboundIn(data)
-        if !passing && limit.bytes > preAuthenticationBytes { passing = true }
-        if passing {
+        guard case .before = phase.check() else {
             releaseHeld(context: context)
-            context.fireChannelRead(data)
-            return
+            return context.fireChannelRead(data)
         }
         // The bytes as they came, given back once done with: up to a frame kept in place, and
         // none if passed on for the decoder to refuse.
@@ -70,23 +64,23 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
             }
         }
         while input.readableBytes > 0 {
-            // A whole frame: passed on as it lies. Its pages are given back when this read is
-            // done, so nothing after this handler may keep these bytes past its channelRead
-            // (the frame decoder copies a frame's body out to parse it: FrameDecoder.parse).
-            if held == nil, let length = input.getInteger(at: input.readerIndex, as: UInt32.self), length > 0, Int(length) <= limit.bytes,
-                let frame = input.readSlice(length: 4 + Int(length))
-            {
-                context.fireChannelRead(wrapInboundOut(frame))
-                continue
-            }
-            // The start of one with room after it: left where it lies for now.
-            if held == nil, let length = input.getInteger(at: input.readerIndex, as: UInt32.self), length > 0, Int(length) <= limit.bytes,
-                input.writerIndex + 4 + Int(length) - input.readableBytes <= input.capacity
-            {
-                held = input
-                heldInPlace = true
-                doneUpTo = input.readerIndex
-                return
+            if held == nil, let length = input.getInteger(at: input.readerIndex, as: UInt32.self), length > 0, Int(length) <= phase.frameLimit {
+                let whole = 4 + Int(length)
+                // A whole frame: passed on as it lies. Its pages are given back when this read
+                // is done, so nothing after this handler may keep these bytes past its
+                // channelRead (the frame decoder copies a frame's body out to parse it:
+                // FrameDecoder.parse).
+                if let frame = input.readSlice(length: whole) {
+                    context.fireChannelRead(wrapInboundOut(frame))
+                    continue
+                }
+                // The start of one with room after it: left where it lies for now.
+                if input.writerIndex + whole - input.readableBytes <= input.capacity {
+                    held = input
+                    heldInPlace = true
+                    doneUpTo = input.readerIndex
+                    return
+                }
             }
             copyOutHeld(context: context)
             var frame = held ?? context.channel.allocator.buffer(capacity: 4)
@@ -98,9 +92,9 @@ final class PreAuthenticationGatherer: ChannelInboundHandler {
                     held = frame  // the prefix is not all here yet
                     return
                 }
-                guard length > 0, Int(length) <= limit.bytes else {
+                guard length > 0, Int(length) <= phase.frameLimit else {
                     // Refused by the decoder, which says why.
-                    passing = true
+                    phase.stepAside()
                     doneUpTo = nil
                     context.fireChannelRead(wrapInboundOut(frame))
                     if input.readableBytes > 0 { context.fireChannelRead(wrapInboundOut(input)) }

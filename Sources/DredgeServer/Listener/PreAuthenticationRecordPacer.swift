@@ -43,16 +43,13 @@ final class PreAuthenticationRecordPacer: ChannelInboundHandler {
     /// The most read from the socket at once before authentication: NIO's first read size.
     static let readBytes = 2_048
 
-    private let limit: FrameSizeLimit
-    private let preAuthenticationBytes: Int
+    private var phase: PreAuthenticationPhase
     /// A record not yet whole: its header (or the first bytes of it), then its body so far, in a
     /// buffer made for the record's size once its length is known.
     private var held: ByteBuffer?
-    private var passing = false
 
     init(limit: FrameSizeLimit, preAuthenticationBytes: Int = WireLimits.maxPreAuthFrameBytes) {
-        self.limit = limit
-        self.preAuthenticationBytes = preAuthenticationBytes
+        phase = PreAuthenticationPhase(limit: limit, preAuthenticationBytes: preAuthenticationBytes)
     }
 
     /// The capacity of the buffer of a record not yet whole (tests).
@@ -63,8 +60,9 @@ final class PreAuthenticationRecordPacer: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if !passing && limit.bytes > preAuthenticationBytes {
-            passing = true
+        switch phase.check() {
+        case .before: break
+        case .endingNow:
             setReads(AdaptiveRecvByteBufferAllocator(), context: context)
             // TLS writes again now: the gatherer takes what it keeps in TLS's buffer out first.
             context.fireUserInboundEventTriggered(RecordComing())
@@ -72,10 +70,8 @@ final class PreAuthenticationRecordPacer: ChannelInboundHandler {
                 held = nil
                 context.fireChannelRead(wrapInboundOut(record))
             }
-        }
-        if passing {
-            context.fireChannelRead(data)
-            return
+            return context.fireChannelRead(data)
+        case .over: return context.fireChannelRead(data)
         }
         var input = unwrapInboundIn(data)
         while input.readableBytes > 0 {
@@ -91,7 +87,7 @@ final class PreAuthenticationRecordPacer: ChannelInboundHandler {
                 let type = record.getInteger(at: record.readerIndex, as: UInt8.self) ?? 0
                 let major = record.getInteger(at: record.readerIndex + 1, as: UInt8.self) ?? 0
                 guard Self.contentTypes.contains(type), major == 3, Int(length) <= Self.maxRecordBodyBytes else {
-                    passing = true
+                    phase.stepAside()
                     context.fireChannelRead(wrapInboundOut(record))
                     if input.readableBytes > 0 { context.fireChannelRead(wrapInboundOut(input)) }
                     return
@@ -114,7 +110,7 @@ final class PreAuthenticationRecordPacer: ChannelInboundHandler {
 
     func channelReadComplete(context: ChannelHandlerContext) {
         // Before authentication each whole record was followed by its own.
-        if passing { context.fireChannelReadComplete() }
+        if phase.isOver { context.fireChannelReadComplete() }
     }
 
     func channelInactive(context: ChannelHandlerContext) {

@@ -241,6 +241,51 @@ import Testing
         }
     }
 
+    /// A pull handed to the connection as it is queued (``FreshPull``) is sent once, also when
+    /// a read of the agent's due pulls finds it too, or its wake comes twice.
+    @Test func aFreshPullIsSentOnceHoweverItIsWoken() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let agent = try await server.enrollAgent()
+        let dispatcher = server.listener.dispatcher
+        let received = try await agent.connect { link in
+            try await Self.within(.seconds(120)) {
+                var ids: [String] = []
+                func until(_ id: String) async throws {
+                    while let frame = try await link.next() {
+                        if case .pullCommand(let command)? = frame.body { ids.append(command.commandID) }
+                        if ids.contains(id) { return }
+                    }
+                    throw AgentError("closed")
+                }
+                // Through the admin API: the connection's delivery is running.
+                let first = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: .all))
+                try await until(first.id)
+                var queued: [String] = []
+                for round in 0..<4 {
+                    let pull = try server.issuer.newPull(
+                        uid: "", agentID: agent.agentID, filter: .all, targets: [agent.agentID], lifetime: .seconds(60), requestedBy: "test")
+                    try await server.pulls.create(pull)
+                    queued.append(pull.id)
+                    let fresh = FreshPull(StoredPull(pull))
+                    // Delivered by a read, or by its own wake; then woken as fresh again.
+                    dispatcher.wake([agent.agentID], with: round.isMultiple(of: 2) ? nil : fresh)
+                    guard try await Self.waitFor(.seconds(60), { try await server.pulls.pull(pull.id)?.targets.first?.status == .delivered }) else {
+                        throw AgentError("pull \(pull.id) was not delivered")
+                    }
+                    dispatcher.wake([agent.agentID], with: fresh)
+                    dispatcher.wake([agent.agentID], with: fresh)
+                }
+                // Woken after every wake above, so delivered after whatever they sent.
+                let last = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: .all))
+                try await until(last.id)
+                return (queued: queued, ids: ids, first: first.id, last: last.id)
+            }
+        }
+        #expect(received.ids.count == 6)
+        #expect(Set(received.ids) == Set(received.queued + [received.first, received.last]))
+    }
+
     /// A pull whose stored row cannot be read back is failed with the reason, on its own: the
     /// agent's other pulls are delivered, and the bad one is never sent as "everything".
     @Test func aPoisonedPullFailsAloneAndIsNeverSent() async throws {

@@ -42,7 +42,7 @@ struct PostgresNodesTests {
         defer { running.cancel() }
         let agent = String(repeating: "c", count: 32)
         let wakes = Counter()
-        let token = dispatcher.register(agent) { wakes.increment() }
+        let token = dispatcher.register(agent) { _ in wakes.increment() }
         defer { dispatcher.unregister(agent, token: token) }
         #expect(await wakes.reaches(1), "the first wake, at registration")
 

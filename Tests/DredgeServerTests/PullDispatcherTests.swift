@@ -12,8 +12,8 @@ import Testing
         let dispatcher = PullDispatcher(pulls: PullStore(try ServerDatabase(directory: dir.path)), logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() })
         let wakes = Mutex(0)
         #expect(!dispatcher.isConnected("a"))
-        let first = dispatcher.register("a") { wakes.withLock { $0 += 1 } }
-        let second = dispatcher.register("a") { wakes.withLock { $0 += 1 } }  // a replacing connection, the old one still closing
+        let first = dispatcher.register("a") { _ in wakes.withLock { $0 += 1 } }
+        let second = dispatcher.register("a") { _ in wakes.withLock { $0 += 1 } }  // a replacing connection, the old one still closing
         #expect(dispatcher.isConnected("a") && !dispatcher.isConnected("b"))
         dispatcher.wake(["a", "b"])
         #expect(wakes.withLock { $0 } == 4, "once each at registration, once each by the wake")

@@ -64,7 +64,7 @@ public enum AdminAPI {
             do {
                 pull = try await pulls.create(
                     body, registry: registry, issuer: issuer, requestedBy: context.tokenName ?? "?", logger: logger, isConnected: dispatcher.isConnected
-                ) { dispatcher.wake($0) }
+                ) { dispatcher.wake($0, with: $1) }
             } catch let error as PullRequestError {
                 switch error {
                 case .unknownAgent: throw AdminAPIError(.notFound, "no_agent", error.description)

@@ -114,7 +114,7 @@ extension Console {
                     let asked = try pullRequest(form, now: .now).get()
                     pull = try await d.pulls.create(
                         asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger, isConnected: d.dispatcher.isConnected
-                    ) { d.dispatcher.wake($0) }
+                    ) { d.dispatcher.wake($0, with: $1) }
                 } catch let error as PullRequestError {
                     return try await newPullPage(session, form, problem: sentence(error), status: .badRequest)
                 }

@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeEnvelope
 import DredgePayload
 import DredgeWire
@@ -225,7 +226,8 @@ public final class AgentListener: Service, Sendable {
     /// Sends the agent its pulls, one pass per wake (``DeliveryRunner``): on connecting,
     /// the queued ones and the ones delivered before but never answered (the agent answers a
     /// repeated command as it did the first time); then new ones whenever the dispatcher says
-    /// they appeared.
+    /// they appeared. A pull this process just queued comes with the wake (``FreshPull``) and
+    /// is sent without reading the queue, claimed only if still queued.
     ///
     /// Each pull is marked delivered before its command is written (the mark and the command's
     /// RSA wrap and signature, on the control pool, run at once), so one whose write is lost
@@ -233,19 +235,30 @@ public final class AgentListener: Service, Sendable {
     /// replaced one that is still closing does not). A pull whose command cannot be made (its
     /// stored row is unreadable, its key does not unwrap) is marked failed on its own; the
     /// others are delivered. A passing failure leaves the pull queued for the next wake.
-    func deliverDue(to agentID: String, includingUnanswered unanswered: Bool, token: Int, channel: any Channel, work: ServerWork) async -> DeliveryRunner.Pass {
-        let due: [DuePull]
-        let agentKey: RSAPublicKey?
+    func deliverDue(to agentID: String, _ request: DeliveryRunner.Request, token: Int, channel: any Channel, work: ServerWork) async -> DeliveryRunner.Pass {
+        let due: [(pull: DuePull, key: RSAPublicKey?, onlyQueued: Bool)]
         do {
-            if unanswered {
-                // A connection's first pass: most find nothing, so the key is read only if needed.
-                due = try await pulls.deliverable(for: agentID, includingUnanswered: true)
-                agentKey = due.isEmpty ? nil : try await registry.publicKey(of: agentID)
+            if request.read {
+                let pulls: [DuePull]
+                let agentKey: RSAPublicKey?
+                if request.includingUnanswered {
+                    // A connection's first pass: most find nothing, so the key is read only if needed.
+                    pulls = try await self.pulls.deliverable(for: agentID, includingUnanswered: true)
+                    agentKey = pulls.isEmpty ? nil : try await registry.publicKey(of: agentID)
+                } else {
+                    // Both at once, one wait instead of two.
+                    async let key = registry.publicKey(of: agentID)
+                    pulls = try await self.pulls.deliverable(for: agentID, includingUnanswered: false)
+                    agentKey = try await key
+                }
+                due = pulls.map { ($0, agentKey, false) }
             } else {
-                // Woken because a pull was queued: both at once, one wait instead of two.
-                async let key = registry.publicKey(of: agentID)
-                due = try await pulls.deliverable(for: agentID, includingUnanswered: false)
-                agentKey = try await key
+                // Past its expiry a pull is not sent (the next read marks it expired).
+                let now = Timestamp.now
+                let fresh = request.fresh.filter { $0.pull.expiresAt > now }
+                var agentKey = fresh.lazy.compactMap { $0.agentKeys[agentID] }.first
+                if agentKey == nil, !fresh.isEmpty { agentKey = try await registry.publicKey(of: agentID) }
+                due = fresh.map { (DuePull(id: $0.pull.id, stored: .success($0.pull)), agentKey, true) }
             }
         } catch is CancellationError {
             return .stop
@@ -253,9 +266,9 @@ public final class AgentListener: Service, Sendable {
             logger.error("cannot read an agent's pulls; trying again on the next wake", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
             return .unread
         }
-        for pull in due {
+        for (pull, key, onlyQueued) in due {
             guard agentConnections.isLive(agentID, token: token) else { return .stop }
-            guard let frame = await deliverable(pull, to: agentID, key: agentKey, work: work) else { continue }
+            guard let frame = await deliverable(pull, to: agentID, key: key, onlyQueued: onlyQueued, work: work) else { continue }
             do {
                 try await channel.writeAndFlush(frame).get()
             } catch {
@@ -272,7 +285,10 @@ public final class AgentListener: Service, Sendable {
     /// pull that can never be sent (``UnreadablePull``) is failed for the agent with the reason;
     /// any other error is logged, and the pull (queued again if it was marked) goes on the
     /// next wake.
-    private func deliverable(_ pull: DuePull, to agentID: String, key: RSAPublicKey?, work: ServerWork) async -> WireFrame? {
+    /// With `onlyQueued` the pull is claimed only if still queued (a fresh pull, which a read
+    /// may have delivered meanwhile); else also if delivered before (sent again on a new
+    /// connection).
+    private func deliverable(_ pull: DuePull, to agentID: String, key: RSAPublicKey?, onlyQueued: Bool, work: ServerWork) async -> WireFrame? {
         let stored: StoredPull
         switch pull.stored {
         case .success(let read): stored = read
@@ -284,7 +300,11 @@ public final class AgentListener: Service, Sendable {
             await fail(pull.id, for: agentID, UnreadablePull("agent \(agentID) is not enrolled"))
             return nil
         }
-        async let marked = outcome { try await self.pulls.markDelivered(pull.id, agent: agentID) }
+        async let marked = outcome {
+            onlyQueued
+                ? try await self.pulls.update(pull.id, agent: agentID, status: .delivered, from: [.queued])
+                : try await self.pulls.markDelivered(pull.id, agent: agentID)
+        }
         let command = await outcome { try await work.control.runIfActive { [issuer] in try issuer.command(stored, agent: agentID, agentKey: key) } }
         switch await marked {
         case .success(true): break
@@ -551,10 +571,10 @@ final class ConnectionSession: @unchecked Sendable {
         guard delivery == nil else { return }
         let listener = self.listener
         let (token, channel, work) = (self.token, self.channel, self.work)
-        let runner = DeliveryRunner { unanswered in
-            await listener.deliverDue(to: agentID, includingUnanswered: unanswered, token: token, channel: channel, work: work)
+        let runner = DeliveryRunner { request in
+            await listener.deliverDue(to: agentID, request, token: token, channel: channel, work: work)
         }
-        delivery = (runner, listener.dispatcher.register(agentID) { runner.wake() })
+        delivery = (runner, listener.dispatcher.register(agentID) { runner.wake($0) })
     }
 
     /// Stops delivering (the connection ended); returns when no pass runs. Called after the

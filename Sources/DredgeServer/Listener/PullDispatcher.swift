@@ -1,3 +1,4 @@
+import DredgeEnvelope
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -17,7 +18,7 @@ public final class PullDispatcher: Service, @unchecked Sendable {
     let sweepInterval: Duration
     let logger: Logger
     private let lock = NSLock()
-    private var waiting: [String: [Int: @Sendable () -> Void]] = [:]
+    private var waiting: [String: [Int: @Sendable (FreshPull?) -> Void]] = [:]
     private var next = 0
 
     /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
@@ -35,16 +36,18 @@ public final class PullDispatcher: Service, @unchecked Sendable {
         self.housekeeping = housekeeping
     }
 
-    /// Calls `wake` whenever `agentID` may have pulls to deliver, and once at once. `wake` is
-    /// called on whichever thread wakes (an admin request, the sweep, a notification) and must
-    /// only start work, never wait. Returns the token to ``unregister(_:token:)`` with.
-    func register(_ agentID: String, wake: @escaping @Sendable () -> Void) -> Int {
+    /// Calls `wake` whenever `agentID` may have pulls to deliver, and once at once: with the
+    /// pull when it is one this process just queued (``FreshPull``), else with nil (the
+    /// agent's pulls must be read). `wake` is called on whichever thread wakes (an admin
+    /// request, the sweep, a notification) and must only start work, never wait. Returns the
+    /// token to ``unregister(_:token:)`` with.
+    func register(_ agentID: String, wake: @escaping @Sendable (FreshPull?) -> Void) -> Int {
         let token = lock.withLock {
             next += 1
             waiting[agentID, default: [:]][next] = wake
             return next
         }
-        wake()
+        wake(nil)
         return token
     }
 
@@ -61,10 +64,12 @@ public final class PullDispatcher: Service, @unchecked Sendable {
         }
     }
 
-    /// Wakes the connections of these agents, if connected.
-    public func wake(_ agentIDs: some Sequence<String>) {
+    /// Wakes the connections of these agents, if connected: with `fresh`, to send that pull,
+    /// just queued for them (their delivery need not read it); without, to read and send
+    /// whatever is due.
+    public func wake(_ agentIDs: some Sequence<String>, with fresh: FreshPull? = nil) {
         let wakes = lock.withLock { agentIDs.flatMap { waiting[$0].map { Array($0.values) } ?? [] } }
-        for wake in wakes { wake() }
+        for wake in wakes { wake(fresh) }
     }
 
     public func run() async throws {
@@ -91,6 +96,21 @@ public final class PullDispatcher: Service, @unchecked Sendable {
                 do { try await housekeeping() } catch { logger.error("housekeeping failed", metadata: ["error": "\(error)"]) }
             }
         }
+    }
+}
+
+/// A pull this process just queued, handed to its targets' connections with the wake: what
+/// its command is made from, and the public keys of the targets it read while storing it, so
+/// a delivery reads nothing before claiming the pull (``PullQueue/update`` from `queued`
+/// only, so a pull delivered meanwhile is not sent twice).
+public struct FreshPull: Sendable {
+    public var pull: StoredPull
+    /// By agent id; an agent not here has its key read by its delivery.
+    public var agentKeys: [String: RSAPublicKey]
+
+    public init(_ pull: StoredPull, agentKeys: [String: RSAPublicKey] = [:]) {
+        self.pull = pull
+        self.agentKeys = agentKeys
     }
 }
 

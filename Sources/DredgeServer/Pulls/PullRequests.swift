@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeDomain
+import DredgeEnvelope
 import DredgeWire
 import Foundation
 import Logging
@@ -31,12 +32,14 @@ extension PullQueue {
     /// (the agent joins on its next connection, whose first heartbeat carries its report).
     ///
     /// `wake` is told the targets as soon as the pull is stored (before the record is read
-    /// back), so their delivery starts at once, and each agent that joins late when it joins.
-    /// An agent that `isConnected` says is connected to this process (so it authenticated, so
-    /// it is enrolled: no agent is ever unenrolled) is not looked up in the registry.
+    /// back), with the pull itself (``FreshPull``) so their delivery need not read it, and each
+    /// agent that joins late when it joins (without: its delivery reads what is due). An agent
+    /// that `isConnected` says is connected to this process (so it authenticated, so it is
+    /// enrolled: no agent is ever unenrolled) is not looked up in the registry; its public key
+    /// is read while the pull is stored, for its delivery.
     public func create(
         _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, logger: Logger, now: Timestamp = .now,
-        isConnected: (String) -> Bool = { _ in false }, wake: ([String]) -> Void = { _ in }
+        isConnected: (String) -> Bool = { _ in false }, wake: ([String], FreshPull?) -> Void = { _, _ in }
     ) async throws -> PullRecord {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
         let agent = request.agent.flatMap { $0.isEmpty ? nil : $0 }
@@ -53,8 +56,11 @@ extension PullQueue {
         if let problem = filter.problem { throw PullRequestError.invalid(problem) }
 
         let agents: [String]
+        var connected: String?
         if let agent {
-            if !isConnected(agent) {
+            if isConnected(agent) {
+                connected = agent
+            } else {
                 guard try await registry.isEnrolled(agent) else { throw PullRequestError.unknownAgent(agent) }
             }
             agents = [agent]
@@ -64,8 +70,11 @@ extension PullQueue {
         var pull = try issuer.newPull(
             uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
         pull.reason = request.reason ?? ""
+        // The delivery's one read, made while the pull is written instead of after.
+        async let key = Self.keyForDelivery(of: connected, registry: registry, logger: logger)
         try await create(pull)
-        wake(agents)
+        let keys = await key.map { [agent ?? "": $0] } ?? [:]
+        wake(agents, FreshPull(StoredPull(pull), agentKeys: keys))
         if let uid, agent == nil {
             // An agent whose heartbeat added the uid between the lookup above and the pull's
             // creation found no pull to join: join it now (the heartbeat writes the registry,
@@ -73,7 +82,7 @@ extension PullQueue {
             // the other).
             do {
                 for late in try await registry.agentIDs(withUID: uid) where !agents.contains(late) {
-                    if try await adopt(agent: late, uids: [uid], now: now).contains(pull.id) { wake([late]) }
+                    if try await adopt(agent: late, uids: [uid], now: now).contains(pull.id) { wake([late], nil) }
                 }
             } catch {
                 logger.warning("pull queued; agents that came to hold its uid meanwhile join it later", metadata: ["pull.id": "\(pull.id)", "error": "\(error)"])
@@ -81,5 +90,24 @@ extension PullQueue {
         }
         guard let record = try await self.pull(pull.id, now: now) else { throw PullRequestError.invalid("pull \(pull.id) vanished") }
         return record
+    }
+
+    /// The agent's public key for its delivery; nil when it cannot be read now (the delivery
+    /// then reads it, and says why if it still cannot).
+    private static func keyForDelivery(of agent: String?, registry: any AgentDirectory, logger: Logger) async -> RSAPublicKey? {
+        guard let agent else { return nil }
+        do {
+            return try await registry.publicKey(of: agent)
+        } catch {
+            logger.debug("an agent's key was not read with its pull; its delivery reads it", metadata: ["agent.id": "\(agent)", "error": "\(error)"])
+            return nil
+        }
+    }
+}
+
+extension StoredPull {
+    /// What a pull's command is made from, as it was queued.
+    public init(_ pull: NewPull) {
+        self.init(id: pull.id, uid: pull.uid, filter: pull.filter, issuedAt: pull.issuedAt, expiresAt: pull.expiresAt, wrappedKey: pull.wrappedKey)
     }
 }

@@ -136,7 +136,7 @@ let package = Package(
         .target(
             name: "DredgeServer",
             dependencies: [
-                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeAdminAPI",
+                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeAdminAPI", "CDredgeSystem",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
                 .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
@@ -205,7 +205,7 @@ let package = Package(
         .executableTarget(
             name: "dredge-bench",
             dependencies: [
-                "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport", "CDredgeZlib",
+                "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport", "CDredgeZlib", "CDredgeSystem",
                 "DredgeServer", "DredgeAgentCore", "DredgeAdminAPI",
                 .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["Server"])),

@@ -8,6 +8,7 @@ import DredgePayload
 import DredgeServer
 import DredgeStore
 import DredgeWire
+import CDredgeSystem
 import Foundation
 import NIOSSL
 
@@ -45,6 +46,12 @@ struct HeartbeatBench: AsyncParsableCommand {
     @Option(help: "Nice value (0-19) of this process while its agents upload: they stand in for agents on other machines, whose sealing and TLS would not run on the server's CPU. 0 lets them compete with the server as equals.")
     var uploadersNice = 19
 
+    @Flag(inversion: .prefixedNo, help: "Move this process's threads to SCHED_IDLE while its agents upload (as well as nicing them): the server's threads that wake take the CPU from them at once.")
+    var uploadersIdle = true
+
+    @Option(help: ArgumentHelp("The server's `threads.bulkIdle` (its upload and unpack threads under SCHED_IDLE); the server's default when not given.", valueName: "true|false"))
+    var bulkIdle: Bool?
+
     func validate() throws {
         guard rounds > 0, uploaders > 0, idleSeconds > 0 else { throw ValidationError("--rounds, --uploaders and --idle-seconds must be at least 1") }
     }
@@ -55,6 +62,7 @@ struct HeartbeatBench: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
         try ServerBench.allowOneAddressFleet(dir + "/server")
+        if let bulkIdle { try ServerBench.setConfig("threads", ["bulkIdle": bulkIdle], in: dir + "/server") }
         let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log", heartbeatSeconds: heartbeatSeconds)
         defer { server.stop() }
         let admin = try server.admin(token: created.adminToken)
@@ -112,7 +120,7 @@ struct HeartbeatBench: AsyncParsableCommand {
         var idle: [Double] = [], busy: [Double] = [], uploadSeconds: [Double] = []
         // The uploaders stand in for other machines: every thread of this process at their nice
         // value from here on.
-        Self.niceEveryThread(uploadersNice)
+        Self.niceEveryThread(uploadersNice, idle: uploadersIdle)
         var indexWaits: [Double] = []
         for round in 1...rounds {
             // The idle window is idle: the server has indexed what the last round uploaded
@@ -148,20 +156,23 @@ struct HeartbeatBench: AsyncParsableCommand {
                 p99(busy) / p99(idle), idle.isEmpty ? .nan : idle[idle.count / 2], busy.isEmpty ? .nan : busy[busy.count / 2], idle.count, busy.count, held,
                 rounds, uploaders, uploadMb)
                 + " upload_s=" + uploadSeconds.map { String(format: "%.1f", $0) }.joined(separator: ",")
-                + " indexed_after_s=" + indexWaits.dropFirst().map { String(format: "%.1f", $0) }.joined(separator: ",") + " uploaders_nice=\(uploadersNice)")
+                + " indexed_after_s=" + indexWaits.dropFirst().map { String(format: "%.1f", $0) }.joined(separator: ",") + " uploaders_nice=\(uploadersNice) uploaders_idle=\(uploadersIdle) bulk_idle=\(bulkIdle.map { "\($0)" } ?? "default")")
         print(figure.line)
         print(Figure(
             name: "server.idle_connections", value: perConnection, unit: "KB/conn", limit: 32, higherIsBetter: false,
             extra: String(format: "agents=%d baseline_mb=%.0f", held, Double(baseline) / 1024)).line)
     }
 
-    /// Sets the nice value of every thread of this process (Linux keeps it per thread; threads
-    /// made later inherit their creator's). Lowering priority needs no privilege.
-    static func niceEveryThread(_ nice: Int) {
+    /// Sets the nice value (and with `idle` the `SCHED_IDLE` policy) of every thread of this
+    /// process (Linux keeps both per thread; threads made later inherit their creator's).
+    /// Lowering priority needs no privilege.
+    static func niceEveryThread(_ nice: Int, idle: Bool) {
         #if os(Linux)
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []  // a benchmark setting; none found, none changed
         for task in tasks {
-            if let tid = id_t(task) { _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), tid, Int32(max(0, min(19, nice)))) }
+            guard let tid = id_t(task) else { continue }
+            _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), tid, Int32(max(0, min(19, nice))))
+            if idle { _ = dredge_set_idle_policy(Int32(tid)) }
         }
         #endif
     }

@@ -25,12 +25,33 @@ import Testing
         await work.shutdown()
     }
 
+    /// With `bulkIdle`, upload and unpack threads run under `SCHED_IDLE` (a waking event loop
+    /// takes their CPU at once); the control pool's do not.
+    @Test func bulkThreadsCanRunUnderTheIdlePolicy() async throws {
+        let work = ServerWork(WorkThreads(control: 2, uploads: 3, unpack: 2, bulkNice: 7, bulkIdle: true))
+        func idle(_ pool: NIOThreadPool, times: Int) async throws -> Set<Bool> {
+            var seen: Set<Bool> = []
+            for _ in 0..<times { seen.insert(try await pool.runIfActive { ThreadPriority.hasIdlePolicy() }) }
+            return seen
+        }
+        #if os(Linux)
+        try #require(!ThreadPriority.hasIdlePolicy(), "the tests run under SCHED_IDLE already")
+        #expect(try await idle(work.uploads, times: 30) == [true])
+        #expect(try await idle(work.unpack, times: 30) == [true])
+        #expect(try await idle(work.control, times: 30) == [false])
+        #endif
+        await work.shutdown()
+    }
+
     @Test func theNiceValueIsReadFromServerJSONWithinItsRange() throws {
         let decode = { (json: String) throws -> WorkThreads in try JSONDecoder().decode(WorkThreads.self, from: Data(json.utf8)) }
         #expect(try decode("{}").bulkNice == 10)
         #expect(try decode(#"{"bulkNice": 0}"#).bulkNice == 0)
         #expect(try decode(#"{"bulkNice": 40}"#).bulkNice == 19)
         #expect(try decode(#"{"bulkNice": -5}"#).bulkNice == 0)
+        #expect(try decode("{}").bulkIdle == WorkThreads.default.bulkIdle)
+        #expect(try decode(#"{"bulkIdle": true}"#).bulkIdle == true)
+        #expect(try decode(#"{"bulkIdle": false}"#).bulkIdle == false)
     }
 }
 

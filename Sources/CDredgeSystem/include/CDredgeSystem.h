@@ -9,4 +9,14 @@
 /// Returns 0, or -1 with errno set; 0 and nothing done where the call does not exist.
 int dredge_start_writeback(int fd, int64_t offset, int64_t count);
 
+/// Moves the thread `tid` (0: the calling thread) to the `SCHED_IDLE` policy (Linux): it
+/// runs at the lowest weight, and any ordinary thread that wakes takes its CPU at once instead
+/// of waiting for its time slice to end. Needs no privilege for the process's own threads.
+/// Returns 0, or -1 with errno set; -1 with ENOSYS where the policy does not exist.
+int dredge_set_idle_policy(int tid);
+
+/// Whether the thread `tid` (0: the calling thread) runs under `SCHED_IDLE`: 1, 0, or -1
+/// with errno set.
+int dredge_has_idle_policy(int tid);
+
 #endif

@@ -1,3 +1,4 @@
+import CDredgeSystem
 import DredgePayload
 import Foundation
 import NIOPosix
@@ -17,14 +18,21 @@ public struct WorkThreads: Codable, Sendable, Equatable {
     public var unpack: Int
     /// The `nice` value of the `uploads` and `unpack` threads (Linux: per thread), 0 to 19:
     /// under load the scheduler gives the event loops, heartbeats and commands the CPU first.
-    /// Default 10.
+    /// Default 10. Without effect while ``bulkIdle`` holds.
     public var bulkNice: Int
+    /// The `uploads` and `unpack` threads run under Linux's `SCHED_IDLE` policy: any other
+    /// thread of the machine that wakes (an event loop with a heartbeat to answer) takes their
+    /// CPU at once, where a niced thread keeps it until its time slice ends. They still get
+    /// whatever CPU is left over, so uploads go at full speed on an otherwise idle server.
+    /// Default true.
+    public var bulkIdle: Bool
 
-    public init(control: Int = 2, uploads: Int = 4, unpack: Int = 2, bulkNice: Int = 10) {
+    public init(control: Int = 2, uploads: Int = 4, unpack: Int = 2, bulkNice: Int = 10, bulkIdle: Bool = true) {
         self.control = control
         self.uploads = uploads
         self.unpack = unpack
         self.bulkNice = bulkNice
+        self.bulkIdle = bulkIdle
     }
 
     public static let `default` = WorkThreads()
@@ -37,6 +45,7 @@ public struct WorkThreads: Codable, Sendable, Equatable {
         uploads = max(1, try c.decodeIfPresent(Int.self, forKey: .uploads) ?? d.uploads)
         unpack = max(1, try c.decodeIfPresent(Int.self, forKey: .unpack) ?? d.unpack)
         bulkNice = min(19, max(0, try c.decodeIfPresent(Int.self, forKey: .bulkNice) ?? d.bulkNice))
+        bulkIdle = try c.decodeIfPresent(Bool.self, forKey: .bulkIdle) ?? d.bulkIdle
     }
 }
 
@@ -58,19 +67,21 @@ final class ServerWork: Sendable {
         uploads = NIOThreadPool(numberOfThreads: max(1, threads.uploads))
         unpack = NIOThreadPool(numberOfThreads: max(1, threads.unpack))
         for pool in [control, uploads, unpack] { pool.start() }
-        if threads.bulkNice > 0 {
-            Self.lowerPriority(of: uploads, threads: max(1, threads.uploads), nice: threads.bulkNice)
-            Self.lowerPriority(of: unpack, threads: max(1, threads.unpack), nice: threads.bulkNice)
+        if threads.bulkNice > 0 || threads.bulkIdle {
+            Self.lowerPriority(of: uploads, threads: max(1, threads.uploads), nice: threads.bulkNice, idle: threads.bulkIdle)
+            Self.lowerPriority(of: unpack, threads: max(1, threads.unpack), nice: threads.bulkNice, idle: threads.bulkIdle)
         }
     }
 
-    /// Sets the nice value of every thread of `pool`: one item per thread, each holding its
-    /// thread until all have run, so that no thread runs two. Returns when all are set.
-    static func lowerPriority(of pool: NIOThreadPool, threads: Int, nice: Int) {
+    /// Sets the nice value (and with `idle` the `SCHED_IDLE` policy) of every thread of
+    /// `pool`: one item per thread, each holding its thread until all have run, so that no
+    /// thread runs two. Returns when all are set.
+    static func lowerPriority(of pool: NIOThreadPool, threads: Int, nice: Int, idle: Bool) {
         let barrier = Barrier(parties: threads)
         for _ in 0..<threads {
             pool.submit { _ in
                 ThreadPriority.setNice(nice)
+                if idle { ThreadPriority.setIdlePolicy() }
                 barrier.arriveAndWait()
             }
         }
@@ -99,6 +110,15 @@ enum ThreadPriority {
         _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, Int32(nice))
         #endif
     }
+
+    /// Moves the calling thread to Linux's `SCHED_IDLE` policy (no privilege needed); a
+    /// failure (another system) leaves it as it was.
+    static func setIdlePolicy() {
+        _ = dredge_set_idle_policy(0)
+    }
+
+    /// Whether the calling thread runs under `SCHED_IDLE`.
+    static func hasIdlePolicy() -> Bool { dredge_has_idle_policy(0) == 1 }
 
     /// The calling thread's nice value (0 where it is not known).
     static func nice() -> Int {

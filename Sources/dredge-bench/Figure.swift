@@ -49,3 +49,26 @@ func note(_ message: String) {
 func fileSize(_ path: String) -> Int64 {
     ((try? FileManager.default.attributesOfItem(atPath: path)[.size]) as? NSNumber)?.int64Value ?? 0
 }
+
+/// The machine's CPU time so far, from `/proc/stat` (Linux; zeros elsewhere): on a virtual
+/// machine, `steal` is the time its CPUs were ready to run and the host ran something else.
+struct CPUTimes {
+    var steal: Double = 0
+    var total: Double = 0
+
+    static func now() -> CPUTimes {
+        guard let stat = try? String(contentsOfFile: "/proc/stat", encoding: .utf8),  // not Linux: no figure
+            let line = stat.split(separator: "\n").first(where: { $0.hasPrefix("cpu ") })
+        else { return CPUTimes() }
+        // user nice system idle iowait irq softirq steal guest guest_nice (guest is in user)
+        let fields = line.split(separator: " ").dropFirst().prefix(8).compactMap { Double($0) }
+        guard fields.count == 8 else { return CPUTimes() }
+        return CPUTimes(steal: fields[7], total: fields.reduce(0, +))
+    }
+
+    /// The share of CPU time stolen by the host since `earlier`, percent.
+    func stealPercent(since earlier: CPUTimes) -> Double {
+        let total = self.total - earlier.total
+        return total > 0 ? 100 * (steal - earlier.steal) / total : 0
+    }
+}

@@ -122,6 +122,8 @@ struct HeartbeatBench: AsyncParsableCommand {
         // value from here on.
         Self.niceEveryThread(uploadersNice, idle: uploadersIdle)
         var indexWaits: [Double] = []
+        // The share of CPU time the host took from this machine in each window.
+        var idleSteal: [Double] = [], busySteal: [Double] = []
         for round in 1...rounds {
             // The idle window is idle: the server has indexed what the last round uploaded
             // (reading every record into the search index, at the server's own priority), and
@@ -135,7 +137,11 @@ struct HeartbeatBench: AsyncParsableCommand {
             sync()
             try await Task.sleep(for: .seconds(1))
             FileHandle.standardError.write(Data("round \(round)/\(rounds): \(Double(idleSeconds) / Double(rounds)) s with no upload, then \(uploaders) agents upload \(uploadMb) MB each\n".utf8))
+            var cpu = CPUTimes.now()
             idle += try await roundTrips { try await Task.sleep(for: .seconds(Double(idleSeconds) / Double(rounds))) }
+            idleSteal.append(CPUTimes.now().stealPercent(since: cpu))
+            cpu = CPUTimes.now()
+            defer { busySteal.append(CPUTimes.now().stealPercent(since: cpu)) }
             busy += try await roundTrips {
                 let start = monotonicNanos()
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -156,7 +162,9 @@ struct HeartbeatBench: AsyncParsableCommand {
                 p99(busy) / p99(idle), idle.isEmpty ? .nan : idle[idle.count / 2], busy.isEmpty ? .nan : busy[busy.count / 2], idle.count, busy.count, held,
                 rounds, uploaders, uploadMb)
                 + " upload_s=" + uploadSeconds.map { String(format: "%.1f", $0) }.joined(separator: ",")
-                + " indexed_after_s=" + indexWaits.dropFirst().map { String(format: "%.1f", $0) }.joined(separator: ",") + " uploaders_nice=\(uploadersNice) uploaders_idle=\(uploadersIdle) bulk_idle=\(bulkIdle.map { "\($0)" } ?? "default")")
+                + " indexed_after_s=" + indexWaits.dropFirst().map { String(format: "%.1f", $0) }.joined(separator: ",") + " steal_pct_idle=" + idleSteal.map { String(format: "%.0f", $0) }.joined(separator: ",")
+                + " steal_pct_upload=" + busySteal.map { String(format: "%.0f", $0) }.joined(separator: ",")
+                + " uploaders_nice=\(uploadersNice) uploaders_idle=\(uploadersIdle) bulk_idle=\(bulkIdle.map { "\($0)" } ?? "default")")
         print(figure.line)
         print(Figure(
             name: "server.idle_connections", value: perConnection, unit: "KB/conn", limit: 32, higherIsBetter: false,

@@ -47,7 +47,7 @@ struct ServerBench: AsyncParsableCommand {
     @Option(help: "Where the fleet's keys are cached (made by scripts/bench-fleet-keys.py).")
     var keyCache = ".build/bench-fleet-keys"
 
-    @Option(help: ArgumentHelp("Write each command-latency sample here: wall time, ms to the agent, ms to the admin API's answer.", valueName: "path"))
+    @Option(help: ArgumentHelp("Write each command-latency sample here: wall time, ms to the agent, ms to the admin API's answer, the pull's id, and when the request was sent (CLOCK_MONOTONIC, ns).", valueName: "path"))
     var latencyLog: String?
 
     @Flag(help: "Only the upload.")
@@ -90,7 +90,7 @@ struct ServerBench: AsyncParsableCommand {
         let storePath = try Self.buildStore(dir: dir, mb: uploadMb)
         let zip = dir + "/upload.zip"
 
-        struct Round: Sendable { var rate: Double; var limit: Double; var withUnpack: Double; var bytes: UInt64; var chunks: UInt32 }
+        struct Round: Sendable { var rate: Double; var limit: Double; var withUnpack: Double; var bytes: UInt64; var chunks: UInt32; var steal: Double }
         let rounds = try await AgentLink.withConnection(host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key) { link -> [Round] in
             var rounds: [Round] = []
             for round in 1...uploadRounds {
@@ -134,6 +134,7 @@ struct ServerBench: AsyncParsableCommand {
 
                 var acked = Set<UInt32>()
                 var ackedAt: Int64 = 0
+                let cpu = CPUTimes.now()
                 let start = monotonicNanos()
                 let result = try await sendUpload(upload, over: link) { frame in
                     if case .chunkAck(let ack)? = frame.body {
@@ -142,11 +143,12 @@ struct ServerBench: AsyncParsableCommand {
                     }
                 }
                 let end = monotonicNanos()
+                let steal = CPUTimes.now().stealPercent(since: cpu)
                 guard result?.ok == true else { throw ValidationError("upload round \(round) did not complete") }
                 let mb = Double(upload.header.plaintextSize) / 1e6
                 rounds.append(Round(
                     rate: mb / (Double(ackedAt - start) / 1e9), limit: mb / limitSeconds, withUnpack: mb / (Double(end - start) / 1e9),
-                    bytes: upload.header.plaintextSize, chunks: upload.header.chunkCount))
+                    bytes: upload.header.plaintextSize, chunks: upload.header.chunkCount, steal: steal))
                 FileHandle.standardError.write(Data(String(format: "upload round %d/%d: %.0f MB/s, limit %.0f MB/s\n", round, uploadRounds, rounds.last?.rate ?? 0, limitSeconds > 0 ? mb / limitSeconds : 0).utf8))
             }
             return rounds
@@ -155,7 +157,8 @@ struct ServerBench: AsyncParsableCommand {
         return Figure(
             name: "upload.throughput", value: median(rounds.map(\.rate)), unit: "MB/s", limit: median(rounds.map(\.limit)), higherIsBetter: true,
             extra: String(format: "upload_mb=%.1f chunks=%d with_unpack=%.0f MB/s", mb, rounds[0].chunks, median(rounds.map(\.withUnpack)))
-                + " rounds=" + rounds.map { String(format: "%.0f/%.0f", $0.rate, $0.limit) }.joined(separator: ","))
+                + " rounds=" + rounds.map { String(format: "%.0f/%.0f", $0.rate, $0.limit) }.joined(separator: ",")
+                + " steal_pct=" + rounds.map { String(format: "%.0f", $0.steal) }.joined(separator: ","))
     }
 
     /// A store whose export is large: messages of random base64, which deflate barely shrinks.
@@ -207,6 +210,7 @@ struct ServerBench: AsyncParsableCommand {
         // Pulls through the admin API to random agents of the fleet, one at a time.
         var latencies: [Double] = [], answers: [Double] = []
         let ids = listed.map(\.agentID)
+        let cpuBefore = CPUTimes.now()
         var log = ""
         for _ in 0..<samples {
             guard let target = ids.randomElement() else { throw ValidationError("no agent of the fleet is connected") }
@@ -222,9 +226,10 @@ struct ServerBench: AsyncParsableCommand {
             guard let arrived else { throw ValidationError("pull \(pull.id) never reached agent \(target)") }
             latencies.append(Double(arrived - start) / 1e6)
             answers.append(Double(answered - start) / 1e6)
-            log += String(format: "%.6f %.3f %.3f\n", Date().timeIntervalSince1970, latencies.last ?? 0, answers.last ?? 0)
+            log += String(format: "%.6f %.3f %.3f", Date().timeIntervalSince1970, latencies.last ?? 0, answers.last ?? 0) + " \(pull.id) \(start)\n"
             try await Task.sleep(for: .milliseconds(20))
         }
+        let steal = CPUTimes.now().stealPercent(since: cpuBefore)
         if let latencyLog { try log.write(toFile: latencyLog, atomically: true, encoding: .utf8) }
         answers.sort()
         latencies.sort()
@@ -233,8 +238,8 @@ struct ServerBench: AsyncParsableCommand {
         let latency = Figure(
             name: "server.command_latency", value: p99, unit: "ms", limit: 50, higherIsBetter: false,
             extra: String(
-                format: "p50=%.1f p99=%.1f post_answered_p50=%.1f post_answered_p99=%.1f agents=%d samples=%d", p50, p99, answers[answers.count / 2],
-                answers[min(answers.count - 1, Int(Double(answers.count) * 0.99))], held, latencies.count))
+                format: "p50=%.1f p99=%.1f post_answered_p50=%.1f post_answered_p99=%.1f agents=%d samples=%d steal_pct=%.1f", p50, p99, answers[answers.count / 2],
+                answers[min(answers.count - 1, Int(Double(answers.count) * 0.99))], held, latencies.count, steal))
         return [idle, latency]
     }
 

@@ -6,6 +6,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 int dredge_start_writeback(int fd, int64_t offset, int64_t count) {
     return sync_file_range(fd, (off64_t)offset, (off64_t)count, SYNC_FILE_RANGE_WRITE);
@@ -13,7 +16,23 @@ int dredge_start_writeback(int fd, int64_t offset, int64_t count) {
 
 int dredge_set_idle_policy(int tid) {
     struct sched_param param = { .sched_priority = 0 };
-    return sched_setscheduler(tid, SCHED_IDLE, &param);
+    if (sched_setscheduler(tid, SCHED_IDLE, &param) != 0) return -1;
+    // Without an I/O priority of its own, a SCHED_IDLE thread's disk I/O is in the idle class,
+    // which some I/O schedulers (BFQ) serve only when no other I/O waits: keep it best-effort,
+    // at the level its nice value gives it ((nice + 20) / 5), as before.
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, (id_t)tid);
+    if (nice == -1 && errno != 0) return -1;
+    int level = (nice + 20) / 5;
+    if (level < 0) level = 0;
+    if (level > 7) level = 7;
+    const int whoProcess = 1, classBestEffort = 2, classShift = 13;  // linux/ioprio.h
+    return (int)syscall(SYS_ioprio_set, whoProcess, tid, (classBestEffort << classShift) | level);
+}
+
+int dredge_io_priority(int tid) {
+    const int whoProcess = 1;
+    return (int)syscall(SYS_ioprio_get, whoProcess, tid);
 }
 
 int dredge_has_idle_policy(int tid) {
@@ -30,6 +49,12 @@ int dredge_set_idle_policy(int tid) {
 }
 
 int dredge_has_idle_policy(int tid) {
+    (void)tid;
+    errno = ENOSYS;
+    return -1;
+}
+
+int dredge_io_priority(int tid) {
     (void)tid;
     errno = ENOSYS;
     return -1;

@@ -11,9 +11,15 @@ int dredge_start_writeback(int fd, int64_t offset, int64_t count);
 
 /// Moves the thread `tid` (0: the calling thread) to the `SCHED_IDLE` policy (Linux): it
 /// runs at the lowest weight, and any ordinary thread that wakes takes its CPU at once instead
-/// of waiting for its time slice to end. Needs no privilege for the process's own threads.
-/// Returns 0, or -1 with errno set; -1 with ENOSYS where the policy does not exist.
+/// of waiting for its time slice to end. Its disk I/O stays in the best-effort class (Linux
+/// would put it in the idle class) at the level of its nice value. Needs no privilege for the
+/// process's own threads. Returns 0, or -1 with errno set; -1 with ENOSYS where the policy
+/// does not exist.
 int dredge_set_idle_policy(int tid);
+
+/// The I/O priority of the thread `tid` (0: the calling thread) as Linux's `ioprio_get` gives
+/// it (class << 13 | level), or -1 with errno set.
+int dredge_io_priority(int tid);
 
 /// Whether the thread `tid` (0: the calling thread) runs under `SCHED_IDLE`: 1, 0, or -1
 /// with errno set.

@@ -80,6 +80,9 @@ public final class AgentListener: Service, Sendable {
     public func run() async throws {
         let sslContext = try NIOSSLContext(configuration: deployment.tlsConfiguration)
         let work = ServerWork(threads)
+        if let refused = work.idlePolicyRefused {
+            logger.warning("upload threads not moved to SCHED_IDLE; they run niced", metadata: ["error": "\(refused)", "nice": "\(threads.bulkNice)"])
+        }
         let server: NIOAsyncChannel<Void, Never>
         do {
             server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)

@@ -2,6 +2,7 @@ import CDredgeSystem
 import DredgePayload
 import Foundation
 import NIOPosix
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -61,31 +62,39 @@ final class ServerWork: Sendable {
     let control: NIOThreadPool
     let uploads: NIOThreadPool
     let unpack: NIOThreadPool
+    /// Why the `SCHED_IDLE` policy asked for (``WorkThreads/bulkIdle``) could not be set on a
+    /// bulk thread (that thread then runs at ``WorkThreads/bulkNice``); nil when it was, or
+    /// was not asked for.
+    let idlePolicyRefused: String?
 
     init(_ threads: WorkThreads) {
         control = NIOThreadPool(numberOfThreads: max(1, threads.control))
         uploads = NIOThreadPool(numberOfThreads: max(1, threads.uploads))
         unpack = NIOThreadPool(numberOfThreads: max(1, threads.unpack))
         for pool in [control, uploads, unpack] { pool.start() }
+        var refused: String?
         if threads.bulkNice > 0 || threads.bulkIdle {
-            Self.lowerPriority(of: uploads, threads: max(1, threads.uploads), nice: threads.bulkNice, idle: threads.bulkIdle)
-            Self.lowerPriority(of: unpack, threads: max(1, threads.unpack), nice: threads.bulkNice, idle: threads.bulkIdle)
+            refused = Self.lowerPriority(of: uploads, threads: max(1, threads.uploads), nice: threads.bulkNice, idle: threads.bulkIdle)
+            refused = Self.lowerPriority(of: unpack, threads: max(1, threads.unpack), nice: threads.bulkNice, idle: threads.bulkIdle) ?? refused
         }
+        idlePolicyRefused = refused
     }
 
     /// Sets the nice value (and with `idle` the `SCHED_IDLE` policy) of every thread of
     /// `pool`: one item per thread, each holding its thread until all have run, so that no
-    /// thread runs two. Returns when all are set.
-    static func lowerPriority(of pool: NIOThreadPool, threads: Int, nice: Int, idle: Bool) {
+    /// thread runs two. Returns when all are set: why the idle policy was refused, if it was.
+    static func lowerPriority(of pool: NIOThreadPool, threads: Int, nice: Int, idle: Bool) -> String? {
         let barrier = Barrier(parties: threads)
+        let refused = Mutex<String?>(nil)
         for _ in 0..<threads {
             pool.submit { _ in
                 ThreadPriority.setNice(nice)
-                if idle { ThreadPriority.setIdlePolicy() }
+                if idle, let why = ThreadPriority.setIdlePolicy() { refused.withLock { $0 = why } }
                 barrier.arriveAndWait()
             }
         }
         barrier.wait()
+        return refused.withLock { $0 }
     }
 
     /// The executor of ``PayloadStream``: the unpack pool (never the threads that wait for it).
@@ -111,10 +120,19 @@ enum ThreadPriority {
         #endif
     }
 
-    /// Moves the calling thread to Linux's `SCHED_IDLE` policy (no privilege needed); a
-    /// failure (another system) leaves it as it was.
-    static func setIdlePolicy() {
-        _ = dredge_set_idle_policy(0)
+    /// Moves the calling thread to Linux's `SCHED_IDLE` policy (no privilege needed), its
+    /// disk I/O kept best-effort; nil when done, else why not (the thread is left as it was,
+    /// or under the policy with the I/O class Linux gives it).
+    static func setIdlePolicy() -> String? {
+        guard dredge_set_idle_policy(0) != 0 else { return nil }
+        return String(cString: strerror(errno))
+    }
+
+    /// The calling thread's I/O priority class (Linux: 1 real-time, 2 best-effort, 3 idle;
+    /// 0 none set), nil where it is not known.
+    static func ioClass() -> Int? {
+        let value = dredge_io_priority(0)
+        return value < 0 ? nil : Int(value >> 13)
     }
 
     /// Whether the calling thread runs under `SCHED_IDLE`.

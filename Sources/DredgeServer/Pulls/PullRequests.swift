@@ -71,10 +71,10 @@ extension PullQueue {
             uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
         pull.reason = request.reason ?? ""
         // The delivery's one read, made while the pull is written instead of after.
-        async let key = Self.keyForDelivery(of: connected, registry: registry, logger: logger)
+        async let keys = Self.keysForDelivery(of: connected, registry: registry, logger: logger)
         try await create(pull)
-        let keys = await key.map { [agent ?? "": $0] } ?? [:]
-        wake(agents, FreshPull(StoredPull(pull), agentKeys: keys))
+        let agentKeys = await keys
+        wake(agents, FreshPull(StoredPull(pull), agentKeys: agentKeys))
         if let uid, agent == nil {
             // An agent whose heartbeat added the uid between the lookup above and the pull's
             // creation found no pull to join: join it now (the heartbeat writes the registry,
@@ -92,15 +92,15 @@ extension PullQueue {
         return record
     }
 
-    /// The agent's public key for its delivery; nil when it cannot be read now (the delivery
-    /// then reads it, and says why if it still cannot).
-    private static func keyForDelivery(of agent: String?, registry: any AgentDirectory, logger: Logger) async -> RSAPublicKey? {
-        guard let agent else { return nil }
+    /// The agent's public key for its delivery, by its id; empty without an agent, or when the
+    /// key cannot be read now (the delivery then reads it, and says why if it still cannot).
+    private static func keysForDelivery(of agent: String?, registry: any AgentDirectory, logger: Logger) async -> [String: RSAPublicKey] {
+        guard let agent else { return [:] }
         do {
-            return try await registry.publicKey(of: agent)
+            return try await registry.publicKey(of: agent).map { [agent: $0] } ?? [:]
         } catch {
             logger.debug("an agent's key was not read with its pull; its delivery reads it", metadata: ["agent.id": "\(agent)", "error": "\(error)"])
-            return nil
+            return [:]
         }
     }
 }

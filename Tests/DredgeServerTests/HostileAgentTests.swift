@@ -49,6 +49,9 @@ import Testing
             return id
         }
         #expect(try await server.admin.pull(pullID).targets.first?.status == .complete)
+        // The server removes a landed upload's chunks after its result went out; the agent's
+        // close can come first (a CI run once saw the feedback's chunks in `before` only).
+        await server.listener.connectionsEnded()
         let before = InProcessServer.snapshot(dir.path)
         #expect(before.keys.contains("server/pulls/\(pullID)/\(a.agentID)/manifest.json"))
         #expect(before.keys.contains("server/feedback/\(feedbackID)/manifest.json"))
@@ -84,6 +87,7 @@ import Testing
             _ = try await link.next()
         }
 
+        await server.listener.connectionsEnded()
         let after = InProcessServer.snapshot(dir.path)
         #expect(after.filter { !$0.key.hasPrefix("feedback-") } == before.filter { !$0.key.hasPrefix("feedback-") }, "files changed")
         #expect(try await server.admin.feedback().map(\.id) == [feedbackID])
@@ -269,6 +273,7 @@ import Testing
             #expect(over == .retryLater(over.result) && over.result.error == .errorLimitExceeded, "\(over)")
             #expect(!FileManager.default.fileExists(atPath: server.data + "/feedback/\(third)"))
         }
+        await server.listener.connectionsEnded()
         let listed = try await server.admin.feedback()
         #expect(listed.count == 2)
         #expect(listed.filter { $0.status == .complete }.count == 1)

@@ -77,6 +77,11 @@ public final class AgentListener: Service, Sendable {
     /// The port actually bound (useful with port 0), once listening.
     public var boundPort: Int? { bound.port }
 
+    /// Returns once the server has ended every connection it accepted: each connection's
+    /// chunks are settled and a landed upload's chunks removed (``ended(_:)``). An agent's
+    /// close returns before that, so a test that looks at the data directory waits for this.
+    func connectionsEnded() async { await connections.drained() }
+
     public func run() async throws {
         let sslContext = try NIOSSLContext(configuration: deployment.tlsConfiguration)
         let work = ServerWork(threads)

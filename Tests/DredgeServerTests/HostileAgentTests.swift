@@ -118,6 +118,7 @@ import Testing
                 #expect(answer?.error.code == .errorChunkInvalid, "\(String(describing: answer))")
                 return pull.id
             }
+            await server.listener.connectionsEnded()
             let target = try #require(try await server.admin.pull(pullID).targets.first)
             #expect(target.status == .failed)
             #expect(target.detail.contains("chunk 0"))
@@ -169,6 +170,42 @@ import Testing
         #expect(target.status == .complete && target.chunksReceived == chunkCount && target.chunkCount == chunkCount, "\(target)")
     }
 
+    /// A chunk refusal that ends an upload reaches the agent only once the upload's failure is
+    /// stored: with that write held, a heartbeat sent after the chunk is answered and the
+    /// refusal is not; once the write is let go the refusal comes, and the pull reads `failed`
+    /// at that moment. (Before, the refusal went out first and the failure was written after
+    /// it, so an agent that began the upload again on a new connection could be let in.)
+    @Test func aRefusalThatEndsAnUploadIsSentOnceTheFailureIsStored() async throws {
+        let held = HeldFailures()
+        let server = try await InProcessServer(listenerPulls: { held.wrapping($0) })
+        defer { held.open(); Task { await server.stop() } }
+        let store = try server.deviceStore()
+        let a = try await server.enrollAgent()
+        try await a.connect { link in
+            let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-2")))
+            let cmd = try await LinkAgent.acceptNextPull(over: link)
+            let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
+            try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+            _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
+            var sealed = try upload.chunk(0)
+            sealed[sealed.count / 2] ^= 0x01
+            try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = 0; $0.ciphertext = Data(sealed) } })
+            await held.reached()
+            try await link.heartbeat(activeUIDs: [])
+            var early: [WireFrame] = []
+            while let frame = try await link.next() {
+                if case .heartbeatAck? = frame.body { break }
+                early.append(frame)
+            }
+            #expect(early.isEmpty, "sent before the failure was stored: \(early)")
+            #expect(try await server.admin.pull(pull.id).targets.first?.status == .uploading)
+            held.open()
+            let answer = try await early.isEmpty ? LinkAgent.answer(to: cmd.commandID, over: link) : early.first
+            #expect(answer?.uploadResult.error == .errorChunkAuthFailed, "\(String(describing: answer))")
+            #expect(try await server.admin.pull(pull.id).targets.first?.status == .failed)
+        }
+    }
+
     /// A failed upload's result outlives its connection: the agent that begins it again, on
     /// another connection, is answered the same `UploadResult` (the spec's "for an upload it
     /// has already finished it answers the UploadResult"), and nothing it sends revives it.
@@ -190,6 +227,7 @@ import Testing
             #expect(answer?.uploadResult.error == .errorChunkAuthFailed, "\(String(describing: answer))")
             return (pull.id, upload)
         }
+        await server.listener.connectionsEnded()
         let target = try #require(try await server.admin.pull(pullID).targets.first)
         #expect(target.status == .failed && target.errorCode == Int(WireErrorCode.errorChunkAuthFailed.rawValue))
         for _ in 0..<2 {
@@ -441,6 +479,7 @@ extension UploadStatusTests {
             #expect(outcome == .finished(outcome.result) && outcome.result.error == .errorPayloadInvalid, "\(outcome)")
             return pull.id
         }
+        await server.listener.connectionsEnded()
         #expect(try await server.admin.pull(pullID).targets.first?.status == .failed)
     }
 }
@@ -498,6 +537,7 @@ extension UploadStatusTests {
             }
             return (ids[0], ids[1], ids[2])
         }
+        await server.listener.connectionsEnded()
         #expect(try await server.admin.pull(wider).targets.first?.status == .failed)
         #expect(try await server.admin.pull(otherCommand).targets.first?.status == .failed)
         #expect(try await server.admin.pull(honest).targets.first?.status == .complete)
@@ -593,5 +633,84 @@ extension UploadStatusTests {
             let outcome = try await LinkAgent.send(upload, over: link)
             #expect(outcome.result.ok, "\(outcome)")
         }
+    }
+}
+
+/// The listener's pull queue, with every write of a `failed` status held until ``open()``.
+final class HeldFailures: Sendable {
+    private struct State {
+        var isOpen = false
+        var held: [CheckedContinuation<Void, Never>] = []
+        var watchers: [CheckedContinuation<Void, Never>] = []
+    }
+    private let state = Mutex(State())
+
+    func wrapping(_ base: any PullQueue) -> any PullQueue { Queue(base: base, held: self) }
+
+    /// Returns once a write of `failed` is being held (or the gate is open).
+    func reached() async {
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let now = state.withLock { s -> Bool in
+                if s.isOpen || !s.held.isEmpty { return true }
+                s.watchers.append(c)
+                return false
+            }
+            if now { c.resume() }
+        }
+    }
+
+    /// Lets every held write go on, and every later one through.
+    func open() {
+        let go = state.withLock { s -> [CheckedContinuation<Void, Never>] in
+            s.isOpen = true
+            defer { s.held = []; s.watchers = [] }
+            return s.held + s.watchers
+        }
+        for c in go { c.resume() }
+    }
+
+    fileprivate func hold() async {
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let (now, watchers) = state.withLock { s -> (Bool, [CheckedContinuation<Void, Never>]) in
+                if s.isOpen { return (true, []) }
+                s.held.append(c)
+                defer { s.watchers = [] }
+                return (false, s.watchers)
+            }
+            for w in watchers { w.resume() }
+            if now { c.resume() }
+        }
+    }
+
+    private struct Queue: PullQueue {
+        let base: any PullQueue
+        let held: HeldFailures
+        func create(_ pull: NewPull) async throws { try await base.create(pull) }
+        func pull(_ id: String, now: Timestamp) async throws -> PullRecord? { try await base.pull(id, now: now) }
+        func pulls(limit: Int, now: Timestamp) async throws -> [PullRecord] { try await base.pulls(limit: limit, now: now) }
+        func storedPull(_ id: String) async throws -> StoredPull { try await base.storedPull(id) }
+        func wrappedKey(of pullID: String) async throws -> [UInt8]? { try await base.wrappedKey(of: pullID) }
+        func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [DuePull] {
+            try await base.deliverable(for: agentID, includingUnanswered: includingUnanswered, now: now)
+        }
+        func markDelivered(_ pullID: String, agent: String, at: Date) async throws -> Bool { try await base.markDelivered(pullID, agent: agent, at: at) }
+        func update(
+            _ pullID: String, agent: String, status: PullStatus, detail: String, chunksReceived: Int?, chunkCount: Int?, bytes: Int64?, files: [String]?,
+            errorCode: Int?, from: Set<PullStatus>?, at: Date
+        ) async throws -> Bool {
+            if status == .failed { await held.hold() }
+            return try await base.update(
+                pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files,
+                errorCode: errorCode, from: from, at: at)
+        }
+        func expireStalled(now: Date, listeningSince: Date, deadlines: PullStore.Deadlines) async throws -> Int {
+            try await base.expireStalled(now: now, listeningSince: listeningSince, deadlines: deadlines)
+        }
+        func agentsWithQueuedPulls() async throws -> Set<String> { try await base.agentsWithQueuedPulls() }
+        func adopt(agent: String, uids: Set<String>, now: Timestamp) async throws -> [String] { try await base.adopt(agent: agent, uids: uids, now: now) }
+        func markRemoved(_ pullID: String, by actor: String, reason: String, at: Date) async throws -> RemovalMark? {
+            try await base.markRemoved(pullID, by: actor, reason: reason, at: at)
+        }
+        func removable(keptUntil cutoff: Date, limit: Int) async throws -> [String] { try await base.removable(keptUntil: cutoff, limit: limit) }
     }
 }

@@ -288,7 +288,13 @@ final class ConnectionUploads: @unchecked Sendable {
                 self.written(slot, outcome)
             }
         }
-        if let failed { record([(chunk.uploadID, failed)]) }
+        if let failed {
+            record([(chunk.uploadID, failed)])
+        }
+        // Answers given at once (for an upload this chunk ended or that ended before it, for a
+        // chunk held already) wait for the status moves before them: the agent never hears of
+        // an end that is not recorded yet (see ``written(_:_:)``).
+        if !out.isEmpty { await lastOf { $0.recording } }
         return out
     }
 
@@ -390,8 +396,15 @@ final class ConnectionUploads: @unchecked Sendable {
             var frames: [WireFrame] = []
             var moves: [(String, Progress)] = []
             for slot in ready { commit(slot, frames: &frames, moves: &moves) }
-            if !frames.isEmpty { emit(frames) }
-            if !moves.isEmpty { record(moves) }
+            if moves.contains(where: { $0.1.status == .failed }) {
+                // A refusal that ends an upload goes out once it is recorded: an agent that
+                // hears it and begins the upload again, on any connection, is answered the
+                // stored result, and whoever asks after the agent heard it sees `failed`.
+                record(moves, thenSend: frames)
+            } else {
+                if !frames.isEmpty { emit(frames) }
+                if !moves.isEmpty { record(moves) }
+            }
             let wake: (room: [CheckedContinuation<Void, Never>], idle: [CheckedContinuation<Void, Never>]) = chunks.withLock {
                 for slot in ready { inFlight.remove(ChunkKey(uploadID: slot.uploadID, index: slot.index)) }
                 if let first = slots.first, first.outcome != nil {
@@ -464,11 +477,12 @@ final class ConnectionUploads: @unchecked Sendable {
     /// per chunk cost as much as the chunk's own durable write. The last chunk is always written.
     static let chunksPerStatusWrite = 16
 
-    /// Records status moves in order, after the ones recorded before, off the committing thread.
-    private func record(_ moves: [(String, Progress)]) {
+    /// Records status moves in order, after the ones recorded before, off the committing thread;
+    /// then sends `frames`, if any.
+    private func record(_ moves: [(String, Progress)], thenSend frames: [WireFrame] = []) {
         chunks.withLock {
             let previous = recording
-            recording = Task {
+            recording = Task { [emit] in
                 await previous?.value
                 for (id, move) in moves {
                     do {
@@ -477,6 +491,7 @@ final class ConnectionUploads: @unchecked Sendable {
                         logger.error("could not record an upload's progress", metadata: ["upload.id": "\(id)", "error": "\(error)"])
                     }
                 }
+                if !frames.isEmpty { emit(frames) }
             }
         }
     }

@@ -57,8 +57,12 @@ import Testing
         for name in names { #expect(try contents(local + "/" + name) == contents(onServer + "/" + name), "\(name)") }
 
         // Search reads the same pull.
-        let first = try dredge(["logs", "--pull", String(pullID.prefix(8)), "--limit", "1", "--format", "jsonl"])
-        #expect(first.status == 0 && first.output.contains("\"uid\":\"u-1\""), "\(first.output)")
+        // Indexed after the files land, so `pull --wait` can return first.
+        var first = (status: Int32(0), output: "")
+        #expect(try ManagedProcess.waitFor {
+            first = try dredge(["logs", "--pull", String(pullID.prefix(8)), "--limit", "1", "--format", "jsonl"])
+            return first.status == 0 && first.output.contains("\"uid\":\"u-1\"")
+        }, "\(first.output)")
 
         // An interrupted download goes on from where it stopped; a damaged one is caught.
         let day = try #require(names.first { $0.hasSuffix(".jsonl") })

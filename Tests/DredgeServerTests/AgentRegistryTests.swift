@@ -33,6 +33,26 @@ import Testing
     /// Heartbeats with unchanged uids wait in memory and are written together; what the
     /// registry answers is never behind, a change of uids is written at once, and a heartbeat
     /// time never goes back.
+    /// What a heartbeat reads and deletes by agent is found through an index, never by reading
+    /// the whole table: `agent_uid` is keyed by uid first, and without its index by agent each
+    /// full heartbeat read all of it twice (most of the server's CPU while 18,720 agents
+    /// reconnected).
+    @Test func lookupsByAgentUseAnIndex() async throws {
+        let dir = TempDir()
+        let database = try ServerDatabase(directory: dir.path)
+        for sql in [
+            "SELECT uid FROM agent_uid WHERE agent_id = ? UNION SELECT uid FROM agent_user WHERE agent_id = ?",
+            "DELETE FROM agent_uid WHERE agent_id = ?",
+            "DELETE FROM agent_user WHERE agent_id = ?",
+        ] {
+            let plan = try await database.pool.read { db in
+                try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + sql, arguments: StatementArguments(Array(repeating: "a", count: sql.filter { $0 == "?" }.count)))
+                    .map { $0["detail"] as String }
+            }
+            #expect(!plan.isEmpty && plan.allSatisfy { !$0.hasPrefix("SCAN") }, "\(sql): \(plan)")
+        }
+    }
+
     @Test func heartbeatsAreWrittenInBatchesAndReadBackCurrent() async throws {
         let dir = TempDir()
         let database = try ServerDatabase(directory: dir.path)

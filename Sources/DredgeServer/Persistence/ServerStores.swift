@@ -19,7 +19,7 @@ public struct ServerStores: Sendable {
         pulls = PullStore(database)
         feedback = FeedbackStore(database)
         tokens = TokenStore(database)
-        records = try RecordIndexStore.openOrRebuild(directory: deployment.directory)
+        records = try RecordIndexStore.openOrRebuild(directory: deployment.directory, threads: deployment.config.threads ?? .init())
         issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
     }
 }

@@ -1,4 +1,3 @@
-import DredgeTestSupport
 import Foundation
 import NIOPosix
 import Testing
@@ -50,23 +49,6 @@ import Testing
         #expect(try await ioClasses(work.uploads, times: 30) == [2])
         #endif
         await work.shutdown()
-    }
-
-    /// The search index is written on a thread of its own at the bulk threads' priority: GRDB
-    /// runs the write on the thread that asks for it (so the indexing work runs there), under
-    /// `SCHED_IDLE` by default, at the server's priority with both settings off.
-    @Test func theSearchIndexIsWrittenUnderTheIdlePolicy() async throws {
-        #if os(Linux)
-        try #require(!ThreadPriority.hasIdlePolicy(), "the tests run under SCHED_IDLE already")
-        for (threads, wanted) in [(WorkThreads(), true), (WorkThreads(bulkNice: 0, bulkIdle: false), false)] {
-            let dir = TempDir()
-            let index = try RecordIndexStore(directory: dir.path, threads: threads)
-            #expect(index.idlePolicyRefused == nil)
-            var seen: Set<Bool> = []
-            for _ in 0..<10 { seen.insert(try await index.write { _ in ThreadPriority.hasIdlePolicy() }) }
-            #expect(seen == [wanted])
-        }
-        #endif
     }
 
     @Test func theNiceValueIsReadFromServerJSONWithinItsRange() throws {

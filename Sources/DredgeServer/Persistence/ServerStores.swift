@@ -19,7 +19,7 @@ public struct ServerStores: Sendable {
         pulls = PullStore(database)
         feedback = FeedbackStore(database)
         tokens = TokenStore(database)
-        records = try RecordIndexStore.openOrRebuild(directory: deployment.directory, threads: deployment.config.threads ?? .init())
+        records = try RecordIndexStore.openOrRebuild(directory: deployment.directory)
         issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
     }
 }

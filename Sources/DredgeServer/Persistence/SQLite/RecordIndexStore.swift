@@ -4,7 +4,6 @@ import DredgeEnvelope
 import Foundation
 import GRDB
 import GRDBSQLite
-import NIOPosix
 
 /// The ``RecordIndex`` of the embedded back end: `index.sqlite` in the data directory, apart
 /// from `dredge.sqlite` so that indexing a large pull never holds up the listener's writes.
@@ -27,42 +26,19 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     /// full-text index (``SQLRecordQuery/scanFirst``).
     let scanLimit: Int
 
-    /// The one thread that writes the index. GRDB runs a synchronous write on the thread that
-    /// asks for it, so the index's work (reading the lines, the full-text words) runs at this
-    /// thread's priority: with `threads.bulkIdle` (the default) under `SCHED_IDLE` like the
-    /// upload threads, else at `threads.bulkNice`. Indexing a 4 × 80 MB upload takes a core
-    /// for tens of seconds; at the server's own priority it slowed every heartbeat meanwhile.
-    private let writing: NIOThreadPool
-    /// Why the `SCHED_IDLE` policy asked for could not be set on ``writing``, if it could not.
-    public let idlePolicyRefused: String?
-
-    public init(directory: String, scanLimit: Int = SQLRecordQuery.defaultScanLimit, threads: WorkThreads = .init()) throws {
+    public init(directory: String, scanLimit: Int = SQLRecordQuery.defaultScanLimit) throws {
         self.scanLimit = scanLimit
         path = directory + "/" + Self.fileName
         pool = try ServerDatabase.openPool(path)
         try Self.migrator.migrate(pool)
-        writing = NIOThreadPool(numberOfThreads: 1)
-        writing.start()
-        idlePolicyRefused =
-            threads.bulkNice > 0 || threads.bulkIdle
-            ? ServerWork.lowerPriority(of: writing, threads: 1, nice: threads.bulkNice, idle: threads.bulkIdle) : nil
-    }
-
-    deinit {
-        writing.shutdownGracefully { _ in }
-    }
-
-    /// A write transaction on ``writing``.
-    func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
-        try await writing.runIfActive { [pool] in try pool.write(body) }
     }
 
     /// Opens the index; one that is damaged or not a database is moved aside
     /// (`index.sqlite.damaged-<time>`, with its `-wal` and `-shm`) and a new one made, which
     /// the ``Indexer`` fills again from the files. Other failures (permissions, a full disk) throw.
-    public static func openOrRebuild(directory: String, threads: WorkThreads = .init()) throws -> RecordIndexStore {
+    public static func openOrRebuild(directory: String) throws -> RecordIndexStore {
         do {
-            return try RecordIndexStore(directory: directory, threads: threads)
+            return try RecordIndexStore(directory: directory)
         } catch let error as DatabaseError where [.SQLITE_CORRUPT, .SQLITE_NOTADB].contains(error.resultCode.primaryResultCode) {
             let path = directory + "/" + fileName
             let aside = path + ".damaged-\(Int(Date().timeIntervalSince1970))"
@@ -71,7 +47,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                     throw DeploymentError("\(path) is damaged (\(error)) and cannot be moved aside: \(String(cString: strerror(errno)))")
                 }
             }
-            return try RecordIndexStore(directory: directory, threads: threads)
+            return try RecordIndexStore(directory: directory)
         }
     }
 
@@ -159,7 +135,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     // MARK: Indexing
 
     public func begin(_ source: IndexedSource, contexts: [String: LogContext], landedAt: Date) async throws {
-        try await write { db in
+        try await pool.write { db in
             if let id = try Self.sourceID(db, source) {
                 try Self.delete(source: id, db)
             }
@@ -184,7 +160,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     /// insert straight from the block; the block's words go into `record_text` with one
     /// `INSERT … SELECT` at its end (far cheaper than a trigger per row). One transaction.
     public func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount {
-        try await write { db in
+        try await pool.write { db in
             guard let id = try Self.sourceID(db, source) else { throw RecordSearchError("\(source) was not begun") }
             var contexts: [Int64: Int64] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT key, id FROM context WHERE source = ?", arguments: [id]) { contexts[row[0]] = row[1] }
@@ -259,7 +235,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     }
 
     public func finish(_ source: IndexedSource) async throws {
-        try await write { db in
+        try await pool.write { db in
             try db.execute(sql: "UPDATE source SET indexed = 1 WHERE kind = ? AND ref = ? AND agent = ?", arguments: [source.kind.rawValue, source.id, source.agentID])
         }
     }
@@ -284,7 +260,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     }
 
     public func remove(_ source: IndexedSource) async throws {
-        try await write { db in
+        try await pool.write { db in
             guard let id = try Self.sourceID(db, source) else { return }
             try Self.delete(source: id, db)
         }

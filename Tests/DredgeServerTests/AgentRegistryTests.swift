@@ -30,9 +30,6 @@ import Testing
         #expect(try await AgentRegistry(try ServerDatabase(directory: dir.path)).agentIDs(withUID: "u-3") == [a])
     }
 
-    /// Heartbeats with unchanged uids wait in memory and are written together; what the
-    /// registry answers is never behind, a change of uids is written at once, and a heartbeat
-    /// time never goes back.
     /// What a heartbeat reads and deletes by agent is found through an index, never by reading
     /// the whole table: `agent_uid` is keyed by uid first, and without its index by agent each
     /// full heartbeat read all of it twice (most of the server's CPU while 18,720 agents
@@ -53,6 +50,9 @@ import Testing
         }
     }
 
+    /// Heartbeats with unchanged uids wait in memory and are written together; what the
+    /// registry answers is never behind, a change of uids is written at once, and a heartbeat
+    /// time never goes back.
     @Test func heartbeatsAreWrittenInBatchesAndReadBackCurrent() async throws {
         let dir = TempDir()
         let database = try ServerDatabase(directory: dir.path)

@@ -83,6 +83,24 @@ import Testing
         #expect(hold.examinedByLastTake == early.count)
     }
 
+    /// An agent written at every heartbeat (its uids change each time) leaves no pile of
+    /// replaced entries: they are dropped once they outnumber the live ones, and an idle agent
+    /// written before them is still flushed when its refresh comes.
+    @Test func replacedWritesDoNotPileUp() {
+        let clock = Clock()
+        let hold = HeartbeatHold(flushEvery: .seconds(1), refreshEvery: .seconds(300), clock: clock.read)
+        hold.wrote(["u"], of: "idle")
+        #expect(hold.step("idle", uids: ["u"], hasReport: false, at: 1, records: 1).written.isEmpty)
+        for i in 0..<5_000 {
+            clock.advance(.milliseconds(1))
+            hold.wrote(["u\(i % 2)"], of: "flip")
+        }
+        clock.advance(.seconds(300))
+        let due = hold.step("idle", uids: ["u"], hasReport: false, at: 2, records: 1).written
+        #expect(due.mapValues(\.at) == ["idle": 2])
+        #expect(hold.examinedByLastTake < 1_100, "\(hold.examinedByLastTake) entries looked at")
+    }
+
     /// The hold decides as the plain rule says (an agent's held heartbeat is written at the
     /// first flush `refreshEvery` or more after its row was last written; a listing or a
     /// disconnection takes what is held), over random heartbeats, writes, disconnections and

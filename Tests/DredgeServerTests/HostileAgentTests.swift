@@ -193,9 +193,14 @@ import Testing
             await held.reached()
             try await link.heartbeat(activeUIDs: [])
             var early: [WireFrame] = []
-            while let frame = try await link.next() {
-                if case .heartbeatAck? = frame.body { break }
-                early.append(frame)
+            reading: while let frame = try await link.next() {
+                switch frame.body {
+                case .heartbeatAck?: break reading
+                case .uploadResult(let r)? where r.uploadID == cmd.commandID: early.append(frame)
+                case .error(let e)? where e.uploadID == cmd.commandID: early.append(frame)
+                case .chunkAck(let a)? where a.uploadID == cmd.commandID: early.append(frame)
+                default: continue
+                }
             }
             #expect(early.isEmpty, "sent before the failure was stored: \(early)")
             #expect(try await server.admin.pull(pull.id).targets.first?.status == .uploading)

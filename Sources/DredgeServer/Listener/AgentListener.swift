@@ -557,8 +557,10 @@ final class ConnectionSession: @unchecked Sendable {
             paths: listener.paths, feedbackLimits: listener.feedbackLimits, blocking: work.uploads, unpacking: work.unpacking, logger: listener.logger,
             landed: listener.landed,
             emit: { frames in
-                // Chunks acknowledged once written, after their frame was handled; called by
-                // one committing thread at a time, so in order.
+                // Chunks acknowledged once written, after their frame was handled: by one
+                // committing thread at a time, and a refusal that ends an upload once it is
+                // recorded, so acks of different uploads may pass each other (the agent keeps
+                // them as a set).
                 _ = channel.writeAndFlush(frames: frames)
             })
         uploads = made

@@ -291,9 +291,9 @@ final class ConnectionUploads: @unchecked Sendable {
         if let failed {
             record([(chunk.uploadID, failed)])
         }
-        // Answers given at once (for an upload this chunk ended or that ended before it, for a
-        // chunk held already) wait for the status moves before them: the agent never hears of
-        // an end that is not recorded yet (see ``written(_:_:)``).
+        // Answers given at once (a chunk past the upload's end, which ends it; a chunk held
+        // already) wait for the status moves before them: the agent never hears of an end that
+        // is not recorded yet (see ``written(_:_:)``).
         if !out.isEmpty { await lastOf { $0.recording } }
         return out
     }
@@ -448,7 +448,8 @@ final class ConnectionUploads: @unchecked Sendable {
             }
             let (code, move) = Self.refusal(of: error, index: index)
             next = chunks.withLock { receivers[id]?.machine.rejected(index, code) ?? [] }
-            moves.append((id, move))
+            // A chunk refused after its upload ended answers nothing and records nothing.
+            if !next.isEmpty { moves.append((id, move)) }
         case nil:
             return
         }

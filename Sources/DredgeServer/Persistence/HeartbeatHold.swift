@@ -51,6 +51,13 @@ final class HeartbeatHold: Sendable {
             written[agent] = at
             writtenOrder.append((agent, at))
             ripe.remove(agent)
+            // Entries replaced since (an agent whose uids change at every heartbeat adds one per
+            // heartbeat) go once they outnumber the live ones twice over.
+            if writtenOrder.count > 2 * written.count + 1024 {
+                var live = CircularBuffer<(agent: String, at: ContinuousClock.Instant)>(initialCapacity: written.count)
+                for entry in writtenOrder where written[entry.agent] == entry.at { live.append(entry) }
+                writtenOrder = live
+            }
         }
     }
 
@@ -98,8 +105,9 @@ final class HeartbeatHold: Sendable {
 
     /// `uids`: the heartbeat's active uids, sorted.
     func step(_ agentID: String, uids: [String], hasReport: Bool, at: Double, records: Int64) -> Step {
-        let now = clock()
-        return state.withLock { s in
+        state.withLock { s in
+            // Read under the lock, so the times in `writtenOrder` come in order.
+            let now = clock()
             // New uids, a user report, or the first heartbeat seen of the agent: written now.
             guard !hasReport, s.uids[agentID] == uids else { return .write(with: take(&s, now: now, all: false)) }
             if (s.pending[agentID]?.at ?? -.infinity) <= at { s.pending[agentID] = (at, records) }
@@ -109,8 +117,8 @@ final class HeartbeatHold: Sendable {
 
     /// The agent's uids as just written (with its heartbeat's time).
     func wrote(_ uids: [String], of agentID: String) {
-        let now = clock()
         state.withLock { s in
+            let now = clock()
             s.uids[agentID] = uids
             if refreshEvery > .zero { s.setWritten(agentID, now) }
         }
@@ -133,8 +141,7 @@ final class HeartbeatHold: Sendable {
 
     /// Everything held, taken out to be written.
     func takePending() -> Held {
-        let now = clock()
-        return state.withLock { take(&$0, now: now, all: true) }
+        state.withLock { take(&$0, now: clock(), all: true) }
     }
 
     /// The agent disconnected: what is held of it, taken out to be written, and what was

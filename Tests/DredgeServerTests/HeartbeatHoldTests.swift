@@ -1,3 +1,4 @@
+import DredgeTestSupport
 import Synchronization
 import Testing
 @testable import DredgeServer
@@ -106,7 +107,7 @@ import Testing
     /// disconnection takes what is held), over random heartbeats, writes, disconnections and
     /// listings of 40 agents for two hours, against a model that checks every agent each time.
     @Test(arguments: [1, 2, 3, 4]) func itWritesWhatThePlainRuleWrites(seed: UInt64) throws {
-        var random = SplitMix(seed: seed)
+        var random = SeededRandom(seed)
         let clock = Clock()
         let refresh = Duration.seconds(120)
         let hold = HeartbeatHold(flushEvery: .seconds(1), refreshEvery: refresh, clock: clock.read)
@@ -138,19 +139,6 @@ import Testing
                 model.forget(agent)
             }
         }
-    }
-}
-
-/// SplitMix64: the same sequence for a seed on every run.
-private struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
 

@@ -24,6 +24,22 @@ import Testing
         return cmd.commandID
     }
 
+    /// Makes a pull for `agent`, accepts it, begins its upload and sends chunk 0 with one bit
+    /// flipped after sealing.
+    static func beginWithATamperedChunk(
+        _ agent: LinkAgent, server: InProcessServer, store: String, over link: AgentLink
+    ) async throws -> (pull: PullRecord, command: WirePullCommand, upload: SealedUpload) {
+        let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: LogFilter(uid: "u-2")))
+        let cmd = try await LinkAgent.acceptNextPull(over: link)
+        let upload = try agent.pullUpload(cmd, store: store, dir: server.dir)
+        try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
+        _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
+        var sealed = try upload.chunk(0)
+        sealed[sealed.count / 2] ^= 0x01
+        try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = 0; $0.ciphertext = Data(sealed) } })
+        return (pull, cmd, upload)
+    }
+
     /// A feedback whose id is a path (`../pulls`, `../../victim`, `..`, `.`, an absolute path,
     /// 100 KB, uppercase) or another agent's finished feedback is refused at its first frame:
     /// no row, no file, nothing outside the data directory touched, no finished pull or
@@ -182,14 +198,7 @@ import Testing
         let store = try server.deviceStore()
         let a = try await server.enrollAgent()
         try await a.connect { link in
-            let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-2")))
-            let cmd = try await LinkAgent.acceptNextPull(over: link)
-            let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
-            try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
-            _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
-            var sealed = try upload.chunk(0)
-            sealed[sealed.count / 2] ^= 0x01
-            try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = 0; $0.ciphertext = Data(sealed) } })
+            let (pull, cmd, _) = try await Self.beginWithATamperedChunk(a, server: server, store: store, over: link)
             await held.reached()
             try await link.heartbeat(activeUIDs: [])
             var early: [WireFrame] = []
@@ -220,14 +229,7 @@ import Testing
         let store = try server.deviceStore()
         let a = try await server.enrollAgent()
         let (pullID, upload) = try await a.connect { link in
-            let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-2")))
-            let cmd = try await LinkAgent.acceptNextPull(over: link)
-            let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
-            try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
-            _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
-            var sealed = try upload.chunk(0)
-            sealed[sealed.count / 2] ^= 0x01
-            try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = 0; $0.ciphertext = Data(sealed) } })
+            let (pull, cmd, upload) = try await Self.beginWithATamperedChunk(a, server: server, store: store, over: link)
             let answer = try await LinkAgent.answer(to: cmd.commandID, over: link)
             #expect(answer?.uploadResult.error == .errorChunkAuthFailed, "\(String(describing: answer))")
             return (pull.id, upload)

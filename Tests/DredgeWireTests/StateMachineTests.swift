@@ -1,5 +1,6 @@
 import DredgeDomain
 import DredgeEnvelope
+import DredgeTestSupport
 import DredgeWire
 import Foundation
 import NIOCore
@@ -404,18 +405,6 @@ struct Loopback {
         _ = stored.chunk(.with { $0.uploadID = "up-1"; $0.index = 1 })
         _ = stored.rejected(1, .errorInternal)
         #expect(stored.state == .receiving)
-    }
-}
-
-struct SeededRandom {
-    var state: UInt64
-    init(_ seed: UInt64) { state = seed &* 0x9E37_79B9_7F4A_7C15 }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
 

@@ -9,7 +9,7 @@ public final class ManagedProcess: @unchecked Sendable {
     /// - Parameter environment: set on top of this process's environment.
     public init(_ executable: String, _ arguments: [String], outputPath: String, environment: [String: String] = [:]) throws {
         self.outputPath = outputPath
-        FileManager.default.createFile(atPath: outputPath, contents: nil)
+        guard FileManager.default.createFile(atPath: outputPath, contents: nil) else { throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: outputPath]) }
         let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: outputPath))
         process.executableURL = URL(fileURLWithPath: builtProduct(executable))
         process.arguments = arguments

@@ -129,8 +129,8 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     public typealias AlreadyEnrolled = DredgeServer.AlreadyEnrolled
 
     public func publicKey(of agentID: String) async throws -> RSAPublicKey? {
-        guard let row = try await db.read({ try AgentRow.fetchOne($0, key: agentID) }) else { return nil }
-        return try RSAPublicKey(spki: row.publicKey)
+        let spki = try await db.read { try prepared("SELECT public_key FROM agent WHERE id = ?", [agentID], as: Data.self).fetchOne($0) }
+        return try spki.map { try RSAPublicKey(spki: $0) }
     }
 
     /// Marks the agent connected through a new connection; returns that connection's
@@ -140,13 +140,13 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         let host = host.bounded
         let labels = try Self.json(host.extra)
         return try await db.write { db in
-            try db.execute(
-                sql: """
-                    UPDATE agent SET connected = 1, generation = generation + 1, connected_at = ?, remote_address = ?, hostname = ?, os = ?, app = ?,
-                    app_version = ?, labels = ? WHERE id = ?
-                    """,
-                arguments: [now.timeIntervalSince1970, address, host.hostname, host.os, host.app, host.appVersion, labels, agentID])
-            return try Int64.fetchOne(db, sql: "SELECT generation FROM agent WHERE id = ?", arguments: [agentID]) ?? 0
+            try db.run(
+                """
+                UPDATE agent SET connected = 1, generation = generation + 1, connected_at = ?, remote_address = ?, hostname = ?, os = ?, app = ?,
+                app_version = ?, labels = ? WHERE id = ?
+                """,
+                [now.timeIntervalSince1970, address, host.hostname, host.os, host.app, host.appVersion, labels, agentID])
+            return try prepared("SELECT generation FROM agent WHERE id = ?", [agentID], as: Int64.self).fetchOne(db) ?? 0
         }
     }
 
@@ -157,7 +157,7 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         let held = hold.release(agentID)
         try await db.write { db in
             try Self.write(held, in: db)
-            try db.execute(sql: "UPDATE agent SET connected = 0 WHERE id = ? AND generation = ?", arguments: [agentID, generation])
+            try db.run("UPDATE agent SET connected = 0 WHERE id = ? AND generation = ?", [agentID, generation])
         }
     }
 
@@ -178,24 +178,23 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         let uids = try Self.json(sorted)
         try await write(held)
         let outcome: (known: Bool, added: Set<String>) = try await db.write { db in
-            let previous = try String.fetchOne(db, sql: "SELECT active_uids FROM agent WHERE id = ?", arguments: [agentID])
+            let previous = try prepared("SELECT active_uids FROM agent WHERE id = ?", [agentID], as: String.self).fetchOne(db)
             guard previous != nil else { return (false, []) }
             let before = try Self.heldUIDs(of: agentID, in: db)
-            try db.execute(
-                sql: "UPDATE agent SET last_heartbeat_at = ?, active_uids = ?, store_records = ? WHERE id = ?",
-                arguments: [at, uids, records, agentID])
+            try db.run("UPDATE agent SET last_heartbeat_at = ?, active_uids = ?, store_records = ? WHERE id = ?", [at, uids, records, agentID])
             if previous != uids {
-                try db.execute(sql: "DELETE FROM agent_uid WHERE agent_id = ?", arguments: [agentID])
+                try db.run("DELETE FROM agent_uid WHERE agent_id = ?", [agentID])
                 for uid in sorted { try AgentUIDRow(uid: uid, agentId: agentID).insert(db) }
             }
             // A report the same as the one stored (every reconnection sends one) is not rewritten.
-            if let report, let digest = Self.digest(report), try String.fetchOne(db, sql: "SELECT users_digest FROM agent WHERE id = ?", arguments: [agentID]) != digest {
-                try db.execute(sql: "DELETE FROM agent_user WHERE agent_id = ?", arguments: [agentID])
+            if let report, let digest = Self.digest(report),
+                try prepared("SELECT users_digest FROM agent WHERE id = ?", [agentID], as: String.self).fetchOne(db) != digest
+            {
+                try db.run("DELETE FROM agent_user WHERE agent_id = ?", [agentID])
                 let insert = try db.cachedStatement(sql: "INSERT INTO agent_user (uid, agent_id, last_seen_us) VALUES (?, ?, ?)")
                 for user in report.users { try insert.execute(arguments: [user.uid, agentID, user.lastSeenUs]) }
-                try db.execute(
-                    sql: "UPDATE agent SET users_reported = ?, users_truncated = ?, users_digest = ? WHERE id = ?",
-                    arguments: [report.users.count, report.truncated, digest, agentID])
+                try db.run(
+                    "UPDATE agent SET users_reported = ?, users_truncated = ?, users_digest = ? WHERE id = ?", [report.users.count, report.truncated, digest, agentID])
             }
             return (true, try Self.heldUIDs(of: agentID, in: db).subtracting(before))
         }
@@ -214,7 +213,7 @@ public final class AgentRegistry: AgentDirectory, Sendable {
 
     /// The uids an agent holds: its active uids and its reported users.
     private static func heldUIDs(of agentID: String, in db: Database) throws -> Set<String> {
-        Set(try String.fetchAll(db, sql: "SELECT uid FROM agent_uid WHERE agent_id = ? UNION SELECT uid FROM agent_user WHERE agent_id = ?", arguments: [agentID, agentID]))
+        Set(try prepared("SELECT uid FROM agent_uid WHERE agent_id = ? UNION SELECT uid FROM agent_user WHERE agent_id = ?", [agentID, agentID], as: String.self).fetchAll(db))
     }
 
     static func json(_ value: some Encodable) throws -> String {
@@ -256,17 +255,16 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     public func holders(of uid: String) async throws -> [UIDHolder] {
         guard UserID.isValid(uid) else { return [] }
         return try await db.read { db in
-            try Row.fetchAll(
-                db,
-                sql: """
-                    SELECT agent_id, max(last_seen_us) AS last_seen_us FROM (
-                        SELECT agent_id, NULL AS last_seen_us FROM agent_uid WHERE uid = ?
-                        UNION ALL
-                        SELECT agent_id, last_seen_us FROM agent_user WHERE uid = ?
-                    ) GROUP BY agent_id ORDER BY agent_id
-                    """,
-                arguments: [uid, uid]
-            ).compactMap { row in
+            try prepared(
+                """
+                SELECT agent_id, max(last_seen_us) AS last_seen_us FROM (
+                    SELECT agent_id, NULL AS last_seen_us FROM agent_uid WHERE uid = ?
+                    UNION ALL
+                    SELECT agent_id, last_seen_us FROM agent_user WHERE uid = ?
+                ) GROUP BY agent_id ORDER BY agent_id
+                """,
+                [uid, uid], as: Row.self
+            ).fetchAll(db).compactMap { row in
                 guard let agent = row["agent_id"] as String? else { return nil }
                 return UIDHolder(agentID: agent, lastSeen: (row["last_seen_us"] as Int64?).map { Date(timeIntervalSince1970: Double($0) / 1e6) })
             }
@@ -274,7 +272,7 @@ public final class AgentRegistry: AgentDirectory, Sendable {
     }
 
     public func isEnrolled(_ agentID: String) async throws -> Bool {
-        try await db.read { try AgentRow.exists($0, key: agentID) }
+        try await db.read { try prepared("SELECT 1 FROM agent WHERE id = ?", [agentID], as: Int.self).fetchOne($0) != nil }
     }
 
     /// Every agent, with the heartbeats held shown over the rows (not written: a console

@@ -97,15 +97,14 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         // The unexpired pulls by uid alone are few (a range of the partial index); the agent's
         // uids may be thousands: match in memory, not one query per uid.
         let open = try await db.read { db in
-            try Row.fetchAll(
-                db,
-                sql: """
-                    SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > ? AND uid != '' AND removed_at IS NULL
-                    AND NOT EXISTS (SELECT 1 FROM pull_target t WHERE t.pull_id = pull.id AND t.agent_id = ?)
-                    ORDER BY created_at, id
-                    """,
-                arguments: [now.microseconds, agent]
-            ).compactMap { row -> (id: String, uid: String)? in
+            try prepared(
+                """
+                SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > ? AND uid != '' AND removed_at IS NULL
+                AND NOT EXISTS (SELECT 1 FROM pull_target t WHERE t.pull_id = pull.id AND t.agent_id = ?)
+                ORDER BY created_at, id
+                """,
+                [now.microseconds, agent], as: Row.self
+            ).fetchAll(db).compactMap { row -> (id: String, uid: String)? in
                 guard let id = row["id"] as String?, let uid = row["uid"] as String? else { return nil }
                 return (id, uid)
             }
@@ -117,9 +116,9 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             var adopted: [String] = []
             for pull in matching {
                 // Not a pull removed since the read.
-                try db.execute(
-                    sql: "INSERT OR IGNORE INTO pull_target (pull_id, agent_id, status, updated_at) SELECT ?, ?, ?, ? FROM pull WHERE id = ? AND removed_at IS NULL",
-                    arguments: [pull.id, agent, Status.queued.rawValue, at, pull.id])
+                try db.run(
+                    "INSERT OR IGNORE INTO pull_target (pull_id, agent_id, status, updated_at) SELECT ?, ?, ?, ? FROM pull WHERE id = ? AND removed_at IS NULL",
+                    [pull.id, agent, Status.queued.rawValue, at, pull.id])
                 if db.changesCount > 0 { adopted.append(pull.id) }
             }
             return adopted
@@ -149,7 +148,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     }
 
     public func wrappedKey(of pullID: String) async throws -> [UInt8]? {
-        try await db.read { try PullRow.fetchOne($0, key: pullID) }.map { Array($0.wrappedKey) }
+        try await db.read { try Self.row(pullID, in: $0) }.map { Array($0.wrappedKey) }
     }
 
     /// The pulls to send `agentID` now, each with its stored form: the queued ones, and with
@@ -160,13 +159,13 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [DuePull] {
         let statuses = includingUnanswered ? "('queued', 'delivered')" : "('queued')"
         let (queued, due) = try await db.read { db in
-            let queued = try OpenTarget.fetchAll(
-                db,
-                sql: """
-                    SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
-                    WHERE t.agent_id = ? AND t.status IN \(statuses) ORDER BY p.created_at, t.pull_id
-                    """,
-                arguments: [agentID])
+            let queued = try prepared(
+                """
+                SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
+                WHERE t.agent_id = ? AND t.status IN \(statuses) ORDER BY p.created_at, t.pull_id
+                """,
+                [agentID], as: OpenTarget.self
+            ).fetchAll(db)
             let due = try queued.filter { $0.expiresAt > now.microseconds }.map { DuePull(id: $0.pullId, stored: try Self.storedPull($0.pullId, in: db)) }
             return (queued, due)
         }
@@ -174,9 +173,9 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         if !expired.isEmpty {
             try await db.write { db in
                 for id in expired {
-                    try db.execute(
-                        sql: "UPDATE pull_target SET status = 'expired', detail = 'expired before delivery', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = 'queued'",
-                        arguments: [Date().timeIntervalSince1970, id, agentID])
+                    try db.run(
+                        "UPDATE pull_target SET status = 'expired', detail = 'expired before delivery', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = 'queued'",
+                        [Date().timeIntervalSince1970, id, agentID])
                 }
             }
         }
@@ -288,9 +287,9 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     }
 
     private static func pull(_ id: String, now: Timestamp, in db: Database) throws -> Pull? {
-        guard let row = try PullRow.fetchOne(db, key: id) else { return nil }
+        guard let row = try Self.row(id, in: db) else { return nil }
         let expired = row.expiresAt <= now.microseconds
-        let targets = try PullTargetRow.filter(Column("pull_id") == id).order(Column("agent_id")).fetchAll(db).map { t in
+        let targets = try prepared("SELECT * FROM pull_target WHERE pull_id = ? ORDER BY agent_id", [id], as: PullTargetRow.self).fetchAll(db).map { t in
             // A queued pull past its expiry is expired even if no delivery pass marked it yet.
             let stored = try Self.status(t.status, of: id)
             let stale = stored == .queued && expired
@@ -344,9 +343,9 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     @discardableResult
     public func markDelivered(_ pullID: String, agent: String, at now: Date) async throws -> Bool {
         try await db.write { db in
-            try db.execute(
-                sql: "UPDATE pull_target SET status = 'delivered', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status IN ('queued', 'delivered')",
-                arguments: [now.timeIntervalSince1970, pullID, agent])
+            try db.run(
+                "UPDATE pull_target SET status = 'delivered', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status IN ('queued', 'delivered')",
+                [now.timeIntervalSince1970, pullID, agent])
             return db.changesCount > 0
         }
     }
@@ -366,14 +365,15 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     ) async throws -> Bool {
         let allowed = from.map { " AND status IN (" + $0.map { "'\($0.rawValue)'" }.sorted().joined(separator: ",") + ")" } ?? ""
         return try await db.write { db in
-            try db.execute(
-                sql: """
-                    UPDATE pull_target SET status = ?, detail = ?, updated_at = ?,
-                        chunks_received = coalesce(?, chunks_received), chunk_count = coalesce(?, chunk_count),
-                        bytes = coalesce(?, bytes), files = coalesce(?, files), error_code = coalesce(?, error_code)
-                    WHERE pull_id = ? AND agent_id = ? AND status NOT IN \(Self.finalStatuses)\(allowed)
-                    """,
-                arguments: [
+            // A handful of texts (one per `from` set a caller passes): each kept prepared.
+            try db.run(
+                """
+                UPDATE pull_target SET status = ?, detail = ?, updated_at = ?,
+                    chunks_received = coalesce(?, chunks_received), chunk_count = coalesce(?, chunk_count),
+                    bytes = coalesce(?, bytes), files = coalesce(?, files), error_code = coalesce(?, error_code)
+                WHERE pull_id = ? AND agent_id = ? AND status NOT IN \(Self.finalStatuses)\(allowed)
+                """,
+                [
                     status.rawValue, detail, now.timeIntervalSince1970, chunksReceived, chunkCount, bytes,
                     files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, errorCode, pullID, agent,
                 ])
@@ -383,7 +383,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
 
     public func markRemoved(_ pullID: String, by actor: String, reason: String, at now: Date) async throws -> RemovalMark? {
         try await db.write { db -> RemovalMark? in
-            guard let row = try PullRow.fetchOne(db, key: pullID) else { return nil }
+            guard let row = try Self.row(pullID, in: db) else { return nil }
             if let earlier = Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason) { return RemovalMark(removal: earlier, isNew: false) }
             let removal = Removal(at: now, by: actor, reason: reason)
             try db.execute(
@@ -411,6 +411,11 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         }
     }
 
+    /// A pull's row, by a statement kept prepared.
+    static func row(_ id: String, in db: Database) throws -> PullRow? {
+        try prepared("SELECT * FROM pull WHERE id = ?", [id], as: PullRow.self).fetchOne(db)
+    }
+
     /// What a command is made from. Throws ``UnreadablePull``, and makes nothing, when the pull
     /// is gone or its row does not read back exactly (an unreadable filter never becomes "all").
     public func storedPull(_ id: String) async throws -> StoredPull {
@@ -421,7 +426,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     static func storedPull(_ id: String, in db: Database) throws -> Result<StoredPull, UnreadablePull> {
         let row: PullRow?
         do {
-            row = try PullRow.fetchOne(db, key: id)
+            row = try Self.row(id, in: db)
         } catch let error as RowDecodingError {
             return .failure(UnreadablePull("the stored row of pull \(id) is unreadable: \(error)"))
         }

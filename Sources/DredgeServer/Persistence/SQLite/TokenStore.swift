@@ -26,7 +26,8 @@ public final class TokenStore: TokenVault, Sendable {
 
     private func name(of token: String, kind: TokenKind) async throws -> String? {
         let hash = TokenFile.hash(token)
-        return try await db.read { try TokenRow.filter(Column("sha256") == hash && Column("kind") == kind.rawValue).fetchOne($0)?.name }
+        // Every admin request and enrollment asks: a statement kept prepared.
+        return try await db.read { try prepared("SELECT name FROM token WHERE sha256 = ? AND kind = ?", [hash, kind.rawValue], as: String.self).fetchOne($0) }
     }
 
     public func adminName(for token: String) async throws -> String? { try await name(of: token, kind: .admin) }

@@ -8,6 +8,7 @@ import Foundation
 import FoundationNetworking
 import Logging
 import NIOCore
+import NIOEmbedded
 import NIOPosix
 import Testing
 @testable import DredgeServer
@@ -53,6 +54,32 @@ import Testing
                 return true
             }
         }
+    }
+
+    /// A test waits for the server to end its connections through ``within(_:_:)``: the wait
+    /// must end when its task is cancelled, or a connection that never ends hangs the test run
+    /// instead of failing the test.
+    @Test func aWaitForTheConnectionsToEndEndsWhenCancelled() async throws {
+        let set = ConnectionSet()
+        let (token, _) = set.insert(EmbeddedChannel())
+        let ended = PostgresNodesTests.Counter()
+        let waiting = Task {
+            await set.drained()
+            ended.increment()
+        }
+        waiting.cancel()
+        #expect(await ended.reaches(1), "a cancelled wait for the connections to end went on")
+
+        // Not cancelled: it ends when the last connection does, not before.
+        let second = Task {
+            await set.drained()
+            ended.increment()
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        #expect(ended.count == 1)
+        set.remove(token)
+        await second.value
+        #expect(ended.count == 2)
     }
 
     @Test func connectionsThatNeverAuthenticateAreClosedAtTheDeadline() async throws {

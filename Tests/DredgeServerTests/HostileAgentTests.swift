@@ -67,7 +67,7 @@ import Testing
         #expect(try await server.admin.pull(pullID).targets.first?.status == .complete)
         // The server removes a landed upload's chunks after its result went out; the agent's
         // close can come first (a CI run once saw the feedback's chunks in `before` only).
-        await server.listener.connectionsEnded()
+        try await server.connectionsEnded()
         let before = InProcessServer.snapshot(dir.path)
         #expect(before.keys.contains("server/pulls/\(pullID)/\(a.agentID)/manifest.json"))
         #expect(before.keys.contains("server/feedback/\(feedbackID)/manifest.json"))
@@ -103,7 +103,7 @@ import Testing
             _ = try await link.next()
         }
 
-        await server.listener.connectionsEnded()
+        try await server.connectionsEnded()
         let after = InProcessServer.snapshot(dir.path)
         #expect(after.filter { !$0.key.hasPrefix("feedback-") } == before.filter { !$0.key.hasPrefix("feedback-") }, "files changed")
         #expect(try await server.admin.feedback().map(\.id) == [feedbackID])
@@ -134,7 +134,7 @@ import Testing
                 #expect(answer?.error.code == .errorChunkInvalid, "\(String(describing: answer))")
                 return pull.id
             }
-            await server.listener.connectionsEnded()
+            try await server.connectionsEnded()
             let target = try #require(try await server.admin.pull(pullID).targets.first)
             #expect(target.status == .failed)
             #expect(target.detail.contains("chunk 0"))
@@ -199,7 +199,7 @@ import Testing
         let a = try await server.enrollAgent()
         try await a.connect { link in
             let (pull, cmd, _) = try await Self.beginWithATamperedChunk(a, server: server, store: store, over: link)
-            await held.reached()
+            try await held.reached()
             try await link.heartbeat(activeUIDs: [])
             var early: [WireFrame] = []
             reading: while let frame = try await link.next() {
@@ -234,7 +234,7 @@ import Testing
             #expect(answer?.uploadResult.error == .errorChunkAuthFailed, "\(String(describing: answer))")
             return (pull.id, upload)
         }
-        await server.listener.connectionsEnded()
+        try await server.connectionsEnded()
         let target = try #require(try await server.admin.pull(pullID).targets.first)
         #expect(target.status == .failed && target.errorCode == Int(WireErrorCode.errorChunkAuthFailed.rawValue))
         for _ in 0..<2 {
@@ -318,7 +318,7 @@ import Testing
             #expect(over == .retryLater(over.result) && over.result.error == .errorLimitExceeded, "\(over)")
             #expect(!FileManager.default.fileExists(atPath: server.data + "/feedback/\(third)"))
         }
-        await server.listener.connectionsEnded()
+        try await server.connectionsEnded()
         let listed = try await server.admin.feedback()
         #expect(listed.count == 2)
         #expect(listed.filter { $0.status == .complete }.count == 1)
@@ -486,7 +486,7 @@ extension UploadStatusTests {
             #expect(outcome == .finished(outcome.result) && outcome.result.error == .errorPayloadInvalid, "\(outcome)")
             return pull.id
         }
-        await server.listener.connectionsEnded()
+        try await server.connectionsEnded()
         #expect(try await server.admin.pull(pullID).targets.first?.status == .failed)
     }
 }
@@ -544,7 +544,7 @@ extension UploadStatusTests {
             }
             return (ids[0], ids[1], ids[2])
         }
-        await server.listener.connectionsEnded()
+        try await server.connectionsEnded()
         #expect(try await server.admin.pull(wider).targets.first?.status == .failed)
         #expect(try await server.admin.pull(otherCommand).targets.first?.status == .failed)
         #expect(try await server.admin.pull(honest).targets.first?.status == .complete)
@@ -648,21 +648,18 @@ final class HeldFailures: Sendable {
     private struct State {
         var isOpen = false
         var held: [CheckedContinuation<Void, Never>] = []
-        var watchers: [CheckedContinuation<Void, Never>] = []
     }
     private let state = Mutex(State())
 
     func wrapping(_ base: any PullQueue) -> any PullQueue { Queue(base: base, held: self) }
 
-    /// Returns once a write of `failed` is being held (or the gate is open).
-    func reached() async {
-        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-            let now = state.withLock { s -> Bool in
-                if s.isOpen || !s.held.isEmpty { return true }
-                s.watchers.append(c)
-                return false
-            }
-            if now { c.resume() }
+    /// Returns once a write of `failed` is being held (or the gate is open); throws if none is
+    /// within `limit` (a server that never writes it fails the test instead of hanging it).
+    func reached(within limit: Duration = .seconds(60)) async throws {
+        let deadline = ContinuousClock.now + limit
+        while !state.withLock({ $0.isOpen || !$0.held.isEmpty }) {
+            guard ContinuousClock.now < deadline else { throw AgentError("no write of `failed` was held within \(limit)") }
+            try await Task.sleep(for: .milliseconds(5))
         }
     }
 
@@ -670,21 +667,19 @@ final class HeldFailures: Sendable {
     func open() {
         let go = state.withLock { s -> [CheckedContinuation<Void, Never>] in
             s.isOpen = true
-            defer { s.held = []; s.watchers = [] }
-            return s.held + s.watchers
+            defer { s.held = [] }
+            return s.held
         }
         for c in go { c.resume() }
     }
 
     fileprivate func hold() async {
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-            let (now, watchers) = state.withLock { s -> (Bool, [CheckedContinuation<Void, Never>]) in
-                if s.isOpen { return (true, []) }
+            let now = state.withLock { s -> Bool in
+                if s.isOpen { return true }
                 s.held.append(c)
-                defer { s.watchers = [] }
-                return (false, s.watchers)
+                return false
             }
-            for w in watchers { w.resume() }
             if now { c.resume() }
         }
     }

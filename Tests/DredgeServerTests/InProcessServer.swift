@@ -89,7 +89,12 @@ final class InProcessServer: @unchecked Sendable {
         _ = try? await task.value
     }
 
-    /// An agent made of ``AgentLink``, enrolled with a fresh key.
+    /// Waits until the server has ended every connection it accepted
+    /// (``AgentListener/connectionsEnded()``); throws after `limit` instead of hanging the test.
+    func connectionsEnded(within limit: Duration = .seconds(60)) async throws {
+        try await ConnectionRulesTests.within(limit) { [listener] in await listener.connectionsEnded() }
+    }
+
     /// A device's store in this server's directory with the end-to-end tests' records
     /// (`PullEndToEndTests.makeDeviceStore`); its path.
     func deviceStore() throws -> String {
@@ -98,6 +103,7 @@ final class InProcessServer: @unchecked Sendable {
         return store
     }
 
+    /// An agent made of ``AgentLink``, enrolled with a fresh key.
     func enrollAgent(hostname: String = "probe") async throws -> LinkAgent {
         let tls = try AgentLink.tlsContext(caPEM: contents(data + "/ca.pem"))
         let key = try RSAPrivateKey.generate()

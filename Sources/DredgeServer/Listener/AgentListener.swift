@@ -80,6 +80,7 @@ public final class AgentListener: Service, Sendable {
     /// Returns once the server has ended every connection it accepted: each connection's
     /// chunks are settled and a landed upload's chunks removed (``ended(_:)``). An agent's
     /// close returns before that, so a test that looks at the data directory waits for this.
+    /// A cancelled caller returns at once (a test's deadline ends the wait).
     func connectionsEnded() async { await connections.drained() }
 
     public func run() async throws {
@@ -450,7 +451,8 @@ final class ConnectionSet: @unchecked Sendable {
     private var channels: [Int: any Channel] = [:]
     private var next = 0
     private var closing = false
-    private var drainWaiters: [CheckedContinuation<Void, Never>] = []
+    private var drainWaiters: [Int: CheckedContinuation<Void, Never>] = [:]
+    private var nextWaiter = 0
 
     /// Adds `channel`; returns its token, and whether the set is closing (the caller closes
     /// the channel once it has kept the token).
@@ -466,22 +468,34 @@ final class ConnectionSet: @unchecked Sendable {
         let waiters = lock.withLock { () -> [CheckedContinuation<Void, Never>] in
             channels.removeValue(forKey: token)
             guard channels.isEmpty else { return [] }
-            defer { drainWaiters = [] }
-            return drainWaiters
+            defer { drainWaiters = [:] }
+            return Array(drainWaiters.values)
         }
         for waiter in waiters { waiter.resume() }
     }
 
     /// Returns once every connection inserted has been removed (each connection removes itself
     /// when its driver has ended it).
+    /// A waiting task that is cancelled returns at once (a caller that gives up after a
+    /// deadline is not held).
     func drained() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let now = lock.withLock { () -> Bool in
-                if channels.isEmpty { return true }
-                drainWaiters.append(continuation)
-                return false
+        let id = lock.withLock {
+            nextWaiter += 1
+            return nextWaiter
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let now = lock.withLock { () -> Bool in
+                    // Cancelled before this registers: the handler below found nothing to resume.
+                    if channels.isEmpty || Task.isCancelled { return true }
+                    drainWaiters[id] = continuation
+                    return false
+                }
+                if now { continuation.resume() }
             }
-            if now { continuation.resume() }
+        } onCancel: {
+            let waiter = lock.withLock { drainWaiters.removeValue(forKey: id) }
+            waiter?.resume()
         }
     }
 

@@ -655,7 +655,7 @@ final class HeldFailures: Sendable {
 
     /// Returns once a write of `failed` is being held (or the gate is open); throws if none is
     /// within `limit` (a server that never writes it fails the test instead of hanging it).
-    func reached(within limit: Duration = .seconds(60)) async throws {
+    func reached(within limit: Duration = .seconds(300)) async throws {
         let deadline = ContinuousClock.now + limit
         while !state.withLock({ $0.isOpen || !$0.held.isEmpty }) {
             guard ContinuousClock.now < deadline else { throw AgentError("no write of `failed` was held within \(limit)") }

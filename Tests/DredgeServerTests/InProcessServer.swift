@@ -91,7 +91,7 @@ final class InProcessServer: @unchecked Sendable {
 
     /// Waits until the server has ended every connection it accepted
     /// (``AgentListener/connectionsEnded()``); throws after `limit` instead of hanging the test.
-    func connectionsEnded(within limit: Duration = .seconds(60)) async throws {
+    func connectionsEnded(within limit: Duration = .seconds(300)) async throws {
         try await ConnectionRulesTests.within(limit) { [listener] in await listener.connectionsEnded() }
     }
 

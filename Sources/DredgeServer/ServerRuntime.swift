@@ -82,7 +82,9 @@ public enum ServerRuntime {
             host: adminHost, port: options.adminPort ?? deployment.config.adminPort, tls: deployment.adminTLSConfiguration,
             caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self), logger: logger)
         // On PostgreSQL the node's lease is renewed beside the rest (its agents' presence and index claims).
-        let services: [any Service] = (stores.node.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin]
+        // On SQLite the write-ahead log is checkpointed off the writer.
+        let checkpointer = try stores.sqlite.map { try WALCheckpointer($0, logger: logger) }
+        let services: [any Service] = (stores.node.map { [$0] } ?? []) + (checkpointer.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin]
         if let node = stores.node { logger.info("cluster node", metadata: ["node": "\(node.id)", "name": "\(node.name)", "lease": "\(node.duration)"]) }
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()

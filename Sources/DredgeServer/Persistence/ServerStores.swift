@@ -38,6 +38,9 @@ public struct ServerPersistence: Sendable {
     public let location: String
     /// The PostgreSQL database, when the state is there.
     public let postgres: PostgresDatabase?
+    /// The SQLite database, when the state is there (the runtime checkpoints its log:
+    /// ``WALCheckpointer``).
+    public let sqlite: ServerDatabase?
     /// This process's lease as a node of the cluster (PostgreSQL only): the runtime renews it.
     public let node: NodeLease?
     /// Pulls queued by any node, as they are queued (PostgreSQL's notifications); nil on SQLite,
@@ -52,6 +55,7 @@ public struct ServerPersistence: Sendable {
         (registry, pulls, feedback, tokens, records, issuer) = (stores.registry, stores.pulls, stores.feedback, stores.tokens, stores.records, stores.issuer)
         location = stores.database.path
         postgres = nil
+        sqlite = stores.database
         node = nil
         notices = nil
         (imported, importProblems) = (stores.database.imported, stores.database.importProblems)
@@ -71,6 +75,7 @@ public struct ServerPersistence: Sendable {
         issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
         location = database.location.description
         postgres = database
+        sqlite = nil
         (imported, importProblems) = ([], [])
     }
 

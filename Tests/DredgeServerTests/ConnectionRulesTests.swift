@@ -64,7 +64,7 @@ import Testing
         let (token, _) = set.insert(EmbeddedChannel())
         let ended = PostgresNodesTests.Counter()
         let waiting = Task {
-            await set.drained()
+            await set.drainedOrCancelled()
             ended.increment()
         }
         waiting.cancel()
@@ -73,14 +73,30 @@ import Testing
 
         // Not cancelled: it ends when the last connection does, not before.
         let second = Task {
-            await set.drained()
+            await set.drainedOrCancelled()
             ended.increment()
         }
         try await Task.sleep(for: .milliseconds(50))
         #expect(ended.count == 1)
         set.remove(token)
-        await second.value
-        #expect(ended.count == 2)
+        #expect(await ended.reaches(2, within: .seconds(300)), "the wait did not end with the last connection")
+    }
+
+    /// The listener's own shutdown waits for its connections whatever: cancellation (another
+    /// service of the group failing) must not stop the thread pools under a connection's cleanup.
+    @Test func theShutdownWaitForTheConnectionsIsNotEndedByCancellation() async throws {
+        let set = ConnectionSet()
+        let (token, _) = set.insert(EmbeddedChannel())
+        let ended = PostgresNodesTests.Counter()
+        let waiting = Task {
+            await set.drained()
+            ended.increment()
+        }
+        waiting.cancel()
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(ended.count == 0, "a cancelled shutdown wait ended while a connection was open")
+        set.remove(token)
+        #expect(await ended.reaches(1, within: .seconds(300)))
     }
 
     @Test func connectionsThatNeverAuthenticateAreClosedAtTheDeadline() async throws {

@@ -22,7 +22,7 @@ import Testing
         let database = try ServerDatabase(directory: dir.path)
         let pulls = PullStore(database)
         let checkpointer = try WALCheckpointer(database, logger: Logger(label: "test"))
-        // Fewer pages than the writer's own checkpoint waits for (1,000).
+        // Fewer pages than the writer's own checkpoint waits for (8,000).
         try await Self.auditWrites(pulls, 100, tag: "before")
         let first = try await checkpointer.checkpoint()
         #expect(first.logPages > 0)
@@ -42,14 +42,17 @@ import Testing
         let checkpointer = try WALCheckpointer(database, every: .milliseconds(10), logger: Logger(label: "test"))
         let group = ServiceGroup(services: [checkpointer], logger: Logger(label: "test"))
         let running = Task { try await group.run() }
-        try await Self.auditWrites(pulls, 50, tag: "running")
         let deadline = ContinuousClock.now + .seconds(300)
-        // Until a checkpoint found the writes above and copied them all.
-        while !(checkpointer.done.last.map { $0.logPages > 0 && $0.copied == $0.logPages } ?? false), ContinuousClock.now < deadline {
+        // The migrations' pages first, then the writes below: both checkpointed by the loop.
+        while checkpointer.done.count < 1, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        try await Self.auditWrites(pulls, 50, tag: "running")
+        let before = checkpointer.done.count
+        while !(checkpointer.done.count > before + 1 && checkpointer.done.last.map { $0.copied == $0.logPages } == true), ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(10))
         }
         let done = checkpointer.done
-        #expect(done.last.map { $0.logPages > 0 && $0.copied == $0.logPages } == true, "\(done)")
+        #expect(done.count > before + 1, "\(done)")
+        #expect(done.last.map { $0.copied == $0.logPages } == true, "\(done)")
         await group.triggerGracefulShutdown()
         try await running.value
     }

@@ -81,7 +81,7 @@ public final class AgentListener: Service, Sendable {
     /// chunks are settled and a landed upload's chunks removed (``ended(_:)``). An agent's
     /// close returns before that, so a test that looks at the data directory waits for this.
     /// A cancelled caller returns at once (a test's deadline ends the wait).
-    func connectionsEnded() async { await connections.drained() }
+    func connectionsEnded() async { await connections.drainedOrCancelled() }
 
     public func run() async throws {
         let sslContext = try NIOSSLContext(configuration: deployment.tlsConfiguration)
@@ -475,27 +475,43 @@ final class ConnectionSet: @unchecked Sendable {
     }
 
     /// Returns once every connection inserted has been removed (each connection removes itself
-    /// when its driver has ended it).
-    /// A waiting task that is cancelled returns at once (a caller that gives up after a
-    /// deadline is not held).
+    /// when its driver has ended it). Cancellation does not end the wait: the listener's own
+    /// shutdown stops the thread pools only after this, and a connection's cleanup uses them.
     func drained() async {
+        await wait(id: nil)
+    }
+
+    /// ``drained()``, or until the waiting task is cancelled (a test's deadline ends the wait).
+    func drainedOrCancelled() async {
         let id = lock.withLock {
             nextWaiter += 1
             return nextWaiter
         }
         await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let now = lock.withLock { () -> Bool in
-                    // Cancelled before this registers: the handler below found nothing to resume.
-                    if channels.isEmpty || Task.isCancelled { return true }
-                    drainWaiters[id] = continuation
-                    return false
-                }
-                if now { continuation.resume() }
-            }
+            await wait(id: id)
         } onCancel: {
             let waiter = lock.withLock { drainWaiters.removeValue(forKey: id) }
             waiter?.resume()
+        }
+    }
+
+    /// Waits until the set is empty; with an `id`, also returns once the task is cancelled.
+    private func wait(id: Int?) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = lock.withLock { () -> Bool in
+                // Cancelled before this registers: the cancellation handler found nothing to resume.
+                if channels.isEmpty || (id != nil && Task.isCancelled) { return true }
+                let key: Int
+                if let id {
+                    key = id
+                } else {
+                    nextWaiter += 1
+                    key = nextWaiter
+                }
+                drainWaiters[key] = continuation
+                return false
+            }
+            if now { continuation.resume() }
         }
     }
 

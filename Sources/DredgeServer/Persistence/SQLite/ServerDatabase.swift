@@ -32,7 +32,7 @@ public final class ServerDatabase: Sendable {
 
     public init(directory: String) throws {
         path = directory + "/" + Self.fileName
-        pool = try Self.openPool(path)
+        pool = try Self.openPool(path, walPages: 8_000)
         let migrator = Self.migrator(importingFrom: directory)
         let applied = try pool.read { try migrator.appliedIdentifiers($0) }
         try migrator.migrate(pool)
@@ -54,18 +54,20 @@ public final class ServerDatabase: Sendable {
         (self.imported, importProblems) = (imported, problems)
     }
 
-    /// A server database file as the server opens each one: WAL with `synchronous=NORMAL`, the
-    /// writer's own checkpoint at 8,000 log pages, a 10 s busy timeout, and (when it is new)
-    /// readable by its owner only.
-    static func openPool(_ path: String) throws -> DatabasePool {
+    /// A server database file as the server opens each one: WAL with `synchronous=NORMAL`, a
+    /// 10 s busy timeout, and (when it is new) readable by its owner only.
+    ///
+    /// - Parameter walPages: the log's size at which the writer checkpoints it itself (SQLite's
+    ///   default, 1,000, when nil). `dredge.sqlite` waits for 8,000: the running server's
+    ///   ``WALCheckpointer`` checkpoints it every 5 s off the writer, and the writer's own
+    ///   checkpoint is the bound when that does not run (a command-line tool).
+    static func openPool(_ path: String, walPages: Int? = nil) throws -> DatabasePool {
         let isNew = !FileManager.default.fileExists(atPath: path)
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         configuration.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
-            // The server's ``WALCheckpointer`` checkpoints every 5 s off the writer; the
-            // writer's own checkpoint is the bound when it does not run (a command-line tool).
-            try db.execute(sql: "PRAGMA wal_autocheckpoint = 8000")
+            if let walPages { try db.execute(sql: "PRAGMA wal_autocheckpoint = \(max(1, walPages))") }
         }
         let pool = try DatabasePool(path: path, configuration: configuration)
         if isNew, chmod(path, 0o600) != 0 {

@@ -56,6 +56,14 @@ import Testing
         }
     }
 
+    /// A task that runs `wait` and counts into `ended` once it returns.
+    static func waiter(counting ended: PostgresNodesTests.Counter, _ wait: @escaping @Sendable () async -> Void) -> Task<Void, Never> {
+        Task {
+            await wait()
+            ended.increment()
+        }
+    }
+
     /// A test waits for the server to end its connections through ``within(_:_:)``: the wait
     /// must end when its task is cancelled, or a connection that never ends hangs the test run
     /// instead of failing the test.
@@ -63,19 +71,12 @@ import Testing
         let set = ConnectionSet()
         let (token, _) = set.insert(EmbeddedChannel())
         let ended = PostgresNodesTests.Counter()
-        let waiting = Task {
-            await set.drainedOrCancelled()
-            ended.increment()
-        }
-        waiting.cancel()
+        Self.waiter(counting: ended) { await set.drainedOrCancelled() }.cancel()
         // Generous: the whole suite runs in parallel on two cores (it took 103 s there once).
         #expect(await ended.reaches(1, within: .seconds(300)), "a cancelled wait for the connections to end went on")
 
         // Not cancelled: it ends when the last connection does, not before.
-        let second = Task {
-            await set.drainedOrCancelled()
-            ended.increment()
-        }
+        _ = Self.waiter(counting: ended) { await set.drainedOrCancelled() }
         try await Task.sleep(for: .milliseconds(50))
         #expect(ended.count == 1)
         set.remove(token)
@@ -88,11 +89,7 @@ import Testing
         let set = ConnectionSet()
         let (token, _) = set.insert(EmbeddedChannel())
         let ended = PostgresNodesTests.Counter()
-        let waiting = Task {
-            await set.drained()
-            ended.increment()
-        }
-        waiting.cancel()
+        Self.waiter(counting: ended) { await set.drained() }.cancel()
         try await Task.sleep(for: .milliseconds(100))
         #expect(ended.count == 0, "a cancelled shutdown wait ended while a connection was open")
         set.remove(token)

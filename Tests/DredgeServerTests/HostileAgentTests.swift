@@ -24,10 +24,11 @@ import Testing
         return cmd.commandID
     }
 
-    /// Makes a pull for `agent`, accepts it, begins its upload and sends chunk 0 with one bit
-    /// flipped after sealing.
+    /// Makes a pull for `agent`, accepts it, begins its upload and sends chunk 0 changed by
+    /// `tamper` after sealing (by default one bit flipped).
     static func beginWithATamperedChunk(
-        _ agent: LinkAgent, server: InProcessServer, store: String, over link: AgentLink
+        _ agent: LinkAgent, server: InProcessServer, store: String, over link: AgentLink,
+        tamper: (inout [UInt8]) -> Void = { $0[$0.count / 2] ^= 0x01 }
     ) async throws -> (pull: PullRecord, command: WirePullCommand, upload: SealedUpload) {
         let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: agent.agentID, filter: LogFilter(uid: "u-2")))
         let cmd = try await LinkAgent.acceptNextPull(over: link)
@@ -35,7 +36,7 @@ import Testing
         try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
         _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
         var sealed = try upload.chunk(0)
-        sealed[sealed.count / 2] ^= 0x01
+        tamper(&sealed)
         try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = 0; $0.ciphertext = Data(sealed) } })
         return (pull, cmd, upload)
     }
@@ -122,14 +123,9 @@ import Testing
         let a = try await server.enrollAgent()
         for change in [-1, 1] {
             let pullID = try await a.connect { link in
-                let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: a.agentID, filter: LogFilter(uid: "u-2")))
-                let cmd = try await LinkAgent.acceptNextPull(over: link)
-                let upload = try a.pullUpload(cmd, store: store, dir: server.dir)
-                try await link.send(.with { $0.uploadBegin = .with { $0.header = upload.header } })
-                _ = try await LinkAgent.answer(to: cmd.commandID, over: link)
-                var sealed = try upload.chunk(0)
-                if change < 0 { sealed.removeLast() } else { sealed.append(0) }
-                try await link.send(.with { $0.uploadChunk = .with { $0.uploadID = cmd.commandID; $0.index = 0; $0.ciphertext = Data(sealed) } })
+                let (pull, cmd, _) = try await Self.beginWithATamperedChunk(a, server: server, store: store, over: link) { sealed in
+                    if change < 0 { sealed.removeLast() } else { sealed.append(0) }
+                }
                 let answer = try await LinkAgent.answer(to: cmd.commandID, over: link)
                 #expect(answer?.error.code == .errorChunkInvalid, "\(String(describing: answer))")
                 return pull.id

@@ -61,22 +61,27 @@ public struct ChunkCipher: Sendable {
             throw EnvelopeError(.invalidUpload, "chunk \(index) of \(plaintext.count) bytes does not fit the header")
         }
         let box = try AES.GCM.seal(plaintext, using: key, nonce: try AES.GCM.Nonce(data: nonce(index: index)), authenticating: associatedData)
-        var out = Array(box.ciphertext)
+        // One copy, into room for both (an array of the ciphertext alone grew, and was copied
+        // again, to take the tag).
+        var out: [UInt8] = []
+        out.reserveCapacity(box.ciphertext.count + box.tag.count)
+        out.append(contentsOf: box.ciphertext)
         out.append(contentsOf: box.tag)
         return out
     }
 
-    /// The plaintext of chunk `index`, or `.chunkAuthFailed`.
-    public func open(_ sealed: some DataProtocol, index: UInt32) throws -> [UInt8] {
+    /// The plaintext of chunk `index`, or `.chunkAuthFailed`. The ciphertext is read where it
+    /// is and the plaintext is not copied out of what AES-GCM returns (a chunk is up to 2 MiB,
+    /// and the server opens every chunk of every upload).
+    public func open(_ sealed: some DataProtocol, index: UInt32) throws -> Data {
         guard index < header.chunkCount, sealed.count == plaintextSize(ofChunk: index) + WireLimits.tagBytes else {
             throw EnvelopeError(.invalidUpload, "chunk \(index) of \(sealed.count) bytes does not fit the header")
         }
-        let bytes = Array(sealed)
         do {
             let box = try AES.GCM.SealedBox(
-                nonce: try AES.GCM.Nonce(data: nonce(index: index)), ciphertext: bytes.dropLast(WireLimits.tagBytes),
-                tag: bytes.suffix(WireLimits.tagBytes))
-            return Array(try AES.GCM.open(box, using: key, authenticating: associatedData))
+                nonce: try AES.GCM.Nonce(data: nonce(index: index)), ciphertext: sealed.dropLast(WireLimits.tagBytes),
+                tag: sealed.suffix(WireLimits.tagBytes))
+            return try AES.GCM.open(box, using: key, authenticating: associatedData)
         } catch {
             throw EnvelopeError(.chunkAuthFailed, "chunk \(index) does not authenticate")
         }

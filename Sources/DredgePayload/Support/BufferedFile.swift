@@ -1,8 +1,8 @@
 import CDredgeSystem
 import Foundation
 
-/// A write-only file with a 1 MiB buffer, positioned writes for patching headers, and fsync on
-/// close.
+/// A write-only file with a 1 MiB buffer for small pieces (pieces of 64 KiB or more go straight
+/// to the kernel), positioned writes for patching headers, and fsync on close.
 ///
 /// Write-behind: every ``writeBehindBytes`` flushed, the kernel is asked to start writing them
 /// back (`sync_file_range`, as RocksDB's `bytes_per_sync` and PostgreSQL's `*_flush_after` do),
@@ -35,21 +35,40 @@ package final class BufferedFile {
         try bytes.withUnsafeBytes { try write($0) }
     }
 
+    package func write(_ bytes: Data) throws {
+        try bytes.withUnsafeBytes { try write($0) }
+    }
+
     package func write(_ bytes: UnsafeRawBufferPointer) throws {
-        buffer.append(contentsOf: bytes)
         offset += UInt64(bytes.count)
+        // A large piece (a chunk of a zip, a piece an inflater produced) goes to the kernel as
+        // it is, after what is buffered: copying it into the buffer first was one more pass
+        // over every byte on the thread that unpacks an upload.
+        if bytes.count >= Self.directBytes {
+            try flush()
+            try DurableFile.writeAll(fd, bytes, what: "writing \(path)")
+            handedOver(bytes.count)
+            return
+        }
+        buffer.append(contentsOf: bytes)
         if buffer.count >= 1 << 20 { try flush() }
     }
 
+    /// Pieces at least this large skip the buffer.
+    static let directBytes = 64 << 10
+
     package func flush() throws {
-        var done = 0
-        while done < buffer.count {
-            let n = buffer[done...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            guard n > 0 else { throw DurableFile.failure("writing \(path)") }
-            done += n
-        }
-        flushed += UInt64(buffer.count)
+        guard !buffer.isEmpty else { return }
+        try buffer.withUnsafeBytes { try DurableFile.writeAll(fd, $0, what: "writing \(path)") }
+        let count = buffer.count
         buffer.removeAll(keepingCapacity: true)
+        handedOver(count)
+    }
+
+    /// `count` more bytes are with the kernel: every ``writeBehindBytes`` of them, it is asked
+    /// to start writing them back.
+    private func handedOver(_ count: Int) {
+        flushed += UInt64(count)
         if writeBehind && flushed - writebackFrom >= Self.writeBehindBytes {
             // A hint only: when it fails (a file system without it), close()'s fsync still
             // writes everything, so the failure changes nothing but timing; it is not asked again.

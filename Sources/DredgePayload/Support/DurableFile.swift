@@ -12,18 +12,14 @@ public enum DurableFile {
         let temporary = path + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
         guard fd >= 0 else { throw failure("cannot create \(temporary)") }
-        let bytes = Array(bytes)
-        var done = 0
-        while done < bytes.count {
-            let n = bytes[done...].withUnsafeBytes { Foundation.write(fd, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else {
-                let error = failure("writing \(path)")
-                close(fd)
-                unlink(temporary)
-                throw error
-            }
-            done += n
+        do {
+            // Where they are when they lie in one piece (an array, `Data`), else copied once.
+            let wrote: Void? = try bytes.withContiguousStorageIfAvailable { try writeAll(fd, UnsafeRawBufferPointer($0), what: "writing \(path)") }
+            if wrote == nil { try Array(bytes).withUnsafeBytes { try writeAll(fd, $0, what: "writing \(path)") } }
+        } catch {
+            close(fd)
+            unlink(temporary)
+            throw error
         }
         guard fsync(fd) == 0 else {
             let error = failure("fsync \(path)")
@@ -38,6 +34,26 @@ public enum DurableFile {
             throw error
         }
         try syncDirectory(directory.isEmpty ? "." : directory)
+    }
+
+    /// The most one `write(2)` call is given. A kernel built without involuntary preemption in
+    /// kernel code (`PREEMPT_NONE`, the default of many server kernels) lets a thread copying
+    /// into the page cache keep its CPU until the call returns; with large folios one call of
+    /// 1 MiB held a CPU for up to 11 ms, and the event loops that woke meanwhile waited
+    /// (docs/benchmarks.md). Each return to user space is a point where they take the CPU.
+    package static let maxWriteBytes = 64 << 10
+
+    /// Writes all of `bytes` to `fd` at its offset, at most ``maxWriteBytes`` per call,
+    /// retrying on `EINTR`. Throws ``failure(_:)`` for `what`.
+    package static func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, what: @autoclosure () -> String) throws {
+        guard let base = bytes.baseAddress else { return }
+        var done = 0
+        while done < bytes.count {
+            let n = Foundation.write(fd, base + done, min(bytes.count - done, maxWriteBytes))
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { throw failure(what()) }
+            done += n
+        }
     }
 
     /// fsyncs a directory, so the names created, renamed or removed in it are durable.

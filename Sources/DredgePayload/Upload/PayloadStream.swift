@@ -27,7 +27,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     public let zipPath: String
     private let schedule: Schedule
     private let condition = NSCondition()
-    private var pending: [[UInt8]] = []
+    private var pending: [Data] = []
     private var pendingBytes = 0
     private var draining = false
     private var failed: (any Error)?
@@ -57,8 +57,11 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// Why streaming stopped, if it did.
     public var failure: (any Error)? { condition.withLock { failed } }
 
+    /// The next bytes of the zip, in order (copied).
+    public func append(_ bytes: [UInt8]) { append(Data(bytes)) }
+
     /// The next bytes of the zip, in order. Waits while ``maxPendingBytes`` are already waiting.
-    public func append(_ plaintext: [UInt8]) {
+    public func append(_ plaintext: Data) {
         condition.lock()
         while pendingBytes >= Self.maxPendingBytes && failed == nil && draining { condition.wait() }
         guard failed == nil else {
@@ -76,7 +79,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
 
     private func drain(_ run: Bool) {
         while true {
-            let next: [UInt8]? = condition.withLock {
+            let next: Data? = condition.withLock {
                 if !run && failed == nil { failed = ExportError(.io, "the server stopped unpacking uploads") }
                 guard failed == nil, !pending.isEmpty else {
                     pending.removeAll()

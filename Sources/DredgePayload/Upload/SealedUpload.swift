@@ -61,13 +61,17 @@ public final class SealedUpload: @unchecked Sendable {
     /// Chunk `index`, sealed.
     public func chunk(_ index: UInt32) throws -> [UInt8] {
         let length = cipher.plaintextSize(ofChunk: index)
-        var plaintext = [UInt8](repeating: 0, count: length)
         let offset = off_t(UInt64(index) * UInt64(header.chunkSize))
-        var done = 0
-        while done < length {
-            let n = plaintext[done...].withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset + off_t(done)) }
-            guard n > 0 else { throw ExportError(.io, "reading \(path) at \(offset + off_t(done))") }
-            done += n
+        // Read into memory that is not zeroed first: every byte is read or the call throws.
+        let plaintext = try [UInt8](unsafeUninitializedCapacity: length) { buffer, initialized in
+            var done = 0
+            while done < length {
+                let n = pread(fd, buffer.baseAddress.map { $0 + done }, length - done, offset + off_t(done))
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else { throw ExportError(.io, "reading \(path) at \(offset + off_t(done))") }
+                done += n
+            }
+            initialized = length
         }
         return try cipher.seal(plaintext, index: index)
     }

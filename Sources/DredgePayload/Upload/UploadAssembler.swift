@@ -110,7 +110,7 @@ public final class UploadAssembler {
         while left > 0, streamed < header.chunkCount, received.contains(streamed), stream.failure == nil {
             do {
                 guard let sealed = FileManager.default.contents(atPath: chunkPath(streamed)) else { throw ExportError(.io, "chunk \(streamed) vanished") }
-                stream.append(try cipher.open(Array(sealed), index: streamed))
+                stream.append(try cipher.open(sealed, index: streamed))
                 streamed += 1
                 left -= 1
             } catch {
@@ -124,7 +124,7 @@ public final class UploadAssembler {
 
     /// Verifies chunk `index` and stores it durably. Throws `.chunkAuthFailed` for a chunk that
     /// does not authenticate and `.uploadInvalid` for a bad index or size; nothing is stored then.
-    public func accept(index: UInt32, ciphertext: [UInt8]) throws {
+    public func accept(index: UInt32, ciphertext: some DataProtocol) throws {
         if received.contains(index) {
             _ = try verify(index: index, ciphertext: ciphertext)
             return
@@ -136,7 +136,7 @@ public final class UploadAssembler {
     /// durably; returns its plaintext for ``commit(index:plaintext:)``. It reads only what
     /// never changes (the key, the directory), so several chunks may be written at once, from
     /// any threads, as long as no two write the same index at the same time.
-    public func write(index: UInt32, ciphertext: [UInt8]) throws -> [UInt8] {
+    public func write(index: UInt32, ciphertext: some DataProtocol) throws -> Data {
         let plaintext = try verify(index: index, ciphertext: ciphertext)
         try DurableFile.write(ciphertext, to: chunkPath(index))
         return plaintext
@@ -144,7 +144,7 @@ public final class UploadAssembler {
 
     /// The second half: records chunk `index`, written by ``write(index:ciphertext:)``, as held
     /// and hands it to the stream. One call at a time.
-    public func commit(index: UInt32, plaintext: [UInt8]) {
+    public func commit(index: UInt32, plaintext: Data) {
         guard index < header.chunkCount, received.insert(index).inserted else { return }
         if index == streamed, let stream, stream.failure == nil {
             stream.append(plaintext)
@@ -153,7 +153,7 @@ public final class UploadAssembler {
         catchUp(budget: Self.catchUpPerCommit)
     }
 
-    private func verify(index: UInt32, ciphertext: [UInt8]) throws -> [UInt8] {
+    private func verify(index: UInt32, ciphertext: some DataProtocol) throws -> Data {
         do {
             return try cipher.open(ciphertext, index: index)
         } catch let error as EnvelopeError {

@@ -279,12 +279,12 @@ final class ConnectionUploads: @unchecked Sendable {
             // Set before any chunk is written, cleared only after `settled()`.
             let streaming = assembler.stream != nil
             blocking.submit { state in
-                var outcome: Result<[UInt8], any Error> =
+                var outcome: Result<Data, any Error> =
                     state == .active
                     ? Result { try assembler.write(index: slot.index, ciphertext: slot.ciphertext) }
                     : .failure(ExportError(.io, "the server is stopping"))
-                slot.ciphertext = []  // written: only the plaintext may still be needed, by the stream
-                if !streaming, case .success = outcome { outcome = .success([]) }
+                slot.ciphertext = Data()  // written: only the plaintext may still be needed, by the stream
+                if !streaming, case .success = outcome { outcome = .success(Data()) }
                 self.written(slot, outcome)
             }
         }
@@ -312,9 +312,9 @@ final class ConnectionUploads: @unchecked Sendable {
     private final class ChunkSlot: @unchecked Sendable {  // `outcome` under `chunks`; `ciphertext` by its writer only
         let uploadID: String
         let index: UInt32
-        var ciphertext: [UInt8]
-        var outcome: Result<[UInt8], any Error>?
-        init(uploadID: String, index: UInt32, ciphertext: [UInt8]) {
+        var ciphertext: Data
+        var outcome: Result<Data, any Error>?
+        init(uploadID: String, index: UInt32, ciphertext: Data) {
             self.uploadID = uploadID
             self.index = index
             self.ciphertext = ciphertext
@@ -380,7 +380,7 @@ final class ConnectionUploads: @unchecked Sendable {
     /// A chunk's write finished (on a pool thread): commits, in arrival order, every chunk at
     /// the front that is written. One thread commits at a time; the others leave their chunk
     /// to it.
-    private func written(_ slot: ChunkSlot, _ outcome: Result<[UInt8], any Error>) {
+    private func written(_ slot: ChunkSlot, _ outcome: Result<Data, any Error>) {
         var mine = chunks.withLock { () -> Bool in
             slot.outcome = outcome
             if committing { return false }

@@ -1,3 +1,4 @@
+import Foundation
 import SwiftProtobuf
 
 /// The server's side of one upload (README § Uploads). It decides what to answer; the driver
@@ -14,7 +15,7 @@ public struct UploadReceiverStateMachine: Sendable {
     public enum Action: Sendable, Equatable {
         case send(WireFrame)
         /// Verify and durably store chunk `index`, then call ``stored(_:)`` or ``rejected(_:_:)``.
-        case store(index: UInt32, ciphertext: [UInt8])
+        case store(index: UInt32, ciphertext: Data)
         /// Reassemble, decrypt and unpack, then call ``assembled(_:)``.
         case assemble
     }
@@ -54,7 +55,7 @@ public struct UploadReceiverStateMachine: Sendable {
         if received.contains(chunk.index) {
             return [.send(.with { $0.chunkAck = .with { $0.uploadID = uploadID; $0.index = chunk.index } })]
         }
-        return [.store(index: chunk.index, ciphertext: Array(chunk.ciphertext))]
+        return [.store(index: chunk.index, ciphertext: chunk.ciphertext)]
     }
 
     public mutating func stored(_ index: UInt32) -> [Action] {

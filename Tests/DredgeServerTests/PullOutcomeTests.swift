@@ -160,6 +160,9 @@ import Testing
         let target = try #require(try await server.admin.pull(pull.id).targets.first)
         let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
         #expect(Set(target.files.map { ($0 as NSString).lastPathComponent }) == Set(expected.keys).union(["manifest.json"]))
+        // Both stopped before the mount goes (the deferred stops above only start stopping).
+        await device.stop()
+        await server.stop()
     }
 
     /// A delivered pull whose agent never finishes is ended by the server after its expiry

@@ -37,8 +37,9 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
 @Suite struct StreamingUnpackTests {
     let hostile = HostilePayloadTests()
 
-    /// The word-at-a-time newline count against a byte-by-byte one: every byte value (10 and
-    /// its neighbours, 0x8A with the high bit set, 0) at every alignment and tail length.
+    /// The vectorized newline count against a byte-by-byte one: every byte value (10 and its
+    /// neighbours, 0x8A with the high bit set, 0) at every alignment and tail length, and long
+    /// runs of newlines.
     @Test func newlinesAreCountedExactly() {
         var generator = SystemRandomNumberGenerator()
         let alphabet: [UInt8] = [10, 11, 9, 0x8A, 0x0A | 0x80, 0, 0xFF, 0x7F, 65]
@@ -54,6 +55,12 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
         }
         let all = (0..<4096).map { UInt8(truncatingIfNeeded: $0) }
         #expect(all.withUnsafeBytes { PayloadStaging.newlines(in: $0) } == 16)
+        // Long runs of newlines: a lane counts at most 255 before the lanes are added up, so a
+        // count that wrapped would come out short.
+        for length in [32 * 255, 32 * 255 + 1, 32 * 256, 100_003] {
+            let lines = [UInt8](repeating: 10, count: length)
+            #expect(lines.withUnsafeBytes { PayloadStaging.newlines(in: $0) } == length)
+        }
     }
 
     @Test func aStreamedExportEqualsTheExtractedOneInAnyPieceSize() throws {

@@ -83,20 +83,27 @@ final class PayloadStaging {
         }
     }
 
-    /// The `\n` bytes in `data`, eight at a time: a byte-by-byte loop was an eighth of the
-    /// time spent unpacking.
+    /// The `\n` bytes in `data`, 32 at a time: each lane of a vector counts the newlines it
+    /// saw (at most 255 blocks before the lanes are added up, so no lane wraps). 13.6 GB/s
+    /// here, against 2.5–2.8 for eight bytes at a time in a word and about 0.3 byte by byte;
+    /// counting was 9 % of the time spent unpacking an upload with the word at a time.
     static func newlines(in data: UnsafeRawBufferPointer) -> Int {
-        let ones: UInt64 = 0x0101_0101_0101_0101
-        let low7 = ones &* 0x7F
-        let pattern = ones &* 10
+        let newline = SIMD32<UInt8>(repeating: 10)
         var count = 0
         var i = 0
-        while i + 8 <= data.count {
-            // Each byte equal to 10 becomes 0; its high bit is then set exactly where a byte was 0.
-            let v = data.loadUnaligned(fromByteOffset: i, as: UInt64.self) ^ pattern
-            let zero = ~(((v & low7) &+ low7) | v | low7)
-            count += zero.nonzeroBitCount
-            i += 8
+        while i + 32 <= data.count {
+            var lanes = SIMD32<UInt8>()
+            var blocks = min((data.count - i) / 32, 255)
+            while blocks > 0 {
+                let v = data.loadUnaligned(fromByteOffset: i, as: SIMD32<UInt8>.self)
+                // A mask's lanes are all ones (-1) where true, 0 where false (`SIMDMask` is
+                // frozen over its `SIMD32<Int8>` storage): subtracting it adds 1 per newline.
+                // `replacing(with:where:)` says the same and ran at 0.1 GB/s.
+                lanes &-= unsafeBitCast(v .== newline, to: SIMD32<UInt8>.self)
+                i += 32
+                blocks -= 1
+            }
+            count += Int(SIMD32<UInt16>(truncatingIfNeeded: lanes).wrappedSum())
         }
         while i < data.count {
             if data[i] == 10 { count += 1 }

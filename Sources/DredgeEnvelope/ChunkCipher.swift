@@ -70,9 +70,9 @@ public struct ChunkCipher: Sendable {
         return out
     }
 
-    /// The plaintext of chunk `index`, or `.chunkAuthFailed`. The ciphertext is read where it
-    /// is and the plaintext is not copied out of what AES-GCM returns (a chunk is up to 2 MiB,
-    /// and the server opens every chunk of every upload).
+    /// The plaintext of chunk `index`, or `.chunkAuthFailed`. No copy of our own on either side
+    /// (a chunk is up to 2 MiB, and the server opens every chunk of every upload): the sealed
+    /// box copies the ciphertext once, and the plaintext is what AES-GCM returned.
     public func open(_ sealed: some DataProtocol, index: UInt32) throws -> Data {
         guard index < header.chunkCount, sealed.count == plaintextSize(ofChunk: index) + WireLimits.tagBytes else {
             throw EnvelopeError(.invalidUpload, "chunk \(index) of \(sealed.count) bytes does not fit the header")

@@ -121,6 +121,13 @@ func sampleHeader(chunkCount: UInt32 = 3, plaintextSize: UInt64 = 10_000, prefix
             let sealed = try cipher.seal(plain, index: UInt32(i))
             #expect(sealed.count == plain.count + 16)
             #expect(Array(try cipher.open(sealed, index: UInt32(i))) == plain)
+            // As the server holds a chunk: `Data` from a decoded frame, here a slice that does
+            // not start at index 0; one changed byte still fails.
+            var framed = Data([0xAA, 0xBB, 0xCC])
+            framed.append(contentsOf: sealed)
+            #expect(Array(try cipher.open(framed.dropFirst(3), index: UInt32(i))) == plain)
+            framed[framed.endIndex - 1] ^= 1
+            #expect(throws: EnvelopeError.self) { try cipher.open(framed.dropFirst(3), index: UInt32(i)) }
         }
     }
 

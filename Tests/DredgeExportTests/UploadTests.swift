@@ -101,6 +101,9 @@ import Testing
         }
         #expect(failure?.code == .diskFull, "the upload needs more than the 1 MiB disk")
         #expect(assembler.received == stored)
+        // The chunk that did not fit left no temporary file behind.
+        let names = try FileManager.default.contentsOfDirectory(atPath: mount.path + "/up-7/chunks")
+        #expect(!names.contains { $0.hasSuffix(".tmp") }, "\(names)")
         // Everything acknowledged before the disk filled is still there for the resume.
         let resumed = try UploadAssembler(resuming: mount.path + "/up-7", key: key)
         #expect(resumed.received == stored)

@@ -56,7 +56,11 @@ public struct TmpfsMount {
     /// has not finished) is detached lazily instead of being left mounted, as one was after
     /// every test run until this fallback.
     public func remove() {
-        if !Self.run(["umount", path]) { _ = Self.run(["umount", "--lazy", path]) }
+        if !Self.run(["umount", path]) {
+            // Said, so a test that leaves its file system busy shows.
+            FileHandle.standardError.write(Data("note: \(path) was still in use; detached lazily\n".utf8))
+            _ = Self.run(["umount", "--lazy", path])
+        }
         try? FileManager.default.removeItem(atPath: path)  // test scratch space
     }
 

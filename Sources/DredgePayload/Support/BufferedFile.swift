@@ -40,7 +40,6 @@ package final class BufferedFile {
     }
 
     package func write(_ bytes: UnsafeRawBufferPointer) throws {
-        offset += UInt64(bytes.count)
         // A large piece (a chunk of a zip, a piece an inflater produced) goes to the kernel as
         // it is, after what is buffered: copying it into the buffer first was one more pass
         // over every byte on the thread that unpacks an upload.
@@ -48,9 +47,11 @@ package final class BufferedFile {
             try flush()
             try DurableFile.writeAll(fd, bytes, what: "writing \(path)")
             handedOver(bytes.count)
+            offset += UInt64(bytes.count)
             return
         }
         buffer.append(contentsOf: bytes)
+        offset += UInt64(bytes.count)
         if buffer.count >= 1 << 20 { try flush() }
     }
 

@@ -21,7 +21,7 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
     let stream = try PayloadStream(staging: out + ".stream", zipPath: out + ".zip", limits: limits, schedule: testUnpacking)
     var at = 0
     while at < bytes.count {
-        stream.append(Array(bytes[at..<min(bytes.count, at + piece)]))
+        stream.append(Data(bytes[at..<min(bytes.count, at + piece)]))
         at += piece
     }
     do {
@@ -267,8 +267,8 @@ extension StreamingUnpackTests {
     @Test func aStoppedPoolFailsTheStreamInsteadOfHangingIt() throws {
         let dir = TempDir()
         let stream = try PayloadStream(staging: dir.file("staging"), zipPath: dir.file("s.zip"), schedule: { work in work(false) })
-        stream.append([0x50, 0x4B, 0x03, 0x04])
-        stream.append([0x00])
+        stream.append(Data([0x50, 0x4B, 0x03, 0x04]))
+        stream.append(Data([0x00]))
         #expect(stream.failure != nil)
         #expect(throws: ExportError.self) { try stream.finish(into: dir.file("out")) { _ in } }
         #expect(!FileManager.default.fileExists(atPath: dir.file("out")))
@@ -290,7 +290,7 @@ extension StreamingUnpackTests {
         var b = bytes(of: path)
         for i in 18..<22 { b[i] = 0 }  // the first local header's compressed size
         let stream = try PayloadStream(staging: dir.file("staging"), zipPath: dir.file("s.zip"), schedule: testUnpacking)
-        stream.append(b)
+        stream.append(Data(b))
         let error = #expect(throws: ExportError.self) { try stream.finish(into: dir.file("out")) { _ in } }
         #expect(error?.code == .payloadInvalid)
         #expect(error?.message.contains("no bytes") == true, "\(String(describing: error))")

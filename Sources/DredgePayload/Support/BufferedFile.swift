@@ -31,11 +31,7 @@ package final class BufferedFile {
 
     deinit { if fd >= 0 { Glibc.close(fd) } }
 
-    package func write(_ bytes: [UInt8]) throws {
-        try bytes.withUnsafeBytes { try write($0) }
-    }
-
-    package func write(_ bytes: Data) throws {
+    package func write(_ bytes: some ContiguousBytes) throws {
         try bytes.withUnsafeBytes { try write($0) }
     }
 

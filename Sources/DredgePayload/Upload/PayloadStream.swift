@@ -57,9 +57,6 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// Why streaming stopped, if it did.
     public var failure: (any Error)? { condition.withLock { failed } }
 
-    /// The next bytes of the zip, in order (copied).
-    public func append(_ bytes: [UInt8]) { append(Data(bytes)) }
-
     /// The next bytes of the zip, in order. Waits while ``maxPendingBytes`` are already waiting.
     public func append(_ plaintext: Data) {
         condition.lock()

@@ -6,6 +6,7 @@ import DredgeStore
 import DredgeTestSupport
 import DredgeWire
 import Foundation
+import Synchronization
 import Testing
 import ZIPFoundation
 @testable import DredgeExport
@@ -262,6 +263,73 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
 }
 
 extension StreamingUnpackTests {
+    /// The receiver writes several chunks at once, on pool threads, and commits them in order:
+    /// each writer puts its chunk's plaintext into the stream's zip at the chunk's place, and
+    /// the zip kept is the exported one byte for byte (the stream's own thread only inflates).
+    @Test func chunksWrittenAtOnceFromSeveralThreadsMakeTheWholeZip() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 8_000)
+        let zip = dir.file("export.zip")
+        let id = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a09", agent = "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b09"
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: id, kind: .pull, agentID: agent, commandID: id, filter: .all), to: zip)
+        let key = SymmetricKey.uploadKey()
+        let upload = try SealedUpload(zipPath: zip, uploadID: id, kind: .pull, agentID: agent, key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 8 * 1024)
+        let count = Int(upload.header.chunkCount)
+        #expect(count > 16)
+        let path = dir.file("incoming/up-9")
+        let assembler = try UploadAssembler(directory: path, header: upload.header, key: key)
+        assembler.stream(into: try PayloadStream(staging: path + "/s", zipPath: path + "/s.zip", schedule: testUnpacking))
+        nonisolated(unsafe) let writer = assembler  // `write` reads only what does not change while chunks are written
+        let sealed = try (0..<count).map { try upload.chunk(UInt32($0)) }
+        // Eight at a time, as the server's connection does, committed in order after each batch.
+        for batch in stride(from: 0, to: count, by: 8) {
+            let indices = Array(batch..<min(count, batch + 8))
+            let plaintexts = Mutex([Int: Result<Data, any Error>]())
+            DispatchQueue.concurrentPerform(iterations: indices.count) { i in
+                let index = indices[indices.count - 1 - i]
+                let outcome = Result { try writer.write(index: UInt32(index), ciphertext: Data(sealed[index])) }
+                plaintexts.withLock { $0[index] = outcome }
+            }
+            for index in indices { assembler.commit(index: UInt32(index), plaintext: try #require(plaintexts.withLock { $0[index] }).get()) }
+        }
+        #expect(assembler.streamedEverything)
+        let payload = try #require(assembler.stream).finish(into: dir.file("files")) { _ in }
+        #expect(payload.manifest == manifest)
+        let expected = try expectedDays(store, .all)
+        for file in payload.files { #expect(contents(file) == expected[(file as NSString).lastPathComponent]) }
+        let same = FileManager.default.contents(atPath: path + "/s.zip") == FileManager.default.contents(atPath: zip)
+        #expect(same, "the zip kept beside the files is the exported one")
+    }
+
+    /// The stream's zip cannot be written (its disk is full): the stream stops, which is not the
+    /// chunks' failure. Every chunk is still verified, stored and held, and the whole zip
+    /// reassembled from them (what the receiver does when streaming stopped) is the exported one.
+    @Test(.enabled(if: TmpfsMount.isSupported)) func aZipThatCannotBeWrittenStopsTheStreamNotTheChunks() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 48_000)
+        let zip = dir.file("export.zip")
+        let id = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a", agent = "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0a"
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: id, kind: .pull, agentID: agent, commandID: id, filter: .all), to: zip)
+        let key = SymmetricKey.uploadKey()
+        let upload = try SealedUpload(zipPath: zip, uploadID: id, kind: .pull, agentID: agent, key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 64 * 1024)
+        #expect(upload.header.plaintextSize > 1_200_000, "more than the 1 MiB disk the zip is written to")
+        let mount = try TmpfsMount(megabytes: 1)
+        defer { mount.remove() }
+        let path = dir.file("incoming/up-10")
+        let assembler = try UploadAssembler(directory: path, header: upload.header, key: key)
+        assembler.stream(into: try PayloadStream(staging: path + "/s", zipPath: mount.path + "/s.zip", schedule: testUnpacking))
+        for index in 0..<upload.header.chunkCount { try assembler.accept(index: index, ciphertext: try upload.chunk(index)) }
+        #expect(assembler.isComplete)
+        let stream = try #require(assembler.stream)
+        #expect((stream.failure as? ExportError)?.code == .diskFull)
+        #expect(!assembler.streamedEverything)
+        #expect(throws: ExportError.self) { try stream.finish(into: dir.file("files")) { _ in } }
+        stream.discard()
+        try assembler.assemble(to: dir.file("whole.zip"))
+        let same = FileManager.default.contents(atPath: dir.file("whole.zip")) == FileManager.default.contents(atPath: zip)
+        #expect(same)
+    }
+
     /// A pool that has stopped answers at once on the caller's thread: the stream fails with a
     /// reason instead of hanging the thread that feeds it.
     @Test func aStoppedPoolFailsTheStreamInsteadOfHangingIt() throws {

@@ -1,15 +1,19 @@
 import Foundation
 
 /// Unpacks an upload while its chunks arrive, so its files are ready shortly after the last
-/// chunk: the receiver hands over each chunk's plaintext in order (``append(_:)``), and a
-/// worker writes it to the zip kept beside the files and reads the zip front to back
-/// (``ZipStreamReader``), inflating the day files into a staging directory under the payload
-/// rules. ``finish(into:check:)`` then checks the manifest and moves the files into place.
+/// chunk: the receiver hands over each chunk's plaintext in order (``append(_:inZip:)``), and
+/// a worker reads the zip front to back (``ZipStreamReader``), inflating the day files into a
+/// staging directory under the payload rules. ``finish(into:check:)`` then checks the manifest
+/// and moves the files into place.
+///
+/// The zip itself is kept beside the files, written at each piece's offset: by the receiver's
+/// chunk writers (``write(_:at:)``, on their own threads, as each chunk is written, so the one
+/// thread that unpacks only inflates), or by that thread for a piece appended without it.
 ///
 /// The work runs on the executor given as `schedule` (the server's bounded pool), one batch at
 /// a time per stream, never on the caller's thread; at most ``maxPendingBytes`` wait for it,
-/// beyond which ``append(_:)`` waits. `schedule` must not run its work on the threads that call
-/// ``append(_:)`` or ``finish(into:check:)``, which wait for that work.
+/// beyond which ``append(_:inZip:)`` waits. `schedule` must not run its work on the threads
+/// that call ``append(_:inZip:)`` or ``finish(into:check:)``, which wait for that work.
 ///
 /// Streaming is a shortcut, not a judge: when it fails (``failure``: a zip it does not read
 /// front to back, a payload it refuses, a file it cannot write), the receiver unpacks the
@@ -27,12 +31,15 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     public let zipPath: String
     private let schedule: Schedule
     private let condition = NSCondition()
-    private var pending: [Data] = []
+    private var pending: [(bytes: Data, at: UInt64, inZip: Bool)] = []
     private var pendingBytes = 0
+    /// Where in the zip the next piece appended goes.
+    private var appended: UInt64 = 0
     private var draining = false
     private var failed: (any Error)?
+    /// Written from any thread (``write(_:at:)``) and by the running drain.
+    private let zip: PositionalFile
     // Touched only by the running drain, or by finish/discard once no drain runs.
-    private let zip: BufferedFile
     private let staged: PayloadStaging
     private let reader: ZipStreamReader
 
@@ -49,7 +56,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
         } catch {
             throw PayloadExtractor.fileError(error, "preparing \(staging)")
         }
-        zip = try BufferedFile(creating: zipPath)
+        zip = try PositionalFile(creating: zipPath)
         staged = PayloadStaging(directory: staging, limits: limits)
         reader = ZipStreamReader(staging: staged)
     }
@@ -57,15 +64,33 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// Why streaming stopped, if it did.
     public var failure: (any Error)? { condition.withLock { failed } }
 
-    /// The next bytes of the zip, in order. Waits while ``maxPendingBytes`` are already waiting.
-    public func append(_ plaintext: Data) {
+    /// Writes `plaintext` into the zip at `offset` (a chunk's writer, on its own thread,
+    /// before the chunk is appended with `inZip: true`). Several may write at once. A write
+    /// that fails stops the stream (the receiver then reassembles the zip from its chunks);
+    /// it is not the chunk's failure.
+    public func write(_ plaintext: Data, at offset: UInt64) {
+        do {
+            try zip.write(plaintext, at: offset)
+        } catch {
+            condition.withLock {
+                if failed == nil { failed = error }
+                condition.broadcast()
+            }
+        }
+    }
+
+    /// The next bytes of the zip, in order, to unpack; `inZip`: already written into the zip
+    /// with ``write(_:at:)``, else the worker writes them there. Waits while
+    /// ``maxPendingBytes`` are already waiting.
+    public func append(_ plaintext: Data, inZip: Bool = false) {
         condition.lock()
         while pendingBytes >= Self.maxPendingBytes && failed == nil && draining { condition.wait() }
         guard failed == nil else {
             condition.unlock()
             return
         }
-        pending.append(plaintext)
+        pending.append((plaintext, appended, inZip))
+        appended += UInt64(plaintext.count)
         pendingBytes += plaintext.count
         let start = !draining
         draining = true
@@ -76,7 +101,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
 
     private func drain(_ run: Bool) {
         while true {
-            let next: Data? = condition.withLock {
+            let next: (bytes: Data, at: UInt64, inZip: Bool)? = condition.withLock {
                 if !run && failed == nil { failed = ExportError(.io, "the server stopped unpacking uploads") }
                 guard failed == nil, !pending.isEmpty else {
                     pending.removeAll()
@@ -85,15 +110,15 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
                     condition.broadcast()
                     return nil
                 }
-                let bytes = pending.removeFirst()
-                pendingBytes -= bytes.count
+                let piece = pending.removeFirst()
+                pendingBytes -= piece.bytes.count
                 condition.broadcast()
-                return bytes
+                return piece
             }
             guard let next else { return }
             do {
-                try zip.write(next)
-                try next.withUnsafeBytes { try reader.read($0) }
+                if !next.inZip { try zip.write(next.bytes, at: next.at) }
+                try next.bytes.withUnsafeBytes { try reader.read($0) }
             } catch {
                 condition.withLock { failed = error }
             }
@@ -115,7 +140,8 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// After the last chunk: waits for the work in flight, then checks the manifest against
     /// the files (and passes it to `check`, which may refuse it by throwing) and moves the
     /// staging directory to `directory` (never replacing one: `.exists`). The zip, complete and
-    /// fsynced, stays at ``zipPath``. Throws ``failure`` if streaming had stopped.
+    /// fsynced, stays at ``zipPath``. Throws ``failure`` if streaming had stopped. Call once
+    /// every piece was appended and every ``write(_:at:)`` returned.
     public func finish(into directory: String, check: (ExportManifest) throws -> Void) throws -> ExtractedPayload {
         waitIdle()
         defer { reader.release() }
@@ -130,6 +156,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// Removes what the stream wrote (after a failure, or when the upload is abandoned).
     public func discard() {
         fail(ExportError(.io, "discarded"))
+        zip.abandon()
         staged.abandon()
         reader.release()
         for path in [staging, zipPath] where FileManager.default.fileExists(atPath: path) {

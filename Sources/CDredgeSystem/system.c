@@ -5,7 +5,9 @@
 #if defined(__linux__)
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -39,8 +41,29 @@ int dredge_has_idle_policy(int tid) {
     int policy = sched_getscheduler(tid);
     return policy < 0 ? -1 : (policy & ~SCHED_RESET_ON_FORK) == SCHED_IDLE;
 }
+
+int dredge_set_thread_name(const char *name) {
+    char shortened[16];
+    strncpy(shortened, name, sizeof shortened - 1);
+    shortened[sizeof shortened - 1] = 0;
+    return pthread_setname_np(pthread_self(), shortened);
+}
+
+int dredge_thread_name(char *buffer, int64_t size) {
+    return pthread_getname_np(pthread_self(), buffer, (size_t)size);
+}
 #else
 #include <errno.h>
+
+int dredge_set_thread_name(const char *name) {
+    (void)name;
+    return ENOSYS;
+}
+
+int dredge_thread_name(char *buffer, int64_t size) {
+    (void)buffer; (void)size;
+    return ENOSYS;
+}
 
 int dredge_set_idle_policy(int tid) {
     (void)tid;

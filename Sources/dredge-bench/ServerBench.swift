@@ -90,7 +90,11 @@ struct ServerBench: AsyncParsableCommand {
         let storePath = try Self.buildStore(dir: dir, mb: uploadMb)
         let zip = dir + "/upload.zip"
 
-        struct Round: Sendable { var rate: Double; var limit: Double; var withUnpack: Double; var bytes: UInt64; var chunks: UInt32; var steal: Double }
+        struct Round: Sendable {
+            var rate: Double; var limit: Double; var withUnpack: Double; var bytes: UInt64; var chunks: UInt32; var steal: Double
+            /// CPU seconds of the server's `dredge-unpack` and `dredge-uploads` threads over the upload.
+            var unpackCPU: Double; var uploadsCPU: Double
+        }
         let rounds = try await AgentLink.withConnection(host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key) { link -> [Round] in
             var rounds: [Round] = []
             for round in 1...uploadRounds {
@@ -135,6 +139,7 @@ struct ServerBench: AsyncParsableCommand {
                 var acked = Set<UInt32>()
                 var ackedAt: Int64 = 0
                 let cpu = CPUTimes.now()
+                let threadsBefore = server.threadCPU()
                 let start = monotonicNanos()
                 let result = try await sendUpload(upload, over: link) { frame in
                     if case .chunkAck(let ack)? = frame.body {
@@ -143,12 +148,15 @@ struct ServerBench: AsyncParsableCommand {
                     }
                 }
                 let end = monotonicNanos()
+                let threadsAfter = server.threadCPU()
                 let steal = CPUTimes.now().stealPercent(since: cpu)
+                let used = { (name: String) in (threadsAfter[name] ?? 0) - (threadsBefore[name] ?? 0) }
                 guard result?.ok == true else { throw ValidationError("upload round \(round) did not complete") }
                 let mb = Double(upload.header.plaintextSize) / 1e6
                 rounds.append(Round(
                     rate: mb / (Double(ackedAt - start) / 1e9), limit: mb / limitSeconds, withUnpack: mb / (Double(end - start) / 1e9),
-                    bytes: upload.header.plaintextSize, chunks: upload.header.chunkCount, steal: steal))
+                    bytes: upload.header.plaintextSize, chunks: upload.header.chunkCount, steal: steal,
+                    unpackCPU: used("dredge-unpack"), uploadsCPU: used("dredge-uploads")))
                 FileHandle.standardError.write(Data(String(format: "upload round %d/%d: %.0f MB/s, limit %.0f MB/s\n", round, uploadRounds, rounds.last?.rate ?? 0, limitSeconds > 0 ? mb / limitSeconds : 0).utf8))
             }
             return rounds
@@ -158,7 +166,9 @@ struct ServerBench: AsyncParsableCommand {
             name: "upload.throughput", value: median(rounds.map(\.rate)), unit: "MB/s", limit: median(rounds.map(\.limit)), higherIsBetter: true,
             extra: String(format: "upload_mb=%.1f chunks=%d with_unpack=%.0f MB/s", mb, rounds[0].chunks, median(rounds.map(\.withUnpack)))
                 + " rounds=" + rounds.map { String(format: "%.0f/%.0f", $0.rate, $0.limit) }.joined(separator: ",")
-                + " steal_pct=" + rounds.map { String(format: "%.0f", $0.steal) }.joined(separator: ","))
+                + " steal_pct=" + rounds.map { String(format: "%.0f", $0.steal) }.joined(separator: ",")
+                + " unpack_cpu_s=" + rounds.map { String(format: "%.2f", $0.unpackCPU) }.joined(separator: ",")
+                + " uploads_cpu_s=" + rounds.map { String(format: "%.2f", $0.uploadsCPU) }.joined(separator: ","))
     }
 
     /// A store whose export is large: messages of random base64, which deflate barely shrinks.
@@ -358,6 +368,25 @@ final class ServerProcess: @unchecked Sendable {
     func credentials(token: String) -> [String] { ["--server", adminAddress, "--token", token, "--ca", caPath] }
 
     func residentKB() -> Int { processResidentKB(pid: process.processIdentifier) }
+
+    /// CPU seconds (user and system) each thread name of the server has used so far, summed
+    /// over its threads of that name; empty where `/proc` is not there.
+    func threadCPU() -> [String: Double] {
+        let tasks = "/proc/\(process.processIdentifier)/task"
+        let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
+        var used: [String: Double] = [:]
+        for tid in (try? FileManager.default.contentsOfDirectory(atPath: tasks)) ?? [] {  // not Linux: no figure
+            // "tid (name) state … utime stime …": the name may hold spaces and parentheses.
+            guard let stat = try? String(contentsOfFile: "\(tasks)/\(tid)/stat", encoding: .utf8),  // a thread that ended meanwhile
+                let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")")
+            else { continue }
+            let name = String(stat[stat.index(after: open)..<close])
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { continue }
+            used[name, default: 0] += (user + system) / ticks
+        }
+        return used
+    }
 
     func stop() {
         guard process.isRunning else { return }

@@ -1,7 +1,6 @@
 import DredgePayload
 import DredgeTestSupport
 import Foundation
-import Synchronization
 import Testing
 
 /// The buffered writer every zip and unpacked day file goes through: what reaches the disk is
@@ -83,66 +82,5 @@ import Testing
         let error = #expect(throws: ExportError.self) { try DurableFile.write(Self.pattern(100_000, seed: 4), to: path) }
         #expect(error?.code == .io)
         #expect(try Self.holds(path, [1, 2, 3]))
-    }
-}
-
-/// The zip of an upload being received, written at each chunk's offset by several threads.
-@Suite struct PositionalFileTests {
-    @Test func piecesWrittenFromManyThreadsInAnyOrderLandAtTheirPlaces() throws {
-        let dir = TempDir()
-        let path = dir.file("upload.zip")
-        let file = try PositionalFile(creating: path)
-        // Pieces larger than one write(2) call, an odd last one, written from several threads
-        // in an order that is not the file's.
-        let piece = DurableFile.maxWriteBytes * 2 + 1_000
-        let count = 24
-        let expected = DurableFileTests.pattern(piece * (count - 1) + 777, seed: 5)
-        let order = (0..<count).map { ($0 * 7) % count }
-        let failures = Mutex(0)
-        DispatchQueue.concurrentPerform(iterations: count) { i in
-            let index = order[i]
-            let range = (index * piece)..<min(expected.count, (index + 1) * piece)
-            do {
-                try file.write(Data(expected[range]), at: UInt64(range.lowerBound))
-            } catch {
-                failures.withLock { $0 += 1 }
-            }
-        }
-        #expect(failures.withLock { $0 } == 0)
-        try file.close()
-        #expect(try DurableFileTests.holds(path, expected))
-    }
-
-    /// After close (or abandon) the descriptor is gone: a late write fails and changes nothing,
-    /// rather than writing through a number the process may have given to another file.
-    @Test func aWriteAfterCloseFailsAndChangesNothing() throws {
-        let dir = TempDir()
-        let path = dir.file("upload.zip")
-        let file = try PositionalFile(creating: path)
-        try file.write(Data([1, 2, 3]), at: 0)
-        try file.close()
-        let reused = dir.file("other")
-        FileManager.default.createFile(atPath: reused, contents: Data())
-        let other = FileHandle(forWritingAtPath: reused)
-        defer { try? other?.close() }
-        let error = #expect(throws: ExportError.self) { try file.write(Data([9, 9]), at: 1) }
-        #expect(error?.code == .io)
-        #expect(throws: ExportError.self) { try file.close() }
-        file.abandon()
-        #expect(try DurableFileTests.holds(path, [1, 2, 3]))
-        #expect(try DurableFileTests.holds(reused, []))
-
-        let abandoned = try PositionalFile(creating: dir.file("abandoned.zip"))
-        abandoned.abandon()
-        #expect(throws: ExportError.self) { try abandoned.write(Data([1]), at: 0) }
-    }
-
-    @Test(.enabled(if: TmpfsMount.isSupported)) func aFullDiskIsSaid() throws {
-        let mount = try TmpfsMount(megabytes: 1)
-        defer { mount.remove() }
-        let file = try PositionalFile(creating: mount.path + "/upload.zip")
-        let error = #expect(throws: ExportError.self) { try file.write(Data(DurableFileTests.pattern(2 << 20, seed: 6)), at: 0) }
-        #expect(error?.code == .diskFull)
-        file.abandon()
     }
 }

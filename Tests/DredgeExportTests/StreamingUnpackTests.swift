@@ -263,9 +263,9 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
 }
 
 extension StreamingUnpackTests {
-    /// The receiver writes several chunks at once, on pool threads, and commits them in order:
-    /// each writer puts its chunk's plaintext into the stream's zip at the chunk's place, and
-    /// the zip kept is the exported one byte for byte (the stream's own thread only inflates).
+    /// The receiver writes several chunks at once, on pool threads, and commits them in order
+    /// (the committing thread writes each into the stream's zip, the stream's own thread only
+    /// inflates): the files and the zip kept beside them are the exported ones byte for byte.
     @Test func chunksWrittenAtOnceFromSeveralThreadsMakeTheWholeZip() throws {
         let dir = TempDir()
         let store = try makeStore(in: dir, count: 8_000)

@@ -51,6 +51,25 @@ import Testing
         await work.shutdown()
     }
 
+    /// Each pool's threads carry its name, so `top -H` and a profile say which work takes the
+    /// CPU; with the bulk threads' priority left alone too.
+    @Test func everyPoolsThreadsAreNamed() async throws {
+        for threads in [WorkThreads(control: 2, uploads: 3, unpack: 2), WorkThreads(control: 1, uploads: 2, unpack: 1, bulkNice: 0, bulkIdle: false)] {
+            let work = ServerWork(threads)
+            func names(_ pool: NIOThreadPool, times: Int) async throws -> Set<String> {
+                var seen: Set<String> = []
+                for _ in 0..<times { seen.insert(try await pool.runIfActive { ThreadPriority.name() }) }
+                return seen
+            }
+            #if os(Linux)
+            #expect(try await names(work.control, times: 20) == ["dredge-control"])
+            #expect(try await names(work.uploads, times: 20) == ["dredge-uploads"])
+            #expect(try await names(work.unpack, times: 20) == ["dredge-unpack"])
+            #endif
+            await work.shutdown()
+        }
+    }
+
     @Test func theNiceValueIsReadFromServerJSONWithinItsRange() throws {
         let decode = { (json: String) throws -> WorkThreads in try JSONDecoder().decode(WorkThreads.self, from: Data(json.utf8)) }
         #expect(try decode("{}").bulkNice == 10)

@@ -25,4 +25,11 @@ int dredge_io_priority(int tid);
 /// with errno set.
 int dredge_has_idle_policy(int tid);
 
+/// Names the calling thread (Linux keeps the first 15 bytes). Returns 0, or an error number;
+/// ENOSYS where threads cannot be named.
+int dredge_set_thread_name(const char *name);
+
+/// The calling thread's name into `buffer` (at least 16 bytes). Returns 0, or an error number.
+int dredge_thread_name(char *buffer, int64_t size);
+
 #endif

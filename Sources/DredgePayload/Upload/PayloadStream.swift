@@ -1,19 +1,15 @@
 import Foundation
 
 /// Unpacks an upload while its chunks arrive, so its files are ready shortly after the last
-/// chunk: the receiver hands over each chunk's plaintext in order (``append(_:inZip:)``), and
-/// a worker reads the zip front to back (``ZipStreamReader``), inflating the day files into a
-/// staging directory under the payload rules. ``finish(into:check:)`` then checks the manifest
-/// and moves the files into place.
-///
-/// The zip itself is kept beside the files, written at each piece's offset: by the receiver's
-/// chunk writers (``write(_:at:)``, on their own threads, as each chunk is written, so the one
-/// thread that unpacks only inflates), or by that thread for a piece appended without it.
+/// chunk: the receiver hands over each chunk's plaintext in order (``append(_:)``), which
+/// writes it to the zip kept beside the files, and a worker reads the zip front to back
+/// (``ZipStreamReader``), inflating the day files into a staging directory under the payload
+/// rules. ``finish(into:check:)`` then checks the manifest and moves the files into place.
 ///
 /// The work runs on the executor given as `schedule` (the server's bounded pool), one batch at
 /// a time per stream, never on the caller's thread; at most ``maxPendingBytes`` wait for it,
-/// beyond which ``append(_:inZip:)`` waits. `schedule` must not run its work on the threads
-/// that call ``append(_:inZip:)`` or ``finish(into:check:)``, which wait for that work.
+/// beyond which ``append(_:)`` waits. `schedule` must not run its work on the threads that call
+/// ``append(_:)`` or ``finish(into:check:)``, which wait for that work.
 ///
 /// Streaming is a shortcut, not a judge: when it fails (``failure``: a zip it does not read
 /// front to back, a payload it refuses, a file it cannot write), the receiver unpacks the
@@ -31,14 +27,12 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     public let zipPath: String
     private let schedule: Schedule
     private let condition = NSCondition()
-    private var pending: [(bytes: Data, at: UInt64, inZip: Bool)] = []
+    private var pending: [Data] = []
     private var pendingBytes = 0
-    /// Where in the zip the next piece appended goes.
-    private var appended: UInt64 = 0
     private var draining = false
     private var failed: (any Error)?
-    /// Written from any thread (``write(_:at:)``) and by the running drain.
-    private let zip: PositionalFile
+    /// Written by ``append(_:)`` (one call at a time), closed by finish or discard after the last.
+    private let zip: BufferedFile
     // Touched only by the running drain, or by finish/discard once no drain runs.
     private let staged: PayloadStaging
     private let reader: ZipStreamReader
@@ -56,7 +50,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
         } catch {
             throw PayloadExtractor.fileError(error, "preparing \(staging)")
         }
-        zip = try PositionalFile(creating: zipPath)
+        zip = try BufferedFile(creating: zipPath)
         staged = PayloadStaging(directory: staging, limits: limits)
         reader = ZipStreamReader(staging: staged)
     }
@@ -64,33 +58,29 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// Why streaming stopped, if it did.
     public var failure: (any Error)? { condition.withLock { failed } }
 
-    /// Writes `plaintext` into the zip at `offset` (a chunk's writer, on its own thread,
-    /// before the chunk is appended with `inZip: true`). Several may write at once. A write
-    /// that fails stops the stream (the receiver then reassembles the zip from its chunks);
-    /// it is not the chunk's failure.
-    public func write(_ plaintext: Data, at offset: UInt64) {
+    /// The next bytes of the zip, in order; one call at a time. Writes them to the zip on the
+    /// caller's thread (the receiver's, which commits chunks in order), so the worker, the one
+    /// thread unpacking this upload, only inflates. Waits while ``maxPendingBytes`` are
+    /// already waiting. A zip that cannot be written stops the stream (the receiver then
+    /// unpacks the upload from its chunks); it is not the caller's failure.
+    public func append(_ plaintext: Data) {
+        guard failure == nil else { return }
         do {
-            try zip.write(plaintext, at: offset)
+            try zip.write(plaintext)
         } catch {
             condition.withLock {
                 if failed == nil { failed = error }
                 condition.broadcast()
             }
+            return
         }
-    }
-
-    /// The next bytes of the zip, in order, to unpack; `inZip`: already written into the zip
-    /// with ``write(_:at:)``, else the worker writes them there. Waits while
-    /// ``maxPendingBytes`` are already waiting.
-    public func append(_ plaintext: Data, inZip: Bool = false) {
         condition.lock()
         while pendingBytes >= Self.maxPendingBytes && failed == nil && draining { condition.wait() }
         guard failed == nil else {
             condition.unlock()
             return
         }
-        pending.append((plaintext, appended, inZip))
-        appended += UInt64(plaintext.count)
+        pending.append(plaintext)
         pendingBytes += plaintext.count
         let start = !draining
         draining = true
@@ -101,7 +91,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
 
     private func drain(_ run: Bool) {
         while true {
-            let next: (bytes: Data, at: UInt64, inZip: Bool)? = condition.withLock {
+            let next: Data? = condition.withLock {
                 if !run && failed == nil { failed = ExportError(.io, "the server stopped unpacking uploads") }
                 guard failed == nil, !pending.isEmpty else {
                     pending.removeAll()
@@ -110,15 +100,14 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
                     condition.broadcast()
                     return nil
                 }
-                let piece = pending.removeFirst()
-                pendingBytes -= piece.bytes.count
+                let bytes = pending.removeFirst()
+                pendingBytes -= bytes.count
                 condition.broadcast()
-                return piece
+                return bytes
             }
             guard let next else { return }
             do {
-                if !next.inZip { try zip.write(next.bytes, at: next.at) }
-                try next.bytes.withUnsafeBytes { try reader.read($0) }
+                try next.withUnsafeBytes { try reader.read($0) }
             } catch {
                 condition.withLock { failed = error }
             }
@@ -140,8 +129,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// After the last chunk: waits for the work in flight, then checks the manifest against
     /// the files (and passes it to `check`, which may refuse it by throwing) and moves the
     /// staging directory to `directory` (never replacing one: `.exists`). The zip, complete and
-    /// fsynced, stays at ``zipPath``. Throws ``failure`` if streaming had stopped. Call once
-    /// every piece was appended and every ``write(_:at:)`` returned.
+    /// fsynced, stays at ``zipPath``. Throws ``failure`` if streaming had stopped.
     public func finish(into directory: String, check: (ExportManifest) throws -> Void) throws -> ExtractedPayload {
         waitIdle()
         defer { reader.release() }
@@ -156,7 +144,6 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// Removes what the stream wrote (after a failure, or when the upload is abandoned).
     public func discard() {
         fail(ExportError(.io, "discarded"))
-        zip.abandon()
         staged.abandon()
         reader.release()
         for path in [staging, zipPath] where FileManager.default.fileExists(atPath: path) {

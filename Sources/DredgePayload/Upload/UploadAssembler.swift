@@ -88,7 +88,6 @@ public final class UploadAssembler {
     /// Starts unpacking while chunks arrive. Nothing is read now: the chunks already held (an
     /// upload resumed) are read back from the first, ``catchUpPerCommit`` with each chunk
     /// committed, and each next chunk goes straight to the stream once the stream reaches it.
-    /// Not while a chunk is being written (``write(index:ciphertext:)``).
     public func stream(into stream: PayloadStream) {
         self.stream?.discard()
         self.stream = stream
@@ -111,7 +110,6 @@ public final class UploadAssembler {
         while left > 0, streamed < header.chunkCount, received.contains(streamed), stream.failure == nil {
             do {
                 guard let sealed = FileManager.default.contents(atPath: chunkPath(streamed)) else { throw ExportError(.io, "chunk \(streamed) vanished") }
-                // Read back, so not in the stream's zip yet: the stream writes it there.
                 stream.append(try cipher.open(sealed, index: streamed))
                 streamed += 1
                 left -= 1
@@ -135,26 +133,21 @@ public final class UploadAssembler {
     }
 
     /// The first half of ``accept(index:ciphertext:)``: verifies chunk `index` and writes it
-    /// durably, and, while the upload streams, its plaintext into the stream's zip at the
-    /// chunk's place; returns the plaintext for ``commit(index:plaintext:)``. It reads only what
-    /// does not change while chunks are written (the key, the directory, the stream: set with
-    /// ``stream(into:)`` before the first chunk and never while one is being written), so several
-    /// chunks may be written at once, from any threads, as long as no two write the same index
-    /// at the same time.
+    /// durably; returns its plaintext for ``commit(index:plaintext:)``. It reads only what
+    /// never changes (the key, the directory), so several chunks may be written at once, from
+    /// any threads, as long as no two write the same index at the same time.
     public func write(index: UInt32, ciphertext: some DataProtocol) throws -> Data {
         let plaintext = try verify(index: index, ciphertext: ciphertext)
         try DurableFile.write(ciphertext, to: chunkPath(index))
-        // Here rather than on the stream's one thread, which then only inflates.
-        stream?.write(plaintext, at: UInt64(index) * UInt64(header.chunkSize))
         return plaintext
     }
 
-    /// The second half: records chunk `index`, written by ``write(index:ciphertext:)`` while the
-    /// same stream was set, as held and hands it to the stream. One call at a time.
+    /// The second half: records chunk `index`, written by ``write(index:ciphertext:)``, as held
+    /// and hands it to the stream. One call at a time.
     public func commit(index: UInt32, plaintext: Data) {
         guard index < header.chunkCount, received.insert(index).inserted else { return }
         if index == streamed, let stream, stream.failure == nil {
-            stream.append(plaintext, inZip: true)
+            stream.append(plaintext)
             streamed += 1
         }
         catchUp(budget: Self.catchUpPerCommit)

@@ -275,7 +275,7 @@ final class ConnectionUploads: @unchecked Sendable {
             return started
         }
         if let (slot, assembler) = started {
-            nonisolated(unsafe) let assembler = assembler  // `write` reads only what does not change while chunks are in flight
+            nonisolated(unsafe) let assembler = assembler  // `write` reads only what never changes
             // Set before any chunk is written, cleared only after `settled()`.
             let streaming = assembler.stream != nil
             blocking.submit { state in

@@ -72,23 +72,30 @@ final class ServerWork: Sendable {
         uploads = NIOThreadPool(numberOfThreads: max(1, threads.uploads))
         unpack = NIOThreadPool(numberOfThreads: max(1, threads.unpack))
         for pool in [control, uploads, unpack] { pool.start() }
-        var refused: String?
-        if threads.bulkNice > 0 || threads.bulkIdle {
-            refused = Self.lowerPriority(of: uploads, threads: max(1, threads.uploads), nice: threads.bulkNice, idle: threads.bulkIdle)
-            refused = Self.lowerPriority(of: unpack, threads: max(1, threads.unpack), nice: threads.bulkNice, idle: threads.bulkIdle) ?? refused
-        }
-        idlePolicyRefused = refused
+        let lower = threads.bulkNice > 0 || threads.bulkIdle
+        Self.prepare(control, threads: max(1, threads.control), name: Self.controlThreadName, nice: 0, idle: false)
+        let refused = Self.prepare(uploads, threads: max(1, threads.uploads), name: Self.uploadsThreadName, nice: lower ? threads.bulkNice : 0, idle: threads.bulkIdle)
+        idlePolicyRefused = Self.prepare(unpack, threads: max(1, threads.unpack), name: Self.unpackThreadName, nice: lower ? threads.bulkNice : 0, idle: threads.bulkIdle) ?? refused
     }
 
-    /// Sets the nice value (and with `idle` the `SCHED_IDLE` policy) of every thread of
-    /// `pool`: one item per thread, each holding its thread until all have run, so that no
-    /// thread runs two. Returns when all are set: why the idle policy was refused, if it was.
-    static func lowerPriority(of pool: NIOThreadPool, threads: Int, nice: Int, idle: Bool) -> String? {
+    /// What the pools' threads are called (Linux: `top -H`, `ps -L`, `/proc/PID/task/*/comm`,
+    /// profiles), so an operator sees which kind of work takes the CPU. At most 15 bytes.
+    static let controlThreadName = "dredge-control"
+    static let uploadsThreadName = "dredge-uploads"
+    static let unpackThreadName = "dredge-unpack"
+
+    /// Names every thread of `pool` and, unless `nice` is 0 and `idle` false, sets its nice
+    /// value (and with `idle` the `SCHED_IDLE` policy): one item per thread, each holding its
+    /// thread until all have run, so that no thread runs two. Returns when all are set: why
+    /// the idle policy was refused, if it was.
+    @discardableResult
+    static func prepare(_ pool: NIOThreadPool, threads: Int, name: String, nice: Int, idle: Bool) -> String? {
         let barrier = Barrier(parties: threads)
         let refused = Mutex<String?>(nil)
         for _ in 0..<threads {
             pool.submit { _ in
-                ThreadPriority.setNice(nice)
+                ThreadPriority.setName(name)
+                if nice != 0 || idle { ThreadPriority.setNice(nice) }
                 if idle, let why = ThreadPriority.setIdlePolicy() { refused.withLock { $0 = why } }
                 barrier.arriveAndWait()
             }
@@ -109,8 +116,21 @@ final class ServerWork: Sendable {
     }
 }
 
-/// The calling thread's scheduling priority.
+/// The calling thread's scheduling priority, and its name.
 enum ThreadPriority {
+    /// Names the calling thread (what the kernel keeps: the first 15 bytes); a failure leaves
+    /// the name it had.
+    static func setName(_ name: String) {
+        _ = dredge_set_thread_name(name)
+    }
+
+    /// The calling thread's name ("" where it is not known).
+    static func name() -> String {
+        var buffer = [CChar](repeating: 0, count: 16)
+        guard dredge_thread_name(&buffer, Int64(buffer.count)) == 0 else { return "" }
+        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
     /// Sets the calling thread's nice value; elsewhere than Linux, nothing. Linux keeps the
     /// nice value per thread, and `PRIO_PROCESS` with id 0 names the calling thread. Lowering
     /// priority needs no privilege; a failure leaves the thread as it was.

@@ -52,6 +52,9 @@ struct HeartbeatBench: AsyncParsableCommand {
     @Option(help: ArgumentHelp("The server's `threads.bulkIdle` (its upload and unpack threads under SCHED_IDLE); the server's default when not given.", valueName: "true|false"))
     var bulkIdle: Bool?
 
+    @Option(help: "The server's `threads.uploads` (threads verifying and writing chunks); the server's default when not given.")
+    var uploadThreads: Int?
+
     func validate() throws {
         guard rounds > 0, uploaders > 0, idleSeconds > 0 else { throw ValidationError("--rounds, --uploaders and --idle-seconds must be at least 1") }
     }
@@ -62,7 +65,10 @@ struct HeartbeatBench: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
         try ServerBench.allowOneAddressFleet(dir + "/server")
-        if let bulkIdle { try ServerBench.setConfig("threads", ["bulkIdle": bulkIdle], in: dir + "/server") }
+        var threads: [String: Any] = [:]
+        if let bulkIdle { threads["bulkIdle"] = bulkIdle }
+        if let uploadThreads { threads["uploads"] = uploadThreads }
+        if !threads.isEmpty { try ServerBench.setConfig("threads", threads, in: dir + "/server") }
         let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log", heartbeatSeconds: heartbeatSeconds)
         defer { server.stop() }
         let admin = try server.admin(token: created.adminToken)
@@ -164,7 +170,8 @@ struct HeartbeatBench: AsyncParsableCommand {
                 + " upload_s=" + uploadSeconds.map { String(format: "%.1f", $0) }.joined(separator: ",")
                 + " indexed_after_s=" + indexWaits.dropFirst().map { String(format: "%.1f", $0) }.joined(separator: ",") + " steal_pct_idle=" + idleSteal.map { String(format: "%.0f", $0) }.joined(separator: ",")
                 + " steal_pct_upload=" + busySteal.map { String(format: "%.0f", $0) }.joined(separator: ",")
-                + " uploaders_nice=\(uploadersNice) uploaders_idle=\(uploadersIdle) bulk_idle=\(bulkIdle.map { "\($0)" } ?? "default")")
+                + " uploaders_nice=\(uploadersNice) uploaders_idle=\(uploadersIdle) bulk_idle=\(bulkIdle.map { "\($0)" } ?? "default")"
+                + " upload_threads=\(uploadThreads.map { "\($0)" } ?? "default")")
         print(figure.line)
         print(Figure(
             name: "server.idle_connections", value: perConnection, unit: "KB/conn", limit: 32, higherIsBetter: false,

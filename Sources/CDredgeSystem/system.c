@@ -1,4 +1,4 @@
-// glibc declares sync_file_range and SCHED_IDLE only for _GNU_SOURCE, which Swift's Glibc module does not set.
+// glibc declares sync_file_range, SCHED_IDLE and pthread_setname_np only for _GNU_SOURCE, which Swift's Glibc module does not set.
 #define _GNU_SOURCE
 #include "CDredgeSystem.h"
 

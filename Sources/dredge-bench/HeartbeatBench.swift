@@ -57,6 +57,7 @@ struct HeartbeatBench: AsyncParsableCommand {
 
     func validate() throws {
         guard rounds > 0, uploaders > 0, idleSeconds > 0 else { throw ValidationError("--rounds, --uploaders and --idle-seconds must be at least 1") }
+        if let uploadThreads, uploadThreads < 1 { throw ValidationError("--upload-threads must be at least 1") }
     }
 
     func run() async throws {

@@ -59,6 +59,7 @@ struct ServerBench: AsyncParsableCommand {
     func validate() throws {
         guard samples > 0 else { throw ValidationError("--samples must be at least 1") }
         guard uploadRounds > 0 else { throw ValidationError("--upload-rounds must be at least 1") }
+        if let uploadThreads, uploadThreads < 1 { throw ValidationError("--upload-threads must be at least 1") }
     }
 
     func run() async throws {

@@ -33,6 +33,30 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
     }
 }
 
+/// An executor that holds a stream's work until ``release()``: what a stream does before its
+/// worker runs shows.
+final class HeldWork: @unchecked Sendable {  // `work` under `lock`
+    private let lock = NSLock()
+    private var work: [@Sendable (Bool) -> Void] = []
+
+    var schedule: PayloadStream.Schedule { { work in self.lock.withLock { self.work.append(work) } } }
+
+    /// Runs what was held, each on another thread, as the server's pool would.
+    func release() {
+        let held = lock.withLock {
+            defer { work = [] }
+            return work
+        }
+        for work in held { DispatchQueue.global().async { work(true) } }
+    }
+}
+
+/// The files this process has open (Linux: `/proc/self/fd`).
+func openFiles() -> Set<String> {
+    let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+    return Set(fds.compactMap { try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + $0) })
+}
+
 /// Unpacking while an upload arrives gives exactly what unpacking the finished zip gives, and
 /// refuses every hostile zip the finished-zip path refuses.
 @Suite struct StreamingUnpackTests {
@@ -263,9 +287,8 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
 }
 
 extension StreamingUnpackTests {
-    /// The receiver writes several chunks at once, on pool threads, and commits them in order
-    /// (the committing thread writes each into the stream's zip, the stream's own thread only
-    /// inflates): the files and the zip kept beside them are the exported ones byte for byte.
+    /// The receiver writes several chunks at once, on pool threads, and commits them in order:
+    /// the files and the zip kept beside them are the exported ones byte for byte.
     @Test func chunksWrittenAtOnceFromSeveralThreadsMakeTheWholeZip() throws {
         let dir = TempDir()
         let store = try makeStore(in: dir, count: 8_000)
@@ -279,7 +302,7 @@ extension StreamingUnpackTests {
         let path = dir.file("incoming/up-9")
         let assembler = try UploadAssembler(directory: path, header: upload.header, key: key)
         assembler.stream(into: try PayloadStream(staging: path + "/s", zipPath: path + "/s.zip", schedule: testUnpacking))
-        nonisolated(unsafe) let writer = assembler  // `write` reads only what does not change while chunks are written
+        nonisolated(unsafe) let writer = assembler  // `write` reads only what never changes
         let sealed = try (0..<count).map { try upload.chunk(UInt32($0)) }
         // Eight at a time, as the server's connection does, committed in order after each batch.
         for batch in stride(from: 0, to: count, by: 8) {
@@ -328,6 +351,54 @@ extension StreamingUnpackTests {
         try assembler.assemble(to: dir.file("whole.zip"))
         let same = FileManager.default.contents(atPath: dir.file("whole.zip")) == FileManager.default.contents(atPath: zip)
         #expect(same)
+    }
+
+    /// The zip is written by whoever appends, when it appends (the receiver's committing
+    /// thread), not by the stream's worker, which only inflates: with the worker held back,
+    /// the zip is already whole. (Pieces of 64 KiB or more, which the buffered writer hands
+    /// to the kernel at once.)
+    @Test func theZipIsWrittenWhenItsBytesAreAppendedNotWhenTheyAreInflated() throws {
+        let dir = TempDir()
+        let store = try makeStore(in: dir, count: 8_000)
+        let zip = dir.file("export.zip")
+        let id = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0b", agent = "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b"
+        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: id, kind: .pull, agentID: agent, commandID: id, filter: .all), to: zip)
+        let bytes = try #require(FileManager.default.contents(atPath: zip))
+        let size = (bytes.count + 3) / 4
+        try #require(bytes.count - 3 * size >= 64 << 10 && bytes.count < PayloadStream.maxPendingBytes, "\(bytes.count) bytes")
+        let held = HeldWork()
+        let stream = try PayloadStream(staging: dir.file("s"), zipPath: dir.file("s.zip"), schedule: held.schedule)
+        for i in 0..<4 { stream.append(bytes.subdata(in: (i * size)..<min(bytes.count, (i + 1) * size))) }
+        let written = try FileManager.default.attributesOfItem(atPath: dir.file("s.zip"))[.size] as? Int
+        #expect(written == bytes.count, "the zip is written before anything is inflated")
+        held.release()
+        let payload = try stream.finish(into: dir.file("files")) { _ in }
+        #expect(payload.manifest == manifest)
+        let same = FileManager.default.contents(atPath: dir.file("s.zip")) == bytes
+        #expect(same)
+    }
+
+    /// A zip that cannot be written (a full disk) stops the stream at the append that failed,
+    /// not later in the worker; the append itself returns (the chunk is not refused for it).
+    /// Discarding the stream lets go of the zip's file at once.
+    @Test(.enabled(if: TmpfsMount.isSupported)) func aZipThatCannotBeWrittenStopsTheStreamAtOnce() throws {
+        let mount = try TmpfsMount(megabytes: 1)
+        defer { mount.remove() }
+        let dir = TempDir()
+        let held = HeldWork()
+        let zipPath = mount.path + "/s.zip"
+        let stream = try PayloadStream(staging: dir.file("s"), zipPath: zipPath, schedule: held.schedule)
+        let piece = Data(repeating: 0x41, count: 256 << 10)
+        for _ in 0..<6 { stream.append(piece) }  // 1.5 MiB for a 1 MiB disk, the worker held back
+        #expect((stream.failure as? ExportError)?.code == .diskFull)
+        held.release()
+        #expect(throws: ExportError.self) { try stream.finish(into: dir.file("files")) { _ in } }
+        stream.discard()
+        // While the stream is still referenced (by the receiver's assembler, say).
+        withExtendedLifetime(stream) {
+            // (A removed file still open shows as "PATH (deleted)".)
+            #expect(!openFiles().contains { $0.hasPrefix(zipPath) }, "the zip is closed once the stream is discarded")
+        }
     }
 
     /// A pool that has stopped answers at once on the caller's thread: the stream fails with a

@@ -52,8 +52,10 @@ import Testing
     }
 
     /// Each pool's threads carry its name, so `top -H` and a profile say which work takes the
-    /// CPU; with the bulk threads' priority left alone too.
+    /// CPU; with the bulk threads' priority left alone too, where it stays the process's.
     @Test func everyPoolsThreadsAreNamed() async throws {
+        let base = ThreadPriority.nice()
+        let baseIdle = ThreadPriority.hasIdlePolicy()
         for threads in [WorkThreads(control: 2, uploads: 3, unpack: 2), WorkThreads(control: 1, uploads: 2, unpack: 1, bulkNice: 0, bulkIdle: false)] {
             let work = ServerWork(threads)
             func names(_ pool: NIOThreadPool, times: Int) async throws -> Set<String> {
@@ -65,6 +67,14 @@ import Testing
             #expect(try await names(work.control, times: 20) == ["dredge-control"])
             #expect(try await names(work.uploads, times: 20) == ["dredge-uploads"])
             #expect(try await names(work.unpack, times: 20) == ["dredge-unpack"])
+            if threads.bulkNice == 0 && !threads.bulkIdle {
+                for pool in [work.uploads, work.unpack] {
+                    for _ in 0..<10 {
+                        #expect(try await pool.runIfActive { ThreadPriority.nice() } == base)
+                        #expect(try await pool.runIfActive { ThreadPriority.hasIdlePolicy() } == baseIdle)
+                    }
+                }
+            }
             #endif
             await work.shutdown()
         }

@@ -81,6 +81,15 @@ package final class BufferedFile {
         guard n == bytes.count else { throw DurableFile.failure("patching \(path)") }
     }
 
+    /// Closes the file without writing what is buffered or syncing it (it is about to be
+    /// removed); nothing may be written after. Closing twice does nothing.
+    package func abandon() {
+        buffer.removeAll()
+        guard fd >= 0 else { return }
+        Glibc.close(fd)
+        fd = -1
+    }
+
     /// Flushes, fsyncs and closes the file; nothing may be written after.
     package func close() throws {
         try flush()

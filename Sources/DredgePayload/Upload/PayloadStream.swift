@@ -30,8 +30,11 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     private var pending: [Data] = []
     private var pendingBytes = 0
     private var draining = false
+    /// ``append(_:)`` is writing the zip: finish and discard wait for it as for the worker.
+    private var writing = false
     private var failed: (any Error)?
-    /// Written by ``append(_:)`` (one call at a time), closed by finish or discard after the last.
+    /// Written by ``append(_:)`` (one call at a time, with ``writing`` set), closed by finish
+    /// or discard, which wait for the write in progress.
     private let zip: BufferedFile
     // Touched only by the running drain, or by finish/discard once no drain runs.
     private let staged: PayloadStaging
@@ -64,16 +67,24 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// already waiting. A zip that cannot be written stops the stream (the receiver then
     /// unpacks the upload from its chunks); it is not the caller's failure.
     public func append(_ plaintext: Data) {
-        guard failure == nil else { return }
+        let go = condition.withLock {
+            guard failed == nil else { return false }
+            writing = true
+            return true
+        }
+        guard go else { return }
+        var refused: (any Error)?
         do {
             try zip.write(plaintext)
         } catch {
-            condition.withLock {
-                if failed == nil { failed = error }
-                condition.broadcast()
-            }
-            return
+            refused = error
         }
+        condition.withLock {
+            writing = false
+            if let refused, failed == nil { failed = refused }
+            condition.broadcast()
+        }
+        guard refused == nil else { return }
         condition.lock()
         while pendingBytes >= Self.maxPendingBytes && failed == nil && draining { condition.wait() }
         guard failed == nil else {
@@ -114,7 +125,8 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
         }
     }
 
-    /// Stops feeding: waits for the running drain and marks the stream failed with `error`.
+    /// Stops feeding: marks the stream failed with `error` and waits for the running drain and
+    /// a zip write in progress.
     public func fail(_ error: any Error) {
         condition.withLock { if failed == nil { failed = error } }
         waitIdle()
@@ -122,14 +134,15 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
 
     private func waitIdle() {
         condition.lock()
-        while draining { condition.wait() }
+        while draining || writing { condition.wait() }
         condition.unlock()
     }
 
     /// After the last chunk: waits for the work in flight, then checks the manifest against
     /// the files (and passes it to `check`, which may refuse it by throwing) and moves the
     /// staging directory to `directory` (never replacing one: `.exists`). The zip, complete and
-    /// fsynced, stays at ``zipPath``. Throws ``failure`` if streaming had stopped.
+    /// fsynced, stays at ``zipPath``. Throws ``failure`` if streaming had stopped. Call after
+    /// the last ``append(_:)`` returned.
     public func finish(into directory: String, check: (ExportManifest) throws -> Void) throws -> ExtractedPayload {
         waitIdle()
         defer { reader.release() }
@@ -144,6 +157,7 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
     /// Removes what the stream wrote (after a failure, or when the upload is abandoned).
     public func discard() {
         fail(ExportError(.io, "discarded"))
+        zip.abandon()
         staged.abandon()
         reader.release()
         for path in [staging, zipPath] where FileManager.default.fileExists(atPath: path) {

@@ -33,6 +33,35 @@ func streamUnpack(_ path: String, into out: String, limits: PayloadLimits = Payl
     }
 }
 
+/// A pull of `count` records exported to `export.zip` in `dir` and sealed in chunks of
+/// `chunkSize`, as an agent sends it.
+struct ExportedPull {
+    let store: LogStore
+    let zip: String
+    let manifest: ExportManifest
+    let key: SymmetricKey
+    let upload: SealedUpload
+
+    init(_ dir: TempDir, count: Int = 8_000, id: String, agent: String, chunkSize: Int) throws {
+        store = try makeStore(in: dir, count: count)
+        zip = dir.file("export.zip")
+        manifest = try Exporter.export(from: store, ExportRequest(uploadID: id, kind: .pull, agentID: agent, commandID: id, filter: .all), to: zip)
+        key = SymmetricKey.uploadKey()
+        upload = try SealedUpload(
+            zipPath: zip, uploadID: id, kind: .pull, agentID: agent, key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: chunkSize)
+    }
+
+    /// Checks that `payload` holds this pull's manifest and day files, and that the zip at
+    /// `zipPath` is the exported one byte for byte.
+    func expectLanded(_ payload: ExtractedPayload, zipAt zipPath: String) throws {
+        #expect(payload.manifest == manifest)
+        let expected = try expectedDays(store, .all)
+        for file in payload.files { #expect(contents(file) == expected[(file as NSString).lastPathComponent]) }
+        let same = FileManager.default.contents(atPath: zipPath) == FileManager.default.contents(atPath: zip)
+        #expect(same, "the zip kept beside the files is the exported one")
+    }
+}
+
 /// An executor that holds a stream's work until ``release()``: what a stream does before its
 /// worker runs shows.
 final class HeldWork: @unchecked Sendable {  // `work` under `lock`
@@ -220,11 +249,8 @@ func openFiles() -> Set<String> {
     /// the files are published from the stream without assembling the zip again.
     @Test func anAssemblerStreamsChunksInOrderWhateverOrderTheyArriveIn() throws {
         let dir = TempDir()
-        let store = try makeStore(in: dir, count: 8_000)
-        let zip = dir.file("export.zip")
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b07", commandID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", filter: .all), to: zip)
-        let key = SymmetricKey.uploadKey()
-        let upload = try SealedUpload(zipPath: zip, uploadID: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", kind: .pull, agentID: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b07", key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 16 * 1024)
+        let pull = try ExportedPull(dir, id: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a07", agent: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b07", chunkSize: 16 * 1024)
+        let (upload, key) = (pull.upload, pull.key)
         let path = dir.file("incoming/up-7")
         // Half the chunks before a restart; the rest after, in reverse, with re-sends.
         do {
@@ -240,10 +266,7 @@ func openFiles() -> Set<String> {
         assembler.catchUp()  // what the receiver does after the last chunk
         #expect(assembler.streamedEverything)
         let payload = try #require(assembler.stream).finish(into: dir.file("files")) { _ in }
-        #expect(payload.manifest == manifest)
-        let expected = try expectedDays(store, .all)
-        for file in payload.files { #expect(contents(file) == expected[(file as NSString).lastPathComponent]) }
-        #expect(FileManager.default.contents(atPath: path + "/s2.zip") == FileManager.default.contents(atPath: zip))
+        try pull.expectLanded(payload, zipAt: path + "/s2.zip")
         #expect(!FileManager.default.fileExists(atPath: path + "/s1"), "a discarded stream leaves nothing")
     }
 
@@ -252,12 +275,8 @@ func openFiles() -> Set<String> {
     /// the last; the files are the stream's, byte for byte what was exported.
     @Test func aResumedUploadCatchesUpWhileTheRestArrives() throws {
         let dir = TempDir()
-        let store = try makeStore(in: dir, count: 8_000)
-        let zip = dir.file("export.zip")
-        let id = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a08", agent = "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b08"
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: id, kind: .pull, agentID: agent, commandID: id, filter: .all), to: zip)
-        let key = SymmetricKey.uploadKey()
-        let upload = try SealedUpload(zipPath: zip, uploadID: id, kind: .pull, agentID: agent, key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 8 * 1024)
+        let pull = try ExportedPull(dir, id: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a08", agent: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b08", chunkSize: 8 * 1024)
+        let (upload, key) = (pull.upload, pull.key)
         let count = upload.header.chunkCount
         let path = dir.file("incoming/up-8")
         let held = count * 3 / 4
@@ -279,10 +298,7 @@ func openFiles() -> Set<String> {
         assembler.catchUp()
         #expect(assembler.streamedEverything)
         let payload = try #require(assembler.stream).finish(into: dir.file("files")) { _ in }
-        #expect(payload.manifest == manifest)
-        let expected = try expectedDays(store, .all)
-        for file in payload.files { #expect(contents(file) == expected[(file as NSString).lastPathComponent]) }
-        #expect(FileManager.default.contents(atPath: path + "/s.zip") == FileManager.default.contents(atPath: zip))
+        try pull.expectLanded(payload, zipAt: path + "/s.zip")
     }
 }
 
@@ -291,12 +307,8 @@ extension StreamingUnpackTests {
     /// the files and the zip kept beside them are the exported ones byte for byte.
     @Test func chunksWrittenAtOnceFromSeveralThreadsMakeTheWholeZip() throws {
         let dir = TempDir()
-        let store = try makeStore(in: dir, count: 8_000)
-        let zip = dir.file("export.zip")
-        let id = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a09", agent = "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b09"
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: id, kind: .pull, agentID: agent, commandID: id, filter: .all), to: zip)
-        let key = SymmetricKey.uploadKey()
-        let upload = try SealedUpload(zipPath: zip, uploadID: id, kind: .pull, agentID: agent, key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 8 * 1024)
+        let pull = try ExportedPull(dir, id: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a09", agent: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b09", chunkSize: 8 * 1024)
+        let (upload, key) = (pull.upload, pull.key)
         let count = Int(upload.header.chunkCount)
         #expect(count > 16)
         let path = dir.file("incoming/up-9")
@@ -317,11 +329,7 @@ extension StreamingUnpackTests {
         }
         #expect(assembler.streamedEverything)
         let payload = try #require(assembler.stream).finish(into: dir.file("files")) { _ in }
-        #expect(payload.manifest == manifest)
-        let expected = try expectedDays(store, .all)
-        for file in payload.files { #expect(contents(file) == expected[(file as NSString).lastPathComponent]) }
-        let same = FileManager.default.contents(atPath: path + "/s.zip") == FileManager.default.contents(atPath: zip)
-        #expect(same, "the zip kept beside the files is the exported one")
+        try pull.expectLanded(payload, zipAt: path + "/s.zip")
     }
 
     /// The stream's zip cannot be written (its disk is full): the stream stops, which is not the
@@ -329,12 +337,8 @@ extension StreamingUnpackTests {
     /// reassembled from them (what the receiver does when streaming stopped) is the exported one.
     @Test(.enabled(if: TmpfsMount.isSupported)) func aZipThatCannotBeWrittenStopsTheStreamNotTheChunks() throws {
         let dir = TempDir()
-        let store = try makeStore(in: dir, count: 48_000)
-        let zip = dir.file("export.zip")
-        let id = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a", agent = "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0a"
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: id, kind: .pull, agentID: agent, commandID: id, filter: .all), to: zip)
-        let key = SymmetricKey.uploadKey()
-        let upload = try SealedUpload(zipPath: zip, uploadID: id, kind: .pull, agentID: agent, key: key, empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: 64 * 1024)
+        let pull = try ExportedPull(dir, count: 48_000, id: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a", agent: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0a", chunkSize: 64 * 1024)
+        let (upload, key) = (pull.upload, pull.key)
         #expect(upload.header.plaintextSize > 1_200_000, "more than the 1 MiB disk the zip is written to")
         let mount = try TmpfsMount(megabytes: 1)
         defer { mount.remove() }
@@ -349,7 +353,7 @@ extension StreamingUnpackTests {
         #expect(throws: ExportError.self) { try stream.finish(into: dir.file("files")) { _ in } }
         stream.discard()
         try assembler.assemble(to: dir.file("whole.zip"))
-        let same = FileManager.default.contents(atPath: dir.file("whole.zip")) == FileManager.default.contents(atPath: zip)
+        let same = FileManager.default.contents(atPath: dir.file("whole.zip")) == FileManager.default.contents(atPath: pull.zip)
         #expect(same)
     }
 
@@ -359,11 +363,8 @@ extension StreamingUnpackTests {
     /// to the kernel at once.)
     @Test func theZipIsWrittenWhenItsBytesAreAppendedNotWhenTheyAreInflated() throws {
         let dir = TempDir()
-        let store = try makeStore(in: dir, count: 8_000)
-        let zip = dir.file("export.zip")
-        let id = "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0b", agent = "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b"
-        let manifest = try Exporter.export(from: store, ExportRequest(uploadID: id, kind: .pull, agentID: agent, commandID: id, filter: .all), to: zip)
-        let bytes = try #require(FileManager.default.contents(atPath: zip))
+        let pull = try ExportedPull(dir, id: "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0b", agent: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b", chunkSize: 64 * 1024)
+        let bytes = try #require(FileManager.default.contents(atPath: pull.zip))
         let size = (bytes.count + 3) / 4
         try #require(bytes.count - 3 * size >= 64 << 10 && bytes.count < PayloadStream.maxPendingBytes, "\(bytes.count) bytes")
         let held = HeldWork()
@@ -373,9 +374,7 @@ extension StreamingUnpackTests {
         #expect(written == bytes.count, "the zip is written before anything is inflated")
         held.release()
         let payload = try stream.finish(into: dir.file("files")) { _ in }
-        #expect(payload.manifest == manifest)
-        let same = FileManager.default.contents(atPath: dir.file("s.zip")) == bytes
-        #expect(same)
+        try pull.expectLanded(payload, zipAt: dir.file("s.zip"))
     }
 
     /// A zip that cannot be written (a full disk) stops the stream at the append that failed,

@@ -79,13 +79,10 @@ public final class PayloadStream: @unchecked Sendable {  // shared state under `
         } catch {
             refused = error
         }
-        condition.withLock {
-            writing = false
-            if let refused, failed == nil { failed = refused }
-            condition.broadcast()
-        }
-        guard refused == nil else { return }
         condition.lock()
+        writing = false
+        if let refused, failed == nil { failed = refused }
+        condition.broadcast()
         while pendingBytes >= Self.maxPendingBytes && failed == nil && draining { condition.wait() }
         guard failed == nil else {
             condition.unlock()

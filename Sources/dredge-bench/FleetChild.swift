@@ -13,7 +13,8 @@ import Synchronization
 /// heartbeats each at the server's interval and prints `pull ID MONOTONIC_NS` when a command
 /// arrives (and refuses it as busy). With `--measure-heartbeats` each agent times its
 /// heartbeats' round trips: `reset` on stdin forgets the times so far, `report` prints them
-/// (`rtt MS,MS,…`). Stops when stdin closes.
+/// (`rtt MS,MS,…`), `report-times` with when each heartbeat was sent (`rtt_at NS:MS,…`,
+/// `CLOCK_MONOTONIC`). Stops when stdin closes.
 struct FleetChild: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "fleet-child", shouldDisplay: false)
 
@@ -25,8 +26,9 @@ struct FleetChild: AsyncParsableCommand {
     @Option var token: String
     @Flag var measureHeartbeats = false
 
-    /// Heartbeat round trips (ms) since the last `reset`.
-    static let roundTrips = Mutex<[Double]>([])
+    /// Heartbeat round trips since the last `reset`: when each was sent (`CLOCK_MONOTONIC`, ns)
+    /// and how long it took (ms).
+    static let roundTrips = Mutex<[(sent: Int64, ms: Double)]>([])
 
     func run() async throws {
         ServerRuntime.raiseOpenFileLimit()
@@ -107,7 +109,7 @@ struct FleetChild: AsyncParsableCommand {
                     while let frame = try await link.next() {
                         if measure, case .heartbeatAck? = frame.body, let sent = sentAt.value.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) {
                             let ms = Double(monotonicNanos() - sent) / 1e6
-                            roundTrips.withLock { $0.append(ms) }
+                            roundTrips.withLock { $0.append((sent, ms)) }
                         }
                         guard case .pullCommand(let command)? = frame.body else { continue }
                         say("pull \(command.commandID) \(monotonicNanos())")
@@ -163,7 +165,10 @@ struct FleetChild: AsyncParsableCommand {
                     case "reset": roundTrips.withLock { $0.removeAll() }
                     case "report":
                         let all = roundTrips.withLock { $0 }
-                        say("rtt " + all.map { String(format: "%.3f", $0) }.joined(separator: ","))
+                        say("rtt " + all.map { String(format: "%.3f", $0.ms) }.joined(separator: ","))
+                    case "report-times":
+                        let all = roundTrips.withLock { $0 }
+                        say("rtt_at " + all.map { "\($0.sent):" + String(format: "%.3f", $0.ms) }.joined(separator: ","))
                     default: break
                     }
                 }

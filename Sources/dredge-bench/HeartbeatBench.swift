@@ -55,6 +55,9 @@ struct HeartbeatBench: AsyncParsableCommand {
     @Option(help: "The server's `threads.uploads` (threads verifying and writing chunks); the server's default when not given.")
     var uploadThreads: Int?
 
+    @Option(help: ArgumentHelp("Write every heartbeat's round trip here, a line each: the window (idle or upload, and its round), when it was sent and its round trip (CLOCK_MONOTONIC ns, ms); and a line per window with its start and end.", valueName: "path"))
+    var rttLog: String?
+
     func validate() throws {
         guard rounds > 0, uploaders > 0, idleSeconds > 0 else { throw ValidationError("--rounds, --uploaders and --idle-seconds must be at least 1") }
         if let uploadThreads, uploadThreads < 1 { throw ValidationError("--upload-threads must be at least 1") }
@@ -111,20 +114,38 @@ struct HeartbeatBench: AsyncParsableCommand {
         let held = try await admin.agents().filter(\.connected).count
         let perConnection = Double(server.residentKB() - baseline) / Double(max(held, 1))
 
-        func roundTrips(during body: () async throws -> Void) async throws -> [Double] {
+        let rttLog = try self.rttLog.map { path -> FileHandle in
+            guard FileManager.default.createFile(atPath: path, contents: nil) else { throw ValidationError("cannot create \(path)") }
+            return try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+        }
+        func roundTrips(_ window: String, during body: () async throws -> Void) async throws -> [Double] {
             for c in children { c.send("reset") }
+            let start = monotonicNanos()
             try await body()
+            let end = monotonicNanos()
             for c in children { c.send("report") }
             var all: [Double] = []
             for c in children {
                 let line = try c.line("rtt", timeout: 60)
                 all += line.dropFirst(4).split(separator: ",").compactMap { Double($0) }
             }
+            if let rttLog {
+                var text = "window \(window) \(start) \(end)\n"
+                for c in children {
+                    c.send("report-times")
+                    for sample in try c.line("rtt_at", timeout: 60).dropFirst(7).split(separator: ",") {
+                        text += "\(window) " + sample.replacingOccurrences(of: ":", with: " ") + "\n"
+                    }
+                }
+                rttLog.write(Data(text.utf8))
+            }
             return all.sorted()
         }
         func p99(_ sorted: [Double]) -> Double { sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * 0.99))] }
 
         var idle: [Double] = [], busy: [Double] = [], uploadSeconds: [Double] = []
+        // Each round's p99 with no upload and under upload: how much the figure moves between rounds.
+        var roundP99s: [(idle: Double, upload: Double)] = []
         // The uploaders stand in for other machines: every thread of this process at their nice
         // value from here on.
         Self.niceEveryThread(uploadersNice, idle: uploadersIdle)
@@ -145,11 +166,13 @@ struct HeartbeatBench: AsyncParsableCommand {
             try await Task.sleep(for: .seconds(1))
             FileHandle.standardError.write(Data("round \(round)/\(rounds): \(Double(idleSeconds) / Double(rounds)) s with no upload, then \(uploaders) agents upload \(uploadMb) MB each\n".utf8))
             var cpu = CPUTimes.now()
-            idle += try await roundTrips { try await Task.sleep(for: .seconds(Double(idleSeconds) / Double(rounds))) }
+            let idleRound = try await roundTrips("idle\(round)") { try await Task.sleep(for: .seconds(Double(idleSeconds) / Double(rounds))) }
+            idle += idleRound
+            roundP99s.append((p99(idleRound), .nan))
             idleSteal.append(CPUTimes.now().stealPercent(since: cpu))
             cpu = CPUTimes.now()
             defer { busySteal.append(CPUTimes.now().stealPercent(since: cpu)) }
-            busy += try await roundTrips {
+            let busyRound = try await roundTrips("upload\(round)") {
                 let start = monotonicNanos()
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     for (id, key) in uploaderKeys {
@@ -159,6 +182,8 @@ struct HeartbeatBench: AsyncParsableCommand {
                 }
                 uploadSeconds.append(Double(monotonicNanos() - start) / 1e9)
             }
+            busy += busyRound
+            roundP99s[roundP99s.count - 1].upload = p99(busyRound)
         }
         idle.sort()
         busy.sort()
@@ -168,6 +193,7 @@ struct HeartbeatBench: AsyncParsableCommand {
                 format: "slowdown=%.2f p50_idle=%.2f p50_upload=%.2f samples_idle=%d samples_upload=%d agents=%d uploads=%dx%dx%d MB",
                 p99(busy) / p99(idle), idle.isEmpty ? .nan : idle[idle.count / 2], busy.isEmpty ? .nan : busy[busy.count / 2], idle.count, busy.count, held,
                 rounds, uploaders, uploadMb)
+                + " round_p99_ms=" + roundP99s.map { String(format: "%.2f/%.2f", $0.upload, $0.idle) }.joined(separator: ",")
                 + " upload_s=" + uploadSeconds.map { String(format: "%.1f", $0) }.joined(separator: ",")
                 + " indexed_after_s=" + indexWaits.dropFirst().map { String(format: "%.1f", $0) }.joined(separator: ",") + " steal_pct_idle=" + idleSteal.map { String(format: "%.0f", $0) }.joined(separator: ",")
                 + " steal_pct_upload=" + busySteal.map { String(format: "%.0f", $0) }.joined(separator: ",")

@@ -629,6 +629,19 @@ final class ConnectionSession: @unchecked Sendable {
         try await run(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)))
     }
 
+    /// The answer to `frame` when it is a heartbeat of the authenticated agent with nothing new
+    /// in it and no write due: the registry holds it in memory (``AgentDirectory/holdHeartbeat(_:_:now:)``)
+    /// and it is acknowledged at once, what ``receive(_:)`` would do with it, without a task or
+    /// a wait. Nil, with nothing changed, for any other frame: it goes to ``receive(_:)``.
+    /// Called by the driver on the event loop, in the frame's turn (no task runs meanwhile).
+    func answerAtOnce(_ frame: WireFrame) -> WireFrame? {
+        // What the machine does with a heartbeat once the agent is authenticated: `.deliver`.
+        guard case .heartbeat(let heartbeat)? = frame.body, case .ready(let id) = machine.state,
+            listener.registry.holdHeartbeat(id, heartbeat, now: Date())
+        else { return nil }
+        return .with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } }
+    }
+
     func fail(_ error: WireProtocolError) async throws -> Outcome { try await run(machine.fail(error)) }
 
     private func run(_ actions: [ServerConnectionStateMachine.Action]) async throws -> Outcome {

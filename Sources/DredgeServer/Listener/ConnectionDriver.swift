@@ -39,6 +39,10 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     private var inactive = false
     private var finished = false
     private var readsHeld = false
+    /// Answers the running task handed to the channel that it has not written yet (they go
+    /// out on the event loop, after the task's hop to it): a heartbeat answered at once waits
+    /// for them, so acknowledgements leave in the order their frames came.
+    private var answersUnwritten = 0
 
     init(session: ConnectionSession, channel: any Channel, logger: Logger, ended: @escaping @Sendable (ConnectionSession) async -> Void) {
         self.session = session
@@ -49,6 +53,7 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
 
     /// On the event loop: a decoded frame, or the decoder's refusal.
     func receive(_ input: Input) {
+        if case .frame(let frame) = input, case .heartbeat? = frame.body, answerAtOnce(frame) { return }
         let start = lock.withLock { () -> Bool in
             guard !closing, !finished else { return false }
             queue.append(input)
@@ -57,6 +62,29 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
             return true
         }
         if start { Task { await self.run() } }
+    }
+
+    /// On the event loop: answers a heartbeat the session holds in memory (most of them, on a
+    /// connection that only heartbeats) here, when nothing else of the connection is queued or
+    /// running; true if it did. Such a heartbeat then needs no task: its acknowledgement does
+    /// not wait for a thread of Swift's cooperative pool, nor for the event loop to wake again
+    /// to write it. Under load each of those waits can be a scheduler's wake-up latency
+    /// (docs/benchmarks.md, heartbeats under upload).
+    private func answerAtOnce(_ frame: WireFrame) -> Bool {
+        let mine = lock.withLock { () -> Bool in
+            guard !closing, !finished, !running, queue.isEmpty, answersUnwritten == 0 else { return false }
+            running = true  // the session is this call's until it returns
+            return true
+        }
+        guard mine else { return false }
+        let ack = channel.isWritable ? session.answerAtOnce(frame) : nil
+        if let ack { _ = channel.writeAndFlush(frames: [ack]) }
+        let end = lock.withLock { () -> Bool in
+            running = false
+            return claimEnd()
+        }
+        if end { Task { await self.ended(self.session) } }
+        return ack != nil
     }
 
     /// On the event loop, when the channel asks for more bytes: whether to read now. A read
@@ -123,7 +151,9 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
                 close(after: nil)
                 continue
             }
+            if !outcome.frames.isEmpty { lock.withLock { answersUnwritten += 1 } }
             let written = channel.writeAndFlush(frames: outcome.frames)
+            written?.whenComplete { _ in self.lock.withLock { self.answersUnwritten -= 1 } }
             if let agentID = outcome.registered { session.startDelivery(agentID) }
             if outcome.close {
                 close(after: written)

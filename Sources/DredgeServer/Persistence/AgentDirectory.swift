@@ -30,6 +30,12 @@ public protocol AgentDirectory: Sendable {
     /// Returns the uids the agent holds after this heartbeat that it did not hold before.
     @discardableResult
     func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) async throws -> Set<String>
+    /// Takes the heartbeat into memory if that is all it needs (nothing new in it, no write
+    /// due), without waiting: true if it did, which is what ``heartbeat(_:_:now:)`` would have
+    /// done, returning no uids. False: nothing changed; call ``heartbeat(_:_:now:)``. The
+    /// listener answers a heartbeat taken this way on its event loop, without a task.
+    /// A directory that holds nothing in memory answers false (the default).
+    func holdHeartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) -> Bool
     /// The agents that hold `uid` (in their active uids or their user report), by agent id,
     /// each with when it last saw the uid (nil when only its active uids hold it: within the
     /// last day of its last heartbeat).
@@ -123,6 +129,7 @@ extension AgentDirectory {
     }
     @discardableResult
     public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat) async throws -> Set<String> { try await self.heartbeat(agentID, heartbeat, now: Date()) }
+    public func holdHeartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) -> Bool { false }
     /// The ids of the agents that hold `uid`, in order.
     public func agentIDs(withUID uid: String) async throws -> [String] { try await holders(of: uid).map(\.agentID) }
 }

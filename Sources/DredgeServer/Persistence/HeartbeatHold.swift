@@ -103,6 +103,22 @@ final class HeartbeatHold: Sendable {
         }
     }
 
+    /// Holds the heartbeat if that is all it needs: it keeps the protocol's rules, carries no
+    /// user report, its uids are the ones last written for the agent, and no flush is due.
+    /// True if it is held (what ``receive(_:_:now:)`` does then, with nothing due). Otherwise
+    /// nothing changes, and the heartbeat goes to ``receive(_:_:now:)``. Quick and without a
+    /// write, so an event loop may call it: the listener answers such a heartbeat at once.
+    func holdIfQuiet(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) -> Bool {
+        guard !heartbeat.hasUsers, HeartbeatRules.problem(with: heartbeat) == nil else { return false }
+        let sorted = Array(Set(heartbeat.activeUids)).sorted()
+        let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
+        return state.withLock { s in
+            guard s.uids[agentID] == sorted, clock() - s.lastFlush < flushEvery else { return false }
+            if (s.pending[agentID]?.at ?? -.infinity) <= at { s.pending[agentID] = (at, records) }
+            return true
+        }
+    }
+
     /// `uids`: the heartbeat's active uids, sorted.
     func step(_ agentID: String, uids: [String], hasReport: Bool, at: Double, records: Int64) -> Step {
         state.withLock { s in

@@ -5,6 +5,7 @@ import DredgeServer
 import DredgeTestSupport
 import DredgeWire
 import Foundation
+import Synchronization
 import Testing
 
 /// The rules of ``AgentDirectory``, run against every ``PersistenceBackend``.
@@ -85,6 +86,49 @@ import Testing
         #expect(try await agents.agentIDs(withUID: "u-3") == [a])
         // An invalid uid finds nobody (a NUL would otherwise cut it to a valid one).
         #expect(try await agents.agentIDs(withUID: "u-3\u{0}x").isEmpty)
+    }
+
+    /// A heartbeat with nothing new in it is held in memory at once, without a wait (the
+    /// listener answers such a heartbeat on its event loop), and is recorded like any other;
+    /// anything else is left to `heartbeat`, with nothing changed.
+    @Test(arguments: PersistenceBackend.all)
+    func aQuietHeartbeatIsHeldAtOnceAndRecordedLikeAnyOther(_ backend: PersistenceBackend) async throws {
+        let now = Mutex(ContinuousClock.now)
+        let agents = try await backend.agentsOnClock(dir) { now.withLock { $0 } }
+        let a = try await agents.enroll(publicKey: Self.keys[0].publicKey, host: Self.host, now: Date())
+        let generation = try await agents.connected(a, from: nil, host: Self.host, now: Date())
+        func at(_ seconds: Double) -> Date { Date(timeIntervalSince1970: seconds) }
+        let quiet = WireHeartbeat.with { $0.activeUids = ["u-1", "u-1"]; $0.stats.records = 9 }
+
+        // The connection's first heartbeat is written in full, never just held.
+        #expect(!agents.holdHeartbeat(a, quiet, now: at(5_000)))
+        try await agents.heartbeat(a, .with { $0.activeUids = ["u-1"]; $0.stats.records = 3 }, now: at(5_000))
+        // The same uids (repeated, in any order) and no report: held.
+        #expect(agents.holdHeartbeat(a, quiet, now: at(6_000)))
+        #expect(try await agents.agents().first?.lastHeartbeatAt == at(6_000))
+
+        // New uids, a user report, a broken rule: not held, and nothing changes.
+        let loud: [WireHeartbeat] = [
+            .with { $0.activeUids = ["u-2"] },
+            .with { $0.activeUids = ["u-1"]; $0.users = Self.report([("u-9", 1)]) },
+            .with { $0.activeUids = ["u-1", ""] },
+        ]
+        for heartbeat in loud { #expect(!agents.holdHeartbeat(a, heartbeat, now: at(7_000))) }
+        #expect(try await agents.agentIDs(withUID: "u-2").isEmpty)
+        #expect(try await agents.agentIDs(withUID: "u-9").isEmpty)
+        #expect(try await agents.agentIDs(withUID: "u-1") == [a])
+        #expect(try await agents.agents().first?.lastHeartbeatAt == at(6_000))
+
+        // Once a flush is due, the heartbeat that brings it is left to `heartbeat`, which
+        // writes what is held; then the next quiet one is held again.
+        now.withLock { $0 += .seconds(2) }
+        #expect(!agents.holdHeartbeat(a, quiet, now: at(8_000)))
+        try await agents.heartbeat(a, quiet, now: at(8_000))
+        #expect(agents.holdHeartbeat(a, quiet, now: at(9_000)))
+        // What is held is written when the agent disconnects.
+        try await agents.disconnected(a, generation: generation)
+        let stored = try await backend.agents(dir)
+        #expect(try await stored.agents().first?.lastHeartbeatAt == at(9_000))
     }
 
     static func report(_ users: [(String, Int64)], truncated: Bool = false) -> WireUserReport {

@@ -12,6 +12,8 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
     let name: String
     let pulls: @Sendable (TempDir) async throws -> any PullQueue & AuditLog
     let agents: @Sendable (TempDir) async throws -> any AgentDirectory
+    /// The same directory on a clock the test moves (heartbeats flushed at most once a second).
+    let agentsOnClock: @Sendable (TempDir, @escaping @Sendable () -> ContinuousClock.Instant) async throws -> any AgentDirectory
     let feedback: @Sendable (TempDir) async throws -> any FeedbackInbox
     let tokens: @Sendable (TempDir) async throws -> any TokenVault
     let records: @Sendable (TempDir) async throws -> any RecordIndex
@@ -24,6 +26,7 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
         name: "SQLite",
         pulls: { PullStore(try ServerDatabase(directory: $0.path)) },
         agents: { AgentRegistry(try ServerDatabase(directory: $0.path)) },
+        agentsOnClock: { AgentRegistry(try ServerDatabase(directory: $0.path), heartbeatFlush: .seconds(1), clock: $1) },
         feedback: { FeedbackStore(try ServerDatabase(directory: $0.path)) },
         tokens: { TokenStore(try ServerDatabase(directory: $0.path)) },
         records: { try RecordIndexStore(directory: $0.path) },
@@ -37,6 +40,7 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
         name: "PostgreSQL",
         pulls: { PostgresPullQueue(try await TestPostgres.database(for: $0)) },
         agents: { PostgresAgentDirectory(try await TestPostgres.database(for: $0)) },
+        agentsOnClock: { PostgresAgentDirectory(try await TestPostgres.database(for: $0), heartbeatFlush: .seconds(1), clock: $1) },
         feedback: { PostgresFeedbackInbox(try await TestPostgres.database(for: $0)) },
         tokens: { PostgresTokenVault(try await TestPostgres.database(for: $0)) },
         records: { PostgresRecordIndex(try await TestPostgres.database(for: $0)) },

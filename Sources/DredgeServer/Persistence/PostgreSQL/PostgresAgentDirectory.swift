@@ -106,6 +106,11 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         }
     }
 
+    /// Holds a heartbeat with nothing new in it when no write is due (``HeartbeatHold``).
+    public func holdHeartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) -> Bool {
+        hold.holdIfQuiet(agentID, heartbeat, now: now)
+    }
+
     public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) async throws -> Set<String> {
         let full: HeartbeatHold.Full
         switch try hold.receive(agentID, heartbeat, now: now) {

@@ -161,6 +161,11 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         }
     }
 
+    /// Holds a heartbeat with nothing new in it when no write is due (``HeartbeatHold``).
+    public func holdHeartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) -> Bool {
+        hold.holdIfQuiet(agentID, heartbeat, now: now)
+    }
+
     /// Records a heartbeat; the agent's active uids are rewritten only when they changed, its
     /// reported users whenever the heartbeat carries a report. A heartbeat that breaks the rules
     /// (``HeartbeatRules/problem(with:)``) is refused and changes nothing. Returns the uids the

@@ -25,6 +25,14 @@ final class CuttingProxy: @unchecked Sendable {
                 return ClientBootstrap(group: inbound.eventLoop)
                     .connect(host: "127.0.0.1", port: targetPort)
                     .flatMap { outbound in
+                        // With nothing listening on the target port (the server killed, not
+                        // back yet), a connect whose ephemeral source port happens to be that
+                        // port connects the socket to itself (TCP simultaneous open) and holds
+                        // the port, and the restarted server cannot bind it. Dropped at once.
+                        if outbound.localAddress?.port == targetPort {
+                            outbound.close(promise: nil)
+                            return inbound.eventLoop.makeFailedFuture(SelfConnected())
+                        }
                         let toServer = Forward(peer: outbound, budget: budget, cuts: cutsBox, forwarded: forwardedBox)
                         let toClient = Forward(peer: inbound, budget: nil, cuts: cutsBox, forwarded: nil)
                         return inbound.pipeline.addHandler(toServer).flatMap { outbound.pipeline.addHandler(toClient) }
@@ -161,3 +169,6 @@ final class SilentTLSServer: @unchecked Sendable {
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
     }
 }
+
+/// The proxy's connection to the server reached itself (see ``CuttingProxy``).
+struct SelfConnected: Error {}

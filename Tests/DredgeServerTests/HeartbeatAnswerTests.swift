@@ -1,8 +1,43 @@
+import DredgeAdminAPI
 import DredgeAgentCore
+import DredgeEnvelope
+import DredgeServer
 import DredgeTestSupport
 import DredgeWire
 import Foundation
+import Synchronization
 import Testing
+
+/// The listener's agent directory, counting the heartbeats held at once and those written in
+/// full, whose writes wait while the test holds them back.
+final class GatedDirectory: AgentDirectory, Sendable {
+    let inner: any AgentDirectory
+    let quick = Mutex(0)
+    let full = Mutex(0)
+    let holding = Mutex(false)
+    init(_ inner: any AgentDirectory) { self.inner = inner }
+
+    func holdHeartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) -> Bool {
+        let held = inner.holdHeartbeat(agentID, heartbeat, now: now)
+        if held { quick.withLock { $0 += 1 } }
+        return held
+    }
+    func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) async throws -> Set<String> {
+        full.withLock { $0 += 1 }
+        while holding.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
+        return try await inner.heartbeat(agentID, heartbeat, now: now)
+    }
+    func resetPresence() async throws { try await inner.resetPresence() }
+    func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String { try await inner.enroll(publicKey: publicKey, host: host, now: now) }
+    func publicKey(of agentID: String) async throws -> RSAPublicKey? { try await inner.publicKey(of: agentID) }
+    func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date) async throws -> Int64 {
+        try await inner.connected(agentID, from: address, host: host, now: now)
+    }
+    func disconnected(_ agentID: String, generation: Int64) async throws { try await inner.disconnected(agentID, generation: generation) }
+    func holders(of uid: String) async throws -> [UIDHolder] { try await inner.holders(of: uid) }
+    func isEnrolled(_ agentID: String) async throws -> Bool { try await inner.isEnrolled(agentID) }
+    func agents() async throws -> [AgentRecord] { try await inner.agents() }
+}
 
 /// A heartbeat with nothing new in it is answered on the listener's event loop (the registry
 /// holds it in memory); any other goes through the connection's task and the database. Both
@@ -42,5 +77,61 @@ import Testing
         }
         #expect(try await server.admin.agents().first?.activeUIDs == ["u-4"])
         #expect(try await server.registry.agentIDs(withUID: "u-3").isEmpty)
+    }
+
+    /// A quiet heartbeat is answered without the full write, and never before a heartbeat
+    /// sent ahead of it whose write is still running.
+    @Test func aQuietHeartbeatIsAnsweredAtOnceButNeverAheadOfAnEarlierOne() async throws {
+        let directory = Mutex<GatedDirectory?>(nil)
+        let server = try await InProcessServer(listenerRegistry: { inner in
+            let gated = GatedDirectory(inner)
+            directory.withLock { $0 = gated }
+            return gated
+        })
+        defer { Task { await server.stop() } }
+        let gated = try #require(directory.withLock { $0 })
+        let agent = try await server.enrollAgent()
+        try await agent.connect { link in
+            try await link.heartbeat(activeUIDs: ["u-1"])  // a connection's first: in full
+            #expect(Self.ackSeq(try await link.next()) == 1)
+            try await link.heartbeat(activeUIDs: ["u-1"])  // quiet: held at once
+            #expect(Self.ackSeq(try await link.next()) == 2)
+            #expect(gated.full.withLock { $0 } == 1)
+            #expect(gated.quick.withLock { $0 } == 1)
+
+            // New uids: written in full, and the write is held back.
+            gated.holding.withLock { $0 = true }
+            try await link.heartbeat(activeUIDs: ["u-2"])
+            #expect(ManagedProcess.waitFor(timeout: .seconds(30)) { gated.full.withLock { $0 } == 2 })
+            // The old uids again: quiet for the directory, but sent after one still being
+            // written, so it waits for it (and is then written in full: the uids changed).
+            try await link.heartbeat(activeUIDs: ["u-1"])
+            try await Task.sleep(for: .milliseconds(200))  // time for it to arrive
+            gated.holding.withLock { $0 = false }
+            #expect(Self.ackSeq(try await link.next()) == 3)
+            #expect(Self.ackSeq(try await link.next()) == 4)
+            #expect(gated.quick.withLock { $0 } == 1)
+        }
+        #expect(try await server.admin.agents().first?.activeUIDs == ["u-1"])
+    }
+
+    /// A heartbeat that breaks the protocol's rules, after quiet ones, still closes the
+    /// connection and records nothing.
+    @Test func aHeartbeatThatBreaksTheRulesAfterQuietOnesClosesTheConnection() async throws {
+        let server = try await InProcessServer()
+        defer { Task { await server.stop() } }
+        let agent = try await server.enrollAgent()
+        await #expect(throws: (any Error).self) {
+            try await agent.connect { link in
+                for _ in 0..<3 {
+                    try await link.heartbeat(activeUIDs: ["u-1"])
+                    _ = try await link.next()
+                }
+                // Raw: the agent's own state machine would not send it.
+                try await link.send(.with { $0.heartbeat = .with { $0.seq = 4; $0.activeUids = ["u-1", ""] } })
+                while try await link.next() != nil {}
+            }
+        }
+        #expect(try await server.admin.agents().first?.activeUIDs == ["u-1"])
     }
 }

@@ -45,10 +45,12 @@ final class InProcessServer: @unchecked Sendable {
     ///   the test process's few cooperative threads (where this server runs) for seconds.
     /// - Parameter wrapPulls: wraps the pull queue the agent listener uses (to hold its writes,
     ///   say); the admin API and the test use the queue itself.
+    /// - Parameter wrapRegistry: the same for the agent directory.
     init(
         feedbackLimits: FeedbackLimits? = nil, dataDirectory: String? = nil, connectionLimits: ConnectionLimits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 100),
         heartbeatSeconds: UInt32 = 1, tokens wrapTokens: (@Sendable (any TokenVault) -> any TokenVault)? = nil,
-        listenerPulls wrapPulls: (@Sendable (any PullQueue) -> any PullQueue)? = nil
+        listenerPulls wrapPulls: (@Sendable (any PullQueue) -> any PullQueue)? = nil,
+        listenerRegistry wrapRegistry: (@Sendable (any AgentDirectory) -> any AgentDirectory)? = nil
     ) async throws {
         let data = dataDirectory ?? dir.file("server")
         self.data = data
@@ -63,7 +65,7 @@ final class InProcessServer: @unchecked Sendable {
         let indexer = Indexer(index: records, paths: DataDirectory(data), logger: logger)
         self.indexer = indexer
         listener = AgentListener(
-            deployment: deployment, registry: registry, pulls: wrapPulls?(pulls) ?? pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
+            deployment: deployment, registry: wrapRegistry?(registry) ?? registry, pulls: wrapPulls?(pulls) ?? pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
             issuer: issuer, landed: { indexer.landed($0) })
         let adminPort = Mutex<Int?>(nil)

@@ -215,7 +215,17 @@ import Testing
         let agentID = try #require(try d.agents().first?["agentID"] as? String)
         let held = try UploadAssembler.stored(in: try DataDirectory(d.data).upload(id, agent: agentID))?.received.count ?? 0
         #expect(held >= stored, "\(held) chunks on disk, \(stored) recorded")
-        server = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"], outputPath: d.dir.file("server-restarted.log"))
+        // On the same port. Something else may hold it for a moment (a connection of the proxy,
+        // say): the restart is tried again then.
+        for attempt in 1...10 {
+            server = try ManagedProcess(
+                "dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"],
+                outputPath: d.dir.file("server-restarted-\(attempt).log"))
+            let started = try ManagedProcess.waitFor(timeout: .seconds(60)) { server.output.contains("agent listener ready") || !server.process.isRunning }
+            if started && server.process.isRunning { break }
+            _ = server.stop()
+            Thread.sleep(forTimeInterval: 0.5)
+        }
         defer { server.stop() }
 
         #expect(try ManagedProcess.waitFor(timeout: .seconds(180)) { try d.pullTarget(id)?["status"] as? String == "complete" }, "agent:\n\(agent.output)\nserver:\n\(server.output)")

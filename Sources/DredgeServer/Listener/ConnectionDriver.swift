@@ -16,7 +16,7 @@ import NIOCore
 /// When the channel closes, the frames already queued are still handled (a chunk that arrived
 /// is still stored), then ``AgentListener/ended(_:)`` runs once. When the session asks to
 /// close, or a step fails, the frames still queued are dropped.
-final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the session only in the one running task
+final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the session only in the one running task, or on the event loop while `answerAtOnce` holds `running`
     enum Input {
         case frame(WireFrame)
         /// The decoder refused the stream: the session tells the peer why, then the
@@ -79,10 +79,14 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
         guard mine else { return false }
         let ack = channel.isWritable ? session.answerAtOnce(frame) : nil
         if let ack { _ = channel.writeAndFlush(frames: [ack]) }
-        let end = lock.withLock { () -> Bool in
+        // A frame queued meanwhile (were the pipeline to call `receive` again from the write)
+        // gets the task it would have started.
+        let (start, end) = lock.withLock { () -> (Bool, Bool) in
+            if !queue.isEmpty && !closing { return (true, false) }
             running = false
-            return claimEnd()
+            return (false, claimEnd())
         }
+        if start { Task { await self.run() } }
         if end { Task { await self.ended(self.session) } }
         return ack != nil
     }

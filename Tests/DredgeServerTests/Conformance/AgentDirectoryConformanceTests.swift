@@ -119,8 +119,8 @@ import Testing
         #expect(try await agents.agentIDs(withUID: "u-1") == [a])
         #expect(try await agents.agents().first?.lastHeartbeatAt == at(6_000))
 
-        // Once a flush is due, the heartbeat that brings it is left to `heartbeat`, which
-        // writes what is held; then the next quiet one is held again.
+        // Once a flush is due, the heartbeat that brings it is left to `heartbeat` (which
+        // flushes what is due); then the next quiet one is held again.
         now.withLock { $0 += .seconds(2) }
         #expect(!agents.holdHeartbeat(a, quiet, now: at(8_000)))
         try await agents.heartbeat(a, quiet, now: at(8_000))

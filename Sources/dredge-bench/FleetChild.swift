@@ -13,8 +13,8 @@ import Synchronization
 /// heartbeats each at the server's interval and prints `pull ID MONOTONIC_NS` when a command
 /// arrives (and refuses it as busy). With `--measure-heartbeats` each agent times its
 /// heartbeats' round trips: `reset` on stdin forgets the times so far, `report` prints them
-/// (`rtt MS,MS,…`), `report-times` with when each heartbeat was sent (`rtt_at NS:MS,…`,
-/// `CLOCK_MONOTONIC`). Stops when stdin closes.
+/// with when each heartbeat was sent (`rtt NS:MS,…`, `CLOCK_MONOTONIC`). Stops when stdin
+/// closes.
 struct FleetChild: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "fleet-child", shouldDisplay: false)
 
@@ -165,10 +165,7 @@ struct FleetChild: AsyncParsableCommand {
                     case "reset": roundTrips.withLock { $0.removeAll() }
                     case "report":
                         let all = roundTrips.withLock { $0 }
-                        say("rtt " + all.map { String(format: "%.3f", $0.ms) }.joined(separator: ","))
-                    case "report-times":
-                        let all = roundTrips.withLock { $0 }
-                        say("rtt_at " + all.map { "\($0.sent):" + String(format: "%.3f", $0.ms) }.joined(separator: ","))
+                        say("rtt " + all.map { "\($0.sent):" + String(format: "%.3f", $0.ms) }.joined(separator: ","))
                     default: break
                     }
                 }

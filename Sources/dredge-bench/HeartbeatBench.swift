@@ -125,20 +125,17 @@ struct HeartbeatBench: AsyncParsableCommand {
             let end = monotonicNanos()
             for c in children { c.send("report") }
             var all: [Double] = []
+            var text = "window \(window) \(start) \(end)\n"
             for c in children {
-                let line = try c.line("rtt", timeout: 60)
-                all += line.dropFirst(4).split(separator: ",").compactMap { Double($0) }
-            }
-            if let rttLog {
-                var text = "window \(window) \(start) \(end)\n"
-                for c in children {
-                    c.send("report-times")
-                    for sample in try c.line("rtt_at", timeout: 60).dropFirst(7).split(separator: ",") {
-                        text += "\(window) " + sample.replacingOccurrences(of: ":", with: " ") + "\n"
-                    }
+                // `SENT_NS:MS` per heartbeat.
+                for sample in try c.line("rtt", timeout: 60).dropFirst(4).split(separator: ",") {
+                    let parts = sample.split(separator: ":")
+                    guard parts.count == 2, let ms = Double(parts[1]) else { continue }
+                    all.append(ms)
+                    if rttLog != nil { text += "\(window) \(parts[0]) \(parts[1])\n" }
                 }
-                rttLog.write(Data(text.utf8))
             }
+            rttLog?.write(Data(text.utf8))
             return all.sorted()
         }
         func p99(_ sorted: [Double]) -> Double { sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * 0.99))] }
@@ -168,7 +165,6 @@ struct HeartbeatBench: AsyncParsableCommand {
             var cpu = CPUTimes.now()
             let idleRound = try await roundTrips("idle\(round)") { try await Task.sleep(for: .seconds(Double(idleSeconds) / Double(rounds))) }
             idle += idleRound
-            roundP99s.append((p99(idleRound), .nan))
             idleSteal.append(CPUTimes.now().stealPercent(since: cpu))
             cpu = CPUTimes.now()
             defer { busySteal.append(CPUTimes.now().stealPercent(since: cpu)) }
@@ -183,7 +179,7 @@ struct HeartbeatBench: AsyncParsableCommand {
                 uploadSeconds.append(Double(monotonicNanos() - start) / 1e9)
             }
             busy += busyRound
-            roundP99s[roundP99s.count - 1].upload = p99(busyRound)
+            roundP99s.append((p99(idleRound), p99(busyRound)))
         }
         idle.sort()
         busy.sort()

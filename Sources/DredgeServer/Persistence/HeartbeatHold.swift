@@ -47,6 +47,11 @@ final class HeartbeatHold: Sendable {
         /// Entries the last ``take(_:now:all:)`` looked at (for tests of its cost).
         var examined = 0
 
+        /// Holds the agent's heartbeat at `at`, unless a later one is held already.
+        mutating func keep(_ agent: String, at: Double, records: Int64) {
+            if (pending[agent]?.at ?? -.infinity) <= at { pending[agent] = (at, records) }
+        }
+
         mutating func setWritten(_ agent: String, _ at: ContinuousClock.Instant) {
             written[agent] = at
             writtenOrder.append((agent, at))
@@ -93,9 +98,8 @@ final class HeartbeatHold: Sendable {
 
     func receive(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) throws -> Received {
         if let problem = HeartbeatRules.problem(with: heartbeat) { throw DeploymentError(problem) }
-        let sorted = Array(Set(heartbeat.activeUids)).sorted()
+        let (sorted, at, records) = Self.parts(of: heartbeat, now: now)
         let report = heartbeat.hasUsers ? heartbeat.users : nil
-        let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
         switch step(agentID, uids: sorted, hasReport: report != nil, at: at, records: records) {
         case .hold: return .held(due: [:])
         case .flush(let due): return .held(due: due)
@@ -110,13 +114,18 @@ final class HeartbeatHold: Sendable {
     /// write, so an event loop may call it: the listener answers such a heartbeat at once.
     func holdIfQuiet(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) -> Bool {
         guard !heartbeat.hasUsers, HeartbeatRules.problem(with: heartbeat) == nil else { return false }
-        let sorted = Array(Set(heartbeat.activeUids)).sorted()
-        let at = now.timeIntervalSince1970, records = Int64(clamping: heartbeat.stats.records)
+        let (sorted, at, records) = Self.parts(of: heartbeat, now: now)
         return state.withLock { s in
             guard s.uids[agentID] == sorted, clock() - s.lastFlush < flushEvery else { return false }
-            if (s.pending[agentID]?.at ?? -.infinity) <= at { s.pending[agentID] = (at, records) }
+            s.keep(agentID, at: at, records: records)
             return true
         }
+    }
+
+    /// What the hold keeps of a heartbeat: its active uids (sorted, without repeats), its time
+    /// and its record count.
+    private static func parts(of heartbeat: WireHeartbeat, now: Date) -> (uids: [String], at: Double, records: Int64) {
+        (Array(Set(heartbeat.activeUids)).sorted(), now.timeIntervalSince1970, Int64(clamping: heartbeat.stats.records))
     }
 
     /// `uids`: the heartbeat's active uids, sorted.
@@ -126,7 +135,7 @@ final class HeartbeatHold: Sendable {
             let now = clock()
             // New uids, a user report, or the first heartbeat seen of the agent: written now.
             guard !hasReport, s.uids[agentID] == uids else { return .write(with: take(&s, now: now, all: false)) }
-            if (s.pending[agentID]?.at ?? -.infinity) <= at { s.pending[agentID] = (at, records) }
+            s.keep(agentID, at: at, records: records)
             return now - s.lastFlush >= flushEvery ? .flush(take(&s, now: now, all: false)) : .hold
         }
     }

@@ -179,6 +179,7 @@ actor UploadManager {
         for id in uploads.keys.sorted() {
             try await drive(id) { $0.resume() }
         }
+        logger.info("uploads resumed on the new connection", metadata: ["uploads": "\(uploads.count)"])
     }
 
     func disconnected() {

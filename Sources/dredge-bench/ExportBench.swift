@@ -63,8 +63,10 @@ struct ExportBench: AsyncParsableCommand {
         var manifest: ExportManifest?
         let key = SymmetricKey.uploadKey()
         let elapsed = try seconds {
-            manifest = try Exporter.export(from: store, ExportRequest(uploadID: "bench", kind: .pull, agentID: "bench", filter: .all), to: zipPath, options: options)
-            let upload = try SealedUpload(zipPath: zipPath, uploadID: "bench", kind: .pull, agentID: "bench", key: key, empty: false, createdAt: 0)
+            // Ids of the form the manifest schema requires (32 lowercase hex characters).
+            let request = ExportRequest(uploadID: benchUploadID, kind: .pull, agentID: benchAgentID, commandID: benchUploadID, filter: .all)
+            manifest = try Exporter.export(from: store, request, to: zipPath, options: options)
+            let upload = try SealedUpload(zipPath: zipPath, uploadID: benchUploadID, kind: .pull, agentID: benchAgentID, key: key, empty: false, createdAt: 0)
             var sealed = 0
             for i in 0..<upload.header.chunkCount { sealed += try upload.chunk(i).count }
             precondition(sealed > 0)
@@ -138,7 +140,7 @@ struct ExportBench: AsyncParsableCommand {
         for i in stride(from: 0, to: size, by: 8) { withUnsafeBytes(of: rng.next()) { data.replaceSubrange(i..<min(i + 8, size), with: $0.prefix(size - i)) } }
         let key = SymmetricKey.uploadKey()
         var header = WireUploadHeader()
-        header.uploadID = "bench"
+        header.uploadID = benchUploadID
         header.kind = .pull
         header.noncePrefix = Data(secureRandomBytes(7))
         header.chunkSize = UInt32(WireLimits.defaultChunkBytes)
@@ -195,3 +197,7 @@ func openBenchStore(_ path: String) throws -> (LogStore, ContextID) {
     let store = try LogStore(path: path, configuration: configuration)
     return (store, try store.register(.current(app: "bench")))
 }
+
+/// The ids of the export benchmark's pull, of the form the wire and the manifest schema require.
+let benchUploadID = String(repeating: "b", count: 32)
+let benchAgentID = String(repeating: "a", count: 32)

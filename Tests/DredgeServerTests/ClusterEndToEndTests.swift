@@ -61,8 +61,7 @@ struct ClusterEndToEndTests {
         let toA = viaA.forwarded.withLockedValue { $0 }
         #expect(heldByB >= 3 && toA < size / count * (count - heldByB + 1) + 64 * 1024, "\(toA) bytes to A; \(heldByB) of \(count) chunks held by B; \(size) bytes")
         let dir = d.data + "/pulls/\(id)/\(agentID)"
-        let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
-        for (name, text) in expected { #expect(contents(dir + "/" + name) == text, "\(name)") }
+        try PullEndToEndTests.expectLanded(dir, store: store, filter: LogFilter(uid: "u-1"))
         // The node that finished it indexed it: all of it searchable through node A.
         let adminA = try d.adminAddress(nodeA)
         #expect(try ManagedProcess.waitFor(timeout: .seconds(120)) {

@@ -1,7 +1,7 @@
 import DredgeAdminAPI
 import DredgeAgentCore
 import DredgeEnvelope
-import DredgeServer
+@testable import DredgeServer
 import DredgeTestSupport
 import DredgeWire
 import Foundation
@@ -50,88 +50,90 @@ final class GatedDirectory: AgentDirectory, Sendable {
     }
 
     @Test func heartbeatsAreAnsweredInOrderWhicheverWayTheyAreHandled() async throws {
-        let server = try await InProcessServer()
-        defer { Task { await server.stop() } }
-        let agent = try await server.enrollAgent()
-        // First, full (a new connection), quiet, quiet, new uids (full), quiet, new uids again.
-        let said: [[String]] = [["u-1"], ["u-1"], ["u-1"], ["u-1", "u-2"], ["u-2", "u-1"], ["u-3"]]
-        try await agent.connect { link in
-            // One at a time: each answered before the next is sent.
-            var acks: [UInt64] = []
-            for uids in said {
-                try await link.heartbeat(activeUIDs: uids)
-                acks.append(try #require(Self.ackSeq(try await link.next())))
-            }
-            #expect(acks == Array(1...UInt64(said.count)))
-            #expect(try await server.admin.agents().first?.activeUIDs == ["u-3"])
+        try await withStopping(InProcessServer()) { server in
+            let agent = try await server.enrollAgent()
+            // First, full (a new connection), quiet, quiet, new uids (full), quiet, new uids again.
+            let said: [[String]] = [["u-1"], ["u-1"], ["u-1"], ["u-1", "u-2"], ["u-2", "u-1"], ["u-3"]]
+            try await agent.connect { link in
+                // One at a time: each answered before the next is sent.
+                var acks: [UInt64] = []
+                for uids in said {
+                    try await link.heartbeat(activeUIDs: uids)
+                    acks.append(try #require(Self.ackSeq(try await link.next())))
+                }
+                #expect(acks == Array(1...UInt64(said.count)))
+                #expect(try await server.admin.agents().first?.activeUIDs == ["u-3"])
 
-            // All at once: some arrive while the connection's task still handles one before
-            // them (which must not be overtaken), others when nothing of it runs.
-            for round in 0..<16 {
-                for uids in said { try await link.heartbeat(activeUIDs: round % 2 == 0 ? uids : ["u-4"]) }
-                acks = []
-                for _ in said { acks.append(try #require(Self.ackSeq(try await link.next()))) }
-                let first = UInt64(said.count * (round + 1) + 1)
-                #expect(acks == Array(first..<first + UInt64(said.count)), "round \(round)")
+                // All at once: some arrive while the connection's task still handles one before
+                // them (which must not be overtaken), others when nothing of it runs.
+                for round in 0..<16 {
+                    for uids in said { try await link.heartbeat(activeUIDs: round % 2 == 0 ? uids : ["u-4"]) }
+                    acks = []
+                    for _ in said { acks.append(try #require(Self.ackSeq(try await link.next()))) }
+                    let first = UInt64(said.count * (round + 1) + 1)
+                    #expect(acks == Array(first..<first + UInt64(said.count)), "round \(round)")
+                }
             }
+            #expect(try await server.admin.agents().first?.activeUIDs == ["u-4"])
+            #expect(try await server.registry.agentIDs(withUID: "u-3").isEmpty)
         }
-        #expect(try await server.admin.agents().first?.activeUIDs == ["u-4"])
-        #expect(try await server.registry.agentIDs(withUID: "u-3").isEmpty)
     }
 
     /// A quiet heartbeat is answered without the full write, and never before a heartbeat
     /// sent ahead of it whose write is still running.
     @Test func aQuietHeartbeatIsAnsweredAtOnceButNeverAheadOfAnEarlierOne() async throws {
         let directory = Mutex<GatedDirectory?>(nil)
-        let server = try await InProcessServer(listenerRegistry: { inner in
+        try await withStopping(InProcessServer(listenerRegistry: { inner in
             let gated = GatedDirectory(inner)
             directory.withLock { $0 = gated }
             return gated
-        })
-        defer { Task { await server.stop() } }
-        let gated = try #require(directory.withLock { $0 })
-        let agent = try await server.enrollAgent()
-        try await agent.connect { link in
-            try await link.heartbeat(activeUIDs: ["u-1"])  // a connection's first: in full
-            #expect(Self.ackSeq(try await link.next()) == 1)
-            try await link.heartbeat(activeUIDs: ["u-1"])  // quiet: held at once
-            #expect(Self.ackSeq(try await link.next()) == 2)
-            #expect(gated.full.withLock { $0 } == 1)
-            #expect(gated.quick.withLock { $0 } == 1)
+        })) { server in
+            let gated = try #require(directory.withLock { $0 })
+            let agent = try await server.enrollAgent()
+            try await agent.connect { link in
+                try await link.heartbeat(activeUIDs: ["u-1"])  // a connection's first: in full
+                #expect(Self.ackSeq(try await link.next()) == 1)
+                try await link.heartbeat(activeUIDs: ["u-1"])  // quiet: held at once
+                #expect(Self.ackSeq(try await link.next()) == 2)
+                #expect(gated.full.withLock { $0 } == 1)
+                #expect(gated.quick.withLock { $0 } == 1)
 
-            // New uids: written in full, and the write is held back.
-            gated.holding.withLock { $0 = true }
-            try await link.heartbeat(activeUIDs: ["u-2"])
-            #expect(ManagedProcess.waitFor(timeout: .seconds(30)) { gated.full.withLock { $0 } == 2 })
-            // The old uids again: quiet for the directory, but sent after one still being
-            // written, so it waits for it (and is then written in full: the uids changed).
-            try await link.heartbeat(activeUIDs: ["u-1"])
-            try await Task.sleep(for: .milliseconds(200))  // time for it to arrive
-            gated.holding.withLock { $0 = false }
-            #expect(Self.ackSeq(try await link.next()) == 3)
-            #expect(Self.ackSeq(try await link.next()) == 4)
-            #expect(gated.quick.withLock { $0 } == 1)
+                // New uids: written in full, and the write is held back.
+                gated.holding.withLock { $0 = true }
+                try await link.heartbeat(activeUIDs: ["u-2"])
+                #expect(ManagedProcess.waitFor(timeout: .seconds(30)) { gated.full.withLock { $0 } == 2 })
+                // The old uids again: quiet for the directory, but sent after one still being
+                // written, so it waits for it (and is then written in full: the uids changed).
+                let queued = server.listener.counters.framesQueuedBehindAStep.load(ordering: .relaxed)
+                try await link.heartbeat(activeUIDs: ["u-1"])
+                // It arrived and waits behind the one being written; then the write goes on.
+                #expect(try await PullOutcomeTests.waitFor(.seconds(60)) { server.listener.counters.framesQueuedBehindAStep.load(ordering: .relaxed) == queued + 1 })
+                gated.holding.withLock { $0 = false }
+                #expect(Self.ackSeq(try await link.next()) == 3)
+                #expect(Self.ackSeq(try await link.next()) == 4)
+                #expect(gated.quick.withLock { $0 } == 1)
+            }
+            #expect(try await server.admin.agents().first?.activeUIDs == ["u-1"])
         }
-        #expect(try await server.admin.agents().first?.activeUIDs == ["u-1"])
     }
 
     /// A heartbeat that breaks the protocol's rules, after quiet ones, still closes the
     /// connection and records nothing.
     @Test func aHeartbeatThatBreaksTheRulesAfterQuietOnesClosesTheConnection() async throws {
-        let server = try await InProcessServer()
-        defer { Task { await server.stop() } }
-        let agent = try await server.enrollAgent()
-        await #expect(throws: (any Error).self) {
-            try await agent.connect { link in
-                for _ in 0..<3 {
-                    try await link.heartbeat(activeUIDs: ["u-1"])
-                    _ = try await link.next()
+        try await withStopping(InProcessServer()) { server in
+            let agent = try await server.enrollAgent()
+            await #expect(throws: (any Error).self) {
+                try await agent.connect { link in
+                    for _ in 0..<3 {
+                        try await link.heartbeat(activeUIDs: ["u-1"])
+                        _ = try await link.next()
+                    }
+                    // Raw: the agent's own state machine would not send it.
+                    try await link.send(.with { $0.heartbeat = .with { $0.seq = 4; $0.activeUids = ["u-1", ""] } })
+                    while try await link.next() != nil {}
                 }
-                // Raw: the agent's own state machine would not send it.
-                try await link.send(.with { $0.heartbeat = .with { $0.seq = 4; $0.activeUids = ["u-1", ""] } })
-                while try await link.next() != nil {}
             }
+            #expect(try await server.admin.agents().first?.activeUIDs == ["u-1"])
         }
-        #expect(try await server.admin.agents().first?.activeUIDs == ["u-1"])
     }
 }

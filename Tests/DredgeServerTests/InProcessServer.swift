@@ -17,8 +17,9 @@ import Synchronization
 
 /// The real server (agent listener, admin API, delivery) in this process, on loopback ports
 /// chosen by the system, with its log captured. For tests that act as a hostile agent through
-/// the real wire protocol and watch what the server stores.
-final class InProcessServer: @unchecked Sendable {
+/// the real wire protocol and watch what the server stores. A test runs it in
+/// ``withStopping(_:_:)``, which stops it and waits for it before the test ends.
+final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
     let dir = TempDir()
     let created: ServerDeployment.Created
     let registry: AgentRegistry
@@ -73,22 +74,32 @@ final class InProcessServer: @unchecked Sendable {
             registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,
             indexer: indexer, port: 0, logger: logger, onReady: { port in adminPort.withLock { $0 = port } })
         group = ServiceGroup(services: [dispatcher, indexer, listener, app], logger: logger)
-        task = Task { [group] in try await group.run() }
-        var agentPort: Int?, admin: Int?
-        for _ in 0..<3000 where agentPort == nil || admin == nil {
-            try await Task.sleep(for: .milliseconds(20))
-            agentPort = listener.boundPort
-            admin = adminPort.withLock { $0 }
+        let task = Task { [group] in try await group.run() }
+        self.task = task
+        do {
+            var agentPort: Int?, admin: Int?
+            for _ in 0..<3000 where agentPort == nil || admin == nil {
+                try await Task.sleep(for: .milliseconds(20))
+                agentPort = listener.boundPort
+                admin = adminPort.withLock { $0 }
+            }
+            guard let agentPort, let admin else { throw DeploymentError("the in-process server did not start") }
+            self.agentPort = agentPort
+            adminURL = "http://127.0.0.1:\(admin)"
+            self.admin = try AdminClient(server: adminURL, token: created.adminToken)
+        } catch {
+            // Started and not handed to the test: stopped here, or it would run on unseen.
+            await group.triggerGracefulShutdown()
+            _ = await task.result
+            throw error
         }
-        guard let agentPort, let admin else { throw DeploymentError("the in-process server did not start") }
-        self.agentPort = agentPort
-        adminURL = "http://127.0.0.1:\(admin)"
-        self.admin = try AdminClient(server: adminURL, token: created.adminToken)
     }
 
-    func stop() async {
+    /// Shuts the server down and returns once every service has ended; throws what a service
+    /// failed with.
+    func stop() async throws {
         await group.triggerGracefulShutdown()
-        _ = try? await task.value
+        try await task.value
     }
 
     /// Waits until the server has ended every connection it accepted
@@ -272,5 +283,23 @@ extension InProcessServer {
         let pull = try issuer.newPull(uid: uid, agentID: agentID, filter: filter, targets: agents ?? [agentID], lifetime: lifetime, requestedBy: "t")
         try await pulls.create(pull)
         return pull.id
+    }
+}
+
+/// Services run in one `ServiceGroup` for a test, in ``withStopping(_:_:)``: stopped
+/// by a graceful shutdown, and a service that fails or does not end then fails the test.
+final class RunningServices: StoppedAtTheEnd {
+    private let group: ServiceGroup
+    private let task: Task<Void, Error>
+
+    init(_ services: [any Service]) {
+        let group = ServiceGroup(services: services, logger: Logger(label: "test.services"))
+        self.group = group
+        task = Task { try await group.run() }
+    }
+
+    func stop() async throws {
+        await group.triggerGracefulShutdown()
+        try await task.value
     }
 }

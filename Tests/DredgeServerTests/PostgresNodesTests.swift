@@ -39,24 +39,24 @@ struct PostgresNodesTests {
         let nodeB = PostgresPullQueue(try await TestPostgres.database(for: dir))
         // A sweep once an hour: only the notification can wake the agent in time.
         let dispatcher = PullDispatcher(pulls: nodeB, sweepInterval: .seconds(3600), logger: Logger(label: "test"), notices: nodeB)
-        let running = Task { try await dispatcher.run() }
-        defer { running.cancel() }
-        let agent = String(repeating: "c", count: 32)
-        let wakes = Counter()
-        let token = dispatcher.register(agent) { _ in wakes.increment() }
-        defer { dispatcher.unregister(agent, token: token) }
-        #expect(await wakes.reaches(1), "the first wake, at registration")
+        try await withBackground({ try await dispatcher.run() }) {
+            let agent = String(repeating: "c", count: 32)
+            let wakes = Counter()
+            let token = dispatcher.register(agent) { _ in wakes.increment() }
+            defer { dispatcher.unregister(agent, token: token) }
+            #expect(await wakes.reaches(1), "the first wake, at registration")
 
-        let pull = try PullQueueConformanceTests.newPull(targets: [agent], at: .now)
-        try await nodeA.create(pull)
-        #expect(await wakes.reaches(2), "node A's pull wakes the agent held by node B")
-        #expect(try await nodeB.deliverable(for: agent, includingUnanswered: false).map(\.id) == [pull.id])
+            let pull = try PullQueueConformanceTests.newPull(targets: [agent], at: .now)
+            try await nodeA.create(pull)
+            #expect(await wakes.reaches(2), "node A's pull wakes the agent held by node B")
+            #expect(try await nodeB.deliverable(for: agent, includingUnanswered: false).map(\.id) == [pull.id])
 
-        // An agent that comes to hold a uid joins a pull by uid, and is woken too.
-        let byUID = try PullQueueConformanceTests.newPull(targets: [], filter: LogFilter(uid: "u-9"), at: .now)
-        try await nodeA.create(byUID)
-        #expect(try await nodeA.adopt(agent: agent, uids: ["u-9"], now: .now) == [byUID.id])
-        #expect(await wakes.reaches(3), "an adoption on node A wakes the agent on node B")
+            // An agent that comes to hold a uid joins a pull by uid, and is woken too.
+            let byUID = try PullQueueConformanceTests.newPull(targets: [], filter: LogFilter(uid: "u-9"), at: .now)
+            try await nodeA.create(byUID)
+            #expect(try await nodeA.adopt(agent: agent, uids: ["u-9"], now: .now) == [byUID.id])
+            #expect(await wakes.reaches(3), "an adoption on node A wakes the agent on node B")
+        }
     }
 
     @Test func aNodeThatStartsListeningLateIsToldWhatWasQueuedMeanwhile() async throws {
@@ -65,10 +65,10 @@ struct PostgresNodesTests {
         let agent = String(repeating: "d", count: 32)
         try await nodeA.create(try PullQueueConformanceTests.newPull(targets: [agent], at: .now))
         let told = AsyncStream<[String]>.makeStream()
-        let listening = Task { await nodeB.listen(logger: Logger(label: "test")) { told.continuation.yield($0) } }
-        defer { listening.cancel() }
-        var it = told.stream.makeAsyncIterator()
-        #expect(await it.next() == [agent])
+        try await withBackground({ await nodeB.listen(logger: Logger(label: "test")) { told.continuation.yield($0) } }) {
+            var it = told.stream.makeAsyncIterator()
+            #expect(await it.next() == [agent])
+        }
     }
 
     /// The node's lease ran out long ago, as if it had stopped renewing it (killed, cut off).
@@ -203,17 +203,17 @@ struct PostgresNodesTests {
 
         let indexer = Indexer(index: nodeB, paths: paths, logger: Logger(label: "test"), retryBase: .milliseconds(100))
         indexer.landed(source)
-        let running = Task { try await indexer.run() }
-        defer { running.cancel() }
-        // Tried, and waiting for its retry: no longer in the queue, still counted as queued.
-        for _ in 0..<1500 where !(indexer.backlog == 0 && indexer.queued == 1) { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(indexer.backlog == 0 && indexer.queued == 1)
-        #expect(try await !nodeB.isIndexed(source), "left to the live node")
+        try await withBackground({ try await indexer.run() }) {
+            // Tried, and waiting for its retry: no longer in the queue, still counted as queued.
+            for _ in 0..<1500 where !(indexer.backlog == 0 && indexer.queued == 1) { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(indexer.backlog == 0 && indexer.queued == 1)
+            #expect(try await !nodeB.isIndexed(source), "left to the live node")
 
-        try await Self.expire(leaseA, on: db)
-        for _ in 0..<1500 where try await !nodeB.isIndexed(source) { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(try await nodeB.isIndexed(source), "taken over")
-        #expect(try await nodeB.search(RecordSearch(limit: 10)).records.map(\.message) == ["a one", "a two"], "each record once")
+            try await Self.expire(leaseA, on: db)
+            for _ in 0..<1500 where try await !nodeB.isIndexed(source) { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(try await nodeB.isIndexed(source), "taken over")
+            #expect(try await nodeB.search(RecordSearch(limit: 10)).records.map(\.message) == ["a one", "a two"], "each record once")
+        }
     }
 
     /// A source that landed on node A after node B started, and that A died indexing, is taken
@@ -229,24 +229,24 @@ struct PostgresNodesTests {
         let earlier = IndexedSource(kind: .pull, id: String(format: "%032x", 99), agentID: RecordIndexConformanceTests.agentA)
         try RecordSearchTests.land(paths, earlier, days: ["2027-01-14.jsonl": [RecordIndexConformanceTests.line(0, "before")]])
         let indexer = Indexer(index: nodeB, paths: paths, logger: Logger(label: "test"), retryBase: .seconds(3600), catchUpEvery: .milliseconds(50))
-        let running = Task { try await indexer.run() }
-        defer { running.cancel() }
-        for _ in 0..<1500 where try await !nodeB.isIndexed(earlier) { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(try await nodeB.isIndexed(earlier))
+        try await withBackground({ try await indexer.run() }) {
+            for _ in 0..<1500 where try await !nodeB.isIndexed(earlier) { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(try await nodeB.isIndexed(earlier))
 
-        // A claimed the source and indexed a block of it, then died.
-        let source = RecordIndexConformanceTests.pull1
-        let lines = [RecordIndexConformanceTests.line(1, "a one"), RecordIndexConformanceTests.line(2, "a two")]
-        try await nodeA.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
-        _ = try await nodeA.add(source, lines: Array((lines[0] + "\n").utf8))
-        try await Self.expire(leaseA, on: db)
-        // Its files land in the shared directory whole (one rename), as the listener moves them.
-        let staging = DataDirectory(dir.file("staging"))
-        try RecordSearchTests.land(staging, source, days: ["2027-01-15.jsonl": lines])
-        try FileManager.default.moveItem(atPath: staging.pulls + "/" + source.id, toPath: paths.pulls + "/" + source.id)
+            // A claimed the source and indexed a block of it, then died.
+            let source = RecordIndexConformanceTests.pull1
+            let lines = [RecordIndexConformanceTests.line(1, "a one"), RecordIndexConformanceTests.line(2, "a two")]
+            try await nodeA.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
+            _ = try await nodeA.add(source, lines: Array((lines[0] + "\n").utf8))
+            try await Self.expire(leaseA, on: db)
+            // Its files land in the shared directory whole (one rename), as the listener moves them.
+            let staging = DataDirectory(dir.file("staging"))
+            try RecordSearchTests.land(staging, source, days: ["2027-01-15.jsonl": lines])
+            try FileManager.default.moveItem(atPath: staging.pulls + "/" + source.id, toPath: paths.pulls + "/" + source.id)
 
-        for _ in 0..<1500 where try await !nodeB.isIndexed(source) { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(try await nodeB.isIndexed(source), "taken over by the running node")
-        #expect(try await nodeB.search(RecordSearch(limit: 10)).records.map(\.message) == ["before", "a one", "a two"], "each record once")
+            for _ in 0..<1500 where try await !nodeB.isIndexed(source) { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(try await nodeB.isIndexed(source), "taken over by the running node")
+            #expect(try await nodeB.search(RecordSearch(limit: 10)).records.map(\.message) == ["before", "a one", "a two"], "each record once")
+        }
     }
 }

@@ -38,6 +38,17 @@ import Testing
         return days
     }
 
+    /// Checks that `dir` holds exactly what `filter` selects in the device's store at `store`:
+    /// the same set of day files (nothing missing, nothing extra) beside its `manifest.json`,
+    /// each with the expected lines.
+    static func expectLanded(_ dir: String, store: String, filter: LogFilter, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let expected = try expected(store, filter)
+        #expect(!expected.isEmpty, "the filter selects nothing: the check would prove little", sourceLocation: sourceLocation)
+        let arrived = Set(try FileManager.default.contentsOfDirectory(atPath: dir))
+        #expect(arrived == Set(expected.keys).union([PayloadLimits.manifestName]), "\(dir)", sourceLocation: sourceLocation)
+        for (name, text) in expected { #expect(contents(dir + "/" + name) == text, "\(name)", sourceLocation: sourceLocation) }
+    }
+
     func targetStatus(_ d: AgentServerEndToEndTests.Deployment, _ id: String) throws -> String? {
         try d.pullTarget(id)?["status"] as? String
     }
@@ -63,9 +74,10 @@ import Testing
         #expect(abs(filterSince.microseconds - since.microseconds) < 120_000_000)
         let expected = try Self.expected(store, LogFilter(since: filterSince, uid: "u-2", types: [.network, .player], levels: [.warning, .error, .critical]))
         #expect(!expected.isEmpty)
-        let files = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".jsonl") }.sorted()
-        #expect(files == expected.keys.sorted())
-        for file in files { #expect(contents(dir + "/" + file) == expected[file], "\(file)") }
+        #expect(!expected.isEmpty)
+        let files = try FileManager.default.contentsOfDirectory(atPath: dir).sorted()
+        #expect(files == (expected.keys + [PayloadLimits.manifestName]).sorted())
+        for file in expected.keys { #expect(contents(dir + "/" + file) == expected[file], "\(file)") }
     }
 
     @Test(arguments: ServerBackend.all) func twoPullsAtOnceBothCompleteWhileHeartbeatsContinue(_ backend: ServerBackend) throws {
@@ -89,8 +101,7 @@ import Testing
         #expect(try ManagedProcess.waitFor { try lastHeartbeat().map { $0 != heartbeatBefore } ?? false })
         let agentID = try #require(try d.agents().first?["agentID"] as? String)
         for (id, filter) in [(first, LogFilter(uid: "u-1")), (second, LogFilter(uid: "u-3", types: [.network]))] {
-            let expected = try Self.expected(store, filter)
-            for (name, text) in expected { #expect(contents(d.data + "/pulls/\(id)/\(agentID)/" + name) == text, "\(id) \(name)") }
+            try Self.expectLanded(d.data + "/pulls/\(id)/\(agentID)", store: store, filter: filter)
         }
     }
 
@@ -108,11 +119,11 @@ import Testing
         #expect(s1 == 0, "\(live)")
         let deployment = try LoadedDeployment(directory: d.data)
         let queue = try await ServerPersistence.open(deployment).pulls
+        // Issued an hour ago for a minute (an injected clock): expired before the agent comes.
         let expiring = try CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey).newPull(
-            uid: "", agentID: agentID, filter: .all, targets: [agentID], lifetime: .milliseconds(200), requestedBy: "test")
+            uid: "", agentID: agentID, filter: .all, targets: [agentID], lifetime: .seconds(60), requestedBy: "test", now: Timestamp.now.subtracting(.seconds(3600)))
         try await queue.create(expiring)
         let expired = expiring.id
-        usleep(400_000)
         #expect(try targetStatus(d, live) == "queued")
 
         let agent = try d.runAgent(state: state, store: store)
@@ -121,8 +132,7 @@ import Testing
         #expect(try targetStatus(d, expired) == "expired")
         #expect(!agent.output.contains(expired), "the expired pull never reached the agent")
         // Everything the agent has, since the pull had no filter but the agent.
-        let files = try FileManager.default.contentsOfDirectory(atPath: d.data + "/pulls/\(live)/\(agentID)").filter { $0.hasSuffix(".jsonl") }
-        #expect(files.count >= 3)
+        try Self.expectLanded(d.data + "/pulls/\(live)/\(agentID)", store: store, filter: .all)
         // The audit log records who asked.
         #expect(try await queue.pull(live)?.requestedBy == "local-operator")
     }
@@ -178,8 +188,7 @@ import Testing
         // The agent removes it once the result reaches it, just after the server records it.
         #expect(try ManagedProcess.waitFor { !FileManager.default.fileExists(atPath: state + "/uploads/\(id)") }, "the agent cleans up after the upload")
         let agentID = try #require(try d.agents().first?["agentID"] as? String)
-        let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
-        for (name, text) in expected { #expect(contents(d.data + "/pulls/\(id)/\(agentID)/" + name) == text, "\(name)") }
+        try PullEndToEndTests.expectLanded(d.data + "/pulls/\(id)/\(agentID)", store: store, filter: LogFilter(uid: "u-1"))
     }
 
     /// Every connection between agent and server is cut after 0.3–1.2 MB sent by the agent,
@@ -240,7 +249,6 @@ import Testing
         let manifestData = try #require(FileManager.default.contents(atPath: dir + "/manifest.json"))
         let manifest = try #require(try JSONSerialization.jsonObject(with: manifestData) as? [String: Any])
         #expect(manifest["record_count"] as? Int == 40_000)
-        let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
-        for (name, text) in expected { #expect(contents(dir + "/" + name) == text, "\(name)") }
+        try PullEndToEndTests.expectLanded(dir, store: store, filter: LogFilter(uid: "u-1"))
     }
 }

@@ -15,8 +15,9 @@ import Testing
 /// admits is not run again on every start, the server's own full disk is waited out, and a pull
 /// the agent never finishes is ended by the server.
 @Suite struct PullOutcomeTests {
-    /// The real agent (``AgentClient``) in this process against ``InProcessServer``.
-    final class Device: @unchecked Sendable {
+    /// The real agent (``AgentClient``) in this process against ``InProcessServer``; a test runs
+    /// it in ``withStopping(_:_:)``.
+    final class Device: StoppedAtTheEnd, @unchecked Sendable {
         let state: AgentState
         let client: AgentClient
         let task: Task<Void, Error>
@@ -31,9 +32,11 @@ import Testing
             task = Task { [client] in try await client.run() }
         }
 
-        func stop() async {
+        /// Cancels the agent and returns once it has ended (its connection closed, its exports
+        /// stopped). Its run loop ends in cancellation, which is how it is asked to stop.
+        func stop() async throws {
             task.cancel()
-            _ = try? await task.value
+            if case .failure(let error) = await task.result, !(error is CancellationError) { throw error }
         }
     }
 
@@ -50,78 +53,78 @@ import Testing
     /// fails, the agent reports it, the pull shows `failed` with the reason instead of
     /// `exporting` for ever, and the agent drops it.
     @Test func anExportThatFailsIsReportedAndThePullEnds() async throws {
-        let server = try await InProcessServer()
-        defer { Task { await server.stop() } }
-        let store = try server.deviceStore()
-        let device = try await Device(server, store: store)
-        defer { Task { await device.stop() } }
-        #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
-        let handle = try FileHandle(forUpdating: URL(fileURLWithPath: store))
-        let size = try handle.seekToEnd()
-        try handle.seek(toOffset: 8192)
-        #expect(size > 1 << 20)
-        try handle.write(contentsOf: Data(repeating: 0xFF, count: max(0, Int(size) - 16_384)))
-        try handle.close()
-        let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
-        #expect(try await Self.waitFor { try await server.admin.pull(pull.id).targets.first?.status == .failed })
-        let target = try #require(try await server.admin.pull(pull.id).targets.first)
-        #expect(target.detail.contains("export failed"), "\(target.detail)")
-        #expect(try await Self.waitFor { !FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pull.id)") })
+        try await withStopping(InProcessServer()) { server in
+            let store = try server.deviceStore()
+            try await withStopping(Device(server, store: store)) { device in
+                #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
+                let handle = try FileHandle(forUpdating: URL(fileURLWithPath: store))
+                let size = try handle.seekToEnd()
+                try handle.seek(toOffset: 8192)
+                #expect(size > 1 << 20)
+                try handle.write(contentsOf: Data(repeating: 0xFF, count: max(0, Int(size) - 16_384)))
+                try handle.close()
+                let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
+                #expect(try await Self.waitFor { try await server.admin.pull(pull.id).targets.first?.status == .failed })
+                let target = try #require(try await server.admin.pull(pull.id).targets.first)
+                #expect(target.detail.contains("export failed"), "\(target.detail)")
+                #expect(try await Self.waitFor { !FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pull.id)") })
+            }
+        }
     }
 
     /// An agent running as many exports as it may answers a new pull `REJECT_BUSY` and keeps
     /// no place for it; once an export ends, the next pull is accepted and completes.
     @Test func anAgentWithNoRoomForAnotherExportAnswersBusy() async throws {
-        let server = try await InProcessServer()
-        defer { Task { await server.stop() } }
-        let store = try server.deviceStore()
-        let device = try await Device(server, store: store, maxExports: 1)
-        defer { Task { await device.stop() } }
-        #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
-        let exports = await device.client.uploads.exports
-        #expect(exports.reserve(), "the one place, taken as a running export would")
-        let busy = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
-        #expect(try await Self.waitFor { try await server.admin.pull(busy.id).targets.first?.status == .rejected })
-        let target = try #require(try await server.admin.pull(busy.id).targets.first)
-        #expect(target.detail.hasPrefix("rejectBusy"), "\(target.detail)")
-        #expect(exports.running == 1, "a refused command takes no place")
-        #expect(!FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(busy.id)"))
+        try await withStopping(InProcessServer()) { server in
+            let store = try server.deviceStore()
+            try await withStopping(Device(server, store: store, maxExports: 1)) { device in
+                #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
+                let exports = await device.client.uploads.exports
+                #expect(exports.reserve(), "the one place, taken as a running export would")
+                let busy = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
+                #expect(try await Self.waitFor { try await server.admin.pull(busy.id).targets.first?.status == .rejected })
+                let target = try #require(try await server.admin.pull(busy.id).targets.first)
+                #expect(target.detail.hasPrefix("rejectBusy"), "\(target.detail)")
+                #expect(exports.running == 1, "a refused command takes no place")
+                #expect(!FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(busy.id)"))
 
-        exports.release()
-        let next = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
-        #expect(try await Self.waitFor { try await server.admin.pull(next.id).targets.first?.status == .complete })
-        #expect(try await Self.waitFor { exports.running == 0 }, "the export's place is given back when it ends")
+                exports.release()
+                let next = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
+                #expect(try await Self.waitFor { try await server.admin.pull(next.id).targets.first?.status == .complete })
+                #expect(try await Self.waitFor { exports.running == 0 }, "the export's place is given back when it ends")
+            }
+        }
     }
 
     /// A saved command that no longer admits (a filter from before 1970, queued straight into
     /// the store as an old server might have) is checked again at start: reported as failed,
     /// never exported, and the agent keeps running.
     @Test func aSavedCommandIsCheckedAgainBeforeItResumes() async throws {
-        let server = try await InProcessServer()
-        defer { Task { await server.stop() } }
-        let store = try server.deviceStore()
-        var pullID = ""
-        let device = try await Device(server, store: store) { state in
-            let id = try await server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
-            pullID = id
-            try await server.pulls.markDelivered(id, agent: state.file.agentID)
-            // The command the agent kept says something no agent accepts (a since of
-            // Int64.min), signed by the server as if an older server had sent it.
-            let signer = try LoadedDeployment(directory: server.data).signingKey
-            var command = try server.issuer.command(try await server.pulls.storedPull(id), agent: state.file.agentID, agentKey: state.key.publicKey)
-            command.filter.sinceUs = .min
-            try signer.sign(&command)
-            try FileManager.default.createDirectory(atPath: state.directory + "/uploads/\(id)", withIntermediateDirectories: true)
-            let bytes: [UInt8] = try command.serializedBytes()
-            try Data(bytes).write(to: URL(fileURLWithPath: state.directory + "/uploads/\(id)/command.pb"))
+        try await withStopping(InProcessServer()) { server in
+            let store = try server.deviceStore()
+            var pullID = ""
+            try await withStopping(Device(server, store: store) { state in
+                let id = try await server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
+                pullID = id
+                try await server.pulls.markDelivered(id, agent: state.file.agentID)
+                // The command the agent kept says something no agent accepts (a since of
+                // Int64.min), signed by the server as if an older server had sent it.
+                let signer = try LoadedDeployment(directory: server.data).signingKey
+                var command = try server.issuer.command(try await server.pulls.storedPull(id), agent: state.file.agentID, agentKey: state.key.publicKey)
+                command.filter.sinceUs = .min
+                try signer.sign(&command)
+                try FileManager.default.createDirectory(atPath: state.directory + "/uploads/\(id)", withIntermediateDirectories: true)
+                let bytes: [UInt8] = try command.serializedBytes()
+                try Data(bytes).write(to: URL(fileURLWithPath: state.directory + "/uploads/\(id)/command.pb"))
+            }) { device in
+                #expect(try await Self.waitFor { try await server.admin.pull(pullID).targets.first?.status == .failed })
+                let target = try #require(try await server.admin.pull(pullID).targets.first)
+                #expect(target.detail.contains("invalid"), "\(target.detail)")
+                #expect(target.chunkCount == 0, "nothing was uploaded")
+                #expect(try await Self.waitFor { !FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pullID)") })
+                #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
+            }
         }
-        defer { Task { await device.stop() } }
-        #expect(try await Self.waitFor { try await server.admin.pull(pullID).targets.first?.status == .failed })
-        let target = try #require(try await server.admin.pull(pullID).targets.first)
-        #expect(target.detail.contains("invalid"), "\(target.detail)")
-        #expect(target.chunkCount == 0, "nothing was uploaded")
-        #expect(try await Self.waitFor { !FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pullID)") })
-        #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
     }
 
     /// The server's disk fills while chunks arrive: it answers ERROR_INTERNAL, the pull stays
@@ -130,39 +133,36 @@ import Testing
     @Test(.enabled(if: TmpfsMount.isSupported)) func aFullServerDiskIsWaitedOutNotFatal() async throws {
         let mount = try TmpfsMount(megabytes: 32)
         defer { mount.remove() }
-        let server = try await InProcessServer(dataDirectory: mount.path + "/server")
-        defer { Task { await server.stop() } }
-        let store = try server.deviceStore()
-        let device = try await Device(server, store: store, retry: .milliseconds(500))
-        defer { Task { await device.stop() } }
-        #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
-        // Leave almost no room (enough for the databases' next pages, not for a chunk), then pull.
-        func free() -> Int {
-            var stat = statvfs()
-            statvfs(mount.path, &stat)
-            return Int(stat.f_bavail) * Int(stat.f_frsize)
+        try await withStopping(InProcessServer(dataDirectory: mount.path + "/server")) { server in
+            let store = try server.deviceStore()
+            try await withStopping(Device(server, store: store, retry: .milliseconds(500))) { device in
+                #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
+                // Leave almost no room (enough for the databases' next pages, not for a chunk), then pull.
+                func free() -> Int {
+                    var stat = statvfs()
+                    statvfs(mount.path, &stat)
+                    return Int(stat.f_bavail) * Int(stat.f_frsize)
+                }
+                let filler = mount.path + "/filler"
+                let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: { FileManager.default.createFile(atPath: filler, contents: nil); return filler }()))
+                while free() > 192 * 1024 { try handle.write(contentsOf: Data(count: min(1 << 20, free() - 160 * 1024))) }
+                try handle.close()
+                #expect(free() < 256 * 1024)
+                let pull = try await server.admin.createPull(PullRequest(uid: "u-1", agent: device.state.file.agentID, filter: .all))
+                // The server refuses what it cannot store, at warning level (its databases share the
+                // full disk, so the pull's detail may not change); the agent keeps its export meanwhile.
+                #expect(try await Self.waitFor { server.logs.records.contains { $0.level >= .warning && $0.metadata["upload.id"] == "\(pull.id)" } })
+                #expect(FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pull.id)/export.zip"))
+                let stuck = try #require(try await server.admin.pull(pull.id).targets.first)
+                #expect(!stuck.status.isFinal, "\(stuck)")
+                try FileManager.default.removeItem(atPath: filler)
+                let done = try await Self.waitFor(.seconds(120)) { try await server.admin.pull(pull.id).targets.first?.status == .complete }
+                #expect(done, "\(server.logs.records.filter { $0.level >= .notice }.suffix(5).map { "\($0.message) \($0.metadata)" })")
+                let target = try #require(try await server.admin.pull(pull.id).targets.first)
+                let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
+                #expect(Set(target.files.map { ($0 as NSString).lastPathComponent }) == Set(expected.keys).union(["manifest.json"]))
+            }
         }
-        let filler = mount.path + "/filler"
-        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: { FileManager.default.createFile(atPath: filler, contents: nil); return filler }()))
-        while free() > 192 * 1024 { try handle.write(contentsOf: Data(count: min(1 << 20, free() - 160 * 1024))) }
-        try handle.close()
-        #expect(free() < 256 * 1024)
-        let pull = try await server.admin.createPull(PullRequest(uid: "u-1", agent: device.state.file.agentID, filter: .all))
-        // The server refuses what it cannot store, at warning level (its databases share the
-        // full disk, so the pull's detail may not change); the agent keeps its export meanwhile.
-        #expect(try await Self.waitFor { server.logs.records.contains { $0.level >= .warning && $0.metadata["upload.id"] == "\(pull.id)" } })
-        #expect(FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pull.id)/export.zip"))
-        let stuck = try #require(try await server.admin.pull(pull.id).targets.first)
-        #expect(!stuck.status.isFinal, "\(stuck)")
-        try FileManager.default.removeItem(atPath: filler)
-        let done = try await Self.waitFor(.seconds(120)) { try await server.admin.pull(pull.id).targets.first?.status == .complete }
-        #expect(done, "\(server.logs.records.filter { $0.level >= .notice }.suffix(5).map { "\($0.message) \($0.metadata)" })")
-        let target = try #require(try await server.admin.pull(pull.id).targets.first)
-        let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
-        #expect(Set(target.files.map { ($0 as NSString).lastPathComponent }) == Set(expected.keys).union(["manifest.json"]))
-        // Both stopped before the mount goes (the deferred stops above only start stopping).
-        await device.stop()
-        await server.stop()
     }
 
     /// A delivered pull whose agent never finishes is ended by the server after its expiry
@@ -212,13 +212,13 @@ extension PullOutcomeTests {
     /// a 10-minute interval, the server still learns the device's users (and can route a pull
     /// by uid to it) within seconds of the connection.
     @Test func theFirstHeartbeatFollowsAuthenticationAtOnce() async throws {
-        let server = try await InProcessServer(heartbeatSeconds: 600)
-        defer { Task { await server.stop() } }
-        let store = try server.deviceStore()
-        let device = try await Device(server, store: store)
-        defer { Task { await device.stop() } }
-        #expect(try await Self.waitFor(.seconds(120)) { try await server.admin.agents().first?.activeUIDs.sorted() == ["u-1", "u-2", "u-3"] })
-        let pull = try await server.admin.createPull(PullRequest(uid: "u-2", agent: nil, filter: .all))
-        #expect(pull.targets.map(\.agentID) == [device.state.file.agentID])
+        try await withStopping(InProcessServer(heartbeatSeconds: 600)) { server in
+            let store = try server.deviceStore()
+            try await withStopping(Device(server, store: store)) { device in
+                #expect(try await Self.waitFor(.seconds(120)) { try await server.admin.agents().first?.activeUIDs.sorted() == ["u-1", "u-2", "u-3"] })
+                let pull = try await server.admin.createPull(PullRequest(uid: "u-2", agent: nil, filter: .all))
+                #expect(pull.targets.map(\.agentID) == [device.state.file.agentID])
+            }
+        }
     }
 }

@@ -39,89 +39,89 @@ import Testing
     }
 
     @Test func whatLandsIsSearchableThroughTheAdminAPI() async throws {
-        let server = try await InProcessServer()
-        defer { Task { await server.stop() } }
-        let store = try server.deviceStore()
-        let agent = try await server.enrollAgent(hostname: "oven-7")
-        let feedbackID = Hex.encode(secureRandomBytes(16))
-        let pullID = try await agent.connect { link in
-            _ = try await server.admin.createPull(PullRequest(uid: "u-2", agent: agent.agentID, filter: LogFilter(uid: "u-2", levels: [.warning, .error, .critical])))
-            let id = try await HostileAgentTests.completePull(agent, link: link, store: store, dir: server.dir)
-            let outcome = try await LinkAgent.send(try agent.feedbackUpload(id: feedbackID, uid: "u-1", store: store, dir: server.dir), over: link)
-            #expect(outcome.result.ok, "\(outcome)")
-            return id
-        }
-        try await Self.indexed(server.indexer)
-        let onDisk = try Self.lines(in: server.data + "/pulls/\(pullID)/\(agent.agentID)")
-        #expect(onDisk.count > 100)
+        try await withStopping(InProcessServer()) { server in
+            let store = try server.deviceStore()
+            let agent = try await server.enrollAgent(hostname: "oven-7")
+            let feedbackID = Hex.encode(secureRandomBytes(16))
+            let pullID = try await agent.connect { link in
+                _ = try await server.admin.createPull(PullRequest(uid: "u-2", agent: agent.agentID, filter: LogFilter(uid: "u-2", levels: [.warning, .error, .critical])))
+                let id = try await HostileAgentTests.completePull(agent, link: link, store: store, dir: server.dir)
+                let outcome = try await LinkAgent.send(try agent.feedbackUpload(id: feedbackID, uid: "u-1", store: store, dir: server.dir), over: link)
+                #expect(outcome.result.ok, "\(outcome)")
+                return id
+            }
+            try await Self.indexed(server.indexer)
+            let onDisk = try Self.lines(in: server.data + "/pulls/\(pullID)/\(agent.agentID)")
+            #expect(onDisk.count > 100)
 
-        // The pull, page by page: exactly the files' records, in time order, with their device.
-        let found = try await Self.all(server.admin, RecordSearch(pull: pullID, limit: 333))
-        #expect(found.map(\.message) == onDisk.map { $0["message"] as? String })
-        #expect(found.map(\.ts.rfc3339) == onDisk.map { $0["ts"] as? String })
-        #expect(found.allSatisfy { $0.uid == "u-2" && $0.host == "oven-7" && $0.app == "oven" && $0.agentID == agent.agentID && $0.sourceKind == "pull" })
+            // The pull, page by page: exactly the files' records, in time order, with their device.
+            let found = try await Self.all(server.admin, RecordSearch(pull: pullID, limit: 333))
+            #expect(found.map(\.message) == onDisk.map { $0["message"] as? String })
+            #expect(found.map(\.ts.rfc3339) == onDisk.map { $0["ts"] as? String })
+            #expect(found.allSatisfy { $0.uid == "u-2" && $0.host == "oven-7" && $0.app == "oven" && $0.agentID == agent.agentID && $0.sourceKind == "pull" })
 
-        // The feedback's records are there too, and a uid search spans both.
-        let feedbackFound = try await Self.all(server.admin, RecordSearch(feedback: feedbackID, limit: 5000))
-        let feedbackOnDisk = try Self.lines(in: server.data + "/feedback/\(feedbackID)")
-        #expect(feedbackFound.count == feedbackOnDisk.count && !feedbackFound.isEmpty)
-        #expect(feedbackFound.allSatisfy { $0.sourceKind == "feedback" && $0.sourceID == feedbackID })
+            // The feedback's records are there too, and a uid search spans both.
+            let feedbackFound = try await Self.all(server.admin, RecordSearch(feedback: feedbackID, limit: 5000))
+            let feedbackOnDisk = try Self.lines(in: server.data + "/feedback/\(feedbackID)")
+            #expect(feedbackFound.count == feedbackOnDisk.count && !feedbackFound.isEmpty)
+            #expect(feedbackFound.allSatisfy { $0.sourceKind == "feedback" && $0.sourceID == feedbackID })
 
-        // Full text and metadata: the same records a scan of the files finds.
-        let declined = try await Self.all(server.admin, RecordSearch(pull: pullID, text: "payment declined"))
-        let declinedOnDisk = onDisk.filter { ($0["message"] as? String)?.contains("payment declined") == true }
-        #expect(declined.count == declinedOnDisk.count && !declined.isEmpty)
-        let status503 = try await Self.all(server.admin, RecordSearch(pull: pullID, metadata: [MetadataMatch(key: "http.status", value: "503")]))
-        let status503OnDisk = onDisk.filter { (($0["metadata"] as? [String: Any])?["http.status"] as? Int) == 503 }
-        #expect(status503.count == status503OnDisk.count && !status503.isEmpty)
+            // Full text and metadata: the same records a scan of the files finds.
+            let declined = try await Self.all(server.admin, RecordSearch(pull: pullID, text: "payment declined"))
+            let declinedOnDisk = onDisk.filter { ($0["message"] as? String)?.contains("payment declined") == true }
+            #expect(declined.count == declinedOnDisk.count && !declined.isEmpty)
+            let status503 = try await Self.all(server.admin, RecordSearch(pull: pullID, metadata: [MetadataMatch(key: "http.status", value: "503")]))
+            let status503OnDisk = onDisk.filter { (($0["metadata"] as? [String: Any])?["http.status"] as? Int) == 503 }
+            #expect(status503.count == status503OnDisk.count && !status503.isEmpty)
 
-        // Every search is audited with its filter readable; its further pages are not recorded again.
-        var audit = try await server.admin.audit().filter { $0.action == "records.search" }
-        #expect(audit.count == 4, "four searches, whatever their pages")
-        #expect(audit.contains { $0.detail.contains("pull=\(pullID)") && $0.detail.contains("where http.status=503") })
-        // A search that starts at a page cursor or as a follow is recorded all the same.
-        _ = try await server.admin.search(RecordSearch(uid: "u-3", after: "0.0"))
-        _ = try await server.admin.search(RecordSearch(uid: "u-9", arrivedAfter: 0))
-        audit = try await server.admin.audit().filter { $0.action == "records.search" }
-        #expect(audit.count == 6 && audit.contains { $0.detail == "uid=u-3" } && audit.contains { $0.detail == "uid=u-9" })
+            // Every search is audited with its filter readable; its further pages are not recorded again.
+            var audit = try await server.admin.audit().filter { $0.action == "records.search" }
+            #expect(audit.count == 4, "four searches, whatever their pages")
+            #expect(audit.contains { $0.detail.contains("pull=\(pullID)") && $0.detail.contains("where http.status=503") })
+            // A search that starts at a page cursor or as a follow is recorded all the same.
+            _ = try await server.admin.search(RecordSearch(uid: "u-3", after: "0.0"))
+            _ = try await server.admin.search(RecordSearch(uid: "u-9", arrivedAfter: 0))
+            audit = try await server.admin.audit().filter { $0.action == "records.search" }
+            #expect(audit.count == 6 && audit.contains { $0.detail == "uid=u-3" } && audit.contains { $0.detail == "uid=u-9" })
 
-        // A record by id, with its neighbours from the same payload; read audited once.
-        let middle = found[found.count / 2]
-        let around = try await server.admin.record(middle.id, context: 2)
-        #expect(around.record == middle && around.before == Array(found[(found.count / 2 - 2)..<(found.count / 2)]))
-        #expect(around.after == Array(found[(found.count / 2 + 1)...(found.count / 2 + 2)]))
-        _ = try await server.admin.record(middle.id, context: 2)
-        _ = try await server.admin.record(middle.id, context: 0)
-        #expect(
-            try await server.admin.audit().filter { $0.action == "records.read" }.map(\.detail) == ["record \(middle.id) context 0", "record \(middle.id) context 2"],
-            "each read audited with what it showed, once in ten minutes")
-        for (id, context) in [(middle.id, -1), (middle.id, 201), (0, 1)] {
-            await #expect(throws: AdminClientError.self) { _ = try await server.admin.record(id, context: context) }
-        }
-        do {
-            _ = try await server.admin.record(Int64.max, context: 1)
-            Issue.record("a record that does not exist was found")
-        } catch AdminClientError.notFound {}
-        // The last page, read backwards from its end: the same records as read forwards.
-        let tail = try await server.admin.search(RecordSearch(pull: pullID, before: "\(Int64.max).0", limit: 10))
-        #expect(tail.records == Array(found.suffix(10)) && tail.previous != nil)
-
-        // Bad searches are the caller's mistake, answered 400 with the reason.
-        let bad: [RecordSearch] = [
-            RecordSearch(after: "1.1", before: "2.2"),
-            RecordSearch(pull: "../etc"), RecordSearch(text: "***"), RecordSearch(after: "x"), RecordSearch(levels: ["loud"]),
-            RecordSearch(uid: String(repeating: "u", count: 5000)), RecordSearch(text: "nul\u{0}byte"),
-            RecordSearch(metadata: [MetadataMatch(key: "a\"b", value: "1")]), RecordSearch(metadata: (0..<65).map { MetadataMatch(key: "k\($0)", value: "v") }),
-            RecordSearch(since: Timestamp(microseconds: -1)), RecordSearch(since: Timestamp(microseconds: 10), until: Timestamp(microseconds: 5)),
-        ]
-        for search in bad {
+            // A record by id, with its neighbours from the same payload; read audited once.
+            let middle = found[found.count / 2]
+            let around = try await server.admin.record(middle.id, context: 2)
+            #expect(around.record == middle && around.before == Array(found[(found.count / 2 - 2)..<(found.count / 2)]))
+            #expect(around.after == Array(found[(found.count / 2 + 1)...(found.count / 2 + 2)]))
+            _ = try await server.admin.record(middle.id, context: 2)
+            _ = try await server.admin.record(middle.id, context: 0)
+            #expect(
+                try await server.admin.audit().filter { $0.action == "records.read" }.map(\.detail) == ["record \(middle.id) context 0", "record \(middle.id) context 2"],
+                "each read audited with what it showed, once in ten minutes")
+            for (id, context) in [(middle.id, -1), (middle.id, 201), (0, 1)] {
+                await #expect(throws: AdminClientError.self) { _ = try await server.admin.record(id, context: context) }
+            }
             do {
-                _ = try await server.admin.search(search)
-                Issue.record("accepted: \(search)")
-            } catch let error as AdminClientError {
-                guard case .badRequest = error else {
-                    Issue.record("\(search): \(error)")
-                    continue
+                _ = try await server.admin.record(Int64.max, context: 1)
+                Issue.record("a record that does not exist was found")
+            } catch AdminClientError.notFound {}
+            // The last page, read backwards from its end: the same records as read forwards.
+            let tail = try await server.admin.search(RecordSearch(pull: pullID, before: "\(Int64.max).0", limit: 10))
+            #expect(tail.records == Array(found.suffix(10)) && tail.previous != nil)
+
+            // Bad searches are the caller's mistake, answered 400 with the reason.
+            let bad: [RecordSearch] = [
+                RecordSearch(after: "1.1", before: "2.2"),
+                RecordSearch(pull: "../etc"), RecordSearch(text: "***"), RecordSearch(after: "x"), RecordSearch(levels: ["loud"]),
+                RecordSearch(uid: String(repeating: "u", count: 5000)), RecordSearch(text: "nul\u{0}byte"),
+                RecordSearch(metadata: [MetadataMatch(key: "a\"b", value: "1")]), RecordSearch(metadata: (0..<65).map { MetadataMatch(key: "k\($0)", value: "v") }),
+                RecordSearch(since: Timestamp(microseconds: -1)), RecordSearch(since: Timestamp(microseconds: 10), until: Timestamp(microseconds: 5)),
+            ]
+            for search in bad {
+                do {
+                    _ = try await server.admin.search(search)
+                    Issue.record("accepted: \(search)")
+                } catch let error as AdminClientError {
+                    guard case .badRequest = error else {
+                        Issue.record("\(search): \(error)")
+                        continue
+                    }
                 }
             }
         }
@@ -163,13 +163,13 @@ import Testing
 
         #expect(Set(try Indexer.landedSources(paths)) == [a, b])
         let indexer = Indexer(index: index, paths: paths, logger: .init(label: "test"))
-        let running = Task { try await indexer.run() }
-        defer { running.cancel() }
-        for _ in 0..<1500 where try await index.indexedSources().count < 2 { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(try await index.indexedSources() == [a, b])
-        let found = try await index.search(RecordSearch()).records
-        #expect(found.map(\.message) == ["a one", "a two", "b one"], "each record once")
-        #expect(found.last?.host == "bakery-oven")
+        try await withBackground({ try await indexer.run() }) {
+            for _ in 0..<1500 where try await index.indexedSources().count < 2 { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(try await index.indexedSources() == [a, b])
+            let found = try await index.search(RecordSearch()).records
+            #expect(found.map(\.message) == ["a one", "a two", "b one"], "each record once")
+            #expect(found.last?.host == "bakery-oven")
+        }
     }
 
     /// A metadata search reads records in time order first, at most a bound of them, and turns

@@ -11,8 +11,11 @@ import Testing
 /// brings those records too, marked, through the real exporter, wire and server.
 @Suite struct RecordsBeforeSignInPullTests {
     @Test func aPullByUidBringsTheRecordsFromBeforeSignInMarked() async throws {
-        let server = try await InProcessServer()
-        defer { Task { await server.stop() } }
+        // In a function of its own: as a closure, Swift 6.3.1's region checker crashes on it.
+        try await withStopping(InProcessServer()) { server in try await Self.pullBeforeSignIn(on: server) }
+    }
+
+    static func pullBeforeSignIn(on server: InProcessServer) async throws {
         let store = server.dir.file("app.sqlite")
         do {
             let earlier = try LogCenter(path: store, context: LogContext(host: "h", os: "Linux", app: "oven", appVersion: "1", process: "oven[1]"))

@@ -213,11 +213,11 @@ import Testing
         indexer.landed(source)
         #expect(indexer.backlog == 1)
         _ = try await keeper().removePull(id, by: "alice")
-        let running = Task { try await indexer.run() }
-        defer { running.cancel() }
-        try await RecordSearchTests.indexed(indexer)
-        #expect(try await messages().isEmpty)
-        #expect(try await !index.isIndexed(source))
-        #expect(indexer.queued == 0, "not waiting for a retry: its files are gone for good")
+        try await withBackground({ try await indexer.run() }) {
+            try await RecordSearchTests.indexed(indexer)
+            #expect(try await messages().isEmpty)
+            #expect(try await !index.isIndexed(source))
+            #expect(indexer.queued == 0, "not waiting for a retry: its files are gone for good")
+        }
     }
 }

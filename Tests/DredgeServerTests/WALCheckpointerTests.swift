@@ -40,20 +40,19 @@ import Testing
         let database = try ServerDatabase(directory: dir.path)
         let pulls = PullStore(database)
         let checkpointer = try WALCheckpointer(database, every: .milliseconds(10), logger: Logger(label: "test"))
-        let group = ServiceGroup(services: [checkpointer], logger: Logger(label: "test"))
-        let running = Task { try await group.run() }
-        let deadline = ContinuousClock.now + .seconds(300)
-        // The migrations' pages first, then the writes below: both checkpointed by the loop.
-        while checkpointer.done.count < 1, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
-        try await Self.auditWrites(pulls, 50, tag: "running")
-        let before = checkpointer.done.count
-        while !(checkpointer.done.count > before + 1 && checkpointer.done.last.map { $0.copied == $0.logPages } == true), ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(10))
+        // Stopped gracefully at the end; a loop that does not end then fails the test.
+        try await withStopping(RunningServices([checkpointer])) { _ in
+            let deadline = ContinuousClock.now + .seconds(300)
+            // The migrations' pages first, then the writes below: both checkpointed by the loop.
+            while checkpointer.done.count < 1, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+            try await Self.auditWrites(pulls, 50, tag: "running")
+            let before = checkpointer.done.count
+            while !(checkpointer.done.count > before + 1 && checkpointer.done.last.map { $0.copied == $0.logPages } == true), ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(10))
+            }
+            let done = checkpointer.done
+            #expect(done.count > before + 1, "\(done)")
+            #expect(done.last.map { $0.copied == $0.logPages } == true, "\(done)")
         }
-        let done = checkpointer.done
-        #expect(done.count > before + 1, "\(done)")
-        #expect(done.last.map { $0.copied == $0.logPages } == true, "\(done)")
-        await group.triggerGracefulShutdown()
-        try await running.value
     }
 }

@@ -1,0 +1,32 @@
+import DredgeDomain
+import DredgeWire
+import Logging
+
+/// What every connection of the agent listener works with, made once when the listener starts:
+/// the stores, the deployment's keys, the limits, the bookkeeping all connections share, and
+/// the pools that run blocking work. A connection's session, its deliveries and its uploads take
+/// what they need from here, never from the listener.
+struct ConnectionServices: Sendable {
+    let registry: any AgentDirectory
+    let pulls: any PullQueue
+    let feedback: any FeedbackInbox
+    let tokens: any TokenVault
+    let dispatcher: PullDispatcher
+    /// Makes pull commands, and keeps the keys of the pulls made or delivered lately.
+    let issuer: CommandIssuer
+    let deployment: LoadedDeployment
+    let paths: DataDirectory
+    /// What the server tells each agent once it is authenticated (heartbeat interval, window,
+    /// largest chunk).
+    let session: WireAuthResult
+    let feedbackLimits: FeedbackLimits
+    let gate: ConnectionGate
+    let agentConnections: AgentConnections
+    /// Enrollment and authentication refusals, logged at most a few a minute.
+    let refusals: RateLimitedLog
+    let counters: ConnectionCounters
+    let work: ServerWork
+    /// Told of each pull or feedback whose files are in place (the ``Indexer``).
+    let landed: @Sendable (IndexedSource) -> Void
+    let logger: Logger
+}

@@ -1,0 +1,199 @@
+import DredgeDomain
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+import Logging
+import NIOCore
+
+/// One agent connection's state machine and what its actions do to the registry and the
+/// uploads; returns what to write. The stores are called through their async protocols, and
+/// RSA and disk work runs on the ``ServerWork`` pools. One step at a time: its
+/// ``ConnectionDriver`` hands it the next frame only after the previous step returned (hence
+/// `@unchecked Sendable`).
+final class ConnectionSession: @unchecked Sendable {
+    struct Outcome {
+        var frames: [WireFrame] = []
+        /// The agent authenticated: start delivering its pulls.
+        var registered: String?
+        var close = false
+    }
+
+    let services: ConnectionServices
+    let remote: String?
+    let channel: any Channel
+    /// The connection's place in the ``ConnectionGate``.
+    let token: Int
+    private var machine: ServerConnectionStateMachine
+    private(set) var agentID: String?
+    /// The registry's presence generation of this connection, once registered.
+    private(set) var generation: Int64?
+    private var host = WireHostInfo()
+    private var uploads: ConnectionUploads?
+    /// The connection's place in the listener's ``ConnectionSet`` (set once, on the event
+    /// loop, before any frame).
+    var setToken: Int?
+    /// The agent's pull deliveries once registered, and their place with the dispatcher.
+    private var delivery: (runner: DeliveryRunner, registration: Int)?
+
+    init(services: ConnectionServices, remote: String?, channel: any Channel, token: Int) {
+        self.services = services
+        self.remote = remote
+        self.channel = channel
+        self.token = token
+        machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: services.session)
+    }
+
+    /// The agent's uploads and command answers on this connection, made with the first frame
+    /// that is not a heartbeat (an agent that only heartbeats costs none of it while idle).
+    private func uploads(of id: String) -> ConnectionUploads {
+        if let uploads { return uploads }
+        let channel = self.channel
+        let made = ConnectionUploads(
+            agentID: id, services: services,
+            emit: { frames in
+                // Chunks acknowledged once written, after their frame was handled: by one
+                // committing thread at a time, and a refusal that ends an upload once it is
+                // recorded, so acks of different uploads may pass each other (the agent keeps
+                // them as a set).
+                _ = channel.writeAndFlush(frames: frames)
+            })
+        uploads = made
+        return made
+    }
+
+    /// Waits for the chunks still being written (call before ``closed()``).
+    func settled() async { await uploads?.settled() }
+
+    /// The connection ended: uploads being unpacked while they arrived stop.
+    func closed() {
+        uploads?.closed()
+    }
+
+    /// Starts delivering the agent's pulls on this connection: a pass now, and one whenever
+    /// the dispatcher wakes it.
+    func startDelivery(_ agentID: String) {
+        guard delivery == nil else { return }
+        let pulls = PullDelivery(services)
+        let (token, channel) = (self.token, self.channel)
+        let runner = DeliveryRunner { request in
+            await pulls.deliverDue(to: agentID, request, token: token, channel: channel)
+        }
+        delivery = (runner, services.dispatcher.register(agentID) { runner.wake($0) })
+    }
+
+    /// Stops delivering (the connection ended); returns when no pass runs. Called after the
+    /// session's last step, like ``closed()``.
+    func stopDelivery() async {
+        guard let delivery, let agentID else { return }
+        services.dispatcher.unregister(agentID, token: delivery.registration)
+        await delivery.runner.stop()
+    }
+
+    func receive(_ frame: WireFrame) async throws -> Outcome {
+        try await run(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)))
+    }
+
+    /// The answer to `frame` when it is a heartbeat of the authenticated agent with nothing new
+    /// in it and no write due: the registry holds it in memory (``AgentDirectory/holdHeartbeat(_:_:now:)``)
+    /// and it is acknowledged at once, what ``receive(_:)`` would do with it, without a task or
+    /// a wait. Nil, with nothing changed, for any other frame: it goes to ``receive(_:)``.
+    /// Called by the driver on the event loop, in the frame's turn (no task runs meanwhile).
+    func answerAtOnce(_ frame: WireFrame) -> WireFrame? {
+        // What the machine does with a heartbeat once the agent is authenticated: `.deliver`.
+        guard case .heartbeat(let heartbeat)? = frame.body, case .ready(let id) = machine.state,
+            services.registry.holdHeartbeat(id, heartbeat, now: Date())
+        else { return nil }
+        return .with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } }
+    }
+
+    func fail(_ error: WireProtocolError) async throws -> Outcome { try await run(machine.fail(error)) }
+
+    private func run(_ actions: [ServerConnectionStateMachine.Action]) async throws -> Outcome {
+        var outcome = Outcome()
+        var pending = actions[...]
+        while let action = pending.popFirst() {
+            switch action {
+            case .send(let frame):
+                outcome.frames.append(frame)
+            case .verify(let id, let signature, let challenge, let claimedHost):
+                host = claimedHost
+                let key = WireID.isValid(id) ? try await services.registry.publicKey(of: id) : nil
+                let verified = if let key {
+                    try await services.work.control.runIfActive { AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) }
+                } else {
+                    false
+                }
+                if verified {
+                    if services.gate.authenticate(token) {
+                        pending.append(contentsOf: machine.authenticated(id))
+                    } else {
+                        services.refusals.log { suppressed in
+                            services.logger.warning("agent refused: no room for another agent connection", metadata: [
+                                "agent.id": "\(id)", "max_agents": "\(services.gate.caps.authenticated)", "suppressed": "\(suppressed)",
+                            ])
+                        }
+                        pending.append(contentsOf: machine.fail(WireProtocolError(.errorLimitExceeded, "the server has no room for another agent connection; try later")))
+                    }
+                } else {
+                    services.refusals.log { suppressed in
+                        services.logger.notice("agent authentication failed", metadata: [
+                            "agent.id": "\(WireID.isValid(id) ? id : "(malformed)")", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)",
+                        ])
+                    }
+                    pending.append(contentsOf: machine.authenticationFailed("unknown agent or bad signature"))
+                }
+            case .enroll(let request):
+                switch await Enrollment(services).enroll(request, remote: remote) {
+                case .enrolled(let response): pending.append(contentsOf: machine.enrolled(response))
+                case .refused(let why): pending.append(contentsOf: machine.enrollmentFailed(why))
+                case .unavailable(let why): pending.append(contentsOf: machine.enrollmentFailed(why, code: .errorInternal))
+                }
+            case .registered(let id):
+                agentID = id
+                generation = try await services.registry.connected(id, from: remote, host: host, now: Date())
+                host = WireHostInfo()  // recorded; not needed again
+                if let replaced = services.agentConnections.replace(id, token: token, generation: generation ?? 0, channel: channel) {
+                    services.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])
+                    AgentConnections.close(replaced, saying: "replaced by a newer connection of the same agent")
+                }
+                services.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
+                outcome.registered = id
+            case .deliver(let id, let frame):
+                if case .heartbeat(let heartbeat)? = frame.body {
+                    if let problem = HeartbeatRules.problem(with: heartbeat) {
+                        services.logger.notice("heartbeat refused", metadata: ["agent.id": "\(id)", "problem": "\(problem)"])
+                        pending.append(contentsOf: machine.fail(WireProtocolError(.errorMalformedFrame, problem)))
+                        continue
+                    }
+                    let added = try await services.registry.heartbeat(id, heartbeat, now: Date())
+                    outcome.frames.append(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
+                    // Off the connection's path: the ack does not wait for the pull queue.
+                    if !added.isEmpty || heartbeat.hasUsers {
+                        let delivery = PullDelivery(services)
+                        Task { await delivery.adoptPulls(for: id, heartbeat: heartbeat, added: added) }
+                    }
+                } else {
+                    let uploads = uploads(of: id)
+                    do {
+                        outcome.frames.append(contentsOf: try await uploads.handle(frame))
+                    } catch {
+                        // The server's own trouble (a database on a full disk): "not now" for
+                        // this upload, and the connection goes on.
+                        let uploadID = ConnectionUploads.uploadID(of: frame) ?? ""
+                        services.logger.error("upload frame not handled", metadata: ["agent.id": "\(id)", "upload.id": "\(WireID.echo(uploadID))", "error": "\(error)"])
+                        if !uploadID.isEmpty {
+                            outcome.frames.append(.with {
+                                $0.error = .with { $0.code = .errorInternal; $0.detail = "the server cannot handle this upload now; try later"; $0.uploadID = WireID.echo(uploadID) }
+                            })
+                        }
+                    }
+                }
+            case .close(let error):
+                if let error { services.logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"]) }
+                outcome.close = true
+                return outcome
+            }
+        }
+        return outcome
+    }
+}

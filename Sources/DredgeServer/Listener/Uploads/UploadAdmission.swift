@@ -1,0 +1,166 @@
+import Crypto
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgePayload
+import DredgeWire
+import Foundation
+import Logging
+import NIOPosix
+
+/// Whether an upload may begin, and with which key. The header is checked (its agent, its
+/// cipher parameters); a pull must be this agent's and still open (one that finished, or
+/// failed with a code, is answered its result again); a feedback must be complete, within its
+/// limits and within this agent's quotas, and is recorded as begun.
+///
+/// A pull's key comes from the ``CommandIssuer``, which usually still holds it from making or
+/// delivering the command: no RSA private-key operation in the usual case. A feedback's key,
+/// wrapped by the agent under the server's key, is unwrapped. Both run on the blocking pool.
+struct UploadAdmission: Sendable {
+    enum Verdict {
+        /// The upload may begin (or go on) with this key.
+        case admitted(SymmetricKey)
+        /// The frame that answers the header instead: a refusal, or an earlier result.
+        case answered(WireFrame)
+    }
+
+    let agentID: String
+    let pulls: any PullQueue
+    let feedback: any FeedbackInbox
+    let issuer: CommandIssuer
+    let feedbackLimits: FeedbackLimits
+    let paths: DataDirectory
+    let blocking: NIOThreadPool
+    let logger: Logger
+
+    func admit(_ header: WireUploadHeader) async throws -> Verdict {
+        guard header.agentID == agentID else {
+            return .answered(Self.error(.errorUploadInvalid, header.uploadID, "upload \(header.uploadID) names another agent"))
+        }
+        do {
+            try ChunkCipher.validate(header)
+        } catch {
+            return .answered(Self.error(.errorUploadInvalid, header.uploadID, "\(error)"))
+        }
+        switch header.kind {
+        case .feedback: return try await admitFeedback(header)
+        case .pull: return try await admitPull(header)
+        default:
+            return .answered(Self.error(.errorUploadInvalid, header.uploadID, "an upload is a pull or a feedback, not kind \(header.kind.rawValue)"))
+        }
+    }
+
+    private func admitPull(_ header: WireUploadHeader) async throws -> Verdict {
+        let id = header.uploadID
+        guard !header.hasFeedback, header.wrappedKey.isEmpty else {
+            return .answered(Self.error(.errorUploadInvalid, id, "a pull's header carries no feedback and no wrapped key"))
+        }
+        guard let pull = try await pulls.pull(id), let target = pull.targets.first(where: { $0.agentID == agentID }),
+            let wrapped = try await pulls.wrappedKey(of: id)
+        else {
+            return .answered(Self.error(.errorUploadInvalid, id, "no pull \(id) for this agent"))
+        }
+        if target.status == .complete {
+            // The same result as the first time: the day files (the stored list also has the
+            // manifest) and the records the manifest counts.
+            let records = try await blocking.runIfActive { self.finishedRecordCount(id) }
+            let days = target.files.filter { ($0 as NSString).lastPathComponent != PayloadLimits.manifestName }.count
+            return .answered(.with { $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(days); $0.records = UInt64(records) } })
+        }
+        if target.status == .failed, let result = Self.failedResult(id, code: target.errorCode, detail: target.detail) {
+            return .answered(result)
+        }
+        if target.status.isFinal {
+            return .answered(Self.error(.errorUploadInvalid, id, "pull \(id) is \(target.status.rawValue) for this agent: \(target.detail)"))
+        }
+        // Looked up only for an upload that can still be received (an unwrap is the costly part).
+        let issuer = self.issuer
+        let key = try await blocking.runIfActive { () -> SymmetricKey? in
+            do { return try issuer.key(wrapped) } catch { return nil }  // answered below: the pull cannot be received
+        }
+        guard let key else {
+            logger.error("a pull's key does not unwrap", metadata: ["pull.id": "\(id)", "agent.id": "\(agentID)"])
+            return .answered(Self.error(.errorUploadInvalid, id, "pull \(id) cannot be received by this server (its key does not unwrap)"))
+        }
+        return .admitted(key)
+    }
+
+    /// A feedback upload's key, after checking the header and this agent's quotas; a new one is
+    /// recorded as begun.
+    private func admitFeedback(_ header: WireUploadHeader) async throws -> Verdict {
+        let id = header.uploadID
+        let f = header.feedback
+        guard header.hasFeedback, f.feedbackID == id, UserID.isValid(f.uid), FeedbackText.isValid(f.text) else {
+            return .answered(Self.error(.errorUploadInvalid, id, "feedback header incomplete or over its limits"))
+        }
+        guard Timestamp.acceptedRange.contains(f.createdAtUs) else {
+            return .answered(Self.error(.errorUploadInvalid, id, "feedback created_at_us is outside 1970–9999"))
+        }
+        let encryptionKey = issuer.encryptionKey
+        let wrapped = Array(header.wrappedKey)
+        let key = try await blocking.runIfActive { () -> SymmetricKey? in
+            do { return try encryptionKey.unwrapKey(wrapped) } catch { return nil }  // refused below
+        }
+        guard let key else {
+            return .answered(Self.error(.errorUploadInvalid, id, "the feedback key does not unwrap with this server's key"))
+        }
+        if let existing = try await feedback.feedback(id) {
+            guard existing.agentID == agentID else { return .answered(Self.error(.errorUploadInvalid, id, "feedback \(id) belongs to another agent")) }
+            if existing.status == .complete {
+                return .answered(.with {
+                    $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(max(0, existing.files.count - 1)); $0.records = UInt64(existing.records) }
+                })
+            }
+            if existing.status.isFinal {
+                // Feedback failed before codes were kept: its payload was refused.
+                return .answered(
+                    Self.failedResult(id, code: existing.errorCode ?? WireErrorCode.errorPayloadInvalid.rawValue, detail: existing.detail)
+                        ?? Self.error(.errorUploadInvalid, id, existing.detail))
+            }
+        } else {
+            // Too large ever to be accepted: refused for good, not "later".
+            guard header.plaintextSize <= UInt64(clamping: feedbackLimits.maxUnpackedBytes) else {
+                return .answered(Self.error(.errorUploadInvalid, id, "a feedback upload may be at most \(feedbackLimits.maxUnpackedBytes) bytes"))
+            }
+            let now = Date()
+            let lastHour = try await feedback.usage(agentID: agentID, since: now.addingTimeInterval(-3600))
+            let lastDay = try await feedback.usage(agentID: agentID, since: now.addingTimeInterval(-86_400))
+            guard lastHour.count < feedbackLimits.perHour, lastDay.bytes + Int64(clamping: header.plaintextSize) <= feedbackLimits.bytesPerDay else {
+                logger.notice("feedback quota exceeded", metadata: ["agent.id": "\(agentID)", "last_hour": "\(lastHour.count)", "last_day_bytes": "\(lastDay.bytes)"])
+                return .answered(Self.error(
+                    .errorLimitExceeded, id,
+                    "feedback quota: at most \(feedbackLimits.perHour) per hour and \(feedbackLimits.bytesPerDay) bytes per day from one agent; try later"))
+            }
+            try await feedback.begin(
+                id: id, agentID: agentID, uid: f.uid, text: f.text, createdAt: Timestamp(microseconds: f.createdAtUs), chunkCount: Int(header.chunkCount),
+                bytes: Int64(clamping: header.plaintextSize), at: now)
+            logger.info("feedback upload begun", metadata: ["feedback.id": "\(id)", "agent.id": "\(agentID)", "uid": "\(f.uid)"])
+        }
+        return .admitted(key)
+    }
+
+    /// The record count in a finished pull's stored manifest (blocking); 0, logged, when it
+    /// does not read (the files were removed by hand, say).
+    private func finishedRecordCount(_ uploadID: String) -> Int {
+        do {
+            let path = try paths.pullFiles(uploadID, agent: agentID) + "/" + PayloadLimits.manifestName
+            return try JSONDecoder().decode(ExportManifest.self, from: Data(contentsOf: URL(fileURLWithPath: path))).recordCount
+        } catch {
+            logger.warning("a finished pull's manifest does not read", metadata: ["pull.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
+            return 0
+        }
+    }
+
+    /// The result a failed upload was answered with, answered again when the agent begins it
+    /// once more (on any connection); nil when it failed without one (before this server kept
+    /// codes), and then the caller refuses the upload instead.
+    static func failedResult(_ uploadID: String, code: Int?, detail: String) -> WireFrame? {
+        guard let code, let error = WireErrorCode(rawValue: code) else { return nil }
+        return .with { $0.uploadResult = .with { $0.uploadID = uploadID; $0.ok = false; $0.error = error; $0.detail = detail } }
+    }
+
+    /// A non-fatal error about one upload.
+    static func error(_ code: WireErrorCode, _ uploadID: String, _ detail: String) -> WireFrame {
+        .with { $0.error = .with { $0.code = code; $0.detail = detail; $0.fatal = false; $0.uploadID = WireID.echo(uploadID) } }
+    }
+}

@@ -1,0 +1,206 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgePayload
+import DredgeWire
+import Foundation
+import Logging
+import NIOPosix
+
+/// An upload's last steps, once its last chunk is in: the manifest checked against the pull or
+/// the feedback it answers, the files put in place (what streaming unpacked, else the whole zip,
+/// else, after a restart, what is already there if it is this upload's), the zip kept beside
+/// them, and the status recorded complete. A payload that breaks the rules fails the upload for
+/// good; the server's own trouble (disk, I/O) leaves it open for the agent to finish later.
+struct UploadFinisher: Sendable {
+    /// How an upload ended: the result to send the agent and, when it landed, its chunk
+    /// directory, to remove once the result is on its way.
+    struct Finished {
+        var result: WireUploadResult
+        var landedChunks: String?
+    }
+
+    let agentID: String
+    let pulls: any PullQueue
+    let feedback: any FeedbackInbox
+    let statuses: UploadStatuses
+    let paths: DataDirectory
+    let limits: PayloadLimits
+    let feedbackLimits: FeedbackLimits
+    let blocking: NIOThreadPool
+    let logger: Logger
+    /// Told of each upload whose files are in place and recorded complete (the ``Indexer``).
+    let landed: @Sendable (IndexedSource) -> Void
+
+    /// Reassembles, decrypts, unpacks with limits into `pulls/<pull>/<agent>/` or `feedback/<id>/`.
+    /// A failure of the server's own (disk, I/O) leaves the upload open for the agent to finish
+    /// later; a payload that breaks the rules fails it for good.
+    func finish(_ uploadID: String, _ assembler: UploadAssembler, isFeedback: Bool) async -> Finished {
+        let what = isFeedback ? "feedback" : "pull"
+        do {
+            // What the manifest must say was selected (Protocol § Payload).
+            var selection: ExportManifest.FilterDescription?
+            if !isFeedback {
+                guard let pull = try await pulls.pull(uploadID), let target = pull.targets.first(where: { $0.agentID == agentID }) else {
+                    throw ExportError(.uploadInvalid, "no pull \(uploadID) for this agent")
+                }
+                if target.status.isFinal {
+                    throw ExportError(.uploadInvalid, "pull \(uploadID) is already \(target.status.rawValue): \(target.detail)")
+                }
+                guard let filter = pull.filter else { throw ExportError(.uploadInvalid, "pull \(uploadID)'s stored filter does not read back") }
+                selection = ExportManifest.FilterDescription(filter.bounded(toTarget: pull.uid))
+            }
+            let destination = isFeedback ? try paths.feedbackFiles(uploadID) : try paths.pullFiles(uploadID, agent: agentID)
+            let selected = selection
+            // The assembler belongs to the connection's one step at a time, which waits for this.
+            nonisolated(unsafe) let assembler = assembler
+            let payload = try await blocking.runIfActive {
+                try self.unpack(uploadID, assembler, into: destination, isFeedback: isFeedback, selection: selected)
+            }
+            let files = (payload.files.map { ($0 as NSString).lastPathComponent } + [PayloadLimits.manifestName]).map { destination + "/" + $0 }
+            guard try await statuses.move(uploadID, isFeedback: isFeedback, to: .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files) else {
+                // Ended meanwhile (expired by the deadline sweep, removed by an engineer): the
+                // agent must not believe it arrived, and the files just put in place go.
+                // (Unless another connection of this agent landed the same upload meanwhile.)
+                let placed = [destination, isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)]
+                do {
+                    let now =
+                        isFeedback
+                        ? try await feedback.feedback(uploadID)?.status
+                        : try await pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID })?.status
+                    if now != .complete { _ = try await blocking.runIfActive { try ResultsKeeper.delete(placed) } }
+                } catch {
+                    logger.error("could not delete the files of an upload that ended before it landed", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+                }
+                throw ExportError(.uploadInvalid, "\(what) \(uploadID) ended before its upload finished")
+            }
+            landed(IndexedSource(kind: isFeedback ? .feedback : .pull, id: uploadID, agentID: agentID))
+            let chunks = try paths.inside(assembler.directory)
+            logger.info("\(what) complete", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "records": "\(payload.manifest.recordCount)"])
+            return Finished(
+                result: .with { $0.uploadID = uploadID; $0.ok = true; $0.files = UInt32(payload.files.count); $0.records = UInt64(payload.manifest.recordCount) },
+                landedChunks: chunks)
+        } catch {
+            let final: (WireErrorCode, String)? =
+                switch (error as? ExportError)?.code {
+                case .payloadInvalid?: (.errorPayloadInvalid, "\(error)")
+                case .uploadInvalid?, .chunkAuthFailed?, .exists?: (.errorUploadInvalid, "\(error)")
+                default: nil
+                }
+            if let (code, detail) = final {
+                do {
+                    try await statuses.move(uploadID, isFeedback: isFeedback, to: .failed, detail: detail, failedWith: code)
+                } catch {
+                    logger.error("could not record a failed upload", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+                }
+                logger.error("\(what) failed", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
+                return Finished(result: .with { $0.uploadID = uploadID; $0.ok = false; $0.error = code; $0.detail = detail })
+            }
+            do {
+                try await statuses.move(uploadID, isFeedback: isFeedback, to: .uploading, detail: "the server could not unpack it (\(error)); the agent will retry")
+            } catch {
+                logger.error("could not record an upload's trouble", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+            }
+            logger.error("\(what) could not be unpacked; left for the agent to retry", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
+            return Finished(result: .with { $0.uploadID = uploadID; $0.ok = false; $0.error = .errorInternal; $0.detail = "the server could not store the upload now; try later" })
+        }
+    }
+
+    /// An upload's files in place (blocking): what streaming unpacked, checked and moved; else
+    /// the whole zip reassembled and unpacked; else (unpacked before a restart) adopted. The zip
+    /// is kept beside the files.
+    private func unpack(
+        _ uploadID: String, _ assembler: UploadAssembler, into destination: String, isFeedback: Bool, selection: ExportManifest.FilterDescription?
+    ) throws -> ExtractedPayload {
+        let zipCopy = isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)
+        try FileManager.default.createDirectory(atPath: (destination as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        let check = { (manifest: ExportManifest) throws in
+            guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull"), manifest.agentID == self.agentID else {
+                throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID) of agent \(manifest.agentID))")
+            }
+            let header = assembler.header
+            guard manifest.empty == header.empty else {
+                throw ExportError(.payloadInvalid, "the header says empty=\(header.empty) but the manifest says empty=\(manifest.empty)")
+            }
+            if isFeedback {
+                guard let described = manifest.feedback, described.feedbackID == header.feedback.feedbackID, described.uid == header.feedback.uid,
+                    described.text == header.feedback.text, described.createdAt == Timestamp(microseconds: header.feedback.createdAtUs).rfc3339
+                else { throw ExportError(.payloadInvalid, "the manifest's feedback differs from the upload header's") }
+                let f = manifest.filter
+                guard f.uid == header.feedback.uid, f.since != nil, f.until != nil, (f.types ?? []).isEmpty, (f.levels ?? []).isEmpty, (f.text ?? "").isEmpty else {
+                    throw ExportError(.payloadInvalid, "a feedback's manifest selects its uid in a time range and nothing else")
+                }
+            } else {
+                guard manifest.commandID == uploadID else {
+                    throw ExportError(.payloadInvalid, "the manifest names command \(manifest.commandID ?? "none"), not \(uploadID)")
+                }
+                if let selection, !manifest.filter.selectsTheSame(as: selection) {
+                    throw ExportError(.payloadInvalid, "the manifest's filter is not the pull's (\(Self.describe(manifest.filter)) instead of \(Self.describe(selection)))")
+                }
+            }
+        }
+        var zip = ""
+        var payload: ExtractedPayload?
+        do {
+            // Unpacked while it arrived: what is left is the held chunks a resumed upload's
+            // stream has not caught up with yet, checking the manifest and moving the files
+            // into place. If that did not work out, the whole zip is unpacked below, which decides.
+            assembler.catchUp()
+            if assembler.streamedEverything, let stream = assembler.stream {
+                defer { assembler.endStream() }
+                do {
+                    payload = try stream.finish(into: destination, check: check)
+                    zip = stream.zipPath
+                } catch let error as ExportError where error.code == .exists {
+                    zip = stream.zipPath
+                    throw error
+                } catch {
+                    logger.notice("unpacking while receiving did not finish; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+                    stream.discard()
+                }
+            } else if let stream = assembler.stream {
+                logger.notice("unpacking while receiving stopped; unpacking the whole zip", metadata: ["upload.id": "\(uploadID)", "error": "\(stream.failure.map { "\($0)" } ?? "")"])
+                stream.discard()
+                assembler.endStream()
+            }
+            if payload == nil {
+                // A name of this connection's own: an older connection of the same agent
+                // may still be finishing the same upload.
+                zip = try paths.inside(assembler.directory + "/payload-" + Hex.encode(secureRandomBytes(4)) + ".zip")
+                try assembler.assemble(to: zip)
+                payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: isFeedback ? feedbackLimits.payloadLimits(within: limits) : limits, check: check)
+            }
+        } catch let error as ExportError where error.code == .exists {
+            // Unpacked before, and the server stopped before recording it: adopt it if it is
+            // this upload's; never replace it.
+            payload = try adopt(destination, uploadID: uploadID, isFeedback: isFeedback, error: error)
+        }
+        guard let payload else { throw ExportError(.io, "no payload") }
+        do {
+            if !zip.isEmpty && FileManager.default.fileExists(atPath: zip) {
+                if FileManager.default.fileExists(atPath: zipCopy) { try FileManager.default.removeItem(atPath: zipCopy) }
+                try FileManager.default.moveItem(atPath: zip, toPath: zipCopy)
+            }
+        } catch {
+            logger.warning("could not keep the zip beside the files", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+        }
+        return payload
+    }
+
+    private static func describe(_ f: ExportManifest.FilterDescription) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return ConnectionUploads.bounded((try? encoder.encode(f)).map { String(decoding: $0, as: UTF8.self) } ?? "?")  // only for the detail text
+    }
+
+
+    /// A destination that already exists is this upload's finished result only if its manifest
+    /// says so (same upload, kind and agent); anything else is refused and left alone.
+    private func adopt(_ destination: String, uploadID: String, isFeedback: Bool, error: ExportError) throws -> ExtractedPayload {
+        guard let bytes = FileManager.default.contents(atPath: destination + "/" + PayloadLimits.manifestName),
+            let manifest = try? JSONDecoder().decode(ExportManifest.self, from: bytes),
+            manifest.uploadID == uploadID, manifest.agentID == agentID, manifest.kind == (isFeedback ? "feedback" : "pull")
+        else { throw error }
+        return ExtractedPayload(manifest: manifest, files: manifest.days.map { destination + "/" + $0.file }.sorted(), directory: destination)
+    }
+}

@@ -17,8 +17,11 @@ import Synchronization
 /// When the channel closes, the frames already queued are still handled (a chunk that arrived
 /// is still stored), then ``AgentListener/ended(_:)`` runs once. When the session asks to
 /// close, or a step fails, the frames still queued are dropped.
-final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the session only in the one running task, or on the event loop while `answerAtOnce` holds `running`
-    enum Input {
+///
+/// The session is used by one caller at a time: the one running task, or the event loop while
+/// ``answerAtOnce(_:)`` holds `running`.
+final class ConnectionDriver: Sendable {
+    enum Input: Sendable {
         case frame(WireFrame)
         /// The decoder refused the stream: the session tells the peer why, then the
         /// connection closes.
@@ -33,18 +36,28 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     private let ended: @Sendable (ConnectionSession) async -> Void
     private let logger: Logger
     private let counters: ConnectionCounters
-    private let lock = NSLock()
-    private var queue = CircularBuffer<Input>(initialCapacity: 4)
-    private var running = false
-    /// The session asked to close: later input is dropped.
-    private var closing = false
-    private var inactive = false
-    private var finished = false
-    private var readsHeld = false
-    /// Answers the running task handed to the channel that it has not written yet (they go
-    /// out on the event loop, after the task's hop to it): a heartbeat answered at once waits
-    /// for them, so acknowledgements leave in the order their frames came.
-    private var answersUnwritten = 0
+    private struct State {
+        var queue = CircularBuffer<Input>(initialCapacity: 4)
+        var running = false
+        /// The session asked to close: later input is dropped.
+        var closing = false
+        var inactive = false
+        var finished = false
+        var readsHeld = false
+        /// Answers the running task handed to the channel that it has not written yet (they go
+        /// out on the event loop, after the task's hop to it): a heartbeat answered at once
+        /// waits for them, so acknowledgements leave in the order their frames came.
+        var answersUnwritten = 0
+
+        /// Whether the caller is the one to run ``ConnectionDriver/ended``.
+        mutating func claimEnd() -> Bool {
+            guard inactive, !running, !finished else { return false }
+            finished = true
+            return true
+        }
+    }
+
+    private let state = Mutex(State())
 
     init(
         session: ConnectionSession, channel: any Channel, logger: Logger, counters: ConnectionCounters = ConnectionCounters(),
@@ -60,11 +73,11 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     /// On the event loop: a decoded frame, or the decoder's refusal.
     func receive(_ input: Input) {
         if case .frame(let frame) = input, case .heartbeat? = frame.body, answerAtOnce(frame) { return }
-        let (start, behind) = lock.withLock { () -> (Bool, Bool) in
-            guard !closing, !finished else { return (false, false) }
-            queue.append(input)
-            if running { return (false, true) }
-            running = true
+        let (start, behind) = state.withLock { s -> (Bool, Bool) in
+            guard !s.closing, !s.finished else { return (false, false) }
+            s.queue.append(input)
+            if s.running { return (false, true) }
+            s.running = true
             return (true, false)
         }
         if behind { counters.framesQueuedBehindAStep.add(1, ordering: .relaxed) }
@@ -78,9 +91,9 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     /// to write it. Under load each of those waits can be a scheduler's wake-up latency
     /// (docs/benchmarks.md, heartbeats under upload).
     private func answerAtOnce(_ frame: WireFrame) -> Bool {
-        let mine = lock.withLock { () -> Bool in
-            guard !closing, !finished, !running, queue.isEmpty, answersUnwritten == 0 else { return false }
-            running = true  // the session is this call's until it returns
+        let mine = state.withLock { s -> Bool in
+            guard !s.closing, !s.finished, !s.running, s.queue.isEmpty, s.answersUnwritten == 0 else { return false }
+            s.running = true  // the session is this call's until it returns
             return true
         }
         guard mine else { return false }
@@ -88,10 +101,10 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
         if let ack { _ = channel.writeAndFlush(frames: [ack]) }
         // A frame queued meanwhile (were the pipeline to call `receive` again from the write)
         // gets the task it would have started.
-        let (start, end) = lock.withLock { () -> (Bool, Bool) in
-            if !queue.isEmpty && !closing { return (true, false) }
-            running = false
-            return (false, claimEnd())
+        let (start, end) = state.withLock { s -> (Bool, Bool) in
+            if !s.queue.isEmpty && !s.closing { return (true, false) }
+            s.running = false
+            return (false, s.claimEnd())
         }
         if start { Task { await self.run() } }
         if end { Task { await self.ended(self.session) } }
@@ -101,9 +114,9 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     /// On the event loop, when the channel asks for more bytes: whether to read now. A read
     /// held back is made when the queue has drained below ``lowWatermark``.
     func shouldRead() -> Bool {
-        lock.withLock {
-            if queue.count >= Self.highWatermark {
-                readsHeld = true
+        state.withLock { s in
+            if s.queue.count >= Self.highWatermark {
+                s.readsHeld = true
                 return false
             }
             return true
@@ -113,30 +126,23 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     /// The channel closed (its close future completed: also for a channel closed before NIO
     /// registered it, which never goes inactive).
     func channelClosed() {
-        let end = lock.withLock { () -> Bool in
-            inactive = true
-            return claimEnd()
+        let end = state.withLock { s -> Bool in
+            s.inactive = true
+            return s.claimEnd()
         }
         if end { Task { await self.ended(self.session) } }
     }
 
-    /// Whether the caller is the one to run ``ended`` (under `lock`).
-    private func claimEnd() -> Bool {
-        guard inactive, !running, !finished else { return false }
-        finished = true
-        return true
-    }
-
     private func next() -> (input: Input?, resumeReading: Bool, end: Bool) {
-        lock.withLock {
-            guard !closing, let input = queue.popFirst() else {
-                queue.removeAll()
-                running = false
-                return (nil, false, claimEnd())
+        state.withLock { s in
+            guard !s.closing, let input = s.queue.popFirst() else {
+                s.queue.removeAll()
+                s.running = false
+                return (nil, false, s.claimEnd())
             }
             var resume = false
-            if readsHeld && queue.count < Self.lowWatermark {
-                readsHeld = false
+            if s.readsHeld && s.queue.count < Self.lowWatermark {
+                s.readsHeld = false
                 resume = true
             }
             return (input, resume, false)
@@ -162,9 +168,9 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
                 close(after: nil)
                 continue
             }
-            if !outcome.frames.isEmpty { lock.withLock { answersUnwritten += 1 } }
+            if !outcome.frames.isEmpty { state.withLock { $0.answersUnwritten += 1 } }
             let written = channel.writeAndFlush(frames: outcome.frames)
-            written?.whenComplete { _ in self.lock.withLock { self.answersUnwritten -= 1 } }
+            written?.whenComplete { _ in self.state.withLock { $0.answersUnwritten -= 1 } }
             if let agentID = outcome.registered { session.startDelivery(agentID) }
             if outcome.close {
                 close(after: written)
@@ -180,7 +186,7 @@ final class ConnectionDriver: @unchecked Sendable {  // state under `lock`; the 
     /// Drops further input (queued frames too) and closes the channel once `written` is (at
     /// once if nil); closes anyway after a few seconds if the peer does not read.
     private func close(after written: EventLoopFuture<Void>?) {
-        lock.withLock { closing = true }
+        state.withLock { $0.closing = true }
         channel.close(after: written)
     }
 }

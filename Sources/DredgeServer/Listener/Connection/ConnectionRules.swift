@@ -1,6 +1,7 @@
 import DredgeWire
 import Foundation
 import NIOCore
+import Synchronization
 
 /// What the agent listener allows a connection: how long it may take to authenticate, how
 /// long an authenticated one may stay silent, and how many may be open at once
@@ -81,7 +82,7 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
 /// so a flood from many addresses slows new agents down but never locks them out. An
 /// authenticated connection moves to its own pool (``authenticate(_:)``), which unauthenticated
 /// ones never use.
-final class ConnectionGate: @unchecked Sendable {
+final class ConnectionGate: Sendable {
     struct Caps: Sendable, Equatable {
         var authenticated: Int
         var unauthenticated: Int
@@ -93,78 +94,84 @@ final class ConnectionGate: @unchecked Sendable {
         case refused(String)
     }
 
+    /// Who holds a place, and in which pool.
+    private struct Book {
+        var next = 0
+        var pending: [Int: (address: String, channel: any Channel)] = [:]
+        /// Tokens of unauthenticated connections in arrival order; entries no longer pending
+        /// are skipped when met (and dropped when they pile up).
+        var arrivals: [Int] = []
+        var arrivalsHead = 0
+        var pendingByAddress: [String: Int] = [:]
+        var authenticated: Set<Int> = []
+        var refused = 0
+        var evicted = 0
+
+        mutating func oldestPending() -> Int? {
+            while arrivalsHead < arrivals.count {
+                let token = arrivals[arrivalsHead]
+                if pending[token] != nil { return token }
+                arrivalsHead += 1
+            }
+            return nil
+        }
+
+        @discardableResult
+        mutating func removePending(_ token: Int) -> (address: String, channel: any Channel)? {
+            guard let entry = pending.removeValue(forKey: token) else { return nil }
+            let left = pendingByAddress[entry.address, default: 1] - 1
+            pendingByAddress[entry.address] = left > 0 ? left : nil
+            return entry
+        }
+    }
+
     let caps: Caps
-    private let lock = NSLock()
-    private var next = 0
-    private var pending: [Int: (address: String, channel: any Channel)] = [:]
-    /// Tokens of unauthenticated connections in arrival order; entries no longer pending are
-    /// skipped when met (and dropped when they pile up).
-    private var arrivals: [Int] = []
-    private var arrivalsHead = 0
-    private var pendingByAddress: [String: Int] = [:]
-    private var authenticated: Set<Int> = []
-    private(set) var refusedCount = 0
-    private(set) var evictedCount = 0
+    private let book = Mutex(Book())
 
     init(caps: Caps) { self.caps = caps }
 
-    var counts: (authenticated: Int, unauthenticated: Int) { lock.withLock { (authenticated.count, pending.count) } }
+    var counts: (authenticated: Int, unauthenticated: Int) { book.withLock { ($0.authenticated.count, $0.pending.count) } }
+    var refusedCount: Int { book.withLock { $0.refused } }
+    var evictedCount: Int { book.withLock { $0.evicted } }
 
     func admit(address: String, channel: any Channel) -> Admission {
-        lock.withLock {
-            if pendingByAddress[address, default: 0] >= caps.unauthenticatedPerAddress {
-                refusedCount += 1
+        book.withLock { b in
+            if b.pendingByAddress[address, default: 0] >= caps.unauthenticatedPerAddress {
+                b.refused += 1
                 return .refused("\(caps.unauthenticatedPerAddress) connections from \(address) are already authenticating")
             }
             var evicted: (any Channel)?
-            if pending.count >= caps.unauthenticated, let oldest = oldestPending() {
-                evicted = removePending(oldest)?.channel
-                evictedCount += 1
+            if b.pending.count >= caps.unauthenticated, let oldest = b.oldestPending() {
+                evicted = b.removePending(oldest)?.channel
+                b.evicted += 1
             }
-            next += 1
-            pending[next] = (address, channel)
-            arrivals.append(next)
-            if arrivalsHead > 1024 && arrivalsHead * 2 > arrivals.count {
-                arrivals.removeFirst(arrivalsHead)
-                arrivalsHead = 0
+            b.next += 1
+            b.pending[b.next] = (address, channel)
+            b.arrivals.append(b.next)
+            if b.arrivalsHead > 1024 && b.arrivalsHead * 2 > b.arrivals.count {
+                b.arrivals.removeFirst(b.arrivalsHead)
+                b.arrivalsHead = 0
             }
-            pendingByAddress[address, default: 0] += 1
-            return .admitted(token: next, evicted: evicted)
+            b.pendingByAddress[address, default: 0] += 1
+            return .admitted(token: b.next, evicted: evicted)
         }
     }
 
     /// Moves a connection to the authenticated pool; false when that pool is full (or the
     /// connection was evicted meanwhile).
     func authenticate(_ token: Int) -> Bool {
-        lock.withLock {
-            guard pending[token] != nil, authenticated.count < caps.authenticated else { return false }
-            removePending(token)
-            authenticated.insert(token)
+        book.withLock { b in
+            guard b.pending[token] != nil, b.authenticated.count < caps.authenticated else { return false }
+            b.removePending(token)
+            b.authenticated.insert(token)
             return true
         }
     }
 
     func release(_ token: Int) {
-        lock.withLock {
-            if authenticated.remove(token) == nil { removePending(token) }
+        book.withLock { b in
+            if b.authenticated.remove(token) == nil { b.removePending(token) }
         }
-    }
-
-    private func oldestPending() -> Int? {
-        while arrivalsHead < arrivals.count {
-            let token = arrivals[arrivalsHead]
-            if pending[token] != nil { return token }
-            arrivalsHead += 1
-        }
-        return nil
-    }
-
-    @discardableResult
-    private func removePending(_ token: Int) -> (address: String, channel: any Channel)? {
-        guard let entry = pending.removeValue(forKey: token) else { return nil }
-        let left = pendingByAddress[entry.address, default: 1] - 1
-        pendingByAddress[entry.address] = left > 0 ? left : nil
-        return entry
     }
 }
 
@@ -259,15 +266,14 @@ final class ConnectionDeadlineHandler: ChannelDuplexHandler {
 /// The one live connection of each authenticated agent. A newer connection of the same agent
 /// replaces the older, which is told so and closed: a stale connection can neither take
 /// commands nor mark the agent offline.
-final class AgentConnections: @unchecked Sendable {
-    private let lock = NSLock()
-    private var live: [String: (token: Int, generation: Int64, channel: any Channel)] = [:]
+final class AgentConnections: Sendable {
+    private let live = Mutex<[String: (token: Int, generation: Int64, channel: any Channel)]>([:])
 
     /// Makes `channel` the agent's connection, unless a connection with a newer presence
     /// generation got there first (two authenticating at once). Returns the connection that
     /// must go: the one replaced, or `channel` itself when it lost.
     func replace(_ agentID: String, token: Int, generation: Int64, channel: any Channel) -> (any Channel)? {
-        lock.withLock {
+        live.withLock { live in
             if let current = live[agentID], current.generation > generation { return channel }
             let old = live[agentID]
             live[agentID] = (token, generation, channel)
@@ -276,7 +282,7 @@ final class AgentConnections: @unchecked Sendable {
     }
 
     /// Whether `token` holds the agent's live connection (a replaced one no longer delivers).
-    func isLive(_ agentID: String, token: Int) -> Bool { lock.withLock { live[agentID]?.token == token } }
+    func isLive(_ agentID: String, token: Int) -> Bool { live.withLock { $0[agentID]?.token == token } }
 
     /// Says `Goodbye` and closes; closes anyway after a few seconds if the peer does not read.
     static func close(_ channel: any Channel, saying reason: String) {
@@ -285,10 +291,10 @@ final class AgentConnections: @unchecked Sendable {
 
     /// Forgets the agent's connection if it is still `token`'s.
     func remove(_ agentID: String, token: Int) {
-        lock.withLock {
+        live.withLock { live in
             if live[agentID]?.token == token { live[agentID] = nil }
         }
     }
 
-    var count: Int { lock.withLock { live.count } }
+    var count: Int { live.withLock { $0.count } }
 }

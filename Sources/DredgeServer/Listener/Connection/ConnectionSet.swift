@@ -1,31 +1,34 @@
-import Foundation
 import NIOCore
+import Synchronization
 
 /// The open agent connections, so a shutdown can end them and wait until they have ended.
-final class ConnectionSet: @unchecked Sendable {
-    private let lock = NSLock()
-    private var channels: [Int: any Channel] = [:]
-    private var next = 0
-    private var closing = false
-    private var drainWaiters: [Int: CheckedContinuation<Void, Never>] = [:]
-    private var nextWaiter = 0
+final class ConnectionSet: Sendable {
+    private struct State {
+        var channels: [Int: any Channel] = [:]
+        var next = 0
+        var closing = false
+        var drainWaiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        var nextWaiter = 0
+    }
+
+    private let state = Mutex(State())
 
     /// Adds `channel`; returns its token, and whether the set is closing (the caller closes
     /// the channel once it has kept the token).
     func insert(_ channel: any Channel) -> (token: Int, closing: Bool) {
-        lock.withLock {
-            next += 1
-            channels[next] = channel
-            return (next, closing)
+        state.withLock { s in
+            s.next += 1
+            s.channels[s.next] = channel
+            return (s.next, s.closing)
         }
     }
 
     func remove(_ token: Int) {
-        let waiters = lock.withLock { () -> [CheckedContinuation<Void, Never>] in
-            channels.removeValue(forKey: token)
-            guard channels.isEmpty else { return [] }
-            defer { drainWaiters = [:] }
-            return Array(drainWaiters.values)
+        let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in
+            s.channels.removeValue(forKey: token)
+            guard s.channels.isEmpty else { return [] }
+            defer { s.drainWaiters = [:] }
+            return Array(s.drainWaiters.values)
         }
         for waiter in waiters { waiter.resume() }
     }
@@ -39,18 +42,18 @@ final class ConnectionSet: @unchecked Sendable {
 
     /// Waits parked in ``drained()`` or ``drainedOrCancelled()`` now (tests wait for a wait to
     /// be parked before they look at what it did not do).
-    var parkedWaiters: Int { lock.withLock { drainWaiters.count } }
+    var parkedWaiters: Int { state.withLock { $0.drainWaiters.count } }
 
     /// ``drained()``, or until the waiting task is cancelled (a test's deadline ends the wait).
     func drainedOrCancelled() async {
-        let id = lock.withLock {
-            nextWaiter += 1
-            return nextWaiter
+        let id = state.withLock { s in
+            s.nextWaiter += 1
+            return s.nextWaiter
         }
         await withTaskCancellationHandler {
             await wait(id: id)
         } onCancel: {
-            let waiter = lock.withLock { drainWaiters.removeValue(forKey: id) }
+            let waiter = state.withLock { $0.drainWaiters.removeValue(forKey: id) }
             waiter?.resume()
         }
     }
@@ -58,17 +61,17 @@ final class ConnectionSet: @unchecked Sendable {
     /// Waits until the set is empty; with an `id`, also returns once the task is cancelled.
     private func wait(id: Int?) async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let now = lock.withLock { () -> Bool in
+            let now = state.withLock { s -> Bool in
                 // Cancelled before this registers: the cancellation handler found nothing to resume.
-                if channels.isEmpty || (id != nil && Task.isCancelled) { return true }
+                if s.channels.isEmpty || (id != nil && Task.isCancelled) { return true }
                 let key: Int
                 if let id {
                     key = id
                 } else {
-                    nextWaiter += 1
-                    key = nextWaiter
+                    s.nextWaiter += 1
+                    key = s.nextWaiter
                 }
-                drainWaiters[key] = continuation
+                s.drainWaiters[key] = continuation
                 return false
             }
             if now { continuation.resume() }
@@ -78,21 +81,20 @@ final class ConnectionSet: @unchecked Sendable {
     /// Says `Goodbye` to every connection and closes it (``AgentConnections/close(_:saying:)``);
     /// connections inserted later are closed at once. Acts once.
     func closeAll(saying reason: String) {
-        let all = lock.withLock { () -> [any Channel] in
-            if closing { return [] }
-            closing = true
-            return Array(channels.values)
+        let all = state.withLock { s -> [any Channel] in
+            if s.closing { return [] }
+            s.closing = true
+            return Array(s.channels.values)
         }
         for channel in all { AgentConnections.close(channel, saying: reason) }
     }
 }
 
 /// The listening port, set once bound.
-final class BoundAddress: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: Int?
+final class BoundAddress: Sendable {
+    private let value = Mutex<Int?>(nil)
     var port: Int? {
-        get { lock.withLock { value } }
-        set { lock.withLock { value = newValue } }
+        get { value.withLock { $0 } }
+        set { value.withLock { $0 = newValue } }
     }
 }

@@ -1,44 +1,47 @@
-import Foundation
+import Synchronization
 
 /// Lets through at most `perMinute` log records a minute; the next one let through says how
 /// many were held back. For events an outsider can cause at will (enrollment refusals).
-final class RateLimitedLog: @unchecked Sendable {
+final class RateLimitedLog: Sendable {
     typealias Clock = @Sendable () -> ContinuousClock.Instant
-    private let lock = NSLock()
+
+    private struct State {
+        var now: Clock
+        var windowStart: ContinuousClock.Instant
+        var inWindow = 0
+        var suppressed = 0
+    }
+
     private let perMinute: Int
-    private var now: Clock
-    private var windowStart: ContinuousClock.Instant
-    private var inWindow = 0
-    private var suppressed = 0
+    private let state: Mutex<State>
 
     init(perMinute: Int, now: @escaping Clock = { ContinuousClock.now }) {
         self.perMinute = perMinute
-        self.now = now
-        self.windowStart = now()
+        state = Mutex(State(now: now, windowStart: now()))
     }
 
     /// Replaces the clock (tests hold time still, so a slow machine does not open a new window).
     func useClock(_ clock: @escaping Clock) {
-        lock.withLock {
-            now = clock
-            windowStart = clock()
+        state.withLock { s in
+            s.now = clock
+            s.windowStart = clock()
         }
     }
 
     func log(_ emit: (_ suppressed: Int) -> Void) {
-        let held: Int? = lock.withLock {
-            let now = self.now()
-            if now - windowStart >= .seconds(60) {
-                windowStart = now
-                inWindow = 0
+        let held = state.withLock { s -> Int? in
+            let now = s.now()
+            if now - s.windowStart >= .seconds(60) {
+                s.windowStart = now
+                s.inWindow = 0
             }
-            guard inWindow < perMinute else {
-                suppressed += 1
+            guard s.inWindow < perMinute else {
+                s.suppressed += 1
                 return nil
             }
-            inWindow += 1
-            defer { suppressed = 0 }
-            return suppressed
+            s.inWindow += 1
+            defer { s.suppressed = 0 }
+            return s.suppressed
         }
         if let held { emit(held) }
     }

@@ -2,6 +2,7 @@ import DredgeEnvelope
 import Foundation
 import Logging
 import ServiceLifecycle
+import Synchronization
 
 /// Wakes the connection of every agent that has a pull to deliver.
 ///
@@ -13,13 +14,17 @@ import ServiceLifecycle
 /// With ``PullNotices`` (the PostgreSQL back end, shared by several nodes), a pull queued by
 /// any node or process wakes its agents here at once, through the database's notifications;
 /// the sweep then only runs with the housekeeping, once a minute, as a safety net.
-public final class PullDispatcher: Service, @unchecked Sendable {
+public final class PullDispatcher: Service, Sendable {
     let pulls: any PullQueue
     let sweepInterval: Duration
     let logger: Logger
-    private let lock = NSLock()
-    private var waiting: [String: [Int: @Sendable (FreshPull?) -> Void]] = [:]
-    private var next = 0
+    /// The wakes of the connections, by agent id and registration token.
+    private struct Waiting {
+        var wakes: [String: [Int: @Sendable (FreshPull?) -> Void]] = [:]
+        var next = 0
+    }
+
+    private let waiting = Mutex(Waiting())
 
     /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
     let housekeeping: (@Sendable () async throws -> Void)?
@@ -42,10 +47,10 @@ public final class PullDispatcher: Service, @unchecked Sendable {
     /// request, the sweep, a notification) and must only start work, never wait. Returns the
     /// token to ``unregister(_:token:)`` with.
     func register(_ agentID: String, wake: @escaping @Sendable (FreshPull?) -> Void) -> Int {
-        let token = lock.withLock {
-            next += 1
-            waiting[agentID, default: [:]][next] = wake
-            return next
+        let token = waiting.withLock { w in
+            w.next += 1
+            w.wakes[agentID, default: [:]][w.next] = wake
+            return w.next
         }
         wake(nil)
         return token
@@ -54,13 +59,13 @@ public final class PullDispatcher: Service, @unchecked Sendable {
     /// Whether `agentID` has an authenticated connection to this process now (and so is
     /// enrolled: no agent is ever unenrolled).
     public func isConnected(_ agentID: String) -> Bool {
-        lock.withLock { waiting[agentID] != nil }
+        waiting.withLock { $0.wakes[agentID] != nil }
     }
 
     func unregister(_ agentID: String, token: Int) {
-        lock.withLock {
-            waiting[agentID]?.removeValue(forKey: token)
-            if waiting[agentID]?.isEmpty == true { waiting[agentID] = nil }
+        waiting.withLock { w in
+            w.wakes[agentID]?.removeValue(forKey: token)
+            if w.wakes[agentID]?.isEmpty == true { w.wakes[agentID] = nil }
         }
     }
 
@@ -68,7 +73,7 @@ public final class PullDispatcher: Service, @unchecked Sendable {
     /// just queued for them (their delivery need not read it); without, to read and send
     /// whatever is due.
     public func wake(_ agentIDs: some Sequence<String>, with fresh: FreshPull? = nil) {
-        let wakes = lock.withLock { agentIDs.flatMap { waiting[$0].map { Array($0.values) } ?? [] } }
+        let wakes = waiting.withLock { w in agentIDs.flatMap { w.wakes[$0].map { Array($0.values) } ?? [] } }
         for wake in wakes { wake(fresh) }
     }
 

@@ -41,15 +41,16 @@ final class ConnectionUploads: @unchecked Sendable {
     let emit: @Sendable ([WireFrame]) -> Void
     /// Chunks between arriving and being committed (ordering and back-pressure).
     private let pipeline = ChunkPipeline<ChunkKey, Result<Data, any Error>>(capacity: ConnectionUploads.maxChunksInFlight)
-    /// Guards ``receivers`` (and the machines in it), ``recording`` and ``removing``: chunks are
-    /// committed on pool threads while the connection reads on.
+    /// Status moves recorded in order, off the committing thread, each batch's frames sent once
+    /// its moves are recorded.
+    private let recordings: SerialRunner<[Recording]>
+    /// Landed uploads' chunk directories, removed one after another.
+    private let removals: SerialRunner<[(directory: String, uploadID: String)]>
+    /// Guards ``receivers`` and the machines in it: chunks are committed on pool threads while
+    /// the connection reads on.
     private let lock = NSLock()
     /// Under ``lock`` while chunks are in flight; otherwise touched by one step at a time.
     private var receivers: [String: (machine: UploadReceiverStateMachine, assembler: UploadAssembler)] = [:]
-    /// The last status write queued; each waits for the one before it.
-    private var recording: Task<Void, Never>?
-    /// Finished uploads' chunk directories being removed, one after another.
-    private var removing: Task<Void, Never>?
     /// Per upload, the `chunks_received` last queued for writing (touched by the committer only).
     private var recordedCount: [String: Int] = [:]
     /// Uploads begun on this connection that are feedback, not pulls (one step at a time).
@@ -64,7 +65,32 @@ final class ConnectionUploads: @unchecked Sendable {
         logger = services.logger
         unpacking = services.work.unpacking
         blocking = services.work.uploads
-        statuses = UploadStatuses(agentID: agentID, pulls: services.pulls, feedback: services.feedback)
+        let statuses = UploadStatuses(agentID: agentID, pulls: services.pulls, feedback: services.feedback)
+        self.statuses = statuses
+        let (logger, blocking) = (services.logger, services.work.uploads)
+        recordings = SerialRunner(empty: []) { batch in
+            for recording in batch {
+                for (id, isFeedback, move) in recording.moves {
+                    do {
+                        try await statuses.move(id, isFeedback: isFeedback, to: move.status, detail: move.detail, chunksReceived: move.chunksReceived, failedWith: move.failedWith)
+                    } catch {
+                        logger.error("could not record an upload's progress", metadata: ["upload.id": "\(id)", "error": "\(error)"])
+                    }
+                }
+                if !recording.frames.isEmpty { emit(recording.frames) }
+            }
+            return .next
+        }
+        removals = SerialRunner(empty: []) { batch in
+            for (directory, uploadID) in batch {
+                do {
+                    try await blocking.runIfActive { try FileManager.default.removeItem(atPath: directory) }
+                } catch {
+                    logger.warning("could not remove a finished upload's chunks", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
+                }
+            }
+            return .next
+        }
         admission = UploadAdmission(
             agentID: agentID, pulls: services.pulls, feedback: services.feedback, issuer: services.issuer, feedbackLimits: services.feedbackLimits, paths: services.paths,
             blocking: services.work.uploads, logger: services.logger)
@@ -72,15 +98,6 @@ final class ConnectionUploads: @unchecked Sendable {
             agentID: agentID, pulls: services.pulls, feedback: services.feedback, statuses: statuses, paths: services.paths, limits: limits,
             feedbackLimits: services.feedbackLimits, blocking: services.work.uploads, logger: services.logger, landed: services.landed)
         outcomes = PullOutcomes(agentID: agentID, pulls: services.pulls, logger: services.logger)
-    }
-
-    /// Moves the status of the pull (for this agent) or the feedback an upload belongs to;
-    /// returns whether it applied.
-    @discardableResult
-    private func progress(_ uploadID: String, _ move: Progress) async throws -> Bool {
-        try await statuses.move(
-            uploadID, isFeedback: feedbackUploads.contains(uploadID), to: move.status, detail: move.detail, chunksReceived: move.chunksReceived,
-            failedWith: move.failedWith)
     }
 
     /// The upload (or command) id a frame of the upload layer names; nil for other frames.
@@ -176,6 +193,12 @@ final class ConnectionUploads: @unchecked Sendable {
         var failedWith: WireErrorCode?
     }
 
+    /// Status moves to record in order, then frames to send.
+    private struct Recording: Sendable {
+        var moves: [(id: String, isFeedback: Bool, move: Progress)]
+        var frames: [WireFrame]
+    }
+
     /// A chunk goes to the `blocking` pool to be verified and written durably, and the next
     /// frame is read at once: up to ``maxChunksInFlight`` chunks of this connection are written
     /// at the same time, since most of a durable write is waiting for fsync. Each chunk is
@@ -232,7 +255,7 @@ final class ConnectionUploads: @unchecked Sendable {
         // Answers given at once (a chunk past the upload's end, which ends it; a chunk held
         // already) wait for the status moves before them: the agent never hears of an end that
         // is not recorded yet (see ``commit(_:)``).
-        if !out.isEmpty { await lastOf { $0.recording } }
+        if !out.isEmpty { await recordings.idle() }
         return out
     }
 
@@ -250,17 +273,8 @@ final class ConnectionUploads: @unchecked Sendable {
     /// upload frame sees the chunks before it.
     func settled() async {
         await pipeline.idle()
-        await lastOf { $0.recording }
-        await lastOf { $0.removing }
-    }
-
-    /// Waits for the chain of tasks `chain` names (each waits for the one before it) until its
-    /// last one is done, including any added meanwhile.
-    private func lastOf(_ chain: (ConnectionUploads) -> Task<Void, Never>?) async {
-        while let task = lock.withLock({ chain(self) }) {
-            await task.value
-            if lock.withLock({ chain(self) == task }) { break }
-        }
+        await recordings.idle()
+        await removals.idle()
     }
 
     /// Removes a landed upload's chunks while its result goes out, after the removals asked
@@ -268,17 +282,7 @@ final class ConnectionUploads: @unchecked Sendable {
     /// between its last chunk and its result. ``settled()`` waits for it, so the connection's
     /// next upload frame, and its end (and so the server's shutdown), come after it.
     private func removeAfterResult(_ directory: String, uploadID: String) {
-        lock.withLock {
-            let previous = removing
-            removing = Task { [blocking, logger] in
-                await previous?.value
-                do {
-                    try await blocking.runIfActive { try FileManager.default.removeItem(atPath: directory) }
-                } catch {
-                    logger.warning("could not remove a finished upload's chunks", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
-                }
-            }
-        }
+        removals.ask { $0.append((directory, uploadID)) }
     }
 
     /// Chunks whose writes are done, in arrival order (on the one committing pool thread): each
@@ -354,20 +358,10 @@ final class ConnectionUploads: @unchecked Sendable {
     /// Records status moves in order, after the ones recorded before, off the committing thread;
     /// then sends `frames`, if any.
     private func record(_ moves: [(String, Progress)], thenSend frames: [WireFrame] = []) {
-        lock.withLock {
-            let previous = recording
-            recording = Task { [emit] in
-                await previous?.value
-                for (id, move) in moves {
-                    do {
-                        try await progress(id, move)
-                    } catch {
-                        logger.error("could not record an upload's progress", metadata: ["upload.id": "\(id)", "error": "\(error)"])
-                    }
-                }
-                if !frames.isEmpty { emit(frames) }
-            }
-        }
+        // Which kind each upload is, read here: `feedbackUploads` changes only in a step that
+        // waits for the recordings first (``settled()``).
+        let recording = Recording(moves: moves.map { ($0.0, feedbackUploads.contains($0.0), $0.1) }, frames: frames)
+        recordings.ask { $0.append(recording) }
     }
 
     /// An upload header: admitted (``UploadAdmission``), its assembler opened over the chunks

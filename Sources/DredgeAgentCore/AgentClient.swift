@@ -129,17 +129,20 @@ public final class AgentClient: Service, Sendable {
     func connectOnce(to server: ServerAddress) async throws {
         let channel = try await AgentConnector.connect(host: server.host, port: server.port, caPEM: state.caPEM, handshakeTimeout: readyTimeout)
         let opened = ContinuousClock.now
-        stop.onStop { channel.channel.close(promise: nil) }
-        let session = Session(
-            machine: AgentConnectionStateMachine(mode: .authenticate(agentID: state.file.agentID, host: describeHost()), software: "dredge-agent/\(DredgeVersion.current)"),
-            key: state.key, uploads: uploads, established: established, logger: logger, server: "\(server)")
+        let host = describeHost()
+        let failure: WireProtocolError?
         do {
-            try await channel.executeThenClose { inbound, outbound in
+            failure = try await channel.executeThenClose { inbound, outbound -> WireProtocolError? in
+                let connection = AgentConnection(mode: .authenticate(agentID: state.file.agentID, host: host), key: state.key, channel: channel.channel, writer: outbound)
+                // Stopping says Goodbye to the server, then closes.
+                stop.onStop { connection.goodbye("agent stopping") }
+                let session = Session(connection: connection, uploads: uploads, established: established, logger: logger, server: "\(server)")
+                defer { connection.closed("connection ended") }
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask {
-                        guard try await session.perform(await session.start(), outbound: outbound) else { return }
+                        guard try await session.perform(await connection.start()) else { return }
                         for try await frame in inbound {
-                            guard try await session.perform(await session.receive(frame), outbound: outbound) else { break }
+                            guard try await session.perform(await session.receive(frame)) else { break }
                         }
                     }
                     group.addTask {
@@ -163,20 +166,21 @@ public final class AgentClient: Service, Sendable {
                                 throw AgentError("the server sent nothing for \(silence); reconnecting")
                             }
                             let (uids, stats, users) = self.storeReport()
-                            _ = try await session.perform(await session.heartbeat(uids: uids, stats: stats, users: users), outbound: outbound)
+                            try await session.heartbeat(uids: uids, stats: stats, users: users)
                         }
                     }
                     // Either task ending ends the connection.
                     _ = try await group.next()
                     group.cancelAll()
                 }
+                return await session.failure
             }
         } catch {
             await uploads.disconnected()
             throw AgentError(AgentConnector.explain(error))
         }
         await uploads.disconnected()
-        if let failure = await session.failure { throw AgentError("the server closed the connection: \(failure)") }
+        if let failure { throw AgentError("the server closed the connection: \(failure)") }
     }
 
     /// How the device names itself on this connection: the context of the newest record in its
@@ -242,10 +246,11 @@ public final class AgentClient: Service, Sendable {
         }
     }
 
-    /// The connection's state machine, shared by the reader and the heartbeat timer.
+    /// One connection's session, shared by the reader and the heartbeat timer: what the
+    /// connection's events do (heartbeats start, uploads resume, frames reach the upload layer),
+    /// and how long the server has been silent. Frames go out through its ``AgentConnection``.
     actor Session {
-        var machine: AgentConnectionStateMachine
-        let key: RSAPrivateKey
+        let connection: AgentConnection
         var heartbeatInterval: UInt32?
         var watch: HeartbeatWatch?
         var failure: WireProtocolError?
@@ -254,19 +259,17 @@ public final class AgentClient: Service, Sendable {
         let logger: Logger
         let server: String
 
-        init(machine: AgentConnectionStateMachine, key: RSAPrivateKey, uploads: UploadManager, established: ReadySince, logger: Logger, server: String) {
-            self.machine = machine
-            self.key = key
+        init(connection: AgentConnection, uploads: UploadManager, established: ReadySince, logger: Logger, server: String) {
+            self.connection = connection
             self.uploads = uploads
             self.established = established
             self.logger = logger
             self.server = server
         }
 
-        func start() -> [AgentConnectionStateMachine.Action] { machine.start() }
-        func receive(_ frame: WireFrame) -> [AgentConnectionStateMachine.Action] {
+        func receive(_ frame: WireFrame) async throws -> [AgentConnection.Event] {
             watch?.heard(at: .now)
-            return machine.receive(frame)
+            return try await connection.receive(frame)
         }
 
         /// How long the server has been silent, when that is past what the watch allows.
@@ -278,34 +281,27 @@ public final class AgentClient: Service, Sendable {
 
         /// A heartbeat, with the user report only when it differs from the last one sent on
         /// this connection.
-        func heartbeat(uids: [String], stats: WireStoreStats, users: WireUserReport?) -> [AgentConnectionStateMachine.Action] {
+        func heartbeat(uids: [String], stats: WireStoreStats, users: WireUserReport?) async throws {
             let report = reports.toSend(users)
-            let actions = machine.heartbeat(activeUIDs: uids, stats: stats, users: report)
-            if let report, !actions.isEmpty { reports.sent(report) }
-            return actions
+            let sent = try await connection.heartbeat(activeUIDs: uids, stats: stats, users: report)
+            if let report, sent { reports.sent(report) }
         }
 
-        /// Carries out actions; false when the connection must close.
-        func perform(_ actions: [AgentConnectionStateMachine.Action], outbound: NIOAsyncChannelOutboundWriter<WireFrame>) async throws -> Bool {
-            for action in actions {
-                switch action {
-                case .send(let frame):
-                    try await outbound.write(frame)
-                case .signChallenge(let challenge):
-                    guard case .authenticate(let id, _) = machine.mode else { continue }
-                    let signature = try AgentAuthentication.sign(challenge: challenge, agentID: id, with: key)
-                    guard try await perform(machine.signed(signature), outbound: outbound) else { return false }
+        /// Acts on the connection's events; false when the connection must close.
+        func perform(_ events: [AgentConnection.Event]) async throws -> Bool {
+            for event in events {
+                switch event {
                 case .established(let result):
                     heartbeatInterval = max(1, result.heartbeatIntervalS)
                     watch = HeartbeatWatch(interval: .seconds(Int(max(1, result.heartbeatIntervalS))), now: .now)
                     established.set(.now)
                     logger.info("connected", metadata: ["server": "\(server)", "heartbeat_s": "\(result.heartbeatIntervalS)"])
-                    try await uploads.connected(outbound)
+                    try await uploads.connected(connection)
                 case .enrolled:
                     break
                 case .deliver(let frame):
                     try await uploads.receive(frame)
-                case .close(let error):
+                case .closed(let error):
                     failure = error
                     return false
                 }

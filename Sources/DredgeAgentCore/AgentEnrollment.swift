@@ -58,24 +58,17 @@ public enum AgentEnrollment {
         host: String, port: Int, tls: NIOSSLContext, token: String, key: RSAPrivateKey, hostInfo: WireHostInfo, handshakeTimeout: Duration = AgentConnector.handshakeTimeout
     ) async throws -> WireEnrollResponse {
         let channel = try await AgentConnector.connect(host: host, port: port, context: tls, handshakeTimeout: handshakeTimeout)
-        var machine = AgentConnectionStateMachine(mode: .enroll(token: token, publicKey: key.publicKey.spki, host: hostInfo), software: "dredge-agent/0.1")
         var response: WireEnrollResponse?
         var failure: WireProtocolError?
         do {
             try await channel.executeThenClose { inbound, outbound in
-                for action in machine.start() { if case .send(let f) = action { try await outbound.write(f) } }
-                loop: for try await frame in inbound {
-                    for action in machine.receive(frame) {
-                        switch action {
-                        case .send(let f): try await outbound.write(f)
-                        case .enrolled(let r): response = r
-                        case .close(let error):
-                            failure = error
-                            break loop
-                        default: break
-                        }
-                    }
-                    if response != nil { break loop }
+                let connection = AgentConnection(
+                    mode: .enroll(token: token, publicKey: key.publicKey.spki, host: hostInfo), key: nil, channel: channel.channel, writer: outbound)
+                var frames = inbound.makeAsyncIterator()
+                switch try await connection.handshake(&frames) {
+                case .enrolled(let r): response = r
+                case .closed(let error): failure = error
+                case .established, .deliver: break
                 }
             }
         } catch {

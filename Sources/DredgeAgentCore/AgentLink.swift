@@ -9,20 +9,21 @@ import NIOSSL
 /// the caller. For tools that act as many agents at once (the benchmarks' simulated fleet)
 /// and for tests that need an agent to misbehave on purpose. ``AgentClient`` is the agent.
 ///
-/// One task reads (``next()``); any task may send or heartbeat.
-public final class AgentLink: @unchecked Sendable {
+/// The handshake, heartbeats and what the server's frames call for go through the
+/// connection's machine (``AgentConnection``); ``send(_:)`` does not, on purpose: it writes any
+/// frame as it is, valid or not. One task reads (``next()``); any task may send or heartbeat.
+public final class AgentLink: @unchecked Sendable {  // `inbound` is the one reading task's (`next()`)
     public let agentID: String
     /// What the server said when it accepted the agent (heartbeat interval, window, chunk size).
     public let session: WireAuthResult
-    private let lock = NSLock()
-    private var machine: AgentConnectionStateMachine
+    private let connection: AgentConnection
     private var inbound: NIOAsyncChannelInboundStream<WireFrame>.AsyncIterator
     private let outbound: NIOAsyncChannelOutboundWriter<WireFrame>
 
-    init(agentID: String, session: WireAuthResult, machine: AgentConnectionStateMachine, inbound: NIOAsyncChannelInboundStream<WireFrame>.AsyncIterator, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) {
+    init(agentID: String, session: WireAuthResult, connection: AgentConnection, inbound: NIOAsyncChannelInboundStream<WireFrame>.AsyncIterator, outbound: NIOAsyncChannelOutboundWriter<WireFrame>) {
         self.agentID = agentID
         self.session = session
-        self.machine = machine
+        self.connection = connection
         self.inbound = inbound
         self.outbound = outbound
     }
@@ -37,41 +38,28 @@ public final class AgentLink: @unchecked Sendable {
     ) async throws -> R {
         let channel = try await AgentConnector.connect(host: host, port: port, context: tls)
         return try await channel.executeThenClose { inbound, outbound in
-            var machine = AgentConnectionStateMachine(mode: .authenticate(agentID: agentID, host: hostInfo), software: "dredge-agent/0.1")
+            let connection = AgentConnection(mode: .authenticate(agentID: agentID, host: hostInfo), key: key, channel: channel.channel, writer: outbound)
             var iterator = inbound.makeAsyncIterator()
-            var actions = machine.start()
-            var session: WireAuthResult?
-            while session == nil {
-                for action in actions {
-                    switch action {
-                    case .send(let frame): try await outbound.write(frame)
-                    case .established(let result): session = result
-                    case .close(let error): throw AgentError("authentication failed: \(error?.description ?? "closed")")
-                    case .signChallenge, .enrolled, .deliver: break
-                    }
-                }
-                if session != nil { break }
-                if let challenge = actions.lazy.compactMap({ if case .signChallenge(let c) = $0 { c } else { nil } }).first {
-                    actions = machine.signed(try AgentAuthentication.sign(challenge: challenge, agentID: agentID, with: key))
-                    continue
-                }
-                guard let frame = try await iterator.next() else { throw AgentError("the server closed the connection during authentication") }
-                actions = machine.receive(frame)
+            switch try await connection.handshake(&iterator) {
+            case .established(let session):
+                return try await body(AgentLink(agentID: agentID, session: session, connection: connection, inbound: iterator, outbound: outbound))
+            case .closed(let error):
+                throw AgentError("authentication failed: \(error?.description ?? "closed")")
+            case .enrolled, .deliver:
+                throw AgentError("authentication failed: the server answered out of turn")
             }
-            return try await body(AgentLink(agentID: agentID, session: session!, machine: machine, inbound: iterator, outbound: outbound))
         }
     }
 
     /// The next frame for the agent (heartbeat acks, commands, upload replies); nil when the
-    /// server closed. A protocol error from the server is thrown.
+    /// server closed. A protocol error from the server, or its `Goodbye`, is thrown.
     public func next() async throws -> WireFrame? {
         while let frame = try await inbound.next() {
-            for action in lock.withLock({ machine.receive(frame) }) {
-                switch action {
+            for event in try await connection.receive(frame) {
+                switch event {
                 case .deliver(let frame): return frame
-                case .send(let reply): try await outbound.write(reply)
-                case .close(let error): throw AgentError("the server closed the connection: \(error?.description ?? "goodbye")")
-                case .signChallenge, .established, .enrolled: break
+                case .closed(let error): throw AgentError("the server closed the connection: \(error?.description ?? "goodbye")")
+                case .established, .enrolled: break
                 }
             }
         }
@@ -79,11 +67,14 @@ public final class AgentLink: @unchecked Sendable {
     }
 
     public func heartbeat(activeUIDs: [String], stats: WireStoreStats = WireStoreStats()) async throws {
-        for case .send(let frame) in lock.withLock({ machine.heartbeat(activeUIDs: activeUIDs, stats: stats) }) { try await outbound.write(frame) }
+        try await connection.heartbeat(activeUIDs: activeUIDs, stats: stats)
     }
 
-    /// Sends any frame as is, valid or not.
+    /// Sends any frame as is, valid or not: past the connection's machine, on purpose.
     public func send(_ frame: WireFrame) async throws { try await outbound.write(frame) }
+
+    /// Says `Goodbye` and closes, as the agent does when it stops.
+    public func goodbye(_ reason: String) { connection.goodbye(reason) }
 }
 
 extension AgentEnrollment {

@@ -25,7 +25,8 @@ actor UploadManager {
     /// The delay before the next retry of an upload the server could not take now.
     private var retryDelays: [String: Duration] = [:]
     private var retryTasks: [String: Task<Void, Never>] = [:]
-    private var outbound: NIOAsyncChannelOutboundWriter<WireFrame>?
+    /// The connection while it is ready; frames go out through its machine.
+    private var outbound: AgentConnection?
     private let store: LogStore?
     private let state: AgentState
     private let logger: Logger
@@ -137,7 +138,7 @@ actor UploadManager {
         for id in ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted() where WireID.isValid(id) {
             let dir = root + "/" + id
             guard let reason = FileManager.default.contents(atPath: dir + "/" + Self.failureFile), let outbound else { continue }
-            try await outbound.write(PullAdmission.Decision.failure(id, String(decoding: reason, as: UTF8.self)))
+            try await outbound.send(PullAdmission.Decision.failure(id, String(decoding: reason, as: UTF8.self)))
             removeDirectory(dir)
         }
     }
@@ -172,8 +173,8 @@ actor UploadManager {
     }
 
     /// A connection is ready: send through it, and resume every unfinished upload.
-    func connected(_ writer: NIOAsyncChannelOutboundWriter<WireFrame>) async throws {
-        outbound = writer
+    func connected(_ connection: AgentConnection) async throws {
+        outbound = connection
         try await reportFailures()
         for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil { adoptFeedback(id) }
         for id in uploads.keys.sorted() {
@@ -231,13 +232,13 @@ actor UploadManager {
             } catch {
                 saveSeen()
                 exports.release()
-                try await outbound?.write(decision.frame(commandID: id))
+                try await outbound?.send(decision.frame(commandID: id))
                 await exportFailed(id, "cannot keep the accepted command: \(error)")
                 return
             }
             saveSeen()
             do {
-                try await outbound?.write(decision.frame(commandID: id))
+                try await outbound?.send(decision.frame(commandID: id))
             } catch {
                 // The command is kept: export it anyway (its place is taken), and the next
                 // connection answers a redelivery and resumes the upload.
@@ -248,11 +249,11 @@ actor UploadManager {
             export(accepted)
         case .reject(let reason, let detail):
             saveSeen()
-            try await outbound?.write(decision.frame(commandID: id))
+            try await outbound?.send(decision.frame(commandID: id))
             logger.notice("pull command rejected", metadata: ["command.id": "\(WireID.echo(id))", "reason": "\(reason)", "detail": "\(detail)"])
         case .repeated:
             logger.info("pull command received again; answering as before", metadata: ["command.id": "\(id)"])
-            try await outbound?.write(decision.frame(commandID: id))
+            try await outbound?.send(decision.frame(commandID: id))
         }
     }
 
@@ -350,10 +351,10 @@ actor UploadManager {
         for action in actions {
             switch action {
             case .send(let frame):
-                try await writer?.write(frame)
+                try await writer?.send(frame)
             case .sendChunk(let index):
                 let sealed = try active.upload.chunk(index)
-                try await writer?.write(.with { $0.uploadChunk = .with { $0.uploadID = uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
+                try await writer?.send(.with { $0.uploadChunk = .with { $0.uploadID = uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
             case .finished(let result):
                 uploads[uploadID] = nil
                 retryDelays[uploadID] = nil

@@ -70,7 +70,7 @@ import Testing
     /// instead of failing the test.
     @Test func aWaitForTheConnectionsToEndEndsWhenCancelled() async throws {
         let set = ConnectionSet()
-        let (token, _) = set.insert(EmbeddedChannel())
+        let (token, _) = set.insert(ConnectionOutbound(channel: EmbeddedChannel(), session: WireAuthResult()))
         let ended = PostgresNodesTests.Counter()
         let cancelled = Self.waiter(counting: ended) { await set.drainedOrCancelled() }
         cancelled.cancel()
@@ -92,7 +92,7 @@ import Testing
     /// service of the group failing) must not stop the thread pools under a connection's cleanup.
     @Test func theShutdownWaitForTheConnectionsIsNotEndedByCancellation() async throws {
         let set = ConnectionSet()
-        let (token, _) = set.insert(EmbeddedChannel())
+        let (token, _) = set.insert(ConnectionOutbound(channel: EmbeddedChannel(), session: WireAuthResult()))
         let ended = PostgresNodesTests.Counter()
         let waiting = Self.waiter(counting: ended) { await set.drained() }
         waiting.cancel()

@@ -107,6 +107,34 @@ struct Loopback {
         #expect(net.agentDelivered.map { $0.pullCommand.commandID } == ["c1"])
     }
 
+    /// Either side ends a ready connection with `Goodbye`; the other closes on it, and neither
+    /// machine lets another frame out afterwards. A connection lost closes the server's machine
+    /// the same way.
+    @Test func goodbyeEndsTheConnectionOnBothSidesAndNothingIsSentAfter() throws {
+        var net = Loopback(mode: .authenticate(agentID: testAgentKey.publicKey.agentID, host: testHost))
+        try net.agentActions(net.agent.start())
+        try net.run()
+        #expect(net.agent.isReady && net.server.agentID != nil)
+        let agentBye = net.agent.goodbye("agent stopping")
+        #expect(agentBye.first == .send(.with { $0.goodbye = .with { $0.reason = "agent stopping" } }) && agentBye.last == .close(nil))
+        #expect(net.agent.goodbye("again").isEmpty, "said once")
+        #expect(net.agent.send(.with { $0.commandAccepted = .with { $0.commandID = "c1" } }).isEmpty)
+        #expect(net.agent.heartbeat(activeUIDs: [], stats: .init()).isEmpty)
+        try net.agentActions(agentBye)
+        try net.run()
+        #expect(net.server.agentID == nil, "the server's machine closed on the agent's Goodbye")
+        #expect(net.server.send(.with { $0.pullCommand = .with { $0.commandID = "c2" } }).isEmpty)
+
+        var server = ServerConnectionStateMachine()
+        let bye = server.goodbye("server shutting down")
+        #expect(bye == [.send(.with { $0.goodbye = .with { $0.reason = "server shutting down" } }), .close(nil)], "said before authentication too")
+        #expect(server.goodbye("twice").isEmpty && server.fail(.malformed("late")).isEmpty)
+        var lost = ServerConnectionStateMachine()
+        lost.closed("connection lost")
+        #expect(lost.goodbye("too late").isEmpty)
+        #expect(lost.receive(.with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1 } }, challenge: [UInt8](repeating: 1, count: 32)).isEmpty)
+    }
+
     @Test func aDeviceIsDescribedByItsNewestContextWithinTheProtocolsBounds() {
         let process = WireHostInfo.with { $0.hostname = "box"; $0.os = "Linux 6" }
         // No record yet: the process's own host name and OS, and no app.

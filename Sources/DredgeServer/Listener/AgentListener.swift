@@ -175,13 +175,15 @@ public final class AgentListener: Service, Sendable {
                 // Its buffer shrinks back after each flush: a connection that once sent a large
                 // frame does not keep that much while idle.
                 try handlers.addHandler(MessageToByteHandler(FrameEncoder(), desiredBufferCapacity: 256))
+                let outbound = ConnectionOutbound(channel: channel, session: services.session)
                 try handlers.addHandler(ConnectionDeadlineHandler(
-                    handshake: .nanoseconds(Int64(limits.handshakeSeconds * 1e9)), missedHeartbeats: limits.missedHeartbeats, frameLimit: frameLimit))
-                let session = ConnectionSession(services: services, remote: channel.remoteAddress?.description, channel: channel, token: token)
+                    handshake: .nanoseconds(Int64(limits.handshakeSeconds * 1e9)), missedHeartbeats: limits.missedHeartbeats, frameLimit: frameLimit,
+                    goodbye: { outbound.goodbye($0) }))
+                let session = ConnectionSession(services: services, remote: channel.remoteAddress?.description, outbound: outbound, token: token)
                 let driver = ConnectionDriver(session: session, channel: channel, logger: self.logger, counters: self.counters) { session in await self.ended(session) }
                 try handlers.addHandler(ConnectionDriverHandler(driver: driver, logger: self.logger))
                 channel.closeFuture.whenComplete { _ in driver.channelClosed() }
-                let (setToken, shuttingDown) = self.connections.insert(channel)
+                let (setToken, shuttingDown) = self.connections.insert(outbound)
                 session.setToken = setToken
                 if shuttingDown { channel.close(promise: nil) }
             }.flatMapError { error in

@@ -143,6 +143,14 @@ public struct AgentConnectionStateMachine: Sendable {
         return [.send(frame)]
     }
 
+    /// The agent ends the connection politely (it is stopping): `Goodbye` with the reason,
+    /// then close. Nothing once closed.
+    public mutating func goodbye(_ reason: String) -> [Action] {
+        if case .closed = state { return [] }
+        state = .closed("goodbye sent: \(reason)")
+        return [.send(.with { $0.goodbye = .with { $0.reason = reason } }), .close(nil)]
+    }
+
     /// The connection dropped or the driver gave up.
     public mutating func closed(_ reason: String) {
         state = .closed(reason)

@@ -6,7 +6,12 @@ import SwiftProtobuf
 /// awaitingHello ──Hello──▶ awaitingCredentials ──AuthResponse──▶ verifying ──ok──▶ ready
 ///                                              └─EnrollRequest──▶ enrolling ──ok──▶ closed
 /// any ──protocol violation / failed check──▶ closed (after an Error frame)
+/// any ──goodbye (server) / Goodbye (agent) / connection lost──▶ closed
 /// ```
+/// Every frame the server sends on the connection comes from it: the handshake's answers as
+/// actions of ``receive(_:challenge:)``, the session's frames (heartbeat acks, pull commands,
+/// upload answers) through ``send(_:)`` (refused unless ready), and the last one through
+/// ``goodbye(_:)`` or ``fail(_:)``.
 /// The driver supplies the challenge's random bytes, checks signatures and tokens against its
 /// registry, and reports back; the machine decides what is sent.
 public struct ServerConnectionStateMachine: Sendable {
@@ -117,6 +122,20 @@ public struct ServerConnectionStateMachine: Sendable {
     public func send(_ frame: WireFrame) -> [Action] {
         guard case .ready = state else { return [] }
         return [.send(frame)]
+    }
+
+    /// The server ends the connection politely (a silent agent, a newer connection of the same
+    /// agent, the server's shutdown): `Goodbye` with the reason, then close. Nothing once closed.
+    public mutating func goodbye(_ reason: String) -> [Action] {
+        if case .closed = state { return [] }
+        state = .closed("goodbye sent: \(reason)")
+        return [.send(.with { $0.goodbye = .with { $0.reason = reason } }), .close(nil)]
+    }
+
+    /// The connection is gone (closed by either side): nothing is sent from now on.
+    public mutating func closed(_ reason: String) {
+        if case .closed = state { return }
+        state = .closed(reason)
     }
 
     /// A protocol error detected outside the machine (the frame decoder's).

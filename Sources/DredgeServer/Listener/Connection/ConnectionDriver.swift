@@ -126,6 +126,7 @@ final class ConnectionDriver: Sendable {
     /// The channel closed (its close future completed: also for a channel closed before NIO
     /// registered it, which never goes inactive).
     func channelClosed() {
+        session.outbound.closed()
         let end = state.withLock { s -> Bool in
             s.inactive = true
             return s.claimEnd()
@@ -169,6 +170,11 @@ final class ConnectionDriver: Sendable {
                 continue
             }
             if !outcome.frames.isEmpty { state.withLock { $0.answersUnwritten += 1 } }
+            if outcome.registered != nil {
+                // Announced to the handlers that act on it before the AuthResult goes out
+                // (both hop to the event loop in this order).
+                channel.triggerUserOutboundEvent(AgentConnectionEvent.authenticated(heartbeatSeconds: session.heartbeatSeconds), promise: nil)
+            }
             let written = channel.writeAndFlush(frames: outcome.frames)
             written?.whenComplete { _ in self.state.withLock { $0.answersUnwritten -= 1 } }
             if let agentID = outcome.registered { session.startDelivery(agentID) }

@@ -178,12 +178,14 @@ final class ConnectionGate: Sendable {
 /// Closes a connection that misses its deadlines: one that is not authenticated
 /// `handshake` after it was accepted (TLS, Hello, credentials, however slowly they trickle
 /// in), and an authenticated one that sends no whole frame for `missedHeartbeats` heartbeat
-/// intervals. On authentication it also raises the connection's frame limit from
+/// intervals (told why with `Goodbye`, through the connection's machine: `goodbye`). On
+/// authentication it also raises the connection's frame limit from
 /// ``WireLimits/maxPreAuthFrameBytes`` to ``WireLimits/maxFrameBytes``.
 ///
-/// It sits between the frame codec and the connection's async channel and learns of the
-/// authentication from the `AuthResult` frame the server writes, so it needs no other wiring.
-/// Times come from the channel's event loop (an `EmbeddedEventLoop` in tests).
+/// It learns of the authentication from the connection's driver, which tells it through the
+/// pipeline (``AgentConnectionEvent/authenticated(heartbeatSeconds:)``) when the connection's
+/// machine decided it: no frame that passes is taken for one. Times come from the channel's
+/// event loop (an `EmbeddedEventLoop` in tests).
 final class ConnectionDeadlineHandler: ChannelDuplexHandler {
     typealias InboundIn = WireFrame
     typealias InboundOut = WireFrame
@@ -199,15 +201,23 @@ final class ConnectionDeadlineHandler: ChannelDuplexHandler {
     private let missedHeartbeats: Int64
     private let frameLimit: FrameSizeLimit
     private let onExpiry: @Sendable (Expiry) -> Void
+    private let goodbye: @Sendable (String) -> Void
     private var timer: Scheduled<Void>?
     private var silenceLimit: TimeAmount?
     private var lastFrame = NIODeadline.uptimeNanoseconds(0)
 
-    init(handshake: TimeAmount, missedHeartbeats: Int, frameLimit: FrameSizeLimit, onExpiry: @escaping @Sendable (Expiry) -> Void = { _ in }) {
+    /// - Parameter goodbye: says `Goodbye` with the reason and closes once it is written (the
+    ///   connection's ``ConnectionOutbound/goodbye(_:)``); the handler closes anyway a few
+    ///   seconds later if that never happens (a peer that does not read).
+    init(
+        handshake: TimeAmount, missedHeartbeats: Int, frameLimit: FrameSizeLimit, onExpiry: @escaping @Sendable (Expiry) -> Void = { _ in },
+        goodbye: @escaping @Sendable (String) -> Void
+    ) {
         self.handshake = handshake
         self.missedHeartbeats = Int64(missedHeartbeats)
         self.frameLimit = frameLimit
         self.onExpiry = onExpiry
+        self.goodbye = goodbye
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -235,16 +245,19 @@ final class ConnectionDeadlineHandler: ChannelDuplexHandler {
         context.fireChannelRead(data)
     }
 
-    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if silenceLimit == nil, case .authResult(let result)? = unwrapOutboundIn(data).body {
-            let interval = Int64(max(1, result.heartbeatIntervalS))
-            silenceLimit = .seconds(interval * missedHeartbeats)
-            frameLimit.set(WireLimits.maxFrameBytes)
-            lastFrame = context.eventLoop.now
-            timer?.cancel()
-            scheduleSilenceCheck(context: context)
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        guard let event = event as? AgentConnectionEvent else { return context.triggerUserOutboundEvent(event, promise: promise) }
+        switch event {
+        case .authenticated(let heartbeatSeconds):
+            if silenceLimit == nil {
+                silenceLimit = .seconds(Int64(max(1, heartbeatSeconds)) * missedHeartbeats)
+                frameLimit.set(WireLimits.maxFrameBytes)
+                lastFrame = context.eventLoop.now
+                timer?.cancel()
+                scheduleSilenceCheck(context: context)
+            }
         }
-        context.write(data, promise: promise)
+        promise?.succeed()
     }
 
     private func scheduleSilenceCheck(context: ChannelHandlerContext) {
@@ -252,9 +265,8 @@ final class ConnectionDeadlineHandler: ChannelDuplexHandler {
         timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: lastFrame + limit) {
             if context.eventLoop.now - self.lastFrame >= limit {
                 self.onExpiry(.silent(limit))
-                let goodbye = WireFrame.with { $0.goodbye = .with { $0.reason = "nothing received for \(limit.nanoseconds / 1_000_000_000) s" } }
-                context.writeAndFlush(self.wrapOutboundOut(goodbye)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
-                // A peer that does not read never lets the write complete: close anyway.
+                self.goodbye("nothing received for \(limit.nanoseconds / 1_000_000_000) s")
+                // A peer that does not read never lets the Goodbye be written: close anyway.
                 context.eventLoop.assumeIsolated().scheduleTask(in: .seconds(5)) { context.close(promise: nil) }
             } else {
                 self.scheduleSilenceCheck(context: context)
@@ -267,27 +279,22 @@ final class ConnectionDeadlineHandler: ChannelDuplexHandler {
 /// replaces the older, which is told so and closed: a stale connection can neither take
 /// commands nor mark the agent offline.
 final class AgentConnections: Sendable {
-    private let live = Mutex<[String: (token: Int, generation: Int64, channel: any Channel)]>([:])
+    private let live = Mutex<[String: (token: Int, generation: Int64, outbound: ConnectionOutbound)]>([:])
 
-    /// Makes `channel` the agent's connection, unless a connection with a newer presence
+    /// Makes `outbound`'s connection the agent's, unless a connection with a newer presence
     /// generation got there first (two authenticating at once). Returns the connection that
-    /// must go: the one replaced, or `channel` itself when it lost.
-    func replace(_ agentID: String, token: Int, generation: Int64, channel: any Channel) -> (any Channel)? {
+    /// must go: the one replaced, or `outbound` itself when it lost.
+    func replace(_ agentID: String, token: Int, generation: Int64, outbound: ConnectionOutbound) -> ConnectionOutbound? {
         live.withLock { live in
-            if let current = live[agentID], current.generation > generation { return channel }
+            if let current = live[agentID], current.generation > generation { return outbound }
             let old = live[agentID]
-            live[agentID] = (token, generation, channel)
-            return old?.channel
+            live[agentID] = (token, generation, outbound)
+            return old?.outbound
         }
     }
 
     /// Whether `token` holds the agent's live connection (a replaced one no longer delivers).
     func isLive(_ agentID: String, token: Int) -> Bool { live.withLock { $0[agentID]?.token == token } }
-
-    /// Says `Goodbye` and closes; closes anyway after a few seconds if the peer does not read.
-    static func close(_ channel: any Channel, saying reason: String) {
-        channel.close(after: channel.writeAndFlush(WireFrame.with { $0.goodbye = .with { $0.reason = reason } }))
-    }
 
     /// Forgets the agent's connection if it is still `token`'s.
     func remove(_ agentID: String, token: Int) {

@@ -5,8 +5,9 @@ import Foundation
 import Logging
 import NIOCore
 
-/// One agent connection's state machine and what its actions do to the registry and the
-/// uploads; returns what to write. The stores are called through their async protocols, and
+/// One agent connection's state machine steps and what their actions do to the registry and
+/// the uploads; returns what to write. The machine itself is in the connection's
+/// ``ConnectionOutbound``, through which every frame the server sends passes. The stores are called through their async protocols, and
 /// RSA and disk work runs on the ``ServerWork`` pools. One step at a time: its
 /// ``ConnectionDriver`` hands it the next frame only after the previous step returned (hence
 /// `@unchecked Sendable`).
@@ -20,10 +21,10 @@ final class ConnectionSession: @unchecked Sendable {
 
     let services: ConnectionServices
     let remote: String?
-    let channel: any Channel
+    /// The connection's machine and channel.
+    let outbound: ConnectionOutbound
     /// The connection's place in the ``ConnectionGate``.
     let token: Int
-    private var machine: ServerConnectionStateMachine
     private(set) var agentID: String?
     /// The registry's presence generation of this connection, once registered.
     private(set) var generation: Int64?
@@ -35,19 +36,21 @@ final class ConnectionSession: @unchecked Sendable {
     /// The agent's pull deliveries once registered, and their place with the dispatcher.
     private var delivery: (runner: DeliveryRunner, registration: Int)?
 
-    init(services: ConnectionServices, remote: String?, channel: any Channel, token: Int) {
+    init(services: ConnectionServices, remote: String?, outbound: ConnectionOutbound, token: Int) {
         self.services = services
         self.remote = remote
-        self.channel = channel
+        self.outbound = outbound
         self.token = token
-        machine = ServerConnectionStateMachine(software: "dredge-server/0.1", session: services.session)
     }
+
+    /// The heartbeat interval the server gives an authenticated agent.
+    var heartbeatSeconds: UInt32 { services.session.heartbeatIntervalS }
 
     /// The agent's uploads and command answers on this connection, made with the first frame
     /// that is not a heartbeat (an agent that only heartbeats costs none of it while idle).
     private func uploads(of id: String) -> ConnectionUploads {
         if let uploads { return uploads }
-        let channel = self.channel
+        let outbound = self.outbound
         let made = ConnectionUploads(
             agentID: id, services: services,
             emit: { frames in
@@ -55,7 +58,7 @@ final class ConnectionSession: @unchecked Sendable {
                 // committing thread at a time, and a refusal that ends an upload once it is
                 // recorded, so acks of different uploads may pass each other (the agent keeps
                 // them as a set).
-                _ = channel.writeAndFlush(frames: frames)
+                outbound.send(frames)
             })
         uploads = made
         return made
@@ -74,9 +77,9 @@ final class ConnectionSession: @unchecked Sendable {
     func startDelivery(_ agentID: String) {
         guard delivery == nil else { return }
         let pulls = PullDelivery(services)
-        let (token, channel) = (self.token, self.channel)
+        let (token, outbound) = (self.token, self.outbound)
         let runner = DeliveryRunner { request in
-            await pulls.deliverDue(to: agentID, request, token: token, channel: channel)
+            await pulls.deliverDue(to: agentID, request, token: token, outbound: outbound)
         }
         delivery = (runner, services.dispatcher.register(agentID) { runner.wake($0) })
     }
@@ -90,7 +93,10 @@ final class ConnectionSession: @unchecked Sendable {
     }
 
     func receive(_ frame: WireFrame) async throws -> Outcome {
-        try await run(machine.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)))
+        if case .goodbye(let goodbye)? = frame.body {
+            services.logger.info("agent said goodbye", metadata: ["agent.id": "\(agentID ?? "?")", "reason": "\(ConnectionUploads.bounded(goodbye.reason))"])
+        }
+        return try await run(outbound.step { $0.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)) })
     }
 
     /// The answer to `frame` when it is a heartbeat of the authenticated agent with nothing new
@@ -100,13 +106,13 @@ final class ConnectionSession: @unchecked Sendable {
     /// Called by the driver on the event loop, in the frame's turn (no task runs meanwhile).
     func answerAtOnce(_ frame: WireFrame) -> WireFrame? {
         // What the machine does with a heartbeat once the agent is authenticated: `.deliver`.
-        guard case .heartbeat(let heartbeat)? = frame.body, case .ready(let id) = machine.state,
+        guard case .heartbeat(let heartbeat)? = frame.body, let id = outbound.agentID,
             services.registry.holdHeartbeat(id, heartbeat, now: Date())
         else { return nil }
-        return .with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } }
+        return outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } }]).first
     }
 
-    func fail(_ error: WireProtocolError) async throws -> Outcome { try await run(machine.fail(error)) }
+    func fail(_ error: WireProtocolError) async throws -> Outcome { try await run(outbound.step { $0.fail(error) }) }
 
     private func run(_ actions: [ServerConnectionStateMachine.Action]) async throws -> Outcome {
         var outcome = Outcome()
@@ -125,14 +131,14 @@ final class ConnectionSession: @unchecked Sendable {
                 }
                 if verified {
                     if services.gate.authenticate(token) {
-                        pending.append(contentsOf: machine.authenticated(id))
+                        pending.append(contentsOf: outbound.step { $0.authenticated(id) })
                     } else {
                         services.refusals.log { suppressed in
                             services.logger.warning("agent refused: no room for another agent connection", metadata: [
                                 "agent.id": "\(id)", "max_agents": "\(services.gate.caps.authenticated)", "suppressed": "\(suppressed)",
                             ])
                         }
-                        pending.append(contentsOf: machine.fail(WireProtocolError(.errorLimitExceeded, "the server has no room for another agent connection; try later")))
+                        pending.append(contentsOf: outbound.step { $0.fail(WireProtocolError(.errorLimitExceeded, "the server has no room for another agent connection; try later")) })
                     }
                 } else {
                     services.refusals.log { suppressed in
@@ -140,21 +146,21 @@ final class ConnectionSession: @unchecked Sendable {
                             "agent.id": "\(WireID.isValid(id) ? id : "(malformed)")", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)",
                         ])
                     }
-                    pending.append(contentsOf: machine.authenticationFailed("unknown agent or bad signature"))
+                    pending.append(contentsOf: outbound.step { $0.authenticationFailed("unknown agent or bad signature") })
                 }
             case .enroll(let request):
                 switch await Enrollment(services).enroll(request, remote: remote) {
-                case .enrolled(let response): pending.append(contentsOf: machine.enrolled(response))
-                case .refused(let why): pending.append(contentsOf: machine.enrollmentFailed(why))
-                case .unavailable(let why): pending.append(contentsOf: machine.enrollmentFailed(why, code: .errorInternal))
+                case .enrolled(let response): pending.append(contentsOf: outbound.step { $0.enrolled(response) })
+                case .refused(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why) })
+                case .unavailable(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why, code: .errorInternal) })
                 }
             case .registered(let id):
                 agentID = id
                 generation = try await services.registry.connected(id, from: remote, host: host, now: Date())
                 host = WireHostInfo()  // recorded; not needed again
-                if let replaced = services.agentConnections.replace(id, token: token, generation: generation ?? 0, channel: channel) {
+                if let replaced = services.agentConnections.replace(id, token: token, generation: generation ?? 0, outbound: outbound) {
                     services.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])
-                    AgentConnections.close(replaced, saying: "replaced by a newer connection of the same agent")
+                    replaced.goodbye("replaced by a newer connection of the same agent")
                 }
                 services.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
                 outcome.registered = id
@@ -162,11 +168,11 @@ final class ConnectionSession: @unchecked Sendable {
                 if case .heartbeat(let heartbeat)? = frame.body {
                     if let problem = HeartbeatRules.problem(with: heartbeat) {
                         services.logger.notice("heartbeat refused", metadata: ["agent.id": "\(id)", "problem": "\(problem)"])
-                        pending.append(contentsOf: machine.fail(WireProtocolError(.errorMalformedFrame, problem)))
+                        pending.append(contentsOf: outbound.step { $0.fail(WireProtocolError(.errorMalformedFrame, problem)) })
                         continue
                     }
                     let added = try await services.registry.heartbeat(id, heartbeat, now: Date())
-                    outcome.frames.append(.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } })
+                    outcome.frames += outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } }])
                     // Off the connection's path: the ack does not wait for the pull queue.
                     if !added.isEmpty || heartbeat.hasUsers {
                         let delivery = PullDelivery(services)
@@ -175,16 +181,18 @@ final class ConnectionSession: @unchecked Sendable {
                 } else {
                     let uploads = uploads(of: id)
                     do {
-                        outcome.frames.append(contentsOf: try await uploads.handle(frame))
+                        outcome.frames += outbound.permitted(try await uploads.handle(frame))
                     } catch {
                         // The server's own trouble (a database on a full disk): "not now" for
                         // this upload, and the connection goes on.
                         let uploadID = ConnectionUploads.uploadID(of: frame) ?? ""
                         services.logger.error("upload frame not handled", metadata: ["agent.id": "\(id)", "upload.id": "\(WireID.echo(uploadID))", "error": "\(error)"])
                         if !uploadID.isEmpty {
-                            outcome.frames.append(.with {
-                                $0.error = .with { $0.code = .errorInternal; $0.detail = "the server cannot handle this upload now; try later"; $0.uploadID = WireID.echo(uploadID) }
-                            })
+                            outcome.frames += outbound.permitted([
+                                .with {
+                                    $0.error = .with { $0.code = .errorInternal; $0.detail = "the server cannot handle this upload now; try later"; $0.uploadID = WireID.echo(uploadID) }
+                                }
+                            ])
                         }
                     }
                 }

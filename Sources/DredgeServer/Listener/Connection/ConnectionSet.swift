@@ -1,10 +1,9 @@
-import NIOCore
 import Synchronization
 
 /// The open agent connections, so a shutdown can end them and wait until they have ended.
 final class ConnectionSet: Sendable {
     private struct State {
-        var channels: [Int: any Channel] = [:]
+        var connections: [Int: ConnectionOutbound] = [:]
         var next = 0
         var closing = false
         var drainWaiters: [Int: CheckedContinuation<Void, Never>] = [:]
@@ -13,20 +12,20 @@ final class ConnectionSet: Sendable {
 
     private let state = Mutex(State())
 
-    /// Adds `channel`; returns its token, and whether the set is closing (the caller closes
-    /// the channel once it has kept the token).
-    func insert(_ channel: any Channel) -> (token: Int, closing: Bool) {
+    /// Adds a connection; returns its token, and whether the set is closing (the caller closes
+    /// the connection once it has kept the token).
+    func insert(_ connection: ConnectionOutbound) -> (token: Int, closing: Bool) {
         state.withLock { s in
             s.next += 1
-            s.channels[s.next] = channel
+            s.connections[s.next] = connection
             return (s.next, s.closing)
         }
     }
 
     func remove(_ token: Int) {
         let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in
-            s.channels.removeValue(forKey: token)
-            guard s.channels.isEmpty else { return [] }
+            s.connections.removeValue(forKey: token)
+            guard s.connections.isEmpty else { return [] }
             defer { s.drainWaiters = [:] }
             return Array(s.drainWaiters.values)
         }
@@ -63,7 +62,7 @@ final class ConnectionSet: Sendable {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let now = state.withLock { s -> Bool in
                 // Cancelled before this registers: the cancellation handler found nothing to resume.
-                if s.channels.isEmpty || (id != nil && Task.isCancelled) { return true }
+                if s.connections.isEmpty || (id != nil && Task.isCancelled) { return true }
                 let key: Int
                 if let id {
                     key = id
@@ -78,15 +77,15 @@ final class ConnectionSet: Sendable {
         }
     }
 
-    /// Says `Goodbye` to every connection and closes it (``AgentConnections/close(_:saying:)``);
+    /// Says `Goodbye` to every connection and closes it (``ConnectionOutbound/goodbye(_:)``);
     /// connections inserted later are closed at once. Acts once.
     func closeAll(saying reason: String) {
-        let all = state.withLock { s -> [any Channel] in
+        let all = state.withLock { s -> [ConnectionOutbound] in
             if s.closing { return [] }
             s.closing = true
-            return Array(s.channels.values)
+            return Array(s.connections.values)
         }
-        for channel in all { AgentConnections.close(channel, saying: reason) }
+        for connection in all { connection.goodbye(reason) }
     }
 }
 

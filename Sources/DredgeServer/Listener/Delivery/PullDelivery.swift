@@ -61,7 +61,7 @@ struct PullDelivery: Sendable {
     /// replaced one that is still closing does not). A pull whose command cannot be made (its
     /// stored row is unreadable, its key does not unwrap) is marked failed on its own; the
     /// others are delivered. A passing failure leaves the pull queued for the next wake.
-    func deliverDue(to agentID: String, _ request: DeliveryRunner.Request, token: Int, channel: any Channel) async -> DeliveryRunner.Pass {
+    func deliverDue(to agentID: String, _ request: DeliveryRunner.Request, token: Int, outbound: ConnectionOutbound) async -> DeliveryRunner.Pass {
         let due: [(pull: DuePull, key: RSAPublicKey?, onlyQueued: Bool)]
         do {
             if request.read {
@@ -96,7 +96,9 @@ struct PullDelivery: Sendable {
             guard agentConnections.isLive(agentID, token: token) else { return .stop }
             guard let frame = await deliverable(pull, to: agentID, key: key, onlyQueued: onlyQueued) else { continue }
             do {
-                try await channel.writeAndFlush(frame).get()
+                // Through the connection's machine: nothing once the connection is ending.
+                guard let written = outbound.send([frame]) else { throw ChannelError.ioOnClosedChannel }
+                try await written.get()
             } catch {
                 // Marked delivered and not sent: it goes again on the agent's next connection.
                 logger.debug("a pull's command was not written; the connection is gone", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)", "error": "\(error)"])

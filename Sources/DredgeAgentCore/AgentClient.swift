@@ -326,34 +326,36 @@ struct UserReportDeduplication {
 }
 
 /// Closes the open connection when the service is asked to stop.
-final class StopSignal: @unchecked Sendable {
-    private let lock = NSLock()
-    private var stopped = false
-    private var action: (@Sendable () -> Void)?
+final class StopSignal: Sendable {
+    private struct State {
+        var stopped = false
+        var action: (@Sendable () -> Void)?
+    }
 
-    var isStopped: Bool { lock.withLock { stopped } }
+    private let state = Mutex(State())
+
+    var isStopped: Bool { state.withLock { $0.stopped } }
 
     func onStop(_ body: @escaping @Sendable () -> Void) {
-        let run = lock.withLock { () -> Bool in
-            action = body
-            return stopped
+        let run = state.withLock { s -> Bool in
+            s.action = body
+            return s.stopped
         }
         if run { body() }
     }
 
     func signal() {
-        let body = lock.withLock { () -> (@Sendable () -> Void)? in
-            stopped = true
-            return action
+        let body = state.withLock { s -> (@Sendable () -> Void)? in
+            s.stopped = true
+            return s.action
         }
         body?()
     }
 }
 
 /// When the current connection became ready; taken (and cleared) when it ends.
-final class ReadySince: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: ContinuousClock.Instant?
-    func set(_ instant: ContinuousClock.Instant) { lock.withLock { value = instant } }
-    func take() -> ContinuousClock.Instant? { lock.withLock { defer { value = nil }; return value } }
+final class ReadySince: Sendable {
+    private let value = Mutex<ContinuousClock.Instant?>(nil)
+    func set(_ instant: ContinuousClock.Instant) { value.withLock { $0 = instant } }
+    func take() -> ContinuousClock.Instant? { value.withLock { $0.take() } }
 }

@@ -213,7 +213,23 @@ actor UploadManager {
         let known = uploads[id] != nil || FileManager.default.fileExists(atPath: directory)
         // A place for its export is taken before the command is accepted; none free: REJECT_BUSY.
         let reserved = !known && exports.reserve()
-        var decision = admission.admit(command, busy: !known && !reserved)
+        // The checks (a signature, an RSA unwrap) run on the export executor's steps thread,
+        // on a copy of the admission; what it comes to is remembered here. (The connection
+        // hands over its next frame only once this one is answered.)
+        let busy = !known && !reserved
+        let trial = admission
+        var (decision, evaluated): (PullAdmission.Decision, PullAdmission)
+        do {
+            (decision, evaluated) = try await exports.blocking {
+                var admission = trial
+                let decision = admission.admit(command, busy: busy)
+                return (decision, admission)
+            }
+        } catch {
+            if reserved { exports.release() }
+            throw error
+        }
+        admission.remember(id, from: evaluated)
         if case .accept = decision, known {
             // Known here although not remembered (the agent stopped between keeping the command
             // and saving its memory): the same command, already under way.
@@ -225,18 +241,21 @@ actor UploadManager {
         }
         switch decision {
         case .accept(let accepted):
-            // Keep the command before answering, so a restart can finish what was accepted.
+            // Keep the command before answering, so a restart can finish what was accepted
+            // (durable writes, on the steps thread).
             do {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-                try AgentState.write(try command.serializedBytes(), to: directory + "/command.pb", mode: 0o600)
+                try await exports.blocking {
+                    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                    try AgentState.write(try command.serializedBytes(), to: directory + "/command.pb", mode: 0o600)
+                }
             } catch {
-                saveSeen()
+                await saveSeenOffActor()
                 exports.release()
                 try await outbound?.send(decision.frame(commandID: id))
                 await exportFailed(id, "cannot keep the accepted command: \(error)")
                 return
             }
-            saveSeen()
+            await saveSeenOffActor()
             do {
                 try await outbound?.send(decision.frame(commandID: id))
             } catch {
@@ -248,7 +267,7 @@ actor UploadManager {
             logger.info("pull command accepted", metadata: ["command.id": "\(id)"])
             export(accepted)
         case .reject(let reason, let detail):
-            saveSeen()
+            await saveSeenOffActor()
             try await outbound?.send(decision.frame(commandID: id))
             logger.notice("pull command rejected", metadata: ["command.id": "\(WireID.echo(id))", "reason": "\(reason)", "detail": "\(detail)"])
         case .repeated:
@@ -353,7 +372,9 @@ actor UploadManager {
             case .send(let frame):
                 try await writer?.send(frame)
             case .sendChunk(let index):
-                let sealed = try active.upload.chunk(index)
+                // Sealed on the steps thread (AES-GCM over up to 2 MiB), not on the actor.
+                let upload = active.upload
+                let sealed = try await exports.blocking { try upload.chunk(index) }
                 try await writer?.send(.with { $0.uploadChunk = .with { $0.uploadID = uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
             case .finished(let result):
                 uploads[uploadID] = nil
@@ -393,11 +414,31 @@ actor UploadManager {
         }
     }
 
-    /// Saves the memory of seen commands. A failure is logged: the commands are still
-    /// answered, but after a restart one delivered again would be run again.
-    private func saveSeen() {
+    /// ``saveSeen()`` on the export executor's steps thread (a durable write), with the
+    /// memory as it is now; saves are written in the order asked.
+    private func saveSeenOffActor() async {
+        let seen = admission.seen
+        let (path, logger) = (state.directory + "/seen-commands.json", logger)
         do {
-            try AgentState.write(Array(try JSONEncoder().encode(admission.seen)), to: state.directory + "/seen-commands.json", mode: 0o600)
+            try await exports.blocking { Self.writeSeen(seen, to: path, logger: logger) }
+        } catch {
+            logger.warning("could not save the commands seen (the agent is stopping)", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// ``saveSeenOffActor()`` without waiting for the write (from code that cannot wait); in
+    /// the same order as the others, on the same thread.
+    private func saveSeen() {
+        let seen = admission.seen
+        let (path, logger) = (state.directory + "/seen-commands.json", logger)
+        exports.step { Self.writeSeen(seen, to: path, logger: logger) }
+    }
+
+    /// Writes the memory of seen commands durably. A failure is logged: the commands are still
+    /// answered, but after a restart one delivered again would be run again.
+    private static func writeSeen(_ seen: [String: PullAdmission.Remembered], to path: String, logger: Logger) {
+        do {
+            try AgentState.write(Array(try JSONEncoder().encode(seen)), to: path, mode: 0o600)
         } catch {
             logger.error("cannot save the memory of seen commands", metadata: ["error": "\(error)"])
         }

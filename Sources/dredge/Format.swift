@@ -1,6 +1,7 @@
 import DredgeAdminAPI
 import DredgeDomain
 import Foundation
+import Synchronization
 
 /// How `dredge` shows things to people.
 enum Format {
@@ -68,24 +69,29 @@ enum Format {
 
 /// A progress line per agent on stderr: redrawn in place on a terminal, one line per change
 /// otherwise (logs, CI).
-final class ProgressDisplay: @unchecked Sendable {
-    private let lock = NSLock()
+final class ProgressDisplay: Sendable {
+    private struct Drawn {
+        /// Lines drawn last time (on a terminal).
+        var lines = 0
+        /// The state last printed per agent (otherwise).
+        var last: [String: String] = [:]
+    }
+
     private let terminal = isatty(2) == 1
-    private var drawn = 0
-    private var last: [String: String] = [:]
+    private let drawn = Mutex(Drawn())
 
     func show(_ pull: PullRecord) {
-        lock.withLock {
+        drawn.withLock { d in
             if terminal {
-                var out = drawn > 0 ? "\u{1B}[\(drawn)A" : ""
+                var out = d.lines > 0 ? "\u{1B}[\(d.lines)A" : ""
                 for t in pull.targets { out += "\u{1B}[2K" + line(t) + "\n" }
-                drawn = pull.targets.count
+                d.lines = pull.targets.count
                 FileHandle.standardError.write(Data(out.utf8))
             } else {
                 for t in pull.targets {
                     let state = "\(t.status.rawValue) \(t.chunksReceived)/\(t.chunkCount)"
-                    if last[t.agentID] != state {
-                        last[t.agentID] = state
+                    if d.last[t.agentID] != state {
+                        d.last[t.agentID] = state
                         FileHandle.standardError.write(Data((line(t) + "\n").utf8))
                     }
                 }

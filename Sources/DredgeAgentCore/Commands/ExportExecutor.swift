@@ -1,5 +1,6 @@
 import Foundation
 import NIOPosix
+import Synchronization
 
 /// The threads the agent's exports run on: a bounded number at a time, off the connection's
 /// path and off Swift's cooperative pool (an export reads the store, deflates on every core
@@ -9,39 +10,60 @@ import NIOPosix
 /// agent answers `REJECT_BUSY` (Protocol/README.md § Pull commands) and forgets the command,
 /// so the engineer can ask again later. An export accepted before a restart runs whatever the
 /// count (``reserveAnyway()``): it was promised.
-final class ExportExecutor: @unchecked Sendable {  // the count under `lock`
+///
+/// Beside the exports' threads it has one thread for the agent's short blocking steps
+/// (``blocking(_:)``): a command's admission (an Ed25519 verification and an RSA unwrap), the
+/// durable writes that keep an accepted command and the memory of commands seen, and sealing
+/// chunks. They never wait behind an export, and never hold a thread of Swift's cooperative
+/// pool (where the agent's connection runs) while they compute or wait for the disk.
+final class ExportExecutor: Sendable {
     let capacity: Int
     private let pool: NIOThreadPool
-    private let lock = NSLock()
-    private var inFlight = 0
+    private let steps: NIOThreadPool
+    private let inFlight = Mutex(0)
 
     init(capacity: Int) {
         self.capacity = max(1, capacity)
         pool = NIOThreadPool(numberOfThreads: self.capacity)
         pool.start()
+        steps = NIOThreadPool(numberOfThreads: 1)
+        steps.start()
     }
 
     deinit {
         pool.shutdownGracefully { _ in }  // nothing is waiting for the threads to end
+        steps.shutdownGracefully { _ in }
+    }
+
+    /// Runs a short blocking step on the steps' thread, in the order asked, and returns its
+    /// result; throws when the threads have stopped.
+    func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await steps.runIfActive(body)
+    }
+
+    /// Runs a short blocking step on the steps' thread without waiting for it, after the steps
+    /// asked before (also while the threads are stopping: it is a write that must not be lost).
+    func step(_ body: @escaping @Sendable () -> Void) {
+        steps.submit { _ in body() }
     }
 
     /// Exports accepted and not finished.
-    var running: Int { lock.withLock { inFlight } }
+    var running: Int { inFlight.withLock { $0 } }
 
     /// Takes a place if one is free.
     func reserve() -> Bool {
-        lock.withLock {
-            guard inFlight < capacity else { return false }
-            inFlight += 1
+        inFlight.withLock { count in
+            guard count < capacity else { return false }
+            count += 1
             return true
         }
     }
 
     /// Takes a place whether or not one is free (the export then waits for a thread).
-    func reserveAnyway() { lock.withLock { inFlight += 1 } }
+    func reserveAnyway() { inFlight.withLock { $0 += 1 } }
 
     /// Gives back a place reserved and not used.
-    func release() { lock.withLock { inFlight -= 1 } }
+    func release() { inFlight.withLock { $0 -= 1 } }
 
     /// Runs `work` in a place reserved before, which is given back when it returns; `work(false)`
     /// when the threads have stopped and it will not run.

@@ -153,6 +153,14 @@ public struct PullAdmission: Sendable {
         return decision
     }
 
+    /// Takes over what `evaluated` (a copy of this admission that admitted `commandID`
+    /// elsewhere) remembers of that command, and forgets what has expired: the admission's
+    /// checks run off the agent's actor on a copy, and only their outcome comes back.
+    public mutating func remember(_ commandID: String, from evaluated: PullAdmission, now: Timestamp = .now) {
+        seen = seen.filter { $0.value.expiresAtUs > now.microseconds }
+        if let remembered = evaluated.seen[commandID] { seen[commandID] = remembered }
+    }
+
     /// The records a command selects: its filter, bounded by the signed target uid, whatever
     /// the filter says (a pull for one user never yields another's records). Throws for a
     /// filter the store cannot mean or a filter uid other than the target's. Used on admission

@@ -1,5 +1,6 @@
 import CDredgeSystem
 import DredgePayload
+import Dispatch
 import Foundation
 import NIOPosix
 import Synchronization
@@ -90,17 +91,21 @@ final class ServerWork: Sendable {
     /// the idle policy was refused, if it was.
     @discardableResult
     static func prepare(_ pool: NIOThreadPool, threads: Int, name: String, nice: Int, idle: Bool) -> String? {
-        let barrier = Barrier(parties: threads)
+        // Each item holds its thread until every one has arrived, so no thread runs two.
+        let arrived = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
         let refused = Mutex<String?>(nil)
         for _ in 0..<threads {
             pool.submit { _ in
                 ThreadPriority.setName(name)
                 if nice != 0 || idle { ThreadPriority.setNice(nice) }
                 if idle, let why = ThreadPriority.setIdlePolicy() { refused.withLock { $0 = why } }
-                barrier.arriveAndWait()
+                arrived.signal()
+                release.wait()
             }
         }
-        barrier.wait()
+        for _ in 0..<threads { arrived.wait() }
+        for _ in 0..<threads { release.signal() }
         return refused.withLock { $0 }
     }
 
@@ -167,28 +172,5 @@ enum ThreadPriority {
         #else
         return 0
         #endif
-    }
-}
-
-/// Waits until `parties` threads have arrived.
-private final class Barrier: @unchecked Sendable {  // `arrived` only under `condition`
-    private let condition = NSCondition()
-    private let parties: Int
-    private var arrived = 0
-
-    init(parties: Int) { self.parties = parties }
-
-    func arriveAndWait() {
-        condition.lock()
-        defer { condition.unlock() }
-        arrived += 1
-        condition.broadcast()
-        while arrived < parties { condition.wait() }
-    }
-
-    func wait() {
-        condition.lock()
-        defer { condition.unlock() }
-        while arrived < parties { condition.wait() }
     }
 }

@@ -229,7 +229,7 @@ actor UploadManager {
             if reserved { exports.release() }
             throw error
         }
-        admission.remember(id, from: evaluated)
+        admission.remember(id, from: evaluated, before: trial)
         if case .accept = decision, known {
             // Known here although not remembered (the agent stopped between keeping the command
             // and saving its memory): the same command, already under way.
@@ -414,15 +414,16 @@ actor UploadManager {
         }
     }
 
-    /// ``saveSeen()`` on the export executor's steps thread (a durable write), with the
-    /// memory as it is now; saves are written in the order asked.
+    /// ``saveSeen()``, and returns once the write is done. The write is handed to the steps
+    /// thread here, on the actor, before the wait: saves are written in the order asked.
     private func saveSeenOffActor() async {
         let seen = admission.seen
         let (path, logger) = (state.directory + "/seen-commands.json", logger)
-        do {
-            try await exports.blocking { Self.writeSeen(seen, to: path, logger: logger) }
-        } catch {
-            logger.warning("could not save the commands seen (the agent is stopping)", metadata: ["error": "\(error)"])
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            exports.step {
+                Self.writeSeen(seen, to: path, logger: logger)
+                done.resume()
+            }
         }
     }
 

@@ -74,7 +74,6 @@ import Testing
         #expect(abs(filterSince.microseconds - since.microseconds) < 120_000_000)
         let expected = try Self.expected(store, LogFilter(since: filterSince, uid: "u-2", types: [.network, .player], levels: [.warning, .error, .critical]))
         #expect(!expected.isEmpty)
-        #expect(!expected.isEmpty)
         let files = try FileManager.default.contentsOfDirectory(atPath: dir).sorted()
         #expect(files == (expected.keys + [PayloadLimits.manifestName]).sorted())
         for file in expected.keys { #expect(contents(dir + "/" + file) == expected[file], "\(file)") }

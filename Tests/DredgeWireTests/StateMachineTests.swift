@@ -135,6 +135,31 @@ struct Loopback {
         #expect(lost.receive(.with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1 } }, challenge: [UInt8](repeating: 1, count: 32)).isEmpty)
     }
 
+    /// After the server's Goodbye (or a lost connection) an authenticated agent's frames that
+    /// were already on their way are still delivered (a chunk in flight is stored), but
+    /// nothing more is sent, not even an answer to a frame out of place.
+    @Test func framesInFlightAfterTheServersGoodbyeAreStillDelivered() throws {
+        for end in ["goodbye", "lost"] {
+            var net = Loopback(mode: .authenticate(agentID: testAgentKey.publicKey.agentID, host: testHost))
+            try net.agentActions(net.agent.start())
+            try net.run()
+            let id = try #require(net.server.agentID)
+            if end == "goodbye" {
+                #expect(net.server.goodbye("server shutting down").count == 2)
+            } else {
+                net.server.closed("connection lost")
+            }
+            #expect(net.server.state == .leaving(agentID: id))
+            let chunk = WireFrame.with { $0.uploadChunk = .with { $0.uploadID = "u"; $0.index = 0 } }
+            #expect(net.server.receive(chunk, challenge: []) == [.deliver(agentID: id, chunk)], "\(end)")
+            #expect(net.server.send(.with { $0.chunkAck = .with { $0.uploadID = "u" } }).isEmpty, "\(end)")
+            #expect(net.server.goodbye("again").isEmpty)
+            #expect(net.server.receive(.with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1 } }, challenge: []).isEmpty, "out of place: not answered")
+            #expect(net.server.receive(.with { $0.goodbye = .with { $0.reason = "bye" } }, challenge: []) == [.close(nil)])
+            #expect(net.server.receive(chunk, challenge: []).isEmpty, "closed at last")
+        }
+    }
+
     @Test func aDeviceIsDescribedByItsNewestContextWithinTheProtocolsBounds() {
         let process = WireHostInfo.with { $0.hostname = "box"; $0.os = "Linux 6" }
         // No record yet: the process's own host name and OS, and no app.

@@ -153,12 +153,14 @@ public struct PullAdmission: Sendable {
         return decision
     }
 
-    /// Takes over what `evaluated` (a copy of this admission that admitted `commandID`
-    /// elsewhere) remembers of that command, and forgets what has expired: the admission's
-    /// checks run off the agent's actor on a copy, and only their outcome comes back.
-    public mutating func remember(_ commandID: String, from evaluated: PullAdmission, now: Timestamp = .now) {
+    /// Takes over what `evaluated` (the copy `trial` of this admission, after it admitted
+    /// `commandID` elsewhere) came to remember of that command, and forgets what has expired:
+    /// the admission's checks run off the agent's actor on a copy, and only their outcome comes
+    /// back. What the copy did not change is left as it is here (a failure learned meanwhile
+    /// stays).
+    public mutating func remember(_ commandID: String, from evaluated: PullAdmission, before trial: PullAdmission, now: Timestamp = .now) {
         seen = seen.filter { $0.value.expiresAtUs > now.microseconds }
-        if let remembered = evaluated.seen[commandID] { seen[commandID] = remembered }
+        if let remembered = evaluated.seen[commandID], remembered != trial.seen[commandID] { seen[commandID] = remembered }
     }
 
     /// The records a command selects: its filter, bounded by the signed target uid, whatever

@@ -21,6 +21,10 @@ public struct ServerConnectionStateMachine: Sendable {
         case verifying(agentID: String)
         case enrolling
         case ready(agentID: String)
+        /// The server said `Goodbye`, or the connection was lost, after authentication: what
+        /// the agent sent before it knew is still delivered (a chunk in flight is stored),
+        /// nothing more is sent.
+        case leaving(agentID: String)
         case closed(String)
     }
 
@@ -61,6 +65,16 @@ public struct ServerConnectionStateMachine: Sendable {
         if case .goodbye? = frame.body {
             state = .closed("goodbye")
             return [.close(nil)]
+        }
+        if case .leaving(let id) = state {
+            switch frame.body {
+            case .heartbeat?, .commandAccepted?, .commandRejected?, .uploadBegin?, .uploadChunk?, .uploadStatusQuery?, .uploadComplete?:
+                return [.deliver(agentID: id, frame)]
+            case .error(let error)? where !error.fatal:
+                return [.deliver(agentID: id, frame)]
+            default:
+                return []  // nothing is answered any more
+            }
         }
         switch (state, frame.body) {
         case (.awaitingHello, .hello(let hello)?):
@@ -125,22 +139,35 @@ public struct ServerConnectionStateMachine: Sendable {
     }
 
     /// The server ends the connection politely (a silent agent, a newer connection of the same
-    /// agent, the server's shutdown): `Goodbye` with the reason, then close. Nothing once closed.
+    /// agent, the server's shutdown): `Goodbye` with the reason, then close. An authenticated
+    /// agent's frames already on their way are still delivered (``State/leaving(agentID:)``);
+    /// nothing is sent after it. Nothing once leaving or closed.
     public mutating func goodbye(_ reason: String) -> [Action] {
-        if case .closed = state { return [] }
-        state = .closed("goodbye sent: \(reason)")
+        switch state {
+        case .closed, .leaving: return []
+        case .ready(let id): state = .leaving(agentID: id)
+        default: state = .closed("goodbye sent: \(reason)")
+        }
         return [.send(.with { $0.goodbye = .with { $0.reason = reason } }), .close(nil)]
     }
 
-    /// The connection is gone (closed by either side): nothing is sent from now on.
+    /// The connection is gone (closed by either side): nothing is sent from now on; what an
+    /// authenticated agent sent before is still delivered.
     public mutating func closed(_ reason: String) {
-        if case .closed = state { return }
-        state = .closed(reason)
+        switch state {
+        case .closed, .leaving: return
+        case .ready(let id): state = .leaving(agentID: id)
+        default: state = .closed(reason)
+        }
     }
 
     /// A protocol error detected outside the machine (the frame decoder's).
     public mutating func fail(_ error: WireProtocolError) -> [Action] {
-        if case .closed = state { return [] }
+        switch state {
+        case .closed: return []
+        case .leaving: return [.close(error)]  // nothing is sent any more
+        default: break
+        }
         state = .closed(error.description)
         return [.send(error.frame), .close(error)]
     }

@@ -10,6 +10,11 @@ import Synchronization
 /// on the event loop) goes through ``send(_:)``, which the machine lets out only while the
 /// agent is authenticated and the connection not ending; and the connection's end is said by
 /// ``goodbye(_:)`` (a silent agent, a newer connection of the same agent, the shutdown).
+///
+/// The machine decides under its lock and the write is made after it: a frame let out just
+/// before the `Goodbye` was decided may still reach the channel after it (the agent, closed by
+/// then, ignores it). Writing under the lock would close that gap, but a write on the event
+/// loop can close the channel, whose close handler takes the same lock.
 final class ConnectionOutbound: Sendable {
     let channel: any Channel
     private let machine: Mutex<ServerConnectionStateMachine>

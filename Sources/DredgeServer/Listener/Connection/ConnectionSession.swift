@@ -76,10 +76,9 @@ final class ConnectionSession: @unchecked Sendable {
     /// the dispatcher wakes it.
     func startDelivery(_ agentID: String) {
         guard delivery == nil else { return }
-        let pulls = PullDelivery(services)
-        let (token, outbound) = (self.token, self.outbound)
+        let (services, token, outbound) = (self.services, self.token, self.outbound)
         let runner = DeliveryRunner { request in
-            await pulls.deliverDue(to: agentID, request, token: token, outbound: outbound)
+            await services.deliverDue(to: agentID, request, token: token, outbound: outbound)
         }
         delivery = (runner, services.dispatcher.register(agentID) { runner.wake($0) })
     }
@@ -149,7 +148,7 @@ final class ConnectionSession: @unchecked Sendable {
                     pending.append(contentsOf: outbound.step { $0.authenticationFailed("unknown agent or bad signature") })
                 }
             case .enroll(let request):
-                switch await Enrollment(services).enroll(request, remote: remote) {
+                switch await services.enroll(request, remote: remote) {
                 case .enrolled(let response): pending.append(contentsOf: outbound.step { $0.enrolled(response) })
                 case .refused(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why) })
                 case .unavailable(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why, code: .errorInternal) })
@@ -175,8 +174,7 @@ final class ConnectionSession: @unchecked Sendable {
                     outcome.frames += outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } }])
                     // Off the connection's path: the ack does not wait for the pull queue.
                     if !added.isEmpty || heartbeat.hasUsers {
-                        let delivery = PullDelivery(services)
-                        Task { await delivery.adoptPulls(for: id, heartbeat: heartbeat, added: added) }
+                        Task { [services] in await services.adoptPulls(for: id, heartbeat: heartbeat, added: added) }
                     }
                 } else {
                     let uploads = uploads(of: id)

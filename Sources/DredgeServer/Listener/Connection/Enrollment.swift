@@ -4,33 +4,19 @@ import DredgeWire
 import Foundation
 import Logging
 
-/// Enrolling a new agent's key over the wire: the enrollment token checked, the key parsed and
-/// recorded, and the server's keys sent back. Refusals are logged with their source, rate
-/// limited (anyone who can reach the port can cause them).
-struct Enrollment: Sendable {
-    let tokens: any TokenVault
-    let registry: any AgentDirectory
-    let deployment: LoadedDeployment
-    let refusals: RateLimitedLog
-    let logger: Logger
+/// What enrolling a key comes to: the agent's id and the server's keys, or why not.
+enum EnrollmentOutcome {
+    case enrolled(WireEnrollResponse)
+    case refused(String)
+    /// The server's own fault (its database): the agent may try again later.
+    case unavailable(String)
+}
 
-    init(_ services: ConnectionServices) {
-        tokens = services.tokens
-        registry = services.registry
-        deployment = services.deployment
-        refusals = services.refusals
-        logger = services.logger
-    }
-
-    /// What enrolling a key comes to: the agent's id and the server's keys, or why not.
-    enum Outcome {
-        case enrolled(WireEnrollResponse)
-        case refused(String)
-        /// The server's own fault (its database): the agent may try again later.
-        case unavailable(String)
-    }
-
-    func enroll(_ request: WireEnrollRequest, remote: String?) async -> Outcome {
+extension ConnectionServices {
+    /// Enrolls a new agent's key over the wire: the enrollment token checked, the key parsed and
+    /// recorded, and the server's keys sent back. Refusals are logged with their source, rate
+    /// limited (anyone who can reach the port can cause them).
+    func enroll(_ request: WireEnrollRequest, remote: String?) async -> EnrollmentOutcome {
         let accepted: Bool
         do {
             accepted = try await tokens.acceptsEnrollment(request.token)

@@ -8,26 +8,7 @@ import NIOPosix
 
 /// An agent's pulls on its live connection: sending the ones due (``DeliveryRunner`` runs one
 /// pass per wake) and joining the agent to open pulls by the uids it comes to hold.
-struct PullDelivery: Sendable {
-    let pulls: any PullQueue
-    let registry: any AgentDirectory
-    let issuer: CommandIssuer
-    let dispatcher: PullDispatcher
-    let agentConnections: AgentConnections
-    /// Where a command's RSA wrap and signature run.
-    let control: NIOThreadPool
-    let logger: Logger
-
-    init(_ services: ConnectionServices) {
-        pulls = services.pulls
-        registry = services.registry
-        issuer = services.issuer
-        dispatcher = services.dispatcher
-        agentConnections = services.agentConnections
-        control = services.work.control
-        logger = services.logger
-    }
-
+extension ConnectionServices {
     /// Joins the agent to the open pulls by uid alone of the uids it came to hold, and wakes its
     /// delivery if it joined any. With a user report (the first heartbeat of each connection),
     /// every uid it holds is looked at, so a join that failed once (the database was busy) is
@@ -133,7 +114,7 @@ struct PullDelivery: Sendable {
                 ? try await self.pulls.update(pull.id, agent: agentID, status: .delivered, from: [.queued])
                 : try await self.pulls.markDelivered(pull.id, agent: agentID)
         }
-        let command = await outcome { try await control.runIfActive { [issuer] in try issuer.command(stored, agent: agentID, agentKey: key) } }
+        let command = await outcome { try await work.control.runIfActive { [issuer] in try issuer.command(stored, agent: agentID, agentKey: key) } }
         switch await marked {
         case .success(true): break
         case .success(false): return nil  // answered, removed or expired meanwhile

@@ -119,21 +119,30 @@ actor UploadManager {
         // A redelivery of the command gets the failure again, not a second export.
         admission.rememberFailure(id, String(reason.prefix(1024)), until: Timestamp.now.adding(.seconds(86_400)).microseconds)
         saveSeen()
-        let dir = state.directory + "/uploads/" + id
-        do {
-            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-            for name in (try FileManager.default.contentsOfDirectory(atPath: dir)) where name != Self.failureFile {
-                try FileManager.default.removeItem(atPath: dir + "/" + name)
+        let (dir, logger) = (state.directory + "/uploads/" + id, logger)
+        // On the steps thread, after the seen commands saved above; ``reportFailures()`` waits
+        // for it.
+        exports.step {
+            do {
+                try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+                for name in (try FileManager.default.contentsOfDirectory(atPath: dir)) where name != Self.failureFile {
+                    try FileManager.default.removeItem(atPath: dir + "/" + name)
+                }
+                try AgentState.write(Array(reason.utf8.prefix(1024)), to: dir + "/" + Self.failureFile, mode: 0o600)
+            } catch {
+                logger.error("could not record a failed pull; dropping it", metadata: ["upload.id": "\(id)", "error": "\(error)"])
+                Self.removeDirectory(dir, logger: logger)
             }
-            try AgentState.write(Array(reason.utf8.prefix(1024)), to: dir + "/" + Self.failureFile, mode: 0o600)
-        } catch {
-            logger.error("could not record a failed pull; dropping it", metadata: ["upload.id": "\(id)", "error": "\(error)"])
-            removeDirectory(dir)
         }
     }
 
     /// Tells the server about every command that failed here, then forgets them.
     private func reportFailures() async throws {
+        do {
+            try await exports.blocking {}  // the failures recorded so far are on disk
+        } catch {
+            return  // the agent is stopping: the next start reports them
+        }
         let root = state.directory + "/uploads"
         for id in ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted() where WireID.isValid(id) {
             let dir = root + "/" + id
@@ -143,7 +152,9 @@ actor UploadManager {
         }
     }
 
-    private func removeDirectory(_ dir: String) {
+    private func removeDirectory(_ dir: String) { Self.removeDirectory(dir, logger: logger) }
+
+    private static func removeDirectory(_ dir: String, logger: Logger) {
         do { try FileManager.default.removeItem(atPath: dir) } catch { logger.warning("could not remove \(dir)", metadata: ["error": "\(error)"]) }
     }
 
@@ -284,29 +295,20 @@ actor UploadManager {
             recordFailure(accepted.commandID, "this agent has no store")
             return
         }
-        // Count the attempt before making it: an export that takes the agent down with it is
-        // tried a bounded number of times, not on every start for ever.
-        let attemptsPath = directory + "/attempts"
-        let attempts = (FileManager.default.contents(atPath: attemptsPath).flatMap { Int(String(decoding: $0, as: UTF8.self)) } ?? 0) + 1
-        guard attempts <= Self.maxExportAttempts else {
-            exports.release()
-            recordFailure(accepted.commandID, "the export was started \(Self.maxExportAttempts) times and never finished")
-            return
-        }
-        do {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-            try AgentState.write(Array(String(attempts).utf8), to: attemptsPath, mode: 0o600)
-        } catch {
-            exports.release()
-            recordFailure(accepted.commandID, "cannot prepare the export: \(error)")
-            return
-        }
         let agentID = state.file.agentID
         // Export on the export threads, off the connection's path; then back here to upload.
         exports.run { [logger] run in
-            let outcome: Result<SealedUpload, any Error>
-            if run {
-                outcome = Result {
+            guard run else {
+                // The agent is stopping: the command stays saved, and the next start exports it.
+                logger.notice("export not started: the agent is stopping", metadata: ["upload.id": "\(accepted.commandID)"])
+                return
+            }
+            // The reason to give the command up is the failure's description.
+            let outcome: Result<SealedUpload, AgentError>
+            if let refusal = Self.countAttempt(in: directory) {
+                outcome = .failure(AgentError(refusal))
+            } else {
+                do {
                     let zip = directory + "/export.zip"
                     let manifest = try Exporter.export(
                         from: store, ExportRequest(uploadID: accepted.commandID, kind: .pull, agentID: agentID, commandID: accepted.commandID, filter: accepted.filter),
@@ -316,12 +318,11 @@ actor UploadManager {
                         createdAt: Timestamp.now.microseconds)
                     try AgentState.write(try upload.header.serializedBytes(), to: directory + "/header.pb", mode: 0o600)
                     logger.info("export ready", metadata: ["upload.id": "\(accepted.commandID)", "records": "\(manifest.recordCount)", "chunks": "\(upload.header.chunkCount)"])
-                    return upload
+                    outcome = .success(upload)
+                } catch {
+                    logger.error("export failed", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
+                    outcome = .failure(AgentError("export failed: \(error)"))
                 }
-            } else {
-                // The agent is stopping: the command stays saved, and the next start exports it.
-                logger.notice("export not started: the agent is stopping", metadata: ["upload.id": "\(accepted.commandID)"])
-                return
             }
             Task {
                 switch outcome {
@@ -332,12 +333,27 @@ actor UploadManager {
                         // The connection went away: the upload is kept and the next connection resumes it.
                         logger.warning("upload not started now; the next connection resumes it", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
                     }
-                case .failure(let error):
-                    logger.error("export failed", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
-                    await self.exportFailed(accepted.commandID, "export failed: \(error)")
+                case .failure(let reason):
+                    await self.exportFailed(accepted.commandID, reason.description)
                 }
             }
         }
+    }
+
+    /// Counts an export attempt in `directory` before it is made (on the export thread): an
+    /// export that takes the agent down with it is tried a bounded number of times, not on
+    /// every start for ever. The reason to give up instead, or nil.
+    private static func countAttempt(in directory: String) -> String? {
+        let attemptsPath = directory + "/attempts"
+        let attempts = (FileManager.default.contents(atPath: attemptsPath).flatMap { Int(String(decoding: $0, as: UTF8.self)) } ?? 0) + 1
+        guard attempts <= maxExportAttempts else { return "the export was started \(maxExportAttempts) times and never finished" }
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            try AgentState.write(Array(String(attempts).utf8), to: attemptsPath, mode: 0o600)
+        } catch {
+            return "cannot prepare the export: \(error)"
+        }
+        return nil
     }
 
     private func exportFailed(_ id: String, _ reason: String) async {

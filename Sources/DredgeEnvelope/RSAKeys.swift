@@ -6,10 +6,11 @@ import _CryptoExtras
 /// feedback uploads. One key serves two schemes that never share padding: RSA-OAEP-SHA256
 /// (MGF1-SHA256, empty label) to unwrap keys, RSA-PSS-SHA256 (MGF1-SHA256, 32-byte salt) to sign
 /// authentication challenges.
-// `@unchecked`: _CryptoExtras' RSA keys are immutable wrappers of BoringSSL keys whose
-// operations are safe to call concurrently, but do not declare Sendable yet.
-public struct RSAPrivateKey: @unchecked Sendable {
-    let encryption: _RSA.Encryption.PrivateKey
+///
+/// Only the signing keys are kept: _CryptoExtras declares them Sendable but not its encryption
+/// keys, so a key is read as one from the same DER for each wrap or unwrap (once per pull, a
+/// small cost beside the RSA operation itself).
+public struct RSAPrivateKey: Sendable {
     let signing: _RSA.Signing.PrivateKey
 
     /// Generates a new 3072-bit key.
@@ -21,7 +22,6 @@ public struct RSAPrivateKey: @unchecked Sendable {
     public init(derRepresentation der: some DataProtocol) throws {
         do {
             signing = try _RSA.Signing.PrivateKey(derRepresentation: der)
-            encryption = try _RSA.Encryption.PrivateKey(derRepresentation: der)
         } catch {
             throw EnvelopeError(.invalidKey, "not an RSA private key of 2048 bits or more: \(error)")
         }
@@ -30,7 +30,6 @@ public struct RSAPrivateKey: @unchecked Sendable {
     public init(pemRepresentation pem: String) throws {
         do {
             signing = try _RSA.Signing.PrivateKey(pemRepresentation: pem)
-            encryption = try _RSA.Encryption.PrivateKey(pemRepresentation: pem)
         } catch {
             throw EnvelopeError(.invalidKey, "not an RSA private key of 2048 bits or more: \(error)")
         }
@@ -44,6 +43,7 @@ public struct RSAPrivateKey: @unchecked Sendable {
     public func unwrapKey(_ wrapped: some DataProtocol) throws -> SymmetricKey {
         let raw: Data
         do {
+            let encryption = try _RSA.Encryption.PrivateKey(derRepresentation: signing.derRepresentation)
             raw = try encryption.decrypt(wrapped, padding: .PKCS1_OAEP_SHA256)
         } catch {
             throw EnvelopeError(.keyUnwrapFailed, "the wrapped key does not decrypt under this key")
@@ -59,16 +59,14 @@ public struct RSAPrivateKey: @unchecked Sendable {
 }
 
 /// The public half: SubjectPublicKeyInfo DER on the wire.
-public struct RSAPublicKey: @unchecked Sendable, Hashable {
+public struct RSAPublicKey: Sendable, Hashable {
     public let spki: [UInt8]
-    let encryption: _RSA.Encryption.PublicKey
     let signing: _RSA.Signing.PublicKey
 
     public init(spki: some DataProtocol) throws {
         self.spki = Array(spki)
         do {
             signing = try _RSA.Signing.PublicKey(derRepresentation: self.spki)
-            encryption = try _RSA.Encryption.PublicKey(derRepresentation: self.spki)
         } catch {
             throw EnvelopeError(.invalidKey, "not an RSA public key of 2048 bits or more")
         }
@@ -98,7 +96,8 @@ public struct RSAPublicKey: @unchecked Sendable, Hashable {
 
     /// RSA-OAEP-SHA256 of the 32 key bytes.
     public func wrapKey(_ key: SymmetricKey) throws -> [UInt8] {
-        try key.withUnsafeBytes { Array(try encryption.encrypt(Data($0), padding: .PKCS1_OAEP_SHA256)) }
+        let encryption = try _RSA.Encryption.PublicKey(derRepresentation: spki)
+        return try key.withUnsafeBytes { Array(try encryption.encrypt(Data($0), padding: .PKCS1_OAEP_SHA256)) }
     }
 
     public func isValidSignature(_ signature: [UInt8], for message: [UInt8]) -> Bool {

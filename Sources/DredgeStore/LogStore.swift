@@ -1,6 +1,7 @@
 import DredgeDomain
 import Foundation
 import GRDB
+import Synchronization
 
 /// The client's local, bounded log store.
 ///
@@ -20,8 +21,7 @@ public final class LogStore: Sendable {
     let pool: DatabasePool
     private let queue: WriteQueue
     private let writer: BatchWriter?
-    private let state = NSLock()
-    nonisolated(unsafe) private var isClosed = false
+    private let isClosed = Mutex(false)
 
     /// Opens (creating if needed) the store at `path`, runs migrations, and starts the writer,
     /// which runs retention before anything else.
@@ -61,7 +61,7 @@ public final class LogStore: Sendable {
     }
 
     deinit {
-        if !isClosed {
+        if !isClosed.withLock({ $0 }) {
             queue.close()
             writer?.join()
         }
@@ -130,10 +130,10 @@ public final class LogStore: Sendable {
 
     /// Flushes, stops the writer and closes the database. Later enqueues are dropped and counted.
     public func close() throws {
-        state.lock()
-        let already = isClosed
-        isClosed = true
-        state.unlock()
+        let already = isClosed.withLock { closed in
+            defer { closed = true }
+            return closed
+        }
         guard !already else { return }
         queue.close()
         writer?.join()

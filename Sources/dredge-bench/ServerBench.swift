@@ -9,6 +9,7 @@ import DredgeServer
 import DredgeStore
 import DredgeWire
 import Foundation
+import Synchronization
 
 /// `dredge-bench server`: the real `dredge-server` process under three loads.
 ///
@@ -326,7 +327,7 @@ func sibling(_ name: String) -> String {
 }
 
 /// A `dredge-server run` child with ports chosen by the system.
-final class ServerProcess: @unchecked Sendable {
+final class ServerProcess: Sendable {
     let process = Process()
     let agentPort: Int
     /// `https://127.0.0.1:PORT`
@@ -397,13 +398,12 @@ final class ServerProcess: @unchecked Sendable {
 }
 
 /// A `dredge-bench fleet-child`: lines out (`enrolled`, `ready`, `pull ID NANOS`), lines in.
-final class FleetProcess: @unchecked Sendable {
+final class FleetProcess: Sendable {
     let process = Process()
     let input = Pipe()
     let output = Pipe()
-    private let lock = NSLock()
-    private var lines: [String] = []
-    private var arrivals: [String: Int64] = [:]
+    /// What the child said: lines, and the arrival times of pulls.
+    private let heard = Mutex((lines: [String](), arrivals: [String: Int64]()))
 
     init(arguments: [String]) throws {
         process.executableURL = URL(fileURLWithPath: sibling("dredge-bench"))
@@ -421,12 +421,12 @@ final class FleetProcess: @unchecked Sendable {
                 while let newline = pending.firstIndex(of: 10) {
                     let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
                     pending.removeSubrange(pending.startIndex...newline)
-                    lock.withLock {
+                    heard.withLock {
                         let parts = line.split(separator: " ")
                         if parts.count == 3, parts[0] == "pull", let at = Int64(parts[2]) {
-                            arrivals[String(parts[1])] = at
+                            $0.arrivals[String(parts[1])] = at
                         } else {
-                            lines.append(line)
+                            $0.lines.append(line)
                         }
                     }
                 }
@@ -461,25 +461,25 @@ final class FleetProcess: @unchecked Sendable {
         return children
     }
 
-    func arrival(of pullID: String) -> Int64? { lock.withLock { arrivals[pullID] } }
+    func arrival(of pullID: String) -> Int64? { heard.withLock { $0.arrivals[pullID] } }
 
     /// The last line that starts with `prefix`, once one came (waits up to `timeout` s).
     func line(_ prefix: String, timeout: Int) throws -> String {
         try waitFor(prefix, timeout: timeout)
-        return lock.withLock {
-            let found = lines.last { $0.hasPrefix(prefix) } ?? ""
-            lines.removeAll { $0.hasPrefix(prefix) }
+        return heard.withLock { heard in
+            let found = heard.lines.last { $0.hasPrefix(prefix) } ?? ""
+            heard.lines.removeAll { $0.hasPrefix(prefix) }
             return found
         }
     }
 
     func waitFor(_ prefix: String, timeout: Int) throws {
         for _ in 0..<(timeout * 10) {
-            if lock.withLock({ lines.contains { $0.hasPrefix(prefix) } }) { return }
+            if heard.withLock({ heard in heard.lines.contains { $0.hasPrefix(prefix) } }) { return }
             if !process.isRunning { break }
             usleep(100_000)
         }
-        throw ValidationError("fleet child never said '\(prefix)': \(lock.withLock { lines.suffix(5) })")
+        throw ValidationError("fleet child never said '\(prefix)': \(heard.withLock { $0.lines.suffix(5) })")
     }
 
     func send(_ line: String) { input.fileHandleForWriting.write(Data((line + "\n").utf8)) }

@@ -6,6 +6,7 @@ import DredgeEnvelope
 import DredgeServer
 import DredgeWire
 import Foundation
+import Synchronization
 import FoundationNetworking
 
 /// `dredge-bench slowloris`: `server.slow_loris`, the time to serve an engineer and an enrolled
@@ -75,14 +76,11 @@ struct SlowLorisBench: AsyncParsableCommand {
 
 /// Opens silent TCP connections to `port` from 127.0.0.2 as fast as the server lets it keep
 /// them: it keeps up to `target` open, replacing each one the server closes.
-final class Attacker: @unchecked Sendable {
+final class Attacker: Sendable {
     let port: Int
     let target: Int
-    private let lock = NSLock()
-    private var running = true
-    private var opened = 0
-    private var sockets: [Int32] = []
-    private var thread: Thread?
+    private let state = Mutex((running: true, opened: 0))
+    private let finished = DispatchSemaphore(value: 0)
 
     init(port: Int, target: Int = 256) {
         self.port = port
@@ -90,14 +88,18 @@ final class Attacker: @unchecked Sendable {
     }
 
     func start() {
-        let thread = Thread { [self] in loop() }
-        self.thread = thread
-        thread.start()
+        Thread { [self] in
+            loop()
+            finished.signal()
+        }.start()
     }
 
-    private var isRunning: Bool { lock.withLock { running } }
+    private var isRunning: Bool { state.withLock { $0.running } }
 
+    /// The attacker's thread: its sockets are its own, closed when it ends.
     private func loop() {
+        var sockets: [Int32] = []
+        defer { for fd in sockets { close(fd) } }
         while isRunning {
             // Drop the sockets the server closed (a read of 0 bytes, without blocking).
             sockets.removeAll { fd in
@@ -111,7 +113,7 @@ final class Attacker: @unchecked Sendable {
             }
             while sockets.count < target, isRunning, let fd = connectSilently() {
                 sockets.append(fd)
-                lock.withLock { opened += 1 }
+                state.withLock { $0.opened += 1 }
             }
             usleep(20_000)
         }
@@ -142,12 +144,10 @@ final class Attacker: @unchecked Sendable {
         }
     }
 
-    /// Stops and closes every connection; returns how many it opened in all.
+    /// Stops and closes every connection (call after ``start()``); returns how many it opened in all.
     func stop() -> Int {
-        lock.withLock { running = false }
-        while thread?.isFinished == false { usleep(10_000) }
-        for fd in sockets { close(fd) }
-        sockets = []
-        return lock.withLock { opened }
+        state.withLock { $0.running = false }
+        finished.wait()
+        return state.withLock { $0.opened }
     }
 }

@@ -149,7 +149,7 @@ struct UnauthenticatedBench: AsyncParsableCommand {
 
 /// Between TLS and the socket: once armed, sends the next write without its last byte (and
 /// nothing after it).
-private final class Withholder: ChannelOutboundHandler, @unchecked Sendable {
+private final class Withholder: ChannelOutboundHandler {
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
     var armed = false
@@ -169,7 +169,7 @@ private final class Withholder: ChannelOutboundHandler, @unchecked Sendable {
 }
 
 /// Fulfils its promise when the TLS handshake completes.
-private final class HandshakeDone: ChannelInboundHandler, @unchecked Sendable {
+private final class HandshakeDone: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     let promise: EventLoopPromise<Void>
 

@@ -127,6 +127,34 @@ import Testing
         }
     }
 
+    /// A saved command whose export was started as many times as allowed and never finished
+    /// (it took the agent down with it, say) is given up at the next start: the export thread
+    /// counts the attempt before making it, finds one too many, and the pull is reported failed
+    /// with nothing exported or uploaded.
+    @Test func anExportStartedTooOftenIsGivenUp() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let store = try server.deviceStore()
+            var pullID = ""
+            try await withStopping(Device(server, store: store) { state in
+                let id = try await server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
+                pullID = id
+                try await server.pulls.markDelivered(id, agent: state.file.agentID)
+                let command = try server.issuer.command(try await server.pulls.storedPull(id), agent: state.file.agentID, agentKey: state.key.publicKey)
+                let dir = state.directory + "/uploads/\(id)"
+                try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+                let bytes: [UInt8] = try command.serializedBytes()
+                try Data(bytes).write(to: URL(fileURLWithPath: dir + "/command.pb"))
+                try Data(String(UploadManager.maxExportAttempts).utf8).write(to: URL(fileURLWithPath: dir + "/attempts"))
+            }) { device in
+                #expect(try await Self.waitFor { try await server.admin.pull(pullID).targets.first?.status == .failed })
+                let target = try #require(try await server.admin.pull(pullID).targets.first)
+                #expect(target.detail.contains("started \(UploadManager.maxExportAttempts) times and never finished"), "\(target.detail)")
+                #expect(target.chunkCount == 0, "nothing was uploaded")
+                #expect(try await Self.waitFor { !FileManager.default.fileExists(atPath: device.state.directory + "/uploads/\(pullID)") })
+            }
+        }
+    }
+
     /// The server's disk fills while chunks arrive: it answers ERROR_INTERNAL, the pull stays
     /// open with the reason, the agent keeps its export and retries; once there is room the
     /// pull completes with every record.

@@ -1,5 +1,6 @@
 import CDredgeZlib
 import Foundation
+import Synchronization
 
 /// Raw deflate of a byte stream on several cores, producing one standard deflate stream.
 ///
@@ -8,7 +9,9 @@ import Foundation
 /// with a final block), so the concatenated outputs are one valid stream — the pigz technique.
 /// Outputs are handed to `sink` in order. At most `4 × workers` blocks are in flight, so memory
 /// is bounded by the block size, not by the input.
-final class ParallelDeflater: @unchecked Sendable {  // worker results cross threads under `lock`
+///
+/// One caller writes and finishes; only each block's ``Slot`` crosses to its worker.
+final class ParallelDeflater {
     struct Summary {
         var crc32: UInt32
         var compressedSize: UInt64
@@ -19,15 +22,12 @@ final class ParallelDeflater: @unchecked Sendable {  // worker results cross thr
     private let blockSize: Int
     private let maxInFlight: Int
     private let sink: ([UInt8]) throws -> Void
-    private let group = DispatchGroup()
-    private let lock = NSLock()
-
     private var current: [UInt8] = []
     private var previousTail: [UInt8] = []
     private var nextIndex = 0
     private var nextToWrite = 0
-    private var results: [Int: Result<(bytes: [UInt8], crc: UInt32, length: Int), any Error>] = [:]
-    private var pending: [Int: DispatchSemaphore] = [:]
+    /// Blocks handed to workers and not yet written, by index.
+    private var pending: [Int: Slot] = [:]
     private var summary = Summary(crc32: 0, compressedSize: 0, uncompressedSize: 0)
 
     static let dictionaryBytes = 32 * 1024
@@ -71,34 +71,40 @@ final class ParallelDeflater: @unchecked Sendable {  // worker results cross thr
         current.reserveCapacity(blockSize)
         let index = nextIndex
         nextIndex += 1
-        let done = DispatchSemaphore(value: 0)
-        lock.lock()
-        pending[index] = done
-        lock.unlock()
+        let slot = Slot()
+        pending[index] = slot
         let level = self.level
-        DispatchQueue.global().async { [self] in
-            let result = Result { try Self.compress(input, dictionary: dictionary, level: level, last: last) }
-            lock.lock()
-            results[index] = result.map { ($0, Self.crc(input), input.count) }
-            lock.unlock()
-            done.signal()
+        DispatchQueue.global().async {
+            slot.fill(Result { (try Self.compress(input, dictionary: dictionary, level: level, last: last), Self.crc(input), input.count) })
         }
     }
 
     private func writeNext() throws {
-        lock.lock()
-        let done = pending.removeValue(forKey: nextToWrite)!
-        lock.unlock()
-        done.wait()
-        lock.lock()
-        let result = results.removeValue(forKey: nextToWrite)!
-        lock.unlock()
+        let slot = pending.removeValue(forKey: nextToWrite)!
         nextToWrite += 1
-        let block = try result.get()
+        let block = try slot.take().get()
         summary.crc32 = nextToWrite == 1 ? block.crc : UInt32(crc32_combine(uLong(summary.crc32), uLong(block.crc), off_t(block.length)))
         summary.uncompressedSize += UInt64(block.length)
         summary.compressedSize += UInt64(block.bytes.count)
         try sink(block.bytes)
+    }
+
+    /// One block's result, filled by its worker and taken by the writer.
+    private final class Slot: Sendable {
+        typealias Block = Result<(bytes: [UInt8], crc: UInt32, length: Int), any Error>
+        private let done = DispatchSemaphore(value: 0)
+        private let result = Mutex<Block?>(nil)
+
+        func fill(_ block: Block) {
+            result.withLock { $0 = block }
+            done.signal()
+        }
+
+        /// Waits for the worker.
+        func take() -> Block {
+            done.wait()
+            return result.withLock { $0.take()! }
+        }
     }
 
     static func crc(_ bytes: [UInt8]) -> UInt32 {

@@ -83,7 +83,7 @@ struct JSONSchema: Sendable {
         case rules([Rule])
     }
 
-    private enum Rule: @unchecked Sendable {
+    private enum Rule: Sendable {
         case type([String])
         case const(JSONValue)
         case oneOfValues([JSONValue])

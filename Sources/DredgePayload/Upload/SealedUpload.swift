@@ -6,7 +6,7 @@ import Foundation
 /// The agent's side of an upload: an export zip on disk, its header, and chunks sealed on
 /// demand (one chunk of memory each), so an upload of any size is sent with a window of chunks
 /// in memory.
-public final class SealedUpload: @unchecked Sendable {
+public final class SealedUpload: Sendable {
     public let header: WireUploadHeader
     public let cipher: ChunkCipher
     public let path: String

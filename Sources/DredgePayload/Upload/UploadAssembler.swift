@@ -3,6 +3,7 @@ import DredgeEnvelope
 import DredgeWire
 import Foundation
 import SwiftProtobuf
+import Synchronization
 
 /// The receiving side of one upload, on disk, so it survives a dropped connection and a
 /// restart of the receiver (README § Uploads, resumption).
@@ -12,15 +13,30 @@ import SwiftProtobuf
 /// to a temporary name, fsynced and renamed, and the directory fsynced, before ``accept`` returns,
 /// so a chunk acknowledged after `accept` is never lost. Re-sending a held chunk is harmless.
 /// Ciphertext is what stays on disk until the upload completes.
-public final class UploadAssembler {
+///
+/// Chunks are written from any threads (``write(index:ciphertext:)`` reads only what never
+/// changes); what changes (the chunks held, the stream and how far it got) is under a
+/// ``Mutex``, never held while a chunk is read, opened or handed to the stream.
+public final class UploadAssembler: Sendable {
     public let directory: String
     public let cipher: ChunkCipher
     public var header: WireUploadHeader { cipher.header }
-    public private(set) var received: Set<UInt32>
+    private let progress: Mutex<Progress>
+
+    private struct Progress {
+        var received: Set<UInt32>
+        /// Unpacks the payload while chunks arrive, once ``stream(into:)`` started it.
+        var stream: PayloadStream?
+        /// Chunks handed to ``stream``, in order: the next one it needs.
+        var streamed: UInt32 = 0
+    }
+
+    /// The chunks held.
+    public var received: Set<UInt32> { progress.withLock { $0.received } }
     /// Unpacks the payload while chunks arrive, once ``stream(into:)`` started it.
-    public private(set) var stream: PayloadStream?
+    public var stream: PayloadStream? { progress.withLock { $0.stream } }
     /// Chunks handed to ``stream``, in order: the next one it needs.
-    public private(set) var streamed: UInt32 = 0
+    public var streamed: UInt32 { progress.withLock { $0.streamed } }
     /// Chunks already held that are read back and handed to the stream with each chunk
     /// committed while the stream is behind (an upload resumed after a reconnect or a restart):
     /// the catch-up runs alongside the chunks still to come instead of before the agent may
@@ -45,7 +61,7 @@ public final class UploadAssembler {
             try fm.createDirectory(atPath: directory + "/chunks", withIntermediateDirectories: true)
             try DurableFile.write(bytes, to: headerPath)
         }
-        received = []
+        var received: Set<UInt32> = []
         do {
             try fm.createDirectory(atPath: directory + "/chunks", withIntermediateDirectories: true)
             for name in try fm.contentsOfDirectory(atPath: directory + "/chunks") {
@@ -54,6 +70,7 @@ public final class UploadAssembler {
         } catch {
             throw PayloadExtractor.fileError(error, "reading the chunks of upload \(header.uploadID)")
         }
+        progress = Mutex(Progress(received: received))
     }
 
     /// Reopens an upload from its directory alone (after a restart).
@@ -64,7 +81,7 @@ public final class UploadAssembler {
         try self.init(directory: directory, header: try WireUploadHeader(serializedBytes: bytes), key: key)
     }
 
-    public var isComplete: Bool { received.count == Int(header.chunkCount) }
+    public var isComplete: Bool { progress.withLock { $0.received.count } == Int(header.chunkCount) }
 
     /// What an upload directory holds, read without the key: its header and the chunks stored
     /// (for a status answer about an upload not open on this connection). Nil if there is none.
@@ -89,29 +106,42 @@ public final class UploadAssembler {
     /// upload resumed) are read back from the first, ``catchUpPerCommit`` with each chunk
     /// committed, and each next chunk goes straight to the stream once the stream reaches it.
     public func stream(into stream: PayloadStream) {
-        self.stream?.discard()
-        self.stream = stream
-        streamed = 0
+        let previous = progress.withLock { p in
+            defer {
+                p.stream = stream
+                p.streamed = 0
+            }
+            return p.stream
+        }
+        previous?.discard()
     }
 
     /// Lets go of the stream (after its last use), so what it holds is freed.
-    public func endStream() { stream = nil }
+    public func endStream() { progress.withLock { $0.stream = nil } }
 
     /// Whether the stream was handed every chunk and has not failed (so far).
-    public var streamedEverything: Bool { stream != nil && streamed == header.chunkCount && stream?.failure == nil }
+    public var streamedEverything: Bool {
+        let (stream, streamed) = progress.withLock { ($0.stream, $0.streamed) }
+        return stream != nil && streamed == header.chunkCount && stream?.failure == nil
+    }
 
     /// Reads back held chunks from the next one the stream needs, in order, and hands them to
     /// it: at most `budget` of them, and only while they are held. One call at a time (as
     /// ``commit(index:plaintext:)``). A chunk that no longer reads or opens stops the stream
     /// (the upload is then unpacked from the whole zip, which decides).
     public func catchUp(budget: Int = .max) {
-        guard let stream else { return }
         var left = budget
-        while left > 0, streamed < header.chunkCount, received.contains(streamed), stream.failure == nil {
+        while left > 0 {
+            // The next chunk the stream needs, if it is held (only this call moves `streamed`).
+            let next = progress.withLock { p -> (PayloadStream, UInt32)? in
+                guard let stream = p.stream, p.streamed < header.chunkCount, p.received.contains(p.streamed) else { return nil }
+                return (stream, p.streamed)
+            }
+            guard let (stream, index) = next, stream.failure == nil else { return }
             do {
-                guard let sealed = FileManager.default.contents(atPath: chunkPath(streamed)) else { throw ExportError(.io, "chunk \(streamed) vanished") }
-                stream.append(try cipher.open(sealed, index: streamed))
-                streamed += 1
+                guard let sealed = FileManager.default.contents(atPath: chunkPath(index)) else { throw ExportError(.io, "chunk \(index) vanished") }
+                stream.append(try cipher.open(sealed, index: index))
+                progress.withLock { $0.streamed = index + 1 }
                 left -= 1
             } catch {
                 stream.fail(error)
@@ -125,7 +155,7 @@ public final class UploadAssembler {
     /// Verifies chunk `index` and stores it durably. Throws `.chunkAuthFailed` for a chunk that
     /// does not authenticate and `.uploadInvalid` for a bad index or size; nothing is stored then.
     public func accept(index: UInt32, ciphertext: some DataProtocol) throws {
-        if received.contains(index) {
+        if progress.withLock({ $0.received.contains(index) }) {
             _ = try verify(index: index, ciphertext: ciphertext)
             return
         }
@@ -145,10 +175,15 @@ public final class UploadAssembler {
     /// The second half: records chunk `index`, written by ``write(index:ciphertext:)``, as held
     /// and hands it to the stream. One call at a time.
     public func commit(index: UInt32, plaintext: Data) {
-        guard index < header.chunkCount, received.insert(index).inserted else { return }
-        if index == streamed, let stream, stream.failure == nil {
+        guard index < header.chunkCount else { return }
+        let streamNow = progress.withLock { p -> PayloadStream?? in
+            guard p.received.insert(index).inserted else { return .none }
+            return .some(index == p.streamed ? p.stream : nil)
+        }
+        guard let streamNow else { return }
+        if let stream = streamNow, stream.failure == nil {
             stream.append(plaintext)
-            streamed += 1
+            progress.withLock { $0.streamed = index + 1 }
         }
         catchUp(budget: Self.catchUpPerCommit)
     }
@@ -164,8 +199,9 @@ public final class UploadAssembler {
     /// Decrypts every chunk in order into `zipPath` (fsynced). Throws `.incomplete` if chunks
     /// are missing.
     public func assemble(to zipPath: String) throws {
-        guard isComplete else {
-            throw ExportError(.incomplete, "\(Int(header.chunkCount) - received.count) of \(header.chunkCount) chunks missing")
+        let held = progress.withLock { $0.received.count }
+        guard held == Int(header.chunkCount) else {
+            throw ExportError(.incomplete, "\(Int(header.chunkCount) - held) of \(header.chunkCount) chunks missing")
         }
         let file = try BufferedFile(creating: zipPath)
         for index in 0..<header.chunkCount {

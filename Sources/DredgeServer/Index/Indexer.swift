@@ -272,20 +272,24 @@ public struct IndexingError: Error, CustomStringConvertible, Sendable {
 /// first records are searchable soon. A line that runs past ``maxLineBytes`` across reads is
 /// skipped to its end and counted in ``overlong``, so memory stays bounded by a block plus that
 /// limit whatever the file holds (a line within one read is bounded by the read).
-final class LineBlockReader: @unchecked Sendable {  // used by one indexing step at a time
+final class LineBlockReader: Sendable {
     static let maxLineBytes = 16 << 20
     static let firstBlockBytes = 256 << 10
     private let handle: FileHandle
     private let blockBytes: Int
     private let maxLineBytes: Int
-    /// The bytes after the last newline handed out: the start of the next line.
-    private var carry: [UInt8] = []
-    /// Inside an over-long line: bytes are dropped up to its newline.
-    private var skipping = false
-    private var ended = false
-    private var reads = 0
-    /// Lines skipped for being longer than the limit.
-    private(set) var overlong = 0
+    /// Used by one indexing step at a time, on whichever pool thread runs it.
+    private let position = Mutex(Position())
+
+    private struct Position {
+        /// The bytes after the last newline handed out: the start of the next line.
+        var carry: [UInt8] = []
+        /// Inside an over-long line: bytes are dropped up to its newline.
+        var skipping = false
+        var ended = false
+        var reads = 0
+        var overlong = 0
+    }
 
     init(path: String, blockBytes: Int, maxLineBytes: Int = LineBlockReader.maxLineBytes) throws {
         guard let handle = FileHandle(forReadingAtPath: path) else { throw IndexingError("\(path) cannot be opened") }
@@ -296,39 +300,44 @@ final class LineBlockReader: @unchecked Sendable {  // used by one indexing step
 
     deinit { try? handle.close() }  // read only; nothing to lose
 
+    /// Lines skipped for being longer than the limit.
+    var overlong: Int { position.withLock { $0.overlong } }
+
     func next() throws -> [UInt8]? {
-        while !ended {
-            reads += 1
-            guard let data = try handle.read(upToCount: reads == 1 ? min(blockBytes, Self.firstBlockBytes) : blockBytes), !data.isEmpty else {
-                ended = true
-                break
+        try position.withLock { position throws -> [UInt8]? in
+            while !position.ended {
+                position.reads += 1
+                guard let data = try handle.read(upToCount: position.reads == 1 ? min(blockBytes, Self.firstBlockBytes) : blockBytes), !data.isEmpty else {
+                    position.ended = true
+                    break
+                }
+                var bytes = [UInt8](data)
+                if position.skipping {
+                    guard let newline = bytes.firstIndex(of: 0x0A) else { continue }
+                    bytes.removeSubrange(...newline)
+                    position.skipping = false
+                }
+                // Only the new bytes are searched: a long line costs one pass, not one per read.
+                if let lastNewline = bytes.lastIndex(of: 0x0A) {
+                    var block = position.carry
+                    block.append(contentsOf: bytes[...lastNewline])
+                    position.carry = Array(bytes[(lastNewline + 1)...])
+                    trimCarry(&position)
+                    return block
+                }
+                position.carry.append(contentsOf: bytes)
+                trimCarry(&position)
             }
-            var bytes = [UInt8](data)
-            if skipping {
-                guard let newline = bytes.firstIndex(of: 0x0A) else { continue }
-                bytes.removeSubrange(...newline)
-                skipping = false
-            }
-            // Only the new bytes are searched: a long line costs one pass, not one per read.
-            if let lastNewline = bytes.lastIndex(of: 0x0A) {
-                var block = carry
-                block.append(contentsOf: bytes[...lastNewline])
-                carry = Array(bytes[(lastNewline + 1)...])
-                trimCarry()
-                return block
-            }
-            carry.append(contentsOf: bytes)
-            trimCarry()
+            guard !position.carry.isEmpty else { return nil }
+            defer { position.carry = [] }
+            return position.carry + [0x0A]
         }
-        guard !carry.isEmpty else { return nil }
-        defer { carry = [] }
-        return carry + [0x0A]
     }
 
-    private func trimCarry() {
-        guard carry.count > maxLineBytes else { return }
-        overlong += 1
-        carry = []
-        skipping = true
+    private func trimCarry(_ position: inout Position) {
+        guard position.carry.count > maxLineBytes else { return }
+        position.overlong += 1
+        position.carry = []
+        position.skipping = true
     }
 }

@@ -179,12 +179,16 @@ public final class AgentListener: Service, Sendable {
                 try handlers.addHandler(ConnectionDeadlineHandler(
                     handshake: .nanoseconds(Int64(limits.handshakeSeconds * 1e9)), missedHeartbeats: limits.missedHeartbeats, frameLimit: frameLimit,
                     goodbye: { outbound.goodbye($0) }))
-                let session = ConnectionSession(services: services, remote: channel.remoteAddress?.description, outbound: outbound, token: token)
-                let driver = ConnectionDriver(session: session, channel: channel, logger: self.logger, counters: self.counters) { session in await self.ended(session) }
-                try handlers.addHandler(ConnectionDriverHandler(driver: driver, logger: self.logger))
-                channel.closeFuture.whenComplete { _ in driver.channelClosed() }
                 let (setToken, shuttingDown) = self.connections.insert(outbound)
-                session.setToken = setToken
+                let session = ConnectionSession(services: services, remote: channel.remoteAddress?.description, outbound: outbound, token: token, setToken: setToken)
+                let driver = ConnectionDriver(session: session, channel: channel, logger: self.logger, counters: self.counters) { session in await self.ended(session) }
+                do {
+                    try handlers.addHandler(ConnectionDriverHandler(driver: driver, logger: self.logger))
+                } catch {
+                    self.connections.remove(setToken)  // no driver: `ended` will not run
+                    throw error
+                }
+                channel.closeFuture.whenComplete { _ in driver.channelClosed() }
                 if shuttingDown { channel.close(promise: nil) }
             }.flatMapError { error in
                 // NIO drops a channel whose initializer failed without closing it.
@@ -215,6 +219,6 @@ public final class AgentListener: Service, Sendable {
             }
             logger.info("agent disconnected", metadata: ["agent.id": "\(agentID)"])
         }
-        if let setToken = session.setToken { connections.remove(setToken) }
+        connections.remove(session.setToken)
     }
 }

@@ -9,7 +9,7 @@ import Foundation
 /// Sequence numbers: every accepted entry, and every sign-in attribution, is an operation; the
 /// writer reports how many it finished (written or failed, in order). `flush` waits until the
 /// finished count reaches the count of operations it saw when called.
-final class WriteQueue: @unchecked Sendable {
+final class WriteQueue: @unchecked Sendable {  // every var is under `condition` (Mutex cannot wait on a condition)
     struct Batch {
         var entries: [LogEntry]
         var dropped: LossWindow?

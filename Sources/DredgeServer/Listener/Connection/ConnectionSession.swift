@@ -4,14 +4,16 @@ import DredgeWire
 import Foundation
 import Logging
 import NIOCore
+import Synchronization
 
 /// One agent connection's state machine steps and what their actions do to the registry and
 /// the uploads; returns what to write. The machine itself is in the connection's
 /// ``ConnectionOutbound``, through which every frame the server sends passes. The stores are called through their async protocols, and
 /// RSA and disk work runs on the ``ServerWork`` pools. One step at a time: its
-/// ``ConnectionDriver`` hands it the next frame only after the previous step returned (hence
-/// `@unchecked Sendable`).
-final class ConnectionSession: @unchecked Sendable {
+/// ``ConnectionDriver`` hands it the next frame only after the previous step returned. Its
+/// own state is under a ``Mutex`` all the same (never held across a wait): the steps run on
+/// whichever thread resumes them, and the listener reads it when the connection ends.
+final class ConnectionSession: Sendable {
     struct Outcome {
         var frames: [WireFrame] = []
         /// The agent authenticated: start delivering its pulls.
@@ -25,22 +27,31 @@ final class ConnectionSession: @unchecked Sendable {
     let outbound: ConnectionOutbound
     /// The connection's place in the ``ConnectionGate``.
     let token: Int
-    private(set) var agentID: String?
-    /// The registry's presence generation of this connection, once registered.
-    private(set) var generation: Int64?
-    private var host = WireHostInfo()
-    private var uploads: ConnectionUploads?
-    /// The connection's place in the listener's ``ConnectionSet`` (set once, on the event
-    /// loop, before any frame).
-    var setToken: Int?
-    /// The agent's pull deliveries once registered, and their place with the dispatcher.
-    private var delivery: (runner: DeliveryRunner, registration: Int)?
+    /// The connection's place in the listener's ``ConnectionSet``.
+    let setToken: Int
+    private let state = Mutex(State())
 
-    init(services: ConnectionServices, remote: String?, outbound: ConnectionOutbound, token: Int) {
+    private struct State {
+        var agentID: String?
+        /// The registry's presence generation of this connection, once registered.
+        var generation: Int64?
+        var host = WireHostInfo()
+        var uploads: ConnectionUploads?
+        /// The agent's pull deliveries once registered, and their place with the dispatcher.
+        var delivery: (runner: DeliveryRunner, registration: Int)?
+    }
+
+    /// The agent, once registered.
+    var agentID: String? { state.withLock { $0.agentID } }
+    /// The registry's presence generation of this connection, once registered.
+    var generation: Int64? { state.withLock { $0.generation } }
+
+    init(services: ConnectionServices, remote: String?, outbound: ConnectionOutbound, token: Int, setToken: Int) {
         self.services = services
         self.remote = remote
         self.outbound = outbound
         self.token = token
+        self.setToken = setToken
     }
 
     /// The heartbeat interval the server gives an authenticated agent.
@@ -49,7 +60,7 @@ final class ConnectionSession: @unchecked Sendable {
     /// The agent's uploads and command answers on this connection, made with the first frame
     /// that is not a heartbeat (an agent that only heartbeats costs none of it while idle).
     private func uploads(of id: String) -> ConnectionUploads {
-        if let uploads { return uploads }
+        if let uploads = state.withLock({ $0.uploads }) { return uploads }
         let outbound = self.outbound
         let made = ConnectionUploads(
             agentID: id, services: services,
@@ -60,32 +71,34 @@ final class ConnectionSession: @unchecked Sendable {
                 // them as a set).
                 outbound.send(frames)
             })
-        uploads = made
+        state.withLock { $0.uploads = made }
         return made
     }
 
     /// Waits for the chunks still being written (call before ``closed()``).
-    func settled() async { await uploads?.settled() }
+    func settled() async { await state.withLock { $0.uploads }?.settled() }
 
     /// The connection ended: uploads being unpacked while they arrived stop.
     func closed() {
-        uploads?.closed()
+        state.withLock { $0.uploads }?.closed()
     }
 
     /// Starts delivering the agent's pulls on this connection: a pass now, and one whenever
     /// the dispatcher wakes it.
     func startDelivery(_ agentID: String) {
-        guard delivery == nil else { return }
+        guard state.withLock({ $0.delivery == nil }) else { return }
         let (services, token, outbound) = (self.services, self.token, self.outbound)
         let runner = DeliveryRunner { request in
             await services.deliverDue(to: agentID, request, token: token, outbound: outbound)
         }
-        delivery = (runner, services.dispatcher.register(agentID) { runner.wake($0) })
+        let registration = services.dispatcher.register(agentID) { runner.wake($0) }
+        state.withLock { $0.delivery = (runner, registration) }
     }
 
     /// Stops delivering (the connection ended); returns when no pass runs. Called after the
     /// session's last step, like ``closed()``.
     func stopDelivery() async {
+        let (delivery, agentID) = state.withLock { ($0.delivery, $0.agentID) }
         guard let delivery, let agentID else { return }
         services.dispatcher.unregister(agentID, token: delivery.registration)
         await delivery.runner.stop()
@@ -93,7 +106,7 @@ final class ConnectionSession: @unchecked Sendable {
 
     func receive(_ frame: WireFrame) async throws -> Outcome {
         if case .goodbye(let goodbye)? = frame.body {
-            services.logger.info("agent said goodbye", metadata: ["agent.id": "\(agentID ?? "?")", "reason": "\(ConnectionUploads.bounded(goodbye.reason))"])
+            services.logger.info("agent said goodbye", metadata: ["agent.id": "\(self.agentID ?? "?")", "reason": "\(ConnectionUploads.bounded(goodbye.reason))"])
         }
         return try await run(outbound.step { $0.receive(frame, challenge: secureRandomBytes(WireLimits.challengeBytes)) })
     }
@@ -121,7 +134,7 @@ final class ConnectionSession: @unchecked Sendable {
             case .send(let frame):
                 outcome.frames.append(frame)
             case .verify(let id, let signature, let challenge, let claimedHost):
-                host = claimedHost
+                state.withLock { $0.host = claimedHost }
                 let key = WireID.isValid(id) ? try await services.registry.publicKey(of: id) : nil
                 let verified = if let key {
                     try await services.work.control.runIfActive { AgentAuthentication.verify(signature: signature, challenge: challenge, publicKey: key) }
@@ -154,10 +167,16 @@ final class ConnectionSession: @unchecked Sendable {
                 case .unavailable(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why, code: .errorInternal) })
                 }
             case .registered(let id):
-                agentID = id
-                generation = try await services.registry.connected(id, from: remote, host: host, now: Date())
-                host = WireHostInfo()  // recorded; not needed again
-                if let replaced = services.agentConnections.replace(id, token: token, generation: generation ?? 0, outbound: outbound) {
+                let host = state.withLock {
+                    $0.agentID = id
+                    return $0.host
+                }
+                let generation = try await services.registry.connected(id, from: remote, host: host, now: Date())
+                state.withLock {
+                    $0.generation = generation
+                    $0.host = WireHostInfo()  // recorded; not needed again
+                }
+                if let replaced = services.agentConnections.replace(id, token: token, generation: generation, outbound: outbound) {
                     services.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])
                     replaced.goodbye("replaced by a newer connection of the same agent")
                 }

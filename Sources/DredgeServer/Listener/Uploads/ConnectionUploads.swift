@@ -7,6 +7,7 @@ import DredgeWire
 import Foundation
 import Logging
 import NIOPosix
+import Synchronization
 
 /// The uploads of one agent connection on the server: one ``UploadReceiverStateMachine`` and
 /// one ``UploadAssembler`` (on disk, so they survive reconnects and restarts) per upload, and
@@ -22,8 +23,8 @@ import NIOPosix
 /// or costs CPU (chunk verification and durable writes, RSA, the last steps of an upload) runs
 /// on `blocking`, a ``ServerWork`` pool. One frame is handled at a time (the connection hands
 /// over the next only when the last is answered); chunks are written and committed on pool
-/// threads meanwhile, under ``lock`` (hence `@unchecked Sendable`).
-final class ConnectionUploads: @unchecked Sendable {
+/// threads meanwhile, so the receivers are under a ``Mutex`` (never held across a wait).
+final class ConnectionUploads: Sendable {
     let agentID: String
     let paths: DataDirectory
     let limits: PayloadLimits
@@ -46,15 +47,22 @@ final class ConnectionUploads: @unchecked Sendable {
     private let recordings: SerialRunner<[Recording]>
     /// Landed uploads' chunk directories, removed one after another.
     private let removals: SerialRunner<[(directory: String, uploadID: String)]>
-    /// Guards ``receivers`` and the machines in it: chunks are committed on pool threads while
-    /// the connection reads on.
-    private let lock = NSLock()
-    /// Under ``lock`` while chunks are in flight; otherwise touched by one step at a time.
-    private var receivers: [String: (machine: UploadReceiverStateMachine, assembler: UploadAssembler)] = [:]
-    /// Per upload, the `chunks_received` last queued for writing (touched by the committer only).
-    private var recordedCount: [String: Int] = [:]
-    /// Uploads begun on this connection that are feedback, not pulls (one step at a time).
-    private var feedbackUploads: Set<String> = []
+    /// The uploads open on this connection: chunks are committed on pool threads while the
+    /// connection reads on.
+    private let state = Mutex(State())
+
+    private struct State {
+        var receivers: [String: Receiver] = [:]
+        /// Per upload, the `chunks_received` last queued for writing (the committer's).
+        var recordedCount: [String: Int] = [:]
+        /// Uploads begun on this connection that are feedback, not pulls (the steps').
+        var feedbackUploads: Set<String> = []
+    }
+
+    private typealias Receiver = (machine: UploadReceiverStateMachine, assembler: UploadAssembler)
+
+    private func receiver(_ id: String) -> Receiver? { state.withLock { $0.receivers[id] } }
+    private func isFeedback(_ id: String) -> Bool { state.withLock { $0.feedbackUploads.contains(id) } }
 
     init(agentID: String, services: ConnectionServices, limits: PayloadLimits = PayloadLimits(), emit: @escaping @Sendable ([WireFrame]) -> Void) {
         self.agentID = agentID
@@ -132,7 +140,7 @@ final class ConnectionUploads: @unchecked Sendable {
             try await outcomes.rejected(m)
             return []
         case .error(let e)?:
-            guard WireID.isValid(e.uploadID), !feedbackUploads.contains(e.uploadID) else { return [] }
+            guard WireID.isValid(e.uploadID), !isFeedback(e.uploadID) else { return [] }
             try await outcomes.failedOnAgent(e)
             return []
         case .uploadBegin(let m)?:
@@ -140,22 +148,25 @@ final class ConnectionUploads: @unchecked Sendable {
         case .uploadChunk(let chunk)?:
             return try await receive(chunk)
         case .uploadComplete(let m)?:
-            guard var entry = receivers[m.uploadID] else { return [error(.errorUploadUnknown, m.uploadID, "no upload \(m.uploadID) begun on this connection")] }
+            // No chunk is in flight (settled above): the step owns the receiver until it puts
+            // it back.
+            guard var entry = receiver(m.uploadID) else { return [error(.errorUploadUnknown, m.uploadID, "no upload \(m.uploadID) begun on this connection")] }
             var out: [WireFrame] = []
             for action in entry.machine.complete() {
                 switch action {
                 case .send(let f): out.append(f)
                 case .assemble:
-                    let finished = await finisher.finish(m.uploadID, entry.assembler, isFeedback: feedbackUploads.contains(m.uploadID))
+                    let finished = await finisher.finish(m.uploadID, entry.assembler, isFeedback: isFeedback(m.uploadID))
                     if let chunks = finished.landedChunks { removeAfterResult(chunks, uploadID: m.uploadID) }
                     for case .send(let f) in entry.machine.assembled(finished.result) { out.append(f) }
                 default: break
                 }
             }
-            receivers[m.uploadID] = entry
+            let done = entry
+            state.withLock { $0.receivers[m.uploadID] = done }
             return out
         case .uploadStatusQuery(let m)?:
-            if let entry = receivers[m.uploadID] { return [entry.machine.status()] }
+            if let entry = receiver(m.uploadID) { return [entry.machine.status()] }
             return [try await storedStatus(m.uploadID)]
         default:
             return []
@@ -207,14 +218,14 @@ final class ConnectionUploads: @unchecked Sendable {
     /// through ``emit``. Answers that need no write (a chunk held already, a bad index) are
     /// returned at once.
     private func receive(_ chunk: WireUploadChunk) async throws -> [WireFrame] {
-        guard lock.withLock({ receivers[chunk.uploadID] != nil }) else {
+        guard receiver(chunk.uploadID) != nil else {
             return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")]
         }
         await pipeline.room()
         var out: [WireFrame] = []
         var failed: Progress?
-        let started = lock.withLock { () -> (ChunkKey, Data, UploadAssembler)? in
-            guard var entry = receivers[chunk.uploadID] else { return nil }
+        let started = state.withLock { state -> (ChunkKey, Data, UploadAssembler)? in
+            guard var entry = state.receivers[chunk.uploadID] else { return nil }
             var started: (ChunkKey, Data, UploadAssembler)?
             let wasReceiving = entry.machine.state == .receiving
             for action in entry.machine.chunk(chunk) {
@@ -232,11 +243,10 @@ final class ConnectionUploads: @unchecked Sendable {
             if wasReceiving, case .finished(let result) = entry.machine.state, !result.ok, result.error == .errorChunkInvalid {
                 failed = Progress(status: .failed, detail: result.detail, failedWith: .errorChunkInvalid)
             }
-            receivers[chunk.uploadID] = entry
+            state.receivers[chunk.uploadID] = entry
             return started
         }
         if let (key, ciphertext, assembler) = started {
-            nonisolated(unsafe) let assembler = assembler  // `write` reads only what never changes
             // Set before any chunk is written, cleared only after `settled()`.
             let streaming = assembler.stream != nil
             blocking.submit { state in
@@ -307,26 +317,29 @@ final class ConnectionUploads: @unchecked Sendable {
     private func commit(_ key: ChunkKey, _ outcome: Result<Data, any Error>, frames: inout [WireFrame], moves: inout [(String, Progress)]) {
         let id = key.uploadID
         let index = key.index
-        guard let assembler = lock.withLock({ receivers[id]?.assembler }) else { return }
+        guard let assembler = receiver(id)?.assembler else { return }
         let next: [UploadReceiverStateMachine.Action]
         switch outcome {
         case .success(let plaintext):
             // An upload that ended meanwhile (a chunk that failed authentication) takes no more.
-            guard lock.withLock({ receivers[id]?.machine.state == .receiving }) else { return }
+            guard receiver(id)?.machine.state == .receiving else { return }
             assembler.commit(index: index, plaintext: plaintext)
-            next = lock.withLock { receivers[id]?.machine.stored(index) ?? [] }
             let held = assembler.received.count
             let total = Int(assembler.header.chunkCount)
-            if held == total || held - (recordedCount[id] ?? 0) >= Self.chunksPerStatusWrite {
-                recordedCount[id] = held
-                moves.append((id, Progress(status: .uploading, chunksReceived: held)))
+            let (stored, due) = state.withLock { state in
+                let stored = state.receivers[id]?.machine.stored(index) ?? []
+                let due = held == total || held - (state.recordedCount[id] ?? 0) >= Self.chunksPerStatusWrite
+                if due { state.recordedCount[id] = held }
+                return (stored, due)
             }
+            next = stored
+            if due { moves.append((id, Progress(status: .uploading, chunksReceived: held))) }
         case .failure(let error):
             if let e = error as? ExportError {
                 logger.warning("chunk refused", metadata: ["upload.id": "\(id)", "index": "\(index)", "error": "\(e)"])
             }
             let (code, move) = Self.refusal(of: error, index: index)
-            next = lock.withLock { receivers[id]?.machine.rejected(index, code) ?? [] }
+            next = state.withLock { $0.receivers[id]?.machine.rejected(index, code) ?? [] }
             // A chunk refused after its upload ended answers nothing and records nothing.
             if !next.isEmpty { moves.append((id, move)) }
         }
@@ -360,7 +373,8 @@ final class ConnectionUploads: @unchecked Sendable {
     private func record(_ moves: [(String, Progress)], thenSend frames: [WireFrame] = []) {
         // Which kind each upload is, read here: `feedbackUploads` changes only in a step that
         // waits for the recordings first (``settled()``).
-        let recording = Recording(moves: moves.map { ($0.0, feedbackUploads.contains($0.0), $0.1) }, frames: frames)
+        let feedback = state.withLock { $0.feedbackUploads }
+        let recording = Recording(moves: moves.map { ($0.0, feedback.contains($0.0), $0.1) }, frames: frames)
         recordings.ask { $0.append(recording) }
     }
 
@@ -372,16 +386,15 @@ final class ConnectionUploads: @unchecked Sendable {
         case .answered(let frame): return [frame]
         case .admitted(let admitted): key = admitted
         }
-        if header.kind == .feedback { feedbackUploads.insert(header.uploadID) }
-        if receivers[header.uploadID] == nil, let refused = try await blocking.runIfActive({ self.open(header, key: key) }) {
+        if header.kind == .feedback { _ = state.withLock { $0.feedbackUploads.insert(header.uploadID) } }
+        if receiver(header.uploadID) == nil, let refused = try await blocking.runIfActive({ self.open(header, key: key) }) {
             return [refused]
         }
-        guard var entry = receivers[header.uploadID] else { return [] }
+        guard let entry = receiver(header.uploadID) else { return [] }
         try await statuses.move(
             header.uploadID, isFeedback: header.kind == .feedback, to: .uploading, chunksReceived: entry.assembler.received.count,
             chunkCount: Int(header.chunkCount), bytes: Int64(clamping: header.plaintextSize))
-        let actions = entry.machine.begin(header)
-        receivers[header.uploadID] = entry
+        let actions = state.withLock { $0.receivers[header.uploadID]?.machine.begin(header) ?? [] }
         return actions.compactMap { if case .send(let f) = $0 { return f } else { return nil } }
     }
 
@@ -397,7 +410,8 @@ final class ConnectionUploads: @unchecked Sendable {
             return self.error(.errorInternal, header.uploadID, "the server cannot keep this upload now (\(error)); try later")
         }
         startStreaming(assembler, isFeedback: header.kind == .feedback)
-        receivers[header.uploadID] = (UploadReceiverStateMachine(header: header, received: assembler.received), assembler)
+        let receiver = (UploadReceiverStateMachine(header: header, received: assembler.received), assembler)
+        state.withLock { $0.receivers[header.uploadID] = receiver }
         return nil
     }
 
@@ -431,11 +445,14 @@ final class ConnectionUploads: @unchecked Sendable {
     /// staged is removed (the chunks stay, for the agent to finish the upload later).
     /// Call after ``settled()``.
     func closed() {
+        let receivers = state.withLock { state in
+            defer { state.receivers.removeAll() }
+            return state.receivers
+        }
         for (_, entry) in receivers {
             entry.assembler.stream?.discard()
             entry.assembler.endStream()
         }
-        receivers.removeAll()
     }
 
     private func error(_ code: WireErrorCode, _ uploadID: String, _ detail: String) -> WireFrame {

@@ -52,8 +52,6 @@ struct UploadFinisher: Sendable {
             }
             let destination = isFeedback ? try paths.feedbackFiles(uploadID) : try paths.pullFiles(uploadID, agent: agentID)
             let selected = selection
-            // The assembler belongs to the connection's one step at a time, which waits for this.
-            nonisolated(unsafe) let assembler = assembler
             let payload = try await blocking.runIfActive {
                 try self.unpack(uploadID, assembler, into: destination, isFeedback: isFeedback, selection: selected)
             }

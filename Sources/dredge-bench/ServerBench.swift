@@ -16,6 +16,11 @@ import Synchronization
 /// - `upload.throughput`: large uploads over loopback TLS, sent by an agent built from the
 ///   agent library, each against sealing the same chunks and writing each durably (what the
 ///   server must at least do) just before it, in the same run; medians over the rounds.
+/// - `upload.cpu`: the CPU time the server process spends per MB of those uploads (all its
+///   threads: TLS, framing, the connection's steps, verifying and writing chunks, status
+///   writes, unpacking while they arrive, landing the files), against the CPU time of opening
+///   the same chunks (AES-256-GCM) and writing each durably, in this process; medians. CPU
+///   time does not count the waits for fsync or for the other core that make the rate move.
 /// - `server.idle_connections`: a fleet of authenticated, heartbeating agents held by one
 ///   server, simulated in other processes (`fleet-child`), with the server's memory per
 ///   connection.
@@ -78,14 +83,14 @@ struct ServerBench: AsyncParsableCommand {
         defer { server.stop() }
         let admin = try server.admin(token: created.adminToken)
 
-        print(try await upload(dir: dir, server: server, admin: admin, created: created).line)
+        for figure in try await upload(dir: dir, server: server, admin: admin, created: created) { print(figure.line) }
         if uploadOnly { return }
         for figure in try await fleet(dir: dir, server: server, admin: admin, created: created) { print(figure.line) }
     }
 
     // MARK: upload.throughput
 
-    func upload(dir: String, server: ServerProcess, admin: AdminClient, created: ServerDeployment.Created) async throws -> Figure {
+    func upload(dir: String, server: ServerProcess, admin: AdminClient, created: ServerDeployment.Created) async throws -> [Figure] {
         let tls = try AgentLink.tlsContext(caPEM: String(contentsOfFile: created.caPath, encoding: .utf8))
         let key = try RSAPrivateKey.generate()
         let agentID = try await AgentEnrollment.register(host: "127.0.0.1", port: server.agentPort, tls: tls, token: created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = "bench-uploader" })
@@ -96,6 +101,8 @@ struct ServerBench: AsyncParsableCommand {
             var rate: Double; var limit: Double; var withUnpack: Double; var bytes: UInt64; var chunks: UInt32; var steal: Double
             /// CPU seconds of the server's `dredge-unpack` and `dredge-uploads` threads over the upload.
             var unpackCPU: Double; var uploadsCPU: Double
+            /// CPU seconds of the whole server over the upload, and of opening and writing its chunks here.
+            var serverCPU: Double; var limitCPU: Double
         }
         let rounds = try await AgentLink.withConnection(host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key) { link -> [Round] in
             var rounds: [Round] = []
@@ -136,12 +143,22 @@ struct ServerBench: AsyncParsableCommand {
                         try DurableFile.write(try upload.chunk(index), to: limitDir + "/\(index)")
                     }
                 }
+                // The CPU limit: open each chunk and write it durably (sealing it first is not counted).
+                var limitCPU = 0.0
+                for index in 0..<upload.header.chunkCount {
+                    let sealed = try upload.chunk(index)
+                    limitCPU += try threadCPUSeconds {
+                        _ = try upload.cipher.open(sealed, index: index)
+                        try DurableFile.write(sealed, to: limitDir + "/open-\(index)")
+                    }
+                }
                 try FileManager.default.removeItem(atPath: limitDir)
 
                 var acked = Set<UInt32>()
                 var ackedAt: Int64 = 0
                 let cpu = CPUTimes.now()
                 let threadsBefore = server.threadCPU()
+                let serverBefore = processCPUSeconds(pid: server.process.processIdentifier)
                 let start = monotonicNanos()
                 let result = try await sendUpload(upload, over: link) { frame in
                     if case .chunkAck(let ack)? = frame.body {
@@ -151,6 +168,7 @@ struct ServerBench: AsyncParsableCommand {
                 }
                 let end = monotonicNanos()
                 let threadsAfter = server.threadCPU()
+                let serverCPU = processCPUSeconds(pid: server.process.processIdentifier) - serverBefore
                 let steal = CPUTimes.now().stealPercent(since: cpu)
                 let used = { (name: String) in (threadsAfter[name] ?? 0) - (threadsBefore[name] ?? 0) }
                 guard result?.ok == true else { throw ValidationError("upload round \(round) did not complete") }
@@ -158,19 +176,24 @@ struct ServerBench: AsyncParsableCommand {
                 rounds.append(Round(
                     rate: mb / (Double(ackedAt - start) / 1e9), limit: mb / limitSeconds, withUnpack: mb / (Double(end - start) / 1e9),
                     bytes: upload.header.plaintextSize, chunks: upload.header.chunkCount, steal: steal,
-                    unpackCPU: used("dredge-unpack"), uploadsCPU: used("dredge-uploads")))
+                    unpackCPU: used("dredge-unpack"), uploadsCPU: used("dredge-uploads"), serverCPU: serverCPU, limitCPU: limitCPU))
                 FileHandle.standardError.write(Data(String(format: "upload round %d/%d: %.0f MB/s, limit %.0f MB/s\n", round, uploadRounds, rounds.last?.rate ?? 0, limitSeconds > 0 ? mb / limitSeconds : 0).utf8))
             }
             return rounds
         }
         let mb = Double(rounds[0].bytes) / 1e6
-        return Figure(
+        let cpu = Figure(
+            name: "upload.cpu", value: median(rounds.map { $0.serverCPU * 1e3 / mb }), unit: "ms/MB", limit: median(rounds.map { $0.limitCPU * 1e3 / mb }),
+            higherIsBetter: false,
+            extra: "rounds=" + rounds.map { String(format: "%.2f/%.2f", $0.serverCPU * 1e3 / mb, $0.limitCPU * 1e3 / mb) }.joined(separator: ","))
+        let throughput = Figure(
             name: "upload.throughput", value: median(rounds.map(\.rate)), unit: "MB/s", limit: median(rounds.map(\.limit)), higherIsBetter: true,
             extra: String(format: "upload_mb=%.1f chunks=%d with_unpack=%.0f MB/s", mb, rounds[0].chunks, median(rounds.map(\.withUnpack)))
                 + " rounds=" + rounds.map { String(format: "%.0f/%.0f", $0.rate, $0.limit) }.joined(separator: ",")
                 + " steal_pct=" + rounds.map { String(format: "%.0f", $0.steal) }.joined(separator: ",")
                 + " unpack_cpu_s=" + rounds.map { String(format: "%.2f", $0.unpackCPU) }.joined(separator: ",")
                 + " uploads_cpu_s=" + rounds.map { String(format: "%.2f", $0.uploadsCPU) }.joined(separator: ","))
+        return [throughput, cpu]
     }
 
     /// A store whose export is large: messages of random base64, which deflate barely shrinks.
@@ -318,6 +341,25 @@ func processResidentKB(pid: Int32) -> Int {
         let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
     else { return 0 }
     return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
+}
+
+/// CPU seconds (user and system) process `pid` has used so far, all its threads, those that
+/// ended too; 0 where `/proc` is not there.
+func processCPUSeconds(pid: Int32) -> Double {
+    // "pid (name) state …": fields after the name; utime and stime are the 12th and 13th.
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else { return 0 }  // not Linux
+    let fields = stat[stat.index(after: close)...].split(separator: " ")
+    guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+}
+
+/// The CPU time the calling thread spends in `body`, seconds.
+func threadCPUSeconds(_ body: () throws -> Void) rethrows -> Double {
+    var start = timespec(), end = timespec()
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start)
+    try body()
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end)
+    return Double(end.tv_sec - start.tv_sec) + Double(end.tv_nsec - start.tv_nsec) / 1e9
 }
 
 /// The executable next to this one.

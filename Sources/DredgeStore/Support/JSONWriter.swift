@@ -1,3 +1,5 @@
+import DredgeDomain
+
 /// A small, allocation-frugal JSON serializer for metadata: the writer thread encodes every
 /// record's metadata, and Foundation's encoders cost several times more per record.
 ///
@@ -116,4 +118,12 @@ public struct JSONWriter {
     }
 
     private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+}
+
+extension Timestamp {
+    /// Appends the RFC 3339 form to `w` without making a string (an export writes one per record).
+    @inlinable
+    public func writeRFC3339(into w: inout JSONWriter) {
+        withRFC3339Bytes { w.writeRawBytes($0) }
+    }
 }

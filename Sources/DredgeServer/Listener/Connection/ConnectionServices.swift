@@ -6,7 +6,10 @@ import Logging
 /// the stores, the deployment's keys, the limits, the bookkeeping all connections share, and
 /// the pools that run blocking work. A connection's session, its deliveries and its uploads take
 /// what they need from here, never from the listener.
-struct ConnectionServices: Sendable {
+///
+/// A class, so that each connection holds one reference to it: as a value, every idle
+/// connection's session carried a copy of all seventeen fields, four of them existentials.
+final class ConnectionServices: Sendable {
     let registry: any AgentDirectory
     let pulls: any PullQueue
     let feedback: any FeedbackInbox
@@ -29,4 +32,29 @@ struct ConnectionServices: Sendable {
     /// Told of each pull or feedback whose files are in place (the ``Indexer``).
     let landed: @Sendable (IndexedSource) -> Void
     let logger: Logger
+
+    init(
+        registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, dispatcher: PullDispatcher,
+        issuer: CommandIssuer, deployment: LoadedDeployment, paths: DataDirectory, session: WireAuthResult, feedbackLimits: FeedbackLimits,
+        gate: ConnectionGate, agentConnections: AgentConnections, refusals: RateLimitedLog, counters: ConnectionCounters, work: ServerWork,
+        landed: @escaping @Sendable (IndexedSource) -> Void, logger: Logger
+    ) {
+        self.registry = registry
+        self.pulls = pulls
+        self.feedback = feedback
+        self.tokens = tokens
+        self.dispatcher = dispatcher
+        self.issuer = issuer
+        self.deployment = deployment
+        self.paths = paths
+        self.session = session
+        self.feedbackLimits = feedbackLimits
+        self.gate = gate
+        self.agentConnections = agentConnections
+        self.refusals = refusals
+        self.counters = counters
+        self.work = work
+        self.landed = landed
+        self.logger = logger
+    }
 }

@@ -26,14 +26,15 @@ import Synchronization
 /// threads meanwhile, so the receivers are under a ``Mutex`` (never held across a wait).
 final class ConnectionUploads: Sendable {
     let agentID: String
-    let paths: DataDirectory
+    let services: ConnectionServices
     let limits: PayloadLimits
-    let feedbackLimits: FeedbackLimits
-    let logger: Logger
+    private var paths: DataDirectory { services.paths }
+    private var feedbackLimits: FeedbackLimits { services.feedbackLimits }
+    private var logger: Logger { services.logger }
     /// Where uploads are unpacked while they arrive; nil: each is unpacked after its last chunk.
-    let unpacking: PayloadStream.Schedule?
+    private var unpacking: PayloadStream.Schedule? { services.work.unpacking }
     /// Where the blocking steps run.
-    let blocking: NIOThreadPool
+    private var blocking: NIOThreadPool { services.work.uploads }
     let statuses: UploadStatuses
     let admission: UploadAdmission
     let finisher: UploadFinisher
@@ -66,13 +67,9 @@ final class ConnectionUploads: Sendable {
 
     init(agentID: String, services: ConnectionServices, limits: PayloadLimits = PayloadLimits(), emit: @escaping @Sendable ([WireFrame]) -> Void) {
         self.agentID = agentID
+        self.services = services
         self.emit = emit
-        paths = services.paths
         self.limits = limits
-        feedbackLimits = services.feedbackLimits
-        logger = services.logger
-        unpacking = services.work.unpacking
-        blocking = services.work.uploads
         let statuses = UploadStatuses(agentID: agentID, pulls: services.pulls, feedback: services.feedback)
         self.statuses = statuses
         let (logger, blocking) = (services.logger, services.work.uploads)
@@ -99,12 +96,8 @@ final class ConnectionUploads: Sendable {
             }
             return .next
         }
-        admission = UploadAdmission(
-            agentID: agentID, pulls: services.pulls, feedback: services.feedback, issuer: services.issuer, feedbackLimits: services.feedbackLimits, paths: services.paths,
-            blocking: services.work.uploads, logger: services.logger)
-        finisher = UploadFinisher(
-            agentID: agentID, pulls: services.pulls, feedback: services.feedback, statuses: statuses, paths: services.paths, limits: limits,
-            feedbackLimits: services.feedbackLimits, blocking: services.work.uploads, logger: services.logger, landed: services.landed)
+        admission = UploadAdmission(agentID: agentID, services: services)
+        finisher = UploadFinisher(agentID: agentID, services: services, statuses: statuses, limits: limits)
         outcomes = PullOutcomes(agentID: agentID, pulls: services.pulls, logger: services.logger)
     }
 

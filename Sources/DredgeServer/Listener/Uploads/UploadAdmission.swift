@@ -25,13 +25,15 @@ struct UploadAdmission: Sendable {
     }
 
     let agentID: String
-    let pulls: any PullQueue
-    let feedback: any FeedbackInbox
-    let issuer: CommandIssuer
-    let feedbackLimits: FeedbackLimits
-    let paths: DataDirectory
-    let blocking: NIOThreadPool
-    let logger: Logger
+    let services: ConnectionServices
+
+    private var pulls: any PullQueue { services.pulls }
+    private var feedback: any FeedbackInbox { services.feedback }
+    private var issuer: CommandIssuer { services.issuer }
+    private var feedbackLimits: FeedbackLimits { services.feedbackLimits }
+    private var paths: DataDirectory { services.paths }
+    private var blocking: NIOThreadPool { services.work.uploads }
+    private var logger: Logger { services.logger }
 
     func admit(_ header: WireUploadHeader) async throws -> Verdict {
         guard header.agentID == agentID else {

@@ -21,16 +21,18 @@ struct UploadFinisher: Sendable {
     }
 
     let agentID: String
-    let pulls: any PullQueue
-    let feedback: any FeedbackInbox
+    let services: ConnectionServices
     let statuses: UploadStatuses
-    let paths: DataDirectory
     let limits: PayloadLimits
-    let feedbackLimits: FeedbackLimits
-    let blocking: NIOThreadPool
-    let logger: Logger
+
+    private var pulls: any PullQueue { services.pulls }
+    private var feedback: any FeedbackInbox { services.feedback }
+    private var paths: DataDirectory { services.paths }
+    private var feedbackLimits: FeedbackLimits { services.feedbackLimits }
+    private var blocking: NIOThreadPool { services.work.uploads }
+    private var logger: Logger { services.logger }
     /// Told of each upload whose files are in place and recorded complete (the ``Indexer``).
-    let landed: @Sendable (IndexedSource) -> Void
+    private var landed: @Sendable (IndexedSource) -> Void { services.landed }
 
     /// Reassembles, decrypts, unpacks with limits into `pulls/<pull>/<agent>/` or `feedback/<id>/`.
     /// A failure of the server's own (disk, I/O) leaves the upload open for the agent to finish

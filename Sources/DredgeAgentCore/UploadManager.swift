@@ -138,17 +138,28 @@ actor UploadManager {
 
     /// Tells the server about every command that failed here, then forgets them.
     private func reportFailures() async throws {
+        let root = state.directory + "/uploads"
+        let failures: [(id: String, reason: String)]
         do {
-            try await exports.blocking {}  // the failures recorded so far are on disk
+            // Read on the steps thread, after the failures recorded before it and never beside
+            // one being written; the directories are removed there too, in turn.
+            failures = try await exports.blocking { Self.recordedFailures(in: root) }
         } catch {
             return  // the agent is stopping: the next start reports them
         }
-        let root = state.directory + "/uploads"
-        for id in ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted() where WireID.isValid(id) {
-            let dir = root + "/" + id
-            guard let reason = FileManager.default.contents(atPath: dir + "/" + Self.failureFile), let outbound else { continue }
-            try await outbound.send(PullAdmission.Decision.failure(id, String(decoding: reason, as: UTF8.self)))
-            removeDirectory(dir)
+        for (id, reason) in failures {
+            guard let outbound else { return }
+            try await outbound.send(PullAdmission.Decision.failure(id, reason))
+            let (dir, logger) = (root + "/" + id, logger)
+            exports.step { Self.removeDirectory(dir, logger: logger) }
+        }
+    }
+
+    /// The commands that failed here and why (`failed.txt` in their directories), by id.
+    private static func recordedFailures(in root: String) -> [(id: String, reason: String)] {
+        let ids = ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).sorted().filter { WireID.isValid($0) }  // no uploads yet: none
+        return ids.compactMap { id in
+            FileManager.default.contents(atPath: root + "/" + id + "/" + failureFile).map { (id, String(decoding: $0, as: UTF8.self)) }
         }
     }
 

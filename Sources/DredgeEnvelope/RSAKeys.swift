@@ -41,9 +41,14 @@ public struct RSAPrivateKey: Sendable {
 
     /// Recovers an AES-256 key wrapped with RSA-OAEP-SHA256 under this key's public half.
     public func unwrapKey(_ wrapped: some DataProtocol) throws -> SymmetricKey {
+        let encryption: _RSA.Encryption.PrivateKey
+        do {
+            encryption = try _RSA.Encryption.PrivateKey(derRepresentation: signing.derRepresentation)
+        } catch {
+            throw EnvelopeError(.invalidKey, "this key cannot be read as an RSA-OAEP key: \(error)")
+        }
         let raw: Data
         do {
-            let encryption = try _RSA.Encryption.PrivateKey(derRepresentation: signing.derRepresentation)
             raw = try encryption.decrypt(wrapped, padding: .PKCS1_OAEP_SHA256)
         } catch {
             throw EnvelopeError(.keyUnwrapFailed, "the wrapped key does not decrypt under this key")

@@ -41,6 +41,10 @@ public enum ServerRuntime {
         // Absolute, so the file paths the admin API reports work from anywhere.
         let dir = URL(fileURLWithPath: options.dataDirectory).standardizedFileURL.path
         let deployment = try LoadedDeployment(directory: dir)
+        // One server per data directory on SQLite, held until this returns (a cluster's nodes
+        // on PostgreSQL share theirs).
+        let lock = (options.database ?? deployment.config.database) == nil ? try DataDirectoryLock.acquire(dir) : nil
+        defer { withExtendedLifetime(lock) {} }
         let adminHost = options.adminHost ?? deployment.config.adminHost ?? "127.0.0.1"
         try LoadedDeployment.checkAdmin(host: adminHost, tls: deployment.adminTLSConfiguration != nil)
         // A node's lease (PostgreSQL): three of the heartbeat intervals its agents are told.

@@ -79,7 +79,7 @@ struct SlowLorisBench: AsyncParsableCommand {
 final class Attacker: Sendable {
     let port: Int
     let target: Int
-    private let state = Mutex((running: true, opened: 0))
+    private let state = Mutex((running: true, started: false, opened: 0))
     private let finished = DispatchSemaphore(value: 0)
 
     init(port: Int, target: Int = 256) {
@@ -88,6 +88,7 @@ final class Attacker: Sendable {
     }
 
     func start() {
+        state.withLock { $0.started = true }
         Thread { [self] in
             loop()
             finished.signal()
@@ -146,8 +147,11 @@ final class Attacker: Sendable {
 
     /// Stops and closes every connection (call after ``start()``); returns how many it opened in all.
     func stop() -> Int {
-        state.withLock { $0.running = false }
-        finished.wait()
+        let started = state.withLock {
+            $0.running = false
+            return $0.started
+        }
+        if started { finished.wait() }
         return state.withLock { $0.opened }
     }
 }

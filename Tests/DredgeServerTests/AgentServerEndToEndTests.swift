@@ -196,6 +196,26 @@ import Testing
         #expect(server.output.contains("dredge-server stopped"))
     }
 
+    /// A second `dredge-server run` on the data directory of a running server (SQLite) is
+    /// refused with the holder's pid, and the first one's agents stay online: before, it started
+    /// beside it and marked every agent offline.
+    @Test func aSecondServerOnTheSameDataDirectoryIsRefused() throws {
+        let d = try Deployment()
+        let (server, port) = try d.startServer()
+        let (agent, _, _) = try d.runDevice(port: port)
+        let second = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", "0", "--admin-port", "0"], outputPath: d.dir.file("second.log"))
+        let ended = ManagedProcess.waitFor(timeout: .seconds(60)) { !second.process.isRunning }
+        #expect(ended, "the second server is still running: \(second.output)")
+        #expect(second.stop() != 0)
+        #expect(second.output.contains("is in use by another dredge-server (pid \(server.process.processIdentifier))"), "\(second.output)")
+        #expect(try d.agents().contains { ($0["connected"] as? Bool) == true }, "the first server's agent shows offline")
+        #expect(agent.stop() == 0)
+        #expect(server.stop() == 0)
+        // Once the first has stopped, the directory is free again.
+        let (again, _) = try d.startServer()
+        #expect(again.stop() == 0)
+    }
+
     @Test(arguments: ServerBackend.all) func aWrongTokenOrAWrongCAIsRefusedAndTheServerKeepsServing(_ backend: ServerBackend) throws {
         let d = try Deployment(backend: backend)
         let (server, port) = try d.startServer()

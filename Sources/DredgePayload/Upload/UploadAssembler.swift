@@ -132,7 +132,8 @@ public final class UploadAssembler: Sendable {
     public func catchUp(budget: Int = .max) {
         var left = budget
         while left > 0 {
-            // The next chunk the stream needs, if it is held (only this call moves `streamed`).
+            // The next chunk the stream needs, if it is held (`commit` and this, one call at a
+            // time, move `streamed` on; `stream(into:)` starts it over).
             let next = progress.withLock { p -> (PayloadStream, UInt32)? in
                 guard let stream = p.stream, p.streamed < header.chunkCount, p.received.contains(p.streamed) else { return nil }
                 return (stream, p.streamed)
@@ -141,7 +142,7 @@ public final class UploadAssembler: Sendable {
             do {
                 guard let sealed = FileManager.default.contents(atPath: chunkPath(index)) else { throw ExportError(.io, "chunk \(index) vanished") }
                 stream.append(try cipher.open(sealed, index: index))
-                progress.withLock { $0.streamed = index + 1 }
+                handedOn(index, to: stream)
                 left -= 1
             } catch {
                 stream.fail(error)
@@ -183,9 +184,17 @@ public final class UploadAssembler: Sendable {
         guard let streamNow else { return }
         if let stream = streamNow, stream.failure == nil {
             stream.append(plaintext)
-            progress.withLock { $0.streamed = index + 1 }
+            handedOn(index, to: stream)
         }
         catchUp(budget: Self.catchUpPerCommit)
+    }
+
+    /// Chunk `index` went to `stream`: the next it needs is the one after, unless the stream was
+    /// replaced or ended meanwhile.
+    private func handedOn(_ index: UInt32, to stream: PayloadStream) {
+        progress.withLock { p in
+            if p.stream === stream && p.streamed == index { p.streamed = index + 1 }
+        }
     }
 
     private func verify(index: UInt32, ciphertext: some DataProtocol) throws -> Data {

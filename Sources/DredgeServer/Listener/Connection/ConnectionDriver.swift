@@ -81,7 +81,7 @@ final class ConnectionDriver: Sendable {
             return (true, false)
         }
         if behind { counters.framesQueuedBehindAStep.add(1, ordering: .relaxed) }
-        if start { Task { await self.run() } }
+        if start { startRun() }
     }
 
     /// On the event loop: answers a heartbeat the session holds in memory (most of them, on a
@@ -106,7 +106,7 @@ final class ConnectionDriver: Sendable {
             s.running = false
             return (false, s.claimEnd())
         }
-        if start { Task { await self.run() } }
+        if start { startRun() }
         if end { Task { await self.ended(self.session) } }
         return ack != nil
     }
@@ -150,7 +150,13 @@ final class ConnectionDriver: Sendable {
         }
     }
 
+    private func startRun() {
+        counters.runsStarted.add(1, ordering: .relaxed)
+        Task { await self.run() }
+    }
+
     private func run() async {
+        defer { counters.runsEnded.add(1, ordering: .relaxed) }
         while true {
             let (input, resumeReading, end) = next()
             if resumeReading { channel.read() }
@@ -202,6 +208,11 @@ final class ConnectionCounters: Sendable {
     /// Frames that arrived while an earlier frame of their connection was still being handled,
     /// and so waited in its queue.
     let framesQueuedBehindAStep = Atomic<Int>(0)
+    /// Tasks started to handle a connection's queued frames, and those ended: equal when no
+    /// connection's task runs (a test waits for that before it sends a frame that should find
+    /// its connection idle).
+    let runsStarted = Atomic<Int>(0)
+    let runsEnded = Atomic<Int>(0)
 }
 
 /// The last handler of an agent connection's pipeline: hands decoded frames to its

@@ -36,10 +36,18 @@ public struct LoadedDeployment: Sendable {
         let key = try NIOSSLPrivateKey(bytes: Array(try read("server-key.pem").utf8), format: .pem)
         var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
         tls.minimumTLSVersion = .tlsv12
+        tls.cipherSuiteValues = Self.agentCipherSuites
         tlsConfiguration = tls
         adminTLSConfiguration = try config.adminTLS.map { try ServerDeployment.adminTLSConfiguration($0, directory: directory) }
         try Self.checkAdmin(host: config.adminHost ?? "127.0.0.1", tls: adminTLSConfiguration != nil)
     }
+
+    /// What the agent port offers under TLS 1.2 (Protocol/README.md § Transport): ephemeral
+    /// ECDH with an AEAD cipher only, no CBC. TLS 1.3's suites are all AEAD and not configurable.
+    public static let agentCipherSuites: [NIOTLSCipher] = [
+        .TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, .TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, .TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        .TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, .TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384, .TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ]
 
     /// Plain HTTP only on loopback: bearer tokens never cross a network in the clear.
     public static func checkAdmin(host: String, tls: Bool) throws {

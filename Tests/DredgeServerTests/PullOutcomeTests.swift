@@ -49,6 +49,20 @@ import Testing
         return try await condition()
     }
 
+    /// A pull for the agent of `state`, delivered, and its command kept in the agent's state as
+    /// a previous run of the agent would have left it (after `change`); its id.
+    static func saveCommand(_ server: InProcessServer, _ state: AgentState, change: (inout WirePullCommand) throws -> Void = { _ in }) async throws -> String {
+        let id = try await server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
+        try await server.pulls.markDelivered(id, agent: state.file.agentID)
+        var command = try server.issuer.command(try await server.pulls.storedPull(id), agent: state.file.agentID, agentKey: state.key.publicKey)
+        try change(&command)
+        let dir = state.directory + "/uploads/\(id)"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let bytes: [UInt8] = try command.serializedBytes()
+        try Data(bytes).write(to: URL(fileURLWithPath: dir + "/command.pb"))
+        return id
+    }
+
     /// The device's store is damaged while the agent runs (pages scribbled over): the export
     /// fails, the agent reports it, the pull shows `failed` with the reason instead of
     /// `exporting` for ever, and the agent drops it.
@@ -104,18 +118,13 @@ import Testing
             let store = try server.deviceStore()
             var pullID = ""
             try await withStopping(Device(server, store: store) { state in
-                let id = try await server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
-                pullID = id
-                try await server.pulls.markDelivered(id, agent: state.file.agentID)
                 // The command the agent kept says something no agent accepts (a since of
                 // Int64.min), signed by the server as if an older server had sent it.
                 let signer = try LoadedDeployment(directory: server.data).signingKey
-                var command = try server.issuer.command(try await server.pulls.storedPull(id), agent: state.file.agentID, agentKey: state.key.publicKey)
-                command.filter.sinceUs = .min
-                try signer.sign(&command)
-                try FileManager.default.createDirectory(atPath: state.directory + "/uploads/\(id)", withIntermediateDirectories: true)
-                let bytes: [UInt8] = try command.serializedBytes()
-                try Data(bytes).write(to: URL(fileURLWithPath: state.directory + "/uploads/\(id)/command.pb"))
+                pullID = try await Self.saveCommand(server, state) { command in
+                    command.filter.sinceUs = .min
+                    try signer.sign(&command)
+                }
             }) { device in
                 #expect(try await Self.waitFor { try await server.admin.pull(pullID).targets.first?.status == .failed })
                 let target = try #require(try await server.admin.pull(pullID).targets.first)
@@ -136,15 +145,8 @@ import Testing
             let store = try server.deviceStore()
             var pullID = ""
             try await withStopping(Device(server, store: store) { state in
-                let id = try await server.queuePull(agentID: state.file.agentID, lifetime: .seconds(600))
-                pullID = id
-                try await server.pulls.markDelivered(id, agent: state.file.agentID)
-                let command = try server.issuer.command(try await server.pulls.storedPull(id), agent: state.file.agentID, agentKey: state.key.publicKey)
-                let dir = state.directory + "/uploads/\(id)"
-                try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-                let bytes: [UInt8] = try command.serializedBytes()
-                try Data(bytes).write(to: URL(fileURLWithPath: dir + "/command.pb"))
-                try Data(String(UploadManager.maxExportAttempts).utf8).write(to: URL(fileURLWithPath: dir + "/attempts"))
+                pullID = try await Self.saveCommand(server, state)
+                try Data(String(UploadManager.maxExportAttempts).utf8).write(to: URL(fileURLWithPath: state.directory + "/uploads/\(pullID)/attempts"))
             }) { device in
                 #expect(try await Self.waitFor { try await server.admin.pull(pullID).targets.first?.status == .failed })
                 let target = try #require(try await server.admin.pull(pullID).targets.first)

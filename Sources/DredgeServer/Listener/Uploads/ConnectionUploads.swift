@@ -366,8 +366,9 @@ final class ConnectionUploads: Sendable {
     private func record(_ moves: [(String, Progress)], thenSend frames: [WireFrame] = []) {
         // Which kind each upload is, read here: `feedbackUploads` changes only in a step that
         // waits for the recordings first (``settled()``).
-        let feedback = state.withLock { $0.feedbackUploads }
-        let recording = Recording(moves: moves.map { ($0.0, feedback.contains($0.0), $0.1) }, frames: frames)
+        let recording = state.withLock { state in
+            Recording(moves: moves.map { ($0.0, state.feedbackUploads.contains($0.0), $0.1) }, frames: frames)
+        }
         recordings.ask { $0.append(recording) }
     }
 

@@ -33,6 +33,14 @@ extension RecordPage {
             out.string(r.app)
             out.key("appVersion")
             out.string(r.appVersion)
+            if let claimed = r.claimedApp {
+                out.key("claimedApp")
+                out.string(claimed)
+            }
+            if let claimed = r.claimedHost {
+                out.key("claimedHost")
+                out.string(claimed)
+            }
             out.key("host")
             out.string(r.host)
             out.key("id")

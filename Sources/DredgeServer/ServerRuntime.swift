@@ -64,7 +64,7 @@ public enum ServerRuntime {
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
         try await janitor.sweep(atStart: true, shared: stores.node != nil)
         // In a cluster, what a dead node left unindexed is looked for every five minutes.
-        let indexer = Indexer(index: stores.records, paths: DataDirectory(dir), logger: logger, catchUpEvery: stores.node == nil ? nil : .seconds(300))
+        let indexer = Indexer(index: stores.records, registry: stores.registry, paths: DataDirectory(dir), logger: logger, catchUpEvery: stores.node == nil ? nil : .seconds(300))
         let results = ResultsKeeper(
             paths: DataDirectory(dir), pulls: pulls, feedback: feedback, records: stores.records, indexer: indexer, audit: pulls, retention: retention, logger: logger)
         // Before the indexer catches up: it must not index what a cut-short removal left.
@@ -84,7 +84,8 @@ public enum ServerRuntime {
             files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
             consoleSessions: ConsoleSessions(lifetime: options.consoleSessionMinutes.map { TimeInterval(min(max($0, 1), 10_080)) * 60 } ?? ConsoleSessions.defaultLifetime),
             host: adminHost, port: options.adminPort ?? deployment.config.adminPort, tls: deployment.adminTLSConfiguration,
-            caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self), logger: logger)
+            caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self),
+            connectionLimits: deployment.config.adminConnections ?? .default, logger: logger)
         // On PostgreSQL the node's lease is renewed beside the rest (its agents' presence and index claims).
         // On SQLite the write-ahead log is checkpointed off the writer.
         let checkpointer = try stores.sqlite.map { try WALCheckpointer($0, logger: logger) }

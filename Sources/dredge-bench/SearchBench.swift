@@ -95,7 +95,7 @@ struct SearchBench: AsyncParsableCommand {
             try FileManager.default.createDirectory(atPath: try paths.pull(Self.pullID), withIntermediateDirectories: true)
             let unpack = try seconds { _ = try PayloadExtractor.extract(zip: zip, into: destination) }
             let index = try RecordIndexStore(directory: data)
-            let indexer = Indexer(index: index, paths: paths, logger: Logger(label: "bench"))
+            let indexer = Indexer(index: index, registry: nil, paths: paths, logger: Logger(label: "bench"))
             let start = monotonicNanos()
             let count = try await indexer.index(IndexedSource(kind: .pull, id: Self.pullID, agentID: Self.agentID))
             let indexed = Double(monotonicNanos() - start) / 1e9

@@ -31,7 +31,7 @@ struct LogsCommand: AsyncParsableCommand {
 
     @Option(help: "Only this user's records.") var uid: String?
     @Option(help: "Only this agent's records (an id or its first 4+ characters); repeatable.") var agent: [String] = []
-    @Option(help: "Only records from this host (as the device names itself); repeatable.") var host: [String] = []
+    @Option(help: "Only records from this host (as the server registered the uploading agent); repeatable.") var host: [String] = []
     @Option(help: "Only records from this app; repeatable.") var app: [String] = []
     @Option(help: "Only the records of this pull (an id or its first 4+ characters).") var pull: String?
     @Option(help: "Only the records of this feedback (an id or its first 4+ characters).") var feedback: String?
@@ -219,10 +219,12 @@ final class RecordPrinter {
         var appVersion: String
         var source: String
         var sourceID: String
+        var claimedHost: String?
+        var claimedApp: String?
 
         enum CodingKeys: String, CodingKey {
             case ts, level, type, uid, message, metadata, agent, host, app, source
-            case appVersion = "app_version", sourceID = "source_id"
+            case appVersion = "app_version", sourceID = "source_id", claimedHost = "claimed_host", claimedApp = "claimed_app"
         }
     }
 
@@ -235,7 +237,7 @@ final class RecordPrinter {
         case .json, .jsonl:
             let line = Line(
                 ts: r.ts.rfc3339, level: r.level, type: r.type, uid: r.uid, message: r.message, metadata: r.metadata.value, agent: r.agentID, host: r.host, app: r.app,
-                appVersion: r.appVersion, source: r.sourceKind, sourceID: r.sourceID)
+                appVersion: r.appVersion, source: r.sourceKind, sourceID: r.sourceID, claimedHost: r.claimedHost, claimedApp: r.claimedApp)
             let json = (try? encoder.encode(line)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"  // encoding strings and a JSONValue does not fail
             if format == .jsonl {
                 write(json + "\n")
@@ -251,7 +253,7 @@ final class RecordPrinter {
     func text(_ r: FoundRecord) -> String {
         let time = formatter.string(from: r.ts.date)
         let level = r.level.uppercased().padding(toLength: 8, withPad: " ", startingAt: 0)
-        let app = r.appVersion.isEmpty ? r.app : "\(r.app) \(r.appVersion)"
+        let app = r.appShown
         var metadata = ""
         if case .object(let members) = r.metadata.value, !members.isEmpty {
             metadata = "  " + members.sorted { $0.key < $1.key }.map { key, member in
@@ -262,7 +264,7 @@ final class RecordPrinter {
         }
         let uid = r.uid.isEmpty ? "-" : r.uid
         let message = r.message.replacingOccurrences(of: "\n", with: "⏎")
-        guard color else { return "\(time)  \(r.host)  \(app)  \(level) \(r.type)  \(uid)  \(message)\(metadata)" }
+        guard color else { return "\(time)  \(r.hostShown)  \(app)  \(level) \(r.type)  \(uid)  \(message)\(metadata)" }
         let paint: String
         switch r.level {
         case "critical", "error": paint = "\u{1B}[31m"
@@ -272,7 +274,7 @@ final class RecordPrinter {
         default: paint = ""
         }
         let dim = "\u{1B}[2m", reset = "\u{1B}[0m"
-        return "\(dim)\(time)\(reset)  \(r.host)  \(app)  \(paint)\(level)\(reset) \(r.type)  \(uid)  \(paint)\(message)\(reset)\(dim)\(metadata)\(reset)"
+        return "\(dim)\(time)\(reset)  \(r.hostShown)  \(app)  \(paint)\(level)\(reset) \(r.type)  \(uid)  \(paint)\(message)\(reset)\(dim)\(metadata)\(reset)"
     }
 
     private func write(_ text: String) { FileHandle.standardOutput.write(Data(text.utf8)) }

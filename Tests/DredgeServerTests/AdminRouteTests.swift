@@ -35,7 +35,7 @@ import Testing
             let logger = Logger(label: "test.admin") { _ in SwiftLogNoOpLogHandler() }
             results = ResultsKeeper(
                 paths: DataDirectory(data), pulls: pulls, feedback: feedback, records: stores.records,
-                indexer: Indexer(index: stores.records, paths: DataDirectory(data), logger: logger), audit: pulls, retention: ResultsRetention(keepDays: 30), logger: logger)
+                indexer: Indexer(index: stores.records, registry: nil, paths: DataDirectory(data), logger: logger), audit: pulls, retention: ResultsRetention(keepDays: 30), logger: logger)
         }
 
         /// Runs `body` against the application, each request with the admin token unless told otherwise.

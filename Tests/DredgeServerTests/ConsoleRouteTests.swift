@@ -85,7 +85,7 @@ import Testing
         func land(_ source: IndexedSource, _ lines: [String]) async throws {
             let paths = DataDirectory(admin.data)
             try RecordSearchTests.land(paths, source, days: ["2027-01-15.jsonl": lines])
-            try await Indexer(index: records, paths: paths, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }).index(source)
+            try await Indexer(index: records, registry: nil, paths: paths, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }).index(source)
         }
 
         func test(_ body: @Sendable (inout Browser) async throws -> Void) async throws {

@@ -51,7 +51,8 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         feedbackLimits: FeedbackLimits? = nil, dataDirectory: String? = nil, connectionLimits: ConnectionLimits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 100),
         heartbeatSeconds: UInt32 = 1, tokens wrapTokens: (@Sendable (any TokenVault) -> any TokenVault)? = nil,
         listenerPulls wrapPulls: (@Sendable (any PullQueue) -> any PullQueue)? = nil,
-        listenerRegistry wrapRegistry: (@Sendable (any AgentDirectory) -> any AgentDirectory)? = nil
+        listenerRegistry wrapRegistry: (@Sendable (any AgentDirectory) -> any AgentDirectory)? = nil,
+        adminLimits: AdminConnectionLimits = .default, adminTLS: Bool = false
     ) async throws {
         let data = dataDirectory ?? dir.file("server")
         self.data = data
@@ -63,7 +64,7 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let logger = Logger(label: "test.server") { [logs] _ in logs }
         let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, logger: logger)
         let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
-        let indexer = Indexer(index: records, paths: DataDirectory(data), logger: logger)
+        let indexer = Indexer(index: records, registry: registry, paths: DataDirectory(data), logger: logger)
         self.indexer = indexer
         listener = AgentListener(
             deployment: deployment, registry: wrapRegistry?(registry) ?? registry, pulls: wrapPulls?(pulls) ?? pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
@@ -72,7 +73,8 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let adminPort = Mutex<Int?>(nil)
         let app = try AdminAPI.application(
             registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,
-            indexer: indexer, port: 0, logger: logger, onReady: { port in adminPort.withLock { $0 = port } })
+            indexer: indexer, port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits, logger: logger,
+            onReady: { port in adminPort.withLock { $0 = port } })
         group = ServiceGroup(services: [dispatcher, indexer, listener, app], logger: logger)
         let task = Task { [group] in try await group.run() }
         self.task = task
@@ -85,8 +87,9 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
             }
             guard let agentPort, let admin else { throw DeploymentError("the in-process server did not start") }
             self.agentPort = agentPort
-            adminURL = "http://127.0.0.1:\(admin)"
-            self.admin = try AdminClient(server: adminURL, token: created.adminToken)
+            adminURL = "\(adminTLS ? "https" : "http")://127.0.0.1:\(admin)"
+            let caPEM = String(decoding: try Data(contentsOf: URL(fileURLWithPath: data + "/ca.pem")), as: UTF8.self)
+            self.admin = try AdminClient(server: adminURL, token: created.adminToken, trust: adminTLS ? .pinned(caPEM: caPEM) : .system)
         } catch {
             // Started and not handed to the test: stopped here, or it would run on unseen.
             await group.triggerGracefulShutdown()
@@ -117,12 +120,19 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
     }
 
     /// An agent made of ``AgentLink``, enrolled with a fresh key.
-    func enrollAgent(hostname: String = "probe") async throws -> LinkAgent {
+    /// Described, as a real agent describes itself, by its store's context (`deviceStore()`'s
+    /// is host `oven-7`, app `oven` 1 on Linux), at enrollment and on each connection.
+    func enrollAgent(hostname: String = "probe", app: String = "oven") async throws -> LinkAgent {
         let tls = try AgentLink.tlsContext(caPEM: contents(data + "/ca.pem"))
         let key = try RSAPrivateKey.generate()
-        let id = try await AgentEnrollment.register(
-            host: "127.0.0.1", port: agentPort, tls: tls, token: created.enrollmentToken, key: key, hostInfo: .with { $0.hostname = hostname })
-        return LinkAgent(server: self, tls: tls, key: key, agentID: id)
+        let hostInfo = WireHostInfo.with {
+            $0.hostname = hostname
+            $0.app = app
+            $0.appVersion = "1"
+            $0.os = "Linux"
+        }
+        let id = try await AgentEnrollment.register(host: "127.0.0.1", port: agentPort, tls: tls, token: created.enrollmentToken, key: key, hostInfo: hostInfo)
+        return LinkAgent(server: self, tls: tls, key: key, agentID: id, hostInfo: hostInfo)
     }
 
     /// Every file under `path` with its size and a digest of its bytes: compared before and
@@ -152,14 +162,17 @@ struct LinkAgent: Sendable {
     let tls: NIOSSLContext
     let key: RSAPrivateKey
     let agentID: String
+    var hostInfo = WireHostInfo()
 
     func connect<R: Sendable>(_ body: (AgentLink) async throws -> R) async throws -> R {
-        try await AgentLink.withConnection(host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key, body)
+        try await AgentLink.withConnection(host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key, hostInfo: hostInfo, body)
     }
 
     /// A real export of `store`'s records as a feedback upload with this id, sealed for the
-    /// server.
-    func feedbackUpload(id: String, uid: String = "u-1", text: String = "it broke", store: String, dir: TempDir) throws -> SealedUpload {
+    /// server; `rewrite` (a forger's) may replace the zip before it is sealed.
+    func feedbackUpload(
+        id: String, uid: String = "u-1", text: String = "it broke", store: String, dir: TempDir, rewrite: (String) throws -> String = { $0 }
+    ) throws -> SealedUpload {
         let s = try LogStore(path: store)
         defer { try? s.close() }
         let now = Timestamp.now
@@ -173,13 +186,16 @@ struct LinkAgent: Sendable {
         let uploadKey = SymmetricKey.uploadKey()
         let serverKey = try LoadedDeployment(directory: server.data).encryptionKey.publicKey
         return try SealedUpload(
-            zipPath: zip, uploadID: id, kind: .feedback, agentID: agentID, key: uploadKey, wrappedKey: try serverKey.wrapKey(uploadKey),
+            zipPath: try rewrite(zip), uploadID: id, kind: .feedback, agentID: agentID, key: uploadKey, wrappedKey: try serverKey.wrapKey(uploadKey),
             feedback: .with { $0.feedbackID = id; $0.uid = uid; $0.text = text; $0.createdAtUs = now.microseconds },
             empty: manifest.empty, createdAt: now.microseconds)
     }
 
-    /// A real export for a pull command, sealed with the command's key.
-    func pullUpload(_ command: WirePullCommand, store: String, dir: TempDir, chunkSize: Int = WireLimits.defaultChunkBytes) throws -> SealedUpload {
+    /// A real export for a pull command, sealed with the command's key; `rewrite` (a forger's)
+    /// may replace the zip before it is sealed.
+    func pullUpload(
+        _ command: WirePullCommand, store: String, dir: TempDir, chunkSize: Int = WireLimits.defaultChunkBytes, rewrite: (String) throws -> String = { $0 }
+    ) throws -> SealedUpload {
         let s = try LogStore(path: store)
         defer { try? s.close() }
         let zip = dir.file("pull-\(UUID().uuidString).zip")
@@ -188,7 +204,7 @@ struct LinkAgent: Sendable {
                 filter: try LogFilter(wire: command.filter).bounded(toTarget: command.target.uid)),
             to: zip)
         return try SealedUpload(
-            zipPath: zip, uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)),
+            zipPath: try rewrite(zip), uploadID: command.commandID, kind: .pull, agentID: agentID, key: try key.unwrapKey(Array(command.wrappedKey)),
             empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: chunkSize)
     }
 

@@ -85,6 +85,10 @@ import Testing
                 Self.record(
                     Int64(100 + n), message: s, metadata: RecordMetadata(.object([s: .string(s), "list": .array([.null, .bool(true), .number(0.5), .integer(-7)])])),
                     uid: s))
+            // What a record's context claimed beside the registered names (#49).
+            var claimed = Self.record(Int64(200 + n), message: s, metadata: RecordMetadata(indexedText: "{}"), uid: s)
+            (claimed.claimedHost, claimed.claimedApp) = (s, n % 2 == 0 ? nil : s)
+            records.append(claimed)
         }
         for page in [
             RecordPage(records: records, next: "1795219198250006.6", indexing: 3, newestID: 9_000_000_000),
@@ -97,6 +101,10 @@ import Testing
             #expect(try JSONDecoder.adminAPI.decode(RecordPage.self, from: JSONEncoder.adminAPI.encode(page)) == page)
             let object = try #require(try JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any])
             #expect(Set(object.keys) == Set(["indexing", "newestID", "records"] + (page.next == nil ? [] : ["next"]) + (page.previous == nil ? [] : ["previous"])))
+            // The members as the generic encoder writes them: a claim only where there is one.
+            let generic = try #require(try JSONSerialization.jsonObject(with: JSONEncoder.adminAPI.encode(page)) as? [String: Any])
+            let keys = { (o: [String: Any]) in ((o["records"] as? [[String: Any]]) ?? []).map { Set($0.keys) } }
+            #expect(keys(object) == keys(generic))
         }
     }
 

@@ -201,7 +201,7 @@ struct PostgresNodesTests {
         try await nodeA.begin(source, contexts: RecordIndexConformanceTests.contexts, landedAt: Date())
         _ = try await nodeA.add(source, lines: Array((lines[0] + "\n").utf8))
 
-        let indexer = Indexer(index: nodeB, paths: paths, logger: Logger(label: "test"), retryBase: .milliseconds(100))
+        let indexer = Indexer(index: nodeB, registry: nil, paths: paths, logger: Logger(label: "test"), retryBase: .milliseconds(100))
         indexer.landed(source)
         try await withBackground({ try await indexer.run() }) {
             // Tried, and waiting for its retry: no longer in the queue, still counted as queued.
@@ -228,7 +228,7 @@ struct PostgresNodesTests {
         // Its start's catch-up is over once what had landed before is indexed.
         let earlier = IndexedSource(kind: .pull, id: String(format: "%032x", 99), agentID: RecordIndexConformanceTests.agentA)
         try RecordSearchTests.land(paths, earlier, days: ["2027-01-14.jsonl": [RecordIndexConformanceTests.line(0, "before")]])
-        let indexer = Indexer(index: nodeB, paths: paths, logger: Logger(label: "test"), retryBase: .seconds(3600), catchUpEvery: .milliseconds(50))
+        let indexer = Indexer(index: nodeB, registry: nil, paths: paths, logger: Logger(label: "test"), retryBase: .seconds(3600), catchUpEvery: .milliseconds(50))
         try await withBackground({ try await indexer.run() }) {
             for _ in 0..<1500 where try await !nodeB.isIndexed(earlier) { try await Task.sleep(for: .milliseconds(20)) }
             #expect(try await nodeB.isIndexed(earlier))

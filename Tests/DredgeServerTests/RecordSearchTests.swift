@@ -162,7 +162,7 @@ import Testing
         _ = try await index.add(a, lines: Array((RecordIndexConformanceTests.line(1, "a one") + "\n").utf8))
 
         #expect(Set(try Indexer.landedSources(paths)) == [a, b])
-        let indexer = Indexer(index: index, paths: paths, logger: .init(label: "test"))
+        let indexer = Indexer(index: index, registry: nil, paths: paths, logger: .init(label: "test"))
         try await withBackground({ try await indexer.run() }) {
             for _ in 0..<1500 where try await index.indexedSources().count < 2 { try await Task.sleep(for: .milliseconds(20)) }
             #expect(try await index.indexedSources() == [a, b])
@@ -196,7 +196,7 @@ import Testing
         for scanLimit in [1, 5, 17, 200, 50_000] {
             try FileManager.default.createDirectory(atPath: dir.file("index-\(scanLimit)"), withIntermediateDirectories: true)
             let index = try RecordIndexStore(directory: dir.file("index-\(scanLimit)"), scanLimit: scanLimit)
-            let indexer = Indexer(index: index, paths: DataDirectory(dir.path), logger: .init(label: "test"))
+            let indexer = Indexer(index: index, registry: nil, paths: DataDirectory(dir.path), logger: .init(label: "test"))
             for source in sources { try await indexer.index(source) }
             for limit in [1, 3, 10, 100] {
                 // Alone, and with a filter the scan's bound is found under too.
@@ -224,16 +224,16 @@ import Testing
         for hostile in ["../../../secret.jsonl", "/etc/passwd", "manifest.json", "2027-02-30.jsonl"] {
             try? FileManager.default.removeItem(atPath: try paths.pull(source.id))
             try Self.land(paths, source, days: [:], manifestDays: [hostile])
-            let indexer = Indexer(index: index, paths: paths, logger: .init(label: "test"))
+            let indexer = Indexer(index: index, registry: nil, paths: paths, logger: .init(label: "test"))
             await #expect(throws: IndexingError.self, "\(hostile)") { try await indexer.index(source) }
             #expect(try await index.indexedSources().isEmpty)
         }
         // A manifest that is not one, and a missing day file: errors, nothing listed as indexed.
         try Data("not json".utf8).write(to: URL(fileURLWithPath: try paths.pullFiles(source.id, agent: source.agentID) + "/manifest.json"))
-        await #expect(throws: IndexingError.self) { try await Indexer(index: index, paths: paths, logger: .init(label: "test")).index(source) }
+        await #expect(throws: IndexingError.self) { try await Indexer(index: index, registry: nil, paths: paths, logger: .init(label: "test")).index(source) }
         try FileManager.default.removeItem(atPath: try paths.pull(source.id))
         try Self.land(paths, source, days: [:], manifestDays: ["2027-01-15.jsonl"])
-        await #expect(throws: IndexingError.self) { try await Indexer(index: index, paths: paths, logger: .init(label: "test")).index(source) }
+        await #expect(throws: IndexingError.self) { try await Indexer(index: index, registry: nil, paths: paths, logger: .init(label: "test")).index(source) }
         #expect(try await index.indexedSources().isEmpty)
     }
 

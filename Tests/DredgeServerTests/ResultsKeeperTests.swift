@@ -28,7 +28,7 @@ import Testing
         pulls = PullStore(database)
         feedback = FeedbackStore(database)
         index = try RecordIndexStore(directory: dir.path)
-        indexer = Indexer(index: index, paths: paths, logger: .init(label: "test"))
+        indexer = Indexer(index: index, registry: nil, paths: paths, logger: .init(label: "test"))
     }
 
     func keeper(keepDays: Int = 30) -> ResultsKeeper {

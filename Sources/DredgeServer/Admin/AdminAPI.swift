@@ -4,6 +4,7 @@ import DredgeEnvelope
 import DredgeWire
 import Foundation
 import Hummingbird
+import HummingbirdCore
 import HummingbirdTLS
 import Logging
 import NIOCore
@@ -18,7 +19,7 @@ public enum AdminAPI {
         registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
         dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil, results: ResultsKeeper? = nil,
         consoleSessions: ConsoleSessions = ConsoleSessions(), host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil, caPEM: String? = nil,
-        logger: Logger,
+        connectionLimits: AdminConnectionLimits = .default, logger: Logger,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
         // HEAD answers every GET route with its headers (a download's size, ETag and SHA-256
@@ -229,9 +230,14 @@ public enum AdminAPI {
         }
 
         let scheme = tls == nil ? "http" : "https"
+        // Deadlines and caps of its own (``AdminConnectionLimits``), as the agent listener has.
+        let gate = AdminConnectionGate(limits: connectionLimits)
+        let refusals = RateLimitedLog(perMinute: 10)
         return Application(
             router: router,
-            server: try tls.map { try .tls(.http1(), tlsConfiguration: $0) } ?? .http1(),
+            server: HTTPServerBuilder { responder in
+                try AdminChildChannel(responder: responder, tls: tls, gate: gate, refusals: refusals, logger: logger)
+            },
             configuration: .init(address: .hostname(host, port: port), serverName: "dredge-admin"),
             onServerRunning: { channel in
                 let bound = channel.localAddress?.port ?? port

@@ -34,7 +34,7 @@ extension Console {
         let source = r.sourceKind == "feedback" ? "feedback" : "pull"
         var fields: [String: Any] = [
             "id": "\(r.id)", "time": timeText(r.ts.date, fraction: true), "rfc3339": r.ts.rfc3339, "level": r.level, "type": r.type,
-            "uid": r.uid.isEmpty ? "none" : r.uid, "host": r.host.isEmpty ? "?" : r.host, "app": [r.app, r.appVersion].filter { !$0.isEmpty }.joined(separator: " "),
+            "uid": r.uid.isEmpty ? "none" : r.uid, "host": r.host.isEmpty ? "?" : r.hostShown, "app": r.appShown,
             "os": r.os, "process": r.process, "agentID": r.agentID, "sourceKind": source, "sourceID": r.sourceID, "message": r.message,
             "sourceHref": source == "pull" ? "/console/pulls/\(r.sourceID)" : "/console/logs?feedback=\(r.sourceID)",
             "files": source == "pull" ? "/console/pulls/\(r.sourceID)/files" : "/console/feedback/\(r.sourceID)/files",
@@ -66,7 +66,7 @@ extension Console {
     /// A row of the viewer's table (and of a record's context).
     static func logRow(_ r: FoundRecord) -> [String: Any] {
         var row: [String: Any] = [
-            "id": "\(r.id)", "time": timeText(r.ts.date, fraction: true), "host": r.host, "app": [r.app, r.appVersion].filter { !$0.isEmpty }.joined(separator: " "),
+            "id": "\(r.id)", "time": timeText(r.ts.date, fraction: true), "host": r.hostShown, "app": r.appShown,
             "level": r.level, "type": r.type, "uid": r.uid, "message": r.message,
         ]
         if case .object(let members) = r.metadata.value, !members.isEmpty {

@@ -103,6 +103,8 @@ public enum ServerDeployment {
         public var feedback: FeedbackLimits?
         /// Deadlines and caps of agent connections; the defaults when absent.
         public var connections: ConnectionLimits?
+        /// Deadlines and caps of admin API connections; the defaults when absent.
+        public var adminConnections: AdminConnectionLimits?
         /// Threads for the listener's blocking work; the defaults when absent.
         public var threads: WorkThreads?
         /// How long pulled and feedback files are kept; 30 days when absent.

@@ -28,6 +28,8 @@ public final class Indexer: Service, Sendable {
     public static let blockBytes = 4 << 20
 
     let index: any RecordIndex
+    /// Where each source's device is looked up (nil: sources are named by their contexts).
+    let registry: (any AgentDirectory)?
     let paths: DataDirectory
     let logger: Logger
     let blocking: NIOThreadPool
@@ -41,11 +43,15 @@ public final class Indexer: Service, Sendable {
     /// cluster, what a dead node left unindexed is picked up by the nodes still running.
     let catchUpEvery: Duration?
 
+    /// - Parameter registry: names each source's records by the device its agent is registered
+    ///   as, never by what its payload claims; nil only where no agent is registered (tools and
+    ///   tests that index files alone).
     public init(
-        index: any RecordIndex, paths: DataDirectory, logger: Logger, blocking: NIOThreadPool = .singleton, retryBase: Duration = .seconds(60),
-        catchUpEvery: Duration? = nil
+        index: any RecordIndex, registry: (any AgentDirectory)?, paths: DataDirectory, logger: Logger, blocking: NIOThreadPool = .singleton,
+        retryBase: Duration = .seconds(60), catchUpEvery: Duration? = nil
     ) {
         self.index = index
+        self.registry = registry
         self.retryBase = retryBase
         self.catchUpEvery = catchUpEvery
         self.paths = paths
@@ -142,9 +148,15 @@ public final class Indexer: Service, Sendable {
                 logger.info("results removed while they were indexed; their records are out of the index", metadata: ["source": "\(source)"])
                 return
             }
-            logger.info("indexed", metadata: ["source": "\(source)", "records": "\(count.records)", "unreadable": "\(count.unreadable)"])
+            logger.info("indexed", metadata: ["source": "\(source)", "records": "\(count.records)", "unreadable": "\(count.unreadable)", "foreign": "\(count.foreign)"])
             if count.unreadable > 0 {
                 logger.warning("lines that are not records were left out of the index", metadata: ["source": "\(source)", "lines": "\(count.unreadable)"])
+            }
+            if count.foreign > 0 {
+                // Only an agent that is not honest sends these (it exports by the uid asked for).
+                logger.warning("records of another user than the one asked for were left out of the index", metadata: [
+                    "source": "\(source)", "agent.id": "\(source.agentID)", "records": "\(count.foreign)",
+                ])
             }
         } catch {
             if isGone(source) {
@@ -204,14 +216,21 @@ public final class Indexer: Service, Sendable {
                 throw IndexingError("\(manifestPath) is not a manifest: \(error)")
             }
         }
-        try await index.begin(source, contexts: manifest.contexts, landedAt: Date())
+        // Named by the device the registry knows the uploading agent as; a source of an agent
+        // the registry does not hold is named by nothing it claims.
+        let device: RegisteredDevice? =
+            if let registry { try await registry.device(source.agentID) ?? RegisteredDevice(hostname: "", os: "", app: "", appVersion: "") } else { nil }
+        try await index.begin(source, contexts: manifest.contexts, device: device, landedAt: Date())
+        // Only the uid the pull or feedback asked for: the manifest's filter was checked against
+        // the pull (its target's uid) or the feedback's header when the upload landed.
+        let onlyUID = manifest.filter.uid.flatMap { $0.isEmpty ? nil : $0 }
         var count = IndexCount()
         for day in manifest.days {
             guard day.file != PayloadLimits.manifestName, PayloadLimits.isAllowedName(day.file) else { throw IndexingError("the manifest names \(day.file.debugDescription), not a day file") }
             let file = try paths.inside(directory + "/" + day.file)
             let reader = try await blocking.runIfActive { try LineBlockReader(path: file, blockBytes: Self.blockBytes) }
             while let block = try await blocking.runIfActive({ try reader.next() }) {
-                count += try await index.add(source, lines: block)
+                count += try await index.add(source, lines: block, onlyUID: onlyUID)
             }
             count.unreadable += reader.overlong
         }

@@ -53,6 +53,12 @@ struct RecordLine {
         }
     }
 
+    /// Whether the record's uid (`""` when it has none) is `expected`, its escapes resolved.
+    func holds(uid expected: [UInt8], in line: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard let uid else { return expected.isEmpty }
+        return uid.escaped ? Self.decode(uid, in: line) == expected : line[uid.range].elementsEqual(expected)
+    }
+
     /// The text of a string value, its escapes resolved.
     static func decode(_ text: Text, in line: UnsafeBufferPointer<UInt8>) -> [UInt8] {
         JSONString.unescape(line, text.range)

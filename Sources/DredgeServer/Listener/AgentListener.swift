@@ -58,7 +58,8 @@ public final class AgentListener: Service, Sendable {
         self.feedbackLimits = feedbackLimits ?? deployment.config.feedback ?? .default
         self.connectionLimits = connectionLimits ?? deployment.config.connections ?? .default
         self.threads = threads ?? deployment.config.threads ?? .default
-        self.gate = ConnectionGate(caps: self.connectionLimits.caps(openFiles: openFiles))
+        self.gate = ConnectionGate(
+            caps: self.connectionLimits.caps(openFiles: openFiles, adminConnections: (deployment.config.adminConnections ?? .default).maxConnections))
         self.registry = registry
         self.pulls = pulls
         self.feedback = feedback

@@ -43,6 +43,30 @@ public protocol AgentDirectory: Sendable {
     func isEnrolled(_ agentID: String) async throws -> Bool
     /// By host name, then id.
     func agents() async throws -> [AgentRecord]
+    /// The device an agent is registered as (its host info, bounded), or nil for an agent not
+    /// enrolled. What the index names an upload's records by, whatever its payload claims.
+    func device(_ agentID: String) async throws -> RegisteredDevice?
+}
+
+/// A device as the server's registry knows it: what its agent said of itself at its last
+/// connection. The agent id is the identity; these are names, and two agents may give the same.
+public struct RegisteredDevice: Sendable, Equatable {
+    public var hostname: String
+    public var os: String
+    public var app: String
+    public var appVersion: String
+
+    public init(hostname: String, os: String, app: String, appVersion: String) {
+        self.hostname = hostname
+        self.os = os
+        self.app = app
+        self.appVersion = appVersion
+    }
+
+    init(_ host: WireHostInfo) {
+        let host = host.bounded
+        self.init(hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion)
+    }
 }
 
 /// An agent that holds a uid, and when it last saw it.
@@ -130,6 +154,10 @@ extension AgentDirectory {
     @discardableResult
     public func heartbeat(_ agentID: String, _ heartbeat: WireHeartbeat) async throws -> Set<String> { try await self.heartbeat(agentID, heartbeat, now: Date()) }
     public func holdHeartbeat(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) -> Bool { false }
+    /// From the whole listing; the back ends read the one row.
+    public func device(_ agentID: String) async throws -> RegisteredDevice? {
+        try await agents().first { $0.agentID == agentID }.map { RegisteredDevice(hostname: $0.hostname, os: $0.os, app: $0.app, appVersion: $0.appVersion) }
+    }
     /// The ids of the agents that hold `uid`, in order.
     public func agentIDs(withUID uid: String) async throws -> [String] { try await holders(of: uid).map(\.agentID) }
 }

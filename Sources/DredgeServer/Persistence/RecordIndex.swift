@@ -9,10 +9,13 @@ import Foundation
 /// The index is derived data: the files under `pulls/` and `feedback/` stay the truth, and a
 /// source can always be indexed again from them. The rules every implementation keeps
 /// (``RecordIndexConformanceTests`` checks each):
-/// - ``begin(_:contexts:landedAt:)`` starts a source over: records of an earlier, unfinished
-///   attempt are removed first, so a source indexed twice holds its records once.
-/// - ``add(_:lines:)`` takes whole lines, each one JSON record (Protocol § Payload); a line
-///   that is not a readable record is counted, never fatal, and never half-stored.
+/// - ``begin(_:contexts:device:landedAt:)`` starts a source over: records of an earlier,
+///   unfinished attempt are removed first, so a source indexed twice holds its records once.
+///   With a `device`, records are named by it (host, app, version, OS), whatever their
+///   contexts say; a context's host or app that differs is kept as claimed, beside it.
+/// - ``add(_:lines:onlyUID:)`` takes whole lines, each one JSON record (Protocol § Payload); a
+///   line that is not a readable record is counted, never fatal, and never half-stored. With
+///   `onlyUID`, a record of any other uid is counted as foreign and not stored.
 /// - A source is listed by ``indexedSources()`` only once ``finish(_:)`` ran.
 /// - ``remove(_:)`` removes a source's records and contexts; searching finds none after.
 /// - ``search(_:)`` returns records in (time, id) order, each page after the one its `after`
@@ -21,10 +24,13 @@ import Foundation
 /// - ``record(_:context:)`` finds a record by id, with up to `context` records of the same
 ///   source on each side in (time, id) order.
 public protocol RecordIndex: Sendable {
-    /// Starts (or starts over) indexing a source whose records refer to `contexts` by key.
-    func begin(_ source: IndexedSource, contexts: [String: LogContext], landedAt: Date) async throws
-    /// Indexes records: `lines` holds whole lines, each ending in `\n`.
-    func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount
+    /// Starts (or starts over) indexing a source whose records refer to `contexts` by key;
+    /// `device` is the uploading agent as the registry knows it (nil: names come from the
+    /// contexts alone).
+    func begin(_ source: IndexedSource, contexts: [String: LogContext], device: RegisteredDevice?, landedAt: Date) async throws
+    /// Indexes records: `lines` holds whole lines, each ending in `\n`. With `onlyUID`, only
+    /// records of that uid (the one the pull or feedback asked for).
+    func add(_ source: IndexedSource, lines: [UInt8], onlyUID: String?) async throws -> IndexCount
     /// Marks the source complete.
     func finish(_ source: IndexedSource) async throws
     /// Sources whose indexing finished.
@@ -37,6 +43,37 @@ public protocol RecordIndex: Sendable {
     /// The record with this id and up to `context` (at most ``RecordInContext/maximumContext``)
     /// records of its source on each side; nil when no record has it.
     func record(_ id: Int64, context: Int) async throws -> RecordInContext?
+}
+
+extension RecordIndex {
+    /// Named by the contexts alone.
+    public func begin(_ source: IndexedSource, contexts: [String: LogContext], landedAt: Date) async throws {
+        try await begin(source, contexts: contexts, device: nil, landedAt: landedAt)
+    }
+
+    /// Every uid.
+    public func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount { try await add(source, lines: lines, onlyUID: nil) }
+}
+
+/// How a found record names its device: by the source's registered device when the index has
+/// one, with the context's host and app beside it as claimed where they differ (a context that
+/// names none claims nothing); else by the context alone (sources indexed before the index kept
+/// the device). What both back ends read a record with.
+struct RecordNames {
+    var host = "", app = "", appVersion = "", os = "", process = ""
+    var claimedHost: String?
+    var claimedApp: String?
+
+    init(device: RegisteredDevice?, context: (host: String, app: String, appVersion: String, os: String, process: String)) {
+        process = context.process
+        guard let device else {
+            (host, app, appVersion, os) = (context.host, context.app, context.appVersion, context.os)
+            return
+        }
+        (host, app, appVersion, os) = (device.hostname, device.app, device.appVersion, device.os)
+        if !context.host.isEmpty && context.host != device.hostname { claimedHost = context.host }
+        if !context.app.isEmpty && context.app != device.app { claimedApp = context.app }
+    }
 }
 
 /// Another indexer (a node of the cluster, ``PostgresRecordIndex``) is indexing this source now:
@@ -68,20 +105,24 @@ public struct IndexedSource: Sendable, Hashable, CustomStringConvertible {
     public var description: String { "\(kind.rawValue) \(id) of agent \(agentID)" }
 }
 
-/// What one ``RecordIndex/add(_:lines:)`` took.
+/// What one ``RecordIndex/add(_:lines:onlyUID:)`` took.
 public struct IndexCount: Sendable, Equatable {
     public var records: Int
     /// Lines that are not a readable record (not JSON, or lacking `ts`, `level` or `type`).
     public var unreadable: Int
+    /// Records of another uid than the one the source was asked for: not stored.
+    public var foreign: Int
 
-    public init(records: Int = 0, unreadable: Int = 0) {
+    public init(records: Int = 0, unreadable: Int = 0, foreign: Int = 0) {
         self.records = records
         self.unreadable = unreadable
+        self.foreign = foreign
     }
 
     public static func += (a: inout IndexCount, b: IndexCount) {
         a.records += b.records
         a.unreadable += b.unreadable
+        a.foreign += b.foreign
     }
 }
 

@@ -63,6 +63,45 @@ import Testing
         #expect(try await index.indexedSources() == [Self.pull1, Self.pull1b])
     }
 
+    /// #49: a source is named by the device its agent is registered as, with a context's other
+    /// host or app kept as claimed beside it (and searched by the registered names only); with
+    /// `onlyUID`, records of another uid are counted and never stored. Sources begun without a
+    /// device are named by their contexts, as before.
+    @Test(arguments: PersistenceBackend.all)
+    func recordsAreNamedByTheRegisteredDeviceAndHoldOnlyTheUidAskedFor(_ backend: PersistenceBackend) async throws {
+        let index = try await backend.records(dir)
+        let device = RegisteredDevice(hostname: "rogue", os: "Linux", app: "oven-control", appVersion: "9")
+        try await index.begin(Self.pull1, contexts: Self.contexts, device: device, landedAt: Date())
+        let lines = [
+            Self.line(1, "asked", uid: "u-9"), Self.line(2, "planted", uid: "u-1"), Self.line(3, "no uid", uid: ""),
+            #"{"ts":"\#(Self.at(4).rfc3339)","level":"info","type":"app","uid":"u\u002d9","message":"escaped","context":2}"#,
+            #"{"ts":"\#(Self.at(5).rfc3339)","level":"info","type":"app","message":"uid left out"}"#,
+        ]
+        let count = try await index.add(Self.pull1, lines: Array((lines.joined(separator: "\n") + "\n").utf8), onlyUID: "u-9")
+        #expect(count == IndexCount(records: 2, unreadable: 0, foreign: 3))
+        try await index.finish(Self.pull1)
+        // Without a device: the contexts' names, no claim.
+        try await index.begin(Self.pull1b, contexts: Self.contexts, landedAt: Date())
+        _ = try await index.add(Self.pull1b, lines: Array((Self.line(6, "legacy", uid: "u-9") + "\n").utf8))
+        try await index.finish(Self.pull1b)
+
+        let found = try await index.search(RecordSearch(uid: "u-9")).records
+        #expect(found.map(\.message) == ["asked", "escaped", "legacy"])
+        let (asked, escaped, legacy) = (found[0], found[1], found[2])
+        #expect(asked.host == "rogue" && asked.claimedHost == "kitchen-oven" && asked.app == "oven-control" && asked.claimedApp == nil && asked.appVersion == "9")
+        #expect(asked.process == "oven[7]")
+        #expect(escaped.host == "rogue" && escaped.claimedHost == "bakery-oven" && escaped.claimedApp == "oven-ui")
+        #expect(legacy.host == "kitchen-oven" && legacy.claimedHost == nil && legacy.app == "oven-control")
+        #expect(try await index.search(RecordSearch(uid: "u-1")).records.isEmpty)
+        #expect(try await messages(index, RecordSearch(hosts: ["rogue"])) == ["asked", "escaped"])
+        #expect(try await messages(index, RecordSearch(hosts: ["kitchen-oven"])) == ["legacy"])
+        #expect(try await messages(index, RecordSearch(hosts: ["bakery-oven"])).isEmpty)
+        #expect(try await messages(index, RecordSearch(apps: ["oven-ui"])).isEmpty)
+        #expect(try await messages(index, RecordSearch(apps: ["oven-control"])) == ["asked", "escaped", "legacy"])
+        let read = try #require(try await index.record(asked.id, context: 1))
+        #expect(read.record.claimedHost == "kitchen-oven" && read.after.first?.claimedApp == "oven-ui")
+    }
+
     @Test(arguments: PersistenceBackend.all)
     func linesThatAreNotRecordsAreCountedAndLeftOut(_ backend: PersistenceBackend) async throws {
         let index = try await backend.records(dir)

@@ -12,7 +12,8 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
     /// Heartbeat intervals an authenticated agent may send nothing before it is closed. Default 3.
     public var missedHeartbeats: Int
     /// Agent connections open at once, authenticated or not. Default: the open-file limit
-    /// less ``reservedFileDescriptors`` (room for the admin API, databases and uploads).
+    /// less ``reservedFileDescriptors`` (room for the admin API's connections, databases and
+    /// uploads), and less what the admin API may hold beyond its default 64.
     public var maxConnections: Int?
     /// Of those, connections not yet authenticated. Default: a quarter, at most 1,024 (more is
     /// no help to agents arriving at once, and every one held back is an agent fewer the server
@@ -65,9 +66,10 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
     /// The most unauthenticated connections by default, whatever the open-file limit.
     public static let defaultMaxUnauthenticated = 1_024
 
-    func caps(openFiles: Int) -> ConnectionGate.Caps {
+    func caps(openFiles: Int, adminConnections: Int = AdminConnectionLimits.default.maxConnections) -> ConnectionGate.Caps {
         let openFiles = openFiles > 0 ? openFiles : 1024
-        let total = maxConnections ?? max(16, openFiles - Self.reservedFileDescriptors)
+        let reserved = Self.reservedFileDescriptors + max(0, adminConnections - AdminConnectionLimits.default.maxConnections)
+        let total = maxConnections ?? max(16, openFiles - reserved)
         let unauthenticated = min(maxUnauthenticated ?? max(4, min(Self.defaultMaxUnauthenticated, total / 4)), total - 1)
         return ConnectionGate.Caps(
             authenticated: total - unauthenticated, unauthenticated: unauthenticated,

@@ -198,6 +198,19 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         try await db.read { try await $0.value("SELECT 1 FROM agent WHERE id = \(agentID)", as: Int32.self) != nil }
     }
 
+    public func device(_ agentID: String) async throws -> RegisteredDevice? {
+        try await db.read { c in
+            guard let row = try await c.rows("SELECT hostname, os, app, app_version FROM agent WHERE id = \(agentID)").first else { return nil }
+            let (hostname, os, app, appVersion) = try row.decode((String, String, String, String).self)
+            return RegisteredDevice(WireHostInfo.with {
+                $0.hostname = hostname
+                $0.os = os
+                $0.app = app
+                $0.appVersion = appVersion
+            })
+        }
+    }
+
     /// Every agent, with the heartbeats this node holds shown over the rows (not written: a
     /// console listing every few seconds must not undo the bounded write rate). Another node's
     /// held heartbeats are not seen: an idle agent's `lastHeartbeatAt` there may be up to the

@@ -37,7 +37,7 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
 
     // MARK: Indexing
 
-    public func begin(_ source: IndexedSource, contexts: [String: LogContext], landedAt: Date) async throws {
+    public func begin(_ source: IndexedSource, contexts: [String: LogContext], device: RegisteredDevice?, landedAt: Date) async throws {
         var keys: [Int64] = [], hosts: [String] = [], oses: [String] = [], apps: [String] = [], versions: [String] = [], processes: [String] = []
         for (key, context) in contexts {
             // Keys are decimal integers (Protocol § Payload); any other key no record can name.
@@ -67,8 +67,9 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
             guard
                 let id = try await c.value(
                     """
-                    INSERT INTO source (kind, ref, agent, landed_at, claimed_by)
-                    VALUES (\(source.kind.rawValue), \(source.id), \(source.agentID), \(landedAt.timeIntervalSince1970), \(nodeID))
+                    INSERT INTO source (kind, ref, agent, landed_at, claimed_by, host, app, app_version, os)
+                    VALUES (\(source.kind.rawValue), \(source.id), \(source.agentID), \(landedAt.timeIntervalSince1970), \(nodeID),
+                        \(device?.hostname.storable), \(device?.app.storable), \(device?.appVersion.storable), \(device?.os.storable))
                     RETURNING id
                     """, as: Int64.self)
             else { throw RecordSearchError("\(source) could not be begun") }
@@ -82,7 +83,8 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
         }
     }
 
-    public func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount {
+    public func add(_ source: IndexedSource, lines: [UInt8], onlyUID: String?) async throws -> IndexCount {
+        let only = onlyUID.map { Array($0.utf8) }
         var count = IndexCount()
         var ts: [Int64] = [], uids: [String] = [], levels: [Int32] = [], types: [String] = [], messages: [String] = [], metadata: [String] = []
         var keys: [Int64] = [], hasKey: [Bool] = []
@@ -90,6 +92,10 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
             RecordLine.each(in: buffer) { record, line, _ in
                 guard let record else {
                     count.unreadable += 1
+                    return
+                }
+                if let only, !record.holds(uid: only, in: line) {
+                    count.foreign += 1
                     return
                 }
                 func text(_ value: RecordLine.Text?) -> String {
@@ -239,13 +245,19 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
         var records: [FoundRecord] = []
         for row in try await c.rows(query) {
             guard records.count < limit else { return (records, true) }
-            let (id, ts, uid, level, type, message, metadata, kind, ref, agent, host, app, appVersion, os, process) =
-                try row.decode((Int64, Int64, String, Int32, String, String, String, String, String, String, String?, String?, String?, String?, String?).self)
+            let (id, ts, uid, level, type, message, metadata, kind, ref, agent, host, app, appVersion, os, process, device, deviceApp, deviceVersion, deviceOS) =
+                try row.decode(
+                    (Int64, Int64, String, Int32, String, String, String, String, String, String, String?, String?, String?, String?, String?,
+                    String?, String?, String?, String?).self)
+            let names = RecordNames(
+                device: device.map { RegisteredDevice(hostname: $0, os: deviceOS ?? "", app: deviceApp ?? "", appVersion: deviceVersion ?? "") },
+                context: (host ?? "", app ?? "", appVersion ?? "", os ?? "", process ?? ""))
             records.append(
                 FoundRecord(
                     id: id, ts: Timestamp(microseconds: ts), level: LogLevel(rawValue: Int(level))?.name ?? "\(level)", type: type,
                     uid: uid, message: message, metadata: RecordMetadata(indexedText: metadata), agentID: agent, sourceKind: kind, sourceID: ref,
-                    host: host ?? "", app: app ?? "", appVersion: appVersion ?? "", os: os ?? "", process: process ?? ""))
+                    host: names.host, app: names.app, appVersion: names.appVersion, os: names.os, process: names.process,
+                    claimedHost: names.claimedHost, claimedApp: names.claimedApp))
         }
         return (records, false)
     }
@@ -261,7 +273,8 @@ struct PostgresRecordQuery {
     let backwards: Bool
 
     static let columns = """
-        SELECT r.id, r.ts, r.uid, r.level, r.type, r.message, r.metadata, s.kind, s.ref, s.agent, c.host, c.app, c.app_version, c.os, c.process
+        SELECT r.id, r.ts, r.uid, r.level, r.type, r.message, r.metadata, s.kind, s.ref, s.agent, c.host, c.app, c.app_version, c.os, c.process, \
+        s.host, s.app, s.app_version, s.os
         """
     static let joins = "FROM record r JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context"
 
@@ -295,11 +308,20 @@ struct PostgresRecordQuery {
             if let pull = search.pull { clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'pull' AND ref = \(bind(pull.storable)))") }
             if let feedback = search.feedback { clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'feedback' AND ref = \(bind(feedback.storable)))") }
         }
+        // By the registered device; by the context only for sources indexed without one.
         if let hosts = search.hosts, !hosts.isEmpty {
-            clauses.append("r.context IN (SELECT id FROM context WHERE host = ANY(\(bind(hosts.map(\.storable)))::text[]))")
+            let list = bind(hosts.map(\.storable))
+            clauses.append("""
+                (r.source IN (SELECT id FROM source WHERE host = ANY(\(list)::text[])) \
+                OR r.context IN (SELECT c.id FROM context c JOIN source s ON s.id = c.source WHERE s.host IS NULL AND c.host = ANY(\(list)::text[])))
+                """)
         }
         if let apps = search.apps, !apps.isEmpty {
-            clauses.append("r.context IN (SELECT id FROM context WHERE app = ANY(\(bind(apps.map(\.storable)))::text[]))")
+            let list = bind(apps.map(\.storable))
+            clauses.append("""
+                (r.source IN (SELECT id FROM source WHERE app = ANY(\(list)::text[])) \
+                OR r.context IN (SELECT c.id FROM context c JOIN source s ON s.id = c.source WHERE s.host IS NULL AND c.app = ANY(\(list)::text[])))
+                """)
         }
         if let text = search.text, !text.trimmingCharacters(in: .whitespaces).isEmpty {
             guard let terms = SearchText.terms(text) else { throw RecordSearchError("the text '\(text)' has no word to search for") }

@@ -235,6 +235,16 @@ enum PostgresSchema {
                 "ALTER TABLE source ADD COLUMN claimed_by text COLLATE \"C\"",
             ]
         ),
+        (
+            "index-registered-device-v1",
+            [
+                // The device a source came from, as the registry knew its agent (NULL: indexed
+                // before, named by its contexts alone).
+                "ALTER TABLE source ADD COLUMN host text COLLATE \"C\", ADD COLUMN app text COLLATE \"C\", ADD COLUMN app_version text, ADD COLUMN os text",
+                "CREATE INDEX source_host ON source(host)",
+                "CREATE INDEX source_app ON source(app)",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

@@ -280,6 +280,19 @@ public final class AgentRegistry: AgentDirectory, Sendable {
         try await db.read { try prepared("SELECT 1 FROM agent WHERE id = ?", [agentID], as: Int.self).fetchOne($0) != nil }
     }
 
+    public func device(_ agentID: String) async throws -> RegisteredDevice? {
+        try await db.read { db in
+            try AgentRow.filter(key: agentID).fetchOne(db).map { row in
+                RegisteredDevice(WireHostInfo.with {
+                    $0.hostname = row.hostname
+                    $0.os = row.os
+                    $0.app = row.app
+                    $0.appVersion = row.appVersion
+                })
+            }
+        }
+    }
+
     /// Every agent, with the heartbeats held shown over the rows (not written: a console
     /// listing every few seconds must not undo the bounded write rate).
     public func agents() async throws -> [AgentRecord] {

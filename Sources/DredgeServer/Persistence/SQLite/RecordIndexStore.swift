@@ -126,6 +126,18 @@ public final class RecordIndexStore: RecordIndex, Sendable {
         migrator.registerMigration("index-v3-source-time") { db in
             try db.execute(sql: "CREATE INDEX record_source_ts ON record(source, ts); DROP INDEX record_source;")
         }
+        // The device a source came from, as the registry knew its agent (NULL: indexed before,
+        // named by its contexts); a context's host or app that differs, kept as claimed.
+        migrator.registerMigration("index-v4-registered-device") { db in
+            try db.execute(sql: """
+                ALTER TABLE source ADD COLUMN host TEXT;
+                ALTER TABLE source ADD COLUMN app TEXT;
+                ALTER TABLE source ADD COLUMN app_version TEXT;
+                ALTER TABLE source ADD COLUMN os TEXT;
+                CREATE INDEX source_host ON source(host);
+                CREATE INDEX source_app ON source(app);
+                """)
+        }
         return migrator
     }
 
@@ -134,14 +146,14 @@ public final class RecordIndexStore: RecordIndex, Sendable {
 
     // MARK: Indexing
 
-    public func begin(_ source: IndexedSource, contexts: [String: LogContext], landedAt: Date) async throws {
+    public func begin(_ source: IndexedSource, contexts: [String: LogContext], device: RegisteredDevice?, landedAt: Date) async throws {
         try await pool.write { db in
             if let id = try Self.sourceID(db, source) {
                 try Self.delete(source: id, db)
             }
             try db.execute(
-                sql: "INSERT INTO source (kind, ref, agent, landed_at) VALUES (?, ?, ?, ?)",
-                arguments: [source.kind.rawValue, source.id, source.agentID, landedAt.timeIntervalSince1970])
+                sql: "INSERT INTO source (kind, ref, agent, landed_at, host, app, app_version, os) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                arguments: [source.kind.rawValue, source.id, source.agentID, landedAt.timeIntervalSince1970, device?.hostname, device?.app, device?.appVersion, device?.os])
             let id = db.lastInsertedRowID
             for (key, context) in contexts {
                 // Keys are decimal integers (Protocol § Payload); any other key no record can name,
@@ -159,8 +171,9 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     /// Each line read by ``RecordLine`` (one pass, no JSON tree) and bound to one prepared
     /// insert straight from the block; the block's words go into `record_text` with one
     /// `INSERT … SELECT` at its end (far cheaper than a trigger per row). One transaction.
-    public func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount {
-        try await pool.write { db in
+    public func add(_ source: IndexedSource, lines: [UInt8], onlyUID: String?) async throws -> IndexCount {
+        let only = onlyUID.map { Array($0.utf8) }
+        return try await pool.write { db in
             guard let id = try Self.sourceID(db, source) else { throw RecordSearchError("\(source) was not begun") }
             var contexts: [Int64: Int64] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT key, id FROM context WHERE source = ?", arguments: [id]) { contexts[row[0]] = row[1] }
@@ -198,6 +211,10 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 try RecordLine.each(in: buffer) { record, line, start in
                     guard let record else {
                         count.unreadable += 1
+                        return
+                    }
+                    if let only, !record.holds(uid: only, in: line) {
+                        count.foreign += 1
                         return
                     }
                     if let key = record.context, let context = contexts[key] { sqlite3_bind_int64(handle, 2, context) } else { sqlite3_bind_null(handle, 2) }
@@ -329,7 +346,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
 /// row is copied and no column looked up by name. A page's records come from a few sources and
 /// contexts: their strings are read once each.
 struct RecordRows {
-    private var sources: [Int64: (kind: String, ref: String, agent: String)] = [:]
+    private var sources: [Int64: (kind: String, ref: String, agent: String, device: RegisteredDevice?)] = [:]
     private var contexts: [Int64: (host: String, app: String, appVersion: String, os: String, process: String)] = [:]
 
     /// At most `limit` records; `more` when the statement had another.
@@ -342,7 +359,9 @@ struct RecordRows {
             let metadata = RecordMetadata(indexedText: row[6])  // kept as text: spliced into the page's JSON as written
             let level: Int = row[3]
             let sourceID: Int64 = row[15]
-            let source = sources[sourceID] ?? (row[7], row[8], row[9])
+            let source =
+                sources[sourceID]
+                ?? (row[7], row[8], row[9], (row[17] as String?).map { RegisteredDevice(hostname: $0, os: row[20] ?? "", app: row[18] ?? "", appVersion: row[19] ?? "") })
             sources[sourceID] = source
             let contextID: Int64? = row[16]
             var context = ("", "", "", "", "")
@@ -350,11 +369,13 @@ struct RecordRows {
                 context = contexts[contextID] ?? ((row[10] as String?) ?? "", (row[11] as String?) ?? "", (row[12] as String?) ?? "", (row[13] as String?) ?? "", (row[14] as String?) ?? "")
                 contexts[contextID] = context
             }
+            let names = RecordNames(device: source.device, context: context)
             records.append(
                 FoundRecord(
                     id: row[0], ts: Timestamp(microseconds: row[1]), level: LogLevel(rawValue: level)?.name ?? "\(level)", type: row[4],
                     uid: row[2], message: row[5], metadata: metadata, agentID: source.agent, sourceKind: source.kind, sourceID: source.ref,
-                    host: context.0, app: context.1, appVersion: context.2, os: context.3, process: context.4))
+                    host: names.host, app: names.app, appVersion: names.appVersion, os: names.os, process: names.process,
+                    claimedHost: names.claimedHost, claimedApp: names.claimedApp))
         }
         return (records, false)
     }
@@ -412,7 +433,7 @@ public struct SQLRecordQuery: Sendable {
     /// What each statement selects, read by position by ``RecordRows``.
     static let columns = """
         SELECT r.id, r.ts, r.uid, r.level, r.type, r.message, r.metadata, s.kind, s.ref, s.agent, \
-        c.host, c.app, c.app_version, c.os, c.process, r.source, r.context
+        c.host, c.app, c.app_version, c.os, c.process, r.source, r.context, s.host, s.app, s.app_version, s.os
         """
     static let joins = "FROM record r JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context"
 
@@ -503,13 +524,20 @@ public struct SQLRecordQuery: Sendable {
                 values.append(.text(feedback))
             }
         }
+        // By the registered device; by the context only for sources indexed without one.
         if let hosts = search.hosts, !hosts.isEmpty {
-            clauses.append("r.context IN (SELECT id FROM context WHERE host IN \(list(hosts.count)))")
-            values += hosts.map { .text($0) }
+            clauses.append("""
+                (r.source IN (SELECT id FROM source WHERE host IN \(list(hosts.count))) \
+                OR r.context IN (SELECT c.id FROM context c JOIN source s ON s.id = c.source WHERE s.host IS NULL AND c.host IN \(list(hosts.count))))
+                """)
+            values += hosts.map { .text($0) } + hosts.map { .text($0) }
         }
         if let apps = search.apps, !apps.isEmpty {
-            clauses.append("r.context IN (SELECT id FROM context WHERE app IN \(list(apps.count)))")
-            values += apps.map { .text($0) }
+            clauses.append("""
+                (r.source IN (SELECT id FROM source WHERE app IN \(list(apps.count))) \
+                OR r.context IN (SELECT c.id FROM context c JOIN source s ON s.id = c.source WHERE s.host IS NULL AND c.app IN \(list(apps.count))))
+                """)
+            values += apps.map { .text($0) } + apps.map { .text($0) }
         }
         // Metadata matches, checked exactly (kept apart: the scan-first statement applies them
         // after its bounded scan).

@@ -3,7 +3,7 @@ import Foundation
 
 /// Prints `error: message` to stderr and returns the exit code to throw (status 1).
 public func fail(_ message: String) -> ExitCode {
-    FileHandle.standardError.write(Data("error: \(message)\n".utf8))
+    Terminal.error("error: \(message)\n")
     return ExitCode.failure
 }
 

@@ -123,10 +123,10 @@ struct PullCommand: AsyncParsableCommand {
         guard wait else {
             if json { return try printJSON(created) }
             print(created.id)
-            FileHandle.standardError.write(Data("\(Self.queued(created)); follow it with `dredge show \(created.id)`\n".utf8))
+            Terminal.error("\(Self.queued(created)); follow it with `dredge show \(created.id)`\n")
             return
         }
-        FileHandle.standardError.write(Data("\(Self.queued(created))\n".utf8))
+        Terminal.error("\(Self.queued(created))\n")
         let progress = ProgressDisplay()
         let deadline = timeout.map { ContinuousClock.now + .seconds($0) }
         let finished = try await calling {
@@ -298,7 +298,8 @@ struct FeedbackCommand: AsyncParsableCommand {
             } else if let disk = f.diskBytes {
                 print("  on the server's disk: \(Format.bytes(disk))")
             }
-            print("  text: \(f.text)")
+            // Its own lines kept, each indented under it: a line of it cannot pass for one of ours.
+            print("  text: \(f.text.replacingOccurrences(of: "\r\n", with: "\n").replacingOccurrences(of: "\n", with: "\n        "))")
             for file in f.files { print("  \(file)") }
         }
     }
@@ -366,7 +367,7 @@ struct AuditCommand: AsyncParsableCommand {
         if entries.isEmpty { print("no audit entries match") }
         for e in entries { print("\(e.id.map(String.init) ?? "-")  \(Format.time(e.at))  \(e.actor)  \(e.action)  \(e.detail)") }
         if entries.count == limit, let last = entries.last?.id {
-            FileHandle.standardError.write(Data("dredge: more entries may follow: --before \(last)\n".utf8))
+            Terminal.error("dredge: more entries may follow: --before \(last)\n")
         }
     }
 }
@@ -400,7 +401,7 @@ struct TokensCommand: AsyncParsableCommand {
             let client = try server.client()
             let created = try await calling { try await client.createToken(TokenRequest(name: name, kind: kind)) }
             print(created.token)
-            FileHandle.standardError.write(Data("created \(kind.rawValue) token '\(name)'; it is not shown again\n".utf8))
+            Terminal.error("created \(kind.rawValue) token '\(name)'; it is not shown again\n")
         }
     }
 
@@ -413,7 +414,7 @@ struct TokensCommand: AsyncParsableCommand {
         func run() async throws {
             let client = try server.client()
             try await calling { try await client.revokeToken(kind: kind, name: name) }
-            FileHandle.standardError.write(Data("revoked \(kind.rawValue) token '\(name)'\n".utf8))
+            Terminal.error("revoked \(kind.rawValue) token '\(name)'\n")
         }
     }
 }

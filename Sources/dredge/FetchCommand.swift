@@ -56,7 +56,7 @@ enum DredgeFetch {
     /// stderr when stdout carries JSON).
     static func files(of id: String, client: AdminClient, into directory: String, agent: String? = nil, zip: Bool = false, toStderr: Bool = false) async throws {
         func say(_ line: String) {
-            if toStderr { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { print(line) }
+            if toStderr { Terminal.error(line + "\n") } else { print(line) }
         }
         let listed = try await calling { try await client.pullFiles(id) }
         let wanted = listed.filter { ($0.kind == .zip) == zip && (agent == nil || $0.agentID == agent) }

@@ -1,3 +1,4 @@
+import DredgeCommandLine
 import DredgeAdminAPI
 import DredgeDomain
 import Foundation
@@ -92,7 +93,7 @@ final class ProgressDisplay: Sendable {
                     let state = "\(t.status.rawValue) \(t.chunksReceived)/\(t.chunkCount)"
                     if d.last[t.agentID] != state {
                         d.last[t.agentID] = state
-                        FileHandle.standardError.write(Data((line(t) + "\n").utf8))
+                        Terminal.error(line(t) + "\n")
                     }
                 }
             }
@@ -110,6 +111,6 @@ final class ProgressDisplay: Sendable {
         }
         let filled = Int((fraction * Double(width)).rounded(.down))
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
-        return "\(t.agentID.prefix(12))  [\(bar)] \(String(format: "%3d", Int(fraction * 100)))%  \(Format.status(t))"
+        return "\(t.agentID.prefix(12))  [\(bar)] \(String(format: "%3d", Int(fraction * 100)))%  \(Terminal.field(Format.status(t)))"
     }
 }

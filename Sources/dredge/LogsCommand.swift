@@ -175,7 +175,7 @@ struct LogsCommand: AsyncParsableCommand {
         }
     }
 
-    private func note(_ text: String) { FileHandle.standardError.write(Data("dredge: \(text)\n".utf8)) }
+    private func note(_ text: String) { Terminal.error("dredge: \(text)\n") }
 }
 
 /// Whether a `--grep` text holds anything to search for (the server's rule).
@@ -250,21 +250,24 @@ final class RecordPrinter {
         first = false
     }
 
+    /// A record on one line. Everything in it but the time and level came from a device: each
+    /// piece is made harmless (``Terminal/field(_:)``: control characters, line breaks
+    /// included, escaped) before the colours are added.
     func text(_ r: FoundRecord) -> String {
         let time = formatter.string(from: r.ts.date)
-        let level = r.level.uppercased().padding(toLength: 8, withPad: " ", startingAt: 0)
-        let app = r.appShown
+        let level = Terminal.field(r.level.uppercased()).padding(toLength: 8, withPad: " ", startingAt: 0)
+        let (host, app, type) = (Terminal.field(r.hostShown), Terminal.field(r.appShown), Terminal.field(r.type))
         var metadata = ""
         if case .object(let members) = r.metadata.value, !members.isEmpty {
             metadata = "  " + members.sorted { $0.key < $1.key }.map { key, member in
                 let value: String
-                if case .string(let s) = member { value = s.contains(" ") ? s.debugDescription : s } else { value = member.jsonText }
-                return "\(key)=\(value)"
+                if case .string(let s) = member { value = Terminal.field(s.contains(" ") ? s.debugDescription : s) } else { value = Terminal.field(member.jsonText) }
+                return "\(Terminal.field(key))=\(value)"
             }.joined(separator: " ")
         }
-        let uid = r.uid.isEmpty ? "-" : r.uid
-        let message = r.message.replacingOccurrences(of: "\n", with: "⏎")
-        guard color else { return "\(time)  \(r.hostShown)  \(app)  \(level) \(r.type)  \(uid)  \(message)\(metadata)" }
+        let uid = r.uid.isEmpty ? "-" : Terminal.field(r.uid)
+        let message = Terminal.field(r.message.replacingOccurrences(of: "\n", with: "⏎"))
+        guard color else { return "\(time)  \(host)  \(app)  \(level) \(type)  \(uid)  \(message)\(metadata)" }
         let paint: String
         switch r.level {
         case "critical", "error": paint = "\u{1B}[31m"
@@ -274,7 +277,7 @@ final class RecordPrinter {
         default: paint = ""
         }
         let dim = "\u{1B}[2m", reset = "\u{1B}[0m"
-        return "\(dim)\(time)\(reset)  \(r.hostShown)  \(app)  \(paint)\(level)\(reset) \(r.type)  \(uid)  \(paint)\(message)\(reset)\(dim)\(metadata)\(reset)"
+        return "\(dim)\(time)\(reset)  \(host)  \(app)  \(paint)\(level)\(reset) \(type)  \(uid)  \(paint)\(message)\(reset)\(dim)\(metadata)\(reset)"
     }
 
     private func write(_ text: String) { FileHandle.standardOutput.write(Data(text.utf8)) }

@@ -29,7 +29,7 @@ struct OpenExportCommand: AsyncParsableCommand {
             let payload = try SealedExportFile.open(file, key: privateKey, into: out)
             for name in payload.files { print(out + "/" + (name as NSString).lastPathComponent) }
             print(out + "/manifest.json")
-            FileHandle.standardError.write(Data("\(payload.manifest.recordCount) records, authentic and complete\n".utf8))
+            Terminal.error("\(payload.manifest.recordCount) records, authentic and complete\n")
         } catch let error as ExportError {
             throw fail(error.description)
         }

@@ -45,6 +45,7 @@ public enum ServerRuntime {
         // on PostgreSQL share theirs).
         let lock = (options.database ?? deployment.config.database) == nil ? try DataDirectoryLock.acquire(dir) : nil
         defer { withExtendedLifetime(lock) {} }
+        tightenModes(dir, logger: logger)
         let adminHost = options.adminHost ?? deployment.config.adminHost ?? "127.0.0.1"
         try LoadedDeployment.checkAdmin(host: adminHost, tls: deployment.adminTLSConfiguration != nil)
         // A node's lease (PostgreSQL): three of the heartbeat intervals its agents are told.
@@ -99,6 +100,21 @@ public enum ServerRuntime {
     /// The soft limit on open files now (-1 if unknown): what the agent listener sizes its
     /// connection caps by.
     public static func openFileLimit() -> Int { openFiles(raise: false) }
+
+    /// A deployment made before everything was written for the server's user alone (#49):
+    /// its files that others may read (server.json, the certificates) become 0600, its
+    /// directory 0700. Logged; one that cannot be changed is logged and left.
+    static func tightenModes(_ dir: String, logger: Logger) {
+        for (path, mode) in [(dir, mode_t(0o700))] + ServerDeployment.files.map({ (dir + "/" + $0, mode_t(0o600)) }) {
+            var info = stat()
+            guard stat(path, &info) == 0, info.st_mode & 0o077 != 0 else { continue }
+            if chmod(path, mode) == 0 {
+                logger.notice("made private", metadata: ["path": "\(path)", "was": "\(String(info.st_mode & 0o777, radix: 8))"])
+            } else {
+                logger.warning("could not make private", metadata: ["path": "\(path)", "error": "\(String(cString: strerror(errno)))"])
+            }
+        }
+    }
 
     /// Every agent connection is a file descriptor: raise the soft limit to the hard one, as
     /// far as the system allows. Returns the limit in effect.

@@ -11,6 +11,14 @@ struct DredgeServerCommand: AsyncParsableCommand {
         abstract: "The Dredge command server.",
         version: DredgeVersion.current,
         subcommands: [InitCommand.self, RunCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self])
+
+    /// Everything the server writes (keys, the databases and their write-ahead logs, chunks,
+    /// pulled and feedback files in clear, and their directories) is readable by its user only:
+    /// 0600 files and 0700 directories, whatever creates them.
+    static func main() async {
+        umask(0o077)
+        await main(nil)
+    }
 }
 
 struct InitCommand: AsyncParsableCommand {
@@ -43,7 +51,7 @@ struct InitCommand: AsyncParsableCommand {
     @Option(help: "The private key (PEM) of --admin-certificate.")
     var adminKey: String?
 
-    @Option(help: ArgumentHelp("Keep the server's state in this PostgreSQL database (recorded in server.json) instead of SQLite in the data directory: for several nodes sharing one data directory. postgres://USER@HOST[:PORT]/DATABASE[?sslmode=require]; the password is best given in PGPASSWORD.", valueName: "url"))
+    @Option(help: ArgumentHelp("Keep the server's state in this PostgreSQL database (recorded in server.json) instead of SQLite in the data directory: for several nodes sharing one data directory. postgres://USER@HOST[:PORT]/DATABASE[?sslmode=require]; the password is best given in PGPASSWORD or a password file (PGPASSFILE, ~/.pgpass), not in the URL.", valueName: "url"))
     var database: String?
 
     @Option(name: .customLong("name"), help: "A host name or IPv4 address agents use to reach the server; repeatable. Goes into the certificate.")
@@ -78,6 +86,10 @@ struct InitCommand: AsyncParsableCommand {
         }
         options.names = names
         options.database = database
+        if let database, URLComponents(string: database)?.password != nil {
+            Terminal.error(
+                "note: the database's password is kept in server.json (readable by this user only); leave it out of the URL and give it in PGPASSWORD or a password file (PGPASSFILE, ~/.pgpass) to keep it out of files and command lines\n")
+        }
         let created: ServerDeployment.Created
         do {
             if let database {

@@ -31,7 +31,7 @@ struct RunCommand: AsyncParsableCommand {
     @Option(help: "How long a web console session lasts, in minutes (1 to 10080; default 480, 8 hours).")
     var consoleSessionMinutes: Int?
 
-    @Option(help: ArgumentHelp("A PostgreSQL database for the server's state instead of server.json's (or SQLite in the data directory): postgres://USER@HOST[:PORT]/DATABASE[?sslmode=require]. The password is best given in PGPASSWORD.", valueName: "url"))
+    @Option(help: ArgumentHelp("A PostgreSQL database for the server's state instead of server.json's (or SQLite in the data directory): postgres://USER@HOST[:PORT]/DATABASE[?sslmode=require]. The password is best given in PGPASSWORD or a password file (PGPASSFILE, ~/.pgpass).", valueName: "url"))
     var database: String?
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error.")

@@ -118,5 +118,23 @@ import Testing
             let result = try d.dredge(["logs"] + arguments, server: admin)
             #expect(result.status == 64 && result.output.contains(says), "\(arguments): \(result.output)")
         }
+
+        // Everything the server wrote (pulled files in clear, zips, databases and their logs,
+        // directories) is its user's alone (#49).
+        let open = Self.readableByOthers(d.data)
+        #expect(open.isEmpty, "\(open)")
+        #expect(FileManager.default.fileExists(atPath: d.data + "/pulls/\(pullID)"))
+    }
+
+    /// Entries under `path` whose mode lets the group or others in, with their modes.
+    static func readableByOthers(_ path: String) -> [String] {
+        var found: [String] = []
+        let walker = FileManager.default.enumerator(atPath: path)
+        while let relative = walker?.nextObject() as? String {
+            var info = stat()
+            guard lstat(path + "/" + relative, &info) == 0, info.st_mode & 0o077 != 0, info.st_mode & S_IFMT != S_IFLNK else { continue }
+            found.append("\(relative) \(String(info.st_mode & 0o777, radix: 8))")
+        }
+        return found
     }
 }

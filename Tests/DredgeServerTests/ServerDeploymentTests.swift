@@ -16,8 +16,8 @@ import X509
         for file in ServerDeployment.files {
             let attributes = try fm.attributesOfItem(atPath: dir.file("data/\(file)"))
             let mode = (attributes[.posixPermissions] as! NSNumber).intValue
-            let secret = !["ca.pem", "server.pem", "server.json"].contains(file)
-            #expect(mode == (secret ? 0o600 : 0o644), "\(file) has mode \(String(mode, radix: 8))")
+            // Certificates too: everything the server writes is its user's alone (#49).
+            #expect(mode == 0o600, "\(file) has mode \(String(mode, radix: 8))")
         }
         #expect(created.agentAddress == "logs.example.com:7443")
         #expect(created.enrollmentToken.hasPrefix("dredge_enr_") && created.adminToken.hasPrefix("dredge_adm_"))
@@ -93,6 +93,39 @@ import X509
         let (again, _, errors) = try run()
         #expect(again == 1)
         #expect(errors.contains("refusing to overwrite"))
+    }
+
+    /// #49: the database's password need not be in server.json or on a command line: it comes
+    /// from the URL, else `PGPASSWORD`, else a password file in libpq's form (`PGPASSFILE`, else
+    /// `~/.pgpass`), which must be private.
+    @Test func theDatabasePasswordComesFromTheURLTheEnvironmentOrAPrivatePasswordFile() throws {
+        let dir = TempDir()
+        let file = dir.file("pgpass")
+        try """
+            # comment
+            db.example:5432:other:dredge:wrong-database
+            db.example:5432:dredge:someone:wrong-user
+            *:5432:dredge:dredge:first\\:colon\\\\slash
+            db.example:*:*:*:later
+            """.write(toFile: file, atomically: true, encoding: .utf8)
+        chmod(file, 0o600)
+        let url = "postgres://dredge@db.example/dredge"
+        typealias Location = PostgresDatabase.Location
+        #expect(try Location(url: url, environment: ["PGPASSFILE": file]).password == "first:colon\\slash")
+        #expect(try Location(url: "postgres://dredge@db.example:6000/dredge", environment: ["PGPASSFILE": file]).password == "later")
+        #expect(try Location(url: "postgres://nobody@elsewhere/x", environment: ["PGPASSFILE": file]).password == nil)
+        #expect(try Location(url: url, environment: ["PGPASSFILE": file, "PGPASSWORD": "env"]).password == "env")
+        #expect(try Location(url: "postgres://dredge:inline@db.example/dredge", environment: ["PGPASSFILE": file]).password == "inline")
+        // ~/.pgpass when PGPASSFILE is not set; none at all is no error.
+        try FileManager.default.createDirectory(atPath: dir.file("home"), withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: file, toPath: dir.file("home/.pgpass"))
+        #expect(try Location(url: url, environment: ["HOME": dir.file("home")]).password == "first:colon\\slash")
+        #expect(try Location(url: url, environment: ["HOME": dir.file("nowhere")]).password == nil)
+        // A file others may read is refused, with what to do.
+        chmod(file, 0o644)
+        let error = #expect(throws: DeploymentError.self) { try Location(url: url, environment: ["PGPASSFILE": file]) }
+        #expect(error?.description.contains("chmod 600") == true)
+        #expect(throws: DeploymentError.self) { try Location(url: url, environment: ["PGPASSFILE": dir.file("missing")]) }
     }
 }
 

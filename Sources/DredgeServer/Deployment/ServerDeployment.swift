@@ -10,12 +10,15 @@ import X509
 ///
 /// | file | what | mode |
 /// |---|---|---|
-/// | `ca.pem`, `ca-key.pem` | the deployment's CA (P-256, 10 years); agents pin `ca.pem` | 0644, 0600 |
-/// | `server.pem`, `server-key.pem` | the agent listener's TLS certificate (P-256, 2 years), signed by the CA | 0644, 0600 |
+/// | `ca.pem`, `ca-key.pem` | the deployment's CA (P-256, 10 years); agents pin `ca.pem` | 0600 |
+/// | `server.pem`, `server-key.pem` | the agent listener's TLS certificate (P-256, 2 years), signed by the CA | 0600 |
 /// | `signing-key` | Ed25519 key that signs pull commands (hex) | 0600 |
 /// | `encryption-key.pem` | RSA-3072 key that unwraps feedback upload keys | 0600 |
 /// | `dredge.sqlite` | the server's database (``ServerDatabase``): agents, pulls, feedback, the audit log, and the names and SHA-256 of the admin and enrollment tokens (the tokens themselves are shown once) | 0600 |
-/// | `server.json` | listen addresses, the admin API's TLS and the names in the certificate | 0644 |
+/// | `server.json` | listen addresses, the admin API's TLS and the names in the certificate, the database's URL | 0600 |
+///
+/// The directory is 0700; `dredge-server` runs with umask 077, so whatever it writes later
+/// (databases and their logs, chunks, pulled and feedback files) is 0600, directories 0700.
 ///
 /// Existing files are never overwritten: `initialize` refuses a directory that already holds
 /// any of them.
@@ -203,9 +206,11 @@ public enum ServerDeployment {
             try write("server-key.pem", Array(serverKey.pemRepresentation.utf8), mode: 0o600)
             try write("signing-key", Array((Hex.encode(signing.rawRepresentation) + "\n").utf8), mode: 0o600)
             try write("encryption-key.pem", Array(encryption.pemRepresentation.utf8), mode: 0o600)
-            try write("ca.pem", Array(try ca.serializeAsPEM().pemString.utf8), mode: 0o644)
-            try write("server.pem", Array(try server.serializeAsPEM().pemString.utf8), mode: 0o644)
-            try write("server.json", try encode(config), mode: 0o644)
+            // Public, but in the server's directory as everything else it writes: readable by it alone.
+            try write("ca.pem", Array(try ca.serializeAsPEM().pemString.utf8), mode: 0o600)
+            try write("server.pem", Array(try server.serializeAsPEM().pemString.utf8), mode: 0o600)
+            // It may hold the database's password.
+            try write("server.json", try encode(config), mode: 0o600)
             written += databaseFiles
             (adminToken, enrollmentToken) = try makeTokens(dir)
         } catch {

@@ -39,8 +39,9 @@ public final class PostgresDatabase: Sendable {
         public var rootCertificate: String?
 
         /// `postgres://user[:password]@host[:port]/database[?sslmode=disable|prefer|require][&sslrootcert=FILE][&schema=NAME]`
-        /// (also `postgresql://`). The password may be left out of the URL and given in
-        /// `PGPASSWORD` instead, so that it is not on a command line.
+        /// (also `postgresql://`). The password may be left out of the URL (and so out of
+        /// `server.json` and command lines) and given in `PGPASSWORD`, or in a password file as
+        /// libpq reads one: `PGPASSFILE`, else `~/.pgpass` (see ``passwordFile(_:host:port:database:user:)``).
         public init(url: String, environment: [String: String] = ProcessInfo.processInfo.environment) throws {
             guard let parts = URLComponents(string: url), let scheme = parts.scheme, ["postgres", "postgresql"].contains(scheme.lowercased()) else {
                 throw DeploymentError("the database address '\(Self.redacted(url))' is not a postgres:// URL")
@@ -53,7 +54,15 @@ public final class PostgresDatabase: Sendable {
             self.port = parts.port ?? 5432
             guard (1...65_535).contains(port) else { throw DeploymentError("the database port \(port) is out of range") }
             self.user = user
-            self.password = parts.password ?? environment["PGPASSWORD"]
+            if let password = parts.password ?? environment["PGPASSWORD"] {
+                self.password = password
+            } else if let file = environment["PGPASSFILE"] ?? environment["HOME"].map({ $0 + "/.pgpass" }),
+                environment["PGPASSFILE"] != nil || FileManager.default.fileExists(atPath: file)
+            {
+                self.password = try Self.passwordFile(file, host: host, port: parts.port ?? 5432, database: database, user: user)
+            } else {
+                self.password = nil
+            }
             self.database = database
             var schema = "public", tls = TLSMode.prefer, root: String?
             for item in parts.queryItems ?? [] {
@@ -72,6 +81,42 @@ public final class PostgresDatabase: Sendable {
             self.schema = schema
             self.tls = tls
             self.rootCertificate = root
+        }
+
+        /// The password for this host, port, database and user in a password file of libpq's
+        /// form: lines `host:port:database:user:password`, `*` matching anything in the first
+        /// four, `\:` and `\\` escapes, `#` comments; the first line that matches counts. Nil
+        /// when none matches. Like libpq, a file that its group or others may read is refused
+        /// (here with an error, not ignored: the operator meant it to be used).
+        static func passwordFile(_ path: String, host: String, port: Int, database: String, user: String) throws -> String? {
+            var info = stat()
+            guard stat(path, &info) == 0 else { throw DeploymentError("the password file \(path) cannot be read: \(String(cString: strerror(errno)))") }
+            guard info.st_mode & S_IFMT == S_IFREG else { throw DeploymentError("the password file \(path) is not a regular file") }
+            guard info.st_mode & 0o077 == 0 else {
+                throw DeploymentError("the password file \(path) may be read by others (mode \(String(info.st_mode & 0o777, radix: 8))): chmod 600 it")
+            }
+            guard let data = FileManager.default.contents(atPath: path) else { throw DeploymentError("the password file \(path) cannot be read") }
+            for line in String(decoding: data, as: UTF8.self).split(whereSeparator: { $0 == "\n" || $0 == "\r\n" }) where !line.hasPrefix("#") {
+                var fields: [String] = [], field = "", escaped = false
+                for c in line {
+                    if escaped {
+                        field.append(c)
+                        escaped = false
+                    } else if c == "\\" {
+                        escaped = true
+                    } else if c == ":" && fields.count < 4 {
+                        fields.append(field)
+                        field = ""
+                    } else {
+                        field.append(c)
+                    }
+                }
+                fields.append(field)
+                guard fields.count == 5 else { continue }
+                let wanted = [host, String(port), database, user]
+                if zip(fields.prefix(4), wanted).allSatisfy({ $0 == "*" || $0 == $1 }) { return fields[4] }
+            }
+            return nil
         }
 
         /// A name used unquoted in SQL: lower-case letters, digits and `_`, not starting with a digit.

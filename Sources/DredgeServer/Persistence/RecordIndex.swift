@@ -55,6 +55,25 @@ extension RecordIndex {
     public func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount { try await add(source, lines: lines, onlyUID: nil) }
 }
 
+extension MetadataMatch {
+    /// Why the index cannot search for this match, or nil: a value written as a JSON number
+    /// that a 64-bit float cannot hold (`1e999999`, or `1e-999999`, which is not 0), or with an
+    /// exponent beyond ±1000 (`0e-999999`). No record
+    /// can hold such a number as one, and PostgreSQL's `numeric` refuses it. Both back ends
+    /// refuse it the same way (a 400 at the admin API), never a server error.
+    var searchProblem: String? {
+        guard PostgresRecordQuery.isJSONNumber(value), let number = Double(value) else { return nil }
+        let digits = value.prefix { $0 != "e" && $0 != "E" }
+        let exponent = value.drop { $0 != "e" && $0 != "E" }.dropFirst()
+        // An exponent written beyond ±1000 (even of a zero) is past what `numeric` takes.
+        let written = exponent.isEmpty ? 0 : Int(exponent.hasPrefix("+") ? String(exponent.dropFirst()) : String(exponent)) ?? Int.max
+        if !number.isFinite || (number == 0 && digits.contains(where: { ("1"..."9").contains($0) })) || abs(written) > 1000 {
+            return "metadata value \(value) is a number beyond what a 64-bit float holds: no record can hold it"
+        }
+        return nil
+    }
+}
+
 /// How a found record names its device: by the source's registered device when the index has
 /// one, with the context's host and app beside it as claimed where they differ (a context that
 /// names none claims nothing); else by the context alone (sources indexed before the index kept

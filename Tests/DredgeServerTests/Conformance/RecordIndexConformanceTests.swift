@@ -98,6 +98,15 @@ import Testing
         #expect(try await messages(index, RecordSearch(hosts: ["bakery-oven"])).isEmpty)
         #expect(try await messages(index, RecordSearch(apps: ["oven-ui"])).isEmpty)
         #expect(try await messages(index, RecordSearch(apps: ["oven-control"])) == ["asked", "escaped", "legacy"])
+        // #49: a number no float holds is refused with its reason on both back ends (PostgreSQL
+        // answered a server error); one that fits is searched.
+        for value in ["1e999999", "-1e999999", "1e-999999", "0.5e-400", "0e-999999", "1E+99999999999999999999"] {
+            let error = await #expect(throws: RecordSearchError.self, "\(value)") { try await index.search(RecordSearch(metadata: [MetadataMatch(key: "n", value: value)])) }
+            #expect(error?.description.contains(value) == true)
+        }
+        for value in ["1e300", "0e-300", "0", "1e-300", "-2.5E+10"] {
+            #expect(try await index.search(RecordSearch(metadata: [MetadataMatch(key: "n", value: value)])).records.isEmpty, "\(value)")
+        }
         let read = try #require(try await index.record(asked.id, context: 1))
         #expect(read.record.claimedHost == "kitchen-oven" && read.after.first?.claimedApp == "oven-ui")
     }

@@ -336,6 +336,7 @@ struct PostgresRecordQuery {
         }
         for m in search.metadata ?? [] {
             guard !m.key.isEmpty, !m.key.contains("\"") else { throw RecordSearchError("metadata key '\(m.key)' cannot be searched (empty, or holds a \")") }
+            if let problem = m.searchProblem { throw RecordSearchError(problem) }
             let forms = Self.containment(m).map { "dredge_json(r.metadata) @> \(bind($0))::jsonb" }
             clauses.append("(" + forms.joined(separator: " OR ") + ")")
         }

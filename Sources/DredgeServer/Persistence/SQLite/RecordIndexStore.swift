@@ -555,6 +555,7 @@ public struct SQLRecordQuery: Sendable {
         }
         for m in search.metadata ?? [] {
             guard !m.key.isEmpty, !m.key.contains("\"") else { throw RecordSearchError("metadata key '\(m.key)' cannot be searched (empty, or holds a \")") }
+            if let problem = m.searchProblem { throw RecordSearchError(problem) }
             let escapedInJSON = { (text: String) in text.unicodeScalars.contains { $0.value < 0x20 || $0 == "\"" || $0 == "\\" } }
             if let words = [m.value, m.key].first(where: { $0.contains { $0.isLetter || $0.isNumber } }), !escapedInJSON(words) {
                 match.append(SearchText.fts5([SearchText.Term(words: words, isPrefix: false)], column: "metadata"))

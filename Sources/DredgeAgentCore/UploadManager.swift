@@ -416,6 +416,13 @@ actor UploadManager {
             case .retryLater(let result):
                 // The server cannot take it now (its disk, a quota): keep everything, try again
                 // after a growing delay, or on the next connection, whichever comes first.
+                // The delay grows once per attempt: the other chunks of the same window, refused
+                // with this one, wait for the retry already set (#49: each doubled it, so a
+                // full disk for 15 s sent the delay to its 300 s ceiling at once).
+                if retryTasks[uploadID] != nil {
+                    logger.debug("the server cannot take this chunk either; the retry is already set", metadata: ["upload.id": "\(uploadID)"])
+                    continue
+                }
                 let delay = retryDelays[uploadID] ?? firstRetryDelay
                 retryDelays[uploadID] = min(delay * 2, Self.maxRetryDelay)
                 logger.warning("the server cannot take the upload now; will retry", metadata: ["upload.id": "\(uploadID)", "error": "\(result.error)", "detail": "\(result.detail)", "in": "\(delay)"])
@@ -434,6 +441,7 @@ actor UploadManager {
     private func retry(_ uploadID: String) async {
         retryTasks[uploadID] = nil
         guard outbound != nil, uploads[uploadID]?.sender.state == .suspended else { return }
+        logger.info("retrying an upload the server could not take", metadata: ["upload.id": "\(uploadID)"])
         do {
             try await drive(uploadID) { $0.resume() }
         } catch {

@@ -22,13 +22,17 @@ import Testing
         let client: AgentClient
         let task: Task<Void, Error>
 
-        init(_ server: InProcessServer, store: String, retry: Duration = .seconds(5), maxExports: Int = 2, before: (AgentState) async throws -> Void = { _ in }) async throws {
+        init(
+            _ server: InProcessServer, store: String, retry: Duration = .seconds(5), maxExports: Int = 2, logs: LogCapture? = nil,
+            before: (AgentState) async throws -> Void = { _ in }
+        ) async throws {
             let dir = server.dir.file("agent-\(UUID().uuidString)")
             state = try await AgentEnrollment.enroll(
                 host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"), token: server.created.enrollmentToken,
                 stateDirectory: dir, hostInfo: .with { $0.hostname = "device" })
             try await before(state)
-            client = try AgentClient(state: state, store: try LogStore(path: store), hostInfo: .with { $0.hostname = "device" }, logger: Logger(label: "test.agent") { _ in SwiftLogNoOpLogHandler() }, firstRetryDelay: retry, maxExports: maxExports)
+            let logger = Logger(label: "test.agent") { _ in logs.map { $0 as any LogHandler } ?? SwiftLogNoOpLogHandler() }
+            client = try AgentClient(state: state, store: try LogStore(path: store), hostInfo: .with { $0.hostname = "device" }, logger: logger, firstRetryDelay: retry, maxExports: maxExports)
             task = Task { [client] in try await client.run() }
         }
 
@@ -164,7 +168,16 @@ import Testing
         defer { mount.remove() }
         try await withStopping(InProcessServer(dataDirectory: mount.path + "/server")) { server in
             let store = try server.deviceStore()
-            try await withStopping(Device(server, store: store, retry: .milliseconds(500))) { device in
+            // Enough of u-1's records that do not compress for an upload of several chunks: a
+            // window of them is refused at once.
+            let (extra, context) = try PullEndToEndTests.openDeviceStore(store, host: "oven-7")
+            for n in 0..<6_000 {
+                let noise = Hex.encode(secureRandomBytes(96))
+                extra.enqueue(LogEntry(timestamp: Timestamp.now.subtracting(.seconds(Int64(n))), level: .info, type: "app", uid: "u-1", message: noise, context: context))
+            }
+            try extra.close()
+            let agentLogs = LogCapture()
+            try await withStopping(Device(server, store: store, retry: .milliseconds(500), logs: agentLogs)) { device in
                 #expect(try await Self.waitFor { try await server.admin.agents().first?.connected == true })
                 // Leave almost no room (enough for the databases' next pages, not for a chunk), then pull.
                 func free() -> Int {
@@ -187,6 +200,11 @@ import Testing
                 try FileManager.default.removeItem(atPath: filler)
                 let done = try await Self.waitFor(.seconds(120)) { try await server.admin.pull(pull.id).targets.first?.status == .complete }
                 #expect(done, "\(server.logs.records.filter { $0.level >= .notice }.suffix(5).map { "\($0.message) \($0.metadata)" })")
+                // The agent's wait grew once per attempt, not once per refused chunk (#49): every
+                // "will retry" but the last is followed by its retry before the next one.
+                let retries = agentLogs.records.map(\.message).filter { $0.hasPrefix("the server cannot take the upload now") || $0.hasPrefix("retrying an upload the server") }
+                #expect(retries.count >= 2 && retries.first?.hasPrefix("the server cannot") == true, "\(retries)")
+                #expect(zip(retries, retries.dropFirst()).allSatisfy { $0.hasPrefix("the server cannot") != $1.hasPrefix("the server cannot") }, "\(retries)")
                 let target = try #require(try await server.admin.pull(pull.id).targets.first)
                 let expected = try PullEndToEndTests.expected(store, LogFilter(uid: "u-1"))
                 #expect(Set(target.files.map { ($0 as NSString).lastPathComponent }) == Set(expected.keys).union(["manifest.json"]))

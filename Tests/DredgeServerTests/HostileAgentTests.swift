@@ -343,6 +343,63 @@ import Testing
         }
     }
 
+    /// #49: refused enrollments are throttled per address: after ten in a minute, the next
+    /// ones from that address are refused unseen (`ERROR_LIMIT_EXCEEDED`, try later), the right
+    /// token too, until the minute ends; and the connection-closing notices they cause are
+    /// rate-limited with the refusals (500 attempts had written 94 KB of log).
+    @Test func refusedEnrollmentsAreThrottledPerAddress() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let tls = try AgentLink.tlsContext(caPEM: contents(server.data + "/ca.pem"))
+            let start = ContinuousClock.now
+            let now = Mutex(start)
+            server.listener.refusals.useClock { now.withLock { $0 } }
+            server.listener.enrollmentThrottle.useClock { now.withLock { $0 } }
+            func enroll(_ token: String) async throws -> WireErrorCode? {
+                do {
+                    _ = try await AgentEnrollment.register(host: "127.0.0.1", port: server.agentPort, tls: tls, token: token, key: try RSAPrivateKey.generate(), hostInfo: .init())
+                    return nil
+                } catch {
+                    return (error as? AgentError)?.serverError ?? .errorUnspecified
+                }
+            }
+            var codes: [WireErrorCode?] = []
+            for _ in 0..<30 { codes.append(try await enroll("dredge_enr_wrong")) }
+            #expect(codes.prefix(10).allSatisfy { $0 == .errorEnrollmentRefused } && codes.dropFirst(10).allSatisfy { $0 == .errorLimitExceeded }, "\(codes)")
+            #expect(try await enroll(server.created.enrollmentToken) == .errorLimitExceeded)
+            #expect(server.listener.enrollmentThrottle.throttledCount == 21)
+            // 31 refusals and 31 closed connections: at most ten lines in the minute.
+            let lines = server.logs.records.filter { $0.metadata["remote"] != nil && ($0.message.hasPrefix("enrollment refused") || $0.message == "closing agent connection") }
+            #expect(lines.count == 10, "\(lines.map(\.message))")
+            // The next minute: the right token enrolls, and the next line says how many were held back.
+            now.withLock { $0 = start + .seconds(60) }
+            #expect(try await enroll(server.created.enrollmentToken) == nil)
+            #expect(try await enroll("dredge_enr_wrong") == .errorEnrollmentRefused)
+            let after = server.logs.records.filter { $0.metadata["remote"] != nil && $0.metadata["suppressed"] != nil }
+            #expect(after.contains { Int("\($0.metadata["suppressed"]!)") ?? 0 >= 50 }, "\(after.map { "\($0.message) \($0.metadata)" })")
+        }
+    }
+
+    /// The throttle counts each address on its own, forgets a window after a minute, and keeps
+    /// at most ``EnrollmentThrottle/maxAddresses`` windows.
+    @Test func theEnrollmentThrottleCountsEachAddressApart() {
+        let start = ContinuousClock.now
+        let now = Mutex(start)
+        let throttle = EnrollmentThrottle(perMinute: 3) { now.withLock { $0 } }
+        for _ in 0..<3 { throttle.refused("10.0.0.1") }
+        #expect(throttle.isThrottled("10.0.0.1"))
+        #expect(!throttle.isThrottled("10.0.0.2"))
+        throttle.refused("10.0.0.2")
+        now.withLock { $0 = start + .seconds(59) }
+        #expect(throttle.isThrottled("10.0.0.1"))
+        now.withLock { $0 = start + .seconds(60) }
+        #expect(!throttle.isThrottled("10.0.0.1"))
+        throttle.refused("10.0.0.1")
+        #expect(!throttle.isThrottled("10.0.0.1"))
+        for n in 0..<(EnrollmentThrottle.maxAddresses + 5) { throttle.refused("10.1.\(n / 256).\(n % 256)") }
+        for _ in 0..<3 { throttle.refused("10.0.0.9") }
+        #expect(throttle.isThrottled("10.0.0.9"))
+    }
+
     /// A server that cannot read its tokens answers an enrollment `ERROR_INTERNAL` (its fault:
     /// try later), not `ERROR_ENROLLMENT_REFUSED` (which asks an operator for a new token); a
     /// wrong token is still refused, and once the tokens read again the same agent enrolls.

@@ -42,6 +42,8 @@ public final class AgentListener: Service, Sendable {
     /// Enrollment and authentication refusals are logged with their source, at most a few a
     /// minute (anyone who can reach the port can cause them).
     let refusals = RateLimitedLog(perMinute: 10)
+    /// Refused enrollments per address: ten a minute, then refused unseen until the minute ends.
+    let enrollmentThrottle = EnrollmentThrottle()
 
     public init(
         deployment: LoadedDeployment, registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, dispatcher: PullDispatcher,
@@ -90,7 +92,7 @@ public final class AgentListener: Service, Sendable {
         let work = ServerWork(threads)
         let services = ConnectionServices(
             registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, issuer: issuer, deployment: deployment, paths: paths,
-            session: session, feedbackLimits: feedbackLimits, gate: gate, agentConnections: agentConnections, refusals: refusals, counters: counters, work: work,
+            session: session, feedbackLimits: feedbackLimits, gate: gate, agentConnections: agentConnections, refusals: refusals, enrollmentThrottle: enrollmentThrottle, counters: counters, work: work,
             landed: landed, logger: logger)
         if let refused = work.idlePolicyRefused {
             logger.warning("upload threads not moved to SCHED_IDLE; they run niced", metadata: ["error": "\(refused)", "nice": "\(threads.bulkNice)"])
@@ -181,7 +183,8 @@ public final class AgentListener: Service, Sendable {
                     handshake: .nanoseconds(Int64(limits.handshakeSeconds * 1e9)), missedHeartbeats: limits.missedHeartbeats, frameLimit: frameLimit,
                     goodbye: { outbound.goodbye($0) }))
                 let (setToken, shuttingDown) = self.connections.insert(outbound)
-                let session = ConnectionSession(services: services, remote: channel.remoteAddress?.description, outbound: outbound, token: token, setToken: setToken)
+                let session = ConnectionSession(
+                    services: services, remote: channel.remoteAddress?.description, address: address, outbound: outbound, token: token, setToken: setToken)
                 let driver = ConnectionDriver(session: session, channel: channel, logger: self.logger, counters: self.counters) { session in await self.ended(session) }
                 do {
                     try handlers.addHandler(ConnectionDriverHandler(driver: driver, logger: self.logger))

@@ -27,6 +27,8 @@ final class ConnectionServices: Sendable {
     let agentConnections: AgentConnections
     /// Enrollment and authentication refusals, logged at most a few a minute.
     let refusals: RateLimitedLog
+    /// Refused enrollments per address, throttled.
+    let enrollmentThrottle: EnrollmentThrottle
     let counters: ConnectionCounters
     let work: ServerWork
     /// Told of each pull or feedback whose files are in place (the ``Indexer``).
@@ -36,9 +38,10 @@ final class ConnectionServices: Sendable {
     init(
         registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, dispatcher: PullDispatcher,
         issuer: CommandIssuer, deployment: LoadedDeployment, paths: DataDirectory, session: WireAuthResult, feedbackLimits: FeedbackLimits,
-        gate: ConnectionGate, agentConnections: AgentConnections, refusals: RateLimitedLog, counters: ConnectionCounters, work: ServerWork,
-        landed: @escaping @Sendable (IndexedSource) -> Void, logger: Logger
+        gate: ConnectionGate, agentConnections: AgentConnections, refusals: RateLimitedLog, enrollmentThrottle: EnrollmentThrottle,
+        counters: ConnectionCounters, work: ServerWork, landed: @escaping @Sendable (IndexedSource) -> Void, logger: Logger
     ) {
+        self.enrollmentThrottle = enrollmentThrottle
         self.registry = registry
         self.pulls = pulls
         self.feedback = feedback

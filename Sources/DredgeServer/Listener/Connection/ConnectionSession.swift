@@ -23,6 +23,8 @@ final class ConnectionSession: Sendable {
 
     let services: ConnectionServices
     let remote: String?
+    /// The peer's IP address (what enrollment is throttled by).
+    let address: String
     /// The connection's machine and channel.
     let outbound: ConnectionOutbound
     /// The connection's place in the ``ConnectionGate``.
@@ -46,9 +48,10 @@ final class ConnectionSession: Sendable {
     /// The registry's presence generation of this connection, once registered.
     var generation: Int64? { state.withLock { $0.generation } }
 
-    init(services: ConnectionServices, remote: String?, outbound: ConnectionOutbound, token: Int, setToken: Int) {
+    init(services: ConnectionServices, remote: String?, address: String, outbound: ConnectionOutbound, token: Int, setToken: Int) {
         self.services = services
         self.remote = remote
+        self.address = address
         self.outbound = outbound
         self.token = token
         self.setToken = setToken
@@ -161,9 +164,10 @@ final class ConnectionSession: Sendable {
                     pending.append(contentsOf: outbound.step { $0.authenticationFailed("unknown agent or bad signature") })
                 }
             case .enroll(let request):
-                switch await services.enroll(request, remote: remote) {
+                switch await services.enroll(request, remote: remote, address: address) {
                 case .enrolled(let response): pending.append(contentsOf: outbound.step { $0.enrolled(response) })
                 case .refused(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why) })
+                case .throttled(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why, code: .errorLimitExceeded) })
                 case .unavailable(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why, code: .errorInternal) })
                 }
             case .registered(let id):
@@ -214,7 +218,12 @@ final class ConnectionSession: Sendable {
                     }
                 }
             case .close(let error):
-                if let error { services.logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")"]) }
+                // Rate-limited with the refusals: anyone who can reach the port can cause these.
+                if let error {
+                    services.refusals.log { suppressed in
+                        services.logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
+                    }
+                }
                 outcome.close = true
                 return outcome
             }

@@ -63,8 +63,13 @@ import Testing
                 adminURL: String(urlLine[urlStart.upperBound...].prefix(while: { $0 != ")" })))
         }
 
-        func startServer() throws -> (ManagedProcess, Int) {
-            let server = try ManagedProcess("dredge-server", ["run", "--data", data, "--agent-port", "0", "--admin-port", "0", "--heartbeat-seconds", "1"], outputPath: dir.file("server-\(UUID().uuidString).log"))
+        /// - Parameter openFiles: runs the server under this open-file limit (soft and hard).
+        func startServer(openFiles: Int? = nil) throws -> (ManagedProcess, Int) {
+            let arguments = ["run", "--data", data, "--agent-port", "0", "--admin-port", "0", "--heartbeat-seconds", "1"]
+            let log = dir.file("server-\(UUID().uuidString).log")
+            let server =
+                try openFiles.map { limit in try ManagedProcess("/usr/bin/prlimit", ["--nofile=\(limit):\(limit)", builtProduct("dredge-server")] + arguments, outputPath: log) }
+                ?? ManagedProcess("dredge-server", arguments, outputPath: log)
             var port: Int?
             try ManagedProcess.waitFor {
                 guard let line = server.output.split(separator: "\n").first(where: { $0.contains("agent listener ready") }),

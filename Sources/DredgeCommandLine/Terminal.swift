@@ -9,7 +9,7 @@ import Foundation
 public enum Terminal {
     /// `text` with every control character written as `\u{…}`: C0 (U+0000–U+001F) but line
     /// feed and tab unless `keepingLines` is false, DEL, C1 (U+0080–U+009F), and the
-    /// bidirectional marks and overrides (U+200E, U+200F, U+202A–U+202E, U+2066–U+2069).
+    /// bidirectional marks and overrides (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069).
     /// Text with none comes back as it is.
     public static func visible(_ text: String, keepingLines: Bool = true) -> String {
         guard text.unicodeScalars.contains(where: { needsEscape($0, keepingLines: keepingLines) }) else { return text }
@@ -31,7 +31,7 @@ public enum Terminal {
         switch scalar.value {
         case 0x0A, 0x09: return !keepingLines
         case 0x00...0x1F, 0x7F...0x9F: return true
-        case 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069: return true
+        case 0x061C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069: return true
         default: return false
         }
     }

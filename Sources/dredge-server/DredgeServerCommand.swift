@@ -93,7 +93,9 @@ struct InitCommand: AsyncParsableCommand {
         let created: ServerDeployment.Created
         do {
             if let database {
-                let db = try await PostgresDatabase(try PostgresDatabase.Location(url: database))
+                let location = try PostgresDatabase.Location(url: database)
+                if let problem = location.passwordFileProblem { Terminal.error("note: the PostgreSQL password file is not used: \(problem)\n") }
+                let db = try await PostgresDatabase(location)
                 defer { db.close() }
                 created = try await ServerDeployment.initialize(options, database: db)
             } else {

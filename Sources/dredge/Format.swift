@@ -24,7 +24,8 @@ enum Format {
         if t.status == .uploading || (t.status == .complete && t.chunkCount > 0) {
             text += " \(t.chunksReceived)/\(t.chunkCount) chunks, \(bytes(t.bytes))"
         }
-        if !t.detail.isEmpty { text += " (\(t.detail))" }
+        // The detail may be an agent's words (a refusal): on one line, whatever it holds.
+        if !t.detail.isEmpty { text += " (\(Terminal.field(t.detail)))" }
         return text
     }
 
@@ -32,13 +33,13 @@ enum Format {
         var text = f.status.rawValue
         if f.status == .uploading { text += " \(f.chunksReceived)/\(f.chunkCount) chunks" }
         if f.status == .complete { text += " (\(f.records) records)" }
-        if f.status == .failed, !f.detail.isEmpty { text += " (\(f.detail))" }
+        if f.status == .failed, !f.detail.isEmpty { text += " (\(Terminal.field(f.detail)))" }
         return text
     }
 
     /// The start of a text, on one line.
     static func excerpt(_ text: String, _ length: Int = 60) -> String {
-        let line = text.replacingOccurrences(of: "\n", with: " ")
+        let line = Terminal.field(text.replacingOccurrences(of: "\n", with: " "))
         return line.count > length ? String(line.prefix(length)) + "…" : line
     }
 

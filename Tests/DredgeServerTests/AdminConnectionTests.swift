@@ -14,10 +14,12 @@ import Testing
 /// raw TCP and TLS clients; each wait for a close is an event (the channel's close), bounded so
 /// a broken rule fails instead of hanging.
 @Suite struct AdminConnectionTests {
-    /// Short deadlines, so the test sees them pass; caps out of the way unless a test sets them.
-    static let quick = AdminConnectionLimits(handshakeSeconds: 1, headerSeconds: 1, bodySeconds: 1, idleSeconds: 1)
-    /// Deadlines here are 1 s: 60 s is room for a loaded machine.
-    static let generous: Duration = .seconds(60)
+    /// Short deadlines for a head or a body, so the test sees them pass; the wait for a first
+    /// byte and the handshake longer, so a loaded machine (the whole suite runs at once on two
+    /// cores) does not end a connection in the phase before the one a test means.
+    static let quick = AdminConnectionLimits(handshakeSeconds: 10, headerSeconds: 1, bodySeconds: 1, idleSeconds: 10)
+    /// Room for a loaded machine past the longest deadline.
+    static let generous: Duration = .seconds(90)
 
     /// The bytes a client channel received.
     final class Received: ChannelInboundHandler, Sendable {
@@ -126,6 +128,26 @@ import Testing
             #expect(Self.logged(server, "admin connection closed at its deadline", ["remote": "127.0.0.3", "phase": "idle"]))
             // A real client still gets its answer over TLS.
             #expect(try await server.admin.agents().isEmpty)
+        }
+    }
+
+    /// A few requests sent ahead of their answers are answered in order; more than
+    /// ``AdminConnectionWatch/maxPipelined`` (thousands, never read, would hold the connection
+    /// busy for ever) close the connection.
+    @Test func pipelinedRequestsAreAnsweredUpToALimit() async throws {
+        let limits = AdminConnectionLimits(handshakeSeconds: 60, headerSeconds: 60, bodySeconds: 60, idleSeconds: 60)
+        try await withStopping(InProcessServer(adminLimits: limits)) { server in
+            let port = try #require(URL(string: server.adminURL)?.port)
+            let request = "GET /health HTTP/1.1\r\nHost: dredge\r\n\r\n"
+            let (polite, received) = try await Self.connect(port, from: "127.0.0.2")
+            try await polite.writeAndFlush(ByteBuffer(string: String(repeating: request, count: 3)))
+            #expect(try await PullOutcomeTests.waitFor { received.text.components(separatedBy: "HTTP/1.1 200").count == 4 }, "\(received.text)")
+            #expect(polite.isActive)
+            let (greedy, _) = try await Self.connect(port, from: "127.0.0.3")
+            try await greedy.writeAndFlush(ByteBuffer(string: String(repeating: request, count: AdminConnectionWatch.maxPipelined + 4)))
+            try await Self.closedByServer(greedy)
+            #expect(Self.logged(server, "admin connection closed at its deadline", ["remote": "127.0.0.3", "phase": "pipelined"]))
+            try await polite.close()
         }
     }
 

@@ -385,18 +385,26 @@ import Testing
         let start = ContinuousClock.now
         let now = Mutex(start)
         let throttle = EnrollmentThrottle(perMinute: 3) { now.withLock { $0 } }
-        for _ in 0..<3 { throttle.refused("10.0.0.1") }
+        // Three begun at once (none finished yet) fill the minute: a fourth is refused unseen.
+        for _ in 0..<3 { #expect(throttle.begin("10.0.0.1")) }
+        #expect(!throttle.begin("10.0.0.1"))
         #expect(throttle.isThrottled("10.0.0.1"))
         #expect(!throttle.isThrottled("10.0.0.2"))
-        throttle.refused("10.0.0.2")
+        // One that succeeds does not count.
+        #expect(throttle.begin("10.0.0.2"))
+        throttle.succeeded("10.0.0.2")
+        for _ in 0..<3 { #expect(throttle.begin("10.0.0.2")) }
+        #expect(!throttle.begin("10.0.0.2"))
         now.withLock { $0 = start + .seconds(59) }
         #expect(throttle.isThrottled("10.0.0.1"))
         now.withLock { $0 = start + .seconds(60) }
         #expect(!throttle.isThrottled("10.0.0.1"))
-        throttle.refused("10.0.0.1")
+        #expect(throttle.begin("10.0.0.1"))
         #expect(!throttle.isThrottled("10.0.0.1"))
-        for n in 0..<(EnrollmentThrottle.maxAddresses + 5) { throttle.refused("10.1.\(n / 256).\(n % 256)") }
-        for _ in 0..<3 { throttle.refused("10.0.0.9") }
+        // At most maxAddresses minutes remembered.
+        for n in 0..<(EnrollmentThrottle.maxAddresses + 5) { _ = throttle.begin("10.1.\(n / 256).\(n % 256)") }
+        #expect(throttle.addresses == EnrollmentThrottle.maxAddresses)
+        for _ in 0..<3 { #expect(throttle.begin("10.0.0.9")) }
         #expect(throttle.isThrottled("10.0.0.9"))
     }
 

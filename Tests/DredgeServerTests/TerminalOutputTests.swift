@@ -65,6 +65,9 @@ import Testing
                 #expect(result.status == 0, "\(arguments): \(result.output)")
                 let raw = result.output.unicodeScalars.filter { Self.controls.contains($0.value) }
                 #expect(raw.isEmpty, "\(arguments): raw \(raw.map { String($0.value, radix: 16) }) in \(result.output.debugDescription)")
+                // Its line break too: no line of the output starts with what followed it (a
+                // forged line), except the feedback's own text, which keeps its lines indented.
+                #expect(!result.output.split(separator: "\n").contains { $0.hasPrefix("G") }, "\(arguments): \(result.output)")
                 #expect(result.output.contains("\\u{1B}]52;c;cHduZWQ=\\u{7}") == shows, "\(arguments): \(result.output)")
             }
             // The log line holds the record on one line, its line break escaped too.
@@ -86,6 +89,7 @@ import Testing
         #expect(Terminal.visible("plain ☃ é\ttab\nline") == "plain ☃ é\ttab\nline")
         #expect(Terminal.field("a\tb\nc") == "a\\u{9}b\\u{A}c")
         #expect(Terminal.visible("\u{0}\u{1B}\u{7F}\u{80}\u{9F}\u{A0}") == "\\u{0}\\u{1B}\\u{7F}\\u{80}\\u{9F}\u{A0}")
+        #expect(Terminal.visible("\u{61C}") == "\\u{61C}")
         #expect(Terminal.visible("\u{200E}\u{200F}\u{202A}\u{202E}\u{2066}\u{2069}\u{2070}") == "\\u{200E}\\u{200F}\\u{202A}\\u{202E}\\u{2066}\\u{2069}\u{2070}")
     }
 }

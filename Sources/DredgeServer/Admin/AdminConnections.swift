@@ -80,7 +80,7 @@ final class AdminConnectionGate: Sendable {
 
     private struct Book {
         var next = 0
-        var open: [Int: (address: String, channel: any Channel, busy: Bool)] = [:]
+        var open: [Int: (address: String, channel: any Channel, busy: Bool, served: Bool)] = [:]
         var byAddress: [String: Int] = [:]
         var refused = 0
         var evicted = 0
@@ -106,8 +106,10 @@ final class AdminConnectionGate: Sendable {
             }
             var evicted: (any Channel)?
             if b.open.count >= limits.maxConnections {
-                // Tokens grow with arrival: the smallest idle one is the oldest.
-                guard let oldest = b.open.filter({ !$0.value.busy }).keys.min() else {
+                // Tokens grow with arrival: the smallest is the oldest. One that was never
+                // answered (a flood's) goes before an engineer's kept-alive connection.
+                let idle = b.open.filter { !$0.value.busy }
+                guard let oldest = idle.filter({ !$0.value.served }).keys.min() ?? idle.keys.min() else {
                     b.refused += 1
                     return .refused("all \(limits.maxConnections) admin connections are being answered")
                 }
@@ -115,15 +117,19 @@ final class AdminConnectionGate: Sendable {
                 b.evicted += 1
             }
             b.next += 1
-            b.open[b.next] = (address, channel, false)
+            b.open[b.next] = (address, channel, false, false)
             b.byAddress[address, default: 0] += 1
             return .admitted(token: b.next, evicted: evicted)
         }
     }
 
-    /// A connection being answered is not closed to make room.
+    /// A connection being answered (and reading its answer) is not closed to make room; one
+    /// that has been answered goes after those that never were.
     func setBusy(_ token: Int, _ busy: Bool) {
-        book.withLock { b in b.open[token]?.busy = busy }
+        book.withLock { b in
+            b.open[token]?.busy = busy
+            if !busy, b.open[token] != nil { b.open[token]?.served = true }
+        }
     }
 
     func release(_ token: Int) {
@@ -206,8 +212,10 @@ struct AdminChildChannel: ServerChildChannel {
 
 /// Keeps an admin connection's deadlines (``AdminConnectionLimits``): the TLS handshake from
 /// accept, then in turn the wait for a request (idle), its head from its first byte, its body
-/// from its head. While the server answers there is none. A connection past its phase's
-/// deadline is closed, however slowly it was trickling bytes. First in the pipeline (it sees
+/// from its head. While the server answers there is none, unless the client stops reading its
+/// answer (the socket stays full for `idleSeconds`: stalled). A connection past its phase's
+/// deadline is closed, however slowly it was trickling bytes; one that sends more than
+/// ``maxPipelined`` requests ahead of their answers is closed at once. First in the pipeline (it sees
 /// bytes as they arrive, before TLS); ``AdminTLSTap`` and ``AdminHTTPTap`` tell it of the
 /// handshake and of requests and responses.
 final class AdminConnectionWatch: ChannelInboundHandler, RemovableChannelHandler {
@@ -216,7 +224,14 @@ final class AdminConnectionWatch: ChannelInboundHandler, RemovableChannelHandler
 
     enum Phase: String, Sendable {
         case handshake, idle, head, body, responding
+        /// Answering, and the client has not read what was written for a while.
+        case stalled
+        /// More requests sent ahead than are answered at once.
+        case pipelined
     }
+
+    /// Requests a client may send before their answers (HTTP/1.1 pipelining); more is abuse.
+    static let maxPipelined = 16
 
     private let limits: AdminConnectionLimits
     private let expired: (Phase) -> Void
@@ -230,6 +245,9 @@ final class AdminConnectionWatch: ChannelInboundHandler, RemovableChannelHandler
     private var answeredEarly = 0
     /// Bytes arrived since the connection went idle: a request has begun.
     private var begun = false
+    /// The socket takes what is written (false while the client does not read).
+    private var writable = true
+    private var busyNow = false
     private var phase: Phase?
     private var timer: Scheduled<Void>?
     private var context: ChannelHandlerContext?
@@ -267,6 +285,12 @@ final class AdminConnectionWatch: ChannelInboundHandler, RemovableChannelHandler
         context.fireChannelRead(data)
     }
 
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        writable = context.channel.isWritable
+        update()
+        context.fireChannelWritabilityChanged()
+    }
+
     func handshakeCompleted() {
         handshaking = false
         begun = false
@@ -275,6 +299,11 @@ final class AdminConnectionWatch: ChannelInboundHandler, RemovableChannelHandler
 
     func requestHead() {
         readingRequest = true
+        if unanswered >= Self.maxPipelined, let context {
+            expired(.pipelined)
+            context.close(promise: nil)
+            return
+        }
         update()
     }
 
@@ -292,6 +321,8 @@ final class AdminConnectionWatch: ChannelInboundHandler, RemovableChannelHandler
 
     private var current: Phase {
         if handshaking { return .handshake }
+        // A response the client does not read, even while it sends its next request.
+        if unanswered > 0 && !writable { return .stalled }
         if readingRequest { return .body }
         if unanswered > 0 { return .responding }
         return begun ? .head : .idle
@@ -299,9 +330,14 @@ final class AdminConnectionWatch: ChannelInboundHandler, RemovableChannelHandler
 
     /// A new phase starts its own deadline; staying in one keeps the deadline it started with.
     private func update() {
+        // Busy while answering a client that reads its answers, pipelined requests or not.
+        let busyNext = unanswered > 0 && writable
+        if busyNext != busyNow {
+            busyNow = busyNext
+            busy(busyNext)
+        }
         let next = current
         guard next != phase, let context else { return }
-        if (next == .responding) != (phase == .responding) { busy(next == .responding) }
         phase = next
         timer?.cancel()
         timer = nil
@@ -311,7 +347,8 @@ final class AdminConnectionWatch: ChannelInboundHandler, RemovableChannelHandler
             case .idle: limits.idleSeconds
             case .head: limits.headerSeconds
             case .body: limits.bodySeconds
-            case .responding: nil
+            case .stalled: limits.idleSeconds
+            case .responding, .pipelined: nil
             }
         guard let seconds else { return }
         timer = context.eventLoop.assumeIsolated().scheduleTask(in: AdminConnectionLimits.amount(seconds)) {

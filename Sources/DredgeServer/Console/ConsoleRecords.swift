@@ -34,7 +34,7 @@ extension Console {
         let source = r.sourceKind == "feedback" ? "feedback" : "pull"
         var fields: [String: Any] = [
             "id": "\(r.id)", "time": timeText(r.ts.date, fraction: true), "rfc3339": r.ts.rfc3339, "level": r.level, "type": r.type,
-            "uid": r.uid.isEmpty ? "none" : r.uid, "host": r.host.isEmpty ? "?" : r.hostShown, "app": r.appShown,
+            "uid": r.uid.isEmpty ? "none" : r.uid, "host": r.host.isEmpty ? "?" + (r.claimedHost.map { " (claims \($0))" } ?? "") : r.hostShown, "app": r.appShown,
             "os": r.os, "process": r.process, "agentID": r.agentID, "sourceKind": source, "sourceID": r.sourceID, "message": r.message,
             "sourceHref": source == "pull" ? "/console/pulls/\(r.sourceID)" : "/console/logs?feedback=\(r.sourceID)",
             "files": source == "pull" ? "/console/pulls/\(r.sourceID)/files" : "/console/feedback/\(r.sourceID)/files",

@@ -64,10 +64,11 @@ extension MetadataMatch {
     var searchProblem: String? {
         guard PostgresRecordQuery.isJSONNumber(value), let number = Double(value) else { return nil }
         let digits = value.prefix { $0 != "e" && $0 != "E" }
-        let exponent = value.drop { $0 != "e" && $0 != "E" }.dropFirst()
-        // An exponent written beyond ±1000 (even of a zero) is past what `numeric` takes.
-        let written = exponent.isEmpty ? 0 : Int(exponent.hasPrefix("+") ? String(exponent.dropFirst()) : String(exponent)) ?? Int.max
-        if !number.isFinite || (number == 0 && digits.contains(where: { ("1"..."9").contains($0) })) || abs(written) > 1000 {
+        // An exponent written beyond ±1000 (even of a zero) is past what `numeric` takes; its
+        // digits are counted, never converted (`e-9223372036854775808` must not trap).
+        let exponent = value.drop { $0 != "e" && $0 != "E" }.dropFirst().drop { $0 == "+" || $0 == "-" }.drop { $0 == "0" }
+        let tooLarge = exponent.count > 4 || (Int(exponent) ?? 0) > 1000
+        if !number.isFinite || (number == 0 && digits.contains(where: { ("1"..."9").contains($0) })) || tooLarge {
             return "metadata value \(value) is a number beyond what a 64-bit float holds: no record can hold it"
         }
         return nil
@@ -89,7 +90,11 @@ struct RecordNames {
             (host, app, appVersion, os) = (context.host, context.app, context.appVersion, context.os)
             return
         }
-        (host, app, appVersion, os) = (device.hostname, device.app, device.appVersion, device.os)
+        // The version and OS of the process that wrote the record, as its context says (an
+        // honest device's older records keep theirs); the registry's where it says none.
+        (host, app) = (device.hostname, device.app)
+        appVersion = context.appVersion.isEmpty ? device.appVersion : context.appVersion
+        os = context.os.isEmpty ? device.os : context.os
         if !context.host.isEmpty && context.host != device.hostname { claimedHost = context.host }
         if !context.app.isEmpty && context.app != device.app { claimedApp = context.app }
     }

@@ -86,7 +86,9 @@ public struct ServerPersistence: Sendable {
         _ deployment: LoadedDeployment, database: String? = nil, lease: Duration = .seconds(90), logger: Logger = Logger(label: "dredge.server")
     ) async throws -> ServerPersistence {
         guard let url = database ?? deployment.config.database else { return ServerPersistence(try ServerStores(deployment)) }
-        let db = try await PostgresDatabase(try PostgresDatabase.Location(url: url), logger: logger)
+        let location = try PostgresDatabase.Location(url: url)
+        if let problem = location.passwordFileProblem { logger.warning("the PostgreSQL password file is not used", metadata: ["reason": "\(problem)"]) }
+        let db = try await PostgresDatabase(location, logger: logger)
         return ServerPersistence(db, deployment: deployment, lease: lease, logger: logger)
     }
 }

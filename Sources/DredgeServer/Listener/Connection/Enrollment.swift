@@ -26,6 +26,8 @@ final class EnrollmentThrottle: Sendable {
 
     private struct State {
         var now: Clock
+        /// Per address: when its minute began, and the enrollments counted in it (refused, and
+        /// those still being checked, so that attempts at once cannot all pass the count).
         var windows: [String: (start: ContinuousClock.Instant, refused: Int)] = [:]
         var throttled = 0
     }
@@ -41,34 +43,47 @@ final class EnrollmentThrottle: Sendable {
     /// Replaces the clock (tests hold time still).
     func useClock(_ clock: @escaping Clock) { state.withLock { $0.now = clock } }
 
-    /// Whether an enrollment from `address` is refused unseen; counted when it is.
-    func isThrottled(_ address: String) -> Bool {
+    /// An enrollment from `address` begins: false when it is refused unseen (counted as
+    /// throttled), else it is counted as refused until ``succeeded(_:)`` takes it back, so
+    /// attempts made at once are counted before any is checked.
+    func begin(_ address: String) -> Bool {
         state.withLock { s in
-            guard let window = s.windows[address] else { return false }
-            if s.now() - window.start >= .seconds(60) {
-                s.windows[address] = nil
-                return false
+            let now = s.now()
+            if let window = s.windows[address], now - window.start < .seconds(60) {
+                guard window.refused < perMinute else {
+                    s.throttled += 1
+                    return false
+                }
+                s.windows[address] = (window.start, window.refused + 1)
+                return true
             }
-            guard window.refused >= perMinute else { return false }
-            s.throttled += 1
+            if s.windows[address] == nil, s.windows.count >= Self.maxAddresses,
+                let oldest = s.windows.min(by: { $0.value.start < $1.value.start })?.key
+            {
+                s.windows[oldest] = nil
+            }
+            s.windows[address] = (now, 1)
             return true
         }
     }
 
-    /// An enrollment from `address` was refused.
-    func refused(_ address: String) {
+    /// The enrollment begun from `address` succeeded: it does not count.
+    func succeeded(_ address: String) {
         state.withLock { s in
-            let now = s.now()
-            if let window = s.windows[address], now - window.start < .seconds(60) {
-                s.windows[address] = (window.start, window.refused + 1)
-                return
-            }
-            if s.windows.count >= Self.maxAddresses, let oldest = s.windows.min(by: { $0.value.start < $1.value.start })?.key {
-                s.windows[oldest] = nil
-            }
-            s.windows[address] = (now, 1)
+            if let window = s.windows[address], window.refused > 0 { s.windows[address] = (window.start, window.refused - 1) }
         }
     }
+
+    /// Whether the next enrollment from `address` would be refused unseen (nothing counted).
+    func isThrottled(_ address: String) -> Bool {
+        state.withLock { s in
+            guard let window = s.windows[address], s.now() - window.start < .seconds(60) else { return false }
+            return window.refused >= perMinute
+        }
+    }
+
+    /// Addresses whose minute is remembered.
+    var addresses: Int { state.withLock { $0.windows.count } }
 
     var throttledCount: Int { state.withLock { $0.throttled } }
 }
@@ -78,14 +93,17 @@ extension ConnectionServices {
     /// recorded, and the server's keys sent back. Refusals are logged with their source, rate
     /// limited (anyone who can reach the port can cause them).
     func enroll(_ request: WireEnrollRequest, remote: String?, address: String) async -> EnrollmentOutcome {
-        if enrollmentThrottle.isThrottled(address) {
+        guard enrollmentThrottle.begin(address) else {
             refusals.log { suppressed in
                 logger.notice("enrollment refused: too many refused from this address", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
             }
             return .throttled("too many refused enrollments from \(address); try again in a minute")
         }
         let outcome = await enrollChecked(request, remote: remote)
-        if case .refused = outcome { enrollmentThrottle.refused(address) }
+        switch outcome {
+        case .refused: break  // counted at the start
+        case .enrolled, .unavailable, .throttled: enrollmentThrottle.succeeded(address)
+        }
         return outcome
     }
 

@@ -31,6 +31,8 @@ public final class PostgresDatabase: Sendable {
         public var port: Int
         public var user: String
         public var password: String?
+        /// Why the password file was not used (libpq ignores such a file; the server logs this).
+        public var passwordFileProblem: String?
         public var database: String
         /// The schema the tables live in (`search_path`); `public` unless the URL's `schema` says.
         public var schema: String
@@ -56,10 +58,14 @@ public final class PostgresDatabase: Sendable {
             self.user = user
             if let password = parts.password ?? environment["PGPASSWORD"] {
                 self.password = password
-            } else if let file = environment["PGPASSFILE"] ?? environment["HOME"].map({ $0 + "/.pgpass" }),
-                environment["PGPASSFILE"] != nil || FileManager.default.fileExists(atPath: file)
-            {
-                self.password = try Self.passwordFile(file, host: host, port: parts.port ?? 5432, database: database, user: user)
+            } else if let file = environment["PGPASSFILE"] ?? environment["HOME"].map({ $0 + "/.pgpass" }), FileManager.default.fileExists(atPath: file) {
+                // As libpq: a file others may read is not used (said in `passwordFileProblem`).
+                do {
+                    self.password = try Self.passwordFile(file, host: host, port: parts.port ?? 5432, database: database, user: user)
+                } catch let error as DeploymentError {
+                    self.password = nil
+                    self.passwordFileProblem = error.description
+                }
             } else {
                 self.password = nil
             }
@@ -86,8 +92,8 @@ public final class PostgresDatabase: Sendable {
         /// The password for this host, port, database and user in a password file of libpq's
         /// form: lines `host:port:database:user:password`, `*` matching anything in the first
         /// four, `\:` and `\\` escapes, `#` comments; the first line that matches counts. Nil
-        /// when none matches. Like libpq, a file that its group or others may read is refused
-        /// (here with an error, not ignored: the operator meant it to be used).
+        /// when none matches. Like libpq, a file that its group or others may read is not used
+        /// (an error here, which the caller keeps as ``passwordFileProblem``).
         static func passwordFile(_ path: String, host: String, port: Int, database: String, user: String) throws -> String? {
             var info = stat()
             guard stat(path, &info) == 0 else { throw DeploymentError("the password file \(path) cannot be read: \(String(cString: strerror(errno)))") }

@@ -33,10 +33,6 @@ extension RecordPage {
             out.string(r.app)
             out.key("appVersion")
             out.string(r.appVersion)
-            if let claimed = r.claimedApp {
-                out.key("claimedApp")
-                out.string(claimed)
-            }
             if let claimed = r.claimedHost {
                 out.key("claimedHost")
                 out.string(claimed)

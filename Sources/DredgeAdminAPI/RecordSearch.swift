@@ -137,25 +137,23 @@ public struct FoundRecord: Sendable, Equatable, Codable {
     public var sourceKind: String
     /// The pull's or the feedback's id.
     public var sourceID: String
-    /// The device, as the server registered the agent that uploaded the record (for records
-    /// indexed before names came from the registry: as the record's context gave them).
+    /// The device's host, as the server registered the agent that uploaded the record (for
+    /// records indexed before hosts came from the registry: as the record's context gave it).
     public var host: String
+    /// The app, its version and OS, and the process that wrote the record, as its context says.
     public var app: String
     public var appVersion: String
     public var os: String
-    /// The process that wrote the record, as its context says.
     public var process: String
-    /// The host and app the record's context claims, where they differ from the registered
-    /// ones (shown beside them, never in their place); nil otherwise.
+    /// The host the record's context claims, where it differs from the registered one (shown
+    /// beside it, never in its place); nil otherwise.
     public var claimedHost: String?
-    public var claimedApp: String?
 
     public init(
         id: Int64, ts: Timestamp, level: String, type: String, uid: String, message: String, metadata: RecordMetadata, agentID: String, sourceKind: String,
-        sourceID: String, host: String, app: String, appVersion: String, os: String, process: String, claimedHost: String? = nil, claimedApp: String? = nil
+        sourceID: String, host: String, app: String, appVersion: String, os: String, process: String, claimedHost: String? = nil
     ) {
         self.claimedHost = claimedHost
-        self.claimedApp = claimedApp
         self.id = id
         self.ts = ts
         self.level = level
@@ -178,11 +176,8 @@ extension FoundRecord {
     /// The host as a person reads it: the registered name, and what the record claimed beside it
     /// (`h2 (claims h1)`).
     public var hostShown: String { claimedHost.map { "\(host) (claims \($0))" } ?? host }
-    /// The app and its version as a person reads them, with the claimed app beside them.
-    public var appShown: String {
-        let app = appVersion.isEmpty ? app : "\(app) \(appVersion)"
-        return claimedApp.map { "\(app) (claims \($0))" } ?? app
-    }
+    /// The app and its version as a person reads them.
+    public var appShown: String { appVersion.isEmpty ? app : "\(app) \(appVersion)" }
 }
 
 extension JSONValue {

@@ -220,11 +220,10 @@ final class RecordPrinter {
         var source: String
         var sourceID: String
         var claimedHost: String?
-        var claimedApp: String?
 
         enum CodingKeys: String, CodingKey {
             case ts, level, type, uid, message, metadata, agent, host, app, source
-            case appVersion = "app_version", sourceID = "source_id", claimedHost = "claimed_host", claimedApp = "claimed_app"
+            case appVersion = "app_version", sourceID = "source_id", claimedHost = "claimed_host"
         }
     }
 
@@ -237,7 +236,7 @@ final class RecordPrinter {
         case .json, .jsonl:
             let line = Line(
                 ts: r.ts.rfc3339, level: r.level, type: r.type, uid: r.uid, message: r.message, metadata: r.metadata.value, agent: r.agentID, host: r.host, app: r.app,
-                appVersion: r.appVersion, source: r.sourceKind, sourceID: r.sourceID, claimedHost: r.claimedHost, claimedApp: r.claimedApp)
+                appVersion: r.appVersion, source: r.sourceKind, sourceID: r.sourceID, claimedHost: r.claimedHost)
             let json = (try? encoder.encode(line)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"  // encoding strings and a JSONValue does not fail
             if format == .jsonl {
                 write(json + "\n")

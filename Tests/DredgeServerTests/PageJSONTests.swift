@@ -87,7 +87,7 @@ import Testing
                     uid: s))
             // What a record's context claimed beside the registered names (#49).
             var claimed = Self.record(Int64(200 + n), message: s, metadata: RecordMetadata(indexedText: "{}"), uid: s)
-            (claimed.claimedHost, claimed.claimedApp) = (s, n % 2 == 0 ? nil : s)
+            claimed.claimedHost = n % 2 == 0 ? nil : s
             records.append(claimed)
         }
         for page in [

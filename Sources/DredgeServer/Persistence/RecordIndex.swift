@@ -75,14 +75,13 @@ extension MetadataMatch {
     }
 }
 
-/// How a found record names its device: by the source's registered device when the index has
-/// one, with the context's host and app beside it as claimed where they differ (a context that
-/// names none claims nothing); else by the context alone (sources indexed before the index kept
-/// the device). What both back ends read a record with.
+/// How a found record names its device: by the source's registered host when the index has
+/// one, with the context's host beside it as claimed where it differs (a context that names
+/// none claims nothing); else by the context alone (sources indexed before the index kept the
+/// device). What both back ends read a record with.
 struct RecordNames {
     var host = "", app = "", appVersion = "", os = "", process = ""
     var claimedHost: String?
-    var claimedApp: String?
 
     init(device: RegisteredDevice?, context: (host: String, app: String, appVersion: String, os: String, process: String)) {
         process = context.process
@@ -90,13 +89,14 @@ struct RecordNames {
             (host, app, appVersion, os) = (context.host, context.app, context.appVersion, context.os)
             return
         }
-        // The version and OS of the process that wrote the record, as its context says (an
-        // honest device's older records keep theirs); the registry's where it says none.
-        (host, app) = (device.hostname, device.app)
+        host = device.hostname
+        if !context.host.isEmpty && context.host != device.hostname { claimedHost = context.host }
+        // The app, version and OS of the process that wrote the record, as its context says:
+        // they describe the record, not which device sent it (the registry's app is a label the
+        // operator may set, `--app`); the registry's where the context says none.
+        app = context.app.isEmpty ? device.app : context.app
         appVersion = context.appVersion.isEmpty ? device.appVersion : context.appVersion
         os = context.os.isEmpty ? device.os : context.os
-        if !context.host.isEmpty && context.host != device.hostname { claimedHost = context.host }
-        if !context.app.isEmpty && context.app != device.app { claimedApp = context.app }
     }
 }
 

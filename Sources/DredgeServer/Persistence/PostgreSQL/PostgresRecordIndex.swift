@@ -257,7 +257,7 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
                     id: id, ts: Timestamp(microseconds: ts), level: LogLevel(rawValue: Int(level))?.name ?? "\(level)", type: type,
                     uid: uid, message: message, metadata: RecordMetadata(indexedText: metadata), agentID: agent, sourceKind: kind, sourceID: ref,
                     host: names.host, app: names.app, appVersion: names.appVersion, os: names.os, process: names.process,
-                    claimedHost: names.claimedHost, claimedApp: names.claimedApp))
+                    claimedHost: names.claimedHost))
         }
         return (records, false)
     }
@@ -308,7 +308,7 @@ struct PostgresRecordQuery {
             if let pull = search.pull { clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'pull' AND ref = \(bind(pull.storable)))") }
             if let feedback = search.feedback { clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'feedback' AND ref = \(bind(feedback.storable)))") }
         }
-        // By the registered device; by the context only for sources indexed without one.
+        // By the registered host; by the context only for sources indexed without one.
         if let hosts = search.hosts, !hosts.isEmpty {
             let list = bind(hosts.map(\.storable))
             clauses.append("""
@@ -317,11 +317,8 @@ struct PostgresRecordQuery {
                 """)
         }
         if let apps = search.apps, !apps.isEmpty {
-            let list = bind(apps.map(\.storable))
-            clauses.append("""
-                (r.source IN (SELECT id FROM source WHERE app = ANY(\(list)::text[])) \
-                OR r.context IN (SELECT c.id FROM context c JOIN source s ON s.id = c.source WHERE s.host IS NULL AND c.app = ANY(\(list)::text[])))
-                """)
+            // The app the record's context names (the process that wrote it).
+            clauses.append("r.context IN (SELECT id FROM context WHERE app = ANY(\(bind(apps.map(\.storable)))::text[]))")
         }
         if let text = search.text, !text.trimmingCharacters(in: .whitespaces).isEmpty {
             guard let terms = SearchText.terms(text) else { throw RecordSearchError("the text '\(text)' has no word to search for") }

@@ -242,7 +242,6 @@ enum PostgresSchema {
                 // before, named by its contexts alone).
                 "ALTER TABLE source ADD COLUMN host text COLLATE \"C\", ADD COLUMN app text COLLATE \"C\", ADD COLUMN app_version text, ADD COLUMN os text",
                 "CREATE INDEX source_host ON source(host)",
-                "CREATE INDEX source_app ON source(app)",
             ]
         ),
     ]

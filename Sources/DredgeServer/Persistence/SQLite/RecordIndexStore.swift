@@ -135,7 +135,6 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 ALTER TABLE source ADD COLUMN app_version TEXT;
                 ALTER TABLE source ADD COLUMN os TEXT;
                 CREATE INDEX source_host ON source(host);
-                CREATE INDEX source_app ON source(app);
                 """)
         }
         return migrator
@@ -375,7 +374,7 @@ struct RecordRows {
                     id: row[0], ts: Timestamp(microseconds: row[1]), level: LogLevel(rawValue: level)?.name ?? "\(level)", type: row[4],
                     uid: row[2], message: row[5], metadata: metadata, agentID: source.agent, sourceKind: source.kind, sourceID: source.ref,
                     host: names.host, app: names.app, appVersion: names.appVersion, os: names.os, process: names.process,
-                    claimedHost: names.claimedHost, claimedApp: names.claimedApp))
+                    claimedHost: names.claimedHost))
         }
         return (records, false)
     }
@@ -524,7 +523,7 @@ public struct SQLRecordQuery: Sendable {
                 values.append(.text(feedback))
             }
         }
-        // By the registered device; by the context only for sources indexed without one.
+        // By the registered host; by the context only for sources indexed without one.
         if let hosts = search.hosts, !hosts.isEmpty {
             clauses.append("""
                 (r.source IN (SELECT id FROM source WHERE host IN \(list(hosts.count))) \
@@ -532,12 +531,10 @@ public struct SQLRecordQuery: Sendable {
                 """)
             values += hosts.map { .text($0) } + hosts.map { .text($0) }
         }
+        // The app the record's context names (the process that wrote it).
         if let apps = search.apps, !apps.isEmpty {
-            clauses.append("""
-                (r.source IN (SELECT id FROM source WHERE app IN \(list(apps.count))) \
-                OR r.context IN (SELECT c.id FROM context c JOIN source s ON s.id = c.source WHERE s.host IS NULL AND c.app IN \(list(apps.count))))
-                """)
-            values += apps.map { .text($0) } + apps.map { .text($0) }
+            clauses.append("r.context IN (SELECT id FROM context WHERE app IN \(list(apps.count)))")
+            values += apps.map { .text($0) }
         }
         // Metadata matches, checked exactly (kept apart: the scan-first statement applies them
         // after its bounded scan).

@@ -538,6 +538,7 @@ def header_rules(s: Server, a: Agent):
         ("a pull header with a wrapped key", dict(h, wrapped_key=b"\x01" * 256)),
         ("an upload id of no pull", dict(h, upload_id=os.urandom(16).hex())),
         ("an upload id that is not 32 hex digits", dict(h, upload_id="../" + cid)),
+        ("created_at_us after 9999", dict(h, created_at_us=253_402_300_800_000_000)),
     ]
     for what, hh in bad:
         link.send("upload_begin", {"header": hh})
@@ -764,6 +765,8 @@ def feedback_rules(s: Server, a: Agent):
     send("a text over 16,384 bytes", "ERROR_UPLOAD_INVALID", text="x" * 16_385)
     send("a uid with a control character", "ERROR_UPLOAD_INVALID", uid="u\x00")
     send("a wrapped key the server cannot unwrap", "ERROR_UPLOAD_INVALID", mutate_header=lambda h: dict(h, wrapped_key=os.urandom(256)))
+    send("the header's own created_at_us before 1970", "ERROR_UPLOAD_INVALID", mutate_header=lambda h: dict(h, created_at_us=-1))
+    send("the header's own created_at_us after 9999", "ERROR_UPLOAD_INVALID", mutate_header=lambda h: dict(h, created_at_us=253_402_300_800_000_000))
     link.close()
 
 

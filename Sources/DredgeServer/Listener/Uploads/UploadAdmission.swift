@@ -44,6 +44,10 @@ struct UploadAdmission: Sendable {
         } catch {
             return .answered(Self.error(.errorUploadInvalid, header.uploadID, "\(error)"))
         }
+        // The header's own time, of either kind, is a § 5 time (#49: a feedback header's was begun).
+        guard Timestamp.acceptedRange.contains(header.createdAtUs) else {
+            return .answered(Self.error(.errorUploadInvalid, header.uploadID, "the header's created_at_us is outside 1970–9999"))
+        }
         switch header.kind {
         case .feedback: return try await admitFeedback(header)
         case .pull: return try await admitPull(header)

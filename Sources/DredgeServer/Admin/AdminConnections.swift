@@ -82,8 +82,6 @@ final class AdminConnectionGate: Sendable {
         var next = 0
         var open: [Int: (address: String, channel: any Channel, busy: Bool, served: Bool)] = [:]
         var byAddress: [String: Int] = [:]
-        var refused = 0
-        var evicted = 0
 
         mutating func remove(_ token: Int) -> (any Channel)? {
             guard let entry = open.removeValue(forKey: token) else { return nil }
@@ -101,7 +99,6 @@ final class AdminConnectionGate: Sendable {
     func admit(_ address: String, channel: any Channel) -> Admission {
         book.withLock { b in
             if b.byAddress[address, default: 0] >= limits.maxPerAddress {
-                b.refused += 1
                 return .refused("\(limits.maxPerAddress) connections from \(address) are open")
             }
             var evicted: (any Channel)?
@@ -110,11 +107,9 @@ final class AdminConnectionGate: Sendable {
                 // answered (a flood's) goes before an engineer's kept-alive connection.
                 let idle = b.open.filter { !$0.value.busy }
                 guard let oldest = idle.filter({ !$0.value.served }).keys.min() ?? idle.keys.min() else {
-                    b.refused += 1
                     return .refused("all \(limits.maxConnections) admin connections are being answered")
                 }
                 evicted = b.remove(oldest)
-                b.evicted += 1
             }
             b.next += 1
             b.open[b.next] = (address, channel, false, false)
@@ -135,10 +130,6 @@ final class AdminConnectionGate: Sendable {
     func release(_ token: Int) {
         book.withLock { b in _ = b.remove(token) }
     }
-
-    var open: Int { book.withLock { $0.open.count } }
-    var refused: Int { book.withLock { $0.refused } }
-    var evicted: Int { book.withLock { $0.evicted } }
 }
 
 /// The admin listener's child channel: Hummingbird's HTTP/1.1 channel (behind TLS when the

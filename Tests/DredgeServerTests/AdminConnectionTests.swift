@@ -164,12 +164,15 @@ import Testing
             let fourth = try await Self.connect(port, from: "127.0.0.3").channel
             let fifth = try await Self.connect(port, from: "127.0.0.3").channel
             // Full (4 held, all idle): an engineer's request still gets through, in the place
-            // of the oldest idle connection, which is closed.
+            // of the oldest idle connection, which is closed: one of the first two (each
+            // connection is admitted on its own event loop, so which of two opened back to back
+            // the server saw first is not fixed).
             #expect(try await server.admin.agents().isEmpty)
-            try await Self.closedByServer(first)
+            #expect(try await PullOutcomeTests.waitFor(Self.generous) { !first.isActive || !second.isActive })
             #expect(Self.logged(server, "closing the oldest idle admin connection to make room", ["remote": "127.0.0.1"]))
-            for channel in [second, fourth, fifth] { #expect(channel.isActive) }
-            for channel in [second, fourth, fifth] { try await channel.close() }
+            #expect([first, second].filter(\.isActive).count == 1)
+            for channel in [fourth, fifth] { #expect(channel.isActive) }
+            for channel in [first, second, fourth, fifth] where channel.isActive { try await channel.close() }
         }
     }
 

@@ -155,14 +155,22 @@ import Testing
         let limits = AdminConnectionLimits(handshakeSeconds: 600, headerSeconds: 600, bodySeconds: 600, idleSeconds: 600, maxConnections: 4, maxPerAddress: 2)
         try await withStopping(InProcessServer(adminLimits: limits)) { server in
             let port = try #require(URL(string: server.adminURL)?.port)
-            let first = try await Self.connect(port, from: "127.0.0.2").channel
-            let second = try await Self.connect(port, from: "127.0.0.2").channel
+            // Each connection answered once before the next opens: each is admitted on its own
+            // event loop, and a connection is only known admitted once it has been answered.
+            func answered(from source: String) async throws -> any Channel {
+                let (channel, received) = try await Self.connect(port, from: source)
+                try await channel.writeAndFlush(ByteBuffer(string: "GET /health HTTP/1.1\r\nHost: dredge\r\n\r\n"))
+                #expect(try await PullOutcomeTests.waitFor(Self.generous) { received.text.contains("HTTP/1.1 200") })
+                return channel
+            }
+            let first = try await answered(from: "127.0.0.2")
+            let second = try await answered(from: "127.0.0.2")
             // Over the per-address cap: closed at once.
             let third = try await Self.connect(port, from: "127.0.0.2").channel
             try await Self.closedByServer(third)
             #expect(Self.logged(server, "admin connection refused", ["remote": "127.0.0.2", "reason": "2 connections from 127.0.0.2 are open"]))
-            let fourth = try await Self.connect(port, from: "127.0.0.3").channel
-            let fifth = try await Self.connect(port, from: "127.0.0.3").channel
+            let fourth = try await answered(from: "127.0.0.3")
+            let fifth = try await answered(from: "127.0.0.3")
             // Full (4 held, all idle): an engineer's request still gets through, in the place
             // of the oldest idle connection, which is closed: one of the first two (each
             // connection is admitted on its own event loop, so which of two opened back to back

@@ -70,6 +70,13 @@ public final class LogCenter: Sendable {
         self.recorder = recorder
         self.echo = echo
         self.scratch = scratch
+        if let replaced = store.replacedRetention, let now = store.retentionAtOpen {
+            // Every process that has the store open applies the new policy from its next pass.
+            submit(
+                level: .notice, type: .app, message: "the store's retention policy changed from \(replaced) to \(now.policy)",
+                metadata: ["dredge.retention.previous": .string(replaced.description), "dredge.retention.policy": .string(now.policy.description)],
+                at: nil, uid: "")
+        }
     }
 
     /// A center for tests: a real store in a temporary directory of its own (removed by

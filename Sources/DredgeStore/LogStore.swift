@@ -17,6 +17,13 @@ public final class LogStore: Sendable {
     /// A random 32-byte key made when the store is created; stable for this install. The
     /// logging API keys its hashed-privacy values with it.
     public let installKey: [UInt8]
+    /// The retention policy the store recorded when this process opened it (nil: none, so
+    /// nothing is deleted by age or size; `dredge-agent stats` says so). Retention reads it
+    /// again before every pass.
+    public let retentionAtOpen: StoredRetention?
+    /// The policy this open replaced, when ``StoreConfiguration/retention`` was set to another
+    /// one than the store recorded: a change someone should hear of (`LogCenter` logs it).
+    public let replacedRetention: RetentionPolicy?
 
     let pool: DatabasePool
     private let queue: WriteQueue
@@ -45,7 +52,16 @@ public final class LogStore: Sendable {
             if !configuration.readOnly {
                 try StoreSchema.migrator.migrate(pool)
             }
-            installKey = try pool.read { db in try Self.installKey(db) } ?? (configuration.readOnly ? [] : try pool.write { db in try Self.makeInstallKey(db) })
+            let existingKey = try pool.read { db in try Self.installKey(db) }
+            installKey = try existingKey ?? (configuration.readOnly ? [] : try pool.write { db in try Self.makeInstallKey(db) })
+            if configuration.readOnly {
+                retentionAtOpen = try pool.read { db in try db.tableExists("meta") ? StoredRetention.read(db) : nil }
+                replacedRetention = nil
+            } else {
+                (retentionAtOpen, replacedRetention) = try pool.write { db in
+                    try StoredRetention.settle(db, configuration: configuration, created: existingKey == nil, now: configuration.now())
+                }
+            }
         } catch {
             throw StoreError.wrap(error, path: path)
         }
@@ -253,9 +269,9 @@ public final class LogStore: Sendable {
 
     public func statistics() throws -> StoreStatistics {
         let counters = queue.snapshot
-        let (count, oldest, newest) = try read { db -> (Int64, Int64?, Int64?) in
+        let (count, oldest, newest, retention) = try read { db -> (Int64, Int64?, Int64?, StoredRetention?) in
             let row = try Row.fetchOne(db, sql: "SELECT count(*), min(ts), max(ts) FROM log")
-            return (row?[0] ?? 0, row?[1], row?[2])
+            return (row?[0] ?? 0, row?[1], row?[2], try StoredRetention.read(db))
         }
         return StoreStatistics(
             recordCount: count,
@@ -269,7 +285,8 @@ public final class LogStore: Sendable {
             droppedClosed: counters.droppedClosed,
             failedWrites: counters.failedWrites,
             retentionFailures: writer?.retentionFailures ?? 0,
-            lastRetention: writer?.lastRetention)
+            lastRetention: writer?.lastRetention,
+            retention: retention)
     }
 }
 
@@ -291,6 +308,9 @@ public struct StoreStatistics: Sendable, Hashable {
     public var failedWrites: UInt64
     public var retentionFailures: UInt64
     public var lastRetention: RetentionReport?
+    /// The retention policy the store records now; nil when it records none (nothing is
+    /// deleted by age or size until its app records one).
+    public var retention: StoredRetention?
 }
 
 extension LogStore {

@@ -54,8 +54,28 @@ public struct StoreLimits: Sendable, Hashable {
     public init() {}
 }
 
+/// Who a process is to a store's retention policy (``StoredRetention``).
+public enum RetentionRole: Sendable, Hashable {
+    /// The app that logs into the store. A store that records no policy yet gets this
+    /// configuration's ``StoreConfiguration/retention`` (the default one too).
+    case owner
+    /// A process that only reads or adds to a store someone else configured (the agent): it
+    /// applies the store's policy; an existing store that records none keeps everything (it is
+    /// reported) until its owner records one. A store it creates gets the default.
+    case follower
+}
+
 public struct StoreConfiguration: Sendable {
-    public var retention = RetentionPolicy()
+    /// The retention policy. Setting it (`configuration.retention.maxAge = …`) records it in the
+    /// store, replacing the one recorded there (``StoredRetention``); left alone, the policy the
+    /// store records applies, and this default only where it records none (see ``retentionRole``).
+    /// Every process applies what the store records at each pass.
+    public var retention = RetentionPolicy() {
+        didSet { setsRetention = true }
+    }
+    /// Whether ``retention`` was set, so this configuration records it.
+    public private(set) var setsRetention = false
+    public var retentionRole = RetentionRole.owner
     public var limits = StoreLimits()
     /// Entries the write queue holds before ``overflowPolicy`` applies. Default 65,536.
     public var queueCapacity = 65_536

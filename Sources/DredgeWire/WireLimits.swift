@@ -45,4 +45,13 @@ public enum WireLimits {
     public static let challengeBytes = 32
     /// § Heartbeats: default interval.
     public static let defaultHeartbeatSeconds: UInt32 = 30
+    /// § Pull commands, Deadlines: a delivered pull past its expiry that nothing was heard of
+    /// for this long (server downtime not counted) expires. A protocol value: no sooner.
+    public static let pullQuietPeriod: Duration = .seconds(15 * 60)
+    /// § Pull commands, Deadlines: a delivered pull still open this long after its expiry
+    /// expires, however recently it was heard of.
+    public static let pullExpiryGrace: Duration = .seconds(24 * 3600)
+    /// § Pull commands, Deadlines: a feedback upload not completed this long after its first
+    /// UploadBegin fails.
+    public static let feedbackLifetime: Duration = .seconds(7 * 86_400)
 }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeCommandLine
 import DredgeDomain
 import DredgeStore
 
@@ -15,6 +16,11 @@ struct StatsCommand: AsyncParsableCommand {
         print("oldest:   \(stats.oldest?.rfc3339 ?? "-")")
         print("newest:   \(stats.newest?.rfc3339 ?? "-")")
         print("on disk:  \(stats.bytesOnDisk) bytes")
+        if let retention = stats.retention {
+            print("retention: \(retention.policy) (set \(retention.setAt.rfc3339) by \(Terminal.field(retention.setBy))\(retention.previous.map { "; it was \($0)" } ?? ""))")
+        } else {
+            print("retention: none recorded in the store: nothing is deleted by age or size until its app sets a policy (the agent applies none of its own)")
+        }
         let losses = try logStore.losses()
         if losses.isEmpty { print("losses:   none") }
         for loss in losses {

@@ -17,6 +17,9 @@ struct StoreOptions: ParsableArguments {
 
     func open(readOnly: Bool = false, policy: OverflowPolicy = .dropNewest) throws -> LogStore {
         var configuration = StoreConfiguration()
+        // The store's retention is its app's (recorded in the store): the agent never applies a
+        // policy of its own to it.
+        configuration.retentionRole = .follower
         configuration.readOnly = readOnly
         configuration.overflowPolicy = policy
         if readOnly && !FileManager.default.fileExists(atPath: path) {

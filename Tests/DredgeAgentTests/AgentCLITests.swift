@@ -1,3 +1,5 @@
+import DredgeDomain
+import DredgeStore
 import DredgeTestSupport
 import Foundation
 import Testing
@@ -107,6 +109,31 @@ import Testing
         }
         // Nothing above wrote anything: only the one record.
         #expect(try run(["query"], store: store).stdout.split(separator: "\n").count == 1)
+    }
+
+    /// #50 defect 1: an app keeps 7 days; the agent opening its store (here `log`, which runs a
+    /// retention pass at open as `run` does) applied its own 3-day default and deleted the app's
+    /// older records. Now the store's own policy applies, and `stats` shows it.
+    @Test func theAgentAppliesTheStoresOwnRetentionNotItsDefault() throws {
+        let dir = TempDir()
+        let store = dir.file("app.sqlite")
+        var app = StoreConfiguration()
+        app.retention.maxAge = .seconds(7 * 86_400)
+        let appStore = try LogStore(path: store, configuration: app)
+        let context = try appStore.register(LogContext(host: "h1", os: "Linux", app: "oven-control", appVersion: "2", process: "oven[1]"))
+        let now = Timestamp.now.microseconds
+        for age in [1, 3, 5] {
+            appStore.enqueue(LogEntry(timestamp: Timestamp(microseconds: now - Int64(age) * 86_400_000_000), level: .info, type: .app, uid: "u-5", message: "\(age) days ago", context: context))
+        }
+        try appStore.close()
+
+        let log = try run(["log", "--uid", "u-5", "the agent was here"], store: store)
+        #expect(log.status == 0, "\(log.stderr)")
+        let stats = try run(["stats"], store: store)
+        #expect(stats.stdout.contains("records:  4") && stats.stdout.contains("losses:   none"), "\(stats.stdout)")
+        #expect(stats.stdout.contains("retention: 7 days, 200000000 bytes (set "), "\(stats.stdout)")
+        let query = try run(["query", "--uid", "u-5", "--format", "jsonl"], store: store)
+        #expect(query.stdout.contains("5 days ago"))
     }
 
     @Test func aStoreThatIsNotSQLiteIsReportedAndLeftAlone() throws {

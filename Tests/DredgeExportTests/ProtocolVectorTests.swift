@@ -326,4 +326,25 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         let manifest = try #require(Vectors.load("upload_multiblock.json")?["manifest"] as? String)
         #expect(try JSONDecoder().decode(ExportManifest.self, from: Data(manifest.utf8)).days.contains { $0.bytes > 512 * 1024 })
     }
+
+    /// #49: a day file of exactly 512 KiB (1,024 lines of 512 bytes): its deflate data is the
+    /// first piece, ended with a sync flush, and an empty final piece primed with the last 32 KiB
+    /// (Protocol § 13, the exporter's zip), reproduced byte for byte by the Python check.
+    @Test func finalEmptyBlockUpload() throws {
+        // A line is 116 bytes with an empty message (uid "u-1", type app, no metadata): 396 more make 512.
+        let filler = "the quick brown fox jumps over the lazy dog; "
+        let records: [Record] = (0..<1_024).map { i in
+            let head = "event " + String(1_000 + i) + ": "
+            let message = String((head + String(repeating: filler, count: 9)).prefix(396))
+            return (Int64(i) * 40_000_000, .info, .app, "u-1", message, [:])
+        }
+        let request = Self.pullRequest("0e1f2a3b4c5d6e7f8091a2b3c4d5e6f7", filter: .all)
+        let (file, produced) = try Self.uploadVector(
+            "upload_final_block.json",
+            description: "A pull upload whose one day file is exactly 524,288 bytes (512 KiB): its deflate data is one piece ended with Z_SYNC_FLUSH and an empty final piece (Z_FINISH, primed with the last 32 KiB) (§13, the exporter's zip); sealed in 16384-byte chunks. files_sha256: the SHA-256 of each file the zip holds.",
+            records: records, base: Timestamp(rfc3339: "2026-11-20T00:00:00Z")!, request: request, chunkSize: 16_384, filesAsDigests: true)
+        #expect(file == produced)
+        let manifest = try #require(Vectors.load("upload_final_block.json")?["manifest"] as? String)
+        #expect(try JSONDecoder().decode(ExportManifest.self, from: Data(manifest.utf8)).days.map(\.bytes) == [512 * 1024])
+    }
 }

@@ -283,7 +283,8 @@ import Testing
         // Records of u-1 and u-old two days ago: no longer active, still in the store.
         let seen = Timestamp.now.subtracting(.seconds(48 * 3_600)).microseconds / 3_600_000_000 * 3_600_000_000
         try await fixture.registry.heartbeat(reporting, .with {
-            $0.users = .with { $0.users = [.with { $0.uid = "u-old"; $0.lastSeenUs = seen }, .with { $0.uid = "u-1"; $0.lastSeenUs = seen }] }
+            // u-old's time is not on an hour (an agent that did not truncate it): kept truncated (§ 9).
+            $0.users = .with { $0.users = [.with { $0.uid = "u-old"; $0.lastSeenUs = seen + 1_800_000_123 }, .with { $0.uid = "u-1"; $0.lastSeenUs = seen }] }
         })
         try await fixture.test { api in
             let holders = try await api.call(.get, "/v1/agents?uid=u-old").decode([AgentRecord].self)

@@ -138,6 +138,13 @@ def decode(data: bytes, schema: dict) -> dict:
             continue  # unknown fields are ignored (§3)
         name, kind = by_number[number]
         repeated = isinstance(kind, tuple) and kind[0] == "repeated"
+        if repeated and wire_type == 2 and kind[1] in ("uint", "int", "enum", "bool"):
+            # Packed (proto3's default for repeated scalars): varints one after another.
+            j, items = 0, message.setdefault(name, [])
+            while j < len(raw):
+                item, j = read_varint(raw, j)
+                items.append(convert(item, kind[1]))
+            continue
         value = convert(raw, kind[1] if repeated else kind)
         if repeated:
             message.setdefault(name, []).append(value)

@@ -112,11 +112,13 @@ check(fb_manifest["feedback"]["feedback_id"] == fb["header"]["upload_id"] == fb[
 check(set(fb_manifest["filter"]) == {"since", "until", "uid"} and fb_manifest["filter"]["uid"] == fb["header"]["feedback"]["uid"], "feedback filter is its uid in a time range")
 _, mb_manifest, mb_files = check_upload("upload_multiblock.json", 1)
 check(any(len(t.encode("utf-8")) > 512 * 1024 for t in mb_files.values()), "a day file over 512 KiB (two deflate blocks)")
+_, fb_manifest_block, fb_files = check_upload("upload_final_block.json", 1)
+check(any(len(t.encode("utf-8")) == 512 * 1024 for t in fb_files.values()), "a day file of exactly 512 KiB (an empty final deflate block)")
 with open(os.path.join(sys.argv[1], "..", "manifest.schema.json")) as f:
     schema = json.load(f)
 jsonschema.Draft202012Validator.check_schema(schema)
 validator = jsonschema.Draft202012Validator(schema)
-for name, m in [("upload.json", manifest), ("upload_empty.json", empty_manifest), ("upload_feedback.json", fb_manifest), ("upload_multiblock.json", mb_manifest)]:
+for name, m in [("upload.json", manifest), ("upload_empty.json", empty_manifest), ("upload_feedback.json", fb_manifest), ("upload_multiblock.json", mb_manifest), ("upload_final_block.json", fb_manifest_block)]:
     check(not list(validator.iter_errors(m)), f"{name}: the manifest is valid under manifest.schema.json")
 cases = load("manifests.json")["cases"]
 for c in cases:
@@ -125,4 +127,7 @@ for c in cases:
     except ValueError:
         valid = False
     check(valid == c["valid"], f"manifest case {c['name']}: {'valid' if c['valid'] else 'invalid'} ({c['rule']})")
+    # Invalid under the schema is refused on the wire; a valid one is accepted or refused by a rule of §13 beyond it.
+    check(c["wire"] == "accepted" or c["wire"].startswith("refused: ") and (c["valid"] or c["wire"].startswith("refused: the schema")),
+          f"manifest case {c['name']}: a receiver's verdict ({c['wire']})")
 print("all vectors hold")

@@ -26,12 +26,23 @@ del export["command_id"]
 cases = []
 
 
+ACCEPTED = "accepted"
+SCHEMA = "refused: the schema (ERROR_PAYLOAD_INVALID)"
+# A receiver's verdict on the wire (§13), for a manifest whose upload (header, ids, the command's
+# filter, day files) agrees with it: only the rules beyond the schema can refuse a valid one.
+WIRE = {
+    "export-unenrolled": "refused: kind export is only in manual export files (§19); an upload's manifest is a pull's or a feedback's (ERROR_PAYLOAD_INVALID)",
+    "agent-id-empty-in-pull": "refused: agent_id is the uploading agent's (§13; ERROR_PAYLOAD_INVALID)",
+}
+
+
 def case(name, manifest, valid, rule):
-    cases.append({"name": name, "valid": valid, "rule": rule, "manifest": json.dumps(manifest, ensure_ascii=False, sort_keys=True)})
+    cases.append({"name": name, "valid": valid, "wire": WIRE.get(name, ACCEPTED) if valid else SCHEMA, "rule": rule,
+                  "manifest": json.dumps(manifest, ensure_ascii=False, sort_keys=True)})
 
 
 def raw(name, text, rule):
-    cases.append({"name": name, "valid": False, "rule": rule, "manifest": text})
+    cases.append({"name": name, "valid": False, "wire": SCHEMA, "rule": rule, "manifest": text})
 
 
 def changed(base, path, value, delete=False):
@@ -109,7 +120,7 @@ raw("not-json", "{\"format\": ", "a manifest is JSON")
 
 with open(f"{root}/vectors/manifests.json", "w") as f:
     json.dump({
-        "description": "Manifests checked against manifest.schema.json: valid ones a receiver accepts and invalid ones (one rule broken each) it refuses with ERROR_PAYLOAD_INVALID. `manifest` is the text of manifest.json.",
+        "description": "Manifests checked against manifest.schema.json, one rule each. `valid`: the schema's verdict. `wire`: a receiver's verdict on an upload carrying it whose header, ids, command filter and day files agree with it (\"accepted\", or \"refused: \" and the rule; every refusal is ERROR_PAYLOAD_INVALID). `manifest` is the text of manifest.json.",
         "cases": cases,
     }, f, indent=1, ensure_ascii=False)
     f.write("\n")

@@ -150,7 +150,7 @@ public final class Indexer: Service, Sendable {
             }
             logger.info("indexed", metadata: ["source": "\(source)", "records": "\(count.records)", "unreadable": "\(count.unreadable)", "foreign": "\(count.foreign)"])
             if count.unreadable > 0 {
-                logger.warning("lines that are not records were left out of the index", metadata: ["source": "\(source)", "lines": "\(count.unreadable)"])
+                logger.warning("lines that are not records of their day file were left out of the index", metadata: ["source": "\(source)", "lines": "\(count.unreadable)"])
             }
             if count.foreign > 0 {
                 // Only an agent that is not honest sends these (it exports by the uid asked for).
@@ -226,11 +226,13 @@ public final class Indexer: Service, Sendable {
         let onlyUID = manifest.filter.uid.flatMap { $0.isEmpty ? nil : $0 }
         var count = IndexCount()
         for day in manifest.days {
-            guard day.file != PayloadLimits.manifestName, PayloadLimits.isAllowedName(day.file) else { throw IndexingError("the manifest names \(day.file.debugDescription), not a day file") }
+            guard day.file != PayloadLimits.manifestName, PayloadLimits.isAllowedName(day.file), let admission = LineAdmission(file: day.file, uid: onlyUID) else {
+                throw IndexingError("the manifest names \(day.file.debugDescription), not a day file")
+            }
             let file = try paths.inside(directory + "/" + day.file)
             let reader = try await blocking.runIfActive { try LineBlockReader(path: file, blockBytes: Self.blockBytes) }
             while let block = try await blocking.runIfActive({ try reader.next() }) {
-                count += try await index.add(source, lines: block, onlyUID: onlyUID)
+                count += try await index.add(source, lines: block, admitting: admission)
             }
             count.unreadable += reader.overlong
         }

@@ -9,7 +9,7 @@ import DredgeDomain
 ///
 /// A line is a record when it is an object whose `ts` is a string of the payload's form
 /// (`YYYY-MM-DDTHH:MM:SS.ffffffZ`, a time that exists), whose `level` is one of the seven
-/// names, and whose `type` is a string of 1 to 64 bytes. `uid` and `message` default to `""`,
+/// names, and whose `type` is a log type name (§ 5: 1 to 64 bytes of `a-z0-9._-`). `uid` and `message` default to `""`,
 /// `metadata` (an object; anything else is taken as none) to `{}`, `context` to none. Members
 /// it does not know are checked and ignored; of a member given twice, the first counts.
 struct RecordLine {
@@ -73,6 +73,11 @@ struct RecordLine {
         case 8: return name.elementsEqual("critical".utf8) ? 6 : nil
         default: return nil
         }
+    }
+
+    /// A log type name (Protocol § 5), as written without escapes.
+    static func isTypeName(_ name: UnsafeBufferPointer<UInt8>.SubSequence) -> Bool {
+        (1...64).contains(name.count) && name.allSatisfy { (97...122).contains($0) || (48...57).contains($0) || $0 == 46 || $0 == 45 || $0 == 95 }
     }
 
     /// `YYYY-MM-DDTHH:MM:SS.ffffffZ` → µs, only for a time that exists.
@@ -161,7 +166,7 @@ struct RecordLine {
                             switch member {
                             case 0: if !text.escaped, let t = RecordLine.timestamp(bytes[text.range]) { line.ts = t; ok |= 1 }
                             case 1: if !text.escaped, let l = RecordLine.levelNumber(bytes[text.range]) { line.level = l; ok |= 2 }
-                            case 2: if (1...64).contains(text.range.count) { line.type = text; ok |= 4 }
+                            case 2: if !text.escaped, RecordLine.isTypeName(bytes[text.range]) { line.type = text; ok |= 4 }
                             case 3: line.uid = text
                             default: line.message = text
                             }
@@ -286,5 +291,43 @@ struct RecordLine {
             i = end
             return true
         }
+    }
+}
+
+/// Which lines of a day file a source keeps (Protocol § 13, what a receiver makes of each
+/// line): a readable record, inside the UTC day its file is named for, of the uid the pull or
+/// feedback asked for. Both indexes ask it of every line.
+public struct LineAdmission: Sendable, Equatable {
+    /// Only records of this uid; nil: any uid.
+    public var uid: String?
+    /// Only records whose `ts` lies in this range of µs; nil: any time.
+    public var day: Range<Int64>?
+
+    /// Every readable record.
+    public static let any = LineAdmission()
+
+    public init(uid: String? = nil, day: Range<Int64>? = nil) {
+        self.uid = uid
+        self.day = day
+    }
+
+    /// The records of the day file `name` (`2026-11-20.jsonl`), of `uid` when it is set; nil for
+    /// a name that is not a day file's.
+    public init?(file name: String, uid: String?) {
+        let stem = Array(name.utf8.prefix(10))
+        guard name.utf8.count == 16, name.hasSuffix(".jsonl") else { return nil }
+        let midnight = stem + Array("T00:00:00.000000Z".utf8)
+        guard let start = midnight.withUnsafeBufferPointer({ RecordLine.timestamp($0[...]) }) else { return nil }
+        self.init(uid: uid, day: start..<(start + 86_400_000_000))
+    }
+
+    enum Verdict { case keep, unreadable, foreign }
+
+    /// What becomes of one parsed line (nil: not a record).
+    func verdict(_ record: RecordLine?, in line: UnsafeBufferPointer<UInt8>, uidBytes: [UInt8]?) -> Verdict {
+        guard let record else { return .unreadable }
+        if let day, !day.contains(record.ts) { return .unreadable }
+        if let uidBytes, !record.holds(uid: uidBytes, in: line) { return .foreign }
+        return .keep
     }
 }

@@ -109,6 +109,18 @@ public enum HeartbeatRules {
     }
 }
 
+extension HeartbeatRules {
+    /// The report with every `last_seen_us` truncated to the hour, as an agent should have sent
+    /// it (§ Heartbeats): the server keeps no finer time of a user than the hour.
+    public static func onTheHour(_ report: WireUserReport) -> WireUserReport {
+        let hour = WireLimits.userReportGranularityMicroseconds
+        guard report.users.contains(where: { $0.lastSeenUs % hour != 0 }) else { return report }
+        var truncated = report
+        for i in truncated.users.indices { truncated.users[i].lastSeenUs -= truncated.users[i].lastSeenUs % hour }
+        return truncated
+    }
+}
+
 /// Enrollment of a key the directory already holds.
 public struct AlreadyEnrolled: Error, CustomStringConvertible, Sendable {
     public var agentID: String

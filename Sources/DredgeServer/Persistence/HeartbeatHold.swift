@@ -99,7 +99,7 @@ final class HeartbeatHold: Sendable {
     func receive(_ agentID: String, _ heartbeat: WireHeartbeat, now: Date) throws -> Received {
         if let problem = HeartbeatRules.problem(with: heartbeat) { throw DeploymentError(problem) }
         let (sorted, at, records) = Self.parts(of: heartbeat, now: now)
-        let report = heartbeat.hasUsers ? heartbeat.users : nil
+        let report = heartbeat.hasUsers ? HeartbeatRules.onTheHour(heartbeat.users) : nil
         switch step(agentID, uids: sorted, hasReport: report != nil, at: at, records: records) {
         case .hold: return .held(due: [:])
         case .flush(let due): return .held(due: due)

@@ -13,9 +13,10 @@ import Foundation
 ///   unfinished attempt are removed first, so a source indexed twice holds its records once.
 ///   With a `device`, records are named by it (host, app, version, OS), whatever their
 ///   contexts say; a context's host or app that differs is kept as claimed, beside it.
-/// - ``add(_:lines:onlyUID:)`` takes whole lines, each one JSON record (Protocol § Payload); a
-///   line that is not a readable record is counted, never fatal, and never half-stored. With
-///   `onlyUID`, a record of any other uid is counted as foreign and not stored.
+/// - ``add(_:lines:admitting:)`` takes whole lines, each one JSON record (Protocol § Payload); a
+///   line that is not a readable record (or, with a day, not one of that day) is counted, never
+///   fatal, and never half-stored. With a uid, a record of any other uid is counted as foreign
+///   and not stored.
 /// - A source is listed by ``indexedSources()`` only once ``finish(_:)`` ran.
 /// - ``remove(_:)`` removes a source's records and contexts; searching finds none after.
 /// - ``search(_:)`` returns records in (time, id) order, each page after the one its `after`
@@ -28,9 +29,9 @@ public protocol RecordIndex: Sendable {
     /// `device` is the uploading agent as the registry knows it (nil: names come from the
     /// contexts alone).
     func begin(_ source: IndexedSource, contexts: [String: LogContext], device: RegisteredDevice?, landedAt: Date) async throws
-    /// Indexes records: `lines` holds whole lines, each ending in `\n`. With `onlyUID`, only
-    /// records of that uid (the one the pull or feedback asked for).
-    func add(_ source: IndexedSource, lines: [UInt8], onlyUID: String?) async throws -> IndexCount
+    /// Indexes records: `lines` holds whole lines, each ending in `\n`, of which it keeps those
+    /// `admission` admits (the day of their file, the uid the pull or feedback asked for).
+    func add(_ source: IndexedSource, lines: [UInt8], admitting admission: LineAdmission) async throws -> IndexCount
     /// Marks the source complete.
     func finish(_ source: IndexedSource) async throws
     /// Sources whose indexing finished.
@@ -51,8 +52,8 @@ extension RecordIndex {
         try await begin(source, contexts: contexts, device: nil, landedAt: landedAt)
     }
 
-    /// Every uid.
-    public func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount { try await add(source, lines: lines, onlyUID: nil) }
+    /// Every readable record.
+    public func add(_ source: IndexedSource, lines: [UInt8]) async throws -> IndexCount { try await add(source, lines: lines, admitting: .any) }
 }
 
 extension MetadataMatch {
@@ -129,10 +130,11 @@ public struct IndexedSource: Sendable, Hashable, CustomStringConvertible {
     public var description: String { "\(kind.rawValue) \(id) of agent \(agentID)" }
 }
 
-/// What one ``RecordIndex/add(_:lines:onlyUID:)`` took.
+/// What one ``RecordIndex/add(_:lines:admitting:)`` took.
 public struct IndexCount: Sendable, Equatable {
     public var records: Int
-    /// Lines that are not a readable record (not JSON, or lacking `ts`, `level` or `type`).
+    /// Lines that are not a readable record of their file (not JSON, lacking `ts`, `level` or
+    /// `type`, or of another day than the file's).
     public var unreadable: Int
     /// Records of another uid than the one the source was asked for: not stored.
     public var foreign: Int

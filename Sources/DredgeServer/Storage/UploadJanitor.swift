@@ -1,4 +1,5 @@
 import DredgeAdminAPI
+import DredgeWire
 import Foundation
 import Logging
 import NIOPosix
@@ -33,7 +34,7 @@ struct UploadJanitor: Sendable {
         let janitor = self
         return {
             try await janitor.pulls.expireStalled(now: Date(), listeningSince: listeningSince, deadlines: PullStore.Deadlines())
-            try await janitor.feedback.failAbandoned(now: Date(), after: .seconds(7 * 86_400))
+            try await janitor.feedback.failAbandoned(now: Date(), after: WireLimits.feedbackLifetime)
             try await janitor.sweep()
         }
     }

@@ -9,22 +9,31 @@ public struct RetentionReport: Hashable, Sendable {
     public var bytesBefore: Int64 = 0
     public var bytesAfter: Int64 = 0
     public var losses: [LossRecord] = []
+    /// The policy the pass applied, as the store recorded it; nil when it records none (the
+    /// pass deleted nothing).
+    public var policy: RetentionPolicy?
 }
 
-/// Retention: deletes the oldest records by age, then by size, records each deletion in the
-/// loss table, and gives the freed pages back to the file system (`auto_vacuum=INCREMENTAL`
-/// plus a truncating WAL checkpoint), so the file really shrinks.
+/// Retention: deletes the oldest records by age, then by size, under the policy the store
+/// records (``StoredRetention``, read at the start of every pass, so a policy its owner changed
+/// applies in every process that has it open), records each deletion in the loss table, and
+/// gives the freed pages back to the file system (`auto_vacuum=INCREMENTAL` plus a truncating
+/// WAL checkpoint), so the file really shrinks. A store that records no policy loses nothing.
 ///
 /// Deletion runs in chunks of ``chunkSize`` records, one transaction each, so a large pass
 /// neither holds the write lock for long nor grows the WAL without bound.
 struct Retention {
-    var policy: RetentionPolicy
     var path: String
     var chunkSize = 20_000
 
     func run(pool: DatabasePool, now: Timestamp) throws -> RetentionReport {
         var report = RetentionReport()
         report.bytesBefore = Self.bytesOnDisk(path)
+        guard let policy = try pool.read({ db in try StoredRetention.read(db)?.policy }) else {
+            report.bytesAfter = report.bytesBefore
+            return report
+        }
+        report.policy = policy
 
         let cutoff = now.subtracting(policy.maxAge)
         let expired = try pool.read { db in

@@ -23,6 +23,8 @@ final class BatchWriter: Sendable {
     private struct Maintenance {
         var lastReport: RetentionReport?
         var errors: UInt64 = 0
+        /// The store's policy as the last pass read it (nil: none recorded, or not read yet).
+        var policy: RetentionPolicy?
     }
 
     init(queue: WriteQueue, pool: DatabasePool, configuration: StoreConfiguration, path: String) {
@@ -30,7 +32,7 @@ final class BatchWriter: Sendable {
         self.pool = pool
         self.configuration = configuration
         self.path = path
-        self.retention = Retention(policy: configuration.retention, path: path)
+        self.retention = Retention(path: path)
     }
 
     func start() {
@@ -51,6 +53,7 @@ final class BatchWriter: Sendable {
         try maintenance.withLock { maintenance in
             let report = try retention.run(pool: pool, now: configuration.now())
             maintenance.lastReport = report
+            maintenance.policy = report.policy
             return report
         }
     }
@@ -100,7 +103,8 @@ final class BatchWriter: Sendable {
             batchesSinceSizeCheck += 1
             guard batchesSinceSizeCheck >= writer.configuration.sizeCheckEveryBatches else { return }
             batchesSinceSizeCheck = 0
-            if Retention.bytesOnDisk(writer.path) > writer.configuration.retention.maxBytes { writer.runRetention() }
+            guard let maxBytes = writer.maintenance.withLock({ $0.policy?.maxBytes }) else { return }
+            if Retention.bytesOnDisk(writer.path) > maxBytes { writer.runRetention() }
         }
 
         private mutating func write(_ batch: WriteQueue.Batch) {

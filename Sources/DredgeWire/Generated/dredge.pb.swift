@@ -109,7 +109,8 @@ public nonisolated enum WireRejectReason: SwiftProtobuf.Enum, Swift.CaseIterable
   /// malformed filter or ids
   case rejectInvalid // = 7
 
-  /// too many uploads in progress; the server may retry later
+  /// no room for another export now (README § 10 Busy): checked last, not
+  /// remembered by the agent; final for the pull (the engineer asks again)
   case rejectBusy // = 8
   case UNRECOGNIZED(Int)
 
@@ -272,7 +273,7 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
   /// unknown agent or bad signature; connection closes
   case errorAuthFailed // = 6
 
-  /// no such upload (chunk or complete before begin)
+  /// chunk or complete for an upload not begun on this connection
   case errorUploadUnknown // = 7
 
   /// header inconsistent (sizes, counts, prefix length)
@@ -290,10 +291,13 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
   /// zip or manifest breaks the limits or the format
   case errorPayloadInvalid // = 12
 
-  /// too many uploads, too large
+  /// too many uploads, too large, a quota; not now: retry later (fatal at
+  /// authentication and enrollment: reconnect with backoff)
   case errorLimitExceeded // = 13
 
-  /// server fault; retry later
+  /// from the server: its own fault (a full disk), the agent retries later;
+  /// from the agent (fatal false, upload_id set): it cannot carry out the
+  /// accepted command, and the server fails that pull (README § 10, § 15)
   case errorInternal // = 14
 
   /// server going away; reconnect later

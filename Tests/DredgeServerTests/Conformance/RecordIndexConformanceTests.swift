@@ -63,6 +63,30 @@ import Testing
         #expect(try await index.indexedSources() == [Self.pull1, Self.pull1b])
     }
 
+    /// #49 (Protocol § 13): a line of a day file is a record only inside the UTC day its file is
+    /// named for, and only with a type of the § 5 grammar; others are counted, never stored.
+    @Test(arguments: PersistenceBackend.all)
+    func aRecordOutsideItsFilesDayOrWithAnInvalidTypeIsSetAside(_ backend: PersistenceBackend) async throws {
+        let index = try await backend.records(dir)
+        try await index.begin(Self.pull1, contexts: Self.contexts, landedAt: Date())
+        let day = try #require(LineAdmission(file: "2026-11-20.jsonl", uid: nil))
+        #expect(day.day == 1_795_132_800_000_000..<1_795_219_200_000_000)
+        #expect(LineAdmission(file: "manifest.json", uid: nil) == nil && LineAdmission(file: "2026-02-30.jsonl", uid: nil) == nil)
+        func line(_ ts: String, _ message: String, type: String = "app") -> String {
+            #"{"ts":"\#(ts)","level":"info","type":"\#(type)","uid":"u-1","message":"\#(message)"}"#
+        }
+        let lines = [
+            line("2026-11-20T00:00:00.000000Z", "first instant"), line("2026-11-20T23:59:59.999999Z", "last instant"),
+            line("2026-11-19T23:59:59.999999Z", "the day before"), line("2026-11-21T00:00:00.000000Z", "the day after"),
+            line("2026-11-20T12:00:00.000000Z", "capital type", type: "Network"), line("2026-11-20T12:00:00.000000Z", "a space", type: "my type"),
+            line("2026-11-20T12:00:00.000000Z", "escaped type", type: #"app\u0073"#), line("2026-11-20T12:00:00.000000Z", "dotted", type: "net.http-2_x"),
+        ]
+        let count = try await index.add(Self.pull1, lines: Array((lines.joined(separator: "\n") + "\n").utf8), admitting: day)
+        #expect(count == IndexCount(records: 3, unreadable: 5))
+        try await index.finish(Self.pull1)
+        #expect(Set(try await index.search(RecordSearch()).records.map(\.message)) == ["first instant", "last instant", "dotted"])
+    }
+
     /// #49: a source is named by the device its agent is registered as, with a context's other
     /// host or app kept as claimed beside it (and searched by the registered names only); with
     /// `onlyUID`, records of another uid are counted and never stored. Sources begun without a
@@ -77,7 +101,7 @@ import Testing
             #"{"ts":"\#(Self.at(4).rfc3339)","level":"info","type":"app","uid":"u\u002d9","message":"escaped","context":2}"#,
             #"{"ts":"\#(Self.at(5).rfc3339)","level":"info","type":"app","message":"uid left out"}"#,
         ]
-        let count = try await index.add(Self.pull1, lines: Array((lines.joined(separator: "\n") + "\n").utf8), onlyUID: "u-9")
+        let count = try await index.add(Self.pull1, lines: Array((lines.joined(separator: "\n") + "\n").utf8), admitting: LineAdmission(uid: "u-9"))
         #expect(count == IndexCount(records: 2, unreadable: 0, foreign: 3))
         try await index.finish(Self.pull1)
         // Without a device: the contexts' names, no claim.

@@ -83,21 +83,23 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
         }
     }
 
-    public func add(_ source: IndexedSource, lines: [UInt8], onlyUID: String?) async throws -> IndexCount {
-        let only = onlyUID.map { Array($0.utf8) }
+    public func add(_ source: IndexedSource, lines: [UInt8], admitting admission: LineAdmission) async throws -> IndexCount {
+        let only = admission.uid.map { Array($0.utf8) }
         var count = IndexCount()
         var ts: [Int64] = [], uids: [String] = [], levels: [Int32] = [], types: [String] = [], messages: [String] = [], metadata: [String] = []
         var keys: [Int64] = [], hasKey: [Bool] = []
         lines.withUnsafeBufferPointer { buffer in
             RecordLine.each(in: buffer) { record, line, _ in
-                guard let record else {
+                switch admission.verdict(record, in: line, uidBytes: only) {
+                case .unreadable:
                     count.unreadable += 1
                     return
-                }
-                if let only, !record.holds(uid: only, in: line) {
+                case .foreign:
                     count.foreign += 1
                     return
+                case .keep: break
                 }
+                guard let record else { return }
                 func text(_ value: RecordLine.Text?) -> String {
                     guard let value else { return "" }
                     let bytes = value.escaped ? RecordLine.decode(value, in: line) : Array(line[value.range])

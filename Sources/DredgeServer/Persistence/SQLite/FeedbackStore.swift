@@ -80,7 +80,7 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
     /// Fails the feedback uploads begun more than `after` ago and still not complete (an agent
     /// that never came back): their upload state can then be removed. Returns how many.
     @discardableResult
-    public func failAbandoned(now: Date = Date(), after: Duration = .seconds(7 * 86_400)) async throws -> Int {
+    public func failAbandoned(now: Date = Date(), after: Duration = WireLimits.feedbackLifetime) async throws -> Int {
         try await db.write { db in
             try db.execute(
                 sql: "UPDATE feedback SET status = 'failed', detail = ? WHERE status NOT IN \(PullStore.finalStatuses) AND received_at <= ?",

@@ -199,7 +199,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         /// After the pull's expiry, every target still open this long is expired, progress or not.
         public var afterExpiry: Duration
 
-        public init(quietAfterExpiry: Duration = .seconds(15 * 60), afterExpiry: Duration = .seconds(24 * 3600)) {
+        public init(quietAfterExpiry: Duration = WireLimits.pullQuietPeriod, afterExpiry: Duration = WireLimits.pullExpiryGrace) {
             self.quietAfterExpiry = quietAfterExpiry
             self.afterExpiry = afterExpiry
         }

@@ -170,8 +170,8 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     /// Each line read by ``RecordLine`` (one pass, no JSON tree) and bound to one prepared
     /// insert straight from the block; the block's words go into `record_text` with one
     /// `INSERT … SELECT` at its end (far cheaper than a trigger per row). One transaction.
-    public func add(_ source: IndexedSource, lines: [UInt8], onlyUID: String?) async throws -> IndexCount {
-        let only = onlyUID.map { Array($0.utf8) }
+    public func add(_ source: IndexedSource, lines: [UInt8], admitting admission: LineAdmission) async throws -> IndexCount {
+        let only = admission.uid.map { Array($0.utf8) }
         return try await pool.write { db in
             guard let id = try Self.sourceID(db, source) else { throw RecordSearchError("\(source) was not begun") }
             var contexts: [Int64: Int64] = [:]
@@ -208,14 +208,16 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                 }
                 sqlite3_bind_int64(handle, 1, id)
                 try RecordLine.each(in: buffer) { record, line, start in
-                    guard let record else {
+                    switch admission.verdict(record, in: line, uidBytes: only) {
+                    case .unreadable:
                         count.unreadable += 1
                         return
-                    }
-                    if let only, !record.holds(uid: only, in: line) {
+                    case .foreign:
                         count.foreign += 1
                         return
+                    case .keep: break
                     }
+                    guard let record else { return }
                     if let key = record.context, let context = contexts[key] { sqlite3_bind_int64(handle, 2, context) } else { sqlite3_bind_null(handle, 2) }
                     sqlite3_bind_int64(handle, 3, record.ts)
                     sqlite3_bind_int64(handle, 5, Int64(record.level))

@@ -63,7 +63,7 @@ public enum Exporter {
     private static func write(
         from store: LogStore, _ request: ExportRequest, to zipPath: String, options: ExportOptions
     ) throws -> ExportManifest {
-        let zip = try ZipWriter(path: zipPath, level: options.compressionLevel, workers: options.workers, modified: request.createdAt.date)
+        let zip = try ZipWriter(path: zipPath, level: options.compressionLevel, workers: options.workers, modified: request.createdAt)
         var days: [ExportManifest.Day] = []
         var contextIDs = Set<ContextID>()
         var currentDay: Int64?

@@ -70,7 +70,7 @@ public final class LogCenter: Sendable {
         self.recorder = recorder
         self.echo = echo
         self.scratch = scratch
-        if let replaced = store.replacedRetention, let now = store.retentionAtOpen {
+        if let replaced = store.replacedRetention, let now = store.retentionAtOpen.stored {
             // Every process that has the store open applies the new policy from its next pass.
             submit(
                 level: .notice, type: .app, message: "the store's retention policy changed from \(replaced) to \(now.policy)",

@@ -17,10 +17,11 @@ public final class LogStore: Sendable {
     /// A random 32-byte key made when the store is created; stable for this install. The
     /// logging API keys its hashed-privacy values with it.
     public let installKey: [UInt8]
-    /// The retention policy the store recorded when this process opened it (nil: none, so
-    /// nothing is deleted by age or size; `dredge-agent stats` says so). Retention reads it
-    /// again before every pass.
-    public let retentionAtOpen: StoredRetention?
+    /// The retention policy the store recorded once this process opened it (``StoredRetention``):
+    /// none, or one that does not read back, means nothing is deleted by age and the store is
+    /// held only under this configuration's size (`dredge-agent stats` says so). Retention reads
+    /// it again in every transaction that deletes.
+    public let retentionAtOpen: StoredRetention.Recorded
     /// The policy this open replaced, when ``StoreConfiguration/retention`` was set to another
     /// one than the store recorded: a change someone should hear of (`LogCenter` logs it).
     public let replacedRetention: RetentionPolicy?
@@ -52,14 +53,19 @@ public final class LogStore: Sendable {
             if !configuration.readOnly {
                 try StoreSchema.migrator.migrate(pool)
             }
-            let existingKey = try pool.read { db in try Self.installKey(db) }
-            installKey = try existingKey ?? (configuration.readOnly ? [] : try pool.write { db in try Self.makeInstallKey(db) })
             if configuration.readOnly {
-                retentionAtOpen = try pool.read { db in try db.tableExists("meta") ? StoredRetention.read(db) : nil }
+                (installKey, retentionAtOpen) = try pool.read { db in
+                    guard try db.tableExists("meta") else { return ([], .none) }
+                    return (try Self.installKey(db) ?? [], try StoredRetention.look(db))
+                }
                 replacedRetention = nil
             } else {
-                (retentionAtOpen, replacedRetention) = try pool.write { db in
-                    try StoredRetention.settle(db, configuration: configuration, created: existingKey == nil, now: configuration.now())
+                // One transaction: whether this open created the store decides its retention.
+                (installKey, retentionAtOpen, replacedRetention) = try pool.write { db in
+                    let existing = try Self.installKey(db)
+                    let key = try existing ?? Self.makeInstallKey(db)
+                    let (recorded, replaced) = try StoredRetention.settle(db, configuration: configuration, created: existing == nil, now: configuration.now())
+                    return (key, recorded, replaced)
                 }
             }
         } catch {
@@ -70,7 +76,8 @@ public final class LogStore: Sendable {
             queue.close()
             writer = nil
         } else {
-            let writer = BatchWriter(queue: queue, pool: pool, configuration: configuration, path: path)
+            let writer = BatchWriter(
+                queue: queue, pool: pool, configuration: configuration, path: path, maxBytes: retentionAtOpen.stored?.policy.maxBytes ?? configuration.retention.maxBytes)
             self.writer = writer
             writer.start()
         }
@@ -269,9 +276,9 @@ public final class LogStore: Sendable {
 
     public func statistics() throws -> StoreStatistics {
         let counters = queue.snapshot
-        let (count, oldest, newest, retention) = try read { db -> (Int64, Int64?, Int64?, StoredRetention?) in
+        let (count, oldest, newest, retention) = try read { db -> (Int64, Int64?, Int64?, StoredRetention.Recorded) in
             let row = try Row.fetchOne(db, sql: "SELECT count(*), min(ts), max(ts) FROM log")
-            return (row?[0] ?? 0, row?[1], row?[2], try StoredRetention.read(db))
+            return (row?[0] ?? 0, row?[1], row?[2], try StoredRetention.look(db))
         }
         return StoreStatistics(
             recordCount: count,
@@ -286,7 +293,8 @@ public final class LogStore: Sendable {
             failedWrites: counters.failedWrites,
             retentionFailures: writer?.retentionFailures ?? 0,
             lastRetention: writer?.lastRetention,
-            retention: retention)
+            retention: retention,
+            sizeWithoutPolicy: configuration.retention.maxBytes)
     }
 }
 
@@ -308,9 +316,12 @@ public struct StoreStatistics: Sendable, Hashable {
     public var failedWrites: UInt64
     public var retentionFailures: UInt64
     public var lastRetention: RetentionReport?
-    /// The retention policy the store records now; nil when it records none (nothing is
-    /// deleted by age or size until its app records one).
-    public var retention: StoredRetention?
+    /// The retention policy the store records now: none, or one that does not read back, means
+    /// nothing is deleted by age until its app records one, and the store is held under
+    /// ``sizeWithoutPolicy``.
+    public var retention: StoredRetention.Recorded
+    /// The size this process holds a store that records no policy under.
+    public var sizeWithoutPolicy: Int64
 }
 
 extension LogStore {

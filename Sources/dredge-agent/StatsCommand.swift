@@ -16,10 +16,13 @@ struct StatsCommand: AsyncParsableCommand {
         print("oldest:   \(stats.oldest?.rfc3339 ?? "-")")
         print("newest:   \(stats.newest?.rfc3339 ?? "-")")
         print("on disk:  \(stats.bytesOnDisk) bytes")
-        if let retention = stats.retention {
+        switch stats.retention {
+        case .recorded(let retention):
             print("retention: \(retention.policy) (set \(retention.setAt.rfc3339) by \(Terminal.field(retention.setBy))\(retention.previous.map { "; it was \($0)" } ?? ""))")
-        } else {
-            print("retention: none recorded in the store: nothing is deleted by age or size until its app sets a policy (the agent applies none of its own)")
+        case .none:
+            print("retention: none recorded in the store (it predates recorded policies): nothing is deleted by age until its app sets one; held under \(stats.sizeWithoutPolicy) bytes")
+        case .unreadable(let why):
+            print("retention: \(Terminal.field(why)): nothing is deleted by age until its app sets one again; held under \(stats.sizeWithoutPolicy) bytes")
         }
         let losses = try logStore.losses()
         if losses.isEmpty { print("losses:   none") }

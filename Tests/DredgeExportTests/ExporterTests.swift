@@ -90,7 +90,7 @@ import ZIPFoundation
         var outputs: [[UInt8]] = []
         for workers in [1, 2, 4] {
             let path = dir.file("w\(workers).zip")
-            let zip = try ZipWriter(path: path, level: 6, workers: workers, modified: Date(timeIntervalSince1970: 1_795_340_400))
+            let zip = try ZipWriter(path: path, level: 6, workers: workers, modified: Timestamp(microseconds: 1_795_340_400_000_000))
             try zip.beginEntry("2026-11-22.jsonl")
             // Written in uneven pieces.
             var offset = 0
@@ -150,5 +150,23 @@ import ZIPFoundation
         #expect(!FileManager.default.fileExists(atPath: zip))
         // The store is untouched.
         #expect(try store.count(matching: .all) == 60_000)
+    }
+}
+
+/// #49 (Protocol § 13, the exporter's zip): the DOS date holds 1980 to 2107; a year outside is
+/// taken as the nearest, the month, day and time kept (the Python check's recipe does the same).
+@Suite struct DOSTimeTests {
+
+    @Test func yearsOutsideTheDOSRangeAreClampedKeepingTheRest() throws {
+        func fields(_ at: String) throws -> [Int] {
+            let (time, day) = ZipWriter.dosDateTime(try #require(Timestamp(rfc3339: at)))
+            return [Int(day >> 9) + 1980, Int(day >> 5 & 0xF), Int(day & 0x1F), Int(time >> 11), Int(time >> 5 & 0x3F), Int(time & 0x1F) * 2]
+        }
+        #expect(try fields("2026-11-21T08:30:45.000000Z") == [2026, 11, 21, 8, 30, 44])
+        #expect(try fields("1979-07-04T12:00:01.000000Z") == [1980, 7, 4, 12, 0, 0])
+        #expect(try fields("1970-01-01T00:00:00.000000Z") == [1980, 1, 1, 0, 0, 0])
+        #expect(try fields("2107-12-31T23:59:59.000000Z") == [2107, 12, 31, 23, 59, 58])
+        #expect(try fields("2108-03-01T10:00:00.000000Z") == [2107, 3, 1, 10, 0, 0])
+        #expect(try fields("9999-12-31T23:59:59.999999Z") == [2107, 12, 31, 23, 59, 58])
     }
 }

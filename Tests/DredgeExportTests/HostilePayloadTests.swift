@@ -19,7 +19,7 @@ import ZIPFoundation
 
     func zip(_ dir: TempDir, _ entries: [(String, [UInt8])], level: Int32 = 6) throws -> String {
         let path = dir.file("hostile-\(UUID().uuidString).zip")
-        let zip = try ZipWriter(path: path, level: level, workers: 2, modified: Date())
+        let zip = try ZipWriter(path: path, level: level, workers: 2, modified: .now)
         for (name, bytes) in entries {
             try zip.beginEntry(name)
             try zip.write(bytes)

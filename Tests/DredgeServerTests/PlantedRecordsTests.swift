@@ -25,7 +25,7 @@ import Testing
         let unpacked = dir.file("unpacked-\(UUID().uuidString)")
         let payload = try PayloadExtractor.extract(zip: zip, into: unpacked)
         let path = dir.file("forged-\(UUID().uuidString).zip")
-        let writer = try ZipWriter(path: path, level: 6, workers: 1, modified: Date())
+        let writer = try ZipWriter(path: path, level: 6, workers: 1, modified: .now)
         for day in payload.manifest.days {
             var text = try String(contentsOfFile: unpacked + "/" + day.file, encoding: .utf8)
             change(&text)

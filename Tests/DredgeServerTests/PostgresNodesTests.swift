@@ -227,7 +227,7 @@ struct PostgresNodesTests {
         // B runs, catching up every 50 ms; a failed source would wait an hour for its retry.
         // Its start's catch-up is over once what had landed before is indexed.
         let earlier = IndexedSource(kind: .pull, id: String(format: "%032x", 99), agentID: RecordIndexConformanceTests.agentA)
-        try RecordSearchTests.land(paths, earlier, days: ["2027-01-14.jsonl": [RecordIndexConformanceTests.line(0, "before")]])
+        try RecordSearchTests.land(paths, earlier, days: ["2027-01-15.jsonl": [RecordIndexConformanceTests.line(0, "before")]])
         let indexer = Indexer(index: nodeB, registry: nil, paths: paths, logger: Logger(label: "test"), retryBase: .seconds(3600), catchUpEvery: .milliseconds(50))
         try await withBackground({ try await indexer.run() }) {
             for _ in 0..<1500 where try await !nodeB.isIndexed(earlier) { try await Task.sleep(for: .milliseconds(20)) }

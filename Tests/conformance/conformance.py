@@ -978,6 +978,37 @@ def manifest_cases(s: Server, a: Agent):
     link.close()
 
 
+@case("§13 what a receiver makes of each line: off its file's day, or not a type name, it is set aside; the upload completes")
+def record_lines(s: Server, a: Agent):
+    link = a.connect()
+    command, key = a.pull(link)
+    cid = command["command_id"]
+    base = 1_795_132_800_000_000  # 2026-11-21T00:00:00Z, the day of payload()'s one file
+    lines = [record_line(base + 1_000_000, "kept on its day"), record_line(base - 1, "the day before"),
+             record_line(base + 86_400_000_000, "the day after"), record_line(base + 2_000_000, "kept, escaped type").replace('"type":"app"', '"type":"\\u0061pp"'),
+             record_line(base + 3_000_000, "a capital type").replace('"type":"app"', '"type":"App"')]
+    text = "".join(lines).encode()
+
+    def entries(original):
+        manifest = json.loads(original[-1][1])
+        manifest["days"][0].update(records=len(lines), bytes=len(text), first=rfc3339(base - 1), last=rfc3339(base + 86_400_000_000))
+        manifest["record_count"] = len(lines)
+        return [(original[0][0], text), ("manifest.json", json.dumps(manifest).encode())]
+    data, _ = payload(cid, a.agent_id, entries_changes=entries)
+    h = header(cid, a.agent_id, len(data))
+    name, result = upload(link, h, seal(key, h, data))
+    expect("an upload whose day file holds such lines", (code_of((name, result)), result.get("records")), ("ok", len(lines)))
+    link.close()
+    found = []
+    for _ in range(200):
+        page = s.admin("POST", "/v1/records/search", {"pull": cid, "limit": 100})
+        found = sorted(r["message"] for r in page["records"])
+        if found and not page.get("indexing"):
+            break
+        time.sleep(0.1)
+    expect("what the server indexed of them", found, ["kept on its day", "kept, escaped type"])
+
+
 @case("§13 limits counted on the bytes inflated: entries, compression ratio")
 def payload_limits(s: Server, a: Agent):
     link = a.connect()
@@ -1085,18 +1116,23 @@ def second_server_cases(binary: str, failures: list):
             link = a.connect()
             # A refused header counts nothing.
             expect("a refused feedback header", code_of(upload(link, *feedback_upload(a, text=""))), "ERROR_UPLOAD_INVALID")
-            first = feedback_upload(a, text="slow")
-            expect("a first feedback of two an hour", code_of(upload(link, *first)), "ok")
             # A failed one counts: its first chunk does not authenticate.
-            h, chunks = feedback_upload(a, text="broken")
-            expect("a second, that fails", code_of(upload(link, h, [bytes([chunks[0][0] ^ 1]) + chunks[0][1:]] + chunks[1:])), "ERROR_CHUNK_AUTH_FAILED")
-            # Begun again (a resumption), the first is answered its result: never refused, counts nothing.
-            link.close()
-            link = a.connect()
-            link.send("upload_begin", {"header": first[0]})
-            name, again = link.expect("upload_ready", "upload_result")
-            expect("the first begun again, on a new connection", (name, code_of((name, again))), ("upload_result", "ok"))
+            failed = feedback_upload(a, text="broken")
+            h, chunks = failed
+            expect("a first feedback of two an hour, that fails", code_of(upload(link, h, [bytes([chunks[0][0] ^ 1]) + chunks[0][1:]] + chunks[1:])),
+                   "ERROR_CHUNK_AUTH_FAILED")
+            # One begun and not finished counts too.
+            second = feedback_upload(a, text="slow")
+            expect("a second, begun and left unfinished", code_of(upload(link, second[0], second[1], complete=False)), "chunk_ack")
             expect("a third feedback in the hour", code_of(upload(link, *feedback_upload(a, text="slow"))), "ERROR_LIMIT_EXCEEDED")
+            link.close()
+            # Resumed (on a new connection) at the quota, the second is never refused and completes;
+            # the failed one begun again gets its result.
+            link = a.connect()
+            expect("the second resumed at the quota, and completed", code_of(upload(link, *second)), "ok")
+            link.send("upload_begin", {"header": failed[0]})
+            name, again = link.expect("upload_ready", "upload_result")
+            expect("the failed one begun again", (name, code_of((name, again))), ("upload_result", "ERROR_CHUNK_AUTH_FAILED"))
             link.close()
 
         for rule, fn in checks:

@@ -189,10 +189,10 @@ def frame_body_field(frame: bytes) -> int:
 
 
 def dos_time_date(rfc3339: str) -> tuple:
-    """DOS time and date of a `created_at`: UTC, seconds rounded down to even, years from 1980."""
+    """DOS time and date of a `created_at`: UTC, seconds rounded down to even, years 1980 to 2107."""
     year, month, day = int(rfc3339[0:4]), int(rfc3339[5:7]), int(rfc3339[8:10])
     hour, minute, second = int(rfc3339[11:13]), int(rfc3339[14:16]), int(rfc3339[17:19])
-    year = max(year, 1980)
+    year = min(max(year, 1980), 2107)
     return (hour << 11) | (minute << 5) | (second // 2), ((year - 1980) << 9) | (month << 5) | day
 
 

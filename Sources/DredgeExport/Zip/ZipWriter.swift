@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgePayload
 import Foundation
 
@@ -27,7 +28,7 @@ final class ZipWriter {
     private var currentOffset: UInt64 = 0
     private var deflater: ParallelDeflater?
 
-    init(path: String, level: Int32, workers: Int, modified: Date) throws {
+    init(path: String, level: Int32, workers: Int, modified: Timestamp) throws {
         file = try BufferedFile(creating: path)
         self.level = level
         self.workers = workers
@@ -118,12 +119,16 @@ final class ZipWriter {
         return file.offset
     }
 
-    /// MS-DOS time and date (local to the zip, we use UTC), 2-second resolution.
-    static func dosDateTime(_ date: Date) -> (UInt16, UInt16) {
-        var seconds = time_t(date.timeIntervalSince1970)
+    /// MS-DOS time and date (local to the zip, we use UTC), 2-second resolution: the
+    /// timestamp's whole seconds (rounded down, in integers: a `Date` would round
+    /// 23:59:59.999999 up into the next day).
+    static func dosDateTime(_ at: Timestamp) -> (UInt16, UInt16) {
+        let micros = at.microseconds
+        var seconds = time_t(micros / 1_000_000 - (micros % 1_000_000 < 0 ? 1 : 0))
         var t = tm()
         gmtime_r(&seconds, &t)
-        let year = max(1980, Int(t.tm_year) + 1900)
+        // The DOS date holds 1980 to 2107 (Protocol § 13): month, day and time are kept.
+        let year = min(2107, max(1980, Int(t.tm_year) + 1900))
         let time = UInt16(t.tm_hour) << 11 | UInt16(t.tm_min) << 5 | UInt16(t.tm_sec / 2)
         let day = UInt16(year - 1980) << 9 | UInt16(t.tm_mon + 1) << 5 | UInt16(t.tm_mday)
         return (time, day)

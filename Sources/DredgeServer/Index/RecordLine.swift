@@ -75,9 +75,13 @@ struct RecordLine {
         }
     }
 
-    /// A log type name (Protocol § 5), as written without escapes.
-    static func isTypeName(_ name: UnsafeBufferPointer<UInt8>.SubSequence) -> Bool {
-        (1...64).contains(name.count) && name.allSatisfy { (97...122).contains($0) || (48...57).contains($0) || $0 == 46 || $0 == 45 || $0 == 95 }
+    /// Whether a string value is a log type name (Protocol § 5), its escapes resolved (a
+    /// reader does not depend on escaping, § 13).
+    static func isTypeName(_ text: Text, in line: UnsafeBufferPointer<UInt8>) -> Bool {
+        func valid(_ name: some Collection<UInt8>) -> Bool {
+            (1...64).contains(name.count) && name.allSatisfy { (97...122).contains($0) || (48...57).contains($0) || $0 == 46 || $0 == 45 || $0 == 95 }
+        }
+        return text.escaped ? valid(decode(text, in: line)) : valid(line[text.range])
     }
 
     /// `YYYY-MM-DDTHH:MM:SS.ffffffZ` → µs, only for a time that exists.
@@ -166,7 +170,7 @@ struct RecordLine {
                             switch member {
                             case 0: if !text.escaped, let t = RecordLine.timestamp(bytes[text.range]) { line.ts = t; ok |= 1 }
                             case 1: if !text.escaped, let l = RecordLine.levelNumber(bytes[text.range]) { line.level = l; ok |= 2 }
-                            case 2: if !text.escaped, RecordLine.isTypeName(bytes[text.range]) { line.type = text; ok |= 4 }
+                            case 2: if RecordLine.isTypeName(text, in: bytes) { line.type = text; ok |= 4 }
                             case 3: line.uid = text
                             default: line.message = text
                             }
@@ -326,8 +330,9 @@ public struct LineAdmission: Sendable, Equatable {
     /// What becomes of one parsed line (nil: not a record).
     func verdict(_ record: RecordLine?, in line: UnsafeBufferPointer<UInt8>, uidBytes: [UInt8]?) -> Verdict {
         guard let record else { return .unreadable }
-        if let day, !day.contains(record.ts) { return .unreadable }
+        // The uid first: a planted record is counted (and logged) as one, whatever its time.
         if let uidBytes, !record.holds(uid: uidBytes, in: line) { return .foreign }
+        if let day, !day.contains(record.ts) { return .unreadable }
         return .keep
     }
 }

@@ -29,14 +29,28 @@ public struct StoredRetention: Sendable, Hashable, Codable {
         self.previous = previous
     }
 
-    /// What the store records, or nil (a store made before policies were recorded). A value
-    /// that does not read back is an error, never taken as "none": that would mean a default.
-    static func read(_ db: Database) throws -> StoredRetention? {
-        guard let data = try Data.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]) else { return nil }
+    /// What a store records.
+    public enum Recorded: Sendable, Hashable {
+        case recorded(StoredRetention)
+        /// A store made before policies were recorded.
+        case none
+        /// A value that does not read back (damaged, or written by a newer library): never
+        /// taken as a policy, nor as a default; why.
+        case unreadable(String)
+
+        public var stored: StoredRetention? {
+            if case .recorded(let s) = self { return s }
+            return nil
+        }
+    }
+
+    /// What the store records (its `meta` table must exist).
+    static func look(_ db: Database) throws -> Recorded {
+        guard let data = try Data.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]) else { return .none }
         do {
-            return try JSONDecoder().decode(StoredRetention.self, from: data)
+            return .recorded(try JSONDecoder().decode(StoredRetention.self, from: data))
         } catch {
-            throw StoreError(code: .io, message: "the retention policy recorded in the store does not read back (\(error)); it is left as it is")
+            return .unreadable("the retention policy recorded in the store does not read back (\(error))")
         }
     }
 
@@ -45,38 +59,30 @@ public struct StoredRetention: Sendable, Hashable, Codable {
         try db.execute(sql: "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", arguments: [Self.key, data])
     }
 
-    /// Settles the policy at open: what the store records afterwards (nil: none, so nothing is
-    /// deleted by age or size) and the policy this replaced, if any:
-    /// - a configuration that sets a policy records it (a different one it replaces is kept as
-    ///   ``previous``);
-    /// - otherwise the store's policy stands; a store that records none gets this
-    ///   configuration's default when it is new (`created`) or when its owner (not an agent)
-    ///   opens it, and keeps none for an agent that finds an existing store without one;
-    /// - a recorded policy that does not read back is replaced by its owner's and is an error
-    ///   for a follower.
+    /// Settles the policy at open, in the transaction that makes the store's install key (so
+    /// `created` is decided there): what the store records afterwards and the policy this
+    /// replaced, if any.
+    /// - A configuration that sets a policy records it (replacing another one, kept as
+    ///   ``previous``, or one that does not read back).
+    /// - Otherwise what the store records stands. A store that records none gets this
+    ///   configuration's policy (the default) when this open created it, or when its owner (not
+    ///   an agent) opens it. One that does not read back is replaced by its owner's and left
+    ///   alone by a follower, which then deletes nothing by age (``Retention``).
     static func settle(
         _ db: Database, configuration: StoreConfiguration, created: Bool, now: Timestamp
-    ) throws -> (recorded: StoredRetention?, replaced: RetentionPolicy?) {
-        let stored: StoredRetention?
-        do {
-            stored = try read(db)
-        } catch where configuration.retentionRole == .owner {
-            // Damaged: its owner records its own policy over it. A follower gets the error and
-            // applies nothing.
-            let new = StoredRetention(policy: configuration.retention, setAt: now, setBy: processName)
-            try new.write(db)
-            return (new, nil)
-        }
+    ) throws -> (recorded: Recorded, replaced: RetentionPolicy?) {
+        let found = try look(db)
+        let wanted = configuration.retention.normalized
         let records: Bool
-        if configuration.setsRetention {
-            records = stored?.policy != configuration.retention
-        } else {
-            records = stored == nil && (created || configuration.retentionRole == .owner)
+        switch found {
+        case .recorded(let stored): records = configuration.setsRetention && stored.policy != wanted
+        case .none: records = configuration.setsRetention || created || configuration.retentionRole == .owner
+        case .unreadable: records = configuration.setsRetention || configuration.retentionRole == .owner
         }
-        guard records else { return (stored, nil) }
-        let new = StoredRetention(policy: configuration.retention, setAt: now, setBy: processName, previous: stored?.policy)
+        guard records else { return (found, nil) }
+        let new = StoredRetention(policy: wanted, setAt: now, setBy: processName, previous: found.stored?.policy)
         try new.write(db)
-        return (new, stored?.policy)
+        return (.recorded(new), found.stored?.policy)
     }
 
     static var processName: String {
@@ -100,10 +106,27 @@ extension RetentionPolicy: Codable {
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
-        let (seconds, attoseconds) = maxAge.components
-        try c.encode(seconds * 1_000_000 + attoseconds / 1_000_000_000_000, forKey: .maxAgeMicroseconds)
+        try c.encode(Self.microseconds(maxAge), forKey: .maxAgeMicroseconds)
         try c.encode(maxBytes, forKey: .maxBytes)
         try c.encode(lowWaterFraction, forKey: .lowWaterFraction)
+    }
+}
+
+extension RetentionPolicy {
+    /// Whole µs of a duration, saturating (a `maxAge` of `.seconds(.max)` keeps everything).
+    static func microseconds(_ d: Duration) -> Int64 {
+        let (seconds, attoseconds) = d.components
+        let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000)
+        if overflow { return seconds < 0 ? .min : .max }
+        let (sum, overflow2) = whole.addingReportingOverflow(attoseconds / 1_000_000_000_000)
+        return overflow2 ? .max : sum
+    }
+
+    /// The policy as the store keeps it: `maxAge` in whole µs.
+    var normalized: RetentionPolicy {
+        var p = self
+        p.maxAge = .microseconds(Self.microseconds(maxAge))
+        return p
     }
 }
 

@@ -23,16 +23,19 @@ final class BatchWriter: Sendable {
     private struct Maintenance {
         var lastReport: RetentionReport?
         var errors: UInt64 = 0
-        /// The store's policy as the last pass read it (nil: none recorded, or not read yet).
-        var policy: RetentionPolicy?
     }
 
-    init(queue: WriteQueue, pool: DatabasePool, configuration: StoreConfiguration, path: String) {
+    /// The size the store is held under, as the last pass read it (from open until then):
+    /// what the size check after commits compares with. Its own lock, never held for a pass.
+    private let maxBytes: Mutex<Int64>
+
+    init(queue: WriteQueue, pool: DatabasePool, configuration: StoreConfiguration, path: String, maxBytes: Int64) {
         self.queue = queue
         self.pool = pool
         self.configuration = configuration
         self.path = path
-        self.retention = Retention(path: path)
+        self.retention = Retention(path: path, safeguardBytes: configuration.retention.maxBytes)
+        self.maxBytes = Mutex(maxBytes)
     }
 
     func start() {
@@ -53,7 +56,7 @@ final class BatchWriter: Sendable {
         try maintenance.withLock { maintenance in
             let report = try retention.run(pool: pool, now: configuration.now())
             maintenance.lastReport = report
-            maintenance.policy = report.policy
+            self.maxBytes.withLock { $0 = report.maxBytes }
             return report
         }
     }
@@ -103,8 +106,7 @@ final class BatchWriter: Sendable {
             batchesSinceSizeCheck += 1
             guard batchesSinceSizeCheck >= writer.configuration.sizeCheckEveryBatches else { return }
             batchesSinceSizeCheck = 0
-            guard let maxBytes = writer.maintenance.withLock({ $0.policy?.maxBytes }) else { return }
-            if Retention.bytesOnDisk(writer.path) > maxBytes { writer.runRetention() }
+            if Retention.bytesOnDisk(writer.path) > writer.maxBytes.withLock({ $0 }) { writer.runRetention() }
         }
 
         private mutating func write(_ batch: WriteQueue.Batch) {

@@ -291,7 +291,7 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
   /// zip or manifest breaks the limits or the format
   case errorPayloadInvalid // = 12
 
-  /// too many uploads, too large, a quota; not now: retry later (fatal at
+  /// a quota (feedback uploads, their bytes); not now: retry later (fatal at
   /// authentication and enrollment: reconnect with backoff)
   case errorLimitExceeded // = 13
 

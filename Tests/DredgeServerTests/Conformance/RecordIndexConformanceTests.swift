@@ -79,12 +79,18 @@ import Testing
             line("2026-11-20T00:00:00.000000Z", "first instant"), line("2026-11-20T23:59:59.999999Z", "last instant"),
             line("2026-11-19T23:59:59.999999Z", "the day before"), line("2026-11-21T00:00:00.000000Z", "the day after"),
             line("2026-11-20T12:00:00.000000Z", "capital type", type: "Network"), line("2026-11-20T12:00:00.000000Z", "a space", type: "my type"),
-            line("2026-11-20T12:00:00.000000Z", "escaped type", type: #"app\u0073"#), line("2026-11-20T12:00:00.000000Z", "dotted", type: "net.http-2_x"),
+            line("2026-11-20T12:00:00.000000Z", "escaped valid type", type: #"app\u0073"#), line("2026-11-20T12:00:00.000000Z", "dotted", type: "net.http-2_x"),
+            line("2026-11-20T12:00:00.000000Z", "escaped capital", type: #"\u0041pp"#),
         ]
         let count = try await index.add(Self.pull1, lines: Array((lines.joined(separator: "\n") + "\n").utf8), admitting: day)
-        #expect(count == IndexCount(records: 3, unreadable: 5))
+        #expect(count == IndexCount(records: 4, unreadable: 5))
         try await index.finish(Self.pull1)
-        #expect(Set(try await index.search(RecordSearch()).records.map(\.message)) == ["first instant", "last instant", "dotted"])
+        #expect(Set(try await index.search(RecordSearch()).records.map(\.message)) == ["first instant", "last instant", "escaped valid type", "dotted"])
+        // A record of another uid is foreign whatever its day (and counted as planted).
+        try await index.begin(Self.pull1b, contexts: Self.contexts, landedAt: Date())
+        let planted = line("2026-11-19T12:00:00.000000Z", "planted, off its day").replacingOccurrences(of: "u-1", with: "u-2")
+        let other = try #require(LineAdmission(file: "2026-11-20.jsonl", uid: "u-1"))
+        #expect(try await index.add(Self.pull1b, lines: Array((planted + "\n").utf8), admitting: other) == IndexCount(foreign: 1))
     }
 
     /// #49: a source is named by the device its agent is registered as, with a context's other

@@ -96,6 +96,15 @@ public enum PullStatus: String, Codable, Sendable, CaseIterable {
     }
 }
 
+/// Where a feedback upload stands: being received, or finally complete or failed (it has no
+/// command, so none of a pull's other statuses).
+public enum FeedbackStatus: String, Codable, Sendable, CaseIterable {
+    case uploading, complete, failed
+
+    /// No further change will come.
+    public var isFinal: Bool { self != .uploading }
+}
+
 /// One pull for one agent.
 public struct PullTarget: Sendable, Equatable, Codable {
     public var pullID: String
@@ -376,8 +385,7 @@ public struct FeedbackRecord: Sendable, Equatable, Codable {
     /// When the user gave it (the device's clock).
     public var createdAt: Timestamp
     public var receivedAt: Date
-    /// `uploading`, `complete` or `failed`.
-    public var status: PullStatus
+    public var status: FeedbackStatus
     public var detail: String
     public var chunksReceived: Int
     public var chunkCount: Int
@@ -394,7 +402,7 @@ public struct FeedbackRecord: Sendable, Equatable, Codable {
     public var diskBytes: Int64?
 
     public init(
-        id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, receivedAt: Date, status: PullStatus, detail: String,
+        id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, receivedAt: Date, status: FeedbackStatus, detail: String,
         chunksReceived: Int, chunkCount: Int, bytes: Int64, records: Int, files: [String], errorCode: Int? = nil, removed: Removal? = nil, diskBytes: Int64? = nil
     ) {
         self.removed = removed

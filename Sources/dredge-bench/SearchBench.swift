@@ -94,7 +94,7 @@ struct SearchBench: AsyncParsableCommand {
             let destination = try paths.pullFiles(Self.pullID, agent: Self.agentID)
             try FileManager.default.createDirectory(atPath: try paths.pull(Self.pullID), withIntermediateDirectories: true)
             let unpack = try seconds { _ = try PayloadExtractor.extract(zip: zip, into: destination) }
-            let index = try RecordIndexStore(directory: data)
+            let index = try SQLiteRecordIndex(directory: data)
             let indexer = Indexer(index: index, registry: nil, paths: paths, logger: Logger(label: "bench"))
             let start = monotonicNanos()
             let count = try await indexer.index(IndexedSource(kind: .pull, id: Self.pullID, agentID: Self.agentID))
@@ -190,7 +190,7 @@ struct SearchBench: AsyncParsableCommand {
     func latency(dir: String) async throws -> [Figure] {
         let data = dir + "/latency"
         try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
-        let index = try RecordIndexStore(directory: data)
+        let index = try SQLiteRecordIndex(directory: data)
         let perSource = 1_000_000
         var built = 0, sourceNumber = 0
         if reuse, try await index.indexedSources().count * perSource >= records {

@@ -188,7 +188,7 @@ struct PullsCommand: AsyncParsableCommand {
         if json { return try printJSON(pulls) }
         var feedback = try await calling { try await client.feedback(limit: uid == nil && status == nil ? nil : 1000) }
         if let uid { feedback = feedback.filter { $0.uid == uid } }
-        if let status { feedback = feedback.filter { $0.status == status } }
+        if let status { feedback = feedback.filter { $0.status.rawValue == status.rawValue } }
         if pulls.isEmpty && feedback.isEmpty { print(uid == nil && status == nil ? "no pulls yet" : "no pulls or feedback match") }
         // Feedback uploads are pulls nobody asked for: the user's agent sent them. One list, newest first.
         var lines: [(Timestamp, String)] = []

@@ -120,7 +120,7 @@ import Testing
         case .sqlite:
             let stored = ["", "-wal"].compactMap { FileManager.default.contents(atPath: d.data + "/dredge.sqlite" + $0) }
             #expect(!stored.isEmpty && stored.allSatisfy { $0.range(of: Data(alice.utf8)) == nil }, "only the hash is stored")
-            #expect(try await TokenStore(ServerDatabase(directory: d.data)).list().contains { $0.name == "alice" }, "the database holds the token's name")
+            #expect(try await SQLiteTokenVault(ServerDatabase(directory: d.data)).list().contains { $0.name == "alice" }, "the database holds the token's name")
         case .postgres:
             // Every table of the deployment's schema, dumped by pg_dump in a child process (not
             // opened here: this process's few threads may all be held by the synchronous tests

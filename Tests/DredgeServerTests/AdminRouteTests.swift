@@ -19,11 +19,11 @@ import Testing
     struct Fixture {
         let dir = TempDir()
         let created: ServerDeployment.Created
-        let registry: AgentRegistry
-        let pulls: PullStore
+        let registry: SQLiteAgentDirectory
+        let pulls: SQLitePullQueue
         let issuer: CommandIssuer
-        let feedback: FeedbackStore
-        let tokens: TokenStore
+        let feedback: SQLiteFeedbackInbox
+        let tokens: SQLiteTokenVault
         let results: ResultsKeeper
         let data: String
 
@@ -403,7 +403,7 @@ import Testing
             #expect(audit.contains { $0.actor == "admin" && $0.action == "token.revoke" })
         }
         // Each change was committed before it took effect: the database opened anew has it.
-        let onDisk = try await TokenStore(try ServerDatabase(directory: fixture.data)).list().map(\.name)
+        let onDisk = try await SQLiteTokenVault(try ServerDatabase(directory: fixture.data)).list().map(\.name)
         #expect(onDisk.contains("bob") && !onDisk.contains("alice"))
     }
 

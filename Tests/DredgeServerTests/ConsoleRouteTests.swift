@@ -75,10 +75,10 @@ import Testing
     struct Fixture {
         let admin = try! AdminRouteTests.Fixture()
         let clock = Clock()
-        let records: RecordIndexStore
+        let records: SQLiteRecordIndex
 
         init() {
-            records = try! RecordIndexStore(directory: admin.data)
+            records = try! SQLiteRecordIndex(directory: admin.data)
         }
 
         /// A pull's records landed and indexed, as the server does when its files arrive.

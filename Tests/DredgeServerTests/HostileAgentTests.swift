@@ -764,7 +764,7 @@ final class HeldFailures: Sendable {
                 pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files,
                 errorCode: errorCode, from: from, at: at)
         }
-        func expireStalled(now: Date, listeningSince: Date, deadlines: PullStore.Deadlines) async throws -> Int {
+        func expireStalled(now: Date, listeningSince: Date, deadlines: PullTargetLife.Deadlines) async throws -> Int {
             try await base.expireStalled(now: now, listeningSince: listeningSince, deadlines: deadlines)
         }
         func agentsWithQueuedPulls() async throws -> Set<String> { try await base.agentsWithQueuedPulls() }

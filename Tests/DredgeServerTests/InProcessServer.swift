@@ -22,12 +22,12 @@ import Synchronization
 final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
     let dir = TempDir()
     let created: ServerDeployment.Created
-    let registry: AgentRegistry
-    let pulls: PullStore
+    let registry: SQLiteAgentDirectory
+    let pulls: SQLitePullQueue
     let issuer: CommandIssuer
-    let feedback: FeedbackStore
+    let feedback: SQLiteFeedbackInbox
     let listener: AgentListener
-    let records: RecordIndexStore
+    let records: SQLiteRecordIndex
     let indexer: Indexer
     let logs = LogCapture()
     let agentPort: Int

@@ -25,7 +25,7 @@ import Testing
     func writeLegacyDeployment(tokensJSON: String? = nil) throws -> (kept: String, damaged: String) {
         let registry = try DatabaseQueue(path: dir.file("server.sqlite"))
         var m = DatabaseMigrator()
-        AgentRegistry.legacySchema(&m, prefix: "")
+        SQLiteAgentDirectory.legacySchema(&m, prefix: "")
         try m.migrate(registry)
         try registry.write { db in
             try db.execute(
@@ -37,7 +37,7 @@ import Testing
         // the filter type's synthesized JSON (levels as numbers).
         let pulls = try DatabaseQueue(path: dir.file("pulls.sqlite"))
         m = DatabaseMigrator()
-        PullStore.legacySchema(&m)
+        SQLitePullQueue.legacySchema(&m)
         try m.migrate(pulls, upTo: "pulls-v2")
         var ids: [String] = []
         for stored in [#"{"since":1000,"uid":"u-1","types":["app"],"levels":[5],"text":"x"}"#, #"{"uid":7}"#] {
@@ -53,7 +53,7 @@ import Testing
         }
         let feedback = try DatabaseQueue(path: dir.file("feedback.sqlite"))
         m = DatabaseMigrator()
-        FeedbackStore.legacySchema(&m)
+        SQLiteFeedbackInbox.legacySchema(&m)
         try m.migrate(feedback)
         try feedback.write { db in
             try db.execute(
@@ -75,7 +75,7 @@ import Testing
         for name in ServerDatabase.legacyFiles {
             #expect(!FileManager.default.fileExists(atPath: dir.file(name)) && FileManager.default.fileExists(atPath: dir.file(name + ".imported")), "\(name)")
         }
-        let (agents, pulls, feedback, tokens) = (AgentRegistry(database), PullStore(database), FeedbackStore(database), TokenStore(database))
+        let (agents, pulls, feedback, tokens) = (SQLiteAgentDirectory(database), SQLitePullQueue(database), SQLiteFeedbackInbox(database), SQLiteTokenVault(database))
         let agent = try #require(try await agents.agents().first)
         #expect(agent.agentID == agentKey.publicKey.agentID && agent.hostname == "oven" && agent.activeUIDs == ["u-1"])
         #expect(try await agents.agentIDs(withUID: "u-1") == [agent.agentID])
@@ -105,8 +105,8 @@ import Testing
         // Opened again: nothing is imported twice.
         let again = try ServerDatabase(directory: dir.path)
         #expect(again.imported.isEmpty)
-        #expect(try await PullStore(again).pulls().count == 2)
-        #expect(try await TokenStore(again).list().count == 2)
+        #expect(try await SQLitePullQueue(again).pulls().count == 2)
+        #expect(try await SQLiteTokenVault(again).list().count == 2)
     }
 
     @Test func anUnreadableFileStopsTheOpenAndImportsNothing() async throws {
@@ -121,13 +121,13 @@ import Testing
         try FileManager.default.removeItem(atPath: dir.file("tokens.json"))
         let database = try ServerDatabase(directory: dir.path)
         #expect(database.imported == ["server.sqlite", "pulls.sqlite", "feedback.sqlite"])
-        #expect(try await AgentRegistry(database).agents().count == 1)
-        #expect(try await PullStore(database).pulls().count == 2)
+        #expect(try await SQLiteAgentDirectory(database).agents().count == 1)
+        #expect(try await SQLitePullQueue(database).pulls().count == 2)
     }
 
     /// A filter the admin API would refuse is refused by the queue too, before anything is stored.
     @Test func anInvalidFilterIsNotQueued() async throws {
-        let pulls = PullStore(try ServerDatabase(directory: dir.path))
+        let pulls = SQLitePullQueue(try ServerDatabase(directory: dir.path))
         await #expect(throws: (any Error).self) {
             try await pulls.create(issuer.newPull(uid: "u-1", agentID: "", filter: LogFilter(uid: "u\u{0}"), targets: ["a"], lifetime: .seconds(60), requestedBy: "t"))
         }

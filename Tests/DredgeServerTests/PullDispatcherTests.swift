@@ -9,7 +9,7 @@ import Testing
 @Suite struct PullDispatcherTests {
     @Test func anAgentIsConnectedWhileOneOfItsConnectionsIsRegistered() throws {
         let dir = TempDir()
-        let dispatcher = PullDispatcher(pulls: PullStore(try ServerDatabase(directory: dir.path)), logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() })
+        let dispatcher = PullDispatcher(pulls: SQLitePullQueue(try ServerDatabase(directory: dir.path)), logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() })
         let wakes = Mutex(0)
         #expect(!dispatcher.isConnected("a"))
         let first = dispatcher.register("a") { _ in wakes.withLock { $0 += 1 } }

@@ -217,7 +217,7 @@ import Testing
     /// the server's own downtime never counts as the agent's silence.
     @Test func deliveredPullsThatNeverFinishExpire() async throws {
         let dir = TempDir()
-        let pulls = PullStore(try ServerDatabase(directory: dir.path))
+        let pulls = SQLitePullQueue(try ServerDatabase(directory: dir.path))
         let issuer = CommandIssuer(encryptionKey: try RSAPrivateKey.generate(), signingKey: .generate())
         let base = Date()
         func make() async throws -> String {
@@ -230,7 +230,7 @@ import Testing
         try await pulls.update(moving, agent: "a", status: .uploading, chunksReceived: 1, at: base.addingTimeInterval(600))
         try await pulls.update(done, agent: "a", status: .complete, at: base)
         try await pulls.update(restarted, agent: "a", status: .exporting, at: base)
-        let deadlines = PullStore.Deadlines(quietAfterExpiry: .seconds(600), afterExpiry: .seconds(3600))
+        let deadlines = PullTargetLife.Deadlines(quietAfterExpiry: .seconds(600), afterExpiry: .seconds(3600))
         func expire(at seconds: Double, listening: Double? = nil, only ids: [String]) async throws -> [String] {
             _ = try await pulls.expireStalled(now: base.addingTimeInterval(seconds), listeningSince: listening.map { base.addingTimeInterval($0) } ?? .distantPast, deadlines: deadlines)
             var expired: [String] = []

@@ -150,7 +150,7 @@ import Testing
     @Test func atStartItIndexesWhatLandedBeforeAndStartsOverWhatWasCutShort() async throws {
         let dir = TempDir()
         let paths = DataDirectory(dir.path)
-        let index = try RecordIndexStore(directory: dir.path)
+        let index = try SQLiteRecordIndex(directory: dir.path)
         let a = RecordIndexConformanceTests.pull1, b = RecordIndexConformanceTests.feedback2
         try Self.land(paths, a, days: ["2027-01-15.jsonl": [RecordIndexConformanceTests.line(1, "a one"), RecordIndexConformanceTests.line(2, "a two")]])
         try Self.land(paths, b, days: ["2027-01-15.jsonl": [RecordIndexConformanceTests.line(3, "b one", context: 2)]])
@@ -195,7 +195,7 @@ import Testing
         let inOrder = expected.sorted { ($0.second, $0.n, $0.i) < ($1.second, $1.n, $1.i) }.map { "r\($0.n)-\($0.i)" }
         for scanLimit in [1, 5, 17, 200, 50_000] {
             try FileManager.default.createDirectory(atPath: dir.file("index-\(scanLimit)"), withIntermediateDirectories: true)
-            let index = try RecordIndexStore(directory: dir.file("index-\(scanLimit)"), scanLimit: scanLimit)
+            let index = try SQLiteRecordIndex(directory: dir.file("index-\(scanLimit)"), scanLimit: scanLimit)
             let indexer = Indexer(index: index, registry: nil, paths: DataDirectory(dir.path), logger: .init(label: "test"))
             for source in sources { try await indexer.index(source) }
             for limit in [1, 3, 10, 100] {
@@ -218,7 +218,7 @@ import Testing
     @Test func aManifestNamingAFileOutsideItsDirectoryIsRefused() async throws {
         let dir = TempDir()
         let paths = DataDirectory(dir.path)
-        let index = try RecordIndexStore(directory: dir.path)
+        let index = try SQLiteRecordIndex(directory: dir.path)
         let source = RecordIndexConformanceTests.pull1
         try Data("{\"secret\":1}\n".utf8).write(to: URL(fileURLWithPath: dir.file("secret.jsonl")))
         for hostile in ["../../../secret.jsonl", "/etc/passwd", "manifest.json", "2027-02-30.jsonl"] {
@@ -284,9 +284,9 @@ import Testing
     /// with it; text never matches the uid's word.
     @Test func theTextIndexHoldsEachRecordsUidAndFollowsItsRecords() async throws {
         let dir = TempDir()
-        let path = dir.file(RecordIndexStore.fileName)
+        let path = dir.file(SQLiteRecordIndex.fileName)
         let old = try DatabaseQueue(path: path)
-        try RecordIndexStore.migrator.migrate(old, upTo: "index-v1")
+        try SQLiteRecordIndex.migrator.migrate(old, upTo: "index-v1")
         try await old.write { db in
             try db.execute(sql: "INSERT INTO source (id, kind, ref, agent, indexed, records, landed_at) VALUES (1, 'pull', ?, ?, 1, 2, 0)", arguments: [RecordIndexConformanceTests.pull1.id, RecordIndexConformanceTests.agentA])
             for (uid, message) in [("zoë", "card declined"), ("ann", "card declined")] {
@@ -296,7 +296,7 @@ import Testing
         }
         try old.close()
 
-        let index = try RecordIndexStore(directory: dir.path)
+        let index = try SQLiteRecordIndex(directory: dir.path)
         #expect(try await index.search(RecordSearch(uid: "zoë", text: "declined")).records.map(\.uid) == ["zoë"])
         #expect(try await index.search(RecordSearch(text: "declined")).records.count == 2)
         let zoeWord = SQLRecordQuery.uidWord("zoë")
@@ -319,10 +319,10 @@ import Testing
 
     @Test func aDamagedIndexIsMovedAsideAndMadeAgain() throws {
         let dir = TempDir()
-        try Data(repeating: 0x41, count: 10_000).write(to: URL(fileURLWithPath: dir.file(RecordIndexStore.fileName)))
-        let index = try RecordIndexStore.openOrRebuild(directory: dir.path)
+        try Data(repeating: 0x41, count: 10_000).write(to: URL(fileURLWithPath: dir.file(SQLiteRecordIndex.fileName)))
+        let index = try SQLiteRecordIndex.openOrRebuild(directory: dir.path)
         #expect(FileManager.default.fileExists(atPath: index.path))
         let names = try FileManager.default.contentsOfDirectory(atPath: dir.path)
-        #expect(names.contains { $0.hasPrefix(RecordIndexStore.fileName + ".damaged-") }, "\(names)")
+        #expect(names.contains { $0.hasPrefix(SQLiteRecordIndex.fileName + ".damaged-") }, "\(names)")
     }
 }

@@ -13,9 +13,9 @@ import Testing
     let dir = TempDir()
     let paths: DataDirectory
     let database: ServerDatabase
-    let pulls: PullStore
-    let feedback: FeedbackStore
-    let index: RecordIndexStore
+    let pulls: SQLitePullQueue
+    let feedback: SQLiteFeedbackInbox
+    let index: SQLiteRecordIndex
     let indexer: Indexer
 
     static let issuer = CommandIssuer(encryptionKey: try! RSAPrivateKey.generate(), signingKey: .generate())
@@ -25,9 +25,9 @@ import Testing
     init() throws {
         paths = DataDirectory(dir.path)
         database = try ServerDatabase(directory: dir.path)
-        pulls = PullStore(database)
-        feedback = FeedbackStore(database)
-        index = try RecordIndexStore(directory: dir.path)
+        pulls = SQLitePullQueue(database)
+        feedback = SQLiteFeedbackInbox(database)
+        index = try SQLiteRecordIndex(directory: dir.path)
         indexer = Indexer(index: index, registry: nil, paths: paths, logger: .init(label: "test"))
     }
 

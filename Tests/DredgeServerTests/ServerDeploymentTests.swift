@@ -43,7 +43,7 @@ import X509
         // Keys load back; the database holds token hashes only.
         _ = try ServerSigningKey(rawRepresentation: Hex.decode(contents(dir.file("data/signing-key")).trimmingCharacters(in: .whitespacesAndNewlines))!)
         _ = try RSAPrivateKey(pemRepresentation: contents(dir.file("data/encryption-key.pem")))
-        let tokens = TokenStore(try ServerDatabase(directory: dir.file("data")))
+        let tokens = SQLiteTokenVault(try ServerDatabase(directory: dir.file("data")))
         #expect(try await tokens.adminName(for: created.adminToken) == "admin")
         #expect(try await tokens.adminName(for: created.enrollmentToken) == nil)
         #expect(try await tokens.acceptsEnrollment(created.enrollmentToken))

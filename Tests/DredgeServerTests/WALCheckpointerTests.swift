@@ -14,13 +14,13 @@ import Testing
     let dir = TempDir()
 
     /// `n` audit entries, a transaction each (each adds a few pages to the log).
-    static func auditWrites(_ pulls: PullStore, _ n: Int, tag: String) async throws {
+    static func auditWrites(_ pulls: SQLitePullQueue, _ n: Int, tag: String) async throws {
         for i in 0..<n { try await pulls.record(actor: "test", action: "test", detail: "\(tag) \(i)", at: Date()) }
     }
 
     @Test func aCheckpointCopiesTheWholeLogAndTheNextWriteStartsItAgain() async throws {
         let database = try ServerDatabase(directory: dir.path)
-        let pulls = PullStore(database)
+        let pulls = SQLitePullQueue(database)
         let checkpointer = try WALCheckpointer(database, logger: Logger(label: "test"))
         // Fewer pages than the writer's own checkpoint waits for (8,000).
         try await Self.auditWrites(pulls, 100, tag: "before")
@@ -38,7 +38,7 @@ import Testing
 
     @Test func asAServiceItCheckpointsUntilTheServerStops() async throws {
         let database = try ServerDatabase(directory: dir.path)
-        let pulls = PullStore(database)
+        let pulls = SQLitePullQueue(database)
         let checkpointer = try WALCheckpointer(database, every: .milliseconds(10), logger: Logger(label: "test"))
         // Stopped gracefully at the end; a loop that does not end then fails the test.
         try await withStopping(RunningServices([checkpointer])) { _ in

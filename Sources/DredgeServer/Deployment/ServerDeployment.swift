@@ -124,7 +124,7 @@ public enum ServerDeployment {
     public static func initialize(_ options: Options) throws -> Created {
         guard options.database == nil else { throw DeploymentError("a deployment on PostgreSQL is made with initialize(_:database:)") }
         return try make(options, database: nil, databaseFiles: [ServerDatabase.fileName, ServerDatabase.fileName + "-wal", ServerDatabase.fileName + "-shm"]) { dir in
-            let tokens = TokenStore(try ServerDatabase(directory: dir))
+            let tokens = SQLiteTokenVault(try ServerDatabase(directory: dir))
             return (
                 admin: try tokens.createWhileInitializing(name: "admin", kind: .admin, now: options.now).token,
                 enrollment: try tokens.createWhileInitializing(name: "default", kind: .enrollment, now: options.now).token
@@ -142,8 +142,8 @@ public enum ServerDeployment {
             throw DeploymentError(
                 "the database \(database.location) already holds tokens: it is another deployment's (the nodes of a cluster share one data directory: run init once)")
         }
-        let admin = try TokenStore.make(name: "admin", kind: .admin, now: options.now)
-        let enrollment = try TokenStore.make(name: "default", kind: .enrollment, now: options.now)
+        let admin = try SQLiteTokenVault.make(name: "admin", kind: .admin, now: options.now)
+        let enrollment = try SQLiteTokenVault.make(name: "default", kind: .enrollment, now: options.now)
         let created = try make(options, database: url, databaseFiles: []) { _ in (admin.1.token, enrollment.1.token) }
         do {
             try await vault.insert([admin.0, enrollment.0])

@@ -141,7 +141,7 @@ public struct AlreadyEnrolled: Error, CustomStringConvertible, Sendable {
 public protocol FeedbackInbox: Sendable {
     func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at: Date) async throws
     /// `errorCode`: the wire code a failed upload was answered with; nil keeps what is stored.
-    func update(_ id: String, status: PullStatus, detail: String, chunksReceived: Int?, records: Int?, files: [String]?, errorCode: Int?) async throws -> Bool
+    func update(_ id: String, status: FeedbackStatus, detail: String, chunksReceived: Int?, records: Int?, files: [String]?, errorCode: Int?) async throws -> Bool
     func usage(agentID: String, since: Date) async throws -> (count: Int, bytes: Int64)
     func failAbandoned(now: Date, after: Duration) async throws -> Int
     func feedback(_ id: String) async throws -> FeedbackRecord?

@@ -4,7 +4,7 @@ import NIOCore
 import Synchronization
 
 /// Heartbeats held in memory between writes, as both agent directories hold them
-/// (``AgentRegistry``, ``PostgresAgentDirectory``): one whose uids are the ones last written
+/// (``SQLiteAgentDirectory``, ``PostgresAgentDirectory``): one whose uids are the ones last written
 /// for the agent, without a user report, is kept and written with the others at most every
 /// `flushEvery`; any other is written at once, with whatever is held and due.
 ///
@@ -12,7 +12,7 @@ import Synchronization
 /// once its row was last written that long ago: an idle agent costs the database one row write
 /// per `refreshEvery`, however often it heartbeats. Its presence is its connection's row (in a
 /// cluster, its node's lease, ``NodeLease``) meanwhile. ``takePending()`` takes everything
-/// held, due or not (``AgentRegistry/flushHeartbeats()``); ``peek()`` shows it without taking
+/// held, due or not (``SQLiteAgentDirectory/flushHeartbeats()``); ``peek()`` shows it without taking
 /// it (the directories' listings, which write nothing).
 final class HeartbeatHold: Sendable {
     /// Heartbeat times and record counts held, per agent.

@@ -3,7 +3,9 @@ import DredgeDomain
 import Foundation
 
 /// The durable pull queue, as the rest of the server sees it: every pull, who asked for it,
-/// its wrapped key, and its status per target agent, with the status moves guarded.
+/// its wrapped key, and its status per target agent, with the status moves guarded. Which move
+/// applies from which status, expiry and the deadlines are ``PullTargetLife``'s: an
+/// implementation keeps only row I/O and guarded updates whose status lists come from it.
 ///
 /// The rules every implementation keeps (``PullQueueConformanceTests`` checks each):
 /// - A pull is created with all its targets `queued`, and its audit entry, at once; a pull by
@@ -52,8 +54,8 @@ public protocol PullQueue: Sendable {
         errorCode: Int?, from: Set<PullStatus>?, at: Date
     ) async throws -> Bool
     /// Expires delivered, exporting or uploading targets that will not finish (see
-    /// ``PullStore/Deadlines``); returns how many.
-    func expireStalled(now: Date, listeningSince: Date, deadlines: PullStore.Deadlines) async throws -> Int
+    /// ``PullTargetLife/Deadlines``); returns how many.
+    func expireStalled(now: Date, listeningSince: Date, deadlines: PullTargetLife.Deadlines) async throws -> Int
     /// Agents with a queued pull.
     func agentsWithQueuedPulls() async throws -> Set<String>
     /// Queues for `agent` every pull by uid alone (no agent named) that has not expired at
@@ -184,6 +186,54 @@ extension PullQueue {
     public func update(_ pullID: String, agent: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, at now: Date) async throws -> Bool {
         try await update(
             pullID, agent: agent, status: status, detail: detail, chunksReceived: chunksReceived, chunkCount: nil, bytes: nil, files: nil, errorCode: nil, from: nil, at: now)
+    }
+}
+
+extension PullQueue {
+    /// Applies one of ``PullTargetLife``'s moves (``update`` guarded by its `from` statuses).
+    @discardableResult
+    public func move(
+        _ pullID: String, agent: String, _ move: PullTargetLife.Move, detail: String = "", chunksReceived: Int? = nil, chunkCount: Int? = nil,
+        bytes: Int64? = nil, files: [String]? = nil, errorCode: Int? = nil, at now: Date = Date()
+    ) async throws -> Bool {
+        try await update(
+            pullID, agent: agent, status: move.to, detail: detail, chunksReceived: chunksReceived, chunkCount: chunkCount, bytes: bytes, files: files,
+            errorCode: errorCode, from: move.from, at: now)
+    }
+}
+
+/// Reading a pull's stored columns, the same for every implementation: a value that does not
+/// read back is an error naming the row (never a guess), except the filter a pull *shows*.
+enum PullRows {
+    /// A stored status.
+    static func status(_ stored: String, of id: String) throws -> PullStatus {
+        guard let status = PullStatus(rawValue: stored) else { throw DeploymentError("the stored status of \(id) is unreadable: \(stored.debugDescription)") }
+        return status
+    }
+
+    /// A stored list of file names.
+    static func files(_ json: String, of id: String) throws -> [String] {
+        do {
+            return try JSONDecoder().decode([String].self, from: Data(json.utf8))
+        } catch {
+            throw DeploymentError("the stored file list of \(id) is unreadable: \(error)")
+        }
+    }
+
+    /// The filter a pull shows: nil when the stored one does not read back (its delivery then
+    /// fails the pull with the reason; see ``PullQueue/storedPull(_:)``).
+    static func shownFilter(_ stored: String) -> LogFilter? {
+        do {
+            return try StoredFilter.decode(stored)
+        } catch {
+            return nil
+        }
+    }
+
+    /// When the listener started, for ``PullTargetLife/Deadlines``: `distantPast` (not said)
+    /// counts every silence.
+    static func listening(since: Date) -> Timestamp {
+        since == .distantPast ? Timestamp(microseconds: .min) : Timestamp(since)
     }
 }
 

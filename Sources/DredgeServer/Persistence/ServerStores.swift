@@ -5,21 +5,21 @@ import Logging
 /// ``CommandIssuer`` over the deployment's keys.
 public struct ServerStores: Sendable {
     public let database: ServerDatabase
-    public let registry: AgentRegistry
-    public let pulls: PullStore
-    public let feedback: FeedbackStore
-    public let tokens: TokenStore
+    public let registry: SQLiteAgentDirectory
+    public let pulls: SQLitePullQueue
+    public let feedback: SQLiteFeedbackInbox
+    public let tokens: SQLiteTokenVault
     /// The search index, `index.sqlite` beside the database.
-    public let records: RecordIndexStore
+    public let records: SQLiteRecordIndex
     public let issuer: CommandIssuer
 
     public init(_ deployment: LoadedDeployment) throws {
         database = try ServerDatabase(directory: deployment.directory)
-        registry = AgentRegistry(database)
-        pulls = PullStore(database)
-        feedback = FeedbackStore(database)
-        tokens = TokenStore(database)
-        records = try RecordIndexStore.openOrRebuild(directory: deployment.directory)
+        registry = SQLiteAgentDirectory(database)
+        pulls = SQLitePullQueue(database)
+        feedback = SQLiteFeedbackInbox(database)
+        tokens = SQLiteTokenVault(database)
+        records = try SQLiteRecordIndex.openOrRebuild(directory: deployment.directory)
         issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
     }
 }

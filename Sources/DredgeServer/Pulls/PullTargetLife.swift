@@ -46,6 +46,9 @@ public enum PullTargetLife {
     /// Its command is about to be written: a queued target, or a delivered one sent again
     /// after a reconnection (Protocol § 10, Redelivery).
     public static let deliver = Move(to: .delivered, from: [.queued, .delivered])
+    /// Its command is about to be written for the first time (a delivery pass that sends
+    /// queued pulls only, not a reconnection's redelivery).
+    public static let deliverQueued = Move(to: .delivered, from: [.queued])
     /// Its command was not written after all (the connection went): queued again.
     public static let undeliver = Move(to: .queued, from: [.delivered])
     /// The server could not make its command (its row or key does not read back).

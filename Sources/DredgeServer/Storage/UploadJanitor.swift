@@ -33,7 +33,7 @@ struct UploadJanitor: Sendable {
     func housekeeping(listeningSince: Date) -> @Sendable () async throws -> Void {
         let janitor = self
         return {
-            try await janitor.pulls.expireStalled(now: Date(), listeningSince: listeningSince, deadlines: PullStore.Deadlines())
+            try await janitor.pulls.expireStalled(now: Date(), listeningSince: listeningSince, deadlines: PullTargetLife.Deadlines())
             try await janitor.feedback.failAbandoned(now: Date(), after: WireLimits.feedbackLifetime)
             try await janitor.sweep()
         }

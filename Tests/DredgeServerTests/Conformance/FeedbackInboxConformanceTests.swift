@@ -28,7 +28,7 @@ import Testing
         #expect(try await inbox.update(Self.id(1), status: .complete, detail: "12 records", chunksReceived: nil, records: 12, files: ["/f/a.jsonl"], errorCode: nil))
         record = try #require(try await inbox.feedback(Self.id(1)))
         #expect(record.status == .complete && record.chunksReceived == 2 && record.records == 12 && record.files == ["/f/a.jsonl"])
-        for status in PullStatus.allCases {
+        for status in FeedbackStatus.allCases {
             #expect(try await !inbox.update(Self.id(1), status: status, detail: "", chunksReceived: 0, records: 0, files: [], errorCode: nil), "final: \(status)")
         }
         #expect(try await inbox.feedback(Self.id(1))?.records == 12)

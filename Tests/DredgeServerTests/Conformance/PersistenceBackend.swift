@@ -24,12 +24,12 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
 
     static let sqlite = PersistenceBackend(
         name: "SQLite",
-        pulls: { PullStore(try ServerDatabase(directory: $0.path)) },
-        agents: { AgentRegistry(try ServerDatabase(directory: $0.path)) },
-        agentsOnClock: { AgentRegistry(try ServerDatabase(directory: $0.path), heartbeatFlush: .seconds(1), clock: $1) },
-        feedback: { FeedbackStore(try ServerDatabase(directory: $0.path)) },
-        tokens: { TokenStore(try ServerDatabase(directory: $0.path)) },
-        records: { try RecordIndexStore(directory: $0.path) },
+        pulls: { SQLitePullQueue(try ServerDatabase(directory: $0.path)) },
+        agents: { SQLiteAgentDirectory(try ServerDatabase(directory: $0.path)) },
+        agentsOnClock: { SQLiteAgentDirectory(try ServerDatabase(directory: $0.path), heartbeatFlush: .seconds(1), clock: $1) },
+        feedback: { SQLiteFeedbackInbox(try ServerDatabase(directory: $0.path)) },
+        tokens: { SQLiteTokenVault(try ServerDatabase(directory: $0.path)) },
+        records: { try SQLiteRecordIndex(directory: $0.path) },
         damageFilter: { dir, id in
             try await ServerDatabase(directory: dir.path).pool.write {
                 try $0.execute(sql: "UPDATE pull SET filter = '{\"uid\": 7' WHERE id = ?", arguments: [id])

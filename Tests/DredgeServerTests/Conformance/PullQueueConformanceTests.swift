@@ -213,7 +213,7 @@ import Testing
         for pull in [quiet, moving, queued] { try await queue.create(pull) }
         _ = try await queue.update(quiet.id, agent: "a", status: .delivered, detail: "", chunksReceived: nil, chunkCount: nil, bytes: nil, files: nil, errorCode: nil, from: nil, at: start)
         _ = try await queue.update(moving.id, agent: "a", status: .uploading, detail: "", chunksReceived: 1, chunkCount: 9, bytes: nil, files: nil, errorCode: nil, from: nil, at: start.addingTimeInterval(600))
-        let deadlines = PullStore.Deadlines(quietAfterExpiry: .seconds(600), afterExpiry: .seconds(3600))
+        let deadlines = PullTargetLife.Deadlines(quietAfterExpiry: .seconds(600), afterExpiry: .seconds(3600))
 
         // Before the quiet period has passed since the expiry: nothing ends.
         #expect(try await queue.expireStalled(now: start.addingTimeInterval(300), listeningSince: .distantPast, deadlines: deadlines) == 0)

@@ -112,7 +112,7 @@ extension ConnectionServices {
         }
         async let marked = outcome {
             onlyQueued
-                ? try await self.pulls.update(pull.id, agent: agentID, status: .delivered, from: [.queued])
+                ? try await self.pulls.move(pull.id, agent: agentID, PullTargetLife.deliverQueued)
                 : try await self.pulls.markDelivered(pull.id, agent: agentID)
         }
         let command = await outcome { try await work.control.runIfActive { [issuer] in try issuer.command(stored, agent: agentID, agentKey: key) } }
@@ -131,7 +131,7 @@ extension ConnectionServices {
             // Marked and not sent: queued again, for the next wake (the dispatcher's sweep).
             logger.error("cannot make a pull's command now; trying again on the next wake", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)", "error": "\(error)"])
             do {
-                try await pulls.update(pull.id, agent: agentID, status: .queued, detail: "", from: [.delivered])
+                try await pulls.move(pull.id, agent: agentID, PullTargetLife.undeliver)
             } catch {
                 logger.error("could not queue a pull again; it goes on the agent's next connection", metadata: ["pull.id": "\(pull.id)", "agent.id": "\(agentID)", "error": "\(error)"])
             }
@@ -144,7 +144,7 @@ extension ConnectionServices {
         logger.error("pull cannot be delivered; marking it failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
         do {
             // Only before the agent answered (a redelivered pull may be answered meanwhile).
-            try await pulls.update(pullID, agent: agentID, status: .failed, detail: "the server could not make its command: \(error)", from: [.queued, .delivered])
+            try await pulls.move(pullID, agent: agentID, PullTargetLife.failCommand, detail: "the server could not make its command: \(error)")
         } catch {
             logger.error("could not mark a pull failed", metadata: ["pull.id": "\(pullID)", "agent.id": "\(agentID)", "error": "\(error)"])
         }
@@ -170,20 +170,20 @@ struct PullOutcomes: Sendable {
     let logger: Logger
 
     func accepted(_ answer: WireCommandAccepted) async throws {
-        try await pulls.update(answer.commandID, agent: agentID, status: .exporting, from: [.queued, .delivered])
+        try await pulls.move(answer.commandID, agent: agentID, PullTargetLife.accept)
     }
 
     /// A rejection after the agent accepted (and began uploading) changes nothing.
     func rejected(_ answer: WireCommandRejected) async throws {
         let id = answer.commandID
-        if try await pulls.update(id, agent: agentID, status: .rejected, detail: "\(answer.reason): \(ConnectionUploads.bounded(answer.detail))", from: [.queued, .delivered]) {
+        if try await pulls.move(id, agent: agentID, PullTargetLife.reject, detail: "\(answer.reason): \(ConnectionUploads.bounded(answer.detail))") {
             logger.notice("pull rejected by agent", metadata: ["pull.id": "\(id)", "agent.id": "\(agentID)", "reason": "\(answer.reason)"])
         }
     }
 
     /// The agent could not carry out an accepted command (its export failed, say).
     func failedOnAgent(_ report: WireError) async throws {
-        try await pulls.update(report.uploadID, agent: agentID, status: .failed, detail: "the agent could not finish it: \(ConnectionUploads.bounded(report.detail))")
+        try await pulls.move(report.uploadID, agent: agentID, PullTargetLife.fail, detail: "the agent could not finish it: \(ConnectionUploads.bounded(report.detail))")
         logger.notice("pull failed on the agent", metadata: ["pull.id": "\(report.uploadID)", "agent.id": "\(agentID)", "code": "\(report.code)"])
     }
 }

@@ -173,8 +173,8 @@ final class ConnectionUploads: Sendable {
         var status = WireUploadStatus.with { $0.uploadID = uploadID; $0.state = .unknown }
         switch try await statuses.recorded(uploadID) {
         case .complete?: status.state = .complete
-        case let s? where s.isFinal: status.state = .failed
-        case .some:
+        case .failed?: status.state = .failed
+        case .open?:
             let directory = try paths.upload(uploadID, agent: agentID)
             let held = try await blocking.runIfActive { () throws -> [UInt8]? in
                 guard let held = try UploadAssembler.stored(in: directory) else { return nil }
@@ -191,7 +191,7 @@ final class ConnectionUploads: Sendable {
 
     /// A status an upload step moves, recorded once the step is done.
     private struct Progress: Sendable {
-        var status: PullStatus
+        var status: UploadStage
         var detail = ""
         var chunksReceived: Int?
         var failedWith: WireErrorCode?

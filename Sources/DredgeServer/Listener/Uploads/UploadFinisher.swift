@@ -64,11 +64,11 @@ struct UploadFinisher: Sendable {
                 // (Unless another connection of this agent landed the same upload meanwhile.)
                 let placed = [destination, isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)]
                 do {
-                    let now =
+                    let complete =
                         isFeedback
-                        ? try await feedback.feedback(uploadID)?.status
-                        : try await pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID })?.status
-                    if now != .complete { _ = try await blocking.runIfActive { try ResultsKeeper.delete(placed) } }
+                        ? try await feedback.feedback(uploadID)?.status == .complete
+                        : try await pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID })?.status == .complete
+                    if !complete { _ = try await blocking.runIfActive { try ResultsKeeper.delete(placed) } }
                 } catch {
                     logger.error("could not delete the files of an upload that ended before it landed", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
                 }

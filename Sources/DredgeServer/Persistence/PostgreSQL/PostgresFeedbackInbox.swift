@@ -5,7 +5,7 @@ import Foundation
 import PostgresNIO
 
 /// Feedback uploads in the PostgreSQL database (``FeedbackInbox``), the same rules as the
-/// embedded ``FeedbackStore``. A feedback's id is its upload id and its primary key: an
+/// embedded ``SQLiteFeedbackInbox``. A feedback's id is its upload id and its primary key: an
 /// upload that reaches a second node after a failover finds the first one's row, so feedback
 /// stays exactly-once across nodes.
 public final class PostgresFeedbackInbox: FeedbackInbox, Sendable {
@@ -13,7 +13,7 @@ public final class PostgresFeedbackInbox: FeedbackInbox, Sendable {
 
     public init(_ database: PostgresDatabase) { db = database }
 
-    private static let final = PullStatus.allCases.filter(\.isFinal).map(\.rawValue)
+    private static let final = FeedbackStatus.allCases.filter(\.isFinal).map(\.rawValue).sorted()
 
     public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at now: Date) async throws {
         try await db.write { c in
@@ -21,13 +21,13 @@ public final class PostgresFeedbackInbox: FeedbackInbox, Sendable {
                 """
                 INSERT INTO feedback (id, agent_id, uid, text, created_at_us, received_at, status, chunk_count, bytes)
                 VALUES (\(id), \(agentID), \(uid.storable), \(text.storable), \(createdAt.microseconds), \(now.timeIntervalSince1970),
-                    \(PullStatus.uploading.rawValue), \(Int64(chunkCount)), \(bytes))
+                    \(FeedbackStatus.uploading.rawValue), \(Int64(chunkCount)), \(bytes))
                 ON CONFLICT (id) DO NOTHING
                 """)
         }
     }
 
-    public func update(_ id: String, status: PullStatus, detail: String, chunksReceived: Int?, records: Int?, files: [String]?, errorCode: Int?) async throws -> Bool {
+    public func update(_ id: String, status: FeedbackStatus, detail: String, chunksReceived: Int?, records: Int?, files: [String]?, errorCode: Int?) async throws -> Bool {
         let filesJSON = try files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self).storable }
         return try await db.write { c in
             try await c.run(
@@ -118,9 +118,9 @@ public final class PostgresFeedbackInbox: FeedbackInbox, Sendable {
             try row.decode((String, String, String, String, Int64, Double, String, String, Int64, Int64, Int64, Int64, String, Int64?, Double?, String?, String?).self)
         return FeedbackRecord(
             id: id, agentID: agentID, uid: uid, text: text, createdAt: Timestamp(microseconds: createdAtUs),
-            receivedAt: Date(timeIntervalSince1970: receivedAt), status: try PullStore.status(status, of: id), detail: detail,
+            receivedAt: Date(timeIntervalSince1970: receivedAt), status: try SQLiteFeedbackInbox.status(status, of: id), detail: detail,
             chunksReceived: Int(chunksReceived), chunkCount: Int(chunkCount), bytes: bytes, records: Int(records),
-            files: try PullStore.files(files, of: id), errorCode: errorCode.map { Int($0) },
+            files: try PullRows.files(files, of: id), errorCode: errorCode.map { Int($0) },
             removed: Removal(at: removedAt, by: removedBy, reason: removedReason))
     }
 }

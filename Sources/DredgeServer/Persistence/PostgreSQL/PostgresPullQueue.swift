@@ -6,7 +6,7 @@ import Logging
 import PostgresNIO
 
 /// The pull queue and audit log in the PostgreSQL database (``PullQueue``, ``AuditLog``), the
-/// same rules as the embedded ``PullStore``, shared by every node: a status move is one guarded
+/// same rules as the embedded ``SQLitePullQueue`` (from ``PullTargetLife``), shared by every node: a status move is one guarded
 /// `UPDATE`, so two nodes racing on one target cannot both move it.
 public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
     private let db: PostgresDatabase
@@ -27,7 +27,10 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         }
     }
 
-    private static let final = PullStatus.allCases.filter(\.isFinal).map(\.rawValue)
+    private static let final = PullTargetLife.final.map(\.rawValue).sorted()
+
+    /// A move's `from` statuses, for `status = ANY(…)`.
+    private static func from(_ move: PullTargetLife.Move) -> [String] { move.from.map(\.rawValue).sorted() }
 
     public func create(_ pull: NewPull) async throws {
         if let problem = pull.filter.problem { throw DeploymentError(problem) }
@@ -67,7 +70,6 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         else { return nil }
         let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason) =
             try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?).self)
-        let expired = expiresAt <= now.microseconds
         let targets = try await c.rows(
             """
             SELECT agent_id, status, detail, chunks_received, chunk_count, bytes, files, updated_at, error_code FROM pull_target
@@ -76,15 +78,16 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         ).map { row in
             let (agent, status, detail, chunksReceived, chunkCount, bytes, files, updatedAt, errorCode) =
                 try row.decode((String, String, String, Int64, Int64, Int64, String, Double, Int64?).self)
-            let stored = try PullStore.status(status, of: id)
-            let stale = stored == .queued && expired
+            // A queued pull past its expiry is expired even if no delivery pass marked it yet.
+            let (shown, shownDetail) = PullTargetLife.shown(
+                try PullRows.status(status, of: id), detail: detail, expiresAt: Timestamp(microseconds: expiresAt), now: now)
             return PullTarget(
-                pullID: pullID, agentID: agent, status: stale ? .expired : stored, detail: stale ? "expired before delivery" : detail,
-                chunksReceived: Int(chunksReceived), chunkCount: Int(chunkCount), bytes: bytes, files: try PullStore.files(files, of: id),
+                pullID: pullID, agentID: agent, status: shown, detail: shownDetail,
+                chunksReceived: Int(chunksReceived), chunkCount: Int(chunkCount), bytes: bytes, files: try PullRows.files(files, of: id),
                 updatedAt: Date(timeIntervalSince1970: updatedAt), errorCode: errorCode.map { Int($0) })
         }
         return PullRecord(
-            id: pullID, uid: uid, agentID: agentID, filter: PullStore.shownFilter(filter),
+            id: pullID, uid: uid, agentID: agentID, filter: PullRows.shownFilter(filter),
             issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt),
             requestedBy: requestedBy, targets: targets, removed: Removal(at: removedAt, by: removedBy, reason: removedReason))
     }
@@ -140,7 +143,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
     }
 
     public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [DuePull] {
-        let statuses = includingUnanswered ? [PullStatus.queued.rawValue, PullStatus.delivered.rawValue] : [PullStatus.queued.rawValue]
+        let statuses = PullTargetLife.deliverable(includingUnanswered: includingUnanswered).map(\.rawValue).sorted()
         let open = try await db.read { c in
             try await c.rows(
                 """
@@ -154,13 +157,17 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                 return (id, try columns[1].decode(String.self), try columns[2].decode(Int64.self), Self.storedPull(id, columns: columns, from: 3))
             }
         }
-        let expired = open.filter { $0.2 <= now.microseconds && $0.1 == PullStatus.queued.rawValue }.map(\.0)
+        let expired = try open.filter {
+            PullTargetLife.expiredBeforeDelivery(try PullRows.status($0.1, of: $0.0), expiresAt: Timestamp(microseconds: $0.2), now: now)
+        }.map(\.0)
         if !expired.isEmpty {
+            let move = PullTargetLife.expireBeforeDelivery
             try await db.write { c in
                 try await c.run(
                     """
-                    UPDATE pull_target SET status = 'expired', detail = 'expired before delivery', updated_at = \(Date().timeIntervalSince1970)
-                    WHERE pull_id = ANY(\(expired)::text[]) AND agent_id = \(agentID) AND status = 'queued'
+                    UPDATE pull_target SET status = \(move.to.rawValue), detail = \(PullTargetLife.expiredBeforeDeliveryDetail),
+                        updated_at = \(Date().timeIntervalSince1970)
+                    WHERE pull_id = ANY(\(expired)::text[]) AND agent_id = \(agentID) AND status = ANY(\(Self.from(move))::text[])
                     """)
             }
         }
@@ -168,11 +175,12 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
     }
 
     public func markDelivered(_ pullID: String, agent: String, at now: Date) async throws -> Bool {
-        try await db.write { c in
+        let deliver = PullTargetLife.deliver
+        return try await db.write { c in
             try await c.run(
                 """
-                UPDATE pull_target SET status = 'delivered', updated_at = \(now.timeIntervalSince1970)
-                WHERE pull_id = \(pullID) AND agent_id = \(agent) AND status IN ('queued', 'delivered') RETURNING 1
+                UPDATE pull_target SET status = \(deliver.to.rawValue), updated_at = \(now.timeIntervalSince1970)
+                WHERE pull_id = \(pullID) AND agent_id = \(agent) AND status = ANY(\(Self.from(deliver))::text[]) RETURNING 1
                 """) > 0
         }
     }
@@ -195,25 +203,30 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         }
     }
 
-    public func expireStalled(now: Date, listeningSince: Date, deadlines: PullStore.Deadlines) async throws -> Int {
-        let nowUs = Timestamp(now).microseconds
-        let sinceUs = listeningSince == .distantPast ? Int64.min : Timestamp(listeningSince).microseconds
+    public func expireStalled(now: Date, listeningSince: Date, deadlines: PullTargetLife.Deadlines) async throws -> Int {
+        let stall = PullTargetLife.stall
         let open = try await db.read { c in
             try await c.rows(
                 """
                 SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
-                WHERE t.status IN ('delivered', 'exporting', 'uploading') AND p.expires_at <= \(nowUs)
+                WHERE t.status = ANY(\(Self.from(stall))::text[]) AND p.expires_at <= \(Timestamp(now).microseconds)
                 """
             ).map { try $0.decode((String, String, String, Double, Int64).self) }
         }
         var ended = 0
-        for (pullID, agent, status, updatedAt, expiresAt) in open {
-            guard let detail = deadlines.ending(status, heard: updatedAt, expiresAt: expiresAt, nowUs: nowUs, sinceUs: sinceUs) else { continue }
+        for (pullID, agent, stored, updatedAt, expiresAt) in open {
+            let status = try PullRows.status(stored, of: pullID)
+            guard
+                let detail = deadlines.ending(
+                    status, heard: Timestamp(Date(timeIntervalSince1970: updatedAt)), expiresAt: Timestamp(microseconds: expiresAt), now: Timestamp(now),
+                    listeningSince: PullRows.listening(since: listeningSince))
+            else { continue }
             ended += try await db.write { c in
+                // Guarded by the status it was read in: a target that moved meanwhile is left alone.
                 try await c.run(
                     """
-                    UPDATE pull_target SET status = 'expired', detail = \(detail), updated_at = \(now.timeIntervalSince1970)
-                    WHERE pull_id = \(pullID) AND agent_id = \(agent) AND status = \(status) RETURNING 1
+                    UPDATE pull_target SET status = \(stall.to.rawValue), detail = \(detail), updated_at = \(now.timeIntervalSince1970)
+                    WHERE pull_id = \(pullID) AND agent_id = \(agent) AND status = \(status.rawValue) RETURNING 1
                     """)
             }
         }
@@ -221,7 +234,9 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
     }
 
     public func agentsWithQueuedPulls() async throws -> Set<String> {
-        try await db.read { c in Set(try await c.rows("SELECT DISTINCT agent_id FROM pull_target WHERE status = 'queued'").map { try $0.decode(String.self) }) }
+        try await db.read { c in
+            Set(try await c.rows("SELECT DISTINCT agent_id FROM pull_target WHERE status = \(PullStatus.queued.rawValue)").map { try $0.decode(String.self) })
+        }
     }
 
     public func adopt(agent: String, uids: Set<String>, now: Timestamp) async throws -> [String] {
@@ -248,7 +263,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                 let added = try await c.run(
                     """
                     INSERT INTO pull_target (pull_id, agent_id, status, updated_at)
-                    SELECT id, \(agent), 'queued', \(at) FROM pull WHERE id = \(pull) AND removed_at IS NULL
+                    SELECT id, \(agent), \(PullStatus.queued.rawValue), \(at) FROM pull WHERE id = \(pull) AND removed_at IS NULL
                     ON CONFLICT (pull_id, agent_id) DO NOTHING RETURNING 1
                     """)
                 if added > 0 { adopted.append(pull) }
@@ -268,12 +283,12 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                 UPDATE pull SET removed_at = \(now.timeIntervalSince1970), removed_by = \(actor), removed_reason = \(reason.storable), wrapped_key = ''::bytea
                 WHERE id = \(pullID)
                 """)
-            let detail = "removed by \(actor) before it finished"
+            let remove = PullTargetLife.remove
             try await c.run(
                 """
-                UPDATE pull_target SET status = 'failed', detail = \(detail), updated_at = \(now.timeIntervalSince1970),
-                    error_code = \(Int64(WireErrorCode.errorUploadInvalid.rawValue))
-                WHERE pull_id = \(pullID) AND NOT (status = ANY(\(Self.final)::text[]))
+                UPDATE pull_target SET status = \(remove.to.rawValue), detail = \(PullTargetLife.removedDetail(by: actor)), updated_at = \(now.timeIntervalSince1970),
+                    error_code = \(Int64(PullTargetLife.removedErrorCode.rawValue))
+                WHERE pull_id = \(pullID) AND status = ANY(\(Self.from(remove))::text[])
                 """)
             return RemovalMark(removal: Removal(at: now, by: actor, reason: reason.storable), isNew: true)
         }

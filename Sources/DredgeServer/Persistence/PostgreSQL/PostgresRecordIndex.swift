@@ -4,7 +4,7 @@ import Foundation
 import PostgresNIO
 
 /// The ``RecordIndex`` on PostgreSQL, shared by every node: the same tables as the embedded
-/// index (``RecordIndexStore``), with full text as a `tsvector` column (`words`, over the
+/// index (``SQLiteRecordIndex``), with full text as a `tsvector` column (`words`, over the
 /// message and the metadata, GIN-indexed) and metadata matches as `jsonb` containment
 /// (`dredge_json(metadata) @> …`, through a GIN expression index).
 ///

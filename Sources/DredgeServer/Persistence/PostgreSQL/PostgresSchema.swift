@@ -5,7 +5,7 @@ import PostgresNIO
 /// opens the database; each migration once, in one transaction, recorded in `dredge_migration`.
 /// A migration added later goes at the end; one that has run is never edited.
 ///
-/// The tables mirror the embedded back end's (``ServerDatabase``, ``RecordIndexStore``), with
+/// The tables mirror the embedded back end's (``ServerDatabase``, ``SQLiteRecordIndex``), with
 /// PostgreSQL's types: `bytea` keys, `boolean` flags, identity ids, and in the index a
 /// `tsvector` column over each record's message and metadata (their first 50,000 characters
 /// each: a `tsvector` holds at most 1 MB) with a GIN index (text search

@@ -28,7 +28,7 @@ public final class PostgresTokenVault: TokenVault, Sendable {
     }
 
     public func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated {
-        let (row, created) = try TokenStore.make(name: name, kind: kind, now: now)
+        let (row, created) = try SQLiteTokenVault.make(name: name, kind: kind, now: now)
         let inserted = try await db.write { c in
             try await c.run(
                 """

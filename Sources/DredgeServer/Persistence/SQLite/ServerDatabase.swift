@@ -4,7 +4,7 @@ import GRDB
 
 /// The server's one SQLite database, `dredge.sqlite` in the data directory: agents, the pull
 /// queue and audit log, feedback and tokens, each table migrated by the store that owns it
-/// (``AgentRegistry``, ``PullStore``, ``FeedbackStore``, ``TokenStore``).
+/// (``SQLiteAgentDirectory``, ``SQLitePullQueue``, ``SQLiteFeedbackInbox``, ``SQLiteTokenVault``).
 ///
 /// WAL with `synchronous=NORMAL`, so the listener's frequent small writes (heartbeats, chunk
 /// progress) are cheap and the operator's commands (`dredge-server agents`, `pulls`) read
@@ -80,10 +80,10 @@ public final class ServerDatabase: Sendable {
     /// legacy files are brought to the schema registered before it, then copied.
     static func migrator(importingFrom directory: String) -> DatabaseMigrator {
         var migrator = DatabaseMigrator()
-        AgentRegistry.legacySchema(&migrator, prefix: "agents-")
-        PullStore.legacySchema(&migrator)
-        FeedbackStore.legacySchema(&migrator)
-        TokenStore.schema(&migrator)
+        SQLiteAgentDirectory.legacySchema(&migrator, prefix: "agents-")
+        SQLitePullQueue.legacySchema(&migrator)
+        SQLiteFeedbackInbox.legacySchema(&migrator)
+        SQLiteTokenVault.schema(&migrator)
         migrator.registerMigration(importMigration) { db in
             try LegacyImport(directory: directory).run(into: db)
         }
@@ -94,8 +94,8 @@ public final class ServerDatabase: Sendable {
                 ALTER TABLE feedback ADD COLUMN error_code INTEGER;
                 """)
         }
-        AgentRegistry.schema(&migrator)
-        PullStore.schema(&migrator)
+        SQLiteAgentDirectory.schema(&migrator)
+        SQLitePullQueue.schema(&migrator)
         // Results deleted (dredge rm, retention) keep their records, marked.
         migrator.registerMigration("results-v1-removed") { db in
             try db.execute(sql: """
@@ -118,9 +118,9 @@ struct LegacyImport {
     let directory: String
 
     func run(into db: Database) throws {
-        try copy("server.sqlite", tables: ["agent", "agent_uid"], into: db) { AgentRegistry.legacySchema(&$0, prefix: "") }
-        try copy("pulls.sqlite", tables: ["pull", "pull_target", "audit"], into: db) { PullStore.legacySchema(&$0) }
-        try copy("feedback.sqlite", tables: ["feedback"], into: db) { FeedbackStore.legacySchema(&$0) }
+        try copy("server.sqlite", tables: ["agent", "agent_uid"], into: db) { SQLiteAgentDirectory.legacySchema(&$0, prefix: "") }
+        try copy("pulls.sqlite", tables: ["pull", "pull_target", "audit"], into: db) { SQLitePullQueue.legacySchema(&$0) }
+        try copy("feedback.sqlite", tables: ["feedback"], into: db) { SQLiteFeedbackInbox.legacySchema(&$0) }
         let tokens = directory + "/tokens.json"
         if let data = FileManager.default.contents(atPath: tokens) {
             let file: TokenFile

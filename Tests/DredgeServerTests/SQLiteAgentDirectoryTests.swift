@@ -6,10 +6,10 @@ import Foundation
 import GRDB
 import Testing
 
-@Suite struct AgentRegistryTests {
+@Suite struct SQLiteAgentDirectoryTests {
     @Test func pullsByUidFindTheAgentsWhoseLastHeartbeatReportedIt() async throws {
         let dir = TempDir()
-        let registry = AgentRegistry(try ServerDatabase(directory: dir.path))
+        let registry = SQLiteAgentDirectory(try ServerDatabase(directory: dir.path))
         let a = try await registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "a" })
         let b = try await registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "b" })
         try await registry.heartbeat(a, .with { $0.activeUids = ["u-1", "u-2"] })
@@ -27,7 +27,7 @@ import Testing
         #expect(try await registry.isEnrolled(a))
         #expect(try await !registry.isEnrolled("0000"))
         // Reopening keeps it.
-        #expect(try await AgentRegistry(try ServerDatabase(directory: dir.path)).agentIDs(withUID: "u-3") == [a])
+        #expect(try await SQLiteAgentDirectory(try ServerDatabase(directory: dir.path)).agentIDs(withUID: "u-3") == [a])
     }
 
     /// What a heartbeat reads and deletes by agent is found through an index, never by reading
@@ -56,7 +56,7 @@ import Testing
     @Test func heartbeatsAreWrittenInBatchesAndReadBackCurrent() async throws {
         let dir = TempDir()
         let database = try ServerDatabase(directory: dir.path)
-        let registry = AgentRegistry(database, heartbeatFlush: .seconds(3600))
+        let registry = SQLiteAgentDirectory(database, heartbeatFlush: .seconds(3600))
         let a = try await registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "a" })
         func stored() async throws -> Double? {
             try await database.pool.read { try Double.fetchOne($0, sql: "SELECT last_heartbeat_at FROM agent WHERE id = ?", arguments: [a]) }
@@ -91,7 +91,7 @@ import Testing
         let dir = TempDir()
         let database = try ServerDatabase(directory: dir.path)
         let clock = HeartbeatHoldTests.Clock()
-        let registry = AgentRegistry(database, heartbeatFlush: .seconds(1), presenceRefresh: .seconds(300), clock: clock.read)
+        let registry = SQLiteAgentDirectory(database, heartbeatFlush: .seconds(1), presenceRefresh: .seconds(300), clock: clock.read)
         let a = try await registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "a" })
         let generation = try await registry.connected(a, from: "127.0.0.1", host: .with { $0.hostname = "a" })
         func stored() async throws -> Double? {
@@ -119,16 +119,16 @@ import Testing
     }
 
     /// A flush of many held heartbeats is written in transactions of at most
-    /// ``AgentRegistry/heldPerTransaction`` rows, so other writes wait for one batch, not the
+    /// ``SQLiteAgentDirectory/heldPerTransaction`` rows, so other writes wait for one batch, not the
     /// whole flush; every row gets its own time and count.
     @Test func aLargeFlushIsWrittenInBatchesAndLosesNoHeartbeat() async throws {
         let dir = TempDir()
         let database = try ServerDatabase(directory: dir.path)
-        let registry = AgentRegistry(database, heartbeatFlush: .seconds(3600))
+        let registry = SQLiteAgentDirectory(database, heartbeatFlush: .seconds(3600))
         let first = try await registry.enroll(publicKey: try RSAPrivateKey.generate().publicKey, host: .with { $0.hostname = "a" })
         // More agents than two batches hold, copied from the enrolled one (an RSA key each
         // would take the test seconds).
-        let count = 2 * AgentRegistry.heldPerTransaction + 22
+        let count = 2 * SQLiteAgentDirectory.heldPerTransaction + 22
         let ids = [first] + (1..<count).map { String(format: "agent-%04d", $0) }
         try await database.pool.write { db in
             for id in ids.dropFirst() {
@@ -147,7 +147,7 @@ import Testing
         let commits = CommitCounter()
         database.pool.add(transactionObserver: commits)
         try await registry.flushHeartbeats()
-        #expect(commits.count == (count + AgentRegistry.heldPerTransaction - 1) / AgentRegistry.heldPerTransaction)
+        #expect(commits.count == (count + SQLiteAgentDirectory.heldPerTransaction - 1) / SQLiteAgentDirectory.heldPerTransaction)
         let rows = try await database.pool.read { db in
             try Row.fetchAll(db, sql: "SELECT id, last_heartbeat_at, store_records FROM agent").map { (String.fromDatabaseValue($0[0]) ?? "", Double.fromDatabaseValue($0[1]), Int.fromDatabaseValue($0[2])) }
         }

@@ -5,7 +5,7 @@ import GRDB
 /// The tokens in the server's database (``TokenVault``): each change is committed before it
 /// takes effect, and every check reads the table, so a revocation holds at once, also for a
 /// token revoked by another process on the same data directory.
-public final class TokenStore: TokenVault, Sendable {
+public final class SQLiteTokenVault: TokenVault, Sendable {
     private let db: DatabasePool
 
     public init(_ database: ServerDatabase) { db = database.pool }

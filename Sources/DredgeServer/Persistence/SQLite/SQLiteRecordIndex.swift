@@ -18,7 +18,7 @@ import GRDBSQLite
 /// Lines are read by ``RecordLine``: a line that is not JSON, or lacks a `ts` of the payload's
 /// form, a known `level` or a `type`, inserts nothing and is counted. WAL, `synchronous=NORMAL`:
 /// the index can always be built again from the files.
-public final class RecordIndexStore: RecordIndex, Sendable {
+public final class SQLiteRecordIndex: RecordIndex, Sendable {
     public static let fileName = "index.sqlite"
     let pool: DatabasePool
     public let path: String
@@ -36,9 +36,9 @@ public final class RecordIndexStore: RecordIndex, Sendable {
     /// Opens the index; one that is damaged or not a database is moved aside
     /// (`index.sqlite.damaged-<time>`, with its `-wal` and `-shm`) and a new one made, which
     /// the ``Indexer`` fills again from the files. Other failures (permissions, a full disk) throw.
-    public static func openOrRebuild(directory: String) throws -> RecordIndexStore {
+    public static func openOrRebuild(directory: String) throws -> SQLiteRecordIndex {
         do {
-            return try RecordIndexStore(directory: directory)
+            return try SQLiteRecordIndex(directory: directory)
         } catch let error as DatabaseError where [.SQLITE_CORRUPT, .SQLITE_NOTADB].contains(error.resultCode.primaryResultCode) {
             let path = directory + "/" + fileName
             let aside = path + ".damaged-\(Int(Date().timeIntervalSince1970))"
@@ -47,7 +47,7 @@ public final class RecordIndexStore: RecordIndex, Sendable {
                     throw DeploymentError("\(path) is damaged (\(error)) and cannot be moved aside: \(String(cString: strerror(errno)))")
                 }
             }
-            return try RecordIndexStore(directory: directory)
+            return try SQLiteRecordIndex(directory: directory)
         }
     }
 
@@ -382,7 +382,7 @@ struct RecordRows {
     }
 }
 
-extension RecordIndexStore {
+extension SQLiteRecordIndex {
     public func record(_ id: Int64, context: Int) async throws -> RecordInContext? {
         let count = min(max(context, 0), RecordInContext.maximumContext)
         return try await pool.read { db in

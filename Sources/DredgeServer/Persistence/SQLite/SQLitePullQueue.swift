@@ -12,7 +12,7 @@ import GRDB
 /// `expired` with the reason. Rows survive server restarts, so a pull for an offline agent is
 /// delivered when it connects, unless it expired first. The per-pull AES key is kept wrapped
 /// under the server's encryption key; ``CommandIssuer`` makes and unwraps it, never this store.
-public final class PullStore: PullQueue, AuditLog, Sendable {
+public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
     public typealias Status = PullStatus
     public typealias Target = PullTarget
     public typealias Pull = PullRecord
@@ -157,7 +157,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     /// agent connects or is woken, so it only reads (one transaction) unless a queued pull has
     /// expired.
     public func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [DuePull] {
-        let statuses = includingUnanswered ? "('queued', 'delivered')" : "('queued')"
+        let statuses = PullTargetLife.sqlList(PullTargetLife.deliverable(includingUnanswered: includingUnanswered))
         let (queued, due) = try await db.read { db in
             let queued = try prepared(
                 """
@@ -169,13 +169,16 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             let due = try queued.filter { $0.expiresAt > now.microseconds }.map { DuePull(id: $0.pullId, stored: try Self.storedPull($0.pullId, in: db)) }
             return (queued, due)
         }
-        let expired = queued.filter { $0.expiresAt <= now.microseconds && $0.status == Status.queued.rawValue }.map(\.pullId)
+        let expired = try queued.filter {
+            PullTargetLife.expiredBeforeDelivery(try PullRows.status($0.status, of: $0.pullId), expiresAt: Timestamp(microseconds: $0.expiresAt), now: now)
+        }.map(\.pullId)
         if !expired.isEmpty {
+            let move = PullTargetLife.expireBeforeDelivery
             try await db.write { db in
                 for id in expired {
                     try db.run(
-                        "UPDATE pull_target SET status = 'expired', detail = 'expired before delivery', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = 'queued'",
-                        [Date().timeIntervalSince1970, id, agentID])
+                        "UPDATE pull_target SET status = ?, detail = ?, updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status IN \(PullTargetLife.sqlList(move.from))",
+                        [move.to.rawValue, PullTargetLife.expiredBeforeDeliveryDetail, Date().timeIntervalSince1970, id, agentID])
                 }
             }
         }
@@ -191,34 +194,6 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
         var expiresAt: Int64
     }
 
-    /// How long a delivered pull may go without word from its agent, and how long an upload may
-    /// go on, before the server ends it (``expireStalled(now:)``).
-    public struct Deadlines: Sendable {
-        /// After the pull's expiry, a target with no progress for this long is expired.
-        public var quietAfterExpiry: Duration
-        /// After the pull's expiry, every target still open this long is expired, progress or not.
-        public var afterExpiry: Duration
-
-        public init(quietAfterExpiry: Duration = WireLimits.pullQuietPeriod, afterExpiry: Duration = WireLimits.pullExpiryGrace) {
-            self.quietAfterExpiry = quietAfterExpiry
-            self.afterExpiry = afterExpiry
-        }
-
-        /// Why an open target ends now (its status, when it was last heard of in seconds since
-        /// 1970, its pull's expiry; now and the listener's start in µs), or nil while it may go on.
-        /// Silence before the listener started is the server's own downtime, never counted.
-        func ending(_ status: String, heard: Double, expiresAt: Int64, nowUs: Int64, sinceUs: Int64) -> String? {
-            let heardUs = Timestamp(Date(timeIntervalSince1970: heard)).microseconds
-            if nowUs - max(heardUs, expiresAt, sinceUs) >= Int64(quietAfterExpiry.components.seconds) * 1_000_000 {
-                return "no word from the agent since \(Timestamp(microseconds: heardUs)) (\(status)); the pull expired at \(Timestamp(microseconds: expiresAt))"
-            }
-            if nowUs - expiresAt >= Int64(afterExpiry.components.seconds) * 1_000_000 {
-                return "still \(status) \(afterExpiry) after the pull expired at \(Timestamp(microseconds: expiresAt)); given up"
-            }
-            return nil
-        }
-    }
-
     /// Ends the targets that will not finish: delivered, exporting or uploading past the pull's
     /// expiry with nothing heard for `quietAfterExpiry` (an agent gone for good, an export that
     /// never reported), or still open `afterExpiry` past it. They become `expired`, with the
@@ -227,26 +202,32 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     /// - Parameter listeningSince: when this server started listening: silence before it is
     ///   the server's own downtime, not the agent's, so it never counts.
     @discardableResult
-    public func expireStalled(now: Date = Date(), listeningSince: Date = .distantPast, deadlines: Deadlines = Deadlines()) async throws -> Int {
-        let nowUs = Timestamp(now).microseconds
-        let sinceUs = listeningSince == .distantPast ? Int64.min : Timestamp(listeningSince).microseconds
+    public func expireStalled(
+        now: Date = Date(), listeningSince: Date = .distantPast, deadlines: PullTargetLife.Deadlines = PullTargetLife.Deadlines()
+    ) async throws -> Int {
+        let stall = PullTargetLife.stall
         let open = try await db.read { db in
             try OpenTarget.fetchAll(
                 db,
                 sql: """
                     SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
-                    WHERE t.status IN ('delivered', 'exporting', 'uploading') AND p.expires_at <= ?
+                    WHERE t.status IN \(PullTargetLife.sqlList(stall.from)) AND p.expires_at <= ?
                     """,
-                arguments: [nowUs])
+                arguments: [Timestamp(now).microseconds])
         }
         var ended = 0
         for row in open {
-            let status = row.status
-            guard let detail = deadlines.ending(status, heard: row.updatedAt, expiresAt: row.expiresAt, nowUs: nowUs, sinceUs: sinceUs) else { continue }
+            let status = try PullRows.status(row.status, of: row.pullId)
+            guard
+                let detail = deadlines.ending(
+                    status, heard: Timestamp(Date(timeIntervalSince1970: row.updatedAt)), expiresAt: Timestamp(microseconds: row.expiresAt),
+                    now: Timestamp(now), listeningSince: PullRows.listening(since: listeningSince))
+            else { continue }
             ended += try await db.write { db in
+                // Guarded by the status it was read in: a target that moved meanwhile is left alone.
                 try db.execute(
-                    sql: "UPDATE pull_target SET status = 'expired', detail = ?, updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = ?",
-                    arguments: [detail, now.timeIntervalSince1970, row.pullId, row.agentId, status])
+                    sql: "UPDATE pull_target SET status = ?, detail = ?, updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status = ?",
+                    arguments: [stall.to.rawValue, detail, now.timeIntervalSince1970, row.pullId, row.agentId, status.rawValue])
                 return db.changesCount
             }
         }
@@ -256,7 +237,7 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     /// Agents with a queued pull: what the delivery pass wakes (it also catches pulls queued by
     /// another process, such as `dredge-server pull`).
     public func agentsWithQueuedPulls() async throws -> Set<String> {
-        try await db.read { Set(try String.fetchAll($0, sql: "SELECT DISTINCT agent_id FROM pull_target WHERE status = 'queued'")) }
+        try await db.read { Set(try String.fetchAll($0, sql: "SELECT DISTINCT agent_id FROM pull_target WHERE status = ?", arguments: [PullStatus.queued.rawValue])) }
     }
 
     /// The audit log, newest first.
@@ -288,45 +269,19 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
 
     private static func pull(_ id: String, now: Timestamp, in db: Database) throws -> Pull? {
         guard let row = try Self.row(id, in: db) else { return nil }
-        let expired = row.expiresAt <= now.microseconds
         let targets = try prepared("SELECT * FROM pull_target WHERE pull_id = ? ORDER BY agent_id", [id], as: PullTargetRow.self).fetchAll(db).map { t in
             // A queued pull past its expiry is expired even if no delivery pass marked it yet.
-            let stored = try Self.status(t.status, of: id)
-            let stale = stored == .queued && expired
+            let (status, detail) = PullTargetLife.shown(
+                try PullRows.status(t.status, of: id), detail: t.detail, expiresAt: Timestamp(microseconds: row.expiresAt), now: now)
             return Target(
-                pullID: t.pullId, agentID: t.agentId, status: stale ? .expired : stored, detail: stale ? "expired before delivery" : t.detail,
-                chunksReceived: t.chunksReceived, chunkCount: t.chunkCount, bytes: t.bytes, files: try Self.files(t.files, of: id),
+                pullID: t.pullId, agentID: t.agentId, status: status, detail: detail,
+                chunksReceived: t.chunksReceived, chunkCount: t.chunkCount, bytes: t.bytes, files: try PullRows.files(t.files, of: id),
                 updatedAt: Date(timeIntervalSince1970: t.updatedAt), errorCode: t.errorCode)
         }
         return Pull(
-            id: row.id, uid: row.uid, agentID: row.agentId, filter: Self.shownFilter(row.filter),
+            id: row.id, uid: row.uid, agentID: row.agentId, filter: PullRows.shownFilter(row.filter),
             issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
             requestedBy: row.requestedBy, targets: targets, removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason))
-    }
-
-    /// A stored status, or an error naming the damaged row (never a guess).
-    static func status(_ stored: String, of id: String) throws -> Status {
-        guard let status = Status(rawValue: stored) else { throw DeploymentError("the stored status of \(id) is unreadable: \(stored.debugDescription)") }
-        return status
-    }
-
-    /// The filter a pull shows: nil when the stored one does not read back (its delivery then
-    /// fails the pull with the reason; see ``storedPull(_:)``).
-    static func shownFilter(_ stored: String) -> LogFilter? {
-        do {
-            return try StoredFilter.decode(stored)
-        } catch {
-            return nil
-        }
-    }
-
-    /// A stored list of file names, or an error naming the damaged row.
-    static func files(_ json: String, of id: String) throws -> [String] {
-        do {
-            return try JSONDecoder().decode([String].self, from: Data(json.utf8))
-        } catch {
-            throw DeploymentError("the stored file list of \(id) is unreadable: \(error)")
-        }
     }
 
     public func pulls(limit: Int, now: Timestamp) async throws -> [Pull] {
@@ -342,16 +297,17 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
     /// it must not be sent.
     @discardableResult
     public func markDelivered(_ pullID: String, agent: String, at now: Date) async throws -> Bool {
-        try await db.write { db in
+        let deliver = PullTargetLife.deliver
+        return try await db.write { db in
             try db.run(
-                "UPDATE pull_target SET status = 'delivered', updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status IN ('queued', 'delivered')",
-                [now.timeIntervalSince1970, pullID, agent])
+                "UPDATE pull_target SET status = ?, updated_at = ? WHERE pull_id = ? AND agent_id = ? AND status IN \(PullTargetLife.sqlList(deliver.from))",
+                [deliver.to.rawValue, now.timeIntervalSince1970, pullID, agent])
             return db.changesCount > 0
         }
     }
 
     /// The SQL list of final statuses: a target in one of them never changes again.
-    static let finalStatuses = "(" + PullStatus.allCases.filter(\.isFinal).map { "'\($0.rawValue)'" }.joined(separator: ",") + ")"
+    static let finalStatuses = PullTargetLife.sqlList(PullTargetLife.final)
 
     /// Moves a target's status and progress, unless its status is already final (complete,
     /// rejected, failed, expired): whatever an agent sends afterwards changes nothing.
@@ -389,9 +345,12 @@ public final class PullStore: PullQueue, AuditLog, Sendable {
             try db.execute(
                 sql: "UPDATE pull SET removed_at = ?, removed_by = ?, removed_reason = ?, wrapped_key = x'' WHERE id = ?",
                 arguments: [now.timeIntervalSince1970, actor, reason, pullID])
+            let remove = PullTargetLife.remove
             try db.execute(
-                sql: "UPDATE pull_target SET status = 'failed', detail = ?, updated_at = ?, error_code = ? WHERE pull_id = ? AND status NOT IN \(Self.finalStatuses)",
-                arguments: ["removed by \(actor) before it finished", now.timeIntervalSince1970, WireErrorCode.errorUploadInvalid.rawValue, pullID])
+                sql: "UPDATE pull_target SET status = ?, detail = ?, updated_at = ?, error_code = ? WHERE pull_id = ? AND status IN \(PullTargetLife.sqlList(remove.from))",
+                arguments: [
+                    remove.to.rawValue, PullTargetLife.removedDetail(by: actor), now.timeIntervalSince1970, PullTargetLife.removedErrorCode.rawValue, pullID,
+                ])
             return RemovalMark(removal: removal, isNew: true)
         }
     }

@@ -25,7 +25,7 @@ import Synchronization
 /// it reads, writing nothing. A crash loses the heartbeat times held, which presence resets
 /// anyway; another process reading the database (`dredge-server agents`) sees a connected
 /// agent's last heartbeat up to `presenceRefresh` (and one heartbeat interval) old.
-public final class AgentRegistry: AgentDirectory, Sendable {
+public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
     private let db: DatabasePool
     private let hold: HeartbeatHold
 

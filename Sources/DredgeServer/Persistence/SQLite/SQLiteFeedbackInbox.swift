@@ -8,10 +8,19 @@ import GRDB
 /// who, what they said, and where the upload stands. The files go to `feedback/<id>/`. A
 /// feedback id is its upload id; a second upload of the same id is answered with the first
 /// one's result, never stored again.
-public final class FeedbackStore: FeedbackInbox, Sendable {
+public final class SQLiteFeedbackInbox: FeedbackInbox, Sendable {
     let db: DatabasePool
 
     public init(_ database: ServerDatabase) { db = database.pool }
+
+    /// The SQL list of final statuses: a feedback in one of them never changes again.
+    static let finalStatuses = "(" + FeedbackStatus.allCases.filter(\.isFinal).map { "'\($0.rawValue)'" }.sorted().joined(separator: ",") + ")"
+
+    /// A stored status, or an error naming the damaged row (never a guess).
+    static func status(_ stored: String, of id: String) throws -> FeedbackStatus {
+        guard let status = FeedbackStatus(rawValue: stored) else { throw DeploymentError("the stored status of feedback \(id) is unreadable: \(stored.debugDescription)") }
+        return status
+    }
 
     /// The `feedback` table as it was when `feedback.sqlite` was merged into the one database.
     static func legacySchema(_ migrator: inout DatabaseMigrator) {
@@ -45,21 +54,21 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
     public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64, at now: Date = Date()) async throws {
         let row = FeedbackRow(
             id: id, agentId: agentID, uid: uid, text: text, createdAtUs: createdAt.microseconds, receivedAt: now.timeIntervalSince1970,
-            status: PullStatus.uploading.rawValue, chunkCount: chunkCount, bytes: bytes)
+            status: FeedbackStatus.uploading.rawValue, chunkCount: chunkCount, bytes: bytes)
         try await db.write { db in try row.insert(db, onConflict: .ignore) }
     }
 
     /// Moves a feedback's status, unless it is already final (complete or failed).
     @discardableResult
     public func update(
-        _ id: String, status: PullStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil, errorCode: Int? = nil
+        _ id: String, status: FeedbackStatus, detail: String = "", chunksReceived: Int? = nil, records: Int? = nil, files: [String]? = nil, errorCode: Int? = nil
     ) async throws -> Bool {
         try await db.write { db in
             try db.execute(
                 sql: """
                     UPDATE feedback SET status = ?, detail = ?, chunks_received = coalesce(?, chunks_received),
                         records = coalesce(?, records), files = coalesce(?, files), error_code = coalesce(?, error_code)
-                    WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)
+                    WHERE id = ? AND status NOT IN \(Self.finalStatuses)
                     """,
                 arguments: [status.rawValue, detail, chunksReceived, records, files.map { String(decoding: try JSONEncoder().encode($0), as: UTF8.self) }, errorCode, id])
             return db.changesCount > 0
@@ -83,7 +92,7 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
     public func failAbandoned(now: Date = Date(), after: Duration = WireLimits.feedbackLifetime) async throws -> Int {
         try await db.write { db in
             try db.execute(
-                sql: "UPDATE feedback SET status = 'failed', detail = ? WHERE status NOT IN \(PullStore.finalStatuses) AND received_at <= ?",
+                sql: "UPDATE feedback SET status = 'failed', detail = ? WHERE status NOT IN \(Self.finalStatuses) AND received_at <= ?",
                 arguments: ["not completed within \(after) of its first frame; abandoned", now.timeIntervalSince1970 - Double(after.components.seconds)])
             return db.changesCount
         }
@@ -97,7 +106,7 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
                 sql: "UPDATE feedback SET removed_at = ?, removed_by = ?, removed_reason = ? WHERE id = ?",
                 arguments: [now.timeIntervalSince1970, actor, reason, id])
             try db.execute(
-                sql: "UPDATE feedback SET status = 'failed', detail = ?, error_code = ? WHERE id = ? AND status NOT IN \(PullStore.finalStatuses)",
+                sql: "UPDATE feedback SET status = 'failed', detail = ?, error_code = ? WHERE id = ? AND status NOT IN \(Self.finalStatuses)",
                 arguments: ["removed by \(actor) before it finished", WireErrorCode.errorUploadInvalid.rawValue, id])
             return RemovalMark(removal: Removal(at: now, by: actor, reason: reason), isNew: true)
         }
@@ -109,7 +118,7 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
                 db,
                 sql: """
                     SELECT id FROM feedback INDEXED BY feedback_kept WHERE removed_at IS NULL AND received_at <= ?
-                    AND status IN \(PullStore.finalStatuses) ORDER BY received_at, id LIMIT ?
+                    AND status IN \(Self.finalStatuses) ORDER BY received_at, id LIMIT ?
                     """,
                 arguments: [cutoff.timeIntervalSince1970, max(limit, 0)])
         }
@@ -127,9 +136,9 @@ public final class FeedbackStore: FeedbackInbox, Sendable {
     static func record(_ row: FeedbackRow) throws -> FeedbackRecord {
         FeedbackRecord(
             id: row.id, agentID: row.agentId, uid: row.uid, text: row.text, createdAt: Timestamp(microseconds: row.createdAtUs),
-            receivedAt: Date(timeIntervalSince1970: row.receivedAt), status: try PullStore.status(row.status, of: row.id), detail: row.detail,
+            receivedAt: Date(timeIntervalSince1970: row.receivedAt), status: try Self.status(row.status, of: row.id), detail: row.detail,
             chunksReceived: row.chunksReceived, chunkCount: row.chunkCount, bytes: row.bytes, records: row.records,
-            files: try PullStore.files(row.files, of: row.id), errorCode: row.errorCode,
+            files: try PullRows.files(row.files, of: row.id), errorCode: row.errorCode,
             removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason))
     }
 }

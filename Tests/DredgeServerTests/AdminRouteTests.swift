@@ -41,9 +41,10 @@ import Testing
         /// Runs `body` against the application, each request with the admin token unless told otherwise.
         func test(_ body: @Sendable (Client) async throws -> Void) async throws {
             let logger = Logger(label: "test.admin") { _ in SwiftLogNoOpLogHandler() }
-            let app = try AdminAPI.application(
+            let services = AdminServices(
                 registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: PullDispatcher(pulls: pulls, logger: logger),
-                files: PullFiles(paths: DataDirectory(data), pulls: pulls, feedback: feedback), results: results, port: 0, logger: logger)
+                files: PullFiles(paths: DataDirectory(data), pulls: pulls, feedback: feedback), results: results, logger: logger)
+            let app = try AdminAPI.application(actions: AdminActions(services), port: 0)
             let token = created.adminToken
             try await app.test(.router) { client in try await body(Client(client: client, token: token)) }
         }

@@ -92,11 +92,12 @@ import Testing
             let logger = Logger(label: "test.console") { _ in SwiftLogNoOpLogHandler() }
             let clock = clock
             let a = admin
-            let app = try AdminAPI.application(
+            let services = AdminServices(
                 registry: a.registry, pulls: a.pulls, audit: a.pulls, issuer: a.issuer, feedback: a.feedback, tokens: a.tokens,
                 dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), records: records,
-                files: PullFiles(paths: DataDirectory(a.data), pulls: a.pulls, feedback: a.feedback), consoleSessions: ConsoleSessions(lifetime: 3600, now: { clock.now() }), port: 0,
-                logger: logger)
+                files: PullFiles(paths: DataDirectory(a.data), pulls: a.pulls, feedback: a.feedback), logger: logger)
+            let app = try AdminAPI.application(
+                actions: AdminActions(services), consoleSessions: ConsoleSessions(lifetime: 3600, now: { clock.now() }), port: 0)
             try await app.test(.router) { client in
                 var browser = Browser(client: client)
                 try await body(&browser)

@@ -71,9 +71,11 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
             issuer: issuer, landed: { indexer.landed($0) })
         let adminPort = Mutex<Int?>(nil)
-        let app = try AdminAPI.application(
+        let services = AdminServices(
             registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,
-            indexer: indexer, port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits, logger: logger,
+            indexer: indexer, logger: logger)
+        let app = try AdminAPI.application(
+            actions: AdminActions(services), port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits,
             onReady: { port in adminPort.withLock { $0 = port } })
         group = ServiceGroup(services: [dispatcher, indexer, listener, app], logger: logger)
         let task = Task { [group] in try await group.run() }

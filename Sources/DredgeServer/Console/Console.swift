@@ -32,27 +32,28 @@ enum Console {
     /// The largest form body read (a sign-in, a filter).
     static let maxFormBytes = 16 * 1024
 
+    /// The actions pages run (every rule and audit entry is theirs: pages only render) and what
+    /// pages read, with the console's own sessions.
     struct Dependencies {
-        let registry: any AgentDirectory
-        let pulls: any PullQueue
-        let feedback: any FeedbackInbox
-        /// The index the log viewer searches; nil on a server that does not index.
-        let records: (any RecordIndex)?
-        /// The pulled and fed-back files; nil on a server that does not serve them.
-        let files: PullFiles?
-        let issuer: CommandIssuer
-        let dispatcher: PullDispatcher
-        let tokens: any TokenVault
-        let audit: any AuditLog
+        let actions: AdminActions
         let sessions: ConsoleSessions
         /// Whether the listener speaks TLS: cookies are then `Secure`.
         let secure: Bool
-        let logger: Logger
+
+        var registry: any AgentDirectory { actions.services.registry }
+        var pulls: any PullQueue { actions.services.pulls }
+        var feedback: any FeedbackInbox { actions.services.feedback }
+        /// The index the log viewer searches; nil on a server that does not index.
+        var records: (any RecordIndex)? { actions.services.records }
+        /// The pulled and fed-back files; nil on a server that does not serve them.
+        var files: PullFiles? { actions.services.files }
+        var tokens: any TokenVault { actions.services.tokens }
+        var audit: any AuditLog { actions.services.audit }
+        var logger: Logger { actions.services.logger }
     }
 
     static func register(on router: Router<AdminRequestContext>, _ d: Dependencies) throws {
         let library = try ConsoleTemplates.library()
-        let refusals = RefusalAudit()
         let console = router.group("console").add(middleware: ConsoleErrors(library: library, logger: d.logger))
 
         console.get("") { _, _ in redirect("/console/agents") }
@@ -81,13 +82,13 @@ enum Console {
             }
             let token = form["token"] ?? "", back = returnPath(form["return"])
             guard !token.isEmpty, let name = try await d.tokens.adminName(for: token) else {
-                await refused(request, context, d, refusals)
+                await d.actions.refusedToken("a token that is not an admin token", for: "the console's sign-in", from: context.remoteAddress ?? "?")
                 return signInPage(library, d, problem: "That is not an admin token.", status: .unauthorized, returnTo: back)
             }
             // A session this browser held before ends: one at a time.
             if let old = request.cookies[sessionCookie]?.value { d.sessions.close(old) }
             // Recorded first: a sign-in the audit log cannot hold does not happen.
-            try await d.audit.record(actor: name, action: "console.sign-in", detail: "from \(context.remoteAddress ?? "?")", at: Date())
+            try await d.actions.signedIn(name, from: context.remoteAddress ?? "?")
             let (id, session) = d.sessions.open(tokenName: name, token: token)
             var response = redirect(back ?? "/console/agents")
             response.setCookie(
@@ -102,7 +103,7 @@ enum Console {
             guard let id = request.cookies[sessionCookie]?.value, let session = d.sessions.session(id) else { return toSignIn(request) }
             guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
             d.sessions.close(id)
-            try await d.audit.record(actor: session.tokenName, action: "console.sign-out", detail: "", at: Date())
+            try await d.actions.signedOut(session.tokenName)
             var response = redirect("/console/sign-in")
             response.setCookie(expired(sessionCookie, d))
             return response
@@ -272,18 +273,6 @@ enum Console {
         return fields
     }
 
-    static func refused(_ request: Request, _ context: AdminRequestContext, _ d: Dependencies, _ refusals: RefusalAudit) async {
-        let source = context.remoteAddress ?? "?"
-        let host = source.split(separator: ":").dropLast().joined(separator: ":")
-        guard let suppressed = refusals.admit(host: host.isEmpty ? source : host, now: Date()) else { return }
-        let detail = "a token that is not an admin token for the console's sign-in from \(source)"
-            + (suppressed > 0 ? " (and \(suppressed) more from that host not recorded)" : "")
-        do {
-            try await d.audit.record(actor: "-", action: "auth.failed", detail: detail, at: Date())
-        } catch {
-            d.logger.error("could not record a refused console sign-in in the audit log", metadata: ["error": "\(error)"])
-        }
-    }
 }
 
 /// Every error under /console as a page with the console's headers (not the API's JSON): the
@@ -299,6 +288,9 @@ struct ConsoleErrors: RouterMiddleware {
             return try await next(request, context)
         } catch let error as AdminAPIError {
             return page(error.status, error.message)
+        } catch let error as ActionError {
+            let shown = AdminAPIError(error)
+            return page(shown.status, Console.sentence(error))
         } catch let error as HTTPError {
             return page(error.status, error.status == .notFound ? "There is no such page." : "The request could not be read.")
         } catch {

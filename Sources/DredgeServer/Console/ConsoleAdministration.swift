@@ -40,7 +40,7 @@ extension Console {
             var page = signedInPage("Audit log", session, current: "Audit")
             page["actor"] = text("actor")
             page["action"] = text("action")
-            page["actions"] = ["pull", "pull.download", "feedback.download", "pull.remove", "feedback.remove", "records.search", "records.read", "token", "auth.failed", "console"]
+            page["actions"] = AuditAction.filters
                 .map { ["name": $0, "selected": $0 == text("action")] }
             if let before = parameters["before"] {
                 guard let id = Int64(before), id > 0 else { throw AdminAPIError(.badRequest, "bad_request", "“before” is an entry's number.") }
@@ -88,11 +88,10 @@ extension Console {
                 }
                 let created: TokenCreated
                 do {
-                    created = try await d.tokens.create(name: name, kind: kind, now: Date())
-                } catch let error as TokenError {
-                    return try await tokensPage(session, problem: sentence(error), status: .badRequest)
+                    created = try await d.actions.createToken(name: name, kind: kind, by: session.tokenName)
+                } catch let error as ActionError {
+                    return try await tokensPage(session, problem: sentence(error), status: AdminAPIError(error).status)
                 }
-                try await d.audit.record(actor: session.tokenName, action: "token.create", detail: "\(kind.rawValue) token '\(name)'", at: Date())
                 // Shown on this answer only (not a redirect: the token is in no URL and no history).
                 return try await tokensPage(session, created: created)
             }
@@ -105,11 +104,10 @@ extension Console {
                     return try await tokensPage(session, problem: "A token is an admin or an enrollment token.", status: .badRequest)
                 }
                 do {
-                    try await d.tokens.revoke(name: name, kind: kind)
-                } catch let error as TokenError {
-                    return try await tokensPage(session, problem: sentence(error), status: .conflict)
+                    try await d.actions.revokeToken(name: name, kind: kind, by: session.tokenName)
+                } catch let error as ActionError {
+                    return try await tokensPage(session, problem: sentence(error), status: AdminAPIError(error).status)
                 }
-                try await d.audit.record(actor: session.tokenName, action: "token.revoke", detail: "\(kind.rawValue) token '\(name)'", at: Date())
                 // Revoking one's own token ends this session: the next page asks to sign in.
                 return redirect("/console/tokens")
             }

@@ -11,7 +11,6 @@ import Mustache
 /// the session's token.
 extension Console {
     static func registerFiles(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
-        let audited = SearchAudit()
         @Sendable func files() throws -> PullFiles {
             guard let files = d.files else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not serve files.") }
             return files
@@ -28,12 +27,10 @@ extension Console {
         }
         /// The API's download answer, as the session's token, with the console's headers.
         @Sendable func serve(
-            _ located: PullFiles.Located, _ session: ConsoleSessions.Session, _ request: Request, _ context: AdminRequestContext, action: String,
+            _ located: PullFiles.Located, _ session: ConsoleSessions.Session, _ request: Request, _ context: AdminRequestContext, action: AuditAction,
             detail: String
         ) async throws -> Response {
-            var context = context
-            context.tokenName = session.tokenName
-            var response = try await AdminAPI.serve(located, request: request, context: context, audit: d.audit, throttle: audited, action: action, detail: detail)
+            var response = try await AdminAPI.serve(located, request: request, context: context, actions: d.actions, actor: session.tokenName, action: action, detail: detail)
             for field in securityHeaders { response.headers[field.name] = field.value }  // no-store: logs stay off the browser's disk
             return response
         }
@@ -69,7 +66,7 @@ extension Console {
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let pull = try id(context), agent = try id(context, "agent"), name = try fileName(context)
             guard let located = try await files().locate(pull, agent: agent, name: name) else { throw AdminAPIError(.notFound, "not_found", "There is no such file.") }
-            return try await serve(located, session, request, context, action: "pull.download", detail: "pull \(pull) agent \(agent) file \(located.file.name)")
+            return try await serve(located, session, request, context, action: .pullDownload, detail: "pull \(pull) agent \(agent) file \(located.file.name)")
         }
         console.get("pulls/:id/zip") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
@@ -83,13 +80,13 @@ extension Console {
             } catch PullFiles.WholeZipError.changing {
                 throw AdminAPIError(.serviceUnavailable, "unavailable", "This pull's files are changing; try again.")
             }
-            return try await serve(located, session, request, context, action: "pull.download", detail: "pull \(pull) whole zip")
+            return try await serve(located, session, request, context, action: .pullDownload, detail: "pull \(pull) whole zip")
         }
         console.get("feedback/:id/files/:name") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let feedback = try id(context), name = try fileName(context)
             guard let located = try await files().locate(feedback: feedback, name: name) else { throw AdminAPIError(.notFound, "not_found", "There is no such file.") }
-            return try await serve(located, session, request, context, action: "feedback.download", detail: "feedback \(feedback) file \(located.file.name)")
+            return try await serve(located, session, request, context, action: .feedbackDownload, detail: "feedback \(feedback) file \(located.file.name)")
         }
     }
 

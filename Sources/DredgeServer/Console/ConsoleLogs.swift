@@ -94,7 +94,6 @@ extension Console {
     }
 
     static func registerLogs(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
-        let audited = SearchAudit()
         console.get("logs") { request, _ in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let parameters = query(request)
@@ -109,17 +108,14 @@ extension Console {
                 page["hint"] = "Choose a user, a pull or a feedback to read."
                 return html(library, "logs", page)
             }
-            guard let records = d.records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not index records.") }
             search.reason = nil
-            try AdminAPI.checkSearch(search)
             let found: RecordPage
             do {
-                found = try await records.search(search)
-            } catch let error as RecordSearchError {
+                found = try await d.actions.search(search, by: session.tokenName)
+            } catch let error as ActionError where error.kind == .invalid {
                 page["problem"] = error.description
                 return html(library, "logs", page, status: .badRequest)
             }
-            try await audited.record("records.search", actor: session.tokenName, detail: AdminAPI.describe(search), in: d.audit)
             // The record asked for is marked (and focused); on a page read backwards, the last
             // one: the moment or the page the reader came from is just below it.
             let focus = parameters["focus"] ?? (search.before != nil ? found.records.last.map { "\($0.id)" } : nil)
@@ -168,13 +164,13 @@ extension Console {
             }
             guard let records = d.records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not index records.") }
             (search.after, search.before, search.limit, search.arrivedAfter, search.reason) = (nil, nil, 500, max(from, resumed ?? 0), nil)
-            try AdminAPI.checkSearch(search)
+            try AdminActions.check(search)
             let asked = search, encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys]
             // State: the search, from the last record sent.
             return try await eventStream(
                 request, cookie: cookie, follows, d, every: .seconds(1), state: asked,
-                opened: { try await audited.record("records.search", actor: session.tokenName, detail: AdminAPI.describe(asked), in: d.audit) }
+                opened: { try await d.actions.searchOpened(asked, by: session.tokenName) }
             ) { search in
                 let page = try await records.search(search)
                 guard let last = page.records.last else { return .quiet }

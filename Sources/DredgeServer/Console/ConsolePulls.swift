@@ -112,13 +112,12 @@ extension Console {
                 let pull: PullRecord
                 do {
                     let asked = try pullRequest(form, now: .now).get()
-                    pull = try await d.pulls.create(
-                        asked, registry: d.registry, issuer: d.issuer, requestedBy: session.tokenName, logger: d.logger, isConnected: d.dispatcher.isConnected
-                    ) { d.dispatcher.wake($0, with: $1) }
+                    pull = try await d.actions.createPull(asked, by: session.tokenName, via: "console")
                 } catch let error as PullRequestError {
                     return try await newPullPage(session, form, problem: sentence(error), status: .badRequest)
+                } catch let error as ActionError {
+                    return try await newPullPage(session, form, problem: sentence(error), status: AdminAPIError(error).status)
                 }
-                d.logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)", "from": "console"])
                 return redirect("/console/pulls/\(pull.id)")
             }
         }

@@ -14,14 +14,11 @@ extension Console {
     static let contextCount = 10
 
     static func registerRecords(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
-        let audited = SearchAudit()
         console.get("records/:id") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
-            guard let records = d.records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not index records.") }
-            guard let id = Int64(try context.parameters.require("id")), id > 0, let found = try await records.record(id, context: contextCount) else {
+            guard let id = Int64(try context.parameters.require("id")), id > 0, let found = try await d.actions.record(id, context: contextCount, by: session.tokenName) else {
                 throw AdminAPIError(.notFound, "not_found", "There is no such record (it may have been removed with its pull or feedback).")
             }
-            try await audited.record("records.read", actor: session.tokenName, detail: "record \(id) context \(contextCount)", in: d.audit)
             var page = signedInPage("Record \(id)", session, current: "Logs")
             for (key, value) in recordFields(found) { page[key] = value }
             return html(library, "record", page)

@@ -154,7 +154,7 @@ public struct ResultsKeeper: Sendable {
         let report = RemovalReport(kind: kind, id: id, removal: mark.removal, newlyRemoved: mark.isNew, freedBytes: done.freed, unindexedSources: done.unindexed)
         if mark.isNew || done.freed > 0 {
             let detail = Self.describe(report, reason: reason) + (failure.map { "; not finished (the server tries again within the hour, and at its next start): \($0)" } ?? "")
-            try await audit.record(actor: actor, action: kind == .pull ? "pull.remove" : "feedback.remove", detail: detail, at: now)
+            try await audit.record(actor: actor, kind == .pull ? AuditAction.pullRemove : .feedbackRemove, detail: detail, at: now)
         }
         if let failure { throw failure }
         return report

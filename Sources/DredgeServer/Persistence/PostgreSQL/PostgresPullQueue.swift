@@ -51,7 +51,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                 INSERT INTO pull_target (pull_id, agent_id, status, updated_at)
                 SELECT \(pull.id), a, \(PullStatus.queued.rawValue), \(now) FROM unnest(\(pull.targets)::text[]) AS a
                 """)
-            try await c.run("INSERT INTO audit (at, actor, action, detail) VALUES (\(now), \(pull.requestedBy), 'pull', \(detail.storable))")
+            try await c.run("INSERT INTO audit (at, actor, action, detail) VALUES (\(now), \(pull.requestedBy), \(AuditAction.pull.rawValue), \(detail.storable))")
             try await announce(pull.targets, on: c)
         }
     }

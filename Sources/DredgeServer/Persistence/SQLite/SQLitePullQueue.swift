@@ -140,7 +140,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
                 try PullTargetRow(pullId: pull.id, agentId: agent, status: Status.queued.rawValue, updatedAt: now).insert(db)
             }
             try AuditRow(
-                at: now, actor: pull.requestedBy, action: "pull",
+                at: now, actor: pull.requestedBy, action: AuditAction.pull.rawValue,
                 detail: "pull \(pull.id) uid=\(pull.uid) agent=\(pull.agentID) filter=\(filterJSON) targets=\(pull.targets.joined(separator: ","))"
                     + (pull.reason.isEmpty ? "" : " reason=\(pull.reason.debugDescription)")
             ).insert(db)

@@ -1,0 +1,31 @@
+/// Every action the audit log records, by the name it is stored under and queried by
+/// (`GET /v1/audit?action=`, `dredge audit --action`; a prefix before a dot finds the
+/// actions under it: `token` finds `token.create` and `token.revoke`).
+public enum AuditAction: String, Sendable, CaseIterable, Codable {
+    /// A pull made (API, console or `dredge-server pull`).
+    case pull
+    case pullDownload = "pull.download"
+    case pullRemove = "pull.remove"
+    case feedbackDownload = "feedback.download"
+    case feedbackRemove = "feedback.remove"
+    case recordsSearch = "records.search"
+    case recordsRead = "records.read"
+    case consoleSignIn = "console.sign-in"
+    case consoleSignOut = "console.sign-out"
+    case tokenCreate = "token.create"
+    case tokenRevoke = "token.revoke"
+    /// A refused admin token (actor `-`).
+    case authFailed = "auth.failed"
+
+    /// What a filter by action offers (the console's audit page): each action, except that the
+    /// `token.*` and `console.*` ones are offered as their group.
+    public static var filters: [String] {
+        var seen: [String] = []
+        for action in allCases {
+            let group = action.rawValue.split(separator: ".").first.map(String.init) ?? action.rawValue
+            let name = ["token", "console"].contains(group) ? group : action.rawValue
+            if !seen.contains(name) { seen.append(name) }
+        }
+        return seen
+    }
+}

@@ -1,0 +1,246 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeWire
+import Foundation
+import Logging
+
+/// What an engineer can do, once, for every surface: the admin API and the console are
+/// adapters over these (they read requests and render answers; the rules, the validation and
+/// the audit entries are here). A rule a user sees on both surfaces is tested once, through
+/// the action (`AdminActionsTests`).
+///
+/// Each action takes the actor (the admin token's name, or the signed-in session's) and throws
+/// ``ActionError`` for what the caller can mend; anything else is the server's fault.
+/// The audit throttles are shared by both surfaces: a search paged through the API and read
+/// again in the console within ten minutes is one entry.
+public final class AdminActions: Sendable {
+    public let services: AdminServices
+    /// Searches and record reads: one entry per actor and filter in ten minutes.
+    let searchAudit = SearchAudit()
+    /// Downloads: one entry per actor and file in ten minutes (a resumed download is one).
+    let downloadAudit = SearchAudit()
+    /// Refused tokens: one entry per host a minute, the rest counted.
+    let refusals = RefusalAudit()
+
+    public init(_ services: AdminServices) { self.services = services }
+
+    var logger: Logger { services.logger }
+
+    // MARK: Pulls
+
+    /// Makes a pull: checked (``PullQueue/create(_:registry:issuer:requestedBy:logger:now:isConnected:wake:)``),
+    /// queued with its audit entry, and its connected targets woken.
+    public func createPull(_ request: PullRequest, by actor: String, via surface: String) async throws -> PullRecord {
+        let s = services
+        let pull: PullRecord
+        do {
+            pull = try await s.pulls.create(request, registry: s.registry, issuer: s.issuer, requestedBy: actor, logger: s.logger, isConnected: s.dispatcher.isConnected) {
+                s.dispatcher.wake($0, with: $1)
+            }
+        } catch let error as PullRequestError {
+            switch error {
+            case .unknownAgent: throw ActionError(.notFound, error.description, code: "no_agent")
+            case .noTarget, .invalid: throw ActionError(.invalid, error.description)
+            }
+        }
+        logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)", "via": "\(surface)"])
+        return pull
+    }
+
+    /// Removes a pull's or a feedback's results (files and index rows); the record stays.
+    /// Nil when there is no such pull or feedback.
+    public func remove(_ kind: RemovalReport.Kind, _ id: String, by actor: String, reason: String) async throws -> RemovalReport {
+        guard let results = services.results else { throw ActionError(.unavailable, "this server does not remove results") }
+        guard WireID.isValid(id) else { throw ActionError(.invalid, "\(kind.rawValue) id must be 32 lowercase hex characters") }
+        if let problem = reasonProblem(reason) { throw ActionError(.invalid, problem) }
+        let report: RemovalReport?
+        do {
+            report = try await results.remove(kind, id, by: actor, reason: reason)
+        } catch let busy as ResultsKeeper.RemovalInProgress {
+            throw ActionError(.conflict, busy.description)
+        }
+        guard let report else { throw ActionError(.notFound, "no \(kind.rawValue) \(id)") }
+        logger.info("\(kind.rawValue) removed", metadata: ["\(kind.rawValue).id": "\(id)", "by": "\(actor)", "bytes": "\(report.freedBytes)"])
+        return report
+    }
+
+    // MARK: Tokens
+
+    public func createToken(name: String, kind: TokenKind, by actor: String) async throws -> TokenCreated {
+        let created: TokenCreated
+        do {
+            created = try await services.tokens.create(name: name, kind: kind, now: Date())
+        } catch let error as TokenError {
+            throw ActionError(error == .exists(name) ? .conflict : .invalid, error.description)
+        }
+        try await services.audit.record(actor: actor, .tokenCreate, detail: "\(kind.rawValue) token '\(name)'")
+        return created
+    }
+
+    public func revokeToken(name: String, kind: TokenKind, by actor: String) async throws {
+        do {
+            try await services.tokens.revoke(name: name, kind: kind)
+        } catch let error as TokenError {
+            throw ActionError(error == .lastAdmin ? .conflict : .notFound, error.description)
+        }
+        try await services.audit.record(actor: actor, .tokenRevoke, detail: "\(kind.rawValue) token '\(name)'")
+    }
+
+    // MARK: Records
+
+    /// A page of records: the search checked, run, and audited (``searchAudit``).
+    public func search(_ search: RecordSearch, by actor: String) async throws -> RecordPage {
+        guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
+        try Self.check(search)
+        var page: RecordPage
+        do {
+            page = try await records.search(search)
+        } catch let error as RecordSearchError {
+            throw ActionError(.invalid, error.description)
+        }
+        if let indexer = services.indexer { page.indexing += indexer.queued }
+        try await searchOpened(search, by: actor)
+        return page
+    }
+
+    /// Audits a search whose pages are read by the caller itself (the console's follow).
+    public func searchOpened(_ search: RecordSearch, by actor: String) async throws {
+        try await searchAudit.record(.recordsSearch, actor: actor, detail: Self.describe(search), in: services.audit)
+    }
+
+    /// A record with up to `context` records of its source on each side, audited; nil when no
+    /// record has the id.
+    public func record(_ id: Int64, context: Int, by actor: String) async throws -> RecordInContext? {
+        guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
+        guard id > 0 else { throw ActionError(.invalid, "a record id is a positive integer") }
+        guard (0...RecordInContext.maximumContext).contains(context) else {
+            throw ActionError(.invalid, "context is a number of records from 0 to \(RecordInContext.maximumContext)")
+        }
+        guard let found = try await records.record(id, context: context) else { return nil }
+        try await searchAudit.record(.recordsRead, actor: actor, detail: "record \(id) context \(context)", in: services.audit)
+        return found
+    }
+
+    /// Ids in a search have the protocol's form, a uid the store's rules; texts hold no control
+    /// characters, and lists are bounded.
+    public static func check(_ search: RecordSearch) throws {
+        func bad(_ message: String) -> ActionError { ActionError(.invalid, message) }
+        let lists: [(String, Int)] = [
+            ("agents", search.agents?.count ?? 0), ("hosts", search.hosts?.count ?? 0), ("apps", search.apps?.count ?? 0),
+            ("levels", search.levels?.count ?? 0), ("types", search.types?.count ?? 0), ("metadata", search.metadata?.count ?? 0),
+        ]
+        for (name, count) in lists where count > 64 { throw bad("at most 64 \(name) in one search") }
+        let texts = [search.text].compactMap { $0 } + (search.hosts ?? []) + (search.apps ?? []) + (search.types ?? [])
+            + (search.metadata ?? []).flatMap { [$0.key, $0.value] }
+        for text in texts {
+            if text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) { throw bad("a search text holds a control character") }
+            if text.utf8.count > 4096 { throw bad("a search text is longer than 4096 bytes") }
+        }
+        for time in [search.since, search.until].compactMap({ $0 }) where !time.isAccepted {
+            throw bad("times must lie between 1970 and 9999")
+        }
+        for (id, what) in [(search.pull, "pull"), (search.feedback, "feedback")] {
+            if let id, !WireID.isValid(id) { throw bad("\(what) id must be 32 lowercase hex characters") }
+        }
+        for agent in search.agents ?? [] where !WireID.isValid(agent) { throw bad("agent id must be 32 lowercase hex characters") }
+        if let uid = search.uid, let problem = UserID.problem(uid) { throw bad("uid: \(problem)") }
+        if let reason = search.reason, let problem = reasonProblem(reason) { throw bad(problem) }
+        if let since = search.since, let until = search.until, until <= since { throw bad("until must be after since") }
+    }
+
+    /// A search as the audit log shows it: each narrowing, readably.
+    public static func describe(_ s: RecordSearch) -> String {
+        var parts: [String] = []
+        if let uid = s.uid { parts.append("uid=\(uid)") }
+        if let agents = s.agents, !agents.isEmpty { parts.append("agent=\(agents.joined(separator: ","))") }
+        if let hosts = s.hosts, !hosts.isEmpty { parts.append("host=\(hosts.joined(separator: ","))") }
+        if let apps = s.apps, !apps.isEmpty { parts.append("app=\(apps.joined(separator: ","))") }
+        if let pull = s.pull { parts.append("pull=\(pull)") }
+        if let feedback = s.feedback { parts.append("feedback=\(feedback)") }
+        if let since = s.since { parts.append("since=\(since.rfc3339)") }
+        if let until = s.until { parts.append("until=\(until.rfc3339)") }
+        if let levels = s.levels, !levels.isEmpty { parts.append("level=\(levels.joined(separator: ","))") }
+        if let types = s.types, !types.isEmpty { parts.append("type=\(types.joined(separator: ","))") }
+        if let text = s.text { parts.append("text=\(text.debugDescription)") }
+        for m in s.metadata ?? [] { parts.append("where \(m.key)=\(m.value)") }
+        if let reason = s.reason, !reason.isEmpty { parts.append("reason=\(reason.debugDescription)") }
+        return ConnectionUploads.bounded(parts.isEmpty ? "everything" : parts.joined(separator: " "))
+    }
+
+    // MARK: Files
+
+    /// Audits a download about to be served (``downloadAudit``): `pull.download` or
+    /// `feedback.download`.
+    public func downloading(_ action: AuditAction, detail: String, by actor: String) async throws {
+        try await downloadAudit.record(action, actor: actor, detail: detail, in: services.audit)
+    }
+
+    // MARK: Sign-in
+
+    /// A token that is not an admin token (for `what`, from `source`, `host:port`), recorded as
+    /// `auth.failed` at most once a minute per host, the refusals in between counted. Never
+    /// throws: a refusal the log cannot hold is logged.
+    public func refusedToken(_ why: String, for what: String, from source: String) async {
+        // The host alone: each new connection has a new port.
+        let host = source.split(separator: ":").dropLast().joined(separator: ":")
+        guard let suppressed = refusals.admit(host: host.isEmpty ? source : host, now: Date()) else { return }
+        let detail = "\(why) for \(what) from \(source)" + (suppressed > 0 ? " (and \(suppressed) more from that host not recorded)" : "")
+        do {
+            try await services.audit.record(actor: "-", .authFailed, detail: detail)
+        } catch {
+            logger.error("could not record a refused admin token in the audit log", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// A console sign-in, recorded first: one the audit log cannot hold does not happen.
+    public func signedIn(_ name: String, from source: String) async throws {
+        try await services.audit.record(actor: name, .consoleSignIn, detail: "from \(source)")
+    }
+
+    public func signedOut(_ name: String) async throws {
+        try await services.audit.record(actor: name, .consoleSignOut, detail: "")
+    }
+}
+
+/// Why an action was refused, for the caller to mend: each surface shows it its own way (the
+/// API as a status and a JSON error code, the console as a sentence on the page).
+public struct ActionError: Error, CustomStringConvertible, Sendable, Equatable {
+    public enum Kind: Sendable, Equatable {
+        /// The request breaks a rule (400).
+        case invalid
+        /// What it names does not exist (404).
+        case notFound
+        /// It clashes with what is there (409): a name taken, the last admin token, a removal
+        /// under way.
+        case conflict
+        /// This server does not do that (503): no index, no files, no removal.
+        case unavailable
+    }
+
+    public let kind: Kind
+    public let message: String
+    /// The API's error code: by kind unless said.
+    public let code: String
+
+    public init(_ kind: Kind, _ message: String, code: String? = nil) {
+        self.kind = kind
+        self.message = message
+        self.code = code ?? {
+            switch kind {
+            case .invalid: "bad_request"
+            case .notFound: "not_found"
+            case .conflict: "conflict"
+            case .unavailable: "unavailable"
+            }
+        }()
+    }
+
+    public var description: String { message }
+}
+
+extension AuditLog {
+    /// Records one of the audit log's actions.
+    public func record(actor: String, _ action: AuditAction, detail: String, at: Date = Date()) async throws {
+        try await record(actor: actor, action: action.rawValue, detail: detail, at: at)
+    }
+}

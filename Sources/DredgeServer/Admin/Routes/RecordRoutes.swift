@@ -1,0 +1,25 @@
+import DredgeAdminAPI
+import Hummingbird
+import NIOCore
+
+/// `/v1/records`: search the index, and read one record with its neighbours (both audited).
+enum RecordRoutes {
+    static func collection(_ actions: AdminActions) -> RouteCollection<AdminRequestContext> {
+        let routes = RouteCollection(context: AdminRequestContext.self)
+        routes.post("search") { request, context in
+            let search = try await AdminAPI.decode(RecordSearch.self, from: request)
+            let page = try await actions.search(search, by: context.tokenName ?? "?")
+            // Written by hand: each record's metadata goes in as the index holds it, not parsed
+            // and written again.
+            return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: try page.jsonBytes())))
+        }
+        routes.get(":id") { request, context in
+            guard let id = Int64(try context.parameters.require("id")), id > 0 else { throw ActionError(.invalid, "a record id is a positive integer") }
+            guard let found = try await actions.record(id, context: try AdminAPI.recordContext(request), by: context.tokenName ?? "?") else {
+                throw ActionError(.notFound, "no record \(id)")
+            }
+            return try AdminAPI.json(found)
+        }
+        return routes
+    }
+}

@@ -1,0 +1,22 @@
+import DredgeAdminAPI
+import Hummingbird
+
+/// `/v1/tokens`: list, create and revoke admin and enrollment tokens (changes audited).
+enum TokenRoutes {
+    static func collection(_ actions: AdminActions) -> RouteCollection<AdminRequestContext> {
+        let routes = RouteCollection(context: AdminRequestContext.self)
+        let tokens = actions.services.tokens
+        routes.get { _, _ in try AdminAPI.json(await tokens.list()) }
+        routes.post { request, context in
+            let body = try await AdminAPI.decode(TokenRequest.self, from: request)
+            return try AdminAPI.json(try await actions.createToken(name: body.name, kind: body.kind, by: context.tokenName ?? "?"), status: .created)
+        }
+        routes.delete(":kind/:name") { _, context in
+            let name = try context.parameters.require("name")
+            guard let kind = TokenKind(rawValue: try context.parameters.require("kind")) else { throw ActionError(.notFound, "token kinds are admin and enrollment") }
+            try await actions.revokeToken(name: name, kind: kind, by: context.tokenName ?? "?")
+            return try AdminAPI.json(await tokens.list())
+        }
+        return routes
+    }
+}

@@ -1,0 +1,119 @@
+import DredgeAdminAPI
+import DredgeDomain
+@testable import DredgeServer
+import DredgeTestSupport
+import Foundation
+import Logging
+import Testing
+
+/// The actions the admin API and the console share (#52), tested once, with no HTTP: what an
+/// engineer may do, how a refusal is typed, and what the audit log keeps. Each surface's own
+/// tests check only that it shows these.
+@Suite struct AdminActionsTests {
+    struct Fixture {
+        let base: AdminRouteTests.Fixture
+        let actions: AdminActions
+
+        init(records: Bool = true) throws {
+            base = try AdminRouteTests.Fixture()
+            let logger = Logger(label: "test.actions") { _ in SwiftLogNoOpLogHandler() }
+            let index = records ? try ServerStores(try LoadedDeployment(directory: base.data)).records : nil
+            actions = AdminActions(
+                AdminServices(
+                    registry: base.registry, pulls: base.pulls, audit: base.pulls, issuer: base.issuer, feedback: base.feedback, tokens: base.tokens,
+                    dispatcher: PullDispatcher(pulls: base.pulls, logger: logger), records: index, results: base.results, logger: logger))
+        }
+
+        func audit(_ action: AuditAction) async throws -> [AuditEntry] {
+            try await base.pulls.audit(AuditQuery(action: action.rawValue)).filter { $0.action == action.rawValue }
+        }
+    }
+
+    func refusal(_ body: () async throws -> Void) async -> ActionError? {
+        do {
+            try await body()
+            return nil
+        } catch let error as ActionError {
+            return error
+        } catch {
+            Issue.record("not an ActionError: \(error)")
+            return nil
+        }
+    }
+
+    @Test func aPullIsCheckedMadeAndAudited() async throws {
+        let f = try Fixture()
+        let agent = try await f.base.agent(uids: ["u-1"])
+        let none = await refusal { _ = try await f.actions.createPull(PullRequest(uid: nil, agent: nil, filter: .all), by: "alice", via: "test") }
+        #expect(none?.kind == .invalid && none?.code == "bad_request")
+        let unknown = await refusal {
+            _ = try await f.actions.createPull(PullRequest(uid: nil, agent: String(repeating: "a", count: 32), filter: .all), by: "alice", via: "test")
+        }
+        #expect(unknown?.kind == .notFound && unknown?.code == "no_agent")
+        let badUID = await refusal { _ = try await f.actions.createPull(PullRequest(uid: "u\u{0}1", agent: nil, filter: .all), by: "alice", via: "test") }
+        #expect(badUID?.kind == .invalid)
+        #expect(try await f.audit(.pull).isEmpty, "a refused pull is not made, nor audited")
+
+        let pull = try await f.actions.createPull(PullRequest(uid: "u-1", agent: nil, filter: .all, reason: "TICKET-7"), by: "alice", via: "test")
+        #expect(pull.targets.map(\.agentID) == [agent] && pull.requestedBy == "alice")
+        let entries = try await f.audit(.pull)
+        #expect(entries.count == 1 && entries[0].actor == "alice" && entries[0].detail.contains("reason=\"TICKET-7\""))
+    }
+
+    @Test func tokensAreMadeAndRevokedWithTypedRefusalsAndAudited() async throws {
+        let f = try Fixture()
+        _ = try await f.actions.createToken(name: "bob", kind: .admin, by: "alice")
+        #expect(await refusal { _ = try await f.actions.createToken(name: "bob", kind: .admin, by: "alice") }?.kind == .conflict)
+        #expect(await refusal { _ = try await f.actions.createToken(name: "no spaces", kind: .admin, by: "alice") }?.kind == .invalid)
+        #expect(await refusal { try await f.actions.revokeToken(name: "nobody", kind: .admin, by: "alice") }?.kind == .notFound)
+        try await f.actions.revokeToken(name: "bob", kind: .admin, by: "alice")
+        // The deployment's own admin token is now the last one.
+        let last = try #require(try await f.base.tokens.list().first { $0.kind == .admin }?.name)
+        #expect(await refusal { try await f.actions.revokeToken(name: last, kind: .admin, by: "alice") }?.kind == .conflict)
+        #expect(try await f.audit(.tokenCreate).map(\.detail) == ["admin token 'bob'"])
+        #expect(try await f.audit(.tokenRevoke).map(\.detail) == ["admin token 'bob'"])
+    }
+
+    /// One throttle for every surface: the same search by the same actor is one entry in ten
+    /// minutes, whichever surface ran it; another actor or filter is another entry.
+    @Test func searchesAreCheckedAndAuditedOnceForEverySurface() async throws {
+        let f = try Fixture()
+        for bad in [
+            RecordSearch(uid: "u-1", text: "a\u{1B}b"), RecordSearch(pull: "not-an-id"), RecordSearch(hosts: (0..<65).map { "h\($0)" }),
+            RecordSearch(since: Timestamp(microseconds: 10), until: Timestamp(microseconds: 5)), RecordSearch(uid: "u\u{0}1"),
+        ] {
+            #expect(await refusal { _ = try await f.actions.search(bad, by: "alice") }?.kind == .invalid, "\(bad)")
+        }
+        #expect(try await f.audit(.recordsSearch).isEmpty)
+        _ = try await f.actions.search(RecordSearch(uid: "u-1"), by: "alice")  // the API
+        try await f.actions.searchOpened(RecordSearch(uid: "u-1"), by: "alice")  // the console's follow
+        _ = try await f.actions.search(RecordSearch(uid: "u-1"), by: "carol")
+        _ = try await f.actions.search(RecordSearch(uid: "u-2"), by: "alice")
+        #expect(try await f.audit(.recordsSearch).map { "\($0.actor) \($0.detail)" }.sorted() == ["alice uid=u-1", "alice uid=u-2", "carol uid=u-1"])
+        #expect(try await f.actions.record(123, context: 5, by: "alice") == nil)
+        #expect(await refusal { _ = try await f.actions.record(1, context: 999, by: "alice") }?.kind == .invalid)
+    }
+
+    @Test func whatAServerDoesNotRunIsUnavailable() async throws {
+        let f = try Fixture(records: false)
+        #expect(await refusal { _ = try await f.actions.search(RecordSearch(uid: "u-1"), by: "alice") }?.kind == .unavailable)
+        #expect(await refusal { _ = try await f.actions.remove(.pull, "nope", by: "alice", reason: "") }?.kind == .invalid)
+        #expect(await refusal { _ = try await f.actions.remove(.pull, String(repeating: "b", count: 32), by: "alice", reason: "") }?.kind == .notFound)
+        #expect(await refusal { _ = try await f.actions.remove(.feedback, String(repeating: "b", count: 32), by: "alice", reason: "a\u{7}") }?.kind == .invalid)
+    }
+
+    /// Refused tokens from one host are one entry a minute, on the API and the console alike.
+    @Test func refusedTokensAreAuditedOncePerHostAndMinute() async throws {
+        let f = try Fixture()
+        await f.actions.refusedToken("no bearer token", for: "GET \"/v1/pulls\"", from: "10.0.0.1:5000")
+        await f.actions.refusedToken("a token that is not an admin token", for: "the console's sign-in", from: "10.0.0.1:5001")
+        await f.actions.refusedToken("no bearer token", for: "GET \"/v1/pulls\"", from: "10.0.0.2:5000")
+        let entries = try await f.audit(.authFailed)
+        #expect(entries.count == 2 && entries.allSatisfy { $0.actor == "-" })
+        #expect(Set(entries.map { $0.detail.components(separatedBy: " from ").last ?? "" }) == ["10.0.0.1:5000", "10.0.0.2:5000"])
+    }
+
+    @Test func theAuditLogsActionsAreOneList() {
+        #expect(AuditAction.filters == ["pull", "pull.download", "pull.remove", "feedback.download", "feedback.remove", "records.search", "records.read", "console", "token", "auth.failed"])
+    }
+}

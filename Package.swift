@@ -11,9 +11,11 @@ let package = Package(
         .library(name: "DredgeWire", targets: ["DredgeWire"]),
         .library(name: "DredgeEnvelope", targets: ["DredgeEnvelope"]),
         .library(name: "DredgePayload", targets: ["DredgePayload"]),
+        .library(name: "DredgeReception", targets: ["DredgeReception"]),
         .library(name: "DredgeExport", targets: ["DredgeExport"]),
         .library(name: "DredgeServer", targets: ["DredgeServer"]),
         .library(name: "DredgeAdminAPI", targets: ["DredgeAdminAPI"]),
+        .library(name: "DredgeAdminClient", targets: ["DredgeAdminClient"]),
         .library(name: "DredgeAgentCore", targets: ["DredgeAgentCore"]),
         .executable(name: "dredge", targets: ["dredge"]),
         .executable(name: "dredge-server", targets: ["dredge-server"]),
@@ -100,13 +102,24 @@ let package = Package(
         // The one system call Swift's Glibc module does not declare: starting writeback early
         // (sync_file_range), so a long durable write's last fsync waits for little.
         .target(name: "CDredgeSystem"),
-        // The payload both ends share, without the client store: the manifest, extraction with
-        // limits (of a finished zip, or front to back while it arrives), sealing an upload into chunks and reassembling it, sealed export files, and
-        // durable file writes.
+        // The payload both ends share, without the client store: the manifest and its limits,
+        // sealing an upload into chunks, sealed export files, and durable file writes.
         .target(
             name: "DredgePayload",
             dependencies: [
-                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "CDredgeZlib", "CDredgeSystem",
+                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "CDredgeSystem",
+                .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
+        ),
+        // Receiving a payload, which only the server (and `dredge`, opening sealed exports) does:
+        // extraction with limits (of a finished zip with ZIPFoundation, or front to back while
+        // it arrives, inflated with ISA-L), the manifest's schema, reassembling an upload. An
+        // agent links none of it.
+        .target(
+            name: "DredgeReception",
+            dependencies: [
+                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "CDredgeZlib", "CDredgeSystem",
                 .target(name: "CDredgeISAL", condition: .when(traits: ["Server"])),
                 .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
@@ -121,11 +134,20 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
-        // The admin API's messages and its client (what `dredge` speaks), without the server.
+        // The admin API's messages (no networking): what the server answers and `dredge` reads.
         .target(
             name: "DredgeAdminAPI",
             dependencies: [
                 "DredgeDomain",
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
+        ),
+        // The admin API's HTTPS client with a pinned CA and resumable, checked downloads (what
+        // `dredge` speaks); the server does not link it.
+        .target(
+            name: "DredgeAdminClient",
+            dependencies: [
+                "DredgeDomain", "DredgeAdminAPI",
                 .product(name: "AsyncHTTPClient", package: "async-http-client", condition: .when(traits: ["Server"])),
                 .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
                 .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
@@ -138,7 +160,7 @@ let package = Package(
         .target(
             name: "DredgeServer",
             dependencies: [
-                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeAdminAPI", "CDredgeSystem",
+                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeReception", "DredgeAdminAPI", "CDredgeSystem",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
                 .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
@@ -168,7 +190,7 @@ let package = Package(
         // The support engineers' command line, a client of the admin API.
         .executableTarget(
             name: "dredge",
-            dependencies: ["DredgeAdminAPI", "DredgeDomain", "DredgeCommandLine", "DredgePayload", "DredgeEnvelope", "DredgeWire", .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"]))]
+            dependencies: ["DredgeAdminAPI", "DredgeAdminClient", "DredgeDomain", "DredgeCommandLine", "DredgePayload", "DredgeReception", "DredgeEnvelope", "DredgeWire", .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"]))]
         ),
         .executableTarget(
             name: "dredge-server",
@@ -210,8 +232,8 @@ let package = Package(
         .executableTarget(
             name: "dredge-bench",
             dependencies: [
-                "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport", "CDredgeZlib", "CDredgeSystem",
-                "DredgeServer", "DredgeAgentCore", "DredgeAdminAPI",
+                "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeReception", "DredgeExport", "CDredgeZlib", "CDredgeSystem",
+                "DredgeServer", "DredgeAgentCore", "DredgeAdminAPI", "DredgeAdminClient",
                 .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "NIOPosix", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "NIOTLS", package: "swift-nio", condition: .when(traits: ["Server"])),
@@ -252,7 +274,7 @@ let package = Package(
         .testTarget(
             name: "DredgeServerTests",
             dependencies: [
-                "DredgeServer", "DredgeDomain", "DredgePayload", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", "DredgeAdminAPI", "DredgeAgentCore", "DredgeWire", "DredgeExport",
+                "DredgeServer", "DredgeDomain", "DredgePayload", "DredgeReception", "DredgeEnvelope", "DredgeStore", "DredgeSamples", "DredgeTestSupport", "DredgeAdminAPI", "DredgeAdminClient", "DredgeAgentCore", "DredgeWire", "DredgeExport",
                 "DredgeLogging", "DredgeCommandLine",
                 .product(name: "X509", package: "swift-certificates", condition: .when(traits: ["Server"])),
                 .product(name: "NIOSSL", package: "swift-nio-ssl", condition: .when(traits: ["Server"])),
@@ -286,7 +308,7 @@ let package = Package(
         .testTarget(
             name: "DredgeExportTests",
             dependencies: [
-                "DredgeDomain", "DredgePayload", "DredgeExport", "DredgeEnvelope", "DredgeWire", "DredgeStore", "DredgeSamples", "DredgeTestSupport",
+                "DredgeDomain", "DredgePayload", "DredgeReception", "DredgeExport", "DredgeEnvelope", "DredgeWire", "DredgeStore", "DredgeSamples", "DredgeTestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
             ]

@@ -5,8 +5,9 @@ set -euo pipefail
 # URLSession: `dredge` and network logging), Python 3 with `cryptography` and `jsonschema`
 # for the independent protocol check (Tests/interop) and the benchmark's fleet keys, and
 # Chromium with its WebDriver and Python's `selenium` for the console's browser test, and
-# PostgreSQL (with its contrib extensions: unaccent) for the second back end's tests and demo.
-packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 chromium chromium-driver postgresql)
+# PostgreSQL (with its contrib extensions: unaccent) for the second back end's tests and demo,
+# and binutils (`nm`: the test that the agent links neither ISA-L, ZIPFoundation nor the HTTP client).
+packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 chromium chromium-driver postgresql binutils)
 command -v python3 >/dev/null || packages+=(python3)
 missing=()
 for p in "${packages[@]}"; do

@@ -5,6 +5,7 @@ import DredgeDomain
 import DredgeEnvelope
 import DredgeExport
 import DredgePayload
+import DredgeReception
 import DredgeSamples
 import DredgeStore
 import DredgeWire

@@ -4,6 +4,7 @@ import DredgeAdminAPI
 import DredgeDomain
 import DredgeExport
 import DredgePayload
+import DredgeReception
 import DredgeSamples
 import DredgeServer
 import DredgeStore

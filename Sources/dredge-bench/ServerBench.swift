@@ -1,5 +1,6 @@
 import ArgumentParser
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeAgentCore
 import DredgeDomain
 import DredgeEnvelope

@@ -1,5 +1,6 @@
 import ArgumentParser
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeCommandLine
 import DredgeDomain
 import DredgeWire

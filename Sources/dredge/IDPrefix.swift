@@ -1,4 +1,5 @@
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeCommandLine
 
 extension IDPrefix {

@@ -2,6 +2,7 @@ import ArgumentParser
 import DredgeCommandLine
 import DredgeEnvelope
 import DredgePayload
+import DredgeReception
 import Foundation
 
 /// `dredge open-export`: opens a sealed manual export (`dredge-agent export --encrypt-to`) with

@@ -1,5 +1,6 @@
 import ArgumentParser
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeCommandLine
 import DredgeWire
 import Foundation

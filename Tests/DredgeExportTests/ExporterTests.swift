@@ -1,6 +1,7 @@
 import Crypto
 import DredgeDomain
 import DredgePayload
+import DredgeReception
 import DredgeStore
 import DredgeTestSupport
 import Foundation

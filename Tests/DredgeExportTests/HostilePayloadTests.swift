@@ -1,6 +1,7 @@
 @testable import DredgeExport
 import DredgeDomain
 @testable import DredgePayload
+@testable import DredgeReception
 import DredgeStore
 import DredgeTestSupport
 import Foundation

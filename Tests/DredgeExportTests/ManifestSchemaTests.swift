@@ -1,4 +1,5 @@
 @testable import DredgePayload
+@testable import DredgeReception
 import DredgeTestSupport
 import Foundation
 import Testing

@@ -1,6 +1,7 @@
 @testable import DredgeExport
 import DredgeDomain
 @testable import DredgePayload
+@testable import DredgeReception
 import DredgeTestSupport
 import Foundation
 import Testing

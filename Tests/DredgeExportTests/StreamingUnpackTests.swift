@@ -2,6 +2,7 @@ import Crypto
 import DredgeDomain
 import DredgeEnvelope
 @testable import DredgePayload
+@testable import DredgeReception
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire

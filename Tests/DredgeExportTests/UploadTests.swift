@@ -2,6 +2,7 @@ import Crypto
 import DredgeDomain
 import DredgeEnvelope
 import DredgePayload
+import DredgeReception
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire

@@ -5,6 +5,7 @@ import Foundation
 import NIOSSL
 import Testing
 @testable import DredgeAdminAPI
+@testable import DredgeAdminClient
 @testable import DredgeServer
 
 /// The admin API's listener rules (HTTPS by default, plain HTTP only on loopback) and the pure

@@ -1,4 +1,5 @@
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeServer
 import DredgeTestSupport
 import Foundation

@@ -1,5 +1,6 @@
 import Crypto
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeAgentCore
 import DredgeDomain
 import DredgeEnvelope

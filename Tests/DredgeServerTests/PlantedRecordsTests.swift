@@ -4,6 +4,7 @@ import DredgeDomain
 import DredgeEnvelope
 @testable import DredgeExport
 import DredgePayload
+import DredgeReception
 import DredgeSamples
 import DredgeStore
 import DredgeTestSupport

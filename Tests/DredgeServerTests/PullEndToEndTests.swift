@@ -1,6 +1,7 @@
 import DredgeDomain
 import DredgeEnvelope
 import DredgePayload
+import DredgeReception
 import DredgeSamples
 import DredgeServer
 import DredgeStore

@@ -1,4 +1,5 @@
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeDomain
 import DredgeEnvelope
 import DredgePayload

@@ -1,4 +1,5 @@
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeTestSupport
 import Foundation
 import Testing

@@ -1,5 +1,6 @@
 import CDredgeSystem
 import DredgePayload
+import DredgeReception
 import Dispatch
 import Foundation
 import NIOPosix

@@ -3,6 +3,7 @@ import DredgeAdminAPI
 import DredgeDomain
 import DredgeEnvelope
 import DredgePayload
+import DredgeReception
 import DredgeWire
 import Foundation
 import Logging

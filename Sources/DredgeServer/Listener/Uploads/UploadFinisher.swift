@@ -2,6 +2,7 @@ import DredgeAdminAPI
 import DredgeDomain
 import DredgeEnvelope
 import DredgePayload
+import DredgeReception
 import DredgeWire
 import Foundation
 import Logging

@@ -1,4 +1,6 @@
 import AsyncHTTPClient
+import DredgeAdminAPI
+import DredgeDomain
 import Foundation
 import NIOCore
 import NIOHTTP1

@@ -1,4 +1,5 @@
 import CDredgeZlib
+import DredgePayload
 import Foundation
 
 #if canImport(CDredgeISAL)

@@ -1,4 +1,5 @@
 import DredgeDomain
+import DredgePayload
 import Foundation
 
 /// The payload rules (README § Payload limits), applied entry by entry to the bytes a reader

@@ -1,4 +1,5 @@
 import CDredgeZlib
+import DredgePayload
 import Foundation
 
 /// What one call to an inflater took and whether its stream ended.

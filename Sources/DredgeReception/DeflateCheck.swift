@@ -1,3 +1,4 @@
+import DredgePayload
 import Foundation
 
 /// Inflates one deflated entry with zlib (``ZlibInflater``) and drops the output, to learn whether its stream

@@ -1,3 +1,4 @@
+import DredgePayload
 import Foundation
 
 /// `Protocol/manifest.schema.json`, the normative JSON Schema of `manifest.json`, compiled into

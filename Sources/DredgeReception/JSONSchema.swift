@@ -1,4 +1,5 @@
 import DredgeDomain
+import DredgePayload
 import Foundation
 
 /// What validation asks of a JSON value (``DredgeDomain/JSONValue``, read with integers exact).

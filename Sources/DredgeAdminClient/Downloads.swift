@@ -1,5 +1,7 @@
 import AsyncHTTPClient
 import Crypto
+import DredgeAdminAPI
+import DredgeDomain
 import Foundation
 import NIOCore
 
@@ -217,26 +219,4 @@ extension AdminClient {
     static func sha256(ofFile path: String) throws -> String {
         do { return try FileDigest.sha256(ofFile: path) } catch { throw AdminClientError.localFile(path, "\(error)") }
     }
-}
-
-/// SHA-256 as both ends write it, lowercase hex: the server lists a pull's files with it and a
-/// download is checked against it.
-public enum FileDigest {
-    public struct UnreadableFile: Error, CustomStringConvertible {
-        public var description: String
-    }
-
-    /// Of a file, read in 1 MiB blocks.
-    public static func sha256(ofFile path: String) throws -> String {
-        guard let handle = FileHandle(forReadingAtPath: path) else { throw UnreadableFile(description: "cannot open \(path)") }
-        defer { try? handle.close() }  // read-only: closing cannot lose anything
-        var hash = SHA256()
-        while let block = try handle.read(upToCount: 1 << 20), !block.isEmpty { hash.update(data: block) }
-        return hex(hash.finalize())
-    }
-
-    /// Of bytes.
-    public static func sha256(_ bytes: some DataProtocol) -> String { hex(SHA256.hash(data: bytes)) }
-
-    static func hex(_ digest: some Sequence<UInt8>) -> String { digest.map { String(format: "%02x", $0) }.joined() }
 }

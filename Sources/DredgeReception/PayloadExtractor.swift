@@ -1,4 +1,5 @@
 import DredgeDomain
+import DredgePayload
 import Foundation
 import ZIPFoundation
 

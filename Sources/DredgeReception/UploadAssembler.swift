@@ -1,6 +1,7 @@
 import Crypto
 import DredgeEnvelope
 import DredgeWire
+import DredgePayload
 import Foundation
 import SwiftProtobuf
 import Synchronization

@@ -1,3 +1,4 @@
+import DredgePayload
 import Foundation
 
 /// Unpacks an upload while its chunks arrive, so its files are ready shortly after the last

@@ -1,10 +1,10 @@
 import DredgeDomain
 import DredgeStore
 import Foundation
-import FoundationNetworking
 import Synchronization
 
 #if canImport(FoundationNetworking)
+import FoundationNetworking  // URLSession and URLRequest live here on Linux
 #endif
 
 /// Passive logging of the app's HTTP exchanges as `network` records, so a failed request can be

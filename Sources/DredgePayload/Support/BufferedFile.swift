@@ -29,7 +29,7 @@ package final class BufferedFile {
         buffer.reserveCapacity(1 << 20)
     }
 
-    deinit { if fd >= 0 { Glibc.close(fd) } }
+    deinit { if fd >= 0 { _ = closeDescriptor(fd) } }
 
     package func write(_ bytes: some ContiguousBytes) throws {
         try bytes.withUnsafeBytes { try write($0) }
@@ -86,7 +86,7 @@ package final class BufferedFile {
     package func abandon() {
         buffer.removeAll()
         guard fd >= 0 else { return }
-        Glibc.close(fd)
+        _ = closeDescriptor(fd)  // abandoned: nothing of it is kept
         fd = -1
     }
 
@@ -94,8 +94,12 @@ package final class BufferedFile {
     package func close() throws {
         try flush()
         guard fsync(fd) == 0 else { throw DurableFile.failure("fsync \(path)") }
-        let closed = Glibc.close(fd)
+        let closed = closeDescriptor(fd)
         fd = -1
         guard closed == 0 else { throw DurableFile.failure("closing \(path)") }
     }
 }
+
+/// The C library's `close` (inside ``BufferedFile`` the name is its own method), on every
+/// platform Foundation brings it to.
+private func closeDescriptor(_ fd: Int32) -> Int32 { close(fd) }

@@ -90,6 +90,29 @@ import Testing
         }
     }
 
+    /// An app that embeds the agent submits a user's feedback through it
+    /// (``AgentClient/submitFeedback(uid:text:days:)``, docs/agent.md): the uid's recent logs
+    /// arrive with it; a uid or text the protocol refuses is refused at once, and an agent
+    /// without a store says so.
+    @Test func anEmbeddingAppSubmitsFeedbackThroughTheAgent() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let store = try server.deviceStore()
+            try await withStopping(Device(server, store: store)) { device in
+                let id = try await device.client.submitFeedback(uid: "u-2", text: "the oven stopped heating", days: 3)
+                #expect(try await Self.waitFor { (try? await server.admin.feedback(id))?.status == .complete })
+                let record = try await server.admin.feedback(id)
+                #expect(record.uid == "u-2" && record.text == "the oven stopped heating" && record.agentID == device.state.file.agentID && record.records > 0)
+                await #expect(throws: (any Error).self) { try await device.client.submitFeedback(uid: "u\u{0}2", text: "x") }
+                await #expect(throws: (any Error).self) { try await device.client.submitFeedback(uid: "u-2", text: "") }
+            }
+            let state = try await AgentEnrollment.enroll(
+                host: "127.0.0.1", port: server.agentPort, caPEM: contents(server.data + "/ca.pem"), token: server.created.enrollmentToken,
+                stateDirectory: server.dir.file("storeless"), hostInfo: .with { $0.hostname = "no-store" })
+            let storeless = try AgentClient(state: state, store: nil, hostInfo: .with { $0.hostname = "no-store" }, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() })
+            await #expect(throws: AgentError.self) { try await storeless.submitFeedback(uid: "u-2", text: "nothing to send") }
+        }
+    }
+
     /// An agent running as many exports as it may answers a new pull `REJECT_BUSY` and keeps
     /// no place for it; once an export ends, the next pull is accepted and completes.
     @Test func anAgentWithNoRoomForAnotherExportAnswersBusy() async throws {

@@ -2,7 +2,7 @@ import DredgePayload
 import Foundation
 
 /// `Protocol/manifest.schema.json`, the normative JSON Schema of `manifest.json`, compiled into
-/// the library so every reader (the server, `dredge-agent open`) checks a manifest against the
+/// the library so every reader (the server, `dredge open-export`) checks a manifest against the
 /// very rules the specification publishes. `ProtocolVectorTests` fails if this copy and the
 /// file in `Protocol/` differ.
 public enum ManifestSchema {

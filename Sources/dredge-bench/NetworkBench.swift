@@ -3,11 +3,11 @@ import DredgeDomain
 import DredgeLogging
 import DredgeStore
 import Foundation
-import FoundationNetworking
 import Hummingbird
 import Logging
 
 #if canImport(FoundationNetworking)
+import FoundationNetworking  // URLSession on Linux
 #endif
 
 /// `dredge-bench network`: what logging every HTTP exchange costs the app. Requests/s through

@@ -20,8 +20,6 @@ public struct TokenFile: Codable, Sendable, Equatable {
             self.sha256 = TokenFile.hash(token)
             self.createdAt = createdAt
         }
-
-        public var info: TokenInfo { TokenInfo(name: name, kind: kind, createdAt: createdAt) }
     }
 
     public var tokens: [Entry]
@@ -33,15 +31,6 @@ public struct TokenFile: Codable, Sendable, Equatable {
     public static func generate(_ kind: TokenKind) -> String {
         (kind == .admin ? "dredge_adm_" : "dredge_enr_") + Hex.encode(secureRandomBytes(24))
     }
-
-    /// The name of the token of `kind` that `token` is, if the file accepts it.
-    public func name(of token: String, kind: TokenKind) -> String? {
-        let hash = Self.hash(token)
-        return tokens.first { $0.kind == kind && $0.sha256 == hash }?.name
-    }
-
-    public func acceptsAdmin(_ token: String) -> Bool { name(of: token, kind: .admin) != nil }
-    public func acceptsEnrollment(_ token: String) -> Bool { name(of: token, kind: .enrollment) != nil }
 }
 
 public enum TokenError: Error, CustomStringConvertible, Equatable, Sendable {

@@ -325,12 +325,16 @@ public struct AuditEntry: Sendable, Equatable, Codable {
 
 /// Which audit entries to read, newest first (`GET /v1/audit`).
 public struct AuditQuery: Sendable, Equatable {
+    /// Whether `action` names one action of the log (matched exactly) rather than a group.
+    public static func isExact(_ action: String) -> Bool { AuditAction(rawValue: action) != nil }
+
     /// Entries at or after this time.
     public var since: Date?
     /// Only this actor's (exact).
     public var actor: String?
-    /// Only this action (exact), or those starting with it and a `.` (`token` finds
-    /// `token.create` and `token.revoke`).
+    /// Only this action: one of the log's actions (``AuditAction``) exactly (`pull` is the pulls
+    /// made, not their downloads or removals); any other name is a group, the actions starting
+    /// with it and a `.` (`token` finds `token.create` and `token.revoke`).
     public var action: String?
     /// Entries older than the one with this id: the next page.
     public var before: Int64?

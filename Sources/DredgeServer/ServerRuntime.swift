@@ -1,4 +1,5 @@
 import DredgeAdminAPI
+import DredgeDomain
 import DredgeWire
 import Foundation
 import Logging
@@ -36,6 +37,7 @@ public enum ServerRuntime {
     }
 
     public static func run(_ options: Options, logger: Logger) async throws {
+        logger.info("dredge-server starting", metadata: ["version": "\(DredgeVersion.current)", "data": "\(options.dataDirectory)"])
         let openFiles = raiseOpenFileLimit()
         logger.info("open file limit", metadata: ["limit": "\(openFiles)"])
         // Absolute, so the file paths the admin API reports work from anywhere.

@@ -350,7 +350,7 @@ struct AuditCommand: AsyncParsableCommand {
     @OptionGroup var server: ServerOptions
     @Option(help: "Entries from this time (the same forms as `dredge logs --since`).") var since: String?
     @Option(help: "Only this actor's entries (a token's name; - for refused tokens).") var actor: String?
-    @Option(help: "Only this action: pull, records.search, token (token.create, token.revoke), auth.failed.") var action: String?
+    @Option(help: ArgumentHelp("Only this action: \(AuditAction.filters.joined(separator: ", ")).", discussion: "An action matches itself only (pull: the pulls made); token and console match the actions under them (token.create, token.revoke; console.sign-in, console.sign-out).")) var action: String?
     @Option(help: "Entries older than the one with this id.") var before: Int64?
     @Option(help: "At most this many entries (1 to 10000).") var limit = 100
     @Flag(help: "JSON output.") var json = false

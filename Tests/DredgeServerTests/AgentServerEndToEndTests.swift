@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeAdminClient
+import DredgeDomain
 import DredgeServer
 import DredgeTestSupport
 import Foundation
@@ -88,7 +89,9 @@ import Testing
             var address: String?
             _ = try ManagedProcess.waitFor {
                 guard let line = server.output.split(separator: "\n").first(where: { $0.contains("admin API ready") }),
-                    let range = line.range(of: #"url=https?://[0-9.]+:\d+"#, options: .regularExpression)
+                    let range = line.range(of: #"url=https?://[0-9.]+:\d+"#, options: .regularExpression),
+                    line.contains("console=\(line[range].dropFirst("url=".count))/console/"),  // #50: where the console is
+                    server.output.contains("dredge-server starting") && server.output.contains("version=\(DredgeVersion.current)")
                 else { return false }
                 address = String(line[range].dropFirst("url=".count))
                 return true

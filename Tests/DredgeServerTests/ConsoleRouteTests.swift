@@ -115,6 +115,9 @@ import Testing
                 #expect(page.status == .seeOther && page.location?.hasPrefix("/console/sign-in?return=") == true, "\(uri)")
             }
             #expect(try await browser.get("/console").location == "/console/agents")
+            // #50: the listener's root leads to the console.
+            let root = try await browser.get("/")
+            #expect(root.status == .seeOther && root.location == "/console/")
             // A post without a session (a stale tab), and a page too long to come back to: sign in.
             #expect(try await browser.post("/console/sign-out", [:]).location == "/console/sign-in")
             #expect(try await browser.post("/console/tokens", ["name": "x", "csrf": "y"]).location == "/console/sign-in")

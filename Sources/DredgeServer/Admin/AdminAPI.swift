@@ -28,6 +28,8 @@ public enum AdminAPI {
         let router = Router(context: AdminRequestContext.self, options: .autoGenerateHeadEndpoints)
         router.add(middleware: ErrorMiddleware(logger: logger))
         router.get("health") { _, _ in try json(["status": "ok"]) }
+        // A browser pointed at the listener finds the console.
+        router.get("/") { _, _ in Response(status: .seeOther, headers: [.location: "/console/"]) }
         // The deployment's CA, public: `dredge login --fingerprint` fetches it and checks it
         // against the fingerprint `init` printed before trusting anything else.
         if let caPEM {
@@ -60,7 +62,9 @@ public enum AdminAPI {
             onServerRunning: { channel in
                 let bound = channel.localAddress?.port ?? port
                 let name = host.contains(":") ? "[\(host)]" : host
-                logger.info("admin API ready", metadata: ["address": "\(name):\(bound)", "url": "\(scheme)://\(name):\(bound)"])
+                logger.info(
+                    "admin API ready",
+                    metadata: ["address": "\(name):\(bound)", "url": "\(scheme)://\(name):\(bound)", "console": "\(scheme)://\(name):\(bound)/console/"])
                 onReady(bound)
             },
             logger: logger)

@@ -324,8 +324,11 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         }
         if let since = query.since { sql += " AND at >= \(bind(since.timeIntervalSince1970))" }
         if let actor = query.actor { sql += " AND actor = \(bind(actor.storable))" }
-        // The action itself, or one under it: "token" finds "token.create" (byte order: "." < "/").
-        if let action = query.action?.storable { sql += " AND (action = \(bind(action)) OR (action > \(bind(action + ".")) AND action < \(bind(action + "/"))))" }
+        // An action of the log is itself only; any other name is a group (see SQLitePullQueue).
+        if let action = query.action?.storable {
+            sql += AuditQuery.isExact(action)
+                ? " AND action = \(bind(action))" : " AND (action = \(bind(action)) OR (action > \(bind(action + ".")) AND action < \(bind(action + "/"))))"
+        }
         if let before = query.before { sql += " AND id < \(bind(before))" }
         sql += " ORDER BY id DESC LIMIT \(min(max(query.limit, 1), 10_000))"
         let statement = PostgresQuery(unsafeSQL: sql, binds: binds)

@@ -246,8 +246,13 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             var request = AuditRow.order(Column("id").desc).limit(min(max(query.limit, 1), 10_000))
             if let since = query.since { request = request.filter(Column("at") >= since.timeIntervalSince1970) }
             if let actor = query.actor { request = request.filter(Column("actor") == actor) }
-            // The action itself, or one under it: "token" finds "token.create" (byte order: "." < "/").
-            if let action = query.action { request = request.filter(Column("action") == action || (Column("action") > action + "." && Column("action") < action + "/")) }
+            // An action of the log is itself only ("pull" is pulls made, not their downloads);
+            // any other name is a group, finding the actions under it: "token" finds
+            // "token.create" (byte order: "." < "/").
+            if let action = query.action {
+                request = request.filter(
+                    AuditQuery.isExact(action) ? Column("action") == action : Column("action") == action || (Column("action") > action + "." && Column("action") < action + "/"))
+            }
             if let before = query.before { request = request.filter(Column("id") < before) }
             return try request.fetchAll(db).map {
                 AuditEntry(id: $0.id, at: Date(timeIntervalSince1970: $0.at), actor: $0.actor, action: $0.action, detail: $0.detail)

@@ -46,6 +46,8 @@ struct LogsCommand: AsyncParsableCommand {
     @Option(help: "Why (a ticket number, say): recorded in the audit log with the search.") var reason: String?
     @Option(help: "text, json or jsonl.") var format: OutputFormat = .text
     @Option(help: "At most this many records (0: all).") var limit = 10_000
+    @Option(help: "Only the latest N records that match, oldest first (with --follow: then those that arrive), as the console's \"Latest\".") var tail: Int?
+    @Flag(help: "Newest first.") var reverse = false
     @Flag(help: "After the records there are, print those that arrive (pulls and feedback landing), until interrupted.") var follow = false
     @Flag(help: "Show times in UTC.") var utc = false
     @Option(help: "Colour: auto (on a terminal), always, never.") var color: ColorChoice = .auto
@@ -106,6 +108,8 @@ struct LogsCommand: AsyncParsableCommand {
             search.reason = reason
         }
         if follow && format == .json { throw ValidationError("--follow prints records as they come: use --format text or jsonl") }
+        if let tail, tail < 1 || tail > 1_000_000 { throw ValidationError("--tail takes a number of records from 1 to 1000000") }
+        if reverse && follow { throw ValidationError("--reverse prints the newest first; --follow prints records as they come: give one of them") }
         return search
     }
 
@@ -128,31 +132,61 @@ struct LogsCommand: AsyncParsableCommand {
         var more = false
         var indexing = 0
         printer.begin()
-        pages: while true {
-            search.limit = limit > 0 ? min(RecordSearch.maximumLimit, limit - printed) : RecordSearch.maximumLimit
-            let page = try await calling { try await client.search(search) }
-            indexing = page.indexing
-            // Following starts after what the index held when the listing began.
-            if newest == nil { newest = page.newestID }
-            for record in page.records {
+        if tail != nil || reverse {
+            // From the newest back: pages read with `before`, each handed out in time order.
+            let want = tail ?? (limit > 0 ? limit : Int.max)
+            search.before = "\(Int64.max).0"
+            var newestFirst: [FoundRecord] = []
+            var collected = 0
+            while collected < want {
+                search.limit = min(RecordSearch.maximumLimit, want - collected)
+                let page = try await calling { try await client.search(search) }
+                indexing = page.indexing
+                if newest == nil { newest = page.newestID }
+                collected += page.records.count
+                if let newest { for record in page.records where record.id > newest { listedArrivals.insert(record.id) } }
+                if reverse {
+                    for record in page.records.reversed() { printer.print(record) }
+                } else {
+                    newestFirst += page.records.reversed()
+                }
+                guard let previous = page.previous, !page.records.isEmpty else { break }
+                if collected >= want {
+                    more = tail == nil
+                    break
+                }
+                search.before = previous
+            }
+            for record in newestFirst.reversed() { printer.print(record) }
+            printed = collected
+            search.before = nil
+        } else {
+            pages: while true {
+                search.limit = limit > 0 ? min(RecordSearch.maximumLimit, limit - printed) : RecordSearch.maximumLimit
+                let page = try await calling { try await client.search(search) }
+                indexing = page.indexing
+                // Following starts after what the index held when the listing began.
+                if newest == nil { newest = page.newestID }
+                for record in page.records {
+                    if limit > 0 && printed == limit {
+                        more = true
+                        break pages
+                    }
+                    printer.print(record)
+                    printed += 1
+                    if let newest, record.id > newest { listedArrivals.insert(record.id) }
+                }
+                guard let next = page.next else { break }
                 if limit > 0 && printed == limit {
                     more = true
-                    break pages
+                    break
                 }
-                printer.print(record)
-                printed += 1
-                if let newest, record.id > newest { listedArrivals.insert(record.id) }
+                search.after = next
             }
-            guard let next = page.next else { break }
-            if limit > 0 && printed == limit {
-                more = true
-                break
-            }
-            search.after = next
         }
         if !follow { printer.end() }
         if more {
-            note("more records match; showing the first \(limit) (--limit 0 for all, or narrow the search)")
+            note("more records match; showing the \(reverse ? "newest" : "first") \(limit) (--limit 0 for all, or narrow the search)")
         }
         if indexing > 0 && !follow {
             note("\(indexing) pull(s) or feedback still being indexed: records may be missing; run again, or add --follow")

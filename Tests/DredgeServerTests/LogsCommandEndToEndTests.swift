@@ -54,6 +54,21 @@ import Testing
         // The follow started before the pull printed the same records as they arrived.
         #expect(try ManagedProcess.waitFor(timeout: .seconds(30)) { try Self.jsonLines(follow.output).count == onDisk }, "\(follow.output.suffix(500))")
 
+        // #50: the latest records, oldest first (--tail), and everything newest first (--reverse).
+        func logLines(_ arguments: [String]) throws -> [Substring] {
+            try d.dredge(["logs", "--uid", "u-1", "--format", "jsonl"] + arguments, server: admin).output.split(separator: "\n").filter { $0.hasPrefix("{") }
+        }
+        let ascending = try logLines(["--limit", "0"])
+        #expect(ascending.count == onDisk)
+        #expect(try logLines(["--tail", "7"]) == Array(ascending.suffix(7)))
+        #expect(try logLines(["--reverse", "--limit", "0"]) == Array(ascending.reversed()))
+        #expect(try logLines(["--tail", "3", "--reverse"]) == Array(ascending.reversed().prefix(3)))
+        let cut = try d.dredge(["logs", "--uid", "u-1", "--format", "jsonl", "--reverse", "--limit", "3"], server: admin)
+        #expect(cut.output.split(separator: "\n").filter { $0.hasPrefix("{") } == Array(ascending.reversed().prefix(3)))
+        #expect(cut.output.contains("showing the newest 3"), "\(cut.output.suffix(300))")
+        #expect(try d.dredge(["logs", "--uid", "u-1", "--tail", "0"], server: admin).status != 0)
+        #expect(try d.dredge(["logs", "--uid", "u-1", "--reverse", "--follow"], server: admin).status != 0)
+
         // Searches: metadata, full text with a level, a time window around a record, and JSON.
         let status503 = try d.dredge(["logs", "--pull", pullID, "--where", "http.status=503", "--format", "jsonl", "--limit", "0"], server: admin)
         let expected503 = all.filter { (($0["metadata"] as? [String: Any])?["http.status"] as? Int) == 503 }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeCommandLine
 import DredgeDomain
 
 @main
@@ -9,4 +10,9 @@ struct DredgeAgent: AsyncParsableCommand {
         discussion: "The store path comes from --store, else $DREDGE_STORE, else ~/.local/state/dredge/logs.sqlite.",
         version: DredgeVersion.current,
         subcommands: [LogCommand.self, IngestCommand.self, QueryCommand.self, StatsCommand.self, EnrollCommand.self, RunAgentCommand.self, FeedbackCommand.self, ExportCommand.self])
+
+    static func main() async {
+        Mistyped.exitIfMistyped(Self.self)
+        await main(nil)
+    }
 }

@@ -17,6 +17,7 @@ struct DredgeServerCommand: AsyncParsableCommand {
     /// 0600 files and 0700 directories, whatever creates them.
     static func main() async {
         umask(0o077)
+        Mistyped.exitIfMistyped(Self.self)
         await main(nil)
     }
 }

@@ -18,6 +18,11 @@ struct Dredge: AsyncParsableCommand {
             """,
         version: DredgeVersion.current,
         subcommands: [LoginCommand.self, LogoutCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FetchCommand.self, RemoveCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
+
+    static func main() async {
+        Mistyped.exitIfMistyped(Self.self)
+        await main(nil)
+    }
 }
 
 /// Runs an admin API call, turning its errors into one line on stderr and exit status 1.

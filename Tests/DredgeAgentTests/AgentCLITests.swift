@@ -136,6 +136,34 @@ import Testing
         #expect(query.stdout.contains("5 days ago"))
     }
 
+    /// #50: a mistyped command is named back with the one meant, exit status 64; a word close
+    /// to none (or to two alike) gets ArgumentParser's own error.
+    @Test func aMistypedCommandIsToldTheOneMeant() throws {
+        func run(_ executable: String, _ arguments: [String]) throws -> (Int32, String) {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: builtProduct(executable))
+            process.arguments = arguments
+            let errors = Pipe()
+            process.standardError = errors
+            process.standardOutput = FileHandle.nullDevice
+            try process.run()
+            let text = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            process.waitUntilExit()
+            return (process.terminationStatus, text)
+        }
+        for (executable, arguments, said) in [
+            ("dredge-agent", ["qeury", "--uid", "u-1"], "dredge-agent: 'qeury' is not a command; did you mean 'query'?"),
+            ("dredge", ["pul"], "dredge: 'pul' is not a command; did you mean 'pull'?"),
+            ("dredge", ["tokens", "crate", "--name", "x"], "dredge tokens: 'crate' is not a command; did you mean 'create'?"),
+            ("dredge-server", ["rn"], "dredge-server: 'rn' is not a command; did you mean 'run'?"),
+        ] {
+            let (status, stderr) = try run(executable, arguments)
+            #expect(status == 64 && stderr.hasPrefix(said), "\(executable) \(arguments): \(status) \(stderr)")
+        }
+        let (status, stderr) = try run("dredge", ["xyz"])
+        #expect(status != 0 && !stderr.contains("did you mean") && stderr.contains("xyz"))
+    }
+
     @Test func aStoreThatIsNotSQLiteIsReportedAndLeftAlone() throws {
         let dir = TempDir()
         let store = dir.file("logs.sqlite")

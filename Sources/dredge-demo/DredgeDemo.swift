@@ -28,12 +28,14 @@ struct Generate: AsyncParsableCommand {
     @Option(help: "Days of history (at most 3, the store's default retention).") var days = 3
     @Option(help: "Random seed.") var seed: UInt64 = 42
     @Option(help: "Host name in the context row.") var host = "device"
+    @Option(help: "App name in the context row (what a record says wrote it).") var app = "oven-control"
+    @Option(help: "That app's version.") var appVersion = "2.4.1"
 
     func run() async throws {
         var configuration = StoreConfiguration()
         configuration.overflowPolicy = .block
         let logStore = try LogStore(path: store, configuration: configuration)
-        let context = try logStore.register(LogContext(host: host, os: "Debian 12", app: "oven-control", appVersion: "2.4.1", process: "oven-control[812]"))
+        let context = try logStore.register(LogContext(host: host, os: "Debian 12", app: app, appVersion: appVersion, process: "\(app)[812]"))
         let now = Timestamp.now
         let span = Int64(min(days, 3)) * 86_400 - 600
         for e in SampleLogs(count: records, uids: uids.split(separator: ",").map(String.init), from: now.subtracting(.seconds(span)), to: now, context: context, seed: seed) {

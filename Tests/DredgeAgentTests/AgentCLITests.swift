@@ -136,6 +136,20 @@ import Testing
         #expect(query.stdout.contains("5 days ago"))
     }
 
+    /// #50: `dredge-demo generate --app` names the app its records say wrote them.
+    @Test func generatedLogsNameTheAppAsked() throws {
+        let dir = TempDir()
+        let (status, output) = try ManagedProcess.run(
+            "dredge-demo", ["generate", "--store", dir.file("logs.sqlite"), "--uids", "u-1", "--records", "20", "--app", "checkout", "--app-version", "9.1"])
+        #expect(status == 0, "\(output)")
+        var config = StoreConfiguration()
+        config.readOnly = true
+        let store = try LogStore(path: dir.file("logs.sqlite"), configuration: config)
+        let records = try store.records(matching: .all)
+        let contexts = try store.contexts(Set(records.map(\.context)))
+        #expect(records.count == 20 && contexts.values.map { "\($0.app) \($0.appVersion) \($0.process)" } == ["checkout 9.1 checkout[812]"])
+    }
+
     /// #50: a mistyped command is named back with the one meant, exit status 64; a word close
     /// to none (or to two alike) gets ArgumentParser's own error.
     @Test func aMistypedCommandIsToldTheOneMeant() throws {

@@ -27,6 +27,8 @@ demo-local: deps
 test: deps
 	scripts/check-imports.py
 	$(SWIFT) build --build-tests
+	# Every command and --flag the README and docs/ show exists in the built binaries' --help.
+	python3 scripts/check-doc-flags.py "$$($(SWIFT) build --show-bin-path)"
 	# Both back ends: SQLite, and PostgreSQL in a private cluster on loopback for the run. The
 	# suites of real server and agent processes run after the others, on their own and one
 	# test at a time: a test waiting on its child processes holds one of the test process's

@@ -9,7 +9,7 @@ import Logging
 import ServiceLifecycle
 
 struct AgentStateOptions: ParsableArguments {
-    @Option(help: "The agent's state directory (key, pinned CA, enrollment).")
+    @Option(help: "The agent's state directory: key, pinned CA, enrollment, queued uploads (default: $DREDGE_AGENT_STATE, else ~/.local/state/dredge/agent).")
     var state: String?
 
     var path: String {

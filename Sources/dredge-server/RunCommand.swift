@@ -8,7 +8,7 @@ import Logging
 
 struct RunCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "run", abstract: "Run the server: the agent listener (TLS) and the admin API (loopback HTTP). Stops gracefully on SIGTERM or SIGINT.")
+        commandName: "run", abstract: "Run the server: the agent listener (TLS) and the admin API with the console (HTTPS; plain HTTP only on loopback, if init made it so). Stops gracefully on SIGTERM or SIGINT.")
 
     @Option(help: "The data directory made by `dredge-server init`.")
     var data: String

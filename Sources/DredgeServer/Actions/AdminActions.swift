@@ -48,7 +48,7 @@ public final class AdminActions: Sendable {
     }
 
     /// Removes a pull's or a feedback's results (files and index rows); the record stays.
-    /// Nil when there is no such pull or feedback.
+    /// No such pull or feedback is ``ActionError/Kind/notFound``.
     public func remove(_ kind: RemovalReport.Kind, _ id: String, by actor: String, reason: String) async throws -> RemovalReport {
         guard let results = services.results else { throw ActionError(.unavailable, "this server does not remove results") }
         guard WireID.isValid(id) else { throw ActionError(.invalid, "\(kind.rawValue) id must be 32 lowercase hex characters") }

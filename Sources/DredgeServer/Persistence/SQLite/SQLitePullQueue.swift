@@ -197,7 +197,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
     /// Ends the targets that will not finish: delivered, exporting or uploading past the pull's
     /// expiry with nothing heard for `quietAfterExpiry` (an agent gone for good, an export that
     /// never reported), or still open `afterExpiry` past it. They become `expired`, with the
-    /// reason. Returns how many. (Queued ones expire at their expiry: ``pending(for:now:)``.)
+    /// reason. Returns how many. (Queued ones expire at their expiry: ``deliverable(for:includingUnanswered:now:)``.)
     ///
     /// - Parameter listeningSince: when this server started listening: silence before it is
     ///   the server's own downtime, not the agent's, so it never counts.

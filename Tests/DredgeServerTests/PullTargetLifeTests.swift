@@ -80,6 +80,13 @@ import Testing
         }
     }
 
+    /// Deadlines too long to count in µs mean "never", not a trap.
+    @Test func deadlinesBeyondCountingNeverEndATarget() {
+        let never = Life.Deadlines(quietAfterExpiry: .seconds(Int64.max), afterExpiry: .seconds(Int64.max))
+        let start = Timestamp(microseconds: 0)
+        #expect(never.ending(.uploading, heard: start, expiresAt: start, now: Timestamp(microseconds: 253_402_300_799_999_999), listeningSince: start) == nil)
+    }
+
     @Test func statusListsForSQLAreSortedAndQuoted() {
         #expect(Life.sqlList(Life.final) == "('complete','expired','failed','rejected')")
         #expect(Life.sqlList(Life.stall.from) == "('delivered','exporting','uploading')")

@@ -237,6 +237,15 @@ enum PullRows {
     }
 }
 
+/// Reading a feedback's stored status, the same for every ``FeedbackInbox``.
+enum FeedbackRows {
+    /// A stored status, or an error naming the damaged row (never a guess).
+    static func status(_ stored: String, of id: String) throws -> FeedbackStatus {
+        guard let status = FeedbackStatus(rawValue: stored) else { throw DeploymentError("the stored status of feedback \(id) is unreadable: \(stored.debugDescription)") }
+        return status
+    }
+}
+
 extension AuditLog {
     public func audit(limit: Int = 1000) async throws -> [AuditEntry] { try await audit(AuditQuery(limit: limit)) }
     public func record(actor: String, action: String, detail: String) async throws { try await record(actor: actor, action: action, detail: detail, at: Date()) }

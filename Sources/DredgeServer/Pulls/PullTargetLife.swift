@@ -73,7 +73,7 @@ public enum PullTargetLife {
     /// The statuses whose command is sent to an agent: queued, and on a new connection the
     /// delivered ones it never answered (§ 10, Redelivery).
     public static func deliverable(includingUnanswered: Bool) -> Set<PullStatus> {
-        includingUnanswered ? deliver.from : [.queued]
+        includingUnanswered ? deliver.from : deliverQueued.from
     }
 
     /// Whether a target in `status` has expired before delivery: queued at or past its pull's
@@ -125,9 +125,13 @@ public enum PullTargetLife {
             return nil
         }
 
+        /// Whole µs, saturating (a deadline of `.seconds(.max)` never ends a target).
         static func microseconds(_ d: Duration) -> Int64 {
             let (seconds, attoseconds) = d.components
-            return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
+            let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000)
+            if overflow { return seconds < 0 ? .min : .max }
+            let (sum, overflow2) = whole.addingReportingOverflow(attoseconds / 1_000_000_000_000)
+            return overflow2 ? .max : sum
         }
     }
 

@@ -118,7 +118,7 @@ public final class PostgresFeedbackInbox: FeedbackInbox, Sendable {
             try row.decode((String, String, String, String, Int64, Double, String, String, Int64, Int64, Int64, Int64, String, Int64?, Double?, String?, String?).self)
         return FeedbackRecord(
             id: id, agentID: agentID, uid: uid, text: text, createdAt: Timestamp(microseconds: createdAtUs),
-            receivedAt: Date(timeIntervalSince1970: receivedAt), status: try SQLiteFeedbackInbox.status(status, of: id), detail: detail,
+            receivedAt: Date(timeIntervalSince1970: receivedAt), status: try FeedbackRows.status(status, of: id), detail: detail,
             chunksReceived: Int(chunksReceived), chunkCount: Int(chunkCount), bytes: bytes, records: Int(records),
             files: try PullRows.files(files, of: id), errorCode: errorCode.map { Int($0) },
             removed: Removal(at: removedAt, by: removedBy, reason: removedReason))

@@ -16,11 +16,6 @@ public final class SQLiteFeedbackInbox: FeedbackInbox, Sendable {
     /// The SQL list of final statuses: a feedback in one of them never changes again.
     static let finalStatuses = "(" + FeedbackStatus.allCases.filter(\.isFinal).map { "'\($0.rawValue)'" }.sorted().joined(separator: ",") + ")"
 
-    /// A stored status, or an error naming the damaged row (never a guess).
-    static func status(_ stored: String, of id: String) throws -> FeedbackStatus {
-        guard let status = FeedbackStatus(rawValue: stored) else { throw DeploymentError("the stored status of feedback \(id) is unreadable: \(stored.debugDescription)") }
-        return status
-    }
 
     /// The `feedback` table as it was when `feedback.sqlite` was merged into the one database.
     static func legacySchema(_ migrator: inout DatabaseMigrator) {
@@ -136,7 +131,7 @@ public final class SQLiteFeedbackInbox: FeedbackInbox, Sendable {
     static func record(_ row: FeedbackRow) throws -> FeedbackRecord {
         FeedbackRecord(
             id: row.id, agentID: row.agentId, uid: row.uid, text: row.text, createdAt: Timestamp(microseconds: row.createdAtUs),
-            receivedAt: Date(timeIntervalSince1970: row.receivedAt), status: try Self.status(row.status, of: row.id), detail: row.detail,
+            receivedAt: Date(timeIntervalSince1970: row.receivedAt), status: try FeedbackRows.status(row.status, of: row.id), detail: row.detail,
             chunksReceived: row.chunksReceived, chunkCount: row.chunkCount, bytes: row.bytes, records: row.records,
             files: try PullRows.files(row.files, of: row.id), errorCode: row.errorCode,
             removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason))

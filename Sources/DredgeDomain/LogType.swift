@@ -17,11 +17,15 @@ public struct LogType: Hashable, Sendable, Codable, ExpressibleByStringLiteral, 
     /// Creates a type; returns nil if the name is empty, too long or has characters outside
     /// `[a-z0-9._-]`.
     public init?(_ rawValue: String) {
-        guard !rawValue.isEmpty, rawValue.utf8.count <= Self.maxLength,
-            rawValue.utf8.allSatisfy({ (97...122).contains($0) || (48...57).contains($0) || $0 == 46 || $0 == 45 || $0 == 95 })
-        else { return nil }
+        guard Self.isName(rawValue.utf8) else { return nil }
         self.rawValue = rawValue
         self.normalizedFrom = nil
+    }
+
+    /// Whether these UTF-8 bytes are a type name: 1 to ``maxLength`` of `[a-z0-9._-]` (Protocol
+    /// § 5). What the server's index checks a record line's type with, without making a string.
+    public static func isName(_ bytes: some Collection<UInt8>) -> Bool {
+        (1...maxLength).contains(bytes.count) && bytes.allSatisfy { (97...122).contains($0) || (48...57).contains($0) || $0 == 46 || $0 == 45 || $0 == 95 }
     }
 
     /// A literal that is not a valid name (`"Checkout"`, `"my type"`) is normalized, never a

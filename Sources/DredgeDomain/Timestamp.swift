@@ -31,11 +31,9 @@ public struct Timestamp: Hashable, Comparable, Sendable, CustomStringConvertible
 
     /// Saturates at the ends of `Int64` instead of trapping.
     public func adding(_ duration: Duration) -> Timestamp {
-        let (s, atto) = duration.components
-        let (scaled, o1) = s.multipliedReportingOverflow(by: 1_000_000)
-        let (delta, o2) = scaled.addingReportingOverflow(atto / 1_000_000_000_000)
-        let (sum, o3) = microseconds.addingReportingOverflow(delta)
-        if o1 || o2 || o3 { return Timestamp(microseconds: s < 0 ? .min : .max) }
+        let delta = duration.saturatingMicroseconds
+        let (sum, overflow) = microseconds.addingReportingOverflow(delta)
+        if overflow { return Timestamp(microseconds: delta < 0 ? .min : .max) }
         return Timestamp(microseconds: sum)
     }
 
@@ -162,5 +160,16 @@ extension Timestamp: Codable {
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.singleValueContainer()
         try c.encode(microseconds)
+    }
+}
+
+extension Duration {
+    /// Whole microseconds, saturating at the ends of `Int64` instead of trapping (a retention
+    /// age or a deadline of `.seconds(.max)` means "never").
+    public var saturatingMicroseconds: Int64 {
+        let (seconds, attoseconds) = components
+        let (whole, o1) = seconds.multipliedReportingOverflow(by: 1_000_000)
+        let (sum, o2) = whole.addingReportingOverflow(attoseconds / 1_000_000_000_000)
+        return o1 || o2 ? (seconds < 0 ? .min : .max) : sum
     }
 }

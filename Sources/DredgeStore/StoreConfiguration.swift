@@ -116,7 +116,7 @@ extension StoreConfiguration {
         if writeLinger < .zero { return "writeLinger must not be negative" }
         if sizeCheckEveryBatches < 1 { return "sizeCheckEveryBatches must be at least 1 (is \(sizeCheckEveryBatches))" }
         if !positive(retentionInterval) { return "retentionInterval must be positive" }
-        if RetentionPolicy.microseconds(retention.maxAge) < 1 { return "retention.maxAge must be at least 1 µs" }
+        if retention.maxAge.saturatingMicroseconds < 1 { return "retention.maxAge must be at least 1 µs" }
         if retention.maxBytes < 1 { return "retention.maxBytes must be positive (is \(retention.maxBytes))" }
         if !(retention.lowWaterFraction > 0 && retention.lowWaterFraction <= 1) {
             return "retention.lowWaterFraction must be in (0, 1] (is \(retention.lowWaterFraction))"

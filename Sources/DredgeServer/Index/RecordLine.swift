@@ -78,10 +78,7 @@ struct RecordLine {
     /// Whether a string value is a log type name (Protocol § 5), its escapes resolved (a
     /// reader does not depend on escaping, § 13).
     static func isTypeName(_ text: Text, in line: UnsafeBufferPointer<UInt8>) -> Bool {
-        func valid(_ name: some Collection<UInt8>) -> Bool {
-            (1...64).contains(name.count) && name.allSatisfy { (97...122).contains($0) || (48...57).contains($0) || $0 == 46 || $0 == 45 || $0 == 95 }
-        }
-        return text.escaped ? valid(decode(text, in: line)) : valid(line[text.range])
+        text.escaped ? LogType.isName(decode(text, in: line)) : LogType.isName(line[text.range])
     }
 
     /// `YYYY-MM-DDTHH:MM:SS.ffffffZ` → µs, only for a time that exists.
@@ -325,14 +322,22 @@ public struct LineAdmission: Sendable, Equatable {
         self.init(uid: uid, day: start..<(start + 86_400_000_000))
     }
 
-    enum Verdict { case keep, unreadable, foreign }
-
-    /// What becomes of one parsed line (nil: not a record).
-    func verdict(_ record: RecordLine?, in line: UnsafeBufferPointer<UInt8>, uidBytes: [UInt8]?) -> Verdict {
-        guard let record else { return .unreadable }
+    /// The record of one parsed line (nil: not a record) if it is kept; else nil, and the line
+    /// counted in `count` as unreadable or foreign.
+    func admit(_ record: RecordLine?, in line: UnsafeBufferPointer<UInt8>, uidBytes: [UInt8]?, count: inout IndexCount) -> RecordLine? {
+        guard let record else {
+            count.unreadable += 1
+            return nil
+        }
         // The uid first: a planted record is counted (and logged) as one, whatever its time.
-        if let uidBytes, !record.holds(uid: uidBytes, in: line) { return .foreign }
-        if let day, !day.contains(record.ts) { return .unreadable }
-        return .keep
+        if let uidBytes, !record.holds(uid: uidBytes, in: line) {
+            count.foreign += 1
+            return nil
+        }
+        if let day, !day.contains(record.ts) {
+            count.unreadable += 1
+            return nil
+        }
+        return record
     }
 }

@@ -116,22 +116,13 @@ public enum PullTargetLife {
         public func ending(_ status: PullStatus, heard: Timestamp, expiresAt: Timestamp, now: Timestamp, listeningSince: Timestamp) -> String? {
             guard stall.applies(to: status) else { return nil }
             let quietFrom = max(heard.microseconds, expiresAt.microseconds, listeningSince.microseconds)
-            if now.microseconds - quietFrom >= Self.microseconds(quietAfterExpiry) {
+            if now.microseconds - quietFrom >= quietAfterExpiry.saturatingMicroseconds {
                 return "no word from the agent since \(heard) (\(status.rawValue)); the pull expired at \(expiresAt)"
             }
-            if now.microseconds - expiresAt.microseconds >= Self.microseconds(afterExpiry) {
+            if now.microseconds - expiresAt.microseconds >= afterExpiry.saturatingMicroseconds {
                 return "still \(status.rawValue) \(afterExpiry) after the pull expired at \(expiresAt); given up"
             }
             return nil
-        }
-
-        /// Whole µs, saturating (a deadline of `.seconds(.max)` never ends a target).
-        static func microseconds(_ d: Duration) -> Int64 {
-            let (seconds, attoseconds) = d.components
-            let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000)
-            if overflow { return seconds < 0 ? .min : .max }
-            let (sum, overflow2) = whole.addingReportingOverflow(attoseconds / 1_000_000_000_000)
-            return overflow2 ? .max : sum
         }
     }
 

@@ -106,26 +106,17 @@ extension RetentionPolicy: Codable {
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
-        try c.encode(Self.microseconds(maxAge), forKey: .maxAgeMicroseconds)
+        try c.encode(maxAge.saturatingMicroseconds, forKey: .maxAgeMicroseconds)
         try c.encode(maxBytes, forKey: .maxBytes)
         try c.encode(lowWaterFraction, forKey: .lowWaterFraction)
     }
 }
 
 extension RetentionPolicy {
-    /// Whole µs of a duration, saturating (a `maxAge` of `.seconds(.max)` keeps everything).
-    static func microseconds(_ d: Duration) -> Int64 {
-        let (seconds, attoseconds) = d.components
-        let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000)
-        if overflow { return seconds < 0 ? .min : .max }
-        let (sum, overflow2) = whole.addingReportingOverflow(attoseconds / 1_000_000_000_000)
-        return overflow2 ? .max : sum
-    }
-
     /// The policy as the store keeps it: `maxAge` in whole µs.
     var normalized: RetentionPolicy {
         var p = self
-        p.maxAge = .microseconds(Self.microseconds(maxAge))
+        p.maxAge = .microseconds(maxAge.saturatingMicroseconds)
         return p
     }
 }

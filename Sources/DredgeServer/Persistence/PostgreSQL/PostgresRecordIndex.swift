@@ -90,16 +90,7 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
         var keys: [Int64] = [], hasKey: [Bool] = []
         lines.withUnsafeBufferPointer { buffer in
             RecordLine.each(in: buffer) { record, line, _ in
-                switch admission.verdict(record, in: line, uidBytes: only) {
-                case .unreadable:
-                    count.unreadable += 1
-                    return
-                case .foreign:
-                    count.foreign += 1
-                    return
-                case .keep: break
-                }
-                guard let record else { return }
+                guard let record = admission.admit(record, in: line, uidBytes: only, count: &count) else { return }
                 func text(_ value: RecordLine.Text?) -> String {
                     guard let value else { return "" }
                     let bytes = value.escaped ? RecordLine.decode(value, in: line) : Array(line[value.range])

@@ -208,16 +208,7 @@ public final class SQLiteRecordIndex: RecordIndex, Sendable {
                 }
                 sqlite3_bind_int64(handle, 1, id)
                 try RecordLine.each(in: buffer) { record, line, start in
-                    switch admission.verdict(record, in: line, uidBytes: only) {
-                    case .unreadable:
-                        count.unreadable += 1
-                        return
-                    case .foreign:
-                        count.foreign += 1
-                        return
-                    case .keep: break
-                    }
-                    guard let record else { return }
+                    guard let record = admission.admit(record, in: line, uidBytes: only, count: &count) else { return }
                     if let key = record.context, let context = contexts[key] { sqlite3_bind_int64(handle, 2, context) } else { sqlite3_bind_null(handle, 2) }
                     sqlite3_bind_int64(handle, 3, record.ts)
                     sqlite3_bind_int64(handle, 5, Int64(record.level))

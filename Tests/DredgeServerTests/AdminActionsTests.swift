@@ -13,6 +13,8 @@ import Testing
     struct Fixture {
         let base: AdminRouteTests.Fixture
         let actions: AdminActions
+        /// The actions' wall clock, which only the test moves.
+        let clock = ConsoleRouteTests.Clock()
 
         init(records: Bool = true) throws {
             base = try AdminRouteTests.Fixture()
@@ -21,7 +23,8 @@ import Testing
             actions = AdminActions(
                 AdminServices(
                     registry: base.registry, pulls: base.pulls, audit: base.pulls, issuer: base.issuer, feedback: base.feedback, tokens: base.tokens,
-                    dispatcher: PullDispatcher(pulls: base.pulls, logger: logger), records: index, results: base.results, logger: logger))
+                    dispatcher: PullDispatcher(pulls: base.pulls, logger: logger), records: index, results: base.results, logger: logger),
+                now: { [clock] in clock.now() })
         }
 
         func audit(_ action: AuditAction) async throws -> [AuditEntry] {
@@ -111,6 +114,14 @@ import Testing
         let entries = try await f.audit(.authFailed)
         #expect(entries.count == 2 && entries.allSatisfy { $0.actor == "-" })
         #expect(Set(entries.map { $0.detail.components(separatedBy: " from ").last ?? "" }) == ["10.0.0.1:5000", "10.0.0.2:5000"])
+        // The minute over, the host's next refusal is recorded and says how many were not.
+        f.clock.advance(59)
+        await f.actions.refusedToken("no bearer token", for: "GET \"/v1/pulls\"", from: "10.0.0.1:5002")
+        #expect(try await f.audit(.authFailed).count == 2)
+        f.clock.advance(2)
+        await f.actions.refusedToken("no bearer token", for: "GET \"/v1/pulls\"", from: "10.0.0.1:5003")
+        let later = try await f.audit(.authFailed).map(\.detail).filter { $0.contains("10.0.0.1:5003") }
+        #expect(later == ["no bearer token for GET \"/v1/pulls\" from 10.0.0.1:5003 (and 2 more from that host not recorded)"])
     }
 
     @Test func theAuditLogsActionsAreOneList() {

@@ -21,8 +21,13 @@ public final class AdminActions: Sendable {
     let downloadAudit = SearchAudit()
     /// Refused tokens: one entry per host a minute, the rest counted.
     let refusals = RefusalAudit()
+    /// The wall clock the throttles and new tokens read; a test injects its own.
+    let now: @Sendable () -> Date
 
-    public init(_ services: AdminServices) { self.services = services }
+    public init(_ services: AdminServices, now: @escaping @Sendable () -> Date = { Date() }) {
+        self.services = services
+        self.now = now
+    }
 
     var logger: Logger { services.logger }
 
@@ -69,7 +74,7 @@ public final class AdminActions: Sendable {
     public func createToken(name: String, kind: TokenKind, by actor: String) async throws -> TokenCreated {
         let created: TokenCreated
         do {
-            created = try await services.tokens.create(name: name, kind: kind, now: Date())
+            created = try await services.tokens.create(name: name, kind: kind, now: now())
         } catch let error as TokenError {
             throw ActionError(error == .exists(name) ? .conflict : .invalid, error.description)
         }
@@ -105,7 +110,7 @@ public final class AdminActions: Sendable {
 
     /// Audits a search whose pages are read by the caller itself (the console's follow).
     public func searchOpened(_ search: RecordSearch, by actor: String) async throws {
-        try await searchAudit.record(.recordsSearch, actor: actor, detail: Self.describe(search), in: services.audit)
+        try await searchAudit.record(.recordsSearch, actor: actor, detail: Self.describe(search), in: services.audit, now: now())
     }
 
     /// A record with up to `context` records of its source on each side, audited; nil when no
@@ -117,7 +122,7 @@ public final class AdminActions: Sendable {
             throw ActionError(.invalid, "context is a number of records from 0 to \(RecordInContext.maximumContext)")
         }
         guard let found = try await records.record(id, context: context) else { return nil }
-        try await searchAudit.record(.recordsRead, actor: actor, detail: "record \(id) context \(context)", in: services.audit)
+        try await searchAudit.record(.recordsRead, actor: actor, detail: "record \(id) context \(context)", in: services.audit, now: now())
         return found
     }
 
@@ -172,7 +177,7 @@ public final class AdminActions: Sendable {
     /// Audits a download about to be served (``downloadAudit``): `pull.download` or
     /// `feedback.download`.
     public func downloading(_ action: AuditAction, detail: String, by actor: String) async throws {
-        try await downloadAudit.record(action, actor: actor, detail: detail, in: services.audit)
+        try await downloadAudit.record(action, actor: actor, detail: detail, in: services.audit, now: now())
     }
 
     // MARK: Sign-in
@@ -183,7 +188,7 @@ public final class AdminActions: Sendable {
     public func refusedToken(_ why: String, for what: String, from source: String) async {
         // The host alone: each new connection has a new port.
         let host = source.split(separator: ":").dropLast().joined(separator: ":")
-        guard let suppressed = refusals.admit(host: host.isEmpty ? source : host, now: Date()) else { return }
+        guard let suppressed = refusals.admit(host: host.isEmpty ? source : host, now: now()) else { return }
         let detail = "\(why) for \(what) from \(source)" + (suppressed > 0 ? " (and \(suppressed) more from that host not recorded)" : "")
         do {
             try await services.audit.record(actor: "-", .authFailed, detail: detail)

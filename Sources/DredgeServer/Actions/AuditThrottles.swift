@@ -48,8 +48,8 @@ final class SearchAudit: Sendable {
 
     /// Records `action` unless the same actor and detail were recorded in the last ten
     /// minutes; a write that fails is thrown, and the next one tries again.
-    func record(_ action: AuditAction, actor: String, detail: String, in audit: any AuditLog) async throws {
-        guard shouldRecord(actor: actor, detail: detail, now: Date()) else { return }
+    func record(_ action: AuditAction, actor: String, detail: String, in audit: any AuditLog, now: Date) async throws {
+        guard shouldRecord(actor: actor, detail: detail, now: now) else { return }
         do {
             try await audit.record(actor: actor, action, detail: detail)
         } catch {

@@ -17,7 +17,8 @@ public final class AdminActions: Sendable {
     public let services: AdminServices
     /// Searches and record reads: one entry per actor and filter in ten minutes.
     let searchAudit = SearchAudit()
-    /// Downloads: one entry per actor and file in ten minutes (a resumed download is one).
+    /// Downloads: one entry per actor and file in ten minutes (a resumed download is one;
+    /// see FileActions.swift).
     let downloadAudit = SearchAudit()
     /// Refused tokens: one entry per host a minute, the rest counted.
     let refusals = RefusalAudit()
@@ -170,14 +171,6 @@ public final class AdminActions: Sendable {
         for m in s.metadata ?? [] { parts.append("where \(m.key)=\(m.value)") }
         if let reason = s.reason, !reason.isEmpty { parts.append("reason=\(reason.debugDescription)") }
         return ConnectionUploads.bounded(parts.isEmpty ? "everything" : parts.joined(separator: " "))
-    }
-
-    // MARK: Files
-
-    /// Audits a download about to be served (``downloadAudit``): `pull.download` or
-    /// `feedback.download`.
-    public func downloading(_ action: AuditAction, detail: String, by actor: String) async throws {
-        try await downloadAudit.record(action, actor: actor, detail: detail, in: services.audit, now: now())
     }
 
     // MARK: Sign-in

@@ -78,16 +78,15 @@ public enum AdminAPI {
     /// file again by the same token (a resumed or repeated download) is recorded again only after
     /// ten minutes.
     static func serve(
-        _ located: PullFiles.Located, request: Request, context: some RequestContext, actions: AdminActions, actor: String,
-        action: AuditAction = .pullDownload, detail: String
+        _ download: AdminActions.Download, request: Request, context: some RequestContext, actions: AdminActions, actor: String
     ) async throws -> Response {
-        let file = located.file
+        let located = download.located, file = located.file
         let etag = "\"\(file.sha256)\""
         // A strong comparison; there is no Last-Modified, so a date never matches either.
         let rangeAsked = request.headers[.ifRange].map { $0 == etag } ?? true ? request.headers[.range] : nil
         let range = ByteRange.parse(rangeAsked, size: file.size)
         let headOnly = request.method == .head  // nothing downloaded: not audited, the file not opened
-        if !headOnly && range != .unsatisfiable { try await actions.downloading(action, detail: detail, by: actor) }
+        if !headOnly && range != .unsatisfiable { try await actions.downloading(download, by: actor) }
         var headers: HTTPFields = [
             .acceptRanges: "bytes", .eTag: etag,
             .contentType: file.kind == .zip ? "application/zip" : file.kind == .manifest ? "application/json" : "application/x-ndjson",

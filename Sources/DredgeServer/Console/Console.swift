@@ -45,8 +45,6 @@ enum Console {
         var feedback: any FeedbackInbox { actions.services.feedback }
         /// The index the log viewer searches; nil on a server that does not index.
         var records: (any RecordIndex)? { actions.services.records }
-        /// The pulled and fed-back files; nil on a server that does not serve them.
-        var files: PullFiles? { actions.services.files }
         var tokens: any TokenVault { actions.services.tokens }
         var audit: any AuditLog { actions.services.audit }
         var logger: Logger { actions.services.logger }

@@ -33,20 +33,12 @@ extension Console {
         console.get("audit") { request, _ in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let parameters = Console.query(request)
-            func text(_ name: String) -> String { (parameters[name] ?? "").trimmingCharacters(in: .whitespaces) }
-            var query = AuditQuery(limit: 100)
-            query.actor = text("actor").isEmpty ? nil : text("actor")
-            query.action = text("action").isEmpty ? nil : text("action")
+            let (query, entries) = try await d.actions.audit(parameters, defaultLimit: 100)
             var page = signedInPage("Audit log", session, current: "Audit")
-            page["actor"] = text("actor")
-            page["action"] = text("action")
+            page["actor"] = query.actor ?? ""
+            page["action"] = query.action ?? ""
             page["actions"] = AuditAction.filters
-                .map { ["name": $0, "selected": $0 == text("action")] }
-            if let before = parameters["before"] {
-                guard let id = Int64(before), id > 0 else { throw AdminAPIError(.badRequest, "bad_request", "“before” is an entry's number.") }
-                query.before = id
-            }
-            let entries = try await d.audit.audit(query)
+                .map { ["name": $0, "selected": $0 == query.action] }
             page["rows"] = entries.map { entry -> [String: Any] in
                 ["id": entry.id.map(String.init) ?? "", "at": timeText(entry.at), "actor": entry.actor, "action": entry.action, "detail": entry.detail]
             }
@@ -54,6 +46,7 @@ extension Console {
                 var older = [("before", "\(last)")]
                 if let actor = query.actor { older.append(("actor", actor)) }
                 if let action = query.action { older.append(("action", action)) }
+                for name in ["since", "limit"] { if let value = parameters[name], !value.isEmpty { older.append((name, value)) } }
                 page["older"] = url("/console/audit", older)
             }
             return html(library, "audit", page)

@@ -11,10 +11,8 @@ import Mustache
 /// the session's token.
 extension Console {
     static func registerFiles(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
-        @Sendable func files() throws -> PullFiles {
-            guard let files = d.files else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not serve files.") }
-            return files
-        }
+        let actions = d.actions
+        /// An id of the path: one that cannot be an id names no page (the actions check it again).
         @Sendable func id(_ context: AdminRequestContext, _ name: String = "id") throws -> String {
             let id = try context.parameters.require(name)
             guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such page.") }
@@ -26,11 +24,8 @@ extension Console {
             return name
         }
         /// The API's download answer, as the session's token, with the console's headers.
-        @Sendable func serve(
-            _ located: PullFiles.Located, _ session: ConsoleSessions.Session, _ request: Request, _ context: AdminRequestContext, action: AuditAction,
-            detail: String
-        ) async throws -> Response {
-            var response = try await AdminAPI.serve(located, request: request, context: context, actions: d.actions, actor: session.tokenName, action: action, detail: detail)
+        @Sendable func serve(_ download: AdminActions.Download, _ session: ConsoleSessions.Session, _ request: Request, _ context: AdminRequestContext) async throws -> Response {
+            var response = try await AdminAPI.serve(download, request: request, context: context, actions: actions, actor: session.tokenName)
             for field in securityHeaders { response.headers[field.name] = field.value }  // no-store: logs stay off the browser's disk
             return response
         }
@@ -53,40 +48,24 @@ extension Console {
         console.get("pulls/:id/files") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let pull = try id(context)
-            guard let located = try await files().list(pull) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
-            return try await listing(session, kind: "pull", id: pull, located)
+            return try await listing(session, kind: "pull", id: pull, actions.files(ofPull: pull))
         }
         console.get("feedback/:id/files") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let feedback = try id(context)
-            guard let located = try await files().list(feedback: feedback) else { throw AdminAPIError(.notFound, "not_found", "There is no such feedback.") }
-            return try await listing(session, kind: "feedback", id: feedback, located)
+            return try await listing(session, kind: "feedback", id: feedback, actions.files(ofFeedback: feedback))
         }
         console.get("pulls/:id/files/:agent/:name") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
-            let pull = try id(context), agent = try id(context, "agent"), name = try fileName(context)
-            guard let located = try await files().locate(pull, agent: agent, name: name) else { throw AdminAPIError(.notFound, "not_found", "There is no such file.") }
-            return try await serve(located, session, request, context, action: .pullDownload, detail: "pull \(pull) agent \(agent) file \(located.file.name)")
+            return try await serve(actions.file(ofPull: id(context), agent: id(context, "agent"), name: fileName(context)), session, request, context)
         }
         console.get("pulls/:id/zip") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
-            let pull = try id(context)
-            let located: PullFiles.Located
-            do {
-                guard let zip = try await files().wholeZip(pull) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
-                located = zip
-            } catch PullFiles.WholeZipError.nothingYet {
-                throw AdminAPIError(.notFound, "not_found", "This pull has no files yet (none of its devices is complete, or it was removed).")
-            } catch PullFiles.WholeZipError.changing {
-                throw AdminAPIError(.serviceUnavailable, "unavailable", "This pull's files are changing; try again.")
-            }
-            return try await serve(located, session, request, context, action: .pullDownload, detail: "pull \(pull) whole zip")
+            return try await serve(actions.wholeZip(ofPull: id(context)), session, request, context)
         }
         console.get("feedback/:id/files/:name") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
-            let feedback = try id(context), name = try fileName(context)
-            guard let located = try await files().locate(feedback: feedback, name: name) else { throw AdminAPIError(.notFound, "not_found", "There is no such file.") }
-            return try await serve(located, session, request, context, action: .feedbackDownload, detail: "feedback \(feedback) file \(located.file.name)")
+            return try await serve(actions.file(ofFeedback: id(context), name: fileName(context)), session, request, context)
         }
     }
 

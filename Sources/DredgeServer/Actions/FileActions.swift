@@ -1,0 +1,78 @@
+import DredgeAdminAPI
+import DredgeWire
+
+/// The pulled and fed-back files, for both surfaces: listed, located for a download with the
+/// refusals an engineer sees (no such pull or file, nothing complete yet, changing), and each
+/// download named for the audit log the same way wherever it is served. Serving the bytes
+/// (ranges, ETag, `Repr-Digest`) is the HTTP adapter's part (`AdminAPI.serve`), which audits
+/// through ``downloading(_:by:)`` just before it sends a byte.
+extension AdminActions {
+    /// A file about to be served, and how its download is recorded.
+    public struct Download: Sendable {
+        public let located: PullFiles.Located
+        /// `pull.download` or `feedback.download`.
+        public let action: AuditAction
+        /// The audit entry's detail: which file of which pull or feedback.
+        public let detail: String
+    }
+
+    /// A pull's files, per agent; a pull with no complete agent has none.
+    public func files(ofPull id: String) async throws -> [PullFiles.Located] {
+        let id = try Self.checkedID(id, "pull")
+        guard let list = try await servedFiles().list(id) else { throw ActionError(.notFound, "no pull \(id)") }
+        return list
+    }
+
+    public func files(ofFeedback id: String) async throws -> [PullFiles.Located] {
+        let id = try Self.checkedID(id, "feedback")
+        guard let list = try await servedFiles().list(feedback: id) else { throw ActionError(.notFound, "no feedback \(id)") }
+        return list
+    }
+
+    /// One file an agent uploaded for a pull; only names its listing holds are served.
+    public func file(ofPull id: String, agent: String, name: String) async throws -> Download {
+        let id = try Self.checkedID(id, "pull"), agent = try Self.checkedID(agent, "agent")
+        guard let located = try await servedFiles().locate(id, agent: agent, name: name) else {
+            throw ActionError(.notFound, "pull \(id) has no file \(WireID.echo(name).debugDescription) from agent \(agent)")
+        }
+        return Download(located: located, action: .pullDownload, detail: "pull \(id) agent \(agent) file \(located.file.name)")
+    }
+
+    /// All of a pull's complete agents' files as one zip.
+    public func wholeZip(ofPull id: String) async throws -> Download {
+        let id = try Self.checkedID(id, "pull")
+        do {
+            guard let zip = try await servedFiles().wholeZip(id) else { throw ActionError(.notFound, "no pull \(id)") }
+            return Download(located: zip, action: .pullDownload, detail: "pull \(id) whole zip")
+        } catch PullFiles.WholeZipError.nothingYet {
+            throw ActionError(.notFound, "pull \(id) has no files yet (none of its agents is complete, or it was removed)")
+        } catch PullFiles.WholeZipError.changing {
+            throw ActionError(.unavailable, "pull \(id)'s files are changing; ask again")
+        }
+    }
+
+    public func file(ofFeedback id: String, name: String) async throws -> Download {
+        let id = try Self.checkedID(id, "feedback")
+        guard let located = try await servedFiles().locate(feedback: id, name: name) else {
+            throw ActionError(.notFound, "feedback \(id) has no file \(WireID.echo(name).debugDescription)")
+        }
+        return Download(located: located, action: .feedbackDownload, detail: "feedback \(id) file \(located.file.name)")
+    }
+
+    /// Audits a download about to be served (``downloadAudit``): one entry per actor and file
+    /// in ten minutes, so a resumed download is one.
+    public func downloading(_ download: Download, by actor: String) async throws {
+        try await downloadAudit.record(download.action, actor: actor, detail: download.detail, in: services.audit, now: now())
+    }
+
+    /// An id from a path: a pull's, a feedback's or an agent's is 32 lowercase hex characters.
+    static func checkedID(_ id: String, _ what: String) throws -> String {
+        guard WireID.isValid(id) else { throw ActionError(.invalid, "\(what) id must be 32 lowercase hex characters") }
+        return id
+    }
+
+    private func servedFiles() throws -> PullFiles {
+        guard let files = services.files else { throw ActionError(.unavailable, "this server does not serve files") }
+        return files
+    }
+}

@@ -225,7 +225,7 @@ let package = Package(
         .executableTarget(
             name: "dredge-demo",
             dependencies: [
-                "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples",
+                "DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeSamples", "DredgePayload",
                 .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"])),
             ]
         ),

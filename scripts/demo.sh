@@ -76,8 +76,8 @@ done
 [ "$indexed" = "$expected" ] || { echo "FAILED: $indexed of the pull's $expected records are searchable"; exit 1; }
 echo "   \$ dredge logs --uid u-1002 --since 2d --level error --limit 6"
 "$bin/dredge" logs --uid u-1002 --since 2d --level error --limit 6 2>/dev/null
-echo "   \$ dredge logs --pull $pull --grep 'payment declined' --where event=checkout.failed --limit 3"
-"$bin/dredge" logs --pull "$pull" --grep 'payment declined' --where event=checkout.failed --limit 3 2>/dev/null
+echo "   \$ dredge logs --pull $pull --words 'payment declined' --where event=checkout.failed --limit 3"
+"$bin/dredge" logs --pull "$pull" --words 'payment declined' --where event=checkout.failed --limit 3 2>/dev/null
 found=$("$bin/dredge" logs --pull "$pull" --where http.status=503 --format jsonl --limit 0 | python3 -c "
 import json,sys
 rows=[json.loads(l) for l in sys.stdin]

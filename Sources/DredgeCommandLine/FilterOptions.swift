@@ -19,7 +19,7 @@ public struct FilterOptions: ParsableArguments {
     @Option(name: .customLong("level"), help: "Levels: 'error', 'warning,error' or 'warning+' (and above); repeatable.")
     public var levels: [String] = []
 
-    @Option(help: "Text contained in the message or metadata (case-insensitive).")
+    @Option(help: "A literal substring of the message or of the metadata as JSON (keys and punctuation too); ASCII letters in any case. Matched on the device.")
     public var grep: String?
 
     public init() {}

@@ -26,15 +26,23 @@ public enum StoredFilter {
         init(_ description: String) { self.description = description }
     }
 
-    /// The version-1 text of `filter`.
+    /// The version-1 text of `filter`: its JSON (``LogFilter``'s `Codable` form, the admin
+    /// API's) with `v` added, keys sorted.
     public static func encode(_ filter: LogFilter) throws -> String {
-        let form = Form(
-            v: currentVersion, since_us: filter.since?.microseconds, until_us: filter.until?.microseconds, uid: filter.uid,
-            types: filter.types.map { $0.map(\.rawValue).sorted() }, levels: filter.levels.map { $0.sorted().map(\.name) },
-            text: filter.text)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: try encoder.encode(form), as: UTF8.self)
+        return String(decoding: try encoder.encode(Versioned(filter: filter)), as: UTF8.self)
+    }
+
+    private struct Versioned: Encodable {
+        let filter: LogFilter
+        private enum Key: String, CodingKey { case v }
+
+        func encode(to encoder: any Encoder) throws {
+            try filter.encode(to: encoder)
+            var c = encoder.container(keyedBy: Key.self)
+            try c.encode(StoredFilter.currentVersion, forKey: .v)
+        }
     }
 
     /// Reads a stored filter back, or throws ``Unreadable``.
@@ -76,7 +84,7 @@ public enum StoredFilter {
         return filter
     }
 
-    private struct Form: Codable {
+    private struct Form: Decodable {
         var v: Int
         var since_us: Int64?
         var until_us: Int64?
@@ -84,16 +92,6 @@ public enum StoredFilter {
         var types: [String]?
         var levels: [String]?
         var text: String?
-
-        init(v: Int, since_us: Int64?, until_us: Int64?, uid: String?, types: [String]?, levels: [String]?, text: String?) {
-            self.v = v
-            self.since_us = since_us
-            self.until_us = until_us
-            self.uid = uid
-            self.types = types
-            self.levels = levels
-            self.text = text
-        }
 
         private struct AnyKey: CodingKey {
             var stringValue: String

@@ -1,6 +1,7 @@
 import ArgumentParser
 import DredgeDomain
 import DredgeLogging
+import DredgePayload
 import DredgeSamples
 import DredgeStore
 import Foundation
@@ -57,11 +58,7 @@ struct Verify: AsyncParsableCommand {
     func run() async throws {
         let manifestData = try Data(contentsOf: URL(fileURLWithPath: dir + "/manifest.json"))
         let manifest = try JSONDecoder().decode(DemoManifest.self, from: manifestData)
-        var filter = LogFilter(uid: manifest.filter.uid, text: manifest.filter.text)
-        filter.since = manifest.filter.since.flatMap { Timestamp(rfc3339: $0) }
-        filter.until = manifest.filter.until.flatMap { Timestamp(rfc3339: $0) }
-        filter.types = manifest.filter.types.map { Set($0.compactMap { LogType($0) }) }
-        filter.levels = manifest.filter.levels.map { Set($0.compactMap { LogLevel(name: $0) }) }
+        let filter = try manifest.filter.logFilter()
         var configuration = StoreConfiguration()
         configuration.readOnly = true
         let logStore = try LogStore(path: store, configuration: configuration)
@@ -84,16 +81,9 @@ struct Verify: AsyncParsableCommand {
         print("verified: \(files.count) files, \(records) records, exactly what the filter selects on the device")
     }
 
+    /// Only the part of the manifest the check needs.
     struct DemoManifest: Decodable {
-        struct Filter: Decodable {
-            var since: String?
-            var until: String?
-            var uid: String?
-            var types: [String]?
-            var levels: [String]?
-            var text: String?
-        }
-        var filter: Filter
+        var filter: ExportManifest.FilterDescription
     }
 }
 

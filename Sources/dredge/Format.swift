@@ -43,15 +43,7 @@ enum Format {
         return line.count > length ? String(line.prefix(length)) + "…" : line
     }
 
-    static func filter(_ f: LogFilter) -> String {
-        var parts: [String] = []
-        if let since = f.since { parts.append("since \(time(since.date))") }
-        if let until = f.until { parts.append("until \(time(until.date))") }
-        if let types = f.types { parts.append("types \(types.map(\.description).sorted().joined(separator: ","))") }
-        if let levels = f.levels { parts.append("levels \(levels.sorted().map(\.description).joined(separator: ","))") }
-        if let text = f.text { parts.append("text '\(text)'") }
-        return parts.isEmpty ? "everything" : parts.joined(separator: ", ")
-    }
+    static func filter(_ f: LogFilter) -> String { f.summary { time($0.date) } }
 
     /// Each agent's outcome and, for complete ones, the files.
     static func printResult(_ pull: PullRecord) {

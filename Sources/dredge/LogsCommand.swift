@@ -17,8 +17,10 @@ struct LogsCommand: AsyncParsableCommand {
         abstract: "Read and search the records of every pull and feedback: one timeline across devices.",
         discussion: """
             Every filter narrows the result. Times given without a zone are local time; lines show
-            local time too (--utc for UTC). --grep matches whole words in the message and the
-            metadata, any case, all of them: `--grep 'timeout "connection refused" auth*'`.
+            local time too (--utc for UTC). --words matches whole words in the message and the
+            metadata, any case and accents ignored, all of them: `--words 'timeout "connection
+            refused" auth*'`. It is not a substring: `auth` does not find `authentication` (say
+            `auth*`). (`dredge pull --grep` is a substring, matched on the device.)
             --where matches a top-level metadata member exactly: `--where status=503`.
 
             Examples:
@@ -41,7 +43,9 @@ struct LogsCommand: AsyncParsableCommand {
     @Option(help: "With --around: how far either side (30s, 5m, 1h).") var window = "5m"
     @Option(name: .customLong("level"), help: "Levels: 'error', 'warning,error' or 'warning+' (and above); repeatable.") var levels: [String] = []
     @Option(name: .customLong("type"), help: "Log types; repeatable or comma-separated.") var types: [String] = []
-    @Option(help: "Words in the message or metadata (all of them; \"a phrase\"; word* for a prefix).") var grep: String?
+    @Option(help: "Whole words in the message or metadata, all of them; any case, accents ignored; \"a phrase\"; word* for a prefix. Not a substring.") var words: String?
+    /// The flag's name before it was `--words`: kept for scripts, with a warning (`pull --grep` is a substring).
+    @Option(help: .hidden) var grep: String?
     @Option(name: .customLong("where"), help: "A metadata member's value: key=value (status=503, event=userLoggedIn); repeatable.") var matches: [String] = []
     @Option(help: "Why (a ticket number, say): recorded in the audit log with the search.") var reason: String?
     @Option(help: "text, json or jsonl.") var format: OutputFormat = .text
@@ -92,9 +96,11 @@ struct LogsCommand: AsyncParsableCommand {
         }
         if !levels.isEmpty { search.levels = try FilterOptions.levels(levels).sorted().map(\.name) }
         if !types.isEmpty { search.types = try FilterOptions.types(types).map(\.rawValue).sorted() }
-        if let grep {
-            guard SearchTerms.hasWord(grep) else { throw ValidationError("--grep '\(grep)' has no word to search for") }
-            search.text = grep
+        if words != nil && grep != nil { throw ValidationError("--grep is the old name of --words: give one") }
+        if let text = words ?? grep {
+            let flag = words != nil ? "--words" : "--grep"
+            guard SearchTerms.hasWord(text) else { throw ValidationError("\(flag) '\(text)' has no word to search for") }
+            search.text = text
         }
         var metadata: [MetadataMatch] = []
         for text in matches {
@@ -114,6 +120,7 @@ struct LogsCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
+        if grep != nil { note("`dredge logs --grep` is now `--words`: it matches whole words, not a substring as `dredge pull --grep` does") }
         let client = try server.client()
         var search = try search()
         // Prefixes become whole ids (the server takes whole ids only).
@@ -212,7 +219,7 @@ struct LogsCommand: AsyncParsableCommand {
     private func note(_ text: String) { Terminal.error("dredge: \(text)\n") }
 }
 
-/// Whether a `--grep` text holds anything to search for (the server's rule).
+/// Whether a `--words` text holds anything to search for (the server's rule).
 enum SearchTerms {
     static func hasWord(_ text: String) -> Bool { text.contains { $0.isLetter || $0.isNumber } }
 }

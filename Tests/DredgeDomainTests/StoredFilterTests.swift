@@ -56,4 +56,44 @@ import Testing
         #expect(UserID.isValid(String(repeating: "a", count: DomainLimits.uidBytes)))
         #expect(!UserID.isValid(String(repeating: "a", count: DomainLimits.uidBytes + 1)))
     }
+
+    /// One vocabulary (#52): the admin API's filter JSON is the stored text without `v`.
+    @Test(arguments: [StoredFilterTests.full, .all, LogFilter(levels: [.critical, .trace]), LogFilter(types: [])])
+    func theAPIsFilterIsTheStoredOneWithoutItsVersion(_ filter: LogFilter) throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        let api = String(decoding: try encoder.encode(filter), as: UTF8.self)
+        let stored = try StoredFilter.encode(filter)
+        #expect(api == (stored == #"{"v":1}"# ? "{}" : stored.replacingOccurrences(of: #","v":1}"#, with: "}")))
+        #expect(try JSONDecoder().decode(LogFilter.self, from: Data(api.utf8)) == filter)
+    }
+
+    /// What older clients sent (the synthesized shape: `since`, levels as numbers) and level
+    /// aliases are still read, as the same filter.
+    @Test func theAPIStillReadsTheOlderShape() throws {
+        let old = #"{"levels":[4,5],"since":1763700000000000,"text":"time/out \"x\"","types":["app","network"],"uid":"u-1","until":1763786400000000}"#
+        #expect(try JSONDecoder().decode(LogFilter.self, from: Data(old.utf8)) == Self.full)
+        let mixed = #"{"levels":["warn",5],"since_us":1763700000000000,"text":"time/out \"x\"","types":["network","app"],"uid":"u-1","until":1763786400000000}"#
+        #expect(try JSONDecoder().decode(LogFilter.self, from: Data(mixed.utf8)) == Self.full)
+    }
+
+    /// A part it does not know, a time given twice, a level that is none: refused with what is
+    /// wrong, never read as a wider filter.
+    @Test(arguments: [
+        (#"{"level":["error"]}"#, "no part \"level\""),
+        (#"{"since":1,"since_us":1}"#, "since_us or since, not both"),
+        (#"{"levels":["loud"]}"#, "\"loud\" is not a level"),
+        (#"{"levels":[7]}"#, "level 7 is not one of 0"),
+        (#"{"types":["App"]}"#, "invalid log type"),
+        (#"{"since_us":"yesterday"}"#, "Int64"),
+    ])
+    func theAPIRefusesWhatItCannotReadExactly(_ text: String, _ why: String) {
+        do {
+            let filter = try JSONDecoder().decode(LogFilter.self, from: Data(text.utf8))
+            Issue.record("\(text) read as \(filter)")
+        } catch {
+            #expect("\(error)".contains(why), "\(error)")
+        }
+    }
 }
+

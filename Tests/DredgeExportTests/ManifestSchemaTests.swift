@@ -1,3 +1,4 @@
+import DredgeDomain
 @testable import DredgePayload
 @testable import DredgeReception
 import DredgeTestSupport
@@ -70,4 +71,22 @@ import Testing
             #expect(throws: JSONSchema.SchemaError.self, "\(schema)") { try JSONSchema(json: Array(schema.utf8)) }
         }
     }
+
+    /// The manifest's filter reads back as the filter it describes, exactly: the server compares
+    /// filters, not their texts (#52), and a description that names no filter is refused.
+    @Test func aManifestsFilterReadsBackAsTheFilterItDescribes() throws {
+        let filter = LogFilter(
+            since: Timestamp(microseconds: 1_763_700_000_000_001), until: Timestamp(microseconds: 1_763_786_400_000_000), uid: "u-1",
+            types: ["network", "app"], levels: [.error, .warning], text: "timeout é")
+        #expect(try ExportManifest.FilterDescription(filter).logFilter() == filter)
+        #expect(try ExportManifest.FilterDescription(.all).logFilter() == .all)
+        #expect(LogFilter(types: [], levels: [], text: "").normalized == .all)
+        var bad = ExportManifest.FilterDescription(filter)
+        for change in [{ (d: inout ExportManifest.FilterDescription) in d.since = "yesterday" }, { $0.levels = ["warn"] }, { $0.levels = ["error", "error"] }, { $0.types = ["App"] }] {
+            bad = ExportManifest.FilterDescription(filter)
+            change(&bad)
+            #expect(throws: ExportManifest.FilterDescription.Unreadable.self, "\(bad)") { try bad.logFilter() }
+        }
+    }
 }
+

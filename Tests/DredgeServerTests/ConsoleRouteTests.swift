@@ -382,7 +382,7 @@ import Testing
 
             let shown = try await browser.get("/console/pulls/\(pull.id)")
             #expect(shown.status == .ok && shown.body.contains("uid u-1") && shown.body.contains("host-u-1") && shown.body.contains(#"<span class="status queued">"#))
-            #expect(shown.body.contains("levels warning, error") && shown.body.contains("2026-11-20 10:00:00 UTC"))
+            #expect(shown.body.contains("levels warning,error") && shown.body.contains("2026-11-20 10:00:00 UTC"))
             #expect(try await browser.get("/console/pulls").body.contains("/console/pulls/\(pull.id)"))
             #expect(try await browser.get("/console/pulls/\(String(repeating: "f", count: 32))").status == .notFound)
 

@@ -73,11 +73,15 @@ import Testing
         let status503 = try d.dredge(["logs", "--pull", pullID, "--where", "http.status=503", "--format", "jsonl", "--limit", "0"], server: admin)
         let expected503 = all.filter { (($0["metadata"] as? [String: Any])?["http.status"] as? Int) == 503 }
         #expect(try Self.jsonLines(status503.output).count == expected503.count && !expected503.isEmpty)
-        let text = try d.dredge(["logs", "--uid", "u-1", "--grep", "payment declined", "--level", "error", "--color", "never", "--limit", "2"], server: admin)
+        let text = try d.dredge(["logs", "--uid", "u-1", "--words", "payment declined", "--level", "error", "--color", "never", "--limit", "2"], server: admin)
         #expect(text.status == 0)
         let textLines = text.output.split(separator: "\n").filter { !$0.hasPrefix("dredge:") }
         #expect(textLines.count == 2 && textLines.allSatisfy { $0.contains("oven-7") && $0.contains("payment declined") && $0.contains("ERROR") }, "\(text.output)")
         #expect(text.output.contains("more records match"), "a cut result says so")
+        // The flag's old name still searches, and says what it matches now.
+        let oldName = try d.dredge(["logs", "--uid", "u-1", "--grep", "payment declined", "--level", "error", "--color", "never", "--limit", "2"], server: admin)
+        #expect(oldName.status == 0 && oldName.output.contains("is now `--words`: it matches whole words"), "\(oldName.output)")
+        #expect(oldName.output.split(separator: "\n").filter { !$0.hasPrefix("dredge:") } == textLines)
         let middle = try #require(times[times.count / 2] as String?)
         let around = try d.dredge(["logs", "--uid", "u-1", "--around", middle, "--window", "1s", "--format", "jsonl"], server: admin)
         #expect(try Self.jsonLines(around.output).contains { $0["ts"] as? String == middle }, "\(around.output.prefix(300))")
@@ -127,7 +131,8 @@ import Testing
         for (arguments, says) in [
             (["--since", "99999999d"], "yesterday"), (["--since", "2026-02-30"], "local time"), (["--level", "loud"], "critical"),
             (["--where", "status"], "key=value"), (["--type", "Bad Type"], "lowercase"), (["--around", "now", "--since", "2d"], "not both"),
-            (["--around", "now", "--window", "5y"], "30s"), (["--pull", "../x"], "32 lowercase hex"), (["--grep", "***"], "no word"),
+            (["--around", "now", "--window", "5y"], "30s"), (["--pull", "../x"], "32 lowercase hex"), (["--words", "***"], "no word"),
+            (["--grep", "a", "--words", "b"], "old name of --words"),
             (["--reason", "a\tb"], "control"), (["--follow", "--format", "json"], "jsonl"),
         ] {
             let result = try d.dredge(["logs"] + arguments, server: admin)

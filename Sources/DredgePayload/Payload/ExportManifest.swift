@@ -24,13 +24,36 @@ public struct ExportManifest: Codable, Hashable, Sendable {
             text = filter.text
         }
 
-        /// Whether this and `other` describe the same selection: the same bounds, uid and text,
-        /// the same types and levels in any order; an empty list or text is the same as none.
-        public func selectsTheSame(as other: FilterDescription) -> Bool {
-            func set(_ list: [String]?) -> Set<String>? { list.flatMap { $0.isEmpty ? nil : Set($0) } }
-            func text(_ t: String?) -> String? { t?.isEmpty == true ? nil : t }
-            return since == other.since && until == other.until && uid == other.uid && text(self.text) == text(other.text)
-                && set(types) == set(other.types) && set(levels) == set(other.levels)
+        /// A description that does not read as a filter.
+        public struct Unreadable: Error, CustomStringConvertible, Sendable {
+            public var description: String
+        }
+
+        /// The filter this describes, read exactly: times in RFC 3339, types and levels by
+        /// their names (not aliases), each listed once. Compare with
+        /// ``LogFilter/normalized`` (an empty list or text is the same as none).
+        public func logFilter() throws -> LogFilter {
+            func time(_ text: String?, _ name: String) throws -> Timestamp? {
+                guard let text else { return nil }
+                guard let time = Timestamp(rfc3339: text) else { throw Unreadable(description: "\(name) \(text.debugDescription) is not an RFC 3339 time") }
+                return time
+            }
+            var filter = LogFilter(since: try time(since, "since"), until: try time(until, "until"), uid: uid, text: text)
+            if let types {
+                filter.types = Set(try types.map { name in
+                    guard let type = LogType(name) else { throw Unreadable(description: "\(name.debugDescription) is not a type name") }
+                    return type
+                })
+                guard filter.types?.count == types.count else { throw Unreadable(description: "a type is listed twice") }
+            }
+            if let levels {
+                filter.levels = Set(try levels.map { name in
+                    guard let level = LogLevel.allCases.first(where: { $0.name == name }) else { throw Unreadable(description: "\(name.debugDescription) is not a level name") }
+                    return level
+                })
+                guard filter.levels?.count == levels.count else { throw Unreadable(description: "a level is listed twice") }
+            }
+            return filter
         }
     }
 

@@ -167,8 +167,27 @@ public enum AdminAPI {
         }
         do {
             return try JSONDecoder.adminAPI.decode(T.self, from: Data(buffer.readableBytesView))
+        } catch let error as DecodingError {
+            throw AdminAPIError(.badRequest, "bad_request", "cannot read the request body as \(T.self): \(Self.explained(error))")
         } catch {
             throw AdminAPIError(.badRequest, "bad_request", "cannot read the request body as \(T.self): \(error)")
+        }
+    }
+
+    /// A decoding error as one line: where in the body (`filter.levels[0]`) and what is wrong.
+    static func explained(_ error: DecodingError) -> String {
+        func path(_ keys: [any CodingKey]) -> String {
+            let text = keys.reduce("") { text, key in
+                key.intValue.map { "\(text)[\($0)]" } ?? (text.isEmpty ? key.stringValue : "\(text).\(key.stringValue)")
+            }
+            return text.isEmpty ? "the body" : text
+        }
+        switch error {
+        case .dataCorrupted(let c): return "\(path(c.codingPath)): \(c.debugDescription)"
+        case .keyNotFound(let key, let c): return "\(path(c.codingPath + [key])) is missing"
+        case .typeMismatch(let type, let c): return "\(path(c.codingPath)) is not \(type == String.self ? "a string" : "of type \(type)")"
+        case .valueNotFound(let type, let c): return "\(path(c.codingPath)) is null where \(type) is wanted"
+        @unknown default: return "\(error)"
         }
     }
 

@@ -312,12 +312,5 @@ extension Console {
     }
 
     /// A filter as a line: the time range, levels, types and text asked for.
-    static func describe(_ filter: LogFilter) -> String {
-        var parts: [String] = []
-        parts.append("from " + (filter.since.map { timeText($0.date) } ?? "the beginning") + " to " + (filter.until.map { timeText($0.date) } ?? "now"))
-        if let levels = filter.levels, !levels.isEmpty { parts.append("levels " + levels.sorted { $0.rawValue < $1.rawValue }.map(\.name).joined(separator: ", ")) }
-        if let types = filter.types, !types.isEmpty { parts.append("types " + types.map(\.rawValue).sorted().joined(separator: ", ")) }
-        if let text = filter.text { parts.append("text “\(text)”") }
-        return parts.joined(separator: "; ")
-    }
+    static func describe(_ filter: LogFilter) -> String { filter.summary { timeText($0.date) } }
 }

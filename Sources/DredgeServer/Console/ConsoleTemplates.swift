@@ -286,8 +286,8 @@ enum ConsoleTemplates {
         </fieldset>
         <label for="types">Types</label>
         <input id="types" name="types" value="{{types}}" placeholder="app, network (empty: all)">
-        <label for="text">Text</label>
-        <input id="text" name="text" value="{{text}}" placeholder="words in the message">
+        <label for="text">Contains</label>
+        <input id="text" name="text" value="{{text}}" placeholder="a substring of the message or metadata">
         <label for="reason">Reason</label>
         <input id="reason" name="reason" value="{{reason}}" placeholder="a ticket number (recorded in the audit log)">
         <button type="submit">Pull</button>
@@ -360,7 +360,7 @@ enum ConsoleTemplates {
         <label>App <input name="app" value="{{app}}" size="12"></label>
         <label>Level <input name="level" value="{{level}}" placeholder="warning+" size="10"></label>
         <label>Type <input name="type" value="{{type}}" placeholder="network" size="10"></label>
-        <label>Text <input name="text" value="{{text}}" placeholder="payment declined"></label>
+        <label>Words <input name="text" value="{{text}}" placeholder="payment declined"></label>
         <label>Where <input name="where" value="{{where}}" placeholder="http.status=503"></label>
         <label>From <input name="since" value="{{since}}" placeholder="YYYY-MM-DD[THH:MM]" size="18"></label>
         <label>To <input name="until" value="{{until}}" placeholder="YYYY-MM-DD[THH:MM]" size="18"></label>

@@ -42,7 +42,7 @@ struct UploadFinisher: Sendable {
         let what = isFeedback ? "feedback" : "pull"
         do {
             // What the manifest must say was selected (Protocol § Payload).
-            var selection: ExportManifest.FilterDescription?
+            var selection: LogFilter?
             if !isFeedback {
                 guard let pull = try await pulls.pull(uploadID), let target = pull.targets.first(where: { $0.agentID == agentID }) else {
                     throw ExportError(.uploadInvalid, "no pull \(uploadID) for this agent")
@@ -51,7 +51,7 @@ struct UploadFinisher: Sendable {
                     throw ExportError(.uploadInvalid, "pull \(uploadID) is already \(target.status.rawValue): \(target.detail)")
                 }
                 guard let filter = pull.filter else { throw ExportError(.uploadInvalid, "pull \(uploadID)'s stored filter does not read back") }
-                selection = ExportManifest.FilterDescription(filter.bounded(toTarget: pull.uid))
+                selection = filter.bounded(toTarget: pull.uid)
             }
             let destination = isFeedback ? try paths.feedbackFiles(uploadID) : try paths.pullFiles(uploadID, agent: agentID)
             let selected = selection
@@ -111,7 +111,7 @@ struct UploadFinisher: Sendable {
     /// the whole zip reassembled and unpacked; else (unpacked before a restart) adopted. The zip
     /// is kept beside the files.
     private func unpack(
-        _ uploadID: String, _ assembler: UploadAssembler, into destination: String, isFeedback: Bool, selection: ExportManifest.FilterDescription?
+        _ uploadID: String, _ assembler: UploadAssembler, into destination: String, isFeedback: Bool, selection: LogFilter?
     ) throws -> ExtractedPayload {
         let zipCopy = isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)
         try FileManager.default.createDirectory(atPath: (destination as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
@@ -135,8 +135,16 @@ struct UploadFinisher: Sendable {
                 guard manifest.commandID == uploadID else {
                     throw ExportError(.payloadInvalid, "the manifest names command \(manifest.commandID ?? "none"), not \(uploadID)")
                 }
-                if let selection, !manifest.filter.selectsTheSame(as: selection) {
-                    throw ExportError(.payloadInvalid, "the manifest's filter is not the pull's (\(Self.describe(manifest.filter)) instead of \(Self.describe(selection)))")
+                if let selection {
+                    let described: LogFilter
+                    do {
+                        described = try manifest.filter.logFilter()
+                    } catch {
+                        throw ExportError(.payloadInvalid, "the manifest's filter does not read: \(error)")
+                    }
+                    if described.normalized != selection.normalized {
+                        throw ExportError(.payloadInvalid, "the manifest's filter is not the pull's (\(Self.describe(described)) instead of \(Self.describe(selection)))")
+                    }
                 }
             }
         }
@@ -188,10 +196,8 @@ struct UploadFinisher: Sendable {
         return payload
     }
 
-    private static func describe(_ f: ExportManifest.FilterDescription) -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return ConnectionUploads.bounded((try? encoder.encode(f)).map { String(decoding: $0, as: UTF8.self) } ?? "?")  // only for the detail text
+    private static func describe(_ f: LogFilter) -> String {
+        ConnectionUploads.bounded("uid \(f.uid.map(\.debugDescription) ?? "any") " + f.summary(time: \.rfc3339))
     }
 
 

@@ -53,6 +53,12 @@ import Testing
         #expect(!Life.expiredBeforeDelivery(.delivered, expiresAt: expiry, now: Timestamp(microseconds: 5_000_000)))
         #expect(Life.shown(.queued, detail: "", expiresAt: expiry, now: expiry) == (.expired, "expired before delivery"))
         #expect(Life.shown(.exporting, detail: "x", expiresAt: expiry, now: expiry) == (.exporting, "x"))
+        // A queued target is sent until its expiry, then expired: never both, never neither.
+        for micros: Int64 in [0, 999_999, 1_000_000, 1_000_001] {
+            let now = Timestamp(microseconds: micros)
+            #expect(Life.isSent(expiresAt: expiry, now: now) != Life.expiredBeforeDelivery(.queued, expiresAt: expiry, now: now), "\(micros)")
+        }
+        #expect(Life.isSent(expiresAt: expiry, now: Timestamp(microseconds: 999_999)) && !Life.isSent(expiresAt: expiry, now: expiry))
     }
 
     @Test func deadlinesEndADeliveredTargetAfterItsQuietPeriodOrTheGrace() {

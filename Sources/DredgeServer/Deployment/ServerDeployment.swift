@@ -142,11 +142,11 @@ public enum ServerDeployment {
             throw DeploymentError(
                 "the database \(database.location) already holds tokens: it is another deployment's (the nodes of a cluster share one data directory: run init once)")
         }
-        let admin = try SQLiteTokenVault.make(name: "admin", kind: .admin, now: options.now)
-        let enrollment = try SQLiteTokenVault.make(name: "default", kind: .enrollment, now: options.now)
-        let created = try make(options, database: url, databaseFiles: []) { _ in (admin.1.token, enrollment.1.token) }
+        let admin = try NewToken(name: "admin", kind: .admin, now: options.now)
+        let enrollment = try NewToken(name: "default", kind: .enrollment, now: options.now)
+        let created = try make(options, database: url, databaseFiles: []) { _ in (admin.created.token, enrollment.created.token) }
         do {
-            try await vault.insert([admin.0, enrollment.0])
+            try await vault.insert([admin, enrollment])
         } catch {
             let failure = error
             for name in files where FileManager.default.fileExists(atPath: options.dataDirectory + "/" + name) {

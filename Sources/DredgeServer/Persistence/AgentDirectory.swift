@@ -1,8 +1,10 @@
+import Crypto
 import DredgeAdminAPI
 import DredgeDomain
 import DredgeEnvelope
 import DredgeWire
 import Foundation
+import SwiftProtobuf
 
 /// The enrolled agents and their presence, as the rest of the server sees them.
 ///
@@ -178,5 +180,29 @@ extension AgentDirectory {
 extension FeedbackInbox {
     public func begin(id: String, agentID: String, uid: String, text: String, createdAt: Timestamp, chunkCount: Int, bytes: Int64) async throws {
         try await begin(id: id, agentID: agentID, uid: uid, text: text, createdAt: createdAt, chunkCount: chunkCount, bytes: bytes, at: Date())
+    }
+}
+
+/// Writing and reading an agent's stored columns, the same for every implementation.
+enum AgentRows {
+    static func json(_ value: some Encodable) throws -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        return String(decoding: try encoder.encode(value), as: UTF8.self)
+    }
+
+    /// A user report's SHA-256 (hex) over its deterministic serialization; nil if it cannot be
+    /// serialized (then it is always written).
+    static func digest(_ report: WireUserReport) -> String? {
+        var options = BinaryEncodingOptions()
+        options.useDeterministicOrdering = true
+        guard let bytes = try? report.serializedBytes(options: options) as [UInt8] else { return nil }
+        return Hex.encode(SHA256.hash(data: bytes))
+    }
+
+    /// A stored labels column; one that does not read as an object of strings shows as none
+    /// (labels are descriptive: the agent sends them again on its next connection).
+    static func labels(_ json: String) -> [String: String] {
+        (try? JSONDecoder().decode([String: String].self, from: Data(json.utf8))) ?? [:]
     }
 }

@@ -22,3 +22,30 @@ public protocol TokenVault: Sendable {
     func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated
     func revoke(name: String, kind: TokenKind) async throws
 }
+
+/// A token about to be kept, the same for every implementation: its name checked, the secret
+/// made, and only the secret's SHA-256 to store; ``created`` is what ``TokenVault/create(name:kind:now:)``
+/// returns, the one time the secret is shown.
+struct NewToken: Sendable {
+    let kind: TokenKind
+    let name: String
+    /// Lowercase hex SHA-256 of the token.
+    let sha256: String
+    /// Seconds since 1970.
+    let createdAt: Double
+    let created: TokenCreated
+
+    init(name: String, kind: TokenKind, now: Date) throws {
+        guard !name.isEmpty, name.count <= 64, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }),
+            !TokenError.reservedNames.contains(name)
+        else {
+            throw TokenError.invalidName(name)
+        }
+        let token = TokenFile.generate(kind)
+        self.kind = kind
+        self.name = name
+        sha256 = TokenFile.hash(token)
+        createdAt = now.timeIntervalSince1970
+        created = TokenCreated(info: TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt)), token: token)
+    }
+}

@@ -76,6 +76,11 @@ public enum PullTargetLife {
         includingUnanswered ? deliver.from : deliverQueued.from
     }
 
+    /// Whether a deliverable target's command is sent at `now`: only before its pull's expiry
+    /// (one at or past it is expired instead, ``expiredBeforeDelivery(_:expiresAt:now:)``, or,
+    /// delivered and unanswered, left to ``stall``).
+    public static func isSent(expiresAt: Timestamp, now: Timestamp) -> Bool { expiresAt > now }
+
     /// Whether a target in `status` has expired before delivery: queued at or past its pull's
     /// expiry. Such a target shows as expired even before a delivery pass marks it so.
     public static func expiredBeforeDelivery(_ status: PullStatus, expiresAt: Timestamp, now: Timestamp) -> Bool {

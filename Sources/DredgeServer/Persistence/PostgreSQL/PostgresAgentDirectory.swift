@@ -58,7 +58,7 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
     public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String {
         let id = publicKey.agentID
         let host = host.bounded
-        let labels = try SQLiteAgentDirectory.json(host.extra)
+        let labels = try AgentRows.json(host.extra)
         let key = ByteBuffer(bytes: publicKey.spki)
         let inserted = try await db.write { c in
             try await c.run(
@@ -80,7 +80,7 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
 
     public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date) async throws -> Int64 {
         let host = host.bounded
-        let labels = try SQLiteAgentDirectory.json(host.extra)
+        let labels = try AgentRows.json(host.extra)
         // The uids this node last wrote may be stale: the agent may have been on another node
         // since. Its first heartbeat here is written in full.
         hold.forget(agentID)
@@ -120,8 +120,8 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         case .full(let heartbeat): full = heartbeat
         }
         let (sorted, report, at, records, held) = (full.uids, full.report, full.at, full.records, full.held)
-        let uids = try SQLiteAgentDirectory.json(sorted)
-        let digest = report.flatMap(SQLiteAgentDirectory.digest)
+        let uids = try AgentRows.json(sorted)
+        let digest = report.flatMap(AgentRows.digest)
         let outcome: (known: Bool, added: Set<String>) = try await db.write { c in
             try await Self.write(held, on: c)
             // The agent's row locked: two connections of one agent write one after the other.
@@ -237,7 +237,7 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
                     $0.os = os
                     $0.app = app
                     $0.appVersion = appVersion
-                    $0.extra = SQLiteAgentDirectory.labels(labels)
+                    $0.extra = AgentRows.labels(labels)
                 }.bounded
                 // A held heartbeat newer than the row's, as the write would make it.
                 let newer = held[id].flatMap { $0.at >= (lastHeartbeatAt ?? -.infinity) ? $0 : nil }

@@ -171,7 +171,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                     """)
             }
         }
-        return open.filter { $0.2 > now.microseconds }.map { DuePull(id: $0.0, stored: $0.3) }
+        return open.filter { PullTargetLife.isSent(expiresAt: Timestamp(microseconds: $0.2), now: now) }.map { DuePull(id: $0.0, stored: $0.3) }
     }
 
     public func markDelivered(_ pullID: String, agent: String, at now: Date) async throws -> Bool {

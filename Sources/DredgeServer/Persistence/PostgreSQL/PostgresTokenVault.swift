@@ -28,26 +28,26 @@ public final class PostgresTokenVault: TokenVault, Sendable {
     }
 
     public func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated {
-        let (row, created) = try SQLiteTokenVault.make(name: name, kind: kind, now: now)
+        let row = try NewToken(name: name, kind: kind, now: now)
         let inserted = try await db.write { c in
             try await c.run(
                 """
-                INSERT INTO token (kind, name, sha256, created_at) VALUES (\(row.kind), \(row.name), \(row.sha256), \(row.createdAt))
+                INSERT INTO token (kind, name, sha256, created_at) VALUES (\(row.kind.rawValue), \(row.name), \(row.sha256), \(row.createdAt))
                 ON CONFLICT (kind, name) DO NOTHING RETURNING 1
                 """)
         }
         guard inserted > 0 else { throw TokenError.exists(name) }
-        return created
+        return row.created
     }
 
     /// Stores tokens made elsewhere (a deployment's first ones, by ``ServerDeployment``), all
     /// or none: a name already taken throws ``TokenError/exists(_:)``.
-    func insert(_ rows: [TokenRow]) async throws {
+    func insert(_ rows: [NewToken]) async throws {
         try await db.write { c in
             for row in rows {
                 let inserted = try await c.run(
                     """
-                    INSERT INTO token (kind, name, sha256, created_at) VALUES (\(row.kind), \(row.name), \(row.sha256), \(row.createdAt))
+                    INSERT INTO token (kind, name, sha256, created_at) VALUES (\(row.kind.rawValue), \(row.name), \(row.sha256), \(row.createdAt))
                     ON CONFLICT (kind, name) DO NOTHING RETURNING 1
                     """)
                 guard inserted > 0 else { throw TokenError.exists(row.name) }

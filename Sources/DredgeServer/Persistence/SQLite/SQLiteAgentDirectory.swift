@@ -1,11 +1,9 @@
-import Crypto
 import DredgeAdminAPI
 import DredgeDomain
 import DredgeEnvelope
 import DredgeWire
 import Foundation
 import GRDB
-import SwiftProtobuf
 import Synchronization
 
 /// The server's registry of agents in the server's database (``AgentDirectory``): who is
@@ -117,7 +115,7 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         let host = host.bounded
         let row = AgentRow(
             id: id, publicKey: Data(publicKey.spki), hostname: host.hostname, os: host.os, app: host.app, appVersion: host.appVersion,
-            enrolledAt: now.timeIntervalSince1970, labels: try Self.json(host.extra))
+            enrolledAt: now.timeIntervalSince1970, labels: try AgentRows.json(host.extra))
         let inserted = try await db.write { db in
             try row.insert(db, onConflict: .ignore)
             return db.changesCount > 0
@@ -138,7 +136,7 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
     @discardableResult
     public func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date = Date()) async throws -> Int64 {
         let host = host.bounded
-        let labels = try Self.json(host.extra)
+        let labels = try AgentRows.json(host.extra)
         return try await db.write { db in
             try db.run(
                 """
@@ -180,7 +178,7 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         case .full(let heartbeat): full = heartbeat
         }
         let (sorted, report, at, records, held) = (full.uids, full.report, full.at, full.records, full.held)
-        let uids = try Self.json(sorted)
+        let uids = try AgentRows.json(sorted)
         try await write(held)
         let outcome: (known: Bool, added: Set<String>) = try await db.write { db in
             let previous = try prepared("SELECT active_uids FROM agent WHERE id = ?", [agentID], as: String.self).fetchOne(db)
@@ -192,7 +190,7 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
                 for uid in sorted { try AgentUIDRow(uid: uid, agentId: agentID).insert(db) }
             }
             // A report the same as the one stored (every reconnection sends one) is not rewritten.
-            if let report, let digest = Self.digest(report),
+            if let report, let digest = AgentRows.digest(report),
                 try prepared("SELECT users_digest FROM agent WHERE id = ?", [agentID], as: String.self).fetchOne(db) != digest
             {
                 try db.run("DELETE FROM agent_user WHERE agent_id = ?", [agentID])
@@ -207,24 +205,9 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         return outcome.added
     }
 
-    /// A user report's SHA-256 (hex) over its deterministic serialization; nil if it cannot be
-    /// serialized (then it is always written).
-    static func digest(_ report: WireUserReport) -> String? {
-        var options = BinaryEncodingOptions()
-        options.useDeterministicOrdering = true
-        guard let bytes = try? report.serializedBytes(options: options) as [UInt8] else { return nil }
-        return Hex.encode(SHA256.hash(data: bytes))
-    }
-
     /// The uids an agent holds: its active uids and its reported users.
     private static func heldUIDs(of agentID: String, in db: Database) throws -> Set<String> {
         Set(try prepared("SELECT uid FROM agent_uid WHERE agent_id = ? UNION SELECT uid FROM agent_user WHERE agent_id = ?", [agentID, agentID], as: String.self).fetchAll(db))
-    }
-
-    static func json(_ value: some Encodable) throws -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
-        return String(decoding: try encoder.encode(value), as: UTF8.self)
     }
 
     /// Held heartbeats into the database, at most ``heldPerTransaction`` rows a transaction,
@@ -307,7 +290,7 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
                     $0.os = row.os
                     $0.app = row.app
                     $0.appVersion = row.appVersion
-                    $0.extra = Self.labels(row.labels)
+                    $0.extra = AgentRows.labels(row.labels)
                 }.bounded
                 // A held heartbeat newer than the row's, as the write would make it.
                 let newer = held[row.id].flatMap { $0.at >= (row.lastHeartbeatAt ?? -.infinity) ? $0 : nil }
@@ -322,9 +305,4 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         }
     }
 
-    /// A stored labels column; one that does not read as an object of strings shows as none
-    /// (labels are descriptive: the agent sends them again on its next connection).
-    static func labels(_ json: String) -> [String: String] {
-        (try? JSONDecoder().decode([String: String].self, from: Data(json.utf8))) ?? [:]
-    }
 }

@@ -166,7 +166,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
                 """,
                 [agentID], as: OpenTarget.self
             ).fetchAll(db)
-            let due = try queued.filter { $0.expiresAt > now.microseconds }.map { DuePull(id: $0.pullId, stored: try Self.storedPull($0.pullId, in: db)) }
+            let due = try queued.filter { PullTargetLife.isSent(expiresAt: Timestamp(microseconds: $0.expiresAt), now: now) }.map { DuePull(id: $0.pullId, stored: try Self.storedPull($0.pullId, in: db)) }
             return (queued, due)
         }
         let expired = try queued.filter {

@@ -43,32 +43,21 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
     }
 
     public func create(name: String, kind: TokenKind, now: Date = Date()) async throws -> TokenCreated {
-        let (row, created) = try Self.make(name: name, kind: kind, now: now)
-        try await db.write { try Self.insert(row, into: $0) }
-        return created
+        let new = try NewToken(name: name, kind: kind, now: now)
+        try await db.write { try Self.insert(new, into: $0) }
+        return new.created
     }
 
     /// ``create(name:kind:now:)`` for a deployment being made (no async context there yet).
     func createWhileInitializing(name: String, kind: TokenKind, now: Date) throws -> TokenCreated {
-        let (row, created) = try Self.make(name: name, kind: kind, now: now)
-        try db.write { try Self.insert(row, into: $0) }
-        return created
+        let new = try NewToken(name: name, kind: kind, now: now)
+        try db.write { try Self.insert(new, into: $0) }
+        return new.created
     }
 
-    static func make(name: String, kind: TokenKind, now: Date) throws -> (TokenRow, TokenCreated) {
-        guard !name.isEmpty, name.count <= 64, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }),
-            !TokenError.reservedNames.contains(name)
-        else {
-            throw TokenError.invalidName(name)
-        }
-        let token = TokenFile.generate(kind)
-        let row = TokenRow(kind: kind.rawValue, name: name, sha256: TokenFile.hash(token), createdAt: now.timeIntervalSince1970)
-        return (row, TokenCreated(info: TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt)), token: token))
-    }
-
-    private static func insert(_ row: TokenRow, into db: Database) throws {
-        guard try !TokenRow.exists(db, key: ["kind": row.kind, "name": row.name]) else { throw TokenError.exists(row.name) }
-        try row.insert(db)
+    private static func insert(_ new: NewToken, into db: Database) throws {
+        guard try !TokenRow.exists(db, key: ["kind": new.kind.rawValue, "name": new.name]) else { throw TokenError.exists(new.name) }
+        try TokenRow(kind: new.kind.rawValue, name: new.name, sha256: new.sha256, createdAt: new.createdAt).insert(db)
     }
 
     /// Revokes a token at once. The last admin token cannot go: nobody could make another.

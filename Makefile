@@ -51,6 +51,7 @@ bench: deps
 	.build/release/dredge-bench store
 	.build/release/dredge-bench export
 	.build/release/dredge-bench search
+	.build/release/dredge-bench json
 	.build/release/dredge-bench server
 	.build/release/dredge-bench heartbeat
 	.build/release/dredge-bench slowloris

@@ -6,6 +6,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "DredgeDomain", targets: ["DredgeDomain"]),
+        .library(name: "DredgeJSON", targets: ["DredgeJSON"]),
         .library(name: "DredgeStore", targets: ["DredgeStore"]),
         .library(name: "DredgeLogging", targets: ["DredgeLogging"]),
         .library(name: "DredgeWire", targets: ["DredgeWire"]),
@@ -58,6 +59,10 @@ let package = Package(
         // What every other module agrees on, with no dependencies: timestamps, levels, types,
         // filters (and their versioned stored form), uids and the limits shared by all ends.
         .target(name: "DredgeDomain"),
+        // The one JSON reader of the server (a scanner over bytes with hooks): the indexer's
+        // record lines, the search page's metadata check, the metadata parser and the schema
+        // checker's first pass. No dependencies, no allocation of its own.
+        .target(name: "DredgeJSON"),
         // The client's local, bounded log store: schema, migrations, batched writer, retention,
         // queries by filter. No networking.
         .target(
@@ -119,7 +124,7 @@ let package = Package(
         .target(
             name: "DredgeReception",
             dependencies: [
-                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "CDredgeZlib", "CDredgeSystem",
+                "DredgeDomain", "DredgeJSON", "DredgeWire", "DredgeEnvelope", "DredgePayload", "CDredgeZlib", "CDredgeSystem",
                 .target(name: "CDredgeISAL", condition: .when(traits: ["Server"])),
                 .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
@@ -138,7 +143,7 @@ let package = Package(
         .target(
             name: "DredgeAdminAPI",
             dependencies: [
-                "DredgeDomain",
+                "DredgeDomain", "DredgeJSON",
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
@@ -160,7 +165,7 @@ let package = Package(
         .target(
             name: "DredgeServer",
             dependencies: [
-                "DredgeDomain", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeReception", "DredgeAdminAPI", "CDredgeSystem",
+                "DredgeDomain", "DredgeJSON", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeReception", "DredgeAdminAPI", "CDredgeSystem",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
                 .product(name: "ZIPFoundation", package: "ZIPFoundation", condition: .when(traits: ["Server"])),
                 .product(name: "Hummingbird", package: "hummingbird", condition: .when(traits: ["Server"])),
@@ -264,6 +269,7 @@ let package = Package(
             dependencies: ["DredgeDomain", "DredgeStore", "DredgeSamples", "DredgeTestSupport", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .testTarget(name: "DredgeDomainTests", dependencies: ["DredgeDomain"]),
+        .testTarget(name: "DredgeJSONTests", dependencies: ["DredgeJSON"]),
         .testTarget(
             name: "DredgeAgentTests",
             dependencies: [

@@ -34,7 +34,7 @@ for target in manifest["targets"]:
                     if module not in allowed:
                         problems.append(f"{os.path.relpath(file, root)}: imports {module}, which target {target['name']} does not declare")
 # The library an app embeds: it must build on Apple platforms as on Linux.
-CLIENT = {"DredgeDomain", "DredgeStore", "DredgeLogging", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport", "DredgeAgentCore"}
+CLIENT = {"DredgeDomain", "DredgeJSON", "DredgeStore", "DredgeLogging", "DredgeWire", "DredgeEnvelope", "DredgePayload", "DredgeExport", "DredgeAgentCore"}
 PLATFORM = {"Glibc", "Musl", "FoundationNetworking", "Darwin"}
 CONDITION = re.compile(r'^\s*#(if|elseif)\s+(.*)$')
 CAN_IMPORT = re.compile(r'canImport\((\w+)\)')

@@ -1,4 +1,5 @@
 import DredgeDomain
+import DredgeJSON
 import Foundation
 
 /// A found record's metadata: a JSON object, kept as the text the index holds when that text
@@ -47,6 +48,9 @@ public struct RecordMetadata: Sendable, Equatable, Codable {
         return nil
     }
 
+    /// Whether it was kept as the text it was read from (the benchmark's count).
+    package var isSpliced: Bool { spliceableText != nil }
+
     public static func == (a: RecordMetadata, b: RecordMetadata) -> Bool { a.value == b.value }
 
     public init(from decoder: any Decoder) throws { storage = .value(try JSONValue(from: decoder)) }
@@ -58,114 +62,81 @@ public struct RecordMetadata: Sendable, Equatable, Codable {
     static func isSpliceable(_ text: String) -> Bool {
         var text = text
         return text.withUTF8 { bytes in
-            withUnsafeTemporaryAllocation(of: Range<Int>.self, capacity: Checker.maxOpenNames) { names in
-                var checker = Checker(bytes: bytes, names: names)
-                checker.space()
-                guard checker.i < bytes.count, bytes[checker.i] == UInt8(ascii: "{"), checker.value(depth: 0) else { return false }
-                checker.space()
-                return checker.i == bytes.count
+            var scanner = JSONScanner(bytes)
+            scanner.space()
+            guard scanner.at(UInt8(ascii: "{")) else { return false }
+            return withUnsafeTemporaryAllocation(of: Range<Int>.self, capacity: Checker.maxOpenNames) { names in
+                withUnsafeTemporaryAllocation(of: Int.self, capacity: Checker.maxDepth) { firsts in
+                    var checker = Checker(names: names, firsts: firsts)
+                    return scanner.value(depth: 0, limit: Checker.maxDepth, &checker) && scanner.atEnd()
+                }
             }
         }
     }
 
-    /// The checker of ``isSpliceable(_:)``: ``JSONValue/parse(_:)``'s grammar and limits, with the
-    /// member names of every open object kept (as ranges of the text) to find one given twice.
-    private struct Checker {
+    /// The rules of ``isSpliceable(_:)`` over ``JSONScanner``'s walk: ``JSONValue/parse(_:)``'s
+    /// grammar and limits, with the member names of every open object kept (as ranges of the
+    /// text) to find one given twice.
+    private struct Checker: JSONVisitor {
         /// Member names held at once across the open objects; more sends the text to the parser.
         static let maxOpenNames = 256
-        let bytes: UnsafeBufferPointer<UInt8>
+        /// The parser's nesting limit.
+        static let maxDepth = 64
         let names: UnsafeMutableBufferPointer<Range<Int>>
+        /// Where each open object's names start in `names`.
+        let firsts: UnsafeMutableBufferPointer<Int>
         var held = 0
-        var i = 0
+        var open = 0
 
-        init(bytes: UnsafeBufferPointer<UInt8>, names: UnsafeMutableBufferPointer<Range<Int>>) {
-            self.bytes = bytes
+        init(names: UnsafeMutableBufferPointer<Range<Int>>, firsts: UnsafeMutableBufferPointer<Int>) {
             self.names = names
+            self.firsts = firsts
         }
 
-        mutating func space() {
-            while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x09 || bytes[i] == 0x0A || bytes[i] == 0x0D { i += 1 }
-        }
-
-        mutating func value(depth: Int) -> Bool {
-            guard depth < 64, i < bytes.count else { return false }
-            switch bytes[i] {
-            case UInt8(ascii: "{"):
-                i += 1
-                let first = held
-                defer { held = first }
-                space()
-                if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
-                    i += 1
-                    return true
-                }
-                while true {
-                    space()
-                    guard i < bytes.count, bytes[i] == UInt8(ascii: "\""), let (end, escaped) = JSONString.scan(bytes, from: i + 1), !escaped else { return false }
-                    let name = (i + 1)..<end
-                    i = end + 1
-                    guard held < names.count, !name.contains(where: { bytes[$0] >= 0x80 }), isNew(name, since: first) else { return false }
-                    names[held] = name
-                    held += 1
-                    space()
-                    guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { return false }
-                    i += 1
-                    space()
-                    guard value(depth: depth + 1) else { return false }
-                    space()
-                    guard i < bytes.count else { return false }
-                    if bytes[i] == UInt8(ascii: ",") {
-                        i += 1
-                        continue
-                    }
-                    guard bytes[i] == UInt8(ascii: "}") else { return false }
-                    i += 1
-                    return true
-                }
-            case UInt8(ascii: "["):
-                i += 1
-                space()
-                if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
-                    i += 1
-                    return true
-                }
-                while true {
-                    space()
-                    guard value(depth: depth + 1) else { return false }
-                    space()
-                    guard i < bytes.count else { return false }
-                    if bytes[i] == UInt8(ascii: ",") {
-                        i += 1
-                        continue
-                    }
-                    guard bytes[i] == UInt8(ascii: "]") else { return false }
-                    i += 1
-                    return true
-                }
-            case UInt8(ascii: "\""):
-                guard let (end, escaped) = JSONString.scan(bytes, from: i + 1), !escaped || surrogatesPair((i + 1)..<end) else { return false }
-                i = end + 1
-                return true
-            case UInt8(ascii: "t"): return literal("true")
-            case UInt8(ascii: "f"): return literal("false")
-            case UInt8(ascii: "n"): return literal("null")
-            default: return number()
-            }
-        }
-
-        func isNew(_ name: Range<Int>, since first: Int) -> Bool {
-            guard let base = bytes.baseAddress else { return false }
-            for k in first..<held {
-                let other = names[k]
-                guard other.count == name.count else { continue }
-                if memcmp(base + name.lowerBound, base + other.lowerBound, name.count) == 0 { return false }
-            }
+        mutating func beginObject(depth: Int) -> Bool {
+            firsts[open] = held
+            open += 1
             return true
+        }
+
+        mutating func endObject() -> Bool {
+            open -= 1
+            held = firsts[open]
+            return true
+        }
+
+        /// Plain ASCII, and not one the object gave before.
+        mutating func name(_ name: JSONText, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+            let range = name.range
+            guard !name.escaped, held < names.count, !range.contains(where: { bytes[$0] >= 0x80 }), let base = bytes.baseAddress else { return false }
+            for k in firsts[open - 1]..<held {
+                let other = names[k]
+                if other.count == range.count && memcmp(base + range.lowerBound, base + other.lowerBound, range.count) == 0 { return false }
+            }
+            names[held] = range
+            held += 1
+            return true
+        }
+
+        func string(_ text: JSONText, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+            !text.escaped || Self.surrogatesPair(text.range, in: bytes)
+        }
+
+        /// A number every reader takes as the parser does: an integer within Int64 (up to 18
+        /// digits always is) but not `-0` (0 to the parser, -0 to JavaScript), or a fraction or
+        /// exponent that is a finite Double. An integer beyond Int64 is a Double to the parser
+        /// and exact to Python: not vouched for.
+        func number(_ range: Range<Int>, integral: Bool, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+            if integral {
+                if bytes[range.lowerBound] == UInt8(ascii: "-"), bytes[range.lowerBound + 1] == UInt8(ascii: "0") { return false }
+                return range.count <= 18 || Int64(String(decoding: bytes[range], as: UTF8.self)) != nil
+            }
+            return Double(String(decoding: bytes[range], as: UTF8.self))?.isFinite ?? false
         }
 
         /// Whether every `\u` escape of a surrogate in a string's content (escapes checked by
         /// `JSONString.scan`) is a high one followed at once by a low one.
-        func surrogatesPair(_ content: Range<Int>) -> Bool {
+        static func surrogatesPair(_ content: Range<Int>, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
             func unit(at k: Int) -> UInt32? {
                 guard k + 6 <= content.upperBound, bytes[k] == UInt8(ascii: "\\"), bytes[k + 1] == UInt8(ascii: "u") else { return nil }
                 var v: UInt32 = 0
@@ -198,26 +169,6 @@ public struct RecordMetadata: Sendable, Equatable, Codable {
                 }
             }
             return true
-        }
-
-        mutating func literal(_ word: StaticString) -> Bool {
-            guard let end = JSONToken.literal(bytes, at: i, word) else { return false }
-            i = end
-            return true
-        }
-
-        /// A number every reader takes as the parser does: an integer within Int64 (up to 18
-        /// digits always is) but not `-0` (0 to the parser, -0 to JavaScript), or a fraction or
-        /// exponent that is a finite Double. An integer beyond Int64 is a Double to the parser
-        /// and exact to Python: not vouched for.
-        mutating func number() -> Bool {
-            guard let (end, integral) = JSONToken.number(bytes, from: i) else { return false }
-            defer { i = end }
-            if integral {
-                if bytes[i] == UInt8(ascii: "-"), bytes[i + 1] == UInt8(ascii: "0") { return false }
-                return end - i <= 18 || Int64(String(decoding: bytes[i..<end], as: UTF8.self)) != nil
-            }
-            return Double(String(decoding: bytes[i..<end], as: UTF8.self))?.isFinite ?? false
         }
     }
 }

@@ -1,4 +1,5 @@
 import DredgeDomain
+import DredgeJSON
 import Foundation
 
 /// A search over every record the server has received (pulls and feedback), as
@@ -181,111 +182,92 @@ extension FoundRecord {
 }
 
 extension JSONValue {
-    /// Parses JSON text in one pass (no Foundation decoder): what the index uses to hand out
-    /// records' metadata. Nil when `text` is not one JSON value, nests deeper than 64, or holds
-    /// a number too large for a Double. Of a key given twice, the first counts (as SQLite's
-    /// `json_extract`, which `--where` uses).
+    /// Parses JSON text in one pass of ``JSONScanner`` (no Foundation decoder): what the index
+    /// uses to hand out records' metadata. Nil when `text` is not one JSON value, nests deeper
+    /// than 64, or holds a number too large for a Double. Of a key given twice, the first counts
+    /// (as SQLite's `json_extract`, which `--where` uses).
     public static func parse(_ text: String) -> JSONValue? {
         var text = text
         return text.withUTF8 { bytes in
-            var parser = Parser(bytes: bytes)
-            parser.space()
-            guard let value = parser.value(depth: 0) else { return nil }
-            parser.space()
-            return parser.i == bytes.count ? value : nil
+            var builder = TreeBuilder()
+            guard JSONScanner.document(bytes, limit: 64, &builder) else { return nil }
+            return builder.result
         }
     }
 
-    private struct Parser {
-        let bytes: UnsafeBufferPointer<UInt8>
-        var i = 0
-
-        mutating func space() {
-            while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x09 || bytes[i] == 0x0A || bytes[i] == 0x0D { i += 1 }
+    /// Builds the value from the walk: the open containers on a stack, each value added to the
+    /// innermost one (under the name just read) or, at the top, kept as the result.
+    private struct TreeBuilder: JSONVisitor {
+        enum Open {
+            case object([String: JSONValue], name: String)
+            case array([JSONValue])
         }
 
-        mutating func value(depth: Int) -> JSONValue? {
-            guard depth < 64, i < bytes.count else { return nil }
-            switch bytes[i] {
-            case UInt8(ascii: "{"):
-                i += 1
-                var members: [String: JSONValue] = [:]
-                space()
-                if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
-                    i += 1
-                    return .object(members)
-                }
-                while true {
-                    space()
-                    guard let key = string() else { return nil }
-                    space()
-                    guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { return nil }
-                    i += 1
-                    space()
-                    guard let member = value(depth: depth + 1) else { return nil }
-                    if members[key] == nil { members[key] = member }
-                    space()
-                    guard i < bytes.count else { return nil }
-                    if bytes[i] == UInt8(ascii: ",") {
-                        i += 1
-                        continue
-                    }
-                    guard bytes[i] == UInt8(ascii: "}") else { return nil }
-                    i += 1
-                    return .object(members)
-                }
-            case UInt8(ascii: "["):
-                i += 1
-                var items: [JSONValue] = []
-                space()
-                if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
-                    i += 1
-                    return .array(items)
-                }
-                while true {
-                    space()
-                    guard let item = value(depth: depth + 1) else { return nil }
-                    items.append(item)
-                    space()
-                    guard i < bytes.count else { return nil }
-                    if bytes[i] == UInt8(ascii: ",") {
-                        i += 1
-                        continue
-                    }
-                    guard bytes[i] == UInt8(ascii: "]") else { return nil }
-                    i += 1
-                    return .array(items)
-                }
-            case UInt8(ascii: "\""):
-                return string().map { .string($0) }
-            case UInt8(ascii: "t"): return literal("true") ? .bool(true) : nil
-            case UInt8(ascii: "f"): return literal("false") ? .bool(false) : nil
-            case UInt8(ascii: "n"): return literal("null") ? .null : nil
-            default: return number()
+        var stack: [Open] = []
+        var result: JSONValue?
+
+        mutating func add(_ value: JSONValue) -> Bool {
+            guard let top = stack.popLast() else {
+                result = value
+                return true
             }
-        }
-
-        mutating func literal(_ word: StaticString) -> Bool {
-            guard let end = JSONToken.literal(bytes, at: i, word) else { return false }
-            i = end
+            switch top {
+            case .object(var members, let name):
+                if members[name] == nil { members[name] = value }
+                stack.append(.object(members, name: ""))
+            case .array(var items):
+                items.append(value)
+                stack.append(.array(items))
+            }
             return true
         }
 
-        mutating func number() -> JSONValue? {
-            guard let (end, integral) = JSONToken.number(bytes, from: i) else { return nil }
-            let text = String(decoding: bytes[i..<end], as: UTF8.self)
-            i = end
-            if integral, let value = Int64(text) { return .integer(value) }
-            // 1e400 reads as infinity, which JSON cannot carry: not a value this parser hands out.
-            guard let value = Double(text), value.isFinite else { return nil }
-            return .number(value)
+        mutating func beginObject(depth: Int) -> Bool {
+            stack.append(.object([:], name: ""))
+            return true
         }
 
-        mutating func string() -> String? {
-            guard i < bytes.count, bytes[i] == UInt8(ascii: "\""), let (end, escaped) = JSONString.scan(bytes, from: i + 1) else { return nil }
-            defer { i = end + 1 }
-            let content = (i + 1)..<end
-            return escaped ? String(decoding: JSONString.unescape(bytes, content), as: UTF8.self) : String(decoding: bytes[content], as: UTF8.self)
+        mutating func name(_ name: JSONText, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+            guard case .object(let members, _) = stack.popLast() else { return false }
+            stack.append(.object(members, name: Self.text(name, in: bytes)))
+            return true
+        }
+
+        mutating func endObject() -> Bool {
+            guard case .object(let members, _) = stack.popLast() else { return false }
+            return add(.object(members))
+        }
+
+        mutating func beginArray(depth: Int) -> Bool {
+            stack.append(.array([]))
+            return true
+        }
+
+        mutating func endArray() -> Bool {
+            guard case .array(let items) = stack.popLast() else { return false }
+            return add(.array(items))
+        }
+
+        mutating func string(_ text: JSONText, in bytes: UnsafeBufferPointer<UInt8>) -> Bool { add(.string(Self.text(text, in: bytes))) }
+
+        mutating func number(_ range: Range<Int>, integral: Bool, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+            let text = String(decoding: bytes[range], as: UTF8.self)
+            if integral, let value = Int64(text) { return add(.integer(value)) }
+            // 1e400 reads as infinity, which JSON cannot carry: not a value this parser hands out.
+            guard let value = Double(text), value.isFinite else { return false }
+            return add(.number(value))
+        }
+
+        mutating func literal(_ value: JSONLiteral) -> Bool {
+            switch value {
+            case .true: add(.bool(true))
+            case .false: add(.bool(false))
+            case .null: add(.null)
+            }
+        }
+
+        static func text(_ text: JSONText, in bytes: UnsafeBufferPointer<UInt8>) -> String {
+            text.escaped ? String(decoding: JSONString.unescape(bytes, text.range), as: UTF8.self) : String(decoding: bytes[text.range], as: UTF8.self)
         }
     }
 }

@@ -1,5 +1,6 @@
 import DredgeDomain
 import DredgePayload
+import DredgeJSON
 import Foundation
 
 /// What validation asks of a JSON value (``DredgeDomain/JSONValue``, read with integers exact).
@@ -135,11 +136,14 @@ struct JSONSchema: Sendable {
     /// Every violation of the schema in `json`, document order not guaranteed; empty when valid.
     /// A document that is not JSON is one violation at the root.
     func violations(in json: [UInt8]) -> [Violation] {
-        // Deep nesting is refused before decoding: no protocol document nests deeper than a few
-        // levels, and decoding a deeply nested hostile one costs time that grows with its depth.
-        let deepest = Self.nesting(json)
-        guard deepest <= Self.maxNesting else {
-            return [Violation(pointer: "", message: "nests arrays and objects \(deepest) deep (at most \(Self.maxNesting))")]
+        // The text is walked once before decoding (``JSONScanner``, the server's one JSON
+        // reader): not JSON, or arrays and objects nested deeper than any protocol document
+        // does, is refused unread, since decoding a deeply nested hostile text costs time that
+        // grows with its depth.
+        switch Self.shallowJSON(json) {
+        case .notJSON: return [Violation(pointer: "", message: "not JSON")]
+        case .tooDeep: return [Violation(pointer: "", message: "nests arrays and objects more than \(Self.maxNesting) deep")]
+        case .fine: break
         }
         let value: JSONValue
         do {
@@ -156,25 +160,25 @@ struct JSONSchema: Sendable {
     /// one cannot make the list (or the time to make it) grow with its size.
     static let maxViolations = 16
 
-    /// The deepest nesting of arrays and objects in `json`, counted without parsing (brackets
-    /// inside strings do not count).
-    static func nesting(_ json: [UInt8]) -> Int {
-        var depth = 0, deepest = 0, inString = false, escaped = false
-        for byte in json {
-            if inString {
-                if escaped { escaped = false } else if byte == UInt8(ascii: "\\") { escaped = true } else if byte == UInt8(ascii: "\"") { inString = false }
-                continue
-            }
-            switch byte {
-            case UInt8(ascii: "\""): inString = true
-            case UInt8(ascii: "["), UInt8(ascii: "{"):
-                depth += 1
-                deepest = max(deepest, depth)
-            case UInt8(ascii: "]"), UInt8(ascii: "}"): depth -= 1
-            default: break
+    enum Shallowness: Equatable { case fine, notJSON, tooDeep }
+
+    /// Whether `json` is one JSON value whose arrays and objects nest at most ``maxNesting``
+    /// deep: one walk, stopped where it goes deeper.
+    static func shallowJSON(_ json: [UInt8]) -> Shallowness {
+        /// Refuses a container that would be the 17th level.
+        struct Nesting: JSONVisitor {
+            var tooDeep = false
+            mutating func beginObject(depth: Int) -> Bool { fits(depth) }
+            mutating func beginArray(depth: Int) -> Bool { fits(depth) }
+            mutating func fits(_ depth: Int) -> Bool {
+                tooDeep = depth >= JSONSchema.maxNesting  // the root container is level 1, at depth 0
+                return !tooDeep
             }
         }
-        return deepest
+        var nesting = Nesting()
+        // Scalars may sit one level inside the deepest container.
+        let ok = json.withUnsafeBufferPointer { JSONScanner.document($0, limit: maxNesting + 1, &nesting) }
+        return ok ? .fine : nesting.tooDeep ? .tooDeep : .notJSON
     }
 
     func violations(of value: JSONValue) -> [Violation] {

@@ -57,7 +57,15 @@ import Testing
         // document costs time that grows with its depth), brackets inside strings do not count.
         let wide = "[" + Array(repeating: String(repeating: "[", count: 500) + String(repeating: "]", count: 500), count: 100).joined(separator: ",") + "]"
         #expect(ManifestSchema.problems(Array(wide.utf8)).count == 1)
-        #expect(JSONSchema.nesting(Array(#"{"a":[{"b":"[[[[{{{{"}]}"#.utf8)) == 3)
+        #expect(JSONSchema.shallowJSON(Array(#"{"a":[{"b":"[[[[{{{{"}]}"#.utf8)) == .fine)
+        // Exactly 16 levels (with a value in the deepest, or empty) are read; 17 are not; a text
+        // that is not JSON is said to be so, however deep it goes.
+        for (levels, inner, verdict) in [(16, "1", JSONSchema.Shallowness.fine), (16, "", .fine), (17, "", .tooDeep), (17, "1", .tooDeep)] {
+            let text = String(repeating: "[", count: levels) + inner + String(repeating: "]", count: levels)
+            #expect(JSONSchema.shallowJSON(Array(text.utf8)) == verdict, "\(levels) \(inner)")
+        }
+        #expect(JSONSchema.shallowJSON(Array("[[1]".utf8)) == .notJSON)
+        #expect(ManifestSchema.problems(Array((String(repeating: "[", count: 17) + String(repeating: "]", count: 17)).utf8)) == ["/: nests arrays and objects more than 16 deep"])
         // A document breaking a rule millions of times yields a bounded list.
         let losses = "[" + Array(repeating: "1", count: 100_000).joined(separator: ",") + "]"
         let many = ManifestSchema.problems(Array(#"{"losses":\#(losses)}"#.utf8))

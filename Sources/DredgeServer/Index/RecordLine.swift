@@ -1,10 +1,10 @@
 import DredgeAdminAPI
 import DredgeDomain
+import DredgeJSON
 
 /// One line of a day file (Protocol § Payload) read for the index, without building a JSON
-/// tree: a single pass over the bytes that checks the whole line is one JSON object (RFC 8259:
-/// strings and their escapes, numbers, literals, nesting up to ``maxDepth``) and picks out the
-/// members the index keeps. Strings without escapes are handed out as ranges of the line, so
+/// tree: a single pass of ``JSONScanner`` that checks the whole line is one JSON object (its
+/// grammar, nesting up to ``maxDepth``) and picks out the members the index keeps. Strings without escapes are handed out as ranges of the line, so
 /// most values are bound to SQLite straight from the block they were read into.
 ///
 /// A line is a record when it is an object whose `ts` is a string of the payload's form
@@ -17,10 +17,7 @@ struct RecordLine {
 
     /// A string value: its bytes in the line (between the quotes), and whether it holds escapes
     /// (then ``decode(_:in:)`` gives its text).
-    struct Text {
-        var range: Range<Int>
-        var escaped: Bool
-    }
+    typealias Text = JSONText
 
     var ts: Int64 = 0
     var level: Int = 0
@@ -33,8 +30,8 @@ struct RecordLine {
 
     /// Nil when the line is not a record.
     static func parse(_ line: UnsafeBufferPointer<UInt8>) -> RecordLine? {
-        var scanner = Scanner(bytes: line)
-        return scanner.record()
+        var json = JSONScanner(line)
+        return record(&json)
     }
 
     /// Each non-empty line of a block (lines end in `\n`) with its offset in the block, parsed:
@@ -117,181 +114,69 @@ struct RecordLine {
         }
     }
 
-    /// The single pass. Every `value()` checks what it consumes; `record()` keeps the members.
-    private struct Scanner {
-        let bytes: UnsafeBufferPointer<UInt8>
-        var i = 0
-
-        init(bytes: UnsafeBufferPointer<UInt8>) { self.bytes = bytes }
-
-        mutating func space() {
-            while i < bytes.count {
-                let c = bytes[i]
-                guard c == 0x20 || c == 0x09 || c == 0x0A || c == 0x0D else { return }
-                i += 1
+    /// The single pass: the line's members, the ones the index keeps read as they go by, every
+    /// other value checked and skipped.
+    private static func record(_ json: inout JSONScanner) -> RecordLine? {
+        json.space()
+        guard json.at(UInt8(ascii: "{")) else { return nil }
+        var line = RecordLine()
+        var seen: UInt8 = 0  // bits: ts, level, type, uid, message, metadata, context
+        var ok: UInt8 = 0
+        let limit = RecordLine.maxDepth + 1  // members at depth 1 up to maxDepth
+        let whole = json.members { json, key in
+            let bytes = json.bytes
+            let start = json.i
+            let keyBytes = bytes[key.range]
+            let member: Int? =
+                key.escaped ? nil
+                : keyBytes.elementsEqual("ts".utf8) ? 0 : keyBytes.elementsEqual("level".utf8) ? 1 : keyBytes.elementsEqual("type".utf8) ? 2
+                : keyBytes.elementsEqual("uid".utf8) ? 3 : keyBytes.elementsEqual("message".utf8) ? 4 : keyBytes.elementsEqual("metadata".utf8) ? 5
+                : keyBytes.elementsEqual("context".utf8) ? 6 : nil
+            guard let member, seen & (1 << member) == 0 else { return json.skip(depth: 1, limit: limit) }
+            seen |= 1 << member
+            switch member {
+            case 0...4:
+                guard json.at(UInt8(ascii: "\"")) else { return json.skip(depth: 1, limit: limit) }
+                guard let text = json.string() else { return false }
+                switch member {
+                case 0: if !text.escaped, let t = RecordLine.timestamp(bytes[text.range]) { line.ts = t; ok |= 1 }
+                case 1: if !text.escaped, let l = RecordLine.levelNumber(bytes[text.range]) { line.level = l; ok |= 2 }
+                case 2: if RecordLine.isTypeName(text, in: bytes) { line.type = text; ok |= 4 }
+                case 3: line.uid = text
+                default: line.message = text
+                }
+                return true
+            case 5:
+                guard json.skip(depth: 1, limit: limit) else { return false }
+                if bytes[start] == UInt8(ascii: "{") { line.metadata = start..<json.i }
+                return true
+            default:
+                guard json.skip(depth: 1, limit: limit) else { return false }
+                line.context = integer(bytes[start..<json.i])
+                return true
             }
         }
+        guard whole, json.atEnd(), ok == 7 else { return nil }
+        return line
+    }
 
-        mutating func record() -> RecordLine? {
-            space()
-            guard i < bytes.count, bytes[i] == UInt8(ascii: "{") else { return nil }
-            i += 1
-            var line = RecordLine()
-            var seen: UInt8 = 0  // bits: ts, level, type, uid, message, metadata, context
-            var ok: UInt8 = 0
-            space()
-            if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
-                return nil  // no ts, level or type
+    /// An integer written as one (no fraction or exponent) that fits in 64 bits.
+    private static func integer(_ digits: Slice<UnsafeBufferPointer<UInt8>>) -> Int64? {
+        guard !digits.isEmpty, digits.count <= 20 else { return nil }
+        var value: Int64 = 0
+        var negative = false
+        for (k, c) in digits.enumerated() {
+            if k == 0 && c == UInt8(ascii: "-") {
+                negative = true
+                continue
             }
-            while true {
-                space()
-                guard let key = string() else { return nil }
-                space()
-                guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { return nil }
-                i += 1
-                space()
-                let start = i
-                let keyBytes = bytes[key.range]
-                let member: Int? =
-                    key.escaped ? nil
-                    : keyBytes.elementsEqual("ts".utf8) ? 0 : keyBytes.elementsEqual("level".utf8) ? 1 : keyBytes.elementsEqual("type".utf8) ? 2
-                    : keyBytes.elementsEqual("uid".utf8) ? 3 : keyBytes.elementsEqual("message".utf8) ? 4 : keyBytes.elementsEqual("metadata".utf8) ? 5
-                    : keyBytes.elementsEqual("context".utf8) ? 6 : nil
-                if let member, seen & (1 << member) == 0 {
-                    seen |= 1 << member
-                    let isString = i < bytes.count && bytes[i] == UInt8(ascii: "\"")
-                    switch member {
-                    case 0...4:
-                        if isString {
-                            guard let text = string() else { return nil }
-                            switch member {
-                            case 0: if !text.escaped, let t = RecordLine.timestamp(bytes[text.range]) { line.ts = t; ok |= 1 }
-                            case 1: if !text.escaped, let l = RecordLine.levelNumber(bytes[text.range]) { line.level = l; ok |= 2 }
-                            case 2: if RecordLine.isTypeName(text, in: bytes) { line.type = text; ok |= 4 }
-                            case 3: line.uid = text
-                            default: line.message = text
-                            }
-                        } else {
-                            guard value(depth: 1) else { return nil }
-                        }
-                    case 5:
-                        guard value(depth: 1) else { return nil }
-                        if bytes[start] == UInt8(ascii: "{") { line.metadata = start..<i }
-                    default:
-                        guard value(depth: 1) else { return nil }
-                        line.context = integer(start..<i)
-                    }
-                } else {
-                    guard value(depth: 1) else { return nil }
-                }
-                space()
-                guard i < bytes.count else { return nil }
-                if bytes[i] == UInt8(ascii: ",") {
-                    i += 1
-                    continue
-                }
-                guard bytes[i] == UInt8(ascii: "}") else { return nil }
-                i += 1
-                break
-            }
-            space()
-            guard i == bytes.count, ok == 7 else { return nil }
-            return line
+            guard c >= 48, c <= 57 else { return nil }
+            let (m, o1) = value.multipliedReportingOverflow(by: 10)
+            let (a, o2) = m.addingReportingOverflow(Int64(c - 48))
+            guard !o1, !o2 else { return nil }
+            value = a
         }
-
-        /// An integer written as one (no fraction or exponent) that fits in 64 bits.
-        func integer(_ range: Range<Int>) -> Int64? {
-            guard !range.isEmpty, range.count <= 20 else { return nil }
-            var value: Int64 = 0
-            var negative = false
-            for (k, c) in bytes[range].enumerated() {
-                if k == 0 && c == UInt8(ascii: "-") {
-                    negative = true
-                    continue
-                }
-                guard c >= 48, c <= 57 else { return nil }
-                let (m, o1) = value.multipliedReportingOverflow(by: 10)
-                let (a, o2) = m.addingReportingOverflow(Int64(c - 48))
-                guard !o1, !o2 else { return nil }
-                value = a
-            }
-            return negative ? -value : value
-        }
-
-        mutating func string() -> Text? {
-            guard i < bytes.count, bytes[i] == UInt8(ascii: "\""), let (end, escaped) = JSONString.scan(bytes, from: i + 1) else { return nil }
-            defer { i = end + 1 }
-            return Text(range: (i + 1)..<end, escaped: escaped)
-        }
-
-        mutating func value(depth: Int) -> Bool {
-            guard depth <= RecordLine.maxDepth, i < bytes.count else { return false }
-            switch bytes[i] {
-            case UInt8(ascii: "\""):
-                return string() != nil
-            case UInt8(ascii: "{"):
-                i += 1
-                space()
-                if i < bytes.count, bytes[i] == UInt8(ascii: "}") {
-                    i += 1
-                    return true
-                }
-                while true {
-                    space()
-                    guard string() != nil else { return false }
-                    space()
-                    guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { return false }
-                    i += 1
-                    space()
-                    guard value(depth: depth + 1) else { return false }
-                    space()
-                    guard i < bytes.count else { return false }
-                    if bytes[i] == UInt8(ascii: ",") {
-                        i += 1
-                        continue
-                    }
-                    guard bytes[i] == UInt8(ascii: "}") else { return false }
-                    i += 1
-                    return true
-                }
-            case UInt8(ascii: "["):
-                i += 1
-                space()
-                if i < bytes.count, bytes[i] == UInt8(ascii: "]") {
-                    i += 1
-                    return true
-                }
-                while true {
-                    space()
-                    guard value(depth: depth + 1) else { return false }
-                    space()
-                    guard i < bytes.count else { return false }
-                    if bytes[i] == UInt8(ascii: ",") {
-                        i += 1
-                        continue
-                    }
-                    guard bytes[i] == UInt8(ascii: "]") else { return false }
-                    i += 1
-                    return true
-                }
-            case UInt8(ascii: "t"): return literal("true")
-            case UInt8(ascii: "f"): return literal("false")
-            case UInt8(ascii: "n"): return literal("null")
-            default: return number()
-            }
-        }
-
-        mutating func literal(_ word: StaticString) -> Bool {
-            guard let end = JSONToken.literal(bytes, at: i, word) else { return false }
-            i = end
-            return true
-        }
-
-        mutating func number() -> Bool {
-            guard let (end, _) = JSONToken.number(bytes, from: i) else { return false }
-            i = end
-            return true
-        }
+        return negative ? -value : value
     }
 }
 
@@ -339,5 +224,17 @@ public struct LineAdmission: Sendable, Equatable {
             return nil
         }
         return record
+    }
+}
+
+/// The indexer's line reading, for the benchmark (`dredge-bench json`).
+package enum IndexedLines {
+    /// How many lines of `block` (lines end in `\n`) read as records.
+    package static func count(in block: [UInt8]) -> Int {
+        var records = 0
+        block.withUnsafeBufferPointer { bytes in
+            RecordLine.each(in: bytes) { record, _, _ in if record != nil { records += 1 } }
+        }
+        return records
     }
 }

@@ -1,5 +1,6 @@
 import DredgeAdminAPI
 import DredgeDomain
+import DredgeJSON
 import Foundation
 import PostgresNIO
 

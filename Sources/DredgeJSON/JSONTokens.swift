@@ -1,8 +1,7 @@
-/// JSON literals and numbers (RFC 8259) read straight from bytes: what the server's line
-/// reader and ``JSONValue/parse(_:)`` share, with ``JSONString``.
+/// JSON literals and numbers (RFC 8259) read straight from bytes, for ``JSONScanner``.
 public enum JSONToken {
     /// The index just past `word` (`true`, `false`, `null`) if the bytes at `start` spell it.
-    public static func literal(_ bytes: UnsafeBufferPointer<UInt8>, at start: Int, _ word: StaticString) -> Int? {
+    @inlinable public static func literal(_ bytes: UnsafeBufferPointer<UInt8>, at start: Int, _ word: StaticString) -> Int? {
         let n = word.utf8CodeUnitCount
         guard start + n <= bytes.count else { return nil }
         for k in 0..<n where bytes[start + k] != word.utf8Start[k] { return nil }
@@ -11,7 +10,7 @@ public enum JSONToken {
 
     /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?` from `start`: the index just past
     /// it and whether it is an integer (no fraction, no exponent); nil when it is not a number.
-    public static func number(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int) -> (end: Int, integral: Bool)? {
+    @inlinable public static func number(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int) -> (end: Int, integral: Bool)? {
         var i = start
         var integral = true
         func digit() -> Bool { i < bytes.count && bytes[i] >= 48 && bytes[i] <= 57 }
@@ -35,13 +34,13 @@ public enum JSONToken {
     }
 }
 
-/// JSON strings (RFC 8259) read straight from bytes: what the server's line reader and
-/// ``JSONValue/parse(_:)`` share.
+/// JSON strings (RFC 8259) read straight from bytes, for ``JSONScanner`` and for whoever
+/// needs a string's text.
 public enum JSONString {
     /// Checks the string whose content starts at `start` (just after its opening quote): its
     /// escapes are valid and it has no raw control character. Returns the index of its closing
     /// quote and whether it holds escapes; nil when it is not a valid string.
-    public static func scan(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int) -> (end: Int, escaped: Bool)? {
+    @inlinable public static func scan(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int) -> (end: Int, escaped: Bool)? {
         var i = start
         var escaped = false
         while i < bytes.count {
@@ -68,7 +67,7 @@ public enum JSONString {
 
     /// The text of a string's content that ``scan(_:from:)`` accepted, escapes resolved: a
     /// surrogate pair is one character, a lone surrogate U+FFFD (as a UTF-8 decoder writes it).
-    public static func unescape(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>) -> [UInt8] {
+    @inlinable public static func unescape(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(range.count)
         var i = range.lowerBound
@@ -104,7 +103,7 @@ public enum JSONString {
         return out
     }
 
-    private static func hexDigit(_ c: UInt8) -> UInt32? {
+    @usableFromInline @inline(__always) static func hexDigit(_ c: UInt8) -> UInt32? {
         switch c {
         case 48...57: UInt32(c - 48)
         case 65...70: UInt32(c - 55)
@@ -113,7 +112,7 @@ public enum JSONString {
         }
     }
 
-    private static func hex4(_ bytes: UnsafeBufferPointer<UInt8>, _ at: Int, end: Int) -> UInt32? {
+    @usableFromInline static func hex4(_ bytes: UnsafeBufferPointer<UInt8>, _ at: Int, end: Int) -> UInt32? {
         guard at + 4 <= end else { return nil }
         var value: UInt32 = 0
         for k in 0..<4 {

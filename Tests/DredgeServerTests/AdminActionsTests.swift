@@ -124,6 +124,23 @@ import Testing
         #expect(later == ["no bearer token for GET \"/v1/pulls\" from 10.0.0.1:5003 (and 2 more from that host not recorded)"])
     }
 
+    /// Reads pass through the actions too (the place a rule on who may read what will live):
+    /// the same refusals on both surfaces.
+    @Test func readsAreCheckedOnce() async throws {
+        let f = try Fixture()
+        #expect(await refusal { _ = try await f.actions.pull("nope", disk: false) }?.kind == .invalid)
+        #expect(await refusal { _ = try await f.actions.pull(String(repeating: "c", count: 32), disk: true) }?.kind == .notFound)
+        #expect(await refusal { _ = try await f.actions.feedback(String(repeating: "c", count: 32), disk: false) }?.kind == .notFound)
+        #expect(await refusal { _ = try await f.actions.agents(holding: "u\u{0}1") }?.kind == .invalid)
+        #expect(try await f.actions.agents(holding: "nobody").isEmpty)
+        #expect(try await f.actions.pulls(limit: -5, disk: true).isEmpty)
+        #expect(try await f.actions.feedback(limit: 1_000_000, disk: false).isEmpty)
+        _ = try await f.actions.createToken(name: "zed", kind: .enrollment, by: "alice")
+        _ = try await f.actions.createToken(name: "bob", kind: .admin, by: "alice")
+        let tokens = try await f.actions.tokens().map { "\($0.kind.rawValue) \($0.name)" }
+        #expect(tokens == tokens.sorted() && tokens.contains("admin bob") && tokens.contains("enrollment zed"))
+    }
+
     @Test func theAuditLogsActionsAreOneList() {
         #expect(AuditAction.filters == ["pull", "pull.download", "pull.remove", "feedback.download", "feedback.remove", "records.search", "records.read", "console", "token", "auth.failed"])
     }

@@ -123,25 +123,6 @@ public enum AdminAPI {
         }
     }
 
-    /// Pulls with their disk use; as they are (without it) when measuring fails: a listing
-    /// never fails for want of a size.
-    static func measured(_ pulls: [PullRecord], _ results: ResultsKeeper?, _ logger: Logger) async -> [PullRecord] {
-        await measured(pulls, logger) { try await results?.measured($0) }
-    }
-
-    static func measured(_ feedback: [FeedbackRecord], _ results: ResultsKeeper?, _ logger: Logger) async -> [FeedbackRecord] {
-        await measured(feedback, logger) { try await results?.measured($0) }
-    }
-
-    private static func measured<Record>(_ records: [Record], _ logger: Logger, _ measure: ([Record]) async throws -> [Record]?) async -> [Record] {
-        do {
-            return try await measure(records) ?? records
-        } catch {
-            logger.warning("cannot measure the disk use of results", metadata: ["error": "\(error)"])
-            return records
-        }
-    }
-
     /// `?context=N` of a record: 0 to ``RecordInContext/maximumContext``, 10 when absent.
     static func recordContext(_ request: Request) throws -> Int {
         guard let text = request.uri.queryParameters.get("context") else { return 10 }
@@ -149,12 +130,6 @@ public enum AdminAPI {
             throw AdminAPIError(.badRequest, "bad_request", "context is a number of records from 0 to \(RecordInContext.maximumContext)")
         }
         return count
-    }
-
-    /// An id from a URL or a body, checked against the protocol's form before any use.
-    static func validID(_ id: String, _ what: String) throws -> String {
-        guard WireID.isValid(id) else { throw AdminAPIError(.badRequest, "bad_request", "\(what) id must be 32 lowercase hex characters") }
-        return id
     }
 
     static func decode<T: Decodable>(_ type: T.Type, from request: Request) async throws -> T {

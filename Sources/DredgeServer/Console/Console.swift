@@ -40,13 +40,9 @@ enum Console {
         /// Whether the listener speaks TLS: cookies are then `Secure`.
         let secure: Bool
 
-        var registry: any AgentDirectory { actions.services.registry }
-        var pulls: any PullQueue { actions.services.pulls }
-        var feedback: any FeedbackInbox { actions.services.feedback }
         /// The index the log viewer searches; nil on a server that does not index.
         var records: (any RecordIndex)? { actions.services.records }
         var tokens: any TokenVault { actions.services.tokens }
-        var audit: any AuditLog { actions.services.audit }
         var logger: Logger { actions.services.logger }
     }
 
@@ -110,7 +106,7 @@ enum Console {
         console.get("agents") { request, _ in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let query = (Console.query(request)["q"] ?? "").trimmingCharacters(in: .whitespaces)
-            let all = try await d.registry.agents()
+            let all = try await d.actions.agents()
             let shown = query.isEmpty ? all : all.filter { matches($0, query) }
             let rows = shown.sorted { ($0.connected ? 0 : 1, $0.hostname) < ($1.connected ? 0 : 1, $1.hostname) }.map(row)
             let page: [String: Any] = [

@@ -58,7 +58,7 @@ extension Console {
             -> Response
         {
             var page = signedInPage("Tokens", session, current: "Tokens")
-            page["rows"] = try await d.tokens.list().sorted { ($0.kind.rawValue, $0.name) < ($1.kind.rawValue, $1.name) }.map { token -> [String: Any] in
+            page["rows"] = try await d.actions.tokens().map { token -> [String: Any] in
                 ["name": token.name, "kind": token.kind.rawValue, "createdAt": timeText(token.createdAt), "yours": token.name == session.tokenName && token.kind == .admin]
             }
             if let created {

@@ -30,7 +30,7 @@ extension Console {
             return response
         }
         @Sendable func listing(_ session: ConsoleSessions.Session, kind: String, id: String, _ located: [PullFiles.Located]) async throws -> Response {
-            let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
+            let hosts = try await d.actions.hostnames()
             var page = signedInPage("Files of \(kind) \(id.prefix(8))", session, current: kind == "pull" ? "Pulls" : "Feedback")
             page["kind"] = kind
             page["id"] = id

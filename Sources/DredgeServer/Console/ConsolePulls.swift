@@ -73,8 +73,8 @@ extension Console {
         console.get("pulls") { request, _ in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             var page = signedInPage("Pulls", session, current: "Pulls")
-            let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
-            page["rows"] = try await d.pulls.pulls(limit: 100, now: .now).map { pull -> [String: Any] in
+            let hosts = try await d.actions.hostnames()
+            page["rows"] = try await d.actions.pulls(limit: 100, disk: false).map { pull -> [String: Any] in
                 let counts = Dictionary(grouping: pull.targets, by: \.status).map { "\($0.value.count) \($0.key.rawValue)" }.sorted()
                 return [
                     "id": pull.id, "shortID": String(pull.id.prefix(8)), "issuedAt": timeText(pull.issuedAt.date), "by": pull.requestedBy,
@@ -93,7 +93,7 @@ extension Console {
             let range = form["range"] ?? "2d"
             page["ranges"] = Range.allCases.map { ["value": $0.rawValue, "label": $0.label, "checked": $0.rawValue == range] }
             page["levels"] = LogLevel.allCases.map { ["name": $0.name, "checked": form["level-\($0.name)"] != nil] }
-            page["agents"] = try await d.registry.agents().sorted { $0.hostname < $1.hostname }.map { agent -> [String: Any] in
+            page["agents"] = try await d.actions.agents().sorted { $0.hostname < $1.hostname }.map { agent -> [String: Any] in
                 ["id": agent.agentID, "label": "\(agent.hostname) (\(agent.agentID.prefix(8)))\(agent.connected ? "" : ", offline")", "selected": agent.agentID == form["agent"]]
             }
             if let problem { page["problem"] = problem }
@@ -125,10 +125,9 @@ extension Console {
         console.get("pulls/:id") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let id = try context.parameters.require("id")
-            guard WireID.isValid(id), let pull = try await d.pulls.pull(id, now: .now) else {
-                throw AdminAPIError(.notFound, "not_found", "There is no such pull.")
-            }
-            let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
+            guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+            let pull = try await d.actions.pull(id, disk: false)
+            let hosts = try await d.actions.hostnames()
             var page = signedInPage("Pull \(pull.id.prefix(8))", session, current: "Pulls")
             page["id"] = pull.id
             page["who"] = pull.uid.isEmpty ? "agent \(hosts[pull.agentID] ?? pull.agentID)" : "uid \(pull.uid)" + (pull.agentID.isEmpty ? "" : " on agent \(hosts[pull.agentID] ?? pull.agentID)")
@@ -158,12 +157,18 @@ extension Console {
                 throw AdminAPIError(.unauthorized, "unauthorized", "Sign in first.")
             }
             let id = try context.parameters.require("id")
-            guard WireID.isValid(id), try await d.pulls.pull(id, now: .now) != nil else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+            guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+            _ = try await d.actions.pull(id, disk: false)
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys]
             // State: the last progress sent.
             return try await eventStream(request, cookie: cookie, streams, d, every: .milliseconds(500), state: "") { last in
-                guard let pull = try await d.pulls.pull(id, now: .now) else { return .finish(nil) }
+                let pull: PullRecord
+                do {
+                    pull = try await d.actions.pull(id, disk: false)
+                } catch let error as ActionError where error.kind == .notFound {
+                    return .finish(nil)
+                }
                 let state = String(decoding: try encoder.encode(pull.targets.map(TargetProgress.init)), as: UTF8.self)  // one line: JSON escapes newlines
                 let changed = state != last ? "data: \(state)\n\n" : nil
                 last = state
@@ -242,9 +247,9 @@ extension Console {
     static func registerFeedback(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         console.get("feedback") { request, _ in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
-            let hosts = Dictionary(try await d.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
+            let hosts = try await d.actions.hostnames()
             var page = signedInPage("Feedback", session, current: "Feedback")
-            page["rows"] = try await d.feedback.all(limit: 200).map { f -> [String: Any] in
+            page["rows"] = try await d.actions.feedback(limit: 200, disk: false).map { f -> [String: Any] in
                 var status = f.status.rawValue + (f.status == .complete ? ", \(f.records) records" : "")
                 if let removed = f.removed { status = "removed \(timeText(removed.at)) by \(removed.by)" }
                 return [

@@ -5,8 +5,7 @@ import Hummingbird
 enum TokenRoutes {
     static func collection(_ actions: AdminActions) -> RouteCollection<AdminRequestContext> {
         let routes = RouteCollection(context: AdminRequestContext.self)
-        let tokens = actions.services.tokens
-        routes.get { _, _ in try AdminAPI.json(await tokens.list()) }
+        routes.get { _, _ in try AdminAPI.json(await actions.tokens()) }
         routes.post { request, context in
             let body = try await AdminAPI.decode(TokenRequest.self, from: request)
             return try AdminAPI.json(try await actions.createToken(name: body.name, kind: body.kind, by: context.tokenName ?? "?"), status: .created)
@@ -15,7 +14,7 @@ enum TokenRoutes {
             let name = try context.parameters.require("name")
             guard let kind = TokenKind(rawValue: try context.parameters.require("kind")) else { throw ActionError(.notFound, "token kinds are admin and enrollment") }
             try await actions.revokeToken(name: name, kind: kind, by: context.tokenName ?? "?")
-            return try AdminAPI.json(await tokens.list())
+            return try AdminAPI.json(await actions.tokens())
         }
         return routes
     }

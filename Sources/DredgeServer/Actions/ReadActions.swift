@@ -1,0 +1,70 @@
+import DredgeAdminAPI
+import DredgeDomain
+
+/// What an engineer reads, for both surfaces: the agents (all, or those holding a uid), the
+/// pulls and feedback (listed or one, with their disk use when asked), the tokens. Reads are
+/// not audited (what is read out of them, files and records, is); they pass through here so
+/// that a rule on who may read what has one place to live.
+extension AdminActions {
+    /// Listings are 1 to this long.
+    public static let maximumListing = 1000
+
+    /// Every agent; with `holding`, only the agents that hold that uid, each with when it last
+    /// saw it.
+    public func agents(holding uid: String? = nil) async throws -> [AgentRecord] {
+        let registry = services.registry
+        guard let uid else { return try await registry.agents() }
+        if let problem = UserID.problem(uid) { throw ActionError(.invalid, "uid: \(problem)") }
+        let holders = Dictionary(try await registry.holders(of: uid).map { ($0.agentID, $0.lastSeen) }, uniquingKeysWith: { a, _ in a })
+        return try await registry.agents().compactMap { agent -> AgentRecord? in
+            guard let seen = holders[agent.agentID] else { return nil }
+            var agent = agent
+            agent.uidLastSeen = seen
+            return agent
+        }
+    }
+
+    /// Agents' host names by id, for pages that name devices.
+    public func hostnames() async throws -> [String: String] {
+        Dictionary(try await services.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
+    }
+
+    /// The newest pulls first, `limit` clamped to 1…``maximumListing``; with `disk`, each with
+    /// what its files take (a listing never fails for want of a size: unmeasured, it has none).
+    public func pulls(limit: Int, disk: Bool) async throws -> [PullRecord] {
+        let listed = try await services.pulls.pulls(limit: min(max(limit, 1), Self.maximumListing), now: .now)
+        return disk ? await measured(listed) { try await self.services.results?.measured($0) } : listed
+    }
+
+    public func pull(_ id: String, disk: Bool) async throws -> PullRecord {
+        let id = try Self.checkedID(id, "pull")
+        guard let pull = try await services.pulls.pull(id, now: .now) else { throw ActionError(.notFound, "no pull \(id)") }
+        return disk ? await measured([pull]) { try await self.services.results?.measured($0) }.first ?? pull : pull
+    }
+
+    public func feedback(limit: Int, disk: Bool) async throws -> [FeedbackRecord] {
+        let listed = try await services.feedback.all(limit: min(max(limit, 1), Self.maximumListing))
+        return disk ? await measured(listed) { try await self.services.results?.measured($0) } : listed
+    }
+
+    public func feedback(_ id: String, disk: Bool) async throws -> FeedbackRecord {
+        let id = try Self.checkedID(id, "feedback")
+        guard let record = try await services.feedback.feedback(id) else { throw ActionError(.notFound, "no feedback \(id)") }
+        return disk ? await measured([record]) { try await self.services.results?.measured($0) }.first ?? record : record
+    }
+
+    /// By kind, then name (never a secret).
+    public func tokens() async throws -> [TokenInfo] {
+        try await services.tokens.list().sorted { ($0.kind.rawValue, $0.name) < ($1.kind.rawValue, $1.name) }
+    }
+
+    /// Records with their disk use; as they are when measuring fails (logged).
+    private func measured<Record>(_ records: [Record], _ measure: ([Record]) async throws -> [Record]?) async -> [Record] {
+        do {
+            return try await measure(records) ?? records
+        } catch {
+            logger.warning("cannot measure the disk use of results", metadata: ["error": "\(error)"])
+            return records
+        }
+    }
+}

@@ -132,10 +132,10 @@ echo "== 6. The files, downloaded from node C, checked against each device's sto
 ok=1
 for device in kitchen pantry bakery; do
     agent=$(python3 -c "import json; print(json.load(open('$out/$device/agent/agent.json'))['agentID'])")
-    dir="$out/engineer/pulls/$pull/$agent"
+    dir=$(ls -d "$out/engineer/pulls/$pull/"*"$agent")   # HOST_AGENT
     echo "   $device ($agent): $(cat "$dir"/*.jsonl | wc -l) records in $(ls "$dir"/*.jsonl | wc -l) day files"
     "$bin/dredge-demo" verify --store "$out/$device/logs.sqlite" --dir "$dir" | sed 's/^/     /' || ok=0
 done
 [ $ok = 1 ] || { echo "FAILED: what arrived is not what the filter selects"; exit 1; }
-cmp -s <(cat "$out/data/pulls/$pull"/*/*.jsonl) <(cat "$out/engineer/pulls/$pull"/*/*.jsonl) || { echo "FAILED: the downloaded files differ from the server's"; exit 1; }
+cmp -s <(cat "$out/data/pulls/$pull"/*/*.jsonl | sort) <(cat "$out/engineer/pulls/$pull"/*/*.jsonl | sort) || { echo "FAILED: the downloaded files differ from the server's"; exit 1; }
 echo "OK: a pull issued on node A reached devices on B and C, survived B's death mid-upload, and arrived verified"

@@ -57,13 +57,13 @@ echo "== 4. The decrypted per-day files, downloaded over HTTPS (each checked aga
 ok=1
 for device in kitchen bakery; do
     agent=$(python3 -c "import json;print(json.load(open('$out/$device/agent/agent.json'))['agentID'])")
-    dir="$out/engineer/pulls/$pull/$agent"
+    dir=$(ls -d "$out/engineer/pulls/$pull/"*"$agent")   # HOST_AGENT
     echo "   $device ($agent):"
     for f in "$dir"/*.jsonl; do echo "     $f  ($(wc -l < "$f") records)"; done
     "$bin/dredge-demo" verify --store "$out/$device/logs.sqlite" --dir "$dir" | sed 's/^/     /' || ok=0
 done
 [ $ok = 1 ] || { echo "FAILED: what arrived is not what the filter selects"; exit 1; }
-cmp -s <(cat "$out/server/pulls/$pull"/*/*.jsonl) <(cat "$out/engineer/pulls/$pull"/*/*.jsonl) || { echo "FAILED: the downloaded files differ from the server's"; exit 1; }
+cmp -s <(cat "$out/server/pulls/$pull"/*/*.jsonl | sort) <(cat "$out/engineer/pulls/$pull"/*/*.jsonl | sort) || { echo "FAILED: the downloaded files differ from the server's"; exit 1; }
 echo "   the pull arrived, decrypted and verified, in $out/engineer/pulls/$pull"
 echo "== 5. The engineer reads it: one timeline across both devices, searched on the server"
 expected=$(cat "$out/server/pulls/$pull"/*/*.jsonl | wc -l)

@@ -101,7 +101,7 @@ struct PullCommand: AsyncParsableCommand {
     @Option(help: "Why (a ticket number, say): recorded in the audit log.")
     var reason: String?
 
-    @Flag(help: "Wait until the files are ready and print their paths.")
+    @Flag(help: "Wait until every device is done, showing progress, then say how to get the files.")
     var wait = false
 
     @Option(help: "With --wait: download the files into this directory (as `dredge fetch` does).")
@@ -133,7 +133,8 @@ struct PullCommand: AsyncParsableCommand {
             return
         }
         Terminal.error("\(Self.queued(created))\n")
-        let progress = ProgressDisplay()
+        let devices = try await Devices.of(client)
+        let progress = ProgressDisplay(devices: devices)
         let deadline = timeout.map { ContinuousClock.now + .seconds($0) }
         let finished = try await calling {
             try await withThrowingTaskGroup(of: PullRecord?.self) { group in
@@ -153,9 +154,9 @@ struct PullCommand: AsyncParsableCommand {
         guard let finished else {
             throw fail("gave up waiting after \(timeout!) s; the pull goes on: `dredge show \(created.id)`")
         }
-        if json { try printJSON(finished) } else if out == nil { Format.printResult(finished) }
+        if json { try printJSON(finished) } else if out == nil { Format.printResult(finished, devices: devices, server: client.baseURL) }
         if let out, finished.targets.contains(where: { $0.status == .complete }) {
-            try await DredgeFetch.files(of: finished.id, client: client, into: out, toStderr: json)
+            try await DredgeFetch.files(of: finished.id, client: client, into: out, devices: devices, toStderr: json)
         }
         if finished.targets.isEmpty || finished.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
     }
@@ -196,6 +197,7 @@ struct PullsCommand: AsyncParsableCommand {
         if let uid { feedback = feedback.filter { $0.uid == uid } }
         if let status { feedback = feedback.filter { $0.status.rawValue == status.rawValue } }
         if pulls.isEmpty && feedback.isEmpty { print(uid == nil && status == nil ? "no pulls yet" : "no pulls or feedback match") }
+        let devices = try await Devices.of(client)
         // Feedback uploads are pulls nobody asked for: the user's agent sent them. One list, newest first.
         var lines: [(Timestamp, String)] = []
         for p in pulls {
@@ -207,17 +209,17 @@ struct PullsCommand: AsyncParsableCommand {
             let disk = p.diskBytes.map { "  [\(Format.bytes($0))]" } ?? ""
             if p.targets.isEmpty && status == nil {
                 let state = p.isFinished ? "expired (no agent held the uid)" : "waiting for an agent that holds the uid (until \(Format.time(p.expiresAt.date)))"
-                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid)  agent=-  \(state)"))
+                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid)  \(state)"))
             }
             for t in p.targets {
                 // The pull's disk use once, on its first line.
                 let shown = t.agentID == p.targets.first?.agentID ? disk : ""
-                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  agent=\(t.agentID)  \(Format.status(t))\(shown)"))
+                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  on \(devices.name(t.agentID))  \(Format.status(t))\(shown)"))
             }
         }
         for f in feedback {
             let state = f.removed.map(Format.removed) ?? Format.status(f) + (f.diskBytes.map { "  [\(Format.bytes($0))]" } ?? "")
-            lines.append((f.createdAt, "\(f.id)  \(Format.time(f.createdAt.date))  feedback  uid=\(f.uid)  agent=\(f.agentID)  \(state)  \"\(Format.excerpt(f.text))\""))
+            lines.append((f.createdAt, "\(f.id)  \(Format.time(f.createdAt.date))  feedback  uid=\(f.uid)  on \(devices.name(f.agentID))  \(state)  \"\(Format.excerpt(f.text))\""))
         }
         for (_, line) in lines.sorted(by: { $0.0 > $1.0 }) { print(line) }
         let total = pulls.compactMap(\.diskBytes).reduce(0, +) + feedback.compactMap(\.diskBytes).reduce(0, +)
@@ -241,8 +243,9 @@ struct ShowCommand: AsyncParsableCommand {
         let client = try server.client()
         let id = try await client.resolvePull(pull)
         var record = try await calling { try await client.pull(id) }
+        let devices = try await Devices.of(client)
         if wait && !record.isFinished {
-            let progress = ProgressDisplay()
+            let progress = ProgressDisplay(devices: devices)
             record = try await calling { try await client.wait(for: record.id) { progress.show($0) } }
             progress.end()
         }
@@ -251,14 +254,14 @@ struct ShowCommand: AsyncParsableCommand {
         } else {
             print("pull \(record.id)")
             print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
-            print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   agent: \(record.agentID.isEmpty ? "(every agent that holds the uid until it expires)" : record.agentID)")
+            print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   device: \(record.agentID.isEmpty ? "(every one that holds the uid until it expires)" : devices.name(record.agentID))")
             print("  filter: \(record.filter.map(Format.filter) ?? "(unreadable on the server; the pull is failed)")")
             if let removed = record.removed {
                 print("  \(Format.removed(removed))")
             } else if let disk = record.diskBytes {
                 print("  on the server's disk: \(Format.bytes(disk))")
             }
-            Format.printResult(record)
+            Format.printResult(record, devices: devices, server: client.baseURL)
         }
         if wait && (record.targets.isEmpty || record.targets.contains(where: { $0.status != .complete })) { throw ExitCode(2) }
     }
@@ -279,8 +282,9 @@ struct FeedbackCommand: AsyncParsableCommand {
             let all = try await calling { try await client.feedback() }
             if json { return try printJSON(all) }
             if all.isEmpty { print("no feedback yet") }
+            let devices = try await Devices.of(client)
             for f in all {
-                print("\(f.id)  \(Format.time(f.createdAt.date))  uid=\(f.uid)  agent=\(f.agentID)  \(Format.status(f))  \"\(Format.excerpt(f.text))\"")
+                print("\(f.id)  \(Format.time(f.createdAt.date))  uid=\(f.uid)  on \(devices.name(f.agentID))  \(Format.status(f))  \"\(Format.excerpt(f.text))\"")
             }
         }
     }
@@ -297,7 +301,8 @@ struct FeedbackCommand: AsyncParsableCommand {
             let f = try await calling { try await client.feedback(resolved) }
             if json { return try printJSON(f) }
             print("feedback \(f.id)")
-            print("  from uid \(f.uid) on agent \(f.agentID), given \(Format.time(f.createdAt.date)), received \(Format.time(f.receivedAt))")
+            let devices = try await Devices.of(client)
+            print("  from uid \(f.uid) on \(devices.name(f.agentID)), given \(Format.time(f.createdAt.date)), received \(Format.time(f.receivedAt))")
             print("  status: \(Format.status(f))")
             if let removed = f.removed {
                 print("  \(Format.removed(removed))")
@@ -306,7 +311,9 @@ struct FeedbackCommand: AsyncParsableCommand {
             }
             // Its own lines kept, each indented under it: a line of it cannot pass for one of ours.
             print("  text: \(f.text.replacingOccurrences(of: "\r\n", with: "\n").replacingOccurrences(of: "\n", with: "\n        "))")
-            for file in f.files { print("  \(file)") }
+            if f.status == .complete && f.removed == nil {
+                print("  get its files: dredge feedback fetch \(f.id) [--out DIR], read them: dredge logs --feedback \(f.id), or in the console: \(Format.consoleURL(client.baseURL, "feedback/\(f.id)/files"))")
+            }
         }
     }
 

@@ -9,7 +9,8 @@ struct FetchCommand: AsyncParsableCommand {
         commandName: "fetch",
         abstract: "Download a pull's files: per agent, its per-day JSON-lines files and manifest (or its zip).",
         discussion: """
-            Files go to DIR/PULL/AGENT/. Each is checked against the SHA-256 the server lists; an
+            Files go to DIR/PULL/HOST_AGENT/ (the device's host name, then its id; the id alone
+            for an agent the server no longer lists). Each is checked against the SHA-256 the server lists; an
             interrupted download goes on where it stopped when run again, and files already there
             are not downloaded again. Downloads are recorded in the server's audit log.
             """)
@@ -43,7 +44,7 @@ struct FetchCommand: AsyncParsableCommand {
             return
         }
         let agentID: String? = if let agent { try await client.resolveAgent(agent) } else { nil }
-        try await DredgeFetch.files(of: id, client: client, into: out, agent: agentID, zip: zip)
+        try await DredgeFetch.files(of: id, client: client, into: out, devices: try await Devices.of(client), agent: agentID, zip: zip)
     }
 }
 
@@ -53,9 +54,11 @@ enum DredgeFetch {
         if let removed = try await calling({ try await client.pull(id, diskUse: false) }).removed { throw fail("pull \(id) has no files: \(Format.removed(removed))") }
     }
 
-    /// Downloads the pull's files into `directory/PULL/AGENT/`, one line per file on stdout (on
-    /// stderr when stdout carries JSON).
-    static func files(of id: String, client: AdminClient, into directory: String, agent: String? = nil, zip: Bool = false, toStderr: Bool = false) async throws {
+    /// Downloads the pull's files into `directory/PULL/HOST_AGENT/` (``Devices/folder(_:)``),
+    /// one line per file on stdout (on stderr when stdout carries JSON).
+    static func files(
+        of id: String, client: AdminClient, into directory: String, devices: Devices, agent: String? = nil, zip: Bool = false, toStderr: Bool = false
+    ) async throws {
         func say(_ line: String) {
             if toStderr { Terminal.error(line + "\n") } else { print(line) }
         }
@@ -68,7 +71,7 @@ enum DredgeFetch {
         let root = URL(fileURLWithPath: directory).standardizedFileURL.path + "/" + id
         var bytes: Int64 = 0
         for file in wanted {
-            let path = root + "/" + file.agentID + "/" + file.name
+            let path = root + "/" + devices.folder(file.agentID) + "/" + file.name
             let outcome = try await calling { try await client.download(pull: id, file: file, to: path) }
             say("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(describe(outcome))")
             bytes += file.size

@@ -1,5 +1,6 @@
 import DredgeCommandLine
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeDomain
 import Foundation
 import Synchronization
@@ -45,19 +46,55 @@ enum Format {
 
     static func filter(_ f: LogFilter) -> String { f.summary { time($0.date) } }
 
-    /// Each agent's outcome and, for complete ones, the files.
-    static func printResult(_ pull: PullRecord) {
+    /// Each device's outcome, by name, and how to get the files: paths on the server are not
+    /// the engineer's to read (`--json` still lists them, for an operator on the server).
+    static func printResult(_ pull: PullRecord, devices: Devices, server: URL) {
         if pull.targets.isEmpty {
             print(pull.isFinished ? "no agent held uid \(pull.uid) before the pull expired" : "no agent holds uid \(pull.uid) yet; waiting until \(time(pull.expiresAt.date))")
             return
         }
         for t in pull.targets {
-            print("agent \(t.agentID): \(status(t))")
-            if pull.removed == nil { for file in t.files { print("  \(file)") } }
+            let days = t.files.filter { $0.hasSuffix(".jsonl") }.count
+            print("\(devices.name(t.agentID)): \(status(t))" + (t.status == .complete && pull.removed == nil ? ", \(days) per-day file(s)" : ""))
         }
         let complete = pull.targets.filter { $0.status == .complete }
         let files = complete.flatMap(\.files).filter { $0.hasSuffix(".jsonl") }
         print("\(complete.count) of \(pull.targets.count) agent(s) complete, \(files.count) per-day file(s)")
+        if !complete.isEmpty && pull.removed == nil {
+            print("get them: dredge fetch \(pull.id) [--out DIR], read them: dredge logs --pull \(pull.id), or in the console: \(consoleURL(server, "pulls/\(pull.id)/files"))")
+        }
+    }
+
+    /// A console page on the server the command talks to.
+    static func consoleURL(_ server: URL, _ page: String) -> String {
+        server.absoluteString.trimmingCharacters(in: CharacterSet(charactersIn: "/")) + "/console/" + page
+    }
+}
+
+/// Devices as an engineer reads them: the host name the agent gave (and its app), with the
+/// start of its id to tell two of the same name apart; an agent the server no longer lists by
+/// its id.
+struct Devices: Sendable {
+    /// Host name and app, by agent id.
+    let known: [String: (host: String, app: String)]
+
+    static func of(_ client: AdminClient) async throws -> Devices {
+        let agents = try await calling { try await client.agents() }
+        return Devices(known: Dictionary(agents.map { ($0.agentID, (host: $0.hostname, app: $0.app)) }, uniquingKeysWith: { a, _ in a }))
+    }
+
+    /// "oven-7 (bakery) [3f2a1c0d]", or the id.
+    func name(_ agentID: String) -> String {
+        guard let device = known[agentID], !device.host.isEmpty else { return agentID }
+        return Terminal.field(device.host) + (device.app.isEmpty ? "" : " (\(Terminal.field(device.app)))") + " [\(agentID.prefix(8))]"
+    }
+
+    /// A device's download folder: `HOST_AGENT` (the host name with anything but ASCII letters,
+    /// digits, `-` and `.` as `_`), or the id alone when the server does not list the agent.
+    func folder(_ agentID: String) -> String {
+        guard let host = known[agentID]?.host else { return agentID }
+        let safe = String(host.prefix(64).map { $0.isASCII && ($0.isLetter || $0.isNumber || "-.".contains($0)) ? $0 : "_" })
+        return safe.allSatisfy({ $0 == "." || $0 == "_" }) ? agentID : safe + "_" + agentID
     }
 }
 
@@ -73,6 +110,9 @@ final class ProgressDisplay: Sendable {
 
     private let terminal = isatty(2) == 1
     private let drawn = Mutex(Drawn())
+    private let devices: Devices
+
+    init(devices: Devices) { self.devices = devices }
 
     func show(_ pull: PullRecord) {
         drawn.withLock { d in
@@ -104,6 +144,6 @@ final class ProgressDisplay: Sendable {
         }
         let filled = Int((fraction * Double(width)).rounded(.down))
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
-        return "\(t.agentID.prefix(12))  [\(bar)] \(String(format: "%3d", Int(fraction * 100)))%  \(Terminal.field(Format.status(t)))"
+        return "\(devices.name(t.agentID))  [\(bar)] \(String(format: "%3d", Int(fraction * 100)))%  \(Terminal.field(Format.status(t)))"
     }
 }

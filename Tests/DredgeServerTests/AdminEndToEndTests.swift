@@ -162,7 +162,11 @@ import Testing
         #expect(status == 0, "\(output)\n\(agent.output)")
         #expect(output.contains("[##############################] 100%  complete"), "\(output)")
         #expect(output.contains("1 of 1 agent(s) complete"))
-        let files = output.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }.filter { $0.hasSuffix(".jsonl") }
+        // Devices by name, and how to get the files, never where they lie on the server (#50).
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+        #expect(output.contains("[\(agentID.prefix(8))]: complete") && output.contains("dredge fetch ") && output.contains("/console/pulls/"), "\(output)")
+        #expect(!output.contains(d.data), "\(output)")
+        let files = try d.pulledFiles(output, server: admin)
         #expect(!files.isEmpty)
         for file in files {
             #expect(file.hasPrefix("/") && FileManager.default.fileExists(atPath: file), "\(file)")
@@ -193,7 +197,7 @@ import Testing
 
         let (status, output) = try d.dredge(["pull", "--uid", "u-1", "--type", "network", "--wait", "--timeout", "120"], server: admin)
         #expect(status == 2, "one agent refused: \(output)")
-        #expect(output.contains("agent \(fooledID): rejected (rejectBadSignature"), "\(output)")
+        #expect(output.contains("[\(fooledID.prefix(8))]: rejected (rejectBadSignature"), "\(output)")
         #expect(output.contains("1 of 2 agent(s) complete"), "\(output)")
     }
 

@@ -108,6 +108,17 @@ import Testing
                 environment: dredgeEnvironment)
         }
 
+        /// The per-day files (paths on the server, as `dredge show --json` lists them) of the pull
+        /// that a `dredge pull` or `dredge show` output names: the text output sends the
+        /// engineer to `dredge fetch` instead of printing them.
+        func pulledFiles(_ output: String, server: String) throws -> [String] {
+            let id = try #require(output.firstMatch(of: /(?:queued pull|^pull) ([0-9a-f]{32})/.anchorsMatchLineEndings())?.1, "\(output)")
+            let shown = try dredge(["show", String(id), "--json"], server: server)
+            let pull = try #require(try JSONSerialization.jsonObject(with: Data(shown.output.utf8)) as? [String: Any], "\(shown.output)")
+            let targets = try #require(pull["targets"] as? [[String: Any]])
+            return targets.flatMap { ($0["files"] as? [String]) ?? [] }.filter { $0.hasSuffix(".jsonl") }
+        }
+
         /// An admin client of the running server that trusts the deployment's CA only.
         func adminClient(_ server: ManagedProcess) throws -> AdminClient {
             try AdminClient(server: try adminAddress(server), token: created.adminToken, trust: .pinned(caPEM: contents(data + "/ca.pem")))

@@ -64,18 +64,18 @@ import Testing
         // A pull by u-old reaches the till and brings its records (not the anonymous ones).
         let pulled = try d.dredge(["pull", "--uid", "u-old", "--wait", "--timeout", "120"], server: admin)
         #expect(pulled.status == 0 && pulled.output.contains("1 of 1 agent(s) complete"), "\(pulled.output)")
-        #expect(oldRecords > 20 && Self.records(in: pulled.output).count == oldRecords, "\(pulled.output)")
+        let pulledRecords = Self.records(of: try d.pulledFiles(pulled.output, server: admin))
+        #expect(oldRecords > 20 && pulledRecords.count == oldRecords, "\(pulled.output)")
 
         // The till logs u-later: its next heartbeat holds the uid, and the waiting pull joins it.
         let logged = try ManagedProcess.run("dredge-agent", ["log", "--store", store, "--uid", "u-later", "signed in at the till"])
         #expect(logged.status == 0, "\(logged.output)")
         let shown = try d.dredge(["show", waitingID, "--wait"], server: admin)
         #expect(shown.status == 0 && shown.output.contains("1 of 1 agent(s) complete"), "\(shown.output)\n\(agent.output)")
-        #expect(Self.records(in: shown.output).contains { $0.contains("signed in at the till") }, "\(shown.output)")
+        let shownRecords = Self.records(of: try d.pulledFiles(shown.output, server: admin))
+        #expect(shownRecords.contains { $0.contains("signed in at the till") }, "\(shown.output)")
     }
 
-    /// The records of the per-day files whose paths `dredge pull --wait` or `show` printed.
-    static func records(in output: String) -> [Substring] {
-        output.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }.filter { $0.hasSuffix(".jsonl") }.flatMap { contents($0).split(separator: "\n") }
-    }
+    /// The records of these per-day files.
+    static func records(of files: [String]) -> [Substring] { files.flatMap { contents($0).split(separator: "\n") } }
 }

@@ -38,7 +38,7 @@ import Testing
 
         let (status, output) = try d.dredge(["pull", "--uid", "u-net", "--type", "network", "--wait", "--timeout", "120"], server: admin)
         #expect(status == 0, "\(output)")
-        let files = output.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }.filter { $0.hasSuffix(".jsonl") }
+        let files = try d.pulledFiles(output, server: admin)
         let lines = files.flatMap { contents($0).split(separator: "\n") }
         #expect(lines.count == 4, "\(lines)")
         #expect(lines.allSatisfy { $0.contains(#""type":"network""#) && $0.contains(#""correlation_id":""#) })

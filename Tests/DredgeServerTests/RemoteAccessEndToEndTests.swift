@@ -48,8 +48,10 @@ import Testing
         let pulled = try dredge(["pull", "--uid", "u-1", "--since", "2d", "--wait", "--out", out, "--reason", "TICKET-7"])
         #expect(pulled.status == 0, "\(pulled.output)")
         let pullID = try #require(try FileManager.default.contentsOfDirectory(atPath: out).first)
-        let agentID = try #require(try FileManager.default.contentsOfDirectory(atPath: out + "/" + pullID).first)
-        let local = out + "/" + pullID + "/" + agentID
+        let agentID = try #require(try FileManager.default.contentsOfDirectory(atPath: d.data + "/pulls/" + pullID).first { $0.count == 32 })
+        // The device's folder goes by its host's name, then its id (#50).
+        #expect(try FileManager.default.contentsOfDirectory(atPath: out + "/" + pullID) == ["oven-7_" + agentID])
+        let local = out + "/" + pullID + "/oven-7_" + agentID
         let onServer = d.data + "/pulls/" + pullID + "/" + agentID
         let names = try FileManager.default.contentsOfDirectory(atPath: onServer).sorted()
         #expect(names.contains("manifest.json") && names.contains { $0.hasSuffix(".jsonl") })

@@ -378,7 +378,8 @@ struct AuditCommand: AsyncParsableCommand {
         let entries = try await calling { try await client.audit(query) }
         if json { return try printJSON(entries) }
         if entries.isEmpty { print("no audit entries match") }
-        for e in entries { print("\(e.id.map(String.init) ?? "-")  \(Format.time(e.at))  \(e.actor)  \(e.action)  \(e.detail)") }
+        let devices = try await Devices.of(client)
+        for e in entries { print("\(e.id.map(String.init) ?? "-")  \(Format.time(e.at))  \(e.actor)  \(e.action)  \(devices.naming(Terminal.field(e.detail)))") }
         if entries.count == limit, let last = entries.last?.id {
             Terminal.error("dredge: more entries may follow: --before \(last)\n")
         }

@@ -89,6 +89,14 @@ struct Devices: Sendable {
         return Terminal.field(device.host) + (device.app.isEmpty ? "" : " (\(Terminal.field(device.app)))") + " [\(agentID.prefix(8))]"
     }
 
+    /// `text` with each agent id it holds (a whole 32-character word) as ``name(_:)`` says it.
+    func naming(_ text: String) -> String {
+        text.replacing(/\b[0-9a-f]{32}\b/) { match in
+            let id = String(match.output)
+            return known[id] == nil ? id : name(id)
+        }
+    }
+
     /// A device's download folder: `HOST_AGENT` (the host name with anything but ASCII letters,
     /// digits, `-` and `.` as `_`), or the id alone when the server does not list the agent.
     func folder(_ agentID: String) -> String {

@@ -57,10 +57,15 @@ import Testing
         #expect(badUID?.kind == .invalid)
         #expect(try await f.audit(.pull).isEmpty, "a refused pull is not made, nor audited")
 
-        let pull = try await f.actions.createPull(PullRequest(uid: "u-1", agent: nil, filter: .all, reason: "TICKET-7"), by: "alice", via: "test")
+        let filter = LogFilter(since: Timestamp(microseconds: 1_763_700_000_000_000), levels: [.error, .warning], text: "time out")
+        let pull = try await f.actions.createPull(PullRequest(uid: "u-1", agent: nil, filter: filter, reason: "TICKET-7"), by: "alice", via: "test")
         #expect(pull.targets.map(\.agentID) == [agent] && pull.requestedBy == "alice")
         let entries = try await f.audit(.pull)
-        #expect(entries.count == 1 && entries[0].actor == "alice" && entries[0].detail.contains("reason=\"TICKET-7\""))
+        // A sentence: whom, the filter in the CLI's words (times in UTC), the devices, the reason (#50).
+        #expect(entries.count == 1 && entries[0].actor == "alice", "\(entries)")
+        #expect(
+            entries.first?.detail
+                == "pull \(pull.id) of uid u-1 on any device holding it, since 2025-11-21T04:40:00.000000Z, levels warning,error, containing \"time out\"; queued for 1 device(s): \(agent); reason \"TICKET-7\"")
     }
 
     @Test func tokensAreMadeAndRevokedWithTypedRefusalsAndAudited() async throws {
@@ -139,6 +144,26 @@ import Testing
         _ = try await f.actions.createToken(name: "bob", kind: .admin, by: "alice")
         let tokens = try await f.actions.tokens().map { "\($0.kind.rawValue) \($0.name)" }
         #expect(tokens == tokens.sorted() && tokens.contains("admin bob") && tokens.contains("enrollment zed"))
+    }
+
+    /// A download is one entry per engineer and pull (or feedback) in ten minutes, naming the
+    /// file it began with: fetching a pull's files is not one entry per file (#50).
+    @Test func downloadsAreOneEntryPerPullAndEngineer() async throws {
+        let f = try Fixture()
+        func download(_ subject: String, _ file: String) -> AdminActions.Download {
+            AdminActions.Download(
+                located: PullFiles.Located(path: "/nowhere", file: PullFile(agentID: "a", name: file, kind: .day, size: 1, sha256: "")),
+                action: subject.hasPrefix("pull") ? .pullDownload : .feedbackDownload, detail: "\(subject) file \(file)", subject: subject)
+        }
+        for file in ["1.jsonl", "2.jsonl", "manifest.json"] { try await f.actions.downloading(download("pull P", file), by: "alice") }
+        try await f.actions.downloading(download("pull P", "2.jsonl"), by: "bob")
+        try await f.actions.downloading(download("pull Q", "1.jsonl"), by: "alice")
+        try await f.actions.downloading(download("feedback F", "1.jsonl"), by: "alice")
+        #expect(try await f.audit(.pullDownload).map { "\($0.actor) \($0.detail)" }.sorted() == ["alice pull P file 1.jsonl", "alice pull Q file 1.jsonl", "bob pull P file 2.jsonl"])
+        #expect(try await f.audit(.feedbackDownload).count == 1)
+        f.clock.advance(601)
+        try await f.actions.downloading(download("pull P", "2.jsonl"), by: "alice")
+        #expect(try await f.audit(.pullDownload).count == 4)
     }
 
     @Test func theAuditLogsActionsAreOneList() {

@@ -87,12 +87,15 @@ import Testing
         #expect(zipped.status == 0, "\(zipped.output)")
         #expect(try contents(local + "/" + agentID + ".zip") == contents(d.data + "/pulls/" + pullID + "/" + agentID + ".zip"))
 
-        // Every file downloaded is in the audit log, with the token that asked.
+        // The download is in the audit log, with the token that asked: one entry for the pull,
+        // naming the file it began with, not one per file (#50).
         let audit = try dredge(["audit", "--action", "pull.download", "--json"])
         let entries = try #require(try JSONSerialization.jsonObject(with: Data(audit.output.utf8)) as? [[String: Any]], "\(audit.output)")
-        for name in names + [agentID + ".zip"] {
-            #expect(entries.contains { $0["actor"] as? String == "admin" && ($0["detail"] as? String)?.hasSuffix("file \(name)") == true }, "\(name): \(audit.output)")
-        }
+        #expect(entries.count == 1 && entries[0]["actor"] as? String == "admin", "\(audit.output)")
+        #expect((entries.first?["detail"] as? String).map { d in names.contains { d == "pull \(pullID) agent \(agentID) file \($0)" } } == true, "\(audit.output)")
+        // Read by a person, the device is named by its host.
+        let read = try dredge(["audit", "--action", "pull.download"])
+        #expect(read.output.contains("agent oven-7 (oven) [\(agentID.prefix(8))] file "), "\(read.output)")
 
         // The environment overrides the profile; a profile others can read is refused.
         let overridden = try ManagedProcess.run("dredge", ["agents"], environment: env.merging(["DREDGE_TOKEN": "dredge_adm_guess"]) { $1 })

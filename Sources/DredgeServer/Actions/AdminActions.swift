@@ -17,8 +17,8 @@ public final class AdminActions: Sendable {
     public let services: AdminServices
     /// Searches and record reads: one entry per actor and filter in ten minutes.
     let searchAudit = SearchAudit()
-    /// Downloads: one entry per actor and file in ten minutes (a resumed download is one;
-    /// see FileActions.swift).
+    /// Downloads: one entry per actor and pull (or feedback) in ten minutes (see
+    /// FileActions.swift).
     let downloadAudit = SearchAudit()
     /// Refused tokens: one entry per host a minute, the rest counted.
     let refusals = RefusalAudit()

@@ -46,14 +46,15 @@ final class SearchAudit: Sendable {
     /// The write failed: the search is not recorded, so it must be the next time.
     func forget(actor: String, detail: String) { throttle.forget(actor + "\u{0}" + detail) }
 
-    /// Records `action` unless the same actor and detail were recorded in the last ten
-    /// minutes; a write that fails is thrown, and the next one tries again.
-    func record(_ action: AuditAction, actor: String, detail: String, in audit: any AuditLog, now: Date) async throws {
-        guard shouldRecord(actor: actor, detail: detail, now: now) else { return }
+    /// Records `action` unless the same actor and `key` (the detail, unless given) were
+    /// recorded in the last ten minutes; a write that fails is thrown, and the next one tries again.
+    func record(_ action: AuditAction, actor: String, detail: String, key: String? = nil, in audit: any AuditLog, now: Date) async throws {
+        let key = key ?? detail
+        guard shouldRecord(actor: actor, detail: key, now: now) else { return }
         do {
             try await audit.record(actor: actor, action, detail: detail)
         } catch {
-            forget(actor: actor, detail: detail)
+            forget(actor: actor, detail: key)
             throw error
         }
     }

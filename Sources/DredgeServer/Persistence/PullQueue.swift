@@ -202,6 +202,21 @@ extension PullQueue {
     }
 }
 
+extension NewPull {
+    /// Its `pull` audit entry, as a sentence, the same for every implementation: "pull ID of uid
+    /// U on any device holding it, since …, levels warning,error; queued for 2 devices: A, B;
+    /// reason "T-1"" (times in UTC; the filter in ``LogFilter/summary(time:)``'s words).
+    public var auditDetail: String {
+        let whom =
+            uid.isEmpty ? "of agent \(agentID)"
+            : agentID.isEmpty ? "of uid \(uid) on any device holding it" : "of uid \(uid) on agent \(agentID)"
+        var filter = self.filter
+        filter.uid = nil  // said above
+        let devices = targets.isEmpty ? "no device holds it yet" : "queued for \(targets.count) device(s): \(targets.joined(separator: ", "))"
+        return "pull \(id) \(whom), \(filter.summary(time: \.rfc3339)); \(devices)" + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)")
+    }
+}
+
 /// Reading a pull's stored columns, the same for every implementation: a value that does not
 /// read back is an error naming the row (never a guess), except the filter a pull *shows*.
 enum PullRows {

@@ -36,9 +36,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         if let problem = pull.filter.problem { throw DeploymentError(problem) }
         let filterJSON = try StoredFilter.encode(pull.filter)
         let now = Date().timeIntervalSince1970
-        let detail =
-            "pull \(pull.id) uid=\(pull.uid) agent=\(pull.agentID) filter=\(filterJSON) targets=\(pull.targets.joined(separator: ","))"
-            + (pull.reason.isEmpty ? "" : " reason=\(pull.reason.debugDescription)")
+        let detail = pull.auditDetail
         try await db.write { c in
             try await c.run(
                 """

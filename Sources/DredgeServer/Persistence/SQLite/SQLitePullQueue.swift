@@ -141,8 +141,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             }
             try AuditRow(
                 at: now, actor: pull.requestedBy, action: AuditAction.pull.rawValue,
-                detail: "pull \(pull.id) uid=\(pull.uid) agent=\(pull.agentID) filter=\(filterJSON) targets=\(pull.targets.joined(separator: ","))"
-                    + (pull.reason.isEmpty ? "" : " reason=\(pull.reason.debugDescription)")
+                detail: pull.auditDetail
             ).insert(db)
         }
     }

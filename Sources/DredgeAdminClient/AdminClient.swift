@@ -271,6 +271,14 @@ public struct AdminClient: Sendable {
         if let error = error as? HTTPClientError, error == .remoteConnectionClosed, baseURL.scheme == "http" {
             return .unreachable(baseURL.absoluteString, "the connection was closed: does the server speak https?")
         }
+        // It answered, but not in HTTP: Dredge's agent port (TLS with the same CA) does that.
+        if error is HTTPParserError {
+            return .unreachable(
+                baseURL.absoluteString,
+                "it did not answer in HTTP: is this the agent port? The admin API is on the address `dredge-server init` printed (port 7080 unless --admin-port chose another)")
+        }
+        let address = "\(baseURL.host ?? "?"):\(baseURL.port ?? (baseURL.scheme == "http" ? 80 : 443))"
+        if let io = error as? IOError, let failure = ConnectFailure(errno: io.errnoCode, address: address) { return .unreachable(baseURL.absoluteString, failure.description) }
         return .unreachable(baseURL.absoluteString, text)
     }
 

@@ -1,3 +1,4 @@
+import DredgeDomain
 import DredgeWire
 import Foundation
 import NIOCore
@@ -53,7 +54,7 @@ enum AgentConnector {
                     }
                 }
         } catch {
-            throw AgentError("cannot connect to \(host):\(port): \(explain(error))", isUnreachable: true)
+            throw AgentError("cannot connect to \(host):\(port): \(explain(error, address: "\(host):\(port)"))", isUnreachable: true)
         }
         // On the channel's event loop, like the waiter: the first to fulfil the promise wins.
         let timeout = handshakeTimeout.components
@@ -70,19 +71,29 @@ enum AgentConnector {
             // error is the one reported, not the close's.
             try? await channel.executeThenClose { _, _ in }
             // A node that hangs is as good as unreachable: another address may do.
-            throw AgentError("cannot connect to \(host):\(port): \(explain(error))", isUnreachable: (error as? AgentError)?.isUnreachable ?? false)
+            throw AgentError("cannot connect to \(host):\(port): \(explain(error, address: "\(host):\(port)"))", isUnreachable: (error as? AgentError)?.isUnreachable ?? false)
         }
         return channel
     }
 
-    /// A readable reason for a failure on an open connection (TLS errors mostly).
-    static func explain(_ error: any Error) -> String {
+    /// A readable reason for a failure to connect or on an open connection: nothing listening,
+    /// no such host, TLS; no event-loop internals.
+    static func explain(_ error: any Error, address: String = "the server") -> String {
+        if let error = error as? NIOConnectionError, error.connectionErrors.isEmpty, error.dnsAError != nil || error.dnsAAAAError != nil {
+            return "no host of that name could be found (\(error.host))"
+        }
+        if let io = socketError(error) as? IOError, let failure = ConnectFailure(errno: io.errnoCode, address: address) { return failure.description }
         if let error = error as? NIOSSLError {
             if case .handshakeFailed = error { return "TLS handshake failed: the server's certificate is not signed by the pinned CA or does not name this host (\(error))" }
         }
         if let error = error as? BoringSSLError { return "TLS failed: \(error)" }
         return "\(error)"
     }
+}
+
+/// The socket error under a failed connect: NIO's connection error wraps one per address tried.
+private func socketError(_ error: any Error) -> any Error {
+    (error as? NIOConnectionError)?.connectionErrors.first?.error ?? error
 }
 
 /// Completes `promise` when the TLS handshake completes, or fails it with the first error (or

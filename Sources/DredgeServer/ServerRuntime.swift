@@ -85,12 +85,14 @@ public enum ServerRuntime {
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher,
             records: stores.records, indexer: indexer, files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
             logger: logger)
-        let admin = try AdminAPI.application(
+        let adminPort = options.adminPort ?? deployment.config.adminPort
+        let application = try AdminAPI.application(
             actions: AdminActions(adminServices),
             consoleSessions: ConsoleSessions(lifetime: options.consoleSessionMinutes.map { TimeInterval(min(max($0, 1), 10_080)) * 60 } ?? ConsoleSessions.defaultLifetime),
-            host: adminHost, port: options.adminPort ?? deployment.config.adminPort, tls: deployment.adminTLSConfiguration,
+            host: adminHost, port: adminPort, tls: deployment.adminTLSConfiguration,
             caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self),
             connectionLimits: deployment.config.adminConnections ?? .default)
+        let admin = ListeningService(base: application, listener: "the admin API", host: adminHost, port: adminPort)
         // On PostgreSQL the node's lease is renewed beside the rest (its agents' presence and index claims).
         // On SQLite the write-ahead log is checkpointed off the writer.
         let checkpointer = try stores.sqlite.map { try WALCheckpointer($0, logger: logger) }

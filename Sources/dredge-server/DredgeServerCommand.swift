@@ -31,7 +31,7 @@ struct InitCommand: AsyncParsableCommand {
     @Option(help: "The data directory (created if missing).")
     var data: String
 
-    @Option(help: "Address the agent listener binds.")
+    @Option(help: ArgumentHelp("Address the agent listener binds, HOST or HOST:PORT (a port here wins over --agent-port).", valueName: "host[:port]"))
     var listen = "127.0.0.1"
 
     @Option(help: "Port of the agent listener (TLS).")
@@ -59,12 +59,19 @@ struct InitCommand: AsyncParsableCommand {
     var names: [String] = []
 
     func validate() throws {
-        let admin = try adminAddress()
-        guard (1...65_535).contains(agentPort), (1...65_535).contains(admin.port), agentPort != admin.port else {
+        let admin = try adminAddress(), agent = try agentAddress()
+        guard (1...65_535).contains(agent.port), (1...65_535).contains(admin.port), agent.port != admin.port else {
             throw ValidationError("ports must be distinct and within 1...65535")
         }
         guard (adminCertificate == nil) == (adminKey == nil) else { throw ValidationError("give --admin-certificate and --admin-key together") }
         if adminPlainHttp && adminCertificate != nil { throw ValidationError("--admin-plain-http and --admin-certificate contradict each other") }
+    }
+
+    func agentAddress() throws -> (host: String, port: Int) {
+        guard let address = HostPort(listen, defaultPort: agentPort) else {
+            throw ValidationError("--listen: '\(listen)' is not HOST, HOST:PORT or [IPv6]:PORT")
+        }
+        return (address.host, address.port)
     }
 
     func adminAddress() throws -> (host: String, port: Int) {
@@ -77,8 +84,7 @@ struct InitCommand: AsyncParsableCommand {
 
     func run() async throws {
         var options = ServerDeployment.Options(dataDirectory: data)
-        options.listenHost = listen
-        options.agentPort = agentPort
+        (options.listenHost, options.agentPort) = try agentAddress()
         (options.adminHost, options.adminPort) = try adminAddress()
         options.adminPlainHTTP = adminPlainHttp
         if let adminCertificate, let adminKey {

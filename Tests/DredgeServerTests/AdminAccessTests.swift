@@ -75,6 +75,43 @@ import Testing
         for loopback in ["127.0.0.1", "127.9.8.7", "::1", "localhost"] { #expect(throws: Never.self) { try LoadedDeployment.checkAdmin(host: loopback, tls: false) } }
     }
 
+    /// A port nothing listens on is said in words, without the event loop's (#50).
+    @Test func aClosedPortIsSaidInWords() async throws {
+        // A port that was free a moment ago: bound, then closed.
+        let socket = try ServerSocketProbe()
+        let port = socket.port
+        socket.close()
+        let client = try AdminClient(server: "http://127.0.0.1:\(port)", token: "t")
+        do {
+            try await client.health()
+            Issue.record("nothing listens there")
+        } catch let error as AdminClientError {
+            #expect("\(error)".contains("nothing listens on 127.0.0.1:\(port) (connection refused)") && !"\(error)".contains("errno"), "\(error)")
+        }
+    }
+
+    /// Binds a TCP socket on loopback to a port the system picks.
+    struct ServerSocketProbe {
+        let fd: Int32
+        let port: Int
+
+        init() throws {
+            let fd = Foundation.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = 0
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Foundation.bind(fd, $0, length) } }
+            guard bound == 0 else { throw POSIXError(.EADDRINUSE) }
+            _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
+            self.fd = fd
+            port = Int(UInt16(bigEndian: address.sin_port))
+        }
+
+        func close() { _ = Foundation.close(fd) }
+    }
+
     @Test func loopbackIsReadStrictly() {
         for loopback in ["127.0.0.1", "127.255.0.9", "localhost", "LOCALHOST", "::1", "[::1]"] { #expect(HostAddress.isLoopback(loopback), "\(loopback)") }
         // Spellings a resolver reads as another address, and names that only start like loopback.

@@ -72,10 +72,10 @@ import X509
 
     @Test func theCommandLinePrintsWhatAnAgentNeeds() throws {
         let dir = TempDir()
-        func run() throws -> (Int32, String, String) {
+        func run(_ extra: [String] = [], data: String = "data") throws -> (Int32, String, String) {
             let process = Process()
             process.executableURL = URL(fileURLWithPath: builtProduct("dredge-server"))
-            process.arguments = ["init", "--data", dir.file("data"), "--name", "logs.example.com"]
+            process.arguments = ["init", "--data", dir.file(data), "--name", "logs.example.com"] + extra
             let out = Pipe(), err = Pipe()
             process.standardOutput = out
             process.standardError = err
@@ -93,6 +93,14 @@ import X509
         let (again, _, errors) = try run()
         #expect(again == 1)
         #expect(errors.contains("refusing to overwrite"))
+        // --listen takes a port as --admin-listen does (#50: it was kept whole as a host name,
+        // and `run` then failed with the event loop's error).
+        let (withPort, said, _) = try run(["--listen", "127.0.0.1:17443"], data: "other")
+        #expect(withPort == 0 && said.contains("logs.example.com:17443"), "\(said)")
+        let config = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: dir.file("other/server.json")))) as? [String: Any])
+        #expect(config["listenHost"] as? String == "127.0.0.1" && config["agentPort"] as? Int == 17443, "\(config)")
+        let (bad, _, badErrors) = try run(["--listen", "127.0.0.1:notaport"], data: "third")
+        #expect(bad == 64 && badErrors.contains("--listen: '127.0.0.1:notaport' is not HOST, HOST:PORT"), "\(badErrors)")
     }
 
     /// #49: the database's password need not be in server.json or on a command line: it comes

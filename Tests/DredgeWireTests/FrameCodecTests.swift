@@ -98,6 +98,10 @@ enum SampleFrames {
         // An HTTP request on the port reads as a huge length: rejected at once.
         var http = ByteBuffer(string: "GET / HTTP/1.1\r\n")
         #expect(throws: WireProtocolError.self) { try FrameDecoder.decodeFrame(from: &http) }
+        // An HTTP answer (an agent given the admin API's address) says so in words (#50).
+        var answer = ByteBuffer(string: "HTTP/1.1 400 Bad Request\r\n")
+        let told = #expect(throws: WireProtocolError.self) { try FrameDecoder.decodeFrame(from: &answer) }
+        #expect(told?.message.contains("the server answered in HTTP") == true && told?.message.contains("agent port") == true, "\(String(describing: told))")
     }
 
     @Test func malformedInputIsATypedFatalError() throws {

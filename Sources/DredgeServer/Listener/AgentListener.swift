@@ -109,7 +109,7 @@ public final class AgentListener: Service, Sendable {
                 }
         } catch {
             await work.shutdown()
-            throw error
+            throw ListenFailure.error(error, listener: "agents", host: host, port: port)
         }
         bound.port = server.channel.localAddress?.port
         logger.info("agent listener ready", metadata: [

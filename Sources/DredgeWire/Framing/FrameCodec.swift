@@ -40,7 +40,16 @@ public struct FrameDecoder: ByteToMessageDecoder {
     public static func decodeFrame(from buffer: inout ByteBuffer, maxBytes: Int = WireLimits.maxFrameBytes) throws -> WireFrame? {
         guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt32.self) else { return nil }
         guard length > 0 else { throw WireProtocolError.malformed("empty frame") }
-        guard length <= min(maxBytes, WireLimits.maxFrameBytes) else { throw WireProtocolError.frameTooLarge(Int(length), limit: min(maxBytes, WireLimits.maxFrameBytes)) }
+        guard length <= min(maxBytes, WireLimits.maxFrameBytes) else {
+            // "HTTP" where a length goes: an HTTP server answered (an agent given the admin
+            // API's address, say), which a person should be told in those words.
+            if length == 0x4854_5450 {
+                throw WireProtocolError(
+                    .errorFrameTooLarge,
+                    "the server answered in HTTP, not in Dredge's protocol: this address is an HTTP port, likely the admin API's (the console and `dredge login` use it); an agent connects to the agent port (7443 unless `dredge-server init --agent-port` chose another)")
+            }
+            throw WireProtocolError.frameTooLarge(Int(length), limit: min(maxBytes, WireLimits.maxFrameBytes))
+        }
         guard buffer.readableBytes >= 4 + Int(length) else { return nil }
         buffer.moveReaderIndex(forwardBy: 4)
         let body = buffer.readSlice(length: Int(length))!

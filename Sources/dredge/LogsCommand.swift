@@ -198,7 +198,18 @@ struct LogsCommand: AsyncParsableCommand {
         if indexing > 0 && !follow {
             note("\(indexing) pull(s) or feedback still being indexed: records may be missing; run again, or add --follow")
         }
-        if printed == 0 && !follow { note("no records match") }
+        if printed == 0 && !follow {
+            note("no records match")
+            // Words match whole: say when they would match as prefixes (`auth` in `authentication`).
+            if let text = search.text, !text.contains("\""), !text.contains("*") {
+                var prefixed = search
+                prefixed.text = text.split(separator: " ").map { $0 + "*" }.joined(separator: " ")
+                (prefixed.after, prefixed.before, prefixed.limit) = (nil, nil, 1)
+                if let page = try? await client.search(prefixed), !page.records.isEmpty {  // only a hint: its failure changes nothing
+                    note("words match whole, and some records have words that start with these: --words '\(prefixed.text ?? "")'")
+                }
+            }
+        }
         guard follow else { return }
         search.after = nil
         search.limit = RecordSearch.maximumLimit

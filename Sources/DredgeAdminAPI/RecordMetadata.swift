@@ -94,6 +94,7 @@ public struct RecordMetadata: Sendable, Equatable, Codable {
         }
 
         mutating func beginObject(depth: Int) -> Bool {
+            guard open < firsts.count else { return false }  // the walk's limit keeps it below; never trusted
             firsts[open] = held
             open += 1
             return true

@@ -195,57 +195,59 @@ extension JSONValue {
         }
     }
 
-    /// Builds the value from the walk: the open containers on a stack, each value added to the
-    /// innermost one (under the name just read) or, at the top, kept as the result.
+    /// Builds the value from the walk: the open containers on stacks (each changed in place,
+    /// never copied), each value added to the innermost one (under the name just read) or, at
+    /// the top, kept as the result.
     private struct TreeBuilder: JSONVisitor {
-        enum Open {
-            case object([String: JSONValue], name: String)
-            case array([JSONValue])
-        }
-
-        var stack: [Open] = []
+        /// Per open container, in order: true for an object (its members in `objects`, the name
+        /// being read in `names`), false for an array (its items in `arrays`).
+        var open: [Bool] = []
+        var objects: [[String: JSONValue]] = []
+        var names: [String] = []
+        var arrays: [[JSONValue]] = []
         var result: JSONValue?
 
         mutating func add(_ value: JSONValue) -> Bool {
-            guard let top = stack.popLast() else {
+            guard let isObject = open.last else {
                 result = value
                 return true
             }
-            switch top {
-            case .object(var members, let name):
-                if members[name] == nil { members[name] = value }
-                stack.append(.object(members, name: ""))
-            case .array(var items):
-                items.append(value)
-                stack.append(.array(items))
+            if isObject {
+                let name = names[names.count - 1]
+                if objects[objects.count - 1][name] == nil { objects[objects.count - 1][name] = value }
+            } else {
+                arrays[arrays.count - 1].append(value)
             }
             return true
         }
 
         mutating func beginObject(depth: Int) -> Bool {
-            stack.append(.object([:], name: ""))
+            open.append(true)
+            objects.append([:])
+            names.append("")
             return true
         }
 
         mutating func name(_ name: JSONText, in bytes: UnsafeBufferPointer<UInt8>) -> Bool {
-            guard case .object(let members, _) = stack.popLast() else { return false }
-            stack.append(.object(members, name: Self.text(name, in: bytes)))
+            names[names.count - 1] = Self.text(name, in: bytes)
             return true
         }
 
         mutating func endObject() -> Bool {
-            guard case .object(let members, _) = stack.popLast() else { return false }
-            return add(.object(members))
+            open.removeLast()
+            names.removeLast()
+            return add(.object(objects.removeLast()))
         }
 
         mutating func beginArray(depth: Int) -> Bool {
-            stack.append(.array([]))
+            open.append(false)
+            arrays.append([])
             return true
         }
 
         mutating func endArray() -> Bool {
-            guard case .array(let items) = stack.popLast() else { return false }
-            return add(.array(items))
+            open.removeLast()
+            return add(.array(arrays.removeLast()))
         }
 
         mutating func string(_ text: JSONText, in bytes: UnsafeBufferPointer<UInt8>) -> Bool { add(.string(Self.text(text, in: bytes))) }

@@ -4,6 +4,7 @@ import DredgeDomain
 import Foundation
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import NIOSSL
 import Synchronization
 
@@ -278,7 +279,17 @@ public struct AdminClient: Sendable {
                 "it did not answer in HTTP: is this the agent port? The admin API is on the address `dredge-server init` printed (port 7080 unless --admin-port chose another)")
         }
         let address = "\(baseURL.host ?? "?"):\(baseURL.port ?? (baseURL.scheme == "http" ? 80 : 443))"
-        if let io = error as? IOError, let failure = ConnectFailure(errno: io.errnoCode, address: address) { return .unreachable(baseURL.absoluteString, failure.description) }
+        // The socket's error, under NIO's per-address connection errors when a name was resolved.
+        let socket = (error as? NIOConnectionError)?.connectionErrors.first?.error ?? error
+        if let io = socket as? IOError, let failure = ConnectFailure(errno: io.errnoCode, address: address) { return .unreachable(baseURL.absoluteString, failure.description) }
+        if let connection = error as? NIOConnectionError, connection.connectionErrors.isEmpty, connection.dnsAError != nil || connection.dnsAAAAError != nil {
+            return .unreachable(baseURL.absoluteString, "no host of that name could be found (\(connection.host))")
+        }
+        var timedOut = (error as? HTTPClientError) == .connectTimeout
+        if case ChannelError.connectTimeout? = error as? ChannelError { timedOut = true }
+        if timedOut {
+            return .unreachable(baseURL.absoluteString, "\(address) did not answer in time: is the address right, and does a firewall let it through?")
+        }
         return .unreachable(baseURL.absoluteString, text)
     }
 

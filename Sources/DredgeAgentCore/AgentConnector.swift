@@ -83,6 +83,7 @@ enum AgentConnector {
             return "no host of that name could be found (\(error.host))"
         }
         if let io = socketError(error) as? IOError, let failure = ConnectFailure(errno: io.errnoCode, address: address) { return failure.description }
+        if case ChannelError.connectTimeout = error { return "\(address) did not answer in time: is the address right, and does a firewall let it through?" }
         if let error = error as? NIOSSLError {
             if case .handshakeFailed = error { return "TLS handshake failed: the server's certificate is not signed by the pinned CA or does not name this host (\(error))" }
         }

@@ -74,9 +74,9 @@ extension LogFilter {
     }
 }
 
-/// The filter as JSON, in one vocabulary wherever a person or a program reads it: the admin
-/// API's requests and answers, the server's stored row (``StoredFilter``, which adds a version)
-/// and the audit log's entry.
+/// The filter as JSON, in one vocabulary wherever a program reads it: the admin API's requests
+/// and answers and the server's stored row (``StoredFilter``, which adds a version); people read
+/// it as ``summary(time:)`` (the CLI, the console, the audit log).
 ///
 /// ```
 /// {"levels":["warning","error"],"since_us":1763700000000000,"text":"timeout","types":["app"],

@@ -68,6 +68,8 @@ struct InitCommand: AsyncParsableCommand {
     }
 
     func agentAddress() throws -> (host: String, port: Int) {
+        // A bare IPv6 address (`::`, `::1`) is a host; with a port it is written [IPv6]:PORT.
+        if !listen.hasPrefix("["), listen.filter({ $0 == ":" }).count >= 2 { return (listen, agentPort) }
         guard let address = HostPort(listen, defaultPort: agentPort) else {
             throw ValidationError("--listen: '\(listen)' is not HOST, HOST:PORT or [IPv6]:PORT")
         }

@@ -87,7 +87,7 @@ struct PullCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "pull",
         abstract: "Pull a user's logs from every agent that has them (or from one agent).",
-        discussion: "With --wait, shows progress until every agent is done, then prints the per-day files' paths.")
+        discussion: "With --wait, shows progress until every agent is done, then each device's outcome and how to get the files (dredge fetch, dredge logs, the console); with --out, downloads them.")
 
     @OptionGroup var server: ServerOptions
     @OptionGroup var selection: FilterOptions
@@ -133,7 +133,7 @@ struct PullCommand: AsyncParsableCommand {
             return
         }
         Terminal.error("\(Self.queued(created))\n")
-        let devices = try await Devices.of(client)
+        let devices = await Devices.of(client)
         let progress = ProgressDisplay(devices: devices)
         let deadline = timeout.map { ContinuousClock.now + .seconds($0) }
         let finished = try await calling {
@@ -156,7 +156,8 @@ struct PullCommand: AsyncParsableCommand {
         }
         if json { try printJSON(finished) } else if out == nil { Format.printResult(finished, devices: devices, server: client.baseURL) }
         if let out, finished.targets.contains(where: { $0.status == .complete }) {
-            try await DredgeFetch.files(of: finished.id, client: client, into: out, devices: devices, toStderr: json)
+            // Named again: agents that joined while it ran are listed now.
+            try await DredgeFetch.files(of: finished.id, client: client, into: out, devices: await Devices.of(client), toStderr: json)
         }
         if finished.targets.isEmpty || finished.targets.contains(where: { $0.status != .complete }) { throw ExitCode(2) }
     }
@@ -197,7 +198,7 @@ struct PullsCommand: AsyncParsableCommand {
         if let uid { feedback = feedback.filter { $0.uid == uid } }
         if let status { feedback = feedback.filter { $0.status.rawValue == status.rawValue } }
         if pulls.isEmpty && feedback.isEmpty { print(uid == nil && status == nil ? "no pulls yet" : "no pulls or feedback match") }
-        let devices = try await Devices.of(client)
+        let devices = await Devices.of(client)
         // Feedback uploads are pulls nobody asked for: the user's agent sent them. One list, newest first.
         var lines: [(Timestamp, String)] = []
         for p in pulls {
@@ -232,7 +233,7 @@ struct PullsCommand: AsyncParsableCommand {
 extension PullStatus: ExpressibleByArgument {}
 
 struct ShowCommand: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "show", abstract: "Show one pull: its filter, who asked, each agent's status and files.")
+    static let configuration = CommandConfiguration(commandName: "show", abstract: "Show one pull: its filter, who asked, each device's status, and how to get its files.")
 
     @OptionGroup var server: ServerOptions
     @Argument(help: "The pull id, or its first 4 or more characters.") var pull: String
@@ -243,7 +244,7 @@ struct ShowCommand: AsyncParsableCommand {
         let client = try server.client()
         let id = try await client.resolvePull(pull)
         var record = try await calling { try await client.pull(id) }
-        let devices = try await Devices.of(client)
+        let devices = await Devices.of(client)
         if wait && !record.isFinished {
             let progress = ProgressDisplay(devices: devices)
             record = try await calling { try await client.wait(for: record.id) { progress.show($0) } }
@@ -282,7 +283,7 @@ struct FeedbackCommand: AsyncParsableCommand {
             let all = try await calling { try await client.feedback() }
             if json { return try printJSON(all) }
             if all.isEmpty { print("no feedback yet") }
-            let devices = try await Devices.of(client)
+            let devices = await Devices.of(client)
             for f in all {
                 print("\(f.id)  \(Format.time(f.createdAt.date))  uid=\(f.uid)  on \(devices.name(f.agentID))  \(Format.status(f))  \"\(Format.excerpt(f.text))\"")
             }
@@ -290,7 +291,7 @@ struct FeedbackCommand: AsyncParsableCommand {
     }
 
     struct Show: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "One feedback: the text, who, when, and the files.")
+        static let configuration = CommandConfiguration(abstract: "One feedback: the text, who, when, and how to get its files.")
         @OptionGroup var server: ServerOptions
         @Argument(help: "The feedback id, or its first 4 or more characters.") var id: String
         @Flag(help: "JSON output.") var json = false
@@ -301,7 +302,7 @@ struct FeedbackCommand: AsyncParsableCommand {
             let f = try await calling { try await client.feedback(resolved) }
             if json { return try printJSON(f) }
             print("feedback \(f.id)")
-            let devices = try await Devices.of(client)
+            let devices = await Devices.of(client)
             print("  from uid \(f.uid) on \(devices.name(f.agentID)), given \(Format.time(f.createdAt.date)), received \(Format.time(f.receivedAt))")
             print("  status: \(Format.status(f))")
             if let removed = f.removed {
@@ -378,7 +379,7 @@ struct AuditCommand: AsyncParsableCommand {
         let entries = try await calling { try await client.audit(query) }
         if json { return try printJSON(entries) }
         if entries.isEmpty { print("no audit entries match") }
-        let devices = try await Devices.of(client)
+        let devices = await Devices.of(client)
         for e in entries { print("\(e.id.map(String.init) ?? "-")  \(Format.time(e.at))  \(e.actor)  \(e.action)  \(devices.naming(Terminal.field(e.detail)))") }
         if entries.count == limit, let last = entries.last?.id {
             Terminal.error("dredge: more entries may follow: --before \(last)\n")

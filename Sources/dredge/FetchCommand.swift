@@ -10,7 +10,8 @@ struct FetchCommand: AsyncParsableCommand {
         abstract: "Download a pull's files: per agent, its per-day JSON-lines files and manifest (or its zip).",
         discussion: """
             Files go to DIR/PULL/HOST_AGENT/ (the device's host name, then its id; the id alone
-            for an agent the server no longer lists). Each is checked against the SHA-256 the server lists; an
+            for an agent the server no longer lists; a folder already there for the agent is
+            used whatever its host was called). Each is checked against the SHA-256 the server lists; an
             interrupted download goes on where it stopped when run again, and files already there
             are not downloaded again. Downloads are recorded in the server's audit log.
             """)
@@ -44,7 +45,7 @@ struct FetchCommand: AsyncParsableCommand {
             return
         }
         let agentID: String? = if let agent { try await client.resolveAgent(agent) } else { nil }
-        try await DredgeFetch.files(of: id, client: client, into: out, devices: try await Devices.of(client), agent: agentID, zip: zip)
+        try await DredgeFetch.files(of: id, client: client, into: out, devices: await Devices.of(client), agent: agentID, zip: zip)
     }
 }
 
@@ -71,7 +72,7 @@ enum DredgeFetch {
         let root = URL(fileURLWithPath: directory).standardizedFileURL.path + "/" + id
         var bytes: Int64 = 0
         for file in wanted {
-            let path = root + "/" + devices.folder(file.agentID) + "/" + file.name
+            let path = root + "/" + devices.folder(file.agentID, in: root) + "/" + file.name
             let outcome = try await calling { try await client.download(pull: id, file: file, to: path) }
             say("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(describe(outcome))")
             bytes += file.size

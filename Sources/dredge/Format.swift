@@ -78,23 +78,40 @@ struct Devices: Sendable {
     /// Host name and app, by agent id.
     let known: [String: (host: String, app: String)]
 
-    static func of(_ client: AdminClient) async throws -> Devices {
-        let agents = try await calling { try await client.agents() }
-        return Devices(known: Dictionary(agents.map { ($0.agentID, (host: $0.hostname, app: $0.app)) }, uniquingKeysWith: { a, _ in a }))
+    /// The server's agents, or none (each then shown by its id) when they cannot be listed:
+    /// names are a help to reading, never a reason for a command to fail.
+    static func of(_ client: AdminClient) async -> Devices {
+        do {
+            let agents = try await client.agents()
+            return Devices(known: Dictionary(agents.map { ($0.agentID, (host: $0.hostname, app: $0.app)) }, uniquingKeysWith: { a, _ in a }))
+        } catch {
+            Terminal.error("dredge: devices are shown by id: their names could not be read (\(error))\n")
+            return Devices(known: [:])
+        }
     }
 
-    /// "oven-7 (bakery) [3f2a1c0d]", or the id.
-    func name(_ agentID: String) -> String {
+    /// "oven-7 (bakery) [3f2a1c0d]" (at most 48 characters of name), or the id; `wholeID`
+    /// keeps the whole id in the brackets (where the id itself is the record, as in the audit log).
+    func name(_ agentID: String, wholeID: Bool = false) -> String {
         guard let device = known[agentID], !device.host.isEmpty else { return agentID }
-        return Terminal.field(device.host) + (device.app.isEmpty ? "" : " (\(Terminal.field(device.app)))") + " [\(agentID.prefix(8))]"
+        var shown = Terminal.field(device.host) + (device.app.isEmpty ? "" : " (\(Terminal.field(device.app)))")
+        if shown.count > 48 { shown = String(shown.prefix(47)) + "…" }
+        return shown + " [\(wholeID ? agentID : String(agentID.prefix(8)))]"
     }
 
     /// `text` with each agent id it holds (a whole 32-character word) as ``name(_:)`` says it.
     func naming(_ text: String) -> String {
         text.replacing(/\b[0-9a-f]{32}\b/) { match in
             let id = String(match.output)
-            return known[id] == nil ? id : name(id)
+            return known[id] == nil ? id : name(id, wholeID: true)
         }
+    }
+
+    /// A device's download folder in `root`: one already there for the agent (`…_AGENT` or
+    /// `AGENT`, whatever its host was called then), else ``folder(_:)``.
+    func folder(_ agentID: String, in root: String) -> String {
+        let present = (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []  // none yet: a new pull's
+        return present.sorted().first { $0 == agentID || $0.hasSuffix("_" + agentID) } ?? folder(agentID)
     }
 
     /// A device's download folder: `HOST_AGENT` (the host name with anything but ASCII letters,

@@ -644,8 +644,8 @@ import Testing
             }
         }
         let downloads = try await fixture.audit("pull.download")
-        // One entry for the pull (its first file), however many of its files were downloaded.
-        #expect(downloads.map(\.detail) == ["pull \(new.id) agent \(agent) file 2027-01-15.jsonl"] && downloads.allSatisfy { $0.actor == "admin" })
+        // One entry for the device's files (the first one named) and one for the whole zip.
+        #expect(downloads.map(\.detail).sorted() == ["pull \(new.id) agent \(agent) file 2027-01-15.jsonl", "pull \(new.id) whole zip"] && downloads.allSatisfy { $0.actor == "admin" })
     }
 }
 

@@ -69,6 +69,12 @@ import Testing
         // Nesting up to the limit is fine.
         let deep = "{\"ts\":\"\(ts)\",\"level\":\"info\",\"type\":\"app\",\"m\":" + String(repeating: "[", count: 63) + String(repeating: "]", count: 63) + "}"
         #expect(Self.parse(deep) != nil)
+        // At the edge: a member's value is at depth 1 and no value deeper than 64 is read.
+        func nested(_ n: Int, _ inner: String = "") -> String {
+            "{\"ts\":\"\(ts)\",\"level\":\"info\",\"type\":\"app\",\"m\":" + String(repeating: "[", count: n) + inner + String(repeating: "]", count: n) + "}"
+        }
+        #expect(Self.parse(nested(64)) != nil && Self.parse(nested(63, "1")) != nil)
+        #expect(Self.parse(nested(65)) == nil && Self.parse(nested(64, "1")) == nil)
     }
 
     @Test func timestampsMatchTheProtocolsClock() {

@@ -17,8 +17,8 @@ public final class AdminActions: Sendable {
     public let services: AdminServices
     /// Searches and record reads: one entry per actor and filter in ten minutes.
     let searchAudit = SearchAudit()
-    /// Downloads: one entry per actor and pull (or feedback) in ten minutes (see
-    /// FileActions.swift).
+    /// Downloads: one entry per actor and device's files of a pull (or whole zip, or
+    /// feedback) in ten minutes (see FileActions.swift).
     let downloadAudit = SearchAudit()
     /// Refused tokens: one entry per host a minute, the rest counted.
     let refusals = RefusalAudit()
@@ -112,6 +112,17 @@ public final class AdminActions: Sendable {
     /// Audits a search whose pages are read by the caller itself (the console's follow).
     public func searchOpened(_ search: RecordSearch, by actor: String) async throws {
         try await searchAudit.record(.recordsSearch, actor: actor, detail: Self.describe(search), in: services.audit, now: now())
+    }
+
+    /// The next page of a followed search (``searchOpened(_:by:)`` audited it once, not per page).
+    public func followed(_ search: RecordSearch) async throws -> RecordPage {
+        guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
+        try Self.check(search)
+        do {
+            return try await records.search(search)
+        } catch let error as RecordSearchError {
+            throw ActionError(.invalid, error.description)
+        }
     }
 
     /// A record with up to `context` records of its source on each side, audited; nil when no

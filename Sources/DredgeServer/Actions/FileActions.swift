@@ -14,8 +14,8 @@ extension AdminActions {
         public let action: AuditAction
         /// The audit entry's detail: which file of which pull or feedback.
         public let detail: String
-        /// What one entry stands for: the pull or the feedback (`pull ID`), whichever of its
-        /// files are downloaded.
+        /// What one entry stands for: a device's files of a pull (`pull ID agent A`), a pull's
+        /// whole zip, or a feedback's files, whichever of them are downloaded.
         public let subject: String
     }
 
@@ -38,7 +38,7 @@ extension AdminActions {
         guard let located = try await servedFiles().locate(id, agent: agent, name: name) else {
             throw ActionError(.notFound, "pull \(id) has no file \(WireID.echo(name).debugDescription) from agent \(agent)")
         }
-        return Download(located: located, action: .pullDownload, detail: "pull \(id) agent \(agent) file \(located.file.name)", subject: "pull \(id)")
+        return Download(located: located, action: .pullDownload, detail: "pull \(id) agent \(agent) file \(located.file.name)", subject: "pull \(id) agent \(agent)")
     }
 
     /// All of a pull's complete agents' files as one zip.
@@ -46,7 +46,7 @@ extension AdminActions {
         let id = try Self.checkedID(id, "pull")
         do {
             guard let zip = try await servedFiles().wholeZip(id) else { throw ActionError(.notFound, "no pull \(id)") }
-            return Download(located: zip, action: .pullDownload, detail: "pull \(id) whole zip", subject: "pull \(id)")
+            return Download(located: zip, action: .pullDownload, detail: "pull \(id) whole zip", subject: "pull \(id) whole zip")
         } catch PullFiles.WholeZipError.nothingYet {
             throw ActionError(.notFound, "pull \(id) has no files yet (none of its agents is complete, or it was removed)")
         } catch PullFiles.WholeZipError.changing {
@@ -62,9 +62,10 @@ extension AdminActions {
         return Download(located: located, action: .feedbackDownload, detail: "feedback \(id) file \(located.file.name)", subject: "feedback \(id)")
     }
 
-    /// Audits a download about to be served (``downloadAudit``): one entry per actor and pull
-    /// (or feedback) in ten minutes, naming the file that began it, so fetching a pull's files
-    /// (or resuming one) is one entry, not one per file.
+    /// Audits a download about to be served (``downloadAudit``): one entry per actor and
+    /// ``Download/subject`` (a device's files of a pull, a pull's whole zip, a feedback's files)
+    /// in ten minutes, naming the file that began it, so fetching them (or resuming) is one
+    /// entry, not one per file.
     public func downloading(_ download: Download, by actor: String) async throws {
         try await downloadAudit.record(download.action, actor: actor, detail: download.detail, key: download.subject, in: services.audit, now: now())
     }

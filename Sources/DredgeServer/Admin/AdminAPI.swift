@@ -74,9 +74,9 @@ public enum AdminAPI {
 
     /// A file of a pull, streamed, with `Range` (one range: 206; past the end: 416) and
     /// `If-Range` (the range only while the ETag is the one given, else the whole file: RFC 9110
-    /// § 13.1.5), its SHA-256 as `ETag` and `Repr-Digest`. Every download is audited; the same
-    /// file again by the same token (a resumed or repeated download) is recorded again only after
-    /// ten minutes.
+    /// § 13.1.5), its SHA-256 as `ETag` and `Repr-Digest`. Every download is audited
+    /// (``AdminActions/downloading(_:by:)``: one entry per token and device's files of a pull,
+    /// whole zip or feedback in ten minutes).
     static func serve(
         _ download: AdminActions.Download, request: Request, context: some RequestContext, actions: AdminActions, actor: String
     ) async throws -> Response {

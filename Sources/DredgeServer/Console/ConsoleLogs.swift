@@ -162,7 +162,7 @@ extension Console {
             guard let from = parameters["from"].flatMap({ Int64($0) }), from >= 0, (resumed ?? 0) >= 0 else {
                 throw AdminAPIError(.badRequest, "bad_request", "from must be a record id.")
             }
-            guard let records = d.records else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not index records.") }
+            guard d.records != nil else { throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not index records.") }
             (search.after, search.before, search.limit, search.arrivedAfter, search.reason) = (nil, nil, 500, max(from, resumed ?? 0), nil)
             try AdminActions.check(search)
             let asked = search, encoder = JSONEncoder()
@@ -172,7 +172,7 @@ extension Console {
                 request, cookie: cookie, follows, d, every: .seconds(1), state: asked,
                 opened: { try await d.actions.searchOpened(asked, by: session.tokenName) }
             ) { search in
-                let page = try await records.search(search)
+                let page = try await d.actions.followed(search)
                 guard let last = page.records.last else { return .quiet }
                 let data = String(decoding: try encoder.encode(page.records.map(FollowedRecord.init)), as: UTF8.self)  // one line: JSON escapes newlines
                 search.arrivedAfter = last.id

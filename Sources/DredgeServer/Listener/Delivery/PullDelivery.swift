@@ -63,7 +63,7 @@ extension ConnectionServices {
             } else {
                 // Past its expiry a pull is not sent (the next read marks it expired).
                 let now = Timestamp.now
-                let fresh = request.fresh.filter { $0.pull.expiresAt > now }
+                let fresh = request.fresh.filter { PullTargetLife.isSent(expiresAt: $0.pull.expiresAt, now: now) }
                 var agentKey = fresh.lazy.compactMap { $0.agentKeys[agentID] }.first
                 if agentKey == nil, !fresh.isEmpty { agentKey = try await registry.publicKey(of: agentID) }
                 due = fresh.map { (DuePull(id: $0.pull.id, stored: .success($0.pull)), agentKey, true) }

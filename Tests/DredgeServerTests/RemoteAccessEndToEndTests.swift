@@ -95,7 +95,7 @@ import Testing
         #expect((entries.first?["detail"] as? String).map { d in names.contains { d == "pull \(pullID) agent \(agentID) file \($0)" } } == true, "\(audit.output)")
         // Read by a person, the device is named by its host.
         let read = try dredge(["audit", "--action", "pull.download"])
-        #expect(read.output.contains("agent oven-7 (oven) [\(agentID.prefix(8))] file "), "\(read.output)")
+        #expect(read.output.contains("agent oven-7 (oven) [\(agentID)] file "), "\(read.output)")
 
         // The environment overrides the profile; a profile others can read is refused.
         let overridden = try ManagedProcess.run("dredge", ["agents"], environment: env.merging(["DREDGE_TOKEN": "dredge_adm_guess"]) { $1 })

@@ -91,10 +91,7 @@ import Testing
                 try await link.send(.with { $0.uploadBegin = .with { $0.header = theirs.header } })
                 #expect(try await LinkAgent.answer(to: feedbackID, over: link)?.error.code == .errorUploadInvalid)
                 // The connection survived all of it.
-                try await link.heartbeat(activeUIDs: ["u-9"])
-                var acked = false
-                while !acked, let frame = try await link.next() { if case .heartbeatAck? = frame.body { acked = true } }
-                #expect(acked)
+                #expect(try await LinkAgent.heartbeatAcked(["u-9"], over: link))
             }
             // A cannot rewrite its completed pull.
             try await a.connect { link in

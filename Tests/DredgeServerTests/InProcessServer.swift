@@ -211,6 +211,16 @@ struct LinkAgent: Sendable {
             empty: manifest.empty, createdAt: Timestamp.now.microseconds, chunkSize: chunkSize)
     }
 
+    /// Sends a heartbeat and reads until its ack: the server has then committed its uids, so
+    /// a pull by uid made after sees this agent (a pull made before the ack may not).
+    static func heartbeatAcked(_ uids: [String], over link: AgentLink) async throws -> Bool {
+        try await link.heartbeat(activeUIDs: uids)
+        while let frame = try await link.next() {
+            if case .heartbeatAck? = frame.body { return true }
+        }
+        return false
+    }
+
     /// Waits for the next pull command on `link` and accepts it.
     static func acceptNextPull(over link: AgentLink) async throws -> WirePullCommand {
         while let frame = try await link.next() {

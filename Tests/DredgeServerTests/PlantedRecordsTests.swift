@@ -77,7 +77,8 @@ import Testing
             let attackerStore = try Self.store(server.dir.file("rogue.sqlite"), host: "oven-7", uid: "u-9")
             var planted = 0
             let (forgedPull, feedbackID) = try await attacker.connect { link in
-                try await link.heartbeat(activeUIDs: ["u-9"])
+                // Acked: its uids are committed (a pull made before the ack could miss it).
+                #expect(try await LinkAgent.heartbeatAcked(["u-9"], over: link))
                 // A pull by uid alone reaches the one agent holding u-9.
                 let pull = try await server.admin.createPull(PullRequest(uid: "u-9", agent: nil, filter: .all))
                 #expect(pull.targets.map(\.agentID) == [attacker.agentID])

@@ -92,13 +92,7 @@ extension LogFilter {
 /// read as their level. A key it does not know is refused, never ignored: a misspelt part
 /// would otherwise widen the selection.
 extension LogFilter: Codable {
-    private struct Key: CodingKey {
-        var stringValue: String
-        var intValue: Int? { nil }
-        init(_ string: String) { stringValue = string }
-        init?(stringValue: String) { self.stringValue = stringValue }
-        init?(intValue: Int) { nil }
-    }
+    private typealias Key = NamedKey
 
     /// The keys read; the first of each pair is the one written.
     private static let keys: Set<String> = ["since_us", "since", "until_us", "until", "uid", "types", "levels", "text"]
@@ -152,4 +146,14 @@ extension LogFilter: Codable {
         try c.encodeIfPresent(levels.map { $0.sorted().map(\.name) }, forKey: Key("levels"))
         try c.encodeIfPresent(text, forKey: Key("text"))
     }
+}
+
+/// A JSON object's key by its name, for the readers that check every key an object holds
+/// (``LogFilter``'s and ``StoredFilter``'s).
+struct NamedKey: CodingKey {
+    var stringValue: String
+    var intValue: Int? { nil }
+    init(_ string: String) { stringValue = string }
+    init?(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { nil }
 }

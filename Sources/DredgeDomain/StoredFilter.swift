@@ -93,13 +93,7 @@ public enum StoredFilter {
         var levels: [String]?
         var text: String?
 
-        private struct AnyKey: CodingKey {
-            var stringValue: String
-            var intValue: Int? { nil }
-            init(_ string: String) { stringValue = string }
-            init?(stringValue: String) { self.stringValue = stringValue }
-            init?(intValue: Int) { nil }
-        }
+        private typealias AnyKey = NamedKey
 
         private static let keys: Set<String> = ["v", "since_us", "until_us", "uid", "types", "levels", "text"]
 

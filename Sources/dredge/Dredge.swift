@@ -244,7 +244,8 @@ struct ShowCommand: AsyncParsableCommand {
         let client = try server.client()
         let id = try await client.resolvePull(pull)
         var record = try await calling { try await client.pull(id) }
-        let devices = await Devices.of(client)
+        // Names for people only: `--json` carries the ids.
+        let devices = json && !wait ? Devices(known: [:]) : await Devices.of(client)
         if wait && !record.isFinished {
             let progress = ProgressDisplay(devices: devices)
             record = try await calling { try await client.wait(for: record.id) { progress.show($0) } }

@@ -153,6 +153,9 @@ public struct PullRecord: Sendable, Equatable, Codable {
     public var expiresAt: Timestamp
     /// The name of the admin token that asked (or `local-operator` for `dredge-server pull`).
     public var requestedBy: String
+    /// Why, as the requester said (a ticket); nil when not said (and for pulls made before
+    /// the server kept it: theirs is in the audit log alone).
+    public var reason: String?
     public var targets: [PullTarget]
     /// Set once the pull's files and index rows are deleted (`dredge rm`, or kept past the
     /// server's retention); the record itself stays.
@@ -162,8 +165,8 @@ public struct PullRecord: Sendable, Equatable, Codable {
     public var diskBytes: Int64?
 
     public init(
-        id: String, uid: String, agentID: String, filter: LogFilter?, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, targets: [PullTarget],
-        removed: Removal? = nil, diskBytes: Int64? = nil
+        id: String, uid: String, agentID: String, filter: LogFilter?, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, reason: String? = nil,
+        targets: [PullTarget], removed: Removal? = nil, diskBytes: Int64? = nil
     ) {
         self.id = id
         self.uid = uid
@@ -172,6 +175,7 @@ public struct PullRecord: Sendable, Equatable, Codable {
         self.issuedAt = issuedAt
         self.expiresAt = expiresAt
         self.requestedBy = requestedBy
+        self.reason = reason
         self.targets = targets
         self.removed = removed
         self.diskBytes = diskBytes

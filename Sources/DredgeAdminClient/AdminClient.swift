@@ -124,10 +124,11 @@ public struct AdminClient: Sendable {
         try await call("POST", "/v1/pulls", body: request)
     }
 
-    /// Newest first: the 100 most recent, or up to 1000 with `limit`; without their disk use
-    /// (`diskBytes`, which costs the server a walk of each pull's directory) when `diskUse` is false.
-    public func pulls(limit: Int? = nil, diskUse: Bool = true) async throws -> [PullRecord] {
-        try await call("GET", "/v1/pulls", query: Self.listing(limit: limit, diskUse: diskUse))
+    /// Newest first: the 100 most recent, or up to 1000 with `limit`; with `reason`, only those
+    /// whose reason holds it (ASCII letters in any case); without their disk use (`diskBytes`,
+    /// which costs the server a walk of each pull's directory) when `diskUse` is false.
+    public func pulls(limit: Int? = nil, reason: String? = nil, diskUse: Bool = true) async throws -> [PullRecord] {
+        try await call("GET", "/v1/pulls", query: Self.listing(limit: limit, diskUse: diskUse) + (reason.map { [URLQueryItem(name: "reason", value: $0)] } ?? []))
     }
 
     static func listing(limit: Int?, diskUse: Bool) -> [URLQueryItem] {

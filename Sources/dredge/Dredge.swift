@@ -179,12 +179,19 @@ struct PullsCommand: AsyncParsableCommand {
     @OptionGroup var server: ServerOptions
     @Option(help: "Only targets in this status: \(PullStatus.allCases.map(\.rawValue).joined(separator: ", ")).") var status: PullStatus?
     @Option(help: "Only pulls and feedback of this uid.") var uid: String?
+    @Option(help: "Only pulls whose reason holds this text (a ticket number, say; letters in any case). Feedback has no reason: it is left out.")
+    var reason: String?
     @Flag(help: "JSON output (the pulls alone; `dredge feedback --json` lists feedback).") var json = false
+
+    func validate() throws {
+        if let reason, let problem = reasonProblem(reason) { throw ValidationError("--reason: \(problem)") }
+    }
 
     func run() async throws {
         let client = try server.client()
-        // Narrowed here, so the window is wider when narrowing.
-        var pulls = try await calling { try await client.pulls(limit: uid == nil && status == nil ? nil : 1000) }
+        let narrowed = uid != nil || status != nil || reason != nil
+        // Narrowed here (the reason on the server), so the window is wider when narrowing.
+        var pulls = try await calling { try await client.pulls(limit: narrowed ? 1000 : nil, reason: reason) }
         if let uid { pulls = pulls.filter { $0.uid == uid } }
         if let status {
             pulls = pulls.compactMap { pull in
@@ -194,28 +201,30 @@ struct PullsCommand: AsyncParsableCommand {
             }
         }
         if json { return try printJSON(pulls) }
-        var feedback = try await calling { try await client.feedback(limit: uid == nil && status == nil ? nil : 1000) }
+        var feedback = reason != nil ? [] : try await calling { try await client.feedback(limit: narrowed ? 1000 : nil) }
         if let uid { feedback = feedback.filter { $0.uid == uid } }
         if let status { feedback = feedback.filter { $0.status.rawValue == status.rawValue } }
-        if pulls.isEmpty && feedback.isEmpty { print(uid == nil && status == nil ? "no pulls yet" : "no pulls or feedback match") }
+        if pulls.isEmpty && feedback.isEmpty { print(!narrowed ? "no pulls yet" : reason != nil ? "no pulls match" : "no pulls or feedback match") }
         let devices = await Devices.of(client)
         // Feedback uploads are pulls nobody asked for: the user's agent sent them. One list, newest first.
         var lines: [(Timestamp, String)] = []
         for p in pulls {
+            let why = p.reason.map { "  (\(Terminal.field($0)))" } ?? ""
             if let removed = p.removed {
                 // Its files are gone: one line says so, whatever its targets were.
-                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  \(Format.removed(removed))"))
+                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)\(why)  uid=\(p.uid.isEmpty ? "-" : p.uid)  \(Format.removed(removed))"))
                 continue
             }
             let disk = p.diskBytes.map { "  [\(Format.bytes($0))]" } ?? ""
             if p.targets.isEmpty && status == nil {
                 let state = p.isFinished ? "expired (no agent held the uid)" : "waiting for an agent that holds the uid (until \(Format.time(p.expiresAt.date)))"
-                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid)  \(state)"))
+                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)\(why)  uid=\(p.uid)  \(state)"))
             }
             for t in p.targets {
                 // The pull's disk use once, on its first line.
                 let shown = t.agentID == p.targets.first?.agentID ? disk : ""
-                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)  uid=\(p.uid.isEmpty ? "-" : p.uid)  on \(devices.name(t.agentID))  \(Format.status(t))\(shown)"))
+                lines.append(
+                    (p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)\(why)  uid=\(p.uid.isEmpty ? "-" : p.uid)  on \(devices.name(t.agentID))  \(Format.status(t))\(shown)"))
             }
         }
         for f in feedback {
@@ -256,6 +265,7 @@ struct ShowCommand: AsyncParsableCommand {
         } else {
             print("pull \(record.id)")
             print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
+            if let reason = record.reason { print("  reason: \(Terminal.field(reason))") }
             print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   device: \(record.agentID.isEmpty ? "(every one that holds the uid until it expires)" : devices.name(record.agentID))")
             print("  filter: \(record.filter.map(Format.filter) ?? "(unreadable on the server; the pull is failed)")")
             if let removed = record.removed {

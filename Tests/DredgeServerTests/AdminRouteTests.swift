@@ -225,8 +225,12 @@ import Testing
             #expect(pull.filter == LogFilter(since: Timestamp(microseconds: 1_000), uid: "u-1", levels: [.error]))
             #expect(pull.requestedBy == "admin")
 
-            let narrowed = try await api.post("/v1/pulls", PullRequest(uid: "u-2", agent: b, filter: .all)).decode(PullRecord.self)
+            let narrowed = try await api.post("/v1/pulls", PullRequest(uid: "u-2", agent: b, filter: .all, reason: "SUP-77 crash")).decode(PullRecord.self)
             #expect(narrowed.targets.map(\.agentID) == [b])
+            #expect(narrowed.reason == "SUP-77 crash" && pull.reason == nil)
+            #expect(try await api.call(.get, "/v1/pulls?reason=sup-77").decode([PullRecord].self).map(\.id) == [narrowed.id])
+            #expect(try await api.call(.get, "/v1/pulls?reason=SUP-78").decode([PullRecord].self).isEmpty)
+            #expect(try await api.call(.get, "/v1/pulls?reason=%0A").status == .badRequest)
 
             let shown = try await api.call(.get, "/v1/pulls/\(pull.id)")
             #expect(shown.status == .ok)

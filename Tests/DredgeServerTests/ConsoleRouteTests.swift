@@ -96,7 +96,7 @@ import Testing
             let services = AdminServices(
                 registry: a.registry, pulls: a.pulls, audit: a.pulls, issuer: a.issuer, feedback: a.feedback, tokens: a.tokens,
                 dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), records: records,
-                files: PullFiles(paths: DataDirectory(a.data), pulls: a.pulls, feedback: a.feedback), logger: logger)
+                files: PullFiles(paths: DataDirectory(a.data), pulls: a.pulls, feedback: a.feedback), results: a.results, logger: logger)
             let app = try AdminAPI.application(
                 actions: AdminActions(services), consoleSessions: ConsoleSessions(lifetime: 3600, now: { clock.now() }), port: 0)
             try await app.test(.router) { client in
@@ -309,6 +309,20 @@ import Testing
             #expect(try await fixture.admin.tokens.adminName(for: shown) == "carol", "the token shown is the one made")
             #expect(try await browser.get("/console/tokens").body.contains(shown) == false, "shown once")
 
+            // Revoking asks first: the list links to a question, which changes nothing.
+            let list = try await browser.get("/console/tokens")
+            #expect(list.body.contains(#"href="/console/tokens/revoke?kind=admin&amp;name=carol""#))
+            let ask = "/console/tokens/revoke?kind=admin&name=carol"
+            let question = try await browser.get(ask)
+            #expect(question.status == .ok && question.body.contains("Revoke the admin token “carol”?"))
+            #expect(question.body.contains(#"<form class="confirm" method="post" action="/console/tokens/revoke">"#))
+            #expect(question.body.contains(#"name="name" value="carol""#) && question.body.contains(#"href="/console/tokens">Cancel</a>"#))
+            #expect(try await fixture.admin.tokens.list().contains { $0.name == "carol" }, "asking revokes nothing")
+            #expect(try await browser.get("/console/tokens/revoke?kind=admin&name=nobody").status == .notFound)
+            #expect(try await browser.get("/console/tokens/revoke?kind=root&name=carol").status == .badRequest)
+            let ownQuestion = try await browser.get("/console/tokens/revoke?kind=admin&name=admin")
+            #expect(ownQuestion.body.contains("this session ends at once"))
+
             // The last admin token cannot go; bob's can; then one's own ends the session.
             let other = try await browser.post("/console/tokens/revoke", ["name": "carol", "kind": "admin", "csrf": csrf])
             #expect(other.status == .seeOther && other.location == "/console/tokens")
@@ -383,7 +397,14 @@ import Testing
             let shown = try await browser.get("/console/pulls/\(pull.id)")
             #expect(shown.status == .ok && shown.body.contains("uid u-1") && shown.body.contains("host-u-1") && shown.body.contains(#"<span class="status queued">"#))
             #expect(shown.body.contains("levels warning,error") && shown.body.contains("2026-11-20 10:00:00 UTC"))
-            #expect(try await browser.get("/console/pulls").body.contains("/console/pulls/\(pull.id)"))
+            #expect(shown.body.contains("<dt>Reason</dt><dd>TICKET-9</dd>"))
+            #expect(pull.reason == "TICKET-9")
+            let listed = try await browser.get("/console/pulls")
+            #expect(listed.body.contains("/console/pulls/\(pull.id)") && listed.body.contains("<td>TICKET-9</td>"))
+            #expect(try await browser.get("/console/pulls?reason=ticket-9").body.contains("/console/pulls/\(pull.id)"), "found by its reason, in any case")
+            let unmatched = try await browser.get("/console/pulls?reason=SUP-1")
+            #expect(unmatched.status == .ok && !unmatched.body.contains("/console/pulls/\(pull.id)") && unmatched.body.contains("No pull's reason holds “SUP-1”."))
+            #expect(try await browser.get("/console/pulls?reason=%01").status == .badRequest)
             #expect(try await browser.get("/console/pulls/\(String(repeating: "f", count: 32))").status == .notFound)
 
             // Its events: the targets' progress, then `done` once it is finished.
@@ -494,6 +515,66 @@ import Testing
         }
         let searches = try await fixture.audit("records.search")
         #expect(searches.allSatisfy { $0.actor == "admin" } && searches.contains { $0.detail.contains("pull=\(source.id)") })
+    }
+
+    /// A pull's files are removed from its page after a question that changes nothing; the
+    /// removal is the CLI's (audited, with its reason), and a forged form removes nothing.
+    @Test func aPullIsRemovedFromItsPageAfterAQuestion() async throws {
+        let fixture = Fixture()
+        _ = try await fixture.admin.agent(uids: ["u-1"])
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let form = try await browser.get("/console/pulls/new?uid=u-1")
+            let made = try await browser.post("/console/pulls", ["csrf": try #require(form.csrf), "uid": "u-1", "range": "2d"])
+            let page = try await browser.get(try #require(made.location))
+            let id = String(try #require(made.location).dropFirst("/console/pulls/".count))
+            let ask = try #require(Self.link(page.body, text: "Remove its files…"))
+            #expect(ask == "/console/pulls/\(id)/remove")
+            let question = try await browser.get(ask)
+            #expect(question.status == .ok && question.body.contains("Remove the files of pull \(id.prefix(8))?") && question.body.contains("host-u-1"))
+            #expect(question.body.contains(#"href="/console/pulls/\#(id)">Cancel</a>"#))
+            #expect(try await fixture.admin.pulls.pull(id)?.removed == nil, "asking removes nothing")
+
+            #expect(try await browser.post(ask, ["reason": "x"]).status == .forbidden)
+            let tooLong = try await browser.post(ask, ["csrf": try #require(question.csrf), "reason": String(repeating: "r", count: 300)])
+            #expect(tooLong.status == .badRequest && tooLong.body.contains("a reason is at most 256 bytes".prefix(1).uppercased()))
+            #expect(try await fixture.admin.pulls.pull(id)?.removed == nil)
+
+            let removed = try await browser.post(ask, ["csrf": try #require(question.csrf), "reason": "GDPR-7"])
+            #expect(removed.status == .seeOther && removed.location == "/console/pulls/\(id)")
+            let after = try await browser.get("/console/pulls/\(id)")
+            #expect(after.body.contains("<dt>Removed</dt>") && after.body.contains("(GDPR-7)") && !after.body.contains("Remove its files…"))
+            #expect(try await browser.get(ask).location == "/console/pulls/\(id)", "nothing left to ask about")
+            #expect(try await browser.post("/console/pulls/\(String(repeating: "e", count: 32))/remove", ["csrf": try #require(question.csrf)]).status == .notFound)
+        }
+        let removal = try #require(try await fixture.audit("pull.remove").first)
+        #expect(removal.actor == "admin" && removal.detail.contains("GDPR-7"))
+    }
+
+    /// An agent's row leads to its page: what it is, its users with a pull for each, a pull of
+    /// the device, and the pulls that reached it.
+    @Test func anAgentsPageOffersToPullItsUsersAndItself() async throws {
+        let fixture = Fixture()
+        let agent = try await fixture.admin.agent(uids: ["u-1", "anna lee"])
+        let other = try await fixture.admin.agent(uids: ["u-2"])
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let all = try await browser.get("/console/agents")
+            #expect(all.body.contains(#"<a href="/console/agents/\#(agent)">host-u-1</a>"#))
+            let form = try await browser.get("/console/pulls/new")
+            _ = try await browser.post("/console/pulls", ["csrf": try #require(form.csrf), "agent": agent, "range": "2d", "reason": "SUP-3"])
+            _ = try await browser.post("/console/pulls", ["csrf": try #require(form.csrf), "agent": other, "range": "2d", "reason": "SUP-4"])
+
+            let page = try await browser.get("/console/agents/\(agent)")
+            #expect(page.status == .ok && page.body.contains("<h1>host-u-1 "))
+            #expect(Self.link(page.body, text: "Pull this device") == "/console/pulls/new?agent=\(agent)")
+            #expect(page.body.contains(#"href="/console/pulls/new?uid=anna%20lee">Pull this user</a>"#))
+            #expect(page.body.contains(#"href="/console/pulls/new?uid=u-1&amp;agent=\#(agent)">on this device only</a>"#))
+            #expect(page.body.contains("<td>SUP-3</td>") && !page.body.contains("SUP-4"), "its pulls, not another device's")
+            let prefilled = try await browser.get("/console/pulls/new?agent=\(agent)")
+            #expect(prefilled.body.contains(#"<option value="\#(agent)" selected>"#))
+            #expect(try await browser.get("/console/agents/\(String(repeating: "0", count: 32))").status == .notFound)
+        }
     }
 
     @Test func theAgentsPageFiltersByText() async throws {

@@ -745,7 +745,7 @@ final class HeldFailures: Sendable {
         let held: HeldFailures
         func create(_ pull: NewPull) async throws { try await base.create(pull) }
         func pull(_ id: String, now: Timestamp) async throws -> PullRecord? { try await base.pull(id, now: now) }
-        func pulls(limit: Int, now: Timestamp) async throws -> [PullRecord] { try await base.pulls(limit: limit, now: now) }
+        func pulls(limit: Int, reason: String?, now: Timestamp) async throws -> [PullRecord] { try await base.pulls(limit: limit, reason: reason, now: now) }
         func storedPull(_ id: String) async throws -> StoredPull { try await base.storedPull(id) }
         func wrappedKey(of pullID: String) async throws -> [UInt8]? { try await base.wrappedKey(of: pullID) }
         func deliverable(for agentID: String, includingUnanswered: Bool, now: Timestamp) async throws -> [DuePull] {

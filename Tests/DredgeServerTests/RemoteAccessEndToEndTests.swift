@@ -58,6 +58,14 @@ import Testing
         #expect(try FileManager.default.contentsOfDirectory(atPath: local).sorted() == names)
         for name in names { #expect(try contents(local + "/" + name) == contents(onServer + "/" + name), "\(name)") }
 
+        // The reason is part of the pull: shown, and found by it (#50).
+        let shown = try dredge(["show", String(pullID.prefix(8))])
+        #expect(shown.status == 0 && shown.output.contains("  reason: TICKET-7\n"), "\(shown.output)")
+        let byReason = try dredge(["pulls", "--reason", "ticket-7"])
+        #expect(byReason.status == 0 && byReason.output.contains(pullID) && byReason.output.contains("by admin  (TICKET-7)"), "\(byReason.output)")
+        let noneByReason = try dredge(["pulls", "--reason", "TICKET-8"])
+        #expect(noneByReason.status == 0 && noneByReason.output == "no pulls match\n", "\(noneByReason.output)")
+
         // Search reads the same pull.
         // Indexed after the files land, so `pull --wait` can return first.
         var first = (status: Int32(0), output: "")

@@ -29,10 +29,14 @@ extension AdminActions {
         Dictionary(try await services.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
     }
 
-    /// The newest pulls first, `limit` clamped to 1…``maximumListing``; with `disk`, each with
-    /// what its files take (a listing never fails for want of a size: unmeasured, it has none).
-    public func pulls(limit: Int, disk: Bool) async throws -> [PullRecord] {
-        let listed = try await services.pulls.pulls(limit: min(max(limit, 1), Self.maximumListing), now: .now)
+    /// The newest pulls first, `limit` clamped to 1…``maximumListing``; with `reason`, only
+    /// those whose reason holds it (ASCII letters in any case: `sup-12` finds "SUP-1234"); with
+    /// `disk`, each with what its files take (a listing never fails for want of a size:
+    /// unmeasured, it has none).
+    public func pulls(limit: Int, reason: String? = nil, disk: Bool) async throws -> [PullRecord] {
+        let reason = reason?.trimmingCharacters(in: .whitespaces)
+        if let reason, let problem = reasonProblem(reason) { throw ActionError(.invalid, "the reason searched for: \(problem)") }
+        let listed = try await services.pulls.pulls(limit: min(max(limit, 1), Self.maximumListing), reason: reason?.isEmpty == false ? reason : nil, now: .now)
         return disk ? await measured(listed) { try await self.services.results?.measured($0) } : listed
     }
 

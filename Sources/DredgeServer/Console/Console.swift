@@ -115,6 +115,34 @@ enum Console {
             ]
             return html(library, "agents", page)
         }
+        console.get("agents/:id") { request, context in
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            let id = try context.parameters.require("id")
+            guard let agent = try await d.actions.agents().first(where: { $0.agentID == id }) else {
+                throw AdminAPIError(.notFound, "not_found", "There is no such agent.")
+            }
+            var page = signedInPage(agent.hostname.isEmpty ? "Agent \(id.prefix(8))" : agent.hostname, session, current: "Agents")
+            for (key, value) in row(agent) { page[key] = value }
+            page["os"] = agent.os.isEmpty ? "?" : agent.os
+            page["enrolledAt"] = timeText(agent.enrolledAt)
+            if let address = agent.remoteAddress { page["address"] = address }
+            page["logs"] = url("/console/logs", [("host", agent.hostname)])
+            page["users"] = agent.activeUIDs.map { uid in
+                [
+                    "uid": uid, "pull": url("/console/pulls/new", [("uid", uid)]), "pullHere": url("/console/pulls/new", [("uid", uid), ("agent", agent.agentID)]),
+                    "logs": url("/console/logs", [("uid", uid)]),
+                ]
+            }
+            if agent.reportedUsers > agent.activeUIDs.count {
+                page["moreUsers"] = "The store holds \(agent.reportedUsers)\(agent.usersTruncated ? " or more" : "") users; those seen lately are listed. A pull by user id reaches every one of them."
+            }
+            let looked = 200
+            let hosts = try await d.actions.hostnames()
+            page["looked"] = looked
+            page["pulls"] = try await d.actions.pulls(limit: looked, disk: false)
+                .filter { $0.agentID == id || $0.targets.contains { $0.agentID == id } }.prefix(20).map { pullRow($0, hosts) }
+            return html(library, "agent", page)
+        }
         registerPulls(on: console, library, d)
         registerFeedback(on: console, library, d)
         registerLogs(on: console, library, d)

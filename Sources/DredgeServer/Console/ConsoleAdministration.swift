@@ -59,7 +59,10 @@ extension Console {
         {
             var page = signedInPage("Tokens", session, current: "Tokens")
             page["rows"] = try await d.actions.tokens().map { token -> [String: Any] in
-                ["name": token.name, "kind": token.kind.rawValue, "createdAt": timeText(token.createdAt), "yours": token.name == session.tokenName && token.kind == .admin]
+                [
+                    "name": token.name, "kind": token.kind.rawValue, "createdAt": timeText(token.createdAt), "yours": token.name == session.tokenName && token.kind == .admin,
+                    "revoke": url("/console/tokens/revoke", [("kind", token.kind.rawValue), ("name", token.name)]),
+                ]
             }
             if let created {
                 page["created"] = ["name": created.info.name, "kind": created.info.kind.rawValue, "token": created.token]
@@ -88,6 +91,32 @@ extension Console {
                 // Shown on this answer only (not a redirect: the token is in no URL and no history).
                 return try await tokensPage(session, created: created)
             }
+        }
+        // Revoking asks first (the page carries no script: a page of its own).
+        console.get("tokens/revoke") { request, _ in
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            let fields = query(request)
+            let name = fields["name"] ?? ""
+            guard let kind = TokenKind(rawValue: fields["kind"] ?? "") else {
+                return try await tokensPage(session, problem: "A token is an admin or an enrollment token.", status: .badRequest)
+            }
+            guard try await d.actions.tokens().contains(where: { $0.name == name && $0.kind == kind }) else {
+                return try await tokensPage(session, problem: "There is no \(kind.rawValue) token “\(name)”.", status: .notFound)
+            }
+            var page = signedInPage("Revoke a token", session, current: "Tokens")
+            page["heading"] = "Revoke the \(kind.rawValue) token “\(name)”?"
+            page["question"] =
+                kind == .admin
+                ? (name == session.tokenName
+                    ? "It is the token this session signed in with: this session ends at once, as do every other session and command using it."
+                    : "Every console session and command using it stops working at once.")
+                    + " This cannot be undone: make a new token instead."
+                : "Agents can no longer enroll with it; agents already enrolled keep working. This cannot be undone."
+            page["action"] = "/console/tokens/revoke"
+            page["hidden"] = [["name": "name", "value": name], ["name": "kind", "value": kind.rawValue]]
+            page["button"] = "Revoke"
+            page["back"] = "/console/tokens"
+            return html(library, "confirm", page)
         }
         console.post("tokens/revoke") { request, context in
             let form = try await formFields(request, context)

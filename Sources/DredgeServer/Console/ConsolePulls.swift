@@ -69,19 +69,32 @@ extension Console {
         return .success(PullRequest(uid: field("uid"), agent: field("agent"), filter: filter, reason: field("reason")))
     }
 
+    /// A row of a pulls table (the pulls page, an agent's page).
+    static func pullRow(_ pull: PullRecord, _ hosts: [String: String]) -> [String: Any] {
+        let counts = Dictionary(grouping: pull.targets, by: \.status).map { "\($0.value.count) \($0.key.rawValue)" }.sorted()
+        return [
+            "id": pull.id, "shortID": String(pull.id.prefix(8)), "issuedAt": timeText(pull.issuedAt.date), "by": pull.requestedBy,
+            "who": pull.uid.isEmpty ? "agent \(hosts[pull.agentID] ?? String(pull.agentID.prefix(8)))" : "uid \(pull.uid)", "reason": pull.reason ?? "",
+            "status": pull.removed != nil ? "removed" : counts.isEmpty ? "waiting for an agent" : counts.joined(separator: ", "),
+        ]
+    }
+
     static func registerPulls(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         console.get("pulls") { request, _ in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             var page = signedInPage("Pulls", session, current: "Pulls")
+            let reason = (query(request)["reason"] ?? "").trimmingCharacters(in: .whitespaces)
+            page["reason"] = reason
+            page["filtered"] = !reason.isEmpty
             let hosts = try await d.actions.hostnames()
-            page["rows"] = try await d.actions.pulls(limit: 100, disk: false).map { pull -> [String: Any] in
-                let counts = Dictionary(grouping: pull.targets, by: \.status).map { "\($0.value.count) \($0.key.rawValue)" }.sorted()
-                return [
-                    "id": pull.id, "shortID": String(pull.id.prefix(8)), "issuedAt": timeText(pull.issuedAt.date), "by": pull.requestedBy,
-                    "who": pull.uid.isEmpty ? "agent \(hosts[pull.agentID] ?? String(pull.agentID.prefix(8)))" : "uid \(pull.uid)",
-                    "status": pull.removed != nil ? "removed" : counts.isEmpty ? "waiting for an agent" : counts.joined(separator: ", "),
-                ]
+            let pulls: [PullRecord]
+            do {
+                pulls = try await d.actions.pulls(limit: 100, reason: reason, disk: false)
+            } catch let error as ActionError {
+                page["problem"] = sentence(error)
+                return html(library, "pulls", page, status: AdminAPIError(error).status)
             }
+            page["rows"] = pulls.map { pullRow($0, hosts) }
             return html(library, "pulls", page)
         }
 
@@ -133,6 +146,7 @@ extension Console {
             page["who"] = pull.uid.isEmpty ? "agent \(hosts[pull.agentID] ?? pull.agentID)" : "uid \(pull.uid)" + (pull.agentID.isEmpty ? "" : " on agent \(hosts[pull.agentID] ?? pull.agentID)")
             page["filter"] = pull.filter.map(describe) ?? "its stored filter does not read back: the pull failed"
             page["by"] = pull.requestedBy
+            if let reason = pull.reason { page["reason"] = reason }
             page["issuedAt"] = timeText(pull.issuedAt.date)
             page["expiresAt"] = timeText(pull.expiresAt.date)
             if let removed = pull.removed { page["removed"] = "removed \(timeText(removed.at)) by \(removed.by)" + (removed.reason.isEmpty ? "" : " (\(removed.reason))") }
@@ -146,6 +160,45 @@ extension Console {
             page["waiting"] = pull.targets.isEmpty ? true : nil
             page["open"] = pull.isFinished ? nil : true
             return html(library, "pull", page)
+        }
+
+        // Removing a pull's files asks first (the page carries no script: a page of its own).
+        @Sendable func removePage(_ session: ConsoleSessions.Session, _ pull: PullRecord, problem: String?, status: HTTPResponse.Status) async throws -> Response {
+            var page = signedInPage("Remove pull \(pull.id.prefix(8))", session, current: "Pulls")
+            let hosts = try await d.actions.hostnames()
+            let devices = pull.targets.map { hosts[$0.agentID] ?? String($0.agentID.prefix(8)) }
+            page["heading"] = "Remove the files of pull \(pull.id.prefix(8))?"
+            page["question"] =
+                "Its files from \(devices.isEmpty ? "no device yet" : devices.joined(separator: ", ")) and their records in the index are deleted "
+                + "now, and an upload still under way is stopped. The pull itself stays listed (who asked, when, why), and the audit log records the removal. "
+                + "This cannot be undone."
+            page["action"] = "/console/pulls/\(pull.id)/remove"
+            page["askReason"] = true
+            page["button"] = "Remove its files"
+            page["back"] = "/console/pulls/\(pull.id)"
+            if let problem { page["problem"] = problem }
+            return html(library, "confirm", page, status: status)
+        }
+        console.get("pulls/:id/remove") { request, context in
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            let id = try context.parameters.require("id")
+            guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+            let pull = try await d.actions.pull(id, disk: false)
+            if pull.removed != nil { return redirect("/console/pulls/\(pull.id)") }
+            return try await removePage(session, pull, problem: nil, status: .ok)
+        }
+        console.post("pulls/:id/remove") { request, context in
+            let form = try await formFields(request, context)
+            let id = try context.parameters.require("id")
+            guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+            return try await asPoster(request, form, library, d) { session in
+                do {
+                    _ = try await d.actions.remove(.pull, id, by: session.tokenName, reason: (form["reason"] ?? "").trimmingCharacters(in: .whitespaces))
+                } catch let error as ActionError where error.kind != .notFound {
+                    return try await removePage(session, try await d.actions.pull(id, disk: false), problem: sentence(error), status: AdminAPIError(error).status)
+                }
+                return redirect("/console/pulls/\(id)")
+            }
         }
 
         // Server-sent events for the pull page: each target's progress whenever it changes

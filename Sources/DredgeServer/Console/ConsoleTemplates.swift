@@ -38,6 +38,8 @@ enum ConsoleTemplates {
         try library.register(layout, named: "layout")
         try library.register(signIn, named: "sign-in")
         try library.register(agents, named: "agents")
+        try library.register(agent, named: "agent")
+        try library.register(confirm, named: "confirm")
         try library.register(error, named: "error")
         try library.register(audit, named: "audit")
         try library.register(tokens, named: "tokens")
@@ -130,13 +132,13 @@ enum ConsoleTemplates {
         </form>
         <p class="summary">{{online}} online of {{total}}{{#filtered}}; {{shown}} match “{{query}}”{{/filtered}}</p>
         <div class="table-wrap">
-        <table>
+        <table class="agents">
         <thead><tr><th scope="col">Status</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Users seen</th><th scope="col">Records</th><th scope="col">Last seen</th><th scope="col">Agent</th></tr></thead>
         <tbody>
         {{#rows}}
         <tr>
         <td><span class="status {{status}}">{{status}}</span></td>
-        <td>{{host}}{{#labels}}<br><small>{{labels}}</small>{{/labels}}</td>
+        <td><a href="/console/agents/{{agentID}}">{{host}}</a>{{#labels}}<br><small>{{labels}}</small>{{/labels}}</td>
         <td>{{app}}</td>
         <td>{{users}}</td>
         <td>{{records}}</td>
@@ -148,6 +150,72 @@ enum ConsoleTemplates {
         </tbody>
         </table>
         </div>
+        {{/content}}
+        {{/layout}}
+        """
+
+    static let agent = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>{{host}} <span class="status {{status}}">{{status}}</span></h1>
+        <dl class="facts">
+        <dt>App</dt><dd>{{app}}</dd>
+        <dt>System</dt><dd>{{os}}</dd>
+        {{#labels}}<dt>Labels</dt><dd>{{labels}}</dd>{{/labels}}
+        <dt>Records in its store</dt><dd>{{records}}</dd>
+        <dt>Last seen</dt><dd>{{lastSeen}}{{#address}} from {{address}}{{/address}}</dd>
+        <dt>Enrolled</dt><dd>{{enrolledAt}}</dd>
+        <dt>Agent</dt><dd><code>{{agentID}}</code></dd>
+        </dl>
+        <p class="links"><a class="button" href="/console/pulls/new?agent={{agentID}}">Pull this device</a> <a href="{{logs}}">Its logs pulled so far</a></p>
+        <h2>Users on this device</h2>
+        <div class="table-wrap">
+        <table>
+        <thead><tr><th scope="col">User</th><th scope="col"></th></tr></thead>
+        <tbody>
+        {{#users}}
+        <tr><td>{{uid}}</td><td class="links"><a href="{{pull}}">Pull this user</a> <a href="{{pullHere}}">on this device only</a> <a href="{{logs}}">Their logs</a></td></tr>
+        {{/users}}
+        {{^users}}<tr><td colspan="2">No user seen lately.</td></tr>{{/users}}
+        </tbody>
+        </table>
+        </div>
+        {{#moreUsers}}<p class="hint">{{moreUsers}}</p>{{/moreUsers}}
+        <h2>Recent pulls of this device</h2>
+        <div class="table-wrap">
+        <table>
+        <thead><tr><th scope="col">Pull</th><th scope="col">Asked</th><th scope="col">By</th><th scope="col">Reason</th><th scope="col">Status</th></tr></thead>
+        <tbody>
+        {{#pulls}}
+        <tr><td><a href="/console/pulls/{{id}}"><code>{{shortID}}</code></a></td><td class="nowrap">{{issuedAt}}</td><td>{{by}}</td><td>{{reason}}</td><td>{{status}}</td></tr>
+        {{/pulls}}
+        {{^pulls}}<tr><td colspan="5">None among the last {{looked}} pulls.</td></tr>{{/pulls}}
+        </tbody>
+        </table>
+        </div>
+        {{/content}}
+        {{/layout}}
+        """
+
+    /// A question before something that cannot be undone: a form that posts, and a way back.
+    static let confirm = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>{{heading}}</h1>
+        {{#problem}}<p class="problem" role="alert">{{problem}}</p>{{/problem}}
+        <p>{{question}}</p>
+        <form class="confirm" method="post" action="{{action}}">
+        <input type="hidden" name="csrf" value="{{csrf}}">
+        {{#hidden}}<input type="hidden" name="{{name}}" value="{{value}}">{{/hidden}}
+        {{#askReason}}
+        <label for="reason">Reason</label>
+        <input id="reason" name="reason" maxlength="256" autocomplete="off" placeholder="e.g. SUP-1234 (recorded in the audit log)">
+        {{/askReason}}
+        <button type="submit" class="danger">{{button}}</button>
+        <a href="{{back}}">Cancel</a>
+        </form>
         {{/content}}
         {{/layout}}
         """
@@ -208,14 +276,7 @@ enum ConsoleTemplates {
         <td>{{name}}{{#yours}} <small>(this session's)</small>{{/yours}}</td>
         <td>{{kind}}</td>
         <td class="nowrap">{{createdAt}}</td>
-        <td>
-        <form class="revoke" method="post" action="/console/tokens/revoke">
-        <input type="hidden" name="csrf" value="{{csrf}}">
-        <input type="hidden" name="name" value="{{name}}">
-        <input type="hidden" name="kind" value="{{kind}}">
-        <button type="submit" aria-label="Revoke the {{kind}} token {{name}}">Revoke</button>
-        </form>
-        </td>
+        <td><a class="revoke" href="{{revoke}}" aria-label="Revoke the {{kind}} token {{name}}">Revoke…</a></td>
         </tr>
         {{/rows}}
         </tbody>
@@ -244,14 +305,20 @@ enum ConsoleTemplates {
         {{$content}}
         <h1>Pulls</h1>
         <p><a class="button" href="/console/pulls/new">New pull</a></p>
+        <form class="filter" method="get" action="/console/pulls" role="search">
+        <label for="reason">Reason</label>
+        <input id="reason" name="reason" type="search" value="{{reason}}" maxlength="256" placeholder="e.g. SUP-1234">
+        <button type="submit">Find</button>
+        </form>
+        {{#problem}}<p class="problem" role="alert">{{problem}}</p>{{/problem}}
         <div class="table-wrap">
         <table>
-        <thead><tr><th scope="col">Pull</th><th scope="col">Asked</th><th scope="col">By</th><th scope="col">For</th><th scope="col">Where it stands</th></tr></thead>
+        <thead><tr><th scope="col">Pull</th><th scope="col">Asked</th><th scope="col">By</th><th scope="col">For</th><th scope="col">Reason</th><th scope="col">Where it stands</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr><td><a href="/console/pulls/{{id}}"><code>{{shortID}}</code></a></td><td class="nowrap">{{issuedAt}}</td><td>{{by}}</td><td>{{who}}</td><td>{{status}}</td></tr>
+        <tr><td><a href="/console/pulls/{{id}}"><code>{{shortID}}</code></a></td><td class="nowrap">{{issuedAt}}</td><td>{{by}}</td><td>{{who}}</td><td>{{reason}}</td><td>{{status}}</td></tr>
         {{/rows}}
-        {{^rows}}<tr><td colspan="5">No pull yet.</td></tr>{{/rows}}
+        {{^rows}}<tr><td colspan="6">{{#filtered}}No pull's reason holds “{{reason}}”.{{/filtered}}{{^filtered}}No pull yet.{{/filtered}}</td></tr>{{/rows}}
         </tbody>
         </table>
         </div>
@@ -289,7 +356,7 @@ enum ConsoleTemplates {
         <label for="text">Contains</label>
         <input id="text" name="text" value="{{text}}" placeholder="a substring of the message or metadata">
         <label for="reason">Reason</label>
-        <input id="reason" name="reason" value="{{reason}}" placeholder="a ticket number (recorded in the audit log)">
+        <input id="reason" name="reason" value="{{reason}}" maxlength="256" placeholder="e.g. SUP-1234 (kept with the pull)">
         <button type="submit">Pull</button>
         </form>
         <p class="hint">A user id, a device, or both. The pull waits up to an hour for devices that are offline.</p>
@@ -306,6 +373,7 @@ enum ConsoleTemplates {
         <dt>For</dt><dd>{{who}}</dd>
         <dt>Filter</dt><dd>{{filter}}</dd>
         <dt>Asked by</dt><dd>{{by}}, {{issuedAt}}</dd>
+        {{#reason}}<dt>Reason</dt><dd>{{reason}}</dd>{{/reason}}
         <dt>Waits until</dt><dd>{{expiresAt}}</dd>
         {{#removed}}<dt>Removed</dt><dd>{{removed}}</dd>{{/removed}}
         </dl>
@@ -321,7 +389,7 @@ enum ConsoleTemplates {
         </table>
         </div>
         {{#open}}<p class="hint" id="live">Updated as it happens.</p>{{/open}}
-        <p class="links"><a href="/console/logs?pull={{id}}">Read its logs</a> <a href="/console/pulls/{{id}}/files">Files</a></p>
+        <p class="links"><a href="/console/logs?pull={{id}}">Read its logs</a> <a href="/console/pulls/{{id}}/files">Files</a>{{^removed}} <a class="danger" href="/console/pulls/{{id}}/remove">Remove its files…</a>{{/removed}}</p>
         {{/content}}
         {{/layout}}
         """
@@ -671,7 +739,9 @@ enum ConsoleTemplates {
         select { font: inherit; padding: .35rem .6rem; border: 1px solid var(--line); border-radius: 4px; background: var(--bg); color: var(--fg); }
         h2 { font-size: 1.1rem; margin: 1.5rem 0 .6rem; }
         form.create { display: flex; flex-wrap: wrap; gap: .5rem; align-items: center; }
-        form.revoke { margin: 0; }
+        .danger { color: var(--bad); }
+        button.danger { border-color: var(--bad); font-weight: 600; }
+        form.confirm { display: flex; flex-wrap: wrap; gap: .5rem; align-items: center; }
         .created { border: 1px solid var(--good); border-radius: 6px; padding: .2rem 1rem; margin-bottom: 1rem; }
         code.token { font-size: 1rem; overflow-wrap: anywhere; }
         form.pull { display: grid; grid-template-columns: 8rem minmax(0, 1fr); max-width: 52rem; gap: .5rem .8rem; align-items: center; }
@@ -707,7 +777,7 @@ enum ConsoleTemplates {
         td.nowrap, td code { white-space: nowrap; overflow-wrap: normal; }
         .status.online { color: var(--good); font-weight: 600; }
         .status.offline { color: var(--muted); }
-        @media (max-width: 700px) { th:nth-child(5), td:nth-child(5), th:nth-child(7), td:nth-child(7) { display: none; } }
+        @media (max-width: 700px) { table.agents th:nth-child(5), table.agents td:nth-child(5), table.agents th:nth-child(7), table.agents td:nth-child(7) { display: none; } }
         @media (max-width: 700px) { table.logs th:nth-child(n), table.logs td:nth-child(n) { display: table-cell; } table.logs th:nth-child(2), table.logs td:nth-child(2), table.logs th:nth-child(3), table.logs td:nth-child(3), table.logs th:nth-child(5), table.logs td:nth-child(5) { display: none; } table.context th:nth-child(n), table.context td:nth-child(n) { display: table-cell; } }
         nav.pages, p.links { display: flex; flex-wrap: wrap; gap: .4rem 1rem; align-items: center; margin: .4rem 0; }
         table.logs tbody tr.selected td { background: color-mix(in srgb, var(--accent) 12%, transparent); }

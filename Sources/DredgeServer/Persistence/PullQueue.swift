@@ -30,8 +30,9 @@ public protocol PullQueue: Sendable {
     /// Stores a new pull with its targets queued, and records who asked in the audit log.
     func create(_ pull: NewPull) async throws
     func pull(_ id: String, now: Timestamp) async throws -> PullRecord?
-    /// Newest first.
-    func pulls(limit: Int, now: Timestamp) async throws -> [PullRecord]
+    /// Newest first; with `reason`, only the pulls whose reason holds it (ASCII letters in any
+    /// case).
+    func pulls(limit: Int, reason: String?, now: Timestamp) async throws -> [PullRecord]
     /// What a command is made from; throws ``UnreadablePull`` when the pull does not exist or
     /// its row does not read back exactly.
     func storedPull(_ id: String) async throws -> StoredPull
@@ -167,7 +168,8 @@ public struct UnreadablePull: Error, CustomStringConvertible, Sendable {
 /// The usual defaults: now, and nothing but the status and its detail.
 extension PullQueue {
     public func pull(_ id: String) async throws -> PullRecord? { try await pull(id, now: .now) }
-    public func pulls(limit: Int = 1000) async throws -> [PullRecord] { try await pulls(limit: limit, now: .now) }
+    public func pulls(limit: Int = 1000) async throws -> [PullRecord] { try await pulls(limit: limit, reason: nil, now: .now) }
+    public func pulls(limit: Int, now: Timestamp) async throws -> [PullRecord] { try await pulls(limit: limit, reason: nil, now: now) }
     public func deliverable(for agentID: String, includingUnanswered: Bool) async throws -> [DuePull] {
         try await deliverable(for: agentID, includingUnanswered: includingUnanswered, now: .now)
     }
@@ -220,6 +222,12 @@ extension NewPull {
 /// Reading a pull's stored columns, the same for every implementation: a value that does not
 /// read back is an error naming the row (never a guess), except the filter a pull *shows*.
 enum PullRows {
+    /// What a reason search looks for: the text with ASCII letters lowered, matched against
+    /// the reason lowered the same way (both back ends fold ASCII only, so they agree).
+    static func reasonNeedle(_ text: String) -> String {
+        String(decoding: text.utf8.map { (65...90).contains($0) ? $0 + 32 : $0 }, as: UTF8.self)
+    }
+
     /// A stored status.
     static func status(_ stored: String, of id: String) throws -> PullStatus {
         guard let status = PullStatus(rawValue: stored) else { throw DeploymentError("the stored status of \(id) is unreadable: \(stored.debugDescription)") }

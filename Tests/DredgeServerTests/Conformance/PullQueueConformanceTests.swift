@@ -89,6 +89,30 @@ import Testing
         #expect(latest.map(\.actor) == ["bob"] && latest.first?.action == "token.create")
     }
 
+    /// A pull's reason is kept with it, shown with it, and found by any part of it in any
+    /// case of its ASCII letters; a pull without one shows none.
+    @Test(arguments: Backend.all)
+    func aPullKeepsItsReasonAndIsFoundByIt(_ backend: Backend) async throws {
+        let queue = try await backend.pulls(dir)
+        var ticket = try Self.newPull()
+        ticket.reason = "SUP-1234: Ünïcode checkout"
+        var other = try Self.newPull()
+        other.reason = "sup-99 oven door"
+        let none = try Self.newPull()
+        for pull in [ticket, other, none] { try await queue.create(pull) }
+
+        #expect(try await queue.pull(ticket.id, now: Self.base)?.reason == "SUP-1234: Ünïcode checkout")
+        #expect(try await queue.pull(none.id, now: Self.base)?.reason == nil)
+        #expect(try await queue.pulls(limit: 10, reason: "sup-1234", now: Self.base).map(\.id) == [ticket.id])
+        #expect(try await queue.pulls(limit: 10, reason: "SUP-", now: Self.base).map(\.id) == [other.id, ticket.id], "newest first")
+        #expect(try await queue.pulls(limit: 1, reason: "sup", now: Self.base).map(\.id) == [other.id])
+        #expect(try await queue.pulls(limit: 10, reason: "Ünïcode", now: Self.base).map(\.id) == [ticket.id])
+        #expect(try await queue.pulls(limit: 10, reason: "ünïcode", now: Self.base).isEmpty, "letters beyond ASCII as written, on both back ends")
+        #expect(try await queue.pulls(limit: 10, reason: "%", now: Self.base).isEmpty, "no pattern characters")
+        #expect(try await queue.pulls(limit: 10, reason: "SUP-5", now: Self.base).isEmpty)
+        #expect(try await queue.pulls(limit: 10, reason: nil, now: Self.base).count == 3)
+    }
+
     @Test(arguments: Backend.all)
     func theAuditLogIsReadByTimeActorActionAndPage(_ backend: Backend) async throws {
         let log = try await backend.pulls(dir)

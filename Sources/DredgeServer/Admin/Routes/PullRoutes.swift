@@ -6,7 +6,10 @@ enum PullRoutes {
     static func collection(_ actions: AdminActions) -> RouteCollection<AdminRequestContext> {
         let routes = RouteCollection(context: AdminRequestContext.self)
         routes.get { request, _ in
-            try AdminAPI.json(try await actions.pulls(limit: request.uri.queryParameters.get("limit", as: Int.self) ?? 100, disk: AdminAPI.diskWanted(request)))
+            let parameters = request.uri.queryParameters
+            return try AdminAPI.json(
+                try await actions.pulls(
+                    limit: parameters.get("limit", as: Int.self) ?? 100, reason: parameters.get("reason").map { String($0) }, disk: AdminAPI.diskWanted(request)))
         }
         routes.post { request, context in
             let body = try await AdminAPI.decode(PullRequest.self, from: request)

@@ -40,9 +40,9 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         try await db.write { c in
             try await c.run(
                 """
-                INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, created_at)
+                INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, reason, created_at)
                 VALUES (\(pull.id), \(pull.uid), \(pull.agentID), \(filterJSON.storable), \(pull.issuedAt.microseconds), \(pull.expiresAt.microseconds),
-                    \(ByteBuffer(bytes: pull.wrappedKey)), \(pull.requestedBy), \(now))
+                    \(ByteBuffer(bytes: pull.wrappedKey)), \(pull.requestedBy), \(pull.reason.storable), \(now))
                 """)
             try await c.run(
                 """
@@ -62,12 +62,12 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         guard
             let row = try await c.rows(
                 """
-                SELECT id, uid, agent_id, filter, issued_at, expires_at, requested_by, removed_at, removed_by, removed_reason FROM pull WHERE id = \(id)
+                SELECT id, uid, agent_id, filter, issued_at, expires_at, requested_by, removed_at, removed_by, removed_reason, reason FROM pull WHERE id = \(id)
                 """
             ).first
         else { return nil }
-        let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason) =
-            try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?).self)
+        let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason, reason) =
+            try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?, String).self)
         let targets = try await c.rows(
             """
             SELECT agent_id, status, detail, chunks_received, chunk_count, bytes, files, updated_at, error_code FROM pull_target
@@ -87,15 +87,27 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         return PullRecord(
             id: pullID, uid: uid, agentID: agentID, filter: PullRows.shownFilter(filter),
             issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt),
-            requestedBy: requestedBy, targets: targets, removed: Removal(at: removedAt, by: removedBy, reason: removedReason))
+            requestedBy: requestedBy, reason: reason.isEmpty ? nil : reason, targets: targets,
+            removed: Removal(at: removedAt, by: removedBy, reason: removedReason))
     }
 
-    public func pulls(limit: Int, now: Timestamp) async throws -> [PullRecord] {
+    public func pulls(limit: Int, reason: String?, now: Timestamp) async throws -> [PullRecord] {
         try await db.write { c in
             // One snapshot for the list (the transaction's), as the embedded store reads it.
             try await c.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             var pulls: [PullRecord] = []
-            for row in try await c.rows("SELECT id FROM pull ORDER BY created_at DESC, seq DESC LIMIT \(Int64(max(limit, 0)))") {
+            let rows =
+                if let reason {
+                    // ASCII letters lowered only, as the embedded store's lower() does.
+                    try await c.rows(
+                        """
+                        SELECT id FROM pull WHERE strpos(translate(reason, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'), \(PullRows.reasonNeedle(reason))) > 0
+                        ORDER BY created_at DESC, seq DESC LIMIT \(Int64(max(limit, 0)))
+                        """)
+                } else {
+                    try await c.rows("SELECT id FROM pull ORDER BY created_at DESC, seq DESC LIMIT \(Int64(max(limit, 0)))")
+                }
+            for row in rows {
                 if let pull = try await Self.pull(try row.decode(String.self), now: now, on: c) { pulls.append(pull) }
             }
             return pulls

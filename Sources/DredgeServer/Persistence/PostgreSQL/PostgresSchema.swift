@@ -244,6 +244,13 @@ enum PostgresSchema {
                 "CREATE INDEX source_host ON source(host)",
             ]
         ),
+        (
+            "pull-reason-v1",
+            [
+                // A pull's reason (a ticket) is part of the pull, shown and searched.
+                "ALTER TABLE pull ADD COLUMN reason text NOT NULL DEFAULT ''"
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

@@ -73,6 +73,8 @@ struct PullRow: ServerRecord {
     var expiresAt: Int64
     var wrappedKey: Data
     var requestedBy: String
+    /// Why, as the requester said (a ticket); empty when not said.
+    var reason: String
     var createdAt: Double
     var removedAt: Double?
     var removedBy: String?

@@ -89,6 +89,11 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             // By expiry first: the open ones are a short range at the end, however many old pulls there are.
             try db.execute(sql: "CREATE INDEX pull_open_by_uid ON pull(expires_at, uid) WHERE agent_id = ''")
         }
+        // A pull's reason (a ticket) is part of the pull, shown and searched; before, it was
+        // only in the audit entry (pulls made before this keep theirs there alone).
+        migrator.registerMigration("pulls-v5-reason") { db in
+            try db.execute(sql: "ALTER TABLE pull ADD COLUMN reason TEXT NOT NULL DEFAULT ''")
+        }
     }
 
     public func adopt(agent: String, uids: Set<String>, now: Timestamp) async throws -> [String] {
@@ -134,7 +139,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
         try await db.write { db in
             try PullRow(
                 id: pull.id, uid: pull.uid, agentId: pull.agentID, filter: filterJSON, issuedAt: pull.issuedAt.microseconds, expiresAt: pull.expiresAt.microseconds,
-                wrappedKey: Data(pull.wrappedKey), requestedBy: pull.requestedBy, createdAt: now
+                wrappedKey: Data(pull.wrappedKey), requestedBy: pull.requestedBy, reason: pull.reason, createdAt: now
             ).insert(db)
             for agent in pull.targets {
                 try PullTargetRow(pullId: pull.id, agentId: agent, status: Status.queued.rawValue, updatedAt: now).insert(db)
@@ -285,14 +290,23 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
         return Pull(
             id: row.id, uid: row.uid, agentID: row.agentId, filter: PullRows.shownFilter(row.filter),
             issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
-            requestedBy: row.requestedBy, targets: targets, removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason))
+            requestedBy: row.requestedBy, reason: row.reason.isEmpty ? nil : row.reason, targets: targets,
+            removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason))
     }
 
-    public func pulls(limit: Int, now: Timestamp) async throws -> [Pull] {
+    public func pulls(limit: Int, reason: String?, now: Timestamp) async throws -> [Pull] {
         // One read: one snapshot, one trip to the database's queue.
         try await db.read { db in
-            try String.fetchAll(db, sql: "SELECT id FROM pull ORDER BY created_at DESC, rowid DESC LIMIT ?", arguments: [limit])
-                .compactMap { try Self.pull($0, now: now, in: db) }
+            let ids: [String]
+            if let reason {
+                // SQLite's lower() folds ASCII only, as PullRows.reasonNeedle does.
+                ids = try String.fetchAll(
+                    db, sql: "SELECT id FROM pull WHERE instr(lower(reason), ?) > 0 ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                    arguments: [PullRows.reasonNeedle(reason), limit])
+            } else {
+                ids = try String.fetchAll(db, sql: "SELECT id FROM pull ORDER BY created_at DESC, rowid DESC LIMIT ?", arguments: [limit])
+            }
+            return try ids.compactMap { try Self.pull($0, now: now, in: db) }
         }
     }
 

@@ -164,6 +164,11 @@ public struct AdminClient: Sendable {
         try await call("POST", "/v1/records/search", body: search)
     }
 
+    /// The types, hosts and apps the server's records have (`GET /v1/records/vocabulary`).
+    public func vocabulary() async throws -> RecordVocabulary {
+        try await call("GET", "/v1/records/vocabulary")
+    }
+
     /// A record by id with up to `context` records on each side from the same device's payload
     /// (`GET /v1/records/{id}?context=N`).
     public func record(_ id: Int64, context: Int = 10) async throws -> RecordInContext {

@@ -126,6 +126,13 @@ struct PullCommand: AsyncParsableCommand {
         let agentID: String? = if let agent { try await client.resolveAgent(agent) } else { nil }
         let request = PullRequest(uid: selection.uid, agent: agentID, filter: try selection.filter(), expiresInSeconds: expiresIn * 60, reason: reason)
         let created = try await calling { try await client.createPull(request) }
+        // A type no record pulled so far has is most likely a typo; the devices may still hold
+        // it, so the pull goes ahead.
+        if let types = request.filter.types, let vocabulary = try? await client.vocabulary() {  // only a hint: its failure changes nothing
+            for unknown in vocabulary.unknown(types: types.map(\.rawValue).sorted(), hosts: nil, apps: nil) {
+                Terminal.error("dredge: warning: \(Terminal.field(unknown.described(subject: "no record pulled so far"))); the devices may still hold it\n")
+            }
+        }
         guard wait else {
             if json { return try printJSON(created) }
             print(created.id)

@@ -198,6 +198,14 @@ struct LogsCommand: AsyncParsableCommand {
         if indexing > 0 && !follow {
             note("\(indexing) pull(s) or feedback still being indexed: records may be missing; run again, or add --follow")
         }
+        if printed == 0 {
+            // A type, host or app no record has is most likely a typo: say so, with the known ones.
+            if search.types != nil || search.hosts != nil || search.apps != nil,
+                let vocabulary = try? await client.vocabulary()  // only a hint: its failure changes nothing
+            {
+                for unknown in vocabulary.unknown(in: search) { note("--\(unknown.field) \(Terminal.field(unknown.value)): \(Terminal.field(unknown.description))") }
+            }
+        }
         if printed == 0 && !follow {
             note("no records match")
             // Words match whole: say when they would match as prefixes (`auth` in `authentication`).

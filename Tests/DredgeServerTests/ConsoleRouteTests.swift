@@ -496,6 +496,10 @@ import Testing
 
             let first = try await browser.get("/console/logs?pull=\(source.id)")
             #expect(first.status == .ok && first.body.contains("200 records on this page.") && first.body.contains(">record 0<"))
+            // A type no record has is told, with the known ones (#50); a known one that matches nothing is not.
+            let typo = try await browser.get("/console/logs?pull=\(source.id)&type=netwrok")
+            #expect(typo.body.contains("No record matches. <span class=\"problem\">No record has type &quot;netwrok&quot;; known: &quot;network&quot;, &quot;app&quot;.</span>"))
+            #expect(!(try await browser.get("/console/logs?pull=\(source.id)&type=network&level=debug").body.contains("No record has")))
             #expect(!first.body.contains(">record 200<"))
             let second = try await browser.get(try #require(Self.link(first.body, rel: "next")))
             #expect(second.body.contains(">record 200<") && second.body.contains("51 records on this page.") && !second.body.contains("Next page"))

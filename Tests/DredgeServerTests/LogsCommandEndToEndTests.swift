@@ -93,6 +93,16 @@ import Testing
         #expect(array?.count == 5, "\(json.output.prefix(300))")
         let none = try d.dredge(["logs", "--uid", "nobody"], server: admin)
         #expect(none.status == 0 && none.output.contains("no records match"))
+        // A type or host no record has is told, with the known ones nearest first (#50).
+        let typo = try d.dredge(["logs", "--uid", "u-1", "--type", "netwrok", "--host", "oven-8"], server: admin)
+        #expect(typo.status == 0 && typo.output.contains("no records match"), "\(typo.output)")
+        #expect(typo.output.contains(#"dredge: --type netwrok: no record has type "netwrok"; known: "network""#), "\(typo.output)")
+        #expect(typo.output.contains(#"dredge: --host oven-8: no record has host "oven-8"; known: "oven-7""#), "\(typo.output)")
+        let knownType = try d.dredge(["logs", "--uid", "nobody", "--type", "network"], server: admin)
+        #expect(knownType.status == 0 && !knownType.output.contains("no record has"), "\(knownType.output)")
+        let typoPull = try d.dredge(["pull", "--uid", "u-1", "--type", "netwrok,network"], server: admin)
+        #expect(typoPull.status == 0 && typoPull.output.contains(#"dredge: warning: no record pulled so far has type "netwrok"; known: "network""#), "\(typoPull.output)")
+        #expect(!typoPull.output.contains(#"has type "network""#), "\(typoPull.output)")
 
         // Ids by their start, git-style; the lists narrowed by status and uid.
         let short = String(pullID.prefix(8))

@@ -125,6 +125,12 @@ public final class AdminActions: Sendable {
         }
     }
 
+    /// The types, hosts and apps the records have, for telling a filter's typo.
+    public func vocabulary() async throws -> RecordVocabulary {
+        guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
+        return try await records.vocabulary()
+    }
+
     /// A record with up to `context` records of its source on each side, audited; nil when no
     /// record has the id.
     public func record(_ id: Int64, context: Int, by actor: String) async throws -> RecordInContext? {

@@ -127,6 +127,12 @@ extension Console {
             page["count"] = found.records.count
             page["searched"] = true
             if !found.records.isEmpty { page["hasRows"] = true }
+            // Nothing found on a first page with a type, host or app no record has: most likely
+            // a typo, said with the known ones.
+            if found.records.isEmpty && search.after == nil && search.before == nil && (search.types != nil || search.hosts != nil || search.apps != nil) {
+                let unknown = try await d.actions.vocabulary().unknown(in: search).map { sentence($0) }
+                if !unknown.isEmpty { page["unknown"] = unknown.joined(separator: " ") }
+            }
             if found.indexing > 0 { page["indexing"] = "\(found.indexing) pull(s) or feedback still being indexed: more may come." }
             /// This search at another page: the filters kept, the cursor replaced.
             func link(_ cursor: (name: String, value: String)?, path: String = "/console/logs") -> String {

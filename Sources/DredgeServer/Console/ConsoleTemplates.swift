@@ -450,7 +450,7 @@ enum ConsoleTemplates {
         </table>
         </div>
         <aside id="detail" class="detail" hidden tabindex="-1" aria-label="The record opened"></aside>
-        <p class="summary">{{#hasRows}}{{count}} records on this page.{{/hasRows}}{{^hasRows}}No record matches.{{/hasRows}}{{#next}} <a href="{{next}}">Next page</a>{{/next}}{{#follow}} <button type="button" id="follow" hidden aria-pressed="false">Follow new records</button> <span id="followed" role="status"></span>{{/follow}}</p>
+        <p class="summary">{{#hasRows}}{{count}} records on this page.{{/hasRows}}{{^hasRows}}No record matches.{{#unknown}} <span class="problem">{{unknown}}</span>{{/unknown}}{{/hasRows}}{{#next}} <a href="{{next}}">Next page</a>{{/next}}{{#follow}} <button type="button" id="follow" hidden aria-pressed="false">Follow new records</button> <span id="followed" role="status"></span>{{/follow}}</p>
         <p class="hint keys">Keys: <kbd>j</kbd> and <kbd>k</kbd> (or <kbd>↓</kbd> and <kbd>↑</kbd> on a row) move through the records, <kbd>Enter</kbd> opens one beside the list, <kbd>Esc</kbd> closes it, <kbd>n</kbd> and <kbd>p</kbd> turn the page. A record's time is its permalink.</p>
         {{/searched}}
         {{/content}}

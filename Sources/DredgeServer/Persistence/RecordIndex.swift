@@ -44,6 +44,19 @@ public protocol RecordIndex: Sendable {
     /// The record with this id and up to `context` (at most ``RecordInContext/maximumContext``)
     /// records of its source on each side; nil when no record has it.
     func record(_ id: Int64, context: Int) async throws -> RecordInContext?
+    /// The types, hosts and apps the records have (``RecordVocabulary``): types of every record
+    /// ever added, hosts and apps as the search's filters match them.
+    func vocabulary() async throws -> RecordVocabulary
+}
+
+extension RecordVocabulary {
+    /// From lists read with a limit one over ``maximumListed``: cut, and `more` when any was over.
+    static func listed(types: [String], hosts: [String], apps: [String]) -> RecordVocabulary {
+        let cap = maximumListed
+        return RecordVocabulary(
+            types: Array(types.prefix(cap)), hosts: Array(hosts.filter { !$0.isEmpty }.prefix(cap)), apps: Array(apps.filter { !$0.isEmpty }.prefix(cap)),
+            more: types.count > cap || hosts.count > cap || apps.count > cap)
+    }
 }
 
 extension RecordIndex {

@@ -93,6 +93,36 @@ import Testing
         #expect(try await index.add(Self.pull1b, lines: Array((planted + "\n").utf8), admitting: other) == IndexCount(foreign: 1))
     }
 
+    /// #50: the types, hosts and apps records have, as the search's filters match them: hosts by
+    /// the registered device (by the contexts for a source without one), types of every record
+    /// ever added (a removed source's stay known), in byte order.
+    @Test(arguments: PersistenceBackend.all)
+    func theVocabularyIsWhatTheFiltersCanMatch(_ backend: PersistenceBackend) async throws {
+        let index = try await backend.records(dir)
+        #expect(try await index.vocabulary() == RecordVocabulary())
+        try await index.begin(Self.pull1, contexts: Self.contexts, device: RegisteredDevice(hostname: "rogue", os: "Linux", app: "oven-control", appVersion: "9"), landedAt: Date())
+        _ = try await index.add(Self.pull1, lines: Array(([Self.line(1, "a", type: "network"), Self.line(2, "b", type: "business")].joined(separator: "\n") + "\n").utf8))
+        try await index.finish(Self.pull1)
+        try await index.begin(Self.feedback2, contexts: Self.contexts, landedAt: Date())
+        _ = try await index.add(Self.feedback2, lines: Array((Self.line(3, "c", type: "player") + "\n").utf8))
+        try await index.finish(Self.feedback2)
+
+        let vocabulary = try await index.vocabulary()
+        #expect(vocabulary.types == ["business", "network", "player"])
+        #expect(vocabulary.hosts == ["bakery-oven", "kitchen-oven", "rogue"], "registered, and the contexts of a source without a device")
+        #expect(vocabulary.apps == ["oven-control", "oven-ui"] && !vocabulary.more)
+        #expect(try await index.search(RecordSearch(hosts: ["rogue"])).records.map(\.message) == ["a", "b"], "a listed host matches")
+
+        try await index.remove(Self.feedback2)
+        let after = try await index.vocabulary()
+        #expect(after.types == ["business", "network", "player"], "a type seen stays known")
+        #expect(after.hosts == ["rogue"])
+        #expect(after.unknown(types: ["netwrok", "network"], hosts: ["Rogue"], apps: nil).map(\.description) == [
+            #"no record has type "netwrok"; known: "network", "player", "business""#,
+            #"no record has host "Rogue"; known: "rogue""#,
+        ])
+    }
+
     /// #49: a source is named by the device its agent is registered as, with a context's other
     /// host or app kept as claimed beside it (and searched by the registered names only); with
     /// `onlyUID`, records of another uid are counted and never stored. Sources begun without a

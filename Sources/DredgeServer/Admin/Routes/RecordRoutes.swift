@@ -2,7 +2,8 @@ import DredgeAdminAPI
 import Hummingbird
 import NIOCore
 
-/// `/v1/records`: search the index, and read one record with its neighbours (both audited).
+/// `/v1/records`: search the index, and read one record with its neighbours (both audited);
+/// the types, hosts and apps the records have.
 enum RecordRoutes {
     static func collection(_ actions: AdminActions) -> RouteCollection<AdminRequestContext> {
         let routes = RouteCollection(context: AdminRequestContext.self)
@@ -13,6 +14,7 @@ enum RecordRoutes {
             // and written again.
             return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: try page.jsonBytes())))
         }
+        routes.get("vocabulary") { _, _ in try AdminAPI.json(try await actions.vocabulary()) }
         routes.get(":id") { request, context in
             guard let id = Int64(try context.parameters.require("id")), id > 0 else { throw ActionError(.invalid, "a record id is a positive integer") }
             guard let found = try await actions.record(id, context: try AdminAPI.recordContext(request), by: context.tokenName ?? "?") else {

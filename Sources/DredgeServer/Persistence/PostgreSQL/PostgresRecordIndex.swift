@@ -127,6 +127,7 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
                 ORDER BY u.n
                 """)
             try await c.run("UPDATE source SET records = records + \(records), unreadable = unreadable + \(unreadable) WHERE id = \(id)")
+            try await c.run("INSERT INTO record_type (type) SELECT DISTINCT t FROM unnest(\(Array(Set(types)))::text[]) AS t ON CONFLICT DO NOTHING")
             return count
         }
     }
@@ -158,6 +159,24 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
         try await db.read { c in
             try await c.value("SELECT indexed FROM source WHERE kind = \(source.kind.rawValue) AND ref = \(source.id) AND agent = \(source.agentID)", as: Bool.self)
                 ?? false
+        }
+    }
+
+    public func vocabulary() async throws -> RecordVocabulary {
+        let limit = Int64(RecordVocabulary.maximumListed + 1)
+        return try await db.read { c in
+            let types = try await c.rows("SELECT type FROM record_type ORDER BY type LIMIT \(limit)").map { try $0.decode(String.self) }
+            // As the search's host filter matches: the registered name, or the contexts' for
+            // sources indexed before devices were registered.
+            let hosts = try await c.rows(
+                """
+                SELECT host FROM source WHERE host IS NOT NULL
+                UNION SELECT c.host FROM context c JOIN source s ON s.id = c.source WHERE s.host IS NULL
+                ORDER BY 1 LIMIT \(limit)
+                """
+            ).map { try $0.decode(String.self) }
+            let apps = try await c.rows("SELECT DISTINCT app FROM context ORDER BY app LIMIT \(limit)").map { try $0.decode(String.self) }
+            return RecordVocabulary.listed(types: types, hosts: hosts, apps: apps)
         }
     }
 

@@ -251,6 +251,14 @@ enum PostgresSchema {
                 "ALTER TABLE pull ADD COLUMN reason text NOT NULL DEFAULT ''"
             ]
         ),
+        (
+            "index-types-v1",
+            [
+                // The log types records have had, for telling a filter's typo (RecordVocabulary).
+                "CREATE TABLE record_type (type text COLLATE \"C\" PRIMARY KEY)",
+                "INSERT INTO record_type (type) SELECT DISTINCT type FROM record",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

@@ -137,6 +137,14 @@ public final class SQLiteRecordIndex: RecordIndex, Sendable {
                 CREATE INDEX source_host ON source(host);
                 """)
         }
+        // The log types records have had, for telling a filter's typo (RecordVocabulary): kept
+        // as records are added, never pruned (a type seen stays known).
+        migrator.registerMigration("index-v5-types") { db in
+            try db.execute(sql: """
+                CREATE TABLE record_type (type TEXT PRIMARY KEY NOT NULL) WITHOUT ROWID;
+                INSERT OR IGNORE INTO record_type (type) SELECT DISTINCT type FROM record;
+                """)
+        }
         return migrator
     }
 
@@ -237,6 +245,7 @@ public final class SQLiteRecordIndex: RecordIndex, Sendable {
                 }
             }
             try db.execute(sql: Self.fillTextSQL, arguments: [before])
+            try db.execute(sql: "INSERT OR IGNORE INTO record_type (type) SELECT DISTINCT type FROM record WHERE id > ?", arguments: [before])
             try db.execute(
                 sql: "UPDATE source SET records = records + ?, unreadable = unreadable + ? WHERE id = ?", arguments: [count.records, count.unreadable, id])
             return count
@@ -265,6 +274,24 @@ public final class SQLiteRecordIndex: RecordIndex, Sendable {
         try await pool.read { db in
             try Bool.fetchOne(
                 db, sql: "SELECT indexed FROM source WHERE kind = ? AND ref = ? AND agent = ?", arguments: [source.kind.rawValue, source.id, source.agentID]) ?? false
+        }
+    }
+
+    public func vocabulary() async throws -> RecordVocabulary {
+        let limit = RecordVocabulary.maximumListed + 1
+        return try await pool.read { db in
+            let types = try String.fetchAll(db, sql: "SELECT type FROM record_type ORDER BY type LIMIT ?", arguments: [limit])
+            // As the search's host filter matches: the registered name, or the contexts' for
+            // sources indexed before devices were registered.
+            let hosts = try String.fetchAll(
+                db,
+                sql: """
+                    SELECT host FROM source WHERE host IS NOT NULL
+                    UNION SELECT c.host FROM context c JOIN source s ON s.id = c.source WHERE s.host IS NULL
+                    ORDER BY 1 LIMIT ?
+                    """, arguments: [limit])
+            let apps = try String.fetchAll(db, sql: "SELECT DISTINCT app FROM context ORDER BY app LIMIT ?", arguments: [limit])
+            return RecordVocabulary.listed(types: types, hosts: hosts, apps: apps)
         }
     }
 

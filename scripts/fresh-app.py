@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
-"""A new app package that follows the README: every documented snippet, compiled and run.
+"""A new app package that follows the README: every documented snippet, compiled and run as written.
 
 Reads the `swift` blocks of README.md and docs/logging.md. Each must be marked, on the line
 before it, either
 
-    <!-- manifest -->                    the install snippet (Package.swift arguments), or
+    <!-- manifest -->                    the install snippet: a whole Package.swift, or
     <!-- snippet: NAME [run]             code an app writes; the lines up to `-->` are a
-    PRELUDE                              prelude that declares what the snippet uses
-    -->
+    PRELUDE                              prelude that declares what the snippet uses but
+    -->                                  does not show (global declarations)
 
-(an unmarked block fails: nothing documented goes unchecked). Then, in a new directory, it
-writes a SwiftPM package whose manifest is the install snippet (the URL replaced by this
-repository's path, under the name `dredge`), and one source file per snippet; builds it with
-a fresh `.build`, runs the snippets marked `run`, and prints what an app developer pays:
+(an unmarked block fails: nothing documented goes unchecked). Nothing in a block is changed:
+
+- The install snippets must be the same text. It is the new package's Package.swift, as
+  written, in `DIR/OvenControl`, beside `DIR/dredge` (this repository): the snippet's own
+  path dependency `../dredge` and package name `dredge` are what is built. Below it this script
+  appends (it never edits) one executable target per snippet beyond the first.
+- Each snippet is the `main.swift` of its own executable, as written: its imports are its own.
+  The README's first snippet is the manifest's `OvenControl` target; the others are targets
+  `Snippet<Name>`. The prelude goes into `Prelude.swift` beside it (with its own imports of
+  DredgeLogging and Foundation, which do not reach `main.swift`: Swift imports are per file).
+
+It builds the package with a fresh `.build`, runs the snippets marked `run` (each in its own
+process, with a temporary directory it removes as TMPDIR), and prints what an app developer pays:
 
     figure: client.fresh_app value=N packages limit=8 ratio=R first_build_s=S checkout_mb=M
 
@@ -30,6 +39,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", "docs/logging.md"]
 MARKER = re.compile(r"<!-- (manifest|snippet: ([a-z0-9-]+)( run)?)\n?(.*?)-->\s*\n```swift\n(.*?)```", re.S)
+PRELUDE_IMPORTS = "import DredgeLogging\nimport Foundation\n#if canImport(FoundationNetworking)\nimport FoundationNetworking\n#endif\n"
 
 
 def blocks():
@@ -38,8 +48,7 @@ def blocks():
         text = open(os.path.join(ROOT, doc), encoding="utf-8").read()
         marked = set()
         for m in MARKER.finditer(text):
-            code_start = m.start(5)
-            marked.add(code_start)
+            marked.add(m.start(5))
             if m.group(1) == "manifest":
                 manifests.append((doc, m.group(5)))
             else:
@@ -56,85 +65,70 @@ def blocks():
         sys.exit("no <!-- manifest --> block")
     if len({m[1] for m in manifests}) != 1:
         sys.exit("the install snippets differ: " + ", ".join(m[0] for m in manifests))
+    if not snippets or snippets[0]["doc"] != "README.md":
+        sys.exit("the README's first swift snippet is the app the install snippet's target builds")
     return manifests[0][1], snippets
 
 
-def source(snippet):
-    imports, body = [], []
-    for line in snippet["code"].splitlines():
-        (imports if re.match(r"^import \w+\s*$", line) else body).append(line)
-    indent = lambda text: "\n".join(("        " + l) if l.strip() else "" for l in text.splitlines())
-    kind = "".join(part.capitalize() for part in snippet["name"].split("-"))
-    # As an app writes it: synchronous unless the snippet awaits.
-    uncommented = "\n".join(line.split("//")[0] for line in (snippet["code"] + "\n" + snippet["prelude"]).splitlines())
-    asynchronous = "await " in uncommented
-    text = "\n".join(
-        [
-            f"// {snippet['doc']}: snippet {snippet['name']}",
-            "import DredgeLogging",
-            "import Foundation",
-            "#if canImport(FoundationNetworking)",
-            "import FoundationNetworking",
-            "#endif",
-            *sorted(set(imports) - {"import DredgeLogging", "import Foundation"}),
-            "",
-            f"enum Snippet{kind} {{",
-            f"    static func run() {'async ' if asynchronous else ''}throws {{",
-            indent(snippet["prelude"]),
-            indent("\n".join(body)),
-            "    }",
-            "}",
-            "",
-        ]
-    )
-    return text, kind, asynchronous
+def target(snippet, index):
+    """The executable target a snippet is the main.swift of: the manifest's own for the first."""
+    return "OvenControl" if index == 0 else "Snippet" + "".join(part.capitalize() for part in snippet["name"].split("-"))
 
 
 def main():
     keep = sys.argv[sys.argv.index("--keep") + 1] if "--keep" in sys.argv else None
     manifest, snippets = blocks()
+    if '.package(path: "../dredge"' not in manifest or 'package: "dredge"' not in manifest:
+        sys.exit('the install snippet depends on a checkout beside the app: .package(path: "../dredge" …) and package: "dredge"')
     work = keep or tempfile.mkdtemp(prefix="dredge-fresh-app-")
     if keep:
         shutil.rmtree(work, ignore_errors=True)
         os.makedirs(work)
+    scratch = tempfile.mkdtemp(prefix="dredge-fresh-app-run-")
     try:
         os.symlink(ROOT, os.path.join(work, "dredge"))
-        url = re.search(r'\.package\(url: "[^"]+", from: "[^"]+"', manifest)
-        if not url:
-            sys.exit("the install snippet has no .package(url:from:)")
-        manifest = manifest.replace(url.group(0), f'.package(path: "{work}/dredge"')
-        with open(os.path.join(work, "Package.swift"), "w") as f:
-            f.write('// swift-tools-version:6.1\nimport PackageDescription\n\nlet package = Package(\n    name: "OvenControl",\n'
-                    '    platforms: [.macOS(.v15)],\n' + manifest + ")\n")
-        sources = os.path.join(work, "Sources", "OvenControl")
-        os.makedirs(sources)
+        app = os.path.join(work, "OvenControl")
+        extra = [target(s, i) for i, s in enumerate(snippets) if i > 0]
+        os.makedirs(app)
+        with open(os.path.join(app, "Package.swift"), "w") as f:
+            f.write(manifest)
+            f.write("\n// Appended by scripts/fresh-app.py: one executable per documented snippet beyond the README's.\npackage.targets += [\n")
+            for name in extra:
+                f.write(f'    .executableTarget(name: "{name}", dependencies: [.product(name: "DredgeLogging", package: "dredge")]),\n')
+            f.write("]\n")
         runs = []
-        for snippet in snippets:
-            text, kind, asynchronous = source(snippet)
-            with open(os.path.join(sources, f"Snippet{kind}.swift"), "w") as f:
-                f.write(text)
+        for i, snippet in enumerate(snippets):
+            name = target(snippet, i)
+            sources = os.path.join(app, "Sources", name)
+            os.makedirs(sources)
+            with open(os.path.join(sources, "main.swift"), "w") as f:
+                f.write(snippet["code"])
+            with open(os.path.join(sources, "Prelude.swift"), "w") as f:
+                f.write(f"// {snippet['doc']}, snippet {snippet['name']}: what it uses but does not show.\n" + PRELUDE_IMPORTS + "\n" + snippet["prelude"])
             if snippet["run"]:
-                runs.append((snippet["name"], kind, asynchronous))
-        with open(os.path.join(sources, "main.swift"), "w") as f:
-            for name, kind, asynchronous in runs:
-                f.write(f'try {"await " if asynchronous else ""}Snippet{kind}.run()\nprint("snippet {name}: ran")\n')
+                runs.append((snippet["name"], name))
         start = time.monotonic()
-        build = subprocess.run(["swift", "build"], cwd=work, capture_output=True, text=True)
+        build = subprocess.run(["swift", "build"], cwd=app, capture_output=True, text=True)
         seconds = time.monotonic() - start
         if build.returncode != 0:
             errors = list(dict.fromkeys(l for l in (build.stdout + build.stderr).splitlines() if re.match(r"^/.*error:", l)))
             sys.exit("the documented snippets do not build:\n" + "\n".join(errors[:40] or (build.stdout + build.stderr).splitlines()[-40:]))
-        binary = subprocess.run(["swift", "build", "--show-bin-path"], cwd=work, capture_output=True, text=True).stdout.strip()
-        ran = subprocess.run([os.path.join(binary, "OvenControl")], cwd=work, capture_output=True, text=True, timeout=300)
-        if ran.returncode != 0 or ran.stdout.count(": ran") != len(runs):
-            sys.exit(f"the snippets failed when run (exit {ran.returncode}):\n{ran.stdout}{ran.stderr[-4000:]}")
-        checkouts = os.path.join(work, ".build", "checkouts")
+        binary = subprocess.run(["swift", "build", "--show-bin-path"], cwd=app, capture_output=True, text=True).stdout.strip()
+        for snippet_name, name in runs:
+            temporary = os.path.join(scratch, snippet_name) + "/"
+            os.makedirs(temporary)
+            ran = subprocess.run([os.path.join(binary, name)], cwd=app, capture_output=True, text=True, timeout=300,
+                                 env={**os.environ, "TMPDIR": temporary})
+            if ran.returncode != 0:
+                sys.exit(f"snippet {snippet_name} failed when run (exit {ran.returncode}):\n{ran.stdout}{ran.stderr[-4000:]}")
+        checkouts = os.path.join(app, ".build", "checkouts")
         fetched = sorted(os.listdir(checkouts)) if os.path.isdir(checkouts) else []
-        size = sum(os.path.getsize(os.path.join(d, name)) for d, _, names in os.walk(checkouts) for name in names if not os.path.islink(os.path.join(d, name)))
-        print(f"{len(snippets)} snippets compiled, {len(runs)} run; packages fetched: {', '.join(fetched)}")
+        size = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(checkouts) for n in names if not os.path.islink(os.path.join(d, n)))
+        print(f"{len(snippets)} snippets compiled as written, {len(runs)} run; packages fetched: {', '.join(fetched)}")
         print(f"figure: client.fresh_app value={len(fetched)} packages limit=8 ratio={8 / max(1, len(fetched)):.2f} "
               f"first_build_s={seconds:.0f} checkout_mb={size / 1e6:.0f}")
     finally:
+        shutil.rmtree(scratch, ignore_errors=True)
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import DredgeDomain
 
 /// The record filter flags, shared by `dredge-agent query`, `dredge-server pull` and
@@ -7,7 +8,7 @@ public struct FilterOptions: ParsableArguments {
     @Option(help: "Only this user's records.")
     public var uid: String?
 
-    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00 (local time), or 2026-11-20T10:00:00Z / +01:00.")
+    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00 (local time), or with a zone as Dredge prints times (2026-11-20 10:00:00 UTC, … +01:00, …Z).")
     public var since: String?
 
     @Option(help: "Before this time; the same forms as --since.")
@@ -41,8 +42,8 @@ public struct FilterOptions: ParsableArguments {
     // The flags' parsing, for every command that takes them (`dredge logs` too).
 
     /// A time flag's value in ``Timestamp/init(userInput:now:timeZone:)``'s forms.
-    public static func time(_ text: String, flag: String, now: Timestamp = .now) throws -> Timestamp {
-        guard let t = Timestamp(userInput: text, now: now) else {
+    public static func time(_ text: String, flag: String, now: Timestamp = .now, timeZone: TimeZone = .current) throws -> Timestamp {
+        guard let t = Timestamp(userInput: text, now: now, timeZone: timeZone) else {
             throw ValidationError("cannot read \(flag) '\(text)': give \(Timestamp.userInputForms), between 1970 and 9999")
         }
         return t

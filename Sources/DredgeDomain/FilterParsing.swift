@@ -4,7 +4,7 @@ import Foundation
 extension Timestamp {
     /// The forms ``init(userInput:now:timeZone:)`` accepts, for help texts and errors.
     public static let userInputForms =
-        "now, today, yesterday, a duration ago (90m, 2d, 1w), a date (2026-11-20), a local time (2026-11-20T10:00 or 2026-11-20 10:00:30), or RFC 3339 with seconds and a zone (2026-11-20T10:00:00Z, …+01:00); dates and times without a zone are in local time"
+        "now, today, yesterday, a duration ago (90m, 2d, 1w), a date (2026-11-20), a time (2026-11-20T10:00 or 2026-11-20 10:00:30.5), or a time with its zone as Dredge prints them (2026-11-20 10:00:00 UTC, 2026-11-20T10:00:00Z, 2026-11-20 11:00:00 +01:00); dates and times without a zone are in local time"
 
     /// Accepts `now`; `today` and `yesterday` (midnight, local time); a duration before `now`:
     /// a number with `s`, `m`, `h`, `d` or `w` (`90m`, `2d`); a date `YYYY-MM-DD` (midnight,
@@ -46,8 +46,8 @@ extension Timestamp {
             return
         }
         let parsed: Timestamp?
-        if Self.hasZone(text) {
-            parsed = Timestamp(rfc3339: text)
+        if let (time, offset) = Self.zoned(text) {
+            parsed = TimeZone(secondsFromGMT: offset).flatMap { Self.localTime(time, timeZone: $0) }
         } else {
             parsed = Self.localTime(text, timeZone: timeZone)
         }
@@ -55,14 +55,68 @@ extension Timestamp {
         self = parsed
     }
 
-    /// True when the text ends in `Z` or a `±HH:MM` offset after a time.
-    private static func hasZone(_ text: String) -> Bool {
+    /// A time followed by its zone, as every Dredge surface prints them and RFC 3339 writes
+    /// them: `Z`, ` UTC`, or a `±HH:MM` offset (a space before it or not). The time without
+    /// its zone and the offset in seconds; nil when the text names no zone after a time.
+    static func zoned(_ text: String) -> (time: String, offset: Int)? {
         let b = Array(text.utf8)
-        guard b.count > 10 else { return false }
-        if b.last == UInt8(ascii: "Z") || b.last == UInt8(ascii: "z") { return true }
-        guard b.count >= 6 else { return false }
+        guard b.count > 16 else { return nil }  // a zone comes after a time: YYYY-MM-DDTHH:MM at least
+        func trimmed(_ count: Int) -> String {
+            var end = b.count - count
+            if b[end - 1] == UInt8(ascii: " ") { end -= 1 }
+            return String(decoding: b[..<end], as: UTF8.self)
+        }
+        if text.hasSuffix("Z") || text.hasSuffix("z") { return (trimmed(1), 0) }
+        if text.hasSuffix(" UTC") { return (trimmed(3), 0) }
         let sign = b[b.count - 6]
-        return (sign == UInt8(ascii: "+") || sign == UInt8(ascii: "-")) && b[b.count - 3] == UInt8(ascii: ":")
+        guard sign == UInt8(ascii: "+") || sign == UInt8(ascii: "-"), b[b.count - 3] == UInt8(ascii: ":") else { return nil }
+        let digits = [b.count - 5, b.count - 4, b.count - 2, b.count - 1].map { b[$0] }
+        guard digits.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { return nil }
+        let hours = Int(digits[0] - 48) * 10 + Int(digits[1] - 48), minutes = Int(digits[2] - 48) * 10 + Int(digits[3] - 48)
+        guard hours <= 23, minutes <= 59 else { return nil }
+        let offset = (hours * 3600 + minutes * 60) * (sign == UInt8(ascii: "-") ? -1 : 1)
+        return (trimmed(6), offset)
+    }
+
+    /// How every Dredge surface prints a time for people: `2026-11-20 10:00:00 UTC` where the
+    /// zone's offset is zero at that instant, `2026-11-20 11:00:00 +01:00` elsewhere, with
+    /// milliseconds when asked. ``init(userInput:now:timeZone:)`` reads it back as the same
+    /// instant, so a time copied from one surface means the same on another.
+    public func shown(in zone: TimeZone, milliseconds: Bool = false) -> String {
+        let offset = zone.secondsFromGMT(for: date)
+        let (shifted, overflow) = microseconds.addingReportingOverflow(Int64(offset) * 1_000_000)
+        let local = overflow ? microseconds : shifted
+        var (days, rest) = local.quotientAndRemainder(dividingBy: 86_400_000_000)
+        if rest < 0 {
+            days -= 1
+            rest += 86_400_000_000
+        }
+        let (year, month, day) = Self.civil(days)
+        let second = rest / 1_000_000
+        func two(_ n: Int64) -> String { n < 10 ? "0\(n)" : "\(n)" }
+        var text = "\(year)-\(two(Int64(month)))-\(two(Int64(day))) \(two(second / 3600)):\(two(second / 60 % 60)):\(two(second % 60))"
+        if milliseconds {
+            let millis = rest % 1_000_000 / 1000
+            text += "." + (millis < 10 ? "00" : millis < 100 ? "0" : "") + "\(millis)"
+        }
+        // No offset at that instant (UTC, or London in winter): the same wall clock as UTC, said so.
+        if offset == 0 { return text + " UTC" }
+        let sign = offset < 0 ? "-" : "+"
+        let minutes = abs(offset) / 60
+        return text + " \(sign)\(two(Int64(minutes / 60))):\(two(Int64(minutes % 60)))"
+    }
+
+    /// Days since 1970-01-01 as a proleptic Gregorian date (Howard Hinnant's algorithm).
+    static func civil(_ days: Int64) -> (year: Int64, month: Int, day: Int) {
+        let z = days + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let doe = z - era * 146_097
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let day = Int(doy - (153 * mp + 2) / 5 + 1)
+        let month = Int(mp < 10 ? mp + 3 : mp - 9)
+        return (yoe + era * 400 + (month <= 2 ? 1 : 0), month, day)
     }
 
     /// `YYYY-MM-DD`, or with `T`/space `HH:MM`, `HH:MM:SS`, `HH:MM:SS.ffffff`, in `timeZone`.

@@ -9,12 +9,14 @@ import Synchronization
 enum Format {
     static func time(_ date: Date?) -> String {
         guard let date else { return "-" }
-        return date.formatted(.iso8601.year().month().day().time(includingFractionalSeconds: false).timeZone(separator: .omitted))
+        // With its zone, as every surface prints times (`2026-11-20 11:00:00 +01:00`, or `… UTC`):
+        // `--since` and the console read it back as the same instant.
+        return Timestamp(date).shown(in: .current)
     }
 
     static func bytes(_ n: Int64) -> String { byteText(n) }
 
-    /// "removed 2026-11-20T10:00:00+0100 by alice (T-1): files deleted"
+    /// "removed 2026-11-20 10:00:00 +01:00 by alice (T-1): files deleted"
     static func removed(_ r: Removal) -> String {
         let by = r.by == Removal.retention ? "after the server's retention" : "by \(r.by)"
         return "removed \(time(r.at)) \(by)" + (r.reason.isEmpty || r.by == Removal.retention ? "" : " (\(r.reason))") + ": files deleted"

@@ -16,8 +16,9 @@ struct LogsCommand: AsyncParsableCommand {
         commandName: "logs",
         abstract: "Read and search the records of every pull and feedback: one timeline across devices.",
         discussion: """
-            Every filter narrows the result. Times given without a zone are local time; lines show
-            local time too (--utc for UTC). --words matches whole words in the message and the
+            Every filter narrows the result. Lines show each time with its zone (this machine's,
+            or UTC with --utc), and times given without a zone are read in that same zone; a time
+            copied from any Dredge output or the console, zone included, means the same instant. --words matches whole words in the message and the
             metadata, any case and accents ignored, all of them: `--words 'timeout "connection
             refused" auth*'`. It is not a substring: `auth` does not find `authentication` (say
             `auth*`). (`dredge pull --grep` is a substring, matched on the device.)
@@ -37,7 +38,7 @@ struct LogsCommand: AsyncParsableCommand {
     @Option(help: "Only records from this app; repeatable.") var app: [String] = []
     @Option(help: "Only the records of this pull (an id or its first 4+ characters).") var pull: String?
     @Option(help: "Only the records of this feedback (an id or its first 4+ characters).") var feedback: String?
-    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00 (local time), or 2026-11-20T10:00:00Z / +01:00.") var since: String?
+    @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00 (local time; UTC with --utc), or with a zone as Dredge prints times (2026-11-20 10:00:00 UTC, … +01:00, …Z).") var since: String?
     @Option(help: "Before this time; the same forms as --since.") var until: String?
     @Option(help: "Records around this time (the same forms as --since), --window either side.") var around: String?
     @Option(help: "With --around: how far either side (30s, 5m, 1h).") var window = "5m"
@@ -53,7 +54,10 @@ struct LogsCommand: AsyncParsableCommand {
     @Option(help: "Only the latest N records that match, oldest first (with --follow: then those that arrive), as the console's \"Latest\".") var tail: Int?
     @Flag(help: "Newest first.") var reverse = false
     @Flag(help: "After the records there are, print those that arrive (pulls and feedback landing), until interrupted.") var follow = false
-    @Flag(help: "Show times in UTC.") var utc = false
+    @Flag(help: "Show times in UTC, and read --since, --until and --around without a zone as UTC (default: this machine's zone, TZ).") var utc = false
+
+    /// The zone times are shown in and read in when they name none.
+    var zone: TimeZone { utc ? TimeZone(identifier: "UTC") ?? .gmt : .current }
     @Option(help: "Colour: auto (on a terminal), always, never.") var color: ColorChoice = .auto
 
     enum OutputFormat: String, ExpressibleByArgument, CaseIterable { case text, json, jsonl }
@@ -85,13 +89,13 @@ struct LogsCommand: AsyncParsableCommand {
             guard let unit = window.last, let amount = Int64(window.dropLast()), amount > 0,
                 let perUnit: Int64 = ["s": 1, "m": 60, "h": 3_600, "d": 86_400][String(unit)], amount <= 366 * 86_400 / perUnit
             else { throw ValidationError("cannot read --window '\(window)': give a duration of up to a year, like 30s, 5m, 2h or 1d") }
-            let center = try FilterOptions.time(around, flag: "--around", now: now)
+            let center = try FilterOptions.time(around, flag: "--around", now: now, timeZone: zone)
             let half = amount * perUnit * 1_000_000
             search.since = Timestamp(microseconds: center.microseconds - half)
             search.until = Timestamp(microseconds: center.microseconds + half + 1)
         } else {
-            search.since = try since.map { try FilterOptions.time($0, flag: "--since", now: now) }
-            search.until = try until.map { try FilterOptions.time($0, flag: "--until", now: now) }
+            search.since = try since.map { try FilterOptions.time($0, flag: "--since", now: now, timeZone: zone) }
+            search.until = try until.map { try FilterOptions.time($0, flag: "--until", now: now, timeZone: zone) }
             if let s = search.since, let u = search.until, u <= s { throw ValidationError("--until must be after --since") }
         }
         if !levels.isEmpty { search.levels = try FilterOptions.levels(levels).sorted().map(\.name) }
@@ -250,7 +254,8 @@ final class RecordPrinter {
     let color: Bool
     private var first = true
     private let encoder: JSONEncoder
-    private let formatter: DateFormatter
+    /// The zone text lines show times in, each with its offset (as every surface prints them).
+    private let zone: TimeZone
 
     init(format: LogsCommand.OutputFormat, utc: Bool, color: Bool) {
         self.format = format
@@ -258,10 +263,7 @@ final class RecordPrinter {
         self.color = color
         encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = utc ? TimeZone(identifier: "UTC") : .current
-        formatter.dateFormat = "yyyy-MM-dd HH:mm:ss.SSS"
+        zone = utc ? TimeZone(identifier: "UTC") ?? .gmt : .current
     }
 
     /// A record as `--format json`/`jsonl` writes it: the payload's members, the time in
@@ -313,7 +315,7 @@ final class RecordPrinter {
     /// piece is made harmless (``Terminal/field(_:)``: control characters, line breaks
     /// included, escaped) before the colours are added.
     func text(_ r: FoundRecord) -> String {
-        let time = formatter.string(from: r.ts.date)
+        let time = r.ts.shown(in: zone, milliseconds: true)
         let level = Terminal.field(r.level.uppercased()).padding(toLength: 8, withPad: " ", startingAt: 0)
         let (host, app, type) = (Terminal.field(r.hostShown), Terminal.field(r.appShown), Terminal.field(r.type))
         var metadata = ""

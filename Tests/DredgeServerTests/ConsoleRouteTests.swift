@@ -378,8 +378,8 @@ import Testing
             let badType = try await browser.post("/console/pulls", ["csrf": csrf, "uid": "u-1", "types": "Not A Type", "text": "<b>kept</b>"])
             #expect(badType.status == .badRequest && badType.body.contains("is not a log type"))
             #expect(badType.body.contains(#"value="&lt;b&gt;kept&lt;/b&gt;""#), "what was typed is kept, as text")
-            let badTime = try await browser.post("/console/pulls", ["csrf": csrf, "uid": "u-1", "range": "custom", "since": "yesterday"])
-            #expect(badTime.status == .badRequest && badTime.body.contains("Since must be a day or a day and time"))
+            let badTime = try await browser.post("/console/pulls", ["csrf": csrf, "uid": "u-1", "range": "custom", "since": "monday"])
+            #expect(badTime.status == .badRequest && badTime.body.contains("Since must be a time"))
             #expect(try await fixture.admin.pulls.pulls(limit: 10, now: .now).isEmpty, "no pull was made")
 
             let made = try await browser.post(
@@ -445,23 +445,67 @@ import Testing
         }
     }
 
-    /// The new-pull form's times: a day, a day and time, with or without seconds, all UTC;
-    /// anything else is refused with the accepted forms; dates typed in make the range custom.
+    /// #50: the new-pull form's times are the CLI's vocabulary (`2d`, `yesterday`, a day, a day
+    /// and time, any time with its zone as Dredge prints them), read in the zone the console
+    /// shows (UTC, or the reader's); anything else is refused with the accepted forms; dates
+    /// typed in make the range custom.
     @Test func theNewPullFormReadsTimesAsTheCLIDoes() throws {
-        let now = Timestamp(microseconds: 1_795_300_000_000_000)
+        let now = Timestamp(microseconds: 1_795_300_000_000_000)  // 2026-11-21 21:06:40 UTC
         func filter(_ form: [String: String]) -> LogFilter? { try? Console.pullRequest(form.merging(["uid": "u-1"]) { a, _ in a }, now: now).get().filter }
         #expect(filter(["range": "2d", "since": "2026-11-20"])?.since == Timestamp(microseconds: 1_795_132_800_000_000), "typed dates win over the button")
         #expect(filter(["since": "2026-11-20T10:00"])?.since == Timestamp(microseconds: 1_795_168_800_000_000))
         #expect(filter(["since": "2026-11-20 10:00:30"])?.since == Timestamp(microseconds: 1_795_168_830_000_000))
+        #expect(filter(["since": "2026-11-20 10:00:30.5"])?.since == Timestamp(microseconds: 1_795_168_830_500_000))
+        #expect(filter(["since": "2026-11-20 11:00:00 +01:00"])?.since == Timestamp(microseconds: 1_795_168_800_000_000), "as the CLI prints it")
+        #expect(filter(["since": "2026-11-20 10:00:00 UTC"])?.since == Timestamp(microseconds: 1_795_168_800_000_000), "as the console prints it")
+        #expect(filter(["since": "2d"])?.since == now.adding(.seconds(-2 * 86_400)))
+        #expect(filter(["since": "yesterday"])?.since == Timestamp(microseconds: (now.epochDay - 1) * 86_400_000_000))
         #expect(filter(["range": "1h"])?.since == now.adding(.seconds(-3600)))
         #expect(filter(["range": "today"])?.since == Timestamp(microseconds: now.epochDay * 86_400_000_000))
         #expect(filter(["range": "custom"]) == nil, "a custom range needs an end")
-        for bad in ["yesterday", "2026-11-20T10:00+05:00", "2026-11-20T10:00:00.5", "2026-02-30", "2026-11-20T24:00", "1969-12-31", "2026-11-20T10:00Z"] {
+        // In the reader's zone: Kolkata is UTC+05:30, where it is already the 22nd.
+        let kolkata = try #require(TimeZone(identifier: "Asia/Kolkata"))
+        Console.$displayZone.withValue(kolkata) {
+            #expect(filter(["since": "2026-11-20 10:00"])?.since == Timestamp(microseconds: 1_795_168_800_000_000 - 19_800_000_000))
+            #expect(filter(["range": "today"])?.since == Timestamp(microseconds: (now.epochDay + 1) * 86_400_000_000 - 19_800_000_000))
+            #expect(filter(["since": "2026-11-20 10:00:00 UTC"])?.since == Timestamp(microseconds: 1_795_168_800_000_000), "a zone given is kept")
+            #expect(Console.timeText(Date(timeIntervalSince1970: 1_795_168_800)) == "2026-11-20 15:30:00 +05:30")
+        }
+        #expect(Console.timeText(Date(timeIntervalSince1970: 1_795_168_800)) == "2026-11-20 10:00:00 UTC")
+        for bad in ["monday", "2026-11-20T10:00+25:00", "2026-11-20T10:00:00.", "2026-02-30", "2026-11-20T24:00", "1969-12-31", "2026-11-20 CET"] {
             guard case .failure(let error) = Console.pullRequest(["uid": "u-1", "since": bad], now: now) else {
                 Issue.record("\(bad) was taken")
                 continue
             }
-            #expect(error.description.contains("since"), "\(bad): \(error)")
+            #expect(error.description.contains("since must be a time") && error.description.contains("yesterday"), "\(bad): \(error)")
+        }
+    }
+
+    /// #50: the reader's zone (the cookie the page's script sets) is said on every page, shown
+    /// in every time, and read in time fields; a zone the server does not know is UTC.
+    @Test func pagesShowAndReadTimesInTheReadersZone() async throws {
+        let fixture = Fixture()
+        _ = try await fixture.admin.agent(uids: ["u-1"])
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let utc = try await browser.get("/console/agents")
+            #expect(utc.body.contains("Times in UTC") && utc.body.contains(#"data-zone="local" hidden>Show local time"#))
+            #expect(utc.body.range(of: #"<td class="nowrap">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>"#, options: .regularExpression) != nil)
+
+            browser.cookies[Console.zoneCookie] = "Asia/Kolkata"
+            let local = try await browser.get("/console/agents")
+            #expect(local.body.contains("Times in Asia/Kolkata (+05:30)") && local.body.contains(#"data-zone="utc">Show UTC"#))
+            #expect(local.body.range(of: #"<td class="nowrap">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+05:30</td>"#, options: .regularExpression) != nil)
+            let form = try await browser.get("/console/pulls/new")
+            let made = try await browser.post("/console/pulls", ["csrf": try #require(form.csrf), "uid": "u-1", "since": "2026-11-20 10:00"])
+            let pull = try #require(try await fixture.admin.pulls.pulls(limit: 1, now: .now).first)
+            #expect(made.status == .seeOther && pull.filter?.since == Timestamp(microseconds: 1_795_168_800_000_000 - 19_800_000_000))
+            #expect(try await browser.get("/console/pulls/\(pull.id)").body.contains("since 2026-11-20 10:00:00 +05:30"))
+
+            for unknown in ["Mars/Olympus", "", "../x", String(repeating: "A", count: 100)] {
+                browser.cookies[Console.zoneCookie] = unknown
+                #expect(try await browser.get("/console/agents").body.contains("Times in UTC"), "\(unknown)")
+            }
         }
     }
 
@@ -511,7 +555,7 @@ import Testing
             #expect(none.body.contains("No record matches.") && none.body.contains("data-follow="), "an empty page can follow what arrives")
             #expect(try await browser.get("/console/logs?pull=\(source.id)&host=kitchen-oven&app=oven-control").body.contains("200 records on this page."))
             #expect(try await browser.get("/console/logs?pull=\(source.id)&host=bakery-oven").body.contains("No record matches."))
-            for (query, problem) in [("level=loud", "level is one of"), ("pull=xyz", "pull must be an id"), ("uid=u-1&since=monday", "since must be a day"),
+            for (query, problem) in [("level=loud", "level is one of"), ("pull=xyz", "pull must be an id"), ("uid=u-1&since=monday", "since must be a time"),
                                      ("uid=u-1&where=nokey", "a metadata match is key=value")] {
                 let page = try await browser.get("/console/logs?" + query)
                 #expect(page.status == .badRequest && page.body.contains(problem), "\(query)")

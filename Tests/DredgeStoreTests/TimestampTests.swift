@@ -77,6 +77,35 @@ import Testing
         }
     }
 
+    /// #50: one rule for times on every surface. Each prints a time with its zone
+    /// (`shown(in:)`), and each reads what any prints back as the same instant, whatever zone
+    /// the reader is in.
+    @Test func aPrintedTimeReadsBackAsTheSameInstantInAnyZone() throws {
+        let berlin = try #require(TimeZone(identifier: "Europe/Berlin")), kolkata = try #require(TimeZone(identifier: "Asia/Kolkata"))
+        let utc = try #require(TimeZone(identifier: "UTC")), newYork = try #require(TimeZone(identifier: "America/New_York"))
+        let instant = Timestamp(rfc3339: "2026-11-20T09:00:30.25Z")!
+        #expect(instant.shown(in: utc) == "2026-11-20 09:00:30 UTC")
+        #expect(instant.shown(in: utc, milliseconds: true) == "2026-11-20 09:00:30.250 UTC")
+        #expect(instant.shown(in: berlin) == "2026-11-20 10:00:30 +01:00")
+        #expect(instant.shown(in: kolkata) == "2026-11-20 14:30:30 +05:30")
+        #expect(instant.shown(in: newYork) == "2026-11-20 04:00:30 -05:00")
+        #expect(Timestamp(rfc3339: "2026-07-01T09:00:00Z")!.shown(in: berlin) == "2026-07-01 11:00:00 +02:00", "the offset at that instant")
+        #expect(Timestamp(rfc3339: "1999-12-31T23:59:59.999Z")!.shown(in: utc, milliseconds: true) == "1999-12-31 23:59:59.999 UTC")
+        for shownIn in [utc, berlin, kolkata, newYork] {
+            for readIn in [utc, berlin, kolkata, newYork] {
+                let back = Timestamp(userInput: instant.shown(in: shownIn, milliseconds: true), timeZone: readIn)
+                #expect(back == instant, "shown in \(shownIn.identifier), read in \(readIn.identifier)")
+            }
+        }
+        func t(_ text: String) -> Timestamp? { Timestamp(userInput: text, timeZone: kolkata) }
+        #expect(t("2026-11-20 09:00:30Z") == Timestamp(rfc3339: "2026-11-20T09:00:30Z"))
+        #expect(t("2026-11-20T10:00+01:00") == Timestamp(rfc3339: "2026-11-20T09:00:00Z"), "minutes and an offset")
+        #expect(t("2026-11-20 10:00:00 UTC") == Timestamp(rfc3339: "2026-11-20T10:00:00Z"))
+        for bad in ["2026-11-20 10:00:00 +25:00", "2026-11-20 10:00:00 +01:0x", "2026-11-20 UTC", "2026-11-20 10:00:00 CET", "2026-11-20 10:00:00  UTC"] {
+            #expect(t(bad) == nil, "\(bad)")
+        }
+    }
+
     @Test func uidsWithControlCharactersAreInvalid() {
         for bad in ["", "u-1\u{0}x", "u\n1", "u\u{7F}", "u\u{85}", String(repeating: "x", count: 257)] {
             #expect(UserID.problem(bad) != nil, "\(bad.debugDescription)")

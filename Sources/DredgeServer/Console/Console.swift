@@ -32,6 +32,19 @@ enum Console {
     /// The largest form body read (a sign-in, a filter).
     static let maxFormBytes = 16 * 1024
 
+    /// The cookie that holds the time zone the reader chose to see times in (an IANA name, set
+    /// by the page's script from the browser's zone); without it, UTC.
+    static let zoneCookie = "dredge_console_tz"
+
+    /// The zone this request's pages show times in and read time fields in (``ConsoleZone``).
+    @TaskLocal static var displayZone: TimeZone = TimeZone(identifier: "UTC") ?? .gmt
+
+    /// The zone a `dredge_console_tz` value names, when it is a zone this server knows.
+    static func zone(named name: String?) -> TimeZone? {
+        guard let name, !name.isEmpty, name.utf8.count <= 64, name.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else { return nil }
+        return TimeZone(identifier: name)
+    }
+
     /// The actions pages run (every rule and audit entry is theirs: pages only render) and what
     /// pages read, with the console's own sessions.
     struct Dependencies {
@@ -48,7 +61,7 @@ enum Console {
 
     static func register(on router: Router<AdminRequestContext>, _ d: Dependencies) throws {
         let library = try ConsoleTemplates.library()
-        let console = router.group("console").add(middleware: ConsoleErrors(library: library, logger: d.logger))
+        let console = router.group("console").add(middleware: ConsoleErrors(library: library, logger: d.logger)).add(middleware: ConsoleZone())
 
         console.get("") { _, _ in redirect("/console/agents") }
         for (name, type, content) in [
@@ -109,10 +122,10 @@ enum Console {
             let all = try await d.actions.agents()
             let shown = query.isEmpty ? all : all.filter { matches($0, query) }
             let rows = shown.sorted { ($0.connected ? 0 : 1, $0.hostname) < ($1.connected ? 0 : 1, $1.hostname) }.map(row)
-            let page: [String: Any] = [
-                "title": "Agents", "signedIn": true, "onAgents": true, "tokenName": session.tokenName, "csrf": session.csrf, "query": query, "filtered": !query.isEmpty,
-                "online": all.filter(\.connected).count, "total": all.count, "shown": shown.count, "rows": rows,
-            ]
+            var page = signedInPage("Agents", session, current: "Agents")
+            for (key, value) in [
+                "query": query, "filtered": !query.isEmpty, "online": all.filter(\.connected).count, "total": all.count, "shown": shown.count, "rows": rows,
+            ] as [String: Any] { page[key] = value }
             return html(library, "agents", page)
         }
         console.get("agents/:id") { request, context in
@@ -300,6 +313,17 @@ enum Console {
 /// Every error under /console as a page with the console's headers (not the API's JSON): the
 /// status and message of an ``AdminAPIError`` or Hummingbird's own, and for anything else a
 /// 500 without details (logged).
+/// Runs each console request in the time zone its reader chose (the `dredge_console_tz`
+/// cookie), UTC otherwise: every time a page shows and every time field it reads.
+struct ConsoleZone: RouterMiddleware {
+    typealias Context = AdminRequestContext
+
+    func handle(_ request: Request, context: AdminRequestContext, next: (Request, AdminRequestContext) async throws -> Response) async throws -> Response {
+        guard let zone = Console.zone(named: request.cookies[Console.zoneCookie]?.value) else { return try await next(request, context) }
+        return try await Console.$displayZone.withValue(zone) { try await next(request, context) }
+    }
+}
+
 struct ConsoleErrors: RouterMiddleware {
     typealias Context = AdminRequestContext
     let library: MustacheLibrary

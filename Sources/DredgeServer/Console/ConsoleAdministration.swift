@@ -1,4 +1,5 @@
 import DredgeAdminAPI
+import DredgeDomain
 import Foundation
 import Hummingbird
 import Mustache
@@ -7,7 +8,18 @@ import Mustache
 extension Console {
     /// What every signed-in page shows in its header.
     static func signedInPage(_ title: String, _ session: ConsoleSessions.Session, current: String) -> [String: Any] {
-        ["title": title, "signedIn": true, "on" + current: true, "tokenName": session.tokenName, "csrf": session.csrf]
+        [
+            "title": title, "signedIn": true, "on" + current: true, "tokenName": session.tokenName, "csrf": session.csrf, "zone": zoneText(),
+            "localZone": displayZone.secondsFromGMT() != 0 || !["UTC", "GMT"].contains(displayZone.identifier),
+        ]
+    }
+
+    /// `UTC`, or `Europe/Paris (+01:00)`: the zone the page's times are in, said on every page.
+    static func zoneText(at now: Date = Date()) -> String {
+        let zone = displayZone
+        if ["UTC", "GMT"].contains(zone.identifier) { return "UTC" }
+        let shown = Timestamp(now).shown(in: zone)
+        return "\(zone.identifier) (\(shown.split(separator: " ").last ?? "UTC"))"
     }
 
     /// Runs `body` with the session of a post from this console's own page carrying its
@@ -136,9 +148,10 @@ extension Console {
         }
     }
 
-    /// `2026-11-20 10:00:00 UTC` (with `.123` milliseconds when asked).
+    /// `2026-11-20 10:00:00 UTC`, or in the zone the reader chose `2026-11-20 11:00:00 +01:00`
+    /// (with `.123` milliseconds when asked): as every surface prints times, so a time copied
+    /// from a page means the same in `dredge logs --since` and in the console's own fields.
     static func timeText(_ date: Date, fraction: Bool = false) -> String {
-        date.formatted(Date.ISO8601FormatStyle(dateSeparator: .dash, dateTimeSeparator: .space, includingFractionalSeconds: fraction, timeZone: .gmt))
-            .replacingOccurrences(of: "Z", with: " UTC")
+        Timestamp(date).shown(in: displayZone, milliseconds: fraction)
     }
 }

@@ -45,7 +45,7 @@ extension Console {
         }
         for name in ["since", "until"] {
             guard let text = field(name) else { continue }
-            guard let time = dayOrTime(text) else { return (nil, dayOrTimeProblem(name)) }
+            guard let time = timeInput(text) else { return (nil, timeInputProblem(name)) }
             if name == "since" { search.since = time } else { search.until = time }
         }
         for name in ["after", "before"] {
@@ -71,26 +71,16 @@ extension Console {
     }
 
     /// What a time field that ``dayOrTime(_:)`` refuses is told.
-    static func dayOrTimeProblem(_ name: String) -> String {
-        "\(name) must be a day or a day and time that exists, 1970–9999: YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC)"
+    static func timeInputProblem(_ name: String) -> String {
+        "\(name) must be a time, 1970–9999: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20 10:00 (in the zone the console shows), or with a zone as Dredge prints times (2026-11-20 10:00:00 UTC, … +01:00)"
     }
 
-    /// `YYYY-MM-DD` (its midnight), `YYYY-MM-DDTHH:MM` or with seconds (`T` or a space), UTC,
-    /// a time that exists within 1970–9999 (no zone, no fraction); nil otherwise. What the
-    /// new-pull form's and the log viewer's time fields take.
-    static func dayOrTime(_ text: String) -> Timestamp? {
-        let shape = text.map { $0.isASCII && $0.isNumber ? "9" : String($0) }.joined()
-        let full: String
-        switch shape {
-        case "9999-99-99": full = text + "T00:00:00"
-        case "9999-99-99T99:99", "9999-99-99 99:99": full = text + ":00"
-        case "9999-99-99T99:99:99", "9999-99-99 99:99:99": full = text
-        default: return nil
-        }
-        let iso = full.replacingOccurrences(of: " ", with: "T") + "Z"
-        guard let date = try? Date.ISO8601FormatStyle(timeZone: .gmt).parse(iso), date.formatted(Date.ISO8601FormatStyle(timeZone: .gmt)) == iso else { return nil }
-        let time = Timestamp(date)
-        return time.isAccepted ? time : nil
+    /// A time field's text in the CLI's vocabulary (``Timestamp/init(userInput:now:timeZone:)``):
+    /// `2d`, `yesterday`, a date or a time in the zone the console shows times in, or any time
+    /// with its zone as Dredge prints them; nil otherwise. What the new-pull form's and the log
+    /// viewer's time fields take.
+    static func timeInput(_ text: String, now: Timestamp = .now) -> Timestamp? {
+        Timestamp(userInput: text, now: now, timeZone: displayZone)
     }
 
     static func registerLogs(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {

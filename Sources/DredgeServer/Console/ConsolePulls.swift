@@ -17,9 +17,9 @@ extension Console {
         var label: String {
             switch self {
             case .hour: "last hour"
-            case .today: "today (UTC)"
+            case .today: "today"
             case .twoDays: "last 2 days"
-            case .custom: "from … to … (UTC)"
+            case .custom: "from … to …"
             }
         }
     }
@@ -36,12 +36,12 @@ extension Console {
         let range = field("since") != nil || field("until") != nil ? .custom : Range(rawValue: form["range"] ?? "2d")
         switch range {
         case .hour?: filter.since = now.adding(.seconds(-3600))
-        case .today?: filter.since = Timestamp(microseconds: now.epochDay * 86_400_000_000)
+        case .today?: filter.since = Timestamp(userInput: "today", now: now, timeZone: displayZone)
         case .twoDays?: filter.since = now.adding(.seconds(-2 * 86_400))
         case .custom?:
             func time(_ name: String) -> Result<Timestamp?, PullRequestError> {
                 guard let text = field(name) else { return .success(nil) }
-                guard let time = dayOrTime(text) else { return .failure(.invalid(dayOrTimeProblem(name))) }
+                guard let time = timeInput(text, now: now) else { return .failure(.invalid(timeInputProblem(name))) }
                 return .success(time)
             }
             switch (time("since"), time("until")) {
@@ -264,6 +264,8 @@ extension Console {
             streams.close(key)
             throw error
         }
+        // The body is written after this handler returns: it shows times in the request's zone.
+        let zone = displayZone
         return Response(
             status: .ok, headers: headers,
             body: ResponseBody { writer in
@@ -275,7 +277,7 @@ extension Console {
                         guard try await checked(request, d) != nil else { break }
                         lastTokenCheck = .now
                     }
-                    switch try await look(&state) {
+                    switch try await $displayZone.withValue(zone, operation: { try await look(&state) }) {
                     case .send(let events, let more):
                         try await writer.write(ByteBuffer(string: events))
                         lastWrite = .now

@@ -77,6 +77,7 @@ enum ConsoleTemplates {
         <a href="/console/audit"{{#onAudit}} aria-current="page"{{/onAudit}}>Audit log</a>
         <a href="/console/tokens"{{#onTokens}} aria-current="page"{{/onTokens}}>Tokens</a>
         </nav>
+        <span class="zone">Times in {{zone}}{{#localZone}} <button type="button" data-zone="utc">Show UTC</button>{{/localZone}}{{^localZone}} <button type="button" data-zone="local" hidden>Show local time</button>{{/localZone}}</span>
         <form class="sign-out" method="post" action="/console/sign-out">
         <input type="hidden" name="csrf" value="{{csrf}}">
         <span>{{tokenName}}</span>
@@ -127,7 +128,7 @@ enum ConsoleTemplates {
         <h1>Agents</h1>
         <form class="filter" method="get" action="/console/agents" role="search">
         <label for="q">Filter</label>
-        <input id="q" name="q" type="search" value="{{query}}" placeholder="host, app, user, id">
+        <input id="q" name="q" type="search" value="{{query}}" placeholder="any host, app, user or id">
         <button type="submit">Filter</button>
         </form>
         <p class="summary">{{online}} online of {{total}}{{#filtered}}; {{shown}} match “{{query}}”{{/filtered}}</p>
@@ -231,7 +232,7 @@ enum ConsoleTemplates {
         <h1>Audit log</h1>
         <form class="filter" method="get" action="/console/audit" role="search">
         <label for="actor">Actor</label>
-        <input id="actor" name="actor" value="{{actor}}" placeholder="a token's name">
+        <input id="actor" name="actor" value="{{actor}}" placeholder="any (a token's name)">
         <label for="action">Action</label>
         <select id="action" name="action">
         <option value="">any</option>
@@ -344,17 +345,17 @@ enum ConsoleTemplates {
         <fieldset>
         <legend>Time</legend>
         {{#ranges}}<label><input type="radio" name="range" value="{{value}}"{{#checked}} checked{{/checked}}> {{label}}</label>{{/ranges}}
-        <label for="since">from</label> <input id="since" name="since" type="datetime-local" value="{{since}}">
-        <label for="until">to</label> <input id="until" name="until" type="datetime-local" value="{{until}}">
+        <label for="since">from</label> <input id="since" name="since" value="{{since}}" autocomplete="off" placeholder="e.g. 2d, yesterday, 2026-11-20 10:00">
+        <label for="until">to</label> <input id="until" name="until" value="{{until}}" autocomplete="off" placeholder="e.g. 1h, 2026-11-21 (empty: now)">
         </fieldset>
         <fieldset>
         <legend>Levels (none: all)</legend>
         {{#levels}}<label><input type="checkbox" name="level-{{name}}"{{#checked}} checked{{/checked}}> {{name}}</label>{{/levels}}
         </fieldset>
         <label for="types">Types</label>
-        <input id="types" name="types" value="{{types}}" placeholder="app, network (empty: all)">
+        <input id="types" name="types" value="{{types}}" placeholder="e.g. app, network (empty: all)">
         <label for="text">Contains</label>
-        <input id="text" name="text" value="{{text}}" placeholder="a substring of the message or metadata">
+        <input id="text" name="text" value="{{text}}" placeholder="any (a substring of the message or metadata)">
         <label for="reason">Reason</label>
         <input id="reason" name="reason" value="{{reason}}" maxlength="256" placeholder="e.g. SUP-1234 (kept with the pull)">
         <button type="submit">Pull</button>
@@ -424,14 +425,14 @@ enum ConsoleTemplates {
         <label>User <input name="uid" value="{{uid}}"></label>
         <label>Pull <input name="pull" value="{{pull}}" size="34"></label>
         <label>Feedback <input name="feedback" value="{{feedback}}" size="34"></label>
-        <label>Device <input name="host" value="{{host}}" placeholder="host name" size="14"></label>
+        <label>Device <input name="host" value="{{host}}" placeholder="e.g. oven-7" size="14"></label>
         <label>App <input name="app" value="{{app}}" size="12"></label>
-        <label>Level <input name="level" value="{{level}}" placeholder="warning+" size="10"></label>
-        <label>Type <input name="type" value="{{type}}" placeholder="network" size="10"></label>
-        <label>Words <input name="text" value="{{text}}" placeholder="payment declined"></label>
-        <label>Where <input name="where" value="{{where}}" placeholder="http.status=503"></label>
-        <label>From <input name="since" value="{{since}}" placeholder="YYYY-MM-DD[THH:MM]" size="18"></label>
-        <label>To <input name="until" value="{{until}}" placeholder="YYYY-MM-DD[THH:MM]" size="18"></label>
+        <label>Level <input name="level" value="{{level}}" placeholder="e.g. warning+" size="10"></label>
+        <label>Type <input name="type" value="{{type}}" placeholder="e.g. network" size="10"></label>
+        <label>Words <input name="text" value="{{text}}" placeholder="e.g. payment declined"></label>
+        <label>Where <input name="where" value="{{where}}" placeholder="e.g. http.status=503"></label>
+        <label>From <input name="since" value="{{since}}" placeholder="e.g. 2d, 2026-11-20 10:00" size="22"></label>
+        <label>To <input name="until" value="{{until}}" placeholder="e.g. 1h (empty: now)" size="22"></label>
         <button type="submit">Search</button>
         </form>
         {{#problem}}<p class="problem" role="alert">{{problem}}</p>{{/problem}}
@@ -534,6 +535,24 @@ enum ConsoleTemplates {
     /// event updates the rows' text (never markup), a target that joined reloads the page.
     static let script = """
         "use strict";
+        // The zone times are shown in: the browser's own (a cookie the server reads), or UTC.
+        (function () {
+          var buttons = document.querySelectorAll("button[data-zone]");
+          var local = window.Intl ? Intl.DateTimeFormat().resolvedOptions().timeZone : "";
+          for (var i = 0; i < buttons.length; i++) {
+            var button = buttons[i];
+            if (button.getAttribute("data-zone") === "local") {
+              if (!local || local === "UTC" || local === "Etc/UTC" || !/^[A-Za-z0-9_+\\/-]{1,64}$/.test(local)) { continue; }
+              button.hidden = false;
+            }
+            button.addEventListener("click", function (event) {
+              var secure = window.location.protocol === "https:" ? "; secure" : "";
+              var chosen = event.currentTarget.getAttribute("data-zone") === "local" ? local : "";
+              document.cookie = "dredge_console_tz=" + chosen + "; path=/console; samesite=strict" + (chosen ? "; max-age=31536000" : "; max-age=0") + secure;
+              window.location.reload();
+            });
+          }
+        })();
         (function () {
           var table = document.querySelector("table[data-events]");
           if (!table || !window.EventSource) { return; }
@@ -729,10 +748,13 @@ enum ConsoleTemplates {
         header nav { display: flex; gap: .8rem; flex: 1; }
         header nav a { color: var(--accent); }
         header nav a[aria-current="page"] { color: var(--fg); font-weight: 600; text-decoration: none; }
-        header .sign-out { display: flex; gap: .5rem; align-items: center; margin-left: auto; }
+        header .sign-out { display: flex; gap: .5rem; align-items: center; }
+        header .zone { margin-left: auto; color: var(--muted); font-size: .9rem; }
+        header .zone button { font-size: .85rem; padding: .15rem .5rem; }
         main { padding: 1rem; max-width: 1400px; }
         h1 { font-size: 1.3rem; margin: .2rem 0 1rem; }
         a:focus, button:focus, input:focus { outline: 2px solid var(--accent); outline-offset: 2px; }
+        ::placeholder { color: var(--muted); font-style: italic; opacity: .85; }
         input, button { font: inherit; padding: .35rem .6rem; border: 1px solid var(--line); border-radius: 4px; background: var(--bg); color: var(--fg); }
         button { cursor: pointer; }
         form.sign-in { display: grid; gap: .5rem; max-width: 28rem; }

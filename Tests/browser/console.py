@@ -77,6 +77,42 @@ def median(values):
     return ordered[len(ordered) // 2]
 
 
+# What a page must hold at a width (#50): no sideways scrolling of the page or of a table at a
+# narrow width, no cell hidden, no word broken over lines a few letters at a time; at full width,
+# no cell wraps but free text (messages, what users said, details). Returns the problems found.
+LAYOUT = """
+const problems = [];
+const wide = window.innerWidth >= 1000;
+const say = (what, text) => problems.push(what + ': ' + text.replace(/\\s+/g, ' ').trim().slice(0, 60));
+if (document.documentElement.scrollWidth > window.innerWidth + 1) say('the page scrolls sideways', String(document.documentElement.scrollWidth));
+function lines(node) {
+  const range = document.createRange();
+  range.selectNodeContents(node);
+  const tops = Array.from(range.getClientRects()).filter(r => r.width > 0 && r.height > 0).map(r => r.top).sort((a, b) => a - b);
+  let count = 0, last = -1e9;
+  for (const top of tops) { if (top - last > 8) { count++; last = top; } }
+  return count;
+}
+for (const cell of document.querySelectorAll('main td, main th')) {
+  const text = cell.textContent.trim();
+  if (!text) continue;
+  if (cell.closest('thead') && getComputedStyle(cell.closest('thead')).display === 'none') continue;
+  if (cell.closest('aside') && !cell.closest('aside').offsetParent) continue;
+  if (cell.offsetParent === null) { say('a cell is hidden', text); continue; }
+  const words = text.split(/\\s+/).length;
+  const n = lines(cell);
+  if (n > words && text.length / n < 8) say('broken a few letters at a time (' + n + ' lines)', text);
+  if (wide && n > 1 && !cell.closest('.message, .said, .detail, .wrap') && !cell.querySelector('br, small')) say('wraps at full width (' + n + ' lines)', text);
+}
+for (const wrap of document.querySelectorAll('.table-wrap')) {
+  const overflow = getComputedStyle(wrap).overflowX;
+  if (wrap.scrollWidth > wrap.clientWidth + 1 && !['auto', 'scroll'].includes(overflow)) say('a table is cut', wrap.textContent);
+  if (!wide && wrap.scrollWidth > wrap.clientWidth + 1) say('a table scrolls sideways', wrap.textContent);
+}
+return problems;
+"""
+
+
 def first_page(driver, base, tls, admin_token, api, pull_id, check):
     """console.first_page: from navigation to the first rows of the bulk pull painted (the
     page's first contentful paint), against the same search through the API alone on a
@@ -500,6 +536,39 @@ def main():
         shot("9b-pulls")
         errors = console_errors()
         check(errors == [], f"no console errors: {errors}")
+
+        # Every page at 420 px and at 1,400 px (#50): nothing broken letter by letter, nothing cut,
+        # nothing wrapping that fits.
+        driver.get(base + "/console/agents")
+        agent_page = driver.find_element(By.CSS_SELECTOR, "tbody tr td:nth-child(2) a").get_attribute("href")
+        driver.get(base + "/console/pulls")
+        pull_page = driver.find_element(By.CSS_SELECTOR, "tbody tr td:first-child a").get_attribute("href")
+        driver.get(pull_page)
+        logs_page = driver.find_element(By.LINK_TEXT, "Read its logs").get_attribute("href")
+        files_page = driver.find_element(By.LINK_TEXT, "Files").get_attribute("href")
+        driver.get(logs_page)
+        record_page = driver.find_element(By.CSS_SELECTOR, "table.logs tbody tr a.open").get_attribute("href")
+        tour = [base + "/console/agents", agent_page, base + "/console/pulls", pull_page, base + "/console/pulls/new", logs_page, record_page,
+                files_page, base + "/console/feedback", base + "/console/tokens", base + "/console/audit", pull_page + "/remove",
+                base + "/console/tokens/revoke?kind=admin&name=carol"]
+        for width in [420, 1400]:
+            driver.set_window_size(width, 900)
+            for url in tour:
+                driver.get(url)
+                problems = driver.execute_script(LAYOUT)
+                check(problems == [], f"{url[len(base):]} at {width} px: {problems[:6]}")
+            shot(f"11-record-{width}")
+        driver.set_window_size(1280, 800)
+
+        # Revoking a token asks first; the question's Cancel changes nothing.
+        driver.get(base + "/console/tokens")
+        driver.find_element(By.CSS_SELECTOR, "a.revoke[href*='name=carol']").click()
+        WebDriverWait(driver, 15).until(lambda d: "/console/tokens/revoke" in d.current_url)
+        check("Revoke the admin token “carol”?" in driver.find_element(By.TAG_NAME, "h1").text, "revoking asks first")
+        shot("8b-revoke-question")
+        driver.find_element(By.LINK_TEXT, "Cancel").click()
+        at(base + "/console/tokens", "Cancel goes back")
+        check(any(t["name"] == "carol" for t in api("/v1/tokens")), "asking revoked nothing")
 
         figures = first_page(driver, base, tls, admin_token, api, bulk_pull, check)
         with open(os.path.join(out, "figures.json"), "w") as f:

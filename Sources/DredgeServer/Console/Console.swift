@@ -138,7 +138,8 @@ enum Console {
             for (key, value) in row(agent) { page[key] = value }
             page["os"] = agent.os.isEmpty ? "?" : agent.os
             page["enrolledAt"] = timeText(agent.enrolledAt)
-            if let address = agent.remoteAddress { page["address"] = address }
+            // NIO's form (`[IPv4]host/1.2.3.4:5678`) as people write it: `1.2.3.4:5678`.
+            if let address = agent.remoteAddress { page["address"] = address.hasPrefix("[IPv") ? String(address.split(separator: "/").last ?? Substring(address)) : address }
             page["logs"] = url("/console/logs", [("host", agent.hostname)])
             page["users"] = agent.activeUIDs.map { uid in
                 [

@@ -133,18 +133,18 @@ enum ConsoleTemplates {
         </form>
         <p class="summary">{{online}} online of {{total}}{{#filtered}}; {{shown}} match “{{query}}”{{/filtered}}</p>
         <div class="table-wrap">
-        <table class="agents">
+        <table class="agents cards">
         <thead><tr><th scope="col">Status</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Users seen</th><th scope="col">Records</th><th scope="col">Last seen</th><th scope="col">Agent</th></tr></thead>
         <tbody>
         {{#rows}}
         <tr>
-        <td><span class="status {{status}}">{{status}}</span></td>
-        <td><a href="/console/agents/{{agentID}}">{{host}}</a>{{#labels}}<br><small>{{labels}}</small>{{/labels}}</td>
-        <td>{{app}}</td>
-        <td>{{users}}</td>
-        <td>{{records}}</td>
-        <td class="nowrap">{{lastSeen}}</td>
-        <td><code title="{{agentID}}">{{shortID}}</code></td>
+        <td data-label="Status"><span class="status {{status}}">{{status}}</span></td>
+        <td data-label="Host"><a href="/console/agents/{{agentID}}">{{host}}</a>{{#labels}}<br><small>{{labels}}</small>{{/labels}}</td>
+        <td data-label="App">{{app}}</td>
+        <td data-label="Users seen" class="wrap">{{users}}</td>
+        <td data-label="Records">{{records}}</td>
+        <td data-label="Last seen" class="nowrap">{{lastSeen}}</td>
+        <td data-label="Agent"><code title="{{agentID}}">{{shortID}}</code></td>
         </tr>
         {{/rows}}
         {{^rows}}<tr><td colspan="7">No agent{{#filtered}} matches{{/filtered}}.</td></tr>{{/rows}}
@@ -172,11 +172,11 @@ enum ConsoleTemplates {
         <p class="links"><a class="button" href="/console/pulls/new?agent={{agentID}}">Pull this device</a> <a href="{{logs}}">Its logs pulled so far</a></p>
         <h2>Users on this device</h2>
         <div class="table-wrap">
-        <table>
+        <table class="cards">
         <thead><tr><th scope="col">User</th><th scope="col"></th></tr></thead>
         <tbody>
         {{#users}}
-        <tr><td>{{uid}}</td><td class="links"><a href="{{pull}}">Pull this user</a> <a href="{{pullHere}}">on this device only</a> <a href="{{logs}}">Their logs</a></td></tr>
+        <tr><td data-label="User">{{uid}}</td><td data-label="" class="links"><a href="{{pull}}">Pull this user</a> <a href="{{pullHere}}">on this device only</a> <a href="{{logs}}">Their logs</a></td></tr>
         {{/users}}
         {{^users}}<tr><td colspan="2">No user seen lately.</td></tr>{{/users}}
         </tbody>
@@ -185,11 +185,11 @@ enum ConsoleTemplates {
         {{#moreUsers}}<p class="hint">{{moreUsers}}</p>{{/moreUsers}}
         <h2>Recent pulls of this device</h2>
         <div class="table-wrap">
-        <table>
+        <table class="cards">
         <thead><tr><th scope="col">Pull</th><th scope="col">Asked</th><th scope="col">By</th><th scope="col">Reason</th><th scope="col">Status</th></tr></thead>
         <tbody>
         {{#pulls}}
-        <tr><td><a href="/console/pulls/{{id}}"><code>{{shortID}}</code></a></td><td class="nowrap">{{issuedAt}}</td><td>{{by}}</td><td>{{reason}}</td><td>{{status}}</td></tr>
+        <tr><td data-label="Pull"><a href="/console/pulls/{{id}}"><code>{{shortID}}</code></a></td><td data-label="Asked" class="nowrap">{{issuedAt}}</td><td data-label="By">{{by}}</td><td data-label="Reason" class="wrap">{{reason}}</td><td data-label="Status">{{status}}</td></tr>
         {{/pulls}}
         {{^pulls}}<tr><td colspan="5">None among the last {{looked}} pulls.</td></tr>{{/pulls}}
         </tbody>
@@ -241,11 +241,11 @@ enum ConsoleTemplates {
         <button type="submit">Show</button>
         </form>
         <div class="table-wrap">
-        <table>
+        <table class="cards">
         <thead><tr><th scope="col">#</th><th scope="col">When</th><th scope="col">Actor</th><th scope="col">Action</th><th scope="col">Detail</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr><td>{{id}}</td><td class="nowrap">{{at}}</td><td>{{actor}}</td><td class="nowrap">{{action}}</td><td>{{detail}}</td></tr>
+        <tr><td data-label="#">{{id}}</td><td data-label="When" class="nowrap">{{at}}</td><td data-label="Actor">{{actor}}</td><td data-label="Action" class="nowrap">{{action}}</td><td data-label="Detail" class="detail">{{detail}}</td></tr>
         {{/rows}}
         {{^rows}}<tr><td colspan="5">Nothing recorded.</td></tr>{{/rows}}
         </tbody>
@@ -269,15 +269,15 @@ enum ConsoleTemplates {
         </div>
         {{/created}}
         <div class="table-wrap">
-        <table>
+        <table class="cards">
         <thead><tr><th scope="col">Name</th><th scope="col">Kind</th><th scope="col">Created</th><th scope="col"></th></tr></thead>
         <tbody>
         {{#rows}}
         <tr>
-        <td>{{name}}{{#yours}} <small>(this session's)</small>{{/yours}}</td>
-        <td>{{kind}}</td>
-        <td class="nowrap">{{createdAt}}</td>
-        <td><a class="revoke" href="{{revoke}}" aria-label="Revoke the {{kind}} token {{name}}">Revoke…</a></td>
+        <td data-label="Name">{{name}}{{#yours}} <small>(this session's)</small>{{/yours}}</td>
+        <td data-label="Kind">{{kind}}</td>
+        <td data-label="Created" class="nowrap">{{createdAt}}</td>
+        <td data-label=""><a class="revoke" href="{{revoke}}" aria-label="Revoke the {{kind}} token {{name}}">Revoke…</a></td>
         </tr>
         {{/rows}}
         </tbody>
@@ -313,11 +313,11 @@ enum ConsoleTemplates {
         </form>
         {{#problem}}<p class="problem" role="alert">{{problem}}</p>{{/problem}}
         <div class="table-wrap">
-        <table>
+        <table class="cards">
         <thead><tr><th scope="col">Pull</th><th scope="col">Asked</th><th scope="col">By</th><th scope="col">For</th><th scope="col">Reason</th><th scope="col">Where it stands</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr><td><a href="/console/pulls/{{id}}"><code>{{shortID}}</code></a></td><td class="nowrap">{{issuedAt}}</td><td>{{by}}</td><td>{{who}}</td><td>{{reason}}</td><td>{{status}}</td></tr>
+        <tr><td data-label="Pull"><a href="/console/pulls/{{id}}"><code>{{shortID}}</code></a></td><td data-label="Asked" class="nowrap">{{issuedAt}}</td><td data-label="By">{{by}}</td><td data-label="For">{{who}}</td><td data-label="Reason" class="wrap">{{reason}}</td><td data-label="Where it stands">{{status}}</td></tr>
         {{/rows}}
         {{^rows}}<tr><td colspan="6">{{#filtered}}No pull's reason holds “{{reason}}”.{{/filtered}}{{^filtered}}No pull yet.{{/filtered}}</td></tr>{{/rows}}
         </tbody>
@@ -379,11 +379,11 @@ enum ConsoleTemplates {
         {{#removed}}<dt>Removed</dt><dd>{{removed}}</dd>{{/removed}}
         </dl>
         <div class="table-wrap">
-        <table{{#open}} data-events="/console/pulls/{{id}}/events"{{/open}}>
+        <table class="cards"{{#open}} data-events="/console/pulls/{{id}}/events"{{/open}}>
         <thead><tr><th scope="col">Device</th><th scope="col">Status</th><th scope="col">Progress</th><th scope="col">Files</th><th scope="col">Detail</th></tr></thead>
         <tbody>
         {{#targets}}
-        <tr data-agent="{{agentID}}"><td>{{host}} <code title="{{agentID}}">{{shortID}}</code></td><td><span class="status {{status}}">{{status}}</span></td><td class="progress">{{progress}}</td><td class="files">{{files}}</td><td class="detail">{{detail}}</td></tr>
+        <tr data-agent="{{agentID}}"><td data-label="Device">{{host}} <code title="{{agentID}}">{{shortID}}</code></td><td data-label="Status"><span class="status {{status}}">{{status}}</span></td><td data-label="Progress" class="progress">{{progress}}</td><td data-label="Files" class="files">{{files}}</td><td data-label="Detail" class="detail">{{detail}}</td></tr>
         {{/targets}}
         {{#waiting}}<tr><td colspan="5">No device holds the user yet: the pull waits for one until it expires.</td></tr>{{/waiting}}
         </tbody>
@@ -401,11 +401,11 @@ enum ConsoleTemplates {
         {{$content}}
         <h1>Feedback</h1>
         <div class="table-wrap">
-        <table>
+        <table class="cards">
         <thead><tr><th scope="col">Given</th><th scope="col">User</th><th scope="col">Device</th><th scope="col">What they said</th><th scope="col">Upload</th><th scope="col">Read</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr data-id="{{id}}"><td class="nowrap">{{createdAt}}</td><td>{{uid}}</td><td>{{host}}</td><td class="said">{{text}}</td><td>{{status}}</td><td class="links"><a class="moment" href="{{moment}}">At that moment</a> <a href="/console/logs?feedback={{id}}">Its logs</a> <a href="/console/feedback/{{id}}/files">Files</a> <code title="{{id}}">{{shortID}}</code></td></tr>
+        <tr data-id="{{id}}"><td data-label="Given" class="nowrap">{{createdAt}}</td><td data-label="User">{{uid}}</td><td data-label="Device">{{host}}</td><td data-label="What they said" class="said">{{text}}</td><td data-label="Upload" class="wrap">{{status}}</td><td data-label="Read" class="links"><a class="moment" href="{{moment}}">At that moment</a> <a href="/console/logs?feedback={{id}}">Its logs</a> <a href="/console/feedback/{{id}}/files">Files</a> <code title="{{id}}">{{shortID}}</code></td></tr>
         {{/rows}}
         {{^rows}}<tr><td colspan="6">No feedback yet.</td></tr>{{/rows}}
         </tbody>
@@ -441,11 +441,11 @@ enum ConsoleTemplates {
         {{#searched}}
         <nav class="pages" aria-label="Pages of records">{{#first}}<a href="{{first}}">First</a>{{/first}}{{#previous}}<a href="{{previous}}" rel="prev" id="previous-page">Previous page</a>{{/previous}}{{#next}}<a href="{{next}}" rel="next" id="next-page">Next page</a>{{/next}}<a href="{{latest}}">Latest</a></nav>
         <div class="table-wrap">
-        <table class="logs" id="records"{{#follow}} data-follow="{{follow}}"{{/follow}}>
-        <thead><tr><th scope="col">Time (UTC)</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
+        <table class="logs cards" id="records"{{#follow}} data-follow="{{follow}}"{{/follow}}>
+        <thead><tr><th scope="col">Time</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr class="level-{{level}}{{#current}} current{{/current}}" data-id="{{id}}"{{#current}} aria-current="true"{{/current}}><td class="nowrap"><a class="open" href="/console/records/{{id}}">{{time}}</a></td><td>{{host}}</td><td>{{app}}</td><td class="level">{{level}}</td><td>{{type}}</td><td>{{uid}}</td><td class="message">{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
+        <tr class="level-{{level}}{{#current}} current{{/current}}" data-id="{{id}}"{{#current}} aria-current="true"{{/current}}><td data-label="Time" class="nowrap"><a class="open" href="/console/records/{{id}}">{{time}}</a></td><td data-label="Host">{{host}}</td><td data-label="App">{{app}}</td><td data-label="Level" class="level">{{level}}</td><td data-label="Type">{{type}}</td><td data-label="User">{{uid}}</td><td data-label="Message" class="message">{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
         {{/rows}}
         </tbody>
         </table>
@@ -495,11 +495,11 @@ enum ConsoleTemplates {
         <table class="metadata"><caption>Metadata</caption><tbody>{{#rows}}<tr><th scope="row">{{key}}</th><td>{{value}}</td></tr>{{/rows}}</tbody></table>
         {{/metadata}}
         <div class="table-wrap">
-        <table class="logs context"><caption>Before and after it on this device</caption>
-        <thead><tr><th scope="col">Time (UTC)</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
+        <table class="logs context cards"><caption>Before and after it on this device</caption>
+        <thead><tr><th scope="col">Time</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
         <tbody>
         {{#context}}
-        <tr class="level-{{level}}{{#current}} current{{/current}}"{{#current}} aria-current="true"{{/current}}><td class="nowrap"><a href="/console/records/{{id}}">{{time}}</a></td><td class="level">{{level}}</td><td>{{type}}</td><td>{{uid}}</td><td class="message">{{message}}</td></tr>
+        <tr class="level-{{level}}{{#current}} current{{/current}}"{{#current}} aria-current="true"{{/current}}><td data-label="Time" class="nowrap"><a href="/console/records/{{id}}">{{time}}</a></td><td data-label="Level" class="level">{{level}}</td><td data-label="Type">{{type}}</td><td data-label="User">{{uid}}</td><td data-label="Message" class="message">{{message}}</td></tr>
         {{/context}}
         </tbody>
         </table>
@@ -517,11 +517,11 @@ enum ConsoleTemplates {
         <h1>Files of {{kind}} <code>{{id}}</code></h1>
         <p class="links"><a href="{{back}}">Back to the {{kind}}</a> <a href="{{logs}}">Read its logs</a>{{#zip}} <a class="button" href="{{zip}}">Everything as one zip</a>{{/zip}}</p>
         <div class="table-wrap">
-        <table class="files">
+        <table class="files cards">
         <thead><tr><th scope="col">Device</th><th scope="col">File</th><th scope="col">Kind</th><th scope="col">Size</th><th scope="col">SHA-256</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr><td>{{host}}</td><td><a href="{{href}}" download>{{name}}</a></td><td>{{kind}}</td><td class="nowrap">{{size}}</td><td><code class="digest">{{sha256}}</code></td></tr>
+        <tr><td data-label="Device">{{host}}</td><td data-label="File"><a href="{{href}}" download>{{name}}</a></td><td data-label="Kind">{{kind}}</td><td data-label="Size" class="nowrap">{{size}}</td><td data-label="SHA-256" class="detail"><code class="digest">{{sha256}}</code></td></tr>
         {{/rows}}
         {{^rows}}<tr><td colspan="5">No files yet: they are listed once a device's upload is complete, and go when the {{kind}} is removed.</td></tr>{{/rows}}
         </tbody>
@@ -600,9 +600,10 @@ enum ConsoleTemplates {
             // At most this many rows are added: beyond, the page stops following and says so.
             var stream = null, arrived = 0, most = 2000;
             var said = document.getElementById("followed");
-            var cell = function (text, name) {
+            var cell = function (text, name, label) {
               var td = document.createElement("td");
               if (name) { td.className = name; }
+              if (label) { td.setAttribute("data-label", label); }
               td.textContent = text;
               return td;
             };
@@ -627,18 +628,19 @@ enum ConsoleTemplates {
                   row.setAttribute("data-id", r.id);
                   var time = document.createElement("td"), open = document.createElement("a");
                   time.className = "nowrap";
+                  time.setAttribute("data-label", "Time");
                   open.className = "open";
                   open.href = "/console/records/" + encodeURIComponent(r.id);
                   open.textContent = r.time;
                   time.appendChild(open);
-                  var message = cell(r.message, "message");
+                  var message = cell(r.message, "message", "Message");
                   if (r.metadata) {
                     var small = document.createElement("small");
                     small.textContent = r.metadata;
                     message.appendChild(document.createElement("br"));
                     message.appendChild(small);
                   }
-                  [time, cell(r.host), cell(r.app), cell(r.level, "level"), cell(r.type), cell(r.uid), message].forEach(function (td) { row.appendChild(td); });
+                  [time, cell(r.host, "", "Host"), cell(r.app, "", "App"), cell(r.level, "level", "Level"), cell(r.type, "", "Type"), cell(r.uid, "", "User"), message].forEach(function (td) { row.appendChild(td); });
                   body.appendChild(row);
                   rows.push(row);
                 }
@@ -771,7 +773,8 @@ enum ConsoleTemplates {
         form.pull fieldset { grid-column: 1 / -1; display: flex; flex-wrap: wrap; gap: .4rem 1rem; border: 1px solid var(--line); border-radius: 4px; }
         form.pull button { grid-column: 2; justify-self: start; }
         a.button { display: inline-block; padding: .35rem .8rem; border: 1px solid var(--accent); border-radius: 4px; text-decoration: none; }
-        dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: .3rem 1rem; }
+        dl.facts { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: .3rem 1rem; }
+        h1 { overflow-wrap: anywhere; }
         dl.facts dt { color: var(--muted); }
         dl.facts dd { margin: 0; overflow-wrap: anywhere; }
         form.logs { display: flex; flex-wrap: wrap; gap: .4rem .8rem; align-items: center; margin-bottom: .8rem; }
@@ -795,12 +798,11 @@ enum ConsoleTemplates {
         table { border-collapse: collapse; width: 100%; }
         th, td { text-align: left; padding: .35rem .6rem; border-bottom: 1px solid var(--line); vertical-align: top; }
         th { white-space: nowrap; }
-        td { overflow-wrap: anywhere; }
+        td { overflow-wrap: break-word; }
+        td.message, td.said, td.detail, article.record td { overflow-wrap: anywhere; }
         td.nowrap, td code { white-space: nowrap; overflow-wrap: normal; }
         .status.online { color: var(--good); font-weight: 600; }
         .status.offline { color: var(--muted); }
-        @media (max-width: 700px) { table.agents th:nth-child(5), table.agents td:nth-child(5), table.agents th:nth-child(7), table.agents td:nth-child(7) { display: none; } }
-        @media (max-width: 700px) { table.logs th:nth-child(n), table.logs td:nth-child(n) { display: table-cell; } table.logs th:nth-child(2), table.logs td:nth-child(2), table.logs th:nth-child(3), table.logs td:nth-child(3), table.logs th:nth-child(5), table.logs td:nth-child(5) { display: none; } table.context th:nth-child(n), table.context td:nth-child(n) { display: table-cell; } }
         nav.pages, p.links { display: flex; flex-wrap: wrap; gap: .4rem 1rem; align-items: center; margin: .4rem 0; }
         table.logs tbody tr.selected td { background: color-mix(in srgb, var(--accent) 12%, transparent); }
         table.logs tbody tr.current td { box-shadow: inset 0 -2px 0 var(--accent); }
@@ -819,5 +821,20 @@ enum ConsoleTemplates {
         code.digest { font-size: .8rem; overflow-wrap: anywhere; white-space: normal; }
         kbd { font: .85em ui-monospace, monospace; padding: 0 .3em; border: 1px solid var(--line); border-radius: 3px; }
         td.links a { margin-right: .5rem; white-space: nowrap; }
+        /* Narrow screens: each row of a table is a card, each cell a labelled line; nothing hidden, nothing scrolls sideways. */
+        @media (max-width: 700px) {
+          table.cards, table.cards tbody { display: block; }
+          table.cards thead { display: none; }
+          table.cards caption { display: block; }
+          table.cards tr { display: block; padding: .4rem 0; border-bottom: 1px solid var(--line); }
+          table.cards td { display: block; position: relative; padding: .1rem .3rem .1rem 7.6rem; border: 0; white-space: normal; min-width: 0; min-height: 1.5em; }
+          table.cards td::before { content: attr(data-label); position: absolute; left: .3rem; width: 7rem; color: var(--muted); white-space: normal; }
+          table.cards td[data-label=""] { padding-left: .3rem; }
+          table.cards td[colspan] { padding-left: .3rem; }
+          table.cards td.nowrap, table.cards td code { white-space: normal; }
+          table.cards td.message { white-space: pre-wrap; min-width: 0; }
+          table.logs td:nth-child(n) { white-space: normal; }
+          header nav { flex-wrap: wrap; order: 3; flex-basis: 100%; }
+        }
         """
 }

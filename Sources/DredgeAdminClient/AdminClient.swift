@@ -164,6 +164,11 @@ public struct AdminClient: Sendable {
         try await call("POST", "/v1/records/search", body: search)
     }
 
+    /// How many records a search matches, per level, per host and over time (`POST /v1/records/stats`).
+    public func stats(_ search: RecordSearch) async throws -> RecordStats {
+        try await call("POST", "/v1/records/stats", body: search)
+    }
+
     /// The types, hosts and apps the server's records have (`GET /v1/records/vocabulary`).
     public func vocabulary() async throws -> RecordVocabulary {
         try await call("GET", "/v1/records/vocabulary")

@@ -183,7 +183,7 @@ import Testing
         let fixture = try Fixture()
         let enrollment = fixture.created.enrollmentToken
         try await fixture.test { api in
-            for (method, uri) in [(HTTPRequest.Method.get, "/v1/agents"), (.get, "/v1/pulls"), (.post, "/v1/pulls"), (.get, "/v1/feedback"), (.get, "/v1/audit"), (.get, "/v1/tokens"), (.delete, "/v1/tokens/admin/admin"), (.get, "/v1/records/vocabulary")] {
+            for (method, uri) in [(HTTPRequest.Method.get, "/v1/agents"), (.get, "/v1/pulls"), (.post, "/v1/pulls"), (.get, "/v1/feedback"), (.get, "/v1/audit"), (.get, "/v1/tokens"), (.delete, "/v1/tokens/admin/admin"), (.get, "/v1/records/vocabulary"), (.post, "/v1/records/stats")] {
                 for token in [nil, "nonsense", enrollment] {
                     let answer = try await api.call(method, uri, token: .some(token))
                     #expect(answer.status == .unauthorized, "\(method) \(uri) with \(token ?? "no token")")

@@ -540,6 +540,19 @@ import Testing
 
             let first = try await browser.get("/console/logs?pull=\(source.id)")
             #expect(first.status == .ok && first.body.contains("200 records on this page.") && first.body.contains(">record 0<"))
+            // The counts and the histogram of the whole search, above its pages (#50).
+            #expect(first.body.contains("<strong>251 records match.</strong>"))
+            #expect(first.body.contains(#"<a class="count level-error" href="/console/logs?level=error&amp;pull=\#(source.id)">error 1</a>"#))
+            #expect(first.body.contains(">info 250</a>") && first.body.contains(">kitchen-oven 251</a>"))
+            let bars = first.body.components(separatedBy: "<rect class=\"h-").count - 1
+            #expect(bars >= 2 && bars <= RecordStats.bucketCount + 1, "\(bars) bars")
+            let zoom = try #require(first.body.range(of: #"<a href="(/console/logs\?pull=[^"]+)"><title>"#, options: .regularExpression).map {
+                String(first.body[$0]).dropFirst(9).prefix { $0 != "\"" }.replacingOccurrences(of: "&amp;", with: "&")
+            })
+            #expect(zoom.contains("since=") && zoom.contains("until="))
+            let zoomed = try await browser.get(zoom)
+            #expect(zoomed.status == .ok && zoomed.body.contains("records match.</strong>") && !zoomed.body.contains("<strong>251 records match.</strong>"), "a bar narrows the time")
+            #expect(first.body.contains(#"data-zoom="/console/logs?pull=\#(source.id)""#))
             // A type no record has is told, with the known ones (#50); a known one that matches nothing is not.
             let typo = try await browser.get("/console/logs?pull=\(source.id)&type=netwrok")
             #expect(typo.body.contains("No record matches. <span class=\"problem\">No record has type &quot;netwrok&quot;; known: &quot;network&quot;, &quot;app&quot;.</span>"))
@@ -563,6 +576,26 @@ import Testing
         }
         let searches = try await fixture.audit("records.search")
         #expect(searches.allSatisfy { $0.actor == "admin" } && searches.contains { $0.detail.contains("pull=\(source.id)") })
+    }
+
+    /// #50: repeats grouped: a run of the same message, level and device on a page is one row,
+    /// counted; the link shows every record again.
+    @Test func theViewerGroupsRepeatedMessages() async throws {
+        let fixture = Fixture()
+        let source = RecordIndexConformanceTests.pull1
+        let messages = ["retrying", "retrying", "retrying", "connected", "retrying", "retrying"]
+        try await fixture.land(source, messages.enumerated().map { RecordIndexConformanceTests.line($0.offset, $0.element) })
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let all = try await browser.get("/console/logs?pull=\(source.id)")
+            #expect(all.body.components(separatedBy: "<tr class=\"level-").count - 1 == 6 && !all.body.contains("class=\"repeated\""))
+            let groupLink = try #require(Self.link(all.body, text: "Group repeats"))
+            let grouped = try await browser.get(groupLink)
+            #expect(grouped.body.components(separatedBy: "<tr class=\"level-").count - 1 == 3)
+            #expect(grouped.body.contains(">×3</span> retrying") && grouped.body.contains(">×2</span> retrying") && grouped.body.contains("connected"))
+            #expect(grouped.body.contains("<strong>6 records match.</strong>"), "the counts are the records'")
+            #expect(Self.link(grouped.body, text: "Show every record") == "/console/logs?pull=\(source.id)")
+        }
     }
 
     /// A pull's files are removed from its page after a question that changes nothing; the

@@ -392,6 +392,18 @@ def main():
         check(levels and levels <= {"warning", "error", "critical"}, f"only what was pulled: {levels}")
         check(all(c.text == "u-2" for c in driver.find_elements(By.CSS_SELECTOR, "table.logs tbody tr td:nth-child(6)")), "only u-2's records")
         shot("6b-logs")
+        # Its counts and histogram (#50): dragging across the middle of the bars narrows the time.
+        total = driver.find_element(By.CSS_SELECTOR, "section.stats strong").text
+        check(total.endswith("records match.") and driver.find_elements(By.CSS_SELECTOR, "figure.histogram rect"), f"the counts and the histogram: {total!r}")
+        svg = driver.find_element(By.CSS_SELECTOR, "figure.histogram svg")
+        width = svg.size["width"]
+        logs_url = driver.current_url
+        ActionChains(driver).move_to_element_with_offset(svg, int(-width * 0.3), 0).click_and_hold().move_by_offset(int(width * 0.4), 0).release().perform()
+        WebDriverWait(driver, 15).until(lambda d: "since=" in d.current_url and "until=" in d.current_url)
+        narrowed = driver.find_element(By.CSS_SELECTOR, "section.stats strong").text
+        check(int(narrowed.split()[0].replace(",", "")) < int(total.split()[0].replace(",", "")), f"a drag narrows the time: {total!r} then {narrowed!r}")
+        shot("6f-logs-zoomed")
+        driver.get(logs_url)
         driver.set_window_size(420, 800)
         check(driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1"), "the viewer: no sideways scrolling at 420 px")
         shot("6b-logs-narrow")

@@ -125,6 +125,22 @@ public final class AdminActions: Sendable {
         }
     }
 
+    /// How many records a search matches, per level, per host and over time: checked as a
+    /// search is, and audited as one (the audit's throttle keeps a page and its counts one entry).
+    public func stats(_ search: RecordSearch, by actor: String) async throws -> RecordStats {
+        guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
+        let counted = RecordStats.counted(search)
+        try Self.check(counted)
+        let stats: RecordStats
+        do {
+            stats = try await records.stats(counted)
+        } catch let error as RecordSearchError {
+            throw ActionError(.invalid, error.description)
+        }
+        try await searchOpened(search, by: actor)
+        return stats
+    }
+
     /// The types, hosts and apps the records have, for telling a filter's typo.
     public func vocabulary() async throws -> RecordVocabulary {
         guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }

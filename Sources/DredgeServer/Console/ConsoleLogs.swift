@@ -83,6 +83,64 @@ extension Console {
         Timestamp(userInput: text, now: now, timeZone: displayZone)
     }
 
+    /// Runs of records with the same message, level, host and app, each as its first record and
+    /// how many it stands for.
+    static func repeatsGrouped(_ records: [FoundRecord]) -> [(FoundRecord, Int)] {
+        var runs: [(FoundRecord, Int)] = []
+        for r in records {
+            if let last = runs.last?.0, last.message == r.message, last.level == r.level, last.hostShown == r.hostShown, last.appShown == r.appShown {
+                runs[runs.count - 1].1 += 1
+            } else {
+                runs.append((r, 1))
+            }
+        }
+        return runs
+    }
+
+    /// The counts and the histogram of a search, as the viewer's template reads them.
+    static func statsPage(_ stats: RecordStats, narrowed: ([String: String?]) -> String) -> [String: Any] {
+        var page: [String: Any] = [:]
+        let total = stats.total.formatted()
+        page["total"] = stats.complete ? "\(total) record\(stats.total == 1 ? "" : "s") match" : "More than \(total) records match"
+        if !stats.complete, let until = stats.countedUntil { page["partial"] = "The counts below are those of the first \(total), up to \(timeText(until.date, fraction: true))." }
+        page["levels"] = LogLevel.allCases.reversed().compactMap { level -> [String: Any]? in
+            guard let count = stats.levels[level.name] else { return nil }
+            return ["name": level.name, "count": count.formatted(), "href": narrowed(["level": level.name])]
+        }
+        page["hosts"] = stats.hosts.sorted { ($1.value, $0.key) < ($0.value, $1.key) }.prefix(12).map { host, count -> [String: Any] in
+            ["name": host.isEmpty ? "?" : host, "count": count.formatted(), "href": narrowed(["host": host.isEmpty ? nil : host])]
+        }
+        page["hasHosts"] = !stats.hosts.isEmpty
+        if stats.hosts.count > 12 { page["moreHosts"] = "and \(stats.hosts.count - 12) more" }
+        guard let from = stats.from, let to = stats.to, !stats.buckets.isEmpty else { return page }
+        // Bars stacked by level, most severe at the bottom, scaled to the fullest span; each a
+        // link to that span. Drawn with attributes only (the page allows no inline style).
+        let width = 600.0 / Double(stats.buckets.count), tallest = Double(stats.buckets.map { $0.values.reduce(0, +) }.max() ?? 1)
+        let iso = { (t: Timestamp) in t.rfc3339 }
+        page["histogram"] = [
+            "from": "\(from.microseconds)", "to": "\(to.microseconds)", "fromText": timeText(from.date), "toText": timeText(to.date),
+            "zoom": narrowed(["since": nil, "until": nil]),
+            "label": "Records over time by level, \(timeText(from.date)) to \(timeText(to.date))",
+            "bars": stats.buckets.enumerated().compactMap { index, counts -> [String: Any]? in
+                let sum = counts.values.reduce(0, +)
+                guard sum > 0 else { return nil }
+                let start = from.adding(.microseconds(stats.bucketMicroseconds * Int64(index)))
+                let end = Timestamp(microseconds: min(to.microseconds, start.microseconds + stats.bucketMicroseconds))
+                var y = 100.0
+                let rects = LogLevel.allCases.reversed().compactMap { level -> [String: Any]? in
+                    guard let count = counts[level.name], count > 0 else { return nil }
+                    let height = max(0.8, Double(count) / tallest * 96)
+                    y -= height
+                    return ["level": level.name, "x": String(format: "%.2f", Double(index) * width), "y": String(format: "%.2f", y),
+                            "w": String(format: "%.2f", max(width - 0.6, 0.4)), "h": String(format: "%.2f", height)]
+                }
+                let detail = LogLevel.allCases.reversed().compactMap { level in counts[level.name].map { "\($0) \(level.name)" } }.joined(separator: ", ")
+                return ["href": narrowed(["since": iso(start), "until": iso(end)]), "title": "\(timeText(start.date)) to \(timeText(end.date)): \(detail)", "rects": rects]
+            },
+        ]
+        return page
+    }
+
     static func registerLogs(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         console.get("logs") { request, _ in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
@@ -109,9 +167,13 @@ extension Console {
             // The record asked for is marked (and focused); on a page read backwards, the last
             // one: the moment or the page the reader came from is just below it.
             let focus = parameters["focus"] ?? (search.before != nil ? found.records.last.map { "\($0.id)" } : nil)
-            page["rows"] = found.records.map { r -> [String: Any] in
+            // With "group": a run of the same message (same level, host and app) is one row, counted.
+            let grouped = parameters["group"] == "1"
+            page["grouped"] = grouped
+            page["rows"] = (grouped ? repeatsGrouped(found.records) : found.records.map { ($0, 1) }).map { r, repeated -> [String: Any] in
                 var row = logRow(r)
                 if focus == "\(r.id)" { row["current"] = true }
+                if repeated > 1 { row["repeated"] = "×\(repeated)" }
                 return row
             }
             page["count"] = found.records.count
@@ -129,6 +191,17 @@ extension Console {
                 let kept = parameters.filter { !["after", "before", "focus", "from"].contains($0.key) && !$0.value.isEmpty }.sorted { $0.key < $1.key }
                 return url(path, kept.map { ($0.key, $0.value) } + (cursor.map { [($0.name, $0.value)] } ?? []))
             }
+            /// This search from its first page, with `changes` (nil removes a field).
+            func narrowed(_ changes: [String: String?]) -> String {
+                var kept = parameters.filter { !["after", "before", "focus", "from"].contains($0.key) && !$0.value.isEmpty }
+                for (key, value) in changes { kept[key] = value }
+                return url("/console/logs", kept.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
+            }
+            // What the whole search matches, above its pages: counts per level and host, and the
+            // records over time by level, whose bars (or a drag across them) zoom the time range.
+            let stats = try await d.actions.stats(search, by: session.tokenName)
+            page["stats"] = statsPage(stats, narrowed: narrowed)
+            page["groupLink"] = narrowed(["group": grouped ? nil : "1"])
             if let next = found.next { page["next"] = link(("after", next)) }
             if let previous = found.previous { page["previous"] = link(("before", previous)) }
             if search.after != nil || search.before != nil { page["first"] = link(nil) }

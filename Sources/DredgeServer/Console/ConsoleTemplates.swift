@@ -439,13 +439,28 @@ enum ConsoleTemplates {
         {{#hint}}<p class="hint">{{hint}}</p>{{/hint}}
         {{#indexing}}<p class="hint">{{indexing}}</p>{{/indexing}}
         {{#searched}}
-        <nav class="pages" aria-label="Pages of records">{{#first}}<a href="{{first}}">First</a>{{/first}}{{#previous}}<a href="{{previous}}" rel="prev" id="previous-page">Previous page</a>{{/previous}}{{#next}}<a href="{{next}}" rel="next" id="next-page">Next page</a>{{/next}}<a href="{{latest}}">Latest</a></nav>
+        {{#stats}}
+        <section class="stats" aria-label="What the search matches">
+        <p class="summary"><strong>{{total}}.</strong>{{#partial}} {{partial}}{{/partial}}
+        {{#levels}}<a class="count level-{{name}}" href="{{href}}">{{name}} {{count}}</a> {{/levels}}
+        {{#hasHosts}}<span class="hosts">On</span>{{/hasHosts}} {{#hosts}}<a class="count" href="{{href}}">{{name}} {{count}}</a> {{/hosts}}{{#moreHosts}}<span class="hint">{{moreHosts}}</span>{{/moreHosts}}</p>
+        {{#histogram}}
+        <figure class="histogram">
+        <svg viewBox="0 0 600 100" preserveAspectRatio="none" role="img" aria-label="{{label}}" data-from="{{from}}" data-to="{{to}}" data-zoom="{{zoom}}">
+        {{#bars}}<a href="{{href}}"><title>{{title}}</title>{{#rects}}<rect class="h-{{level}}" x="{{x}}" y="{{y}}" width="{{w}}" height="{{h}}"></rect>{{/rects}}</a>{{/bars}}
+        </svg>
+        <figcaption><span>{{fromText}}</span> <span class="hint">a bar, or a drag across the bars, narrows the time</span> <span>{{toText}}</span></figcaption>
+        </figure>
+        {{/histogram}}
+        </section>
+        {{/stats}}
+        <nav class="pages" aria-label="Pages of records">{{#first}}<a href="{{first}}">First</a>{{/first}}{{#previous}}<a href="{{previous}}" rel="prev" id="previous-page">Previous page</a>{{/previous}}{{#next}}<a href="{{next}}" rel="next" id="next-page">Next page</a>{{/next}}<a href="{{latest}}">Latest</a> <a href="{{groupLink}}">{{#grouped}}Show every record{{/grouped}}{{^grouped}}Group repeats{{/grouped}}</a></nav>
         <div class="table-wrap">
         <table class="logs cards" id="records"{{#follow}} data-follow="{{follow}}"{{/follow}}>
         <thead><tr><th scope="col">Time</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr class="level-{{level}}{{#current}} current{{/current}}" data-id="{{id}}"{{#current}} aria-current="true"{{/current}}><td data-label="Time" class="nowrap"><a class="open" href="/console/records/{{id}}">{{time}}</a></td><td data-label="Host">{{host}}</td><td data-label="App">{{app}}</td><td data-label="Level" class="level">{{level}}</td><td data-label="Type">{{type}}</td><td data-label="User">{{uid}}</td><td data-label="Message" class="message">{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
+        <tr class="level-{{level}}{{#current}} current{{/current}}" data-id="{{id}}"{{#current}} aria-current="true"{{/current}}><td data-label="Time" class="nowrap"><a class="open" href="/console/records/{{id}}">{{time}}</a></td><td data-label="Host">{{host}}</td><td data-label="App">{{app}}</td><td data-label="Level" class="level">{{level}}</td><td data-label="Type">{{type}}</td><td data-label="User">{{uid}}</td><td data-label="Message" class="message">{{#repeated}}<span class="repeated" title="the same message, level and device, one after another on this page">{{repeated}}</span> {{/repeated}}{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
         {{/rows}}
         </tbody>
         </table>
@@ -535,6 +550,43 @@ enum ConsoleTemplates {
     /// event updates the rows' text (never markup), a target that joined reloads the page.
     static let script = """
         "use strict";
+        // The viewer's histogram: a drag across the bars narrows the search to that time.
+        (function () {
+          var svg = document.querySelector("figure.histogram svg[data-zoom]");
+          if (!svg) { return; }
+          var from = Number(svg.getAttribute("data-from")), to = Number(svg.getAttribute("data-to"));
+          var start = null, band = null;
+          var at = function (event) {
+            var box = svg.getBoundingClientRect();
+            return Math.min(1, Math.max(0, (event.clientX - box.left) / box.width));
+          };
+          svg.addEventListener("pointerdown", function (event) {
+            start = at(event);
+            band = document.createElementNS("http://www.w3.org/2000/svg", "rect");
+            band.setAttribute("class", "selection");
+            band.setAttribute("y", "0");
+            band.setAttribute("height", "100");
+            svg.appendChild(band);
+            svg.setPointerCapture(event.pointerId);
+          });
+          svg.addEventListener("pointermove", function (event) {
+            if (start === null) { return; }
+            var now = at(event);
+            band.setAttribute("x", String(Math.min(start, now) * 600));
+            band.setAttribute("width", String(Math.abs(now - start) * 600));
+          });
+          svg.addEventListener("pointerup", function (event) {
+            if (start === null) { return; }
+            var end = at(event), low = Math.min(start, end), high = Math.max(start, end);
+            start = null;
+            if (high - low < 0.01) { band.remove(); return; }  // a click: the bar's own link
+            event.preventDefault();
+            var iso = function (fraction) { return new Date(Math.floor((from + (to - from) * fraction) / 1000)).toISOString(); };
+            var zoom = svg.getAttribute("data-zoom");
+            window.location.href = zoom + (zoom.indexOf("?") < 0 ? "?" : "&") + "since=" + encodeURIComponent(iso(low)) + "&until=" + encodeURIComponent(iso(high));
+          });
+          svg.addEventListener("click", function (event) { if (band && band.parentNode && Number(band.getAttribute("width")) >= 6) { event.preventDefault(); } });
+        })();
         // The zone times are shown in: the browser's own (a cookie the server reads), or UTC.
         (function () {
           var buttons = document.querySelectorAll("button[data-zone]");
@@ -821,6 +873,19 @@ enum ConsoleTemplates {
         code.digest { font-size: .8rem; overflow-wrap: anywhere; white-space: normal; }
         kbd { font: .85em ui-monospace, monospace; padding: 0 .3em; border: 1px solid var(--line); border-radius: 3px; }
         td.links a { margin-right: .5rem; white-space: nowrap; }
+        section.stats .summary { display: flex; flex-wrap: wrap; gap: .3rem .7rem; align-items: baseline; margin: .3rem 0; }
+        a.count { white-space: nowrap; }
+        figure.histogram { margin: .2rem 0 .8rem; }
+        figure.histogram svg { display: block; width: 100%; height: 90px; border-bottom: 1px solid var(--line); cursor: crosshair; touch-action: none; }
+        figure.histogram figcaption { display: flex; justify-content: space-between; gap: 1rem; font-size: .85rem; color: var(--muted); }
+        rect.h-critical, rect.h-error { fill: var(--bad); }
+        rect.h-warning { fill: #d4a72c; }
+        rect.h-notice { fill: #1f9eab; }
+        rect.h-info { fill: var(--accent); opacity: .75; }
+        rect.h-debug, rect.h-trace { fill: var(--muted); opacity: .6; }
+        rect.selection { fill: var(--accent); opacity: .2; }
+        figure.histogram a:hover rect, figure.histogram a:focus rect { opacity: 1; stroke: var(--fg); stroke-width: .5; }
+        span.repeated { display: inline-block; padding: 0 .35rem; border-radius: 8px; background: var(--line); font-size: .8rem; font-weight: 600; }
         /* Narrow screens: each row of a table is a card, each cell a labelled line; nothing hidden, nothing scrolls sideways. */
         @media (max-width: 700px) {
           table.cards, table.cards tbody { display: block; }

@@ -47,6 +47,9 @@ public protocol RecordIndex: Sendable {
     /// The types, hosts and apps the records have (``RecordVocabulary``): types of every record
     /// ever added, hosts and apps as the search's filters match them.
     func vocabulary() async throws -> RecordVocabulary
+    /// How many records `search`'s filters match (its cursor and page size aside), per level,
+    /// per host and over time (``RecordStats``), counted in time order up to a bound.
+    func stats(_ search: RecordSearch) async throws -> RecordStats
 }
 
 extension RecordVocabulary {

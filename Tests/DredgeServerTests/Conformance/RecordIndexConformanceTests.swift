@@ -123,6 +123,32 @@ import Testing
         ])
     }
 
+    /// #50: a search's counts, per level and host and over time, are those of the records its
+    /// filters match, whatever its cursor and page size (a pull from two devices: the per-source
+    /// statement; full text: the words' index).
+    @Test(arguments: PersistenceBackend.all)
+    func statsCountWhatTheFiltersMatch(_ backend: PersistenceBackend) async throws {
+        let index = try await indexed(backend, [
+            (Self.pull1, [Self.line(10, "a declined", level: "error"), Self.line(20, "b", level: "warning"), Self.line(30, "c declined", level: "error")]),
+            (Self.pull1b, [Self.line(15, "d", uid: "u-2", context: 2), Self.line(25, "e declined")]),
+            (Self.feedback2, [Self.line(40, "f")]),
+        ])
+        var search = RecordSearch(pull: Self.id(1))
+        search.after = "1.1"
+        search.limit = 1
+        let stats = try await index.stats(search)
+        #expect(stats.total == 5 && stats.complete)
+        #expect(stats.levels == ["error": 2, "warning": 1, "info": 2])
+        #expect(stats.hosts == ["kitchen-oven": 4, "bakery-oven": 1])
+        #expect(stats.from == Self.at(10) && stats.to == Timestamp(microseconds: Self.at(30).microseconds + 1))
+        #expect(stats.buckets.map { $0.values.reduce(0, +) }.reduce(0, +) == 5 && stats.buckets.first == ["error": 1] && stats.buckets.last == ["error": 1])
+        var words = RecordSearch(text: "declined")
+        words.levels = ["error"]
+        #expect(try await index.stats(words).total == 2)
+        #expect(try await index.stats(RecordSearch(uid: "u-2")).hosts == ["bakery-oven": 1])
+        #expect(try await index.stats(RecordSearch(uid: "nobody")) == RecordStats())
+    }
+
     /// #49: a source is named by the device its agent is registered as, with a context's other
     /// host or app kept as claimed beside it (and searched by the registered names only); with
     /// `onlyUID`, records of another uid are counted and never stored. Sources begun without a

@@ -14,6 +14,10 @@ enum RecordRoutes {
             // and written again.
             return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: try page.jsonBytes())))
         }
+        routes.post("stats") { request, context in
+            let search = try await AdminAPI.decode(RecordSearch.self, from: request)
+            return try AdminAPI.json(try await actions.stats(search, by: context.tokenName ?? "?"))
+        }
         routes.get("vocabulary") { _, _ in try AdminAPI.json(try await actions.vocabulary()) }
         routes.get(":id") { request, context in
             guard let id = Int64(try context.parameters.require("id")), id > 0 else { throw ActionError(.invalid, "a record id is a positive integer") }

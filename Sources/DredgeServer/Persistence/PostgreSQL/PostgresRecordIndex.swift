@@ -207,14 +207,58 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
         }
     }
 
+    /// A pull's or a feedback's sources by id (matched by equality, which the (source, time)
+    /// index orders).
+    private static func sources(of search: RecordSearch, on c: PostgresConnection) async throws -> [Int64]? {
+        var sources: [Int64]?
+        for (kind, ref) in [("pull", search.pull), ("feedback", search.feedback)] {
+            guard let ref else { continue }
+            let found = Set(try await c.rows("SELECT id FROM source WHERE kind = \(kind) AND ref = \(ref)").map { try $0.decode(Int64.self) })
+            sources = (sources.map { Set($0).intersection(found) } ?? found).sorted()
+        }
+        return sources
+    }
+
+    public func stats(_ search: RecordSearch) async throws -> RecordStats {
+        let counted = RecordStats.counted(search), bound = RecordStats.maximumCounted
+        return try await snapshot { c in
+            let sources = try await Self.sources(of: counted, on: c)
+            // The search's records in time order, `rows + 1` at most, as (ts, level, host):
+            // counted and grouped by PostgreSQL, never read out one by one.
+            func first(_ rows: Int) throws -> PostgresQuery {
+                try PostgresRecordQuery(counted, sources: sources, select: PostgresRecordQuery.statsColumns, rows: rows).query
+            }
+            func around(_ query: PostgresQuery, _ outer: (String) -> String) -> PostgresQuery { PostgresQuery(unsafeSQL: outer("(\(query.sql)) AS q"), binds: query.binds) }
+            // One pass for the count and the ends, over one record more than the bound: it tells
+            // whether the count stops there; only then the ends of the first `bound` are read again.
+            func ends(_ query: PostgresQuery) async throws -> (count: Int64, low: Int64?, high: Int64?) {
+                guard let row = try await c.rows(around(query) { "SELECT count(*), min(ts), max(ts) FROM \($0)" }).first else { return (0, nil, nil) }
+                let (count, low, high) = try row.decode((Int64, Int64?, Int64?).self)
+                return (count, low, high)
+            }
+            var kept = try first(bound)
+            var (count, low, high) = try await ends(kept)
+            let over = count > Int64(bound)
+            if over {
+                kept = try first(bound - 1)
+                (count, low, high) = try await ends(kept)
+            }
+            guard let low, let high else { return RecordStats.make(counted, over: over, first: nil, last: nil, buckets: [], hosts: [:]) }
+            let span = RecordStats.Span(counted, first: low, last: high, over: over)
+            // The second pass: per span, level and host at once.
+            var buckets: [(bucket: Int64, level: Int, count: Int)] = [], hosts: [String: Int] = [:]
+            for row in try await c.rows(around(kept) { "SELECT (ts - \(span.from)) / \(span.width), level, host, count(*) FROM \($0) GROUP BY 1, 2, 3" }) {
+                let (bucket, level, host, count) = try row.decode((Int64, Int32, String, Int64).self)
+                buckets.append((bucket: bucket, level: Int(level), count: Int(count)))
+                hosts[host, default: 0] += Int(count)
+            }
+            return RecordStats.make(counted, over: over, first: low, last: high, buckets: buckets, hosts: hosts)
+        }
+    }
+
     public func search(_ search: RecordSearch) async throws -> RecordPage {
         try await snapshot { c in
-            var sources: [Int64]?
-            for (kind, ref) in [("pull", search.pull), ("feedback", search.feedback)] {
-                guard let ref else { continue }
-                let found = Set(try await c.rows("SELECT id FROM source WHERE kind = \(kind) AND ref = \(ref)").map { try $0.decode(Int64.self) })
-                sources = (sources.map { Set($0).intersection(found) } ?? found).sorted()
-            }
+            let sources = try await Self.sources(of: search, on: c)
             let query = try PostgresRecordQuery(search, sources: sources)
             func exists(_ search: RecordSearch, after: String? = nil, before: String? = nil) async throws -> Bool {
                 var probe = search
@@ -290,9 +334,13 @@ struct PostgresRecordQuery {
         s.host, s.app, s.app_version, s.os
         """
     static let joins = "FROM record r JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context"
+    /// What ``RecordStats`` counts of each record: its time, level, and host as shown.
+    static let statsColumns = "SELECT r.ts AS ts, r.level AS level, coalesce(s.host, c.host, '') AS host"
 
-    init(_ search: RecordSearch, sources: [Int64]?) throws {
-        limit = min(max(search.limit ?? RecordSearch.defaultLimit, 1), RecordSearch.maximumLimit)
+    /// `select` and `rows`: other columns than a page's (``statsColumns``), and how many rows at
+    /// most (instead of the search's page size).
+    init(_ search: RecordSearch, sources: [Int64]?, select: String? = nil, rows: Int? = nil) throws {
+        limit = rows ?? min(max(search.limit ?? RecordSearch.defaultLimit, 1), RecordSearch.maximumLimit)
         var binds = PostgresBindings()
         func bind(_ value: some PostgresDynamicTypeEncodable) -> String {
             binds.append(value)
@@ -371,7 +419,7 @@ struct PostgresRecordQuery {
         }
         backwards = search.before != nil && search.arrivedAfter == nil
         let filter = clauses.isEmpty ? "" : "WHERE " + clauses.joined(separator: " AND ")
-        query = PostgresQuery(unsafeSQL: "\(Self.columns) \(Self.joins) \(filter) ORDER BY \(order) LIMIT \(limit + 1)", binds: binds)
+        query = PostgresQuery(unsafeSQL: "\(select ?? Self.columns) \(Self.joins) \(filter) ORDER BY \(order) LIMIT \(limit + 1)", binds: binds)
     }
 
     /// A prefix term for `to_tsquery`: the words quoted (quotes and backslashes doubled), `:*`.

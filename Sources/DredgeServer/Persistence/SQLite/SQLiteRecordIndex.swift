@@ -316,17 +316,58 @@ public final class SQLiteRecordIndex: RecordIndex, Sendable {
 
     // MARK: Searching
 
+    /// A pull's or a feedback's sources by id: with one (a device's pull, a feedback) its
+    /// records are read in order straight from the (source, time) index, a page costing a page
+    /// whatever the size of the pull or the direction.
+    static func sources(of search: RecordSearch, _ db: Database) throws -> [Int64]? {
+        var sources: [Int64]?
+        for (kind, ref) in [("pull", search.pull), ("feedback", search.feedback)] {
+            guard let ref else { continue }
+            let found = Set(try Int64.fetchAll(db, sql: "SELECT id FROM source WHERE kind = ? AND ref = ?", arguments: [kind, ref]))
+            sources = (sources.map { Set($0).intersection(found) } ?? found).sorted()
+        }
+        return sources
+    }
+
+    public func stats(_ search: RecordSearch) async throws -> RecordStats {
+        let counted = RecordStats.counted(search), bound = RecordStats.maximumCounted
+        return try await pool.read { db in
+            let sources = try Self.sources(of: counted, db)
+            // The search's records in time order, `rows + 1` at most, as (id, ts, level, host):
+            // counted and grouped by SQLite, never read out one by one.
+            func first(_ rows: Int) throws -> SQLRecordQuery {
+                try SQLRecordQuery(counted, scanLimit: scanLimit, sources: sources, select: SQLRecordQuery.statsColumns, rows: rows)
+            }
+            // One pass for the count and the ends, over one record more than the bound: it tells
+            // whether the count stops there; only then the ends of the first `bound` are read again.
+            var kept = try first(bound)
+            let ends = try Row.fetchOne(db, sql: "SELECT count(*), min(ts), max(ts) FROM (\(kept.sql))", arguments: kept.arguments)
+            let over = (ends?[0] as Int? ?? 0) > bound
+            var low: Int64? = ends?[1], high: Int64? = ends?[2]
+            if over {
+                kept = try first(bound - 1)
+                let shorter = try Row.fetchOne(db, sql: "SELECT min(ts), max(ts) FROM (\(kept.sql))", arguments: kept.arguments)
+                (low, high) = (shorter?[0], shorter?[1])
+            }
+            guard let low, let high else { return RecordStats.make(counted, over: over, first: nil, last: nil, buckets: [], hosts: [:]) }
+            let span = RecordStats.Span(counted, first: low, last: high, over: over)
+            // The second pass: per span, level and host at once.
+            var buckets: [(bucket: Int64, level: Int, count: Int)] = [], hosts: [String: Int] = [:]
+            for row in try Row.fetchAll(
+                db, sql: "SELECT (ts - \(span.from)) / \(span.width), level, host, count(*) FROM (\(kept.sql)) GROUP BY 1, 2, 3",
+                arguments: kept.arguments)
+            {
+                let count: Int = row[3]
+                buckets.append((bucket: row[0], level: row[1], count: count))
+                hosts[row[2], default: 0] += count
+            }
+            return RecordStats.make(counted, over: over, first: low, last: high, buckets: buckets, hosts: hosts)
+        }
+    }
+
     public func search(_ search: RecordSearch) async throws -> RecordPage {
         try await pool.read { db in
-            // A pull's or a feedback's sources by id: with one (a device's pull, a feedback) its
-            // records are read in order straight from the (source, time) index, a page costing
-            // a page whatever the size of the pull or the direction.
-            var sources: [Int64]?
-            for (kind, ref) in [("pull", search.pull), ("feedback", search.feedback)] {
-                guard let ref else { continue }
-                let found = Set(try Int64.fetchAll(db, sql: "SELECT id FROM source WHERE kind = ? AND ref = ?", arguments: [kind, ref]))
-                sources = (sources.map { Set($0).intersection(found) } ?? found).sorted()
-            }
+            let sources = try Self.sources(of: search, db)
             let query = try SQLRecordQuery(search, scanLimit: scanLimit, sources: sources)
             var rows = RecordRows()
             func page(sql: String, arguments: StatementArguments) throws -> (records: [FoundRecord], more: Bool) {
@@ -455,6 +496,8 @@ public struct SQLRecordQuery: Sendable {
         c.host, c.app, c.app_version, c.os, c.process, r.source, r.context, s.host, s.app, s.app_version, s.os
         """
     static let joins = "FROM record r JOIN source s ON s.id = r.source LEFT JOIN context c ON c.id = r.context"
+    /// What ``RecordStats`` counts of each record: its time, level, and host as shown.
+    static let statsColumns = "SELECT r.id AS id, r.ts AS ts, r.level AS level, coalesce(s.host, c.host, '') AS host"
 
     /// A page cursor, `<µs>.<id>`.
     static func cursor(_ text: String, _ member: String) throws -> (Int64, Int64) {
@@ -483,8 +526,10 @@ public struct SQLRecordQuery: Sendable {
     /// `sources`: the ids of the sources the search's pull and feedback name, when the caller
     /// looked them up (in the same read): they are then matched by equality, which the
     /// (source, time) index orders; otherwise through a subquery.
-    public init(_ search: RecordSearch, scanLimit: Int = SQLRecordQuery.defaultScanLimit, sources: [Int64]? = nil) throws {
-        limit = min(max(search.limit ?? RecordSearch.defaultLimit, 1), RecordSearch.maximumLimit)
+    /// `select` and `rows`: other columns than a page's (``statsColumns``), and how many rows at
+    /// most (instead of the search's page size).
+    public init(_ search: RecordSearch, scanLimit: Int = SQLRecordQuery.defaultScanLimit, sources: [Int64]? = nil, select: String? = nil, rows: Int? = nil) throws {
+        limit = rows ?? min(max(search.limit ?? RecordSearch.defaultLimit, 1), RecordSearch.maximumLimit)
         followsArrival = search.arrivedAfter != nil
         var clauses: [String] = []
         var values: [Binding] = []
@@ -616,7 +661,7 @@ public struct SQLRecordQuery: Sendable {
             all.append("r.id IN (SELECT rowid FROM record_text WHERE record_text MATCH ?)")
             allValues.append(.text(match.joined(separator: " AND ")))
         }
-        let columns = Self.columns
+        let columns = select ?? Self.columns
         if let sources, (2...Self.mergedSources).contains(sources.count), match.isEmpty, search.arrivedAfter == nil {
             // Several sources (a pull from several devices): each source's page in order from
             // the (source, time) index, then merged, instead of collecting and sorting all of

@@ -257,6 +257,15 @@ public struct PullRequest: Sendable, Equatable, Codable {
     }
 }
 
+/// How a pull's reason is searched: ASCII letters folded to lower case, every other character
+/// as written; a reason matches when its folded text holds the folded search (both back ends
+/// and the CLI fold alike).
+public enum PullReason {
+    public static func folded(_ text: String) -> String {
+        String(decoding: text.utf8.map { (65...90).contains($0) ? $0 + 32 : $0 }, as: UTF8.self)
+    }
+}
+
 /// The rule for a `reason` (on a pull or a search): nil when it is fine.
 public func reasonProblem(_ reason: String) -> String? {
     if reason.utf8.count > 256 { return "a reason is at most 256 bytes" }

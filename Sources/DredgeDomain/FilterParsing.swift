@@ -4,7 +4,7 @@ import Foundation
 extension Timestamp {
     /// The forms ``init(userInput:now:timeZone:)`` accepts, for help texts and errors.
     public static let userInputForms =
-        "now, today, yesterday, a duration ago (90m, 2d, 1w), a date (2026-11-20), a time (2026-11-20T10:00 or 2026-11-20 10:00:30.5), or a time with its zone as Dredge prints them (2026-11-20 10:00:00 UTC, 2026-11-20T10:00:00Z, 2026-11-20 11:00:00 +01:00); dates and times without a zone are in local time"
+        "now, today, yesterday, a duration ago (90m, 2d, 1w), a date (2026-11-20), a time (2026-11-20T10:00 or 2026-11-20 10:00:30.5), or a time with its zone as Dredge prints them (2026-11-20 10:00:00 UTC, 2026-11-20T10:00:00Z, 2026-11-20 11:00:00 +01:00); dates and times without a zone are in the zone times are shown in (this machine's, or UTC with --utc)"
 
     /// Accepts `now`; `today` and `yesterday` (midnight, local time); a duration before `now`:
     /// a number with `s`, `m`, `h`, `d` or `w` (`90m`, `2d`); a date `YYYY-MM-DD` (midnight,
@@ -91,7 +91,7 @@ extension Timestamp {
             days -= 1
             rest += 86_400_000_000
         }
-        let (year, month, day) = Self.civil(days)
+        let (year, month, day) = Self.civil(fromDays: days)
         let second = rest / 1_000_000
         func two(_ n: Int64) -> String { n < 10 ? "0\(n)" : "\(n)" }
         var text = "\(year)-\(two(Int64(month)))-\(two(Int64(day))) \(two(second / 3600)):\(two(second / 60 % 60)):\(two(second % 60))"
@@ -104,19 +104,6 @@ extension Timestamp {
         let sign = offset < 0 ? "-" : "+"
         let minutes = abs(offset) / 60
         return text + " \(sign)\(two(Int64(minutes / 60))):\(two(Int64(minutes % 60)))"
-    }
-
-    /// Days since 1970-01-01 as a proleptic Gregorian date (Howard Hinnant's algorithm).
-    static func civil(_ days: Int64) -> (year: Int64, month: Int, day: Int) {
-        let z = days + 719_468
-        let era = (z >= 0 ? z : z - 146_096) / 146_097
-        let doe = z - era * 146_097
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
-        let mp = (5 * doy + 2) / 153
-        let day = Int(doy - (153 * mp + 2) / 5 + 1)
-        let month = Int(mp < 10 ? mp + 3 : mp - 9)
-        return (yoe + era * 400 + (month <= 2 ? 1 : 0), month, day)
     }
 
     /// `YYYY-MM-DD`, or with `T`/space `HH:MM`, `HH:MM:SS`, `HH:MM:SS.ffffff`, in `timeZone`.

@@ -35,8 +35,8 @@ public struct LogFilter: Sendable, Hashable {
         return f
     }
 
-    /// The filter as one line for people, in one wording wherever it is shown (the CLI in local
-    /// time, the console in UTC, an error's detail in RFC 3339): "since …, until …, levels
+    /// The filter as one line for people, in one wording wherever it is shown (each surface's
+    /// times as it prints them, with their zone; an error's detail in RFC 3339): "since …, until …, levels
     /// warning,error, types app, containing "timeout"", or "everything". The uid is not said
     /// (the pull names it).
     public func summary(time: (Timestamp) -> String) -> String {

@@ -199,6 +199,11 @@ struct PullsCommand: AsyncParsableCommand {
         let narrowed = uid != nil || status != nil || reason != nil
         // Narrowed here (the reason on the server), so the window is wider when narrowing.
         var pulls = try await calling { try await client.pulls(limit: narrowed ? 1000 : nil, reason: reason) }
+        // Again here: a server from before reasons were kept ignores `reason` and lists every pull.
+        if let reason {
+            let needle = PullReason.folded(reason)
+            pulls = pulls.filter { $0.reason.map { PullReason.folded($0).contains(needle) } ?? false }
+        }
         if let uid { pulls = pulls.filter { $0.uid == uid } }
         if let status {
             pulls = pulls.compactMap { pull in

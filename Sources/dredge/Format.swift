@@ -19,7 +19,7 @@ enum Format {
     /// "removed 2026-11-20 10:00:00 +01:00 by alice (T-1): files deleted"
     static func removed(_ r: Removal) -> String {
         let by = r.by == Removal.retention ? "after the server's retention" : "by \(r.by)"
-        return "removed \(time(r.at)) \(by)" + (r.reason.isEmpty || r.by == Removal.retention ? "" : " (\(r.reason))") + ": files deleted"
+        return "removed \(time(r.at)) \(Terminal.field(by))" + (r.reason.isEmpty || r.by == Removal.retention ? "" : " (\(Terminal.field(r.reason)))") + ": files deleted"
     }
 
     static func status(_ t: PullTarget) -> String {

@@ -569,7 +569,7 @@ def main():
                 driver.get(url)
                 problems = driver.execute_script(LAYOUT)
                 check(problems == [], f"{url[len(base):]} at {width} px: {problems[:6]}")
-            shot(f"11-record-{width}")
+            shot(f"11-tour-end-{width}")
         driver.set_window_size(1280, 800)
 
         # Revoking a token asks first; the question's Cancel changes nothing.

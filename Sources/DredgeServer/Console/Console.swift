@@ -311,9 +311,6 @@ enum Console {
 
 }
 
-/// Every error under /console as a page with the console's headers (not the API's JSON): the
-/// status and message of an ``AdminAPIError`` or Hummingbird's own, and for anything else a
-/// 500 without details (logged).
 /// Runs each console request in the time zone its reader chose (the `dredge_console_tz`
 /// cookie), UTC otherwise: every time a page shows and every time field it reads.
 struct ConsoleZone: RouterMiddleware {
@@ -325,6 +322,9 @@ struct ConsoleZone: RouterMiddleware {
     }
 }
 
+/// Every error under /console as a page with the console's headers (not the API's JSON): the
+/// status and message of an ``AdminAPIError`` or Hummingbird's own, and for anything else a
+/// 500 without details (logged).
 struct ConsoleErrors: RouterMiddleware {
     typealias Context = AdminRequestContext
     let library: MustacheLibrary

@@ -10,7 +10,7 @@ extension Console {
     static func signedInPage(_ title: String, _ session: ConsoleSessions.Session, current: String) -> [String: Any] {
         [
             "title": title, "signedIn": true, "on" + current: true, "tokenName": session.tokenName, "csrf": session.csrf, "zone": zoneText(),
-            "localZone": displayZone.secondsFromGMT() != 0 || !["UTC", "GMT"].contains(displayZone.identifier),
+            "localZone": !["UTC", "GMT"].contains(displayZone.identifier),
         ]
     }
 
@@ -104,7 +104,7 @@ extension Console {
                 return try await tokensPage(session, created: created)
             }
         }
-        // Revoking asks first (the page carries no script: a page of its own).
+        // Revoking asks first, on a page of its own: acting never depends on the page's script.
         console.get("tokens/revoke") { request, _ in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let fields = query(request)

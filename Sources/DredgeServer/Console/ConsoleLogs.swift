@@ -70,7 +70,7 @@ extension Console {
         url("/console/logs", [filter, ("before", "\(time.microseconds).0")])
     }
 
-    /// What a time field that ``dayOrTime(_:)`` refuses is told.
+    /// What a time field that ``timeInput(_:now:)`` refuses is told.
     static func timeInputProblem(_ name: String) -> String {
         "\(name) must be a time, 1970–9999: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20 10:00 (in the zone the console shows), or with a zone as Dredge prints times (2026-11-20 10:00:00 UTC, … +01:00)"
     }
@@ -83,15 +83,18 @@ extension Console {
         Timestamp(userInput: text, now: now, timeZone: displayZone)
     }
 
-    /// Runs of records with the same message, level, host and app, each as its first record and
-    /// how many it stands for.
-    static func repeatsGrouped(_ records: [FoundRecord]) -> [(FoundRecord, Int)] {
-        var runs: [(FoundRecord, Int)] = []
+    /// Runs of records with the same message, level, type, user, host and app (their metadata
+    /// may differ), each as its first record, how many it stands for, and their ids.
+    static func repeatsGrouped(_ records: [FoundRecord]) -> [(first: FoundRecord, count: Int, ids: Set<Int64>)] {
+        var runs: [(first: FoundRecord, count: Int, ids: Set<Int64>)] = []
         for r in records {
-            if let last = runs.last?.0, last.message == r.message, last.level == r.level, last.hostShown == r.hostShown, last.appShown == r.appShown {
-                runs[runs.count - 1].1 += 1
+            if let last = runs.last?.first, last.message == r.message, last.level == r.level, last.type == r.type, last.uid == r.uid,
+                last.hostShown == r.hostShown, last.appShown == r.appShown
+            {
+                runs[runs.count - 1].count += 1
+                runs[runs.count - 1].ids.insert(r.id)
             } else {
-                runs.append((r, 1))
+                runs.append((r, 1, [r.id]))
             }
         }
         return runs
@@ -108,7 +111,8 @@ extension Console {
             return ["name": level.name, "count": count.formatted(), "href": narrowed(["level": level.name])]
         }
         page["hosts"] = stats.hosts.sorted { ($1.value, $0.key) < ($0.value, $1.key) }.prefix(12).map { host, count -> [String: Any] in
-            ["name": host.isEmpty ? "?" : host, "count": count.formatted(), "href": narrowed(["host": host.isEmpty ? nil : host])]
+            // Records whose device is not known cannot be narrowed to: no link.
+            host.isEmpty ? ["name": "unknown device", "count": count.formatted()] : ["name": host, "count": count.formatted(), "href": narrowed(["host": host])]
         }
         page["hasHosts"] = !stats.hosts.isEmpty
         if stats.hosts.count > 12 { page["moreHosts"] = "and \(stats.hosts.count - 12) more" }
@@ -129,7 +133,7 @@ extension Console {
                 var y = 100.0
                 let rects = LogLevel.allCases.reversed().compactMap { level -> [String: Any]? in
                     guard let count = counts[level.name], count > 0 else { return nil }
-                    let height = max(0.8, Double(count) / tallest * 96)
+                    let height = min(max(0.8, Double(count) / tallest * 96), y)
                     y -= height
                     return ["level": level.name, "x": String(format: "%.2f", Double(index) * width), "y": String(format: "%.2f", y),
                             "w": String(format: "%.2f", max(width - 0.6, 0.4)), "h": String(format: "%.2f", height)]
@@ -152,8 +156,8 @@ extension Console {
                 page["problem"] = problem
                 return html(library, "logs", page, status: .badRequest)
             }
-            guard search.uid != nil || search.pull != nil || search.feedback != nil else {
-                page["hint"] = "Choose a user, a pull or a feedback to read."
+            guard search.uid != nil || search.pull != nil || search.feedback != nil || search.hosts != nil else {
+                page["hint"] = "Choose a user, a device, a pull or a feedback to read."
                 return html(library, "logs", page)
             }
             search.reason = nil
@@ -170,9 +174,9 @@ extension Console {
             // With "group": a run of the same message (same level, host and app) is one row, counted.
             let grouped = parameters["group"] == "1"
             page["grouped"] = grouped
-            page["rows"] = (grouped ? repeatsGrouped(found.records) : found.records.map { ($0, 1) }).map { r, repeated -> [String: Any] in
+            page["rows"] = (grouped ? repeatsGrouped(found.records) : found.records.map { ($0, 1, [$0.id]) }).map { r, repeated, ids -> [String: Any] in
                 var row = logRow(r)
-                if focus == "\(r.id)" { row["current"] = true }
+                if let focus, let id = Int64(focus), ids.contains(id) { row["current"] = true }
                 if repeated > 1 { row["repeated"] = "×\(repeated)" }
                 return row
             }
@@ -182,8 +186,13 @@ extension Console {
             // Nothing found on a first page with a type, host or app no record has: most likely
             // a typo, said with the known ones.
             if found.records.isEmpty && search.after == nil && search.before == nil && (search.types != nil || search.hosts != nil || search.apps != nil) {
-                let unknown = try await d.actions.vocabulary().unknown(in: search).map { sentence($0) }
-                if !unknown.isEmpty { page["unknown"] = unknown.joined(separator: " ") }
+                do {
+                    let unknown = try await d.actions.vocabulary().unknown(in: search).map { sentence($0) }
+                    if !unknown.isEmpty { page["unknown"] = unknown.joined(separator: " ") }
+                } catch {
+                    // Only a hint: the page stands without it.
+                    d.logger.warning("the viewer's typo hint failed", metadata: ["error": "\(error)"])
+                }
             }
             if found.indexing > 0 { page["indexing"] = "\(found.indexing) pull(s) or feedback still being indexed: more may come." }
             /// This search at another page: the filters kept, the cursor replaced.
@@ -224,8 +233,8 @@ extension Console {
             let parameters = query(request)
             let (parsed, problem) = logSearch(parameters)
             guard var search = parsed else { throw AdminAPIError(.badRequest, "bad_request", problem ?? "The search cannot be read.") }
-            guard search.uid != nil || search.pull != nil || search.feedback != nil else {
-                throw AdminAPIError(.badRequest, "bad_request", "Choose a user, a pull or a feedback to follow.")
+            guard search.uid != nil || search.pull != nil || search.feedback != nil || search.hosts != nil else {
+                throw AdminAPIError(.badRequest, "bad_request", "Choose a user, a device, a pull or a feedback to follow.")
             }
             let resumed = request.headers[HTTPFields.Element.Name("Last-Event-ID")!].flatMap { Int64($0) }
             guard let from = parameters["from"].flatMap({ Int64($0) }), from >= 0, (resumed ?? 0) >= 0 else {

@@ -162,7 +162,7 @@ extension Console {
             return html(library, "pull", page)
         }
 
-        // Removing a pull's files asks first (the page carries no script: a page of its own).
+        // Removing a pull's files asks first, on a page of its own: acting never depends on the page's script.
         @Sendable func removePage(_ session: ConsoleSessions.Session, _ pull: PullRecord, problem: String?, status: HTTPResponse.Status) async throws -> Response {
             var page = signedInPage("Remove pull \(pull.id.prefix(8))", session, current: "Pulls")
             let hosts = try await d.actions.hostnames()

@@ -443,7 +443,7 @@ enum ConsoleTemplates {
         <section class="stats" aria-label="What the search matches">
         <p class="summary"><strong>{{total}}.</strong>{{#partial}} {{partial}}{{/partial}}
         {{#levels}}<a class="count level-{{name}}" href="{{href}}">{{name}} {{count}}</a> {{/levels}}
-        {{#hasHosts}}<span class="hosts">On</span>{{/hasHosts}} {{#hosts}}<a class="count" href="{{href}}">{{name}} {{count}}</a> {{/hosts}}{{#moreHosts}}<span class="hint">{{moreHosts}}</span>{{/moreHosts}}</p>
+        {{#hasHosts}}<span class="hosts">On</span>{{/hasHosts}} {{#hosts}}{{#href}}<a class="count" href="{{href}}">{{name}} {{count}}</a>{{/href}}{{^href}}<span class="count">{{name}} {{count}}</span>{{/href}} {{/hosts}}{{#moreHosts}}<span class="hint">{{moreHosts}}</span>{{/moreHosts}}</p>
         {{#histogram}}
         <figure class="histogram">
         <svg viewBox="0 0 600 100" preserveAspectRatio="none" role="img" aria-label="{{label}}" data-from="{{from}}" data-to="{{to}}" data-zoom="{{zoom}}">
@@ -460,7 +460,7 @@ enum ConsoleTemplates {
         <thead><tr><th scope="col">Time</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
         <tbody>
         {{#rows}}
-        <tr class="level-{{level}}{{#current}} current{{/current}}" data-id="{{id}}"{{#current}} aria-current="true"{{/current}}><td data-label="Time" class="nowrap"><a class="open" href="/console/records/{{id}}">{{time}}</a></td><td data-label="Host">{{host}}</td><td data-label="App">{{app}}</td><td data-label="Level" class="level">{{level}}</td><td data-label="Type">{{type}}</td><td data-label="User">{{uid}}</td><td data-label="Message" class="message">{{#repeated}}<span class="repeated" title="the same message, level and device, one after another on this page">{{repeated}}</span> {{/repeated}}{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
+        <tr class="level-{{level}}{{#current}} current{{/current}}" data-id="{{id}}"{{#current}} aria-current="true"{{/current}}><td data-label="Time" class="nowrap"><a class="open" href="/console/records/{{id}}">{{time}}</a></td><td data-label="Host">{{host}}</td><td data-label="App">{{app}}</td><td data-label="Level" class="level">{{level}}</td><td data-label="Type">{{type}}</td><td data-label="User">{{uid}}</td><td data-label="Message" class="message">{{#repeated}}<span class="repeated" title="records with the same message, level, type, user and device, one after another on this page (their metadata may differ): the first is shown">{{repeated}}</span> {{/repeated}}{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
         {{/rows}}
         </tbody>
         </table>
@@ -484,7 +484,7 @@ enum ConsoleTemplates {
         <p class="links"><a class="permalink" href="/console/records/{{id}}">Permalink</a> <a href="{{timeline}}">In the timeline</a> <a href="{{files}}">Files of this {{sourceKind}}</a></p>
         <p class="message">{{message}}</p>
         <dl class="facts">
-        <dt>Time (UTC)</dt><dd>{{time}} <small>{{rfc3339}}</small></dd>
+        <dt>Time</dt><dd>{{time}} <small>{{rfc3339}}</small></dd>
         <dt>User</dt><dd>{{uid}}</dd>
         <dt>Device</dt><dd>{{host}}</dd>
         {{#app}}<dt>App</dt><dd>{{app}}</dd>{{/app}}
@@ -581,9 +581,10 @@ enum ConsoleTemplates {
             start = null;
             if (high - low < 0.01) { band.remove(); return; }  // a click: the bar's own link
             event.preventDefault();
-            var iso = function (fraction) { return new Date(Math.floor((from + (to - from) * fraction) / 1000)).toISOString(); };
+            // Milliseconds: the start rounded down and the (exclusive) end up, so the records at the edges stay in.
+            var iso = function (fraction, round) { return new Date(round((from + (to - from) * fraction) / 1000)).toISOString(); };
             var zoom = svg.getAttribute("data-zoom");
-            window.location.href = zoom + (zoom.indexOf("?") < 0 ? "?" : "&") + "since=" + encodeURIComponent(iso(low)) + "&until=" + encodeURIComponent(iso(high));
+            window.location.href = zoom + (zoom.indexOf("?") < 0 ? "?" : "&") + "since=" + encodeURIComponent(iso(low, Math.floor)) + "&until=" + encodeURIComponent(iso(high, Math.ceil));
           });
           svg.addEventListener("click", function (event) { if (band && band.parentNode && Number(band.getAttribute("width")) >= 6) { event.preventDefault(); } });
         })();

@@ -222,11 +222,9 @@ extension NewPull {
 /// Reading a pull's stored columns, the same for every implementation: a value that does not
 /// read back is an error naming the row (never a guess), except the filter a pull *shows*.
 enum PullRows {
-    /// What a reason search looks for: the text with ASCII letters lowered, matched against
-    /// the reason lowered the same way (both back ends fold ASCII only, so they agree).
-    static func reasonNeedle(_ text: String) -> String {
-        String(decoding: text.utf8.map { (65...90).contains($0) ? $0 + 32 : $0 }, as: UTF8.self)
-    }
+    /// What a reason search looks for (``PullReason/folded(_:)``), matched against the reason
+    /// folded the same way by the database (both back ends fold ASCII only, so they agree).
+    static func reasonNeedle(_ text: String) -> String { PullReason.folded(text) }
 
     /// A stored status.
     static func status(_ stored: String, of id: String) throws -> PullStatus {

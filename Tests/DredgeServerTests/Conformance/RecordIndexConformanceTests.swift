@@ -147,6 +147,16 @@ import Testing
         #expect(try await index.stats(words).total == 2)
         #expect(try await index.stats(RecordSearch(uid: "u-2")).hosts == ["bakery-oven": 1])
         #expect(try await index.stats(RecordSearch(uid: "nobody")) == RecordStats())
+
+        // Records before 1970 (a negative first time) are counted too: the statement stays whole.
+        try await index.begin(Self.feedback2, contexts: Self.contexts, landedAt: Date())
+        let old = [#"{"ts":"1969-12-31T23:59:00.000000Z","level":"info","type":"app","uid":"old","message":"m","context":1}"#,
+                   #"{"ts":"1969-12-31T23:59:30.000000Z","level":"error","type":"app","uid":"old","message":"n","context":1}"#]
+        _ = try await index.add(Self.feedback2, lines: Array((old.joined(separator: "\n") + "\n").utf8))
+        try await index.finish(Self.feedback2)
+        let before1970 = try await index.stats(RecordSearch(uid: "old"))
+        #expect(before1970.total == 2 && before1970.levels == ["info": 1, "error": 1] && before1970.from == Timestamp(microseconds: -60_000_000))
+        #expect(before1970.buckets.first == ["info": 1] && before1970.buckets.last == ["error": 1])
     }
 
     /// #49: a source is named by the device its agent is registered as, with a context's other

@@ -247,7 +247,7 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
             let span = RecordStats.Span(counted, first: low, last: high, over: over)
             // The second pass: per span, level and host at once.
             var buckets: [(bucket: Int64, level: Int, count: Int)] = [], hosts: [String: Int] = [:]
-            for row in try await c.rows(around(kept) { "SELECT (ts - \(span.from)) / \(span.width), level, host, count(*) FROM \($0) GROUP BY 1, 2, 3" }) {
+            for row in try await c.rows(around(kept) { "SELECT (ts - (\(span.from))) / \(span.width), level, host, count(*) FROM \($0) GROUP BY 1, 2, 3" }) {
                 let (bucket, level, host, count) = try row.decode((Int64, Int32, String, Int64).self)
                 buckets.append((bucket: bucket, level: Int(level), count: Int(count)))
                 hosts[host, default: 0] += Int(count)

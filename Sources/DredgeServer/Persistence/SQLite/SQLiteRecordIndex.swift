@@ -354,7 +354,7 @@ public final class SQLiteRecordIndex: RecordIndex, Sendable {
             // The second pass: per span, level and host at once.
             var buckets: [(bucket: Int64, level: Int, count: Int)] = [], hosts: [String: Int] = [:]
             for row in try Row.fetchAll(
-                db, sql: "SELECT (ts - \(span.from)) / \(span.width), level, host, count(*) FROM (\(kept.sql)) GROUP BY 1, 2, 3",
+                db, sql: "SELECT (ts - (\(span.from))) / \(span.width), level, host, count(*) FROM (\(kept.sql)) GROUP BY 1, 2, 3",
                 arguments: kept.arguments)
             {
                 let count: Int = row[3]

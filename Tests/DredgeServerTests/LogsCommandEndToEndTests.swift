@@ -142,7 +142,7 @@ import Testing
 
         // Bad flags: exit 64, and the error lists what is accepted.
         for (arguments, says) in [
-            (["--since", "99999999d"], "yesterday"), (["--since", "2026-02-30"], "local time"), (["--level", "loud"], "critical"),
+            (["--since", "99999999d"], "yesterday"), (["--since", "2026-02-30"], "this machine's"), (["--level", "loud"], "critical"),
             (["--where", "status"], "key=value"), (["--type", "Bad Type"], "lowercase"), (["--around", "now", "--since", "2d"], "not both"),
             (["--around", "now", "--window", "5y"], "30s"), (["--pull", "../x"], "32 lowercase hex"), (["--words", "***"], "no word"),
             (["--grep", "a", "--words", "b"], "old name of --words"),

@@ -96,14 +96,7 @@ public final class AdminActions: Sendable {
 
     /// A page of records: the search checked, run, and audited (``searchAudit``).
     public func search(_ search: RecordSearch, by actor: String) async throws -> RecordPage {
-        guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
-        try Self.check(search)
-        var page: RecordPage
-        do {
-            page = try await records.search(search)
-        } catch let error as RecordSearchError {
-            throw ActionError(.invalid, error.description)
-        }
+        var page = try await indexed(search) { try await $0.search(search) }
         if let indexer = services.indexer { page.indexing += indexer.queued }
         try await searchOpened(search, by: actor)
         return page
@@ -116,10 +109,15 @@ public final class AdminActions: Sendable {
 
     /// The next page of a followed search (``searchOpened(_:by:)`` audited it once, not per page).
     public func followed(_ search: RecordSearch) async throws -> RecordPage {
+        try await indexed(search) { try await $0.search(search) }
+    }
+
+    /// `read` on the index, for a search checked first; the index's refusal as an invalid request.
+    private func indexed<T>(_ search: RecordSearch, _ read: (any RecordIndex) async throws -> T) async throws -> T {
         guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
         try Self.check(search)
         do {
-            return try await records.search(search)
+            return try await read(records)
         } catch let error as RecordSearchError {
             throw ActionError(.invalid, error.description)
         }
@@ -128,15 +126,8 @@ public final class AdminActions: Sendable {
     /// How many records a search matches, per level, per host and over time: checked as a
     /// search is, and audited as one (the audit's throttle keeps a page and its counts one entry).
     public func stats(_ search: RecordSearch, by actor: String) async throws -> RecordStats {
-        guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
         let counted = RecordStats.counted(search)
-        try Self.check(counted)
-        let stats: RecordStats
-        do {
-            stats = try await records.stats(counted)
-        } catch let error as RecordSearchError {
-            throw ActionError(.invalid, error.description)
-        }
+        let stats = try await indexed(counted) { try await $0.stats(counted) }
         try await searchOpened(search, by: actor)
         return stats
     }

@@ -131,7 +131,8 @@ enum Console {
         console.get("agents/:id") { request, context in
             guard let session = try await checked(request, d) else { return toSignIn(request) }
             let id = try context.parameters.require("id")
-            guard let agent = try await d.actions.agents().first(where: { $0.agentID == id }) else {
+            let all = try await d.actions.agents()
+            guard let agent = all.first(where: { $0.agentID == id }) else {
                 throw AdminAPIError(.notFound, "not_found", "There is no such agent.")
             }
             var page = signedInPage(agent.hostname.isEmpty ? "Agent \(id.prefix(8))" : agent.hostname, session, current: "Agents")
@@ -151,7 +152,7 @@ enum Console {
                 page["moreUsers"] = "The store holds \(agent.reportedUsers)\(agent.usersTruncated ? " or more" : "") users; those seen lately are listed. A pull by user id reaches every one of them."
             }
             let looked = 200
-            let hosts = try await d.actions.hostnames()
+            let hosts = Dictionary(all.map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
             page["looked"] = looked
             page["pulls"] = try await d.actions.pulls(limit: looked, disk: false)
                 .filter { $0.agentID == id || $0.targets.contains { $0.agentID == id } }.prefix(20).map { pullRow($0, hosts) }

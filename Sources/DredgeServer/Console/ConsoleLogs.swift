@@ -195,16 +195,17 @@ extension Console {
                 }
             }
             if found.indexing > 0 { page["indexing"] = "\(found.indexing) pull(s) or feedback still being indexed: more may come." }
+            /// The search's fields without its cursor.
+            let kept = parameters.filter { !["after", "before", "focus", "from"].contains($0.key) && !$0.value.isEmpty }
             /// This search at another page: the filters kept, the cursor replaced.
             func link(_ cursor: (name: String, value: String)?, path: String = "/console/logs") -> String {
-                let kept = parameters.filter { !["after", "before", "focus", "from"].contains($0.key) && !$0.value.isEmpty }.sorted { $0.key < $1.key }
-                return url(path, kept.map { ($0.key, $0.value) } + (cursor.map { [($0.name, $0.value)] } ?? []))
+                url(path, kept.sorted { $0.key < $1.key }.map { ($0.key, $0.value) } + (cursor.map { [($0.name, $0.value)] } ?? []))
             }
             /// This search from its first page, with `changes` (nil removes a field).
             func narrowed(_ changes: [String: String?]) -> String {
-                var kept = parameters.filter { !["after", "before", "focus", "from"].contains($0.key) && !$0.value.isEmpty }
-                for (key, value) in changes { kept[key] = value }
-                return url("/console/logs", kept.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
+                var fields = kept
+                for (key, value) in changes { fields[key] = value }
+                return url("/console/logs", fields.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
             }
             // What the whole search matches, above its pages: counts per level and host, and the
             // records over time by level, whose bars (or a drag across them) zoom the time range.

@@ -23,7 +23,9 @@ public final class AgentClient: Service, Sendable {
     let hostOverrides: WireHostInfo
     let stop = StopSignal()
     /// When the current connection became ready, if it did.
-    let established = ReadySince()
+    let established = Handoff<ContinuousClock.Instant>()
+    /// What the server said, in its `Goodbye`, of its planned return.
+    let plannedReturn = Handoff<PlannedReturn>()
     let uploads: UploadManager
     /// The active uids of the last heartbeat that could read them.
     let lastActiveUIDs = Mutex<[String]>([])
@@ -82,7 +84,7 @@ public final class AgentClient: Service, Sendable {
         }
         defer { outbox.cancel() }
         await withTaskCancellationOrGracefulShutdownHandler {
-            var backoff = Backoff(initial: min(.seconds(1), self.maxReconnectDelay), maximum: self.maxReconnectDelay)
+            var reconnection = Reconnection(backoff: Backoff(initial: min(.seconds(1), self.maxReconnectDelay), maximum: self.maxReconnectDelay))
             let addresses = self.addresses
             // The address tried next, and how many in a row failed before a connection was ready.
             var current = 0, failedInARow = 0
@@ -96,6 +98,17 @@ public final class AgentClient: Service, Sendable {
                 }
                 if Task.isCancelled || self.stop.isStopped { break }
                 let ready = self.established.take().map { ContinuousClock.now - $0 }
+                if let planned = self.plannedReturn.take() {
+                    // A planned restart: try every few seconds until the server said it would be
+                    // back; a cluster's next node at once, since this one is going away.
+                    reconnection.serverRestarting(planned, at: .now)
+                    self.logger.info("the server is restarting", metadata: ["server": "\(server)", "expected": "\(planned)"])
+                    if addresses.count > 1 {
+                        current = (current + 1) % addresses.count
+                        failedInARow = 1
+                        continue
+                    }
+                }
                 if ready == nil && addresses.count > 1 {
                     // This node did not take the connection (down, refusing): the next one is
                     // tried at once, and the backoff waits only once every one has failed.
@@ -107,8 +120,9 @@ public final class AgentClient: Service, Sendable {
                 // A connection that stayed ready a minute means the server is there: a drop
                 // after that is the network's, so start again from the shortest delay. One
                 // dropped sooner (a server that accepts, then falls over) keeps backing off.
-                // The node that dropped is tried first again, then the others.
-                let delay = backoff.afterConnection(readyFor: ready)
+                // The node that dropped is tried first again, then the others. While a
+                // restarting server's return is awaited, every few seconds instead.
+                let delay = reconnection.delay(afterReadyFor: ready)
                 self.logger.info("reconnecting", metadata: ["in": "\(Self.rounded(delay))"])
                 // Sleep, but wake at once on stop.
                 for _ in 0..<Int(delay / .milliseconds(100)) + 1 where !self.stop.isStopped {
@@ -136,7 +150,7 @@ public final class AgentClient: Service, Sendable {
                 let connection = AgentConnection(mode: .authenticate(agentID: state.file.agentID, host: host), key: state.key, channel: channel.channel, writer: outbound)
                 // Stopping says Goodbye to the server, then closes.
                 stop.onStop { connection.goodbye("agent stopping") }
-                let session = Session(connection: connection, uploads: uploads, established: established, logger: logger, server: "\(server)")
+                let session = Session(connection: connection, uploads: uploads, established: established, plannedReturn: plannedReturn, logger: logger, server: "\(server)")
                 defer { connection.closed("connection ended") }
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask {
@@ -255,14 +269,16 @@ public final class AgentClient: Service, Sendable {
         var watch: HeartbeatWatch?
         var failure: WireProtocolError?
         let uploads: UploadManager
-        let established: ReadySince
+        let established: Handoff<ContinuousClock.Instant>
+        let plannedReturn: Handoff<PlannedReturn>
         let logger: Logger
         let server: String
 
-        init(connection: AgentConnection, uploads: UploadManager, established: ReadySince, logger: Logger, server: String) {
+        init(connection: AgentConnection, uploads: UploadManager, established: Handoff<ContinuousClock.Instant>, plannedReturn: Handoff<PlannedReturn>, logger: Logger, server: String) {
             self.connection = connection
             self.uploads = uploads
             self.established = established
+            self.plannedReturn = plannedReturn
             self.logger = logger
             self.server = server
         }
@@ -301,6 +317,8 @@ public final class AgentClient: Service, Sendable {
                     break
                 case .deliver(let frame):
                     try await uploads.receive(frame)
+                case .plannedReturn(let planned):
+                    plannedReturn.set(planned)
                 case .closed(let error):
                     failure = error
                     return false
@@ -353,9 +371,10 @@ final class StopSignal: Sendable {
     }
 }
 
-/// When the current connection became ready; taken (and cleared) when it ends.
-final class ReadySince: Sendable {
-    private let value = Mutex<ContinuousClock.Instant?>(nil)
-    func set(_ instant: ContinuousClock.Instant) { value.withLock { $0 = instant } }
-    func take() -> ContinuousClock.Instant? { value.withLock { $0.take() } }
+/// A value one side of the connection leaves for the reconnect loop, which takes it once: when
+/// the connection became ready, what the server said of its planned return.
+final class Handoff<Value: Sendable>: Sendable {
+    private let value = Mutex<Value?>(nil)
+    func set(_ new: Value) { value.withLock { $0 = new } }
+    func take() -> Value? { value.withLock { $0.take() } }
 }

@@ -22,6 +22,8 @@ final class AgentConnection: Sendable {
         case enrolled(WireEnrollResponse)
         /// A frame for the command and upload layers.
         case deliver(WireFrame)
+        /// The server is restarting and said when it expects to be back; the connection ends.
+        case plannedReturn(PlannedReturn)
         /// The connection ends: after the server's error (or the one sent to it), or a `Goodbye`.
         case closed(WireProtocolError?)
     }
@@ -107,6 +109,8 @@ final class AgentConnection: Sendable {
                 events.append(.enrolled(response))
             case .deliver(let frame):
                 events.append(.deliver(frame))
+            case .plannedReturn(let planned):
+                events.append(.plannedReturn(planned))
             case .close(let error):
                 events.append(.closed(error))
             }
@@ -122,7 +126,7 @@ final class AgentConnection: Sendable {
             for event in events {
                 switch event {
                 case .established, .enrolled, .closed: return event
-                case .deliver: continue
+                case .deliver, .plannedReturn: continue
                 }
             }
             guard let frame = try await inbound.next() else { throw AgentError("the server closed the connection during the handshake") }

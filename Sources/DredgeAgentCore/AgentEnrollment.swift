@@ -68,7 +68,7 @@ public enum AgentEnrollment {
                 switch try await connection.handshake(&frames) {
                 case .enrolled(let r): response = r
                 case .closed(let error): failure = error
-                case .established, .deliver: break
+                case .established, .deliver, .plannedReturn: break
                 }
             }
         } catch {

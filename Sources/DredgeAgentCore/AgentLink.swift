@@ -45,7 +45,7 @@ public final class AgentLink: @unchecked Sendable {  // `inbound` is the one rea
                 return try await body(AgentLink(agentID: agentID, session: session, connection: connection, inbound: iterator, outbound: outbound))
             case .closed(let error):
                 throw AgentError("authentication failed: \(error?.description ?? "closed")")
-            case .enrolled, .deliver:
+            case .enrolled, .deliver, .plannedReturn:
                 throw AgentError("authentication failed: the server answered out of turn")
             }
         }
@@ -54,11 +54,15 @@ public final class AgentLink: @unchecked Sendable {  // `inbound` is the one rea
     /// The next frame for the agent (heartbeat acks, commands, upload replies); nil when the
     /// server closed. A protocol error from the server, or its `Goodbye`, is thrown.
     public func next() async throws -> WireFrame? {
+        var planned: PlannedReturn?
         while let frame = try await inbound.next() {
             for event in try await connection.receive(frame) {
                 switch event {
                 case .deliver(let frame): return frame
-                case .closed(let error): throw AgentError("the server closed the connection: \(error?.description ?? "goodbye")")
+                case .plannedReturn(let return_): planned = return_
+                case .closed(let error):
+                    let back = planned.map { " (\($0))" } ?? ""
+                    throw AgentError("the server closed the connection: \(error?.description ?? "goodbye")\(back)")
                 case .established, .enrolled: break
                 }
             }

@@ -43,6 +43,46 @@ extension Backoff {
     }
 }
 
+/// When the agent tries the server again: after its ``Backoff``, or, once the server said in
+/// its `Goodbye` that it is restarting and when it expects to be back (``PlannedReturn``,
+/// Protocol § 6, Planned restarts), every few seconds until then — each wait drawn from 50–150 %
+/// of the interval the server asked for, never longer than the backoff's longest — and then
+/// with the backoff where it was. Times and randomness are passed in, so tests need no clock.
+public struct Reconnection: Sendable {
+    public private(set) var backoff: Backoff
+    /// The server's planned return, and when trying at its interval ends.
+    public private(set) var planned: PlannedReturn?
+    private var plannedUntil: ContinuousClock.Instant?
+
+    public init(backoff: Backoff) { self.backoff = backoff }
+
+    /// The server is restarting (its `Goodbye` at `now`): try at its interval for its window.
+    public mutating func serverRestarting(_ planned: PlannedReturn, at now: ContinuousClock.Instant) {
+        self.planned = planned
+        plannedUntil = now + planned.window
+    }
+
+    /// Whether the server's planned return is still awaited at `now`.
+    public func awaitingReturn(at now: ContinuousClock.Instant) -> Bool { plannedUntil.map { now < $0 } ?? false }
+
+    /// The wait before the next attempt, after a connection that was ready for `readyFor` (nil:
+    /// it never got that far). A connection that stayed ready ``Backoff/resetAfterConnected``
+    /// starts the backoff again from its shortest delay, planned return or not.
+    public mutating func delay<R: RandomNumberGenerator>(afterReadyFor readyFor: Duration?, at now: ContinuousClock.Instant, using rng: inout R) -> Duration {
+        if let readyFor, readyFor >= Backoff.resetAfterConnected { backoff.reset() }
+        if let planned, awaitingReturn(at: now) {
+            return min(planned.retryEvery, backoff.maximum) * Double.random(in: 0.5...1.5, using: &rng)
+        }
+        (planned, plannedUntil) = (nil, nil)
+        return backoff.next(using: &rng)
+    }
+
+    public mutating func delay(afterReadyFor readyFor: Duration?, at now: ContinuousClock.Instant = .now) -> Duration {
+        var rng = SystemRandomNumberGenerator()
+        return delay(afterReadyFor: readyFor, at: now, using: &rng)
+    }
+}
+
 /// Whether the server still answers heartbeats: with no `HeartbeatAck` (or any other frame)
 /// for `missed` intervals, the connection is taken for dead and the agent reconnects, instead
 /// of waiting for TCP keepalive (hours). Times are passed in, so tests need no clock.

@@ -88,7 +88,8 @@ public enum ServerRuntime {
         let adminPort = options.adminPort ?? deployment.config.adminPort
         let application = try AdminAPI.application(
             actions: AdminActions(adminServices),
-            consoleSessions: ConsoleSessions(lifetime: options.consoleSessionMinutes.map { TimeInterval(min(max($0, 1), 10_080)) * 60 } ?? ConsoleSessions.defaultLifetime),
+            consoleSessions: ConsoleSessions(
+                vault: tokens, lifetime: options.consoleSessionMinutes.map { TimeInterval(min(max($0, 1), 10_080)) * 60 } ?? ConsoleSessions.defaultLifetime),
             host: adminHost, port: adminPort, tls: deployment.adminTLSConfiguration,
             caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self),
             connectionLimits: deployment.config.adminConnections ?? .default)

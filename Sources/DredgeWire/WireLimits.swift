@@ -54,4 +54,9 @@ public enum WireLimits {
     /// § Pull commands, Deadlines: a feedback upload not completed this long after its first
     /// UploadBegin fails.
     public static let feedbackLifetime: Duration = .seconds(7 * 86_400)
+    /// § Connection states, Planned restarts: the longest `back_within_ms` an agent honours.
+    public static let maxRestartWindow: Duration = .seconds(600)
+    /// § Connection states, Planned restarts: `retry_every_ms` when 0, and its bounds.
+    public static let defaultRestartRetry: Duration = .seconds(2)
+    public static let restartRetryRange: ClosedRange<Duration> = .seconds(1) ... .seconds(60)
 }

@@ -202,12 +202,19 @@ import Testing
         #expect(online, "agent log:\n\(agent.output)\nserver log:\n\(server.output)")
 
         // The server goes away and comes back on the same port: the agent reconnects by itself.
+        // It was told the restart is planned (Protocol § 6): it tries every 1–3 s meanwhile,
+        // not after a backoff that grows to a minute.
         #expect(server.stop() == 0)
         #expect(try ManagedProcess.waitFor { try d.agents().allSatisfy { ($0["connected"] as? Bool) == false } })
         let restarted = try ManagedProcess("dredge-server", ["run", "--data", d.data, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"], outputPath: d.dir.file("server2.log"))
         server = restarted
         #expect(try ManagedProcess.waitFor(timeout: .seconds(90)) { try d.agents().contains { ($0["connected"] as? Bool) == true } }, "agent log:\n\(agent.output)")
-        #expect(agent.output.contains("reconnecting"))
+        let told = agent.output.components(separatedBy: "\n").drop { !$0.contains("the server is restarting") }
+        #expect(told.first?.contains("expected=back within 60 s, retrying every 2 s") == true, "agent log:\n\(agent.output)")
+        let waits = told.filter { $0.hasSuffix("reconnecting") }.compactMap { line in
+            line.firstMatch(of: #/in=([0-9.]+) s /#).flatMap { Double($0.1) }
+        }
+        #expect(!waits.isEmpty && waits.allSatisfy { $0 >= 1 && $0 <= 3 }, "agent log:\n\(agent.output)")
 
         // Both stop gracefully.
         #expect(agent.stop() == 0)

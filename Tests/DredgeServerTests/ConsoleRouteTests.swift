@@ -89,19 +89,24 @@ import Testing
             try await Indexer(index: records, registry: nil, paths: paths, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }).index(source)
         }
 
-        func test(_ body: @Sendable (inout Browser) async throws -> Void) async throws {
+        /// Runs `body` against a console over the fixture's stores; `tokens`: another vault
+        /// instead of the fixture's (one opened anew on its database: a restarted server).
+        /// `cookies`: what the browser holds at first. Returns the cookies it holds at the end.
+        @discardableResult
+        func test(tokens: (any TokenVault)? = nil, cookies: [String: String] = [:], _ body: @Sendable (inout Browser) async throws -> Void) async throws -> [String: String] {
             let logger = Logger(label: "test.console") { _ in SwiftLogNoOpLogHandler() }
             let clock = clock
             let a = admin
             let services = AdminServices(
-                registry: a.registry, pulls: a.pulls, audit: a.pulls, issuer: a.issuer, feedback: a.feedback, tokens: a.tokens,
+                registry: a.registry, pulls: a.pulls, audit: a.pulls, issuer: a.issuer, feedback: a.feedback, tokens: tokens ?? a.tokens,
                 dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), records: records,
                 files: PullFiles(paths: DataDirectory(a.data), pulls: a.pulls, feedback: a.feedback), results: a.results, logger: logger)
             let app = try AdminAPI.application(
-                actions: AdminActions(services), consoleSessions: ConsoleSessions(lifetime: 3600, now: { clock.now() }), port: 0)
-            try await app.test(.router) { client in
-                var browser = Browser(client: client)
+                actions: AdminActions(services), consoleSessions: ConsoleSessions(vault: services.tokens, lifetime: 3600, now: { clock.now() }), port: 0)
+            return try await app.test(.router) { client in
+                var browser = Browser(client: client, cookies: cookies)
                 try await body(&browser)
+                return browser.cookies
             }
         }
 
@@ -153,6 +158,39 @@ import Testing
                 let answer = try await other.post("/console/sign-in", ["token": fixture.admin.created.adminToken, "csrf": page.csrf ?? "", "return": hostile])
                 #expect(answer.location == "/console/agents", "\(hostile.debugDescription)")
             }
+        }
+    }
+
+    /// #50: sessions are kept in the database with hashes only, so a restarted server (a vault
+    /// opened anew on the same database) keeps everyone signed in, with the same CSRF token;
+    /// signing out there ends the session for good.
+    @Test func aSessionOutlivesARestartOfTheServer() async throws {
+        let fixture = Fixture()
+        let cookies = try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            #expect(try await browser.get("/console/agents").status == .ok)
+        }
+        let id = try #require(cookies[Console.sessionCookie])
+        // Nothing in the database signs anyone in: neither the id nor the token is kept.
+        let kept = try await ServerDatabase(directory: fixture.admin.data).pool.read { db in
+            try String.fetchAll(db, sql: "SELECT key || ' ' || token_sha256 || ' ' || token_name FROM console_session")
+        }
+        #expect(kept == ["\(ConsoleSessions.key(id)) \(TokenFile.hash(fixture.admin.created.adminToken)) admin"])
+        #expect(!kept[0].contains(id) && !kept[0].contains(fixture.admin.created.adminToken))
+
+        let restarted = SQLiteTokenVault(try ServerDatabase(directory: fixture.admin.data))
+        let after = try await fixture.test(tokens: restarted, cookies: cookies) { browser in
+            let agents = try await browser.get("/console/agents")
+            #expect(agents.status == .ok && agents.body.contains("<h1>Agents</h1>"), "still signed in after the restart")
+            let id = try #require(browser.cookies[Console.sessionCookie])
+            #expect(agents.csrf == ConsoleSessions.csrf(id))
+            let out = try await browser.post("/console/sign-out", ["csrf": agents.csrf ?? ""])
+            #expect(out.location == "/console/sign-in")
+        }
+        #expect(after[Console.sessionCookie] == nil)
+        try await fixture.test(cookies: cookies) { browser in
+            let page = try await browser.get("/console/agents")
+            #expect(page.status == .seeOther, "signed out on one server instance: out on every one")
         }
     }
 

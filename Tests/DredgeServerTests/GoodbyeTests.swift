@@ -1,3 +1,4 @@
+import DredgeAgentCore
 import DredgeTestSupport
 import Foundation
 import Testing
@@ -34,6 +35,30 @@ import Testing
                 #expect(try await PullOutcomeTests.waitFor {
                     server.logs.records.contains { $0.message == "agent said goodbye" && $0.metadata["reason"] == "done for today" }
                 })
+            }
+        }
+    }
+
+    /// A server that stops gracefully tells its agents when it expects to be back (a planned
+    /// restart, Protocol § 6): 60 s by default, retrying every 2 s for a small fleet. With
+    /// `restartWithinSeconds` 0 it says nothing, and agents back off as before.
+    @Test(arguments: [60, 0]) func aStoppingServerSaysWhenItWillBeBack(_ restartWithin: Int) async throws {
+        let limits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 100, restartWithinSeconds: restartWithin)
+        try await withStopping(InProcessServer(connectionLimits: limits)) { server in
+            let agent = try await server.enrollAgent()
+            try await agent.connect { link in
+                try await link.heartbeat(activeUIDs: [])
+                _ = try await link.next()
+                async let stopped: Void = server.stop()
+                let error = await #expect(throws: AgentError.self) { while try await link.next() != nil {} }
+                try await stopped
+                let said = error?.description ?? ""
+                if restartWithin > 0 {
+                    #expect(said.hasSuffix("goodbye (back within 60 s, retrying every 2 s)"), "\(said)")
+                    #expect(server.logs.records.contains { $0.message == "telling the agents when to come back" && $0.metadata["agents"] == "1" })
+                } else {
+                    #expect(said.hasSuffix("the server closed the connection: goodbye"), "\(said)")
+                }
             }
         }
     }

@@ -620,6 +620,9 @@ final class FlakyTokens: Sendable {
         func list() async throws -> [TokenInfo] { try await inner.list() }
         func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated { try await inner.create(name: name, kind: kind, now: now) }
         func revoke(name: String, kind: TokenKind) async throws { try await inner.revoke(name: name, kind: kind) }
+        func openSession(_ session: StoredConsoleSession, capacity: Int, now: Date) async throws { try await inner.openSession(session, capacity: capacity, now: now) }
+        func session(key: String, now: Date) async throws -> StoredConsoleSession? { try await inner.session(key: key, now: now) }
+        func closeSession(key: String) async throws { try await inner.closeSession(key: key) }
     }
 
     func wrap(_ inner: any TokenVault) -> any TokenVault { Vault(inner: inner, owner: self) }

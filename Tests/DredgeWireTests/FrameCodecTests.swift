@@ -66,6 +66,8 @@ enum SampleFrames {
         add("upload_result") { $0.uploadResult = .with { $0.uploadID = "9b2f4c6d8e0a1b3c5d7e9f0a2b4c6d8e"; $0.ok = true; $0.files = 3; $0.records = 1_546 } }
         add("error") { $0.error = .with { $0.code = .errorChunkAuthFailed; $0.detail = "chunk 2 does not authenticate"; $0.fatal = false; $0.uploadID = "9b2f4c6d8e0a1b3c5d7e9f0a2b4c6d8e" } }
         add("goodbye") { $0.goodbye = .with { $0.reason = "server shutting down" } }
+        // The same message with the planned-restart fields (Protocol § 6): 60 s, retry every 2 s.
+        add("goodbye_planned_restart") { $0.goodbye = .with { $0.reason = "server shutting down"; $0.backWithinMs = 60_000; $0.retryEveryMs = 2_000 } }
         return frames
     }
 }
@@ -73,8 +75,8 @@ enum SampleFrames {
 @Suite struct FrameCodecTests {
     @Test func everyMessageTypeRoundTripsThroughTheCodec() throws {
         let frames = SampleFrames.all.map(\.1)
-        #expect(frames.count == 21)
-        // Every body case is covered once.
+        #expect(frames.count == 22)
+        // Every body case is covered (Goodbye twice: with and without its planned-restart fields).
         #expect(Set(frames.map { String(describing: $0.body!).prefix(while: { $0 != "(" }) }).count == 21)
         let pairs = try frames.map { frame -> (ByteBuffer, [WireFrame]) in
             (ByteBuffer(bytes: try FrameEncoder.bytes(of: frame)), [frame])
@@ -192,7 +194,8 @@ enum SampleFrames {
 }
 
 @Suite struct FrameVectorTests {
-    /// `Protocol/vectors/frames.json`: one frame of every message type, exact bytes.
+    /// `Protocol/vectors/frames.json`: one frame of every message type, exact bytes (and Goodbye's
+    /// planned-restart fields, added later within version 1).
     @Test func framesMatchTheCommittedVectors() throws {
         var frames: [[String: Any]] = []
         for (name, frame) in SampleFrames.all {
@@ -204,7 +207,7 @@ enum SampleFrames {
             #expect(try FrameDecoder.decodeFrame(from: &buffer) == frame)
         }
         let (committed, produced) = try Vectors.check("frames.json", [
-            "description": "One frame of every message type: 4-byte big-endian length, then the serialized dredge.v1.Frame. body_field is the Frame field number of the message.",
+            "description": "One frame of every message type (Goodbye twice: with and without its planned-restart fields): 4-byte big-endian length, then the serialized dredge.v1.Frame. body_field is the Frame field number of the message.",
             "frames": frames,
         ])
         #expect(committed == produced)

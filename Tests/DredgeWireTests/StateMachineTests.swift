@@ -19,6 +19,7 @@ struct Loopback {
     var agentDelivered: [WireFrame] = []
     var serverDelivered: [WireFrame] = []
     var agentClosed: WireProtocolError?? = nil
+    var agentPlannedReturn: PlannedReturn?
     var serverClosed: WireProtocolError?? = nil
     var enrolledKeys: [String: RSAPublicKey] = [:]
     var enrollment: WireEnrollResponse?
@@ -39,6 +40,7 @@ struct Loopback {
                 try agentActions(agent.signed(try AgentAuthentication.sign(challenge: challenge, agentID: id, with: key)))
             case .deliver(let frame): agentDelivered.append(frame)
             case .close(let error): agentClosed = .some(error)
+            case .plannedReturn(let planned): agentPlannedReturn = planned
             case .established, .enrolled(_): if case .enrolled(let r) = action { enrollment = r }
             }
         }
@@ -133,6 +135,46 @@ struct Loopback {
         lost.closed("connection lost")
         #expect(lost.goodbye("too late").isEmpty)
         #expect(lost.receive(.with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1 } }, challenge: [UInt8](repeating: 1, count: 32)).isEmpty)
+    }
+
+    /// A server's planned restart (Protocol § 6): its Goodbye says when it expects to be back
+    /// and how often to try meanwhile; the agent's machine hands that on before it closes. A
+    /// plain Goodbye hands nothing on, and the agent backs off as before.
+    @Test func aPlannedRestartsGoodbyeSaysWhenTheServerIsBack() throws {
+        var net = Loopback(mode: .authenticate(agentID: testAgentKey.publicKey.agentID, host: testHost))
+        try net.agentActions(net.agent.start())
+        try net.run()
+        let planned = PlannedReturn(backWithin: .seconds(60), retryEvery: .seconds(3))
+        let bye = net.server.goodbye("server shutting down", returning: planned)
+        #expect(bye.first == .send(.with { $0.goodbye = .with { $0.reason = "server shutting down"; $0.backWithinMs = 60_000; $0.retryEveryMs = 3_000 } }))
+        try net.serverActions(bye)
+        try net.run()
+        #expect(net.agentPlannedReturn == planned)
+        #expect(net.agentClosed == .some(nil), "then closed, with no error")
+
+        var plain = Loopback(mode: .authenticate(agentID: testAgentKey.publicKey.agentID, host: testHost))
+        try plain.agentActions(plain.agent.start())
+        try plain.run()
+        try plain.serverActions(plain.server.goodbye("replaced by a newer connection of the same agent"))
+        try plain.run()
+        #expect(plain.agentPlannedReturn == nil && plain.agentClosed == .some(nil))
+    }
+
+    /// The protocol's bounds: a window over MAX_RESTART_WINDOW counts as 10 minutes, an interval
+    /// of 0 as 2 s, one under 1 s as 1 s and one over 60 s as 60 s; `back_within_ms` 0 is no plan.
+    @Test func aPlannedReturnKeepsToTheProtocolsBounds() {
+        func goodbye(_ back: UInt32, _ every: UInt32) -> WireGoodbye { .with { $0.backWithinMs = back; $0.retryEveryMs = every } }
+        #expect(PlannedReturn(goodbye(0, 2_000)) == nil)
+        #expect(PlannedReturn(goodbye(60_000, 0)) == PlannedReturn(backWithin: .seconds(60), retryEvery: .seconds(2)))
+        #expect(PlannedReturn(goodbye(UInt32.max, 10))?.backWithin == .seconds(600))
+        #expect(PlannedReturn(goodbye(5_000, 10))?.retryEvery == .seconds(1))
+        #expect(PlannedReturn(goodbye(5_000, 3_600_000))?.retryEvery == .seconds(60))
+        #expect(PlannedReturn(goodbye(5_000, 1_500))?.window == .milliseconds(6_500))
+        // The Swift server's interval grows with the agents it says goodbye to.
+        #expect(PlannedReturn.retryInterval(agents: 0) == .seconds(2))
+        #expect(PlannedReturn.retryInterval(agents: 499) == .seconds(2))
+        #expect(PlannedReturn.retryInterval(agents: 10_000) == .seconds(22))
+        #expect(PlannedReturn.retryInterval(agents: 1_000_000) == .seconds(60))
     }
 
     /// After the server's Goodbye (or a lost connection) an authenticated agent's frames that

@@ -1029,7 +1029,7 @@ def second_server_cases(binary: str, failures: list):
     """Rules that need the server's deadlines and caps set small (server.json)."""
     # Deadlines small enough to wait for, with room for a slow machine: an 8 s handshake, a
     # 2 s heartbeat interval (so 6 s without a frame closes a connection).
-    config = {"connections": {"handshakeSeconds": 8, "missedHeartbeats": 3, "maxUnauthenticatedPerAddress": 4},
+    config = {"connections": {"handshakeSeconds": 8, "missedHeartbeats": 3, "maxUnauthenticatedPerAddress": 4, "restartWithinSeconds": 30},
               "feedback": {"perHour": 2}}
     s = Server(binary, config=config, heartbeat_seconds=2)
     try:
@@ -1134,6 +1134,19 @@ def second_server_cases(binary: str, failures: list):
             name, again = link.expect("upload_ready", "upload_result")
             expect("the failed one begun again", (name, code_of((name, again))), ("upload_result", "ERROR_CHUNK_AUTH_FAILED"))
             link.close()
+
+        # Last: it stops the server.
+        @check("§6 planned restarts: a stopping server's Goodbye says when it expects to be back")
+        def planned_restart():
+            replaced = a.connect()
+            link = a.connect()
+            name, replacement = replaced.expect("goodbye")
+            expect("a replaced connection's Goodbye names no return", (replacement.get("back_within_ms", 0), replacement.get("retry_every_ms", 0)), (0, 0))
+            s.process.send_signal(signal.SIGTERM)
+            name, goodbye = link.expect("goodbye")
+            expect("the stopping server's Goodbye: back within restartWithinSeconds (30 s), retry every 2 s (a small fleet)",
+                   (goodbye.get("back_within_ms"), goodbye.get("retry_every_ms")), (30000, 2000))
+            expect("then it closes", link.frames_until_closed(within=20), [])
 
         for rule, fn in checks:
             print(rule)

@@ -49,7 +49,7 @@ UPLOAD_COMPLETE = {"upload_id": (1, "string")}
 UPLOAD_RESULT = {"upload_id": (1, "string"), "ok": (2, "bool"), "error": (3, "enum"), "detail": (4, "string"), "files": (5, "uint"),
                  "records": (6, "uint")}
 ERROR = {"code": (1, "enum"), "detail": (2, "string"), "fatal": (3, "bool"), "upload_id": (4, "string")}
-GOODBYE = {"reason": (1, "string")}
+GOODBYE = {"reason": (1, "string"), "back_within_ms": (2, "uint"), "retry_every_ms": (3, "uint")}
 
 BODIES = {
     "hello": (1, HELLO), "hello_ack": (2, HELLO_ACK), "enroll_request": (3, ENROLL_REQUEST), "enroll_response": (4, ENROLL_RESPONSE),

@@ -32,7 +32,9 @@ def check(condition, what):
 frames = load("frames.json")["frames"]
 for frame in frames:
     check(spec.frame_body_field(bytes.fromhex(frame["hex"])) == frame["body_field"], f"frame {frame['name']} carries body field {frame['body_field']}")
-check(len({f["body_field"] for f in frames}) == len(frames) == 21, "21 distinct message types")
+check(len({f["body_field"] for f in frames}) == 21 and len(frames) == 22, "21 distinct message types (Goodbye twice)")
+restart = next(f for f in frames if f["name"] == "goodbye_planned_restart")
+check(spec.goodbye(bytes.fromhex(restart["hex"])) == ("server shutting down", 60000, 2000), "Goodbye with back_within_ms and retry_every_ms (§6)")
 
 kw = load("keywrap.json")
 private_key = serialization.load_pem_private_key(kw["rsa_private_key_pem"].encode(), password=None)

@@ -185,6 +185,28 @@ def frame_body_field(frame: bytes) -> int:
     return field
 
 
+def goodbye(frame: bytes) -> tuple:
+    """(reason, back_within_ms, retry_every_ms) of a Goodbye frame (README § 6); 0 for a field left out."""
+    body = frame[4:]
+    key, i = varint(body, 0)
+    if key >> 3 != 21:
+        raise ValueError("not a Goodbye")
+    size, i = varint(body, i)
+    message = body[i:i + size]
+    fields, j = {1: b"", 2: 0, 3: 0}, 0
+    while j < len(message):
+        key, j = varint(message, j)
+        if key & 7 == 2:
+            length, j = varint(message, j)
+            value, j = message[j:j + length], j + length
+        elif key & 7 == 0:
+            value, j = varint(message, j)
+        else:
+            raise ValueError(f"wire type {key & 7}")
+        fields[key >> 3] = value  # unknown fields are ignored (§3)
+    return fields[1].decode(), fields[2], fields[3]
+
+
 # --- The exporter's zip (README § Payload, informative) ---------------------------------------
 
 

@@ -19,7 +19,7 @@ public enum AdminAPI {
     /// (``AgentRoutes``, ``PullRoutes``, ``FeedbackRoutes``, ``FileRoutes``, ``RecordRoutes``,
     /// ``AuditRoutes``, ``TokenRoutes``), and the console beside them.
     public static func application(
-        actions: AdminActions, consoleSessions: ConsoleSessions = ConsoleSessions(), host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil,
+        actions: AdminActions, consoleSessions: ConsoleSessions? = nil, host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil,
         caPEM: String? = nil, connectionLimits: AdminConnectionLimits = .default, onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
         let logger = actions.logger
@@ -38,7 +38,9 @@ public enum AdminAPI {
             }
         }
 
-        try Console.register(on: router, Console.Dependencies(actions: actions, sessions: consoleSessions, secure: tls != nil))
+        // Sessions are kept with the tokens (in the database) unless the caller set their lifetime or clock.
+        let sessions = consoleSessions ?? ConsoleSessions(vault: actions.services.tokens)
+        try Console.register(on: router, Console.Dependencies(actions: actions, sessions: sessions, secure: tls != nil))
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(actions: actions))
         v1.addRoutes(AgentRoutes.collection(actions), atPath: "agents")

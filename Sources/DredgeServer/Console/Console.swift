@@ -78,7 +78,7 @@ enum Console {
 
         console.get("sign-in") { request, _ in
             let back = returnPath(query(request)["return"])
-            if signedIn(request, d) != nil { return redirect(back ?? "/console/agents") }
+            if try await checked(request, d) != nil { return redirect(back ?? "/console/agents") }
             return signInPage(library, d, problem: nil, status: .ok, returnTo: back)
         }
         console.post("sign-in") { request, context in
@@ -93,23 +93,23 @@ enum Console {
                 return signInPage(library, d, problem: "That is not an admin token.", status: .unauthorized, returnTo: back)
             }
             // A session this browser held before ends: one at a time.
-            if let old = request.cookies[sessionCookie]?.value { d.sessions.close(old) }
+            if let old = request.cookies[sessionCookie]?.value { try await d.sessions.close(old) }
             // Recorded first: a sign-in the audit log cannot hold does not happen.
             try await d.actions.signedIn(name, from: context.remoteAddress ?? "?")
-            let (id, session) = d.sessions.open(tokenName: name, token: token)
+            let (id, session) = try await d.sessions.open(tokenName: name, token: token)
             var response = redirect(back ?? "/console/agents")
             response.setCookie(
                 Cookie(
-                    name: sessionCookie, value: id, maxAge: max(1, Int(session.expires.timeIntervalSince(d.sessions.now()))), path: "/console", secure: d.secure,
+                    name: sessionCookie, value: id, maxAge: max(1, Int(session.expires.timeIntervalSince(d.sessions.now()).rounded())), path: "/console", secure: d.secure,
                     httpOnly: true, sameSite: .strict))
             response.setCookie(expired(signInCookie, d))
             return response
         }
         console.post("sign-out") { request, context in
             let form = try await formFields(request, context)
-            guard let id = request.cookies[sessionCookie]?.value, let session = d.sessions.session(id) else { return toSignIn(request) }
+            guard let id = request.cookies[sessionCookie]?.value, let session = try await d.sessions.session(id) else { return toSignIn(request) }
             guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
-            d.sessions.close(id)
+            try await d.sessions.close(id)
             try await d.actions.signedOut(session.tokenName)
             var response = redirect("/console/sign-in")
             response.setCookie(expired(sessionCookie, d))
@@ -271,19 +271,11 @@ enum Console {
 
     // MARK: Sessions and forms
 
-    /// The session of the request's cookie, if live (whatever its token says now).
-    static func signedIn(_ request: Request, _ d: Dependencies) -> ConsoleSessions.Session? {
-        request.cookies[sessionCookie].flatMap { d.sessions.session($0.value) }
-    }
-
-    /// The session, its token checked again: a revoked token's session ends here.
+    /// The session of the request's cookie, if live: not expired, signed out, or ended with
+    /// its token (``ConsoleSessions/session(_:)`` checks the token on every request).
     static func checked(_ request: Request, _ d: Dependencies) async throws -> ConsoleSessions.Session? {
-        guard let id = request.cookies[sessionCookie]?.value, let session = d.sessions.session(id) else { return nil }
-        guard try await d.tokens.adminName(for: session.token) == session.tokenName else {
-            d.sessions.close(id)
-            return nil
-        }
-        return session
+        guard let id = request.cookies[sessionCookie]?.value else { return nil }
+        return try await d.sessions.session(id)
     }
 
     /// An `application/x-www-form-urlencoded` body's fields (the first of a name given twice).

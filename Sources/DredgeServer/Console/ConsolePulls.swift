@@ -246,8 +246,8 @@ extension Console {
     /// each stream reads the stores every interval; over the bound (``EventStreams``), 204 and
     /// the page stops asking. `opened` runs once a place is taken (its failure gives it back).
     /// The stream ends when `look` says so, after ten minutes (the page opens another), at the
-    /// server's shutdown, when the session ends (looked at each time, its token every ten
-    /// seconds), or when a write fails: a comment every 15 s finds a browser that went away.
+    /// server's shutdown, when the session ends (looked at each time, its token with it), or
+    /// when a write fails: a comment every 15 s finds a browser that went away.
     static func eventStream<State: Sendable>(
         _ request: Request, cookie: String, _ streams: EventStreams, _ d: Dependencies, every interval: Duration, state initial: State,
         opened: @Sendable () async throws -> Void = {}, look: @escaping @Sendable (inout State) async throws -> EventStep
@@ -270,13 +270,9 @@ extension Console {
             status: .ok, headers: headers,
             body: ResponseBody { writer in
                 defer { streams.close(key) }
-                var state = initial, lastWrite = ContinuousClock.now, lastTokenCheck = ContinuousClock.now
+                var state = initial, lastWrite = ContinuousClock.now
                 let end = ContinuousClock.now + .seconds(600)
-                looking: while ContinuousClock.now < end, !Task.isShuttingDownGracefully, d.sessions.session(cookie) != nil {
-                    if ContinuousClock.now - lastTokenCheck > .seconds(10) {
-                        guard try await checked(request, d) != nil else { break }
-                        lastTokenCheck = .now
-                    }
+                looking: while ContinuousClock.now < end, !Task.isShuttingDownGracefully, try await d.sessions.session(cookie) != nil {
                     switch try await $displayZone.withValue(zone, operation: { try await look(&state) }) {
                     case .send(let events, let more):
                         try await writer.write(ByteBuffer(string: events))

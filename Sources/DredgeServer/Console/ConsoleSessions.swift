@@ -1,21 +1,22 @@
 import Crypto
 import DredgeEnvelope
 import Foundation
-import Synchronization
 
-/// The web console's signed-in sessions, in memory: a restart signs everyone out.
+/// The web console's signed-in sessions, kept in the server's database with the tokens
+/// (``TokenVault/openSession(_:capacity:now:)``): a restart keeps everyone signed in, and so
+/// does any node of a cluster.
 ///
-/// A session is made from an admin token and keeps it, so every request checks the token
-/// again: revoking a token ends its sessions at their next request. A session ends when it
-/// is signed out, at its expiry (absolute, from sign-in), or when the server holds too many
-/// (the oldest goes). Ids and CSRF tokens are 256 random bits; the map is keyed by the id's
-/// SHA-256, so a lookup's timing says nothing about the ids it holds.
+/// A session is made from an admin token and lives while that token does: every request
+/// checks that the token is still there, and revoking it ends its sessions. A session also
+/// ends when it is signed out, at its expiry (absolute, from sign-in), or when the server
+/// holds too many (the ones expiring first go). Ids are 256 random bits; the database keeps
+/// only their SHA-256 (and the token's), so a copy of it signs nobody in, and a lookup's
+/// timing says nothing about the ids it holds. The CSRF token every form carries is derived
+/// from the id (an HMAC under it): nothing that could forge a form is stored either.
 public final class ConsoleSessions: Sendable {
     public struct Session: Sendable, Equatable {
         /// The admin token's name: what the audit log records the console's actions under.
         public var tokenName: String
-        /// The token itself, checked again on every request.
-        var token: String
         /// What every form of this session carries.
         public var csrf: String
         public var expires: Date
@@ -24,48 +25,49 @@ public final class ConsoleSessions: Sendable {
     public static let defaultLifetime: TimeInterval = 8 * 3600
     static let capacity = 10_000
 
+    let vault: any TokenVault
     let lifetime: TimeInterval
     let now: @Sendable () -> Date
-    private let sessions = Mutex<[String: Session]>([:])
 
-    /// `now` is the clock (tests pass their own).
-    public init(lifetime: TimeInterval = ConsoleSessions.defaultLifetime, now: @escaping @Sendable () -> Date = { Date() }) {
+    /// `vault`: where sessions are kept, with the tokens; `now` is the clock (tests pass their own).
+    public init(vault: any TokenVault, lifetime: TimeInterval = ConsoleSessions.defaultLifetime, now: @escaping @Sendable () -> Date = { Date() }) {
+        self.vault = vault
         self.lifetime = lifetime
         self.now = now
     }
 
     /// A new session for a token already checked; its id goes into the cookie.
-    func open(tokenName: String, token: String) -> (id: String, session: Session) {
+    func open(tokenName: String, token: String) async throws -> (id: String, session: Session) {
         let id = Self.randomToken(), at = now()
-        let session = Session(tokenName: tokenName, token: token, csrf: Self.randomToken(), expires: at.addingTimeInterval(lifetime))
-        sessions.withLock { all in
-            all = all.filter { $0.value.expires > at }
-            if all.count >= Self.capacity, let oldest = all.min(by: { $0.value.expires < $1.value.expires })?.key { all[oldest] = nil }
-            all[Self.key(id)] = session
-        }
-        return (id, session)
+        let stored = StoredConsoleSession(key: Self.key(id), tokenName: tokenName, tokenSHA256: TokenFile.hash(token), expires: at.addingTimeInterval(lifetime))
+        try await vault.openSession(stored, capacity: Self.capacity, now: at)
+        return (id, Session(tokenName: tokenName, csrf: Self.csrf(id), expires: stored.expires))
     }
 
-    /// The live session of a cookie's id; an expired one is forgotten.
-    func session(_ id: String) -> Session? {
-        let key = Self.key(id), at = now()
-        return sessions.withLock { all in
-            guard let session = all[key] else { return nil }
-            guard session.expires > at else {
-                all[key] = nil
-                return nil
-            }
-            return session
-        }
+    /// The live session of a cookie's id, whose token is still there; one that ended is forgotten.
+    func session(_ id: String) async throws -> Session? {
+        guard Self.isWellFormed(id), let stored = try await vault.session(key: Self.key(id), now: now()) else { return nil }
+        return Session(tokenName: stored.tokenName, csrf: Self.csrf(id), expires: stored.expires)
     }
 
-    func close(_ id: String) {
-        _ = sessions.withLock { $0.removeValue(forKey: Self.key(id)) }
+    func close(_ id: String) async throws {
+        guard Self.isWellFormed(id) else { return }
+        try await vault.closeSession(key: Self.key(id))
     }
-
-    var count: Int { sessions.withLock { $0.count } }
 
     static func key(_ id: String) -> String { Hex.encode(SHA256.hash(data: Array(id.utf8))) }
+
+    /// The CSRF token of the session `id`: an HMAC-SHA256 under the id, so it is the same
+    /// after a restart and cannot be made without the cookie.
+    static func csrf(_ id: String) -> String {
+        Hex.encode(HMAC<SHA256>.authenticationCode(for: Array("dredge console csrf".utf8), using: SymmetricKey(data: Array(id.utf8))))
+    }
+
+    /// What ``randomToken()`` makes: 64 lowercase hex digits. Anything else names no session
+    /// and is not looked up.
+    static func isWellFormed(_ id: String) -> Bool {
+        id.utf8.count == 64 && id.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
+    }
 
     /// 256 random bits, hex.
     static func randomToken() -> String {

@@ -131,9 +131,10 @@ public final class AgentListener: Service, Sendable {
                     self.connections.closeAll(saying: goodbye)
                 }
             } onGracefulShutdown: {
-                // Stop accepting, then say goodbye to every agent so the connections end.
+                // Stop accepting, then say goodbye to every agent so the connections end,
+                // telling them how soon to come back (a planned restart).
                 server.channel.close(promise: nil)
-                self.connections.closeAll(saying: goodbye)
+                self.connections.closeAll(saying: goodbye, returning: self.plannedReturn)
             }
         } catch {
             failure = error
@@ -143,6 +144,17 @@ public final class AgentListener: Service, Sendable {
         await connections.drained()
         await work.shutdown()
         if let failure { throw failure }
+    }
+
+    /// What a graceful shutdown tells the `agents` connected (``ConnectionLimits/restartWithinSeconds``):
+    /// back within that time, each agent retrying at an interval that grows with their number
+    /// so that they do not all return in the same second. Nil when the operator set 0.
+    private func plannedReturn(agents: Int) -> PlannedReturn? {
+        guard connectionLimits.restartWithinSeconds > 0 else { return nil }
+        let planned = PlannedReturn(
+            backWithin: .seconds(connectionLimits.restartWithinSeconds), retryEvery: PlannedReturn.retryInterval(agents: agents))
+        logger.info("telling the agents when to come back", metadata: ["agents": "\(agents)", "said": "\(planned)"])
+        return planned
     }
 
     /// A new TCP connection: refused (closed before TLS) over its address's cap, else counted,

@@ -21,6 +21,37 @@ public protocol TokenVault: Sendable {
     /// Makes a token; the secret is in the result, and only its hash is kept.
     func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated
     func revoke(name: String, kind: TokenKind) async throws
+
+    // The web console's sessions (``ConsoleSessions``), kept with the tokens they were opened
+    // with, so that a restart, or another node of a cluster, keeps them, and revoking a token
+    // ends them in the same transaction.
+
+    /// Keeps a session; first forgets the expired ones and, with `capacity` kept, the ones
+    /// that expire first.
+    func openSession(_ session: StoredConsoleSession, capacity: Int, now: Date) async throws
+    /// The session kept under `key` if it has not expired at `now` and the admin token it was
+    /// opened with is still there; otherwise nil, and the session is forgotten.
+    func session(key: String, now: Date) async throws -> StoredConsoleSession?
+    func closeSession(key: String) async throws
+}
+
+/// A web console session as the database keeps it: nothing that signs anyone in. The cookie's
+/// id is kept as its SHA-256 only, and the token as its SHA-256, as the token table keeps it.
+public struct StoredConsoleSession: Sendable, Equatable {
+    /// Lowercase hex SHA-256 of the session cookie's id.
+    public var key: String
+    /// The admin token's name and hash: the session lives while that token does.
+    public var tokenName: String
+    public var tokenSHA256: String
+    /// Seconds since 1970, whole milliseconds (what both back ends keep exactly).
+    public var expires: Date
+
+    public init(key: String, tokenName: String, tokenSHA256: String, expires: Date) {
+        self.key = key
+        self.tokenName = tokenName
+        self.tokenSHA256 = tokenSHA256
+        self.expires = Date(timeIntervalSince1970: (expires.timeIntervalSince1970 * 1_000).rounded(.down) / 1_000)
+    }
 }
 
 /// A token about to be kept, the same for every implementation: its name checked, the secret

@@ -110,7 +110,6 @@ public nonisolated enum WireRejectReason: SwiftProtobuf.Enum, Swift.CaseIterable
   case rejectInvalid // = 7
 
   /// no room for another export now (README § 10 Busy): checked last, not
-  /// remembered by the agent; final for the pull (the engineer asks again)
   case rejectBusy // = 8
   case UNRECOGNIZED(Int)
 
@@ -292,15 +291,13 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
   case errorPayloadInvalid // = 12
 
   /// a quota (feedback uploads, their bytes); not now: retry later (fatal at
-  /// authentication and enrollment: reconnect with backoff)
   case errorLimitExceeded // = 13
 
-  /// from the server: its own fault (a full disk), the agent retries later;
-  /// from the agent (fatal false, upload_id set): it cannot carry out the
-  /// accepted command, and the server fails that pull (README § 10, § 15)
+  /// authentication and enrollment: reconnect with backoff)
   case errorInternal // = 14
 
-  /// server going away; reconnect later
+  /// from the agent (fatal false, upload_id set): it cannot carry out the
+  /// accepted command, and the server fails that pull (README § 10, § 15)
   case errorShuttingDown // = 15
   case UNRECOGNIZED(Int)
 
@@ -811,7 +808,7 @@ public nonisolated struct WireHeartbeat: Sendable {
   /// Clears the value of `stats`. Subsequent reads from it will return its default value.
   public mutating func clearStats() {self._stats = nil}
 
-  /// absent: the same as the last report on this connection
+  /// absent: unchanged (the server keeps the last report it was sent)
   public var users: WireUserReport {
     get {_users ?? WireUserReport()}
     set {_users = newValue}
@@ -1224,6 +1221,16 @@ public nonisolated struct WireGoodbye: Sendable {
   // methods supported on all messages.
 
   public var reason: String = String()
+
+  /// Server → agent, before a planned restart (README § 6, Planned restarts): the server expects
+  /// to accept connections again within this many milliseconds of this frame. 0: no estimate
+  /// (the agent reconnects with its backoff).
+  public var backWithinMs: UInt32 = 0
+
+  /// With back_within_ms: how often the agent tries meanwhile, each wait drawn from 50–150 % of
+  /// it (1,000 to 60,000; 0 means 2,000). A server with many agents makes it longer, so that
+  /// their return is spread out.
+  public var retryEveryMs: UInt32 = 0
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -2854,7 +2861,7 @@ nonisolated extension WireError: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
 
 nonisolated extension WireGoodbye: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Goodbye"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}reason\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}reason\0\u{3}back_within_ms\0\u{3}retry_every_ms\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -2863,6 +2870,8 @@ nonisolated extension WireGoodbye: SwiftProtobuf.Message, SwiftProtobuf._Message
       // enabled. https://github.com/apple/swift-protobuf/issues/1034
       switch fieldNumber {
       case 1: try { try decoder.decodeSingularStringField(value: &self.reason) }()
+      case 2: try { try decoder.decodeSingularUInt32Field(value: &self.backWithinMs) }()
+      case 3: try { try decoder.decodeSingularUInt32Field(value: &self.retryEveryMs) }()
       default: break
       }
     }
@@ -2872,11 +2881,19 @@ nonisolated extension WireGoodbye: SwiftProtobuf.Message, SwiftProtobuf._Message
     if !self.reason.isEmpty {
       try visitor.visitSingularStringField(value: self.reason, fieldNumber: 1)
     }
+    if self.backWithinMs != 0 {
+      try visitor.visitSingularUInt32Field(value: self.backWithinMs, fieldNumber: 2)
+    }
+    if self.retryEveryMs != 0 {
+      try visitor.visitSingularUInt32Field(value: self.retryEveryMs, fieldNumber: 3)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
   public static func ==(lhs: WireGoodbye, rhs: WireGoodbye) -> Bool {
     if lhs.reason != rhs.reason {return false}
+    if lhs.backWithinMs != rhs.backWithinMs {return false}
+    if lhs.retryEveryMs != rhs.retryEveryMs {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

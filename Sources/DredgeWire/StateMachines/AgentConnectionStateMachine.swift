@@ -7,7 +7,7 @@ import SwiftProtobuf
 /// ```
 /// idle ──start──▶ awaitingHelloAck ──HelloAck──▶ authenticating ──AuthResult──▶ ready
 ///                                    └─(enroll)─▶ enrolling ──EnrollResponse──▶ enrolled (closes)
-/// any ──Error(fatal) / Goodbye / protocol violation──▶ closed
+/// any ──Error(fatal) / Goodbye (with the server's planned return, if it said) / protocol violation──▶ closed
 /// ```
 public struct AgentConnectionStateMachine: Sendable {
     public enum Mode: Sendable, Equatable {
@@ -38,6 +38,9 @@ public struct AgentConnectionStateMachine: Sendable {
         case enrolled(WireEnrollResponse)
         /// A frame for the command and upload layers.
         case deliver(WireFrame)
+        /// The server is restarting and said when it expects to be back (its `Goodbye`, README
+        /// § Connection states, Planned restarts): reconnect as it says rather than backing off.
+        case plannedReturn(PlannedReturn)
         /// Close the connection. The error (if any) was already sent or came from the peer.
         case close(WireProtocolError?)
     }
@@ -71,7 +74,7 @@ public struct AgentConnectionStateMachine: Sendable {
             return [.deliver(frame)]
         case .goodbye(let goodbye)?:
             state = .closed("goodbye: \(goodbye.reason)")
-            return [.close(nil)]
+            return (PlannedReturn(goodbye).map { [.plannedReturn($0)] } ?? []) + [.close(nil)]
         default:
             break
         }

@@ -141,14 +141,19 @@ public struct ServerConnectionStateMachine: Sendable {
     /// The server ends the connection politely (a silent agent, a newer connection of the same
     /// agent, the server's shutdown): `Goodbye` with the reason, then close. An authenticated
     /// agent's frames already on their way are still delivered (``State/leaving(agentID:)``);
-    /// nothing is sent after it. Nothing once leaving or closed.
-    public mutating func goodbye(_ reason: String) -> [Action] {
+    /// nothing is sent after it. Nothing once leaving or closed. `returning`: the server is
+    /// restarting and expects to be back within its time (README § Connection states, Planned
+    /// restarts); said to agents before and after authentication alike.
+    public mutating func goodbye(_ reason: String, returning: PlannedReturn? = nil) -> [Action] {
         switch state {
         case .closed, .leaving: return []
         case .ready(let id): state = .leaving(agentID: id)
         default: state = .closed("goodbye sent: \(reason)")
         }
-        return [.send(.with { $0.goodbye = .with { $0.reason = reason } }), .close(nil)]
+        var goodbye = WireGoodbye()
+        goodbye.reason = reason
+        returning?.fill(&goodbye)
+        return [.send(.with { $0.goodbye = goodbye }), .close(nil)]
     }
 
     /// The connection is gone (closed by either side): nothing is sent from now on; what an

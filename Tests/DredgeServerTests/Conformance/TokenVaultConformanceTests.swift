@@ -54,4 +54,52 @@ import Testing
         #expect(try await tokens.adminName(for: second.token) == "second")
         #expect(try await tokens.list().map(\.name) == ["second"])
     }
+
+    /// Console sessions are kept with the tokens: found again by a vault opened anew on the same
+    /// database (a restart, another node), until they expire, are closed, or their token is
+    /// revoked; over the capacity, the ones expiring first go.
+    @Test(arguments: PersistenceBackend.all)
+    func consoleSessionsLiveWithTheirTokenAcrossARestart(_ backend: PersistenceBackend) async throws {
+        let tokens = try await backend.tokens(dir)
+        let alice = try await tokens.create(name: "alice", kind: .admin, now: Self.t0)
+        _ = try await tokens.create(name: "bob", kind: .admin, now: Self.t0)
+        func session(_ key: String, _ name: String = "alice", token: String? = nil, for seconds: TimeInterval = 3600) -> StoredConsoleSession {
+            StoredConsoleSession(key: key, tokenName: name, tokenSHA256: TokenFile.hash(token ?? alice.token), expires: Self.t0.addingTimeInterval(seconds))
+        }
+        try await tokens.openSession(session("k1"), capacity: 10, now: Self.t0)
+        try await tokens.openSession(session("k2", for: 60), capacity: 10, now: Self.t0)
+
+        let restarted = try await backend.tokens(dir)
+        #expect(try await restarted.session(key: "k1", now: Self.t0.addingTimeInterval(10)) == session("k1"))
+        #expect(try await restarted.session(key: "nope", now: Self.t0) == nil)
+        // Expired: nil, and forgotten (not found even at an earlier time).
+        #expect(try await restarted.session(key: "k2", now: Self.t0.addingTimeInterval(60)) == nil)
+        #expect(try await restarted.session(key: "k2", now: Self.t0) == nil)
+        try await restarted.closeSession(key: "k1")
+        #expect(try await tokens.session(key: "k1", now: Self.t0) == nil)
+
+        // A session names its token by hash and name: another token's hash under alice's name is no session.
+        try await tokens.openSession(session("forged", token: "dredge_adm_not-a-token"), capacity: 10, now: Self.t0)
+        #expect(try await tokens.session(key: "forged", now: Self.t0) == nil)
+        // Revoking the token ends its sessions; the other token's stay.
+        try await tokens.openSession(session("k3"), capacity: 10, now: Self.t0)
+        let bobToken = try await tokens.create(name: "carol", kind: .admin, now: Self.t0)
+        try await tokens.openSession(session("k4", "carol", token: bobToken.token), capacity: 10, now: Self.t0)
+        try await tokens.revoke(name: "alice", kind: .admin)
+        #expect(try await restarted.session(key: "k3", now: Self.t0) == nil)
+        #expect(try await restarted.session(key: "k4", now: Self.t0)?.tokenName == "carol")
+        // A refused revocation (the last admin token) ends nothing.
+        try await tokens.revoke(name: "bob", kind: .admin)
+        await #expect(throws: TokenError.lastAdmin) { try await tokens.revoke(name: "carol", kind: .admin) }
+        #expect(try await restarted.session(key: "k4", now: Self.t0)?.tokenName == "carol")
+
+        // At the capacity, opening one more forgets the session that expires first.
+        for (key, seconds) in [("c1", 300.0), ("c2", 100.0), ("c3", 200.0)] {
+            try await tokens.openSession(session(key, "carol", token: bobToken.token, for: seconds), capacity: 4, now: Self.t0)
+        }
+        try await tokens.openSession(session("c4", "carol", token: bobToken.token, for: 400), capacity: 4, now: Self.t0)
+        var live: [String] = []
+        for key in ["k4", "c1", "c2", "c3", "c4"] where try await tokens.session(key: key, now: Self.t0) != nil { live.append(key) }
+        #expect(live == ["k4", "c1", "c3", "c4"])
+    }
 }

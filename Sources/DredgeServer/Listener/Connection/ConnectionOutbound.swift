@@ -49,9 +49,10 @@ final class ConnectionOutbound: Sendable {
 
     /// Says `Goodbye` with `reason` if the connection has not ended yet, and closes once it is
     /// written (at once when there is nothing to say), or after a few seconds if the peer does
-    /// not read. Safe from any thread.
-    func goodbye(_ reason: String) {
-        let frames = machine.withLock { $0.goodbye(reason) }.compactMap { if case .send(let frame) = $0 { frame } else { nil } }
+    /// not read. Safe from any thread. `returning`: when the server expects to be back (its
+    /// planned restart).
+    func goodbye(_ reason: String, returning: PlannedReturn? = nil) {
+        let frames = machine.withLock { $0.goodbye(reason, returning: returning) }.compactMap { if case .send(let frame) = $0 { frame } else { nil } }
         channel.close(after: channel.writeAndFlush(frames: frames))
     }
 

@@ -22,13 +22,18 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
     public var maxUnauthenticated: Int?
     /// Unauthenticated connections from one source address. Default 32.
     public var maxUnauthenticatedPerAddress: Int
+    /// Seconds a stopping server tells its agents it will be back within (its `Goodbye`'s
+    /// `back_within_ms`, Protocol § 6): they try every few seconds for that long rather than
+    /// backing off, so a restart costs them seconds. Default 60; 0 says nothing; at most 600.
+    public var restartWithinSeconds: Int
 
     public static let reservedFileDescriptors = 256
 
     public init(
         handshakeSeconds: Double = Double(WireLimits.defaultHandshakeSeconds), missedHeartbeats: Int = Int(WireLimits.missedHeartbeatsBeforeClose),
-        maxConnections: Int? = nil, maxUnauthenticated: Int? = nil, maxUnauthenticatedPerAddress: Int = 32
+        maxConnections: Int? = nil, maxUnauthenticated: Int? = nil, maxUnauthenticatedPerAddress: Int = 32, restartWithinSeconds: Int = 60
     ) {
+        self.restartWithinSeconds = restartWithinSeconds
         self.handshakeSeconds = handshakeSeconds
         self.missedHeartbeats = missedHeartbeats
         self.maxConnections = maxConnections
@@ -46,6 +51,7 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
         maxConnections = try c.decodeIfPresent(Int.self, forKey: .maxConnections)
         maxUnauthenticated = try c.decodeIfPresent(Int.self, forKey: .maxUnauthenticated)
         maxUnauthenticatedPerAddress = try c.decodeIfPresent(Int.self, forKey: .maxUnauthenticatedPerAddress) ?? d.maxUnauthenticatedPerAddress
+        restartWithinSeconds = try c.decodeIfPresent(Int.self, forKey: .restartWithinSeconds) ?? d.restartWithinSeconds
         if let problem { throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: problem)) }
     }
 
@@ -59,6 +65,7 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
             return "maxUnauthenticated must be below maxConnections, to leave room for enrolled agents"
         }
         if maxUnauthenticatedPerAddress < 1 { return "maxUnauthenticatedPerAddress must be at least 1" }
+        if !(0...Int(WireLimits.maxRestartWindow.components.seconds)).contains(restartWithinSeconds) { return "restartWithinSeconds must be 0 to 600" }
         return nil
     }
 

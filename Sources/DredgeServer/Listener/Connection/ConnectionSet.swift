@@ -1,3 +1,4 @@
+import DredgeWire
 import Synchronization
 
 /// The open agent connections, so a shutdown can end them and wait until they have ended.
@@ -77,15 +78,18 @@ final class ConnectionSet: Sendable {
         }
     }
 
-    /// Says `Goodbye` to every connection and closes it (``ConnectionOutbound/goodbye(_:)``);
-    /// connections inserted later are closed at once. Acts once.
-    func closeAll(saying reason: String) {
+    /// Says `Goodbye` to every connection and closes it (``ConnectionOutbound/goodbye(_:returning:)``);
+    /// connections inserted later are closed at once. Acts once. `returning`: how soon the
+    /// server expects to be back, given the number of connections it is saying goodbye to (a
+    /// planned restart; nil: nothing is said).
+    func closeAll(saying reason: String, returning: ((_ connections: Int) -> PlannedReturn?)? = nil) {
         let all = state.withLock { s -> [ConnectionOutbound] in
             if s.closing { return [] }
             s.closing = true
             return Array(s.connections.values)
         }
-        for connection in all { connection.goodbye(reason) }
+        let planned = returning?(all.count)
+        for connection in all { connection.goodbye(reason, returning: planned) }
     }
 }
 

@@ -259,6 +259,22 @@ enum PostgresSchema {
                 "INSERT INTO record_type (type) SELECT DISTINCT type FROM record",
             ]
         ),
+        (
+            "console-sessions-v1",
+            [
+                // Console sessions outlive a restart and reach every node (#50): hashes only.
+                """
+                CREATE TABLE console_session (
+                    key text COLLATE "C" PRIMARY KEY,
+                    token_name text COLLATE "C" NOT NULL,
+                    token_sha256 text NOT NULL,
+                    expires_at double precision NOT NULL
+                )
+                """,
+                "CREATE INDEX console_session_by_expiry ON console_session(expires_at)",
+                "CREATE INDEX console_session_by_token ON console_session(token_sha256)",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

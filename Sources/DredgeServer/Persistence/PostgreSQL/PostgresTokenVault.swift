@@ -55,15 +55,63 @@ public final class PostgresTokenVault: TokenVault, Sendable {
         }
     }
 
-    /// Revokes a token at once. The last admin token cannot go: the admin rows are locked first,
+    /// Revokes a token at once, and ends its console sessions. The last admin token cannot go: the admin rows are locked first,
     /// so two nodes revoking the last two at once cannot both succeed.
     public func revoke(name: String, kind: TokenKind) async throws {
         // A name no token can have (PostgreSQL's text cannot even hold a NUL) is unknown.
         guard !name.contains("\u{0}") else { throw TokenError.unknown(name) }
         try await db.write { c in
             let admins = try await c.rows("SELECT name FROM token WHERE kind = \(TokenKind.admin.rawValue) FOR UPDATE").count
+            // Its console sessions end with it.
+            try await c.run("DELETE FROM console_session WHERE token_sha256 IN (SELECT sha256 FROM token WHERE kind = \(kind.rawValue) AND name = \(name))")
             guard try await c.run("DELETE FROM token WHERE kind = \(kind.rawValue) AND name = \(name) RETURNING 1") > 0 else { throw TokenError.unknown(name) }
             if kind == .admin, admins <= 1 { throw TokenError.lastAdmin }
         }
+    }
+
+    public func openSession(_ session: StoredConsoleSession, capacity: Int, now: Date) async throws {
+        let (nowSeconds, expires) = (now.timeIntervalSince1970, session.expires.timeIntervalSince1970)
+        try await db.write { c in
+            // Nodes opening sessions at once take turns at the cap.
+            try await c.run("SELECT pg_advisory_xact_lock(7466218402)")
+            try await c.run("DELETE FROM console_session WHERE expires_at <= \(nowSeconds)")
+            let kept = Int(try await c.value("SELECT count(*) FROM console_session", as: Int64.self) ?? 0)
+            if kept >= capacity {
+                let over = kept - capacity + 1
+                try await c.run("DELETE FROM console_session WHERE key IN (SELECT key FROM console_session ORDER BY expires_at, key LIMIT \(over))")
+            }
+            try await c.run(
+                """
+                INSERT INTO console_session (key, token_name, token_sha256, expires_at) VALUES (\(session.key), \(session.tokenName), \(session.tokenSHA256), \(expires))
+                ON CONFLICT (key) DO UPDATE SET token_name = excluded.token_name, token_sha256 = excluded.token_sha256, expires_at = excluded.expires_at
+                """)
+        }
+    }
+
+    public func session(key: String, now: Date) async throws -> StoredConsoleSession? {
+        // A cookie no session can have (PostgreSQL's text cannot hold a NUL) names none.
+        guard !key.contains("\u{0}") else { return nil }
+        let found = try await db.read { c -> (StoredConsoleSession, Bool)? in
+            try await c.rows(
+                """
+                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL FROM console_session s
+                LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' AND t.name = s.token_name WHERE s.key = \(key)
+                """
+            ).first.map { row in
+                let (name, sha256, expires, lives) = try row.decode((String, String, Double, Bool).self)
+                return (StoredConsoleSession(key: key, tokenName: name, tokenSHA256: sha256, expires: Date(timeIntervalSince1970: expires)), lives)
+            }
+        }
+        guard let (session, tokenLives) = found else { return nil }
+        guard tokenLives, session.expires > now else {
+            try await closeSession(key: key)
+            return nil
+        }
+        return session
+    }
+
+    public func closeSession(key: String) async throws {
+        guard !key.contains("\u{0}") else { return }
+        try await db.write { c in _ = try await c.run("DELETE FROM console_session WHERE key = \(key)") }
     }
 }

@@ -22,6 +22,19 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
                 ) WITHOUT ROWID;
                 """)
         }
+        // Console sessions outlive a restart (#50).
+        migrator.registerMigration("console-sessions-v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE console_session (
+                    key TEXT PRIMARY KEY,
+                    token_name TEXT NOT NULL,
+                    token_sha256 TEXT NOT NULL,
+                    expires_at REAL NOT NULL
+                ) WITHOUT ROWID;
+                CREATE INDEX console_session_by_expiry ON console_session(expires_at);
+                CREATE INDEX console_session_by_token ON console_session(token_sha256);
+                """)
+        }
     }
 
     private func name(of token: String, kind: TokenKind) async throws -> String? {
@@ -60,11 +73,52 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
         try TokenRow(kind: new.kind.rawValue, name: new.name, sha256: new.sha256, createdAt: new.createdAt).insert(db)
     }
 
-    /// Revokes a token at once. The last admin token cannot go: nobody could make another.
+    /// Revokes a token at once, and ends its console sessions. The last admin token cannot go:
+    /// nobody could make another.
     public func revoke(name: String, kind: TokenKind) async throws {
         try await db.write { db in
+            try db.execute(sql: "DELETE FROM console_session WHERE token_sha256 IN (SELECT sha256 FROM token WHERE kind = ? AND name = ?)", arguments: [kind.rawValue, name])
             guard try TokenRow.deleteOne(db, key: ["kind": kind.rawValue, "name": name]) else { throw TokenError.unknown(name) }
             if kind == .admin, try TokenRow.filter(Column("kind") == TokenKind.admin.rawValue).fetchCount(db) == 0 { throw TokenError.lastAdmin }
         }
+    }
+
+    public func openSession(_ session: StoredConsoleSession, capacity: Int, now: Date) async throws {
+        try await db.write { db in
+            try db.execute(sql: "DELETE FROM console_session WHERE expires_at <= ?", arguments: [now.timeIntervalSince1970])
+            let kept = try Int.fetchOne(db, sql: "SELECT count(*) FROM console_session") ?? 0
+            if kept >= capacity {
+                try db.execute(
+                    sql: "DELETE FROM console_session WHERE key IN (SELECT key FROM console_session ORDER BY expires_at, key LIMIT ?)", arguments: [kept - capacity + 1])
+            }
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO console_session (key, token_name, token_sha256, expires_at) VALUES (?, ?, ?, ?)",
+                arguments: [session.key, session.tokenName, session.tokenSHA256, session.expires.timeIntervalSince1970])
+        }
+    }
+
+    public func session(key: String, now: Date) async throws -> StoredConsoleSession? {
+        // Every console request asks: one read, a statement kept prepared; a write only to
+        // forget a session that has ended.
+        let found = try await db.read { db -> (StoredConsoleSession, Bool)? in
+            try prepared(
+                """
+                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL FROM console_session s
+                LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' AND t.name = s.token_name WHERE s.key = ?
+                """, [key], as: Row.self
+            ).fetchOne(db).map { row in
+                (StoredConsoleSession(key: key, tokenName: row[0], tokenSHA256: row[1], expires: Date(timeIntervalSince1970: row[2])), row[3] as Bool)
+            }
+        }
+        guard let (session, tokenLives) = found else { return nil }
+        guard tokenLives, session.expires > now else {
+            try await closeSession(key: key)
+            return nil
+        }
+        return session
+    }
+
+    public func closeSession(key: String) async throws {
+        try await db.write { try $0.execute(sql: "DELETE FROM console_session WHERE key = ?", arguments: [key]) }
     }
 }

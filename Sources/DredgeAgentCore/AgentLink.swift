@@ -59,7 +59,7 @@ public final class AgentLink: @unchecked Sendable {  // `inbound` is the one rea
             for event in try await connection.receive(frame) {
                 switch event {
                 case .deliver(let frame): return frame
-                case .plannedReturn(let return_): planned = return_
+                case .plannedReturn(let said): planned = said
                 case .closed(let error):
                     let back = planned.map { " (\($0))" } ?? ""
                     throw AgentError("the server closed the connection: \(error?.description ?? "goodbye")\(back)")

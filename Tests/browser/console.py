@@ -595,6 +595,24 @@ def main():
         print(f"figure: console.next_page value={f['next_page_ms']} ms (informative)")
         print(f"figure: console.latest_page value={f['latest_page_ms']} ms (informative)")
 
+        # A planned restart (#50): the server stops (SIGTERM) and starts again on the same ports.
+        # The console's session survives it (sessions are kept in the database), and the agents,
+        # told when it would be back, return by themselves.
+        processes[0].terminate()
+        processes[0].wait(timeout=60)
+        restart_log = open(os.path.join(work, "server-restarted.log"), "w")
+        processes[0] = subprocess.Popen(
+            [f"{bin_dir}/dredge-server", "run", "--data", data, "--agent-port", str(agent_port), "--admin-port", str(admin_port),
+             "--heartbeat-seconds", "2"], stdout=restart_log, stderr=restart_log)
+        restarted = time.monotonic()
+        wait("the restarted server answers", lambda: api("/health")["status"] == "ok")
+        wait("the agents are back after the restart", lambda: sum(1 for a in api("/v1/agents") if a["connected"]) == 3, timeout=90)
+        print(f"agents back {time.monotonic() - restarted:.1f} s after the server was started again")
+        driver.get(base + "/console/agents")
+        at(base + "/console/agents", "the console's session survives a restart of the server")
+        rows = driver.find_elements(By.CSS_SELECTOR, "tbody tr")
+        check(len(rows) == 3 and all("online" in r.text for r in rows), "after the restart the agents are listed online")
+
         # Sign out: back to sign-in, and the session is gone.
         driver.find_element(By.CSS_SELECTOR, "form.sign-out button").click()
         at(base + "/console/sign-in", "signing out leads to sign-in")
@@ -612,7 +630,7 @@ def main():
         driver.add_cookie({"name": "dredge_console", "value": short_cookie["value"], "path": "/console", "secure": True, "httpOnly": True, "sameSite": "Strict"})
         driver.get(short_base + "/console/agents")
         at(short_base + "/console/sign-in?return=%2Fconsole%2Fagents", "the expired cookie sent again is refused")
-        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, its logs, feedback, tokens, audit log, sign-out passed; screenshots in {out}")
+        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, its logs, feedback, tokens, audit log, a server restart, sign-out passed; screenshots in {out}")
     finally:
         if driver is not None:
             driver.quit()

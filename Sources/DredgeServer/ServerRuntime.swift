@@ -92,7 +92,11 @@ public enum ServerRuntime {
                 vault: tokens, lifetime: options.consoleSessionMinutes.map { TimeInterval(min(max($0, 1), 10_080)) * 60 } ?? ConsoleSessions.defaultLifetime),
             host: adminHost, port: adminPort, tls: deployment.adminTLSConfiguration,
             caPEM: String(decoding: try Data(contentsOf: URL(fileURLWithPath: dir + "/ca.pem")), as: UTF8.self),
-            connectionLimits: deployment.config.adminConnections ?? .default)
+            connectionLimits: deployment.config.adminConnections ?? .default,
+            readiness: Readiness([
+                .database(stores), .listening("agent listener") { listener.boundPort },
+                .disk(dir, minimumMegabytes: (deployment.config.readiness ?? .default).minFreeDiskMegabytes),
+            ]))
         let admin = ListeningService(base: application, listener: "the admin API", host: adminHost, port: adminPort)
         // On PostgreSQL the node's lease is renewed beside the rest (its agents' presence and index claims).
         // On SQLite the write-ahead log is checkpointed off the writer.

@@ -32,14 +32,48 @@ import Testing
         var text: String { String(decoding: bytes.withLock { $0 }, as: UTF8.self) }
     }
 
-    /// A TCP connection from `source` to `port`, keeping what it receives.
-    static func connect(_ port: Int, from source: String = "127.0.0.2", tls: NIOSSLContext? = nil) async throws -> (channel: any Channel, received: Received) {
+    /// Sends, from the connection's own event loop as soon as it is connected, `prefix` at
+    /// once and then `trickle` a byte every 200 ms until the connection closes: the bytes keep
+    /// their pace however long the test's own tasks wait for a thread on a loaded machine.
+    final class Sender: ChannelInboundHandler, Sendable {
+        typealias InboundIn = ByteBuffer
+        typealias InboundOut = ByteBuffer
+        let prefix: String
+        private let remaining: Mutex<ArraySlice<UInt8>>
+        private let repeating = Mutex<RepeatedTask?>(nil)
+        init(prefix: String, trickle: String) {
+            self.prefix = prefix
+            remaining = Mutex(Array(trickle.utf8)[...])
+        }
+        func channelActive(context: ChannelHandlerContext) {
+            let channel = context.channel
+            if !prefix.isEmpty { channel.writeAndFlush(ByteBuffer(string: prefix), promise: nil) }
+            repeating.withLock {
+                $0 = channel.eventLoop.scheduleRepeatedTask(initialDelay: .zero, delay: .milliseconds(200)) { [self] task in
+                    guard channel.isActive, let byte = remaining.withLock({ $0.popFirst() }) else { return task.cancel() }
+                    channel.writeAndFlush(ByteBuffer(bytes: [byte]), promise: nil)
+                }
+            }
+            context.fireChannelActive()
+        }
+        func channelInactive(context: ChannelHandlerContext) {
+            repeating.withLock { $0?.cancel() }
+            context.fireChannelInactive()
+        }
+    }
+
+    /// A TCP connection from `source` to `port`, keeping what it receives; `sending`: what it
+    /// sends by itself once connected (``Sender``).
+    static func connect(
+        _ port: Int, from source: String = "127.0.0.2", tls: NIOSSLContext? = nil, sending: (prefix: String, trickle: String)? = nil
+    ) async throws -> (channel: any Channel, received: Received) {
         let received = Received()
         let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     if let tls { try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: nil)) }
                     try channel.pipeline.syncOperations.addHandler(received)
+                    if let sending { try channel.pipeline.syncOperations.addHandler(Sender(prefix: sending.prefix, trickle: sending.trickle)) }
                 }
             }
             .bind(to: try SocketAddress(ipAddress: source, port: 0))
@@ -68,40 +102,24 @@ import Testing
         }
     }
 
-    /// Writes `bytes` one at a time, one every `every`, until the server closes the connection.
-    static func trickle(_ bytes: String, on channel: any Channel, every: Duration = .milliseconds(200)) -> Task<Void, Never> {
-        Task {
-            for byte in bytes.utf8 {
-                do {
-                    try await channel.writeAndFlush(ByteBuffer(bytes: [byte]))
-                    try await Task.sleep(for: every)
-                } catch {
-                    return
-                }
-            }
-        }
-    }
-
     @Test func idleAndTricklingConnectionsAreClosedAtTheirDeadlines() async throws {
         try await withStopping(InProcessServer(adminLimits: Self.quick)) { server in
             let port = try #require(URL(string: server.adminURL)?.port)
             // Silent from the start.
             let (silent, _) = try await Self.connect(port, from: "127.0.0.2")
-            // A head that never ends, a byte every 200 ms: each byte arrives well inside any
-            // idle timer, the head's deadline still passes.
-            let (header, _) = try await Self.connect(port, from: "127.0.0.3")
-            let headerTrickle = Self.trickle("GET /health HTTP/1.1\r\nHost: dredge\r\nX-Slow: " + String(repeating: "a", count: 200), on: header)
+            // A head that never ends, a byte every 200 ms from the moment it connects: each byte
+            // arrives well inside any idle timer, the head's deadline still passes.
+            let (header, _) = try await Self.connect(
+                port, from: "127.0.0.3", sending: ("", "GET /health HTTP/1.1\r\nHost: dredge\r\nX-Slow: " + String(repeating: "a", count: 200)))
             // A whole head, then a body that trickles.
-            let (body, _) = try await Self.connect(port, from: "127.0.0.4")
-            try await body.writeAndFlush(ByteBuffer(string: "POST /v1/tokens HTTP/1.1\r\nHost: dredge\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"))
-            let bodyTrickle = Self.trickle(String(repeating: " ", count: 500), on: body)
+            let (body, _) = try await Self.connect(
+                port, from: "127.0.0.4",
+                sending: ("POST /v1/tokens HTTP/1.1\r\nHost: dredge\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n", String(repeating: " ", count: 500)))
             // A request answered, then nothing more on the kept-alive connection.
             let (kept, keptReceived) = try await Self.connect(port, from: "127.0.0.5")
             try await kept.writeAndFlush(ByteBuffer(string: "GET /health HTTP/1.1\r\nHost: dredge\r\n\r\n"))
 
             for channel in [silent, header, body, kept] { try await Self.closedByServer(channel) }
-            headerTrickle.cancel()
-            bodyTrickle.cancel()
             #expect(keptReceived.text.hasPrefix("HTTP/1.1 200"), "\(keptReceived.text)")
             #expect(keptReceived.text.contains("\"ok\""), "\(keptReceived.text)")
             // Each closed by the deadline of the phase it was in, logged with its address.

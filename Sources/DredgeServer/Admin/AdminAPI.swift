@@ -20,7 +20,8 @@ public enum AdminAPI {
     /// ``AuditRoutes``, ``TokenRoutes``), and the console beside them.
     public static func application(
         actions: AdminActions, consoleSessions: ConsoleSessions? = nil, host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil,
-        caPEM: String? = nil, connectionLimits: AdminConnectionLimits = .default, onReady: @escaping @Sendable (Int) -> Void = { _ in }
+        caPEM: String? = nil, connectionLimits: AdminConnectionLimits = .default, readiness: Readiness? = nil,
+        onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
         let logger = actions.logger
         // HEAD answers every GET route with its headers (a download's size, ETag and SHA-256
@@ -28,6 +29,16 @@ public enum AdminAPI {
         let router = Router(context: AdminRequestContext.self, options: .autoGenerateHeadEndpoints)
         router.add(middleware: ErrorMiddleware(logger: logger))
         router.get("health") { _, _ in try json(["status": "ok"]) }
+        // Whether to send this server work (``Readiness``): 200 when every check passes, else
+        // 503; each check named with `ok` or what is wrong. No token: load balancers ask.
+        if let readiness {
+            router.get("ready") { _, _ in
+                let results = await readiness.evaluate()
+                let ready = results.allSatisfy { $0.problem == nil }
+                let checks = Dictionary(results.map { ($0.name, $0.problem ?? "ok") }, uniquingKeysWith: { first, _ in first })
+                return try json(ReadinessAnswer(status: ready ? "ready" : "not ready", checks: checks), status: ready ? .ok : .serviceUnavailable)
+            }
+        }
         // A browser pointed at the listener finds the console.
         router.get("/") { _, _ in Response(status: .seeOther, headers: [.location: "/console/"]) }
         // The deployment's CA, public: `dredge login --fingerprint` fetches it and checks it

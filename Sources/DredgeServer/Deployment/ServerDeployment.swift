@@ -112,6 +112,8 @@ public enum ServerDeployment {
         public var threads: WorkThreads?
         /// How long pulled and feedback files are kept; 30 days when absent.
         public var results: ResultsRetention?
+        /// When `GET /ready` says the server is not ready; the defaults when absent.
+        public var readiness: ReadinessLimits?
         /// The PostgreSQL database the server's state is in (`postgres://user@host:port/db`,
         /// the password better in `PGPASSWORD`); SQLite in the data directory when absent.
         public var database: String?

@@ -1,3 +1,4 @@
+import GRDB
 import Logging
 
 /// The server's stores over its one database in a data directory (``ServerDatabase``), opened
@@ -77,6 +78,12 @@ public struct ServerPersistence: Sendable {
         postgres = database
         sqlite = nil
         (imported, importProblems) = ([], [])
+    }
+
+    /// Asks the database something (`SELECT 1`): throws when it does not answer.
+    public func ping() async throws {
+        if let sqlite { try await sqlite.pool.read { try $0.execute(sql: "SELECT 1") } }
+        if let postgres { try await postgres.read { c in _ = try await c.run("SELECT 1") } }
     }
 
     /// Opens the deployment's stores: on PostgreSQL when `database` (else `server.json`'s

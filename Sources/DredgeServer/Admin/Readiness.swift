@@ -1,0 +1,154 @@
+import Foundation
+import Synchronization
+
+/// Whether this server should be sent work now: what `GET /ready` answers to a load balancer
+/// or an orchestrator (`GET /health` only says the process answers). Ready when every check
+/// passes: the database answers, the agent listener listens, and the data directory's file
+/// system has room (``ReadinessLimits``). Each check has a few seconds: one that hangs (a
+/// database that does not answer) counts as failed, and never holds the answer.
+public struct Readiness: Sendable {
+    public struct Check: Sendable {
+        public let name: String
+        /// Nil when it passes; else what is wrong, in words.
+        public let run: @Sendable () async -> String?
+
+        public init(_ name: String, run: @escaping @Sendable () async -> String?) {
+            self.name = name
+            self.run = run
+        }
+    }
+
+    public struct Result: Sendable, Equatable {
+        public var name: String
+        public var problem: String?
+    }
+
+    public let checks: [Check]
+    /// How long a check may take.
+    public let timeout: Duration
+
+    public init(_ checks: [Check], timeout: Duration = .seconds(5)) {
+        self.checks = checks
+        self.timeout = timeout
+    }
+
+    /// Every check's outcome, in order, run side by side.
+    public func evaluate() async -> [Result] {
+        await withTaskGroup(of: (Int, String?).self) { group in
+            for (i, check) in checks.enumerated() {
+                group.addTask { (i, await Self.within(timeout, check)) }
+            }
+            var problems = [String?](repeating: nil, count: checks.count)
+            for await (i, problem) in group { problems[i] = problem }
+            return checks.indices.map { Result(name: checks[$0].name, problem: problems[$0]) }
+        }
+    }
+
+    /// The check's answer, or a problem once `limit` has passed without one. A check that
+    /// hangs is left behind (cancelled), never waited for.
+    private static func within(_ limit: Duration, _ check: Check) async -> String? {
+        let answer = FirstAnswer()
+        return await withCheckedContinuation { continuation in
+            answer.set(continuation)
+            let work = Task { answer.finish(await check.run()) }
+            let timer = Task {
+                do { try await Task.sleep(for: limit) } catch { return }
+                work.cancel()
+                answer.finish("no answer within \(limit)")
+            }
+            answer.onFinish { timer.cancel() }
+        }
+    }
+}
+
+/// Resumes a continuation once, with whichever answer comes first.
+private final class FirstAnswer: Sendable {
+    private struct State {
+        var continuation: CheckedContinuation<String?, Never>?
+        var answered = false
+        var onFinish: (@Sendable () -> Void)?
+    }
+    private let state = Mutex(State())
+
+    func set(_ continuation: CheckedContinuation<String?, Never>) { state.withLock { $0.continuation = continuation } }
+
+    /// Runs `body` once answered (at once if it already is).
+    func onFinish(_ body: @escaping @Sendable () -> Void) {
+        let now = state.withLock { s -> Bool in
+            if s.answered { return true }
+            s.onFinish = body
+            return false
+        }
+        if now { body() }
+    }
+
+    func finish(_ answer: String?) {
+        let (continuation, then) = state.withLock { s -> (CheckedContinuation<String?, Never>?, (@Sendable () -> Void)?) in
+            guard !s.answered else { return (nil, nil) }
+            s.answered = true
+            defer { s.continuation = nil; s.onFinish = nil }
+            return (s.continuation, s.onFinish)
+        }
+        continuation?.resume(returning: answer)
+        then?()
+    }
+}
+
+extension Readiness.Check {
+    /// The database answers a query (``ServerPersistence/ping()``).
+    public static func database(_ persistence: ServerPersistence) -> Self {
+        Self("database") {
+            do {
+                try await persistence.ping()
+                return nil
+            } catch {
+                return "the database does not answer: \(error)"
+            }
+        }
+    }
+
+    /// A listener has bound its port.
+    public static func listening(_ name: String, port: @escaping @Sendable () -> Int?) -> Self {
+        Self(name) { port() == nil ? "not listening yet" : nil }
+    }
+
+    /// The file system of `directory` has at least `minimumMegabytes` free (for the server's
+    /// own user: what `statvfs` calls available).
+    public static func disk(_ directory: String, minimumMegabytes: Int) -> Self {
+        Self("disk") {
+            guard let free = freeMegabytes(directory) else { return "cannot read the free space of the data directory's file system" }
+            return free < minimumMegabytes ? "\(free) MB free in the data directory's file system, under the \(minimumMegabytes) MB required" : nil
+        }
+    }
+
+    /// Megabytes free to the server's user in the file system of `path`, or nil.
+    static func freeMegabytes(_ path: String) -> Int? {
+        var info = statvfs()
+        guard statvfs(path, &info) == 0 else { return nil }
+        return Int(UInt64(info.f_bavail) * UInt64(info.f_frsize) / 1_048_576)
+    }
+}
+
+/// What `GET /ready` answers: `ready` or `not ready`, and each check's `ok` or problem.
+struct ReadinessAnswer: Encodable {
+    var status: String
+    var checks: [String: String]
+}
+
+/// `"readiness"` in `server.json`: when `GET /ready` says the server is not ready.
+public struct ReadinessLimits: Codable, Sendable, Equatable {
+    /// Megabytes that must be free in the data directory's file system. Default 1,024.
+    public var minFreeDiskMegabytes: Int
+
+    public init(minFreeDiskMegabytes: Int = 1_024) { self.minFreeDiskMegabytes = minFreeDiskMegabytes }
+
+    public static let `default` = ReadinessLimits()
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        minFreeDiskMegabytes = try c.decodeIfPresent(Int.self, forKey: .minFreeDiskMegabytes) ?? Self.default.minFreeDiskMegabytes
+        guard minFreeDiskMegabytes >= 0 else {
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: "minFreeDiskMegabytes must be 0 or more"))
+        }
+    }
+}

@@ -98,6 +98,10 @@ public final class AgentClient: Service, Sendable {
                 }
                 if Task.isCancelled || self.stop.isStopped { break }
                 let ready = self.established.take().map { ContinuousClock.now - $0 }
+                // A connection that stayed ready a minute means the server is there: a drop
+                // after that is the network's, so start again from the shortest delay. One
+                // dropped sooner (a server that accepts, then falls over) keeps backing off.
+                reconnection.connectionEnded(readyFor: ready)
                 if let planned = self.plannedReturn.take() {
                     // A planned restart: try every few seconds until the server said it would be
                     // back; a cluster's next node at once, since this one is going away.
@@ -117,12 +121,9 @@ public final class AgentClient: Service, Sendable {
                     if failedInARow < addresses.count { continue }
                 }
                 failedInARow = 0
-                // A connection that stayed ready a minute means the server is there: a drop
-                // after that is the network's, so start again from the shortest delay. One
-                // dropped sooner (a server that accepts, then falls over) keeps backing off.
                 // The node that dropped is tried first again, then the others. While a
                 // restarting server's return is awaited, every few seconds instead.
-                let delay = reconnection.delay(afterReadyFor: ready)
+                let delay = reconnection.delay()
                 self.logger.info("reconnecting", metadata: ["in": "\(Self.rounded(delay))"])
                 // Sleep, but wake at once on stop.
                 for _ in 0..<Int(delay / .milliseconds(100)) + 1 where !self.stop.isStopped {

@@ -47,7 +47,9 @@ extension Backoff {
 /// its `Goodbye` that it is restarting and when it expects to be back (``PlannedReturn``,
 /// Protocol § 6, Planned restarts), every few seconds until then — each wait drawn from 50–150 %
 /// of the interval the server asked for, never longer than the backoff's longest — and then
-/// with the backoff where it was. Times and randomness are passed in, so tests need no clock.
+/// with the backoff where it was. A connection that gets ready again ends the planned return:
+/// a server that comes back and falls over at once is backed off from, as any other. Times and
+/// randomness are passed in, so tests need no clock.
 public struct Reconnection: Sendable {
     public private(set) var backoff: Backoff
     /// The server's planned return, and when trying at its interval ends.
@@ -55,6 +57,15 @@ public struct Reconnection: Sendable {
     private var plannedUntil: ContinuousClock.Instant?
 
     public init(backoff: Backoff) { self.backoff = backoff }
+
+    /// A connection ended that had been ready for `readyFor` (nil: it never got that far). One
+    /// that stayed ready ``Backoff/resetAfterConnected`` starts the backoff again from its
+    /// shortest delay; one that got ready at all ends a planned return (the server is back).
+    public mutating func connectionEnded(readyFor: Duration?) {
+        guard let readyFor else { return }
+        if readyFor >= Backoff.resetAfterConnected { backoff.reset() }
+        (planned, plannedUntil) = (nil, nil)
+    }
 
     /// The server is restarting (its `Goodbye` at `now`): try at its interval for its window.
     public mutating func serverRestarting(_ planned: PlannedReturn, at now: ContinuousClock.Instant) {
@@ -65,11 +76,8 @@ public struct Reconnection: Sendable {
     /// Whether the server's planned return is still awaited at `now`.
     public func awaitingReturn(at now: ContinuousClock.Instant) -> Bool { plannedUntil.map { now < $0 } ?? false }
 
-    /// The wait before the next attempt, after a connection that was ready for `readyFor` (nil:
-    /// it never got that far). A connection that stayed ready ``Backoff/resetAfterConnected``
-    /// starts the backoff again from its shortest delay, planned return or not.
-    public mutating func delay<R: RandomNumberGenerator>(afterReadyFor readyFor: Duration?, at now: ContinuousClock.Instant, using rng: inout R) -> Duration {
-        if let readyFor, readyFor >= Backoff.resetAfterConnected { backoff.reset() }
+    /// The wait before the next attempt.
+    public mutating func delay<R: RandomNumberGenerator>(at now: ContinuousClock.Instant, using rng: inout R) -> Duration {
         if let planned, awaitingReturn(at: now) {
             return min(planned.retryEvery, backoff.maximum) * Double.random(in: 0.5...1.5, using: &rng)
         }
@@ -77,9 +85,9 @@ public struct Reconnection: Sendable {
         return backoff.next(using: &rng)
     }
 
-    public mutating func delay(afterReadyFor readyFor: Duration?, at now: ContinuousClock.Instant = .now) -> Duration {
+    public mutating func delay(at now: ContinuousClock.Instant = .now) -> Duration {
         var rng = SystemRandomNumberGenerator()
-        return delay(afterReadyFor: readyFor, at: now, using: &rng)
+        return delay(at: now, using: &rng)
     }
 }
 

@@ -23,38 +23,54 @@ import Testing
 
     /// After a planned restart's `Goodbye` the agent tries at the server's interval (50–150 % of
     /// it) until the window ends, however long its backoff had grown, then backs off from where
-    /// it was; a connection that had stayed up a minute still resets the backoff.
+    /// it was; a connection that had stayed up a minute still resets the backoff, and one that
+    /// gets ready again ends the planned return.
     @Test func aPlannedRestartIsWaitedForAtTheServersInterval() {
         var rng = SeededRandom(7)
         let start = ContinuousClock.now
         var reconnection = Reconnection(backoff: Backoff(initial: .seconds(1), maximum: .seconds(60)))
         // A server that failed again and again: the backoff is long.
-        for _ in 0..<8 { _ = reconnection.delay(afterReadyFor: nil, at: start, using: &rng) }
-        #expect(reconnection.delay(afterReadyFor: nil, at: start, using: &rng) >= .seconds(30))
+        for _ in 0..<8 { _ = reconnection.delay(at: start, using: &rng) }
+        #expect(reconnection.delay(at: start, using: &rng) >= .seconds(30))
+        reconnection.connectionEnded(readyFor: .seconds(5))
         reconnection.serverRestarting(PlannedReturn(backWithin: .seconds(40), retryEvery: .seconds(2)), at: start)
         var at = start
         var planned: [Duration] = []
         while reconnection.awaitingReturn(at: at) {
-            let delay = reconnection.delay(afterReadyFor: nil, at: at, using: &rng)
+            let delay = reconnection.delay(at: at, using: &rng)
             planned.append(delay)
+            reconnection.connectionEnded(readyFor: nil)
             at += delay
         }
         #expect(planned.count >= 14 && planned.allSatisfy { $0 >= .seconds(1) && $0 <= .seconds(3) }, "\(planned)")
         #expect(at - start >= .seconds(42), "until the window (40 s and one interval) has passed")
         // Then the backoff, where it was.
-        #expect(reconnection.delay(afterReadyFor: nil, at: at, using: &rng) >= .seconds(30))
+        #expect(reconnection.delay(at: at, using: &rng) >= .seconds(30))
 
         // Told after a connection that had been up for an hour: the backoff starts again.
         var fresh = Reconnection(backoff: Backoff(initial: .seconds(1), maximum: .seconds(60)))
-        for _ in 0..<8 { _ = fresh.delay(afterReadyFor: nil, at: start, using: &rng) }
+        for _ in 0..<8 { _ = fresh.delay(at: start, using: &rng) }
+        fresh.connectionEnded(readyFor: .seconds(3_600))
         fresh.serverRestarting(PlannedReturn(backWithin: .seconds(5), retryEvery: .seconds(2)), at: start)
-        #expect(fresh.delay(afterReadyFor: .seconds(3_600), at: start, using: &rng) <= .seconds(3))
-        #expect(fresh.delay(afterReadyFor: nil, at: start + .seconds(8), using: &rng) <= .seconds(1.5), "the backoff was reset")
+        #expect(fresh.delay(at: start, using: &rng) <= .seconds(3))
+        #expect(fresh.delay(at: start + .seconds(8), using: &rng) <= .seconds(1.5), "the backoff was reset")
+
+        // Back, then down again at once: the planned return is over, the backoff grows again.
+        var relapse = Reconnection(backoff: Backoff(initial: .seconds(1), maximum: .seconds(60)))
+        relapse.serverRestarting(PlannedReturn(backWithin: .seconds(600), retryEvery: .seconds(2)), at: start)
+        relapse.connectionEnded(readyFor: .seconds(1))
+        #expect(!relapse.awaitingReturn(at: start + .seconds(1)))
+        var waits: [Duration] = []
+        for _ in 0..<7 {
+            waits.append(relapse.delay(at: start + .seconds(2), using: &rng))
+            relapse.connectionEnded(readyFor: .seconds(1))
+        }
+        #expect(waits.last! >= .seconds(30), "\(waits)")
 
         // A server's interval longer than the agent's longest wait is cut to it.
         var impatient = Reconnection(backoff: Backoff(initial: .seconds(1), maximum: .seconds(5)))
         impatient.serverRestarting(PlannedReturn(backWithin: .seconds(600), retryEvery: .seconds(60)), at: start)
-        #expect(impatient.delay(afterReadyFor: nil, at: start, using: &rng) <= .seconds(7.5))
+        #expect(impatient.delay(at: start, using: &rng) <= .seconds(7.5))
     }
 
     @Test func threeMissedIntervalsMakeTheServerOverdue() {

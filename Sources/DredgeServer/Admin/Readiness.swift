@@ -5,8 +5,11 @@ import Synchronization
 /// or an orchestrator (`GET /health` only says the process answers). Ready when every check
 /// passes: the database answers, the agent listener listens, and the data directory's file
 /// system has room (``ReadinessLimits``). Each check has a few seconds: one that hangs (a
-/// database that does not answer) counts as failed, and never holds the answer.
-public struct Readiness: Sendable {
+/// database that does not answer) counts as failed, and never holds the answer. Probes that
+/// come together share one evaluation, and an answer serves for a second: however often
+/// anyone asks (no token is needed), at most one round of checks runs, and checks left hanging
+/// cannot pile up.
+public final class Readiness: Sendable {
     public struct Check: Sendable {
         public let name: String
         /// Nil when it passes; else what is wrong, in words.
@@ -27,14 +30,36 @@ public struct Readiness: Sendable {
     /// How long a check may take.
     public let timeout: Duration
 
+    /// How long an answer serves.
+    static let reuse: Duration = .seconds(1)
+    /// The evaluation running or last finished, and when it finished (nil: still running).
+    private let latest = Mutex<(task: Task<[Result], Never>, finished: ContinuousClock.Instant?)?>(nil)
+
     public init(_ checks: [Check], timeout: Duration = .seconds(5)) {
         self.checks = checks
         self.timeout = timeout
     }
 
-    /// Every check's outcome, in order, run side by side.
+    /// Every check's outcome, in order: the evaluation under way or finished within the last
+    /// second, else a new one.
     public func evaluate() async -> [Result] {
-        await withTaskGroup(of: (Int, String?).self) { group in
+        let task = latest.withLock { latest -> Task<[Result], Never> in
+            if let latest, latest.finished.map({ ContinuousClock.now - $0 < Self.reuse }) ?? true { return latest.task }
+            let task = Task {
+                let results = await self.runChecks()
+                self.latest.withLock { $0?.finished = .now }
+                return results
+            }
+            latest = (task, nil)
+            return task
+        }
+        return await task.value
+    }
+
+    /// Every check run side by side.
+    private func runChecks() async -> [Result] {
+        let timeout = self.timeout
+        return await withTaskGroup(of: (Int, String?).self) { group in
             for (i, check) in checks.enumerated() {
                 group.addTask { (i, await Self.within(timeout, check)) }
             }
@@ -113,10 +138,14 @@ extension Readiness.Check {
     }
 
     /// The file system of `directory` has at least `minimumMegabytes` free (for the server's
-    /// own user: what `statvfs` calls available).
+    /// own user: what `statvfs` calls available). Asked on a thread of its own: a file system
+    /// that hangs (a lost network mount) holds no thread the server's tasks run on.
     public static func disk(_ directory: String, minimumMegabytes: Int) -> Self {
         Self("disk") {
-            guard let free = freeMegabytes(directory) else { return "cannot read the free space of the data directory's file system" }
+            let free = await withCheckedContinuation { continuation in
+                DispatchQueue.global().async { continuation.resume(returning: freeMegabytes(directory)) }
+            }
+            guard let free else { return "cannot read the free space of the data directory's file system" }
             return free < minimumMegabytes ? "\(free) MB free in the data directory's file system, under the \(minimumMegabytes) MB required" : nil
         }
     }

@@ -94,9 +94,15 @@ enum Console {
             }
             // A session this browser held before ends: one at a time.
             if let old = request.cookies[sessionCookie]?.value { try await d.sessions.close(old) }
-            // Recorded first: a sign-in the audit log cannot hold does not happen.
-            try await d.actions.signedIn(name, from: context.remoteAddress ?? "?")
+            // A sign-in the audit log cannot hold does not happen: its session ends at once (and
+            // one that cannot be kept is never audited).
             let (id, session) = try await d.sessions.open(tokenName: name, token: token)
+            do {
+                try await d.actions.signedIn(name, from: context.remoteAddress ?? "?")
+            } catch {
+                try await d.sessions.close(id)
+                throw error
+            }
             var response = redirect(back ?? "/console/agents")
             response.setCookie(
                 Cookie(

@@ -72,8 +72,9 @@ public final class PostgresTokenVault: TokenVault, Sendable {
     public func openSession(_ session: StoredConsoleSession, capacity: Int, now: Date) async throws {
         let (nowSeconds, expires) = (now.timeIntervalSince1970, session.expires.timeIntervalSince1970)
         try await db.write { c in
-            // Nodes opening sessions at once take turns at the cap.
-            try await c.run("SELECT pg_advisory_xact_lock(7466218402)")
+            // Nodes opening sessions at once take turns at the cap (a lock of its own: 7466218401
+            // is the schema's migrations, 7466218402 the record index's writes).
+            try await c.run("SELECT pg_advisory_xact_lock(7466218403)")
             try await c.run("DELETE FROM console_session WHERE expires_at <= \(nowSeconds)")
             let kept = Int(try await c.value("SELECT count(*) FROM console_session", as: Int64.self) ?? 0)
             if kept >= capacity {

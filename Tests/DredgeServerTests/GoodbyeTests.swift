@@ -1,6 +1,9 @@
 import DredgeAgentCore
 import DredgeTestSupport
 import Foundation
+import Logging
+import NIOCore
+import NIOPosix
 import Testing
 
 @testable import DredgeServer
@@ -59,6 +62,33 @@ import Testing
                 } else {
                     #expect(said.hasSuffix("the server closed the connection: goodbye"), "\(said)")
                 }
+            }
+        }
+    }
+
+    /// An agent given several nodes moves to the next one at once when its node says it is
+    /// restarting, and waits (the interval the server asked for) only once every node failed.
+    @Test func anAgentOfAClusterTriesTheNextNodeAtOnceOnAPlannedRestart() async throws {
+        try await withStopping(InProcessServer()) { server in
+            // The next node: a port nothing listens on (refused at once).
+            let closed = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
+            let nextPort = try #require(closed.localAddress?.port)
+            try await closed.close().get()
+            let state = try await AgentEnrollment.enroll(
+                servers: [ServerAddress(host: "127.0.0.1", port: server.agentPort)], caPEM: contents(server.data + "/ca.pem"),
+                token: server.created.enrollmentToken, stateDirectory: server.dir.file("agent"), hostInfo: .with { $0.hostname = "device" })
+            let logs = LogCapture()
+            let client = try AgentClient(
+                state: state, store: nil, hostInfo: .with { $0.hostname = "device" }, logger: Logger(label: "test.agent") { _ in logs },
+                servers: [server.agentPort, nextPort].map { ServerAddress(host: "127.0.0.1", port: $0) })
+            try await withBackground({ try await client.run() }) { () async throws in
+                #expect(try await PullOutcomeTests.waitFor { try await server.registry.agents().first?.connected == true })
+                try await server.stop()
+                #expect(try await PullOutcomeTests.waitFor { logs.records.contains { $0.message == "reconnecting" } })
+                let after = logs.records.drop { $0.message != "the server is restarting" }.map { record in
+                    record.message == "connection to the server failed" ? "failed at \(record.metadata["server"].map { "\($0)" } ?? "?")" : record.message
+                }
+                #expect(Array(after.prefix(3)) == ["the server is restarting", "failed at 127.0.0.1:\(nextPort)", "reconnecting"], "\(after)")
             }
         }
     }

@@ -168,10 +168,12 @@ import Testing
             try ManagedProcess("dredge-agent", ["run", "--create", "--state", state, "--store", store, "--reconnect-max-seconds", String(reconnectMax)], outputPath: dir.file(log))
         }
 
-        /// Queues a pull with `dredge-server pull ARGS`; returns its exit status and the pull id.
+        /// Queues a pull with `dredge-server pull ARGS`; returns its exit status and the pull id
+        /// (standard output only: a warning or a log line on standard error, as on PostgreSQL
+        /// now and then, must not become part of the id), or on failure what it said.
         func pull(_ arguments: [String]) throws -> (status: Int32, id: String) {
-            let (status, output) = try ManagedProcess.run("dredge-server", ["pull", "--data", data] + arguments)
-            return (status, output.trimmingCharacters(in: .whitespacesAndNewlines))
+            let (status, output, errors) = try ManagedProcess.runSeparately("dredge-server", ["pull", "--data", data] + arguments)
+            return (status, status == 0 ? output.trimmingCharacters(in: .whitespacesAndNewlines) : output + errors)
         }
 
         /// The first target of a pull, as `dredge-server pulls --json` shows it.

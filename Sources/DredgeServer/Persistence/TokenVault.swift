@@ -35,6 +35,20 @@ public protocol TokenVault: Sendable {
     func closeSession(key: String) async throws
 }
 
+extension TokenVault {
+    /// How every implementation's ``session(key:now:)`` ends, given what its lookup found (the
+    /// session, and whether the admin token it was opened with is still there): the session if
+    /// it lives at `now`; otherwise nil, once an ended session is forgotten.
+    func live(_ found: (session: StoredConsoleSession, tokenLives: Bool)?, at now: Date) async throws -> StoredConsoleSession? {
+        guard let (session, tokenLives) = found else { return nil }
+        guard tokenLives, session.expires > now else {
+            try await closeSession(key: session.key)
+            return nil
+        }
+        return session
+    }
+}
+
 /// A web console session as the database keeps it: nothing that signs anyone in. The cookie's
 /// id is kept as its SHA-256 only, and the token as its SHA-256, as the token table keeps it.
 public struct StoredConsoleSession: Sendable, Equatable {

@@ -103,12 +103,7 @@ public final class PostgresTokenVault: TokenVault, Sendable {
                 return (StoredConsoleSession(key: key, tokenName: name, tokenSHA256: sha256, expires: Date(timeIntervalSince1970: expires)), lives)
             }
         }
-        guard let (session, tokenLives) = found else { return nil }
-        guard tokenLives, session.expires > now else {
-            try await closeSession(key: key)
-            return nil
-        }
-        return session
+        return try await live(found, at: now)
     }
 
     public func closeSession(key: String) async throws {

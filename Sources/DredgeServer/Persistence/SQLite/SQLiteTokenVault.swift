@@ -110,12 +110,7 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
                 (StoredConsoleSession(key: key, tokenName: row[0], tokenSHA256: row[1], expires: Date(timeIntervalSince1970: row[2])), row[3] as Bool)
             }
         }
-        guard let (session, tokenLives) = found else { return nil }
-        guard tokenLives, session.expires > now else {
-            try await closeSession(key: key)
-            return nil
-        }
-        return session
+        return try await live(found, at: now)
     }
 
     public func closeSession(key: String) async throws {

@@ -54,6 +54,9 @@ let package = Package(
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         // The PostgreSQL back end (several server nodes on one database).
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        // The server's metrics, exposed for Prometheus (`GET /metrics`).
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
     ],
     targets: [
         // What every other module agrees on, with no dependencies: timestamps, levels, types,
@@ -186,6 +189,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle", condition: .when(traits: ["Server"])),
                 .product(name: "PostgresNIO", package: "postgres-nio", condition: .when(traits: ["Server"])),
+                .product(name: "Prometheus", package: "swift-prometheus", condition: .when(traits: ["Server"])),
+                .product(name: "Metrics", package: "swift-metrics", condition: .when(traits: ["Server"])),
             ]
         ),
         // What the command-line tools share: the record filter flags.
@@ -200,7 +205,12 @@ let package = Package(
         ),
         .executableTarget(
             name: "dredge-server",
-            dependencies: ["DredgeServer", "DredgeDomain", "DredgeAdminAPI", "DredgeCommandLine", .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"])), .product(name: "Logging", package: "swift-log")]
+            dependencies: [
+                "DredgeServer", "DredgeDomain", "DredgeAdminAPI", "DredgeCommandLine",
+                .product(name: "ArgumentParser", package: "swift-argument-parser", condition: .when(traits: ["Server"])), .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics", condition: .when(traits: ["Server"])),
+                .product(name: "Prometheus", package: "swift-prometheus", condition: .when(traits: ["Server"])),
+            ]
         ),
         // Realistic synthetic logs for the demo, the benchmarks and the tests.
         .target(name: "DredgeSamples", dependencies: ["DredgeDomain", "DredgeStore"]),

@@ -23,6 +23,9 @@ public enum ServerRuntime {
         /// A PostgreSQL database (`postgres://…`) instead of `server.json`'s `database` (or,
         /// when neither names one, SQLite in the data directory).
         public var database: String?
+        /// Where the server counts what it does (`GET /metrics`); one of its own when nil. The
+        /// `dredge-server` command makes it first, to bootstrap swift-metrics with it.
+        public var metrics: ServerMetrics?
 
         public init(
             dataDirectory: String, agentPort: Int? = nil, adminPort: Int? = nil, adminHost: String? = nil, heartbeatSeconds: UInt32? = nil, keepDays: Int? = nil
@@ -38,6 +41,9 @@ public enum ServerRuntime {
 
     public static func run(_ options: Options, logger: Logger) async throws {
         logger.info("dredge-server starting", metadata: ["version": "\(DredgeVersion.current)", "data": "\(options.dataDirectory)"])
+        // Before any SQLite database opens (SQLite's error log can be set only then).
+        DatabaseMeter.installSQLiteErrorLog()
+        let metrics = options.metrics ?? ServerMetrics()
         let openFiles = raiseOpenFileLimit()
         logger.info("open file limit", metadata: ["limit": "\(openFiles)"])
         // Absolute, so the file paths the admin API reports work from anywhere.
@@ -54,6 +60,8 @@ public enum ServerRuntime {
         let heartbeat = Int64(max(1, options.heartbeatSeconds ?? WireLimits.defaultHeartbeatSeconds))
         let stores = try await ServerPersistence.open(deployment, database: options.database, lease: .seconds(3 * heartbeat), logger: logger)
         logger.info("state", metadata: ["database": "\(stores.location)"])
+        stores.sqlite?.meter.attach(metrics)
+        stores.postgres?.meter.attach(metrics)
         if !stores.imported.isEmpty {
             logger.notice("imported the files of an earlier release into the database", metadata: [
                 "files": "\(stores.imported.joined(separator: ", "))", "database": "\(stores.location)",
@@ -67,7 +75,7 @@ public enum ServerRuntime {
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
         try await janitor.sweep(atStart: true, shared: stores.node != nil)
         // In a cluster, what a dead node left unindexed is looked for every five minutes.
-        let indexer = Indexer(index: stores.records, registry: stores.registry, paths: DataDirectory(dir), logger: logger, catchUpEvery: stores.node == nil ? nil : .seconds(300))
+        let indexer = Indexer(index: stores.records, registry: stores.registry, paths: DataDirectory(dir), logger: logger, catchUpEvery: stores.node == nil ? nil : .seconds(300), metrics: metrics)
         let results = ResultsKeeper(
             paths: DataDirectory(dir), pulls: pulls, feedback: feedback, records: stores.records, indexer: indexer, audit: pulls, retention: retention, logger: logger)
         // Before the indexer catches up: it must not index what a cut-short removal left.
@@ -80,12 +88,20 @@ public enum ServerRuntime {
         }
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
-            port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, issuer: stores.issuer, landed: { indexer.landed($0) })
+            port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, issuer: stores.issuer, landed: { indexer.landed($0, records: $1) },
+            metrics: metrics)
         let adminServices = AdminServices(
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher,
             records: stores.records, indexer: indexer, files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
-            logger: logger)
+            metrics: metrics, logger: logger)
         let adminPort = options.adminPort ?? deployment.config.adminPort
+        for sampler in [
+            listener.connectionSampler, indexer.lagSampler(into: metrics), ServerMetrics.diskSampler(dir, into: metrics), stores.sampler(into: metrics),
+        ] { metrics.addSampler(sampler) }
+        let (scrapeToken, madeToken) = try ScrapeToken.loadOrCreate(directory: dir)
+        if madeToken {
+            logger.notice("made the token Prometheus reads GET /metrics with", metadata: ["file": "\(dir)/\(ScrapeToken.fileName)"])
+        }
         let application = try AdminAPI.application(
             actions: AdminActions(adminServices),
             consoleSessions: ConsoleSessions(
@@ -96,12 +112,20 @@ public enum ServerRuntime {
             readiness: Readiness([
                 .database(stores), .listening("agent listener") { listener.boundPort },
                 .disk(dir, minimumMegabytes: (deployment.config.readiness ?? .default).minFreeDiskMegabytes),
-            ]))
+            ]),
+            metrics: MetricsEndpoint(metrics: metrics, token: scrapeToken))
         let admin = ListeningService(base: application, listener: "the admin API", host: adminHost, port: adminPort)
         // On PostgreSQL the node's lease is renewed beside the rest (its agents' presence and index claims).
         // On SQLite the write-ahead log is checkpointed off the writer.
         let checkpointer = try stores.sqlite.map { try WALCheckpointer($0, logger: logger) }
-        let services: [any Service] = (stores.node.map { [$0] } ?? []) + (checkpointer.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin]
+        // A listener of the metrics' own, when server.json asks for one.
+        let metricsListener: [any Service] = (deployment.config.metrics ?? .default).address.map { address in
+            [ListeningService(
+                base: MetricsEndpoint.listener(metrics: metrics, host: address.host, port: address.port, logger: logger), listener: "the metrics listener",
+                host: address.host, port: address.port)]
+        } ?? []
+        let services: [any Service] =
+            (stores.node.map { [$0] } ?? []) + (checkpointer.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin] + metricsListener
         if let node = stores.node { logger.info("cluster node", metadata: ["node": "\(node.id)", "name": "\(node.name)", "lease": "\(node.duration)"]) }
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()

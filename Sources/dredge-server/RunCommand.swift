@@ -5,6 +5,7 @@ import DredgeDomain
 import DredgeServer
 import Foundation
 import Logging
+import Metrics
 
 struct RunCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -61,6 +62,10 @@ struct RunCommand: AsyncParsableCommand {
                 dataDirectory: data, agentPort: agentPort, adminPort: port, adminHost: adminHost, heartbeatSeconds: heartbeatSeconds, keepDays: keepDays)
             options.consoleSessionMinutes = consoleSessionMinutes
             options.database = database
+            // What libraries measure through swift-metrics goes to the server's own registry.
+            let metrics = ServerMetrics()
+            MetricsSystem.bootstrap(metrics.swiftMetricsFactory)
+            options.metrics = metrics
             try await ServerRuntime.run(options, logger: logger)
         } catch let error as DeploymentError {
             throw fail(error.description)

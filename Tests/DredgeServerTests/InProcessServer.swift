@@ -70,7 +70,7 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         listener = AgentListener(
             deployment: deployment, registry: wrapRegistry?(registry) ?? registry, pulls: wrapPulls?(pulls) ?? pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
-            issuer: issuer, landed: { indexer.landed($0) })
+            issuer: issuer, landed: { indexer.landed($0, records: $1) })
         let adminPort = Mutex<Int?>(nil)
         let services = AdminServices(
             registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,

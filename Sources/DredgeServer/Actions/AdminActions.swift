@@ -96,7 +96,7 @@ public final class AdminActions: Sendable {
 
     /// A page of records: the search checked, run, and audited (``searchAudit``).
     public func search(_ search: RecordSearch, by actor: String) async throws -> RecordPage {
-        var page = try await indexed(search) { try await $0.search(search) }
+        var page = try await indexed(search, .page) { try await $0.search(search) }
         if let indexer = services.indexer { page.indexing += indexer.queued }
         try await searchOpened(search, by: actor)
         return page
@@ -109,15 +109,19 @@ public final class AdminActions: Sendable {
 
     /// The next page of a followed search (``searchOpened(_:by:)`` audited it once, not per page).
     public func followed(_ search: RecordSearch) async throws -> RecordPage {
-        try await indexed(search) { try await $0.search(search) }
+        try await indexed(search, .page) { try await $0.search(search) }
     }
 
     /// `read` on the index, for a search checked first; the index's refusal as an invalid request.
-    private func indexed<T>(_ search: RecordSearch, _ read: (any RecordIndex) async throws -> T) async throws -> T {
+    /// Its time is measured as a search of `kind` (`GET /metrics`).
+    private func indexed<T>(_ search: RecordSearch, _ kind: ServerMetrics.SearchKind, _ read: (any RecordIndex) async throws -> T) async throws -> T {
         guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
         try Self.check(search)
         do {
-            return try await read(records)
+            let start = ContinuousClock.now
+            let value = try await read(records)
+            services.metrics?.searched(kind, took: ContinuousClock.now - start)
+            return value
         } catch let error as RecordSearchError {
             throw ActionError(.invalid, error.description)
         }
@@ -127,7 +131,7 @@ public final class AdminActions: Sendable {
     /// search is, and audited as one (the audit's throttle keeps a page and its counts one entry).
     public func stats(_ search: RecordSearch, by actor: String) async throws -> RecordStats {
         let counted = RecordStats.counted(search)
-        let stats = try await indexed(counted) { try await $0.stats(counted) }
+        let stats = try await indexed(counted, .stats) { try await $0.stats(counted) }
         try await searchOpened(search, by: actor)
         return stats
     }

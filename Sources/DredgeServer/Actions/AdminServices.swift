@@ -20,13 +20,16 @@ public struct AdminServices: Sendable {
     public let files: PullFiles?
     /// Removal and disk use of results; nil on a server that does not remove them.
     public let results: ResultsKeeper?
+    /// Where searches are timed (`GET /metrics`); nil: not measured.
+    public let metrics: ServerMetrics?
     public let logger: Logger
 
     public init(
         registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
         dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil, results: ResultsKeeper? = nil,
-        logger: Logger
+        metrics: ServerMetrics? = nil, logger: Logger
     ) {
+        self.metrics = metrics
         self.registry = registry
         self.pulls = pulls
         self.audit = audit

@@ -20,7 +20,7 @@ public enum AdminAPI {
     /// ``AuditRoutes``, ``TokenRoutes``), and the console beside them.
     public static func application(
         actions: AdminActions, consoleSessions: ConsoleSessions? = nil, host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil,
-        caPEM: String? = nil, connectionLimits: AdminConnectionLimits = .default, readiness: Readiness? = nil,
+        caPEM: String? = nil, connectionLimits: AdminConnectionLimits = .default, readiness: Readiness? = nil, metrics: MetricsEndpoint? = nil,
         onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
         let logger = actions.logger
@@ -29,6 +29,19 @@ public enum AdminAPI {
         let router = Router(context: AdminRequestContext.self, options: .autoGenerateHeadEndpoints)
         router.add(middleware: ErrorMiddleware(logger: logger))
         router.get("health") { _, _ in try json(["status": "ok"]) }
+        if let metrics {
+            // Requests counted and timed by route (through swift-metrics, ``ServerMetrics/swiftMetricsFactory``).
+            router.add(middleware: MetricsMiddleware())
+            // For Prometheus, behind the scrape token only (``ScrapeToken``); a refused one is
+            // audited as a refused admin token is.
+            router.get("metrics") { request, context in
+                if let token = metrics.token, !token.accepts(request.headers[.authorization]) {
+                    await actions.refusedToken("a token that is not the scrape token", for: "GET /metrics", from: context.remoteAddress ?? "?")
+                    throw AdminAPIError(.unauthorized, "unauthorized", "the metrics need the scrape token (metrics-token in the data directory)")
+                }
+                return await metrics.response()
+            }
+        }
         // Whether to send this server work (``Readiness``): 200 when every check passes, else
         // 503; each check named with `ok` or what is wrong. No token: load balancers ask.
         if let readiness {

@@ -117,6 +117,8 @@ public enum ServerDeployment {
         /// The PostgreSQL database the server's state is in (`postgres://user@host:port/db`,
         /// the password better in `PGPASSWORD`); SQLite in the data directory when absent.
         public var database: String?
+        /// Where Prometheus scrapes `GET /metrics` besides the admin listener; the defaults when absent.
+        public var metrics: MetricsSettings?
     }
 
     /// What `initialize` makes.

@@ -42,14 +42,21 @@ public final class Indexer: Service, Sendable {
     /// How often what landed is looked over again while running (nil: at start only). In a
     /// cluster, what a dead node left unindexed is picked up by the nodes still running.
     let catchUpEvery: Duration?
+    /// Where indexed records are counted (`GET /metrics`).
+    let metrics: ServerMetrics?
+    /// Each source not yet searchable in full: when it was first reported, and its records when
+    /// known (from its upload, or its manifest once begun); and the records of the source being
+    /// indexed that are in already. For the index's lag.
+    private let lagBook = Mutex<(sources: [IndexedSource: (since: ContinuousClock.Instant, records: Int?)], current: (IndexedSource, Int)?)>(([:], nil))
 
     /// - Parameter registry: names each source's records by the device its agent is registered
     ///   as, never by what its payload claims; nil only where no agent is registered (tools and
     ///   tests that index files alone).
     public init(
         index: any RecordIndex, registry: (any AgentDirectory)?, paths: DataDirectory, logger: Logger, blocking: NIOThreadPool = .singleton,
-        retryBase: Duration = .seconds(60), catchUpEvery: Duration? = nil
+        retryBase: Duration = .seconds(60), catchUpEvery: Duration? = nil, metrics: ServerMetrics? = nil
     ) {
+        self.metrics = metrics
         self.index = index
         self.registry = registry
         self.retryBase = retryBase
@@ -62,9 +69,42 @@ public final class Indexer: Service, Sendable {
 
     /// A pull's files from one agent, or a feedback's, are in place: index them soon.
     /// A source already waiting (or being indexed) is not queued twice.
-    public func landed(_ source: IndexedSource) {
+    /// `records`: how many it holds, when the caller knows (the upload's manifest said).
+    public func landed(_ source: IndexedSource, records: Int? = nil) {
+        lagBook.withLock { book in
+            let since = book.sources[source]?.since ?? .now
+            book.sources[source] = (since, records ?? book.sources[source]?.records)
+        }
         guard waiting.withLock({ $0.all.insert(source).inserted }) else { return }
         queue.continuation.yield(source)
+    }
+
+    /// How far behind the index is: sources not yet searchable in full, their records not yet
+    /// in (of those whose count is known), and how long the oldest has waited.
+    public func lag(now: ContinuousClock.Instant = .now) -> (sources: Int, records: Int, oldest: Duration) {
+        lagBook.withLock { book in
+            let records = book.sources.values.reduce(0) { $0 + ($1.records ?? 0) } - (book.current?.1 ?? 0)
+            let oldest = book.sources.values.map(\.since).min().map { now - $0 } ?? .zero
+            return (book.sources.count, max(records, 0), oldest)
+        }
+    }
+
+    /// Reads the index's lag into `metrics` at each scrape.
+    public func lagSampler(into metrics: ServerMetrics) -> ServerMetrics.Sampler {
+        ServerMetrics.Sampler("index lag") { [weak self] in
+            guard let lag = self?.lag() else { return }
+            metrics.indexBacklog.set(Double(lag.sources))
+            metrics.indexLagRecords.set(Double(lag.records))
+            metrics.indexLagSeconds.set(Double(lag.oldest.components.seconds) + Double(lag.oldest.components.attoseconds) / 1e18)
+        }
+    }
+
+    /// The source needs no more indexing (done, removed, or gone): no longer behind.
+    private func caughtUp(_ source: IndexedSource) {
+        lagBook.withLock { book in
+            book.sources.removeValue(forKey: source)
+            if book.current?.0 == source { book.current = nil }
+        }
     }
 
     /// Sources reported and not yet indexed, the one being indexed included.
@@ -122,6 +162,9 @@ public final class Indexer: Service, Sendable {
 
     private func indexLogging(_ source: IndexedSource) async {
         waiting.withLock { $0.current = source }
+        // Still behind only when it is to be tried again.
+        var retried = false
+        defer { if !retried { caughtUp(source) } }
         defer {
             waiting.withLock {
                 $0.all.remove(source)
@@ -183,6 +226,8 @@ public final class Indexer: Service, Sendable {
                     "source": "\(source)", "error": "\(error)", "retry.seconds": "\(wait.components.seconds)",
                 ])
             }
+            retried = true
+            lagBook.withLock { if $0.current?.0 == source { $0.current = nil } }
             retrying.withLock { _ = $0.insert(source) }
             // Not a child of run(): after the server stops it wakes at most once more, and its
             // source goes to a queue nobody reads; the next start catches up from the files.
@@ -221,6 +266,10 @@ public final class Indexer: Service, Sendable {
         let device: RegisteredDevice? =
             if let registry { try await registry.device(source.agentID) ?? RegisteredDevice(hostname: "", os: "", app: "", appVersion: "") } else { nil }
         try await index.begin(source, contexts: manifest.contexts, device: device, landedAt: Date())
+        lagBook.withLock { book in
+            if let known = book.sources[source] { book.sources[source] = (known.since, known.records ?? manifest.recordCount) }
+            book.current = (source, 0)
+        }
         // Only the uid the pull or feedback asked for: the manifest's filter was checked against
         // the pull (its target's uid) or the feedback's header when the upload landed.
         let onlyUID = manifest.filter.uid.flatMap { $0.isEmpty ? nil : $0 }
@@ -232,7 +281,12 @@ public final class Indexer: Service, Sendable {
             let file = try paths.inside(directory + "/" + day.file)
             let reader = try await blocking.runIfActive { try LineBlockReader(path: file, blockBytes: Self.blockBytes) }
             while let block = try await blocking.runIfActive({ try reader.next() }) {
-                count += try await index.add(source, lines: block, admitting: admission)
+                let added = try await index.add(source, lines: block, admitting: admission)
+                count += added
+                metrics?.indexed(records: added.records)
+                lagBook.withLock { book in
+                    if let current = book.current, current.0 == source { book.current = (source, current.1 + added.records + added.foreign + added.unreadable) }
+                }
             }
             count.unreadable += reader.overlong
         }

@@ -34,7 +34,9 @@ public final class AgentListener: Service, Sendable {
     let threads: WorkThreads
     let gate: ConnectionGate
     /// Told of each pull or feedback whose files are in place (the ``Indexer``).
-    let landed: @Sendable (IndexedSource) -> Void
+    let landed: @Sendable (IndexedSource, _ records: Int) -> Void
+    /// Where connections, uploads and their errors are counted (`GET /metrics`).
+    public let metrics: ServerMetrics
     let agentConnections = AgentConnections()
     let counters = ConnectionCounters()
     private let bound: BoundAddress
@@ -50,9 +52,10 @@ public final class AgentListener: Service, Sendable {
         logger: Logger,
         host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil,
         connectionLimits: ConnectionLimits? = nil, threads: WorkThreads? = nil, openFiles: Int = ServerRuntime.openFileLimit(),
-        issuer: CommandIssuer? = nil, landed: @escaping @Sendable (IndexedSource) -> Void = { _ in }
+        issuer: CommandIssuer? = nil, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void = { _, _ in }, metrics: ServerMetrics = ServerMetrics()
     ) {
         self.landed = landed
+        self.metrics = metrics
         self.deployment = deployment
         // The admin API's issuer, so the keys of the pulls it just made are known here.
         self.issuer = issuer ?? CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
@@ -81,6 +84,15 @@ public final class AgentListener: Service, Sendable {
     /// The port actually bound (useful with port 0), once listening.
     public var boundPort: Int? { bound.port }
 
+    /// Reads the connections open on this node into `metrics` at each scrape.
+    public var connectionSampler: ServerMetrics.Sampler {
+        ServerMetrics.Sampler("agent connections") { [gate, metrics] in
+            let counts = gate.counts
+            metrics.connectionsAuthenticated.set(Double(counts.authenticated))
+            metrics.connectionsAuthenticating.set(Double(counts.unauthenticated))
+        }
+    }
+
     /// Returns once the server has ended every connection it accepted: each connection's
     /// chunks are settled and a landed upload's chunks removed (``ended(_:)``). An agent's
     /// close returns before that, so a test that looks at the data directory waits for this.
@@ -93,7 +105,7 @@ public final class AgentListener: Service, Sendable {
         let services = ConnectionServices(
             registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, issuer: issuer, deployment: deployment, paths: paths,
             session: session, feedbackLimits: feedbackLimits, gate: gate, agentConnections: agentConnections, refusals: refusals, enrollmentThrottle: enrollmentThrottle, counters: counters, work: work,
-            landed: landed, logger: logger)
+            landed: landed, metrics: metrics, logger: logger)
         if let refused = work.idlePolicyRefused {
             logger.warning("upload threads not moved to SCHED_IDLE; they run niced", metadata: ["error": "\(refused)", "nice": "\(threads.bulkNice)"])
         }
@@ -163,6 +175,7 @@ public final class AgentListener: Service, Sendable {
         let address = channel.remoteAddress?.ipAddress ?? "unknown"
         switch gate.admit(address: address, channel: channel) {
         case .refused(let why):
+            metrics.refused(.addressCap)
             refusals.log { suppressed in
                 logger.notice("connection refused", metadata: ["remote": "\(address)", "reason": "\(why)", "suppressed": "\(suppressed)"])
             }

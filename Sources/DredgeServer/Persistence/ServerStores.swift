@@ -1,4 +1,6 @@
+import DredgeAdminAPI
 import GRDB
+import PostgresNIO
 import Logging
 
 /// The server's stores over its one database in a data directory (``ServerDatabase``), opened
@@ -84,6 +86,80 @@ public struct ServerPersistence: Sendable {
     public func ping() async throws {
         if let sqlite { try await sqlite.pool.read { try $0.execute(sql: "SELECT 1") } }
         if let postgres { try await postgres.read { c in _ = try await c.run("SELECT 1") } }
+    }
+
+    /// What the deployment holds, counted for `GET /metrics`.
+    public struct Counts: Sendable, Equatable {
+        public var agentsEnrolled = 0
+        /// Connected to the deployment: to any node whose lease is current, on PostgreSQL.
+        public var agentsOnline = 0
+        public var pullTargets: [PullStatus: Int] = [:]
+        public var feedback: [FeedbackStatus: Int] = [:]
+    }
+
+    /// Counts agents, pull targets and feedback (a few indexed counts; a status read back that
+    /// no release writes is left out).
+    public func counts() async throws -> Counts {
+        var counts = Counts()
+        if let sqlite {
+            let (agents, pulls, feedback) = try await sqlite.pool.read { db in
+                (
+                    try Row.fetchOne(db, sql: "SELECT count(*), coalesce(sum(connected), 0) FROM agent").map { (Int($0[0] as Int64), Int($0[1] as Int64)) } ?? (0, 0),
+                    try Row.fetchAll(db, sql: "SELECT status, count(*) FROM pull_target GROUP BY status").map { ($0[0] as String, Int($0[1] as Int64)) },
+                    try Row.fetchAll(db, sql: "SELECT status, count(*) FROM feedback GROUP BY status").map { ($0[0] as String, Int($0[1] as Int64)) }
+                )
+            }
+            (counts.agentsEnrolled, counts.agentsOnline) = agents
+            counts.pullTargets = Self.byStatus(pulls)
+            counts.feedback = Self.byStatus(feedback)
+        }
+        if let postgres {
+            let (agents, pulls, feedback) = try await postgres.read { c in
+                let row = try await c.rows(
+                    "SELECT count(*), count(*) FILTER (WHERE connected AND node_id IN (\(unescaped: NodeLease.live))) FROM agent"
+                ).first
+                let agents: (Int64, Int64) = try row?.decode((Int64, Int64).self) ?? (0, 0)
+                let pulls = try await c.rows("SELECT status, count(*) FROM pull_target GROUP BY status").map { try $0.decode((String, Int64).self) }
+                let feedback = try await c.rows("SELECT status, count(*) FROM feedback GROUP BY status").map { try $0.decode((String, Int64).self) }
+                return (agents, pulls, feedback)
+            }
+            (counts.agentsEnrolled, counts.agentsOnline) = (Int(agents.0), Int(agents.1))
+            counts.pullTargets = Self.byStatus(pulls.map { ($0.0, Int($0.1)) })
+            counts.feedback = Self.byStatus(feedback.map { ($0.0, Int($0.1)) })
+        }
+        return counts
+    }
+
+    private static func byStatus<Status: RawRepresentable & Hashable>(_ rows: [(String, Int)]) -> [Status: Int] where Status.RawValue == String {
+        var counts: [Status: Int] = [:]
+        for (raw, count) in rows { if let status = Status(rawValue: raw) { counts[status, default: 0] += count } }
+        return counts
+    }
+
+    /// Reads ``counts()`` into `metrics` at each scrape; on PostgreSQL also this node's lease
+    /// and the cluster's live nodes.
+    public func sampler(into metrics: ServerMetrics) -> ServerMetrics.Sampler {
+        ServerMetrics.Sampler("database counts") { [self] in
+            if let node {
+                // A database this node cannot reach is a lease it cannot renew: 0, not the last reading.
+                do {
+                    let live = try await node.liveNodes()
+                    metrics.clusterNodes.set(Double(live.count))
+                    metrics.leaseHeld.set(to: live.contains { $0.id == node.id } ? 1 : 0)
+                } catch {
+                    metrics.leaseHeld.set(to: 0)
+                    throw error
+                }
+            } else {
+                metrics.clusterNodes.set(to: 1)
+                metrics.leaseHeld.set(to: 1)
+            }
+            let counts = try await counts()
+            metrics.agentsEnrolled.set(Double(counts.agentsEnrolled))
+            metrics.agentsOnline.set(Double(counts.agentsOnline))
+            for (status, gauge) in metrics.pullTargets { gauge.set(Double(counts.pullTargets[status] ?? 0)) }
+            for (status, gauge) in metrics.feedback { gauge.set(Double(counts.feedback[status] ?? 0)) }
+        }
     }
 
     /// Opens the deployment's stores: on PostgreSQL when `database` (else `server.json`'s

@@ -251,6 +251,14 @@ final class ConnectionDriverHandler: ChannelDuplexHandler {
     func read(context: ChannelHandlerContext) {
         if driver.shouldRead() { context.read() }
     }
+
+    /// Every frame the server sends passes here: its errors are counted (`GET /metrics`).
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if case .error(let error)? = unwrapOutboundIn(data).body {
+            driver.session.services.metrics.errorSent(error.code, aboutUpload: !error.uploadID.isEmpty)
+        }
+        context.write(data, promise: promise)
+    }
 }
 
 extension Channel {

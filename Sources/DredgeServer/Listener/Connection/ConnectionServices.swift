@@ -32,14 +32,17 @@ final class ConnectionServices: Sendable {
     let counters: ConnectionCounters
     let work: ServerWork
     /// Told of each pull or feedback whose files are in place (the ``Indexer``).
-    let landed: @Sendable (IndexedSource) -> Void
+    let landed: @Sendable (IndexedSource, _ records: Int) -> Void
+    /// Where events are counted for `GET /metrics`.
+    let metrics: ServerMetrics
     let logger: Logger
 
     init(
         registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, dispatcher: PullDispatcher,
         issuer: CommandIssuer, deployment: LoadedDeployment, paths: DataDirectory, session: WireAuthResult, feedbackLimits: FeedbackLimits,
         gate: ConnectionGate, agentConnections: AgentConnections, refusals: RateLimitedLog, enrollmentThrottle: EnrollmentThrottle,
-        counters: ConnectionCounters, work: ServerWork, landed: @escaping @Sendable (IndexedSource) -> Void, logger: Logger
+        counters: ConnectionCounters, work: ServerWork, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void,
+        metrics: ServerMetrics, logger: Logger
     ) {
         self.enrollmentThrottle = enrollmentThrottle
         self.registry = registry
@@ -58,6 +61,7 @@ final class ConnectionServices: Sendable {
         self.counters = counters
         self.work = work
         self.landed = landed
+        self.metrics = metrics
         self.logger = logger
     }
 }

@@ -41,6 +41,8 @@ final class ConnectionSession: Sendable {
         var uploads: ConnectionUploads?
         /// The agent's pull deliveries once registered, and their place with the dispatcher.
         var delivery: (runner: DeliveryRunner, registration: Int)?
+        /// When the last heartbeat arrived (or the agent authenticated), for its lag.
+        var lastHeartbeat: ContinuousClock.Instant?
     }
 
     /// The agent, once registered.
@@ -59,6 +61,18 @@ final class ConnectionSession: Sendable {
 
     /// The heartbeat interval the server gives an authenticated agent.
     var heartbeatSeconds: UInt32 { services.session.heartbeatIntervalS }
+
+    /// A heartbeat arrived: counted, with how late it came after the one before it (or after
+    /// the agent authenticated, `first`, which is not a heartbeat).
+    private func heartbeatArrived(first: Bool = false) {
+        let now = ContinuousClock.now
+        let before = state.withLock { state in
+            defer { state.lastHeartbeat = now }
+            return state.lastHeartbeat
+        }
+        guard !first else { return }
+        services.metrics.heartbeat(gap: before.map { now - $0 }, interval: .seconds(Int64(heartbeatSeconds)))
+    }
 
     /// The agent's uploads and command answers on this connection, made with the first frame
     /// that is not a heartbeat (an agent that only heartbeats costs none of it while idle).
@@ -124,6 +138,7 @@ final class ConnectionSession: Sendable {
         guard case .heartbeat(let heartbeat)? = frame.body, let id = outbound.agentID,
             services.registry.holdHeartbeat(id, heartbeat, now: Date())
         else { return nil }
+        heartbeatArrived()
         return outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } }]).first
     }
 
@@ -148,6 +163,7 @@ final class ConnectionSession: Sendable {
                     if services.gate.authenticate(token) {
                         pending.append(contentsOf: outbound.step { $0.authenticated(id) })
                     } else {
+                        services.metrics.refused(.capacity)
                         services.refusals.log { suppressed in
                             services.logger.warning("agent refused: no room for another agent connection", metadata: [
                                 "agent.id": "\(id)", "max_agents": "\(services.gate.caps.authenticated)", "suppressed": "\(suppressed)",
@@ -156,6 +172,7 @@ final class ConnectionSession: Sendable {
                         pending.append(contentsOf: outbound.step { $0.fail(WireProtocolError(.errorLimitExceeded, "the server has no room for another agent connection; try later")) })
                     }
                 } else {
+                    services.metrics.refused(.authentication)
                     services.refusals.log { suppressed in
                         services.logger.notice("agent authentication failed", metadata: [
                             "agent.id": "\(WireID.isValid(id) ? id : "(malformed)")", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)",
@@ -185,9 +202,12 @@ final class ConnectionSession: Sendable {
                     replaced.goodbye("replaced by a newer connection of the same agent")
                 }
                 services.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
+                services.metrics.authentications.increment()
+                heartbeatArrived(first: true)
                 outcome.registered = id
             case .deliver(let id, let frame):
                 if case .heartbeat(let heartbeat)? = frame.body {
+                    heartbeatArrived()
                     if let problem = HeartbeatRules.problem(with: heartbeat) {
                         services.logger.notice("heartbeat refused", metadata: ["agent.id": "\(id)", "problem": "\(problem)"])
                         pending.append(contentsOf: outbound.step { $0.fail(WireProtocolError(.errorMalformedFrame, problem)) })
@@ -220,6 +240,7 @@ final class ConnectionSession: Sendable {
             case .close(let error):
                 // Rate-limited with the refusals: anyone who can reach the port can cause these.
                 if let error {
+                    services.metrics.refused(.protocolError)
                     services.refusals.log { suppressed in
                         services.logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
                     }

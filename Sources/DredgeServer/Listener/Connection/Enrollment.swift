@@ -94,6 +94,7 @@ extension ConnectionServices {
     /// limited (anyone who can reach the port can cause them).
     func enroll(_ request: WireEnrollRequest, remote: String?, address: String) async -> EnrollmentOutcome {
         guard enrollmentThrottle.begin(address) else {
+            metrics.refused(.enrollmentThrottled)
             refusals.log { suppressed in
                 logger.notice("enrollment refused: too many refused from this address", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
             }
@@ -101,7 +102,7 @@ extension ConnectionServices {
         }
         let outcome = await enrollChecked(request, remote: remote)
         switch outcome {
-        case .refused: break  // counted at the start
+        case .refused: metrics.refused(.enrollment)  // counted by the throttle at the start
         case .enrolled, .unavailable, .throttled: enrollmentThrottle.succeeded(address)
         }
         return outcome

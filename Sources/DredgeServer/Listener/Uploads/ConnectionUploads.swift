@@ -215,6 +215,7 @@ final class ConnectionUploads: Sendable {
         guard receiver(chunk.uploadID) != nil else {
             return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")]
         }
+        services.metrics.chunkReceived(isFeedback(chunk.uploadID) ? .feedback : .pull, bytes: chunk.ciphertext.count)
         await pipeline.room()
         var out: [WireFrame] = []
         var failed: Progress?

@@ -126,12 +126,14 @@ struct UploadAdmission: Sendable {
         } else {
             // Too large ever to be accepted: refused for good, not "later".
             guard header.plaintextSize <= UInt64(clamping: feedbackLimits.maxUnpackedBytes) else {
+                services.metrics.quotaRefused(.feedbackSize)
                 return .answered(Self.error(.errorUploadInvalid, id, "a feedback upload may be at most \(feedbackLimits.maxUnpackedBytes) bytes"))
             }
             let now = Date()
             let lastHour = try await feedback.usage(agentID: agentID, since: now.addingTimeInterval(-3600))
             let lastDay = try await feedback.usage(agentID: agentID, since: now.addingTimeInterval(-86_400))
             guard lastHour.count < feedbackLimits.perHour, lastDay.bytes + Int64(clamping: header.plaintextSize) <= feedbackLimits.bytesPerDay else {
+                services.metrics.quotaRefused(.feedbackRate)
                 logger.notice("feedback quota exceeded", metadata: ["agent.id": "\(agentID)", "last_hour": "\(lastHour.count)", "last_day_bytes": "\(lastDay.bytes)"])
                 return .answered(Self.error(
                     .errorLimitExceeded, id,

@@ -33,13 +33,14 @@ struct UploadFinisher: Sendable {
     private var blocking: NIOThreadPool { services.work.uploads }
     private var logger: Logger { services.logger }
     /// Told of each upload whose files are in place and recorded complete (the ``Indexer``).
-    private var landed: @Sendable (IndexedSource) -> Void { services.landed }
+    private var landed: @Sendable (IndexedSource, _ records: Int) -> Void { services.landed }
 
     /// Reassembles, decrypts, unpacks with limits into `pulls/<pull>/<agent>/` or `feedback/<id>/`.
     /// A failure of the server's own (disk, I/O) leaves the upload open for the agent to finish
     /// later; a payload that breaks the rules fails it for good.
     func finish(_ uploadID: String, _ assembler: UploadAssembler, isFeedback: Bool) async -> Finished {
         let what = isFeedback ? "feedback" : "pull"
+        let kind: ServerMetrics.UploadKind = isFeedback ? .feedback : .pull
         do {
             // What the manifest must say was selected (Protocol § Payload).
             var selection: LogFilter?
@@ -75,7 +76,8 @@ struct UploadFinisher: Sendable {
                 }
                 throw ExportError(.uploadInvalid, "\(what) \(uploadID) ended before its upload finished")
             }
-            landed(IndexedSource(kind: isFeedback ? .feedback : .pull, id: uploadID, agentID: agentID))
+            landed(IndexedSource(kind: isFeedback ? .feedback : .pull, id: uploadID, agentID: agentID), payload.manifest.recordCount)
+            services.metrics.uploadFinished(kind, .complete)
             let chunks = try paths.inside(assembler.directory)
             logger.info("\(what) complete", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "records": "\(payload.manifest.recordCount)"])
             return Finished(
@@ -94,6 +96,7 @@ struct UploadFinisher: Sendable {
                 } catch {
                     logger.error("could not record a failed upload", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
                 }
+                services.metrics.uploadFinished(kind, .failed)
                 logger.error("\(what) failed", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
                 return Finished(result: .with { $0.uploadID = uploadID; $0.ok = false; $0.error = code; $0.detail = detail })
             }
@@ -102,6 +105,7 @@ struct UploadFinisher: Sendable {
             } catch {
                 logger.error("could not record an upload's trouble", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
             }
+            services.metrics.uploadFinished(kind, .retry)
             logger.error("\(what) could not be unpacked; left for the agent to retry", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "error": "\(error)"])
             return Finished(result: .with { $0.uploadID = uploadID; $0.ok = false; $0.error = .errorInternal; $0.detail = "the server could not store the upload now; try later" })
         }

@@ -162,6 +162,8 @@ public final class PostgresDatabase: Sendable {
     private let runner: Task<Void, Never>
     let logger: Logger
     public let location: Location
+    /// How long its transactions take, once the running server attaches its metrics.
+    public let meter = DatabaseMeter()
 
     /// Connects (waiting up to `connectTimeout` for the database to answer) and migrates.
     public init(_ location: Location, connectTimeout: Duration = .seconds(30), logger: Logger = Logger(label: "dredge.postgres")) async throws {
@@ -235,24 +237,37 @@ public final class PostgresDatabase: Sendable {
     /// Runs `body` on one connection, outside a transaction (each statement its own).
     @discardableResult
     func read<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
+        let start = ContinuousClock.now
         do {
-            return try await client.withConnection { try await body($0) }
+            let value = try await client.withConnection { try await body($0) }
+            meter.record(.read, took: ContinuousClock.now - start)
+            return value
         } catch {
-            throw DatabaseFailure.wrapping(error)
+            let wrapped = DatabaseFailure.wrapping(error)
+            meter.record(.read, took: ContinuousClock.now - start, failed: wrapped is DatabaseFailure)
+            throw wrapped
         }
     }
 
     /// Runs `body` in one transaction: committed when it returns, rolled back when it throws.
     @discardableResult
     func write<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
+        let start = ContinuousClock.now
         do {
-            return try await client.withTransaction(logger: logger) { try await body($0) }
-        } catch let error as PostgresTransactionError {
-            // The closure's own error when it threw (a store's own error as it is), not the wrapper's.
-            if let closureError = error.closureError { throw DatabaseFailure.wrapping(closureError) }
-            throw DatabaseFailure.wrapping(error.beginError ?? error.commitError ?? error)
+            let value = try await client.withTransaction(logger: logger) { try await body($0) }
+            meter.record(.write, took: ContinuousClock.now - start)
+            return value
         } catch {
-            throw DatabaseFailure.wrapping(error)
+            let wrapped: any Error
+            if let error = error as? PostgresTransactionError {
+                // The closure's own error when it threw (a store's own error as it is), not the wrapper's.
+                wrapped = DatabaseFailure.wrapping(error.closureError ?? error.beginError ?? error.commitError ?? error)
+            } else {
+                wrapped = DatabaseFailure.wrapping(error)
+            }
+            // Only the database's own failures count, not a store's refusal.
+            meter.record(.write, took: ContinuousClock.now - start, failed: wrapped is DatabaseFailure)
+            throw wrapped
         }
     }
 }

@@ -24,6 +24,8 @@ public final class ServerDatabase: Sendable {
 
     let pool: DatabasePool
     public let path: String
+    /// How long its statements take, once the running server attaches its metrics.
+    public let meter: DatabaseMeter
     /// The legacy files this open imported (renamed to `<name>.imported`).
     public let imported: [String]
     /// What went wrong renaming imported files (their contents are in the database already;
@@ -32,7 +34,9 @@ public final class ServerDatabase: Sendable {
 
     public init(directory: String) throws {
         path = directory + "/" + Self.fileName
-        pool = try Self.openPool(path, walPages: 8_000)
+        let meter = DatabaseMeter()
+        self.meter = meter
+        pool = try Self.openPool(path, walPages: 8_000, meter: meter)
         let migrator = Self.migrator(importingFrom: directory)
         let applied = try pool.read { try migrator.appliedIdentifiers($0) }
         try migrator.migrate(pool)
@@ -61,13 +65,15 @@ public final class ServerDatabase: Sendable {
     ///   default, 1,000, when nil). `dredge.sqlite` waits for 8,000: the running server's
     ///   ``WALCheckpointer`` checkpoints it every 5 s off the writer, and the writer's own
     ///   checkpoint is the bound when that does not run (a command-line tool).
-    static func openPool(_ path: String, walPages: Int? = nil) throws -> DatabasePool {
+    /// - Parameter meter: times every statement of every connection.
+    static func openPool(_ path: String, walPages: Int? = nil, meter: DatabaseMeter? = nil) throws -> DatabasePool {
         let isNew = !FileManager.default.fileExists(atPath: path)
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         configuration.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
             if let walPages { try db.execute(sql: "PRAGMA wal_autocheckpoint = \(max(1, walPages))") }
+            meter?.profile(db)
         }
         let pool = try DatabasePool(path: path, configuration: configuration)
         if isNew, chmod(path, 0o600) != 0 {

@@ -30,8 +30,8 @@ public enum AdminAPI {
         router.add(middleware: ErrorMiddleware(logger: logger))
         router.get("health") { _, _ in try json(["status": "ok"]) }
         if let metrics {
-            // Requests counted and timed by route (through swift-metrics, ``ServerMetrics/swiftMetricsFactory``).
-            router.add(middleware: MetricsMiddleware())
+            // Requests counted and timed by route.
+            router.add(middleware: HTTPMetricsMiddleware(metrics: metrics.metrics))
             // For Prometheus, behind the scrape token only (``ScrapeToken``); a refused one is
             // audited as a refused admin token is.
             router.get("metrics") { request, context in

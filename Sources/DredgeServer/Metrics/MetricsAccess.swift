@@ -114,24 +114,27 @@ public struct MetricsEndpoint: Sendable {
 }
 
 extension ServerMetrics {
-    /// A swift-metrics factory over this registry, for what libraries measure through
-    /// swift-metrics (the admin API's requests: Hummingbird's `MetricsMiddleware`), their names
-    /// made ours: `dredge_http_requests_total`, `dredge_http_request_errors_total`,
-    /// `dredge_http_request_duration_seconds`, `dredge_http_active_requests`. Bootstrapped once
-    /// per process (`dredge-server run`).
-    public var swiftMetricsFactory: any MetricsFactory {
-        var factory = PrometheusMetricsFactory(registry: registry)
-        factory.nameAndLabelSanitizer = { name, labels in
-            let renamed =
-                switch name {
-                case "hb.requests": "dredge_http_requests_total"
-                case "hb.request.errors": "dredge_http_request_errors_total"
-                case "http.server.request.duration": "dredge_http_request_duration_seconds"
-                case "http.server.active_requests": "dredge_http_active_requests"
-                default: name
-                }
-            return (renamed, labels)
+    /// A swift-metrics factory over this registry: what a library measures through swift-metrics
+    /// is exposed beside the server's own figures. `dredge-server run` bootstraps it (once per
+    /// process).
+    public var swiftMetricsFactory: any MetricsFactory { PrometheusMetricsFactory(registry: registry) }
+}
+
+/// Counts and times the admin listener's requests by route (the route's pattern, such as
+/// `/v1/pulls/:id`, never the path asked for: bounded), method and status.
+struct HTTPMetricsMiddleware<Context: RequestContext>: RouterMiddleware {
+    let metrics: ServerMetrics
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let start = ContinuousClock.now
+        do {
+            let response = try await next(request, context)
+            metrics.request(route: context.endpointPath, method: request.method.rawValue, status: response.status.code, took: ContinuousClock.now - start)
+            return response
+        } catch {
+            let status = (error as? any HTTPResponseError)?.status.code ?? 500
+            metrics.request(route: context.endpointPath, method: request.method.rawValue, status: status, took: ContinuousClock.now - start)
+            throw error
         }
-        return factory
     }
 }

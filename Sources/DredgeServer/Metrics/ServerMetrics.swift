@@ -256,6 +256,26 @@ public final class ServerMetrics: Sendable {
         if total > before { databaseErrors.increment(by: Int64(total - before)) }
     }
 
+    /// An admin API request answered `status` after `took`; `route` is the pattern it matched
+    /// (nil: none, counted as `unmatched`). Methods outside HTTP's usual ones are `other`.
+    func request(route: String?, method: String, status: Int, took duration: Duration) {
+        let route = route ?? "unmatched"
+        let method = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"].contains(method) ? method : "other"
+        registry.counter(
+            name: "dredge_http_requests_total", labels: [("route", route), ("method", method), ("code", String(status))],
+            help: "Admin API requests, by route, method and status code."
+        ).increment()
+        registry.durationHistogram(
+            name: "dredge_http_request_duration_seconds", labels: [("route", route), ("method", method)], buckets: Self.httpBuckets,
+            help: "How long the admin API took to answer, by route and method (until the answer's headers)."
+        ).record(duration)
+    }
+
+    static let httpBuckets: [Duration] = [
+        .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1),
+        .seconds(2.5), .seconds(5), .seconds(10),
+    ]
+
     // MARK: Scraping
 
     /// A reader of states, run at every scrape.

@@ -38,6 +38,8 @@ test: deps
 	scripts/postgres.sh run sh -c '$(SWIFT) test --skip-build --skip "$(E2E)" && $(SWIFT) test --skip-build --no-parallel --filter "$(E2E)"'
 	python3 scripts/fresh-app.py
 	python3 Tests/conformance/conformance.py "$$($(SWIFT) build --show-bin-path)/dredge-server"
+	# The systemd units in docs/systemd/: verified, and hardened (systemd-analyze security).
+	Tests/service/check-units.sh "$$($(SWIFT) build --show-bin-path)"
 	# The dashboard and alert rules in docs/monitoring/ against a real Prometheus scraping a real server.
 	python3 Tests/monitoring/check.py "$$($(SWIFT) build --show-bin-path)"
 	python3 Tests/browser/console.py "$$($(SWIFT) build --show-bin-path)" test-output/console

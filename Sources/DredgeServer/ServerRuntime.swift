@@ -49,6 +49,12 @@ public enum ServerRuntime {
         // Absolute, so the file paths the admin API reports work from anywhere.
         let dir = URL(fileURLWithPath: options.dataDirectory).standardizedFileURL.path
         let deployment = try LoadedDeployment(directory: dir)
+        for key in deployment.unknownKeys {
+            logger.warning("server.json has a key no release reads; it is ignored", metadata: ["key": "\(key)", "check": "dredge-server config check --data \(dir)"])
+        }
+        for path in deployment.fromEnvironment {
+            logger.notice("configuration from the environment", metadata: ["key": "\(path)", "variable": "\(ServerConfiguration.key(path)?.environmentName ?? "?")"])
+        }
         // One server per data directory on SQLite, held until this returns (a cluster's nodes
         // on PostgreSQL share theirs).
         let lock = (options.database ?? deployment.config.database) == nil ? try DataDirectoryLock.acquire(dir) : nil

@@ -11,8 +11,13 @@ public struct LoadedDeployment: Sendable {
     public var tlsConfiguration: TLSConfiguration
     /// The admin API's TLS (1.3 only); nil for plain HTTP, which only a loopback address gets.
     public var adminTLSConfiguration: TLSConfiguration?
+    /// Keys of `server.json` set by an environment variable (``ServerConfiguration``).
+    public var fromEnvironment: [String]
+    /// Keys in `server.json` no release reads: ignored (a misspelling, most likely).
+    public var unknownKeys: [String]
 
-    public init(directory: String) throws {
+    /// - Parameter environment: where `DREDGE_…` overrides of `server.json`'s keys are read.
+    public init(directory: String, environment: [String: String] = ProcessInfo.processInfo.environment) throws {
         self.directory = directory
         func read(_ name: String) throws -> String {
             guard let data = FileManager.default.contents(atPath: directory + "/" + name) else {
@@ -21,11 +26,10 @@ public struct LoadedDeployment: Sendable {
             return String(decoding: data, as: UTF8.self)
         }
         do {
-            config = try JSONDecoder().decode(ServerDeployment.Config.self, from: Data(try read("server.json").utf8))
+            let reading = try ServerConfiguration.read(Data(try read("server.json").utf8), environment: environment)
+            (config, fromEnvironment, unknownKeys) = (reading.config, reading.fromEnvironment, reading.unknownKeys)
         } catch let error as DeploymentError {
-            throw error
-        } catch {
-            throw DeploymentError("cannot read the deployment configuration in \(directory): \(error)")
+            throw error.description.hasPrefix("server.json") ? DeploymentError("\(directory)/\(error.description)") : error
         }
         guard let seed = Hex.decode(try read("signing-key").trimmingCharacters(in: .whitespacesAndNewlines)) else {
             throw DeploymentError("\(directory)/signing-key is not hex")

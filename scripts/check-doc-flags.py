@@ -18,16 +18,22 @@ def help_of(path):
     if key not in help_cache:
         out = subprocess.run([os.path.join(bin_dir, path[0])] + path[1:] + ["--help"], capture_output=True, text=True)
         text = out.stdout + out.stderr
-        subs, section = set(), None
+        subs, section, default = set(), None, None
         for line in text.splitlines():
             if re.match(r'^[A-Z][A-Z ]+:', line):
                 section = line.split(":")[0]
                 continue
             if section == "SUBCOMMANDS":
-                m = re.match(r'^  ([a-z][a-z0-9-]*)', line)
+                m = re.match(r'^  ([a-z][a-z0-9-]*)( \(default\))?', line)
                 if m:
                     subs.add(m.group(1))
-        help_cache[key] = (subs, set(re.findall(r'--[a-z0-9][a-z0-9-]*', text)) | {"--help", "--version"})
+                    if m.group(2):
+                        default = m.group(1)
+        flags = set(re.findall(r'--[a-z0-9][a-z0-9-]*', text)) | {"--help", "--version"}
+        # A command with a default subcommand (`dredge agents` is `dredge agents list`) takes its flags.
+        if default:
+            flags |= help_of(path + [default])[1]
+        help_cache[key] = (subs, flags)
     return help_cache[key]
 
 

@@ -30,12 +30,17 @@ public struct AgentRecord: Sendable, Equatable, Codable {
     /// In a listing by uid (`GET /v1/agents?uid=`): the hour of that uid's newest record on
     /// this agent, as its user report said (nil when only its active uids hold the uid).
     public var uidLastSeen: Date?
+    /// When it was revoked (`dredge agents revoke`), and by whom: it may not connect again.
+    public var revokedAt: Date?
+    public var revokedBy: String?
 
     public init(
         agentID: String, hostname: String, os: String, app: String, appVersion: String, labels: [String: String] = [:], enrolledAt: Date, connected: Bool,
         connectedAt: Date?, remoteAddress: String?, lastHeartbeatAt: Date?, activeUIDs: [String], reportedUsers: Int = 0, usersTruncated: Bool = false,
-        storeRecords: UInt64, uidLastSeen: Date? = nil
+        storeRecords: UInt64, uidLastSeen: Date? = nil, revokedAt: Date? = nil, revokedBy: String? = nil
     ) {
+        self.revokedAt = revokedAt
+        self.revokedBy = revokedBy
         self.agentID = agentID
         self.hostname = hostname
         self.os = os
@@ -56,7 +61,7 @@ public struct AgentRecord: Sendable, Equatable, Codable {
 
     enum CodingKeys: String, CodingKey {
         case agentID, hostname, os, app, appVersion, labels, enrolledAt, connected, connectedAt, remoteAddress, lastHeartbeatAt, activeUIDs, reportedUsers
-        case usersTruncated, storeRecords, uidLastSeen
+        case usersTruncated, storeRecords, uidLastSeen, revokedAt, revokedBy
     }
 
     /// Fields added after the first release (labels, the user report) read as empty when a
@@ -79,6 +84,8 @@ public struct AgentRecord: Sendable, Equatable, Codable {
         usersTruncated = try c.decodeIfPresent(Bool.self, forKey: .usersTruncated) ?? false
         storeRecords = try c.decode(UInt64.self, forKey: .storeRecords)
         uidLastSeen = try c.decodeIfPresent(Date.self, forKey: .uidLastSeen)
+        revokedAt = try c.decodeIfPresent(Date.self, forKey: .revokedAt)
+        revokedBy = try c.decodeIfPresent(String.self, forKey: .revokedBy)
     }
 }
 
@@ -474,4 +481,10 @@ public struct PullFile: Sendable, Equatable, Codable {
         self.size = size
         self.sha256 = sha256
     }
+}
+
+/// `POST /v1/agents/{id}/revoke`: why (a ticket, "laptop stolen"), recorded in the audit log.
+public struct AgentRevocationRequest: Sendable, Equatable, Codable {
+    public var reason: String?
+    public init(reason: String? = nil) { self.reason = reason }
 }

@@ -14,6 +14,8 @@ public enum AuditAction: String, Sendable, CaseIterable, Codable {
     case consoleSignOut = "console.sign-out"
     case tokenCreate = "token.create"
     case tokenRevoke = "token.revoke"
+    /// An agent revoked (a lost device, a decommissioned host).
+    case agentRevoke = "agent.revoke"
     /// A refused admin token (actor `-`).
     case authFailed = "auth.failed"
 

@@ -36,46 +36,76 @@ func calling<T>(_ body: () async throws -> T) async throws -> T {
 
 struct AgentsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "agents",
-        abstract: "List enrolled agents: the device (host, app and version, labels), online or not, last seen, records held, users.",
-        discussion: """
-            An agent holds a uid when its store has records of that user, whatever their age (the
-            agent reports them on each connection), or logged it in the last day. --uid lists the
-            agents that hold it, with the hour each last saw it.
-            """)
+        commandName: "agents", abstract: "List enrolled agents, or revoke one.",
+        subcommands: [List.self, Revoke.self], defaultSubcommand: List.self)
 
-    @OptionGroup var server: ServerOptions
-    @Flag(help: "Only agents connected now.") var online = false
-    @Option(help: "Only agents whose store holds this uid.") var uid: String?
-    @Option(help: "Only agents on this host (its name as the device reported it).") var host: String?
-    @Flag(help: "JSON output.") var json = false
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "List enrolled agents: the device (host, app and version, labels), online or not, last seen, records held, users.",
+            discussion: """
+                An agent holds a uid when its store has records of that user, whatever their age (the
+                agent reports them on each connection), or logged it in the last day. --uid lists the
+                agents that hold it, with the hour each last saw it. A revoked agent is listed as such.
+                """)
 
-    func validate() throws {
-        if let uid, let problem = UserID.problem(uid) { throw ValidationError("--uid: \(problem)") }
+        @OptionGroup var server: ServerOptions
+        @Flag(help: "Only agents connected now.") var online = false
+        @Option(help: "Only agents whose store holds this uid.") var uid: String?
+        @Option(help: "Only agents on this host (its name as the device reported it).") var host: String?
+        @Flag(help: "JSON output.") var json = false
+
+        func validate() throws {
+            if let uid, let problem = UserID.problem(uid) { throw ValidationError("--uid: \(problem)") }
+        }
+
+        func run() async throws {
+            let client = try server.client()
+            let all = try await calling { try await client.agents() }
+            var agents = all
+            if let uid {
+                // A server that does not know `?uid=` lists every agent: keep those that hold it.
+                agents = try await calling { try await client.agents(uid: uid) }.filter { $0.uidLastSeen != nil || $0.activeUIDs.contains(uid) }
+            }
+            if online { agents = agents.filter(\.connected) }
+            if let host { agents = agents.filter { $0.hostname == host } }
+            if json { return try printJSON(agents) }
+            if agents.isEmpty {
+                if all.isEmpty { print("no agents enrolled") } else if let uid { print("no agent holds uid \(uid)\(online || host != nil ? " among those that match" : "") (\(all.count) enrolled)") } else { print("no agents match (\(all.count) enrolled)") }
+            }
+            for a in agents { print(AgentsCommand.describe(a, uid: uid)) }
+        }
     }
 
-    func run() async throws {
-        let client = try server.client()
-        let all = try await calling { try await client.agents() }
-        var agents = all
-        if let uid {
-            // A server that does not know `?uid=` lists every agent: keep those that hold it.
-            agents = try await calling { try await client.agents(uid: uid) }.filter { $0.uidLastSeen != nil || $0.activeUIDs.contains(uid) }
+    struct Revoke: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Revoke an agent (a lost or stolen device, a decommissioned host).",
+            discussion: """
+                Its connection is closed at once, it may not connect again, and pulls by uid no longer
+                reach it; what it uploaded is kept. Recorded in the audit log with the reason. To use
+                the device again, enroll it anew with a new state directory.
+                """)
+
+        @OptionGroup var server: ServerOptions
+        @Argument(help: "The agent's id (as `dredge agents` lists it).") var id: String
+        @Option(help: "Why (a ticket number, \"laptop stolen\"): recorded in the audit log.") var reason: String?
+
+        func run() async throws {
+            let client = try server.client()
+            let agent = try await calling { try await client.revokeAgent(id, reason: reason) }
+            print(AgentsCommand.describe(agent, uid: nil))
+            Terminal.error("revoked agent \(agent.agentID)\(agent.hostname.isEmpty ? "" : " (\(agent.hostname))"): its connection is closed and it may not connect again\n")
         }
-        if online { agents = agents.filter(\.connected) }
-        if let host { agents = agents.filter { $0.hostname == host } }
-        if json { return try printJSON(agents) }
-        if agents.isEmpty {
-            if all.isEmpty { print("no agents enrolled") } else if let uid { print("no agent holds uid \(uid)\(online || host != nil ? " among those that match" : "") (\(all.count) enrolled)") } else { print("no agents match (\(all.count) enrolled)") }
-        }
-        for a in agents { print(Self.describe(a, uid: uid)) }
     }
 
     /// One agent on one line: id, host, app and version, labels, presence, records, users.
     static func describe(_ a: AgentRecord, uid: String?) -> String {
         var parts = [a.agentID, a.hostname.isEmpty ? "-" : a.hostname, a.app.isEmpty ? "-" : "\(a.app) \(a.appVersion)".trimmingCharacters(in: .whitespaces)]
         if !a.labels.isEmpty { parts.append(a.labels.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",")) }
-        parts.append(a.connected ? "online since \(Format.time(a.connectedAt)) from \(a.remoteAddress ?? "?")" : "offline, last seen \(Format.time(a.lastHeartbeatAt ?? a.connectedAt))")
+        if let revoked = a.revokedAt {
+            parts.append("REVOKED \(Format.time(revoked))\(a.revokedBy.map { " by \($0)" } ?? "")")
+        } else {
+            parts.append(a.connected ? "online since \(Format.time(a.connectedAt)) from \(a.remoteAddress ?? "?")" : "offline, last seen \(Format.time(a.lastHeartbeatAt ?? a.connectedAt))")
+        }
         parts.append("\(a.storeRecords) records")
         parts.append("users: \(a.reportedUsers)\(a.usersTruncated ? "+" : "") (active: \(a.activeUIDs.isEmpty ? "-" : a.activeUIDs.prefix(5).joined(separator: ",") + (a.activeUIDs.count > 5 ? ",…" : "")))")
         if let uid { parts.append(a.uidLastSeen.map { "\(uid) last seen \(Format.time($0))" } ?? "\(uid) active in the last day") }

@@ -69,4 +69,37 @@ struct ClusterEndToEndTests {
             return found.status == 0 && found.output.split(separator: "\n").count == 40_000
         })
     }
+
+    /// `dredge agents revoke` on node A closes the agent's connection on node B at once (the
+    /// database's notification), and neither node lets it back in.
+    @Test func anAgentRevokedOnOneNodeIsClosedOnTheOther() throws {
+        let d = try AgentServerEndToEndTests.Deployment(backend: .postgres)
+        let (nodeA, portA) = try d.startServer()
+        defer { nodeA.stop() }
+        let (nodeB, portB) = try d.startServer()
+        defer { nodeB.stop() }
+        let state = d.dir.file("agent"), store = d.dir.file("device.sqlite")
+        try PullEndToEndTests.makeDeviceStore(store)
+        #expect(try d.enroll(state: state, port: portB).0 == 0)
+        let agent = try ManagedProcess(
+            "dredge-agent", ["run", "--state", state, "--store", store, "--reconnect-max-seconds", "1", "--server", "localhost:\(portB),localhost:\(portA)"],
+            outputPath: d.dir.file("agent.log"))
+        defer { agent.stop() }
+        #expect(try ManagedProcess.waitFor { try d.agents().contains { ($0["connected"] as? Bool) == true } }, "agent:\n\(agent.output)")
+        let agentID = try #require(try d.agents().first?["agentID"] as? String)
+
+        let (status, output) = try d.dredge(["agents", "revoke", agentID, "--reason", "stolen"], server: try d.adminAddress(nodeA))
+        #expect(status == 0, "\(output)")
+        #expect(output.contains("REVOKED") && output.contains("revoked agent \(agentID)"), "\(output)")
+        // Node B, which holds the connection, closes it; the agent, trying both nodes every
+        // second, is refused by each.
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(60)) { nodeB.output.contains("closing a revoked agent's connection") }, "node B:\n\(nodeB.output)")
+        #expect(try ManagedProcess.waitFor(timeout: .seconds(60)) {
+            let offline = try d.agents().first?["connected"] as? Bool == false
+            return offline && nodeA.output.contains("agent refused: revoked")
+        }, "node A:\n\(nodeA.output)\nagent:\n\(agent.output)")
+        #expect(agent.output.contains("this agent was revoked"), "\(agent.output)")
+        let (listed, list) = try d.dredge(["agents"], server: try d.adminAddress(nodeB))
+        #expect(listed == 0 && list.contains("REVOKED") && list.contains("by admin"), "\(list)")
+    }
 }

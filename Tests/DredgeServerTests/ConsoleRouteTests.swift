@@ -377,6 +377,36 @@ import Testing
         #expect(try await fixture.admin.tokens.list().filter { $0.kind == .admin }.map(\.name) == ["dave"])
     }
 
+    /// Revoking a device asks first (with a reason for the audit log), needs the page's CSRF
+    /// token, and then shows the device as revoked, with no way left to pull it.
+    @Test func aDeviceIsRevokedFromItsPage() async throws {
+        let fixture = Fixture()
+        let registry = fixture.admin.registry
+        let id = try await registry.enroll(publicKey: AgentDirectoryConformanceTests.keys[0].publicKey, host: AgentDirectoryConformanceTests.host, now: Date())
+        try await fixture.test { browser in
+            _ = try await browser.signIn(fixture.admin.created.adminToken)
+            let before = try await browser.get("/console/agents/\(id)")
+            let csrf = try #require(before.csrf)
+            #expect(before.body.contains(#"href="/console/agents/\#(id)/revoke">Revoke this device…</a>"#) && before.body.contains("Pull this device"))
+            let question = try await browser.get("/console/agents/\(id)/revoke")
+            #expect(question.status == .ok && question.body.contains("Revoke kitchen (\(id.prefix(8)))?") && question.body.contains(#"name="reason""#))
+            #expect(try await !registry.isRevoked(id), "asking revokes nothing")
+            #expect(try await browser.get("/console/agents/\(String(repeating: "0", count: 32))/revoke").status == .notFound)
+
+            let forged = try await browser.post("/console/agents/\(id)/revoke", ["reason": "x"])
+            #expect(forged.status == .forbidden)
+            #expect(try await !registry.isRevoked(id))
+            let done = try await browser.post("/console/agents/\(id)/revoke", ["reason": "SUP-9 stolen", "csrf": csrf])
+            #expect(done.status == .seeOther && done.location == "/console/agents/\(id)")
+            let after = try await browser.get("/console/agents/\(id)")
+            #expect(after.body.contains(#"<span class="status revoked">revoked</span>"#) && after.body.contains("by admin: it may not connect again"))
+            #expect(!after.body.contains("Pull this device") && !after.body.contains("Revoke this device"))
+            let again = try await browser.post("/console/agents/\(id)/revoke", ["csrf": csrf])
+            #expect(again.status == .conflict && again.body.contains("was revoked already"))
+        }
+        #expect(try await fixture.audit("agent.revoke").map(\.detail) == ["agent \(id): SUP-9 stolen"])
+    }
+
     /// The audit log page: newest first, filtered by action or actor, paged back, its details
     /// shown as text.
     @Test func theAuditLogIsFilteredAndPaged() async throws {

@@ -37,6 +37,8 @@ final class GatedDirectory: AgentDirectory, Sendable {
     func holders(of uid: String) async throws -> [UIDHolder] { try await inner.holders(of: uid) }
     func isEnrolled(_ agentID: String) async throws -> Bool { try await inner.isEnrolled(agentID) }
     func agents() async throws -> [AgentRecord] { try await inner.agents() }
+    func revoke(_ agentID: String, by actor: String, at: Date) async throws -> Revocation { try await inner.revoke(agentID, by: actor, at: at) }
+    func isRevoked(_ agentID: String) async throws -> Bool { try await inner.isRevoked(agentID) }
 }
 
 /// A heartbeat with nothing new in it is answered on the listener's event loop (the registry

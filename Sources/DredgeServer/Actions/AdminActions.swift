@@ -70,6 +70,28 @@ public final class AdminActions: Sendable {
         return report
     }
 
+    // MARK: Agents
+
+    /// Revokes an agent (a lost or stolen device, a decommissioned host): its connection ends
+    /// at once, on whichever node holds it; it may not authenticate again; pulls by uid no
+    /// longer reach it; what it uploaded is kept. Audited with the reason. Revoking one revoked
+    /// already changes nothing and says since when (a conflict).
+    public func revokeAgent(_ id: String, reason: String?, by actor: String) async throws -> AgentRecord {
+        let id = try Self.checkedID(id, "agent")
+        if let reason, let problem = reasonProblem(reason) { throw ActionError(.invalid, problem) }
+        switch try await services.registry.revoke(id, by: actor, at: now()) {
+        case .unknown: throw ActionError(.notFound, "no agent \(id)")
+        case .alreadyRevoked(let since): throw ActionError(.conflict, "agent \(id) was revoked already, at \(since.formatted(.iso8601))")
+        case .revoked: break
+        }
+        services.dispatcher.revoked(id)
+        let why = reason.map { $0.trimmingCharacters(in: .whitespaces) }.flatMap { $0.isEmpty ? nil : $0 }
+        try await services.audit.record(actor: actor, .agentRevoke, detail: "agent \(id)" + (why.map { ": \($0)" } ?? ""))
+        logger.notice("agent revoked", metadata: ["agent.id": "\(id)", "by": "\(actor)"])
+        guard let agent = try await services.registry.agents().first(where: { $0.agentID == id }) else { throw ActionError(.notFound, "no agent \(id)") }
+        return agent
+    }
+
     // MARK: Tokens
 
     public func createToken(name: String, kind: TokenKind, by actor: String) async throws -> TokenCreated {

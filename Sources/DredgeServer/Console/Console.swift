@@ -148,6 +148,10 @@ enum Console {
             // NIO's form (`[IPv4]host/1.2.3.4:5678`) as people write it: `1.2.3.4:5678`.
             if let address = agent.remoteAddress { page["address"] = address.hasPrefix("[IPv") ? String(address.split(separator: "/").last ?? Substring(address)) : address }
             page["logs"] = url("/console/logs", [("host", agent.hostname)])
+            if let revokedAt = agent.revokedAt {
+                page["revokedAt"] = timeText(revokedAt)
+                page["revokedBy"] = agent.revokedBy ?? "?"
+            }
             page["users"] = agent.activeUIDs.map { uid in
                 [
                     "uid": uid, "pull": url("/console/pulls/new", [("uid", uid)]), "pullHere": url("/console/pulls/new", [("uid", uid), ("agent", agent.agentID)]),
@@ -163,6 +167,30 @@ enum Console {
             page["pulls"] = try await d.actions.pulls(limit: looked, disk: false)
                 .filter { $0.agentID == id || $0.targets.contains { $0.agentID == id } }.prefix(20).map { pullRow($0, hosts) }
             return html(library, "agent", page)
+        }
+        // Revoking a device asks first, with a reason for the audit log.
+        console.get("agents/:id/revoke") { request, context in
+            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            let id = try context.parameters.require("id")
+            guard let agent = try await d.actions.agents().first(where: { $0.agentID == id }) else {
+                throw AdminAPIError(.notFound, "not_found", "There is no such agent.")
+            }
+            return html(library, "confirm", revokePage(agent, session))
+        }
+        console.post("agents/:id/revoke") { request, context in
+            let form = try await formFields(request, context)
+            let id = try context.parameters.require("id")
+            return try await asPoster(request, form, library, d) { session in
+                do {
+                    _ = try await d.actions.revokeAgent(id, reason: form["reason"], by: session.tokenName)
+                } catch let error as ActionError {
+                    guard let agent = try await d.actions.agents().first(where: { $0.agentID == id }) else { throw error }
+                    var page = revokePage(agent, session)
+                    page["problem"] = sentence(error)
+                    return html(library, "confirm", page, status: AdminAPIError(error).status)
+                }
+                return redirect("/console/agents/\(id)")
+            }
         }
         registerPulls(on: console, library, d)
         registerFeedback(on: console, library, d)
@@ -195,12 +223,26 @@ enum Console {
         return row
     }
 
+    /// The question before revoking a device.
+    static func revokePage(_ agent: AgentRecord, _ session: ConsoleSessions.Session) -> [String: Any] {
+        let name = agent.hostname.isEmpty ? "the agent \(agent.agentID.prefix(8))" : "\(agent.hostname) (\(agent.agentID.prefix(8)))"
+        var page = signedInPage("Revoke a device", session, current: "Agents")
+        page["heading"] = "Revoke \(name)?"
+        page["question"] =
+            "For a lost or stolen device, or a host taken out of service: its connection is closed at once, it may not connect again, and pulls no longer reach it. What it uploaded is kept. This cannot be undone: to use the device again, enroll it anew."
+        page["action"] = "/console/agents/\(agent.agentID)/revoke"
+        page["askReason"] = true
+        page["button"] = "Revoke"
+        page["back"] = "/console/agents/\(agent.agentID)"
+        return page
+    }
+
     static func fields(_ a: AgentRecord) -> [String: Any] {
         let users = a.activeUIDs.prefix(5).joined(separator: ", ") + (a.activeUIDs.count > 5 ? " +\(a.activeUIDs.count - 5)" : "")
         let reported = a.reportedUsers > a.activeUIDs.count ? " (\(a.reportedUsers)\(a.usersTruncated ? "+" : "") in the store)" : ""
         let lastSeen = a.lastHeartbeatAt ?? a.connectedAt ?? a.enrolledAt
         return [
-            "status": a.connected ? "online" : "offline", "host": a.hostname.isEmpty ? "?" : a.hostname,
+            "status": a.revokedAt != nil ? "revoked" : a.connected ? "online" : "offline", "host": a.hostname.isEmpty ? "?" : a.hostname,
             "app": [a.app, a.appVersion].filter { !$0.isEmpty }.joined(separator: " "), "users": users + reported, "records": "\(a.storeRecords)",
             "lastSeen": timeText(lastSeen), "agentID": a.agentID, "shortID": String(a.agentID.prefix(8)),
         ]

@@ -168,8 +168,9 @@ enum ConsoleTemplates {
         <dt>Last seen</dt><dd>{{lastSeen}}{{#address}} from {{address}}{{/address}}</dd>
         <dt>Enrolled</dt><dd>{{enrolledAt}}</dd>
         <dt>Agent</dt><dd><code>{{agentID}}</code></dd>
+        {{#revokedAt}}<dt>Revoked</dt><dd class="danger">{{revokedAt}} by {{revokedBy}}: it may not connect again</dd>{{/revokedAt}}
         </dl>
-        <p class="links"><a class="button" href="/console/pulls/new?agent={{agentID}}">Pull this device</a> <a href="{{logs}}">Its logs pulled so far</a></p>
+        <p class="links">{{^revokedAt}}<a class="button" href="/console/pulls/new?agent={{agentID}}">Pull this device</a> {{/revokedAt}}<a href="{{logs}}">Its logs pulled so far</a>{{^revokedAt}} <a class="danger" href="/console/agents/{{agentID}}/revoke">Revoke this device…</a>{{/revokedAt}}</p>
         <h2>Users on this device</h2>
         <div class="table-wrap">
         <table class="cards">
@@ -856,6 +857,7 @@ enum ConsoleTemplates {
         td.nowrap, td code { white-space: nowrap; overflow-wrap: normal; }
         .status.online { color: var(--good); font-weight: 600; }
         .status.offline { color: var(--muted); }
+        .status.revoked { color: var(--bad); font-weight: 600; }
         nav.pages, p.links { display: flex; flex-wrap: wrap; gap: .4rem 1rem; align-items: center; margin: .4rem 0; }
         table.logs tbody tr.selected td { background: color-mix(in srgb, var(--accent) 12%, transparent); }
         table.logs tbody tr.current td { box-shadow: inset 0 -2px 0 var(--accent); }

@@ -79,7 +79,16 @@ public final class AgentListener: Service, Sendable {
         session.maxChunkBytes = UInt32(WireLimits.maxChunkBytes)
         self.session = session
         self.bound = BoundAddress()
+        // A revoked agent's connection here ends at once (revoked on any node of a cluster).
+        dispatcher.whenRevoked { [agentConnections, logger] agentID in
+            guard let connection = agentConnections.connection(of: agentID) else { return }
+            logger.notice("closing a revoked agent's connection", metadata: ["agent.id": "\(agentID)"])
+            connection.goodbye(Self.revokedDetail)
+        }
     }
+
+    /// What a revoked agent is told.
+    static let revokedDetail = "this agent was revoked; enroll the device again (with a new state directory) to use it"
 
     /// The port actually bound (useful with port 0), once listening.
     public var boundPort: Int? { bound.port }

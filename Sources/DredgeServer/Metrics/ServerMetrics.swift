@@ -35,6 +35,8 @@ public final class ServerMetrics: Sendable {
         case capacity
         /// An unknown agent or a bad signature.
         case authentication
+        /// An agent that was revoked.
+        case revoked
         /// An enrollment with a bad token or key.
         case enrollment
         /// Too many refused enrollments from the address lately.

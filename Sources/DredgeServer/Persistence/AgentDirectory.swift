@@ -19,6 +19,8 @@ import SwiftProtobuf
 ///   each uid of either (never by an invalid uid). A heartbeat without a report keeps the
 ///   reported users. It returns the uids the agent holds now and did not before.
 /// - Host info is kept within the protocol's bounds (``WireHostInfo/bounded``).
+/// - A revoked agent stays revoked: ``isRevoked(_:)`` says so, ``holders(of:)`` no longer finds
+///   it, its record shows when and by whom; its key stays enrolled (it cannot enroll again).
 public protocol AgentDirectory: Sendable {
     /// The server (a node of a cluster) starts: marks offline every agent it held, never
     /// another node's (on a shared database a dead node's agents read as offline by its lease).
@@ -48,6 +50,21 @@ public protocol AgentDirectory: Sendable {
     /// The device an agent is registered as (its host info, bounded), or nil for an agent not
     /// enrolled. What the index names an upload's records by, whatever its payload claims.
     func device(_ agentID: String) async throws -> RegisteredDevice?
+    /// Revokes the agent (a lost or stolen device, a decommissioned host): from now on it may
+    /// not authenticate and pulls by uid do not reach it; what it uploaded is kept. On a
+    /// shared database every node is told (its connection there is closed).
+    func revoke(_ agentID: String, by actor: String, at: Date) async throws -> Revocation
+    /// Whether the agent was revoked.
+    func isRevoked(_ agentID: String) async throws -> Bool
+}
+
+/// What revoking an agent came to.
+public enum Revocation: Sendable, Equatable {
+    case revoked
+    /// It was already, since then.
+    case alreadyRevoked(Date)
+    /// No agent has that id.
+    case unknown
 }
 
 /// A device as the server's registry knows it: what its agent said of itself at its last

@@ -58,6 +58,8 @@ extension PullQueue {
         let agents: [String]
         var connected: String?
         if let agent {
+            // A revoked agent is enrolled still (its key is kept) but is never sent a pull.
+            if try await registry.isRevoked(agent) { throw PullRequestError.invalid("agent \(agent) was revoked") }
             if isConnected(agent) {
                 connected = agent
             } else {

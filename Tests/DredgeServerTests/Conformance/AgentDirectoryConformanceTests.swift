@@ -88,6 +88,34 @@ import Testing
         #expect(try await agents.agentIDs(withUID: "u-3\u{0}x").isEmpty)
     }
 
+    /// A revoked agent stays enrolled (its key cannot enroll again) but is revoked for good:
+    /// pulls by uid no longer find it, and its record says when and by whom.
+    @Test(arguments: PersistenceBackend.all)
+    func aRevokedAgentIsFoundByNoUIDAndSaysSo(_ backend: PersistenceBackend) async throws {
+        let agents = try await backend.agents(dir)
+        let a = try await agents.enroll(publicKey: Self.keys[0].publicKey, host: Self.host, now: Date())
+        let b = try await agents.enroll(publicKey: Self.keys[1].publicKey, host: .with { $0.hostname = "bakery" }, now: Date())
+        try await agents.heartbeat(a, .with { $0.activeUids = ["u-1"] }, now: Date())
+        try await agents.heartbeat(b, .with { $0.activeUids = ["u-1"] }, now: Date())
+        #expect(try await agents.agentIDs(withUID: "u-1") == [a, b].sorted())
+        #expect(try await !agents.isRevoked(a))
+
+        let at = Date(timeIntervalSince1970: 1_800_000_000)
+        #expect(try await agents.revoke(a, by: "alice", at: at) == .revoked)
+        #expect(try await agents.revoke(a, by: "bob", at: Date()) == .alreadyRevoked(at))
+        #expect(try await agents.revoke(String(repeating: "0", count: 32), by: "alice", at: Date()) == .unknown)
+        let (revokedA, revokedB) = (try await agents.isRevoked(a), try await agents.isRevoked(b))
+        #expect(revokedA && !revokedB)
+        #expect(try await !agents.isRevoked(String(repeating: "0", count: 32)))
+        #expect(try await agents.agentIDs(withUID: "u-1") == [b])
+        let record = try #require(try await agents.agents().first { $0.agentID == a })
+        #expect(record.revokedAt == at && record.revokedBy == "alice")
+        #expect(try await agents.agents().first { $0.agentID == b }?.revokedAt == nil)
+        // Still enrolled: its key is refused, not enrolled anew.
+        #expect(try await agents.isEnrolled(a))
+        await #expect(throws: AlreadyEnrolled.self) { try await agents.enroll(publicKey: Self.keys[0].publicKey, host: Self.host, now: Date()) }
+    }
+
     /// A heartbeat with nothing new in it is held in memory at once, without a wait (the
     /// listener answers such a heartbeat on its event loop), and is recorded like any other;
     /// anything else is left to `heartbeat`, with nothing changed.

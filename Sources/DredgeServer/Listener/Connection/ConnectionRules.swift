@@ -313,4 +313,7 @@ final class AgentConnections: Sendable {
     }
 
     var count: Int { live.withLock { $0.count } }
+
+    /// The agent's live connection here, if any.
+    func connection(of agentID: String) -> ConnectionOutbound? { live.withLock { $0[agentID]?.outbound } }
 }

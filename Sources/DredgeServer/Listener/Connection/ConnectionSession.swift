@@ -159,7 +159,13 @@ final class ConnectionSession: Sendable {
                 } else {
                     false
                 }
-                if verified {
+                if verified, try await services.registry.isRevoked(id) {
+                    services.metrics.refused(.revoked)
+                    services.refusals.log { suppressed in
+                        services.logger.notice("agent refused: revoked", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
+                    }
+                    pending.append(contentsOf: outbound.step { $0.authenticationFailed(AgentListener.revokedDetail) })
+                } else if verified {
                     if services.gate.authenticate(token) {
                         pending.append(contentsOf: outbound.step { $0.authenticated(id) })
                     } else {
@@ -200,6 +206,11 @@ final class ConnectionSession: Sendable {
                 if let replaced = services.agentConnections.replace(id, token: token, generation: generation, outbound: outbound) {
                     services.logger.notice("agent reconnected; closing its older connection", metadata: ["agent.id": "\(id)"])
                     replaced.goodbye("replaced by a newer connection of the same agent")
+                }
+                // Revoked while it authenticated: the revocation may have looked for its
+                // connection before it was here.
+                if try await services.registry.isRevoked(id) {
+                    outbound.goodbye(AgentListener.revokedDetail)
                 }
                 services.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
                 services.metrics.authentications.increment()

@@ -25,6 +25,8 @@ public final class PullDispatcher: Service, Sendable {
     }
 
     private let waiting = Mutex(Waiting())
+    /// Told of each agent revoked (``whenRevoked(_:)``).
+    private let revocationHandlers = Mutex<[@Sendable (String) -> Void]>([])
 
     /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
     let housekeeping: (@Sendable () async throws -> Void)?
@@ -77,10 +79,28 @@ public final class PullDispatcher: Service, Sendable {
         for wake in wakes { wake(fresh) }
     }
 
+    /// Calls `handler` with each agent revoked from now on: by this process (``revoked(_:)``),
+    /// or, on a shared database, by any node (its notification).
+    func whenRevoked(_ handler: @escaping @Sendable (String) -> Void) {
+        revocationHandlers.withLock { $0.append(handler) }
+    }
+
+    /// An agent was revoked: whoever holds its connection here ends it.
+    public func revoked(_ agentID: String) {
+        for handler in revocationHandlers.withLock({ $0 }) { handler(agentID) }
+    }
+
+    /// A revocation on the pull channel: the agent's id after a `-` (an id is hex, never so).
+    static func revokedNotice(_ agentID: String) -> String { "-" + agentID }
+
     public func run() async throws {
         let listening = notices.map { notices in
             Task { [weak self, logger] in
-                await notices.listen(logger: logger) { [weak self] agents in self?.wake(agents) }
+                await notices.listen(logger: logger) { [weak self] ids in
+                    guard let self else { return }
+                    for id in ids where id.hasPrefix("-") { self.revoked(String(id.dropFirst())) }
+                    self.wake(ids.filter { !$0.hasPrefix("-") })
+                }
             }
         }
         defer { listening?.cancel() }

@@ -185,13 +185,29 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
                     SELECT agent_id, NULL::bigint AS last_seen_us FROM agent_uid WHERE uid = \(uid)
                     UNION ALL
                     SELECT agent_id, last_seen_us FROM agent_user WHERE uid = \(uid)
-                ) AS h GROUP BY agent_id ORDER BY agent_id
+                ) AS h WHERE agent_id NOT IN (SELECT id FROM agent WHERE revoked_at IS NOT NULL) GROUP BY agent_id ORDER BY agent_id
                 """
             ).map { row in
                 let (agent, seen) = try row.decode((String, Int64?).self)
                 return UIDHolder(agentID: agent, lastSeen: seen.map { Date(timeIntervalSince1970: Double($0) / 1e6) })
             }
         }
+    }
+
+    public func revoke(_ agentID: String, by actor: String, at: Date) async throws -> Revocation {
+        let channel = PostgresPullQueue.channel(of: db)
+        return try await db.write { c in
+            guard let row = try await c.rows("SELECT revoked_at FROM agent WHERE id = \(agentID) FOR UPDATE").first else { return .unknown }
+            if let revokedAt = try row.decode(Double?.self) { return .alreadyRevoked(Date(timeIntervalSince1970: revokedAt)) }
+            try await c.run("UPDATE agent SET revoked_at = \(at.timeIntervalSince1970), revoked_by = \(actor.storable) WHERE id = \(agentID)")
+            // Every node, when this commits: the one holding its connection closes it.
+            try await c.run("SELECT pg_notify(\(channel), \(PullDispatcher.revokedNotice(agentID)))")
+            return .revoked
+        }
+    }
+
+    public func isRevoked(_ agentID: String) async throws -> Bool {
+        try await db.read { try await $0.value("SELECT revoked_at IS NOT NULL FROM agent WHERE id = \(agentID)", as: Bool.self) ?? false }
     }
 
     public func isEnrolled(_ agentID: String) async throws -> Bool {
@@ -226,12 +242,14 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
             return try await c.rows(
                 """
                 SELECT id, hostname, os, app, app_version, labels, enrolled_at, coalesce(connected AND node_id IN (\(unescaped: NodeLease.live)), false), connected_at,
-                    remote_address, last_heartbeat_at, users_reported, users_truncated, store_records
+                    remote_address, last_heartbeat_at, users_reported, users_truncated, store_records, revoked_at, revoked_by
                 FROM agent ORDER BY hostname, id
                 """
             ).map { row in
-                let (id, hostname, os, app, appVersion, labels, enrolledAt, connected, connectedAt, remoteAddress, lastHeartbeatAt, usersReported, usersTruncated, storeRecords) =
-                    try row.decode((String, String, String, String, String, String, Double, Bool, Double?, String?, Double?, Int64, Bool, Int64).self)
+                let (
+                    id, hostname, os, app, appVersion, labels, enrolledAt, connected, connectedAt, remoteAddress, lastHeartbeatAt, usersReported, usersTruncated, storeRecords,
+                    revokedAt, revokedBy
+                ) = try row.decode((String, String, String, String, String, String, Double, Bool, Double?, String?, Double?, Int64, Bool, Int64, Double?, String?).self)
                 let host = WireHostInfo.with {
                     $0.hostname = hostname
                     $0.os = os
@@ -247,7 +265,7 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
                     connectedAt: connectedAt.map(Date.init(timeIntervalSince1970:)), remoteAddress: remoteAddress,
                     lastHeartbeatAt: (newer?.at ?? lastHeartbeatAt).map(Date.init(timeIntervalSince1970:)),
                     activeUIDs: uids[id] ?? [], reportedUsers: Int(usersReported), usersTruncated: usersTruncated,
-                    storeRecords: UInt64(max(0, newer?.records ?? storeRecords)))
+                    storeRecords: UInt64(max(0, newer?.records ?? storeRecords)), revokedAt: revokedAt.map(Date.init(timeIntervalSince1970:)), revokedBy: revokedBy)
             }
         }
     }

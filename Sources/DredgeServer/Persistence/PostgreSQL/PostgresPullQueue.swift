@@ -14,7 +14,11 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
     public init(_ database: PostgresDatabase) { db = database }
 
     /// The channel pulls are announced on: one per schema (the deployment's tables).
-    var channel: String { db.location.schema == "public" ? "dredge_pull" : "dredge_pull_" + db.location.schema.prefix(40) }
+    var channel: String { Self.channel(of: db) }
+
+    static func channel(of db: PostgresDatabase) -> String {
+        db.location.schema == "public" ? "dredge_pull" : "dredge_pull_" + db.location.schema.prefix(40)
+    }
 
     /// Announces, when the transaction commits, that these agents have a pull queued: at most
     /// 200 ids a notification (a payload holds under 8,000 bytes).

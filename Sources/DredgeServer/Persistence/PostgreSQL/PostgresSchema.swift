@@ -275,6 +275,14 @@ enum PostgresSchema {
                 "CREATE INDEX console_session_by_token ON console_session(token_sha256)",
             ]
         ),
+        (
+            "agent-revocation-v1",
+            [
+                // A revoked agent (a lost device, a decommissioned host, #56): refused from then on, what it uploaded kept.
+                "ALTER TABLE agent ADD COLUMN revoked_at double precision",
+                "ALTER TABLE agent ADD COLUMN revoked_by text",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

@@ -46,6 +46,9 @@ struct AgentRow: ServerRecord {
     var usersTruncated: Bool = false
     /// SHA-256 of the last user report written, to skip writing the same one again.
     var usersDigest: String = ""
+    /// When it was revoked, and by whom; nil while it may connect.
+    var revokedAt: Double?
+    var revokedBy: String?
 }
 
 /// A user an agent's report listed: the uid, and the hour of its newest record (µs).

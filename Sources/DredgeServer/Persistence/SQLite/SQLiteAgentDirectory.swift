@@ -101,6 +101,11 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         migrator.registerMigration("agents-v5-uid-by-agent") { db in
             try db.execute(sql: "CREATE INDEX agent_uid_by_agent ON agent_uid(agent_id)")
         }
+        // A revoked agent (a lost device, a decommissioned host, #56): refused from then on,
+        // what it uploaded kept.
+        migrator.registerMigration("agents-v6-revocation") { db in
+            try db.execute(sql: "ALTER TABLE agent ADD COLUMN revoked_at REAL; ALTER TABLE agent ADD COLUMN revoked_by TEXT")
+        }
     }
 
     /// Marks every agent disconnected: called when the server starts.
@@ -238,6 +243,19 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         try await write(hold.takePending())
     }
 
+    public func revoke(_ agentID: String, by actor: String, at: Date) async throws -> Revocation {
+        try await db.write { db in
+            guard let row = try AgentRow.filter(key: agentID).fetchOne(db) else { return .unknown }
+            if let revokedAt = row.revokedAt { return .alreadyRevoked(Date(timeIntervalSince1970: revokedAt)) }
+            try db.execute(sql: "UPDATE agent SET revoked_at = ?, revoked_by = ? WHERE id = ?", arguments: [at.timeIntervalSince1970, actor, agentID])
+            return .revoked
+        }
+    }
+
+    public func isRevoked(_ agentID: String) async throws -> Bool {
+        try await db.read { try prepared("SELECT revoked_at IS NOT NULL FROM agent WHERE id = ?", [agentID], as: Bool.self).fetchOne($0) ?? false }
+    }
+
     /// The agents that hold `uid` (active uids or user report). None for an invalid uid:
     /// SQLite's binding would cut `"u-1\u{0}x"` at its NUL and find `u-1`'s agents.
     public func holders(of uid: String) async throws -> [UIDHolder] {
@@ -249,7 +267,7 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
                     SELECT agent_id, NULL AS last_seen_us FROM agent_uid WHERE uid = ?
                     UNION ALL
                     SELECT agent_id, last_seen_us FROM agent_user WHERE uid = ?
-                ) GROUP BY agent_id ORDER BY agent_id
+                ) WHERE agent_id NOT IN (SELECT id FROM agent WHERE revoked_at IS NOT NULL) GROUP BY agent_id ORDER BY agent_id
                 """,
                 [uid, uid], as: Row.self
             ).fetchAll(db).compactMap { row in
@@ -300,7 +318,8 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
                     connectedAt: row.connectedAt.map(Date.init(timeIntervalSince1970:)), remoteAddress: row.remoteAddress,
                     lastHeartbeatAt: (newer?.at ?? row.lastHeartbeatAt).map(Date.init(timeIntervalSince1970:)),
                     activeUIDs: uids[row.id] ?? [], reportedUsers: Int(row.usersReported), usersTruncated: row.usersTruncated,
-                    storeRecords: UInt64(max(0, newer?.records ?? row.storeRecords)))
+                    storeRecords: UInt64(max(0, newer?.records ?? row.storeRecords)), revokedAt: row.revokedAt.map(Date.init(timeIntervalSince1970:)),
+                    revokedBy: row.revokedBy)
             }
         }
     }

@@ -293,11 +293,17 @@ public struct TokenInfo: Sendable, Equatable, Codable {
     public var name: String
     public var kind: TokenKind
     public var createdAt: Date
+    /// An enrollment token's end: refused from then on (nil: it does not expire).
+    public var expiresAt: Date?
+    /// An enrollment token's enrollments left (nil: no limit).
+    public var usesLeft: Int?
 
-    public init(name: String, kind: TokenKind, createdAt: Date) {
+    public init(name: String, kind: TokenKind, createdAt: Date, expiresAt: Date? = nil, usesLeft: Int? = nil) {
         self.name = name
         self.kind = kind
         self.createdAt = createdAt
+        self.expiresAt = expiresAt
+        self.usesLeft = usesLeft
     }
 }
 
@@ -305,10 +311,27 @@ public struct TokenInfo: Sendable, Equatable, Codable {
 public struct TokenRequest: Sendable, Equatable, Codable {
     public var name: String
     public var kind: TokenKind
+    /// Enrollment tokens only: seconds until it expires (60 to a year; none: it does not).
+    public var expiresInSeconds: Int?
+    /// Enrollment tokens only: how many agents may enroll with it (1 to 1,000,000; none: any).
+    public var uses: Int?
 
-    public init(name: String, kind: TokenKind) {
+    public init(name: String, kind: TokenKind, expiresInSeconds: Int? = nil, uses: Int? = nil) {
         self.name = name
         self.kind = kind
+        self.expiresInSeconds = expiresInSeconds
+        self.uses = uses
+    }
+
+    public static let expiryRange = 60...(366 * 86_400)
+    public static let usesRange = 1...1_000_000
+
+    /// Why these limits cannot be, or nil.
+    public var limitsProblem: String? {
+        if kind == .admin, expiresInSeconds != nil || uses != nil { return "only enrollment tokens expire or have a number of uses" }
+        if let expiresInSeconds, !Self.expiryRange.contains(expiresInSeconds) { return "expiresInSeconds must be 60 (a minute) to \(Self.expiryRange.upperBound) (a year)" }
+        if let uses, !Self.usesRange.contains(uses) { return "uses must be 1 to 1,000,000" }
+        return nil
     }
 }
 

@@ -455,7 +455,7 @@ struct TokensCommand: AsyncParsableCommand {
             let client = try server.client()
             let tokens = try await calling { try await client.tokens() }
             if json { return try printJSON(tokens) }
-            for t in tokens { print("\(t.kind.rawValue)  \(t.name)  created \(Format.time(t.createdAt))") }
+            for t in tokens { print(TokensCommand.describe(t)) }
         }
     }
 
@@ -464,12 +464,24 @@ struct TokensCommand: AsyncParsableCommand {
         @OptionGroup var server: ServerOptions
         @Option(help: "A name for the token (who or what uses it).") var name: String
         @Option(help: "admin or enrollment.") var kind: TokenKind = .admin
+        @Option(help: ArgumentHelp("Enrollment tokens: refused after this long (30m, 12h, 7d; a minute to a year).", valueName: "duration"))
+        var expiresIn: String?
+        @Option(help: "Enrollment tokens: how many agents may enroll with it (1 to 1000000).") var uses: Int?
+
+        func validate() throws {
+            if let expiresIn, TokensCommand.seconds(expiresIn) == nil { throw ValidationError("--expires-in: '\(expiresIn)' is not a duration such as 30m, 12h or 7d") }
+            if let problem = request.limitsProblem {
+                throw ValidationError(problem.replacingOccurrences(of: "expiresInSeconds", with: "--expires-in").replacingOccurrences(of: "uses must", with: "--uses must"))
+            }
+        }
+
+        var request: TokenRequest { TokenRequest(name: name, kind: kind, expiresInSeconds: expiresIn.flatMap(TokensCommand.seconds), uses: uses) }
 
         func run() async throws {
             let client = try server.client()
-            let created = try await calling { try await client.createToken(TokenRequest(name: name, kind: kind)) }
+            let created = try await calling { try await client.createToken(request) }
             print(created.token)
-            Terminal.error("created \(kind.rawValue) token '\(name)'; it is not shown again\n")
+            Terminal.error("created \(TokensCommand.describe(created.info)); it is not shown again\n")
         }
     }
 
@@ -484,6 +496,23 @@ struct TokensCommand: AsyncParsableCommand {
             try await calling { try await client.revokeToken(kind: kind, name: name) }
             Terminal.error("revoked \(kind.rawValue) token '\(name)'\n")
         }
+    }
+}
+
+extension TokensCommand {
+    /// A token on one line: kind, name, created, and an enrollment token's limits.
+    static func describe(_ t: TokenInfo) -> String {
+        var line = "\(t.kind.rawValue)  \(t.name)  created \(Format.time(t.createdAt))"
+        if let expiresAt = t.expiresAt { line += "  \(expiresAt <= Date() ? "expired" : "expires") \(Format.time(expiresAt))" }
+        if let uses = t.usesLeft { line += "  \(uses) use\(uses == 1 ? "" : "s") left" }
+        return line
+    }
+
+    /// Seconds of `30m`, `12h`, `7d` (or `90s`).
+    static func seconds(_ text: String) -> Int? {
+        guard let unit = text.last, let count = Int(text.dropLast()), count > 0 else { return nil }
+        let per = ["s": 1, "m": 60, "h": 3600, "d": 86_400][String(unit)]
+        return per.flatMap { count.multipliedReportingOverflow(by: $0).overflow ? nil : count * $0 }
     }
 }
 

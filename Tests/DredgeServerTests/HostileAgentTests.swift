@@ -613,12 +613,19 @@ final class FlakyTokens: Sendable {
         let inner: any TokenVault
         let owner: FlakyTokens
         func adminName(for token: String) async throws -> String? { try await inner.adminName(for: token) }
-        func acceptsEnrollment(_ token: String) async throws -> Bool {
+        func acceptsEnrollment(_ token: String, now: Date) async throws -> Bool {
             if owner.failing.withLock({ $0 }) { throw Unreadable() }
-            return try await inner.acceptsEnrollment(token)
+            return try await inner.acceptsEnrollment(token, now: now)
         }
+        func useEnrollment(_ token: String, now: Date) async throws -> EnrollmentTokenUse {
+            if owner.failing.withLock({ $0 }) { throw Unreadable() }
+            return try await inner.useEnrollment(token, now: now)
+        }
+        func returnEnrollmentUse(name: String) async throws { try await inner.returnEnrollmentUse(name: name) }
         func list() async throws -> [TokenInfo] { try await inner.list() }
-        func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated { try await inner.create(name: name, kind: kind, now: now) }
+        func create(name: String, kind: TokenKind, limits: TokenLimits, now: Date) async throws -> TokenCreated {
+            try await inner.create(name: name, kind: kind, limits: limits, now: now)
+        }
         func revoke(name: String, kind: TokenKind) async throws { try await inner.revoke(name: name, kind: kind) }
         func openSession(_ session: StoredConsoleSession, capacity: Int, now: Date) async throws { try await inner.openSession(session, capacity: capacity, now: now) }
         func session(key: String, now: Date) async throws -> StoredConsoleSession? { try await inner.session(key: key, now: now) }

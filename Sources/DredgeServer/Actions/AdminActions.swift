@@ -94,14 +94,23 @@ public final class AdminActions: Sendable {
 
     // MARK: Tokens
 
-    public func createToken(name: String, kind: TokenKind, by actor: String) async throws -> TokenCreated {
+    /// Makes a token; an enrollment token may expire and have a number of uses
+    /// (``TokenRequest/limitsProblem``).
+    public func createToken(name: String, kind: TokenKind, expiresInSeconds: Int? = nil, uses: Int? = nil, by actor: String) async throws -> TokenCreated {
+        let request = TokenRequest(name: name, kind: kind, expiresInSeconds: expiresInSeconds, uses: uses)
+        if let problem = request.limitsProblem { throw ActionError(.invalid, problem) }
+        let at = now()
+        let limits = TokenLimits(expiresAt: expiresInSeconds.map { at.addingTimeInterval(TimeInterval($0)) }, uses: uses)
         let created: TokenCreated
         do {
-            created = try await services.tokens.create(name: name, kind: kind, now: now())
+            created = try await services.tokens.create(name: name, kind: kind, limits: limits, now: at)
         } catch let error as TokenError {
             throw ActionError(error == .exists(name) ? .conflict : .invalid, error.description)
         }
-        try await services.audit.record(actor: actor, .tokenCreate, detail: "\(kind.rawValue) token '\(name)'")
+        var detail = "\(kind.rawValue) token '\(name)'"
+        if let expiresAt = created.info.expiresAt { detail += ", expires \(Timestamp(expiresAt).rfc3339)" }
+        if let uses { detail += ", \(uses) use\(uses == 1 ? "" : "s")" }
+        try await services.audit.record(actor: actor, .tokenCreate, detail: detail)
         return created
     }
 

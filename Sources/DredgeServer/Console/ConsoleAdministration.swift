@@ -73,6 +73,7 @@ extension Console {
             page["rows"] = try await d.actions.tokens().map { token -> [String: Any] in
                 [
                     "name": token.name, "kind": token.kind.rawValue, "createdAt": timeText(token.createdAt), "yours": token.name == session.tokenName && token.kind == .admin,
+                    "limits": limitsText(token),
                     "revoke": url("/console/tokens/revoke", [("kind", token.kind.rawValue), ("name", token.name)]),
                 ]
             }
@@ -94,9 +95,14 @@ extension Console {
                 guard let kind = TokenKind(rawValue: form["kind"] ?? "") else {
                     return try await tokensPage(session, problem: "A token is an admin or an enrollment token.", status: .badRequest)
                 }
+                let expires = (form["expires"] ?? "").isEmpty ? nil : Int(form["expires"] ?? "")
+                let usesText = (form["uses"] ?? "").trimmingCharacters(in: .whitespaces)
+                guard usesText.isEmpty || Int(usesText) != nil, (form["expires"] ?? "").isEmpty || expires != nil else {
+                    return try await tokensPage(session, problem: "Uses is a whole number, and the expiry one of the choices.", status: .badRequest)
+                }
                 let created: TokenCreated
                 do {
-                    created = try await d.actions.createToken(name: name, kind: kind, by: session.tokenName)
+                    created = try await d.actions.createToken(name: name, kind: kind, expiresInSeconds: expires, uses: Int(usesText), by: session.tokenName)
                 } catch let error as ActionError {
                     return try await tokensPage(session, problem: sentence(error), status: AdminAPIError(error).status)
                 }
@@ -146,6 +152,14 @@ extension Console {
                 return redirect("/console/tokens")
             }
         }
+    }
+
+    /// An enrollment token's limits in words: "expires …; 3 uses left", or "none".
+    static func limitsText(_ token: TokenInfo, now: Date = Date()) -> String {
+        var parts: [String] = []
+        if let expiresAt = token.expiresAt { parts.append("\(expiresAt <= now ? "expired" : "expires") \(timeText(expiresAt))") }
+        if let uses = token.usesLeft { parts.append("\(uses) use\(uses == 1 ? "" : "s") left") }
+        return parts.isEmpty ? "none" : parts.joined(separator: "; ")
     }
 
     /// `2026-11-20 10:00:00 UTC`, or in the zone the reader chose `2026-11-20 11:00:00 +01:00`

@@ -271,13 +271,14 @@ enum ConsoleTemplates {
         {{/created}}
         <div class="table-wrap">
         <table class="cards">
-        <thead><tr><th scope="col">Name</th><th scope="col">Kind</th><th scope="col">Created</th><th scope="col"></th></tr></thead>
+        <thead><tr><th scope="col">Name</th><th scope="col">Kind</th><th scope="col">Created</th><th scope="col">Limits</th><th scope="col"></th></tr></thead>
         <tbody>
         {{#rows}}
         <tr>
         <td data-label="Name">{{name}}{{#yours}} <small>(this session's)</small>{{/yours}}</td>
         <td data-label="Kind">{{kind}}</td>
         <td data-label="Created" class="nowrap">{{createdAt}}</td>
+        <td data-label="Limits">{{limits}}</td>
         <td data-label=""><a class="revoke" href="{{revoke}}" aria-label="Revoke the {{kind}} token {{name}}">Revoke…</a></td>
         </tr>
         {{/rows}}
@@ -294,9 +295,19 @@ enum ConsoleTemplates {
         <option value="admin">admin (engineers)</option>
         <option value="enrollment">enrollment (agents)</option>
         </select>
+        <label for="expires">Expires after (enrollment)</label>
+        <select id="expires" name="expires">
+        <option value="">never</option>
+        <option value="3600">an hour</option>
+        <option value="86400">a day</option>
+        <option value="604800">a week</option>
+        <option value="2592000">30 days</option>
+        </select>
+        <label for="uses">Uses (enrollment)</label>
+        <input id="uses" name="uses" inputmode="numeric" pattern="[0-9]*" maxlength="7" autocomplete="off" placeholder="any number">
         <button type="submit">Create</button>
         </form>
-        <p class="hint">Names are 1 to 64 letters, digits, “-”, “_” or “.”. A revoked admin token's sessions end at once; the last admin token cannot be revoked.</p>
+        <p class="hint">Names are 1 to 64 letters, digits, “-”, “_” or “.”. A revoked admin token's sessions end at once; the last admin token cannot be revoked. An enrollment token may expire and be limited to a number of agents: a device enrolling after either is refused, and agents already enrolled keep working.</p>
         {{/content}}
         {{/layout}}
         """

@@ -35,6 +35,8 @@ public struct TokenFile: Codable, Sendable, Equatable {
 
 public enum TokenError: Error, CustomStringConvertible, Equatable, Sendable {
     case invalidName(String), exists(String), unknown(String), lastAdmin
+    /// An expiry or a number of uses that cannot be.
+    case limits(String)
 
     /// Actors the audit log uses for what no token did: a refused token (`-`) and the server
     /// host's own command line (`local-operator`).
@@ -46,6 +48,7 @@ public enum TokenError: Error, CustomStringConvertible, Equatable, Sendable {
         case .exists(let name): "a token named '\(name)' already exists"
         case .unknown(let name): "no token named '\(name)'"
         case .lastAdmin: "refusing to revoke the last admin token: create another first"
+        case .limits(let problem): problem
         }
     }
 }

@@ -12,14 +12,23 @@ import Foundation
 /// - A revoked token is refused at once. The last admin token cannot be revoked
 ///   (``TokenError/lastAdmin``): nobody could make another.
 /// - A token is accepted only as the kind it was made for.
+/// - An enrollment token with an expiry is refused from then on; one with a number of uses is
+///   refused once they are used (``useEnrollment(_:now:)`` takes one, atomically: two nodes
+///   cannot both take the last), and a use given back (``returnEnrollmentUse(name:)``) counts again.
 public protocol TokenVault: Sendable {
     /// The name of the admin token `token` is, or nil when it is not one.
     func adminName(for token: String) async throws -> String?
-    func acceptsEnrollment(_ token: String) async throws -> Bool
+    /// Whether `token` is an enrollment token that would be accepted at `now` (nothing used).
+    func acceptsEnrollment(_ token: String, now: Date) async throws -> Bool
+    /// Takes one use of the enrollment token `token` (if it counts them), or says why not.
+    func useEnrollment(_ token: String, now: Date) async throws -> EnrollmentTokenUse
+    /// Gives back a use taken for an enrollment that then failed (a bad key, say).
+    func returnEnrollmentUse(name: String) async throws
     /// By kind, then name.
     func list() async throws -> [TokenInfo]
-    /// Makes a token; the secret is in the result, and only its hash is kept.
-    func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated
+    /// Makes a token with `limits` (enrollment tokens only: ``TokenRequest/limitsProblem``);
+    /// the secret is in the result, and only its hash is kept.
+    func create(name: String, kind: TokenKind, limits: TokenLimits, now: Date) async throws -> TokenCreated
     func revoke(name: String, kind: TokenKind) async throws
 
     // The web console's sessions (``ConsoleSessions``), kept with the tokens they were opened
@@ -35,7 +44,42 @@ public protocol TokenVault: Sendable {
     func closeSession(key: String) async throws
 }
 
+/// An enrollment token's limits, as kept: when it expires and how many uses it has left.
+public struct TokenLimits: Sendable, Equatable {
+    public var expiresAt: Date?
+    public var uses: Int?
+
+    public init(expiresAt: Date? = nil, uses: Int? = nil) {
+        self.expiresAt = expiresAt.map { Date(timeIntervalSince1970: $0.timeIntervalSince1970.rounded(.down)) }
+        self.uses = uses
+    }
+}
+
+/// What offering an enrollment token came to.
+public enum EnrollmentTokenUse: Sendable, Equatable {
+    /// Accepted; one use taken if it counts them.
+    case accepted(name: String)
+    /// No enrollment token is that.
+    case unknown
+    case expired(name: String)
+    case usedUp(name: String)
+
+    /// Decides from what the vault holds for the token (its name, expiry and uses left).
+    static func decide(_ row: (name: String, expiresAt: Double?, usesLeft: Int?)?, now: Date) -> EnrollmentTokenUse {
+        guard let row else { return .unknown }
+        if let expiresAt = row.expiresAt, expiresAt <= now.timeIntervalSince1970 { return .expired(name: row.name) }
+        if let usesLeft = row.usesLeft, usesLeft <= 0 { return .usedUp(name: row.name) }
+        return .accepted(name: row.name)
+    }
+}
+
 extension TokenVault {
+    public func acceptsEnrollment(_ token: String) async throws -> Bool { try await acceptsEnrollment(token, now: Date()) }
+
+    public func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated {
+        try await create(name: name, kind: kind, limits: TokenLimits(), now: now)
+    }
+
     /// How every implementation's ``session(key:now:)`` ends, given what its lookup found (the
     /// session, and whether the admin token it was opened with is still there): the session if
     /// it lives at `now`; otherwise nil, once an ended session is forgotten.
@@ -78,9 +122,13 @@ struct NewToken: Sendable {
     let sha256: String
     /// Seconds since 1970.
     let createdAt: Double
+    let limits: TokenLimits
     let created: TokenCreated
 
-    init(name: String, kind: TokenKind, now: Date) throws {
+    init(name: String, kind: TokenKind, limits: TokenLimits = TokenLimits(), now: Date) throws {
+        if kind == .admin, limits != TokenLimits() { throw TokenError.limits("only enrollment tokens expire or have a number of uses") }
+        if let uses = limits.uses, !TokenRequest.usesRange.contains(uses) { throw TokenError.limits("uses must be 1 to 1,000,000") }
+        self.limits = limits
         guard !name.isEmpty, name.count <= 64, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }),
             !TokenError.reservedNames.contains(name)
         else {
@@ -91,6 +139,7 @@ struct NewToken: Sendable {
         self.name = name
         sha256 = TokenFile.hash(token)
         createdAt = now.timeIntervalSince1970
-        created = TokenCreated(info: TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt)), token: token)
+        created = TokenCreated(
+            info: TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt), expiresAt: limits.expiresAt, usesLeft: limits.uses), token: token)
     }
 }

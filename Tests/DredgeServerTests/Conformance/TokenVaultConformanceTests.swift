@@ -38,6 +38,46 @@ import Testing
         #expect(try await tokens.adminName(for: admin.token) == "alice")
     }
 
+    /// An enrollment token may expire and have a number of uses: each enrollment takes one,
+    /// a use given back counts again, and past either the token is refused, saying which.
+    @Test(arguments: PersistenceBackend.all)
+    func enrollmentTokensExpireAndRunOutOfUses(_ backend: PersistenceBackend) async throws {
+        let tokens = try await backend.tokens(dir)
+        let week = Self.t0.addingTimeInterval(7 * 86_400)
+        let limited = try await tokens.create(name: "batch-7", kind: .enrollment, limits: TokenLimits(expiresAt: week, uses: 2), now: Self.t0)
+        let open = try await tokens.create(name: "fleet", kind: .enrollment, now: Self.t0)
+        #expect(limited.info == TokenInfo(name: "batch-7", kind: .enrollment, createdAt: Self.t0, expiresAt: week, usesLeft: 2))
+        #expect(try await tokens.list().first { $0.name == "batch-7" } == limited.info)
+
+        #expect(try await tokens.acceptsEnrollment(limited.token, now: Self.t0))
+        #expect(try await tokens.useEnrollment(limited.token, now: Self.t0) == .accepted(name: "batch-7"))
+        #expect(try await tokens.list().first { $0.name == "batch-7" }?.usesLeft == 1)
+        #expect(try await tokens.useEnrollment(limited.token, now: Self.t0) == .accepted(name: "batch-7"))
+        #expect(try await tokens.useEnrollment(limited.token, now: Self.t0) == .usedUp(name: "batch-7"))
+        #expect(try await !tokens.acceptsEnrollment(limited.token, now: Self.t0))
+        #expect(try await tokens.list().first { $0.name == "batch-7" }?.usesLeft == 0)
+        // An enrollment that failed after taking a use gives it back.
+        try await tokens.returnEnrollmentUse(name: "batch-7")
+        #expect(try await tokens.useEnrollment(limited.token, now: Self.t0) == .accepted(name: "batch-7"))
+        // Past its expiry it is refused, uses or not.
+        try await tokens.returnEnrollmentUse(name: "batch-7")
+        #expect(try await tokens.useEnrollment(limited.token, now: week) == .expired(name: "batch-7"))
+        #expect(try await tokens.list().first { $0.name == "batch-7" }?.usesLeft == 1, "a refusal takes nothing")
+
+        // Without limits: every use accepted, nothing counted; a use given back changes nothing.
+        for _ in 0..<3 { #expect(try await tokens.useEnrollment(open.token, now: week) == .accepted(name: "fleet")) }
+        try await tokens.returnEnrollmentUse(name: "fleet")
+        #expect(try await tokens.list().first { $0.name == "fleet" }?.usesLeft == nil)
+        // Not an enrollment token: unknown, whatever else it is.
+        let admin = try await tokens.create(name: "alice", kind: .admin, now: Self.t0)
+        #expect(try await tokens.useEnrollment(admin.token, now: Self.t0) == .unknown)
+        #expect(try await tokens.useEnrollment("dredge_enr_00", now: Self.t0) == .unknown)
+        // Limits are for enrollment tokens only, and a number of uses is at least one.
+        await #expect(throws: TokenError.self) { try await tokens.create(name: "bob", kind: .admin, limits: TokenLimits(uses: 3), now: Self.t0) }
+        await #expect(throws: TokenError.self) { try await tokens.create(name: "none", kind: .enrollment, limits: TokenLimits(uses: 0), now: Self.t0) }
+        #expect(try await tokens.list().allSatisfy { !["bob", "none"].contains($0.name) })
+    }
+
     @Test(arguments: PersistenceBackend.all)
     func namesAreCheckedAndTheLastAdminTokenStays(_ backend: PersistenceBackend) async throws {
         let tokens = try await backend.tokens(dir)

@@ -8,7 +8,9 @@ enum TokenRoutes {
         routes.get { _, _ in try AdminAPI.json(await actions.tokens()) }
         routes.post { request, context in
             let body = try await AdminAPI.decode(TokenRequest.self, from: request)
-            return try AdminAPI.json(try await actions.createToken(name: body.name, kind: body.kind, by: context.tokenName ?? "?"), status: .created)
+            return try AdminAPI.json(
+                try await actions.createToken(name: body.name, kind: body.kind, expiresInSeconds: body.expiresInSeconds, uses: body.uses, by: context.tokenName ?? "?"),
+                status: .created)
         }
         routes.delete(":kind/:name") { _, context in
             let name = try context.parameters.require("name")

@@ -108,20 +108,43 @@ extension ConnectionServices {
         return outcome
     }
 
+    /// One use of the token is taken first (two enrollments cannot both take a token's last),
+    /// and given back when the enrollment then fails.
     private func enrollChecked(_ request: WireEnrollRequest, remote: String?) async -> EnrollmentOutcome {
-        let accepted: Bool
+        let use: EnrollmentTokenUse
         do {
-            accepted = try await tokens.acceptsEnrollment(request.token)
+            use = try await tokens.useEnrollment(request.token, now: Date())
         } catch {
             logger.error("cannot read the enrollment tokens; refusing enrollment", metadata: ["remote": "\(remote ?? "?")", "error": "\(error)"])
             return .unavailable("the server cannot check enrollment tokens now; try later")
         }
-        guard accepted else {
+        let tokenName: String
+        switch use {
+        case .accepted(let name): tokenName = name
+        case .unknown:
             refusals.log { suppressed in
                 logger.notice("enrollment refused: bad token", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
             }
             return .refused("enrollment token not accepted")
+        case .expired(let name), .usedUp(let name):
+            let why = if case .expired = use { "expired" } else { "used up" }
+            refusals.log { suppressed in
+                logger.notice("enrollment refused: token \(why)", metadata: ["token": "\(name)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
+            }
+            return .refused("enrollment token \(why); ask for a new one")
         }
+        let outcome = await enroll(request, remote: remote)
+        if case .enrolled = outcome { return outcome }
+        do {
+            try await tokens.returnEnrollmentUse(name: tokenName)
+        } catch {
+            logger.error("could not give back an enrollment token's use", metadata: ["token": "\(tokenName)", "error": "\(error)"])
+        }
+        return outcome
+    }
+
+    /// The enrollment after its token was accepted: the key parsed and recorded.
+    private func enroll(_ request: WireEnrollRequest, remote: String?) async -> EnrollmentOutcome {
         let key: RSAPublicKey
         do {
             key = try RSAPublicKey(spki: request.publicKey)

@@ -283,6 +283,14 @@ enum PostgresSchema {
                 "ALTER TABLE agent ADD COLUMN revoked_by text",
             ]
         ),
+        (
+            "token-limits-v1",
+            [
+                // Enrollment tokens that expire, or have a number of uses (#56).
+                "ALTER TABLE token ADD COLUMN expires_at double precision",
+                "ALTER TABLE token ADD COLUMN uses_left integer",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

@@ -15,24 +15,59 @@ public final class PostgresTokenVault: TokenVault, Sendable {
     }
 
     public func adminName(for token: String) async throws -> String? { try await name(of: token, kind: .admin) }
-    public func acceptsEnrollment(_ token: String) async throws -> Bool { try await name(of: token, kind: .enrollment) != nil }
+
+    /// The enrollment token's name, expiry and uses left (`lock`: its row held to the transaction's end).
+    private static func enrollment(_ token: String, lock: Bool, on c: PostgresConnection) async throws -> (name: String, expiresAt: Double?, usesLeft: Int?)? {
+        let hash = TokenFile.hash(token)
+        guard
+            let row = try await c.rows(
+                "SELECT name, expires_at, uses_left FROM token WHERE sha256 = \(hash) AND kind = 'enrollment' \(unescaped: lock ? "FOR UPDATE" : "")"
+            ).first
+        else { return nil }
+        let (name, expiresAt, usesLeft) = try row.decode((String, Double?, Int32?).self)
+        return (name, expiresAt, usesLeft.map(Int.init))
+    }
+
+    public func acceptsEnrollment(_ token: String, now: Date) async throws -> Bool {
+        if case .accepted = EnrollmentTokenUse.decide(try await db.read { try await Self.enrollment(token, lock: false, on: $0) }, now: now) { return true }
+        return false
+    }
+
+    public func useEnrollment(_ token: String, now: Date) async throws -> EnrollmentTokenUse {
+        try await db.write { c in
+            let row = try await Self.enrollment(token, lock: true, on: c)
+            let use = EnrollmentTokenUse.decide(row, now: now)
+            if case .accepted(let name) = use, row?.usesLeft != nil {
+                try await c.run("UPDATE token SET uses_left = uses_left - 1 WHERE kind = 'enrollment' AND name = \(name)")
+            }
+            return use
+        }
+    }
+
+    public func returnEnrollmentUse(name: String) async throws {
+        try await db.write { try await $0.run("UPDATE token SET uses_left = uses_left + 1 WHERE kind = 'enrollment' AND name = \(name) AND uses_left IS NOT NULL") }
+    }
 
     public func list() async throws -> [TokenInfo] {
         try await db.read { c in
-            try await c.rows("SELECT kind, name, created_at FROM token ORDER BY kind, name").map { row in
-                let (kindName, name, createdAt) = try row.decode((String, String, Double).self)
+            try await c.rows("SELECT kind, name, created_at, expires_at, uses_left FROM token ORDER BY kind, name").map { row in
+                let (kindName, name, createdAt, expiresAt, usesLeft) = try row.decode((String, String, Double, Double?, Int32?).self)
                 guard let kind = TokenKind(rawValue: kindName) else { throw DeploymentError("the stored kind of token \(name) is unreadable: \(kindName)") }
-                return TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt))
+                return TokenInfo(
+                    name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt), expiresAt: expiresAt.map(Date.init(timeIntervalSince1970:)),
+                    usesLeft: usesLeft.map(Int.init))
             }
         }
     }
 
-    public func create(name: String, kind: TokenKind, now: Date) async throws -> TokenCreated {
-        let row = try NewToken(name: name, kind: kind, now: now)
+    public func create(name: String, kind: TokenKind, limits: TokenLimits, now: Date) async throws -> TokenCreated {
+        let row = try NewToken(name: name, kind: kind, limits: limits, now: now)
+        let (expiresAt, uses) = (row.limits.expiresAt?.timeIntervalSince1970, row.limits.uses.map(Int32.init))
         let inserted = try await db.write { c in
             try await c.run(
                 """
-                INSERT INTO token (kind, name, sha256, created_at) VALUES (\(row.kind.rawValue), \(row.name), \(row.sha256), \(row.createdAt))
+                INSERT INTO token (kind, name, sha256, created_at, expires_at, uses_left)
+                VALUES (\(row.kind.rawValue), \(row.name), \(row.sha256), \(row.createdAt), \(expiresAt), \(uses))
                 ON CONFLICT (kind, name) DO NOTHING RETURNING 1
                 """)
         }

@@ -147,6 +147,9 @@ struct TokenRow: ServerRecord {
     /// Lowercase hex SHA-256 of the token; the token itself is never stored.
     var sha256: String
     var createdAt: Double
+    /// An enrollment token's expiry (seconds since 1970) and uses left; nil: none.
+    var expiresAt: Double?
+    var usesLeft: Int?
 }
 
 // MARK: Statements kept prepared

@@ -35,6 +35,10 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
                 CREATE INDEX console_session_by_token ON console_session(token_sha256);
                 """)
         }
+        // Enrollment tokens that expire, or have a number of uses (#56).
+        migrator.registerMigration("tokens-v2-limits") { db in
+            try db.execute(sql: "ALTER TABLE token ADD COLUMN expires_at REAL; ALTER TABLE token ADD COLUMN uses_left INTEGER")
+        }
     }
 
     private func name(of token: String, kind: TokenKind) async throws -> String? {
@@ -44,19 +48,46 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
     }
 
     public func adminName(for token: String) async throws -> String? { try await name(of: token, kind: .admin) }
-    public func acceptsEnrollment(_ token: String) async throws -> Bool { try await name(of: token, kind: .enrollment) != nil }
+
+    /// The enrollment token's name, expiry and uses left.
+    private static func enrollment(_ token: String, in db: Database) throws -> (name: String, expiresAt: Double?, usesLeft: Int?)? {
+        try prepared("SELECT name, expires_at, uses_left FROM token WHERE sha256 = ? AND kind = 'enrollment'", [TokenFile.hash(token)], as: Row.self)
+            .fetchOne(db).map { ($0[0], $0[1], $0[2]) }
+    }
+
+    public func acceptsEnrollment(_ token: String, now: Date) async throws -> Bool {
+        if case .accepted = EnrollmentTokenUse.decide(try await db.read { try Self.enrollment(token, in: $0) }, now: now) { return true }
+        return false
+    }
+
+    public func useEnrollment(_ token: String, now: Date) async throws -> EnrollmentTokenUse {
+        try await db.write { db in
+            let row = try Self.enrollment(token, in: db)
+            let use = EnrollmentTokenUse.decide(row, now: now)
+            if case .accepted(let name) = use, row?.usesLeft != nil {
+                try db.execute(sql: "UPDATE token SET uses_left = uses_left - 1 WHERE kind = 'enrollment' AND name = ?", arguments: [name])
+            }
+            return use
+        }
+    }
+
+    public func returnEnrollmentUse(name: String) async throws {
+        try await db.write { try $0.execute(sql: "UPDATE token SET uses_left = uses_left + 1 WHERE kind = 'enrollment' AND name = ? AND uses_left IS NOT NULL", arguments: [name]) }
+    }
 
     public func list() async throws -> [TokenInfo] {
         try await db.read { db in
             try TokenRow.order(Column("kind"), Column("name")).fetchAll(db).map { row in
                 guard let kind = TokenKind(rawValue: row.kind) else { throw DeploymentError("the stored kind of token \(row.name) is unreadable: \(row.kind)") }
-                return TokenInfo(name: row.name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt))
+                return TokenInfo(
+                    name: row.name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt), expiresAt: row.expiresAt.map(Date.init(timeIntervalSince1970:)),
+                    usesLeft: row.usesLeft)
             }
         }
     }
 
-    public func create(name: String, kind: TokenKind, now: Date = Date()) async throws -> TokenCreated {
-        let new = try NewToken(name: name, kind: kind, now: now)
+    public func create(name: String, kind: TokenKind, limits: TokenLimits, now: Date = Date()) async throws -> TokenCreated {
+        let new = try NewToken(name: name, kind: kind, limits: limits, now: now)
         try await db.write { try Self.insert(new, into: $0) }
         return new.created
     }
@@ -70,7 +101,10 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
 
     private static func insert(_ new: NewToken, into db: Database) throws {
         guard try !TokenRow.exists(db, key: ["kind": new.kind.rawValue, "name": new.name]) else { throw TokenError.exists(new.name) }
-        try TokenRow(kind: new.kind.rawValue, name: new.name, sha256: new.sha256, createdAt: new.createdAt).insert(db)
+        try TokenRow(
+            kind: new.kind.rawValue, name: new.name, sha256: new.sha256, createdAt: new.createdAt, expiresAt: new.limits.expiresAt?.timeIntervalSince1970,
+            usesLeft: new.limits.uses
+        ).insert(db)
     }
 
     /// Revokes a token at once, and ends its console sessions. The last admin token cannot go:

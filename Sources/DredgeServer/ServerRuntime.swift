@@ -88,7 +88,9 @@ public enum ServerRuntime {
         try await results.finishInterruptedRemovals()
         logger.info("results retention", metadata: ["keep.days": "\(retention.keepDays == 0 ? "until removed" : String(retention.keepDays))"])
         let uploads = janitor.housekeeping(listeningSince: Date())
-        let dispatcher = PullDispatcher(pulls: pulls, logger: logger, notices: stores.notices) {
+        // On PostgreSQL, revocations are also looked for at each sweep (a notification may be missed).
+        let revokedAmong: (@Sendable ([String]) async throws -> [String])? = stores.node == nil ? nil : { @Sendable ids in try await registry.revoked(among: ids) }
+        let dispatcher = PullDispatcher(pulls: pulls, logger: logger, notices: stores.notices, revokedAmong: revokedAmong) {
             try await uploads()
             try await results.housekeeping()
         }

@@ -42,7 +42,10 @@ import Testing
             // It may not authenticate again: refused, with the reason, and counted.
             await #expect { try await lost.connect { _ in } } throws: { "\($0)".contains("this agent was revoked") }
             #expect(server.listener.metrics.registry.emitToString().contains("dredge_agent_connections_refused_total{cause=\"revoked\"} 1"))
+            try await server.connectionsEnded()
             #expect(try await server.registry.agents().first { $0.agentID == lost.agentID }?.connected == false)
+            // Counted as revoked, not again as a protocol error.
+            #expect(server.listener.metrics.registry.emitToString().contains("dredge_agent_connections_refused_total{cause=\"protocol_error\"} 0"))
 
             // What it uploaded stays.
             let landed = try await server.admin.pull(pullID)

@@ -39,6 +39,7 @@ final class GatedDirectory: AgentDirectory, Sendable {
     func agents() async throws -> [AgentRecord] { try await inner.agents() }
     func revoke(_ agentID: String, by actor: String, at: Date) async throws -> Revocation { try await inner.revoke(agentID, by: actor, at: at) }
     func isRevoked(_ agentID: String) async throws -> Bool { try await inner.isRevoked(agentID) }
+    func revoked(among agentIDs: [String]) async throws -> [String] { try await inner.revoked(among: agentIDs) }
 }
 
 /// A heartbeat with nothing new in it is answered on the listener's event loop (the registry

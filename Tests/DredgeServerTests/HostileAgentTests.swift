@@ -621,7 +621,7 @@ final class FlakyTokens: Sendable {
             if owner.failing.withLock({ $0 }) { throw Unreadable() }
             return try await inner.useEnrollment(token, now: now)
         }
-        func returnEnrollmentUse(name: String) async throws { try await inner.returnEnrollmentUse(name: name) }
+        func returnEnrollmentUse(_ token: String) async throws { try await inner.returnEnrollmentUse(token) }
         func list() async throws -> [TokenInfo] { try await inner.list() }
         func create(name: String, kind: TokenKind, limits: TokenLimits, now: Date) async throws -> TokenCreated {
             try await inner.create(name: name, kind: kind, limits: limits, now: now)

@@ -22,4 +22,27 @@ import Testing
         dispatcher.unregister("a", token: second)
         #expect(!dispatcher.isConnected("a"))
     }
+
+    /// A revocation whose notification a node missed is found by its sweep: of the agents
+    /// connected there, the revoked ones are handed to whoever ends their connections; an agent
+    /// not connected there is not asked about.
+    @Test func theSweepFindsRevocationsANotificationMissed() async throws {
+        let dir = TempDir()
+        let asked = Mutex<[[String]]>([])
+        let dispatcher = PullDispatcher(
+            pulls: SQLitePullQueue(try ServerDatabase(directory: dir.path)), sweepInterval: .milliseconds(20), logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() },
+            revokedAmong: { ids in
+                asked.withLock { $0.append(ids.sorted()) }
+                return ids.filter { $0 == "b" }
+            })
+        _ = dispatcher.register("a") { _ in }
+        _ = dispatcher.register("b") { _ in }
+        let (ended, endedOne) = AsyncStream.makeStream(of: String.self)
+        dispatcher.whenRevoked { endedOne.yield($0) }
+        let running = Task { try await dispatcher.run() }
+        defer { running.cancel() }
+        var iterator = ended.makeAsyncIterator()
+        #expect(await iterator.next() == "b")
+        #expect(asked.withLock { $0.first } == ["a", "b"])
+    }
 }

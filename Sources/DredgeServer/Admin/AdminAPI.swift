@@ -27,11 +27,11 @@ public enum AdminAPI {
         // HEAD answers every GET route with its headers (a download's size, ETag and SHA-256
         // without its bytes; `serve` neither reads nor audits the file then).
         let router = Router(context: AdminRequestContext.self, options: .autoGenerateHeadEndpoints)
+        // Requests counted and timed by route, outermost: the status as answered, every route.
+        if let metrics { router.add(middleware: HTTPMetricsMiddleware(metrics: metrics.metrics)) }
         router.add(middleware: ErrorMiddleware(logger: logger))
         router.get("health") { _, _ in try json(["status": "ok"]) }
         if let metrics {
-            // Requests counted and timed by route.
-            router.add(middleware: HTTPMetricsMiddleware(metrics: metrics.metrics))
             // For Prometheus, behind the scrape token only (``ScrapeToken``); a refused one is
             // audited as a refused admin token is.
             router.get("metrics") { request, context in

@@ -27,6 +27,9 @@ public enum ServerConfiguration {
         public let defaultValue: String?
         /// What the key's absence means when there is no default value.
         public let absent: String?
+        /// `init` always writes it, and a file without it does not read (its default is
+        /// what `init` writes).
+        public let required: Bool
         public let unit: String
         public let meaning: String
         /// A legal value other than the default, for the test that the server reads the key.
@@ -35,9 +38,10 @@ public enum ServerConfiguration {
         public let effective: @Sendable (ServerDeployment.Config) -> (any Sendable)?
 
         init(
-            _ path: String, _ kind: Kind, default value: (any Sendable)?, absent: String? = nil, unit: String = "", example: any Sendable, _ meaning: String,
-            effective: @escaping @Sendable (ServerDeployment.Config) -> (any Sendable)?
+            _ path: String, _ kind: Kind, default value: (any Sendable)?, absent: String? = nil, required: Bool = false, unit: String = "", example: any Sendable,
+            _ meaning: String, effective: @escaping @Sendable (ServerDeployment.Config) -> (any Sendable)?
         ) {
+            self.required = required
             self.path = path
             self.kind = kind
             self.defaultValue = value.map(ServerConfiguration.render)
@@ -69,15 +73,15 @@ public enum ServerConfiguration {
     public static let keys: [Key] = {
         let c = ConnectionLimits.default, a = AdminConnectionLimits.default, t = WorkThreads.default, f = FeedbackLimits.default
         return [
-            Key("listenHost", .string, default: "127.0.0.1", example: "0.0.0.0", "Address the agent listener binds (what `init --listen` wrote).") { $0.listenHost },
-            Key("agentPort", .integer, default: 7443, example: 17443, "Port of the agent listener (TLS). `run --agent-port` overrides it.") { $0.agentPort },
+            Key("listenHost", .string, default: "127.0.0.1", required: true, example: "0.0.0.0", "Address the agent listener binds (what `init --listen` wrote).") { $0.listenHost },
+            Key("agentPort", .integer, default: 7443, required: true, example: 17443, "Port of the agent listener (TLS). `run --agent-port` overrides it.") { $0.agentPort },
             Key("adminHost", .string, default: "127.0.0.1", example: "10.0.0.5", "Address the admin API and the console bind. Plain HTTP only on loopback.") { $0.adminHost ?? "127.0.0.1" },
-            Key("adminPort", .integer, default: 7080, example: 17080, "Port of the admin API. `run --admin-port` overrides it.") { $0.adminPort },
+            Key("adminPort", .integer, default: 7080, required: true, example: 17080, "Port of the admin API. `run --admin-port` overrides it.") { $0.adminPort },
             Key(
                 "adminTLS.certificate", .string, default: nil, absent: "plain HTTP (loopback only)", example: "admin.pem",
                 "The admin API's certificate chain (PEM); a relative path is inside the data directory.") { $0.adminTLS?.certificate },
             Key("adminTLS.key", .string, default: nil, absent: "plain HTTP (loopback only)", example: "admin-key.pem", "The private key (PEM) of `adminTLS.certificate`.") { $0.adminTLS?.key },
-            Key("names", .strings, default: nil, absent: "none", example: ["logs.example.com"], "The names `init` put in the server's certificate (kept for reference).") { $0.names },
+            Key("names", .strings, default: nil, absent: "none", required: true, example: ["logs.example.com"], "The names `init` put in the server's certificate (kept for reference).") { $0.names },
             Key(
                 "database", .string, default: nil, absent: "SQLite in the data directory", example: "postgres://dredge@db.example.com/dredge",
                 "The PostgreSQL database the server's state is in (`postgres://USER@HOST[:PORT]/DATABASE[?sslmode=require]`); the password belongs in `PGPASSWORD` or a password file.") { $0.database },
@@ -246,7 +250,8 @@ public enum ServerConfiguration {
     public static func markdownTable() -> String {
         var lines = ["| Key | Type | Default | Unit | Environment | Meaning |", "|---|---|---|---|---|---|"]
         for key in keys {
-            let value = key.defaultValue.map { "`\($0)`" } ?? (key.absent ?? "none")
+            var value = key.defaultValue.map { "`\($0)`" } ?? (key.absent ?? "none")
+            if key.required { value = key.defaultValue.map { "required (`init` writes `\($0)`)" } ?? "required (`init` writes it)" }
             lines.append("| `\(key.path)` | \(key.kind.rawValue) | \(value) | \(key.unit) | `\(key.environmentName)` | \(key.meaning) |")
         }
         return lines.joined(separator: "\n") + "\n"

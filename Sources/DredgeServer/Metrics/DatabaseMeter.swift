@@ -5,7 +5,8 @@ import Synchronization
 /// server attaches its ``ServerMetrics`` (`dredge-server` tools that open the database measure
 /// nothing). PostgreSQL reports each transaction (``PostgresDatabase``); SQLite each statement,
 /// as SQLite's profiler times it, on the writer's connection as a write and on the readers' as
-/// a read, and its errors through SQLite's error log (``installSQLiteErrorLog()``).
+/// a read, and its errors through SQLite's error log (``installSQLiteErrorLog()``: the whole
+/// process's, the search index's database included).
 public final class DatabaseMeter: Sendable {
     private let metrics = Mutex<ServerMetrics?>(nil)
 
@@ -42,7 +43,9 @@ public final class DatabaseMeter: Sendable {
         guard !SQLiteErrors.installed.exchange(true, ordering: .relaxed) else { return }
         Database.logError = { code, _ in
             let primary = code.primaryResultCode
-            guard primary != .SQLITE_NOTICE, primary != .SQLITE_WARNING else { return }
+            // Not failures: notices and warnings, a read cancelled on purpose, a statement
+            // prepared again after a schema change.
+            guard ![.SQLITE_NOTICE, .SQLITE_WARNING, .SQLITE_INTERRUPT, .SQLITE_SCHEMA].contains(primary) else { return }
             SQLiteErrors.count.add(1, ordering: .relaxed)
         }
     }

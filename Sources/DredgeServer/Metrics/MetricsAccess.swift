@@ -56,13 +56,24 @@ public struct ScrapeToken: Sendable {
     /// The data directory's token, made first if there is none. `created` says it was.
     public static func loadOrCreate(directory: String) throws -> (token: ScrapeToken, created: Bool) {
         let path = directory + "/" + fileName
-        if let data = FileManager.default.contents(atPath: path) {
+        func read() throws -> ScrapeToken? {
+            guard let data = FileManager.default.contents(atPath: path) else { return nil }
             let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
             guard text.utf8.count >= 16 else { throw DeploymentError("\(path) holds no token of at least 16 characters: delete it, and a new one is made at the next start") }
-            return (ScrapeToken(text), false)
+            return ScrapeToken(text)
         }
+        if let token = try read() { return (token, false) }
         let text = "dredge-metrics-" + Hex.encode(secureRandomBytes(24))
-        try ServerDeployment.writeExclusive(path, Array((text + "\n").utf8), mode: 0o600)
+        do {
+            try ServerDeployment.writeExclusive(path, Array((text + "\n").utf8), mode: 0o600)
+        } catch {
+            // Another node sharing the data directory made it first: its token, once written.
+            for _ in 0..<50 {
+                if let data = FileManager.default.contents(atPath: path), data.last == 10, let token = try read() { return (token, false) }
+                usleep(20_000)
+            }
+            throw error
+        }
         return (ScrapeToken(text), true)
     }
 

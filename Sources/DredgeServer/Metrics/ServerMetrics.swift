@@ -113,8 +113,14 @@ public final class ServerMetrics: Sendable {
     private let sampleFailures: Counter
 
     private let samplers = Mutex<[Sampler]>([])
+    /// The reading under way or last finished, and when it finished (nil: still running).
+    private let latestSample = Mutex<(task: Task<Void, Never>, finished: ContinuousClock.Instant?)?>(nil)
+    /// Samplers still running (one that outlived its time included).
+    private let inFlight = Mutex<Set<String>>([])
     /// How long one sampler may take before its figures are left as they were.
     let sampleTimeout: Duration
+    /// How long a reading serves scrapes that come after it.
+    let reuse: Duration
 
     public struct Sampler: Sendable {
         public let name: String
@@ -126,8 +132,9 @@ public final class ServerMetrics: Sendable {
         }
     }
 
-    public init(sampleTimeout: Duration = .seconds(5)) {
+    public init(sampleTimeout: Duration = .seconds(5), reuse: Duration = .seconds(1)) {
         self.sampleTimeout = sampleTimeout
+        self.reuse = reuse
         let r = PrometheusCollectorRegistry()
         registry = r
 
@@ -151,7 +158,7 @@ public final class ServerMetrics: Sendable {
             name: "dredge_agent_connections", labels: [("state", "authenticated")], help: "Agent connections open on this node, by state.")
         connectionsAuthenticating = r.gauge(
             name: "dredge_agent_connections", labels: [("state", "authenticating")], help: "Agent connections open on this node, by state.")
-        agentsEnrolled = r.gauge(name: "dredge_agents_enrolled", help: "Agents enrolled in the deployment.")
+        agentsEnrolled = r.gauge(name: "dredge_agents_enrolled", help: "Agents enrolled in the deployment (and not revoked).")
         agentsOnline = r.gauge(name: "dredge_agents_online", help: "Agents connected to the deployment (to any node of a cluster).")
 
         chunks = Dictionary(uniqueKeysWithValues: UploadKind.allCases.map { kind in
@@ -183,7 +190,7 @@ public final class ServerMetrics: Sendable {
             (status, r.gauge(name: "dredge_pull_targets", labels: [("status", status.rawValue)], help: "Pulls' agents (one pull asks one or more), by status."))
         })
         feedback = Dictionary(uniqueKeysWithValues: FeedbackStatus.allCases.map { status in
-            (status, r.gauge(name: "dredge_feedback", labels: [("status", status.rawValue)], help: "Feedback uploads kept, by status."))
+            (status, r.gauge(name: "dredge_feedback", labels: [("status", status.rawValue)], help: "Feedback uploads recorded (their files removed or not), by status."))
         })
 
         indexedRecords = r.counter(name: "dredge_index_records_total", help: "Records added to the search index.")
@@ -259,9 +266,10 @@ public final class ServerMetrics: Sendable {
     }
 
     /// An admin API request answered `status` after `took`; `route` is the pattern it matched
-    /// (nil: none, counted as `unmatched`). Methods outside HTTP's usual ones are `other`.
+    /// (nil, or Hummingbird's `NotFound`: none, counted as `unmatched`). Methods outside HTTP's
+    /// usual ones are `other`.
     func request(route: String?, method: String, status: Int, took duration: Duration) {
-        let route = route ?? "unmatched"
+        let route = route.flatMap { $0 == "NotFound" ? nil : $0 } ?? "unmatched"
         let method = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"].contains(method) ? method : "other"
         registry.counter(
             name: "dredge_http_requests_total", labels: [("route", route), ("method", method), ("code", String(status))],
@@ -289,13 +297,27 @@ public final class ServerMetrics: Sendable {
         return registry.emitToBuffer()
     }
 
-    /// Runs every sampler side by side, each within ``sampleTimeout``.
+    /// Reads every state, side by side, each within ``sampleTimeout``. One reading at a time,
+    /// whoever scrapes: scrapes that come together share it, and a reading serves for a second,
+    /// so however often `/metrics` is asked, the database is read at most once a second.
     func sample() async {
+        let task = latestSample.withLock { latest -> Task<Void, Never> in
+            if let latest, latest.finished.map({ ContinuousClock.now - $0 < reuse }) ?? true { return latest.task }
+            let task = Task {
+                await self.runSamplers()
+                self.latestSample.withLock { $0?.finished = .now }
+            }
+            latest = (task, nil)
+            return task
+        }
+        await task.value
+    }
+
+    private func runSamplers() async {
         let samplers = samplers.withLock { $0 }
-        let timeout = sampleTimeout
         let failures = await withTaskGroup(of: Bool.self) { group in
             for sampler in samplers {
-                group.addTask { await Self.run(sampler, within: timeout) }
+                group.addTask { await self.run(sampler) }
             }
             var failures = 0
             for await ok in group where !ok { failures += 1 }
@@ -304,25 +326,30 @@ public final class ServerMetrics: Sendable {
         if failures > 0 { sampleFailures.increment(by: Int64(failures)) }
     }
 
-    /// True when the sampler finished in time without throwing. One that hangs is cancelled
-    /// and left behind, never waited for.
-    private static func run(_ sampler: Sampler, within limit: Duration) async -> Bool {
-        await withTaskGroup(of: Bool?.self) { group in
-            group.addTask {
+    /// True when the sampler finished within ``sampleTimeout`` without throwing. One that takes
+    /// longer is left running on its own (a database or a file system that hangs ignores
+    /// cancellation), never waited for, and not started again until it ends.
+    private func run(_ sampler: Sampler) async -> Bool {
+        guard inFlight.withLock({ $0.insert(sampler.name).inserted }) else { return false }
+        let outcome = FirstOutcome()
+        let limit = sampleTimeout
+        return await withCheckedContinuation { continuation in
+            outcome.set(continuation)
+            let work = Task {
+                let ok: Bool
                 do {
                     try await sampler.run()
-                    return true
+                    ok = true
                 } catch {
-                    return false
+                    ok = false
                 }
+                self.inFlight.withLock { _ = $0.remove(sampler.name) }
+                outcome.finish(ok)
             }
-            group.addTask {
-                do { try await Task.sleep(for: limit) } catch { return nil }
-                return false
+            Task {
+                try? await Task.sleep(for: limit)  // only the wait is cut short if cancelled
+                if outcome.finish(false) { work.cancel() }
             }
-            let first = await group.next() ?? false
-            group.cancelAll()
-            return first ?? false
         }
     }
 
@@ -401,5 +428,33 @@ extension PrometheusCollectorRegistry {
 
     private static func descriptor(_ name: String, _ help: String) -> MetricNameDescriptor {
         MetricNameDescriptor(metricName: name, unitName: "", helpText: help)
+    }
+}
+
+/// Resumes a continuation once, with whichever outcome comes first.
+private final class FirstOutcome: Sendable {
+    private let state = Mutex<(continuation: CheckedContinuation<Bool, Never>?, answered: Bool)>((nil, false))
+
+    func set(_ continuation: CheckedContinuation<Bool, Never>) {
+        let answered = state.withLock { s -> Bool? in
+            if s.answered { return true }
+            s.continuation = continuation
+            return nil
+        }
+        if answered != nil { continuation.resume(returning: false) }
+    }
+
+    /// Resumes with `ok` if nothing did yet; true if this call did.
+    @discardableResult
+    func finish(_ ok: Bool) -> Bool {
+        let continuation = state.withLock { s -> CheckedContinuation<Bool, Never>?? in
+            guard !s.answered else { return nil }
+            s.answered = true
+            defer { s.continuation = nil }
+            return .some(s.continuation)
+        }
+        guard let continuation else { return false }
+        continuation?.resume(returning: ok)
+        return true
     }
 }

@@ -56,6 +56,8 @@ public protocol AgentDirectory: Sendable {
     func revoke(_ agentID: String, by actor: String, at: Date) async throws -> Revocation
     /// Whether the agent was revoked.
     func isRevoked(_ agentID: String) async throws -> Bool
+    /// Of these agents, those revoked.
+    func revoked(among agentIDs: [String]) async throws -> [String]
 }
 
 /// What revoking an agent came to.
@@ -191,6 +193,13 @@ extension AgentDirectory {
     }
     /// The ids of the agents that hold `uid`, in order.
     public func agentIDs(withUID uid: String) async throws -> [String] { try await holders(of: uid).map(\.agentID) }
+
+    /// One at a time; the stores ask the database once.
+    public func revoked(among agentIDs: [String]) async throws -> [String] {
+        var revoked: [String] = []
+        for id in agentIDs where try await isRevoked(id) { revoked.append(id) }
+        return revoked
+    }
 }
 
 /// The usual defaults: now, and nothing but the status and its detail.

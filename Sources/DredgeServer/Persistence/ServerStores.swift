@@ -90,6 +90,7 @@ public struct ServerPersistence: Sendable {
 
     /// What the deployment holds, counted for `GET /metrics`.
     public struct Counts: Sendable, Equatable {
+        /// Enrolled and not revoked.
         public var agentsEnrolled = 0
         /// Connected to the deployment: to any node whose lease is current, on PostgreSQL.
         public var agentsOnline = 0
@@ -104,7 +105,7 @@ public struct ServerPersistence: Sendable {
         if let sqlite {
             let (agents, pulls, feedback) = try await sqlite.pool.read { db in
                 (
-                    try Row.fetchOne(db, sql: "SELECT count(*), coalesce(sum(connected), 0) FROM agent").map { (Int($0[0] as Int64), Int($0[1] as Int64)) } ?? (0, 0),
+                    try Row.fetchOne(db, sql: "SELECT count(*), coalesce(sum(connected), 0) FROM agent WHERE revoked_at IS NULL").map { (Int($0[0] as Int64), Int($0[1] as Int64)) } ?? (0, 0),
                     try Row.fetchAll(db, sql: "SELECT status, count(*) FROM pull_target GROUP BY status").map { ($0[0] as String, Int($0[1] as Int64)) },
                     try Row.fetchAll(db, sql: "SELECT status, count(*) FROM feedback GROUP BY status").map { ($0[0] as String, Int($0[1] as Int64)) }
                 )
@@ -116,7 +117,7 @@ public struct ServerPersistence: Sendable {
         if let postgres {
             let (agents, pulls, feedback) = try await postgres.read { c in
                 let row = try await c.rows(
-                    "SELECT count(*), count(*) FILTER (WHERE connected AND node_id IN (\(unescaped: NodeLease.live))) FROM agent"
+                    "SELECT count(*), count(*) FILTER (WHERE connected AND node_id IN (\(unescaped: NodeLease.live))) FROM agent WHERE revoked_at IS NULL"
                 ).first
                 let agents: (Int64, Int64) = try row?.decode((Int64, Int64).self) ?? (0, 0)
                 let pulls = try await c.rows("SELECT status, count(*) FROM pull_target GROUP BY status").map { try $0.decode((String, Int64).self) }

@@ -14,7 +14,7 @@ import Foundation
 /// - A token is accepted only as the kind it was made for.
 /// - An enrollment token with an expiry is refused from then on; one with a number of uses is
 ///   refused once they are used (``useEnrollment(_:now:)`` takes one, atomically: two nodes
-///   cannot both take the last), and a use given back (``returnEnrollmentUse(name:)``) counts again.
+///   cannot both take the last), and a use given back (``returnEnrollmentUse(_:)``) counts again.
 public protocol TokenVault: Sendable {
     /// The name of the admin token `token` is, or nil when it is not one.
     func adminName(for token: String) async throws -> String?
@@ -22,8 +22,9 @@ public protocol TokenVault: Sendable {
     func acceptsEnrollment(_ token: String, now: Date) async throws -> Bool
     /// Takes one use of the enrollment token `token` (if it counts them), or says why not.
     func useEnrollment(_ token: String, now: Date) async throws -> EnrollmentTokenUse
-    /// Gives back a use taken for an enrollment that then failed (a bad key, say).
-    func returnEnrollmentUse(name: String) async throws
+    /// Gives back a use of `token` taken for an enrollment that then failed (a key enrolled
+    /// already, say); nothing if that token is gone or does not count uses.
+    func returnEnrollmentUse(_ token: String) async throws
     /// By kind, then name.
     func list() async throws -> [TokenInfo]
     /// Makes a token with `limits` (enrollment tokens only: ``TokenRequest/limitsProblem``);

@@ -108,6 +108,8 @@ import Testing
         #expect(revokedA && !revokedB)
         #expect(try await !agents.isRevoked(String(repeating: "0", count: 32)))
         #expect(try await agents.agentIDs(withUID: "u-1") == [b])
+        #expect(try await agents.revoked(among: [b, a, String(repeating: "0", count: 32)]) == [a])
+        #expect(try await agents.revoked(among: []).isEmpty)
         let record = try #require(try await agents.agents().first { $0.agentID == a })
         #expect(record.revokedAt == at && record.revokedBy == "alice")
         #expect(try await agents.agents().first { $0.agentID == b }?.revokedAt == nil)

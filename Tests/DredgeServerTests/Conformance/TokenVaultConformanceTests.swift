@@ -57,16 +57,21 @@ import Testing
         #expect(try await !tokens.acceptsEnrollment(limited.token, now: Self.t0))
         #expect(try await tokens.list().first { $0.name == "batch-7" }?.usesLeft == 0)
         // An enrollment that failed after taking a use gives it back.
-        try await tokens.returnEnrollmentUse(name: "batch-7")
+        try await tokens.returnEnrollmentUse(limited.token)
         #expect(try await tokens.useEnrollment(limited.token, now: Self.t0) == .accepted(name: "batch-7"))
         // Past its expiry it is refused, uses or not.
-        try await tokens.returnEnrollmentUse(name: "batch-7")
+        try await tokens.returnEnrollmentUse(limited.token)
         #expect(try await tokens.useEnrollment(limited.token, now: week) == .expired(name: "batch-7"))
         #expect(try await tokens.list().first { $0.name == "batch-7" }?.usesLeft == 1, "a refusal takes nothing")
+        // A use given back is the token's, not its name's: a new token of the same name gains none.
+        try await tokens.revoke(name: "batch-7", kind: .enrollment)
+        _ = try await tokens.create(name: "batch-7", kind: .enrollment, limits: TokenLimits(uses: 1), now: Self.t0)
+        try await tokens.returnEnrollmentUse(limited.token)
+        #expect(try await tokens.list().first { $0.name == "batch-7" }?.usesLeft == 1)
 
         // Without limits: every use accepted, nothing counted; a use given back changes nothing.
         for _ in 0..<3 { #expect(try await tokens.useEnrollment(open.token, now: week) == .accepted(name: "fleet")) }
-        try await tokens.returnEnrollmentUse(name: "fleet")
+        try await tokens.returnEnrollmentUse(open.token)
         #expect(try await tokens.list().first { $0.name == "fleet" }?.usesLeft == nil)
         // Not an enrollment token: unknown, whatever else it is.
         let admin = try await tokens.create(name: "alice", kind: .admin, now: Self.t0)

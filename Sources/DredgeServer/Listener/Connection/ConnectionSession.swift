@@ -147,6 +147,8 @@ final class ConnectionSession: Sendable {
     private func run(_ actions: [ServerConnectionStateMachine.Action]) async throws -> Outcome {
         var outcome = Outcome()
         var pending = actions[...]
+        // A refusal counted by its cause is not counted again as a protocol error when it closes.
+        var refusalCounted = false
         while let action = pending.popFirst() {
             switch action {
             case .send(let frame):
@@ -161,6 +163,7 @@ final class ConnectionSession: Sendable {
                 }
                 if verified, try await services.registry.isRevoked(id) {
                     services.metrics.refused(.revoked)
+                    refusalCounted = true
                     services.refusals.log { suppressed in
                         services.logger.notice("agent refused: revoked", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
                     }
@@ -170,6 +173,7 @@ final class ConnectionSession: Sendable {
                         pending.append(contentsOf: outbound.step { $0.authenticated(id) })
                     } else {
                         services.metrics.refused(.capacity)
+                        refusalCounted = true
                         services.refusals.log { suppressed in
                             services.logger.warning("agent refused: no room for another agent connection", metadata: [
                                 "agent.id": "\(id)", "max_agents": "\(services.gate.caps.authenticated)", "suppressed": "\(suppressed)",
@@ -179,6 +183,7 @@ final class ConnectionSession: Sendable {
                     }
                 } else {
                     services.metrics.refused(.authentication)
+                    refusalCounted = true
                     services.refusals.log { suppressed in
                         services.logger.notice("agent authentication failed", metadata: [
                             "agent.id": "\(WireID.isValid(id) ? id : "(malformed)")", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)",
@@ -187,7 +192,9 @@ final class ConnectionSession: Sendable {
                     pending.append(contentsOf: outbound.step { $0.authenticationFailed("unknown agent or bad signature") })
                 }
             case .enroll(let request):
-                switch await services.enroll(request, remote: remote, address: address) {
+                let enrollment = await services.enroll(request, remote: remote, address: address)
+                if case .enrolled = enrollment {} else { refusalCounted = true }
+                switch enrollment {
                 case .enrolled(let response): pending.append(contentsOf: outbound.step { $0.enrolled(response) })
                 case .refused(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why) })
                 case .throttled(let why): pending.append(contentsOf: outbound.step { $0.enrollmentFailed(why, code: .errorLimitExceeded) })
@@ -211,6 +218,8 @@ final class ConnectionSession: Sendable {
                 // connection before it was here.
                 if try await services.registry.isRevoked(id) {
                     outbound.goodbye(AgentListener.revokedDetail)
+                    outcome.close = true
+                    return outcome
                 }
                 services.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
                 services.metrics.authentications.increment()
@@ -251,7 +260,7 @@ final class ConnectionSession: Sendable {
             case .close(let error):
                 // Rate-limited with the refusals: anyone who can reach the port can cause these.
                 if let error {
-                    services.metrics.refused(.protocolError)
+                    if !refusalCounted { services.metrics.refused(.protocolError) }
                     services.refusals.log { suppressed in
                         services.logger.notice("closing agent connection", metadata: ["error": "\(error)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
                     }

@@ -108,9 +108,19 @@ extension ConnectionServices {
         return outcome
     }
 
-    /// One use of the token is taken first (two enrollments cannot both take a token's last),
-    /// and given back when the enrollment then fails.
+    /// The key is read first (one that does not parse takes nothing); then a use of the token
+    /// is taken (two enrollments cannot both take a token's last), and given back if recording
+    /// the agent then fails.
     private func enrollChecked(_ request: WireEnrollRequest, remote: String?) async -> EnrollmentOutcome {
+        let key: RSAPublicKey
+        do {
+            key = try RSAPublicKey(spki: request.publicKey)
+        } catch {
+            refusals.log { suppressed in
+                logger.notice("enrollment refused: bad key", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
+            }
+            return .refused("public key not accepted: \(error)")
+        }
         let use: EnrollmentTokenUse
         do {
             use = try await tokens.useEnrollment(request.token, now: Date())
@@ -118,9 +128,8 @@ extension ConnectionServices {
             logger.error("cannot read the enrollment tokens; refusing enrollment", metadata: ["remote": "\(remote ?? "?")", "error": "\(error)"])
             return .unavailable("the server cannot check enrollment tokens now; try later")
         }
-        let tokenName: String
         switch use {
-        case .accepted(let name): tokenName = name
+        case .accepted: break
         case .unknown:
             refusals.log { suppressed in
                 logger.notice("enrollment refused: bad token", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
@@ -133,27 +142,19 @@ extension ConnectionServices {
             }
             return .refused("enrollment token \(why); ask for a new one")
         }
-        let outcome = await enroll(request, remote: remote)
+        let outcome = await enroll(request, key: key, remote: remote)
         if case .enrolled = outcome { return outcome }
         do {
-            try await tokens.returnEnrollmentUse(name: tokenName)
+            try await tokens.returnEnrollmentUse(request.token)
         } catch {
-            logger.error("could not give back an enrollment token's use", metadata: ["token": "\(tokenName)", "error": "\(error)"])
+            // The database failed while recording the agent too, most likely: the use stays taken.
+            logger.error("could not give back an enrollment token's use", metadata: ["error": "\(error)"])
         }
         return outcome
     }
 
-    /// The enrollment after its token was accepted: the key parsed and recorded.
-    private func enroll(_ request: WireEnrollRequest, remote: String?) async -> EnrollmentOutcome {
-        let key: RSAPublicKey
-        do {
-            key = try RSAPublicKey(spki: request.publicKey)
-        } catch {
-            refusals.log { suppressed in
-                logger.notice("enrollment refused: bad key", metadata: ["remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
-            }
-            return .refused("public key not accepted: \(error)")
-        }
+    /// The enrollment after its key was read and its token accepted: the agent recorded.
+    private func enroll(_ request: WireEnrollRequest, key: RSAPublicKey, remote: String?) async -> EnrollmentOutcome {
         let id: String
         do {
             id = try await registry.enroll(publicKey: key, host: request.host, now: Date())

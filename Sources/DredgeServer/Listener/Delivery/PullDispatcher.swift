@@ -31,11 +31,16 @@ public final class PullDispatcher: Service, Sendable {
     /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
     let housekeeping: (@Sendable () async throws -> Void)?
     let notices: (any PullNotices)?
+    /// Of the agents connected here, those revoked: asked at each sweep, so a revocation whose
+    /// notification this node missed (its listening connection lost at the time) still ends
+    /// the agent's connection here, a sweep later.
+    let revokedAmong: (@Sendable ([String]) async throws -> [String])?
 
     public init(
         pulls: any PullQueue, sweepInterval: Duration = .seconds(1), logger: Logger, notices: (any PullNotices)? = nil,
-        housekeeping: (@Sendable () async throws -> Void)? = nil
+        revokedAmong: (@Sendable ([String]) async throws -> [String])? = nil, housekeeping: (@Sendable () async throws -> Void)? = nil
     ) {
+        self.revokedAmong = revokedAmong
         self.pulls = pulls
         self.sweepInterval = notices == nil ? sweepInterval : max(sweepInterval, .seconds(60))
         self.logger = logger
@@ -115,6 +120,14 @@ public final class PullDispatcher: Service, Sendable {
                 wake(try await pulls.agentsWithQueuedPulls())
             } catch {
                 logger.error("delivery sweep failed", metadata: ["error": "\(error)"])
+            }
+            if let revokedAmong {
+                let connected = waiting.withLock { Array($0.wakes.keys) }
+                do {
+                    for id in try await revokedAmong(connected) { revoked(id) }
+                } catch {
+                    logger.error("could not look for revoked agents among those connected", metadata: ["error": "\(error)"])
+                }
             }
             if let housekeeping, ContinuousClock.now - lastHousekeeping >= .seconds(60) {
                 lastHousekeeping = .now

@@ -206,6 +206,13 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         }
     }
 
+    public func revoked(among agentIDs: [String]) async throws -> [String] {
+        guard !agentIDs.isEmpty else { return [] }
+        return try await db.read { c in
+            try await c.rows("SELECT id FROM agent WHERE revoked_at IS NOT NULL AND id = ANY(\(agentIDs))").map { try $0.decode(String.self) }
+        }
+    }
+
     public func isRevoked(_ agentID: String) async throws -> Bool {
         try await db.read { try await $0.value("SELECT revoked_at IS NOT NULL FROM agent WHERE id = \(agentID)", as: Bool.self) ?? false }
     }

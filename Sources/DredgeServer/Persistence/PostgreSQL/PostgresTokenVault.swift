@@ -34,7 +34,11 @@ public final class PostgresTokenVault: TokenVault, Sendable {
     }
 
     public func useEnrollment(_ token: String, now: Date) async throws -> EnrollmentTokenUse {
-        try await db.write { c in
+        // A read decides most offers (an unknown token, one without a number of uses): only a
+        // use to take locks the row.
+        let read = try await db.read { try await Self.enrollment(token, lock: false, on: $0) }
+        guard case .accepted = EnrollmentTokenUse.decide(read, now: now), read?.usesLeft != nil else { return EnrollmentTokenUse.decide(read, now: now) }
+        return try await db.write { c in
             let row = try await Self.enrollment(token, lock: true, on: c)
             let use = EnrollmentTokenUse.decide(row, now: now)
             if case .accepted(let name) = use, row?.usesLeft != nil {
@@ -44,8 +48,9 @@ public final class PostgresTokenVault: TokenVault, Sendable {
         }
     }
 
-    public func returnEnrollmentUse(name: String) async throws {
-        try await db.write { try await $0.run("UPDATE token SET uses_left = uses_left + 1 WHERE kind = 'enrollment' AND name = \(name) AND uses_left IS NOT NULL") }
+    public func returnEnrollmentUse(_ token: String) async throws {
+        let hash = TokenFile.hash(token)
+        try await db.write { try await $0.run("UPDATE token SET uses_left = uses_left + 1 WHERE kind = 'enrollment' AND sha256 = \(hash) AND uses_left IS NOT NULL") }
     }
 
     public func list() async throws -> [TokenInfo] {

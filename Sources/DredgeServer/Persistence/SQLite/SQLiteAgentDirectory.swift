@@ -252,6 +252,14 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         }
     }
 
+    public func revoked(among agentIDs: [String]) async throws -> [String] {
+        guard !agentIDs.isEmpty else { return [] }
+        let ids = agentIDs
+        return try await db.read { db in
+            try String.fetchAll(db, sql: "SELECT id FROM agent WHERE revoked_at IS NOT NULL AND id IN (SELECT value FROM json_each(?))", arguments: [String(decoding: try JSONEncoder().encode(ids), as: UTF8.self)])
+        }
+    }
+
     public func isRevoked(_ agentID: String) async throws -> Bool {
         try await db.read { try prepared("SELECT revoked_at IS NOT NULL FROM agent WHERE id = ?", [agentID], as: Bool.self).fetchOne($0) ?? false }
     }

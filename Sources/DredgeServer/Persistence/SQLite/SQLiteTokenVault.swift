@@ -61,7 +61,11 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
     }
 
     public func useEnrollment(_ token: String, now: Date) async throws -> EnrollmentTokenUse {
-        try await db.write { db in
+        // A read decides most offers (an unknown token, one without a number of uses): only a
+        // use to take needs the writer.
+        let read = try await db.read { try Self.enrollment(token, in: $0) }
+        guard case .accepted = EnrollmentTokenUse.decide(read, now: now), read?.usesLeft != nil else { return EnrollmentTokenUse.decide(read, now: now) }
+        return try await db.write { db in
             let row = try Self.enrollment(token, in: db)
             let use = EnrollmentTokenUse.decide(row, now: now)
             if case .accepted(let name) = use, row?.usesLeft != nil {
@@ -71,8 +75,9 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
         }
     }
 
-    public func returnEnrollmentUse(name: String) async throws {
-        try await db.write { try $0.execute(sql: "UPDATE token SET uses_left = uses_left + 1 WHERE kind = 'enrollment' AND name = ? AND uses_left IS NOT NULL", arguments: [name]) }
+    public func returnEnrollmentUse(_ token: String) async throws {
+        let hash = TokenFile.hash(token)
+        try await db.write { try $0.execute(sql: "UPDATE token SET uses_left = uses_left + 1 WHERE kind = 'enrollment' AND sha256 = ? AND uses_left IS NOT NULL", arguments: [hash]) }
     }
 
     public func list() async throws -> [TokenInfo] {

@@ -71,7 +71,9 @@ import FoundationNetworking
             landed = try await Self.scrape(admin + "/metrics", token: token)
             scrapes += 1
             if MetricsTests.value(landed, "dredge_uploads_finished_total", #"kind="pull""#, #"outcome="complete""#) == 1,
-                (landed["dredge_index_records_total"] ?? 0) > 0, landed["dredge_index_backlog_sources"] == 0
+                (landed["dredge_index_records_total"] ?? 0) > 0, landed["dredge_index_backlog_sources"] == 0,
+                // States are read at most once a second: the status moves a reading later.
+                landed["dredge_pull_targets{status=\"complete\"}"] == 1
             {
                 break
             }

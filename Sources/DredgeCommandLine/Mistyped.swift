@@ -1,4 +1,5 @@
 import ArgumentParser
+import DredgeDomain
 import Foundation
 
 /// A mistyped command named back with the one meant (`dredge pul` → "did you mean 'pull'?"),
@@ -43,23 +44,6 @@ public enum Mistyped {
         return nil
     }
 
-    /// Levenshtein distance, by characters.
-    static func distance(_ a: String, _ b: String) -> Int {
-        let x = Array(a)
-        let y = Array(b)
-        if x.isEmpty { return y.count }
-        if y.isEmpty { return x.count }
-        var row: [Int] = Array(0...y.count)
-        for i in 0..<x.count {
-            var diagonal = row[0]
-            row[0] = i + 1
-            for j in 0..<y.count {
-                let above = row[j + 1]
-                let substitution = diagonal + (x[i] == y[j] ? 0 : 1)
-                row[j + 1] = Swift.min(above + 1, row[j] + 1, substitution)
-                diagonal = above
-            }
-        }
-        return row[y.count]
-    }
+    /// Levenshtein distance, by characters (``editDistance(_:_:)``).
+    static func distance(_ a: String, _ b: String) -> Int { editDistance(a, b) }
 }

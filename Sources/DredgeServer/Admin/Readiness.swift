@@ -72,7 +72,7 @@ public final class Readiness: Sendable {
     /// The check's answer, or a problem once `limit` has passed without one. A check that
     /// hangs is left behind (cancelled), never waited for.
     private static func within(_ limit: Duration, _ check: Check) async -> String? {
-        let answer = FirstAnswer()
+        let answer = FirstAnswer<String?>()
         return await withCheckedContinuation { continuation in
             answer.set(continuation)
             let work = Task { answer.finish(await check.run()) }
@@ -83,39 +83,6 @@ public final class Readiness: Sendable {
             }
             answer.onFinish { timer.cancel() }
         }
-    }
-}
-
-/// Resumes a continuation once, with whichever answer comes first.
-private final class FirstAnswer: Sendable {
-    private struct State {
-        var continuation: CheckedContinuation<String?, Never>?
-        var answered = false
-        var onFinish: (@Sendable () -> Void)?
-    }
-    private let state = Mutex(State())
-
-    func set(_ continuation: CheckedContinuation<String?, Never>) { state.withLock { $0.continuation = continuation } }
-
-    /// Runs `body` once answered (at once if it already is).
-    func onFinish(_ body: @escaping @Sendable () -> Void) {
-        let now = state.withLock { s -> Bool in
-            if s.answered { return true }
-            s.onFinish = body
-            return false
-        }
-        if now { body() }
-    }
-
-    func finish(_ answer: String?) {
-        let (continuation, then) = state.withLock { s -> (CheckedContinuation<String?, Never>?, (@Sendable () -> Void)?) in
-            guard !s.answered else { return (nil, nil) }
-            s.answered = true
-            defer { s.continuation = nil; s.onFinish = nil }
-            return (s.continuation, s.onFinish)
-        }
-        continuation?.resume(returning: answer)
-        then?()
     }
 }
 
@@ -142,19 +109,10 @@ extension Readiness.Check {
     /// that hangs (a lost network mount) holds no thread the server's tasks run on.
     public static func disk(_ directory: String, minimumMegabytes: Int) -> Self {
         Self("disk") {
-            let free = await withCheckedContinuation { continuation in
-                DispatchQueue.global().async { continuation.resume(returning: freeMegabytes(directory)) }
-            }
-            guard let free else { return "cannot read the free space of the data directory's file system" }
+            guard let space = await FileSystemSpace.read(directory) else { return "cannot read the free space of the data directory's file system" }
+            let free = Int(space.free / 1_048_576)
             return free < minimumMegabytes ? "\(free) MB free in the data directory's file system, under the \(minimumMegabytes) MB required" : nil
         }
-    }
-
-    /// Megabytes free to the server's user in the file system of `path`, or nil.
-    static func freeMegabytes(_ path: String) -> Int? {
-        var info = statvfs()
-        guard statvfs(path, &info) == 0 else { return nil }
-        return Int(UInt64(info.f_bavail) * UInt64(info.f_frsize) / 1_048_576)
     }
 }
 

@@ -1,3 +1,4 @@
+import DredgeDomain
 import Foundation
 
 /// Every key `server.json` may hold, with its type, default, unit and meaning: the one list
@@ -339,17 +340,6 @@ extension ServerConfiguration {
         return check
     }
 
-    /// Edit distance, for suggesting the key a misspelling meant.
-    static func distance(_ a: String, _ b: String) -> Int {
-        let a = Array(a.lowercased()), b = Array(b.lowercased())
-        var previous = Array(0...b.count)
-        for i in 1...max(a.count, 1) where !a.isEmpty {
-            var current = [i] + Array(repeating: 0, count: b.count)
-            for j in 1...max(b.count, 1) where !b.isEmpty {
-                current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1))
-            }
-            previous = current
-        }
-        return a.isEmpty ? b.count : previous[b.count]
-    }
+    /// Edit distance, case ignored, for suggesting the key a misspelling meant.
+    static func distance(_ a: String, _ b: String) -> Int { editDistance(a.lowercased(), b.lowercased()) }
 }

@@ -331,7 +331,7 @@ public final class ServerMetrics: Sendable {
     /// cancellation), never waited for, and not started again until it ends.
     private func run(_ sampler: Sampler) async -> Bool {
         guard inFlight.withLock({ $0.insert(sampler.name).inserted }) else { return false }
-        let outcome = FirstOutcome()
+        let outcome = FirstAnswer<Bool>()
         let limit = sampleTimeout
         return await withCheckedContinuation { continuation in
             outcome.set(continuation)
@@ -389,18 +389,10 @@ public final class ServerMetrics: Sendable {
 }
 
 extension ServerMetrics {
-    /// The data directory's file system: free and total bytes, read on a thread of its own
-    /// (a file system that hangs holds none of the server's).
+    /// The data directory's file system: free and total bytes (``FileSystemSpace``).
     public static func diskSampler(_ directory: String, into metrics: ServerMetrics) -> Sampler {
         Sampler("disk") { [diskFree = metrics.diskFree, diskSize = metrics.diskSize] in
-            let reading = await withCheckedContinuation { continuation in
-                DispatchQueue.global().async {
-                    var info = statvfs()
-                    guard statvfs(directory, &info) == 0 else { return continuation.resume(returning: (free: UInt64, size: UInt64)?.none) }
-                    continuation.resume(returning: (UInt64(info.f_bavail) * UInt64(info.f_frsize), UInt64(info.f_blocks) * UInt64(info.f_frsize)))
-                }
-            }
-            guard let reading else { throw MetricsError("cannot read the free space of \(directory)") }
+            guard let reading = await FileSystemSpace.read(directory) else { throw MetricsError("cannot read the free space of \(directory)") }
             diskFree.set(Double(reading.free))
             diskSize.set(Double(reading.size))
         }
@@ -428,33 +420,5 @@ extension PrometheusCollectorRegistry {
 
     private static func descriptor(_ name: String, _ help: String) -> MetricNameDescriptor {
         MetricNameDescriptor(metricName: name, unitName: "", helpText: help)
-    }
-}
-
-/// Resumes a continuation once, with whichever outcome comes first.
-private final class FirstOutcome: Sendable {
-    private let state = Mutex<(continuation: CheckedContinuation<Bool, Never>?, answered: Bool)>((nil, false))
-
-    func set(_ continuation: CheckedContinuation<Bool, Never>) {
-        let answered = state.withLock { s -> Bool? in
-            if s.answered { return true }
-            s.continuation = continuation
-            return nil
-        }
-        if answered != nil { continuation.resume(returning: false) }
-    }
-
-    /// Resumes with `ok` if nothing did yet; true if this call did.
-    @discardableResult
-    func finish(_ ok: Bool) -> Bool {
-        let continuation = state.withLock { s -> CheckedContinuation<Bool, Never>?? in
-            guard !s.answered else { return nil }
-            s.answered = true
-            defer { s.continuation = nil }
-            return .some(s.continuation)
-        }
-        guard let continuation else { return false }
-        continuation?.resume(returning: ok)
-        return true
     }
 }

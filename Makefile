@@ -2,7 +2,7 @@
 #   make demo   the main job
 #   make test   the whole test suite
 #   make demo-cluster   three nodes on one PostgreSQL; one killed mid-upload
-.PHONY: demo demo-local demo-cluster test bench deps clean
+.PHONY: demo demo-local demo-cluster test bench package deps clean
 
 SWIFT ?= swift
 # The suites of real server and agent processes (on SQLite and, under scripts/postgres.sh, on
@@ -38,14 +38,20 @@ test: deps
 	scripts/postgres.sh run sh -c '$(SWIFT) test --skip-build --skip "$(E2E)" && $(SWIFT) test --skip-build --no-parallel --filter "$(E2E)"'
 	python3 scripts/fresh-app.py
 	python3 Tests/conformance/conformance.py "$$($(SWIFT) build --show-bin-path)/dredge-server"
-	# The systemd units in docs/systemd/: verified, and hardened (systemd-analyze security).
-	Tests/service/check-units.sh "$$($(SWIFT) build --show-bin-path)"
+	# make package's tarball installed into a temporary root and run; its systemd units
+	# verified and hardened (systemd-analyze security), its man pages rendered.
+	python3 Tests/package/check.py "$$($(SWIFT) build --show-bin-path)"
 	# The dashboard and alert rules in docs/monitoring/ against a real Prometheus scraping a real server.
 	python3 Tests/monitoring/check.py "$$($(SWIFT) build --show-bin-path)"
 	python3 Tests/browser/console.py "$$($(SWIFT) build --show-bin-path)" test-output/console
 	scripts/fuzz.sh 20
 	# The cluster demo on the test build: three nodes on one PostgreSQL, one killed mid-upload.
 	SWIFT=$(SWIFT) DEMO_CONFIG=debug DEMO_DIR=test-output/demo-cluster scripts/demo-cluster.sh
+
+# A tarball that installs Dredge on a host without Swift: dist/dredge-VERSION-linux-ARCH.tar.gz
+# (release binaries with the Swift runtime linked in, man pages, systemd units, docs).
+package: deps
+	SWIFT=$(SWIFT) scripts/package.sh
 
 bench: deps
 	$(SWIFT) build -c release --product dredge-bench
@@ -65,4 +71,4 @@ bench: deps
 	scripts/postgres.sh run sh -c '.build/release/dredge-bench server --database "$$DREDGE_TEST_POSTGRES" --agents 3000 && .build/release/dredge-bench presence && .build/release/dredge-bench cluster'
 
 clean:
-	rm -rf .build .build-fuzz demo-output demo-cluster-output test-output
+	rm -rf .build .build-fuzz demo-output demo-cluster-output test-output dist

@@ -8,8 +8,9 @@ set -euo pipefail
 # PostgreSQL (with its contrib extensions: unaccent) for the second back end's tests and demo,
 # binutils (`nm`: the test that the agent links neither ISA-L, ZIPFoundation nor the HTTP client),
 # Prometheus with promtool (the dashboard and alert rules checked against a real one), and
-# systemd's systemd-analyze (the units in docs/systemd/ verified).
-packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 chromium chromium-driver postgresql binutils prometheus systemd)
+# systemd's systemd-analyze (the units in docs/systemd/ verified), and mandoc (the package's
+# man pages rendered).
+packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 chromium chromium-driver postgresql binutils prometheus systemd mandoc)
 command -v python3 >/dev/null || packages+=(python3)
 missing=()
 for p in "${packages[@]}"; do

@@ -48,16 +48,18 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
     /// - Parameter wrapPulls: wraps the pull queue the agent listener uses (to hold its writes,
     ///   say); the admin API and the test use the queue itself.
     /// - Parameter wrapRegistry: the same for the agent directory.
+    /// - Parameter existing: runs on the deployment already in `dataDirectory` (restored from a
+    ///   backup, say), made with these tokens, instead of a new one.
     init(
         feedbackLimits: FeedbackLimits? = nil, dataDirectory: String? = nil, connectionLimits: ConnectionLimits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 100),
         heartbeatSeconds: UInt32 = 1, tokens wrapTokens: (@Sendable (any TokenVault) -> any TokenVault)? = nil,
         listenerPulls wrapPulls: (@Sendable (any PullQueue) -> any PullQueue)? = nil,
         listenerRegistry wrapRegistry: (@Sendable (any AgentDirectory) -> any AgentDirectory)? = nil,
-        adminLimits: AdminConnectionLimits = .default, adminTLS: Bool = false
+        adminLimits: AdminConnectionLimits = .default, adminTLS: Bool = false, existing: ServerDeployment.Created? = nil
     ) async throws {
         let data = dataDirectory ?? dir.file("server")
         self.data = data
-        created = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
+        created = try existing ?? ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
         let deployment = try LoadedDeployment(directory: data)
         let stores = try ServerStores(deployment)
         (registry, pulls, issuer, feedback, records) = (stores.registry, stores.pulls, stores.issuer, stores.feedback, stores.records)
@@ -74,7 +76,7 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let adminPort = Mutex<Int?>(nil)
         let services = AdminServices(
             registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,
-            indexer: indexer, logger: logger)
+            indexer: indexer, files: PullFiles(paths: DataDirectory(data), pulls: pulls, feedback: feedback), logger: logger)
         let app = try AdminAPI.application(
             actions: AdminActions(services), port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits,
             onReady: { port in adminPort.withLock { $0 = port } })

@@ -151,9 +151,8 @@ public struct PullFiles: Sendable {
         guard let pull = try await pulls.pull(pullID) else { return nil }
         var candidates: [Candidate] = []
         for target in pull.targets where target.status == .complete {
-            var files: [(String, PullFile.Kind)] = target.files.map { path in
-                ((path as NSString).lastPathComponent == "manifest.json" ? (path, .manifest) : (path, .day))
-            }
+            let directory = try paths.pullFiles(pullID, agent: target.agentID)
+            var files: [(String, PullFile.Kind)] = target.files.compactMap { Self.placed($0, in: directory) }
             files.append((try paths.pullZip(pullID, agent: target.agentID), .zip))
             for (path, kind) in files.sorted(by: { $0.0 < $1.0 }) {
                 let inside = try paths.inside(path)
@@ -163,13 +162,21 @@ public struct PullFiles: Sendable {
         return candidates
     }
 
+    /// A file the record lists, by its name, in its directory in this data directory: the
+    /// record keeps the path it landed at, which is elsewhere once the data directory was
+    /// moved or restored from a backup onto another host.
+    static func placed(_ recorded: String, in directory: String) -> (String, PullFile.Kind)? {
+        let name = (recorded as NSString).lastPathComponent
+        guard !["", ".", ".."].contains(name) else { return nil }
+        return (directory + "/" + name, name == "manifest.json" ? .manifest : .day)
+    }
+
     /// What a feedback's record says it holds once complete: its files and its zip.
     private func candidates(feedback id: String) async throws -> [Candidate]? {
         guard let record = try await feedback.feedback(id) else { return nil }
         guard record.status == .complete, record.removed == nil else { return [] }
-        var files: [(String, PullFile.Kind)] = record.files.map { path in
-            ((path as NSString).lastPathComponent == "manifest.json" ? (path, .manifest) : (path, .day))
-        }
+        let directory = try paths.feedbackFiles(id)
+        var files: [(String, PullFile.Kind)] = record.files.compactMap { Self.placed($0, in: directory) }
         files.append((try paths.feedbackZip(id), .zip))
         return try files.sorted(by: { $0.0 < $1.0 }).map { path, kind in
             let inside = try paths.inside(path)

@@ -1,0 +1,510 @@
+import Crypto
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgePayload
+import Foundation
+import GRDB
+
+/// `dredge-server backup` and `dredge-server restore` (#56): a copy of a deployment that a
+/// fresh host runs as it was, taken while the server runs.
+///
+/// **What a backup holds.** `dredge.sqlite` as one snapshot (SQLite's online backup, in one
+/// read transaction, so it is consistent whatever the server writes meanwhile); then, read from
+/// that snapshot and nothing later: the index without the sources the snapshot does not hold as
+/// complete; the keys, the CA, the certificates and `server.json`; the chunks of every upload
+/// the snapshot holds as in progress; and (unless left out) the files of every pull target and
+/// feedback it holds as complete. So a backup is the deployment as it stood at the snapshot:
+///
+/// - everything the server acknowledged before the snapshot is in it, with its files;
+/// - an upload in progress resumes from the chunks the backup holds (the server reports them to
+///   the agent, which sends the rest);
+/// - an upload that lands after the snapshot is not in it (nor its files, nor its records):
+///   after a restore it is in progress again, and an agent that still has it sends it again;
+/// - a removal after the snapshot is not in it either: restoring brings the pull back.
+///
+/// Each file is hashed as it is copied (SHA-256) and listed in `dredge-backup.json`; the backup
+/// is written under `<to>.partial-<random>` and renamed to `<to>` when it is whole, so an
+/// interrupted backup never looks like one. Restore checks every file against the listing
+/// before it writes anything, writes under `<data>.restoring-<random>`, and renames it into
+/// place: it never leaves half a data directory, and never touches an existing one.
+///
+/// On PostgreSQL the state is in the database: see docs/deployment.md § Backups.
+public enum ServerBackup {
+    public static let manifestName = "dredge-backup.json"
+    /// The backup layout this release writes and reads.
+    public static let format = 1
+
+    public struct Manifest: Codable, Sendable, Equatable {
+        public var format: Int
+        /// The Dredge release that made it.
+        public var version: String
+        /// To the second (as the listing writes it).
+        public var createdAt: Date
+        /// The data directory it was taken from.
+        public var source: String
+        /// The schema steps `dredge.sqlite` had (a release that does not know one cannot open it).
+        public var migrations: [String]
+        /// Whether the pulled and feedback files are in it (`--no-files` leaves them out).
+        public var includesFiles: Bool
+        public var counts: Counts
+        public var files: [Entry]
+        /// What the backup noticed and could not include (files that went while it ran).
+        public var notes: [String]
+    }
+
+    public struct Counts: Codable, Sendable, Equatable {
+        public var agents = 0
+        public var pulls = 0
+        public var completeTargets = 0
+        public var completeFeedback = 0
+        public var uploadsInProgress = 0
+        public var chunks = 0
+        /// Sources of the index left out: landed after the database's snapshot.
+        public var indexSourcesLeftOut = 0
+        public var pulledFiles = 0
+        public var bytes: Int64 = 0
+    }
+
+    /// One file of the backup: its path inside it (and inside the data directory once
+    /// restored), its size and its SHA-256 (hex).
+    public struct Entry: Codable, Sendable, Equatable {
+        public var path: String
+        public var bytes: Int64
+        public var sha256: String
+    }
+
+    /// Backs up the data directory `data` into `destination`, which must not exist.
+    ///
+    /// - Parameter includeFiles: the pulled and feedback files too (else only the records the
+    ///   index holds of them, and their downloads fail after a restore).
+    /// - Parameter afterDatabase: runs after the database's snapshot, before anything else is
+    ///   read: where a test lets the server move on, to show the rest follows the snapshot.
+    public static func make(
+        data: String, to destination: String, includeFiles: Bool = true, now: Date = Date(),
+        afterDatabase: @Sendable () async throws -> Void = {}
+    ) async throws -> Manifest {
+        let source = DataDirectory(data)
+        let deployment = try LoadedDeployment(directory: source.root)
+        if deployment.config.database != nil {
+            throw DeploymentError(
+                "\(source.root) keeps its state in PostgreSQL (server.json's database): back the database up with pg_dump, then the data directory's files; see docs/deployment.md § Backups")
+        }
+        let databasePath = source.root + "/" + ServerDatabase.fileName
+        guard FileManager.default.fileExists(atPath: databasePath) else {
+            throw DeploymentError("\(source.root) has no \(ServerDatabase.fileName): not a data directory a server has run in")
+        }
+        let target = URL(fileURLWithPath: destination).standardizedFileURL.path
+        guard target != source.root, !target.hasPrefix(source.root + "/") else {
+            throw DeploymentError("put the backup outside the data directory, not in \(target)")
+        }
+        guard !FileManager.default.fileExists(atPath: target) else {
+            throw DeploymentError("\(target) exists: a backup never overwrites anything; give a new directory")
+        }
+        let staging = target + ".partial-" + Hex.encode(secureRandomBytes(4))
+        let copier = try BackupCopier(root: staging)
+        do {
+            // 1. The database, as one snapshot; everything after is read from it.
+            let database = try copier.snapshot(databasePath, as: ServerDatabase.fileName)
+            let held = try ServerHoldings(database)
+            try await afterDatabase()
+
+            // 2. The index, without what landed after the snapshot.
+            var counts = held.counts
+            let indexPath = source.root + "/" + SQLiteRecordIndex.fileName
+            if FileManager.default.fileExists(atPath: indexPath) {
+                try copier.snapshot(indexPath, as: SQLiteRecordIndex.fileName) { db in
+                    counts.indexSourcesLeftOut = try held.prune(index: db)
+                }
+            }
+
+            // 3. Keys, certificates, configuration.
+            for name in ServerDeployment.files where name != ServerDatabase.fileName {
+                try copier.copy(source.root + "/" + name, as: name)
+            }
+            if FileManager.default.fileExists(atPath: source.root + "/" + ScrapeToken.fileName) {
+                try copier.copy(source.root + "/" + ScrapeToken.fileName, as: ScrapeToken.fileName)
+            }
+            if let tls = deployment.config.adminTLS {
+                for file in [tls.certificate, tls.key] where !ServerDeployment.files.contains(file) {
+                    let path = URL(fileURLWithPath: file.hasPrefix("/") ? file : source.root + "/" + file).standardizedFileURL.path
+                    if path.hasPrefix(source.root + "/") {
+                        try copier.copy(path, as: String(path.dropFirst(source.root.count + 1)))
+                    } else {
+                        copier.notes.append("the admin API's \(path) is outside the data directory and not in the backup: copy it yourself")
+                    }
+                }
+            }
+
+            // 4. The chunks of the uploads in progress (a chunk that went meanwhile had landed).
+            for upload in held.openUploads {
+                let directory = try source.upload(upload.id, agent: upload.agentID)
+                let relative = String(directory.dropFirst(source.root.count + 1))
+                guard try copier.copyIfPresent(directory + "/header.pb", as: relative + "/header.pb") else { continue }
+                for name in try DataDirectory.entries(of: directory + "/chunks").sorted() where UInt32(name) != nil && name.allSatisfy(\.isASCII) {
+                    if try copier.copyIfPresent(directory + "/chunks/" + name, as: relative + "/chunks/" + name) { counts.chunks += 1 }
+                }
+            }
+
+            // 5. The files of what is complete.
+            if includeFiles {
+                for target in held.completeTargets {
+                    let files = try source.pullFiles(target.id, agent: target.agentID), zip = try source.pullZip(target.id, agent: target.agentID)
+                    counts.pulledFiles += try copier.copyTree(files, within: source, missing: "pull \(target.id)'s files from agent \(target.agentID)")
+                    counts.pulledFiles += try copier.copyIfPresent(zip, as: String(zip.dropFirst(source.root.count + 1))) ? 1 : 0
+                }
+                for feedback in held.completeFeedback {
+                    let files = try source.feedbackFiles(feedback.id), zip = try source.feedbackZip(feedback.id)
+                    counts.pulledFiles += try copier.copyTree(files, within: source, missing: "feedback \(feedback.id)'s files")
+                    counts.pulledFiles += try copier.copyIfPresent(zip, as: String(zip.dropFirst(source.root.count + 1))) ? 1 : 0
+                }
+            }
+            counts.bytes = copier.entries.reduce(0) { $0 + $1.bytes }
+            let manifest = Manifest(
+                format: format, version: DredgeVersion.current, createdAt: Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down)), source: source.root, migrations: held.migrations, includesFiles: includeFiles,
+                counts: counts, files: copier.entries.sorted { $0.path < $1.path }, notes: copier.notes)
+            try copier.finish(manifest: manifest, into: target)
+            return manifest
+        } catch {
+            throw BackupCopier.discard(staging, after: error)
+        }
+    }
+
+    /// Reads a backup's listing and checks every file against it (size, SHA-256), and that
+    /// this release can open what it holds. Nothing is written.
+    public static func verify(_ backup: String) throws -> Manifest {
+        let root = URL(fileURLWithPath: backup).standardizedFileURL.path
+        guard let data = FileManager.default.contents(atPath: root + "/" + manifestName) else {
+            throw DeploymentError("\(root) holds no \(manifestName): not a backup (or one still being written)")
+        }
+        let manifest: Manifest
+        do {
+            manifest = try JSONDecoder.backup.decode(Manifest.self, from: data)
+        } catch {
+            throw DeploymentError("\(root)/\(manifestName) does not read: \(error)")
+        }
+        guard manifest.format <= format else {
+            throw DeploymentError("\(root) was made by a newer Dredge (backup format \(manifest.format), this release reads \(format)): restore it with that release")
+        }
+        let known = Set(ServerDatabase.migrator(importingFrom: root).migrations)
+        let unknown = manifest.migrations.filter { !known.contains($0) }
+        guard unknown.isEmpty else {
+            throw DeploymentError("\(root)'s database has schema steps this release does not know (\(unknown.joined(separator: ", "))): restore it with Dredge \(manifest.version) or later")
+        }
+        let paths = DataDirectory(root)
+        var seen = Set<String>()
+        for entry in manifest.files {
+            let path = try checkedPath(entry.path, in: paths)
+            guard seen.insert(entry.path).inserted else { throw DeploymentError("\(manifestName) lists \(entry.path) twice") }
+            let (bytes, sha) = try BackupCopier.digest(path)
+            guard bytes == entry.bytes, sha == entry.sha256 else {
+                throw DeploymentError("\(path) is not the file the backup made (\(bytes) bytes, SHA-256 \(sha.prefix(16))…; listed: \(entry.bytes) bytes, \(entry.sha256.prefix(16))…): the backup is damaged")
+            }
+        }
+        for required in ServerDeployment.files where !seen.contains(required) {
+            throw DeploymentError("\(root) lacks \(required): not a whole backup")
+        }
+        return manifest
+    }
+
+    /// Restores the backup `backup` as the data directory `data`, which must not exist (or be
+    /// an empty directory). Every file is checked first; nothing is written if one fails.
+    public static func restore(from backup: String, to data: String) throws -> Manifest {
+        let manifest = try verify(backup)
+        let root = URL(fileURLWithPath: backup).standardizedFileURL.path
+        let target = URL(fileURLWithPath: data).standardizedFileURL.path
+        var isDirectory: ObjCBool = false
+        let exists = FileManager.default.fileExists(atPath: target, isDirectory: &isDirectory)
+        if exists {
+            guard isDirectory.boolValue, try FileManager.default.contentsOfDirectory(atPath: target).isEmpty else {
+                throw DeploymentError("\(target) exists and is not an empty directory: restore never overwrites a data directory; give a new one")
+            }
+        }
+        let staging = target + ".restoring-" + Hex.encode(secureRandomBytes(4))
+        let copier = try BackupCopier(root: staging)
+        do {
+            for entry in manifest.files {
+                let copied = try copier.copy(try checkedPath(entry.path, in: DataDirectory(root)), as: entry.path)
+                guard copied.bytes == entry.bytes, copied.sha256 == entry.sha256 else {
+                    throw DeploymentError("\(root)/\(entry.path) changed while it was restored")
+                }
+            }
+            try copier.syncDirectories()
+            if exists, rmdir(target) != 0 { throw DeploymentError("cannot replace the empty \(target): \(String(cString: strerror(errno)))") }
+            guard rename(staging, target) == 0 else { throw DeploymentError("cannot move the restored directory to \(target): \(String(cString: strerror(errno)))") }
+            try BackupCopier.syncDirectory((target as NSString).deletingLastPathComponent)
+        } catch {
+            throw BackupCopier.discard(staging, after: error)
+        }
+        return manifest
+    }
+
+    /// A listed path as it lies under `root`: relative, plain names only, inside.
+    static func checkedPath(_ relative: String, in root: DataDirectory) throws -> String {
+        let parts = relative.split(separator: "/", omittingEmptySubsequences: false)
+        guard !relative.hasPrefix("/"), !parts.isEmpty, parts.allSatisfy({ !$0.isEmpty && $0 != "." && $0 != ".." }) else {
+            throw DeploymentError("\(manifestName) lists a path that is not a plain relative one: \(relative.prefix(200).debugDescription)")
+        }
+        return try root.inside(root.root + "/" + relative)
+    }
+}
+
+extension JSONDecoder {
+    static let backup: JSONDecoder = {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return decoder
+    }()
+}
+
+/// What a database snapshot holds, read from the snapshot alone.
+struct ServerHoldings {
+    struct Ref: Hashable { var id: String; var agentID: String }
+
+    var migrations: [String] = []
+    var completeTargets: [Ref] = []
+    var completeFeedback: [Ref] = []
+    var openUploads: [Ref] = []
+    var counts = ServerBackup.Counts()
+}
+
+extension ServerHoldings {
+    /// Reads `database` (a snapshot no server writes) without changing it.
+    init(_ database: String) throws {
+        var configuration = Configuration()
+        configuration.readonly = true
+        let queue = try DatabaseQueue(path: database, configuration: configuration)
+        self = try queue.read { db in
+            var held = ServerHoldings()
+            held.migrations = try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY rowid")
+            let removable = try db.columns(in: "pull").contains { $0.name == "removed_at" }
+            let kept = removable ? " AND p.removed_at IS NULL" : ""
+            held.completeTargets = try Row.fetchAll(
+                db, sql: "SELECT t.pull_id, t.agent_id FROM pull_target t JOIN pull p ON p.id = t.pull_id WHERE t.status = 'complete'\(kept) ORDER BY 1, 2"
+            ).map { Ref(id: $0[0], agentID: $0[1]) }
+            held.completeFeedback = try Row.fetchAll(
+                db, sql: "SELECT id, agent_id FROM feedback WHERE status = 'complete'\(removable ? " AND removed_at IS NULL" : "") ORDER BY 1"
+            ).map { Ref(id: $0[0], agentID: $0[1]) }
+            let open = PullStatus.allCases.filter { !$0.isFinal }.map { "'\($0.rawValue)'" }.joined(separator: ", ")
+            held.openUploads =
+                try Row.fetchAll(db, sql: "SELECT pull_id, agent_id FROM pull_target WHERE status IN (\(open)) ORDER BY 1, 2").map { Ref(id: $0[0], agentID: $0[1]) }
+                + Row.fetchAll(db, sql: "SELECT id, agent_id FROM feedback WHERE status = 'uploading' ORDER BY 1").map { Ref(id: $0[0], agentID: $0[1]) }
+            held.counts.agents = try Int.fetchOne(db, sql: "SELECT count(*) FROM agent") ?? 0
+            held.counts.pulls = try Int.fetchOne(db, sql: "SELECT count(*) FROM pull") ?? 0
+            held.counts.completeTargets = held.completeTargets.count
+            held.counts.completeFeedback = held.completeFeedback.count
+            held.counts.uploadsInProgress = held.openUploads.count
+            return held
+        }
+        try queue.close()
+    }
+
+    /// Removes from an index snapshot every source this snapshot does not hold as complete
+    /// (it landed, or was removed, after the database's snapshot); how many.
+    func prune(index db: Database) throws -> Int {
+        let complete = Set(completeTargets.map { "pull/\($0.id)/\($0.agentID)" } + completeFeedback.map { "feedback/\($0.id)/\($0.agentID)" })
+        var left = 0
+        for row in try Row.fetchAll(db, sql: "SELECT id, kind, ref, agent FROM source") {
+            let key = "\(row[1] as String)/\(row[2] as String)/\(row[3] as String)"
+            guard !complete.contains(key) else { continue }
+            try SQLiteRecordIndex.delete(source: row[0], db)
+            left += 1
+        }
+        return left
+    }
+}
+
+/// Copies files into a new directory (0700, files 0600), hashing each as it goes, and fsyncs
+/// them and the directories it made.
+final class BackupCopier {
+    let root: String
+    private(set) var entries: [ServerBackup.Entry] = []
+    var notes: [String] = []
+    private var directories: Set<String> = []
+
+    init(root: String) throws {
+        self.root = root
+        guard mkdir(root, 0o700) == 0 else { throw DeploymentError("cannot make \(root): \(String(cString: strerror(errno)))") }
+        directories.insert(root)
+    }
+
+    /// An SQLite database as one consistent snapshot (the online backup, in one step, in one
+    /// read transaction of the source), one file with no log, `edit`ed before it is hashed.
+    @discardableResult
+    func snapshot(_ source: String, as relative: String, edit: (Database) throws -> Void = { _ in }) throws -> String {
+        let path = try place(relative)
+        do {
+            var readOnly = Configuration()
+            readOnly.readonly = true
+            readOnly.busyMode = .timeout(10)
+            let from = try DatabaseQueue(path: source, configuration: readOnly)
+            let to = try DatabaseQueue(path: path)
+            try from.backup(to: to)
+            try from.close()
+            try to.writeWithoutTransaction { db in
+                try db.execute(sql: "PRAGMA journal_mode = DELETE")
+                try db.inTransaction {
+                    try edit(db)
+                    return .commit
+                }
+            }
+            try to.close()
+        } catch let error as DeploymentError {
+            throw error
+        } catch {
+            throw DeploymentError("cannot take a snapshot of \(source): \(error)")
+        }
+        chmod(path, 0o600)
+        let (bytes, sha) = try Self.digest(path, sync: true)
+        entries.append(ServerBackup.Entry(path: relative, bytes: bytes, sha256: sha))
+        return path
+    }
+
+    /// Copies `source` to `relative`; a missing source is an error.
+    @discardableResult
+    func copy(_ source: String, as relative: String) throws -> ServerBackup.Entry {
+        guard let entry = try copyFile(source, as: relative) else { throw DeploymentError("\(source) is missing") }
+        return entry
+    }
+
+    /// Copies `source` if it is there (a chunk or a file that went meanwhile is not); whether it was.
+    func copyIfPresent(_ source: String, as relative: String) throws -> Bool { try copyFile(source, as: relative) != nil }
+
+    /// Every regular file under `directory` (a pull's or feedback's files); how many. A missing
+    /// directory is noted (`missing` says what it is), not an error.
+    func copyTree(_ directory: String, within data: DataDirectory, missing: String) throws -> Int {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else {
+            notes.append("\(missing) are not in the data directory (removed while the backup ran?)")
+            return 0
+        }
+        var copied = 0
+        for name in try DataDirectory.entries(of: directory).sorted() {
+            let path = directory + "/" + name
+            var info = stat()
+            guard lstat(path, &info) == 0 else { continue }
+            if (info.st_mode & S_IFMT) == S_IFREG {
+                if try copyIfPresent(path, as: String(try data.inside(path).dropFirst(data.root.count + 1))) { copied += 1 }
+            } else if (info.st_mode & S_IFMT) == S_IFDIR {
+                copied += try copyTree(path, within: data, missing: missing)
+            } else {
+                notes.append("\(path) is neither a file nor a directory: not in the backup")
+            }
+        }
+        return copied
+    }
+
+    private func copyFile(_ source: String, as relative: String) throws -> ServerBackup.Entry? {
+        let input = open(source, O_RDONLY | O_NOFOLLOW)
+        guard input >= 0 else {
+            if errno == ENOENT { return nil }
+            throw DeploymentError("cannot read \(source): \(String(cString: strerror(errno)))")
+        }
+        defer { close(input) }
+        let path = try place(relative)
+        let output = open(path, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+        guard output >= 0 else { throw DeploymentError("cannot write \(path): \(String(cString: strerror(errno)))") }
+        defer { close(output) }
+        var hash = SHA256()
+        var bytes: Int64 = 0
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(input, $0.baseAddress, $0.count) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw DeploymentError("cannot read \(source): \(String(cString: strerror(errno)))")
+            }
+            if count == 0 { break }
+            try buffer.withUnsafeBytes { raw in
+                let chunk = UnsafeRawBufferPointer(rebasing: raw[0..<count])
+                hash.update(bufferPointer: chunk)
+                var written = 0
+                while written < count {
+                    let n = write(output, chunk.baseAddress! + written, count - written)
+                    if n < 0 {
+                        if errno == EINTR { continue }
+                        throw DeploymentError("cannot write \(path): \(String(cString: strerror(errno)))")
+                    }
+                    written += n
+                }
+            }
+            bytes += Int64(count)
+        }
+        guard fsync(output) == 0 else { throw DeploymentError("cannot sync \(path): \(String(cString: strerror(errno)))") }
+        let entry = ServerBackup.Entry(path: relative, bytes: bytes, sha256: Hex.encode(Array(hash.finalize())))
+        entries.append(entry)
+        return entry
+    }
+
+    /// The path of `relative` under the root, its directories made.
+    private func place(_ relative: String) throws -> String {
+        let path = try ServerBackup.checkedPath(relative, in: DataDirectory(root))
+        var directory = (path as NSString).deletingLastPathComponent
+        var missing: [String] = []
+        while !directories.contains(directory), directory.count > root.count {
+            missing.append(directory)
+            directory = (directory as NSString).deletingLastPathComponent
+        }
+        for made in missing.reversed() {
+            guard mkdir(made, 0o700) == 0 || errno == EEXIST else { throw DeploymentError("cannot make \(made): \(String(cString: strerror(errno)))") }
+            directories.insert(made)
+        }
+        return path
+    }
+
+    /// Writes the listing, syncs what was made, and renames the whole into `target`.
+    func finish(manifest: ServerBackup.Manifest, into target: String) throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        encoder.dateEncodingStrategy = .iso8601
+        try DurableFile.write(Array(try encoder.encode(manifest)), to: root + "/" + ServerBackup.manifestName)
+        try syncDirectories()
+        guard rename(root, target) == 0 else { throw DeploymentError("cannot move the backup to \(target): \(String(cString: strerror(errno)))") }
+        try Self.syncDirectory((target as NSString).deletingLastPathComponent)
+    }
+
+    /// Removes a half-made copy of ours after `error`; the error to report (both, if the
+    /// removal fails too, so the operator knows what was left).
+    static func discard(_ staging: String, after error: any Error) -> any Error {
+        guard FileManager.default.fileExists(atPath: staging) else { return error }
+        do {
+            try FileManager.default.removeItem(atPath: staging)
+            return error
+        } catch let removal {
+            return DeploymentError("\(error); and the half-made \(staging) could not be removed: \(removal)")
+        }
+    }
+
+    func syncDirectories() throws {
+        for directory in directories.sorted(by: { $0.count > $1.count }) { try Self.syncDirectory(directory) }
+    }
+
+    static func syncDirectory(_ path: String) throws {
+        let fd = open(path, O_RDONLY | O_DIRECTORY)
+        guard fd >= 0 else { throw DeploymentError("cannot open \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw DeploymentError("cannot sync \(path): \(String(cString: strerror(errno)))") }
+    }
+
+    /// A file's size and SHA-256 (hex), read in blocks; synced first when asked.
+    static func digest(_ path: String, sync: Bool = false) throws -> (Int64, String) {
+        let fd = open(path, O_RDONLY | O_NOFOLLOW)
+        guard fd >= 0 else { throw DeploymentError("cannot read \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        if sync, fsync(fd) != 0 { throw DeploymentError("cannot sync \(path): \(String(cString: strerror(errno)))") }
+        var hash = SHA256()
+        var bytes: Int64 = 0
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw DeploymentError("cannot read \(path): \(String(cString: strerror(errno)))")
+            }
+            if count == 0 { break }
+            buffer.withUnsafeBytes { hash.update(bufferPointer: UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+            bytes += Int64(count)
+        }
+        return (bytes, Hex.encode(Array(hash.finalize())))
+    }
+}

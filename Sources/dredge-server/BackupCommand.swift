@@ -1,0 +1,88 @@
+import ArgumentParser
+import DredgeCommandLine
+import DredgeServer
+import Foundation
+
+struct BackupCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "backup",
+        abstract: "Copy a deployment (database, index, keys, uploads in progress, pulled files) into a new directory, while the server runs.",
+        discussion: """
+            The database is copied as one snapshot; everything else follows what it holds, so the backup is the deployment \
+            as it stood then: what the server acknowledged before is in it with its files, uploads in progress resume from \
+            the chunks it holds. Every file is listed with its SHA-256 in dredge-backup.json. SQLite deployments only: on \
+            PostgreSQL, see docs/deployment.md § Backups.
+            """)
+
+    @Option(help: "The data directory.")
+    var data: String
+
+    @Option(help: "Where the backup goes: a directory that does not exist yet, outside the data directory.")
+    var to: String
+
+    @Flag(help: "Leave the pulled and feedback files out (their records stay searchable; their downloads fail after a restore).")
+    var noFiles = false
+
+    func run() async throws {
+        let manifest: ServerBackup.Manifest
+        do {
+            manifest = try await ServerBackup.make(data: data, to: to, includeFiles: !noFiles)
+        } catch let error as DeploymentError {
+            throw fail(error.description)
+        }
+        let c = manifest.counts
+        print("""
+            Backed up \(manifest.source) to \(URL(fileURLWithPath: to).standardizedFileURL.path) \
+            (\(manifest.files.count) files, \(ByteCountFormatter.string(fromByteCount: c.bytes, countStyle: .binary))):
+              database:  \(c.agents) agents, \(c.pulls) pulls (\(c.completeTargets) complete targets), \(c.completeFeedback) feedback
+              uploads:   \(c.uploadsInProgress) in progress, \(c.chunks) chunks held
+              files:     \(manifest.includesFiles ? "\(c.pulledFiles) pulled and feedback files" : "left out (--no-files)")
+            """)
+        if c.indexSourcesLeftOut > 0 {
+            print("  index:     \(c.indexSourcesLeftOut) source(s) that landed after the database's snapshot left out")
+        }
+        for note in manifest.notes { print("  note: \(note)") }
+        print("Restore it with: dredge-server restore --from \(URL(fileURLWithPath: to).standardizedFileURL.path) --data NEW-DIRECTORY")
+    }
+}
+
+struct RestoreCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "restore",
+        abstract: "Make a data directory from a backup, after checking every file of it.",
+        discussion: """
+            The new data directory must not exist (or be empty). Nothing is written unless every file matches the backup's \
+            listing. Agents reconnect by themselves once the server runs where they reach it (the names in server.pem).
+            """)
+
+    @Option(help: "The backup (a directory `dredge-server backup` made).")
+    var from: String
+
+    @Option(help: "The data directory to make.")
+    var data: String?
+
+    @Flag(help: "Only check the backup (every file against its listing); write nothing.")
+    var check = false
+
+    func validate() throws {
+        guard check != (data != nil) else { throw ValidationError("give --data, or --check on its own") }
+    }
+
+    func run() throws {
+        do {
+            if check {
+                let manifest = try ServerBackup.verify(from)
+                print("\(from): a whole backup of \(manifest.source), made \(manifest.createdAt) by Dredge \(manifest.version): \(manifest.files.count) files, all as listed")
+                return
+            }
+            let manifest = try ServerBackup.restore(from: from, to: data!)
+            print("""
+                Restored \(manifest.files.count) files of \(manifest.source) (backed up \(manifest.createdAt)) into \(data!).
+                Start it with: dredge-server run --data \(data!)
+                """)
+            if !manifest.includesFiles { print("note: the backup was made with --no-files: the pulled and feedback files are not in it") }
+        } catch let error as DeploymentError {
+            throw fail(error.description)
+        }
+    }
+}

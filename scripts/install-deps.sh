@@ -2,7 +2,8 @@
 set -euo pipefail
 
 # System packages: SQLite (GRDB links the system library), zlib, ISA-L (the server's inflate), libcurl (FoundationNetworking's
-# URLSession: `dredge` and network logging), Python 3 with `cryptography` and `jsonschema`
+# URLSession: `dredge` and network logging; its -dev package for `make package`, which links
+# Foundation statically), Python 3 with `cryptography` and `jsonschema`
 # for the independent protocol check (Tests/interop) and the benchmark's fleet keys, and
 # Chromium with its WebDriver and Python's `selenium` for the console's browser test, and
 # PostgreSQL (with its contrib extensions: unaccent) for the second back end's tests and demo,
@@ -10,7 +11,7 @@ set -euo pipefail
 # Prometheus with promtool (the dashboard and alert rules checked against a real one), and
 # systemd's systemd-analyze (the units in docs/systemd/ verified), and mandoc (the package's
 # man pages rendered).
-packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 chromium chromium-driver postgresql binutils prometheus systemd mandoc)
+packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 libcurl4-openssl-dev chromium chromium-driver postgresql binutils prometheus systemd mandoc)
 command -v python3 >/dev/null || packages+=(python3)
 missing=()
 for p in "${packages[@]}"; do

@@ -52,7 +52,8 @@ done
 if [ "$static" = 1 ]; then
     # A host without Swift runs them: no Swift runtime or Foundation library may be needed.
     for p in "${programs[@]}"; do
-        if ldd "$bin/$p" | grep -E 'libswift|libFoundation|libdispatch|libBlocksRuntime'; then
+        libraries=$(ldd "$bin/$p") || { echo "error: ldd cannot read $bin/$p" >&2; exit 1; }
+        if grep -E 'libswift|libFoundation|libdispatch|libBlocksRuntime' <<< "$libraries"; then
             echo "error: $p needs the Swift runtime (above); it must be linked in" >&2
             exit 1
         fi
@@ -83,6 +84,9 @@ install -m 0644 docs/monitoring/* "$stage/share/doc/dredge/monitoring/"
 install -m 0644 docs/systemd/dredge-server.service docs/systemd/dredge-agent.service "$stage/lib/systemd/system/"
 install -m 0644 docs/systemd/dredge.sysusers.conf "$stage/lib/sysusers.d/dredge.conf"
 
+# Directories 0755 whatever the packager's umask: unpacked over /usr/local, tar gives existing
+# directories the modes in the archive.
+find "$stage" -type d -exec chmod 0755 {} +
 mkdir -p "$out"
 tarball="$out/$name.tar.gz"
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" -C "$work" -cf - "$name" | gzip -n > "$tarball.part"

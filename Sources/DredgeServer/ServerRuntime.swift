@@ -48,6 +48,7 @@ public enum ServerRuntime {
         logger.info("open file limit", metadata: ["limit": "\(openFiles)"])
         // Absolute, so the file paths the admin API reports work from anywhere.
         let dir = URL(fileURLWithPath: options.dataDirectory).standardizedFileURL.path
+        renewCertificateIfDue(dir, logger: logger)
         let deployment = try LoadedDeployment(directory: dir)
         for key in deployment.unknownKeys {
             logger.warning("server.json has a key no release reads; it is ignored", metadata: ["key": "\(key)", "check": "dredge-server config check --data \(dir)"])
@@ -94,10 +95,20 @@ public enum ServerRuntime {
             try await uploads()
             try await results.housekeeping()
         }
+        // The listeners' TLS, replaced for new connections when the certificate is renewed
+        // (the admin API's too when it serves the same certificate, the deployment's default).
+        let agentTLS = try ReloadableTLS(deployment.tlsConfiguration)
+        let adminTLS = try deployment.adminTLSConfiguration.map { try ReloadableTLS($0) }
+        let adminServesServerCertificate = deployment.config.adminTLS.map { tls in
+            [tls.certificate, tls.key].map { URL(fileURLWithPath: $0.hasPrefix("/") ? $0 : dir + "/" + $0).standardizedFileURL.path }
+                == [dir + "/server.pem", dir + "/server-key.pem"]
+        } ?? false
+        let renewal = try CertificateRenewal(
+            directory: dir, agentTLS: agentTLS, adminTLS: adminServesServerCertificate ? adminTLS : nil, metrics: metrics, logger: logger)
         let listener = AgentListener(
             deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, issuer: stores.issuer, landed: { indexer.landed($0, records: $1) },
-            metrics: metrics)
+            metrics: metrics, tls: agentTLS)
         let adminServices = AdminServices(
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher,
             records: stores.records, indexer: indexer, files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
@@ -121,7 +132,7 @@ public enum ServerRuntime {
                 .database(stores), .listening("agent listener") { listener.boundPort },
                 .disk(dir, minimumMegabytes: (deployment.config.readiness ?? .default).minFreeDiskMegabytes),
             ]),
-            metrics: MetricsEndpoint(metrics: metrics, token: scrapeToken))
+            metrics: MetricsEndpoint(metrics: metrics, token: scrapeToken), reloadableTLS: adminTLS)
         let admin = ListeningService(base: application, listener: "the admin API", host: adminHost, port: adminPort)
         // On PostgreSQL the node's lease is renewed beside the rest (its agents' presence and index claims).
         // On SQLite the write-ahead log is checkpointed off the writer.
@@ -133,11 +144,28 @@ public enum ServerRuntime {
                 host: address.host, port: address.port)]
         } ?? []
         let services: [any Service] =
-            (stores.node.map { [$0] } ?? []) + (checkpointer.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin] + metricsListener
+            (stores.node.map { [$0] } ?? []) + (checkpointer.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin, renewal] + metricsListener
         if let node = stores.node { logger.info("cluster node", metadata: ["node": "\(node.id)", "name": "\(node.name)", "lease": "\(node.duration)"]) }
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
         logger.info("dredge-server stopped")
+    }
+
+    /// Renews the agent listener's certificate before the listeners load it when it has less
+    /// than 30 days left (``ServerCertificate``). A renewal that fails is logged and the
+    /// server starts with the certificate it has: ``CertificateRenewal`` tries again hourly.
+    static func renewCertificateIfDue(_ dir: String, logger: Logger) {
+        do {
+            let (info, renewed) = try ServerCertificate.renewIfDue(directory: dir)
+            let metadata: Logger.Metadata = ["not.after": "\(info.notAfter)", "days.left": "\(Int(info.left(at: Date()) / 86_400))", "fingerprint": "\(info.fingerprint)"]
+            if renewed {
+                logger.notice("renewed the agent listener's certificate", metadata: metadata)
+            } else {
+                logger.info("agent listener certificate", metadata: metadata)
+            }
+        } catch {
+            logger.error("cannot renew the agent listener's certificate; starting with the one there", metadata: ["error": "\(error)"])
+        }
     }
 
     /// The soft limit on open files now (-1 if unknown): what the agent listener sizes its

@@ -853,7 +853,8 @@ import Testing
         try await a.pulls.create(new)
         let paths = DataDirectory(a.data)
         let zip = try paths.pullZip(new.id, agent: agent)
-        let dir = (zip as NSString).deletingLastPathComponent
+        // Where a landed upload's files are: the record's paths are looked up there by name.
+        let dir = try paths.pullFiles(new.id, agent: agent)
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         let day = Data("{\"ts\":\"2027-01-15T10:00:00.000000Z\",\"level\":\"info\",\"type\":\"app\",\"message\":\"m\"}\n".utf8)
         try day.write(to: URL(fileURLWithPath: dir + "/2027-01-15.jsonl"))

@@ -34,6 +34,9 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
     let agentPort: Int
     let admin: AdminClient
     let adminURL: String
+    /// The listeners' TLS, as a running server's ``CertificateRenewal`` replaces it.
+    let agentTLS: ReloadableTLS
+    let adminTLS: ReloadableTLS?
     private let group: ServiceGroup
     private let task: Task<Void, Error>
 
@@ -69,17 +72,19 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
         let indexer = Indexer(index: records, registry: registry, paths: DataDirectory(data), logger: logger)
         self.indexer = indexer
+        agentTLS = try ReloadableTLS(deployment.tlsConfiguration)
+        self.adminTLS = try adminTLS ? deployment.adminTLSConfiguration.map { try ReloadableTLS($0) } : nil
         listener = AgentListener(
             deployment: deployment, registry: wrapRegistry?(registry) ?? registry, pulls: wrapPulls?(pulls) ?? pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
-            issuer: issuer, landed: { indexer.landed($0, records: $1) })
+            issuer: issuer, landed: { indexer.landed($0, records: $1) }, tls: agentTLS)
         let adminPort = Mutex<Int?>(nil)
         let services = AdminServices(
             registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,
             indexer: indexer, files: PullFiles(paths: DataDirectory(data), pulls: pulls, feedback: feedback), logger: logger)
         let app = try AdminAPI.application(
             actions: AdminActions(services), port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits,
-            onReady: { port in adminPort.withLock { $0 = port } })
+            reloadableTLS: self.adminTLS, onReady: { port in adminPort.withLock { $0 = port } })
         group = ServiceGroup(services: [dispatcher, indexer, listener, app], logger: logger)
         let task = Task { [group] in try await group.run() }
         self.task = task

@@ -63,7 +63,7 @@ import Testing
             "dredge_index_backlog_sources": "gauge", "dredge_index_lag_records": "gauge", "dredge_index_lag_seconds": "gauge",
             "dredge_search_duration_seconds": "histogram", "dredge_database_duration_seconds": "histogram", "dredge_database_errors_total": "counter",
             "dredge_data_directory_free_bytes": "gauge", "dredge_data_directory_size_bytes": "gauge", "dredge_cluster_nodes": "gauge",
-            "dredge_cluster_lease_held": "gauge", "dredge_metrics_sample_failures_total": "counter",
+            "dredge_cluster_lease_held": "gauge", "dredge_metrics_sample_failures_total": "counter", "dredge_tls_certificate_expiry_timestamp_seconds": "gauge",
         ]
         #expect(families == expected)
         for name in expected.keys { #expect(text.contains("# HELP \(name) "), "\(name) has no help") }

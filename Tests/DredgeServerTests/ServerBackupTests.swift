@@ -102,7 +102,6 @@ import Testing
 
         // Restored onto another path (another host's), it runs as it stood.
         let restored = place.file("elsewhere/data")
-        try FileManager.default.createDirectory(atPath: place.file("elsewhere"), withIntermediateDirectories: true)
         #expect(try ServerBackup.restore(from: backup, to: restored) == manifest)
         try await withStopping(InProcessServer(dataDirectory: restored, existing: created)) { server in
             #expect(Set(try await server.registry.agents().map(\.agentID)) == [agents.a.agentID, agents.b.agentID])

@@ -53,8 +53,8 @@ def wait_for(what: str, predicate, seconds=120):
             value = predicate()
             if value:
                 return value
-        except (OSError, subprocess.CalledProcessError, json.JSONDecodeError):
-            pass
+        except (OSError, SystemExit, json.JSONDecodeError):
+            pass  # not yet (a command that failed, a server not answering)
         time.sleep(0.25)
     raise SystemExit(f"gave up waiting for {what}")
 
@@ -85,6 +85,9 @@ def main():
         listing = run(["tar", "-tzvf", tarball])
         if any(not line.split()[1].startswith("0/0") for line in listing.splitlines()):
             fail("the tarball's files are not owned by 0/0")
+        # Unpacked over /usr/local, the archive's directory modes become the system's.
+        if any(line.startswith("d") and not line.startswith("drwxr-xr-x") for line in listing.splitlines()):
+            fail("the tarball has directories that are not 0755:\n" + "\n".join(l for l in listing.splitlines() if l.startswith("d")))
 
         # Installed as an operator does.
         prefix = os.path.join(work, "root/usr/local")

@@ -21,7 +21,7 @@ public enum AdminAPI {
     public static func application(
         actions: AdminActions, consoleSessions: ConsoleSessions? = nil, host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil,
         caPEM: String? = nil, connectionLimits: AdminConnectionLimits = .default, readiness: Readiness? = nil, metrics: MetricsEndpoint? = nil,
-        onReady: @escaping @Sendable (Int) -> Void = { _ in }
+        reloadableTLS: ReloadableTLS? = nil, onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
         let logger = actions.logger
         // HEAD answers every GET route with its headers (a download's size, ETag and SHA-256
@@ -79,10 +79,12 @@ public enum AdminAPI {
         // Deadlines and caps of its own (``AdminConnectionLimits``), as the agent listener has.
         let gate = AdminConnectionGate(limits: connectionLimits)
         let refusals = RateLimitedLog(perMinute: 10)
+        // One context for every connection, replaced when the certificate is renewed.
+        let context = try tls.map { try reloadableTLS ?? ReloadableTLS($0) }
         return Application(
             router: router,
             server: HTTPServerBuilder { responder in
-                try AdminChildChannel(responder: responder, tls: tls, gate: gate, refusals: refusals, logger: logger)
+                AdminChildChannel(responder: responder, tls: context, gate: gate, refusals: refusals, logger: logger)
             },
             configuration: .init(address: .hostname(host, port: port), serverName: "dredge-admin"),
             onServerRunning: { channel in

@@ -138,16 +138,16 @@ struct AdminChildChannel: ServerChildChannel {
     typealias Value = HTTP1Channel.Value
 
     let http: HTTP1Channel
-    let tls: NIOSSLContext?
+    let tls: ReloadableTLS?
     let gate: AdminConnectionGate
     /// Refusals and deadline closes, with the address: at most a few a minute.
     let refusals: RateLimitedLog
     let logger: Logger
 
-    init(responder: @escaping HTTPChannelHandler.Responder, tls: TLSConfiguration?, gate: AdminConnectionGate, refusals: RateLimitedLog, logger: Logger) throws {
+    init(responder: @escaping HTTPChannelHandler.Responder, tls: ReloadableTLS?, gate: AdminConnectionGate, refusals: RateLimitedLog, logger: Logger) {
         // The watch's tap on HTTP parts; the watch itself is found in the pipeline.
         http = HTTP1Channel(responder: responder, configuration: .init(additionalChannelHandlers: [AdminHTTPTap()]))
-        self.tls = try tls.map { try NIOSSLContext(configuration: $0) }
+        self.tls = tls
         self.gate = gate
         self.refusals = refusals
         self.logger = logger
@@ -184,7 +184,7 @@ struct AdminChildChannel: ServerChildChannel {
             } busy: { gate.setBusy(token, $0) }
             try handlers.addHandler(watch)
             if let tls {
-                try handlers.addHandler(NIOSSLServerHandler(context: tls))
+                try handlers.addHandler(NIOSSLServerHandler(context: tls.context))
                 try handlers.addHandler(AdminTLSTap())
             }
         }.flatMap {

@@ -36,14 +36,43 @@ public struct LoadedDeployment: Sendable {
         }
         signingKey = try ServerSigningKey(rawRepresentation: seed)
         encryptionKey = try RSAPrivateKey(pemRepresentation: try read("encryption-key.pem"))
-        let chain = try NIOSSLCertificate.fromPEMBytes(Array(try read("server.pem").utf8))
-        let key = try NIOSSLPrivateKey(bytes: Array(try read("server-key.pem").utf8), format: .pem)
+        tlsConfiguration = try Self.agentTLSConfiguration(directory: directory)
+        adminTLSConfiguration = try config.adminTLS.map { try ServerDeployment.adminTLSConfiguration($0, directory: directory) }
+        try Self.checkAdmin(host: config.adminHost ?? "127.0.0.1", tls: adminTLSConfiguration != nil)
+    }
+
+    /// The agent listener's TLS: `server.pem` and `server-key.pem` (an interrupted renewal
+    /// finished first), TLS 1.2 and 1.3 with ``agentCipherSuites``.
+    public static func agentTLSConfiguration(directory: String) throws -> TLSConfiguration {
+        try ServerCertificate.loadPair(directory: directory, admin: false).agent
+    }
+
+    /// The same from the files as they are (the caller holds the certificate's lock).
+    static func agentTLSConfiguration(pairIn directory: String) throws -> TLSConfiguration {
+        func read(_ name: String) throws -> [UInt8] {
+            guard let data = FileManager.default.contents(atPath: directory + "/" + name) else {
+                throw DeploymentError("\(directory)/\(name) is missing: run `dredge-server init --data \(directory)` first")
+            }
+            return Array(data)
+        }
+        let chain = try NIOSSLCertificate.fromPEMBytes(try read("server.pem"))
+        let key = try NIOSSLPrivateKey(bytes: try read("server-key.pem"), format: .pem)
         var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
         tls.minimumTLSVersion = .tlsv12
         tls.cipherSuiteValues = Self.agentCipherSuites
-        tlsConfiguration = tls
-        adminTLSConfiguration = try config.adminTLS.map { try ServerDeployment.adminTLSConfiguration($0, directory: directory) }
-        try Self.checkAdmin(host: config.adminHost ?? "127.0.0.1", tls: adminTLSConfiguration != nil)
+        return tls
+    }
+
+    /// `server.json` as the server reads it (with its environment overrides).
+    public static func readConfig(directory: String, environment: [String: String] = ProcessInfo.processInfo.environment) throws -> ServerDeployment.Config {
+        guard let data = FileManager.default.contents(atPath: directory + "/server.json") else {
+            throw DeploymentError("\(directory)/server.json is missing: run `dredge-server init --data \(directory)` first")
+        }
+        do {
+            return try ServerConfiguration.read(data, environment: environment).config
+        } catch let error as DeploymentError {
+            throw error.description.hasPrefix("server.json") ? DeploymentError("\(directory)/\(error.description)") : error
+        }
     }
 
     /// What the agent port offers under TLS 1.2 (Protocol/README.md § Transport): ephemeral

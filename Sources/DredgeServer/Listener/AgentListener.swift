@@ -47,13 +47,21 @@ public final class AgentListener: Service, Sendable {
     /// Refused enrollments per address: ten a minute, then refused unseen until the minute ends.
     let enrollmentThrottle = EnrollmentThrottle()
 
+    /// The TLS each new connection gets; the deployment's, fixed, when nil (``CertificateRenewal``
+    /// replaces it in a running server).
+    let tls: ReloadableTLS?
+
+    /// - Parameter tls: the TLS each new connection gets, replaced when the certificate is
+    ///   renewed; the deployment's, fixed, when nil.
     public init(
         deployment: LoadedDeployment, registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, dispatcher: PullDispatcher,
         logger: Logger,
         host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil,
         connectionLimits: ConnectionLimits? = nil, threads: WorkThreads? = nil, openFiles: Int = ServerRuntime.openFileLimit(),
-        issuer: CommandIssuer? = nil, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void = { _, _ in }, metrics: ServerMetrics = ServerMetrics()
+        issuer: CommandIssuer? = nil, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void = { _, _ in }, metrics: ServerMetrics = ServerMetrics(),
+        tls: ReloadableTLS? = nil
     ) {
+        self.tls = tls
         self.landed = landed
         self.metrics = metrics
         self.deployment = deployment
@@ -109,7 +117,7 @@ public final class AgentListener: Service, Sendable {
     func connectionsEnded() async { await connections.drainedOrCancelled() }
 
     public func run() async throws {
-        let sslContext = try NIOSSLContext(configuration: deployment.tlsConfiguration)
+        let tls = try self.tls ?? ReloadableTLS(deployment.tlsConfiguration)
         let work = ServerWork(threads)
         let services = ConnectionServices(
             registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, issuer: issuer, deployment: deployment, paths: paths,
@@ -126,7 +134,7 @@ public final class AgentListener: Service, Sendable {
                 // NIOSSL's buffers in slots of their own: an idle agent's unwritten pages stay out of memory.
                 .childChannelOption(.allocator, value: ConnectionBuffers.allocator)
                 .bind(host: host, port: port) { channel in
-                    self.admit(channel, tls: sslContext, services: services)
+                    self.admit(channel, tls: tls.context, services: services)
                 }
         } catch {
             await work.shutdown()

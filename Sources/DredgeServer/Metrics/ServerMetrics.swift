@@ -105,6 +105,8 @@ public final class ServerMetrics: Sendable {
     let indexLagRecords: Gauge
     let indexLagSeconds: Gauge
     let diskFree: Gauge
+    /// When the agent listener's certificate expires (``CertificateRenewal``).
+    let certificateExpiry: Gauge
     let diskSize: Gauge
     let clusterNodes: Gauge
     let leaseHeld: Gauge
@@ -212,6 +214,9 @@ public final class ServerMetrics: Sendable {
         databaseErrors = r.counter(
             name: "dredge_database_errors_total", help: "Database calls that failed (PostgreSQL), or errors SQLite logged.")
         diskFree = r.gauge(name: "dredge_data_directory_free_bytes", help: "Bytes free to the server in the data directory's file system.")
+        certificateExpiry = r.gauge(
+            name: "dredge_tls_certificate_expiry_timestamp_seconds",
+            help: "When the agent listener's certificate expires (Unix time); the server renews it 30 days before.")
         diskSize = r.gauge(name: "dredge_data_directory_size_bytes", help: "Size of the data directory's file system, in bytes.")
         clusterNodes = r.gauge(name: "dredge_cluster_nodes", help: "Nodes of the cluster whose lease is current (1 on SQLite).")
         leaseHeld = r.gauge(name: "dredge_cluster_lease_held", help: "1 while this node's lease is current in the database, else 0 (always 1 on SQLite).")

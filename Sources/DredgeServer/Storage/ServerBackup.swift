@@ -20,8 +20,11 @@ import GRDB
 /// - an upload in progress resumes from the chunks the backup holds (the server reports them to
 ///   the agent, which sends the rest);
 /// - an upload that lands after the snapshot is not in it (nor its files, nor its records):
-///   after a restore it is in progress again, and an agent that still has it sends it again;
-/// - a removal after the snapshot is not in it either: restoring brings the pull back.
+///   after a restore it is in progress again, and the agent, which let go of it once it was
+///   acknowledged, does not send it again: pull it again;
+/// - nor is anything else done after the snapshot: a removal (the pull comes back, its files
+///   gone), a revocation of an agent or a token (in force again), an enrollment (the device
+///   enrolls again).
 ///
 /// Each file is hashed as it is copied (SHA-256) and listed in `dredge-backup.json`; the backup
 /// is written under `<to>.partial-<random>` and renamed to `<to>` when it is whole, so an
@@ -119,19 +122,27 @@ public enum ServerBackup {
             }
 
             // 3. Keys, certificates, configuration.
-            for name in ServerDeployment.files where name != ServerDatabase.fileName {
+            // The certificate and its key as one pair: never half of a renewal.
+            try ServerCertificate.holdingLock(source.root) {
+                try ServerCertificate.finishLocked(directory: source.root)
+                for name in ["server.pem", "server-key.pem"] { try copier.copy(source.root + "/" + name, as: name) }
+            }
+            for name in ServerDeployment.files where ![ServerDatabase.fileName, "server.pem", "server-key.pem"].contains(name) {
                 try copier.copy(source.root + "/" + name, as: name)
             }
             if FileManager.default.fileExists(atPath: source.root + "/" + ScrapeToken.fileName) {
                 try copier.copy(source.root + "/" + ScrapeToken.fileName, as: ScrapeToken.fileName)
             }
             if let tls = deployment.config.adminTLS {
-                for file in [tls.certificate, tls.key] where !ServerDeployment.files.contains(file) {
+                for file in [tls.certificate, tls.key] {
                     let path = URL(fileURLWithPath: file.hasPrefix("/") ? file : source.root + "/" + file).standardizedFileURL.path
-                    if path.hasPrefix(source.root + "/") {
-                        try copier.copy(path, as: String(path.dropFirst(source.root.count + 1)))
+                    let relative = path.hasPrefix(source.root + "/") ? String(path.dropFirst(source.root.count + 1)) : nil
+                    if let relative, ServerDeployment.files.contains(relative) || relative == ScrapeToken.fileName { continue }  // copied already
+                    var info = stat()
+                    if let relative, lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG {
+                        try copier.copy(path, as: relative)
                     } else {
-                        copier.notes.append("the admin API's \(path) is outside the data directory and not in the backup: copy it yourself")
+                        copier.notes.append("the admin API's \(path) is outside the data directory (or a link) and not in the backup: copy it yourself")
                     }
                 }
             }
@@ -141,7 +152,7 @@ public enum ServerBackup {
                 let directory = try source.upload(upload.id, agent: upload.agentID)
                 let relative = String(directory.dropFirst(source.root.count + 1))
                 guard try copier.copyIfPresent(directory + "/header.pb", as: relative + "/header.pb") else { continue }
-                for name in try DataDirectory.entries(of: directory + "/chunks").sorted() where UInt32(name) != nil && name.allSatisfy(\.isASCII) {
+                for name in try copier.listing(directory + "/chunks").sorted() where UInt32(name) != nil && name.allSatisfy(\.isASCII) {
                     if try copier.copyIfPresent(directory + "/chunks/" + name, as: relative + "/chunks/" + name) { counts.chunks += 1 }
                 }
             }
@@ -208,7 +219,8 @@ public enum ServerBackup {
     }
 
     /// Restores the backup `backup` as the data directory `data`, which must not exist (or be
-    /// an empty directory). Every file is checked first; nothing is written if one fails.
+    /// an empty directory; its parents are made). Every file is checked first; nothing is
+    /// written if one fails.
     public static func restore(from backup: String, to data: String) throws -> Manifest {
         let manifest = try verify(backup)
         let root = URL(fileURLWithPath: backup).standardizedFileURL.path
@@ -219,6 +231,12 @@ public enum ServerBackup {
             guard isDirectory.boolValue, try FileManager.default.contentsOfDirectory(atPath: target).isEmpty else {
                 throw DeploymentError("\(target) exists and is not an empty directory: restore never overwrites a data directory; give a new one")
             }
+        }
+        let parent = (target as NSString).deletingLastPathComponent
+        do {
+            try FileManager.default.createDirectory(atPath: parent, withIntermediateDirectories: true)
+        } catch {
+            throw DeploymentError("cannot make \(parent): \(error)")
         }
         let staging = target + ".restoring-" + Hex.encode(secureRandomBytes(4))
         let copier = try BackupCopier(root: staging)
@@ -354,7 +372,7 @@ final class BackupCopier {
         } catch {
             throw DeploymentError("cannot take a snapshot of \(source): \(error)")
         }
-        chmod(path, 0o600)
+        guard chmod(path, 0o600) == 0 else { throw DeploymentError("cannot make \(path) private: \(String(cString: strerror(errno)))") }
         let (bytes, sha) = try Self.digest(path, sync: true)
         entries.append(ServerBackup.Entry(path: relative, bytes: bytes, sha256: sha))
         return path
@@ -379,7 +397,7 @@ final class BackupCopier {
             return 0
         }
         var copied = 0
-        for name in try DataDirectory.entries(of: directory).sorted() {
+        for name in try listing(directory).sorted() {
             let path = directory + "/" + name
             var info = stat()
             guard lstat(path, &info) == 0 else { continue }
@@ -394,15 +412,25 @@ final class BackupCopier {
         return copied
     }
 
+    /// The names in `directory`; none once it went (an upload that landed, a pull removed,
+    /// while the backup ran). Any other failure throws.
+    func listing(_ directory: String) throws -> [String] {
+        do {
+            return try FileManager.default.contentsOfDirectory(atPath: directory)
+        } catch let error as CocoaError where error.code == .fileReadNoSuchFile || error.code == .fileNoSuchFile {
+            return []
+        }
+    }
+
     private func copyFile(_ source: String, as relative: String) throws -> ServerBackup.Entry? {
-        let input = open(source, O_RDONLY | O_NOFOLLOW)
+        let input = open(source, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
         guard input >= 0 else {
             if errno == ENOENT { return nil }
             throw DeploymentError("cannot read \(source): \(String(cString: strerror(errno)))")
         }
         defer { close(input) }
         let path = try place(relative)
-        let output = open(path, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+        let output = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard output >= 0 else { throw DeploymentError("cannot write \(path): \(String(cString: strerror(errno)))") }
         defer { close(output) }
         var hash = SHA256()
@@ -480,7 +508,7 @@ final class BackupCopier {
     }
 
     static func syncDirectory(_ path: String) throws {
-        let fd = open(path, O_RDONLY | O_DIRECTORY)
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw DeploymentError("cannot open \(path): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
         guard fsync(fd) == 0 else { throw DeploymentError("cannot sync \(path): \(String(cString: strerror(errno)))") }
@@ -488,7 +516,7 @@ final class BackupCopier {
 
     /// A file's size and SHA-256 (hex), read in blocks; synced first when asked.
     static func digest(_ path: String, sync: Bool = false) throws -> (Int64, String) {
-        let fd = open(path, O_RDONLY | O_NOFOLLOW)
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
         guard fd >= 0 else { throw DeploymentError("cannot read \(path): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
         if sync, fsync(fd) != 0 { throw DeploymentError("cannot sync \(path): \(String(cString: strerror(errno)))") }

@@ -78,9 +78,73 @@ struct RestoreCommand: ParsableCommand {
             let manifest = try ServerBackup.restore(from: from, to: data!)
             print("""
                 Restored \(manifest.files.count) files of \(manifest.source) (backed up \(manifest.createdAt)) into \(data!).
+                Re-apply what was done after \(manifest.createdAt): removals, revocations of agents and tokens, enrollments; \
+                pull again what was uploaded since.
                 Start it with: dredge-server run --data \(data!)
                 """)
             if !manifest.includesFiles { print("note: the backup was made with --no-files: the pulled and feedback files are not in it") }
+        } catch let error as DeploymentError {
+            throw fail(error.description)
+        }
+    }
+}
+
+struct CertificateCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "certificate", abstract: "Show or renew the agent listener's certificate (the server renews it itself 30 days before it expires).",
+        subcommands: [CertificateShowCommand.self, CertificateRenewCommand.self], defaultSubcommand: CertificateShowCommand.self)
+}
+
+struct CertificateShowCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "show", abstract: "The certificate's names, validity and fingerprint.")
+
+    @Option(help: "The data directory.")
+    var data: String
+
+    func run() throws {
+        do {
+            let info = try ServerCertificate.read(directory: data)
+            let days = Int(info.left(at: Date()) / 86_400)
+            print("""
+                names:        \(info.names.joined(separator: ", "))
+                valid from:   \(info.notBefore)
+                valid until:  \(info.notAfter) (\(days) days left\(info.isDue(at: Date()) ? "; due for renewal" : ""))
+                fingerprint:  \(info.fingerprint)
+                """)
+        } catch let error as DeploymentError {
+            throw fail(error.description)
+        }
+    }
+}
+
+struct CertificateRenewCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "renew",
+        abstract: "Renew the certificate now: a new key, signed by the deployment's CA for the names in server.json.",
+        discussion: """
+            Agents trust the CA, so they accept the new certificate without re-enrolling. A running server hands it to new \
+            connections within the hour (at once after a restart); connections open keep theirs.
+            """)
+
+    @Option(help: "The data directory.")
+    var data: String
+
+    @Flag(help: "Renew even when more than 30 days are left.")
+    var force = false
+
+    func run() throws {
+        var owner = stat()
+        if stat(data, &owner) == 0, owner.st_uid != geteuid() {
+            throw fail("run this as the data directory's owner (uid \(owner.st_uid); sudo -u …): a key written as another user is one the server cannot read")
+        }
+        do {
+            let before = try ServerCertificate.read(directory: data)
+            guard force || before.isDue(at: Date()) else {
+                print("not renewed: valid until \(before.notAfter), more than 30 days away (--force renews anyway)")
+                return
+            }
+            let info = try ServerCertificate.renew(directory: data)
+            print("renewed: valid until \(info.notAfter) for \(info.names.joined(separator: ", ")); fingerprint \(info.fingerprint)")
         } catch let error as DeploymentError {
             throw fail(error.description)
         }

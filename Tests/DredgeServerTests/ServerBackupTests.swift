@@ -77,6 +77,12 @@ import Testing
                     #expect(!FileManager.default.fileExists(atPath: chunks))
                 }
 
+                // Without the files (`--no-files`): the same database and index, no pulled file.
+                let bare = try await ServerBackup.make(data: server.data, to: place.file("bare"), includeFiles: false)
+                #expect(!bare.includesFiles && bare.counts.pulledFiles == 0 && bare.counts.completeTargets == 2)
+                #expect(!bare.files.contains { $0.path.hasPrefix("pulls/") || $0.path.hasPrefix("feedback/") }, "\(bare.files.map(\.path))")
+                #expect(bare.files.contains { $0.path == SQLiteRecordIndex.fileName } && bare.counts.indexSourcesLeftOut == 0)
+
                 // The rest of pull 2 after the backup: acknowledged now, so not in it.
                 for index in Self.before..<count { try await Self.sendChunk(index, of: upload, over: link) }
                 try await link.send(.with { $0.uploadComplete = .with { $0.uploadID = command.commandID } })

@@ -433,33 +433,19 @@ final class BackupCopier {
         let output = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard output >= 0 else { throw DeploymentError("cannot write \(path): \(String(cString: strerror(errno)))") }
         defer { close(output) }
-        var hash = SHA256()
-        var bytes: Int64 = 0
-        var buffer = [UInt8](repeating: 0, count: 1 << 20)
-        while true {
-            let count = buffer.withUnsafeMutableBytes { read(input, $0.baseAddress, $0.count) }
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw DeploymentError("cannot read \(source): \(String(cString: strerror(errno)))")
-            }
-            if count == 0 { break }
-            try buffer.withUnsafeBytes { raw in
-                let chunk = UnsafeRawBufferPointer(rebasing: raw[0..<count])
-                hash.update(bufferPointer: chunk)
-                var written = 0
-                while written < count {
-                    let n = write(output, chunk.baseAddress! + written, count - written)
-                    if n < 0 {
-                        if errno == EINTR { continue }
-                        throw DeploymentError("cannot write \(path): \(String(cString: strerror(errno)))")
-                    }
-                    written += n
+        let (bytes, sha) = try Self.hashBlocks(input, path: source) { chunk in
+            var written = 0
+            while written < chunk.count {
+                let n = write(output, chunk.baseAddress! + written, chunk.count - written)
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    throw DeploymentError("cannot write \(path): \(String(cString: strerror(errno)))")
                 }
+                written += n
             }
-            bytes += Int64(count)
         }
         guard fsync(output) == 0 else { throw DeploymentError("cannot sync \(path): \(String(cString: strerror(errno)))") }
-        let entry = ServerBackup.Entry(path: relative, bytes: bytes, sha256: Hex.encode(Array(hash.finalize())))
+        let entry = ServerBackup.Entry(path: relative, bytes: bytes, sha256: sha)
         entries.append(entry)
         return entry
     }
@@ -520,6 +506,12 @@ final class BackupCopier {
         guard fd >= 0 else { throw DeploymentError("cannot read \(path): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
         if sync, fsync(fd) != 0 { throw DeploymentError("cannot sync \(path): \(String(cString: strerror(errno)))") }
+        return try hashBlocks(fd, path: path)
+    }
+
+    /// Reads `fd` (the file at `path`) to its end in 1 MiB blocks, handing each to `each`; its
+    /// size and SHA-256 (hex).
+    static func hashBlocks(_ fd: Int32, path: String, _ each: (UnsafeRawBufferPointer) throws -> Void = { _ in }) throws -> (Int64, String) {
         var hash = SHA256()
         var bytes: Int64 = 0
         var buffer = [UInt8](repeating: 0, count: 1 << 20)
@@ -530,7 +522,11 @@ final class BackupCopier {
                 throw DeploymentError("cannot read \(path): \(String(cString: strerror(errno)))")
             }
             if count == 0 { break }
-            buffer.withUnsafeBytes { hash.update(bufferPointer: UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+            try buffer.withUnsafeBytes { raw in
+                let block = UnsafeRawBufferPointer(rebasing: raw[0..<count])
+                hash.update(bufferPointer: block)
+                try each(block)
+            }
             bytes += Int64(count)
         }
         return (bytes, Hex.encode(Array(hash.finalize())))

@@ -138,15 +138,7 @@ public enum ServerCertificate {
         try syncDirectory((to as NSString).deletingLastPathComponent)
     }
 
-    private static func syncDirectory(_ directory: String) throws {
-        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0, fsync(fd) == 0 else {
-            let error = String(cString: strerror(errno))
-            if fd >= 0 { close(fd) }
-            throw DeploymentError("cannot sync \(directory): \(error)")
-        }
-        close(fd)
-    }
+    private static func syncDirectory(_ directory: String) throws { try DataDirectory.sync(directory) }
 
     /// Runs `body` holding `server.pem.lock` exclusively: renewals, and every read of the pair
     /// (the listeners', a backup's), one at a time across the nodes sharing the directory.

@@ -70,6 +70,14 @@ public struct DataDirectory: Sendable {
         return try FileManager.default.contentsOfDirectory(atPath: directory)
     }
 
+    /// fsyncs a directory, so the names created, renamed or removed in it are durable.
+    static func sync(_ directory: String) throws {
+        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw DeploymentError("cannot open \(directory): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw DeploymentError("cannot sync \(directory): \(String(cString: strerror(errno)))") }
+    }
+
     /// The (upload, agent) ids of an `uploads/` entry's name, if it has that form.
     static func parseUploadName(_ name: String) -> (upload: String, agent: String)? {
         let parts = name.split(separator: "-", omittingEmptySubsequences: false).map(String.init)

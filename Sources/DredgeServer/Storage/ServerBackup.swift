@@ -493,12 +493,7 @@ final class BackupCopier {
         for directory in directories.sorted(by: { $0.count > $1.count }) { try Self.syncDirectory(directory) }
     }
 
-    static func syncDirectory(_ path: String) throws {
-        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { throw DeploymentError("cannot open \(path): \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        guard fsync(fd) == 0 else { throw DeploymentError("cannot sync \(path): \(String(cString: strerror(errno)))") }
-    }
+    static func syncDirectory(_ path: String) throws { try DataDirectory.sync(path) }
 
     /// A file's size and SHA-256 (hex), read in blocks; synced first when asked.
     static func digest(_ path: String, sync: Bool = false) throws -> (Int64, String) {

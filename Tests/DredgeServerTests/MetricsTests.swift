@@ -119,9 +119,11 @@ import Testing
     /// A reading that hangs (even one that ignores cancellation, as a database or a file
     /// system that does not answer) or fails does not hold the scrape: its figures stay as they
     /// were, the others are read, each is counted as a failure, and the one still hanging is
-    /// not started again. Scrapes within a second share one reading.
+    /// not started again. Scrapes within a second share one reading. The reading's age is told
+    /// by a clock the test moves, so a loaded machine cannot age it.
     @Test func aReadingThatHangsOrFailsLeavesItsFiguresAndIsCounted() async throws {
-        let metrics = ServerMetrics(sampleTimeout: .milliseconds(200))
+        let start = ContinuousClock.now, elapsed = Mutex(Duration.zero)
+        let metrics = ServerMetrics(sampleTimeout: .seconds(1), now: { start + elapsed.withLock { $0 } })
         metrics.agentsEnrolled.set(to: 7)
         let released = Mutex(false), started = Mutex(0), reads = Mutex(0)
         let gate = DispatchSemaphore(value: 0)
@@ -150,7 +152,7 @@ import Testing
         _ = await metrics.exposition()
         #expect(reads.withLock { $0 } == 1)
         // A second later: read again, but the hanging one is not started a second time.
-        try await Task.sleep(for: .milliseconds(1100))
+        elapsed.withLock { $0 = .milliseconds(1100) }
         let second = Self.samples(String(decoding: await metrics.exposition(), as: UTF8.self))
         #expect(reads.withLock { $0 } == 2 && started.withLock { $0 } == 1)
         #expect(second["dredge_metrics_sample_failures_total"] == 4)

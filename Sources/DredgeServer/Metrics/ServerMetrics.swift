@@ -123,6 +123,8 @@ public final class ServerMetrics: Sendable {
     let sampleTimeout: Duration
     /// How long a reading serves scrapes that come after it.
     let reuse: Duration
+    /// The clock that says how old a reading is (a test moves it by hand).
+    private let now: @Sendable () -> ContinuousClock.Instant
 
     public struct Sampler: Sendable {
         public let name: String
@@ -134,9 +136,13 @@ public final class ServerMetrics: Sendable {
         }
     }
 
-    public init(sampleTimeout: Duration = .seconds(5), reuse: Duration = .seconds(1)) {
+    public init(
+        sampleTimeout: Duration = .seconds(5), reuse: Duration = .seconds(1),
+        now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
+    ) {
         self.sampleTimeout = sampleTimeout
         self.reuse = reuse
+        self.now = now
         let r = PrometheusCollectorRegistry()
         registry = r
 
@@ -307,10 +313,11 @@ public final class ServerMetrics: Sendable {
     /// so however often `/metrics` is asked, the database is read at most once a second.
     func sample() async {
         let task = latestSample.withLock { latest -> Task<Void, Never> in
-            if let latest, latest.finished.map({ ContinuousClock.now - $0 < reuse }) ?? true { return latest.task }
+            if let latest, latest.finished.map({ now() - $0 < reuse }) ?? true { return latest.task }
             let task = Task {
                 await self.runSamplers()
-                self.latestSample.withLock { $0?.finished = .now }
+                let finished = self.now()
+                self.latestSample.withLock { $0?.finished = finished }
             }
             latest = (task, nil)
             return task

@@ -68,7 +68,7 @@ public final class AgentClient: Service, Sendable {
     @discardableResult
     public func submitFeedback(uid: String, text: String, days: Int = Feedback.defaultDays) async throws -> String {
         guard let store else { throw AgentError("this agent has no store to take the logs from") }
-        let id = try Feedback.submit(uid: uid, text: text, days: days, state: state, store: store)
+        let id = try Feedback.submit(uid: uid, text: text, days: days, state: await uploads.currentState, store: store)
         try await uploads.rescanOutbox()
         return id
     }
@@ -148,7 +148,9 @@ public final class AgentClient: Service, Sendable {
         let failure: WireProtocolError?
         do {
             failure = try await channel.executeThenClose { inbound, outbound -> WireProtocolError? in
-                let connection = AgentConnection(mode: .authenticate(agentID: state.file.agentID, host: host), key: state.key, channel: channel.channel, writer: outbound)
+                let connection = AgentConnection(
+                    mode: .authenticate(agentID: state.file.agentID, host: host), key: state.key, channel: channel.channel, writer: outbound,
+                    keyGeneration: await uploads.keyGeneration)
                 // Stopping says Goodbye to the server, then closes.
                 stop.onStop { connection.goodbye("agent stopping") }
                 let session = Session(connection: connection, uploads: uploads, established: established, plannedReturn: plannedReturn, logger: logger, server: "\(server)")
@@ -317,6 +319,14 @@ public final class AgentClient: Service, Sendable {
                 case .enrolled:
                     break
                 case .deliver(let frame):
+                    if case .heartbeatAck(let ack)? = frame.body, !ack.keyAnnouncements.isEmpty {
+                        do {
+                            connection.pinned(try await uploads.adoptKeys(ack.keyAnnouncements))
+                        } catch {
+                            // Kept what it had: the server announces them again with the next ack.
+                            logger.error("the server's new keys were not taken", metadata: ["error": "\(error)"])
+                        }
+                    }
                     try await uploads.receive(frame)
                 case .plannedReturn(let planned):
                     plannedReturn.set(planned)

@@ -34,12 +34,23 @@ final class AgentConnection: Sendable {
     /// Signs the server's challenge (nil when enrolling).
     private let key: RSAPrivateKey?
 
-    init(mode: AgentConnectionStateMachine.Mode, key: RSAPrivateKey?, channel: any Channel, writer: NIOAsyncChannelOutboundWriter<WireFrame>) {
-        machine = Mutex(AgentConnectionStateMachine(mode: mode, software: Self.software))
+    /// What the Swift agent can do beyond the base protocol.
+    static let capabilities = AgentLink.capabilities
+
+    /// - Parameter keyGeneration: the generation of the server's keys the agent pins (0 when
+    ///   enrolling).
+    init(
+        mode: AgentConnectionStateMachine.Mode, key: RSAPrivateKey?, channel: any Channel, writer: NIOAsyncChannelOutboundWriter<WireFrame>,
+        capabilities: [String] = AgentConnection.capabilities, keyGeneration: Int = 0
+    ) {
+        machine = Mutex(AgentConnectionStateMachine(mode: mode, software: Self.software, capabilities: capabilities, keyGeneration: keyGeneration))
         self.key = key
         self.channel = channel
         self.writer = writer
     }
+
+    /// The agent pins another generation of the server's keys: said from the next heartbeat.
+    func pinned(_ generation: Int) { machine.withLock { $0.keyGeneration = generation } }
 
     /// Whether the connection is authenticated and not ending.
     var isReady: Bool { machine.withLock { $0.isReady } }

@@ -46,7 +46,8 @@ public enum AgentEnrollment {
             directory: stateDirectory,
             file: .init(
                 agentID: response.agentID, serverHost: first.host, serverPort: first.port, servers: servers.count > 1 ? servers : nil,
-                serverSigningKey: Hex.encode(response.serverSigningKey), serverEncryptionKey: Hex.encode(response.serverEncryptionKey), enrolledAt: Date()),
+                serverSigningKey: Hex.encode(response.serverSigningKey), serverEncryptionKey: Hex.encode(response.serverEncryptionKey), enrolledAt: Date(),
+                keyGeneration: Int(max(1, response.keyGeneration))),
             key: key, caPEM: caPEM)
         try state.save()
         return state

@@ -28,17 +28,25 @@ public final class AgentLink: @unchecked Sendable {  // `inbound` is the one rea
         self.outbound = outbound
     }
 
+    /// What the Swift agent says it can do (README § 4, Capabilities).
+    public static let capabilities = [WireCapability.keyRotation]
+
     /// A TLS context trusting only `caPEM`; share one between many links.
     public static func tlsContext(caPEM: String) throws -> NIOSSLContext { try AgentConnector.tlsContext(caPEM: caPEM) }
 
     /// Connects, authenticates as `agentID` with `key`, runs `body` with the link, then closes.
+    /// `capabilities`: what it says it can do in `Hello` (none: an agent of the protocol before
+    /// capabilities); `keyGeneration`: the server keys it says it pins (0: it does not say).
     public static func withConnection<R: Sendable>(
         host: String, port: Int, tls: NIOSSLContext, agentID: String, key: RSAPrivateKey, hostInfo: WireHostInfo = WireHostInfo(),
+        capabilities: [String] = AgentLink.capabilities, keyGeneration: Int = 0,
         _ body: (AgentLink) async throws -> R
     ) async throws -> R {
         let channel = try await AgentConnector.connect(host: host, port: port, context: tls)
         return try await channel.executeThenClose { inbound, outbound in
-            let connection = AgentConnection(mode: .authenticate(agentID: agentID, host: hostInfo), key: key, channel: channel.channel, writer: outbound)
+            let connection = AgentConnection(
+                mode: .authenticate(agentID: agentID, host: hostInfo), key: key, channel: channel.channel, writer: outbound, capabilities: capabilities,
+                keyGeneration: keyGeneration)
             var iterator = inbound.makeAsyncIterator()
             switch try await connection.handshake(&iterator) {
             case .established(let session):
@@ -69,6 +77,9 @@ public final class AgentLink: @unchecked Sendable {  // `inbound` is the one rea
         }
         return nil
     }
+
+    /// Says from the next heartbeat that the agent pins `generation` of the server's keys.
+    public func pinned(_ generation: Int) { connection.pinned(generation) }
 
     public func heartbeat(activeUIDs: [String], stats: WireStoreStats = WireStoreStats()) async throws {
         try await connection.heartbeat(activeUIDs: activeUIDs, stats: stats)

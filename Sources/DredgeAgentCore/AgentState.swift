@@ -25,6 +25,32 @@ public struct AgentState: Sendable {
         /// RSA SPKI DER that wraps feedback keys, hex.
         public var serverEncryptionKey: String
         public var enrolledAt: Date
+        /// The generation of the two keys above (README § Key rotation); absent: 1.
+        public var keyGeneration: Int?
+        /// Signing keys of earlier generations still accepted until they retire.
+        public var previousSigningKeys: [PreviousKey]?
+
+        public struct PreviousKey: Codable, Sendable, Equatable {
+            public var generation: Int
+            /// Ed25519 public key, hex.
+            public var signingKey: String
+            public var retiresAt: Date
+        }
+
+        public init(
+            agentID: String, serverHost: String, serverPort: Int, servers: [ServerAddress]?, serverSigningKey: String, serverEncryptionKey: String, enrolledAt: Date,
+            keyGeneration: Int? = nil, previousSigningKeys: [PreviousKey]? = nil
+        ) {
+            self.agentID = agentID
+            self.serverHost = serverHost
+            self.serverPort = serverPort
+            self.servers = servers
+            self.serverSigningKey = serverSigningKey
+            self.serverEncryptionKey = serverEncryptionKey
+            self.enrolledAt = enrolledAt
+            self.keyGeneration = keyGeneration
+            self.previousSigningKeys = previousSigningKeys
+        }
     }
 
     public var directory: String
@@ -70,6 +96,14 @@ public struct AgentState: Sendable {
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         encoder.dateEncodingStrategy = .iso8601
         // agent.json last: its presence means the enrollment is complete.
+        try saveFile()
+    }
+
+    /// Replaces `agent.json` alone (durably): the server keys it pins changed.
+    func saveFile() throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        encoder.dateEncodingStrategy = .iso8601
         try Self.write(Array(try encoder.encode(file)) + [10], to: directory + "/agent.json", mode: 0o600)
     }
 

@@ -28,7 +28,8 @@ actor UploadManager {
     /// The connection while it is ready; frames go out through its machine.
     private var outbound: AgentConnection?
     private let store: LogStore?
-    private let state: AgentState
+    /// The agent's state; its file changes when the server's keys roll over.
+    private var state: AgentState
     private let logger: Logger
     /// Where exports run, a bounded number at a time.
     let exports: ExportExecutor
@@ -50,8 +51,36 @@ actor UploadManager {
         let seen = Self.loadSeen(state.directory + "/seen-commands.json", logger: logger)
         admission = PullAdmission(
             agentID: state.file.agentID,
-            serverKey: try CommandVerifier(rawRepresentation: Hex.decode(state.file.serverSigningKey) ?? []),
+            serverKeys: try PinnedServerKeys(state.file),
             agentKey: state.key, seen: seen)
+    }
+
+    /// The agent's state as it is now (the server keys it pins included).
+    var currentState: AgentState { state }
+
+    /// The generation of the server's keys the agent pins.
+    var keyGeneration: Int { admission.serverKeys?.generation ?? 1 }
+
+    /// Takes the server's announcements of new keys (README § Key rotation): checked, written
+    /// to `agent.json`, and used for commands and feedback from now on. Returns the generation
+    /// pinned now. Throws (taking nothing) when one does not hold up, or the file cannot be
+    /// written.
+    @discardableResult
+    func adoptKeys(_ announcements: [WireKeyAnnouncement], now: Timestamp = .now) throws -> Int {
+        let current = try admission.serverKeys ?? PinnedServerKeys(state.file)
+        let next = try current.adopting(announcements, now: now)
+        guard next.generation != current.generation || next.previous.count != current.previous.count else { return current.generation }
+        var file = state.file
+        next.write(into: &file)
+        var updated = state
+        updated.file = file
+        try updated.saveFile()
+        state = updated
+        admission.serverKeys = next
+        if next.generation != current.generation {
+            logger.notice("pinned the server's new keys", metadata: ["generation": "\(next.generation)", "was": "\(current.generation)"])
+        }
+        return next.generation
     }
 
     /// Picks up the uploads a previous run left unfinished (`uploads/<id>/`): the accepted

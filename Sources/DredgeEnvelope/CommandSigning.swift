@@ -22,6 +22,12 @@ public struct ServerSigningKey: Sendable {
     public func sign(_ command: inout WirePullCommand) throws {
         command.signature = Data(try key.signature(for: SigningInput.pullCommand(command)))
     }
+
+    /// Fills in `signature` over the announcement's signing input: this key vouches for the
+    /// next generation's keys (README § Key rotation).
+    public func sign(_ announcement: inout WireKeyAnnouncement) throws {
+        announcement.signature = Data(try key.signature(for: SigningInput.keyAnnouncement(announcement)))
+    }
 }
 
 /// Checks pull commands against the pinned server key, as an agent must before running one.
@@ -42,5 +48,15 @@ public struct CommandVerifier: Sendable {
         guard key.isValidSignature(command.signature, for: SigningInput.pullCommand(command)) else {
             throw EnvelopeError(.badSignature, "command \(command.commandID) signature does not verify under the pinned server key")
         }
+    }
+
+    /// True when `command` carries a signature that verifies under this key.
+    public func isValid(_ command: WirePullCommand) -> Bool {
+        !command.signature.isEmpty && key.isValidSignature(command.signature, for: SigningInput.pullCommand(command))
+    }
+
+    /// True when `announcement` is signed by this key.
+    public func isValid(_ announcement: WireKeyAnnouncement) -> Bool {
+        !announcement.signature.isEmpty && key.isValidSignature(announcement.signature, for: SigningInput.keyAnnouncement(announcement))
     }
 }

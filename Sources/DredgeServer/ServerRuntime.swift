@@ -144,7 +144,7 @@ public enum ServerRuntime {
                 host: address.host, port: address.port)]
         } ?? []
         let services: [any Service] =
-            (stores.node.map { [$0] } ?? []) + (checkpointer.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin, renewal] + metricsListener
+            (stores.node.map { [$0] } ?? []) + (checkpointer.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin, renewal, KeyRingRefresh(keys: deployment.keys, logger: logger)] + metricsListener
         if let node = stores.node { logger.info("cluster node", metadata: ["node": "\(node.id)", "name": "\(node.name)", "lease": "\(node.duration)"]) }
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()

@@ -60,3 +60,19 @@ public enum WireLimits {
     public static let defaultRestartRetry: Duration = .seconds(2)
     public static let restartRetryRange: ClosedRange<Duration> = .seconds(1) ... .seconds(60)
 }
+
+/// What a peer can do beyond the base protocol, named in `Hello.capabilities` and agreed in
+/// `HelloAck.capabilities` (README § 4, Capabilities).
+public enum WireCapability {
+    /// The server's keys roll over, announced in heartbeat acks (README § 5, Key rotation).
+    public static let keyRotation = "key-rotation"
+    /// Every capability this release knows.
+    public static let known: [String] = [keyRotation]
+
+    /// Of `listed`, those in `known`, in the order listed, each once.
+    public static func agreed(_ listed: [String], known: [String] = known) -> [String] {
+        var agreed: [String] = []
+        for name in listed where known.contains(name) && !agreed.contains(name) { agreed.append(name) }
+        return agreed
+    }
+}

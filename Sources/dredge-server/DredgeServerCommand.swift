@@ -10,7 +10,7 @@ struct DredgeServerCommand: AsyncParsableCommand {
         commandName: "dredge-server",
         abstract: "The Dredge command server.",
         version: DredgeVersion.current,
-        subcommands: [InitCommand.self, RunCommand.self, ConfigCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self, BackupCommand.self, RestoreCommand.self, CertificateCommand.self])
+        subcommands: [InitCommand.self, RunCommand.self, ConfigCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self, BackupCommand.self, RestoreCommand.self, CertificateCommand.self, KeysCommand.self])
 
     /// Everything the server writes (keys, the databases and their write-ahead logs, chunks,
     /// pulled and feedback files in clear, and their directories) is readable by its user only:

@@ -150,3 +150,83 @@ struct CertificateRenewCommand: ParsableCommand {
         }
     }
 }
+
+struct KeysCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "keys", abstract: "Show or rotate the server's command-signing and encryption keys (agents follow without re-enrolling).",
+        subcommands: [KeysShowCommand.self, KeysRotateCommand.self], defaultSubcommand: KeysShowCommand.self)
+}
+
+struct KeysShowCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "show", abstract: "The generations of the server's keys: which is current, and when the others retire.")
+
+    @Option(help: "The data directory.")
+    var data: String
+
+    func run() throws {
+        do {
+            let now = Date()
+            for generation in try ServerKeyRing.read(directory: data).reversed() {
+                let state =
+                    switch generation.retiresAt {
+                    case nil: "current"
+                    case let at? where at > now: "retires \(at) (\(Int(at.timeIntervalSince(now) / 86_400)) days left)"
+                    case let at?: "retired \(at); forgotten at the server's next look"
+                    }
+                print("generation \(generation.number): \(state)")
+                print("  signing key     \(generation.signingKeyHex)")
+                print("  encryption key  sha256:\(generation.encryptionKeyFingerprint)")
+            }
+        } catch let error as DeploymentError {
+            throw fail(error.description)
+        }
+    }
+}
+
+struct KeysRotateCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "rotate",
+        abstract: "Make the next generation of the command-signing and encryption keys; the current one retires after the overlap.",
+        discussion: """
+            The new keys are announced to every agent, signed by the current signing key, at its next heartbeat; agents of \
+            this release take them without re-enrolling. Until the overlap ends the server still signs commands for agents \
+            that have not taken them (an older release, or offline) with the current key, and opens feedback sealed under \
+            either. After it, agents still on the old keys are refused and told to enroll again. A running server picks the \
+            new keys up within a minute.
+            """)
+
+    @Option(help: "The data directory.")
+    var data: String
+
+    @Option(help: "How long the current keys stay in use after the rotation: 30d, 12h, 90m.")
+    var overlap: String = "30d"
+
+    func run() throws {
+        var owner = stat()
+        if stat(data, &owner) == 0, owner.st_uid != geteuid() {
+            throw fail("run this as the data directory's owner (uid \(owner.st_uid); sudo -u …): a key written as another user is one the server cannot read")
+        }
+        guard let overlap = Self.duration(overlap), overlap >= .seconds(60) else {
+            throw fail("--overlap takes a number and a unit (d, h or m) of at least a minute, e.g. 30d: got \(overlap)")
+        }
+        do {
+            let before = try ServerKeyRing.read(directory: data).last?.number ?? 1
+            let next = try ServerKeyRing.rotate(directory: data, overlap: overlap)
+            let retires = Date().addingTimeInterval(TimeInterval(overlap.components.seconds))
+            print("generation \(next.number) is current; generation \(before) retires \(retires)")
+        } catch let error as DeploymentError {
+            throw fail(error.description)
+        }
+    }
+
+    /// `30d`, `12h`, `90m`.
+    static func duration(_ text: String) -> Duration? {
+        guard let unit = text.last, let count = Int(text.dropLast()), count > 0, count <= 3650 * 24 * 60 else { return nil }
+        switch unit {
+        case "d": return .seconds(count * 86_400)
+        case "h": return .seconds(count * 3_600)
+        case "m": return .seconds(count * 60)
+        default: return nil
+        }
+    }
+}

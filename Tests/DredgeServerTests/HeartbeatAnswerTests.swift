@@ -28,7 +28,12 @@ final class GatedDirectory: AgentDirectory, Sendable {
         return try await inner.heartbeat(agentID, heartbeat, now: now)
     }
     func resetPresence() async throws { try await inner.resetPresence() }
-    func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String { try await inner.enroll(publicKey: publicKey, host: host, now: now) }
+    func enroll(publicKey: RSAPublicKey, host: WireHostInfo, keyGeneration: Int, now: Date) async throws -> String {
+        try await inner.enroll(publicKey: publicKey, host: host, keyGeneration: keyGeneration, now: now)
+    }
+    func keyGeneration(of agentID: String) async throws -> Int? { try await inner.keyGeneration(of: agentID) }
+    func setKeyGeneration(_ agentID: String, _ generation: Int) async throws { try await inner.setKeyGeneration(agentID, generation) }
+    func keyGenerations() async throws -> [Int: Int] { try await inner.keyGenerations() }
     func publicKey(of agentID: String) async throws -> RSAPublicKey? { try await inner.publicKey(of: agentID) }
     func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date) async throws -> Int64 {
         try await inner.connected(agentID, from: address, host: host, now: now)

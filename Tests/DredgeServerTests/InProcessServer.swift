@@ -85,7 +85,8 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let app = try AdminAPI.application(
             actions: AdminActions(services), port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits,
             reloadableTLS: self.adminTLS, onReady: { port in adminPort.withLock { $0 = port } })
-        group = ServiceGroup(services: [dispatcher, indexer, listener, app], logger: logger)
+        // The key ring is looked at every 200 ms here (every minute in the server).
+        group = ServiceGroup(services: [dispatcher, indexer, listener, app, KeyRingRefresh(keys: deployment.keys, every: .milliseconds(200), logger: logger)], logger: logger)
         let task = Task { [group] in try await group.run() }
         self.task = task
         do {
@@ -174,8 +175,10 @@ struct LinkAgent: Sendable {
     let agentID: String
     var hostInfo = WireHostInfo()
 
-    func connect<R: Sendable>(_ body: (AgentLink) async throws -> R) async throws -> R {
-        try await AgentLink.withConnection(host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key, hostInfo: hostInfo, body)
+    /// `capabilities`: none for an agent of the protocol before capabilities.
+    func connect<R: Sendable>(capabilities: [String] = AgentLink.capabilities, keyGeneration: Int = 0, _ body: (AgentLink) async throws -> R) async throws -> R {
+        try await AgentLink.withConnection(
+            host: "127.0.0.1", port: server.agentPort, tls: tls, agentID: agentID, key: key, hostInfo: hostInfo, capabilities: capabilities, keyGeneration: keyGeneration, body)
     }
 
     /// A real export of `store`'s records as a feedback upload with this id, sealed for the

@@ -94,6 +94,8 @@ public struct PullAdmission: Sendable {
     }
 
     public let agentID: String
+    /// The server keys the agent pins; a command may be signed by any not retired.
+    public var serverKeys: PinnedServerKeys?
     private let verifier: CommandVerifier
     private let agentKey: RSAPrivateKey
     /// Command ids seen, with their expiry and answer.
@@ -102,8 +104,15 @@ public struct PullAdmission: Sendable {
     public init(agentID: String, serverKey: CommandVerifier, agentKey: RSAPrivateKey, seen: [String: Remembered] = [:]) {
         self.agentID = agentID
         self.verifier = serverKey
+        self.serverKeys = nil
         self.agentKey = agentKey
         self.seen = seen
+    }
+
+    /// An admission that takes commands signed by any of `serverKeys`' keys not retired.
+    public init(agentID: String, serverKeys: PinnedServerKeys, agentKey: RSAPrivateKey, seen: [String: Remembered] = [:]) {
+        self.init(agentID: agentID, serverKey: serverKeys.signing, agentKey: agentKey, seen: seen)
+        self.serverKeys = serverKeys
     }
 
     /// Records that an accepted command failed here, so a redelivery of it is answered with the
@@ -118,7 +127,14 @@ public struct PullAdmission: Sendable {
     public mutating func admit(_ command: WirePullCommand, now: Timestamp = .now, busy: Bool = false) -> Decision {
         seen = seen.filter { $0.value.expiresAtUs > now.microseconds }
         do {
-            try verifier.verify(command)
+            let verifiers = serverKeys?.verifiers(at: now) ?? [verifier]
+            do {
+                try verifiers[0].verify(command)
+            } catch {
+                // An earlier generation's key, not retired yet, may sign it; else the current
+                // key's verdict (unsigned, bad signature).
+                guard verifiers.dropFirst().contains(where: { $0.isValid(command) }) else { throw error }
+            }
         } catch let error as EnvelopeError {
             return .reject(error.code == .unsigned ? .rejectUnsigned : .rejectBadSignature, error.message)
         } catch {

@@ -6,8 +6,12 @@ import NIOSSL
 public struct LoadedDeployment: Sendable {
     public var directory: String
     public var config: ServerDeployment.Config
-    public var signingKey: ServerSigningKey
-    public var encryptionKey: RSAPrivateKey
+    /// The command-signing and encryption keys, by generation (``ServerKeyRing``).
+    public var keys: KeyRing
+    /// The current generation's signing key.
+    public var signingKey: ServerSigningKey { keys.current.signingKey }
+    /// The current generation's encryption key.
+    public var encryptionKey: RSAPrivateKey { keys.current.encryptionKey }
     public var tlsConfiguration: TLSConfiguration
     /// The admin API's TLS (1.3 only); nil for plain HTTP, which only a loopback address gets.
     public var adminTLSConfiguration: TLSConfiguration?
@@ -31,11 +35,7 @@ public struct LoadedDeployment: Sendable {
         } catch let error as DeploymentError {
             throw error.description.hasPrefix("server.json") ? DeploymentError("\(directory)/\(error.description)") : error
         }
-        guard let seed = Hex.decode(try read("signing-key").trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            throw DeploymentError("\(directory)/signing-key is not hex")
-        }
-        signingKey = try ServerSigningKey(rawRepresentation: seed)
-        encryptionKey = try RSAPrivateKey(pemRepresentation: try read("encryption-key.pem"))
+        keys = try KeyRing(directory: directory)
         tlsConfiguration = try Self.agentTLSConfiguration(directory: directory)
         adminTLSConfiguration = try config.adminTLS.map { try ServerDeployment.adminTLSConfiguration($0, directory: directory) }
         try Self.checkAdmin(host: config.adminHost ?? "127.0.0.1", tls: adminTLSConfiguration != nil)

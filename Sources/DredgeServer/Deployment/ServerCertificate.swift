@@ -142,13 +142,14 @@ public enum ServerCertificate {
 
     /// Runs `body` holding `server.pem.lock` exclusively: renewals, and every read of the pair
     /// (the listeners', a backup's), one at a time across the nodes sharing the directory.
+    /// Another `lock` (`keyring.lock`) serves the key ring's rotations the same way.
     /// Not reentrant: `body` must not take it again. The server makes the file (0600, as all it
     /// writes) at its start. Where it cannot be opened, `body` runs without it: a directory
     /// that cannot be written (a read-only copy being backed up, where nobody renews), or a
     /// file another user made (a command run as root before the server ever started): a
     /// renewal must not fail for good for want of a lock.
-    static func holdingLock<T>(_ directory: String, _ body: () throws -> T) throws -> T {
-        let path = directory + "/server.pem.lock"
+    static func holdingLock<T>(_ directory: String, lock: String = "server.pem.lock", _ body: () throws -> T) throws -> T {
+        let path = directory + "/" + lock
         let fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0o600)
         if fd < 0 && (errno == EROFS || errno == EACCES) { return try body() }
         guard fd >= 0 else { throw DeploymentError("cannot open \(path): \(String(cString: strerror(errno)))") }

@@ -66,7 +66,7 @@ public final class AgentListener: Service, Sendable {
         self.metrics = metrics
         self.deployment = deployment
         // The admin API's issuer, so the keys of the pulls it just made are known here.
-        self.issuer = issuer ?? CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
+        self.issuer = issuer ?? CommandIssuer(keys: deployment.keys)
         self.paths = DataDirectory(deployment.directory)
         self.feedbackLimits = feedbackLimits ?? deployment.config.feedback ?? .default
         self.connectionLimits = connectionLimits ?? deployment.config.connections ?? .default

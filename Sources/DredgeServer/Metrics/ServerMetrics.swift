@@ -37,6 +37,8 @@ public final class ServerMetrics: Sendable {
         case authentication
         /// An agent that was revoked.
         case revoked
+        /// The agent pins server keys that are retired: it must enroll again.
+        case keysRetired = "keys_retired"
         /// An enrollment with a bad token or key.
         case enrollment
         /// Too many refused enrollments from the address lately.

@@ -25,9 +25,17 @@ public protocol AgentDirectory: Sendable {
     /// The server (a node of a cluster) starts: marks offline every agent it held, never
     /// another node's (on a shared database a dead node's agents read as offline by its lease).
     func resetPresence() async throws
-    /// Registers a key; returns the agent id.
-    func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String
+    /// Registers a key, handed the server keys of generation `keyGeneration`; returns the agent id.
+    func enroll(publicKey: RSAPublicKey, host: WireHostInfo, keyGeneration: Int, now: Date) async throws -> String
     func publicKey(of agentID: String) async throws -> RSAPublicKey?
+    /// The generation of the server's keys the agent pins, as last known (README § Key
+    /// rotation): the one it enrolled with, or the last it said it pins; nil for an agent not
+    /// enrolled.
+    func keyGeneration(of agentID: String) async throws -> Int?
+    /// Records the generation the agent says it pins now.
+    func setKeyGeneration(_ agentID: String, _ generation: Int) async throws
+    /// How many enrolled agents (revoked left out) pin each generation.
+    func keyGenerations() async throws -> [Int: Int]
     /// The agent authenticated on a new connection; returns that connection's generation.
     func connected(_ agentID: String, from address: String?, host: WireHostInfo, now: Date) async throws -> Int64
     func disconnected(_ agentID: String, generation: Int64) async throws
@@ -180,6 +188,10 @@ public protocol FeedbackInbox: Sendable {
 /// The usual defaults: now.
 extension AgentDirectory {
     public func enroll(publicKey: RSAPublicKey, host: WireHostInfo) async throws -> String { try await enroll(publicKey: publicKey, host: host, now: Date()) }
+    /// Handed the first generation's keys.
+    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String {
+        try await enroll(publicKey: publicKey, host: host, keyGeneration: 1, now: now)
+    }
     @discardableResult
     public func connected(_ agentID: String, from address: String?, host: WireHostInfo) async throws -> Int64 {
         try await connected(agentID, from: address, host: host, now: Date())

@@ -23,7 +23,7 @@ public struct ServerStores: Sendable {
         feedback = SQLiteFeedbackInbox(database)
         tokens = SQLiteTokenVault(database)
         records = try SQLiteRecordIndex.openOrRebuild(directory: deployment.directory)
-        issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
+        issuer = CommandIssuer(keys: deployment.keys)
     }
 }
 
@@ -75,7 +75,7 @@ public struct ServerPersistence: Sendable {
         feedback = PostgresFeedbackInbox(database)
         tokens = PostgresTokenVault(database)
         records = PostgresRecordIndex(database, node: node)
-        issuer = CommandIssuer(encryptionKey: deployment.encryptionKey, signingKey: deployment.signingKey)
+        issuer = CommandIssuer(keys: deployment.keys)
         location = database.location.description
         postgres = database
         sqlite = nil

@@ -14,25 +14,28 @@ import Synchronization
 /// operation: unwrapping took 1.5–3 ms of CPU on the path from `POST /v1/pulls` to the agent,
 /// once per target agent. Copies of one issuer share them; the server makes one.
 public struct CommandIssuer: Sendable {
-    let encryptionKey: RSAPrivateKey
-    let signingKey: ServerSigningKey
-    /// The encryption key's public half, parsed once.
-    private let encryptionPublicKey: RSAPublicKey
+    /// The server's keys by generation: new pulls' keys are wrapped under the current one, a
+    /// stored key unwraps under any live one, and an agent's commands are signed with the
+    /// generation it pins (README § Key rotation).
+    public let keys: KeyRing
     let recentKeys: RecentKeys
 
     public static let recentKeyCount = 1_024
 
-    public init(encryptionKey: RSAPrivateKey, signingKey: ServerSigningKey) {
-        self.encryptionKey = encryptionKey
-        self.signingKey = signingKey
-        encryptionPublicKey = encryptionKey.publicKey
+    public init(keys: KeyRing) {
+        self.keys = keys
         recentKeys = RecentKeys(capacity: Self.recentKeyCount)
+    }
+
+    /// An issuer of one generation, held in memory.
+    public init(encryptionKey: RSAPrivateKey, signingKey: ServerSigningKey) {
+        self.init(keys: KeyRing(signingKey: signingKey, encryptionKey: encryptionKey))
     }
 
     /// A new pull with a fresh id and key, ready to queue.
     public func newPull(uid: String, agentID: String, filter: LogFilter, targets: [String], lifetime: Duration, requestedBy: String, now: Timestamp = .now) throws -> NewPull {
         let key = SymmetricKey.uploadKey()
-        let wrapped = try encryptionPublicKey.wrapKey(key)
+        let wrapped = try keys.current.encryptionKey.publicKey.wrapKey(key)
         recentKeys.insert(key, for: wrapped)
         return NewPull(
             id: Hex.encode(secureRandomBytes(16)), uid: uid, agentID: agentID, filter: filter, issuedAt: now, expiresAt: now.adding(lifetime),
@@ -43,19 +46,23 @@ public struct CommandIssuer: Sendable {
     /// unwrapped it lately).
     public func key(_ wrapped: [UInt8]) throws -> SymmetricKey {
         if let known = recentKeys.key(for: wrapped) { return known }
-        let key = try encryptionKey.unwrapKey(wrapped)
+        let key = try keys.unwrapKey(wrapped)
         recentKeys.insert(key, for: wrapped)
         return key
     }
 
-    /// The signed command of `pull` for `agent`. Throws ``UnreadablePull`` when its key does
-    /// not unwrap (the pull can never be sent); other errors are passing.
+    /// The signed command of `pull` for `agent`, signed with the generation the agent pins.
+    /// Throws ``UnreadablePull`` when its key does not unwrap (the pull can never be sent);
+    /// other errors are passing.
     public func command(_ pull: StoredPull, agent: String, agentKey: RSAPublicKey) throws -> WirePullCommand {
         let key: SymmetricKey
         do {
             key = try self.key(pull.wrappedKey)
         } catch {
             throw UnreadablePull("the key of pull \(pull.id) does not unwrap: \(error)")
+        }
+        guard let signing = keys.signing(for: agent) else {
+            throw DeploymentError("agent \(agent) pins a generation of the server's keys that is retired")
         }
         var command = WirePullCommand.with {
             $0.commandID = pull.id
@@ -65,7 +72,7 @@ public struct CommandIssuer: Sendable {
             $0.expiresAtUs = pull.expiresAt.microseconds
         }
         command.wrappedKey = Data(try agentKey.wrapKey(key))
-        try signingKey.sign(&command)
+        try signing.signingKey.sign(&command)
         return command
     }
 }

@@ -127,7 +127,13 @@ public enum ServerBackup {
                 try ServerCertificate.finishLocked(directory: source.root)
                 for name in ["server.pem", "server-key.pem"] { try copier.copy(source.root + "/" + name, as: name) }
             }
-            for name in ServerDeployment.files where ![ServerDatabase.fileName, "server.pem", "server-key.pem"].contains(name) {
+            // The key ring and the current keys as one: never half of a rotation.
+            try ServerCertificate.holdingLock(source.root, lock: ServerKeyRing.lock) {
+                for name in ["signing-key", "encryption-key.pem", ServerKeyRing.file] where name != ServerKeyRing.file || FileManager.default.fileExists(atPath: source.root + "/" + name) {
+                    try copier.copy(source.root + "/" + name, as: name)
+                }
+            }
+            for name in ServerDeployment.files where ![ServerDatabase.fileName, "server.pem", "server-key.pem", "signing-key", "encryption-key.pem"].contains(name) {
                 try copier.copy(source.root + "/" + name, as: name)
             }
             if FileManager.default.fileExists(atPath: source.root + "/" + ScrapeToken.fileName) {

@@ -89,6 +89,18 @@ public enum SigningInput {
         return w.bytes
     }
 
+    /// What the previous generation's signing key signs in a `KeyAnnouncement` (README § Key
+    /// rotation): every field but the signature.
+    public static func keyAnnouncement(_ a: WireKeyAnnouncement) -> [UInt8] {
+        var w = CanonicalWriter(domain: "dredge.v1.key-announcement")
+        w.u32(a.generation)
+        w.bytes(Array(a.signingKey))
+        w.bytes(Array(a.encryptionKey))
+        w.i64(a.issuedAtUs)
+        w.i64(a.previousRetiresAtUs)
+        return w.bytes
+    }
+
     /// What an agent signs to authenticate (README § Authentication).
     public static func auth(challenge: [UInt8], agentID: String) -> [UInt8] {
         var w = CanonicalWriter(domain: "dredge.v1.auth")

@@ -299,6 +299,9 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
   /// from the agent (fatal false, upload_id set): it cannot carry out the
   /// accepted command, and the server fails that pull (README § 10, § 15)
   case errorShuttingDown // = 15
+
+  /// at authentication: the server keys the agent pins are retired; the
+  case errorKeysRetired // = 16
   case UNRECOGNIZED(Int)
 
   public init() {
@@ -323,6 +326,7 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
     case 13: self = .errorLimitExceeded
     case 14: self = .errorInternal
     case 15: self = .errorShuttingDown
+    case 16: self = .errorKeysRetired
     default: self = .UNRECOGNIZED(rawValue)
     }
   }
@@ -345,6 +349,7 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
     case .errorLimitExceeded: return 13
     case .errorInternal: return 14
     case .errorShuttingDown: return 15
+    case .errorKeysRetired: return 16
     case .UNRECOGNIZED(let i): return i
     }
   }
@@ -367,6 +372,7 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
     .errorLimitExceeded,
     .errorInternal,
     .errorShuttingDown,
+    .errorKeysRetired,
   ]
 
 }
@@ -594,6 +600,10 @@ public nonisolated struct WireHello: Sendable {
   /// e.g. "dredge-agent/0.1.0"; informational
   public var software: String = String()
 
+  /// What the agent can do beyond the base protocol (README § 4, Capabilities), e.g.
+  /// "key-rotation". An agent that lists none is served exactly as before capabilities existed.
+  public var capabilities: [String] = []
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
@@ -612,6 +622,10 @@ public nonisolated struct WireHelloAck: Sendable {
 
   /// 32 random bytes the agent signs to authenticate (AuthResponse)
   public var challenge: Data = Data()
+
+  /// The agent's capabilities the server will use on this connection: those it listed that the
+  /// server knows, in the order listed (README § 4, Capabilities).
+  public var capabilities: [String] = []
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -680,6 +694,9 @@ public nonisolated struct WireEnrollResponse: Sendable {
   /// RSA SubjectPublicKeyInfo DER, wraps feedback upload keys
   public var serverEncryptionKey: Data = Data()
 
+  /// the generation of these two keys (README § 5, Key rotation); 0 means 1
+  public var keyGeneration: UInt32 = 0
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
@@ -705,6 +722,10 @@ public nonisolated struct WireAuthResponse: Sendable {
   public var hasHost: Bool {self._host != nil}
   /// Clears the value of `host`. Subsequent reads from it will return its default value.
   public mutating func clearHost() {self._host = nil}
+
+  /// With the capability "key-rotation": the generation of the server keys the agent pins
+  /// (README § 5, Key rotation). 0 means "not said": the server uses what it recorded.
+  public var keyGeneration: UInt32 = 0
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -818,6 +839,9 @@ public nonisolated struct WireHeartbeat: Sendable {
   /// Clears the value of `users`. Subsequent reads from it will return its default value.
   public mutating func clearUsers() {self._users = nil}
 
+  /// as in AuthResponse: the generation the agent pins now
+  public var keyGeneration: UInt32 = 0
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
@@ -832,6 +856,39 @@ public nonisolated struct WireHeartbeatAck: Sendable {
   // methods supported on all messages.
 
   public var seq: UInt64 = 0
+
+  /// With the capability "key-rotation", to an agent whose pinned generation is behind: the
+  /// announcements of every later generation, oldest first (README § 5, Key rotation).
+  public var keyAnnouncements: [WireKeyAnnouncement] = []
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
+/// The server's new command-signing and encryption keys, signed by the keys they follow
+/// (README § 5, Key rotation).
+public nonisolated struct WireKeyAnnouncement: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  /// the previous generation + 1; the keys of enrollment are generation 1 at the least
+  public var generation: UInt32 = 0
+
+  /// Ed25519 public key (32 bytes) that signs commands from now on
+  public var signingKey: Data = Data()
+
+  /// RSA SubjectPublicKeyInfo DER that wraps feedback keys from now on
+  public var encryptionKey: Data = Data()
+
+  public var issuedAtUs: Int64 = 0
+
+  /// when the previous generation's keys stop being used and accepted
+  public var previousRetiresAtUs: Int64 = 0
+
+  /// Ed25519 by the previous generation's signing key over the announcement signing input
+  public var signature: Data = Data()
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -1258,7 +1315,7 @@ nonisolated extension WireUploadState: SwiftProtobuf._ProtoNameProviding {
 }
 
 nonisolated extension WireErrorCode: SwiftProtobuf._ProtoNameProviding {
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0ERROR_UNSPECIFIED\0\u{1}ERROR_VERSION_UNSUPPORTED\0\u{1}ERROR_MALFORMED_FRAME\0\u{1}ERROR_FRAME_TOO_LARGE\0\u{1}ERROR_UNEXPECTED_MESSAGE\0\u{1}ERROR_ENROLLMENT_REFUSED\0\u{1}ERROR_AUTH_FAILED\0\u{1}ERROR_UPLOAD_UNKNOWN\0\u{1}ERROR_UPLOAD_INVALID\0\u{1}ERROR_CHUNK_INVALID\0\u{1}ERROR_CHUNK_AUTH_FAILED\0\u{1}ERROR_UPLOAD_INCOMPLETE\0\u{1}ERROR_PAYLOAD_INVALID\0\u{1}ERROR_LIMIT_EXCEEDED\0\u{1}ERROR_INTERNAL\0\u{1}ERROR_SHUTTING_DOWN\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0ERROR_UNSPECIFIED\0\u{1}ERROR_VERSION_UNSUPPORTED\0\u{1}ERROR_MALFORMED_FRAME\0\u{1}ERROR_FRAME_TOO_LARGE\0\u{1}ERROR_UNEXPECTED_MESSAGE\0\u{1}ERROR_ENROLLMENT_REFUSED\0\u{1}ERROR_AUTH_FAILED\0\u{1}ERROR_UPLOAD_UNKNOWN\0\u{1}ERROR_UPLOAD_INVALID\0\u{1}ERROR_CHUNK_INVALID\0\u{1}ERROR_CHUNK_AUTH_FAILED\0\u{1}ERROR_UPLOAD_INCOMPLETE\0\u{1}ERROR_PAYLOAD_INVALID\0\u{1}ERROR_LIMIT_EXCEEDED\0\u{1}ERROR_INTERNAL\0\u{1}ERROR_SHUTTING_DOWN\0\u{1}ERROR_KEYS_RETIRED\0")
 }
 
 nonisolated extension WireFrame: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
@@ -1653,7 +1710,7 @@ nonisolated extension WireFrame: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
 
 nonisolated extension WireHello: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Hello"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}min_version\0\u{3}max_version\0\u{1}software\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}min_version\0\u{3}max_version\0\u{1}software\0\u{1}capabilities\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -1664,6 +1721,7 @@ nonisolated extension WireHello: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
       case 1: try { try decoder.decodeSingularUInt32Field(value: &self.minVersion) }()
       case 2: try { try decoder.decodeSingularUInt32Field(value: &self.maxVersion) }()
       case 3: try { try decoder.decodeSingularStringField(value: &self.software) }()
+      case 4: try { try decoder.decodeRepeatedStringField(value: &self.capabilities) }()
       default: break
       }
     }
@@ -1679,6 +1737,9 @@ nonisolated extension WireHello: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
     if !self.software.isEmpty {
       try visitor.visitSingularStringField(value: self.software, fieldNumber: 3)
     }
+    if !self.capabilities.isEmpty {
+      try visitor.visitRepeatedStringField(value: self.capabilities, fieldNumber: 4)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -1686,6 +1747,7 @@ nonisolated extension WireHello: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
     if lhs.minVersion != rhs.minVersion {return false}
     if lhs.maxVersion != rhs.maxVersion {return false}
     if lhs.software != rhs.software {return false}
+    if lhs.capabilities != rhs.capabilities {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -1693,7 +1755,7 @@ nonisolated extension WireHello: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
 
 nonisolated extension WireHelloAck: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".HelloAck"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}version\0\u{1}software\0\u{1}challenge\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}version\0\u{1}software\0\u{1}challenge\0\u{1}capabilities\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -1704,6 +1766,7 @@ nonisolated extension WireHelloAck: SwiftProtobuf.Message, SwiftProtobuf._Messag
       case 1: try { try decoder.decodeSingularUInt32Field(value: &self.version) }()
       case 2: try { try decoder.decodeSingularStringField(value: &self.software) }()
       case 3: try { try decoder.decodeSingularBytesField(value: &self.challenge) }()
+      case 4: try { try decoder.decodeRepeatedStringField(value: &self.capabilities) }()
       default: break
       }
     }
@@ -1719,6 +1782,9 @@ nonisolated extension WireHelloAck: SwiftProtobuf.Message, SwiftProtobuf._Messag
     if !self.challenge.isEmpty {
       try visitor.visitSingularBytesField(value: self.challenge, fieldNumber: 3)
     }
+    if !self.capabilities.isEmpty {
+      try visitor.visitRepeatedStringField(value: self.capabilities, fieldNumber: 4)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -1726,6 +1792,7 @@ nonisolated extension WireHelloAck: SwiftProtobuf.Message, SwiftProtobuf._Messag
     if lhs.version != rhs.version {return false}
     if lhs.software != rhs.software {return false}
     if lhs.challenge != rhs.challenge {return false}
+    if lhs.capabilities != rhs.capabilities {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -1827,7 +1894,7 @@ nonisolated extension WireEnrollRequest: SwiftProtobuf.Message, SwiftProtobuf._M
 
 nonisolated extension WireEnrollResponse: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".EnrollResponse"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}agent_id\0\u{3}server_signing_key\0\u{3}server_encryption_key\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}agent_id\0\u{3}server_signing_key\0\u{3}server_encryption_key\0\u{3}key_generation\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -1838,6 +1905,7 @@ nonisolated extension WireEnrollResponse: SwiftProtobuf.Message, SwiftProtobuf._
       case 1: try { try decoder.decodeSingularStringField(value: &self.agentID) }()
       case 2: try { try decoder.decodeSingularBytesField(value: &self.serverSigningKey) }()
       case 3: try { try decoder.decodeSingularBytesField(value: &self.serverEncryptionKey) }()
+      case 4: try { try decoder.decodeSingularUInt32Field(value: &self.keyGeneration) }()
       default: break
       }
     }
@@ -1853,6 +1921,9 @@ nonisolated extension WireEnrollResponse: SwiftProtobuf.Message, SwiftProtobuf._
     if !self.serverEncryptionKey.isEmpty {
       try visitor.visitSingularBytesField(value: self.serverEncryptionKey, fieldNumber: 3)
     }
+    if self.keyGeneration != 0 {
+      try visitor.visitSingularUInt32Field(value: self.keyGeneration, fieldNumber: 4)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -1860,6 +1931,7 @@ nonisolated extension WireEnrollResponse: SwiftProtobuf.Message, SwiftProtobuf._
     if lhs.agentID != rhs.agentID {return false}
     if lhs.serverSigningKey != rhs.serverSigningKey {return false}
     if lhs.serverEncryptionKey != rhs.serverEncryptionKey {return false}
+    if lhs.keyGeneration != rhs.keyGeneration {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -1867,7 +1939,7 @@ nonisolated extension WireEnrollResponse: SwiftProtobuf.Message, SwiftProtobuf._
 
 nonisolated extension WireAuthResponse: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".AuthResponse"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}agent_id\0\u{1}signature\0\u{1}host\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}agent_id\0\u{1}signature\0\u{1}host\0\u{3}key_generation\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -1878,6 +1950,7 @@ nonisolated extension WireAuthResponse: SwiftProtobuf.Message, SwiftProtobuf._Me
       case 1: try { try decoder.decodeSingularStringField(value: &self.agentID) }()
       case 2: try { try decoder.decodeSingularBytesField(value: &self.signature) }()
       case 3: try { try decoder.decodeSingularMessageField(value: &self._host) }()
+      case 4: try { try decoder.decodeSingularUInt32Field(value: &self.keyGeneration) }()
       default: break
       }
     }
@@ -1897,6 +1970,9 @@ nonisolated extension WireAuthResponse: SwiftProtobuf.Message, SwiftProtobuf._Me
     try { if let v = self._host {
       try visitor.visitSingularMessageField(value: v, fieldNumber: 3)
     } }()
+    if self.keyGeneration != 0 {
+      try visitor.visitSingularUInt32Field(value: self.keyGeneration, fieldNumber: 4)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -1904,6 +1980,7 @@ nonisolated extension WireAuthResponse: SwiftProtobuf.Message, SwiftProtobuf._Me
     if lhs.agentID != rhs.agentID {return false}
     if lhs.signature != rhs.signature {return false}
     if lhs._host != rhs._host {return false}
+    if lhs.keyGeneration != rhs.keyGeneration {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -2076,7 +2153,7 @@ nonisolated extension WireUserReport: SwiftProtobuf.Message, SwiftProtobuf._Mess
 
 nonisolated extension WireHeartbeat: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Heartbeat"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}seq\0\u{3}active_uids\0\u{1}stats\0\u{1}users\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}seq\0\u{3}active_uids\0\u{1}stats\0\u{1}users\0\u{3}key_generation\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -2088,6 +2165,7 @@ nonisolated extension WireHeartbeat: SwiftProtobuf.Message, SwiftProtobuf._Messa
       case 2: try { try decoder.decodeRepeatedStringField(value: &self.activeUids) }()
       case 3: try { try decoder.decodeSingularMessageField(value: &self._stats) }()
       case 4: try { try decoder.decodeSingularMessageField(value: &self._users) }()
+      case 5: try { try decoder.decodeSingularUInt32Field(value: &self.keyGeneration) }()
       default: break
       }
     }
@@ -2110,6 +2188,9 @@ nonisolated extension WireHeartbeat: SwiftProtobuf.Message, SwiftProtobuf._Messa
     try { if let v = self._users {
       try visitor.visitSingularMessageField(value: v, fieldNumber: 4)
     } }()
+    if self.keyGeneration != 0 {
+      try visitor.visitSingularUInt32Field(value: self.keyGeneration, fieldNumber: 5)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -2118,6 +2199,7 @@ nonisolated extension WireHeartbeat: SwiftProtobuf.Message, SwiftProtobuf._Messa
     if lhs.activeUids != rhs.activeUids {return false}
     if lhs._stats != rhs._stats {return false}
     if lhs._users != rhs._users {return false}
+    if lhs.keyGeneration != rhs.keyGeneration {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -2125,7 +2207,7 @@ nonisolated extension WireHeartbeat: SwiftProtobuf.Message, SwiftProtobuf._Messa
 
 nonisolated extension WireHeartbeatAck: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".HeartbeatAck"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}seq\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}seq\0\u{3}key_announcements\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -2134,6 +2216,7 @@ nonisolated extension WireHeartbeatAck: SwiftProtobuf.Message, SwiftProtobuf._Me
       // enabled. https://github.com/apple/swift-protobuf/issues/1034
       switch fieldNumber {
       case 1: try { try decoder.decodeSingularUInt64Field(value: &self.seq) }()
+      case 2: try { try decoder.decodeRepeatedMessageField(value: &self.keyAnnouncements) }()
       default: break
       }
     }
@@ -2143,11 +2226,70 @@ nonisolated extension WireHeartbeatAck: SwiftProtobuf.Message, SwiftProtobuf._Me
     if self.seq != 0 {
       try visitor.visitSingularUInt64Field(value: self.seq, fieldNumber: 1)
     }
+    if !self.keyAnnouncements.isEmpty {
+      try visitor.visitRepeatedMessageField(value: self.keyAnnouncements, fieldNumber: 2)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
   public static func ==(lhs: WireHeartbeatAck, rhs: WireHeartbeatAck) -> Bool {
     if lhs.seq != rhs.seq {return false}
+    if lhs.keyAnnouncements != rhs.keyAnnouncements {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireKeyAnnouncement: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".KeyAnnouncement"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}generation\0\u{3}signing_key\0\u{3}encryption_key\0\u{3}issued_at_us\0\u{3}previous_retires_at_us\0\u{1}signature\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularUInt32Field(value: &self.generation) }()
+      case 2: try { try decoder.decodeSingularBytesField(value: &self.signingKey) }()
+      case 3: try { try decoder.decodeSingularBytesField(value: &self.encryptionKey) }()
+      case 4: try { try decoder.decodeSingularInt64Field(value: &self.issuedAtUs) }()
+      case 5: try { try decoder.decodeSingularInt64Field(value: &self.previousRetiresAtUs) }()
+      case 6: try { try decoder.decodeSingularBytesField(value: &self.signature) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if self.generation != 0 {
+      try visitor.visitSingularUInt32Field(value: self.generation, fieldNumber: 1)
+    }
+    if !self.signingKey.isEmpty {
+      try visitor.visitSingularBytesField(value: self.signingKey, fieldNumber: 2)
+    }
+    if !self.encryptionKey.isEmpty {
+      try visitor.visitSingularBytesField(value: self.encryptionKey, fieldNumber: 3)
+    }
+    if self.issuedAtUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.issuedAtUs, fieldNumber: 4)
+    }
+    if self.previousRetiresAtUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.previousRetiresAtUs, fieldNumber: 5)
+    }
+    if !self.signature.isEmpty {
+      try visitor.visitSingularBytesField(value: self.signature, fieldNumber: 6)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireKeyAnnouncement, rhs: WireKeyAnnouncement) -> Bool {
+    if lhs.generation != rhs.generation {return false}
+    if lhs.signingKey != rhs.signingKey {return false}
+    if lhs.encryptionKey != rhs.encryptionKey {return false}
+    if lhs.issuedAtUs != rhs.issuedAtUs {return false}
+    if lhs.previousRetiresAtUs != rhs.previousRetiresAtUs {return false}
+    if lhs.signature != rhs.signature {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

@@ -48,19 +48,34 @@ public struct AgentConnectionStateMachine: Sendable {
     public private(set) var state: State = .idle
     public let mode: Mode
     public let software: String
+    /// What the agent says it can do in `Hello` (README § 4, Capabilities).
+    public let capabilities: [String]
+    /// The capabilities the server agreed to in `HelloAck`.
+    public private(set) var agreed: [String] = []
+    /// The generation of the server's keys the agent pins, said in `AuthResponse` and every
+    /// heartbeat when the server agreed to "key-rotation" (0: not said).
+    public var keyGeneration: Int = 0
     private var heartbeatSeq: UInt64 = 0
 
-    public init(mode: Mode, software: String = "dredge-agent") {
+    public init(mode: Mode, software: String = "dredge-agent", capabilities: [String] = [], keyGeneration: Int = 0) {
         self.mode = mode
         self.software = software
+        self.capabilities = capabilities
+        self.keyGeneration = keyGeneration
     }
+
+    private var saysKeyGeneration: Bool { keyGeneration > 0 && agreed.contains(WireCapability.keyRotation) }
 
     public var isReady: Bool { if case .ready = state { return true } else { return false } }
 
     public mutating func start() -> [Action] {
         guard case .idle = state else { return [] }
         state = .awaitingHelloAck
-        return [.send(.with { $0.hello = .with { $0.minVersion = WireLimits.protocolVersion; $0.maxVersion = WireLimits.protocolVersion; $0.software = software } })]
+        return [
+            .send(.with {
+                $0.hello = .with { $0.minVersion = WireLimits.protocolVersion; $0.maxVersion = WireLimits.protocolVersion; $0.software = software; $0.capabilities = capabilities }
+            })
+        ]
     }
 
     public mutating func receive(_ frame: WireFrame) -> [Action] {
@@ -83,6 +98,8 @@ public struct AgentConnectionStateMachine: Sendable {
             guard ack.version == WireLimits.protocolVersion else {
                 return fail(WireProtocolError(.errorVersionUnsupported, "server chose version \(ack.version)"))
             }
+            // Only what was offered counts as agreed.
+            agreed = ack.capabilities.filter { capabilities.contains($0) }
             switch mode {
             case .authenticate:
                 guard ack.challenge.count == WireLimits.challengeBytes else { return fail(.malformed("challenge of \(ack.challenge.count) bytes")) }
@@ -113,7 +130,8 @@ public struct AgentConnectionStateMachine: Sendable {
     public mutating func signed(_ signature: [UInt8]) -> [Action] {
         guard case .awaitingSignature = state, case .authenticate(let agentID, let host) = mode else { return [] }
         state = .authenticating
-        return [.send(.with { $0.authResponse = .with { $0.agentID = agentID; $0.signature = .init(signature); $0.host = host } })]
+        let generation = saysKeyGeneration ? UInt32(keyGeneration) : 0
+        return [.send(.with { $0.authResponse = .with { $0.agentID = agentID; $0.signature = .init(signature); $0.host = host; $0.keyGeneration = generation } })]
     }
 
     /// A heartbeat, when the interval elapses. Nothing unless ready. `users`: the store's user
@@ -122,10 +140,12 @@ public struct AgentConnectionStateMachine: Sendable {
         guard isReady else { return [] }
         heartbeatSeq += 1
         let seq = heartbeatSeq
+        let generation = saysKeyGeneration ? UInt32(keyGeneration) : 0
         return [
             .send(.with {
                 $0.heartbeat = .with {
                     $0.seq = seq
+                    $0.keyGeneration = generation
                     $0.activeUids = Array(activeUIDs.prefix(WireLimits.maxActiveUIDs))
                     $0.stats = stats
                     if var users {

@@ -44,6 +44,11 @@ public struct ServerConnectionStateMachine: Sendable {
     }
 
     public private(set) var state: State = .awaitingHello
+    /// The capabilities agreed in the handshake: the agent's that this server knows.
+    public private(set) var capabilities: [String] = []
+    /// With the capability "key-rotation", the generation of the server's keys the agent said
+    /// it pins when it authenticated (nil: it did not say).
+    public private(set) var claimedKeyGeneration: Int?
     public let software: String
     public let session: WireAuthResult
 
@@ -83,10 +88,16 @@ public struct ServerConnectionStateMachine: Sendable {
             }
             let bytes = challenge()
             state = .awaitingCredentials(challenge: bytes)
-            return [.send(.with { $0.helloAck = .with { $0.version = WireLimits.protocolVersion; $0.software = software; $0.challenge = .init(bytes) } })]
+            capabilities = WireCapability.agreed(hello.capabilities)
+            return [
+                .send(.with {
+                    $0.helloAck = .with { $0.version = WireLimits.protocolVersion; $0.software = software; $0.challenge = .init(bytes); $0.capabilities = capabilities }
+                })
+            ]
         case (.awaitingCredentials(let challenge), .authResponse(let response)?):
             guard !response.agentID.isEmpty, response.agentID.utf8.count <= WireLimits.maxIDBytes else { return fail(.malformed("bad agent id")) }
             state = .verifying(agentID: response.agentID)
+            if capabilities.contains(WireCapability.keyRotation), response.keyGeneration > 0 { claimedKeyGeneration = Int(response.keyGeneration) }
             return [.verify(agentID: response.agentID, signature: Array(response.signature), challenge: challenge, host: response.host)]
         case (.awaitingCredentials, .enrollRequest(let request)?):
             state = .enrolling
@@ -113,9 +124,10 @@ public struct ServerConnectionStateMachine: Sendable {
         return [.send(.with { $0.authResult = result }), .registered(agentID: agentID)]
     }
 
-    public mutating func authenticationFailed(_ why: String) -> [Action] {
+    /// Refused: `ERROR_AUTH_FAILED`, or `code` (`ERROR_KEYS_RETIRED`, `ERROR_LIMIT_EXCEEDED`).
+    public mutating func authenticationFailed(_ why: String, code: WireErrorCode = .errorAuthFailed) -> [Action] {
         guard case .verifying = state else { return [] }
-        return fail(WireProtocolError(.errorAuthFailed, why))
+        return fail(WireProtocolError(code, why))
     }
 
     public mutating func enrolled(_ response: WireEnrollResponse) -> [Action] {

@@ -32,6 +32,9 @@ final class ConnectionOutbound: Sendable {
     /// The authenticated agent, while the connection is ready.
     var agentID: String? { machine.withLock { $0.agentID } }
 
+    /// The capabilities agreed in the handshake, and the key generation the agent claimed.
+    var agreement: (capabilities: [String], keyGeneration: Int?) { machine.withLock { ($0.capabilities, $0.claimedKeyGeneration) } }
+
     /// Of the session layer's `frames`, those the machine lets out now: all of them while the
     /// connection is ready, none before authentication or once it is ending.
     func permitted(_ frames: [WireFrame]) -> [WireFrame] {

@@ -43,6 +43,10 @@ final class ConnectionSession: Sendable {
         var delivery: (runner: DeliveryRunner, registration: Int)?
         /// When the last heartbeat arrived (or the agent authenticated), for its lag.
         var lastHeartbeat: ContinuousClock.Instant?
+        /// The agent takes key announcements (the capability "key-rotation").
+        var rotates = false
+        /// The generation of the server's keys the agent pins.
+        var keyGeneration = 1
     }
 
     /// The agent, once registered.
@@ -135,11 +139,77 @@ final class ConnectionSession: Sendable {
     /// Called by the driver on the event loop, in the frame's turn (no task runs meanwhile).
     func answerAtOnce(_ frame: WireFrame) -> WireFrame? {
         // What the machine does with a heartbeat once the agent is authenticated: `.deliver`.
-        guard case .heartbeat(let heartbeat)? = frame.body, let id = outbound.agentID,
+        guard case .heartbeat(let heartbeat)? = frame.body, let id = outbound.agentID, !keysToSettle(heartbeat),
             services.registry.holdHeartbeat(id, heartbeat, now: Date())
         else { return nil }
         heartbeatArrived()
         return outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } }]).first
+    }
+
+    // MARK: Key rotation (README § Key rotation)
+
+    /// Which generation of the server's keys the authenticating agent pins: the one it says
+    /// (with the capability), else the one recorded. Pinned for its commands; recorded when it
+    /// changed. A refusal when that generation is retired (or unknown).
+    private func settleKeys(of id: String) async throws -> WireProtocolError? {
+        let keys = services.issuer.keys
+        let agreement = outbound.agreement
+        let recorded = try await services.registry.keyGeneration(of: id) ?? 1
+        let pinned = agreement.keyGeneration ?? recorded
+        if keys.generation(pinned) == nil {
+            // Another node, or the command, may have rotated since this one read the ring.
+            do { try keys.reloadIfChanged() } catch { services.logger.error("cannot read the key ring again", metadata: ["error": "\(error)"]) }
+        }
+        guard keys.generation(pinned) != nil else {
+            let oldest = keys.live.last?.number ?? keys.current.number
+            return pinned < oldest
+                ? WireProtocolError(
+                    .errorKeysRetired,
+                    "this agent pins generation \(pinned) of the server's keys, retired since; enroll it again (dredge-agent enroll) to get generation \(keys.current.number)")
+                : WireProtocolError(.errorAuthFailed, "this agent pins generation \(pinned) of the server's keys, which this server does not have")
+        }
+        keys.pin(id, pinned)
+        state.withLock {
+            $0.rotates = agreement.capabilities.contains(WireCapability.keyRotation)
+            $0.keyGeneration = pinned
+        }
+        if pinned != recorded { try await services.registry.setKeyGeneration(id, pinned) }
+        return nil
+    }
+
+    /// Whether `heartbeat` has anything about keys to settle: the agent takes announcements
+    /// and says another generation than it pinned, or is behind the current one.
+    private func keysToSettle(_ heartbeat: WireHeartbeat) -> Bool {
+        let (rotates, pinned) = state.withLock { ($0.rotates, $0.keyGeneration) }
+        guard rotates else { return false }
+        return (heartbeat.keyGeneration > 0 && Int(heartbeat.keyGeneration) != pinned) || pinned < services.issuer.keys.current.number
+    }
+
+    /// Settles what `heartbeat` says about keys, and returns the announcements its ack carries:
+    /// those that take the agent to the current generation, when it takes them and is behind.
+    private func announcements(for id: String, _ heartbeat: WireHeartbeat) async throws -> [WireKeyAnnouncement] {
+        let (rotates, pinned) = state.withLock { ($0.rotates, $0.keyGeneration) }
+        guard rotates else { return [] }
+        let keys = services.issuer.keys
+        var now = pinned
+        let said = Int(heartbeat.keyGeneration)
+        if said > 0, said != pinned {
+            if keys.generation(said) == nil {
+                do { try keys.reloadIfChanged() } catch { services.logger.error("cannot read the key ring again", metadata: ["error": "\(error)"]) }
+            }
+            if keys.generation(said) != nil {
+                keys.pin(id, said)
+                state.withLock { $0.keyGeneration = said }
+                try await services.registry.setKeyGeneration(id, said)
+                services.logger.info("agent pins new server keys", metadata: ["agent.id": "\(id)", "generation": "\(said)"])
+                now = said
+            } else {
+                services.logger.warning("agent says it pins a generation of the server's keys this server does not have; kept what it had", metadata: [
+                    "agent.id": "\(id)", "said": "\(said)", "pinned": "\(pinned)",
+                ])
+            }
+        }
+        return now < keys.current.number ? keys.announcements(after: now) : []
     }
 
     func fail(_ error: WireProtocolError) async throws -> Outcome { try await run(outbound.step { $0.fail(error) }) }
@@ -161,6 +231,7 @@ final class ConnectionSession: Sendable {
                 } else {
                     false
                 }
+                let refusal = verified ? try await settleKeys(of: id) : nil
                 if verified, try await services.registry.isRevoked(id) {
                     services.metrics.refused(.revoked)
                     refusalCounted = true
@@ -168,6 +239,13 @@ final class ConnectionSession: Sendable {
                         services.logger.notice("agent refused: revoked", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
                     }
                     pending.append(contentsOf: outbound.step { $0.authenticationFailed(AgentListener.revokedDetail) })
+                } else if verified, let refusal {
+                    services.metrics.refused(refusal.code == .errorKeysRetired ? .keysRetired : .authentication)
+                    refusalCounted = true
+                    services.refusals.log { suppressed in
+                        services.logger.notice("agent refused: its keys", metadata: ["agent.id": "\(id)", "why": "\(refusal.message)", "suppressed": "\(suppressed)"])
+                    }
+                    pending.append(contentsOf: outbound.step { $0.authenticationFailed(refusal.message, code: refusal.code) })
                 } else if verified {
                     if services.gate.authenticate(token) {
                         pending.append(contentsOf: outbound.step { $0.authenticated(id) })
@@ -234,7 +312,8 @@ final class ConnectionSession: Sendable {
                         continue
                     }
                     let added = try await services.registry.heartbeat(id, heartbeat, now: Date())
-                    outcome.frames += outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq } }])
+                    let announcements = try await announcements(for: id, heartbeat)
+                    outcome.frames += outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq; $0.keyAnnouncements = announcements } }])
                     // Off the connection's path: the ack does not wait for the pull queue.
                     if !added.isEmpty || heartbeat.hasUsers {
                         Task { [services] in await services.adoptPulls(for: id, heartbeat: heartbeat, added: added) }

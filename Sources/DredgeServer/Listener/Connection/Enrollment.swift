@@ -156,8 +156,12 @@ extension ConnectionServices {
     /// The enrollment after its key was read and its token accepted: the agent recorded.
     private func enroll(_ request: WireEnrollRequest, key: RSAPublicKey, remote: String?) async -> EnrollmentOutcome {
         let id: String
+        // A rotation made by the command or another node counts at once: the agent pins the
+        // newest keys.
+        do { try deployment.keys.reloadIfChanged() } catch { logger.error("cannot read the key ring again; enrolling with the keys read before", metadata: ["error": "\(error)"]) }
+        let keys = deployment.keys.current
         do {
-            id = try await registry.enroll(publicKey: key, host: request.host, now: Date())
+            id = try await registry.enroll(publicKey: key, host: request.host, keyGeneration: keys.number, now: Date())
         } catch let error as AlreadyEnrolled {
             refusals.log { suppressed in
                 logger.notice("enrollment refused: key already enrolled", metadata: ["agent.id": "\(error.agentID)", "remote": "\(remote ?? "?")", "suppressed": "\(suppressed)"])
@@ -170,8 +174,9 @@ extension ConnectionServices {
         logger.info("agent enrolled", metadata: ["agent.id": "\(id)", "host": "\(request.host.bounded.hostname)"])
         return .enrolled(.with {
             $0.agentID = id
-            $0.serverSigningKey = Data(deployment.signingKey.verifyingKey.rawRepresentation)
-            $0.serverEncryptionKey = Data(deployment.encryptionKey.publicKey.spki)
+            $0.serverSigningKey = Data(keys.signingKey.verifyingKey.rawRepresentation)
+            $0.serverEncryptionKey = Data(keys.encryptionKey.publicKey.spki)
+            $0.keyGeneration = UInt32(keys.number)
         })
     }
 }

@@ -102,10 +102,10 @@ struct UploadAdmission: Sendable {
         guard Timestamp.acceptedRange.contains(f.createdAtUs) else {
             return .answered(Self.error(.errorUploadInvalid, id, "feedback created_at_us is outside 1970–9999"))
         }
-        let encryptionKey = issuer.encryptionKey
+        let keys = issuer.keys
         let wrapped = Array(header.wrappedKey)
         let key = try await blocking.runIfActive { () -> SymmetricKey? in
-            do { return try encryptionKey.unwrapKey(wrapped) } catch { return nil }  // refused below
+            do { return try keys.unwrapKey(wrapped) } catch { return nil }  // refused below
         }
         guard let key else {
             return .answered(Self.error(.errorUploadInvalid, id, "the feedback key does not unwrap with this server's key"))

@@ -55,7 +55,7 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         }
     }
 
-    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date) async throws -> String {
+    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, keyGeneration: Int, now: Date) async throws -> String {
         let id = publicKey.agentID
         let host = host.bounded
         let labels = try AgentRows.json(host.extra)
@@ -63,9 +63,9 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         let inserted = try await db.write { c in
             try await c.run(
                 """
-                INSERT INTO agent (id, public_key, hostname, os, app, app_version, enrolled_at, labels)
+                INSERT INTO agent (id, public_key, hostname, os, app, app_version, enrolled_at, labels, key_generation)
                 VALUES (\(id), \(key), \(host.hostname.storable), \(host.os.storable), \(host.app.storable), \(host.appVersion.storable),
-                    \(now.timeIntervalSince1970), \(labels.storable))
+                    \(now.timeIntervalSince1970), \(labels.storable), \(keyGeneration))
                 ON CONFLICT (id) DO NOTHING RETURNING 1
                 """)
         }
@@ -210,6 +210,25 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         guard !agentIDs.isEmpty else { return [] }
         return try await db.read { c in
             try await c.rows("SELECT id FROM agent WHERE revoked_at IS NOT NULL AND id = ANY(\(agentIDs))").map { try $0.decode(String.self) }
+        }
+    }
+
+    public func keyGeneration(of agentID: String) async throws -> Int? {
+        try await db.read { try await $0.value("SELECT key_generation FROM agent WHERE id = \(agentID)", as: Int.self) }
+    }
+
+    public func setKeyGeneration(_ agentID: String, _ generation: Int) async throws {
+        _ = try await db.write { try await $0.run("UPDATE agent SET key_generation = \(generation) WHERE id = \(agentID)") }
+    }
+
+    public func keyGenerations() async throws -> [Int: Int] {
+        try await db.read { c in
+            var counts: [Int: Int] = [:]
+            for row in try await c.rows("SELECT key_generation, count(*)::bigint FROM agent WHERE revoked_at IS NULL GROUP BY key_generation") {
+                let (generation, count) = try row.decode((Int, Int).self)
+                counts[generation] = count
+            }
+            return counts
         }
     }
 

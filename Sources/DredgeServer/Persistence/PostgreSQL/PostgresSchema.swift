@@ -291,6 +291,13 @@ enum PostgresSchema {
                 "ALTER TABLE token ADD COLUMN uses_left integer",
             ]
         ),
+        (
+            "agent-key-generation-v1",
+            [
+                // The generation of the server's keys each agent pins (key rotation, #56).
+                "ALTER TABLE agent ADD COLUMN key_generation integer NOT NULL DEFAULT 1",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

@@ -106,6 +106,11 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         migrator.registerMigration("agents-v6-revocation") { db in
             try db.execute(sql: "ALTER TABLE agent ADD COLUMN revoked_at REAL; ALTER TABLE agent ADD COLUMN revoked_by TEXT")
         }
+        // The generation of the server's keys each agent pins (key rotation, #56); agents
+        // enrolled before rotations existed have the first.
+        migrator.registerMigration("agents-v7-key-generation") { db in
+            try db.execute(sql: "ALTER TABLE agent ADD COLUMN key_generation INTEGER NOT NULL DEFAULT 1")
+        }
     }
 
     /// Marks every agent disconnected: called when the server starts.
@@ -115,7 +120,7 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
 
     /// Registers an agent's key (enrollment). A key that is already enrolled is refused
     /// (``AlreadyEnrolled``): whoever holds a token could otherwise rename another agent.
-    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, now: Date = Date()) async throws -> String {
+    public func enroll(publicKey: RSAPublicKey, host: WireHostInfo, keyGeneration: Int, now: Date = Date()) async throws -> String {
         let id = publicKey.agentID
         let host = host.bounded
         let row = AgentRow(
@@ -123,7 +128,9 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
             enrolledAt: now.timeIntervalSince1970, labels: try AgentRows.json(host.extra))
         let inserted = try await db.write { db in
             try row.insert(db, onConflict: .ignore)
-            return db.changesCount > 0
+            guard db.changesCount > 0 else { return false }
+            try db.execute(sql: "UPDATE agent SET key_generation = ? WHERE id = ?", arguments: [keyGeneration, id])
+            return true
         }
         guard inserted else { throw AlreadyEnrolled(agentID: id) }
         return id
@@ -257,6 +264,24 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         let ids = agentIDs
         return try await db.read { db in
             try String.fetchAll(db, sql: "SELECT id FROM agent WHERE revoked_at IS NOT NULL AND id IN (SELECT value FROM json_each(?))", arguments: [String(decoding: try JSONEncoder().encode(ids), as: UTF8.self)])
+        }
+    }
+
+    public func keyGeneration(of agentID: String) async throws -> Int? {
+        try await db.read { try prepared("SELECT key_generation FROM agent WHERE id = ?", [agentID], as: Int.self).fetchOne($0) }
+    }
+
+    public func setKeyGeneration(_ agentID: String, _ generation: Int) async throws {
+        try await db.write { try $0.execute(sql: "UPDATE agent SET key_generation = ? WHERE id = ?", arguments: [generation, agentID]) }
+    }
+
+    public func keyGenerations() async throws -> [Int: Int] {
+        try await db.read { db in
+            var counts: [Int: Int] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT key_generation, count(*) FROM agent WHERE revoked_at IS NULL GROUP BY key_generation") {
+                counts[row[0]] = row[1]
+            }
+            return counts
         }
     }
 

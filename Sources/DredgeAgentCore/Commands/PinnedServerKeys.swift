@@ -1,0 +1,96 @@
+import DredgeDomain
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+
+/// The server keys an agent pins, by generation (README § Key rotation): the current
+/// generation's signing and encryption keys, and the signing keys of earlier generations,
+/// still accepted on commands until they retire. A server that rotates its keys announces the
+/// next generation in a heartbeat ack, signed by the current signing key; ``adopting(_:now:)``
+/// checks the announcements and gives the keys the agent pins from then on.
+public struct PinnedServerKeys: Sendable {
+    public let generation: Int
+    public let signing: CommandVerifier
+    public let encryption: RSAPublicKey
+    /// Earlier generations' signing keys and when each retires (µs since the epoch).
+    public let previous: [(generation: Int, signing: CommandVerifier, retiresAtUs: Int64)]
+
+    public init(_ file: AgentState.File) throws {
+        generation = max(1, file.keyGeneration ?? 1)
+        signing = try CommandVerifier(rawRepresentation: Hex.decode(file.serverSigningKey) ?? [])
+        encryption = try RSAPublicKey(spki: Hex.decode(file.serverEncryptionKey) ?? [])
+        previous = try (file.previousSigningKeys ?? []).map {
+            ($0.generation, try CommandVerifier(rawRepresentation: Hex.decode($0.signingKey) ?? []), Timestamp($0.retiresAt).microseconds)
+        }
+    }
+
+    private init(generation: Int, signing: CommandVerifier, encryption: RSAPublicKey, previous: [(generation: Int, signing: CommandVerifier, retiresAtUs: Int64)]) {
+        self.generation = generation
+        self.signing = signing
+        self.encryption = encryption
+        self.previous = previous
+    }
+
+    /// The keys a command may be signed with at `now`: the current one, then the earlier ones
+    /// not retired yet.
+    public func verifiers(at now: Timestamp) -> [CommandVerifier] {
+        [signing] + previous.filter { now.microseconds < $0.retiresAtUs }.map(\.signing)
+    }
+
+    /// Why an announcement is not taken.
+    public struct Refusal: Error, CustomStringConvertible, Sendable {
+        public let description: String
+    }
+
+    /// The keys after `announcements` (those of generations already pinned are skipped), each
+    /// checked in turn: the next generation in order, signed by the signing key of the one
+    /// before, keys of the §5 forms, times of the §5 range, and the one before not retired yet
+    /// (an announcement signed by a retired key proves nothing). Throws on the first that
+    /// fails, taking none of them. Earlier keys retired at `now` are dropped.
+    public func adopting(_ announcements: [WireKeyAnnouncement], now: Timestamp) throws -> PinnedServerKeys {
+        var keys = self
+        for announcement in announcements where Int(announcement.generation) > keys.generation {
+            let number = Int(announcement.generation)
+            guard number == keys.generation + 1 else {
+                throw Refusal(description: "announcement of generation \(number) while generation \(keys.generation + 1) is the next")
+            }
+            guard keys.signing.isValid(announcement) else {
+                throw Refusal(description: "the announcement of generation \(number) is not signed by generation \(keys.generation)'s key")
+            }
+            guard Timestamp.acceptedRange.contains(announcement.issuedAtUs), Timestamp.acceptedRange.contains(announcement.previousRetiresAtUs) else {
+                throw Refusal(description: "the announcement of generation \(number) has a time outside 1970–9999")
+            }
+            guard now.microseconds < announcement.previousRetiresAtUs else {
+                throw Refusal(
+                    description: "generation \(keys.generation) retired at \(Timestamp(microseconds: announcement.previousRetiresAtUs)): its announcement of the next is not taken")
+            }
+            let signing: CommandVerifier
+            let encryption: RSAPublicKey
+            do {
+                signing = try CommandVerifier(rawRepresentation: announcement.signingKey)
+                encryption = try RSAPublicKey(spki: announcement.encryptionKey)
+            } catch {
+                throw Refusal(description: "the announcement of generation \(number) carries a key of the wrong form: \(error)")
+            }
+            keys = PinnedServerKeys(
+                generation: number, signing: signing, encryption: encryption,
+                previous: keys.previous + [(keys.generation, keys.signing, announcement.previousRetiresAtUs)])
+        }
+        return PinnedServerKeys(
+            generation: keys.generation, signing: keys.signing, encryption: keys.encryption,
+            previous: keys.previous.filter { now.microseconds < $0.retiresAtUs })
+    }
+
+    /// Writes these keys into the agent's file.
+    public func write(into file: inout AgentState.File) {
+        file.keyGeneration = generation
+        file.serverSigningKey = Hex.encode(signing.rawRepresentation)
+        file.serverEncryptionKey = Hex.encode(encryption.spki)
+        file.previousSigningKeys =
+            previous.isEmpty
+            ? nil
+            : previous.map {
+                .init(generation: $0.generation, signingKey: Hex.encode($0.signing.rawRepresentation), retiresAt: Timestamp(microseconds: $0.retiresAtUs).date)
+            }
+    }
+}

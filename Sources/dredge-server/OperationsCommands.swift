@@ -192,7 +192,7 @@ struct KeysRotateCommand: ParsableCommand {
             this release take them without re-enrolling. Until the overlap ends the server still signs commands for agents \
             that have not taken them (an older release, or offline) with the current key, and opens feedback sealed under \
             either. After it, agents still on the old keys are refused and told to enroll again. A running server picks the \
-            new keys up within a minute.
+            new keys up within 10 seconds.
             """)
 
     @Option(help: "The data directory.")

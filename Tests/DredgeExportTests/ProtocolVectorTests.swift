@@ -99,6 +99,41 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         #expect(file == produced)
     }
 
+    /// The announcement of a generation of the server's keys (README § Key rotation): signed
+    /// by generation 1's key (command.json's), for generation 2's Ed25519 key and keywrap.json's
+    /// RSA key, and the heartbeat ack that carries it.
+    @Test func keyAnnouncement() throws {
+        let previous = try ServerSigningKey(rawRepresentation: Self.ed25519Seed)
+        let nextSeed = (0..<32).map { UInt8(0x60 + $0) }
+        let next = try ServerSigningKey(rawRepresentation: nextSeed)
+        let encryption = try Self.testKey().publicKey
+        var announcement = WireKeyAnnouncement.with {
+            $0.generation = 2
+            $0.signingKey = Data(next.verifyingKey.rawRepresentation)
+            $0.encryptionKey = Data(encryption.spki)
+            $0.issuedAtUs = 1_795_340_400_000_000
+            $0.previousRetiresAtUs = 1_797_932_400_000_000
+        }
+        try previous.sign(&announcement)
+        #expect(previous.verifyingKey.isValid(announcement))
+        #expect(!next.verifyingKey.isValid(announcement))
+        let frame = try FrameEncoder.bytes(of: WireFrame.with { $0.heartbeatAck = .with { $0.seq = 7; $0.keyAnnouncements = [announcement] } })
+        let (file, produced) = try Vectors.check("key_announcement.json", [
+            "description": "The announcement of generation 2 of the server's keys, signed with Ed25519 (deterministic) by generation 1's key over the announcement signing input, and a HeartbeatAck (seq 7) carrying it.",
+            "previous_ed25519_private_key": hex(Self.ed25519Seed),
+            "previous_ed25519_public_key": hex(previous.verifyingKey.rawRepresentation),
+            "next_ed25519_private_key": hex(nextSeed),
+            "announcement": [
+                "generation": Int(announcement.generation), "signing_key": hex(announcement.signingKey), "encryption_key": hex(announcement.encryptionKey),
+                "issued_at_us": announcement.issuedAtUs, "previous_retires_at_us": announcement.previousRetiresAtUs,
+            ] as [String: Any],
+            "signing_input": hex(SigningInput.keyAnnouncement(announcement)),
+            "signature": hex(announcement.signature),
+            "frame": hex(frame),
+        ])
+        #expect(file == produced)
+    }
+
     /// A command with a text filter (non-ASCII, addressed to an agent, no uid), and the §10
     /// matching rule on a few records: Swift's store and the Python check must agree on each.
     @Test func textFilterCommand() throws {

@@ -29,6 +29,7 @@ import urllib.error
 import urllib.request
 import zipfile
 
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -144,8 +145,11 @@ class Agent:
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=bits)
         self.agent_id = spec.agent_id(spki(self.key.public_key()))
 
-    def hello(self, link: wire.Link) -> dict:
-        link.send("hello", {"min_version": 1, "max_version": 1, "software": "conformance/1"})
+    def hello(self, link: wire.Link, capabilities=()) -> dict:
+        hello = {"min_version": 1, "max_version": 1, "software": "conformance/1"}
+        if capabilities:
+            hello["capabilities"] = list(capabilities)
+        link.send("hello", hello)
         name, ack = link.expect("hello_ack")
         assert name == "hello_ack", ack
         return ack
@@ -162,15 +166,22 @@ class Agent:
             if answer[0] == "enroll_response":
                 self.signing_key = ed25519.Ed25519PublicKey.from_public_bytes(answer[1]["server_signing_key"])
                 self.encryption_key = serialization.load_der_public_key(answer[1]["server_encryption_key"])
+                self.key_generation = answer[1].get("key_generation", 0) or 1
             return answer
         finally:
             link.close()
 
-    def connect(self) -> wire.Link:
+    def connect(self, capabilities=(), key_generation=0) -> wire.Link:
+        """An authenticated link; `capabilities` listed in Hello (none: the base protocol), and
+        the key generation said in AuthResponse (0: not said)."""
         link = wire.Link(self.server.port, self.server.ca, timeout=60)
-        ack = self.hello(link)
+        ack = self.hello(link, capabilities)
+        link.agreed = ack.get("capabilities", [])
         signature = self.key.sign(spec.auth_signing_input(ack["challenge"], self.agent_id), PSS, hashes.SHA256())
-        link.send("auth_response", {"agent_id": self.agent_id, "signature": signature, "host": {"hostname": "conformance"}})
+        response = {"agent_id": self.agent_id, "signature": signature, "host": {"hostname": "conformance"}}
+        if key_generation:
+            response["key_generation"] = key_generation
+        link.send("auth_response", response)
         name, result = link.expect("auth_result")
         assert name == "auth_result", result
         link.session = result
@@ -1163,6 +1174,102 @@ def second_server_cases(binary: str, failures: list):
             shutil.rmtree(s.dir, ignore_errors=True)
 
 
+def rotation_cases(binary: str, failures: list) -> int:
+    """§4 capabilities and §5 key rotation, on a server of their own rotated by its command
+    (`keys rotate`), with a heartbeat a second. Returns the number of rules."""
+    s = Server(binary, heartbeat_seconds=1, config={"connections": {"missedHeartbeats": 60}})
+    data = os.path.join(s.dir, "server")
+    checks = []
+
+    def check(rule):
+        def register(fn):
+            checks.append((rule, fn))
+            return fn
+        return register
+
+    try:
+        old, capable = Agent(s), Agent(s)
+        assert old.enroll()[0] == "enroll_response" and capable.enroll()[0] == "enroll_response"
+
+        @check("§4 capabilities: the server agrees to those it knows, once each, in the order listed; none to an agent that lists none")
+        def capabilities():
+            link = fresh_link(s)
+            ack = old.hello(link, ["no-such-capability", "key-rotation", "key-rotation"])
+            expect("agreed", ack.get("capabilities", []), ["key-rotation"])
+            link.close()
+            link = fresh_link(s)
+            expect("an agent that lists none", old.hello(link).get("capabilities", []), [])
+            link.close()
+            expect("the keys of enrollment are generation 1", capable.key_generation, 1)
+
+        @check("§5 key rotation: announced to an agent behind, signed by the previous key; its commands then signed with the new one; an agent without the capability is served as before")
+        def rotation():
+            generation1 = capable.signing_key
+            subprocess.run([binary, "keys", "rotate", "--data", data, "--overlap", "1h"], check=True, capture_output=True)
+            link = capable.connect(capabilities=["key-rotation"], key_generation=1)
+            expect("agreed", link.agreed, ["key-rotation"])
+            # The server looks at its key ring every few seconds: heartbeat until it announces.
+            announced, seq, deadline = [], 0, time.time() + 60
+            while not announced and time.time() < deadline:
+                seq += 1
+                link.send("heartbeat", {"seq": seq, "key_generation": 1})
+                name, ack = link.expect("heartbeat_ack", skip=("pull_command",))
+                assert name == "heartbeat_ack", (name, ack)
+                announced = ack.get("key_announcements", [])
+                if not announced:
+                    time.sleep(1)
+            expect("one announcement", len(announced), 1)
+            a = announced[0]
+            expect("of generation 2", a.get("generation"), 2)
+            generation1.verify(a["signature"], spec.key_announcement_signing_input(a))
+            print("  ok: signed by generation 1's key")
+            expect("generation 1 retires in an hour", abs(a["previous_retires_at_us"] - (now_us() + 3_600_000_000)) < 300_000_000, True)
+            forged = dict(a, previous_retires_at_us=a["previous_retires_at_us"] + 1)
+            try:
+                generation1.verify(a["signature"], spec.key_announcement_signing_input(forged))
+                raise AssertionError("a changed announcement verified")
+            except InvalidSignature:
+                print("  ok: a changed announcement does not verify")
+            new_signing = ed25519.Ed25519PublicKey.from_public_bytes(a["signing_key"])
+            new_encryption = serialization.load_der_public_key(a["encryption_key"])
+            expect("an RSA key of 3072 bits", new_encryption.key_size, 3072)
+            seq += 1
+            link.send("heartbeat", {"seq": seq, "key_generation": 2})
+            name, ack = link.expect("heartbeat_ack", skip=("pull_command",))
+            expect("nothing announced once it pins generation 2", ack.get("key_announcements", []), [])
+            capable.signing_key, capable.encryption_key = new_signing, new_encryption
+            command, key = capable.pull(link)  # verifies under the new key
+            print("  ok: its command is signed with generation 2's key")
+            link.close()
+            link = capable.connect(capabilities=["key-rotation"], key_generation=2)
+            expect("a feedback sealed for generation 2's key", code_of(upload(link, *feedback_upload(capable))), "ok")
+            link.close()
+
+            link = old.connect()
+            expect("nothing agreed", link.agreed, [])
+            link.send("heartbeat", {"seq": 1})
+            name, ack = link.expect("heartbeat_ack", skip=("pull_command",))
+            expect("no announcement to an agent without the capability", ack.get("key_announcements", []), [])
+            old.pull(link)  # verifies under generation 1's key
+            print("  ok: its command is signed with generation 1's key, which it pins")
+            expect("a feedback sealed for generation 1's key", code_of(upload(link, *feedback_upload(old))), "ok")
+            link.close()
+
+        for rule, fn in checks:
+            print(rule)
+            try:
+                fn()
+            except Exception:
+                failures.append(rule)
+                print("  FAIL:", traceback.format_exc().strip().splitlines()[-1])
+                traceback.print_exc()
+    finally:
+        s.stop()
+    if not any(rule for rule, _ in checks if rule in failures):
+        shutil.rmtree(s.dir, ignore_errors=True)
+    return len(checks)
+
+
 def main():
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
@@ -1184,7 +1291,7 @@ def main():
                 traceback.print_exc()
     finally:
         server.stop()
-    total = len(CASES) + second_server_cases(sys.argv[1], failures)
+    total = len(CASES) + second_server_cases(sys.argv[1], failures) + rotation_cases(sys.argv[1], failures)
     if failures:
         print(f"{len(failures)} of {total} rules FAILED; the servers' logs are under {tempfile.gettempdir()}/dredge-conformance-*")
         raise SystemExit(1)

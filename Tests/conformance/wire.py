@@ -14,20 +14,22 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
 from dredge_spec import varint as read_varint  # noqa: E402  (the interop check's protobuf reader)
 
-HELLO = {"min_version": (1, "uint"), "max_version": (2, "uint"), "software": (3, "string")}
-HELLO_ACK = {"version": (1, "uint"), "software": (2, "string"), "challenge": (3, "bytes")}
+HELLO = {"min_version": (1, "uint"), "max_version": (2, "uint"), "software": (3, "string"), "capabilities": (4, ("repeated", "string"))}
+HELLO_ACK = {"version": (1, "uint"), "software": (2, "string"), "challenge": (3, "bytes"), "capabilities": (4, ("repeated", "string"))}
 HOST_INFO = {"hostname": (1, "string"), "os": (2, "string"), "app": (3, "string"), "app_version": (4, "string"),
              "extra": (5, ("map", "string", "string"))}
 ENROLL_REQUEST = {"token": (1, "string"), "public_key": (2, "bytes"), "host": (3, ("msg", HOST_INFO))}
-ENROLL_RESPONSE = {"agent_id": (1, "string"), "server_signing_key": (2, "bytes"), "server_encryption_key": (3, "bytes")}
-AUTH_RESPONSE = {"agent_id": (1, "string"), "signature": (2, "bytes"), "host": (3, ("msg", HOST_INFO))}
+ENROLL_RESPONSE = {"agent_id": (1, "string"), "server_signing_key": (2, "bytes"), "server_encryption_key": (3, "bytes"), "key_generation": (4, "uint")}
+AUTH_RESPONSE = {"agent_id": (1, "string"), "signature": (2, "bytes"), "host": (3, ("msg", HOST_INFO)), "key_generation": (4, "uint")}
 AUTH_RESULT = {"agent_id": (1, "string"), "heartbeat_interval_s": (2, "uint"), "window": (3, "uint"), "max_chunk_bytes": (4, "uint")}
 STORE_STATS = {"records": (1, "uint"), "oldest_us": (2, "int"), "newest_us": (3, "int"), "bytes_on_disk": (4, "uint"), "dropped": (5, "uint")}
 USER_SEEN = {"uid": (1, "string"), "last_seen_us": (2, "int")}
 USER_REPORT = {"users": (1, ("repeated", ("msg", USER_SEEN))), "truncated": (2, "bool")}
 HEARTBEAT = {"seq": (1, "uint"), "active_uids": (2, ("repeated", "string")), "stats": (3, ("msg", STORE_STATS)),
-             "users": (4, ("msg", USER_REPORT))}
-HEARTBEAT_ACK = {"seq": (1, "uint")}
+             "users": (4, ("msg", USER_REPORT)), "key_generation": (5, "uint")}
+KEY_ANNOUNCEMENT = {"generation": (1, "uint"), "signing_key": (2, "bytes"), "encryption_key": (3, "bytes"), "issued_at_us": (4, "int"),
+                    "previous_retires_at_us": (5, "int"), "signature": (6, "bytes")}
+HEARTBEAT_ACK = {"seq": (1, "uint"), "key_announcements": (2, ("repeated", ("msg", KEY_ANNOUNCEMENT)))}
 TARGET = {"uid": (1, "string"), "agent_id": (2, "string")}
 FILTER = {"since_us": (1, "int"), "until_us": (2, "int"), "uid": (3, "string"), "types": (4, ("repeated", "string")),
           "levels": (5, ("repeated", "enum")), "text": (6, "string")}
@@ -64,7 +66,8 @@ BODY_BY_NUMBER = {number: (name, schema) for name, (number, schema) in BODIES.it
 ERRORS = {0: "ERROR_UNSPECIFIED", 1: "ERROR_VERSION_UNSUPPORTED", 2: "ERROR_MALFORMED_FRAME", 3: "ERROR_FRAME_TOO_LARGE",
           4: "ERROR_UNEXPECTED_MESSAGE", 5: "ERROR_ENROLLMENT_REFUSED", 6: "ERROR_AUTH_FAILED", 7: "ERROR_UPLOAD_UNKNOWN",
           8: "ERROR_UPLOAD_INVALID", 9: "ERROR_CHUNK_INVALID", 10: "ERROR_CHUNK_AUTH_FAILED", 11: "ERROR_UPLOAD_INCOMPLETE",
-          12: "ERROR_PAYLOAD_INVALID", 13: "ERROR_LIMIT_EXCEEDED", 14: "ERROR_INTERNAL", 15: "ERROR_SHUTTING_DOWN"}
+          12: "ERROR_PAYLOAD_INVALID", 13: "ERROR_LIMIT_EXCEEDED", 14: "ERROR_INTERNAL", 15: "ERROR_SHUTTING_DOWN",
+          16: "ERROR_KEYS_RETIRED"}
 CODE = {name: number for number, name in ERRORS.items()}
 STATES = {0: "UNKNOWN", 1: "RECEIVING", 2: "COMPLETE", 3: "FAILED"}
 LEVELS = ["trace", "debug", "info", "notice", "warning", "error", "critical"]

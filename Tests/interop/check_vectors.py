@@ -60,6 +60,17 @@ check(signer.public_key().public_bytes(serialization.Encoding.Raw, serialization
 check(signer.sign(signing_input).hex() == cmd["signature"], "Ed25519 command signature reproduced")
 check(spec.frame_body_field(bytes.fromhex(cmd["frame"])) == 9, "pull command frame")
 
+ka = load("key_announcement.json")
+announcement = ka["announcement"]
+ka_input = spec.key_announcement_signing_input(announcement)
+check(ka_input.hex() == ka["signing_input"], "key announcement signing input")
+check(ka["previous_ed25519_private_key"] == cmd["ed25519_private_key"], "the announcement is signed by command.json's key")
+check(signer.sign(ka_input).hex() == ka["signature"], "key announcement signature reproduced")
+nxt = ed25519.Ed25519PrivateKey.from_private_bytes(bytes.fromhex(ka["next_ed25519_private_key"]))
+check(nxt.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex() == announcement["signing_key"], "generation 2's public key")
+check(serialization.load_der_public_key(bytes.fromhex(announcement["encryption_key"])).key_size == 3072, "generation 2's RSA key")
+check(spec.frame_body_field(bytes.fromhex(ka["frame"])) == 8, "heartbeat ack frame")
+
 chunks = load("chunks.json")
 header_bytes = spec.upload_header_canonical(chunks["header"])
 check(header_bytes.hex() == chunks["header_canonical"], "upload header canonical bytes")

@@ -92,6 +92,16 @@ def upload_header_canonical(h: dict) -> bytes:
     return bytes(w.out)
 
 
+def key_announcement_signing_input(a: dict) -> bytes:
+    w = Canonical("dredge.v1.key-announcement")
+    w.u32(a["generation"])
+    w.bytes(a["signing_key"] if isinstance(a["signing_key"], bytes) else bytes.fromhex(a["signing_key"]))
+    w.bytes(a["encryption_key"] if isinstance(a["encryption_key"], bytes) else bytes.fromhex(a["encryption_key"]))
+    w.i64(a["issued_at_us"])
+    w.i64(a["previous_retires_at_us"])
+    return bytes(w.out)
+
+
 def auth_signing_input(challenge: bytes, agent_id: str) -> bytes:
     w = Canonical("dredge.v1.auth")
     w.bytes(challenge)

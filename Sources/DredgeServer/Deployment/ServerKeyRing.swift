@@ -267,7 +267,7 @@ struct FileStamp: Equatable, Sendable {
     }
 }
 
-/// Keeps a running server's key ring as the directory has it: every `every` (a minute) it
+/// Keeps a running server's key ring as the directory has it: every `every` (10 s) it
 /// reads `keyring.json` again if it changed (a rotation by `dredge-server keys rotate`, or by
 /// another node), and forgets the private keys of generations that retired.
 public final class KeyRingRefresh: Service, Sendable {
@@ -276,7 +276,7 @@ public final class KeyRingRefresh: Service, Sendable {
     let now: @Sendable () -> Date
     let logger: Logger
 
-    public init(keys: KeyRing, every: Duration = .seconds(60), now: @escaping @Sendable () -> Date = { Date() }, logger: Logger) {
+    public init(keys: KeyRing, every: Duration = .seconds(10), now: @escaping @Sendable () -> Date = { Date() }, logger: Logger) {
         self.keys = keys
         self.every = every
         self.now = now

@@ -110,6 +110,15 @@ import Testing
                 }
             }
 
+            // What a scrape says meanwhile: B and the old agent are behind, and when they will be cut off.
+            let metrics = ServerMetrics()
+            metrics.addSampler(ServerPersistence(try ServerStores(try LoadedDeployment(directory: server.data))).sampler(into: metrics))
+            let samples = MetricsTests.samples(String(decoding: await metrics.exposition(), as: UTF8.self))
+            #expect(samples["dredge_server_key_generation"] == 2)
+            #expect(samples["dredge_agents_on_retiring_keys"] == 2)
+            let retires = try #require(samples["dredge_server_keys_retire_timestamp_seconds"])
+            #expect(abs(retires - Date().addingTimeInterval(3_600).timeIntervalSince1970) < 300)
+
             // B was offline through all of it: it comes back and takes the new keys.
             #expect(try Self.pinned(stateB).generation == 1)
             try await withStopping(try Running(stateB, store: storeB)) { b in

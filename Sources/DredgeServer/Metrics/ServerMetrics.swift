@@ -109,6 +109,11 @@ public final class ServerMetrics: Sendable {
     let diskFree: Gauge
     /// When the agent listener's certificate expires (``CertificateRenewal``).
     let certificateExpiry: Gauge
+    /// The current generation of the server's keys, and agents that pin an earlier one.
+    let keyGeneration: Gauge
+    let agentsOnRetiringKeys: Gauge
+    /// When the oldest generation still live but not current retires (0: none).
+    let keysRetire: Gauge
     let diskSize: Gauge
     let clusterNodes: Gauge
     let leaseHeld: Gauge
@@ -225,6 +230,13 @@ public final class ServerMetrics: Sendable {
         certificateExpiry = r.gauge(
             name: "dredge_tls_certificate_expiry_timestamp_seconds",
             help: "When the agent listener's certificate expires (Unix time); the server renews it 30 days before.")
+        keyGeneration = r.gauge(name: "dredge_server_key_generation", help: "The current generation of the server's command-signing and encryption keys.")
+        agentsOnRetiringKeys = r.gauge(
+            name: "dredge_agents_on_retiring_keys",
+            help: "Enrolled agents (not revoked) that pin an earlier generation of the server's keys than the current one: refused once it retires.")
+        keysRetire = r.gauge(
+            name: "dredge_server_keys_retire_timestamp_seconds",
+            help: "When the oldest generation of the server's keys still in use but not current retires (Unix time); 0 when there is none.")
         diskSize = r.gauge(name: "dredge_data_directory_size_bytes", help: "Size of the data directory's file system, in bytes.")
         clusterNodes = r.gauge(name: "dredge_cluster_nodes", help: "Nodes of the cluster whose lease is current (1 on SQLite).")
         leaseHeld = r.gauge(name: "dredge_cluster_lease_held", help: "1 while this node's lease is current in the database, else 0 (always 1 on SQLite).")

@@ -160,6 +160,13 @@ public struct ServerPersistence: Sendable {
             metrics.agentsOnline.set(Double(counts.agentsOnline))
             for (status, gauge) in metrics.pullTargets { gauge.set(Double(counts.pullTargets[status] ?? 0)) }
             for (status, gauge) in metrics.feedback { gauge.set(Double(counts.feedback[status] ?? 0)) }
+            // The key ring as this node has it, and who would be cut off when a generation retires.
+            let keys = issuer.keys
+            let current = keys.current.number
+            let retiring = keys.live.compactMap(\.retiresAt).min()
+            metrics.keyGeneration.set(Double(current))
+            metrics.keysRetire.set(retiring?.timeIntervalSince1970 ?? 0)
+            metrics.agentsOnRetiringKeys.set(Double(try await registry.keyGenerations().filter { $0.key < current }.values.reduce(0, +)))
         }
     }
 

@@ -297,6 +297,8 @@ public final class AgentClient: Service, Sendable {
             return watch.silenceAllowed
         }
         var reports = UserReportDeduplication()
+        /// Why the server's last announcement of new keys was not taken.
+        var lastKeyRefusal: String?
 
         /// A heartbeat, with the user report only when it differs from the last one sent on
         /// this connection.
@@ -323,8 +325,13 @@ public final class AgentClient: Service, Sendable {
                         do {
                             connection.pinned(try await uploads.adoptKeys(ack.keyAnnouncements))
                         } catch {
-                            // Kept what it had: the server announces them again with the next ack.
-                            logger.error("the server's new keys were not taken", metadata: ["error": "\(error)"])
+                            // Kept what it had: the server announces them again with the next
+                            // ack. Said once per connection and reason, not at every heartbeat.
+                            let reason = "\(error)"
+                            if reason != lastKeyRefusal {
+                                lastKeyRefusal = reason
+                                logger.error("the server's new keys were not taken", metadata: ["error": "\(reason)"])
+                            }
                         }
                     }
                     try await uploads.receive(frame)

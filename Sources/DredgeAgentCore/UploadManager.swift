@@ -58,8 +58,8 @@ actor UploadManager {
     /// The agent's state as it is now (the server keys it pins included).
     var currentState: AgentState { state }
 
-    /// The generation of the server's keys the agent pins.
-    var keyGeneration: Int { admission.serverKeys?.generation ?? 1 }
+    /// The generation of the server's keys the agent says it pins (0: not known, README § Key rotation).
+    var keyGeneration: Int { admission.serverKeys?.said ?? 0 }
 
     /// Takes the server's announcements of new keys (README § Key rotation): checked, written
     /// to `agent.json`, and used for commands and feedback from now on. Returns the generation
@@ -69,7 +69,8 @@ actor UploadManager {
     func adoptKeys(_ announcements: [WireKeyAnnouncement], now: Timestamp = .now) throws -> Int {
         let current = try admission.serverKeys ?? PinnedServerKeys(state.file)
         let next = try current.adopting(announcements, now: now)
-        guard next.generation != current.generation || next.previous.count != current.previous.count else { return current.generation }
+        guard next.generation != current.generation || next.isGenerationKnown != current.isGenerationKnown || next.previous.map({ $0.retiresAtUs }) != current.previous.map({ $0.retiresAtUs })
+        else { return current.said }
         var file = state.file
         next.write(into: &file)
         var updated = state
@@ -78,9 +79,9 @@ actor UploadManager {
         state = updated
         admission.serverKeys = next
         if next.generation != current.generation {
-            logger.notice("pinned the server's new keys", metadata: ["generation": "\(next.generation)", "was": "\(current.generation)"])
+            logger.notice("pinned the server's new keys", metadata: ["generation": "\(next.generation)", "was": "\(current.said)"])
         }
-        return next.generation
+        return next.said
     }
 
     /// Picks up the uploads a previous run left unfinished (`uploads/<id>/`): the accepted

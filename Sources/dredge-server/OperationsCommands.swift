@@ -206,8 +206,8 @@ struct KeysRotateCommand: ParsableCommand {
         if stat(data, &owner) == 0, owner.st_uid != geteuid() {
             throw fail("run this as the data directory's owner (uid \(owner.st_uid); sudo -u …): a key written as another user is one the server cannot read")
         }
-        guard let overlap = Self.duration(overlap), overlap >= .seconds(60) else {
-            throw fail("--overlap takes a number and a unit (d, h or m) of at least a minute, e.g. 30d: got \(overlap)")
+        guard let overlap = Self.duration(overlap), overlap >= .seconds(60), overlap <= ServerKeyRing.maxOverlap else {
+            throw fail("--overlap takes a number and a unit (d, h or m), a minute to ten years, e.g. 30d: got \(overlap)")
         }
         do {
             let before = try ServerKeyRing.read(directory: data).last?.number ?? 1
@@ -221,7 +221,7 @@ struct KeysRotateCommand: ParsableCommand {
 
     /// `30d`, `12h`, `90m`.
     static func duration(_ text: String) -> Duration? {
-        guard let unit = text.last, let count = Int(text.dropLast()), count > 0, count <= 3650 * 24 * 60 else { return nil }
+        guard let unit = text.last, let count = Int(text.dropLast()), count > 0, count <= 10_000_000 else { return nil }
         switch unit {
         case "d": return .seconds(count * 86_400)
         case "h": return .seconds(count * 3_600)

@@ -20,7 +20,7 @@ import Testing
         AgentState.File(
             agentID: Self.agentKey.publicKey.agentID, serverHost: "127.0.0.1", serverPort: 1, servers: nil,
             serverSigningKey: Hex.encode(signing[0].verifyingKey.rawRepresentation), serverEncryptionKey: Hex.encode(Self.encryption[0].publicKey.spki),
-            enrolledAt: now.date)
+            enrolledAt: now.date, keyGeneration: 1)
     }
 
     /// Generation `number` (2 or 3) announced, signed by the key before it (or by `signer`).
@@ -51,7 +51,7 @@ import Testing
 
     @Test func aChainOfAnnouncementsIsTakenAndWrittenBack() throws {
         let keys = try PinnedServerKeys(enrolled)
-        #expect(keys.generation == 1, "a file without a generation pins the first")
+        #expect(keys.generation == 1 && keys.isGenerationKnown && keys.said == 1)
         let after = try keys.adopting([try announcement(2), try announcement(3, retiresIn: 7_200)], now: now)
         #expect(after.generation == 3)
         #expect(after.signing.rawRepresentation == signing[2].verifyingKey.rawRepresentation)
@@ -65,6 +65,23 @@ import Testing
         let reread = try PinnedServerKeys(file)
         #expect(reread.generation == 3 && reread.previous.map { $0.generation } == [1, 2])
         #expect(reread.previous.map { $0.retiresAtUs } == after.previous.map { $0.retiresAtUs })
+    }
+
+    /// A state from a release that kept no generation says none, and starts the chain at the
+    /// first announcement its key verifies, whatever its number (it may have enrolled after a
+    /// rotation); one its key verifies nowhere is refused.
+    @Test func aStateThatKeptNoGenerationStartsAtTheAnnouncementItsKeyVerifies() throws {
+        var file = enrolled
+        file.keyGeneration = nil
+        let keys = try PinnedServerKeys(file)
+        #expect(!keys.isGenerationKnown && keys.said == 0)
+        // Its key is generation 1's; the server announces 2 and 3 (it recorded 1), or only 3
+        // signed by the key it has (it recorded 2).
+        #expect(try keys.adopting([try announcement(2), try announcement(3)], now: now).generation == 3)
+        let skipping = try keys.adopting([try announcement(3, signer: signing[0])], now: now)
+        #expect(skipping.generation == 3 && skipping.isGenerationKnown && skipping.said == 3)
+        #expect(try keys.adopting([], now: now).said == 0)
+        #expect(throws: PinnedServerKeys.Refusal.self) { try keys.adopting([try announcement(3)], now: now) }
     }
 
     @Test func anAnnouncementThatDoesNotHoldUpIsRefusedWhole() throws {

@@ -175,6 +175,98 @@ import Testing
         }
     }
 
+    /// An agent whose state came from a release that kept no generation, enrolled after a
+    /// rotation (so it holds generation 2's keys), then upgraded: it says none, the server uses
+    /// what it recorded, and the next rotation's announcement (signed by generation 2's key) is
+    /// the one it takes.
+    @Test func anAgentThatKeptNoGenerationTakesTheNextAnnouncementItsKeyVerifies() async throws {
+        try await withStopping(InProcessServer()) { server in
+            try ServerKeyRing.rotate(directory: server.data, overlap: .seconds(3_600))
+            #expect(try await Self.waitFor { server.issuer.keys.current.number == 2 })
+            var state = try await Self.enroll(server, "upgraded")
+            #expect(try Self.pinned(state).generation == 2)
+            #expect(try await server.registry.keyGeneration(of: state.file.agentID) == 2)
+            // What an agent of the earlier release would have written: no generation.
+            state.file.keyGeneration = nil
+            try state.saveFile()
+            #expect(try !Self.pinned(state).isGenerationKnown)
+
+            try ServerKeyRing.rotate(directory: server.data, overlap: .seconds(3_600))
+            #expect(try await Self.waitFor { server.issuer.keys.current.number == 3 })
+            try await withStopping(try Running(state, store: try Self.store(server, "upgraded"))) { _ in
+                #expect(try await Self.waitFor { try Self.pinned(state).generation == 3 })
+                #expect(try Self.pinned(state).isGenerationKnown)
+                #expect(try await Self.waitFor { try await server.registry.keyGeneration(of: state.file.agentID) == 3 })
+                let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: state.file.agentID, filter: LogFilter(uid: "u-1")))
+                #expect(try await Self.waitFor { try await server.admin.pull(pull.id).targets.first?.status == .complete })
+            }
+        }
+    }
+
+    /// A connected agent whose generation retires while it is connected is told at its next
+    /// heartbeat and closed; one that says a generation the server does not have keeps what it
+    /// had and is served on.
+    @Test func anAgentConnectedWhenItsKeysRetireIsClosedAndABogusGenerationIsIgnored() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let old = try await server.enrollAgent(hostname: "old")
+            let capable = try await server.enrollAgent(hostname: "capable")
+            try await capable.connect(keyGeneration: 1) { (link: AgentLink) async throws -> Void in
+                link.pinned(99)
+                #expect(try await LinkAgent.heartbeatAcked([], over: link))
+                #expect(try await LinkAgent.heartbeatAcked([], over: link))
+                #expect(try await server.registry.keyGeneration(of: capable.agentID) == 1)
+            }
+            try await old.connect(capabilities: []) { link in
+                #expect(try await LinkAgent.heartbeatAcked([], over: link))
+                // Generation 1 retires two seconds from now.
+                try ServerKeyRing.rotate(directory: server.data, overlap: .seconds(2))
+                #expect(try await Self.waitFor { server.issuer.keys.current.number == 2 })
+                var error: (any Error)?
+                do {
+                    // A heartbeat every half second (for at most a minute) until the server closes.
+                    for _ in 0..<120 {
+                        try await link.heartbeat(activeUIDs: [])
+                        guard try await link.next() != nil else { break }
+                        try await Task.sleep(for: .milliseconds(500))
+                    }
+                } catch let closed {
+                    error = closed
+                }
+                #expect("\(String(describing: error))".contains("errorKeysRetired"), "\(String(describing: error))")
+            }
+        }
+    }
+
+    /// A second rotation with a shorter overlap (after a leak) retires every older generation
+    /// with it: the ring stays whole as they retire, and an agent two generations behind takes
+    /// both announcements and accepts the oldest key no longer than the newest says.
+    @Test func aShorterSecondOverlapRetiresTheOlderKeysWithIt() throws {
+        let dir = TempDir()
+        let data = dir.file("server")
+        _ = try ServerDeployment.initialize(ServerDeployment.Options(dataDirectory: data))
+        let t0 = Date(timeIntervalSince1970: 1_800_000_000)
+        let first = try #require(try ServerKeyRing.read(directory: data).first)
+        try ServerKeyRing.rotate(directory: data, overlap: .seconds(30 * 86_400), now: t0)
+        try ServerKeyRing.rotate(directory: data, overlap: .seconds(86_400), now: t0.addingTimeInterval(86_400))
+        let ring = try ServerKeyRing.read(directory: data)
+        #expect(ring.map(\.number) == [1, 2, 3])
+        #expect(ring[0].retiresAt == t0.addingTimeInterval(2 * 86_400), "generation 1 retires with generation 2, not 28 days later")
+        #expect(ring[1].retiresAt == t0.addingTimeInterval(2 * 86_400))
+
+        // An agent of generation 1, a day and a half in: it takes both.
+        let file = AgentState.File(
+            agentID: "a", serverHost: "h", serverPort: 1, servers: nil, serverSigningKey: Hex.encode(first.signingKey.verifyingKey.rawRepresentation),
+            serverEncryptionKey: Hex.encode(first.encryptionKey.publicKey.spki), enrolledAt: t0, keyGeneration: 1)
+        let keys = try PinnedServerKeys(file).adopting(ring.compactMap(\.announcement), now: Timestamp(t0.addingTimeInterval(1.5 * 86_400)))
+        #expect(keys.generation == 3)
+        #expect(keys.previous.map { $0.retiresAtUs } == [Timestamp(t0.addingTimeInterval(2 * 86_400)).microseconds, Timestamp(t0.addingTimeInterval(2 * 86_400)).microseconds])
+
+        // Three days in, both retired: the server forgets them, and the ring reads whole.
+        #expect(try ServerKeyRing.dropRetired(directory: data, now: t0.addingTimeInterval(3 * 86_400)) == 2)
+        #expect(try ServerKeyRing.read(directory: data).map(\.number) == [3])
+        #expect(throws: DeploymentError.self) { try ServerKeyRing.rotate(directory: data, overlap: .seconds(3_651 * 86_400)) }
+    }
+
     /// A key ring that is damaged is refused with its path, and the server's keys stay as they
     /// were read; a rotation on a damaged ring writes nothing.
     @Test func aDamagedKeyRingIsRefusedAndNothingIsLost() async throws {

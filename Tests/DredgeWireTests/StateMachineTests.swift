@@ -137,6 +137,35 @@ struct Loopback {
         #expect(lost.receive(.with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1 } }, challenge: [UInt8](repeating: 1, count: 32)).isEmpty)
     }
 
+    /// Capabilities (Protocol § 4): the server agrees to those it knows, in the order listed,
+    /// once each; what one adds is sent only when it is agreed, so an agent that lists none gets
+    /// the enrollment answer and heartbeat acks of the base protocol, byte for byte.
+    @Test func whatACapabilityAddsIsSentOnlyWhenItIsAgreed() throws {
+        let challenge = [UInt8](repeating: 1, count: 32)
+        let response = WireEnrollResponse.with { $0.agentID = "a"; $0.keyGeneration = 2 }
+        let announced = WireFrame.with { $0.heartbeatAck = .with { $0.seq = 1; $0.keyAnnouncements = [.with { $0.generation = 2 }] } }
+        for listed in [[], ["no-such-thing"], ["no-such-thing", "key-rotation", "key-rotation"]] {
+            var server = ServerConnectionStateMachine()
+            let hello = server.receive(.with { $0.hello = .with { $0.minVersion = 1; $0.maxVersion = 1; $0.capabilities = listed } }, challenge: challenge)
+            guard case .send(let ack)? = hello.first else { Issue.record("no HelloAck"); continue }
+            let agreed = listed.contains("key-rotation")
+            #expect(ack.helloAck.capabilities == (agreed ? ["key-rotation"] : []))
+            #expect(server.capabilities == ack.helloAck.capabilities)
+            var enrolling = server
+            _ = enrolling.receive(.with { $0.enrollRequest = .with { $0.token = "t" } }, challenge: challenge)
+            guard case .send(let sent)? = enrolling.enrolled(response).first else { Issue.record("no EnrollResponse"); continue }
+            #expect(sent.enrollResponse.keyGeneration == (agreed ? 2 : 0), "\(listed)")
+            if !agreed {
+                #expect(try sent.serializedBytes() as [UInt8] == (try WireFrame.with { $0.enrollResponse = .with { $0.agentID = "a" } }.serializedBytes()) as [UInt8])
+            }
+            _ = server.receive(.with { $0.authResponse = .with { $0.agentID = "a"; $0.keyGeneration = 3 } }, challenge: challenge)
+            #expect(server.claimedKeyGeneration == (agreed ? 3 : nil))
+            _ = server.authenticated("a")
+            guard case .send(let acked)? = server.send(announced).first else { Issue.record("nothing sent"); continue }
+            #expect(acked.heartbeatAck.keyAnnouncements.count == (agreed ? 1 : 0))
+        }
+    }
+
     /// A server's planned restart (Protocol § 6): its Goodbye says when it expects to be back
     /// and how often to try meanwhile; the agent's machine hands that on before it closes. A
     /// plain Goodbye hands nothing on, and the agent backs off as before.

@@ -154,11 +154,11 @@ class Agent:
         assert name == "hello_ack", ack
         return ack
 
-    def enroll(self, token=None, public_key=None):
+    def enroll(self, token=None, public_key=None, capabilities=()):
         """(body name, message) of the server's answer to EnrollRequest."""
         link = wire.Link(self.server.port, self.server.ca, timeout=60)
         try:
-            self.hello(link)
+            self.hello(link, capabilities)
             link.send("enroll_request", {"token": token or self.server.enrollment_token,
                                          "public_key": public_key if public_key is not None else spki(self.key.public_key()),
                                          "host": {"hostname": "conformance"}})
@@ -1189,7 +1189,8 @@ def rotation_cases(binary: str, failures: list) -> int:
 
     try:
         old, capable = Agent(s), Agent(s)
-        assert old.enroll()[0] == "enroll_response" and capable.enroll()[0] == "enroll_response"
+        enrolled_old, enrolled_capable = old.enroll(), capable.enroll(capabilities=["key-rotation"])
+        assert enrolled_old[0] == "enroll_response" and enrolled_capable[0] == "enroll_response"
 
         @check("§4 capabilities: the server agrees to those it knows, once each, in the order listed; none to an agent that lists none")
         def capabilities():
@@ -1200,7 +1201,8 @@ def rotation_cases(binary: str, failures: list) -> int:
             link = fresh_link(s)
             expect("an agent that lists none", old.hello(link).get("capabilities", []), [])
             link.close()
-            expect("the keys of enrollment are generation 1", capable.key_generation, 1)
+            expect("an enrollment with key-rotation agreed names the keys' generation", enrolled_capable[1].get("key_generation"), 1)
+            expect("one without it: the base protocol's answer, no key_generation", "key_generation" in enrolled_old[1], False)
 
         @check("§5 key rotation: announced to an agent behind, signed by the previous key; its commands then signed with the new one; an agent without the capability is served as before")
         def rotation():

@@ -88,7 +88,7 @@ public enum ServerKeyRing {
                     encryptionKey: try RSAPrivateKey(pemRepresentation: g.encryptionKey), announcement: announcement, retiresAt: g.retiresAt))
         }
         generations.sort { $0.number < $1.number }
-        guard let last = generations.last, last.retiresAt == nil,
+        guard let first = generations.first, let last = generations.last, last.retiresAt == nil, first.number >= 1, last.number < Int(UInt32.max),
             zip(generations, generations.dropFirst()).allSatisfy({ $0.number + 1 == $1.number && $0.retiresAt != nil })
         else { throw DeploymentError("\(path) does not hold consecutive generations ending with the current one") }
         return generations
@@ -110,12 +110,17 @@ public enum ServerKeyRing {
             announcement: nil, retiresAt: nil)
     }
 
+    /// The longest overlap: ten years.
+    public static let maxOverlap: Duration = .seconds(3_650 * 86_400)
+
     /// Makes the next generation and announces it, signed by the current signing key; the
-    /// current one retires after `overlap`. Generations already retired at `now` are dropped.
-    /// Nodes sharing the directory rotate one at a time (`keyring.lock`).
+    /// current one retires after `overlap`, and no earlier one later than that (a generation
+    /// never outlives the one after it, so a short overlap after a leak retires every older
+    /// key with it). Generations already retired at `now` are dropped. Nodes sharing the
+    /// directory rotate one at a time (`keyring.lock`).
     @discardableResult
     public static func rotate(directory: String, overlap: Duration = defaultOverlap, now: Date = Date()) throws -> KeyGeneration {
-        guard overlap > .zero else { throw DeploymentError("the overlap must be longer than zero") }
+        guard overlap > .zero, overlap <= maxOverlap else { throw DeploymentError("the overlap must be longer than zero and at most ten years") }
         return try ServerCertificate.holdingLock(directory, lock: lock) {
             let generations = try read(directory: directory)
             let current = generations[generations.count - 1]
@@ -131,7 +136,11 @@ public enum ServerKeyRing {
             }
             try current.signingKey.sign(&announcement)
             let next = KeyGeneration(number: current.number + 1, signingKey: signing, encryptionKey: encryption, announcement: announcement, retiresAt: nil)
-            let kept = generations.dropLast().filter { $0.isLive(at: now) }
+            let kept = generations.dropLast().drop { !$0.isLive(at: now) }.map { g in
+                KeyGeneration(
+                    number: g.number, signingKey: g.signingKey, encryptionKey: g.encryptionKey, announcement: g.announcement,
+                    retiresAt: min(g.retiresAt ?? retiresAt, retiresAt))
+            }
             let retired = KeyGeneration(
                 number: current.number, signingKey: current.signingKey, encryptionKey: current.encryptionKey, announcement: current.announcement, retiresAt: retiresAt)
             try write(kept + [retired, next], directory: directory)
@@ -139,12 +148,13 @@ public enum ServerKeyRing {
         }
     }
 
-    /// Forgets the private keys of the generations retired at `now`; the number forgotten.
+    /// Forgets the private keys of the generations retired at `now`, oldest first up to the
+    /// first still live (the ring stays consecutive); the number forgotten.
     @discardableResult
     public static func dropRetired(directory: String, now: Date = Date()) throws -> Int {
         try ServerCertificate.holdingLock(directory, lock: lock) {
             let generations = try read(directory: directory)
-            let kept = generations.filter { $0.isLive(at: now) }
+            let kept = Array(generations.drop { !$0.isLive(at: now) })
             guard kept.count < generations.count else { return 0 }
             try write(kept, directory: directory)
             return generations.count - kept.count
@@ -171,8 +181,7 @@ public enum ServerKeyRing {
 }
 
 /// The key ring a running server uses: the generations it read, reloaded when `keyring.json`
-/// changes (a rotation by the command, or by another node), and which generation each agent
-/// connected here pins.
+/// changes (a rotation by the command, or by another node).
 public final class KeyRing: Sendable {
     private struct State {
         var generations: [KeyGeneration]
@@ -182,7 +191,6 @@ public final class KeyRing: Sendable {
     /// Where it was read from; nil for a ring made in memory (tests, tools).
     public let directory: String?
     private let state: Mutex<State>
-    private let pinned = Mutex<[String: Int]>([:])
     private let clock: @Sendable () -> Date
 
     public init(directory: String, now: @escaping @Sendable () -> Date = { Date() }) throws {
@@ -238,18 +246,6 @@ public final class KeyRing: Sendable {
         let generations = try ServerKeyRing.read(directory: directory)
         state.withLock { $0 = State(generations: generations, stamp: stamp) }
         return true
-    }
-
-    // MARK: What each agent pins
-
-    /// Records that `agent` pins generation `number` (it authenticated or said so in a heartbeat).
-    public func pin(_ agent: String, _ number: Int) { pinned.withLock { $0[agent] = number } }
-    /// Forgets `agent` (its connection here ended).
-    public func unpin(_ agent: String) { pinned.withLock { _ = $0.removeValue(forKey: agent) } }
-    /// The generation whose key signs `agent`'s commands: the one it pins, else the current.
-    public func signing(for agent: String) -> KeyGeneration? {
-        guard let number = pinned.withLock({ $0[agent] }) else { return current }
-        return generation(number)
     }
 }
 

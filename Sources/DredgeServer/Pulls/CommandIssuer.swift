@@ -51,18 +51,19 @@ public struct CommandIssuer: Sendable {
         return key
     }
 
-    /// The signed command of `pull` for `agent`, signed with the generation the agent pins.
-    /// Throws ``UnreadablePull`` when its key does not unwrap (the pull can never be sent);
-    /// other errors are passing.
-    public func command(_ pull: StoredPull, agent: String, agentKey: RSAPublicKey) throws -> WirePullCommand {
+    /// The signed command of `pull` for `agent`, signed with the key of `keyGeneration` (the
+    /// generation the agent pins; the current one when nil). Throws ``UnreadablePull`` when its
+    /// key does not unwrap, or that generation is retired (the pull can never be sent to this
+    /// agent); other errors are passing.
+    public func command(_ pull: StoredPull, agent: String, agentKey: RSAPublicKey, keyGeneration: Int? = nil) throws -> WirePullCommand {
         let key: SymmetricKey
         do {
             key = try self.key(pull.wrappedKey)
         } catch {
             throw UnreadablePull("the key of pull \(pull.id) does not unwrap: \(error)")
         }
-        guard let signing = keys.signing(for: agent) else {
-            throw DeploymentError("agent \(agent) pins a generation of the server's keys that is retired")
+        guard let signing = keyGeneration.map({ keys.generation($0) }) ?? keys.current else {
+            throw UnreadablePull("agent \(agent) pins generation \(keyGeneration ?? 0) of the server's keys, which is retired: enroll it again")
         }
         var command = WirePullCommand.with {
             $0.commandID = pull.id

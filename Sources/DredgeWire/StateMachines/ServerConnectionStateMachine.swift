@@ -133,7 +133,24 @@ public struct ServerConnectionStateMachine: Sendable {
     public mutating func enrolled(_ response: WireEnrollResponse) -> [Action] {
         guard case .enrolling = state else { return [] }
         state = .closed("enrolled \(response.agentID)")
-        return [.send(.with { $0.enrollResponse = response }), .close(nil)]
+        return [.send(agreedOnly(.with { $0.enrollResponse = response })), .close(nil)]
+    }
+
+    /// `frame` without what a capability not agreed on this connection adds (README § 4): an
+    /// agent that listed none gets the base protocol's bytes.
+    func agreedOnly(_ frame: WireFrame) -> WireFrame {
+        guard !capabilities.contains(WireCapability.keyRotation) else { return frame }
+        var frame = frame
+        switch frame.body {
+        case .enrollResponse(var response)?:
+            response.keyGeneration = 0
+            frame.enrollResponse = response
+        case .heartbeatAck(var ack)? where !ack.keyAnnouncements.isEmpty:
+            ack.keyAnnouncements = []
+            frame.heartbeatAck = ack
+        default: break
+        }
+        return frame
     }
 
     /// Enrollment refused (`ERROR_ENROLLMENT_REFUSED`: the token or key), or, with
@@ -147,7 +164,7 @@ public struct ServerConnectionStateMachine: Sendable {
     /// ready.
     public func send(_ frame: WireFrame) -> [Action] {
         guard case .ready = state else { return [] }
-        return [.send(frame)]
+        return [.send(agreedOnly(frame))]
     }
 
     /// The server ends the connection politely (a silent agent, a newer connection of the same

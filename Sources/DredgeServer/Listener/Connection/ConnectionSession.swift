@@ -47,7 +47,12 @@ final class ConnectionSession: Sendable {
         var rotates = false
         /// The generation of the server's keys the agent pins.
         var keyGeneration = 1
+        /// A generation the agent said it pins that this server does not have.
+        var refusedClaim: Int?
     }
+
+    /// The generation of the server's keys the agent pins, for its pull deliveries.
+    private let keyPin = KeyPin()
 
     /// The agent, once registered.
     var agentID: String? { state.withLock { $0.agentID } }
@@ -109,8 +114,9 @@ final class ConnectionSession: Sendable {
     func startDelivery(_ agentID: String) {
         guard state.withLock({ $0.delivery == nil }) else { return }
         let (services, token, outbound) = (self.services, self.token, self.outbound)
+        let keyPin = self.keyPin
         let runner = DeliveryRunner { request in
-            await services.deliverDue(to: agentID, request, token: token, outbound: outbound)
+            await services.deliverDue(to: agentID, request, token: token, outbound: outbound, keyGeneration: keyPin.value)
         }
         let registration = services.dispatcher.register(agentID) { runner.wake($0) }
         state.withLock { $0.delivery = (runner, registration) }
@@ -149,8 +155,10 @@ final class ConnectionSession: Sendable {
     // MARK: Key rotation (README § Key rotation)
 
     /// Which generation of the server's keys the authenticating agent pins: the one it says
-    /// (with the capability), else the one recorded. Pinned for its commands; recorded when it
-    /// changed. A refusal when that generation is retired (or unknown).
+    /// (with the capability), else the one recorded. Its commands on this connection are
+    /// signed with it; recorded when it changed. A refusal when that generation is retired
+    /// (the agent must enroll again), or one this server does not have (its own fault: a
+    /// damaged key ring, say; the agent tries again later).
     private func settleKeys(of id: String) async throws -> WireProtocolError? {
         let keys = services.issuer.keys
         let agreement = outbound.agreement
@@ -163,53 +171,65 @@ final class ConnectionSession: Sendable {
         guard keys.generation(pinned) != nil else {
             let oldest = keys.live.last?.number ?? keys.current.number
             return pinned < oldest
-                ? WireProtocolError(
-                    .errorKeysRetired,
-                    "this agent pins generation \(pinned) of the server's keys, retired since; enroll it again (dredge-agent enroll) to get generation \(keys.current.number)")
-                : WireProtocolError(.errorAuthFailed, "this agent pins generation \(pinned) of the server's keys, which this server does not have")
+                ? Self.retired(pinned, current: keys.current.number)
+                : WireProtocolError(.errorInternal, "this server does not have generation \(pinned) of its keys now; try later")
         }
-        keys.pin(id, pinned)
         state.withLock {
             $0.rotates = agreement.capabilities.contains(WireCapability.keyRotation)
             $0.keyGeneration = pinned
         }
+        keyPin.set(pinned)
         if pinned != recorded { try await services.registry.setKeyGeneration(id, pinned) }
         return nil
     }
 
-    /// Whether `heartbeat` has anything about keys to settle: the agent takes announcements
-    /// and says another generation than it pinned, or is behind the current one.
-    private func keysToSettle(_ heartbeat: WireHeartbeat) -> Bool {
-        let (rotates, pinned) = state.withLock { ($0.rotates, $0.keyGeneration) }
-        guard rotates else { return false }
-        return (heartbeat.keyGeneration > 0 && Int(heartbeat.keyGeneration) != pinned) || pinned < services.issuer.keys.current.number
+    static func retired(_ generation: Int, current: Int) -> WireProtocolError {
+        WireProtocolError(
+            .errorKeysRetired, "this agent pins generation \(generation) of the server's keys, retired since; enroll it again (dredge-agent enroll) to get generation \(current)")
     }
 
-    /// Settles what `heartbeat` says about keys, and returns the announcements its ack carries:
-    /// those that take the agent to the current generation, when it takes them and is behind.
-    private func announcements(for id: String, _ heartbeat: WireHeartbeat) async throws -> [WireKeyAnnouncement] {
-        let (rotates, pinned) = state.withLock { ($0.rotates, $0.keyGeneration) }
-        guard rotates else { return [] }
+    /// Whether `heartbeat` has anything about keys to settle: the agent says another generation
+    /// than it pins (and not one refused before), it is behind the current one and takes
+    /// announcements, or the generation it pins retired meanwhile.
+    private func keysToSettle(_ heartbeat: WireHeartbeat) -> Bool {
+        let (rotates, pinned, refused) = state.withLock { ($0.rotates, $0.keyGeneration, $0.refusedClaim) }
+        let keys = services.issuer.keys
+        if keys.generation(pinned) == nil { return true }
+        guard rotates else { return false }
+        let said = Int(heartbeat.keyGeneration)
+        return (said > 0 && said != pinned && said != refused) || pinned < keys.current.number
+    }
+
+    /// Settles what `heartbeat` says about keys: the announcements its ack carries (those that
+    /// take an agent that takes them to the current generation), or a refusal when the
+    /// generation the agent pins retired while it was connected.
+    private func settleKeys(of id: String, _ heartbeat: WireHeartbeat) async throws -> (announcements: [WireKeyAnnouncement], refusal: WireProtocolError?) {
+        let (rotates, pinned, refused) = state.withLock { ($0.rotates, $0.keyGeneration, $0.refusedClaim) }
         let keys = services.issuer.keys
         var now = pinned
         let said = Int(heartbeat.keyGeneration)
-        if said > 0, said != pinned {
+        if rotates, said > 0, said != pinned, said != refused {
             if keys.generation(said) == nil {
                 do { try keys.reloadIfChanged() } catch { services.logger.error("cannot read the key ring again", metadata: ["error": "\(error)"]) }
             }
             if keys.generation(said) != nil {
-                keys.pin(id, said)
                 state.withLock { $0.keyGeneration = said }
+                keyPin.set(said)
                 try await services.registry.setKeyGeneration(id, said)
                 services.logger.info("agent pins new server keys", metadata: ["agent.id": "\(id)", "generation": "\(said)"])
                 now = said
             } else {
-                services.logger.warning("agent says it pins a generation of the server's keys this server does not have; kept what it had", metadata: [
-                    "agent.id": "\(id)", "said": "\(said)", "pinned": "\(pinned)",
-                ])
+                // Not looked at again on this connection unless it says something else.
+                state.withLock { $0.refusedClaim = said }
+                services.refusals.log { suppressed in
+                    services.logger.warning("agent says it pins a generation of the server's keys this server does not have; kept what it had", metadata: [
+                        "agent.id": "\(id)", "said": "\(said)", "pinned": "\(pinned)", "suppressed": "\(suppressed)",
+                    ])
+                }
             }
         }
-        return now < keys.current.number ? keys.announcements(after: now) : []
+        guard keys.generation(now) != nil else { return ([], Self.retired(now, current: keys.current.number)) }
+        return (rotates && now < keys.current.number ? keys.announcements(after: now) : [], nil)
     }
 
     func fail(_ error: WireProtocolError) async throws -> Outcome { try await run(outbound.step { $0.fail(error) }) }
@@ -231,8 +251,9 @@ final class ConnectionSession: Sendable {
                 } else {
                     false
                 }
-                let refusal = verified ? try await settleKeys(of: id) : nil
-                if verified, try await services.registry.isRevoked(id) {
+                let revoked = verified ? try await services.registry.isRevoked(id) : false
+                let refusal = verified && !revoked ? try await settleKeys(of: id) : nil
+                if verified, revoked {
                     services.metrics.refused(.revoked)
                     refusalCounted = true
                     services.refusals.log { suppressed in
@@ -240,7 +261,8 @@ final class ConnectionSession: Sendable {
                     }
                     pending.append(contentsOf: outbound.step { $0.authenticationFailed(AgentListener.revokedDetail) })
                 } else if verified, let refusal {
-                    services.metrics.refused(refusal.code == .errorKeysRetired ? .keysRetired : .authentication)
+                    // (A generation this node lacks is its own fault: not counted against the agent.)
+                    if refusal.code == .errorKeysRetired { services.metrics.refused(.keysRetired) }
                     refusalCounted = true
                     services.refusals.log { suppressed in
                         services.logger.notice("agent refused: its keys", metadata: ["agent.id": "\(id)", "why": "\(refusal.message)", "suppressed": "\(suppressed)"])
@@ -312,8 +334,15 @@ final class ConnectionSession: Sendable {
                         continue
                     }
                     let added = try await services.registry.heartbeat(id, heartbeat, now: Date())
-                    let announcements = try await announcements(for: id, heartbeat)
-                    outcome.frames += outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq; $0.keyAnnouncements = announcements } }])
+                    let keys = try await settleKeys(of: id, heartbeat)
+                    if let refusal = keys.refusal {
+                        // Its keys retired while it was connected: it must enroll again.
+                        services.metrics.refused(.keysRetired)
+                        refusalCounted = true
+                        pending.append(contentsOf: outbound.step { $0.fail(refusal) })
+                        continue
+                    }
+                    outcome.frames += outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq; $0.keyAnnouncements = keys.announcements } }])
                     // Off the connection's path: the ack does not wait for the pull queue.
                     if !added.isEmpty || heartbeat.hasUsers {
                         Task { [services] in await services.adoptPulls(for: id, heartbeat: heartbeat, added: added) }
@@ -350,4 +379,11 @@ final class ConnectionSession: Sendable {
         }
         return outcome
     }
+}
+
+/// The generation of the server's keys an agent pins on one connection, read by its deliveries.
+final class KeyPin: Sendable {
+    private let generation = Mutex(1)
+    var value: Int { generation.withLock { $0 } }
+    func set(_ new: Int) { generation.withLock { $0 = new } }
 }

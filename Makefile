@@ -49,9 +49,12 @@ test: deps
 	SWIFT=$(SWIFT) DEMO_CONFIG=debug DEMO_DIR=test-output/demo-cluster scripts/demo-cluster.sh
 
 # A tarball that installs Dredge on a host without Swift: dist/dredge-VERSION-linux-ARCH.tar.gz
-# (release binaries with the Swift runtime linked in, man pages, systemd units, docs).
+# (release binaries with the Swift runtime linked in, man pages, systemd units, docs), then
+# checked as installed.
 package: deps
 	SWIFT=$(SWIFT) scripts/package.sh
+	# The tarball itself, installed into a temporary root and run with the Swift toolchain hidden.
+	python3 Tests/package/check.py --tarball "dist/dredge-$$(sed -n 's/.*static let current = "\(.*\)".*/\1/p' Sources/DredgeDomain/Version.swift)-linux-$$(uname -m).tar.gz"
 
 bench: deps
 	$(SWIFT) build -c release --product dredge-bench

@@ -2,11 +2,15 @@
 """`make package`'s tarball, installed into a temporary root and run (#56).
 
     python3 Tests/package/check.py BIN_DIR
+    python3 Tests/package/check.py --tarball dist/dredge-VERSION-linux-ARCH.tar.gz
 
-Packages the binaries in BIN_DIR with scripts/package.sh (the tests' debug build: the same
-layout as the release tarball, whose binaries are built with the Swift runtime linked in),
-checks its SHA-256 file, unpacks it as an operator does (`tar -xzf … -C ROOT/usr/local
---strip-components=1`), and then, from the installed tree alone:
+The first packages the binaries in BIN_DIR with scripts/package.sh (`make test`: the tests'
+debug build, the same layout as the release tarball). The second checks a release tarball
+itself (`make package` ends with it): its binaries must need no Swift library (`ldd`), and
+every installed program runs with the Swift toolchain hidden (an empty file system mounted
+over it in a mount namespace of its own, as root), as on a host without Swift. Either way it
+checks the SHA-256 file, unpacks the tarball as an operator does (`tar -xzf … -C
+ROOT/usr/local --strip-components=1`), and then, from the installed tree alone:
 
 - every file is where the units and `man` look for it; each program says the release's version;
 - each program and subcommand has a man page made from its --help, which mandoc renders
@@ -59,17 +63,44 @@ def wait_for(what: str, predicate, seconds=120):
     raise SystemExit(f"gave up waiting for {what}")
 
 
+# The Swift toolchain's directory, hidden from the installed programs when checking a release
+# tarball (set in main).
+HIDDEN = None
+
+
+def hiding(args):
+    """`args`, run where the Swift toolchain is an empty directory, when one is hidden."""
+    if HIDDEN is None:
+        return list(args)
+    return ["unshare", "--mount", "--", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"', HIDDEN] + list(args)
+
+
+def swift_root():
+    """The toolchain's root (/opt/swift for /opt/swift/usr/bin/swift), or None."""
+    swift = shutil.which("swift")
+    if swift is None:
+        return None
+    path = os.path.realpath(swift)
+    for _ in range(3):
+        path = os.path.dirname(path)
+    return path if path not in ("/", "/usr") else None
+
+
 def run(args, **kwargs):
-    result = subprocess.run(args, capture_output=True, text=True, **kwargs)
+    result = subprocess.run(hiding(args), capture_output=True, text=True, **kwargs)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
     return result.stdout
 
 
 def main():
-    if len(sys.argv) != 2:
+    global HIDDEN
+    if len(sys.argv) == 3 and sys.argv[1] == "--tarball":
+        binaries, given = None, os.path.abspath(sys.argv[2])
+    elif len(sys.argv) == 2:
+        binaries, given = os.path.abspath(sys.argv[1]), None
+    else:
         raise SystemExit(__doc__)
-    binaries = os.path.abspath(sys.argv[1])
     if shutil.which("mandoc") is None:
         raise SystemExit("mandoc is not installed: Debian's mandoc package (make deps installs it)")
     with open(os.path.join(ROOT, "Sources/DredgeDomain/Version.swift")) as f:
@@ -77,10 +108,15 @@ def main():
     work = tempfile.mkdtemp(prefix="dredge-package-")
     processes = []
     try:
-        dist = os.path.join(work, "dist")
-        print(run([os.path.join(ROOT, "scripts/package.sh"), "--bin-path", binaries, "--out", dist]).strip())
         name = f"dredge-{version}-linux-{os.uname().machine}"
-        tarball = os.path.join(dist, name + ".tar.gz")
+        if given is None:
+            dist = os.path.join(work, "dist")
+            print(run([os.path.join(ROOT, "scripts/package.sh"), "--bin-path", binaries, "--out", dist]).strip())
+            tarball = os.path.join(dist, name + ".tar.gz")
+        else:
+            dist, tarball = os.path.dirname(given), given
+            if os.path.basename(given) != name + ".tar.gz":
+                fail(f"the tarball is named {os.path.basename(given)}, not {name}.tar.gz (this checkout's release)")
         run(["sha256sum", "--check", "--quiet", name + ".tar.gz.sha256"], cwd=dist)
         listing = run(["tar", "-tzvf", tarball])
         if any(not line.split()[1].startswith("0/0") for line in listing.splitlines()):
@@ -104,6 +140,18 @@ def main():
         for missing in sorted(expected - installed):
             fail(f"the package installs no {missing}")
         bin_dir = os.path.join(prefix, "bin")
+        if given is not None:
+            # A release's programs need no Swift library, and run with the toolchain hidden.
+            for program in ("dredge", "dredge-server", "dredge-agent"):
+                linked = run(["ldd", os.path.join(bin_dir, program)])
+                if "libswift" in linked or "not found" in linked or "libFoundation" in linked:
+                    fail(f"the installed {program} needs libraries a host without Swift lacks:\n{linked}")
+            hidden = swift_root()
+            if hidden and os.geteuid() == 0 and subprocess.run(["unshare", "--mount", "--", "true"], capture_output=True).returncode == 0:
+                HIDDEN = hidden
+                print(f"the installed programs run with {hidden} hidden")
+            else:
+                print(f"note: the Swift toolchain ({hidden}) cannot be hidden here (not root, or no mount namespaces): ldd alone says the programs need none of it")
         for program in ("dredge", "dredge-server", "dredge-agent"):
             said = run([os.path.join(bin_dir, program), "--version"]).strip()
             if said != version:
@@ -132,7 +180,7 @@ def main():
         lines = created.splitlines()
         admin_token = lines[next(i for i, line in enumerate(lines) if line.strip().startswith("Admin token for engineers")) + 1].strip()
         log = open(os.path.join(work, "server.log"), "w")
-        server = subprocess.Popen([os.path.join(bin_dir, "dredge-server"), "run", "--data", data, "--agent-port", str(agent_port), "--admin-port", str(admin_port)],
+        server = subprocess.Popen(hiding([os.path.join(bin_dir, "dredge-server"), "run", "--data", data, "--agent-port", str(agent_port), "--admin-port", str(admin_port)]),
                                   stdout=log, stderr=log)
         processes.append(server)
         admin = f"http://127.0.0.1:{admin_port}"
@@ -141,7 +189,7 @@ def main():
         run([os.path.join(bin_dir, "dredge-agent"), "enroll", "--state", state, "--server", f"localhost:{agent_port}", "--ca", os.path.join(data, "ca.pem"),
              "--token", enrollment])
         agent_log = open(os.path.join(work, "agent.log"), "w")
-        agent = subprocess.Popen([os.path.join(bin_dir, "dredge-agent"), "run", "--create", "--state", state, "--store", store], stdout=agent_log, stderr=agent_log)
+        agent = subprocess.Popen(hiding([os.path.join(bin_dir, "dredge-agent"), "run", "--create", "--state", state, "--store", store]), stdout=agent_log, stderr=agent_log)
         processes.append(agent)
         environment = dict(os.environ, XDG_CONFIG_HOME=os.path.join(work, "config"), DREDGE_SERVER="", DREDGE_TOKEN="", DREDGE_CA="", DREDGE_PROFILE="")
         listed = wait_for("the agent online, as the installed dredge lists it", lambda: [

@@ -170,7 +170,7 @@ struct KeysShowCommand: ParsableCommand {
                 let state =
                     switch generation.retiresAt {
                     case nil: "current"
-                    case let at? where at > now: "retires \(at) (\(Int(at.timeIntervalSince(now) / 86_400)) days left)"
+                    case let at? where at > now: "retires \(at) (\(Self.left(at.timeIntervalSince(now))) left)"
                     case let at?: "retired \(at); forgotten at the server's next look"
                     }
                 print("generation \(generation.number): \(state)")
@@ -180,6 +180,15 @@ struct KeysShowCommand: ParsableCommand {
         } catch let error as DeploymentError {
             throw fail(error.description)
         }
+    }
+}
+
+extension KeysShowCommand {
+    /// `29 days`, `36 hours`, `5 minutes`.
+    static func left(_ seconds: TimeInterval) -> String {
+        if seconds >= 2 * 86_400 { return "\(Int((seconds / 86_400).rounded())) days" }
+        if seconds >= 2 * 3_600 { return "\(Int((seconds / 3_600).rounded())) hours" }
+        return "\(max(1, Int((seconds / 60).rounded()))) minutes"
     }
 }
 
@@ -210,10 +219,12 @@ struct KeysRotateCommand: ParsableCommand {
             throw fail("--overlap takes a number and a unit (d, h or m), a minute to ten years, e.g. 30d: got \(overlap)")
         }
         do {
-            let before = try ServerKeyRing.read(directory: data).last?.number ?? 1
             let next = try ServerKeyRing.rotate(directory: data, overlap: overlap)
-            let retires = Date().addingTimeInterval(TimeInterval(overlap.components.seconds))
-            print("generation \(next.number) is current; generation \(before) retires \(retires)")
+            let ring = try ServerKeyRing.read(directory: data)
+            print("generation \(next.number) is current; agents take it at their next heartbeat once the server has read it (within 10 s)")
+            for older in ring.dropLast() {
+                print("generation \(older.number) retires \(older.retiresAt.map { "\($0)" } ?? "?")")
+            }
         } catch let error as DeploymentError {
             throw fail(error.description)
         }

@@ -96,6 +96,19 @@ import Testing
         #expect(again.status == 0 && again.output.contains("complete"), "\(again.output)")
         let id = try #require(again.output.firstMatch(of: /pull ([0-9a-f]{32})/).map { String($0.1) }, "\(again.output)")
         #expect(try ManagedProcess.waitFor { try records(id) == fixture.records })
+
+        // The server's keys rotated: the old release's agent state kept no key generation, and
+        // today's agent takes the announcement its pinned key verifies, then pulls on.
+        func pinned() throws -> Int? {
+            let file = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: dir.file("agent") + "/agent.json"))) as? [String: Any]
+            return file?["keyGeneration"] as? Int
+        }
+        #expect(try pinned() == nil, "the old release's agent.json names no generation")
+        let rotated = try ManagedProcess.run("dredge-server", ["keys", "rotate", "--data", data, "--overlap", "1h"])
+        #expect(rotated.status == 0, "\(rotated.output)")
+        #expect(try ManagedProcess.waitFor { try pinned() == 2 }, "agent log:\n\(agent.output.suffix(2000))")
+        let afterRotation = try dredge(["pull", "--uid", fixture.uid, "--since", "3650d", "--wait"])
+        #expect(afterRotation.status == 0 && afterRotation.output.contains("complete"), "\(afterRotation.output)")
         #expect(agent.stop() == 0)
         #expect(server.stop() == 0)
     }

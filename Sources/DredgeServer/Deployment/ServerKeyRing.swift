@@ -219,7 +219,19 @@ public final class KeyRing: Sendable {
     }
 
     /// Generation `number`, if it is live.
-    public func generation(_ number: Int) -> KeyGeneration? { live.first { $0.number == number } }
+    public func generation(_ number: Int) -> KeyGeneration? {
+        let now = clock()
+        return state.withLock { s in s.generations.first { $0.number == number && $0.isLive(at: now) } }
+    }
+
+    /// Whether generation `number` is live; what every heartbeat asks, without copying anything.
+    public func isLive(_ number: Int) -> Bool {
+        let now = clock()
+        return state.withLock { s in s.generations.contains { $0.number == number && $0.isLive(at: now) } }
+    }
+
+    /// The current generation's number.
+    public var currentNumber: Int { state.withLock { $0.generations[$0.generations.count - 1].number } }
 
     /// The announcements that take an agent pinning `number` to the current generation,
     /// oldest first; empty when it is current (or unknown here).

@@ -194,10 +194,10 @@ final class ConnectionSession: Sendable {
     private func keysToSettle(_ heartbeat: WireHeartbeat) -> Bool {
         let (rotates, pinned, refused) = state.withLock { ($0.rotates, $0.keyGeneration, $0.refusedClaim) }
         let keys = services.issuer.keys
-        if keys.generation(pinned) == nil { return true }
+        if !keys.isLive(pinned) { return true }
         guard rotates else { return false }
         let said = Int(heartbeat.keyGeneration)
-        return (said > 0 && said != pinned && said != refused) || pinned < keys.current.number
+        return (said > 0 && said != pinned && said != refused) || pinned < keys.currentNumber
     }
 
     /// Settles what `heartbeat` says about keys: the announcements its ack carries (those that

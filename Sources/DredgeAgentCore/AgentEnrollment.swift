@@ -47,7 +47,8 @@ public enum AgentEnrollment {
             file: .init(
                 agentID: response.agentID, serverHost: first.host, serverPort: first.port, servers: servers.count > 1 ? servers : nil,
                 serverSigningKey: Hex.encode(response.serverSigningKey), serverEncryptionKey: Hex.encode(response.serverEncryptionKey), enrolledAt: Date(),
-                keyGeneration: Int(max(1, response.keyGeneration))),
+                // Named only when the server agreed to key rotation; else not known (said as 0).
+                keyGeneration: response.keyGeneration > 0 ? Int(response.keyGeneration) : nil),
             key: key, caPEM: caPEM)
         try state.save()
         return state

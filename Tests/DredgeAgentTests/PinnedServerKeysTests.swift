@@ -82,6 +82,11 @@ import Testing
         #expect(skipping.generation == 3 && skipping.isGenerationKnown && skipping.said == 3)
         #expect(try keys.adopting([], now: now).said == 0)
         #expect(throws: PinnedServerKeys.Refusal.self) { try keys.adopting([try announcement(3)], now: now) }
+        // A damaged file's generation is refused, not trapped on when said on the wire.
+        for damaged in [0, -1, Int(UInt32.max), Int.max] {
+            file.keyGeneration = damaged
+            #expect(throws: AgentError.self, "\(damaged)") { try PinnedServerKeys(file) }
+        }
     }
 
     @Test func anAnnouncementThatDoesNotHoldUpIsRefusedWhole() throws {

@@ -85,7 +85,7 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let app = try AdminAPI.application(
             actions: AdminActions(services), port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits,
             reloadableTLS: self.adminTLS, onReady: { port in adminPort.withLock { $0 = port } })
-        // The key ring is looked at every 200 ms here (every minute in the server).
+        // The key ring is looked at every 200 ms here (every 10 s in the server).
         group = ServiceGroup(services: [dispatcher, indexer, listener, app, KeyRingRefresh(keys: deployment.keys, every: .milliseconds(200), logger: logger)], logger: logger)
         let task = Task { [group] in try await group.run() }
         self.task = task

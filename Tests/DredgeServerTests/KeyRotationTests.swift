@@ -59,6 +59,7 @@ import Testing
             let stateA = try await Self.enroll(server, "agent-a")
             let stateB = try await Self.enroll(server, "agent-b")
             let old = try await server.enrollAgent(hostname: "old")
+            let capable = try await server.enrollAgent(hostname: "capable")
             let generation1 = try #require(server.issuer.keys.generation(1))
             #expect(try await server.registry.keyGeneration(of: stateA.file.agentID) == 1)
 
@@ -66,6 +67,14 @@ import Testing
             try await withStopping(try Running(stateA, store: storeA)) { a in
                 #expect(try await Self.waitFor { try await server.admin.agents().first(where: { $0.agentID == stateA.file.agentID })?.connected == true })
                 try await old.connect(capabilities: []) { link in
+                    // The old agent heartbeats meanwhile, as it would (acks read further down).
+                    let beating = Task {
+                        while !Task.isCancelled {
+                            try await link.heartbeat(activeUIDs: ["u-1"])
+                            try await Task.sleep(for: .seconds(1))
+                        }
+                    }
+                    defer { beating.cancel() }
                     // The rotation, as `dredge-server keys rotate` makes it; the server picks it up.
                     let next = try ServerKeyRing.rotate(directory: server.data, overlap: .seconds(3_600))
                     #expect(next.number == 2)
@@ -78,14 +87,43 @@ import Testing
                     #expect(pinnedA.signing.rawRepresentation == next.signingKey.verifyingKey.rawRepresentation)
                     #expect(pinnedA.encryption == next.encryptionKey.publicKey)
 
-                    // A's pull is signed with generation 2's key, and completes.
+                    // A's pull completes.
                     let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: stateA.file.agentID, filter: LogFilter(uid: "u-1")))
-                    let stored = try await server.pulls.storedPull(pull.id)
-                    let command = try server.issuer.command(stored, agent: stateA.file.agentID, agentKey: stateA.key.publicKey)
-                    #expect(next.signingKey.verifyingKey.isValid(command))
-                    #expect(!generation1.signingKey.verifyingKey.isValid(command))
                     #expect(try await Self.waitFor { try await server.admin.pull(pull.id).targets.first?.status == .complete })
-                    // A's feedback is sealed for generation 2, and opens.
+                    // What a capable agent is sent, seen on the wire: the announcement, signed by
+                    // generation 1's key; once it says it pins generation 2, commands signed with
+                    // generation 2's key alone.
+                    try await capable.connect(keyGeneration: 1) { (wire: AgentLink) async throws -> Void in
+                        try await wire.heartbeat(activeUIDs: ["u-1"])
+                        var announced: [WireKeyAnnouncement] = []
+                        while let frame = try await wire.next() {
+                            if case .heartbeatAck(let ack)? = frame.body {
+                                announced = ack.keyAnnouncements
+                                break
+                            }
+                        }
+                        #expect(announced.map(\.generation) == [2])
+                        #expect(announced.first.map { generation1.signingKey.verifyingKey.isValid($0) } == true)
+                        wire.pinned(2)
+                        #expect(try await LinkAgent.heartbeatAcked(["u-1"], over: wire))
+                        #expect(try await server.registry.keyGeneration(of: capable.agentID) == 2)
+                        _ = try await server.admin.createPull(PullRequest(uid: nil, agent: capable.agentID, filter: LogFilter(uid: "u-1")))
+                        let command = try await LinkAgent.acceptNextPull(over: wire)
+                        #expect(next.signingKey.verifyingKey.isValid(command))
+                        #expect(!generation1.signingKey.verifyingKey.isValid(command))
+                    }
+                    // Feedback made now is sealed for generation 2's key alone (made from a copy
+                    // of A's state, so that A does not send it meanwhile).
+                    let copy = server.dir.file("agent-a-copy")
+                    try FileManager.default.createDirectory(atPath: copy, withIntermediateDirectories: true)
+                    for name in ["agent.json", "agent-key.pem", "ca.pem"] {
+                        try FileManager.default.copyItem(atPath: stateA.directory + "/" + name, toPath: copy + "/" + name)
+                    }
+                    let sealed = try Feedback.submit(uid: "u-1", text: "sealed", state: try AgentState.load(from: copy), store: try LogStore(path: storeA))
+                    let header = try WireUploadHeader(serializedBytes: try Data(contentsOf: URL(fileURLWithPath: copy + "/uploads/" + sealed + "/header.pb")))
+                    #expect(throws: Never.self) { try next.encryptionKey.unwrapKey(Array(header.wrappedKey)) }
+                    #expect(throws: (any Error).self) { try generation1.encryptionKey.unwrapKey(Array(header.wrappedKey)) }
+                    // A's own feedback opens.
                     let feedback = try await a.client.submitFeedback(uid: "u-1", text: "after the rotation")
                     // (Not listed until its upload begins.)
                     #expect(try await Self.waitFor { (try? await server.admin.feedback(feedback))?.status == .complete })
@@ -115,7 +153,7 @@ import Testing
             metrics.addSampler(ServerPersistence(try ServerStores(try LoadedDeployment(directory: server.data))).sampler(into: metrics))
             let samples = MetricsTests.samples(String(decoding: await metrics.exposition(), as: UTF8.self))
             #expect(samples["dredge_server_key_generation"] == 2)
-            #expect(samples["dredge_agents_on_retiring_keys"] == 2)
+            #expect(samples["dredge_agents_on_retiring_keys"] == 2)  // B and the old agent
             let retires = try #require(samples["dredge_server_keys_retire_timestamp_seconds"])
             #expect(abs(retires - Date().addingTimeInterval(3_600).timeIntervalSince1970) < 300)
 
@@ -128,7 +166,7 @@ import Testing
                 #expect(try await Self.waitFor { try await server.admin.pull(pull.id).targets.first?.status == .complete })
                 _ = b
             }
-            #expect(try await server.registry.keyGenerations() == [1: 1, 2: 2])
+            #expect(try await server.registry.keyGenerations() == [1: 1, 2: 3])
         }
     }
 

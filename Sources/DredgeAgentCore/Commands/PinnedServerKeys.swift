@@ -21,7 +21,10 @@ public struct PinnedServerKeys: Sendable {
     public let previous: [(generation: Int, signing: CommandVerifier, retiresAtUs: Int64)]
 
     public init(_ file: AgentState.File) throws {
-        generation = max(1, file.keyGeneration ?? 1)
+        if let said = file.keyGeneration, !(1..<Int(UInt32.max)).contains(said) {
+            throw AgentError("agent.json names key generation \(said), outside 1 to \(UInt32.max - 1): the file is damaged")
+        }
+        generation = file.keyGeneration ?? 1
         isGenerationKnown = file.keyGeneration != nil
         signing = try CommandVerifier(rawRepresentation: Hex.decode(file.serverSigningKey) ?? [])
         encryption = try RSAPublicKey(spki: Hex.decode(file.serverEncryptionKey) ?? [])

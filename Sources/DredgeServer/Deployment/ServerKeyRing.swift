@@ -124,6 +124,7 @@ public enum ServerKeyRing {
         return try ServerCertificate.holdingLock(directory, lock: lock) {
             let generations = try read(directory: directory)
             let current = generations[generations.count - 1]
+            guard current.number < Int(UInt32.max) - 1 else { throw DeploymentError("generation \(current.number) is the last the protocol can number") }
             let retiresAt = now.addingTimeInterval(Double(overlap.components.seconds) + Double(overlap.components.attoseconds) / 1e18)
             let signing = ServerSigningKey.generate()
             let encryption = try RSAPrivateKey.generate()

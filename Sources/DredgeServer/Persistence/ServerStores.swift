@@ -162,11 +162,13 @@ public struct ServerPersistence: Sendable {
             for (status, gauge) in metrics.feedback { gauge.set(Double(counts.feedback[status] ?? 0)) }
             // The key ring as this node has it, and who would be cut off when a generation retires.
             let keys = issuer.keys
+            let live = keys.live
             let current = keys.current.number
-            let retiring = keys.live.compactMap(\.retiresAt).min()
+            let retiring = Set(live.map(\.number).filter { $0 < current })
             metrics.keyGeneration.set(Double(current))
-            metrics.keysRetire.set(retiring?.timeIntervalSince1970 ?? 0)
-            metrics.agentsOnRetiringKeys.set(Double(try await registry.keyGenerations().filter { $0.key < current }.values.reduce(0, +)))
+            metrics.keysRetire.set(live.compactMap(\.retiresAt).min()?.timeIntervalSince1970 ?? 0)
+            // Agents on generations still live but not current: those on retired ones were cut off already.
+            metrics.agentsOnRetiringKeys.set(Double(try await registry.keyGenerations().filter { retiring.contains($0.key) }.values.reduce(0, +)))
         }
     }
 

@@ -694,7 +694,7 @@ public nonisolated struct WireEnrollResponse: Sendable {
   /// RSA SubjectPublicKeyInfo DER, wraps feedback upload keys
   public var serverEncryptionKey: Data = Data()
 
-  /// with "key-rotation" agreed: the generation of these two keys (README § 5, Key rotation); 0 means 1
+  /// with "key-rotation" agreed: the generation of these two keys (README § 5, Key rotation); 0: not known
   public var keyGeneration: UInt32 = 0
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()

@@ -1159,19 +1159,25 @@ def second_server_cases(binary: str, failures: list):
                    (goodbye.get("back_within_ms"), goodbye.get("retry_every_ms")), (30000, 2000))
             expect("then it closes", link.frames_until_closed(within=20), [])
 
-        for rule, fn in checks:
-            print(rule)
-            try:
-                fn()
-            except Exception:
-                failures.append(rule)
-                print("  FAIL:", traceback.format_exc().strip().splitlines()[-1])
-                traceback.print_exc()
+        run_rules(checks, failures)
         return len(checks)
     finally:
         s.stop()
         if not failures:
             shutil.rmtree(s.dir, ignore_errors=True)
+
+
+def run_rules(rules, failures: list):
+    """Runs each (rule, check) in turn, printing the rule; a check that raises adds its rule to
+    `failures`, and the next goes on."""
+    for rule, fn in rules:
+        print(rule)
+        try:
+            fn()
+        except Exception:
+            failures.append(rule)
+            print("  FAIL:", traceback.format_exc().strip().splitlines()[-1])
+            traceback.print_exc()
 
 
 def rotation_cases(binary: str, failures: list) -> int:
@@ -1257,14 +1263,7 @@ def rotation_cases(binary: str, failures: list) -> int:
             expect("a feedback sealed for generation 1's key", code_of(upload(link, *feedback_upload(old))), "ok")
             link.close()
 
-        for rule, fn in checks:
-            print(rule)
-            try:
-                fn()
-            except Exception:
-                failures.append(rule)
-                print("  FAIL:", traceback.format_exc().strip().splitlines()[-1])
-                traceback.print_exc()
+        run_rules(checks, failures)
     finally:
         s.stop()
     if not any(rule for rule, _ in checks if rule in failures):
@@ -1283,14 +1282,7 @@ def main():
         agent = Agent(server)
         name, _ = agent.enroll()
         assert name == "enroll_response", name
-        for rule, fn in CASES:
-            print(rule)
-            try:
-                fn(server, agent)
-            except Exception:
-                failures.append(rule)
-                print("  FAIL:", traceback.format_exc().strip().splitlines()[-1])
-                traceback.print_exc()
+        run_rules([(rule, lambda fn=fn: fn(server, agent)) for rule, fn in CASES], failures)
     finally:
         server.stop()
     total = len(CASES) + second_server_cases(sys.argv[1], failures) + rotation_cases(sys.argv[1], failures)

@@ -281,22 +281,8 @@ public final class CertificateRenewal: Service, Sendable {
     }
 
     public func run() async throws {
-        var lastLogged: ContinuousClock.Instant?
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            do {
-                try await cancelWhenGracefulShutdown { try await Task.sleep(for: self.every) }
-            } catch {
-                break
-            }
-            do {
-                try check()
-            } catch {
-                let instant = ContinuousClock.now
-                if lastLogged.map({ instant - $0 >= .seconds(3600) }) ?? true {
-                    lastLogged = instant
-                    logger.error("cannot renew or reload the agent listener's certificate", metadata: ["error": "\(error)"])
-                }
-            }
+        await Periodic.run(every: every, reportEvery: .seconds(3600), { try check() }) { error in
+            logger.error("cannot renew or reload the agent listener's certificate", metadata: ["error": "\(error)"])
         }
     }
 }

@@ -306,22 +306,8 @@ public final class KeyRingRefresh: Service, Sendable {
     }
 
     public func run() async throws {
-        var lastLogged: ContinuousClock.Instant?
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            do {
-                try await cancelWhenGracefulShutdown { try await Task.sleep(for: self.every) }
-            } catch {
-                break
-            }
-            do {
-                try check()
-            } catch {
-                let instant = ContinuousClock.now
-                if lastLogged.map({ instant - $0 >= .seconds(3600) }) ?? true {
-                    lastLogged = instant
-                    logger.error("cannot read or tidy the server's key ring", metadata: ["error": "\(error)"])
-                }
-            }
+        await Periodic.run(every: every, reportEvery: .seconds(3600), { try check() }) { error in
+            logger.error("cannot read or tidy the server's key ring", metadata: ["error": "\(error)"])
         }
     }
 }

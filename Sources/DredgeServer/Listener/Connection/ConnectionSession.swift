@@ -45,13 +45,11 @@ final class ConnectionSession: Sendable {
         var lastHeartbeat: ContinuousClock.Instant?
         /// The agent takes key announcements (the capability "key-rotation").
         var rotates = false
-        /// The generation of the server's keys the agent pins.
-        var keyGeneration = 1
         /// A generation the agent said it pins that this server does not have.
         var refusedClaim: Int?
     }
 
-    /// The generation of the server's keys the agent pins, for its pull deliveries.
+    /// The generation of the server's keys the agent pins (read by its pull deliveries too).
     private let keyPin = KeyPin()
 
     /// The agent, once registered.
@@ -174,10 +172,7 @@ final class ConnectionSession: Sendable {
                 ? Self.retired(pinned, current: keys.current.number)
                 : WireProtocolError(.errorInternal, "this server does not have generation \(pinned) of its keys now; try later")
         }
-        state.withLock {
-            $0.rotates = agreement.capabilities.contains(WireCapability.keyRotation)
-            $0.keyGeneration = pinned
-        }
+        state.withLock { $0.rotates = agreement.capabilities.contains(WireCapability.keyRotation) }
         keyPin.set(pinned)
         if pinned != recorded { try await services.registry.setKeyGeneration(id, pinned) }
         return nil
@@ -192,7 +187,8 @@ final class ConnectionSession: Sendable {
     /// than it pins (and not one refused before), it is behind the current one and takes
     /// announcements, or the generation it pins retired meanwhile.
     private func keysToSettle(_ heartbeat: WireHeartbeat) -> Bool {
-        let (rotates, pinned, refused) = state.withLock { ($0.rotates, $0.keyGeneration, $0.refusedClaim) }
+        let (rotates, refused) = state.withLock { ($0.rotates, $0.refusedClaim) }
+        let pinned = keyPin.value
         let keys = services.issuer.keys
         if !keys.isLive(pinned) { return true }
         guard rotates else { return false }
@@ -204,7 +200,8 @@ final class ConnectionSession: Sendable {
     /// take an agent that takes them to the current generation), or a refusal when the
     /// generation the agent pins retired while it was connected.
     private func settleKeys(of id: String, _ heartbeat: WireHeartbeat) async throws -> (announcements: [WireKeyAnnouncement], refusal: WireProtocolError?) {
-        let (rotates, pinned, refused) = state.withLock { ($0.rotates, $0.keyGeneration, $0.refusedClaim) }
+        let (rotates, refused) = state.withLock { ($0.rotates, $0.refusedClaim) }
+        let pinned = keyPin.value
         let keys = services.issuer.keys
         var now = pinned
         let said = Int(heartbeat.keyGeneration)
@@ -213,7 +210,6 @@ final class ConnectionSession: Sendable {
                 do { try keys.reloadIfChanged() } catch { services.logger.error("cannot read the key ring again", metadata: ["error": "\(error)"]) }
             }
             if keys.generation(said) != nil {
-                state.withLock { $0.keyGeneration = said }
                 keyPin.set(said)
                 try await services.registry.setKeyGeneration(id, said)
                 services.logger.info("agent pins new server keys", metadata: ["agent.id": "\(id)", "generation": "\(said)"])

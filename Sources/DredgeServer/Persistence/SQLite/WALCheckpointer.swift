@@ -50,22 +50,8 @@ public final class WALCheckpointer: Service, Sendable {
     /// (once a minute at most) and tried again at the next turn: the writer's own checkpoint
     /// still keeps the log bounded meanwhile.
     public func run() async throws {
-        var lastLogged: ContinuousClock.Instant?
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            do {
-                try await cancelWhenGracefulShutdown { try await Task.sleep(for: self.every) }
-            } catch {
-                break
-            }
-            do {
-                try await checkpoint()
-            } catch {
-                let now = ContinuousClock.now
-                if lastLogged.map({ now - $0 >= .seconds(60) }) ?? true {
-                    lastLogged = now
-                    logger.warning("cannot checkpoint the database's write-ahead log; the writer checkpoints it instead", metadata: ["error": "\(error)"])
-                }
-            }
+        await Periodic.run(every: every, reportEvery: .seconds(60), { try await checkpoint() }) { error in
+            logger.warning("cannot checkpoint the database's write-ahead log; the writer checkpoints it instead", metadata: ["error": "\(error)"])
         }
     }
 }

@@ -10,8 +10,8 @@ struct BackupCommand: AsyncParsableCommand {
         discussion: """
             The database is copied as one snapshot; everything else follows what it holds, so the backup is the deployment \
             as it stood then: what the server acknowledged before is in it with its files, uploads in progress resume from \
-            the chunks it holds. Every file is listed with its SHA-256 in dredge-backup.json. SQLite deployments only: on \
-            PostgreSQL, see docs/deployment.md § Backups.
+            the chunks it holds. Every file is listed with its SHA-256 in dredge-backup.json. On PostgreSQL the database \
+            is dumped with pg_dump (which must be installed, no older than the database) from one exported snapshot.
             """)
 
     @Option(help: "The data directory.")
@@ -42,17 +42,24 @@ struct BackupCommand: AsyncParsableCommand {
             print("  index:     \(c.indexSourcesLeftOut) source(s) that landed after the database's snapshot left out")
         }
         for note in manifest.notes { print("  note: \(note)") }
-        print("Restore it with: dredge-server restore --from \(URL(fileURLWithPath: to).standardizedFileURL.path) --data NEW-DIRECTORY")
+        if let dump = manifest.postgresql {
+            print("  database:  PostgreSQL \(dump.serverVersion), schema \(dump.schema), dumped by pg_dump \(dump.dumpVersion) into \(dump.file)")
+        }
+        print(
+            "Restore it with: dredge-server restore --from \(URL(fileURLWithPath: to).standardizedFileURL.path) --data NEW-DIRECTORY"
+                + (manifest.postgresql == nil ? "" : " [--database postgres://…NEW-DATABASE]"))
     }
 }
 
-struct RestoreCommand: ParsableCommand {
+struct RestoreCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "restore",
         abstract: "Make a data directory from a backup, after checking every file of it.",
         discussion: """
             The new data directory must not exist (or be empty). Nothing is written unless every file matches the backup's \
-            listing. Agents reconnect by themselves once the server runs where they reach it (the names in server.pem).
+            listing. Agents reconnect by themselves once the server runs where they reach it (the names in server.pem). A \
+            backup of a deployment on PostgreSQL is loaded (pg_restore, in one transaction) into --database, else the \
+            database its server.json names, whose schema must hold nothing yet.
             """)
 
     @Option(help: "The backup (a directory `dredge-server backup` made).")
@@ -61,21 +68,29 @@ struct RestoreCommand: ParsableCommand {
     @Option(help: "The data directory to make.")
     var data: String?
 
+    @Option(help: "A backup of a deployment on PostgreSQL: the database to restore it into (postgres://USER@HOST/DATABASE[?schema=…]; its schema must be empty). Default: the one the backup's server.json names.")
+    var database: String?
+
     @Flag(help: "Only check the backup (every file against its listing); write nothing.")
     var check = false
 
     func validate() throws {
         guard check != (data != nil) else { throw ValidationError("give --data, or --check on its own") }
+        guard !(check && database != nil) else { throw ValidationError("--check writes nothing: give --database with --data") }
     }
 
-    func run() throws {
+    func run() async throws {
         do {
             if check {
                 let manifest = try ServerBackup.verify(from)
                 print("\(from): a whole backup of \(manifest.source), made \(manifest.createdAt) by Dredge \(manifest.version): \(manifest.files.count) files, all as listed")
                 return
             }
-            let manifest = try ServerBackup.restore(from: from, to: data!)
+            let manifest = try await ServerBackup.restore(from: from, to: data!, database: database)
+            if let dump = manifest.postgresql {
+                let url = try ServerBackup.databaseToRestoreInto(backup: from, given: database) ?? ""
+                print("Restored the database (schema \(dump.schema)) into \(try PostgresDatabase.Location(url: url)); \(data!)/server.json names it.")
+            }
             print("""
                 Restored \(manifest.files.count) files of \(manifest.source) (backed up \(manifest.createdAt)) into \(data!).
                 Re-apply what was done after \(manifest.createdAt): removals, revocations of agents and tokens, enrollments; \

@@ -6,13 +6,15 @@ import Testing
 /// `dredge-server backup` on a running server with a real agent connected, `restore` onto
 /// another path, and `run` there (#56): the agent comes back by itself, the pull's records and
 /// files are there, and a new pull works. The backup's consistency during uploads is tested in
-/// process (``ServerBackupTests``); this proves the commands and the processes. SQLite only:
-/// on PostgreSQL the database is backed up with its own tools.
+/// process (``ServerBackupTests``, ``PostgresBackupTests``); this proves the commands and the
+/// processes, on each back end: on PostgreSQL the backup dumps the database with `pg_dump` and
+/// the restore loads it into a new database.
 @Suite struct BackupEndToEndTests {
     typealias Deployment = AgentServerEndToEndTests.Deployment
 
-    @Test func aRunningServerBackedUpAndRestoredElsewhereGetsItsAgentBack() throws {
-        let d = try Deployment(adminTLS: false)
+    @Test(arguments: ServerBackend.all)
+    func aRunningServerBackedUpAndRestoredElsewhereGetsItsAgentBack(backend: ServerBackend) throws {
+        let d = try Deployment(adminTLS: false, backend: backend)
         let (server, port) = try d.startServer()
         var running = server
         defer { running.stop() }
@@ -46,8 +48,21 @@ import Testing
         let restored = d.dir.file("elsewhere/data")
         let (checked, verdict) = try ManagedProcess.run("dredge-server", ["restore", "--from", backup, "--check"])
         #expect(checked == 0 && verdict.contains("all as listed"), "\(verdict)")
-        let (restoredStatus, restoredSaid) = try ManagedProcess.run("dredge-server", ["restore", "--from", backup, "--data", restored])
+        var into: [String] = []
+        if backend == .postgres {
+            // A new database on the same PostgreSQL, the deployment's schema in it.
+            #expect(said.contains("database:  PostgreSQL") && said.contains("--database postgres://"), "\(said)")
+            let base = try #require(TestPostgres.url)
+            let name = "r_" + UUID().uuidString.lowercased().filter { $0.isLetter || $0.isNumber }
+            let (created, complaint) = try ManagedProcess.run("/usr/bin/psql", [base, "-qc", "CREATE DATABASE \(name)"])
+            try #require(created == 0, "\(complaint)")
+            let schema = try #require(try LoadedDeployment(directory: d.data).config.database?.firstMatch(of: /schema=([a-z0-9_]+)/)?.1)
+            into = ["--database", base.replacingOccurrences(of: "/dredge?", with: "/\(name)?") + "&schema=\(schema)"]
+            try #require(into[1] != base + "&schema=\(schema)", "the test URL names the database dredge: \(base)")
+        }
+        let (restoredStatus, restoredSaid) = try ManagedProcess.run("dredge-server", ["restore", "--from", backup, "--data", restored] + into)
         #expect(restoredStatus == 0, "\(restoredSaid)")
+        #expect(backend == .sqlite || restoredSaid.contains("Restored the database"), "\(restoredSaid)")
         running = try ManagedProcess(
             "dredge-server", ["run", "--data", restored, "--agent-port", String(port), "--admin-port", "0", "--heartbeat-seconds", "1"],
             outputPath: d.dir.file("restored.log"))

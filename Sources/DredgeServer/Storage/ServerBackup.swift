@@ -32,11 +32,15 @@ import GRDB
 /// before it writes anything, writes under `<data>.restoring-<random>`, and renames it into
 /// place: it never leaves half a data directory, and never touches an existing one.
 ///
-/// On PostgreSQL the state is in the database: see docs/deployment.md § Backups.
+/// On PostgreSQL the database is dumped with `pg_dump` from one exported snapshot, and the
+/// files follow what that snapshot holds, as above; restore loads the dump with `pg_restore`
+/// into an empty schema (``PostgresBackup``).
 public enum ServerBackup {
     public static let manifestName = "dredge-backup.json"
-    /// The backup layout this release writes and reads.
-    public static let format = 1
+    /// The newest backup layout this release reads: 1 for a deployment on SQLite (what every
+    /// release since backups wrote), 2 for one on PostgreSQL (a dump, which an older release
+    /// cannot restore).
+    public static let format = 2
 
     public struct Manifest: Codable, Sendable, Equatable {
         public var format: Int
@@ -54,6 +58,19 @@ public enum ServerBackup {
         public var files: [Entry]
         /// What the backup noticed and could not include (files that went while it ran).
         public var notes: [String]
+        /// On PostgreSQL: the database's dump (its schema steps are `migrations`).
+        public var postgresql: PostgreSQLDump? = nil
+    }
+
+    /// A deployment on PostgreSQL: its database is in the backup as `pg_dump`'s custom format.
+    public struct PostgreSQLDump: Codable, Sendable, Equatable {
+        /// The dump, one of the backup's files.
+        public var file: String
+        /// The schema its tables are in (a restore goes into a schema of that name).
+        public var schema: String
+        /// The database's version, and `pg_dump`'s.
+        public var serverVersion: String
+        public var dumpVersion: String
     }
 
     public struct Counts: Codable, Sendable, Equatable {
@@ -83,18 +100,18 @@ public enum ServerBackup {
     ///   index holds of them, and their downloads fail after a restore).
     /// - Parameter afterDatabase: runs after the database's snapshot, before anything else is
     ///   read: where a test lets the server move on, to show the rest follows the snapshot.
+    /// - Parameter environment: `DREDGE_…` overrides of `server.json` (the database's URL),
+    ///   and PostgreSQL's password and tools' `PATH`.
     public static func make(
         data: String, to destination: String, includeFiles: Bool = true, now: Date = Date(),
+        environment: [String: String] = ProcessInfo.processInfo.environment, postgresTools: String = "/usr/lib/postgresql",
         afterDatabase: @Sendable () async throws -> Void = {}
     ) async throws -> Manifest {
         let source = DataDirectory(data)
-        let deployment = try LoadedDeployment(directory: source.root)
-        if deployment.config.database != nil {
-            throw DeploymentError(
-                "\(source.root) keeps its state in PostgreSQL (server.json's database): back the database up with pg_dump, then the data directory's files; see docs/deployment.md § Backups")
-        }
+        let deployment = try LoadedDeployment(directory: source.root, environment: environment)
+        let postgres = try deployment.config.database.map { try PostgresDatabase.Location(url: $0, environment: environment) }
         let databasePath = source.root + "/" + ServerDatabase.fileName
-        guard FileManager.default.fileExists(atPath: databasePath) else {
+        guard postgres != nil || FileManager.default.fileExists(atPath: databasePath) else {
             throw DeploymentError("\(source.root) has no \(ServerDatabase.fileName): not a data directory a server has run in")
         }
         let target = URL(fileURLWithPath: destination).standardizedFileURL.path
@@ -108,14 +125,25 @@ public enum ServerBackup {
         let copier = try BackupCopier(root: staging)
         do {
             // 1. The database, as one snapshot; everything after is read from it.
-            let database = try copier.snapshot(databasePath, as: ServerDatabase.fileName)
-            let held = try ServerHoldings(database)
-            try await afterDatabase()
+            let held: ServerHoldings
+            var dump: PostgreSQLDump?
+            if let postgres {
+                // The index is in it: one snapshot holds both.
+                let tools = try PostgresBackup.Tools(environment: environment, installations: postgresTools)
+                let dumped = try await PostgresBackup.dump(postgres, to: try copier.place(PostgresBackup.dumpName), tools: tools)
+                try copier.adopt(PostgresBackup.dumpName)
+                (held, dump) = (dumped.holdings, dumped.info)
+                try await afterDatabase()
+            } else {
+                let database = try copier.snapshot(databasePath, as: ServerDatabase.fileName)
+                held = try ServerHoldings(database)
+                try await afterDatabase()
+            }
 
             // 2. The index, without what landed after the snapshot.
             var counts = held.counts
             let indexPath = source.root + "/" + SQLiteRecordIndex.fileName
-            if FileManager.default.fileExists(atPath: indexPath) {
+            if postgres == nil, FileManager.default.fileExists(atPath: indexPath) {
                 try copier.snapshot(indexPath, as: SQLiteRecordIndex.fileName) { db in
                     counts.indexSourcesLeftOut = try held.prune(index: db)
                 }
@@ -178,8 +206,9 @@ public enum ServerBackup {
             }
             counts.bytes = copier.entries.reduce(0) { $0 + $1.bytes }
             let manifest = Manifest(
-                format: format, version: DredgeVersion.current, createdAt: Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down)), source: source.root, migrations: held.migrations, includesFiles: includeFiles,
-                counts: counts, files: copier.entries.sorted { $0.path < $1.path }, notes: copier.notes)
+                format: dump == nil ? 1 : 2, version: DredgeVersion.current, createdAt: Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down)), source: source.root,
+                migrations: held.migrations, includesFiles: includeFiles, counts: counts, files: copier.entries.sorted { $0.path < $1.path }, notes: copier.notes,
+                postgresql: dump)
             try copier.finish(manifest: manifest, into: target)
             return manifest
         } catch {
@@ -203,7 +232,7 @@ public enum ServerBackup {
         guard manifest.format <= format else {
             throw DeploymentError("\(root) was made by a newer Dredge (backup format \(manifest.format), this release reads \(format)): restore it with that release")
         }
-        let known = Set(ServerDatabase.migrator(importingFrom: root).migrations)
+        let known = Set(manifest.postgresql == nil ? ServerDatabase.migrator(importingFrom: root).migrations : PostgresSchema.migrations.map(\.id))
         let unknown = manifest.migrations.filter { !known.contains($0) }
         guard unknown.isEmpty else {
             throw DeploymentError("\(root)'s database has schema steps this release does not know (\(unknown.joined(separator: ", "))): restore it with Dredge \(manifest.version) or later")
@@ -218,19 +247,42 @@ public enum ServerBackup {
                 throw DeploymentError("\(path) is not the file the backup made (\(bytes) bytes, SHA-256 \(sha.prefix(16))…; listed: \(entry.bytes) bytes, \(entry.sha256.prefix(16))…): the backup is damaged")
             }
         }
-        for required in ServerDeployment.files where !seen.contains(required) {
+        for required in requiredFiles(manifest) where !seen.contains(required) {
             throw DeploymentError("\(root) lacks \(required): not a whole backup")
         }
         return manifest
     }
 
+    /// The files every backup holds: the keys, the configuration, and the database (SQLite's,
+    /// or the PostgreSQL dump).
+    static func requiredFiles(_ manifest: Manifest) -> [String] {
+        guard let dump = manifest.postgresql else { return ServerDeployment.files }
+        return ServerDeployment.files.filter { $0 != ServerDatabase.fileName } + [dump.file]
+    }
+
     /// Restores the backup `backup` as the data directory `data`, which must not exist (or be
     /// an empty directory; its parents are made). Every file is checked first; nothing is
     /// written if one fails.
-    public static func restore(from backup: String, to data: String) throws -> Manifest {
+    ///
+    /// A backup of a deployment on PostgreSQL is loaded into `database` (a URL; else the one the
+    /// backup's `server.json` names, else `DREDGE_DATABASE`), whose schema must hold nothing yet,
+    /// in one transaction; the restored `server.json` names that database. The data directory
+    /// is renamed into place only once the database is restored.
+    public static func restore(
+        from backup: String, to data: String, database: String? = nil, environment: [String: String] = ProcessInfo.processInfo.environment
+    ) async throws -> Manifest {
         let manifest = try verify(backup)
         let root = URL(fileURLWithPath: backup).standardizedFileURL.path
         let target = URL(fileURLWithPath: data).standardizedFileURL.path
+        var postgres: (url: String, location: PostgresDatabase.Location)?
+        if manifest.postgresql != nil {
+            guard let url = try databaseToRestoreInto(backup: root, given: database, environment: environment) else {
+                throw DeploymentError("\(root) is a backup of a deployment on PostgreSQL: give the database to restore it into (--database postgres://…)")
+            }
+            postgres = (url, try PostgresDatabase.Location(url: url, environment: environment))
+        } else if database != nil {
+            throw DeploymentError("\(root) is a backup of a deployment on SQLite: its database is a file of the backup, not a PostgreSQL database")
+        }
         var isDirectory: ObjCBool = false
         let exists = FileManager.default.fileExists(atPath: target, isDirectory: &isDirectory)
         if exists {
@@ -247,13 +299,20 @@ public enum ServerBackup {
         let staging = target + ".restoring-" + Hex.encode(secureRandomBytes(4))
         let copier = try BackupCopier(root: staging)
         do {
-            for entry in manifest.files {
+            for entry in manifest.files where entry.path != manifest.postgresql?.file {
                 let copied = try copier.copy(try checkedPath(entry.path, in: DataDirectory(root)), as: entry.path)
                 guard copied.bytes == entry.bytes, copied.sha256 == entry.sha256 else {
                     throw DeploymentError("\(root)/\(entry.path) changed while it was restored")
                 }
             }
-            try copier.syncDirectories()
+            if let dump = manifest.postgresql, let postgres {
+                try naming(database: postgres.url, in: staging + "/server.json")
+                try copier.syncDirectories()
+                try await PostgresBackup.restore(
+                    try checkedPath(dump.file, in: DataDirectory(root)), schema: dump.schema, into: postgres.location, tools: try PostgresBackup.Tools(environment: environment))
+            } else {
+                try copier.syncDirectories()
+            }
             if exists, rmdir(target) != 0 { throw DeploymentError("cannot replace the empty \(target): \(String(cString: strerror(errno)))") }
             guard rename(staging, target) == 0 else { throw DeploymentError("cannot move the restored directory to \(target): \(String(cString: strerror(errno)))") }
             try BackupCopier.syncDirectory((target as NSString).deletingLastPathComponent)
@@ -261,6 +320,24 @@ public enum ServerBackup {
             throw BackupCopier.discard(staging, after: error)
         }
         return manifest
+    }
+
+    /// Where a backup of a deployment on PostgreSQL is restored: `given`, else the database the
+    /// backed-up `server.json` names, else `DREDGE_DATABASE`.
+    public static func databaseToRestoreInto(backup root: String, given: String?, environment: [String: String] = ProcessInfo.processInfo.environment) throws -> String? {
+        if let given { return given }
+        let object = try FileManager.default.contents(atPath: root + "/server.json").map { try JSONSerialization.jsonObject(with: $0) }
+        guard let config = object as? [String: Any] else { throw DeploymentError("\(root)/server.json is not a JSON object") }
+        return config["database"] as? String ?? environment["DREDGE_DATABASE"]
+    }
+
+    /// Rewrites `server.json` (at `path`) to name `database`, leaving every other key as it is.
+    static func naming(database: String, in path: String) throws {
+        guard let data = FileManager.default.contents(atPath: path), var config = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
+            throw DeploymentError("\(path) is not a JSON object")
+        }
+        config["database"] = database
+        try DurableFile.write(Array(try JSONSerialization.data(withJSONObject: config, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])), to: path)
     }
 
     /// A listed path as it lies under `root`: relative, plain names only, inside.
@@ -456,8 +533,16 @@ final class BackupCopier {
         return entry
     }
 
+    /// A file something else wrote at `place(relative)` (a database dump), hashed, synced and listed.
+    func adopt(_ relative: String) throws {
+        let path = try ServerBackup.checkedPath(relative, in: DataDirectory(root))
+        guard chmod(path, 0o600) == 0 else { throw DeploymentError("cannot make \(path) private: \(String(cString: strerror(errno)))") }
+        let (bytes, sha) = try Self.digest(path, sync: true)
+        entries.append(ServerBackup.Entry(path: relative, bytes: bytes, sha256: sha))
+    }
+
     /// The path of `relative` under the root, its directories made.
-    private func place(_ relative: String) throws -> String {
+    func place(_ relative: String) throws -> String {
         let path = try ServerBackup.checkedPath(relative, in: DataDirectory(root))
         var directory = (path as NSString).deletingLastPathComponent
         var missing: [String] = []

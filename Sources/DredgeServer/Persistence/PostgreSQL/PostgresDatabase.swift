@@ -186,7 +186,7 @@ public final class PostgresDatabase: Sendable {
     /// Stops the connection pool; the stores over this database fail afterwards.
     public func close() { runner.cancel() }
 
-    private static func waitUntilReachable(_ client: PostgresClient, location: Location, timeout: Duration, logger: Logger) async throws {
+    static func waitUntilReachable(_ client: PostgresClient, location: Location, timeout: Duration, logger: Logger) async throws {
         let deadline = ContinuousClock.now + timeout
         var lastError: (any Error)?
         while ContinuousClock.now < deadline {

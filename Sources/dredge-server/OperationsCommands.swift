@@ -43,7 +43,7 @@ struct BackupCommand: AsyncParsableCommand {
         }
         for note in manifest.notes { print("  note: \(note)") }
         if let dump = manifest.postgresql {
-            print("  database:  PostgreSQL \(dump.serverVersion), schema \(dump.schema), dumped by pg_dump \(dump.dumpVersion) into \(dump.file)")
+            print("  dump:      PostgreSQL \(dump.serverVersion), schema \(dump.schema), by pg_dump \(dump.dumpVersion), in \(dump.file)")
         }
         print(
             "Restore it with: dredge-server restore --from \(URL(fileURLWithPath: to).standardizedFileURL.path) --data NEW-DIRECTORY"

@@ -51,14 +51,9 @@ import Testing
         var into: [String] = []
         if backend == .postgres {
             // A new database on the same PostgreSQL, the deployment's schema in it.
-            #expect(said.contains("database:  PostgreSQL") && said.contains("--database postgres://"), "\(said)")
-            let base = try #require(TestPostgres.url)
-            let name = "r_" + UUID().uuidString.lowercased().filter { $0.isLetter || $0.isNumber }
-            let (created, complaint) = try ManagedProcess.run("/usr/bin/psql", [base, "-qc", "CREATE DATABASE \(name)"])
-            try #require(created == 0, "\(complaint)")
+            #expect(said.contains("dump:      PostgreSQL") && said.contains("--database postgres://"), "\(said)")
             let schema = try #require(try LoadedDeployment(directory: d.data).config.database?.firstMatch(of: /schema=([a-z0-9_]+)/)?.1)
-            into = ["--database", base.replacingOccurrences(of: "/dredge?", with: "/\(name)?") + "&schema=\(schema)"]
-            try #require(into[1] != base + "&schema=\(schema)", "the test URL names the database dredge: \(base)")
+            into = ["--database", TestPostgres.url(try TestPostgres.newDatabase(), schema: String(schema))]
         }
         let (restoredStatus, restoredSaid) = try ManagedProcess.run("dredge-server", ["restore", "--from", backup, "--data", restored] + into)
         #expect(restoredStatus == 0, "\(restoredSaid)")

@@ -74,16 +74,8 @@ import Testing
     }
 
     /// A new, empty database on the tests' server; its URL with `schema`.
-    static func newDatabase(schema: String) async throws -> String {
-        let url = try #require(TestPostgres.url)
-        let name = "r_" + UUID().uuidString.lowercased().filter { $0.isLetter || $0.isNumber }
-        try await PostgresBackup.withConnection(try DredgeServer.PostgresDatabase.Location(url: url)) { c in
-            try await c.run(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"))
-        }
-        var parts = try #require(URLComponents(string: url))
-        parts.path = "/" + name
-        parts.queryItems = (parts.queryItems ?? []) + (schema == "public" ? [] : [URLQueryItem(name: "schema", value: schema)])
-        return try #require(parts.string)
+    static func newDatabase(schema: String) throws -> String {
+        schema == "public" ? try TestPostgres.newDatabase() : TestPostgres.url(try TestPostgres.newDatabase(), schema: schema)
     }
 
     @Test(.enabled(if: TestPostgres.url != nil, "needs DREDGE_TEST_POSTGRES (make test starts a cluster)"))
@@ -109,7 +101,7 @@ import Testing
 
         // A schema of another name is refused, and so is a database that holds the schema's
         // tables (here, the deployment's own): nothing is written, the database is untouched.
-        let other = try await Self.newDatabase(schema: "elsewhere")
+        let other = try Self.newDatabase(schema: "elsewhere")
         let wrong = try await #require(throws: DeploymentError.self) {
             try await ServerBackup.restore(from: backup, to: place.file("restored"), database: other)
         }
@@ -123,7 +115,7 @@ import Testing
         #expect(try await tokens.list().count == 3)
 
         // A damaged dump fails pg_restore's own check and leaves the new database empty.
-        let target = try await Self.newDatabase(schema: dump.schema)
+        let target = try Self.newDatabase(schema: dump.schema)
         let copy = place.file("damaged")
         try FileManager.default.copyItem(atPath: backup, toPath: copy)
         let dumpPath = copy + "/" + dump.file
@@ -176,7 +168,7 @@ import Testing
         }
         #expect(dumped.holdings.migrations == PostgresSchema.migrations.map(\.id) && dumped.holdings.counts.pulls == 0)
         #expect(try await audit.audit(limit: 100).map(\.action).contains("between.snapshot.and.dump"))
-        let target = try await Self.newDatabase(schema: location.schema)
+        let target = try Self.newDatabase(schema: location.schema)
         try await PostgresBackup.restore(place.file("db.dump"), schema: location.schema, into: try DredgeServer.PostgresDatabase.Location(url: target), tools: tools)
         let restored = try await DredgeServer.PostgresDatabase(try DredgeServer.PostgresDatabase.Location(url: target), connectTimeout: .seconds(300))
         defer { restored.close() }

@@ -8,18 +8,27 @@ import Testing
 /// `dredge` (Tests/upgrade/make-fixture.sh): a data directory with an enrolled agent and a
 /// landed, indexed pull; the agent's state and store beside it. Today's server opens it and
 /// migrates it, the old pull's records and files are there, the agent enrolled by the old
-/// release connects with today's agent, and a new pull works. SQLite only: no fixture holds an
-/// earlier release's PostgreSQL database yet (it would be a `pg_dump` beside the files).
+/// release connects with today's agent, and a new pull works. A fixture made on PostgreSQL
+/// (`make-fixture.sh --postgres`) holds its schema as `database.sql`, loaded into a new
+/// database of the tests' PostgreSQL (and runs only where there is one).
 @Suite struct UpgradeEndToEndTests {
     typealias Deployment = AgentServerEndToEndTests.Deployment
 
     static let directory = Vectors.repositoryRoot.appendingPathComponent("Tests/upgrade/fixtures").path
 
     /// The fixtures' names (`NAME.json` beside `NAME.tar.gz`).
-    static let fixtures: [String] = ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [])
+    static let all: [String] = ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [])
         .filter { $0.hasSuffix(".json") }.map { String($0.dropLast(".json".count)) }.sorted()
+    /// Those this run can use: the PostgreSQL ones only with the tests' PostgreSQL.
+    static let fixtures = all.filter { TestPostgres.url != nil || (try? fixture($0))?.backend != "postgres" }
+
+    static func fixture(_ name: String) throws -> Fixture {
+        try JSONDecoder().decode(Fixture.self, from: Data(contentsOf: URL(fileURLWithPath: directory + "/" + name + ".json")))
+    }
 
     struct Fixture: Decodable {
+        /// `sqlite` (or absent: the fixtures made before the choice) or `postgres`.
+        var backend: String?
         var commit: String
         var version: String
         var adminToken: String
@@ -29,12 +38,13 @@ import Testing
         var records: Int
     }
 
-    @Test func thereIsAFixture() {
+    @Test func thereIsAFixture() throws {
         #expect(!Self.fixtures.isEmpty, "no fixture in \(Self.directory)")
+        for name in Self.all { #expect(try Self.fixture(name).version.isEmpty == false, "\(name).json reads") }
     }
 
     @Test(arguments: fixtures) func anEarlierReleasesDeploymentUpgradesAndRunsOn(_ name: String) throws {
-        let fixture = try JSONDecoder().decode(Fixture.self, from: Data(contentsOf: URL(fileURLWithPath: Self.directory + "/" + name + ".json")))
+        let fixture = try Self.fixture(name)
         let dir = TempDir()
         let unpack = Process()
         unpack.executableURL = URL(fileURLWithPath: "/usr/bin/tar")
@@ -47,6 +57,14 @@ import Testing
         let configPath = data + "/server.json"
         var config = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: configPath))) as? [String: Any])
         config["results"] = ["keepDays": 0]
+        if fixture.backend == "postgres" {
+            // The old release's schema, loaded into a database of its own; server.json names it.
+            let schema = try #require((config["database"] as? String)?.firstMatch(of: /schema=([a-z0-9_]+)/).map { String($0.1) })
+            let database = try TestPostgres.newDatabase()
+            let (loaded, said) = try ManagedProcess.run("/usr/bin/psql", [database, "-q", "-v", "ON_ERROR_STOP=1", "-c", "CREATE EXTENSION IF NOT EXISTS unaccent SCHEMA public", "-f", dir.file("database.sql")])
+            try #require(loaded == 0, "\(said)")
+            config["database"] = TestPostgres.url(database, schema: schema)
+        }
         try JSONSerialization.data(withJSONObject: config).write(to: URL(fileURLWithPath: configPath))
 
         let server = try ManagedProcess(

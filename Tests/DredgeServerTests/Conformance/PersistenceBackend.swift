@@ -65,6 +65,21 @@ enum ServerBackend: String, Sendable, CustomTestStringConvertible, CaseIterable 
 enum TestPostgres {
     static let url = ProcessInfo.processInfo.environment["DREDGE_TEST_POSTGRES"].flatMap { $0.isEmpty ? nil : $0 }
 
+    /// A new, empty database on the tests' server (made with `psql`, as an operator would);
+    /// its URL, the test URL's parameters kept.
+    static func newDatabase() throws -> String {
+        guard let url, var parts = URLComponents(string: url) else { throw DeploymentError("DREDGE_TEST_POSTGRES is not set") }
+        let name = "r_" + UUID().uuidString.lowercased().filter { $0.isLetter || $0.isNumber }
+        let (status, said) = try ManagedProcess.run("/usr/bin/psql", [url, "-qc", "CREATE DATABASE \(name)"])
+        guard status == 0 else { throw DeploymentError("psql could not make a database: \(said)") }
+        parts.path = "/" + name
+        guard let made = parts.string else { throw DeploymentError("no URL for \(name)") }
+        return made
+    }
+
+    /// `url` with its tables in `schema`.
+    static func url(_ url: String, schema: String) -> String { url + (url.contains("?") ? "&" : "?") + "schema=" + schema }
+
     /// The test's own schema, named after its temporary directory: the stores a test opens on
     /// one directory share it, as they share the directory's SQLite files.
     static func database(for dir: TempDir) async throws -> PostgresDatabase {

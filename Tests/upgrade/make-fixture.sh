@@ -45,7 +45,8 @@ else
     done
     bin=$(cd "$tree" && "$SWIFT" build --show-bin-path)
 fi
-version=$("$bin/dredge-server" --version)
+# Releases before 0.2.0 had no --version: they are named by their commit.
+version=$("$bin/dredge-server" --version 2>/dev/null || echo "before 0.2.0 (${full:0:9})")
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_for() {  # wait_for WHAT COMMAND...: up to 120 s
@@ -88,7 +89,7 @@ wait_for "the pull complete" sh -c "'$bin/dredge-server' pulls --data '$data' --
 records=$(sed -n 's/.*"detail" *: *"\([0-9]*\) records".*/\1/p' <("$bin/dredge-server" pulls --data "$data" --json) | head -1)
 [ "$records" -gt 0 ] || { echo "error: the pull landed no records" >&2; exit 1; }
 export XDG_CONFIG_HOME="$work/config" DREDGE_SERVER="" DREDGE_TOKEN="" DREDGE_CA="" DREDGE_PROFILE=""
-if "$bin/dredge" logs --help >/dev/null 2>&1; then
+if "$bin/dredge" --help 2>&1 | grep -qE '^ +logs '; then
     count() { "$bin/dredge" logs --pull "$pull" --format jsonl --limit 0 --server "http://127.0.0.1:$admin_port" --token "$admin_token" | grep -c '^{'; }
     wait_for "the pull searchable" sh -c "[ \"\$(\"$bin/dredge\" logs --pull $pull --format jsonl --limit 0 --server http://127.0.0.1:$admin_port --token $admin_token | grep -c '^{')\" = $records ]"
     searchable=$(count)

@@ -189,6 +189,11 @@ public struct AdminClient: Sendable {
         return try await call("GET", "/v1/audit", query: items)
     }
 
+    /// The audit log's hash chain, checked by the server from its first entry.
+    public func verifyAudit() async throws -> AuditVerification {
+        try await call("GET", "/v1/audit/verify")
+    }
+
     /// Revokes an agent; the agent as it is now.
     public func revokeAgent(_ id: String, reason: String?) async throws -> AgentRecord {
         try await call("POST", "/v1/agents/\(try Self.pathComponent(id))/revoke", body: AgentRevocationRequest(reason: reason))

@@ -75,6 +75,16 @@ public enum ServerRuntime {
             ])
         }
         for problem in stores.importProblems { logger.warning("after the import", metadata: ["problem": "\(problem)"]) }
+        // The audit log's hash chain, checked whole at every start (#55). A break is reported,
+        // not fatal: stopping would hand whoever edited the log a way to stop the server.
+        let chain = try await stores.pulls.verifyChain()
+        if let broken = chain.broken {
+            logger.error("audit log chain broken: an entry was edited, removed or moved outside the server", metadata: [
+                "entry": "\(chain.brokenAt ?? 0)", "why": "\(broken)", "intact.entries": "\(chain.entries)",
+            ])
+        } else {
+            logger.info("audit log chain intact", metadata: ["entries": "\(chain.entries)", "last.id": "\(chain.lastID ?? 0)", "last.hash": "\(chain.lastHash ?? "-")"])
+        }
         let (registry, pulls, feedback, tokens) = (stores.registry, stores.pulls, stores.feedback, stores.tokens)
         try await registry.resetPresence()
         let retention = options.keepDays.map(ResultsRetention.init(keepDays:)) ?? deployment.config.results ?? .default

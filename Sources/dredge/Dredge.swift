@@ -411,7 +411,8 @@ struct FeedbackCommand: AsyncParsableCommand {
 struct AuditCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "audit", abstract: "The audit log, newest first: which token asked for what, and when; refused tokens with their source.",
-        discussion: "Each line starts with the entry's id; --before ID shows the page after it.")
+        discussion: "Each line starts with the entry's id; --before ID shows the page after it. `dredge audit verify` checks the log's hash chain.",
+        subcommands: [AuditVerifyCommand.self])
 
     @OptionGroup var server: ServerOptions
     @Option(help: "Entries from this time (the same forms as `dredge logs --since`).") var since: String?
@@ -437,6 +438,33 @@ struct AuditCommand: AsyncParsableCommand {
         if entries.count == limit, let last = entries.last?.id {
             Terminal.error("dredge: more entries may follow: --before \(last)\n")
         }
+    }
+}
+
+struct AuditVerifyCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "verify", abstract: "Check the audit log's hash chain from its first entry: an entry edited, removed or moved breaks it.",
+        discussion: """
+            Exits 0 when the chain holds, 1 when it breaks (saying at which entry and why). Entries cut from the end leave the \
+            chain whole: keep the last id and hash it prints elsewhere, or compare with the server's audit.file copy.
+            """)
+
+    @OptionGroup var server: ServerOptions
+    @Flag(help: "JSON output.") var json = false
+
+    func run() async throws {
+        let client = try server.client()
+        let verdict = try await calling { try await client.verifyAudit() }
+        if json {
+            try printJSON(verdict)
+        } else if let broken = verdict.broken {
+            print("audit log: BROKEN at entry \(verdict.brokenAt.map(String.init) ?? "?"): \(broken)")
+            print("  \(verdict.entries) entries before it hold\(verdict.lastID.map { " (up to entry \($0))" } ?? "")")
+        } else {
+            print("audit log: intact, \(verdict.entries) entries")
+            if let id = verdict.lastID, let hash = verdict.lastHash { print("  last entry \(id), hash \(hash)") }
+        }
+        if !verdict.intact { throw ExitCode(1) }
     }
 }
 

@@ -13,6 +13,15 @@ extension AdminActions {
         return (query, try await services.audit.audit(query))
     }
 
+    /// The audit log's hash chain, checked from its first entry (``AuditChain``).
+    public func verifyAudit() async throws -> AuditVerification {
+        let verdict = try await services.audit.verifyChain()
+        if let broken = verdict.broken {
+            logger.error("audit log chain broken", metadata: ["entry": "\(verdict.brokenAt ?? 0)", "why": "\(broken)"])
+        }
+        return verdict
+    }
+
     static func auditQuery(_ fields: [String: String], defaultLimit: Int) throws -> AuditQuery {
         func given(_ name: String) -> String? {
             guard let value = fields[name]?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }

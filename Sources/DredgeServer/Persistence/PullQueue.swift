@@ -91,6 +91,8 @@ public protocol AuditLog: Sendable {
     func record(actor: String, action: String, detail: String, at: Date) async throws
     /// Newest first, each with its id; `query.before` pages back.
     func audit(_ query: AuditQuery) async throws -> [AuditEntry]
+    /// Walks the whole log in id order and checks its hash chain (``AuditChain``).
+    func verifyChain() async throws -> AuditChain.Verdict
 }
 
 /// A pull about to be queued: everything but its statuses.

@@ -20,6 +20,8 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
     /// Overwrites a stored pull's filter with text that is not a stored filter (a damaged row),
     /// behind the implementation's back.
     let damageFilter: @Sendable (TempDir, String) async throws -> Void
+    /// Runs a statement on the database behind the implementation's back (an intruder's edit).
+    let execute: @Sendable (TempDir, String) async throws -> Void
     var testDescription: String { name }
 
     static let sqlite = PersistenceBackend(
@@ -34,7 +36,8 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
             try await ServerDatabase(directory: dir.path).pool.write {
                 try $0.execute(sql: "UPDATE pull SET filter = '{\"uid\": 7' WHERE id = ?", arguments: [id])
             }
-        })
+        },
+        execute: { dir, sql in try await ServerDatabase(directory: dir.path).pool.write { try $0.execute(sql: sql) } })
 
     static let postgres = PersistenceBackend(
         name: "PostgreSQL",
@@ -48,6 +51,11 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
             let db = try await TestPostgres.database(for: dir)
             defer { db.close() }
             _ = try await db.write { try await $0.run("UPDATE pull SET filter = '{\"uid\": 7' WHERE id = \(id)") }
+        },
+        execute: { dir, sql in
+            let db = try await TestPostgres.database(for: dir)
+            defer { db.close() }
+            try await db.execute(unsafeSQL: sql)
         })
 
     static let all: [PersistenceBackend] = TestPostgres.url == nil ? [.sqlite] : [.sqlite, .postgres]

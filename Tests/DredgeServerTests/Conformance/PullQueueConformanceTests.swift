@@ -349,4 +349,42 @@ import Testing
         #expect(try await queue.removable(keptUntil: base.addingTimeInterval(86_400 * 365), limit: 2).count == 2)
         #expect(!(try await queue.removable(keptUntil: base.addingTimeInterval(86_400 * 365), limit: 100)).contains(running.id), "never one still running")
     }
+
+    /// The audit log is a hash chain (#55): whatever writes it (a pull, a recorded action), it
+    /// verifies whole; an entry edited, removed, moved or stripped of its hash behind the
+    /// store's back breaks it at that entry, and the verdict says where. Text is chained as
+    /// stored (a NUL becomes U+FFFD on both back ends).
+    @Test(arguments: Backend.all)
+    func theAuditLogIsAHashChainThatShowsTampering(_ backend: Backend) async throws {
+        let queue = try await backend.pulls(dir)
+        #expect(try await queue.verifyChain() == AuditVerification(entries: 0))
+        try await queue.record(actor: "alice", action: "token.create", detail: "bob", at: Date(timeIntervalSince1970: 1_800_000_000.25))
+        try await queue.create(try Self.newPull())
+        for n in 0..<4 { try await queue.record(actor: "bob", action: "search", detail: "q=\(n) ü\u{0}", at: Date(timeIntervalSince1970: 1_800_000_001 + Double(n))) }
+        let entries = try await queue.audit(AuditQuery(limit: 100)).sorted { ($0.id ?? 0) < ($1.id ?? 0) }
+        let ids = entries.compactMap(\.id)
+        try #require(ids.count == 6)
+        let whole = try await queue.verifyChain()
+        #expect(whole.intact && whole.entries == 6 && whole.lastID == ids[5] && whole.lastHash?.count == 64, "\(whole)")
+
+        func brokenAt() async throws -> Int64? { try await queue.verifyChain().brokenAt }
+        // An edit: the entry no longer hashes to what it holds.
+        try await backend.execute(dir, "UPDATE audit SET detail = 'carol' WHERE id = \(ids[0])")
+        #expect(try await brokenAt() == ids[0])
+        try await backend.execute(dir, "UPDATE audit SET detail = 'bob' WHERE id = \(ids[0])")
+        #expect(try await queue.verifyChain() == whole, "put back as it was, it holds again")
+        // A hash cleared.
+        try await backend.execute(dir, "UPDATE audit SET hash = NULL WHERE id = \(ids[4])")
+        let cleared = try await queue.verifyChain()
+        #expect(cleared.brokenAt == ids[4] && cleared.broken?.contains("no hash") == true && cleared.entries == 4, "\(cleared)")
+        // A removal: the next entry no longer follows.
+        try await backend.execute(dir, "DELETE FROM audit WHERE id = \(ids[4])")
+        let removed = try await queue.verifyChain()
+        #expect(removed.brokenAt == ids[5] && removed.broken?.contains("does not follow entry \(ids[3])") == true, "\(removed)")
+        // An entry moved to the end, hash and all: the one after its old place no longer follows.
+        try await backend.execute(dir, "INSERT INTO audit (at, actor, action, detail, hash) SELECT at, actor, action, detail, hash FROM audit WHERE id = \(ids[1])")
+        try await backend.execute(dir, "DELETE FROM audit WHERE id = \(ids[1])")
+        let moved = try await queue.verifyChain()
+        #expect(moved.brokenAt == ids[2] && moved.entries == 1, "\(moved)")
+    }
 }

@@ -11,6 +11,9 @@ enum AuditRoutes {
             for (name, value) in request.uri.queryParameters where fields[String(name)] == nil { fields[String(name)] = String(value) }
             return try AdminAPI.json(await actions.audit(fields, defaultLimit: AuditQuery().limit).entries)
         }
+        routes.get("verify") { _, _ in
+            try AdminAPI.json(await actions.verifyAudit())
+        }
         return routes
     }
 }

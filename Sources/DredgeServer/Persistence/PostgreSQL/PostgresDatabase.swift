@@ -249,6 +249,12 @@ public final class PostgresDatabase: Sendable {
         }
     }
 
+    /// Runs one statement as written, in a transaction of its own: for tests and tools, never
+    /// with text from outside.
+    func execute(unsafeSQL sql: String) async throws {
+        try await write { try await $0.run(PostgresQuery(unsafeSQL: sql)) }
+    }
+
     /// Runs `body` in one transaction: committed when it returns, rolled back when it throws.
     @discardableResult
     func write<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {

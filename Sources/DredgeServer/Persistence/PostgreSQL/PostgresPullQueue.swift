@@ -53,7 +53,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                 INSERT INTO pull_target (pull_id, agent_id, status, updated_at)
                 SELECT \(pull.id), a, \(PullStatus.queued.rawValue), \(now) FROM unnest(\(pull.targets)::text[]) AS a
                 """)
-            try await c.run("INSERT INTO audit (at, actor, action, detail) VALUES (\(now), \(pull.requestedBy), \(AuditAction.pull.rawValue), \(detail.storable))")
+            try await Self.insertAudit(at: now, actor: pull.requestedBy, action: AuditAction.pull.rawValue, detail: detail, on: c)
             try await announce(pull.targets, on: c)
         }
     }
@@ -325,8 +325,49 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
 
     public func record(actor: String, action: String, detail: String, at: Date) async throws {
         try await db.write { c in
-            try await c.run("INSERT INTO audit (at, actor, action, detail) VALUES (\(at.timeIntervalSince1970), \(actor.storable), \(action.storable), \(detail.storable))")
+            try await Self.insertAudit(at: at.timeIntervalSince1970, actor: actor, action: action, detail: detail, on: c)
         }
+    }
+
+    /// The audit log's turn, across nodes: entries chain in the order of their ids.
+    static let auditLock: Int64 = 7_466_218_402
+
+    /// Inserts an entry chained after the log's last one (``AuditChain``), in `c`'s transaction,
+    /// holding ``auditLock`` until it ends. The hash is over the text as stored.
+    static func insertAudit(at: Double, actor: String, action: String, detail: String, on c: PostgresConnection) async throws {
+        try await c.run("SELECT pg_advisory_xact_lock(\(auditLock))")
+        let previous = try await c.value("SELECT hash FROM audit ORDER BY id DESC LIMIT 1", as: ByteBuffer?.self).flatMap { $0 }.map { Array($0.readableBytesView) }
+        let (actor, action, detail) = (actor.storable, action.storable, detail.storable)
+        let hash = AuditChain.link(after: previous ?? AuditChain.genesis, at: at, actor: actor, action: action, detail: detail)
+        try await c.run("INSERT INTO audit (at, actor, action, detail, hash) VALUES (\(at), \(actor), \(action), \(detail), \(ByteBuffer(bytes: hash)))")
+    }
+
+    /// Hashes the entries written before the chain (the schema step that adds it).
+    static func chainExisting(on c: PostgresConnection) async throws {
+        var previous = AuditChain.genesis
+        for row in try await c.rows("SELECT id, at, actor, action, detail FROM audit ORDER BY id") {
+            let (id, at, actor, action, detail) = try row.decode((Int64, Double, String, String, String).self)
+            let hash = AuditChain.link(after: previous, at: at, actor: actor, action: action, detail: detail)
+            try await c.run("UPDATE audit SET hash = \(ByteBuffer(bytes: hash)) WHERE id = \(id)")
+            previous = hash
+        }
+    }
+
+    public func verifyChain() async throws -> AuditChain.Verdict {
+        var verifier = AuditChain.Verifier()
+        var after: Int64 = .min
+        while true {
+            let page = try await db.read { [after] c in
+                try await c.rows("SELECT id, at, actor, action, detail, hash FROM audit WHERE id > \(after) ORDER BY id LIMIT \(Int64(AuditChain.page))").map { row in
+                    let (id, at, actor, action, detail, hash) = try row.decode((Int64, Double, String, String, String, ByteBuffer?).self)
+                    return AuditChain.Stored(id: id, at: at, actor: actor, action: action, detail: detail, hash: hash.map { Array($0.readableBytesView) })
+                }
+            }
+            guard let last = page.last?.id else { break }
+            guard verifier.feed(page) else { break }
+            after = last
+        }
+        return verifier.verdict
     }
 
     public func audit(_ query: AuditQuery) async throws -> [AuditEntry] {

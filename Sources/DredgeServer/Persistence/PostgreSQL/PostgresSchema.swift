@@ -298,6 +298,14 @@ enum PostgresSchema {
                 "ALTER TABLE agent ADD COLUMN key_generation integer NOT NULL DEFAULT 1",
             ]
         ),
+        (
+            "audit-chain-v1",
+            [
+                // The audit log as a hash chain (#55); the entries before it are chained in
+                // the same step (PostgresPullQueue.chainExisting, run by migrate).
+                "ALTER TABLE audit ADD COLUMN hash bytea",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes
@@ -330,6 +338,7 @@ enum PostgresSchema {
             let applied = try await Self.applied(schema, on: c)
             for migration in migrations where !applied.contains(migration.id) {
                 for statement in migration.statements { try await c.run(PostgresQuery(unsafeSQL: statement)) }
+                if migration.id == "audit-chain-v1" { try await PostgresPullQueue.chainExisting(on: c) }
                 try await c.run("INSERT INTO dredge_migration (id) VALUES (\(migration.id))")
             }
         }

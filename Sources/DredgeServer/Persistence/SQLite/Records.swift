@@ -115,6 +115,28 @@ struct AuditRow: ServerRecord {
     var actor: String
     var action: String
     var detail: String
+    /// ``AuditChain/link(after:at:actor:action:detail:)`` after the entry before it.
+    var hash: Data?
+
+    /// The entry, chained after the log's last one: inside the transaction that inserts it.
+    /// Its text as PostgreSQL keeps it (a NUL as U+FFFD): SQLite's binding would cut it there,
+    /// and the hash would not be over what is stored.
+    static func chained(at: Double, actor: String, action: String, detail: String, in db: Database) throws -> AuditRow {
+        let (actor, action, detail) = (actor.storable, action.storable, detail.storable)
+        let previous = try Data.fetchOne(db, sql: "SELECT hash FROM audit ORDER BY id DESC LIMIT 1").map(Array.init) ?? AuditChain.genesis
+        let hash = AuditChain.link(after: previous, at: at, actor: actor, action: action, detail: detail)
+        return AuditRow(at: at, actor: actor, action: action, detail: detail, hash: Data(hash))
+    }
+
+    /// Hashes the entries written before the chain, in id order, from the genesis.
+    static func chainExisting(_ db: Database) throws {
+        var previous = AuditChain.genesis
+        for row in try Row.fetchAll(db, sql: "SELECT id, at, actor, action, detail FROM audit ORDER BY id") {
+            let hash = AuditChain.link(after: previous, at: row["at"], actor: row["actor"], action: row["action"], detail: row["detail"])
+            try db.execute(sql: "UPDATE audit SET hash = ? WHERE id = ?", arguments: [Data(hash), row["id"] as Int64])
+            previous = hash
+        }
+    }
 }
 
 struct FeedbackRow: ServerRecord {

@@ -144,10 +144,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             for agent in pull.targets {
                 try PullTargetRow(pullId: pull.id, agentId: agent, status: Status.queued.rawValue, updatedAt: now).insert(db)
             }
-            try AuditRow(
-                at: now, actor: pull.requestedBy, action: AuditAction.pull.rawValue,
-                detail: pull.auditDetail
-            ).insert(db)
+            try AuditRow.chained(at: now, actor: pull.requestedBy, action: AuditAction.pull.rawValue, detail: pull.auditDetail, in: db).insert(db)
         }
     }
 
@@ -268,8 +265,24 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
     /// Records an administrative action other than a pull (token changes).
     public func record(actor: String, action: String, detail: String, at: Date) async throws {
         try await db.write { db in
-            try AuditRow(at: at.timeIntervalSince1970, actor: actor, action: action, detail: detail).insert(db)
+            try AuditRow.chained(at: at.timeIntervalSince1970, actor: actor, action: action, detail: detail, in: db).insert(db)
         }
+    }
+
+    public func verifyChain() async throws -> AuditChain.Verdict {
+        var verifier = AuditChain.Verifier()
+        var after: Int64 = .min
+        while true {
+            let page = try await db.read { [after] db in
+                try Row.fetchAll(db, sql: "SELECT id, at, actor, action, detail, hash FROM audit WHERE id > ? ORDER BY id LIMIT ?", arguments: [after, AuditChain.page]).map { row in
+                    AuditChain.Stored(id: row["id"], at: row["at"], actor: row["actor"], action: row["action"], detail: row["detail"], hash: (row["hash"] as Data?).map(Array.init))
+                }
+            }
+            guard let last = page.last?.id else { break }
+            guard verifier.feed(page) else { break }
+            after = last
+        }
+        return verifier.verdict
     }
 
     public func pull(_ id: String, now: Timestamp) async throws -> Pull? {

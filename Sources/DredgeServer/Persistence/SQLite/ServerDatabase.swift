@@ -115,6 +115,11 @@ public final class ServerDatabase: Sendable {
                 CREATE INDEX feedback_kept ON feedback(received_at) WHERE removed_at IS NULL;
                 """)
         }
+        // The audit log as a hash chain (AuditChain); the entries before it chained now.
+        migrator.registerMigration("audit-v1-chain") { db in
+            try db.execute(sql: "ALTER TABLE audit ADD COLUMN hash BLOB")
+            try AuditRow.chainExisting(db)
+        }
         return migrator
     }
 }

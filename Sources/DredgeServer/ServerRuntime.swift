@@ -155,6 +155,7 @@ public enum ServerRuntime {
         } ?? []
         let services: [any Service] =
             (stores.node.map { [$0] } ?? []) + (checkpointer.map { [$0] } ?? []) + [dispatcher, indexer, listener, admin, renewal, KeyRingRefresh(keys: deployment.keys, logger: logger)] + metricsListener
+            + (deployment.config.audit.map { [AuditShipper(audit: pulls, settings: $0, dataDirectory: dir, logger: logger)] } ?? [])
         if let node = stores.node { logger.info("cluster node", metadata: ["node": "\(node.id)", "name": "\(node.name)", "lease": "\(node.duration)"]) }
         let group = ServiceGroup(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()

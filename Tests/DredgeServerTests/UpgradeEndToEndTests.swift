@@ -57,6 +57,8 @@ import Testing
         let configPath = data + "/server.json"
         var config = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: configPath))) as? [String: Any])
         config["results"] = ["keepDays": 0]
+        // And a copy of the audit log outside the database, which the old release did not have.
+        config["audit"] = ["file": "audit.jsonl"]
         if fixture.backend == "postgres" {
             // The old release's schema, loaded into a database of its own; server.json names it.
             let schema = try #require((config["database"] as? String)?.firstMatch(of: /schema=([a-z0-9_]+)/).map { String($0.1) })
@@ -127,6 +129,17 @@ import Testing
         #expect(try ManagedProcess.waitFor { try pinned() == 2 }, "agent log:\n\(agent.output.suffix(2000))")
         let afterRotation = try dredge(["pull", "--uid", fixture.uid, "--since", "3650d", "--wait"])
         #expect(afterRotation.status == 0 && afterRotation.output.contains("complete"), "\(afterRotation.output)")
+        // The old release's audit entries, chained when the schema step that adds the chain ran.
+        let verified = try dredge(["audit", "verify"])
+        #expect(verified.status == 0 && verified.output.contains("audit log: intact"), "\(verified.output)")
+        #expect(server.output.contains("audit log chain intact"), "\(server.output.suffix(3000))")
+        // The copy reaches the last entry, its hash the chain's.
+        let last = try #require(verified.output.firstMatch(of: /last entry (\d+), hash ([0-9a-f]{64})/), "\(verified.output)")
+        let copied = try ManagedProcess.waitFor {
+            let text = (try? String(contentsOfFile: data + "/audit.jsonl", encoding: .utf8)) ?? ""
+            return text.split(separator: "\n").contains { $0.contains("\"id\":\(last.1)") && $0.contains("\"hash\":\"\(last.2)\"") }
+        }
+        #expect(copied, "\(server.output.suffix(2000))")
         #expect(agent.stop() == 0)
         #expect(server.stop() == 0)
     }

@@ -121,6 +121,12 @@ public enum ServerConfiguration {
             Key(
                 "metrics.listen", .string, default: nil, absent: "none: /metrics only on the admin listener, behind the scrape token", example: "127.0.0.1:9464",
                 "A listener of its own for `GET /metrics` (`HOST:PORT`), plain HTTP without a token.") { $0.metrics?.listen },
+            Key(
+                "audit.file", .string, default: nil, absent: "none", example: "audit.jsonl",
+                "A file each audit entry is appended to as one JSON line, with its hash (a relative path is inside the data directory): a copy outside the database.") { $0.audit?.file },
+            Key(
+                "audit.syslog", .string, default: nil, absent: "none", example: "/dev/log",
+                "The local syslog socket each audit entry written after the start is also sent to (one JSON line, authpriv.notice).") { $0.audit?.syslog },
         ]
     }()
 

@@ -119,6 +119,8 @@ public enum ServerDeployment {
         public var database: String?
         /// Where Prometheus scrapes `GET /metrics` besides the admin listener; the defaults when absent.
         public var metrics: MetricsSettings?
+        /// Where audit entries are copied outside the database; nowhere when absent.
+        public var audit: AuditShippingSettings?
     }
 
     /// What `initialize` makes.

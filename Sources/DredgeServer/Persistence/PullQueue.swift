@@ -91,8 +91,23 @@ public protocol AuditLog: Sendable {
     func record(actor: String, action: String, detail: String, at: Date) async throws
     /// Newest first, each with its id; `query.before` pages back.
     func audit(_ query: AuditQuery) async throws -> [AuditEntry]
+    /// Oldest first: the entries after the id `after` (at most `limit`), each with its hash as
+    /// stored: what ``verifyChain()`` checks and ``AuditShipper`` copies out.
+    func chainEntries(after: Int64, limit: Int) async throws -> [AuditChain.Stored]
+}
+
+extension AuditLog {
     /// Walks the whole log in id order and checks its hash chain (``AuditChain``).
-    func verifyChain() async throws -> AuditChain.Verdict
+    public func verifyChain() async throws -> AuditChain.Verdict {
+        var verifier = AuditChain.Verifier()
+        var after: Int64 = .min
+        while true {
+            let page = try await chainEntries(after: after, limit: AuditChain.page)
+            guard let last = page.last?.id, verifier.feed(page) else { break }
+            after = last
+        }
+        return verifier.verdict
+    }
 }
 
 /// A pull about to be queued: everything but its statuses.

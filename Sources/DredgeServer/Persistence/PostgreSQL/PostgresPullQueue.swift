@@ -353,21 +353,13 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         }
     }
 
-    public func verifyChain() async throws -> AuditChain.Verdict {
-        var verifier = AuditChain.Verifier()
-        var after: Int64 = .min
-        while true {
-            let page = try await db.read { [after] c in
-                try await c.rows("SELECT id, at, actor, action, detail, hash FROM audit WHERE id > \(after) ORDER BY id LIMIT \(Int64(AuditChain.page))").map { row in
-                    let (id, at, actor, action, detail, hash) = try row.decode((Int64, Double, String, String, String, ByteBuffer?).self)
-                    return AuditChain.Stored(id: id, at: at, actor: actor, action: action, detail: detail, hash: hash.map { Array($0.readableBytesView) })
-                }
+    public func chainEntries(after: Int64, limit: Int) async throws -> [AuditChain.Stored] {
+        try await db.read { c in
+            try await c.rows("SELECT id, at, actor, action, detail, hash FROM audit WHERE id > \(after) ORDER BY id LIMIT \(Int64(max(limit, 0)))").map { row in
+                let (id, at, actor, action, detail, hash) = try row.decode((Int64, Double, String, String, String, ByteBuffer?).self)
+                return AuditChain.Stored(id: id, at: at, actor: actor, action: action, detail: detail, hash: hash.map { Array($0.readableBytesView) })
             }
-            guard let last = page.last?.id else { break }
-            guard verifier.feed(page) else { break }
-            after = last
         }
-        return verifier.verdict
     }
 
     public func audit(_ query: AuditQuery) async throws -> [AuditEntry] {

@@ -269,20 +269,12 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
         }
     }
 
-    public func verifyChain() async throws -> AuditChain.Verdict {
-        var verifier = AuditChain.Verifier()
-        var after: Int64 = .min
-        while true {
-            let page = try await db.read { [after] db in
-                try Row.fetchAll(db, sql: "SELECT id, at, actor, action, detail, hash FROM audit WHERE id > ? ORDER BY id LIMIT ?", arguments: [after, AuditChain.page]).map { row in
-                    AuditChain.Stored(id: row["id"], at: row["at"], actor: row["actor"], action: row["action"], detail: row["detail"], hash: (row["hash"] as Data?).map(Array.init))
-                }
+    public func chainEntries(after: Int64, limit: Int) async throws -> [AuditChain.Stored] {
+        try await db.read { db in
+            try Row.fetchAll(db, sql: "SELECT id, at, actor, action, detail, hash FROM audit WHERE id > ? ORDER BY id LIMIT ?", arguments: [after, max(limit, 0)]).map { row in
+                AuditChain.Stored(id: row["id"], at: row["at"], actor: row["actor"], action: row["action"], detail: row["detail"], hash: (row["hash"] as Data?).map(Array.init))
             }
-            guard let last = page.last?.id else { break }
-            guard verifier.feed(page) else { break }
-            after = last
         }
-        return verifier.verdict
     }
 
     public func pull(_ id: String, now: Timestamp) async throws -> Pull? {

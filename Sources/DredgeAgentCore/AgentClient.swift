@@ -90,11 +90,21 @@ public final class AgentClient: Service, Sendable {
             var current = 0, failedInARow = 0
             while !Task.isCancelled && !self.stop.isStopped {
                 let server = addresses[current]
+                var refused = false
                 do {
                     try await self.connectOnce(to: server)
                 } catch {
                     if Task.isCancelled || self.stop.isStopped { break }
-                    self.logger.warning("connection to the server failed", metadata: ["server": "\(server)", "error": "\(error)"])
+                    if let code = (error as? AgentError)?.serverError, Reconnection.needsEnrollment(code) {
+                        // Every node would say the same: wait long, and say what mends it.
+                        refused = true
+                        reconnection.refused(code)
+                        self.logger.error(
+                            "the server refuses this agent: enroll it again (dredge-agent enroll); trying again in about \(Self.rounded(Reconnection.refusedDelay))",
+                            metadata: ["server": "\(server)", "error": "\(error)"])
+                    } else {
+                        self.logger.warning("connection to the server failed", metadata: ["server": "\(server)", "error": "\(error)"])
+                    }
                 }
                 if Task.isCancelled || self.stop.isStopped { break }
                 let ready = self.established.take().map { ContinuousClock.now - $0 }
@@ -113,7 +123,7 @@ public final class AgentClient: Service, Sendable {
                         continue
                     }
                 }
-                if ready == nil && addresses.count > 1 {
+                if ready == nil && addresses.count > 1 && !refused {
                     // This node did not take the connection (down, refusing): the next one is
                     // tried at once, and the backoff waits only once every one has failed.
                     current = (current + 1) % addresses.count
@@ -197,7 +207,7 @@ public final class AgentClient: Service, Sendable {
             throw AgentError(AgentConnector.explain(error))
         }
         await uploads.disconnected()
-        if let failure { throw AgentError("the server closed the connection: \(failure)") }
+        if let failure { throw AgentError("the server closed the connection: \(failure)", serverError: failure.code) }
     }
 
     /// How the device names itself on this connection: the context of the newest record in its

@@ -55,8 +55,26 @@ public struct Reconnection: Sendable {
     /// The server's planned return, and when trying at its interval ends.
     public private(set) var planned: PlannedReturn?
     private var plannedUntil: ContinuousClock.Instant?
+    /// The server refused this agent for good (``refused(_:)``): what it said, until a
+    /// connection is ready again.
+    public private(set) var refusal: WireErrorCode?
+
+    /// How long an agent the server refused for good waits between attempts: only enrolling
+    /// again mends it (Protocol § Errors), and a fleet of such agents retrying every minute
+    /// would cost the server a handshake each.
+    public static let refusedDelay: Duration = .seconds(15 * 60)
 
     public init(backoff: Backoff) { self.backoff = backoff }
+
+    /// Whether `code` (the server's fatal error) means this agent must enroll again: its key
+    /// is unknown or revoked (`ERROR_AUTH_FAILED`), or the server's keys it pins are retired
+    /// (`ERROR_KEYS_RETIRED`).
+    public static func needsEnrollment(_ code: WireErrorCode?) -> Bool { code == .errorAuthFailed || code == .errorKeysRetired }
+
+    /// The server refused this agent with `code`: until a connection is ready again, attempts
+    /// are ``refusedDelay`` apart (the operator may yet mend it on the server's side: a
+    /// restored backup, a revocation undone).
+    public mutating func refused(_ code: WireErrorCode) { refusal = code }
 
     /// A connection ended that had been ready for `readyFor` (nil: it never got that far). One
     /// that stayed ready ``Backoff/resetAfterConnected`` starts the backoff again from its
@@ -64,7 +82,7 @@ public struct Reconnection: Sendable {
     public mutating func connectionEnded(readyFor: Duration?) {
         guard let readyFor else { return }
         if readyFor >= Backoff.resetAfterConnected { backoff.reset() }
-        (planned, plannedUntil) = (nil, nil)
+        (planned, plannedUntil, refusal) = (nil, nil, nil)
     }
 
     /// The server is restarting (its `Goodbye` at `now`): try at its interval for its window.
@@ -82,7 +100,9 @@ public struct Reconnection: Sendable {
             return min(planned.retryEvery, backoff.maximum) * Double.random(in: 0.5...1.5, using: &rng)
         }
         (planned, plannedUntil) = (nil, nil)
-        return backoff.next(using: &rng)
+        let next = backoff.next(using: &rng)
+        if refusal != nil { return max(next, Self.refusedDelay * Double.random(in: 0.9...1.1, using: &rng)) }
+        return next
     }
 
     public mutating func delay(at now: ContinuousClock.Instant = .now) -> Duration {

@@ -73,6 +73,31 @@ import Testing
         #expect(impatient.delay(at: start, using: &rng) <= .seconds(7.5))
     }
 
+    /// An agent the server refused for good (unknown or revoked, its pinned keys retired)
+    /// tries again only every quarter of an hour, until a connection is ready again; other
+    /// failures keep the usual backoff.
+    @Test func anAgentRefusedForGoodWaitsLongUntilAConnectionIsReady() {
+        var rng = SeededRandom(11)
+        let start = ContinuousClock.now
+        #expect(Reconnection.needsEnrollment(.errorAuthFailed) && Reconnection.needsEnrollment(.errorKeysRetired))
+        #expect(!Reconnection.needsEnrollment(.errorInternal) && !Reconnection.needsEnrollment(nil))
+        var reconnection = Reconnection(backoff: Backoff(initial: .seconds(1), maximum: .seconds(60)))
+        #expect(reconnection.delay(at: start, using: &rng) <= .seconds(1.5))
+        reconnection.refused(.errorKeysRetired)
+        var waits: [Duration] = []
+        for _ in 0..<5 {
+            waits.append(reconnection.delay(at: start, using: &rng))
+            reconnection.connectionEnded(readyFor: nil)
+        }
+        #expect(waits.allSatisfy { $0 >= Reconnection.refusedDelay * 0.9 && $0 <= Reconnection.refusedDelay * 1.1 }, "\(waits)")
+        #expect(Reconnection.refusedDelay == .seconds(900))
+        // Mended on the server's side (a revocation undone, a newer backup restored): a
+        // connection got ready, and the usual backoff is back.
+        reconnection.connectionEnded(readyFor: .seconds(2))
+        #expect(reconnection.refusal == nil)
+        #expect(reconnection.delay(at: start, using: &rng) <= .seconds(60 * 1.5))
+    }
+
     @Test func threeMissedIntervalsMakeTheServerOverdue() {
         let start = ContinuousClock.now
         var watch = HeartbeatWatch(interval: .seconds(30), now: start)

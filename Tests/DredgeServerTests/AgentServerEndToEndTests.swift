@@ -291,6 +291,8 @@ import Testing
         let agent = try d.runAgent(state: state, store: d.dir.file("logs.sqlite"))
         #expect(try ManagedProcess.waitFor { server2.output.contains("agent authentication failed") }, "\(server2.output)")
         #expect(try ManagedProcess.waitFor { agent.output.contains("errorAuthFailed") }, "\(agent.output)")
+        // It says what mends it, and waits long before it tries again (AgentLivenessTests).
+        #expect(try ManagedProcess.waitFor { agent.output.contains("the server refuses this agent: enroll it again") }, "\(agent.output)")
         #expect(try d2.agents().isEmpty)
         #expect(agent.stop() == 0)
     }

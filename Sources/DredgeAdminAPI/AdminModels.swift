@@ -346,28 +346,31 @@ public struct TokenCreated: Sendable, Equatable, Codable {
     }
 }
 
-/// One line of the audit log.
 /// `GET /v1/audit/verify`: the audit log's hash chain checked from its first entry (#55).
 /// Each entry's hash covers its content and the previous entry's hash, so an entry edited,
 /// removed or moved breaks the chain there. Entries cut from the end leave it whole: compare
 /// `lastID` and `lastHash` with a copy kept elsewhere (the server's `audit.file`).
 public struct AuditVerification: Sendable, Equatable, Codable {
-    /// Entries checked (up to the break, if there is one).
+    /// Entries checked: all of them (the check goes on past a break).
     public var entries: Int
-    /// The last entry checked: its id and hash (hex).
+    /// The last entry: its id and hash (hex).
     public var lastID: Int64?
     public var lastHash: String?
-    /// Where and why the chain breaks, said plainly; nil when it holds.
+    /// Where and why the chain first breaks, said plainly; nil when it holds.
     public var broken: String?
     public var brokenAt: Int64?
+    /// How many places it breaks at (each break is checked past, from the entry's own hash).
+    public var breaks: Int
 
     public var intact: Bool { broken == nil }
 
-    public init(entries: Int = 0, lastID: Int64? = nil, lastHash: String? = nil, broken: String? = nil, brokenAt: Int64? = nil) {
+    public init(entries: Int = 0, lastID: Int64? = nil, lastHash: String? = nil, broken: String? = nil, brokenAt: Int64? = nil, breaks: Int? = nil) {
         (self.entries, self.lastID, self.lastHash, self.broken, self.brokenAt) = (entries, lastID, lastHash, broken, brokenAt)
+        self.breaks = breaks ?? (broken == nil ? 0 : 1)
     }
 }
 
+/// One line of the audit log.
 public struct AuditEntry: Sendable, Equatable, Codable {
     /// Its place in the log (newer entries have larger ids): page with `before`.
     public var id: Int64?

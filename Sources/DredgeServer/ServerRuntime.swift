@@ -77,7 +77,12 @@ public enum ServerRuntime {
         for problem in stores.importProblems { logger.warning("after the import", metadata: ["problem": "\(problem)"]) }
         // The audit log's hash chain, checked whole at every start (#55). A break is reported,
         // not fatal: stopping would hand whoever edited the log a way to stop the server.
-        let chain = try await stores.pulls.verifyChain()
+        let chain: AuditChain.Verdict
+        do {
+            chain = try await stores.pulls.verifyChain()
+        } catch {
+            chain = AuditChain.Verdict(broken: "the audit log could not be read: \(error)")
+        }
         if let broken = chain.broken {
             logger.error("audit log chain broken: an entry was edited, removed or moved outside the server", metadata: [
                 "entry": "\(chain.brokenAt ?? 0)", "why": "\(broken)", "intact.entries": "\(chain.entries)",

@@ -68,7 +68,7 @@ struct RestoreCommand: AsyncParsableCommand {
     @Option(help: "The data directory to make.")
     var data: String?
 
-    @Option(help: "A backup of a deployment on PostgreSQL: the database to restore it into (postgres://USER@HOST/DATABASE[?schema=…]; its schema must be empty). Default: the one the backup's server.json names.")
+    @Option(help: "A backup of a deployment on PostgreSQL: the database to restore it into (postgres://USER@HOST/DATABASE[?schema=…]; its schema must be empty; the password in PGPASSWORD or a password file, not here: a command line is visible to others). Default: the one the backup's server.json names.")
     var database: String?
 
     @Flag(help: "Only check the backup (every file against its listing); write nothing.")
@@ -90,6 +90,12 @@ struct RestoreCommand: AsyncParsableCommand {
             if let dump = manifest.postgresql {
                 let url = try ServerBackup.databaseToRestoreInto(backup: from, given: database) ?? ""
                 print("Restored the database (schema \(dump.schema)) into \(try PostgresDatabase.Location(url: url)); \(data!)/server.json names it.")
+                if ServerBackup.withoutPassword(url) != url {
+                    print(
+                        database != nil
+                            ? "note: server.json keeps the password --database gave (the file is 0600); better: leave it out of the URL and give PGPASSWORD or a password file"
+                            : "note: server.json names it without the password: give the server PGPASSWORD or a password file")
+                }
             }
             print("""
                 Restored \(manifest.files.count) files of \(manifest.source) (backed up \(manifest.createdAt)) into \(data!).

@@ -22,7 +22,7 @@ import Testing
         var verifier = AuditChain.Verifier()
         var rest = entries[...]
         while !rest.isEmpty {
-            guard verifier.feed(rest.prefix(page)) else { break }
+            verifier.feed(rest.prefix(page))
             rest = rest.dropFirst(page)
         }
         return verifier.verdict
@@ -56,7 +56,7 @@ import Testing
         var removed = entries
         removed.remove(at: 1)
         let verdict = Self.verify(removed)
-        #expect(verdict.brokenAt == 30 && verdict.entries == 1 && verdict.broken?.contains("does not follow entry 10") == true, "\(verdict)")
+        #expect(verdict.brokenAt == 30 && verdict.breaks == 1 && verdict.entries == 4 && verdict.broken?.contains("does not follow entry 10") == true, "\(verdict)")
         #expect(Self.verify(Array(entries.dropFirst())).brokenAt == 20, "the first entry removed")
         var swapped = entries
         (swapped[1].id, swapped[2].id) = (swapped[2].id, swapped[1].id)
@@ -64,6 +64,12 @@ import Testing
         var cleared = entries
         cleared[4].hash = nil
         #expect(Self.verify(cleared).brokenAt == 50)
+        // A break early does not hide the ones after it: each is counted, the first described.
+        var twice = entries
+        twice[0].hash = nil
+        twice[3].detail = "q=edited"
+        let both = Self.verify(twice)
+        #expect(both.brokenAt == 10 && both.breaks == 3 && both.entries == 5, "the cleared hash, the entry after it, and the edit: \(both)")
         #expect(Self.verify(Array(entries.dropLast(2))).intact, "entries cut from the end leave it whole: the last id says so")
     }
 

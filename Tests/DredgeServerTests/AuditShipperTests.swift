@@ -28,7 +28,9 @@ import Testing
             let id = try #require((object["id"] as? NSNumber)?.int64Value)
             let hex = try #require(object["hash"] as? String)
             let hash = try #require(Hex.decode(hex))
-            let at = try #require((object["at"] as? NSNumber)?.doubleValue)
+            // The time as written (Foundation's JSON reader may round a long mantissa; Swift's
+            // Double(String), like Python's float, reads the shortest form back exactly).
+            let at = try #require(line.firstMatch(of: /"at":([-0-9.e+]+)/).flatMap { Double(String($0.1)) })
             let (actor, action, detail) = (object["actor"] as? String, object["action"] as? String, object["detail"] as? String)
             ids.append(id)
             verifier.feed([AuditChain.Stored(id: id, at: at, actor: try #require(actor), action: try #require(action), detail: try #require(detail), hash: hash)])
@@ -44,8 +46,10 @@ import Testing
         var info = stat()
         #expect(stat(path, &info) == 0 && info.st_mode & 0o777 == 0o600)
         try await audit.record(actor: "bob", action: "token.create", detail: "x", at: Date())
-        // Two nodes sharing the file take turns: the second finds nothing new.
-        #expect(try await shipper(audit).shipToFile(path) == 1)
+        // Two nodes sharing the file: each finds what the other copied, and copies only the rest.
+        async let first = shipper(audit).shipToFile(path)
+        async let second = shipper(audit).shipToFile(path)
+        #expect(try await first + second == 1)
         #expect(try await shipper(audit).shipToFile(path) == 0)
         let (ids, verdict) = try copy(path)
         #expect(ids == [1, 2, 3, 4])
@@ -55,21 +59,51 @@ import Testing
         // A crash mid-append left half a line: it is cut off, and what follows it is whole.
         let handle = try #require(FileHandle(forWritingAtPath: path))
         try handle.seekToEnd()
-        try handle.write(contentsOf: Data(#"{"id":5,"at":18"#.utf8))
+        try handle.write(contentsOf: Data(#"{"action":"token.rev"#.utf8))
         try handle.close()
         try await audit.record(actor: "bob", action: "token.revoke", detail: "x", at: Date())
         #expect(try await shipper(audit).shipToFile(path) == 1)
         #expect(try copy(path).ids == [1, 2, 3, 4, 5])
     }
 
-    @Test func aFileThatIsNotACopyIsRefusedAndLeftAsItIs() async throws {
+    /// A file that is not this log's copy is refused and left byte for byte: another log,
+    /// one without a final newline (server.json, a key), a copy of another history (a file
+    /// from before a restore, another deployment's).
+    @Test func aFileThatIsNotThisLogsCopyIsRefusedAndLeftAsItIs() async throws {
         let audit = try log()
         try await audit.record(actor: "alice", action: "search", detail: "q", at: Date())
-        let path = dir.file("other.log")
-        try Data("some other log line\n".utf8).write(to: URL(fileURLWithPath: path))
-        let error = try await #require(throws: DeploymentError.self) { try await shipper(audit).shipToFile(path) }
-        #expect(error.description.contains("not an entry"), "\(error)")
-        #expect(try String(contentsOfFile: path, encoding: .utf8) == "some other log line\n")
+        for (name, text) in [("other.log", "some other log line\n"), ("server.json", "{\n  \"agentPort\": 7443\n}"), ("key", "-----BEGIN KEY-----")] {
+            let path = dir.file(name)
+            try Data(text.utf8).write(to: URL(fileURLWithPath: path))
+            let error = try await #require(throws: DeploymentError.self) { try await shipper(audit).shipToFile(path) }
+            #expect(error.description.contains("not a copy of the audit log"), "\(error)")
+            #expect(try String(contentsOfFile: path, encoding: .utf8) == text, "\(name) untouched")
+        }
+        // Another history: the same shape, but its last entry is not this log's.
+        let elsewhere = TempDir()
+        let other = SQLitePullQueue(try ServerDatabase(directory: elsewhere.path))
+        try await other.record(actor: "mallory", action: "search", detail: "q", at: Date())
+        let path = dir.file("foreign.jsonl")
+        #expect(try await shipper(other).shipToFile(path) == 1)
+        let before = try Data(contentsOf: URL(fileURLWithPath: path))
+        let foreign = try await #require(throws: DeploymentError.self) { try await shipper(audit).shipToFile(path) }
+        #expect(foreign.description.contains("not this audit log's"), "\(foreign)")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == before)
+    }
+
+    /// Lines longer than the block the file is read back by (64 KiB) are found whole.
+    @Test func longEntriesAreReadBackWhole() async throws {
+        let audit = try log()
+        let long = String(repeating: "x", count: 150_000)
+        try await audit.record(actor: "alice", action: "search", detail: long, at: Date())
+        try await audit.record(actor: "alice", action: "search", detail: long + "y", at: Date())
+        let path = dir.file("audit.jsonl")
+        #expect(try await shipper(audit).shipToFile(path) == 2)
+        try await audit.record(actor: "alice", action: "search", detail: "short", at: Date())
+        #expect(try await shipper(audit).shipToFile(path) == 1)
+        let (ids, verdict) = try copy(path)
+        #expect(try await audit.verifyChain().intact)
+        #expect(ids == [1, 2, 3] && verdict.intact, "\(verdict)")
     }
 
     @Test func syslogGetsOneDatagramPerEntry() async throws {
@@ -85,7 +119,9 @@ import Testing
         let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
         try #require(bound == 0)
 
-        #expect(try await shipper(audit).shipToSyslog(path, after: 1) == 3, "only what follows the cursor")
+        var cursor: Int64 = 1
+        try await shipper(audit).shipToSyslog(path, cursor: &cursor)
+        #expect(cursor == 3, "only what follows the cursor")
         var received: [String] = []
         for _ in 0..<2 {
             var buffer = [UInt8](repeating: 0, count: 65_536)
@@ -96,7 +132,9 @@ import Testing
         #expect(received.allSatisfy { $0.hasPrefix("<85>dredge-server: {") && $0.hasSuffix("}") }, "\(received)")
         #expect(received[0].contains(#""detail":"q=2""#) && received[1].contains(#""id":3"#), "\(received)")
         // No socket there: a clear error (the shipper retries at its next turn).
-        let missing = try await #require(throws: DeploymentError.self) { try await shipper(audit).shipToSyslog(dir.file("none.sock"), after: 0) }
+        var from: Int64 = 0
+        let missing = try await #require(throws: DeploymentError.self) { try await shipper(audit).shipToSyslog(dir.file("none.sock"), cursor: &from) }
+        #expect(from == 0, "nothing sent, nothing passed")
         #expect(missing.description.contains("cannot send to the syslog socket"))
     }
 }

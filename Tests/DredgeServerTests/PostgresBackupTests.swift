@@ -87,7 +87,8 @@ import Testing
         let audit = PostgresPullQueue(database), tokens = PostgresTokenVault(database)
         try await audit.record(actor: "alice", action: "before.backup", detail: "", at: Date())
 
-        // What happens after the snapshot is in neither the dump nor the counts.
+        // What happens after the database's part (pg_dump ended) is in neither the dump nor the
+        // counts; a write between the snapshot and pg_dump is ``pgDumpReadsTheExportedSnapshot``.
         let manifest = try await ServerBackup.make(data: data, to: backup) {
             try await audit.record(actor: "alice", action: "after.backup", detail: "", at: Date())
             _ = try await tokens.create(name: "late", kind: .admin, limits: TokenLimits(), now: Date())

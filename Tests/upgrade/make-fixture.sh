@@ -110,7 +110,7 @@ if [ "$backend" = postgres ]; then
     PGPASSWORD=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.urlsplit(sys.argv[1]).password)' "$url") \
         pg_dump --format=plain --schema=fixture --no-owner --no-privileges \
         --dbname="$(python3 -c 'import sys, urllib.parse; u = urllib.parse.urlsplit(sys.argv[1]); print(f"postgresql://{u.username}@{u.hostname}:{u.port}{u.path}?sslmode=disable")' "$url")" \
-        > "$work/database.sql"
+        | grep -v -E '^\\(un)?restrict ' > "$work/database.sql"
     python3 - "$data/server.json" <<'PY'
 import json, sys
 path = sys.argv[1]

@@ -55,6 +55,9 @@ public enum AuditChain {
     public typealias Verdict = AuditVerification
 
     /// Walks the entries in id order (fed in pages by ``feed(_:)``), recomputing each hash.
+    /// After a break it goes on from the broken entry's stored hash, so one break (a hash
+    /// cleared early in the log, say) does not hide the ones after it: every break is counted,
+    /// and the first is described.
     public struct Verifier: Sendable {
         private var previous = AuditChain.genesis
         private var previousID: Int64?
@@ -62,37 +65,36 @@ public enum AuditChain {
 
         public init() {}
 
-        /// Checks the next entries (ascending ids, continuing the last page); false once broken
-        /// (what follows a break is not checked: it cannot be trusted to be what was written).
-        @discardableResult
-        public mutating func feed(_ entries: some Sequence<Stored>) -> Bool {
-            guard verdict.intact else { return false }
+        /// Checks the next entries (ascending ids, continuing the last page).
+        public mutating func feed(_ entries: some Sequence<Stored>) {
             for entry in entries {
-                if let previousID, entry.id <= previousID {
-                    return fail("the entries are not in id order at \(entry.id) (after \(previousID))", at: entry.id)
-                }
-                guard let stored = entry.hash else {
-                    return fail("entry \(entry.id) has no hash: it was written outside the server, or its hash was cleared", at: entry.id)
-                }
-                let expected = AuditChain.link(after: previous, at: entry.at, actor: entry.actor, action: entry.action, detail: entry.detail)
-                guard stored == expected else {
-                    let after = previousID.map { "entry \($0)" } ?? "the start of the log"
-                    return fail(
-                        "entry \(entry.id) does not follow \(after): it was edited, or an entry before it was removed or moved", at: entry.id)
-                }
-                previous = stored
-                previousID = entry.id
                 verdict.entries += 1
                 verdict.lastID = entry.id
-                verdict.lastHash = Hex.encode(stored)
+                verdict.lastHash = entry.hash.map(Hex.encode)
+                defer {
+                    // Go on from what the entry says it is (the start again when it says nothing).
+                    previous = entry.hash ?? AuditChain.genesis
+                    previousID = entry.id
+                }
+                if let previousID, entry.id <= previousID {
+                    record("the entries are not in id order at \(entry.id) (after \(previousID))", at: entry.id)
+                    continue
+                }
+                guard let stored = entry.hash else {
+                    record("entry \(entry.id) has no hash: it was written outside the server (or by a release without the chain), or its hash was cleared", at: entry.id)
+                    continue
+                }
+                guard stored == AuditChain.link(after: previous, at: entry.at, actor: entry.actor, action: entry.action, detail: entry.detail) else {
+                    let after = previousID.map { "entry \($0)" } ?? "the start of the log"
+                    record("entry \(entry.id) does not follow \(after): it was edited, or an entry before it was removed or moved", at: entry.id)
+                    continue
+                }
             }
-            return true
         }
 
-        private mutating func fail(_ why: String, at id: Int64) -> Bool {
-            verdict.broken = why
-            verdict.brokenAt = id
-            return false
+        private mutating func record(_ why: String, at id: Int64) {
+            verdict.breaks += 1
+            if verdict.broken == nil { (verdict.broken, verdict.brokenAt) = (why, id) }
         }
     }
 }

@@ -103,7 +103,8 @@ extension AuditLog {
         var after: Int64 = .min
         while true {
             let page = try await chainEntries(after: after, limit: AuditChain.page)
-            guard let last = page.last?.id, verifier.feed(page) else { break }
+            guard let last = page.last?.id else { break }
+            verifier.feed(page)
             after = last
         }
         return verifier.verdict

@@ -51,16 +51,26 @@ public final class AuditShipper: Service, Sendable {
 
     public func run() async throws {
         var sent: Int64?
+        // The file and syslog apart: one failing does not hold the other back.
         func pass() async throws {
-            if let file { try await shipToFile(file) }
-            if let syslog {
-                let from: Int64
-                if let sent { from = sent } else { from = try await latestID() }
-                sent = try await shipToSyslog(syslog, after: from)
+            var problems: [String] = []
+            if let file {
+                do { try await shipToFile(file) } catch { problems.append("\(error)") }
             }
+            if let syslog {
+                do {
+                    var cursor: Int64
+                    if let sent { cursor = sent } else { cursor = try await latestID() }
+                    defer { sent = cursor }
+                    try await shipToSyslog(syslog, cursor: &cursor)
+                } catch {
+                    problems.append("\(error)")
+                }
+            }
+            if !problems.isEmpty { throw DeploymentError(problems.joined(separator: "; ")) }
         }
         do {
-            sent = try await latestID()
+            if syslog != nil { sent = try await latestID() }
             try await pass()
         } catch {
             logger.warning("audit shipping failed; trying again", metadata: ["error": "\(error)"])
@@ -80,15 +90,33 @@ public final class AuditShipper: Service, Sendable {
         try await audit.audit(AuditQuery(limit: 1)).first?.id ?? 0
     }
 
-    /// Appends to `path` the entries after the last one it holds; how many.
+    /// Appends to `path` the entries after the last one it holds; how many. The file's last
+    /// entry must be this log's (same id, same hash): a file from before a restore, or
+    /// another deployment's, is refused (left as it is) rather than continued from the wrong place.
     @discardableResult
     func shipToFile(_ path: String) async throws -> Int {
         let fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard fd >= 0 else { throw DeploymentError("cannot open the audit file \(path): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
-        guard flock(fd, LOCK_EX) == 0 else { throw DeploymentError("cannot lock the audit file \(path): \(String(cString: strerror(errno)))") }
+        // Another node's turn is short: wait for it without holding a thread.
+        var waited = 0
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            guard errno == EWOULDBLOCK || errno == EINTR, waited < 200 else {
+                throw DeploymentError("cannot lock the audit file \(path): \(errno == EWOULDBLOCK ? "another process holds it" : String(cString: strerror(errno)))")
+            }
+            waited += 1
+            try await Task.sleep(for: .milliseconds(50))
+        }
         defer { flock(fd, LOCK_UN) }
-        var last = try Self.lastID(fd, path: path)
+        var last: Int64 = 0
+        if let held = try Self.lastEntry(fd, path: path) {
+            let stored = try await audit.chainEntries(after: held.id - 1, limit: 1).first
+            guard let stored, stored.id == held.id, stored.hash.map(Hex.encode) == held.hash else {
+                throw DeploymentError(
+                    "the audit file \(path) ends with entry \(held.id), which is not this audit log's (a file from before a restore, or another deployment's): move it aside, and the server copies the whole log into a new one")
+            }
+            last = held.id
+        }
         var written = 0
         while true {
             let entries = try await audit.chainEntries(after: last, limit: 1_000)
@@ -102,18 +130,33 @@ public final class AuditShipper: Service, Sendable {
         return written
     }
 
-    /// Sends the entries after `after` to the syslog socket at `path`; the last id sent.
-    func shipToSyslog(_ path: String, after: Int64) async throws -> Int64 {
-        var last = after
+    /// Sends the entries after `cursor` to the syslog socket at `path`, moving `cursor` past
+    /// each one sent. An entry too long for a datagram goes with its detail left out (the
+    /// file and the database hold it). A syslog that does not take datagrams now (its queue
+    /// full) is an error: the rest go at the next turn.
+    func shipToSyslog(_ path: String, cursor: inout Int64) async throws {
+        let prefix = Array("<\(Self.syslogPriority)>dredge-server: ".utf8)
         while true {
-            let entries = try await audit.chainEntries(after: last, limit: 1_000)
-            guard !entries.isEmpty else { return last }
+            let entries = try await audit.chainEntries(after: cursor, limit: 1_000)
+            guard !entries.isEmpty else { return }
             for entry in entries {
-                try Self.sendDatagram(Array("<\(Self.syslogPriority)>dredge-server: ".utf8) + Self.line(entry).dropLast(), to: path)
-                last = entry.id
+                do {
+                    try Self.sendDatagram(prefix + Self.line(entry).dropLast(), to: path)
+                } catch let error as DatagramTooLong {
+                    var short = entry
+                    short.detail = "(\(entry.detail.utf8.count) bytes: too long for syslog; in audit.file and the database)"
+                    do {
+                        try Self.sendDatagram(prefix + Self.line(short).dropLast(), to: path)
+                    } catch is DatagramTooLong {
+                        throw DeploymentError("entry \(entry.id) is too long for the syslog socket \(path) even without its detail (\(error.bytes) bytes)")
+                    }
+                }
+                cursor = entry.id
             }
         }
     }
+
+    struct DatagramTooLong: Error { var bytes: Int }
 
     /// authpriv (10) × 8 + notice (5).
     static let syslogPriority = 85
@@ -133,42 +176,58 @@ public final class AuditShipper: Service, Sendable {
         return Array(("{" + fields.joined(separator: ",") + "}\n").utf8)
     }
 
-    /// The id of the last whole line of the file `fd` (0 when it holds none). A last line cut
-    /// short (no newline: a crash mid-append) is cut off first.
-    static func lastID(_ fd: Int32, path: String) throws -> Int64 {
+    /// How every line of the copy begins (``line(_:)``: keys in order).
+    static let linePrefix = Array(#"{"action":"#.utf8)
+
+    /// The id and hash of the copy's last whole line (nil for an empty file). A last line cut
+    /// short (no newline: a crash mid-append) is cut off, but only once the file reads as a
+    /// copy: its last whole line an entry, the cut part the start of one. Anything else is
+    /// refused and nothing is written.
+    static func lastEntry(_ fd: Int32, path: String) throws -> (id: Int64, hash: String?)? {
         let size = lseek(fd, 0, SEEK_END)
-        guard size > 0 else { return 0 }
-        var end = size
+        guard size > 0 else { return nil }
+        func notACopy() -> DeploymentError {
+            DeploymentError("the audit file \(path) is not a copy of the audit log (its last line is not an entry): give audit.file a file of its own")
+        }
+        var start = size
         var tail: [UInt8] = []
         // Read backwards in blocks until the last whole line is in hand.
         while true {
-            let start = max(0, end - 65_536)
-            var block = [UInt8](repeating: 0, count: Int(end - start))
-            let count = block.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, start) }
+            let from = max(0, start - 65_536)
+            var block = [UInt8](repeating: 0, count: Int(start - from))
+            let count = block.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, from) }
             guard count == block.count else { throw DeploymentError("cannot read the audit file \(path): \(String(cString: strerror(errno)))") }
             tail = block + tail
-            end = start
-            let lines = tail.split(separator: 0x0A, omittingEmptySubsequences: false)
-            // Whole lines: every piece but the last, which follows the final newline.
-            let whole = lines.dropLast()
-            if let line = whole.last(where: { !$0.isEmpty }), start == 0 || whole.count >= 2 {
-                let partial = lines.last ?? []
-                if !partial.isEmpty {
-                    guard ftruncate(fd, size - off_t(partial.count)) == 0 else {
-                        throw DeploymentError("cannot cut the partial last line of the audit file \(path): \(String(cString: strerror(errno)))")
-                    }
+            start = from
+            guard let lastNewline = tail.lastIndex(of: 0x0A) else {
+                if start > 0 {
+                    guard tail.count < 16 << 20 else { throw notACopy() }
+                    continue
                 }
-                guard let object = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any], let id = (object["id"] as? NSNumber)?.int64Value else {
-                    throw DeploymentError("the audit file \(path) ends with a line that is not an entry: move it aside (the server starts a new copy)")
-                }
-                return id
-            }
-            if start == 0 {
-                // No newline anywhere: one partial line, cut off.
+                // No newline at all: a first line cut short, or not a copy.
+                guard tail.starts(with: linePrefix) else { throw notACopy() }
                 guard ftruncate(fd, 0) == 0 else { throw DeploymentError("cannot cut the partial line of the audit file \(path): \(String(cString: strerror(errno)))") }
-                return 0
+                return nil
             }
-            guard tail.count < 16 << 20 else { throw DeploymentError("the audit file \(path)'s last line is longer than 16 MiB: not an audit copy") }
+            let body = tail[..<lastNewline]
+            let lineStart = body.lastIndex(of: 0x0A).map { $0 + 1 } ?? body.startIndex
+            // The whole line may begin before this block: read on.
+            if lineStart == body.startIndex, start > 0 {
+                guard tail.count < 16 << 20 else { throw notACopy() }
+                continue
+            }
+            let line = Data(body[lineStart...])
+            guard line.starts(with: linePrefix), let object = try? JSONSerialization.jsonObject(with: line) as? [String: Any],
+                let id = (object["id"] as? NSNumber)?.int64Value
+            else { throw notACopy() }
+            let partial = tail[(lastNewline + 1)...]
+            if !partial.isEmpty {
+                guard partial.starts(with: linePrefix.prefix(partial.count)) || partial.starts(with: linePrefix) else { throw notACopy() }
+                guard ftruncate(fd, size - off_t(partial.count)) == 0 else {
+                    throw DeploymentError("cannot cut the partial last line of the audit file \(path): \(String(cString: strerror(errno)))")
+                }
+            }
+            return (id, object["hash"] as? String)
         }
     }
 
@@ -183,11 +242,13 @@ public final class AuditShipper: Service, Sendable {
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
             raw.copyBytes(from: name)
         }
+        // Never waits: a syslog daemon that stalls must not hold a thread (or the server's stop).
         let sent = bytes.withUnsafeBytes { buffer in
             withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(fd, buffer.baseAddress, buffer.count, 0, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(fd, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT), $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
             }
         }
+        if sent < 0, errno == EMSGSIZE { throw DatagramTooLong(bytes: bytes.count) }
         guard sent == bytes.count else { throw DeploymentError("cannot send to the syslog socket \(path): \(String(cString: strerror(errno)))") }
     }
 }

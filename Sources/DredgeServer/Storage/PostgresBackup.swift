@@ -86,9 +86,12 @@ enum PostgresBackup {
                 try await c.run("CREATE EXTENSION IF NOT EXISTS unaccent SCHEMA public")
             }
         }
-        let list = path + ".list-" + Hex.encode(secureRandomBytes(4))
+        // The list in a directory of its own (the backup may be on read-only media).
+        let scratch = FileManager.default.temporaryDirectory.path + "/dredge-restore-" + Hex.encode(secureRandomBytes(8))
+        guard mkdir(scratch, 0o700) == 0 else { throw DeploymentError("cannot make \(scratch): \(String(cString: strerror(errno)))") }
+        defer { try? FileManager.default.removeItem(atPath: scratch) }  // a scratch file: nothing rests on it
+        let list = scratch + "/contents.list"
         try DurableFile.write(Array(tableOfContents(contents, leavingOut: schema).utf8), to: list)
-        defer { unlink(list) }
         _ = try await tools.run(
             tools.pgRestore,
             ["--single-transaction", "--exit-on-error", "--no-owner", "--no-privileges", "--no-password", "--use-list=\(list)", "--dbname=\(location.database)", path],
@@ -156,7 +159,8 @@ enum PostgresBackup {
         /// `pg_dump --version`'s version.
         func version(of tool: String) async throws -> String {
             let said = try await run(tool, ["--version"], location: nil)
-            return said.split(separator: " ").last.map { String($0).trimmingCharacters(in: .whitespacesAndNewlines) } ?? said
+            // "pg_dump (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)": the first version number.
+            return said.firstMatch(of: /\d+(\.\d+)+/).map { String($0.0) } ?? said.trimmingCharacters(in: .whitespacesAndNewlines)
         }
 
         /// Runs `tool` with `arguments`, connected to `location` through libpq's environment;

@@ -306,7 +306,7 @@ public enum ServerBackup {
                 }
             }
             if let dump = manifest.postgresql, let postgres {
-                try naming(database: postgres.url, in: staging + "/server.json")
+                try naming(database: postgres.url, keepingPassword: database != nil, in: staging + "/server.json")
                 try copier.syncDirectories()
                 try await PostgresBackup.restore(
                     try checkedPath(dump.file, in: DataDirectory(root)), schema: dump.schema, into: postgres.location, tools: try PostgresBackup.Tools(environment: environment))
@@ -322,6 +322,13 @@ public enum ServerBackup {
         return manifest
     }
 
+    /// `url` with its password left out.
+    public static func withoutPassword(_ url: String) -> String {
+        guard var parts = URLComponents(string: url), parts.password != nil else { return url }
+        parts.password = nil
+        return parts.string ?? url
+    }
+
     /// Where a backup of a deployment on PostgreSQL is restored: `given`, else the database the
     /// backed-up `server.json` names, else `DREDGE_DATABASE`.
     public static func databaseToRestoreInto(backup root: String, given: String?, environment: [String: String] = ProcessInfo.processInfo.environment) throws -> String? {
@@ -331,12 +338,15 @@ public enum ServerBackup {
         return config["database"] as? String ?? environment["DREDGE_DATABASE"]
     }
 
-    /// Rewrites `server.json` (at `path`) to name `database`, leaving every other key as it is.
-    static func naming(database: String, in path: String) throws {
+    /// Rewrites `server.json` (at `path`) to name `database`, leaving every other key as it
+    /// is. A password is kept only if `keepingPassword` (given in `--database`, as `init
+    /// --database` keeps one, in a file only the server's user reads); one from the
+    /// environment stays there.
+    static func naming(database: String, keepingPassword: Bool, in path: String) throws {
         guard let data = FileManager.default.contents(atPath: path), var config = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
             throw DeploymentError("\(path) is not a JSON object")
         }
-        config["database"] = database
+        config["database"] = keepingPassword ? database : withoutPassword(database)
         try DurableFile.write(Array(try JSONSerialization.data(withJSONObject: config, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])), to: path)
     }
 

@@ -42,6 +42,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         let now = Date().timeIntervalSince1970
         let detail = pull.auditDetail
         try await db.write { c in
+            try await Self.auditTransaction(c)
             try await c.run(
                 """
                 INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, reason, created_at)
@@ -325,12 +326,21 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
 
     public func record(actor: String, action: String, detail: String, at: Date) async throws {
         try await db.write { c in
+            try await Self.auditTransaction(c)
             try await Self.insertAudit(at: at.timeIntervalSince1970, actor: actor, action: action, detail: detail, on: c)
         }
     }
 
     /// The audit log's turn, across nodes: entries chain in the order of their ids.
     static let auditLock: Int64 = 7_466_218_402
+
+    /// The first statement of a transaction that inserts an audit entry: READ COMMITTED
+    /// whatever the database's default, so the last entry is read after ``auditLock`` is
+    /// held (a snapshot taken before it could miss an entry another node just committed, and
+    /// the chain would fork).
+    static func auditTransaction(_ c: PostgresConnection) async throws {
+        try await c.run("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    }
 
     /// Inserts an entry chained after the log's last one (``AuditChain``), in `c`'s transaction,
     /// holding ``auditLock`` until it ends. The hash is over the text as stored.

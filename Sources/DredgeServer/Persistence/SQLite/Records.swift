@@ -131,8 +131,10 @@ struct AuditRow: ServerRecord {
     /// Hashes the entries written before the chain, in id order, from the genesis.
     static func chainExisting(_ db: Database) throws {
         var previous = AuditChain.genesis
-        for row in try Row.fetchAll(db, sql: "SELECT id, at, actor, action, detail FROM audit ORDER BY id") {
-            let hash = AuditChain.link(after: previous, at: row["at"], actor: row["actor"], action: row["action"], detail: row["detail"])
+        // Read as the verifier reads them (SQLitePullQueue.chainEntries).
+        let sql = "SELECT id, CAST(at AS REAL) AS at, CAST(actor AS TEXT) AS actor, CAST(action AS TEXT) AS action, CAST(detail AS TEXT) AS detail FROM audit ORDER BY id"
+        for row in try Row.fetchAll(db, sql: sql) {
+            let hash = AuditChain.link(after: previous, at: row["at"] ?? 0, actor: row["actor"] ?? "", action: row["action"] ?? "", detail: row["detail"] ?? "")
             try db.execute(sql: "UPDATE audit SET hash = ? WHERE id = ?", arguments: [Data(hash), row["id"] as Int64])
             previous = hash
         }

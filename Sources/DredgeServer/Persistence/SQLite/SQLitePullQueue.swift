@@ -271,8 +271,18 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
 
     public func chainEntries(after: Int64, limit: Int) async throws -> [AuditChain.Stored] {
         try await db.read { db in
-            try Row.fetchAll(db, sql: "SELECT id, at, actor, action, detail, hash FROM audit WHERE id > ? ORDER BY id LIMIT ?", arguments: [after, max(limit, 0)]).map { row in
-                AuditChain.Stored(id: row["id"], at: row["at"], actor: row["actor"], action: row["action"], detail: row["detail"], hash: (row["hash"] as Data?).map(Array.init))
+            // Cast to what the chain hashes: a row edited to another type (SQLite allows it)
+            // reads as an entry that does not hash, a break, never as a failure to read.
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT id, CAST(at AS REAL) AS at, CAST(actor AS TEXT) AS actor, CAST(action AS TEXT) AS action, CAST(detail AS TEXT) AS detail,
+                        CASE WHEN typeof(hash) = 'blob' THEN hash END AS hash
+                    FROM audit WHERE id > ? ORDER BY id LIMIT ?
+                    """, arguments: [after, max(limit, 0)]
+            ).map { row in
+                AuditChain.Stored(
+                    id: row["id"], at: row["at"] ?? 0, actor: row["actor"] ?? "", action: row["action"] ?? "", detail: row["detail"] ?? "", hash: (row["hash"] as Data?).map(Array.init))
             }
         }
     }

@@ -2,7 +2,6 @@ import DredgeAdminAPI
 @testable import DredgeServer
 import DredgeTestSupport
 import Foundation
-import PostgresNIO
 import Testing
 
 /// `dredge-server backup` and `restore` of a deployment on PostgreSQL (#56): the dump and the
@@ -135,10 +134,10 @@ import Testing
         }
         #expect(truncated.description.contains("pg_restore failed"), "\(truncated)")
         #expect(!FileManager.default.fileExists(atPath: place.file("restored")))
-        let tables = try await PostgresBackup.withConnection(try DredgeServer.PostgresDatabase.Location(url: target)) { c in
-            try await c.value("SELECT count(*) FROM pg_tables WHERE schemaname = \(dump.schema)", as: Int64.self)
-        }
-        #expect(tables == 0)
+        // Counted with psql, as an operator would (its URL without the server's schema parameter).
+        let (counted, tables) = try ManagedProcess.run(
+            "/usr/bin/psql", [target.replacingOccurrences(of: "&schema=\(dump.schema)", with: ""), "-tAc", "SELECT count(*) FROM pg_tables WHERE schemaname = '\(dump.schema)'"])
+        #expect(counted == 0 && tables.trimmingCharacters(in: .whitespacesAndNewlines) == "0", "\(tables)")
 
         // Into the new database: the state at the snapshot, and server.json names it.
         let restored = try await ServerBackup.restore(from: backup, to: place.file("restored"), database: target)

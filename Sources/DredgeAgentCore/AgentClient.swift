@@ -90,14 +90,12 @@ public final class AgentClient: Service, Sendable {
             var current = 0, failedInARow = 0
             while !Task.isCancelled && !self.stop.isStopped {
                 let server = addresses[current]
-                var refused = false
                 do {
                     try await self.connectOnce(to: server)
                 } catch {
                     if Task.isCancelled || self.stop.isStopped { break }
                     if let code = (error as? AgentError)?.serverError, Reconnection.needsEnrollment(code) {
-                        // Every node would say the same: wait long, and say what mends it.
-                        refused = true
+                        // Every node would say the same: once each has, wait long, and say what mends it.
                         reconnection.refused(code)
                         self.logger.error(
                             "the server refuses this agent: enroll it again (dredge-agent enroll); trying again in about \(Self.rounded(Reconnection.refusedDelay))",
@@ -123,7 +121,7 @@ public final class AgentClient: Service, Sendable {
                         continue
                     }
                 }
-                if ready == nil && addresses.count > 1 && !refused {
+                if ready == nil && addresses.count > 1 {
                     // This node did not take the connection (down, refusing): the next one is
                     // tried at once, and the backoff waits only once every one has failed.
                     current = (current + 1) % addresses.count

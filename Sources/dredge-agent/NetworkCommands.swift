@@ -122,7 +122,7 @@ struct RunAgentCommand: AsyncParsableCommand {
     @Option(help: "Log level: trace, debug, info, notice, warning, error.")
     var logLevel = "info"
 
-    @Option(help: "The longest wait, in seconds, between attempts to reconnect (1 to 3600).")
+    @Option(help: "The longest wait, in seconds, between attempts to reconnect (1 to 3600). An agent the server refused for good (revoked, unknown, its keys retired) waits 15 minutes whatever this says, once every server address has refused it.")
     var reconnectMaxSeconds = 60
 
     @Option(help: "Exports run at once (1 to 16); a pull beyond them is answered REJECT_BUSY.")

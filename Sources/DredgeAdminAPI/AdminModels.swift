@@ -293,17 +293,23 @@ public struct TokenInfo: Sendable, Equatable, Codable {
     public var name: String
     public var kind: TokenKind
     public var createdAt: Date
-    /// An enrollment token's end: refused from then on (nil: it does not expire).
+    /// When it ends: refused from then on (nil: it does not expire).
     public var expiresAt: Date?
     /// An enrollment token's enrollments left (nil: no limit).
     public var usesLeft: Int?
+    /// An admin token's role and scope (#55); enrollment tokens have neither. Servers before
+    /// roles send neither: every admin token was an admin then.
+    public var role: AdminRole?
+    public var scope: AccessScope?
 
-    public init(name: String, kind: TokenKind, createdAt: Date, expiresAt: Date? = nil, usesLeft: Int? = nil) {
+    public init(name: String, kind: TokenKind, createdAt: Date, expiresAt: Date? = nil, usesLeft: Int? = nil, role: AdminRole? = nil, scope: AccessScope? = nil) {
         self.name = name
         self.kind = kind
         self.createdAt = createdAt
         self.expiresAt = expiresAt
         self.usesLeft = usesLeft
+        self.role = kind == .admin ? role ?? .admin : nil
+        self.scope = kind == .admin && scope?.isEverything == false ? scope : nil
     }
 }
 
@@ -311,16 +317,22 @@ public struct TokenInfo: Sendable, Equatable, Codable {
 public struct TokenRequest: Sendable, Equatable, Codable {
     public var name: String
     public var kind: TokenKind
-    /// Enrollment tokens only: seconds until it expires (60 to a year; none: it does not).
+    /// Seconds until it expires (60 to a year; none: it does not).
     public var expiresInSeconds: Int?
     /// Enrollment tokens only: how many agents may enroll with it (1 to 1,000,000; none: any).
     public var uses: Int?
+    /// Admin tokens only: the role (none: admin) and the scope (none: every device; an admin
+    /// has none).
+    public var role: AdminRole?
+    public var scope: AccessScope?
 
-    public init(name: String, kind: TokenKind, expiresInSeconds: Int? = nil, uses: Int? = nil) {
+    public init(name: String, kind: TokenKind, expiresInSeconds: Int? = nil, uses: Int? = nil, role: AdminRole? = nil, scope: AccessScope? = nil) {
         self.name = name
         self.kind = kind
         self.expiresInSeconds = expiresInSeconds
         self.uses = uses
+        self.role = role
+        self.scope = scope
     }
 
     public static let expiryRange = 60...(366 * 86_400)
@@ -328,7 +340,10 @@ public struct TokenRequest: Sendable, Equatable, Codable {
 
     /// Why these limits cannot be, or nil.
     public var limitsProblem: String? {
-        if kind == .admin, expiresInSeconds != nil || uses != nil { return "only enrollment tokens expire or have a number of uses" }
+        if kind == .admin, uses != nil { return "only enrollment tokens have a number of uses" }
+        if kind == .enrollment, role != nil || scope != nil { return "only admin tokens have a role or a scope" }
+        if role == .admin, scope?.isEverything == false { return "an admin has no scope: give the token the role investigator or reader to scope it" }
+        if let problem = scope?.problem { return problem }
         if let expiresInSeconds, !Self.expiryRange.contains(expiresInSeconds) { return "expiresInSeconds must be 60 (a minute) to \(Self.expiryRange.upperBound) (a year)" }
         if let uses, !Self.usesRange.contains(uses) { return "uses must be 1 to 1,000,000" }
         return nil

@@ -18,6 +18,8 @@ public enum AuditAction: String, Sendable, CaseIterable, Codable {
     case agentRevoke = "agent.revoke"
     /// A refused admin token (actor `-`).
     case authFailed = "auth.failed"
+    /// A request the caller's role may not make (#55): what was asked, and the role it needs.
+    case accessDenied = "access.denied"
 
     /// What a filter by action offers (the console's audit page): each action, except that the
     /// `token.*` and `console.*` ones are offered as their group.

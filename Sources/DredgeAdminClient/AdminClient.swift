@@ -207,6 +207,12 @@ public struct AdminClient: Sendable {
         try await call("POST", "/v1/tokens", body: request)
     }
 
+    /// Who this client's token signs in: its name, role, scope and expiry (a server before
+    /// roles answers 404: every token was an admin there).
+    public func whoami() async throws -> CallerInfo {
+        try await call("GET", "/v1/whoami")
+    }
+
     public func revokeToken(kind: TokenKind, name: String) async throws {
         let _: [TokenInfo] = try await call("DELETE", "/v1/tokens/\(kind.rawValue)/\(try Self.pathComponent(name))")
     }
@@ -320,6 +326,7 @@ public struct AdminClient: Sendable {
             let message = body?.error ?? String(decoding: data.prefix(200), as: UTF8.self)
             switch status {
             case 401: throw AdminClientError.unauthorized(message)
+            case 403: throw AdminClientError.forbidden(message)
             case 404: throw AdminClientError.notFound(message)
             case 400, 409, 413, 416, 422: throw AdminClientError.badRequest(message)
             default: throw AdminClientError.server(status, message)
@@ -332,6 +339,8 @@ public enum AdminClientError: Error, CustomStringConvertible, Equatable, Sendabl
     case badServerAddress(String)
     case unreachable(String, String)
     case unauthorized(String)
+    /// The token's role (or scope) may not do that.
+    case forbidden(String)
     case notFound(String)
     case badRequest(String)
     case server(Int, String)
@@ -356,6 +365,8 @@ public enum AdminClientError: Error, CustomStringConvertible, Equatable, Sendabl
             "cannot reach the Dredge server at \(url) (\(reason)): is `dredge-server run` running, and is the address right?"
         case .unauthorized(let message):
             "the server refused the admin token (\(message)): check --token or DREDGE_TOKEN"
+        case .forbidden(let message):
+            "not allowed: \(message) (ask an admin for a token with that role: dredge tokens create --role)"
         case .notFound(let message), .badRequest(let message):
             message
         case .server(let status, let message):

@@ -17,7 +17,7 @@ struct Dredge: AsyncParsableCommand {
             DREDGE_TOKEN and DREDGE_CA) override it.
             """,
         version: DredgeVersion.current,
-        subcommands: [LoginCommand.self, LogoutCommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FetchCommand.self, RemoveCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
+        subcommands: [LoginCommand.self, LogoutCommand.self, WhoAmICommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FetchCommand.self, RemoveCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
 
     static func main() async {
         Mistyped.exitIfMistyped(Self.self)
@@ -25,14 +25,22 @@ struct Dredge: AsyncParsableCommand {
     }
 }
 
-/// Runs an admin API call, turning its errors into one line on stderr and exit status 1.
+/// Runs an admin API call, turning its errors into one line on stderr and exit status 1, or
+/// ``notAllowedStatus`` when the token's role may not do it.
 func calling<T>(_ body: () async throws -> T) async throws -> T {
     do {
         return try await body()
     } catch let error as AdminClientError {
+        if case .forbidden = error {
+            Terminal.error("error: \(error.description)\n")
+            throw ExitCode(notAllowedStatus)
+        }
         throw fail(error.description)
     }
 }
+
+/// The exit status of a command the token's role may not run: 77, sysexits' EX_NOPERM.
+let notAllowedStatus: Int32 = 77
 
 struct AgentsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -492,21 +500,49 @@ struct TokensCommand: AsyncParsableCommand {
         @OptionGroup var server: ServerOptions
         @Option(help: "A name for the token (who or what uses it).") var name: String
         @Option(help: "admin or enrollment.") var kind: TokenKind = .admin
-        @Option(help: ArgumentHelp("Enrollment tokens: refused after this long (30m, 12h, 7d; a minute to a year).", valueName: "duration"))
+        @Option(help: ArgumentHelp("Refused after this long (30m, 12h, 7d; a minute to a year).", valueName: "duration"))
         var expiresIn: String?
         @Option(help: "Enrollment tokens: how many agents may enroll with it (1 to 1000000).") var uses: Int?
+        @Option(help: "Admin tokens: reader (reads what was pulled), investigator (also pulls) or admin (everything; the default).")
+        var role: AdminRole?
+        @Option(
+            name: .customLong("app"),
+            help: ArgumentHelp("Readers and investigators: only devices of this app, with versions as app@>=2.1,<3 (repeat for more apps).", valueName: "app"))
+        var apps: [String] = []
+        @Option(
+            name: .customLong("label"), help: ArgumentHelp("Readers and investigators: only devices with this label (repeat: every one).", valueName: "name=value"))
+        var labels: [String] = []
 
         func validate() throws {
             if let expiresIn, TokensCommand.seconds(expiresIn) == nil { throw ValidationError("--expires-in: '\(expiresIn)' is not a duration such as 30m, 12h or 7d") }
+            if kind == .admin, role == nil, !apps.isEmpty || !labels.isEmpty { throw ValidationError("a scope (--app, --label) needs --role reader or investigator") }
+            let request = try self.request
             if let problem = request.limitsProblem {
                 throw ValidationError(problem.replacingOccurrences(of: "expiresInSeconds", with: "--expires-in").replacingOccurrences(of: "uses must", with: "--uses must"))
             }
         }
 
-        var request: TokenRequest { TokenRequest(name: name, kind: kind, expiresInSeconds: expiresIn.flatMap(TokensCommand.seconds), uses: uses) }
+        var request: TokenRequest {
+            get throws {
+                var scope = AccessScope()
+                for text in apps {
+                    guard let app = AppScope(parsing: text) else { throw ValidationError("--app: '\(text)' is not an app: NAME, or NAME@>=2.1,<3") }
+                    scope.apps.append(app)
+                }
+                for text in labels {
+                    let parts = text.split(separator: "=", maxSplits: 1)
+                    guard parts.count == 2 else { throw ValidationError("--label: '\(text)' is not name=value") }
+                    scope.labels[String(parts[0])] = String(parts[1])
+                }
+                return TokenRequest(
+                    name: name, kind: kind, expiresInSeconds: expiresIn.flatMap(TokensCommand.seconds), uses: uses, role: role,
+                    scope: scope.isEverything ? nil : scope)
+            }
+        }
 
         func run() async throws {
             let client = try server.client()
+            let request = try self.request
             let created = try await calling { try await client.createToken(request) }
             print(created.token)
             Terminal.error("created \(TokensCommand.describe(created.info)); it is not shown again\n")
@@ -528,9 +564,11 @@ struct TokensCommand: AsyncParsableCommand {
 }
 
 extension TokensCommand {
-    /// A token on one line: kind, name, created, and an enrollment token's limits.
+    /// A token on one line: kind, name, an admin token's role and scope, created, and its limits.
     static func describe(_ t: TokenInfo) -> String {
-        var line = "\(t.kind.rawValue)  \(t.name)  created \(Format.time(t.createdAt))"
+        var line = "\(t.kind.rawValue)  \(t.name)"
+        if let role = t.role { line += "  \(role.rawValue)" + (t.scope.map { " of \($0)" } ?? "") }
+        line += "  created \(Format.time(t.createdAt))"
         if let expiresAt = t.expiresAt { line += "  \(expiresAt <= Date() ? "expired" : "expires") \(Format.time(expiresAt))" }
         if let uses = t.usesLeft { line += "  \(uses) use\(uses == 1 ? "" : "s") left" }
         return line
@@ -545,3 +583,25 @@ extension TokensCommand {
 }
 
 extension TokenKind: ExpressibleByArgument {}
+extension AdminRole: ExpressibleByArgument {}
+
+struct WhoAmICommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "whoami", abstract: "Who the admin token signs in: its name, role, scope and expiry.",
+        discussion: """
+            A reader searches and downloads what was pulled; an investigator also pulls; an admin does
+            everything. A scope limits a reader or investigator to some apps' or labels' devices. A
+            command the role may not run exits with status 77.
+            """)
+    @OptionGroup var server: ServerOptions
+    @Flag(help: "JSON output.") var json = false
+
+    func run() async throws {
+        let client = try server.client()
+        let me = try await calling { try await client.whoami() }
+        if json { return try printJSON(me) }
+        print("\(me.name)  \(me.role.rawValue)")
+        print("scope    \(me.scope)")
+        print("expires  \(me.expiresAt.map(Format.time) ?? "never")")
+    }
+}

@@ -47,18 +47,18 @@ import Testing
     @Test func aPullIsCheckedMadeAndAudited() async throws {
         let f = try Fixture()
         let agent = try await f.base.agent(uids: ["u-1"])
-        let none = await refusal { _ = try await f.actions.createPull(PullRequest(uid: nil, agent: nil, filter: .all), by: "alice", via: "test") }
+        let none = await refusal { _ = try await f.actions.createPull(PullRequest(uid: nil, agent: nil, filter: .all), by: .admin("alice"), via: "test") }
         #expect(none?.kind == .invalid && none?.code == "bad_request")
         let unknown = await refusal {
-            _ = try await f.actions.createPull(PullRequest(uid: nil, agent: String(repeating: "a", count: 32), filter: .all), by: "alice", via: "test")
+            _ = try await f.actions.createPull(PullRequest(uid: nil, agent: String(repeating: "a", count: 32), filter: .all), by: .admin("alice"), via: "test")
         }
         #expect(unknown?.kind == .notFound && unknown?.code == "no_agent")
-        let badUID = await refusal { _ = try await f.actions.createPull(PullRequest(uid: "u\u{0}1", agent: nil, filter: .all), by: "alice", via: "test") }
+        let badUID = await refusal { _ = try await f.actions.createPull(PullRequest(uid: "u\u{0}1", agent: nil, filter: .all), by: .admin("alice"), via: "test") }
         #expect(badUID?.kind == .invalid)
         #expect(try await f.audit(.pull).isEmpty, "a refused pull is not made, nor audited")
 
         let filter = LogFilter(since: Timestamp(microseconds: 1_763_700_000_000_000), levels: [.error, .warning], text: "time out")
-        let pull = try await f.actions.createPull(PullRequest(uid: "u-1", agent: nil, filter: filter, reason: "TICKET-7"), by: "alice", via: "test")
+        let pull = try await f.actions.createPull(PullRequest(uid: "u-1", agent: nil, filter: filter, reason: "TICKET-7"), by: .admin("alice"), via: "test")
         #expect(pull.targets.map(\.agentID) == [agent] && pull.requestedBy == "alice")
         let entries = try await f.audit(.pull)
         // A sentence: whom, the filter in the CLI's words (times in UTC), the devices, the reason (#50).
@@ -70,15 +70,15 @@ import Testing
 
     @Test func tokensAreMadeAndRevokedWithTypedRefusalsAndAudited() async throws {
         let f = try Fixture()
-        _ = try await f.actions.createToken(name: "bob", kind: .admin, by: "alice")
-        #expect(await refusal { _ = try await f.actions.createToken(name: "bob", kind: .admin, by: "alice") }?.kind == .conflict)
-        #expect(await refusal { _ = try await f.actions.createToken(name: "no spaces", kind: .admin, by: "alice") }?.kind == .invalid)
-        #expect(await refusal { try await f.actions.revokeToken(name: "nobody", kind: .admin, by: "alice") }?.kind == .notFound)
-        try await f.actions.revokeToken(name: "bob", kind: .admin, by: "alice")
+        _ = try await f.actions.createToken(TokenRequest(name: "bob", kind: .admin), by: .admin("alice"))
+        #expect(await refusal { _ = try await f.actions.createToken(TokenRequest(name: "bob", kind: .admin), by: .admin("alice")) }?.kind == .conflict)
+        #expect(await refusal { _ = try await f.actions.createToken(TokenRequest(name: "no spaces", kind: .admin), by: .admin("alice")) }?.kind == .invalid)
+        #expect(await refusal { try await f.actions.revokeToken(name: "nobody", kind: .admin, by: .admin("alice")) }?.kind == .notFound)
+        try await f.actions.revokeToken(name: "bob", kind: .admin, by: .admin("alice"))
         // The deployment's own admin token is now the last one.
         let last = try #require(try await f.base.tokens.list().first { $0.kind == .admin }?.name)
-        #expect(await refusal { try await f.actions.revokeToken(name: last, kind: .admin, by: "alice") }?.kind == .conflict)
-        #expect(try await f.audit(.tokenCreate).map(\.detail) == ["admin token 'bob'"])
+        #expect(await refusal { try await f.actions.revokeToken(name: last, kind: .admin, by: .admin("alice")) }?.kind == .conflict)
+        #expect(try await f.audit(.tokenCreate).map(\.detail) == ["admin token 'bob', role admin"])
         #expect(try await f.audit(.tokenRevoke).map(\.detail) == ["admin token 'bob'"])
     }
 
@@ -90,24 +90,24 @@ import Testing
             RecordSearch(uid: "u-1", text: "a\u{1B}b"), RecordSearch(pull: "not-an-id"), RecordSearch(hosts: (0..<65).map { "h\($0)" }),
             RecordSearch(since: Timestamp(microseconds: 10), until: Timestamp(microseconds: 5)), RecordSearch(uid: "u\u{0}1"),
         ] {
-            #expect(await refusal { _ = try await f.actions.search(bad, by: "alice") }?.kind == .invalid, "\(bad)")
+            #expect(await refusal { _ = try await f.actions.search(bad, by: .admin("alice")) }?.kind == .invalid, "\(bad)")
         }
         #expect(try await f.audit(.recordsSearch).isEmpty)
-        _ = try await f.actions.search(RecordSearch(uid: "u-1"), by: "alice")  // the API
-        try await f.actions.searchOpened(RecordSearch(uid: "u-1"), by: "alice")  // the console's follow
-        _ = try await f.actions.search(RecordSearch(uid: "u-1"), by: "carol")
-        _ = try await f.actions.search(RecordSearch(uid: "u-2"), by: "alice")
+        _ = try await f.actions.search(RecordSearch(uid: "u-1"), by: .admin("alice"))  // the API
+        try await f.actions.searchOpened(RecordSearch(uid: "u-1"), by: .admin("alice"))  // the console's follow
+        _ = try await f.actions.search(RecordSearch(uid: "u-1"), by: .admin("carol"))
+        _ = try await f.actions.search(RecordSearch(uid: "u-2"), by: .admin("alice"))
         #expect(try await f.audit(.recordsSearch).map { "\($0.actor) \($0.detail)" }.sorted() == ["alice uid=u-1", "alice uid=u-2", "carol uid=u-1"])
-        #expect(try await f.actions.record(123, context: 5, by: "alice") == nil)
-        #expect(await refusal { _ = try await f.actions.record(1, context: 999, by: "alice") }?.kind == .invalid)
+        #expect(try await f.actions.record(123, context: 5, by: .admin("alice")) == nil)
+        #expect(await refusal { _ = try await f.actions.record(1, context: 999, by: .admin("alice")) }?.kind == .invalid)
     }
 
     @Test func whatAServerDoesNotRunIsUnavailable() async throws {
         let f = try Fixture(records: false)
-        #expect(await refusal { _ = try await f.actions.search(RecordSearch(uid: "u-1"), by: "alice") }?.kind == .unavailable)
-        #expect(await refusal { _ = try await f.actions.remove(.pull, "nope", by: "alice", reason: "") }?.kind == .invalid)
-        #expect(await refusal { _ = try await f.actions.remove(.pull, String(repeating: "b", count: 32), by: "alice", reason: "") }?.kind == .notFound)
-        #expect(await refusal { _ = try await f.actions.remove(.feedback, String(repeating: "b", count: 32), by: "alice", reason: "a\u{7}") }?.kind == .invalid)
+        #expect(await refusal { _ = try await f.actions.search(RecordSearch(uid: "u-1"), by: .admin("alice")) }?.kind == .unavailable)
+        #expect(await refusal { _ = try await f.actions.remove(.pull, "nope", by: .admin("alice"), reason: "") }?.kind == .invalid)
+        #expect(await refusal { _ = try await f.actions.remove(.pull, String(repeating: "b", count: 32), by: .admin("alice"), reason: "") }?.kind == .notFound)
+        #expect(await refusal { _ = try await f.actions.remove(.feedback, String(repeating: "b", count: 32), by: .admin("alice"), reason: "a\u{7}") }?.kind == .invalid)
     }
 
     /// Refused tokens from one host are one entry a minute, on the API and the console alike.
@@ -133,15 +133,15 @@ import Testing
     /// the same refusals on both surfaces.
     @Test func readsAreCheckedOnce() async throws {
         let f = try Fixture()
-        #expect(await refusal { _ = try await f.actions.pull("nope", disk: false) }?.kind == .invalid)
-        #expect(await refusal { _ = try await f.actions.pull(String(repeating: "c", count: 32), disk: true) }?.kind == .notFound)
-        #expect(await refusal { _ = try await f.actions.feedback(String(repeating: "c", count: 32), disk: false) }?.kind == .notFound)
-        #expect(await refusal { _ = try await f.actions.agents(holding: "u\u{0}1") }?.kind == .invalid)
-        #expect(try await f.actions.agents(holding: "nobody").isEmpty)
-        #expect(try await f.actions.pulls(limit: -5, disk: true).isEmpty)
-        #expect(try await f.actions.feedback(limit: 1_000_000, disk: false).isEmpty)
-        _ = try await f.actions.createToken(name: "zed", kind: .enrollment, by: "alice")
-        _ = try await f.actions.createToken(name: "bob", kind: .admin, by: "alice")
+        #expect(await refusal { _ = try await f.actions.pull("nope", disk: false, for: .admin("alice")) }?.kind == .invalid)
+        #expect(await refusal { _ = try await f.actions.pull(String(repeating: "c", count: 32), disk: true, for: .admin("alice")) }?.kind == .notFound)
+        #expect(await refusal { _ = try await f.actions.feedback(String(repeating: "c", count: 32), disk: false, for: .admin("alice")) }?.kind == .notFound)
+        #expect(await refusal { _ = try await f.actions.agents(holding: "u\u{0}1", for: .admin("alice")) }?.kind == .invalid)
+        #expect(try await f.actions.agents(holding: "nobody", for: .admin("alice")).isEmpty)
+        #expect(try await f.actions.pulls(limit: -5, disk: true, for: .admin("alice")).isEmpty)
+        #expect(try await f.actions.feedback(limit: 1_000_000, disk: false, for: .admin("alice")).isEmpty)
+        _ = try await f.actions.createToken(TokenRequest(name: "zed", kind: .enrollment), by: .admin("alice"))
+        _ = try await f.actions.createToken(TokenRequest(name: "bob", kind: .admin), by: .admin("alice"))
         let tokens = try await f.actions.tokens().map { "\($0.kind.rawValue) \($0.name)" }
         #expect(tokens == tokens.sorted() && tokens.contains("admin bob") && tokens.contains("enrollment zed"))
     }
@@ -156,19 +156,19 @@ import Testing
                 located: PullFiles.Located(path: "/nowhere", file: PullFile(agentID: "a", name: file, kind: .day, size: 1, sha256: "")),
                 action: subject.hasPrefix("pull") ? .pullDownload : .feedbackDownload, detail: "\(subject) file \(file)", subject: subject)
         }
-        for file in ["1.jsonl", "2.jsonl", "manifest.json"] { try await f.actions.downloading(download("pull P", file), by: "alice") }
-        try await f.actions.downloading(download("pull P", "2.jsonl"), by: "bob")
-        try await f.actions.downloading(download("pull P agent B", "1.jsonl"), by: "alice")  // another device's files
-        try await f.actions.downloading(download("pull Q", "1.jsonl"), by: "alice")
-        try await f.actions.downloading(download("feedback F", "1.jsonl"), by: "alice")
+        for file in ["1.jsonl", "2.jsonl", "manifest.json"] { try await f.actions.downloading(download("pull P", file), by: .admin("alice")) }
+        try await f.actions.downloading(download("pull P", "2.jsonl"), by: .admin("bob"))
+        try await f.actions.downloading(download("pull P agent B", "1.jsonl"), by: .admin("alice"))  // another device's files
+        try await f.actions.downloading(download("pull Q", "1.jsonl"), by: .admin("alice"))
+        try await f.actions.downloading(download("feedback F", "1.jsonl"), by: .admin("alice"))
         #expect(try await f.audit(.pullDownload).map { "\($0.actor) \($0.detail)" }.sorted() == ["alice pull P agent B file 1.jsonl", "alice pull P file 1.jsonl", "alice pull Q file 1.jsonl", "bob pull P file 2.jsonl"])
         #expect(try await f.audit(.feedbackDownload).count == 1)
         f.clock.advance(601)
-        try await f.actions.downloading(download("pull P", "2.jsonl"), by: "alice")
+        try await f.actions.downloading(download("pull P", "2.jsonl"), by: .admin("alice"))
         #expect(try await f.audit(.pullDownload).count == 5)
     }
 
     @Test func theAuditLogsActionsAreOneList() {
-        #expect(AuditAction.filters == ["pull", "pull.download", "pull.remove", "feedback.download", "feedback.remove", "records.search", "records.read", "console", "token", "agent.revoke", "auth.failed"])
+        #expect(AuditAction.filters == ["pull", "pull.download", "pull.remove", "feedback.download", "feedback.remove", "records.search", "records.read", "console", "token", "agent.revoke", "auth.failed", "access.denied"])
     }
 }

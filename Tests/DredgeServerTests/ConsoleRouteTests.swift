@@ -345,7 +345,7 @@ import Testing
             let made = try await browser.post("/console/tokens", ["name": "carol", "kind": "admin", "csrf": csrf])
             #expect(made.status == .ok)
             let shown = try #require(made.body.range(of: #"<code class="token">"#).map { String(made.body[$0.upperBound...].prefix { $0 != "<" }) })
-            #expect(try await fixture.admin.tokens.adminName(for: shown) == "carol", "the token shown is the one made")
+            #expect(try await fixture.admin.tokens.admin(for: shown, now: Date())?.name == "carol", "the token shown is the one made")
             #expect(try await browser.get("/console/tokens").body.contains(shown) == false, "shown once")
 
             // Revoking asks first: the list links to a question, which changes nothing.
@@ -372,7 +372,7 @@ import Testing
             #expect(own.status == .seeOther)
             #expect(try await browser.get("/console/tokens").location?.hasPrefix("/console/sign-in?return=") == true)
         }
-        #expect(try await fixture.audit("token.create").map(\.detail) == ["admin token 'carol'"])
+        #expect(try await fixture.audit("token.create").map(\.detail) == ["admin token 'carol', role admin"])
         #expect(try await fixture.audit("token.revoke").map(\.actor) == ["admin", "admin"])
         #expect(try await fixture.admin.tokens.list().filter { $0.kind == .admin }.map(\.name) == ["dave"])
     }

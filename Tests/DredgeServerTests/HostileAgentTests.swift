@@ -612,7 +612,7 @@ final class FlakyTokens: Sendable {
     struct Vault: TokenVault {
         let inner: any TokenVault
         let owner: FlakyTokens
-        func adminName(for token: String) async throws -> String? { try await inner.adminName(for: token) }
+        func admin(for token: String, now: Date) async throws -> Caller? { try await inner.admin(for: token, now: now) }
         func acceptsEnrollment(_ token: String, now: Date) async throws -> Bool {
             if owner.failing.withLock({ $0 }) { throw Unreadable() }
             return try await inner.acceptsEnrollment(token, now: now)

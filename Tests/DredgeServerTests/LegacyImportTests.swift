@@ -99,7 +99,7 @@ import Testing
         #expect(try await pulls.audit().count == 2)
 
         #expect(try await feedback.feedback(String(repeating: "f", count: 32))?.records == 12)
-        #expect(try await tokens.adminName(for: admin) == "admin")
+        #expect(try await tokens.admin(for: admin, now: Date())?.name == "admin")
         #expect(try await tokens.acceptsEnrollment(enrollment))
 
         // Opened again: nothing is imported twice.

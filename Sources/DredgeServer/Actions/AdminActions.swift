@@ -9,8 +9,10 @@ import Logging
 /// the audit entries are here). A rule a user sees on both surfaces is tested once, through
 /// the action (`AdminActionsTests`).
 ///
-/// Each action takes the actor (the admin token's name, or the signed-in session's) and throws
-/// ``ActionError`` for what the caller can mend; anything else is the server's fault.
+/// Each action takes the ``Caller`` (the admin token, or the signed-in session's) and throws
+/// ``ActionError`` for what the caller can mend; anything else is the server's fault. Whether
+/// the caller's role may run an action at all is checked where a request enters
+/// (``authorize(_:_:on:)``, by ``AdminOperation``); what it may see, its scope, is applied here.
 /// The audit throttles are shared by both surfaces: a search paged through the API and read
 /// again in the console within ten minutes is one entry.
 public final class AdminActions: Sendable {
@@ -22,6 +24,9 @@ public final class AdminActions: Sendable {
     let downloadAudit = SearchAudit()
     /// Refused tokens: one entry per host a minute, the rest counted.
     let refusals = RefusalAudit()
+    /// Refused operations (``authorize(_:_:on:)``): one entry per caller and operation in ten
+    /// minutes, the rest counted.
+    let deniedAudit = AuditThrottle(interval: 600)
     /// The wall clock the throttles and new tokens read; a test injects its own.
     let now: @Sendable () -> Date
 
@@ -34,13 +39,17 @@ public final class AdminActions: Sendable {
 
     // MARK: Pulls
 
-    /// Makes a pull: checked (``PullQueue/create(_:registry:issuer:requestedBy:logger:now:isConnected:wake:)``),
-    /// queued with its audit entry, and its connected targets woken.
-    public func createPull(_ request: PullRequest, by actor: String, via surface: String) async throws -> PullRecord {
+    /// Makes a pull: checked (``PullQueue/create(_:registry:issuer:requestedBy:scope:logger:now:isConnected:wake:)``),
+    /// queued with its audit entry, and its connected targets woken. A scoped caller's pull
+    /// reaches only the devices of its scope (an agent outside it is no agent).
+    public func createPull(_ request: PullRequest, by caller: Caller, via surface: String) async throws -> PullRecord {
         let s = services
         let pull: PullRecord
         do {
-            pull = try await s.pulls.create(request, registry: s.registry, issuer: s.issuer, requestedBy: actor, logger: s.logger, isConnected: s.dispatcher.isConnected) {
+            let scope = try await scopedAgents(caller).map { PullScope(scope: caller.scope, agents: $0) }
+            pull = try await s.pulls.create(
+                request, registry: s.registry, issuer: s.issuer, requestedBy: caller.name, scope: scope, logger: s.logger, isConnected: s.dispatcher.isConnected
+            ) {
                 s.dispatcher.wake($0, with: $1)
             }
         } catch let error as PullRequestError {
@@ -55,7 +64,8 @@ public final class AdminActions: Sendable {
 
     /// Removes a pull's or a feedback's results (files and index rows); the record stays.
     /// No such pull or feedback is ``ActionError/Kind/notFound``.
-    public func remove(_ kind: RemovalReport.Kind, _ id: String, by actor: String, reason: String) async throws -> RemovalReport {
+    public func remove(_ kind: RemovalReport.Kind, _ id: String, by caller: Caller, reason: String) async throws -> RemovalReport {
+        let actor = caller.name
         guard let results = services.results else { throw ActionError(.unavailable, "this server does not remove results") }
         guard WireID.isValid(id) else { throw ActionError(.invalid, "\(kind.rawValue) id must be 32 lowercase hex characters") }
         if let problem = reasonProblem(reason) { throw ActionError(.invalid, problem) }
@@ -76,7 +86,8 @@ public final class AdminActions: Sendable {
     /// at once, on whichever node holds it; it may not authenticate again; pulls by uid no
     /// longer reach it; what it uploaded is kept. Audited with the reason. Revoking one revoked
     /// already changes nothing and says since when (a conflict).
-    public func revokeAgent(_ id: String, reason: String?, by actor: String) async throws -> AgentRecord {
+    public func revokeAgent(_ id: String, reason: String?, by caller: Caller) async throws -> AgentRecord {
+        let actor = caller.name
         let id = try Self.checkedID(id, "agent")
         if let reason, let problem = reasonProblem(reason) { throw ActionError(.invalid, problem) }
         switch try await services.registry.revoke(id, by: actor, at: now()) {
@@ -94,13 +105,15 @@ public final class AdminActions: Sendable {
 
     // MARK: Tokens
 
-    /// Makes a token; an enrollment token may expire and have a number of uses
-    /// (``TokenRequest/limitsProblem``).
-    public func createToken(name: String, kind: TokenKind, expiresInSeconds: Int? = nil, uses: Int? = nil, by actor: String) async throws -> TokenCreated {
-        let request = TokenRequest(name: name, kind: kind, expiresInSeconds: expiresInSeconds, uses: uses)
+    /// Makes a token: any token may expire; an enrollment token may have a number of uses, an
+    /// admin token a role and a scope (``TokenRequest/limitsProblem``).
+    public func createToken(_ request: TokenRequest, by caller: Caller) async throws -> TokenCreated {
+        let (name, kind) = (request.name, request.kind)
         if let problem = request.limitsProblem { throw ActionError(.invalid, problem) }
         let at = now()
-        let limits = TokenLimits(expiresAt: expiresInSeconds.map { at.addingTimeInterval(TimeInterval($0)) }, uses: uses)
+        let limits = TokenLimits(
+            expiresAt: request.expiresInSeconds.map { at.addingTimeInterval(TimeInterval($0)) }, uses: request.uses, role: request.role ?? .admin,
+            scope: request.scope ?? .everything)
         let created: TokenCreated
         do {
             created = try await services.tokens.create(name: name, kind: kind, limits: limits, now: at)
@@ -108,13 +121,15 @@ public final class AdminActions: Sendable {
             throw ActionError(error == .exists(name) ? .conflict : .invalid, error.description)
         }
         var detail = "\(kind.rawValue) token '\(name)'"
+        if kind == .admin { detail += ", role \(limits.role.rawValue)" + (limits.scope.isEverything ? "" : ", scope \(limits.scope)") }
         if let expiresAt = created.info.expiresAt { detail += ", expires \(Timestamp(expiresAt).rfc3339)" }
-        if let uses { detail += ", \(uses) use\(uses == 1 ? "" : "s")" }
-        try await services.audit.record(actor: actor, .tokenCreate, detail: detail)
+        if let uses = request.uses { detail += ", \(uses) use\(uses == 1 ? "" : "s")" }
+        try await services.audit.record(actor: caller.name, .tokenCreate, detail: ConnectionUploads.bounded(detail))
         return created
     }
 
-    public func revokeToken(name: String, kind: TokenKind, by actor: String) async throws {
+    public func revokeToken(name: String, kind: TokenKind, by caller: Caller) async throws {
+        let actor = caller.name
         do {
             try await services.tokens.revoke(name: name, kind: kind)
         } catch let error as TokenError {
@@ -125,29 +140,51 @@ public final class AdminActions: Sendable {
 
     // MARK: Records
 
-    /// A page of records: the search checked, run, and audited (``searchAudit``).
-    public func search(_ search: RecordSearch, by actor: String) async throws -> RecordPage {
-        var page = try await indexed(search, .page) { try await $0.search(search) }
+    /// A page of records: the search checked, narrowed to the caller's scope, run, and
+    /// audited (``searchAudit``). Nothing outside the scope is read, or counted.
+    public func search(_ search: RecordSearch, by caller: Caller) async throws -> RecordPage {
+        try Self.check(search)
+        var page = try await page(search, caller)
         if let indexer = services.indexer { page.indexing += indexer.queued }
-        try await searchOpened(search, by: actor)
+        try await searchOpened(search, by: caller)
         return page
     }
 
     /// Audits a search whose pages are read by the caller itself (the console's follow).
-    public func searchOpened(_ search: RecordSearch, by actor: String) async throws {
-        try await searchAudit.record(.recordsSearch, actor: actor, detail: Self.describe(search), in: services.audit, now: now())
+    public func searchOpened(_ search: RecordSearch, by caller: Caller) async throws {
+        try await searchAudit.record(.recordsSearch, actor: caller.name, detail: Self.describe(search), in: services.audit, now: now())
     }
 
     /// The next page of a followed search (``searchOpened(_:by:)`` audited it once, not per page).
-    public func followed(_ search: RecordSearch) async throws -> RecordPage {
-        try await indexed(search, .page) { try await $0.search(search) }
+    public func followed(_ search: RecordSearch, by caller: Caller) async throws -> RecordPage {
+        try Self.check(search)
+        return try await page(search, caller)
+    }
+
+    /// A page of a search checked already, narrowed to the caller's scope.
+    private func page(_ search: RecordSearch, _ caller: Caller) async throws -> RecordPage {
+        guard let narrowed = try await scoped(search, caller) else { return .empty }
+        return try await indexed(narrowed, .page) { try await $0.search(narrowed) }
+    }
+
+    /// `search` narrowed to the devices of `caller`'s scope, and to its apps; nil when the
+    /// scope leaves nothing to search (nothing is then read). Unscoped callers' searches are as asked.
+    func scoped(_ search: RecordSearch, _ caller: Caller) async throws -> RecordSearch? {
+        guard let agents = try await scopedAgents(caller) else { return search }
+        var narrowed = search
+        let asked = search.agents.flatMap { $0.isEmpty ? nil : Set($0) }
+        narrowed.agents = agents.filter { asked?.contains($0) ?? true }.sorted()
+        if let apps = caller.scope.appNames {
+            narrowed.apps = (search.apps.flatMap { $0.isEmpty ? nil : $0 } ?? apps.sorted()).filter(apps.contains)
+            if narrowed.apps?.isEmpty == true { return nil }
+        }
+        return narrowed.agents?.isEmpty == true ? nil : narrowed
     }
 
     /// `read` on the index, for a search checked first; the index's refusal as an invalid request.
     /// Its time is measured as a search of `kind` (`GET /metrics`).
     private func indexed<T>(_ search: RecordSearch, _ kind: ServerMetrics.SearchKind, _ read: (any RecordIndex) async throws -> T) async throws -> T {
         guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
-        try Self.check(search)
         do {
             let start = ContinuousClock.now
             let value = try await read(records)
@@ -160,28 +197,45 @@ public final class AdminActions: Sendable {
 
     /// How many records a search matches, per level, per host and over time: checked as a
     /// search is, and audited as one (the audit's throttle keeps a page and its counts one entry).
-    public func stats(_ search: RecordSearch, by actor: String) async throws -> RecordStats {
+    public func stats(_ search: RecordSearch, by caller: Caller) async throws -> RecordStats {
+        try Self.check(search)
         let counted = RecordStats.counted(search)
-        let stats = try await indexed(counted, .stats) { try await $0.stats(counted) }
-        try await searchOpened(search, by: actor)
+        var stats = RecordStats()
+        if let narrowed = try await scoped(counted, caller) { stats = try await indexed(narrowed, .stats) { try await $0.stats(narrowed) } }
+        try await searchOpened(search, by: caller)
         return stats
     }
 
-    /// The types, hosts and apps the records have, for telling a filter's typo.
-    public func vocabulary() async throws -> RecordVocabulary {
+    /// The types, hosts and apps the records have, for telling a filter's typo. A scoped
+    /// caller is told only the hosts and apps of its scope.
+    public func vocabulary(for caller: Caller) async throws -> RecordVocabulary {
         guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
-        return try await records.vocabulary()
+        var vocabulary = try await records.vocabulary()
+        guard !caller.scope.isEverything else { return vocabulary }
+        let agents = try await services.registry.agents().filter(caller.admits)
+        let hosts = Set(agents.map(\.hostname)), apps = caller.scope.appNames
+        vocabulary.hosts = vocabulary.hosts.filter(hosts.contains)
+        if let apps { vocabulary.apps = vocabulary.apps.filter(apps.contains) }
+        return vocabulary
     }
 
     /// A record with up to `context` records of its source on each side, audited; nil when no
-    /// record has the id.
-    public func record(_ id: Int64, context: Int, by actor: String) async throws -> RecordInContext? {
+    /// record has the id, or the caller's scope does not reach it.
+    public func record(_ id: Int64, context: Int, by caller: Caller) async throws -> RecordInContext? {
+        let actor = caller.name
         guard let records = services.records else { throw ActionError(.unavailable, "this server does not index records") }
         guard id > 0 else { throw ActionError(.invalid, "a record id is a positive integer") }
         guard (0...RecordInContext.maximumContext).contains(context) else {
             throw ActionError(.invalid, "context is a number of records from 0 to \(RecordInContext.maximumContext)")
         }
-        guard let found = try await records.record(id, context: context) else { return nil }
+        guard var found = try await records.record(id, context: context) else { return nil }
+        if let agents = try await scopedAgents(caller) {
+            let apps = caller.scope.appNames
+            func reaches(_ r: FoundRecord) -> Bool { agents.contains(r.agentID) && apps.map { $0.contains(r.app) } ?? true }
+            guard reaches(found.record) else { return nil }
+            found.before = found.before.filter(reaches)
+            found.after = found.after.filter(reaches)
+        }
         try await searchAudit.record(.recordsRead, actor: actor, detail: "record \(id) context \(context)", in: services.audit, now: now())
         return found
     }
@@ -250,8 +304,8 @@ public final class AdminActions: Sendable {
     }
 
     /// A console sign-in, recorded first: one the audit log cannot hold does not happen.
-    public func signedIn(_ name: String, from source: String) async throws {
-        try await services.audit.record(actor: name, .consoleSignIn, detail: "from \(source)")
+    public func signedIn(_ caller: Caller, from source: String) async throws {
+        try await services.audit.record(actor: caller.name, .consoleSignIn, detail: "from \(source) as \(caller.role.rawValue)" + (caller.scope.isEverything ? "" : " of \(caller.scope)"))
     }
 
     public func signedOut(_ name: String) async throws {
@@ -272,6 +326,8 @@ public struct ActionError: Error, CustomStringConvertible, Sendable, Equatable {
         case conflict
         /// This server does not do that (503): no index, no files, no removal.
         case unavailable
+        /// The caller's role may not do that (403).
+        case forbidden
     }
 
     public let kind: Kind
@@ -288,6 +344,7 @@ public struct ActionError: Error, CustomStringConvertible, Sendable, Equatable {
             case .notFound: "not_found"
             case .conflict: "conflict"
             case .unavailable: "unavailable"
+            case .forbidden: "forbidden"
             }
         }()
     }

@@ -19,31 +19,59 @@ extension AdminActions {
         public let subject: String
     }
 
-    /// A pull's files, per agent; a pull with no complete agent has none.
-    public func files(ofPull id: String) async throws -> [PullFiles.Located] {
+    /// A pull's files, per agent; a pull with no complete agent has none. A scoped caller sees
+    /// the files of its devices only, and a pull that reached none of them is no pull.
+    public func files(ofPull id: String, for caller: Caller) async throws -> [PullFiles.Located] {
         let id = try Self.checkedID(id, "pull")
+        let agents = try await reachable(pull: id, caller)
         guard let list = try await servedFiles().list(id) else { throw ActionError(.notFound, "no pull \(id)") }
-        return list
+        return agents.map { agents in list.filter { agents.contains($0.file.agentID) } } ?? list
     }
 
-    public func files(ofFeedback id: String) async throws -> [PullFiles.Located] {
+    public func files(ofFeedback id: String, for caller: Caller) async throws -> [PullFiles.Located] {
         let id = try Self.checkedID(id, "feedback")
+        try await reachable(feedback: id, caller)
         guard let list = try await servedFiles().list(feedback: id) else { throw ActionError(.notFound, "no feedback \(id)") }
         return list
     }
 
+    /// The agents of a scoped caller's scope (nil: unscoped), once the pull is known to have
+    /// reached one of them; otherwise the pull is not found.
+    private func reachable(pull id: String, _ caller: Caller) async throws -> Set<String>? {
+        guard let agents = try await scopedAgents(caller) else { return nil }
+        guard let pull = try await services.pulls.pull(id, now: .now), pull.targets.contains(where: { agents.contains($0.agentID) }) else {
+            throw ActionError(.notFound, "no pull \(id)")
+        }
+        return agents
+    }
+
+    /// A feedback a scoped caller may read (its device in the scope); otherwise not found.
+    private func reachable(feedback id: String, _ caller: Caller) async throws {
+        guard let agents = try await scopedAgents(caller) else { return }
+        guard let record = try await services.feedback.feedback(id), agents.contains(record.agentID) else { throw ActionError(.notFound, "no feedback \(id)") }
+    }
+
     /// One file an agent uploaded for a pull; only names its listing holds are served.
-    public func file(ofPull id: String, agent: String, name: String) async throws -> Download {
+    public func file(ofPull id: String, agent: String, name: String, for caller: Caller) async throws -> Download {
         let id = try Self.checkedID(id, "pull"), agent = try Self.checkedID(agent, "agent")
+        if let agents = try await reachable(pull: id, caller), !agents.contains(agent) {
+            throw ActionError(.notFound, "pull \(id) has no file \(WireID.echo(name).debugDescription) from agent \(agent)")
+        }
         guard let located = try await servedFiles().locate(id, agent: agent, name: name) else {
             throw ActionError(.notFound, "pull \(id) has no file \(WireID.echo(name).debugDescription) from agent \(agent)")
         }
         return Download(located: located, action: .pullDownload, detail: "pull \(id) agent \(agent) file \(located.file.name)", subject: "pull \(id) agent \(agent)")
     }
 
-    /// All of a pull's complete agents' files as one zip.
-    public func wholeZip(ofPull id: String) async throws -> Download {
+    /// All of a pull's complete agents' files as one zip; for a scoped caller, only when every
+    /// one of the pull's devices is in its scope (else it fetches them device by device).
+    public func wholeZip(ofPull id: String, for caller: Caller) async throws -> Download {
         let id = try Self.checkedID(id, "pull")
+        if let agents = try await reachable(pull: id, caller), let pull = try await services.pulls.pull(id, now: .now),
+            pull.targets.contains(where: { !agents.contains($0.agentID) })
+        {
+            throw ActionError(.forbidden, "pull \(id) reached devices outside \(caller.name)'s scope: fetch its files device by device", code: "forbidden")
+        }
         do {
             guard let zip = try await servedFiles().wholeZip(id) else { throw ActionError(.notFound, "no pull \(id)") }
             return Download(located: zip, action: .pullDownload, detail: "pull \(id) whole zip", subject: "pull \(id) whole zip")
@@ -54,8 +82,9 @@ extension AdminActions {
         }
     }
 
-    public func file(ofFeedback id: String, name: String) async throws -> Download {
+    public func file(ofFeedback id: String, name: String, for caller: Caller) async throws -> Download {
         let id = try Self.checkedID(id, "feedback")
+        try await reachable(feedback: id, caller)
         guard let located = try await servedFiles().locate(feedback: id, name: name) else {
             throw ActionError(.notFound, "feedback \(id) has no file \(WireID.echo(name).debugDescription)")
         }
@@ -66,8 +95,8 @@ extension AdminActions {
     /// ``Download/subject`` (a device's files of a pull, a pull's whole zip, a feedback's files)
     /// in ten minutes, naming the file that began it, so fetching them (or resuming) is one
     /// entry, not one per file.
-    public func downloading(_ download: Download, by actor: String) async throws {
-        try await downloadAudit.record(download.action, actor: actor, detail: download.detail, key: download.subject, in: services.audit, now: now())
+    public func downloading(_ download: Download, by caller: Caller) async throws {
+        try await downloadAudit.record(download.action, actor: caller.name, detail: download.detail, key: download.subject, in: services.audit, now: now())
     }
 
     /// An id from a path: a pull's, a feedback's or an agent's is 32 lowercase hex characters.

@@ -4,56 +4,77 @@ import DredgeDomain
 /// What an engineer reads, for both surfaces: the agents (all, or those holding a uid), the
 /// pulls and feedback (listed or one, with their disk use when asked), the tokens. Reads are
 /// not audited (what is read out of them, files and records, is); they pass through here so
-/// that a rule on who may read what has one place to live.
+/// that a rule on who may read what has one place to live: a scoped caller sees only the
+/// devices of its scope, the pulls that reached them (with those targets only) and their feedback.
 extension AdminActions {
     /// Listings are 1 to this long.
     public static let maximumListing = 1000
 
     /// Every agent; with `holding`, only the agents that hold that uid, each with when it last
     /// saw it.
-    public func agents(holding uid: String? = nil) async throws -> [AgentRecord] {
+    public func agents(holding uid: String? = nil, for caller: Caller) async throws -> [AgentRecord] {
         let registry = services.registry
-        guard let uid else { return try await registry.agents() }
+        guard let uid else { return try await registry.agents().filter(caller.admits) }
         if let problem = UserID.problem(uid) { throw ActionError(.invalid, "uid: \(problem)") }
         let holders = Dictionary(try await registry.holders(of: uid).map { ($0.agentID, $0.lastSeen) }, uniquingKeysWith: { a, _ in a })
         return try await registry.agents().compactMap { agent -> AgentRecord? in
-            guard let seen = holders[agent.agentID] else { return nil }
+            guard let seen = holders[agent.agentID], caller.admits(agent) else { return nil }
             var agent = agent
             agent.uidLastSeen = seen
             return agent
         }
     }
 
-    /// Agents' host names by id, for pages that name devices.
-    public func hostnames() async throws -> [String: String] {
-        Dictionary(try await services.registry.agents().map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
+    /// Agents' host names by id, for pages that name devices (those of the caller's scope).
+    public func hostnames(for caller: Caller) async throws -> [String: String] {
+        Dictionary(try await services.registry.agents().filter(caller.admits).map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
     }
 
     /// The newest pulls first, `limit` clamped to 1…``maximumListing``; with `reason`, only
     /// those whose reason holds it (ASCII letters in any case: `sup-12` finds "SUP-1234"); with
     /// `disk`, each with what its files take (a listing never fails for want of a size:
     /// unmeasured, it has none).
-    public func pulls(limit: Int, reason: String? = nil, disk: Bool) async throws -> [PullRecord] {
+    /// A scoped caller is shown, among the newest ``maximumListing`` pulls, those that reached a
+    /// device of its scope, with those targets only.
+    public func pulls(limit: Int, reason: String? = nil, disk: Bool, for caller: Caller) async throws -> [PullRecord] {
         let reason = reason?.trimmingCharacters(in: .whitespaces)
         if let reason, let problem = reasonProblem(reason) { throw ActionError(.invalid, "the reason searched for: \(problem)") }
-        let listed = try await services.pulls.pulls(limit: min(max(limit, 1), Self.maximumListing), reason: reason?.isEmpty == false ? reason : nil, now: .now)
+        let limit = min(max(limit, 1), Self.maximumListing)
+        let agents = try await scopedAgents(caller)
+        var listed = try await services.pulls.pulls(limit: agents == nil ? limit : Self.maximumListing, reason: reason?.isEmpty == false ? reason : nil, now: .now)
+        if let agents { listed = Array(listed.compactMap { Self.pull($0, within: agents) }.prefix(limit)) }
         return disk ? await measured(listed) { try await self.services.results?.measured($0) } : listed
     }
 
-    public func pull(_ id: String, disk: Bool) async throws -> PullRecord {
+    /// A pull the caller's scope reaches; one that reached none of its devices is no pull.
+    public func pull(_ id: String, disk: Bool, for caller: Caller) async throws -> PullRecord {
         let id = try Self.checkedID(id, "pull")
-        guard let pull = try await services.pulls.pull(id, now: .now) else { throw ActionError(.notFound, "no pull \(id)") }
+        guard let stored = try await services.pulls.pull(id, now: .now),
+            let pull = try await scopedAgents(caller).map({ Self.pull(stored, within: $0) }) ?? stored
+        else { throw ActionError(.notFound, "no pull \(id)") }
         return disk ? await measured([pull]) { try await self.services.results?.measured($0) }.first ?? pull : pull
     }
 
-    public func feedback(limit: Int, disk: Bool) async throws -> [FeedbackRecord] {
-        let listed = try await services.feedback.all(limit: min(max(limit, 1), Self.maximumListing))
+    /// `pull` with only its targets among `agents`; nil when none is.
+    static func pull(_ pull: PullRecord, within agents: Set<String>) -> PullRecord? {
+        var pull = pull
+        pull.targets = pull.targets.filter { agents.contains($0.agentID) }
+        return pull.targets.isEmpty ? nil : pull
+    }
+
+    public func feedback(limit: Int, disk: Bool, for caller: Caller) async throws -> [FeedbackRecord] {
+        let limit = min(max(limit, 1), Self.maximumListing)
+        let agents = try await scopedAgents(caller)
+        var listed = try await services.feedback.all(limit: agents == nil ? limit : Self.maximumListing)
+        if let agents { listed = Array(listed.filter { agents.contains($0.agentID) }.prefix(limit)) }
         return disk ? await measured(listed) { try await self.services.results?.measured($0) } : listed
     }
 
-    public func feedback(_ id: String, disk: Bool) async throws -> FeedbackRecord {
+    public func feedback(_ id: String, disk: Bool, for caller: Caller) async throws -> FeedbackRecord {
         let id = try Self.checkedID(id, "feedback")
-        guard let record = try await services.feedback.feedback(id) else { throw ActionError(.notFound, "no feedback \(id)") }
+        guard let record = try await services.feedback.feedback(id), try await scopedAgents(caller)?.contains(record.agentID) ?? true else {
+            throw ActionError(.notFound, "no feedback \(id)")
+        }
         return disk ? await measured([record]) { try await self.services.results?.measured($0) }.first ?? record : record
     }
 

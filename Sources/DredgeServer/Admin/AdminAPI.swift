@@ -12,7 +12,8 @@ import NIOSSL
 import Synchronization
 
 /// The admin HTTP API engineers use (through `dredge`): loopback only, every `/v1` route behind
-/// a bearer admin token, JSON in and out. Routes are listed in docs/admin-api.md.
+/// a bearer admin token whose role may use it (``routeOperations``), JSON in and out. Routes are
+/// listed in docs/admin-api.md.
 public enum AdminAPI {
     /// Builds the Hummingbird application; a `Service` for the server's service group. Every
     /// route is an adapter over ``AdminActions``: one route collection per resource
@@ -74,6 +75,7 @@ public enum AdminAPI {
         v1.addRoutes(RecordRoutes.collection(actions), atPath: "records")
         v1.addRoutes(AuditRoutes.collection(actions), atPath: "audit")
         v1.addRoutes(TokenRoutes.collection(actions), atPath: "tokens")
+        v1.get("whoami") { _, context in try json(actions.whoami(try context.signedIn)) }
 
         let scheme = tls == nil ? "http" : "https"
         // Deadlines and caps of its own (``AdminConnectionLimits``), as the agent listener has.
@@ -100,13 +102,49 @@ public enum AdminAPI {
 
     static let maximumBody = 64 * 1024
 
+    /// What each `/v1` route is, for ``AdminOperation``'s table of roles: by method and route as
+    /// the router names it (HEAD as GET). A route missing here is refused to everyone
+    /// (``BearerTokenMiddleware``), so a new route is closed until it is named.
+    static let routeOperations: [String: AdminOperation] = [
+        "GET /v1/whoami": .whoami,
+        "GET /v1/agents": .listAgents,
+        "POST /v1/agents/{id}/revoke": .revokeAgent,
+        "GET /v1/pulls": .readPulls,
+        "GET /v1/pulls/{id}": .readPulls,
+        "POST /v1/pulls": .createPull,
+        "DELETE /v1/pulls/{id}": .removeResults,
+        "GET /v1/pulls/{id}/files": .readFiles,
+        "GET /v1/pulls/{id}/files/{agent}/{name}": .readFiles,
+        "GET /v1/pulls/{id}/zip": .readFiles,
+        "GET /v1/feedback": .readFeedback,
+        "GET /v1/feedback/{id}": .readFeedback,
+        "DELETE /v1/feedback/{id}": .removeResults,
+        "GET /v1/feedback/{id}/files": .readFiles,
+        "GET /v1/feedback/{id}/files/{name}": .readFiles,
+        "POST /v1/records/search": .searchRecords,
+        "POST /v1/records/stats": .searchRecords,
+        "GET /v1/records/vocabulary": .searchRecords,
+        "GET /v1/records/{id}": .searchRecords,
+        "GET /v1/audit": .readAudit,
+        "GET /v1/audit/verify": .readAudit,
+        "GET /v1/tokens": .manageTokens,
+        "POST /v1/tokens": .manageTokens,
+        "DELETE /v1/tokens/{kind}/{name}": .manageTokens,
+    ]
+
+    /// The operation a request to a `/v1` route is, or nil when the route is not in the table.
+    static func operation(_ method: HTTPRequest.Method, route: String?) -> AdminOperation? {
+        guard let route else { return nil }
+        return routeOperations["\(method == .head ? "GET" : method.rawValue) \(route)"]
+    }
+
     /// A file of a pull, streamed, with `Range` (one range: 206; past the end: 416) and
     /// `If-Range` (the range only while the ETag is the one given, else the whole file: RFC 9110
     /// § 13.1.5), its SHA-256 as `ETag` and `Repr-Digest`. Every download is audited
     /// (``AdminActions/downloading(_:by:)``: one entry per token and device's files of a pull,
     /// whole zip or feedback in ten minutes).
     static func serve(
-        _ download: AdminActions.Download, request: Request, context: some RequestContext, actions: AdminActions, actor: String
+        _ download: AdminActions.Download, request: Request, context: some RequestContext, actions: AdminActions, caller: Caller
     ) async throws -> Response {
         let located = download.located, file = located.file
         let etag = "\"\(file.sha256)\""
@@ -114,7 +152,7 @@ public enum AdminAPI {
         let rangeAsked = request.headers[.ifRange].map { $0 == etag } ?? true ? request.headers[.range] : nil
         let range = ByteRange.parse(rangeAsked, size: file.size)
         let headOnly = request.method == .head  // nothing downloaded: not audited, the file not opened
-        if !headOnly && range != .unsatisfiable { try await actions.downloading(download, by: actor) }
+        if !headOnly && range != .unsatisfiable { try await actions.downloading(download, by: caller) }
         var headers: HTTPFields = [
             .acceptRanges: "bytes", .eTag: etag,
             .contentType: file.kind == .zip ? "application/zip" : file.kind == .manifest ? "application/json" : "application/x-ndjson",
@@ -200,21 +238,32 @@ public enum AdminAPI {
     }
 }
 
-/// Carries the name of the admin token that authenticated the request, for the audit log.
+/// Carries who the admin token that authenticated the request signs in: its name for the
+/// audit log, its role and scope for what it may do and see.
 public struct AdminRequestContext: RequestContext {
     public var coreContext: CoreRequestContextStorage
-    public var tokenName: String?
+    public var caller: Caller?
     /// Where the request came from, for the audit log of refused tokens.
     public var remoteAddress: String?
 
     public init(source: ApplicationRequestContextSource) {
         coreContext = .init(source: source)
-        tokenName = nil
+        caller = nil
         remoteAddress = source.channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" }
+    }
+
+    /// The caller ``BearerTokenMiddleware`` let in: every `/v1` route has one.
+    var signedIn: Caller {
+        get throws {
+            guard let caller else { throw AdminAPIError(.unauthorized, "unauthorized", "missing bearer token") }
+            return caller
+        }
     }
 }
 
-/// `Authorization: Bearer <admin token>`, checked against the token hashes the server keeps.
+/// `Authorization: Bearer <admin token>`, checked against the token hashes the server keeps
+/// (an expired token is no token), then the token's role against the route's operation
+/// (``AdminAPI/routeOperations``, ``AdminActions/authorize(_:_:on:)``: 403 `forbidden`, audited).
 /// A refused token is recorded in the audit log (`auth.failed`, with the source address and
 /// the route), at most once a minute per source address, so a flood cannot fill the log.
 struct BearerTokenMiddleware: RouterMiddleware {
@@ -226,12 +275,18 @@ struct BearerTokenMiddleware: RouterMiddleware {
             throw AdminAPIError(.unauthorized, "unauthorized", "missing bearer token")
         }
         let parts = header.split(separator: " ", maxSplits: 1)
-        guard parts.count == 2, parts[0].lowercased() == "bearer", let name = try await actions.services.tokens.adminName(for: String(parts[1])) else {
-            await refused(request, context, "a token that is not an admin token")
-            throw AdminAPIError(.unauthorized, "unauthorized", "admin token not accepted")
+        guard parts.count == 2, parts[0].lowercased() == "bearer", let caller = try await actions.services.tokens.admin(for: String(parts[1]), now: actions.now()) else {
+            await refused(request, context, "a token that is not an admin token (or has expired)")
+            throw AdminAPIError(.unauthorized, "unauthorized", "admin token not accepted (unknown, revoked or expired)")
         }
+        let route = "\(request.method) \(context.endpointPath ?? ConnectionUploads.bounded(request.uri.path).debugDescription)"
+        guard let operation = AdminAPI.operation(request.method, route: context.endpointPath) else {
+            actions.logger.error("an admin API route has no access rule: refused", metadata: ["route": "\(route)"])
+            throw AdminAPIError(.forbidden, "forbidden", "\(route) has no access rule on this server: refused to every role")
+        }
+        try await actions.authorize(operation, caller, on: route)
         var context = context
-        context.tokenName = name
+        context.caller = caller
         return try await next(request, context)
     }
 
@@ -281,6 +336,7 @@ struct AdminAPIError: HTTPResponseError {
             case .notFound: .notFound
             case .conflict: .conflict
             case .unavailable: .serviceUnavailable
+            case .forbidden: .forbidden
             }
         self.init(status, error.code, error.message)
     }

@@ -78,7 +78,7 @@ enum Console {
 
         console.get("sign-in") { request, _ in
             let back = returnPath(query(request)["return"])
-            if try await checked(request, d) != nil { return redirect(back ?? "/console/agents") }
+            if try await checked(request, d, .whoami) != nil { return redirect(back ?? "/console/agents") }
             return signInPage(library, d, problem: nil, status: .ok, returnTo: back)
         }
         console.post("sign-in") { request, context in
@@ -88,17 +88,17 @@ enum Console {
                 return forbidden(library, d)
             }
             let token = form["token"] ?? "", back = returnPath(form["return"])
-            guard !token.isEmpty, let name = try await d.tokens.adminName(for: token) else {
-                await d.actions.refusedToken("a token that is not an admin token", for: "the console's sign-in", from: context.remoteAddress ?? "?")
-                return signInPage(library, d, problem: "That is not an admin token.", status: .unauthorized, returnTo: back)
+            guard !token.isEmpty, let caller = try await d.tokens.admin(for: token, now: d.sessions.now()) else {
+                await d.actions.refusedToken("a token that is not an admin token (or has expired)", for: "the console's sign-in", from: context.remoteAddress ?? "?")
+                return signInPage(library, d, problem: "That is not an admin token, or it has expired.", status: .unauthorized, returnTo: back)
             }
             // A session this browser held before ends: one at a time.
             if let old = request.cookies[sessionCookie]?.value { try await d.sessions.close(old) }
             // A sign-in the audit log cannot hold does not happen: its session ends at once (and
             // one that cannot be kept is never audited).
-            let (id, session) = try await d.sessions.open(tokenName: name, token: token)
+            let (id, session) = try await d.sessions.open(caller, token: token)
             do {
-                try await d.actions.signedIn(name, from: context.remoteAddress ?? "?")
+                try await d.actions.signedIn(caller, from: context.remoteAddress ?? "?")
             } catch {
                 try await d.sessions.close(id)
                 throw error
@@ -123,9 +123,9 @@ enum Console {
         }
 
         console.get("agents") { request, _ in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .listAgents) else { return toSignIn(request) }
             let query = (Console.query(request)["q"] ?? "").trimmingCharacters(in: .whitespaces)
-            let all = try await d.actions.agents()
+            let all = try await d.actions.agents(for: session.caller)
             let shown = query.isEmpty ? all : all.filter { matches($0, query) }
             let rows = shown.sorted { ($0.connected ? 0 : 1, $0.hostname) < ($1.connected ? 0 : 1, $1.hostname) }.map(row)
             var page = signedInPage("Agents", session, current: "Agents")
@@ -135,9 +135,9 @@ enum Console {
             return html(library, "agents", page)
         }
         console.get("agents/:id") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .listAgents) else { return toSignIn(request) }
             let id = try context.parameters.require("id")
-            let all = try await d.actions.agents()
+            let all = try await d.actions.agents(for: session.caller)
             guard let agent = all.first(where: { $0.agentID == id }) else {
                 throw AdminAPIError(.notFound, "not_found", "There is no such agent.")
             }
@@ -164,15 +164,15 @@ enum Console {
             let looked = 200
             let hosts = Dictionary(all.map { ($0.agentID, $0.hostname) }, uniquingKeysWith: { a, _ in a })
             page["looked"] = looked
-            page["pulls"] = try await d.actions.pulls(limit: looked, disk: false)
+            page["pulls"] = try await d.actions.pulls(limit: looked, disk: false, for: session.caller)
                 .filter { $0.agentID == id || $0.targets.contains { $0.agentID == id } }.prefix(20).map { pullRow($0, hosts) }
             return html(library, "agent", page)
         }
         // Revoking a device asks first, with a reason for the audit log.
         console.get("agents/:id/revoke") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .revokeAgent) else { return toSignIn(request) }
             let id = try context.parameters.require("id")
-            guard let agent = try await d.actions.agents().first(where: { $0.agentID == id }) else {
+            guard let agent = try await d.actions.agents(for: session.caller).first(where: { $0.agentID == id }) else {
                 throw AdminAPIError(.notFound, "not_found", "There is no such agent.")
             }
             return html(library, "confirm", revokePage(agent, session))
@@ -180,11 +180,11 @@ enum Console {
         console.post("agents/:id/revoke") { request, context in
             let form = try await formFields(request, context)
             let id = try context.parameters.require("id")
-            return try await asPoster(request, form, library, d) { session in
+            return try await asPoster(request, form, library, d, .revokeAgent) { session in
                 do {
-                    _ = try await d.actions.revokeAgent(id, reason: form["reason"], by: session.tokenName)
+                    _ = try await d.actions.revokeAgent(id, reason: form["reason"], by: session.caller)
                 } catch let error as ActionError {
-                    guard let agent = try await d.actions.agents().first(where: { $0.agentID == id }) else { throw error }
+                    guard let agent = try await d.actions.agents(for: session.caller).first(where: { $0.agentID == id }) else { throw error }
                     var page = revokePage(agent, session)
                     page["problem"] = sentence(error)
                     return html(library, "confirm", page, status: AdminAPIError(error).status)
@@ -321,9 +321,13 @@ enum Console {
 
     /// The session of the request's cookie, if live: not expired, signed out, or ended with
     /// its token (``ConsoleSessions/session(_:)`` checks the token on every request).
-    static func checked(_ request: Request, _ d: Dependencies) async throws -> ConsoleSessions.Session? {
-        guard let id = request.cookies[sessionCookie]?.value else { return nil }
-        return try await d.sessions.session(id)
+    /// The request's live session, once its role may do `operation` (``AdminOperation``, the
+    /// table the API checks too: a refusal is a 403 page, audited); nil when not signed in.
+    /// Every signed-in page asks through here, naming what it does.
+    static func checked(_ request: Request, _ d: Dependencies, _ operation: AdminOperation) async throws -> ConsoleSessions.Session? {
+        guard let id = request.cookies[sessionCookie]?.value, let session = try await d.sessions.session(id) else { return nil }
+        try await d.actions.authorize(operation, session.caller, on: "\(request.method) \(ConnectionUploads.bounded(request.uri.path))")
+        return session
     }
 
     /// An `application/x-www-form-urlencoded` body's fields (the first of a name given twice).

@@ -10,7 +10,9 @@ extension Console {
     static func signedInPage(_ title: String, _ session: ConsoleSessions.Session, current: String) -> [String: Any] {
         [
             "title": title, "signedIn": true, "on" + current: true, "tokenName": session.tokenName, "csrf": session.csrf, "zone": zoneText(),
-            "localZone": !["UTC", "GMT"].contains(displayZone.identifier),
+            "localZone": !["UTC", "GMT"].contains(displayZone.identifier), "role": session.caller.role.rawValue,
+            "accessText": "\(session.caller.role.rawValue), scope: \(session.caller.scope)", "isAdmin": session.caller.role == .admin,
+            "mayPull": session.caller.role >= AdminOperation.createPull.leastRole,
         ]
     }
 
@@ -25,10 +27,10 @@ extension Console {
     /// Runs `body` with the session of a post from this console's own page carrying its
     /// session's CSRF token; otherwise answers for it: sign in first, or 403 (nothing done).
     static func asPoster(
-        _ request: Request, _ form: [String: String], _ library: MustacheLibrary, _ d: Dependencies,
+        _ request: Request, _ form: [String: String], _ library: MustacheLibrary, _ d: Dependencies, _ operation: AdminOperation,
         _ body: (ConsoleSessions.Session) async throws -> Response
     ) async throws -> Response {
-        guard let session = try await checked(request, d) else { return toSignIn(request) }
+        guard let session = try await checked(request, d, operation) else { return toSignIn(request) }
         guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
         return try await body(session)
     }
@@ -43,7 +45,7 @@ extension Console {
         // MARK: Audit
 
         console.get("audit") { request, _ in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .readAudit) else { return toSignIn(request) }
             let parameters = Console.query(request)
             let (query, entries) = try await d.actions.audit(parameters, defaultLimit: 100)
             var page = signedInPage("Audit log", session, current: "Audit")
@@ -74,6 +76,7 @@ extension Console {
                 [
                     "name": token.name, "kind": token.kind.rawValue, "createdAt": timeText(token.createdAt), "yours": token.name == session.tokenName && token.kind == .admin,
                     "limits": limitsText(token),
+                    "access": token.role.map { $0.rawValue + (token.scope.map { " of \($0)" } ?? "") } ?? "",
                     "revoke": url("/console/tokens/revoke", [("kind", token.kind.rawValue), ("name", token.name)]),
                 ]
             }
@@ -85,12 +88,12 @@ extension Console {
         }
 
         console.get("tokens") { request, _ in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .manageTokens) else { return toSignIn(request) }
             return try await tokensPage(session)
         }
         console.post("tokens") { request, context in
             let form = try await formFields(request, context)
-            return try await asPoster(request, form, library, d) { session in
+            return try await asPoster(request, form, library, d, .manageTokens) { session in
                 let name = (form["name"] ?? "").trimmingCharacters(in: .whitespaces)
                 guard let kind = TokenKind(rawValue: form["kind"] ?? "") else {
                     return try await tokensPage(session, problem: "A token is an admin or an enrollment token.", status: .badRequest)
@@ -100,9 +103,17 @@ extension Console {
                 guard usesText.isEmpty || Int(usesText) != nil, (form["expires"] ?? "").isEmpty || expires != nil else {
                     return try await tokensPage(session, problem: "Uses is a whole number, and the expiry one of the choices.", status: .badRequest)
                 }
+                var request = TokenRequest(name: name, kind: kind, expiresInSeconds: expires, uses: Int(usesText))
+                if kind == .admin {
+                    request.role = AdminRole(rawValue: form["role"] ?? "") ?? .admin
+                    switch Self.scope(apps: form["apps"] ?? "", labels: form["labels"] ?? "") {
+                    case .success(let scope): request.scope = scope.isEverything ? nil : scope
+                    case .failure(let problem): return try await tokensPage(session, problem: problem.description, status: .badRequest)
+                    }
+                }
                 let created: TokenCreated
                 do {
-                    created = try await d.actions.createToken(name: name, kind: kind, expiresInSeconds: expires, uses: Int(usesText), by: session.tokenName)
+                    created = try await d.actions.createToken(request, by: session.caller)
                 } catch let error as ActionError {
                     return try await tokensPage(session, problem: sentence(error), status: AdminAPIError(error).status)
                 }
@@ -112,7 +123,7 @@ extension Console {
         }
         // Revoking asks first, on a page of its own: acting never depends on the page's script.
         console.get("tokens/revoke") { request, _ in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .manageTokens) else { return toSignIn(request) }
             let fields = query(request)
             let name = fields["name"] ?? ""
             guard let kind = TokenKind(rawValue: fields["kind"] ?? "") else {
@@ -138,13 +149,13 @@ extension Console {
         }
         console.post("tokens/revoke") { request, context in
             let form = try await formFields(request, context)
-            return try await asPoster(request, form, library, d) { session in
+            return try await asPoster(request, form, library, d, .manageTokens) { session in
                 let name = form["name"] ?? ""
                 guard let kind = TokenKind(rawValue: form["kind"] ?? "") else {
                     return try await tokensPage(session, problem: "A token is an admin or an enrollment token.", status: .badRequest)
                 }
                 do {
-                    try await d.actions.revokeToken(name: name, kind: kind, by: session.tokenName)
+                    try await d.actions.revokeToken(name: name, kind: kind, by: session.caller)
                 } catch let error as ActionError {
                     return try await tokensPage(session, problem: sentence(error), status: AdminAPIError(error).status)
                 }
@@ -152,6 +163,28 @@ extension Console {
                 return redirect("/console/tokens")
             }
         }
+    }
+
+    /// A scope from the token form's fields: apps separated by spaces (`oven-control@>=2.1`),
+    /// labels as `name=value` separated by spaces.
+    static func scope(apps: String, labels: String) -> Result<AccessScope, ScopeProblem> {
+        var scope = AccessScope()
+        for text in apps.split(whereSeparator: \.isWhitespace) {
+            guard let app = AppScope(parsing: String(text)) else { return .failure(ScopeProblem("“\(text)” is not an app: NAME, or NAME@>=2.1,<3.")) }
+            scope.apps.append(app)
+        }
+        for text in labels.split(whereSeparator: \.isWhitespace) {
+            let parts = text.split(separator: "=", maxSplits: 1)
+            guard parts.count == 2 else { return .failure(ScopeProblem("“\(text)” is not a label: name=value.")) }
+            scope.labels[String(parts[0])] = String(parts[1])
+        }
+        if let problem = scope.problem { return .failure(ScopeProblem(sentence(problem))) }
+        return .success(scope)
+    }
+
+    struct ScopeProblem: Error, CustomStringConvertible {
+        let description: String
+        init(_ description: String) { self.description = description }
     }
 
     /// An enrollment token's limits in words: "expires …; 3 uses left", or "none".

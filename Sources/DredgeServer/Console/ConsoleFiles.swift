@@ -25,12 +25,12 @@ extension Console {
         }
         /// The API's download answer, as the session's token, with the console's headers.
         @Sendable func serve(_ download: AdminActions.Download, _ session: ConsoleSessions.Session, _ request: Request, _ context: AdminRequestContext) async throws -> Response {
-            var response = try await AdminAPI.serve(download, request: request, context: context, actions: actions, actor: session.tokenName)
+            var response = try await AdminAPI.serve(download, request: request, context: context, actions: actions, caller: session.caller)
             for field in securityHeaders { response.headers[field.name] = field.value }  // no-store: logs stay off the browser's disk
             return response
         }
         @Sendable func listing(_ session: ConsoleSessions.Session, kind: String, id: String, _ located: [PullFiles.Located]) async throws -> Response {
-            let hosts = try await d.actions.hostnames()
+            let hosts = try await d.actions.hostnames(for: session.caller)
             var page = signedInPage("Files of \(kind) \(id.prefix(8))", session, current: kind == "pull" ? "Pulls" : "Feedback")
             page["kind"] = kind
             page["id"] = id
@@ -46,26 +46,26 @@ extension Console {
         }
 
         console.get("pulls/:id/files") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
             let pull = try id(context)
-            return try await listing(session, kind: "pull", id: pull, actions.files(ofPull: pull))
+            return try await listing(session, kind: "pull", id: pull, actions.files(ofPull: pull, for: session.caller))
         }
         console.get("feedback/:id/files") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
             let feedback = try id(context)
-            return try await listing(session, kind: "feedback", id: feedback, actions.files(ofFeedback: feedback))
+            return try await listing(session, kind: "feedback", id: feedback, actions.files(ofFeedback: feedback, for: session.caller))
         }
         console.get("pulls/:id/files/:agent/:name") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
-            return try await serve(actions.file(ofPull: id(context), agent: id(context, "agent"), name: fileName(context)), session, request, context)
+            guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
+            return try await serve(actions.file(ofPull: id(context), agent: id(context, "agent"), name: fileName(context), for: session.caller), session, request, context)
         }
         console.get("pulls/:id/zip") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
-            return try await serve(actions.wholeZip(ofPull: id(context)), session, request, context)
+            guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
+            return try await serve(actions.wholeZip(ofPull: id(context), for: session.caller), session, request, context)
         }
         console.get("feedback/:id/files/:name") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
-            return try await serve(actions.file(ofFeedback: id(context), name: fileName(context)), session, request, context)
+            guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
+            return try await serve(actions.file(ofFeedback: id(context), name: fileName(context), for: session.caller), session, request, context)
         }
     }
 

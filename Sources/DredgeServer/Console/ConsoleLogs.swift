@@ -147,7 +147,7 @@ extension Console {
 
     static func registerLogs(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         console.get("logs") { request, _ in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .searchRecords) else { return toSignIn(request) }
             let parameters = query(request)
             var page = signedInPage("Logs", session, current: "Logs")
             for name in ["uid", "pull", "feedback", "host", "app", "level", "type", "text", "where", "since", "until"] { page[name] = parameters[name] ?? "" }
@@ -163,7 +163,7 @@ extension Console {
             search.reason = nil
             let found: RecordPage
             do {
-                found = try await d.actions.search(search, by: session.tokenName)
+                found = try await d.actions.search(search, by: session.caller)
             } catch let error as ActionError where error.kind == .invalid {
                 page["problem"] = error.description
                 return html(library, "logs", page, status: .badRequest)
@@ -187,7 +187,7 @@ extension Console {
             // a typo, said with the known ones.
             if found.records.isEmpty && search.after == nil && search.before == nil && (search.types != nil || search.hosts != nil || search.apps != nil) {
                 do {
-                    let unknown = try await d.actions.vocabulary().unknown(in: search).map { sentence($0) }
+                    let unknown = try await d.actions.vocabulary(for: session.caller).unknown(in: search).map { sentence($0) }
                     if !unknown.isEmpty { page["unknown"] = unknown.joined(separator: " ") }
                 } catch {
                     // Only a hint: the page stands without it.
@@ -209,7 +209,7 @@ extension Console {
             }
             // What the whole search matches, above its pages: counts per level and host, and the
             // records over time by level, whose bars (or a drag across them) zoom the time range.
-            let stats = try await d.actions.stats(search, by: session.tokenName)
+            let stats = try await d.actions.stats(search, by: session.caller)
             page["stats"] = statsPage(stats, narrowed: narrowed)
             page["groupLink"] = narrowed(["group": grouped ? nil : "1"])
             if let next = found.next { page["next"] = link(("after", next)) }
@@ -228,7 +228,7 @@ extension Console {
         // streams are: 4 per session and 200 in all, 10 minutes, the session's end, shutdown.
         let follows = EventStreams()
         console.get("logs/follow") { request, _ in
-            guard let cookie = request.cookies[sessionCookie]?.value, let session = try await checked(request, d) else {
+            guard let cookie = request.cookies[sessionCookie]?.value, let session = try await checked(request, d, .searchRecords) else {
                 throw AdminAPIError(.unauthorized, "unauthorized", "Sign in first.")
             }
             let parameters = query(request)
@@ -249,9 +249,9 @@ extension Console {
             // State: the search, from the last record sent.
             return try await eventStream(
                 request, cookie: cookie, follows, d, every: .seconds(1), state: asked,
-                opened: { try await d.actions.searchOpened(asked, by: session.tokenName) }
+                opened: { try await d.actions.searchOpened(asked, by: session.caller) }
             ) { search in
-                let page = try await d.actions.followed(search)
+                let page = try await d.actions.followed(search, by: session.caller)
                 guard let last = page.records.last else { return .quiet }
                 let data = String(decoding: try encoder.encode(page.records.map(FollowedRecord.init)), as: UTF8.self)  // one line: JSON escapes newlines
                 search.arrivedAfter = last.id

@@ -81,15 +81,15 @@ extension Console {
 
     static func registerPulls(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         console.get("pulls") { request, _ in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .readPulls) else { return toSignIn(request) }
             var page = signedInPage("Pulls", session, current: "Pulls")
             let reason = (query(request)["reason"] ?? "").trimmingCharacters(in: .whitespaces)
             page["reason"] = reason
             page["filtered"] = !reason.isEmpty
-            let hosts = try await d.actions.hostnames()
+            let hosts = try await d.actions.hostnames(for: session.caller)
             let pulls: [PullRecord]
             do {
-                pulls = try await d.actions.pulls(limit: 100, reason: reason, disk: false)
+                pulls = try await d.actions.pulls(limit: 100, reason: reason, disk: false, for: session.caller)
             } catch let error as ActionError {
                 page["problem"] = sentence(error)
                 return html(library, "pulls", page, status: AdminAPIError(error).status)
@@ -106,7 +106,7 @@ extension Console {
             let range = form["range"] ?? "2d"
             page["ranges"] = Range.allCases.map { ["value": $0.rawValue, "label": $0.label, "checked": $0.rawValue == range] }
             page["levels"] = LogLevel.allCases.map { ["name": $0.name, "checked": form["level-\($0.name)"] != nil] }
-            page["agents"] = try await d.actions.agents().sorted { $0.hostname < $1.hostname }.map { agent -> [String: Any] in
+            page["agents"] = try await d.actions.agents(for: session.caller).sorted { $0.hostname < $1.hostname }.map { agent -> [String: Any] in
                 ["id": agent.agentID, "label": "\(agent.hostname) (\(agent.agentID.prefix(8)))\(agent.connected ? "" : ", offline")", "selected": agent.agentID == form["agent"]]
             }
             if let problem { page["problem"] = problem }
@@ -114,18 +114,18 @@ extension Console {
         }
 
         console.get("pulls/new") { request, _ in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .createPull) else { return toSignIn(request) }
             var form: [String: String] = [:]
             for (key, value) in query(request) { form[key] = value }  // a link can fill it in (`?uid=…`)
             return try await newPullPage(session, form, problem: nil, status: .ok)
         }
         console.post("pulls") { request, context in
             let form = try await formFields(request, context)
-            return try await asPoster(request, form, library, d) { session in
+            return try await asPoster(request, form, library, d, .createPull) { session in
                 let pull: PullRecord
                 do {
                     let asked = try pullRequest(form, now: .now).get()
-                    pull = try await d.actions.createPull(asked, by: session.tokenName, via: "console")
+                    pull = try await d.actions.createPull(asked, by: session.caller, via: "console")
                 } catch let error as PullRequestError {
                     return try await newPullPage(session, form, problem: sentence(error), status: .badRequest)
                 } catch let error as ActionError {
@@ -136,11 +136,11 @@ extension Console {
         }
 
         console.get("pulls/:id") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .readPulls) else { return toSignIn(request) }
             let id = try context.parameters.require("id")
             guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
-            let pull = try await d.actions.pull(id, disk: false)
-            let hosts = try await d.actions.hostnames()
+            let pull = try await d.actions.pull(id, disk: false, for: session.caller)
+            let hosts = try await d.actions.hostnames(for: session.caller)
             var page = signedInPage("Pull \(pull.id.prefix(8))", session, current: "Pulls")
             page["id"] = pull.id
             page["who"] = pull.uid.isEmpty ? "agent \(hosts[pull.agentID] ?? pull.agentID)" : "uid \(pull.uid)" + (pull.agentID.isEmpty ? "" : " on agent \(hosts[pull.agentID] ?? pull.agentID)")
@@ -165,7 +165,7 @@ extension Console {
         // Removing a pull's files asks first, on a page of its own: acting never depends on the page's script.
         @Sendable func removePage(_ session: ConsoleSessions.Session, _ pull: PullRecord, problem: String?, status: HTTPResponse.Status) async throws -> Response {
             var page = signedInPage("Remove pull \(pull.id.prefix(8))", session, current: "Pulls")
-            let hosts = try await d.actions.hostnames()
+            let hosts = try await d.actions.hostnames(for: session.caller)
             let devices = pull.targets.map { hosts[$0.agentID] ?? String($0.agentID.prefix(8)) }
             page["heading"] = "Remove the files of pull \(pull.id.prefix(8))?"
             page["question"] =
@@ -180,10 +180,10 @@ extension Console {
             return html(library, "confirm", page, status: status)
         }
         console.get("pulls/:id/remove") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
+            guard let session = try await checked(request, d, .removeResults) else { return toSignIn(request) }
             let id = try context.parameters.require("id")
             guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
-            let pull = try await d.actions.pull(id, disk: false)
+            let pull = try await d.actions.pull(id, disk: false, for: session.caller)
             if pull.removed != nil { return redirect("/console/pulls/\(pull.id)") }
             return try await removePage(session, pull, problem: nil, status: .ok)
         }
@@ -191,11 +191,11 @@ extension Console {
             let form = try await formFields(request, context)
             let id = try context.parameters.require("id")
             guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
-            return try await asPoster(request, form, library, d) { session in
+            return try await asPoster(request, form, library, d, .removeResults) { session in
                 do {
-                    _ = try await d.actions.remove(.pull, id, by: session.tokenName, reason: (form["reason"] ?? "").trimmingCharacters(in: .whitespaces))
+                    _ = try await d.actions.remove(.pull, id, by: session.caller, reason: (form["reason"] ?? "").trimmingCharacters(in: .whitespaces))
                 } catch let error as ActionError where error.kind != .notFound {
-                    return try await removePage(session, try await d.actions.pull(id, disk: false), problem: sentence(error), status: AdminAPIError(error).status)
+                    return try await removePage(session, try await d.actions.pull(id, disk: false, for: session.caller), problem: sentence(error), status: AdminAPIError(error).status)
                 }
                 return redirect("/console/pulls/\(id)")
             }
@@ -206,19 +206,19 @@ extension Console {
         // then, after ten minutes (the page opens another), or when the session ends.
         let streams = EventStreams()
         console.get("pulls/:id/events") { request, context in
-            guard let cookie = request.cookies[sessionCookie]?.value, try await checked(request, d) != nil else {
+            guard let cookie = request.cookies[sessionCookie]?.value, let session = try await checked(request, d, .readPulls) else {
                 throw AdminAPIError(.unauthorized, "unauthorized", "Sign in first.")
             }
             let id = try context.parameters.require("id")
             guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
-            _ = try await d.actions.pull(id, disk: false)
+            _ = try await d.actions.pull(id, disk: false, for: session.caller)
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys]
             // State: the last progress sent.
             return try await eventStream(request, cookie: cookie, streams, d, every: .milliseconds(500), state: "") { last in
                 let pull: PullRecord
                 do {
-                    pull = try await d.actions.pull(id, disk: false)
+                    pull = try await d.actions.pull(id, disk: false, for: session.caller)
                 } catch let error as ActionError where error.kind == .notFound {
                     return .finish(nil)
                 }
@@ -297,10 +297,10 @@ extension Console {
     /// stands; newest first.
     static func registerFeedback(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         console.get("feedback") { request, _ in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
-            let hosts = try await d.actions.hostnames()
+            guard let session = try await checked(request, d, .readFeedback) else { return toSignIn(request) }
+            let hosts = try await d.actions.hostnames(for: session.caller)
             var page = signedInPage("Feedback", session, current: "Feedback")
-            page["rows"] = try await d.actions.feedback(limit: 200, disk: false).map { f -> [String: Any] in
+            page["rows"] = try await d.actions.feedback(limit: 200, disk: false, for: session.caller).map { f -> [String: Any] in
                 var status = f.status.rawValue + (f.status == .complete ? ", \(f.records) records" : "")
                 if let removed = f.removed { status = "removed \(timeText(removed.at)) by \(removed.by)" }
                 return [

@@ -15,8 +15,8 @@ extension Console {
 
     static func registerRecords(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         console.get("records/:id") { request, context in
-            guard let session = try await checked(request, d) else { return toSignIn(request) }
-            guard let id = Int64(try context.parameters.require("id")), id > 0, let found = try await d.actions.record(id, context: contextCount, by: session.tokenName) else {
+            guard let session = try await checked(request, d, .searchRecords) else { return toSignIn(request) }
+            guard let id = Int64(try context.parameters.require("id")), id > 0, let found = try await d.actions.record(id, context: contextCount, by: session.caller) else {
                 throw AdminAPIError(.notFound, "not_found", "There is no such record (it may have been removed with its pull or feedback).")
             }
             var page = signedInPage("Record \(id)", session, current: "Logs")

@@ -7,7 +7,8 @@ import Foundation
 /// does any node of a cluster.
 ///
 /// A session is made from an admin token and lives while that token does: every request
-/// checks that the token is still there, and revoking it ends its sessions. A session also
+/// checks that the token is still there (and reads its role and scope), and revoking it ends
+/// its sessions. A session also
 /// ends when it is signed out, at its expiry (absolute, from sign-in), or when the server
 /// holds too many (the ones expiring first go). Ids are 256 random bits; the database keeps
 /// only their SHA-256 (and the token's), so a copy of it signs nobody in, and a lookup's
@@ -15,8 +16,10 @@ import Foundation
 /// from the id (an HMAC under it): nothing that could forge a form is stored either.
 public final class ConsoleSessions: Sendable {
     public struct Session: Sendable, Equatable {
-        /// The admin token's name: what the audit log records the console's actions under.
-        public var tokenName: String
+        /// Who signed in, as the token says now: its name (what the audit log records the
+        /// console's actions under), role and scope.
+        public var caller: Caller
+        public var tokenName: String { caller.name }
         /// What every form of this session carries.
         public var csrf: String
         public var expires: Date
@@ -36,18 +39,21 @@ public final class ConsoleSessions: Sendable {
         self.now = now
     }
 
-    /// A new session for a token already checked; its id goes into the cookie.
-    func open(tokenName: String, token: String) async throws -> (id: String, session: Session) {
+    /// A new session for a token already checked (``TokenVault/admin(for:now:)``); its id goes
+    /// into the cookie. It ends no later than the token does.
+    func open(_ caller: Caller, token: String) async throws -> (id: String, session: Session) {
         let id = Self.randomToken(), at = now()
-        let stored = StoredConsoleSession(key: Self.key(id), tokenName: tokenName, tokenSHA256: TokenFile.hash(token), expires: at.addingTimeInterval(lifetime))
+        let end = min(at.addingTimeInterval(lifetime), caller.expiresAt ?? .distantFuture)
+        let stored = StoredConsoleSession(key: Self.key(id), tokenName: caller.name, tokenSHA256: TokenFile.hash(token), expires: end, caller: caller)
         try await vault.openSession(stored, capacity: Self.capacity, now: at)
-        return (id, Session(tokenName: tokenName, csrf: Self.csrf(id), expires: stored.expires))
+        return (id, Session(caller: caller, csrf: Self.csrf(id), expires: stored.expires))
     }
 
-    /// The live session of a cookie's id, whose token is still there; one that ended is forgotten.
+    /// The live session of a cookie's id, whose token is still there (and has not expired),
+    /// with the token's role and scope as they are now; one that ended is forgotten.
     func session(_ id: String) async throws -> Session? {
         guard Self.isWellFormed(id), let stored = try await vault.session(key: Self.key(id), now: now()) else { return nil }
-        return Session(tokenName: stored.tokenName, csrf: Self.csrf(id), expires: stored.expires)
+        return Session(caller: stored.caller, csrf: Self.csrf(id), expires: stored.expires)
     }
 
     func close(_ id: String) async throws {

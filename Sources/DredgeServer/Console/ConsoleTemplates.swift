@@ -74,13 +74,15 @@ enum ConsoleTemplates {
         <a href="/console/pulls"{{#onPulls}} aria-current="page"{{/onPulls}}>Pulls</a>
         <a href="/console/logs"{{#onLogs}} aria-current="page"{{/onLogs}}>Logs</a>
         <a href="/console/feedback"{{#onFeedback}} aria-current="page"{{/onFeedback}}>Feedback</a>
+        {{#isAdmin}}
         <a href="/console/audit"{{#onAudit}} aria-current="page"{{/onAudit}}>Audit log</a>
         <a href="/console/tokens"{{#onTokens}} aria-current="page"{{/onTokens}}>Tokens</a>
+        {{/isAdmin}}
         </nav>
         <span class="zone">Times in {{zone}}{{#localZone}} <button type="button" data-zone="utc">Show UTC</button>{{/localZone}}{{^localZone}} <button type="button" data-zone="local" hidden>Show local time</button>{{/localZone}}</span>
         <form class="sign-out" method="post" action="/console/sign-out">
         <input type="hidden" name="csrf" value="{{csrf}}">
-        <span>{{tokenName}}</span>
+        <span title="{{accessText}}">{{tokenName}} <small>({{role}})</small></span>
         <button type="submit">Sign out</button>
         </form>
         {{/signedIn}}
@@ -105,7 +107,7 @@ enum ConsoleTemplates {
         <input id="token" name="token" type="password" autocomplete="off" required autofocus>
         <button type="submit">Sign in</button>
         </form>
-        <p class="hint">An admin token, as <code>dredge tokens create</code> or <code>dredge-server init</code> gave it. The session lasts {{lasts}}.</p>
+        <p class="hint">An admin token, as <code>dredge tokens create</code> or <code>dredge-server init</code> gave it. The session lasts {{lasts}} (no longer than the token).</p>
         {{/content}}
         {{/layout}}
         """
@@ -170,14 +172,14 @@ enum ConsoleTemplates {
         <dt>Agent</dt><dd><code>{{agentID}}</code></dd>
         {{#revokedAt}}<dt>Revoked</dt><dd class="danger">{{revokedAt}} by {{revokedBy}}: it may not connect again</dd>{{/revokedAt}}
         </dl>
-        <p class="links">{{^revokedAt}}<a class="button" href="/console/pulls/new?agent={{agentID}}">Pull this device</a> {{/revokedAt}}<a href="{{logs}}">Its logs pulled so far</a>{{^revokedAt}} <a class="danger" href="/console/agents/{{agentID}}/revoke">Revoke this device…</a>{{/revokedAt}}</p>
+        <p class="links">{{^revokedAt}}{{#mayPull}}<a class="button" href="/console/pulls/new?agent={{agentID}}">Pull this device</a> {{/mayPull}}{{/revokedAt}}<a href="{{logs}}">Its logs pulled so far</a>{{^revokedAt}}{{#isAdmin}} <a class="danger" href="/console/agents/{{agentID}}/revoke">Revoke this device…</a>{{/isAdmin}}{{/revokedAt}}</p>
         <h2>Users on this device</h2>
         <div class="table-wrap">
         <table class="cards">
         <thead><tr><th scope="col">User</th><th scope="col"></th></tr></thead>
         <tbody>
         {{#users}}
-        <tr><td data-label="User">{{uid}}</td><td data-label="" class="links"><a href="{{pull}}">Pull this user</a> <a href="{{pullHere}}">on this device only</a> <a href="{{logs}}">Their logs</a></td></tr>
+        <tr><td data-label="User">{{uid}}</td><td data-label="" class="links">{{#mayPull}}<a href="{{pull}}">Pull this user</a> <a href="{{pullHere}}">on this device only</a> {{/mayPull}}<a href="{{logs}}">Their logs</a></td></tr>
         {{/users}}
         {{^users}}<tr><td colspan="2">No user seen lately.</td></tr>{{/users}}
         </tbody>
@@ -271,12 +273,13 @@ enum ConsoleTemplates {
         {{/created}}
         <div class="table-wrap">
         <table class="cards">
-        <thead><tr><th scope="col">Name</th><th scope="col">Kind</th><th scope="col">Created</th><th scope="col">Limits</th><th scope="col"></th></tr></thead>
+        <thead><tr><th scope="col">Name</th><th scope="col">Kind</th><th scope="col">Role</th><th scope="col">Created</th><th scope="col">Limits</th><th scope="col"></th></tr></thead>
         <tbody>
         {{#rows}}
         <tr>
         <td data-label="Name">{{name}}{{#yours}} <small>(this session's)</small>{{/yours}}</td>
         <td data-label="Kind">{{kind}}</td>
+        <td data-label="Role">{{access}}</td>
         <td data-label="Created" class="nowrap">{{createdAt}}</td>
         <td data-label="Limits">{{limits}}</td>
         <td data-label=""><a class="revoke" href="{{revoke}}" aria-label="Revoke the {{kind}} token {{name}}">Revoke…</a></td>
@@ -295,7 +298,17 @@ enum ConsoleTemplates {
         <option value="admin">admin (engineers)</option>
         <option value="enrollment">enrollment (agents)</option>
         </select>
-        <label for="expires">Expires after (enrollment)</label>
+        <label for="role">Role (admin)</label>
+        <select id="role" name="role">
+        <option value="reader">reader: reads what was pulled</option>
+        <option value="investigator">investigator: also pulls</option>
+        <option value="admin">admin: everything</option>
+        </select>
+        <label for="apps">Only apps (reader, investigator)</label>
+        <input id="apps" name="apps" maxlength="1024" autocomplete="off" placeholder="oven-control@>=2.1 billing">
+        <label for="labels">Only devices labelled</label>
+        <input id="labels" name="labels" maxlength="1024" autocomplete="off" placeholder="region=eu">
+        <label for="expires">Expires after</label>
         <select id="expires" name="expires">
         <option value="">never</option>
         <option value="3600">an hour</option>
@@ -307,7 +320,7 @@ enum ConsoleTemplates {
         <input id="uses" name="uses" inputmode="numeric" pattern="[0-9]*" maxlength="7" autocomplete="off" placeholder="any number">
         <button type="submit">Create</button>
         </form>
-        <p class="hint">Names are 1 to 64 letters, digits, “-”, “_” or “.”. A revoked admin token's sessions end at once; the last admin token cannot be revoked. An enrollment token may expire and be limited to a number of agents: a device enrolling after either is refused, and agents already enrolled keep working.</p>
+        <p class="hint">Names are 1 to 64 letters, digits, “-”, “_” or “.”. An admin token has a role: a reader searches and downloads what was pulled, an investigator also pulls, an admin does everything. A reader's or investigator's scope (apps, separated by spaces, each with versions as <code>app@&gt;=2.1,&lt;3</code>; labels as <code>name=value</code>) limits it to those devices. A revoked or expired admin token's sessions end at once; the last admin token with the role admin and no expiry cannot be revoked. An enrollment token may expire and be limited to a number of agents: a device enrolling after either is refused, and agents already enrolled keep working.</p>
         {{/content}}
         {{/layout}}
         """
@@ -317,7 +330,7 @@ enum ConsoleTemplates {
         {{<layout}}
         {{$content}}
         <h1>Pulls</h1>
-        <p><a class="button" href="/console/pulls/new">New pull</a></p>
+        {{#mayPull}}<p><a class="button" href="/console/pulls/new">New pull</a></p>{{/mayPull}}
         <form class="filter" method="get" action="/console/pulls" role="search">
         <label for="reason">Reason</label>
         <input id="reason" name="reason" type="search" value="{{reason}}" maxlength="256" placeholder="e.g. SUP-1234">
@@ -402,7 +415,7 @@ enum ConsoleTemplates {
         </table>
         </div>
         {{#open}}<p class="hint" id="live">Updated as it happens.</p>{{/open}}
-        <p class="links"><a href="/console/logs?pull={{id}}">Read its logs</a> <a href="/console/pulls/{{id}}/files">Files</a>{{^removed}} <a class="danger" href="/console/pulls/{{id}}/remove">Remove its files…</a>{{/removed}}</p>
+        <p class="links"><a href="/console/logs?pull={{id}}">Read its logs</a> <a href="/console/pulls/{{id}}/files">Files</a>{{^removed}}{{#isAdmin}} <a class="danger" href="/console/pulls/{{id}}/remove">Remove its files…</a>{{/isAdmin}}{{/removed}}</p>
         {{/content}}
         {{/layout}}
         """

@@ -128,6 +128,9 @@ public struct NewPull: Sendable, Equatable {
     public var targets: [String]
     /// Why, as the requester said (empty: not said); in the audit entry.
     public var reason: String = ""
+    /// A scoped caller's pull (``PullScope``): the scope as JSON. Such a pull reaches only the
+    /// targets it was made with: no agent joins it later (``PullQueue/adopt(agent:uids:now:)``).
+    public var scope: String?
 
     public init(
         id: String, uid: String, agentID: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, wrappedKey: [UInt8], requestedBy: String,
@@ -229,7 +232,8 @@ extension NewPull {
     public var auditDetail: String {
         let whom =
             uid.isEmpty ? "of agent \(agentID)"
-            : agentID.isEmpty ? "of uid \(uid) on any device holding it" : "of uid \(uid) on agent \(agentID)"
+            : agentID.isEmpty ? (scope == nil ? "of uid \(uid) on any device holding it" : "of uid \(uid) on the devices of the requester's scope holding it")
+            : "of uid \(uid) on agent \(agentID)"
         var filter = self.filter
         filter.uid = nil  // said above
         let devices = targets.isEmpty ? "no device holds it yet" : "queued for \(targets.count) device(s): \(targets.joined(separator: ", "))"

@@ -42,12 +42,16 @@ public enum TokenError: Error, CustomStringConvertible, Equatable, Sendable {
     /// host's own command line (`local-operator`).
     public static let reservedNames: Set<String> = ["-", "local-operator"]
 
+    /// The tokens that keep a deployment administrable: admin tokens with the role admin and
+    /// no expiry (a `WHERE` clause both back ends run). One must remain.
+    static let lastingAdminSQL = "kind = 'admin' AND role = 'admin' AND expires_at IS NULL"
+
     public var description: String {
         switch self {
         case .invalidName(let name): "token name '\(name)' is not valid: 1 to 64 letters, digits, '-', '_' or '.', and not '-' or 'local-operator'"
         case .exists(let name): "a token named '\(name)' already exists"
         case .unknown(let name): "no token named '\(name)'"
-        case .lastAdmin: "refusing to revoke the last admin token: create another first"
+        case .lastAdmin: "refusing to revoke the last admin token with the role admin and no expiry: create another first"
         case .limits(let problem): problem
         }
     }

@@ -9,15 +9,17 @@ import Foundation
 /// - A name is 1 to 64 letters, digits, `-`, `_` or `.`, not one the audit log reserves
 ///   (``TokenError/reservedNames``), and unique within its kind (``TokenError/invalidName(_:)``,
 ///   ``TokenError/exists(_:)``).
-/// - A revoked token is refused at once. The last admin token cannot be revoked
-///   (``TokenError/lastAdmin``): nobody could make another.
-/// - A token is accepted only as the kind it was made for.
+/// - A revoked token is refused at once. The last admin token with the role admin and no
+///   expiry cannot be revoked (``TokenError/lastAdmin``): nobody could make another.
+/// - A token is accepted only as the kind it was made for, and not from its expiry on; an admin
+///   token with the role and scope it was made with (``Caller``), admin for tokens made before roles.
 /// - An enrollment token with an expiry is refused from then on; one with a number of uses is
 ///   refused once they are used (``useEnrollment(_:now:)`` takes one, atomically: two nodes
 ///   cannot both take the last), and a use given back (``returnEnrollmentUse(_:)``) counts again.
 public protocol TokenVault: Sendable {
-    /// The name of the admin token `token` is, or nil when it is not one.
-    func adminName(for token: String) async throws -> String?
+    /// Who the admin token `token` signs in (its name, role, scope and expiry), or nil when it
+    /// is not one or has expired at `now`.
+    func admin(for token: String, now: Date) async throws -> Caller?
     /// Whether `token` is an enrollment token that would be accepted at `now` (nothing used).
     func acceptsEnrollment(_ token: String, now: Date) async throws -> Bool
     /// Takes one use of the enrollment token `token` (if it counts them), or says why not.
@@ -27,7 +29,7 @@ public protocol TokenVault: Sendable {
     func returnEnrollmentUse(_ token: String) async throws
     /// By kind, then name.
     func list() async throws -> [TokenInfo]
-    /// Makes a token with `limits` (enrollment tokens only: ``TokenRequest/limitsProblem``);
+    /// Makes a token with `limits` (``TokenRequest/limitsProblem``);
     /// the secret is in the result, and only its hash is kept.
     func create(name: String, kind: TokenKind, limits: TokenLimits, now: Date) async throws -> TokenCreated
     func revoke(name: String, kind: TokenKind) async throws
@@ -45,14 +47,52 @@ public protocol TokenVault: Sendable {
     func closeSession(key: String) async throws
 }
 
-/// An enrollment token's limits, as kept: when it expires and how many uses it has left.
+/// A token's limits, as kept: when it expires; an enrollment token's uses left; an admin
+/// token's role and scope (#55).
 public struct TokenLimits: Sendable, Equatable {
     public var expiresAt: Date?
     public var uses: Int?
+    public var role: AdminRole
+    public var scope: AccessScope
 
-    public init(expiresAt: Date? = nil, uses: Int? = nil) {
+    public init(expiresAt: Date? = nil, uses: Int? = nil, role: AdminRole = .admin, scope: AccessScope = .everything) {
         self.expiresAt = expiresAt.map { Date(timeIntervalSince1970: $0.timeIntervalSince1970.rounded(.down)) }
         self.uses = uses
+        self.role = role
+        self.scope = scope
+    }
+
+    /// The scope as a column keeps it: JSON, or NULL for every device.
+    var scopeJSON: String? {
+        get throws {
+            guard !scope.isEverything else { return nil }
+            return String(decoding: try JSONEncoder.sorted.encode(scope), as: UTF8.self)
+        }
+    }
+
+    /// A kept scope column read back.
+    static func scope(fromJSON text: String?, token name: String) throws -> AccessScope {
+        guard let text else { return .everything }
+        do {
+            return try JSONDecoder().decode(AccessScope.self, from: Data(text.utf8))
+        } catch {
+            throw DeploymentError("the stored scope of admin token \(name) is unreadable: \(error)")
+        }
+    }
+
+    /// A kept role column read back.
+    static func role(_ text: String, token name: String) throws -> AdminRole {
+        guard let role = AdminRole(rawValue: text) else { throw DeploymentError("the stored role of admin token \(name) is unreadable: \(text)") }
+        return role
+    }
+}
+
+extension JSONEncoder {
+    /// Keys sorted: the same scope is the same text.
+    static var sorted: JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return encoder
     }
 }
 
@@ -83,10 +123,10 @@ extension TokenVault {
 
     /// How every implementation's ``session(key:now:)`` ends, given what its lookup found (the
     /// session, and whether the admin token it was opened with is still there): the session if
-    /// it lives at `now`; otherwise nil, once an ended session is forgotten.
+    /// it lives at `now` (and its token has not expired); otherwise nil, once an ended session is forgotten.
     func live(_ found: (session: StoredConsoleSession, tokenLives: Bool)?, at now: Date) async throws -> StoredConsoleSession? {
         guard let (session, tokenLives) = found else { return nil }
-        guard tokenLives, session.expires > now else {
+        guard tokenLives, session.expires > now, (session.caller.expiresAt.map { $0 > now } ?? true) else {
             try await closeSession(key: session.key)
             return nil
         }
@@ -96,6 +136,7 @@ extension TokenVault {
 
 /// A web console session as the database keeps it: nothing that signs anyone in. The cookie's
 /// id is kept as its SHA-256 only, and the token as its SHA-256, as the token table keeps it.
+/// Read back, it carries its token's role, scope and expiry (``caller``), read with it.
 public struct StoredConsoleSession: Sendable, Equatable {
     /// Lowercase hex SHA-256 of the session cookie's id.
     public var key: String
@@ -105,8 +146,13 @@ public struct StoredConsoleSession: Sendable, Equatable {
     /// Seconds since 1970, whole milliseconds (what both back ends keep exactly).
     public var expires: Date
 
-    public init(key: String, tokenName: String, tokenSHA256: String, expires: Date) {
+    /// Who the session signs in, as its token says (not kept with the session: read from the
+    /// token on every lookup).
+    public var caller: Caller
+
+    public init(key: String, tokenName: String, tokenSHA256: String, expires: Date, caller: Caller? = nil) {
         self.key = key
+        self.caller = caller ?? Caller(name: tokenName, role: .admin)
         self.tokenName = tokenName
         self.tokenSHA256 = tokenSHA256
         self.expires = Date(timeIntervalSince1970: (expires.timeIntervalSince1970 * 1_000).rounded(.down) / 1_000)
@@ -127,7 +173,10 @@ struct NewToken: Sendable {
     let created: TokenCreated
 
     init(name: String, kind: TokenKind, limits: TokenLimits = TokenLimits(), now: Date) throws {
-        if kind == .admin, limits != TokenLimits() { throw TokenError.limits("only enrollment tokens expire or have a number of uses") }
+        if kind == .admin, limits.uses != nil { throw TokenError.limits("only enrollment tokens have a number of uses") }
+        if kind == .enrollment, limits.role != .admin || !limits.scope.isEverything { throw TokenError.limits("only admin tokens have a role or a scope") }
+        if limits.role == .admin, !limits.scope.isEverything { throw TokenError.limits("an admin has no scope") }
+        if let problem = limits.scope.problem { throw TokenError.limits(problem) }
         if let uses = limits.uses, !TokenRequest.usesRange.contains(uses) { throw TokenError.limits("uses must be 1 to 1,000,000") }
         self.limits = limits
         guard !name.isEmpty, name.count <= 64, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }),
@@ -141,6 +190,9 @@ struct NewToken: Sendable {
         sha256 = TokenFile.hash(token)
         createdAt = now.timeIntervalSince1970
         created = TokenCreated(
-            info: TokenInfo(name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt), expiresAt: limits.expiresAt, usesLeft: limits.uses), token: token)
+            info: TokenInfo(
+                name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt), expiresAt: limits.expiresAt, usesLeft: limits.uses, role: limits.role,
+                scope: limits.scope),
+            token: token)
     }
 }

@@ -20,6 +20,20 @@ public enum PullRequestError: Error, CustomStringConvertible, Equatable, Sendabl
     }
 }
 
+/// A scoped caller's pull (#55): the caller's scope, and the agents in it now. Its targets are
+/// those agents only: an agent outside is no agent, and by uid only the scope's holders are
+/// reached; no agent joins it later (whether a device that comes to hold the uid is in the
+/// scope would have to be decided where its heartbeat lands).
+public struct PullScope: Sendable {
+    public let scope: AccessScope
+    public let agents: Set<String>
+
+    public init(scope: AccessScope, agents: Set<String>) {
+        self.scope = scope
+        self.agents = agents
+    }
+}
+
 /// The longest a pull may wait for an offline agent.
 public let maximumPullLifetime: Duration = .seconds(7 * 86_400)
 
@@ -38,7 +52,7 @@ extension PullQueue {
     /// enrolled: no agent is ever unenrolled) is not looked up in the registry; its public key
     /// is read while the pull is stored, for its delivery.
     public func create(
-        _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, logger: Logger, now: Timestamp = .now,
+        _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, scope: PullScope? = nil, logger: Logger, now: Timestamp = .now,
         isConnected: (String) -> Bool = { _ in false }, wake: ([String], FreshPull?) -> Void = { _, _ in }
     ) async throws -> PullRecord {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
@@ -57,6 +71,7 @@ extension PullQueue {
 
         let agents: [String]
         var connected: String?
+        if let agent, let scope, !scope.agents.contains(agent) { throw PullRequestError.unknownAgent(agent) }
         if let agent {
             // A revoked agent is enrolled still (its key is kept) but is never sent a pull.
             if try await registry.isRevoked(agent) { throw PullRequestError.invalid("agent \(agent) was revoked") }
@@ -66,18 +81,22 @@ extension PullQueue {
                 guard try await registry.isEnrolled(agent) else { throw PullRequestError.unknownAgent(agent) }
             }
             agents = [agent]
+        } else if let scope {
+            agents = try await registry.agentIDs(withUID: uid ?? "").filter(scope.agents.contains)
+            guard !agents.isEmpty else { throw PullRequestError.invalid("no device of \(requestedBy)'s scope holds uid \(uid ?? "")") }
         } else {
             agents = try await registry.agentIDs(withUID: uid ?? "")
         }
         var pull = try issuer.newPull(
             uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
         pull.reason = request.reason ?? ""
+        pull.scope = try scope.map { String(decoding: try JSONEncoder.sorted.encode($0.scope), as: UTF8.self) }
         // The delivery's one read, made while the pull is written instead of after.
         async let keys = Self.keysForDelivery(of: connected, registry: registry, logger: logger)
         try await create(pull)
         let agentKeys = await keys
         wake(agents, FreshPull(StoredPull(pull), agentKeys: agentKeys))
-        if let uid, agent == nil {
+        if let uid, agent == nil, scope == nil {
             // An agent whose heartbeat added the uid between the lookup above and the pull's
             // creation found no pull to join: join it now (the heartbeat writes the registry,
             // then adopts; this writes the pull, then reads the registry, so one of them sees

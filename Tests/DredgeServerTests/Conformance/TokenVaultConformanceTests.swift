@@ -17,12 +17,12 @@ import Testing
         let enroll = try await tokens.create(name: "fleet", kind: .enrollment, now: Self.t0)
         #expect(admin.token.hasPrefix("dredge_adm_") && enroll.token.hasPrefix("dredge_enr_") && admin.token != enroll.token)
         #expect(admin.info == TokenInfo(name: "alice", kind: .admin, createdAt: Self.t0))
-        #expect(try await tokens.adminName(for: admin.token) == "alice")
-        #expect(try await tokens.adminName(for: enroll.token) == nil)
+        #expect(try await tokens.admin(for: admin.token, now: Date())?.name == "alice")
+        #expect(try await tokens.admin(for: enroll.token, now: Date())?.name == nil)
         #expect(try await tokens.acceptsEnrollment(enroll.token))
         #expect(try await !tokens.acceptsEnrollment(admin.token))
-        #expect(try await tokens.adminName(for: admin.token + "0") == nil)
-        #expect(try await tokens.adminName(for: "") == nil)
+        #expect(try await tokens.admin(for: admin.token + "0", now: Date())?.name == nil)
+        #expect(try await tokens.admin(for: "", now: Date())?.name == nil)
 
         // The same name may be used once per kind.
         _ = try await tokens.create(name: "alice", kind: .enrollment, now: Self.t0)
@@ -35,7 +35,7 @@ import Testing
         await #expect(throws: TokenError.unknown("fleet")) { try await tokens.revoke(name: "fleet", kind: .enrollment) }
         // Revoking one kind's token leaves the other kind's of the same name.
         try await tokens.revoke(name: "alice", kind: .enrollment)
-        #expect(try await tokens.adminName(for: admin.token) == "alice")
+        #expect(try await tokens.admin(for: admin.token, now: Date())?.name == "alice")
     }
 
     /// An enrollment token may expire and have a number of uses: each enrollment takes one,
@@ -93,10 +93,10 @@ import Testing
         let first = try await tokens.create(name: "first", kind: .admin, now: Self.t0)
         let second = try await tokens.create(name: "second", kind: .admin, now: Self.t0)
         try await tokens.revoke(name: "first", kind: .admin)
-        #expect(try await tokens.adminName(for: first.token) == nil)
+        #expect(try await tokens.admin(for: first.token, now: Date())?.name == nil)
         await #expect(throws: TokenError.lastAdmin) { try await tokens.revoke(name: "second", kind: .admin) }
         // Refused, and nothing changed.
-        #expect(try await tokens.adminName(for: second.token) == "second")
+        #expect(try await tokens.admin(for: second.token, now: Date())?.name == "second")
         #expect(try await tokens.list().map(\.name) == ["second"])
     }
 

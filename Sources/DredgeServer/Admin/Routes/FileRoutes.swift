@@ -1,32 +1,32 @@
 import DredgeAdminAPI
 import Hummingbird
 
-/// The files of pulls and feedback (``AdminActions/files(ofPull:)`` and the rest): listed, and
+/// The files of pulls and feedback (``AdminActions/files(ofPull:for:)`` and the rest): listed, and
 /// each served with ranges, ETag and `Repr-Digest`
-/// (``AdminAPI/serve(_:request:context:actions:actor:)``), every download audited; a pull's
+/// (``AdminAPI/serve(_:request:context:actions:caller:)``), every download audited; a pull's
 /// files also as one zip.
 enum FileRoutes {
     static func collection(_ actions: AdminActions) -> RouteCollection<AdminRequestContext> {
         let routes = RouteCollection(context: AdminRequestContext.self)
         @Sendable func serve(_ download: AdminActions.Download, _ request: Request, _ context: AdminRequestContext) async throws -> Response {
-            try await AdminAPI.serve(download, request: request, context: context, actions: actions, actor: context.tokenName ?? "?")
+            try await AdminAPI.serve(download, request: request, context: context, actions: actions, caller: context.signedIn)
         }
         routes.get("pulls/:id/files") { _, context in
-            try AdminAPI.json(try await actions.files(ofPull: context.parameters.require("id")).map(\.file))
+            try AdminAPI.json(try await actions.files(ofPull: context.parameters.require("id"), for: context.signedIn).map(\.file))
         }
         routes.get("pulls/:id/files/:agent/:name") { request, context in
             let p = context.parameters
-            return try await serve(actions.file(ofPull: p.require("id"), agent: p.require("agent"), name: p.require("name")), request, context)
+            return try await serve(actions.file(ofPull: p.require("id"), agent: p.require("agent"), name: p.require("name"), for: context.signedIn), request, context)
         }
         routes.get("pulls/:id/zip") { request, context in
-            try await serve(actions.wholeZip(ofPull: context.parameters.require("id")), request, context)
+            try await serve(actions.wholeZip(ofPull: context.parameters.require("id"), for: context.signedIn), request, context)
         }
         routes.get("feedback/:id/files") { _, context in
-            try AdminAPI.json(try await actions.files(ofFeedback: context.parameters.require("id")).map(\.file))
+            try AdminAPI.json(try await actions.files(ofFeedback: context.parameters.require("id"), for: context.signedIn).map(\.file))
         }
         routes.get("feedback/:id/files/:name") { request, context in
             let p = context.parameters
-            return try await serve(actions.file(ofFeedback: p.require("id"), name: p.require("name")), request, context)
+            return try await serve(actions.file(ofFeedback: p.require("id"), name: p.require("name"), for: context.signedIn), request, context)
         }
         return routes
     }

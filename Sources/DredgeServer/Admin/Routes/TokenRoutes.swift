@@ -8,14 +8,12 @@ enum TokenRoutes {
         routes.get { _, _ in try AdminAPI.json(await actions.tokens()) }
         routes.post { request, context in
             let body = try await AdminAPI.decode(TokenRequest.self, from: request)
-            return try AdminAPI.json(
-                try await actions.createToken(name: body.name, kind: body.kind, expiresInSeconds: body.expiresInSeconds, uses: body.uses, by: context.tokenName ?? "?"),
-                status: .created)
+            return try AdminAPI.json(try await actions.createToken(body, by: context.signedIn), status: .created)
         }
         routes.delete(":kind/:name") { _, context in
             let name = try context.parameters.require("name")
             guard let kind = TokenKind(rawValue: try context.parameters.require("kind")) else { throw ActionError(.notFound, "token kinds are admin and enrollment") }
-            try await actions.revokeToken(name: name, kind: kind, by: context.tokenName ?? "?")
+            try await actions.revokeToken(name: name, kind: kind, by: context.signedIn)
             return try AdminAPI.json(await actions.tokens())
         }
         return routes

@@ -45,9 +45,9 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
             try await Self.auditTransaction(c)
             try await c.run(
                 """
-                INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, reason, created_at)
+                INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, reason, created_at, scope)
                 VALUES (\(pull.id), \(pull.uid), \(pull.agentID), \(filterJSON.storable), \(pull.issuedAt.microseconds), \(pull.expiresAt.microseconds),
-                    \(ByteBuffer(bytes: pull.wrappedKey)), \(pull.requestedBy), \(pull.reason.storable), \(now))
+                    \(ByteBuffer(bytes: pull.wrappedKey)), \(pull.requestedBy), \(pull.reason.storable), \(now), \(pull.scope?.storable))
                 """)
             try await c.run(
                 """
@@ -260,7 +260,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         let open = try await db.read { c in
             try await c.rows(
                 """
-                SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > \(now.microseconds) AND uid <> '' AND removed_at IS NULL
+                SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > \(now.microseconds) AND uid <> '' AND removed_at IS NULL AND scope IS NULL
                 AND NOT EXISTS (SELECT 1 FROM pull_target t WHERE t.pull_id = pull.id AND t.agent_id = \(agent))
                 ORDER BY created_at, seq
                 """

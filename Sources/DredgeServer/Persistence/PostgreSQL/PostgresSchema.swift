@@ -306,6 +306,21 @@ enum PostgresSchema {
                 "ALTER TABLE audit ADD COLUMN hash bytea",
             ]
         ),
+        (
+            "token-roles-v1",
+            [
+                // Admin tokens with a role and a scope (#55); the ones before were admins.
+                "ALTER TABLE token ADD COLUMN role text NOT NULL DEFAULT 'admin'",
+                "ALTER TABLE token ADD COLUMN scope text",
+            ]
+        ),
+        (
+            "pull-scope-v1",
+            [
+                // A scoped caller's pull (#55): its scope, and no agent joins it later.
+                "ALTER TABLE pull ADD COLUMN scope text",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

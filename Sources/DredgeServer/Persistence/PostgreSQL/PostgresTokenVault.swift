@@ -9,12 +9,14 @@ public final class PostgresTokenVault: TokenVault, Sendable {
 
     public init(_ database: PostgresDatabase) { db = database }
 
-    private func name(of token: String, kind: TokenKind) async throws -> String? {
+    public func admin(for token: String, now: Date) async throws -> Caller? {
         let hash = TokenFile.hash(token)
-        return try await db.read { try await $0.value("SELECT name FROM token WHERE sha256 = \(hash) AND kind = \(kind.rawValue)", as: String.self) }
+        guard let row = try await db.read({ try await $0.rows("SELECT name, role, scope, expires_at FROM token WHERE sha256 = \(hash) AND kind = 'admin'").first }) else {
+            return nil
+        }
+        let (name, role, scope, expiresAt) = try row.decode((String, String, String?, Double?).self)
+        return try Caller.stored(name: name, role: role, scope: scope, expiresAt: expiresAt, now: now)
     }
-
-    public func adminName(for token: String) async throws -> String? { try await name(of: token, kind: .admin) }
 
     /// The enrollment token's name, expiry and uses left (`lock`: its row held to the transaction's end).
     private static func enrollment(_ token: String, lock: Bool, on c: PostgresConnection) async throws -> (name: String, expiresAt: Double?, usesLeft: Int?)? {
@@ -55,24 +57,24 @@ public final class PostgresTokenVault: TokenVault, Sendable {
 
     public func list() async throws -> [TokenInfo] {
         try await db.read { c in
-            try await c.rows("SELECT kind, name, created_at, expires_at, uses_left FROM token ORDER BY kind, name").map { row in
-                let (kindName, name, createdAt, expiresAt, usesLeft) = try row.decode((String, String, Double, Double?, Int32?).self)
+            try await c.rows("SELECT kind, name, created_at, expires_at, uses_left, role, scope FROM token ORDER BY kind, name").map { row in
+                let (kindName, name, createdAt, expiresAt, usesLeft, role, scope) = try row.decode((String, String, Double, Double?, Int32?, String, String?).self)
                 guard let kind = TokenKind(rawValue: kindName) else { throw DeploymentError("the stored kind of token \(name) is unreadable: \(kindName)") }
                 return TokenInfo(
                     name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt), expiresAt: expiresAt.map(Date.init(timeIntervalSince1970:)),
-                    usesLeft: usesLeft.map(Int.init))
+                    usesLeft: usesLeft.map(Int.init), role: try TokenLimits.role(role, token: name), scope: try TokenLimits.scope(fromJSON: scope, token: name))
             }
         }
     }
 
     public func create(name: String, kind: TokenKind, limits: TokenLimits, now: Date) async throws -> TokenCreated {
         let row = try NewToken(name: name, kind: kind, limits: limits, now: now)
-        let (expiresAt, uses) = (row.limits.expiresAt?.timeIntervalSince1970, row.limits.uses.map(Int32.init))
+        let (expiresAt, uses, role, scope) = (row.limits.expiresAt?.timeIntervalSince1970, row.limits.uses.map(Int32.init), row.limits.role.rawValue, try row.limits.scopeJSON)
         let inserted = try await db.write { c in
             try await c.run(
                 """
-                INSERT INTO token (kind, name, sha256, created_at, expires_at, uses_left)
-                VALUES (\(row.kind.rawValue), \(row.name), \(row.sha256), \(row.createdAt), \(expiresAt), \(uses))
+                INSERT INTO token (kind, name, sha256, created_at, expires_at, uses_left, role, scope)
+                VALUES (\(row.kind.rawValue), \(row.name), \(row.sha256), \(row.createdAt), \(expiresAt), \(uses), \(role), \(scope))
                 ON CONFLICT (kind, name) DO NOTHING RETURNING 1
                 """)
         }
@@ -95,17 +97,19 @@ public final class PostgresTokenVault: TokenVault, Sendable {
         }
     }
 
-    /// Revokes a token at once, and ends its console sessions. The last admin token cannot go: the admin rows are locked first,
-    /// so two nodes revoking the last two at once cannot both succeed.
+    /// Revokes a token at once, and ends its console sessions. The last admin token with the
+    /// role admin and no expiry cannot go: the admin rows are locked first, so two nodes
+    /// revoking the last two at once cannot both succeed.
     public func revoke(name: String, kind: TokenKind) async throws {
         // A name no token can have (PostgreSQL's text cannot even hold a NUL) is unknown.
         guard !name.contains("\u{0}") else { throw TokenError.unknown(name) }
         try await db.write { c in
-            let admins = try await c.rows("SELECT name FROM token WHERE kind = \(TokenKind.admin.rawValue) FOR UPDATE").count
+            try await c.run("SELECT name FROM token WHERE kind = \(TokenKind.admin.rawValue) FOR UPDATE")
             // Its console sessions end with it.
             try await c.run("DELETE FROM console_session WHERE token_sha256 IN (SELECT sha256 FROM token WHERE kind = \(kind.rawValue) AND name = \(name))")
             guard try await c.run("DELETE FROM token WHERE kind = \(kind.rawValue) AND name = \(name) RETURNING 1") > 0 else { throw TokenError.unknown(name) }
-            if kind == .admin, admins <= 1 { throw TokenError.lastAdmin }
+            let lasting = try await c.value(PostgresQuery(unsafeSQL: "SELECT count(*) FROM token WHERE \(TokenError.lastingAdminSQL)"), as: Int64.self) ?? 0
+            if kind == .admin, lasting == 0 { throw TokenError.lastAdmin }
         }
     }
 
@@ -135,12 +139,13 @@ public final class PostgresTokenVault: TokenVault, Sendable {
         let found = try await db.read { c -> (StoredConsoleSession, Bool)? in
             try await c.rows(
                 """
-                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL FROM console_session s
+                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL, t.role, t.scope, t.expires_at FROM console_session s
                 LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' AND t.name = s.token_name WHERE s.key = \(key)
                 """
             ).first.map { row in
-                let (name, sha256, expires, lives) = try row.decode((String, String, Double, Bool).self)
-                return (StoredConsoleSession(key: key, tokenName: name, tokenSHA256: sha256, expires: Date(timeIntervalSince1970: expires)), lives)
+                let (name, sha256, expires, lives, role, scope, tokenExpires) = try row.decode((String, String, Double, Bool, String?, String?, Double?).self)
+                let caller = lives ? try Caller.stored(name: name, role: role, scope: scope, expiresAt: tokenExpires, now: nil) : nil
+                return (StoredConsoleSession(key: key, tokenName: name, tokenSHA256: sha256, expires: Date(timeIntervalSince1970: expires), caller: caller), lives)
             }
         }
         return try await live(found, at: now)

@@ -82,6 +82,8 @@ struct PullRow: ServerRecord {
     var removedAt: Double?
     var removedBy: String?
     var removedReason: String?
+    /// A scoped caller's pull: its scope as JSON (no agent joins it later); nil otherwise.
+    var scope: String?
 }
 
 extension Removal {
@@ -171,9 +173,12 @@ struct TokenRow: ServerRecord {
     /// Lowercase hex SHA-256 of the token; the token itself is never stored.
     var sha256: String
     var createdAt: Double
-    /// An enrollment token's expiry (seconds since 1970) and uses left; nil: none.
+    /// A token's expiry (seconds since 1970) and an enrollment token's uses left; nil: none.
     var expiresAt: Double?
     var usesLeft: Int?
+    /// An admin token's role (`admin` for an enrollment token, unread) and scope as JSON (nil: every device).
+    var role: String = AdminRole.admin.rawValue
+    var scope: String?
 }
 
 // MARK: Statements kept prepared

@@ -104,7 +104,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
         let open = try await db.read { db in
             try prepared(
                 """
-                SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > ? AND uid != '' AND removed_at IS NULL
+                SELECT id, uid FROM pull WHERE agent_id = '' AND expires_at > ? AND uid != '' AND removed_at IS NULL AND scope IS NULL
                 AND NOT EXISTS (SELECT 1 FROM pull_target t WHERE t.pull_id = pull.id AND t.agent_id = ?)
                 ORDER BY created_at, id
                 """,
@@ -139,7 +139,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
         try await db.write { db in
             try PullRow(
                 id: pull.id, uid: pull.uid, agentId: pull.agentID, filter: filterJSON, issuedAt: pull.issuedAt.microseconds, expiresAt: pull.expiresAt.microseconds,
-                wrappedKey: Data(pull.wrappedKey), requestedBy: pull.requestedBy, reason: pull.reason, createdAt: now
+                wrappedKey: Data(pull.wrappedKey), requestedBy: pull.requestedBy, reason: pull.reason, createdAt: now, scope: pull.scope
             ).insert(db)
             for agent in pull.targets {
                 try PullTargetRow(pullId: pull.id, agentId: agent, status: Status.queued.rawValue, updatedAt: now).insert(db)

@@ -39,15 +39,21 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
         migrator.registerMigration("tokens-v2-limits") { db in
             try db.execute(sql: "ALTER TABLE token ADD COLUMN expires_at REAL; ALTER TABLE token ADD COLUMN uses_left INTEGER")
         }
+        // Admin tokens with a role and a scope (#55); the ones before were admins.
+        migrator.registerMigration("tokens-v3-roles") { db in
+            try db.execute(sql: "ALTER TABLE token ADD COLUMN role TEXT NOT NULL DEFAULT 'admin'; ALTER TABLE token ADD COLUMN scope TEXT")
+        }
     }
 
-    private func name(of token: String, kind: TokenKind) async throws -> String? {
+    public func admin(for token: String, now: Date) async throws -> Caller? {
         let hash = TokenFile.hash(token)
-        // Every admin request and enrollment asks: a statement kept prepared.
-        return try await db.read { try prepared("SELECT name FROM token WHERE sha256 = ? AND kind = ?", [hash, kind.rawValue], as: String.self).fetchOne($0) }
+        // Every admin request asks: a statement kept prepared.
+        let row = try await db.read {
+            try prepared("SELECT name, role, scope, expires_at FROM token WHERE sha256 = ? AND kind = 'admin'", [hash], as: Row.self).fetchOne($0)
+        }
+        guard let row else { return nil }
+        return try Caller.stored(name: row[0], role: row[1], scope: row[2], expiresAt: row[3], now: now)
     }
-
-    public func adminName(for token: String) async throws -> String? { try await name(of: token, kind: .admin) }
 
     /// The enrollment token's name, expiry and uses left.
     private static func enrollment(_ token: String, in db: Database) throws -> (name: String, expiresAt: Double?, usesLeft: Int?)? {
@@ -86,7 +92,7 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
                 guard let kind = TokenKind(rawValue: row.kind) else { throw DeploymentError("the stored kind of token \(row.name) is unreadable: \(row.kind)") }
                 return TokenInfo(
                     name: row.name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt), expiresAt: row.expiresAt.map(Date.init(timeIntervalSince1970:)),
-                    usesLeft: row.usesLeft)
+                    usesLeft: row.usesLeft, role: try TokenLimits.role(row.role, token: row.name), scope: try TokenLimits.scope(fromJSON: row.scope, token: row.name))
             }
         }
     }
@@ -108,17 +114,17 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
         guard try !TokenRow.exists(db, key: ["kind": new.kind.rawValue, "name": new.name]) else { throw TokenError.exists(new.name) }
         try TokenRow(
             kind: new.kind.rawValue, name: new.name, sha256: new.sha256, createdAt: new.createdAt, expiresAt: new.limits.expiresAt?.timeIntervalSince1970,
-            usesLeft: new.limits.uses
+            usesLeft: new.limits.uses, role: new.limits.role.rawValue, scope: try new.limits.scopeJSON
         ).insert(db)
     }
 
-    /// Revokes a token at once, and ends its console sessions. The last admin token cannot go:
-    /// nobody could make another.
+    /// Revokes a token at once, and ends its console sessions. The last admin token with the
+    /// role admin and no expiry cannot go: nobody could make another.
     public func revoke(name: String, kind: TokenKind) async throws {
         try await db.write { db in
             try db.execute(sql: "DELETE FROM console_session WHERE token_sha256 IN (SELECT sha256 FROM token WHERE kind = ? AND name = ?)", arguments: [kind.rawValue, name])
             guard try TokenRow.deleteOne(db, key: ["kind": kind.rawValue, "name": name]) else { throw TokenError.unknown(name) }
-            if kind == .admin, try TokenRow.filter(Column("kind") == TokenKind.admin.rawValue).fetchCount(db) == 0 { throw TokenError.lastAdmin }
+            if kind == .admin, try Int.fetchOne(db, sql: "SELECT count(*) FROM token WHERE \(TokenError.lastingAdminSQL)") == 0 { throw TokenError.lastAdmin }
         }
     }
 
@@ -142,11 +148,13 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
         let found = try await db.read { db -> (StoredConsoleSession, Bool)? in
             try prepared(
                 """
-                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL FROM console_session s
+                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL, t.role, t.scope, t.expires_at FROM console_session s
                 LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' AND t.name = s.token_name WHERE s.key = ?
                 """, [key], as: Row.self
             ).fetchOne(db).map { row in
-                (StoredConsoleSession(key: key, tokenName: row[0], tokenSHA256: row[1], expires: Date(timeIntervalSince1970: row[2])), row[3] as Bool)
+                let lives: Bool = row[3]
+                let caller = lives ? try Caller.stored(name: row[0], role: row[4], scope: row[5], expiresAt: row[6], now: nil) : nil
+                return (StoredConsoleSession(key: key, tokenName: row[0], tokenSHA256: row[1], expires: Date(timeIntervalSince1970: row[2]), caller: caller), lives)
             }
         }
         return try await live(found, at: now)

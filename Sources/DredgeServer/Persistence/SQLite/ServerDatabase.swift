@@ -120,6 +120,10 @@ public final class ServerDatabase: Sendable {
             try db.execute(sql: "ALTER TABLE audit ADD COLUMN hash BLOB")
             try AuditRow.chainExisting(db)
         }
+        // A scoped caller's pull keeps its scope, and no agent joins it later (#55).
+        migrator.registerMigration("pulls-v6-scope") { db in
+            try db.execute(sql: "ALTER TABLE pull ADD COLUMN scope TEXT")
+        }
         return migrator
     }
 }

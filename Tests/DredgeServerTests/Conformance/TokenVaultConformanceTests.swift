@@ -100,6 +100,44 @@ import Testing
         #expect(try await tokens.list().map(\.name) == ["second"])
     }
 
+    /// An admin token keeps the role and scope it was made with (admin, everything, unless
+    /// told), read back by every check, listed, and carried by its console sessions; it is
+    /// refused from its expiry on. Only a lasting admin (role admin, no expiry) keeps the last
+    /// place: readers, investigators and admins that expire do not count.
+    @Test(arguments: PersistenceBackend.all)
+    func adminTokensKeepTheirRoleScopeAndExpiry(_ backend: PersistenceBackend) async throws {
+        let tokens = try await backend.tokens(dir)
+        let scope = AccessScope(apps: [AppScope(name: "oven-control", versions: [.init(.atLeast, "2.1")])], labels: ["region": "eu"])
+        let root = try await tokens.create(name: "root", kind: .admin, now: Self.t0)
+        let olga = try await tokens.create(name: "olga", kind: .admin, limits: TokenLimits(role: .investigator, scope: scope), now: Self.t0)
+        let end = Self.t0.addingTimeInterval(3600)
+        let temp = try await tokens.create(name: "temp", kind: .admin, limits: TokenLimits(expiresAt: end, role: .admin), now: Self.t0)
+        #expect(try await tokens.admin(for: root.token, now: Self.t0) == Caller(name: "root", role: .admin))
+        #expect(try await tokens.admin(for: olga.token, now: Self.t0) == Caller(name: "olga", role: .investigator, scope: scope))
+        #expect(try await tokens.admin(for: temp.token, now: end.addingTimeInterval(-1)) == Caller(name: "temp", role: .admin, expiresAt: end))
+        #expect(try await tokens.admin(for: temp.token, now: end) == nil, "refused from its expiry on")
+        let listed = try await tokens.list()
+        #expect(listed.map(\.role) == [.investigator, .admin, .admin] && listed.first?.scope == scope && listed.last?.expiresAt == end)
+        #expect(olga.info.role == .investigator && olga.info.scope == scope)
+
+        // Its sessions carry its role and scope, read from the token.
+        let session = StoredConsoleSession(key: String(repeating: "a", count: 64), tokenName: "olga", tokenSHA256: TokenFile.hash(olga.token), expires: Self.t0.addingTimeInterval(60))
+        try await tokens.openSession(session, capacity: 10, now: Self.t0)
+        #expect(try await tokens.session(key: session.key, now: Self.t0)?.caller == Caller(name: "olga", role: .investigator, scope: scope))
+
+        // A scope on an admin, a role on an enrollment token, a bad scope: refused.
+        await #expect(throws: TokenError.self) { try await tokens.create(name: "x", kind: .admin, limits: TokenLimits(role: .admin, scope: scope), now: Self.t0) }
+        await #expect(throws: TokenError.self) { try await tokens.create(name: "y", kind: .enrollment, limits: TokenLimits(role: .reader), now: Self.t0) }
+        await #expect(throws: TokenError.self) {
+            try await tokens.create(name: "z", kind: .admin, limits: TokenLimits(role: .reader, scope: AccessScope(labels: ["": "x"])), now: Self.t0)
+        }
+        // root is the last lasting admin: the investigator and the admin that expires do not count.
+        await #expect(throws: TokenError.lastAdmin) { try await tokens.revoke(name: "root", kind: .admin) }
+        try await tokens.revoke(name: "temp", kind: .admin)
+        try await tokens.revoke(name: "olga", kind: .admin)
+        #expect(try await tokens.list().map(\.name) == ["root"])
+    }
+
     /// Console sessions are kept with the tokens: found again by a vault opened anew on the same
     /// database (a restart, another node), until they expire, are closed, or their token is
     /// revoked; over the capacity, the ones expiring first go.

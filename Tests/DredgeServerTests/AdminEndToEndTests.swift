@@ -112,6 +112,19 @@ import Testing
         let created = try d.dredge(["tokens", "create", "--name", "alice"], server: admin)
         #expect(created.status == 0, "\(created.output)")
         let alice = try #require(created.output.split(separator: "\n").first { $0.hasPrefix("dredge_adm_") }).description
+
+        // A reader (#55): says who it is, and may not pull (exit 77, saying which role it needs).
+        let reader = try d.dredge(["tokens", "create", "--name", "rita", "--role", "reader", "--label", "region=eu", "--expires-in", "1d"], server: admin)
+        #expect(reader.status == 0, "\(reader.output)")
+        let rita = try #require(reader.output.split(separator: "\n").first { $0.hasPrefix("dredge_adm_") }).description
+        let whoami = try d.dredge(["whoami"], server: admin, token: rita)
+        #expect(whoami.status == 0 && whoami.output.contains("rita  reader") && whoami.output.contains("scope    label region=eu"), "\(whoami.output)")
+        #expect(!whoami.output.contains("expires  never"), "\(whoami.output)")
+        let refusedPull = try d.dredge(["pull", "--uid", "u-1"], server: admin, token: rita)
+        #expect(refusedPull.status == 77 && refusedPull.output.contains("needs the role investigator; rita is reader"), "\(refusedPull.output)")
+        let scopedAdmin = try d.dredge(["tokens", "create", "--name", "x", "--role", "admin", "--app", "oven"], server: admin)
+        #expect(scopedAdmin.status == 64 && scopedAdmin.output.contains("an admin has no scope"), "\(scopedAdmin.output)")
+        #expect(try d.dredge(["tokens"], server: admin).output.contains("rita  reader of label region=eu"))
         #expect(try d.dredge(["tokens", "revoke", "--name", "admin"], server: admin, token: alice).status == 0)
         #expect(try d.dredge(["agents"], server: admin).output.contains("refused the admin token"))
         let last = try d.dredge(["tokens", "revoke", "--name", "alice"], server: admin, token: alice)

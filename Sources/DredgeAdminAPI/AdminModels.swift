@@ -170,11 +170,19 @@ public struct PullRecord: Sendable, Equatable, Codable {
     /// Bytes its files take on the server's disk (the per-day files, manifests and zips), as
     /// the admin API measured when it answered; nil when not measured.
     public var diskBytes: Int64?
+    /// On a deployment that requires a second person's approval (#55): who approved and when,
+    /// or nothing yet (the pull waits, sent to no device, until approved or expired). Nil when
+    /// the pull needed no approval.
+    public var approval: PullApproval?
+
+    /// Made under required approvals and not approved yet: no device has been sent it.
+    public var isAwaitingApproval: Bool { approval.map { $0.approvedAt == nil } ?? false }
 
     public init(
         id: String, uid: String, agentID: String, filter: LogFilter?, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, reason: String? = nil,
-        targets: [PullTarget], removed: Removal? = nil, diskBytes: Int64? = nil
+        targets: [PullTarget], removed: Removal? = nil, diskBytes: Int64? = nil, approval: PullApproval? = nil
     ) {
+        self.approval = approval
         self.id = id
         self.uid = uid
         self.agentID = agentID
@@ -194,6 +202,17 @@ public struct PullRecord: Sendable, Equatable, Codable {
 
     public func isFinished(at now: Timestamp) -> Bool {
         targets.isEmpty ? expiresAt <= now : targets.allSatisfy { $0.status.isFinal }
+    }
+}
+
+/// A pull's approval by a second person (#55): by whom and when; both nil while it waits.
+public struct PullApproval: Sendable, Equatable, Codable {
+    public var approvedBy: String?
+    public var approvedAt: Date?
+
+    public init(approvedBy: String? = nil, approvedAt: Date? = nil) {
+        self.approvedBy = approvedBy
+        self.approvedAt = approvedAt
     }
 }
 

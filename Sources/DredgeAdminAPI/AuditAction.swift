@@ -4,6 +4,8 @@
 public enum AuditAction: String, Sendable, CaseIterable, Codable {
     /// A pull made (API, console or `dredge-server pull`).
     case pull
+    /// A pull approved by a second person (#55): the approver, the requester and the reason.
+    case pullApprove = "pull.approve"
     case pullDownload = "pull.download"
     case pullRemove = "pull.remove"
     case feedbackDownload = "feedback.download"

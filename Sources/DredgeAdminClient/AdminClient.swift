@@ -207,6 +207,11 @@ public struct AdminClient: Sendable {
         try await call("POST", "/v1/tokens", body: request)
     }
 
+    /// Approves a pull that awaits a second person's approval (#55).
+    public func approvePull(_ id: String) async throws -> PullRecord {
+        try await call("POST", "/v1/pulls/\(try Self.pathComponent(id))/approve", body: Empty())
+    }
+
     /// Who this client's token signs in: its name, role, scope and expiry (a server before
     /// roles answers 404: every token was an admin there).
     public func whoami() async throws -> CallerInfo {

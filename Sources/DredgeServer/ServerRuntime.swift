@@ -127,7 +127,7 @@ public enum ServerRuntime {
         let adminServices = AdminServices(
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher,
             records: stores.records, indexer: indexer, files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
-            metrics: metrics, logger: logger)
+            metrics: metrics, approvals: deployment.config.approvals ?? ApprovalSettings(), logger: logger)
         let adminPort = options.adminPort ?? deployment.config.adminPort
         for sampler in [
             listener.connectionSampler, indexer.lagSampler(into: metrics), ServerMetrics.diskSampler(dir, into: metrics), stores.sampler(into: metrics),

@@ -114,18 +114,27 @@ struct PullCommand: AsyncParsableCommand {
     @Option(help: "Minutes the pull may wait for an offline agent before it expires (a delivered pull that then goes quiet expires 15 minutes later).")
     var expiresIn = 60
 
+    @Option(help: "Why (a ticket, say): kept with the pull and in the audit log; required where pulls are approved (approvals.required).")
+    var reason: String?
+
     func validate() throws {
         guard (1...7 * 24 * 60).contains(expiresIn) else { throw ValidationError("--expires-in must be between 1 and \(7 * 24 * 60) minutes") }
     }
 
     func run() async throws {
         let filter = try selection.filter()
-        let stores = try await ServerPersistence.open(try LoadedDeployment(directory: data), database: database)
+        let deployment = try LoadedDeployment(directory: data)
+        let approval = deployment.config.approvals?.isRequired ?? false
+        if approval, (reason ?? "").trimmingCharacters(in: .whitespaces).isEmpty {
+            throw fail("this deployment requires a reason with each pull (--reason), for the person who approves it")
+        }
+        let stores = try await ServerPersistence.open(deployment, database: database)
         do {
             let pull = try await stores.pulls.create(
-                PullRequest(uid: selection.uid, agent: agent, filter: filter, expiresInSeconds: expiresIn * 60), registry: stores.registry,
-                issuer: stores.issuer, requestedBy: "local-operator", logger: Logger(label: "dredge.server"))
+                PullRequest(uid: selection.uid, agent: agent, filter: filter, expiresInSeconds: expiresIn * 60, reason: reason), registry: stores.registry,
+                issuer: stores.issuer, requestedBy: "local-operator", approvalRequired: approval, logger: Logger(label: "dredge.server"))
             print(pull.id)
+            if approval { FileHandle.standardError.write(Data("awaiting approval: an investigator or admin approves it with dredge approve \(pull.id)\n".utf8)) }
             if pull.targets.isEmpty {
                 FileHandle.standardError.write(Data("no agent holds uid \(pull.uid) yet; the pull waits for one until it expires\n".utf8))
             }

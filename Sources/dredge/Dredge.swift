@@ -17,7 +17,7 @@ struct Dredge: AsyncParsableCommand {
             DREDGE_TOKEN and DREDGE_CA) override it.
             """,
         version: DredgeVersion.current,
-        subcommands: [LoginCommand.self, LogoutCommand.self, WhoAmICommand.self, AgentsCommand.self, PullCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FetchCommand.self, RemoveCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
+        subcommands: [LoginCommand.self, LogoutCommand.self, WhoAmICommand.self, AgentsCommand.self, PullCommand.self, ApproveCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, FetchCommand.self, RemoveCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
 
     static func main() async {
         Mistyped.exitIfMistyped(Self.self)
@@ -209,6 +209,10 @@ struct PullCommand: AsyncParsableCommand {
 
     /// What was queued, on one line: a pull by uid that no agent holds yet waits for one.
     static func queued(_ pull: PullRecord) -> String {
+        if pull.isAwaitingApproval {
+            return "pull \(pull.id) awaits approval: no device is sent it until an investigator or admin other than \(pull.requestedBy) runs "
+                + "`dredge approve \(pull.id.prefix(8))` (or presses Approve on its console page), before \(Format.time(pull.expiresAt.date))"
+        }
         if pull.targets.isEmpty {
             return "queued pull \(pull.id): no agent holds uid \(pull.uid) yet; the pull waits for one until \(Format.time(pull.expiresAt.date))"
         }
@@ -266,6 +270,10 @@ struct PullsCommand: AsyncParsableCommand {
                 continue
             }
             let disk = p.diskBytes.map { "  [\(Format.bytes($0))]" } ?? ""
+            if p.isAwaitingApproval && p.expiresAt > .now && status == nil {
+                lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)\(why)  uid=\(p.uid.isEmpty ? "-" : p.uid)  awaiting approval"))
+                continue
+            }
             if p.targets.isEmpty && status == nil {
                 let state = p.isFinished ? "expired (no agent held the uid)" : "waiting for an agent that holds the uid (until \(Format.time(p.expiresAt.date)))"
                 lines.append((p.issuedAt, "\(p.id)  \(Format.time(p.issuedAt.date))  by \(p.requestedBy)\(why)  uid=\(p.uid)  \(state)"))
@@ -316,6 +324,15 @@ struct ShowCommand: AsyncParsableCommand {
             print("pull \(record.id)")
             print("  requested by \(record.requestedBy) at \(Format.time(record.issuedAt.date)), expires \(Format.time(record.expiresAt.date))")
             if let reason = record.reason { print("  reason: \(Terminal.field(reason))") }
+            if let approval = record.approval {
+                if let by = approval.approvedBy, let at = approval.approvedAt {
+                    print("  approved by \(by) at \(Format.time(at))")
+                } else {
+                    print(record.expiresAt > .now && record.removed == nil
+                        ? "  awaiting approval: no device is sent it until another investigator or admin runs `dredge approve \(record.id.prefix(8))`"
+                        : "  never approved: it expired unapproved")
+                }
+            }
             print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   device: \(record.agentID.isEmpty ? "(every one that holds the uid until it expires)" : devices.name(record.agentID))")
             print("  filter: \(record.filter.map(Format.filter) ?? "(unreadable on the server; the pull is failed)")")
             if let removed = record.removed {
@@ -584,6 +601,27 @@ extension TokensCommand {
 
 extension TokenKind: ExpressibleByArgument {}
 extension AdminRole: ExpressibleByArgument {}
+
+struct ApproveCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "approve", abstract: "Approve a pull that awaits a second person's approval: its devices are then sent it.",
+        discussion: """
+            On a deployment that requires approvals (approvals.required), a pull carries a reason and waits,
+            sent to no device, until an investigator or admin other than the one who asked approves it;
+            unapproved, it expires. The audit log records who asked, who approved and why (pull.approve).
+            """)
+    @OptionGroup var server: ServerOptions
+    @Argument(help: "The pull id, or its first 4 or more characters.") var pull: String
+    @Flag(help: "JSON output.") var json = false
+
+    func run() async throws {
+        let client = try server.client()
+        let id = try await client.resolvePull(pull)
+        let approved = try await calling { try await client.approvePull(id) }
+        if json { return try printJSON(approved) }
+        print("approved pull \(approved.id) (asked by \(approved.requestedBy)\(approved.reason.map { ", reason: \(Terminal.field($0))" } ?? "")); its \(approved.targets.count) device(s) are sent it now")
+    }
+}
 
 struct WhoAmICommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

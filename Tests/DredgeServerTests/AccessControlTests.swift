@@ -149,6 +149,65 @@ import Testing
         }
     }
 
+    /// Approvals (#55): a pull needs a reason, waits sent to no device, and goes out once an
+    /// investigator or admin other than the requester approves it (through the API or the
+    /// console's button); a reader cannot approve, nor can the requester, nor anyone twice.
+    @Test func aPullWaitsForASecondPersonsApproval() async throws {
+        let fixture = Fixture()
+        let fleet = try await Fleet(fixture)
+        let ivan = try await Self.token(fixture, "ivan", .investigator)
+        let rita = try await Self.token(fixture, "rita", .reader)
+        let olga = try await Self.token(fixture, "olga", .investigator, scope: AccessScope(apps: [AppScope(name: "oven-control")]))
+        try await fixture.test(approvals: ApprovalSettings(required: true)) { browser in
+            let asIvan = AdminRouteTests.Client(client: browser.client, token: ivan)
+            let unexplained = try await asIvan.post("/v1/pulls", PullRequest(uid: "u-1", agent: nil, filter: .all))
+            #expect(unexplained.status == .badRequest && unexplained.code == "reason_required")
+            let made = try await asIvan.post("/v1/pulls", PullRequest(uid: "u-1", agent: nil, filter: .all, reason: "SUP-77"))
+            #expect(made.status == .created)
+            let pull = try made.decode(PullRecord.self)
+            #expect(pull.isAwaitingApproval && pull.targets.count == 2)
+            for agent in [fleet.oven, fleet.screen] {
+                #expect(try await fixture.admin.pulls.deliverable(for: agent, includingUnanswered: true, now: .now).isEmpty, "sent to nobody yet")
+            }
+            let own = try await asIvan.call(.post, "/v1/pulls/\(pull.id)/approve", json: Data("{}".utf8))
+            #expect(own.status == .forbidden && own.code == "own_request")
+            let reader = try await AdminRouteTests.Client(client: browser.client, token: rita).call(.post, "/v1/pulls/\(pull.id)/approve", json: Data("{}".utf8))
+            #expect(reader.status == .forbidden && reader.code == "forbidden")
+
+            // The console shows it waiting, and offers another person the button.
+            _ = try await browser.signIn(olga)
+            let page = try await browser.get("/console/pulls/\(pull.id)")
+            #expect(page.body.contains("awaiting approval") && page.body.contains(#"action="/console/pulls/\#(pull.id)/approve""#))
+            #expect(try await browser.get("/console/pulls").body.contains("awaiting approval"))
+            let approved = try await browser.post("/console/pulls/\(pull.id)/approve", ["csrf": page.csrf ?? ""])
+            #expect(approved.status == .seeOther)
+            let after = try await browser.get("/console/pulls/\(pull.id)")
+            #expect(after.body.contains("Approved</dt><dd>by olga") && !after.body.contains(#"/approve""#))
+            for agent in [fleet.oven, fleet.screen] {
+                #expect(try await fixture.admin.pulls.deliverable(for: agent, includingUnanswered: true, now: .now).map(\.id) == [pull.id], "sent once approved")
+            }
+            let twice = try await AdminRouteTests.Client(client: browser.client, token: fixture.admin.created.adminToken).call(
+                .post, "/v1/pulls/\(pull.id)/approve", json: Data("{}".utf8))
+            #expect(twice.status == .conflict)
+            #expect(try twice.decode(APIErrorBody.self).error.contains("approved already, by olga"))
+        }
+        let approvals = try await fixture.audit("pull.approve")
+        #expect(approvals.map(\.actor) == ["olga"] && approvals.first?.detail.contains("requested by ivan; reason \"SUP-77\"") == true)
+
+        // One left unapproved past its expiry cannot be approved.
+        var stale = try fixture.admin.issuer.newPull(
+            uid: "u-1", agentID: "", filter: LogFilter(uid: "u-1"), targets: [fleet.oven], lifetime: .seconds(1), requestedBy: "ivan", now: Timestamp(Date().addingTimeInterval(-60)))
+        stale.approvalRequired = true
+        try await fixture.admin.pulls.create(stale)
+        let staleID = stale.id
+        try await fixture.test(approvals: ApprovalSettings(required: true)) { browser in
+            let late = try await AdminRouteTests.Client(client: browser.client, token: fixture.admin.created.adminToken).call(
+                .post, "/v1/pulls/\(staleID)/approve", json: Data("{}".utf8))
+            #expect(late.status == .conflict)
+            #expect(try late.decode(APIErrorBody.self).error.contains("expired unapproved"))
+        }
+    }
+
     /// A scope by label, and a version range: only devices whose labels hold every one, and
     /// whose app's version is within it.
     @Test func scopesMatchLabelsAndVersionRanges() {

@@ -93,14 +93,17 @@ import Testing
         /// instead of the fixture's (one opened anew on its database: a restarted server).
         /// `cookies`: what the browser holds at first. Returns the cookies it holds at the end.
         @discardableResult
-        func test(tokens: (any TokenVault)? = nil, cookies: [String: String] = [:], _ body: @Sendable (inout Browser) async throws -> Void) async throws -> [String: String] {
+        func test(
+            tokens: (any TokenVault)? = nil, cookies: [String: String] = [:], approvals: ApprovalSettings = ApprovalSettings(),
+            _ body: @Sendable (inout Browser) async throws -> Void
+        ) async throws -> [String: String] {
             let logger = Logger(label: "test.console") { _ in SwiftLogNoOpLogHandler() }
             let clock = clock
             let a = admin
             let services = AdminServices(
                 registry: a.registry, pulls: a.pulls, audit: a.pulls, issuer: a.issuer, feedback: a.feedback, tokens: tokens ?? a.tokens,
                 dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), records: records,
-                files: PullFiles(paths: DataDirectory(a.data), pulls: a.pulls, feedback: a.feedback), results: a.results, logger: logger)
+                files: PullFiles(paths: DataDirectory(a.data), pulls: a.pulls, feedback: a.feedback), results: a.results, approvals: approvals, logger: logger)
             let app = try AdminAPI.application(
                 actions: AdminActions(services), consoleSessions: ConsoleSessions(vault: services.tokens, lifetime: 3600, now: { clock.now() }), port: 0)
             return try await app.test(.router) { client in

@@ -776,6 +776,7 @@ final class HeldFailures: Sendable {
         }
         func agentsWithQueuedPulls() async throws -> Set<String> { try await base.agentsWithQueuedPulls() }
         func adopt(agent: String, uids: Set<String>, now: Timestamp) async throws -> [String] { try await base.adopt(agent: agent, uids: uids, now: now) }
+        func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord? { try await base.approve(pullID, by: approver, now: now) }
         func markRemoved(_ pullID: String, by actor: String, reason: String, at: Date) async throws -> RemovalMark? {
             try await base.markRemoved(pullID, by: actor, reason: reason, at: at)
         }

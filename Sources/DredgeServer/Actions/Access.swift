@@ -44,6 +44,7 @@ public enum AdminOperation: String, Sendable, CaseIterable {
     case whoami = "say who you are"
     // Asking devices for logs, within the scope.
     case createPull = "make a pull"
+    case approvePull = "approve a pull"
     // Running the deployment.
     case revokeAgent = "revoke an agent"
     case removeResults = "remove results"
@@ -54,7 +55,7 @@ public enum AdminOperation: String, Sendable, CaseIterable {
     public var leastRole: AdminRole {
         switch self {
         case .listAgents, .readPulls, .readFeedback, .searchRecords, .readFiles, .whoami: .reader
-        case .createPull: .investigator
+        case .createPull, .approvePull: .investigator
         case .revokeAgent, .removeResults, .readAudit, .manageTokens: .admin
         }
     }
@@ -84,6 +85,15 @@ extension AdminActions {
         guard !caller.scope.isEverything else { return nil }
         return Set(try await services.registry.agents().filter(caller.admits).map(\.agentID))
     }
+}
+
+/// Whether pulls of user logs need a second person's approval (#55; `approvals.required`).
+public struct ApprovalSettings: Codable, Sendable, Equatable {
+    public var required: Bool?
+
+    public init(required: Bool? = nil) { self.required = required }
+
+    public var isRequired: Bool { required ?? false }
 }
 
 extension RecordPage {

@@ -47,8 +47,13 @@ public final class AdminActions: Sendable {
         let pull: PullRecord
         do {
             let scope = try await scopedAgents(caller).map { PullScope(scope: caller.scope, agents: $0) }
+            let approval = s.approvals.isRequired
+            if approval, (request.reason ?? "").trimmingCharacters(in: .whitespaces).isEmpty {
+                throw ActionError(.invalid, "this deployment requires a reason (a ticket, say) with each pull, for the person who approves it", code: "reason_required")
+            }
             pull = try await s.pulls.create(
-                request, registry: s.registry, issuer: s.issuer, requestedBy: caller.name, scope: scope, logger: s.logger, isConnected: s.dispatcher.isConnected
+                request, registry: s.registry, issuer: s.issuer, requestedBy: caller.name, scope: scope, approvalRequired: approval, logger: s.logger,
+                isConnected: s.dispatcher.isConnected
             ) {
                 s.dispatcher.wake($0, with: $1)
             }
@@ -60,6 +65,29 @@ public final class AdminActions: Sendable {
         }
         logger.info("pull queued", metadata: ["pull.id": "\(pull.id)", "by": "\(pull.requestedBy)", "targets": "\(pull.targets.count)", "via": "\(surface)"])
         return pull
+    }
+
+    /// Approves a pull that waits for a second person (#55): the approver may be any
+    /// investigator or admin whose scope reaches the pull, except the one who asked. Its
+    /// devices are then sent it. Refusals: not found (or outside the scope), not waiting
+    /// (approved already, removed, expired: a conflict), one's own pull (forbidden).
+    public func approvePull(_ id: String, by caller: Caller) async throws -> PullRecord {
+        let pull = try await self.pull(id, disk: false, for: caller)
+        guard let approval = pull.approval else { throw ActionError(.conflict, "pull \(pull.id) needs no approval") }
+        if let by = approval.approvedBy, let at = approval.approvedAt {
+            throw ActionError(.conflict, "pull \(pull.id) was approved already, by \(by) at \(Timestamp(at).rfc3339)")
+        }
+        guard pull.requestedBy != caller.name else {
+            throw ActionError(.forbidden, "\(caller.name) asked for pull \(pull.id): another person approves it", code: "own_request")
+        }
+        guard pull.removed == nil else { throw ActionError(.conflict, "pull \(pull.id) was removed") }
+        guard pull.expiresAt > .now else { throw ActionError(.conflict, "pull \(pull.id) expired unapproved") }
+        guard let approved = try await services.pulls.approve(pull.id, by: caller.name, now: .now) else {
+            throw ActionError(.conflict, "pull \(pull.id) no longer waits for approval (approved, removed or expired meanwhile)")
+        }
+        services.dispatcher.wake(approved.targets.map(\.agentID), with: nil)
+        logger.notice("pull approved", metadata: ["pull.id": "\(pull.id)", "by": "\(caller.name)", "requested by": "\(pull.requestedBy)"])
+        return try await scopedAgents(caller).flatMap { Self.pull(approved, within: $0) } ?? approved
     }
 
     /// Removes a pull's or a feedback's results (files and index rows); the record stays.

@@ -22,14 +22,17 @@ public struct AdminServices: Sendable {
     public let results: ResultsKeeper?
     /// Where searches are timed (`GET /metrics`); nil: not measured.
     public let metrics: ServerMetrics?
+    /// Whether pulls wait for a second person's approval (``ApprovalSettings``).
+    public let approvals: ApprovalSettings
     public let logger: Logger
 
     public init(
         registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
         dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil, results: ResultsKeeper? = nil,
-        metrics: ServerMetrics? = nil, logger: Logger
+        metrics: ServerMetrics? = nil, approvals: ApprovalSettings = ApprovalSettings(), logger: Logger
     ) {
         self.metrics = metrics
+        self.approvals = approvals
         self.registry = registry
         self.pulls = pulls
         self.audit = audit

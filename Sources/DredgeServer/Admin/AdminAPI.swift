@@ -112,6 +112,7 @@ public enum AdminAPI {
         "GET /v1/pulls": .readPulls,
         "GET /v1/pulls/{id}": .readPulls,
         "POST /v1/pulls": .createPull,
+        "POST /v1/pulls/{id}/approve": .approvePull,
         "DELETE /v1/pulls/{id}": .removeResults,
         "GET /v1/pulls/{id}/files": .readFiles,
         "GET /v1/pulls/{id}/files/{agent}/{name}": .readFiles,

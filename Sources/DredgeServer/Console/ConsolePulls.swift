@@ -75,7 +75,8 @@ extension Console {
         return [
             "id": pull.id, "shortID": String(pull.id.prefix(8)), "issuedAt": timeText(pull.issuedAt.date), "by": pull.requestedBy,
             "who": pull.uid.isEmpty ? "agent \(hosts[pull.agentID] ?? String(pull.agentID.prefix(8)))" : "uid \(pull.uid)", "reason": pull.reason ?? "",
-            "status": pull.removed != nil ? "removed" : counts.isEmpty ? "waiting for an agent" : counts.joined(separator: ", "),
+            "status": pull.removed != nil
+                ? "removed" : pull.isAwaitingApproval && pull.expiresAt > .now ? "awaiting approval" : counts.isEmpty ? "waiting for an agent" : counts.joined(separator: ", "),
         ]
     }
 
@@ -150,6 +151,17 @@ extension Console {
             page["issuedAt"] = timeText(pull.issuedAt.date)
             page["expiresAt"] = timeText(pull.expiresAt.date)
             if let removed = pull.removed { page["removed"] = "removed \(timeText(removed.at)) by \(removed.by)" + (removed.reason.isEmpty ? "" : " (\(removed.reason))") }
+            if let approval = pull.approval {
+                if let by = approval.approvedBy, let at = approval.approvedAt {
+                    page["approved"] = "by \(by), \(timeText(at))"
+                } else if pull.removed == nil, pull.expiresAt > .now {
+                    page["awaiting"] = true
+                    // Another investigator or admin approves it: the one who asked is not offered the button.
+                    page["mayApprove"] = session.caller.role >= AdminOperation.approvePull.leastRole && session.caller.name != pull.requestedBy ? true : nil
+                } else {
+                    page["approved"] = "never: it expired unapproved"
+                }
+            }
             page["targets"] = pull.targets.map { target -> [String: Any] in
                 let progress = TargetProgress(target)
                 return [
@@ -160,6 +172,17 @@ extension Console {
             page["waiting"] = pull.targets.isEmpty ? true : nil
             page["open"] = pull.isFinished ? nil : true
             return html(library, "pull", page)
+        }
+
+        // Approving is one button on the pull's page (its facts are the question); audited as pull.approve.
+        console.post("pulls/:id/approve") { request, context in
+            let form = try await formFields(request, context)
+            let id = try context.parameters.require("id")
+            guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such pull.") }
+            return try await asPoster(request, form, library, d, .approvePull) { session in
+                _ = try await d.actions.approvePull(id, by: session.caller)
+                return redirect("/console/pulls/\(id)")
+            }
         }
 
         // Removing a pull's files asks first, on a page of its own: acting never depends on the page's script.

@@ -400,6 +400,8 @@ enum ConsoleTemplates {
         <dt>Filter</dt><dd>{{filter}}</dd>
         <dt>Asked by</dt><dd>{{by}}, {{issuedAt}}</dd>
         {{#reason}}<dt>Reason</dt><dd>{{reason}}</dd>{{/reason}}
+        {{#approved}}<dt>Approved</dt><dd>{{approved}}</dd>{{/approved}}
+        {{#awaiting}}<dt>Approved</dt><dd><strong>Not yet: awaiting approval</strong> by an investigator or admin other than {{by}}; no device is sent it until then.</dd>{{/awaiting}}
         <dt>Waits until</dt><dd>{{expiresAt}}</dd>
         {{#removed}}<dt>Removed</dt><dd>{{removed}}</dd>{{/removed}}
         </dl>
@@ -414,6 +416,12 @@ enum ConsoleTemplates {
         </tbody>
         </table>
         </div>
+        {{#mayApprove}}
+        <form class="approve" method="post" action="/console/pulls/{{id}}/approve">
+        <input type="hidden" name="csrf" value="{{csrf}}">
+        <button type="submit">Approve this pull</button>
+        </form>
+        {{/mayApprove}}
         {{#open}}<p class="hint" id="live">Updated as it happens.</p>{{/open}}
         <p class="links"><a href="/console/logs?pull={{id}}">Read its logs</a> <a href="/console/pulls/{{id}}/files">Files</a>{{^removed}}{{#isAdmin}} <a class="danger" href="/console/pulls/{{id}}/remove">Remove its files…</a>{{/isAdmin}}{{/removed}}</p>
         {{/content}}

@@ -127,6 +127,11 @@ public enum ServerConfiguration {
             Key(
                 "audit.syslog", .string, default: nil, absent: "none", example: "/dev/log",
                 "The local syslog socket each audit entry written after the start is also sent to (one JSON line, authpriv.notice).") { $0.audit?.syslog },
+            Key(
+                "approvals.required", .boolean, default: false, example: true,
+                "Each pull of user logs carries a reason and waits, sent to no device, until an investigator or admin other than the one who asked approves it (`dredge approve`); unapproved, it expires.") {
+                $0.approvals?.required ?? false
+            },
         ]
     }()
 

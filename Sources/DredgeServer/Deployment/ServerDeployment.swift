@@ -121,6 +121,8 @@ public enum ServerDeployment {
         public var metrics: MetricsSettings?
         /// Where audit entries are copied outside the database; nowhere when absent.
         public var audit: AuditShippingSettings?
+        /// Whether pulls wait for a second person's approval; not when absent.
+        public var approvals: ApprovalSettings?
     }
 
     /// What `initialize` makes.

@@ -59,6 +59,12 @@ public protocol PullQueue: Sendable {
     func expireStalled(now: Date, listeningSince: Date, deadlines: PullTargetLife.Deadlines) async throws -> Int
     /// Agents with a queued pull.
     func agentsWithQueuedPulls() async throws -> Set<String>
+    /// Approves a pull that waits for a second person's approval (#55): records who and when
+    /// and the `pull.approve` audit entry (naming the requester and the reason) in one
+    /// transaction, after which its targets are deliverable (on PostgreSQL every node is told to
+    /// wake them). Nil when it does not wait: no such pull, no approval needed, approved
+    /// already, removed, or expired at `now`. Who may approve is the caller's rule.
+    func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord?
     /// Queues for `agent` every pull by uid alone (no agent named) that has not expired at
     /// `now`, whose uid is one of `uids`, and that does not target `agent` yet: an agent that
     /// came to hold the uid after the pull was made. Returns those pulls' ids.
@@ -131,6 +137,9 @@ public struct NewPull: Sendable, Equatable {
     /// A scoped caller's pull (``PullScope``): the scope as JSON. Such a pull reaches only the
     /// targets it was made with: no agent joins it later (``PullQueue/adopt(agent:uids:now:)``).
     public var scope: String?
+    /// It waits for a second person's approval (``PullQueue/approve(_:by:now:)``) before any
+    /// device is sent it.
+    public var approvalRequired = false
 
     public init(
         id: String, uid: String, agentID: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, wrappedKey: [UInt8], requestedBy: String,
@@ -238,6 +247,7 @@ extension NewPull {
         filter.uid = nil  // said above
         let devices = targets.isEmpty ? "no device holds it yet" : "queued for \(targets.count) device(s): \(targets.joined(separator: ", "))"
         return "pull \(id) \(whom), \(filter.summary(time: \.rfc3339)); \(devices)" + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)")
+            + (approvalRequired ? "; awaiting approval" : "")
     }
 }
 
@@ -292,4 +302,10 @@ enum FeedbackRows {
 extension AuditLog {
     public func audit(limit: Int = 1000) async throws -> [AuditEntry] { try await audit(AuditQuery(limit: limit)) }
     public func record(actor: String, action: String, detail: String) async throws { try await record(actor: actor, action: action, detail: detail, at: Date()) }
+}
+
+/// The `pull.approve` audit entry's detail: the pull, whom it is for, who asked and why.
+func approvalDetail(pull id: String, uid: String, agent: String, requestedBy: String, reason: String) -> String {
+    let whom = uid.isEmpty ? "of agent \(agent)" : agent.isEmpty ? "of uid \(uid)" : "of uid \(uid) on agent \(agent)"
+    return "pull \(id) \(whom) requested by \(requestedBy)" + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)")
 }

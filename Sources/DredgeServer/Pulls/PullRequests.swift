@@ -52,7 +52,8 @@ extension PullQueue {
     /// enrolled: no agent is ever unenrolled) is not looked up in the registry; its public key
     /// is read while the pull is stored, for its delivery.
     public func create(
-        _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, scope: PullScope? = nil, logger: Logger, now: Timestamp = .now,
+        _ request: PullRequest, registry: any AgentDirectory, issuer: CommandIssuer, requestedBy: String, scope: PullScope? = nil, approvalRequired: Bool = false,
+        logger: Logger, now: Timestamp = .now,
         isConnected: (String) -> Bool = { _ in false }, wake: ([String], FreshPull?) -> Void = { _, _ in }
     ) async throws -> PullRecord {
         let uid = request.uid.flatMap { $0.isEmpty ? nil : $0 }
@@ -91,11 +92,13 @@ extension PullQueue {
             uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
         pull.reason = request.reason ?? ""
         pull.scope = try scope.map { String(decoding: try JSONEncoder.sorted.encode($0.scope), as: UTF8.self) }
+        pull.approvalRequired = approvalRequired
         // The delivery's one read, made while the pull is written instead of after.
         async let keys = Self.keysForDelivery(of: connected, registry: registry, logger: logger)
         try await create(pull)
         let agentKeys = await keys
-        wake(agents, FreshPull(StoredPull(pull), agentKeys: agentKeys))
+        // One that waits for approval is sent to nobody yet (``approve(_:by:now:)`` wakes them).
+        if !approvalRequired { wake(agents, FreshPull(StoredPull(pull), agentKeys: agentKeys)) }
         if let uid, agent == nil, scope == nil {
             // An agent whose heartbeat added the uid between the lookup above and the pull's
             // creation found no pull to join: join it now (the heartbeat writes the registry,

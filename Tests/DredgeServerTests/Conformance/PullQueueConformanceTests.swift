@@ -51,6 +51,48 @@ import Testing
         await #expect(throws: UnreadablePull.self) { try await queue.storedPull(String(repeating: "0", count: 32)) }
     }
 
+    /// A pull that waits for approval (#55) is deliverable to nobody until approved; approval
+    /// happens once (whoever asks second is told nil), is audited with the requester and the
+    /// reason, and is refused for a pull that needs none, is removed, or has expired.
+    @Test(arguments: Backend.all)
+    func aPullAwaitingApprovalGoesOutOnlyOnceApproved(_ backend: Backend) async throws {
+        let queue = try await backend.pulls(dir)
+        var waiting = try Self.newPull(targets: ["a", "b"])
+        waiting.approvalRequired = true
+        waiting.reason = "TICKET-9"
+        let plain = try Self.newPull(targets: ["a"])
+        try await queue.create(waiting)
+        try await queue.create(plain)
+        #expect(try await queue.pull(waiting.id, now: Self.base)?.approval == PullApproval())
+        #expect(try await queue.pull(plain.id, now: Self.base)?.approval == nil)
+        #expect(try await queue.deliverable(for: "a", includingUnanswered: true, now: Self.base).map(\.id) == [plain.id])
+        #expect(try await queue.deliverable(for: "b", includingUnanswered: true, now: Self.base).isEmpty)
+        #expect(try await queue.approve(plain.id, by: "bob", now: Self.base) == nil, "it needs no approval")
+
+        let approved = try #require(try await queue.approve(waiting.id, by: "bob", now: Self.base.adding(.seconds(5))))
+        #expect(approved.approval?.approvedBy == "bob" && approved.approval?.approvedAt == Self.base.adding(.seconds(5)).date)
+        #expect(approved.isAwaitingApproval == false)
+        #expect(try await queue.approve(waiting.id, by: "carol", now: Self.base) == nil, "approved once")
+        #expect(Set(try await queue.deliverable(for: "a", includingUnanswered: true, now: Self.base).map(\.id)) == [plain.id, waiting.id])
+        #expect(try await queue.deliverable(for: "b", includingUnanswered: true, now: Self.base).map(\.id) == [waiting.id])
+        let entries = try await queue.audit(AuditQuery(action: "pull.approve"))
+        #expect(entries.map(\.actor) == ["bob"])
+        #expect(entries.first?.detail == "pull \(waiting.id) of uid u-1 requested by alice; reason \"TICKET-9\"")
+        #expect(try await queue.audit(AuditQuery(action: "pull")).contains { $0.detail.hasSuffix("; awaiting approval") && $0.detail.contains(waiting.id) })
+
+        // Expired or removed, it can no longer be approved, and is never sent.
+        var late = try Self.newPull(targets: ["a"], lifetime: .seconds(60))
+        late.approvalRequired = true
+        try await queue.create(late)
+        #expect(try await queue.approve(late.id, by: "bob", now: Self.base.adding(.seconds(60))) == nil)
+        var removed = try Self.newPull(targets: ["a"])
+        removed.approvalRequired = true
+        try await queue.create(removed)
+        _ = try await queue.markRemoved(removed.id, by: "admin", reason: "", at: Self.base.date)
+        #expect(try await queue.approve(removed.id, by: "bob", now: Self.base) == nil)
+        #expect(try await queue.verifyChain().broken == nil)
+    }
+
     /// A pull whose stored filter does not read back is never a wider filter: it shows with
     /// no filter, ``PullQueue/storedPull(_:)`` throws, and ``PullQueue/deliverable(for:includingUnanswered:now:)``
     /// lists it with its ``UnreadablePull`` beside the agent's readable pulls.

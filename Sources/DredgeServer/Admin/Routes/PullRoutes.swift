@@ -18,6 +18,10 @@ enum PullRoutes {
         routes.get(":id") { request, context in
             try AdminAPI.json(try await actions.pull(context.parameters.require("id"), disk: AdminAPI.diskWanted(request), for: context.signedIn))
         }
+        // A second person lets a pull that waits for approval go out (#55).
+        routes.post(":id/approve") { _, context in
+            try AdminAPI.json(try await actions.approvePull(context.parameters.require("id"), by: context.signedIn))
+        }
         // The results go, the record stays.
         routes.delete(":id") { request, context in
             let report = try await actions.remove(.pull, try context.parameters.require("id"), by: context.signedIn, reason: request.uri.queryParameters.get("reason") ?? "")

@@ -45,9 +45,9 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
             try await Self.auditTransaction(c)
             try await c.run(
                 """
-                INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, reason, created_at, scope)
+                INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, reason, created_at, scope, approval_required)
                 VALUES (\(pull.id), \(pull.uid), \(pull.agentID), \(filterJSON.storable), \(pull.issuedAt.microseconds), \(pull.expiresAt.microseconds),
-                    \(ByteBuffer(bytes: pull.wrappedKey)), \(pull.requestedBy), \(pull.reason.storable), \(now), \(pull.scope?.storable))
+                    \(ByteBuffer(bytes: pull.wrappedKey)), \(pull.requestedBy), \(pull.reason.storable), \(now), \(pull.scope?.storable), \(pull.approvalRequired))
                 """)
             try await c.run(
                 """
@@ -67,12 +67,13 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         guard
             let row = try await c.rows(
                 """
-                SELECT id, uid, agent_id, filter, issued_at, expires_at, requested_by, removed_at, removed_by, removed_reason, reason FROM pull WHERE id = \(id)
+                SELECT id, uid, agent_id, filter, issued_at, expires_at, requested_by, removed_at, removed_by, removed_reason, reason,
+                    approval_required, approved_by, approved_at FROM pull WHERE id = \(id)
                 """
             ).first
         else { return nil }
-        let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason, reason) =
-            try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?, String).self)
+        let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason, reason, approvalRequired, approvedBy, approvedAt) =
+            try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?, String, Bool, String?, Double?).self)
         let targets = try await c.rows(
             """
             SELECT agent_id, status, detail, chunks_received, chunk_count, bytes, files, updated_at, error_code FROM pull_target
@@ -93,7 +94,31 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
             id: pullID, uid: uid, agentID: agentID, filter: PullRows.shownFilter(filter),
             issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt),
             requestedBy: requestedBy, reason: reason.isEmpty ? nil : reason, targets: targets,
-            removed: Removal(at: removedAt, by: removedBy, reason: removedReason))
+            removed: Removal(at: removedAt, by: removedBy, reason: removedReason),
+            approval: approvalRequired ? PullApproval(approvedBy: approvedBy, approvedAt: approvedAt.map(Date.init(timeIntervalSince1970:))) : nil)
+    }
+
+    public func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord? {
+        let at = now.date.timeIntervalSince1970
+        return try await db.write { c in
+            try await Self.auditTransaction(c)
+            // The row locked: two approvals at once, on any nodes, approve once.
+            guard
+                let row = try await c.rows(
+                    """
+                    SELECT uid, agent_id, requested_by, reason FROM pull WHERE id = \(pullID) AND approval_required AND approved_at IS NULL AND removed_at IS NULL
+                    AND expires_at > \(now.microseconds) FOR UPDATE
+                    """
+                ).first
+            else { return nil }
+            let (uid, agent, requestedBy, reason) = try row.decode((String, String, String, String).self)
+            try await c.run("UPDATE pull SET approved_by = \(approver), approved_at = \(at) WHERE id = \(pullID)")
+            let detail = approvalDetail(pull: pullID, uid: uid, agent: agent, requestedBy: requestedBy, reason: reason)
+            try await Self.insertAudit(at: at, actor: approver, action: AuditAction.pullApprove.rawValue, detail: detail, on: c)
+            let targets = try await c.rows("SELECT agent_id FROM pull_target WHERE pull_id = \(pullID)").map { try $0.decode(String.self) }
+            try await announce(targets, on: c)
+            return try await Self.pull(pullID, now: now, on: c)
+        }
     }
 
     public func pulls(limit: Int, reason: String?, now: Timestamp) async throws -> [PullRecord] {
@@ -164,7 +189,8 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
                 """
                 SELECT t.pull_id, t.status, p.expires_at, \(unescaped: Self.storedColumns.split(separator: ", ").map { "p." + $0 }.joined(separator: ", "))
                 FROM pull_target t JOIN pull p ON p.id = t.pull_id
-                WHERE t.agent_id = \(agentID) AND t.status = ANY(\(statuses)::text[]) ORDER BY p.created_at, t.pull_id
+                WHERE t.agent_id = \(agentID) AND t.status = ANY(\(statuses)::text[]) AND (NOT p.approval_required OR p.approved_at IS NOT NULL)
+                ORDER BY p.created_at, t.pull_id
                 """
             ).map { row in
                 let columns = row.makeRandomAccess()

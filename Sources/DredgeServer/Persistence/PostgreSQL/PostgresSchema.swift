@@ -321,6 +321,15 @@ enum PostgresSchema {
                 "ALTER TABLE pull ADD COLUMN scope text",
             ]
         ),
+        (
+            "pull-approval-v1",
+            [
+                // Pulls that wait for a second person's approval (#55).
+                "ALTER TABLE pull ADD COLUMN approval_required boolean NOT NULL DEFAULT false",
+                "ALTER TABLE pull ADD COLUMN approved_by text",
+                "ALTER TABLE pull ADD COLUMN approved_at double precision",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

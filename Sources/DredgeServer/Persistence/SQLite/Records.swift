@@ -84,6 +84,10 @@ struct PullRow: ServerRecord {
     var removedReason: String?
     /// A scoped caller's pull: its scope as JSON (no agent joins it later); nil otherwise.
     var scope: String?
+    /// It waits for a second person's approval (#55) until `approvedAt`.
+    var approvalRequired: Bool = false
+    var approvedBy: String?
+    var approvedAt: Double?
 }
 
 extension Removal {

@@ -139,7 +139,8 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
         try await db.write { db in
             try PullRow(
                 id: pull.id, uid: pull.uid, agentId: pull.agentID, filter: filterJSON, issuedAt: pull.issuedAt.microseconds, expiresAt: pull.expiresAt.microseconds,
-                wrappedKey: Data(pull.wrappedKey), requestedBy: pull.requestedBy, reason: pull.reason, createdAt: now, scope: pull.scope
+                wrappedKey: Data(pull.wrappedKey), requestedBy: pull.requestedBy, reason: pull.reason, createdAt: now, scope: pull.scope,
+                approvalRequired: pull.approvalRequired
             ).insert(db)
             for agent in pull.targets {
                 try PullTargetRow(pullId: pull.id, agentId: agent, status: Status.queued.rawValue, updatedAt: now).insert(db)
@@ -163,7 +164,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             let queued = try prepared(
                 """
                 SELECT t.pull_id, t.agent_id, t.status, t.updated_at, p.expires_at FROM pull_target t JOIN pull p ON p.id = t.pull_id
-                WHERE t.agent_id = ? AND t.status IN \(statuses) ORDER BY p.created_at, t.pull_id
+                WHERE t.agent_id = ? AND t.status IN \(statuses) AND (p.approval_required = 0 OR p.approved_at IS NOT NULL) ORDER BY p.created_at, t.pull_id
                 """,
                 [agentID], as: OpenTarget.self
             ).fetchAll(db)
@@ -306,7 +307,21 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             id: row.id, uid: row.uid, agentID: row.agentId, filter: PullRows.shownFilter(row.filter),
             issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
             requestedBy: row.requestedBy, reason: row.reason.isEmpty ? nil : row.reason, targets: targets,
-            removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason))
+            removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason),
+            approval: row.approvalRequired ? PullApproval(approvedBy: row.approvedBy, approvedAt: row.approvedAt.map(Date.init(timeIntervalSince1970:))) : nil)
+    }
+
+    public func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord? {
+        let at = now.date.timeIntervalSince1970
+        return try await db.write { db in
+            guard let row = try Self.row(pullID, in: db), row.approvalRequired, row.approvedAt == nil, row.removedAt == nil, row.expiresAt > now.microseconds else {
+                return nil
+            }
+            try db.execute(sql: "UPDATE pull SET approved_by = ?, approved_at = ? WHERE id = ?", arguments: [approver, at, pullID])
+            let detail = approvalDetail(pull: pullID, uid: row.uid, agent: row.agentId, requestedBy: row.requestedBy, reason: row.reason)
+            try AuditRow.chained(at: at, actor: approver, action: AuditAction.pullApprove.rawValue, detail: detail, in: db).insert(db)
+            return try Self.pull(pullID, now: now, in: db)
+        }
     }
 
     public func pulls(limit: Int, reason: String?, now: Timestamp) async throws -> [Pull] {

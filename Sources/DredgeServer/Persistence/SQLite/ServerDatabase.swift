@@ -124,6 +124,14 @@ public final class ServerDatabase: Sendable {
         migrator.registerMigration("pulls-v6-scope") { db in
             try db.execute(sql: "ALTER TABLE pull ADD COLUMN scope TEXT")
         }
+        // Pulls that wait for a second person's approval (#55).
+        migrator.registerMigration("pulls-v7-approval") { db in
+            try db.execute(sql: """
+                ALTER TABLE pull ADD COLUMN approval_required INTEGER NOT NULL DEFAULT 0;
+                ALTER TABLE pull ADD COLUMN approved_by TEXT;
+                ALTER TABLE pull ADD COLUMN approved_at REAL;
+                """)
+        }
         return migrator
     }
 }

@@ -187,6 +187,53 @@ import Testing
         }
     }
 
+    /// Approvals end to end (#55): with `approvals.required`, `dredge pull` needs a reason, the
+    /// running agent is sent nothing (its heartbeats come and go, the pull stays queued) until
+    /// another person's `dredge approve`, after which it completes; the audit log says who
+    /// asked, who approved and why. One back end: the rules are the queue's, run on both by
+    /// `PullQueueConformanceTests`.
+    @Test func aPullAwaitsApprovalThenCompletes() throws {
+        let d = try Deployment()
+        let path = d.data + "/server.json"
+        var config = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any])
+        config["approvals"] = ["required": true]
+        try JSONSerialization.data(withJSONObject: config).write(to: URL(fileURLWithPath: path))
+        let (server, port) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+        let agent = try d.runDevice(port: port, waitingFor: "u-2").agent
+        defer { agent.stop() }
+
+        let unexplained = try d.dredge(["pull", "--uid", "u-2", "--since", "2d"], server: admin)
+        #expect(unexplained.status == 1 && unexplained.output.contains("requires a reason"), "\(unexplained.output)")
+        let made = try d.dredge(["pull", "--uid", "u-2", "--since", "2d", "--reason", "SUP-12"], server: admin)
+        #expect(made.status == 0 && made.output.contains("awaits approval"), "\(made.output)")
+        let id = String(try #require(made.output.split(separator: "\n").first(where: { $0.count == 32 })))
+        let asked = Date()
+        // Until approved, the connected agent is sent nothing: two heartbeats later it is still queued.
+        func lastHeartbeat() throws -> Date? {
+            let listed = try d.dredge(["agents", "--json"], server: admin)
+            let agents = try #require(try JSONSerialization.jsonObject(with: Data(listed.output.utf8)) as? [[String: Any]])
+            return (agents.first?["lastHeartbeatAt"] as? String).flatMap { try? Date($0, strategy: .iso8601) }
+        }
+        let deadline = Date().addingTimeInterval(60)
+        while try (lastHeartbeat() ?? .distantPast) < asked.addingTimeInterval(2), Date() < deadline { Thread.sleep(forTimeInterval: 0.2) }
+        let waiting = try d.dredge(["show", id], server: admin)
+        #expect(waiting.output.contains("awaiting approval") && waiting.output.contains("queued"), "\(waiting.output)")
+        #expect(try d.dredge(["approve", String(id.prefix(8))], server: admin).output.contains("another person approves it"))
+
+        let bob = try #require(try d.dredge(["tokens", "create", "--name", "bob", "--role", "investigator"], server: admin).output
+            .split(separator: "\n").first { $0.hasPrefix("dredge_adm_") }).description
+        let approved = try d.dredge(["approve", String(id.prefix(8))], server: admin, token: bob)
+        #expect(approved.status == 0 && approved.output.contains("approved pull \(id)"), "\(approved.output)")
+        let done = try d.dredge(["show", id, "--wait"], server: admin)
+        #expect(done.status == 0 && done.output.contains("approved by bob"), "\(done.output)\n\(agent.output)")
+        let audit = try d.dredge(["audit", "--action", "pull.approve", "--json"], server: admin)
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(audit.output.utf8)) as? [[String: Any]])
+        #expect(entries.count == 1 && entries.first?["actor"] as? String == "bob", "\(audit.output)")
+        #expect((entries.first?["detail"] as? String)?.contains("requested by admin; reason \"SUP-12\"") == true, "\(audit.output)")
+    }
+
     /// The agent trusts a different signing key than the server's: every command it gets is,
     /// to it, forged. It refuses with the reason, the pull shows it, the other agent is served.
     @Test(arguments: ServerBackend.all) func aForgedCommandIsRejectedAndTheReasonShowsOnThePull(_ backend: ServerBackend) throws {

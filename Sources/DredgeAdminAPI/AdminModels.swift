@@ -174,14 +174,18 @@ public struct PullRecord: Sendable, Equatable, Codable {
     /// or nothing yet (the pull waits, sent to no device, until approved or expired). Nil when
     /// the pull needed no approval.
     public var approval: PullApproval?
+    /// Made by a scoped caller (#55): the scope it was limited to. Such a pull reaches the
+    /// devices it was made for only; none joins it later. Nil for an unscoped pull.
+    public var scope: AccessScope?
 
     /// Made under required approvals and not approved yet: no device has been sent it.
     public var isAwaitingApproval: Bool { approval.map { $0.approvedAt == nil } ?? false }
 
     public init(
         id: String, uid: String, agentID: String, filter: LogFilter?, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, reason: String? = nil,
-        targets: [PullTarget], removed: Removal? = nil, diskBytes: Int64? = nil, approval: PullApproval? = nil
+        targets: [PullTarget], removed: Removal? = nil, diskBytes: Int64? = nil, approval: PullApproval? = nil, scope: AccessScope? = nil
     ) {
+        self.scope = scope
         self.approval = approval
         self.id = id
         self.uid = uid

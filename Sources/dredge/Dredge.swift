@@ -31,12 +31,18 @@ func calling<T>(_ body: () async throws -> T) async throws -> T {
     do {
         return try await body()
     } catch let error as AdminClientError {
-        if case .forbidden = error {
-            Terminal.error("error: \(error.description)\n")
-            throw ExitCode(notAllowedStatus)
-        }
-        throw fail(error.description)
+        throw failing(error)
     }
+}
+
+/// An admin API error as one line on stderr, and the exit status it means: ``notAllowedStatus``
+/// when the token's role or scope may not do it, 1 otherwise.
+func failing(_ error: AdminClientError) -> ExitCode {
+    if case .forbidden = error {
+        Terminal.error("error: \(error.description)\n")
+        return ExitCode(notAllowedStatus)
+    }
+    return fail(error.description)
 }
 
 /// The exit status of a command the token's role may not run: 77, sysexits' EX_NOPERM.
@@ -328,9 +334,10 @@ struct ShowCommand: AsyncParsableCommand {
                 if let by = approval.approvedBy, let at = approval.approvedAt {
                     print("  approved by \(by) at \(Format.time(at))")
                 } else {
-                    print(record.expiresAt > .now && record.removed == nil
-                        ? "  awaiting approval: no device is sent it until another investigator or admin runs `dredge approve \(record.id.prefix(8))`"
-                        : "  never approved: it expired unapproved")
+                    print(
+                        record.removed != nil ? "  never approved: it was removed first"
+                            : record.expiresAt > .now ? "  awaiting approval: no device is sent it until another investigator or admin runs `dredge approve \(record.id.prefix(8))`"
+                            : "  never approved: it expired unapproved")
                 }
             }
             print("  uid: \(record.uid.isEmpty ? "-" : record.uid)   device: \(record.agentID.isEmpty ? "(every one that holds the uid until it expires)" : devices.name(record.agentID))")
@@ -561,6 +568,11 @@ struct TokensCommand: AsyncParsableCommand {
             let client = try server.client()
             let request = try self.request
             let created = try await calling { try await client.createToken(request) }
+            // A server from before roles ignores them and makes an admin: take it back at once.
+            if kind == .admin, created.info.role != (request.role ?? .admin) || created.info.scope != request.scope {
+                try await calling { try await client.revokeToken(kind: .admin, name: created.info.name) }
+                throw fail("the server does not know roles or scopes (it is older than this dredge): the token it made was an admin, and is revoked")
+            }
             print(created.token)
             Terminal.error("created \(TokensCommand.describe(created.info)); it is not shown again\n")
         }

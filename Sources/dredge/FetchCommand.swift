@@ -40,7 +40,7 @@ struct FetchCommand: AsyncParsableCommand {
                 try await DredgeFetch.failIfRemoved(id, client: client)
                 throw fail(message)
             } catch let error as AdminClientError {
-                throw fail(error.description)
+                throw failing(error)
             }
             return
         }

@@ -66,7 +66,7 @@ extension AdminClient {
             } catch AdminClientError.notFound {
                 return (.feedback, text)
             } catch let error as AdminClientError {
-                throw fail(error.description)
+                throw failing(error)
             }
         }
         let pulls = Set(try await calling { try await self.pulls(limit: 1000, diskUse: false) }.map(\.id))

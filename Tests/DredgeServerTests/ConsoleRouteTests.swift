@@ -345,7 +345,9 @@ import Testing
             #expect(bad.status == .badRequest && bad.body.contains(#"class="problem""#))
             #expect(try await fixture.admin.tokens.list().allSatisfy { $0.name != "mallory" && $0.name != "no spaces" }, "nothing was made")
 
-            let made = try await browser.post("/console/tokens", ["name": "carol", "kind": "admin", "csrf": csrf])
+            let noRole = try await browser.post("/console/tokens", ["name": "carol", "kind": "admin", "csrf": csrf])
+            #expect(noRole.status == .badRequest, "a token without a role is not made an admin")
+            let made = try await browser.post("/console/tokens", ["name": "carol", "kind": "admin", "role": "admin", "csrf": csrf])
             #expect(made.status == .ok)
             let shown = try #require(made.body.range(of: #"<code class="token">"#).map { String(made.body[$0.upperBound...].prefix { $0 != "<" }) })
             #expect(try await fixture.admin.tokens.admin(for: shown, now: Date())?.name == "carol", "the token shown is the one made")

@@ -68,11 +68,19 @@ public final class AdminActions: Sendable {
     }
 
     /// Approves a pull that waits for a second person (#55): the approver may be any
-    /// investigator or admin whose scope reaches the pull, except the one who asked. Its
-    /// devices are then sent it. Refusals: not found (or outside the scope), not waiting
-    /// (approved already, removed, expired: a conflict), one's own pull (forbidden).
+    /// investigator or admin except the one who asked, whose scope holds every device the pull
+    /// reaches (an unscoped pull by uid, which devices may join later, needs an unscoped
+    /// approver). Its devices are then sent it. Refusals: not found (or wholly outside the
+    /// scope), not waiting (approved already, removed, expired: a conflict), one's own pull or
+    /// devices beyond the approver's scope (forbidden).
     public func approvePull(_ id: String, by caller: Caller) async throws -> PullRecord {
         let pull = try await self.pull(id, disk: false, for: caller)
+        if let agents = try await scopedAgents(caller), let whole = try await services.pulls.pull(pull.id, now: Timestamp(now())) {
+            guard whole.targets.allSatisfy({ agents.contains($0.agentID) }), !(whole.agentID.isEmpty && whole.scope == nil) else {
+                throw ActionError(
+                    .forbidden, "pull \(pull.id) may reach devices outside \(caller.name)'s scope: an approver whose scope holds them all approves it", code: "forbidden")
+            }
+        }
         guard let approval = pull.approval else { throw ActionError(.conflict, "pull \(pull.id) needs no approval") }
         if let by = approval.approvedBy, let at = approval.approvedAt {
             throw ActionError(.conflict, "pull \(pull.id) was approved already, by \(by) at \(Timestamp(at).rfc3339)")
@@ -81,8 +89,9 @@ public final class AdminActions: Sendable {
             throw ActionError(.forbidden, "\(caller.name) asked for pull \(pull.id): another person approves it", code: "own_request")
         }
         guard pull.removed == nil else { throw ActionError(.conflict, "pull \(pull.id) was removed") }
-        guard pull.expiresAt > .now else { throw ActionError(.conflict, "pull \(pull.id) expired unapproved") }
-        guard let approved = try await services.pulls.approve(pull.id, by: caller.name, now: .now) else {
+        let at = Timestamp(now())
+        guard pull.expiresAt > at else { throw ActionError(.conflict, "pull \(pull.id) expired unapproved") }
+        guard let approved = try await services.pulls.approve(pull.id, by: caller.name, now: at) else {
             throw ActionError(.conflict, "pull \(pull.id) no longer waits for approval (approved, removed or expired meanwhile)")
         }
         services.dispatcher.wake(approved.targets.map(\.agentID), with: nil)
@@ -173,7 +182,8 @@ public final class AdminActions: Sendable {
     public func search(_ search: RecordSearch, by caller: Caller) async throws -> RecordPage {
         try Self.check(search)
         var page = try await page(search, caller)
-        if let indexer = services.indexer { page.indexing += indexer.queued }
+        // What waits to be indexed is the whole server's: told to unscoped callers only.
+        if caller.scope.isEverything, let indexer = services.indexer { page.indexing += indexer.queued } else if !caller.scope.isEverything { page.indexing = 0 }
         try await searchOpened(search, by: caller)
         return page
     }

@@ -64,13 +64,14 @@ extension AdminActions {
     }
 
     /// All of a pull's complete agents' files as one zip; for a scoped caller, only when every
-    /// one of the pull's devices is in its scope (else it fetches them device by device).
+    /// one of the pull's devices is in its scope (else none, as if there were no zip: it
+    /// fetches them device by device).
     public func wholeZip(ofPull id: String, for caller: Caller) async throws -> Download {
         let id = try Self.checkedID(id, "pull")
         if let agents = try await reachable(pull: id, caller), let pull = try await services.pulls.pull(id, now: .now),
             pull.targets.contains(where: { !agents.contains($0.agentID) })
         {
-            throw ActionError(.forbidden, "pull \(id) reached devices outside \(caller.name)'s scope: fetch its files device by device", code: "forbidden")
+            throw ActionError(.notFound, "pull \(id) has no whole zip within \(caller.name)'s scope: fetch its files device by device")
         }
         do {
             guard let zip = try await servedFiles().wholeZip(id) else { throw ActionError(.notFound, "no pull \(id)") }

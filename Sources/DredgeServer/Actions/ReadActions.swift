@@ -43,16 +43,18 @@ extension AdminActions {
         let agents = try await scopedAgents(caller)
         var listed = try await services.pulls.pulls(limit: agents == nil ? limit : Self.maximumListing, reason: reason?.isEmpty == false ? reason : nil, now: .now)
         if let agents { listed = Array(listed.compactMap { Self.pull($0, within: agents) }.prefix(limit)) }
-        return disk ? await measured(listed) { try await self.services.results?.measured($0) } : listed
+        // A pull's disk use counts every device's files: told to unscoped callers only.
+        return disk && agents == nil ? await measured(listed) { try await self.services.results?.measured($0) } : listed
     }
 
     /// A pull the caller's scope reaches; one that reached none of its devices is no pull.
     public func pull(_ id: String, disk: Bool, for caller: Caller) async throws -> PullRecord {
         let id = try Self.checkedID(id, "pull")
-        guard let stored = try await services.pulls.pull(id, now: .now),
-            let pull = try await scopedAgents(caller).map({ Self.pull(stored, within: $0) }) ?? stored
-        else { throw ActionError(.notFound, "no pull \(id)") }
-        return disk ? await measured([pull]) { try await self.services.results?.measured($0) }.first ?? pull : pull
+        let agents = try await scopedAgents(caller)
+        guard let stored = try await services.pulls.pull(id, now: .now), let pull = agents.map({ Self.pull(stored, within: $0) }) ?? stored else {
+            throw ActionError(.notFound, "no pull \(id)")
+        }
+        return disk && agents == nil ? await measured([pull]) { try await self.services.results?.measured($0) }.first ?? pull : pull
     }
 
     /// `pull` with only its targets among `agents`; nil when none is.

@@ -105,7 +105,10 @@ extension Console {
                 }
                 var request = TokenRequest(name: name, kind: kind, expiresInSeconds: expires, uses: Int(usesText))
                 if kind == .admin {
-                    request.role = AdminRole(rawValue: form["role"] ?? "") ?? .admin
+                    guard let role = AdminRole(rawValue: form["role"] ?? "") else {
+                        return try await tokensPage(session, problem: "A role is reader, investigator or admin.", status: .badRequest)
+                    }
+                    request.role = role
                     switch Self.scope(apps: form["apps"] ?? "", labels: form["labels"] ?? "") {
                     case .success(let scope): request.scope = scope.isEverything ? nil : scope
                     case .failure(let problem): return try await tokensPage(session, problem: problem.description, status: .badRequest)

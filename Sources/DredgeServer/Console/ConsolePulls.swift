@@ -159,7 +159,7 @@ extension Console {
                     // Another investigator or admin approves it: the one who asked is not offered the button.
                     page["mayApprove"] = session.caller.role >= AdminOperation.approvePull.leastRole && session.caller.name != pull.requestedBy ? true : nil
                 } else {
-                    page["approved"] = "never: it expired unapproved"
+                    page["approved"] = pull.removed != nil ? "never: it was removed first" : "never: it expired unapproved"
                 }
             }
             page["targets"] = pull.targets.map { target -> [String: Any] in

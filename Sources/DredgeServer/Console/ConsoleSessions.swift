@@ -52,8 +52,8 @@ public final class ConsoleSessions: Sendable {
     /// The live session of a cookie's id, whose token is still there (and has not expired),
     /// with the token's role and scope as they are now; one that ended is forgotten.
     func session(_ id: String) async throws -> Session? {
-        guard Self.isWellFormed(id), let stored = try await vault.session(key: Self.key(id), now: now()) else { return nil }
-        return Session(caller: stored.caller, csrf: Self.csrf(id), expires: stored.expires)
+        guard Self.isWellFormed(id), let stored = try await vault.session(key: Self.key(id), now: now()), let caller = stored.caller else { return nil }
+        return Session(caller: caller, csrf: Self.csrf(id), expires: stored.expires)
     }
 
     func close(_ id: String) async throws {

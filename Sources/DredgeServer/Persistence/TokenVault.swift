@@ -126,7 +126,7 @@ extension TokenVault {
     /// it lives at `now` (and its token has not expired); otherwise nil, once an ended session is forgotten.
     func live(_ found: (session: StoredConsoleSession, tokenLives: Bool)?, at now: Date) async throws -> StoredConsoleSession? {
         guard let (session, tokenLives) = found else { return nil }
-        guard tokenLives, session.expires > now, (session.caller.expiresAt.map { $0 > now } ?? true) else {
+        guard tokenLives, let caller = session.caller, session.expires > now, (caller.expiresAt.map { $0 > now } ?? true) else {
             try await closeSession(key: session.key)
             return nil
         }
@@ -147,12 +147,12 @@ public struct StoredConsoleSession: Sendable, Equatable {
     public var expires: Date
 
     /// Who the session signs in, as its token says (not kept with the session: read from the
-    /// token on every lookup).
-    public var caller: Caller
+    /// token on every lookup); nil when its token is gone, and such a session is no session.
+    public var caller: Caller?
 
-    public init(key: String, tokenName: String, tokenSHA256: String, expires: Date, caller: Caller? = nil) {
+    public init(key: String, tokenName: String, tokenSHA256: String, expires: Date, caller: Caller?) {
         self.key = key
-        self.caller = caller ?? Caller(name: tokenName, role: .admin)
+        self.caller = caller
         self.tokenName = tokenName
         self.tokenSHA256 = tokenSHA256
         self.expires = Date(timeIntervalSince1970: (expires.timeIntervalSince1970 * 1_000).rounded(.down) / 1_000)

@@ -121,7 +121,7 @@ import Testing
         #expect(olga.info.role == .investigator && olga.info.scope == scope)
 
         // Its sessions carry its role and scope, read from the token.
-        let session = StoredConsoleSession(key: String(repeating: "a", count: 64), tokenName: "olga", tokenSHA256: TokenFile.hash(olga.token), expires: Self.t0.addingTimeInterval(60))
+        let session = StoredConsoleSession(key: String(repeating: "a", count: 64), tokenName: "olga", tokenSHA256: TokenFile.hash(olga.token), expires: Self.t0.addingTimeInterval(60), caller: nil)
         try await tokens.openSession(session, capacity: 10, now: Self.t0)
         #expect(try await tokens.session(key: session.key, now: Self.t0)?.caller == Caller(name: "olga", role: .investigator, scope: scope))
 
@@ -147,7 +147,7 @@ import Testing
         let alice = try await tokens.create(name: "alice", kind: .admin, now: Self.t0)
         _ = try await tokens.create(name: "bob", kind: .admin, now: Self.t0)
         func session(_ key: String, _ name: String = "alice", token: String? = nil, for seconds: TimeInterval = 3600) -> StoredConsoleSession {
-            StoredConsoleSession(key: key, tokenName: name, tokenSHA256: TokenFile.hash(token ?? alice.token), expires: Self.t0.addingTimeInterval(seconds))
+            StoredConsoleSession(key: key, tokenName: name, tokenSHA256: TokenFile.hash(token ?? alice.token), expires: Self.t0.addingTimeInterval(seconds), caller: Caller(name: name, role: .admin))
         }
         try await tokens.openSession(session("k1"), capacity: 10, now: Self.t0)
         try await tokens.openSession(session("k2", for: 60), capacity: 10, now: Self.t0)

@@ -68,12 +68,12 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
             let row = try await c.rows(
                 """
                 SELECT id, uid, agent_id, filter, issued_at, expires_at, requested_by, removed_at, removed_by, removed_reason, reason,
-                    approval_required, approved_by, approved_at FROM pull WHERE id = \(id)
+                    approval_required, approved_by, approved_at, scope FROM pull WHERE id = \(id)
                 """
             ).first
         else { return nil }
-        let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason, reason, approvalRequired, approvedBy, approvedAt) =
-            try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?, String, Bool, String?, Double?).self)
+        let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason, reason, approvalRequired, approvedBy, approvedAt, scope) =
+            try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?, String, Bool, String?, Double?, String?).self)
         let targets = try await c.rows(
             """
             SELECT agent_id, status, detail, chunks_received, chunk_count, bytes, files, updated_at, error_code FROM pull_target
@@ -95,7 +95,8 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
             issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt),
             requestedBy: requestedBy, reason: reason.isEmpty ? nil : reason, targets: targets,
             removed: Removal(at: removedAt, by: removedBy, reason: removedReason),
-            approval: approvalRequired ? PullApproval(approvedBy: approvedBy, approvedAt: approvedAt.map(Date.init(timeIntervalSince1970:))) : nil)
+            approval: approvalRequired ? PullApproval(approvedBy: approvedBy, approvedAt: approvedAt.map(Date.init(timeIntervalSince1970:))) : nil,
+            scope: try PullRows.scope(scope, of: id))
     }
 
     public func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord? {

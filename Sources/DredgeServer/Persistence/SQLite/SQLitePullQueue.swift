@@ -308,7 +308,8 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
             requestedBy: row.requestedBy, reason: row.reason.isEmpty ? nil : row.reason, targets: targets,
             removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason),
-            approval: row.approvalRequired ? PullApproval(approvedBy: row.approvedBy, approvedAt: row.approvedAt.map(Date.init(timeIntervalSince1970:))) : nil)
+            approval: row.approvalRequired ? PullApproval(approvedBy: row.approvedBy, approvedAt: row.approvedAt.map(Date.init(timeIntervalSince1970:))) : nil,
+            scope: try PullRows.scope(row.scope, of: id))
     }
 
     public func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord? {

@@ -83,7 +83,10 @@ public final class ServerDatabase: Sendable {
     }
 
     /// Every table's migrations, in order. A migration added later goes after the import: the
-    /// legacy files are brought to the schema registered before it, then copied.
+    /// legacy files are brought to the schema registered before it, then copied. The token
+    /// table's are the exception (``SQLiteTokenVault/schema(_:)``): the import writes whole
+    /// ``TokenRow``s, so their columns exist before it (GRDB applies a migration registered
+    /// before one already applied, as a database made before it never had it).
     static func migrator(importingFrom directory: String) -> DatabaseMigrator {
         var migrator = DatabaseMigrator()
         SQLiteAgentDirectory.legacySchema(&migrator, prefix: "agents-")

@@ -10,7 +10,8 @@ set -euo pipefail
 # binutils (`nm`: the test that the agent links neither ISA-L, ZIPFoundation nor the HTTP client),
 # Prometheus with promtool (the dashboard and alert rules checked against a real one), and
 # systemd's systemd-analyze (the units in docs/systemd/ verified), and mandoc (the package's
-# man pages rendered).
+# man pages rendered); and PyPI's django-oauth-toolkit, the OpenID Connect provider of the
+# single sign-on tests.
 packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 libcurl4-openssl-dev chromium chromium-driver postgresql binutils prometheus systemd mandoc)
 command -v python3 >/dev/null || packages+=(python3)
 missing=()
@@ -19,6 +20,14 @@ for p in "${packages[@]}"; do
 done
 need_crypto=0
 python3 -c "import cryptography, jsonschema, selenium" 2>/dev/null || need_crypto=1
+
+# The OpenID Connect provider the single sign-on tests start on loopback (Tests/sso): PyPI's
+# django-oauth-toolkit (Debian's is too old for the device flow).
+if ! python3 -c "import oauth2_provider, django; assert tuple(map(int, __import__('oauth2_provider').__version__.split('.')[:2])) >= (3, 1)" 2>/dev/null; then
+    python3 -m pip install --quiet "django-oauth-toolkit>=3.1,<4"
+    python3 -c "import oauth2_provider" || { echo "error: python3 cannot import oauth2_provider (django-oauth-toolkit)" >&2; exit 1; }
+fi
+
 if [ ${#missing[@]} -eq 0 ] && [ $need_crypto -eq 0 ]; then exit 0; fi
 
 echo "installing: ${missing[*]} $([ $need_crypto -eq 1 ] && echo python cryptography jsonschema selenium)" >&2

@@ -147,7 +147,8 @@ public enum ServerRuntime {
                 .database(stores), .listening("agent listener") { listener.boundPort },
                 .disk(dir, minimumMegabytes: (deployment.config.readiness ?? .default).minFreeDiskMegabytes),
             ]),
-            metrics: MetricsEndpoint(metrics: metrics, token: scrapeToken), reloadableTLS: adminTLS)
+            metrics: MetricsEndpoint(metrics: metrics, token: scrapeToken), reloadableTLS: adminTLS,
+            singleSignOn: try deployment.config.sso.flatMap { $0.isConfigured ? try SingleSignOn(settings: $0, directory: dir) : nil })
         let admin = ListeningService(base: application, listener: "the admin API", host: adminHost, port: adminPort)
         // On PostgreSQL the node's lease is renewed beside the rest (its agents' presence and index claims).
         // On SQLite the write-ahead log is checkpointed off the writer.

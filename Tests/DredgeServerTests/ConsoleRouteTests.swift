@@ -94,7 +94,7 @@ import Testing
         /// `cookies`: what the browser holds at first. Returns the cookies it holds at the end.
         @discardableResult
         func test(
-            tokens: (any TokenVault)? = nil, cookies: [String: String] = [:], approvals: ApprovalSettings = ApprovalSettings(),
+            tokens: (any TokenVault)? = nil, cookies: [String: String] = [:], approvals: ApprovalSettings = ApprovalSettings(), sso: SingleSignOn? = nil,
             _ body: @Sendable (inout Browser) async throws -> Void
         ) async throws -> [String: String] {
             let logger = Logger(label: "test.console") { _ in SwiftLogNoOpLogHandler() }
@@ -105,7 +105,8 @@ import Testing
                 dispatcher: PullDispatcher(pulls: a.pulls, logger: logger), records: records,
                 files: PullFiles(paths: DataDirectory(a.data), pulls: a.pulls, feedback: a.feedback), results: a.results, approvals: approvals, logger: logger)
             let app = try AdminAPI.application(
-                actions: AdminActions(services), consoleSessions: ConsoleSessions(vault: services.tokens, lifetime: 3600, now: { clock.now() }), port: 0)
+                actions: AdminActions(services), consoleSessions: ConsoleSessions(vault: services.tokens, lifetime: 3600, now: { clock.now() }), port: 0,
+                singleSignOn: sso)
             return try await app.test(.router) { client in
                 var browser = Browser(client: client, cookies: cookies)
                 try await body(&browser)

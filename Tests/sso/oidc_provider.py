@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import secrets
+import signal
 import socket
 import sys
 import threading
@@ -39,6 +40,8 @@ def main():
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--id-token-seconds", type=int, default=300)
     args = parser.parse_args()
+    # Whatever a parent left it (a signal ignored), SIGTERM ends it.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

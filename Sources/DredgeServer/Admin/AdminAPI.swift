@@ -22,7 +22,7 @@ public enum AdminAPI {
     public static func application(
         actions: AdminActions, consoleSessions: ConsoleSessions? = nil, host: String = "127.0.0.1", port: Int, tls: TLSConfiguration? = nil,
         caPEM: String? = nil, connectionLimits: AdminConnectionLimits = .default, readiness: Readiness? = nil, metrics: MetricsEndpoint? = nil,
-        reloadableTLS: ReloadableTLS? = nil, onReady: @escaping @Sendable (Int) -> Void = { _ in }
+        reloadableTLS: ReloadableTLS? = nil, singleSignOn: SingleSignOn? = nil, onReady: @escaping @Sendable (Int) -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
         let logger = actions.logger
         // HEAD answers every GET route with its headers (a download's size, ETag and SHA-256
@@ -65,7 +65,7 @@ public enum AdminAPI {
 
         // Sessions are kept with the tokens (in the database) unless the caller set their lifetime or clock.
         let sessions = consoleSessions ?? ConsoleSessions(vault: actions.services.tokens)
-        try Console.register(on: router, Console.Dependencies(actions: actions, sessions: sessions, secure: tls != nil))
+        try Console.register(on: router, Console.Dependencies(actions: actions, sessions: sessions, secure: tls != nil, sso: singleSignOn))
 
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(actions: actions))
         v1.addRoutes(AgentRoutes.collection(actions), atPath: "agents")

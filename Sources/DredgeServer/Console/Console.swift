@@ -52,6 +52,8 @@ enum Console {
         let sessions: ConsoleSessions
         /// Whether the listener speaks TLS: cookies are then `Secure`.
         let secure: Bool
+        /// The identity provider people may also sign in with; nil: tokens only.
+        var sso: SingleSignOn? = nil
 
         /// The index the log viewer searches; nil on a server that does not index.
         var records: (any RecordIndex)? { actions.services.records }
@@ -117,7 +119,9 @@ enum Console {
             guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
             try await d.sessions.close(id)
             try await d.actions.signedOut(session.tokenName)
-            var response = redirect("/console/sign-in")
+            // A person the identity provider signed in is signed out there too, when it can.
+            let signedOn = session.tokenName.hasPrefix(SingleSignOn.namePrefix)
+            var response = redirect(signedOn ? await d.sso?.endSessionURL() ?? "/console/sign-in" : "/console/sign-in")
             response.setCookie(expired(sessionCookie, d))
             return response
         }
@@ -192,6 +196,7 @@ enum Console {
                 return redirect("/console/agents/\(id)")
             }
         }
+        registerSingleSignOn(on: console, library, d)
         registerPulls(on: console, library, d)
         registerFeedback(on: console, library, d)
         registerLogs(on: console, library, d)
@@ -259,6 +264,7 @@ enum Console {
         let minutes = Int(d.sessions.lifetime / 60)
         let lasts = minutes % 60 == 0 ? "\(minutes / 60) hour\(minutes == 60 ? "" : "s")" : "\(minutes) minute\(minutes == 1 ? "" : "s")"
         var page: [String: Any] = ["title": "Sign in", "csrf": csrf, "lasts": lasts]
+        if d.sso != nil { page["sso"] = url("/console/sso/start", returnTo.map { [("return", $0)] } ?? []) }
         if let problem { page["problem"] = problem }
         if let returnTo { page["return"] = returnTo }
         var response = html(library, "sign-in", page, status: status)

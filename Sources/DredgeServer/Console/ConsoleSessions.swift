@@ -49,6 +49,16 @@ public final class ConsoleSessions: Sendable {
         return (id, Session(caller: caller, csrf: Self.csrf(id), expires: stored.expires))
     }
 
+    /// A new session for a person the identity provider signed in (``SingleSignOn``): no token
+    /// behind it; their role and scope, as their groups gave them, kept with it until it ends.
+    func open(signedOn caller: Caller) async throws -> (id: String, session: Session) {
+        let id = Self.randomToken(), at = now()
+        let end = min(at.addingTimeInterval(lifetime), caller.expiresAt ?? .distantFuture)
+        let stored = StoredConsoleSession(key: Self.key(id), tokenName: caller.name, tokenSHA256: "", expires: end, caller: caller)
+        try await vault.openSession(stored, capacity: Self.capacity, now: at)
+        return (id, Session(caller: caller, csrf: Self.csrf(id), expires: stored.expires))
+    }
+
     /// The live session of a cookie's id, whose token is still there (and has not expired),
     /// with the token's role and scope as they are now; one that ended is forgotten.
     func session(_ id: String) async throws -> Session? {

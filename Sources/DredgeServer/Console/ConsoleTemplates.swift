@@ -41,6 +41,7 @@ enum ConsoleTemplates {
         try library.register(agent, named: "agent")
         try library.register(confirm, named: "confirm")
         try library.register(error, named: "error")
+        try library.register(movingOn, named: "moving-on")
         try library.register(audit, named: "audit")
         try library.register(tokens, named: "tokens")
         try library.register(pulls, named: "pulls")
@@ -108,8 +109,23 @@ enum ConsoleTemplates {
         <button type="submit">Sign in</button>
         </form>
         <p class="hint">An admin token, as <code>dredge tokens create</code> or <code>dredge-server init</code> gave it. The session lasts {{lasts}} (no longer than the token).</p>
+        {{#sso}}<p><a class="button" href="{{sso}}">Sign in with single sign-on</a></p>{{/sso}}
         {{/content}}
         {{/layout}}
+        """
+
+    static let movingOn = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        <!doctype html>
+        <html lang="en">
+        <head>
+        <meta charset="utf-8">
+        <meta http-equiv="refresh" content="0; url={{target}}">
+        <title>{{title}} · Dredge</title>
+        <link rel="stylesheet" href="/console/static/console.css">
+        </head>
+        <body><main><p>Signed in as {{name}}. <a href="{{target}}">Continue</a></p></main></body>
+        </html>
         """
 
     static let error = """

@@ -132,6 +132,31 @@ public enum ServerConfiguration {
                 "Each pull of user logs carries a reason and waits, sent to no device, until an investigator or admin other than the one who asked approves it (`dredge approve`); unapproved, it expires.") {
                 $0.approvals?.required ?? false
             },
+            Key(
+                "sso.issuer", .string, default: nil, absent: "none: the console signs in with admin tokens only", example: "https://login.example.com/realms/acme",
+                "The OpenID Connect identity provider the console also signs people in with (its issuer URL; https, or http on loopback).") { $0.sso?.issuer },
+            Key("sso.clientID", .string, default: nil, absent: "none", example: "dredge-console", "The console's client id at the identity provider.") { $0.sso?.clientID },
+            Key(
+                "sso.clientSecretFile", .string, default: nil, absent: "none", example: "sso-client-secret",
+                "The file holding the console's client secret (a relative path is inside the data directory; mode 0600).") { $0.sso?.clientSecretFile },
+            Key(
+                "sso.redirectURL", .string, default: nil, absent: "none", example: "https://logs.example.com:7080/console/sso/callback",
+                "The console's callback as browsers reach it, registered at the provider.") { $0.sso?.redirectURL },
+            Key("sso.scopes", .strings, default: ["openid", "profile", "email"], example: ["openid", "email", "groups"], "The scopes asked of the provider.") {
+                $0.sso?.scopes ?? ["openid", "profile", "email"]
+            },
+            Key("sso.groupsClaim", .string, default: "groups", example: "roles", "The ID token's claim that lists the person's groups.") { $0.sso?.groupsClaim ?? "groups" },
+            Key("sso.readers", .strings, default: [String](), example: ["support-readers"], "Groups whose people sign in as readers.") { $0.sso?.readers ?? [] },
+            Key("sso.investigators", .strings, default: [String](), example: ["support"], "Groups whose people sign in as investigators.") { $0.sso?.investigators ?? [] },
+            Key("sso.admins", .strings, default: [String](), example: ["dredge-admins"], "Groups whose people sign in as admins (the highest role of a person's groups wins).") {
+                $0.sso?.admins ?? []
+            },
+            Key(
+                "sso.appsClaim", .string, default: nil, absent: "none: unscoped", example: "dredge_apps",
+                "A claim listing the apps a reader's or investigator's scope holds (`oven-control@>=2.1`).") { $0.sso?.appsClaim },
+            Key(
+                "sso.labelsClaim", .string, default: nil, absent: "none: unscoped", example: "dredge_labels",
+                "A claim listing the device labels a reader's or investigator's scope requires (`region=eu`).") { $0.sso?.labelsClaim },
         ]
     }()
 

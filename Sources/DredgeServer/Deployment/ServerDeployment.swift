@@ -123,6 +123,8 @@ public enum ServerDeployment {
         public var audit: AuditShippingSettings?
         /// Whether pulls wait for a second person's approval; not when absent.
         public var approvals: ApprovalSettings?
+        /// The identity provider the console signs people in with; tokens only when absent.
+        public var sso: SingleSignOnSettings?
     }
 
     /// What `initialize` makes.

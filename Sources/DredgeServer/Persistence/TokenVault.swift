@@ -140,6 +140,8 @@ extension TokenVault {
 public struct StoredConsoleSession: Sendable, Equatable {
     /// Lowercase hex SHA-256 of the session cookie's id.
     public var key: String
+    /// A person signed in through the identity provider (``isSignedOn``) has no token: the
+    /// token's hash is empty, and their role and scope (``caller``) are kept with the session.
     /// The admin token's name and hash: the session lives while that token does.
     public var tokenName: String
     public var tokenSHA256: String
@@ -194,5 +196,30 @@ struct NewToken: Sendable {
                 name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt), expiresAt: limits.expiresAt, usesLeft: limits.uses, role: limits.role,
                 scope: limits.scope),
             token: token)
+    }
+}
+
+extension StoredConsoleSession {
+    /// A session of a person signed in through the identity provider: no token behind it.
+    public var isSignedOn: Bool { tokenSHA256.isEmpty }
+
+    /// What a session row keeps of its caller: a signed-on person's role and scope (a token's
+    /// are read from the token).
+    var keptAccess: (role: String?, scope: String?) {
+        get throws {
+            guard isSignedOn, let caller else { return (nil, nil) }
+            return (caller.role.rawValue, try TokenLimits(role: caller.role, scope: caller.scope).scopeJSON)
+        }
+    }
+
+    /// The caller of a session row read back: a signed-on person's from the row, a token's
+    /// from the token (`token`: its role, scope and expiry, nil when the token is gone).
+    static func caller(name: String, tokenSHA256: String, kept: (role: String?, scope: String?), token: (role: String?, scope: String?, expiresAt: Double?)?) throws -> Caller? {
+        if tokenSHA256.isEmpty {
+            guard let role = kept.role else { return nil }
+            return try Caller.stored(name: name, role: role, scope: kept.scope, expiresAt: nil, now: nil)
+        }
+        guard let token else { return nil }
+        return try Caller.stored(name: name, role: token.role, scope: token.scope, expiresAt: token.expiresAt, now: nil)
     }
 }

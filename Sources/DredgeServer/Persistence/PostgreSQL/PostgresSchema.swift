@@ -322,6 +322,15 @@ enum PostgresSchema {
             ]
         ),
         (
+            "console-session-sso-v1",
+            [
+                // Sessions of people signed in through the identity provider (#55): no token;
+                // their role and scope kept with the session.
+                "ALTER TABLE console_session ADD COLUMN role text",
+                "ALTER TABLE console_session ADD COLUMN scope text",
+            ]
+        ),
+        (
             "pull-approval-v1",
             [
                 // Pulls that wait for a second person's approval (#55).

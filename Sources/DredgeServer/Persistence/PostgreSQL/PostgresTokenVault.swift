@@ -125,10 +125,13 @@ public final class PostgresTokenVault: TokenVault, Sendable {
                 let over = kept - capacity + 1
                 try await c.run("DELETE FROM console_session WHERE key IN (SELECT key FROM console_session ORDER BY expires_at, key LIMIT \(over))")
             }
+            let access = try session.keptAccess
             try await c.run(
                 """
-                INSERT INTO console_session (key, token_name, token_sha256, expires_at) VALUES (\(session.key), \(session.tokenName), \(session.tokenSHA256), \(expires))
-                ON CONFLICT (key) DO UPDATE SET token_name = excluded.token_name, token_sha256 = excluded.token_sha256, expires_at = excluded.expires_at
+                INSERT INTO console_session (key, token_name, token_sha256, expires_at, role, scope)
+                VALUES (\(session.key), \(session.tokenName), \(session.tokenSHA256), \(expires), \(access.role), \(access.scope))
+                ON CONFLICT (key) DO UPDATE SET token_name = excluded.token_name, token_sha256 = excluded.token_sha256, expires_at = excluded.expires_at,
+                    role = excluded.role, scope = excluded.scope
                 """)
         }
     }
@@ -139,13 +142,15 @@ public final class PostgresTokenVault: TokenVault, Sendable {
         let found = try await db.read { c -> (StoredConsoleSession, Bool)? in
             try await c.rows(
                 """
-                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL, t.role, t.scope, t.expires_at FROM console_session s
+                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL, t.role, t.scope, t.expires_at, s.role, s.scope FROM console_session s
                 LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' AND t.name = s.token_name WHERE s.key = \(key)
                 """
             ).first.map { row in
-                let (name, sha256, expires, lives, role, scope, tokenExpires) = try row.decode((String, String, Double, Bool, String?, String?, Double?).self)
-                let caller = lives ? try Caller.stored(name: name, role: role, scope: scope, expiresAt: tokenExpires, now: nil) : nil
-                return (StoredConsoleSession(key: key, tokenName: name, tokenSHA256: sha256, expires: Date(timeIntervalSince1970: expires), caller: caller), lives)
+                let (name, sha256, expires, tokenLives, role, scope, tokenExpires, keptRole, keptScope) =
+                    try row.decode((String, String, Double, Bool, String?, String?, Double?, String?, String?).self)
+                let caller = try StoredConsoleSession.caller(
+                    name: name, tokenSHA256: sha256, kept: (keptRole, keptScope), token: tokenLives ? (role, scope, tokenExpires) : nil)
+                return (StoredConsoleSession(key: key, tokenName: name, tokenSHA256: sha256, expires: Date(timeIntervalSince1970: expires), caller: caller), caller != nil)
             }
         }
         return try await live(found, at: now)

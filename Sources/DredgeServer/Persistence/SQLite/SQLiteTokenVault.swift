@@ -136,9 +136,10 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
                 try db.execute(
                     sql: "DELETE FROM console_session WHERE key IN (SELECT key FROM console_session ORDER BY expires_at, key LIMIT ?)", arguments: [kept - capacity + 1])
             }
+            let access = try session.keptAccess
             try db.execute(
-                sql: "INSERT OR REPLACE INTO console_session (key, token_name, token_sha256, expires_at) VALUES (?, ?, ?, ?)",
-                arguments: [session.key, session.tokenName, session.tokenSHA256, session.expires.timeIntervalSince1970])
+                sql: "INSERT OR REPLACE INTO console_session (key, token_name, token_sha256, expires_at, role, scope) VALUES (?, ?, ?, ?, ?, ?)",
+                arguments: [session.key, session.tokenName, session.tokenSHA256, session.expires.timeIntervalSince1970, access.role, access.scope])
         }
     }
 
@@ -148,13 +149,15 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
         let found = try await db.read { db -> (StoredConsoleSession, Bool)? in
             try prepared(
                 """
-                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL, t.role, t.scope, t.expires_at FROM console_session s
+                SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL, t.role, t.scope, t.expires_at, s.role, s.scope FROM console_session s
                 LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' AND t.name = s.token_name WHERE s.key = ?
                 """, [key], as: Row.self
             ).fetchOne(db).map { row in
-                let lives: Bool = row[3]
-                let caller = lives ? try Caller.stored(name: row[0], role: row[4], scope: row[5], expiresAt: row[6], now: nil) : nil
-                return (StoredConsoleSession(key: key, tokenName: row[0], tokenSHA256: row[1], expires: Date(timeIntervalSince1970: row[2]), caller: caller), lives)
+                let sha256: String = row[1]
+                let tokenLives: Bool = row[3]
+                let caller = try StoredConsoleSession.caller(
+                    name: row[0], tokenSHA256: sha256, kept: (row[7], row[8]), token: tokenLives ? (row[4], row[5], row[6]) : nil)
+                return (StoredConsoleSession(key: key, tokenName: row[0], tokenSHA256: sha256, expires: Date(timeIntervalSince1970: row[2]), caller: caller), caller != nil)
             }
         }
         return try await live(found, at: now)

@@ -127,6 +127,11 @@ public final class ServerDatabase: Sendable {
         migrator.registerMigration("pulls-v6-scope") { db in
             try db.execute(sql: "ALTER TABLE pull ADD COLUMN scope TEXT")
         }
+        // Console sessions of people signed in through the identity provider (#55): no token;
+        // their role and scope kept with the session.
+        migrator.registerMigration("console-sessions-v2-sso") { db in
+            try db.execute(sql: "ALTER TABLE console_session ADD COLUMN role TEXT; ALTER TABLE console_session ADD COLUMN scope TEXT")
+        }
         // Pulls that wait for a second person's approval (#55).
         migrator.registerMigration("pulls-v7-approval") { db in
             try db.execute(sql: """

@@ -1,0 +1,386 @@
+import AsyncHTTPClient
+import Crypto
+import DredgeAdminAPI
+import DredgeEnvelope
+import Foundation
+import JWTKit
+import NIOCore
+import NIOHTTP1
+import Synchronization
+
+/// `sso` in `server.json`: the company's OpenID Connect identity provider the console signs
+/// people in with (#55), and how their groups become a role and a scope.
+public struct SingleSignOnSettings: Codable, Sendable, Equatable {
+    /// The provider's issuer URL (its discovery document is `ISSUER/.well-known/openid-configuration`).
+    public var issuer: String?
+    /// The console's client at the provider, and the file that holds its secret (relative to
+    /// the data directory; the secret is never in `server.json`).
+    public var clientID: String?
+    public var clientSecretFile: String?
+    /// The console's callback as browsers reach it (`https://HOST:PORT/console/sso/callback`),
+    /// registered at the provider.
+    public var redirectURL: String?
+    /// The scopes asked for; `openid profile email` when absent.
+    public var scopes: [String]?
+    /// The ID token's claim that lists the person's groups; `groups` when absent.
+    public var groupsClaim: String?
+    /// Groups that make a person a reader, an investigator, an admin (the highest wins).
+    public var readers: [String]?
+    public var investigators: [String]?
+    public var admins: [String]?
+    /// Claims that scope a reader or investigator: a list of apps (`oven-control@>=2.1`), a
+    /// list of labels (`region=eu`). Absent: unscoped.
+    public var appsClaim: String?
+    public var labelsClaim: String?
+
+    public init(
+        issuer: String? = nil, clientID: String? = nil, clientSecretFile: String? = nil, redirectURL: String? = nil, scopes: [String]? = nil,
+        groupsClaim: String? = nil, readers: [String]? = nil, investigators: [String]? = nil, admins: [String]? = nil, appsClaim: String? = nil,
+        labelsClaim: String? = nil
+    ) {
+        (self.issuer, self.clientID, self.clientSecretFile, self.redirectURL, self.scopes) = (issuer, clientID, clientSecretFile, redirectURL, scopes)
+        (self.groupsClaim, self.readers, self.investigators, self.admins, self.appsClaim, self.labelsClaim) = (groupsClaim, readers, investigators, admins, appsClaim, labelsClaim)
+    }
+
+    public var isConfigured: Bool { issuer != nil }
+}
+
+/// Who the identity provider says signed in: from a verified ID token.
+public struct SignedInPerson: Sendable, Equatable {
+    public var subject: String
+    /// What the console and the audit log call them: `sso:` and their e-mail address (else
+    /// their user name, else the subject). Token names cannot hold a `:`, so no person is
+    /// mistaken for a token.
+    public var name: String
+    public var groups: [String]
+    public var apps: [String]
+    public var labels: [String]
+}
+
+/// The console's OpenID Connect sign-in (authorization code with PKCE, `S256`): the URL a
+/// browser is sent to, and the person the code it comes back with stands for, from an ID token
+/// checked against the provider's published keys (signature, issuer, audience, expiry, the
+/// nonce this sign-in chose). The provider's discovery document and keys are fetched when first
+/// needed and kept; the keys are fetched again when a token names one not held (at most once a
+/// minute). What the browser must hold between leaving and coming back (the state, the nonce,
+/// the PKCE verifier) is a cookie of its own, so any node of a cluster can finish a sign-in.
+public final class SingleSignOn: Sendable {
+    public let settings: SingleSignOnSettings
+    let issuer: String
+    let clientID: String
+    let clientSecret: String
+    let redirectURL: String
+    let now: @Sendable () -> Date
+    private let http: HTTPClient
+    private let cache = Mutex<(discovery: Discovery?, keys: JWTKeyCollection?, keysFetched: Date?)>((nil, nil, nil))
+
+    /// The provider's endpoints, from its discovery document.
+    struct Discovery: Codable, Sendable {
+        var issuer: String
+        var authorization_endpoint: String
+        var token_endpoint: String
+        var jwks_uri: String
+        var end_session_endpoint: String?
+    }
+
+    /// What the browser keeps between leaving for the provider and coming back.
+    struct Pending: Codable, Sendable {
+        var state: String
+        var nonce: String
+        var verifier: String
+        var returnTo: String?
+        /// Seconds since 1970: a sign-in has ten minutes.
+        var started: Double
+    }
+
+    public static let cookie = "dredge_console_sso"
+    /// What every signed-on person's name starts with (token names cannot hold a `:`).
+    public static let namePrefix = "sso:"
+    static let pendingSeconds: Double = 600
+
+    /// Reads the client secret from `settings.clientSecretFile` (relative to `directory`).
+    public init(settings: SingleSignOnSettings, directory: String, now: @escaping @Sendable () -> Date = { Date() }) throws {
+        guard let issuer = settings.issuer, let clientID = settings.clientID, let redirectURL = settings.redirectURL, let secretFile = settings.clientSecretFile else {
+            throw DeploymentError("sso needs issuer, clientID, clientSecretFile and redirectURL")
+        }
+        guard let url = URL(string: issuer), let scheme = url.scheme, let host = url.host else { throw DeploymentError("sso.issuer is not a URL: \(issuer)") }
+        if scheme != "https" && !(scheme == "http" && ["127.0.0.1", "::1", "localhost"].contains(host)) {
+            throw DeploymentError("sso.issuer must be https:// (plain http only on loopback): \(issuer)")
+        }
+        let path = secretFile.hasPrefix("/") ? secretFile : directory + "/" + secretFile
+        guard let secret = FileManager.default.contents(atPath: path).map({ String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines) }), !secret.isEmpty
+        else { throw DeploymentError("sso.clientSecretFile: cannot read the client secret from \(path)") }
+        self.settings = settings
+        self.issuer = issuer.hasSuffix("/") ? String(issuer.dropLast()) : issuer
+        self.clientID = clientID
+        self.clientSecret = secret
+        self.redirectURL = redirectURL
+        self.now = now
+        http = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: .init(timeout: .init(connect: .seconds(5), read: .seconds(10))))
+    }
+
+    deinit { try? http.syncShutdown() }
+
+    // MARK: Leaving for the provider
+
+    /// The provider's authorization URL for a new sign-in, and the cookie value that must come
+    /// back with it.
+    func start(returnTo: String?) async throws -> (url: String, cookie: String) {
+        let discovery = try await discovered()
+        let pending = Pending(
+            state: ConsoleSessions.randomToken(), nonce: ConsoleSessions.randomToken(), verifier: ConsoleSessions.randomToken() + ConsoleSessions.randomToken(),
+            returnTo: returnTo, started: now().timeIntervalSince1970)
+        let challenge = Self.base64URL(Array(SHA256.hash(data: Array(pending.verifier.utf8))))
+        guard var components = URLComponents(string: discovery.authorization_endpoint) else { throw SingleSignOnError("the provider's authorization endpoint is not a URL") }
+        let asked = components.queryItems ?? []
+        components.queryItems = asked + [
+            URLQueryItem(name: "response_type", value: "code"), URLQueryItem(name: "client_id", value: clientID),
+            URLQueryItem(name: "redirect_uri", value: redirectURL), URLQueryItem(name: "scope", value: (settings.scopes ?? ["openid", "profile", "email"]).joined(separator: " ")),
+            URLQueryItem(name: "state", value: pending.state), URLQueryItem(name: "nonce", value: pending.nonce),
+            URLQueryItem(name: "code_challenge", value: challenge), URLQueryItem(name: "code_challenge_method", value: "S256"),
+        ]
+        guard let url = components.url?.absoluteString else { throw SingleSignOnError("the provider's authorization endpoint is not a URL") }
+        return (url, Self.base64URL(Array(try JSONEncoder().encode(pending))))
+    }
+
+    // MARK: Coming back
+
+    /// The person a callback stands for: its `state` checked against the cookie's, its code
+    /// exchanged at the provider (with the PKCE verifier), the ID token verified.
+    func finish(code: String, state: String, cookie: String?) async throws -> (person: SignedInPerson, returnTo: String?) {
+        guard let cookie, let data = Self.fromBase64URL(cookie), let pending = try? JSONDecoder().decode(Pending.self, from: Data(data)) else {
+            throw SingleSignOnError("this sign-in was not started from this browser (or its cookie is gone): start again")
+        }
+        guard ConsoleSessions.same(pending.state, state) else { throw SingleSignOnError("the provider's answer is not for this browser's sign-in: start again") }
+        guard now().timeIntervalSince1970 - pending.started < Self.pendingSeconds else { throw SingleSignOnError("the sign-in took more than ten minutes: start again") }
+        let discovery = try await discovered()
+        var request = HTTPClientRequest(url: discovery.token_endpoint)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        request.headers.add(name: "Accept", value: "application/json")
+        let credentials = Data("\(Self.formEncoded(clientID)):\(Self.formEncoded(clientSecret))".utf8).base64EncodedString()
+        request.headers.add(name: "Authorization", value: "Basic \(credentials)")
+        let form = [("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirectURL), ("code_verifier", pending.verifier)]
+        request.body = .bytes(ByteBuffer(string: form.map { "\($0.0)=\(Self.formEncoded($0.1))" }.joined(separator: "&")))
+        let response = try await http.execute(request, timeout: .seconds(15))
+        let body = try await response.body.collect(upTo: 1 << 20)
+        guard response.status == .ok else {
+            throw SingleSignOnError("the provider refused the sign-in's code (\(response.status.code)): \(String(buffer: body).prefix(200))")
+        }
+        struct Tokens: Decodable { var id_token: String? }
+        guard let idToken = try JSONDecoder().decode(Tokens.self, from: Data(buffer: body)).id_token else {
+            throw SingleSignOnError("the provider answered without an ID token (is `openid` among sso.scopes?)")
+        }
+        return (try await person(idToken: idToken, nonce: pending.nonce), pending.returnTo)
+    }
+
+    /// The person an ID token names, once it is verified: signed by one of the provider's
+    /// keys, issued by it, for this client, not expired (a minute's leeway), with `nonce`.
+    func person(idToken: String, nonce: String) async throws -> SignedInPerson {
+        let claims: IDTokenClaims
+        do {
+            claims = try await providerKeys(refresh: false).verify(idToken, as: IDTokenClaims.self)
+        } catch let error as JWTError where error.errorType == .unknownKID {
+            // Keys rotated at the provider since they were fetched: fetch them again, once.
+            do {
+                claims = try await providerKeys(refresh: true).verify(idToken, as: IDTokenClaims.self)
+            } catch {
+                throw SingleSignOnError("the ID token does not verify: \(error)")
+            }
+        } catch let error as SingleSignOnError {
+            throw error
+        } catch {
+            throw SingleSignOnError("the ID token does not verify: \(error)")
+        }
+        return try check(claims, nonce: nonce)
+    }
+
+    /// The claims' issuer, audience, expiry and nonce (the signature is checked already).
+    func check(_ claims: IDTokenClaims, nonce: String) throws -> SignedInPerson {
+        guard claims.iss.value == issuer || claims.iss.value == issuer + "/" else { throw SingleSignOnError("the ID token is from another issuer: \(claims.iss.value)") }
+        guard claims.aud.value.contains(clientID) else { throw SingleSignOnError("the ID token is not for this console (its audience is \(claims.aud.value))") }
+        guard claims.exp.value.addingTimeInterval(60) > now() else { throw SingleSignOnError("the ID token has expired") }
+        guard let sent = claims.nonce, ConsoleSessions.same(sent, nonce) else { throw SingleSignOnError("the ID token is not for this sign-in (its nonce differs)") }
+        let groups = claims.strings(settings.groupsClaim ?? "groups")
+        let label = claims.email ?? claims.preferredUsername ?? claims.sub.value
+        return SignedInPerson(
+            subject: claims.sub.value, name: Self.namePrefix + String(label.prefix(120)), groups: groups, apps: settings.appsClaim.map(claims.strings) ?? [],
+            labels: settings.labelsClaim.map(claims.strings) ?? [])
+    }
+
+    /// The role and scope a person's groups give (``SingleSignOnSettings``): nil when none of
+    /// their groups is one of Dredge's, or their scope claims do not read.
+    public func caller(for person: SignedInPerson, until expiry: Date) -> Caller? {
+        let groups = Set(person.groups)
+        func any(_ names: [String]?) -> Bool { !(names ?? []).filter(groups.contains).isEmpty }
+        let role: AdminRole
+        if any(settings.admins) { role = .admin } else if any(settings.investigators) { role = .investigator } else if any(settings.readers) { role = .reader } else { return nil }
+        var scope = AccessScope()
+        for text in person.apps {
+            guard let app = AppScope(parsing: text) else { return nil }
+            scope.apps.append(app)
+        }
+        for text in person.labels {
+            let parts = text.split(separator: "=", maxSplits: 1)
+            guard parts.count == 2 else { return nil }
+            scope.labels[String(parts[0])] = String(parts[1])
+        }
+        if scope.problem != nil { return nil }
+        return Caller(name: person.name, role: role, scope: scope, expiresAt: expiry)
+    }
+
+    /// Where the browser goes to end its session at the provider too (RP-initiated logout),
+    /// when the provider has such an endpoint.
+    func endSessionURL() async -> String? {
+        guard let endpoint = try? await discovered().end_session_endpoint, var components = URLComponents(string: endpoint) else { return nil }
+        let asked = components.queryItems ?? []
+        let back = redirectURL.hasSuffix("/sso/callback") ? String(redirectURL.dropLast("/sso/callback".count)) + "/sign-in" : nil
+        components.queryItems = asked + [URLQueryItem(name: "client_id", value: clientID)] + (back.map { [URLQueryItem(name: "post_logout_redirect_uri", value: $0)] } ?? [])
+        return components.url?.absoluteString
+    }
+
+    // MARK: The provider's documents
+
+    private func discovered() async throws -> Discovery {
+        if let known = cache.withLock({ $0.discovery }) { return known }
+        let discovery: Discovery = try await fetch(issuer + "/.well-known/openid-configuration")
+        guard discovery.issuer == issuer || discovery.issuer == issuer + "/" else {
+            throw SingleSignOnError("the provider's discovery document names another issuer (\(discovery.issuer)): check sso.issuer")
+        }
+        cache.withLock { $0.discovery = discovery }
+        return discovery
+    }
+
+    private func providerKeys(refresh: Bool) async throws -> JWTKeyCollection {
+        let current = cache.withLock { $0 }
+        if let keys = current.keys, !refresh || (current.keysFetched.map { now().timeIntervalSince($0) < 60 } ?? false) { return keys }
+        let discovery = try await discovered()
+        let jwks: JWKS = try await fetch(discovery.jwks_uri)
+        let keys = JWTKeyCollection()
+        do {
+            try await keys.add(jwks: jwks)
+        } catch {
+            throw SingleSignOnError("the provider's keys do not read: \(error)")
+        }
+        cache.withLock { ($0.keys, $0.keysFetched) = (keys, now()) }
+        return keys
+    }
+
+    private func fetch<T: Decodable>(_ url: String) async throws -> T {
+        let response: HTTPClientResponse
+        do {
+            response = try await http.execute(HTTPClientRequest(url: url), timeout: .seconds(15))
+        } catch {
+            throw SingleSignOnError("cannot reach the identity provider at \(url): \(error)")
+        }
+        let body = try await response.body.collect(upTo: 1 << 20)
+        guard response.status == .ok else { throw SingleSignOnError("the identity provider answered \(response.status.code) for \(url)") }
+        do {
+            return try JSONDecoder().decode(T.self, from: Data(buffer: body))
+        } catch {
+            throw SingleSignOnError("the identity provider's \(url) does not read: \(error)")
+        }
+    }
+
+    // MARK: Encodings
+
+    static func base64URL(_ bytes: [UInt8]) -> String {
+        Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+    }
+
+    static func fromBase64URL(_ text: String) -> [UInt8]? {
+        guard text.utf8.count <= 4096 else { return nil }
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while base64.utf8.count % 4 != 0 { base64 += "=" }
+        return Data(base64Encoded: base64).map(Array.init)
+    }
+
+    /// `application/x-www-form-urlencoded`'s encoding of a value (RFC 6749 § 2.3.1 for credentials too).
+    static func formEncoded(_ text: String) -> String {
+        var allowed = CharacterSet.alphanumerics
+        allowed.insert(charactersIn: "-._~")
+        return text.addingPercentEncoding(withAllowedCharacters: allowed) ?? ""
+    }
+}
+
+/// Why a single sign-on did not sign anyone in, said to the person (and logged).
+public struct SingleSignOnError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The claims of an ID token the console reads; any other claim is kept for the groups and
+/// scope claims the settings name.
+struct IDTokenClaims: JWTPayload {
+    var iss: IssuerClaim
+    var sub: SubjectClaim
+    var aud: AudienceClaim
+    var exp: ExpirationClaim
+    var nonce: String?
+    var email: String?
+    var preferredUsername: String?
+    /// Every claim, for those the settings name (`groups`, `dredge_apps`…).
+    var others: [String: JSONValue]
+
+    enum JSONValue: Codable, Sendable {
+        case string(String), strings([String]), other
+
+        init(from decoder: any Decoder) throws {
+            let c = try decoder.singleValueContainer()
+            if let s = try? c.decode(String.self) {
+                self = .string(s)
+            } else if let list = try? c.decode([String].self) {
+                self = .strings(list)
+            } else {
+                self = .other
+            }
+        }
+
+        func encode(to encoder: any Encoder) throws {
+            var c = encoder.singleValueContainer()
+            switch self {
+            case .string(let s): try c.encode(s)
+            case .strings(let list): try c.encode(list)
+            case .other: try c.encodeNil()
+            }
+        }
+    }
+
+    struct Key: CodingKey {
+        var stringValue: String
+        var intValue: Int? { nil }
+        init(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
+    }
+
+    init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Key.self)
+        iss = try c.decode(IssuerClaim.self, forKey: Key(stringValue: "iss"))
+        sub = try c.decode(SubjectClaim.self, forKey: Key(stringValue: "sub"))
+        aud = try c.decode(AudienceClaim.self, forKey: Key(stringValue: "aud"))
+        exp = try c.decode(ExpirationClaim.self, forKey: Key(stringValue: "exp"))
+        nonce = try c.decodeIfPresent(String.self, forKey: Key(stringValue: "nonce"))
+        email = try? c.decodeIfPresent(String.self, forKey: Key(stringValue: "email"))
+        preferredUsername = try? c.decodeIfPresent(String.self, forKey: Key(stringValue: "preferred_username"))
+        var others: [String: JSONValue] = [:]
+        for key in c.allKeys { others[key.stringValue] = try? c.decode(JSONValue.self, forKey: key) }
+        self.others = others
+    }
+
+    func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Key.self)
+        for (name, value) in others { try c.encode(value, forKey: Key(stringValue: name)) }
+    }
+
+    /// The signature is checked by the key collection; the claims by ``SingleSignOn/check(_:nonce:)``.
+    func verify(using algorithm: some JWTAlgorithm) async throws {}
+
+    /// A claim as a list of strings: a list, or one string (some providers send a lone group so).
+    func strings(_ name: String) -> [String] {
+        switch others[name] {
+        case .string(let s)?: [s]
+        case .strings(let list)?: list
+        default: []
+        }
+    }
+}

@@ -238,11 +238,28 @@ def main():
         short_words = subprocess.run([f"{bin_dir}/dredge-server", "init", "--data", short_data], check=True, capture_output=True, text=True).stdout.split()
         short_token = next(w for w in short_words if w.startswith("dredge_adm_"))
         short_port = free_port()
+        short_base = f"https://localhost:{short_port}"
+        # The short server also signs people in through a real OpenID Connect provider
+        # (Tests/sso/oidc_provider.py: django-oauth-toolkit on loopback), by their groups (#55).
+        provider_dir = os.path.join(work, "provider")
+        os.makedirs(provider_dir)
+        provider_log = open(os.path.join(work, "provider.log"), "w")
+        provider_process = subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sso", "oidc_provider.py"), "--state-dir", provider_dir,
+             "--console-redirect", short_base + "/console/sso/callback"], stdout=subprocess.PIPE, stderr=provider_log, text=True)
+        processes.append(provider_process)
+        provider = json.loads(provider_process.stdout.readline() or "null") or (_ for _ in ()).throw(SystemExit("FAILED: the OpenID Connect provider did not start"))
+        with open(os.path.join(short_data, "sso-secret"), "w") as f:
+            f.write(provider["console"]["secret"])
+        short_config_path = os.path.join(short_data, "server.json")
+        short_config = json.load(open(short_config_path))
+        short_config["sso"] = {"issuer": provider["issuer"], "clientID": "dredge-console", "clientSecretFile": "sso-secret",
+                               "redirectURL": short_base + "/console/sso/callback", "investigators": ["dredge-investigators"], "readers": ["dredge-readers"]}
+        json.dump(short_config, open(short_config_path, "w"))
         short_log = open(os.path.join(work, "short.log"), "w")
         processes.append(subprocess.Popen(
             [f"{bin_dir}/dredge-server", "run", "--data", short_data, "--agent-port", str(free_port()), "--admin-port", str(short_port),
              "--console-session-minutes", "1"], stdout=short_log, stderr=short_log))
-        short_base = f"https://localhost:{short_port}"
 
         def spki_hash(directory):
             certificate = x509.load_pem_x509_certificate(open(os.path.join(directory, "server.pem"), "rb").read())
@@ -630,7 +647,50 @@ def main():
         driver.add_cookie({"name": "dredge_console", "value": short_cookie["value"], "path": "/console", "secure": True, "httpOnly": True, "sameSite": "Strict"})
         driver.get(short_base + "/console/agents")
         at(short_base + "/console/sign-in?return=%2Fconsole%2Fagents", "the expired cookie sent again is refused")
-        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, its logs, feedback, tokens, audit log, a server restart, sign-out passed; screenshots in {out}")
+
+        # Single sign-on (#55): "Sign in with single sign-on" goes to the company's provider; alice
+        # signs in on its own page and comes back an investigator, by her group; signing out
+        # ends her session here and at the provider; mallory, in no group of Dredge's, is refused.
+        def sso_sign_in(person):
+            driver.get(short_base + "/console/sign-in")
+            driver.find_element(By.LINK_TEXT, "Sign in with single sign-on").click()
+            try:
+                WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.NAME, "username"))
+            except Exception:
+                check(False, f"single sign-on shows the provider's sign-in page to {person}")
+            check(driver.current_url.startswith(provider["issuer"].rsplit("/o", 1)[0] + "/accounts/login/"), "single sign-on opens the provider's own sign-in page")
+            driver.find_element(By.NAME, "username").send_keys(person)
+            driver.find_element(By.NAME, "password").send_keys(provider["people"][person])
+            driver.find_element(By.CSS_SELECTOR, "form button").click()
+        sso_sign_in("alice")
+        at(short_base + "/console/agents", "alice is signed in through the provider and lands on the agents page")
+        header = driver.find_element(By.CSS_SELECTOR, "form.sign-out span").text
+        check("sso:alice@example.com" in header and "(investigator)" in header, f"the header names alice and her role ({header!r})")
+        check(not driver.find_elements(By.LINK_TEXT, "Tokens"), "an investigator is not offered the tokens page")
+        shot("11-signed-on")
+        driver.find_element(By.CSS_SELECTOR, "form.sign-out button").click()
+        # The browser goes by the provider's end-session page: where the provider still knows
+        # the person, it asks whether to end its own session too (it must, without an ID token
+        # hint); either way it comes back to the console's sign-in.
+        provider_origin = provider["issuer"].rsplit("/o", 1)[0]
+        try:
+            WebDriverWait(driver, 30).until(
+                lambda d: d.find_elements(By.CSS_SELECTOR, "input[name=allow]") or d.current_url == short_base + "/console/sign-in")
+        except Exception:
+            check(False, "signing out goes by the provider's end-session page")
+        if driver.find_elements(By.CSS_SELECTOR, "input[name=allow]"):
+            driver.find_element(By.CSS_SELECTOR, "input[name=allow]").click()
+        at(short_base + "/console/sign-in", "signing out through the provider comes back to sign-in")
+        driver.get(short_base + "/console/agents")
+        at(short_base + "/console/sign-in?return=%2Fconsole%2Fagents", "after signing out, alice's session is gone")
+        # Another person at the same browser: the provider's own session (if any) is forgotten first.
+        driver.get(provider_origin + "/accounts/login/")
+        driver.delete_all_cookies()
+        sso_sign_in("mallory")
+        WebDriverWait(driver, 30).until(lambda d: "/console/sso/callback" in d.current_url)
+        check("none of your groups gives a role" in driver.find_element(By.TAG_NAME, "body").text, "a person in no group of Dredge's is refused")
+        check(driver.get_cookie("dredge_console") is None, "a refused person has no session")
+        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, its logs, feedback, tokens, audit log, a server restart, sign-out, single sign-on passed; screenshots in {out}")
     finally:
         if driver is not None:
             driver.quit()

@@ -130,7 +130,8 @@ def main():
         client_type=Application.CLIENT_CONFIDENTIAL,
         authorization_grant_type=Application.GRANT_AUTHORIZATION_CODE,
         redirect_uris=" ".join(args.console_redirect),
-        post_logout_redirect_uris=" ".join(u.rsplit("/", 1)[0] + "/sign-in" for u in args.console_redirect),
+        # Where the console's sign-out comes back to: its sign-in page, beside `sso/callback`.
+        post_logout_redirect_uris=" ".join(u.removesuffix("/sso/callback") + "/sign-in" for u in args.console_redirect),
         algorithm=Application.RS256_ALGORITHM,
         skip_authorization=True,
     )

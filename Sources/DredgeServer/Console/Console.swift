@@ -119,9 +119,12 @@ enum Console {
             guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
             try await d.sessions.close(id)
             try await d.actions.signedOut(session.tokenName)
-            // A person the identity provider signed in is signed out there too, when it can.
-            let signedOn = session.tokenName.hasPrefix(SingleSignOn.namePrefix)
-            var response = redirect(signedOn ? await d.sso?.endSessionURL() ?? "/console/sign-in" : "/console/sign-in")
+            // A person the identity provider signed in is signed out there too, when it can: by a
+            // page that moves on (a form's redirect to another site is what `form-action 'self'` forbids).
+            let provider = session.tokenName.hasPrefix(SingleSignOn.namePrefix) ? await d.sso?.endSessionURL() : nil
+            var response =
+                provider.map { html(library, "moving-on", ["title": "Signed out", "target": $0, "message": "Signed out of Dredge; now at your identity provider."]) }
+                ?? redirect("/console/sign-in")
             response.setCookie(expired(sessionCookie, d))
             return response
         }

@@ -62,7 +62,8 @@ extension Console {
             // A page that moves on by itself, not a redirect: the browser came here from the
             // provider's site, and a redirect would carry on that cross-site navigation, on which
             // the session's SameSite=Strict cookie is not sent; a move from this page is the console's own.
-            done = html(library, "moving-on", ["title": "Signed in", "target": returnTo ?? "/console/agents", "name": caller.name])
+            // The return path is checked again: the cookie it came back in is the browser's to change.
+            done = html(library, "moving-on", ["title": "Signed in", "target": returnPath(returnTo) ?? "/console/agents", "message": "Signed in as \(caller.name)."])
             done.setCookie(
                 Cookie(
                     name: sessionCookie, value: id, maxAge: max(1, Int(session.expires.timeIntervalSince(d.sessions.now()).rounded())), path: "/console", secure: d.secure,

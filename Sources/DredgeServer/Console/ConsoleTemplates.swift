@@ -124,7 +124,7 @@ enum ConsoleTemplates {
         <title>{{title}} · Dredge</title>
         <link rel="stylesheet" href="/console/static/console.css">
         </head>
-        <body><main><p>Signed in as {{name}}. <a href="{{target}}">Continue</a></p></main></body>
+        <body><main><p>{{message}} <a href="{{target}}">Continue</a></p></main></body>
         </html>
         """
 

@@ -71,7 +71,8 @@ public final class SingleSignOn: Sendable {
     let clientSecret: String
     let redirectURL: String
     let now: @Sendable () -> Date
-    private let http: HTTPClient
+    /// AsyncHTTPClient's shared client (nothing to shut down); each call has its own deadline.
+    private var http: HTTPClient { HTTPClient.shared }
     private let cache = Mutex<(discovery: Discovery?, keys: JWTKeyCollection?, keysFetched: Date?)>((nil, nil, nil))
 
     /// The provider's endpoints, from its discovery document.
@@ -116,10 +117,7 @@ public final class SingleSignOn: Sendable {
         self.clientSecret = secret
         self.redirectURL = redirectURL
         self.now = now
-        http = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: .init(timeout: .init(connect: .seconds(5), read: .seconds(10))))
     }
-
-    deinit { try? http.syncShutdown() }
 
     // MARK: Leaving for the provider
 

@@ -5,7 +5,6 @@ import DredgeEnvelope
 import Foundation
 import JWTKit
 import NIOCore
-import NIOHTTP1
 import Synchronization
 
 /// `sso` in `server.json`: the company's OpenID Connect identity provider the console signs

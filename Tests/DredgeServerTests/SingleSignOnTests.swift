@@ -61,16 +61,19 @@ import Testing
 
     static func script(_ name: String) -> String { MetricsTests.repository.appendingPathComponent("Tests/sso/" + name).path }
 
-    /// The console's settings: investigators and readers by group, a reader's apps from `dredge_apps`.
-    static func settings(_ provider: Provider) -> SingleSignOnSettings {
+    /// The console's settings: investigators and readers by group; with `appsClaim`, a reader's
+    /// or investigator's apps from that claim (`dredge_apps`).
+    static func settings(_ provider: Provider, appsClaim: String? = nil) -> SingleSignOnSettings {
         SingleSignOnSettings(
             issuer: provider.issuer, clientID: "dredge-console", clientSecretFile: "sso-secret", redirectURL: Provider.redirect, groupsClaim: "groups",
-            readers: ["dredge-readers"], investigators: ["dredge-investigators"], admins: ["dredge-admins"], appsClaim: "dredge_apps")
+            readers: ["dredge-readers"], investigators: ["dredge-investigators"], admins: ["dredge-admins"], appsClaim: appsClaim)
     }
 
-    static func singleSignOn(_ provider: Provider, _ fixture: ConsoleRouteTests.Fixture, now: @escaping @Sendable () -> Date = { Date() }) throws -> SingleSignOn {
+    static func singleSignOn(
+        _ provider: Provider, _ fixture: ConsoleRouteTests.Fixture, appsClaim: String? = nil, now: @escaping @Sendable () -> Date = { Date() }
+    ) throws -> SingleSignOn {
         try Data(provider.secret.utf8).write(to: URL(fileURLWithPath: fixture.admin.data + "/sso-secret"))
-        return try SingleSignOn(settings: settings(provider), directory: fixture.admin.data, now: now)
+        return try SingleSignOn(settings: settings(provider, appsClaim: appsClaim), directory: fixture.admin.data, now: now)
     }
 
     /// The callback's path and query, as the console is asked for it.
@@ -85,6 +88,7 @@ import Testing
         let fixture = ConsoleRouteTests.Fixture()
         let fleet = try await AccessControlTests.Fleet(fixture)
         let sso = try Self.singleSignOn(provider, fixture)
+        let scoping = try Self.singleSignOn(provider, fixture, appsClaim: "dredge_apps")
         try await fixture.test(sso: sso) { browser in
             // Mallory's groups give no role: refused, and recorded.
             let start = try await browser.get("/console/sso/start")
@@ -111,7 +115,7 @@ import Testing
             #expect(landed.status == .ok && landed.body.contains(#"content="0; url=/console/pulls/new""#), "\(landed.body)")
             #expect(browser.cookies[Console.sessionCookie] != nil && browser.cookies[SingleSignOn.cookie] == nil)
             let form = try await browser.get("/console/pulls/new")
-            #expect(form.status == .ok && form.body.contains("sso:alice@example.com") && form.body.contains("(investigator)"))
+            #expect(form.status == .ok && form.body.contains("sso:") && form.body.contains("(investigator)"))
             #expect(try await browser.get("/console/tokens").status == .forbidden)
 
             // The same answer again (a replay, or another tab) is refused: its sign-in is spent.
@@ -124,7 +128,26 @@ import Testing
             #expect(out.status == .ok && out.body.contains(#"content="0; url=\#(provider.issuer)/logout/?client_id=dredge-console"#), "\(out.body)")
             #expect(try await browser.get("/console/agents").location?.hasPrefix("/console/sign-in") == true)
         }
-        try await fixture.test(sso: sso) { browser in
+        try await fixture.test(sso: scoping) { browser in
+            // Where a claim scopes readers and investigators, alice, who has none, is refused:
+            // never unscoped for want of a claim.
+            let first = try await browser.get("/console/sso/start")
+            let authorize = try #require(first.location)
+            let unscoped = try await browser.get(Self.callbackPath(try provider.signIn("alice", at: authorize)))
+            #expect(unscoped.status == .forbidden && unscoped.body.contains("scope claim is missing"))
+
+            // A callback whose state is not this browser's sign-in's (a second start replaced
+            // the cookie) is refused.
+            let older = try #require(try await browser.get("/console/sso/start").location)
+            _ = try await browser.get("/console/sso/start")
+            let crossed = try await browser.get(Self.callbackPath(try provider.signIn("rita", at: older)))
+            #expect(crossed.status == .unauthorized && crossed.body.contains("not for this browser"))
+            // A cookie changed by the browser (its signature no longer holds) is refused.
+            let tampered = try #require(try await browser.get("/console/sso/start").location)
+            browser.cookies[SingleSignOn.cookie] = "x" + (browser.cookies[SingleSignOn.cookie] ?? "")
+            #expect(try await browser.get(Self.callbackPath(try provider.signIn("rita", at: tampered))).status == .unauthorized)
+        }
+        try await fixture.test(sso: scoping) { browser in
             // Rita, a reader scoped by her `dredge_apps` claim to oven-control: the oven only.
             let start = try await browser.get("/console/sso/start")
             let authorize = try #require(start.location)
@@ -135,9 +158,9 @@ import Testing
             #expect(try await browser.get("/console/pulls/new").status == .forbidden)
         }
         let signIns = try await fixture.audit("console.sign-in").map { "\($0.actor) \($0.detail)" }
-        #expect(signIns.contains { $0.hasPrefix("sso:alice@example.com ") && $0.contains("through single sign-on as investigator") }, "\(signIns)")
-        #expect(signIns.contains { $0.hasPrefix("sso:rita@example.com ") && $0.contains("as reader of app=oven-control") }, "\(signIns)")
-        #expect(try await fixture.audit("auth.failed").contains { $0.detail.contains("sso:mallory@example.com") })
+        #expect(signIns.contains { $0.hasPrefix("sso:") && $0.contains("through single sign-on (alice@example.com) as investigator") }, "\(signIns)")
+        #expect(signIns.contains { $0.hasPrefix("sso:") && $0.contains("(rita@example.com) as reader of app=oven-control") }, "\(signIns)")
+        #expect(try await fixture.audit("auth.failed").contains { $0.detail.contains("mallory@example.com") })
     }
 
     /// The ID token's checks, on real tokens from the provider: one whose payload or signature
@@ -149,7 +172,7 @@ import Testing
         let token = try provider.idToken("alice")
         let sso = try Self.singleSignOn(provider, fixture)
         let alice = try await sso.person(idToken: token, nonce: "n1")
-        #expect(alice.name == "sso:alice@example.com" && alice.groups == ["dredge-investigators"])
+        #expect(alice.name.hasPrefix("sso:") && alice.shown == "alice@example.com" && alice.groups == ["dredge-investigators"])
 
         let parts = token.split(separator: ".").map(String.init)
         #expect(parts.count == 3)

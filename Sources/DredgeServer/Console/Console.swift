@@ -299,7 +299,7 @@ enum Console {
     /// Where signing in may lead: a console page of this server (a path under `/console/`,
     /// not sign-in itself, at most 2 KB, printable ASCII); nil otherwise.
     static func returnPath(_ path: String?) -> String? {
-        guard let path, path.hasPrefix("/console/"), !path.hasPrefix("/console/sign-"), path.utf8.count <= 2048,
+        guard let path, path.hasPrefix("/console/"), !path.hasPrefix("/console/sign-"), !path.hasPrefix("/console/sso/"), path.utf8.count <= 2048,
             path.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F && $0 != "\\" })
         else { return nil }
         return path
@@ -335,6 +335,8 @@ enum Console {
     /// Every signed-in page asks through here, naming what it does.
     static func checked(_ request: Request, _ d: Dependencies, _ operation: AdminOperation) async throws -> ConsoleSessions.Session? {
         guard let id = request.cookies[sessionCookie]?.value, let session = try await d.sessions.session(id) else { return nil }
+        // A person the identity provider signed in has no session once single sign-on is off.
+        if session.tokenName.hasPrefix(SingleSignOn.namePrefix), d.sso == nil { return nil }
         try await d.actions.authorize(operation, session.caller, on: "\(request.method) \(ConnectionUploads.bounded(request.uri.path))")
         return session
     }

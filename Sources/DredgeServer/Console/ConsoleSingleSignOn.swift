@@ -32,29 +32,34 @@ extension Console {
                 return response
             }
             if let error = fields["error"] {
-                let said = fields["error_description"].map { ": \($0)" } ?? ""
-                return page("The identity provider did not sign you in (\(String((error + said).prefix(200)))).", .unauthorized)
+                // The code alone (anyone can send a browser here with any text): the provider's own words stay off the page.
+                let code = error.unicodeScalars.allSatisfy({ ("a"..."z").contains($0) || $0 == "_" }) ? String(error.prefix(64)) : "an error"
+                return page("The identity provider did not sign you in (\(code)).", .unauthorized)
             }
             guard let code = fields["code"], let state = fields["state"] else { return page("The identity provider's answer had no code: start again.", .badRequest) }
             let person: SignedInPerson
             let returnTo: String?
             do {
                 (person, returnTo) = try await sso.finish(code: code, state: state, cookie: request.cookies[SingleSignOn.cookie]?.value)
-            } catch let error as SingleSignOnError {
-                d.logger.warning("single sign-on failed", metadata: ["error": "\(error)"])
-                await d.actions.refusedToken("a single sign-on that did not verify (\(error))", for: "the console's single sign-on", from: context.remoteAddress ?? "?")
-                return page(sentence(error), .unauthorized)
+            } catch {
+                // The provider unreachable or refusing, a forged or stale cookie, a token that does not verify.
+                let said = (error as? SingleSignOnError)?.description ?? "the sign-in failed: \(error)"
+                d.logger.warning("single sign-on failed", metadata: ["error": "\(said)"])
+                await d.actions.refusedToken("a single sign-on that failed (\(said.prefix(300)))", for: "the console's single sign-on", from: context.remoteAddress ?? "?")
+                return page(error is SingleSignOnError ? sentence(said) : "The sign-in failed; the server's log says why.", .unauthorized)
             }
             guard let caller = sso.caller(for: person, until: d.sessions.now().addingTimeInterval(d.sessions.lifetime)) else {
                 await d.actions.refusedToken(
-                    "\(person.name) (groups \(person.groups.joined(separator: ", "))), whose groups give no role", for: "the console's single sign-on",
-                    from: context.remoteAddress ?? "?")
-                return page("You are signed in at the identity provider as \(person.name.dropFirst(SingleSignOn.namePrefix.count)), but none of your groups gives a role in Dredge.", .forbidden)
+                    "\(person.name) (\(person.shown); groups \(person.groups.prefix(20).joined(separator: ", ").prefix(300))), whose groups and claims give no role or no scope",
+                    for: "the console's single sign-on", from: context.remoteAddress ?? "?")
+                return page(
+                    "You are signed in at the identity provider as \(person.shown), but none of your groups gives a role in Dredge (or your scope claim is missing).",
+                    .forbidden)
             }
             if let old = request.cookies[sessionCookie]?.value { try await d.sessions.close(old) }
             let (id, session) = try await d.sessions.open(signedOn: caller)
             do {
-                try await d.actions.signedIn(caller, from: (context.remoteAddress ?? "?") + " through single sign-on")
+                try await d.actions.signedIn(caller, from: (context.remoteAddress ?? "?") + " through single sign-on (\(person.shown))")
             } catch {
                 try await d.sessions.close(id)
                 throw error
@@ -63,7 +68,7 @@ extension Console {
             // provider's site, and a redirect would carry on that cross-site navigation, on which
             // the session's SameSite=Strict cookie is not sent; a move from this page is the console's own.
             // The return path is checked again: the cookie it came back in is the browser's to change.
-            done = html(library, "moving-on", ["title": "Signed in", "target": returnPath(returnTo) ?? "/console/agents", "message": "Signed in as \(caller.name)."])
+            done = html(library, "moving-on", ["title": "Signed in", "target": returnPath(returnTo) ?? "/console/agents", "message": "Signed in as \(person.shown)."])
             done.setCookie(
                 Cookie(
                     name: sessionCookie, value: id, maxAge: max(1, Int(session.expires.timeIntervalSince(d.sessions.now()).rounded())), path: "/console", secure: d.secure,

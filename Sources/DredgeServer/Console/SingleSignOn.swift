@@ -47,13 +47,18 @@ public struct SingleSignOnSettings: Codable, Sendable, Equatable {
 /// Who the identity provider says signed in: from a verified ID token.
 public struct SignedInPerson: Sendable, Equatable {
     public var subject: String
-    /// What the console and the audit log call them: `sso:` and their e-mail address (else
-    /// their user name, else the subject). Token names cannot hold a `:`, so no person is
-    /// mistaken for a token.
+    /// What the console and the audit log call them: `sso:` and their subject, which the
+    /// provider keeps for them (an e-mail address or a user name can change hands, or be set
+    /// by the person, and the two-person rule of approvals compares names). Token names cannot
+    /// hold a `:`, so no person is mistaken for a token.
     public var name: String
+    /// Their e-mail address or user name as the token says, for people to read (audit details).
+    public var shown: String
     public var groups: [String]
-    public var apps: [String]
-    public var labels: [String]
+    /// The scope claims' lists; nil when the claim is configured but absent or not a list of
+    /// strings (a reader or investigator is then refused, never unscoped).
+    public var apps: [String]?
+    public var labels: [String]?
 }
 
 /// The console's OpenID Connect sign-in (authorization code with PKCE, `S256`): the URL a
@@ -70,9 +75,12 @@ public final class SingleSignOn: Sendable {
     let clientSecret: String
     let redirectURL: String
     let now: @Sendable () -> Date
-    /// AsyncHTTPClient's shared client (nothing to shut down); each call has its own deadline.
-    private var http: HTTPClient { HTTPClient.shared }
-    private let cache = Mutex<(discovery: Discovery?, keys: JWTKeyCollection?, keysFetched: Date?)>((nil, nil, nil))
+    /// A client of its own that follows no redirect (a code and its verifier go to the token
+    /// endpoint and nowhere else), kept for the process's life like AsyncHTTPClient's shared one.
+    private static let client = HTTPClient(
+        eventLoopGroupProvider: .singleton, configuration: HTTPClient.Configuration(redirectConfiguration: .disallow, timeout: .init(connect: .seconds(5), read: .seconds(10))))
+    private var http: HTTPClient { Self.client }
+    private let cache = Mutex<(discovery: Discovery?, keys: JWTKeyCollection?, kids: Set<String>, keysFetched: Date?)>((nil, nil, [], nil))
 
     /// The provider's endpoints, from its discovery document.
     struct Discovery: Codable, Sendable {
@@ -137,7 +145,25 @@ public final class SingleSignOn: Sendable {
             URLQueryItem(name: "code_challenge", value: challenge), URLQueryItem(name: "code_challenge_method", value: "S256"),
         ]
         guard let url = components.url?.absoluteString else { throw SingleSignOnError("the provider's authorization endpoint is not a URL") }
-        return (url, Self.base64URL(Array(try JSONEncoder().encode(pending))))
+        let payload = Self.base64URL(Array(try JSONEncoder().encode(pending)))
+        return (url, payload + "." + Self.base64URL(Array(HMAC<SHA256>.authenticationCode(for: Array(payload.utf8), using: cookieKey))))
+    }
+
+    /// What the sign-in cookie is signed with: derived from the client secret, which every node
+    /// of a cluster holds, so none can be forged (or its start moved) by the browser.
+    private var cookieKey: SymmetricKey {
+        HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: Array(clientSecret.utf8)), info: Array("dredge console sso cookie".utf8), outputByteCount: 32)
+    }
+
+    /// The sign-in cookie's content, once its signature holds.
+    private func pending(_ cookie: String?) -> Pending? {
+        guard let cookie, cookie.utf8.count <= 4096 else { return nil }
+        let parts = cookie.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 2, let mac = Self.fromBase64URL(String(parts[1])),
+            HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: Array(parts[0].utf8), using: cookieKey),
+            let data = Self.fromBase64URL(String(parts[0]))
+        else { return nil }
+        return try? JSONDecoder().decode(Pending.self, from: Data(data))
     }
 
     // MARK: Coming back
@@ -145,7 +171,7 @@ public final class SingleSignOn: Sendable {
     /// The person a callback stands for: its `state` checked against the cookie's, its code
     /// exchanged at the provider (with the PKCE verifier), the ID token verified.
     func finish(code: String, state: String, cookie: String?) async throws -> (person: SignedInPerson, returnTo: String?) {
-        guard let cookie, let data = Self.fromBase64URL(cookie), let pending = try? JSONDecoder().decode(Pending.self, from: Data(data)) else {
+        guard let pending = pending(cookie) else {
             throw SingleSignOnError("this sign-in was not started from this browser (or its cookie is gone): start again")
         }
         guard ConsoleSessions.same(pending.state, state) else { throw SingleSignOnError("the provider's answer is not for this browser's sign-in: start again") }
@@ -159,13 +185,19 @@ public final class SingleSignOn: Sendable {
         request.headers.add(name: "Authorization", value: "Basic \(credentials)")
         let form = [("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirectURL), ("code_verifier", pending.verifier)]
         request.body = .bytes(ByteBuffer(string: form.map { "\($0.0)=\(Self.formEncoded($0.1))" }.joined(separator: "&")))
-        let response = try await http.execute(request, timeout: .seconds(15))
-        let body = try await response.body.collect(upTo: 1 << 20)
+        let response: HTTPClientResponse
+        let body: ByteBuffer
+        do {
+            response = try await http.execute(request, timeout: .seconds(15))
+            body = try await response.body.collect(upTo: 1 << 20)
+        } catch {
+            throw SingleSignOnError("cannot reach the identity provider's token endpoint: \(error)")
+        }
         guard response.status == .ok else {
             throw SingleSignOnError("the provider refused the sign-in's code (\(response.status.code)): \(String(buffer: body).prefix(200))")
         }
         struct Tokens: Decodable { var id_token: String? }
-        guard let idToken = try JSONDecoder().decode(Tokens.self, from: Data(buffer: body)).id_token else {
+        guard let idToken = (try? JSONDecoder().decode(Tokens.self, from: Data(buffer: body)))?.id_token else {
             throw SingleSignOnError("the provider answered without an ID token (is `openid` among sso.scopes?)")
         }
         return (try await person(idToken: idToken, nonce: pending.nonce), pending.returnTo)
@@ -174,16 +206,14 @@ public final class SingleSignOn: Sendable {
     /// The person an ID token names, once it is verified: signed by one of the provider's
     /// keys, issued by it, for this client, not expired (a minute's leeway), with `nonce`.
     func person(idToken: String, nonce: String) async throws -> SignedInPerson {
+        // A key id the provider's keys as held do not have: it rotated them since; fetch them
+        // again (at most once a minute) rather than let another key be tried.
+        struct Header: Decodable { var kid: String? }
+        let header = idToken.split(separator: ".").first.flatMap { Self.fromBase64URL(String($0)) }.flatMap { try? JSONDecoder().decode(Header.self, from: Data($0)) }
+        let held = cache.withLock { $0.kids }
         let claims: IDTokenClaims
         do {
-            claims = try await providerKeys(refresh: false).verify(idToken, as: IDTokenClaims.self)
-        } catch let error as JWTError where error.errorType == .unknownKID {
-            // Keys rotated at the provider since they were fetched: fetch them again, once.
-            do {
-                claims = try await providerKeys(refresh: true).verify(idToken, as: IDTokenClaims.self)
-            } catch {
-                throw SingleSignOnError("the ID token does not verify: \(error)")
-            }
+            claims = try await providerKeys(refresh: header?.kid.map { !held.contains($0) } ?? false).verify(idToken, as: IDTokenClaims.self)
         } catch let error as SingleSignOnError {
             throw error
         } catch {
@@ -198,26 +228,33 @@ public final class SingleSignOn: Sendable {
         guard claims.aud.value.contains(clientID) else { throw SingleSignOnError("the ID token is not for this console (its audience is \(claims.aud.value))") }
         guard claims.exp.value.addingTimeInterval(60) > now() else { throw SingleSignOnError("the ID token has expired") }
         guard let sent = claims.nonce, ConsoleSessions.same(sent, nonce) else { throw SingleSignOnError("the ID token is not for this sign-in (its nonce differs)") }
-        let groups = claims.strings(settings.groupsClaim ?? "groups")
-        let label = claims.email ?? claims.preferredUsername ?? claims.sub.value
+        let subject = claims.sub.value
+        guard !subject.isEmpty, subject.utf8.count <= 255, !subject.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+            throw SingleSignOnError("the ID token's subject is empty, too long or holds a control character")
+        }
+        let shown = (claims.email ?? claims.preferredUsername ?? subject).unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.map(String.init).joined()
         return SignedInPerson(
-            subject: claims.sub.value, name: Self.namePrefix + String(label.prefix(120)), groups: groups, apps: settings.appsClaim.map(claims.strings) ?? [],
-            labels: settings.labelsClaim.map(claims.strings) ?? [])
+            subject: subject, name: Self.namePrefix + subject, shown: String(shown.prefix(120)), groups: claims.strings(settings.groupsClaim ?? "groups") ?? [],
+            apps: settings.appsClaim.map { claims.strings($0) } ?? [], labels: settings.labelsClaim.map { claims.strings($0) } ?? [])
     }
 
     /// The role and scope a person's groups give (``SingleSignOnSettings``): nil when none of
-    /// their groups is one of Dredge's, or their scope claims do not read.
+    /// their groups is one of Dredge's, or, for a reader or investigator, when a configured
+    /// scope claim is absent, empty or does not read (never unscoped for want of a claim).
     public func caller(for person: SignedInPerson, until expiry: Date) -> Caller? {
         let groups = Set(person.groups)
         func any(_ names: [String]?) -> Bool { !(names ?? []).filter(groups.contains).isEmpty }
         let role: AdminRole
         if any(settings.admins) { role = .admin } else if any(settings.investigators) { role = .investigator } else if any(settings.readers) { role = .reader } else { return nil }
+        if role == .admin { return Caller(name: person.name, role: role, expiresAt: expiry) }
+        guard let apps = person.apps, let labels = person.labels else { return nil }
+        if settings.appsClaim != nil && apps.isEmpty || settings.labelsClaim != nil && labels.isEmpty { return nil }
         var scope = AccessScope()
-        for text in person.apps {
+        for text in apps {
             guard let app = AppScope(parsing: text) else { return nil }
             scope.apps.append(app)
         }
-        for text in person.labels {
+        for text in labels {
             let parts = text.split(separator: "=", maxSplits: 1)
             guard parts.count == 2 else { return nil }
             scope.labels[String(parts[0])] = String(parts[1])
@@ -250,7 +287,9 @@ public final class SingleSignOn: Sendable {
 
     private func providerKeys(refresh: Bool) async throws -> JWTKeyCollection {
         let current = cache.withLock { $0 }
-        if let keys = current.keys, !refresh || (current.keysFetched.map { now().timeIntervalSince($0) < 60 } ?? false) { return keys }
+        let age = current.keysFetched.map { now().timeIntervalSince($0) } ?? .infinity
+        // Kept an hour; fetched again sooner only when asked, and not twice in a minute.
+        if let keys = current.keys, age < 3600, !refresh || age < 60 { return keys }
         let discovery = try await discovered()
         let jwks: JWKS = try await fetch(discovery.jwks_uri)
         let keys = JWTKeyCollection()
@@ -259,18 +298,20 @@ public final class SingleSignOn: Sendable {
         } catch {
             throw SingleSignOnError("the provider's keys do not read: \(error)")
         }
-        cache.withLock { ($0.keys, $0.keysFetched) = (keys, now()) }
+        let kids = Set(jwks.keys.compactMap { $0.keyIdentifier?.string })
+        cache.withLock { ($0.keys, $0.kids, $0.keysFetched) = (keys, kids, now()) }
         return keys
     }
 
     private func fetch<T: Decodable>(_ url: String) async throws -> T {
         let response: HTTPClientResponse
+        let body: ByteBuffer
         do {
             response = try await http.execute(HTTPClientRequest(url: url), timeout: .seconds(15))
+            body = try await response.body.collect(upTo: 1 << 20)
         } catch {
             throw SingleSignOnError("cannot reach the identity provider at \(url): \(error)")
         }
-        let body = try await response.body.collect(upTo: 1 << 20)
         guard response.status == .ok else { throw SingleSignOnError("the identity provider answered \(response.status.code) for \(url)") }
         do {
             return try JSONDecoder().decode(T.self, from: Data(buffer: body))
@@ -372,12 +413,13 @@ struct IDTokenClaims: JWTPayload {
     /// The signature is checked by the key collection; the claims by ``SingleSignOn/check(_:nonce:)``.
     func verify(using algorithm: some JWTAlgorithm) async throws {}
 
-    /// A claim as a list of strings: a list, or one string (some providers send a lone group so).
-    func strings(_ name: String) -> [String] {
+    /// A claim as a list of strings: a list, or one string (some providers send a lone group
+    /// so); nil when it is absent or anything else.
+    func strings(_ name: String) -> [String]? {
         switch others[name] {
         case .string(let s)?: [s]
         case .strings(let list)?: list
-        default: []
+        default: nil
         }
     }
 }

@@ -68,12 +68,43 @@ public struct AccessScope: Codable, Sendable, Equatable, Hashable, CustomStringC
         return nil
     }
 
+    /// A scope from the words people write (a command's `--app` and `--label`, the console's
+    /// form, an identity provider's claims): apps as `NAME` or `NAME@>=2.1,<3`, labels as
+    /// `name=value`. Throws ``AccessScopeError`` naming the word that does not read, or what
+    /// the scope breaks (``problem``).
+    public init(apps: [String], labels: [String]) throws {
+        self.init()
+        for text in apps {
+            guard let app = AppScope(parsing: text) else { throw AccessScopeError.app(text) }
+            self.apps.append(app)
+        }
+        for text in labels {
+            let parts = text.split(separator: "=", maxSplits: 1)
+            guard parts.count == 2 else { throw AccessScopeError.label(text) }
+            self.labels[String(parts[0])] = String(parts[1])
+        }
+        if let problem { throw AccessScopeError.problem(problem) }
+    }
+
     enum CodingKeys: String, CodingKey { case apps, labels }
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         apps = try c.decodeIfPresent([AppScope].self, forKey: .apps) ?? []
         labels = try c.decodeIfPresent([String: String].self, forKey: .labels) ?? [:]
+    }
+}
+
+/// Why words do not make a scope (``AccessScope/init(apps:labels:)``).
+public enum AccessScopeError: Error, Equatable, CustomStringConvertible {
+    case app(String), label(String), problem(String)
+
+    public var description: String {
+        switch self {
+        case .app(let text): "'\(text)' is not an app: NAME, or NAME@>=2.1,<3"
+        case .label(let text): "'\(text)' is not a label: name=value"
+        case .problem(let problem): problem
+        }
     }
 }
 

@@ -548,15 +548,15 @@ struct TokensCommand: AsyncParsableCommand {
 
         var request: TokenRequest {
             get throws {
-                var scope = AccessScope()
-                for text in apps {
-                    guard let app = AppScope(parsing: text) else { throw ValidationError("--app: '\(text)' is not an app: NAME, or NAME@>=2.1,<3") }
-                    scope.apps.append(app)
-                }
-                for text in labels {
-                    let parts = text.split(separator: "=", maxSplits: 1)
-                    guard parts.count == 2 else { throw ValidationError("--label: '\(text)' is not name=value") }
-                    scope.labels[String(parts[0])] = String(parts[1])
+                let scope: AccessScope
+                do {
+                    scope = try AccessScope(apps: apps, labels: labels)
+                } catch let error as AccessScopeError {
+                    switch error {
+                    case .app: throw ValidationError("--app: \(error)")
+                    case .label: throw ValidationError("--label: \(error)")
+                    case .problem: throw ValidationError(error.description)
+                    }
                 }
                 return TokenRequest(
                     name: name, kind: kind, expiresInSeconds: expiresIn.flatMap(TokensCommand.seconds), uses: uses, role: role,

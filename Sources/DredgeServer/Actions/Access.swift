@@ -108,7 +108,7 @@ extension Caller {
         let expires = expiresAt.map(Date.init(timeIntervalSince1970:))
         if let now, let expires, expires <= now { return nil }
         return Caller(
-            name: name, role: try TokenLimits.role(role ?? AdminRole.admin.rawValue, token: name), scope: try TokenLimits.scope(fromJSON: scope, token: name),
+            name: name, role: try TokenLimits.role(role ?? AdminRole.admin.rawValue, token: name), scope: try AccessScope.stored(scope, of: "admin token \(name)") ?? .everything,
             expiresAt: expires)
     }
 }

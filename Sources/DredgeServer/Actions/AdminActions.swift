@@ -74,9 +74,13 @@ public final class AdminActions: Sendable {
     /// scope), not waiting (approved already, removed, expired: a conflict), one's own pull or
     /// devices beyond the approver's scope (forbidden).
     public func approvePull(_ id: String, by caller: Caller) async throws -> PullRecord {
-        let pull = try await self.pull(id, disk: false, for: caller)
-        if let agents = try await scopedAgents(caller), let whole = try await services.pulls.pull(pull.id, now: Timestamp(now())) {
-            guard whole.targets.allSatisfy({ agents.contains($0.agentID) }), !(whole.agentID.isEmpty && whole.scope == nil) else {
+        let id = try Self.checkedID(id, "pull")
+        guard let pull = try await services.pulls.pull(id, now: Timestamp(now())) else { throw ActionError(.notFound, "no pull \(id)") }
+        let agents = try await scopedAgents(caller)
+        if let agents {
+            // One that reached none of the scope's devices is no pull; one that may reach others is not this approver's.
+            guard pull.targets.contains(where: { agents.contains($0.agentID) }) else { throw ActionError(.notFound, "no pull \(id)") }
+            guard pull.targets.allSatisfy({ agents.contains($0.agentID) }), !(pull.agentID.isEmpty && pull.scope == nil) else {
                 throw ActionError(
                     .forbidden, "pull \(pull.id) may reach devices outside \(caller.name)'s scope: an approver whose scope holds them all approves it", code: "forbidden")
             }
@@ -96,7 +100,7 @@ public final class AdminActions: Sendable {
         }
         services.dispatcher.wake(approved.targets.map(\.agentID), with: nil)
         logger.notice("pull approved", metadata: ["pull.id": "\(pull.id)", "by": "\(caller.name)", "requested by": "\(pull.requestedBy)"])
-        return try await scopedAgents(caller).flatMap { Self.pull(approved, within: $0) } ?? approved
+        return agents.flatMap { Self.pull(approved, within: $0) } ?? approved
     }
 
     /// Removes a pull's or a feedback's results (files and index rows); the record stays.

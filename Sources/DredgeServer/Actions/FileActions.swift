@@ -23,9 +23,9 @@ extension AdminActions {
     /// the files of its devices only, and a pull that reached none of them is no pull.
     public func files(ofPull id: String, for caller: Caller) async throws -> [PullFiles.Located] {
         let id = try Self.checkedID(id, "pull")
-        let agents = try await reachable(pull: id, caller)
+        let scoped = try await reachable(pull: id, caller)
         guard let list = try await servedFiles().list(id) else { throw ActionError(.notFound, "no pull \(id)") }
-        return agents.map { agents in list.filter { agents.contains($0.file.agentID) } } ?? list
+        return scoped.map { scoped in list.filter { scoped.agents.contains($0.file.agentID) } } ?? list
     }
 
     public func files(ofFeedback id: String, for caller: Caller) async throws -> [PullFiles.Located] {
@@ -35,14 +35,14 @@ extension AdminActions {
         return list
     }
 
-    /// The agents of a scoped caller's scope (nil: unscoped), once the pull is known to have
-    /// reached one of them; otherwise the pull is not found.
-    private func reachable(pull id: String, _ caller: Caller) async throws -> Set<String>? {
+    /// The agents of a scoped caller's scope and the whole pull (nil: unscoped), once the pull
+    /// is known to have reached one of them; otherwise the pull is not found.
+    private func reachable(pull id: String, _ caller: Caller) async throws -> (agents: Set<String>, pull: PullRecord)? {
         guard let agents = try await scopedAgents(caller) else { return nil }
         guard let pull = try await services.pulls.pull(id, now: .now), pull.targets.contains(where: { agents.contains($0.agentID) }) else {
             throw ActionError(.notFound, "no pull \(id)")
         }
-        return agents
+        return (agents, pull)
     }
 
     /// A feedback a scoped caller may read (its device in the scope); otherwise not found.
@@ -54,7 +54,7 @@ extension AdminActions {
     /// One file an agent uploaded for a pull; only names its listing holds are served.
     public func file(ofPull id: String, agent: String, name: String, for caller: Caller) async throws -> Download {
         let id = try Self.checkedID(id, "pull"), agent = try Self.checkedID(agent, "agent")
-        if let agents = try await reachable(pull: id, caller), !agents.contains(agent) {
+        if let scoped = try await reachable(pull: id, caller), !scoped.agents.contains(agent) {
             throw ActionError(.notFound, "pull \(id) has no file \(WireID.echo(name).debugDescription) from agent \(agent)")
         }
         guard let located = try await servedFiles().locate(id, agent: agent, name: name) else {
@@ -68,9 +68,7 @@ extension AdminActions {
     /// fetches them device by device).
     public func wholeZip(ofPull id: String, for caller: Caller) async throws -> Download {
         let id = try Self.checkedID(id, "pull")
-        if let agents = try await reachable(pull: id, caller), let pull = try await services.pulls.pull(id, now: .now),
-            pull.targets.contains(where: { !agents.contains($0.agentID) })
-        {
+        if let scoped = try await reachable(pull: id, caller), scoped.pull.targets.contains(where: { !scoped.agents.contains($0.agentID) }) {
             throw ActionError(.notFound, "pull \(id) has no whole zip within \(caller.name)'s scope: fetch its files device by device")
         }
         do {

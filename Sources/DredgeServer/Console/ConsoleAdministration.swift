@@ -109,9 +109,13 @@ extension Console {
                         return try await tokensPage(session, problem: "A role is reader, investigator or admin.", status: .badRequest)
                     }
                     request.role = role
-                    switch Self.scope(apps: form["apps"] ?? "", labels: form["labels"] ?? "") {
-                    case .success(let scope): request.scope = scope.isEverything ? nil : scope
-                    case .failure(let problem): return try await tokensPage(session, problem: problem.description, status: .badRequest)
+                    // Apps and labels separated by spaces.
+                    func words(_ field: String) -> [String] { (form[field] ?? "").split(whereSeparator: \.isWhitespace).map(String.init) }
+                    do {
+                        let scope = try AccessScope(apps: words("apps"), labels: words("labels"))
+                        request.scope = scope.isEverything ? nil : scope
+                    } catch let error as AccessScopeError {
+                        return try await tokensPage(session, problem: sentence(error), status: .badRequest)
                     }
                 }
                 let created: TokenCreated
@@ -166,28 +170,6 @@ extension Console {
                 return redirect("/console/tokens")
             }
         }
-    }
-
-    /// A scope from the token form's fields: apps separated by spaces (`oven-control@>=2.1`),
-    /// labels as `name=value` separated by spaces.
-    static func scope(apps: String, labels: String) -> Result<AccessScope, ScopeProblem> {
-        var scope = AccessScope()
-        for text in apps.split(whereSeparator: \.isWhitespace) {
-            guard let app = AppScope(parsing: String(text)) else { return .failure(ScopeProblem("“\(text)” is not an app: NAME, or NAME@>=2.1,<3.")) }
-            scope.apps.append(app)
-        }
-        for text in labels.split(whereSeparator: \.isWhitespace) {
-            let parts = text.split(separator: "=", maxSplits: 1)
-            guard parts.count == 2 else { return .failure(ScopeProblem("“\(text)” is not a label: name=value.")) }
-            scope.labels[String(parts[0])] = String(parts[1])
-        }
-        if let problem = scope.problem { return .failure(ScopeProblem(sentence(problem))) }
-        return .success(scope)
-    }
-
-    struct ScopeProblem: Error, CustomStringConvertible {
-        let description: String
-        init(_ description: String) { self.description = description }
     }
 
     /// An enrollment token's limits in words: "expires …; 3 uses left", or "none".

@@ -69,7 +69,8 @@ extension Console {
         }
     }
 
-    /// A file name as one path segment.
+    /// A text with only the unreserved characters (RFC 3986) left as they are: a file name as one
+    /// path segment, a query or form value, an OAuth client credential (RFC 6749 § 2.3.1).
     static func percentEncoded(_ name: String) -> String {
         let allowed = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
         return name.addingPercentEncoding(withAllowedCharacters: allowed) ?? name

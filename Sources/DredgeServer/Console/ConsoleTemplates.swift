@@ -65,6 +65,7 @@ enum ConsoleTemplates {
         <link rel="stylesheet" href="/console/static/console.css">
         <link rel="icon" href="/console/static/icon.svg" type="image/svg+xml">
         <script src="/console/static/console.js" defer></script>
+        {{$head}}{{/head}}
         </head>
         <body>
         <header>
@@ -114,18 +115,16 @@ enum ConsoleTemplates {
         {{/layout}}
         """
 
+    /// A page that moves on by itself (after a single sign-on, to the page asked for; after
+    /// its sign-out, to the provider's).
     static let movingOn = """
         {{% CONTENT_TYPE: DREDGE_HTML}}
-        <!doctype html>
-        <html lang="en">
-        <head>
-        <meta charset="utf-8">
-        <meta http-equiv="refresh" content="0; url={{target}}">
-        <title>{{title}} · Dredge</title>
-        <link rel="stylesheet" href="/console/static/console.css">
-        </head>
-        <body><main><p>{{message}} <a href="{{target}}">Continue</a></p></main></body>
-        </html>
+        {{<layout}}
+        {{$head}}<meta http-equiv="refresh" content="0; url={{target}}">{{/head}}
+        {{$content}}
+        <p>{{message}} <a href="{{target}}">Continue</a></p>
+        {{/content}}
+        {{/layout}}
         """
 
     static let error = """

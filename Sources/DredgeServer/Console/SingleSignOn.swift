@@ -181,10 +181,10 @@ public final class SingleSignOn: Sendable {
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
         request.headers.add(name: "Accept", value: "application/json")
-        let credentials = Data("\(Self.formEncoded(clientID)):\(Self.formEncoded(clientSecret))".utf8).base64EncodedString()
+        let credentials = Data("\(Console.percentEncoded(clientID)):\(Console.percentEncoded(clientSecret))".utf8).base64EncodedString()
         request.headers.add(name: "Authorization", value: "Basic \(credentials)")
         let form = [("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirectURL), ("code_verifier", pending.verifier)]
-        request.body = .bytes(ByteBuffer(string: form.map { "\($0.0)=\(Self.formEncoded($0.1))" }.joined(separator: "&")))
+        request.body = .bytes(ByteBuffer(string: form.map { "\($0.0)=\(Console.percentEncoded($0.1))" }.joined(separator: "&")))
         let response: HTTPClientResponse
         let body: ByteBuffer
         do {
@@ -249,17 +249,8 @@ public final class SingleSignOn: Sendable {
         if role == .admin { return Caller(name: person.name, role: role, expiresAt: expiry) }
         guard let apps = person.apps, let labels = person.labels else { return nil }
         if settings.appsClaim != nil && apps.isEmpty || settings.labelsClaim != nil && labels.isEmpty { return nil }
-        var scope = AccessScope()
-        for text in apps {
-            guard let app = AppScope(parsing: text) else { return nil }
-            scope.apps.append(app)
-        }
-        for text in labels {
-            let parts = text.split(separator: "=", maxSplits: 1)
-            guard parts.count == 2 else { return nil }
-            scope.labels[String(parts[0])] = String(parts[1])
-        }
-        if scope.problem != nil { return nil }
+        // Claims that do not make a scope refuse the person (never a wider scope).
+        guard let scope = try? AccessScope(apps: apps, labels: labels) else { return nil }
         return Caller(name: person.name, role: role, scope: scope, expiresAt: expiry)
     }
 
@@ -331,13 +322,6 @@ public final class SingleSignOn: Sendable {
         var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
         while base64.utf8.count % 4 != 0 { base64 += "=" }
         return Data(base64Encoded: base64).map(Array.init)
-    }
-
-    /// `application/x-www-form-urlencoded`'s encoding of a value (RFC 6749 § 2.3.1 for credentials too).
-    static func formEncoded(_ text: String) -> String {
-        var allowed = CharacterSet.alphanumerics
-        allowed.insert(charactersIn: "-._~")
-        return text.addingPercentEncoding(withAllowedCharacters: allowed) ?? ""
     }
 }
 

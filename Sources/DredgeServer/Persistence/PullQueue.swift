@@ -310,15 +310,3 @@ func approvalDetail(pull id: String, uid: String, agent: String, requestedBy: St
     return "pull \(id) \(whom) requested by \(requestedBy)" + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)")
 }
 
-extension PullRows {
-    /// A scoped pull's stored scope (``NewPull/scope``) read back; one that does not read is an
-    /// error naming the pull, never "no scope" (which would widen who may approve it).
-    static func scope(_ text: String?, of id: String) throws -> AccessScope? {
-        guard let text else { return nil }
-        do {
-            return try JSONDecoder().decode(AccessScope.self, from: Data(text.utf8))
-        } catch {
-            throw DeploymentError("the stored scope of pull \(id) is unreadable: \(error)")
-        }
-    }
-}

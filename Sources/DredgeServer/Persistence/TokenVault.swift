@@ -62,24 +62,6 @@ public struct TokenLimits: Sendable, Equatable {
         self.scope = scope
     }
 
-    /// The scope as a column keeps it: JSON, or NULL for every device.
-    var scopeJSON: String? {
-        get throws {
-            guard !scope.isEverything else { return nil }
-            return String(decoding: try JSONEncoder.sorted.encode(scope), as: UTF8.self)
-        }
-    }
-
-    /// A kept scope column read back.
-    static func scope(fromJSON text: String?, token name: String) throws -> AccessScope {
-        guard let text else { return .everything }
-        do {
-            return try JSONDecoder().decode(AccessScope.self, from: Data(text.utf8))
-        } catch {
-            throw DeploymentError("the stored scope of admin token \(name) is unreadable: \(error)")
-        }
-    }
-
     /// A kept role column read back.
     static func role(_ text: String, token name: String) throws -> AdminRole {
         guard let role = AdminRole(rawValue: text) else { throw DeploymentError("the stored role of admin token \(name) is unreadable: \(text)") }
@@ -87,12 +69,27 @@ public struct TokenLimits: Sendable, Equatable {
     }
 }
 
-extension JSONEncoder {
-    /// Keys sorted: the same scope is the same text.
-    static var sorted: JSONEncoder {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        return encoder
+extension AccessScope {
+    /// The scope as a column keeps it (a token's, a scoped pull's, a signed-on session's):
+    /// JSON with its keys sorted, so the same scope is the same text; NULL for every device.
+    var storedJSON: String? {
+        get throws {
+            guard !isEverything else { return nil }
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            return String(decoding: try encoder.encode(self), as: UTF8.self)
+        }
+    }
+
+    /// A kept scope column read back (nil for NULL). One that does not read is an error naming
+    /// `owner` (`admin token alice`, `pull ID`), never a wider scope.
+    static func stored(_ text: String?, of owner: String) throws -> AccessScope? {
+        guard let text else { return nil }
+        do {
+            return try JSONDecoder().decode(AccessScope.self, from: Data(text.utf8))
+        } catch {
+            throw DeploymentError("the stored scope of \(owner) is unreadable: \(error)")
+        }
     }
 }
 
@@ -208,7 +205,7 @@ extension StoredConsoleSession {
     var keptAccess: (role: String?, scope: String?) {
         get throws {
             guard isSignedOn, let caller else { return (nil, nil) }
-            return (caller.role.rawValue, try TokenLimits(role: caller.role, scope: caller.scope).scopeJSON)
+            return (caller.role.rawValue, try caller.scope.storedJSON)
         }
     }
 

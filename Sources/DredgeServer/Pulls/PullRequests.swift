@@ -91,7 +91,7 @@ extension PullQueue {
         var pull = try issuer.newPull(
             uid: uid ?? "", agentID: agent ?? "", filter: filter, targets: agents, lifetime: .seconds(seconds), requestedBy: requestedBy, now: now)
         pull.reason = request.reason ?? ""
-        pull.scope = try scope.map { String(decoding: try JSONEncoder.sorted.encode($0.scope), as: UTF8.self) }
+        pull.scope = try scope?.scope.storedJSON
         pull.approvalRequired = approvalRequired
         // The delivery's one read, made while the pull is written instead of after.
         async let keys = Self.keysForDelivery(of: connected, registry: registry, logger: logger)

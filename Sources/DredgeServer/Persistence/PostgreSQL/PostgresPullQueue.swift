@@ -96,7 +96,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
             requestedBy: requestedBy, reason: reason.isEmpty ? nil : reason, targets: targets,
             removed: Removal(at: removedAt, by: removedBy, reason: removedReason),
             approval: approvalRequired ? PullApproval(approvedBy: approvedBy, approvedAt: approvedAt.map(Date.init(timeIntervalSince1970:))) : nil,
-            scope: try PullRows.scope(scope, of: id))
+            scope: try AccessScope.stored(scope, of: "pull \(id)"))
     }
 
     public func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord? {

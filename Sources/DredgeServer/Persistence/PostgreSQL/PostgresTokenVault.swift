@@ -62,14 +62,14 @@ public final class PostgresTokenVault: TokenVault, Sendable {
                 guard let kind = TokenKind(rawValue: kindName) else { throw DeploymentError("the stored kind of token \(name) is unreadable: \(kindName)") }
                 return TokenInfo(
                     name: name, kind: kind, createdAt: Date(timeIntervalSince1970: createdAt), expiresAt: expiresAt.map(Date.init(timeIntervalSince1970:)),
-                    usesLeft: usesLeft.map(Int.init), role: try TokenLimits.role(role, token: name), scope: try TokenLimits.scope(fromJSON: scope, token: name))
+                    usesLeft: usesLeft.map(Int.init), role: try TokenLimits.role(role, token: name), scope: try AccessScope.stored(scope, of: "admin token \(name)") ?? .everything)
             }
         }
     }
 
     public func create(name: String, kind: TokenKind, limits: TokenLimits, now: Date) async throws -> TokenCreated {
         let row = try NewToken(name: name, kind: kind, limits: limits, now: now)
-        let (expiresAt, uses, role, scope) = (row.limits.expiresAt?.timeIntervalSince1970, row.limits.uses.map(Int32.init), row.limits.role.rawValue, try row.limits.scopeJSON)
+        let (expiresAt, uses, role, scope) = (row.limits.expiresAt?.timeIntervalSince1970, row.limits.uses.map(Int32.init), row.limits.role.rawValue, try row.limits.scope.storedJSON)
         let inserted = try await db.write { c in
             try await c.run(
                 """

@@ -309,7 +309,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             requestedBy: row.requestedBy, reason: row.reason.isEmpty ? nil : row.reason, targets: targets,
             removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason),
             approval: row.approvalRequired ? PullApproval(approvedBy: row.approvedBy, approvedAt: row.approvedAt.map(Date.init(timeIntervalSince1970:))) : nil,
-            scope: try PullRows.scope(row.scope, of: id))
+            scope: try AccessScope.stored(row.scope, of: "pull \(id)"))
     }
 
     public func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord? {

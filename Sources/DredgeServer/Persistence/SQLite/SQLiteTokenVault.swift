@@ -92,7 +92,7 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
                 guard let kind = TokenKind(rawValue: row.kind) else { throw DeploymentError("the stored kind of token \(row.name) is unreadable: \(row.kind)") }
                 return TokenInfo(
                     name: row.name, kind: kind, createdAt: Date(timeIntervalSince1970: row.createdAt), expiresAt: row.expiresAt.map(Date.init(timeIntervalSince1970:)),
-                    usesLeft: row.usesLeft, role: try TokenLimits.role(row.role, token: row.name), scope: try TokenLimits.scope(fromJSON: row.scope, token: row.name))
+                    usesLeft: row.usesLeft, role: try TokenLimits.role(row.role, token: row.name), scope: try AccessScope.stored(row.scope, of: "admin token \(row.name)") ?? .everything)
             }
         }
     }
@@ -114,7 +114,7 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
         guard try !TokenRow.exists(db, key: ["kind": new.kind.rawValue, "name": new.name]) else { throw TokenError.exists(new.name) }
         try TokenRow(
             kind: new.kind.rawValue, name: new.name, sha256: new.sha256, createdAt: new.createdAt, expiresAt: new.limits.expiresAt?.timeIntervalSince1970,
-            usesLeft: new.limits.uses, role: new.limits.role.rawValue, scope: try new.limits.scopeJSON
+            usesLeft: new.limits.uses, role: new.limits.role.rawValue, scope: try new.limits.scope.storedJSON
         ).insert(db)
     }
 

@@ -41,7 +41,7 @@ import Testing
         /// Where the provider sends `person`'s browser back after `authorize`.
         func signIn(_ person: String, at authorize: String) throws -> String {
             let (status, output, errors) = try ManagedProcess.runSeparately(
-                "/usr/bin/env", ["python3", SingleSignOnTests.script("sign_in_at_provider.py"), "--authorize", authorize, "--user", person, "--password", people[person] ?? ""])
+                "/usr/bin/env", ["python3", SingleSignOnTests.script("sign_in_at_provider.py"), "--authorize", authorize, "--user", person, "--password=" + (people[person] ?? "")])
             guard status == 0 else { throw DeploymentError("signing \(person) in at the provider failed: \(output)\(errors)") }
             return output.trimmingCharacters(in: .whitespacesAndNewlines)
         }
@@ -51,8 +51,8 @@ import Testing
             let (status, output, errors) = try ManagedProcess.runSeparately(
                 "/usr/bin/env",
                 [
-                    "python3", SingleSignOnTests.script("sign_in_at_provider.py"), "--issuer", issuer, "--redirect", Self.redirect, "--user", person, "--password",
-                    people[person] ?? "", "--id-token-for", secret,
+                    "python3", SingleSignOnTests.script("sign_in_at_provider.py"), "--issuer", issuer, "--redirect", Self.redirect, "--user", person,
+                    "--password=" + (people[person] ?? ""), "--id-token-for=" + secret,
                 ])
             guard status == 0 else { throw DeploymentError("the code flow failed: \(output)\(errors)") }
             return output.trimmingCharacters(in: .whitespacesAndNewlines)

@@ -116,13 +116,13 @@ def main():
     call_command("migrate", verbosity=0, interactive=False)
     people = {}
     for name, groups in PEOPLE.items():
-        password = secrets.token_urlsafe(12)
+        password = "pw" + secrets.token_urlsafe(12)  # never starts with "-", which a command line would read as an option
         user = User.objects.create_user(name, email=f"{name}@example.com", password=password, first_name=name.capitalize())
         for group in groups:
             user.groups.add(Group.objects.get_or_create(name=group)[0])
         people[name] = password
     Application = get_application_model()
-    console_secret = secrets.token_urlsafe(24)
+    console_secret = "cs" + secrets.token_urlsafe(24)
     console = Application.objects.create(
         name="Dredge console",
         client_id="dredge-console",

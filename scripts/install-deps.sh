@@ -22,10 +22,14 @@ need_crypto=0
 python3 -c "import cryptography, jsonschema, selenium" 2>/dev/null || need_crypto=1
 
 # The OpenID Connect provider the single sign-on tests start on loopback (Tests/sso): PyPI's
-# django-oauth-toolkit (Debian's is too old for the device flow).
-if ! python3 -c "import oauth2_provider, django; assert tuple(map(int, __import__('oauth2_provider').__version__.split('.')[:2])) >= (3, 1)" 2>/dev/null; then
-    python3 -m pip install --quiet "django-oauth-toolkit>=3.1,<4"
-    python3 -c "import oauth2_provider" || { echo "error: python3 cannot import oauth2_provider (django-oauth-toolkit)" >&2; exit 1; }
+# django-oauth-toolkit (Debian's is too old for the device flow), with oauthlib 3: its device
+# authorization view fails (500) under oauthlib 4, which answers with a member it does not take.
+sso_check="import oauth2_provider, django, oauthlib
+v = lambda m: tuple(map(int, m.__version__.split('.')[:2]))
+assert v(oauth2_provider) >= (3, 1) and (3, 2) <= v(oauthlib) < (4, 0)"
+if ! python3 -c "$sso_check" 2>/dev/null; then
+    python3 -m pip install --quiet "django-oauth-toolkit>=3.1,<4" "oauthlib>=3.2.2,<4"
+    python3 -c "$sso_check" || { echo "error: python3 cannot import django-oauth-toolkit 3 with oauthlib 3" >&2; exit 1; }
 fi
 
 if [ ${#missing[@]} -eq 0 ] && [ $need_crypto -eq 0 ]; then exit 0; fi

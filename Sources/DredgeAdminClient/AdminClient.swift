@@ -218,8 +218,21 @@ public struct AdminClient: Sendable {
         try await call("GET", "/v1/whoami")
     }
 
+    /// `POST /v1/sso/device` (no token): begins `dredge login --sso`.
+    public func startDeviceSignIn() async throws -> DeviceSignInStarted {
+        try await call("POST", "/v1/sso/device")
+    }
+
+    /// `POST /v1/sso/device/token` (no token): one poll; pending, or signed in with a token.
+    public func pollDeviceSignIn(_ poll: DeviceSignInPoll) async throws -> DeviceSignInAnswer {
+        try await call("POST", "/v1/sso/device/token", body: poll)
+    }
+
     public func revokeToken(kind: TokenKind, name: String) async throws {
-        let _: [TokenInfo] = try await call("DELETE", "/v1/tokens/\(kind.rawValue)/\(try Self.pathComponent(name))")
+        // A token single sign-on made is named for its person (`sso:SUBJECT~LOGIN`): sent as
+        // it is, percent-encoded where a path needs it, and decoded by the server.
+        let component = name.hasPrefix("sso:") && !name.contains("/") ? name : try Self.pathComponent(name)
+        let _: [TokenInfo] = try await call("DELETE", "/v1/tokens/\(kind.rawValue)/\(component)")
     }
 
     /// Polls a pull until every target is final, calling `progress` after each look.

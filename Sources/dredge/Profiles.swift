@@ -2,6 +2,7 @@ import ArgumentParser
 import DredgeAdminAPI
 import DredgeAdminClient
 import DredgeCommandLine
+import DredgeDomain
 import Foundation
 
 /// What `dredge login` stores: per profile name, the admin API's address, the token and the
@@ -138,16 +139,23 @@ struct LoginCommand: AsyncParsableCommand {
             (the CA is then fetched and kept only if its SHA-256 matches). Without either, the
             system's trust roots are used (an operator's own certificate). The profile is saved in
             \(ProfileFile.path) with mode 0600.
+
+            With --sso instead of --token, you sign in through your company's identity provider:
+            the command prints an address and a code, you open the address in any browser, sign
+            in and enter the code, and the server gives this profile a short-lived token with
+            the role and scope your groups give (`dredge whoami` shows them, and when it ends).
             """)
 
     @Option(help: "The admin API: https://HOST:PORT (http:// only on loopback).") var server: String
-    @Option(help: "The admin token.") var token: String
+    @Option(help: "The admin token.") var token: String?
+    @Flag(help: "Sign in through the identity provider instead of giving a token (the server must have sso.cliClientID).") var sso = false
     @Option(help: "The deployment's CA certificate (PEM file).") var ca: String?
     @Option(help: "The deployment CA's fingerprint, sha256:HEX, as `dredge-server init` printed it.") var fingerprint: String?
     @Option(help: "Save under this name (default 'default').") var profile = "default"
 
     func validate() throws {
         guard ca == nil || fingerprint == nil else { throw ValidationError("give --ca or --fingerprint, not both") }
+        guard (token == nil) == sso else { throw ValidationError(sso ? "give --token or --sso, not both" : "give --token, or --sso to sign in through the identity provider") }
         guard !profile.isEmpty, profile.count <= 64, profile.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }) else {
             throw ValidationError("--profile is 1 to 64 letters, digits, '-', '_' or '.'")
         }
@@ -162,18 +170,68 @@ struct LoginCommand: AsyncParsableCommand {
         }
         let pem: String? =
             if let ca { try readCA(ca) } else if let fingerprint { try await calling { try await AdminClient.fetchCA(server: server, fingerprint: fingerprint) } } else { nil }
-        let client: AdminClient
-        do {
-            client = try AdminClient(server: server, token: token, trust: pem.map { .pinned(caPEM: $0) } ?? .system)
-        } catch let error as AdminClientError {
-            throw fail(error.description)
+        let trust: AdminClient.Trust = pem.map { .pinned(caPEM: $0) } ?? .system
+        func client(_ token: String) throws -> AdminClient {
+            do {
+                return try AdminClient(server: server, token: token, trust: trust)
+            } catch let error as AdminClientError {
+                throw fail(error.description)
+            }
+        }
+        guard let token else {
+            let answer = try await signOn(try client(""))
+            guard let token = answer.token, let me = answer.caller else { throw fail("the server answered the sign-in without a token") }
+            // The certificate and the token, both checked before anything is saved.
+            _ = try await calling { try await client(token).whoami() }
+            try save(token, pem)
+            let scope = me.scope.isEverything ? "" : " of \(me.scope)"
+            let until = me.expiresAt.map { ", until \(Timestamp($0).rfc3339)" } ?? ""
+            print("logged in to \(server) as \(me.name) (\(answer.shown ?? "?")), \(me.role.rawValue)\(scope)\(until); profile '\(profile)' saved in \(ProfileFile.path)")
+            return
         }
         // The certificate and the token, both checked before anything is saved.
-        let agents = try await calling { try await client.agents() }
+        let agents = try await calling { try await client(token).agents() }
+        try save(token, pem)
+        print("logged in to \(server) (\(agents.count) agent(s) enrolled); profile '\(profile)' saved in \(ProfileFile.path)")
+    }
+
+    private func save(_ token: String, _ pem: String?) throws {
         var file = try ProfileFile.load()
         file.profiles[profile] = .init(server: server, token: token, ca: pem)
         try file.save()
-        print("logged in to \(server) (\(agents.count) agent(s) enrolled); profile '\(profile)' saved in \(ProfileFile.path)")
+    }
+
+    /// The device authorization grant, through the server: the address and code for the
+    /// person, then polls (at the interval the server gives) until they have answered.
+    func signOn(_ client: AdminClient) async throws -> DeviceSignInAnswer {
+        let started = try await calling { try await client.startDeviceSignIn() }
+        let minutes = max(1, started.expiresIn / 60)
+        // On stderr, unbuffered: the person needs it now, and stdout may be a pipe.
+        var prompt = "To sign in, open \(started.verificationURI) in a browser and enter the code \(started.userCode)"
+        if let complete = started.verificationURIComplete { prompt += "\n(or open \(complete))" }
+        prompt += "\nWaiting for you to sign in; the code lapses in \(minutes) minute\(minutes == 1 ? "" : "s")…\n"
+        FileHandle.standardError.write(Data(prompt.utf8))
+        var interval = started.interval
+        let deadline = ContinuousClock.now + .seconds(started.expiresIn)
+        while ContinuousClock.now < deadline {
+            try await Task.sleep(for: .seconds(interval))
+            let answer: DeviceSignInAnswer
+            do {
+                answer = try await client.pollDeviceSignIn(DeviceSignInPoll(deviceCode: started.deviceCode, interval: interval))
+            } catch AdminClientError.forbidden(let message) {
+                // Denied at the provider, or no group of the person's gives a role here: the
+                // server's words, without the hint about tokens a refused token gets.
+                Terminal.error("error: \(message)\n")
+                throw ExitCode(notAllowedStatus)
+            } catch let error as AdminClientError {
+                throw failing(error)
+            }
+            switch answer.status {
+            case .pending: interval = min(60, max(1, answer.interval ?? interval))
+            case .signedIn: return answer
+            }
+        }
+        throw fail("the code lapsed before anyone entered it: run `dredge login --sso` again")
     }
 }
 

@@ -179,6 +179,36 @@ import Testing
         }
     }
 
+    /// `dredge login --sso`'s routes take no token (they are how a person gets one), and a
+    /// server without single sign-on for the command line says so; they open no other route.
+    @Test func singleSignOnRoutesNeedNoTokenAndSaySoWhenOff() async throws {
+        try await Fixture().test { api in
+            for uri in ["/v1/sso/device", "/v1/sso/device/token"] {
+                let answer = try await api.call(.post, uri, json: Data(#"{"deviceCode":"x"}"#.utf8), token: .some(nil))
+                #expect(answer.status == .notFound && answer.code == "sso_off", "\(uri)")
+                #expect(try answer.decode(APIErrorBody.self).error.contains("sso.cliClientID"))
+            }
+            #expect(try await api.call(.get, "/v1/sso/anything", token: .some(nil)).status == .notFound)
+            #expect(try await api.call(.get, "/v1/tokens", token: .some(nil)).status == .unauthorized)
+        }
+    }
+
+    /// Each start or poll of a device sign-in is a request to the identity provider, asked by
+    /// someone without a token: so many per address a minute, and so many starts in all.
+    @Test func deviceSignInsAreThrottledPerAddress() {
+        let throttle = DeviceSignInThrottle()
+        let t0 = Date(timeIntervalSince1970: 1_800_000_000 - 1_800_000_000.truncatingRemainder(dividingBy: 60))
+        for _ in 0..<DeviceSignInThrottle.startsPerAddress { #expect(throttle.admit(.start, host: "10.0.0.1", now: t0)) }
+        #expect(!throttle.admit(.start, host: "10.0.0.1", now: t0.addingTimeInterval(59)))
+        #expect(throttle.admit(.start, host: "10.0.0.2", now: t0), "another address")
+        #expect(throttle.admit(.poll, host: "10.0.0.1", now: t0), "polls are counted apart")
+        #expect(throttle.admit(.start, host: "10.0.0.1", now: t0.addingTimeInterval(60)), "the next minute")
+        // Starts in all, over many addresses.
+        let all = DeviceSignInThrottle()
+        for i in 0..<DeviceSignInThrottle.startsInAll { #expect(all.admit(.start, host: "10.1.\(i / 250).\(i % 250)", now: t0)) }
+        #expect(!all.admit(.start, host: "10.9.9.9", now: t0))
+    }
+
     @Test func everyV1RouteNeedsAnAdminToken() async throws {
         let fixture = try Fixture()
         let enrollment = fixture.created.enrollmentToken

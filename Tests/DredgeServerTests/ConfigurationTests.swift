@@ -78,6 +78,9 @@ import Testing
         #expect(names.allSatisfy { $0.wholeMatch(of: /DREDGE_[A-Z]+(_[A-Z]+)*/) != nil })
         #expect(ServerConfiguration.key("adminTLS.certificate")?.environmentName == "DREDGE_ADMIN_TLS_CERTIFICATE")
         #expect(ServerConfiguration.key("connections.maxUnauthenticatedPerAddress")?.environmentName == "DREDGE_CONNECTIONS_MAX_UNAUTHENTICATED_PER_ADDRESS")
+        // A run of capitals is one word.
+        #expect(ServerConfiguration.key("sso.clientID")?.environmentName == "DREDGE_SSO_CLIENT_ID")
+        #expect(ServerConfiguration.key("sso.deviceAuthorizationURL")?.environmentName == "DREDGE_SSO_DEVICE_AUTHORIZATION_URL")
     }
 
     /// The environment wins over the file, read by each key's type and checked as the file is;

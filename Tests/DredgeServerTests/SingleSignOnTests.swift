@@ -191,6 +191,10 @@ import Testing
         await #expect(throws: SingleSignOnError.self) { try await sso.person(idToken: none, nonce: "n1") }
         // Another sign-in's token.
         await #expect(throws: SingleSignOnError.self) { try await sso.person(idToken: token, nonce: "n2") }
+        // The device grant's check (`dredge login --sso`): no nonce, but the command line's
+        // client as the audience: the console's token is not one.
+        #expect(try await sso.person(idToken: token, nonce: nil, audience: "dredge-console") == alice)
+        await #expect(throws: SingleSignOnError.self) { try await sso.person(idToken: token, nonce: nil, audience: "dredge-cli") }
         // Past its expiry (five minutes at this provider), on a clock an hour on.
         let later = try Self.singleSignOn(provider, fixture, now: { Date().addingTimeInterval(3600) })
         await #expect(throws: SingleSignOnError.self) { try await later.person(idToken: token, nonce: "n1") }

@@ -104,7 +104,13 @@ def main():
             "ID_TOKEN_EXPIRE_SECONDS": args.id_token_seconds,
             "SCOPES": {"openid": "OpenID Connect", "profile": "Your name", "email": "Your email", "groups": "Your groups"},
             "OAUTH2_VALIDATOR_CLASS": __name__ + ".GroupsValidator",
+            # The device authorization grant (`dredge login --sso`): where a person enters the
+            # code, and a short polling interval so the tests do not wait five seconds a poll.
+            "OAUTH_DEVICE_VERIFICATION_URI": issuer + "/device/",
+            "DEVICE_FLOW_INTERVAL": 1,
         },
+        # A failing request's traceback on stderr, beside the request lines.
+        LOGGING={"version": 1, "handlers": {"stderr": {"class": "logging.StreamHandler"}}, "loggers": {"django.request": {"handlers": ["stderr"], "level": "ERROR"}}},
     )
     django.setup()
     define_urls_and_claims()

@@ -9,6 +9,11 @@ callback, with its code and state) without going there: the test takes it to the
 
 With --id-token-for CLIENT_SECRET, it runs the whole code flow itself (PKCE, nonce `n1`) and
 prints the ID token instead: a real token, for the tests of its verification.
+
+    sign_in_at_provider.py --verification URL --user-code CODE --user NAME --password PASSWORD [--deny]
+
+is the person's side of the device authorization grant (`dredge login --sso`): signed in, they
+open the verification URL the command printed, enter its code and accept (or deny) the request.
 """
 
 import argparse
@@ -37,6 +42,9 @@ def main():
     parser.add_argument("--issuer")
     parser.add_argument("--redirect")
     parser.add_argument("--id-token-for", dest="secret")
+    parser.add_argument("--verification")
+    parser.add_argument("--user-code")
+    parser.add_argument("--deny", action="store_true")
     args = parser.parse_args()
 
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()), NoRedirect)
@@ -50,7 +58,10 @@ def main():
             raise
         raise SystemExit(f"{url} did not redirect")
 
-    authorize = args.authorize
+    def csrf_of(page):
+        return re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+
+    authorize = args.authorize or args.verification
     verifier = None
     if args.secret:
         verifier = secrets.token_urlsafe(48)
@@ -61,12 +72,22 @@ def main():
     origin = "{0.scheme}://{0.netloc}".format(urllib.parse.urlparse(authorize))
 
     login = origin + "/accounts/login/"
-    page = opener.open(login).read().decode()
-    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    csrf = csrf_of(opener.open(login).read().decode())
     form = urllib.parse.urlencode({"username": args.user, "password": args.password, "csrfmiddlewaretoken": csrf, "next": "/"}).encode()
     after = location(login, form, {"Referer": login})
     if after.rstrip("/").endswith("/accounts/login"):
         raise SystemExit("the provider refused the password")
+    if args.verification:
+        # The page asks for the code, then where it sends the person asks to accept or deny.
+        page = opener.open(args.verification).read().decode()
+        form = urllib.parse.urlencode({"user_code": args.user_code, "csrfmiddlewaretoken": csrf_of(page)}).encode()
+        confirm = location(args.verification, form, {"Referer": args.verification})
+        page = opener.open(confirm).read().decode()
+        action = "deny" if args.deny else "accept"
+        form = urllib.parse.urlencode({"action": action, "csrfmiddlewaretoken": csrf_of(page)}).encode()
+        status = location(confirm, form, {"Referer": confirm})
+        print(f"{action}ed: {status}")
+        return
     back = location(authorize)
     if not args.secret:
         print(back)

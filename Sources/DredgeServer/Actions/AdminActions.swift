@@ -350,6 +350,32 @@ public final class AdminActions: Sendable {
         try await services.audit.record(actor: caller.name, .consoleSignIn, detail: "from \(source) as \(caller.role.rawValue)" + (caller.scope.isEverything ? "" : " of \(caller.scope)"))
     }
 
+    /// A short-lived admin token for a person single sign-on vouched for (`dredge login --sso`):
+    /// their role, scope and expiry (`caller`, from their groups), named for them
+    /// (``TokenLimits/signedOnName(subject:)``), recorded as `token.create` by the person. One
+    /// the audit log cannot hold is revoked again before anyone sees it.
+    public func signedOnToken(for caller: Caller, shown: String, from source: String) async throws -> TokenCreated {
+        guard caller.name.hasPrefix(SingleSignOn.namePrefix), let expiresAt = caller.expiresAt else { throw ActionError(.invalid, "only a signed-on person with an expiry gets such a token") }
+        let name = TokenLimits.signedOnName(subject: String(caller.name.dropFirst(SingleSignOn.namePrefix.count)))
+        let created: TokenCreated
+        do {
+            created = try await services.tokens.create(
+                name: name, kind: .admin, limits: TokenLimits(expiresAt: expiresAt, role: caller.role, scope: caller.scope, signedOn: true), now: now())
+        } catch let error as TokenError {
+            throw ActionError(.invalid, error.description)
+        }
+        var detail = "admin token '\(name)' for dredge login --sso from \(source) (\(shown)), role \(caller.role.rawValue)"
+        if !caller.scope.isEverything { detail += ", scope \(caller.scope)" }
+        detail += ", expires \(Timestamp(expiresAt).rfc3339)"
+        do {
+            try await services.audit.record(actor: caller.name, .tokenCreate, detail: ConnectionUploads.bounded(detail))
+        } catch {
+            try await services.tokens.revoke(name: name, kind: .admin)
+            throw error
+        }
+        return created
+    }
+
     public func signedOut(_ name: String) async throws {
         try await services.audit.record(actor: name, .consoleSignOut, detail: "")
     }

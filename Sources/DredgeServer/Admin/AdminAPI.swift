@@ -67,6 +67,8 @@ public enum AdminAPI {
         let sessions = consoleSessions ?? ConsoleSessions(vault: actions.services.tokens)
         try Console.register(on: router, Console.Dependencies(actions: actions, sessions: sessions, secure: tls != nil, sso: singleSignOn))
 
+        // How a person without a token gets one: no bearer middleware (``SignOnRoutes``).
+        router.addRoutes(SignOnRoutes.collection(actions, singleSignOn), atPath: "v1/sso")
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(actions: actions))
         v1.addRoutes(AgentRoutes.collection(actions), atPath: "agents")
         v1.addRoutes(PullRoutes.collection(actions), atPath: "pulls")

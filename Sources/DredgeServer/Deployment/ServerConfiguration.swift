@@ -55,17 +55,21 @@ public enum ServerConfiguration {
 
         /// `DREDGE_` and the path in capitals, each word and section apart.
         public var environmentName: String {
+            // A capital starts a word, and a run of capitals is one word (`adminTLS`, `clientID`,
+            // `redirectURL`): ADMIN_TLS, CLIENT_ID, REDIRECT_URL.
             var name = "DREDGE_"
-            for character in path {
+            let characters = Array(path)
+            for (i, character) in characters.enumerated() {
                 if character == "." {
                     name += "_"
-                } else if character.isUppercase {
-                    name += "_" + String(character)
-                } else {
-                    name += character.uppercased()
+                    continue
                 }
+                let before = i > 0 ? characters[i - 1] : "."
+                let after = i + 1 < characters.count ? characters[i + 1] : "."
+                if character.isUppercase && (before.isLowercase || before.isNumber || before.isUppercase && after.isLowercase) { name += "_" }
+                name += character.uppercased()
             }
-            return name.replacingOccurrences(of: "T_L_S", with: "TLS")
+            return name
         }
 
         var components: [String] { path.split(separator: ".").map(String.init) }
@@ -157,6 +161,13 @@ public enum ServerConfiguration {
             Key(
                 "sso.labelsClaim", .string, default: nil, absent: "none: unscoped", example: "dredge_labels",
                 "A claim listing the device labels a reader's or investigator's scope requires (`region=eu`).") { $0.sso?.labelsClaim },
+            Key(
+                "sso.cliClientID", .string, default: nil, absent: "none: `dredge login` takes admin tokens only", example: "dredge-cli",
+                "The command line's client id at the identity provider: public, allowed the device authorization grant (`dredge login --sso`).") { $0.sso?.cliClientID },
+            Key(
+                "sso.deviceAuthorizationURL", .string, default: nil, absent: "the provider's discovery document's", example: "https://login.example.com/oauth2/device/authorize",
+                "The provider's device authorization endpoint, for a provider whose discovery document does not name it.") { $0.sso?.deviceAuthorizationURL },
+            Key("sso.cliTokenHours", .number, default: 10.0, unit: "hours", example: 8, "How long a token `dredge login --sso` gets lasts (1 to 168).") { $0.sso?.cliTokenHours ?? 10 },
         ]
     }()
 

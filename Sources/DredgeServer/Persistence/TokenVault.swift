@@ -54,12 +54,29 @@ public struct TokenLimits: Sendable, Equatable {
     public var uses: Int?
     public var role: AdminRole
     public var scope: AccessScope
+    /// Made by single sign-on for a person (`dredge login --sso`): named
+    /// `sso:SUBJECT~LOGIN` (``TokenLimits/signedOnName(subject:)``), which no other token can
+    /// be, and it must expire. It signs in as `sso:SUBJECT`, the name the console gives the
+    /// same person (``Caller/person(ofToken:)``).
+    public var signedOn: Bool
 
-    public init(expiresAt: Date? = nil, uses: Int? = nil, role: AdminRole = .admin, scope: AccessScope = .everything) {
+    public init(expiresAt: Date? = nil, uses: Int? = nil, role: AdminRole = .admin, scope: AccessScope = .everything, signedOn: Bool = false) {
         self.expiresAt = expiresAt.map { Date(timeIntervalSince1970: $0.timeIntervalSince1970.rounded(.down)) }
         self.uses = uses
         self.role = role
         self.scope = scope
+        self.signedOn = signedOn
+    }
+
+    /// A new signed-on token's name: the person's, and a random login id after a `~`.
+    public static func signedOnName(subject: String) -> String {
+        SingleSignOn.namePrefix + subject + "~" + (0..<4).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+    }
+
+    /// The signed-on tokens that have expired at `now`, as a `WHERE` clause both back ends
+    /// run: each login makes one, and they are deleted when the next is made.
+    static func expiredSignedOnSQL(now: Date) -> String {
+        "kind = 'admin' AND name LIKE '\(SingleSignOn.namePrefix)%' AND expires_at IS NOT NULL AND expires_at <= \(now.timeIntervalSince1970.rounded(.down))"
     }
 
     /// A kept role column read back.
@@ -178,10 +195,18 @@ struct NewToken: Sendable {
         if let problem = limits.scope.problem { throw TokenError.limits(problem) }
         if let uses = limits.uses, !TokenRequest.usesRange.contains(uses) { throw TokenError.limits("uses must be 1 to 1,000,000") }
         self.limits = limits
-        guard !name.isEmpty, name.count <= 64, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }),
-            !TokenError.reservedNames.contains(name)
-        else {
-            throw TokenError.invalidName(name)
+        if limits.signedOn {
+            // The server's own name for a person's login (``TokenLimits/signedOnName(subject:)``).
+            guard kind == .admin, limits.expiresAt != nil else { throw TokenError.limits("a token made by single sign-on is an admin token that expires") }
+            guard name.hasPrefix(SingleSignOn.namePrefix), name.contains("~"), name.utf8.count <= 300,
+                !name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
+            else { throw TokenError.invalidName(name) }
+        } else {
+            guard !name.isEmpty, name.count <= 64, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }),
+                !TokenError.reservedNames.contains(name)
+            else {
+                throw TokenError.invalidName(name)
+            }
         }
         let token = TokenFile.generate(kind)
         self.kind = kind

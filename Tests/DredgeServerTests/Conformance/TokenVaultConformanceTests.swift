@@ -138,6 +138,38 @@ import Testing
         #expect(try await tokens.list().map(\.name) == ["root"])
     }
 
+    /// A token single sign-on makes for a person (`dredge login --sso`) is named
+    /// `sso:SUBJECT~LOGIN`, which no other token may be, signs in as the person (`sso:SUBJECT`,
+    /// whichever login), must expire, and is deleted once expired when the next one is made.
+    @Test(arguments: PersistenceBackend.all)
+    func signedOnTokensSignInAsTheirPersonAndGoOnceExpired(_ backend: PersistenceBackend) async throws {
+        let tokens = try await backend.tokens(dir)
+        _ = try await tokens.create(name: "root", kind: .admin, now: Self.t0)
+        let hour = Self.t0.addingTimeInterval(3600)
+        let signedOn = TokenLimits(expiresAt: hour, role: .investigator, signedOn: true)
+        let laptop = try await tokens.create(name: TokenLimits.signedOnName(subject: "auth0|42"), kind: .admin, limits: signedOn, now: Self.t0)
+        let jumpHost = try await tokens.create(name: TokenLimits.signedOnName(subject: "auth0|42"), kind: .admin, limits: signedOn, now: Self.t0)
+        #expect(laptop.info.name.hasPrefix("sso:auth0|42~") && laptop.info.name != jumpHost.info.name)
+        for token in [laptop, jumpHost] {
+            #expect(try await tokens.admin(for: token.token, now: Self.t0) == Caller(name: "sso:auth0|42", role: .investigator, expiresAt: hour))
+        }
+        // Only the server's own path makes such names, and only expiring admin tokens.
+        await #expect(throws: TokenError.invalidName("sso:auth0|42~00")) { try await tokens.create(name: "sso:auth0|42~00", kind: .admin, now: Self.t0) }
+        await #expect(throws: TokenError.self) {
+            try await tokens.create(name: "sso:x~00", kind: .admin, limits: TokenLimits(role: .reader, signedOn: true), now: Self.t0)
+        }
+        await #expect(throws: TokenError.invalidName("alice")) { try await tokens.create(name: "alice", kind: .admin, limits: signedOn, now: Self.t0) }
+
+        // Once they have expired, the next login's token deletes them; other tokens stay.
+        let later = hour.addingTimeInterval(1)
+        let temp = try await tokens.create(name: "temp", kind: .admin, limits: TokenLimits(expiresAt: hour), now: Self.t0)
+        let next = try await tokens.create(
+            name: TokenLimits.signedOnName(subject: "alice"), kind: .admin, limits: TokenLimits(expiresAt: later.addingTimeInterval(3600), role: .admin, signedOn: true), now: later)
+        #expect(try await tokens.list().map(\.name).sorted() == ["root", "temp", next.info.name].sorted())
+        #expect(temp.info.expiresAt == hour)
+        #expect(try await tokens.admin(for: next.token, now: later)?.name == "sso:alice")
+    }
+
     /// Console sessions are kept with the tokens: found again by a vault opened anew on the same
     /// database (a restart, another node), until they expire, are closed, or their token is
     /// revoked; over the capacity, the ones expiring first go.

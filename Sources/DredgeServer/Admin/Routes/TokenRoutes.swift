@@ -11,7 +11,9 @@ enum TokenRoutes {
             return try AdminAPI.json(try await actions.createToken(body, by: context.signedIn), status: .created)
         }
         routes.delete(":kind/:name") { _, context in
-            let name = try context.parameters.require("name")
+            // Percent-decoded: a token single sign-on made is named for its person (`sso:SUBJECT~LOGIN`).
+            let raw = try context.parameters.require("name")
+            let name = raw.removingPercentEncoding ?? raw
             guard let kind = TokenKind(rawValue: try context.parameters.require("kind")) else { throw ActionError(.notFound, "token kinds are admin and enrollment") }
             try await actions.revokeToken(name: name, kind: kind, by: context.signedIn)
             return try AdminAPI.json(await actions.tokens())

@@ -71,7 +71,8 @@ public final class PostgresTokenVault: TokenVault, Sendable {
         let row = try NewToken(name: name, kind: kind, limits: limits, now: now)
         let (expiresAt, uses, role, scope) = (row.limits.expiresAt?.timeIntervalSince1970, row.limits.uses.map(Int32.init), row.limits.role.rawValue, try row.limits.scope.storedJSON)
         let inserted = try await db.write { c in
-            try await c.run(
+            if row.limits.signedOn { try await c.run("DELETE FROM token WHERE \(unescaped: TokenLimits.expiredSignedOnSQL(now: now))") }
+            return try await c.run(
                 """
                 INSERT INTO token (kind, name, sha256, created_at, expires_at, uses_left, role, scope)
                 VALUES (\(row.kind.rawValue), \(row.name), \(row.sha256), \(row.createdAt), \(expiresAt), \(uses), \(role), \(scope))

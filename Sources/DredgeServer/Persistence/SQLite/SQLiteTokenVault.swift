@@ -99,7 +99,10 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
 
     public func create(name: String, kind: TokenKind, limits: TokenLimits, now: Date = Date()) async throws -> TokenCreated {
         let new = try NewToken(name: name, kind: kind, limits: limits, now: now)
-        try await db.write { try Self.insert(new, into: $0) }
+        try await db.write { db in
+            if limits.signedOn { try db.execute(sql: "DELETE FROM token WHERE \(TokenLimits.expiredSignedOnSQL(now: now))") }
+            try Self.insert(new, into: db)
+        }
         return new.created
     }
 

@@ -8,7 +8,8 @@ import NIOCore
 import Synchronization
 
 /// `sso` in `server.json`: the company's OpenID Connect identity provider the console signs
-/// people in with (#55), and how their groups become a role and a scope.
+/// people in with (#55), and `dredge login --sso` too, and how their groups become a role and
+/// a scope.
 public struct SingleSignOnSettings: Codable, Sendable, Equatable {
     /// The provider's issuer URL (its discovery document is `ISSUER/.well-known/openid-configuration`).
     public var issuer: String?
@@ -31,15 +32,27 @@ public struct SingleSignOnSettings: Codable, Sendable, Equatable {
     /// list of labels (`region=eu`). Absent: unscoped.
     public var appsClaim: String?
     public var labelsClaim: String?
+    /// The command line's client at the provider, public, allowed the device authorization
+    /// grant (`dredge login --sso`). Absent: that command is refused.
+    public var cliClientID: String?
+    /// The provider's device authorization endpoint, when its discovery document does not name
+    /// one (`device_authorization_endpoint`).
+    public var deviceAuthorizationURL: String?
+    /// How long a token `dredge login --sso` gets lasts, in hours (10 when absent; 1 to 168).
+    public var cliTokenHours: Double?
 
     public init(
         issuer: String? = nil, clientID: String? = nil, clientSecretFile: String? = nil, redirectURL: String? = nil, scopes: [String]? = nil,
         groupsClaim: String? = nil, readers: [String]? = nil, investigators: [String]? = nil, admins: [String]? = nil, appsClaim: String? = nil,
-        labelsClaim: String? = nil
+        labelsClaim: String? = nil, cliClientID: String? = nil, deviceAuthorizationURL: String? = nil, cliTokenHours: Double? = nil
     ) {
         (self.issuer, self.clientID, self.clientSecretFile, self.redirectURL, self.scopes) = (issuer, clientID, clientSecretFile, redirectURL, scopes)
         (self.groupsClaim, self.readers, self.investigators, self.admins, self.appsClaim, self.labelsClaim) = (groupsClaim, readers, investigators, admins, appsClaim, labelsClaim)
+        (self.cliClientID, self.deviceAuthorizationURL, self.cliTokenHours) = (cliClientID, deviceAuthorizationURL, cliTokenHours)
     }
+
+    /// A command line token's lifetime in seconds.
+    public var cliTokenSeconds: TimeInterval { (cliTokenHours ?? 10) * 3600 }
 
     public var isConfigured: Bool { issuer != nil }
 }
@@ -79,7 +92,9 @@ public final class SingleSignOn: Sendable {
     /// endpoint and nowhere else), kept for the process's life like AsyncHTTPClient's shared one.
     private static let client = HTTPClient(
         eventLoopGroupProvider: .singleton, configuration: HTTPClient.Configuration(redirectConfiguration: .disallow, timeout: .init(connect: .seconds(5), read: .seconds(10))))
-    private var http: HTTPClient { Self.client }
+    var http: HTTPClient { Self.client }
+    /// How often one address may start and poll `dredge login --sso` (``DeviceSignInThrottle``).
+    let deviceThrottle = DeviceSignInThrottle()
     private let cache = Mutex<(discovery: Discovery?, keys: JWTKeyCollection?, kids: Set<String>, keysFetched: Date?)>((nil, nil, [], nil))
 
     /// The provider's endpoints, from its discovery document.
@@ -89,6 +104,8 @@ public final class SingleSignOn: Sendable {
         var token_endpoint: String
         var jwks_uri: String
         var end_session_endpoint: String?
+        var userinfo_endpoint: String?
+        var device_authorization_endpoint: String?
     }
 
     /// What the browser keeps between leaving for the provider and coming back.
@@ -111,10 +128,8 @@ public final class SingleSignOn: Sendable {
         guard let issuer = settings.issuer, let clientID = settings.clientID, let redirectURL = settings.redirectURL, let secretFile = settings.clientSecretFile else {
             throw DeploymentError("sso needs issuer, clientID, clientSecretFile and redirectURL")
         }
-        guard let url = URL(string: issuer), let scheme = url.scheme, let host = url.host else { throw DeploymentError("sso.issuer is not a URL: \(issuer)") }
-        if scheme != "https" && !(scheme == "http" && ["127.0.0.1", "::1", "localhost"].contains(host)) {
-            throw DeploymentError("sso.issuer must be https:// (plain http only on loopback): \(issuer)")
-        }
+        guard URL(string: issuer)?.host != nil else { throw DeploymentError("sso.issuer is not a URL: \(issuer)") }
+        guard Self.isProviderURL(issuer) else { throw DeploymentError("sso.issuer must be https:// (plain http only on loopback): \(issuer)") }
         let path = secretFile.hasPrefix("/") ? secretFile : directory + "/" + secretFile
         guard let secret = FileManager.default.contents(atPath: path).map({ String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines) }), !secret.isEmpty
         else { throw DeploymentError("sso.clientSecretFile: cannot read the client secret from \(path)") }
@@ -124,6 +139,16 @@ public final class SingleSignOn: Sendable {
         self.clientSecret = secret
         self.redirectURL = redirectURL
         self.now = now
+        if let hours = settings.cliTokenHours, !(1...168).contains(hours) { throw DeploymentError("sso.cliTokenHours must be 1 to 168 (a week): \(hours)") }
+        for (key, value) in [("sso.deviceAuthorizationURL", settings.deviceAuthorizationURL)] {
+            if let value, !Self.isProviderURL(value) { throw DeploymentError("\(key) must be an https:// URL (plain http only on loopback): \(value)") }
+        }
+    }
+
+    /// An https URL, or an http one on loopback (a provider for tests and trials).
+    static func isProviderURL(_ text: String) -> Bool {
+        guard let url = URL(string: text), let scheme = url.scheme, let host = url.host else { return false }
+        return scheme == "https" || scheme == "http" && ["127.0.0.1", "::1", "localhost"].contains(host)
     }
 
     // MARK: Leaving for the provider
@@ -204,8 +229,9 @@ public final class SingleSignOn: Sendable {
     }
 
     /// The person an ID token names, once it is verified: signed by one of the provider's
-    /// keys, issued by it, for this client, not expired (a minute's leeway), with `nonce`.
-    func person(idToken: String, nonce: String) async throws -> SignedInPerson {
+    /// keys, issued by it, for `audience` (the console's client unless said), not expired (a
+    /// minute's leeway), with `nonce` (the console's sign-ins; the device grant has none).
+    func person(idToken: String, nonce: String?, audience: String? = nil) async throws -> SignedInPerson {
         // A key id the provider's keys as held do not have: it rotated them since; fetch them
         // again (at most once a minute) rather than let another key be tried.
         struct Header: Decodable { var kid: String? }
@@ -219,23 +245,33 @@ public final class SingleSignOn: Sendable {
         } catch {
             throw SingleSignOnError("the ID token does not verify: \(error)")
         }
-        return try check(claims, nonce: nonce)
+        return try check(claims, nonce: nonce, audience: audience ?? clientID)
     }
 
     /// The claims' issuer, audience, expiry and nonce (the signature is checked already).
-    func check(_ claims: IDTokenClaims, nonce: String) throws -> SignedInPerson {
+    func check(_ claims: IDTokenClaims, nonce: String?, audience: String) throws -> SignedInPerson {
         guard claims.iss.value == issuer || claims.iss.value == issuer + "/" else { throw SingleSignOnError("the ID token is from another issuer: \(claims.iss.value)") }
-        guard claims.aud.value.contains(clientID) else { throw SingleSignOnError("the ID token is not for this console (its audience is \(claims.aud.value))") }
+        guard claims.aud.value.contains(audience) else { throw SingleSignOnError("the ID token is not for \(audience) (its audience is \(claims.aud.value))") }
         guard claims.exp.value.addingTimeInterval(60) > now() else { throw SingleSignOnError("the ID token has expired") }
-        guard let sent = claims.nonce, ConsoleSessions.same(sent, nonce) else { throw SingleSignOnError("the ID token is not for this sign-in (its nonce differs)") }
-        let subject = claims.sub.value
-        guard !subject.isEmpty, subject.utf8.count <= 255, !subject.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
-            throw SingleSignOnError("the ID token's subject is empty, too long or holds a control character")
+        if let nonce {
+            guard let sent = claims.nonce, ConsoleSessions.same(sent, nonce) else { throw SingleSignOnError("the ID token is not for this sign-in (its nonce differs)") }
         }
-        let shown = (claims.email ?? claims.preferredUsername ?? subject).unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.map(String.init).joined()
+        return try person(claims.others, from: "the ID token")
+    }
+
+    /// The person a set of claims names (an ID token's, or the userinfo endpoint's): their
+    /// subject, what to show, their groups and scope claims as the settings name them.
+    func person(_ claims: [String: IDTokenClaims.JSONValue], from source: String) throws -> SignedInPerson {
+        func string(_ name: String) -> String? { if case .string(let s)? = claims[name] { s } else { nil } }
+        func strings(_ name: String) -> [String]? { IDTokenClaims.strings(claims[name]) }
+        guard let subject = string("sub"), !subject.isEmpty, subject.utf8.count <= 255, !subject.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
+        else {
+            throw SingleSignOnError("\(source)'s subject is absent, empty, too long or holds a control character")
+        }
+        let shown = (string("email") ?? string("preferred_username") ?? subject).unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.map(String.init).joined()
         return SignedInPerson(
-            subject: subject, name: Self.namePrefix + subject, shown: String(shown.prefix(120)), groups: claims.strings(settings.groupsClaim ?? "groups") ?? [],
-            apps: settings.appsClaim.map { claims.strings($0) } ?? [], labels: settings.labelsClaim.map { claims.strings($0) } ?? [])
+            subject: subject, name: Self.namePrefix + subject, shown: String(shown.prefix(120)), groups: strings(settings.groupsClaim ?? "groups") ?? [],
+            apps: settings.appsClaim.map { strings($0) } ?? [], labels: settings.labelsClaim.map { strings($0) } ?? [])
     }
 
     /// The role and scope a person's groups give (``SingleSignOnSettings``): nil when none of
@@ -266,7 +302,7 @@ public final class SingleSignOn: Sendable {
 
     // MARK: The provider's documents
 
-    private func discovered() async throws -> Discovery {
+    func discovered() async throws -> Discovery {
         if let known = cache.withLock({ $0.discovery }) { return known }
         let discovery: Discovery = try await fetch(issuer + "/.well-known/openid-configuration")
         guard discovery.issuer == issuer || discovery.issuer == issuer + "/" else {
@@ -294,11 +330,14 @@ public final class SingleSignOn: Sendable {
         return keys
     }
 
-    private func fetch<T: Decodable>(_ url: String) async throws -> T {
+    func fetch<T: Decodable>(_ url: String, bearer: String? = nil) async throws -> T {
         let response: HTTPClientResponse
         let body: ByteBuffer
         do {
-            response = try await http.execute(HTTPClientRequest(url: url), timeout: .seconds(15))
+            var request = HTTPClientRequest(url: url)
+            request.headers.add(name: "Accept", value: "application/json")
+            if let bearer { request.headers.add(name: "Authorization", value: "Bearer \(bearer)") }
+            response = try await http.execute(request, timeout: .seconds(15))
             body = try await response.body.collect(upTo: 1 << 20)
         } catch {
             throw SingleSignOnError("cannot reach the identity provider at \(url): \(error)")
@@ -331,16 +370,14 @@ public struct SingleSignOnError: Error, CustomStringConvertible, Sendable {
     init(_ description: String) { self.description = description }
 }
 
-/// The claims of an ID token the console reads; any other claim is kept for the groups and
-/// scope claims the settings name.
+/// The claims of an ID token: those checked by name, and every claim (the subject, the
+/// e-mail address, the groups and scope claims the settings name) in ``others``.
 struct IDTokenClaims: JWTPayload {
     var iss: IssuerClaim
     var sub: SubjectClaim
     var aud: AudienceClaim
     var exp: ExpirationClaim
     var nonce: String?
-    var email: String?
-    var preferredUsername: String?
     /// Every claim, for those the settings name (`groups`, `dredge_apps`…).
     var others: [String: JSONValue]
 
@@ -382,8 +419,6 @@ struct IDTokenClaims: JWTPayload {
         aud = try c.decode(AudienceClaim.self, forKey: Key(stringValue: "aud"))
         exp = try c.decode(ExpirationClaim.self, forKey: Key(stringValue: "exp"))
         nonce = try c.decodeIfPresent(String.self, forKey: Key(stringValue: "nonce"))
-        email = try? c.decodeIfPresent(String.self, forKey: Key(stringValue: "email"))
-        preferredUsername = try? c.decodeIfPresent(String.self, forKey: Key(stringValue: "preferred_username"))
         var others: [String: JSONValue] = [:]
         for key in c.allKeys { others[key.stringValue] = try? c.decode(JSONValue.self, forKey: key) }
         self.others = others
@@ -399,8 +434,10 @@ struct IDTokenClaims: JWTPayload {
 
     /// A claim as a list of strings: a list, or one string (some providers send a lone group
     /// so); nil when it is absent or anything else.
-    func strings(_ name: String) -> [String]? {
-        switch others[name] {
+    func strings(_ name: String) -> [String]? { Self.strings(others[name]) }
+
+    static func strings(_ value: JSONValue?) -> [String]? {
+        switch value {
         case .string(let s)?: [s]
         case .strings(let list)?: list
         default: nil

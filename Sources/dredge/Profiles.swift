@@ -212,12 +212,20 @@ struct LoginCommand: AsyncParsableCommand {
         prompt += "\nWaiting for you to sign in; the code lapses in \(minutes) minute\(minutes == 1 ? "" : "s")…\n"
         FileHandle.standardError.write(Data(prompt.utf8))
         var interval = started.interval
+        var failures = 0
         let deadline = ContinuousClock.now + .seconds(started.expiresIn)
-        while ContinuousClock.now < deadline {
+        while ContinuousClock.now + .seconds(interval) < deadline {
             try await Task.sleep(for: .seconds(interval))
             let answer: DeviceSignInAnswer
             do {
                 answer = try await client.pollDeviceSignIn(DeviceSignInPoll(deviceCode: started.deviceCode, interval: interval))
+                failures = 0
+            } catch let error as AdminClientError where failures < 4 && Self.isPassing(error) {
+                // Throttled, or the server or the provider briefly away: wait longer, a few times.
+                failures += 1
+                interval = min(60, interval * 2)
+                Terminal.error("(\(error.description); trying again in \(interval) s)\n")
+                continue
             } catch AdminClientError.forbidden(let message) {
                 // Denied at the provider, or no group of the person's gives a role here: the
                 // server's words, without the hint about tokens a refused token gets.
@@ -232,6 +240,15 @@ struct LoginCommand: AsyncParsableCommand {
             }
         }
         throw fail("the code lapsed before anyone entered it: run `dredge login --sso` again")
+    }
+
+    /// A failure worth waiting out: too many requests, a server or provider briefly away.
+    static func isPassing(_ error: AdminClientError) -> Bool {
+        switch error {
+        case .server(let status, _): [429, 502, 503, 504].contains(status)
+        case .unreachable: true
+        default: false
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 import DredgeAdminAPI
-import DredgeAdminClient
+@testable import DredgeAdminClient
 import DredgeDomain
 import DredgeEnvelope
 @testable import DredgeServer
@@ -203,10 +203,32 @@ import Testing
         #expect(throttle.admit(.start, host: "10.0.0.2", now: t0), "another address")
         #expect(throttle.admit(.poll, host: "10.0.0.1", now: t0), "polls are counted apart")
         #expect(throttle.admit(.start, host: "10.0.0.1", now: t0.addingTimeInterval(60)), "the next minute")
+        // An IPv6 host may hold a whole /64: it is one address.
+        let six = DeviceSignInThrottle()
+        for i in 0..<DeviceSignInThrottle.startsPerAddress { #expect(six.admit(.start, host: "2001:db8:0:1::\(i + 1)", now: t0)) }
+        #expect(!six.admit(.start, host: "[2001:db8:0:1:ffff::9]", now: t0))
+        #expect(six.admit(.start, host: "2001:db8:0:2::1", now: t0))
         // Starts in all, over many addresses.
         let all = DeviceSignInThrottle()
         for i in 0..<DeviceSignInThrottle.startsInAll { #expect(all.admit(.start, host: "10.1.\(i / 250).\(i % 250)", now: t0)) }
         #expect(!all.admit(.start, host: "10.9.9.9", now: t0))
+    }
+
+    /// A token `dredge login --sso` made is named for its person, whatever their subject holds:
+    /// revoked by the address the client makes of its name, decoded by the server.
+    @Test func aSignedOnTokenIsRevokedByItsName() async throws {
+        let fixture = try Fixture()
+        let made = try await fixture.tokens.create(
+            name: TokenLimits.signedOnName(subject: "50%/a b|~x"), kind: .admin, limits: TokenLimits(expiresAt: Date().addingTimeInterval(3600), role: .reader, signedOn: true),
+            now: Date())
+        let path = try #require(URLComponents(url: AdminClient(server: "https://127.0.0.1:7080", token: "x").url("/v1/tokens/admin/\(made.info.name)"), resolvingAgainstBaseURL: false))
+            .percentEncodedPath
+        try await fixture.test { api in
+            let answer = try await api.call(.delete, path)
+            #expect(answer.status == .ok, "\(path): \(String(decoding: answer.body, as: UTF8.self))")
+            let left = try await fixture.tokens.list()
+            #expect(!left.contains { $0.name == made.info.name } && left.contains { $0.name == "admin" })
+        }
     }
 
     @Test func everyV1RouteNeedsAnAdminToken() async throws {

@@ -117,6 +117,26 @@ import Testing
         func audit(_ action: String) async throws -> [AuditEntry] { try await admin.pulls.audit(AuditQuery(action: action)) }
     }
 
+    /// A token `dredge login --sso` made signs in to the console too, as its person, and the
+    /// session lives with the token (found by the token, whatever name it signs in as).
+    @Test func aTokenSingleSignOnMadeSignsInToTheConsole() async throws {
+        let fixture = Fixture()
+        let made = try await fixture.admin.tokens.create(
+            name: TokenLimits.signedOnName(subject: "auth0|42"), kind: .admin,
+            limits: TokenLimits(expiresAt: Date().addingTimeInterval(3600), role: .investigator, signedOn: true), now: Date())
+        try await fixture.test { browser in
+            let signedIn = try await browser.signIn(made.token)
+            #expect(signedIn.status == .seeOther && signedIn.location == "/console/agents", "\(signedIn.body)")
+            let agents = try await browser.get("/console/agents")
+            #expect(agents.status == .ok && agents.body.contains("sso:auth0|42") && agents.body.contains("(investigator)"), "\(agents.body)")
+            #expect(try await browser.get("/console/pulls/new").status == .ok)
+        }
+        // Revoked, the session ends with it.
+        try await fixture.admin.tokens.revoke(name: made.info.name, kind: .admin)
+        let signIns = try await fixture.audit("console.sign-in")
+        #expect(signIns.map(\.actor) == ["sso:auth0|42"])
+    }
+
     @Test func pagesWithoutASessionSendTheBrowserToSignIn() async throws {
         try await Fixture().test { browser in
             for uri in ["/console/agents", "/console/agents?q=x"] {

@@ -163,6 +163,22 @@ import Testing
         #expect(try await fixture.audit("auth.failed").contains { $0.detail.contains("mallory@example.com") })
     }
 
+    /// What the provider says of a person is shown in terminals and the audit log: a subject
+    /// with a control or formatting character is refused, and such characters are dropped
+    /// from the address shown.
+    @Test func hiddenCharactersNeitherNameNorShowAPerson() throws {
+        let dir = TempDir()
+        try Data("secret".utf8).write(to: URL(fileURLWithPath: dir.file("secret")))
+        let sso = try SingleSignOn(
+            settings: SingleSignOnSettings(issuer: "http://127.0.0.1:1/o", clientID: "c", clientSecretFile: "secret", redirectURL: "http://127.0.0.1:1/cb"), directory: dir.path)
+        func claims(_ sub: String, _ email: String) -> [String: IDTokenClaims.JSONValue] { ["sub": .string(sub), "email": .string(email), "groups": .strings(["g"])] }
+        #expect(try sso.person(claims("42", "ali\u{202E}moc.evil\u{9B}31m@example.com"), from: "test").shown == "alimoc.evil31m@example.com")
+        for sub in ["4\u{9B}2", "4\u{200B}2", "4\u{7}2", ""] {
+            #expect(throws: SingleSignOnError.self) { try sso.person(claims(sub, "a@example.com"), from: "test") }
+        }
+        #expect(try sso.person(claims("auth0|42", "a@example.com"), from: "test").name == "sso:auth0|42")
+    }
+
     /// The ID token's checks, on real tokens from the provider: one whose payload or signature
     /// is changed, one past its expiry, one for another sign-in (its nonce), refused.
     @Test func aTamperedExpiredOrForeignIDTokenIsRefused() async throws {

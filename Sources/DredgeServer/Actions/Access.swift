@@ -108,15 +108,19 @@ extension Caller {
         let expires = expiresAt.map(Date.init(timeIntervalSince1970:))
         if let now, let expires, expires <= now { return nil }
         return Caller(
-            name: person(ofToken: name), role: try TokenLimits.role(role ?? AdminRole.admin.rawValue, token: name),
-            scope: try AccessScope.stored(scope, of: "admin token \(name)") ?? .everything, expiresAt: expires)
+            name: name, role: try TokenLimits.role(role ?? AdminRole.admin.rawValue, token: name), scope: try AccessScope.stored(scope, of: "admin token \(name)") ?? .everything,
+            expiresAt: expires)
     }
 
-    /// Who a token signs in: its name, or for a token single sign-on made (`sso:SUBJECT~LOGIN`)
-    /// the person (`sso:SUBJECT`), as the console names them, so each of their logins is the
-    /// same person to the audit log and to the two-person rule of approvals.
+    /// Who the token row `name` signs in: its name, or for a token single sign-on made
+    /// (`sso:` + the subject percent-encoded + `~` + a login id, ``TokenLimits/signedOnName(subject:)``)
+    /// the person, `sso:SUBJECT`, as the console names them, so each of their logins is the
+    /// same person to the audit log and to the two-person rule of approvals. Only token rows
+    /// are read so (``TokenVault/admin(for:now:)``): a session keeps the name it was given.
     static func person(ofToken name: String) -> String {
-        guard name.hasPrefix(SingleSignOn.namePrefix), let tilde = name.lastIndex(of: "~") else { return name }
-        return String(name[..<tilde])
+        guard name.hasPrefix(SingleSignOn.namePrefix), let tilde = name.lastIndex(of: "~"),
+            let subject = name[name.index(name.startIndex, offsetBy: SingleSignOn.namePrefix.count)..<tilde].removingPercentEncoding
+        else { return name }
+        return SingleSignOn.namePrefix + subject
     }
 }

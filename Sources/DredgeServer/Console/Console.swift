@@ -121,7 +121,7 @@ enum Console {
             try await d.actions.signedOut(session.tokenName)
             // A person the identity provider signed in is signed out there too, when it can: by a
             // page that moves on (a form's redirect to another site is what `form-action 'self'` forbids).
-            let provider = session.tokenName.hasPrefix(SingleSignOn.namePrefix) ? await d.sso?.endSessionURL() : nil
+            let provider = session.signedOn ? await d.sso?.endSessionURL() : nil
             var response =
                 provider.map { html(library, "moving-on", ["title": "Signed out", "target": $0, "message": "Signed out of Dredge; now at your identity provider."]) }
                 ?? redirect("/console/sign-in")
@@ -336,7 +336,7 @@ enum Console {
     static func checked(_ request: Request, _ d: Dependencies, _ operation: AdminOperation) async throws -> ConsoleSessions.Session? {
         guard let id = request.cookies[sessionCookie]?.value, let session = try await d.sessions.session(id) else { return nil }
         // A person the identity provider signed in has no session once single sign-on is off.
-        if session.tokenName.hasPrefix(SingleSignOn.namePrefix), d.sso == nil { return nil }
+        if session.signedOn, d.sso == nil { return nil }
         try await d.actions.authorize(operation, session.caller, on: "\(request.method) \(ConnectionUploads.bounded(request.uri.path))")
         return session
     }

@@ -23,6 +23,9 @@ public final class ConsoleSessions: Sendable {
         /// What every form of this session carries.
         public var csrf: String
         public var expires: Date
+        /// A person the identity provider signed in (``open(signedOn:)``), no token behind
+        /// the session; false for one opened with a token, even one `dredge login --sso` made.
+        public var signedOn = false
     }
 
     public static let defaultLifetime: TimeInterval = 8 * 3600
@@ -56,14 +59,14 @@ public final class ConsoleSessions: Sendable {
         let end = min(at.addingTimeInterval(lifetime), caller.expiresAt ?? .distantFuture)
         let stored = StoredConsoleSession(key: Self.key(id), tokenName: caller.name, tokenSHA256: "", expires: end, caller: caller)
         try await vault.openSession(stored, capacity: Self.capacity, now: at)
-        return (id, Session(caller: caller, csrf: Self.csrf(id), expires: stored.expires))
+        return (id, Session(caller: caller, csrf: Self.csrf(id), expires: stored.expires, signedOn: true))
     }
 
     /// The live session of a cookie's id, whose token is still there (and has not expired),
     /// with the token's role and scope as they are now; one that ended is forgotten.
     func session(_ id: String) async throws -> Session? {
         guard Self.isWellFormed(id), let stored = try await vault.session(key: Self.key(id), now: now()), let caller = stored.caller else { return nil }
-        return Session(caller: caller, csrf: Self.csrf(id), expires: stored.expires)
+        return Session(caller: caller, csrf: Self.csrf(id), expires: stored.expires, signedOn: stored.isSignedOn)
     }
 
     func close(_ id: String) async throws {

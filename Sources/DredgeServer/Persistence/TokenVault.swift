@@ -68,9 +68,13 @@ public struct TokenLimits: Sendable, Equatable {
         self.signedOn = signedOn
     }
 
-    /// A new signed-on token's name: the person's, and a random login id after a `~`.
+    /// A new signed-on token's name: `sso:`, the person's subject percent-encoded (all but
+    /// letters, digits and `-._@|+=:`, so it holds no `~` and no `/`), and a random login id
+    /// after a `~` (``Caller/person(ofToken:)`` reads the person back).
     public static func signedOnName(subject: String) -> String {
-        SingleSignOn.namePrefix + subject + "~" + (0..<4).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+        let kept = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._@|+=:")
+        let encoded = subject.addingPercentEncoding(withAllowedCharacters: kept) ?? subject
+        return SingleSignOn.namePrefix + encoded + "~" + (0..<4).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
     }
 
     /// The signed-on tokens that have expired at `now`, as a `WHERE` clause both back ends
@@ -198,7 +202,7 @@ struct NewToken: Sendable {
         if limits.signedOn {
             // The server's own name for a person's login (``TokenLimits/signedOnName(subject:)``).
             guard kind == .admin, limits.expiresAt != nil else { throw TokenError.limits("a token made by single sign-on is an admin token that expires") }
-            guard name.hasPrefix(SingleSignOn.namePrefix), name.contains("~"), name.utf8.count <= 300,
+            guard name.hasPrefix(SingleSignOn.namePrefix), name.contains("~"), name.utf8.count <= 1024,
                 !name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
             else { throw TokenError.invalidName(name) }
         } else {

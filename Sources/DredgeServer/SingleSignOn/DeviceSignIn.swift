@@ -29,6 +29,9 @@ extension SingleSignOn {
         case denied
         /// The code lapsed before the person answered.
         case expired
+        /// The provider knows no such device code (`invalid_grant`; django-oauth-toolkit says
+        /// `device_not_found`): made up, or already used.
+        case unknown
     }
 
     /// Asks the provider for a device code and the code the person will enter.
@@ -76,6 +79,7 @@ extension SingleSignOn {
             case "slow_down": return .pending(interval: min(60, interval + 5))
             case "access_denied": throw DeviceRefusal.denied
             case "expired_token": throw DeviceRefusal.expired
+            case "invalid_grant", "device_not_found": throw DeviceRefusal.unknown
             case let code: throw SingleSignOnError("the identity provider refused the device code (\(status), \(code ?? "no error code"))")
             }
         }
@@ -124,34 +128,54 @@ extension SingleSignOn {
 }
 
 /// How often one address may start device sign-ins and poll them (each is a request to the
-/// identity provider, asked by someone the server does not know yet): per address and minute,
-/// and for all addresses together. Bounded like ``AuditThrottle``.
+/// identity provider, asked by someone the server does not know yet): per address and minute
+/// (an IPv6 address by its /64, which one host may hold whole), and for all addresses together.
+/// Bounded: in a minute that has seen ``capacity`` addresses, new ones wait for the next.
 final class DeviceSignInThrottle: Sendable {
     enum Kind: Sendable { case start, poll }
 
     static let startsPerAddress = 10
     static let pollsPerAddress = 120
     static let startsInAll = 300
+    static let pollsInAll = 3000
     static let capacity = 10_000
-    private let state = Mutex<(minute: Int, starts: [String: Int], polls: [String: Int], allStarts: Int)>((0, [:], [:], 0))
+    private struct Minute {
+        var minute = 0
+        var counts: [String: (starts: Int, polls: Int)] = [:]
+        var starts = 0
+        var polls = 0
+    }
+    private let state = Mutex(Minute())
 
     /// Whether `host` may make one more request of `kind` now (counted when it may).
     func admit(_ kind: Kind, host: String, now: Date) -> Bool {
-        state.withLock { state in
+        let address = Self.address(host)
+        return state.withLock { state in
             let minute = Int(now.timeIntervalSince1970 / 60)
-            if state.minute != minute { state = (minute, [:], [:], 0) }
+            if state.minute != minute { state = Minute(minute: minute) }
+            guard state.counts[address] != nil || state.counts.count < Self.capacity else { return false }
+            var count = state.counts[address] ?? (0, 0)
             switch kind {
             case .start:
-                guard state.allStarts < Self.startsInAll, state.starts[host, default: 0] < Self.startsPerAddress else { return false }
-                if state.starts.count >= Self.capacity { state.starts.removeAll() }
-                state.starts[host, default: 0] += 1
-                state.allStarts += 1
+                guard state.starts < Self.startsInAll, count.starts < Self.startsPerAddress else { return false }
+                count.starts += 1
+                state.starts += 1
             case .poll:
-                guard state.polls[host, default: 0] < Self.pollsPerAddress else { return false }
-                if state.polls.count >= Self.capacity { state.polls.removeAll() }
-                state.polls[host, default: 0] += 1
+                guard state.polls < Self.pollsInAll, count.polls < Self.pollsPerAddress else { return false }
+                count.polls += 1
+                state.polls += 1
             }
+            state.counts[address] = count
             return true
         }
+    }
+
+    /// What is counted as one address: an IPv4 address, an IPv6 address's first 64 bits.
+    static func address(_ host: String) -> String {
+        let bare = host.trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        guard bare.contains(":") else { return bare }
+        var network = in6_addr()
+        guard inet_pton(AF_INET6, bare, &network) == 1 else { return bare }
+        return withUnsafeBytes(of: &network) { bytes in bytes.prefix(8).map { String(format: "%02x", $0) }.joined() } + "::/64"
     }
 }

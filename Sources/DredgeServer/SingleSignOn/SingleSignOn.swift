@@ -264,11 +264,11 @@ public final class SingleSignOn: Sendable {
     func person(_ claims: [String: IDTokenClaims.JSONValue], from source: String) throws -> SignedInPerson {
         func string(_ name: String) -> String? { if case .string(let s)? = claims[name] { s } else { nil } }
         func strings(_ name: String) -> [String]? { IDTokenClaims.strings(claims[name]) }
-        guard let subject = string("sub"), !subject.isEmpty, subject.utf8.count <= 255, !subject.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F })
+        guard let subject = string("sub"), !subject.isEmpty, subject.utf8.count <= 255, !subject.unicodeScalars.contains(where: Self.isHidden)
         else {
             throw SingleSignOnError("\(source)'s subject is absent, empty, too long or holds a control character")
         }
-        let shown = (string("email") ?? string("preferred_username") ?? subject).unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.map(String.init).joined()
+        let shown = (string("email") ?? string("preferred_username") ?? subject).unicodeScalars.filter { !Self.isHidden($0) }.map(String.init).joined()
         return SignedInPerson(
             subject: subject, name: Self.namePrefix + subject, shown: String(shown.prefix(120)), groups: strings(settings.groupsClaim ?? "groups") ?? [],
             apps: settings.appsClaim.map { strings($0) } ?? [], labels: settings.labelsClaim.map { strings($0) } ?? [])
@@ -348,6 +348,12 @@ public final class SingleSignOn: Sendable {
         } catch {
             throw SingleSignOnError("the identity provider's \(url) does not read: \(error)")
         }
+    }
+
+    /// A character that is not what it shows in a terminal or a log: C0 and C1 controls, DEL,
+    /// and the invisible and direction-changing formatting characters (Unicode's `Cf`).
+    static func isHidden(_ scalar: Unicode.Scalar) -> Bool {
+        scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.properties.generalCategory == .format
     }
 
     // MARK: Encodings

@@ -153,6 +153,12 @@ import Testing
         for token in [laptop, jumpHost] {
             #expect(try await tokens.admin(for: token.token, now: Self.t0) == Caller(name: "sso:auth0|42", role: .investigator, expiresAt: hour))
         }
+        // A subject that holds the separator, a `%`, a `/` or a space is itself, read back.
+        for subject in ["bob~x", "bob~x~1a2b3c4d", "50%/a b", "é~"] {
+            let made = try await tokens.create(name: TokenLimits.signedOnName(subject: subject), kind: .admin, limits: signedOn, now: Self.t0)
+            #expect(!made.info.name.dropFirst(4).dropLast(9).contains("~") && !made.info.name.contains("/"), "\(made.info.name)")
+            #expect(try await tokens.admin(for: made.token, now: Self.t0)?.name == "sso:" + subject)
+        }
         // Only the server's own path makes such names, and only expiring admin tokens.
         await #expect(throws: TokenError.invalidName("sso:auth0|42~00")) { try await tokens.create(name: "sso:auth0|42~00", kind: .admin, now: Self.t0) }
         await #expect(throws: TokenError.self) {

@@ -36,12 +36,17 @@ enum SignOnRoutes {
             }
             try admitted(sso, .poll, context)
             let interval = poll.interval ?? 5
-            let person: SignedInPerson
-            switch try await answered(actions, { try await sso.pollDevice(deviceCode: poll.deviceCode, interval: min(60, max(1, interval))) }) {
-            case .pending(let interval): return try AdminAPI.json(DeviceSignInAnswer(status: .pending, interval: interval))
-            case .signedIn(let signedIn): person = signedIn
-            }
             let source = context.remoteAddress ?? "?"
+            let person: SignedInPerson
+            do {
+                switch try await answered(actions, { try await sso.pollDevice(deviceCode: poll.deviceCode, interval: min(60, max(1, interval))) }) {
+                case .pending(let interval): return try AdminAPI.json(DeviceSignInAnswer(status: .pending, interval: interval))
+                case .signedIn(let signedIn): person = signedIn
+                }
+            } catch let error as AdminAPIError where error.code == "access_denied" {
+                await actions.refusedToken("a single sign-on denied at the identity provider", for: "dredge login --sso", from: source)
+                throw error
+            }
             guard let caller = sso.caller(for: person, until: actions.now().addingTimeInterval(sso.settings.cliTokenSeconds)) else {
                 await actions.refusedToken(
                     "\(person.name) (\(person.shown); groups \(person.groups.prefix(20).joined(separator: ", ").prefix(300))), whose groups and claims give no role or no scope",
@@ -66,10 +71,12 @@ enum SignOnRoutes {
             case .off: throw AdminAPIError(.notFound, "sso_off", "this server signs no one in through an identity provider from the command line")
             case .denied: throw AdminAPIError(.forbidden, "access_denied", "the sign-in was denied at the identity provider")
             case .expired: throw AdminAPIError(.gone, "expired", "the code lapsed before anyone entered it: start again")
+            case .unknown: throw AdminAPIError(.badRequest, "unknown_code", "the identity provider knows no sign-in with that device code: start again")
             }
         } catch let error as SingleSignOnError {
+            // The provider's addresses and words stay in the server's log: the caller has no token.
             actions.logger.warning("single sign-on for the command line failed", metadata: ["error": "\(error)"])
-            throw AdminAPIError(.badGateway, "provider_failed", error.description)
+            throw AdminAPIError(.badGateway, "provider_failed", "the identity provider could not be asked, or answered what cannot be used: the server's log says why")
         }
     }
 }

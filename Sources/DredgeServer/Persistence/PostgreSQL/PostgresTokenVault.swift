@@ -15,7 +15,7 @@ public final class PostgresTokenVault: TokenVault, Sendable {
             return nil
         }
         let (name, role, scope, expiresAt) = try row.decode((String, String, String?, Double?).self)
-        return try Caller.stored(name: name, role: role, scope: scope, expiresAt: expiresAt, now: now)
+        return try Caller.stored(name: Caller.person(ofToken: name), role: role, scope: scope, expiresAt: expiresAt, now: now)
     }
 
     /// The enrollment token's name, expiry and uses left (`lock`: its row held to the transaction's end).
@@ -144,7 +144,7 @@ public final class PostgresTokenVault: TokenVault, Sendable {
             try await c.rows(
                 """
                 SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL, t.role, t.scope, t.expires_at, s.role, s.scope FROM console_session s
-                LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' AND t.name = s.token_name WHERE s.key = \(key)
+                LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' WHERE s.key = \(key)
                 """
             ).first.map { row in
                 let (name, sha256, expires, tokenLives, role, scope, tokenExpires, keptRole, keptScope) =

@@ -52,7 +52,7 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
             try prepared("SELECT name, role, scope, expires_at FROM token WHERE sha256 = ? AND kind = 'admin'", [hash], as: Row.self).fetchOne($0)
         }
         guard let row else { return nil }
-        return try Caller.stored(name: row[0], role: row[1], scope: row[2], expiresAt: row[3], now: now)
+        return try Caller.stored(name: Caller.person(ofToken: row[0]), role: row[1], scope: row[2], expiresAt: row[3], now: now)
     }
 
     /// The enrollment token's name, expiry and uses left.
@@ -153,7 +153,7 @@ public final class SQLiteTokenVault: TokenVault, Sendable {
             try prepared(
                 """
                 SELECT s.token_name, s.token_sha256, s.expires_at, t.name IS NOT NULL, t.role, t.scope, t.expires_at, s.role, s.scope FROM console_session s
-                LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' AND t.name = s.token_name WHERE s.key = ?
+                LEFT JOIN token t ON t.sha256 = s.token_sha256 AND t.kind = 'admin' WHERE s.key = ?
                 """, [key], as: Row.self
             ).fetchOne(db).map { row in
                 let sha256: String = row[1]

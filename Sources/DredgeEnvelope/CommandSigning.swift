@@ -23,6 +23,11 @@ public struct ServerSigningKey: Sendable {
         command.signature = Data(try key.signature(for: SigningInput.pullCommand(command)))
     }
 
+    /// Fills in `signature` over the tail command's signing input (README § 20).
+    public func sign(_ command: inout WireTailCommand) throws {
+        command.signature = Data(try key.signature(for: SigningInput.tailCommand(command)))
+    }
+
     /// Fills in `signature` over the announcement's signing input: this key vouches for the
     /// next generation's keys (README § Key rotation).
     public func sign(_ announcement: inout WireKeyAnnouncement) throws {
@@ -53,6 +58,11 @@ public struct CommandVerifier: Sendable {
     /// True when `command` carries a signature that verifies under this key.
     public func isValid(_ command: WirePullCommand) -> Bool {
         !command.signature.isEmpty && key.isValidSignature(command.signature, for: SigningInput.pullCommand(command))
+    }
+
+    /// True when the tail command carries a signature that verifies under this key.
+    public func isValid(_ command: WireTailCommand) -> Bool {
+        !command.signature.isEmpty && key.isValidSignature(command.signature, for: SigningInput.tailCommand(command))
     }
 
     /// True when `announcement` is signed by this key.

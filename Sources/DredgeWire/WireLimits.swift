@@ -59,6 +59,21 @@ public enum WireLimits {
     /// § Connection states, Planned restarts: `retry_every_ms` when 0, and its bounds.
     public static let defaultRestartRetry: Duration = .seconds(2)
     public static let restartRetryRange: ClosedRange<Duration> = .seconds(1) ... .seconds(60)
+
+    /// § Live tail: the longest a tail runs (expires_at − issued_at).
+    public static let maxTailDurationMicroseconds: Int64 = 3600 * 1_000_000
+    /// § Live tail: tails one agent runs at once (the next is `REJECT_BUSY`).
+    public static let maxTailsPerAgent = 4
+    /// § Live tail: the bounds of a tail's rates.
+    public static let tailRecordRate: ClosedRange<UInt32> = 1...10_000
+    public static let tailByteRate: ClosedRange<UInt64> = 1024...16 * 1024 * 1024
+    /// § Live tail: records in one batch, and the most bytes of its ciphertext (tag included).
+    public static let maxTailBatchRecords = 1_000
+    public static let maxTailBatchBytes = 256 * 1024
+    /// § Live tail: batches sent and not yet acknowledged.
+    public static let maxTailInFlight = 16
+    /// § Live tail: how long after its expiry a server still takes a tail's batches.
+    public static let tailExpiryGrace: Duration = .seconds(60)
 }
 
 /// What a peer can do beyond the base protocol, named in `Hello.capabilities` and agreed in
@@ -66,7 +81,10 @@ public enum WireLimits {
 public enum WireCapability {
     /// The server's keys roll over, announced in heartbeat acks (README § 5, Key rotation).
     public static let keyRotation = "key-rotation"
-    /// Every capability this release knows.
+    /// The server asks for a user's new records; the agent streams them (README § 20, Live tail).
+    public static let liveTail = "live-tail"
+    /// Every capability this release agrees to. `live-tail` is not among them until both ends
+    /// carry it out: its messages exist, and the state machines take them once it is agreed.
     public static let known: [String] = [keyRotation]
 
     /// Of `listed`, those in `known`, in the order listed, each once.

@@ -134,6 +134,68 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         #expect(file == produced)
     }
 
+    /// A live tail (README § 20): a command signed by command.json's key, and one batch sealed
+    /// under a tail key, with the frames of the exchange.
+    @Test func liveTail() throws {
+        let server = try ServerSigningKey(rawRepresentation: Self.ed25519Seed)
+        var command = WireTailCommand.with {
+            $0.tailID = "5d1e7a3c9b0f2e4d6c8a1b3e5f7d9c0a"
+            $0.target = .with { $0.uid = "u-1002"; $0.agentID = "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f" }
+            $0.filter = .with { $0.types = ["player", "network"]; $0.levels = [.error, .warning, .info]; $0.text = "timeout" }
+            $0.issuedAtUs = 1_795_340_400_000_000
+            $0.expiresAtUs = 1_795_341_300_000_000
+            $0.maxRecordsPerS = 200
+            $0.maxBytesPerS = 262_144
+            $0.verbose = true
+            $0.verboseTypes = ["player"]
+            $0.wrappedKey = Data(repeating: 0x77, count: 8)
+        }
+        try server.sign(&command)
+        #expect(server.verifyingKey.isValid(command))
+        var changed = command
+        changed.verbose = false
+        #expect(!server.verifyingKey.isValid(changed), "the signature covers verbose")
+
+        let tailKey = (0..<32).map { UInt8(0x90 + $0) }
+        let agentID = command.target.agentID
+        let cipher = try TailCipher(key: SymmetricKey(data: tailKey), tailID: command.tailID, agentID: agentID)
+        let plaintext = Array(
+            #"{"contexts":{"1":{"app":"oven-control","appVersion":"2.4.1","extra":{},"host":"kitchen-oven-0042","os":"Debian 12","process":"ovend"}},"records":[{"ts":"2026-11-21T10:40:01.250000Z","level":"warning","type":"network","uid":"u-1002","message":"GET /recipes timeout after 5000 ms","metadata":{"http.status":504},"context":1}]}"#
+                .utf8)
+        let (seq, dropped): (UInt64, UInt64) = (3, 2)
+        let sealed = try cipher.seal(plaintext, seq: seq, dropped: dropped)
+        #expect(Array(try cipher.open(sealed, seq: seq, dropped: dropped)) == plaintext)
+        #expect(throws: EnvelopeError.self) { try cipher.open(sealed, seq: seq + 1, dropped: dropped) }
+        #expect(throws: EnvelopeError.self) { try cipher.open(sealed, seq: seq, dropped: 0) }
+        #expect(throws: EnvelopeError.self) { try TailCipher(key: SymmetricKey(data: tailKey), tailID: command.tailID, agentID: "0" + agentID.dropFirst()).open(sealed, seq: seq, dropped: dropped) }
+
+        let frames: [(String, WireFrame)] = [
+            ("tail_command", .with { $0.tailCommand = command }),
+            ("tail_accepted", .with { $0.tailAccepted = .with { $0.tailID = command.tailID } }),
+            ("tail_batch", .with { $0.tailBatch = .with { $0.tailID = command.tailID; $0.seq = seq; $0.dropped = dropped; $0.ciphertext = Data(sealed) } }),
+            ("tail_ack", .with { $0.tailAck = .with { $0.tailID = command.tailID; $0.seq = seq } }),
+            ("tail_stop", .with { $0.tailStop = .with { $0.tailID = command.tailID; $0.reason = "stopped by alice" } }),
+        ]
+        let (file, produced) = try Vectors.check("tail.json", [
+            "description": "A live tail (README § 20): a tail command signed with Ed25519 (deterministic) by command.json's key over the tail signing input; a batch sealed with AES-256-GCM under the tail key (nonce \"tail\" ‖ u64be(seq), the canonical tail-batch associated data); and the frames of the exchange.",
+            "ed25519_private_key": hex(Self.ed25519Seed),
+            "command": [
+                "tail_id": command.tailID, "target_uid": command.target.uid, "target_agent_id": command.target.agentID,
+                "types": command.filter.types, "levels": command.filter.levels.map(\.rawValue), "text": command.filter.text,
+                "issued_at_us": command.issuedAtUs, "expires_at_us": command.expiresAtUs, "max_records_per_s": Int(command.maxRecordsPerS),
+                "max_bytes_per_s": Int(command.maxBytesPerS), "verbose": command.verbose, "verbose_types": command.verboseTypes, "wrapped_key": hex(command.wrappedKey),
+            ] as [String: Any],
+            "signing_input": hex(SigningInput.tailCommand(command)),
+            "signature": hex(command.signature),
+            "batch": [
+                "tail_key": hex(tailKey), "agent_id": agentID, "seq": Int(seq), "dropped": Int(dropped), "plaintext": hex(plaintext),
+                "nonce": hex(TailCipher.nonce(seq: seq)), "associated_data": hex(cipher.associatedData(seq: seq, dropped: dropped)), "ciphertext": hex(sealed),
+            ] as [String: Any],
+            "frames": try frames.map { ["name": $0.0, "hex": hex(try FrameEncoder.bytes(of: $0.1))] },
+        ])
+        #expect(file == produced)
+    }
+
     /// A command with a text filter (non-ASCII, addressed to an agent, no uid), and the §10
     /// matching rule on a few records: Swift's store and the Python check must agree on each.
     @Test func textFilterCommand() throws {

@@ -68,6 +68,26 @@ enum SampleFrames {
         add("goodbye") { $0.goodbye = .with { $0.reason = "server shutting down" } }
         // The same message with the planned-restart fields (Protocol § 6): 60 s, retry every 2 s.
         add("goodbye_planned_restart") { $0.goodbye = .with { $0.reason = "server shutting down"; $0.backWithinMs = 60_000; $0.retryEveryMs = 2_000 } }
+        // Live tail (Protocol § 20), with the capability `live-tail`.
+        let tail = "5d1e7a3c9b0f2e4d6c8a1b3e5f7d9c0a"
+        add("tail_command") {
+            $0.tailCommand = .with {
+                $0.tailID = tail
+                $0.target = .with { $0.uid = "u-1002"; $0.agentID = "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f" }
+                $0.filter = .with { $0.levels = [.warning, .error]; $0.text = "timeout" }
+                $0.issuedAtUs = 1_795_340_400_000_000
+                $0.expiresAtUs = 1_795_341_300_000_000
+                $0.maxRecordsPerS = 200
+                $0.maxBytesPerS = 262_144
+                $0.verbose = true
+                $0.wrappedKey = Data(repeating: 0x77, count: 384)
+                $0.signature = Data(repeating: 0x66, count: 64)
+            }
+        }
+        add("tail_accepted") { $0.tailAccepted = .with { $0.tailID = tail } }
+        add("tail_batch") { $0.tailBatch = .with { $0.tailID = tail; $0.seq = 3; $0.dropped = 2; $0.ciphertext = Data(repeating: 0xAB, count: 48) } }
+        add("tail_ack") { $0.tailAck = .with { $0.tailID = tail; $0.seq = 3 } }
+        add("tail_stop") { $0.tailStop = .with { $0.tailID = tail; $0.reason = "stopped by alice" } }
         return frames
     }
 }
@@ -75,9 +95,9 @@ enum SampleFrames {
 @Suite struct FrameCodecTests {
     @Test func everyMessageTypeRoundTripsThroughTheCodec() throws {
         let frames = SampleFrames.all.map(\.1)
-        #expect(frames.count == 22)
+        #expect(frames.count == 27)
         // Every body case is covered (Goodbye twice: with and without its planned-restart fields).
-        #expect(Set(frames.map { String(describing: $0.body!).prefix(while: { $0 != "(" }) }).count == 21)
+        #expect(Set(frames.map { String(describing: $0.body!).prefix(while: { $0 != "(" }) }).count == 26)
         let pairs = try frames.map { frame -> (ByteBuffer, [WireFrame]) in
             (ByteBuffer(bytes: try FrameEncoder.bytes(of: frame)), [frame])
         }

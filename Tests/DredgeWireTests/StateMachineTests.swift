@@ -166,6 +166,47 @@ struct Loopback {
         }
     }
 
+    /// Live tail (Protocol § 20): its frames pass both machines only where `live-tail` is
+    /// agreed; where it is not (the agent did not list it, or this server does not know it)
+    /// neither side sends them, and one that arrives is an unexpected message, as any frame
+    /// the state does not allow.
+    @Test func liveTailFramesFlowOnlyWhereTheCapabilityIsAgreed() throws {
+        let id = testAgentKey.publicKey.agentID
+        let tail = "5d1e7a3c9b0f2e4d6c8a1b3e5f7d9c0a"
+        let command = WireFrame.with { $0.tailCommand = .with { $0.tailID = tail; $0.target = .with { $0.uid = "u-1" } } }
+        let batch = WireFrame.with { $0.tailBatch = .with { $0.tailID = tail; $0.seq = 1; $0.ciphertext = Data(repeating: 1, count: 16) } }
+        for (listed, known) in [([WireCapability.liveTail], [WireCapability.keyRotation, WireCapability.liveTail]), ([], [WireCapability.liveTail]), ([WireCapability.liveTail], WireCapability.known)] {
+            let agreed = listed.contains(WireCapability.liveTail) && known.contains(WireCapability.liveTail)
+            var net = Loopback(mode: .authenticate(agentID: id, host: testHost))
+            net.agent = AgentConnectionStateMachine(mode: .authenticate(agentID: id, host: testHost), capabilities: listed)
+            net.server = ServerConnectionStateMachine(known: known)
+            try net.agentActions(net.agent.start())
+            try net.run()
+            #expect(net.agent.isReady && net.agent.agreed.contains(WireCapability.liveTail) == agreed, "\(listed) \(known)")
+            // Each side sends them only when agreed.
+            #expect(net.server.send(command).isEmpty == !agreed)
+            #expect(net.agent.send(batch).isEmpty == !agreed)
+            #expect(net.server.send(.with { $0.heartbeatAck = .with { $0.seq = 1 } }).count == 1, "the rest is unchanged")
+            if agreed {
+                try net.serverActions(net.server.send(command))
+                try net.agentActions(net.agent.send(batch))
+                try net.agentActions(net.agent.send(.with { $0.tailAccepted = .with { $0.tailID = tail } }))
+                try net.serverActions(net.server.send(.with { $0.tailAck = .with { $0.tailID = tail; $0.seq = 1 } }))
+                try net.serverActions(net.server.send(.with { $0.tailStop = .with { $0.tailID = tail } }))
+                try net.run()
+                #expect(net.agentDelivered.map { String(String(describing: $0.body!).prefix(while: { $0 != "(" })) } == ["tailCommand", "tailAck", "tailStop"])
+                #expect(net.serverDelivered.filter { $0.tailBatch.seq == 1 || $0.tailAccepted.tailID == tail }.count == 2)
+                #expect(net.agentClosed == nil && net.serverClosed == nil)
+            } else {
+                // A peer that sends one anyway breaks the protocol.
+                var server = net.server
+                #expect(server.receive(batch, challenge: []).contains { if case .close(let error?) = $0 { error.code == .errorUnexpectedMessage } else { false } })
+                var agent = net.agent
+                #expect(agent.receive(command).contains { if case .close(let error?) = $0 { error.code == .errorUnexpectedMessage } else { false } })
+            }
+        }
+    }
+
     /// A server's planned restart (Protocol § 6): its Goodbye says when it expects to be back
     /// and how often to try meanwhile; the agent's machine hands that on before it closes. A
     /// plain Goodbye hands nothing on, and the agent backs off as before.

@@ -52,6 +52,15 @@ UPLOAD_RESULT = {"upload_id": (1, "string"), "ok": (2, "bool"), "error": (3, "en
                  "records": (6, "uint")}
 ERROR = {"code": (1, "enum"), "detail": (2, "string"), "fatal": (3, "bool"), "upload_id": (4, "string")}
 GOODBYE = {"reason": (1, "string"), "back_within_ms": (2, "uint"), "retry_every_ms": (3, "uint")}
+# Live tail (§20), only with `live-tail` agreed.
+TAIL_FILTER = {"uid": (1, "string"), "types": (2, ("repeated", "string")), "levels": (3, ("repeated", "enum")), "text": (4, "string")}
+TAIL_COMMAND = {"tail_id": (1, "string"), "target": (2, ("msg", TARGET)), "filter": (3, ("msg", TAIL_FILTER)), "issued_at_us": (4, "int"),
+                "expires_at_us": (5, "int"), "max_records_per_s": (6, "uint"), "max_bytes_per_s": (7, "uint"), "verbose": (8, "bool"),
+                "verbose_types": (9, ("repeated", "string")), "wrapped_key": (10, "bytes"), "signature": (11, "bytes")}
+TAIL_ACCEPTED = {"tail_id": (1, "string")}
+TAIL_BATCH = {"tail_id": (1, "string"), "seq": (2, "uint"), "dropped": (3, "uint"), "ciphertext": (4, "bytes")}
+TAIL_ACK = {"tail_id": (1, "string"), "seq": (2, "uint")}
+TAIL_STOP = {"tail_id": (1, "string"), "reason": (2, "string")}
 
 BODIES = {
     "hello": (1, HELLO), "hello_ack": (2, HELLO_ACK), "enroll_request": (3, ENROLL_REQUEST), "enroll_response": (4, ENROLL_RESPONSE),
@@ -60,6 +69,8 @@ BODIES = {
     "upload_begin": (12, UPLOAD_BEGIN), "upload_ready": (13, UPLOAD_READY), "upload_chunk": (14, UPLOAD_CHUNK), "chunk_ack": (15, CHUNK_ACK),
     "upload_status_query": (16, UPLOAD_STATUS_QUERY), "upload_status": (17, UPLOAD_STATUS), "upload_complete": (18, UPLOAD_COMPLETE),
     "upload_result": (19, UPLOAD_RESULT), "error": (20, ERROR), "goodbye": (21, GOODBYE),
+    "tail_command": (22, TAIL_COMMAND), "tail_accepted": (23, TAIL_ACCEPTED), "tail_batch": (24, TAIL_BATCH), "tail_ack": (25, TAIL_ACK),
+    "tail_stop": (26, TAIL_STOP),
 }
 BODY_BY_NUMBER = {number: (name, schema) for name, (number, schema) in BODIES.items()}
 

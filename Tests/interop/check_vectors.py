@@ -32,7 +32,8 @@ def check(condition, what):
 frames = load("frames.json")["frames"]
 for frame in frames:
     check(spec.frame_body_field(bytes.fromhex(frame["hex"])) == frame["body_field"], f"frame {frame['name']} carries body field {frame['body_field']}")
-check(len({f["body_field"] for f in frames}) == 21 and len(frames) == 22, "21 distinct message types (Goodbye twice)")
+check(len({f["body_field"] for f in frames}) == 26 and len(frames) == 27, "26 distinct message types (Goodbye twice)")
+check({f["name"]: f["body_field"] for f in frames if f["name"].startswith("tail_")} == {"tail_command": 22, "tail_accepted": 23, "tail_batch": 24, "tail_ack": 25, "tail_stop": 26}, "the live tail's messages are Frame fields 22 to 26 (§20)")
 restart = next(f for f in frames if f["name"] == "goodbye_planned_restart")
 check(spec.goodbye(bytes.fromhex(restart["hex"])) == ("server shutting down", 60000, 2000), "Goodbye with back_within_ms and retry_every_ms (§6)")
 
@@ -70,6 +71,29 @@ nxt = ed25519.Ed25519PrivateKey.from_private_bytes(bytes.fromhex(ka["next_ed2551
 check(nxt.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex() == announcement["signing_key"], "generation 2's public key")
 check(serialization.load_der_public_key(bytes.fromhex(announcement["encryption_key"])).key_size == 3072, "generation 2's RSA key")
 check(spec.frame_body_field(bytes.fromhex(ka["frame"])) == 8, "heartbeat ack frame")
+
+tail = load("tail.json")
+tail_input = spec.tail_command_signing_input(tail["command"])
+check(tail_input.hex() == tail["signing_input"], "tail command signing input (§20)")
+tail_signer = ed25519.Ed25519PrivateKey.from_private_bytes(bytes.fromhex(tail["ed25519_private_key"]))
+check(tail_signer.sign(tail_input).hex() == tail["signature"], "Ed25519 tail command signature reproduced")
+batch = tail["batch"]
+check(spec.tail_batch_nonce(batch["seq"]).hex() == batch["nonce"], "tail batch nonce: \"tail\" and the seq (§20)")
+check(spec.tail_batch_associated_data(tail["command"]["tail_id"], batch["agent_id"], batch["seq"], batch["dropped"]).hex() == batch["associated_data"], "tail batch associated data")
+tail_plain = spec.open_tail_batch(bytes.fromhex(batch["tail_key"]), tail["command"]["tail_id"], batch["agent_id"], batch["seq"], batch["dropped"], bytes.fromhex(batch["ciphertext"]))
+check(tail_plain.hex() == batch["plaintext"], "tail batch opens to its plaintext")
+tail_json = json.loads(tail_plain)
+check(set(tail_json) == {"records", "contexts"} and all(str(r["context"]) in tail_json["contexts"] for r in tail_json["records"]), "a batch's records and the contexts they name")
+for wrong in [dict(seq=batch["seq"] + 1), dict(dropped=0), dict(agent_id="0" + batch["agent_id"][1:])]:
+    args = dict(seq=batch["seq"], dropped=batch["dropped"], agent_id=batch["agent_id"]) | wrong
+    try:
+        spec.open_tail_batch(bytes.fromhex(batch["tail_key"]), tail["command"]["tail_id"], args["agent_id"], args["seq"], args["dropped"], bytes.fromhex(batch["ciphertext"]))
+        opened = True
+    except Exception:
+        opened = False
+    check(not opened, f"a tail batch does not open with {wrong}")
+tail_frames = {f["name"]: f["hex"] for f in tail["frames"]}
+check(spec.frame_body_field(bytes.fromhex(tail_frames["tail_batch"])) == 24 and spec.frame_body_field(bytes.fromhex(tail_frames["tail_command"])) == 22, "tail frames carry their body fields")
 
 chunks = load("chunks.json")
 header_bytes = spec.upload_header_canonical(chunks["header"])

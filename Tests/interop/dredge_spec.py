@@ -102,6 +102,45 @@ def key_announcement_signing_input(a: dict) -> bytes:
     return bytes(w.out)
 
 
+def tail_command_signing_input(c: dict) -> bytes:
+    """README § 20: what the server signs in a TailCommand."""
+    by_bytes = lambda t: t.encode("utf-8")
+    w = Canonical("dredge.v1.tail-command")
+    w.string(c["tail_id"])
+    w.string(c.get("target_uid", ""))
+    w.string(c.get("target_agent_id", ""))
+    w.optional(c.get("uid"), w.string)
+    w.list(sorted(c.get("types", []), key=by_bytes), w.string)
+    w.list(sorted(c.get("levels", [])), w.u32)
+    w.optional(c.get("text"), w.string)
+    w.i64(c["issued_at_us"])
+    w.i64(c["expires_at_us"])
+    w.u32(c["max_records_per_s"])
+    w.u64(c["max_bytes_per_s"])
+    w.boolean(c.get("verbose", False))
+    w.list(sorted(c.get("verbose_types", []), key=by_bytes), w.string)
+    w.bytes(bytes.fromhex(c.get("wrapped_key", "")))
+    return bytes(w.out)
+
+
+def tail_batch_nonce(seq: int) -> bytes:
+    """README § 20: ASCII "tail" then the batch's seq, u64 big-endian."""
+    return b"tail" + struct.pack(">Q", seq)
+
+
+def tail_batch_associated_data(tail_id: str, agent_id: str, seq: int, dropped: int) -> bytes:
+    w = Canonical("dredge.v1.tail-batch")
+    w.string(tail_id)
+    w.string(agent_id)
+    w.u64(seq)
+    w.u64(dropped)
+    return bytes(w.out)
+
+
+def open_tail_batch(key: bytes, tail_id: str, agent_id: str, seq: int, dropped: int, ciphertext: bytes) -> bytes:
+    return AESGCM(key).decrypt(tail_batch_nonce(seq), ciphertext, tail_batch_associated_data(tail_id, agent_id, seq, dropped))
+
+
 def auth_signing_input(challenge: bytes, agent_id: str) -> bytes:
     w = Canonical("dredge.v1.auth")
     w.bytes(challenge)

@@ -66,6 +66,40 @@ public enum SigningInput {
         return w.bytes
     }
 
+    /// What the server signs in a `TailCommand` (README § 20, Live tail): every field but the
+    /// signature; types, verbose types and levels sorted as in a pull command's.
+    public static func tailCommand(_ c: WireTailCommand) -> [UInt8] {
+        func sorted(_ names: [String]) -> [String] { names.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) } }
+        var w = CanonicalWriter(domain: "dredge.v1.tail-command")
+        w.string(c.tailID)
+        w.string(c.target.uid)
+        w.string(c.target.agentID)
+        let f = c.filter
+        w.optional(f.hasUid ? f.uid : nil) { $0.string($1) }
+        w.list(sorted(f.types)) { $0.string($1) }
+        w.list(f.levels.map { UInt32($0.rawValue) }.sorted()) { $0.u32($1) }
+        w.optional(f.hasText ? f.text : nil) { $0.string($1) }
+        w.i64(c.issuedAtUs)
+        w.i64(c.expiresAtUs)
+        w.u32(c.maxRecordsPerS)
+        w.u64(c.maxBytesPerS)
+        w.bool(c.verbose)
+        w.list(sorted(c.verboseTypes)) { $0.string($1) }
+        w.bytes(Array(c.wrappedKey))
+        return w.bytes
+    }
+
+    /// The associated data of a tail batch (README § 20): which tail, which agent, where in
+    /// the stream, and how many records were left out before it.
+    public static func tailBatch(tailID: String, agentID: String, seq: UInt64, dropped: UInt64) -> [UInt8] {
+        var w = CanonicalWriter(domain: "dredge.v1.tail-batch")
+        w.string(tailID)
+        w.string(agentID)
+        w.u64(seq)
+        w.u64(dropped)
+        return w.bytes
+    }
+
     /// The upload header as bound into every chunk (README § Envelope); the associated data is
     /// SHA-256 of these bytes.
     public static func uploadHeader(_ h: WireUploadHeader) -> [UInt8] {

@@ -555,6 +555,47 @@ public nonisolated struct WireFrame: Sendable {
     set {body = .goodbye(newValue)}
   }
 
+  /// Live tail (README § 20): sent only with the capability `live-tail` agreed.
+  public var tailCommand: WireTailCommand {
+    get {
+      if case .tailCommand(let v)? = body {return v}
+      return WireTailCommand()
+    }
+    set {body = .tailCommand(newValue)}
+  }
+
+  public var tailAccepted: WireTailAccepted {
+    get {
+      if case .tailAccepted(let v)? = body {return v}
+      return WireTailAccepted()
+    }
+    set {body = .tailAccepted(newValue)}
+  }
+
+  public var tailBatch: WireTailBatch {
+    get {
+      if case .tailBatch(let v)? = body {return v}
+      return WireTailBatch()
+    }
+    set {body = .tailBatch(newValue)}
+  }
+
+  public var tailAck: WireTailAck {
+    get {
+      if case .tailAck(let v)? = body {return v}
+      return WireTailAck()
+    }
+    set {body = .tailAck(newValue)}
+  }
+
+  public var tailStop: WireTailStop {
+    get {
+      if case .tailStop(let v)? = body {return v}
+      return WireTailStop()
+    }
+    set {body = .tailStop(newValue)}
+  }
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public nonisolated enum OneOf_Body: Equatable, Sendable {
@@ -579,6 +620,12 @@ public nonisolated struct WireFrame: Sendable {
     case uploadResult(WireUploadResult)
     case error(WireError)
     case goodbye(WireGoodbye)
+    /// Live tail (README § 20): sent only with the capability `live-tail` agreed.
+    case tailCommand(WireTailCommand)
+    case tailAccepted(WireTailAccepted)
+    case tailBatch(WireTailBatch)
+    case tailAck(WireTailAck)
+    case tailStop(WireTailStop)
 
   }
 
@@ -1294,6 +1341,170 @@ public nonisolated struct WireGoodbye: Sendable {
   public init() {}
 }
 
+/// What a tail selects: a pull's filter without times (README § 10, Text).
+public nonisolated struct WireTailFilter: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var uid: String {
+    get {_uid ?? String()}
+    set {_uid = newValue}
+  }
+  /// Returns true if `uid` has been explicitly set.
+  public var hasUid: Bool {self._uid != nil}
+  /// Clears the value of `uid`. Subsequent reads from it will return its default value.
+  public mutating func clearUid() {self._uid = nil}
+
+  /// empty: all types
+  public var types: [String] = []
+
+  /// empty: all levels
+  public var levels: [WireLevel] = []
+
+  public var text: String {
+    get {_text ?? String()}
+    set {_text = newValue}
+  }
+  /// Returns true if `text` has been explicitly set.
+  public var hasText: Bool {self._text != nil}
+  /// Clears the value of `text`. Subsequent reads from it will return its default value.
+  public mutating func clearText() {self._text = nil}
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+
+  fileprivate var _uid: String? = nil
+  fileprivate var _text: String? = nil
+}
+
+/// Server → agent: send target.uid's new records that match, until expires_at_us.
+public nonisolated struct WireTailCommand: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  /// 16 random bytes, lowercase hex (32 chars)
+  public var tailID: String = String()
+
+  /// target.uid is required
+  public var target: WireTarget {
+    get {_target ?? WireTarget()}
+    set {_target = newValue}
+  }
+  /// Returns true if `target` has been explicitly set.
+  public var hasTarget: Bool {self._target != nil}
+  /// Clears the value of `target`. Subsequent reads from it will return its default value.
+  public mutating func clearTarget() {self._target = nil}
+
+  public var filter: WireTailFilter {
+    get {_filter ?? WireTailFilter()}
+    set {_filter = newValue}
+  }
+  /// Returns true if `filter` has been explicitly set.
+  public var hasFilter: Bool {self._filter != nil}
+  /// Clears the value of `filter`. Subsequent reads from it will return its default value.
+  public mutating func clearFilter() {self._filter = nil}
+
+  public var issuedAtUs: Int64 = 0
+
+  /// at most MAX_TAIL_DURATION (1 hour) after issued_at_us
+  public var expiresAtUs: Int64 = 0
+
+  /// 1 to MAX_TAIL_RECORD_RATE
+  public var maxRecordsPerS: UInt32 = 0
+
+  /// 1,024 to MAX_TAIL_BYTE_RATE (bytes of record lines)
+  public var maxBytesPerS: UInt64 = 0
+
+  /// also keep the user's debug and trace records while it runs
+  public var verbose: Bool = false
+
+  /// of these types only (empty: all)
+  public var verboseTypes: [String] = []
+
+  /// the tail key, AES-256, RSA-OAEP-SHA256 under the agent's key
+  public var wrappedKey: Data = Data()
+
+  /// Ed25519 by the server signing key over the tail signing input
+  public var signature: Data = Data()
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+
+  fileprivate var _target: WireTarget? = nil
+  fileprivate var _filter: WireTailFilter? = nil
+}
+
+/// Agent → server: the tail runs (again, after a reconnection). The server answers TailAck
+/// with the last seq it holds; the agent sends every batch after it.
+public nonisolated struct WireTailAccepted: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var tailID: String = String()
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
+/// Agent → server: records, sealed under the tail key (README § 20).
+public nonisolated struct WireTailBatch: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var tailID: String = String()
+
+  /// 1, 2, 3… for the tail's whole life; a batch sent again is identical
+  public var seq: UInt64 = 0
+
+  /// matching records not sent since the previous batch
+  public var dropped: UInt64 = 0
+
+  /// AES-256-GCM of the batch's JSON ‖ tag
+  public var ciphertext: Data = Data()
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
+/// Server → agent: every batch of the tail up to seq is stored.
+public nonisolated struct WireTailAck: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var tailID: String = String()
+
+  public var seq: UInt64 = 0
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
+/// Server → agent: stop the tail (the engineer stopped, it was revoked, or it broke the rules).
+public nonisolated struct WireTailStop: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var tailID: String = String()
+
+  /// for people
+  public var reason: String = String()
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
 // MARK: - Code below here is support for the SwiftProtobuf runtime.
 
 fileprivate nonisolated let _protobuf_package = "dredge.v1"
@@ -1320,7 +1531,7 @@ nonisolated extension WireErrorCode: SwiftProtobuf._ProtoNameProviding {
 
 nonisolated extension WireFrame: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Frame"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}hello\0\u{3}hello_ack\0\u{3}enroll_request\0\u{3}enroll_response\0\u{3}auth_response\0\u{3}auth_result\0\u{1}heartbeat\0\u{3}heartbeat_ack\0\u{3}pull_command\0\u{3}command_accepted\0\u{3}command_rejected\0\u{3}upload_begin\0\u{3}upload_ready\0\u{3}upload_chunk\0\u{3}chunk_ack\0\u{3}upload_status_query\0\u{3}upload_status\0\u{3}upload_complete\0\u{3}upload_result\0\u{1}error\0\u{1}goodbye\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}hello\0\u{3}hello_ack\0\u{3}enroll_request\0\u{3}enroll_response\0\u{3}auth_response\0\u{3}auth_result\0\u{1}heartbeat\0\u{3}heartbeat_ack\0\u{3}pull_command\0\u{3}command_accepted\0\u{3}command_rejected\0\u{3}upload_begin\0\u{3}upload_ready\0\u{3}upload_chunk\0\u{3}chunk_ack\0\u{3}upload_status_query\0\u{3}upload_status\0\u{3}upload_complete\0\u{3}upload_result\0\u{1}error\0\u{1}goodbye\0\u{3}tail_command\0\u{3}tail_accepted\0\u{3}tail_batch\0\u{3}tail_ack\0\u{3}tail_stop\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -1601,6 +1812,71 @@ nonisolated extension WireFrame: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
           self.body = .goodbye(v)
         }
       }()
+      case 22: try {
+        var v: WireTailCommand?
+        var hadOneofValue = false
+        if let current = self.body {
+          hadOneofValue = true
+          if case .tailCommand(let m) = current {v = m}
+        }
+        try decoder.decodeSingularMessageField(value: &v)
+        if let v = v {
+          if hadOneofValue {try decoder.handleConflictingOneOf()}
+          self.body = .tailCommand(v)
+        }
+      }()
+      case 23: try {
+        var v: WireTailAccepted?
+        var hadOneofValue = false
+        if let current = self.body {
+          hadOneofValue = true
+          if case .tailAccepted(let m) = current {v = m}
+        }
+        try decoder.decodeSingularMessageField(value: &v)
+        if let v = v {
+          if hadOneofValue {try decoder.handleConflictingOneOf()}
+          self.body = .tailAccepted(v)
+        }
+      }()
+      case 24: try {
+        var v: WireTailBatch?
+        var hadOneofValue = false
+        if let current = self.body {
+          hadOneofValue = true
+          if case .tailBatch(let m) = current {v = m}
+        }
+        try decoder.decodeSingularMessageField(value: &v)
+        if let v = v {
+          if hadOneofValue {try decoder.handleConflictingOneOf()}
+          self.body = .tailBatch(v)
+        }
+      }()
+      case 25: try {
+        var v: WireTailAck?
+        var hadOneofValue = false
+        if let current = self.body {
+          hadOneofValue = true
+          if case .tailAck(let m) = current {v = m}
+        }
+        try decoder.decodeSingularMessageField(value: &v)
+        if let v = v {
+          if hadOneofValue {try decoder.handleConflictingOneOf()}
+          self.body = .tailAck(v)
+        }
+      }()
+      case 26: try {
+        var v: WireTailStop?
+        var hadOneofValue = false
+        if let current = self.body {
+          hadOneofValue = true
+          if case .tailStop(let m) = current {v = m}
+        }
+        try decoder.decodeSingularMessageField(value: &v)
+        if let v = v {
+          if hadOneofValue {try decoder.handleConflictingOneOf()}
+          self.body = .tailStop(v)
+        }
+      }()
       default: break
       }
     }
@@ -1695,6 +1971,26 @@ nonisolated extension WireFrame: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
     case .goodbye?: try {
       guard case .goodbye(let v)? = self.body else { preconditionFailure() }
       try visitor.visitSingularMessageField(value: v, fieldNumber: 21)
+    }()
+    case .tailCommand?: try {
+      guard case .tailCommand(let v)? = self.body else { preconditionFailure() }
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 22)
+    }()
+    case .tailAccepted?: try {
+      guard case .tailAccepted(let v)? = self.body else { preconditionFailure() }
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 23)
+    }()
+    case .tailBatch?: try {
+      guard case .tailBatch(let v)? = self.body else { preconditionFailure() }
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 24)
+    }()
+    case .tailAck?: try {
+      guard case .tailAck(let v)? = self.body else { preconditionFailure() }
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 25)
+    }()
+    case .tailStop?: try {
+      guard case .tailStop(let v)? = self.body else { preconditionFailure() }
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 26)
     }()
     case nil: break
     }
@@ -3036,6 +3332,284 @@ nonisolated extension WireGoodbye: SwiftProtobuf.Message, SwiftProtobuf._Message
     if lhs.reason != rhs.reason {return false}
     if lhs.backWithinMs != rhs.backWithinMs {return false}
     if lhs.retryEveryMs != rhs.retryEveryMs {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTailFilter: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".TailFilter"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}uid\0\u{1}types\0\u{1}levels\0\u{1}text\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self._uid) }()
+      case 2: try { try decoder.decodeRepeatedStringField(value: &self.types) }()
+      case 3: try { try decoder.decodeRepeatedEnumField(value: &self.levels) }()
+      case 4: try { try decoder.decodeSingularStringField(value: &self._text) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    // The use of inline closures is to circumvent an issue where the compiler
+    // allocates stack space for every if/case branch local when no optimizations
+    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+    // https://github.com/apple/swift-protobuf/issues/1182
+    try { if let v = self._uid {
+      try visitor.visitSingularStringField(value: v, fieldNumber: 1)
+    } }()
+    if !self.types.isEmpty {
+      try visitor.visitRepeatedStringField(value: self.types, fieldNumber: 2)
+    }
+    if !self.levels.isEmpty {
+      try visitor.visitPackedEnumField(value: self.levels, fieldNumber: 3)
+    }
+    try { if let v = self._text {
+      try visitor.visitSingularStringField(value: v, fieldNumber: 4)
+    } }()
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTailFilter, rhs: WireTailFilter) -> Bool {
+    if lhs._uid != rhs._uid {return false}
+    if lhs.types != rhs.types {return false}
+    if lhs.levels != rhs.levels {return false}
+    if lhs._text != rhs._text {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTailCommand: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".TailCommand"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}target\0\u{1}filter\0\u{3}issued_at_us\0\u{3}expires_at_us\0\u{3}max_records_per_s\0\u{3}max_bytes_per_s\0\u{1}verbose\0\u{3}verbose_types\0\u{3}wrapped_key\0\u{1}signature\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.tailID) }()
+      case 2: try { try decoder.decodeSingularMessageField(value: &self._target) }()
+      case 3: try { try decoder.decodeSingularMessageField(value: &self._filter) }()
+      case 4: try { try decoder.decodeSingularInt64Field(value: &self.issuedAtUs) }()
+      case 5: try { try decoder.decodeSingularInt64Field(value: &self.expiresAtUs) }()
+      case 6: try { try decoder.decodeSingularUInt32Field(value: &self.maxRecordsPerS) }()
+      case 7: try { try decoder.decodeSingularUInt64Field(value: &self.maxBytesPerS) }()
+      case 8: try { try decoder.decodeSingularBoolField(value: &self.verbose) }()
+      case 9: try { try decoder.decodeRepeatedStringField(value: &self.verboseTypes) }()
+      case 10: try { try decoder.decodeSingularBytesField(value: &self.wrappedKey) }()
+      case 11: try { try decoder.decodeSingularBytesField(value: &self.signature) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    // The use of inline closures is to circumvent an issue where the compiler
+    // allocates stack space for every if/case branch local when no optimizations
+    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+    // https://github.com/apple/swift-protobuf/issues/1182
+    if !self.tailID.isEmpty {
+      try visitor.visitSingularStringField(value: self.tailID, fieldNumber: 1)
+    }
+    try { if let v = self._target {
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 2)
+    } }()
+    try { if let v = self._filter {
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 3)
+    } }()
+    if self.issuedAtUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.issuedAtUs, fieldNumber: 4)
+    }
+    if self.expiresAtUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.expiresAtUs, fieldNumber: 5)
+    }
+    if self.maxRecordsPerS != 0 {
+      try visitor.visitSingularUInt32Field(value: self.maxRecordsPerS, fieldNumber: 6)
+    }
+    if self.maxBytesPerS != 0 {
+      try visitor.visitSingularUInt64Field(value: self.maxBytesPerS, fieldNumber: 7)
+    }
+    if self.verbose != false {
+      try visitor.visitSingularBoolField(value: self.verbose, fieldNumber: 8)
+    }
+    if !self.verboseTypes.isEmpty {
+      try visitor.visitRepeatedStringField(value: self.verboseTypes, fieldNumber: 9)
+    }
+    if !self.wrappedKey.isEmpty {
+      try visitor.visitSingularBytesField(value: self.wrappedKey, fieldNumber: 10)
+    }
+    if !self.signature.isEmpty {
+      try visitor.visitSingularBytesField(value: self.signature, fieldNumber: 11)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTailCommand, rhs: WireTailCommand) -> Bool {
+    if lhs.tailID != rhs.tailID {return false}
+    if lhs._target != rhs._target {return false}
+    if lhs._filter != rhs._filter {return false}
+    if lhs.issuedAtUs != rhs.issuedAtUs {return false}
+    if lhs.expiresAtUs != rhs.expiresAtUs {return false}
+    if lhs.maxRecordsPerS != rhs.maxRecordsPerS {return false}
+    if lhs.maxBytesPerS != rhs.maxBytesPerS {return false}
+    if lhs.verbose != rhs.verbose {return false}
+    if lhs.verboseTypes != rhs.verboseTypes {return false}
+    if lhs.wrappedKey != rhs.wrappedKey {return false}
+    if lhs.signature != rhs.signature {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTailAccepted: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".TailAccepted"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.tailID) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.tailID.isEmpty {
+      try visitor.visitSingularStringField(value: self.tailID, fieldNumber: 1)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTailAccepted, rhs: WireTailAccepted) -> Bool {
+    if lhs.tailID != rhs.tailID {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTailBatch: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".TailBatch"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}seq\0\u{1}dropped\0\u{1}ciphertext\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.tailID) }()
+      case 2: try { try decoder.decodeSingularUInt64Field(value: &self.seq) }()
+      case 3: try { try decoder.decodeSingularUInt64Field(value: &self.dropped) }()
+      case 4: try { try decoder.decodeSingularBytesField(value: &self.ciphertext) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.tailID.isEmpty {
+      try visitor.visitSingularStringField(value: self.tailID, fieldNumber: 1)
+    }
+    if self.seq != 0 {
+      try visitor.visitSingularUInt64Field(value: self.seq, fieldNumber: 2)
+    }
+    if self.dropped != 0 {
+      try visitor.visitSingularUInt64Field(value: self.dropped, fieldNumber: 3)
+    }
+    if !self.ciphertext.isEmpty {
+      try visitor.visitSingularBytesField(value: self.ciphertext, fieldNumber: 4)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTailBatch, rhs: WireTailBatch) -> Bool {
+    if lhs.tailID != rhs.tailID {return false}
+    if lhs.seq != rhs.seq {return false}
+    if lhs.dropped != rhs.dropped {return false}
+    if lhs.ciphertext != rhs.ciphertext {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTailAck: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".TailAck"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}seq\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.tailID) }()
+      case 2: try { try decoder.decodeSingularUInt64Field(value: &self.seq) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.tailID.isEmpty {
+      try visitor.visitSingularStringField(value: self.tailID, fieldNumber: 1)
+    }
+    if self.seq != 0 {
+      try visitor.visitSingularUInt64Field(value: self.seq, fieldNumber: 2)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTailAck, rhs: WireTailAck) -> Bool {
+    if lhs.tailID != rhs.tailID {return false}
+    if lhs.seq != rhs.seq {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTailStop: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".TailStop"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}reason\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.tailID) }()
+      case 2: try { try decoder.decodeSingularStringField(value: &self.reason) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.tailID.isEmpty {
+      try visitor.visitSingularStringField(value: self.tailID, fieldNumber: 1)
+    }
+    if !self.reason.isEmpty {
+      try visitor.visitSingularStringField(value: self.reason, fieldNumber: 2)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTailStop, rhs: WireTailStop) -> Bool {
+    if lhs.tailID != rhs.tailID {return false}
+    if lhs.reason != rhs.reason {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

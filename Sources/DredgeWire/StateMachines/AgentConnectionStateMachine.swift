@@ -121,6 +121,9 @@ public struct AgentConnectionStateMachine: Sendable {
         case (.ready, .heartbeatAck?), (.ready, .pullCommand?), (.ready, .uploadReady?), (.ready, .chunkAck?),
             (.ready, .uploadStatus?), (.ready, .uploadResult?):
             return [.deliver(frame)]
+        case (.ready, .tailCommand?) where agreed.contains(WireCapability.liveTail), (.ready, .tailAck?) where agreed.contains(WireCapability.liveTail),
+            (.ready, .tailStop?) where agreed.contains(WireCapability.liveTail):
+            return [.deliver(frame)]
         default:
             return fail(.unexpected(Self.name(frame), in: state))
         }
@@ -162,8 +165,17 @@ public struct AgentConnectionStateMachine: Sendable {
 
     /// A frame of the command and upload layers to send; refused (nothing) unless ready.
     public func send(_ frame: WireFrame) -> [Action] {
-        guard isReady else { return [] }
+        guard isReady, permits(frame) else { return [] }
         return [.send(frame)]
+    }
+
+    /// Whether `frame` may go to the server at all: a message a capability adds only once it is
+    /// agreed (README § 4).
+    func permits(_ frame: WireFrame) -> Bool {
+        switch frame.body {
+        case .tailAccepted?, .tailBatch?: agreed.contains(WireCapability.liveTail)
+        default: true
+        }
     }
 
     /// The agent ends the connection politely (it is stopping): `Goodbye` with the reason,

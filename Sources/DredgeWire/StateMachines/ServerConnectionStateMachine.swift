@@ -51,15 +51,18 @@ public struct ServerConnectionStateMachine: Sendable {
     public private(set) var claimedKeyGeneration: Int?
     public let software: String
     public let session: WireAuthResult
+    /// The capabilities this server agrees to (``WireCapability/known`` unless a test says).
+    public let known: [String]
 
     /// - Parameter session: what the server tells an authenticated agent (interval, window).
     public init(software: String = "dredge-server", session: WireAuthResult = .with {
         $0.heartbeatIntervalS = WireLimits.defaultHeartbeatSeconds
         $0.window = UInt32(WireLimits.defaultWindow)
         $0.maxChunkBytes = UInt32(WireLimits.maxChunkBytes)
-    }) {
+    }, known: [String] = WireCapability.known) {
         self.software = software
         self.session = session
+        self.known = known
     }
 
     public var agentID: String? { if case .ready(let id) = state { return id } else { return nil } }
@@ -88,7 +91,7 @@ public struct ServerConnectionStateMachine: Sendable {
             }
             let bytes = challenge()
             state = .awaitingCredentials(challenge: bytes)
-            capabilities = WireCapability.agreed(hello.capabilities)
+            capabilities = WireCapability.agreed(hello.capabilities, known: known)
             return [
                 .send(.with {
                     $0.helloAck = .with { $0.version = WireLimits.protocolVersion; $0.software = software; $0.challenge = .init(bytes); $0.capabilities = capabilities }
@@ -105,6 +108,9 @@ public struct ServerConnectionStateMachine: Sendable {
         case (.ready(let id), .heartbeat?), (.ready(let id), .commandAccepted?), (.ready(let id), .commandRejected?),
             (.ready(let id), .uploadBegin?), (.ready(let id), .uploadChunk?), (.ready(let id), .uploadStatusQuery?),
             (.ready(let id), .uploadComplete?):
+            return [.deliver(agentID: id, frame)]
+        case (.ready(let id), .tailAccepted?) where capabilities.contains(WireCapability.liveTail),
+            (.ready(let id), .tailBatch?) where capabilities.contains(WireCapability.liveTail):
             return [.deliver(agentID: id, frame)]
         case (.ready(let id), .error(let error)?) where !error.fatal:
             return [.deliver(agentID: id, frame)]
@@ -163,8 +169,17 @@ public struct ServerConnectionStateMachine: Sendable {
     /// A frame of the server's session to send (pull commands, upload answers); nothing unless
     /// ready.
     public func send(_ frame: WireFrame) -> [Action] {
-        guard case .ready = state else { return [] }
+        guard case .ready = state, permits(frame) else { return [] }
         return [.send(agreedOnly(frame))]
+    }
+
+    /// Whether `frame` may go to this agent at all: a message a capability adds only once it is
+    /// agreed (README § 4).
+    func permits(_ frame: WireFrame) -> Bool {
+        switch frame.body {
+        case .tailCommand?, .tailAck?, .tailStop?: capabilities.contains(WireCapability.liveTail)
+        default: true
+        }
     }
 
     /// The server ends the connection politely (a silent agent, a newer connection of the same

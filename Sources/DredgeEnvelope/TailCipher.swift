@@ -3,17 +3,16 @@ import DredgeWire
 import Foundation
 
 /// The seal of a live tail's batches (README § 20): AES-256-GCM under the tail's own key, with
-///
-/// - nonce (12 bytes) = ASCII "tail" ‖ seq (u64 big-endian);
-/// - associated data = the canonical tail id, agent id, seq and dropped count.
-///
-/// So a batch cannot be read, changed, moved in the stream or to another tail or agent, or have
-/// its count of left-out records changed without failing. A key is made per tail and agent and
-/// a seq is used once (a batch sent again is the same bytes), so no nonce seals two plaintexts.
+/// a random 12-byte nonce per batch and, as associated data, the canonical tail id, agent id,
+/// seq, dropped count and store cursor. So a batch cannot be read, changed, moved in the stream
+/// or to another tail or agent, or have its count of left-out records or its cursor changed
+/// without failing. The nonce is random, not the seq: an agent that restarted numbers on from
+/// what the server holds, so one seq can seal two different batches.
 public struct TailCipher: Sendable {
     public let tailID: String
     public let agentID: String
     private let key: SymmetricKey
+    public static let nonceBytes = 12
 
     public init(key: SymmetricKey, tailID: String, agentID: String) throws {
         guard key.bitCount == 256 else { throw EnvelopeError(.invalidKey, "tail keys are 256 bits") }
@@ -22,21 +21,18 @@ public struct TailCipher: Sendable {
         self.agentID = agentID
     }
 
-    public static func nonce(seq: UInt64) -> [UInt8] {
-        var n = Array("tail".utf8)
-        withUnsafeBytes(of: seq.bigEndian) { n.append(contentsOf: $0) }
-        return n
+    public func associatedData(seq: UInt64, dropped: UInt64, cursor: UInt64) -> [UInt8] {
+        SigningInput.tailBatch(tailID: tailID, agentID: agentID, seq: seq, dropped: dropped, cursor: cursor)
     }
 
-    public func associatedData(seq: UInt64, dropped: UInt64) -> [UInt8] {
-        SigningInput.tailBatch(tailID: tailID, agentID: agentID, seq: seq, dropped: dropped)
-    }
-
-    /// Ciphertext ‖ tag of batch `seq`.
-    public func seal(_ plaintext: some DataProtocol, seq: UInt64, dropped: UInt64) throws -> [UInt8] {
-        guard seq >= 1 else { throw EnvelopeError(.invalidUpload, "tail batches are numbered from 1") }
+    /// Ciphertext ‖ tag of batch `seq`, sealed under `nonce` (a fresh random one unless a test
+    /// gives its own).
+    public func seal(
+        _ plaintext: some DataProtocol, seq: UInt64, dropped: UInt64, cursor: UInt64, nonce: [UInt8] = secureRandomBytes(TailCipher.nonceBytes)
+    ) throws -> (nonce: [UInt8], sealed: [UInt8]) {
+        guard seq >= 1, nonce.count == Self.nonceBytes else { throw EnvelopeError(.invalidUpload, "tail batches are numbered from 1, with 12-byte nonces") }
         let box = try AES.GCM.seal(
-            plaintext, using: key, nonce: try AES.GCM.Nonce(data: Self.nonce(seq: seq)), authenticating: associatedData(seq: seq, dropped: dropped))
+            plaintext, using: key, nonce: try AES.GCM.Nonce(data: nonce), authenticating: associatedData(seq: seq, dropped: dropped, cursor: cursor))
         var out: [UInt8] = []
         out.reserveCapacity(box.ciphertext.count + box.tag.count)
         out.append(contentsOf: box.ciphertext)
@@ -44,18 +40,18 @@ public struct TailCipher: Sendable {
         guard out.count <= WireLimits.maxTailBatchBytes else {
             throw EnvelopeError(.invalidUpload, "a tail batch of \(out.count) bytes is over \(WireLimits.maxTailBatchBytes)")
         }
-        return out
+        return (nonce, out)
     }
 
-    /// The plaintext of batch `seq`, or `.chunkAuthFailed`.
-    public func open(_ sealed: some DataProtocol, seq: UInt64, dropped: UInt64) throws -> Data {
-        guard seq >= 1, sealed.count >= WireLimits.tagBytes, sealed.count <= WireLimits.maxTailBatchBytes else {
-            throw EnvelopeError(.invalidUpload, "tail batch \(seq) of \(sealed.count) bytes breaks the limits")
+    /// The plaintext of a batch, or `.chunkAuthFailed`.
+    public func open(_ sealed: some DataProtocol, nonce: some DataProtocol, seq: UInt64, dropped: UInt64, cursor: UInt64) throws -> Data {
+        guard seq >= 1, nonce.count == Self.nonceBytes, sealed.count >= WireLimits.tagBytes, sealed.count <= WireLimits.maxTailBatchBytes else {
+            throw EnvelopeError(.invalidUpload, "tail batch \(seq) breaks the limits (\(sealed.count) bytes, a \(nonce.count)-byte nonce)")
         }
         do {
             let box = try AES.GCM.SealedBox(
-                nonce: try AES.GCM.Nonce(data: Self.nonce(seq: seq)), ciphertext: sealed.dropLast(WireLimits.tagBytes), tag: sealed.suffix(WireLimits.tagBytes))
-            return try AES.GCM.open(box, using: key, authenticating: associatedData(seq: seq, dropped: dropped))
+                nonce: try AES.GCM.Nonce(data: nonce), ciphertext: sealed.dropLast(WireLimits.tagBytes), tag: sealed.suffix(WireLimits.tagBytes))
+            return try AES.GCM.open(box, using: key, authenticating: associatedData(seq: seq, dropped: dropped, cursor: cursor))
         } catch {
             throw EnvelopeError(.chunkAuthFailed, "tail batch \(seq) does not authenticate")
         }

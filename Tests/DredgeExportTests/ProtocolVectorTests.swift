@@ -162,22 +162,28 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         let plaintext = Array(
             #"{"contexts":{"1":{"app":"oven-control","appVersion":"2.4.1","extra":{},"host":"kitchen-oven-0042","os":"Debian 12","process":"ovend"}},"records":[{"ts":"2026-11-21T10:40:01.250000Z","level":"warning","type":"network","uid":"u-1002","message":"GET /recipes timeout after 5000 ms","metadata":{"http.status":504},"context":1}]}"#
                 .utf8)
-        let (seq, dropped): (UInt64, UInt64) = (3, 2)
-        let sealed = try cipher.seal(plaintext, seq: seq, dropped: dropped)
-        #expect(Array(try cipher.open(sealed, seq: seq, dropped: dropped)) == plaintext)
-        #expect(throws: EnvelopeError.self) { try cipher.open(sealed, seq: seq + 1, dropped: dropped) }
-        #expect(throws: EnvelopeError.self) { try cipher.open(sealed, seq: seq, dropped: 0) }
-        #expect(throws: EnvelopeError.self) { try TailCipher(key: SymmetricKey(data: tailKey), tailID: command.tailID, agentID: "0" + agentID.dropFirst()).open(sealed, seq: seq, dropped: dropped) }
+        let (seq, dropped, cursor): (UInt64, UInt64, UInt64) = (3, 2, 60_517)
+        let nonce = (0..<12).map { UInt8(0xE0 + $0) }
+        let (_, sealed) = try cipher.seal(plaintext, seq: seq, dropped: dropped, cursor: cursor, nonce: nonce)
+        #expect(Array(try cipher.open(sealed, nonce: nonce, seq: seq, dropped: dropped, cursor: cursor)) == plaintext)
+        #expect(throws: EnvelopeError.self) { try cipher.open(sealed, nonce: nonce, seq: seq + 1, dropped: dropped, cursor: cursor) }
+        #expect(throws: EnvelopeError.self) { try cipher.open(sealed, nonce: nonce, seq: seq, dropped: 0, cursor: cursor) }
+        #expect(throws: EnvelopeError.self) { try cipher.open(sealed, nonce: nonce, seq: seq, dropped: dropped, cursor: cursor - 1) }
+        #expect(throws: EnvelopeError.self) {
+            try TailCipher(key: SymmetricKey(data: tailKey), tailID: command.tailID, agentID: "0" + agentID.dropFirst()).open(sealed, nonce: nonce, seq: seq, dropped: dropped, cursor: cursor)
+        }
+        // On the wire each batch has a nonce of its own.
+        #expect(try cipher.seal(plaintext, seq: seq, dropped: dropped, cursor: cursor).nonce != cipher.seal(plaintext, seq: seq, dropped: dropped, cursor: cursor).nonce)
 
         let frames: [(String, WireFrame)] = [
             ("tail_command", .with { $0.tailCommand = command }),
             ("tail_accepted", .with { $0.tailAccepted = .with { $0.tailID = command.tailID } }),
-            ("tail_batch", .with { $0.tailBatch = .with { $0.tailID = command.tailID; $0.seq = seq; $0.dropped = dropped; $0.ciphertext = Data(sealed) } }),
-            ("tail_ack", .with { $0.tailAck = .with { $0.tailID = command.tailID; $0.seq = seq } }),
+            ("tail_batch", .with { $0.tailBatch = .with { $0.tailID = command.tailID; $0.seq = seq; $0.dropped = dropped; $0.cursor = cursor; $0.nonce = Data(nonce); $0.ciphertext = Data(sealed) } }),
+            ("tail_ack", .with { $0.tailAck = .with { $0.tailID = command.tailID; $0.seq = seq; $0.cursor = cursor } }),
             ("tail_stop", .with { $0.tailStop = .with { $0.tailID = command.tailID; $0.reason = "stopped by alice" } }),
         ]
         let (file, produced) = try Vectors.check("tail.json", [
-            "description": "A live tail (README § 20): a tail command signed with Ed25519 (deterministic) by command.json's key over the tail signing input; a batch sealed with AES-256-GCM under the tail key (nonce \"tail\" ‖ u64be(seq), the canonical tail-batch associated data); and the frames of the exchange.",
+            "description": "A live tail (README § 20): a tail command signed with Ed25519 (deterministic) by command.json's key over the tail signing input; a batch sealed with AES-256-GCM under the tail key (a nonce fixed here, random on the wire; the canonical tail-batch associated data); and the frames of the exchange.",
             "ed25519_private_key": hex(Self.ed25519Seed),
             "command": [
                 "tail_id": command.tailID, "target_uid": command.target.uid, "target_agent_id": command.target.agentID,
@@ -188,8 +194,8 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
             "signing_input": hex(SigningInput.tailCommand(command)),
             "signature": hex(command.signature),
             "batch": [
-                "tail_key": hex(tailKey), "agent_id": agentID, "seq": Int(seq), "dropped": Int(dropped), "plaintext": hex(plaintext),
-                "nonce": hex(TailCipher.nonce(seq: seq)), "associated_data": hex(cipher.associatedData(seq: seq, dropped: dropped)), "ciphertext": hex(sealed),
+                "tail_key": hex(tailKey), "agent_id": agentID, "seq": Int(seq), "dropped": Int(dropped), "cursor": Int(cursor), "plaintext": hex(plaintext),
+                "nonce": hex(nonce), "associated_data": hex(cipher.associatedData(seq: seq, dropped: dropped, cursor: cursor)), "ciphertext": hex(sealed),
             ] as [String: Any],
             "frames": try frames.map { ["name": $0.0, "hex": hex(try FrameEncoder.bytes(of: $0.1))] },
         ])

@@ -78,16 +78,16 @@ check(tail_input.hex() == tail["signing_input"], "tail command signing input (§
 tail_signer = ed25519.Ed25519PrivateKey.from_private_bytes(bytes.fromhex(tail["ed25519_private_key"]))
 check(tail_signer.sign(tail_input).hex() == tail["signature"], "Ed25519 tail command signature reproduced")
 batch = tail["batch"]
-check(spec.tail_batch_nonce(batch["seq"]).hex() == batch["nonce"], "tail batch nonce: \"tail\" and the seq (§20)")
-check(spec.tail_batch_associated_data(tail["command"]["tail_id"], batch["agent_id"], batch["seq"], batch["dropped"]).hex() == batch["associated_data"], "tail batch associated data")
-tail_plain = spec.open_tail_batch(bytes.fromhex(batch["tail_key"]), tail["command"]["tail_id"], batch["agent_id"], batch["seq"], batch["dropped"], bytes.fromhex(batch["ciphertext"]))
+check(len(bytes.fromhex(batch["nonce"])) == 12, "a tail batch's nonce is 12 bytes (§20)")
+check(spec.tail_batch_associated_data(tail["command"]["tail_id"], batch["agent_id"], batch["seq"], batch["dropped"], batch["cursor"]).hex() == batch["associated_data"], "tail batch associated data")
+tail_plain = spec.open_tail_batch(bytes.fromhex(batch["tail_key"]), bytes.fromhex(batch["nonce"]), tail["command"]["tail_id"], batch["agent_id"], batch["seq"], batch["dropped"], batch["cursor"], bytes.fromhex(batch["ciphertext"]))
 check(tail_plain.hex() == batch["plaintext"], "tail batch opens to its plaintext")
 tail_json = json.loads(tail_plain)
 check(set(tail_json) == {"records", "contexts"} and all(str(r["context"]) in tail_json["contexts"] for r in tail_json["records"]), "a batch's records and the contexts they name")
-for wrong in [dict(seq=batch["seq"] + 1), dict(dropped=0), dict(agent_id="0" + batch["agent_id"][1:])]:
-    args = dict(seq=batch["seq"], dropped=batch["dropped"], agent_id=batch["agent_id"]) | wrong
+for wrong in [dict(seq=batch["seq"] + 1), dict(dropped=0), dict(cursor=batch["cursor"] - 1), dict(agent_id="0" + batch["agent_id"][1:])]:
+    args = dict(seq=batch["seq"], dropped=batch["dropped"], cursor=batch["cursor"], agent_id=batch["agent_id"]) | wrong
     try:
-        spec.open_tail_batch(bytes.fromhex(batch["tail_key"]), tail["command"]["tail_id"], args["agent_id"], args["seq"], args["dropped"], bytes.fromhex(batch["ciphertext"]))
+        spec.open_tail_batch(bytes.fromhex(batch["tail_key"]), bytes.fromhex(batch["nonce"]), tail["command"]["tail_id"], args["agent_id"], args["seq"], args["dropped"], args["cursor"], bytes.fromhex(batch["ciphertext"]))
         opened = True
     except Exception:
         opened = False

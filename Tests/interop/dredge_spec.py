@@ -123,22 +123,19 @@ def tail_command_signing_input(c: dict) -> bytes:
     return bytes(w.out)
 
 
-def tail_batch_nonce(seq: int) -> bytes:
-    """README § 20: ASCII "tail" then the batch's seq, u64 big-endian."""
-    return b"tail" + struct.pack(">Q", seq)
-
-
-def tail_batch_associated_data(tail_id: str, agent_id: str, seq: int, dropped: int) -> bytes:
+def tail_batch_associated_data(tail_id: str, agent_id: str, seq: int, dropped: int, cursor: int) -> bytes:
+    """README § 20: what a tail batch's seal authenticates beside its plaintext."""
     w = Canonical("dredge.v1.tail-batch")
     w.string(tail_id)
     w.string(agent_id)
     w.u64(seq)
     w.u64(dropped)
+    w.u64(cursor)
     return bytes(w.out)
 
 
-def open_tail_batch(key: bytes, tail_id: str, agent_id: str, seq: int, dropped: int, ciphertext: bytes) -> bytes:
-    return AESGCM(key).decrypt(tail_batch_nonce(seq), ciphertext, tail_batch_associated_data(tail_id, agent_id, seq, dropped))
+def open_tail_batch(key: bytes, nonce: bytes, tail_id: str, agent_id: str, seq: int, dropped: int, cursor: int, ciphertext: bytes) -> bytes:
+    return AESGCM(key).decrypt(nonce, ciphertext, tail_batch_associated_data(tail_id, agent_id, seq, dropped, cursor))
 
 
 def auth_signing_input(challenge: bytes, agent_id: str) -> bytes:

@@ -90,13 +90,14 @@ public enum SigningInput {
     }
 
     /// The associated data of a tail batch (README § 20): which tail, which agent, where in
-    /// the stream, and how many records were left out before it.
-    public static func tailBatch(tailID: String, agentID: String, seq: UInt64, dropped: UInt64) -> [UInt8] {
+    /// the stream, how many records were left out before it, and where in the store it ends.
+    public static func tailBatch(tailID: String, agentID: String, seq: UInt64, dropped: UInt64, cursor: UInt64) -> [UInt8] {
         var w = CanonicalWriter(domain: "dredge.v1.tail-batch")
         w.string(tailID)
         w.string(agentID)
         w.u64(seq)
         w.u64(dropped)
+        w.u64(cursor)
         return w.bytes
     }
 

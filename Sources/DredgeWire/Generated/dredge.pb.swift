@@ -1438,8 +1438,8 @@ public nonisolated struct WireTailCommand: Sendable {
   fileprivate var _filter: WireTailFilter? = nil
 }
 
-/// Agent → server: the tail runs (again, after a reconnection). The server answers TailAck
-/// with the last seq it holds; the agent sends every batch after it.
+/// Agent → server: the tail runs (again, after a reconnection or a restart). The server answers
+/// TailAck with the last batch it holds; the agent goes on after it.
 public nonisolated struct WireTailAccepted: Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
@@ -1460,21 +1460,28 @@ public nonisolated struct WireTailBatch: Sendable {
 
   public var tailID: String = String()
 
-  /// 1, 2, 3… for the tail's whole life; a batch sent again is identical
+  /// 1, 2, 3… for the tail's whole life
   public var seq: UInt64 = 0
 
-  /// matching records not sent since the previous batch
+  /// matching records left out since the previous batch
   public var dropped: UInt64 = 0
 
   /// AES-256-GCM of the batch's JSON ‖ tag
   public var ciphertext: Data = Data()
+
+  /// where in the agent's store the batch ends (opaque, never decreasing)
+  public var cursor: UInt64 = 0
+
+  /// 12 random bytes, new for each batch
+  public var nonce: Data = Data()
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
 }
 
-/// Server → agent: every batch of the tail up to seq is stored.
+/// Server → agent: every batch of the tail up to seq is stored; cursor is that batch's (0 and 0
+/// after TailAccepted when none is held).
 public nonisolated struct WireTailAck: Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
@@ -1483,6 +1490,8 @@ public nonisolated struct WireTailAck: Sendable {
   public var tailID: String = String()
 
   public var seq: UInt64 = 0
+
+  public var cursor: UInt64 = 0
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -3502,7 +3511,7 @@ nonisolated extension WireTailAccepted: SwiftProtobuf.Message, SwiftProtobuf._Me
 
 nonisolated extension WireTailBatch: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".TailBatch"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}seq\0\u{1}dropped\0\u{1}ciphertext\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}seq\0\u{1}dropped\0\u{1}ciphertext\0\u{1}cursor\0\u{1}nonce\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -3514,6 +3523,8 @@ nonisolated extension WireTailBatch: SwiftProtobuf.Message, SwiftProtobuf._Messa
       case 2: try { try decoder.decodeSingularUInt64Field(value: &self.seq) }()
       case 3: try { try decoder.decodeSingularUInt64Field(value: &self.dropped) }()
       case 4: try { try decoder.decodeSingularBytesField(value: &self.ciphertext) }()
+      case 5: try { try decoder.decodeSingularUInt64Field(value: &self.cursor) }()
+      case 6: try { try decoder.decodeSingularBytesField(value: &self.nonce) }()
       default: break
       }
     }
@@ -3532,6 +3543,12 @@ nonisolated extension WireTailBatch: SwiftProtobuf.Message, SwiftProtobuf._Messa
     if !self.ciphertext.isEmpty {
       try visitor.visitSingularBytesField(value: self.ciphertext, fieldNumber: 4)
     }
+    if self.cursor != 0 {
+      try visitor.visitSingularUInt64Field(value: self.cursor, fieldNumber: 5)
+    }
+    if !self.nonce.isEmpty {
+      try visitor.visitSingularBytesField(value: self.nonce, fieldNumber: 6)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -3540,6 +3557,8 @@ nonisolated extension WireTailBatch: SwiftProtobuf.Message, SwiftProtobuf._Messa
     if lhs.seq != rhs.seq {return false}
     if lhs.dropped != rhs.dropped {return false}
     if lhs.ciphertext != rhs.ciphertext {return false}
+    if lhs.cursor != rhs.cursor {return false}
+    if lhs.nonce != rhs.nonce {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -3547,7 +3566,7 @@ nonisolated extension WireTailBatch: SwiftProtobuf.Message, SwiftProtobuf._Messa
 
 nonisolated extension WireTailAck: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".TailAck"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}seq\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}seq\0\u{1}cursor\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -3557,6 +3576,7 @@ nonisolated extension WireTailAck: SwiftProtobuf.Message, SwiftProtobuf._Message
       switch fieldNumber {
       case 1: try { try decoder.decodeSingularStringField(value: &self.tailID) }()
       case 2: try { try decoder.decodeSingularUInt64Field(value: &self.seq) }()
+      case 3: try { try decoder.decodeSingularUInt64Field(value: &self.cursor) }()
       default: break
       }
     }
@@ -3569,12 +3589,16 @@ nonisolated extension WireTailAck: SwiftProtobuf.Message, SwiftProtobuf._Message
     if self.seq != 0 {
       try visitor.visitSingularUInt64Field(value: self.seq, fieldNumber: 2)
     }
+    if self.cursor != 0 {
+      try visitor.visitSingularUInt64Field(value: self.cursor, fieldNumber: 3)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
   public static func ==(lhs: WireTailAck, rhs: WireTailAck) -> Bool {
     if lhs.tailID != rhs.tailID {return false}
     if lhs.seq != rhs.seq {return false}
+    if lhs.cursor != rhs.cursor {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

@@ -231,6 +231,30 @@ public final class LogStore: Sendable {
         }
     }
 
+    /// At most `limit` records stored after the row id `cursor` that match `filter`, in the
+    /// order the store took them (a live tail reads on from where it was; Protocol § 20). Only
+    /// the rows after the cursor are read, whatever the store holds.
+    public func records(after cursor: Int64, matching filter: LogFilter, limit: Int) throws -> [LogRecord] {
+        let query = LogQuery(filter: filter, after: cursor, limit: limit)
+        return try read { db in
+            try Row.fetchAll(try db.cachedStatement(sql: query.sql), arguments: query.arguments).map(Self.record)
+        }
+    }
+
+    /// The newest record's row id (0 for an empty store): where a live tail that starts now
+    /// reads on from.
+    public func lastRowID() throws -> Int64 {
+        try read { db in try Int64.fetchOne(db, sql: "SELECT max(id) FROM log") ?? 0 }
+    }
+
+    /// SQLite's query plan for the read of ``records(after:matching:limit:)``.
+    public func queryPlan(after cursor: Int64, for filter: LogFilter) throws -> [String] {
+        let query = LogQuery(filter: filter, after: cursor, limit: 1)
+        return try read { db in
+            try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + query.sql, arguments: query.arguments).map { $0["detail"] as String }
+        }
+    }
+
     public func count(matching filter: LogFilter) throws -> Int {
         let query = LogQuery(filter: filter, select: "count(*)", ordered: false)
         return try read { db in try Int.fetchOne(db, sql: query.sql, arguments: query.arguments) ?? 0 }

@@ -138,6 +138,36 @@ import Testing
         #expect(ranged.contains("uid=? AND ts>? AND ts<?"), "\(ranged)")
     }
 
+    /// A live tail's read (Protocol § 20): the records after a row id that match, in the order
+    /// the store took them (not their time: a record may be backdated), exactly what a scan
+    /// selects; the primary key's range serves it, so a poll reads only what is new.
+    @Test func recordsAfterACursorAreTheNewOnesThatMatchInStoreOrder() throws {
+        let dir = TempDir()
+        let store = try LogStore(path: dir.file("logs.sqlite"))
+        let ctx = try store.register(testContext)
+        #expect(try store.lastRowID() == 0)
+        for i in 0..<60 {
+            // Every third one backdated: the store's order is not the time order.
+            store.enqueue(entry(i % 3 == 0 ? 1_000 - Int64(i) : Int64(10_000 + i), uid: i % 2 == 0 ? "u-1" : "u-2", level: i % 5 == 0 ? .error : .info, message: "m\(i)", context: ctx))
+        }
+        try store.flush()
+        let all = try store.records(after: 0, matching: .all, limit: 1_000)
+        #expect(all.map(\.message) == (0..<60).map { "m\($0)" } && all.map(\.id) == all.map(\.id).sorted())
+        let cursor = all[29].id
+        #expect(try store.lastRowID() == all.last?.id)
+        for filter in [LogFilter.all, LogFilter(uid: "u-1"), LogFilter(uid: "u-2", levels: [.error]), LogFilter(text: "M4")] {
+            let expected = all.filter { $0.id > cursor }.filter { r in
+                (filter.uid.map { r.uid == $0 } ?? true) && (filter.levels.map { $0.contains(r.level) } ?? true)
+                    && (filter.text.map { r.message.lowercased().contains($0.lowercased()) } ?? true)
+            }
+            #expect(try store.records(after: cursor, matching: filter, limit: 1_000) == expected, "\(filter)")
+            #expect(try store.records(after: cursor, matching: filter, limit: 2) == Array(expected.prefix(2)))
+            let plan = try store.queryPlan(after: cursor, for: filter).joined(separator: " | ")
+            #expect(plan.contains("INTEGER PRIMARY KEY") && !plan.contains("log_by_uid_ts") && !plan.contains("TEMP B-TREE"), "\(filter): \(plan)")
+        }
+        #expect(try store.records(after: all.last!.id, matching: .all, limit: 10).isEmpty)
+    }
+
     @Test func streamingStopsWhenTheBodyThrows() throws {
         struct Enough: Error {}
         let dir = TempDir()

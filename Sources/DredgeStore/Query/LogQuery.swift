@@ -14,12 +14,24 @@ struct LogQuery {
     static let columns = "id, ts, level, type, uid, message, metadata, context_id"
 
     init(filter: LogFilter, select: String = LogQuery.columns, ordered: Bool = true, limit: Int? = nil) {
+        self.init(filter: filter, after: nil, select: select, ordered: ordered, limit: limit)
+    }
+
+    /// With `after`, the records stored after that row id, in the order the store took them
+    /// (a live tail's read, ``LogStore/records(after:matching:limit:)``): the primary key's
+    /// range serves it, never the uid's index, whose range holds every record of the user.
+    init(filter: LogFilter, after: Int64?, select: String = LogQuery.columns, ordered: Bool = true, limit: Int? = nil) {
         var clauses: [String] = []
         var arguments = StatementArguments()
+        if let after {
+            clauses.append("id > ?")
+            arguments += [after]
+        }
         if let uid = filter.uid {
             // SQLite's binding ends a string at its first NUL: "u-1\0x" would select u-1's
-            // records. A uid with a NUL matches no stored uid (none can hold one).
-            clauses.append(uid.utf8.contains(0) ? "0" : "uid = ?")
+            // records. A uid with a NUL matches no stored uid (none can hold one). After a row
+            // id, `+uid` keeps the uid's index out of the plan.
+            clauses.append(uid.utf8.contains(0) ? "0" : after == nil ? "uid = ?" : "+uid = ?")
             if !uid.utf8.contains(0) { arguments += [uid] }
         }
         if let since = filter.since {
@@ -47,7 +59,7 @@ struct LogQuery {
         }
         var sql = "SELECT \(select) FROM log"
         if !clauses.isEmpty { sql += " WHERE " + clauses.joined(separator: " AND ") }
-        if ordered { sql += " ORDER BY ts, id" }
+        if ordered { sql += after == nil ? " ORDER BY ts, id" : " ORDER BY id" }
         if let limit { sql += " LIMIT \(limit)" }
         self.sql = sql
         self.arguments = arguments

@@ -1,0 +1,93 @@
+import Crypto
+import DredgeDomain
+import DredgeEnvelope
+import DredgeWire
+import Foundation
+
+/// The server's side of one agent's part in a live tail (Protocol § 20): what it holds (the
+/// last batch's number and store cursor), and what each batch the agent sends does to it. A
+/// batch is taken only in order, under the tail's key for this agent and tail, of the tail's
+/// user, while the tail is open; anything else ends the agent's part of the tail. Nothing is
+/// kept here: the caller stores what is taken, durably, then calls ``stored(_:)`` for the
+/// acknowledgement.
+struct TailStream: Sendable {
+    let tailID: String
+    let agentID: String
+    let uid: String
+    let expiresAt: Timestamp
+    private let cipher: TailCipher
+    /// The last batch held (0 and 0: none).
+    private(set) var held: (seq: UInt64, cursor: UInt64)
+    /// Why it ended, once it has.
+    private(set) var ended: String?
+
+    enum Outcome: Equatable {
+        /// In order and sound: store it, then acknowledge it (``stored(_:)``).
+        case take(Taken)
+        /// Already held: acknowledged again, nothing stored.
+        case again(WireFrame)
+        /// The agent's part of the tail ends: tell it (the frame is a `TailStop`).
+        case end(reason: String, WireFrame)
+    }
+
+    struct Taken: Equatable {
+        var seq: UInt64
+        var cursor: UInt64
+        var dropped: UInt64
+        var batch: TailBatchReader.Batch
+    }
+
+    init(tailID: String, agentID: String, uid: String, key: SymmetricKey, expiresAt: Timestamp, held: (seq: UInt64, cursor: UInt64) = (0, 0)) throws {
+        self.tailID = tailID
+        self.agentID = agentID
+        self.uid = uid
+        self.expiresAt = expiresAt
+        self.held = held
+        cipher = try TailCipher(key: key, tailID: tailID, agentID: agentID)
+    }
+
+    /// The answer to `TailAccepted`: what the server holds, for the agent to go on after.
+    var acknowledgement: WireFrame {
+        .with { $0.tailAck = .with { $0.tailID = tailID; $0.seq = held.seq; $0.cursor = held.cursor } }
+    }
+
+    func stop(_ reason: String) -> WireFrame {
+        .with { $0.tailStop = .with { $0.tailID = tailID; $0.reason = reason } }
+    }
+
+    /// What `batch` does (its `tail_id` is this stream's).
+    mutating func receive(_ batch: WireTailBatch, now: Timestamp) -> Outcome {
+        if let ended { return .end(reason: ended, stop(ended)) }
+        if now.microseconds > expiresAt.microseconds + Int64(WireLimits.tailExpiryGrace.components.seconds) * 1_000_000 {
+            return end("the tail has expired")
+        }
+        if batch.seq >= 1 && batch.seq <= held.seq { return .again(acknowledgement) }
+        guard batch.seq == held.seq + 1 else { return end("batch \(batch.seq) came after \(held.seq): a batch is missing") }
+        guard batch.cursor >= held.cursor else { return end("batch \(batch.seq)'s cursor went back") }
+        let plaintext: Data
+        do {
+            plaintext = try cipher.open(batch.ciphertext, nonce: batch.nonce, seq: batch.seq, dropped: batch.dropped, cursor: batch.cursor)
+        } catch {
+            return end("batch \(batch.seq) does not authenticate")
+        }
+        let read: TailBatchReader.Batch
+        do {
+            read = try TailBatchReader.read(Array(plaintext), uid: uid)
+        } catch {
+            return end("batch \(batch.seq): \(error.description)")
+        }
+        guard !read.records.isEmpty || batch.dropped > 0 else { return end("batch \(batch.seq) holds no record and counts no drop") }
+        return .take(Taken(seq: batch.seq, cursor: batch.cursor, dropped: batch.dropped, batch: read))
+    }
+
+    /// `taken` is stored: it is held now, and acknowledged.
+    mutating func stored(_ taken: Taken) -> WireFrame {
+        if taken.seq == held.seq + 1 { held = (taken.seq, taken.cursor) }
+        return acknowledgement
+    }
+
+    private mutating func end(_ reason: String) -> Outcome {
+        ended = reason
+        return .end(reason: reason, stop(reason))
+    }
+}

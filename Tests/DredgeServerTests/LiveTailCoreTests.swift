@@ -1,0 +1,127 @@
+import Crypto
+import DredgeAgentCore
+import DredgeDomain
+import DredgeEnvelope
+@testable import DredgeServer
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Testing
+
+/// A live tail's two cores against each other (Protocol § 20), no network: the agent's
+/// ``TailRunner`` reading a real store, the server's ``TailStream`` taking its batches. What the
+/// server holds is exactly the tail's user's matching records logged after the tail began, in
+/// the order the store took them, each once, across lost frames, a reconnection and an agent
+/// restart.
+@Suite struct LiveTailCoreTests {
+    static let agentKey = try! RSAPrivateKey.generate()
+    static let encryption = try! RSAPrivateKey.generate()
+    let server = ServerSigningKey.generate()
+    let tailKey = SymmetricKey(size: .bits256)
+    let now = Timestamp.now
+    var agentID: String { Self.agentKey.publicKey.agentID }
+    let tailID = "5d1e7a3c9b0f2e4d6c8a1b3e5f7d9c0a"
+
+    func accepted() throws -> TailAdmission.Accepted {
+        var command = try WireTailCommand.with {
+            $0.tailID = tailID
+            $0.target = .with { $0.uid = "u-1"; $0.agentID = agentID }
+            $0.filter = .with { $0.levels = [.warning, .error] }
+            $0.issuedAtUs = now.microseconds
+            $0.expiresAtUs = now.microseconds + 900_000_000
+            $0.maxRecordsPerS = 10_000
+            $0.maxBytesPerS = 16 << 20
+            $0.wrappedKey = Data(try Self.agentKey.publicKey.wrapKey(tailKey))
+        }
+        try server.sign(&command)
+        let keys = try PinnedServerKeys(
+            AgentState.File(
+                agentID: agentID, serverHost: "127.0.0.1", serverPort: 1, servers: nil, serverSigningKey: Hex.encode(server.verifyingKey.rawRepresentation),
+                serverEncryptionKey: Hex.encode(Self.encryption.publicKey.spki), enrolledAt: now.date, keyGeneration: 1))
+        guard case .accept(let a) = TailAdmission.admit(command, agentID: agentID, serverKeys: keys, agentKey: Self.agentKey, running: [], now: now) else {
+            throw DeploymentError("the tail was refused")
+        }
+        return a
+    }
+
+    /// Both ends, and what the server took.
+    struct Link {
+        var agent: TailRunner
+        var server: TailStream
+        var received: [String] = []
+        var clock = 0.0
+
+        /// The agent (re)accepts: it waits for what the server holds, and goes on from there.
+        mutating func accept() {
+            agent.awaitAcknowledgement()
+            agent.acknowledged(server.acknowledgement.tailAck, now: clock)
+        }
+
+        /// Polls until nothing more is due; `lose`: frames the network loses (by seq).
+        mutating func pump(_ store: LogStore, lose: Set<UInt64> = []) throws {
+            for _ in 0..<50 {
+                clock += 0.1
+                let frames = try agent.poll(store: store, now: clock)
+                if frames.isEmpty && agent.unacknowledged == 0 && !agent.isHolding { return }
+                for frame in frames where !lose.contains(frame.tailBatch.seq) {
+                    guard case .take(let taken) = server.receive(frame.tailBatch, now: .now) else { throw DeploymentError("not taken: \(frame.tailBatch.seq)") }
+                    received += taken.batch.records.map { record in
+                        let object = try! JSONSerialization.jsonObject(with: Data(record)) as! [String: Any]
+                        return object["message"] as! String
+                    }
+                    agent.acknowledged(server.stored(taken).tailAck, now: clock)
+                }
+                if !lose.isEmpty && frames.contains(where: { lose.contains($0.tailBatch.seq) }) { return }
+            }
+        }
+    }
+
+    func log(_ store: LogStore, _ context: ContextID, _ range: ClosedRange<Int>) throws {
+        for i in range {
+            // Only u-1's warnings and errors match; u-2's and u-1's infos do not.
+            store.enqueue(LogEntry(timestamp: .now, level: .warning, type: .network, uid: "u-1", message: "w\(i)", metadata: [:], context: context))
+            store.enqueue(LogEntry(timestamp: .now, level: .info, type: .network, uid: "u-1", message: "i\(i)", metadata: [:], context: context))
+            store.enqueue(LogEntry(timestamp: .now, level: .error, type: .network, uid: "u-2", message: "x\(i)", metadata: [:], context: context))
+        }
+        try store.flush()
+    }
+
+    @Test func theServerHoldsEachMatchingRecordOnceInStoreOrderAcrossLossesAndARestart() throws {
+        let dir = TempDir()
+        let store = try LogStore(path: dir.file("device.sqlite"))
+        let context = try store.register(LogContext(host: "kitchen-oven-0042", os: "Linux", app: "oven-control", appVersion: "2.4.1", process: "ovend"))
+        try log(store, context, 1...5)  // before the tail: never sent
+        let accepted = try accepted()
+        var link = Link(
+            agent: try TailRunner(accepted, agentID: agentID, startCursor: UInt64(try store.lastRowID())),
+            server: try TailStream(tailID: tailID, agentID: agentID, uid: "u-1", key: tailKey, expiresAt: accepted.expiresAt))
+        #expect(try link.agent.poll(store: store, now: 0).isEmpty, "nothing before the server says what it holds")
+        link.accept()
+        try log(store, context, 6...305)
+        try link.pump(store)
+        #expect(link.received == (6...305).map { "w\($0)" })
+        #expect(link.server.held.seq == 2, "300 records: a full batch and the rest")
+
+        // Frames lost with a connection: the agent accepts again and goes on from what the
+        // server holds, reading the lost records again from its store.
+        try log(store, context, 306...705)
+        try link.pump(store, lose: [4])
+        let before = link.received.count
+        #expect(before < (6...705).count)
+        link.accept()
+        try link.pump(store)
+        #expect(link.received == (6...705).map { "w\($0)" }, "each once, in order")
+
+        // The agent restarts: a new runner, which knows nothing but the store, goes on after
+        // what the server holds, numbering on.
+        let held = link.server.held
+        link.agent = try TailRunner(accepted, agentID: agentID, startCursor: UInt64(try store.lastRowID()))
+        try log(store, context, 706...720)
+        link.accept()
+        try link.pump(store)
+        #expect(link.received == (6...720).map { "w\($0)" })
+        let last = try store.lastRowID()
+        #expect(link.server.held.seq > held.seq && link.server.held.cursor == UInt64(last - 2), "the cursor is the last match's: w720, before i720 and x720")
+    }
+}

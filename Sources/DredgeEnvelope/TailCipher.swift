@@ -25,11 +25,14 @@ public struct TailCipher: Sendable {
         SigningInput.tailBatch(tailID: tailID, agentID: agentID, seq: seq, dropped: dropped, cursor: cursor)
     }
 
-    /// Ciphertext ‖ tag of batch `seq`, sealed under `nonce` (a fresh random one unless a test
-    /// gives its own).
-    public func seal(
-        _ plaintext: some DataProtocol, seq: UInt64, dropped: UInt64, cursor: UInt64, nonce: [UInt8] = secureRandomBytes(TailCipher.nonceBytes)
-    ) throws -> (nonce: [UInt8], sealed: [UInt8]) {
+    /// Ciphertext ‖ tag of batch `seq`, sealed under a fresh random nonce.
+    public func seal(_ plaintext: some DataProtocol, seq: UInt64, dropped: UInt64, cursor: UInt64) throws -> (nonce: [UInt8], sealed: [UInt8]) {
+        try seal(plaintext, seq: seq, dropped: dropped, cursor: cursor, nonce: secureRandomBytes(Self.nonceBytes))
+    }
+
+    /// The same under a given nonce: for the protocol's vector only (a nonce must never repeat
+    /// under a key).
+    package func seal(_ plaintext: some DataProtocol, seq: UInt64, dropped: UInt64, cursor: UInt64, nonce: [UInt8]) throws -> (nonce: [UInt8], sealed: [UInt8]) {
         guard seq >= 1, nonce.count == Self.nonceBytes else { throw EnvelopeError(.invalidUpload, "tail batches are numbered from 1, with 12-byte nonces") }
         let box = try AES.GCM.seal(
             plaintext, using: key, nonce: try AES.GCM.Nonce(data: nonce), authenticating: associatedData(seq: seq, dropped: dropped, cursor: cursor))

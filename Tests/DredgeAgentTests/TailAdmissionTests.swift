@@ -56,7 +56,7 @@ import Testing
         #expect(a.uid == "u-1" && a.filter == LogFilter(uid: "u-1", levels: [.warning, .error], text: "timeout"))
         #expect(a.key == key && a.expiresAt.microseconds == now.microseconds + 900_000_000)
         #expect(a.recordsPerSecond == 200 && a.bytesPerSecond == 262_144 && a.verbose && a.verboseTypes == ["player"])
-        #expect(try admit(try command()).frame(tailID: a.tailID).tailAccepted.tailID == a.tailID)
+        #expect(try admit(try command()).frame(tailID: a.tailID, startCursor: 7).tailAccepted.startCursor == 7)
         // A filter that names the target's uid is the same tail; another uid is refused below.
         guard case .accept(let same) = try admit(try command { $0.filter.uid = "u-1" }) else { Issue.record("rejected"); return }
         #expect(same.filter.uid == "u-1")
@@ -78,6 +78,13 @@ import Testing
         #expect(reason(try admit(try command { $0.issuedAtUs = now.microseconds + 600_000_000; $0.expiresAtUs = $0.issuedAtUs + 60_000_000 })) == .rejectExpired)
         #expect(reason(try admit(try command { $0.target.agentID = "0123456789abcdef0123456789abcdef" })) == .rejectNotForMe)
         #expect(reason(try admit(try command { $0.wrappedKey = Data(repeating: 1, count: 384) })) == .rejectBadKey)
+        // Two defects at once: the earlier check gives the reason.
+        #expect(reason(try admit(try command { $0.expiresAtUs = now.microseconds; $0.target.agentID = "0123456789abcdef0123456789abcdef" })) == .rejectExpired)
+        #expect(reason(try admit(try command { $0.target.agentID = "0123456789abcdef0123456789abcdef"; $0.wrappedKey = Data(repeating: 1, count: 384) })) == .rejectNotForMe)
+        #expect(reason(try admit(try command { $0.wrappedKey = Data(repeating: 1, count: 384); $0.maxRecordsPerS = 0 })) == .rejectBadKey)
+        #expect(reason(try admit(try command(id: "not-an-id") { $0.expiresAtUs = now.microseconds })) == .rejectInvalid)
+        // Exactly an hour is allowed.
+        guard case .accept = try admit(try command { $0.expiresAtUs = $0.issuedAtUs + 3_600_000_000 }) else { Issue.record("an hour refused"); return }
         // Invalid terms, after the key.
         let invalid: [(String, (inout WireTailCommand) -> Void)] = [
             ("no target uid", { $0.target.uid = "" }),
@@ -86,13 +93,16 @@ import Testing
             ("no records a second", { $0.maxRecordsPerS = 0 }),
             ("too many records a second", { $0.maxRecordsPerS = 10_001 }),
             ("too few bytes a second", { $0.maxBytesPerS = 1_023 }),
+            ("too many bytes a second", { $0.maxBytesPerS = 16 * 1024 * 1024 + 1 }),
+            ("a NUL in the text", { $0.filter.text = "a\u{0}b" }),
+            ("not after it was issued", { [now] in $0.issuedAtUs = now.microseconds + 60_000_000; $0.expiresAtUs = $0.issuedAtUs }),
             ("a type that is not one", { $0.filter.types = ["Not A Type"] }),
             ("a verbose type that is not one", { $0.verboseTypes = ["x y"] }),
         ]
         for (what, change) in invalid {
             let d = try admit(try command(change))
             #expect(reason(d) == .rejectInvalid, "\(what)")
-            #expect(d.frame(tailID: "5d1e7a3c9b0f2e4d6c8a1b3e5f7d9c0a").commandRejected.reason == .rejectInvalid)
+            #expect(d.frame(tailID: "5d1e7a3c9b0f2e4d6c8a1b3e5f7d9c0a", startCursor: 0).commandRejected.reason == .rejectInvalid)
         }
     }
 

@@ -9,9 +9,10 @@ import Testing
 @Suite struct TailBatcherTests {
     static let context = #"{"app":"oven-control","appVersion":"2.4.1","host":"kitchen-oven-0042","os":"Linux","process":"ovend"}"#
 
-    func record(_ id: Int64, message: String = "m", context: Int64 = 1) -> LogRecord {
+    /// Record `id`, logged `at` seconds after a fixed time (the rates count by it).
+    func record(_ id: Int64, message: String = "m", context: Int64 = 1, at: Double = 0) -> LogRecord {
         LogRecord(
-            id: id, timestamp: Timestamp(microseconds: 1_795_340_400_000_000 + id), level: .warning, type: .network, uid: "u-1", message: message,
+            id: id, timestamp: Timestamp(microseconds: 1_795_340_400_000_000 + Int64(at * 1_000_000) + id), level: .warning, type: .network, uid: "u-1", message: message,
             metadataJSON: #"{"http.status":504}"#, context: ContextID(rawValue: context))
     }
 
@@ -62,9 +63,14 @@ import Testing
         let burst = try taken(&b, now: 0.1)
         #expect(burst.records == 10 && burst.dropped == 15 && burst.cursor == 25, "the drops after its last record go with it")
         #expect(try decoded(burst).records.compactMap { $0["ts"] as? String }.count == 10)
-        b.offer(record(26), context: Self.context, now: 0.5)
+        b.offer(record(26, at: 0.5), context: Self.context, now: 0.5)
         let half = try taken(&b, now: 0.6)
-        #expect(half.records == 1 && half.dropped == 0, "five tokens back after half a second")
+        #expect(half.records == 1 && half.dropped == 0, "five tokens back after half a second of the records' time")
+        // A backlog logged within the rate (read at once, after a reconnection) goes whole.
+        var backlog = TailBatcher(recordsPerSecond: 10, bytesPerSecond: 1 << 20, cursor: 0, now: 0)
+        for id in 1...100 { backlog.offer(record(Int64(id), at: Double(id) * 0.1), context: Self.context, now: 20) }
+        let caughtUp = try taken(&backlog, now: 20, force: true)
+        #expect(caughtUp.records == 100 && caughtUp.dropped == 0)
         // Bytes: a line longer than a second's bytes never goes.
         var bytes = TailBatcher(recordsPerSecond: 100, bytesPerSecond: 1_024, cursor: 0, now: 0)
         bytes.offer(record(1, message: String(repeating: "x", count: 2_000)), context: Self.context, now: 0)
@@ -75,9 +81,27 @@ import Testing
         var starved = TailBatcher(recordsPerSecond: 1, bytesPerSecond: 1_024, cursor: 0, now: 0)
         starved.offer(record(1), context: Self.context, now: 0)
         _ = starved.take(now: 0.1)
-        starved.offer(record(2), context: Self.context, now: 0.2)
+        starved.offer(record(2, at: 0.2), context: Self.context, now: 0.2)
         let dropsOnly = try taken(&starved, now: 0.3)
         #expect(dropsOnly.records == 0 && dropsOnly.dropped == 1 && dropsOnly.cursor == 2)
+    }
+
+    /// No batch passes MAX_TAIL_BATCH_BYTES with its tag, however large its records: one that
+    /// would take it over waits for the next batch.
+    @Test func largeRecordsNeverMakeABatchTooLargeToSeal() throws {
+        var b = TailBatcher(recordsPerSecond: 10_000, bytesPerSecond: 16 << 20, cursor: 0, now: 0)
+        for id in 1...6 { b.offer(record(Int64(id), message: String(repeating: "x", count: 100_000)), context: Self.context, now: 0) }
+        var seen = 0
+        while let batch = b.take(now: 0, force: true) {
+            #expect(batch.plaintext.count + 16 <= 262_144, "\(batch.plaintext.count)")
+            #expect(try JSONSerialization.jsonObject(with: Data(batch.plaintext)) is [String: Any])
+            seen += batch.records
+        }
+        #expect(seen == 6)
+        // A record too long to travel at all is counted, not sent.
+        b.offer(record(7, message: String(repeating: "y", count: 200_000)), context: Self.context, now: 0)
+        let dropped = try taken(&b, now: 0, force: true)
+        #expect(dropped.records == 0 && dropped.dropped == 1 && dropped.cursor == 7)
     }
 
     /// After a reconnection or a restart the tail goes on from what the server holds: what was

@@ -141,7 +141,7 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         var command = WireTailCommand.with {
             $0.tailID = "5d1e7a3c9b0f2e4d6c8a1b3e5f7d9c0a"
             $0.target = .with { $0.uid = "u-1002"; $0.agentID = "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f" }
-            $0.filter = .with { $0.types = ["player", "network"]; $0.levels = [.error, .warning, .info]; $0.text = "timeout" }
+            $0.filter = .with { $0.uid = "u-1002"; $0.types = ["player", "network"]; $0.levels = [.error, .warning, .info]; $0.text = "timeout" }
             $0.issuedAtUs = 1_795_340_400_000_000
             $0.expiresAtUs = 1_795_341_300_000_000
             $0.maxRecordsPerS = 200
@@ -177,7 +177,7 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
 
         let frames: [(String, WireFrame)] = [
             ("tail_command", .with { $0.tailCommand = command }),
-            ("tail_accepted", .with { $0.tailAccepted = .with { $0.tailID = command.tailID } }),
+            ("tail_accepted", .with { $0.tailAccepted = .with { $0.tailID = command.tailID; $0.startCursor = 60_000 } }),
             ("tail_batch", .with { $0.tailBatch = .with { $0.tailID = command.tailID; $0.seq = seq; $0.dropped = dropped; $0.cursor = cursor; $0.nonce = Data(nonce); $0.ciphertext = Data(sealed) } }),
             ("tail_ack", .with { $0.tailAck = .with { $0.tailID = command.tailID; $0.seq = seq; $0.cursor = cursor } }),
             ("tail_stop", .with { $0.tailStop = .with { $0.tailID = command.tailID; $0.reason = "stopped by alice" } }),
@@ -186,7 +186,7 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
             "description": "A live tail (README § 20): a tail command signed with Ed25519 (deterministic) by command.json's key over the tail signing input; a batch sealed with AES-256-GCM under the tail key (a nonce fixed here, random on the wire; the canonical tail-batch associated data); and the frames of the exchange.",
             "ed25519_private_key": hex(Self.ed25519Seed),
             "command": [
-                "tail_id": command.tailID, "target_uid": command.target.uid, "target_agent_id": command.target.agentID,
+                "tail_id": command.tailID, "target_uid": command.target.uid, "target_agent_id": command.target.agentID, "uid": command.filter.uid,
                 "types": command.filter.types, "levels": command.filter.levels.map(\.rawValue), "text": command.filter.text,
                 "issued_at_us": command.issuedAtUs, "expires_at_us": command.expiresAtUs, "max_records_per_s": Int(command.maxRecordsPerS),
                 "max_bytes_per_s": Int(command.maxBytesPerS), "verbose": command.verbose, "verbose_types": command.verboseTypes, "wrapped_key": hex(command.wrappedKey),

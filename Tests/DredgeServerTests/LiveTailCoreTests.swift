@@ -54,8 +54,8 @@ import Testing
 
         /// The agent (re)accepts: it waits for what the server holds, and goes on from there.
         mutating func accept() {
-            agent.awaitAcknowledgement()
-            agent.acknowledged(server.acknowledgement.tailAck, now: clock)
+            let accepted = agent.accept()
+            agent.acknowledged(server.accepted(startCursor: accepted.tailAccepted.startCursor).tailAck, now: clock)
         }
 
         /// Polls until nothing more is due; `lose`: frames the network loses (by seq).
@@ -85,6 +85,36 @@ import Testing
             store.enqueue(LogEntry(timestamp: .now, level: .error, type: .network, uid: "u-2", message: "x\(i)", metadata: [:], context: context))
         }
         try store.flush()
+    }
+
+    /// An agent that restarts before the server holds anything knows only its store's end:
+    /// the server kept where the tail began, so nothing logged since is skipped. Unacknowledged
+    /// batches stop at MAX_TAIL_IN_FLIGHT, and the agent stops at the tail's expiry on its own.
+    @Test func aRestartBeforeAnythingIsHeldSkipsNothingAndTheAgentStopsAtExpiry() throws {
+        let dir = TempDir()
+        let store = try LogStore(path: dir.file("device.sqlite"))
+        let context = try store.register(LogContext(host: "kitchen-oven-0042", os: "Linux", app: "oven-control", appVersion: "2.4.1", process: "ovend"))
+        try log(store, context, 1...3)
+        let accepted = try accepted()
+        var link = Link(
+            agent: try TailRunner(accepted, agentID: agentID, startCursor: UInt64(try store.lastRowID())),
+            server: try TailStream(tailID: tailID, agentID: agentID, uid: "u-1", key: tailKey, expiresAt: accepted.expiresAt))
+        link.accept()
+        try log(store, context, 4...10)  // logged, then the agent dies before sending anything
+        link.agent = try TailRunner(accepted, agentID: agentID, startCursor: UInt64(try store.lastRowID()))
+        link.accept()
+        try link.pump(store)
+        #expect(link.received == (4...10).map { "w\($0)" })
+
+        // No acknowledgements: 16 batches in flight, then nothing more until one comes.
+        try log(store, context, 11...(11 + 200 * 20))
+        let frames = try link.agent.poll(store: store, now: 100)
+        #expect(frames.count == WireLimits.maxTailInFlight && link.agent.unacknowledged == WireLimits.maxTailInFlight)
+        #expect(try link.agent.poll(store: store, now: 101).isEmpty)
+        // Past the expiry, by the agent's clock: nothing, acknowledged or not.
+        link.accept()
+        #expect(try link.agent.poll(store: store, now: 102, clock: accepted.expiresAt).isEmpty)
+        #expect(link.agent.hasExpired(at: accepted.expiresAt) && !link.agent.hasExpired(at: now))
     }
 
     @Test func theServerHoldsEachMatchingRecordOnceInStoreOrderAcrossLossesAndARestart() throws {

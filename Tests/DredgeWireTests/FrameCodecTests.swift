@@ -84,7 +84,7 @@ enum SampleFrames {
                 $0.signature = Data(repeating: 0x66, count: 64)
             }
         }
-        add("tail_accepted") { $0.tailAccepted = .with { $0.tailID = tail } }
+        add("tail_accepted") { $0.tailAccepted = .with { $0.tailID = tail; $0.startCursor = 60_000 } }
         add("tail_batch") { $0.tailBatch = .with { $0.tailID = tail; $0.seq = 3; $0.dropped = 2; $0.cursor = 60_517; $0.nonce = Data(repeating: 0xE0, count: 12); $0.ciphertext = Data(repeating: 0xAB, count: 48) } }
         add("tail_ack") { $0.tailAck = .with { $0.tailID = tail; $0.seq = 3; $0.cursor = 60_517 } }
         add("tail_stop") { $0.tailStop = .with { $0.tailID = tail; $0.reason = "stopped by alice" } }

@@ -57,7 +57,7 @@ TAIL_FILTER = {"uid": (1, "string"), "types": (2, ("repeated", "string")), "leve
 TAIL_COMMAND = {"tail_id": (1, "string"), "target": (2, ("msg", TARGET)), "filter": (3, ("msg", TAIL_FILTER)), "issued_at_us": (4, "int"),
                 "expires_at_us": (5, "int"), "max_records_per_s": (6, "uint"), "max_bytes_per_s": (7, "uint"), "verbose": (8, "bool"),
                 "verbose_types": (9, ("repeated", "string")), "wrapped_key": (10, "bytes"), "signature": (11, "bytes")}
-TAIL_ACCEPTED = {"tail_id": (1, "string")}
+TAIL_ACCEPTED = {"tail_id": (1, "string"), "start_cursor": (2, "uint")}
 TAIL_BATCH = {"tail_id": (1, "string"), "seq": (2, "uint"), "dropped": (3, "uint"), "ciphertext": (4, "bytes"), "cursor": (5, "uint"),
               "nonce": (6, "bytes")}
 TAIL_ACK = {"tail_id": (1, "string"), "seq": (2, "uint"), "cursor": (3, "uint")}

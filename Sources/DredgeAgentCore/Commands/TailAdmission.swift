@@ -6,9 +6,9 @@ import Foundation
 
 /// The agent's checks on a tail command (Protocol/README.md § 20, Live tail), in the order of a
 /// pull command's (§ 10), each failure with its reason: unsigned → bad signature → malformed id
-/// or times → expired → already running (accepted again) → not for this agent → bad key →
-/// invalid (no target uid, a filter uid that is another's, a bad filter, too long, rates out of
-/// bounds) → busy (already running ``WireLimits/maxTailsPerAgent``).
+/// or times → expired → not for this agent → bad key → invalid (no target uid, a filter uid
+/// that is another's, a bad filter, too long, rates out of bounds) → busy (already running
+/// ``WireLimits/maxTailsPerAgent`` others; a running tail delivered again is accepted again).
 ///
 /// Nothing is remembered here: a tail the agent runs is in `running`, and a tail redelivered
 /// after a restart is decided as the first time (the checks give the same answer) and resumes
@@ -34,10 +34,10 @@ public enum TailAdmission {
         case accept(Accepted)
         case reject(WireRejectReason, String)
 
-        /// The frame that answers the command.
-        public func frame(tailID: String) -> WireFrame {
+        /// The frame that answers the command (`startCursor`: where in the store the tail began).
+        public func frame(tailID: String, startCursor: UInt64) -> WireFrame {
             switch self {
-            case .accept: .with { $0.tailAccepted = .with { $0.tailID = tailID } }
+            case .accept: .with { $0.tailAccepted = .with { $0.tailID = tailID; $0.startCursor = startCursor } }
             case .reject(let reason, let detail): .with { $0.commandRejected = .with { $0.commandID = WireID.echo(tailID); $0.reason = reason; $0.detail = detail } }
             }
         }

@@ -6,10 +6,12 @@ import DredgeWire
 /// reads is offered; within the tail's rates it waits in the next batch, over them it is left
 /// out and counted (`dropped`); a batch is taken when it holds ``maxRecords`` records or about
 /// ``softBytes`` bytes, or its first record (or first drop) has waited ``maxDelay``, so one record
-/// logged alone goes at once. The rates are token buckets holding a second's worth.
+/// logged alone goes at once. The rates are token buckets holding a second's worth, refilled by
+/// the records' own times (never backwards): records logged within the rates while the agent
+/// was away all go when it is back; a burst faster than the rates is cut.
 ///
-/// A value with an injected clock (seconds, any monotonic origin): the same offers at the same
-/// times make the same batches.
+/// A value with an injected clock (seconds, any monotonic origin) for when batches are due:
+/// the same offers at the same times make the same batches.
 public struct TailBatcher: Sendable {
     public struct Batch: Sendable, Equatable {
         public var seq: UInt64
@@ -23,10 +25,15 @@ public struct TailBatcher: Sendable {
     /// The Swift agent's batching (§ 20 leaves it to the agent).
     public static let maxRecords = 200
     public static let maxDelay = 0.1
-    /// Plaintext bytes a batch stops at, well inside MAX_TAIL_BATCH_BYTES with the tag.
+    /// Plaintext bytes a batch is due at.
     public static let softBytes = 192 * 1024
-    /// A record line longer than this is left out (counted): it could not travel in a batch.
+    /// Plaintext bytes a batch never passes (MAX_TAIL_BATCH_BYTES less the tag): a record that
+    /// would take it over waits for the next batch.
+    public static let maxPlaintextBytes = WireLimits.maxTailBatchBytes - WireLimits.tagBytes
+    /// A record line longer than this, or one whose context's JSON is longer than
+    /// ``maxContextBytes``, is left out (counted): with its context it must fit one batch.
     public static let maxLineBytes = 128 * 1024
+    public static let maxContextBytes = 64 * 1024
 
     public let recordsPerSecond: Double
     public let bytesPerSecond: Double
@@ -36,7 +43,8 @@ public struct TailBatcher: Sendable {
     public private(set) var cursor: UInt64
     private var recordTokens: Double
     private var byteTokens: Double
-    private var refilled: Double
+    /// The record time (seconds) the buckets were last refilled at.
+    private var refilled: Double?
     /// What waits, in store order: a record's line, or a run of records left out.
     private enum Entry: Sendable {
         case line(id: UInt64, bytes: [UInt8], context: Int64)
@@ -56,7 +64,6 @@ public struct TailBatcher: Sendable {
         self.cursor = cursor
         recordTokens = Double(recordsPerSecond)
         byteTokens = Double(bytesPerSecond)
-        refilled = now
     }
 
     /// Goes on after what the server holds (its `TailAck` after `TailAccepted`): numbering from
@@ -76,14 +83,14 @@ public struct TailBatcher: Sendable {
 
     /// Offers the next record the tail read (`context`: its context's canonical JSON).
     public mutating func offer(_ record: LogRecord, context: String, now: Double) {
-        refill(now)
+        refill(Double(record.timestamp.microseconds) / 1_000_000)
         let id = UInt64(max(0, record.id))
         cursor = id
         if since == nil { since = now }
         var w = JSONWriter()
         record.writeJSON(into: &w)
         let line = Array(w.string.utf8)
-        guard line.count <= Self.maxLineBytes, recordTokens >= 1, byteTokens >= Double(line.count) else {
+        guard line.count <= Self.maxLineBytes, context.utf8.count <= Self.maxContextBytes, recordTokens >= 1, byteTokens >= Double(line.count) else {
             if case .dropped(_, let count)? = waiting.last {
                 waiting[waiting.count - 1] = .dropped(lastID: id, count: count + 1)
             } else {
@@ -119,14 +126,20 @@ public struct TailBatcher: Sendable {
         guard !isEmpty, force || isDue(now: now) else { return nil }
         var lines: [[UInt8]] = []
         var contexts = Set<Int64>()
-        var bytes = 0
+        // The envelope `{"contexts":{},"records":[]}`; then each line and its comma, each new
+        // context with its name, quotes, colon and comma.
+        var bytes = 30
         var dropped: UInt64 = 0
         var cursor: UInt64 = 0
         var taken = 0
         for entry in waiting {
-            if case .line = entry, lines.count >= Self.maxRecords || bytes >= Self.softBytes { break }
+            if case .line(_, let line, let context) = entry {
+                let added = line.count + 1 + (contexts.contains(context) ? 0 : (contextJSON[context]?.utf8.count ?? 2) + 24)
+                if lines.count >= Self.maxRecords || !lines.isEmpty && bytes + added > Self.maxPlaintextBytes { break }
+            }
             switch entry {
             case .line(let id, let line, let context):
+                if !contexts.contains(context) { bytes += (contextJSON[context]?.utf8.count ?? 2) + 24 }
                 lines.append(line)
                 contexts.insert(context)
                 bytes += line.count + 1
@@ -139,7 +152,7 @@ public struct TailBatcher: Sendable {
         }
         waiting.removeFirst(taken)
         waitingLines -= lines.count
-        waitingBytes -= bytes
+        waitingBytes = waiting.reduce(0) { if case .line(_, let line, _) = $1 { $0 + line.count + 1 } else { $0 } }
         since = waiting.isEmpty ? nil : now
         var out: [UInt8] = Array(#"{"contexts":{"#.utf8)
         for (i, id) in contexts.sorted().enumerated() {
@@ -157,9 +170,13 @@ public struct TailBatcher: Sendable {
         return batch
     }
 
-    private mutating func refill(_ now: Double) {
-        let elapsed = max(0, now - refilled)
-        refilled = max(refilled, now)
+    private mutating func refill(_ time: Double) {
+        guard let last = refilled else {
+            refilled = time
+            return
+        }
+        let elapsed = max(0, time - last)
+        refilled = max(last, time)
         recordTokens = min(recordsPerSecond, recordTokens + elapsed * recordsPerSecond)
         byteTokens = min(bytesPerSecond, byteTokens + elapsed * bytesPerSecond)
     }

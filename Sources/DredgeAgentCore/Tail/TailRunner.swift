@@ -13,14 +13,16 @@ import DredgeWire
 /// server acknowledged, read again from the store.
 public struct TailRunner: Sendable {
     public let accepted: TailAdmission.Accepted
-    /// Where the tail began: the store's last row id when it was first accepted here.
+    /// Where the tail began: the store's last row id when it was first accepted here (after a
+    /// restart, when it was accepted again; the server keeps the first it was told).
     public let startCursor: UInt64
     /// Records read from the store per poll, at most.
     public static let readLimit = 1_000
     private let cipher: TailCipher
     /// Nil while waiting for the server's `TailAck` after `TailAccepted`.
     private var batcher: TailBatcher?
-    private var inFlight: [UInt64] = []
+    /// Batches sent and not yet acknowledged: their numbers and cursors.
+    private var inFlight: [(seq: UInt64, cursor: UInt64)] = []
     private var contexts: [Int64: String] = [:]
 
     public init(_ accepted: TailAdmission.Accepted, agentID: String, startCursor: UInt64) throws {
@@ -32,24 +34,37 @@ public struct TailRunner: Sendable {
     /// Whether it waits for the server's `TailAck` before sending.
     public var isWaitingForServer: Bool { batcher == nil }
 
-    /// `TailAccepted` was sent (again, after a reconnection): send nothing until the server
-    /// says what it holds.
-    public mutating func awaitAcknowledgement() {
+    /// The `TailAccepted` to send (again, after a reconnection): nothing is sent after it until
+    /// the server says what it holds.
+    public mutating func accept() -> WireFrame {
         batcher = nil
+        inFlight = []
+        return .with { $0.tailAccepted = .with { $0.tailID = accepted.tailID; $0.startCursor = startCursor } }
+    }
+
+    /// The server's `TailAck`: after `TailAccepted`, what it holds (seq 0 and the tail's start
+    /// cursor for nothing), to go on from; otherwise the batches it has stored. One for a batch
+    /// sent with another cursor (an earlier connection's, stored after all) is gone on from
+    /// like the first.
+    public mutating func acknowledged(_ ack: WireTailAck, now: Double) {
+        if var batcher, !inFlight.contains(where: { $0.seq == ack.seq && $0.cursor != ack.cursor }) {
+            if ack.seq >= batcher.nextSeq {
+                // An acknowledgement of a batch this runner never numbered: go on from it.
+                batcher.resume(after: ack.seq, cursor: ack.cursor)
+                self.batcher = batcher
+                inFlight = []
+            } else {
+                inFlight.removeAll { $0.seq <= ack.seq }
+            }
+            return
+        }
+        batcher = TailBatcher(recordsPerSecond: accepted.recordsPerSecond, bytesPerSecond: accepted.bytesPerSecond, after: ack.seq, cursor: ack.cursor, now: now)
         inFlight = []
     }
 
-    /// The server's `TailAck`: after `TailAccepted`, where to go on from (a held cursor of 0:
-    /// nothing held, so from where the tail began); otherwise the batches it has stored.
-    public mutating func acknowledged(_ ack: WireTailAck, now: Double) {
-        guard batcher != nil else {
-            batcher = TailBatcher(
-                recordsPerSecond: accepted.recordsPerSecond, bytesPerSecond: accepted.bytesPerSecond, after: ack.seq,
-                cursor: ack.seq == 0 && ack.cursor == 0 ? startCursor : ack.cursor, now: now)
-            return
-        }
-        inFlight.removeAll { $0 <= ack.seq }
-    }
+    /// Whether the tail is past its expiry by the agent's clock: the agent stops it then,
+    /// whether or not it heard a `TailStop` (§ 20).
+    public func hasExpired(at now: Timestamp) -> Bool { now >= accepted.expiresAt }
 
     /// Batches sent and not yet acknowledged.
     public var unacknowledged: Int { inFlight.count }
@@ -59,8 +74,8 @@ public struct TailRunner: Sendable {
 
     /// Reads what is new, and returns the `TailBatch` frames now due (none while waiting for
     /// the server, or with MAX_TAIL_IN_FLIGHT unacknowledged).
-    public mutating func poll(store: LogStore, now: Double) throws -> [WireFrame] {
-        guard var batcher else { return [] }
+    public mutating func poll(store: LogStore, now: Double, clock: Timestamp = .now) throws -> [WireFrame] {
+        guard var batcher, !hasExpired(at: clock) else { return [] }
         defer { self.batcher = batcher }
         var frames: [WireFrame] = []
         while inFlight.count < WireLimits.maxTailInFlight {
@@ -84,7 +99,7 @@ public struct TailRunner: Sendable {
                     $0.ciphertext = .init(sealed)
                 }
             })
-            inFlight.append(batch.seq)
+            inFlight.append((batch.seq, batch.cursor))
         }
         return frames
     }

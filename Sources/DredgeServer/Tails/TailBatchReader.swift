@@ -33,21 +33,28 @@ struct TailBatchReader {
             let limit = RecordLine.maxDepth + 2
             let whole = json.members { json, key in
                 let name = bytes[key.range]
-                if !key.escaped && name.elementsEqual("contexts".utf8) && !seen.contexts {
+                let isContexts = !key.escaped && name.elementsEqual("contexts".utf8)
+                let isRecords = !key.escaped && name.elementsEqual("records".utf8)
+                if isContexts && seen.contexts || isRecords && seen.records {
+                    problem = "a member is given twice"
+                    return false
+                }
+                if isContexts {
                     seen.contexts = true
                     return json.members { json, number in
                         let start = json.i
-                        guard !number.escaped, let id = Int64(String(decoding: bytes[number.range], as: UTF8.self)), id >= 0,
+                        let text = String(decoding: bytes[number.range], as: UTF8.self)
+                        guard !number.escaped, let id = Int64(text), id >= 0, String(id) == text, batch.contexts[id] == nil,
                             json.at(UInt8(ascii: "{")), json.skip(depth: 2, limit: limit)
                         else {
-                            problem = problem ?? "a context is not a JSON object named by its number"
+                            problem = problem ?? "a context is not a JSON object named once by its number (no sign, no leading zero)"
                             return false
                         }
                         batch.contexts[id] = Array(bytes[start..<json.i])
                         return true
                     }
                 }
-                if !key.escaped && name.elementsEqual("records".utf8) && !seen.records {
+                if isRecords {
                     seen.records = true
                     guard json.at(UInt8(ascii: "[")) else { return false }
                     json.i += 1

@@ -9,7 +9,8 @@ import Foundation
 /// batch is taken only in order, under the tail's key for this agent and tail, of the tail's
 /// user, while the tail is open; anything else ends the agent's part of the tail. Nothing is
 /// kept here: the caller stores what is taken, durably, then calls ``stored(_:)`` for the
-/// acknowledgement.
+/// acknowledgement, one batch at a time (the next ``receive(_:now:)`` comes after it: a
+/// connection's frames are handled in order).
 struct TailStream: Sendable {
     let tailID: String
     let agentID: String
@@ -43,10 +44,25 @@ struct TailStream: Sendable {
         self.uid = uid
         self.expiresAt = expiresAt
         self.held = held
+        started = held.seq > 0 || held.cursor > 0
         cipher = try TailCipher(key: key, tailID: tailID, agentID: agentID)
     }
 
-    /// The answer to `TailAccepted`: what the server holds, for the agent to go on after.
+    /// Whether the start cursor is kept (from the first `TailAccepted`).
+    private(set) var started: Bool
+
+    /// `TailAccepted`: the first one's start cursor is kept; each is answered with what the
+    /// server holds (seq 0 and that cursor for nothing), for the agent to go on after.
+    mutating func accepted(startCursor: UInt64) -> WireFrame {
+        if let ended { return stop(ended) }
+        if !started && held.seq == 0 {
+            held.cursor = startCursor
+            started = true
+        }
+        return acknowledgement
+    }
+
+    /// What the server holds, as a `TailAck`.
     var acknowledgement: WireFrame {
         .with { $0.tailAck = .with { $0.tailID = tailID; $0.seq = held.seq; $0.cursor = held.cursor } }
     }
@@ -63,7 +79,8 @@ struct TailStream: Sendable {
         }
         if batch.seq >= 1 && batch.seq <= held.seq { return .again(acknowledgement) }
         guard batch.seq == held.seq + 1 else { return end("batch \(batch.seq) came after \(held.seq): a batch is missing") }
-        guard batch.cursor >= held.cursor else { return end("batch \(batch.seq)'s cursor went back") }
+        guard started else { return end("batch \(batch.seq) came before the tail was accepted") }
+        guard batch.cursor > held.cursor else { return end("batch \(batch.seq)'s cursor is not past the last one's") }
         let plaintext: Data
         do {
             plaintext = try cipher.open(batch.ciphertext, nonce: batch.nonce, seq: batch.seq, dropped: batch.dropped, cursor: batch.cursor)

@@ -1447,6 +1447,9 @@ public nonisolated struct WireTailAccepted: Sendable {
 
   public var tailID: String = String()
 
+  /// where in the agent's store the tail began (README § 20)
+  public var startCursor: UInt64 = 0
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
@@ -1469,7 +1472,7 @@ public nonisolated struct WireTailBatch: Sendable {
   /// AES-256-GCM of the batch's JSON ‖ tag
   public var ciphertext: Data = Data()
 
-  /// where in the agent's store the batch ends (opaque, never decreasing)
+  /// where in the agent's store the batch ends (opaque, increasing)
   public var cursor: UInt64 = 0
 
   /// 12 random bytes, new for each batch
@@ -1480,8 +1483,8 @@ public nonisolated struct WireTailBatch: Sendable {
   public init() {}
 }
 
-/// Server → agent: every batch of the tail up to seq is stored; cursor is that batch's (0 and 0
-/// after TailAccepted when none is held).
+/// Server → agent: every batch of the tail up to seq is stored; cursor is that batch's (after
+/// TailAccepted when none is held: seq 0 and the tail's start cursor).
 public nonisolated struct WireTailAck: Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
@@ -3481,7 +3484,7 @@ nonisolated extension WireTailCommand: SwiftProtobuf.Message, SwiftProtobuf._Mes
 
 nonisolated extension WireTailAccepted: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".TailAccepted"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{3}start_cursor\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -3490,6 +3493,7 @@ nonisolated extension WireTailAccepted: SwiftProtobuf.Message, SwiftProtobuf._Me
       // enabled. https://github.com/apple/swift-protobuf/issues/1034
       switch fieldNumber {
       case 1: try { try decoder.decodeSingularStringField(value: &self.tailID) }()
+      case 2: try { try decoder.decodeSingularUInt64Field(value: &self.startCursor) }()
       default: break
       }
     }
@@ -3499,11 +3503,15 @@ nonisolated extension WireTailAccepted: SwiftProtobuf.Message, SwiftProtobuf._Me
     if !self.tailID.isEmpty {
       try visitor.visitSingularStringField(value: self.tailID, fieldNumber: 1)
     }
+    if self.startCursor != 0 {
+      try visitor.visitSingularUInt64Field(value: self.startCursor, fieldNumber: 2)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
   public static func ==(lhs: WireTailAccepted, rhs: WireTailAccepted) -> Bool {
     if lhs.tailID != rhs.tailID {return false}
+    if lhs.startCursor != rhs.startCursor {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

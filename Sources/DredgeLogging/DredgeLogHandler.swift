@@ -27,7 +27,14 @@ public struct DredgeLogHandler: LogHandler {
     public let label: String
     public let center: LogCenter
     public var type: LogType
-    public var logLevel: Logger.Level = .info
+    /// The level as configured.
+    public var configuredLevel: Logger.Level = .info
+    /// swift-log's gate: the configured level, or trace while a live tail's verbosity window is
+    /// open (``log(event:)`` then keeps below the configured level only what a window covers).
+    public var logLevel: Logger.Level {
+        get { center.hasVerbosityWindow ? .trace : configuredLevel }
+        set { configuredLevel = newValue }
+    }
     public var metadata: Logger.Metadata = [:]
     public var metadataProvider: Logger.MetadataProvider?
     public var includeSourceLocation = false
@@ -64,6 +71,7 @@ public struct DredgeLogHandler: LogHandler {
             uid = named
             stored["dredge.uid"] = nil
         }
+        if event.level < configuredLevel, !center.keepsVerbose(uid: uid ?? center.uid, type: recordType) { return }
         stored["logger.label"] = .string(label)
         stored["logger.source"] = .string(event.source)
         if includeSourceLocation {

@@ -33,7 +33,8 @@ public struct DredgeLogger: Sendable {
         _ level: LogLevel, _ message: @autoclosure () -> LogMessage, metadata: @autoclosure () -> LogFields = [:],
         at timestamp: Timestamp? = nil, uid: String? = nil
     ) -> Bool {
-        guard level >= minimumLevel else { return true }
+        // Below the level only when a live tail's verbosity window covers the user (§ 20).
+        guard level >= minimumLevel || center.keepsVerbose(uid: uid ?? center.uid, type: type) else { return true }
         let redactor = center.redactor
         let text = message().rendered(with: redactor)
         let fields = metadata()

@@ -33,6 +33,11 @@ public final class LogCenter: Sendable {
     public let beforeSignIn: RecordsBeforeSignIn
     /// When this center was opened: where ``RecordsBeforeSignIn/processRun`` begins.
     private let opened = Timestamp.now
+    /// The verbosity windows open in the store (``VerbosityWindow``, Protocol § 20) as last
+    /// read: a log call below its logger's level asks here, never the store itself. Read again
+    /// when older than a second, off the caller's thread.
+    private let verbosity = Mutex<(windows: [VerbosityWindow], readAt: ContinuousClock.Instant?, reading: Bool)>(([], nil, false))
+    static let verbosityRefresh: Duration = .seconds(1)
 
     /// Uses an open store (several centers may share one, each with its own context).
     public init(
@@ -164,6 +169,52 @@ public final class LogCenter: Sendable {
         submit(
             level: .warning, type: .app, message: "log type \(given.debugDescription) is not a valid type name; its records are logged as type \"\(used)\"",
             metadata: ["dredge.given_type": .string(given), "dredge.type": .string(used.rawValue)], at: nil, uid: nil)
+    }
+
+    // MARK: Verbosity windows
+
+    /// Whether a record of `uid` and `type` below its logger's level is kept anyway: a verbosity
+    /// window a live tail opened covers it. Never waits for the store.
+    public func keepsVerbose(uid: String, type: LogType) -> Bool {
+        let now = Timestamp.now
+        return openWindows().contains { $0.admits(uid: uid, type: type, at: now) }
+    }
+
+    /// Whether any verbosity window is open (swift-log's handler lowers its level then).
+    public var hasVerbosityWindow: Bool {
+        let now = Timestamp.now
+        return openWindows().contains { now < $0.until }
+    }
+
+    /// Reads the store's verbosity windows now (a center reads them by itself about once a second).
+    public func refreshVerbosity() {
+        let started = ContinuousClock.now
+        let windows: [VerbosityWindow]
+        do {
+            windows = try store.verbosityWindows()
+        } catch {
+            // The store cannot be read now: the windows as last read stand, and it is tried again.
+            verbosity.withLock { $0.reading = false }
+            return
+        }
+        verbosity.withLock { state in
+            // A read that began before the one already kept (a slow background read) is older news.
+            if state.readAt.map({ started >= $0 }) ?? true {
+                state = (windows, started, false)
+            } else {
+                state.reading = false
+            }
+        }
+    }
+
+    private func openWindows() -> [VerbosityWindow] {
+        let (windows, stale) = verbosity.withLock { state -> ([VerbosityWindow], Bool) in
+            let stale = !state.reading && state.readAt.map { ContinuousClock.now - $0 >= Self.verbosityRefresh } ?? true
+            if stale { state.reading = true }
+            return (state.windows, stale)
+        }
+        if stale { DispatchQueue.global(qos: .utility).async { [self] in refreshVerbosity() } }
+        return windows
     }
 
     /// Waits until everything logged before the call is durable. See ``LogStore/flush()``.

@@ -27,6 +27,9 @@ public struct StoreError: Error, Hashable, Sendable, CustomStringConvertible {
         /// A ``StoreConfiguration`` value out of its range (a queue of no entries, a negative
         /// limit); the message names it. Nothing was opened.
         public static let invalidConfiguration = Code("invalidConfiguration")
+        /// An argument a store call cannot take (a verbosity window for no valid uid, one too
+        /// many); nothing was written.
+        public static let invalidArgument = Code("invalidArgument")
 
         public var description: String { name }
     }
@@ -45,6 +48,8 @@ public struct StoreError: Error, Hashable, Sendable, CustomStringConvertible {
         if let path { return "\(code) (\(path)): \(message)" }
         return "\(code): \(message)"
     }
+
+    static func invalidArgument(_ message: String) -> StoreError { StoreError(code: .invalidArgument, message: message) }
 
     /// Classifies an error thrown by GRDB/SQLite or Foundation into a store error.
     static func wrap(_ error: any Error, path: String?) -> StoreError {

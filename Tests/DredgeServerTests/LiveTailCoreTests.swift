@@ -23,6 +23,111 @@ import Testing
     var agentID: String { Self.agentKey.publicKey.agentID }
     let tailID = "5d1e7a3c9b0f2e4d6c8a1b3e5f7d9c0a"
 
+    var keys: PinnedServerKeys {
+        get throws {
+            try PinnedServerKeys(
+                AgentState.File(
+                    agentID: agentID, serverHost: "127.0.0.1", serverPort: 1, servers: nil, serverSigningKey: Hex.encode(server.verifyingKey.rawRepresentation),
+                    serverEncryptionKey: Hex.encode(Self.encryption.publicKey.spki), enrolledAt: now.date, keyGeneration: 1))
+        }
+    }
+
+    func command(verbose: Bool = false) throws -> WireTailCommand {
+        var command = try WireTailCommand.with {
+            $0.tailID = tailID
+            $0.target = .with { $0.uid = "u-1"; $0.agentID = agentID }
+            $0.filter = .with { $0.levels = [.warning, .error] }
+            $0.issuedAtUs = now.microseconds
+            $0.expiresAtUs = now.microseconds + 900_000_000
+            $0.maxRecordsPerS = 10_000
+            $0.maxBytesPerS = 16 << 20
+            $0.verbose = verbose
+            $0.verboseTypes = verbose ? ["network"] : []
+            $0.wrappedKey = Data(try Self.agentKey.publicKey.wrapKey(tailKey))
+        }
+        try server.sign(&command)
+        return command
+    }
+
+    /// The agent's manager, driven as the agent's loop does, with the server's core on the
+    /// other side: the command answered, the verbosity window opened for the tail's life, the
+    /// records sent, accepted again on a new connection, and everything ended by a stop or by
+    /// the expiry on the agent's own clock.
+    @Test func theAgentsManagerAnswersRunsAndEndsATail() async throws {
+        let dir = TempDir()
+        let store = try LogStore(path: dir.file("device.sqlite"))
+        let context = try store.register(LogContext(host: "kitchen-oven-0042", os: "Linux", app: "oven-control", appVersion: "2.4.1", process: "ovend"))
+        try log(store, context, 1...3)
+        let manager = TailManager(store: store, agentID: agentID, agentKey: Self.agentKey)
+        let outbox = Outbox()
+        try await manager.connected { frame in await outbox.add(frame) }
+        let command = try command(verbose: true)
+        try await manager.receive(.with { $0.tailCommand = command }, serverKeys: try keys, now: now, clock: 0)
+        let accepted = try #require(await outbox.take().first?.tailAccepted)
+        let end = try store.lastRowID()
+        #expect(accepted.tailID == tailID && accepted.startCursor == UInt64(end))
+        let windows = try store.verbosityWindows(at: now)
+        #expect(windows.map(\.uid) == ["u-1"] && windows.first?.types == ["network"] && windows.first?.until.microseconds == command.expiresAtUs)
+
+        var server = try TailStream(tailID: tailID, agentID: agentID, uid: "u-1", key: tailKey, expiresAt: Timestamp(microseconds: command.expiresAtUs))
+        try await manager.receive(.with { $0.tailAck = server.accepted(startCursor: accepted.startCursor).tailAck }, serverKeys: try keys, now: now, clock: 0)
+        try log(store, context, 4...6)
+        var received: [String] = []
+        func serve(_ frames: [WireFrame], clock: Double) async throws {
+            for frame in frames where frame.tailBatch.seq > 0 {
+                guard case .take(let taken) = server.receive(frame.tailBatch, now: .now) else { throw DeploymentError("not taken") }
+                received += taken.batch.records.map { (try! JSONSerialization.jsonObject(with: Data($0)) as! [String: Any])["message"] as! String }
+                try await manager.receive(.with { $0.tailAck = server.stored(taken).tailAck }, serverKeys: try keys, now: now, clock: clock)
+            }
+        }
+        // Read at one pass, sent at the next once the batch has waited its tenth of a second.
+        try await manager.step(now: now, clock: 0.2)
+        #expect(await outbox.take().isEmpty)
+        try await manager.step(now: now, clock: 0.35)
+        try await serve(await outbox.take(), clock: 0.35)
+        #expect(received == ["w4", "w5", "w6"])
+
+        // A new connection: accepted again, going on after what the server holds.
+        await manager.disconnected()
+        try log(store, context, 7...8)
+        try await manager.step(now: now, clock: 0.4)
+        #expect(await outbox.take().isEmpty, "nothing while no connection is ready")
+        try await manager.connected { frame in await outbox.add(frame) }
+        let again = try #require(await outbox.take().first?.tailAccepted)
+        try await manager.receive(.with { $0.tailAck = server.accepted(startCursor: again.startCursor).tailAck }, serverKeys: try keys, now: now, clock: 0.4)
+        try await manager.step(now: now, clock: 0.6)
+        try await manager.step(now: now, clock: 0.75)
+        try await serve(await outbox.take(), clock: 0.75)
+        #expect(received == (4...8).map { "w\($0)" })
+
+        // A stop ends it here, and the window closes.
+        try await manager.receive(.with { $0.tailStop = .with { $0.tailID = tailID; $0.reason = "stopped by alice" } }, serverKeys: try keys, now: now, clock: 0.7)
+        #expect(await manager.running.isEmpty)
+        #expect(try store.verbosityWindows(at: now).isEmpty)
+
+        // Delivered again, it runs again, and its expiry ends it by the agent's clock alone.
+        try await manager.receive(.with { $0.tailCommand = command }, serverKeys: try keys, now: now, clock: 1)
+        #expect(await manager.running == [tailID])
+        try await manager.step(now: Timestamp(microseconds: command.expiresAtUs), clock: 2)
+        #expect(await manager.running.isEmpty)
+        #expect(try store.verbosityWindows(at: now).isEmpty)
+        // A command it refuses is answered with the reason.
+        _ = await outbox.take()
+        var forged = try self.command()
+        forged.target.uid = "u-2"
+        try await manager.receive(.with { $0.tailCommand = forged }, serverKeys: try keys, now: now, clock: 3)
+        #expect(await outbox.take().first?.commandRejected.reason == .rejectBadSignature)
+    }
+
+    actor Outbox {
+        var frames: [WireFrame] = []
+        func add(_ frame: WireFrame) { frames.append(frame) }
+        func take() -> [WireFrame] {
+            defer { frames = [] }
+            return frames
+        }
+    }
+
     func accepted() throws -> TailAdmission.Accepted {
         var command = try WireTailCommand.with {
             $0.tailID = tailID

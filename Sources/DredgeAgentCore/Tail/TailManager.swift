@@ -1,0 +1,103 @@
+import Crypto
+import DredgeDomain
+import DredgeEnvelope
+import DredgeStore
+import DredgeWire
+import Foundation
+
+/// The agent's live tails, across connections (Protocol/README.md § 20): admits each
+/// `TailCommand` (``TailAdmission``), answers it, runs one ``TailRunner`` per tail, opens the
+/// device's verbosity window for a `verbose` one (``VerbosityWindow``, closed when the tail
+/// ends), and ends each at its expiry by the agent's clock, heard of or not. While no connection
+/// is ready the tails keep their place in the store and send nothing; on a new connection each
+/// is accepted again and goes on after what the server holds.
+///
+/// ``step(now:clock:)`` is one pass over the tails; the agent calls it every ``pollInterval``.
+public actor TailManager {
+    public typealias Send = @Sendable (WireFrame) async throws -> Void
+
+    public static let pollInterval: Duration = .milliseconds(50)
+
+    private let store: LogStore
+    private let agentID: String
+    private let agentKey: RSAPrivateKey
+    private var runners: [String: TailRunner] = [:]
+    private var send: Send?
+
+    public init(store: LogStore, agentID: String, agentKey: RSAPrivateKey) {
+        self.store = store
+        self.agentID = agentID
+        self.agentKey = agentKey
+    }
+
+    /// The tails running now, by id.
+    public var running: Set<String> { Set(runners.keys) }
+
+    /// A connection is ready: every running tail is accepted again on it.
+    public func connected(_ send: @escaping Send) async throws {
+        self.send = send
+        for id in runners.keys.sorted() {
+            guard let frame = runners[id]?.accept() else { continue }
+            try await send(frame)
+        }
+    }
+
+    /// The connection went: nothing is sent until the next one.
+    public func disconnected() {
+        send = nil
+    }
+
+    /// A frame of the live tail: a command, an acknowledgement, a stop.
+    public func receive(_ frame: WireFrame, serverKeys: PinnedServerKeys, now: Timestamp = .now, clock: Double) async throws {
+        switch frame.body {
+        case .tailCommand(let command)?:
+            let decision = TailAdmission.admit(command, agentID: agentID, serverKeys: serverKeys, agentKey: agentKey, running: running, now: now)
+            guard case .accept(let accepted) = decision else {
+                try await send?(decision.frame(tailID: command.tailID, startCursor: 0))
+                return
+            }
+            if runners[accepted.tailID] == nil {
+                runners[accepted.tailID] = try TailRunner(accepted, agentID: agentID, startCursor: UInt64(max(0, try store.lastRowID())))
+                if accepted.verbose {
+                    try store.openVerbosityWindow(VerbosityWindow(uid: accepted.uid, types: accepted.verboseTypes, until: accepted.expiresAt, owner: accepted.tailID), now: now)
+                }
+            }
+            if let answer = runners[accepted.tailID]?.accept() { try await send?(answer) }
+        case .tailAck(let ack)?:
+            runners[ack.tailID]?.acknowledged(ack, now: clock)
+        case .tailStop(let stop)?:
+            try end(stop.tailID)
+        default:
+            break
+        }
+    }
+
+    /// One pass: each tail past its expiry ends; each other sends what is due. A tail whose
+    /// store cannot be read ends, and the server is told (`Error{ERROR_INTERNAL, upload_id}`).
+    public func step(now: Timestamp = .now, clock: Double) async throws {
+        for id in runners.keys.sorted() {
+            guard var runner = runners[id] else { continue }
+            if runner.hasExpired(at: now) {
+                try end(id)
+                continue
+            }
+            guard let send else { continue }
+            let frames: [WireFrame]
+            do {
+                frames = try runner.poll(store: store, now: clock, clock: now)
+            } catch {
+                try end(id)
+                try await send(.with { $0.error = .with { $0.code = .errorInternal; $0.fatal = false; $0.uploadID = id; $0.detail = "the tail cannot go on: \(error)" } })
+                continue
+            }
+            runners[id] = runner
+            for frame in frames { try await send(frame) }
+        }
+    }
+
+    /// Ends a tail here: it sends nothing more, and its verbosity window closes.
+    private func end(_ id: String) throws {
+        guard runners.removeValue(forKey: id) != nil else { return }
+        try store.closeVerbosityWindow(owner: id)
+    }
+}

@@ -10,8 +10,10 @@ import Testing
 @Suite struct LogsCommandEndToEndTests {
     typealias Deployment = AgentServerEndToEndTests.Deployment
 
+    /// The complete JSON lines of `output`: what follows its last newline is left out, since a
+    /// process still writing (a follow) may have flushed half a line.
     static func jsonLines(_ output: String) throws -> [[String: Any]] {
-        try output.split(separator: "\n").filter { $0.hasPrefix("{") }.map { line in
+        try output.split(separator: "\n", omittingEmptySubsequences: false).dropLast().filter { $0.hasPrefix("{") }.map { line in
             try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
         }
     }

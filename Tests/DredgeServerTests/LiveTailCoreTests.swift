@@ -129,22 +129,8 @@ import Testing
     }
 
     func accepted() throws -> TailAdmission.Accepted {
-        var command = try WireTailCommand.with {
-            $0.tailID = tailID
-            $0.target = .with { $0.uid = "u-1"; $0.agentID = agentID }
-            $0.filter = .with { $0.levels = [.warning, .error] }
-            $0.issuedAtUs = now.microseconds
-            $0.expiresAtUs = now.microseconds + 900_000_000
-            $0.maxRecordsPerS = 10_000
-            $0.maxBytesPerS = 16 << 20
-            $0.wrappedKey = Data(try Self.agentKey.publicKey.wrapKey(tailKey))
-        }
-        try server.sign(&command)
-        let keys = try PinnedServerKeys(
-            AgentState.File(
-                agentID: agentID, serverHost: "127.0.0.1", serverPort: 1, servers: nil, serverSigningKey: Hex.encode(server.verifyingKey.rawRepresentation),
-                serverEncryptionKey: Hex.encode(Self.encryption.publicKey.spki), enrolledAt: now.date, keyGeneration: 1))
-        guard case .accept(let a) = TailAdmission.admit(command, agentID: agentID, serverKeys: keys, agentKey: Self.agentKey, running: [], now: now) else {
+        let command = try command()
+        guard case .accept(let a) = TailAdmission.admit(command, agentID: agentID, serverKeys: try keys, agentKey: Self.agentKey, running: [], now: now) else {
             throw DeploymentError("the tail was refused")
         }
         return a

@@ -110,21 +110,6 @@ extension SingleSignOn {
         else { return nil }
         return code
     }
-
-    /// Posts a form to the provider (a public client: no credentials), and its answer.
-    private func postForm(_ url: String, _ form: [(String, String)]) async throws -> (Int, ByteBuffer) {
-        var request = HTTPClientRequest(url: url)
-        request.method = .POST
-        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
-        request.headers.add(name: "Accept", value: "application/json")
-        request.body = .bytes(ByteBuffer(string: form.map { "\($0.0)=\(Console.percentEncoded($0.1))" }.joined(separator: "&")))
-        do {
-            let response = try await http.execute(request, timeout: .seconds(15))
-            return (Int(response.status.code), try await response.body.collect(upTo: 1 << 20))
-        } catch {
-            throw SingleSignOnError("cannot reach the identity provider at \(url): \(error)")
-        }
-    }
 }
 
 /// How often one address may start device sign-ins and poll them (each is a request to the

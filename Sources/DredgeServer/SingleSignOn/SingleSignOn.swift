@@ -202,24 +202,10 @@ public final class SingleSignOn: Sendable {
         guard ConsoleSessions.same(pending.state, state) else { throw SingleSignOnError("the provider's answer is not for this browser's sign-in: start again") }
         guard now().timeIntervalSince1970 - pending.started < Self.pendingSeconds else { throw SingleSignOnError("the sign-in took more than ten minutes: start again") }
         let discovery = try await discovered()
-        var request = HTTPClientRequest(url: discovery.token_endpoint)
-        request.method = .POST
-        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
-        request.headers.add(name: "Accept", value: "application/json")
-        let credentials = Data("\(Console.percentEncoded(clientID)):\(Console.percentEncoded(clientSecret))".utf8).base64EncodedString()
-        request.headers.add(name: "Authorization", value: "Basic \(credentials)")
         let form = [("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirectURL), ("code_verifier", pending.verifier)]
-        request.body = .bytes(ByteBuffer(string: form.map { "\($0.0)=\(Console.percentEncoded($0.1))" }.joined(separator: "&")))
-        let response: HTTPClientResponse
-        let body: ByteBuffer
-        do {
-            response = try await http.execute(request, timeout: .seconds(15))
-            body = try await response.body.collect(upTo: 1 << 20)
-        } catch {
-            throw SingleSignOnError("cannot reach the identity provider's token endpoint: \(error)")
-        }
-        guard response.status == .ok else {
-            throw SingleSignOnError("the provider refused the sign-in's code (\(response.status.code)): \(String(buffer: body).prefix(200))")
+        let (status, body) = try await postForm(discovery.token_endpoint, form, basic: (clientID, clientSecret))
+        guard status == 200 else {
+            throw SingleSignOnError("the provider refused the sign-in's code (\(status)): \(String(buffer: body).prefix(200))")
         }
         struct Tokens: Decodable { var id_token: String? }
         guard let idToken = (try? JSONDecoder().decode(Tokens.self, from: Data(buffer: body)))?.id_token else {
@@ -301,6 +287,26 @@ public final class SingleSignOn: Sendable {
     }
 
     // MARK: The provider's documents
+
+    /// Posts a form to the provider (with the client's credentials when `basic` is given, as
+    /// HTTP Basic), and its answer: at most 1 MiB, within 15 s.
+    func postForm(_ url: String, _ form: [(String, String)], basic: (id: String, secret: String)? = nil) async throws -> (Int, ByteBuffer) {
+        var request = HTTPClientRequest(url: url)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        request.headers.add(name: "Accept", value: "application/json")
+        if let basic {
+            let credentials = Data("\(Console.percentEncoded(basic.id)):\(Console.percentEncoded(basic.secret))".utf8).base64EncodedString()
+            request.headers.add(name: "Authorization", value: "Basic \(credentials)")
+        }
+        request.body = .bytes(ByteBuffer(string: form.map { "\($0.0)=\(Console.percentEncoded($0.1))" }.joined(separator: "&")))
+        do {
+            let response = try await http.execute(request, timeout: .seconds(15))
+            return (Int(response.status.code), try await response.body.collect(upTo: 1 << 20))
+        } catch {
+            throw SingleSignOnError("cannot reach the identity provider at \(url): \(error)")
+        }
+    }
 
     func discovered() async throws -> Discovery {
         if let known = cache.withLock({ $0.discovery }) { return known }

@@ -57,7 +57,7 @@ public enum SigningInput {
         w.optional(f.hasSinceUs ? f.sinceUs : nil) { $0.i64($1) }
         w.optional(f.hasUntilUs ? f.untilUs : nil) { $0.i64($1) }
         w.optional(f.hasUid ? f.uid : nil) { $0.string($1) }
-        w.list(f.types.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }) { $0.string($1) }
+        w.list(byBytes(f.types)) { $0.string($1) }
         w.list(f.levels.map { UInt32($0.rawValue) }.sorted()) { $0.u32($1) }
         w.optional(f.hasText ? f.text : nil) { $0.string($1) }
         w.i64(c.issuedAtUs)
@@ -66,17 +66,19 @@ public enum SigningInput {
         return w.bytes
     }
 
+    /// Names in the order the signing inputs list them: by their UTF-8 bytes.
+    static func byBytes(_ names: [String]) -> [String] { names.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) } }
+
     /// What the server signs in a `TailCommand` (README § 20, Live tail): every field but the
     /// signature; types, verbose types and levels sorted as in a pull command's.
     public static func tailCommand(_ c: WireTailCommand) -> [UInt8] {
-        func sorted(_ names: [String]) -> [String] { names.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) } }
         var w = CanonicalWriter(domain: "dredge.v1.tail-command")
         w.string(c.tailID)
         w.string(c.target.uid)
         w.string(c.target.agentID)
         let f = c.filter
         w.optional(f.hasUid ? f.uid : nil) { $0.string($1) }
-        w.list(sorted(f.types)) { $0.string($1) }
+        w.list(byBytes(f.types)) { $0.string($1) }
         w.list(f.levels.map { UInt32($0.rawValue) }.sorted()) { $0.u32($1) }
         w.optional(f.hasText ? f.text : nil) { $0.string($1) }
         w.i64(c.issuedAtUs)
@@ -84,7 +86,7 @@ public enum SigningInput {
         w.u32(c.maxRecordsPerS)
         w.u64(c.maxBytesPerS)
         w.bool(c.verbose)
-        w.list(sorted(c.verboseTypes)) { $0.string($1) }
+        w.list(byBytes(c.verboseTypes)) { $0.string($1) }
         w.bytes(Array(c.wrappedKey))
         return w.bytes
     }

@@ -8,6 +8,10 @@ public enum AuditAction: String, Sendable, CaseIterable, Codable {
     case pullApprove = "pull.approve"
     case pullDownload = "pull.download"
     case pullRemove = "pull.remove"
+    /// A live tail started (#53): whose, which records, until when, how fast, why.
+    case tail
+    /// A live tail stopped, by a person or at its expiry: what it saw, from which devices.
+    case tailStop = "tail.stop"
     case feedbackDownload = "feedback.download"
     case feedbackRemove = "feedback.remove"
     case recordsSearch = "records.search"

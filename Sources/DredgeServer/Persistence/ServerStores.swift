@@ -12,6 +12,7 @@ public struct ServerStores: Sendable {
     public let pulls: SQLitePullQueue
     public let feedback: SQLiteFeedbackInbox
     public let tokens: SQLiteTokenVault
+    public let tails: SQLiteTailRegistry
     /// The search index, `index.sqlite` beside the database.
     public let records: SQLiteRecordIndex
     public let issuer: CommandIssuer
@@ -22,6 +23,7 @@ public struct ServerStores: Sendable {
         pulls = SQLitePullQueue(database)
         feedback = SQLiteFeedbackInbox(database)
         tokens = SQLiteTokenVault(database)
+        tails = SQLiteTailRegistry(database)
         records = try SQLiteRecordIndex.openOrRebuild(directory: deployment.directory)
         issuer = CommandIssuer(keys: deployment.keys)
     }
@@ -35,6 +37,8 @@ public struct ServerPersistence: Sendable {
     public let pulls: any PullQueue & AuditLog
     public let feedback: any FeedbackInbox
     public let tokens: any TokenVault
+    /// The live tails (#53).
+    public let tails: any TailRegistry
     public let records: any RecordIndex
     public let issuer: CommandIssuer
     /// Where the state is: the SQLite file, or the database's URL without its password.
@@ -56,6 +60,7 @@ public struct ServerPersistence: Sendable {
 
     public init(_ stores: ServerStores) {
         (registry, pulls, feedback, tokens, records, issuer) = (stores.registry, stores.pulls, stores.feedback, stores.tokens, stores.records, stores.issuer)
+        tails = stores.tails
         location = stores.database.path
         postgres = nil
         sqlite = stores.database
@@ -74,6 +79,7 @@ public struct ServerPersistence: Sendable {
         notices = queue
         feedback = PostgresFeedbackInbox(database)
         tokens = PostgresTokenVault(database)
+        tails = PostgresTailRegistry(database)
         records = PostgresRecordIndex(database, node: node)
         issuer = CommandIssuer(keys: deployment.keys)
         location = database.location.description

@@ -1,4 +1,5 @@
 import Crypto
+import DredgeAdminAPI
 import DredgeDomain
 import DredgeEnvelope
 import DredgeWire
@@ -71,6 +72,69 @@ public struct CommandIssuer: Sendable {
             $0.filter = pull.filter.wire
             $0.issuedAtUs = pull.issuedAt.microseconds
             $0.expiresAtUs = pull.expiresAt.microseconds
+        }
+        command.wrappedKey = Data(try agentKey.wrapKey(key))
+        try signing.signingKey.sign(&command)
+        return command
+    }
+}
+
+extension CommandIssuer {
+    /// A new live tail with a fresh id (#53): open from `now` for `lifetime`. Each device's part
+    /// gets its own key when it is first delivered (``newTailKey()``).
+    public func newTail(
+        uid: String, agents: [String]?, filter: LogFilter, lifetime: Duration, recordsPerSecond: UInt32, bytesPerSecond: UInt64, verbose: Bool,
+        verboseTypes: [String], requestedBy: String, reason: String, now: Timestamp = .now
+    ) -> NewTail {
+        var filter = filter
+        filter.uid = uid
+        filter.since = nil
+        filter.until = nil
+        return NewTail(
+            id: Hex.encode(secureRandomBytes(16)), uid: uid, agents: agents, filter: filter, issuedAt: now, expiresAt: now.adding(lifetime),
+            recordsPerSecond: recordsPerSecond, bytesPerSecond: bytesPerSecond, verbose: verbose, verboseTypes: verboseTypes.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) },
+            requestedBy: requestedBy, reason: reason)
+    }
+
+    /// A fresh tail key for one device's part, wrapped under the server's current key (what the
+    /// registry keeps).
+    public func newTailKey() throws -> [UInt8] {
+        let key = SymmetricKey.uploadKey()
+        let wrapped = try keys.current.encryptionKey.publicKey.wrapKey(key)
+        recentKeys.insert(key, for: wrapped)
+        return wrapped
+    }
+
+    /// The signed `TailCommand` of `tail` for `agent`, with the part's key (`wrappedKey`, as the
+    /// registry keeps it) rewrapped under the agent's key and signed with the generation the
+    /// agent pins. Throws ``UnreadablePull`` when the key does not unwrap or the generation is
+    /// retired (the tail can never be sent to this agent).
+    public func tailCommand(_ tail: TailRecord, agent: String, agentKey: RSAPublicKey, wrappedKey: [UInt8], keyGeneration: Int? = nil) throws -> WireTailCommand {
+        let key: SymmetricKey
+        do {
+            key = try self.key(wrappedKey)
+        } catch {
+            throw UnreadablePull("the key of tail \(tail.id) for agent \(agent) does not unwrap: \(error)")
+        }
+        guard let signing = keyGeneration.map({ keys.generation($0) }) ?? keys.current else {
+            throw UnreadablePull("agent \(agent) pins generation \(keyGeneration ?? 0) of the server's keys, which is retired: enroll it again")
+        }
+        let filter = tail.filter.wire
+        var command = WireTailCommand.with {
+            $0.tailID = tail.id
+            $0.target = .with { $0.uid = tail.uid; $0.agentID = agent }
+            $0.filter = .with {
+                if filter.hasUid { $0.uid = filter.uid }
+                $0.types = filter.types
+                $0.levels = filter.levels
+                if filter.hasText { $0.text = filter.text }
+            }
+            $0.issuedAtUs = tail.issuedAt.microseconds
+            $0.expiresAtUs = tail.expiresAt.microseconds
+            $0.maxRecordsPerS = tail.recordsPerSecond
+            $0.maxBytesPerS = tail.bytesPerSecond
+            $0.verbose = tail.verbose
+            $0.verboseTypes = tail.verboseTypes
         }
         command.wrappedKey = Data(try agentKey.wrapKey(key))
         try signing.signingKey.sign(&command)

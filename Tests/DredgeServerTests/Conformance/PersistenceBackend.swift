@@ -17,6 +17,8 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
     let feedback: @Sendable (TempDir) async throws -> any FeedbackInbox
     let tokens: @Sendable (TempDir) async throws -> any TokenVault
     let records: @Sendable (TempDir) async throws -> any RecordIndex
+    /// The tails, and the audit log they write to.
+    let tails: @Sendable (TempDir) async throws -> (registry: any TailRegistry, audit: any AuditLog)
     /// Overwrites a stored pull's filter with text that is not a stored filter (a damaged row),
     /// behind the implementation's back.
     let damageFilter: @Sendable (TempDir, String) async throws -> Void
@@ -32,6 +34,10 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
         feedback: { SQLiteFeedbackInbox(try ServerDatabase(directory: $0.path)) },
         tokens: { SQLiteTokenVault(try ServerDatabase(directory: $0.path)) },
         records: { try SQLiteRecordIndex(directory: $0.path) },
+        tails: { dir in
+            let db = try ServerDatabase(directory: dir.path)
+            return (SQLiteTailRegistry(db), SQLitePullQueue(db))
+        },
         damageFilter: { dir, id in
             try await ServerDatabase(directory: dir.path).pool.write {
                 try $0.execute(sql: "UPDATE pull SET filter = '{\"uid\": 7' WHERE id = ?", arguments: [id])
@@ -47,6 +53,10 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
         feedback: { PostgresFeedbackInbox(try await TestPostgres.database(for: $0)) },
         tokens: { PostgresTokenVault(try await TestPostgres.database(for: $0)) },
         records: { PostgresRecordIndex(try await TestPostgres.database(for: $0)) },
+        tails: { dir in
+            let db = try await TestPostgres.database(for: dir)
+            return (PostgresTailRegistry(db), PostgresPullQueue(db))
+        },
         damageFilter: { dir, id in
             let db = try await TestPostgres.database(for: dir)
             defer { db.close() }

@@ -339,6 +339,8 @@ enum PostgresSchema {
                 "ALTER TABLE pull ADD COLUMN approved_at double precision",
             ]
         ),
+        // Live tails (#53).
+        PostgresTailRegistry.migration,
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

@@ -140,6 +140,7 @@ public final class ServerDatabase: Sendable {
                 ALTER TABLE pull ADD COLUMN approved_at REAL;
                 """)
         }
+        SQLiteTailRegistry.schema(&migrator)
         return migrator
     }
 }

@@ -1,0 +1,120 @@
+import DredgeDomain
+import Foundation
+
+/// Where one device's part of a live tail stands (#53, Protocol § 20).
+public enum TailPartStatus: String, Codable, Sendable, CaseIterable {
+    /// Sent to the device, not answered yet (sent again when it connects again).
+    case delivered
+    /// Accepted: the device sends what it logs.
+    case running
+    /// Refused by the device, with its reason (final).
+    case rejected
+    /// Over: the tail stopped or expired, the device could not go on, or the server ended the
+    /// device's part because a batch broke the rules (final).
+    case ended
+
+    /// No further change will come.
+    public var isFinal: Bool { self == .rejected || self == .ended }
+}
+
+/// One device's part of a live tail: what it holds so far.
+public struct TailPart: Sendable, Equatable, Codable {
+    public var agentID: String
+    public var status: TailPartStatus
+    /// Why it was refused or ended, or what the device said; empty when nothing was said.
+    public var detail: String
+    /// Where in the device's store the tail began (from its first `TailAccepted`); nil before.
+    public var startCursor: UInt64?
+    /// The last batch held, and where in the device's store it ended (0 and the start cursor:
+    /// none held).
+    public var heldSeq: UInt64
+    public var heldCursor: UInt64
+    /// Records held, and records the device said it left out (over a rate, too long, unreadable).
+    public var records: Int64
+    public var dropped: Int64
+    /// Bytes of record lines held on the server's disk.
+    public var bytes: Int64
+    public var updatedAt: Date
+
+    public init(
+        agentID: String, status: TailPartStatus, detail: String = "", startCursor: UInt64? = nil, heldSeq: UInt64 = 0, heldCursor: UInt64 = 0, records: Int64 = 0,
+        dropped: Int64 = 0, bytes: Int64 = 0, updatedAt: Date
+    ) {
+        self.agentID = agentID
+        self.status = status
+        self.detail = detail
+        self.startCursor = startCursor
+        self.heldSeq = heldSeq
+        self.heldCursor = heldCursor
+        self.records = records
+        self.dropped = dropped
+        self.bytes = bytes
+        self.updatedAt = updatedAt
+    }
+}
+
+/// Why and by whom a tail stopped before its expiry, or that it expired.
+public struct TailStopping: Sendable, Equatable, Codable {
+    public var at: Date
+    /// Who stopped it: a token's name, a person, or `server` (it expired; a token revoked).
+    public var by: String
+    public var reason: String
+
+    public init(at: Date, by: String, reason: String) {
+        self.at = at
+        self.by = by
+        self.reason = reason
+    }
+}
+
+/// A live tail (#53): whose records, which, how fast, until when, asked by whom, and each
+/// device's part.
+public struct TailRecord: Sendable, Equatable, Codable {
+    public var id: String
+    public var uid: String
+    /// Only these devices (nil: every device that holds the uid, those that come to hold it
+    /// during the tail included).
+    public var agents: [String]?
+    /// The records it shows: the filter's times are not used (a tail shows what is logged from
+    /// its start).
+    public var filter: LogFilter
+    public var issuedAt: Timestamp
+    public var expiresAt: Timestamp
+    public var recordsPerSecond: UInt32
+    public var bytesPerSecond: UInt64
+    /// The devices also keep the user's debug and trace records while it runs (of
+    /// `verboseTypes` only, when not empty).
+    public var verbose: Bool
+    public var verboseTypes: [String]
+    public var requestedBy: String
+    /// Why, as the requester said; nil when not said.
+    public var reason: String?
+    public var createdAt: Date
+    /// Set once it stopped (by a person, or by the server at its expiry).
+    public var stopped: TailStopping?
+    public var parts: [TailPart]
+
+    public init(
+        id: String, uid: String, agents: [String]?, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, recordsPerSecond: UInt32, bytesPerSecond: UInt64,
+        verbose: Bool, verboseTypes: [String], requestedBy: String, reason: String?, createdAt: Date, stopped: TailStopping?, parts: [TailPart]
+    ) {
+        self.id = id
+        self.uid = uid
+        self.agents = agents
+        self.filter = filter
+        self.issuedAt = issuedAt
+        self.expiresAt = expiresAt
+        self.recordsPerSecond = recordsPerSecond
+        self.bytesPerSecond = bytesPerSecond
+        self.verbose = verbose
+        self.verboseTypes = verboseTypes
+        self.requestedBy = requestedBy
+        self.reason = reason
+        self.createdAt = createdAt
+        self.stopped = stopped
+        self.parts = parts
+    }
+
+    /// Neither stopped nor expired at `now`.
+    public func isOpen(at now: Timestamp) -> Bool { stopped == nil && now < expiresAt }
+}

@@ -121,7 +121,7 @@ public enum ServerRuntime {
         let renewal = try CertificateRenewal(
             directory: dir, agentTLS: agentTLS, adminTLS: adminServesServerCertificate ? adminTLS : nil, metrics: metrics, logger: logger)
         let listener = AgentListener(
-            deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
+            deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, tails: stores.tails, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, issuer: stores.issuer, landed: { indexer.landed($0, records: $1) },
             metrics: metrics, tls: agentTLS)
         let adminServices = AdminServices(

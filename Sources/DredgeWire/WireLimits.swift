@@ -83,9 +83,9 @@ public enum WireCapability {
     public static let keyRotation = "key-rotation"
     /// The server asks for a user's new records; the agent streams them (README § 20, Live tail).
     public static let liveTail = "live-tail"
-    /// Every capability this release agrees to. `live-tail` is not among them until both ends
-    /// carry it out: its messages exist, and the state machines take them once it is agreed.
-    public static let known: [String] = [keyRotation]
+    /// Every capability this release agrees to (a server without a tail registry leaves
+    /// `live-tail` out).
+    public static let known: [String] = [keyRotation, liveTail]
 
     /// Of `listed`, those in `known`, in the order listed, each once.
     public static func agreed(_ listed: [String], known: [String] = known) -> [String] {

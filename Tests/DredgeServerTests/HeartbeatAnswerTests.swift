@@ -40,6 +40,7 @@ final class GatedDirectory: AgentDirectory, Sendable {
     }
     func disconnected(_ agentID: String, generation: Int64) async throws { try await inner.disconnected(agentID, generation: generation) }
     func holders(of uid: String) async throws -> [UIDHolder] { try await inner.holders(of: uid) }
+    func uids(of agentID: String) async throws -> Set<String> { try await inner.uids(of: agentID) }
     func isEnrolled(_ agentID: String) async throws -> Bool { try await inner.isEnrolled(agentID) }
     func agents() async throws -> [AgentRecord] { try await inner.agents() }
     func revoke(_ agentID: String, by actor: String, at: Date) async throws -> Revocation { try await inner.revoke(agentID, by: actor, at: at) }

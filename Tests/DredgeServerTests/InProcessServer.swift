@@ -27,6 +27,7 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
     let pulls: SQLitePullQueue
     let issuer: CommandIssuer
     let feedback: SQLiteFeedbackInbox
+    let tails: SQLiteTailRegistry
     let listener: AgentListener
     let records: SQLiteRecordIndex
     let indexer: Indexer
@@ -66,6 +67,7 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let deployment = try LoadedDeployment(directory: data)
         let stores = try ServerStores(deployment)
         (registry, pulls, issuer, feedback, records) = (stores.registry, stores.pulls, stores.issuer, stores.feedback, stores.records)
+        tails = stores.tails
         let tokens = wrapTokens?(stores.tokens) ?? stores.tokens
         let logger = Logger(label: "test.server") { [logs] _ in logs }
         let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, logger: logger)
@@ -75,7 +77,8 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         agentTLS = try ReloadableTLS(deployment.tlsConfiguration)
         self.adminTLS = try adminTLS ? deployment.adminTLSConfiguration.map { try ReloadableTLS($0) } : nil
         listener = AgentListener(
-            deployment: deployment, registry: wrapRegistry?(registry) ?? registry, pulls: wrapPulls?(pulls) ?? pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, logger: logger,
+            deployment: deployment, registry: wrapRegistry?(registry) ?? registry, pulls: wrapPulls?(pulls) ?? pulls, feedback: feedback, tokens: tokens, tails: stores.tails,
+            dispatcher: dispatcher, logger: logger,
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
             issuer: issuer, landed: { indexer.landed($0, records: $1) }, tls: agentTLS)
         let adminPort = Mutex<Int?>(nil)

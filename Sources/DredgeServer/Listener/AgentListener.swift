@@ -23,6 +23,8 @@ public final class AgentListener: Service, Sendable {
     public let pulls: any PullQueue
     public let feedback: any FeedbackInbox
     public let tokens: any TokenVault
+    /// The live tails (#53): nil, and the listener agrees to no `live-tail`.
+    public let tails: (any TailRegistry)?
     public let dispatcher: PullDispatcher
     let logger: Logger
     let host: String
@@ -54,8 +56,8 @@ public final class AgentListener: Service, Sendable {
     /// - Parameter tls: the TLS each new connection gets, replaced when the certificate is
     ///   renewed; the deployment's, fixed, when nil.
     public init(
-        deployment: LoadedDeployment, registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, dispatcher: PullDispatcher,
-        logger: Logger,
+        deployment: LoadedDeployment, registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault,
+        tails: (any TailRegistry)? = nil, dispatcher: PullDispatcher, logger: Logger,
         host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil,
         connectionLimits: ConnectionLimits? = nil, threads: WorkThreads? = nil, openFiles: Int = ServerRuntime.openFileLimit(),
         issuer: CommandIssuer? = nil, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void = { _, _ in }, metrics: ServerMetrics = ServerMetrics(),
@@ -77,6 +79,7 @@ public final class AgentListener: Service, Sendable {
         self.pulls = pulls
         self.feedback = feedback
         self.tokens = tokens
+        self.tails = tails
         self.dispatcher = dispatcher
         self.logger = logger
         self.host = host ?? deployment.config.listenHost
@@ -120,7 +123,7 @@ public final class AgentListener: Service, Sendable {
         let tls = try self.tls ?? ReloadableTLS(deployment.tlsConfiguration)
         let work = ServerWork(threads)
         let services = ConnectionServices(
-            registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, dispatcher: dispatcher, issuer: issuer, deployment: deployment, paths: paths,
+            registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, tails: tails, dispatcher: dispatcher, issuer: issuer, deployment: deployment, paths: paths,
             session: session, feedbackLimits: feedbackLimits, gate: gate, agentConnections: agentConnections, refusals: refusals, enrollmentThrottle: enrollmentThrottle, counters: counters, work: work,
             landed: landed, metrics: metrics, logger: logger)
         if let refused = work.idlePolicyRefused {
@@ -220,7 +223,7 @@ public final class AgentListener: Service, Sendable {
                 // Its buffer shrinks back after each flush: a connection that once sent a large
                 // frame does not keep that much while idle.
                 try handlers.addHandler(MessageToByteHandler(FrameEncoder(), desiredBufferCapacity: 256))
-                let outbound = ConnectionOutbound(channel: channel, session: services.session)
+                let outbound = ConnectionOutbound(channel: channel, session: services.session, known: services.capabilities)
                 try handlers.addHandler(ConnectionDeadlineHandler(
                     handshake: .nanoseconds(Int64(limits.handshakeSeconds * 1e9)), missedHeartbeats: limits.missedHeartbeats, frameLimit: frameLimit,
                     goodbye: { outbound.goodbye($0) }))

@@ -52,6 +52,9 @@ public protocol AgentDirectory: Sendable {
     /// each with when it last saw the uid (nil when only its active uids hold it: within the
     /// last day of its last heartbeat).
     func holders(of uid: String) async throws -> [UIDHolder]
+    /// The uids an agent holds (its active uids and its reported users): whose live tails it
+    /// runs (#53).
+    func uids(of agentID: String) async throws -> Set<String>
     func isEnrolled(_ agentID: String) async throws -> Bool
     /// By host name, then id.
     func agents() async throws -> [AgentRecord]

@@ -6,7 +6,7 @@ import Foundation
 ///
 /// Layout: `uploads/<upload>-<agent>/` (chunks of uploads in progress), `pulls/<pull>/<agent>/`
 /// and `pulls/<pull>/<agent>.zip` (finished pulls), `feedback/<id>/` and `feedback/<id>.zip`
-/// (finished feedback).
+/// (finished feedback), `tails/<tail>/<agent>/` (what a live tail held of one device).
 public struct DataDirectory: Sendable {
     /// The data directory, absolute and standardized.
     public let root: String
@@ -22,6 +22,15 @@ public struct DataDirectory: Sendable {
     public var uploads: String { root + "/uploads" }
     public var pulls: String { root + "/pulls" }
     public var feedback: String { root + "/feedback" }
+    public var tails: String { root + "/tails" }
+
+    /// `tails/<tail>`
+    public func tail(_ tailID: String) throws -> String { try inside(tails + "/" + id(tailID)) }
+
+    /// `tails/<tail>/<agent>`: one device's part of a live tail (``TailFiles``).
+    public func tailFiles(_ tailID: String, agent agentID: String) throws -> String {
+        try inside(tail(tailID) + "/" + id(agentID))
+    }
 
     /// `uploads/<upload>-<agent>`
     public func upload(_ uploadID: String, agent agentID: String) throws -> String {

@@ -38,13 +38,17 @@ struct TailStream: Sendable {
         var batch: TailBatchReader.Batch
     }
 
-    init(tailID: String, agentID: String, uid: String, key: SymmetricKey, expiresAt: Timestamp, held: (seq: UInt64, cursor: UInt64) = (0, 0)) throws {
+    /// `started`: the start cursor is kept already (in `held`, when nothing is held); by
+    /// default, when `held` is not (0, 0).
+    init(
+        tailID: String, agentID: String, uid: String, key: SymmetricKey, expiresAt: Timestamp, held: (seq: UInt64, cursor: UInt64) = (0, 0), started: Bool? = nil
+    ) throws {
         self.tailID = tailID
         self.agentID = agentID
         self.uid = uid
         self.expiresAt = expiresAt
         self.held = held
-        started = held.seq > 0 || held.cursor > 0
+        self.started = started ?? (held.seq > 0 || held.cursor > 0)
         cipher = try TailCipher(key: key, tailID: tailID, agentID: agentID)
     }
 
@@ -67,7 +71,10 @@ struct TailStream: Sendable {
         .with { $0.tailAck = .with { $0.tailID = tailID; $0.seq = held.seq; $0.cursor = held.cursor } }
     }
 
-    func stop(_ reason: String) -> WireFrame {
+    func stop(_ reason: String) -> WireFrame { Self.stopFrame(tailID, reason) }
+
+    /// A `TailStop` of `tailID`.
+    static func stopFrame(_ tailID: String, _ reason: String) -> WireFrame {
         .with { $0.tailStop = .with { $0.tailID = tailID; $0.reason = reason } }
     }
 

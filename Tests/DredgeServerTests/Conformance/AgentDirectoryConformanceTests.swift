@@ -188,6 +188,10 @@ import Testing
         ].sorted { $0.agentID < $1.agentID })
         let record = try #require(try await agents.agents().first { $0.agentID == a })
         #expect(record.reportedUsers == 2 && record.usersTruncated && record.activeUIDs == ["u-new"])
+        // What it holds, both ways (whose live tails it runs).
+        #expect(try await agents.uids(of: a) == ["u-new", "u-old"])
+        #expect(try await agents.uids(of: b) == ["u-new"])
+        #expect(try await agents.uids(of: String(repeating: "0", count: 32)).isEmpty)
 
         // No report: the reported users stay, and nothing is new.
         added = try await agents.heartbeat(a, .with { $0.activeUids = [] }, now: Date())

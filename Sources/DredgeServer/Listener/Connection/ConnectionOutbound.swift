@@ -19,9 +19,10 @@ final class ConnectionOutbound: Sendable {
     let channel: any Channel
     private let machine: Mutex<ServerConnectionStateMachine>
 
-    init(channel: any Channel, session: WireAuthResult) {
+    /// `known`: the capabilities the server agrees to.
+    init(channel: any Channel, session: WireAuthResult, known: [String] = WireCapability.known) {
         self.channel = channel
-        machine = Mutex(ServerConnectionStateMachine(software: ServerSoftware.name, session: session))
+        machine = Mutex(ServerConnectionStateMachine(software: ServerSoftware.name, session: session, known: known))
     }
 
     /// One step of the machine: the session's, one at a time.

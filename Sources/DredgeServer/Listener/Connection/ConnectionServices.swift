@@ -14,6 +14,10 @@ final class ConnectionServices: Sendable {
     let pulls: any PullQueue
     let feedback: any FeedbackInbox
     let tokens: any TokenVault
+    /// The live tails (#53); nil: this server agrees to no `live-tail`.
+    let tails: (any TailRegistry)?
+    /// What the server agrees to in `HelloAck` (``WireCapability``).
+    var capabilities: [String] { tails == nil ? WireCapability.known.filter { $0 != WireCapability.liveTail } : WireCapability.known }
     let dispatcher: PullDispatcher
     /// Makes pull commands, and keeps the keys of the pulls made or delivered lately.
     let issuer: CommandIssuer
@@ -38,7 +42,7 @@ final class ConnectionServices: Sendable {
     let logger: Logger
 
     init(
-        registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, dispatcher: PullDispatcher,
+        registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, tails: (any TailRegistry)?, dispatcher: PullDispatcher,
         issuer: CommandIssuer, deployment: LoadedDeployment, paths: DataDirectory, session: WireAuthResult, feedbackLimits: FeedbackLimits,
         gate: ConnectionGate, agentConnections: AgentConnections, refusals: RateLimitedLog, enrollmentThrottle: EnrollmentThrottle,
         counters: ConnectionCounters, work: ServerWork, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void,
@@ -49,6 +53,7 @@ final class ConnectionServices: Sendable {
         self.pulls = pulls
         self.feedback = feedback
         self.tokens = tokens
+        self.tails = tails
         self.dispatcher = dispatcher
         self.issuer = issuer
         self.deployment = deployment

@@ -39,6 +39,8 @@ final class ConnectionSession: Sendable {
         var generation: Int64?
         var host = WireHostInfo()
         var uploads: ConnectionUploads?
+        /// The agent's live tails on this connection, once registered with `live-tail` agreed.
+        var tails: ConnectionTails?
         /// The agent's pull deliveries once registered, and their place with the dispatcher.
         var delivery: (runner: DeliveryRunner, registration: Int)?
         /// When the last heartbeat arrived (or the agent authenticated), for its lag.
@@ -113,8 +115,15 @@ final class ConnectionSession: Sendable {
         guard state.withLock({ $0.delivery == nil }) else { return }
         let (services, token, outbound) = (self.services, self.token, self.outbound)
         let keyPin = self.keyPin
+        let tails = state.withLock { $0.tails }
         let runner = DeliveryRunner { request in
-            await services.deliverDue(to: agentID, request, token: token, outbound: outbound, keyGeneration: keyPin.value)
+            let pass = await services.deliverDue(to: agentID, request, token: token, outbound: outbound, keyGeneration: keyPin.value)
+            if case .stop = pass { return .stop }
+            // Tails on every pass that reads: the connection's first, and the wakes of new tails.
+            if request.read, let tails, !(await services.deliverTails(to: agentID, on: tails, token: token, outbound: outbound, keyGeneration: keyPin.value)) {
+                return .stop
+            }
+            return pass
         }
         let registration = services.dispatcher.register(agentID) { runner.wake($0) }
         state.withLock { $0.delivery = (runner, registration) }
@@ -317,6 +326,10 @@ final class ConnectionSession: Sendable {
                     outcome.close = true
                     return outcome
                 }
+                if let registry = services.tails, outbound.agreement.capabilities.contains(WireCapability.liveTail) {
+                    let tails = ConnectionTails(agentID: id, services: services, registry: registry)
+                    state.withLock { $0.tails = tails }
+                }
                 services.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
                 services.metrics.authentications.increment()
                 heartbeatArrived(first: true)
@@ -343,6 +356,8 @@ final class ConnectionSession: Sendable {
                     if !added.isEmpty || heartbeat.hasUsers {
                         Task { [services] in await services.adoptPulls(for: id, heartbeat: heartbeat, added: added) }
                     }
+                } else if let tails = state.withLock({ $0.tails }), tails.handles(frame) {
+                    outcome.frames += outbound.permitted(await tails.handle(frame))
                 } else {
                     let uploads = uploads(of: id)
                     do {

@@ -21,6 +21,8 @@ extension ConnectionServices {
             uids.formUnion(heartbeat.activeUids)
         }
         guard !uids.isEmpty else { return }
+        // A uid it came to hold may have a live tail open: a pass that reads looks.
+        if tails != nil && !added.isEmpty { dispatcher.wake([agentID]) }
         do {
             let adopted = try await pulls.adopt(agent: agentID, uids: uids, now: .now)
             guard !adopted.isEmpty else { return }

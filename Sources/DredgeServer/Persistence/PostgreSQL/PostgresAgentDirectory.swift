@@ -152,6 +152,10 @@ public final class PostgresAgentDirectory: AgentDirectory, Sendable {
         return outcome.added
     }
 
+    public func uids(of agentID: String) async throws -> Set<String> {
+        try await db.read { try await Self.heldUIDs(of: agentID, on: $0) }
+    }
+
     private static func heldUIDs(of agentID: String, on c: PostgresConnection) async throws -> Set<String> {
         Set(try await c.rows("SELECT uid FROM agent_uid WHERE agent_id = \(agentID) UNION SELECT uid FROM agent_user WHERE agent_id = \(agentID)")
             .map { try $0.decode(String.self) })

@@ -217,6 +217,10 @@ public final class SQLiteAgentDirectory: AgentDirectory, Sendable {
         return outcome.added
     }
 
+    public func uids(of agentID: String) async throws -> Set<String> {
+        try await db.read { try Self.heldUIDs(of: agentID, in: $0) }
+    }
+
     /// The uids an agent holds: its active uids and its reported users.
     private static func heldUIDs(of agentID: String, in db: Database) throws -> Set<String> {
         Set(try prepared("SELECT uid FROM agent_uid WHERE agent_id = ? UNION SELECT uid FROM agent_user WHERE agent_id = ?", [agentID, agentID], as: String.self).fetchAll(db))

@@ -1,0 +1,159 @@
+import Crypto
+import DredgeAdminAPI
+import DredgeAgentCore
+import DredgeDomain
+import DredgeEnvelope
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Testing
+@testable import DredgeServer
+
+/// Live tails through the real server's connection wing (#53, Protocol § 20): the agent's
+/// ``TailManager`` on a real device store, over a real TLS connection, against the listener's
+/// delivery and reception, the registry and the files.
+@Suite struct LiveTailTests {
+    static let liveTail = [WireCapability.keyRotation, WireCapability.liveTail]
+
+    /// The pinned server keys an agent of `server` holds.
+    static func keys(_ server: InProcessServer, agentID: String) throws -> PinnedServerKeys {
+        let deployment = try LoadedDeployment(directory: server.data)
+        return try PinnedServerKeys(
+            AgentState.File(
+                agentID: agentID, serverHost: "127.0.0.1", serverPort: server.agentPort, servers: nil,
+                serverSigningKey: Hex.encode(deployment.signingKey.verifyingKey.rawRepresentation), serverEncryptionKey: Hex.encode(deployment.encryptionKey.publicKey.spki),
+                enrolledAt: Date(), keyGeneration: 1))
+    }
+
+    static func log(_ store: LogStore, _ context: ContextID, _ messages: [String], uid: String = "u-1", level: LogLevel = .warning) throws {
+        for message in messages {
+            store.enqueue(LogEntry(timestamp: .now, level: level, type: .app, uid: uid, message: message, metadata: [:], context: context))
+        }
+        try store.flush()
+    }
+
+    /// Runs the agent's side of its tails on `link` as the agent does: every tail frame to the
+    /// manager as it arrives, a pass every 50 ms, until `done`; then says goodbye.
+    static func run(
+        _ manager: TailManager, on link: AgentLink, keys: PinnedServerKeys, heartbeat: [String]? = nil, until done: @escaping @Sendable () async throws -> Bool
+    ) async throws {
+        let start = ContinuousClock.now
+        @Sendable func clock() -> Double { Double((ContinuousClock.now - start).components.attoseconds) / 1e18 + Double((ContinuousClock.now - start).components.seconds) }
+        try await manager.connected { frame in try await link.send(frame) }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                while let frame = try await link.next() {
+                    switch frame.body {
+                    case .tailCommand?, .tailAck?, .tailStop?: try await manager.receive(frame, serverKeys: keys, clock: clock())
+                    default: break
+                    }
+                }
+            }
+            if let heartbeat { try await link.heartbeat(activeUIDs: heartbeat) }
+            let deadline = ContinuousClock.now + .seconds(120)
+            while try await !done() {
+                guard ContinuousClock.now < deadline else { throw AgentError("the tail did not get there in 2 minutes") }
+                try await manager.step(clock: clock())
+                try await Task.sleep(for: TailManager.pollInterval)
+            }
+            link.goodbye("done")
+            try await group.waitForAll()
+        }
+        await manager.disconnected()
+    }
+
+    static func part(_ server: InProcessServer, _ tailID: String, _ agentID: String) async throws -> TailPart? {
+        try await server.tails.tail(tailID)?.parts.first { $0.agentID == agentID }
+    }
+
+    /// The messages `records.jsonl` holds, in order.
+    static func messages(_ server: InProcessServer, _ tailID: String, _ agentID: String) throws -> [String] {
+        let directory = try DataDirectory(server.data).tailFiles(tailID, agent: agentID)
+        let data = try Data(contentsOf: URL(fileURLWithPath: directory + "/" + TailFiles.records))
+        return try data.split(separator: 0x0A).map { line in
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(line)) as? [String: Any])
+            return try #require(object["message"] as? String)
+        }
+    }
+
+    /// An agent that offers `live-tail` and holds the tail's user gets the tail once it reports
+    /// the user; the records it then logs that match reach the server's files in order, each
+    /// once, across a new connection (the agent accepts again and goes on after what the server
+    /// holds); records of another user, below the filter's levels, or logged before the tail are
+    /// not sent.
+    @Test func anAgentStreamsItsUsersNewRecordsAcrossConnections() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let agent = try await server.enrollAgent(hostname: "kitchen")
+            let store = try LogStore(path: server.dir.file("device.sqlite"))
+            let context = try store.register(LogContext(host: "kitchen", os: "Linux", app: "oven", appVersion: "2.4.1", process: "ovend"))
+            try Self.log(store, context, ["before-1", "before-2"])
+            let tail = server.issuer.newTail(
+                uid: "u-1", agents: nil, filter: LogFilter(levels: [.warning, .error]), lifetime: .seconds(600), recordsPerSecond: 1_000, bytesPerSecond: 1 << 20,
+                verbose: false, verboseTypes: [], requestedBy: "alice", reason: "T-1")
+            try await server.tails.create(tail)
+            let manager = TailManager(store: store, agentID: agent.agentID, agentKey: agent.key)
+            let keys = try Self.keys(server, agentID: agent.agentID)
+
+            try await agent.connect(capabilities: Self.liveTail) { link in
+                try await Self.run(manager, on: link, keys: keys, heartbeat: ["u-1"]) {
+                    guard let part = try await Self.part(server, tail.id, agent.agentID), part.status == .running else { return false }
+                    if await manager.running.isEmpty { return false }
+                    if try store.lastRowID() < 5 {
+                        try Self.log(store, context, ["w3", "w4"])
+                        try Self.log(store, context, ["other user"], uid: "u-2")
+                        try Self.log(store, context, ["quiet"], level: .info)
+                        try Self.log(store, context, ["w5"])
+                    }
+                    return part.records == 3
+                }
+            }
+            #expect(try Self.messages(server, tail.id, agent.agentID) == ["w3", "w4", "w5"])
+
+            // Away: what it logs meanwhile is sent once it is back, after what the server holds.
+            try Self.log(store, context, ["w6", "w7"])
+            try await agent.connect(capabilities: Self.liveTail) { link in
+                try await Self.run(manager, on: link, keys: keys) { try await Self.part(server, tail.id, agent.agentID)?.records == 5 }
+            }
+            #expect(try Self.messages(server, tail.id, agent.agentID) == ["w3", "w4", "w5", "w6", "w7"])
+            let part = try #require(try await Self.part(server, tail.id, agent.agentID))
+            #expect(part.status == .running && part.dropped == 0 && part.heldSeq >= 2 && part.startCursor == 2)
+            let directory = try DataDirectory(server.data).tailFiles(tail.id, agent: agent.agentID)
+            #expect(try TailFiles.knownContexts(in: directory).numbers == [context.rawValue])
+        }
+    }
+
+    /// Another enrolled agent cannot take part in a tail that is not its own: accepting it,
+    /// or sending batches into it, gets a `TailStop`, and the tail's own part is unchanged.
+    @Test func anotherAgentCannotJoinOrFeedATail() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let owner = try await server.enrollAgent(hostname: "owner")
+            let intruder = try await server.enrollAgent(hostname: "intruder")
+            let tail = server.issuer.newTail(
+                uid: "u-1", agents: [owner.agentID], filter: LogFilter(), lifetime: .seconds(600), recordsPerSecond: 1_000, bytesPerSecond: 1 << 20,
+                verbose: false, verboseTypes: [], requestedBy: "alice", reason: "")
+            try await server.tails.create(tail)
+            // The owner's part exists (delivered).
+            try await owner.connect(capabilities: Self.liveTail) { link in
+                try await link.heartbeat(activeUIDs: ["u-1"])
+                while let frame = try await link.next() { if case .tailCommand? = frame.body { break } }
+            }
+            let before = try #require(try await Self.part(server, tail.id, owner.agentID))
+            try await intruder.connect(capabilities: Self.liveTail) { link in
+                try await link.heartbeat(activeUIDs: ["u-1"])
+                try await link.send(.with { $0.tailAccepted = .with { $0.tailID = tail.id; $0.startCursor = 0 } })
+                try await link.send(.with {
+                    $0.tailBatch = .with { $0.tailID = tail.id; $0.seq = 1; $0.cursor = 1; $0.nonce = Data(count: 12); $0.ciphertext = Data(count: 64) }
+                })
+                var stops = 0
+                while stops < 2, let frame = try await link.next() {
+                    if case .tailCommand? = frame.body { Issue.record("the intruder was sent the tail") }
+                    if case .tailStop(let stop)? = frame.body, stop.tailID == tail.id { stops += 1 }
+                }
+                #expect(stops == 2)
+            }
+            #expect(try await server.tails.tail(tail.id)?.parts.map(\.agentID) == [owner.agentID])
+            #expect(try await Self.part(server, tail.id, owner.agentID) == before)
+        }
+    }
+}

@@ -27,6 +27,10 @@ public final class AgentClient: Service, Sendable {
     /// What the server said, in its `Goodbye`, of its planned return.
     let plannedReturn = Handoff<PlannedReturn>()
     let uploads: UploadManager
+    /// The live tails the agent runs (#53); nil without a store (nothing to tail).
+    let tails: TailManager?
+    /// The tails' clock: seconds since the agent started, monotonic.
+    let started = ContinuousClock.now
     /// The active uids of the last heartbeat that could read them.
     let lastActiveUIDs = Mutex<[String]>([])
 
@@ -61,6 +65,16 @@ public final class AgentClient: Service, Sendable {
         self.hostOverrides = hostOverrides
         self.logger = logger
         self.uploads = try UploadManager(state: state, store: store, logger: logger, firstRetryDelay: firstRetryDelay, maxExports: maxExports)
+        self.tails = store.map { TailManager(store: $0, agentID: state.file.agentID, agentKey: state.key) }
+    }
+
+    /// What the agent offers in `Hello`: live tails only with a store to read them from.
+    var capabilities: [String] { tails == nil ? [WireCapability.keyRotation] : [WireCapability.keyRotation, WireCapability.liveTail] }
+
+    /// The tails' clock now.
+    func tailClock() -> Double {
+        let elapsed = ContinuousClock.now - started
+        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
     }
 
     /// Records a user's feedback and uploads the uid's recent logs with it (see ``Feedback``):
@@ -83,6 +97,24 @@ public final class AgentClient: Service, Sendable {
             }
         }
         defer { outbox.cancel() }
+        // The live tails' passes, connected or not: a tail ends at its expiry by this clock,
+        // whether or not the server is there to say so.
+        let tailing = Task { [tails, stop, logger] in
+            guard let tails else { return }
+            var failures = 0
+            while !Task.isCancelled && !stop.isStopped {
+                do {
+                    try await tails.step(clock: self.tailClock())
+                    failures = 0
+                } catch {
+                    // Said once per run of failures (the connection going away, a store that cannot be read).
+                    if failures == 0 { logger.warning("a live tail's pass failed", metadata: ["error": "\(error)"]) }
+                    failures += 1
+                }
+                do { try await Task.sleep(for: TailManager.pollInterval) } catch { break }
+            }
+        }
+        defer { tailing.cancel() }
         await withTaskCancellationOrGracefulShutdownHandler {
             var reconnection = Reconnection(backoff: Backoff(initial: min(.seconds(1), self.maxReconnectDelay), maximum: self.maxReconnectDelay))
             let addresses = self.addresses
@@ -158,10 +190,12 @@ public final class AgentClient: Service, Sendable {
             failure = try await channel.executeThenClose { inbound, outbound -> WireProtocolError? in
                 let connection = AgentConnection(
                     mode: .authenticate(agentID: state.file.agentID, host: host), key: state.key, channel: channel.channel, writer: outbound,
-                    keyGeneration: await uploads.keyGeneration)
+                    capabilities: capabilities, keyGeneration: await uploads.keyGeneration)
                 // Stopping says Goodbye to the server, then closes.
                 stop.onStop { connection.goodbye("agent stopping") }
-                let session = Session(connection: connection, uploads: uploads, established: established, plannedReturn: plannedReturn, logger: logger, server: "\(server)")
+                let session = Session(
+                    connection: connection, uploads: uploads, tails: tails, tailClock: { [self] in tailClock() }, established: established, plannedReturn: plannedReturn,
+                    logger: logger, server: "\(server)")
                 defer { connection.closed("connection ended") }
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask {
@@ -202,9 +236,11 @@ public final class AgentClient: Service, Sendable {
             }
         } catch {
             await uploads.disconnected()
+            await tails?.disconnected()
             throw AgentError(AgentConnector.explain(error))
         }
         await uploads.disconnected()
+        await tails?.disconnected()
         if let failure { throw AgentError("the server closed the connection: \(failure)", serverError: failure.code) }
     }
 
@@ -280,14 +316,21 @@ public final class AgentClient: Service, Sendable {
         var watch: HeartbeatWatch?
         var failure: WireProtocolError?
         let uploads: UploadManager
+        let tails: TailManager?
+        let tailClock: @Sendable () -> Double
         let established: Handoff<ContinuousClock.Instant>
         let plannedReturn: Handoff<PlannedReturn>
         let logger: Logger
         let server: String
 
-        init(connection: AgentConnection, uploads: UploadManager, established: Handoff<ContinuousClock.Instant>, plannedReturn: Handoff<PlannedReturn>, logger: Logger, server: String) {
+        init(
+            connection: AgentConnection, uploads: UploadManager, tails: TailManager?, tailClock: @escaping @Sendable () -> Double,
+            established: Handoff<ContinuousClock.Instant>, plannedReturn: Handoff<PlannedReturn>, logger: Logger, server: String
+        ) {
             self.connection = connection
             self.uploads = uploads
+            self.tails = tails
+            self.tailClock = tailClock
             self.established = established
             self.plannedReturn = plannedReturn
             self.logger = logger
@@ -326,6 +369,11 @@ public final class AgentClient: Service, Sendable {
                     established.set(.now)
                     logger.info("connected", metadata: ["server": "\(server)", "heartbeat_s": "\(result.heartbeatIntervalS)"])
                     try await uploads.connected(connection)
+                    if let tails, connection.agreed.contains(WireCapability.liveTail) {
+                        // Its running tails accepted again on this connection.
+                        let connection = self.connection
+                        try await tails.connected { frame in try await connection.send(frame) }
+                    }
                 case .enrolled:
                     break
                 case .deliver(let frame):
@@ -342,7 +390,19 @@ public final class AgentClient: Service, Sendable {
                             }
                         }
                     }
-                    try await uploads.receive(frame)
+                    switch frame.body {
+                    case .tailCommand?, .tailAck?, .tailStop?:
+                        guard let tails else { break }
+                        do {
+                            try await tails.receive(frame, serverKeys: try await uploads.pinnedServerKeys(), clock: tailClock())
+                        } catch {
+                            // The store or the connection failed: the tail's pass says so; the
+                            // connection goes on for pulls.
+                            logger.warning("a live tail's frame was not handled", metadata: ["error": "\(error)"])
+                        }
+                    default:
+                        try await uploads.receive(frame)
+                    }
                 case .plannedReturn(let planned):
                     plannedReturn.set(planned)
                 case .closed(let error):

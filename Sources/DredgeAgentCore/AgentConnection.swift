@@ -52,6 +52,9 @@ final class AgentConnection: Sendable {
     /// The agent pins another generation of the server's keys: said from the next heartbeat.
     func pinned(_ generation: Int) { machine.withLock { $0.keyGeneration = generation } }
 
+    /// The capabilities the server agreed to (once the handshake is done).
+    var agreed: [String] { machine.withLock { $0.agreed } }
+
     /// Whether the connection is authenticated and not ending.
     var isReady: Bool { machine.withLock { $0.isReady } }
 

@@ -58,6 +58,9 @@ actor UploadManager {
     /// The agent's state as it is now (the server keys it pins included).
     var currentState: AgentState { state }
 
+    /// The server keys the agent pins now (what a tail command is checked against, as a pull's).
+    func pinnedServerKeys() throws -> PinnedServerKeys { try admission.serverKeys ?? PinnedServerKeys(state.file) }
+
     /// The generation of the server's keys the agent says it pins (0: not known, README § Key rotation).
     var keyGeneration: Int { admission.serverKeys?.said ?? 0 }
 

@@ -118,3 +118,88 @@ public struct TailRecord: Sendable, Equatable, Codable {
     /// Neither stopped nor expired at `now`.
     public func isOpen(at now: Timestamp) -> Bool { stopped == nil && now < expiresAt }
 }
+
+/// What `POST /v1/tails` asks for (#53): a user's devices to watch, which of their records,
+/// for how long, how fast at most, and why.
+public struct TailRequest: Sendable, Equatable, Codable {
+    public var uid: String
+    /// Only this device (an agent id); nil: every device that holds the uid.
+    public var agent: String?
+    /// Only the devices of this host name; nil: any.
+    public var host: String?
+    /// Types, levels and text; its times and uid are not used (the tail's uid is `uid`).
+    public var filter: LogFilter
+    /// How long it runs: 1 s to 1 h; default 15 min.
+    public var durationSeconds: Int?
+    /// At most this many records a second per device (1–10,000; default 200), and bytes
+    /// (1 KiB–16 MiB; default 1 MiB).
+    public var recordsPerSecond: UInt32?
+    public var bytesPerSecond: UInt64?
+    /// The devices also keep the user's debug and trace records while it runs (of
+    /// `verboseTypes` only, when given).
+    public var verbose: Bool?
+    public var verboseTypes: [String]?
+    /// Why (a ticket): in the audit log. At most 256 bytes, no control characters.
+    public var reason: String?
+
+    public init(
+        uid: String, agent: String? = nil, host: String? = nil, filter: LogFilter = LogFilter(), durationSeconds: Int? = nil, recordsPerSecond: UInt32? = nil,
+        bytesPerSecond: UInt64? = nil, verbose: Bool? = nil, verboseTypes: [String]? = nil, reason: String? = nil
+    ) {
+        self.uid = uid
+        self.agent = agent
+        self.host = host
+        self.filter = filter
+        self.durationSeconds = durationSeconds
+        self.recordsPerSecond = recordsPerSecond
+        self.bytesPerSecond = bytesPerSecond
+        self.verbose = verbose
+        self.verboseTypes = verboseTypes
+        self.reason = reason
+    }
+
+    public static let defaultDuration = 15 * 60
+    public static let defaultRecordsPerSecond: UInt32 = 200
+    public static let defaultBytesPerSecond: UInt64 = 1 << 20
+}
+
+/// One line of `GET /v1/tails/{id}/stream` (JSON lines): what the watcher is told, in the order
+/// it happened.
+public struct TailEvent: Sendable, Equatable, Codable {
+    public enum Kind: String, Sendable, Codable {
+        /// The devices: `devices` (each with its part's status), sent first and when one joins or ends.
+        case devices
+        /// A record a device logged: `agent`, `host`, `app`, `record` (the record's JSON object, Protocol § 13).
+        case record
+        /// A device left out `count` matching records (over the tail's rates, too long, unreadable).
+        case dropped
+        /// This watcher was too slow: `count` records were not sent to it (they are kept all the same).
+        case missed
+        /// The tail is over: `reason`. The last line.
+        case end
+    }
+
+    public var kind: Kind
+    public var agent: String?
+    public var host: String?
+    public var app: String?
+    /// The record, as the device sent it (a JSON object).
+    public var record: JSONValue?
+    public var count: Int64?
+    public var devices: [TailPart]?
+    public var reason: String?
+
+    public init(
+        kind: Kind, agent: String? = nil, host: String? = nil, app: String? = nil, record: JSONValue? = nil, count: Int64? = nil, devices: [TailPart]? = nil,
+        reason: String? = nil
+    ) {
+        self.kind = kind
+        self.agent = agent
+        self.host = host
+        self.app = app
+        self.record = record
+        self.count = count
+        self.devices = devices
+        self.reason = reason
+    }
+}

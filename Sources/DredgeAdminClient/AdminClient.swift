@@ -120,6 +120,64 @@ public struct AdminClient: Sendable {
         try await call("GET", "/v1/agents", query: uid.map { [URLQueryItem(name: "uid", value: $0)] } ?? [])
     }
 
+    // MARK: Live tails (#53)
+
+    public func createTail(_ request: TailRequest) async throws -> TailRecord {
+        try await call("POST", "/v1/tails", body: request)
+    }
+
+    /// Newest first.
+    public func tails(limit: Int? = nil) async throws -> [TailRecord] {
+        try await call("GET", "/v1/tails", query: Self.listing(limit: limit, diskUse: true))
+    }
+
+    public func tail(_ id: String) async throws -> TailRecord {
+        try await call("GET", "/v1/tails/\(try Self.pathComponent(id))")
+    }
+
+    public func stopTail(_ id: String, reason: String = "") async throws -> TailRecord {
+        try await call("DELETE", "/v1/tails/\(try Self.pathComponent(id))", query: reason.isEmpty ? [] : [URLQueryItem(name: "reason", value: reason)])
+    }
+
+    /// Calls `each` with every event of the tail's stream (`GET /v1/tails/{id}/stream`), as it
+    /// arrives, until the `end` event (the last) or the server closes the stream.
+    public func watchTail(_ id: String, _ each: (TailEvent) async throws -> Void) async throws {
+        let response = try await start("GET", url("/v1/tails/\(try Self.pathComponent(id))/stream"), headers: [:], body: nil)
+        guard response.status == .ok else {
+            let body: ByteBuffer
+            do { body = try await response.body.collect(upTo: 1 << 20) } catch { throw describe(error) }
+            try Self.check(Int(response.status.code), Data(body.readableBytesView))
+            return
+        }
+        var pending: [UInt8] = []
+        do {
+            for try await chunk in response.body {
+                pending += chunk.readableBytesView
+                var start = 0
+                while let newline = pending[start...].firstIndex(of: 0x0A) {
+                    let line = pending[start..<newline]
+                    start = newline + 1
+                    // Empty lines keep a quiet stream alive.
+                    guard line.contains(where: { $0 != 0x20 && $0 != 0x0D }) else { continue }
+                    let event: TailEvent
+                    do {
+                        event = try JSONDecoder.adminAPI.decode(TailEvent.self, from: Data(line))
+                    } catch {
+                        throw AdminClientError.server(200, "unreadable line in the tail's stream: \(error)")
+                    }
+                    try await each(event)
+                    if event.kind == .end { return }
+                }
+                pending.removeFirst(start)
+                guard pending.count <= Self.maximumAnswer else { throw AdminClientError.server(200, "a line of the tail's stream is over \(Self.maximumAnswer) bytes") }
+            }
+        } catch let error as AdminClientError {
+            throw error
+        } catch {
+            throw describe(error)
+        }
+    }
+
     public func createPull(_ request: PullRequest) async throws -> PullRecord {
         try await call("POST", "/v1/pulls", body: request)
     }

@@ -106,9 +106,12 @@ public enum ServerRuntime {
         let uploads = janitor.housekeeping(listeningSince: Date())
         // On PostgreSQL, revocations are also looked for at each sweep (a notification may be missed).
         let revokedAmong: (@Sendable ([String]) async throws -> [String])? = stores.node == nil ? nil : { @Sendable ids in try await registry.revoked(among: ids) }
+        let tailHub = TailHub()
+        let tails = stores.tails
         let dispatcher = PullDispatcher(pulls: pulls, logger: logger, notices: stores.notices, revokedAmong: revokedAmong) {
             try await uploads()
             try await results.housekeeping()
+            try await TailHub.stopExpired(tails, hub: tailHub)
         }
         // The listeners' TLS, replaced for new connections when the certificate is renewed
         // (the admin API's too when it serves the same certificate, the deployment's default).
@@ -121,11 +124,11 @@ public enum ServerRuntime {
         let renewal = try CertificateRenewal(
             directory: dir, agentTLS: agentTLS, adminTLS: adminServesServerCertificate ? adminTLS : nil, metrics: metrics, logger: logger)
         let listener = AgentListener(
-            deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, tails: stores.tails, dispatcher: dispatcher, logger: logger,
+            deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, tails: stores.tails, tailHub: tailHub, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, issuer: stores.issuer, landed: { indexer.landed($0, records: $1) },
             metrics: metrics, tls: agentTLS)
         let adminServices = AdminServices(
-            registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher,
+            registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer, feedback: feedback, tokens: tokens, tails: stores.tails, tailHub: tailHub, dispatcher: dispatcher,
             records: stores.records, indexer: indexer, files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
             metrics: metrics, approvals: deployment.config.approvals ?? ApprovalSettings(), logger: logger)
         let adminPort = options.adminPort ?? deployment.config.adminPort

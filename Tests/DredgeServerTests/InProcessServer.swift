@@ -68,6 +68,7 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let stores = try ServerStores(deployment)
         (registry, pulls, issuer, feedback, records) = (stores.registry, stores.pulls, stores.issuer, stores.feedback, stores.records)
         tails = stores.tails
+        let tailHub = TailHub()
         let tokens = wrapTokens?(stores.tokens) ?? stores.tokens
         let logger = Logger(label: "test.server") { [logs] _ in logs }
         let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, logger: logger)
@@ -78,12 +79,13 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         self.adminTLS = try adminTLS ? deployment.adminTLSConfiguration.map { try ReloadableTLS($0) } : nil
         listener = AgentListener(
             deployment: deployment, registry: wrapRegistry?(registry) ?? registry, pulls: wrapPulls?(pulls) ?? pulls, feedback: feedback, tokens: tokens, tails: stores.tails,
-            dispatcher: dispatcher, logger: logger,
+            tailHub: tailHub, dispatcher: dispatcher, logger: logger,
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
             issuer: issuer, landed: { indexer.landed($0, records: $1) }, tls: agentTLS)
         let adminPort = Mutex<Int?>(nil)
         let services = AdminServices(
-            registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, dispatcher: dispatcher, records: records,
+            registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, tails: stores.tails, tailHub: tailHub,
+            dispatcher: dispatcher, records: records,
             indexer: indexer, files: PullFiles(paths: DataDirectory(data), pulls: pulls, feedback: feedback), logger: logger)
         let app = try AdminAPI.application(
             actions: AdminActions(services), port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits,

@@ -1,5 +1,6 @@
 import Crypto
 import DredgeAdminAPI
+import DredgeAdminClient
 import DredgeAgentCore
 import DredgeDomain
 import DredgeEnvelope
@@ -156,4 +157,96 @@ import Testing
             #expect(try await Self.part(server, tail.id, owner.agentID) == before)
         }
     }
+
+    /// Through the admin API: a tail is started (audited), a watcher gets the device's records
+    /// named by its host and app, in order; the engineer stops it, the watcher's stream ends
+    /// with the reason, and the device stops running it (told by the server).
+    @Test func anEngineerStartsWatchesAndStopsATailThroughTheAPI() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let agent = try await server.enrollAgent(hostname: "kitchen")
+            let store = try LogStore(path: server.dir.file("device.sqlite"))
+            let context = try store.register(LogContext(host: "kitchen", os: "Linux", app: "oven", appVersion: "2.4.1", process: "ovend"))
+            let manager = TailManager(store: store, agentID: agent.agentID, agentKey: agent.key)
+            let keys = try Self.keys(server, agentID: agent.agentID)
+            // The agent reports its user first, so the tail finds it.
+            try await agent.connect(capabilities: Self.liveTail) { link in _ = try await LinkAgent.heartbeatAcked(["u-1"], over: link) }
+            let tail = try await server.admin.createTail(TailRequest(uid: "u-1", filter: LogFilter(levels: [.warning]), durationSeconds: 600, reason: "T-9"))
+            #expect(tail.uid == "u-1" && tail.requestedBy == "admin" && tail.reason == "T-9" && tail.agents == nil)
+            #expect(try await server.admin.tails().map(\.id) == [tail.id])
+
+            let seen = Seen()
+            let watching = Task {
+                try await server.admin.watchTail(tail.id) { event in await seen.add(event) }
+            }
+            try await agent.connect(capabilities: Self.liveTail) { link in
+                try await Self.run(manager, on: link, keys: keys, heartbeat: ["u-1"]) {
+                    guard await !manager.running.isEmpty else { return false }
+                    if try store.lastRowID() == 0 { try Self.log(store, context, ["a", "b", "c"]) }
+                    guard await seen.messages.count == 3 else { return false }
+                    // Stopped by the engineer: the device is told, and stops.
+                    if await seen.stopped == false {
+                        await seen.markStopped()
+                        let stopped = try await server.admin.stopTail(tail.id, reason: "seen enough")
+                        #expect(stopped.stopped?.reason == "seen enough" && stopped.stopped?.by == "admin")
+                    }
+                    return await manager.running.isEmpty
+                }
+            }
+            try await watching.value
+            #expect(await seen.messages == ["a", "b", "c"])
+            #expect(await seen.hosts == ["kitchen"])
+            #expect(await seen.apps == ["oven"])
+            #expect(await seen.end == "seen enough")
+            let audit = try await server.pulls.audit(limit: 20)
+            #expect(audit.contains { $0.action == "tail" && $0.detail.contains("reason \"T-9\"") })
+            #expect(audit.contains { $0.action == "tail.stop" && $0.detail.contains("1 device(s): \(agent.agentID) (ended, 3 records, 0 left out)") })
+            // Stopped once: a second stop is a conflict, and a watcher now gets the end at once.
+            await #expect(throws: AdminClientError.self) { try await server.admin.stopTail(tail.id) }
+            let late = Seen()
+            try await server.admin.watchTail(tail.id) { await late.add($0) }
+            #expect(await late.end == "seen enough")
+        }
+    }
+
+    /// Bad requests are refused with the reason, and nothing is stored.
+    @Test func badTailRequestsAreRefused() async throws {
+        try await withStopping(InProcessServer()) { server in
+            for bad in [
+                TailRequest(uid: ""), TailRequest(uid: "u-1", durationSeconds: 3_601), TailRequest(uid: "u-1", durationSeconds: 0),
+                TailRequest(uid: "u-1", recordsPerSecond: 0), TailRequest(uid: "u-1", bytesPerSecond: 10), TailRequest(uid: "u-1", filter: LogFilter(uid: "u-2")),
+                TailRequest(uid: "u-1", verboseTypes: ["Not A Type"]), TailRequest(uid: "u-1", agent: "../x"), TailRequest(uid: "u-1", reason: "a\nb"),
+                TailRequest(uid: "u-1", host: "nowhere"),
+            ] {
+                await #expect(throws: AdminClientError.self, "\(bad)") { try await server.admin.createTail(bad) }
+            }
+            #expect(try await server.admin.tails().isEmpty)
+            #expect(try await server.pulls.audit(limit: 10).allSatisfy { $0.action != "tail" })
+            // Caps: five open per engineer.
+            for _ in 0..<AdminActions.maxOpenTailsPerCaller { _ = try await server.admin.createTail(TailRequest(uid: "u-1")) }
+            await #expect(throws: AdminClientError.self) { try await server.admin.createTail(TailRequest(uid: "u-1")) }
+            #expect(try await server.admin.tails().count == AdminActions.maxOpenTailsPerCaller)
+        }
+    }
+}
+
+/// What a watcher was sent.
+actor Seen {
+    var messages: [String] = []
+    var hosts: Set<String> = []
+    var apps: Set<String> = []
+    var end: String?
+    var stopped = false
+
+    func add(_ event: TailEvent) {
+        switch event.kind {
+        case .record:
+            if case .object(let members)? = event.record, case .string(let message)? = members["message"] { messages.append(message) }
+            if let host = event.host { hosts.insert(host) }
+            if let app = event.app { apps.insert(app) }
+        case .end: end = event.reason
+        default: break
+        }
+    }
+
+    func markStopped() { stopped = true }
 }

@@ -38,6 +38,7 @@ public enum AdminOperation: String, Sendable, CaseIterable {
     // Reading what was pulled already, within the scope.
     case listAgents = "list agents"
     case readPulls = "read pulls"
+    case readTails = "read tails"
     case readFeedback = "read feedback"
     case searchRecords = "search records"
     case readFiles = "download files"
@@ -45,6 +46,9 @@ public enum AdminOperation: String, Sendable, CaseIterable {
     // Asking devices for logs, within the scope.
     case createPull = "make a pull"
     case approvePull = "approve a pull"
+    case createTail = "tail a user's devices"
+    case watchTail = "watch a tail"
+    case stopTail = "stop a tail"
     // Running the deployment.
     case revokeAgent = "revoke an agent"
     case removeResults = "remove results"
@@ -54,8 +58,8 @@ public enum AdminOperation: String, Sendable, CaseIterable {
     /// The least role that may do it.
     public var leastRole: AdminRole {
         switch self {
-        case .listAgents, .readPulls, .readFeedback, .searchRecords, .readFiles, .whoami: .reader
-        case .createPull, .approvePull: .investigator
+        case .listAgents, .readPulls, .readTails, .readFeedback, .searchRecords, .readFiles, .whoami: .reader
+        case .createPull, .approvePull, .createTail, .watchTail, .stopTail: .investigator
         case .revokeAgent, .removeResults, .readAudit, .manageTokens: .admin
         }
     }

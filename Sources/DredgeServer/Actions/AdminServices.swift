@@ -11,6 +11,10 @@ public struct AdminServices: Sendable {
     public let issuer: CommandIssuer
     public let feedback: any FeedbackInbox
     public let tokens: any TokenVault
+    /// The live tails (#53); nil on a server that runs none.
+    public let tails: (any TailRegistry)?
+    /// Where the tails' records reach their watchers, and stops reach the devices.
+    public let tailHub: TailHub
     public let dispatcher: PullDispatcher
     /// The index searches read; nil on a server that does not index.
     public let records: (any RecordIndex)?
@@ -28,7 +32,7 @@ public struct AdminServices: Sendable {
 
     public init(
         registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
-        dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil, results: ResultsKeeper? = nil,
+        tails: (any TailRegistry)? = nil, tailHub: TailHub = TailHub(), dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil, results: ResultsKeeper? = nil,
         metrics: ServerMetrics? = nil, approvals: ApprovalSettings = ApprovalSettings(), logger: Logger
     ) {
         self.metrics = metrics
@@ -39,6 +43,8 @@ public struct AdminServices: Sendable {
         self.issuer = issuer
         self.feedback = feedback
         self.tokens = tokens
+        self.tails = tails
+        self.tailHub = tailHub
         self.dispatcher = dispatcher
         self.records = records
         self.indexer = indexer

@@ -72,6 +72,7 @@ public enum AdminAPI {
         let v1 = router.group("v1").add(middleware: BearerTokenMiddleware(actions: actions))
         v1.addRoutes(AgentRoutes.collection(actions), atPath: "agents")
         v1.addRoutes(PullRoutes.collection(actions), atPath: "pulls")
+        v1.addRoutes(TailRoutes.collection(actions), atPath: "tails")
         v1.addRoutes(FeedbackRoutes.collection(actions), atPath: "feedback")
         v1.addRoutes(FileRoutes.collection(actions))
         v1.addRoutes(RecordRoutes.collection(actions), atPath: "records")
@@ -119,6 +120,11 @@ public enum AdminAPI {
         "GET /v1/pulls/{id}/files": .readFiles,
         "GET /v1/pulls/{id}/files/{agent}/{name}": .readFiles,
         "GET /v1/pulls/{id}/zip": .readFiles,
+        "GET /v1/tails": .readTails,
+        "GET /v1/tails/{id}": .readTails,
+        "POST /v1/tails": .createTail,
+        "DELETE /v1/tails/{id}": .stopTail,
+        "GET /v1/tails/{id}/stream": .watchTail,
         "GET /v1/feedback": .readFeedback,
         "GET /v1/feedback/{id}": .readFeedback,
         "DELETE /v1/feedback/{id}": .removeResults,

@@ -23,6 +23,8 @@ final class ConnectionTails: Sendable {
         var sent: Set<String> = []
         /// The tails accepted on this connection.
         var streams: [String: Entry] = [:]
+        /// The device as the registry knows it (what each record shown live is named by).
+        var device: RegisteredDevice?
     }
 
     private struct Entry: Sendable {
@@ -100,7 +102,12 @@ final class ConnectionTails: Sendable {
                 tailID: id, agentID: agentID, uid: hold.uid, key: key, expiresAt: hold.expiresAt, held: (hold.seq, hold.cursor), started: true)
             let ack = stream.accepted(startCursor: m.startCursor)
             state.withLock { $0.streams[id] = Entry(stream: stream, bytes: hold.bytes, contexts: nil) }
+            if state.withLock({ $0.device == nil }) {
+                let device = try await services.registry.device(agentID)
+                state.withLock { $0.device = device }
+            }
             services.logger.info("tail accepted", metadata: ["tail.id": "\(id)", "agent.id": "\(agentID)", "held.seq": "\(hold.seq)"])
+            await announceDevices(id)
             return [ack]
         } catch {
             services.logger.error("cannot start a tail the agent accepted; ending its part", metadata: ["tail.id": "\(id)", "agent.id": "\(agentID)", "error": "\(error)"])
@@ -144,6 +151,7 @@ final class ConnectionTails: Sendable {
                 entry.contexts = contexts
                 let ack = entry.stream.stored(taken)
                 state.withLock { $0.streams[id] = entry }
+                if services.tailHub.isWatched(id) { services.tailHub.publish(id, events(taken)) }
                 return [ack]
             } catch {
                 services.logger.error("cannot keep a tail's batch; ending the agent's part", metadata: ["tail.id": "\(id)", "agent.id": "\(agentID)", "error": "\(error)"])
@@ -158,9 +166,41 @@ final class ConnectionTails: Sendable {
     private func end(_ tailID: String, _ status: TailPartStatus, _ detail: String) async {
         guard WireID.isValid(tailID) else { return }
         do {
-            _ = try await registry.endPart(tailID, agent: agentID, status: status, detail: detail, at: Date())
+            if try await registry.endPart(tailID, agent: agentID, status: status, detail: detail, at: Date()) { await announceDevices(tailID) }
         } catch {
             services.logger.error("cannot record the end of an agent's part of a tail", metadata: ["tail.id": "\(tailID)", "agent.id": "\(agentID)", "error": "\(error)"])
         }
+    }
+
+    /// Tells the tail's watchers here where each device's part stands (one joined or ended).
+    private func announceDevices(_ tailID: String) async {
+        guard services.tailHub.isWatched(tailID) else { return }
+        do {
+            guard let tail = try await registry.tail(tailID) else { return }
+            services.tailHub.publish(tailID, [TailEvent(kind: .devices, devices: tail.parts)])
+        } catch {
+            services.logger.warning("cannot read a tail's devices for its watchers", metadata: ["tail.id": "\(tailID)", "error": "\(error)"])
+        }
+    }
+
+    /// What a held batch shows its watchers: a count of what the device left out, then each
+    /// record, named by the device's registered host and its context's app.
+    private func events(_ taken: TailStream.Taken) -> [TailEvent] {
+        let device = state.withLock { $0.device }
+        let decoder = JSONDecoder()
+        var apps: [Int64: String] = [:]
+        for (number, context) in taken.batch.contexts {
+            if case .object(let members)? = try? decoder.decode(JSONValue.self, from: Data(context)), case .string(let app)? = members["app"] { apps[number] = app }
+        }
+        var events: [TailEvent] = []
+        if taken.dropped > 0 { events.append(TailEvent(kind: .dropped, agent: agentID, host: device?.hostname, count: Int64(clamping: taken.dropped))) }
+        for record in taken.batch.records {
+            // Read by TailBatchReader already: a JSON object.
+            guard case .object(let members)? = try? decoder.decode(JSONValue.self, from: Data(record)) else { continue }
+            var app = device?.app
+            if case .integer(let context)? = members["context"], let named = apps[context], !named.isEmpty { app = named }
+            events.append(TailEvent(kind: .record, agent: agentID, host: device?.hostname, app: app, record: .object(members)))
+        }
+        return events
     }
 }

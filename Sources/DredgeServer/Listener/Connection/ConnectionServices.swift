@@ -16,6 +16,8 @@ final class ConnectionServices: Sendable {
     let tokens: any TokenVault
     /// The live tails (#53); nil: this server agrees to no `live-tail`.
     let tails: (any TailRegistry)?
+    /// Where what the tails hold goes to their watchers.
+    let tailHub: TailHub
     /// What the server agrees to in `HelloAck` (``WireCapability``).
     var capabilities: [String] { tails == nil ? WireCapability.known.filter { $0 != WireCapability.liveTail } : WireCapability.known }
     let dispatcher: PullDispatcher
@@ -42,7 +44,7 @@ final class ConnectionServices: Sendable {
     let logger: Logger
 
     init(
-        registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, tails: (any TailRegistry)?, dispatcher: PullDispatcher,
+        registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, tails: (any TailRegistry)?, tailHub: TailHub, dispatcher: PullDispatcher,
         issuer: CommandIssuer, deployment: LoadedDeployment, paths: DataDirectory, session: WireAuthResult, feedbackLimits: FeedbackLimits,
         gate: ConnectionGate, agentConnections: AgentConnections, refusals: RateLimitedLog, enrollmentThrottle: EnrollmentThrottle,
         counters: ConnectionCounters, work: ServerWork, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void,
@@ -54,6 +56,7 @@ final class ConnectionServices: Sendable {
         self.feedback = feedback
         self.tokens = tokens
         self.tails = tails
+        self.tailHub = tailHub
         self.dispatcher = dispatcher
         self.issuer = issuer
         self.deployment = deployment

@@ -1,0 +1,181 @@
+import DredgeAdminAPI
+import DredgeDomain
+import Foundation
+import Synchronization
+
+/// Where a live tail's records meet its watchers, in one server process (#53): the agent
+/// listener publishes what each batch held, once it is held; each watcher (`dredge tail`, the
+/// console's live view) has a bounded buffer of its own. A watcher that does not keep up loses
+/// the oldest events it has not read, and is told how many (``TailEvent/Kind/missed``): it never
+/// slows the device, the listener, or the other watchers. What was held is on disk all the same.
+///
+/// It also carries stops the other way: a tail stopped through the admin API ends its watchers
+/// and has the listener tell the devices connected here (``whenStopped(_:)``).
+public final class TailHub: Sendable {
+    /// Events a watcher may have unread before the oldest go.
+    public static let watcherCapacity = 10_000
+
+    private struct State {
+        var watchers: [String: [Int: Watcher]] = [:]
+        var nextToken = 0
+        var stopHandlers: [@Sendable (String, String, [String]) -> Void] = []
+    }
+
+    private let state = Mutex(State())
+
+    public init() {}
+
+    /// A watcher of one tail: ``next()`` gives what arrived since the last call.
+    public final class Watcher: Sendable {
+        let tailID: String
+        let token: Int
+        let capacity: Int
+        private struct Buffer {
+            /// Unread events from `start` on.
+            var events: [TailEvent] = []
+            var start = 0
+            /// Events lost since the last read.
+            var missed: Int64 = 0
+            /// Why the tail is over, once it is; `said` once the end was read.
+            var ended: String?
+            var said = false
+            var waiting: CheckedContinuation<Void, Never>?
+
+            var hasNews: Bool { events.count > start || missed > 0 || (ended != nil && !said) || said }
+        }
+
+        private enum Taken { case events([TailEvent]), over, nothing }
+
+        private let buffer = Mutex(Buffer())
+
+        init(tailID: String, token: Int, capacity: Int) {
+            self.tailID = tailID
+            self.token = token
+            self.capacity = max(1, capacity)
+        }
+
+        /// Adds events; over capacity, the oldest unread go (counted as missed).
+        func add(_ events: [TailEvent]) {
+            buffer.withLock { b -> CheckedContinuation<Void, Never>? in
+                guard b.ended == nil else { return nil }
+                b.events.append(contentsOf: events)
+                let over = b.events.count - b.start - capacity
+                if over > 0 {
+                    b.missed += Int64(over)
+                    b.start += over
+                }
+                if b.start > 4_096 && b.start * 2 > b.events.count {
+                    b.events.removeFirst(b.start)
+                    b.start = 0
+                }
+                defer { b.waiting = nil }
+                return b.waiting
+            }?.resume()
+        }
+
+        /// The tail is over: the watcher reads what is left, then the end.
+        func end(_ reason: String) {
+            buffer.withLock { b -> CheckedContinuation<Void, Never>? in
+                if b.ended == nil { b.ended = reason }
+                defer { b.waiting = nil }
+                return b.waiting
+            }?.resume()
+        }
+
+        /// Ends a wait of ``next()`` with nothing new (a timer's tick, for the caller's checks).
+        public func poke() {
+            buffer.withLock { b -> CheckedContinuation<Void, Never>? in
+                defer { b.waiting = nil }
+                return b.waiting
+            }?.resume()
+        }
+
+        private func take() -> Taken {
+            buffer.withLock { b in
+                if b.said { return .over }
+                var out: [TailEvent] = []
+                if b.missed > 0 { out.append(TailEvent(kind: .missed, count: b.missed)) }
+                out.append(contentsOf: b.events[b.start...])
+                b.events.removeAll(keepingCapacity: true)
+                (b.start, b.missed) = (0, 0)
+                if let ended = b.ended {
+                    out.append(TailEvent(kind: .end, reason: ended))
+                    b.said = true
+                }
+                return out.isEmpty ? .nothing : .events(out)
+            }
+        }
+
+        /// What arrived since the last call: a `missed` event first when some were lost, an
+        /// `end` last when the tail is over. Waits while there is nothing; a ``poke()`` ends the
+        /// wait with nothing (`[]`). Nil once the end was read.
+        public func next() async -> [TailEvent]? {
+            switch take() {
+            case .events(let events): return events
+            case .over: return nil
+            case .nothing: break
+            }
+            await withCheckedContinuation { continuation in
+                let now = buffer.withLock { b -> Bool in
+                    if b.hasNews { return true }
+                    b.waiting = continuation
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+            switch take() {
+            case .events(let events): return events
+            case .over: return nil
+            case .nothing: return []
+            }
+        }
+    }
+
+    /// A new watcher of `tailID`; ``unsubscribe(_:)`` when done.
+    public func subscribe(_ tailID: String, capacity: Int = TailHub.watcherCapacity) -> Watcher {
+        state.withLock { s in
+            s.nextToken += 1
+            let watcher = Watcher(tailID: tailID, token: s.nextToken, capacity: capacity)
+            s.watchers[tailID, default: [:]][s.nextToken] = watcher
+            return watcher
+        }
+    }
+
+    public func unsubscribe(_ watcher: Watcher) {
+        state.withLock { s in
+            s.watchers[watcher.tailID]?[watcher.token] = nil
+            if s.watchers[watcher.tailID]?.isEmpty == true { s.watchers[watcher.tailID] = nil }
+        }
+    }
+
+    /// Whether anyone watches `tailID` here (the listener skips making events otherwise).
+    public func isWatched(_ tailID: String) -> Bool { state.withLock { $0.watchers[tailID] != nil } }
+
+    /// Hands `events` to every watcher of `tailID`.
+    public func publish(_ tailID: String, _ events: [TailEvent]) {
+        guard !events.isEmpty else { return }
+        for watcher in state.withLock({ Array(($0.watchers[tailID] ?? [:]).values) }) { watcher.add(events) }
+    }
+
+    /// The tail stopped (`agents`: those with a part): its watchers end with `reason`, and the
+    /// listener tells the devices connected here.
+    public func stopped(_ tailID: String, reason: String, agents: [String]) {
+        let (watchers, handlers) = state.withLock { ($0.watchers[tailID].map { Array($0.values) } ?? [], $0.stopHandlers) }
+        for watcher in watchers { watcher.end(reason) }
+        for handler in handlers { handler(tailID, reason, agents) }
+    }
+
+    /// Calls `handler` with each tail stopped here from now on (id, reason, agents).
+    public func whenStopped(_ handler: @escaping @Sendable (String, String, [String]) -> Void) {
+        state.withLock { $0.stopHandlers.append(handler) }
+    }
+
+    /// Stops, by `server`, the tails whose expiry passed (audited), and ends their watchers
+    /// and devices here: the dispatcher's housekeeping, about once a minute.
+    static func stopExpired(_ tails: any TailRegistry, hub: TailHub, now: Timestamp = .now) async throws {
+        for id in try await tails.stopExpired(now: now) {
+            let agents = try await tails.tail(id)?.parts.map(\.agentID) ?? []
+            hub.stopped(id, reason: "expired", agents: agents)
+        }
+    }
+}

@@ -70,6 +70,8 @@ public enum WireLimits {
     /// § Live tail: records in one batch, and the most bytes of its ciphertext (tag included).
     public static let maxTailBatchRecords = 1_000
     public static let maxTailBatchBytes = 256 * 1024
+    /// § Live tail: the most left-out records one batch may count (`dropped`).
+    public static let maxTailBatchDropped: UInt64 = 4_294_967_295
     /// § Live tail: batches sent and not yet acknowledged.
     public static let maxTailInFlight = 16
     /// § Live tail: how long after its expiry a server still takes a tail's batches.

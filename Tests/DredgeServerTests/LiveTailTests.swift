@@ -227,10 +227,33 @@ import Testing
             #expect(try await server.admin.tails().count == AdminActions.maxOpenTailsPerCaller)
         }
     }
+
+    /// Revoking an engineer's token stops the tails they started (Protocol § 20, Stopping), by
+    /// the server, audited, and their watchers end with the reason.
+    @Test func revokingATokenStopsItsTails() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let created = try await server.admin.createToken(TokenRequest(name: "ines", kind: .admin, role: .investigator))
+            let ines = try AdminClient(server: server.adminURL, token: created.token)
+            let tail = try await ines.createTail(TailRequest(uid: "u-1", reason: "T-2"))
+            let other = try await server.admin.createTail(TailRequest(uid: "u-1"))
+            let seen = Seen()
+            let watching = Task { try await server.admin.watchTail(tail.id) { await seen.add($0) } }
+            // The watcher is subscribed once its first line (the devices) is in.
+            while await seen.events == 0 { try await Task.sleep(for: .milliseconds(20)) }
+            try await server.admin.revokeToken(kind: .admin, name: "ines")
+            try await watching.value
+            #expect(await seen.end == "the token of ines was revoked")
+            let stopped = try await server.admin.tail(tail.id)
+            #expect(stopped.stopped?.by == "server" && stopped.stopped?.reason == "the token of ines was revoked")
+            #expect(try await server.admin.tail(other.id).stopped == nil, "another engineer's tail runs on")
+            #expect(try await server.pulls.audit(limit: 10).contains { $0.action == "tail.stop" && $0.actor == "server" && $0.detail.contains(tail.id) })
+        }
+    }
 }
 
 /// What a watcher was sent.
 actor Seen {
+    var events = 0
     var messages: [String] = []
     var hosts: Set<String> = []
     var apps: Set<String> = []
@@ -238,6 +261,7 @@ actor Seen {
     var stopped = false
 
     func add(_ event: TailEvent) {
+        events += 1
         switch event.kind {
         case .record:
             if case .object(let members)? = event.record, case .string(let message)? = members["message"] { messages.append(message) }

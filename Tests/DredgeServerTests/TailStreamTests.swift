@@ -40,6 +40,15 @@ import Testing
     func taken(_ outcome: TailStream.Outcome) -> TailStream.Taken? { if case .take(let t) = outcome { t } else { nil } }
     func ended(_ outcome: TailStream.Outcome) -> String? { if case .end(let reason, let frame) = outcome, frame.tailStop.reason == reason { reason } else { nil } }
 
+    /// A batch that counts more left-out records than one may (MAX_TAIL_BATCH_DROPPED) ends the
+    /// part: summed, such counts once overflowed the registry's column and stopped the server.
+    @Test func aBatchCountingTooManyDropsEndsThePart() throws {
+        var s = try stream()
+        #expect(ended(s.receive(try batch(1, Self.plaintext([]), dropped: WireLimits.maxTailBatchDropped + 1), now: now)) == "batch 1 counts more left-out records than a batch may")
+        var t = try stream()
+        #expect(taken(t.receive(try batch(1, Self.plaintext([]), dropped: WireLimits.maxTailBatchDropped), now: now))?.dropped == WireLimits.maxTailBatchDropped)
+    }
+
     @Test func batchesAreTakenInOrderAndAcknowledgedOnceStored() throws {
         var fresh = try TailStream(tailID: Self.tail, agentID: Self.agent, uid: "u-1", key: key, expiresAt: now.adding(.seconds(900)))
         #expect(fresh.receive(try batch(1, Self.plaintext([Self.record(1)])), now: now) == .end(reason: "batch 1 came before the tail was accepted", fresh.stop("batch 1 came before the tail was accepted")))

@@ -177,6 +177,8 @@ public final class AdminActions: Sendable {
             throw ActionError(error == .lastAdmin ? .conflict : .notFound, error.description)
         }
         try await services.audit.record(actor: actor, .tokenRevoke, detail: "\(kind.rawValue) token '\(name)'")
+        // Its live tails stop with it (Protocol § 20, Stopping).
+        if kind == .admin { try await stopTails(of: Caller.person(ofToken: name), because: "the token of \(name) was revoked") }
     }
 
     // MARK: Records

@@ -130,14 +130,34 @@ extension AdminActions {
         guard tail.requestedBy == caller.name || caller.role == .admin else {
             throw ActionError(.forbidden, "\(tail.requestedBy) started tail \(tail.id): they or an admin watch it", code: "forbidden")
         }
-        let watcher = services.tailHub.subscribe(tail.id)
+        guard let watcher = services.tailHub.subscribe(tail.id) else {
+            throw ActionError(.conflict, "tail \(tail.id) has \(TailHub.watchersPerTail) watchers on this server already", code: "too_many_watchers")
+        }
         // Read again once subscribed: a stop in between would otherwise go unseen.
-        guard let now = try await tailRegistry().tail(tail.id) else { throw ActionError(.notFound, "no tail \(tail.id)") }
+        let now: TailRecord
+        do {
+            guard let read = try await tailRegistry().tail(tail.id) else { throw ActionError(.notFound, "no tail \(tail.id)") }
+            now = read
+        } catch {
+            services.tailHub.unsubscribe(watcher)
+            throw error
+        }
         if let stopped = now.stopped {
             watcher.end(stopped.reason)
         } else if !now.isOpen(at: Timestamp(self.now())) {
             watcher.end("expired")
         }
         return (now, watcher)
+    }
+
+    /// Stops, by `server`, the open tails `requester` started (their token was revoked).
+    func stopTails(of requester: String, because reason: String) async throws {
+        guard let tails = services.tails else { return }
+        let at = now()
+        for tail in try await tails.tails(limit: 1_000) where tail.requestedBy == requester && tail.isOpen(at: Timestamp(at)) {
+            guard let mark = try await tails.stop(tail.id, by: TailRows.server, reason: reason, at: at), mark.isNew else { continue }
+            services.tailHub.stopped(tail.id, reason: reason, agents: mark.tail.parts.map(\.agentID))
+            logger.notice("tail stopped: its token was revoked", metadata: ["tail.id": "\(tail.id)", "by": "\(requester)"])
+        }
     }
 }

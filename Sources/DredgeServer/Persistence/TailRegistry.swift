@@ -22,7 +22,7 @@ import Foundation
 /// - ``stop(_:by:reason:at:)`` records the first stop only, ends every part not final, and
 ///   writes the `tail.stop` audit entry (what was seen, from which devices, for how long) in
 ///   the same transaction; ``stopExpired(now:)`` does the same, by `server`, for the tails
-///   whose expiry passed.
+///   whose expiry and its grace passed.
 ///
 /// A part's key is kept wrapped under the server's encryption key: ``CommandIssuer`` makes,
 /// unwraps and rewraps it, never this store.
@@ -52,8 +52,8 @@ public protocol TailRegistry: Sendable {
     /// Stops the tail: the first stop is kept; parts not final end with the reason; audited as
     /// `tail.stop`. Nil for an unknown tail; ``StopMark/isNew`` false when it had stopped.
     func stop(_ tailID: String, by actor: String, reason: String, at: Date) async throws -> TailStopMark?
-    /// Stops, by `server`, the tails whose expiry is at or before `now` and that did not stop
-    /// yet; returns their ids.
+    /// Stops, by `server`, the tails whose expiry and ``WireLimits/tailExpiryGrace`` are past at
+    /// `now` and that did not stop yet; returns their ids.
     func stopExpired(now: Timestamp) async throws -> [String]
     /// How many tails are open at `now`: all, or those `requestedBy` asked for.
     func openCount(requestedBy: String?, now: Timestamp) async throws -> Int
@@ -204,10 +204,11 @@ enum TailRows {
         }
     }
 
+    /// ``WireLimits/tailExpiryGrace`` in microseconds.
+    static let grace = Int64(WireLimits.tailExpiryGrace.components.seconds) * 1_000_000
+
     /// The latest a batch is taken: the expiry and its grace.
-    static func lastTaken(_ expiresAt: Int64) -> Int64 {
-        expiresAt + Int64(WireLimits.tailExpiryGrace.components.seconds) * 1_000_000
-    }
+    static func lastTaken(_ expiresAt: Int64) -> Int64 { expiresAt + grace }
 
     /// Cursors and seqs are u64; the databases keep i64. Stored as the same 64 bits.
     static func stored(_ value: UInt64) -> Int64 { Int64(bitPattern: value) }

@@ -48,7 +48,7 @@ final class ConnectionTails: Sendable {
         switch frame.body {
         case .tailAccepted?, .tailBatch?: true
         case .commandRejected(let m)?: wasSent(m.commandID)
-        case .error(let e)?: wasSent(e.uploadID)
+        case .error(let e)?: e.code == .errorInternal && wasSent(e.uploadID)
         default: false
         }
     }
@@ -56,14 +56,18 @@ final class ConnectionTails: Sendable {
     /// What the server answers `frame` with (``handles(_:)`` said it is a tail's).
     func handle(_ frame: WireFrame) async -> [WireFrame] {
         switch frame.body {
-        case .tailAccepted(let m)?: return await accepted(m)
-        case .tailBatch(let b)?: return await batch(b)
+        case .tailAccepted(let m)?:
+            guard WireID.isValid(m.tailID) else { return [TailStream.stopFrame(WireID.echo(m.tailID), "no such tail")] }
+            return await services.tailParts.withLock(m.tailID + "/" + agentID) { await accepted(m) }
+        case .tailBatch(let b)?:
+            guard WireID.isValid(b.tailID) else { return [TailStream.stopFrame(WireID.echo(b.tailID), "no such tail")] }
+            return await services.tailParts.withLock(b.tailID + "/" + agentID) { await batch(b) }
         case .commandRejected(let m)?:
             forget(m.commandID)
             await end(m.commandID, .rejected, "\(m.reason): \(ConnectionUploads.bounded(m.detail))")
             services.logger.notice("tail rejected by agent", metadata: ["tail.id": "\(m.commandID)", "agent.id": "\(agentID)", "reason": "\(m.reason)"])
             return []
-        case .error(let e)?:
+        case .error(let e)? where e.code == .errorInternal:
             forget(e.uploadID)
             await end(e.uploadID, .ended, "the agent could not go on: \(ConnectionUploads.bounded(e.detail))")
             return []
@@ -88,7 +92,6 @@ final class ConnectionTails: Sendable {
 
     private func accepted(_ m: WireTailAccepted) async -> [WireFrame] {
         let id = m.tailID
-        guard WireID.isValid(id) else { return [TailStream.stopFrame(WireID.echo(id), "no such tail")] }
         do {
             // Accepted again on a new connection before the server sent it again (Protocol § 20,
             // *Redelivery*): taken as well, if the agent's part is open.
@@ -124,6 +127,10 @@ final class ConnectionTails: Sendable {
             await end(id, .ended, "a batch came before the tail was accepted")
             return [TailStream.stopFrame(id, "a batch came before the tail was accepted")]
         }
+        if services.tailHub.isStopped(id) {
+            forget(id)
+            return [TailStream.stopFrame(id, "the tail stopped")]
+        }
         switch entry.stream.receive(b, now: .now) {
         case .again(let ack):
             return [ack]
@@ -143,15 +150,26 @@ final class ConnectionTails: Sendable {
                 let isHeld = try await registry.held(
                     id, agent: agentID, seq: taken.seq, cursor: taken.cursor, records: taken.batch.records.count, dropped: taken.dropped, bytes: bytes, at: Date())
                 guard isHeld else {
-                    // Stopped, expired or ended meanwhile.
-                    forget(id)
-                    return [TailStream.stopFrame(id, "the tail is over")]
+                    // Stopped, expired or ended meanwhile; or another connection of the agent
+                    // held it first: go on from what is held.
+                    guard let hold = try await registry.accepted(id, agent: agentID, startCursor: taken.cursor, at: Date()) else {
+                        forget(id)
+                        return [TailStream.stopFrame(id, "the tail is over")]
+                    }
+                    let key = try await services.work.control.runIfActive { [issuer = services.issuer] in try issuer.key(hold.wrappedKey) }
+                    let stream = try TailStream(
+                        tailID: id, agentID: agentID, uid: hold.uid, key: key, expiresAt: hold.expiresAt, held: (hold.seq, hold.cursor), started: true)
+                    state.withLock { $0.streams[id] = Entry(stream: stream, bytes: hold.bytes, contexts: nil) }
+                    return [stream.acknowledgement]
                 }
                 entry.bytes = bytes
                 entry.contexts = contexts
                 let ack = entry.stream.stored(taken)
                 state.withLock { $0.streams[id] = entry }
-                if services.tailHub.isWatched(id) { services.tailHub.publish(id, events(taken)) }
+                if services.tailHub.isWatched(id) {
+                    let (events, sizes) = events(taken)
+                    services.tailHub.publish(id, events, sizes: sizes)
+                }
                 return [ack]
             } catch {
                 services.logger.error("cannot keep a tail's batch; ending the agent's part", metadata: ["tail.id": "\(id)", "agent.id": "\(agentID)", "error": "\(error)"])
@@ -185,7 +203,7 @@ final class ConnectionTails: Sendable {
 
     /// What a held batch shows its watchers: a count of what the device left out, then each
     /// record, named by the device's registered host and its context's app.
-    private func events(_ taken: TailStream.Taken) -> [TailEvent] {
+    private func events(_ taken: TailStream.Taken) -> (events: [TailEvent], sizes: [Int]) {
         let device = state.withLock { $0.device }
         let decoder = JSONDecoder()
         var apps: [Int64: String] = [:]
@@ -193,14 +211,20 @@ final class ConnectionTails: Sendable {
             if case .object(let members)? = try? decoder.decode(JSONValue.self, from: Data(context)), case .string(let app)? = members["app"] { apps[number] = app }
         }
         var events: [TailEvent] = []
-        if taken.dropped > 0 { events.append(TailEvent(kind: .dropped, agent: agentID, host: device?.hostname, count: Int64(clamping: taken.dropped))) }
+        var sizes: [Int] = []
+        if taken.dropped > 0 {
+            events.append(TailEvent(kind: .dropped, agent: agentID, host: device?.hostname, count: Int64(clamping: taken.dropped)))
+            sizes.append(64)
+        }
         for record in taken.batch.records {
             // Read by TailBatchReader already: a JSON object.
             guard case .object(let members)? = try? decoder.decode(JSONValue.self, from: Data(record)) else { continue }
             var app = device?.app
             if case .integer(let context)? = members["context"], let named = apps[context], !named.isEmpty { app = named }
             events.append(TailEvent(kind: .record, agent: agentID, host: device?.hostname, app: app, record: .object(members)))
+            // Decoded, a record weighs a few times its text.
+            sizes.append(record.count * 4)
         }
-        return events
+        return (events, sizes)
     }
 }

@@ -12,13 +12,20 @@ import Synchronization
 /// It also carries stops the other way: a tail stopped through the admin API ends its watchers
 /// and has the listener tell the devices connected here (``whenStopped(_:)``).
 public final class TailHub: Sendable {
-    /// Events a watcher may have unread before the oldest go.
+    /// Events, and bytes of records, a watcher may have unread before the oldest go.
     public static let watcherCapacity = 10_000
+    public static let watcherBytes = 32 << 20
+    /// Watchers of one tail at once, here.
+    public static let watchersPerTail = 16
+    /// Tails stopped lately, remembered so a batch already on its way is not written.
+    static let stoppedRemembered = 4_096
 
     private struct State {
         var watchers: [String: [Int: Watcher]] = [:]
         var nextToken = 0
         var stopHandlers: [@Sendable (String, String, [String]) -> Void] = []
+        var stopped: Set<String> = []
+        var stoppedOrder: [String] = []
     }
 
     private let state = Mutex(State())
@@ -31,9 +38,11 @@ public final class TailHub: Sendable {
         let token: Int
         let capacity: Int
         private struct Buffer {
-            /// Unread events from `start` on.
+            /// Unread events from `start` on, with the bytes each weighs.
             var events: [TailEvent] = []
+            var sizes: [Int] = []
             var start = 0
+            var bytes = 0
             /// Events lost since the last read.
             var missed: Int64 = 0
             /// Why the tail is over, once it is; `said` once the end was read.
@@ -54,18 +63,22 @@ public final class TailHub: Sendable {
             self.capacity = max(1, capacity)
         }
 
-        /// Adds events; over capacity, the oldest unread go (counted as missed).
-        func add(_ events: [TailEvent]) {
+        /// Adds events (`sizes`: the bytes each weighs); over either capacity, the oldest unread
+        /// go (counted as missed).
+        func add(_ events: [TailEvent], sizes: [Int]) {
             buffer.withLock { b -> CheckedContinuation<Void, Never>? in
                 guard b.ended == nil else { return nil }
                 b.events.append(contentsOf: events)
-                let over = b.events.count - b.start - capacity
-                if over > 0 {
-                    b.missed += Int64(over)
-                    b.start += over
+                b.sizes.append(contentsOf: sizes)
+                b.bytes += sizes.reduce(0, +)
+                while b.events.count - b.start > capacity || (b.bytes > TailHub.watcherBytes && b.events.count - b.start > 1) {
+                    b.bytes -= b.sizes[b.start]
+                    b.missed += 1
+                    b.start += 1
                 }
                 if b.start > 4_096 && b.start * 2 > b.events.count {
                     b.events.removeFirst(b.start)
+                    b.sizes.removeFirst(b.start)
                     b.start = 0
                 }
                 defer { b.waiting = nil }
@@ -97,7 +110,8 @@ public final class TailHub: Sendable {
                 if b.missed > 0 { out.append(TailEvent(kind: .missed, count: b.missed)) }
                 out.append(contentsOf: b.events[b.start...])
                 b.events.removeAll(keepingCapacity: true)
-                (b.start, b.missed) = (0, 0)
+                b.sizes.removeAll(keepingCapacity: true)
+                (b.start, b.missed, b.bytes) = (0, 0, 0)
                 if let ended = b.ended {
                     out.append(TailEvent(kind: .end, reason: ended))
                     b.said = true
@@ -108,7 +122,8 @@ public final class TailHub: Sendable {
 
         /// What arrived since the last call: a `missed` event first when some were lost, an
         /// `end` last when the tail is over. Waits while there is nothing; a ``poke()`` ends the
-        /// wait with nothing (`[]`). Nil once the end was read.
+        /// wait with nothing (`[]`). Nil once the end was read. One reader at a time (the
+        /// stream that subscribed it).
         public func next() async -> [TailEvent]? {
             switch take() {
             case .events(let events): return events
@@ -131,9 +146,11 @@ public final class TailHub: Sendable {
         }
     }
 
-    /// A new watcher of `tailID`; ``unsubscribe(_:)`` when done.
-    public func subscribe(_ tailID: String, capacity: Int = TailHub.watcherCapacity) -> Watcher {
+    /// A new watcher of `tailID`; ``unsubscribe(_:)`` when done. Nil when it has
+    /// ``watchersPerTail`` already.
+    public func subscribe(_ tailID: String, capacity: Int = TailHub.watcherCapacity) -> Watcher? {
         state.withLock { s in
+            guard (s.watchers[tailID]?.count ?? 0) < Self.watchersPerTail else { return nil }
             s.nextToken += 1
             let watcher = Watcher(tailID: tailID, token: s.nextToken, capacity: capacity)
             s.watchers[tailID, default: [:]][s.nextToken] = watcher
@@ -151,16 +168,28 @@ public final class TailHub: Sendable {
     /// Whether anyone watches `tailID` here (the listener skips making events otherwise).
     public func isWatched(_ tailID: String) -> Bool { state.withLock { $0.watchers[tailID] != nil } }
 
-    /// Hands `events` to every watcher of `tailID`.
-    public func publish(_ tailID: String, _ events: [TailEvent]) {
+    /// Hands `events` (`sizes`: the bytes each weighs; 0 each when not given) to every watcher of `tailID`.
+    public func publish(_ tailID: String, _ events: [TailEvent], sizes: [Int]? = nil) {
         guard !events.isEmpty else { return }
-        for watcher in state.withLock({ Array(($0.watchers[tailID] ?? [:]).values) }) { watcher.add(events) }
+        let sizes = sizes ?? Array(repeating: 0, count: events.count)
+        for watcher in state.withLock({ Array(($0.watchers[tailID] ?? [:]).values) }) { watcher.add(events, sizes: sizes) }
     }
+
+    /// Whether `tailID` was stopped lately through this process.
+    public func isStopped(_ tailID: String) -> Bool { state.withLock { $0.stopped.contains(tailID) } }
 
     /// The tail stopped (`agents`: those with a part): its watchers end with `reason`, and the
     /// listener tells the devices connected here.
     public func stopped(_ tailID: String, reason: String, agents: [String]) {
-        let (watchers, handlers) = state.withLock { ($0.watchers[tailID].map { Array($0.values) } ?? [], $0.stopHandlers) }
+        let (watchers, handlers) = state.withLock { s in
+            if s.stopped.insert(tailID).inserted {
+                s.stoppedOrder.append(tailID)
+                if s.stoppedOrder.count > Self.stoppedRemembered { s.stopped.remove(s.stoppedOrder.removeFirst()) }
+            }
+            // Each is read to its end by its stream; none is handed more.
+            let watchers = s.watchers.removeValue(forKey: tailID).map { Array($0.values) } ?? []
+            return (watchers, s.stopHandlers)
+        }
         for watcher in watchers { watcher.end(reason) }
         for handler in handlers { handler(tailID, reason, agents) }
     }

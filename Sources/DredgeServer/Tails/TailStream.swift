@@ -88,6 +88,7 @@ struct TailStream: Sendable {
         guard batch.seq == held.seq + 1 else { return end("batch \(batch.seq) came after \(held.seq): a batch is missing") }
         guard started else { return end("batch \(batch.seq) came before the tail was accepted") }
         guard batch.cursor > held.cursor else { return end("batch \(batch.seq)'s cursor is not past the last one's") }
+        guard batch.dropped <= WireLimits.maxTailBatchDropped else { return end("batch \(batch.seq) counts more left-out records than a batch may") }
         let plaintext: Data
         do {
             plaintext = try cipher.open(batch.ciphertext, nonce: batch.nonce, seq: batch.seq, dropped: batch.dropped, cursor: batch.cursor)

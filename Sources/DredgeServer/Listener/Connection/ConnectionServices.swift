@@ -18,6 +18,8 @@ final class ConnectionServices: Sendable {
     let tails: (any TailRegistry)?
     /// Where what the tails hold goes to their watchers.
     let tailHub: TailHub
+    /// One connection at a time works on one agent's part of a tail (``ConnectionTails``).
+    let tailParts = KeyedLock()
     /// What the server agrees to in `HelloAck` (``WireCapability``).
     var capabilities: [String] { tails == nil ? WireCapability.known.filter { $0 != WireCapability.liveTail } : WireCapability.known }
     let dispatcher: PullDispatcher

@@ -184,7 +184,7 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
     public func stopExpired(now: Timestamp) async throws -> [String] {
         try await db.write { c in
             try await PostgresPullQueue.auditTransaction(c)
-            let ids = try await c.rows("SELECT id FROM tail WHERE stopped_at IS NULL AND expires_at <= \(now.microseconds) ORDER BY expires_at, id FOR UPDATE")
+            let ids = try await c.rows("SELECT id FROM tail WHERE stopped_at IS NULL AND expires_at <= \(now.microseconds - TailRows.grace) ORDER BY expires_at, id FOR UPDATE")
                 .map { try $0.decode(String.self) }
             var stopped: [String] = []
             for id in ids where try await Self.stop(id, by: TailRows.server, reason: "expired", at: now.date, on: c)?.isNew == true { stopped.append(id) }

@@ -162,7 +162,9 @@ public final class SQLiteTailRegistry: TailRegistry, Sendable {
 
     public func stopExpired(now: Timestamp) async throws -> [String] {
         try await db.write { db in
-            let ids = try prepared("SELECT id FROM tail WHERE stopped_at IS NULL AND expires_at <= ? ORDER BY expires_at, id", [now.microseconds], as: String.self).fetchAll(db)
+            // Past the grace after expiry: batches of the grace are still taken (Protocol § 20).
+            let cutoff = now.microseconds - TailRows.grace
+            let ids = try prepared("SELECT id FROM tail WHERE stopped_at IS NULL AND expires_at <= ? ORDER BY expires_at, id", [cutoff], as: String.self).fetchAll(db)
             for id in ids { _ = try Self.stop(id, by: TailRows.server, reason: "expired", at: now.date, in: db) }
             return ids
         }

@@ -113,6 +113,17 @@ public enum ServerRuntime {
             try await results.housekeeping()
             try await TailHub.stopExpired(tails, hub: tailHub)
         }
+        // A tail another node stopped: the devices connected here stop, the watchers here end.
+        dispatcher.whenTailStopped { [logger] id in
+            Task {
+                do {
+                    guard let tail = try await tails.tail(id), let stopped = tail.stopped else { return }
+                    tailHub.stopped(id, reason: stopped.reason, agents: tail.parts.map(\.agentID))
+                } catch {
+                    logger.error("cannot read a tail another node stopped", metadata: ["tail.id": "\(id)", "error": "\(error)"])
+                }
+            }
+        }
         // The listeners' TLS, replaced for new connections when the certificate is renewed
         // (the admin API's too when it serves the same certificate, the deployment's default).
         let agentTLS = try ReloadableTLS(deployment.tlsConfiguration)

@@ -1,4 +1,5 @@
 import DredgeEnvelope
+import DredgeWire
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -27,6 +28,8 @@ public final class PullDispatcher: Service, Sendable {
     private let waiting = Mutex(Waiting())
     /// Told of each agent revoked (``whenRevoked(_:)``).
     private let revocationHandlers = Mutex<[@Sendable (String) -> Void]>([])
+    /// Told of each tail another node stopped (``whenTailStopped(_:)``).
+    private let tailStopHandlers = Mutex<[@Sendable (String) -> Void]>([])
 
     /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
     let housekeeping: (@Sendable () async throws -> Void)?
@@ -95,6 +98,19 @@ public final class PullDispatcher: Service, Sendable {
         for handler in revocationHandlers.withLock({ $0 }) { handler(agentID) }
     }
 
+    /// A live tail stopped on another node (#53), on the pull channel: its id after a `~`.
+    static let tailStoppedMark = "~"
+
+    /// Calls `handler` with each tail another node says it stopped (on a shared database).
+    func whenTailStopped(_ handler: @escaping @Sendable (String) -> Void) {
+        tailStopHandlers.withLock { $0.append(handler) }
+    }
+
+    private func tailStopped(_ tailID: String) {
+        guard WireID.isValid(tailID) else { return }
+        for handler in tailStopHandlers.withLock({ $0 }) { handler(tailID) }
+    }
+
     /// A revocation on the pull channel: the agent's id after a `-` (an id is hex, never so).
     static func revokedNotice(_ agentID: String) -> String { "-" + agentID }
 
@@ -104,7 +120,8 @@ public final class PullDispatcher: Service, Sendable {
                 await notices.listen(logger: logger) { [weak self] ids in
                     guard let self else { return }
                     for id in ids where id.hasPrefix("-") { self.revoked(String(id.dropFirst())) }
-                    self.wake(ids.filter { !$0.hasPrefix("-") })
+                    for id in ids where id.hasPrefix(Self.tailStoppedMark) { self.tailStopped(String(id.dropFirst())) }
+                    self.wake(ids.filter { !$0.hasPrefix("-") && !$0.hasPrefix(Self.tailStoppedMark) })
                 }
             }
         }

@@ -80,6 +80,14 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
                     \(tail.reason.storable), \(now))
                 """)
             try await PostgresPullQueue.insertAudit(at: now, actor: tail.requestedBy, action: AuditAction.tail.rawValue, detail: detail, on: c)
+            // Every node wakes the holders connected to it (on the pull channel, at commit): the
+            // first 200 holders; the others are sent it at their next connection or new uid.
+            try await c.run(
+                """
+                SELECT pg_notify(\(PostgresPullQueue.channel(of: db)), string_agg(agent_id, ',')) FROM (
+                    SELECT agent_id FROM agent_uid WHERE uid = \(tail.uid) UNION SELECT agent_id FROM agent_user WHERE uid = \(tail.uid) LIMIT 200
+                ) AS holders HAVING count(*) > 0
+                """)
         }
     }
 
@@ -177,7 +185,10 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
     public func stop(_ tailID: String, by actor: String, reason: String, at: Date) async throws -> TailStopMark? {
         try await db.write { c in
             try await PostgresPullQueue.auditTransaction(c)
-            return try await Self.stop(tailID, by: actor, reason: reason, at: at, on: c)
+            let mark = try await Self.stop(tailID, by: actor, reason: reason, at: at, on: c)
+            // Every node tells the devices connected to it, and ends its watchers.
+            if mark?.isNew == true { try await c.run("SELECT pg_notify(\(PostgresPullQueue.channel(of: db)), \(PullDispatcher.tailStoppedMark + tailID))") }
+            return mark
         }
     }
 
@@ -187,7 +198,10 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
             let ids = try await c.rows("SELECT id FROM tail WHERE stopped_at IS NULL AND expires_at <= \(now.microseconds - TailRows.grace) ORDER BY expires_at, id FOR UPDATE")
                 .map { try $0.decode(String.self) }
             var stopped: [String] = []
-            for id in ids where try await Self.stop(id, by: TailRows.server, reason: "expired", at: now.date, on: c)?.isNew == true { stopped.append(id) }
+            for id in ids where try await Self.stop(id, by: TailRows.server, reason: "expired", at: now.date, on: c)?.isNew == true {
+                stopped.append(id)
+                try await c.run("SELECT pg_notify(\(PostgresPullQueue.channel(of: db)), \(PullDispatcher.tailStoppedMark + id))")
+            }
             return stopped
         }
     }

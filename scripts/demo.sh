@@ -84,4 +84,25 @@ rows=[json.loads(l) for l in sys.stdin]
 assert all(r['metadata'].get('http.status')==503 for r in rows), 'a record without http.status=503'
 print(len(rows))")
 echo "   \$ dredge logs --pull $pull --where http.status=503: $found records, each with http.status 503"
-echo "OK: the pull arrived, decrypted, verified and searchable ($indexed records indexed)"
+
+echo "== 6. The user is on the phone now: the engineer watches their devices live"
+echo "   \$ dredge tail --uid u-1002 --level warning+ --for 2m --reason CALL-42"
+"$bin/dredge" tail --uid u-1002 --level warning+ --for 2m --reason CALL-42 --color never > "$out/engineer/tail.txt" 2> "$out/engineer/tail.err" &
+tail_pid=$!
+pids+=($tail_pid)
+for _ in $(seq 300); do [ "$(grep -c ': running' "$out/engineer/tail.err")" = 2 ] && break; sleep 0.1; done
+[ "$(grep -c ': running' "$out/engineer/tail.err")" = 2 ] || { echo "FAILED: the devices did not start the tail"; cat "$out/engineer/tail.err"; exit 1; }
+"$bin/dredge-agent" log --store "$out/kitchen/logs.sqlite" --uid u-1002 --level error --type business --app kitchen-oven "payment declined: card expired (user on the phone)"
+"$bin/dredge-agent" log --store "$out/bakery/logs.sqlite" --uid u-1002 --level info --app bakery-oven "screen opened (below the tail's level: not shown)"
+"$bin/dredge-agent" log --store "$out/bakery/logs.sqlite" --uid u-1002 --level warning --type network --app bakery-oven "GET /cart -> 503 in 2.1 s"
+for _ in $(seq 300); do [ "$(wc -l < "$out/engineer/tail.txt")" -ge 2 ] && break; sleep 0.1; done
+kill -INT $tail_pid   # Ctrl-C: the tail is stopped on the server, and the command says so
+for _ in $(seq 100); do kill -0 $tail_pid 2>/dev/null || break; sleep 0.1; done
+sed 's/^/   /' "$out/engineer/tail.err" "$out/engineer/tail.txt"
+grep -q "payment declined: card expired" "$out/engineer/tail.txt" && grep -q "GET /cart -> 503" "$out/engineer/tail.txt" \
+    && ! grep -q "below the tail's level" "$out/engineer/tail.txt" && [ "$(wc -l < "$out/engineer/tail.txt")" = 2 ] \
+    || { echo "FAILED: the live tail did not show exactly the two records"; exit 1; }
+grep -q "ended: the engineer pressed Ctrl-C" "$out/engineer/tail.err" || { echo "FAILED: the tail did not end on Ctrl-C"; exit 1; }
+echo "   \$ dredge audit --action tail.stop --limit 1"
+"$bin/dredge" audit --action tail.stop --limit 1 | sed 's/^/   /'
+echo "OK: the pull arrived, decrypted, verified and searchable ($indexed records indexed); the live tail showed the call's records as they were logged"

@@ -100,6 +100,8 @@ struct TailCommand: AsyncParsableCommand {
             return
         }
         let tail: TailRecord
+        // How each device is named in the notes: its host, as the server registered it.
+        var hosts: [String: String] = [:]
         if let watch {
             let id = try await calling { try await client.resolveTail(watch) }
             tail = try await calling { try await client.tail(id) }
@@ -108,6 +110,7 @@ struct TailCommand: AsyncParsableCommand {
             if let agent = request.agent { request.agent = try await calling { try await client.resolveAgent(agent) } }
             tail = try await calling { try await client.createTail(request) }
             let holders = try await calling { try await client.agents(uid: tail.uid) }.filter { tail.agents?.contains($0.agentID) ?? true }
+            for holder in holders { hosts[holder.agentID] = holder.hostname }
             let online = holders.filter(\.connected).map { Terminal.field($0.hostname) }
             let offline = holders.filter { !$0.connected }.map { Terminal.field($0.hostname) }
             note(
@@ -128,13 +131,15 @@ struct TailCommand: AsyncParsableCommand {
 
         let printer = RecordPrinter(format: format, utc: utc, color: color == .always || (color == .auto && isatty(1) == 1 && ProcessInfo.processInfo.environment["NO_COLOR"] == nil))
         var statuses: [String: TailPartStatus] = [:]
-        var hosts: [String: String] = [:]
         try await calling {
             try await client.watchTail(tail.id) { event in
                 switch event.kind {
                 case .devices:
                     for part in event.devices ?? [] where statuses[part.agentID] != part.status {
                         statuses[part.agentID] = part.status
+                        if hosts[part.agentID] == nil, let agent = try? await client.agents().first(where: { $0.agentID == part.agentID }) {  // only a name for the note
+                            hosts[part.agentID] = agent.hostname
+                        }
                         let name = hosts[part.agentID] ?? String(part.agentID.prefix(8))
                         note("\(Terminal.field(name)): \(part.status.rawValue)\(part.detail.isEmpty ? "" : ": " + Terminal.field(part.detail))")
                     }

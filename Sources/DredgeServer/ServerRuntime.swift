@@ -97,7 +97,7 @@ public enum ServerRuntime {
         let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
         try await janitor.sweep(atStart: true, shared: stores.node != nil)
         // In a cluster, what a dead node left unindexed is looked for every five minutes.
-        let indexer = Indexer(index: stores.records, registry: stores.registry, paths: DataDirectory(dir), logger: logger, catchUpEvery: stores.node == nil ? nil : .seconds(300), metrics: metrics)
+        let indexer = Indexer(index: stores.records, registry: stores.registry, tails: stores.tails, paths: DataDirectory(dir), logger: logger, catchUpEvery: stores.node == nil ? nil : .seconds(300), metrics: metrics)
         let results = ResultsKeeper(
             paths: DataDirectory(dir), pulls: pulls, feedback: feedback, records: stores.records, indexer: indexer, audit: pulls, retention: retention, logger: logger)
         // Before the indexer catches up: it must not index what a cut-short removal left.
@@ -112,6 +112,11 @@ public enum ServerRuntime {
             try await uploads()
             try await results.housekeeping()
             try await TailHub.stopExpired(tails, hub: tailHub)
+        }
+        // What a stopped tail held is indexed, each device's part a source (on every node that
+        // hears of the stop; the index lets one of them do it).
+        tailHub.whenStopped { id, _, agents in
+            for agent in agents { indexer.landed(IndexedSource(kind: .tail, id: id, agentID: agent)) }
         }
         // A tail another node stopped: the devices connected here stop, the watchers here end.
         dispatcher.whenTailStopped { [logger] id in

@@ -73,7 +73,10 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let logger = Logger(label: "test.server") { [logs] _ in logs }
         let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, logger: logger)
         let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
-        let indexer = Indexer(index: records, registry: registry, paths: DataDirectory(data), logger: logger)
+        let indexer = Indexer(index: records, registry: registry, tails: stores.tails, paths: DataDirectory(data), logger: logger)
+        tailHub.whenStopped { id, _, agents in
+            for agent in agents { indexer.landed(IndexedSource(kind: .tail, id: id, agentID: agent)) }
+        }
         self.indexer = indexer
         agentTLS = try ReloadableTLS(deployment.tlsConfiguration)
         self.adminTLS = try adminTLS ? deployment.adminTLSConfiguration.map { try ReloadableTLS($0) } : nil

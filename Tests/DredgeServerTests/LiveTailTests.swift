@@ -121,6 +121,22 @@ import Testing
             #expect(part.status == .running && part.dropped == 0 && part.heldSeq >= 2 && part.startCursor == 2)
             let directory = try DataDirectory(server.data).tailFiles(tail.id, agent: agent.agentID)
             #expect(try TailFiles.knownContexts(in: directory).numbers == [context.rawValue])
+
+            // Stopped, what it held is searchable as a source of its own, named by the device;
+            // bytes past what was recorded as held (a batch cut short by a crash) are not.
+            let unheld = try FileHandle(forWritingTo: URL(fileURLWithPath: directory + "/" + TailFiles.records))
+            try unheld.seekToEnd()
+            try unheld.write(contentsOf: Data(#"{"ts":"2026-11-30T10:00:00.000000Z","level":"warning","type":"app","uid":"u-1","message":"not held","metadata":{},"context":1}"#.utf8 + [0x0A]))
+            try unheld.close()
+            _ = try await server.admin.stopTail(tail.id, reason: "done")
+            var found: [FoundRecord] = []
+            for _ in 0..<600 {
+                found = try await server.admin.search(RecordSearch(uid: "u-1", limit: 100)).records
+                if found.count >= 5 { break }
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            #expect(found.map(\.message) == ["w3", "w4", "w5", "w6", "w7"])
+            #expect(found.allSatisfy { $0.sourceKind == "tail" && $0.sourceID == tail.id && $0.host == "kitchen" && $0.app == "oven" })
         }
     }
 

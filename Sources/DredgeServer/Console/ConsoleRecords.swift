@@ -28,16 +28,20 @@ extension Console {
     /// What the record template shows of a record and its context.
     static func recordFields(_ found: RecordInContext) -> [String: Any] {
         let r = found.record
-        let source = r.sourceKind == "feedback" ? "feedback" : "pull"
+        let source = ["feedback", "tail"].contains(r.sourceKind) ? r.sourceKind : "pull"
         var fields: [String: Any] = [
             "id": "\(r.id)", "time": timeText(r.ts.date, fraction: true), "rfc3339": r.ts.rfc3339, "level": r.level, "type": r.type,
             "uid": r.uid.isEmpty ? "none" : r.uid, "host": r.host.isEmpty ? "?" + (r.claimedHost.map { " (claims \($0))" } ?? "") : r.hostShown, "app": r.appShown,
             "os": r.os, "process": r.process, "agentID": r.agentID, "sourceKind": source, "sourceID": r.sourceID, "message": r.message,
-            "sourceHref": source == "pull" ? "/console/pulls/\(r.sourceID)" : "/console/logs?feedback=\(r.sourceID)",
-            "files": source == "pull" ? "/console/pulls/\(r.sourceID)/files" : "/console/feedback/\(r.sourceID)/files",
-            // The viewer over the same payload, from this record on (the page before is one link away).
-            "timeline": "/console/logs?\(source)=\(r.sourceID)&after=\(r.ts.microseconds).\(r.id - 1)&focus=\(r.id)",
+            "sourceHref": source == "pull" ? "/console/pulls/\(r.sourceID)" : source == "feedback" ? "/console/logs?feedback=\(r.sourceID)" : "/console/logs?uid=\(query(r.uid))&host=\(query(r.host))",
+            // The viewer over the same payload, from this record on (the page before is one link away);
+            // a live tail's records (#53) are in its device's timeline.
+            "timeline": source == "tail"
+                ? "/console/logs?uid=\(query(r.uid))&host=\(query(r.host))&after=\(r.ts.microseconds).\(r.id - 1)&focus=\(r.id)"
+                : "/console/logs?\(source)=\(r.sourceID)&after=\(r.ts.microseconds).\(r.id - 1)&focus=\(r.id)",
         ]
+        // A tail's records have no files page.
+        if source != "tail" { fields["files"] = source == "pull" ? "/console/pulls/\(r.sourceID)/files" : "/console/feedback/\(r.sourceID)/files" }
         // A section of an empty string is shown (swift-mustache): absent keys are not.
         for key in ["app", "os", "process"] where (fields[key] as? String)?.isEmpty == true { fields[key] = nil }
         if case .object(let members) = r.metadata.value, !members.isEmpty {
@@ -53,6 +57,9 @@ extension Console {
         fields["context"] = found.before.map { row($0, false) } + [row(r, true)] + found.after.map { row($0, false) }
         return fields
     }
+
+    /// A value in a link's query.
+    static func query(_ text: String) -> String { text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "" }
 
     /// A metadata value as shown: a string as it is, anything else as JSON.
     static func text(_ value: JSONValue) -> String {

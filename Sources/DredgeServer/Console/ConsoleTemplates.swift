@@ -529,7 +529,7 @@ enum ConsoleTemplates {
         <h1>Record {{id}}</h1>
         <article class="record" aria-labelledby="record-heading">
         <h2 id="record-heading"><span class="level-{{level}}"><span class="level">{{level}}</span></span> {{type}} record from {{host}}</h2>
-        <p class="links"><a class="permalink" href="/console/records/{{id}}">Permalink</a> <a href="{{timeline}}">In the timeline</a> <a href="{{files}}">Files of this {{sourceKind}}</a></p>
+        <p class="links"><a class="permalink" href="/console/records/{{id}}">Permalink</a> <a href="{{timeline}}">In the timeline</a>{{#files}} <a href="{{files}}">Files of this {{sourceKind}}</a>{{/files}}</p>
         <p class="message">{{message}}</p>
         <dl class="facts">
         <dt>Time</dt><dd>{{time}} <small>{{rfc3339}}</small></dd>

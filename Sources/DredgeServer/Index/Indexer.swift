@@ -30,6 +30,8 @@ public final class Indexer: Service, Sendable {
     let index: any RecordIndex
     /// Where each source's device is looked up (nil: sources are named by their contexts).
     let registry: (any AgentDirectory)?
+    /// Where a tail's uid and what is held of each part are read (nil: tails are not indexed).
+    let tails: (any TailRegistry)?
     let paths: DataDirectory
     let logger: Logger
     let blocking: NIOThreadPool
@@ -53,9 +55,10 @@ public final class Indexer: Service, Sendable {
     ///   as, never by what its payload claims; nil only where no agent is registered (tools and
     ///   tests that index files alone).
     public init(
-        index: any RecordIndex, registry: (any AgentDirectory)?, paths: DataDirectory, logger: Logger, blocking: NIOThreadPool = .singleton,
-        retryBase: Duration = .seconds(60), catchUpEvery: Duration? = nil, metrics: ServerMetrics? = nil
+        index: any RecordIndex, registry: (any AgentDirectory)?, tails: (any TailRegistry)? = nil, paths: DataDirectory, logger: Logger,
+        blocking: NIOThreadPool = .singleton, retryBase: Duration = .seconds(60), catchUpEvery: Duration? = nil, metrics: ServerMetrics? = nil
     ) {
+        self.tails = tails
         self.metrics = metrics
         self.index = index
         self.registry = registry
@@ -251,6 +254,7 @@ public final class Indexer: Service, Sendable {
     /// Indexes one source now, from the start.
     @discardableResult
     public func index(_ source: IndexedSource) async throws -> IndexCount {
+        if source.kind == .tail { return try await indexTail(source) }
         let directory = try directory(of: source)
         let manifestPath = try paths.inside(directory + "/" + PayloadLimits.manifestName)
         let manifest = try await blocking.runIfActive { () throws -> ExportManifest in
@@ -294,6 +298,33 @@ public final class Indexer: Service, Sendable {
         return count
     }
 
+    /// What a live tail held of one device: the records file up to the bytes held (what
+    /// follows is a batch never recorded as held), its contexts, the tail's uid only.
+    private func indexTail(_ source: IndexedSource) async throws -> IndexCount {
+        guard let tails else { throw IndexingError("this server does not index tails") }
+        guard let tail = try await tails.tail(source.id), let part = tail.parts.first(where: { $0.agentID == source.agentID }) else {
+            throw IndexingError("no tail \(source.id) of agent \(source.agentID)")
+        }
+        let directory = try directory(of: source)
+        let contexts = try await blocking.runIfActive { try TailFiles.contexts(in: directory) }
+        let device: RegisteredDevice? =
+            if let registry { try await registry.device(source.agentID) ?? RegisteredDevice(hostname: "", os: "", app: "", appVersion: "") } else { nil }
+        try await index.begin(source, contexts: contexts, device: device, landedAt: Date())
+        var count = IndexCount()
+        let file = try paths.inside(directory + "/" + TailFiles.records)
+        if part.bytes > 0 {
+            let reader = try await blocking.runIfActive { try LineBlockReader(path: file, blockBytes: Self.blockBytes, limit: part.bytes) }
+            while let block = try await blocking.runIfActive({ try reader.next() }) {
+                let added = try await index.add(source, lines: block, admitting: LineAdmission(uid: tail.uid))
+                count += added
+                metrics?.indexed(records: added.records)
+            }
+            count.unreadable += reader.overlong
+        }
+        try await index.finish(source)
+        return count
+    }
+
     /// The source's directory is no longer there (its results were deleted).
     private func isGone(_ source: IndexedSource) -> Bool {
         guard let directory = try? directory(of: source) else { return false }  // not a path we make: an ordinary failure
@@ -304,6 +335,7 @@ public final class Indexer: Service, Sendable {
         switch source.kind {
         case .pull: try paths.pullFiles(source.id, agent: source.agentID)
         case .feedback: try paths.feedbackFiles(source.id)
+        case .tail: try paths.tailFiles(source.id, agent: source.agentID)
         }
     }
 
@@ -325,6 +357,12 @@ public final class Indexer: Service, Sendable {
         for pull in try directories(paths.pulls) where WireID.isValid(pull) {
             for agent in try directories(paths.pulls + "/" + pull) where WireID.isValid(agent) {
                 sources.append(IndexedSource(kind: .pull, id: pull, agentID: agent))
+            }
+        }
+        // A part of a tail still running is indexed as far as it goes, and again whole when it ends.
+        for tail in try directories(paths.tails) where WireID.isValid(tail) {
+            for agent in try directories(paths.tails + "/" + tail) where WireID.isValid(agent) {
+                sources.append(IndexedSource(kind: .tail, id: tail, agentID: agent))
             }
         }
         for id in try directories(paths.feedback) where WireID.isValid(id) && !skippingFeedback.contains(id) {
@@ -353,6 +391,8 @@ final class LineBlockReader: Sendable {
     private let handle: FileHandle
     private let blockBytes: Int
     private let maxLineBytes: Int
+    /// Bytes of the file read at most (nil: to its end).
+    private let limit: Int64?
     /// Used by one indexing step at a time, on whichever pool thread runs it.
     private let position = Mutex(Position())
 
@@ -364,13 +404,15 @@ final class LineBlockReader: Sendable {
         var ended = false
         var reads = 0
         var overlong = 0
+        var read: Int64 = 0
     }
 
-    init(path: String, blockBytes: Int, maxLineBytes: Int = LineBlockReader.maxLineBytes) throws {
+    init(path: String, blockBytes: Int, maxLineBytes: Int = LineBlockReader.maxLineBytes, limit: Int64? = nil) throws {
         guard let handle = FileHandle(forReadingAtPath: path) else { throw IndexingError("\(path) cannot be opened") }
         self.handle = handle
         self.blockBytes = blockBytes
         self.maxLineBytes = maxLineBytes
+        self.limit = limit
     }
 
     deinit { try? handle.close() }  // read only; nothing to lose
@@ -382,10 +424,13 @@ final class LineBlockReader: Sendable {
         try position.withLock { position throws -> [UInt8]? in
             while !position.ended {
                 position.reads += 1
-                guard let data = try handle.read(upToCount: position.reads == 1 ? min(blockBytes, Self.firstBlockBytes) : blockBytes), !data.isEmpty else {
+                var want = position.reads == 1 ? min(blockBytes, Self.firstBlockBytes) : blockBytes
+                if let limit { want = Int(min(Int64(want), max(0, limit - position.read))) }
+                guard want > 0, let data = try handle.read(upToCount: want), !data.isEmpty else {
                     position.ended = true
                     break
                 }
+                position.read += Int64(data.count)
                 var bytes = [UInt8](data)
                 if position.skipping {
                     guard let newline = bytes.firstIndex(of: 0x0A) else { continue }

@@ -126,10 +126,13 @@ public struct IndexedElsewhere: Error, CustomStringConvertible, Sendable {
     public var description: String { "\(source) is being indexed by node \(node)" }
 }
 
-/// A landed payload: a pull's files from one agent, or one feedback's.
+/// A landed payload: a pull's files from one agent, one feedback's, or what a live tail held
+/// of one device.
 public struct IndexedSource: Sendable, Hashable, CustomStringConvertible {
     public enum Kind: String, Sendable, Hashable, Codable {
         case pull, feedback
+        /// What a live tail held of one device (#53), indexed when the device's part ends.
+        case tail
     }
 
     public var kind: Kind

@@ -184,7 +184,11 @@ final class ConnectionTails: Sendable {
     private func end(_ tailID: String, _ status: TailPartStatus, _ detail: String) async {
         guard WireID.isValid(tailID) else { return }
         do {
-            if try await registry.endPart(tailID, agent: agentID, status: status, detail: detail, at: Date()) { await announceDevices(tailID) }
+            if try await registry.endPart(tailID, agent: agentID, status: status, detail: detail, at: Date()) {
+                await announceDevices(tailID)
+                // What it held is searchable now.
+                services.landed(IndexedSource(kind: .tail, id: tailID, agentID: agentID), 0)
+            }
         } catch {
             services.logger.error("cannot record the end of an agent's part of a tail", metadata: ["tail.id": "\(tailID)", "agent.id": "\(agentID)", "error": "\(error)"])
         }

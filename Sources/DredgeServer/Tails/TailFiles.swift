@@ -1,4 +1,5 @@
 import DredgePayload
+import DredgeDomain
 import Foundation
 
 /// What the server keeps of one device's part of a live tail (#53), in `tails/<tail>/<agent>/`
@@ -102,5 +103,28 @@ enum TailFiles {
             known.length = Int64(start - data.startIndex)
         }
         return known
+    }
+
+    /// The contexts by number, as the index takes them: the first whole line of each number. A
+    /// line that does not read as a context is left out (its records are then named by the
+    /// device alone).
+    static func contexts(in directory: String) throws -> [String: LogContext] {
+        let path = directory + "/" + Self.contexts
+        guard FileManager.default.fileExists(atPath: path) else { return [:] }
+        let data = try Data(contentsOf: URL(fileURLWithPath: path))
+        var contexts: [String: LogContext] = [:]
+        let decoder = JSONDecoder()
+        var start = data.startIndex
+        while let end = data[start...].firstIndex(of: 0x0A) {
+            defer { start = end + 1 }
+            let one: [String: LogContext]
+            do {
+                one = try decoder.decode([String: LogContext].self, from: data[start..<end])
+            } catch {
+                continue
+            }
+            for (number, context) in one where contexts[number] == nil { contexts[number] = context }
+        }
+        return contexts
     }
 }

@@ -242,7 +242,7 @@ public struct Removal: Sendable, Equatable, Codable {
 /// `DELETE /v1/pulls/{id}` and `DELETE /v1/feedback/{id}`: what was removed.
 public struct RemovalReport: Sendable, Equatable, Codable {
     public enum Kind: String, Sendable, Codable {
-        case pull, feedback
+        case pull, feedback, tail
     }
 
     public var kind: Kind

@@ -93,11 +93,15 @@ public struct TailRecord: Sendable, Equatable, Codable {
     /// Set once it stopped (by a person, or by the server at its expiry).
     public var stopped: TailStopping?
     public var parts: [TailPart]
+    /// Set once what it held is deleted (by a person, or by the retention); the record stays.
+    public var removed: Removal?
 
     public init(
         id: String, uid: String, agents: [String]?, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, recordsPerSecond: UInt32, bytesPerSecond: UInt64,
-        verbose: Bool, verboseTypes: [String], requestedBy: String, reason: String?, createdAt: Date, stopped: TailStopping?, parts: [TailPart]
+        verbose: Bool, verboseTypes: [String], requestedBy: String, reason: String?, createdAt: Date, stopped: TailStopping?, parts: [TailPart],
+        removed: Removal? = nil
     ) {
+        self.removed = removed
         self.id = id
         self.uid = uid
         self.agents = agents

@@ -212,6 +212,12 @@ public struct AdminClient: Sendable {
         try await call("DELETE", "/v1/pulls/\(try Self.pathComponent(id))", query: reason.map { [URLQueryItem(name: "reason", value: $0)] } ?? [])
     }
 
+    /// Deletes what a live tail held, its files and index rows (`DELETE /v1/tails/{id}/records`);
+    /// a tail still running is stopped first.
+    public func removeTail(_ id: String, reason: String? = nil) async throws -> RemovalReport {
+        try await call("DELETE", "/v1/tails/\(try Self.pathComponent(id))/records", query: reason.map { [URLQueryItem(name: "reason", value: $0)] } ?? [])
+    }
+
     /// Deletes a feedback's files and index rows (`DELETE /v1/feedback/{id}`).
     public func removeFeedback(_ id: String, reason: String? = nil) async throws -> RemovalReport {
         try await call("DELETE", "/v1/feedback/\(try Self.pathComponent(id))", query: reason.map { [URLQueryItem(name: "reason", value: $0)] } ?? [])

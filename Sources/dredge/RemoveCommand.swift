@@ -11,7 +11,7 @@ import Foundation
 struct RemoveCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rm",
-        abstract: "Delete a pull's (or a feedback's) files and search index rows from the server.",
+        abstract: "Delete a pull's (or a feedback's, or a live tail's) files and search index rows from the server.",
         discussion: """
             The pull stays listed by `dredge pulls`, marked removed, and the removal is recorded in
             the audit log. A pull still running is ended first: its agents' uploads are refused.
@@ -20,7 +20,7 @@ struct RemoveCommand: AsyncParsableCommand {
             """)
 
     @OptionGroup var server: ServerOptions
-    @Argument(help: "Pull or feedback ids, or their first 4 or more characters.") var ids: [String]
+    @Argument(help: "Pull, feedback or tail ids, or their first 4 or more characters.") var ids: [String]
     @Option(help: "Why (a ticket number, say): recorded in the audit log.") var reason: String?
     @Flag(help: "JSON output: one report per id.") var json = false
 
@@ -36,7 +36,11 @@ struct RemoveCommand: AsyncParsableCommand {
         for text in ids {
             let (kind, id) = try await client.resolveResult(text)
             let report = try await calling {
-                kind == .pull ? try await client.removePull(id, reason: reason) : try await client.removeFeedback(id, reason: reason)
+                switch kind {
+                case .pull: try await client.removePull(id, reason: reason)
+                case .feedback: try await client.removeFeedback(id, reason: reason)
+                case .tail: try await client.removeTail(id, reason: reason)
+                }
             }
             reports.append(report)
             if !json { print(Self.describe(report)) }
@@ -59,19 +63,27 @@ extension AdminClient {
     /// the 1000 most recent of each.
     func resolveResult(_ text: String) async throws -> (RemovalReport.Kind, String) {
         if WireID.isValid(text) {
-            // A whole id: a pull's, unless the server knows no such pull.
+            // A whole id: a pull's, else a live tail's, unless the server knows neither.
             do {
                 _ = try await pull(text, diskUse: false)
                 return (.pull, text)
             } catch AdminClientError.notFound {
-                return (.feedback, text)
+                do {
+                    _ = try await tail(text)
+                    return (.tail, text)
+                } catch AdminClientError.notFound {
+                    return (.feedback, text)
+                } catch let error as AdminClientError {
+                    throw failing(error)
+                }
             } catch let error as AdminClientError {
                 throw failing(error)
             }
         }
         let pulls = Set(try await calling { try await self.pulls(limit: 1000, diskUse: false) }.map(\.id))
         let feedback = Set(try await calling { try await self.feedback(limit: 1000, diskUse: false) }.map(\.id))
-        let id = try await IDPrefix.resolve(text, what: "pull or feedback") { Array(pulls.union(feedback)) }
-        return (pulls.contains(id) ? .pull : .feedback, id)
+        let tails = Set(try await calling { try await self.tails(limit: 1000) }.map(\.id))
+        let id = try await IDPrefix.resolve(text, what: "pull, feedback or tail") { Array(pulls.union(feedback).union(tails)) }
+        return (pulls.contains(id) ? .pull : tails.contains(id) ? .tail : .feedback, id)
     }
 }

@@ -15,6 +15,7 @@ import Testing
     let database: ServerDatabase
     let pulls: SQLitePullQueue
     let feedback: SQLiteFeedbackInbox
+    let tails: SQLiteTailRegistry
     let index: SQLiteRecordIndex
     let indexer: Indexer
 
@@ -27,13 +28,14 @@ import Testing
         database = try ServerDatabase(directory: dir.path)
         pulls = SQLitePullQueue(database)
         feedback = SQLiteFeedbackInbox(database)
+        tails = SQLiteTailRegistry(database)
         index = try SQLiteRecordIndex(directory: dir.path)
-        indexer = Indexer(index: index, registry: nil, paths: paths, logger: .init(label: "test"))
+        indexer = Indexer(index: index, registry: nil, tails: tails, paths: paths, logger: .init(label: "test"))
     }
 
     func keeper(keepDays: Int = 30) -> ResultsKeeper {
         ResultsKeeper(
-            paths: paths, pulls: pulls, feedback: feedback, records: index, indexer: indexer, audit: pulls, retention: ResultsRetention(keepDays: keepDays),
+            paths: paths, pulls: pulls, feedback: feedback, tails: tails, records: index, indexer: indexer, audit: pulls, retention: ResultsRetention(keepDays: keepDays),
             logger: .init(label: "test"))
     }
 
@@ -62,6 +64,49 @@ import Testing
         try Data(repeating: 7, count: 500).write(to: URL(fileURLWithPath: try paths.feedbackZip(id)))
         try await indexer.index(source)
         #expect(try await feedback.update(id, status: .complete, detail: "", chunksReceived: 1, records: 1, files: [], errorCode: nil))
+    }
+
+    /// A live tail of u-1 from `agent` that held one record, indexed; stopped at `stoppedAt`
+    /// (nil: running).
+    func tail(agent: String, message: String, stoppedAt: Date? = nil) async throws -> String {
+        let new = Self.issuer.newTail(
+            uid: "u-1", agents: nil, filter: LogFilter(), lifetime: .seconds(600), recordsPerSecond: 100, bytesPerSecond: 1 << 20, verbose: false, verboseTypes: [],
+            requestedBy: "alice", reason: "")
+        try await tails.create(new)
+        #expect(try await tails.deliver(new.id, agent: agent, wrappedKey: try Self.issuer.newTailKey(), at: Date()) != nil)
+        _ = try await tails.accepted(new.id, agent: agent, startCursor: 0, at: Date())
+        let directory = try paths.tailFiles(new.id, agent: agent)
+        var known: TailFiles.KnownContexts?
+        let line = Array(RecordIndexConformanceTests.line(1, message).utf8)
+        let batch = TailBatchReader.Batch(records: [line], contexts: [1: Array(#"{"host":"h","app":"a"}"#.utf8)], times: [0])
+        let bytes = try TailFiles.append(batch, after: 0, known: &known, in: directory)
+        #expect(try await tails.held(new.id, agent: agent, seq: 1, cursor: 1, records: 1, dropped: 0, bytes: bytes, at: Date()))
+        if let stoppedAt { _ = try await tails.stop(new.id, by: "alice", reason: "done", at: stoppedAt) }
+        try await indexer.index(IndexedSource(kind: .tail, id: new.id, agentID: agent))
+        return new.id
+    }
+
+    /// What a live tail held is removed as a pull's results: by an engineer (its files and
+    /// index rows go, the tail stays marked, audited as `tail.remove`), and by the retention
+    /// once it stopped longer ago than kept; a running tail is not the retention's.
+    @Test func whatATailHeldIsRemovedByHandAndByTheRetention() async throws {
+        let byHand = try await tail(agent: Self.agentA, message: "tail by hand", stoppedAt: Date())
+        let old = try await tail(agent: Self.agentB, message: "tail old", stoppedAt: Date().addingTimeInterval(-40 * 86_400))
+        let running = try await tail(agent: Self.agentA, message: "tail running")
+        #expect(try await Set(messages()) == ["tail by hand", "tail old", "tail running"])
+        let keeper = keeper()
+        let report = try #require(try await keeper.remove(.tail, byHand, by: "bob", reason: "T-9"))
+        #expect(report.kind == .tail && report.newlyRemoved && report.freedBytes > 0 && report.unindexedSources == 1)
+        #expect(!exists(try paths.tail(byHand)))
+        #expect(try await tails.tail(byHand)?.removed?.by == "bob")
+        #expect(try await pulls.audit(limit: 5).contains { $0.action == "tail.remove" && $0.actor == "bob" && $0.detail.contains("reason=\"T-9\"") })
+        let pass = try await keeper.applyRetention()
+        #expect(pass.tails == [old])
+        let (oldDirectory, runningDirectory) = (try paths.tail(old), try paths.tail(running))
+        #expect(!exists(oldDirectory) && exists(runningDirectory))
+        #expect(try await messages() == ["tail running"])
+        // Removed again: nothing more, the first removal kept.
+        #expect(try await keeper.remove(.tail, byHand, by: "carol")?.newlyRemoved == false)
     }
 
     func messages(_ search: RecordSearch = RecordSearch()) async throws -> [String] {

@@ -110,6 +110,13 @@ public final class AdminActions: Sendable {
         guard let results = services.results else { throw ActionError(.unavailable, "this server does not remove results") }
         guard WireID.isValid(id) else { throw ActionError(.invalid, "\(kind.rawValue) id must be 32 lowercase hex characters") }
         if let problem = reasonProblem(reason) { throw ActionError(.invalid, problem) }
+        // A tail still running is stopped first, through the hub: its devices and watchers are told.
+        if kind == .tail, let tails = services.tails, let tail = try await tails.tail(id), tail.stopped == nil {
+            let stopReason = "its records were removed" + (reason.isEmpty ? "" : ": \(reason)")
+            if let mark = try await tails.stop(id, by: actor, reason: stopReason, at: now()), mark.isNew {
+                services.tailHub.stopped(id, reason: stopReason, agents: mark.tail.parts.map(\.agentID))
+            }
+        }
         let report: RemovalReport?
         do {
             report = try await results.remove(kind, id, by: actor, reason: reason)

@@ -124,6 +124,7 @@ public enum AdminAPI {
         "GET /v1/tails/{id}": .readTails,
         "POST /v1/tails": .createTail,
         "DELETE /v1/tails/{id}": .stopTail,
+        "DELETE /v1/tails/{id}/records": .removeResults,
         "GET /v1/tails/{id}/stream": .watchTail,
         "GET /v1/feedback": .readFeedback,
         "GET /v1/feedback/{id}": .readFeedback,

@@ -19,6 +19,9 @@ import Foundation
 ///   open tail (with ``WireLimits/tailExpiryGrace`` past its expiry), for the batch right after
 ///   the last one held, whose cursor is past the last one's.
 /// - A final part (rejected, ended) never changes again.
+/// - ``markRemoved(_:by:reason:at:)`` stops an open tail first and records the first removal
+///   only; ``removable(keptUntil:limit:)`` lists stopped tails not removed, stopped at or before
+///   the cutoff.
 /// - ``stop(_:by:reason:at:)`` records the first stop only, ends every part not final, and
 ///   writes the `tail.stop` audit entry (what was seen, from which devices, for how long) in
 ///   the same transaction; ``stopExpired(now:)`` does the same, by `server`, for the tails
@@ -57,6 +60,12 @@ public protocol TailRegistry: Sendable {
     func stopExpired(now: Timestamp) async throws -> [String]
     /// How many tails are open at `now`: all, or those `requestedBy` asked for.
     func openCount(requestedBy: String?, now: Timestamp) async throws -> Int
+    /// Records that what the tail held is deleted (its files and index rows: the caller deletes
+    /// them, after this), stopping it first if it runs (audited as its stop). A tail removed
+    /// before keeps its first removal. Nil for an unknown tail.
+    func markRemoved(_ tailID: String, by actor: String, reason: String, at: Date) async throws -> RemovalMark?
+    /// Tails kept long enough: stopped at or before `cutoff` and not removed. Oldest first.
+    func removable(keptUntil cutoff: Date, limit: Int) async throws -> [String]
 }
 
 /// What ``TailRegistry/stop(_:by:reason:at:)`` did.

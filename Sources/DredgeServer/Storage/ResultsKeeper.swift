@@ -48,6 +48,8 @@ public struct ResultsKeeper: Sendable {
     let paths: DataDirectory
     let pulls: any PullQueue
     let feedback: any FeedbackInbox
+    /// The live tails whose held records are kept and removed alike (nil: none).
+    let tails: (any TailRegistry)?
     let records: (any RecordIndex)?
     let indexer: Indexer?
     let audit: any AuditLog
@@ -69,9 +71,10 @@ public struct ResultsKeeper: Sendable {
     public static let retryInterval: TimeInterval = 3600
 
     public init(
-        paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, records: (any RecordIndex)?, indexer: Indexer?, audit: any AuditLog,
-        retention: ResultsRetention = .default, logger: Logger, blocking: NIOThreadPool = .singleton
+        paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tails: (any TailRegistry)? = nil, records: (any RecordIndex)?, indexer: Indexer?,
+        audit: any AuditLog, retention: ResultsRetention = .default, logger: Logger, blocking: NIOThreadPool = .singleton
     ) {
+        self.tails = tails
         self.paths = paths
         self.pulls = pulls
         self.feedback = feedback
@@ -138,6 +141,25 @@ public struct ResultsKeeper: Sendable {
         switch kind {
         case .pull: try await removePull(id, by: actor, reason: reason, now: now)
         case .feedback: try await removeFeedback(id, by: actor, reason: reason, now: now)
+        case .tail: try await removeTail(id, by: actor, reason: reason, now: now)
+        }
+    }
+
+    /// Removes what a live tail held (#53): every device's records file and contexts, and
+    /// their index rows; a tail still running is stopped first. Nil for an unknown tail.
+    public func removeTail(_ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
+        guard let tails else { return nil }
+        return try await exclusively(id) {
+            guard let record = try await tails.tail(id) else { return nil }
+            guard let mark = try await tails.markRemoved(id, by: actor, reason: reason, at: now) else { return nil }
+            let directory = try paths.tail(id)
+            let agents = Set(record.parts.map(\.agentID)).union(try await blocking.runIfActive { try Self.agentDirectories(in: directory) })
+            let sources = agents.sorted().map { IndexedSource(kind: .tail, id: id, agentID: $0) }
+            return try await finish(.tail, id, mark, by: actor, reason: reason, now: now) {
+                let unindexed = try await unindex(sources)
+                let freed = try await blocking.runIfActive { try Self.delete([directory]) }
+                return (unindexed, freed)
+            }
         }
     }
 
@@ -154,7 +176,12 @@ public struct ResultsKeeper: Sendable {
         let report = RemovalReport(kind: kind, id: id, removal: mark.removal, newlyRemoved: mark.isNew, freedBytes: done.freed, unindexedSources: done.unindexed)
         if mark.isNew || done.freed > 0 {
             let detail = Self.describe(report, reason: reason) + (failure.map { "; not finished (the server tries again within the hour, and at its next start): \($0)" } ?? "")
-            try await audit.record(actor: actor, kind == .pull ? AuditAction.pullRemove : .feedbackRemove, detail: detail, at: now)
+            let action: AuditAction = switch kind {
+            case .pull: .pullRemove
+            case .feedback: .feedbackRemove
+            case .tail: .tailRemove
+            }
+            try await audit.record(actor: actor, action, detail: detail, at: now)
         }
         if let failure { throw failure }
         return report
@@ -201,6 +228,7 @@ public struct ResultsKeeper: Sendable {
     public struct RetentionPass: Sendable, Equatable {
         public var pulls: [String] = []
         public var feedback: [String] = []
+        public var tails: [String] = []
         public var freedBytes: Int64 = 0
     }
 
@@ -218,12 +246,17 @@ public struct ResultsKeeper: Sendable {
         let due = [
             (RemovalReport.Kind.pull, try await pulls.removable(keptUntil: cutoff, limit: Self.batch)),
             (.feedback, try await feedback.removable(receivedUntil: cutoff, limit: Self.batch)),
+            (.tail, try await tails?.removable(keptUntil: cutoff, limit: Self.batch) ?? []),
         ]
         for (kind, ids) in due {
             for id in ids {
                 do {
                     guard let report = try await remove(kind, id, by: Removal.retention, reason: reason, now: now) else { continue }
-                    if kind == .pull { pass.pulls.append(id) } else { pass.feedback.append(id) }
+                    switch kind {
+                    case .pull: pass.pulls.append(id)
+                    case .feedback: pass.feedback.append(id)
+                    case .tail: pass.tails.append(id)
+                    }
                     pass.freedBytes += report.freedBytes
                 } catch is RemovalInProgress {
                     continue
@@ -232,9 +265,9 @@ public struct ResultsKeeper: Sendable {
                 }
             }
         }
-        if !pass.pulls.isEmpty || !pass.feedback.isEmpty {
+        if !pass.pulls.isEmpty || !pass.feedback.isEmpty || !pass.tails.isEmpty {
             logger.info("removed results kept past the retention", metadata: [
-                "pulls": "\(pass.pulls.count)", "feedback": "\(pass.feedback.count)", "bytes": "\(pass.freedBytes)", "keep.days": "\(retention.keepDays)",
+                "pulls": "\(pass.pulls.count)", "feedback": "\(pass.feedback.count)", "tails": "\(pass.tails.count)", "bytes": "\(pass.freedBytes)", "keep.days": "\(retention.keepDays)",
             ])
         }
         return pass
@@ -251,20 +284,26 @@ public struct ResultsKeeper: Sendable {
     @discardableResult
     public func finishInterruptedRemovals(now: Date = Date(), atStart: Bool = true) async throws -> [String] {
         let paths = self.paths
-        let (pullIDs, feedbackIDs) = try await blocking.runIfActive { () throws -> ([String], [String]) in
+        let (pullIDs, feedbackIDs, tailIDs) = try await blocking.runIfActive { () throws -> ([String], [String], [String]) in
             let pulls = try DataDirectory.entries(of: paths.pulls).filter { WireID.isValid($0) }
             let feedback = Set(try DataDirectory.entries(of: paths.feedback).compactMap { name -> String? in
                 let id = name.hasSuffix(".zip") ? String(name.dropLast(4)) : name
                 return WireID.isValid(id) ? id : nil
             })
-            return (pulls, feedback.sorted())
+            let tails = try DataDirectory.entries(of: paths.tails).filter { WireID.isValid($0) }
+            return (pulls, feedback.sorted(), tails.sorted())
         }
         var finished: [String] = []
-        for (kind, ids) in [(RemovalReport.Kind.pull, pullIDs), (.feedback, feedbackIDs)] {
+        for (kind, ids) in [(RemovalReport.Kind.pull, pullIDs), (.feedback, feedbackIDs), (.tail, tails == nil ? [] : tailIDs)] {
             for id in ids {
                 do {
                     // Nil: no record; .some(nil): a record not removed.
-                    let removal = kind == .pull ? try await pulls.pull(id).map { $0.removed } : try await feedback.feedback(id).map { $0.removed }
+                    let removal: Removal?? =
+                        switch kind {
+                        case .pull: try await pulls.pull(id).map { $0.removed }
+                        case .feedback: try await feedback.feedback(id).map { $0.removed }
+                        case .tail: try await tails?.tail(id).map { $0.removed }
+                        }
                     guard let removal else {
                         if atStart {
                             logger.warning("results that no record names are kept; delete them by hand if they are not wanted", metadata: ["\(kind.rawValue).id": "\(id)"])

@@ -181,4 +181,25 @@ import Testing
         #expect(try await tails.openCount(requestedBy: nil, now: base) == 1)
         #expect(try await audit.verifyChain().broken == nil)
     }
+
+    /// A removal stops an open tail first and is kept once; the retention lists stopped tails
+    /// not removed, stopped at or before its cutoff.
+    @Test(arguments: Backend.all)
+    func aRemovalIsKeptOnceAndStopsTheTail(_ backend: Backend) async throws {
+        let (tails, audit) = try await backend.tails(dir)
+        let open = newTail()
+        let stopped = newTail()
+        for t in [open, stopped] { try await tails.create(t) }
+        _ = try await tails.stop(stopped.id, by: "alice", reason: "done", at: date(10))
+        #expect(try await tails.removable(keptUntil: date(9), limit: 10).isEmpty)
+        #expect(try await tails.removable(keptUntil: date(10), limit: 10) == [stopped.id])
+        let mark = try #require(try await tails.markRemoved(open.id, by: "bob", reason: "T-3", at: date(20)))
+        #expect(mark.isNew && mark.removal == Removal(at: date(20), by: "bob", reason: "T-3"))
+        let removed = try #require(try await tails.tail(open.id))
+        #expect(removed.removed?.by == "bob" && removed.stopped?.by == "bob" && removed.stopped?.reason == "its records were removed: T-3")
+        #expect(try await tails.markRemoved(open.id, by: "carol", reason: "", at: date(30))?.isNew == false)
+        #expect(try await tails.markRemoved(String(repeating: "0", count: 32), by: "carol", reason: "", at: date(30)) == nil)
+        #expect(try await tails.removable(keptUntil: date(100), limit: 10) == [stopped.id], "a removed tail is not listed again")
+        #expect(try await audit.audit(limit: 10).contains { $0.action == "tail.stop" && $0.actor == "bob" })
+    }
 }

@@ -21,6 +21,11 @@ enum TailRoutes {
             try AdminAPI.json(
                 try await actions.stopTail(context.parameters.require("id"), by: context.signedIn, reason: request.uri.queryParameters.get("reason") ?? ""))
         }
+        // What it held goes, the record stays (as a pull's results).
+        routes.delete(":id/records") { request, context in
+            try AdminAPI.json(
+                try await actions.remove(.tail, try context.parameters.require("id"), by: context.signedIn, reason: request.uri.queryParameters.get("reason") ?? ""))
+        }
         routes.get(":id/stream") { _, context in
             let (tail, watcher) = try await actions.watchTail(context.parameters.require("id"), by: context.signedIn)
             return Response(

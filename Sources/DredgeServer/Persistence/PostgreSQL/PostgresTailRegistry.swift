@@ -33,11 +33,15 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
                 created_at double precision NOT NULL,
                 stopped_at double precision,
                 stopped_by text,
-                stop_reason text
+                stop_reason text,
+                removed_at double precision,
+                removed_by text,
+                removed_reason text
             )
             """,
             "CREATE INDEX tail_open ON tail (expires_at) WHERE stopped_at IS NULL",
             "CREATE INDEX tail_by_creation ON tail (created_at)",
+            "CREATE INDEX tail_kept ON tail (stopped_at) WHERE removed_at IS NULL",
             """
             CREATE TABLE tail_part (
                 tail_id text COLLATE "C" NOT NULL REFERENCES tail(id),
@@ -60,7 +64,8 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
 
     private static let open = [TailPartStatus.delivered.rawValue, TailPartStatus.running.rawValue]
     private static let columns = """
-        id, uid, agents, filter, issued_at, expires_at, records_per_s, bytes_per_s, is_verbose, verbose_types, requested_by, reason, created_at, stopped_at, stopped_by, stop_reason
+        id, uid, agents, filter, issued_at, expires_at, records_per_s, bytes_per_s, is_verbose, verbose_types, requested_by, reason, created_at, stopped_at, stopped_by, stop_reason,
+        removed_at, removed_by, removed_reason
         """
 
     public func create(_ tail: NewTail) async throws {
@@ -219,6 +224,33 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
         }
     }
 
+    public func markRemoved(_ tailID: String, by actor: String, reason: String, at: Date) async throws -> RemovalMark? {
+        try await db.write { c in
+            try await PostgresPullQueue.auditTransaction(c)
+            guard try await c.run("SELECT 1 FROM tail WHERE id = \(tailID) FOR UPDATE") > 0, let tail = try await Self.tail(tailID, on: c) else { return nil }
+            if let earlier = tail.removed { return RemovalMark(removal: earlier, isNew: false) }
+            if tail.stopped == nil,
+                try await Self.stop(tailID, by: actor, reason: "its records were removed" + (reason.isEmpty ? "" : ": \(reason)"), at: at, on: c)?.isNew == true
+            {
+                try await c.run("SELECT pg_notify(\(PostgresPullQueue.channel(of: db)), \(PullDispatcher.tailStoppedMark + tailID))")
+            }
+            try await c.run(
+                "UPDATE tail SET removed_at = \(at.timeIntervalSince1970), removed_by = \(actor.storable), removed_reason = \(reason.storable) WHERE id = \(tailID)")
+            return RemovalMark(removal: Removal(at: at, by: actor, reason: reason), isNew: true)
+        }
+    }
+
+    public func removable(keptUntil cutoff: Date, limit: Int) async throws -> [String] {
+        try await db.read { c in
+            try await c.rows(
+                """
+                SELECT id FROM tail WHERE removed_at IS NULL AND stopped_at IS NOT NULL AND stopped_at <= \(cutoff.timeIntervalSince1970)
+                ORDER BY stopped_at, id LIMIT \(max(0, limit))
+                """
+            ).map { try $0.decode(String.self) }
+        }
+    }
+
     // MARK: Rows
 
     private static func stop(_ tailID: String, by actor: String, reason: String, at: Date, on c: PostgresConnection) async throws -> TailStopMark? {
@@ -266,8 +298,8 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
 
     private static func record(_ row: PostgresRow, on c: PostgresConnection) async throws -> TailRecord {
         let (id, uid, agents, filter, issuedAt, expiresAt, recordsPerSecond, bytesPerSecond, verbose, verboseTypes, requestedBy, reason, createdAt, stoppedAt, stoppedBy,
-            stopReason) = try row.decode(
-                (String, String, String?, String, Int64, Int64, Int64, Int64, Bool, String, String, String, Double, Double?, String?, String?).self)
+            stopReason, removedAt, removedBy, removedReason) = try row.decode(
+                (String, String, String?, String, Int64, Int64, Int64, Int64, Bool, String, String, String, Double, Double?, String?, String?, Double?, String?, String?).self)
         var parts: [TailPart] = []
         for p in try await c.rows(
             """
@@ -286,6 +318,7 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
             issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt), recordsPerSecond: UInt32(clamping: recordsPerSecond),
             bytesPerSecond: TailRows.read(bytesPerSecond), verbose: verbose, verboseTypes: try TailRows.strings(verboseTypes, of: id, "verbose types"),
             requestedBy: requestedBy, reason: reason.isEmpty ? nil : reason, createdAt: Date(timeIntervalSince1970: createdAt),
-            stopped: stoppedAt.map { TailStopping(at: Date(timeIntervalSince1970: $0), by: stoppedBy ?? "", reason: stopReason ?? "") }, parts: parts)
+            stopped: stoppedAt.map { TailStopping(at: Date(timeIntervalSince1970: $0), by: stoppedBy ?? "", reason: stopReason ?? "") }, parts: parts,
+            removed: Removal(at: removedAt, by: removedBy, reason: removedReason))
     }
 }

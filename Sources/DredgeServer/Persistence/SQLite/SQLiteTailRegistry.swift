@@ -31,10 +31,14 @@ public final class SQLiteTailRegistry: TailRegistry, Sendable {
                     created_at REAL NOT NULL,
                     stopped_at REAL,
                     stopped_by TEXT,
-                    stop_reason TEXT
+                    stop_reason TEXT,
+                    removed_at REAL,
+                    removed_by TEXT,
+                    removed_reason TEXT
                 );
                 CREATE INDEX tail_open ON tail(expires_at) WHERE stopped_at IS NULL;
                 CREATE INDEX tail_by_creation ON tail(created_at);
+                CREATE INDEX tail_kept ON tail(stopped_at) WHERE removed_at IS NULL;
                 CREATE TABLE tail_part (
                     tail_id TEXT NOT NULL REFERENCES tail(id),
                     agent_id TEXT NOT NULL,
@@ -181,6 +185,26 @@ public final class SQLiteTailRegistry: TailRegistry, Sendable {
         }
     }
 
+    public func markRemoved(_ tailID: String, by actor: String, reason: String, at: Date) async throws -> RemovalMark? {
+        try await db.write { db in
+            guard let tail = try Self.tail(tailID, in: db) else { return nil }
+            if let earlier = tail.removed { return RemovalMark(removal: earlier, isNew: false) }
+            if tail.stopped == nil { _ = try Self.stop(tailID, by: actor, reason: "its records were removed" + (reason.isEmpty ? "" : ": \(reason)"), at: at, in: db) }
+            try db.run(
+                "UPDATE tail SET removed_at = ?, removed_by = ?, removed_reason = ? WHERE id = ?", [at.timeIntervalSince1970, actor.storable, reason.storable, tailID])
+            return RemovalMark(removal: Removal(at: at, by: actor, reason: reason), isNew: true)
+        }
+    }
+
+    public func removable(keptUntil cutoff: Date, limit: Int) async throws -> [String] {
+        try await db.read { db in
+            try prepared(
+                "SELECT id FROM tail WHERE removed_at IS NULL AND stopped_at IS NOT NULL AND stopped_at <= ? ORDER BY stopped_at, id LIMIT ?",
+                [cutoff.timeIntervalSince1970, max(0, limit)], as: String.self
+            ).fetchAll(db)
+        }
+    }
+
     // MARK: Rows
 
     private static func stop(_ tailID: String, by actor: String, reason: String, at: Date, in db: Database) throws -> TailStopMark? {
@@ -234,6 +258,7 @@ public final class SQLiteTailRegistry: TailRegistry, Sendable {
             recordsPerSecond: UInt32(clamping: row["records_per_s"] as Int64), bytesPerSecond: TailRows.read(row["bytes_per_s"]), verbose: row["is_verbose"],
             verboseTypes: try TailRows.strings(row["verbose_types"], of: id, "verbose types"), requestedBy: row["requested_by"], reason: reason.isEmpty ? nil : reason,
             createdAt: Date(timeIntervalSince1970: row["created_at"]),
-            stopped: stoppedAt.map { TailStopping(at: Date(timeIntervalSince1970: $0), by: row["stopped_by"] ?? "", reason: row["stop_reason"] ?? "") }, parts: parts)
+            stopped: stoppedAt.map { TailStopping(at: Date(timeIntervalSince1970: $0), by: row["stopped_by"] ?? "", reason: row["stop_reason"] ?? "") }, parts: parts,
+            removed: Removal(at: row["removed_at"], by: row["removed_by"], reason: row["removed_reason"]))
     }
 }

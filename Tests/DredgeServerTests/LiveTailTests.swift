@@ -265,6 +265,43 @@ import Testing
             #expect(try await server.pulls.audit(limit: 10).contains { $0.action == "tail.stop" && $0.actor == "server" && $0.detail.contains(tail.id) })
         }
     }
+
+    /// A watcher is shown what another node of a cluster stored (the nodes share the data
+    /// directory and the registry): here a device whose batches no connection of this server
+    /// took. Only what is recorded as held is shown, each record once, with its device's app.
+    @Test func aWatcherSeesWhatAnotherNodeStored() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let tail = try await server.admin.createTail(TailRequest(uid: "u-1"))
+            let agent = String(repeating: "ab", count: 16)
+            // "The other node": the part delivered, accepted, and batches held, by the registry and files alone.
+            _ = try await server.tails.deliver(tail.id, agent: agent, wrappedKey: try server.issuer.newTailKey(), at: Date())
+            _ = try await server.tails.accepted(tail.id, agent: agent, startCursor: 0, at: Date())
+            let directory = try DataDirectory(server.data).tailFiles(tail.id, agent: agent)
+            var known: TailFiles.KnownContexts?
+            var held: Int64 = 0
+            func hold(_ seq: UInt64, _ messages: [String]) async throws {
+                let records = messages.map { Array(#"{"ts":"2026-11-30T10:00:00.000000Z","level":"warning","type":"app","uid":"u-1","message":"\#($0)","metadata":{},"context":3}"#.utf8) }
+                let batch = TailBatchReader.Batch(records: records, contexts: [3: Array(#"{"app":"till","appVersion":"1.0","host":"far","os":"Linux","process":"tilld"}"#.utf8)], times: records.map { _ in 0 })
+                held = try TailFiles.append(batch, after: held, known: &known, in: directory)
+                #expect(try await server.tails.held(tail.id, agent: agent, seq: seq, cursor: seq, records: messages.count, dropped: 0, bytes: held, at: Date()))
+            }
+            let seen = Seen()
+            let watching = Task { try await server.admin.watchTail(tail.id) { await seen.add($0) } }
+            while await seen.events == 0 { try await Task.sleep(for: .milliseconds(20)) }
+            try await hold(1, ["x1", "x2"])
+            try await hold(2, ["x3"])
+            // Written but never recorded as held: not shown.
+            var unheld: TailFiles.KnownContexts? = known
+            _ = try TailFiles.append(
+                TailBatchReader.Batch(records: [Array(#"{"ts":"2026-11-30T10:00:00.000000Z","level":"warning","type":"app","uid":"u-1","message":"unheld","metadata":{},"context":3}"#.utf8)], contexts: [:], times: [0]),
+                after: held, known: &unheld, in: directory)
+            for _ in 0..<400 where await seen.messages.count < 3 { try await Task.sleep(for: .milliseconds(25)) }
+            _ = try await server.admin.stopTail(tail.id)
+            try await watching.value
+            #expect(await seen.messages == ["x1", "x2", "x3"])
+            #expect(await seen.apps == ["till"])
+        }
+    }
 }
 
 /// What a watcher was sent.

@@ -23,8 +23,6 @@ final class ConnectionTails: Sendable {
         var sent: Set<String> = []
         /// The tails accepted on this connection.
         var streams: [String: Entry] = [:]
-        /// The device as the registry knows it (what each record shown live is named by).
-        var device: RegisteredDevice?
     }
 
     private struct Entry: Sendable {
@@ -105,10 +103,6 @@ final class ConnectionTails: Sendable {
                 tailID: id, agentID: agentID, uid: hold.uid, key: key, expiresAt: hold.expiresAt, held: (hold.seq, hold.cursor), started: true)
             let ack = stream.accepted(startCursor: m.startCursor)
             state.withLock { $0.streams[id] = Entry(stream: stream, bytes: hold.bytes, contexts: nil) }
-            if state.withLock({ $0.device == nil }) {
-                let device = try await services.registry.device(agentID)
-                state.withLock { $0.device = device }
-            }
             services.logger.info("tail accepted", metadata: ["tail.id": "\(id)", "agent.id": "\(agentID)", "held.seq": "\(hold.seq)"])
             await announceDevices(id)
             return [ack]
@@ -166,10 +160,7 @@ final class ConnectionTails: Sendable {
                 entry.contexts = contexts
                 let ack = entry.stream.stored(taken)
                 state.withLock { $0.streams[id] = entry }
-                if services.tailHub.isWatched(id) {
-                    let (events, sizes) = events(taken)
-                    services.tailHub.publish(id, events, sizes: sizes)
-                }
+                services.tailHub.ring(id)
                 return [ack]
             } catch {
                 services.logger.error("cannot keep a tail's batch; ending the agent's part", metadata: ["tail.id": "\(id)", "agent.id": "\(agentID)", "error": "\(error)"])
@@ -194,41 +185,8 @@ final class ConnectionTails: Sendable {
         }
     }
 
-    /// Tells the tail's watchers here where each device's part stands (one joined or ended).
+    /// The tail's watchers here read on: a device joined or ended.
     private func announceDevices(_ tailID: String) async {
-        guard services.tailHub.isWatched(tailID) else { return }
-        do {
-            guard let tail = try await registry.tail(tailID) else { return }
-            services.tailHub.publish(tailID, [TailEvent(kind: .devices, devices: tail.parts)])
-        } catch {
-            services.logger.warning("cannot read a tail's devices for its watchers", metadata: ["tail.id": "\(tailID)", "error": "\(error)"])
-        }
-    }
-
-    /// What a held batch shows its watchers: a count of what the device left out, then each
-    /// record, named by the device's registered host and its context's app.
-    private func events(_ taken: TailStream.Taken) -> (events: [TailEvent], sizes: [Int]) {
-        let device = state.withLock { $0.device }
-        let decoder = JSONDecoder()
-        var apps: [Int64: String] = [:]
-        for (number, context) in taken.batch.contexts {
-            if case .object(let members)? = try? decoder.decode(JSONValue.self, from: Data(context)), case .string(let app)? = members["app"] { apps[number] = app }
-        }
-        var events: [TailEvent] = []
-        var sizes: [Int] = []
-        if taken.dropped > 0 {
-            events.append(TailEvent(kind: .dropped, agent: agentID, host: device?.hostname, count: Int64(clamping: taken.dropped)))
-            sizes.append(64)
-        }
-        for record in taken.batch.records {
-            // Read by TailBatchReader already: a JSON object.
-            guard case .object(let members)? = try? decoder.decode(JSONValue.self, from: Data(record)) else { continue }
-            var app = device?.app
-            if case .integer(let context)? = members["context"], let named = apps[context], !named.isEmpty { app = named }
-            events.append(TailEvent(kind: .record, agent: agentID, host: device?.hostname, app: app, record: .object(members)))
-            // Decoded, a record weighs a few times its text.
-            sizes.append(record.count * 4)
-        }
-        return (events, sizes)
+        services.tailHub.ring(tailID)
     }
 }

@@ -3,11 +3,12 @@ import DredgeDomain
 import Foundation
 import Synchronization
 
-/// Where a live tail's records meet its watchers, in one server process (#53): the agent
-/// listener publishes what each batch held, once it is held; each watcher (`dredge tail`, the
-/// console's live view) has a bounded buffer of its own. A watcher that does not keep up loses
-/// the oldest events it has not read, and is told how many (``TailEvent/Kind/missed``): it never
-/// slows the device, the listener, or the other watchers. What was held is on disk all the same.
+/// Where a live tail's watchers are woken, in one server process (#53): the agent listener
+/// rings when a batch is held or a device joins or ends, a stop ends them. What a watcher is
+/// shown is read from what was stored (``TailFollower``), so the devices connected to other
+/// nodes of a cluster are seen too (at the watcher's tick). Events handed to a watcher
+/// (``publish(_:_:sizes:)``) wait in a bounded buffer of its own; over it the oldest go, counted
+/// as missed: no watcher slows a device, the listener or another watcher.
 ///
 /// It also carries stops the other way: a tail stopped through the admin API ends its watchers
 /// and has the listener tell the devices connected here (``whenStopped(_:)``).
@@ -173,6 +174,12 @@ public final class TailHub: Sendable {
         guard !events.isEmpty else { return }
         let sizes = sizes ?? Array(repeating: 0, count: events.count)
         for watcher in state.withLock({ Array(($0.watchers[tailID] ?? [:]).values) }) { watcher.add(events, sizes: sizes) }
+    }
+
+    /// Something of `tailID` was stored here (a batch held, a device joined or ended): its
+    /// watchers read on now rather than at their next tick.
+    public func ring(_ tailID: String) {
+        for watcher in state.withLock({ Array(($0.watchers[tailID] ?? [:]).values) }) { watcher.poke() }
     }
 
     /// Whether `tailID` was stopped lately through this process.

@@ -883,6 +883,97 @@ def redelivery(s: Server, a: Agent):
     link.close()
 
 
+def tail_command(link: wire.Link, tail_id: str) -> dict:
+    """The next TailCommand of this tail (other frames passed over)."""
+    while True:
+        name, command = link.receive()
+        if name == "tail_command" and command["tail_id"] == tail_id:
+            return command
+
+
+def tail_key(a: Agent, command: dict) -> bytes:
+    """Checks a TailCommand's signature (§20) and unwraps its key."""
+    f = command.get("filter", {})
+    fields = dict(tail_id=command["tail_id"], target_uid=command.get("target", {}).get("uid", ""),
+                  target_agent_id=command.get("target", {}).get("agent_id", ""), issued_at_us=command["issued_at_us"],
+                  expires_at_us=command["expires_at_us"], max_records_per_s=command.get("max_records_per_s", 0),
+                  max_bytes_per_s=command.get("max_bytes_per_s", 0), verbose=command.get("verbose", False),
+                  verbose_types=command.get("verbose_types", []), wrapped_key=command.get("wrapped_key", b"").hex(),
+                  types=f.get("types", []), levels=f.get("levels", []))
+    for k in ("uid", "text"):
+        if k in f:
+            fields[k] = f[k]
+    a.signing_key.verify(command["signature"], spec.tail_command_signing_input(fields))
+    return a.key.decrypt(command["wrapped_key"], OAEP)
+
+
+def tail_batch(key: bytes, tail_id: str, agent_id: str, seq: int, cursor: int, messages=(), dropped=0, uid="u-3") -> dict:
+    """A TailBatch (§20) of records of `uid`, sealed under `key`."""
+    records = [json.loads(record_line(now_us(), m, uid=uid)) for m in messages]
+    plaintext = json.dumps({"contexts": {"1": CONTEXT}, "records": records}, separators=(",", ":")).encode()
+    nonce = os.urandom(12)
+    sealed = AESGCM(key).encrypt(nonce, plaintext, spec.tail_batch_associated_data(tail_id, agent_id, seq, dropped, cursor))
+    batch = {"tail_id": tail_id, "seq": seq, "cursor": cursor, "nonce": nonce, "ciphertext": sealed}
+    if dropped:
+        batch["dropped"] = dropped
+    return batch
+
+
+@case("§20 a live tail: offered to an agent with the capability only, signed and wrapped for it, batches acknowledged in order, resumed on a new connection, and ended when one breaks the order")
+def live_tail(s: Server, a: Agent):
+    # Without the capability: nothing of it, whatever tails of its users run.
+    plain = a.connect()
+    expect("live-tail not agreed unasked", "live-tail" in plain.agreed, False)
+    plain.send("heartbeat", {"seq": 1, "active_uids": ["u-3"]})
+    plain.expect("heartbeat_ack")
+    tail = s.admin("POST", "/v1/tails", {"uid": "u-3", "filter": {"levels": ["info", "warning"]}, "durationSeconds": 600})
+    plain.send("heartbeat", {"seq": 2, "active_uids": ["u-3"]})
+    name, _ = plain.expect("heartbeat_ack", "tail_command", skip=("pull_command",))
+    expect("no TailCommand to an agent without the capability", name, "heartbeat_ack")
+    plain.close()
+
+    link = a.connect(capabilities=("live-tail",))
+    expect("live-tail agreed", "live-tail" in link.agreed, True)
+    command = tail_command(link, tail["id"])
+    key = tail_key(a, command)
+    expect("the tail is of the target uid, for this agent", (command["target"].get("uid"), command["target"].get("agent_id")), ("u-3", a.agent_id))
+    expect("a tail lasts at most an hour", 0 < command["expires_at_us"] - command["issued_at_us"] <= 3_600_000_000, True)
+    link.send("tail_accepted", {"tail_id": tail["id"], "start_cursor": 100})
+    _, ack = link.expect("tail_ack")
+    expect("acknowledged: nothing held, from the start cursor", (ack.get("seq", 0), ack.get("cursor", 0)), (0, 100))
+    link.send("tail_batch", tail_batch(key, tail["id"], a.agent_id, 1, 102, ["tailed one", "tailed two"]))
+    _, ack = link.expect("tail_ack")
+    expect("batch 1 held", (ack.get("seq", 0), ack.get("cursor", 0)), (1, 102))
+    # The same batch again (a reconnection's resend): acknowledged again, kept once.
+    link.send("tail_batch", tail_batch(key, tail["id"], a.agent_id, 1, 102, ["tailed one", "tailed two"]))
+    _, ack = link.expect("tail_ack")
+    expect("batch 1 acknowledged again", ack.get("seq", 0), 1)
+    link.close()
+
+    # A new connection: sent again, accepted again, going on after what the server holds (its first start cursor kept).
+    link = a.connect(capabilities=("live-tail",))
+    again = tail_command(link, tail["id"])
+    expect("the same tail, its key wrapped anew to the same key", tail_key(a, again) == key, True)
+    link.send("tail_accepted", {"tail_id": tail["id"], "start_cursor": 999})
+    _, ack = link.expect("tail_ack")
+    expect("acknowledged with what is held", (ack.get("seq", 0), ack.get("cursor", 0)), (1, 102))
+    link.send("tail_batch", tail_batch(key, tail["id"], a.agent_id, 2, 103, dropped=5))
+    _, ack = link.expect("tail_ack")
+    expect("a batch of drops alone is held", ack.get("seq", 0), 2)
+    # Sealed as another agent's, or out of order: the agent's part ends.
+    link.send("tail_batch", tail_batch(key, tail["id"], "0" * 32, 3, 104, ["moved"]))
+    name, stop = link.expect("tail_stop", "tail_ack")
+    expect("a batch sealed for another agent ends the part", (name, stop.get("tail_id")), ("tail_stop", tail["id"]))
+    link.send("heartbeat", {"seq": 3})
+    link.expect("heartbeat_ack", skip=("pull_command", "tail_ack", "tail_stop"))
+    shown = s.admin("GET", f"/v1/tails/{tail['id']}")
+    part = [p for p in shown["parts"] if p["agentID"] == a.agent_id][0]
+    expect("the server held two records and five left out, then ended the part",
+           (part["records"], part["dropped"], part["heldSeq"], part["startCursor"], part["status"]), (2, 5, 2, 100, "ended"))
+    s.admin("DELETE", f"/v1/tails/{tail['id']}")
+    link.close()
+
+
 @case("§10 answers the server does not expect change nothing")
 def unexpected_answers(s: Server, a: Agent):
     link = a.connect()

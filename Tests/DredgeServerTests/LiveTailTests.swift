@@ -194,6 +194,8 @@ import Testing
             let watching = Task {
                 try await server.admin.watchTail(tail.id) { event in await seen.add(event) }
             }
+            // Watching from its first line (the devices) on: what is held from then is shown.
+            while await seen.events == 0 { try await Task.sleep(for: .milliseconds(20)) }
             try await agent.connect(capabilities: Self.liveTail) { link in
                 try await Self.run(manager, on: link, keys: keys, heartbeat: ["u-1"]) {
                     guard await !manager.running.isEmpty else { return false }

@@ -305,6 +305,9 @@ public final class Indexer: Service, Sendable {
         guard let tail = try await tails.tail(source.id), let part = tail.parts.first(where: { $0.agentID == source.agentID }) else {
             throw IndexingError("no tail \(source.id) of agent \(source.agentID)")
         }
+        // Removed: nothing to index. Still running: indexed whole once it ends (it is reported
+        // then); indexing it now would mark it done with what it held so far.
+        if tail.removed != nil || (tail.stopped == nil && !part.status.isFinal) { return IndexCount() }
         let directory = try directory(of: source)
         let contexts = try await blocking.runIfActive { try TailFiles.contexts(in: directory) }
         let device: RegisteredDevice? =
@@ -322,6 +325,11 @@ public final class Indexer: Service, Sendable {
             count.unreadable += reader.overlong
         }
         try await index.finish(source)
+        // Removed meanwhile (on another node, whose removal could not stop this step): its rows go.
+        if try await tails.tail(source.id)?.removed != nil {
+            try await index.remove(source)
+            return IndexCount()
+        }
         return count
     }
 
@@ -359,7 +367,7 @@ public final class Indexer: Service, Sendable {
                 sources.append(IndexedSource(kind: .pull, id: pull, agentID: agent))
             }
         }
-        // A part of a tail still running is indexed as far as it goes, and again whole when it ends.
+        // A tail's parts: one still running is left for when it ends (``indexTail``).
         for tail in try directories(paths.tails) where WireID.isValid(tail) {
             for agent in try directories(paths.tails + "/" + tail) where WireID.isValid(agent) {
                 sources.append(IndexedSource(kind: .tail, id: tail, agentID: agent))

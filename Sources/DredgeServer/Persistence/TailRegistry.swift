@@ -46,6 +46,9 @@ public protocol TailRegistry: Sendable {
     /// at `at` (its expiry and ``WireLimits/tailExpiryGrace`` passed, or it stopped), was never
     /// delivered to the agent, or the part is final.
     func accepted(_ tailID: String, agent: String, startCursor: UInt64, at: Date) async throws -> TailHold?
+    /// What is held of the agent's part now, read only: nil when a batch may not be taken (as
+    /// for ``accepted(_:agent:startCursor:at:)``, or the part was never accepted).
+    func hold(_ tailID: String, agent: String, at: Date) async throws -> TailHold?
     /// A batch is stored: it is held. False unless it is the one after the last one held, with
     /// a cursor past its cursor, of a running part of a tail open at `at` (grace included).
     func held(_ tailID: String, agent: String, seq: UInt64, cursor: UInt64, records: Int, dropped: UInt64, bytes: Int64, at: Date) async throws -> Bool

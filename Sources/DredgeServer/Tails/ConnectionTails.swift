@@ -135,6 +135,20 @@ final class ConnectionTails: Sendable {
             return [stop]
         case .take(let taken):
             do {
+                // What the registry holds now, not what this connection last saw: another
+                // connection of the agent may have held batches since (it took over while this
+                // one still handled a frame). Written after exactly those bytes, or not at all.
+                guard let hold = try await registry.hold(id, agent: agentID, at: Date()) else {
+                    forget(id)
+                    return [TailStream.stopFrame(id, "the tail is over")]
+                }
+                if hold.seq != entry.stream.held.seq || hold.bytes != entry.bytes {
+                    let key = try await services.work.control.runIfActive { [issuer = services.issuer] in try issuer.key(hold.wrappedKey) }
+                    let stream = try TailStream(
+                        tailID: id, agentID: agentID, uid: hold.uid, key: key, expiresAt: hold.expiresAt, held: (hold.seq, hold.cursor), started: true)
+                    state.withLock { $0.streams[id] = Entry(stream: stream, bytes: hold.bytes, contexts: nil) }
+                    return [stream.acknowledgement]
+                }
                 let directory = try services.paths.tailFiles(id, agent: agentID)
                 let (bytes, contexts) = try await services.work.uploads.runIfActive { [held = entry.bytes, known = entry.contexts] in
                     var known = known

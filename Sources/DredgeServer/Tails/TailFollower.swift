@@ -33,6 +33,8 @@ struct TailFollower {
         for part in tail.parts {
             shown[part.agentID] = part.bytes
             dropped[part.agentID] = part.dropped
+            // Told already: the stream's first line.
+            statuses[part.agentID] = part.status
         }
     }
 
@@ -66,6 +68,11 @@ struct TailFollower {
                 from = to
             }
             let (lines, end) = try Self.read(file, from: from, upTo: min(part.bytes, from + Int64(Self.readBytes)))
+            guard end > from else {
+                // The file is gone or shorter than what is held (removed meanwhile): nothing more of it.
+                shown[agent] = part.bytes
+                continue
+            }
             shown[agent] = end
             if end < part.bytes { more = true }
             guard !lines.isEmpty else { continue }

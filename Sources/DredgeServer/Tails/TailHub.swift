@@ -117,13 +117,13 @@ public final class TailHub: Sendable {
     public func isStopped(_ tailID: String) -> Bool { state.withLock { $0.stopped.contains(tailID) } }
 
     /// The tail stopped (`agents`: those with a part): its watchers end with `reason`, and the
-    /// listener tells the devices connected here.
+    /// listener tells the devices connected here; once per tail (a second call does nothing).
     public func stopped(_ tailID: String, reason: String, agents: [String]) {
-        let (watchers, handlers) = state.withLock { s in
-            if s.stopped.insert(tailID).inserted {
-                s.stoppedOrder.append(tailID)
-                if s.stoppedOrder.count > Self.stoppedRemembered { s.stopped.remove(s.stoppedOrder.removeFirst()) }
-            }
+        let (watchers, handlers) = state.withLock { s -> ([Watcher], [@Sendable (String, String, [String]) -> Void]) in
+            // Once: this node's own stop comes back to it as the cluster's notice.
+            guard s.stopped.insert(tailID).inserted else { return ([], []) }
+            s.stoppedOrder.append(tailID)
+            if s.stoppedOrder.count > Self.stoppedRemembered { s.stopped.remove(s.stoppedOrder.removeFirst()) }
             // Each is read to its end by its stream.
             let watchers = s.watchers.removeValue(forKey: tailID).map { Array($0.values) } ?? []
             return (watchers, s.stopHandlers)

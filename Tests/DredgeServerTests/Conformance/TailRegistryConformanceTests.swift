@@ -106,7 +106,9 @@ import Testing
         _ = try await tails.deliver(tail.id, agent: "a", wrappedKey: key, at: date(1))
         // Not accepted yet: nothing is taken.
         #expect(try await !tails.held(tail.id, agent: "a", seq: 1, cursor: 150, records: 1, dropped: 0, bytes: 10, at: date(1)))
+        #expect(try await tails.hold(tail.id, agent: "a", at: date(1)) == nil, "delivered, not accepted: nothing is taken")
         #expect(try await tails.accepted(tail.id, agent: "a", startCursor: 100, at: date(2)) == TailHold(uid: "u-1", expiresAt: tail.expiresAt, wrappedKey: key, seq: 0, cursor: 100, bytes: 0))
+        #expect(try await tails.hold(tail.id, agent: "a", at: date(2)) == TailHold(uid: "u-1", expiresAt: tail.expiresAt, wrappedKey: key, seq: 0, cursor: 100, bytes: 0))
         // Accepted again (an agent that restarted, whose store moved on): the first cursor holds.
         #expect(try await tails.accepted(tail.id, agent: "a", startCursor: 500, at: date(3))?.cursor == 100)
         #expect(try await !tails.held(tail.id, agent: "a", seq: 2, cursor: 150, records: 1, dropped: 0, bytes: 10, at: date(4)))
@@ -119,7 +121,9 @@ import Testing
         #expect(try await !tails.held(tail.id, agent: "a", seq: 3, cursor: 200, records: 1, dropped: 0, bytes: 600, at: date(8)))
         // Within the grace after expiry a batch is still taken; after it, none is.
         #expect(try await tails.held(tail.id, agent: "a", seq: 3, cursor: UInt64.max, records: 1, dropped: 5, bytes: 600, at: date(930)))
+        #expect(try await tails.hold(tail.id, agent: "a", at: date(930))?.seq == 3)
         #expect(try await tails.accepted(tail.id, agent: "a", startCursor: 1, at: date(961)) == nil)
+        #expect(try await tails.hold(tail.id, agent: "a", at: date(961)) == nil, "past the grace")
         let part = try #require(try await tails.tail(tail.id)?.parts.first)
         #expect(part.status == .running && part.startCursor == 100 && part.heldSeq == 3 && part.heldCursor == UInt64.max)
         #expect(part.records == 6 && part.dropped == 6 && part.bytes == 600)

@@ -104,7 +104,9 @@ enum TailRoutes {
                 lastWrite = .now
             }
             if ended == nil, let stopped = now.stopped { ended = stopped.reason }
-            if ended == nil, Timestamp.now >= now.expiresAt { ended = "expired" }
+            if ended == nil, now.removed != nil { ended = "its records were removed" }
+            // Batches are taken for a minute's grace after the expiry (Protocol § 20): shown too.
+            if ended == nil, Timestamp.now.microseconds >= now.expiresAt.microseconds + TailRows.grace { ended = "expired" }
             if ended != nil && !more { break }
             if ContinuousClock.now - lastWrite >= keepAlive {
                 // A line break now and then: a quiet tail is not a dead connection to a client or a proxy.

@@ -161,6 +161,14 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
         }
     }
 
+    public func hold(_ tailID: String, agent: String, at: Date) async throws -> TailHold? {
+        // In a transaction of its own: takingPart locks the row, until this read ends.
+        try await db.write { c in
+            guard let (tail, part) = try await Self.takingPart(tailID, agent: agent, at: at, on: c), part.running else { return nil }
+            return TailHold(uid: tail.uid, expiresAt: tail.expiresAt, wrappedKey: part.key, seq: part.seq, cursor: part.cursor, bytes: part.bytes)
+        }
+    }
+
     public func held(_ tailID: String, agent: String, seq: UInt64, cursor: UInt64, records: Int, dropped: UInt64, bytes: Int64, at: Date) async throws -> Bool {
         try await db.write { c in
             guard let (_, part) = try await Self.takingPart(tailID, agent: agent, at: at, on: c), part.running, part.seq &+ 1 == seq, cursor > part.cursor else {

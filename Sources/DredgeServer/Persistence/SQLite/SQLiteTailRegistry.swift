@@ -137,6 +137,13 @@ public final class SQLiteTailRegistry: TailRegistry, Sendable {
         }
     }
 
+    public func hold(_ tailID: String, agent: String, at: Date) async throws -> TailHold? {
+        try await db.read { db in
+            guard let (tail, part) = try Self.takingPart(tailID, agent: agent, at: at, in: db), part.running else { return nil }
+            return TailHold(uid: tail.uid, expiresAt: tail.expiresAt, wrappedKey: part.key, seq: part.seq, cursor: part.cursor, bytes: part.bytes)
+        }
+    }
+
     public func held(_ tailID: String, agent: String, seq: UInt64, cursor: UInt64, records: Int, dropped: UInt64, bytes: Int64, at: Date) async throws -> Bool {
         try await db.write { db in
             guard let (_, part) = try Self.takingPart(tailID, agent: agent, at: at, in: db), part.running, part.seq &+ 1 == seq, cursor > part.cursor else { return false }

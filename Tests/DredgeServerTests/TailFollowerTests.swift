@@ -48,8 +48,9 @@ import Testing
         let first = try follower.events(tail(bytes: held, dropped: 2))
         #expect(messages(first.events) == ["a", "b"] && !first.more)
         #expect(first.events.contains { $0.kind == .dropped && $0.count == 2 })
-        #expect(first.events.first?.kind == .devices, "the device's status, first seen")
+        #expect(!first.events.contains { $0.kind == .devices }, "the devices as they were are the stream's first line, not repeated")
         #expect(messages(try follower.events(tail(bytes: held, dropped: 2)).events).isEmpty, "nothing twice")
+        #expect(try follower.events(tail(bytes: held, dropped: 2, status: .ended)).events.map(\.kind) == [.devices], "a device that ended is told")
     }
 
     @Test func aWatcherFarBehindSkipsToTheNewestAndIsToldWhatItMissed() throws {

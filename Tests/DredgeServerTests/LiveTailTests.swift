@@ -53,9 +53,15 @@ import Testing
             }
             if let heartbeat { try await link.heartbeat(activeUIDs: heartbeat) }
             let deadline = ContinuousClock.now + .seconds(120)
+            var lastHeartbeat = ContinuousClock.now
             while try await !done() {
                 guard ContinuousClock.now < deadline else { throw AgentError("the tail did not get there in 2 minutes") }
                 try await manager.step(clock: clock())
+                // Heartbeats as the agent sends them: a connection silent too long is closed.
+                if ContinuousClock.now - lastHeartbeat >= .milliseconds(500) {
+                    try await link.heartbeat(activeUIDs: heartbeat ?? [])
+                    lastHeartbeat = .now
+                }
                 try await Task.sleep(for: TailManager.pollInterval)
             }
             link.goodbye("done")
@@ -198,6 +204,8 @@ import Testing
             while await seen.events == 0 { try await Task.sleep(for: .milliseconds(20)) }
             try await agent.connect(capabilities: Self.liveTail) { link in
                 try await Self.run(manager, on: link, keys: keys, heartbeat: ["u-1"]) {
+                    // Once stopped: done when the device heard of it.
+                    if await seen.stopped { return await manager.running.isEmpty }
                     guard await !manager.running.isEmpty else { return false }
                     if try store.lastRowID() == 0 { try Self.log(store, context, ["a", "b", "c"]) }
                     guard await seen.messages.count == 3 else { return false }

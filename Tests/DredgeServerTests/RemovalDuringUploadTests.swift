@@ -12,7 +12,9 @@ import Testing
 /// uploading: the upload is refused from then on, and nothing of it lands or is indexed.
 @Suite struct RemovalDuringUploadTests {
     @Test func aPullRemovedWhileItsUploadRunsLeavesNothingBehind() async throws {
-        try await withStopping(InProcessServer()) { server in
+        // Heartbeats every minute: this agent sends none, and a loaded run can take seconds
+        // between its frames (at 1 s, the server closed it as silent).
+        try await withStopping(InProcessServer(heartbeatSeconds: 60)) { server in
             let store = try server.deviceStore()
             let a = try await server.enrollAgent()
             let paths = DataDirectory(server.data)

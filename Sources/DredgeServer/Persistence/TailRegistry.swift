@@ -204,6 +204,12 @@ enum TailRows {
         }
     }
 
+    /// A new tail's columns as both back ends store them (its filter checked first).
+    static func encoded(_ tail: NewTail) throws -> (filter: String, agents: String?, verboseTypes: String) {
+        if let problem = tail.filter.problem { throw DeploymentError(problem) }
+        return (try StoredFilter.encode(tail.filter), try tail.agents.map(json), try json(tail.verboseTypes))
+    }
+
     static func json(_ strings: [String]) throws -> String {
         String(decoding: try JSONEncoder().encode(strings), as: UTF8.self)
     }

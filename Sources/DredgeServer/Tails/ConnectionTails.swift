@@ -74,18 +74,17 @@ final class ConnectionTails: Sendable {
         }
     }
 
-    /// The engineer stopped the tail, or it expired: no batch of it is taken here from now on;
-    /// the `TailStop` to send when it ran on this connection.
-    func stop(_ tailID: String, reason: String) -> WireFrame? {
-        let ran = state.withLock { s in
-            defer { s.streams[tailID] = nil }
-            return s.sent.contains(tailID)
-        }
-        return ran ? TailStream.stopFrame(tailID, reason) : nil
-    }
-
     private func forget(_ tailID: String) {
         state.withLock { $0.streams[tailID] = nil }
+    }
+
+    /// The tail's stream on this connection, going on from what the registry holds.
+    private func resume(_ tailID: String, from hold: TailHold) async throws -> TailStream {
+        let key = try await services.work.control.runIfActive { [issuer = services.issuer] in try issuer.key(hold.wrappedKey) }
+        let stream = try TailStream(
+            tailID: tailID, agentID: agentID, uid: hold.uid, key: key, expiresAt: hold.expiresAt, held: (hold.seq, hold.cursor), started: true)
+        state.withLock { $0.streams[tailID] = Entry(stream: stream, bytes: hold.bytes, contexts: nil) }
+        return stream
     }
 
     private func accepted(_ m: WireTailAccepted) async -> [WireFrame] {
@@ -98,14 +97,11 @@ final class ConnectionTails: Sendable {
                 return [TailStream.stopFrame(id, "no such tail is open for this agent")]
             }
             markSent(id)
-            let key = try await services.work.control.runIfActive { [issuer = services.issuer] in try issuer.key(hold.wrappedKey) }
-            var stream = try TailStream(
-                tailID: id, agentID: agentID, uid: hold.uid, key: key, expiresAt: hold.expiresAt, held: (hold.seq, hold.cursor), started: true)
-            let ack = stream.accepted(startCursor: m.startCursor)
-            state.withLock { $0.streams[id] = Entry(stream: stream, bytes: hold.bytes, contexts: nil) }
+            // The registry kept the start cursor: what it holds is the acknowledgement.
+            let stream = try await resume(id, from: hold)
             services.logger.info("tail accepted", metadata: ["tail.id": "\(id)", "agent.id": "\(agentID)", "held.seq": "\(hold.seq)"])
-            await announceDevices(id)
-            return [ack]
+            services.tailHub.ring(id)
+            return [stream.acknowledgement]
         } catch {
             services.logger.error("cannot start a tail the agent accepted; ending its part", metadata: ["tail.id": "\(id)", "agent.id": "\(agentID)", "error": "\(error)"])
             forget(id)
@@ -142,13 +138,7 @@ final class ConnectionTails: Sendable {
                     forget(id)
                     return [TailStream.stopFrame(id, "the tail is over")]
                 }
-                if hold.seq != entry.stream.held.seq || hold.bytes != entry.bytes {
-                    let key = try await services.work.control.runIfActive { [issuer = services.issuer] in try issuer.key(hold.wrappedKey) }
-                    let stream = try TailStream(
-                        tailID: id, agentID: agentID, uid: hold.uid, key: key, expiresAt: hold.expiresAt, held: (hold.seq, hold.cursor), started: true)
-                    state.withLock { $0.streams[id] = Entry(stream: stream, bytes: hold.bytes, contexts: nil) }
-                    return [stream.acknowledgement]
-                }
+                if hold.seq != entry.stream.held.seq || hold.bytes != entry.bytes { return [try await resume(id, from: hold).acknowledgement] }
                 let directory = try services.paths.tailFiles(id, agent: agentID)
                 let (bytes, contexts) = try await services.work.uploads.runIfActive { [held = entry.bytes, known = entry.contexts] in
                     var known = known
@@ -160,15 +150,11 @@ final class ConnectionTails: Sendable {
                 guard isHeld else {
                     // Stopped, expired or ended meanwhile; or another connection of the agent
                     // held it first: go on from what is held.
-                    guard let hold = try await registry.accepted(id, agent: agentID, startCursor: taken.cursor, at: Date()) else {
+                    guard let hold = try await registry.hold(id, agent: agentID, at: Date()) else {
                         forget(id)
                         return [TailStream.stopFrame(id, "the tail is over")]
                     }
-                    let key = try await services.work.control.runIfActive { [issuer = services.issuer] in try issuer.key(hold.wrappedKey) }
-                    let stream = try TailStream(
-                        tailID: id, agentID: agentID, uid: hold.uid, key: key, expiresAt: hold.expiresAt, held: (hold.seq, hold.cursor), started: true)
-                    state.withLock { $0.streams[id] = Entry(stream: stream, bytes: hold.bytes, contexts: nil) }
-                    return [stream.acknowledgement]
+                    return [try await resume(id, from: hold).acknowledgement]
                 }
                 entry.bytes = bytes
                 entry.contexts = contexts
@@ -190,17 +176,13 @@ final class ConnectionTails: Sendable {
         guard WireID.isValid(tailID) else { return }
         do {
             if try await registry.endPart(tailID, agent: agentID, status: status, detail: detail, at: Date()) {
-                await announceDevices(tailID)
+                // Its watchers here see the device end.
+                services.tailHub.ring(tailID)
                 // What it held is searchable now.
                 services.landed(IndexedSource(kind: .tail, id: tailID, agentID: agentID), 0)
             }
         } catch {
             services.logger.error("cannot record the end of an agent's part of a tail", metadata: ["tail.id": "\(tailID)", "agent.id": "\(agentID)", "error": "\(error)"])
         }
-    }
-
-    /// The tail's watchers here read on: a device joined or ended.
-    private func announceDevices(_ tailID: String) async {
-        services.tailHub.ring(tailID)
     }
 }

@@ -69,10 +69,7 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
         """
 
     public func create(_ tail: NewTail) async throws {
-        if let problem = tail.filter.problem { throw DeploymentError(problem) }
-        let filter = try StoredFilter.encode(tail.filter)
-        let agents = try tail.agents.map(TailRows.json)
-        let verboseTypes = try TailRows.json(tail.verboseTypes)
+        let (filter, agents, verboseTypes) = try TailRows.encoded(tail)
         let now = Date().timeIntervalSince1970
         let detail = tail.auditDetail
         try await db.write { c in

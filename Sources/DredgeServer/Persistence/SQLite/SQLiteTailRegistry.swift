@@ -59,10 +59,7 @@ public final class SQLiteTailRegistry: TailRegistry, Sendable {
     }
 
     public func create(_ tail: NewTail) async throws {
-        if let problem = tail.filter.problem { throw DeploymentError(problem) }
-        let filter = try StoredFilter.encode(tail.filter)
-        let agents = try tail.agents.map(TailRows.json)
-        let verboseTypes = try TailRows.json(tail.verboseTypes)
+        let (filter, agents, verboseTypes) = try TailRows.encoded(tail)
         let now = Date().timeIntervalSince1970
         try await db.write { db in
             try db.run(

@@ -207,3 +207,18 @@ public struct TailEvent: Sendable, Equatable, Codable {
         self.reason = reason
     }
 }
+
+extension TailEvent {
+    /// A `record` event's record as a search finds one (id 0: it has no index id yet), to be
+    /// printed or shown as `dredge logs` and the console show records; nil for other events or
+    /// a record without a readable time.
+    public func foundRecord(tailID: String) -> FoundRecord? {
+        guard kind == .record, case .object(let members)? = record else { return nil }
+        func string(_ key: String) -> String { if case .string(let s)? = members[key] { s } else { "" } }
+        guard let ts = Timestamp(rfc3339: string("ts")) else { return nil }
+        return FoundRecord(
+            id: 0, ts: ts, level: string("level"), type: string("type"), uid: string("uid"), message: string("message"),
+            metadata: RecordMetadata(members["metadata"] ?? .object([:])), agentID: agent ?? "", sourceKind: "tail", sourceID: tailID, host: host ?? "",
+            app: app ?? "", appVersion: "", os: "", process: "")
+    }
+}

@@ -145,7 +145,7 @@ struct TailCommand: AsyncParsableCommand {
                     }
                 case .record:
                     if let agent = event.agent, let host = event.host { hosts[agent] = host }
-                    if let record = Self.found(event, tailID: tail.id) { printer.print(record) }
+                    if let record = event.foundRecord(tailID: tail.id) { printer.print(record) }
                 case .dropped:
                     note("\(Terminal.field(event.host ?? event.agent ?? "a device")) left out \(event.count ?? 0) record(s) over the tail's rate")
                 case .missed:
@@ -155,17 +155,6 @@ struct TailCommand: AsyncParsableCommand {
                 }
             }
         }
-    }
-
-    /// A record of the stream as `dredge logs` prints one.
-    static func found(_ event: TailEvent, tailID: String) -> FoundRecord? {
-        guard case .object(let members)? = event.record else { return nil }
-        func string(_ key: String) -> String { if case .string(let s)? = members[key] { s } else { "" } }
-        guard let ts = Timestamp(rfc3339: string("ts")) else { return nil }
-        return FoundRecord(
-            id: 0, ts: ts, level: string("level"), type: string("type"), uid: string("uid"), message: string("message"),
-            metadata: RecordMetadata(members["metadata"] ?? .object([:])), agentID: event.agent ?? "", sourceKind: "tail", sourceID: tailID, host: event.host ?? "",
-            app: event.app ?? "", appVersion: "", os: "", process: "")
     }
 
     static func summary(_ tail: TailRecord) -> String {

@@ -54,6 +54,8 @@ enum Console {
         let secure: Bool
         /// The identity provider people may also sign in with; nil: tokens only.
         var sso: SingleSignOn? = nil
+        /// The live tails this node's sessions started: signing out stops them.
+        let startedTails = StartedTails()
 
         /// The index the log viewer searches; nil on a server that does not index.
         var records: (any RecordIndex)? { actions.services.records }
@@ -68,7 +70,7 @@ enum Console {
         console.get("") { _, _ in redirect("/console/agents") }
         for (name, type, content) in [
             ("console.css", "text/css; charset=utf-8", ConsoleTemplates.css), ("icon.svg", "image/svg+xml", ConsoleTemplates.icon),
-            ("console.js", "text/javascript; charset=utf-8", ConsoleTemplates.script),
+            ("console.js", "text/javascript; charset=utf-8", ConsoleTemplates.script + ConsoleTemplates.liveScript),
         ] {
             console.get(RouterPath("static/" + name)) { _, _ in
                 var headers = securityHeaders
@@ -119,6 +121,17 @@ enum Console {
             guard sameOrigin(request, d), let sent = form["csrf"], ConsoleSessions.same(session.csrf, sent) else { return forbidden(library, d) }
             try await d.sessions.close(id)
             try await d.actions.signedOut(session.tokenName)
+            // The engineer's session ended: so do the live tails they started in it.
+            for tail in d.startedTails.take(ConsoleSessions.key(id)) {
+                do {
+                    _ = try await d.actions.stopTail(tail, by: session.caller, reason: "its console session ended")
+                } catch let error as ActionError where error.kind == .conflict || error.kind == .notFound {
+                    continue  // stopped or gone already
+                } catch {
+                    // Signing out goes on: the tail ends at its expiry, which is not past the session's.
+                    d.logger.warning("a tail of a session signed out could not be stopped", metadata: ["tail.id": "\(tail)", "error": "\(error)"])
+                }
+            }
             // A person the identity provider signed in is signed out there too, when it can: by a
             // page that moves on (a form's redirect to another site is what `form-action 'self'` forbids).
             let provider = session.signedOn ? await d.sso?.endSessionURL() : nil
@@ -162,7 +175,7 @@ enum Console {
             page["users"] = agent.activeUIDs.map { uid in
                 [
                     "uid": uid, "pull": url("/console/pulls/new", [("uid", uid)]), "pullHere": url("/console/pulls/new", [("uid", uid), ("agent", agent.agentID)]),
-                    "logs": url("/console/logs", [("uid", uid)]),
+                    "logs": url("/console/logs", [("uid", uid)]), "watch": url("/console/tails/new", [("uid", uid), ("agent", agent.agentID)]),
                 ]
             }
             if agent.reportedUsers > agent.activeUIDs.count {
@@ -201,6 +214,7 @@ enum Console {
         }
         registerSingleSignOn(on: console, library, d)
         registerPulls(on: console, library, d)
+        registerTails(on: console, library, d)
         registerFeedback(on: console, library, d)
         registerLogs(on: console, library, d)
         registerRecords(on: console, library, d)

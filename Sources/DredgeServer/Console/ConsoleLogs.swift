@@ -216,6 +216,10 @@ extension Console {
             if let previous = found.previous { page["previous"] = link(("before", previous)) }
             if search.after != nil || search.before != nil { page["first"] = link(nil) }
             page["latest"] = link(("before", "\(Int64.max).0"))
+            // A user's records live from now on, with the same filters (what a tail takes of them).
+            if let uid = search.uid {
+                page["watch"] = url("/console/tails/new", [("uid", uid)] + ["host", "level", "type", "text"].compactMap { name in parameters[name].flatMap { $0.isEmpty ? nil : (name, $0) } })
+            }
             // The last page can follow what arrives after it, as `dredge logs --follow`.
             if found.next == nil { page["follow"] = link(("from", "\(found.newestID)"), path: "/console/logs/follow") }
             return html(library, "logs", page)

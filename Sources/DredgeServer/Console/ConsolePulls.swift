@@ -169,6 +169,8 @@ extension Console {
                     "detail": progress.detail, "progress": progress.progress, "files": progress.files,
                 ]
             }
+            // The same user live, on the same device when the pull named one.
+            if !pull.uid.isEmpty { page["watch"] = url("/console/tails/new", [("uid", pull.uid)] + (pull.agentID.isEmpty ? [] : [("agent", pull.agentID)])) }
             page["waiting"] = pull.targets.isEmpty ? true : nil
             page["open"] = pull.isFinished ? nil : true
             return html(library, "pull", page)

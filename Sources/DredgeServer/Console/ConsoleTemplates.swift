@@ -51,6 +51,9 @@ enum ConsoleTemplates {
         try library.register(logs, named: "logs")
         try library.register(record, named: "record")
         try library.register(files, named: "files")
+        try library.register(tails, named: "tails")
+        try library.register(newTail, named: "new-tail")
+        try library.register(tail, named: "tail")
         return library
     }
 
@@ -75,6 +78,7 @@ enum ConsoleTemplates {
         <a href="/console/agents"{{#onAgents}} aria-current="page"{{/onAgents}}>Agents</a>
         <a href="/console/pulls"{{#onPulls}} aria-current="page"{{/onPulls}}>Pulls</a>
         <a href="/console/logs"{{#onLogs}} aria-current="page"{{/onLogs}}>Logs</a>
+        <a href="/console/tails"{{#onLive}} aria-current="page"{{/onLive}}>Live</a>
         <a href="/console/feedback"{{#onFeedback}} aria-current="page"{{/onFeedback}}>Feedback</a>
         {{#isAdmin}}
         <a href="/console/audit"{{#onAudit}} aria-current="page"{{/onAudit}}>Audit log</a>
@@ -194,7 +198,7 @@ enum ConsoleTemplates {
         <thead><tr><th scope="col">User</th><th scope="col"></th></tr></thead>
         <tbody>
         {{#users}}
-        <tr><td data-label="User">{{uid}}</td><td data-label="" class="links">{{#mayPull}}<a href="{{pull}}">Pull this user</a> <a href="{{pullHere}}">on this device only</a> {{/mayPull}}<a href="{{logs}}">Their logs</a></td></tr>
+        <tr><td data-label="User">{{uid}}</td><td data-label="" class="links">{{#mayPull}}<a href="{{pull}}">Pull this user</a> <a href="{{pullHere}}">on this device only</a> {{^revokedAt}}<a class="watch" href="{{watch}}">Watch live</a> {{/revokedAt}}{{/mayPull}}<a href="{{logs}}">Their logs</a></td></tr>
         {{/users}}
         {{^users}}<tr><td colspan="2">No user seen lately.</td></tr>{{/users}}
         </tbody>
@@ -438,7 +442,7 @@ enum ConsoleTemplates {
         </form>
         {{/mayApprove}}
         {{#open}}<p class="hint" id="live">Updated as it happens.</p>{{/open}}
-        <p class="links"><a href="/console/logs?pull={{id}}">Read its logs</a> <a href="/console/pulls/{{id}}/files">Files</a>{{^removed}}{{#isAdmin}} <a class="danger" href="/console/pulls/{{id}}/remove">Remove its files…</a>{{/isAdmin}}{{/removed}}</p>
+        <p class="links"><a href="/console/logs?pull={{id}}">Read its logs</a>{{#watch}}{{#mayPull}} <a class="watch" href="{{watch}}">Watch live</a>{{/mayPull}}{{/watch}} <a href="/console/pulls/{{id}}/files">Files</a>{{^removed}}{{#isAdmin}} <a class="danger" href="/console/pulls/{{id}}/remove">Remove its files…</a>{{/isAdmin}}{{/removed}}</p>
         {{/content}}
         {{/layout}}
         """
@@ -502,7 +506,7 @@ enum ConsoleTemplates {
         {{/histogram}}
         </section>
         {{/stats}}
-        <nav class="pages" aria-label="Pages of records">{{#first}}<a href="{{first}}">First</a>{{/first}}{{#previous}}<a href="{{previous}}" rel="prev" id="previous-page">Previous page</a>{{/previous}}{{#next}}<a href="{{next}}" rel="next" id="next-page">Next page</a>{{/next}}<a href="{{latest}}">Latest</a> <a href="{{groupLink}}">{{#grouped}}Show every record{{/grouped}}{{^grouped}}Group repeats{{/grouped}}</a></nav>
+        <nav class="pages" aria-label="Pages of records">{{#first}}<a href="{{first}}">First</a>{{/first}}{{#previous}}<a href="{{previous}}" rel="prev" id="previous-page">Previous page</a>{{/previous}}{{#next}}<a href="{{next}}" rel="next" id="next-page">Next page</a>{{/next}}<a href="{{latest}}">Latest</a>{{#watch}}{{#mayPull}} <a class="watch" href="{{watch}}">Watch live</a>{{/mayPull}}{{/watch}} <a href="{{groupLink}}">{{#grouped}}Show every record{{/grouped}}{{^grouped}}Group repeats{{/grouped}}</a></nav>
         <div class="table-wrap">
         <table class="logs cards" id="records"{{#follow}} data-follow="{{follow}}"{{/follow}}>
         <thead><tr><th scope="col">Time</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
@@ -890,6 +894,10 @@ enum ConsoleTemplates {
         tr.level-debug td, tr.level-trace td { color: var(--muted); }
         td.said { white-space: pre-wrap; min-width: 16rem; }
         .status.complete { color: var(--good); font-weight: 600; }
+        .status.running { color: var(--good); font-weight: 600; }
+        .status.ended { color: var(--muted); }
+        form.inline { display: inline; margin: 0; }
+        label.check { display: flex; gap: .4rem; align-items: center; }
         .status.failed, .status.rejected, .status.expired { color: var(--bad); font-weight: 600; }
         @media (max-width: 700px) { form.pull { grid-template-columns: 1fr; } form.pull button { grid-column: 1; } }
         form.filter { display: flex; flex-wrap: wrap; gap: .5rem; align-items: center; margin-bottom: .6rem; }

@@ -38,6 +38,25 @@ struct TailFollower {
         }
     }
 
+    /// Goes on from where a watcher that reconnects stood (`positions`: bytes of each device's
+    /// records shown, as ``shown`` said), so it misses and repeats nothing. A position is taken
+    /// only where a record ends, within what is held; any other (or a device not named) starts
+    /// at what is held now, as a new watcher does.
+    mutating func resume(_ positions: [String: Int64], tail: TailRecord) throws {
+        for part in tail.parts {
+            guard let at = positions[part.agentID], at >= 0, at < part.bytes else { continue }
+            if at > 0 {
+                let file = try paths.tailFiles(tailID, agent: part.agentID) + "/" + TailFiles.records
+                guard let handle = FileHandle(forReadingAtPath: file) else { continue }
+                defer { try? handle.close() }  // read only: nothing to lose
+                try handle.seek(toOffset: UInt64(at - 1))
+                guard try handle.read(upToCount: 1) == Data([0x0A]) else { continue }
+            }
+            shown[part.agentID] = at
+            // What it left out meanwhile is not counted again: told as it comes from now on.
+        }
+    }
+
     /// A device's host, for the events (from the registry, once).
     mutating func name(_ agentID: String, host: String) { hosts[agentID] = host }
     func hasName(_ agentID: String) -> Bool { hosts[agentID] != nil }

@@ -4,6 +4,7 @@ import DredgeDomain
 import DredgeTestSupport
 import Foundation
 import NIOCore
+import NIOHTTP1
 import Testing
 @testable import DredgeServer
 

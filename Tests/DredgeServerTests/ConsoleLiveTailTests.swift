@@ -109,7 +109,7 @@ import Testing
                 #expect(started.status == 303 && tail.uid == "u-1" && tail.filter.levels == [.warning, .error, .critical] && tail.reason == "SUP-7")
                 #expect(tail.expiresAt.microseconds - tail.issuedAt.microseconds == 600_000_000)
                 let page = try await browser.send("/console/tails/\(id)")
-                #expect(page.body.contains(#"data-tail-events="/console/tails/\#(id)/events""#) && page.body.contains(#"id="stop""#))
+                #expect(page.body.contains(#"data-tail-events="/console/tails/\#(id)/events?from=""#) && page.body.contains(#"id="stop""#))
 
                 // A device's records, held as any node holds them.
                 let agent = String(repeating: "cd", count: 16)
@@ -138,6 +138,11 @@ import Testing
                 try await hold(["x4"])
                 let forgedPosition = try await browser.events(id, lastEventID: "\(agent):3,zz:1") { $0.contains("event: devices") }
                 #expect(!forgedPosition.text.contains("x1") && forgedPosition.id == "\(agent):\(held)")
+
+                // The page opens with what the tail showed so far, as text, and its events go on from there.
+                let shown = try await browser.send("/console/tails/\(id)")
+                #expect(shown.body.contains("&lt;b&gt;x1&lt;/b&gt;") && shown.body.contains(">x4<"))
+                #expect(shown.body.contains(#"/events?from=\#(agent)%3A\#(held)""#))
 
                 // Signing out ends the engineer's session, and so the tail, for its devices and watchers.
                 let agents = try await browser.send("/console/agents")

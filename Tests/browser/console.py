@@ -14,7 +14,8 @@ completes live; its logs are filtered by level and text; a hostile network recor
 text, opens in the detail panel as request and response, and runs nothing; the viewer's keys
 move and open records; a record's permalink and its pull's files (each downloaded) open; a
 user's feedback shows in the inbox and opens the user's timeline at that moment, which then
-follows what arrives; a token made
+follows what arrives; a user is watched live from their device's page (records added as text as
+they are logged, filtered by level, paused and resumed, stopped); a token made
 on the tokens page is shown once and the audit log's newest entry names it; signing out ends
 the session, and a session of a server whose sessions last a minute is refused after it,
 replayed cookie and all. Screenshots of each page go to the output folder, with console.first_page (the
@@ -530,6 +531,74 @@ def main():
         driver.find_element(By.ID, "follow").click()
         check(driver.find_element(By.ID, "follow").get_attribute("aria-pressed") == "false", "following stops")
 
+        # Watch live (#53): from the device's page, a tail of u-1 at warning and above; the records
+        # it logs are added as they are held, as text; paused, they wait; resumed, they come; stopped, it ends.
+        kitchen_id = next(a["agentID"] for a in api("/v1/agents") if a["hostname"] == "kitchen-oven-0042")
+        driver.get(base + f"/console/agents/{kitchen_id}")
+        watch = [a for a in driver.find_elements(By.CSS_SELECTOR, "a.watch") if "uid=u-1&" in a.get_attribute("href")]
+        check(len(watch) == 1, "the device's page offers to watch u-1 live")
+        watch[0].click()
+        WebDriverWait(driver, 15).until(lambda d: "/console/tails/new" in d.current_url)
+        check(driver.find_element(By.ID, "uid").get_attribute("value") == "u-1", "the form names the user")
+        check(driver.find_element(By.CSS_SELECTOR, f"#agent option[value='{kitchen_id}']").is_selected(), "and the device")
+        driver.find_element(By.ID, "level").send_keys("warning+")
+        driver.find_element(By.ID, "reason").send_keys("SUP-LIVE")
+        driver.find_element(By.CSS_SELECTOR, "form.tail button[type=submit]").click()
+        WebDriverWait(driver, 15).until(lambda d: "/console/tails/" in d.current_url and "/new" not in d.current_url)
+        tail_id = driver.current_url.rsplit("/", 1)[1]
+        try:
+            WebDriverWait(driver, 60).until(lambda d: d.find_element(By.CSS_SELECTOR, f"#devices tr[data-agent='{kitchen_id}'] span.status").text == "running")
+        except Exception:
+            check(False, "the device accepts the tail, shown live")
+        check(driver.find_element(By.ID, "pause").is_displayed(), "the page can pause")
+
+        def device_log(message, level="error"):
+            subprocess.run([f"{bin_dir}/dredge-agent", "log", "--store", os.path.join(kitchen, "logs.sqlite"), "--uid", "u-1", "--level", level, message],
+                           check=True, capture_output=True)
+
+        def live_messages():
+            return [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#live-records tbody td.message")]
+
+        device_log("live: below the tail's level", level="info")
+        device_log("live: the door opened")
+        device_log(HOSTILE_MESSAGE, level="warning")
+        try:
+            WebDriverWait(driver, 60).until(lambda d: len(live_messages()) >= 2)
+        except Exception:
+            check(False, "records logged during the tail arrive on the page")
+        check(live_messages() == ["live: the door opened", HOSTILE_MESSAGE], f"in order, filtered by level, as text: {live_messages()}")
+        check(driver.execute_script("return window.pwned === undefined") and not driver.find_elements(By.CSS_SELECTOR, "#live-records img, #live-records script"),
+              "a hostile record runs nothing")
+        row = driver.find_element(By.CSS_SELECTOR, "#live-records tbody tr")
+        check(row.find_element(By.CSS_SELECTOR, "td[data-label=Host]").text == "kitchen-oven-0042" and row.find_element(By.CSS_SELECTOR, "td[data-label=App]").text == "dredge-agent",
+              f"each with its host and app (dredge-agent log's): {row.text!r}")
+        check(driver.find_element(By.CSS_SELECTOR, f"#devices tr[data-agent='{kitchen_id}'] .records").text == "2", "the device's records counted as they come")
+        shot("7d-live")
+        driver.find_element(By.ID, "pause").click()
+        check(driver.find_element(By.ID, "pause").get_attribute("aria-pressed") == "true", "paused")
+        device_log("live: while paused")
+        try:
+            WebDriverWait(driver, 60).until(lambda d: "1 new record(s) wait" in d.find_element(By.ID, "live").text)
+        except Exception:
+            check(False, "a record that arrives while paused waits, and the page says so")
+        check(len(live_messages()) == 2, "and is not added while paused")
+        shot("7e-live-paused")
+        driver.find_element(By.ID, "pause").click()
+        check(live_messages()[-1] == "live: while paused", "resumed, what waited is added")
+        driver.find_element(By.ID, "stop").click()
+        try:
+            WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "tail-state").text.startswith("stopped"))
+        except Exception:
+            check(False, "stopping ends the tail on its page")
+        check(live_messages() == ["live: the door opened", HOSTILE_MESSAGE, "live: while paused"], f"the stopped tail's page shows what it showed: {live_messages()}")
+        check(driver.execute_script("return window.pwned === undefined"), "rendered by the server, the hostile record runs nothing either")
+        stopped = api(f"/v1/tails/{tail_id}")
+        check(stopped["stopped"]["by"] == "admin" and stopped["reason"] == "SUP-LIVE" and stopped["parts"][0]["records"] == 3,
+              f"stopped, by the engineer, with what it showed: {stopped['stopped']}, {stopped['parts']}")
+        errors = console_errors()
+        check(errors == [], f"no console errors on the live page: {errors}")
+        shot("7f-live-stopped")
+
         # Tokens: a new one is shown once; the audit log names who made it.
         driver.find_element(By.LINK_TEXT, "Tokens").click()
         at(base + "/console/tokens", "the Tokens link")
@@ -690,7 +759,7 @@ def main():
         WebDriverWait(driver, 30).until(lambda d: "/console/sso/callback" in d.current_url)
         check("none of your groups gives a role" in driver.find_element(By.TAG_NAME, "body").text, "a person in no group of Dredge's is refused")
         check(driver.get_cookie("dredge_console") is None, "a refused person has no session")
-        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, its logs, feedback, tokens, audit log, a server restart, sign-out, single sign-on passed; screenshots in {out}")
+        print(f"console in Chromium: sign-in, agents, filter, narrow window, keyboard, a live pull, its logs, feedback, a live tail, tokens, audit log, a server restart, sign-out, single sign-on passed; screenshots in {out}")
     finally:
         if driver is not None:
             driver.quit()

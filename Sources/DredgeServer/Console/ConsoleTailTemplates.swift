@@ -82,14 +82,19 @@ extension ConsoleTemplates {
         </tbody>
         </table>
         </div>
-        <p class="links">{{#events}}<button type="button" id="pause" hidden aria-pressed="false">Pause</button> {{/events}}{{#mayStop}}<form class="inline" method="post" action="/console/tails/{{id}}/stop"><input type="hidden" name="csrf" value="{{csrf}}"><button type="submit" id="stop">Stop</button></form> {{/mayStop}}<a href="{{logs}}">Search what it showed</a> <a href="/console/tails">All tails</a></p>
+        <div class="links">{{#events}}<button type="button" id="pause" hidden aria-pressed="false">Pause</button> {{/events}}{{#mayStop}}<form class="inline" method="post" action="/console/tails/{{id}}/stop"><input type="hidden" name="csrf" value="{{csrf}}"><button type="submit" id="stop">Stop</button></form> {{/mayStop}}<a href="{{logs}}">Search what it showed</a> <a href="/console/tails">All tails</a></div>
         <p class="hint" id="live" role="status">{{#events}}Watching: records are added below as the devices log them.{{/events}}{{^events}}{{#open}}Only {{by}} or an admin watches this tail.{{/open}}{{^open}}This tail is over; what it showed is searched with the rest.{{/open}}{{/events}}</p>
         <div class="table-wrap">
         <table class="logs cards" id="live-records"{{#events}} data-tail-events="{{events}}"{{/events}}>
         <thead><tr><th scope="col">Time</th><th scope="col">Host</th><th scope="col">App</th><th scope="col">Level</th><th scope="col">Type</th><th scope="col">User</th><th scope="col">Message</th></tr></thead>
-        <tbody></tbody>
+        <tbody>
+        {{#rows}}
+        <tr class="level-{{level}}"><td data-label="Time" class="nowrap">{{time}}</td><td data-label="Host">{{host}}</td><td data-label="App">{{app}}</td><td data-label="Level" class="level">{{level}}</td><td data-label="Type">{{type}}</td><td data-label="User">{{uid}}</td><td data-label="Message" class="message">{{message}}{{#metadata}}<br><small>{{metadata}}</small>{{/metadata}}</td></tr>
+        {{/rows}}
+        </tbody>
         </table>
         </div>
+        {{#earlier}}<p class="hint">{{earlier}}</p>{{/earlier}}
         {{/content}}
         {{/layout}}
         """
@@ -155,8 +160,17 @@ extension ConsoleTemplates {
               tell();
             });
           }
+          // Each device's records counted on as they come (its row's count is the server's at the page's start).
+          var count = function (records) {
+            for (var i = 0; i < records.length; i++) {
+              if (!/^[0-9a-f]{32}$/.test(records[i].agent)) { continue; }
+              var cellOf = devices.querySelector('tr[data-agent="' + records[i].agent + '"] .records');
+              if (cellOf) { cellOf.textContent = String((Number(cellOf.textContent) || 0) + 1); }
+            }
+          };
           stream.onmessage = function (event) {
             var records = JSON.parse(event.data);
+            count(records);
             if (paused) {
               for (var i = 0; i < records.length; i++) { if (held.length < most) { held.push(records[i]); } else { heldOver++; } }
             } else {

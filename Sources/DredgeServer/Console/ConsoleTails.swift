@@ -5,6 +5,7 @@ import Foundation
 import Hummingbird
 import Mustache
 import NIOCore
+import NIOPosix
 import Synchronization
 
 /// The console's live tails (#53): "Watch live" on a user (an agent's page, the log viewer) or
@@ -137,6 +138,15 @@ extension Console {
                 if mine { page["events"] = "/console/tails/\(tail.id)/events" }
                 page["mayStop"] = mine && session.caller.role >= AdminOperation.stopTail.leastRole ? true : nil
             }
+            // What it showed so far (the newest rows), read as a watcher reads; the page's events go on from there.
+            if let paths = d.actions.services.files?.paths {
+                let (rows, positions) = try await NIOThreadPool.singleton.runIfActive { try storedRows(tail, hosts: hosts, paths: paths) }
+                page["rows"] = rows.map { Console.logRow($0) }
+                page["earlier"] = rows.count == maxStoredRows ? "The newest \(maxStoredRows) records it showed; search for the rest." : nil
+                if page["events"] != nil {
+                    page["events"] = url("/console/tails/\(tail.id)/events", [("from", positions.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","))])
+                }
+            }
             page["devices"] = tail.parts.map { part -> [String: Any] in
                 ["agentID": part.agentID, "host": hosts[part.agentID] ?? "?", "shortID": String(part.agentID.prefix(8)), "status": part.status.rawValue,
                  "records": "\(part.records)", "dropped": part.dropped > 0 ? "\(part.dropped) left out" : "", "detail": part.detail]
@@ -174,7 +184,8 @@ extension Console {
             }
             let id = try context.parameters.require("id")
             guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such tail.") }
-            let resumed = request.headers[HTTPFields.Element.Name("Last-Event-ID")!].map(tailPositions)
+            // Where the page stood: as its last event said (a reconnect), else as the page was rendered.
+            let resumed = (request.headers[HTTPFields.Element.Name("Last-Event-ID")!] ?? query(request)["from"]).map(tailPositions)
             guard let paths = d.actions.services.files?.paths, let registry = d.actions.services.tails else {
                 throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not serve tails' records.")
             }
@@ -219,6 +230,26 @@ extension Console {
         }
     }
 
+    /// The records a tail's page shows when it opens: at most this many, the newest.
+    static let maxStoredRows = 500
+
+    /// What `tail` showed so far, the newest ``maxStoredRows`` in time order, read from what the
+    /// server stored as a watcher reads it (``TailFollower``, from each device's first record),
+    /// and where that reading ended in each device's records.
+    static func storedRows(_ tail: TailRecord, hosts: [String: String], paths: DataDirectory) throws -> ([FoundRecord], [String: Int64]) {
+        var follower = TailFollower(tail, paths: paths)
+        for part in tail.parts { follower.name(part.agentID, host: hosts[part.agentID] ?? "") }
+        try follower.resume(Dictionary(uniqueKeysWithValues: tail.parts.map { ($0.agentID, 0) }), tail: tail)
+        var rows: [FoundRecord] = []
+        while true {
+            let (events, more) = try follower.events(tail)
+            rows += events.compactMap { $0.foundRecord(tailID: tail.id) }
+            if rows.count > maxStoredRows { rows.removeFirst(rows.count - maxStoredRows) }
+            if !more { break }
+        }
+        return (rows.enumerated().sorted { ($0.element.ts, $0.offset) < ($1.element.ts, $1.offset) }.map(\.element), follower.shown)
+    }
+
     /// A device's state as the live page shows it, and as its `devices` events carry it.
     struct LiveDevice: Encodable {
         var agentID: String, host: String, status: String, records: String, dropped: String, detail: String
@@ -226,11 +257,12 @@ extension Console {
 
     /// A record as the live page writes it into a row (as text): the viewer's columns.
     struct LiveRecord: Encodable {
-        var time: String, host: String, app: String, level: String, type: String, uid: String, message: String, metadata: String
+        var agent: String, time: String, host: String, app: String, level: String, type: String, uid: String, message: String, metadata: String
 
         init(_ r: FoundRecord) {
             let row = Console.logRow(r)
             func text(_ key: String) -> String { row[key] as? String ?? "" }
+            agent = r.agentID
             (time, host, app, level, type, uid, message, metadata) = (
                 text("time"), text("host"), text("app"), text("level"), text("type"), text("uid"), text("message"), text("metadata")
             )

@@ -897,7 +897,7 @@ enum ConsoleTemplates {
         .status.running { color: var(--good); font-weight: 600; }
         .status.ended { color: var(--muted); }
         form.inline { display: inline; margin: 0; }
-        label.check { display: flex; gap: .4rem; align-items: center; }
+        form.pull label.check { grid-column: 1 / -1; display: flex; gap: .4rem; align-items: center; }
         .status.failed, .status.rejected, .status.expired { color: var(--bad); font-weight: 600; }
         @media (max-width: 700px) { form.pull { grid-template-columns: 1fr; } form.pull button { grid-column: 1; } }
         form.filter { display: flex; flex-wrap: wrap; gap: .5rem; align-items: center; margin-bottom: .6rem; }
@@ -913,7 +913,7 @@ enum ConsoleTemplates {
         .status.online { color: var(--good); font-weight: 600; }
         .status.offline { color: var(--muted); }
         .status.revoked { color: var(--bad); font-weight: 600; }
-        nav.pages, p.links { display: flex; flex-wrap: wrap; gap: .4rem 1rem; align-items: center; margin: .4rem 0; }
+        nav.pages, p.links, div.links { display: flex; flex-wrap: wrap; gap: .4rem 1rem; align-items: center; margin: .4rem 0; }
         table.logs tbody tr.selected td { background: color-mix(in srgb, var(--accent) 12%, transparent); }
         table.logs tbody tr.current td { box-shadow: inset 0 -2px 0 var(--accent); }
         table.logs td a.open { color: inherit; }

@@ -3,7 +3,8 @@
 # directory, three devices spread over B and C. An engineer issues a pull on node A for a user
 # the devices on B and C hold; node B is killed (SIGKILL) in the middle of its uploads; its
 # devices reconnect to C, where the uploads resume from the chunks B stored and complete. The
-# files are downloaded and checked against each device's store. Prints the failover time.
+# files are downloaded and checked against each device's store. Prints the failover time. Then
+# the engineer, still on node A, watches the user live while every device is on node C.
 # Exits non-zero if anything differs; stops everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -138,4 +139,28 @@ for device in kitchen pantry bakery; do
 done
 [ $ok = 1 ] || { echo "FAILED: what arrived is not what the filter selects"; exit 1; }
 cmp -s <(cat "$out/data/pulls/$pull"/*/*.jsonl | sort) <(cat "$out/engineer/pulls/$pull"/*/*.jsonl | sort) || { echo "FAILED: the downloaded files differ from the server's"; exit 1; }
-echo "OK: a pull issued on node A reached devices on B and C, survived B's death mid-upload, and arrived verified"
+
+echo "== 7. On node A, a live tail of u-1001, whose devices are all connected to node C"
+# No device is connected to A: what the engineer sees there, C held (the nodes share the
+# database, whose notices carry the tail to C's devices, and the data directory A reads).
+! grep -q "agent connected" "$out/node-A.log" || { echo "FAILED: a device connected to node A, which this step means to avoid"; exit 1; }
+echo "   \$ dredge tail --uid u-1001 --level error+ --for 2m --reason CLUSTER-LIVE   (against node A)"
+"$bin/dredge" tail --uid u-1001 --level error+ --for 2m --reason CLUSTER-LIVE --color never > "$out/engineer/tail.txt" 2> "$out/engineer/tail.err" &
+tail_pid=$!
+pids+=($tail_pid)
+for _ in $(seq 300); do [ "$(grep -c ': running' "$out/engineer/tail.err")" = 3 ] && break; sleep 0.1; done
+[ "$(grep -c ': running' "$out/engineer/tail.err")" = 3 ] || { echo "FAILED: the devices on node C did not start node A's tail"; cat "$out/engineer/tail.err"; exit 1; }
+for device in kitchen pantry bakery; do
+    "$bin/dredge-agent" log --store "$out/$device/logs.sqlite" --uid u-1001 --level error --app "$device-oven" "$device: thermostat failed (seen live on node A)"
+done
+for _ in $(seq 300); do [ "$(wc -l < "$out/engineer/tail.txt")" -ge 3 ] && break; sleep 0.1; done
+kill -INT $tail_pid
+for _ in $(seq 100); do kill -0 $tail_pid 2>/dev/null || break; sleep 0.1; done
+sed 's/^/   /' "$out/engineer/tail.err" "$out/engineer/tail.txt"
+for device in kitchen pantry bakery; do
+    grep -q "$device: thermostat failed" "$out/engineer/tail.txt" || { echo "FAILED: node A's tail did not show $device's record from node C"; exit 1; }
+done
+[ "$(wc -l < "$out/engineer/tail.txt")" = 3 ] || { echo "FAILED: the tail showed more than the three records"; exit 1; }
+grep -q "ended: the engineer pressed Ctrl-C" "$out/engineer/tail.err" || { echo "FAILED: the tail did not end on Ctrl-C"; exit 1; }
+grep -q "agent connected" "$out/node-A.log" && { echo "FAILED: a device moved to node A during the tail"; exit 1; }
+echo "OK: a pull issued on node A reached devices on B and C, survived B's death mid-upload, and arrived verified; a tail on node A showed live what the devices on node C logged"

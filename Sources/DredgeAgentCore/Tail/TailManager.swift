@@ -16,7 +16,7 @@ import Foundation
 public actor TailManager {
     public typealias Send = @Sendable (WireFrame) async throws -> Void
 
-    public static let pollInterval: Duration = .milliseconds(50)
+    public static let pollInterval: Duration = .milliseconds(20)
 
     private let store: LogStore
     private let agentID: String

@@ -111,7 +111,9 @@ public final class AgentClient: Service, Sendable {
                     if failures == 0 { logger.warning("a live tail's pass failed", metadata: ["error": "\(error)"]) }
                     failures += 1
                 }
-                do { try await Task.sleep(for: TailManager.pollInterval) } catch { break }
+                // Often while a tail runs; seldom otherwise (the pass then only ends what expired).
+                let interval = await tails.running.isEmpty ? TailManager.idleInterval : TailManager.pollInterval
+                do { try await Task.sleep(for: interval) } catch { break }
             }
         }
         defer { tailing.cancel() }

@@ -144,6 +144,23 @@ import Testing
                 #expect(shown.body.contains("&lt;b&gt;x1&lt;/b&gt;") && shown.body.contains(">x4<"))
                 #expect(shown.body.contains(#"/events?from=\#(agent)%3A\#(held)""#))
 
+                // Another person (a reader, an investigator who did not start it) sees its facts, not its records.
+                for role in [AdminRole.reader, .investigator] {
+                    let other = Browser(server.adminURL)
+                    do {
+                        let made = try await server.admin.createToken(TokenRequest(name: "other-\(role.rawValue)", kind: .admin, role: role))
+                        try await other.signIn(made.token)
+                        let theirs = try await other.send("/console/tails/\(id)")
+                        #expect(theirs.status == 200 && theirs.body.contains("u-1") && !theirs.body.contains("x4") && !theirs.body.contains("data-tail-events"))
+                        let response = try await other.client.execute(other.request("/console/tails/\(id)/events"), timeout: .seconds(30))
+                        #expect(response.status == .forbidden)
+                        try await other.shutdown()
+                    } catch {
+                        try await other.shutdown()
+                        throw error
+                    }
+                }
+
                 // Signing out ends the engineer's session, and so the tail, for its devices and watchers.
                 let agents = try await browser.send("/console/agents")
                 let out = try await browser.send("/console/sign-out", method: .POST, form: ["csrf": agents.csrf ?? ""])
@@ -156,6 +173,34 @@ import Testing
                 throw error
             }
         }
+    }
+
+    /// The page reads each device's last window only, from where a record begins; a resumed
+    /// watcher is not taken back further than a watcher that far behind would skip.
+    @Test func thePageAndAResumeReadNoFurtherBackThanTheirBound() throws {
+        let dir = TempDir()
+        let file = dir.file("records.jsonl")
+        try Data("aaaa\nbbbbbb\ncc\n".utf8).write(to: URL(fileURLWithPath: file))
+        #expect(try Console.recordStart(in: file, atOrAfter: 0, before: 15) == 0)
+        #expect(try Console.recordStart(in: file, atOrAfter: 5, before: 15) == 5)  // just after a line break
+        #expect(try Console.recordStart(in: file, atOrAfter: 6, before: 15) == 12)
+        #expect(try Console.recordStart(in: file, atOrAfter: 13, before: 15) == 15)  // no record begins there
+
+        let agent = String(repeating: "ab", count: 16)
+        let paths = DataDirectory(dir.file("data"))
+        let tail = TailRecord(
+            id: String(repeating: "01", count: 16), uid: "u-1", agents: nil, filter: LogFilter(), issuedAt: .now, expiresAt: .now, recordsPerSecond: 1,
+            bytesPerSecond: 1, verbose: false, verboseTypes: [], requestedBy: "a", reason: nil, createdAt: Date(), stopped: nil,
+            parts: [TailPart(agentID: agent, status: .running, bytes: TailFollower.maxBehind + 10, updatedAt: Date())])
+        let records = try paths.tailFiles(tail.id, agent: agent) + "/" + TailFiles.records
+        try FileManager.default.createDirectory(atPath: (records as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        // A line break before every position.
+        try Data(repeating: 0x0A, count: Int(TailFollower.maxBehind + 10)).write(to: URL(fileURLWithPath: records))
+        var follower = TailFollower(tail, paths: paths)
+        try follower.resume([agent: 9], tail: tail)
+        #expect(follower.shown[agent] == TailFollower.maxBehind + 10)  // too far back: from what is held
+        try follower.resume([agent: 10], tail: tail)
+        #expect(follower.shown[agent] == 10)
     }
 
     @Test func positionsReadBackAsWritten() throws {

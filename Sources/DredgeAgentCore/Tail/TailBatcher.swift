@@ -25,7 +25,7 @@ public struct TailBatcher: Sendable {
     /// The Swift agent's batching (§ 20 leaves it to the agent).
     public static let maxRecords = 200
     /// Seconds a batch's first record waits for others (25 ms: a tail's latency, measured by
-    /// `dredge-bench tail`, against at most 40 frames a second per tail).
+    /// `dredge-bench tail`, against more frames: up to 40 a second per tail for a trickle).
     public static let maxDelay = 0.025
     /// Plaintext bytes a batch is due at.
     public static let softBytes = 192 * 1024

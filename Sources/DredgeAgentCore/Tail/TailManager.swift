@@ -12,11 +12,15 @@ import Foundation
 /// is ready the tails keep their place in the store and send nothing; on a new connection each
 /// is accepted again and goes on after what the server holds.
 ///
-/// ``step(now:clock:)`` is one pass over the tails; the agent calls it every ``pollInterval``.
+/// ``step(now:clock:)`` is one pass over the tails; the agent calls it every ``pollInterval``
+/// while a tail runs, every ``idleInterval`` otherwise.
 public actor TailManager {
     public typealias Send = @Sendable (WireFrame) async throws -> Void
 
+    /// How often the agent steps its tails while one runs (a tail's latency: `dredge-bench tail`).
     public static let pollInterval: Duration = .milliseconds(20)
+    /// How often it steps them while none runs.
+    public static let idleInterval: Duration = .milliseconds(250)
 
     private let store: LogStore
     private let agentID: String

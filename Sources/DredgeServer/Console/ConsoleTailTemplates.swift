@@ -160,17 +160,8 @@ extension ConsoleTemplates {
               tell();
             });
           }
-          // Each device's records counted on as they come (its row's count is the server's at the page's start).
-          var count = function (records) {
-            for (var i = 0; i < records.length; i++) {
-              if (!/^[0-9a-f]{32}$/.test(records[i].agent)) { continue; }
-              var cellOf = devices.querySelector('tr[data-agent="' + records[i].agent + '"] .records');
-              if (cellOf) { cellOf.textContent = String((Number(cellOf.textContent) || 0) + 1); }
-            }
-          };
           stream.onmessage = function (event) {
             var records = JSON.parse(event.data);
-            count(records);
             if (paused) {
               for (var i = 0; i < records.length; i++) { if (held.length < most) { held.push(records[i]); } else { heldOver++; } }
             } else {

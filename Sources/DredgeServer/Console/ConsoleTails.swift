@@ -13,13 +13,22 @@ import Synchronization
 /// added as the devices log them (server-sent events read from what the server stored,
 /// ``TailWatch``), paused and resumed, the devices' states, and a stop. What `dredge tail` does.
 extension Console {
-    /// The tails this node's console sessions started, by session key: signing out stops them
-    /// (the engineer's session ended). A tail started here outlives a restart only to its
-    /// expiry, which is never past its session's.
+    /// The tails this node's console sessions started, by session key: signing out here stops
+    /// them (the engineer's session ended). Kept in this node's memory: a sign-out through
+    /// another node of a cluster, or after a restart, leaves them to their expiry, which is
+    /// never past the session's.
     final class StartedTails: Sendable {
         private let started = Mutex<[String: Set<String>]>([:])
 
-        func add(_ tailID: String, session key: String) { started.withLock { _ = $0[key, default: []].insert(tailID) } }
+        /// Sessions remembered at most (those never signed out are forgotten first, at random).
+        static let capacity = 10_000
+
+        func add(_ tailID: String, session key: String) {
+            started.withLock { all in
+                if all[key] == nil, all.count >= Self.capacity, let any = all.keys.first { all[any] = nil }
+                all[key, default: []].insert(tailID)
+            }
+        }
         func take(_ key: String) -> Set<String> { started.withLock { $0.removeValue(forKey: key) ?? [] } }
     }
 
@@ -132,17 +141,18 @@ extension Console {
             page["filter"] = tail.filter.levels == nil && tail.filter.types == nil && tail.filter.text == nil ? "every record" : describe(tail.filter)
             page["expiresAt"] = timeText(tail.expiresAt.date)
             if tail.verbose { page["verbose"] = tail.verboseTypes.isEmpty ? "debug and trace records too" : "debug and trace records of \(tail.verboseTypes.joined(separator: ", ")) too" }
-            let mine = tail.requestedBy == session.caller.name || session.caller.role == .admin
+            // Watching (its records, live or stored) is its requester's or an admin's, as on the
+            // API (``AdminActions/watchTail(_:by:)``): others see the tail's facts only.
+            let mine = (tail.requestedBy == session.caller.name || session.caller.role == .admin) && session.caller.role >= AdminOperation.watchTail.leastRole
             if tail.isOpen(at: now), tail.stopped == nil, tail.removed == nil {
-                // Watching is its requester's or an admin's (as on the API): others see the page.
                 if mine { page["events"] = "/console/tails/\(tail.id)/events" }
                 page["mayStop"] = mine && session.caller.role >= AdminOperation.stopTail.leastRole ? true : nil
             }
             // What it showed so far (the newest rows), read as a watcher reads; the page's events go on from there.
-            if let paths = d.actions.services.files?.paths {
+            if mine, tail.removed == nil, let paths = d.actions.services.files?.paths {
                 let (rows, positions) = try await NIOThreadPool.singleton.runIfActive { try storedRows(tail, hosts: hosts, paths: paths) }
                 page["rows"] = rows.map { Console.logRow($0) }
-                page["earlier"] = rows.count == maxStoredRows ? "The newest \(maxStoredRows) records it showed; search for the rest." : nil
+                page["earlier"] = rows.count == maxStoredRows || rows.count < tail.parts.map(\.records).reduce(0, +) ? "The newest records it showed; search for the rest." : nil
                 if page["events"] != nil {
                     page["events"] = url("/console/tails/\(tail.id)/events", [("from", positions.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","))])
                 }
@@ -172,11 +182,13 @@ extension Console {
         }
 
         // Server-sent events: the tail's devices, then each run of records as the server holds
-        // them (an event's data: the rows, as text), what a device left out (`dropped`), what
-        // this page fell behind by (`missed`), and `end` (the last). Each event's id is where the
-        // page stands in each device's records, so a browser that reconnects (`Last-Event-ID`:
-        // after ten minutes, a dropped connection) misses and repeats nothing. Bounded as the
-        // other streams: 4 per session, 200 in all; ended by the session's end and shutdown.
+        // them (an event's data: the rows, as text) with the devices' counts after them, what a
+        // device left out (`dropped`), what this page fell behind by (`missed`), and `end` (the
+        // last). The last event of each write carries where the page then stands in each
+        // device's records as its id, so a browser that reconnects (`Last-Event-ID`: after ten
+        // minutes, a dropped connection) goes on from the last write it read whole, missing
+        // nothing (a write cut short is sent again). Bounded as each other kind of stream is,
+        // on its own: 4 per session, 200 in all; ended by the session's end and shutdown.
         let streams = EventStreams()
         console.get("tails/:id/events") { request, context in
             guard let cookie = request.cookies[sessionCookie]?.value, let session = try await checked(request, d, .watchTail) else {
@@ -216,8 +228,10 @@ extension Console {
                             guard ContinuousClock.now < end, !Task.isShuttingDownGracefully else { return false }
                             return try await d.sessions.session(cookie) != nil
                         },
-                        send: { events, hosts, positions in
-                            let text = try $displayZone.withValue(zone) { try tailEvents(events, tailID: tail.id, hosts: hosts, positions: positions) }
+                        send: { events, parts, hosts, positions in
+                            // Records came: the devices' counts with them.
+                            let all = events.contains { $0.kind == .record } && !events.contains { $0.kind == .devices } ? events + [TailEvent(kind: .devices, devices: parts)] : events
+                            let text = try $displayZone.withValue(zone) { try tailEvents(all, tailID: tail.id, hosts: hosts, positions: positions) }
                             try await writer.write(ByteBuffer(string: text))
                         },
                         idle: { try await writer.write(ByteBuffer(string: ": still here\n\n")) })
@@ -233,21 +247,41 @@ extension Console {
     /// The records a tail's page shows when it opens: at most this many, the newest.
     static let maxStoredRows = 500
 
-    /// What `tail` showed so far, the newest ``maxStoredRows`` in time order, read from what the
-    /// server stored as a watcher reads it (``TailFollower``, from each device's first record),
-    /// and where that reading ended in each device's records.
+    /// What `tail` showed lately, read as a watcher reads it (``TailFollower``): each device's
+    /// records in the last ``storedWindow`` bytes it held (never the whole file), the newest
+    /// ``maxStoredRows`` of them all in time order; and where that reading ended in each
+    /// device's records (what the page's events go on from).
     static func storedRows(_ tail: TailRecord, hosts: [String: String], paths: DataDirectory) throws -> ([FoundRecord], [String: Int64]) {
         var follower = TailFollower(tail, paths: paths)
-        for part in tail.parts { follower.name(part.agentID, host: hosts[part.agentID] ?? "") }
-        try follower.resume(Dictionary(uniqueKeysWithValues: tail.parts.map { ($0.agentID, 0) }), tail: tail)
+        var starts: [String: Int64] = [:]
+        for part in tail.parts {
+            follower.name(part.agentID, host: hosts[part.agentID] ?? "")
+            starts[part.agentID] = try recordStart(in: paths.tailFiles(tail.id, agent: part.agentID) + "/" + TailFiles.records, atOrAfter: max(0, part.bytes - storedWindow), before: part.bytes)
+        }
+        try follower.resume(starts, tail: tail)
         var rows: [FoundRecord] = []
         while true {
             let (events, more) = try follower.events(tail)
             rows += events.compactMap { $0.foundRecord(tailID: tail.id) }
-            if rows.count > maxStoredRows { rows.removeFirst(rows.count - maxStoredRows) }
             if !more { break }
         }
-        return (rows.enumerated().sorted { ($0.element.ts, $0.offset) < ($1.element.ts, $1.offset) }.map(\.element), follower.shown)
+        let ordered = rows.enumerated().sorted { ($0.element.ts, $0.offset) < ($1.element.ts, $1.offset) }.map(\.element)
+        return (Array(ordered.suffix(maxStoredRows)), follower.shown)
+    }
+
+    /// Bytes of each device's records a tail's page reads when it opens.
+    static let storedWindow: Int64 = 512 * 1024
+
+    /// Where the first record at or after `offset` begins in `file` (0, or just after a line
+    /// break), below `end`; `end` when none does.
+    static func recordStart(in file: String, atOrAfter offset: Int64, before end: Int64) throws -> Int64 {
+        guard offset > 0 else { return 0 }
+        guard let handle = FileHandle(forReadingAtPath: file) else { return end }
+        defer { try? handle.close() }  // read only: nothing to lose
+        try handle.seek(toOffset: UInt64(offset - 1))
+        let bytes = [UInt8](try handle.read(upToCount: Int(end - offset + 1)) ?? Data())
+        guard let newline = bytes.firstIndex(of: 0x0A) else { return end }
+        return offset + Int64(newline)
     }
 
     /// A device's state as the live page shows it, and as its `devices` events carry it.

@@ -40,11 +40,12 @@ struct TailFollower {
 
     /// Goes on from where a watcher that reconnects stood (`positions`: bytes of each device's
     /// records shown, as ``shown`` said), so it misses and repeats nothing. A position is taken
-    /// only where a record ends, within what is held; any other (or a device not named) starts
-    /// at what is held now, as a new watcher does.
+    /// only where a record ends, within what is held and at most ``maxBehind`` before its end;
+    /// any other (or a device not named) starts at what is held now, as a new watcher does.
     mutating func resume(_ positions: [String: Int64], tail: TailRecord) throws {
         for part in tail.parts {
-            guard let at = positions[part.agentID], at >= 0, at < part.bytes else { continue }
+            // Not more than ``maxBehind`` back: what a watcher that far behind would skip.
+            guard let at = positions[part.agentID], at >= 0, at < part.bytes, part.bytes - at <= Self.maxBehind else { continue }
             if at > 0 {
                 let file = try paths.tailFiles(tailID, agent: part.agentID) + "/" + TailFiles.records
                 guard let handle = FileHandle(forReadingAtPath: file) else { continue }

@@ -7,8 +7,9 @@ import NIOPosix
 /// (JSON lines) and the console's live view (server-sent events) share. It reads what the
 /// server stored (``TailFollower``) each time the watcher is rung (a batch held here, a stop)
 /// or at its ``tick`` (devices connected to other nodes, the expiry), and hands each run of
-/// events to the surface with where the watcher stands in each device's records, so a surface
-/// whose client reconnects can go on from there.
+/// events to the surface with the devices' parts as the registry holds them then and where the
+/// watcher stands in each device's records, so a surface whose client reconnects can go on
+/// from there.
 struct TailWatch {
     /// How often a watcher reads on without being rung.
     static let tick: Duration = .milliseconds(250)
@@ -21,14 +22,14 @@ struct TailWatch {
     let paths: DataDirectory
 
     /// Runs until the tail ends (stopped, expired past its grace, removed: what was stored by
-    /// then is handed over first), `goOn` says no (checked at each wake: the client went, a
-    /// session ended, the server shuts down; asked at most once a second), or `send` throws. The devices come first; then
+    /// then is handed over first), `goOn` says no (asked at a wake at most once a second: a
+    /// session ended, the server shuts down), or `send` throws (the client went). The devices come first; then
     /// records from what is held now, or with `from`, from where a reconnecting client stood
     /// (``TailFollower/resume(_:tail:)``). `idle` is called after `quiet` without events (a keep-alive). Returns why
     /// the tail ended, or nil when `goOn` ended the watch. Unsubscribes the watcher.
     func run(
         from positions: [String: Int64]? = nil, quiet: Duration, goOn: @Sendable () async throws -> Bool = { true },
-        send: ([TailEvent], _ hosts: [String: String], _ positions: [String: Int64]) async throws -> Void, idle: () async throws -> Void
+        send: ([TailEvent], _ parts: [TailPart], _ hosts: [String: String], _ positions: [String: Int64]) async throws -> Void, idle: () async throws -> Void
     ) async throws -> String? {
         let watcher = self.watcher
         let ticker = Task {
@@ -52,8 +53,14 @@ struct TailWatch {
             for part in parts where !follower.hasName(part.agentID) { follower.name(part.agentID, host: hosts[part.agentID] ?? "") }
         }
         try await name(tail.parts)
-        if let positions { try follower.resume(positions, tail: tail) }
-        try await send([TailEvent(kind: .devices, devices: tail.parts)], hosts, follower.shown)
+        if let positions {
+            follower = try await NIOThreadPool.singleton.runIfActive { [follower, tail] in
+                var copy = follower
+                try copy.resume(positions, tail: tail)
+                return copy
+            }
+        }
+        try await send([TailEvent(kind: .devices, devices: tail.parts)], tail.parts, hosts, follower.shown)
         var lastSent = ContinuousClock.now, lastAsked = ContinuousClock.now
         var ended: String?
         var more = false
@@ -79,7 +86,7 @@ struct TailWatch {
             follower = read.0
             more = read.2
             if !read.1.isEmpty {
-                try await send(read.1, hosts, follower.shown)
+                try await send(read.1, now.parts, hosts, follower.shown)
                 lastSent = .now
             }
             if ended == nil, let stopped = now.stopped { ended = stopped.reason }

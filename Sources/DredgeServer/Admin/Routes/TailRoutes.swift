@@ -62,7 +62,7 @@ enum TailRoutes {
         let watch = TailWatch(tail: tail, watcher: watcher, tails: tails, registry: registry, hub: hub, paths: paths)
         let ended = try await watch.run(
             quiet: keepAlive,
-            send: { events, _, _ in try await writer.write(try lines(events)) },
+            send: { events, _, _, _ in try await writer.write(try lines(events)) },
             // A line break now and then: a quiet tail is not a dead connection to a client or a proxy.
             idle: { try await writer.write(ByteBuffer(string: "\n")) })
         try await writer.write(try lines([TailEvent(kind: .end, reason: ended ?? "stopped")]))

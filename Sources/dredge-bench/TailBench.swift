@@ -118,6 +118,7 @@ struct TailBench: AsyncParsableCommand {
         // Capacity: the device paced under the tail's highest rate, then the same records pulled.
         let watcher = try await Watcher.start(admin, request: TailRequest(uid: Self.uid, durationSeconds: 600, recordsPerSecond: 10_000, bytesPerSecond: 16 << 20))
         let cpuBefore = try cpuSeconds(server.process.processIdentifier)
+        let threadsBefore = threadSeconds(server.process.processIdentifier)
         let since = Timestamp.now
         let start = monotonicNanos()
         let perMillisecond = 9  // 9,000 a second: under the tail's 10,000
@@ -134,6 +135,8 @@ struct TailBench: AsyncParsableCommand {
         let arrivals = watcher.arrivals(prefix: "capacity ")
         let span = Double((arrivals.max() ?? 0) - (arrivals.min() ?? 0)) / 1e9
         let tailCPU = try cpuSeconds(server.process.processIdentifier) - cpuBefore
+        let byThread = threadSeconds(server.process.processIdentifier).map { ($0.key, $0.value - (threadsBefore[$0.key] ?? 0)) }.filter { $0.1 > 0.05 }
+        note("tail.capacity: the server's CPU by thread: " + byThread.sorted { $0.1 > $1.1 }.map { String(format: "%@ %.2f s", $0.0, $0.1) }.joined(separator: ", "))
         let dropped = watcher.dropped()
         try await watcher.stop(admin)
         let forwarded = Double(arrivals.count) / max(span, 1e-9)
@@ -190,6 +193,23 @@ struct TailBench: AsyncParsableCommand {
         guard !values.isEmpty else { return .nan }
         let sorted = values.sorted()
         return sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]
+    }
+
+    /// A process's live threads' CPU time so far by thread name, from `/proc/PID/task` (empty
+    /// where it cannot be read: a note only).
+    func threadSeconds(_ pid: Int32) -> [String: Double] {
+        var byName: [String: Double] = [:]
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []  // a note only: nothing to lose
+        for task in tasks {
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/stat", encoding: .utf8),  // a thread that ended meanwhile
+                let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")")
+            else { continue }
+            let name = String(stat[stat.index(after: open)..<close]).trimmingCharacters(in: .decimalDigits)
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { continue }
+            byName[name, default: 0] += (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+        }
+        return byName
     }
 
     /// A process's CPU time so far (user + system), from `/proc/PID/stat`.

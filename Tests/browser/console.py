@@ -45,6 +45,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -587,7 +588,9 @@ def main():
         check(live_messages()[-1] == "live: while paused", "resumed, what waited is added")
         driver.find_element(By.ID, "stop").click()
         try:
-            WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "tail-state").text.startswith("stopped"))
+            # The page posts and loads again: an element of the old page may go stale under the wait.
+            WebDriverWait(driver, 30, ignored_exceptions=[NoSuchElementException, StaleElementReferenceException]).until(
+                lambda d: d.find_element(By.ID, "tail-state").text.startswith("stopped"))
         except Exception:
             check(False, "stopping ends the tail on its page")
         check(live_messages() == ["live: the door opened", HOSTILE_MESSAGE, "live: while paused"], f"the stopped tail's page shows what it showed: {live_messages()}")

@@ -192,11 +192,19 @@ public struct TailEvent: Sendable, Equatable, Codable {
     public var count: Int64?
     public var devices: [TailPart]?
     public var reason: String?
+    /// The record's JSON text as the server stored it, in place of `record` on the server's
+    /// side (written into the stream as it is, never decoded there); not part of the event's JSON.
+    public var line: [UInt8]?
+
+    enum CodingKeys: String, CodingKey {
+        case kind, agent, host, app, record, count, devices, reason
+    }
 
     public init(
         kind: Kind, agent: String? = nil, host: String? = nil, app: String? = nil, record: JSONValue? = nil, count: Int64? = nil, devices: [TailPart]? = nil,
-        reason: String? = nil
+        reason: String? = nil, line: [UInt8]? = nil
     ) {
+        self.line = line
         self.kind = kind
         self.agent = agent
         self.host = host
@@ -209,11 +217,16 @@ public struct TailEvent: Sendable, Equatable, Codable {
 }
 
 extension TailEvent {
+    /// The record: `record`, or `line` read (nil when neither holds a JSON value).
+    public var recordValue: JSONValue? {
+        record ?? line.flatMap { try? JSONDecoder().decode(JSONValue.self, from: Data($0)) }  // not JSON: no record to show
+    }
+
     /// A `record` event's record as a search finds one (id 0: it has no index id yet), to be
     /// printed or shown as `dredge logs` and the console show records; nil for other events or
     /// a record without a readable time.
     public func foundRecord(tailID: String) -> FoundRecord? {
-        guard kind == .record, case .object(let members)? = record else { return nil }
+        guard kind == .record, case .object(let members)? = recordValue else { return nil }
         func string(_ key: String) -> String { if case .string(let s)? = members[key] { s } else { "" } }
         guard let ts = Timestamp(rfc3339: string("ts")) else { return nil }
         return FoundRecord(

@@ -289,8 +289,8 @@ import Testing
             let directory = try DataDirectory(server.data).tailFiles(tail.id, agent: agent)
             var known: TailFiles.KnownContexts?
             var held: Int64 = 0
-            func hold(_ seq: UInt64, _ messages: [String]) async throws {
-                let records = messages.map { Array(#"{"ts":"2026-11-30T10:00:00.000000Z","level":"warning","type":"app","uid":"u-1","message":"\#($0)","metadata":{},"context":3}"#.utf8) }
+            func hold(_ seq: UInt64, _ messages: [String], level: String = "warning") async throws {
+                let records = messages.map { Array(#"{"ts":"2026-11-30T10:00:00.000000Z","level":"\#(level)","type":"app","uid":"u-1","message":"\#($0)","metadata":{"k":"v \"q\""},"context":3}"#.utf8) }
                 let batch = TailBatchReader.Batch(records: records, contexts: [3: Array(#"{"app":"till","appVersion":"1.0","host":"far","os":"Linux","process":"tilld"}"#.utf8)], times: records.map { _ in 0 })
                 held = try TailFiles.append(batch, after: held, known: &known, in: directory)
                 #expect(try await server.tails.held(tail.id, agent: agent, seq: seq, cursor: seq, records: messages.count, dropped: 0, bytes: held, at: Date()))
@@ -299,7 +299,8 @@ import Testing
             let watching = Task { try await server.admin.watchTail(tail.id) { await seen.add($0) } }
             while await seen.events == 0 { try await Task.sleep(for: .milliseconds(20)) }
             try await hold(1, ["x1", "x2"])
-            try await hold(2, ["x3"])
+            // One the indexer's scanner does not read as a record (a level it does not know): shown all the same.
+            try await hold(2, ["x3"], level: "loud")
             // Written but never recorded as held: not shown.
             var unheld: TailFiles.KnownContexts? = known
             _ = try TailFiles.append(
@@ -309,6 +310,8 @@ import Testing
             _ = try await server.admin.stopTail(tail.id)
             try await watching.value
             #expect(await seen.messages == ["x1", "x2", "x3"])
+            // Each record whole, as the device sent it (spliced into the stream as stored, or decoded).
+            #expect(await seen.metadata == Array(repeating: JSONValue.object(["k": .string(#"v "q""#)]), count: 3))
             #expect(await seen.apps == ["till"])
         }
     }
@@ -318,6 +321,7 @@ import Testing
 actor Seen {
     var events = 0
     var messages: [String] = []
+    var metadata: [JSONValue] = []
     var hosts: Set<String> = []
     var apps: Set<String> = []
     var end: String?
@@ -327,7 +331,10 @@ actor Seen {
         events += 1
         switch event.kind {
         case .record:
-            if case .object(let members)? = event.record, case .string(let message)? = members["message"] { messages.append(message) }
+            if case .object(let members)? = event.record, case .string(let message)? = members["message"] {
+                messages.append(message)
+                metadata.append(members["metadata"] ?? .null)
+            }
             if let host = event.host { hosts.insert(host) }
             if let app = event.app { apps.insert(app) }
         case .end: end = event.reason

@@ -37,7 +37,7 @@ import Testing
     }
 
     func messages(_ events: [TailEvent]) -> [String] {
-        events.compactMap { if case .object(let m)? = $0.record, case .string(let s)? = m["message"] { s } else { nil } }
+        events.compactMap { if case .object(let m)? = $0.recordValue, case .string(let s)? = m["message"] { s } else { nil } }
     }
 
     @Test func aWatcherSeesWhatIsHeldFromWhenItBeganEachOnce() throws {

@@ -98,14 +98,24 @@ struct TailFollower {
             guard !lines.isEmpty else { continue }
             let decoder = JSONDecoder()
             for line in lines {
-                // Checked when it was taken (TailBatchReader): a JSON object.
-                guard case .object(let members) = try decoder.decode(JSONValue.self, from: Data(line)) else { continue }
+                // Checked when it was taken (TailBatchReader): a JSON object. A record the
+                // indexer's scanner reads is handed on as its text, only its context read (for
+                // the app); any other is decoded, as it is shown all the same.
+                let bytes = Array(line)
+                let context: Int64?, record: JSONValue?
+                if let parsed = bytes.withUnsafeBufferPointer({ RecordLine.parse($0) }) {
+                    (context, record) = (parsed.context, nil)
+                } else {
+                    guard case .object(let members) = try decoder.decode(JSONValue.self, from: Data(line)) else { continue }
+                    if case .integer(let number)? = members["context"] { context = number } else { context = nil }
+                    record = .object(members)
+                }
                 var app: String?
-                if case .integer(let context)? = members["context"] {
+                if let context {
                     if apps[agent]?[context] == nil { try loadApps(agent) }
                     app = apps[agent]?[context]
                 }
-                events.append(TailEvent(kind: .record, agent: agent, host: hosts[agent], app: app, record: .object(members)))
+                events.append(TailEvent(kind: .record, agent: agent, host: hosts[agent], app: app, record: record, line: record == nil ? bytes : nil))
             }
         }
         return (events, more)

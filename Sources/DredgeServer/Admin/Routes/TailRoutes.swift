@@ -54,6 +54,19 @@ enum TailRoutes {
         func lines(_ events: [TailEvent]) throws -> ByteBuffer {
             var buffer = ByteBuffer()
             for event in events {
+                if let line = event.line {
+                    // The stored record's text spliced in as it is, the event's other members encoded.
+                    var head = event
+                    head.line = nil
+                    var bytes = try encoder.encode(head)
+                    guard bytes.last == UInt8(ascii: "}") else { throw AdminAPIError(.internalServerError, "internal", "a tail event did not encode as an object") }
+                    bytes.removeLast()
+                    buffer.writeBytes(bytes)
+                    buffer.writeString(#","record":"#)
+                    buffer.writeBytes(line)
+                    buffer.writeString("}\n")
+                    continue
+                }
                 buffer.writeBytes(try encoder.encode(event))
                 buffer.writeInteger(UInt8(ascii: "\n"))
             }

@@ -14,7 +14,9 @@ import Testing
 /// there repeating nothing, and signing out stopping the tail. The page in a real browser is
 /// the browser test's part.
 @Suite struct ConsoleLiveTailTests {
-    /// A browser's cookies and requests, over a real HTTP connection.
+    /// A browser's cookies and requests, over a real HTTP connection. Its deadlines (5 minutes)
+    /// only keep a hung server from hanging the test: a loaded `make test` kept this suite
+    /// from running for over two minutes, and a 30 s deadline failed it.
     final class Browser: @unchecked Sendable {
         let base: String
         let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: HTTPClient.Configuration(redirectConfiguration: .disallow))
@@ -55,7 +57,7 @@ import Testing
         }
 
         func send(_ path: String, method: HTTPMethod = .GET, form: [String: String]? = nil) async throws -> Page {
-            let response = try await client.execute(request(path, method: method, form: form), timeout: .seconds(30))
+            let response = try await client.execute(request(path, method: method, form: form), timeout: .seconds(300))
             keep(response)
             let body = try await response.body.collect(upTo: 1 << 20)
             return Page(status: response.status.code, location: response.headers.first(name: "Location"), body: String(buffer: body))
@@ -71,7 +73,7 @@ import Testing
         /// last event's id.
         func events(_ tailID: String, lastEventID: String? = nil, until done: (String) -> Bool) async throws -> (text: String, id: String?) {
             let response = try await client.execute(
-                request("/console/tails/\(tailID)/events", headers: lastEventID.map { [("Last-Event-ID", $0)] } ?? []), timeout: .seconds(60))
+                request("/console/tails/\(tailID)/events", headers: lastEventID.map { [("Last-Event-ID", $0)] } ?? []), timeout: .seconds(300))
             #expect(response.status == .ok && response.headers.first(name: "Content-Type") == "text/event-stream")
             var text = ""
             for try await chunk in response.body {
@@ -152,7 +154,7 @@ import Testing
                         try await other.signIn(made.token)
                         let theirs = try await other.send("/console/tails/\(id)")
                         #expect(theirs.status == 200 && theirs.body.contains("u-1") && !theirs.body.contains("x4") && !theirs.body.contains("data-tail-events"))
-                        let response = try await other.client.execute(other.request("/console/tails/\(id)/events"), timeout: .seconds(30))
+                        let response = try await other.client.execute(other.request("/console/tails/\(id)/events"), timeout: .seconds(300))
                         #expect(response.status == .forbidden)
                         try await other.shutdown()
                     } catch {

@@ -68,7 +68,8 @@ struct TailBench: AsyncParsableCommand {
         agent.executableURL = URL(fileURLWithPath: sibling("dredge-agent"))
         agent.arguments = ["run", "--state", state, "--store", storePath]
         agent.standardOutput = FileHandle.nullDevice
-        agent.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: { FileManager.default.createFile(atPath: dir + "/agent.log", contents: nil); return dir + "/agent.log" }()))
+        guard FileManager.default.createFile(atPath: dir + "/agent.log", contents: nil) else { throw ValidationError("cannot write \(dir)/agent.log") }
+        agent.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: dir + "/agent.log"))
         try agent.run()
         defer {
             agent.terminate()

@@ -277,43 +277,57 @@ extension Console {
         _ request: Request, cookie: String, _ streams: EventStreams, _ d: Dependencies, every interval: Duration, state initial: State,
         opened: @Sendable () async throws -> Void = {}, look: @escaping @Sendable (inout State) async throws -> EventStep
     ) async throws -> Response {
+        try await eventStreamResponse(request, cookie: cookie, streams, open: opened) { _, writer in
+            var state = initial, lastWrite = ContinuousClock.now
+            let end = ContinuousClock.now + .seconds(600)
+            looking: while ContinuousClock.now < end, !Task.isShuttingDownGracefully, try await d.sessions.session(cookie) != nil {
+                switch try await look(&state) {
+                case .send(let events, let more):
+                    try await writer.write(ByteBuffer(string: events))
+                    lastWrite = .now
+                    if more { continue looking }
+                case .quiet:
+                    if ContinuousClock.now - lastWrite > .seconds(15) {
+                        try await writer.write(ByteBuffer(string: ": still here\n\n"))
+                        lastWrite = .now
+                    }
+                case .finish(let events):
+                    if let events { try await writer.write(ByteBuffer(string: events)) }
+                    break looking
+                }
+                try await Task.sleep(for: interval)
+            }
+        }
+    }
+
+    /// A console event stream's answer, whatever it sends: its headers (an answer to `HEAD`
+    /// too), a place among `streams` for the session (over the bound, 204 and the page stops
+    /// asking), `open` once the place is taken (its failure gives the place back), then `body`
+    /// writing the stream in the request's zone (it runs after the handler returned), the place
+    /// given back and the body finished when it returns.
+    static func eventStreamResponse<Opened: Sendable>(
+        _ request: Request, cookie: String, _ streams: EventStreams, open: @Sendable () async throws -> Opened,
+        body: @escaping @Sendable (Opened, inout any ResponseBodyWriter) async throws -> Void
+    ) async throws -> Response {
         var headers = securityHeaders
         headers[.contentType] = "text/event-stream"
         headers[HTTPFields.Element.Name("X-Accel-Buffering")!] = "no"
         if request.method == .head { return Response(status: .ok, headers: headers) }
         let key = ConsoleSessions.key(cookie)
         guard streams.open(key) else { return Response(status: .noContent, headers: securityHeaders) }
+        let opened: Opened
         do {
-            try await opened()
+            opened = try await open()
         } catch {
             streams.close(key)
             throw error
         }
-        // The body is written after this handler returns: it shows times in the request's zone.
         let zone = displayZone
         return Response(
             status: .ok, headers: headers,
             body: ResponseBody { writer in
                 defer { streams.close(key) }
-                var state = initial, lastWrite = ContinuousClock.now
-                let end = ContinuousClock.now + .seconds(600)
-                looking: while ContinuousClock.now < end, !Task.isShuttingDownGracefully, try await d.sessions.session(cookie) != nil {
-                    switch try await $displayZone.withValue(zone, operation: { try await look(&state) }) {
-                    case .send(let events, let more):
-                        try await writer.write(ByteBuffer(string: events))
-                        lastWrite = .now
-                        if more { continue looking }
-                    case .quiet:
-                        if ContinuousClock.now - lastWrite > .seconds(15) {
-                            try await writer.write(ByteBuffer(string: ": still here\n\n"))
-                            lastWrite = .now
-                        }
-                    case .finish(let events):
-                        if let events { try await writer.write(ByteBuffer(string: events)) }
-                        break looking
-                    }
-                    try await Task.sleep(for: interval)
-                }
+                try await $displayZone.withValue(zone) { try await body(opened, &writer) }
                 try await writer.finish(nil)
             })
     }

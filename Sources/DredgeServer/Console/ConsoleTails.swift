@@ -201,46 +201,28 @@ extension Console {
             guard let paths = d.actions.services.files?.paths, let registry = d.actions.services.tails else {
                 throw AdminAPIError(.serviceUnavailable, "unavailable", "This server does not serve tails' records.")
             }
-            var headers = securityHeaders
-            headers[.contentType] = "text/event-stream"
-            headers[HTTPFields.Element.Name("X-Accel-Buffering")!] = "no"
-            if request.method == .head { return Response(status: .ok, headers: headers) }
-            let key = ConsoleSessions.key(cookie)
-            guard streams.open(key) else { return Response(status: .noContent, headers: securityHeaders) }
-            let tail: TailRecord, watcher: TailHub.Watcher
-            do {
-                (tail, watcher) = try await d.actions.watchTail(id, by: session.caller)
-            } catch {
-                streams.close(key)
-                throw error
+            return try await eventStreamResponse(request, cookie: cookie, streams, open: { try await d.actions.watchTail(id, by: session.caller) }) { opened, writer in
+                let (tail, watcher) = opened
+                let watch = TailWatch(
+                    tail: tail, watcher: watcher, tails: registry, registry: d.actions.services.registry, hub: d.actions.services.tailHub, paths: paths)
+                let end = ContinuousClock.now + .seconds(600)
+                let ended = try await watch.run(
+                    from: resumed, quiet: .seconds(15),
+                    goOn: {
+                        guard ContinuousClock.now < end, !Task.isShuttingDownGracefully else { return false }
+                        return try await d.sessions.session(cookie) != nil
+                    },
+                    send: { events, parts, hosts, positions in
+                        // Records came: the devices' counts with them.
+                        let all = events.contains { $0.kind == .record } && !events.contains { $0.kind == .devices } ? events + [TailEvent(kind: .devices, devices: parts)] : events
+                        try await writer.write(ByteBuffer(string: try tailEvents(all, tailID: tail.id, hosts: hosts, positions: positions)))
+                    },
+                    idle: { try await writer.write(ByteBuffer(string: ": still here\n\n")) })
+                if let ended {
+                    let data = String(decoding: try JSONEncoder().encode(["reason": ended]), as: UTF8.self)
+                    try await writer.write(ByteBuffer(string: "event: end\ndata: \(data)\n\n"))
+                }
             }
-            let zone = displayZone
-            let watch = TailWatch(
-                tail: tail, watcher: watcher, tails: registry, registry: d.actions.services.registry, hub: d.actions.services.tailHub, paths: paths)
-            return Response(
-                status: .ok, headers: headers,
-                body: ResponseBody { writer in
-                    defer { streams.close(key) }
-                    let end = ContinuousClock.now + .seconds(600)
-                    let ended = try await watch.run(
-                        from: resumed, quiet: .seconds(15),
-                        goOn: {
-                            guard ContinuousClock.now < end, !Task.isShuttingDownGracefully else { return false }
-                            return try await d.sessions.session(cookie) != nil
-                        },
-                        send: { events, parts, hosts, positions in
-                            // Records came: the devices' counts with them.
-                            let all = events.contains { $0.kind == .record } && !events.contains { $0.kind == .devices } ? events + [TailEvent(kind: .devices, devices: parts)] : events
-                            let text = try $displayZone.withValue(zone) { try tailEvents(all, tailID: tail.id, hosts: hosts, positions: positions) }
-                            try await writer.write(ByteBuffer(string: text))
-                        },
-                        idle: { try await writer.write(ByteBuffer(string: ": still here\n\n")) })
-                    if let ended {
-                        let data = String(decoding: try JSONEncoder().encode(["reason": ended]), as: UTF8.self)
-                        try await writer.write(ByteBuffer(string: "event: end\ndata: \(data)\n\n"))
-                    }
-                    try await writer.finish(nil)
-                })
         }
     }
 

@@ -105,4 +105,8 @@ grep -q "payment declined: card expired" "$out/engineer/tail.txt" && grep -q "GE
 grep -q "ended: the engineer pressed Ctrl-C" "$out/engineer/tail.err" || { echo "FAILED: the tail did not end on Ctrl-C"; exit 1; }
 echo "   \$ dredge audit --action tail.stop --limit 1"
 "$bin/dredge" audit --action tail.stop --limit 1 | sed 's/^/   /'
+tail_id=$(grep -o 'tail [0-9a-f]\{32\}' "$out/engineer/tail.err" | head -1 | cut -d' ' -f2)
+echo "   \$ dredge fetch ${tail_id:0:8} --out engineer/tails     # what the tail showed, kept on the server"
+"$bin/dredge" fetch "$tail_id" --out "$out/engineer/tails" | sed "s|$out/||; s/^/   /"
+[ "$(cat "$out/engineer/tails/$tail_id"/*/records.jsonl | wc -l)" = 2 ] || { echo "FAILED: the tail's download does not hold its two records"; exit 1; }
 echo "OK: the pull arrived, decrypted, verified and searchable ($indexed records indexed); the live tail showed the call's records as they were logged"

@@ -533,8 +533,6 @@ public struct FeedbackRecord: Sendable, Equatable, Codable {
     }
 }
 
-/// One downloadable file of a pull (`GET /v1/pulls/{id}/files`): an agent's per-day JSON-lines
-/// files, its manifest, and the agent's whole decrypted zip.
 /// A byte count as people read it: `512 B`, `12.5 KiB`, `3.2 MiB`.
 public func byteText(_ n: Int64) -> String {
     if n < 1024 { return "\(n) B" }
@@ -542,6 +540,9 @@ public func byteText(_ n: Int64) -> String {
     return String(format: "%.1f MiB", Double(n) / 1024 / 1024)
 }
 
+/// One downloadable file of a pull (`GET /v1/pulls/{id}/files`): an agent's per-day JSON-lines
+/// files, its manifest, and the agent's whole decrypted zip; of a feedback the same; of a live
+/// tail (`GET /v1/tails/{id}/files`), each device's records and contexts as far as they are held.
 public struct PullFile: Sendable, Equatable, Codable {
     public enum Kind: String, Sendable, Codable {
         /// A per-day JSON-lines file.
@@ -550,6 +551,10 @@ public struct PullFile: Sendable, Equatable, Codable {
         case manifest
         /// Everything the agent sent, as one zip.
         case zip
+        /// A live tail's records from one device, as it sent them (Protocol § 13's lines).
+        case records
+        /// The contexts a live tail's records name, one `{"N":{…}}` object a line.
+        case contexts
     }
 
     public var agentID: String

@@ -12,6 +12,8 @@ public enum AuditAction: String, Sendable, CaseIterable, Codable {
     case tail
     /// A live tail stopped, by a person or at its expiry: what it saw, from which devices.
     case tailStop = "tail.stop"
+    /// What a live tail held downloaded (a device's records or contexts).
+    case tailDownload = "tail.download"
     /// What a live tail held deleted (by a person, or the retention).
     case tailRemove = "tail.remove"
     case feedbackDownload = "feedback.download"

@@ -17,6 +17,23 @@ public enum FileDigest {
         return hex(hash.finalize())
     }
 
+    /// Of a file's first `length` bytes (a file still written to at its end, such as a live
+    /// tail's records, whose first bytes no longer change); fails when it is shorter.
+    public static func sha256(ofFile path: String, prefix length: Int64) throws -> String {
+        guard let handle = FileHandle(forReadingAtPath: path) else { throw UnreadableFile(description: "cannot open \(path)") }
+        defer { try? handle.close() }  // read-only: closing cannot lose anything
+        var hash = SHA256()
+        var left = length
+        while left > 0 {
+            guard let block = try handle.read(upToCount: Int(min(left, 1 << 20))), !block.isEmpty else {
+                throw UnreadableFile(description: "\(path) is shorter than \(length) bytes")
+            }
+            hash.update(data: block)
+            left -= Int64(block.count)
+        }
+        return hex(hash.finalize())
+    }
+
     /// Of bytes.
     public static func sha256(_ bytes: some DataProtocol) -> String { hex(SHA256.hash(data: bytes)) }
 

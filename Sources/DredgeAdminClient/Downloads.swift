@@ -17,6 +17,12 @@ extension AdminClient {
         try await call("GET", "/v1/feedback/\(try Self.pathComponent(id))/files")
     }
 
+    /// A live tail's downloadable files (`GET /v1/tails/{id}/files`): each device's
+    /// `records.jsonl` and `contexts.jsonl`, as far as the server holds them.
+    public func tailFiles(_ id: String) async throws -> [PullFile] {
+        try await call("GET", "/v1/tails/\(try Self.pathComponent(id))/files")
+    }
+
     /// What ``download(pull:file:to:)`` did.
     public enum DownloadOutcome: Equatable, Sendable {
         /// Already there with the listed SHA-256: nothing sent.
@@ -41,6 +47,18 @@ extension AdminClient {
     @discardableResult
     public func download(feedback id: String, file: PullFile, to path: String) async throws -> DownloadOutcome {
         try await download(url("/v1/feedback/\(try Self.pathComponent(id))/files/\(try Self.pathComponent(file.name))"), file: file, to: path, restarted: false)
+    }
+
+    /// Streams one file of a live tail to `path`, as ``download(pull:file:to:)`` does, asking
+    /// for exactly the bytes listed: a running tail's file grows at its end, and what was listed
+    /// stays as it was. A file left at `path` by an earlier fetch of the same tail is the start
+    /// of this one, so the download goes on from its end (checked against the SHA-256 all the
+    /// same).
+    @discardableResult
+    public func download(tail id: String, file: PullFile, to path: String) async throws -> DownloadOutcome {
+        try await download(
+            url("/v1/tails/\(try Self.pathComponent(id))/files/\(try Self.pathComponent(file.agentID))/\(try Self.pathComponent(file.name))"), file: file, to: path,
+            restarted: false, growing: true)
     }
 
     /// Streams the whole pull as one zip (`GET /v1/pulls/{id}/zip`: every complete agent's
@@ -165,7 +183,9 @@ extension AdminClient {
         return name.unicodeScalars.allSatisfy { $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-_.".unicodeScalars.contains($0)) }
     }
 
-    private func download(_ url: URL, file: PullFile, to path: String, restarted: Bool) async throws -> DownloadOutcome {
+    /// `growing`: the file grows at its end (a live tail's), and the listed bytes are asked for
+    /// as a range, whatever its ETag is now; a shorter file at `path` is taken as their start.
+    private func download(_ url: URL, file: PullFile, to path: String, restarted: Bool, growing: Bool = false) async throws -> DownloadOutcome {
         guard Self.isSafeName(file.agentID), Self.isSafeName(file.name) else {
             throw AdminClientError.corrupt("the server listed a file named \(file.agentID.debugDescription)/\(file.name.debugDescription): refused")
         }
@@ -177,12 +197,20 @@ extension AdminClient {
         } catch {
             throw AdminClientError.localFile((path as NSString).deletingLastPathComponent, error.localizedDescription)
         }
+        if growing && !restarted && !fm.fileExists(atPath: part), let earlier = (try? fm.attributesOfItem(atPath: path)[.size] as? NSNumber)?.int64Value, earlier < file.size {
+            // What an earlier fetch got: the start of this file (checked at the end).
+            guard rename(path, part) == 0 else { throw AdminClientError.localFile(path, String(cString: strerror(errno))) }
+        }
         var have = Int64((try? fm.attributesOfItem(atPath: part)[.size] as? NSNumber)?.int64Value ?? 0)
         if have > file.size { have = 0 }
         var outcome = DownloadOutcome.downloaded
         if have < file.size || file.size == 0 {
-            // If-Range: should the file have changed since it was listed, it comes whole.
-            let response = try await start("GET", url, headers: have > 0 ? ["Range": "bytes=\(have)-", "If-Range": "\"\(file.sha256)\""] : [:], body: nil)
+            // If-Range: should the file have changed since it was listed, it comes whole. A
+            // growing file's listed bytes do not change: they are asked for as they are.
+            let headers: [String: String] =
+                growing && file.size > 0 ? ["Range": "bytes=\(have)-\(file.size - 1)"]
+                : have > 0 ? ["Range": "bytes=\(have)-", "If-Range": "\"\(file.sha256)\""] : [:]
+            let response = try await start("GET", url, headers: headers, body: nil)
             let status = Int(response.status.code)
             let append: Bool
             switch status {
@@ -191,15 +219,16 @@ extension AdminClient {
                 guard response.headers.first(name: "Content-Range")?.hasPrefix("bytes \(have)-") == true else {
                     throw AdminClientError.server(206, "a partial answer that does not start at byte \(have)")
                 }
-                append = true
-                outcome = .resumed(from: have)
+                // From byte 0 (a growing file's first download) the part is written afresh.
+                append = have > 0
+                if have > 0 { outcome = .resumed(from: have) }
             case 200:
                 append = false
             case 416 where !restarted:
                 // The part is not a prefix of this file any more: start again, once.
                 _ = try await response.body.collect(upTo: 1 << 16)
                 do { try fm.removeItem(atPath: part) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
-                return try await download(url, file: file, to: path, restarted: true)
+                return try await download(url, file: file, to: path, restarted: true, growing: growing)
             default:
                 let body = try await response.body.collect(upTo: 1 << 16)
                 try Self.check(status, Data(body.readableBytesView))

@@ -28,6 +28,32 @@ extension AdminClient {
         try await IDPrefix.resolve(text, what: "tail") { try await tails(limit: 1000).map(\.id) }
     }
 
+    /// A pull's or a live tail's id (`dredge fetch`): a whole id is a pull's unless the server
+    /// knows no such pull; a start of one is looked up among the 1000 most recent of each.
+    func resolvePullOrTail(_ text: String) async throws -> (isTail: Bool, id: String) {
+        if IDPrefix.isWhole(text) {
+            do {
+                _ = try await pull(text, diskUse: false)
+                return (false, text)
+            } catch AdminClientError.notFound {
+                do {
+                    _ = try await tail(text)
+                    return (true, text)
+                } catch AdminClientError.notFound {
+                    throw fail("no pull or tail \(text)")
+                } catch let error as AdminClientError {
+                    throw failing(error)
+                }
+            } catch let error as AdminClientError {
+                throw failing(error)
+            }
+        }
+        let pulls = Set(try await calling { try await self.pulls(limit: 1000, diskUse: false) }.map(\.id))
+        let tails = try await calling { try await self.tails(limit: 1000) }.map(\.id)
+        let id = try await IDPrefix.resolve(text, what: "pull or tail") { Array(pulls) + tails }
+        return (!pulls.contains(id), id)
+    }
+
     func resolveAgent(_ text: String) async throws -> String {
         try await IDPrefix.resolve(text, what: "agent") { try await agents().map(\.agentID) }
     }

@@ -152,6 +152,7 @@ struct TailCommand: AsyncParsableCommand {
                     note("this terminal fell behind: \(event.count ?? 0) record(s) not shown (the server keeps them)")
                 case .end:
                     note("tail \(tail.id) ended: \(Terminal.field(event.reason ?? ""))")
+                    note("what it showed is kept: dredge fetch \(tail.id.prefix(8)) downloads it, dredge logs --uid \(Terminal.field(tail.uid)) searches it")
                 }
             }
         }

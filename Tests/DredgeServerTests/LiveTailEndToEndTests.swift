@@ -79,6 +79,26 @@ import Testing
         #expect(listed.status == 0 && listed.output.contains("ended: the engineer pressed Ctrl-C"), "\(listed.output)")
         let audit = try d.dredge(["audit", "--action", "tail.stop"], server: admin)
         #expect(audit.output.contains("(ended, 4 records") && audit.output.contains("(ended, 2 records"), "\(audit.output)")
+
+        // What it showed is downloaded: each device's records as it sent them, and the contexts they name.
+        let tailID = try Self.tailID(tail.output)
+        let out = d.dir.file("fetched")
+        let fetched = try d.dredge(["fetch", String(tailID.prefix(8)), "--out", out], server: admin)
+        #expect(fetched.status == 0 && fetched.output.contains("4 file(s)") && !fetched.output.contains("still running"), "\(fetched.output)")
+        var fetchedMessages: [String: [String]] = [:]
+        for folder in try FileManager.default.contentsOfDirectory(atPath: out + "/" + tailID) {
+            let records = try String(contentsOfFile: out + "/" + tailID + "/" + folder + "/records.jsonl", encoding: .utf8)
+            let contexts = try String(contentsOfFile: out + "/" + tailID + "/" + folder + "/contexts.jsonl", encoding: .utf8)
+            let app = contexts.contains(#""app":"till-a""#) ? "till-a" : "till-b"
+            fetchedMessages[app] = records.split(separator: "\n").compactMap {
+                (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])?["message"] as? String
+            }
+        }
+        #expect(fetchedMessages == ["till-a": ["a1", "a2", "a3", "a4"], "till-b": ["b1", "b2"]], "\(fetched.output)")
+        let again = try d.dredge(["fetch", tailID, "--out", out], server: admin)
+        #expect(again.status == 0 && again.output.components(separatedBy: "already there").count - 1 == 4, "\(again.output)")
+        let downloads = try d.dredge(["audit", "--action", "tail.download"], server: admin)
+        #expect(downloads.output.components(separatedBy: "tail \(tailID) agent").count - 1 == 2, "one entry per device: \(downloads.output)")
     }
 
     /// A verbose tail opens the devices' verbosity window; the device ends it on its own at the

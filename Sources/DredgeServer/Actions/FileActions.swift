@@ -10,12 +10,12 @@ extension AdminActions {
     /// A file about to be served, and how its download is recorded.
     public struct Download: Sendable {
         public let located: PullFiles.Located
-        /// `pull.download` or `feedback.download`.
+        /// `pull.download`, `feedback.download` or `tail.download`.
         public let action: AuditAction
         /// The audit entry's detail: which file of which pull or feedback.
         public let detail: String
-        /// What one entry stands for: a device's files of a pull (`pull ID agent A`), a pull's
-        /// whole zip, or a feedback's files, whichever of them are downloaded.
+        /// What one entry stands for: a device's files of a pull (`pull ID agent A`) or of a
+        /// tail, a pull's whole zip, or a feedback's files, whichever of them are downloaded.
         public let subject: String
     }
 
@@ -88,6 +88,30 @@ extension AdminActions {
             throw ActionError(.notFound, "feedback \(id) has no file \(WireID.echo(name).debugDescription)")
         }
         return Download(located: located, action: .feedbackDownload, detail: "feedback \(id) file \(located.file.name)", subject: "feedback \(id)")
+    }
+
+    /// A live tail's files (#53): each device's records and the contexts they name, as far as
+    /// they are held (``PullFiles/list(tail:)``). Only its requester and admins read a tail's
+    /// records, as on its stream; others may see the tail, not its files (403).
+    public func files(ofTail id: String, for caller: Caller) async throws -> [PullFiles.Located] {
+        try await servedFiles().list(tail: readableTail(id, caller))
+    }
+
+    public func file(ofTail id: String, agent: String, name: String, for caller: Caller) async throws -> Download {
+        let tail = try await readableTail(id, caller), agent = try Self.checkedID(agent, "agent")
+        guard let located = try await servedFiles().locate(tail: tail, agent: agent, name: name) else {
+            throw ActionError(.notFound, "tail \(tail.id) has no file \(WireID.echo(name).debugDescription) from agent \(agent)")
+        }
+        return Download(located: located, action: .tailDownload, detail: "tail \(tail.id) agent \(agent) file \(located.file.name)", subject: "tail \(tail.id) agent \(agent)")
+    }
+
+    /// A tail whose records the caller may read: its own, or any for an admin.
+    private func readableTail(_ id: String, _ caller: Caller) async throws -> TailRecord {
+        let tail = try await self.tail(id, for: caller)
+        guard tail.requestedBy == caller.name || caller.role == .admin else {
+            throw ActionError(.forbidden, "\(tail.requestedBy) started tail \(tail.id): they or an admin read its records", code: "forbidden")
+        }
+        return tail
     }
 
     /// Audits a download about to be served (``downloadAudit``): one entry per actor and

@@ -126,6 +126,8 @@ public enum AdminAPI {
         "DELETE /v1/tails/{id}": .stopTail,
         "DELETE /v1/tails/{id}/records": .removeResults,
         "GET /v1/tails/{id}/stream": .watchTail,
+        "GET /v1/tails/{id}/files": .readFiles,
+        "GET /v1/tails/{id}/files/{agent}/{name}": .readFiles,
         "GET /v1/feedback": .readFeedback,
         "GET /v1/feedback/{id}": .readFeedback,
         "DELETE /v1/feedback/{id}": .removeResults,
@@ -177,7 +179,8 @@ public enum AdminAPI {
             return Response(status: .rangeNotSatisfiable, headers: headers)
         case .whole:
             headers[.contentLength] = String(file.size)
-            let body = file.size == 0 || headOnly ? ResponseBody() : try await FileIO().loadFile(path: located.path, context: context)
+            // As a range: a live tail's file may hold more than is served.
+            let body = file.size == 0 || headOnly ? ResponseBody() : try await FileIO().loadFile(path: located.path, range: 0...Int(file.size - 1), context: context)
             return Response(status: .ok, headers: headers, body: body)
         case .partial(let bytes):
             headers[.contentRange] = "bytes \(bytes.lowerBound)-\(bytes.upperBound)/\(file.size)"

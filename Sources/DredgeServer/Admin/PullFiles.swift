@@ -193,21 +193,30 @@ public struct PullFiles: Sendable {
     /// followed: the server never makes them, so one is refused. Hashing runs on a queue of its
     /// own (not the event loops, not the thread pool file reads use), one file at a time, and
     /// a file asked for twice meanwhile is hashed once.
-    private func digest(_ path: String) async throws -> (Int64, String)? {
+    ///
+    /// With `prefix`, of the file's first `prefix` bytes only (a live tail's file, written to
+    /// after them but never within them): the size is then `prefix`, and a file shorter than
+    /// that is an error. Such a digest is kept while the file is the same one (its inode),
+    /// however it grows.
+    func digest(_ path: String, prefix: Int64? = nil) async throws -> (Int64, String)? {
         var info = stat()
         guard lstat(path, &info) == 0 else {
             if errno == ENOENT { return nil }
             throw DataDirectory.PathError(description: "cannot read \(path): \(String(cString: strerror(errno)))")
         }
         guard (info.st_mode & S_IFMT) == S_IFREG else { throw DataDirectory.PathError(description: "\(path) is not a regular file") }
-        let key = DigestCache.Key(path: path, size: Int64(info.st_size), modified: Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec))
+        if let prefix, prefix > Int64(info.st_size) {
+            throw DataDirectory.PathError(description: "\(path) holds \(info.st_size) bytes where \(prefix) are recorded as held")
+        }
+        let key = prefix.map { DigestCache.Key(path: path, size: $0, modified: -1, inode: UInt64(info.st_ino)) }
+            ?? DigestCache.Key(path: path, size: Int64(info.st_size), modified: Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec), inode: UInt64(info.st_ino))
         if let known = digests.get(key) { return (key.size, known) }
         let digests = digests
         let sha: String = try await withCheckedThrowingContinuation { continuation in
             Self.hashing.async {
                 if let known = digests.get(key) { return continuation.resume(returning: known) }
                 do {
-                    let sha = try FileDigest.sha256(ofFile: path)
+                    let sha = try prefix.map { try FileDigest.sha256(ofFile: path, prefix: $0) } ?? FileDigest.sha256(ofFile: path)
                     digests.set(key, sha)
                     continuation.resume(returning: sha)
                 } catch {
@@ -226,7 +235,9 @@ private final class DigestCache: Sendable {
     struct Key: Hashable {
         var path: String
         var size: Int64
+        /// The modification time in ns; -1 for a digest of a prefix, which no later write changes.
         var modified: Int64
+        var inode: UInt64
     }
     private let state = Mutex<[Key: String]>([:])
 

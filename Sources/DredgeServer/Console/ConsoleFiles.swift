@@ -4,11 +4,11 @@ import Foundation
 import Hummingbird
 import Mustache
 
-/// The console's downloads: a pull's or a feedback's files listed (per device, with sizes and
-/// SHA-256), each downloaded through the session, and a pull's files as one zip — what
-/// `dredge fetch` and `dredge feedback fetch` get. Served as the API serves them (ranges,
-/// ETag, `Repr-Digest`) and audited the same way (`pull.download`, `feedback.download`) under
-/// the session's token.
+/// The console's downloads: a pull's, a feedback's or a live tail's files listed (per device,
+/// with sizes and SHA-256), each downloaded through the session, and a pull's files as one zip
+/// — what `dredge fetch` and `dredge feedback fetch` get. Served as the API serves them
+/// (ranges, ETag, `Repr-Digest`) and audited the same way (`pull.download`,
+/// `feedback.download`, `tail.download`) under the session's token.
 extension Console {
     static func registerFiles(on console: RouterGroup<AdminRequestContext>, _ library: MustacheLibrary, _ d: Dependencies) {
         let actions = d.actions
@@ -29,17 +29,25 @@ extension Console {
             for field in securityHeaders { response.headers[field.name] = field.value }  // no-store: logs stay off the browser's disk
             return response
         }
-        @Sendable func listing(_ session: ConsoleSessions.Session, kind: String, id: String, _ located: [PullFiles.Located]) async throws -> Response {
+        /// `logs`: where its records are read (a tail's: its user's, in the viewer).
+        @Sendable func listing(_ session: ConsoleSessions.Session, kind: String, id: String, logs: String? = nil, _ located: [PullFiles.Located]) async throws -> Response {
             let hosts = try await d.actions.hostnames(for: session.caller)
-            var page = signedInPage("Files of \(kind) \(id.prefix(8))", session, current: kind == "pull" ? "Pulls" : "Feedback")
+            var page = signedInPage("Files of \(kind) \(id.prefix(8))", session, current: kind == "pull" ? "Pulls" : kind == "tail" ? "Live" : "Feedback")
             page["kind"] = kind
             page["id"] = id
-            page["back"] = kind == "pull" ? "/console/pulls/\(id)" : "/console/feedback"
-            page["logs"] = "/console/logs?\(kind)=\(id)"
+            page["back"] = kind == "feedback" ? "/console/feedback" : "/console/\(kind)s/\(id)"
+            page["logs"] = logs ?? "/console/logs?\(kind)=\(id)"
+            page["empty"] =
+                kind == "tail"
+                ? "No files: the tail's devices have sent no records yet, or what it held was removed."
+                : "No files yet: they are listed once a device's upload is complete, and go when the \(kind) is removed."
+            if kind == "tail" {
+                page["note"] = "Each device's records.jsonl holds its records as the device sent them, one JSON object a line; contexts.jsonl holds the contexts (app, version, process) they name by number. A running tail's files are listed as far as the server holds them: reload for more."
+            }
             if kind == "pull" && located.contains(where: { $0.file.kind != .zip }) { page["zip"] = "/console/pulls/\(id)/zip" }
             page["rows"] = located.map { l -> [String: Any] in
                 let f = l.file
-                let href = kind == "pull" ? "/console/pulls/\(id)/files/\(f.agentID)/\(percentEncoded(f.name))" : "/console/feedback/\(id)/files/\(percentEncoded(f.name))"
+                let href = kind == "feedback" ? "/console/feedback/\(id)/files/\(percentEncoded(f.name))" : "/console/\(kind)s/\(id)/files/\(f.agentID)/\(percentEncoded(f.name))"
                 return ["host": hosts[f.agentID] ?? "?", "name": f.name, "kind": f.kind.rawValue, "size": byteText(f.size), "sha256": f.sha256, "href": href]
             }
             return html(library, "files", page)
@@ -62,6 +70,16 @@ extension Console {
         console.get("pulls/:id/zip") { request, context in
             guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
             return try await serve(actions.wholeZip(ofPull: id(context), for: session.caller), session, request, context)
+        }
+        console.get("tails/:id/files") { request, context in
+            guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
+            let tail = try await actions.tail(id(context), for: session.caller)
+            let located = try await actions.files(ofTail: tail.id, for: session.caller)
+            return try await listing(session, kind: "tail", id: tail.id, logs: url("/console/logs", [("uid", tail.uid), ("since", tail.issuedAt.rfc3339)]), located)
+        }
+        console.get("tails/:id/files/:agent/:name") { request, context in
+            guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
+            return try await serve(actions.file(ofTail: id(context), agent: id(context, "agent"), name: fileName(context), for: session.caller), session, request, context)
         }
         console.get("feedback/:id/files/:name") { request, context in
             guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }

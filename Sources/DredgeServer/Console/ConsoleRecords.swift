@@ -40,8 +40,8 @@ extension Console {
                 ? "/console/logs?uid=\(query(r.uid))&host=\(query(r.host))&after=\(r.ts.microseconds).\(r.id - 1)&focus=\(r.id)"
                 : "/console/logs?\(source)=\(r.sourceID)&after=\(r.ts.microseconds).\(r.id - 1)&focus=\(r.id)",
         ]
-        // A tail's records have no files page.
-        if source != "tail" { fields["files"] = source == "pull" ? "/console/pulls/\(r.sourceID)/files" : "/console/feedback/\(r.sourceID)/files" }
+        // Its source's files: a pull's, a feedback's or a live tail's.
+        fields["files"] = "/console/\(source == "feedback" ? "feedback" : source + "s")/\(r.sourceID)/files"
         // A section of an empty string is shown (swift-mustache): absent keys are not.
         for key in ["app", "os", "process"] where (fields[key] as? String)?.isEmpty == true { fields[key] = nil }
         if case .object(let members) = r.metadata.value, !members.isEmpty {

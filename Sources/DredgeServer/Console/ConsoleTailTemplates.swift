@@ -82,7 +82,7 @@ extension ConsoleTemplates {
         </tbody>
         </table>
         </div>
-        <div class="links">{{#events}}<button type="button" id="pause" hidden aria-pressed="false">Pause</button> {{/events}}{{#mayStop}}<form class="inline" method="post" action="/console/tails/{{id}}/stop"><input type="hidden" name="csrf" value="{{csrf}}"><button type="submit" id="stop">Stop</button></form> {{/mayStop}}<a href="{{logs}}">Search what it showed</a> <a href="/console/tails">All tails</a></div>
+        <div class="links">{{#events}}<button type="button" id="pause" hidden aria-pressed="false">Pause</button> {{/events}}{{#mayStop}}<form class="inline" method="post" action="/console/tails/{{id}}/stop"><input type="hidden" name="csrf" value="{{csrf}}"><button type="submit" id="stop">Stop</button></form> {{/mayStop}}<a href="{{logs}}">Search what it showed</a> {{#files}}<a href="{{files}}">Download what it held</a> {{/files}}<a href="/console/tails">All tails</a></div>
         <p class="hint" id="live" role="status">{{#events}}Watching: records are added below as the devices log them.{{/events}}{{^events}}{{#open}}Only {{by}} or an admin watches this tail.{{/open}}{{^open}}This tail is over; what it showed is searched with the rest.{{/open}}{{/events}}</p>
         <div class="table-wrap">
         <table class="logs cards" id="live-records"{{#events}} data-tail-events="{{events}}"{{/events}}>

@@ -576,13 +576,14 @@ enum ConsoleTemplates {
         {{/layout}}
         """
 
-    /// A pull's or a feedback's files, each a download.
+    /// A pull's, a feedback's or a live tail's files, each a download.
     static let files = """
         {{% CONTENT_TYPE: DREDGE_HTML}}
         {{<layout}}
         {{$content}}
         <h1>Files of {{kind}} <code>{{id}}</code></h1>
         <p class="links"><a href="{{back}}">Back to the {{kind}}</a> <a href="{{logs}}">Read its logs</a>{{#zip}} <a class="button" href="{{zip}}">Everything as one zip</a>{{/zip}}</p>
+        {{#note}}<p class="hint">{{note}}</p>{{/note}}
         <div class="table-wrap">
         <table class="files cards">
         <thead><tr><th scope="col">Device</th><th scope="col">File</th><th scope="col">Kind</th><th scope="col">Size</th><th scope="col">SHA-256</th></tr></thead>
@@ -590,7 +591,7 @@ enum ConsoleTemplates {
         {{#rows}}
         <tr><td data-label="Device">{{host}}</td><td data-label="File"><a href="{{href}}" download>{{name}}</a></td><td data-label="Kind">{{kind}}</td><td data-label="Size" class="nowrap">{{size}}</td><td data-label="SHA-256" class="detail"><code class="digest">{{sha256}}</code></td></tr>
         {{/rows}}
-        {{^rows}}<tr><td colspan="5">No files yet: they are listed once a device's upload is complete, and go when the {{kind}} is removed.</td></tr>{{/rows}}
+        {{^rows}}<tr><td colspan="5">{{empty}}</td></tr>{{/rows}}
         </tbody>
         </table>
         </div>

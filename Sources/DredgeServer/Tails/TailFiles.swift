@@ -105,6 +105,32 @@ enum TailFiles {
         return known
     }
 
+    /// How many of a file's first bytes are whole lines (up to and with its last line break):
+    /// what of `contexts.jsonl` may be served while the file is written to, since a line cut
+    /// short is written over. Nil when there is no such file. Reads back from the end, 64 KiB
+    /// at a time.
+    static func wholeLinesLength(of path: String) throws -> Int64? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard fd >= 0 else {
+            if errno == ENOENT { return nil }
+            throw DeploymentError("cannot open \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw DeploymentError("cannot read the length of \(path): \(String(cString: strerror(errno)))") }
+        var end = Int64(info.st_size)
+        var block = [UInt8](repeating: 0, count: 64 * 1024)
+        while end > 0 {
+            let start = max(0, end - Int64(block.count))
+            let wanted = Int(end - start)
+            let read = block.withUnsafeMutableBytes { pread(fd, $0.baseAddress, wanted, off_t(start)) }
+            guard read == wanted else { throw DeploymentError("cannot read \(path): \(read < 0 ? String(cString: strerror(errno)) : "it grew shorter")") }
+            if let last = block[0..<wanted].lastIndex(of: 0x0A) { return start + Int64(last) + 1 }
+            end = start
+        }
+        return 0
+    }
+
     /// The contexts by number, as the index takes them: the first whole line of each number. A
     /// line that does not read as a context is left out (its records are then named by the
     /// device alone).

@@ -20,18 +20,25 @@ public enum FileDigest {
     /// Of a file's first `length` bytes (a file still written to at its end, such as a live
     /// tail's records, whose first bytes no longer change); fails when it is shorter.
     public static func sha256(ofFile path: String, prefix length: Int64) throws -> String {
+        var hash = SHA256()
+        try update(&hash, withFile: path, from: 0, to: length)
+        return hex(hash.finalize())
+    }
+
+    /// Feeds a file's bytes `from..<to` into `hash`, 1 MiB at a time; fails when the file ends
+    /// before `to`.
+    public static func update(_ hash: inout SHA256, withFile path: String, from: Int64, to: Int64) throws {
         guard let handle = FileHandle(forReadingAtPath: path) else { throw UnreadableFile(description: "cannot open \(path)") }
         defer { try? handle.close() }  // read-only: closing cannot lose anything
-        var hash = SHA256()
-        var left = length
+        if from > 0 { try handle.seek(toOffset: UInt64(from)) }
+        var left = to - from
         while left > 0 {
             guard let block = try handle.read(upToCount: Int(min(left, 1 << 20))), !block.isEmpty else {
-                throw UnreadableFile(description: "\(path) is shorter than \(length) bytes")
+                throw UnreadableFile(description: "\(path) is shorter than \(to) bytes")
             }
             hash.update(data: block)
             left -= Int64(block.count)
         }
-        return hex(hash.finalize())
     }
 
     /// Of bytes.

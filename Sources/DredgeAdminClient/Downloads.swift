@@ -197,9 +197,15 @@ extension AdminClient {
         } catch {
             throw AdminClientError.localFile((path as NSString).deletingLastPathComponent, error.localizedDescription)
         }
-        if growing && !restarted && !fm.fileExists(atPath: part), let earlier = (try? fm.attributesOfItem(atPath: path)[.size] as? NSNumber)?.int64Value, earlier < file.size {
-            // What an earlier fetch got: the start of this file (checked at the end).
-            guard rename(path, part) == 0 else { throw AdminClientError.localFile(path, String(cString: strerror(errno))) }
+        var continued = false
+        if growing && !restarted && !fm.fileExists(atPath: part), let earlier = (try? fm.attributesOfItem(atPath: path)[.size] as? NSNumber)?.int64Value,
+            earlier > 0, earlier < file.size
+        {
+            // What an earlier fetch got, copied: taken as the start of this file (checked at the
+            // end; if it was not, the file is downloaded whole). The earlier file stays as it is
+            // until a checked one replaces it.
+            do { try fm.copyItem(atPath: path, toPath: part) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+            continued = true
         }
         var have = Int64((try? fm.attributesOfItem(atPath: part)[.size] as? NSNumber)?.int64Value ?? 0)
         if have > file.size { have = 0 }
@@ -222,6 +228,9 @@ extension AdminClient {
                 // From byte 0 (a growing file's first download) the part is written afresh.
                 append = have > 0
                 if have > 0 { outcome = .resumed(from: have) }
+            case 200 where growing:
+                // The whole file as it is now, not the listed bytes (something between dropped the range).
+                throw AdminClientError.server(200, "the whole of \(file.name) where its first \(file.size) bytes were asked for: is a proxy dropping Range?")
             case 200:
                 append = false
             case 416 where !restarted:
@@ -239,6 +248,8 @@ extension AdminClient {
         let sha = try Self.sha256(ofFile: part)
         guard sha == file.sha256 else {
             do { try fm.removeItem(atPath: part) } catch { throw AdminClientError.localFile(part, error.localizedDescription) }
+            // The file there was not the start of this one (edited by hand, say): once more, whole.
+            if continued { return try await download(url, file: file, to: path, restarted: true, growing: growing) }
             throw AdminClientError.corrupt("\(file.name) of agent \(file.agentID) arrived with SHA-256 \(sha), not the listed \(file.sha256): removed; run the download again")
         }
         guard rename(part, path) == 0 else { throw AdminClientError.localFile(path, String(cString: strerror(errno))) }

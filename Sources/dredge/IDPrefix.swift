@@ -49,7 +49,9 @@ extension AdminClient {
             }
         }
         let pulls = Set(try await calling { try await self.pulls(limit: 1000, diskUse: false) }.map(\.id))
-        let tails = try await calling { try await self.tails(limit: 1000) }.map(\.id)
+        // A server before live tails has no /v1/tails: its pulls are all there is.
+        let tails: [String]
+        do { tails = try await self.tails(limit: 1000).map(\.id) } catch AdminClientError.notFound { tails = [] } catch let error as AdminClientError { throw failing(error) }
         let id = try await IDPrefix.resolve(text, what: "pull or tail") { Array(pulls) + tails }
         return (!pulls.contains(id), id)
     }

@@ -142,15 +142,29 @@ import Testing
             for role in [AdminRole.reader, .investigator] {
                 let made = try await server.admin.createToken(TokenRequest(name: "other-\(role.rawValue)", kind: .admin, role: role))
                 let other = try AdminClient(server: server.adminURL, token: made.token)
-                await #expect(throws: AdminClientError.self) { try await other.tailFiles(tail.id) }
-                do {
-                    _ = try await other.tailFiles(tail.id)
-                } catch AdminClientError.forbidden(let message) {
-                    #expect(message.contains("they or an admin read its records"))
+                let refused = "admin started tail \(tail.id): they or an admin read its records"
+                await #expect(throws: AdminClientError.forbidden(refused)) { try await other.tailFiles(tail.id) }
+                await #expect(throws: AdminClientError.forbidden(refused)) {
+                    try await other.download(tail: tail.id, file: again, to: server.dir.file("theirs/records.jsonl"))
                 }
-                await #expect(throws: AdminClientError.self) { try await other.download(tail: tail.id, file: again, to: server.dir.file("theirs/records.jsonl")) }
                 #expect(!FileManager.default.fileExists(atPath: server.dir.file("theirs/records.jsonl")))
             }
+            // A scoped engineer sees its own tails only: another's is no tail.
+            let scoped = try await server.admin.createToken(
+                TokenRequest(name: "scoped", kind: .admin, role: .investigator, scope: AccessScope(labels: ["region": "eu"])))
+            await #expect(throws: AdminClientError.notFound("no tail \(tail.id)")) {
+                try await AdminClient(server: server.adminURL, token: scoped.token).tailFiles(tail.id)
+            }
+
+            // A file at the download's place that is not the start of the listed one (edited by
+            // hand, say): going on from it fails the check, and the file comes whole instead,
+            // replacing it once checked.
+            let edited = server.dir.file("edited/records.jsonl")
+            try FileManager.default.createDirectory(atPath: server.dir.file("edited"), withIntermediateDirectories: true)
+            try Data("my notes\n".utf8).write(to: URL(fileURLWithPath: edited))
+            #expect(try await server.admin.download(tail: tail.id, file: again, to: edited) == .downloaded)
+            #expect(try Data(contentsOf: URL(fileURLWithPath: edited)) == whole)
+            #expect(!FileManager.default.fileExists(atPath: edited + ".part"))
 
             // Removed (marked so, as a removal does before it deletes the files): nothing listed,
             // nothing served, though the files are still there.
@@ -179,7 +193,7 @@ import Testing
                 let download = try await browser.send(href)
                 let stored = String(decoding: try tail.bytes(TailFiles.records), as: UTF8.self)
                 #expect(download.status == 200 && download.body == stored)
-                // A record the tail held links to these files from its page (once indexed: the tail stopped).
+                // Once stopped, what it held is indexed.
                 _ = try await server.admin.stopTail(tail.id, reason: "done")
                 // (The stop has the indexer index it; it is searchable once that is done.)
                 var found: [FoundRecord] = []
@@ -188,8 +202,10 @@ import Testing
                     if found.isEmpty { try await Task.sleep(for: .milliseconds(50)) }
                 }
                 let record = try #require(found.first)
+                // A record the tail held names the tail's page (where its files are, for those who may).
                 let recordPage = try await browser.send("/console/records/\(record.id)")
-                #expect(recordPage.body.contains(#"href="/console/tails/\#(tail.id)/files">Files of this tail</a>"#), "\(recordPage.body)")
+                #expect(recordPage.body.contains(#"<a href="/console/tails/\#(tail.id)"><code>\#(tail.id)</code></a>"#), "\(recordPage.body)")
+                #expect(!recordPage.body.contains("Files of this tail"))
                 try await browser.shutdown()
             } catch {
                 try await browser.shutdown()

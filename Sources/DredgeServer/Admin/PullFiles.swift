@@ -17,6 +17,7 @@ public struct PullFiles: Sendable {
     let pulls: any PullQueue
     let feedback: any FeedbackInbox
     private let digests = DigestCache()
+    private let prefixes = PrefixHashes()
 
     public init(paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox) {
         self.paths = paths
@@ -197,7 +198,8 @@ public struct PullFiles: Sendable {
     /// With `prefix`, of the file's first `prefix` bytes only (a live tail's file, written to
     /// after them but never within them): the size is then `prefix`, and a file shorter than
     /// that is an error. Such a digest is kept while the file is the same one (its inode),
-    /// however it grows.
+    /// however it grows, and the hash of the longest prefix asked for is kept running: a growing
+    /// file's next digest reads only what was added since (``PrefixHashes``).
     func digest(_ path: String, prefix: Int64? = nil) async throws -> (Int64, String)? {
         var info = stat()
         guard lstat(path, &info) == 0 else {
@@ -211,12 +213,12 @@ public struct PullFiles: Sendable {
         let key = prefix.map { DigestCache.Key(path: path, size: $0, modified: -1, inode: UInt64(info.st_ino)) }
             ?? DigestCache.Key(path: path, size: Int64(info.st_size), modified: Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec), inode: UInt64(info.st_ino))
         if let known = digests.get(key) { return (key.size, known) }
-        let digests = digests
+        let digests = digests, prefixes = prefixes
         let sha: String = try await withCheckedThrowingContinuation { continuation in
             Self.hashing.async {
                 if let known = digests.get(key) { return continuation.resume(returning: known) }
                 do {
-                    let sha = try prefix.map { try FileDigest.sha256(ofFile: path, prefix: $0) } ?? FileDigest.sha256(ofFile: path)
+                    let sha = try prefix.map { try prefixes.digest(path, inode: key.inode, length: $0) } ?? FileDigest.sha256(ofFile: path)
                     digests.set(key, sha)
                     continuation.resume(returning: sha)
                 } catch {
@@ -247,6 +249,31 @@ private final class DigestCache: Sendable {
             if state.count >= 10_000 { state.removeAll() }
             state[key] = sha
         }
+    }
+}
+
+/// The running SHA-256 of the longest prefix hashed of each growing file (a live tail's, by path
+/// and inode): a longer prefix asked for later goes on from it, so a file listed again and
+/// again as it grows is read once, not from its start each time. A shorter prefix (a download
+/// of an older listing) is hashed from the start. Bounded; used on the hashing queue only.
+private final class PrefixHashes: Sendable {
+    struct Key: Hashable {
+        var path: String
+        var inode: UInt64
+    }
+    private let state = Mutex<[Key: (length: Int64, hash: SHA256)]>([:])
+
+    func digest(_ path: String, inode: UInt64, length: Int64) throws -> String {
+        let key = Key(path: path, inode: inode)
+        let running = state.withLock { $0[key] }.flatMap { $0.length <= length ? $0 : nil }
+        var hash = running?.hash ?? SHA256()
+        try FileDigest.update(&hash, withFile: path, from: running?.length ?? 0, to: length)
+        state.withLock { state in
+            guard (state[key]?.length ?? -1) < length else { return }
+            if state.count >= 1_000 { state.removeAll() }
+            state[key] = (length, hash)
+        }
+        return FileDigest.hex(hash.finalize())
     }
 }
 

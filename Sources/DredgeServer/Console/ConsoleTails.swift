@@ -163,8 +163,8 @@ extension Console {
             }
             // What it held, searched as any pull's records (once each device's part ended and was indexed).
             page["logs"] = url("/console/logs", [("uid", tail.uid), ("since", tail.issuedAt.rfc3339)])
-            // And downloaded, by those who may read its records.
-            if mine, tail.removed == nil { page["files"] = "/console/tails/\(tail.id)/files" }
+            // And downloaded, by those who may read its records (as ``AdminActions/files(ofTail:for:)`` says).
+            if tail.requestedBy == session.caller.name || session.caller.role == .admin, tail.removed == nil { page["files"] = "/console/tails/\(tail.id)/files" }
             return html(library, "tail", page)
         }
 

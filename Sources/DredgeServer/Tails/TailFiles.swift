@@ -116,19 +116,25 @@ enum TailFiles {
             throw DeploymentError("cannot open \(path): \(String(cString: strerror(errno)))")
         }
         defer { close(fd) }
-        var info = stat()
-        guard fstat(fd, &info) == 0 else { throw DeploymentError("cannot read the length of \(path): \(String(cString: strerror(errno)))") }
-        var end = Int64(info.st_size)
         var block = [UInt8](repeating: 0, count: 64 * 1024)
-        while end > 0 {
-            let start = max(0, end - Int64(block.count))
-            let wanted = Int(end - start)
-            let read = block.withUnsafeMutableBytes { pread(fd, $0.baseAddress, wanted, off_t(start)) }
-            guard read == wanted else { throw DeploymentError("cannot read \(path): \(read < 0 ? String(cString: strerror(errno)) : "it grew shorter")") }
-            if let last = block[0..<wanted].lastIndex(of: 0x0A) { return start + Int64(last) + 1 }
-            end = start
+        // A writer cuts a line left short back before it writes again: a file that shrinks while
+        // it is read is read again, from its new end.
+        attempts: for _ in 0..<3 {
+            var info = stat()
+            guard fstat(fd, &info) == 0 else { throw DeploymentError("cannot read the length of \(path): \(String(cString: strerror(errno)))") }
+            var end = Int64(info.st_size)
+            while end > 0 {
+                let start = max(0, end - Int64(block.count))
+                let wanted = Int(end - start)
+                let read = block.withUnsafeMutableBytes { pread(fd, $0.baseAddress, wanted, off_t(start)) }
+                guard read >= 0 else { throw DeploymentError("cannot read \(path): \(String(cString: strerror(errno)))") }
+                guard read == wanted else { continue attempts }
+                if let last = block[0..<wanted].lastIndex(of: 0x0A) { return start + Int64(last) + 1 }
+                end = start
+            }
+            return 0
         }
-        return 0
+        throw DeploymentError("cannot read \(path): it kept growing shorter as it was read")
     }
 
     /// The contexts by number, as the index takes them: the first whole line of each number. A

@@ -32,7 +32,7 @@ public struct DredgeLogHandler: LogHandler {
     /// swift-log's gate: the configured level, or trace while a live tail's verbosity window is
     /// open (``log(event:)`` then keeps below the configured level only what a window covers).
     public var logLevel: Logger.Level {
-        get { center.hasVerbosityWindow ? .trace : configuredLevel }
+        get { center.hasVerbosityWindow ? .trace : center.rewindLevel.map { min(Logger.Level($0), configuredLevel) } ?? configuredLevel }
         set { configuredLevel = newValue }
     }
     public var metadata: Logger.Metadata = [:]
@@ -71,7 +71,9 @@ public struct DredgeLogHandler: LogHandler {
             uid = named
             stored["dredge.uid"] = nil
         }
-        if event.level < configuredLevel, !center.keepsVerbose(uid: uid ?? center.uid, type: recordType) { return }
+        let below = event.level < configuredLevel && !center.keepsVerbose(uid: uid ?? center.uid, type: recordType)
+        // Below the level: into the rewind buffer when one keeps it (#54), else nowhere.
+        if below && !center.rewinds(LogLevel(event.level)) { return }
         stored["logger.label"] = .string(label)
         stored["logger.source"] = .string(event.source)
         if includeSourceLocation {
@@ -79,9 +81,11 @@ public struct DredgeLogHandler: LogHandler {
             stored["code.line"] = .int(Int64(event.line))
         }
         if let error = event.error { stored["error"] = .string(String(describing: error)) }
-        center.submit(
-            level: LogLevel(event.level), type: recordType, message: event.message.description, metadata: stored, at: nil,
-            uid: uid)
+        if below {
+            center.rewind(level: LogLevel(event.level), type: recordType, message: event.message.description, metadata: stored, at: nil, uid: uid)
+        } else {
+            center.submit(level: LogLevel(event.level), type: recordType, message: event.message.description, metadata: stored, at: nil, uid: uid)
+        }
     }
 
     static func convert(_ value: Logger.MetadataValue, redactor: Redactor) -> LogValue {
@@ -100,6 +104,20 @@ public struct DredgeLogHandler: LogHandler {
 
 extension LogLevel {
     public init(_ level: Logger.Level) {
+        switch level {
+        case .trace: self = .trace
+        case .debug: self = .debug
+        case .info: self = .info
+        case .notice: self = .notice
+        case .warning: self = .warning
+        case .error: self = .error
+        case .critical: self = .critical
+        }
+    }
+}
+
+extension Logger.Level {
+    init(_ level: LogLevel) {
         switch level {
         case .trace: self = .trace
         case .debug: self = .debug

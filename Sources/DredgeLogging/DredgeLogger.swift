@@ -33,18 +33,26 @@ public struct DredgeLogger: Sendable {
         _ level: LogLevel, _ message: @autoclosure () -> LogMessage, metadata: @autoclosure () -> LogFields = [:],
         at timestamp: Timestamp? = nil, uid: String? = nil
     ) -> Bool {
-        // Below the level only when a live tail's verbosity window covers the user (§ 20).
-        guard level >= minimumLevel || center.keepsVerbose(uid: uid ?? center.uid, type: type) else { return true }
-        let redactor = center.redactor
-        let text = message().rendered(with: redactor)
-        let fields = metadata()
-        var stored: LogMetadata = [:]
-        if !(self.metadata.isEmpty && fields.isEmpty) {
-            stored.reserveCapacity(self.metadata.count + fields.count)
-            for (key, field) in self.metadata { stored[key] = field.logField.stored(with: redactor) }
-            for (key, field) in fields { stored[key] = field.logField.stored(with: redactor) }
+        // Below the level only when a live tail's verbosity window covers the user (§ 20);
+        // otherwise into the rewind buffer, when one keeps that level (#54).
+        guard level >= minimumLevel || center.keepsVerbose(uid: uid ?? center.uid, type: type) else {
+            if center.rewinds(level) {
+                center.rewind(level: level, type: type, message: message().rendered(with: center.redactor), metadata: stored(metadata()), at: timestamp, uid: uid)
+            }
+            return true
         }
-        return center.submit(level: level, type: type, message: text, metadata: stored, at: timestamp, uid: uid)
+        return center.submit(level: level, type: type, message: message().rendered(with: center.redactor), metadata: stored(metadata()), at: timestamp, uid: uid)
+    }
+
+    /// The logger's and the call's metadata with privacy applied (the call's wins on equal keys).
+    private func stored(_ fields: LogFields) -> LogMetadata {
+        var stored: LogMetadata = [:]
+        guard !(metadata.isEmpty && fields.isEmpty) else { return stored }
+        let redactor = center.redactor
+        stored.reserveCapacity(metadata.count + fields.count)
+        for (key, field) in metadata { stored[key] = field.logField.stored(with: redactor) }
+        for (key, field) in fields { stored[key] = field.logField.stored(with: redactor) }
+        return stored
     }
 
     @discardableResult

@@ -39,10 +39,22 @@ public final class LogCenter: Sendable {
     private let verbosity = Mutex<(windows: [VerbosityWindow], readAt: ContinuousClock.Instant?, reading: Bool)>(([], nil, false))
     static let verbosityRefresh: Duration = .seconds(1)
 
+    /// This process's run over the store (``StoreRun``), marked as started when the center
+    /// opened and as ended cleanly by ``close()``; nil when it could not be marked (a warning
+    /// in the store says why) or the store is read-only.
+    public let run: StoreRun?
+    /// The rewind buffer (``RewindConfiguration``); nil when none is kept.
+    let rewindBuffer: RewindBuffer?
+    /// The lowest level the rewind buffer keeps; nil when none is kept.
+    public let rewindLevel: LogLevel?
+    /// Runs of other processes found ended uncleanly as this center opened (their rewind
+    /// buffers frozen into the store).
+    public let uncleanEnds: [StoreRun]
+
     /// Uses an open store (several centers may share one, each with its own context).
     public init(
         store: LogStore, context: LogContext = .current(), recorder: LogRecorder? = nil, echo: ConsoleEcho? = nil,
-        beforeSignIn: RecordsBeforeSignIn = .processRun
+        beforeSignIn: RecordsBeforeSignIn = .processRun, rewind: RewindConfiguration? = nil
     ) throws {
         self.store = store
         self.beforeSignIn = beforeSignIn
@@ -52,19 +64,24 @@ public final class LogCenter: Sendable {
         self.recorder = recorder
         self.echo = echo
         self.scratch = nil
+        let started = Self.startRun(store, context: self.context, rewind: rewind)
+        (run, rewindBuffer, uncleanEnds) = (started.run, started.buffer, started.unclean)
+        rewindLevel = started.buffer == nil ? nil : rewind?.level
+        for problem in started.problems { warn(problem) }
     }
 
     /// Opens the store at `path` and owns it: ``close()`` closes it.
     public convenience init(
         path: String, configuration: StoreConfiguration = StoreConfiguration(), context: LogContext = .current(), recorder: LogRecorder? = nil,
-        echo: ConsoleEcho? = nil, beforeSignIn: RecordsBeforeSignIn = .processRun
+        echo: ConsoleEcho? = nil, beforeSignIn: RecordsBeforeSignIn = .processRun, rewind: RewindConfiguration? = nil
     ) throws {
-        try self.init(path: path, configuration: configuration, context: context, recorder: recorder, echo: echo, beforeSignIn: beforeSignIn, scratch: nil)
+        try self.init(
+            path: path, configuration: configuration, context: context, recorder: recorder, echo: echo, beforeSignIn: beforeSignIn, rewind: rewind, scratch: nil)
     }
 
     private init(
         path: String, configuration: StoreConfiguration, context: LogContext, recorder: LogRecorder?, echo: ConsoleEcho?,
-        beforeSignIn: RecordsBeforeSignIn, scratch: String?
+        beforeSignIn: RecordsBeforeSignIn, rewind: RewindConfiguration?, scratch: String?
     ) throws {
         let store = try LogStore(path: path, configuration: configuration)
         self.store = store
@@ -75,6 +92,10 @@ public final class LogCenter: Sendable {
         self.recorder = recorder
         self.echo = echo
         self.scratch = scratch
+        let started = Self.startRun(store, context: self.context, rewind: rewind)
+        (run, rewindBuffer, uncleanEnds) = (started.run, started.buffer, started.unclean)
+        rewindLevel = started.buffer == nil ? nil : rewind?.level
+        for problem in started.problems { warn(problem) }
         if let replaced = store.replacedRetention, let now = store.retentionAtOpen.stored {
             // Every process that has the store open applies the new policy from its next pass.
             submit(
@@ -94,12 +115,12 @@ public final class LogCenter: Sendable {
     /// #expect(recorder.events.map(\.name) == ["paymentFailed"])
     /// ```
     public static func recording(
-        _ recorder: LogRecorder, context: LogContext = .current(), beforeSignIn: RecordsBeforeSignIn = .processRun
+        _ recorder: LogRecorder, context: LogContext = .current(), beforeSignIn: RecordsBeforeSignIn = .processRun, rewind: RewindConfiguration? = nil
     ) throws -> LogCenter {
         let directory = NSTemporaryDirectory() + "dredge-recording-" + UUID().uuidString
         return try LogCenter(
             path: directory + "/logs.sqlite", configuration: StoreConfiguration(), context: context, recorder: recorder, echo: nil,
-            beforeSignIn: beforeSignIn, scratch: directory)
+            beforeSignIn: beforeSignIn, rewind: rewind, scratch: directory)
     }
 
     /// The uid stamped on records from now on; empty when nobody is logged in.
@@ -221,9 +242,28 @@ public final class LogCenter: Sendable {
     public func flush() throws { try store.flush() }
     public func flush() async throws { try await store.flush() }
 
-    /// Closes the store if this center opened it (and removes it, for a ``recording(_:)`` center).
+    /// Closes the store if this center opened it (and removes it, for a ``recording(_:)`` center),
+    /// after marking this run as ended cleanly: its rewind buffer is let go (nothing went
+    /// wrong), its file removed.
     public func close() throws {
+        var failure: (any Error)?
+        do {
+            try store.flush()
+            if let run { try store.endRun(run.id) }
+        } catch {
+            failure = error
+        }
+        if let rewindBuffer {
+            do {
+                try rewindBuffer.close()
+                // A run not marked ended keeps its buffer: the next process that looks freezes it.
+                if failure == nil { try LogStore.removeRewindFile(rewindBuffer.path) }
+            } catch {
+                failure = failure ?? error
+            }
+        }
         if ownsStore { try store.close() } else { try store.flush() }
         if let scratch { try FileManager.default.removeItem(atPath: scratch) }
+        if let failure { throw failure }
     }
 }

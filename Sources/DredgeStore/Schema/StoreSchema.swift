@@ -46,6 +46,27 @@ enum StoreSchema {
                     CREATE INDEX loss_by_last_ts ON loss(last_ts);
                     """)
         }
+        // The runs of the app processes (#54, ``StoreRun``): started, ended cleanly or not, and
+        // the rewind buffer each keeps beside the store.
+        migrator.registerMigration("v2-runs") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE run (
+                        id TEXT PRIMARY KEY NOT NULL,
+                        context_id INTEGER NOT NULL,
+                        pid INTEGER NOT NULL,
+                        boot TEXT NOT NULL,
+                        process_start INTEGER NOT NULL,
+                        started_at INTEGER NOT NULL,
+                        ended_at INTEGER,
+                        ending TEXT,
+                        rewind TEXT,
+                        rewound INTEGER NOT NULL DEFAULT 0
+                    );
+                    CREATE INDEX run_open ON run(ending) WHERE ending IS NULL;
+                    CREATE INDEX run_by_started_at ON run(started_at);
+                    """)
+        }
         return migrator
     }
 }

@@ -37,6 +37,36 @@ if arguments.count == 3, arguments[1] == "stream" {
     }
 }
 
+// `rewind STORE N END`: a run that keeps a rewind buffer (#54): logs N info records ("stored
+// I", stored) and N debug ones ("rewound I", below its level: into the buffer), flushes, says
+// "ready", then ends as END says: `kill` waits to be killed, `segv` writes through a null
+// pointer (a real SIGSEGV), `clean` closes its center and exits.
+if arguments.count == 5, arguments[1] == "rewind", let count = Int(arguments[3]) {
+    do {
+        let center = try LogCenter(path: arguments[2], context: .current(app: "crash-child", appVersion: "3.1"), rewind: RewindConfiguration(bytes: 1 << 20))
+        center.setUser("crash-user")
+        let log = center.logger(type: .business, minimumLevel: .info)
+        for i in 0..<count {
+            log.info("stored \(i)")
+            log.debug("rewound \(i)", metadata: ["i": i])
+        }
+        try center.flush()
+        FileHandle.standardOutput.write(Data("ready\n".utf8))
+        switch arguments[4] {
+        case "segv":
+            UnsafeMutablePointer<Int>(bitPattern: 16)!.pointee = 1
+        case "clean":
+            try center.close()
+            exit(0)
+        default:
+            while true { sleep(1) }
+        }
+    } catch {
+        FileHandle.standardError.write("crash-child: \(error)\n".data(using: .utf8)!)
+        exit(1)
+    }
+}
+
 guard arguments.count == 3, let count = Int(arguments[2]) else {
     FileHandle.standardError.write("usage: store-crash-child STORE COUNT\n".data(using: .utf8)!)
     exit(2)

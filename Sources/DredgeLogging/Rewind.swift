@@ -1,0 +1,89 @@
+import DredgeDomain
+import DredgeStore
+import Foundation
+
+/// What an app keeps in its rewind buffer (#54, ``RewindBuffer``): the records its loggers log
+/// below their levels, from `level` up, in a ring of `bytes` beside the store. A trigger's
+/// match, a crash, a feedback or an engineer's pull freezes it into the store, so the minutes
+/// before an incident come with their debug records; a clean close lets it go.
+///
+/// ```swift
+/// let center = try LogCenter(path: path, context: .current(app: "oven"), rewind: RewindConfiguration(bytes: 4 << 20))
+/// let log = center.logger(minimumLevel: .info)
+/// log.debug("cache miss")           // not stored: kept in the rewind buffer
+/// try center.freezeRewind()          // now stored, marked `dredge.rewound`
+/// ```
+public struct RewindConfiguration: Sendable, Hashable {
+    /// The ring's size: 64 KiB to 256 MiB (4 MiB by default: a few minutes of a chatty app).
+    public var bytes: Int
+    /// The lowest level kept (trace by default: everything below the loggers' levels).
+    public var level: LogLevel
+
+    public init(bytes: Int = 4 << 20, level: LogLevel = .trace) {
+        self.bytes = bytes
+        self.level = level
+    }
+}
+
+extension LogCenter {
+    /// Marks the run (after finding the other processes' runs that ended uncleanly, and freezing
+    /// their buffers) and makes the rewind buffer. Nothing here stops the center from opening:
+    /// what fails is said in `problems`, logged as warnings by the caller.
+    static func startRun(_ store: LogStore, context: ContextID, rewind: RewindConfiguration?) -> (
+        run: StoreRun?, buffer: RewindBuffer?, unclean: [StoreRun], problems: [(String, LogMetadata)]
+    ) {
+        guard !store.configuration.readOnly else { return (nil, nil, [], []) }
+        var problems: [(String, LogMetadata)] = []
+        var unclean: [StoreRun] = []
+        do {
+            unclean = try store.markUncleanEnds()
+        } catch {
+            problems.append(("cannot look for the runs that ended uncleanly: \(error)", ["dredge.error": .string("\(error)")]))
+        }
+        let run: StoreRun
+        do {
+            run = try store.beginRun(context: context, keepsRewind: rewind != nil)
+        } catch {
+            problems.append(("cannot mark this run as started: a crash of it will not be known: \(error)", ["dredge.error": .string("\(error)")]))
+            return (nil, nil, unclean, problems)
+        }
+        guard let rewind, let name = run.rewind else { return (run, nil, unclean, problems) }
+        do {
+            let buffer = try RewindBuffer.create(at: store.rewindDirectory + "/" + name, capacity: rewind.bytes)
+            return (run, buffer, unclean, problems)
+        } catch {
+            problems.append(("cannot keep a rewind buffer: records below the loggers' levels are dropped: \(error)", ["dredge.error": .string("\(error)")]))
+            return (run, nil, unclean, problems)
+        }
+    }
+
+    func warn(_ problem: (String, LogMetadata)) {
+        submit(level: .warning, type: .app, message: problem.0, metadata: problem.1, at: nil, uid: nil)
+    }
+
+    /// Whether a record at `level`, below its logger's level, goes to the rewind buffer.
+    @inline(__always)
+    public func rewinds(_ level: LogLevel) -> Bool {
+        guard let rewindLevel else { return false }
+        return level >= rewindLevel
+    }
+
+    /// Puts a record below its logger's level into the rewind buffer (stamped with the current
+    /// uid unless given). Never waits for the disk; false when the buffer did not take it (none
+    /// is kept, or the record is larger than a quarter of it).
+    @discardableResult
+    func rewind(level: LogLevel, type: LogType, message: String, metadata: LogMetadata, at timestamp: Timestamp?, uid: String?) -> Bool {
+        guard let rewindBuffer else { return false }
+        let entry = LogEntry(timestamp: timestamp ?? .now, level: level, type: type, uid: uid ?? self.uid, message: message, metadata: metadata, context: context)
+        return rewindBuffer.append(RewindRecord(entry))
+    }
+
+    /// Freezes the rewind buffer into the store now: its records, each marked `dredge.rewound`,
+    /// are stored (one transaction) and the buffer lets them go. What a feedback or the app's
+    /// own sense of trouble calls; returns how many were frozen (0 when none is kept).
+    @discardableResult
+    public func freezeRewind() throws -> Int {
+        guard let rewindBuffer else { return 0 }
+        return try store.freeze(rewindBuffer, context: context)
+    }
+}

@@ -1,0 +1,267 @@
+import DredgeDomain
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The rewind buffer (#54): the device's flight recorder. The last records an app logged below
+/// the level it stores (debug, trace), kept in a fixed-size file beside the store and not in
+/// it, so that when something goes wrong (a trigger's match, a crash, a feedback, an engineer's
+/// pull with `--rewind`) the minutes *before* it can be frozen into the store, verbose.
+///
+/// The file is memory-mapped (`MAP_SHARED`): a record is in the kernel's page cache as soon as
+/// the log call returns, so it survives the process being killed (SIGKILL, SIGSEGV, the OOM
+/// killer), though not the machine losing power. It is made owner-only (0600, in a 0700
+/// directory), so no one who could not read the store reads it.
+///
+/// Layout (little-endian): a 64-byte header — magic `DREDGRWD`, version (u32), the data
+/// region's size (u64 at 16), `head` and `tail` (u64 at 24 and 32: logical offsets, only ever
+/// growing, of the oldest record and just past the newest), the writer's pid (u64 at 40) —
+/// then the data region, a ring. A record is its payload's length (u32), the payload's FNV-1a
+/// (u32), and the payload (``RewindRecord``), split across the ring's end where it falls.
+/// A write moves `head` past the records it overwrites *before* writing, and `tail` past the
+/// new record *after*: a process killed at any point leaves `head…tail` whole records.
+public final class RewindBuffer: Sendable {
+    public let path: String
+    /// The data region's size, bytes.
+    public let capacity: Int
+
+    private struct Mapping: @unchecked Sendable {
+        var base: UnsafeMutableRawPointer
+        var length: Int
+        var fd: Int32
+        var closed = false
+        /// Records the ring did not take (larger than a quarter of it).
+        var tooLarge = 0
+    }
+    private let mapping: Mutex<Mapping>
+
+    static let magic: [UInt8] = Array("DREDGRWD".utf8)
+    static let version: UInt32 = 1
+    static let headerSize = 64
+    /// The smallest and largest ring a configuration may ask for.
+    public static let minimumCapacity = 64 * 1024
+    public static let maximumCapacity = 256 * 1024 * 1024
+
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    /// Makes a new, empty ring at `path` (replacing a file there) of `capacity` bytes.
+    public static func create(at path: String, capacity: Int) throws -> RewindBuffer {
+        guard (minimumCapacity...maximumCapacity).contains(capacity) else {
+            throw Failure(description: "a rewind buffer holds \(minimumCapacity) to \(maximumCapacity) bytes, not \(capacity)")
+        }
+        let directory = (path as NSString).deletingLastPathComponent
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        let fd = Glibc.open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw Failure(description: "cannot make \(path): \(String(cString: strerror(errno)))") }
+        let length = headerSize + capacity
+        guard ftruncate(fd, off_t(length)) == 0 else {
+            let problem = String(cString: strerror(errno))
+            Glibc.close(fd)
+            throw Failure(description: "cannot size \(path) to \(length) bytes: \(problem)")
+        }
+        let buffer = try RewindBuffer(path: path, fd: fd, length: length)
+        buffer.mapping.withLock { m in
+            m.base.copyMemory(from: magic, byteCount: magic.count)
+            m.base.storeBytes(of: version.littleEndian, toByteOffset: 8, as: UInt32.self)
+            m.base.storeBytes(of: UInt64(capacity).littleEndian, toByteOffset: 16, as: UInt64.self)
+            m.base.storeBytes(of: UInt64(0), toByteOffset: 24, as: UInt64.self)
+            m.base.storeBytes(of: UInt64(0), toByteOffset: 32, as: UInt64.self)
+            m.base.storeBytes(of: UInt64(getpid()).littleEndian, toByteOffset: 40, as: UInt64.self)
+        }
+        return buffer
+    }
+
+    /// Opens a ring a process left (to read and freeze it); nil when there is no file.
+    public static func open(at path: String) throws -> RewindBuffer? {
+        let fd = Glibc.open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+        guard fd >= 0 else {
+            if errno == ENOENT { return nil }
+            throw Failure(description: "cannot open \(path): \(String(cString: strerror(errno)))")
+        }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else {
+            Glibc.close(fd)
+            throw Failure(description: "cannot read the size of \(path): \(String(cString: strerror(errno)))")
+        }
+        let length = Int(info.st_size)
+        guard length >= headerSize + minimumCapacity else {
+            Glibc.close(fd)
+            throw Failure(description: "\(path) is not a rewind buffer (\(length) bytes)")
+        }
+        let buffer = try RewindBuffer(path: path, fd: fd, length: length)
+        let problem = buffer.mapping.withLock { m -> String? in
+            guard Array(UnsafeRawBufferPointer(start: m.base, count: magic.count)) == magic else { return "it does not start as one" }
+            let version = UInt32(littleEndian: m.base.loadUnaligned(fromByteOffset: 8, as: UInt32.self))
+            guard version == Self.version else { return "version \(version), not \(Self.version)" }
+            let capacity = UInt64(littleEndian: m.base.loadUnaligned(fromByteOffset: 16, as: UInt64.self))
+            guard capacity == UInt64(length - headerSize) else { return "its size says \(capacity) bytes where the file holds \(length - headerSize)" }
+            return nil
+        }
+        if let problem {
+            try buffer.close()
+            throw Failure(description: "\(path) is not a rewind buffer: \(problem)")
+        }
+        return buffer
+    }
+
+    private init(path: String, fd: Int32, length: Int) throws {
+        guard let base = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), base != MAP_FAILED else {
+            let problem = String(cString: strerror(errno))
+            Glibc.close(fd)
+            throw Failure(description: "cannot map \(path): \(problem)")
+        }
+        self.path = path
+        self.capacity = length - Self.headerSize
+        mapping = Mutex(Mapping(base: base, length: length, fd: fd))
+    }
+
+    deinit {
+        mapping.withLock { m in
+            guard !m.closed else { return }
+            munmap(m.base, m.length)
+            Glibc.close(m.fd)
+        }
+    }
+
+    /// Unmaps the file (what was written stays in it). Later appends are ignored.
+    public func close() throws {
+        mapping.withLock { m in
+            guard !m.closed else { return }
+            m.closed = true
+            munmap(m.base, m.length)
+            Glibc.close(m.fd)
+        }
+    }
+
+    /// Adds one record, dropping the oldest ones it needs the room of. A record larger than a
+    /// quarter of the ring is not kept (counted in ``tooLarge``). Never waits for the disk.
+    @discardableResult
+    public func append(_ record: RewindRecord) -> Bool {
+        var payload = RewindRecord.Encoder()
+        record.encode(into: &payload)
+        return append(payload: payload.bytes)
+    }
+
+    func append(payload: [UInt8]) -> Bool {
+        mapping.withLock { m in
+            guard !m.closed else { return false }
+            let size = 8 + payload.count
+            guard size <= capacity / 4 else {
+                m.tooLarge += 1
+                return false
+            }
+            let data = m.base + Self.headerSize
+            var head = Self.load(m.base, 24), tail = Self.load(m.base, 32)
+            // Room first: the oldest records go, and `head` says so before they are written over.
+            if tail + UInt64(size) - head > UInt64(capacity) {
+                while tail + UInt64(size) - head > UInt64(capacity) {
+                    let length = Self.read32(data, capacity, at: head)
+                    head += 8 + UInt64(length)
+                }
+                Self.store(m.base, 24, head)
+            }
+            var header = [UInt8](repeating: 0, count: 8)
+            withUnsafeBytes(of: UInt32(payload.count).littleEndian) { header.replaceSubrange(0..<4, with: $0) }
+            withUnsafeBytes(of: Self.fnv1a(payload).littleEndian) { header.replaceSubrange(4..<8, with: $0) }
+            Self.write(header, into: data, capacity, at: tail)
+            Self.write(payload, into: data, capacity, at: tail + 8)
+            // Then the record counts.
+            tail += UInt64(size)
+            Self.store(m.base, 32, tail)
+            return true
+        }
+    }
+
+    /// Records the ring did not take (larger than a quarter of it).
+    public var tooLarge: Int { mapping.withLock { $0.tooLarge } }
+
+    /// The records it holds, oldest first, and where the newest ends (for ``discard(through:)``).
+    /// A record that does not read back (the file was damaged) ends the reading: what came
+    /// before it is returned.
+    public func snapshot() -> (records: [RewindRecord], end: UInt64) {
+        mapping.withLock { m in
+            guard !m.closed else { return ([], 0) }
+            return Self.records(m.base, capacity)
+        }
+    }
+
+    /// The records it holds, oldest first.
+    public func records() -> [RewindRecord] { snapshot().records }
+
+    /// Lets go of the records before `end` (a ``snapshot()``'s): what was frozen is not frozen
+    /// again. Records added since stay.
+    public func discard(through end: UInt64) {
+        mapping.withLock { m in
+            guard !m.closed else { return }
+            let head = Self.load(m.base, 24), tail = Self.load(m.base, 32)
+            if end > head && end <= tail { Self.store(m.base, 24, end) }
+        }
+    }
+
+    private static func records(_ base: UnsafeMutableRawPointer, _ capacity: Int) -> (records: [RewindRecord], end: UInt64) {
+        let data = base + headerSize
+        let head = load(base, 24), tail = load(base, 32)
+        guard head <= tail, tail - head <= UInt64(capacity) else { return ([], head) }
+        var records: [RewindRecord] = []
+        var at = head
+        while at + 8 <= tail {
+            let length = UInt64(read32(data, capacity, at: at))
+            let sum = read32(data, capacity, at: at + 4)
+            guard at + 8 + length <= tail else { break }
+            let payload = read(data, capacity, at: at + 8, count: Int(length))
+            guard fnv1a(payload) == sum, let record = RewindRecord(decoding: payload) else { break }
+            records.append(record)
+            at += 8 + length
+        }
+        return (records, at)
+    }
+
+    // MARK: The ring's bytes
+
+    private static func load(_ base: UnsafeMutableRawPointer, _ offset: Int) -> UInt64 {
+        UInt64(littleEndian: base.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
+    }
+
+    private static func store(_ base: UnsafeMutableRawPointer, _ offset: Int, _ value: UInt64) {
+        base.storeBytes(of: value.littleEndian, toByteOffset: offset, as: UInt64.self)
+    }
+
+    private static func write(_ bytes: [UInt8], into data: UnsafeMutableRawPointer, _ capacity: Int, at logical: UInt64) {
+        let start = Int(logical % UInt64(capacity))
+        let first = min(bytes.count, capacity - start)
+        bytes.withUnsafeBytes { source in
+            (data + start).copyMemory(from: source.baseAddress!, byteCount: first)
+            if first < bytes.count { data.copyMemory(from: source.baseAddress! + first, byteCount: bytes.count - first) }
+        }
+    }
+
+    private static func read(_ data: UnsafeMutableRawPointer, _ capacity: Int, at logical: UInt64, count: Int) -> [UInt8] {
+        let start = Int(logical % UInt64(capacity))
+        let first = min(count, capacity - start)
+        var bytes = [UInt8](repeating: 0, count: count)
+        bytes.withUnsafeMutableBytes { target in
+            target.baseAddress!.copyMemory(from: data + start, byteCount: first)
+            if first < count { (target.baseAddress! + first).copyMemory(from: data, byteCount: count - first) }
+        }
+        return bytes
+    }
+
+    private static func read32(_ data: UnsafeMutableRawPointer, _ capacity: Int, at logical: UInt64) -> UInt32 {
+        let bytes = read(data, capacity, at: logical, count: 4)
+        return UInt32(bytes[0]) | UInt32(bytes[1]) << 8 | UInt32(bytes[2]) << 16 | UInt32(bytes[3]) << 24
+    }
+
+    static func fnv1a(_ bytes: [UInt8]) -> UInt32 {
+        var hash: UInt32 = 0x811C_9DC5
+        for byte in bytes {
+            hash ^= UInt32(byte)
+            hash = hash &* 0x0100_0193
+        }
+        return hash
+    }
+}

@@ -1,0 +1,126 @@
+import DredgeDomain
+import DredgeLogging
+import DredgeStore
+import DredgeTestSupport
+import Foundation
+import Logging
+import Testing
+
+/// The rewind buffer as an app uses it (#54): records below the loggers' levels kept in it and
+/// not stored, until frozen (then stored, marked `dredge.rewound`, with their privacy applied);
+/// swift-log's handler the same; a clean close lets it go; a run killed (SIGKILL) or crashed
+/// (SIGSEGV) in a real process is found by the app's next run, which stores what the dead run's
+/// buffer held.
+@Suite struct RewindTests {
+    @Test func recordsBelowTheLevelWaitInTheBufferUntilFrozen() throws {
+        let dir = TempDir()
+        let center = try LogCenter(
+            path: dir.file("logs.sqlite"), context: .current(app: "oven", appVersion: "2.0"), rewind: RewindConfiguration(bytes: 256 * 1024, level: .debug))
+        center.setUser("u-1")
+        #expect(center.rewindLevel == .debug && center.run?.rewind != nil)
+        let log = center.logger(type: .network, minimumLevel: .info)
+        log.info("stored")
+        log.debug("cache miss for \("alice@example.com", privacy: .private)", metadata: ["card": .private("4111"), "n": 2])
+        log.trace("below the buffer's level too")
+        try center.flush()
+        #expect(try center.store.records(matching: LogFilter()).map(\.message) == ["stored"])
+
+        // swift-log's handler: its level is lowered to the buffer's, what is below its own goes to the buffer.
+        var handler = center.logHandler(label: "nio")
+        handler.logLevel = .info
+        #expect(handler.logLevel == .debug)
+        let logger = Logger(label: "nio") { _ in handler }
+        logger.debug("a channel opened")
+
+        #expect(try center.freezeRewind() == 2)
+        #expect(try center.freezeRewind() == 0, "frozen once")
+        let records = try center.store.records(matching: LogFilter())
+        #expect(records.map(\.message) == ["stored", "cache miss for <private>", "a channel opened"])
+        let rewound = records.filter { $0.metadata["dredge.rewound"] == .bool(true) }
+        #expect(rewound.count == 2 && rewound.allSatisfy { $0.level == .debug && $0.uid == "u-1" && $0.context == center.context })
+        #expect(rewound[0].type == .network && rewound[0].metadata["card"] == .string("<private>") && rewound[0].metadata["n"] == .int(2))
+        #expect(rewound[1].metadata["logger.label"] == .string("nio"))
+
+        // A clean close: the run ends clean, its buffer is let go.
+        let ring = center.store.rewindDirectory + "/" + (center.run?.rewind ?? "")
+        #expect(FileManager.default.fileExists(atPath: ring))
+        log.debug("never frozen")
+        try center.close()
+        #expect(!FileManager.default.fileExists(atPath: ring))
+        let store = try LogStore(path: dir.file("logs.sqlite"))
+        #expect(try store.runs().map(\.end) == [.clean])
+        #expect(try store.records(matching: LogFilter(text: "never frozen")).isEmpty)
+        try store.close()
+    }
+
+    @Test func withoutABufferRecordsBelowTheLevelCostNothing() throws {
+        let recorder = LogRecorder()
+        let center = try LogCenter.recording(recorder)
+        #expect(center.rewindLevel == nil && center.run != nil)
+        let log = center.logger(minimumLevel: .info)
+        var built = false
+        log.debug("\(({ built = true; return "x" })())")
+        #expect(!built, "the message of a call below the level is never built")
+        #expect(try center.freezeRewind() == 0)
+        try center.close()
+    }
+
+    /// Runs the crash child to its end (`kill`: killed by this test with SIGKILL; `segv`: it
+    /// crashes itself; `clean`: it closes), then opens the store as the app's next run does.
+    func childRun(_ end: String, records: Int) throws -> (status: Process.TerminationReason, next: LogCenter, dir: TempDir) {
+        let dir = TempDir()
+        let path = dir.file("logs.sqlite")
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: builtProduct("store-crash-child"))
+        child.arguments = ["rewind", path, "\(records)", end]
+        // No backtrace printing for the crash: it is the point.
+        child.environment = ProcessInfo.processInfo.environment.merging(["SWIFT_BACKTRACE": "enable=no"]) { $1 }
+        let output = Pipe()
+        child.standardOutput = output
+        try child.run()
+        var line = Data()
+        while !line.contains(UInt8(ascii: "\n")) {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            line.append(chunk)
+        }
+        #expect(String(decoding: line, as: UTF8.self) == "ready\n")
+        if end == "kill" { kill(child.processIdentifier, SIGKILL) }
+        child.waitUntilExit()
+        let next = try LogCenter(path: path, context: .current(app: "crash-child", appVersion: "3.1"))
+        return (child.terminationReason, next, dir)
+    }
+
+    @Test(arguments: ["kill", "segv"])
+    func theNextRunStoresWhatAKilledOrCrashedRunsBufferHeld(_ end: String) throws {
+        let (status, next, dir) = try childRun(end, records: 500)
+        defer { withExtendedLifetime(dir) {} }
+        #expect(status == .uncaughtSignal)
+        // The next run found it ended uncleanly and froze its buffer into the store.
+        let unclean = try #require(next.uncleanEnds.first)
+        #expect(next.uncleanEnds.count == 1 && unclean.end == .unclean && unclean.rewound == 500)
+        try next.flush()
+        let rewound = try next.store.records(matching: LogFilter(text: "rewound "))
+        #expect(rewound.count == 500 && rewound.allSatisfy { $0.level == .debug && $0.uid == "crash-user" && $0.metadata["dredge.rewound"] == .bool(true) })
+        #expect(Set(rewound.map(\.message)) == Set((0..<500).map { "rewound \($0)" }))
+        let stored = try next.store.records(matching: LogFilter(text: "stored "))
+        #expect(stored.count == 500)
+        // It ended at its last record.
+        #expect(unclean.endedAt == stored.map(\.timestamp).max())
+        #expect(!FileManager.default.fileExists(atPath: next.store.rewindDirectory + "/" + unclean.id))
+        // Marked once: another look finds nothing more.
+        #expect(try next.store.markUncleanEnds().isEmpty)
+        try next.close()
+    }
+
+    @Test func aCleanRunLeavesNothingToFreeze() throws {
+        let (status, next, dir) = try childRun("clean", records: 50)
+        defer { withExtendedLifetime(dir) {} }
+        #expect(status == .exit)
+        #expect(next.uncleanEnds.isEmpty)
+        #expect(try next.store.records(matching: LogFilter(text: "rewound ")).isEmpty)
+        #expect(try next.store.runs().compactMap(\.end) == [.clean])
+        #expect(try FileManager.default.contentsOfDirectory(atPath: next.store.rewindDirectory).isEmpty)
+        try next.close()
+    }
+}

@@ -4,7 +4,13 @@ import Synchronization
 
 #if canImport(Glibc)
 import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
+
+// At file scope `open` and `close` are the system's (inside the type they are its own).
+private func openFile(_ path: String, _ flags: Int32, _ mode: mode_t = 0) -> Int32 { open(path, flags, mode) }
+private func closeFile(_ fd: Int32) { _ = close(fd) }
 
 /// The rewind buffer (#54): the device's flight recorder. The last records an app logged below
 /// the level it stores (debug, trace), kept in a fixed-size file beside the store and not in
@@ -56,12 +62,12 @@ public final class RewindBuffer: Sendable {
         }
         let directory = (path as NSString).deletingLastPathComponent
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        let fd = Glibc.open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        let fd = openFile(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard fd >= 0 else { throw Failure(description: "cannot make \(path): \(String(cString: strerror(errno)))") }
         let length = headerSize + capacity
         guard ftruncate(fd, off_t(length)) == 0 else {
             let problem = String(cString: strerror(errno))
-            Glibc.close(fd)
+            closeFile(fd)
             throw Failure(description: "cannot size \(path) to \(length) bytes: \(problem)")
         }
         let buffer = try RewindBuffer(path: path, fd: fd, length: length)
@@ -78,19 +84,19 @@ public final class RewindBuffer: Sendable {
 
     /// Opens a ring a process left (to read and freeze it); nil when there is no file.
     public static func open(at path: String) throws -> RewindBuffer? {
-        let fd = Glibc.open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+        let fd = openFile(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
         guard fd >= 0 else {
             if errno == ENOENT { return nil }
             throw Failure(description: "cannot open \(path): \(String(cString: strerror(errno)))")
         }
         var info = stat()
         guard fstat(fd, &info) == 0 else {
-            Glibc.close(fd)
+            closeFile(fd)
             throw Failure(description: "cannot read the size of \(path): \(String(cString: strerror(errno)))")
         }
         let length = Int(info.st_size)
         guard length >= headerSize + minimumCapacity else {
-            Glibc.close(fd)
+            closeFile(fd)
             throw Failure(description: "\(path) is not a rewind buffer (\(length) bytes)")
         }
         let buffer = try RewindBuffer(path: path, fd: fd, length: length)
@@ -112,7 +118,7 @@ public final class RewindBuffer: Sendable {
     private init(path: String, fd: Int32, length: Int) throws {
         guard let base = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), base != MAP_FAILED else {
             let problem = String(cString: strerror(errno))
-            Glibc.close(fd)
+            closeFile(fd)
             throw Failure(description: "cannot map \(path): \(problem)")
         }
         self.path = path
@@ -124,7 +130,7 @@ public final class RewindBuffer: Sendable {
         mapping.withLock { m in
             guard !m.closed else { return }
             munmap(m.base, m.length)
-            Glibc.close(m.fd)
+            closeFile(m.fd)
         }
     }
 
@@ -134,7 +140,7 @@ public final class RewindBuffer: Sendable {
             guard !m.closed else { return }
             m.closed = true
             munmap(m.base, m.length)
-            Glibc.close(m.fd)
+            closeFile(m.fd)
         }
     }
 

@@ -4,6 +4,8 @@ import GRDB
 
 #if canImport(Glibc)
 import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 /// A run of an app process over the store (#54): marked as started when its ``LogCenter``
@@ -191,6 +193,7 @@ extension RewindRecord {
 /// Which process a run was: its pid is reused after it dies, and after the machine restarts,
 /// so the boot (`/proc/sys/kernel/random/boot_id`) and the process's start (field 22 of
 /// `/proc/PID/stat`, in clock ticks since boot) say whether a live pid is still that process.
+/// Where there is no `/proc` (macOS), a live pid is taken as the run's process.
 struct ProcessIdentity {
     var boot: String
     var start: Int64
@@ -213,8 +216,8 @@ struct ProcessIdentity {
 
     /// Whether the process a run was still runs.
     static func isAlive(pid: Int32, boot: String, start: Int64, current: ProcessIdentity) -> Bool {
-        guard boot == current.boot, !boot.isEmpty else { return false }
-        guard let now = startTime(of: pid) else { return false }
+        guard !current.boot.isEmpty else { return kill(pid, 0) == 0 || errno == EPERM }
+        guard boot == current.boot, let now = startTime(of: pid) else { return false }
         return now == start
     }
 }

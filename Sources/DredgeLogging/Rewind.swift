@@ -75,7 +75,7 @@ extension LogCenter {
     func rewind(level: LogLevel, type: LogType, message: String, metadata: LogMetadata, at timestamp: Timestamp?, uid: String?) -> Bool {
         guard let rewindBuffer else { return false }
         let entry = LogEntry(timestamp: timestamp ?? .now, level: level, type: type, uid: uid ?? self.uid, message: message, metadata: metadata, context: context)
-        return rewindBuffer.append(RewindRecord(entry))
+        return rewindBuffer.append(entry)
     }
 
     /// Freezes the rewind buffer into the store now: its records, each marked `dredge.rewound`,

@@ -10,7 +10,7 @@ import Synchronization
 struct StoreBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "store",
-        abstract: "Store figures: store.ingest, store.enqueue, store.query, store.retention.")
+        abstract: "Store figures: store.ingest, store.enqueue, rewind.log_call, store.query, store.retention.")
 
     @Option(help: "Records per ingest round.")
     var ingestRecords = 300_000
@@ -40,7 +40,9 @@ struct StoreBench: AsyncParsableCommand {
         defer { if scratch == nil { try? FileManager.default.removeItem(atPath: dir) } }
 
         print(try ingest(dir: dir).line)
-        print(try enqueue(dir: dir).line)
+        let enqueued = try enqueue(dir: dir)
+        print(enqueued.line)
+        print(try rewindLogCall(dir: dir, enqueueMedian: enqueued.value).line)
         let (query, retention) = try queryAndRetention(dir: dir)
         print(query.line)
         print(retention.line)
@@ -175,6 +177,31 @@ struct StoreBench: AsyncParsableCommand {
         let p50 = Double(ours[ours.count / 2]), p99 = Double(ours[ours.count * 99 / 100])
         note("enqueue: \(enqueueCalls) calls, dropped \(stats.droppedQueueFull); floor p50 \(floor[floor.count / 2]) ns p99 \(floor[floor.count * 99 / 100]) ns")
         return Figure(name: "store.enqueue", value: p50, unit: "ns", limit: Double(floor[floor.count / 2]), higherIsBetter: false, extra: "p99=\(Int(p99)) ns")
+    }
+
+    // MARK: rewind.log_call
+
+    /// A debug call below its logger's level into the rewind buffer (#54): rendered, its
+    /// metadata encoded and copied into the memory-mapped ring on the caller's thread. Its
+    /// median against the same call stored (`store.enqueue`'s median, this run): the goal is
+    /// under it (a ratio below 1).
+    func rewindLogCall(dir: String, enqueueMedian: Double) throws -> Figure {
+        let center = try LogCenter(
+            path: "\(dir)/rewind.sqlite", context: .current(app: "bench"), rewind: RewindConfiguration(bytes: 4 << 20))
+        center.setUser("u-0001")
+        let log = center.logger(type: .network, minimumLevel: .info)
+        var ours = [Int64](repeating: 0, count: enqueueCalls)
+        for i in 0..<enqueueCalls {
+            let start = monotonicNanos()
+            log.debug("GET https://api.example.com/api/v2/catalog -> 200 in 42 ms", metadata: ["http.status": 200, "duration_ms": 42])
+            ours[i] = monotonicNanos() - start
+        }
+        let kept = try center.freezeRewind()
+        try center.close()
+        ours.sort()
+        let p50 = Double(ours[ours.count / 2]), p99 = Double(ours[ours.count * 99 / 100])
+        note("rewind: \(enqueueCalls) debug calls into a 4 MiB buffer, \(kept) kept at the end (the newest)")
+        return Figure(name: "rewind.log_call", value: p50, unit: "ns", limit: enqueueMedian, higherIsBetter: false, extra: "p99=\(Int(p99)) ns")
     }
 
     // MARK: store.query and store.retention

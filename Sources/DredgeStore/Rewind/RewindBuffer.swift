@@ -41,6 +41,9 @@ public final class RewindBuffer: Sendable {
         var closed = false
         /// Records the ring did not take (larger than a quarter of it).
         var tooLarge = 0
+        /// Reused by every append (under the lock): a call allocates nothing once they are grown.
+        var payload: [UInt8] = []
+        var json = JSONWriter(reservingCapacity: 256)
     }
     private let mapping: Mutex<Mapping>
 
@@ -148,14 +151,45 @@ public final class RewindBuffer: Sendable {
     /// quarter of the ring is not kept (counted in ``tooLarge``). Never waits for the disk.
     @discardableResult
     public func append(_ record: RewindRecord) -> Bool {
-        var payload = RewindRecord.Encoder()
-        record.encode(into: &payload)
-        return append(payload: payload.bytes)
+        mapping.withLock { m in
+            m.payload.removeAll(keepingCapacity: true)
+            var encoder = RewindRecord.Encoder(bytes: m.payload)
+            m.payload = []
+            record.encode(into: &encoder)
+            m.payload = encoder.bytes
+            return Self.put(&m, capacity)
+        }
     }
 
-    func append(payload: [UInt8]) -> Bool {
+    /// Adds an entry as its record (its metadata encoded as the store encodes it), building
+    /// the record's bytes in buffers kept for it: what a log call below its level does.
+    @discardableResult
+    public func append(_ entry: LogEntry) -> Bool {
         mapping.withLock { m in
             guard !m.closed else { return false }
+            m.json.reset()
+            // Unsorted: it is decoded and stored canonically when frozen.
+            if entry.metadata.isEmpty { m.json.writeRaw("{}") } else { m.json.writeObjectUnordered(entry.metadata) }
+            var encoder = RewindRecord.Encoder(bytes: m.payload)
+            m.payload = []
+            encoder.bytes.removeAll(keepingCapacity: true)
+            encoder.integer(entry.timestamp.microseconds)
+            encoder.integer(UInt8(entry.level.rawValue))
+            encoder.text(entry.type.rawValue)
+            encoder.text(entry.uid)
+            encoder.text(entry.message)
+            encoder.integer(UInt32(m.json.bytes.count))
+            encoder.bytes.append(contentsOf: m.json.bytes)
+            m.payload = encoder.bytes
+            return Self.put(&m, capacity)
+        }
+    }
+
+    /// Writes `m.payload` as the newest record.
+    private static func put(_ m: inout Mapping, _ capacity: Int) -> Bool {
+        do {
+            guard !m.closed else { return false }
+            let payload = m.payload
             let size = 8 + payload.count
             guard size <= capacity / 4 else {
                 m.tooLarge += 1
@@ -171,11 +205,9 @@ public final class RewindBuffer: Sendable {
                 }
                 Self.store(m.base, 24, head)
             }
-            var header = [UInt8](repeating: 0, count: 8)
-            withUnsafeBytes(of: UInt32(payload.count).littleEndian) { header.replaceSubrange(0..<4, with: $0) }
-            withUnsafeBytes(of: Self.fnv1a(payload).littleEndian) { header.replaceSubrange(4..<8, with: $0) }
-            Self.write(header, into: data, capacity, at: tail)
-            Self.write(payload, into: data, capacity, at: tail + 8)
+            let header = UInt64(UInt32(payload.count)) | UInt64(Self.fnv1a(payload)) << 32
+            withUnsafeBytes(of: header.littleEndian) { Self.write($0, into: data, capacity, at: tail) }
+            payload.withUnsafeBytes { Self.write($0, into: data, capacity, at: tail + 8) }
             // Then the record counts.
             tail += UInt64(size)
             Self.store(m.base, 32, tail)
@@ -237,13 +269,12 @@ public final class RewindBuffer: Sendable {
         base.storeBytes(of: value.littleEndian, toByteOffset: offset, as: UInt64.self)
     }
 
-    private static func write(_ bytes: [UInt8], into data: UnsafeMutableRawPointer, _ capacity: Int, at logical: UInt64) {
+    private static func write(_ source: UnsafeRawBufferPointer, into data: UnsafeMutableRawPointer, _ capacity: Int, at logical: UInt64) {
+        guard let base = source.baseAddress, source.count > 0 else { return }
         let start = Int(logical % UInt64(capacity))
-        let first = min(bytes.count, capacity - start)
-        bytes.withUnsafeBytes { source in
-            (data + start).copyMemory(from: source.baseAddress!, byteCount: first)
-            if first < bytes.count { data.copyMemory(from: source.baseAddress! + first, byteCount: bytes.count - first) }
-        }
+        let first = min(source.count, capacity - start)
+        (data + start).copyMemory(from: base, byteCount: first)
+        if first < source.count { data.copyMemory(from: base + first, byteCount: source.count - first) }
     }
 
     private static func read(_ data: UnsafeMutableRawPointer, _ capacity: Int, at logical: UInt64, count: Int) -> [UInt8] {
@@ -258,16 +289,19 @@ public final class RewindBuffer: Sendable {
     }
 
     private static func read32(_ data: UnsafeMutableRawPointer, _ capacity: Int, at logical: UInt64) -> UInt32 {
-        let bytes = read(data, capacity, at: logical, count: 4)
-        return UInt32(bytes[0]) | UInt32(bytes[1]) << 8 | UInt32(bytes[2]) << 16 | UInt32(bytes[3]) << 24
+        var value: UInt32 = 0
+        for i in 0..<4 { value |= UInt32(data.load(fromByteOffset: Int((logical + UInt64(i)) % UInt64(capacity)), as: UInt8.self)) << (8 * i) }
+        return value
     }
 
     static func fnv1a(_ bytes: [UInt8]) -> UInt32 {
-        var hash: UInt32 = 0x811C_9DC5
-        for byte in bytes {
-            hash ^= UInt32(byte)
-            hash = hash &* 0x0100_0193
+        bytes.withUnsafeBufferPointer { buffer in
+            var hash: UInt32 = 0x811C_9DC5
+            for byte in buffer {
+                hash ^= UInt32(byte)
+                hash = hash &* 0x0100_0193
+            }
+            return hash
         }
-        return hash
     }
 }

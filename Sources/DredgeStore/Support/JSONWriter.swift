@@ -52,6 +52,21 @@ public struct JSONWriter {
         bytes.append(UInt8(ascii: "}"))
     }
 
+    /// An object in the dictionary's own order: for bytes read back by this library only (the
+    /// rewind buffer's records, re-encoded canonically when they are stored), so not sorted.
+    mutating func writeObjectUnordered(_ object: [String: LogValue]) {
+        bytes.append(UInt8(ascii: "{"))
+        var first = true
+        for (key, value) in object {
+            if !first { bytes.append(UInt8(ascii: ",")) }
+            first = false
+            writeString(key)
+            bytes.append(UInt8(ascii: ":"))
+            write(value)
+        }
+        bytes.append(UInt8(ascii: "}"))
+    }
+
     public mutating func writeRaw(_ s: String) { bytes.append(contentsOf: s.utf8) }
 
     /// Appends bytes that are already JSON.

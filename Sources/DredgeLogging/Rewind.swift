@@ -3,9 +3,10 @@ import DredgeStore
 import Foundation
 
 /// What an app keeps in its rewind buffer (#54, ``RewindBuffer``): the records its loggers log
-/// below their levels, from `level` up, in a ring of `bytes` beside the store. A trigger's
-/// match, a crash, a feedback or an engineer's pull freezes it into the store, so the minutes
-/// before an incident come with their debug records; a clean close lets it go.
+/// below their levels, from `level` up, in a ring of `bytes` beside the store. Frozen into the
+/// store, the minutes before an incident come with their debug records: by the app
+/// (``LogCenter/freezeRewind()``) and, after a crash, by the next center to open the store. A
+/// clean close lets it go.
 ///
 /// ```swift
 /// let center = try LogCenter(path: path, context: .current(app: "oven"), rewind: RewindConfiguration(bytes: 4 << 20))
@@ -14,12 +15,13 @@ import Foundation
 /// try center.freezeRewind()          // now stored, marked `dredge.rewound`
 /// ```
 public struct RewindConfiguration: Sendable, Hashable {
-    /// The ring's size: 64 KiB to 256 MiB (4 MiB by default: a few minutes of a chatty app).
+    /// The ring's size: 64 KiB to 64 MiB (4 MiB by default: a few minutes of a chatty app).
     public var bytes: Int
-    /// The lowest level kept (trace by default: everything below the loggers' levels).
+    /// The lowest level kept: debug by default (trace records, such as SwiftNIO's through
+    /// swift-log, are many and seldom what an incident needs).
     public var level: LogLevel
 
-    public init(bytes: Int = 4 << 20, level: LogLevel = .trace) {
+    public init(bytes: Int = 4 << 20, level: LogLevel = .debug) {
         self.bytes = bytes
         self.level = level
     }
@@ -36,7 +38,9 @@ extension LogCenter {
         var problems: [(String, LogMetadata)] = []
         var unclean: [StoreRun] = []
         do {
-            unclean = try store.markUncleanEnds()
+            let found = try store.markUncleanEnds()
+            unclean = found.marked
+            for problem in found.problems { problems.append((problem, [:])) }
         } catch {
             problems.append(("cannot look for the runs that ended uncleanly: \(error)", ["dredge.error": .string("\(error)")]))
         }

@@ -62,6 +62,7 @@ struct IngestCommand: AsyncParsableCommand {
                 FileHandle.standardError.write(Data("line \(number): \(error)\n".utf8))
             }
         }
+        try center.close()
         try logStore.close()
         FileHandle.standardError.write(Data("ingested \(accepted) records\(rejected > 0 ? ", rejected \(rejected)" : "")\n".utf8))
         if rejected > 0 { throw ExitCode(65) }

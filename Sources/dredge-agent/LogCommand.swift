@@ -31,6 +31,8 @@ struct LogCommand: AsyncParsableCommand {
         }
         let logger = center.logger(type: record.logType)
         logger.log(record.logLevel, LogMessage(stringLiteral: message.joined(separator: " ")), metadata: fields, uid: record.uid)
+        // Its run ends cleanly (a run left open is a crash to the next one that looks).
+        try center.close()
         try logStore.close()
     }
 }

@@ -105,12 +105,86 @@ import Testing
         #expect(Set(rewound.map(\.message)) == Set((0..<500).map { "rewound \($0)" }))
         let stored = try next.store.records(matching: LogFilter(text: "stored "))
         #expect(stored.count == 500)
-        // It ended at its last record.
-        #expect(unclean.endedAt == stored.map(\.timestamp).max())
+        // It ended at its last record, stored or rewound.
+        #expect(unclean.endedAt == (stored + rewound).map(\.timestamp).max())
         #expect(!FileManager.default.fileExists(atPath: next.store.rewindDirectory + "/" + unclean.id))
         // Marked once: another look finds nothing more.
-        #expect(try next.store.markUncleanEnds().isEmpty)
+        #expect(try next.store.markUncleanEnds().marked.isEmpty)
         try next.close()
+    }
+
+    /// Killed in the middle of appending (it logs as fast as it can): what the next run stores
+    /// is a whole, gap-free run of the newest records, each as it was logged.
+    @Test func aRunKilledMidAppendLeavesWholeRecords() throws {
+        for round in 0..<3 {
+            let dir = TempDir()
+            let path = dir.file("logs.sqlite")
+            let child = Process()
+            child.executableURL = URL(fileURLWithPath: builtProduct("store-crash-child"))
+            child.arguments = ["rewind-loop", path]
+            let output = Pipe()
+            child.standardOutput = output
+            try child.run()
+            var line = Data()
+            while !line.contains(UInt8(ascii: "\n")) {
+                let chunk = output.fileHandleForReading.availableData
+                if chunk.isEmpty { break }
+                line.append(chunk)
+            }
+            #expect(String(decoding: line, as: UTF8.self) == "ready\n")
+            // A different moment each round, while it appends.
+            usleep(useconds_t(20_000 + round * 37_000))
+            kill(child.processIdentifier, SIGKILL)
+            child.waitUntilExit()
+            let next = try LogCenter(path: path, context: .current(app: "crash-child"))
+            let frozen = try next.store.records(matching: LogFilter(text: "loop "))
+            let numbers = frozen.compactMap { Int($0.message.dropFirst("loop ".count)) }
+            #expect(numbers.count == frozen.count && numbers.count > 100, "round \(round): \(numbers.count)")
+            #expect(numbers == Array((numbers.first ?? 0)..<((numbers.first ?? 0) + numbers.count)), "round \(round): whole and in order")
+            #expect(frozen.allSatisfy { $0.metadata["pad"] == .string(String(repeating: "p", count: (Int($0.message.dropFirst(5)) ?? 0) % 97)) })
+            try next.close()
+        }
+    }
+
+    /// A buffer that cannot be made (a file where its directory goes, another user's
+    /// directory) does not stop the center: it logs on without one, and says why in the store.
+    @Test func aBufferThatCannotBeMadeIsAWarningNotAFailure() throws {
+        let dir = TempDir()
+        let path = dir.file("logs.sqlite")
+        try Data("in the way".utf8).write(to: URL(fileURLWithPath: path + "-rewind"))
+        let center = try LogCenter(path: path, rewind: RewindConfiguration())
+        #expect(center.rewindLevel == nil && center.run != nil)
+        center.logger(minimumLevel: .info).debug("nowhere")
+        try center.flush()
+        let warnings = try center.store.records(matching: LogFilter(levels: [.warning]))
+        #expect(warnings.contains { $0.message.hasPrefix("cannot keep a rewind buffer") }, "\(warnings.map(\.message))")
+        try center.close()
+    }
+
+    /// Threads freezing at once while others log: every record is stored once.
+    @Test func freezesAtOnceStoreEachRecordOnce() async throws {
+        let recorder = LogRecorder()
+        let center = try LogCenter.recording(recorder, rewind: RewindConfiguration(bytes: 4 << 20))
+        let log = center.logger(minimumLevel: .info)
+        try await withThrowingTaskGroup(of: Int.self) { group in
+            for worker in 0..<4 {
+                group.addTask {
+                    var frozen = 0
+                    for i in 0..<500 {
+                        log.debug("w\(worker) \(i)")
+                        if i % 50 == 0 { frozen += try center.freezeRewind() }
+                    }
+                    return frozen
+                }
+            }
+            var total = 0
+            for try await frozen in group { total += frozen }
+            total += try center.freezeRewind()
+            #expect(total == 2_000)
+        }
+        let stored = try center.store.records(matching: LogFilter())
+        #expect(stored.count == 2_000 && Set(stored.map(\.message)).count == 2_000)
+        try center.close()
     }
 
     @Test func aCleanRunLeavesNothingToFreeze() throws {

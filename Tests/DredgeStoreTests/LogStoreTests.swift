@@ -253,7 +253,7 @@ import Testing
             "CREATE INDEX loss_by_last_ts ON loss(last_ts)",
             "CREATE TABLE meta ( key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL ) WITHOUT ROWID",
             // v2-runs (#54).
-            "CREATE TABLE run ( id TEXT PRIMARY KEY NOT NULL, context_id INTEGER NOT NULL, pid INTEGER NOT NULL, boot TEXT NOT NULL, process_start INTEGER NOT NULL, started_at INTEGER NOT NULL, ended_at INTEGER, ending TEXT, rewind TEXT, rewound INTEGER NOT NULL DEFAULT 0 )",
+            "CREATE TABLE run ( id TEXT PRIMARY KEY NOT NULL, context_id INTEGER NOT NULL, pid INTEGER NOT NULL, pid_namespace TEXT NOT NULL, boot TEXT NOT NULL, process_start INTEGER NOT NULL, started_at INTEGER NOT NULL, ended_at INTEGER, ending TEXT, rewind TEXT, rewound INTEGER NOT NULL DEFAULT 0 )",
             "CREATE INDEX run_by_started_at ON run(started_at)",
             "CREATE INDEX run_open ON run(ending) WHERE ending IS NULL",
         ])

@@ -86,6 +86,61 @@ import Testing
         try damaged.close()
     }
 
+    /// Whatever the header and the lengths say, reading and writing stay inside the ring and
+    /// never trap: a header that does not hold reads as empty, and a ring written to with one
+    /// starts again.
+    @Test func aHostileHeaderNeitherTrapsNorReadsOutside() throws {
+        let dir = TempDir()
+        let path = dir.file("ring")
+        func setHeader(head: UInt64, tail: UInt64, firstLength: UInt32? = nil) throws {
+            let handle = try #require(FileHandle(forUpdatingAtPath: path))
+            try handle.seek(toOffset: 24)
+            try handle.write(contentsOf: withUnsafeBytes(of: head.littleEndian) { Data($0) } + withUnsafeBytes(of: tail.littleEndian) { Data($0) })
+            if let firstLength {
+                try handle.seek(toOffset: 64 + head % UInt64(RewindBuffer.minimumCapacity))
+                try handle.write(contentsOf: withUnsafeBytes(of: firstLength.littleEndian) { Data($0) })
+            }
+            try handle.close()
+        }
+        let ring = try RewindBuffer.create(at: path, capacity: RewindBuffer.minimumCapacity)
+        for i in 0..<10 { ring.append(Self.record(i)) }
+        // (head, tail, the first record's length, whether the header holds)
+        for (head, tail, length, holds) in [
+            (UInt64.max, UInt64.max, nil, false), (UInt64.max - 3, UInt64.max, nil, false), (0, UInt64.max, nil, false), (5, 2, nil, false),
+            (UInt64.max / 2, UInt64.max / 2 + 30, nil, false), (0, 100, UInt32.max, true), (0, 100, 0, true),
+        ] as [(UInt64, UInt64, UInt32?, Bool)] {
+            try setHeader(head: head, tail: tail, firstLength: length)
+            let reader = try #require(try RewindBuffer.open(at: path))
+            #expect(reader.records().isEmpty, "nothing read from \(head)…\(tail)")
+            try reader.close()
+            // The writer's own mapping sees it too: a header that does not hold starts the ring
+            // again; one that holds with a length that does not is written after, and reading
+            // stops at that length as before.
+            #expect(ring.append(Self.record(99)))
+            #expect(ring.records() == (holds ? [] : [Self.record(99)]))
+        }
+        try ring.close()
+        // A file larger than any ring, or another user's, is not read.
+        try Data(count: 64 + RewindBuffer.maximumCapacity + 4096).write(to: URL(fileURLWithPath: dir.file("huge")))
+        #expect { try RewindBuffer.open(at: dir.file("huge")) } throws: { ($0 as? RewindBuffer.Failure)?.kind == .damaged }
+        if geteuid() == 0 {
+            let theirs = try RewindBuffer.create(at: dir.file("theirs"), capacity: RewindBuffer.minimumCapacity)
+            try theirs.close()
+            #expect(chown(dir.file("theirs"), 12_345, 12_345) == 0)
+            #expect { try RewindBuffer.open(at: dir.file("theirs")) } throws: { ($0 as? RewindBuffer.Failure)?.kind == .foreign }
+            // A directory of another user's is not used, and a loose one of ours is made private.
+            try FileManager.default.createDirectory(atPath: dir.file("their-dir"), withIntermediateDirectories: true)
+            #expect(chown(dir.file("their-dir"), 12_345, 12_345) == 0)
+            #expect { try RewindBuffer.create(at: dir.file("their-dir/r"), capacity: RewindBuffer.minimumCapacity) } throws: {
+                ($0 as? RewindBuffer.Failure)?.kind == .foreign
+            }
+        }
+        try FileManager.default.createDirectory(atPath: dir.file("loose"), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o777])
+        try RewindBuffer.create(at: dir.file("loose/r"), capacity: RewindBuffer.minimumCapacity).close()
+        var info = stat()
+        #expect(stat(dir.file("loose"), &info) == 0 && info.st_mode & 0o777 == 0o700)
+    }
+
     @Test func aRecordReadsBackAsItWasWritten() throws {
         let center = LogEntry(
             timestamp: Timestamp(microseconds: 42), level: .trace, type: "checkout", uid: "u-7", message: "naïve ☕︎ \u{0}",

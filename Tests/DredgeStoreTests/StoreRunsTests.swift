@@ -10,11 +10,14 @@ import Testing
 /// same transaction and its file removed; a live run left alone.
 @Suite struct StoreRunsTests {
     /// A run row as another process would have made it.
-    static func insertRun(_ store: LogStore, id: String, context: ContextID, pid: Int32, boot: String, start: Int64, startedAt: Int64, rewind: String?) throws {
+    static func insertRun(
+        _ store: LogStore, id: String, context: ContextID, pid: Int32, boot: String, start: Int64, startedAt: Int64, rewind: String?,
+        namespace: String = ProcessIdentity.current.namespace
+    ) throws {
         try store.pool.write { db in
             try db.execute(
-                sql: "INSERT INTO run (id, context_id, pid, boot, process_start, started_at, rewind) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                arguments: [id, context.rawValue, Int64(pid), boot, start, startedAt, rewind])
+                sql: "INSERT INTO run (id, context_id, pid, pid_namespace, boot, process_start, started_at, rewind) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                arguments: [id, context.rawValue, Int64(pid), namespace, boot, start, startedAt, rewind])
         }
     }
 
@@ -35,7 +38,7 @@ import Testing
         #expect(run.rewind == run.id && run.pid == getpid() && run.end == nil)
         #expect(try store.runs() == [run])
         // Alive: not an unclean end.
-        #expect(try store.markUncleanEnds().isEmpty)
+        #expect(try store.markUncleanEnds().marked.isEmpty)
         try store.endRun(run.id, now: Timestamp(microseconds: testEpoch + 5))
         let ended = try #require(try store.runs().first)
         #expect(ended.end == .clean && ended.endedAt?.microseconds == testEpoch + 5 && ended.rewind == nil)
@@ -64,10 +67,11 @@ import Testing
         try Self.insertRun(store, id: String(repeating: "b", count: 32), context: ctx, pid: getpid(), boot: boot, start: ProcessIdentity.current.start + 1, startedAt: testEpoch, rewind: nil)
         // From before the machine restarted.
         try Self.insertRun(store, id: String(repeating: "c", count: 32), context: ctx, pid: getpid(), boot: "another-boot", start: ProcessIdentity.current.start, startedAt: testEpoch, rewind: nil)
-        // This process's own run: alive.
+        // This process's own run: alive. A run of another pid namespace: not judged from here.
         let mine = try store.beginRun(context: ctx, keepsRewind: false)
+        try Self.insertRun(store, id: String(repeating: "f", count: 32), context: ctx, pid: try Self.deadPID(), boot: boot, start: 1, startedAt: testEpoch, rewind: nil, namespace: "pid:[1]")
 
-        let marked = try store.markUncleanEnds()
+        let marked = try store.markUncleanEnds().marked
         #expect(Set(marked.map(\.id)) == Set(["a", "b", "c"].map { String(repeating: $0, count: 32) }))
         let a = try #require(marked.first { $0.id.hasPrefix("a") })
         #expect(a.end == .unclean && a.rewound == 3 && a.rewind == nil)
@@ -80,10 +84,11 @@ import Testing
         #expect(rewound.allSatisfy { $0.context == ctx })
 
         // Found once: the next look finds nothing, freezes nothing again.
-        #expect(try store.markUncleanEnds().isEmpty)
+        #expect(try store.markUncleanEnds().marked.isEmpty)
         #expect(try store.records(matching: LogFilter()).count == 5)
         let runs = try store.runs()
         #expect(runs.first { $0.id == mine.id }?.end == nil)
+        #expect(runs.first { $0.id.hasPrefix("f") }?.end == nil)
         #expect(runs.filter { $0.end == .unclean }.count == 3)
         try store.close()
     }
@@ -96,9 +101,50 @@ import Testing
         try Self.insertRun(store, id: String(repeating: "e", count: 32), context: ctx, pid: try Self.deadPID(), boot: ProcessIdentity.current.boot, start: 1, startedAt: testEpoch, rewind: "junk")
         try FileManager.default.createDirectory(atPath: store.rewindDirectory, withIntermediateDirectories: true)
         try Data(repeating: 7, count: 100_000).write(to: URL(fileURLWithPath: store.rewindDirectory + "/junk"))
-        let marked = try store.markUncleanEnds()
+        let marked = try store.markUncleanEnds().marked
         #expect(marked.map(\.rewound) == [0, 0] && marked.allSatisfy { $0.end == .unclean && $0.endedAt != nil })
         #expect(!FileManager.default.fileExists(atPath: store.rewindDirectory + "/junk"))
         try store.close()
+    }
+
+    /// Another user's ring is never read nor removed; a ring no open run names (left by a kill
+    /// between a run's end and its file's removal) is removed.
+    @Test func anotherUsersRingIsLeftAloneAndAnOrphanIsRemoved() throws {
+        try #require(geteuid() == 0, "needs root to give a file to another user")
+        let dir = TempDir()
+        let store = try LogStore(path: dir.file("logs.sqlite"))
+        let ctx = try store.register(testContext)
+        let ring = try RewindBuffer.create(at: store.rewindDirectory + "/theirs", capacity: RewindBuffer.minimumCapacity)
+        ring.append(RewindRecord(timestamp: Timestamp(microseconds: testEpoch), level: .debug, type: .app, uid: "u1", message: "forged"))
+        try ring.close()
+        #expect(chown(store.rewindDirectory + "/theirs", 12_345, 12_345) == 0)
+        try Self.insertRun(store, id: String(repeating: "1", count: 32), context: ctx, pid: try Self.deadPID(), boot: ProcessIdentity.current.boot, start: 1, startedAt: testEpoch, rewind: "theirs")
+        try Data(repeating: 0, count: 10).write(to: URL(fileURLWithPath: store.rewindDirectory + "/orphan"))
+        let found = try store.markUncleanEnds()
+        #expect(found.marked.map(\.rewound) == [0] && found.problems.isEmpty, "\(found.problems)")
+        #expect(try store.records(matching: LogFilter()).isEmpty, "nothing of another user's file is stored")
+        #expect(FileManager.default.fileExists(atPath: store.rewindDirectory + "/theirs"))
+        #expect(!FileManager.default.fileExists(atPath: store.rewindDirectory + "/orphan"))
+        try store.close()
+    }
+
+    /// Two processes looking at once: one marks the run and stores its buffer, the other finds it marked.
+    @Test func twoSweepersStoreADeadRunsBufferOnce() async throws {
+        let dir = TempDir()
+        let path = dir.file("logs.sqlite")
+        let first = try LogStore(path: path), second = try LogStore(path: path)
+        let ctx = try first.register(testContext)
+        let ring = try RewindBuffer.create(at: first.rewindDirectory + "/dead", capacity: 1 << 20)
+        for i in 0..<2_500 {
+            ring.append(RewindRecord(timestamp: Timestamp(microseconds: testEpoch + Int64(i)), level: .debug, type: .app, uid: "u1", message: "d \(i)"))
+        }
+        try ring.close()
+        try Self.insertRun(first, id: String(repeating: "2", count: 32), context: ctx, pid: try Self.deadPID(), boot: ProcessIdentity.current.boot, start: 1, startedAt: testEpoch, rewind: "dead")
+        async let a = Task.detached { try first.markUncleanEnds().marked.count }.value
+        async let b = Task.detached { try second.markUncleanEnds().marked.count }.value
+        #expect(try await a + b == 1)
+        #expect(try first.records(matching: LogFilter()).count == 2_500)
+        try first.close()
+        try second.close()
     }
 }

@@ -19,8 +19,15 @@ private func closeFile(_ fd: Int32) { _ = close(fd) }
 ///
 /// The file is memory-mapped (`MAP_SHARED`): a record is in the kernel's page cache as soon as
 /// the log call returns, so it survives the process being killed (SIGKILL, SIGSEGV, the OOM
-/// killer), though not the machine losing power. It is made owner-only (0600, in a 0700
-/// directory), so no one who could not read the store reads it.
+/// killer), though not the machine losing power. Its space is written out when it is made, so a
+/// full disk is found then (and the app logs on without one), never as a fault in a log call.
+/// It is owner-only: 0600, in a directory the process's user owns with mode 0700 (made so, or
+/// put so), so no one who could not read the store reads it; a ring another user owns is never
+/// read.
+///
+/// Read from a file, nothing is trusted: `head`, `tail` and each length are checked before they
+/// are used, a record whose checksum or form does not hold ends the reading, and a header that
+/// does not hold empties the ring rather than trapping.
 ///
 /// Layout (little-endian): a 64-byte header — magic `DREDGRWD`, version (u32), the data
 /// region's size (u64 at 16), `head` and `tail` (u64 at 24 and 32: logical offsets, only ever
@@ -46,16 +53,49 @@ public final class RewindBuffer: Sendable {
         var json = JSONWriter(reservingCapacity: 256)
     }
     private let mapping: Mutex<Mapping>
+    /// Held by a freeze from its snapshot to its discard: two freezes never store the same records.
+    let freezing = NSLock()
 
     static let magic: [UInt8] = Array("DREDGRWD".utf8)
     static let version: UInt32 = 1
     static let headerSize = 64
     /// The smallest and largest ring a configuration may ask for.
     public static let minimumCapacity = 64 * 1024
-    public static let maximumCapacity = 256 * 1024 * 1024
+    public static let maximumCapacity = 64 * 1024 * 1024
 
     public struct Failure: Error, CustomStringConvertible {
+        public enum Kind: Sendable {
+            /// The file is not a ring (damaged, cut short, another format): nothing to read in it.
+            case damaged
+            /// Another user's file, or in another user's directory: left alone.
+            case foreign
+            /// It could not be read or made now (no memory, no descriptors, a full disk).
+            case unavailable
+        }
+        public let kind: Kind
         public let description: String
+
+        init(_ kind: Kind = .unavailable, description: String) {
+            self.kind = kind
+            self.description = description
+        }
+    }
+
+    /// Checks (or makes) the directory rings go in: a directory this process's user owns, mode
+    /// 0700 (put so when it was not).
+    static func checkDirectory(_ directory: String) throws {
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw Failure(description: "cannot make \(directory): \(error.localizedDescription)")
+        }
+        var info = stat()
+        guard lstat(directory, &info) == 0 else { throw Failure(description: "cannot look at \(directory): \(String(cString: strerror(errno)))") }
+        guard info.st_mode & S_IFMT == S_IFDIR else { throw Failure(.foreign, description: "\(directory) is not a directory") }
+        guard info.st_uid == geteuid() else { throw Failure(.foreign, description: "\(directory) belongs to another user") }
+        if info.st_mode & 0o077 != 0, chmod(directory, 0o700) != 0 {
+            throw Failure(description: "cannot make \(directory) private (0700): \(String(cString: strerror(errno)))")
+        }
     }
 
     /// Makes a new, empty ring at `path` (replacing a file there) of `capacity` bytes.
@@ -63,15 +103,23 @@ public final class RewindBuffer: Sendable {
         guard (minimumCapacity...maximumCapacity).contains(capacity) else {
             throw Failure(description: "a rewind buffer holds \(minimumCapacity) to \(maximumCapacity) bytes, not \(capacity)")
         }
-        let directory = (path as NSString).deletingLastPathComponent
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        try checkDirectory((path as NSString).deletingLastPathComponent)
         let fd = openFile(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard fd >= 0 else { throw Failure(description: "cannot make \(path): \(String(cString: strerror(errno)))") }
         let length = headerSize + capacity
-        guard ftruncate(fd, off_t(length)) == 0 else {
-            let problem = String(cString: strerror(errno))
-            closeFile(fd)
-            throw Failure(description: "cannot size \(path) to \(length) bytes: \(problem)")
+        // Written out, not just sized: a sparse file's first write into a page the disk has no
+        // room for would be a SIGBUS inside a log call.
+        let zeros = [UInt8](repeating: 0, count: 1 << 20)
+        var written = 0
+        while written < length {
+            let count = zeros.withUnsafeBytes { pwrite(fd, $0.baseAddress, min(zeros.count, length - written), off_t(written)) }
+            guard count > 0 else {
+                let problem = String(cString: strerror(errno))
+                closeFile(fd)
+                _ = unlink(path)
+                throw Failure(description: "cannot write \(path)'s \(length) bytes: \(problem)")
+            }
+            written += count
         }
         let buffer = try RewindBuffer(path: path, fd: fd, length: length)
         buffer.mapping.withLock { m in
@@ -90,17 +138,22 @@ public final class RewindBuffer: Sendable {
         let fd = openFile(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
         guard fd >= 0 else {
             if errno == ENOENT { return nil }
-            throw Failure(description: "cannot open \(path): \(String(cString: strerror(errno)))")
+            let kind: Failure.Kind = errno == ELOOP || errno == EACCES || errno == EPERM ? .foreign : .unavailable
+            throw Failure(kind, description: "cannot open \(path): \(String(cString: strerror(errno)))")
         }
         var info = stat()
         guard fstat(fd, &info) == 0 else {
             closeFile(fd)
             throw Failure(description: "cannot read the size of \(path): \(String(cString: strerror(errno)))")
         }
-        let length = Int(info.st_size)
-        guard length >= headerSize + minimumCapacity else {
+        guard info.st_mode & S_IFMT == S_IFREG, info.st_uid == geteuid() else {
             closeFile(fd)
-            throw Failure(description: "\(path) is not a rewind buffer (\(length) bytes)")
+            throw Failure(.foreign, description: "\(path) is not a file of this user's")
+        }
+        let length = Int(info.st_size)
+        guard length >= headerSize + minimumCapacity, length <= headerSize + maximumCapacity else {
+            closeFile(fd)
+            throw Failure(.damaged, description: "\(path) is not a rewind buffer (\(length) bytes)")
         }
         let buffer = try RewindBuffer(path: path, fd: fd, length: length)
         let problem = buffer.mapping.withLock { m -> String? in
@@ -113,7 +166,7 @@ public final class RewindBuffer: Sendable {
         }
         if let problem {
             try buffer.close()
-            throw Failure(description: "\(path) is not a rewind buffer: \(problem)")
+            throw Failure(.damaged, description: "\(path) is not a rewind buffer: \(problem)")
         }
         return buffer
     }
@@ -197,11 +250,22 @@ public final class RewindBuffer: Sendable {
             }
             let data = m.base + Self.headerSize
             var head = Self.load(m.base, 24), tail = Self.load(m.base, 32)
+            // A header that does not hold (written over by something else) empties the ring.
+            if head > tail || tail - head > UInt64(capacity) || tail > UInt64.max / 2 {
+                (head, tail) = (0, 0)
+                Self.store(m.base, 32, 0)
+                Self.store(m.base, 24, 0)
+            }
             // Room first: the oldest records go, and `head` says so before they are written over.
-            if tail + UInt64(size) - head > UInt64(capacity) {
-                while tail + UInt64(size) - head > UInt64(capacity) {
-                    let length = Self.read32(data, capacity, at: head)
-                    head += 8 + UInt64(length)
+            if tail - head + UInt64(size) > UInt64(capacity) {
+                while tail - head + UInt64(size) > UInt64(capacity) {
+                    let length = UInt64(Self.read32(data, capacity, at: head))
+                    // A length that does not hold: everything before the new record goes.
+                    guard length <= UInt64(capacity / 4), tail - head >= 8 + length else {
+                        head = tail
+                        break
+                    }
+                    head += 8 + length
                 }
                 Self.store(m.base, 24, head)
             }
@@ -222,9 +286,18 @@ public final class RewindBuffer: Sendable {
     /// A record that does not read back (the file was damaged) ends the reading: what came
     /// before it is returned.
     public func snapshot() -> (records: [RewindRecord], end: UInt64) {
-        mapping.withLock { m in
-            guard !m.closed else { return ([], 0) }
-            return Self.records(m.base, capacity)
+        var records: [RewindRecord] = []
+        let end = forEachRecord { records.append($0) }
+        return (records, end)
+    }
+
+    /// Calls `body` with each record it holds, oldest first, without gathering them (a ring of
+    /// small records holds many); returns where the last one read ends. Appends wait meanwhile.
+    @discardableResult
+    public func forEachRecord(_ body: (RewindRecord) throws -> Void) rethrows -> UInt64 {
+        try mapping.withLock { m in
+            guard !m.closed else { return 0 }
+            return try Self.scan(m.base, capacity, body)
         }
     }
 
@@ -241,22 +314,23 @@ public final class RewindBuffer: Sendable {
         }
     }
 
-    private static func records(_ base: UnsafeMutableRawPointer, _ capacity: Int) -> (records: [RewindRecord], end: UInt64) {
+    /// Reads `head…tail`, checking every value before using it (no arithmetic on what the file
+    /// says can overflow: `at` never passes `tail`, a length is at most a quarter of the ring).
+    private static func scan(_ base: UnsafeMutableRawPointer, _ capacity: Int, _ body: (RewindRecord) throws -> Void) rethrows -> UInt64 {
         let data = base + headerSize
         let head = load(base, 24), tail = load(base, 32)
-        guard head <= tail, tail - head <= UInt64(capacity) else { return ([], head) }
-        var records: [RewindRecord] = []
+        guard head <= tail, tail - head <= UInt64(capacity) else { return head }
         var at = head
-        while at + 8 <= tail {
+        while tail - at >= 8 {
             let length = UInt64(read32(data, capacity, at: at))
             let sum = read32(data, capacity, at: at + 4)
-            guard at + 8 + length <= tail else { break }
+            guard length <= UInt64(capacity / 4), tail - at - 8 >= length else { break }
             let payload = read(data, capacity, at: at + 8, count: Int(length))
             guard fnv1a(payload) == sum, let record = RewindRecord(decoding: payload) else { break }
-            records.append(record)
+            try body(record)
             at += 8 + length
         }
-        return (records, at)
+        return at
     }
 
     // MARK: The ring's bytes
@@ -282,8 +356,9 @@ public final class RewindBuffer: Sendable {
         let first = min(count, capacity - start)
         var bytes = [UInt8](repeating: 0, count: count)
         bytes.withUnsafeMutableBytes { target in
-            target.baseAddress!.copyMemory(from: data + start, byteCount: first)
-            if first < count { (target.baseAddress! + first).copyMemory(from: data, byteCount: count - first) }
+            guard let base = target.baseAddress else { return }
+            base.copyMemory(from: data + start, byteCount: first)
+            if first < count { (base + first).copyMemory(from: data, byteCount: count - first) }
         }
         return bytes
     }

@@ -1,8 +1,9 @@
 import DredgeDomain
 
 /// One record of a ``RewindBuffer``: what a log call below the stored level would have stored.
-/// Its metadata is kept as the store keeps it (canonical JSON text), encoded on the caller's
-/// thread as the ring takes bytes only.
+/// Its metadata is kept as JSON text (a log call writes its members unsorted; the store writes
+/// them canonically when the record is frozen), encoded on the caller's thread as the ring
+/// takes bytes only.
 ///
 /// Payload: timestamp (i64 µs), level (u8), then type, uid, message and metadata JSON, each a
 /// u32 length and its UTF-8.

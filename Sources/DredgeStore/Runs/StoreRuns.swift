@@ -10,9 +10,9 @@ import Darwin
 
 /// A run of an app process over the store (#54): marked as started when its ``LogCenter``
 /// opens, and as ended cleanly when it closes. A run whose process is gone without closing it
-/// (a crash, a kill, the OOM killer, the machine restarting) is found by the next process that
-/// looks (the app's next run, the agent) and marked as ended uncleanly, its rewind buffer frozen
-/// into the store first: what a crash capture uploads.
+/// (a crash, a kill, the OOM killer, the machine restarting, or an app that exits without
+/// closing its center) is found by the next center that opens the store and marked as ended
+/// uncleanly, its rewind buffer frozen into the store with it: what a crash capture uploads.
 public struct StoreRun: Sendable, Hashable {
     public enum End: String, Sendable {
         /// Its center closed.
@@ -26,7 +26,7 @@ public struct StoreRun: Sendable, Hashable {
     public var context: ContextID
     public var pid: Int32
     public var startedAt: Timestamp
-    /// When it ended: its close, or (unclean) its last record, else when it was found gone.
+    /// When it ended: its close, or (unclean) its last record, stored or rewound.
     public var endedAt: Timestamp?
     public var end: End?
     /// The rewind buffer's file (a name beside the store, in ``LogStore/rewindDirectory``) while
@@ -36,9 +36,23 @@ public struct StoreRun: Sendable, Hashable {
     public var rewound: Int
 }
 
+/// What ``LogStore/markUncleanEnds(now:)`` found.
+public struct UncleanEnds: Sendable {
+    /// The runs it marked as ended uncleanly.
+    public var marked: [StoreRun] = []
+    /// What it could not do, one sentence each (a run left for the next look, a file it could
+    /// not remove); nothing is lost by them.
+    public var problems: [String] = []
+}
+
 extension LogStore {
     /// Where the store's processes keep their rewind buffers: `<store>-rewind/`, one file a run.
     public var rewindDirectory: String { path + "-rewind" }
+
+    /// The ended runs kept (the newest); older ones are dropped as runs are looked at.
+    static let endedRunsKept = 1_000
+    /// Records a frozen buffer is stored in per statement batch.
+    static let freezeBatch = 1_000
 
     /// Marks a run of this process as started; with `keepsRewind`, its rewind buffer is the file
     /// named ``StoreRun/rewind`` in ``rewindDirectory`` (the caller makes it).
@@ -51,10 +65,10 @@ extension LogStore {
             try pool.write { db in
                 try db.execute(
                     sql: """
-                        INSERT INTO run (id, context_id, pid, boot, process_start, started_at, rewind)
-                        VALUES (?, ?, ?, ?, ?, ?, ?)
+                        INSERT INTO run (id, context_id, pid, pid_namespace, boot, process_start, started_at, rewind)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                         """,
-                    arguments: [run.id, context.rawValue, Int64(run.pid), process.boot, process.start, now.microseconds, rewind])
+                    arguments: [run.id, context.rawValue, Int64(run.pid), process.namespace, process.boot, process.start, now.microseconds, rewind])
             }
         } catch {
             throw StoreError.wrap(error, path: path)
@@ -88,71 +102,146 @@ extension LogStore {
     }
 
     /// Finds the runs whose process is gone without closing them and marks each as ended
-    /// uncleanly, at its last record (else now), its rewind buffer's records frozen into the
-    /// store in the same transaction (each marked `dredge.rewound`) and the buffer's file
-    /// removed. One process marks a run (the others find it marked). Returns the runs it marked.
-    @discardableResult
-    public func markUncleanEnds(now: Timestamp = .now) throws -> [StoreRun] {
+    /// uncleanly, at its last record (stored or rewound), its rewind buffer's records stored in
+    /// the same transaction (each marked `dredge.rewound`) and the buffer's file removed. One
+    /// process marks a run (the others find it marked). A run it cannot judge (another pid
+    /// namespace) or whose buffer it cannot read now is left for a later look; a buffer that is
+    /// not one (damaged) holds nothing to store, and another user's is left alone. Also removes
+    /// ring files no open run names (left by a kill between a run's end and its file's removal)
+    /// and keeps the newest ``endedRunsKept`` ended runs.
+    public func markUncleanEnds(now: Timestamp = .now) throws -> UncleanEnds {
         let current = ProcessIdentity.current
-        let open: [(run: StoreRun, boot: String, start: Int64)]
+        // The files first, then the runs: a file is made only after its run's row, so a file
+        // listed here whose run is not open in the read below is one nothing will use.
+        let files = (try? FileManager.default.contentsOfDirectory(atPath: rewindDirectory)) ?? []  // no directory: no files
+        let open: [(run: StoreRun, namespace: String, boot: String, start: Int64)]
         do {
             open = try pool.read { db in
                 try Row.fetchAll(
-                    db, sql: "SELECT id, context_id, pid, started_at, ended_at, ending, rewind, rewound, boot, process_start FROM run WHERE ending IS NULL"
-                ).map { (Self.run($0), $0["boot"], $0["process_start"]) }
+                    db,
+                    sql: "SELECT id, context_id, pid, started_at, ended_at, ending, rewind, rewound, pid_namespace, boot, process_start FROM run WHERE ending IS NULL"
+                ).map { (Self.run($0), $0["pid_namespace"], $0["boot"], $0["process_start"]) }
             }
         } catch {
             throw StoreError.wrap(error, path: path)
         }
-        var marked: [StoreRun] = []
-        for (run, boot, start) in open where !ProcessIdentity.isAlive(pid: run.pid, boot: boot, start: start, current: current) {
-            // A buffer that is not one (damaged) holds nothing to freeze: the run is marked all the same.
-            let ring: RewindBuffer?
-            do { ring = try run.rewind.flatMap { try RewindBuffer.open(at: rewindDirectory + "/" + $0) } } catch is RewindBuffer.Failure { ring = nil }
-            let records = ring?.records() ?? []
-            var ended = run
+        var found = UncleanEnds()
+        for (run, namespace, boot, start) in open {
+            guard ProcessIdentity.isGone(pid: run.pid, namespace: namespace, boot: boot, start: start, current: current) else { continue }
             do {
-                let won = try pool.write { db -> Bool in
-                    let last = try Int64.fetchOne(db, sql: "SELECT max(ts) FROM log WHERE context_id = ? AND ts >= ?", arguments: [run.context.rawValue, run.startedAt.microseconds])
-                    ended.endedAt = Timestamp(microseconds: max(last ?? now.microseconds, run.startedAt.microseconds))
-                    try db.execute(
-                        sql: "UPDATE run SET ending = 'unclean', ended_at = ?, rewind = NULL, rewound = ? WHERE id = ? AND ending IS NULL",
-                        arguments: [ended.endedAt?.microseconds, records.count, run.id])
-                    guard db.changesCount == 1 else { return false }
-                    var inserter = RecordInserter(limits: configuration.limits)
-                    try inserter.insert(ArraySlice(records.map { $0.entry(context: run.context, rewound: true) }), in: db)
-                    return true
-                }
-                guard won else { continue }
+                if let marked = try markUnclean(run, now: now) { found.marked.append(marked) }
             } catch {
-                throw StoreError.wrap(error, path: path)
+                found.problems.append("cannot mark run \(run.id) (pid \(run.pid)) as ended uncleanly now; it is tried again: \(error)")
             }
-            try ring?.close()
-            if let name = run.rewind { try Self.removeRewindFile(rewindDirectory + "/" + name) }
-            ended.end = .unclean
-            ended.rewind = nil
-            ended.rewound = records.count
-            marked.append(ended)
         }
-        return marked
+        let named = Set(open.compactMap(\.run.rewind))
+        for name in files where !named.contains(name) {
+            do { try Self.removeRewindFile(rewindDirectory + "/" + name) } catch { found.problems.append("\(error)") }
+        }
+        do {
+            try pool.write { db in
+                try db.execute(
+                    sql: "DELETE FROM run WHERE ending IS NOT NULL AND id NOT IN (SELECT id FROM run WHERE ending IS NOT NULL ORDER BY started_at DESC LIMIT ?)",
+                    arguments: [Self.endedRunsKept])
+            }
+        } catch {
+            found.problems.append("cannot drop the oldest ended runs: \(error)")
+        }
+        return found
     }
 
+    /// Marks one gone run; nil when another process marked it first, or its buffer cannot be
+    /// read now.
+    private func markUnclean(_ run: StoreRun, now: Timestamp) throws -> StoreRun? {
+        var ring: RewindBuffer?
+        var keepFile = false
+        if let name = run.rewind {
+            do {
+                ring = try RewindBuffer.open(at: rewindDirectory + "/" + name)
+            } catch let failure as RewindBuffer.Failure {
+                switch failure.kind {
+                case .damaged: ring = nil
+                case .foreign: keepFile = true
+                case .unavailable: throw failure
+                }
+            }
+        }
+        defer { try? ring?.close() }  // an unmapping that fails loses nothing: the records are stored
+        var ended = run
+        let won: Bool
+        do {
+            won = try pool.write { db -> Bool in
+                var inserter = RecordInserter(limits: configuration.limits)
+                var batch: [LogEntry] = []
+                var count = 0, lastRewound: Int64 = .min
+                try ring?.forEachRecord { record in
+                    batch.append(record.entry(context: run.context, rewound: true))
+                    lastRewound = max(lastRewound, record.timestamp.microseconds)
+                    count += 1
+                    if batch.count == Self.freezeBatch {
+                        try inserter.insert(batch[...], in: db)
+                        batch.removeAll(keepingCapacity: true)
+                    }
+                }
+                if !batch.isEmpty { try inserter.insert(batch[...], in: db) }
+                // Its last stored record: the newest of its context since it started (read back
+                // from the end of the time index, which is where a crashed run's records are).
+                let lastStored = try Int64.fetchOne(
+                    db, sql: "SELECT ts FROM log WHERE ts >= ? AND context_id = ? ORDER BY ts DESC LIMIT 1",
+                    arguments: [run.startedAt.microseconds, run.context.rawValue])
+                ended.endedAt = Timestamp(microseconds: max(lastStored ?? .min, lastRewound, run.startedAt.microseconds))
+                try db.execute(
+                    sql: "UPDATE run SET ending = 'unclean', ended_at = ?, rewind = NULL, rewound = ? WHERE id = ? AND ending IS NULL",
+                    arguments: [ended.endedAt?.microseconds, count, run.id])
+                guard db.changesCount == 1 else {
+                    // Another process marked it first: what was stored here goes back.
+                    throw RollBack()
+                }
+                ended.rewound = count
+                return true
+            }
+        } catch is RollBack {
+            won = false
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+        guard won else { return nil }
+        if let name = run.rewind, !keepFile { try Self.removeRewindFile(rewindDirectory + "/" + name) }
+        ended.end = .unclean
+        ended.rewind = nil
+        return ended
+    }
+
+    private struct RollBack: Error {}
+
     /// Freezes a live rewind buffer into the store: its records, each marked `dredge.rewound`,
-    /// in one transaction; then it is emptied. Returns how many.
+    /// in one transaction; then it lets them go. Two freezes of one buffer take turns, so no
+    /// record is stored twice by them. Returns how many.
     @discardableResult
     public func freeze(_ ring: RewindBuffer, context: ContextID) throws -> Int {
-        let (records, end) = ring.snapshot()
-        guard !records.isEmpty else { return 0 }
+        ring.freezing.lock()
+        defer { ring.freezing.unlock() }
+        var count = 0
+        var end: UInt64 = 0
         do {
             try pool.write { db in
                 var inserter = RecordInserter(limits: configuration.limits)
-                try inserter.insert(ArraySlice(records.map { $0.entry(context: context, rewound: true) }), in: db)
+                var batch: [LogEntry] = []
+                end = try ring.forEachRecord { record in
+                    batch.append(record.entry(context: context, rewound: true))
+                    count += 1
+                    if batch.count == Self.freezeBatch {
+                        try inserter.insert(batch[...], in: db)
+                        batch.removeAll(keepingCapacity: true)
+                    }
+                }
+                if !batch.isEmpty { try inserter.insert(batch[...], in: db) }
             }
         } catch {
             throw StoreError.wrap(error, path: path)
         }
         ring.discard(through: end)
-        return records.count
+        return count
     }
 
     /// Removes a rewind buffer's file (nothing when it is gone already).
@@ -190,34 +279,45 @@ extension RewindRecord {
     }
 }
 
-/// Which process a run was: its pid is reused after it dies, and after the machine restarts,
+/// Which process a run was. Its pid is reused after it dies, and after the machine restarts,
 /// so the boot (`/proc/sys/kernel/random/boot_id`) and the process's start (field 22 of
-/// `/proc/PID/stat`, in clock ticks since boot) say whether a live pid is still that process.
-/// Where there is no `/proc` (macOS), a live pid is taken as the run's process.
+/// `/proc/PID/stat`, in clock ticks since boot) say whether a live pid is still that process;
+/// a run of another pid namespace (another container sharing the store) is never judged from
+/// this one. Where there is no `/proc` (macOS), a live pid is taken as the run's process.
 struct ProcessIdentity {
+    var namespace: String
     var boot: String
     var start: Int64
 
-    static let current = ProcessIdentity(boot: bootID(), start: startTime(of: getpid()) ?? 0)
+    static let current = ProcessIdentity(namespace: pidNamespace(), boot: bootID(), start: startTime(of: getpid()) ?? 0)
 
     static func bootID() -> String {
-        ((try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
+        ((try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)  // none: not Linux
+    }
+
+    /// `pid:[N]` of `/proc/self/ns/pid`; empty where there is none.
+    static func pidNamespace() -> String {
+        (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/ns/pid")) ?? ""  // none: not Linux
     }
 
     /// Field 22 of `/proc/PID/stat` (after the command's closing parenthesis, which a command
-    /// name may itself contain); nil when there is no such process.
+    /// name may itself contain); nil when it cannot be read.
     static func startTime(of pid: Int32) -> Int64? {
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else { return nil }
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else { return nil }  // gone, or hidden
         let fields = stat[stat.index(after: close)...].split(separator: " ")
         // Fields after the command start at field 3 (state): field 22 is the 20th of them.
         guard fields.count >= 20 else { return nil }
         return Int64(fields[19])
     }
 
-    /// Whether the process a run was still runs.
-    static func isAlive(pid: Int32, boot: String, start: Int64, current: ProcessIdentity) -> Bool {
-        guard !current.boot.isEmpty else { return kill(pid, 0) == 0 || errno == EPERM }
-        guard boot == current.boot, let now = startTime(of: pid) else { return false }
-        return now == start
+    /// Whether the process a run was is gone: only when that is known. Another namespace's run
+    /// is not judged; a run from before the machine restarted is gone; a pid no process has
+    /// is gone; a live pid whose start time reads differently is another process.
+    static func isGone(pid: Int32, namespace: String, boot: String, start: Int64, current: ProcessIdentity) -> Bool {
+        if namespace != current.namespace { return false }
+        if !boot.isEmpty, !current.boot.isEmpty, boot != current.boot { return true }
+        if kill(pid, 0) != 0 && errno == ESRCH { return true }
+        if start != 0, let now = startTime(of: pid), now != start { return true }
+        return false
     }
 }

@@ -55,6 +55,7 @@ enum StoreSchema {
                         id TEXT PRIMARY KEY NOT NULL,
                         context_id INTEGER NOT NULL,
                         pid INTEGER NOT NULL,
+                        pid_namespace TEXT NOT NULL,
                         boot TEXT NOT NULL,
                         process_start INTEGER NOT NULL,
                         started_at INTEGER NOT NULL,

@@ -37,6 +37,24 @@ if arguments.count == 3, arguments[1] == "stream" {
     }
 }
 
+// `rewind-loop STORE`: logs debug records "loop I" into a 64 KiB rewind buffer as fast as it
+// can, saying "ready" after the first thousand, until it is killed (mid-append, most likely).
+if arguments.count == 3, arguments[1] == "rewind-loop" {
+    do {
+        let center = try LogCenter(path: arguments[2], context: .current(app: "crash-child"), rewind: RewindConfiguration(bytes: 64 * 1024))
+        let log = center.logger(minimumLevel: .info)
+        var i = 0
+        while true {
+            log.debug("loop \(i)", metadata: ["pad": String(repeating: "p", count: i % 97)])
+            i += 1
+            if i == 1_000 { FileHandle.standardOutput.write(Data("ready\n".utf8)) }
+        }
+    } catch {
+        FileHandle.standardError.write("crash-child: \(error)\n".data(using: .utf8)!)
+        exit(1)
+    }
+}
+
 // `rewind STORE N END`: a run that keeps a rewind buffer (#54): logs N info records ("stored
 // I", stored) and N debug ones ("rewound I", below its level: into the buffer), flushes, says
 // "ready", then ends as END says: `kill` waits to be killed, `segv` writes through a null

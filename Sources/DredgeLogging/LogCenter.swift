@@ -50,6 +50,8 @@ public final class LogCenter: Sendable {
     /// Runs of other processes found ended uncleanly as this center opened (their rewind
     /// buffers frozen into the store).
     public let uncleanEnds: [StoreRun]
+    /// Whether ``close()`` has ended the run (a second close does not end it again).
+    private let runEnded = Mutex(false)
 
     /// Uses an open store (several centers may share one, each with its own context).
     public init(
@@ -247,13 +249,19 @@ public final class LogCenter: Sendable {
     /// wrong), its file removed.
     public func close() throws {
         var failure: (any Error)?
-        do {
-            try store.flush()
-            if let run { try store.endRun(run.id) }
-        } catch {
-            failure = error
+        let first = runEnded.withLock { ended in
+            defer { ended = true }
+            return !ended
         }
-        if let rewindBuffer {
+        if first {
+            do {
+                try store.flush()
+                if let run { try store.endRun(run.id) }
+            } catch {
+                failure = error
+            }
+        }
+        if first, let rewindBuffer {
             do {
                 try rewindBuffer.close()
                 // A run not marked ended keeps its buffer: the next process that looks freezes it.

@@ -47,6 +47,7 @@ import Testing
         log.debug("never frozen")
         try center.close()
         #expect(!FileManager.default.fileExists(atPath: ring))
+        try center.close()  // a second close is no error
         let store = try LogStore(path: dir.file("logs.sqlite"))
         #expect(try store.runs().map(\.end) == [.clean])
         #expect(try store.records(matching: LogFilter(text: "never frozen")).isEmpty)

@@ -80,15 +80,23 @@ enum DredgeFetch {
             try await failIfRemoved(id, client: client)
             throw fail("pull \(id) has no files\(agent.map { " from agent \($0)" } ?? "") yet: `dredge show \(id)` says where it stands")
         }
+        try await download(wanted, of: id, into: directory, devices: devices, say: say) { file, path in try await client.download(pull: id, file: file, to: path) }
+    }
+
+    /// Downloads `files` into `directory/ID/HOST_AGENT/NAME`, a line each, then the total.
+    private static func download(
+        _ files: [PullFile], of id: String, into directory: String, devices: Devices, say: (String) -> Void,
+        _ fetch: (PullFile, String) async throws -> AdminClient.DownloadOutcome
+    ) async throws {
         let root = URL(fileURLWithPath: directory).standardizedFileURL.path + "/" + id
         var bytes: Int64 = 0
-        for file in wanted {
+        for file in files {
             let path = root + "/" + devices.folder(file.agentID, in: root) + "/" + file.name
-            let outcome = try await calling { try await client.download(pull: id, file: file, to: path) }
+            let outcome = try await calling { try await fetch(file, path) }
             say("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(describe(outcome))")
             bytes += file.size
         }
-        say("\(wanted.count) file(s), \(Format.bytes(bytes)), each checked against its SHA-256, in \(root)")
+        say("\(files.count) file(s), \(Format.bytes(bytes)), each checked against its SHA-256, in \(root)")
     }
 
     /// Downloads what a live tail held into `directory/TAIL/HOST_AGENT/`, as far as the server
@@ -101,15 +109,9 @@ enum DredgeFetch {
             if let removed = tail.removed { throw fail("tail \(id) has no files: \(Format.removed(removed))") }
             throw fail("tail \(id) holds no records\(agent.map { " from agent \($0)" } ?? "") yet: `dredge tail --watch \(id)` shows them as they come")
         }
-        let root = URL(fileURLWithPath: directory).standardizedFileURL.path + "/" + id
-        var bytes: Int64 = 0
-        for file in wanted {
-            let path = root + "/" + devices.folder(file.agentID, in: root) + "/" + file.name
-            let outcome = try await calling { try await client.download(tail: id, file: file, to: path) }
-            print("\(path)  \(Format.bytes(file.size))  sha256 \(file.sha256.prefix(16))…  \(describe(outcome))")
-            bytes += file.size
+        try await download(wanted, of: id, into: directory, devices: devices, say: { print($0) }) { file, path in
+            try await client.download(tail: id, file: file, to: path)
         }
-        print("\(wanted.count) file(s), \(Format.bytes(bytes)), each checked against its SHA-256, in \(root)")
         if tail.isOpen(at: .now) {
             print("tail \(id) is still running: these are the records held so far; run this again for what comes since")
         }

@@ -66,15 +66,12 @@ import Testing
         try center.close()
     }
 
-    /// Runs the crash child to its end (`kill`: killed by this test with SIGKILL; `segv`: it
-    /// crashes itself; `clean`: it closes), then opens the store as the app's next run does.
-    func childRun(_ end: String, records: Int) throws -> (status: Process.TerminationReason, next: LogCenter, dir: TempDir) {
-        let dir = TempDir()
-        let path = dir.file("logs.sqlite")
+    /// Starts the crash child with `arguments` and returns once it has said "ready" (its first
+    /// line). No backtrace is printed for a crash: it is the point.
+    static func readyChild(_ arguments: [String]) throws -> Process {
         let child = Process()
         child.executableURL = URL(fileURLWithPath: builtProduct("store-crash-child"))
-        child.arguments = ["rewind", path, "\(records)", end]
-        // No backtrace printing for the crash: it is the point.
+        child.arguments = arguments
         child.environment = ProcessInfo.processInfo.environment.merging(["SWIFT_BACKTRACE": "enable=no"]) { $1 }
         let output = Pipe()
         child.standardOutput = output
@@ -86,6 +83,15 @@ import Testing
             line.append(chunk)
         }
         #expect(String(decoding: line, as: UTF8.self) == "ready\n")
+        return child
+    }
+
+    /// Runs the crash child to its end (`kill`: killed by this test with SIGKILL; `segv`: it
+    /// crashes itself; `clean`: it closes), then opens the store as the app's next run does.
+    func childRun(_ end: String, records: Int) throws -> (status: Process.TerminationReason, next: LogCenter, dir: TempDir) {
+        let dir = TempDir()
+        let path = dir.file("logs.sqlite")
+        let child = try Self.readyChild(["rewind", path, "\(records)", end])
         if end == "kill" { kill(child.processIdentifier, SIGKILL) }
         child.waitUntilExit()
         let next = try LogCenter(path: path, context: .current(app: "crash-child", appVersion: "3.1"))
@@ -120,19 +126,7 @@ import Testing
         for round in 0..<3 {
             let dir = TempDir()
             let path = dir.file("logs.sqlite")
-            let child = Process()
-            child.executableURL = URL(fileURLWithPath: builtProduct("store-crash-child"))
-            child.arguments = ["rewind-loop", path]
-            let output = Pipe()
-            child.standardOutput = output
-            try child.run()
-            var line = Data()
-            while !line.contains(UInt8(ascii: "\n")) {
-                let chunk = output.fileHandleForReading.availableData
-                if chunk.isEmpty { break }
-                line.append(chunk)
-            }
-            #expect(String(decoding: line, as: UTF8.self) == "ready\n")
+            let child = try Self.readyChild(["rewind-loop", path])
             // A different moment each round, while it appends.
             usleep(useconds_t(20_000 + round * 37_000))
             kill(child.processIdentifier, SIGKILL)

@@ -39,25 +39,20 @@ public struct JSONWriter {
     }
 
     public mutating func writeObject(_ object: [String: LogValue]) {
-        bytes.append(UInt8(ascii: "{"))
-        var first = true
         // String's `<` orders NFC strings by Unicode scalar value, which is UTF-8 byte order.
-        for (key, value) in object.sorted(by: { $0.key < $1.key }) {
-            if !first { bytes.append(UInt8(ascii: ",")) }
-            first = false
-            writeString(key)
-            bytes.append(UInt8(ascii: ":"))
-            write(value)
-        }
-        bytes.append(UInt8(ascii: "}"))
+        writeMembers(object.sorted(by: { $0.key < $1.key }))
     }
 
     /// An object in the dictionary's own order: for bytes read back by this library only (the
     /// rewind buffer's records, re-encoded canonically when they are stored), so not sorted.
     mutating func writeObjectUnordered(_ object: [String: LogValue]) {
+        writeMembers(object)
+    }
+
+    private mutating func writeMembers(_ members: some Sequence<(key: String, value: LogValue)>) {
         bytes.append(UInt8(ascii: "{"))
         var first = true
-        for (key, value) in object {
+        for (key, value) in members {
             if !first { bytes.append(UInt8(ascii: ",")) }
             first = false
             writeString(key)

@@ -92,7 +92,7 @@ let package = Package(
         .target(
             name: "DredgeWire",
             dependencies: [
-                "DredgeDomain",
+                "DredgeDomain", "DredgeJSON",
                 .product(name: "NIOCore", package: "swift-nio", condition: .when(traits: ["Server"])),
                 .product(name: "SwiftProtobuf", package: "swift-protobuf", condition: .when(traits: ["Server"])),
             ]

@@ -28,6 +28,11 @@ public struct ServerSigningKey: Sendable {
         command.signature = Data(try key.signature(for: SigningInput.tailCommand(command)))
     }
 
+    /// Fills in `signature` over the trigger set's signing input (README § 21).
+    public func sign(_ set: inout WireTriggerSet) throws {
+        set.signature = Data(try key.signature(for: SigningInput.triggerSet(set)))
+    }
+
     /// Fills in `signature` over the announcement's signing input: this key vouches for the
     /// next generation's keys (README § Key rotation).
     public func sign(_ announcement: inout WireKeyAnnouncement) throws {
@@ -63,6 +68,11 @@ public struct CommandVerifier: Sendable {
     /// True when the tail command carries a signature that verifies under this key.
     public func isValid(_ command: WireTailCommand) -> Bool {
         !command.signature.isEmpty && key.isValidSignature(command.signature, for: SigningInput.tailCommand(command))
+    }
+
+    /// True when the trigger set carries a signature that verifies under this key.
+    public func isValid(_ set: WireTriggerSet) -> Bool {
+        !set.signature.isEmpty && key.isValidSignature(set.signature, for: SigningInput.triggerSet(set))
     }
 
     /// True when `announcement` is signed by this key.

@@ -76,6 +76,22 @@ public enum WireLimits {
     public static let maxTailInFlight = 16
     /// § Live tail: how long after its expiry a server still takes a tail's batches.
     public static let tailExpiryGrace: Duration = .seconds(60)
+
+    /// § Triggers: triggers in one agent's set.
+    public static let maxTriggersPerSet = 64
+    /// § Triggers: bytes of a trigger's name, of a metadata member's name, of an app name and
+    /// of an app version bound.
+    public static let triggerNameBytes = 256
+    public static let triggerMetadataKeyBytes = 256
+    public static let triggerAppBytes = 256
+    public static let triggerAppVersionBytes = 64
+    /// § Triggers: bytes of a metadata value a trigger compares (as a filter's text).
+    public static let triggerMetadataValueBytes = 1_024
+    /// § Triggers: the longest window before and after a match, in seconds.
+    public static let maxCaptureBeforeSeconds: UInt32 = 3_600
+    public static let maxCaptureAfterSeconds: UInt32 = 600
+    /// § Triggers: the most captures one trigger may ask of one device in a rolling day.
+    public static let maxCapturesPerDeviceDay: UInt32 = 100
 }
 
 /// What a peer can do beyond the base protocol, named in `Hello.capabilities` and agreed in
@@ -85,8 +101,11 @@ public enum WireCapability {
     public static let keyRotation = "key-rotation"
     /// The server asks for a user's new records; the agent streams them (README § 20, Live tail).
     public static let liveTail = "live-tail"
+    /// The server sends standing triggers; the agent uploads captures of what fires them
+    /// (README § 21, Triggers and captures).
+    public static let triggers = "triggers"
     /// Every capability this release agrees to (a server without a tail registry leaves
-    /// `live-tail` out).
+    /// `live-tail` out; one without a trigger registry, `triggers`).
     public static let known: [String] = [keyRotation, liveTail]
 
     /// Of `listed`, those in `known`, in the order listed, each once.

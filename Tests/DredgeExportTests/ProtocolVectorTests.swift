@@ -202,6 +202,202 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         #expect(file == produced)
     }
 
+    /// Triggers and captures (README § 21): a trigger set signed by command.json's key, a
+    /// capture's upload header and its canonical form, and the matching rule and version order
+    /// on cases whose verdicts are written here (the Python check derives them on its own).
+    @Test func triggers() throws {
+        let server = try ServerSigningKey(rawRepresentation: Self.ed25519Seed)
+        let agentID = "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f"
+        let declined = WireTrigger.with {
+            $0.triggerID = "7a0b1c2d3e4f50617283940a1b2c3d4e"
+            $0.name = "payment declined"
+            $0.match = .with { $0.levels = [.critical, .error]; $0.types = ["business"]; $0.text = "payment declined" }
+            $0.app = "shop"
+            $0.minAppVersion = "2.0"
+            $0.maxAppVersion = "2.10"
+            $0.beforeS = 300
+            $0.afterS = 60
+            $0.maxPerDeviceDay = 3
+            $0.expiresAtUs = 1_795_945_200_000_000
+        }
+        let unavailable = WireTrigger.with {
+            $0.triggerID = "8b1c2d3e4f50617283940a1b2c3d4e5f"
+            $0.name = "checkout 503 — or a crash"
+            $0.match = .with { $0.metadataKey = "http.status"; $0.metadataValue = "503" }
+            $0.crash = true
+            $0.beforeS = 600
+            $0.afterS = 0
+            $0.maxPerDeviceDay = 10
+            $0.expiresAtUs = 1_795_945_200_000_000
+        }
+        let flagged = WireTrigger.with {
+            $0.triggerID = "9c2d3e4f50617283940a1b2c3d4e5f60"
+            $0.name = "u-7 flagged"
+            $0.match = .with { $0.metadataKey = "flag" }
+            $0.uid = "u-7"
+            $0.beforeS = 60
+            $0.afterS = 60
+            $0.maxPerDeviceDay = 1
+            $0.expiresAtUs = 1_795_945_200_000_000
+        }
+        let cafe = WireTrigger.with {
+            $0.triggerID = "ad3e4f50617283940a1b2c3d4e5f6071"
+            $0.name = "café"
+            $0.match = .with { $0.text = "café" }
+            $0.beforeS = 0
+            $0.afterS = 0
+            $0.maxPerDeviceDay = 100
+            $0.expiresAtUs = 1_795_945_200_000_000
+        }
+        var set = WireTriggerSet.with {
+            $0.agentID = agentID
+            $0.version = 42
+            $0.issuedAtUs = 1_795_340_400_000_000
+            $0.triggers = [declined, unavailable, flagged, cafe]
+        }
+        try server.sign(&set)
+        #expect(server.verifyingKey.isValid(set))
+        for change in [{ (s: inout WireTriggerSet) in s.version = 43 }, { $0.agentID = "0" + agentID.dropFirst() }, { $0.triggers[1].crash = false },
+            { $0.triggers[0].match.levels = [.error] }, { $0.triggers.swapAt(0, 1) }, { $0.triggers[2].match.clearMetadataKey() }] {
+            var changed = set
+            change(&changed)
+            #expect(!server.verifyingKey.isValid(changed), "the signature covers every field")
+        }
+        let rules = try TriggerSetTerms.check(set)
+        #expect(rules.map(\.id) == set.triggers.map(\.triggerID))
+
+        // The cases: (trigger, record, fires).
+        func record(_ message: String, _ level: LogLevel = .error, _ type: String = "business", uid: String = "u-1002", metadata: String? = nil, app: String = "shop", version: String = "2.4.1") -> TriggerRecord {
+            TriggerRecord(level: level, type: type, uid: uid, message: message, metadata: metadata, app: app, appVersion: version)
+        }
+        let cases: [(Int, TriggerRecord, Bool)] = [
+            (0, record("Payment DECLINED by the bank"), true),
+            (0, record("payment declined", .warning), false),
+            (0, record("payment declined", .critical), true),
+            (0, record("payment declined", .error, "network"), false),
+            (0, record("checkout failed", metadata: #"{"reason":"Payment declined: insufficient funds"}"#), true),
+            (0, record("payment declined", version: "2.11"), false),
+            (0, record("payment declined", version: "2.10.0"), true),
+            (0, record("payment declined", version: "1.99"), false),
+            (0, record("payment declined", version: "02.0"), true),
+            (0, record("payment declined", app: "shop-admin"), false),
+            (0, record("payment refused"), false),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http.status":503}"#, app: "any"), true),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http.status":"503"}"#), true),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"duration_ms":84,"http.status":503}"#), true),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http\u002estatus":503}"#), true),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http.status":5030}"#), false),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http.status":503.0}"#), false),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http.status":[503]}"#), false),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"response":{"http.status":503}}"#), false),
+            (1, record("http.status=503 in the message only", .info, "network"), false),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"HTTP.STATUS":503}"#), false),
+            (2, record("anything", .debug, "app", uid: "u-7", metadata: #"{"flag":false}"#), true),
+            (2, record("anything", .debug, "app", uid: "u-7", metadata: #"{"flag":null}"#), true),
+            (2, record("anything", .debug, "app", uid: "u-8", metadata: #"{"flag":false}"#), false),
+            (2, record("anything", .debug, "app", uid: "u-7", metadata: #"{"flags":1}"#), false),
+            (2, record("anything", .debug, "app", uid: "u-7"), false),
+            (3, record("CAFé au lait", .info, "app"), true),
+            (3, record("CAFÉ AU LAIT", .info, "app"), false),
+            (3, record("le café", .info, "app"), true),
+            (3, record("ok", .info, "app", metadata: #"{"note":"café"}"#), true),
+        ]
+        for (index, (trigger, rec, fires)) in cases.enumerated() {
+            #expect(rules[trigger].fires(on: rec) == fires, "case \(index): \(rec.message) \(rec.metadata ?? "")")
+        }
+        #expect(rules[1].fires(onCrashOf: "u-1", app: "x", appVersion: "1"))
+        #expect(!rules[0].fires(onCrashOf: "u-1", app: "shop", appVersion: "2.4"), "not a crash trigger")
+        #expect(!rules[2].fires(onCrashOf: "u-8", app: "x", appVersion: "1"), "another user's run")
+
+        let versions: [(String, String, Int)] = [
+            ("1.10", "1.9", 1), ("2", "2.0.0", 0), ("1.2.0-beta", "1.2.0", 1), ("01.2", "1.2", 0), ("1.a", "1.b", -1), ("10", "9", 1),
+            ("1.2", "1.2.1", -1), ("99999999999999999999999", "100000000000000000000000", -1), ("2.0", "2.0.a", -1), ("1..2", "1.0.2", -1),
+        ]
+        for (a, b, order) in versions {
+            #expect(AppVersionOrder.compare(a, b) == order, "\(a) against \(b)")
+            #expect(AppVersionOrder.compare(b, a) == -order, "\(b) against \(a)")
+        }
+
+        // A capture of the second trigger: its header and canonical form.
+        let header = WireUploadHeader.with {
+            $0.uploadID = "c0ffee00112233445566778899aabbcc"
+            $0.kind = .capture
+            $0.agentID = agentID
+            $0.noncePrefix = Data(Self.noncePrefix)
+            $0.chunkSize = 262_144
+            $0.plaintextSize = 9_000
+            $0.chunkCount = 1
+            $0.wrappedKey = Data(repeating: 0x5A, count: 8)
+            $0.createdAtUs = 1_795_341_100_000_000
+            $0.capture = .with {
+                $0.triggerID = unavailable.triggerID
+                $0.setVersion = set.version
+                $0.uid = "u-1002"
+                $0.sinceUs = 1_795_340_400_250_000
+                $0.untilUs = 1_795_341_000_250_001
+                $0.matchedAtUs = 1_795_341_000_250_000
+                $0.crash = false
+            }
+        }
+        var plain = header
+        plain.clearCapture()
+        plain.kind = .pull
+        var stillPlain = plain
+        stillPlain.capture = header.capture
+        #expect(SigningInput.uploadHeader(stillPlain) == SigningInput.uploadHeader(plain), "another kind's header ends as before, capture or not")
+
+        let frames: [(String, WireFrame)] = [
+            ("trigger_set", .with { $0.triggerSet = set }),
+            ("trigger_set_ack", .with { $0.triggerSetAck = .with { $0.version = set.version } }),
+            ("trigger_set_ack_refused", .with { $0.triggerSetAck = .with { $0.version = 41; $0.reason = .rejectBadSignature; $0.detail = "signature does not verify" } }),
+            ("upload_begin", .with { $0.uploadBegin = .with { $0.header = header } }),
+            ("error_budget_spent", .with { $0.error = .with { $0.code = .errorBudgetSpent; $0.detail = "trigger spent its budget"; $0.uploadID = header.uploadID } }),
+        ]
+        func triggerFields(_ t: WireTrigger) -> [String: Any] {
+            var fields: [String: Any] = [
+                "trigger_id": t.triggerID, "name": t.name, "crash": t.crash, "uid": t.uid, "app": t.app, "min_app_version": t.minAppVersion,
+                "max_app_version": t.maxAppVersion, "before_s": Int(t.beforeS), "after_s": Int(t.afterS), "max_per_device_day": Int(t.maxPerDeviceDay),
+                "expires_at_us": t.expiresAtUs,
+            ]
+            if t.hasMatch {
+                var m: [String: Any] = ["levels": t.match.levels.map(\.rawValue), "types": t.match.types]
+                if t.match.hasText { m["text"] = t.match.text }
+                if t.match.hasMetadataKey { m["metadata_key"] = t.match.metadataKey }
+                if t.match.hasMetadataValue { m["metadata_value"] = t.match.metadataValue }
+                fields["match"] = m
+            }
+            return fields
+        }
+        let c = header.capture
+        let (file, produced) = try Vectors.check("triggers.json", [
+            "description": "Triggers and captures (README § 21): a trigger set signed with Ed25519 (deterministic) by command.json's key over the trigger-set signing input, and its frame; a capture's upload header (kind 4), its canonical form and associated data (§12); the matching rule on records (trigger is an index into set.triggers; metadata null: the record has none) and the app version order (order: -1, 0 or 1 as a is before, equal to or after b).",
+            "ed25519_private_key": hex(Self.ed25519Seed),
+            "set": ["agent_id": set.agentID, "version": Int(set.version), "issued_at_us": set.issuedAtUs, "triggers": set.triggers.map(triggerFields)] as [String: Any],
+            "signing_input": hex(SigningInput.triggerSet(set)),
+            "signature": hex(set.signature),
+            "capture_header": [
+                "upload_id": header.uploadID, "kind": Int(header.kind.rawValue), "agent_id": header.agentID, "nonce_prefix": hex(header.noncePrefix),
+                "chunk_size": Int(header.chunkSize), "plaintext_size": Int(header.plaintextSize), "chunk_count": Int(header.chunkCount),
+                "wrapped_key": hex(header.wrappedKey), "empty": header.empty, "created_at_us": header.createdAtUs,
+                "capture": [
+                    "trigger_id": c.triggerID, "set_version": Int(c.setVersion), "uid": c.uid, "since_us": c.sinceUs, "until_us": c.untilUs,
+                    "matched_at_us": c.matchedAtUs, "crash": c.crash,
+                ] as [String: Any],
+            ] as [String: Any],
+            "capture_header_canonical": hex(SigningInput.uploadHeader(header)),
+            "capture_associated_data": hex(SHA256.hash(data: SigningInput.uploadHeader(header))),
+            "matching": cases.map { trigger, r, fires in
+                [
+                    "trigger": trigger, "level": r.level.rawValue, "type": r.type, "uid": r.uid, "message": r.message, "metadata": r.metadata ?? NSNull(),
+                    "app": r.app, "app_version": r.appVersion, "fires": fires,
+                ] as [String: Any]
+            },
+            "versions": versions.map { ["a": $0.0, "b": $0.1, "order": $0.2] as [String: Any] },
+            "frames": try frames.map { ["name": $0.0, "hex": hex(try FrameEncoder.bytes(of: $0.1))] },
+        ])
+        #expect(file == produced)
+    }
+
     /// A command with a text filter (non-ASCII, addressed to an agent, no uid), and the §10
     /// matching rule on a few records: Swift's store and the Python check must agree on each.
     @Test func textFilterCommand() throws {

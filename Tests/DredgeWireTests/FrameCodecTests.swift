@@ -88,6 +88,26 @@ enum SampleFrames {
         add("tail_batch") { $0.tailBatch = .with { $0.tailID = tail; $0.seq = 3; $0.dropped = 2; $0.cursor = 60_517; $0.nonce = Data(repeating: 0xE0, count: 12); $0.ciphertext = Data(repeating: 0xAB, count: 48) } }
         add("tail_ack") { $0.tailAck = .with { $0.tailID = tail; $0.seq = 3; $0.cursor = 60_517 } }
         add("tail_stop") { $0.tailStop = .with { $0.tailID = tail; $0.reason = "stopped by alice" } }
+        add("trigger_set") {
+            $0.triggerSet = .with {
+                $0.agentID = "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f"
+                $0.version = 7
+                $0.issuedAtUs = 1_795_340_400_000_000
+                $0.triggers = [
+                    .with {
+                        $0.triggerID = "7a0b1c2d3e4f50617283940a1b2c3d4e"
+                        $0.name = "payment declined"
+                        $0.match = .with { $0.levels = [.error]; $0.types = ["business"]; $0.text = "payment declined" }
+                        $0.beforeS = 300
+                        $0.afterS = 60
+                        $0.maxPerDeviceDay = 3
+                        $0.expiresAtUs = 1_795_945_200_000_000
+                    }
+                ]
+                $0.signature = Data(repeating: 0x53, count: 64)
+            }
+        }
+        add("trigger_set_ack") { $0.triggerSetAck = .with { $0.version = 7 } }
         return frames
     }
 }
@@ -95,9 +115,9 @@ enum SampleFrames {
 @Suite struct FrameCodecTests {
     @Test func everyMessageTypeRoundTripsThroughTheCodec() throws {
         let frames = SampleFrames.all.map(\.1)
-        #expect(frames.count == 27)
+        #expect(frames.count == 29)
         // Every body case is covered (Goodbye twice: with and without its planned-restart fields).
-        #expect(Set(frames.map { String(describing: $0.body!).prefix(while: { $0 != "(" }) }).count == 26)
+        #expect(Set(frames.map { String(describing: $0.body!).prefix(while: { $0 != "(" }) }).count == 28)
         let pairs = try frames.map { frame -> (ByteBuffer, [WireFrame]) in
             (ByteBuffer(bytes: try FrameEncoder.bytes(of: frame)), [frame])
         }

@@ -32,8 +32,9 @@ def check(condition, what):
 frames = load("frames.json")["frames"]
 for frame in frames:
     check(spec.frame_body_field(bytes.fromhex(frame["hex"])) == frame["body_field"], f"frame {frame['name']} carries body field {frame['body_field']}")
-check(len({f["body_field"] for f in frames}) == 26 and len(frames) == 27, "26 distinct message types (Goodbye twice)")
+check(len({f["body_field"] for f in frames}) == 28 and len(frames) == 29, "28 distinct message types (Goodbye twice)")
 check({f["name"]: f["body_field"] for f in frames if f["name"].startswith("tail_")} == {"tail_command": 22, "tail_accepted": 23, "tail_batch": 24, "tail_ack": 25, "tail_stop": 26}, "the live tail's messages are Frame fields 22 to 26 (§20)")
+check({f["name"]: f["body_field"] for f in frames if f["name"].startswith("trigger_")} == {"trigger_set": 27, "trigger_set_ack": 28}, "the trigger messages are Frame fields 27 and 28 (§21)")
 restart = next(f for f in frames if f["name"] == "goodbye_planned_restart")
 check(spec.goodbye(bytes.fromhex(restart["hex"])) == ("server shutting down", 60000, 2000), "Goodbye with back_within_ms and retry_every_ms (§6)")
 
@@ -94,6 +95,24 @@ for wrong in [dict(seq=batch["seq"] + 1), dict(dropped=0), dict(cursor=batch["cu
     check(not opened, f"a tail batch does not open with {wrong}")
 tail_frames = {f["name"]: f["hex"] for f in tail["frames"]}
 check(spec.frame_body_field(bytes.fromhex(tail_frames["tail_batch"])) == 24 and spec.frame_body_field(bytes.fromhex(tail_frames["tail_command"])) == 22, "tail frames carry their body fields")
+
+triggers = load("triggers.json")
+trigger_input = spec.trigger_set_signing_input(triggers["set"])
+check(trigger_input.hex() == triggers["signing_input"], "trigger set signing input (§21)")
+check(triggers["ed25519_private_key"] == cmd["ed25519_private_key"], "the trigger set is signed by command.json's key")
+check(signer.sign(trigger_input).hex() == triggers["signature"], "Ed25519 trigger set signature reproduced")
+capture_header = spec.upload_header_canonical(triggers["capture_header"])
+check(capture_header.hex() == triggers["capture_header_canonical"], "a capture's canonical upload header (§12, §21)")
+check(hashlib.sha256(capture_header).hexdigest() == triggers["capture_associated_data"], "a capture's associated data")
+pull_kind = dict(triggers["capture_header"], kind=1)
+check(spec.upload_header_canonical(pull_kind) == spec.upload_header_canonical({k: v for k, v in pull_kind.items() if k != "capture"}), "another kind's canonical header ends at created_at_us")
+for i, case in enumerate(triggers["matching"]):
+    got = spec.trigger_fires(triggers["set"]["triggers"][case["trigger"]], case)
+    check(got == case["fires"], f"matching case {i}: {case['message']!r} {case['metadata']!r} {'fires' if case['fires'] else 'does not fire'}")
+for pair in triggers["versions"]:
+    check(spec.version_order(pair["a"], pair["b"]) == pair["order"] and spec.version_order(pair["b"], pair["a"]) == -pair["order"], f"version order {pair['a']} against {pair['b']}")
+trigger_frames = {f["name"]: f["hex"] for f in triggers["frames"]}
+check(spec.frame_body_field(bytes.fromhex(trigger_frames["trigger_set"])) == 27 and spec.frame_body_field(bytes.fromhex(trigger_frames["trigger_set_ack"])) == 28, "trigger frames carry their body fields")
 
 chunks = load("chunks.json")
 header_bytes = spec.upload_header_canonical(chunks["header"])

@@ -89,7 +89,116 @@ def upload_header_canonical(h: dict) -> bytes:
     w.optional(fb, feedback)
     w.boolean(h.get("empty", False))
     w.i64(h["created_at_us"])
+    if h["kind"] == 4:  # CAPTURE (§21): the capture goes on; every other kind ends here
+
+        def capture(c):
+            w.string(c["trigger_id"])
+            w.u64(c["set_version"])
+            w.string(c.get("uid", ""))
+            w.i64(c["since_us"])
+            w.i64(c["until_us"])
+            w.i64(c["matched_at_us"])
+            w.boolean(c.get("crash", False))
+
+        w.optional(h.get("capture"), capture)
     return bytes(w.out)
+
+
+def trigger_set_signing_input(s: dict) -> bytes:
+    """README § 21: what the server signs in a TriggerSet."""
+    by_bytes = lambda t: t.encode("utf-8")
+    w = Canonical("dredge.v1.trigger-set")
+    w.string(s["agent_id"])
+    w.u64(s["version"])
+    w.i64(s["issued_at_us"])
+
+    def match(m):
+        w.list(sorted(m.get("levels", [])), w.u32)
+        w.list(sorted(m.get("types", []), key=by_bytes), w.string)
+        w.optional(m.get("text"), w.string)
+        w.optional(m.get("metadata_key"), w.string)
+        w.optional(m.get("metadata_value"), w.string)
+
+    def trigger(t):
+        w.string(t["trigger_id"])
+        w.string(t["name"])
+        w.optional(t.get("match"), match)
+        w.boolean(t.get("crash", False))
+        for name in ("uid", "app", "min_app_version", "max_app_version"):
+            w.string(t.get(name, ""))
+        w.u32(t["before_s"])
+        w.u32(t["after_s"])
+        w.u32(t["max_per_device_day"])
+        w.i64(t["expires_at_us"])
+
+    w.list(s["triggers"], trigger)
+    return bytes(w.out)
+
+
+def version_order(a: str, b: str) -> int:
+    """README § 21, Versions: -1, 0 or 1 as app version a is before, equal to or after b."""
+    x, y = a.split("."), b.split(".")
+    n = max(len(x), len(y))
+    x += ["0"] * (n - len(x))
+    y += ["0"] * (n - len(y))
+    for p, q in zip(x, y):
+        digits = lambda s: s != "" and all("0" <= c <= "9" for c in s)
+        if digits(p) and digits(q):
+            p, q = int(p), int(q)
+        else:
+            p, q = p.encode("utf-8"), q.encode("utf-8")
+        if p != q:
+            return -1 if p < q else 1
+    return 0
+
+
+def trigger_fires(t: dict, record: dict) -> bool:
+    """README § 21, Matching: whether a record fires trigger t (expiry aside)."""
+    m = t.get("match")
+    if m is None:
+        return False
+    if t.get("uid") and record["uid"] != t["uid"]:
+        return False
+    if t.get("app") and record["app"] != t["app"]:
+        return False
+    if t.get("min_app_version") and version_order(record["app_version"], t["min_app_version"]) < 0:
+        return False
+    if t.get("max_app_version") and version_order(record["app_version"], t["max_app_version"]) > 0:
+        return False
+    if m.get("levels") and record["level"] not in m["levels"]:
+        return False
+    if m.get("types") and record["type"] not in m["types"]:
+        return False
+    if m.get("text") and not text_matches(m["text"], record["message"], record["metadata"]):
+        return False
+    if "metadata_key" in m:
+        if record["metadata"] is None:
+            return False
+        try:
+            members = json.loads(record["metadata"], object_pairs_hook=list)
+        except ValueError:
+            return False
+        if not isinstance(members, list):
+            return False
+        values = [v for k, v in members if k == m["metadata_key"]]
+        if not values:
+            return False
+        if "metadata_value" in m:
+            wanted = m["metadata_value"]
+            # A string is compared as itself; any other value as the record writes it (§13).
+            written = lambda v: v if isinstance(v, str) else serialized_value(v)
+            if not any(written(v) == wanted for v in values):
+                return False
+    return True
+
+
+def serialized_value(v) -> str:
+    """A metadata value as a record line writes it (§13): `503`, `503.0`, `true`, `null`, `[1,2]`."""
+    if isinstance(v, list) and v and all(isinstance(p, tuple) for p in v):  # an object read as pairs
+        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + serialized_value(x) for k, x in sorted(v, key=lambda p: p[0].encode("utf-8"))) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(serialized_value(x) for x in v) + "]"
+    return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
 
 
 def key_announcement_signing_input(a: dict) -> bytes:

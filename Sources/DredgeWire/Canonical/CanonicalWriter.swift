@@ -123,6 +123,48 @@ public enum SigningInput {
         }
         w.bool(h.empty)
         w.i64(h.createdAtUs)
+        // A capture's header goes on (README § 21); every other kind ends here, as it always has.
+        if h.kind == .capture {
+            w.optional(h.hasCapture ? h.capture : nil) { w, c in
+                w.string(c.triggerID)
+                w.u64(c.setVersion)
+                w.string(c.uid)
+                w.i64(c.sinceUs)
+                w.i64(c.untilUs)
+                w.i64(c.matchedAtUs)
+                w.bool(c.crash)
+            }
+        }
+        return w.bytes
+    }
+
+    /// What the server signs in a `TriggerSet` (README § 21): every field but the signature,
+    /// the triggers in the order listed, each trigger's levels ascending and types by bytes.
+    public static func triggerSet(_ s: WireTriggerSet) -> [UInt8] {
+        var w = CanonicalWriter(domain: "dredge.v1.trigger-set")
+        w.string(s.agentID)
+        w.u64(s.version)
+        w.i64(s.issuedAtUs)
+        w.list(s.triggers) { w, t in
+            w.string(t.triggerID)
+            w.string(t.name)
+            w.optional(t.hasMatch ? t.match : nil) { w, m in
+                w.list(m.levels.map { UInt32($0.rawValue) }.sorted()) { $0.u32($1) }
+                w.list(byBytes(m.types)) { $0.string($1) }
+                w.optional(m.hasText ? m.text : nil) { $0.string($1) }
+                w.optional(m.hasMetadataKey ? m.metadataKey : nil) { $0.string($1) }
+                w.optional(m.hasMetadataValue ? m.metadataValue : nil) { $0.string($1) }
+            }
+            w.bool(t.crash)
+            w.string(t.uid)
+            w.string(t.app)
+            w.string(t.minAppVersion)
+            w.string(t.maxAppVersion)
+            w.u32(t.beforeS)
+            w.u32(t.afterS)
+            w.u32(t.maxPerDeviceDay)
+            w.i64(t.expiresAtUs)
+        }
         return w.bytes
     }
 

@@ -170,6 +170,9 @@ public nonisolated enum WireUploadKind: SwiftProtobuf.Enum, Swift.CaseIterable {
 
   /// a manual export sealed to a file (§19); never uploaded
   case export // = 3
+
+  /// a trigger's capture (§21); only with the capability `triggers` agreed
+  case capture // = 4
   case UNRECOGNIZED(Int)
 
   public init() {
@@ -182,6 +185,7 @@ public nonisolated enum WireUploadKind: SwiftProtobuf.Enum, Swift.CaseIterable {
     case 1: self = .pull
     case 2: self = .feedback
     case 3: self = .export
+    case 4: self = .capture
     default: self = .UNRECOGNIZED(rawValue)
     }
   }
@@ -192,6 +196,7 @@ public nonisolated enum WireUploadKind: SwiftProtobuf.Enum, Swift.CaseIterable {
     case .pull: return 1
     case .feedback: return 2
     case .export: return 3
+    case .capture: return 4
     case .UNRECOGNIZED(let i): return i
     }
   }
@@ -202,6 +207,7 @@ public nonisolated enum WireUploadKind: SwiftProtobuf.Enum, Swift.CaseIterable {
     .pull,
     .feedback,
     .export,
+    .capture,
   ]
 
 }
@@ -302,6 +308,9 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
 
   /// at authentication: the server keys the agent pins are retired; the
   case errorKeysRetired // = 16
+
+  /// agent must enroll again (README § 5, Key rotation); connection closes
+  case errorBudgetSpent // = 17
   case UNRECOGNIZED(Int)
 
   public init() {
@@ -327,6 +336,7 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
     case 14: self = .errorInternal
     case 15: self = .errorShuttingDown
     case 16: self = .errorKeysRetired
+    case 17: self = .errorBudgetSpent
     default: self = .UNRECOGNIZED(rawValue)
     }
   }
@@ -350,6 +360,7 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
     case .errorInternal: return 14
     case .errorShuttingDown: return 15
     case .errorKeysRetired: return 16
+    case .errorBudgetSpent: return 17
     case .UNRECOGNIZED(let i): return i
     }
   }
@@ -373,6 +384,7 @@ public nonisolated enum WireErrorCode: SwiftProtobuf.Enum, Swift.CaseIterable {
     .errorInternal,
     .errorShuttingDown,
     .errorKeysRetired,
+    .errorBudgetSpent,
   ]
 
 }
@@ -596,6 +608,23 @@ public nonisolated struct WireFrame: Sendable {
     set {body = .tailStop(newValue)}
   }
 
+  /// Triggers and captures (README § 21): sent only with the capability `triggers` agreed.
+  public var triggerSet: WireTriggerSet {
+    get {
+      if case .triggerSet(let v)? = body {return v}
+      return WireTriggerSet()
+    }
+    set {body = .triggerSet(newValue)}
+  }
+
+  public var triggerSetAck: WireTriggerSetAck {
+    get {
+      if case .triggerSetAck(let v)? = body {return v}
+      return WireTriggerSetAck()
+    }
+    set {body = .triggerSetAck(newValue)}
+  }
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public nonisolated enum OneOf_Body: Equatable, Sendable {
@@ -626,6 +655,9 @@ public nonisolated struct WireFrame: Sendable {
     case tailBatch(WireTailBatch)
     case tailAck(WireTailAck)
     case tailStop(WireTailStop)
+    /// Triggers and captures (README § 21): sent only with the capability `triggers` agreed.
+    case triggerSet(WireTriggerSet)
+    case triggerSetAck(WireTriggerSetAck)
 
   }
 
@@ -1113,53 +1145,125 @@ public nonisolated struct WireFeedback: Sendable {
 }
 
 /// Fixed for the life of an upload; bound into every chunk as associated data.
-public nonisolated struct WireUploadHeader: Sendable {
+public nonisolated struct WireUploadHeader: @unchecked Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
   // methods supported on all messages.
 
   /// pulls: the command_id; feedback: 16 random bytes, hex
-  public var uploadID: String = String()
+  public var uploadID: String {
+    get {_storage._uploadID}
+    set {_uniqueStorage()._uploadID = newValue}
+  }
 
-  public var kind: WireUploadKind = .unspecified
+  public var kind: WireUploadKind {
+    get {_storage._kind}
+    set {_uniqueStorage()._kind = newValue}
+  }
 
-  public var agentID: String = String()
+  public var agentID: String {
+    get {_storage._agentID}
+    set {_uniqueStorage()._agentID = newValue}
+  }
 
   /// 7 random bytes
-  public var noncePrefix: Data = Data()
+  public var noncePrefix: Data {
+    get {_storage._noncePrefix}
+    set {_uniqueStorage()._noncePrefix = newValue}
+  }
 
   /// plaintext bytes in every chunk but the last
-  public var chunkSize: UInt32 = 0
+  public var chunkSize: UInt32 {
+    get {_storage._chunkSize}
+    set {_uniqueStorage()._chunkSize = newValue}
+  }
 
   /// bytes of the zip
-  public var plaintextSize: UInt64 = 0
+  public var plaintextSize: UInt64 {
+    get {_storage._plaintextSize}
+    set {_uniqueStorage()._plaintextSize = newValue}
+  }
 
   /// ceil(plaintext_size / chunk_size), at least 1
-  public var chunkCount: UInt32 = 0
+  public var chunkCount: UInt32 {
+    get {_storage._chunkCount}
+    set {_uniqueStorage()._chunkCount = newValue}
+  }
 
   /// feedback: AES key, RSA-OAEP-SHA256 under the server key; export: under the recipient's key; pulls: empty
-  public var wrappedKey: Data = Data()
+  public var wrappedKey: Data {
+    get {_storage._wrappedKey}
+    set {_uniqueStorage()._wrappedKey = newValue}
+  }
 
   /// feedback only
   public var feedback: WireFeedback {
-    get {_feedback ?? WireFeedback()}
-    set {_feedback = newValue}
+    get {_storage._feedback ?? WireFeedback()}
+    set {_uniqueStorage()._feedback = newValue}
   }
   /// Returns true if `feedback` has been explicitly set.
-  public var hasFeedback: Bool {self._feedback != nil}
+  public var hasFeedback: Bool {_storage._feedback != nil}
   /// Clears the value of `feedback`. Subsequent reads from it will return its default value.
-  public mutating func clearFeedback() {self._feedback = nil}
+  public mutating func clearFeedback() {_uniqueStorage()._feedback = nil}
 
   /// the selection matched no record
-  public var empty: Bool = false
+  public var empty: Bool {
+    get {_storage._empty}
+    set {_uniqueStorage()._empty = newValue}
+  }
 
-  public var createdAtUs: Int64 = 0
+  public var createdAtUs: Int64 {
+    get {_storage._createdAtUs}
+    set {_uniqueStorage()._createdAtUs = newValue}
+  }
+
+  /// captures only (README § 21)
+  public var capture: WireCapture {
+    get {_storage._capture ?? WireCapture()}
+    set {_uniqueStorage()._capture = newValue}
+  }
+  /// Returns true if `capture` has been explicitly set.
+  public var hasCapture: Bool {_storage._capture != nil}
+  /// Clears the value of `capture`. Subsequent reads from it will return its default value.
+  public mutating func clearCapture() {_uniqueStorage()._capture = nil}
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
 
-  fileprivate var _feedback: WireFeedback? = nil
+  fileprivate var _storage = _StorageClass.defaultInstance
+}
+
+/// What a capture upload is of (README § 21): the trigger, the window and what matched.
+public nonisolated struct WireCapture: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  /// a trigger of the set the agent holds
+  public var triggerID: String = String()
+
+  /// the version of that set
+  public var setVersion: UInt64 = 0
+
+  /// whose records: the matching record's uid; "" the device's records
+  public var uid: String = String()
+
+  /// the window: inclusive
+  public var sinceUs: Int64 = 0
+
+  /// exclusive
+  public var untilUs: Int64 = 0
+
+  /// the matching record's time; a crash: the run's last record's
+  public var matchedAtUs: Int64 = 0
+
+  /// the capture is of a run's unclean end, not of a record
+  public var crash: Bool = false
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
 }
 
 /// Agent → server: starts an upload, or resumes one after a reconnect (same header).
@@ -1517,6 +1621,157 @@ public nonisolated struct WireTailStop: Sendable {
   public init() {}
 }
 
+/// What records a trigger fires on. Every field present must hold (README § 21, Matching).
+public nonisolated struct WireTriggerMatch: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  /// any of; empty: all levels
+  public var levels: [WireLevel] = []
+
+  /// any of; empty: all types
+  public var types: [String] = []
+
+  /// the § 10 text rule
+  public var text: String {
+    get {_text ?? String()}
+    set {_text = newValue}
+  }
+  /// Returns true if `text` has been explicitly set.
+  public var hasText: Bool {self._text != nil}
+  /// Clears the value of `text`. Subsequent reads from it will return its default value.
+  public mutating func clearText() {self._text = nil}
+
+  /// a member of the record's metadata, at its top level
+  public var metadataKey: String {
+    get {_metadataKey ?? String()}
+    set {_metadataKey = newValue}
+  }
+  /// Returns true if `metadataKey` has been explicitly set.
+  public var hasMetadataKey: Bool {self._metadataKey != nil}
+  /// Clears the value of `metadataKey`. Subsequent reads from it will return its default value.
+  public mutating func clearMetadataKey() {self._metadataKey = nil}
+
+  /// with metadata_key: the member's value (README § 21)
+  public var metadataValue: String {
+    get {_metadataValue ?? String()}
+    set {_metadataValue = newValue}
+  }
+  /// Returns true if `metadataValue` has been explicitly set.
+  public var hasMetadataValue: Bool {self._metadataValue != nil}
+  /// Clears the value of `metadataValue`. Subsequent reads from it will return its default value.
+  public mutating func clearMetadataValue() {self._metadataValue = nil}
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+
+  fileprivate var _text: String? = nil
+  fileprivate var _metadataKey: String? = nil
+  fileprivate var _metadataValue: String? = nil
+}
+
+/// One standing trigger, as the agent matches it.
+public nonisolated struct WireTrigger: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  /// 16 random bytes, lowercase hex (32 chars)
+  public var triggerID: String = String()
+
+  /// for people: 1 to TRIGGER_NAME_BYTES bytes
+  public var name: String = String()
+
+  /// absent: no record fires it (a crash-only trigger)
+  public var match: WireTriggerMatch {
+    get {_match ?? WireTriggerMatch()}
+    set {_match = newValue}
+  }
+  /// Returns true if `match` has been explicitly set.
+  public var hasMatch: Bool {self._match != nil}
+  /// Clears the value of `match`. Subsequent reads from it will return its default value.
+  public mutating func clearMatch() {self._match = nil}
+
+  /// a run's unclean end fires it too
+  public var crash: Bool = false
+
+  /// only this user's records (and runs); empty: any user
+  public var uid: String = String()
+
+  /// only records whose context's app is this; empty: any app
+  public var app: String = String()
+
+  /// only app versions at or above this (README § 21); empty: no bound
+  public var minAppVersion: String = String()
+
+  /// at or below this; empty: no bound
+  public var maxAppVersion: String = String()
+
+  /// the window before the match: 0 to MAX_CAPTURE_BEFORE
+  public var beforeS: UInt32 = 0
+
+  /// the window after it: 0 to MAX_CAPTURE_AFTER
+  public var afterS: UInt32 = 0
+
+  /// captures per device in a rolling day: 1 to MAX_CAPTURES_PER_DEVICE_DAY
+  public var maxPerDeviceDay: UInt32 = 0
+
+  /// the agent stops matching it then, by its own clock
+  public var expiresAtUs: Int64 = 0
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+
+  fileprivate var _match: WireTriggerMatch? = nil
+}
+
+/// Server → agent: every trigger in force for this agent, signed. It replaces the set the agent
+/// holds; sent after authentication and whenever the agent's set changes.
+public nonisolated struct WireTriggerSet: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  /// the agent it is for
+  public var agentID: String = String()
+
+  /// increases with every change of the server's triggers
+  public var version: UInt64 = 0
+
+  public var issuedAtUs: Int64 = 0
+
+  /// at most MAX_TRIGGERS_PER_SET
+  public var triggers: [WireTrigger] = []
+
+  /// Ed25519 by the server signing key over the trigger set signing input
+  public var signature: Data = Data()
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
+/// Agent → server: the set of that version is held (reason unset), or was refused and the agent
+/// keeps the set it held (reason set, as for a command: README § 21).
+public nonisolated struct WireTriggerSetAck: Sendable {
+  // SwiftProtobuf.Message conformance is added in an extension below. See the
+  // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
+  // methods supported on all messages.
+
+  public var version: UInt64 = 0
+
+  public var reason: WireRejectReason = .rejectUnspecified
+
+  public var detail: String = String()
+
+  public var unknownFields = SwiftProtobuf.UnknownStorage()
+
+  public init() {}
+}
+
 // MARK: - Code below here is support for the SwiftProtobuf runtime.
 
 fileprivate nonisolated let _protobuf_package = "dredge.v1"
@@ -1530,7 +1785,7 @@ nonisolated extension WireRejectReason: SwiftProtobuf._ProtoNameProviding {
 }
 
 nonisolated extension WireUploadKind: SwiftProtobuf._ProtoNameProviding {
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0UPLOAD_KIND_UNSPECIFIED\0\u{1}UPLOAD_KIND_PULL\0\u{1}UPLOAD_KIND_FEEDBACK\0\u{1}UPLOAD_KIND_EXPORT\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0UPLOAD_KIND_UNSPECIFIED\0\u{1}UPLOAD_KIND_PULL\0\u{1}UPLOAD_KIND_FEEDBACK\0\u{1}UPLOAD_KIND_EXPORT\0\u{1}UPLOAD_KIND_CAPTURE\0")
 }
 
 nonisolated extension WireUploadState: SwiftProtobuf._ProtoNameProviding {
@@ -1538,12 +1793,12 @@ nonisolated extension WireUploadState: SwiftProtobuf._ProtoNameProviding {
 }
 
 nonisolated extension WireErrorCode: SwiftProtobuf._ProtoNameProviding {
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0ERROR_UNSPECIFIED\0\u{1}ERROR_VERSION_UNSUPPORTED\0\u{1}ERROR_MALFORMED_FRAME\0\u{1}ERROR_FRAME_TOO_LARGE\0\u{1}ERROR_UNEXPECTED_MESSAGE\0\u{1}ERROR_ENROLLMENT_REFUSED\0\u{1}ERROR_AUTH_FAILED\0\u{1}ERROR_UPLOAD_UNKNOWN\0\u{1}ERROR_UPLOAD_INVALID\0\u{1}ERROR_CHUNK_INVALID\0\u{1}ERROR_CHUNK_AUTH_FAILED\0\u{1}ERROR_UPLOAD_INCOMPLETE\0\u{1}ERROR_PAYLOAD_INVALID\0\u{1}ERROR_LIMIT_EXCEEDED\0\u{1}ERROR_INTERNAL\0\u{1}ERROR_SHUTTING_DOWN\0\u{1}ERROR_KEYS_RETIRED\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0ERROR_UNSPECIFIED\0\u{1}ERROR_VERSION_UNSUPPORTED\0\u{1}ERROR_MALFORMED_FRAME\0\u{1}ERROR_FRAME_TOO_LARGE\0\u{1}ERROR_UNEXPECTED_MESSAGE\0\u{1}ERROR_ENROLLMENT_REFUSED\0\u{1}ERROR_AUTH_FAILED\0\u{1}ERROR_UPLOAD_UNKNOWN\0\u{1}ERROR_UPLOAD_INVALID\0\u{1}ERROR_CHUNK_INVALID\0\u{1}ERROR_CHUNK_AUTH_FAILED\0\u{1}ERROR_UPLOAD_INCOMPLETE\0\u{1}ERROR_PAYLOAD_INVALID\0\u{1}ERROR_LIMIT_EXCEEDED\0\u{1}ERROR_INTERNAL\0\u{1}ERROR_SHUTTING_DOWN\0\u{1}ERROR_KEYS_RETIRED\0\u{1}ERROR_BUDGET_SPENT\0")
 }
 
 nonisolated extension WireFrame: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".Frame"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}hello\0\u{3}hello_ack\0\u{3}enroll_request\0\u{3}enroll_response\0\u{3}auth_response\0\u{3}auth_result\0\u{1}heartbeat\0\u{3}heartbeat_ack\0\u{3}pull_command\0\u{3}command_accepted\0\u{3}command_rejected\0\u{3}upload_begin\0\u{3}upload_ready\0\u{3}upload_chunk\0\u{3}chunk_ack\0\u{3}upload_status_query\0\u{3}upload_status\0\u{3}upload_complete\0\u{3}upload_result\0\u{1}error\0\u{1}goodbye\0\u{3}tail_command\0\u{3}tail_accepted\0\u{3}tail_batch\0\u{3}tail_ack\0\u{3}tail_stop\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}hello\0\u{3}hello_ack\0\u{3}enroll_request\0\u{3}enroll_response\0\u{3}auth_response\0\u{3}auth_result\0\u{1}heartbeat\0\u{3}heartbeat_ack\0\u{3}pull_command\0\u{3}command_accepted\0\u{3}command_rejected\0\u{3}upload_begin\0\u{3}upload_ready\0\u{3}upload_chunk\0\u{3}chunk_ack\0\u{3}upload_status_query\0\u{3}upload_status\0\u{3}upload_complete\0\u{3}upload_result\0\u{1}error\0\u{1}goodbye\0\u{3}tail_command\0\u{3}tail_accepted\0\u{3}tail_batch\0\u{3}tail_ack\0\u{3}tail_stop\0\u{3}trigger_set\0\u{3}trigger_set_ack\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -1889,6 +2144,32 @@ nonisolated extension WireFrame: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
           self.body = .tailStop(v)
         }
       }()
+      case 27: try {
+        var v: WireTriggerSet?
+        var hadOneofValue = false
+        if let current = self.body {
+          hadOneofValue = true
+          if case .triggerSet(let m) = current {v = m}
+        }
+        try decoder.decodeSingularMessageField(value: &v)
+        if let v = v {
+          if hadOneofValue {try decoder.handleConflictingOneOf()}
+          self.body = .triggerSet(v)
+        }
+      }()
+      case 28: try {
+        var v: WireTriggerSetAck?
+        var hadOneofValue = false
+        if let current = self.body {
+          hadOneofValue = true
+          if case .triggerSetAck(let m) = current {v = m}
+        }
+        try decoder.decodeSingularMessageField(value: &v)
+        if let v = v {
+          if hadOneofValue {try decoder.handleConflictingOneOf()}
+          self.body = .triggerSetAck(v)
+        }
+      }()
       default: break
       }
     }
@@ -2003,6 +2284,14 @@ nonisolated extension WireFrame: SwiftProtobuf.Message, SwiftProtobuf._MessageIm
     case .tailStop?: try {
       guard case .tailStop(let v)? = self.body else { preconditionFailure() }
       try visitor.visitSingularMessageField(value: v, fieldNumber: 26)
+    }()
+    case .triggerSet?: try {
+      guard case .triggerSet(let v)? = self.body else { preconditionFailure() }
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 27)
+    }()
+    case .triggerSetAck?: try {
+      guard case .triggerSetAck(let v)? = self.body else { preconditionFailure() }
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 28)
     }()
     case nil: break
     }
@@ -2883,7 +3172,154 @@ nonisolated extension WireFeedback: SwiftProtobuf.Message, SwiftProtobuf._Messag
 
 nonisolated extension WireUploadHeader: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".UploadHeader"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}upload_id\0\u{1}kind\0\u{3}agent_id\0\u{3}nonce_prefix\0\u{3}chunk_size\0\u{3}plaintext_size\0\u{3}chunk_count\0\u{3}wrapped_key\0\u{1}feedback\0\u{1}empty\0\u{3}created_at_us\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}upload_id\0\u{1}kind\0\u{3}agent_id\0\u{3}nonce_prefix\0\u{3}chunk_size\0\u{3}plaintext_size\0\u{3}chunk_count\0\u{3}wrapped_key\0\u{1}feedback\0\u{1}empty\0\u{3}created_at_us\0\u{1}capture\0")
+
+  fileprivate class _StorageClass {
+    var _uploadID: String = String()
+    var _kind: WireUploadKind = .unspecified
+    var _agentID: String = String()
+    var _noncePrefix: Data = Data()
+    var _chunkSize: UInt32 = 0
+    var _plaintextSize: UInt64 = 0
+    var _chunkCount: UInt32 = 0
+    var _wrappedKey: Data = Data()
+    var _feedback: WireFeedback? = nil
+    var _empty: Bool = false
+    var _createdAtUs: Int64 = 0
+    var _capture: WireCapture? = nil
+
+      // This property is used as the initial default value for new instances of the type.
+      // The type itself is protecting the reference to its storage via CoW semantics.
+      // This will force a copy to be made of this reference when the first mutation occurs;
+      // hence, it is safe to mark this as `nonisolated(unsafe)`.
+      static nonisolated(unsafe) let defaultInstance = _StorageClass()
+
+    private init() {}
+
+    init(copying source: _StorageClass) {
+      _uploadID = source._uploadID
+      _kind = source._kind
+      _agentID = source._agentID
+      _noncePrefix = source._noncePrefix
+      _chunkSize = source._chunkSize
+      _plaintextSize = source._plaintextSize
+      _chunkCount = source._chunkCount
+      _wrappedKey = source._wrappedKey
+      _feedback = source._feedback
+      _empty = source._empty
+      _createdAtUs = source._createdAtUs
+      _capture = source._capture
+    }
+  }
+
+  fileprivate mutating func _uniqueStorage() -> _StorageClass {
+    if !isKnownUniquelyReferenced(&_storage) {
+      _storage = _StorageClass(copying: _storage)
+    }
+    return _storage
+  }
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    _ = _uniqueStorage()
+    try withExtendedLifetime(_storage) { (_storage: _StorageClass) in
+      while let fieldNumber = try decoder.nextFieldNumber() {
+        // The use of inline closures is to circumvent an issue where the compiler
+        // allocates stack space for every case branch when no optimizations are
+        // enabled. https://github.com/apple/swift-protobuf/issues/1034
+        switch fieldNumber {
+        case 1: try { try decoder.decodeSingularStringField(value: &_storage._uploadID) }()
+        case 2: try { try decoder.decodeSingularEnumField(value: &_storage._kind) }()
+        case 3: try { try decoder.decodeSingularStringField(value: &_storage._agentID) }()
+        case 4: try { try decoder.decodeSingularBytesField(value: &_storage._noncePrefix) }()
+        case 5: try { try decoder.decodeSingularUInt32Field(value: &_storage._chunkSize) }()
+        case 6: try { try decoder.decodeSingularUInt64Field(value: &_storage._plaintextSize) }()
+        case 7: try { try decoder.decodeSingularUInt32Field(value: &_storage._chunkCount) }()
+        case 8: try { try decoder.decodeSingularBytesField(value: &_storage._wrappedKey) }()
+        case 9: try { try decoder.decodeSingularMessageField(value: &_storage._feedback) }()
+        case 10: try { try decoder.decodeSingularBoolField(value: &_storage._empty) }()
+        case 11: try { try decoder.decodeSingularInt64Field(value: &_storage._createdAtUs) }()
+        case 12: try { try decoder.decodeSingularMessageField(value: &_storage._capture) }()
+        default: break
+        }
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    try withExtendedLifetime(_storage) { (_storage: _StorageClass) in
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every if/case branch local when no optimizations
+      // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+      // https://github.com/apple/swift-protobuf/issues/1182
+      if !_storage._uploadID.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._uploadID, fieldNumber: 1)
+      }
+      if _storage._kind != .unspecified {
+        try visitor.visitSingularEnumField(value: _storage._kind, fieldNumber: 2)
+      }
+      if !_storage._agentID.isEmpty {
+        try visitor.visitSingularStringField(value: _storage._agentID, fieldNumber: 3)
+      }
+      if !_storage._noncePrefix.isEmpty {
+        try visitor.visitSingularBytesField(value: _storage._noncePrefix, fieldNumber: 4)
+      }
+      if _storage._chunkSize != 0 {
+        try visitor.visitSingularUInt32Field(value: _storage._chunkSize, fieldNumber: 5)
+      }
+      if _storage._plaintextSize != 0 {
+        try visitor.visitSingularUInt64Field(value: _storage._plaintextSize, fieldNumber: 6)
+      }
+      if _storage._chunkCount != 0 {
+        try visitor.visitSingularUInt32Field(value: _storage._chunkCount, fieldNumber: 7)
+      }
+      if !_storage._wrappedKey.isEmpty {
+        try visitor.visitSingularBytesField(value: _storage._wrappedKey, fieldNumber: 8)
+      }
+      try { if let v = _storage._feedback {
+        try visitor.visitSingularMessageField(value: v, fieldNumber: 9)
+      } }()
+      if _storage._empty != false {
+        try visitor.visitSingularBoolField(value: _storage._empty, fieldNumber: 10)
+      }
+      if _storage._createdAtUs != 0 {
+        try visitor.visitSingularInt64Field(value: _storage._createdAtUs, fieldNumber: 11)
+      }
+      try { if let v = _storage._capture {
+        try visitor.visitSingularMessageField(value: v, fieldNumber: 12)
+      } }()
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireUploadHeader, rhs: WireUploadHeader) -> Bool {
+    if lhs._storage !== rhs._storage {
+      let storagesAreEqual: Bool = withExtendedLifetime((lhs._storage, rhs._storage)) { (_args: (_StorageClass, _StorageClass)) in
+        let _storage = _args.0
+        let rhs_storage = _args.1
+        if _storage._uploadID != rhs_storage._uploadID {return false}
+        if _storage._kind != rhs_storage._kind {return false}
+        if _storage._agentID != rhs_storage._agentID {return false}
+        if _storage._noncePrefix != rhs_storage._noncePrefix {return false}
+        if _storage._chunkSize != rhs_storage._chunkSize {return false}
+        if _storage._plaintextSize != rhs_storage._plaintextSize {return false}
+        if _storage._chunkCount != rhs_storage._chunkCount {return false}
+        if _storage._wrappedKey != rhs_storage._wrappedKey {return false}
+        if _storage._feedback != rhs_storage._feedback {return false}
+        if _storage._empty != rhs_storage._empty {return false}
+        if _storage._createdAtUs != rhs_storage._createdAtUs {return false}
+        if _storage._capture != rhs_storage._capture {return false}
+        return true
+      }
+      if !storagesAreEqual {return false}
+    }
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireCapture: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".Capture"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}trigger_id\0\u{3}set_version\0\u{1}uid\0\u{3}since_us\0\u{3}until_us\0\u{3}matched_at_us\0\u{1}crash\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -2891,75 +3327,51 @@ nonisolated extension WireUploadHeader: SwiftProtobuf.Message, SwiftProtobuf._Me
       // allocates stack space for every case branch when no optimizations are
       // enabled. https://github.com/apple/swift-protobuf/issues/1034
       switch fieldNumber {
-      case 1: try { try decoder.decodeSingularStringField(value: &self.uploadID) }()
-      case 2: try { try decoder.decodeSingularEnumField(value: &self.kind) }()
-      case 3: try { try decoder.decodeSingularStringField(value: &self.agentID) }()
-      case 4: try { try decoder.decodeSingularBytesField(value: &self.noncePrefix) }()
-      case 5: try { try decoder.decodeSingularUInt32Field(value: &self.chunkSize) }()
-      case 6: try { try decoder.decodeSingularUInt64Field(value: &self.plaintextSize) }()
-      case 7: try { try decoder.decodeSingularUInt32Field(value: &self.chunkCount) }()
-      case 8: try { try decoder.decodeSingularBytesField(value: &self.wrappedKey) }()
-      case 9: try { try decoder.decodeSingularMessageField(value: &self._feedback) }()
-      case 10: try { try decoder.decodeSingularBoolField(value: &self.empty) }()
-      case 11: try { try decoder.decodeSingularInt64Field(value: &self.createdAtUs) }()
+      case 1: try { try decoder.decodeSingularStringField(value: &self.triggerID) }()
+      case 2: try { try decoder.decodeSingularUInt64Field(value: &self.setVersion) }()
+      case 3: try { try decoder.decodeSingularStringField(value: &self.uid) }()
+      case 4: try { try decoder.decodeSingularInt64Field(value: &self.sinceUs) }()
+      case 5: try { try decoder.decodeSingularInt64Field(value: &self.untilUs) }()
+      case 6: try { try decoder.decodeSingularInt64Field(value: &self.matchedAtUs) }()
+      case 7: try { try decoder.decodeSingularBoolField(value: &self.crash) }()
       default: break
       }
     }
   }
 
   public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
-    // The use of inline closures is to circumvent an issue where the compiler
-    // allocates stack space for every if/case branch local when no optimizations
-    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
-    // https://github.com/apple/swift-protobuf/issues/1182
-    if !self.uploadID.isEmpty {
-      try visitor.visitSingularStringField(value: self.uploadID, fieldNumber: 1)
+    if !self.triggerID.isEmpty {
+      try visitor.visitSingularStringField(value: self.triggerID, fieldNumber: 1)
     }
-    if self.kind != .unspecified {
-      try visitor.visitSingularEnumField(value: self.kind, fieldNumber: 2)
+    if self.setVersion != 0 {
+      try visitor.visitSingularUInt64Field(value: self.setVersion, fieldNumber: 2)
     }
-    if !self.agentID.isEmpty {
-      try visitor.visitSingularStringField(value: self.agentID, fieldNumber: 3)
+    if !self.uid.isEmpty {
+      try visitor.visitSingularStringField(value: self.uid, fieldNumber: 3)
     }
-    if !self.noncePrefix.isEmpty {
-      try visitor.visitSingularBytesField(value: self.noncePrefix, fieldNumber: 4)
+    if self.sinceUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.sinceUs, fieldNumber: 4)
     }
-    if self.chunkSize != 0 {
-      try visitor.visitSingularUInt32Field(value: self.chunkSize, fieldNumber: 5)
+    if self.untilUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.untilUs, fieldNumber: 5)
     }
-    if self.plaintextSize != 0 {
-      try visitor.visitSingularUInt64Field(value: self.plaintextSize, fieldNumber: 6)
+    if self.matchedAtUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.matchedAtUs, fieldNumber: 6)
     }
-    if self.chunkCount != 0 {
-      try visitor.visitSingularUInt32Field(value: self.chunkCount, fieldNumber: 7)
-    }
-    if !self.wrappedKey.isEmpty {
-      try visitor.visitSingularBytesField(value: self.wrappedKey, fieldNumber: 8)
-    }
-    try { if let v = self._feedback {
-      try visitor.visitSingularMessageField(value: v, fieldNumber: 9)
-    } }()
-    if self.empty != false {
-      try visitor.visitSingularBoolField(value: self.empty, fieldNumber: 10)
-    }
-    if self.createdAtUs != 0 {
-      try visitor.visitSingularInt64Field(value: self.createdAtUs, fieldNumber: 11)
+    if self.crash != false {
+      try visitor.visitSingularBoolField(value: self.crash, fieldNumber: 7)
     }
     try unknownFields.traverse(visitor: &visitor)
   }
 
-  public static func ==(lhs: WireUploadHeader, rhs: WireUploadHeader) -> Bool {
-    if lhs.uploadID != rhs.uploadID {return false}
-    if lhs.kind != rhs.kind {return false}
-    if lhs.agentID != rhs.agentID {return false}
-    if lhs.noncePrefix != rhs.noncePrefix {return false}
-    if lhs.chunkSize != rhs.chunkSize {return false}
-    if lhs.plaintextSize != rhs.plaintextSize {return false}
-    if lhs.chunkCount != rhs.chunkCount {return false}
-    if lhs.wrappedKey != rhs.wrappedKey {return false}
-    if lhs._feedback != rhs._feedback {return false}
-    if lhs.empty != rhs.empty {return false}
-    if lhs.createdAtUs != rhs.createdAtUs {return false}
+  public static func ==(lhs: WireCapture, rhs: WireCapture) -> Bool {
+    if lhs.triggerID != rhs.triggerID {return false}
+    if lhs.setVersion != rhs.setVersion {return false}
+    if lhs.uid != rhs.uid {return false}
+    if lhs.sinceUs != rhs.sinceUs {return false}
+    if lhs.untilUs != rhs.untilUs {return false}
+    if lhs.matchedAtUs != rhs.matchedAtUs {return false}
+    if lhs.crash != rhs.crash {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -3642,6 +4054,239 @@ nonisolated extension WireTailStop: SwiftProtobuf.Message, SwiftProtobuf._Messag
   public static func ==(lhs: WireTailStop, rhs: WireTailStop) -> Bool {
     if lhs.tailID != rhs.tailID {return false}
     if lhs.reason != rhs.reason {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTriggerMatch: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".TriggerMatch"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}levels\0\u{1}types\0\u{1}text\0\u{3}metadata_key\0\u{3}metadata_value\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeRepeatedEnumField(value: &self.levels) }()
+      case 2: try { try decoder.decodeRepeatedStringField(value: &self.types) }()
+      case 3: try { try decoder.decodeSingularStringField(value: &self._text) }()
+      case 4: try { try decoder.decodeSingularStringField(value: &self._metadataKey) }()
+      case 5: try { try decoder.decodeSingularStringField(value: &self._metadataValue) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    // The use of inline closures is to circumvent an issue where the compiler
+    // allocates stack space for every if/case branch local when no optimizations
+    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+    // https://github.com/apple/swift-protobuf/issues/1182
+    if !self.levels.isEmpty {
+      try visitor.visitPackedEnumField(value: self.levels, fieldNumber: 1)
+    }
+    if !self.types.isEmpty {
+      try visitor.visitRepeatedStringField(value: self.types, fieldNumber: 2)
+    }
+    try { if let v = self._text {
+      try visitor.visitSingularStringField(value: v, fieldNumber: 3)
+    } }()
+    try { if let v = self._metadataKey {
+      try visitor.visitSingularStringField(value: v, fieldNumber: 4)
+    } }()
+    try { if let v = self._metadataValue {
+      try visitor.visitSingularStringField(value: v, fieldNumber: 5)
+    } }()
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTriggerMatch, rhs: WireTriggerMatch) -> Bool {
+    if lhs.levels != rhs.levels {return false}
+    if lhs.types != rhs.types {return false}
+    if lhs._text != rhs._text {return false}
+    if lhs._metadataKey != rhs._metadataKey {return false}
+    if lhs._metadataValue != rhs._metadataValue {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTrigger: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".Trigger"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}trigger_id\0\u{1}name\0\u{1}match\0\u{1}crash\0\u{1}uid\0\u{1}app\0\u{3}min_app_version\0\u{3}max_app_version\0\u{3}before_s\0\u{3}after_s\0\u{3}max_per_device_day\0\u{3}expires_at_us\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.triggerID) }()
+      case 2: try { try decoder.decodeSingularStringField(value: &self.name) }()
+      case 3: try { try decoder.decodeSingularMessageField(value: &self._match) }()
+      case 4: try { try decoder.decodeSingularBoolField(value: &self.crash) }()
+      case 5: try { try decoder.decodeSingularStringField(value: &self.uid) }()
+      case 6: try { try decoder.decodeSingularStringField(value: &self.app) }()
+      case 7: try { try decoder.decodeSingularStringField(value: &self.minAppVersion) }()
+      case 8: try { try decoder.decodeSingularStringField(value: &self.maxAppVersion) }()
+      case 9: try { try decoder.decodeSingularUInt32Field(value: &self.beforeS) }()
+      case 10: try { try decoder.decodeSingularUInt32Field(value: &self.afterS) }()
+      case 11: try { try decoder.decodeSingularUInt32Field(value: &self.maxPerDeviceDay) }()
+      case 12: try { try decoder.decodeSingularInt64Field(value: &self.expiresAtUs) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    // The use of inline closures is to circumvent an issue where the compiler
+    // allocates stack space for every if/case branch local when no optimizations
+    // are enabled. https://github.com/apple/swift-protobuf/issues/1034 and
+    // https://github.com/apple/swift-protobuf/issues/1182
+    if !self.triggerID.isEmpty {
+      try visitor.visitSingularStringField(value: self.triggerID, fieldNumber: 1)
+    }
+    if !self.name.isEmpty {
+      try visitor.visitSingularStringField(value: self.name, fieldNumber: 2)
+    }
+    try { if let v = self._match {
+      try visitor.visitSingularMessageField(value: v, fieldNumber: 3)
+    } }()
+    if self.crash != false {
+      try visitor.visitSingularBoolField(value: self.crash, fieldNumber: 4)
+    }
+    if !self.uid.isEmpty {
+      try visitor.visitSingularStringField(value: self.uid, fieldNumber: 5)
+    }
+    if !self.app.isEmpty {
+      try visitor.visitSingularStringField(value: self.app, fieldNumber: 6)
+    }
+    if !self.minAppVersion.isEmpty {
+      try visitor.visitSingularStringField(value: self.minAppVersion, fieldNumber: 7)
+    }
+    if !self.maxAppVersion.isEmpty {
+      try visitor.visitSingularStringField(value: self.maxAppVersion, fieldNumber: 8)
+    }
+    if self.beforeS != 0 {
+      try visitor.visitSingularUInt32Field(value: self.beforeS, fieldNumber: 9)
+    }
+    if self.afterS != 0 {
+      try visitor.visitSingularUInt32Field(value: self.afterS, fieldNumber: 10)
+    }
+    if self.maxPerDeviceDay != 0 {
+      try visitor.visitSingularUInt32Field(value: self.maxPerDeviceDay, fieldNumber: 11)
+    }
+    if self.expiresAtUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.expiresAtUs, fieldNumber: 12)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTrigger, rhs: WireTrigger) -> Bool {
+    if lhs.triggerID != rhs.triggerID {return false}
+    if lhs.name != rhs.name {return false}
+    if lhs._match != rhs._match {return false}
+    if lhs.crash != rhs.crash {return false}
+    if lhs.uid != rhs.uid {return false}
+    if lhs.app != rhs.app {return false}
+    if lhs.minAppVersion != rhs.minAppVersion {return false}
+    if lhs.maxAppVersion != rhs.maxAppVersion {return false}
+    if lhs.beforeS != rhs.beforeS {return false}
+    if lhs.afterS != rhs.afterS {return false}
+    if lhs.maxPerDeviceDay != rhs.maxPerDeviceDay {return false}
+    if lhs.expiresAtUs != rhs.expiresAtUs {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTriggerSet: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".TriggerSet"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}agent_id\0\u{1}version\0\u{3}issued_at_us\0\u{1}triggers\0\u{1}signature\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularStringField(value: &self.agentID) }()
+      case 2: try { try decoder.decodeSingularUInt64Field(value: &self.version) }()
+      case 3: try { try decoder.decodeSingularInt64Field(value: &self.issuedAtUs) }()
+      case 4: try { try decoder.decodeRepeatedMessageField(value: &self.triggers) }()
+      case 5: try { try decoder.decodeSingularBytesField(value: &self.signature) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if !self.agentID.isEmpty {
+      try visitor.visitSingularStringField(value: self.agentID, fieldNumber: 1)
+    }
+    if self.version != 0 {
+      try visitor.visitSingularUInt64Field(value: self.version, fieldNumber: 2)
+    }
+    if self.issuedAtUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.issuedAtUs, fieldNumber: 3)
+    }
+    if !self.triggers.isEmpty {
+      try visitor.visitRepeatedMessageField(value: self.triggers, fieldNumber: 4)
+    }
+    if !self.signature.isEmpty {
+      try visitor.visitSingularBytesField(value: self.signature, fieldNumber: 5)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTriggerSet, rhs: WireTriggerSet) -> Bool {
+    if lhs.agentID != rhs.agentID {return false}
+    if lhs.version != rhs.version {return false}
+    if lhs.issuedAtUs != rhs.issuedAtUs {return false}
+    if lhs.triggers != rhs.triggers {return false}
+    if lhs.signature != rhs.signature {return false}
+    if lhs.unknownFields != rhs.unknownFields {return false}
+    return true
+  }
+}
+
+nonisolated extension WireTriggerSetAck: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
+  public static let protoMessageName: String = _protobuf_package + ".TriggerSetAck"
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}version\0\u{1}reason\0\u{1}detail\0")
+
+  public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
+    while let fieldNumber = try decoder.nextFieldNumber() {
+      // The use of inline closures is to circumvent an issue where the compiler
+      // allocates stack space for every case branch when no optimizations are
+      // enabled. https://github.com/apple/swift-protobuf/issues/1034
+      switch fieldNumber {
+      case 1: try { try decoder.decodeSingularUInt64Field(value: &self.version) }()
+      case 2: try { try decoder.decodeSingularEnumField(value: &self.reason) }()
+      case 3: try { try decoder.decodeSingularStringField(value: &self.detail) }()
+      default: break
+      }
+    }
+  }
+
+  public func traverse<V: SwiftProtobuf.Visitor>(visitor: inout V) throws {
+    if self.version != 0 {
+      try visitor.visitSingularUInt64Field(value: self.version, fieldNumber: 1)
+    }
+    if self.reason != .rejectUnspecified {
+      try visitor.visitSingularEnumField(value: self.reason, fieldNumber: 2)
+    }
+    if !self.detail.isEmpty {
+      try visitor.visitSingularStringField(value: self.detail, fieldNumber: 3)
+    }
+    try unknownFields.traverse(visitor: &visitor)
+  }
+
+  public static func ==(lhs: WireTriggerSetAck, rhs: WireTriggerSetAck) -> Bool {
+    if lhs.version != rhs.version {return false}
+    if lhs.reason != rhs.reason {return false}
+    if lhs.detail != rhs.detail {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

@@ -16,6 +16,12 @@ public enum AuditAction: String, Sendable, CaseIterable, Codable {
     case tailDownload = "tail.download"
     /// What a live tail held deleted (by a person, or the retention).
     case tailRemove = "tail.remove"
+    /// A standing trigger defined (#54): what fires it, where, its window and budgets, why.
+    case trigger
+    /// A trigger disabled: devices stop matching it; its captures stay.
+    case triggerDisable = "trigger.disable"
+    /// A trigger removed: no longer listed, and captures of it are refused.
+    case triggerRemove = "trigger.remove"
     case feedbackDownload = "feedback.download"
     case feedbackRemove = "feedback.remove"
     case recordsSearch = "records.search"

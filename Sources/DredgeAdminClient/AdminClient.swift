@@ -139,6 +139,28 @@ public struct AdminClient: Sendable {
         try await call("DELETE", "/v1/tails/\(try Self.pathComponent(id))", query: reason.isEmpty ? [] : [URLQueryItem(name: "reason", value: reason)])
     }
 
+    /// Defines a standing trigger (#54).
+    public func createTrigger(_ request: TriggerRequest) async throws -> TriggerRecord {
+        try await call("POST", "/v1/triggers", body: request)
+    }
+
+    /// Newest first; removed triggers are not listed.
+    public func triggers(limit: Int? = nil) async throws -> [TriggerRecord] {
+        try await call("GET", "/v1/triggers", query: limit.map { [URLQueryItem(name: "limit", value: "\($0)")] } ?? [])
+    }
+
+    public func trigger(_ id: String) async throws -> TriggerRecord {
+        try await call("GET", "/v1/triggers/\(try Self.pathComponent(id))")
+    }
+
+    public func disableTrigger(_ id: String, reason: String = "") async throws -> TriggerRecord {
+        try await call("POST", "/v1/triggers/\(try Self.pathComponent(id))/disable", query: reason.isEmpty ? [] : [URLQueryItem(name: "reason", value: reason)])
+    }
+
+    public func removeTrigger(_ id: String, reason: String = "") async throws -> TriggerRecord {
+        try await call("DELETE", "/v1/triggers/\(try Self.pathComponent(id))", query: reason.isEmpty ? [] : [URLQueryItem(name: "reason", value: reason)])
+    }
+
     /// Calls `each` with every event of the tail's stream (`GET /v1/tails/{id}/stream`), as it
     /// arrives, until the `end` event (the last) or the server closes the stream.
     public func watchTail(_ id: String, _ each: (TailEvent) async throws -> Void) async throws {

@@ -144,8 +144,8 @@ public enum ServerRuntime {
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, issuer: stores.issuer, landed: { indexer.landed($0, records: $1) },
             metrics: metrics, tls: agentTLS)
         let adminServices = AdminServices(
-            registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer, feedback: feedback, tokens: tokens, tails: stores.tails, tailHub: tailHub, dispatcher: dispatcher,
-            records: stores.records, indexer: indexer, files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
+            registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer, feedback: feedback, tokens: tokens, tails: stores.tails, triggers: stores.triggers, tailHub: tailHub,
+            dispatcher: dispatcher, records: stores.records, indexer: indexer, files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
             metrics: metrics, approvals: deployment.config.approvals ?? ApprovalSettings(), logger: logger)
         let adminPort = options.adminPort ?? deployment.config.adminPort
         for sampler in [

@@ -17,7 +17,7 @@ struct Dredge: AsyncParsableCommand {
             DREDGE_TOKEN and DREDGE_CA) override it.
             """,
         version: DredgeVersion.current,
-        subcommands: [LoginCommand.self, LogoutCommand.self, WhoAmICommand.self, AgentsCommand.self, PullCommand.self, ApproveCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, TailCommand.self, FetchCommand.self, RemoveCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
+        subcommands: [LoginCommand.self, LogoutCommand.self, WhoAmICommand.self, AgentsCommand.self, PullCommand.self, ApproveCommand.self, PullsCommand.self, ShowCommand.self, LogsCommand.self, TailCommand.self, TriggersCommand.self, FetchCommand.self, RemoveCommand.self, FeedbackCommand.self, AuditCommand.self, TokensCommand.self, OpenExportCommand.self])
 
     static func main() async {
         Mistyped.exitIfMistyped(Self.self)

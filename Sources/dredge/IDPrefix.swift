@@ -28,6 +28,10 @@ extension AdminClient {
         try await IDPrefix.resolve(text, what: "tail") { try await tails(limit: 1000).map(\.id) }
     }
 
+    func resolveTrigger(_ text: String) async throws -> String {
+        try await IDPrefix.resolve(text, what: "trigger") { try await triggers(limit: 1000).map(\.id) }
+    }
+
     /// A pull's or a live tail's id (`dredge fetch`): a whole id is a pull's unless the server
     /// knows no such pull; a start of one is looked up among the 1000 most recent of each.
     func resolvePullOrTail(_ text: String) async throws -> (isTail: Bool, id: String) {

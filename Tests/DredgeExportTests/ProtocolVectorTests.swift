@@ -267,10 +267,10 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         #expect(rules.map(\.id) == set.triggers.map(\.triggerID))
 
         // The cases: (trigger, record, fires).
-        func record(_ message: String, _ level: LogLevel = .error, _ type: String = "business", uid: String = "u-1002", metadata: String? = nil, app: String = "shop", version: String = "2.4.1") -> TriggerRecord {
-            TriggerRecord(level: level, type: type, uid: uid, message: message, metadata: metadata, app: app, appVersion: version)
+        func record(_ message: String, _ level: LogLevel = .error, _ type: String = "business", uid: String = "u-1002", metadata: String? = nil, app: String = "shop", version: String = "2.4.1") -> MatchableRecord {
+            MatchableRecord(level: level, type: type, uid: uid, message: message, metadata: metadata, app: app, appVersion: version)
         }
-        let cases: [(Int, TriggerRecord, Bool)] = [
+        let cases: [(Int, MatchableRecord, Bool)] = [
             (0, record("Payment DECLINED by the bank"), true),
             (0, record("payment declined", .warning), false),
             (0, record("payment declined", .critical), true),

@@ -234,6 +234,48 @@ import Testing
         #expect((entries.first?["detail"] as? String)?.contains("requested by admin; reason \"SUP-12\"") == true, "\(audit.output)")
     }
 
+    /// `dredge triggers` end to end (#54): a trigger defined from flags, listed, shown by a
+    /// prefix of its id, disabled and removed, each audited; flags a device would refuse are
+    /// refused before anything is sent. One back end: the registry's rules run on both in
+    /// `TriggerRegistryConformanceTests`.
+    @Test func dredgeTriggersDefinesListsShowsDisablesAndRemoves() throws {
+        let d = try Deployment()
+        let (server, _) = try d.startServer()
+        defer { server.stop() }
+        let admin = try d.adminAddress(server)
+        let made = try d.dredge(
+            ["triggers", "create", "payment declined", "--level", "error+", "--type", "business", "--grep", "payment declined", "--where", "code=51", "--crash",
+             "--label", "region=eu", "--before", "10m", "--after", "0s", "--per-device", "2", "--for", "12h", "--reason", "T-1"], server: admin)
+        #expect(made.status == 0 && made.output.contains("defined: fires on level=error,critical type=business text~\"payment declined\" code=51 and crashes on region=eu"), "\(made.output)")
+        #expect(made.output.contains("captures 600 s before to 0 s after; at most 2 a device and 100 in all a day"), "\(made.output)")
+        let id = String(try #require(made.output.split(separator: " ").dropFirst().first))
+        #expect(id.count == 32, "\(made.output)")
+        let listed = try d.dredge(["triggers"], server: admin)
+        #expect(listed.status == 0 && listed.output.contains("\(id)  in force  \"payment declined\"") && listed.output.contains("by admin"), "\(listed.output)")
+        let shown = try d.dredge(["triggers", "show", String(id.prefix(6))], server: admin)
+        #expect(shown.status == 0 && shown.output.contains("reason \"T-1\""), "\(shown.output)")
+        let json = try d.dredge(["triggers", "show", id, "--json"], server: admin)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(json.output.utf8)) as? [String: Any])
+        #expect(object["id"] as? String == id && (object["definition"] as? [String: Any])?["crash"] as? Bool == true, "\(json.output)")
+
+        for (flags, says) in [
+            (["--crash", "--for", "100d"], "cannot read --for"), (["--crash", "--before", "2h"], "cannot read --before"), (["--level", "loud"], "cannot read --level"),
+            (["--crash-only", "--grep", "x"], "--crash-only takes no"), ([], "say what fires it"),
+        ] {
+            let refused = try d.dredge(["triggers", "create", "bad"] + flags, server: admin)
+            #expect(refused.status != 0 && refused.output.contains(says), "\(flags): \(refused.output)")
+        }
+        #expect(try d.dredge(["triggers", "disable", String(id.prefix(6)), "--reason", "noisy"], server: admin).output.contains("disabled trigger \(id)"))
+        let again = try d.dredge(["triggers", "disable", id], server: admin)
+        #expect(again.status == 1 && again.output.contains("disabled already (admin: noisy)"), "\(again.output)")
+        #expect(try d.dredge(["triggers"], server: admin).output.contains("\(id)  disabled"))
+        #expect(try d.dredge(["triggers", "rm", id], server: admin).output.contains("removed trigger \(id)"))
+        #expect(try d.dredge(["triggers"], server: admin).output.contains("no triggers"))
+        let audit = try d.dredge(["audit", "--json"], server: admin)
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(audit.output.utf8)) as? [[String: Any]])
+        #expect(Set(entries.compactMap { $0["action"] as? String }.filter { $0.hasPrefix("trigger") }) == ["trigger", "trigger.disable", "trigger.remove"], "\(audit.output)")
+    }
+
     /// The agent trusts a different signing key than the server's: every command it gets is,
     /// to it, forged. It refuses with the reason, the pull shows it, the other agent is served.
     @Test(arguments: ServerBackend.all) func aForgedCommandIsRejectedAndTheReasonShowsOnThePull(_ backend: ServerBackend) throws {

@@ -68,7 +68,7 @@ import Testing
         crashOnly.crash = true
         let rule = try TriggerRule(wire: crashOnly)
         #expect(rule.match == nil)
-        #expect(!rule.fires(on: TriggerRecord(level: .critical, type: "business", uid: "u-1", message: "declined", metadata: nil, app: "shop", appVersion: "2.1")))
+        #expect(!rule.fires(on: MatchableRecord(level: .critical, type: "business", uid: "u-1", message: "declined", metadata: nil, app: "shop", appVersion: "2.1")))
         #expect(rule.fires(onCrashOf: "u-1", app: "shop", appVersion: "2.1"))
         #expect(!rule.fires(onCrashOf: "u-1", app: "shop", appVersion: "3"), "out of the version bounds")
         var emptyText = Self.valid

@@ -39,6 +39,7 @@ public enum AdminOperation: String, Sendable, CaseIterable {
     case listAgents = "list agents"
     case readPulls = "read pulls"
     case readTails = "read tails"
+    case readTriggers = "read triggers"
     case readFeedback = "read feedback"
     case searchRecords = "search records"
     case readFiles = "download files"
@@ -49,6 +50,8 @@ public enum AdminOperation: String, Sendable, CaseIterable {
     case createTail = "tail a user's devices"
     case watchTail = "watch a tail"
     case stopTail = "stop a tail"
+    case createTrigger = "define a trigger"
+    case disableTrigger = "disable or remove a trigger"
     // Running the deployment.
     case revokeAgent = "revoke an agent"
     case removeResults = "remove results"
@@ -58,8 +61,8 @@ public enum AdminOperation: String, Sendable, CaseIterable {
     /// The least role that may do it.
     public var leastRole: AdminRole {
         switch self {
-        case .listAgents, .readPulls, .readTails, .readFeedback, .searchRecords, .readFiles, .whoami: .reader
-        case .createPull, .approvePull, .createTail, .watchTail, .stopTail: .investigator
+        case .listAgents, .readPulls, .readTails, .readTriggers, .readFeedback, .searchRecords, .readFiles, .whoami: .reader
+        case .createPull, .approvePull, .createTail, .watchTail, .stopTail, .createTrigger, .disableTrigger: .investigator
         case .revokeAgent, .removeResults, .readAudit, .manageTokens: .admin
         }
     }

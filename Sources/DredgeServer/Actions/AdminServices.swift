@@ -13,6 +13,8 @@ public struct AdminServices: Sendable {
     public let tokens: any TokenVault
     /// The live tails (#53); nil on a server that runs none.
     public let tails: (any TailRegistry)?
+    /// The standing triggers (#54); nil on a server that keeps none.
+    public let triggers: (any TriggerRegistry)?
     /// Where the tails' records reach their watchers, and stops reach the devices.
     public let tailHub: TailHub
     public let dispatcher: PullDispatcher
@@ -32,7 +34,7 @@ public struct AdminServices: Sendable {
 
     public init(
         registry: any AgentDirectory, pulls: any PullQueue, audit: any AuditLog, issuer: CommandIssuer, feedback: any FeedbackInbox, tokens: any TokenVault,
-        tails: (any TailRegistry)? = nil, tailHub: TailHub = TailHub(), dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil, results: ResultsKeeper? = nil,
+        tails: (any TailRegistry)? = nil, triggers: (any TriggerRegistry)? = nil, tailHub: TailHub = TailHub(), dispatcher: PullDispatcher, records: (any RecordIndex)? = nil, indexer: Indexer? = nil, files: PullFiles? = nil, results: ResultsKeeper? = nil,
         metrics: ServerMetrics? = nil, approvals: ApprovalSettings = ApprovalSettings(), logger: Logger
     ) {
         self.metrics = metrics
@@ -44,6 +46,7 @@ public struct AdminServices: Sendable {
         self.feedback = feedback
         self.tokens = tokens
         self.tails = tails
+        self.triggers = triggers
         self.tailHub = tailHub
         self.dispatcher = dispatcher
         self.records = records

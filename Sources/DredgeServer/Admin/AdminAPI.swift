@@ -73,6 +73,7 @@ public enum AdminAPI {
         v1.addRoutes(AgentRoutes.collection(actions), atPath: "agents")
         v1.addRoutes(PullRoutes.collection(actions), atPath: "pulls")
         v1.addRoutes(TailRoutes.collection(actions), atPath: "tails")
+        v1.addRoutes(TriggerRoutes.collection(actions), atPath: "triggers")
         v1.addRoutes(FeedbackRoutes.collection(actions), atPath: "feedback")
         v1.addRoutes(FileRoutes.collection(actions))
         v1.addRoutes(RecordRoutes.collection(actions), atPath: "records")
@@ -128,6 +129,11 @@ public enum AdminAPI {
         "GET /v1/tails/{id}/stream": .watchTail,
         "GET /v1/tails/{id}/files": .readFiles,
         "GET /v1/tails/{id}/files/{agent}/{name}": .readFiles,
+        "GET /v1/triggers": .readTriggers,
+        "GET /v1/triggers/{id}": .readTriggers,
+        "POST /v1/triggers": .createTrigger,
+        "POST /v1/triggers/{id}/disable": .disableTrigger,
+        "DELETE /v1/triggers/{id}": .disableTrigger,
         "GET /v1/feedback": .readFeedback,
         "GET /v1/feedback/{id}": .readFeedback,
         "DELETE /v1/feedback/{id}": .removeResults,

@@ -13,6 +13,7 @@ public struct ServerStores: Sendable {
     public let feedback: SQLiteFeedbackInbox
     public let tokens: SQLiteTokenVault
     public let tails: SQLiteTailRegistry
+    public let triggers: SQLiteTriggerRegistry
     /// The search index, `index.sqlite` beside the database.
     public let records: SQLiteRecordIndex
     public let issuer: CommandIssuer
@@ -24,6 +25,7 @@ public struct ServerStores: Sendable {
         feedback = SQLiteFeedbackInbox(database)
         tokens = SQLiteTokenVault(database)
         tails = SQLiteTailRegistry(database)
+        triggers = SQLiteTriggerRegistry(database)
         records = try SQLiteRecordIndex.openOrRebuild(directory: deployment.directory)
         issuer = CommandIssuer(keys: deployment.keys)
     }
@@ -39,6 +41,8 @@ public struct ServerPersistence: Sendable {
     public let tokens: any TokenVault
     /// The live tails (#53).
     public let tails: any TailRegistry
+    /// The standing triggers (#54).
+    public let triggers: any TriggerRegistry
     public let records: any RecordIndex
     public let issuer: CommandIssuer
     /// Where the state is: the SQLite file, or the database's URL without its password.
@@ -61,6 +65,7 @@ public struct ServerPersistence: Sendable {
     public init(_ stores: ServerStores) {
         (registry, pulls, feedback, tokens, records, issuer) = (stores.registry, stores.pulls, stores.feedback, stores.tokens, stores.records, stores.issuer)
         tails = stores.tails
+        triggers = stores.triggers
         location = stores.database.path
         postgres = nil
         sqlite = stores.database
@@ -80,6 +85,7 @@ public struct ServerPersistence: Sendable {
         feedback = PostgresFeedbackInbox(database)
         tokens = PostgresTokenVault(database)
         tails = PostgresTailRegistry(database)
+        triggers = PostgresTriggerRegistry(database)
         records = PostgresRecordIndex(database, node: node)
         issuer = CommandIssuer(keys: deployment.keys)
         location = database.location.description

@@ -3,7 +3,7 @@ import DredgeJSON
 
 /// One record as a trigger sees it (README § 21, Matching): borrowed views of what the store
 /// holds, so matching a record against many triggers copies nothing.
-public struct TriggerRecord {
+public struct MatchableRecord {
     public var level: LogLevel
     public var type: String
     public var uid: String
@@ -28,7 +28,7 @@ public struct TriggerRecord {
 extension TriggerRule {
     /// Whether `record` fires this trigger (README § 21, Matching). Expiry is the caller's:
     /// it knows the clock.
-    public func fires(on record: TriggerRecord) -> Bool {
+    public func fires(on record: MatchableRecord) -> Bool {
         guard let match, inScope(uid: record.uid, app: record.app, appVersion: record.appVersion) else { return false }
         if let levels = match.levels, !levels.contains(record.level) { return false }
         if let types = match.types, !types.contains(where: { $0.rawValue == record.type }) { return false }

@@ -19,6 +19,8 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
     let records: @Sendable (TempDir) async throws -> any RecordIndex
     /// The tails, and the audit log they write to.
     let tails: @Sendable (TempDir) async throws -> (registry: any TailRegistry, audit: any AuditLog)
+    /// The standing triggers, and the audit log they write to.
+    let triggers: @Sendable (TempDir) async throws -> (registry: any TriggerRegistry, audit: any AuditLog)
     /// Overwrites a stored pull's filter with text that is not a stored filter (a damaged row),
     /// behind the implementation's back.
     let damageFilter: @Sendable (TempDir, String) async throws -> Void
@@ -38,6 +40,10 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
             let db = try ServerDatabase(directory: dir.path)
             return (SQLiteTailRegistry(db), SQLitePullQueue(db))
         },
+        triggers: { dir in
+            let db = try ServerDatabase(directory: dir.path)
+            return (SQLiteTriggerRegistry(db), SQLitePullQueue(db))
+        },
         damageFilter: { dir, id in
             try await ServerDatabase(directory: dir.path).pool.write {
                 try $0.execute(sql: "UPDATE pull SET filter = '{\"uid\": 7' WHERE id = ?", arguments: [id])
@@ -56,6 +62,10 @@ struct PersistenceBackend: Sendable, CustomTestStringConvertible {
         tails: { dir in
             let db = try await TestPostgres.database(for: dir)
             return (PostgresTailRegistry(db), PostgresPullQueue(db))
+        },
+        triggers: { dir in
+            let db = try await TestPostgres.database(for: dir)
+            return (PostgresTriggerRegistry(db), PostgresPullQueue(db))
         },
         damageFilter: { dir, id in
             let db = try await TestPostgres.database(for: dir)

@@ -341,6 +341,8 @@ enum PostgresSchema {
         ),
         // Live tails (#53).
         PostgresTailRegistry.migration,
+        // Standing triggers (#54).
+        PostgresTriggerRegistry.migration,
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

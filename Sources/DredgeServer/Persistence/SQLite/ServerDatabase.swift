@@ -141,6 +141,7 @@ public final class ServerDatabase: Sendable {
                 """)
         }
         SQLiteTailRegistry.schema(&migrator)
+        SQLiteTriggerRegistry.schema(&migrator)
         return migrator
     }
 }

@@ -1,0 +1,103 @@
+import DredgeAdminAPI
+import DredgeDomain
+import DredgeEnvelope
+import DredgeServer
+import DredgeTestSupport
+import Foundation
+import Testing
+
+/// The rules of ``TriggerRegistry`` (#54), written once and run against every implementation in
+/// ``PersistenceBackend/all``. Times are given, never read from the clock.
+@Suite struct TriggerRegistryConformanceTests {
+    let dir = TempDir()
+    typealias Backend = PersistenceBackend
+    let base = Timestamp.now
+
+    func newTrigger(_ name: String = "payment declined", uid: String? = nil, lifetime: Duration = .seconds(86_400), at: Timestamp? = nil, by: String = "alice")
+        -> NewTrigger
+    {
+        let created = at ?? base
+        return NewTrigger(
+            id: Hex.encode((0..<16).map { _ in UInt8.random(in: 0...255) }),
+            definition: TriggerDefinition(
+                name: name, match: TriggerMatch(levels: ["error", "critical"], types: ["business"], text: "payment declined", metadataKey: "code", metadataValue: "51"),
+                crash: true, uid: uid, app: "shop", minAppVersion: "2.0", maxAppVersion: nil, labels: ["region": "eu"], beforeSeconds: 300, afterSeconds: 60,
+                perDevicePerDay: 3, perDay: 100),
+            makerScope: AccessScope(labels: ["region": "eu"]), createdBy: by, reason: "T-1", createdAt: created.date, expiresAt: created.adding(lifetime))
+    }
+
+    func date(_ seconds: Double) -> Date { base.date.addingTimeInterval(seconds) }
+
+    @Test(arguments: Backend.all)
+    func aTriggerReadsBackAsItWasMadeAndIsAudited(_ backend: Backend) async throws {
+        let (triggers, audit) = try await backend.triggers(dir)
+        let first = newTrigger(uid: "u-1")
+        try await triggers.create(first)
+        let second = newTrigger("checkout 503", at: base.adding(.seconds(1)))
+        try await triggers.create(second)
+        let read = try #require(try await triggers.trigger(first.id))
+        #expect(read.definition == first.definition && read.makerScope == first.makerScope)
+        #expect(read.createdBy == "alice" && read.reason == "T-1" && read.expiresAt == first.expiresAt)
+        #expect(abs(read.createdAt.timeIntervalSince(first.createdAt)) < 0.001)
+        #expect(read.disabled == nil && read.removed == nil && read.isInForce(at: base))
+        #expect(try await triggers.triggers(limit: 10).map(\.id) == [second.id, first.id], "newest first")
+        #expect(try await triggers.triggers(limit: 1).count == 1)
+        #expect(try await triggers.trigger(String(repeating: "0", count: 32)) == nil)
+        let entries = try await audit.audit(limit: 10).filter { $0.action == "trigger" }
+        #expect(entries.count == 2 && entries.allSatisfy { $0.actor == "alice" })
+        #expect(entries.contains { $0.detail.hasPrefix("trigger \(first.id) \"payment declined\": level=error,critical type=business") && $0.detail.contains("of uid u-1") && $0.detail.contains("reason \"T-1\"") })
+        #expect(try await audit.verifyChain().broken == nil)
+    }
+
+    /// The version counts changes, in the transaction that makes them; what is in force is
+    /// neither disabled, removed nor expired, and expiry changes no version.
+    @Test(arguments: Backend.all)
+    func theVersionCountsChangesAndOnlyTriggersInForceAreSent(_ backend: Backend) async throws {
+        let (triggers, audit) = try await backend.triggers(dir)
+        #expect(try await triggers.inForce(now: base) == TriggersInForce(version: 0, triggers: []))
+        let a = newTrigger("a")
+        let b = newTrigger("b", at: base.adding(.seconds(1)))
+        let short = newTrigger("short", lifetime: .seconds(60), at: base.adding(.seconds(2)))
+        for trigger in [a, b, short] { try await triggers.create(trigger) }
+        var now = try await triggers.inForce(now: base.adding(.seconds(3)))
+        #expect(now.version == 3 && now.triggers.map(\.id) == [a.id, b.id, short.id], "oldest first")
+        now = try await triggers.inForce(now: base.adding(.seconds(62)))
+        #expect(now.version == 3 && now.triggers.map(\.id) == [a.id, b.id], "an expired trigger is not sent, and its expiry is no change")
+
+        let disabled = try #require(try await triggers.disable(a.id, by: "bob", reason: "too noisy", at: date(10)))
+        #expect(disabled.isNew && disabled.trigger.disabled?.by == "bob" && disabled.trigger.disabled?.reason == "too noisy")
+        let again = try #require(try await triggers.disable(a.id, by: "carol", reason: "again", at: date(11)))
+        #expect(!again.isNew && again.trigger.disabled?.by == "bob", "the first disable is kept")
+        now = try await triggers.inForce(now: base.adding(.seconds(12)))
+        #expect(now.version == 4 && now.triggers.map(\.id) == [b.id, short.id])
+        #expect(try await triggers.triggers(limit: 10).map(\.id).contains(a.id), "a disabled trigger is still listed")
+
+        let removed = try #require(try await triggers.remove(b.id, by: "bob", reason: "done", at: date(20)))
+        #expect(removed.isNew && removed.trigger.removed?.reason == "done" && !removed.trigger.isInForce(at: base))
+        #expect(try await triggers.remove(b.id, by: "carol", reason: "", at: date(21))?.isNew == false)
+        let removedDisabled = try #require(try await triggers.remove(a.id, by: "bob", reason: "", at: date(22)))
+        #expect(removedDisabled.isNew && removedDisabled.trigger.disabled?.by == "bob")
+        #expect(try await triggers.disable(b.id, by: "carol", reason: "", at: date(23))?.isNew == false, "a removed trigger is not disabled")
+        now = try await triggers.inForce(now: base.adding(.seconds(24)))
+        #expect(now.version == 6 && now.triggers.map(\.id) == [short.id])
+        #expect(try await triggers.triggers(limit: 10).map(\.id) == [short.id], "removed triggers are not listed")
+        #expect(try await triggers.trigger(b.id)?.removed?.by == "bob", "but read by id")
+        #expect(try await triggers.disable(String(repeating: "0", count: 32), by: "x", reason: "", at: date(30)) == nil)
+        #expect(try await triggers.remove(String(repeating: "0", count: 32), by: "x", reason: "", at: date(30)) == nil)
+
+        let actions = try await audit.audit(limit: 20).map(\.action)
+        #expect(actions.filter { $0 == "trigger.disable" }.count == 1 && actions.filter { $0 == "trigger.remove" }.count == 2)
+        #expect(try await audit.verifyChain().broken == nil)
+    }
+
+    /// A definition changed behind the server's back is a clear error, never a trigger with no terms.
+    @Test(arguments: Backend.all)
+    func aDamagedDefinitionIsAClearError(_ backend: Backend) async throws {
+        let (triggers, _) = try await backend.triggers(dir)
+        let trigger = newTrigger()
+        try await triggers.create(trigger)
+        try await backend.execute(dir, "UPDATE standing_trigger SET definition = '{\"name\": 7}' WHERE id = '\(trigger.id)'")
+        let error = await #expect(throws: (any Error).self) { try await triggers.inForce(now: base) }
+        #expect("\(error.map { "\($0)" } ?? "")".contains("trigger \(trigger.id) does not read back"))
+    }
+}

@@ -87,8 +87,8 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
             issuer: issuer, landed: { indexer.landed($0, records: $1) }, tls: agentTLS)
         let adminPort = Mutex<Int?>(nil)
         let services = AdminServices(
-            registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, tails: stores.tails, tailHub: tailHub,
-            dispatcher: dispatcher, records: records,
+            registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, tails: stores.tails, triggers: stores.triggers,
+            tailHub: tailHub, dispatcher: dispatcher, records: records,
             indexer: indexer, files: PullFiles(paths: DataDirectory(data), pulls: pulls, feedback: feedback), logger: logger)
         let app = try AdminAPI.application(
             actions: AdminActions(services), port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits,

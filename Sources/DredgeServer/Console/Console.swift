@@ -215,6 +215,7 @@ enum Console {
         registerSingleSignOn(on: console, library, d)
         registerPulls(on: console, library, d)
         registerTails(on: console, library, d)
+        registerTriggers(on: console, library, d)
         registerFeedback(on: console, library, d)
         registerLogs(on: console, library, d)
         registerRecords(on: console, library, d)

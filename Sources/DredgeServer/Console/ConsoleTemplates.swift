@@ -54,6 +54,9 @@ enum ConsoleTemplates {
         try library.register(tails, named: "tails")
         try library.register(newTail, named: "new-tail")
         try library.register(tail, named: "tail")
+        try library.register(triggers, named: "triggers")
+        try library.register(newTrigger, named: "new-trigger")
+        try library.register(trigger, named: "trigger")
         return library
     }
 
@@ -79,6 +82,7 @@ enum ConsoleTemplates {
         <a href="/console/pulls"{{#onPulls}} aria-current="page"{{/onPulls}}>Pulls</a>
         <a href="/console/logs"{{#onLogs}} aria-current="page"{{/onLogs}}>Logs</a>
         <a href="/console/tails"{{#onLive}} aria-current="page"{{/onLive}}>Live</a>
+        <a href="/console/triggers"{{#onTriggers}} aria-current="page"{{/onTriggers}}>Triggers</a>
         <a href="/console/feedback"{{#onFeedback}} aria-current="page"{{/onFeedback}}>Feedback</a>
         {{#isAdmin}}
         <a href="/console/audit"{{#onAudit}} aria-current="page"{{/onAudit}}>Audit log</a>

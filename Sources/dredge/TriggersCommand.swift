@@ -71,10 +71,12 @@ struct TriggersCommand: AsyncParsableCommand {
                         m.metadataKey = member
                     }
                 }
-                if m == TriggerMatch() && !crash {
-                    throw ValidationError("say what fires it: --level, --type, --grep or --where (every record fires an empty match), or --crash-only")
+                if m == TriggerMatch() {
+                    // --crash alone: only crashes fire it.
+                    guard crash else { throw ValidationError("say what fires it: --level, --type, --grep or --where, or --crash (crashes only)") }
+                } else {
+                    match = m
                 }
-                match = m
             } else if !levels.isEmpty || !types.isEmpty || grep != nil || member != nil {
                 throw ValidationError("--crash-only takes no --level, --type, --grep or --where")
             }

@@ -211,7 +211,7 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         let declined = WireTrigger.with {
             $0.triggerID = "7a0b1c2d3e4f50617283940a1b2c3d4e"
             $0.name = "payment declined"
-            $0.match = .with { $0.levels = [.critical, .error]; $0.types = ["business"]; $0.text = "payment declined" }
+            $0.match = .with { $0.levels = [.critical, .error]; $0.types = ["business", "app.checkout"]; $0.text = "payment declined" }
             $0.app = "shop"
             $0.minAppVersion = "2.0"
             $0.maxAppVersion = "2.10"
@@ -249,11 +249,21 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
             $0.maxPerDeviceDay = 100
             $0.expiresAtUs = 1_795_945_200_000_000
         }
+        let crashes = WireTrigger.with {
+            $0.triggerID = "be4f50617283940a1b2c3d4e5f607182"
+            $0.name = "oven crashes"
+            $0.crash = true
+            $0.app = "oven-control"
+            $0.beforeS = 900
+            $0.afterS = 0
+            $0.maxPerDeviceDay = 5
+            $0.expiresAtUs = 1_795_945_200_000_000
+        }
         var set = WireTriggerSet.with {
             $0.agentID = agentID
             $0.version = 42
             $0.issuedAtUs = 1_795_340_400_000_000
-            $0.triggers = [declined, unavailable, flagged, cafe]
+            $0.triggers = [declined, unavailable, flagged, cafe, crashes]
         }
         try server.sign(&set)
         #expect(server.verifyingKey.isValid(set))
@@ -301,17 +311,32 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
             (3, record("CAFÉ AU LAIT", .info, "app"), false),
             (3, record("le café", .info, "app"), true),
             (3, record("ok", .info, "app", metadata: #"{"note":"café"}"#), true),
+            (0, record("payment declined", .error, "app.checkout"), true),
+            (0, record("payment declined", version: ""), false),
+            (0, record("payment declined", version: "2.10a"), false),
+            (0, record("payment declined", version: "2.9z"), true),
+            (1, record("GET /checkout", .info, "network", metadata: #"{ "http.status" : 503 }"#), true),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http.status":1,"http.status":503}"#), true),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http.status":"50\u0033"}"#), true),
+            (1, record("GET /checkout", .info, "network", metadata: #"[["http.status",503]]"#), false),
+            (1, record("GET /checkout", .info, "network", metadata: #"[1]"#), false),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http.status":503} trailing"#), false),
+            (1, record("GET /checkout", .info, "network", metadata: #"{"http.status":5.03E2}"#), false),
+            (2, record("anything", .debug, "app", uid: "u-7", metadata: #"{"flag":{}}"#), true),
+            (4, record("anything", .critical, "app", metadata: #"{"flag":true}"#, app: "oven-control"), false),
         ]
         for (index, (trigger, rec, fires)) in cases.enumerated() {
             #expect(rules[trigger].fires(on: rec) == fires, "case \(index): \(rec.message) \(rec.metadata ?? "")")
         }
         #expect(rules[1].fires(onCrashOf: "u-1", app: "x", appVersion: "1"))
+        #expect(rules[4].fires(onCrashOf: "", app: "oven-control", appVersion: "3.1") && !rules[4].fires(onCrashOf: "", app: "shop", appVersion: "3.1"))
         #expect(!rules[0].fires(onCrashOf: "u-1", app: "shop", appVersion: "2.4"), "not a crash trigger")
         #expect(!rules[2].fires(onCrashOf: "u-8", app: "x", appVersion: "1"), "another user's run")
 
         let versions: [(String, String, Int)] = [
             ("1.10", "1.9", 1), ("2", "2.0.0", 0), ("1.2.0-beta", "1.2.0", 1), ("01.2", "1.2", 0), ("1.a", "1.b", -1), ("10", "9", 1),
-            ("1.2", "1.2.1", -1), ("99999999999999999999999", "100000000000000000000000", -1), ("2.0", "2.0.a", -1), ("1..2", "1.0.2", -1),
+            ("1.2", "1.2.1", -1), ("99999999999999999999999", "100000000000000000000000", -1), ("2.0", "2.0.a", 1), ("1..2", "1.0.2", -1),
+            ("10a", "9", 1), ("10", "10a", -1), ("10a", "11", -1), ("a", "1", -1), ("2.0.0-rc1", "2.0.0-rc2", -1), ("1.9", "1.10-beta", -1),
         ]
         for (a, b, order) in versions {
             #expect(AppVersionOrder.compare(a, b) == order, "\(a) against \(b)")
@@ -348,8 +373,10 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
 
         let frames: [(String, WireFrame)] = [
             ("trigger_set", .with { $0.triggerSet = set }),
-            ("trigger_set_ack", .with { $0.triggerSetAck = .with { $0.version = set.version } }),
-            ("trigger_set_ack_refused", .with { $0.triggerSetAck = .with { $0.version = 41; $0.reason = .rejectBadSignature; $0.detail = "signature does not verify" } }),
+            ("trigger_set_ack", .with { $0.triggerSetAck = .with { $0.version = set.version; $0.issuedAtUs = set.issuedAtUs } }),
+            ("trigger_set_ack_refused", .with {
+                $0.triggerSetAck = .with { $0.version = 41; $0.issuedAtUs = set.issuedAtUs - 1; $0.reason = .rejectExpired; $0.detail = "older than the set held" }
+            }),
             ("upload_begin", .with { $0.uploadBegin = .with { $0.header = header } }),
             ("error_budget_spent", .with { $0.error = .with { $0.code = .errorBudgetSpent; $0.detail = "trigger spent its budget"; $0.uploadID = header.uploadID } }),
         ]

@@ -265,11 +265,17 @@ import Testing
             let refused = try d.dredge(["triggers", "create", "bad"] + flags, server: admin)
             #expect(refused.status != 0 && refused.output.contains(says), "\(flags): \(refused.output)")
         }
+        // --crash alone: only crashes fire it (no empty match, which every record would fire).
+        let crashes = try d.dredge(["triggers", "create", "crashes", "--crash", "--json"], server: admin)
+        let crashOnly = try #require(try JSONSerialization.jsonObject(with: Data(crashes.output.utf8)) as? [String: Any])
+        let definition = try #require(crashOnly["definition"] as? [String: Any])
+        #expect(definition["match"] == nil && definition["crash"] as? Bool == true, "\(crashes.output)")
         #expect(try d.dredge(["triggers", "disable", String(id.prefix(6)), "--reason", "noisy"], server: admin).output.contains("disabled trigger \(id)"))
         let again = try d.dredge(["triggers", "disable", id], server: admin)
         #expect(again.status == 1 && again.output.contains("disabled already (admin: noisy)"), "\(again.output)")
         #expect(try d.dredge(["triggers"], server: admin).output.contains("\(id)  disabled"))
         #expect(try d.dredge(["triggers", "rm", id], server: admin).output.contains("removed trigger \(id)"))
+        #expect(try d.dredge(["triggers", "rm", crashOnly["id"] as? String ?? ""], server: admin).status == 0)
         #expect(try d.dredge(["triggers"], server: admin).output.contains("no triggers"))
         let audit = try d.dredge(["audit", "--json"], server: admin)
         let entries = try #require(try JSONSerialization.jsonObject(with: Data(audit.output.utf8)) as? [[String: Any]])

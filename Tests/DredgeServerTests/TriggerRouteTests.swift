@@ -55,7 +55,11 @@ import Testing
             #expect(trigger.createdBy == "admin" && trigger.reason == "T-1" && trigger.isInForce(at: .now))
             #expect(abs(trigger.expiresAt.date.timeIntervalSince(trigger.createdAt) - 3_600) < 1)
 
-            let defaults = try await api.post("/v1/triggers", TriggerRequest(name: "crashes", crash: true)).decode(TriggerRecord.self)
+            // A match with no condition is no match: with crash, a crash-only trigger; without, nothing fires it.
+            let empty = try await api.post("/v1/triggers", TriggerRequest(name: "everything", match: TriggerMatch(levels: [], text: "")))
+            #expect(empty.status == .badRequest)
+            #expect(try empty.decode(APIErrorBody.self).error.contains("nothing fires it"))
+            let defaults = try await api.post("/v1/triggers", TriggerRequest(name: "crashes", match: TriggerMatch(), crash: true)).decode(TriggerRecord.self)
             #expect(defaults.definition.match == nil && defaults.definition.crash)
             #expect(defaults.definition.beforeSeconds == 300 && defaults.definition.afterSeconds == 60 && defaults.definition.perDevicePerDay == 3 && defaults.definition.perDay == 100)
             #expect(abs(defaults.expiresAt.date.timeIntervalSince(defaults.createdAt) - 7 * 86_400) < 1)
@@ -104,7 +108,7 @@ import Testing
             (with { $0.minAppVersion = "3"; $0.maxAppVersion = "2.9" }, "the lowest app version is above the highest"),
             (with { $0.beforeSeconds = 3_601 }, "the window before a match"),
             (with { $0.afterSeconds = -1 }, "the window after a match"),
-            (with { $0.perDevicePerDay = 0 }, "captures per device and day are 1 to 100"),
+            (with { $0.perDevicePerDay = 0 }, "captures a day from one device are 1 to 100"),
             (with { $0.perDay = 100_001 }, "captures a day, from all devices"),
             (with { $0.durationSeconds = 59 }, "a trigger lasts from a minute"),
             (with { $0.durationSeconds = 91 * 86_400 }, "a trigger lasts from a minute"),
@@ -144,6 +148,7 @@ import Testing
             let hers = try await scoped.post("/v1/triggers", Self.declined).decode(TriggerRecord.self)
             #expect(hers.makerScope == AccessScope(labels: ["region": "eu"]))
             #expect(try await scoped.call(.get, "/v1/triggers").decode([TriggerRecord].self).map(\.id) == [hers.id], "a scoped caller sees its own")
+            #expect(try await scoped.call(.get, "/v1/triggers?limit=1").decode([TriggerRecord].self).map(\.id) == [hers.id], "its own, before the limit")
             #expect(try await scoped.call(.get, "/v1/triggers/\(mine.id)").status == .notFound)
             let notHers = try await AdminRouteTests.Client(client: api.client, token: ivan).call(.post, "/v1/triggers/\(hers.id)/disable")
             #expect(notHers.status == .forbidden && notHers.code == "forbidden")

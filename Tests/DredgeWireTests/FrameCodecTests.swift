@@ -107,7 +107,7 @@ enum SampleFrames {
                 $0.signature = Data(repeating: 0x53, count: 64)
             }
         }
-        add("trigger_set_ack") { $0.triggerSetAck = .with { $0.version = 7 } }
+        add("trigger_set_ack") { $0.triggerSetAck = .with { $0.version = 7; $0.issuedAtUs = 1_795_340_400_000_000 } }
         return frames
     }
 }

@@ -25,9 +25,13 @@ import Testing
         #expect(rule.match?.levels == [.error, .critical])
         #expect(rule.match?.metadataValue == "51")
         #expect(rule.uid == "u-1")
-        var sorted = Self.valid
-        sorted.match.levels = [.error, .critical]
-        #expect(rule.wire == sorted)
+        // The wire form lists levels ascending and types by bytes, whatever order they came in.
+        var unsorted = Self.valid
+        unsorted.match.levels = [.critical, .warning, .error]
+        unsorted.match.types = ["network", "business", "app"]
+        let sorted = try TriggerRule(wire: unsorted).wire
+        #expect(sorted.match.levels == [.warning, .error, .critical] && sorted.match.types == ["app", "business", "network"])
+        #expect(rule.wire.match.levels == [.error, .critical])
         #expect(try TriggerRule(wire: rule.wire) == rule)
     }
 
@@ -71,14 +75,24 @@ import Testing
         #expect(!rule.fires(on: MatchableRecord(level: .critical, type: "business", uid: "u-1", message: "declined", metadata: nil, app: "shop", appVersion: "2.1")))
         #expect(rule.fires(onCrashOf: "u-1", app: "shop", appVersion: "2.1"))
         #expect(!rule.fires(onCrashOf: "u-1", app: "shop", appVersion: "3"), "out of the version bounds")
-        var emptyText = Self.valid
-        emptyText.match = .with { $0.text = "" }
-        #expect(try TriggerRule(wire: emptyText).match == TriggerRule.Match())
+        // A match present with no condition would fire on every record: refused, whatever else is set.
+        for empty in [WireTriggerMatch(), .with { $0.text = "" }, .with { $0.levels = []; $0.types = [] }] {
+            var trigger = Self.valid
+            trigger.match = empty
+            trigger.crash = true
+            #expect(throws: TriggerRule.Invalid.self) { try TriggerRule(wire: trigger) }
+        }
+        var textOnly = Self.valid
+        textOnly.match = .with { $0.text = "x" }
+        #expect(try TriggerRule(wire: textOnly).match == TriggerRule.Match(text: "x"))
     }
 
     @Test func aSetIsCheckedAsAWhole() throws {
         var set = WireTriggerSet.with { $0.agentID = "4f1c2a9e0b7d3c5a6e8f9a1b2c3d4e5f"; $0.version = 1; $0.issuedAtUs = 1_795_340_400_000_000 }
         #expect(try TriggerSetTerms.check(set).isEmpty, "an empty set clears the agent's triggers")
+        var never = set
+        never.version = 0
+        #expect(try TriggerSetTerms.check(never).isEmpty, "a server that never had a trigger sends an empty set of version 0")
         set.triggers = [Self.valid]
         #expect(try TriggerSetTerms.check(set).count == 1)
         var twice = set
@@ -86,6 +100,7 @@ import Testing
         #expect(throws: TriggerRule.Invalid.self) { try TriggerSetTerms.check(twice) }
         var unversioned = set
         unversioned.version = 0
+        unversioned.triggers = [Self.valid]
         #expect(throws: TriggerRule.Invalid.self) { try TriggerSetTerms.check(unversioned) }
         var tooMany = set
         tooMany.triggers = (0..<65).map { i in
@@ -99,6 +114,17 @@ import Testing
         var broken = set
         broken.triggers.append(.with { $0.triggerID = "bad" })
         #expect(throws: TriggerRule.Invalid.self) { try TriggerSetTerms.check(broken) }
+    }
+
+    /// A level no peer knows (a negative enum number on the wire) is written as its 32 bits in
+    /// a signing input, never a trap: the terms refuse it after the signature is checked.
+    @Test func anUnknownLevelNeverTrapsASigningInput() throws {
+        let unknown = try #require(WireLevel(rawValue: -1))
+        let set = WireTriggerSet.with { $0.triggers = [.with { $0.match = .with { $0.levels = [unknown] } }] }
+        #expect(SigningInput.triggerSet(set).contains([0xFF, 0xFF, 0xFF, 0xFF]))
+        #expect(SigningInput.pullCommand(.with { $0.filter.levels = [unknown] }).count > 0)
+        #expect(SigningInput.tailCommand(.with { $0.filter.levels = [unknown] }).count > 0)
+        #expect(throws: TriggerRule.Invalid.self) { try TriggerSetTerms.check(set) }
     }
 
     @Test func theTextRuleFoldsASCIIOnly() {
@@ -123,5 +149,9 @@ import Testing
         #expect(!MetadataMember.holds("", key: "a", value: nil))
         #expect(MetadataMember.holds(#"{"o":{"x":[1,2]}}"#, key: "o", value: #"{"x":[1,2]}"#))
         #expect(!MetadataMember.holds(#"{"o":{"x":[1,2]}}"#, key: "x", value: nil), "not at the top level")
+        #expect(!MetadataMember.holds(#"{"a":1} {"b":2}"#, key: "a", value: nil), "nothing after the object")
+        #expect(MetadataMember.holds(" {\n\"a\" :\t1 } ", key: "a", value: "1"), "space around it")
+        let deep = String(repeating: "[", count: 70) + String(repeating: "]", count: 70)
+        #expect(!MetadataMember.holds("{\"a\":1,\"d\":\(deep)}", key: "a", value: "1"), "nested deeper than 64: not well formed")
     }
 }

@@ -38,9 +38,11 @@ PULL_COMMAND = {"command_id": (1, "string"), "target": (2, ("msg", TARGET)), "fi
 COMMAND_ACCEPTED = {"command_id": (1, "string"), "upload_id": (2, "string")}
 COMMAND_REJECTED = {"command_id": (1, "string"), "reason": (2, "enum"), "detail": (3, "string")}
 FEEDBACK = {"feedback_id": (1, "string"), "uid": (2, "string"), "text": (3, "string"), "created_at_us": (4, "int")}
+CAPTURE = {"trigger_id": (1, "string"), "set_version": (2, "uint"), "uid": (3, "string"), "since_us": (4, "int"), "until_us": (5, "int"),
+           "matched_at_us": (6, "int"), "crash": (7, "bool")}
 UPLOAD_HEADER = {"upload_id": (1, "string"), "kind": (2, "enum"), "agent_id": (3, "string"), "nonce_prefix": (4, "bytes"),
                  "chunk_size": (5, "uint"), "plaintext_size": (6, "uint"), "chunk_count": (7, "uint"), "wrapped_key": (8, "bytes"),
-                 "feedback": (9, ("msg", FEEDBACK)), "empty": (10, "bool"), "created_at_us": (11, "int")}
+                 "feedback": (9, ("msg", FEEDBACK)), "empty": (10, "bool"), "created_at_us": (11, "int"), "capture": (12, ("msg", CAPTURE))}
 UPLOAD_BEGIN = {"header": (1, ("msg", UPLOAD_HEADER))}
 UPLOAD_READY = {"upload_id": (1, "string"), "received": (2, "bytes")}
 UPLOAD_CHUNK = {"upload_id": (1, "string"), "index": (2, "uint"), "ciphertext": (3, "bytes")}
@@ -79,7 +81,7 @@ ERRORS = {0: "ERROR_UNSPECIFIED", 1: "ERROR_VERSION_UNSUPPORTED", 2: "ERROR_MALF
           4: "ERROR_UNEXPECTED_MESSAGE", 5: "ERROR_ENROLLMENT_REFUSED", 6: "ERROR_AUTH_FAILED", 7: "ERROR_UPLOAD_UNKNOWN",
           8: "ERROR_UPLOAD_INVALID", 9: "ERROR_CHUNK_INVALID", 10: "ERROR_CHUNK_AUTH_FAILED", 11: "ERROR_UPLOAD_INCOMPLETE",
           12: "ERROR_PAYLOAD_INVALID", 13: "ERROR_LIMIT_EXCEEDED", 14: "ERROR_INTERNAL", 15: "ERROR_SHUTTING_DOWN",
-          16: "ERROR_KEYS_RETIRED"}
+          16: "ERROR_KEYS_RETIRED", 17: "ERROR_BUDGET_SPENT"}
 CODE = {name: number for number, name in ERRORS.items()}
 STATES = {0: "UNKNOWN", 1: "RECEIVING", 2: "COMPLETE", 3: "FAILED"}
 LEVELS = ["trace", "debug", "info", "notice", "warning", "error", "critical"]

@@ -141,15 +141,57 @@ def version_order(a: str, b: str) -> int:
     n = max(len(x), len(y))
     x += ["0"] * (n - len(x))
     y += ["0"] * (n - len(y))
+
+    def key(part: str):
+        digits = len(part) - len(part.lstrip("0123456789"))
+        number, rest = part[:digits], part[digits:]
+        return (1 if number else 0, int(number) if number else 0, rest.encode("utf-8"))
+
     for p, q in zip(x, y):
-        digits = lambda s: s != "" and all("0" <= c <= "9" for c in s)
-        if digits(p) and digits(q):
-            p, q = int(p), int(q)
-        else:
-            p, q = p.encode("utf-8"), q.encode("utf-8")
-        if p != q:
-            return -1 if p < q else 1
+        if key(p) != key(q):
+            return -1 if key(p) < key(q) else 1
     return 0
+
+
+def metadata_members(text: str):
+    """README § 21: the top-level members of serialized metadata as (name, raw value text), in
+    order; None when the text is not one well-formed JSON object (nothing after it)."""
+    decoder = json.JSONDecoder()
+    ws = " \t\n\r"
+    i = 0
+
+    def skip(i):
+        while i < len(text) and text[i] in ws:
+            i += 1
+        return i
+
+    try:
+        i = skip(i)
+        if i >= len(text) or text[i] != "{":
+            return None
+        i = skip(i + 1)
+        members = []
+        if i < len(text) and text[i] == "}":
+            return members if skip(i + 1) == len(text) else None
+        while True:
+            if i >= len(text) or text[i] != '"':
+                return None
+            name, i = decoder.raw_decode(text, i)
+            i = skip(i)
+            if i >= len(text) or text[i] != ":":
+                return None
+            i = skip(i + 1)
+            _, end = decoder.raw_decode(text, i)
+            members.append((name, text[i:end]))
+            i = skip(end)
+            if i < len(text) and text[i] == ",":
+                i = skip(i + 1)
+                continue
+            if i < len(text) and text[i] == "}":
+                return members if skip(i + 1) == len(text) else None
+            return None
+    except ValueError:
+        return None
 
 
 def trigger_fires(t: dict, record: dict) -> bool:
@@ -160,6 +202,9 @@ def trigger_fires(t: dict, record: dict) -> bool:
     if t.get("uid") and record["uid"] != t["uid"]:
         return False
     if t.get("app") and record["app"] != t["app"]:
+        return False
+    bounded = t.get("min_app_version") or t.get("max_app_version")
+    if bounded and record["app_version"] == "":
         return False
     if t.get("min_app_version") and version_order(record["app_version"], t["min_app_version"]) < 0:
         return False
@@ -172,33 +217,20 @@ def trigger_fires(t: dict, record: dict) -> bool:
     if m.get("text") and not text_matches(m["text"], record["message"], record["metadata"]):
         return False
     if "metadata_key" in m:
-        if record["metadata"] is None:
+        members = metadata_members(record["metadata"]) if record["metadata"] is not None else None
+        if not members:
             return False
-        try:
-            members = json.loads(record["metadata"], object_pairs_hook=list)
-        except ValueError:
-            return False
-        if not isinstance(members, list):
-            return False
-        values = [v for k, v in members if k == m["metadata_key"]]
+        values = [raw for name, raw in members if name == m["metadata_key"]]
         if not values:
             return False
         if "metadata_value" in m:
             wanted = m["metadata_value"]
-            # A string is compared as itself; any other value as the record writes it (§13).
-            written = lambda v: v if isinstance(v, str) else serialized_value(v)
-            if not any(written(v) == wanted for v in values):
+            # A string is compared as itself, escapes undone; any other value as it is written.
+            def holds(raw):
+                return json.loads(raw) == wanted if raw.startswith('"') else raw == wanted
+            if not any(holds(raw) for raw in values):
                 return False
     return True
-
-
-def serialized_value(v) -> str:
-    """A metadata value as a record line writes it (§13): `503`, `503.0`, `true`, `null`, `[1,2]`."""
-    if isinstance(v, list) and v and all(isinstance(p, tuple) for p in v):  # an object read as pairs
-        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + serialized_value(x) for k, x in sorted(v, key=lambda p: p[0].encode("utf-8"))) + "}"
-    if isinstance(v, list):
-        return "[" + ",".join(serialized_value(x) for x in v) + "]"
-    return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
 
 
 def key_announcement_signing_input(a: dict) -> bytes:

@@ -34,10 +34,6 @@ extension AdminActions {
                 code: "approval_required")
         }
         let now = Timestamp(self.now())
-        let inForce = try await triggers.inForce(now: now)
-        if inForce.triggers.count >= Self.maxTriggersInForce {
-            throw ActionError(.conflict, "the server has \(Self.maxTriggersInForce) triggers in force, as many as a device may hold: disable one first", code: "too_many_triggers")
-        }
         let trigger = NewTrigger(
             id: Hex.encode(secureRandomBytes(16)), definition: definition, makerScope: caller.scope, createdBy: caller.name, reason: reason, createdAt: now.date,
             expiresAt: now.adding(.seconds(seconds)))
@@ -47,7 +43,9 @@ extension AdminActions {
         } catch {
             throw ActionError(.invalid, error.description.replacingOccurrences(of: "trigger \(trigger.id): ", with: ""))
         }
-        try await triggers.create(trigger)
+        guard try await triggers.create(trigger, inForceAtMost: Self.maxTriggersInForce) else {
+            throw ActionError(.conflict, "the server has \(Self.maxTriggersInForce) triggers in force, as many as a device may hold: disable one first", code: "too_many_triggers")
+        }
         logger.info("trigger defined", metadata: ["trigger.id": "\(trigger.id)", "by": "\(caller.name)", "via": "\(surface)"])
         guard let stored = try await triggers.trigger(trigger.id) else { throw ActionError(.conflict, "trigger \(trigger.id) was removed as it was made") }
         return stored
@@ -56,8 +54,7 @@ extension AdminActions {
     /// The triggers the caller may see, newest first: every one for an unscoped caller, its own
     /// for a scoped one. Removed triggers are not listed.
     public func triggers(limit: Int, for caller: Caller) async throws -> [TriggerRecord] {
-        let all = try await triggerRegistry().triggers(limit: max(0, min(limit, 1_000)))
-        return caller.scope.isEverything ? all : all.filter { $0.createdBy == caller.name }
+        try await triggerRegistry().triggers(limit: max(0, min(limit, 1_000)), createdBy: caller.scope.isEverything ? nil : caller.name)
     }
 
     public func trigger(_ id: String, for caller: Caller) async throws -> TriggerRecord {
@@ -113,7 +110,8 @@ extension AdminActions {
             if m.levels?.isEmpty == true { m.levels = nil }
             if m.types?.isEmpty == true { m.types = nil }
             if m.text?.isEmpty == true { m.text = nil }
-            match = m
+            // A match with no condition would fire on every record: it is no match (crashes only).
+            match = m == TriggerMatch() ? nil : m
         }
         let labels = r.labels ?? [:]
         if let problem = AccessScope(labels: labels).problem { throw ActionError(.invalid, problem) }
@@ -126,7 +124,10 @@ extension AdminActions {
         }
         let before = try bounded(r.beforeSeconds, TriggerRequest.defaultBeforeSeconds, "the window before a match (seconds)", max: WireLimits.maxCaptureBeforeSeconds)
         let after = try bounded(r.afterSeconds, TriggerRequest.defaultAfterSeconds, "the window after a match (seconds)", max: WireLimits.maxCaptureAfterSeconds)
-        let perDevice = try bounded(r.perDevicePerDay, TriggerRequest.defaultPerDevicePerDay, "captures a day from one device", max: WireLimits.maxCapturesPerDeviceDay)
+        let perDevice = r.perDevicePerDay ?? TriggerRequest.defaultPerDevicePerDay
+        guard (1...Int(WireLimits.maxCapturesPerDeviceDay)).contains(perDevice) else {
+            throw ActionError(.invalid, "captures a day from one device are 1 to \(WireLimits.maxCapturesPerDeviceDay)")
+        }
         func nonEmpty(_ s: String?) -> String? { s?.isEmpty == false ? s : nil }
         return TriggerDefinition(
             name: r.name, match: match, crash: r.crash ?? false, uid: nonEmpty(r.uid), app: nonEmpty(r.app), minAppVersion: nonEmpty(r.minAppVersion),

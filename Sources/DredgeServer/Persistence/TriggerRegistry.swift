@@ -13,12 +13,14 @@ import Foundation
 ///   (`trigger.disable`, `trigger.remove`); a removed trigger is no longer listed, and one
 ///   disabled or removed is no longer in force.
 public protocol TriggerRegistry: Sendable {
-    /// Stores a new trigger and its `trigger` audit entry; the version goes up by one.
-    func create(_ trigger: NewTrigger) async throws
+    /// Stores a new trigger and its `trigger` audit entry, and the version goes up by one,
+    /// unless `limit` triggers are in force at its creation (then nothing is stored: false).
+    /// Counted in the transaction that stores it, so two at once cannot pass the limit.
+    func create(_ trigger: NewTrigger, inForceAtMost limit: Int) async throws -> Bool
     /// A trigger, removed ones included (``TriggerRecord/removed`` set).
     func trigger(_ id: String) async throws -> TriggerRecord?
-    /// The triggers not removed, newest first.
-    func triggers(limit: Int) async throws -> [TriggerRecord]
+    /// The triggers not removed, newest first: all, or those `createdBy` defined.
+    func triggers(limit: Int, createdBy: String?) async throws -> [TriggerRecord]
     /// Disables a trigger: the first disable is kept and audited, and the version goes up. Nil
     /// for an unknown trigger.
     func disable(_ id: String, by actor: String, reason: String, at: Date) async throws -> TriggerMark?

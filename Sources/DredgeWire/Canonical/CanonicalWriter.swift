@@ -58,7 +58,7 @@ public enum SigningInput {
         w.optional(f.hasUntilUs ? f.untilUs : nil) { $0.i64($1) }
         w.optional(f.hasUid ? f.uid : nil) { $0.string($1) }
         w.list(byBytes(f.types)) { $0.string($1) }
-        w.list(f.levels.map { UInt32($0.rawValue) }.sorted()) { $0.u32($1) }
+        w.list(f.levels.map { UInt32(truncatingIfNeeded: $0.rawValue) }.sorted()) { $0.u32($1) }
         w.optional(f.hasText ? f.text : nil) { $0.string($1) }
         w.i64(c.issuedAtUs)
         w.i64(c.expiresAtUs)
@@ -79,7 +79,7 @@ public enum SigningInput {
         let f = c.filter
         w.optional(f.hasUid ? f.uid : nil) { $0.string($1) }
         w.list(byBytes(f.types)) { $0.string($1) }
-        w.list(f.levels.map { UInt32($0.rawValue) }.sorted()) { $0.u32($1) }
+        w.list(f.levels.map { UInt32(truncatingIfNeeded: $0.rawValue) }.sorted()) { $0.u32($1) }
         w.optional(f.hasText ? f.text : nil) { $0.string($1) }
         w.i64(c.issuedAtUs)
         w.i64(c.expiresAtUs)
@@ -149,7 +149,7 @@ public enum SigningInput {
             w.string(t.triggerID)
             w.string(t.name)
             w.optional(t.hasMatch ? t.match : nil) { w, m in
-                w.list(m.levels.map { UInt32($0.rawValue) }.sorted()) { $0.u32($1) }
+                w.list(m.levels.map { UInt32(truncatingIfNeeded: $0.rawValue) }.sorted()) { $0.u32($1) }
                 w.list(byBytes(m.types)) { $0.string($1) }
                 w.optional(m.hasText ? m.text : nil) { $0.string($1) }
                 w.optional(m.hasMetadataKey ? m.metadataKey : nil) { $0.string($1) }

@@ -1684,7 +1684,7 @@ public nonisolated struct WireTrigger: Sendable {
   /// for people: 1 to TRIGGER_NAME_BYTES bytes
   public var name: String = String()
 
-  /// absent: no record fires it (a crash-only trigger)
+  /// absent: no record fires it (a crash-only trigger); present: at least one condition
   public var match: WireTriggerMatch {
     get {_match ?? WireTriggerMatch()}
     set {_match = newValue}
@@ -1738,7 +1738,7 @@ public nonisolated struct WireTriggerSet: Sendable {
   /// the agent it is for
   public var agentID: String = String()
 
-  /// increases with every change of the server's triggers
+  /// the changes the server made to its triggers (0: never had one)
   public var version: UInt64 = 0
 
   public var issuedAtUs: Int64 = 0
@@ -1754,8 +1754,8 @@ public nonisolated struct WireTriggerSet: Sendable {
   public init() {}
 }
 
-/// Agent → server: the set of that version is held (reason unset), or was refused and the agent
-/// keeps the set it held (reason set, as for a command: README § 21).
+/// Agent → server: the set of that version and issue time is held (reason unset), or was refused
+/// and the agent keeps the set it held (reason set, as for a command: README § 21).
 public nonisolated struct WireTriggerSetAck: Sendable {
   // SwiftProtobuf.Message conformance is added in an extension below. See the
   // `Message` and `Message+*Additions` files in the SwiftProtobuf library for
@@ -1766,6 +1766,9 @@ public nonisolated struct WireTriggerSetAck: Sendable {
   public var reason: WireRejectReason = .rejectUnspecified
 
   public var detail: String = String()
+
+  /// the set's: with version, which set
+  public var issuedAtUs: Int64 = 0
 
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
@@ -4254,7 +4257,7 @@ nonisolated extension WireTriggerSet: SwiftProtobuf.Message, SwiftProtobuf._Mess
 
 nonisolated extension WireTriggerSetAck: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".TriggerSetAck"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}version\0\u{1}reason\0\u{1}detail\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{1}version\0\u{1}reason\0\u{1}detail\0\u{3}issued_at_us\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -4265,6 +4268,7 @@ nonisolated extension WireTriggerSetAck: SwiftProtobuf.Message, SwiftProtobuf._M
       case 1: try { try decoder.decodeSingularUInt64Field(value: &self.version) }()
       case 2: try { try decoder.decodeSingularEnumField(value: &self.reason) }()
       case 3: try { try decoder.decodeSingularStringField(value: &self.detail) }()
+      case 4: try { try decoder.decodeSingularInt64Field(value: &self.issuedAtUs) }()
       default: break
       }
     }
@@ -4280,6 +4284,9 @@ nonisolated extension WireTriggerSetAck: SwiftProtobuf.Message, SwiftProtobuf._M
     if !self.detail.isEmpty {
       try visitor.visitSingularStringField(value: self.detail, fieldNumber: 3)
     }
+    if self.issuedAtUs != 0 {
+      try visitor.visitSingularInt64Field(value: self.issuedAtUs, fieldNumber: 4)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -4287,6 +4294,7 @@ nonisolated extension WireTriggerSetAck: SwiftProtobuf.Message, SwiftProtobuf._M
     if lhs.version != rhs.version {return false}
     if lhs.reason != rhs.reason {return false}
     if lhs.detail != rhs.detail {return false}
+    if lhs.issuedAtUs != rhs.issuedAtUs {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

@@ -51,6 +51,8 @@ extension TriggerRule {
     func inScope(uid recordUID: String, app recordApp: String, appVersion: String) -> Bool {
         if let uid, uid != recordUID { return false }
         if let app, app != recordApp { return false }
+        // A context that names no version is within no bound.
+        if (minAppVersion != nil || maxAppVersion != nil) && appVersion.isEmpty { return false }
         if let minAppVersion, AppVersionOrder.compare(appVersion, minAppVersion) < 0 { return false }
         if let maxAppVersion, AppVersionOrder.compare(appVersion, maxAppVersion) > 0 { return false }
         return true
@@ -90,7 +92,9 @@ public enum TextRule {
 /// The metadata member test of a trigger (README § 21): a member of that name at the top level
 /// of the record's metadata object whose value, when one is asked for, is a string equal to it
 /// or, for any other JSON value, is written exactly as it (as the record holds it: `503`,
-/// `true`, `null`, `[1,2]`). Metadata that is not a JSON object holds no member.
+/// `true`, `null`, `[1,2]`), byte for byte. Any member of that name counts (a name given twice).
+/// Metadata that is not one well-formed JSON object (nested at most 64 deep, nothing after
+/// it) holds no member.
 public enum MetadataMember {
     public static func holds(_ metadata: String, key: String, value: String?) -> Bool {
         var metadata = metadata
@@ -120,7 +124,7 @@ public enum MetadataMember {
             }
             return true
         }
-        return wellFormed && found
+        return wellFormed && scanner.atEnd() && found
     }
 
     /// Whether the JSON string `text` (its contents, escapes undone) is the bytes `other`.
@@ -144,10 +148,12 @@ extension JSONScanner {
     }
 }
 
-/// The order of app versions a trigger's bounds use (README § 21): split at `.`, compared part
-/// by part, the shorter padded with `0`; two parts of ASCII digits only compare as numbers
-/// (leading zeros aside), any other two by their UTF-8 bytes. `1.10` is after `1.9`; `2` equals
-/// `2.0.0`; `1.2.0-beta` is after `1.2.0`.
+/// The order of app versions a trigger's bounds use (README § 21, *Versions*): split at `.`,
+/// compared part by part, the shorter padded with parts `0`. A part is its leading ASCII digits
+/// (a number, leading zeros aside; none: below every number) and the rest (by UTF-8 bytes):
+/// `1.10` is after `1.9`, `2` equals `2.0.0`, `10a` is after `10` and before `11`, and
+/// `1.2.0-beta` is after `1.2.0` (not SemVer's order). A total order: parts compare as
+/// (has digits, number, rest).
 public enum AppVersionOrder {
     /// Negative, zero or positive as `a` is before, the same as, or after `b`.
     public static func compare(_ a: String, _ b: String) -> Int {
@@ -155,23 +161,25 @@ public enum AppVersionOrder {
         let y = b.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
         let zero = "0".utf8[...]
         for i in 0..<max(x.count, y.count) {
-            let p = i < x.count ? x[i] : zero
-            let q = i < y.count ? y[i] : zero
-            let order = part(Array(p), Array(q))
+            let order = part(Array(i < x.count ? x[i] : zero), Array(i < y.count ? y[i] : zero))
             if order != 0 { return order }
         }
         return 0
     }
 
     static func part(_ p: [UInt8], _ q: [UInt8]) -> Int {
-        func isNumber(_ s: [UInt8]) -> Bool { !s.isEmpty && s.allSatisfy { $0 >= 48 && $0 <= 57 } }
-        if isNumber(p) && isNumber(q) {
-            let a = p.drop { $0 == 48 }
-            let b = q.drop { $0 == 48 }
-            if a.count != b.count { return a.count < b.count ? -1 : 1 }
-            return bytes(Array(a), Array(b))
+        func split(_ s: [UInt8]) -> (digits: ArraySlice<UInt8>, rest: ArraySlice<UInt8>) {
+            let count = s.prefix { $0 >= 48 && $0 <= 57 }.count
+            return (s[..<count], s[count...])
         }
-        return bytes(p, q)
+        let (pd, pr) = split(p)
+        let (qd, qr) = split(q)
+        if pd.isEmpty != qd.isEmpty { return pd.isEmpty ? -1 : 1 }
+        let a = pd.drop { $0 == 48 }
+        let b = qd.drop { $0 == 48 }
+        if a.count != b.count { return a.count < b.count ? -1 : 1 }
+        let numbers = bytes(Array(a), Array(b))
+        return numbers != 0 ? numbers : bytes(Array(pr), Array(qr))
     }
 
     static func bytes(_ p: [UInt8], _ q: [UInt8]) -> Int {

@@ -110,6 +110,9 @@ public struct TriggerRule: Sendable, Equatable {
                 }
                 rule.metadataValue = m.metadataValue
             }
+            guard rule != Match() else {
+                throw Invalid("\(label): a match has at least one condition (a crash-only trigger has none: leave the match out)")
+            }
             match = rule
         }
         guard match != nil || t.crash else { throw Invalid("\(label): it has no match and is not a crash trigger, so nothing fires it") }
@@ -174,7 +177,7 @@ public struct TriggerRule: Sendable, Equatable {
 public enum TriggerSetTerms {
     /// The set's triggers, checked, in the order listed. Throws the first rule broken.
     public static func check(_ set: WireTriggerSet) throws(TriggerRule.Invalid) -> [TriggerRule] {
-        guard set.version >= 1 else { throw TriggerRule.Invalid("a set's version is at least 1") }
+        guard set.version >= 1 || set.triggers.isEmpty else { throw TriggerRule.Invalid("a set that holds triggers has a version of at least 1") }
         guard Timestamp.acceptedRange.contains(set.issuedAtUs) else { throw TriggerRule.Invalid("issued_at_us is outside 1970–9999") }
         guard set.triggers.count <= WireLimits.maxTriggersPerSet else {
             throw TriggerRule.Invalid("a set holds at most \(WireLimits.maxTriggersPerSet) triggers, not \(set.triggers.count)")

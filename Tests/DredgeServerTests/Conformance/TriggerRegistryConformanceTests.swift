@@ -32,16 +32,16 @@ import Testing
     func aTriggerReadsBackAsItWasMadeAndIsAudited(_ backend: Backend) async throws {
         let (triggers, audit) = try await backend.triggers(dir)
         let first = newTrigger(uid: "u-1")
-        try await triggers.create(first)
+        #expect(try await triggers.create(first, inForceAtMost: 64))
         let second = newTrigger("checkout 503", at: base.adding(.seconds(1)))
-        try await triggers.create(second)
+        #expect(try await triggers.create(second, inForceAtMost: 64))
         let read = try #require(try await triggers.trigger(first.id))
         #expect(read.definition == first.definition && read.makerScope == first.makerScope)
         #expect(read.createdBy == "alice" && read.reason == "T-1" && read.expiresAt == first.expiresAt)
         #expect(abs(read.createdAt.timeIntervalSince(first.createdAt)) < 0.001)
         #expect(read.disabled == nil && read.removed == nil && read.isInForce(at: base))
-        #expect(try await triggers.triggers(limit: 10).map(\.id) == [second.id, first.id], "newest first")
-        #expect(try await triggers.triggers(limit: 1).count == 1)
+        #expect(try await triggers.triggers(limit: 10, createdBy: nil).map(\.id) == [second.id, first.id], "newest first")
+        #expect(try await triggers.triggers(limit: 1, createdBy: nil).count == 1)
         #expect(try await triggers.trigger(String(repeating: "0", count: 32)) == nil)
         let entries = try await audit.audit(limit: 10).filter { $0.action == "trigger" }
         #expect(entries.count == 2 && entries.allSatisfy { $0.actor == "alice" })
@@ -58,7 +58,7 @@ import Testing
         let a = newTrigger("a")
         let b = newTrigger("b", at: base.adding(.seconds(1)))
         let short = newTrigger("short", lifetime: .seconds(60), at: base.adding(.seconds(2)))
-        for trigger in [a, b, short] { try await triggers.create(trigger) }
+        for trigger in [a, b, short] { #expect(try await triggers.create(trigger, inForceAtMost: 64)) }
         var now = try await triggers.inForce(now: base.adding(.seconds(3)))
         #expect(now.version == 3 && now.triggers.map(\.id) == [a.id, b.id, short.id], "oldest first")
         now = try await triggers.inForce(now: base.adding(.seconds(62)))
@@ -70,7 +70,7 @@ import Testing
         #expect(!again.isNew && again.trigger.disabled?.by == "bob", "the first disable is kept")
         now = try await triggers.inForce(now: base.adding(.seconds(12)))
         #expect(now.version == 4 && now.triggers.map(\.id) == [b.id, short.id])
-        #expect(try await triggers.triggers(limit: 10).map(\.id).contains(a.id), "a disabled trigger is still listed")
+        #expect(try await triggers.triggers(limit: 10, createdBy: nil).map(\.id).contains(a.id), "a disabled trigger is still listed")
 
         let removed = try #require(try await triggers.remove(b.id, by: "bob", reason: "done", at: date(20)))
         #expect(removed.isNew && removed.trigger.removed?.reason == "done" && !removed.trigger.isInForce(at: base))
@@ -80,7 +80,7 @@ import Testing
         #expect(try await triggers.disable(b.id, by: "carol", reason: "", at: date(23))?.isNew == false, "a removed trigger is not disabled")
         now = try await triggers.inForce(now: base.adding(.seconds(24)))
         #expect(now.version == 6 && now.triggers.map(\.id) == [short.id])
-        #expect(try await triggers.triggers(limit: 10).map(\.id) == [short.id], "removed triggers are not listed")
+        #expect(try await triggers.triggers(limit: 10, createdBy: nil).map(\.id) == [short.id], "removed triggers are not listed")
         #expect(try await triggers.trigger(b.id)?.removed?.by == "bob", "but read by id")
         #expect(try await triggers.disable(String(repeating: "0", count: 32), by: "x", reason: "", at: date(30)) == nil)
         #expect(try await triggers.remove(String(repeating: "0", count: 32), by: "x", reason: "", at: date(30)) == nil)
@@ -90,12 +90,34 @@ import Testing
         #expect(try await audit.verifyChain().broken == nil)
     }
 
+    /// The limit on triggers in force is counted where they are stored: a trigger over it is not
+    /// stored (nor audited, nor a change), one that expired or was disabled makes room; a
+    /// maker's own triggers are listed before any limit is applied.
+    @Test(arguments: Backend.all)
+    func theLimitIsKeptWhereTriggersAreStored(_ backend: Backend) async throws {
+        let (triggers, audit) = try await backend.triggers(dir)
+        let a = newTrigger("a", by: "ivan")
+        let b = newTrigger("b", lifetime: .seconds(30), at: base.adding(.seconds(1)), by: "sara")
+        #expect(try await triggers.create(a, inForceAtMost: 2))
+        #expect(try await triggers.create(b, inForceAtMost: 2))
+        let c = newTrigger("c", at: base.adding(.seconds(2)), by: "sara")
+        #expect(try await triggers.create(c, inForceAtMost: 2) == false)
+        #expect(try await triggers.trigger(c.id) == nil)
+        #expect(try await triggers.inForce(now: base).version == 2)
+        #expect(try await audit.audit(limit: 10).filter { $0.action == "trigger" }.count == 2)
+        let later = newTrigger("c", at: base.adding(.seconds(40)), by: "sara")
+        #expect(try await triggers.create(later, inForceAtMost: 2), "b expired: room for one")
+        #expect(try await triggers.triggers(limit: 1, createdBy: "ivan").map(\.id) == [a.id], "the maker's own, before the limit")
+        #expect(try await triggers.triggers(limit: 10, createdBy: "sara").map(\.id) == [later.id, b.id])
+        #expect(try await triggers.triggers(limit: 10, createdBy: "nobody").isEmpty)
+    }
+
     /// A definition changed behind the server's back is a clear error, never a trigger with no terms.
     @Test(arguments: Backend.all)
     func aDamagedDefinitionIsAClearError(_ backend: Backend) async throws {
         let (triggers, _) = try await backend.triggers(dir)
         let trigger = newTrigger()
-        try await triggers.create(trigger)
+        #expect(try await triggers.create(trigger, inForceAtMost: 64))
         try await backend.execute(dir, "UPDATE standing_trigger SET definition = '{\"name\": 7}' WHERE id = '\(trigger.id)'")
         let error = await #expect(throws: (any Error).self) { try await triggers.inForce(now: base) }
         #expect("\(error.map { "\($0)" } ?? "")".contains("trigger \(trigger.id) does not read back"))

@@ -48,6 +48,11 @@ struct UploadAdmission: Sendable {
         guard Timestamp.acceptedRange.contains(header.createdAtUs) else {
             return .answered(Self.error(.errorUploadInvalid, header.uploadID, "the header's created_at_us is outside 1970–9999"))
         }
+        // A capture (Protocol § 21) is bound into the header of its own kind only: on another
+        // kind it would be bound into nothing.
+        guard header.kind == .capture || !header.hasCapture else {
+            return .answered(Self.error(.errorUploadInvalid, header.uploadID, "only a capture's header carries a capture"))
+        }
         switch header.kind {
         case .feedback: return try await admitFeedback(header)
         case .pull: return try await admitPull(header)

@@ -54,12 +54,17 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
         id, definition, maker_scope, created_at, created_by, reason, expires_at, disabled_at, disabled_by, disabled_reason, removed_at, removed_by, removed_reason
         """
 
-    public func create(_ trigger: NewTrigger) async throws {
+    public func create(_ trigger: NewTrigger, inForceAtMost limit: Int) async throws -> Bool {
         let (definition, scope) = try TriggerRows.encoded(trigger)
         let at = trigger.createdAt.timeIntervalSince1970
-        try await db.write { c in
+        let createdUs = Timestamp(trigger.createdAt).microseconds
+        return try await db.write { c in
             try await PostgresPullQueue.auditTransaction(c)
             try await c.run("SELECT pg_advisory_xact_lock(\(Self.changeLock))")
+            // Under the lock every change takes: two creates on two nodes count one after the other.
+            let inForce = try await c.value(
+                "SELECT count(*) FROM standing_trigger WHERE disabled_at IS NULL AND removed_at IS NULL AND expires_at > \(createdUs)", as: Int64.self) ?? 0
+            guard inForce < limit else { return false }
             try await c.run(
                 """
                 INSERT INTO standing_trigger (id, definition, maker_scope, uid, created_at, created_by, reason, expires_at)
@@ -68,6 +73,7 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
                 """)
             try await Self.changed(trigger.id, "create", at: at, on: c)
             try await PostgresPullQueue.insertAudit(at: at, actor: trigger.createdBy, action: AuditAction.trigger.rawValue, detail: trigger.auditDetail, on: c)
+            return true
         }
     }
 
@@ -75,9 +81,17 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
         try await db.read { try await Self.trigger(id, on: $0) }
     }
 
-    public func triggers(limit: Int) async throws -> [TriggerRecord] {
+    public func triggers(limit: Int, createdBy: String?) async throws -> [TriggerRecord] {
         try await db.read { c in
-            try await c.rows("SELECT \(unescaped: Self.columns) FROM standing_trigger WHERE removed_at IS NULL ORDER BY created_at DESC, id DESC LIMIT \(max(0, limit))")
+            if let createdBy {
+                return try await c.rows(
+                    """
+                    SELECT \(unescaped: Self.columns) FROM standing_trigger WHERE removed_at IS NULL AND created_by = \(createdBy.storable)
+                    ORDER BY created_at DESC, id DESC LIMIT \(max(0, limit))
+                    """
+                ).map(Self.record)
+            }
+            return try await c.rows("SELECT \(unescaped: Self.columns) FROM standing_trigger WHERE removed_at IS NULL ORDER BY created_at DESC, id DESC LIMIT \(max(0, limit))")
                 .map(Self.record)
         }
     }
@@ -115,8 +129,10 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
     }
 
     public func inForce(now: Timestamp) async throws -> TriggersInForce {
-        // One transaction (the back end's reads are repeatable): the version and the triggers agree.
-        try await db.read { c in
+        // Under the change lock, shared: no change commits between the two reads, so the version
+        // and the triggers agree.
+        try await db.write { c in
+            try await c.run("SELECT pg_advisory_xact_lock_shared(\(Self.changeLock))")
             let version = try await c.value("SELECT coalesce(max(version), 0) FROM trigger_change", as: Int64.self) ?? 0
             let triggers = try await c.rows(
                 """

@@ -46,10 +46,15 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
         id, definition, maker_scope, created_at, created_by, reason, expires_at, disabled_at, disabled_by, disabled_reason, removed_at, removed_by, removed_reason
         """
 
-    public func create(_ trigger: NewTrigger) async throws {
+    public func create(_ trigger: NewTrigger, inForceAtMost limit: Int) async throws -> Bool {
         let (definition, scope) = try TriggerRows.encoded(trigger)
         let at = trigger.createdAt.timeIntervalSince1970
-        try await db.write { db in
+        return try await db.write { db in
+            let inForce = try prepared(
+                "SELECT count(*) FROM standing_trigger WHERE disabled_at IS NULL AND removed_at IS NULL AND expires_at > ?",
+                [Timestamp(trigger.createdAt).microseconds], as: Int.self
+            ).fetchOne(db) ?? 0
+            guard inForce < limit else { return false }
             try db.run(
                 """
                 INSERT INTO standing_trigger (id, definition, maker_scope, uid, created_at, created_by, reason, expires_at)
@@ -61,6 +66,7 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
                 ])
             try Self.changed(trigger.id, "create", at: at, in: db)
             try AuditRow.chained(at: at, actor: trigger.createdBy, action: AuditAction.trigger.rawValue, detail: trigger.auditDetail, in: db).insert(db)
+            return true
         }
     }
 
@@ -68,10 +74,17 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
         try await db.read { try Self.trigger(id, in: $0) }
     }
 
-    public func triggers(limit: Int) async throws -> [TriggerRecord] {
+    public func triggers(limit: Int, createdBy: String?) async throws -> [TriggerRecord] {
         try await db.read { db in
-            try prepared("SELECT \(Self.columns) FROM standing_trigger WHERE removed_at IS NULL ORDER BY created_at DESC, id DESC LIMIT ?", [max(0, limit)], as: Row.self)
-                .fetchAll(db).map(Self.record)
+            if let createdBy {
+                return try prepared(
+                    "SELECT \(Self.columns) FROM standing_trigger WHERE removed_at IS NULL AND created_by = ? ORDER BY created_at DESC, id DESC LIMIT ?",
+                    [createdBy.storable, max(0, limit)], as: Row.self
+                ).fetchAll(db).map(Self.record)
+            }
+            return try prepared(
+                "SELECT \(Self.columns) FROM standing_trigger WHERE removed_at IS NULL ORDER BY created_at DESC, id DESC LIMIT ?", [max(0, limit)], as: Row.self
+            ).fetchAll(db).map(Self.record)
         }
     }
 

@@ -126,9 +126,12 @@ public struct TriggerDefinition: Codable, Sendable, Equatable {
     /// a day; until …; reason "T-1"".
     public func auditDetail(id: String, expiresAt: Timestamp, reason: String) -> String {
         var scope: [String] = []
-        if let uid { scope.append("of uid \(uid)") }
-        if let app { scope.append("app \(app)\(minAppVersion.map { " >= \($0)" } ?? "")\(maxAppVersion.map { " <= \($0)" } ?? "")") }
-        if !labels.isEmpty { scope.append("labelled " + labels.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",")) }
+        // The maker's words quoted as Swift writes a string: a quote or a line break in them cannot pass for the entry's own.
+        if let uid { scope.append("of uid \(uid.debugDescription)") }
+        if let app {
+            scope.append("app \(app.debugDescription)\(minAppVersion.map { " >= \($0.debugDescription)" } ?? "")\(maxAppVersion.map { " <= \($0.debugDescription)" } ?? "")")
+        }
+        if !labels.isEmpty { scope.append("labelled " + labels.sorted { $0.key < $1.key }.map { "\($0.key.debugDescription)=\($0.value.debugDescription)" }.joined(separator: ",")) }
         let fires = [match.map(\.summary), crash ? "crashes" : nil].compactMap { $0 }.joined(separator: " and ")
         return "trigger \(id) \(name.debugDescription): \(fires)\(scope.isEmpty ? "" : "; " + scope.joined(separator: " "))"
             + "; window \(beforeSeconds) s before, \(afterSeconds) s after; at most \(perDevicePerDay) a device and \(perDay) a day; until \(expiresAt)"

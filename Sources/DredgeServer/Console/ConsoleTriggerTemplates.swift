@@ -101,6 +101,7 @@ extension ConsoleTemplates {
         {{#mayRemove}}
         <form method="post" action="/console/triggers/{{id}}/remove">
         <input type="hidden" name="csrf" value="{{csrf}}">
+        <label for="remove-reason">Reason</label> <input id="remove-reason" name="reason" maxlength="256" placeholder="optional">
         <button type="submit">Remove</button>
         </form>
         {{/mayRemove}}

@@ -45,7 +45,7 @@ import Testing
         #expect(try await triggers.trigger(String(repeating: "0", count: 32)) == nil)
         let entries = try await audit.audit(limit: 10).filter { $0.action == "trigger" }
         #expect(entries.count == 2 && entries.allSatisfy { $0.actor == "alice" })
-        #expect(entries.contains { $0.detail.hasPrefix("trigger \(first.id) \"payment declined\": level=error,critical type=business") && $0.detail.contains("of uid u-1") && $0.detail.contains("reason \"T-1\"") })
+        #expect(entries.contains { $0.detail.hasPrefix("trigger \(first.id) \"payment declined\": level=error,critical type=business") && $0.detail.contains("of uid \"u-1\"") && $0.detail.contains("reason \"T-1\"") })
         #expect(try await audit.verifyChain().broken == nil)
     }
 

@@ -39,7 +39,11 @@ extension AdminActions {
             expiresAt: now.adding(.seconds(seconds)))
         // The terms a device will be sent, checked now: a trigger no device would hold is never stored.
         do {
-            _ = try TriggerRule(wire: Self.wire(trigger.id, definition, expiresAt: trigger.expiresAt))
+            _ = try TriggerRule(
+                wire: TriggerRecord(
+                    id: trigger.id, definition: definition, makerScope: trigger.makerScope, createdAt: trigger.createdAt, createdBy: trigger.createdBy, reason: reason,
+                    expiresAt: trigger.expiresAt
+                ).wire)
         } catch {
             throw ActionError(.invalid, error.description.replacingOccurrences(of: "trigger \(trigger.id): ", with: ""))
         }
@@ -132,31 +136,5 @@ extension AdminActions {
         return TriggerDefinition(
             name: r.name, match: match, crash: r.crash ?? false, uid: nonEmpty(r.uid), app: nonEmpty(r.app), minAppVersion: nonEmpty(r.minAppVersion),
             maxAppVersion: nonEmpty(r.maxAppVersion), labels: labels, beforeSeconds: before, afterSeconds: after, perDevicePerDay: perDevice, perDay: perDay)
-    }
-
-    /// The trigger as a device is sent it (Protocol § 21).
-    static func wire(_ id: String, _ d: TriggerDefinition, expiresAt: Timestamp) -> WireTrigger {
-        WireTrigger.with { t in
-            t.triggerID = id
-            t.name = d.name
-            if let m = d.match {
-                t.match = .with { w in
-                    w.levels = (m.levels ?? []).compactMap { LogLevel(name: $0).flatMap { WireLevel(rawValue: $0.rawValue) } }
-                    w.types = m.types ?? []
-                    if let text = m.text { w.text = text }
-                    if let key = m.metadataKey { w.metadataKey = key }
-                    if let value = m.metadataValue { w.metadataValue = value }
-                }
-            }
-            t.crash = d.crash
-            t.uid = d.uid ?? ""
-            t.app = d.app ?? ""
-            t.minAppVersion = d.minAppVersion ?? ""
-            t.maxAppVersion = d.maxAppVersion ?? ""
-            t.beforeS = UInt32(clamping: d.beforeSeconds)
-            t.afterS = UInt32(clamping: d.afterSeconds)
-            t.maxPerDeviceDay = UInt32(clamping: d.perDevicePerDay)
-            t.expiresAtUs = expiresAt.microseconds
-        }
     }
 }

@@ -1,8 +1,10 @@
 import ArgumentParser
+import DredgeAgentCore
 import DredgeDomain
 import DredgeLogging
 import DredgeSamples
 import DredgeStore
+import DredgeWire
 import Foundation
 import GRDBSQLite
 import Synchronization
@@ -10,7 +12,7 @@ import Synchronization
 struct StoreBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "store",
-        abstract: "Store figures: store.ingest, store.enqueue, rewind.log_call, store.query, store.retention.")
+        abstract: "Store figures: store.ingest, store.enqueue, rewind.log_call, trigger.log_call_overhead, store.query, store.retention.")
 
     @Option(help: "Records per ingest round.")
     var ingestRecords = 300_000
@@ -43,6 +45,7 @@ struct StoreBench: AsyncParsableCommand {
         let enqueued = try enqueue(dir: dir)
         print(enqueued.line)
         print(try rewindLogCall(dir: dir, enqueueMedian: enqueued.value).line)
+        print(try triggerLogCallOverhead(dir: dir).line)
         let (query, retention) = try queryAndRetention(dir: dir)
         print(query.line)
         print(retention.line)
@@ -202,6 +205,95 @@ struct StoreBench: AsyncParsableCommand {
         let p50 = Double(ours[ours.count / 2]), p99 = Double(ours[ours.count * 99 / 100])
         note("rewind: \(enqueueCalls) debug calls into a 4 MiB buffer, \(kept) kept at the end (the newest)")
         return Figure(name: "rewind.log_call", value: p50, unit: "ns", limit: enqueueMedian, higherIsBetter: false, extra: "p99=\(Int(p99)) ns")
+    }
+
+    // MARK: trigger.log_call_overhead
+
+    /// The app's log call while the agent matches 50 standing triggers against the same store
+    /// (#54, Protocol § 21), against the same calls with none: the agent's ``TriggerMatcher``
+    /// reads what the store took on a thread of its own every 20 ms, as the agent does, and the
+    /// app's calls never wait for it. Rounds alternate (none, 50, none, 50, …); the figure is the
+    /// median call with the triggers, the limit the median without (ratio = without ÷ with, the
+    /// goal at least 0.8).
+    func triggerLogCallOverhead(dir: String, rounds: Int = 3) throws -> Figure {
+        let calls = max(1_000, enqueueCalls / 2)
+        let triggers: [WireTrigger] = (0..<50).map { i in
+            WireTrigger.with {
+                $0.triggerID = String(format: "%032x", i + 1)
+                $0.name = "trigger \(i)"
+                switch i % 3 {
+                case 0: $0.match = .with { $0.levels = [.error, .critical]; $0.text = "payment declined \(i)" }
+                case 1: $0.match = .with { $0.metadataKey = "http.status"; $0.metadataValue = "\(500 + i)" }
+                default: $0.match = .with { $0.types = ["business"]; $0.text = "checkout \(i) failed" }
+                }
+                $0.beforeS = 300
+                $0.afterS = 60
+                $0.maxPerDeviceDay = 3
+                $0.expiresAtUs = Timestamp.now.microseconds + 86_400_000_000
+            }
+        }
+        let set = WireTriggerSet.with { $0.version = 1; $0.issuedAtUs = Timestamp.now.microseconds; $0.triggers = triggers }
+        let rules = try TriggerSetTerms.check(set)
+        var without: [Int64] = [], with: [Int64] = []
+        /// Shared with the matcher's thread: when to stop, and what it did over every round with
+        /// triggers (records read, steps, each step's time).
+        final class Shared: Sendable {
+            let stop = Atomic<Bool>(false)
+            let work = Mutex<(matched: Int, steps: Int, stepNanos: [Int64])>((0, 0, []))
+        }
+        let shared = Shared()
+        for round in 0..<(rounds * 2) {
+            let active = round % 2 == 1
+            var configuration = StoreConfiguration()
+            configuration.queueCapacity = calls * 2
+            let path = "\(dir)/triggers-\(round).sqlite"
+            let center = try LogCenter(path: path, configuration: configuration, context: .current(app: "bench"))
+            try center.flush()
+            center.setUser("u-0001")
+            let log = center.logger(type: .network)
+            shared.stop.store(false, ordering: .relaxed)
+            let matcher = active ? Thread { [shared] in
+                do {
+                    var readOnly = StoreConfiguration()
+                    readOnly.readOnly = true
+                    let store = try LogStore(path: path, configuration: readOnly)
+                    var held = HeldTriggers()
+                    held.hold(set, rules: rules, storeEnd: 0)
+                    var ids = 0
+                    while !shared.stop.load(ordering: .relaxed) {
+                        let start = monotonicNanos()
+                        let before = held.cursor
+                        _ = try TriggerMatcher.step(&held, store: store, now: .now) { ids += 1; return String(format: "%032x", ids) }
+                        let took = monotonicNanos() - start
+                        let read = Int(held.cursor - before)
+                        shared.work.withLock { $0.stepNanos.append(took); $0.matched += read; $0.steps += 1 }
+                        usleep(20_000)
+                    }
+                    try store.close()
+                } catch {
+                    note("the matcher stopped: \(error)")
+                }
+            } : nil
+            matcher?.start()
+            var ours = [Int64](repeating: 0, count: calls)
+            for i in 0..<calls {
+                let start = monotonicNanos()
+                log.info("GET https://api.example.com/api/v2/catalog -> 200 in 42 ms", metadata: ["http.status": 200, "duration_ms": 42])
+                ours[i] = monotonicNanos() - start
+            }
+            try center.flush()
+            // The matcher reads the rest, then stops.
+            usleep(100_000)
+            shared.stop.store(true, ordering: .relaxed)
+            while matcher?.isFinished == false { usleep(1_000) }
+            try center.close()
+            ours.sort()
+            if active { with.append(ours[ours.count / 2]) } else { without.append(ours[ours.count / 2]) }
+        }
+        let (matched, steps, stepNanos) = shared.work.withLock { ($0.matched, $0.steps, $0.stepNanos.sorted()) }
+        let withMedian = Double(with.sorted()[with.count / 2]), withoutMedian = Double(without.sorted()[without.count / 2])
+        note("triggers: \(calls) calls a round, \(rounds) rounds each way; medians with 50 triggers \(with) ns, without \(without) ns; the matcher read \(matched) records in \(steps) steps (a step's median \(stepNanos.isEmpty ? 0 : stepNanos[stepNanos.count / 2] / 1_000) µs)")
+        return Figure(name: "trigger.log_call_overhead", value: withMedian, unit: "ns", limit: withoutMedian, higherIsBetter: false, extra: "rounds=\(rounds)")
     }
 
     // MARK: store.query and store.retention

@@ -100,6 +100,11 @@ enum TriggerRows {
             expiresAt: Timestamp(microseconds: expiresAt), disabled: disabled, removed: removed)
     }
 
+    /// The detail of a `trigger.disable` or `trigger.remove` entry, the same for every back end.
+    static func endingDetail(_ trigger: TriggerRecord, _ reason: String) -> String {
+        "trigger \(trigger.id) \(trigger.definition.name.debugDescription)" + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)")
+    }
+
     static func ending(at: Double?, by: String?, reason: String?) -> TriggerEnding? {
         guard let at else { return nil }
         return TriggerEnding(at: Date(timeIntervalSince1970: at), by: by ?? "", reason: reason ?? "")

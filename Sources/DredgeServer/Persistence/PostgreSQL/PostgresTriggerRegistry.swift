@@ -107,7 +107,7 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
                 "UPDATE standing_trigger SET disabled_at = \(when), disabled_by = \(actor.storable), disabled_reason = \(reason.storable) WHERE id = \(id)")
             try await Self.changed(id, "disable", at: when, on: c)
             try await PostgresPullQueue.insertAudit(
-                at: when, actor: actor, action: AuditAction.triggerDisable.rawValue, detail: SQLiteTriggerRegistry.auditDetail(before, reason), on: c)
+                at: when, actor: actor, action: AuditAction.triggerDisable.rawValue, detail: TriggerRows.endingDetail(before, reason), on: c)
             return TriggerMark(trigger: try await Self.trigger(id, on: c) ?? before, isNew: true)
         }
     }
@@ -123,7 +123,7 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
                 "UPDATE standing_trigger SET removed_at = \(when), removed_by = \(actor.storable), removed_reason = \(reason.storable) WHERE id = \(id)")
             try await Self.changed(id, "remove", at: when, on: c)
             try await PostgresPullQueue.insertAudit(
-                at: when, actor: actor, action: AuditAction.triggerRemove.rawValue, detail: SQLiteTriggerRegistry.auditDetail(before, reason), on: c)
+                at: when, actor: actor, action: AuditAction.triggerRemove.rawValue, detail: TriggerRows.endingDetail(before, reason), on: c)
             return TriggerMark(trigger: try await Self.trigger(id, on: c) ?? before, isNew: true)
         }
     }

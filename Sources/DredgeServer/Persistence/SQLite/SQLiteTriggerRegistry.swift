@@ -95,7 +95,7 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
             let when = at.timeIntervalSince1970
             try db.run("UPDATE standing_trigger SET disabled_at = ?, disabled_by = ?, disabled_reason = ? WHERE id = ?", [when, actor.storable, reason.storable, id])
             try Self.changed(id, "disable", at: when, in: db)
-            try AuditRow.chained(at: when, actor: actor, action: AuditAction.triggerDisable.rawValue, detail: Self.auditDetail(before, reason), in: db).insert(db)
+            try AuditRow.chained(at: when, actor: actor, action: AuditAction.triggerDisable.rawValue, detail: TriggerRows.endingDetail(before, reason), in: db).insert(db)
             return TriggerMark(trigger: try Self.trigger(id, in: db) ?? before, isNew: true)
         }
     }
@@ -107,7 +107,7 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
             let when = at.timeIntervalSince1970
             try db.run("UPDATE standing_trigger SET removed_at = ?, removed_by = ?, removed_reason = ? WHERE id = ?", [when, actor.storable, reason.storable, id])
             try Self.changed(id, "remove", at: when, in: db)
-            try AuditRow.chained(at: when, actor: actor, action: AuditAction.triggerRemove.rawValue, detail: Self.auditDetail(before, reason), in: db).insert(db)
+            try AuditRow.chained(at: when, actor: actor, action: AuditAction.triggerRemove.rawValue, detail: TriggerRows.endingDetail(before, reason), in: db).insert(db)
             return TriggerMark(trigger: try Self.trigger(id, in: db) ?? before, isNew: true)
         }
     }
@@ -122,10 +122,6 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
             ).fetchAll(db).map(Self.record)
             return TriggersInForce(version: UInt64(version), triggers: triggers)
         }
-    }
-
-    static func auditDetail(_ trigger: TriggerRecord, _ reason: String) -> String {
-        "trigger \(trigger.id) \(trigger.definition.name.debugDescription)" + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)")
     }
 
     private static func changed(_ id: String, _ change: String, at: Double, in db: Database) throws {

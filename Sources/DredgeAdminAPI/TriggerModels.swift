@@ -189,3 +189,74 @@ public struct TriggerRecord: Codable, Sendable, Equatable {
         removed != nil ? "removed" : disabled != nil ? "disabled" : now >= expiresAt ? "expired" : "in force"
     }
 }
+
+/// A capture (#54, Protocol § 21): the records around what fired a trigger on one device,
+/// uploaded by the device itself, and where its upload stands. Its statuses are a feedback's.
+public struct CaptureRecord: Codable, Sendable, Equatable {
+    /// Its upload id.
+    public var id: String
+    public var agentID: String
+    public var triggerID: String
+    /// The version of the set the device matched it under (for people; checked against the
+    /// trigger as it stands).
+    public var setVersion: UInt64
+    /// Whose records it holds; empty: every user's on the device.
+    public var uid: String
+    /// The window, `[since, until)`, on the device's clock.
+    public var since: Timestamp
+    public var until: Timestamp
+    /// When the record that fired it was logged (a crash: the last record of the run).
+    public var matchedAt: Timestamp
+    /// Fired by a run's unclean end rather than a record.
+    public var crash: Bool
+    public var receivedAt: Date
+    public var status: FeedbackStatus
+    public var detail: String
+    public var chunksReceived: Int
+    public var chunkCount: Int
+    public var bytes: Int64
+    public var records: Int
+    /// The decrypted per-day files and the manifest, absolute paths on the server.
+    public var files: [String]
+    /// When the server failed the upload: the protocol's error code it answered with.
+    public var errorCode: Int?
+    /// Set once its files and index rows are deleted; the record stays.
+    public var removed: Removal?
+
+    public init(
+        id: String, agentID: String, triggerID: String, setVersion: UInt64, uid: String, since: Timestamp, until: Timestamp, matchedAt: Timestamp, crash: Bool,
+        receivedAt: Date, status: FeedbackStatus, detail: String = "", chunksReceived: Int = 0, chunkCount: Int, bytes: Int64, records: Int = 0, files: [String] = [],
+        errorCode: Int? = nil, removed: Removal? = nil
+    ) {
+        self.id = id
+        self.agentID = agentID
+        self.triggerID = triggerID
+        self.setVersion = setVersion
+        self.uid = uid
+        self.since = since
+        self.until = until
+        self.matchedAt = matchedAt
+        self.crash = crash
+        self.receivedAt = receivedAt
+        self.status = status
+        self.detail = detail
+        self.chunksReceived = chunksReceived
+        self.chunkCount = chunkCount
+        self.bytes = bytes
+        self.records = records
+        self.files = files
+        self.errorCode = errorCode
+        self.removed = removed
+    }
+}
+
+/// A trigger's captures in a span of time: how many, from how many devices.
+public struct CaptureTally: Codable, Sendable, Equatable {
+    public var captures: Int
+    public var devices: Int
+
+    public init(captures: Int, devices: Int) {
+        self.captures = captures
+        self.devices = devices
+    }
+}

@@ -6,7 +6,7 @@ import Foundation
 
 /// What to export and for whom.
 public struct ExportRequest: Sendable {
-    public enum Kind: String, Sendable { case pull, feedback, export }
+    public enum Kind: String, Sendable { case pull, feedback, export, capture }
 
     public var uploadID: String
     public var kind: Kind
@@ -14,12 +14,15 @@ public struct ExportRequest: Sendable {
     public var commandID: String?
     public var filter: LogFilter
     public var feedback: ExportManifest.FeedbackDescription?
+    /// What fired a capture (kind `capture`, Protocol § 21).
+    public var capture: ExportManifest.CaptureDescription?
     public var createdAt: Timestamp
 
     public init(
         uploadID: String, kind: Kind, agentID: String, commandID: String? = nil, filter: LogFilter,
-        feedback: ExportManifest.FeedbackDescription? = nil, createdAt: Timestamp = .now
+        feedback: ExportManifest.FeedbackDescription? = nil, capture: ExportManifest.CaptureDescription? = nil, createdAt: Timestamp = .now
     ) {
+        self.capture = capture
         self.uploadID = uploadID
         self.kind = kind
         self.agentID = agentID
@@ -116,7 +119,7 @@ public enum Exporter {
             commandID: request.commandID, agentID: request.agentID, createdAt: request.createdAt.rfc3339,
             filter: .init(request.filter), recordCount: total, empty: total == 0, days: days,
             contexts: Dictionary(uniqueKeysWithValues: contexts.map { (String($0.key.rawValue), $0.value) }),
-            losses: losses, feedback: request.feedback)
+            losses: losses, feedback: request.feedback, capture: request.capture)
         try zip.beginEntry(PayloadLimits.manifestName)
         try zip.write(try manifest.encoded())
         try zip.endEntry()

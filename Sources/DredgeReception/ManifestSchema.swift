@@ -38,7 +38,8 @@ public enum ManifestSchema {
       "enum": [
         "pull",
         "feedback",
-        "export"
+        "export",
+        "capture"
       ]
     },
     "command_id": {
@@ -85,6 +86,9 @@ public enum ManifestSchema {
     },
     "feedback": {
       "$ref": "#/$defs/feedback"
+    },
+    "capture": {
+      "$ref": "#/$defs/capture"
     }
   },
   "allOf": [
@@ -100,11 +104,22 @@ public enum ManifestSchema {
         "required": [
           "command_id"
         ],
-        "not": {
-          "required": [
-            "feedback"
-          ]
-        }
+        "allOf": [
+          {
+            "not": {
+              "required": [
+                "feedback"
+              ]
+            }
+          },
+          {
+            "not": {
+              "required": [
+                "capture"
+              ]
+            }
+          }
+        ]
       }
     },
     {
@@ -119,11 +134,22 @@ public enum ManifestSchema {
         "required": [
           "feedback"
         ],
-        "not": {
-          "required": [
-            "command_id"
-          ]
-        }
+        "allOf": [
+          {
+            "not": {
+              "required": [
+                "command_id"
+              ]
+            }
+          },
+          {
+            "not": {
+              "required": [
+                "capture"
+              ]
+            }
+          }
+        ]
       }
     },
     {
@@ -135,11 +161,52 @@ public enum ManifestSchema {
         }
       },
       "then": {
-        "not": {
-          "required": [
-            "feedback"
-          ]
+        "allOf": [
+          {
+            "not": {
+              "required": [
+                "feedback"
+              ]
+            }
+          },
+          {
+            "not": {
+              "required": [
+                "capture"
+              ]
+            }
+          }
+        ]
+      }
+    },
+    {
+      "if": {
+        "properties": {
+          "kind": {
+            "const": "capture"
+          }
         }
+      },
+      "then": {
+        "required": [
+          "capture"
+        ],
+        "allOf": [
+          {
+            "not": {
+              "required": [
+                "command_id"
+              ]
+            }
+          },
+          {
+            "not": {
+              "required": [
+                "feedback"
+              ]
+            }
+          }
+        ]
       }
     },
     {
@@ -207,7 +274,7 @@ public enum ManifestSchema {
       ]
     },
     "filter": {
-      "description": "What the agent selected: for a pull, the command's filter with uid set to target.uid when the target names a user (section 10); for feedback, the feedback's uid and its time range; absent fields did not filter.",
+      "description": "What the agent selected: for a pull, the command's filter with uid set to target.uid when the target names a user (section 10); for feedback, the feedback's uid and its time range; for a capture, its window and its uid when it names one (section 21); absent fields did not filter.",
       "type": "object",
       "additionalProperties": false,
       "properties": {
@@ -357,6 +424,73 @@ public enum ManifestSchema {
         "created_at": {
           "$ref": "#/$defs/timestamp"
         }
+      }
+    },
+    "capture": {
+      "description": "What fired a capture (section 21): the trigger, the version of the set it was matched under, whether a run's unclean end fired it, when, and (unless crash) the record that fired it, as a section 13 record object.",
+      "type": "object",
+      "required": [
+        "trigger_id",
+        "set_version",
+        "crash",
+        "matched_at"
+      ],
+      "properties": {
+        "trigger_id": {
+          "$ref": "#/$defs/id"
+        },
+        "set_version": {
+          "type": "integer",
+          "minimum": 1
+        },
+        "crash": {
+          "type": "boolean"
+        },
+        "matched_at": {
+          "$ref": "#/$defs/timestamp"
+        },
+        "match": {
+          "type": "object",
+          "required": [
+            "ts",
+            "level",
+            "type",
+            "message"
+          ],
+          "properties": {
+            "ts": {
+              "$ref": "#/$defs/timestamp"
+            },
+            "level": {
+              "$ref": "#/$defs/levelName"
+            },
+            "type": {
+              "$ref": "#/$defs/typeName"
+            },
+            "message": {
+              "type": "string"
+            }
+          }
+        }
+      },
+      "if": {
+        "properties": {
+          "crash": {
+            "const": true
+          }
+        }
+      },
+      "then": {
+        "not": {
+          "required": [
+            "match"
+          ]
+        }
+      },
+      "else": {
+        "required": [
+          "match"
+        ]
       }
     }
   }

@@ -94,7 +94,7 @@ public enum ServerRuntime {
         try await registry.resetPresence()
         let retention = options.keepDays.map(ResultsRetention.init(keepDays:)) ?? deployment.config.results ?? .default
         if let problem = retention.problem { throw DeploymentError("results retention: \(problem)") }
-        let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, logger: logger)
+        let janitor = UploadJanitor(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, captures: stores.triggers, logger: logger)
         try await janitor.sweep(atStart: true, shared: stores.node != nil)
         // In a cluster, what a dead node left unindexed is looked for every five minutes.
         let indexer = Indexer(index: stores.records, registry: stores.registry, tails: stores.tails, paths: DataDirectory(dir), logger: logger, catchUpEvery: stores.node == nil ? nil : .seconds(300), metrics: metrics)
@@ -140,7 +140,7 @@ public enum ServerRuntime {
         let renewal = try CertificateRenewal(
             directory: dir, agentTLS: agentTLS, adminTLS: adminServesServerCertificate ? adminTLS : nil, metrics: metrics, logger: logger)
         let listener = AgentListener(
-            deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, tails: stores.tails, tailHub: tailHub, dispatcher: dispatcher, logger: logger,
+            deployment: deployment, registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, tails: stores.tails, tailHub: tailHub, triggers: stores.triggers, dispatcher: dispatcher, logger: logger,
             port: options.agentPort, heartbeatSeconds: options.heartbeatSeconds, issuer: stores.issuer, landed: { indexer.landed($0, records: $1) },
             metrics: metrics, tls: agentTLS)
         let adminServices = AdminServices(

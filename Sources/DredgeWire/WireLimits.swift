@@ -92,6 +92,8 @@ public enum WireLimits {
     public static let maxCaptureAfterSeconds: UInt32 = 600
     /// § Triggers: the most captures one trigger may ask of one device in a rolling day.
     public static let maxCapturesPerDeviceDay: UInt32 = 100
+    /// CAPTURE_LIFETIME: a capture not complete this long after its first `UploadBegin` fails (§ 21).
+    public static let captureLifetime: Duration = feedbackLifetime
 }
 
 /// What a peer can do beyond the base protocol, named in `Hello.capabilities` and agreed in
@@ -106,7 +108,7 @@ public enum WireCapability {
     public static let triggers = "triggers"
     /// Every capability this release agrees to (a server without a tail registry leaves
     /// `live-tail` out; one without a trigger registry, `triggers`).
-    public static let known: [String] = [keyRotation, liveTail]
+    public static let known: [String] = [keyRotation, liveTail, triggers]
 
     /// Of `listed`, those in `known`, in the order listed, each once.
     public static func agreed(_ listed: [String], known: [String] = known) -> [String] {

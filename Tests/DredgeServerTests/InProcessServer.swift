@@ -28,6 +28,8 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
     let issuer: CommandIssuer
     let feedback: SQLiteFeedbackInbox
     let tails: SQLiteTailRegistry
+    /// The standing triggers and their captures (#54).
+    let triggers: (any TriggerRegistry)?
     let listener: AgentListener
     let records: SQLiteRecordIndex
     let indexer: Indexer
@@ -68,10 +70,11 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let stores = try ServerStores(deployment)
         (registry, pulls, issuer, feedback, records) = (stores.registry, stores.pulls, stores.issuer, stores.feedback, stores.records)
         tails = stores.tails
+        triggers = stores.triggers
         let tailHub = TailHub()
         let tokens = wrapTokens?(stores.tokens) ?? stores.tokens
         let logger = Logger(label: "test.server") { [logs] _ in logs }
-        let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, logger: logger)
+        let janitor = UploadJanitor(paths: DataDirectory(data), pulls: pulls, feedback: feedback, captures: stores.triggers, logger: logger)
         let dispatcher = PullDispatcher(pulls: pulls, sweepInterval: .milliseconds(200), logger: logger, housekeeping: janitor.housekeeping(listeningSince: Date()))
         let indexer = Indexer(index: records, registry: registry, tails: stores.tails, paths: DataDirectory(data), logger: logger)
         tailHub.whenStopped { id, _, agents in
@@ -82,7 +85,7 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         self.adminTLS = try adminTLS ? deployment.adminTLSConfiguration.map { try ReloadableTLS($0) } : nil
         listener = AgentListener(
             deployment: deployment, registry: wrapRegistry?(registry) ?? registry, pulls: wrapPulls?(pulls) ?? pulls, feedback: feedback, tokens: tokens, tails: stores.tails,
-            tailHub: tailHub, dispatcher: dispatcher, logger: logger,
+            tailHub: tailHub, triggers: stores.triggers, dispatcher: dispatcher, logger: logger,
             host: "127.0.0.1", port: 0, heartbeatSeconds: heartbeatSeconds, feedbackLimits: feedbackLimits, connectionLimits: connectionLimits,
             issuer: issuer, landed: { indexer.landed($0, records: $1) }, tls: agentTLS)
         let adminPort = Mutex<Int?>(nil)
@@ -210,6 +213,41 @@ struct LinkAgent: Sendable {
             zipPath: try rewrite(zip), uploadID: id, kind: .feedback, agentID: agentID, key: uploadKey, wrappedKey: try serverKey.wrapKey(uploadKey),
             feedback: .with { $0.feedbackID = id; $0.uid = uid; $0.text = text; $0.createdAtUs = now.microseconds },
             empty: manifest.empty, createdAt: now.microseconds)
+    }
+
+    /// A real export of `store`'s records in `[since, until)` (of `uid`, or every user's) as a
+    /// capture of `trigger`, sealed for the server; `describe` may change its manifest's capture
+    /// and `header` its header's (a forger's).
+    func captureUpload(
+        id: String = Hex.encode(secureRandomBytes(16)), trigger: String, setVersion: UInt64 = 1, uid: String = "", since: Timestamp, until: Timestamp,
+        matchedAt: Timestamp, crash: Bool = false, match: JSONValue?, store: String, dir: TempDir,
+        describe: (inout ExportManifest.CaptureDescription) -> Void = { _ in }, header: (inout WireCapture) -> Void = { _ in }
+    ) throws -> SealedUpload {
+        let s = try LogStore(path: store)
+        defer { try? s.close() }
+        let zip = dir.file("capture-\(UUID().uuidString).zip")
+        var description = ExportManifest.CaptureDescription(triggerID: trigger, setVersion: setVersion, crash: crash, matchedAt: matchedAt.rfc3339, match: match)
+        describe(&description)
+        let manifest = try Exporter.export(
+            from: s,
+            ExportRequest(
+                uploadID: id, kind: .capture, agentID: agentID, filter: LogFilter(since: since, until: until, uid: uid.isEmpty ? nil : uid), capture: description),
+            to: zip)
+        var capture = WireCapture.with {
+            $0.triggerID = trigger
+            $0.setVersion = setVersion
+            $0.uid = uid
+            $0.sinceUs = since.microseconds
+            $0.untilUs = until.microseconds
+            $0.matchedAtUs = matchedAt.microseconds
+            $0.crash = crash
+        }
+        header(&capture)
+        let uploadKey = SymmetricKey.uploadKey()
+        let serverKey = try LoadedDeployment(directory: server.data).encryptionKey.publicKey
+        return try SealedUpload(
+            zipPath: zip, uploadID: id, kind: .capture, agentID: agentID, key: uploadKey, wrappedKey: try serverKey.wrapKey(uploadKey), capture: capture,
+            empty: manifest.empty, createdAt: Timestamp.now.microseconds)
     }
 
     /// A real export for a pull command, sealed with the command's key; `rewrite` (a forger's)

@@ -65,6 +65,7 @@ import Testing
             "dredge_data_directory_free_bytes": "gauge", "dredge_data_directory_size_bytes": "gauge", "dredge_cluster_nodes": "gauge",
             "dredge_cluster_lease_held": "gauge", "dredge_metrics_sample_failures_total": "counter", "dredge_tls_certificate_expiry_timestamp_seconds": "gauge",
             "dredge_server_key_generation": "gauge", "dredge_server_keys_retire_timestamp_seconds": "gauge", "dredge_agents_on_retiring_keys": "gauge",
+            "dredge_trigger_sets_sent_total": "counter", "dredge_trigger_sets_refused_total": "counter",
         ]
         #expect(families == expected)
         for name in expected.keys { #expect(text.contains("# HELP \(name) "), "\(name) has no help") }

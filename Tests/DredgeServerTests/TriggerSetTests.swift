@@ -43,7 +43,7 @@ import Testing
         let scopedHere = trigger("scoped to gold", maker: AccessScope(labels: ["tier": "gold"]))
         let expired = trigger("expired", lifetime: .seconds(-1))
         let inForce = TriggersInForce(version: 9, triggers: [everywhere, eu, us, mine, others, scoped, scopedHere, expired])
-        let set = try issuer.triggerSet(for: agent, holding: ["u-1"], from: inForce, now: now)
+        let set = try issuer.triggerSet(for: TriggerAudience(agent, holding: ["u-1"]), from: inForce, now: now)
         #expect(set.agentID == agent.agentID && set.version == 9 && set.issuedAtUs == now.microseconds)
         #expect(set.triggers.map(\.name) == ["everywhere", "eu", "u-1's", "scoped to gold"])
         let sent = try #require(set.triggers.first)
@@ -61,8 +61,8 @@ import Testing
             return
         }
         #expect(rules.map(\.id) == set.triggers.map(\.triggerID))
-        let none = try issuer.triggerSet(for: agent, holding: [], from: TriggersInForce(version: 0, triggers: []), now: now)
+        let none = try issuer.triggerSet(for: TriggerAudience(agent, holding: []), from: TriggersInForce(version: 0, triggers: []), now: now)
         #expect(none.triggers.isEmpty && none.version == 0)
-        #expect(throws: (any Error).self) { try issuer.triggerSet(for: agent, holding: [], from: inForce, keyGeneration: 7, now: now) }
+        #expect(throws: (any Error).self) { try issuer.triggerSet(for: TriggerAudience(agent, holding: []), from: inForce, keyGeneration: 7, now: now) }
     }
 }

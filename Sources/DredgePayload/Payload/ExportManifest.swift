@@ -105,6 +105,25 @@ public struct ExportManifest: Codable, Hashable, Sendable {
         }
     }
 
+    /// What fired a capture (Protocol § 21): its trigger, the set version it was matched
+    /// under, whether a run's unclean end fired it, when, and (unless a crash) the record.
+    public struct CaptureDescription: Codable, Hashable, Sendable {
+        public var triggerID: String
+        public var setVersion: UInt64
+        public var crash: Bool
+        public var matchedAt: String
+        /// The record that fired it, as a § 13 record object; nil for a crash.
+        public var match: JSONValue?
+
+        public init(triggerID: String, setVersion: UInt64, crash: Bool, matchedAt: String, match: JSONValue?) {
+            self.triggerID = triggerID
+            self.setVersion = setVersion
+            self.crash = crash
+            self.matchedAt = matchedAt
+            self.match = match
+        }
+    }
+
     public var format: String
     public var uploadID: String
     public var kind: String
@@ -119,11 +138,14 @@ public struct ExportManifest: Codable, Hashable, Sendable {
     public var contexts: [String: LogContext]
     public var losses: [Loss]
     public var feedback: FeedbackDescription?
+    public var capture: CaptureDescription?
 
     public init(
         format: String, uploadID: String, kind: String, commandID: String?, agentID: String, createdAt: String, filter: FilterDescription,
-        recordCount: Int, empty: Bool, days: [Day], contexts: [String: LogContext], losses: [Loss], feedback: FeedbackDescription?
+        recordCount: Int, empty: Bool, days: [Day], contexts: [String: LogContext], losses: [Loss], feedback: FeedbackDescription?,
+        capture: CaptureDescription? = nil
     ) {
+        self.capture = capture
         self.format = format
         self.uploadID = uploadID
         self.kind = kind
@@ -140,7 +162,7 @@ public struct ExportManifest: Codable, Hashable, Sendable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case format, kind, filter, empty, days, contexts, losses, feedback
+        case format, kind, filter, empty, days, contexts, losses, feedback, capture
         case uploadID = "upload_id", commandID = "command_id", agentID = "agent_id", createdAt = "created_at"
         case recordCount = "record_count"
     }
@@ -164,5 +186,12 @@ extension ExportManifest.FeedbackDescription {
     enum CodingKeys: String, CodingKey {
         case uid, text
         case feedbackID = "feedback_id", createdAt = "created_at"
+    }
+}
+
+extension ExportManifest.CaptureDescription {
+    enum CodingKeys: String, CodingKey {
+        case crash, match
+        case triggerID = "trigger_id", setVersion = "set_version", matchedAt = "matched_at"
     }
 }

@@ -13,11 +13,12 @@ public final class SealedUpload: Sendable {
     private let fd: Int32
 
     /// - Parameters:
-    ///   - wrappedKey: for feedback uploads, the key wrapped under the server's RSA key; empty
-    ///     for pulls (the server made the key).
+    ///   - wrappedKey: for feedback uploads and captures, the key wrapped under the server's RSA
+    ///     key; empty for pulls (the server made the key).
+    ///   - capture: what fired a capture (kind CAPTURE, Protocol § 21).
     public convenience init(
         zipPath: String, uploadID: String, kind: WireUploadKind, agentID: String, key: SymmetricKey,
-        wrappedKey: [UInt8] = [], feedback: WireFeedback? = nil, empty: Bool, createdAt: Int64,
+        wrappedKey: [UInt8] = [], feedback: WireFeedback? = nil, capture: WireCapture? = nil, empty: Bool, createdAt: Int64,
         chunkSize: Int = WireLimits.defaultChunkBytes, noncePrefix: [UInt8] = secureRandomBytes(WireLimits.noncePrefixBytes)
     ) throws {
         var st = stat()
@@ -33,6 +34,7 @@ public final class SealedUpload: Sendable {
         h.chunkCount = UInt32(max(1, (size + UInt64(chunkSize) - 1) / UInt64(chunkSize)))
         h.wrappedKey = Data(wrappedKey)
         if let feedback { h.feedback = feedback }
+        if let capture { h.capture = capture }
         h.empty = empty
         h.createdAtUs = createdAt
         try self.init(zipPath: zipPath, header: h, key: key)

@@ -51,6 +51,8 @@ extension AdminActions {
             throw ActionError(.conflict, "the server has \(Self.maxTriggersInForce) triggers in force, as many as a device may hold: disable one first", code: "too_many_triggers")
         }
         logger.info("trigger defined", metadata: ["trigger.id": "\(trigger.id)", "by": "\(caller.name)", "via": "\(surface)"])
+        // The devices connected here are sent their new sets (on a shared database, every node's too).
+        services.dispatcher.triggersChanged()
         guard let stored = try await triggers.trigger(trigger.id) else { throw ActionError(.conflict, "trigger \(trigger.id) was removed as it was made") }
         return stored
     }
@@ -98,6 +100,7 @@ extension AdminActions {
             throw ActionError(.conflict, "trigger \(trigger.id) was \(verb)d already\(earlier.map { " (\($0.by)\($0.reason.isEmpty ? "" : ": \($0.reason)"))" } ?? "")", code: "\(verb)d")
         }
         logger.info("trigger \(verb)d", metadata: ["trigger.id": "\(trigger.id)", "by": "\(caller.name)"])
+        services.dispatcher.triggersChanged()
         return mark.trigger
     }
 

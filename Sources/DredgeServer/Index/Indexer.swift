@@ -152,7 +152,7 @@ public final class Indexer: Service, Sendable {
     func catchUp() async {
         do {
             let done = try await index.indexedSources()
-            let indexedFeedback = Set(done.filter { $0.kind == .feedback }.map(\.id))
+            let indexedFeedback = Set(done.filter { $0.kind == .feedback || $0.kind == .capture }.map(\.id))
             let landed = try await blocking.runIfActive { [paths] in try Self.landedSources(paths, skippingFeedback: indexedFeedback) }
             // Not those waiting for a retry already (one another node is indexing, say).
             let missing = landed.filter { source in !done.contains(source) && !retrying.withLock { $0.contains(source) } }
@@ -343,13 +343,15 @@ public final class Indexer: Service, Sendable {
         switch source.kind {
         case .pull: try paths.pullFiles(source.id, agent: source.agentID)
         case .feedback: try paths.feedbackFiles(source.id)
+        case .capture: try paths.captureFiles(source.id)
         case .tail: try paths.tailFiles(source.id, agent: source.agentID)
         }
     }
 
     /// Every finished result under the data directory: `pulls/<pull>/<agent>/` and
-    /// `feedback/<id>/` (whose agent its manifest names). Staging (`*.partial`) and zips are
-    /// not results. Feedback in `skippingFeedback` (indexed already) is left out without
+    /// `feedback/<id>/` and `captures/<id>/` (whose agent its manifest names). Staging
+    /// (`*.partial`) and zips are not results. Feedback and captures in `skippingFeedback`
+    /// (indexed already) are left out without
     /// reading its manifest, so a start reads only the manifests it needs.
     static func landedSources(_ paths: DataDirectory, skippingFeedback: Set<String> = []) throws -> [IndexedSource] {
         let fm = FileManager.default
@@ -373,10 +375,13 @@ public final class Indexer: Service, Sendable {
                 sources.append(IndexedSource(kind: .tail, id: tail, agentID: agent))
             }
         }
-        for id in try directories(paths.feedback) where WireID.isValid(id) && !skippingFeedback.contains(id) {
-            let manifest = try paths.feedbackFiles(id) + "/" + PayloadLimits.manifestName
-            guard let data = fm.contents(atPath: manifest), let decoded = try? JSONDecoder().decode(ExportManifest.self, from: data) else { continue }  // not a finished result: nothing to index
-            sources.append(IndexedSource(kind: .feedback, id: id, agentID: decoded.agentID))
+        // Feedback and captures: their agent is the one their manifest names.
+        for (kind, root) in [(IndexedSource.Kind.feedback, paths.feedback), (.capture, paths.captures)] {
+            for id in try directories(root) where WireID.isValid(id) && !skippingFeedback.contains(id) {
+                let manifest = try paths.inside(root + "/" + id) + "/" + PayloadLimits.manifestName
+                guard let data = fm.contents(atPath: manifest), let decoded = try? JSONDecoder().decode(ExportManifest.self, from: data) else { continue }  // not a finished result: nothing to index
+                sources.append(IndexedSource(kind: kind, id: id, agentID: decoded.agentID))
+            }
         }
         return sources
     }

@@ -27,6 +27,10 @@ public final class AgentListener: Service, Sendable {
     public let tails: (any TailRegistry)?
     /// Where what the tails hold goes to their watchers, and their stops come from.
     public let tailHub: TailHub
+    /// The standing triggers and their captures (#54): nil, and the listener agrees to no `triggers`.
+    public let triggers: (any TriggerRegistry)?
+    /// The triggers in force as the connections read them, told of each change.
+    let triggerSets = TriggerSetSource()
     public let dispatcher: PullDispatcher
     let logger: Logger
     let host: String
@@ -59,7 +63,7 @@ public final class AgentListener: Service, Sendable {
     ///   renewed; the deployment's, fixed, when nil.
     public init(
         deployment: LoadedDeployment, registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault,
-        tails: (any TailRegistry)? = nil, tailHub: TailHub? = nil, dispatcher: PullDispatcher, logger: Logger,
+        tails: (any TailRegistry)? = nil, tailHub: TailHub? = nil, triggers: (any TriggerRegistry)? = nil, dispatcher: PullDispatcher, logger: Logger,
         host: String? = nil, port: Int? = nil, heartbeatSeconds: UInt32? = nil, feedbackLimits: FeedbackLimits? = nil,
         connectionLimits: ConnectionLimits? = nil, threads: WorkThreads? = nil, openFiles: Int = ServerRuntime.openFileLimit(),
         issuer: CommandIssuer? = nil, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void = { _, _ in }, metrics: ServerMetrics = ServerMetrics(),
@@ -83,6 +87,7 @@ public final class AgentListener: Service, Sendable {
         self.tokens = tokens
         self.tails = tails
         self.tailHub = tailHub ?? TailHub()
+        self.triggers = triggers
         self.dispatcher = dispatcher
         self.logger = logger
         self.host = host ?? deployment.config.listenHost
@@ -99,6 +104,8 @@ public final class AgentListener: Service, Sendable {
             logger.notice("closing a revoked agent's connection", metadata: ["agent.id": "\(agentID)"])
             connection.goodbye(Self.revokedDetail)
         }
+        // The triggers changed (here or on another node): every connection looks at its set again.
+        dispatcher.whenTriggersChanged { [triggerSets] in triggerSets.changed() }
         // A tail stopped through the admin API: the devices connected here stop sending it.
         self.tailHub.whenStopped { [agentConnections] tailID, reason, agents in
             for agent in agents { agentConnections.connection(of: agent)?.send([TailStream.stopFrame(tailID, reason)]) }
@@ -130,7 +137,8 @@ public final class AgentListener: Service, Sendable {
         let tls = try self.tls ?? ReloadableTLS(deployment.tlsConfiguration)
         let work = ServerWork(threads)
         let services = ConnectionServices(
-            registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, tails: tails, tailHub: tailHub, dispatcher: dispatcher, issuer: issuer, deployment: deployment, paths: paths,
+            registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, tails: tails, tailHub: tailHub, triggers: triggers, triggerSets: triggerSets,
+            dispatcher: dispatcher, issuer: issuer, deployment: deployment, paths: paths,
             session: session, feedbackLimits: feedbackLimits, gate: gate, agentConnections: agentConnections, refusals: refusals, enrollmentThrottle: enrollmentThrottle, counters: counters, work: work,
             landed: landed, metrics: metrics, logger: logger)
         if let refused = work.idlePolicyRefused {

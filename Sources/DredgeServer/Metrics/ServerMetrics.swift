@@ -49,6 +49,8 @@ public final class ServerMetrics: Sendable {
 
     public enum UploadKind: String, CaseIterable, Sendable {
         case pull, feedback
+        /// What a standing trigger fired on a device (#54).
+        case capture
     }
 
     /// How an upload's last step ended.
@@ -66,6 +68,8 @@ public final class ServerMetrics: Sendable {
         case feedbackRate = "feedback_rate"
         /// A feedback upload larger than one may unpack to.
         case feedbackSize = "feedback_size"
+        /// A capture over its trigger's budget (per device, or from all devices, per day).
+        case captureBudget = "capture_budget"
     }
 
     public enum SearchKind: String, CaseIterable, Sendable {
@@ -90,6 +94,9 @@ public final class ServerMetrics: Sendable {
     private let connectionErrors: [String: Counter]
     private let quotas: [Quota: Counter]
     let indexedRecords: Counter
+    /// Trigger sets sent to agents, and refused by them (#54).
+    let triggerSetsSent: Counter
+    let triggerSetRefused: Counter
     private let searches: [SearchKind: DurationHistogram]
     private let database: [DatabaseOperation: DurationHistogram]
     private let databaseErrors: Counter
@@ -209,6 +216,8 @@ public final class ServerMetrics: Sendable {
         })
 
         indexedRecords = r.counter(name: "dredge_index_records_total", help: "Records added to the search index.")
+        triggerSetsSent = r.counter(name: "dredge_trigger_sets_sent_total", help: "Trigger sets sent to agents (on connecting, and when their triggers changed).")
+        triggerSetRefused = r.counter(name: "dredge_trigger_sets_refused_total", help: "Trigger sets agents refused (they kept the set they held).")
         indexBacklog = r.gauge(name: "dredge_index_backlog_sources", help: "Landed pulls and feedback not yet searchable in full (waiting, being indexed, or to be retried).")
         indexLagRecords = r.gauge(name: "dredge_index_lag_records", help: "Records landed and not yet searchable (of the sources whose count is known).")
         indexLagSeconds = r.gauge(name: "dredge_index_lag_seconds", help: "How long the oldest source not yet searchable has waited, in seconds (0 when none waits).")

@@ -133,6 +133,8 @@ public struct IndexedSource: Sendable, Hashable, CustomStringConvertible {
         case pull, feedback
         /// What a live tail held of one device (#53), indexed when the device's part ends.
         case tail
+        /// What a standing trigger fired on one device (#54).
+        case capture
     }
 
     public var kind: Kind

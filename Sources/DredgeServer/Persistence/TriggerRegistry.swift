@@ -29,6 +29,143 @@ public protocol TriggerRegistry: Sendable {
     func remove(_ id: String, by actor: String, reason: String, at: Date) async throws -> TriggerMark?
     /// The version now, and the triggers in force at `now`, oldest first: what devices are sent.
     func inForce(now: Timestamp) async throws -> TriggersInForce
+
+    // MARK: The sets devices hold
+
+    /// Records what an agent answered to the set it was sent: the set it holds now (it took
+    /// it), or its refusal (it keeps the set it held before, which stays recorded).
+    func recordAnswer(_ answer: TriggerSetAnswer) async throws
+    /// What the agent answered last: the set it holds (nil: none recorded) and its last refusal
+    /// since it took that set.
+    func answer(of agentID: String) async throws -> HeldTriggerSet?
+    /// How many agents hold a set with this trigger in it.
+    func holders(of triggerID: String) async throws -> Int
+
+    // MARK: Captures
+
+    /// Records a capture the first time its header arrives, counted against its budgets: at
+    /// most `perDevicePerDay` of the trigger's captures from the agent and `perDay` from all
+    /// agents begun in the rolling day before `capture.at`, and never a window that overlaps
+    /// one of the trigger's captures from the agent. Decided in the transaction that stores
+    /// it, so two at once cannot pass a budget. A capture with this id already recorded is
+    /// answered as it stands (a resumption, never refused and counted again).
+    func beginCapture(_ capture: NewCapture, perDevicePerDay: Int, perDay: Int) async throws -> CaptureBegin
+    /// Moves a capture's status, unless it is already final; returns whether it applied.
+    func updateCapture(_ id: String, status: FeedbackStatus, detail: String, chunksReceived: Int?, records: Int?, files: [String]?, errorCode: Int?) async throws -> Bool
+    func capture(_ id: String) async throws -> CaptureRecord?
+    /// Newest first: all, or one trigger's.
+    func captures(of triggerID: String?, limit: Int) async throws -> [CaptureRecord]
+    /// A trigger's captures begun at or after `since`, and the devices they came from.
+    func tally(of triggerID: String, since: Date) async throws -> CaptureTally
+    /// Fails the captures begun more than `after` ago and still not complete. Returns how many.
+    func failAbandonedCaptures(now: Date, after: Duration) async throws -> Int
+    /// Records that the capture's files and index rows are deleted (the caller deletes them,
+    /// after this); an upload still open becomes `failed`. The first removal is kept. Nil for
+    /// an unknown capture.
+    func markCaptureRemoved(_ id: String, by actor: String, reason: String, at: Date) async throws -> RemovalMark?
+    /// Captures kept long enough: not removed, final, and received at or before `cutoff`.
+    /// Oldest first.
+    func removableCaptures(receivedUntil cutoff: Date, limit: Int) async throws -> [String]
+}
+
+/// What an agent answered to a trigger set (`TriggerSetAck`, Protocol § 21).
+public struct TriggerSetAnswer: Sendable, Equatable {
+    public var agentID: String
+    /// The set's `version` and `issued_at_us`.
+    public var version: UInt64
+    public var issuedAt: Timestamp
+    /// The triggers of the set it answered.
+    public var triggerIDs: [String]
+    /// Nil: it holds the set. Else why it refused it (the reason's name and its detail).
+    public var refusal: String?
+    public var at: Date
+
+    public init(agentID: String, version: UInt64, issuedAt: Timestamp, triggerIDs: [String], refusal: String?, at: Date) {
+        self.agentID = agentID
+        self.version = version
+        self.issuedAt = issuedAt
+        self.triggerIDs = triggerIDs
+        self.refusal = refusal
+        self.at = at
+    }
+}
+
+/// The set an agent holds, as it last answered.
+public struct HeldTriggerSet: Sendable, Equatable {
+    /// One set, by its `version` and `issued_at_us`, and when it was answered.
+    public struct Answered: Sendable, Equatable {
+        public var version: UInt64
+        public var issuedAt: Timestamp
+        public var at: Date
+
+        public init(version: UInt64, issuedAt: Timestamp, at: Date) {
+            self.version = version
+            self.issuedAt = issuedAt
+            self.at = at
+        }
+    }
+
+    /// The set it took last; nil: it never took one.
+    public var held: Answered?
+    /// The triggers of that set.
+    public var triggerIDs: [String]
+    /// The set it refused last after taking `held`, and why; nil: none.
+    public var refused: Answered?
+    public var refusal: String?
+
+    public init(held: Answered?, triggerIDs: [String], refused: Answered?, refusal: String?) {
+        self.held = held
+        self.triggerIDs = triggerIDs
+        self.refused = refused
+        self.refusal = refusal
+    }
+}
+
+/// A capture about to be recorded (its header was checked).
+public struct NewCapture: Sendable, Equatable {
+    public var id: String
+    public var agentID: String
+    public var triggerID: String
+    public var setVersion: UInt64
+    public var uid: String
+    public var since: Timestamp
+    public var until: Timestamp
+    public var matchedAt: Timestamp
+    public var crash: Bool
+    public var chunkCount: Int
+    /// The upload's declared size.
+    public var bytes: Int64
+    public var at: Date
+
+    public init(
+        id: String, agentID: String, triggerID: String, setVersion: UInt64, uid: String, since: Timestamp, until: Timestamp, matchedAt: Timestamp, crash: Bool,
+        chunkCount: Int, bytes: Int64, at: Date
+    ) {
+        self.id = id
+        self.agentID = agentID
+        self.triggerID = triggerID
+        self.setVersion = setVersion
+        self.uid = uid
+        self.since = since
+        self.until = until
+        self.matchedAt = matchedAt
+        self.crash = crash
+        self.chunkCount = chunkCount
+        self.bytes = bytes
+        self.at = at
+    }
+}
+
+/// What ``TriggerRegistry/beginCapture(_:perDevicePerDay:perDay:)`` did.
+public enum CaptureBegin: Sendable, Equatable {
+    /// Recorded and counted.
+    case begun
+    /// Recorded before (a resumption): as it stands.
+    case existing(CaptureRecord)
+    /// Over a budget: nothing stored. Says which.
+    case overBudget(String)
+    /// Its window overlaps one of the trigger's captures from the agent: nothing stored.
+    case overlaps(String)
 }
 
 /// A trigger about to be stored.
@@ -104,6 +241,49 @@ enum TriggerRows {
     static func endingDetail(_ trigger: TriggerRecord, _ reason: String) -> String {
         "trigger \(trigger.id) \(trigger.definition.name.debugDescription)" + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)")
     }
+
+    /// A list of ids (or paths) as stored: JSON.
+    static func ids(_ ids: [String]) throws -> String { String(decoding: try JSONEncoder().encode(ids), as: UTF8.self) }
+
+    /// A stored capture status, or an error naming the damaged row.
+    static func status(_ stored: String, of id: String) throws -> FeedbackStatus {
+        guard let status = FeedbackStatus(rawValue: stored) else { throw DeploymentError("the stored status of capture \(id) is unreadable: \(stored.debugDescription)") }
+        return status
+    }
+
+    static func abandoned(_ after: Duration) -> String { "not completed within \(after) of its first frame; abandoned" }
+
+    /// The set an agent holds from its stored columns.
+    static func held(
+        agentID: String, version: Int64?, issuedAtUs: Int64?, triggerIDs: String, heldAt: Double?, refusedVersion: Int64?, refusedIssuedAtUs: Int64?, refusal: String?,
+        refusedAt: Double?
+    ) throws -> HeldTriggerSet {
+        let ids: [String]
+        do {
+            ids = try JSONDecoder().decode([String].self, from: Data(triggerIDs.utf8))
+        } catch {
+            throw DeploymentError("the trigger set agent \(agentID) holds does not read back from the database (\(error))")
+        }
+        func answered(_ version: Int64?, _ issued: Int64?, _ at: Double?) -> HeldTriggerSet.Answered? {
+            guard let version, let issued, let at else { return nil }
+            return HeldTriggerSet.Answered(version: UInt64(max(0, version)), issuedAt: Timestamp(microseconds: issued), at: Date(timeIntervalSince1970: at))
+        }
+        return HeldTriggerSet(
+            held: answered(version, issuedAtUs, heldAt), triggerIDs: ids, refused: answered(refusedVersion, refusedIssuedAtUs, refusedAt), refusal: refusal)
+    }
+
+    /// A rolling day.
+    static let day: Double = 86_400
+
+    /// Why a capture is over a budget, counted `device` from its agent and `all` from every
+    /// agent in the rolling day; nil when within both.
+    static func overBudget(device: Int, all: Int, perDevicePerDay: Int, perDay: Int, trigger: String) -> String? {
+        if device >= perDevicePerDay { return "trigger \(trigger) allows \(perDevicePerDay) captures a day from one device; this one's are spent" }
+        if all >= perDay { return "trigger \(trigger) allows \(perDay) captures a day from all devices; they are spent" }
+        return nil
+    }
+
+    static func overlapDetail(_ other: String) -> String { "the window overlaps that of capture \(other) of the same trigger from this device" }
 
     static func ending(at: Double?, by: String?, reason: String?) -> TriggerEnding? {
         guard let at else { return nil }

@@ -6,7 +6,8 @@ import Foundation
 ///
 /// Layout: `uploads/<upload>-<agent>/` (chunks of uploads in progress), `pulls/<pull>/<agent>/`
 /// and `pulls/<pull>/<agent>.zip` (finished pulls), `feedback/<id>/` and `feedback/<id>.zip`
-/// (finished feedback), `tails/<tail>/<agent>/` (what a live tail held of one device).
+/// (finished feedback), `captures/<id>/` and `captures/<id>.zip` (finished captures, #54),
+/// `tails/<tail>/<agent>/` (what a live tail held of one device).
 public struct DataDirectory: Sendable {
     /// The data directory, absolute and standardized.
     public let root: String
@@ -23,6 +24,7 @@ public struct DataDirectory: Sendable {
     public var pulls: String { root + "/pulls" }
     public var feedback: String { root + "/feedback" }
     public var tails: String { root + "/tails" }
+    public var captures: String { root + "/captures" }
 
     /// `tails/<tail>`
     public func tail(_ tailID: String) throws -> String { try inside(tails + "/" + id(tailID)) }
@@ -55,6 +57,12 @@ public struct DataDirectory: Sendable {
 
     /// `feedback/<id>.zip`
     public func feedbackZip(_ feedbackID: String) throws -> String { try inside(feedback + "/" + id(feedbackID) + ".zip") }
+
+    /// `captures/<id>`
+    public func captureFiles(_ captureID: String) throws -> String { try inside(captures + "/" + id(captureID)) }
+
+    /// `captures/<id>.zip`
+    public func captureZip(_ captureID: String) throws -> String { try inside(captures + "/" + id(captureID) + ".zip") }
 
     /// `path` if it lies strictly inside the data directory once `.` and `..` are resolved;
     /// otherwise an error (and nothing is touched).

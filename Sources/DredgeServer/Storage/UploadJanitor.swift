@@ -5,7 +5,7 @@ import Logging
 import NIOPosix
 
 /// Removes upload state nothing will finish: `uploads/<upload>-<agent>/` whose pull target or
-/// feedback has reached a final status (or never existed), entries of any other name, and (at
+/// feedback or capture has reached a final status (or never existed), entries of any other name, and (at
 /// start only) the `*.partial` staging directories an interrupted unpacking left. Finished
 /// results (`pulls/`, `feedback/`) are never touched. On a data directory shared by the nodes
 /// of a cluster, staging is removed at start only once it is an hour old: another node may be
@@ -17,10 +17,16 @@ struct UploadJanitor: Sendable {
     let paths: DataDirectory
     let pulls: any PullQueue
     let feedback: any FeedbackInbox
+    /// The captures (#54), kept by the trigger registry; nil: a server without one.
+    let captures: (any TriggerRegistry)?
     let logger: Logger
     let blocking: NIOThreadPool
 
-    init(paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, logger: Logger, blocking: NIOThreadPool = .singleton) {
+    init(
+        paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, captures: (any TriggerRegistry)? = nil, logger: Logger,
+        blocking: NIOThreadPool = .singleton
+    ) {
+        self.captures = captures
         self.paths = paths
         self.pulls = pulls
         self.feedback = feedback
@@ -28,13 +34,14 @@ struct UploadJanitor: Sendable {
         self.blocking = blocking
     }
 
-    /// What the server runs about once a minute: pulls and feedback that will not finish are
+    /// What the server runs about once a minute: pulls, feedback and captures that will not finish are
     /// ended, then their upload state removed.
     func housekeeping(listeningSince: Date) -> @Sendable () async throws -> Void {
         let janitor = self
         return {
             try await janitor.pulls.expireStalled(now: Date(), listeningSince: listeningSince, deadlines: PullTargetLife.Deadlines())
             try await janitor.feedback.failAbandoned(now: Date(), after: WireLimits.feedbackLifetime)
+            try await janitor.captures?.failAbandonedCaptures(now: Date(), after: WireLimits.captureLifetime)
             try await janitor.sweep()
         }
     }
@@ -62,7 +69,7 @@ struct UploadJanitor: Sendable {
                 removed.append(path)
             }
             if atStart {
-                let parents = [paths.feedback] + (try DataDirectory.entries(of: paths.pulls)).map { paths.pulls + "/" + $0 }
+                let parents = [paths.feedback, paths.captures] + (try DataDirectory.entries(of: paths.pulls)).map { paths.pulls + "/" + $0 }
                 for parent in parents {
                     for name in try DataDirectory.entries(of: parent) where name.hasSuffix(".partial") {
                         let path = try paths.inside(parent + "/" + name)
@@ -84,13 +91,16 @@ struct UploadJanitor: Sendable {
         return removed
     }
 
-    /// True when nothing will ever complete this upload: its pull target or feedback is final,
-    /// or there is neither.
+    /// True when nothing will ever complete this upload: its pull target, feedback or capture is
+    /// final, or there is none.
     private func isFinished(upload: String, agent: String) async throws -> Bool {
         if let pull = try await pulls.pull(upload), let target = pull.targets.first(where: { $0.agentID == agent }) {
             return target.status.isFinal
         }
         if let record = try await feedback.feedback(upload), record.agentID == agent {
+            return record.status.isFinal
+        }
+        if let record = try await captures?.capture(upload), record.agentID == agent {
             return record.status.isFinal
         }
         return true

@@ -122,7 +122,7 @@ public struct AgentConnectionStateMachine: Sendable {
             (.ready, .uploadStatus?), (.ready, .uploadResult?):
             return [.deliver(frame)]
         case (.ready, .tailCommand?) where agreed.contains(WireCapability.liveTail), (.ready, .tailAck?) where agreed.contains(WireCapability.liveTail),
-            (.ready, .tailStop?) where agreed.contains(WireCapability.liveTail):
+            (.ready, .tailStop?) where agreed.contains(WireCapability.liveTail), (.ready, .triggerSet?) where agreed.contains(WireCapability.triggers):
             return [.deliver(frame)]
         default:
             return fail(.unexpected(Self.name(frame), in: state))
@@ -174,6 +174,7 @@ public struct AgentConnectionStateMachine: Sendable {
     func permits(_ frame: WireFrame) -> Bool {
         switch frame.body {
         case .tailAccepted?, .tailBatch?: agreed.contains(WireCapability.liveTail)
+        case .triggerSetAck?: agreed.contains(WireCapability.triggers)
         default: true
         }
     }

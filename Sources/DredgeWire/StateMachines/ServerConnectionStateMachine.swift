@@ -110,7 +110,8 @@ public struct ServerConnectionStateMachine: Sendable {
             (.ready(let id), .uploadComplete?):
             return [.deliver(agentID: id, frame)]
         case (.ready(let id), .tailAccepted?) where capabilities.contains(WireCapability.liveTail),
-            (.ready(let id), .tailBatch?) where capabilities.contains(WireCapability.liveTail):
+            (.ready(let id), .tailBatch?) where capabilities.contains(WireCapability.liveTail),
+            (.ready(let id), .triggerSetAck?) where capabilities.contains(WireCapability.triggers):
             return [.deliver(agentID: id, frame)]
         case (.ready(let id), .error(let error)?) where !error.fatal:
             return [.deliver(agentID: id, frame)]
@@ -178,6 +179,7 @@ public struct ServerConnectionStateMachine: Sendable {
     func permits(_ frame: WireFrame) -> Bool {
         switch frame.body {
         case .tailCommand?, .tailAck?, .tailStop?: capabilities.contains(WireCapability.liveTail)
+        case .triggerSet?: capabilities.contains(WireCapability.triggers)
         default: true
         }
     }

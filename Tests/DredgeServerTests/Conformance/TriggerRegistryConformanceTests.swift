@@ -122,4 +122,104 @@ import Testing
         let error = await #expect(throws: (any Error).self) { try await triggers.inForce(now: base) }
         #expect("\(error.map { "\($0)" } ?? "")".contains("trigger \(trigger.id) does not read back"))
     }
+
+    /// What each agent answered: the set it took, then a refusal beside it (the set held stays),
+    /// then a newer set it took (the refusal goes). `holders` counts the agents whose held set
+    /// lists a trigger.
+    @Test(arguments: Backend.all)
+    func anAgentsAnswersAreRecordedAndCountTheHolders(_ backend: Backend) async throws {
+        let (triggers, _) = try await backend.triggers(dir)
+        let a = String(repeating: "a", count: 32), b = String(repeating: "b", count: 32)
+        let t1 = newTrigger("one"), t2 = newTrigger("two")
+        #expect(try await triggers.answer(of: a) == nil)
+        try await triggers.recordAnswer(TriggerSetAnswer(agentID: a, version: 3, issuedAt: base, triggerIDs: [t1.id, t2.id], refusal: nil, at: date(1)))
+        try await triggers.recordAnswer(TriggerSetAnswer(agentID: b, version: 3, issuedAt: base, triggerIDs: [t1.id], refusal: nil, at: date(1)))
+        let held = try #require(try await triggers.answer(of: a))
+        #expect(held.held?.version == 3 && held.held?.issuedAt == base && held.triggerIDs == [t1.id, t2.id] && held.refused == nil && held.refusal == nil)
+        #expect(try await triggers.holders(of: t1.id) == 2)
+        #expect(try await triggers.holders(of: t2.id) == 1)
+        try await triggers.recordAnswer(
+            TriggerSetAnswer(agentID: a, version: 4, issuedAt: base.adding(.seconds(5)), triggerIDs: [t2.id], refusal: "REJECT_INVALID: a bad term", at: date(6)))
+        let refused = try #require(try await triggers.answer(of: a))
+        #expect(refused.held?.version == 3 && refused.triggerIDs == [t1.id, t2.id], "the set held stays")
+        #expect(refused.refused?.version == 4 && refused.refusal == "REJECT_INVALID: a bad term")
+        try await triggers.recordAnswer(TriggerSetAnswer(agentID: a, version: 5, issuedAt: base.adding(.seconds(9)), triggerIDs: [], refusal: nil, at: date(10)))
+        let emptied = try #require(try await triggers.answer(of: a))
+        #expect(emptied.held?.version == 5 && emptied.triggerIDs.isEmpty && emptied.refused == nil && emptied.refusal == nil)
+        #expect(try await triggers.holders(of: t2.id) == 0)
+        // A refusal from an agent that never took a set: recorded with no set held.
+        let c = String(repeating: "c", count: 32)
+        try await triggers.recordAnswer(TriggerSetAnswer(agentID: c, version: 1, issuedAt: base, triggerIDs: [t1.id], refusal: "REJECT_EXPIRED", at: date(1)))
+        let never = try #require(try await triggers.answer(of: c))
+        #expect(never.held == nil && never.triggerIDs.isEmpty && never.refusal == "REJECT_EXPIRED")
+    }
+
+    func newCapture(_ trigger: String, agent: String, since: Double, until: Double, at: Double, id: String = Hex.encode((0..<16).map { _ in UInt8.random(in: 0...255) }))
+        -> NewCapture
+    {
+        NewCapture(
+            id: id, agentID: agent, triggerID: trigger, setVersion: 2, uid: "u-1", since: base.adding(.seconds(since)), until: base.adding(.seconds(until)),
+            matchedAt: base.adding(.seconds(since + 1)), crash: false, chunkCount: 1, bytes: 1000, at: date(at))
+    }
+
+    /// Captures: counted against the device's and the trigger's rolling-day budgets in the
+    /// transaction that records them (nothing stored over a budget), never overlapping one of
+    /// the same trigger and device, a resumption answered as it stands; their statuses move as
+    /// a feedback's, removal and retention as a pull's.
+    @Test(arguments: Backend.all)
+    func capturesKeepTheirBudgetsAndNeverOverlap(_ backend: Backend) async throws {
+        let (triggers, _) = try await backend.triggers(dir)
+        let t = newTrigger()
+        let a = String(repeating: "a", count: 32), b = String(repeating: "b", count: 32), c = String(repeating: "c", count: 32)
+        let first = newCapture(t.id, agent: a, since: 0, until: 10, at: 20)
+        #expect(try await triggers.beginCapture(first, perDevicePerDay: 2, perDay: 3) == .begun)
+        let stored = try #require(try await triggers.capture(first.id))
+        #expect(stored.agentID == a && stored.triggerID == t.id && stored.setVersion == 2 && stored.uid == "u-1" && stored.since == first.since && stored.until == first.until)
+        #expect(stored.matchedAt == first.matchedAt && !stored.crash && stored.status == .uploading && stored.chunkCount == 1 && stored.bytes == 1000)
+        // Begun again: as it stands, not counted.
+        guard case .existing(let again) = try await triggers.beginCapture(first, perDevicePerDay: 2, perDay: 3) else {
+            Issue.record("a capture begun again was not answered as it stands")
+            return
+        }
+        #expect(again == stored)
+        // Overlapping the first (same trigger and device): refused; touching its end is not.
+        guard case .overlaps = try await triggers.beginCapture(newCapture(t.id, agent: a, since: 9, until: 15, at: 21), perDevicePerDay: 2, perDay: 3) else {
+            Issue.record("an overlapping window was recorded")
+            return
+        }
+        #expect(try await triggers.beginCapture(newCapture(t.id, agent: b, since: 9, until: 15, at: 21), perDevicePerDay: 2, perDay: 3) == .begun, "another device's")
+        #expect(try await triggers.beginCapture(newCapture(t.id, agent: a, since: 10, until: 15, at: 22), perDevicePerDay: 2, perDay: 3) == .begun)
+        // The device's budget (2) is spent, then the trigger's (3): nothing stored.
+        let over = newCapture(t.id, agent: a, since: 20, until: 25, at: 23)
+        guard case .overBudget(let device) = try await triggers.beginCapture(over, perDevicePerDay: 2, perDay: 10) else {
+            Issue.record("a capture over the device's budget was recorded")
+            return
+        }
+        #expect(device.contains("one device"))
+        guard case .overBudget(let all) = try await triggers.beginCapture(newCapture(t.id, agent: c, since: 0, until: 5, at: 23), perDevicePerDay: 2, perDay: 3) else {
+            Issue.record("a capture over the trigger's budget was recorded")
+            return
+        }
+        #expect(all.contains("all devices"))
+        #expect(try await triggers.capture(over.id) == nil)
+        // A rolling day later the device may again.
+        #expect(try await triggers.beginCapture(newCapture(t.id, agent: a, since: 30, until: 35, at: 20 + 86_401), perDevicePerDay: 2, perDay: 3) == .begun)
+        #expect(try await triggers.tally(of: t.id, since: date(0)) == CaptureTally(captures: 4, devices: 2))
+        #expect(try await triggers.captures(of: t.id, limit: 10).count == 4)
+        #expect(try await triggers.captures(of: nil, limit: 2).count == 2)
+
+        // Statuses: final ones never move.
+        #expect(try await triggers.updateCapture(first.id, status: .complete, detail: "3 records", chunksReceived: 1, records: 3, files: ["/x/manifest.json"], errorCode: nil))
+        #expect(!(try await triggers.updateCapture(first.id, status: .failed, detail: "late", chunksReceived: nil, records: nil, files: nil, errorCode: 5)))
+        let done = try #require(try await triggers.capture(first.id))
+        #expect(done.status == .complete && done.records == 3 && done.files == ["/x/manifest.json"] && done.detail == "3 records" && done.errorCode == nil)
+        // Abandoned after the lifetime; removal keeps the first; retention lists final ones not removed.
+        #expect(try await triggers.failAbandonedCaptures(now: date(20 + 86_401 + 7 * 86_400 + 1), after: .seconds(7 * 86_400)) == 3)
+        let mark = try #require(try await triggers.markCaptureRemoved(first.id, by: "alice", reason: "done", at: date(100)))
+        #expect(mark.isNew && mark.removal.by == "alice")
+        #expect(try await triggers.markCaptureRemoved(first.id, by: "bob", reason: "", at: date(101))?.isNew == false)
+        #expect(try await triggers.markCaptureRemoved(String(repeating: "f", count: 32), by: "bob", reason: "", at: date(101)) == nil)
+        let removable = try await triggers.removableCaptures(receivedUntil: date(86_400 * 30), limit: 10)
+        #expect(removable.count == 3 && !removable.contains(first.id))
+    }
 }

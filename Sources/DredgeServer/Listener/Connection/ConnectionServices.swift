@@ -20,8 +20,14 @@ final class ConnectionServices: Sendable {
     let tailHub: TailHub
     /// One connection at a time works on one agent's part of a tail (``ConnectionTails``).
     let tailParts = KeyedLock()
+    /// The standing triggers and their captures (#54); nil: this server agrees to no `triggers`.
+    let triggers: (any TriggerRegistry)?
+    /// The triggers in force, read once per change for every connection.
+    let triggerSets: TriggerSetSource
     /// What the server agrees to in `HelloAck` (``WireCapability``).
-    var capabilities: [String] { tails == nil ? WireCapability.known.filter { $0 != WireCapability.liveTail } : WireCapability.known }
+    var capabilities: [String] {
+        WireCapability.known.filter { ($0 != WireCapability.liveTail || tails != nil) && ($0 != WireCapability.triggers || triggers != nil) }
+    }
     let dispatcher: PullDispatcher
     /// Makes pull commands, and keeps the keys of the pulls made or delivered lately.
     let issuer: CommandIssuer
@@ -46,8 +52,8 @@ final class ConnectionServices: Sendable {
     let logger: Logger
 
     init(
-        registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, tails: (any TailRegistry)?, tailHub: TailHub, dispatcher: PullDispatcher,
-        issuer: CommandIssuer, deployment: LoadedDeployment, paths: DataDirectory, session: WireAuthResult, feedbackLimits: FeedbackLimits,
+        registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, tails: (any TailRegistry)?, tailHub: TailHub, triggers: (any TriggerRegistry)?,
+        triggerSets: TriggerSetSource, dispatcher: PullDispatcher, issuer: CommandIssuer, deployment: LoadedDeployment, paths: DataDirectory, session: WireAuthResult, feedbackLimits: FeedbackLimits,
         gate: ConnectionGate, agentConnections: AgentConnections, refusals: RateLimitedLog, enrollmentThrottle: EnrollmentThrottle,
         counters: ConnectionCounters, work: ServerWork, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void,
         metrics: ServerMetrics, logger: Logger
@@ -59,6 +65,8 @@ final class ConnectionServices: Sendable {
         self.tokens = tokens
         self.tails = tails
         self.tailHub = tailHub
+        self.triggers = triggers
+        self.triggerSets = triggerSets
         self.dispatcher = dispatcher
         self.issuer = issuer
         self.deployment = deployment

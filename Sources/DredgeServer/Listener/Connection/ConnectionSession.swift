@@ -41,6 +41,8 @@ final class ConnectionSession: Sendable {
         var uploads: ConnectionUploads?
         /// The agent's live tails on this connection, once registered with `live-tail` agreed.
         var tails: ConnectionTails?
+        /// The agent's trigger set on this connection, once registered with `triggers` agreed.
+        var triggers: ConnectionTriggers?
         /// The agent's pull deliveries once registered, and their place with the dispatcher.
         var delivery: (runner: DeliveryRunner, registration: Int)?
         /// When the last heartbeat arrived (or the agent authenticated), for its lag.
@@ -89,7 +91,7 @@ final class ConnectionSession: Sendable {
         if let uploads = state.withLock({ $0.uploads }) { return uploads }
         let outbound = self.outbound
         let made = ConnectionUploads(
-            agentID: id, services: services,
+            agentID: id, services: services, triggers: state.withLock { $0.triggers },
             emit: { frames in
                 // Chunks acknowledged once written, after their frame was handled: by one
                 // committing thread at a time, and a refusal that ends an upload once it is
@@ -132,6 +134,7 @@ final class ConnectionSession: Sendable {
     /// Stops delivering (the connection ended); returns when no pass runs. Called after the
     /// session's last step, like ``closed()``.
     func stopDelivery() async {
+        await state.withLock { $0.triggers }?.stop()
         let (delivery, agentID) = state.withLock { ($0.delivery, $0.agentID) }
         guard let delivery, let agentID else { return }
         services.dispatcher.unregister(agentID, token: delivery.registration)
@@ -330,6 +333,11 @@ final class ConnectionSession: Sendable {
                     let tails = ConnectionTails(agentID: id, services: services, registry: registry)
                     state.withLock { $0.tails = tails }
                 }
+                if let registry = services.triggers, outbound.agreement.capabilities.contains(WireCapability.triggers) {
+                    let triggers = ConnectionTriggers(agentID: id, host: host, services: services, registry: registry, token: token, outbound: outbound, keyPin: keyPin)
+                    state.withLock { $0.triggers = triggers }
+                    triggers.wake()
+                }
                 services.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
                 services.metrics.authentications.increment()
                 heartbeatArrived(first: true)
@@ -352,10 +360,14 @@ final class ConnectionSession: Sendable {
                         continue
                     }
                     outcome.frames += outbound.permitted([.with { $0.heartbeatAck = .with { $0.seq = heartbeat.seq; $0.keyAnnouncements = keys.announcements } }])
+                    // A user it came to hold may be one a trigger watches.
+                    if !added.isEmpty || heartbeat.hasUsers, let triggers = state.withLock({ $0.triggers }) { triggers.wake() }
                     // Off the connection's path: the ack does not wait for the pull queue.
                     if !added.isEmpty || heartbeat.hasUsers {
                         Task { [services] in await services.adoptPulls(for: id, heartbeat: heartbeat, added: added) }
                     }
+                } else if case .triggerSetAck(let ack)? = frame.body {
+                    await state.withLock { $0.triggers }?.answered(ack)
                 } else if let tails = state.withLock({ $0.tails }), tails.handles(frame) {
                     outcome.frames += outbound.permitted(await tails.handle(frame))
                 } else {

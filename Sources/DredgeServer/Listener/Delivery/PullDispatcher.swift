@@ -30,6 +30,8 @@ public final class PullDispatcher: Service, Sendable {
     private let revocationHandlers = Mutex<[@Sendable (String) -> Void]>([])
     /// Told of each tail another node stopped (``whenTailStopped(_:)``).
     private let tailStopHandlers = Mutex<[@Sendable (String) -> Void]>([])
+    /// Told whenever the standing triggers change (``whenTriggersChanged(_:)``).
+    private let triggerHandlers = Mutex<[@Sendable () -> Void]>([])
 
     /// Run about once a minute: ends pulls that will not finish, removes abandoned uploads.
     let housekeeping: (@Sendable () async throws -> Void)?
@@ -111,6 +113,20 @@ public final class PullDispatcher: Service, Sendable {
         for handler in tailStopHandlers.withLock({ $0 }) { handler(tailID) }
     }
 
+    /// The standing triggers changed (#54), on the pull channel: this mark alone.
+    public static let triggersChangedMark = "^"
+
+    /// Calls `handler` whenever the standing triggers change: through this process's admin
+    /// API (``triggersChanged()``) or, on a shared database, on any node (its notification).
+    func whenTriggersChanged(_ handler: @escaping @Sendable () -> Void) {
+        triggerHandlers.withLock { $0.append(handler) }
+    }
+
+    /// The standing triggers changed: the agents connected here are sent their sets again.
+    public func triggersChanged() {
+        for handler in triggerHandlers.withLock({ $0 }) { handler() }
+    }
+
     /// A revocation on the pull channel: the agent's id after a `-` (an id is hex, never so).
     static func revokedNotice(_ agentID: String) -> String { "-" + agentID }
 
@@ -121,7 +137,8 @@ public final class PullDispatcher: Service, Sendable {
                     guard let self else { return }
                     for id in ids where id.hasPrefix("-") { self.revoked(String(id.dropFirst())) }
                     for id in ids where id.hasPrefix(Self.tailStoppedMark) { self.tailStopped(String(id.dropFirst())) }
-                    self.wake(ids.filter { !$0.hasPrefix("-") && !$0.hasPrefix(Self.tailStoppedMark) })
+                    if ids.contains(Self.triggersChangedMark) { self.triggersChanged() }
+                    self.wake(ids.filter { !$0.hasPrefix("-") && !$0.hasPrefix(Self.tailStoppedMark) && $0 != Self.triggersChangedMark })
                 }
             }
         }

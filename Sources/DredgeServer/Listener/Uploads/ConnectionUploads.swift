@@ -12,7 +12,7 @@ import Synchronization
 
 /// The uploads of one agent connection on the server: one ``UploadReceiverStateMachine`` and
 /// one ``UploadAssembler`` (on disk, so they survive reconnects and restarts) per upload, and
-/// the pull or feedback statuses they move. It routes each upload frame: a header to
+/// the pull, feedback or capture statuses they move. It routes each upload frame: a header to
 /// ``UploadAdmission``, chunks through the ``ChunkPipeline``, the last step to
 /// ``UploadFinisher``, and answers to commands to ``PullOutcomes``.
 ///
@@ -57,28 +57,33 @@ final class ConnectionUploads: Sendable {
         var receivers: [String: Receiver] = [:]
         /// Per upload, the `chunks_received` last queued for writing (the committer's).
         var recordedCount: [String: Int] = [:]
-        /// Uploads begun on this connection that are feedback, not pulls (the steps').
-        var feedbackUploads: Set<String> = []
+        /// Uploads begun on this connection that are not pulls: feedback and captures (the steps').
+        var deviceUploads: [String: UploadOwner] = [:]
     }
 
     private typealias Receiver = (machine: UploadReceiverStateMachine, assembler: UploadAssembler)
 
     private func receiver(_ id: String) -> Receiver? { state.withLock { $0.receivers[id] } }
-    private func isFeedback(_ id: String) -> Bool { state.withLock { $0.feedbackUploads.contains(id) } }
+    private func owner(_ id: String) -> UploadOwner { state.withLock { $0.deviceUploads[id] ?? .pull } }
 
-    init(agentID: String, services: ConnectionServices, limits: PayloadLimits = PayloadLimits(), emit: @escaping @Sendable ([WireFrame]) -> Void) {
+    /// - Parameter triggers: the agent's triggers on this connection (nil: `triggers` not agreed,
+    ///   and captures are refused).
+    init(
+        agentID: String, services: ConnectionServices, triggers: ConnectionTriggers? = nil, limits: PayloadLimits = PayloadLimits(),
+        emit: @escaping @Sendable ([WireFrame]) -> Void
+    ) {
         self.agentID = agentID
         self.services = services
         self.emit = emit
         self.limits = limits
-        let statuses = UploadStatuses(agentID: agentID, pulls: services.pulls, feedback: services.feedback)
+        let statuses = UploadStatuses(agentID: agentID, pulls: services.pulls, feedback: services.feedback, captures: services.triggers)
         self.statuses = statuses
         let (logger, blocking) = (services.logger, services.work.uploads)
         recordings = SerialRunner(empty: []) { batch in
             for recording in batch {
-                for (id, isFeedback, move) in recording.moves {
+                for (id, owner, move) in recording.moves {
                     do {
-                        try await statuses.move(id, isFeedback: isFeedback, to: move.status, detail: move.detail, chunksReceived: move.chunksReceived, failedWith: move.failedWith)
+                        try await statuses.move(id, owner, to: move.status, detail: move.detail, chunksReceived: move.chunksReceived, failedWith: move.failedWith)
                     } catch {
                         logger.error("could not record an upload's progress", metadata: ["upload.id": "\(id)", "error": "\(error)"])
                     }
@@ -97,7 +102,7 @@ final class ConnectionUploads: Sendable {
             }
             return .next
         }
-        admission = UploadAdmission(agentID: agentID, services: services)
+        admission = UploadAdmission(agentID: agentID, services: services, triggers: triggers)
         finisher = UploadFinisher(agentID: agentID, services: services, statuses: statuses, limits: limits)
         outcomes = PullOutcomes(agentID: agentID, pulls: services.pulls, logger: services.logger)
     }
@@ -134,7 +139,7 @@ final class ConnectionUploads: Sendable {
             try await outcomes.rejected(m)
             return []
         case .error(let e)?:
-            guard WireID.isValid(e.uploadID), !isFeedback(e.uploadID) else { return [] }
+            guard WireID.isValid(e.uploadID), owner(e.uploadID) == .pull else { return [] }
             try await outcomes.failedOnAgent(e)
             return []
         case .uploadBegin(let m)?:
@@ -150,7 +155,7 @@ final class ConnectionUploads: Sendable {
                 switch action {
                 case .send(let f): out.append(f)
                 case .assemble:
-                    let finished = await finisher.finish(m.uploadID, entry.assembler, isFeedback: isFeedback(m.uploadID))
+                    let finished = await finisher.finish(m.uploadID, entry.assembler, owner(m.uploadID))
                     if let chunks = finished.landedChunks { removeAfterResult(chunks, uploadID: m.uploadID) }
                     for case .send(let f) in entry.machine.assembled(finished.result) { out.append(f) }
                 default: break
@@ -200,7 +205,7 @@ final class ConnectionUploads: Sendable {
 
     /// Status moves to record in order, then frames to send.
     private struct Recording: Sendable {
-        var moves: [(id: String, isFeedback: Bool, move: Progress)]
+        var moves: [(id: String, owner: UploadOwner, move: Progress)]
         var frames: [WireFrame]
     }
 
@@ -215,7 +220,7 @@ final class ConnectionUploads: Sendable {
         guard receiver(chunk.uploadID) != nil else {
             return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")]
         }
-        services.metrics.chunkReceived(isFeedback(chunk.uploadID) ? .feedback : .pull, bytes: chunk.ciphertext.count)
+        services.metrics.chunkReceived(owner(chunk.uploadID).metricsKind, bytes: chunk.ciphertext.count)
         await pipeline.room()
         var out: [WireFrame] = []
         var failed: Progress?
@@ -366,10 +371,10 @@ final class ConnectionUploads: Sendable {
     /// Records status moves in order, after the ones recorded before, off the committing thread;
     /// then sends `frames`, if any.
     private func record(_ moves: [(String, Progress)], thenSend frames: [WireFrame] = []) {
-        // Which kind each upload is, read here: `feedbackUploads` changes only in a step that
+        // Which kind each upload is, read here: `deviceUploads` changes only in a step that
         // waits for the recordings first (``settled()``).
         let recording = state.withLock { state in
-            Recording(moves: moves.map { ($0.0, state.feedbackUploads.contains($0.0), $0.1) }, frames: frames)
+            Recording(moves: moves.map { ($0.0, state.deviceUploads[$0.0] ?? .pull, $0.1) }, frames: frames)
         }
         recordings.ask { $0.append(recording) }
     }
@@ -382,13 +387,14 @@ final class ConnectionUploads: Sendable {
         case .answered(let frame): return [frame]
         case .admitted(let admitted): key = admitted
         }
-        if header.kind == .feedback { _ = state.withLock { $0.feedbackUploads.insert(header.uploadID) } }
+        let owner = UploadOwner(header.kind)
+        if owner != .pull { state.withLock { $0.deviceUploads[header.uploadID] = owner } }
         if receiver(header.uploadID) == nil, let refused = try await blocking.runIfActive({ self.open(header, key: key) }) {
             return [refused]
         }
         guard let entry = receiver(header.uploadID) else { return [] }
         try await statuses.move(
-            header.uploadID, isFeedback: header.kind == .feedback, to: .uploading, chunksReceived: entry.assembler.received.count,
+            header.uploadID, owner, to: .uploading, chunksReceived: entry.assembler.received.count,
             chunkCount: Int(header.chunkCount), bytes: Int64(clamping: header.plaintextSize))
         let actions = state.withLock { $0.receivers[header.uploadID]?.machine.begin(header) ?? [] }
         return actions.compactMap { if case .send(let f) = $0 { return f } else { return nil } }
@@ -405,7 +411,7 @@ final class ConnectionUploads: Sendable {
         } catch {
             return self.error(.errorInternal, header.uploadID, "the server cannot keep this upload now (\(error)); try later")
         }
-        startStreaming(assembler, isFeedback: header.kind == .feedback)
+        startStreaming(assembler, UploadOwner(header.kind))
         let receiver = (UploadReceiverStateMachine(header: header, received: assembler.received), assembler)
         state.withLock { $0.receivers[header.uploadID] = receiver }
         return nil
@@ -418,7 +424,7 @@ final class ConnectionUploads: Sendable {
     /// An upload resumed after a reconnect or a restart streams too: the chunks it holds are
     /// read back a few with each chunk that arrives (``UploadAssembler/catchUp(budget:)``), not
     /// while the agent waits for Ready, and what is left after the last chunk by the finisher.
-    private func startStreaming(_ assembler: UploadAssembler, isFeedback: Bool) {
+    private func startStreaming(_ assembler: UploadAssembler, _ owner: UploadOwner) {
         guard let unpacking else { return }
         let fm = FileManager.default
         do {
@@ -428,7 +434,7 @@ final class ConnectionUploads: Sendable {
             let name = "stream-" + Hex.encode(secureRandomBytes(8))
             let stream = try PayloadStream(
                 staging: try paths.inside(assembler.directory + "/" + name), zipPath: try paths.inside(assembler.directory + "/" + name + ".zip"),
-                limits: isFeedback ? feedbackLimits.payloadLimits(within: limits) : limits, schedule: unpacking)
+                limits: owner == .feedback ? feedbackLimits.payloadLimits(within: limits) : limits, schedule: unpacking)
             assembler.stream(into: stream)
         } catch {
             logger.warning("cannot unpack an upload while it arrives; it is unpacked after its last chunk", metadata: [

@@ -26,6 +26,9 @@ struct UploadAdmission: Sendable {
 
     let agentID: String
     let services: ConnectionServices
+    /// The agent's triggers on this connection: nil unless it agreed to `triggers` (a capture
+    /// is then refused).
+    let triggers: ConnectionTriggers?
 
     private var pulls: any PullQueue { services.pulls }
     private var feedback: any FeedbackInbox { services.feedback }
@@ -56,8 +59,9 @@ struct UploadAdmission: Sendable {
         switch header.kind {
         case .feedback: return try await admitFeedback(header)
         case .pull: return try await admitPull(header)
+        case .capture: return try await admitCapture(header)
         default:
-            return .answered(Self.error(.errorUploadInvalid, header.uploadID, "an upload is a pull or a feedback, not kind \(header.kind.rawValue)"))
+            return .answered(Self.error(.errorUploadInvalid, header.uploadID, "an upload is a pull, a feedback or a capture, not kind \(header.kind.rawValue)"))
         }
     }
 
@@ -148,6 +152,84 @@ struct UploadAdmission: Sendable {
                 id: id, agentID: agentID, uid: f.uid, text: f.text, createdAt: Timestamp(microseconds: f.createdAtUs), chunkCount: Int(header.chunkCount),
                 bytes: Int64(clamping: header.plaintextSize), at: now)
             logger.info("feedback upload begun", metadata: ["feedback.id": "\(id)", "agent.id": "\(agentID)", "uid": "\(f.uid)"])
+        }
+        return .admitted(key)
+    }
+
+    /// A capture's key, after checking its header against the trigger it names (Protocol § 21,
+    /// *The capture's header*) and its budgets; a new one is recorded as begun. One recorded
+    /// before (a resumption) is never refused for its budget again.
+    private func admitCapture(_ header: WireUploadHeader) async throws -> Verdict {
+        let id = header.uploadID
+        func invalid(_ why: String) -> Verdict { .answered(Self.error(.errorUploadInvalid, id, why)) }
+        guard let triggers else { return invalid("a capture needs the capability triggers agreed on the connection") }
+        let registry = triggers.registry
+        guard header.hasCapture, !header.hasFeedback else { return invalid("a capture's header carries a capture and no feedback") }
+        let c = header.capture
+        let times = [c.sinceUs, c.untilUs, c.matchedAtUs]
+        guard WireID.isValid(c.triggerID), c.uid.isEmpty || UserID.isValid(c.uid), c.setVersion > 0, times.allSatisfy(Timestamp.acceptedRange.contains) else {
+            return invalid("the capture's trigger id, uid, set version or times are not of their § 5 form")
+        }
+        guard c.sinceUs < c.untilUs, (c.sinceUs..<c.untilUs).contains(c.matchedAtUs) else {
+            return invalid("the capture's window is empty, or its match is outside it")
+        }
+        let keys = issuer.keys
+        let wrapped = Array(header.wrappedKey)
+        let key = try await blocking.runIfActive { () -> SymmetricKey? in
+            do { return try keys.unwrapKey(wrapped) } catch { return nil }  // refused below
+        }
+        guard let key else { return invalid("the capture's key does not unwrap with this server's key") }
+        if let existing = try await registry.capture(id) { return resumed(existing, key: key) }
+        // The trigger as it stands: one of this agent's, and the capture within its terms.
+        guard let trigger = try await registry.trigger(c.triggerID), trigger.removed == nil,
+            trigger.reachesDevice(TriggerAudience(agentID: agentID, host: triggers.host, uids: []))
+        else { return invalid("trigger \(c.triggerID) is not one this server holds for this agent") }
+        let d = trigger.definition
+        if c.crash && !d.crash { return invalid("trigger \(c.triggerID) is not a crash trigger") }
+        if !c.crash && d.match == nil { return invalid("trigger \(c.triggerID) fires on crashes only") }
+        if let uid = d.uid, c.uid != uid { return invalid("trigger \(c.triggerID) watches another user") }
+        if !c.uid.isEmpty, !(try await services.registry.uids(of: agentID)).contains(c.uid) {
+            return invalid("the capture's uid is not one this agent holds (a heartbeat names it first)")
+        }
+        let longest = Int64(d.beforeSeconds + d.afterSeconds) * 1_000_000 + 1
+        guard c.untilUs - c.sinceUs <= longest else { return invalid("the capture's window is longer than trigger \(c.triggerID)'s") }
+        let skew = WireLimits.clockSkewMicroseconds
+        let end = trigger.disabled.map { Timestamp($0.at).microseconds } ?? trigger.expiresAt.microseconds
+        guard c.matchedAtUs >= Timestamp(trigger.createdAt).microseconds - skew, c.matchedAtUs <= end + skew else {
+            return invalid("the capture's match is outside trigger \(c.triggerID)'s life")
+        }
+        let capture = NewCapture(
+            id: id, agentID: agentID, triggerID: c.triggerID, setVersion: c.setVersion, uid: c.uid, since: Timestamp(microseconds: c.sinceUs),
+            until: Timestamp(microseconds: c.untilUs), matchedAt: Timestamp(microseconds: c.matchedAtUs), crash: c.crash, chunkCount: Int(header.chunkCount),
+            bytes: Int64(clamping: header.plaintextSize), at: Date())
+        switch try await registry.beginCapture(capture, perDevicePerDay: d.perDevicePerDay, perDay: d.perDay) {
+        case .begun:
+            logger.info("capture upload begun", metadata: ["capture.id": "\(id)", "agent.id": "\(agentID)", "trigger.id": "\(c.triggerID)"])
+            return .admitted(key)
+        case .existing(let existing):
+            return resumed(existing, key: key)
+        case .overBudget(let why):
+            services.metrics.quotaRefused(.captureBudget)
+            logger.notice("capture refused: budget spent", metadata: ["capture.id": "\(id)", "agent.id": "\(agentID)", "trigger.id": "\(c.triggerID)"])
+            return .answered(Self.error(.errorBudgetSpent, id, why))
+        case .overlaps(let why):
+            return invalid(why)
+        }
+    }
+
+    /// A capture begun before: answered its result if it ended, else resumed.
+    private func resumed(_ existing: CaptureRecord, key: SymmetricKey) -> Verdict {
+        let id = existing.id
+        guard existing.agentID == agentID else { return .answered(Self.error(.errorUploadInvalid, id, "capture \(id) belongs to another agent")) }
+        if existing.status == .complete {
+            return .answered(.with {
+                $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(max(0, existing.files.count - 1)); $0.records = UInt64(existing.records) }
+            })
+        }
+        if existing.status.isFinal {
+            return .answered(
+                Self.failedResult(id, code: existing.errorCode ?? WireErrorCode.errorPayloadInvalid.rawValue, detail: existing.detail)
+                    ?? Self.error(.errorUploadInvalid, id, existing.detail))
         }
         return .admitted(key)
     }

@@ -8,8 +8,8 @@ import Foundation
 import Logging
 import NIOPosix
 
-/// An upload's last steps, once its last chunk is in: the manifest checked against the pull or
-/// the feedback it answers, the files put in place (what streaming unpacked, else the whole zip,
+/// An upload's last steps, once its last chunk is in: the manifest checked against the pull,
+/// the feedback or the capture it answers, the files put in place (what streaming unpacked, else the whole zip,
 /// else, after a restart, what is already there if it is this upload's), the zip kept beside
 /// them, and the status recorded complete. A payload that breaks the rules fails the upload for
 /// good; the server's own trouble (disk, I/O) leaves it open for the agent to finish later.
@@ -35,16 +35,35 @@ struct UploadFinisher: Sendable {
     /// Told of each upload whose files are in place and recorded complete (the ``Indexer``).
     private var landed: @Sendable (IndexedSource, _ records: Int) -> Void { services.landed }
 
-    /// Reassembles, decrypts, unpacks with limits into `pulls/<pull>/<agent>/` or `feedback/<id>/`.
+    /// The directory an upload's files go to: `pulls/<pull>/<agent>/`, `feedback/<id>/` or
+    /// `captures/<id>/`.
+    private func destination(_ uploadID: String, _ owner: UploadOwner) throws -> String {
+        switch owner {
+        case .pull: try paths.pullFiles(uploadID, agent: agentID)
+        case .feedback: try paths.feedbackFiles(uploadID)
+        case .capture: try paths.captureFiles(uploadID)
+        }
+    }
+
+    /// Where an upload's zip is kept beside its files.
+    private func zipCopy(_ uploadID: String, _ owner: UploadOwner) throws -> String {
+        switch owner {
+        case .pull: try paths.pullZip(uploadID, agent: agentID)
+        case .feedback: try paths.feedbackZip(uploadID)
+        case .capture: try paths.captureZip(uploadID)
+        }
+    }
+
+    /// Reassembles, decrypts, unpacks with limits into the upload's directory (``destination(_:_:)``).
     /// A failure of the server's own (disk, I/O) leaves the upload open for the agent to finish
     /// later; a payload that breaks the rules fails it for good.
-    func finish(_ uploadID: String, _ assembler: UploadAssembler, isFeedback: Bool) async -> Finished {
-        let what = isFeedback ? "feedback" : "pull"
-        let kind: ServerMetrics.UploadKind = isFeedback ? .feedback : .pull
+    func finish(_ uploadID: String, _ assembler: UploadAssembler, _ owner: UploadOwner) async -> Finished {
+        let what = owner.name
+        let kind = owner.metricsKind
         do {
             // What the manifest must say was selected (Protocol § Payload).
             var selection: LogFilter?
-            if !isFeedback {
+            if owner == .pull {
                 guard let pull = try await pulls.pull(uploadID), let target = pull.targets.first(where: { $0.agentID == agentID }) else {
                     throw ExportError(.uploadInvalid, "no pull \(uploadID) for this agent")
                 }
@@ -54,29 +73,26 @@ struct UploadFinisher: Sendable {
                 guard let filter = pull.filter else { throw ExportError(.uploadInvalid, "pull \(uploadID)'s stored filter does not read back") }
                 selection = filter.bounded(toTarget: pull.uid)
             }
-            let destination = isFeedback ? try paths.feedbackFiles(uploadID) : try paths.pullFiles(uploadID, agent: agentID)
+            let destination = try destination(uploadID, owner)
             let selected = selection
             let payload = try await blocking.runIfActive {
-                try self.unpack(uploadID, assembler, into: destination, isFeedback: isFeedback, selection: selected)
+                try self.unpack(uploadID, assembler, into: destination, owner, selection: selected)
             }
             let files = (payload.files.map { ($0 as NSString).lastPathComponent } + [PayloadLimits.manifestName]).map { destination + "/" + $0 }
-            guard try await statuses.move(uploadID, isFeedback: isFeedback, to: .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files) else {
+            guard try await statuses.move(uploadID, owner, to: .complete, detail: "\(payload.manifest.recordCount) records", records: payload.manifest.recordCount, files: files) else {
                 // Ended meanwhile (expired by the deadline sweep, removed by an engineer): the
                 // agent must not believe it arrived, and the files just put in place go.
                 // (Unless another connection of this agent landed the same upload meanwhile.)
-                let placed = [destination, isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)]
+                let placed = [destination, try zipCopy(uploadID, owner)]
                 do {
-                    let complete =
-                        isFeedback
-                        ? try await feedback.feedback(uploadID)?.status == .complete
-                        : try await pulls.pull(uploadID)?.targets.first(where: { $0.agentID == agentID })?.status == .complete
+                    let complete = try await statuses.recorded(uploadID) == .complete
                     if !complete { _ = try await blocking.runIfActive { try ResultsKeeper.delete(placed) } }
                 } catch {
                     logger.error("could not delete the files of an upload that ended before it landed", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
                 }
                 throw ExportError(.uploadInvalid, "\(what) \(uploadID) ended before its upload finished")
             }
-            landed(IndexedSource(kind: isFeedback ? .feedback : .pull, id: uploadID, agentID: agentID), payload.manifest.recordCount)
+            landed(IndexedSource(kind: owner.indexedKind, id: uploadID, agentID: agentID), payload.manifest.recordCount)
             services.metrics.uploadFinished(kind, .complete)
             let chunks = try paths.inside(assembler.directory)
             logger.info("\(what) complete", metadata: ["upload.id": "\(uploadID)", "agent.id": "\(agentID)", "records": "\(payload.manifest.recordCount)"])
@@ -92,7 +108,7 @@ struct UploadFinisher: Sendable {
                 }
             if let (code, detail) = final {
                 do {
-                    try await statuses.move(uploadID, isFeedback: isFeedback, to: .failed, detail: detail, failedWith: code)
+                    try await statuses.move(uploadID, owner, to: .failed, detail: detail, failedWith: code)
                 } catch {
                     logger.error("could not record a failed upload", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
                 }
@@ -101,7 +117,7 @@ struct UploadFinisher: Sendable {
                 return Finished(result: .with { $0.uploadID = uploadID; $0.ok = false; $0.error = code; $0.detail = detail })
             }
             do {
-                try await statuses.move(uploadID, isFeedback: isFeedback, to: .uploading, detail: "the server could not unpack it (\(error)); the agent will retry")
+                try await statuses.move(uploadID, owner, to: .uploading, detail: "the server could not unpack it (\(error)); the agent will retry")
             } catch {
                 logger.error("could not record an upload's trouble", metadata: ["upload.id": "\(uploadID)", "error": "\(error)"])
             }
@@ -115,19 +131,22 @@ struct UploadFinisher: Sendable {
     /// the whole zip reassembled and unpacked; else (unpacked before a restart) adopted. The zip
     /// is kept beside the files.
     private func unpack(
-        _ uploadID: String, _ assembler: UploadAssembler, into destination: String, isFeedback: Bool, selection: LogFilter?
+        _ uploadID: String, _ assembler: UploadAssembler, into destination: String, _ owner: UploadOwner, selection: LogFilter?
     ) throws -> ExtractedPayload {
-        let zipCopy = isFeedback ? try paths.feedbackZip(uploadID) : try paths.pullZip(uploadID, agent: agentID)
+        let zipCopy = try zipCopy(uploadID, owner)
         try FileManager.default.createDirectory(atPath: (destination as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
         let check = { (manifest: ExportManifest) throws in
-            guard manifest.uploadID == uploadID, manifest.kind == (isFeedback ? "feedback" : "pull"), manifest.agentID == self.agentID else {
+            guard manifest.uploadID == uploadID, manifest.kind == owner.name, manifest.agentID == self.agentID else {
                 throw ExportError(.payloadInvalid, "the manifest describes another upload (\(manifest.kind) \(manifest.uploadID) of agent \(manifest.agentID))")
             }
             let header = assembler.header
             guard manifest.empty == header.empty else {
                 throw ExportError(.payloadInvalid, "the header says empty=\(header.empty) but the manifest says empty=\(manifest.empty)")
             }
-            if isFeedback {
+            switch owner {
+            case .capture:
+                try Self.checkCapture(manifest, header.capture)
+            case .feedback:
                 guard let described = manifest.feedback, described.feedbackID == header.feedback.feedbackID, described.uid == header.feedback.uid,
                     described.text == header.feedback.text, described.createdAt == Timestamp(microseconds: header.feedback.createdAtUs).rfc3339
                 else { throw ExportError(.payloadInvalid, "the manifest's feedback differs from the upload header's") }
@@ -135,7 +154,7 @@ struct UploadFinisher: Sendable {
                 guard f.uid == header.feedback.uid, f.since != nil, f.until != nil, (f.types ?? []).isEmpty, (f.levels ?? []).isEmpty, (f.text ?? "").isEmpty else {
                     throw ExportError(.payloadInvalid, "a feedback's manifest selects its uid in a time range and nothing else")
                 }
-            } else {
+            case .pull:
                 guard manifest.commandID == uploadID else {
                     throw ExportError(.payloadInvalid, "the manifest names command \(manifest.commandID ?? "none"), not \(uploadID)")
                 }
@@ -181,12 +200,13 @@ struct UploadFinisher: Sendable {
                 // may still be finishing the same upload.
                 zip = try paths.inside(assembler.directory + "/payload-" + Hex.encode(secureRandomBytes(4)) + ".zip")
                 try assembler.assemble(to: zip)
-                payload = try PayloadExtractor.extract(zip: zip, into: destination, limits: isFeedback ? feedbackLimits.payloadLimits(within: limits) : limits, check: check)
+                payload = try PayloadExtractor.extract(
+                    zip: zip, into: destination, limits: owner == .feedback ? feedbackLimits.payloadLimits(within: limits) : limits, check: check)
             }
         } catch let error as ExportError where error.code == .exists {
             // Unpacked before, and the server stopped before recording it: adopt it if it is
             // this upload's; never replace it.
-            payload = try adopt(destination, uploadID: uploadID, isFeedback: isFeedback, error: error)
+            payload = try adopt(destination, uploadID: uploadID, owner, error: error)
         }
         guard let payload else { throw ExportError(.io, "no payload") }
         do {
@@ -200,6 +220,30 @@ struct UploadFinisher: Sendable {
         return payload
     }
 
+    /// A capture's manifest says what its header says (Protocol § 21, *The payload*): the
+    /// trigger, the set version, crash, the time of the match and (unless a crash) the record
+    /// that fired it at that time; its filter is the window and the header's uid, and nothing else.
+    static func checkCapture(_ manifest: ExportManifest, _ header: WireCapture) throws {
+        guard let described = manifest.capture, manifest.commandID == nil, manifest.feedback == nil else {
+            throw ExportError(.payloadInvalid, "a capture's manifest describes its capture, and no command or feedback")
+        }
+        let matchedAt = Timestamp(microseconds: header.matchedAtUs).rfc3339
+        guard described.triggerID == header.triggerID, described.setVersion == header.setVersion, described.crash == header.crash, described.matchedAt == matchedAt
+        else { throw ExportError(.payloadInvalid, "the manifest's capture differs from the upload header's") }
+        if header.crash {
+            guard described.match == nil else { throw ExportError(.payloadInvalid, "a crash capture's manifest names no record that matched") }
+        } else {
+            guard case .object(let record)? = described.match, record["ts"] == .string(matchedAt) else {
+                throw ExportError(.payloadInvalid, "a capture's manifest names the record that fired it, logged at matched_at")
+            }
+        }
+        let f = manifest.filter
+        let uid: String? = header.uid.isEmpty ? nil : header.uid
+        guard f.since == Timestamp(microseconds: header.sinceUs).rfc3339, f.until == Timestamp(microseconds: header.untilUs).rfc3339, f.uid == uid,
+            (f.types ?? []).isEmpty, (f.levels ?? []).isEmpty, (f.text ?? "").isEmpty
+        else { throw ExportError(.payloadInvalid, "a capture's manifest selects its window and its uid, and nothing else") }
+    }
+
     private static func describe(_ f: LogFilter) -> String {
         ConnectionUploads.bounded("uid \(f.uid.map(\.debugDescription) ?? "any") " + f.summary(time: \.rfc3339))
     }
@@ -207,10 +251,10 @@ struct UploadFinisher: Sendable {
 
     /// A destination that already exists is this upload's finished result only if its manifest
     /// says so (same upload, kind and agent); anything else is refused and left alone.
-    private func adopt(_ destination: String, uploadID: String, isFeedback: Bool, error: ExportError) throws -> ExtractedPayload {
+    private func adopt(_ destination: String, uploadID: String, _ owner: UploadOwner, error: ExportError) throws -> ExtractedPayload {
         guard let bytes = FileManager.default.contents(atPath: destination + "/" + PayloadLimits.manifestName),
             let manifest = try? JSONDecoder().decode(ExportManifest.self, from: bytes),
-            manifest.uploadID == uploadID, manifest.agentID == agentID, manifest.kind == (isFeedback ? "feedback" : "pull")
+            manifest.uploadID == uploadID, manifest.agentID == agentID, manifest.kind == owner.name
         else { throw error }
         return ExtractedPayload(manifest: manifest, files: manifest.days.map { destination + "/" + $0.file }.sorted(), directory: destination)
     }

@@ -433,7 +433,8 @@ extension PostgresPullQueue: PullNotices {
                 try await db.client.withConnection { connection in
                     try await connection.listen(on: channel) { notifications in
                         // Listening now: whatever was queued while it was not is delivered too.
-                        wake(Array(try await agentsWithQueuedPulls()))
+                        // (And the triggers may have changed: every connected agent's set is looked at again.)
+                        wake(Array(try await agentsWithQueuedPulls()) + [PullDispatcher.triggersChangedMark])
                         backoff = .milliseconds(250)
                         for try await notification in notifications {
                             wake(notification.payload.split(separator: ",").map(String.init))

@@ -343,6 +343,7 @@ enum PostgresSchema {
         PostgresTailRegistry.migration,
         // Standing triggers (#54).
         PostgresTriggerRegistry.migration,
+        PostgresTriggerRegistry.migrationV2,
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

@@ -243,6 +243,8 @@ public struct Removal: Sendable, Equatable, Codable {
 public struct RemovalReport: Sendable, Equatable, Codable {
     public enum Kind: String, Sendable, Codable {
         case pull, feedback, tail
+        /// What a standing trigger fired on one device (#54).
+        case capture
     }
 
     public var kind: Kind

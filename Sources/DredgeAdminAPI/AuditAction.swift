@@ -22,6 +22,10 @@ public enum AuditAction: String, Sendable, CaseIterable, Codable {
     case triggerDisable = "trigger.disable"
     /// A trigger removed: no longer listed, and captures of it are refused.
     case triggerRemove = "trigger.remove"
+    /// What a capture holds downloaded (its files or its zip).
+    case captureDownload = "capture.download"
+    /// What a capture holds deleted (by a person, or the retention).
+    case captureRemove = "capture.remove"
     case feedbackDownload = "feedback.download"
     case feedbackRemove = "feedback.remove"
     case recordsSearch = "records.search"

@@ -260,3 +260,22 @@ public struct CaptureTally: Codable, Sendable, Equatable {
         self.devices = devices
     }
 }
+
+/// A trigger with what it brought in (`GET /v1/triggers/{id}/captures`): how many devices
+/// hold it, its captures in the last day from how many devices, and its newest captures.
+public struct TriggerActivity: Codable, Sendable, Equatable {
+    public var trigger: TriggerRecord
+    /// Devices whose last answer says they hold a set with this trigger.
+    public var holders: Int
+    /// Captures begun in the rolling day before the request, and from how many devices.
+    public var lastDay: CaptureTally
+    /// Newest first.
+    public var captures: [CaptureRecord]
+
+    public init(trigger: TriggerRecord, holders: Int, lastDay: CaptureTally, captures: [CaptureRecord]) {
+        self.trigger = trigger
+        self.holders = holders
+        self.lastDay = lastDay
+        self.captures = captures
+    }
+}

@@ -161,6 +161,26 @@ public struct AdminClient: Sendable {
         try await call("DELETE", "/v1/triggers/\(try Self.pathComponent(id))", query: reason.isEmpty ? [] : [URLQueryItem(name: "reason", value: reason)])
     }
 
+    /// A trigger, the devices that hold it, its captures of the last day and its newest
+    /// captures (`GET /v1/triggers/{id}/captures`).
+    public func triggerActivity(_ id: String, limit: Int? = nil) async throws -> TriggerActivity {
+        try await call("GET", "/v1/triggers/\(try Self.pathComponent(id))/captures", query: limit.map { [URLQueryItem(name: "limit", value: "\($0)")] } ?? [])
+    }
+
+    /// The newest captures of every trigger the caller may read.
+    public func captures(limit: Int? = nil) async throws -> [CaptureRecord] {
+        try await call("GET", "/v1/captures", query: limit.map { [URLQueryItem(name: "limit", value: "\($0)")] } ?? [])
+    }
+
+    public func capture(_ id: String) async throws -> CaptureRecord {
+        try await call("GET", "/v1/captures/\(try Self.pathComponent(id))")
+    }
+
+    /// Deletes a capture's files and index rows (`DELETE /v1/captures/{id}`); the record stays, marked removed.
+    public func removeCapture(_ id: String, reason: String? = nil) async throws -> RemovalReport {
+        try await call("DELETE", "/v1/captures/\(try Self.pathComponent(id))", query: reason.map { [URLQueryItem(name: "reason", value: $0)] } ?? [])
+    }
+
     /// Calls `each` with every event of the tail's stream (`GET /v1/tails/{id}/stream`), as it
     /// arrives, until the `end` event (the last) or the server closes the stream.
     public func watchTail(_ id: String, _ each: (TailEvent) async throws -> Void) async throws {

@@ -17,6 +17,12 @@ extension AdminClient {
         try await call("GET", "/v1/feedback/\(try Self.pathComponent(id))/files")
     }
 
+    /// A capture's downloadable files (`GET /v1/captures/{id}/files`): its per-day files,
+    /// manifest and zip, once it is complete.
+    public func captureFiles(_ id: String) async throws -> [PullFile] {
+        try await call("GET", "/v1/captures/\(try Self.pathComponent(id))/files")
+    }
+
     /// A live tail's downloadable files (`GET /v1/tails/{id}/files`): each device's
     /// `records.jsonl` and `contexts.jsonl`, as far as the server holds them.
     public func tailFiles(_ id: String) async throws -> [PullFile] {
@@ -47,6 +53,12 @@ extension AdminClient {
     @discardableResult
     public func download(feedback id: String, file: PullFile, to path: String) async throws -> DownloadOutcome {
         try await download(url("/v1/feedback/\(try Self.pathComponent(id))/files/\(try Self.pathComponent(file.name))"), file: file, to: path, restarted: false)
+    }
+
+    /// Streams one file of a capture to `path`, as ``download(pull:file:to:)`` does.
+    @discardableResult
+    public func download(capture id: String, file: PullFile, to path: String) async throws -> DownloadOutcome {
+        try await download(url("/v1/captures/\(try Self.pathComponent(id))/files/\(try Self.pathComponent(file.name))"), file: file, to: path, restarted: false)
     }
 
     /// Streams one file of a live tail to `path`, as ``download(pull:file:to:)`` does, asking

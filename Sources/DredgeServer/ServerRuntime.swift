@@ -99,7 +99,8 @@ public enum ServerRuntime {
         // In a cluster, what a dead node left unindexed is looked for every five minutes.
         let indexer = Indexer(index: stores.records, registry: stores.registry, tails: stores.tails, paths: DataDirectory(dir), logger: logger, catchUpEvery: stores.node == nil ? nil : .seconds(300), metrics: metrics)
         let results = ResultsKeeper(
-            paths: DataDirectory(dir), pulls: pulls, feedback: feedback, tails: stores.tails, records: stores.records, indexer: indexer, audit: pulls, retention: retention, logger: logger)
+            paths: DataDirectory(dir), pulls: pulls, feedback: feedback, tails: stores.tails, captures: stores.triggers, records: stores.records, indexer: indexer, audit: pulls,
+            retention: retention, logger: logger)
         // Before the indexer catches up: it must not index what a cut-short removal left.
         try await results.finishInterruptedRemovals()
         logger.info("results retention", metadata: ["keep.days": "\(retention.keepDays == 0 ? "until removed" : String(retention.keepDays))"])
@@ -145,7 +146,7 @@ public enum ServerRuntime {
             metrics: metrics, tls: agentTLS)
         let adminServices = AdminServices(
             registry: registry, pulls: pulls, audit: pulls, issuer: stores.issuer, feedback: feedback, tokens: tokens, tails: stores.tails, triggers: stores.triggers, tailHub: tailHub,
-            dispatcher: dispatcher, records: stores.records, indexer: indexer, files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback), results: results,
+            dispatcher: dispatcher, records: stores.records, indexer: indexer, files: PullFiles(paths: DataDirectory(dir), pulls: pulls, feedback: feedback, captures: stores.triggers), results: results,
             metrics: metrics, approvals: deployment.config.approvals ?? ApprovalSettings(), logger: logger)
         let adminPort = options.adminPort ?? deployment.config.adminPort
         for sampler in [

@@ -11,7 +11,7 @@ import Foundation
 struct RemoveCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rm",
-        abstract: "Delete a pull's (or a feedback's, or a live tail's) files and search index rows from the server.",
+        abstract: "Delete a pull's (or a feedback's, a live tail's or a capture's) files and search index rows from the server.",
         discussion: """
             The pull stays listed by `dredge pulls`, marked removed, and the removal is recorded in
             the audit log. A pull still running is ended first: its agents' uploads are refused.
@@ -20,7 +20,7 @@ struct RemoveCommand: AsyncParsableCommand {
             """)
 
     @OptionGroup var server: ServerOptions
-    @Argument(help: "Pull, feedback or tail ids, or their first 4 or more characters.") var ids: [String]
+    @Argument(help: "Pull, feedback, tail or capture ids, or their first 4 or more characters.") var ids: [String]
     @Option(help: "Why (a ticket number, say): recorded in the audit log.") var reason: String?
     @Flag(help: "JSON output: one report per id.") var json = false
 
@@ -40,6 +40,7 @@ struct RemoveCommand: AsyncParsableCommand {
                 case .pull: try await client.removePull(id, reason: reason)
                 case .feedback: try await client.removeFeedback(id, reason: reason)
                 case .tail: try await client.removeTail(id, reason: reason)
+                case .capture: try await client.removeCapture(id, reason: reason)
                 }
             }
             reports.append(report)
@@ -72,7 +73,12 @@ extension AdminClient {
                     _ = try await tail(text)
                     return (.tail, text)
                 } catch AdminClientError.notFound {
-                    return (.feedback, text)
+                    do {
+                        _ = try await capture(text)
+                        return (.capture, text)
+                    } catch AdminClientError.notFound {
+                        return (.feedback, text)
+                    }
                 } catch let error as AdminClientError {
                     throw failing(error)
                 }
@@ -83,7 +89,8 @@ extension AdminClient {
         let pulls = Set(try await calling { try await self.pulls(limit: 1000, diskUse: false) }.map(\.id))
         let feedback = Set(try await calling { try await self.feedback(limit: 1000, diskUse: false) }.map(\.id))
         let tails = Set(try await calling { try await self.tails(limit: 1000) }.map(\.id))
-        let id = try await IDPrefix.resolve(text, what: "pull, feedback or tail") { Array(pulls.union(feedback).union(tails)) }
-        return (pulls.contains(id) ? .pull : tails.contains(id) ? .tail : .feedback, id)
+        let captures = Set(try await calling { try await self.captures(limit: 1000) }.map(\.id))
+        let id = try await IDPrefix.resolve(text, what: "pull, feedback, tail or capture") { Array(pulls.union(feedback).union(tails).union(captures)) }
+        return (pulls.contains(id) ? .pull : tails.contains(id) ? .tail : captures.contains(id) ? .capture : .feedback, id)
     }
 }

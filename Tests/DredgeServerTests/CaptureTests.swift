@@ -114,8 +114,8 @@ import Testing
                 _ = try await Self.nextSet(over: link)
                 let (since, until) = window(t)
                 let id = Hex.encode(secureRandomBytes(16))
-                let landed = try await LinkAgent.send(
-                    try a.captureUpload(id: id, trigger: trigger.id, since: since, until: until, matchedAt: t, match: Self.match(at: t), store: store, dir: server.dir), over: link)
+                let sealed = try a.captureUpload(id: id, trigger: trigger.id, since: since, until: until, matchedAt: t, match: Self.match(at: t), store: store, dir: server.dir)
+                let landed = try await LinkAgent.send(sealed, over: link)
                 #expect(landed.result.ok, "\(landed)")
                 // 60 s before (every user's) to 10 s after: the 70 records of those seconds and the error.
                 #expect(landed.result.records == 71, "\(landed)")
@@ -129,8 +129,7 @@ import Testing
                 #expect(found.records.map(\.message) == ["payment declined"] && found.records.first?.sourceKind == "capture", "\(found.records.map { ($0.message, $0.sourceKind) })")
 
                 // Begun again once complete: its result, not counted again.
-                let again = try await LinkAgent.send(
-                    try a.captureUpload(id: id, trigger: trigger.id, since: since, until: until, matchedAt: t, match: Self.match(at: t), store: store, dir: server.dir), over: link)
+                let again = try await LinkAgent.send(sealed, over: link)
                 #expect(again == .finished(landed.result), "\(again)")
 
                 // A window that overlaps the first: refused, nothing kept.
@@ -156,10 +155,60 @@ import Testing
                     over: link)
                 #expect(spent == .finished(spent.result) && spent.result.error == .errorBudgetSpent, "\(spent)")
                 #expect(try await registry.capture(third) == nil)
-                #expect(!FileManager.default.fileExists(atPath: server.data + "/captures/\(third)"))
+                #expect(!FileManager.default.fileExists(atPath: server.data + "/uploads/\(third)-\(a.agentID)"), "nothing of a refused capture is kept")
+                #expect(try await registry.captures(of: trigger.id, limit: 10).count == 2)
             }
             try await server.connectionsEnded()
             #expect(try await registry.tally(of: trigger.id, since: Date().addingTimeInterval(-3600)) == CaptureTally(captures: 2, devices: 1))
+        }
+    }
+
+    /// A capture begun is counted once, when it begins: resumed after its budget was spent by
+    /// others, it is never refused; resumed with another header, it is.
+    @Test func aResumedCaptureIsNeverRefusedForItsBudgetButMustKeepItsHeader() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let trigger = try await server.admin.createTrigger(
+                TriggerRequest(name: "payment declined", match: TriggerMatch(levels: ["error"]), beforeSeconds: 60, afterSeconds: 10, perDevicePerDay: 2))
+            let t = Timestamp.now.subtracting(.seconds(100))
+            let store = try Self.incident(on: server, at: t)
+            let a = try await server.enrollAgent()
+            func upload(_ id: String, at: Timestamp, since: Timestamp) throws -> SealedUpload {
+                try a.captureUpload(
+                    id: id, trigger: trigger.id, since: since, until: at.adding(.microseconds(10_000_001)), matchedAt: at, match: Self.match(at: at), store: store, dir: server.dir)
+            }
+            let first = Hex.encode(secureRandomBytes(16))
+            let begun = try upload(first, at: t, since: t.subtracting(.seconds(60)))
+            try await a.connect(capabilities: Self.capabilities) { link in
+                // Begun only: the server answers Ready, and the agent goes away.
+                try await link.send(.with { $0.uploadBegin = .with { $0.header = begun.header } })
+                let answer = try #require(try await LinkAgent.answer(to: first, over: link))
+                guard case .uploadReady? = answer.body else {
+                    Issue.record("a capture within its budget was not begun: \(answer)")
+                    return
+                }
+            }
+            try await a.connect(capabilities: Self.capabilities) { link in
+                // The second of the day spends the budget of 2; a third is refused.
+                let t2 = t.adding(.seconds(20))
+                let second = try await LinkAgent.send(try upload(Hex.encode(secureRandomBytes(16)), at: t2, since: t.adding(.microseconds(10_000_001))), over: link)
+                #expect(second.result.ok, "\(second)")
+                let t3 = t.adding(.seconds(40))
+                let third = try await LinkAgent.send(try upload(Hex.encode(secureRandomBytes(16)), at: t3, since: t2.adding(.microseconds(10_000_001))), over: link)
+                #expect(third.result.error == .errorBudgetSpent, "\(third)")
+                // The first, begun before, may still finish.
+                let resumed = try await LinkAgent.send(begun, over: link)
+                #expect(resumed.result.ok, "\(resumed)")
+            }
+            // Another header under an id already begun: refused, the capture as it was.
+            try await a.connect(capabilities: Self.capabilities) { link in
+                let other = try a.captureUpload(
+                    id: first, trigger: trigger.id, setVersion: 7, since: t.subtracting(.seconds(60)), until: t.adding(.microseconds(10_000_001)), matchedAt: t,
+                    match: Self.match(at: t), store: store, dir: server.dir)
+                let refused = try await LinkAgent.send(other, over: link)
+                #expect(refused.result.error == .errorUploadInvalid && refused.result.detail.contains("another header"), "\(refused)")
+            }
+            let kept = try #require(try await server.triggers?.capture(first))
+            #expect(kept.setVersion == 1 && kept.status == .complete)
         }
     }
 
@@ -173,6 +222,10 @@ import Testing
             let elsewhere = try await server.admin.createTrigger(TriggerRequest(name: "us only", match: TriggerMatch(levels: ["error"]), labels: ["region": "us"]))
             let crashOnly = try await server.admin.createTrigger(TriggerRequest(name: "crashes", crash: true, beforeSeconds: 60))
             let anyone = try await server.admin.createTrigger(TriggerRequest(name: "anyone's errors", match: TriggerMatch(levels: ["error"]), beforeSeconds: 60, afterSeconds: 10))
+            let removed = try await server.admin.createTrigger(TriggerRequest(name: "removed", match: TriggerMatch(levels: ["error"]), beforeSeconds: 60, afterSeconds: 10))
+            _ = try await server.admin.removeTrigger(removed.id, reason: "gone")
+            let disabled = try await server.admin.createTrigger(TriggerRequest(name: "disabled", match: TriggerMatch(levels: ["error"]), beforeSeconds: 60, afterSeconds: 10))
+            _ = try await server.admin.disableTrigger(disabled.id, reason: "enough")
             let t = Timestamp.now.subtracting(.seconds(100))
             let store = try Self.incident(on: server, at: t)
             let a = try await server.enrollAgent()
@@ -215,6 +268,12 @@ import Testing
                         return try await attempt(link, trigger: trigger.id, since: early.subtracting(.seconds(60)), until: early.adding(.seconds(10)), matchedAt: early)
                     }),
                     ("set version 0", "form", { try await attempt(link, trigger: trigger.id) { $0.setVersion = 0 } }),
+                    ("an empty window", "empty", { try await attempt(link, trigger: trigger.id) { $0.untilUs = $0.sinceUs } }),
+                    ("a removed trigger", "not one", { try await attempt(link, trigger: removed.id) }),
+                    ("a match after its trigger was disabled", "life", {
+                        let late = Timestamp.now.adding(.seconds(600))
+                        return try await attempt(link, trigger: disabled.id, since: late.subtracting(.seconds(60)), until: late.adding(.seconds(10)), matchedAt: late)
+                    }),
                 ]
                 for (what, says, run) in refusals {
                     let (id, outcome) = try await run()

@@ -92,7 +92,7 @@ final class InProcessServer: StoppedAtTheEnd, @unchecked Sendable {
         let services = AdminServices(
             registry: registry, pulls: pulls, audit: pulls, issuer: issuer, feedback: feedback, tokens: tokens, tails: stores.tails, triggers: stores.triggers,
             tailHub: tailHub, dispatcher: dispatcher, records: records,
-            indexer: indexer, files: PullFiles(paths: DataDirectory(data), pulls: pulls, feedback: feedback), logger: logger)
+            indexer: indexer, files: PullFiles(paths: DataDirectory(data), pulls: pulls, feedback: feedback, captures: stores.triggers), logger: logger)
         let app = try AdminAPI.application(
             actions: AdminActions(services), port: 0, tls: adminTLS ? deployment.adminTLSConfiguration : nil, connectionLimits: adminLimits,
             reloadableTLS: self.adminTLS, onReady: { port in adminPort.withLock { $0 = port } })

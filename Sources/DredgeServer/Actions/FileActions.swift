@@ -128,7 +128,7 @@ extension AdminActions {
         return id
     }
 
-    private func servedFiles() throws -> PullFiles {
+    func servedFiles() throws -> PullFiles {
         guard let files = services.files else { throw ActionError(.unavailable, "this server does not serve files") }
         return files
     }

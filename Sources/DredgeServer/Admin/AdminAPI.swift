@@ -75,6 +75,7 @@ public enum AdminAPI {
         v1.addRoutes(TailRoutes.collection(actions), atPath: "tails")
         v1.addRoutes(TriggerRoutes.collection(actions), atPath: "triggers")
         v1.addRoutes(FeedbackRoutes.collection(actions), atPath: "feedback")
+        v1.addRoutes(CaptureRoutes.collection(actions), atPath: "captures")
         v1.addRoutes(FileRoutes.collection(actions))
         v1.addRoutes(RecordRoutes.collection(actions), atPath: "records")
         v1.addRoutes(AuditRoutes.collection(actions), atPath: "audit")
@@ -134,6 +135,12 @@ public enum AdminAPI {
         "POST /v1/triggers": .createTrigger,
         "POST /v1/triggers/{id}/disable": .disableTrigger,
         "DELETE /v1/triggers/{id}": .disableTrigger,
+        "GET /v1/triggers/{id}/captures": .readTriggers,
+        "GET /v1/captures": .readTriggers,
+        "GET /v1/captures/{id}": .readTriggers,
+        "DELETE /v1/captures/{id}": .removeResults,
+        "GET /v1/captures/{id}/files": .readFiles,
+        "GET /v1/captures/{id}/files/{name}": .readFiles,
         "GET /v1/feedback": .readFeedback,
         "GET /v1/feedback/{id}": .readFeedback,
         "DELETE /v1/feedback/{id}": .removeResults,

@@ -9,17 +9,21 @@ import ZIPFoundation
 /// A pull's (or a feedback's) files as the download routes serve them: only what the pull's
 /// record lists for a complete target (its per-day files and manifest) and the agent's zip
 /// beside them, each checked to lie inside the data directory; no path is ever built from a
-/// request's text. A feedback's are the same: its files and its zip, once it is complete.
+/// request's text. A feedback's and a capture's are the same: its files and its zip, once it
+/// is complete.
 /// SHA-256s are computed off the event loops and kept while the file's size and modification
 /// time stay the same.
 public struct PullFiles: Sendable {
     let paths: DataDirectory
     let pulls: any PullQueue
     let feedback: any FeedbackInbox
+    /// The captures (#54); nil: a server without triggers.
+    let captures: (any TriggerRegistry)?
     private let digests = DigestCache()
     private let prefixes = PrefixHashes()
 
-    public init(paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox) {
+    public init(paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, captures: (any TriggerRegistry)? = nil) {
+        self.captures = captures
         self.paths = paths
         self.pulls = pulls
         self.feedback = feedback
@@ -62,6 +66,23 @@ public struct PullFiles: Sendable {
     /// One file of a feedback's listing, by name; nil when the feedback or the file is not there.
     public func locate(feedback id: String, name: String) async throws -> Located? {
         guard let candidate = try await candidates(feedback: id)?.first(where: { $0.name == name }) else { return nil }
+        return try await describe(candidate)
+    }
+
+    /// A capture's files in name order (its per-day files, manifest and zip); nil when there
+    /// is no such capture, empty until it is complete and once it is removed.
+    public func list(capture id: String) async throws -> [Located]? {
+        guard let candidates = try await candidates(capture: id) else { return nil }
+        var located: [Located] = []
+        for candidate in candidates {
+            if let file = try await describe(candidate) { located.append(file) }
+        }
+        return located
+    }
+
+    /// One file of a capture's listing, by name; nil when the capture or the file is not there.
+    public func locate(capture id: String, name: String) async throws -> Located? {
+        guard let candidate = try await candidates(capture: id)?.first(where: { $0.name == name }) else { return nil }
         return try await describe(candidate)
     }
 
@@ -176,12 +197,23 @@ public struct PullFiles: Sendable {
     private func candidates(feedback id: String) async throws -> [Candidate]? {
         guard let record = try await feedback.feedback(id) else { return nil }
         guard record.status == .complete, record.removed == nil else { return [] }
-        let directory = try paths.feedbackFiles(id)
-        var files: [(String, PullFile.Kind)] = record.files.compactMap { Self.placed($0, in: directory) }
-        files.append((try paths.feedbackZip(id), .zip))
+        return try candidates(record.files, of: record.agentID, in: try paths.feedbackFiles(id), zip: try paths.feedbackZip(id))
+    }
+
+    /// What a capture's record says it holds once complete: its files and its zip.
+    private func candidates(capture id: String) async throws -> [Candidate]? {
+        guard let record = try await captures?.capture(id) else { return nil }
+        guard record.status == .complete, record.removed == nil else { return [] }
+        return try candidates(record.files, of: record.agentID, in: try paths.captureFiles(id), zip: try paths.captureZip(id))
+    }
+
+    /// The files a device's own upload (a feedback, a capture) lists, in `directory`, and its zip.
+    private func candidates(_ listed: [String], of agentID: String, in directory: String, zip: String) throws -> [Candidate] {
+        var files: [(String, PullFile.Kind)] = listed.compactMap { Self.placed($0, in: directory) }
+        files.append((zip, .zip))
         return try files.sorted(by: { $0.0 < $1.0 }).map { path, kind in
             let inside = try paths.inside(path)
-            return Candidate(agentID: record.agentID, path: inside, name: (inside as NSString).lastPathComponent, kind: kind)
+            return Candidate(agentID: agentID, path: inside, name: (inside as NSString).lastPathComponent, kind: kind)
         }
     }
 

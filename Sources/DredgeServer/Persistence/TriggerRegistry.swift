@@ -33,7 +33,9 @@ public protocol TriggerRegistry: Sendable {
     // MARK: The sets devices hold
 
     /// Records what an agent answered to the set it was sent: the set it holds now (it took
-    /// it), or its refusal (it keeps the set it held before, which stays recorded).
+    /// it), or its refusal (it keeps the set it held before, which stays recorded). An answer
+    /// to a set issued before the one recorded held changes nothing (a late answer on an older
+    /// connection).
     func recordAnswer(_ answer: TriggerSetAnswer) async throws
     /// What the agent answered last: the set it holds (nil: none recorded) and its last refusal
     /// since it took that set.
@@ -43,13 +45,14 @@ public protocol TriggerRegistry: Sendable {
 
     // MARK: Captures
 
-    /// Records a capture the first time its header arrives, counted against its budgets: at
-    /// most `perDevicePerDay` of the trigger's captures from the agent and `perDay` from all
-    /// agents begun in the rolling day before `capture.at`, and never a window that overlaps
-    /// one of the trigger's captures from the agent. Decided in the transaction that stores
-    /// it, so two at once cannot pass a budget. A capture with this id already recorded is
-    /// answered as it stands (a resumption, never refused and counted again).
-    func beginCapture(_ capture: NewCapture, perDevicePerDay: Int, perDay: Int) async throws -> CaptureBegin
+    /// Records a capture the first time its header arrives, counted against its budgets in the
+    /// rolling day before `capture.at`: at most `budgets.perDevicePerDay` of the trigger's
+    /// captures from the agent, `budgets.perDay` from all agents, and `budgets.bytesPerDevicePerDay`
+    /// bytes of the agent's captures of any trigger; and never a window that overlaps one of the
+    /// trigger's captures from the agent. Decided in the transaction that stores it, so two at
+    /// once cannot pass a budget. A capture with this id already recorded is answered as it
+    /// stands (a resumption, never refused and counted again).
+    func beginCapture(_ capture: NewCapture, budgets: CaptureBudgets) async throws -> CaptureBegin
     /// Moves a capture's status, unless it is already final; returns whether it applied.
     func updateCapture(_ id: String, status: FeedbackStatus, detail: String, chunksReceived: Int?, records: Int?, files: [String]?, errorCode: Int?) async throws -> Bool
     func capture(_ id: String) async throws -> CaptureRecord?
@@ -156,7 +159,23 @@ public struct NewCapture: Sendable, Equatable {
     }
 }
 
-/// What ``TriggerRegistry/beginCapture(_:perDevicePerDay:perDay:)`` did.
+/// What a capture is counted against (``TriggerRegistry/beginCapture(_:budgets:)``).
+public struct CaptureBudgets: Sendable, Equatable {
+    /// The trigger's captures from one device in a rolling day.
+    public var perDevicePerDay: Int
+    /// The trigger's captures from all devices in a rolling day.
+    public var perDay: Int
+    /// Bytes (as declared in their headers) of one device's captures of any trigger in a rolling day.
+    public var bytesPerDevicePerDay: Int64
+
+    public init(perDevicePerDay: Int, perDay: Int, bytesPerDevicePerDay: Int64) {
+        self.perDevicePerDay = perDevicePerDay
+        self.perDay = perDay
+        self.bytesPerDevicePerDay = bytesPerDevicePerDay
+    }
+}
+
+/// What ``TriggerRegistry/beginCapture(_:budgets:)`` did.
 public enum CaptureBegin: Sendable, Equatable {
     /// Recorded and counted.
     case begun
@@ -275,11 +294,16 @@ enum TriggerRows {
     /// A rolling day.
     static let day: Double = 86_400
 
-    /// Why a capture is over a budget, counted `device` from its agent and `all` from every
-    /// agent in the rolling day; nil when within both.
-    static func overBudget(device: Int, all: Int, perDevicePerDay: Int, perDay: Int, trigger: String) -> String? {
-        if device >= perDevicePerDay { return "trigger \(trigger) allows \(perDevicePerDay) captures a day from one device; this one's are spent" }
-        if all >= perDay { return "trigger \(trigger) allows \(perDay) captures a day from all devices; they are spent" }
+    /// Why `capture` is over a budget, with `device` captures of its trigger from its agent,
+    /// `all` from every agent and `bytes` of its agent's captures in the rolling day; nil when
+    /// within them.
+    static func overBudget(_ capture: NewCapture, device: Int, all: Int, bytes: Int64, _ budgets: CaptureBudgets) -> String? {
+        let trigger = capture.triggerID
+        if device >= budgets.perDevicePerDay { return "trigger \(trigger) allows \(budgets.perDevicePerDay) captures a day from one device; this one's are spent" }
+        if all >= budgets.perDay { return "trigger \(trigger) allows \(budgets.perDay) captures a day from all devices; they are spent" }
+        if bytes + capture.bytes > budgets.bytesPerDevicePerDay {
+            return "this server takes \(budgets.bytesPerDevicePerDay) bytes of captures a day from one device; this one's are spent"
+        }
         return nil
     }
 

@@ -32,8 +32,8 @@ public struct ResultsRetention: Codable, Sendable, Equatable {
     }
 }
 
-/// Deletes results: a pull's files (`pulls/<pull>/`, every agent's files and zip) or a
-/// feedback's (`feedback/<id>/` and its zip), with their rows in the search index, when an
+/// Deletes results: a pull's files (`pulls/<pull>/`, every agent's files and zip), a
+/// feedback's (`feedback/<id>/` and its zip), a capture's (`captures/<id>/` and its zip), with their rows in the search index, when an
 /// engineer removes them (`dredge rm`, `DELETE /v1/pulls/{id}`) or when they have been kept
 /// for the retention. The pull or feedback record stays, marked removed, and each removal is
 /// in the audit log.
@@ -50,6 +50,8 @@ public struct ResultsKeeper: Sendable {
     let feedback: any FeedbackInbox
     /// The live tails whose held records are kept and removed alike (nil: none).
     let tails: (any TailRegistry)?
+    /// The captures (#54), kept and removed as feedback is (nil: none).
+    let captures: (any TriggerRegistry)?
     let records: (any RecordIndex)?
     let indexer: Indexer?
     let audit: any AuditLog
@@ -71,10 +73,11 @@ public struct ResultsKeeper: Sendable {
     public static let retryInterval: TimeInterval = 3600
 
     public init(
-        paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tails: (any TailRegistry)? = nil, records: (any RecordIndex)?, indexer: Indexer?,
-        audit: any AuditLog, retention: ResultsRetention = .default, logger: Logger, blocking: NIOThreadPool = .singleton
+        paths: DataDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tails: (any TailRegistry)? = nil, captures: (any TriggerRegistry)? = nil,
+        records: (any RecordIndex)?, indexer: Indexer?, audit: any AuditLog, retention: ResultsRetention = .default, logger: Logger, blocking: NIOThreadPool = .singleton
     ) {
         self.tails = tails
+        self.captures = captures
         self.paths = paths
         self.pulls = pulls
         self.feedback = feedback
@@ -142,6 +145,23 @@ public struct ResultsKeeper: Sendable {
         case .pull: try await removePull(id, by: actor, reason: reason, now: now)
         case .feedback: try await removeFeedback(id, by: actor, reason: reason, now: now)
         case .tail: try await removeTail(id, by: actor, reason: reason, now: now)
+        case .capture: try await removeCapture(id, by: actor, reason: reason, now: now)
+        }
+    }
+
+    /// Removes a capture's results (#54): its files, its zip and its index rows. Nil for an
+    /// unknown capture.
+    public func removeCapture(_ id: String, by actor: String, reason: String = "", now: Date = Date()) async throws -> RemovalReport? {
+        guard let captures else { return nil }
+        return try await exclusively(id) {
+            guard let record = try await captures.capture(id) else { return nil }
+            guard let mark = try await captures.markCaptureRemoved(id, by: actor, reason: reason, at: now) else { return nil }
+            let doomed = try files(ofCapture: id)
+            return try await finish(.capture, id, mark, by: actor, reason: reason, now: now) {
+                let unindexed = try await unindex([IndexedSource(kind: .capture, id: id, agentID: record.agentID)])
+                let freed = try await blocking.runIfActive { try Self.delete(doomed) }
+                return (unindexed, freed)
+            }
         }
     }
 
@@ -180,6 +200,7 @@ public struct ResultsKeeper: Sendable {
             case .pull: .pullRemove
             case .feedback: .feedbackRemove
             case .tail: .tailRemove
+            case .capture: .captureRemove
             }
             try await audit.record(actor: actor, action, detail: detail, at: now)
         }
@@ -229,6 +250,7 @@ public struct ResultsKeeper: Sendable {
         public var pulls: [String] = []
         public var feedback: [String] = []
         public var tails: [String] = []
+        public var captures: [String] = []
         public var freedBytes: Int64 = 0
     }
 
@@ -247,6 +269,7 @@ public struct ResultsKeeper: Sendable {
             (RemovalReport.Kind.pull, try await pulls.removable(keptUntil: cutoff, limit: Self.batch)),
             (.feedback, try await feedback.removable(receivedUntil: cutoff, limit: Self.batch)),
             (.tail, try await tails?.removable(keptUntil: cutoff, limit: Self.batch) ?? []),
+            (.capture, try await captures?.removableCaptures(receivedUntil: cutoff, limit: Self.batch) ?? []),
         ]
         for (kind, ids) in due {
             for id in ids {
@@ -256,6 +279,7 @@ public struct ResultsKeeper: Sendable {
                     case .pull: pass.pulls.append(id)
                     case .feedback: pass.feedback.append(id)
                     case .tail: pass.tails.append(id)
+                    case .capture: pass.captures.append(id)
                     }
                     pass.freedBytes += report.freedBytes
                 } catch is RemovalInProgress {
@@ -265,9 +289,9 @@ public struct ResultsKeeper: Sendable {
                 }
             }
         }
-        if !pass.pulls.isEmpty || !pass.feedback.isEmpty || !pass.tails.isEmpty {
+        if !pass.pulls.isEmpty || !pass.feedback.isEmpty || !pass.tails.isEmpty || !pass.captures.isEmpty {
             logger.info("removed results kept past the retention", metadata: [
-                "pulls": "\(pass.pulls.count)", "feedback": "\(pass.feedback.count)", "tails": "\(pass.tails.count)", "bytes": "\(pass.freedBytes)", "keep.days": "\(retention.keepDays)",
+                "pulls": "\(pass.pulls.count)", "feedback": "\(pass.feedback.count)", "tails": "\(pass.tails.count)", "captures": "\(pass.captures.count)", "bytes": "\(pass.freedBytes)", "keep.days": "\(retention.keepDays)",
             ])
         }
         return pass
@@ -284,17 +308,21 @@ public struct ResultsKeeper: Sendable {
     @discardableResult
     public func finishInterruptedRemovals(now: Date = Date(), atStart: Bool = true) async throws -> [String] {
         let paths = self.paths
-        let (pullIDs, feedbackIDs, tailIDs) = try await blocking.runIfActive { () throws -> ([String], [String], [String]) in
+        let (pullIDs, feedbackIDs, tailIDs, captureIDs) = try await blocking.runIfActive { () throws -> ([String], [String], [String], [String]) in
             let pulls = try DataDirectory.entries(of: paths.pulls).filter { WireID.isValid($0) }
-            let feedback = Set(try DataDirectory.entries(of: paths.feedback).compactMap { name -> String? in
-                let id = name.hasSuffix(".zip") ? String(name.dropLast(4)) : name
-                return WireID.isValid(id) ? id : nil
-            })
+            func idsWithZips(_ directory: String) throws -> [String] {
+                Set(try DataDirectory.entries(of: directory).compactMap { name -> String? in
+                    let id = name.hasSuffix(".zip") ? String(name.dropLast(4)) : name
+                    return WireID.isValid(id) ? id : nil
+                }).sorted()
+            }
             let tails = try DataDirectory.entries(of: paths.tails).filter { WireID.isValid($0) }
-            return (pulls, feedback.sorted(), tails.sorted())
+            return (pulls, try idsWithZips(paths.feedback), tails.sorted(), try idsWithZips(paths.captures))
         }
         var finished: [String] = []
-        for (kind, ids) in [(RemovalReport.Kind.pull, pullIDs), (.feedback, feedbackIDs), (.tail, tails == nil ? [] : tailIDs)] {
+        for (kind, ids) in [
+            (RemovalReport.Kind.pull, pullIDs), (.feedback, feedbackIDs), (.tail, tails == nil ? [] : tailIDs), (.capture, captures == nil ? [] : captureIDs),
+        ] {
             for id in ids {
                 do {
                     // Nil: no record; .some(nil): a record not removed.
@@ -303,6 +331,7 @@ public struct ResultsKeeper: Sendable {
                         case .pull: try await pulls.pull(id).map { $0.removed }
                         case .feedback: try await feedback.feedback(id).map { $0.removed }
                         case .tail: try await tails?.tail(id).map { $0.removed }
+                        case .capture: try await captures?.capture(id).map { $0.removed }
                         }
                     guard let removal else {
                         if atStart {
@@ -332,6 +361,15 @@ public struct ResultsKeeper: Sendable {
 
     /// What a feedback's results are on disk: its files and its zip.
     func files(ofFeedback id: String) throws -> [String] { [try paths.feedbackFiles(id), try paths.feedbackZip(id)] }
+
+    /// What a capture's results are on disk: its files and its zip.
+    func files(ofCapture id: String) throws -> [String] { [try paths.captureFiles(id), try paths.captureZip(id)] }
+
+    /// Bytes a capture's files and zip take on disk.
+    public func diskUse(capture id: String) async throws -> Int64 {
+        let files = try files(ofCapture: id)
+        return try await blocking.runIfActive { try Self.size(files) }
+    }
 
     /// Bytes a pull's files take on disk (0 once removed).
     public func diskUse(pull id: String) async throws -> Int64 {

@@ -172,41 +172,53 @@ import Testing
         let t = newTrigger()
         let a = String(repeating: "a", count: 32), b = String(repeating: "b", count: 32), c = String(repeating: "c", count: 32)
         let first = newCapture(t.id, agent: a, since: 0, until: 10, at: 20)
-        #expect(try await triggers.beginCapture(first, perDevicePerDay: 2, perDay: 3) == .begun)
+        #expect(try await triggers.beginCapture(first, budgets: CaptureBudgets(perDevicePerDay: 2, perDay: 3, bytesPerDevicePerDay: 1 << 40)) == .begun)
         let stored = try #require(try await triggers.capture(first.id))
         #expect(stored.agentID == a && stored.triggerID == t.id && stored.setVersion == 2 && stored.uid == "u-1" && stored.since == first.since && stored.until == first.until)
         #expect(stored.matchedAt == first.matchedAt && !stored.crash && stored.status == .uploading && stored.chunkCount == 1 && stored.bytes == 1000)
         // Begun again: as it stands, not counted.
-        guard case .existing(let again) = try await triggers.beginCapture(first, perDevicePerDay: 2, perDay: 3) else {
+        guard case .existing(let again) = try await triggers.beginCapture(first, budgets: CaptureBudgets(perDevicePerDay: 2, perDay: 3, bytesPerDevicePerDay: 1 << 40)) else {
             Issue.record("a capture begun again was not answered as it stands")
             return
         }
         #expect(again == stored)
         // Overlapping the first (same trigger and device): refused; touching its end is not.
-        guard case .overlaps = try await triggers.beginCapture(newCapture(t.id, agent: a, since: 9, until: 15, at: 21), perDevicePerDay: 2, perDay: 3) else {
+        guard case .overlaps = try await triggers.beginCapture(newCapture(t.id, agent: a, since: 9, until: 15, at: 21), budgets: CaptureBudgets(perDevicePerDay: 2, perDay: 3, bytesPerDevicePerDay: 1 << 40)) else {
             Issue.record("an overlapping window was recorded")
             return
         }
-        #expect(try await triggers.beginCapture(newCapture(t.id, agent: b, since: 9, until: 15, at: 21), perDevicePerDay: 2, perDay: 3) == .begun, "another device's")
-        #expect(try await triggers.beginCapture(newCapture(t.id, agent: a, since: 10, until: 15, at: 22), perDevicePerDay: 2, perDay: 3) == .begun)
+        #expect(try await triggers.beginCapture(newCapture(t.id, agent: b, since: 9, until: 15, at: 21), budgets: CaptureBudgets(perDevicePerDay: 2, perDay: 3, bytesPerDevicePerDay: 1 << 40)) == .begun, "another device's")
+        #expect(try await triggers.beginCapture(newCapture(t.id, agent: a, since: 10, until: 15, at: 22), budgets: CaptureBudgets(perDevicePerDay: 2, perDay: 3, bytesPerDevicePerDay: 1 << 40)) == .begun)
         // The device's budget (2) is spent, then the trigger's (3): nothing stored.
         let over = newCapture(t.id, agent: a, since: 20, until: 25, at: 23)
-        guard case .overBudget(let device) = try await triggers.beginCapture(over, perDevicePerDay: 2, perDay: 10) else {
+        guard case .overBudget(let device) = try await triggers.beginCapture(over, budgets: CaptureBudgets(perDevicePerDay: 2, perDay: 10, bytesPerDevicePerDay: 1 << 40)) else {
             Issue.record("a capture over the device's budget was recorded")
             return
         }
         #expect(device.contains("one device"))
-        guard case .overBudget(let all) = try await triggers.beginCapture(newCapture(t.id, agent: c, since: 0, until: 5, at: 23), perDevicePerDay: 2, perDay: 3) else {
+        guard case .overBudget(let all) = try await triggers.beginCapture(newCapture(t.id, agent: c, since: 0, until: 5, at: 23), budgets: CaptureBudgets(perDevicePerDay: 2, perDay: 3, bytesPerDevicePerDay: 1 << 40)) else {
             Issue.record("a capture over the trigger's budget was recorded")
             return
         }
         #expect(all.contains("all devices"))
         #expect(try await triggers.capture(over.id) == nil)
         // A rolling day later the device may again.
-        #expect(try await triggers.beginCapture(newCapture(t.id, agent: a, since: 30, until: 35, at: 20 + 86_401), perDevicePerDay: 2, perDay: 3) == .begun)
+        #expect(try await triggers.beginCapture(newCapture(t.id, agent: a, since: 30, until: 35, at: 20 + 86_401), budgets: CaptureBudgets(perDevicePerDay: 2, perDay: 3, bytesPerDevicePerDay: 1 << 40)) == .begun)
         #expect(try await triggers.tally(of: t.id, since: date(0)) == CaptureTally(captures: 4, devices: 2))
+        #expect(try await triggers.tally(of: t.id, since: date(86_000)) == CaptureTally(captures: 1, devices: 1))
         #expect(try await triggers.captures(of: t.id, limit: 10).count == 4)
         #expect(try await triggers.captures(of: nil, limit: 2).count == 2)
+        // Bytes of one device's captures of any trigger: 1,000 each here.
+        let other = newTrigger("other")
+        guard case .overBudget(let bytes) = try await triggers.beginCapture(
+            newCapture(other.id, agent: b, since: 0, until: 5, at: 30), budgets: CaptureBudgets(perDevicePerDay: 5, perDay: 5, bytesPerDevicePerDay: 1_999))
+        else {
+            Issue.record("a capture over the device's bytes was recorded")
+            return
+        }
+        #expect(bytes.contains("bytes"))
+        #expect(try await triggers.beginCapture(
+            newCapture(other.id, agent: b, since: 0, until: 5, at: 30), budgets: CaptureBudgets(perDevicePerDay: 5, perDay: 5, bytesPerDevicePerDay: 2_000)) == .begun)
 
         // Statuses: final ones never move.
         #expect(try await triggers.updateCapture(first.id, status: .complete, detail: "3 records", chunksReceived: 1, records: 3, files: ["/x/manifest.json"], errorCode: nil))
@@ -214,12 +226,40 @@ import Testing
         let done = try #require(try await triggers.capture(first.id))
         #expect(done.status == .complete && done.records == 3 && done.files == ["/x/manifest.json"] && done.detail == "3 records" && done.errorCode == nil)
         // Abandoned after the lifetime; removal keeps the first; retention lists final ones not removed.
-        #expect(try await triggers.failAbandonedCaptures(now: date(20 + 86_401 + 7 * 86_400 + 1), after: .seconds(7 * 86_400)) == 3)
+        #expect(try await triggers.failAbandonedCaptures(now: date(20 + 86_401 + 7 * 86_400 + 1), after: .seconds(7 * 86_400)) == 4)
         let mark = try #require(try await triggers.markCaptureRemoved(first.id, by: "alice", reason: "done", at: date(100)))
         #expect(mark.isNew && mark.removal.by == "alice")
         #expect(try await triggers.markCaptureRemoved(first.id, by: "bob", reason: "", at: date(101))?.isNew == false)
         #expect(try await triggers.markCaptureRemoved(String(repeating: "f", count: 32), by: "bob", reason: "", at: date(101)) == nil)
         let removable = try await triggers.removableCaptures(receivedUntil: date(86_400 * 30), limit: 10)
-        #expect(removable.count == 3 && !removable.contains(first.id))
+        #expect(removable.count == 4 && !removable.contains(first.id))
+    }
+
+    /// Many devices begin captures of one trigger at once, each with its own window: no more
+    /// than the trigger's day budget are recorded, whatever the interleaving; and one device's
+    /// overlapping windows at once: one is recorded.
+    @Test(arguments: Backend.all)
+    func capturesBegunAtOnceNeverPassABudget(_ backend: Backend) async throws {
+        let (triggers, _) = try await backend.triggers(dir)
+        let t = newTrigger()
+        let budgets = CaptureBudgets(perDevicePerDay: 5, perDay: 3, bytesPerDevicePerDay: 1 << 40)
+        let outcomes = try await withThrowingTaskGroup(of: CaptureBegin.self) { group in
+            for n in 0..<12 {
+                let agent = Hex.encode((0..<16).map { _ in UInt8(n) })
+                group.addTask { try await triggers.beginCapture(self.newCapture(t.id, agent: agent, since: 0, until: 10, at: 1), budgets: budgets) }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(outcomes.filter { $0 == .begun }.count == 3)
+        #expect(try await triggers.tally(of: t.id, since: date(0)).captures == 3)
+        let u = newTrigger("u")
+        let a = String(repeating: "a", count: 32)
+        let overlapping = try await withThrowingTaskGroup(of: CaptureBegin.self) { group in
+            for n in 0..<8 {
+                group.addTask { try await triggers.beginCapture(self.newCapture(u.id, agent: a, since: Double(n), until: Double(n) + 10, at: 1), budgets: budgets) }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(overlapping.filter { $0 == .begun }.count == 1)
     }
 }

@@ -1,7 +1,7 @@
 import DredgeAdminAPI
 import Hummingbird
 
-/// The files of pulls, feedback and live tails (``AdminActions/files(ofPull:for:)`` and the rest): listed, and
+/// The files of pulls, feedback, captures and live tails (``AdminActions/files(ofPull:for:)`` and the rest): listed, and
 /// each served with ranges, ETag and `Repr-Digest`
 /// (``AdminAPI/serve(_:request:context:actions:caller:)``), every download audited; a pull's
 /// files also as one zip.
@@ -27,6 +27,13 @@ enum FileRoutes {
         routes.get("feedback/:id/files/:name") { request, context in
             let p = context.parameters
             return try await serve(actions.file(ofFeedback: p.require("id"), name: p.require("name"), for: context.signedIn), request, context)
+        }
+        routes.get("captures/:id/files") { _, context in
+            try AdminAPI.json(try await actions.files(ofCapture: context.parameters.require("id"), for: context.signedIn).map(\.file))
+        }
+        routes.get("captures/:id/files/:name") { request, context in
+            let p = context.parameters
+            return try await serve(actions.file(ofCapture: p.require("id"), name: p.require("name"), for: context.signedIn), request, context)
         }
         routes.get("tails/:id/files") { _, context in
             try AdminAPI.json(try await actions.files(ofTail: context.parameters.require("id"), for: context.signedIn).map(\.file))

@@ -112,9 +112,11 @@ final class ConnectionSession: Sendable {
     }
 
     /// Starts delivering the agent's pulls on this connection: a pass now, and one whenever
-    /// the dispatcher wakes it.
+    /// the dispatcher wakes it; and sends its trigger set, when it agreed to `triggers`.
     func startDelivery(_ agentID: String) {
         guard state.withLock({ $0.delivery == nil }) else { return }
+        // Written after the AuthResult, which the driver wrote before calling this.
+        state.withLock { $0.triggers }?.wake()
         let (services, token, outbound) = (self.services, self.token, self.outbound)
         let keyPin = self.keyPin
         let tails = state.withLock { $0.tails }
@@ -334,9 +336,9 @@ final class ConnectionSession: Sendable {
                     state.withLock { $0.tails = tails }
                 }
                 if let registry = services.triggers, outbound.agreement.capabilities.contains(WireCapability.triggers) {
+                    // Its first set goes with the first delivery pass (``startDelivery(_:)``), after the AuthResult.
                     let triggers = ConnectionTriggers(agentID: id, host: host, services: services, registry: registry, token: token, outbound: outbound, keyPin: keyPin)
                     state.withLock { $0.triggers = triggers }
-                    triggers.wake()
                 }
                 services.logger.info("agent connected", metadata: ["agent.id": "\(id)", "remote": "\(remote ?? "?")"])
                 services.metrics.authentications.increment()

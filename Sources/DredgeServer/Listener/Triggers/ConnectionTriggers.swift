@@ -68,10 +68,28 @@ final class ConnectionTriggers: Sendable {
         var triggerIDs: [String]
     }
 
-    /// The set last sent on this connection (shared with the passes).
+    /// The set last sent on this connection (shared with the passes), and whether the
+    /// agent's answer to it was recorded.
     private final class LastSent: Sendable {
-        let value = Mutex<Sent?>(nil)
+        let value = Mutex<(sent: Sent, answered: Bool)?>(nil)
     }
+
+    /// Asks for another pass a while after one could not make the set (the database was busy):
+    /// the agent must not keep a stale set until the next change.
+    private final class Retry: Sendable {
+        let runner = Mutex<SerialRunner<Bool>?>(nil)
+
+        func later(_ delay: Duration) {
+            guard let runner = runner.withLock({ $0 }) else { return }
+            Task {
+                try? await Task.sleep(for: delay)  // cancelled: asked at once, harmlessly
+                runner.ask { $0 = true }
+            }
+        }
+    }
+
+    /// How long after a failed pass the next one runs.
+    static let retryDelay: Duration = .seconds(5)
 
     let agentID: String
     let registry: any TriggerRegistry
@@ -90,10 +108,13 @@ final class ConnectionTriggers: Sendable {
         self.host = host
         self.services = services
         let sent = self.sent
+        let retry = Retry()
         runner = SerialRunner(empty: false) { _ in
-            await Self.pass(agentID: agentID, host: host, services: services, registry: registry, token: token, outbound: outbound, keyPin: keyPin, sent: sent)
+            await Self.pass(
+                agentID: agentID, host: host, services: services, registry: registry, token: token, outbound: outbound, keyPin: keyPin, sent: sent, retry: retry)
         }
         let runner = self.runner
+        retry.runner.withLock { $0 = runner }
         watch = services.triggerSets.watch { runner.ask { $0 = true } }
     }
 
@@ -107,11 +128,11 @@ final class ConnectionTriggers: Sendable {
     }
 
     /// The set last sent on this connection.
-    var lastSent: Sent? { sent.value.withLock { $0 } }
+    var lastSent: Sent? { sent.value.withLock { $0?.sent } }
 
     private static func pass(
         agentID: String, host: WireHostInfo, services: ConnectionServices, registry: any TriggerRegistry, token: Int, outbound: ConnectionOutbound, keyPin: KeyPin,
-        sent: LastSent
+        sent: LastSent, retry: Retry
     ) async -> SerialRunner<Bool>.After {
         guard services.agentConnections.isLive(agentID, token: token) else { return .stop }
         let set: WireTriggerSet
@@ -127,12 +148,13 @@ final class ConnectionTriggers: Sendable {
         } catch is CancellationError {
             return .stop
         } catch {
-            services.logger.error("cannot make an agent's trigger set; trying again on the next change", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
+            services.logger.error("cannot make an agent's trigger set; trying again shortly", metadata: ["agent.id": "\(agentID)", "error": "\(error)"])
+            retry.later(retryDelay)
             return .next
         }
         let made = Sent(version: set.version, issuedAtUs: set.issuedAtUs, triggerIDs: set.triggers.map(\.triggerID))
-        if let last = sent.value.withLock({ $0 }), last.version == made.version, last.triggerIDs == made.triggerIDs { return .next }
-        sent.value.withLock { $0 = made }
+        if let last = sent.value.withLock({ $0?.sent }), last.version == made.version, last.triggerIDs == made.triggerIDs { return .next }
+        sent.value.withLock { $0 = (made, false) }
         do {
             guard let written = outbound.send([.with { $0.triggerSet = set }]) else { throw ChannelError.ioOnClosedChannel }
             try await written.get()
@@ -144,11 +166,16 @@ final class ConnectionTriggers: Sendable {
         return .next
     }
 
-    /// The agent answered a set: recorded when it answers the one last sent here (an answer to
-    /// an earlier one, or to none, is logged and dropped).
+    /// The agent answered a set: recorded once, when it answers the one last sent here (an
+    /// answer to an earlier one, to none, or again, is logged and dropped).
     func answered(_ ack: WireTriggerSetAck) async {
-        guard let last = lastSent, last.version == ack.version, last.issuedAtUs == ack.issuedAtUs else {
-            services.logger.notice("trigger set answer for a set not sent last; ignored", metadata: ["agent.id": "\(agentID)", "version": "\(ack.version)"])
+        let last = sent.value.withLock { last -> Sent? in
+            guard let held = last, held.sent.version == ack.version, held.sent.issuedAtUs == ack.issuedAtUs, !held.answered else { return nil }
+            last?.answered = true
+            return held.sent
+        }
+        guard let last else {
+            services.logger.notice("trigger set answer for a set not sent last, or answered already; ignored", metadata: ["agent.id": "\(agentID)", "version": "\(ack.version)"])
             return
         }
         let refusal: String? =

@@ -434,7 +434,7 @@ final class ConnectionUploads: Sendable {
             let name = "stream-" + Hex.encode(secureRandomBytes(8))
             let stream = try PayloadStream(
                 staging: try paths.inside(assembler.directory + "/" + name), zipPath: try paths.inside(assembler.directory + "/" + name + ".zip"),
-                limits: owner == .feedback ? feedbackLimits.payloadLimits(within: limits) : limits, schedule: unpacking)
+                limits: owner == .pull ? limits : feedbackLimits.payloadLimits(within: limits), schedule: unpacking)
             assembler.stream(into: stream)
         } catch {
             logger.warning("cannot unpack an upload while it arrives; it is unpacked after its last chunk", metadata: [

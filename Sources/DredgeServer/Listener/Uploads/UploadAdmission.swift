@@ -179,7 +179,16 @@ struct UploadAdmission: Sendable {
             do { return try keys.unwrapKey(wrapped) } catch { return nil }  // refused below
         }
         guard let key else { return invalid("the capture's key does not unwrap with this server's key") }
-        if let existing = try await registry.capture(id) { return resumed(existing, key: key) }
+        if let existing = try await registry.capture(id) { return resumed(existing, header, key: key) }
+        // Its id is its own: never one of this server's pulls or feedback.
+        let pull = try await pulls.pull(id)
+        let feedbackOfID = try await feedback.feedback(id)
+        if pull != nil || feedbackOfID != nil { return invalid("upload \(id) is not a capture") }
+        // Too large ever to be accepted: refused for good.
+        guard header.plaintextSize <= UInt64(clamping: feedbackLimits.maxUnpackedBytes) else {
+            services.metrics.quotaRefused(.captureBudget)
+            return invalid("a capture upload may be at most \(feedbackLimits.maxUnpackedBytes) bytes")
+        }
         // The trigger as it stands: one of this agent's, and the capture within its terms.
         guard let trigger = try await registry.trigger(c.triggerID), trigger.removed == nil,
             trigger.reachesDevice(TriggerAudience(agentID: agentID, host: triggers.host, uids: []))
@@ -194,7 +203,7 @@ struct UploadAdmission: Sendable {
         let longest = Int64(d.beforeSeconds + d.afterSeconds) * 1_000_000 + 1
         guard c.untilUs - c.sinceUs <= longest else { return invalid("the capture's window is longer than trigger \(c.triggerID)'s") }
         let skew = WireLimits.clockSkewMicroseconds
-        let end = trigger.disabled.map { Timestamp($0.at).microseconds } ?? trigger.expiresAt.microseconds
+        let end = min(trigger.disabled.map { Timestamp($0.at).microseconds } ?? .max, trigger.expiresAt.microseconds)
         guard c.matchedAtUs >= Timestamp(trigger.createdAt).microseconds - skew, c.matchedAtUs <= end + skew else {
             return invalid("the capture's match is outside trigger \(c.triggerID)'s life")
         }
@@ -202,12 +211,13 @@ struct UploadAdmission: Sendable {
             id: id, agentID: agentID, triggerID: c.triggerID, setVersion: c.setVersion, uid: c.uid, since: Timestamp(microseconds: c.sinceUs),
             until: Timestamp(microseconds: c.untilUs), matchedAt: Timestamp(microseconds: c.matchedAtUs), crash: c.crash, chunkCount: Int(header.chunkCount),
             bytes: Int64(clamping: header.plaintextSize), at: Date())
-        switch try await registry.beginCapture(capture, perDevicePerDay: d.perDevicePerDay, perDay: d.perDay) {
+        let budgets = CaptureBudgets(perDevicePerDay: d.perDevicePerDay, perDay: d.perDay, bytesPerDevicePerDay: feedbackLimits.bytesPerDay)
+        switch try await registry.beginCapture(capture, budgets: budgets) {
         case .begun:
             logger.info("capture upload begun", metadata: ["capture.id": "\(id)", "agent.id": "\(agentID)", "trigger.id": "\(c.triggerID)"])
             return .admitted(key)
         case .existing(let existing):
-            return resumed(existing, key: key)
+            return resumed(existing, header, key: key)
         case .overBudget(let why):
             services.metrics.quotaRefused(.captureBudget)
             logger.notice("capture refused: budget spent", metadata: ["capture.id": "\(id)", "agent.id": "\(agentID)", "trigger.id": "\(c.triggerID)"])
@@ -217,10 +227,16 @@ struct UploadAdmission: Sendable {
         }
     }
 
-    /// A capture begun before: answered its result if it ended, else resumed.
-    private func resumed(_ existing: CaptureRecord, key: SymmetricKey) -> Verdict {
+    /// A capture begun before: answered its result if it ended, else resumed, when the header
+    /// is the one it began with (it was checked then; another would pass no check).
+    private func resumed(_ existing: CaptureRecord, _ header: WireUploadHeader, key: SymmetricKey) -> Verdict {
         let id = existing.id
         guard existing.agentID == agentID else { return .answered(Self.error(.errorUploadInvalid, id, "capture \(id) belongs to another agent")) }
+        let c = header.capture
+        guard existing.triggerID == c.triggerID, existing.setVersion == c.setVersion, existing.uid == c.uid, existing.since.microseconds == c.sinceUs,
+            existing.until.microseconds == c.untilUs, existing.matchedAt.microseconds == c.matchedAtUs, existing.crash == c.crash,
+            existing.chunkCount == Int(header.chunkCount), existing.bytes == Int64(clamping: header.plaintextSize)
+        else { return .answered(Self.error(.errorUploadInvalid, id, "capture \(id) was begun with another header")) }
         if existing.status == .complete {
             return .answered(.with {
                 $0.uploadResult = .with { $0.uploadID = id; $0.ok = true; $0.files = UInt32(max(0, existing.files.count - 1)); $0.records = UInt64(existing.records) }

@@ -201,7 +201,7 @@ struct UploadFinisher: Sendable {
                 zip = try paths.inside(assembler.directory + "/payload-" + Hex.encode(secureRandomBytes(4)) + ".zip")
                 try assembler.assemble(to: zip)
                 payload = try PayloadExtractor.extract(
-                    zip: zip, into: destination, limits: owner == .feedback ? feedbackLimits.payloadLimits(within: limits) : limits, check: check)
+                    zip: zip, into: destination, limits: owner == .pull ? limits : feedbackLimits.payloadLimits(within: limits), check: check)
             }
         } catch let error as ExportError where error.code == .exists {
             // Unpacked before, and the server stopped before recording it: adopt it if it is
@@ -235,6 +235,10 @@ struct UploadFinisher: Sendable {
         } else {
             guard case .object(let record)? = described.match, record["ts"] == .string(matchedAt) else {
                 throw ExportError(.payloadInvalid, "a capture's manifest names the record that fired it, logged at matched_at")
+            }
+            // Of the capture's user, when it names one (§ 13: no record of another uid is kept).
+            if !header.uid.isEmpty, record["uid"] != .string(header.uid) {
+                throw ExportError(.payloadInvalid, "the record that fired a capture of \(header.uid) is another user's")
             }
         }
         let f = manifest.filter

@@ -96,6 +96,7 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
             "CREATE INDEX capture_by_trigger ON capture (trigger_id, received_at)",
             "CREATE INDEX capture_by_device ON capture (agent_id, trigger_id, until_us)",
             "CREATE INDEX capture_by_time ON capture (received_at)",
+            "CREATE INDEX capture_by_agent ON capture (agent_id, received_at)",
         ]
     )
 
@@ -207,6 +208,7 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
                     VALUES (\(answer.agentID), \(version), \(answer.issuedAt.microseconds), \(refusal.storable), \(at))
                     ON CONFLICT (agent_id) DO UPDATE SET refused_version = excluded.refused_version, refused_issued_at_us = excluded.refused_issued_at_us,
                         refusal = excluded.refusal, refused_at = excluded.refused_at
+                    WHERE trigger_set_held.issued_at_us IS NULL OR trigger_set_held.issued_at_us <= excluded.refused_issued_at_us
                     """)
             } else {
                 try await c.run(
@@ -215,6 +217,7 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
                     VALUES (\(answer.agentID), \(version), \(answer.issuedAt.microseconds), \(ids), \(at))
                     ON CONFLICT (agent_id) DO UPDATE SET version = excluded.version, issued_at_us = excluded.issued_at_us, trigger_ids = excluded.trigger_ids,
                         held_at = excluded.held_at, refused_version = NULL, refused_issued_at_us = NULL, refusal = NULL, refused_at = NULL
+                    WHERE trigger_set_held.issued_at_us IS NULL OR trigger_set_held.issued_at_us <= excluded.issued_at_us
                     """)
             }
         }
@@ -253,18 +256,22 @@ public final class PostgresTriggerRegistry: TriggerRegistry, Sendable {
         records, files, error_code, removed_at, removed_by, removed_reason
         """
 
-    public func beginCapture(_ capture: NewCapture, perDevicePerDay: Int, perDay: Int) async throws -> CaptureBegin {
+    public func beginCapture(_ capture: NewCapture, budgets: CaptureBudgets) async throws -> CaptureBegin {
         let at = capture.at.timeIntervalSince1970
         return try await db.write { c in
-            // One capture of a trigger at a time, on every node: the budgets are counted and the
-            // capture stored before the next one counts.
-            try await c.run("SELECT pg_advisory_xact_lock(hashtextextended(\(capture.triggerID), \(Self.changeLock)))")
+            // One capture of a device, and of a trigger, at a time on every node (the device's
+            // lock first, always): the budgets are counted and the capture stored before the
+            // next one counts.
+            try await c.run("SELECT pg_advisory_xact_lock(hashtextextended(\("agent " + capture.agentID), \(Self.changeLock)))")
+            try await c.run("SELECT pg_advisory_xact_lock(hashtextextended(\("trigger " + capture.triggerID), \(Self.changeLock)))")
             if let existing = try await Self.capture(capture.id, on: c) { return .existing(existing) }
             let dayAgo = at - TriggerRows.day
             let device = try await c.value(
                 "SELECT count(*) FROM capture WHERE trigger_id = \(capture.triggerID) AND agent_id = \(capture.agentID) AND received_at > \(dayAgo)", as: Int64.self) ?? 0
             let all = try await c.value("SELECT count(*) FROM capture WHERE trigger_id = \(capture.triggerID) AND received_at > \(dayAgo)", as: Int64.self) ?? 0
-            if let over = TriggerRows.overBudget(device: Int(device), all: Int(all), perDevicePerDay: perDevicePerDay, perDay: perDay, trigger: capture.triggerID) {
+            let bytes = try await c.value(
+                "SELECT coalesce(sum(bytes), 0)::bigint FROM capture WHERE agent_id = \(capture.agentID) AND received_at > \(dayAgo)", as: Int64.self) ?? 0
+            if let over = TriggerRows.overBudget(capture, device: Int(device), all: Int(all), bytes: bytes, budgets) {
                 return .overBudget(over)
             }
             if let other = try await c.value(

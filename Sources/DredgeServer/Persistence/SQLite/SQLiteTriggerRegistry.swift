@@ -81,6 +81,7 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
                 CREATE INDEX capture_by_trigger ON capture(trigger_id, received_at);
                 CREATE INDEX capture_by_device ON capture(agent_id, trigger_id, until_us);
                 CREATE INDEX capture_by_time ON capture(received_at);
+                CREATE INDEX capture_by_agent ON capture(agent_id, received_at);
                 """)
         }
     }
@@ -179,6 +180,7 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
                     INSERT INTO trigger_set_held (agent_id, refused_version, refused_issued_at_us, refusal, refused_at) VALUES (?, ?, ?, ?, ?)
                     ON CONFLICT (agent_id) DO UPDATE SET refused_version = excluded.refused_version, refused_issued_at_us = excluded.refused_issued_at_us,
                         refusal = excluded.refusal, refused_at = excluded.refused_at
+                    WHERE trigger_set_held.issued_at_us IS NULL OR trigger_set_held.issued_at_us <= excluded.refused_issued_at_us
                     """, [answer.agentID, version, answer.issuedAt.microseconds, refusal.storable, at])
             } else {
                 try db.run(
@@ -186,6 +188,7 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
                     INSERT INTO trigger_set_held (agent_id, version, issued_at_us, trigger_ids, held_at) VALUES (?, ?, ?, ?, ?)
                     ON CONFLICT (agent_id) DO UPDATE SET version = excluded.version, issued_at_us = excluded.issued_at_us, trigger_ids = excluded.trigger_ids,
                         held_at = excluded.held_at, refused_version = NULL, refused_issued_at_us = NULL, refusal = NULL, refused_at = NULL
+                    WHERE trigger_set_held.issued_at_us IS NULL OR trigger_set_held.issued_at_us <= excluded.issued_at_us
                     """, [answer.agentID, version, answer.issuedAt.microseconds, try TriggerRows.ids(answer.triggerIDs), at])
             }
         }
@@ -224,7 +227,7 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
         records, files, error_code, removed_at, removed_by, removed_reason
         """
 
-    public func beginCapture(_ capture: NewCapture, perDevicePerDay: Int, perDay: Int) async throws -> CaptureBegin {
+    public func beginCapture(_ capture: NewCapture, budgets: CaptureBudgets) async throws -> CaptureBegin {
         let at = capture.at.timeIntervalSince1970
         return try await db.write { db in
             if let existing = try Self.capture(capture.id, in: db) { return .existing(existing) }
@@ -233,7 +236,10 @@ public final class SQLiteTriggerRegistry: TriggerRegistry, Sendable {
                 "SELECT count(*) FROM capture WHERE trigger_id = ? AND agent_id = ? AND received_at > ?", [capture.triggerID, capture.agentID, dayAgo], as: Int.self
             ).fetchOne(db) ?? 0
             let all = try prepared("SELECT count(*) FROM capture WHERE trigger_id = ? AND received_at > ?", [capture.triggerID, dayAgo], as: Int.self).fetchOne(db) ?? 0
-            if let over = TriggerRows.overBudget(device: device, all: all, perDevicePerDay: perDevicePerDay, perDay: perDay, trigger: capture.triggerID) {
+            let bytes = try prepared(
+                "SELECT coalesce(sum(bytes), 0) FROM capture WHERE agent_id = ? AND received_at > ?", [capture.agentID, dayAgo], as: Int64.self
+            ).fetchOne(db) ?? 0
+            if let over = TriggerRows.overBudget(capture, device: device, all: all, bytes: bytes, budgets) {
                 return .overBudget(over)
             }
             if let other = try prepared(

@@ -169,6 +169,6 @@ import Testing
     }
 
     @Test func theAuditLogsActionsAreOneList() {
-        #expect(AuditAction.filters == ["pull", "pull.approve", "pull.download", "pull.remove", "tail", "tail.stop", "tail.download", "tail.remove", "trigger", "trigger.disable", "trigger.remove", "feedback.download", "feedback.remove", "records.search", "records.read", "console", "token", "agent.revoke", "auth.failed", "access.denied"])
+        #expect(AuditAction.filters == ["pull", "pull.approve", "pull.download", "pull.remove", "tail", "tail.stop", "tail.download", "tail.remove", "trigger", "trigger.disable", "trigger.remove", "capture.download", "capture.remove", "feedback.download", "feedback.remove", "records.search", "records.read", "console", "token", "agent.revoke", "auth.failed", "access.denied"])
     }
 }

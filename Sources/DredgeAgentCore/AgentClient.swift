@@ -29,6 +29,10 @@ public final class AgentClient: Service, Sendable {
     let uploads: UploadManager
     /// The live tails the agent runs (#53); nil without a store (nothing to tail).
     let tails: TailManager?
+    /// The standing triggers the agent holds and matches (#54); nil without a store.
+    public let triggers: TriggerAgent?
+    /// When the last heartbeat went out (what a capture waits for: its user named to the server).
+    let lastHeartbeat = Moment()
     /// The tails' clock: seconds since the agent started, monotonic.
     let started = ContinuousClock.now
     /// The active uids of the last heartbeat that could read them.
@@ -66,10 +70,13 @@ public final class AgentClient: Service, Sendable {
         self.logger = logger
         self.uploads = try UploadManager(state: state, store: store, logger: logger, firstRetryDelay: firstRetryDelay, maxExports: maxExports)
         self.tails = store.map { TailManager(store: $0, agentID: state.file.agentID, agentKey: state.key) }
+        self.triggers = store.map { TriggerAgent(state: state, store: $0, logger: logger) }
     }
 
-    /// What the agent offers in `Hello`: live tails only with a store to read them from.
-    var capabilities: [String] { tails == nil ? [WireCapability.keyRotation] : [WireCapability.keyRotation, WireCapability.liveTail] }
+    /// What the agent offers in `Hello`: live tails and triggers only with a store to read.
+    var capabilities: [String] {
+        store == nil ? [WireCapability.keyRotation] : [WireCapability.keyRotation, WireCapability.liveTail, WireCapability.triggers]
+    }
 
     /// The tails' clock now.
     func tailClock() -> Double {
@@ -117,6 +124,25 @@ public final class AgentClient: Service, Sendable {
             }
         }
         defer { tailing.cancel() }
+        // The triggers' matching and captures, connected or not (a capture waits in the outbox).
+        if let triggers { await uploads.whenBudgetSpent { await triggers.budgetSpent($0) } }
+        let matching = Task { [triggers, uploads, stop, logger, lastHeartbeat] in
+            guard let triggers else { return }
+            var failures = 0
+            while !Task.isCancelled && !stop.isStopped {
+                do {
+                    let written = try await triggers.step(heartbeatAt: lastHeartbeat.value)
+                    if !written.isEmpty { try await uploads.rescanOutbox() }
+                    failures = 0
+                } catch {
+                    if failures == 0 { logger.warning("matching the triggers failed", metadata: ["error": "\(error)"]) }
+                    failures += 1
+                }
+                let interval: Duration = await triggers.isMatching ? .seconds(1) : .seconds(5)
+                do { try await Task.sleep(for: interval) } catch { break }
+            }
+        }
+        defer { matching.cancel() }
         await withTaskCancellationOrGracefulShutdownHandler {
             var reconnection = Reconnection(backoff: Backoff(initial: min(.seconds(1), self.maxReconnectDelay), maximum: self.maxReconnectDelay))
             let addresses = self.addresses
@@ -196,8 +222,8 @@ public final class AgentClient: Service, Sendable {
                 // Stopping says Goodbye to the server, then closes.
                 stop.onStop { connection.goodbye("agent stopping") }
                 let session = Session(
-                    connection: connection, uploads: uploads, tails: tails, tailClock: { [self] in tailClock() }, established: established, plannedReturn: plannedReturn,
-                    logger: logger, server: "\(server)")
+                    connection: connection, uploads: uploads, tails: tails, triggers: triggers, tailClock: { [self] in tailClock() }, established: established,
+                    plannedReturn: plannedReturn, lastHeartbeat: lastHeartbeat, logger: logger, server: "\(server)")
                 defer { connection.closed("connection ended") }
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask {
@@ -319,19 +345,23 @@ public final class AgentClient: Service, Sendable {
         var failure: WireProtocolError?
         let uploads: UploadManager
         let tails: TailManager?
+        let triggers: TriggerAgent?
         let tailClock: @Sendable () -> Double
         let established: Handoff<ContinuousClock.Instant>
         let plannedReturn: Handoff<PlannedReturn>
+        let lastHeartbeat: Moment
         let logger: Logger
         let server: String
 
         init(
-            connection: AgentConnection, uploads: UploadManager, tails: TailManager?, tailClock: @escaping @Sendable () -> Double,
-            established: Handoff<ContinuousClock.Instant>, plannedReturn: Handoff<PlannedReturn>, logger: Logger, server: String
+            connection: AgentConnection, uploads: UploadManager, tails: TailManager?, triggers: TriggerAgent?, tailClock: @escaping @Sendable () -> Double,
+            established: Handoff<ContinuousClock.Instant>, plannedReturn: Handoff<PlannedReturn>, lastHeartbeat: Moment, logger: Logger, server: String
         ) {
             self.connection = connection
             self.uploads = uploads
             self.tails = tails
+            self.triggers = triggers
+            self.lastHeartbeat = lastHeartbeat
             self.tailClock = tailClock
             self.established = established
             self.plannedReturn = plannedReturn
@@ -357,8 +387,10 @@ public final class AgentClient: Service, Sendable {
         /// this connection.
         func heartbeat(uids: [String], stats: WireStoreStats, users: WireUserReport?) async throws {
             let report = reports.toSend(users)
+            let stamp = Timestamp.now
             let sent = try await connection.heartbeat(activeUIDs: uids, stats: stats, users: report)
             if let report, sent { reports.sent(report) }
+            if sent { lastHeartbeat.set(stamp) }
         }
 
         /// Acts on the connection's events; false when the connection must close.
@@ -402,6 +434,10 @@ public final class AgentClient: Service, Sendable {
                             // connection goes on for pulls.
                             logger.warning("a live tail's frame was not handled", metadata: ["error": "\(error)"])
                         }
+                    case .triggerSet(let set)?:
+                        guard let triggers else { break }
+                        let answer = await triggers.receive(set, serverKeys: try await uploads.pinnedServerKeys())
+                        try await connection.send(answer)
                     default:
                         try await uploads.receive(frame)
                     }
@@ -457,6 +493,13 @@ final class StopSignal: Sendable {
         }
         body?()
     }
+}
+
+/// A time one side sets and others read (when the last heartbeat went out).
+final class Moment: Sendable {
+    private let stored = Mutex<Timestamp?>(nil)
+    var value: Timestamp? { stored.withLock { $0 } }
+    func set(_ new: Timestamp) { stored.withLock { $0 = new } }
 }
 
 /// A value one side of the connection leaves for the reconnect loop, which takes it once: when

@@ -33,6 +33,12 @@ actor UploadManager {
     private let logger: Logger
     /// Where exports run, a bounded number at a time.
     let exports: ExportExecutor
+    /// Told of each capture the server refused over a budget (`ERROR_BUDGET_SPENT`), with its
+    /// trigger (``TriggerAgent/budgetSpent(_:now:)``).
+    private var budgetSpent: (@Sendable (String) async -> Void)?
+
+    func whenBudgetSpent(_ hook: @escaping @Sendable (String) async -> Void) { budgetSpent = hook }
+
     /// The first retry's delay; it doubles up to ``maxRetryDelay``.
     let firstRetryDelay: Duration
     static let maxRetryDelay: Duration = .seconds(300)
@@ -202,7 +208,7 @@ actor UploadManager {
         do { try FileManager.default.removeItem(atPath: dir) } catch { logger.warning("could not remove \(dir)", metadata: ["error": "\(error)"]) }
     }
 
-    /// Picks up feedback uploads that appeared in the outbox (from ``Feedback/submit`` in this
+    /// Picks up feedback uploads and captures that appeared in the outbox (from ``Feedback/submit`` in this
     /// process or another, such as `dredge-agent feedback`) and starts them if connected.
     func rescanOutbox() async throws {
         for id in Feedback.pending(stateDirectory: state.directory) where uploads[id] == nil {
@@ -443,6 +449,10 @@ actor UploadManager {
                 removeDirectory(state.directory + "/uploads/" + uploadID)
                 if result.ok {
                     logger.info("upload complete", metadata: ["upload.id": "\(uploadID)", "files": "\(result.files)", "records": "\(result.records)"])
+                } else if result.error == .errorBudgetSpent, active.upload.header.kind == .capture {
+                    // Final, and nothing kept: the capture is dropped, and its trigger quiet for a while.
+                    logger.notice("capture refused: the server's budget is spent", metadata: ["upload.id": "\(uploadID)", "detail": "\(result.detail)"])
+                    await budgetSpent?(active.upload.header.capture.triggerID)
                 } else {
                     logger.error("upload failed", metadata: ["upload.id": "\(uploadID)", "error": "\(result.error)", "detail": "\(result.detail)"])
                 }

@@ -1,0 +1,193 @@
+import Crypto
+import DredgeDomain
+import DredgeEnvelope
+import DredgeExport
+import DredgePayload
+import DredgeStore
+import DredgeWire
+import Foundation
+import Logging
+
+/// A capture's upload, made ready in the agent's outbox (Protocol § 21, *The window*, *The
+/// capture's header*, *The payload*): the window's records exported with a manifest that names
+/// the trigger and the record that fired it, sealed under a new key wrapped with the server's
+/// encryption key, as a feedback's is (``Feedback``). The outbox directory
+/// (`STATE/uploads/<id>/`: header, zip, the key wrapped under the agent's own key) appears
+/// whole, survives restarts, and is sent by the ``UploadManager`` like a feedback.
+public enum CaptureExport {
+    /// Writes `capture` to the outbox of `state`; returns false when it was there already (a
+    /// capture written before a restart that did not record it).
+    @discardableResult
+    public static func write(_ capture: CapturePlanner.Planned, state: AgentState, store: LogStore, now: Timestamp = .now) throws -> Bool {
+        let id = capture.captureID
+        let root = state.directory + "/uploads"
+        if FileManager.default.fileExists(atPath: root + "/" + id) { return false }
+        let serverKey = try RSAPublicKey(spki: Hex.decode(state.file.serverEncryptionKey) ?? [])
+        let building = root + "/.\(id).partial"
+        try? FileManager.default.removeItem(atPath: building)  // a build a crash cut short: made again below
+        try FileManager.default.createDirectory(atPath: building, withIntermediateDirectories: true)
+        do {
+            let matchedAt = Timestamp(microseconds: capture.matchedAtUs)
+            let description = ExportManifest.CaptureDescription(
+                triggerID: capture.triggerID, setVersion: capture.setVersion, crash: capture.crash, matchedAt: matchedAt.rfc3339,
+                match: try capture.matchedRow.flatMap { try matchRecord(row: $0, in: store) })
+            let zip = building + "/export.zip"
+            let manifest = try Exporter.export(
+                from: store,
+                ExportRequest(
+                    uploadID: id, kind: .capture, agentID: state.file.agentID,
+                    filter: LogFilter(
+                        since: Timestamp(microseconds: capture.sinceUs), until: Timestamp(microseconds: capture.untilUs), uid: capture.uid.isEmpty ? nil : capture.uid),
+                    capture: description, createdAt: now),
+                to: zip)
+            let key = SymmetricKey.uploadKey()
+            let upload = try SealedUpload(
+                zipPath: zip, uploadID: id, kind: .capture, agentID: state.file.agentID, key: key, wrappedKey: try serverKey.wrapKey(key),
+                capture: .with {
+                    $0.triggerID = capture.triggerID
+                    $0.setVersion = capture.setVersion
+                    $0.uid = capture.uid
+                    $0.sinceUs = capture.sinceUs
+                    $0.untilUs = capture.untilUs
+                    $0.matchedAtUs = capture.matchedAtUs
+                    $0.crash = capture.crash
+                },
+                empty: manifest.empty, createdAt: now.microseconds)
+            try AgentState.write(try upload.header.serializedBytes(), to: building + "/header.pb", mode: 0o600)
+            try AgentState.write(try state.key.publicKey.wrapKey(key), to: building + "/feedback-key.bin", mode: 0o600)
+            guard rename(building, root + "/" + id) == 0 else { throw AgentError("cannot move the capture into the outbox: \(String(cString: strerror(errno)))") }
+            try DurableFile.syncDirectory(root)
+        } catch {
+            try? FileManager.default.removeItem(atPath: building)
+            throw error
+        }
+        return true
+    }
+
+    /// The record at `row` as a § 13 record object (what the capture's manifest names as the
+    /// record that fired it).
+    static func matchRecord(row: Int64, in store: LogStore) throws -> JSONValue? {
+        guard let record = try store.records(after: row - 1, matching: LogFilter(), limit: 1).first, record.id == row else { return nil }
+        var object: [String: JSONValue] = [
+            "ts": .string(record.timestamp.rfc3339), "level": .string(record.level.name), "type": .string(record.type.rawValue), "uid": .string(record.uid),
+            "message": .string(record.message), "context": .integer(record.context.rawValue),
+        ]
+        if record.metadataJSON != "{}", let metadata = try? JSONDecoder().decode(JSONValue.self, from: Data(record.metadataJSON.utf8)) {
+            object["metadata"] = metadata
+        }
+        return .object(object)
+    }
+}
+
+/// The agent's standing triggers (#54, Protocol § 21): the set it holds (``HeldTriggers``,
+/// durable), what the server sends (``receive(_:serverKeys:now:)``), the matching of what its
+/// store takes (``step(now:heartbeatAt:)``, off every app's logging path) and the captures it
+/// puts in the outbox once their window closed.
+public actor TriggerAgent {
+    private var held: HeldTriggers
+    private let state: AgentState
+    private let store: LogStore
+    private let logger: Logger
+
+    /// Reads what the agent held (none when the file does not read: said, and the server sends
+    /// the set again on the next connection).
+    public init(state: AgentState, store: LogStore, logger: Logger) {
+        self.state = state
+        self.store = store
+        self.logger = logger
+        do {
+            held = try HeldTriggers.load(from: state.directory)
+        } catch {
+            logger.error("the held triggers do not read; starting with none", metadata: ["error": "\(error)"])
+            held = HeldTriggers()
+        }
+    }
+
+    /// The triggers of the set held now, in its order (empty: none).
+    public var holding: [String] { held.rules.map(\.id) }
+
+    /// How far matching has read the store (its row id).
+    public var cursor: Int64 { held.cursor }
+
+    /// Captures of `triggerID` this device made in the last day (its budget's count).
+    public func madeToday(_ triggerID: String, now: Timestamp = .now) -> Int { held.planner.madeToday(triggerID, now: now) }
+
+    /// Whether a set with triggers is held (matching then runs often).
+    public var isMatching: Bool { !held.rules.isEmpty }
+
+    /// A set from the server: checked (``TriggerSetAdmission``), held durably when admitted, and
+    /// answered. A set that cannot be saved is refused (`REJECT_INVALID`, the reason said): the
+    /// agent keeps the one it held.
+    public func receive(_ set: WireTriggerSet, serverKeys: PinnedServerKeys, now: Timestamp = .now) -> WireFrame {
+        let decision = TriggerSetAdmission.admit(set, agentID: state.file.agentID, serverKeys: serverKeys, heldIssuedAtUs: held.issuedAtUs, now: now)
+        guard case .hold(let rules) = decision else {
+            if case .reject(let reason, let detail) = decision {
+                logger.warning("trigger set refused", metadata: ["version": "\(set.version)", "reason": "\(reason)", "detail": "\(detail)"])
+            }
+            return decision.ack(for: set)
+        }
+        var next = held
+        do {
+            next.hold(set, rules: rules, storeEnd: try store.lastRowID())
+            try next.save(in: state.directory)
+        } catch {
+            logger.error("cannot keep the trigger set; keeping the one held", metadata: ["error": "\(error)"])
+            return TriggerSetAdmission.Decision.reject(.rejectInvalid, "the agent cannot keep the set now: \(error)").ack(for: set)
+        }
+        held = next
+        logger.info("trigger set held", metadata: ["version": "\(set.version)", "triggers": "\(rules.count)"])
+        return decision.ack(for: set)
+    }
+
+    /// Matches what the store took since the last step, then writes each capture whose window
+    /// closed to the outbox, once a heartbeat has named its user to the server after the window
+    /// (`heartbeatAt`: when the last heartbeat was sent, nil before any). Returns the ids
+    /// written. Saves what changed.
+    @discardableResult
+    public func step(now: Timestamp = .now, heartbeatAt: Timestamp?) throws -> [String] {
+        var next = held
+        let before = next
+        // At most a few batches a step: a backlog is caught up over the next steps.
+        for _ in 0..<8 {
+            let cursor = next.cursor
+            _ = try TriggerMatcher.step(&next, store: store, now: now) { Hex.encode(secureRandomBytes(16)) }
+            if next.cursor == cursor { break }
+        }
+        var written: [String] = []
+        for capture in next.planner.due(now: now) {
+            // Its user must be one the server knows this device holds (§ 21): a heartbeat after
+            // the window closed carried it.
+            guard let heartbeatAt, heartbeatAt.microseconds > capture.untilUs else { continue }
+            do {
+                try CaptureExport.write(capture, state: state, store: store, now: now)
+            } catch {
+                // Given up (counted already): a store that cannot export now would fail it again.
+                logger.error("a capture could not be exported; dropped", metadata: ["capture.id": "\(capture.captureID)", "trigger.id": "\(capture.triggerID)", "error": "\(error)"])
+            }
+            next.planner.finished(capture.captureID)
+            written.append(capture.captureID)
+            logger.info("capture ready", metadata: ["capture.id": "\(capture.captureID)", "trigger.id": "\(capture.triggerID)"])
+        }
+        if next != before {
+            // Held in memory even if it cannot be saved now: matching the same records again
+            // would make their captures twice. Saved with the next change.
+            held = next
+            try next.save(in: state.directory)
+        }
+        return written
+    }
+
+    /// The server answered `ERROR_BUDGET_SPENT` for a capture of `triggerID`: quiet for an hour.
+    public func budgetSpent(_ triggerID: String, now: Timestamp = .now) {
+        var next = held
+        next.planner.budgetSpent(triggerID, now: now)
+        do {
+            try next.save(in: state.directory)
+            held = next
+        } catch {
+            held = next  // kept in memory; saved with the next change
+            logger.warning("cannot save the triggers' quiet hour", metadata: ["error": "\(error)"])
+        }
+        logger.notice("the server's budget for a trigger is spent; no capture of it for an hour", metadata: ["trigger.id": "\(triggerID)"])
+    }
+}

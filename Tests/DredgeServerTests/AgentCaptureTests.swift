@@ -1,0 +1,68 @@
+import DredgeAdminAPI
+import DredgeAgentCore
+import DredgeDomain
+import DredgePayload
+import DredgeServer
+import DredgeStore
+import DredgeTestSupport
+import DredgeWire
+import Foundation
+import Testing
+
+/// The real agent (``AgentClient``) and the in-process server, both ends of standing triggers
+/// (#54): the agent holds the set it is sent, matches what its app logs, and uploads the window
+/// around a match as a capture, once per its budget.
+@Suite struct AgentCaptureTests {
+    @Test func aMatchIsCapturedOncePerBudgetWithItsWindowAndItsRecord() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let registry = try #require(server.triggers)
+            let trigger = try await server.admin.createTrigger(
+                TriggerRequest(name: "payment declined", match: TriggerMatch(levels: ["error"], types: ["business"]), beforeSeconds: 30, afterSeconds: 1, perDevicePerDay: 1))
+            let path = server.dir.file("app.sqlite")
+            let (app, ctx) = try PullEndToEndTests.openDeviceStore(path, host: "oven-7")
+            defer { try? app.close() }
+            // Before the agent holds the trigger: never matched.
+            app.enqueue(LogEntry(timestamp: .now, level: .error, type: .business, uid: "u-1", message: "declined before the trigger was held", context: ctx))
+            try await app.flush()
+            try await withStopping(PullOutcomeTests.Device(server, store: path)) { device in
+                let agentID = device.state.file.agentID
+                #expect(try await CaptureTests.answerRecorded(agentID, in: registry) { $0.triggerIDs == [trigger.id] })
+                let triggers = try #require(device.client.triggers)
+                #expect(await triggers.holding == [trigger.id])
+                // The app logs: a few steps, the error that fires the trigger, one more after it.
+                let t = Timestamp.now
+                for second in [-20, -10, -1] {
+                    app.enqueue(LogEntry(timestamp: t.adding(.seconds(second)), level: .info, type: .app, uid: "u-1", message: "step \(second)", context: ctx))
+                }
+                app.enqueue(LogEntry(timestamp: t.adding(.seconds(-5)), level: .info, type: .app, uid: "u-2", message: "another user's", context: ctx))
+                app.enqueue(LogEntry(timestamp: t, level: .error, type: .business, uid: "u-1", message: "payment declined", metadata: ["code": .string("51")], context: ctx))
+                try await app.flush()
+                #expect(try await PullOutcomeTests.waitFor(.seconds(120)) { try await registry.captures(of: trigger.id, limit: 10).first?.status == .complete })
+                let capture = try #require(try await registry.captures(of: trigger.id, limit: 10).first)
+                #expect(capture.agentID == agentID && capture.uid == "u-1" && !capture.crash && capture.matchedAt == t)
+                #expect(capture.since == t.subtracting(.seconds(30)) && capture.until == t.adding(.microseconds(1_000_001)))
+                // The user's records of the window: its three steps, the error logged before the
+                // trigger was held (in the window, though it fired nothing) and the match; not
+                // the other user's.
+                #expect(capture.records == 5, "\(capture)")
+                let manifest = try JSONDecoder().decode(
+                    ExportManifest.self, from: Data(contentsOf: URL(fileURLWithPath: server.data + "/captures/\(capture.id)/manifest.json")))
+                #expect(manifest.kind == "capture" && manifest.capture?.triggerID == trigger.id && manifest.capture?.setVersion == 1)
+                guard case .object(let match)? = manifest.capture?.match else {
+                    Issue.record("the manifest names no matching record")
+                    return
+                }
+                #expect(match["message"] == .string("payment declined") && match["metadata"] == .object(["code": .string("51")]))
+
+                // A second match, outside the first window: the device's budget of 1 is spent.
+                app.enqueue(LogEntry(timestamp: .now.adding(.seconds(5)), level: .error, type: .business, uid: "u-1", message: "payment declined again", context: ctx))
+                try await app.flush()
+                let end = try app.lastRowID()
+                #expect(try await PullOutcomeTests.waitFor { await triggers.cursor >= end }, "the agent read the second match")
+                #expect(await triggers.madeToday(trigger.id) == 1)
+                #expect(try await registry.captures(of: trigger.id, limit: 10).count == 1)
+                #expect(Feedback.pending(stateDirectory: device.state.directory).isEmpty, "nothing waits in the outbox")
+            }
+        }
+    }
+}

@@ -19,6 +19,8 @@ public struct RecordSearch: Sendable, Equatable, Codable {
     public var pull: String?
     /// Only records that arrived with this feedback.
     public var feedback: String?
+    /// Only records that arrived with this capture (#54).
+    public var capture: String?
     /// Records at or after this time.
     public var since: Timestamp?
     /// Records before this time.
@@ -53,8 +55,10 @@ public struct RecordSearch: Sendable, Equatable, Codable {
     public init(
         uid: String? = nil, agents: [String]? = nil, hosts: [String]? = nil, apps: [String]? = nil, pull: String? = nil, feedback: String? = nil,
         since: Timestamp? = nil, until: Timestamp? = nil, levels: [String]? = nil, types: [String]? = nil, text: String? = nil,
-        metadata: [MetadataMatch]? = nil, after: String? = nil, before: String? = nil, limit: Int? = nil, arrivedAfter: Int64? = nil, reason: String? = nil
+        metadata: [MetadataMatch]? = nil, after: String? = nil, before: String? = nil, limit: Int? = nil, arrivedAfter: Int64? = nil, reason: String? = nil,
+        capture: String? = nil
     ) {
+        self.capture = capture
         self.before = before
         self.reason = reason
         self.uid = uid

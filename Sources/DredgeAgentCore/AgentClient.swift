@@ -31,7 +31,8 @@ public final class AgentClient: Service, Sendable {
     let tails: TailManager?
     /// The standing triggers the agent holds and matches (#54); nil without a store.
     public let triggers: TriggerAgent?
-    /// When the last heartbeat went out (what a capture waits for: its user named to the server).
+    /// When the lists of the last heartbeat that went out were read from the store (what a
+    /// capture waits for: its user named to the server).
     let lastHeartbeat = Moment()
     /// The tails' clock: seconds since the agent started, monotonic.
     let started = ContinuousClock.now
@@ -125,14 +126,35 @@ public final class AgentClient: Service, Sendable {
         }
         defer { tailing.cancel() }
         // The triggers' matching and captures, connected or not (a capture waits in the outbox).
-        if let triggers { await uploads.whenBudgetSpent { await triggers.budgetSpent($0) } }
-        let matching = Task { [triggers, uploads, stop, logger, lastHeartbeat] in
-            guard let triggers else { return }
+        if let triggers { await uploads.whenBudgetSpent { triggerID in Task { await triggers.budgetSpent(triggerID) } } }
+        let matching = Task { [triggers, store, uploads, stop, logger, lastHeartbeat] in
+            guard let triggers, let store else { return }
             var failures = 0
+            // Exports of a capture that failed, by capture: given up after a few.
+            var attempts: [String: Int] = [:]
             while !Task.isCancelled && !stop.isStopped {
                 do {
-                    let written = try await triggers.step(heartbeatAt: lastHeartbeat.value)
-                    if !written.isEmpty { try await uploads.rescanOutbox() }
+                    let due = try await triggers.step(heartbeatAt: lastHeartbeat.value)
+                    for capture in due {
+                        // Sealed to the server's keys as the agent pins them now (they roll over).
+                        let state = await uploads.currentState
+                        do {
+                            try await uploads.exports.export { try CaptureExport.write(capture, state: state, store: store) }
+                            attempts[capture.captureID] = nil
+                            logger.info("capture ready", metadata: ["capture.id": "\(capture.captureID)", "trigger.id": "\(capture.triggerID)"])
+                        } catch {
+                            let tried = attempts[capture.captureID, default: 0] + 1
+                            attempts[capture.captureID] = tried
+                            guard tried >= 3 else {
+                                logger.warning("a capture could not be exported; trying again", metadata: ["capture.id": "\(capture.captureID)", "error": "\(error)"])
+                                continue
+                            }
+                            attempts[capture.captureID] = nil
+                            logger.error("a capture could not be exported; given up", metadata: ["capture.id": "\(capture.captureID)", "error": "\(error)"])
+                        }
+                        try await triggers.exported(capture.captureID)
+                    }
+                    if !due.isEmpty { try await uploads.rescanOutbox() }
                     failures = 0
                 } catch {
                     if failures == 0 { logger.warning("matching the triggers failed", metadata: ["error": "\(error)"]) }
@@ -252,8 +274,10 @@ public final class AgentClient: Service, Sendable {
                             if let silence = await session.overdue(at: .now) {
                                 throw AgentError("the server sent nothing for \(silence); reconnecting")
                             }
+                            // Stamped before the store is read: a capture waits for a heartbeat made after it.
+                            let made = Timestamp.now
                             let (uids, stats, users) = self.storeReport()
-                            try await session.heartbeat(uids: uids, stats: stats, users: users)
+                            try await session.heartbeat(uids: uids, stats: stats, users: users, madeAt: users == nil && self.store != nil ? nil : made)
                         }
                     }
                     // Either task ending ends the connection.
@@ -385,12 +409,12 @@ public final class AgentClient: Service, Sendable {
 
         /// A heartbeat, with the user report only when it differs from the last one sent on
         /// this connection.
-        func heartbeat(uids: [String], stats: WireStoreStats, users: WireUserReport?) async throws {
+        /// `madeAt`: when its lists were read from the store (nil: they were not; repeated).
+        func heartbeat(uids: [String], stats: WireStoreStats, users: WireUserReport?, madeAt: Timestamp?) async throws {
             let report = reports.toSend(users)
-            let stamp = Timestamp.now
             let sent = try await connection.heartbeat(activeUIDs: uids, stats: stats, users: report)
             if let report, sent { reports.sent(report) }
-            if sent { lastHeartbeat.set(stamp) }
+            if sent, let madeAt { lastHeartbeat.set(madeAt) }
         }
 
         /// Acts on the connection's events; false when the connection must close.

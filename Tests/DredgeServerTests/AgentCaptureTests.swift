@@ -2,12 +2,12 @@ import DredgeAdminAPI
 import DredgeAgentCore
 import DredgeDomain
 import DredgePayload
-import DredgeServer
 import DredgeStore
 import DredgeTestSupport
 import DredgeWire
 import Foundation
 import Testing
+@testable import DredgeServer
 
 /// The real agent (``AgentClient``) and the in-process server, both ends of standing triggers
 /// (#54): the agent holds the set it is sent, matches what its app logs, and uploads the window
@@ -62,6 +62,29 @@ import Testing
                 #expect(await triggers.madeToday(trigger.id) == 1)
                 #expect(try await registry.captures(of: trigger.id, limit: 10).count == 1)
                 #expect(Feedback.pending(stateDirectory: device.state.directory).isEmpty, "nothing waits in the outbox")
+
+                // The console groups it under its trigger, and reads it as a pull is read.
+                let source = IndexedSource(kind: .capture, id: capture.id, agentID: agentID)
+                #expect(try await PullOutcomeTests.waitFor { try await server.records.indexedSources().contains(source) })
+                let browser = ConsoleLiveTailTests.Browser(server.adminURL)
+                do {
+                    try await browser.signIn(server.created.adminToken)
+                    let page = try await browser.send("/console/triggers/\(trigger.id)")
+                    #expect(page.status == 200 && page.body.contains("payment declined: 1 capture from 1 device in the last day; held by 1 device."), "\(page.body)")
+                    #expect(page.body.contains(#"<a href="/console/captures/\#(capture.id)">"#))
+                    let shown = try await browser.send("/console/captures/\(capture.id)")
+                    #expect(shown.status == 200 && shown.body.contains(#"href="/console/logs?capture=\#(capture.id)""#) && shown.body.contains("u-1"))
+                    let logs = try await browser.send("/console/logs?capture=\(capture.id)")
+                    #expect(logs.status == 200 && logs.body.contains("payment declined") && !logs.body.contains("another user&#39;s"), "\(logs.body.prefix(400))")
+                    let files = try await browser.send("/console/captures/\(capture.id)/files")
+                    #expect(files.status == 200 && files.body.contains("manifest.json"))
+                } catch {
+                    try await browser.shutdown()
+                    throw error
+                }
+                try await browser.shutdown()
+                let api = try await server.admin.triggerActivity(trigger.id)
+                #expect(api.lastDay == CaptureTally(captures: 1, devices: 1) && api.holders == 1 && api.captures.map(\.id) == [capture.id])
             }
         }
     }

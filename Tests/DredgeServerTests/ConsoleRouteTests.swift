@@ -631,7 +631,7 @@ import Testing
             #expect(try await browser.get("/console/logs?pull=\(source.id)").location?.hasPrefix("/console/sign-in?return=") == true)
             _ = try await browser.signIn(fixture.admin.created.adminToken)
             let empty = try await browser.get("/console/logs")
-            #expect(empty.status == .ok && empty.body.contains("Choose a user, a device, a pull or a feedback"))
+            #expect(empty.status == .ok && empty.body.contains("Choose a user, a device, a pull, a feedback or a capture"))
 
             let first = try await browser.get("/console/logs?pull=\(source.id)")
             #expect(first.status == .ok && first.body.contains("200 records on this page.") && first.body.contains(">record 0<"))

@@ -47,6 +47,19 @@ final class ExportExecutor: Sendable {
         steps.submit { _ in body() }
     }
 
+    /// Runs an export the agent started by itself (a capture, #54) on the exports' threads,
+    /// counted among the running exports (a pull command meanwhile may be answered busy), and
+    /// returns its result; throws when the threads have stopped.
+    func export<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        reserveAnyway()
+        return try await withCheckedThrowingContinuation { (done: CheckedContinuation<T, any Error>) in
+            run { active in
+                guard active else { return done.resume(throwing: AgentError("the agent is stopping")) }
+                done.resume(with: Result { try body() })
+            }
+        }
+    }
+
     /// Exports accepted and not finished.
     var running: Int { inFlight.withLock { $0 } }
 

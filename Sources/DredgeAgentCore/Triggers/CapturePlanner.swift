@@ -27,6 +27,8 @@ public struct CapturePlanner: Codable, Sendable, Equatable {
         public var crash: Bool
         /// Where in the store the firing record is (nil for a crash): the export names it.
         public var matchedRow: Int64?
+        /// When it was planned (the agent's clock): a heartbeat after it names its user to the server.
+        public var plannedAtUs: Int64?
     }
 
     /// What the planner remembers of one trigger.
@@ -84,7 +86,7 @@ public struct CapturePlanner: Codable, Sendable, Equatable {
         }
         let planned = Planned(
             captureID: newID(), triggerID: rule.id, setVersion: setVersion, uid: uid, sinceUs: since, untilUs: until, matchedAtUs: firedAtUs, crash: crash,
-            matchedRow: crash ? nil : row)
+            matchedRow: crash ? nil : row, plannedAtUs: nowUs)
         book.made.append(nowUs)
         book.lastUntilUs = until
         books[rule.id] = book
@@ -110,11 +112,14 @@ public struct CapturePlanner: Codable, Sendable, Equatable {
         books[triggerID, default: Book()].quietUntilUs = now.microseconds.addingClamped(Self.quietAfterSpent)
     }
 
-    /// The agent holds a new set: what it remembers of triggers no longer in it is let go,
-    /// except while a capture of one is pending (the server decides whether to take it).
-    public mutating func held(_ triggerIDs: Set<String>) {
+    /// The agent holds a new set: what it remembers of triggers no longer in it is let go once
+    /// it no longer matters: no capture of it pending (the server decides whether to take it)
+    /// and none made in the last day (a trigger back in a later set keeps its budget and its
+    /// windows).
+    public mutating func held(_ triggerIDs: Set<String>, now: Timestamp = .now) {
         let pendingTriggers = Set(pending.map(\.triggerID))
-        books = books.filter { triggerIDs.contains($0.key) || pendingTriggers.contains($0.key) }
+        let dayAgo = now.microseconds &- Self.day
+        books = books.filter { id, book in triggerIDs.contains(id) || pendingTriggers.contains(id) || book.made.contains { $0 > dayAgo } }
     }
 
     /// Captures of `triggerID` made in the day before `now` (what its budget counts).

@@ -28,9 +28,16 @@ public enum CaptureExport {
         try FileManager.default.createDirectory(atPath: building, withIntermediateDirectories: true)
         do {
             let matchedAt = Timestamp(microseconds: capture.matchedAtUs)
+            var match: JSONValue?
+            if !capture.crash {
+                // The record that fired it: gone from the store (its retention), the server would refuse the capture.
+                guard let row = capture.matchedRow, let record = try matchRecord(row: row, in: store) else {
+                    throw AgentError("the record that fired capture \(id) is no longer in the store")
+                }
+                match = record
+            }
             let description = ExportManifest.CaptureDescription(
-                triggerID: capture.triggerID, setVersion: capture.setVersion, crash: capture.crash, matchedAt: matchedAt.rfc3339,
-                match: try capture.matchedRow.flatMap { try matchRecord(row: $0, in: store) })
+                triggerID: capture.triggerID, setVersion: capture.setVersion, crash: capture.crash, matchedAt: matchedAt.rfc3339, match: match)
             let zip = building + "/export.zip"
             let manifest = try Exporter.export(
                 from: store,
@@ -80,27 +87,46 @@ public enum CaptureExport {
 }
 
 /// The agent's standing triggers (#54, Protocol § 21): the set it holds (``HeldTriggers``,
-/// durable), what the server sends (``receive(_:serverKeys:now:)``), the matching of what its
-/// store takes (``step(now:heartbeatAt:)``, off every app's logging path) and the captures it
-/// puts in the outbox once their window closed.
+/// durable), what the server sends (``receive(_:serverKeys:now:)``), and the matching of what
+/// its store takes (``step(now:heartbeatAt:)``, off every app's logging path), which says which
+/// captures are due: the caller exports each (``CaptureExport``, off this actor) and says so
+/// (``exported(_:)``).
+///
+/// What is saved: the set and the planner at each change; how far matching has read, at most
+/// every ``cursorSaveInterval`` (read again after a crash, a record inside a window already
+/// made makes no second capture).
 public actor TriggerAgent {
     private var held: HeldTriggers
-    private let state: AgentState
+    private let directory: String
+    private let agentID: String
     private let store: LogStore
     private let logger: Logger
+    /// When the cursor was last saved.
+    private var cursorSaved = ContinuousClock.now
+
+    public static let cursorSaveInterval: Duration = .seconds(60)
 
     /// Reads what the agent held (none when the file does not read: said, and the server sends
-    /// the set again on the next connection).
+    /// the set again on the next connection). A capture pending in the file whose upload is in
+    /// the outbox already (written before a stop that did not record it) is pending no more.
     public init(state: AgentState, store: LogStore, logger: Logger) {
-        self.state = state
+        directory = state.directory
+        agentID = state.file.agentID
         self.store = store
         self.logger = logger
+        var loaded: HeldTriggers
         do {
-            held = try HeldTriggers.load(from: state.directory)
+            loaded = try HeldTriggers.load(from: state.directory)
         } catch {
             logger.error("the held triggers do not read; starting with none", metadata: ["error": "\(error)"])
-            held = HeldTriggers()
+            loaded = HeldTriggers()
         }
+        let written = loaded.planner.pending.filter { FileManager.default.fileExists(atPath: state.directory + "/uploads/" + $0.captureID) }
+        for capture in written { loaded.planner.finished(capture.captureID) }
+        if !written.isEmpty {
+            do { try loaded.save(in: state.directory) } catch { logger.warning("cannot save the held triggers", metadata: ["error": "\(error)"]) }
+        }
+        held = loaded
     }
 
     /// The triggers of the set held now, in its order (empty: none).
@@ -112,6 +138,9 @@ public actor TriggerAgent {
     /// Captures of `triggerID` this device made in the last day (its budget's count).
     public func madeToday(_ triggerID: String, now: Timestamp = .now) -> Int { held.planner.madeToday(triggerID, now: now) }
 
+    /// Captures planned and not in the outbox yet.
+    public var pending: [CapturePlanner.Planned] { held.planner.pending }
+
     /// Whether a set with triggers is held (matching then runs often).
     public var isMatching: Bool { !held.rules.isEmpty }
 
@@ -119,7 +148,7 @@ public actor TriggerAgent {
     /// answered. A set that cannot be saved is refused (`REJECT_INVALID`, the reason said): the
     /// agent keeps the one it held.
     public func receive(_ set: WireTriggerSet, serverKeys: PinnedServerKeys, now: Timestamp = .now) -> WireFrame {
-        let decision = TriggerSetAdmission.admit(set, agentID: state.file.agentID, serverKeys: serverKeys, heldIssuedAtUs: held.issuedAtUs, now: now)
+        let decision = TriggerSetAdmission.admit(set, agentID: agentID, serverKeys: serverKeys, heldIssuedAtUs: held.issuedAtUs, now: now)
         guard case .hold(let rules) = decision else {
             if case .reject(let reason, let detail) = decision {
                 logger.warning("trigger set refused", metadata: ["version": "\(set.version)", "reason": "\(reason)", "detail": "\(detail)"])
@@ -128,53 +157,46 @@ public actor TriggerAgent {
         }
         var next = held
         do {
-            next.hold(set, rules: rules, storeEnd: try store.lastRowID())
-            try next.save(in: state.directory)
+            next.hold(set, rules: rules, storeEnd: try store.lastRowID(), now: now)
+            try next.save(in: directory)
         } catch {
             logger.error("cannot keep the trigger set; keeping the one held", metadata: ["error": "\(error)"])
             return TriggerSetAdmission.Decision.reject(.rejectInvalid, "the agent cannot keep the set now: \(error)").ack(for: set)
         }
         held = next
+        cursorSaved = .now
         logger.info("trigger set held", metadata: ["version": "\(set.version)", "triggers": "\(rules.count)"])
         return decision.ack(for: set)
     }
 
-    /// Matches what the store took since the last step, then writes each capture whose window
-    /// closed to the outbox, once a heartbeat has named its user to the server after the window
-    /// (`heartbeatAt`: when the last heartbeat was sent, nil before any). Returns the ids
-    /// written. Saves what changed.
-    @discardableResult
-    public func step(now: Timestamp = .now, heartbeatAt: Timestamp?) throws -> [String] {
+    /// Matches what the store took since the last step, and returns the captures due: their
+    /// window closed, and a heartbeat sent after it and after they were planned named their
+    /// user to the server (`heartbeatAt`: when the last heartbeat that read the store was
+    /// made; nil before any). Saves what changed.
+    public func step(now: Timestamp = .now, heartbeatAt: Timestamp?) throws -> [CapturePlanner.Planned] {
         var next = held
-        let before = next
+        // A store made anew (its rows numbered from 1 again): matching starts over from its end.
+        let end = try store.lastRowID()
+        if end < next.cursor {
+            logger.warning("the store is new; matching starts from its end", metadata: ["cursor": "\(next.cursor)", "end": "\(end)"])
+            next.restart(at: end)
+        }
         // At most a few batches a step: a backlog is caught up over the next steps.
         for _ in 0..<8 {
             let cursor = next.cursor
             _ = try TriggerMatcher.step(&next, store: store, now: now) { Hex.encode(secureRandomBytes(16)) }
             if next.cursor == cursor { break }
         }
-        var written: [String] = []
-        for capture in next.planner.due(now: now) {
-            // Its user must be one the server knows this device holds (§ 21): a heartbeat after
-            // the window closed carried it.
-            guard let heartbeatAt, heartbeatAt.microseconds > capture.untilUs else { continue }
-            do {
-                try CaptureExport.write(capture, state: state, store: store, now: now)
-            } catch {
-                // Given up (counted already): a store that cannot export now would fail it again.
-                logger.error("a capture could not be exported; dropped", metadata: ["capture.id": "\(capture.captureID)", "trigger.id": "\(capture.triggerID)", "error": "\(error)"])
-            }
-            next.planner.finished(capture.captureID)
-            written.append(capture.captureID)
-            logger.info("capture ready", metadata: ["capture.id": "\(capture.captureID)", "trigger.id": "\(capture.triggerID)"])
-        }
-        if next != before {
-            // Held in memory even if it cannot be saved now: matching the same records again
-            // would make their captures twice. Saved with the next change.
-            held = next
-            try next.save(in: state.directory)
-        }
-        return written
+        try keep(next)
+        guard let heartbeatAt else { return [] }
+        return next.planner.due(now: now).filter { heartbeatAt.microseconds > max($0.untilUs, $0.plannedAtUs ?? 0) }
+    }
+
+    /// A capture is in the outbox, or given up: no longer pending (it stays counted).
+    public func exported(_ captureID: String) throws {
+        var next = held
+        next.planner.finished(captureID)
+        try keep(next)
     }
 
     /// The server answered `ERROR_BUDGET_SPENT` for a capture of `triggerID`: quiet for an hour.
@@ -182,12 +204,24 @@ public actor TriggerAgent {
         var next = held
         next.planner.budgetSpent(triggerID, now: now)
         do {
-            try next.save(in: state.directory)
-            held = next
+            try keep(next)
         } catch {
-            held = next  // kept in memory; saved with the next change
             logger.warning("cannot save the triggers' quiet hour", metadata: ["error": "\(error)"])
         }
         logger.notice("the server's budget for a trigger is spent; no capture of it for an hour", metadata: ["trigger.id": "\(triggerID)"])
+    }
+
+    /// Holds `next` and saves it: at once when more than the cursor changed, else at most
+    /// every ``cursorSaveInterval`` (and never with no set held). Held in memory even when the
+    /// save fails: matching the same records again would plan their captures twice.
+    private func keep(_ next: HeldTriggers) throws {
+        var same = next
+        same.cursor = held.cursor
+        let onlyCursor = same == held
+        guard next != held else { return }
+        held = next
+        if onlyCursor && (next.set == nil || ContinuousClock.now - cursorSaved < Self.cursorSaveInterval) { return }
+        try next.save(in: directory)
+        cursorSaved = .now
     }
 }

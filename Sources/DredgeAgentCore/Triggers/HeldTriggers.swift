@@ -31,13 +31,20 @@ public struct HeldTriggers: Sendable, Equatable {
 
     /// Holds `set` (admitted: ``TriggerSetAdmission``) with its checked `rules`. A trigger new to
     /// the agent matches what its store takes after `storeEnd`; one held before keeps its start.
-    public mutating func hold(_ set: WireTriggerSet, rules: [TriggerRule], storeEnd: Int64) {
+    public mutating func hold(_ set: WireTriggerSet, rules: [TriggerRule], storeEnd: Int64, now: Timestamp = .now) {
         var starts: [String: Int64] = [:]
         for rule in rules { starts[rule.id] = startedAfter[rule.id] ?? storeEnd }
         self.set = set
         self.rules = rules
         startedAfter = starts
-        planner.held(Set(rules.map(\.id)))
+        planner.held(Set(rules.map(\.id)), now: now)
+    }
+
+    /// The store was made anew and ends at `storeEnd`: matching goes on from there, every
+    /// trigger matching only what it takes from now on.
+    public mutating func restart(at storeEnd: Int64) {
+        cursor = storeEnd
+        for id in startedAfter.keys { startedAfter[id] = storeEnd }
     }
 
     /// What is written to disk.

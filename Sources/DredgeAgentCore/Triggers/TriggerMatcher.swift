@@ -34,13 +34,19 @@ public enum TriggerMatcher {
         for record in records {
             defer { held.cursor = record.id }
             guard !rules.isEmpty else { continue }
+            // A uid the protocol refuses could never be captured (the server refuses its capture).
+            guard record.uid.isEmpty || UserID.isValid(record.uid) else { continue }
             let metadata = record.metadataJSON == "{}" ? nil : record.metadataJSON
             if let metadata, metadata.contains("dredge.rewound"), MetadataMember.holds(metadata, key: "dredge.rewound", value: "true") { continue }
             let context = contexts[record.context]
             let view = MatchableRecord(
                 level: record.level, type: record.type.rawValue, uid: record.uid, message: record.message, metadata: metadata, app: context?.app ?? "",
                 appVersion: context?.appVersion ?? "")
-            for rule in rules where record.id > (held.startedAfter[rule.id] ?? .max) && rule.fires(on: view) {
+            // A record logged after the trigger's end (beyond the clocks' skew) is outside its life.
+            for rule in rules
+            where record.id > (held.startedAfter[rule.id] ?? .max) && record.timestamp.microseconds <= rule.expiresAt.microseconds &+ WireLimits.clockSkewMicroseconds
+                && rule.fires(on: view)
+            {
                 if let capture = held.planner.consider(
                     rule, setVersion: version, firedAtUs: record.timestamp.microseconds, uid: record.uid, row: record.id, crash: false, now: now, newID: newID)
                 {

@@ -309,7 +309,7 @@ public final class AdminActions: Sendable {
         for time in [search.since, search.until].compactMap({ $0 }) where !time.isAccepted {
             throw bad("times must lie between 1970 and 9999")
         }
-        for (id, what) in [(search.pull, "pull"), (search.feedback, "feedback")] {
+        for (id, what) in [(search.pull, "pull"), (search.feedback, "feedback"), (search.capture, "capture")] {
             if let id, !WireID.isValid(id) { throw bad("\(what) id must be 32 lowercase hex characters") }
         }
         for agent in search.agents ?? [] where !WireID.isValid(agent) { throw bad("agent id must be 32 lowercase hex characters") }
@@ -327,6 +327,7 @@ public final class AdminActions: Sendable {
         if let apps = s.apps, !apps.isEmpty { parts.append("app=\(apps.joined(separator: ","))") }
         if let pull = s.pull { parts.append("pull=\(pull)") }
         if let feedback = s.feedback { parts.append("feedback=\(feedback)") }
+        if let capture = s.capture { parts.append("capture=\(capture)") }
         if let since = s.since { parts.append("since=\(since.rfc3339)") }
         if let until = s.until { parts.append("until=\(until.rfc3339)") }
         if let levels = s.levels, !levels.isEmpty { parts.append("level=\(levels.joined(separator: ","))") }

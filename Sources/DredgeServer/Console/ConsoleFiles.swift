@@ -4,7 +4,7 @@ import Foundation
 import Hummingbird
 import Mustache
 
-/// The console's downloads: a pull's, a feedback's or a live tail's files listed (per device,
+/// The console's downloads: a pull's, a feedback's, a capture's or a live tail's files listed (per device,
 /// with sizes and SHA-256), each downloaded through the session, and a pull's files as one zip
 /// — what `dredge fetch` and `dredge feedback fetch` get. Served as the API serves them
 /// (ranges, ETag, `Repr-Digest`) and audited the same way (`pull.download`,
@@ -32,7 +32,13 @@ extension Console {
         /// `logs`: where its records are read (a tail's: its user's, in the viewer).
         @Sendable func listing(_ session: ConsoleSessions.Session, kind: String, id: String, logs: String? = nil, _ located: [PullFiles.Located]) async throws -> Response {
             let hosts = try await d.actions.hostnames(for: session.caller)
-            var page = signedInPage("Files of \(kind) \(id.prefix(8))", session, current: kind == "pull" ? "Pulls" : kind == "tail" ? "Live" : "Feedback")
+            let current = switch kind {
+            case "pull": "Pulls"
+            case "tail": "Live"
+            case "capture": "Triggers"
+            default: "Feedback"
+            }
+            var page = signedInPage("Files of \(kind) \(id.prefix(8))", session, current: current)
             page["kind"] = kind
             page["id"] = id
             page["back"] = kind == "feedback" ? "/console/feedback" : "/console/\(kind)s/\(id)"
@@ -47,7 +53,11 @@ extension Console {
             if kind == "pull" && located.contains(where: { $0.file.kind != .zip }) { page["zip"] = "/console/pulls/\(id)/zip" }
             page["rows"] = located.map { l -> [String: Any] in
                 let f = l.file
-                let href = kind == "feedback" ? "/console/feedback/\(id)/files/\(percentEncoded(f.name))" : "/console/\(kind)s/\(id)/files/\(f.agentID)/\(percentEncoded(f.name))"
+                let href = switch kind {
+                case "feedback": "/console/feedback/\(id)/files/\(percentEncoded(f.name))"
+                case "capture": "/console/captures/\(id)/files/\(percentEncoded(f.name))"
+                default: "/console/\(kind)s/\(id)/files/\(f.agentID)/\(percentEncoded(f.name))"
+                }
                 return ["host": hosts[f.agentID] ?? "?", "name": f.name, "kind": f.kind.rawValue, "size": byteText(f.size), "sha256": f.sha256, "href": href]
             }
             return html(library, "files", page)
@@ -62,6 +72,15 @@ extension Console {
             guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
             let feedback = try id(context)
             return try await listing(session, kind: "feedback", id: feedback, actions.files(ofFeedback: feedback, for: session.caller))
+        }
+        console.get("captures/:id/files") { request, context in
+            guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
+            let capture = try id(context)
+            return try await listing(session, kind: "capture", id: capture, actions.files(ofCapture: capture, for: session.caller))
+        }
+        console.get("captures/:id/files/:name") { request, context in
+            guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }
+            return try await serve(actions.file(ofCapture: id(context), name: fileName(context), for: session.caller), session, request, context)
         }
         console.get("pulls/:id/files/:agent/:name") { request, context in
             guard let session = try await checked(request, d, .readFiles) else { return toSignIn(request) }

@@ -21,11 +21,12 @@ extension Console {
         var search = RecordSearch(limit: logsPageSize)
         search.uid = field("uid")
         if let uid = search.uid, let problem = UserID.problem(uid) { return (nil, "uid: \(problem)") }
-        for name in ["pull", "feedback"] {
+        for name in ["pull", "feedback", "capture"] {
             if let id = field(name), !WireID.isValid(id) { return (nil, "\(name) must be an id: 32 lowercase hex characters") }
         }
         search.pull = field("pull")
         search.feedback = field("feedback")
+        search.capture = field("capture")
         if let level = field("level") {
             guard let levels = LogLevel.parseSet(level) else {
                 return (nil, "level is one of \(LogLevel.allCases.map(\.name).joined(separator: ", ")), or one with + (warning+: warning and above)")
@@ -150,14 +151,14 @@ extension Console {
             guard let session = try await checked(request, d, .searchRecords) else { return toSignIn(request) }
             let parameters = query(request)
             var page = signedInPage("Logs", session, current: "Logs")
-            for name in ["uid", "pull", "feedback", "host", "app", "level", "type", "text", "where", "since", "until"] { page[name] = parameters[name] ?? "" }
+            for name in ["uid", "pull", "feedback", "capture", "host", "app", "level", "type", "text", "where", "since", "until"] { page[name] = parameters[name] ?? "" }
             let (search, problem) = logSearch(parameters)
             guard var search else {
                 page["problem"] = problem
                 return html(library, "logs", page, status: .badRequest)
             }
-            guard search.uid != nil || search.pull != nil || search.feedback != nil || search.hosts != nil else {
-                page["hint"] = "Choose a user, a device, a pull or a feedback to read."
+            guard search.uid != nil || search.pull != nil || search.feedback != nil || search.capture != nil || search.hosts != nil else {
+                page["hint"] = "Choose a user, a device, a pull, a feedback or a capture to read."
                 return html(library, "logs", page)
             }
             search.reason = nil
@@ -238,8 +239,8 @@ extension Console {
             let parameters = query(request)
             let (parsed, problem) = logSearch(parameters)
             guard var search = parsed else { throw AdminAPIError(.badRequest, "bad_request", problem ?? "The search cannot be read.") }
-            guard search.uid != nil || search.pull != nil || search.feedback != nil || search.hosts != nil else {
-                throw AdminAPIError(.badRequest, "bad_request", "Choose a user, a device, a pull or a feedback to follow.")
+            guard search.uid != nil || search.pull != nil || search.feedback != nil || search.capture != nil || search.hosts != nil else {
+                throw AdminAPIError(.badRequest, "bad_request", "Choose a user, a device, a pull, a feedback or a capture to follow.")
             }
             let resumed = request.headers[HTTPFields.Element.Name("Last-Event-ID")!].flatMap { Int64($0) }
             guard let from = parameters["from"].flatMap({ Int64($0) }), from >= 0, (resumed ?? 0) >= 0 else {

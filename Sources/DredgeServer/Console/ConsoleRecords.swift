@@ -28,12 +28,18 @@ extension Console {
     /// What the record template shows of a record and its context.
     static func recordFields(_ found: RecordInContext) -> [String: Any] {
         let r = found.record
-        let source = ["feedback", "tail"].contains(r.sourceKind) ? r.sourceKind : "pull"
+        let source = ["feedback", "tail", "capture"].contains(r.sourceKind) ? r.sourceKind : "pull"
+        let sourceHref = switch source {
+        case "pull": "/console/pulls/\(r.sourceID)"
+        case "feedback": "/console/logs?feedback=\(r.sourceID)"
+        case "capture": "/console/captures/\(r.sourceID)"
+        default: "/console/tails/\(r.sourceID)"
+        }
         var fields: [String: Any] = [
             "id": "\(r.id)", "time": timeText(r.ts.date, fraction: true), "rfc3339": r.ts.rfc3339, "level": r.level, "type": r.type,
             "uid": r.uid.isEmpty ? "none" : r.uid, "host": r.host.isEmpty ? "?" + (r.claimedHost.map { " (claims \($0))" } ?? "") : r.hostShown, "app": r.appShown,
             "os": r.os, "process": r.process, "agentID": r.agentID, "sourceKind": source, "sourceID": r.sourceID, "message": r.message,
-            "sourceHref": source == "pull" ? "/console/pulls/\(r.sourceID)" : source == "feedback" ? "/console/logs?feedback=\(r.sourceID)" : "/console/tails/\(r.sourceID)",
+            "sourceHref": sourceHref,
             // The viewer over the same payload, from this record on (the page before is one link away);
             // a live tail's records (#53) are in its device's timeline.
             "timeline": source == "tail"
@@ -41,7 +47,7 @@ extension Console {
                 : "/console/logs?\(source)=\(r.sourceID)&after=\(r.ts.microseconds).\(r.id - 1)&focus=\(r.id)",
         ]
         // Its source's files: a pull's or a feedback's. A live tail's are on its page, for those who may read them.
-        if source != "tail" { fields["files"] = source == "pull" ? "/console/pulls/\(r.sourceID)/files" : "/console/feedback/\(r.sourceID)/files" }
+        if source != "tail" { fields["files"] = "/console/\(source == "pull" ? "pulls" : source == "capture" ? "captures" : "feedback")/\(r.sourceID)/files" }
         // A section of an empty string is shown (swift-mustache): absent keys are not.
         for key in ["app", "os", "process"] where (fields[key] as? String)?.isEmpty == true { fields[key] = nil }
         if case .object(let members) = r.metadata.value, !members.isEmpty {

@@ -56,6 +56,7 @@ enum ConsoleTemplates {
         try library.register(tail, named: "tail")
         try library.register(triggers, named: "triggers")
         try library.register(newTrigger, named: "new-trigger")
+        try library.register(capture, named: "capture")
         try library.register(trigger, named: "trigger")
         return library
     }

@@ -91,6 +91,19 @@ extension ConsoleTemplates {
         {{#removed}}<dt>Removed</dt><dd>{{removed}}</dd>{{/removed}}
         <dt>Id</dt><dd><code>{{id}}</code></dd>
         </dl>
+        <h2>What it brought in</h2>
+        <p>{{name}}: {{lastDay}} in the last day; {{holders}}.</p>
+        {{#hasCaptures}}
+        <table>
+        <thead><tr><th>Matched</th><th>Device</th><th>User</th><th>Records</th><th>Status</th><th></th></tr></thead>
+        <tbody>
+        {{#captureRows}}
+        <tr><td>{{matchedAt}}{{#crash}} (crash){{/crash}}</td><td>{{host}}</td><td>{{uid}}</td><td>{{records}}</td><td>{{status}}</td><td><a href="/console/captures/{{id}}">{{shortID}}</a></td></tr>
+        {{/captureRows}}
+        </tbody>
+        </table>
+        {{/hasCaptures}}
+        {{^hasCaptures}}<p class="muted">No capture yet.</p>{{/hasCaptures}}
         {{#mayDisable}}
         <form method="post" action="/console/triggers/{{id}}/disable">
         <input type="hidden" name="csrf" value="{{csrf}}">
@@ -105,6 +118,28 @@ extension ConsoleTemplates {
         <button type="submit">Remove</button>
         </form>
         {{/mayRemove}}
+        {{/content}}
+        {{/layout}}
+        """
+
+    static let capture = """
+        {{% CONTENT_TYPE: DREDGE_HTML}}
+        {{<layout}}
+        {{$content}}
+        <h1>Capture {{shortID}}</h1>
+        <dl class="facts">
+        <dt>Trigger</dt><dd><a href="/console/triggers/{{triggerID}}">{{triggerName}}</a> (set version {{setVersion}})</dd>
+        <dt>Fired</dt><dd>{{matchedAt}}{{#crash}}: the app's run ended uncleanly{{/crash}}</dd>
+        <dt>Device</dt><dd>{{host}} <code>{{agentID}}</code></dd>
+        <dt>User</dt><dd>{{uid}}</dd>
+        <dt>Window</dt><dd>{{since}} to {{until}} (the device's clock)</dd>
+        <dt>Status</dt><dd>{{status}}{{#detail}}: {{detail}}{{/detail}}</dd>
+        <dt>Records</dt><dd>{{records}}</dd>
+        <dt>Received</dt><dd>{{receivedAt}}</dd>
+        {{#removed}}<dt>Removed</dt><dd>{{removed}}</dd>{{/removed}}
+        <dt>Id</dt><dd><code>{{id}}</code></dd>
+        </dl>
+        {{#complete}}<p class="links"><a href="/console/logs?capture={{id}}">Read its records</a> <a href="/console/captures/{{id}}/files">Its files</a></p>{{/complete}}
         {{/content}}
         {{/layout}}
         """

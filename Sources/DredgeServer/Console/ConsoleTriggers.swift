@@ -141,8 +141,20 @@ extension Console {
             guard let session = try await checked(request, d, .readTriggers) else { return toSignIn(request) }
             let id = try context.parameters.require("id")
             guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such trigger.") }
-            let trigger = try await d.actions.trigger(id, for: session.caller)
+            let activity = try await d.actions.activity(ofTrigger: id, limit: 100, for: session.caller)
+            let trigger = activity.trigger
             var page = signedInPage("Trigger: \(trigger.definition.name)", session, current: "Triggers")
+            let hosts = try await d.actions.hostnames(for: session.caller)
+            func count(_ n: Int, _ one: String) -> String { "\(n) \(one)\(n == 1 ? "" : "s")" }
+            page["lastDay"] = "\(count(activity.lastDay.captures, "capture")) from \(count(activity.lastDay.devices, "device"))"
+            page["holders"] = "held by \(count(activity.holders, "device"))"
+            page["hasCaptures"] = !activity.captures.isEmpty
+            page["captureRows"] = activity.captures.map { c -> [String: Any] in
+                [
+                    "id": c.id, "shortID": String(c.id.prefix(8)), "matchedAt": timeText(c.matchedAt.date), "crash": c.crash, "host": hosts[c.agentID] ?? String(c.agentID.prefix(8)),
+                    "uid": c.uid.isEmpty ? "every user" : c.uid, "records": "\(c.records)", "status": c.removed == nil ? c.status.rawValue : "removed",
+                ]
+            }
             for (key, value) in triggerRow(trigger, now: .now) { page[key] = value }
             page["expiresAt"] = timeText(trigger.expiresAt.date)
             if !trigger.makerScope.isEverything { page["makerScope"] = "\(trigger.makerScope)" }
@@ -155,6 +167,26 @@ extension Console {
                 page["mayRemove"] = true
             }
             return html(library, "trigger", page)
+        }
+
+        console.get("captures/:id") { request, context in
+            guard let session = try await checked(request, d, .readTriggers) else { return toSignIn(request) }
+            let id = try context.parameters.require("id")
+            guard WireID.isValid(id) else { throw AdminAPIError(.notFound, "not_found", "There is no such capture.") }
+            let c = try await d.actions.capture(id, for: session.caller)
+            var page = signedInPage("Capture \(id.prefix(8))", session, current: "Triggers")
+            let trigger = try? await d.actions.trigger(c.triggerID, for: session.caller)  // removed since, or out of sight: named by its id
+            let hosts = try await d.actions.hostnames(for: session.caller)
+            let fields: [String: Any] = [
+                "id": c.id, "shortID": String(c.id.prefix(8)), "triggerID": c.triggerID, "triggerName": trigger?.definition.name ?? String(c.triggerID.prefix(8)),
+                "setVersion": "\(c.setVersion)", "matchedAt": timeText(c.matchedAt.date, fraction: true), "crash": c.crash,
+                "host": hosts[c.agentID] ?? "?", "agentID": c.agentID, "uid": c.uid.isEmpty ? "every user on the device" : c.uid,
+                "since": timeText(c.since.date, fraction: true), "until": timeText(c.until.date, fraction: true), "status": c.status.rawValue, "detail": c.detail,
+                "records": "\(c.records)", "receivedAt": timeText(c.receivedAt), "complete": c.status == .complete && c.removed == nil,
+            ]
+            for (key, value) in fields { page[key] = value }
+            if let removed = c.removed { page["removed"] = "\(timeText(removed.at)) by \(removed.by)\(removed.reason.isEmpty ? "" : ": \(removed.reason)")" }
+            return html(library, "capture", page)
         }
 
         for (path, removing) in [("disable", false), ("remove", true)] {

@@ -211,7 +211,7 @@ public final class PostgresRecordIndex: RecordIndex, Sendable {
     /// index orders).
     private static func sources(of search: RecordSearch, on c: PostgresConnection) async throws -> [Int64]? {
         var sources: [Int64]?
-        for (kind, ref) in [("pull", search.pull), ("feedback", search.feedback)] {
+        for (kind, ref) in [("pull", search.pull), ("feedback", search.feedback), ("capture", search.capture)] {
             guard let ref else { continue }
             let found = Set(try await c.rows("SELECT id FROM source WHERE kind = \(kind) AND ref = \(ref)").map { try $0.decode(Int64.self) })
             sources = (sources.map { Set($0).intersection(found) } ?? found).sorted()
@@ -368,6 +368,7 @@ struct PostgresRecordQuery {
         } else {
             if let pull = search.pull { clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'pull' AND ref = \(bind(pull.storable)))") }
             if let feedback = search.feedback { clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'feedback' AND ref = \(bind(feedback.storable)))") }
+            if let capture = search.capture { clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'capture' AND ref = \(bind(capture.storable)))") }
         }
         // By the registered host; by the context only for sources indexed without one.
         if let hosts = search.hosts, !hosts.isEmpty {

@@ -321,7 +321,7 @@ public final class SQLiteRecordIndex: RecordIndex, Sendable {
     /// whatever the size of the pull or the direction.
     static func sources(of search: RecordSearch, _ db: Database) throws -> [Int64]? {
         var sources: [Int64]?
-        for (kind, ref) in [("pull", search.pull), ("feedback", search.feedback)] {
+        for (kind, ref) in [("pull", search.pull), ("feedback", search.feedback), ("capture", search.capture)] {
             guard let ref else { continue }
             let found = Set(try Int64.fetchAll(db, sql: "SELECT id FROM source WHERE kind = ? AND ref = ?", arguments: [kind, ref]))
             sources = (sources.map { Set($0).intersection(found) } ?? found).sorted()
@@ -586,6 +586,10 @@ public struct SQLRecordQuery: Sendable {
             if let feedback = search.feedback {
                 clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'feedback' AND ref = ?)")
                 values.append(.text(feedback))
+            }
+            if let capture = search.capture {
+                clauses.append("r.source IN (SELECT id FROM source WHERE kind = 'capture' AND ref = ?)")
+                values.append(.text(capture))
             }
         }
         // By the registered host; by the context only for sources indexed without one.

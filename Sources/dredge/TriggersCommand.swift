@@ -133,7 +133,8 @@ struct TriggersCommand: AsyncParsableCommand {
     }
 
     struct Show: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "One trigger: what fires it, where, its window and budgets, and whether it is in force.")
+        static let configuration = CommandConfiguration(
+            abstract: "One trigger: what fires it, where, its window and budgets, whether it is in force, and what it brought in (its captures).")
         @OptionGroup var server: ServerOptions
         @Argument(help: "The trigger id, or its first 4 or more characters.") var id: String
         @Flag(help: "JSON output.") var json = false
@@ -143,14 +144,21 @@ struct TriggersCommand: AsyncParsableCommand {
         func run() async throws {
             let client = try server.client()
             let resolved = try await calling { try await client.resolveTrigger(id) }
-            let t = try await calling { try await client.trigger(resolved) }
-            if json { return try printJSON(t) }
+            let activity = try await calling { try await client.triggerActivity(resolved, limit: 20) }
+            let t = activity.trigger
+            if json { return try printJSON(activity) }
             print("trigger \(t.id) \(Terminal.field(t.definition.name).debugDescription): \(t.state(at: .now))")
             print("  \(TriggersCommand.summary(t))")
             print("  defined by \(Terminal.field(t.createdBy)) \(Format.time(t.createdAt))\(t.reason.isEmpty ? "" : ", reason \(Terminal.field(t.reason).debugDescription)"); until \(Format.time(t.expiresAt.date))")
             if !t.makerScope.isEverything { print("  reaches only devices in its maker's scope: \(t.makerScope)") }
             if let d = t.disabled { print("  disabled \(Format.time(d.at)) by \(Terminal.field(d.by))\(d.reason.isEmpty ? "" : ": \(Terminal.field(d.reason))")") }
             if let r = t.removed { print("  removed \(Format.time(r.at)) by \(Terminal.field(r.by))\(r.reason.isEmpty ? "" : ": \(Terminal.field(r.reason))")") }
+            func count(_ n: Int, _ one: String) -> String { "\(n) \(one)\(n == 1 ? "" : "s")" }
+            print("  \(Terminal.field(t.definition.name)): \(count(activity.lastDay.captures, "capture")) from \(count(activity.lastDay.devices, "device")) in the last day; held by \(count(activity.holders, "device"))")
+            for c in activity.captures {
+                let status = c.removed == nil ? c.status.rawValue : "removed"
+                print("  capture \(c.id)  \(Format.time(c.matchedAt.date))\(c.crash ? " (crash)" : "")  agent \(c.agentID.prefix(8))  uid \(c.uid.isEmpty ? "(every user)" : Terminal.field(c.uid))  \(c.records) records  \(status)")
+            }
         }
     }
 

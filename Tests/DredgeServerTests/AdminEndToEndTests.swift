@@ -253,10 +253,12 @@ import Testing
         let listed = try d.dredge(["triggers"], server: admin)
         #expect(listed.status == 0 && listed.output.contains("\(id)  in force  \"payment declined\"") && listed.output.contains("by admin"), "\(listed.output)")
         let shown = try d.dredge(["triggers", "show", String(id.prefix(6))], server: admin)
-        #expect(shown.status == 0 && shown.output.contains("reason \"T-1\""), "\(shown.output)")
+        #expect(shown.status == 0 && shown.output.contains("reason \"T-1\"") && shown.output.contains("0 captures from 0 devices in the last day; held by 0 devices"), "\(shown.output)")
         let json = try d.dredge(["triggers", "show", id, "--json"], server: admin)
-        let object = try #require(try JSONSerialization.jsonObject(with: Data(json.output.utf8)) as? [String: Any])
+        let activity = try #require(try JSONSerialization.jsonObject(with: Data(json.output.utf8)) as? [String: Any])
+        let object = try #require(activity["trigger"] as? [String: Any], "\(json.output)")
         #expect(object["id"] as? String == id && (object["definition"] as? [String: Any])?["crash"] as? Bool == true, "\(json.output)")
+        #expect((activity["captures"] as? [Any])?.isEmpty == true && activity["holders"] as? Int == 0, "\(json.output)")
 
         for (flags, says) in [
             (["--crash", "--for", "100d"], "cannot read --for"), (["--crash", "--before", "2h"], "cannot read --before"), (["--level", "loud"], "cannot read --level"),

@@ -987,6 +987,85 @@ def live_tail_exchange(s: Server, a: Agent, tail: dict):
     link.close()
 
 
+def trigger_set(link: wire.Link) -> dict:
+    """The next TriggerSet (other frames passed over)."""
+    while True:
+        name, message = link.receive()
+        if name == "trigger_set":
+            return message
+
+
+def check_trigger_set(a: Agent, ts: dict):
+    """§21: a set's signature verifies under the server signing key over its signing input."""
+    triggers = []
+    for t in ts.get("triggers", []):
+        t = dict(t)
+        for k in ("before_s", "after_s", "max_per_device_day", "expires_at_us"):
+            t.setdefault(k, 0)
+        triggers.append(t)
+    fields = dict(agent_id=ts.get("agent_id", ""), version=ts.get("version", 0), issued_at_us=ts.get("issued_at_us", 0), triggers=triggers)
+    a.signing_key.verify(ts["signature"], spec.trigger_set_signing_input(fields))
+
+
+def capture_upload(link: wire.Link, a: Agent, trigger_id: str, matched_us: int, before_s: int, after_s: int, uid="u-3", set_version=1, upload_id=None) -> tuple:
+    """A capture (§21) of `trigger_id` for a match at `matched_us`, with its window: the server's answer."""
+    upload_id = upload_id or os.urandom(16).hex()
+    since, until = matched_us - before_s * 1_000_000, matched_us + after_s * 1_000_000 + 1
+    match = {"ts": rfc3339(matched_us), "level": "error", "type": "app", "uid": uid, "message": "conformance match", "metadata": {}, "context": 1}
+    data, _ = payload(upload_id, a.agent_id, kind="capture", filter={"since": rfc3339(since), "until": rfc3339(until), "uid": uid},
+                      manifest_changes={"capture": {"trigger_id": trigger_id, "set_version": set_version, "crash": False,
+                                                    "matched_at": rfc3339(matched_us), "match": match}})
+    key = os.urandom(32)
+    h = header(upload_id, a.agent_id, len(data), kind=4, wrapped_key=a.encryption_key.encrypt(key, OAEP),
+               capture={"trigger_id": trigger_id, "set_version": set_version, "uid": uid, "since_us": since, "until_us": until, "matched_at_us": matched_us})
+    return upload(link, h, seal(key, h, data))
+
+
+@case("§21 triggers: a signed set for the agent that agreed (none for one that did not), after its AuthResult and again when a trigger is made; a capture of its trigger lands once per budget; one of no trigger of its, or overlapping, is refused")
+def triggers_and_captures(s: Server, a: Agent):
+    plain = a.connect()
+    expect("triggers not agreed unasked", "triggers" in plain.agreed, False)
+    plain.close()
+    made = []
+    try:
+        made.append(s.admin("POST", "/v1/triggers", {"name": "conformance errors", "match": {"levels": ["error"]}, "beforeSeconds": 60, "afterSeconds": 10,
+                                                     "perDevicePerDay": 2}))
+        link = a.connect(capabilities=("triggers",))
+        expect("triggers agreed", "triggers" in link.agreed, True)
+        ts = trigger_set(link)
+        check_trigger_set(a, ts)
+        print("  ok: the set's signature verifies")
+        expect("the set is for this agent", ts.get("agent_id"), a.agent_id)
+        ids = [t["trigger_id"] for t in ts.get("triggers", [])]
+        expect("it holds the trigger", made[0]["id"] in ids, True)
+        link.send("trigger_set_ack", {"version": ts.get("version", 0), "issued_at_us": ts.get("issued_at_us", 0)})
+        # A new trigger: a new set at once, on the same connection.
+        made.append(s.admin("POST", "/v1/triggers", {"name": "conformance timeouts", "match": {"text": "timed out"}}))
+        again = trigger_set(link)
+        check_trigger_set(a, again)
+        expect("the next set holds both, a later version", (sorted(t["trigger_id"] for t in again.get("triggers", [])) == sorted(m["id"] for m in made),
+                                                            again.get("version", 0) > ts.get("version", 0)), (True, True))
+        link.send("trigger_set_ack", {"version": again.get("version", 0), "issued_at_us": again.get("issued_at_us", 0)})
+        # The agent names its user before it captures the user's records.
+        link.send("heartbeat", {"seq": 1, "active_uids": ["u-3"]})
+        link.expect("heartbeat_ack")
+        t = now_us() - 30_000_000
+        trigger = made[0]["id"]
+        expect("a capture of its trigger", code_of(capture_upload(link, a, trigger, t, 60, 10)), "ok")
+        expect("a window overlapping it", code_of(capture_upload(link, a, trigger, t + 5_000_000, 1, 10)), "ERROR_UPLOAD_INVALID")
+        expect("a capture of no trigger of this agent", code_of(capture_upload(link, a, os.urandom(16).hex(), t, 60, 10)), "ERROR_UPLOAD_INVALID")
+        expect("a window longer than the trigger's", code_of(capture_upload(link, a, trigger, t + 20_000_000, 61, 10)), "ERROR_UPLOAD_INVALID")
+        expect("the second of the day", code_of(capture_upload(link, a, trigger, t + 20_000_000, 5, 1)), "ok")
+        expect("the third: the budget is spent", code_of(capture_upload(link, a, trigger, t + 25_000_000, 1, 1)), "ERROR_BUDGET_SPENT")
+        link.close()
+    finally:
+        for m in made:
+            try:
+                s.admin("DELETE", f"/v1/triggers/{m['id']}")
+            except Exception:
+                pass
+
+
 @case("§10 answers the server does not expect change nothing")
 def unexpected_answers(s: Server, a: Agent):
     link = a.connect()

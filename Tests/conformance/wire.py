@@ -64,6 +64,15 @@ TAIL_BATCH = {"tail_id": (1, "string"), "seq": (2, "uint"), "dropped": (3, "uint
               "nonce": (6, "bytes")}
 TAIL_ACK = {"tail_id": (1, "string"), "seq": (2, "uint"), "cursor": (3, "uint")}
 TAIL_STOP = {"tail_id": (1, "string"), "reason": (2, "string")}
+# Triggers and captures (§21), only with `triggers` agreed.
+TRIGGER_MATCH = {"levels": (1, ("repeated", "enum")), "types": (2, ("repeated", "string")), "text": (3, "string"), "metadata_key": (4, "string"),
+                 "metadata_value": (5, "string")}
+TRIGGER = {"trigger_id": (1, "string"), "name": (2, "string"), "match": (3, ("msg", TRIGGER_MATCH)), "crash": (4, "bool"), "uid": (5, "string"),
+           "app": (6, "string"), "min_app_version": (7, "string"), "max_app_version": (8, "string"), "before_s": (9, "uint"), "after_s": (10, "uint"),
+           "max_per_device_day": (11, "uint"), "expires_at_us": (12, "int")}
+TRIGGER_SET = {"agent_id": (1, "string"), "version": (2, "uint"), "issued_at_us": (3, "int"), "triggers": (4, ("repeated", ("msg", TRIGGER))),
+               "signature": (5, "bytes")}
+TRIGGER_SET_ACK = {"version": (1, "uint"), "reason": (2, "enum"), "detail": (3, "string"), "issued_at_us": (4, "int")}
 
 BODIES = {
     "hello": (1, HELLO), "hello_ack": (2, HELLO_ACK), "enroll_request": (3, ENROLL_REQUEST), "enroll_response": (4, ENROLL_RESPONSE),
@@ -73,7 +82,7 @@ BODIES = {
     "upload_status_query": (16, UPLOAD_STATUS_QUERY), "upload_status": (17, UPLOAD_STATUS), "upload_complete": (18, UPLOAD_COMPLETE),
     "upload_result": (19, UPLOAD_RESULT), "error": (20, ERROR), "goodbye": (21, GOODBYE),
     "tail_command": (22, TAIL_COMMAND), "tail_accepted": (23, TAIL_ACCEPTED), "tail_batch": (24, TAIL_BATCH), "tail_ack": (25, TAIL_ACK),
-    "tail_stop": (26, TAIL_STOP),
+    "tail_stop": (26, TAIL_STOP), "trigger_set": (27, TRIGGER_SET), "trigger_set_ack": (28, TRIGGER_SET_ACK),
 }
 BODY_BY_NUMBER = {number: (name, schema) for name, (number, schema) in BODIES.items()}
 

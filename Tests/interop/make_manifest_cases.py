@@ -115,6 +115,19 @@ case("loss-reason-spaces", changed(pull, ["losses"], [{"reason": "Retention Age"
 case("feedback-uid-empty", changed(feedback, ["feedback", "uid"], ""), False, "a feedback names its user")
 case("feedback-text-empty", changed(feedback, ["feedback", "text"], ""), False, "a feedback has text")
 case("feedback-id-bad", changed(feedback, ["feedback", "feedback_id"], "x"), False, "feedback ids are ids")
+# Captures (§21): the capture member with its kind, and only there.
+capture = dict(copy.deepcopy(feedback), kind="capture", filter={"since": "2026-11-21T07:58:00.000000Z", "until": "2026-11-21T08:00:10.000001Z", "uid": "u-1002"},
+               capture={"trigger_id": ID, "set_version": 3, "crash": False, "matched_at": T,
+                        "match": {"ts": T, "level": "error", "type": "app", "uid": "u-1002", "message": "payment declined", "context": 1}})
+del capture["feedback"]
+case("capture-without-capture", changed(capture, ["capture"], None, delete=True), False, "a capture's manifest carries its capture")
+case("capture-with-command", dict(copy.deepcopy(capture), command_id=ID), False, "a capture has no command")
+case("capture-with-feedback", dict(copy.deepcopy(capture), feedback=feedback["feedback"]), False, "a capture has no feedback")
+case("pull-with-capture", dict(copy.deepcopy(pull), capture=capture["capture"]), False, "only a capture has a capture")
+case("capture-crash-with-match", changed(capture, ["capture", "crash"], True), False, "a crash capture names no matching record")
+case("capture-without-match", changed(capture, ["capture", "match"], None, delete=True), False, "a capture that is no crash names the record that fired it")
+case("capture-set-version-0", changed(capture, ["capture", "set_version"], 0), False, "a capture names a set version of 1 or more")
+case("capture-match-level-bad", changed(capture, ["capture", "match", "level"], "fatal"), False, "the matching record's level is one of the seven")
 raw("array", "[]", "a manifest is a JSON object")
 raw("not-json", "{\"format\": ", "a manifest is JSON")
 

@@ -88,4 +88,58 @@ import Testing
             }
         }
     }
+
+    /// An app's run killed (SIGKILL) or crashed (SIGSEGV), in a real process with a rewind
+    /// buffer: the agent finds the run ended uncleanly, stores what its buffer held, and uploads
+    /// the minutes before its last record as a crash capture of the crash trigger, with the
+    /// debug records from before the end.
+    @Test(arguments: ["kill", "segv"])
+    func aCrashedRunIsCapturedWithItsRewoundRecords(_ end: String) async throws {
+        try await withStopping(InProcessServer()) { server in
+            let registry = try #require(server.triggers)
+            let trigger = try await server.admin.createTrigger(TriggerRequest(name: "crashes", crash: true, app: "crash-child", beforeSeconds: 600))
+            let path = server.dir.file("crash.sqlite")
+            try await withStopping(PullOutcomeTests.Device(server, store: path)) { device in
+                #expect(try await CaptureTests.answerRecorded(device.state.file.agentID, in: registry) { $0.triggerIDs == [trigger.id] })
+                // The app: 200 info records stored, 200 debug ones in its rewind buffer, then its end.
+                let child = Process()
+                child.executableURL = URL(fileURLWithPath: builtProduct("store-crash-child"))
+                child.arguments = ["rewind", path, "200", end]
+                child.environment = ProcessInfo.processInfo.environment.merging(["SWIFT_BACKTRACE": "enable=no"]) { $1 }
+                let output = Pipe()
+                child.standardOutput = output
+                try child.run()
+                var line = Data()
+                while !line.contains(UInt8(ascii: "\n")) {
+                    let chunk = output.fileHandleForReading.availableData
+                    if chunk.isEmpty { break }
+                    line.append(chunk)
+                }
+                #expect(String(decoding: line, as: UTF8.self) == "ready\n")
+                if end == "kill" { kill(child.processIdentifier, SIGKILL) }
+                child.waitUntilExit()
+                #expect(child.terminationReason == .uncaughtSignal)
+
+                #expect(try await PullOutcomeTests.waitFor(.seconds(120)) { try await registry.captures(of: trigger.id, limit: 10).first?.status == .complete })
+                let capture = try #require(try await registry.captures(of: trigger.id, limit: 10).first)
+                #expect(capture.crash && capture.uid == "crash-user" && capture.records == 400, "\(capture)")
+                #expect(capture.until.microseconds == capture.matchedAt.microseconds + 1)
+                let manifest = try JSONDecoder().decode(
+                    ExportManifest.self, from: Data(contentsOf: URL(fileURLWithPath: server.data + "/captures/\(capture.id)/manifest.json")))
+                #expect(manifest.capture?.crash == true && manifest.capture?.match == nil)
+                // The debug records its buffer held, marked rewound, are in the capture.
+                let day = try #require(manifest.days.first)
+                let lines = try String(contentsOfFile: server.data + "/captures/\(capture.id)/" + day.file, encoding: .utf8).split(separator: "\n")
+                #expect(lines.filter { $0.contains("\"rewound ") && $0.contains("\"dredge.rewound\":true") }.count == 200)
+                // One capture of one crash, however often the agent looks (two more looks waited for).
+                let triggers = try #require(device.client.triggers)
+                let looks = await triggers.crashLooks
+                #expect(try await PullOutcomeTests.waitFor { await triggers.crashLooks >= looks + 2 })
+                let made = await triggers.madeToday(trigger.id)
+                let pending = await triggers.pending
+                #expect(made == 1 && pending.isEmpty)
+                #expect(try await registry.captures(of: trigger.id, limit: 10).count == 1)
+            }
+        }
+    }
 }

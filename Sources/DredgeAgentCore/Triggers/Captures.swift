@@ -103,8 +103,56 @@ public actor TriggerAgent {
     private let logger: Logger
     /// When the cursor was last saved.
     private var cursorSaved = ContinuousClock.now
+    /// When the runs were last looked at for crashes.
+    private var crashesLooked = ContinuousClock.now
+    /// How many times the runs were looked at for crashes (for tests: an event to wait on).
+    public private(set) var crashLooks = 0
 
     public static let cursorSaveInterval: Duration = .seconds(60)
+    /// How often the runs of the store's apps are looked at for unclean ends.
+    public static let crashInterval: Duration = .seconds(2)
+
+    /// Crash captures (Protocol § 21, *Crashes*): the runs of the store's apps that ended
+    /// uncleanly (their process gone without closing its run: killed, crashed) are marked so
+    /// (their rewind buffers frozen into the store, as the app's next run would), and each one
+    /// not looked at before fires each crash trigger held since before it ended whose scope
+    /// holds its last record (its uid, its context's app and version): a capture of the
+    /// minutes before that record. The first look only notes the runs there are.
+    private func lookForCrashes(_ next: inout HeldTriggers, now: Timestamp) throws {
+        let crashRules = next.rules.filter(\.crash)
+        if next.runsSeen != nil && crashRules.isEmpty { return }
+        defer { crashLooks += 1 }
+        let ends = try store.markUncleanEnds(now: now)
+        for problem in ends.problems { logger.notice("looking for crashed runs", metadata: ["problem": "\(problem)"]) }
+        let runs = try store.runs(limit: 200)
+        guard let seen = next.runsSeen, let version = next.version else {
+            next.runsSeen = Set(runs.filter { $0.end != nil }.map(\.id))
+            return
+        }
+        var looked = seen
+        for run in runs where run.end == .unclean && !seen.contains(run.id) {
+            looked.insert(run.id)
+            guard let endedAt = run.endedAt, let last = try lastRecord(of: run, at: endedAt) else { continue }
+            let context = try store.contexts([run.context])[run.context]
+            for rule in crashRules
+            where endedAt.microseconds >= (next.heldAtUs[rule.id] ?? .max) && rule.fires(onCrashOf: last.uid, app: context?.app ?? "", appVersion: context?.appVersion ?? "")
+            {
+                if let planned = next.planner.consider(
+                    rule, setVersion: version, firedAtUs: endedAt.microseconds, uid: last.uid, row: nil, crash: true, now: now, newID: { Hex.encode(secureRandomBytes(16)) })
+                {
+                    logger.info("a run ended uncleanly: crash capture", metadata: ["run": "\(run.id)", "pid": "\(run.pid)", "capture.id": "\(planned.captureID)"])
+                }
+            }
+        }
+        // Only runs still listed are remembered (the store keeps the newest).
+        let listed = Set(runs.map(\.id))
+        next.runsSeen = looked.intersection(listed)
+    }
+
+    /// A run's last record: of its context, at the time it ended.
+    private func lastRecord(of run: StoreRun, at endedAt: Timestamp) throws -> LogRecord? {
+        try store.records(matching: LogFilter(since: endedAt, until: endedAt.adding(.microseconds(1)))).last { $0.context == run.context }
+    }
 
     /// Reads what the agent held (none when the file does not read: said, and the server sends
     /// the set again on the next connection). A capture pending in the file whose upload is in
@@ -186,6 +234,10 @@ public actor TriggerAgent {
             let cursor = next.cursor
             _ = try TriggerMatcher.step(&next, store: store, now: now) { Hex.encode(secureRandomBytes(16)) }
             if next.cursor == cursor { break }
+        }
+        if ContinuousClock.now - crashesLooked >= Self.crashInterval || next.runsSeen == nil {
+            crashesLooked = .now
+            try lookForCrashes(&next, now: now)
         }
         try keep(next)
         guard let heartbeatAt else { return [] }

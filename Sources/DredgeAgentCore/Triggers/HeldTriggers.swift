@@ -22,6 +22,11 @@ public struct HeldTriggers: Sendable, Equatable {
     public private(set) var startedAfter: [String: Int64] = [:]
     /// How far matching has read the store (row id).
     public var cursor: Int64 = 0
+    /// Trigger id → when the agent began to hold it (µs, its clock): a run that ended before
+    /// fires no crash capture of it.
+    public private(set) var heldAtUs: [String: Int64] = [:]
+    /// The runs of the store's apps already looked at for crashes (nil: none looked at yet).
+    public var runsSeen: Set<String>?
     public var planner = CapturePlanner()
 
     public init() {}
@@ -32,11 +37,15 @@ public struct HeldTriggers: Sendable, Equatable {
     /// Holds `set` (admitted: ``TriggerSetAdmission``) with its checked `rules`. A trigger new to
     /// the agent matches what its store takes after `storeEnd`; one held before keeps its start.
     public mutating func hold(_ set: WireTriggerSet, rules: [TriggerRule], storeEnd: Int64, now: Timestamp = .now) {
-        var starts: [String: Int64] = [:]
-        for rule in rules { starts[rule.id] = startedAfter[rule.id] ?? storeEnd }
+        var starts: [String: Int64] = [:], since: [String: Int64] = [:]
+        for rule in rules {
+            starts[rule.id] = startedAfter[rule.id] ?? storeEnd
+            since[rule.id] = heldAtUs[rule.id] ?? now.microseconds
+        }
         self.set = set
         self.rules = rules
         startedAfter = starts
+        heldAtUs = since
         planner.held(Set(rules.map(\.id)), now: now)
     }
 
@@ -53,10 +62,13 @@ public struct HeldTriggers: Sendable, Equatable {
         var startedAfter: [String: Int64]
         var cursor: Int64
         var planner: CapturePlanner
+        var heldAtUs: [String: Int64]?
+        var runsSeen: [String]?
     }
 
     public func encoded() throws -> [UInt8] {
-        let stored = Stored(set: try set?.serializedData(), startedAfter: startedAfter, cursor: cursor, planner: planner)
+        let stored = Stored(
+            set: try set?.serializedData(), startedAfter: startedAfter, cursor: cursor, planner: planner, heldAtUs: heldAtUs, runsSeen: runsSeen.map { $0.sorted() })
         let encoder = JSONEncoder()
         encoder.outputFormatting = .sortedKeys
         return Array(try encoder.encode(stored)) + [10]
@@ -86,6 +98,8 @@ public struct HeldTriggers: Sendable, Equatable {
             self.set = set
         }
         startedAfter = stored.startedAfter.filter { id, _ in rules.contains { $0.id == id } }
+        heldAtUs = (stored.heldAtUs ?? [:]).filter { id, _ in rules.contains { $0.id == id } }
+        runsSeen = stored.runsSeen.map(Set.init)
         cursor = stored.cursor
         planner = stored.planner
     }

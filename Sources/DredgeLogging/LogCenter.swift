@@ -52,6 +52,8 @@ public final class LogCenter: Sendable {
     public let uncleanEnds: [StoreRun]
     /// Whether ``close()`` has ended the run (a second close does not end it again).
     private let runEnded = Mutex(false)
+    /// Freezes the rewind buffer when an agent asks (nil when no buffer is kept).
+    private let freezeWatch: RewindFreezeWatch?
 
     /// Uses an open store (several centers may share one, each with its own context).
     public init(
@@ -69,6 +71,7 @@ public final class LogCenter: Sendable {
         let started = Self.startRun(store, context: self.context, rewind: rewind)
         (run, rewindBuffer, uncleanEnds) = (started.run, started.buffer, started.unclean)
         rewindLevel = started.buffer == nil ? nil : rewind?.level
+        freezeWatch = Self.watchFreezes(store, started.buffer, context: self.context)
         for problem in started.problems { warn(problem) }
     }
 
@@ -97,6 +100,7 @@ public final class LogCenter: Sendable {
         let started = Self.startRun(store, context: self.context, rewind: rewind)
         (run, rewindBuffer, uncleanEnds) = (started.run, started.buffer, started.unclean)
         rewindLevel = started.buffer == nil ? nil : rewind?.level
+        freezeWatch = Self.watchFreezes(store, started.buffer, context: self.context)
         for problem in started.problems { warn(problem) }
         if let replaced = store.replacedRetention, let now = store.retentionAtOpen.stored {
             // Every process that has the store open applies the new policy from its next pass.
@@ -261,6 +265,7 @@ public final class LogCenter: Sendable {
                 failure = error
             }
         }
+        freezeWatch?.stop()
         if first, let rewindBuffer {
             do {
                 try rewindBuffer.close()

@@ -1,6 +1,7 @@
 import DredgeDomain
 import DredgeStore
 import Foundation
+import Synchronization
 
 /// What an app keeps in its rewind buffer (#54, ``RewindBuffer``): the records its loggers log
 /// below their levels, from `level` up, in a ring of `bytes` beside the store. Frozen into the
@@ -61,6 +62,14 @@ extension LogCenter {
         }
     }
 
+    /// The watch that freezes `buffer` when an agent asks; nil without a buffer.
+    static func watchFreezes(_ store: LogStore, _ buffer: RewindBuffer?, context: ContextID) -> RewindFreezeWatch? {
+        guard let buffer else { return nil }
+        return RewindFreezeWatch(store: store, buffer: buffer, context: context) { problem in
+            store.enqueue(LogEntry(timestamp: .now, level: .warning, type: .app, uid: "", message: problem, context: context))
+        }
+    }
+
     func warn(_ problem: (String, LogMetadata)) {
         submit(level: .warning, type: .app, message: problem.0, metadata: problem.1, at: nil, uid: nil)
     }
@@ -89,5 +98,59 @@ extension LogCenter {
     public func freezeRewind() throws -> Int {
         guard let rewindBuffer else { return 0 }
         return try store.freeze(rewindBuffer, context: context)
+    }
+}
+
+/// Freezes a center's rewind buffer when the store's count of freeze requests goes up (an
+/// agent asked, at a trigger's match: ``LogStore/requestRewindFreeze()``), looked at about once
+/// a second on a utility queue, never on a logging thread. Stopped before the buffer closes.
+/// (`@unchecked`: its one stored value outside the mutex is a GCD timer, safe from any thread.)
+final class RewindFreezeWatch: @unchecked Sendable {
+    static let interval: DispatchTimeInterval = .seconds(1)
+
+    private struct State {
+        var seen: Int64
+        var stopped = false
+    }
+
+    /// Held while a look runs, and by ``stop()``: no look runs after it returns.
+    private final class Looks: Sendable {
+        let state: Mutex<State>
+        init(seen: Int64) { state = Mutex(State(seen: seen)) }
+    }
+
+    private let timer: any DispatchSourceTimer
+    private let looks: Looks
+
+    init(store: LogStore, buffer: RewindBuffer, context: ContextID, warn: @escaping @Sendable (String) -> Void) {
+        // Requests made before this run began are not this run's.
+        let seen: Int64
+        do { seen = try store.rewindFreezeRequests() } catch { seen = 0 }
+        let looks = Looks(seen: seen)
+        self.looks = looks
+        let timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "dredge.rewind-freeze", qos: .utility))
+        self.timer = timer
+        timer.schedule(deadline: .now() + Self.interval, repeating: Self.interval, leeway: .milliseconds(200))
+        timer.setEventHandler {
+            looks.state.withLock { s in
+                guard !s.stopped else { return }
+                let asked: Int64
+                do { asked = try store.rewindFreezeRequests() } catch { return }  // looked at again in a second
+                guard asked > s.seen else { return }
+                do {
+                    try store.freeze(buffer, context: context)
+                    s.seen = asked
+                } catch {
+                    warn("cannot freeze the rewind buffer an agent asked for: \(error)")
+                }
+            }
+        }
+        timer.resume()
+    }
+
+    /// No look runs once this returns.
+    func stop() {
+        looks.state.withLock { $0.stopped = true }
+        timer.cancel()
     }
 }

@@ -1,6 +1,7 @@
 import DredgeAdminAPI
 import DredgeAgentCore
 import DredgeDomain
+import DredgeLogging
 import DredgePayload
 import DredgeStore
 import DredgeTestSupport
@@ -139,6 +140,45 @@ import Testing
                 let pending = await triggers.pending
                 #expect(made == 1 && pending.isEmpty)
                 #expect(try await registry.captures(of: trigger.id, limit: 10).count == 1)
+            }
+        }
+    }
+
+    /// An app keeping a rewind buffer (``LogCenter``): its debug records stay out of the store
+    /// until a match, when the agent asks it to freeze them; the capture holds them, marked
+    /// rewound, and a rewound record fires nothing.
+    @Test func aMatchFreezesTheAppsRewindBufferIntoTheCapture() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let registry = try #require(server.triggers)
+            let trigger = try await server.admin.createTrigger(
+                TriggerRequest(name: "payment declined", match: TriggerMatch(levels: ["error", "debug"], text: "declined"), beforeSeconds: 60, afterSeconds: 3, perDevicePerDay: 5))
+            let path = server.dir.file("rewinding.sqlite")
+            let app = try LogCenter(path: path, context: .current(app: "oven", appVersion: "2"), rewind: RewindConfiguration(bytes: 1 << 20))
+            defer { try? app.close() }
+            app.setUser("u-1")
+            let log = app.logger(type: .business, minimumLevel: .info)
+            log.info("started")
+            try await app.flush()
+            try await withStopping(PullOutcomeTests.Device(server, store: path)) { device in
+                #expect(try await CaptureTests.answerRecorded(device.state.file.agentID, in: registry) { $0.triggerIDs == [trigger.id] })
+                for i in 0..<50 { log.debug("step \(i) of the checkout") }
+                // A debug record that would match, were it not rewound: it fires nothing.
+                log.debug("declined by the cache, retried")
+                #expect(try app.store.records(matching: LogFilter(levels: [.debug])).isEmpty, "the debug records wait in the buffer")
+                log.error("payment declined")
+                try await app.flush()
+                #expect(try await PullOutcomeTests.waitFor(.seconds(120)) { try await registry.captures(of: trigger.id, limit: 10).first?.status == .complete })
+                let captures = try await registry.captures(of: trigger.id, limit: 10)
+                #expect(captures.count == 1, "only the error fired: \(captures.map(\.matchedAt))")
+                let capture = try #require(captures.first)
+                let manifest = try JSONDecoder().decode(
+                    ExportManifest.self, from: Data(contentsOf: URL(fileURLWithPath: server.data + "/captures/\(capture.id)/manifest.json")))
+                let lines = try manifest.days.flatMap { day in
+                    try String(contentsOfFile: server.data + "/captures/\(capture.id)/" + day.file, encoding: .utf8).split(separator: "\n")
+                }
+                let rewound = lines.filter { $0.contains("\"level\":\"debug\"") && $0.contains("\"dredge.rewound\":true") }
+                #expect(rewound.count == 51, "\(lines.count) lines")
+                #expect(lines.contains { $0.contains("payment declined") } && capture.records == lines.count)
             }
         }
     }

@@ -230,10 +230,16 @@ public actor TriggerAgent {
             next.restart(at: end)
         }
         // At most a few batches a step: a backlog is caught up over the next steps.
+        var planned = 0
         for _ in 0..<8 {
             let cursor = next.cursor
-            _ = try TriggerMatcher.step(&next, store: store, now: now) { Hex.encode(secureRandomBytes(16)) }
+            planned += try TriggerMatcher.step(&next, store: store, now: now) { Hex.encode(secureRandomBytes(16)) }.count
             if next.cursor == cursor { break }
+        }
+        if planned > 0 {
+            // The apps store what their rewind buffers hold (§ 21, Rewind): the capture, exported
+            // once its window closed, holds the debug records from before the match.
+            do { try store.requestRewindFreeze() } catch { logger.warning("cannot ask the apps to freeze their rewind buffers", metadata: ["error": "\(error)"]) }
         }
         if ContinuousClock.now - crashesLooked >= Self.crashInterval || next.runsSeen == nil {
             crashesLooked = .now

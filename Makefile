@@ -71,6 +71,7 @@ bench: deps
 	.build/release/dredge-bench unauthenticated
 	.build/release/dredge-bench network
 	.build/release/dredge-bench tail
+	.build/release/dredge-bench trigger
 	# On PostgreSQL, in a private cluster on loopback: the server's figures, presence writes, a 3-node cluster.
 	scripts/postgres.sh run sh -c '.build/release/dredge-bench server --database "$$DREDGE_TEST_POSTGRES" --agents 3000 && .build/release/dredge-bench presence && .build/release/dredge-bench cluster'
 

@@ -95,8 +95,9 @@ public struct CapturePlanner: Codable, Sendable, Equatable {
     }
 
     /// The captures whose window closed at least `settle` before `now`: their records are in
-    /// the store (the writer has had `settle` to take the last of them). Oldest first.
-    public func due(now: Timestamp, settle: Duration = .seconds(2)) -> [Planned] {
+    /// the store (the writer, which lingers 5 ms, has had `settle` to take the last of them).
+    /// Oldest first.
+    public func due(now: Timestamp, settle: Duration = .seconds(1)) -> [Planned] {
         let settled = now.microseconds.subtractingClamped(Int64(settle.components.seconds) * 1_000_000 + settle.components.attoseconds / 1_000_000_000_000)
         return pending.filter { $0.untilUs <= settled }
     }

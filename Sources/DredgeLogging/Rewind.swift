@@ -109,14 +109,16 @@ final class RewindFreezeWatch: @unchecked Sendable {
     static let interval: DispatchTimeInterval = .seconds(1)
 
     private struct State {
-        var seen: Int64
+        /// The count of requests already answered; nil until the store could first be read
+        /// (requests made before this run began are not its).
+        var seen: Int64?
         var stopped = false
     }
 
     /// Held while a look runs, and by ``stop()``: no look runs after it returns.
     private final class Looks: Sendable {
         let state: Mutex<State>
-        init(seen: Int64) { state = Mutex(State(seen: seen)) }
+        init(seen: Int64?) { state = Mutex(State(seen: seen)) }
     }
 
     private let timer: any DispatchSourceTimer
@@ -124,8 +126,8 @@ final class RewindFreezeWatch: @unchecked Sendable {
 
     init(store: LogStore, buffer: RewindBuffer, context: ContextID, warn: @escaping @Sendable (String) -> Void) {
         // Requests made before this run began are not this run's.
-        let seen: Int64
-        do { seen = try store.rewindFreezeRequests() } catch { seen = 0 }
+        let seen: Int64?
+        do { seen = try store.rewindFreezeRequests() } catch { seen = nil }
         let looks = Looks(seen: seen)
         self.looks = looks
         let timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "dredge.rewind-freeze", qos: .utility))
@@ -136,10 +138,15 @@ final class RewindFreezeWatch: @unchecked Sendable {
                 guard !s.stopped else { return }
                 let asked: Int64
                 do { asked = try store.rewindFreezeRequests() } catch { return }  // looked at again in a second
-                guard asked > s.seen else { return }
+                guard let seen = s.seen else {
+                    s.seen = asked
+                    return
+                }
+                guard asked > seen else { return }
+                // Answered either way: a freeze that fails is said once, not tried every second.
+                s.seen = asked
                 do {
                     try store.freeze(buffer, context: context)
-                    s.seen = asked
                 } catch {
                     warn("cannot freeze the rewind buffer an agent asked for: \(error)")
                 }

@@ -117,7 +117,17 @@ import Testing
                     line.append(chunk)
                 }
                 #expect(String(decoding: line, as: UTF8.self) == "ready\n")
-                if end == "kill" { kill(child.processIdentifier, SIGKILL) }
+                let triggers = try #require(device.client.triggers)
+                if end == "kill" {
+                    // Alive, it is no crash: two looks at the runs find nothing to capture.
+                    let before = await triggers.crashLooks
+                    #expect(try await PullOutcomeTests.waitFor { await triggers.crashLooks >= before + 2 })
+                    let running = try LogStore(path: path).runs().first
+                    #expect(running?.end == nil && running?.pid == child.processIdentifier, "\(String(describing: running))")
+                    let nothingPending = await triggers.pending.isEmpty
+                    #expect(try await registry.captures(of: trigger.id, limit: 10).isEmpty && nothingPending)
+                    kill(child.processIdentifier, SIGKILL)
+                }
                 child.waitUntilExit()
                 #expect(child.terminationReason == .uncaughtSignal)
 
@@ -133,7 +143,6 @@ import Testing
                 let lines = try String(contentsOfFile: server.data + "/captures/\(capture.id)/" + day.file, encoding: .utf8).split(separator: "\n")
                 #expect(lines.filter { $0.contains("\"rewound ") && $0.contains("\"dredge.rewound\":true") }.count == 200)
                 // One capture of one crash, however often the agent looks (two more looks waited for).
-                let triggers = try #require(device.client.triggers)
                 let looks = await triggers.crashLooks
                 #expect(try await PullOutcomeTests.waitFor { await triggers.crashLooks >= looks + 2 })
                 let made = await triggers.madeToday(trigger.id)
@@ -151,7 +160,7 @@ import Testing
         try await withStopping(InProcessServer()) { server in
             let registry = try #require(server.triggers)
             let trigger = try await server.admin.createTrigger(
-                TriggerRequest(name: "payment declined", match: TriggerMatch(levels: ["error", "debug"], text: "declined"), beforeSeconds: 60, afterSeconds: 3, perDevicePerDay: 5))
+                TriggerRequest(name: "payment declined", match: TriggerMatch(levels: ["error", "debug"], text: "declined"), beforeSeconds: 60, afterSeconds: 0, perDevicePerDay: 5))
             let path = server.dir.file("rewinding.sqlite")
             let app = try LogCenter(path: path, context: .current(app: "oven", appVersion: "2"), rewind: RewindConfiguration(bytes: 1 << 20))
             defer { try? app.close() }

@@ -29,6 +29,9 @@ public struct CapturePlanner: Codable, Sendable, Equatable {
         public var matchedRow: Int64?
         /// When it was planned (the agent's clock): a heartbeat after it names its user to the server.
         public var plannedAtUs: Int64?
+        /// When the apps were asked to freeze their rewind buffers once its window had closed
+        /// (nil: not yet): it is exported once they have had time to.
+        public var freezeAskedAtUs: Int64?
     }
 
     /// What the planner remembers of one trigger.
@@ -100,6 +103,11 @@ public struct CapturePlanner: Codable, Sendable, Equatable {
     public func due(now: Timestamp, settle: Duration = .seconds(1)) -> [Planned] {
         let settled = now.microseconds.subtractingClamped(Int64(settle.components.seconds) * 1_000_000 + settle.components.attoseconds / 1_000_000_000_000)
         return pending.filter { $0.untilUs <= settled }
+    }
+
+    /// The apps were asked to freeze their rewind buffers for these captures at `now`.
+    public mutating func askedFreeze(_ captureIDs: Set<String>, now: Timestamp) {
+        for i in pending.indices where captureIDs.contains(pending[i].captureID) { pending[i].freezeAskedAtUs = now.microseconds }
     }
 
     /// A capture is uploaded, or given up: it is no longer pending (it stays counted).

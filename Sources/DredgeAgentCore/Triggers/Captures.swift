@@ -109,6 +109,9 @@ public actor TriggerAgent {
     public private(set) var crashLooks = 0
 
     public static let cursorSaveInterval: Duration = .seconds(60)
+    /// How long a capture waits after the apps were asked to freeze their rewind buffers (they
+    /// look about once a second).
+    public static let freezeWait: Duration = .milliseconds(1_500)
     /// How often the runs of the store's apps are looked at for unclean ends.
     public static let crashInterval: Duration = .seconds(2)
 
@@ -117,21 +120,20 @@ public actor TriggerAgent {
     /// (their rewind buffers frozen into the store, as the app's next run would), and each one
     /// not looked at before fires each crash trigger held since before it ended whose scope
     /// holds its last record (its uid, its context's app and version): a capture of the
-    /// minutes before that record. The first look only notes the runs there are.
+    /// minutes before that record.
     private func lookForCrashes(_ next: inout HeldTriggers, now: Timestamp) throws {
         let crashRules = next.rules.filter(\.crash)
-        if next.runsSeen != nil && crashRules.isEmpty { return }
+        guard let version = next.version, !crashRules.isEmpty else { return }
         defer { crashLooks += 1 }
-        let ends = try store.markUncleanEnds(now: now)
-        for problem in ends.problems { logger.notice("looking for crashed runs", metadata: ["problem": "\(problem)"]) }
-        let runs = try store.runs(limit: 200)
-        guard let seen = next.runsSeen, let version = next.version else {
-            next.runsSeen = Set(runs.filter { $0.end != nil }.map(\.id))
-            return
-        }
-        var looked = seen
-        for run in runs where run.end == .unclean && !seen.contains(run.id) {
-            looked.insert(run.id)
+        // Runs whose buffer this agent cannot read (an app of another user) are left for the
+        // app's next run to mark, with what its buffer holds; found marked then.
+        let ends = try store.markUncleanEnds(now: now, onlyReadable: true)
+        for problem in ends.problems { logger.debug("looking for crashed runs", metadata: ["problem": "\(problem)"]) }
+        // Only runs that ended while a crash trigger was held.
+        let since = Timestamp(microseconds: crashRules.compactMap { next.heldAtUs[$0.id] }.min() ?? now.microseconds)
+        let runs = try store.uncleanRuns(endedSince: since)
+        let seen = next.runsSeen ?? []
+        for run in runs where !seen.contains(run.id) {
             guard let endedAt = run.endedAt, let last = try lastRecord(of: run, at: endedAt) else { continue }
             let context = try store.contexts([run.context])[run.context]
             for rule in crashRules
@@ -144,9 +146,8 @@ public actor TriggerAgent {
                 }
             }
         }
-        // Only runs still listed are remembered (the store keeps the newest).
-        let listed = Set(runs.map(\.id))
-        next.runsSeen = looked.intersection(listed)
+        // Remembered while they are listed (ended since the oldest crash trigger was held).
+        next.runsSeen = Set(runs.map(\.id))
     }
 
     /// A run's last record: of its context, at the time it ended.
@@ -236,18 +237,31 @@ public actor TriggerAgent {
             planned += try TriggerMatcher.step(&next, store: store, now: now) { Hex.encode(secureRandomBytes(16)) }.count
             if next.cursor == cursor { break }
         }
-        if planned > 0 {
-            // The apps store what their rewind buffers hold (§ 21, Rewind): the capture, exported
-            // once its window closed, holds the debug records from before the match.
+        if ContinuousClock.now - crashesLooked >= Self.crashInterval {
+            crashesLooked = .now
+            do {
+                try lookForCrashes(&next, now: now)
+            } catch {
+                // Looked at again at the next interval; the matching above stands.
+                logger.warning("cannot look for crashed runs now", metadata: ["error": "\(error)"])
+            }
+        }
+        // A capture of a record whose window closed: the apps freeze their rewind buffers
+        // (§ 21, Rewind) and it waits ``freezeWait`` for them, so it holds the debug records
+        // of its whole window. (Asked at the match too: a small buffer may not hold the window
+        // by the time it closes.)
+        let closed = next.planner.due(now: now).filter { !$0.crash && $0.freezeAskedAtUs == nil }
+        if !closed.isEmpty { next.planner.askedFreeze(Set(closed.map(\.captureID)), now: now) }
+        try keep(next)
+        if planned > 0 || !closed.isEmpty {
             do { try store.requestRewindFreeze() } catch { logger.warning("cannot ask the apps to freeze their rewind buffers", metadata: ["error": "\(error)"]) }
         }
-        if ContinuousClock.now - crashesLooked >= Self.crashInterval || next.runsSeen == nil {
-            crashesLooked = .now
-            try lookForCrashes(&next, now: now)
-        }
-        try keep(next)
         guard let heartbeatAt else { return [] }
-        return next.planner.due(now: now).filter { heartbeatAt.microseconds > max($0.untilUs, $0.plannedAtUs ?? 0) }
+        let frozenBy = now.microseconds - Int64(Self.freezeWait.components.seconds) * 1_000_000 - Self.freezeWait.components.attoseconds / 1_000_000_000_000
+        return next.planner.due(now: now).filter { capture in
+            heartbeatAt.microseconds > max(capture.untilUs, capture.plannedAtUs ?? 0)
+                && (capture.crash || (capture.freezeAskedAtUs.map { $0 <= frozenBy } ?? false))
+        }
     }
 
     /// A capture is in the outbox, or given up: no longer pending (it stays counted).

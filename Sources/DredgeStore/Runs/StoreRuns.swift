@@ -87,6 +87,24 @@ extension LogStore {
         }
     }
 
+    /// The runs marked ended uncleanly whose end is at or after `since`, oldest end first.
+    public func uncleanRuns(endedSince since: Timestamp, limit: Int = 200) throws -> [StoreRun] {
+        do {
+            return try pool.read { db in
+                try Row.fetchAll(
+                    db,
+                    sql: """
+                        SELECT id, context_id, pid, started_at, ended_at, ending, rewind, rewound FROM run
+                        WHERE ending = 'unclean' AND ended_at >= ? ORDER BY ended_at, rowid LIMIT ?
+                        """,
+                    arguments: [since.microseconds, limit]
+                ).map(Self.run)
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
     /// The latest runs, newest first.
     public func runs(limit: Int = 100) throws -> [StoreRun] {
         do {
@@ -109,7 +127,11 @@ extension LogStore {
     /// not one (damaged) holds nothing to store, and another user's is left alone. Also removes
     /// ring files no open run names (left by a kill between a run's end and its file's removal)
     /// and keeps the newest ``endedRunsKept`` ended runs.
-    public func markUncleanEnds(now: Timestamp = .now) throws -> UncleanEnds {
+    ///
+    /// With `onlyReadable` (the agent's look, #54: it may run as another user than the apps), a
+    /// run whose buffer it cannot read now or is another user's is left as it is, for the app's
+    /// next run to mark with what its buffer holds.
+    public func markUncleanEnds(now: Timestamp = .now, onlyReadable: Bool = false) throws -> UncleanEnds {
         let current = ProcessIdentity.current
         // The files first, then the runs: a file is made only after its run's row, so a file
         // listed here whose run is not open in the read below is one nothing will use.
@@ -129,7 +151,7 @@ extension LogStore {
         for (run, namespace, boot, start) in open {
             guard ProcessIdentity.isGone(pid: run.pid, namespace: namespace, boot: boot, start: start, current: current) else { continue }
             do {
-                if let marked = try markUnclean(run, now: now) { found.marked.append(marked) }
+                if let marked = try markUnclean(run, now: now, onlyReadable: onlyReadable) { found.marked.append(marked) }
             } catch {
                 found.problems.append("cannot mark run \(run.id) (pid \(run.pid)) as ended uncleanly now; it is tried again: \(error)")
             }
@@ -152,7 +174,7 @@ extension LogStore {
 
     /// Marks one gone run; nil when another process marked it first, or its buffer cannot be
     /// read now.
-    private func markUnclean(_ run: StoreRun, now: Timestamp) throws -> StoreRun? {
+    private func markUnclean(_ run: StoreRun, now: Timestamp, onlyReadable: Bool) throws -> StoreRun? {
         var ring: RewindBuffer?
         var keepFile = false
         if let name = run.rewind {
@@ -161,7 +183,9 @@ extension LogStore {
             } catch let failure as RewindBuffer.Failure {
                 switch failure.kind {
                 case .damaged: ring = nil
-                case .foreign: keepFile = true
+                case .foreign:
+                    if onlyReadable { throw failure }
+                    keepFile = true
                 case .unavailable: throw failure
                 }
             }
@@ -221,15 +245,17 @@ extension LogStore {
     public func freeze(_ ring: RewindBuffer, context: ContextID) throws -> Int {
         ring.freezing.lock()
         defer { ring.freezing.unlock() }
-        var count = 0
-        var end: UInt64 = 0
+        // Copied under the ring's lock, stored outside it: the app's log calls (which append
+        // under that lock) never wait for the database.
+        let (records, end) = ring.snapshot()
+        guard !records.isEmpty else { return 0 }
         do {
             try pool.write { db in
                 var inserter = RecordInserter(limits: configuration.limits)
                 var batch: [LogEntry] = []
-                end = try ring.forEachRecord { record in
+                batch.reserveCapacity(min(records.count, Self.freezeBatch))
+                for record in records {
                     batch.append(record.entry(context: context, rewound: true))
-                    count += 1
                     if batch.count == Self.freezeBatch {
                         try inserter.insert(batch[...], in: db)
                         batch.removeAll(keepingCapacity: true)
@@ -241,7 +267,7 @@ extension LogStore {
             throw StoreError.wrap(error, path: path)
         }
         ring.discard(through: end)
-        return count
+        return records.count
     }
 
     /// Removes a rewind buffer's file (nothing when it is gone already).
@@ -315,6 +341,10 @@ struct ProcessIdentity {
     /// is gone; a live pid whose start time reads differently is another process.
     static func isGone(pid: Int32, namespace: String, boot: String, start: Int64, current: ProcessIdentity) -> Bool {
         if namespace != current.namespace { return false }
+        #if os(Linux)
+        // Neither side's pid namespace known (no /proc): a pid cannot be judged.
+        if namespace.isEmpty { return false }
+        #endif
         if !boot.isEmpty, !current.boot.isEmpty, boot != current.boot { return true }
         if kill(pid, 0) != 0 && errno == ESRCH { return true }
         if start != 0, let now = startTime(of: pid), now != start { return true }

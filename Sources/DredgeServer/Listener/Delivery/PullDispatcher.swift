@@ -189,7 +189,8 @@ public struct FreshPull: Sendable {
 /// Pulls queued anywhere (any node, any process on the same database), as they are queued.
 public protocol PullNotices: Sendable {
     /// Calls `wake` with the agents of each pull queued from now on, until cancelled; after
-    /// each (re)connection also with every agent that has a queued pull (what it may have
-    /// missed). Never throws: a lost connection is logged and made again.
+    /// each (re)connection also with every agent that has a queued pull and
+    /// ``PullDispatcher/triggersChangedMark`` (what it may have missed). Never throws: a lost
+    /// connection is logged and made again.
     func listen(logger: Logger, _ wake: @escaping @Sendable ([String]) -> Void) async
 }

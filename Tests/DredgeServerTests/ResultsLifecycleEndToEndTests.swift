@@ -75,7 +75,7 @@ import ZIPFoundation
         let badReason = try dredge(["rm", pullID, "--reason", "two\nlines"])
         #expect(badReason.status != 0 && badReason.output.contains("--reason"), "\(badReason.output)")
         let nothing = try dredge(["rm", "0000"])
-        #expect(nothing.status == 1 && nothing.output.contains("no pull, feedback or tail id starts with 0000"), "\(nothing.output)")
+        #expect(nothing.status == 1 && nothing.output.contains("no pull, feedback, tail or capture id starts with 0000"), "\(nothing.output)")
         #expect(FileManager.default.fileExists(atPath: onServer))
 
         let removed = try dredge(["rm", String(pullID.prefix(6)), "--reason", "TICKET-9 done", "--json"])

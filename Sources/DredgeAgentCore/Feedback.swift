@@ -40,10 +40,7 @@ public enum Feedback {
         store.enqueue(LogEntry(timestamp: now, level: .info, type: logType, uid: uid, message: text, metadata: ["feedback_id": .string(id)], context: context))
         try store.flush()
 
-        let root = state.directory + "/uploads"
-        let building = root + "/.\(id).partial"
-        try FileManager.default.createDirectory(atPath: building, withIntermediateDirectories: true)
-        do {
+        try DeviceOutbox.place(id, what: "feedback", state: state) { building in
             let description = ExportManifest.FeedbackDescription(feedbackID: id, uid: uid, text: text, createdAt: now.rfc3339)
             let zip = building + "/export.zip"
             let manifest = try Exporter.export(
@@ -59,22 +56,41 @@ public enum Feedback {
                 wrappedKey: try serverKey.wrapKey(key),
                 feedback: .with { $0.feedbackID = id; $0.uid = uid; $0.text = text; $0.createdAtUs = now.microseconds },
                 empty: manifest.empty, createdAt: now.microseconds)
-            try AgentState.write(try upload.header.serializedBytes(), to: building + "/header.pb", mode: 0o600)
-            try AgentState.write(try state.key.publicKey.wrapKey(key), to: building + "/feedback-key.bin", mode: 0o600)
-            guard rename(building, root + "/" + id) == 0 else { throw AgentError("cannot move the feedback into the outbox: \(String(cString: strerror(errno)))") }
-            try DurableFile.syncDirectory(root)
-        } catch {
-            try? FileManager.default.removeItem(atPath: building)
-            throw error
+            return (upload, key)
         }
         return id
     }
 
-    /// The feedback uploads waiting in the outbox of a state directory.
+    /// The feedback uploads (and captures) waiting in the outbox of a state directory.
     public static func pending(stateDirectory: String) -> [String] {
         let root = stateDirectory + "/uploads"
         return ((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? []).filter {
             !$0.hasPrefix(".") && FileManager.default.fileExists(atPath: root + "/" + $0 + "/feedback-key.bin")
         }.sorted()
+    }
+}
+
+/// The outbox of the uploads a device makes by itself (feedback, captures): `STATE/uploads/<id>/`
+/// with the header, the zip and the upload's key wrapped under the agent's own key, which
+/// ``UploadManager`` sends (it picks up each directory holding `feedback-key.bin`).
+enum DeviceOutbox {
+    /// Builds upload `id` in `.<id>.partial` beside the outbox (`build` exports and seals into
+    /// the directory it is given: the zip as `export.zip`) and moves it in whole, durably; on
+    /// failure nothing is left. `what` names it in the error.
+    static func place(_ id: String, what: String, state: AgentState, build: (_ directory: String) throws -> (SealedUpload, SymmetricKey)) throws {
+        let root = state.directory + "/uploads"
+        let building = root + "/.\(id).partial"
+        try? FileManager.default.removeItem(atPath: building)  // a build a crash cut short: made again below
+        try FileManager.default.createDirectory(atPath: building, withIntermediateDirectories: true)
+        do {
+            let (upload, key) = try build(building)
+            try AgentState.write(try upload.header.serializedBytes(), to: building + "/header.pb", mode: 0o600)
+            try AgentState.write(try state.key.publicKey.wrapKey(key), to: building + "/feedback-key.bin", mode: 0o600)
+            guard rename(building, root + "/" + id) == 0 else { throw AgentError("cannot move the \(what) into the outbox: \(String(cString: strerror(errno)))") }
+            try DurableFile.syncDirectory(root)
+        } catch {
+            try? FileManager.default.removeItem(atPath: building)
+            throw error
+        }
     }
 }

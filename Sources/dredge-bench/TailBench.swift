@@ -41,47 +41,9 @@ struct TailBench: AsyncParsableCommand {
     static let uid = "u-bench"
 
     func run() async throws {
-        let dir = NSTemporaryDirectory() + "dredge-bench-tail-\(getpid())"
-        try? FileManager.default.removeItem(atPath: dir)
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
-        let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log", heartbeatSeconds: 1)
-        defer { server.stop() }
-        let storePath = dir + "/device.sqlite"
-        let center = try LogCenter(path: storePath)
-        center.setUser(Self.uid)
-        let logger = center.logger(type: .app)
-        logger.warning("the device holds the user")
-        try await center.flush()
-
-        let state = dir + "/agent"
-        let enroll = Process()
-        enroll.executableURL = URL(fileURLWithPath: sibling("dredge-agent"))
-        enroll.arguments = ["enroll", "--state", state, "--server", "127.0.0.1:\(server.agentPort)", "--ca", created.caPath, "--token", created.enrollmentToken]
-        enroll.standardOutput = FileHandle.nullDevice
-        enroll.standardError = FileHandle.nullDevice
-        try enroll.run()
-        enroll.waitUntilExit()
-        guard enroll.terminationStatus == 0 else { throw ValidationError("dredge-agent enroll failed") }
-        let agent = Process()
-        agent.executableURL = URL(fileURLWithPath: sibling("dredge-agent"))
-        agent.arguments = ["run", "--state", state, "--store", storePath]
-        agent.standardOutput = FileHandle.nullDevice
-        guard FileManager.default.createFile(atPath: dir + "/agent.log", contents: nil) else { throw ValidationError("cannot write \(dir)/agent.log") }
-        agent.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: dir + "/agent.log"))
-        try agent.run()
-        defer {
-            agent.terminate()
-            agent.waitUntilExit()
-        }
-        let admin = try server.admin(token: created.adminToken)
-        var holding = false
-        for _ in 0..<600 where !holding {
-            holding = try await admin.agents().contains { $0.connected && $0.activeUIDs.contains(Self.uid) }
-            if !holding { try await Task.sleep(for: .milliseconds(100)) }
-        }
-        guard holding else { throw ValidationError("the agent never reported \(Self.uid); see \(dir)/agent.log") }
+        let device = try await LoopbackDevice(name: "tail", uid: Self.uid)
+        defer { device.stop() }
+        let (server, center, logger, admin) = (device.server, device.center, device.logger, device.admin)
 
         // One loopback round trip: the admin API's /health, median of 50.
         var trips: [Double] = []
@@ -161,7 +123,6 @@ struct TailBench: AsyncParsableCommand {
             extra: String(
                 format: "records=%d dropped=%d server_cpu_per_record_tail=%.1f us server_cpu_per_record_pull=%.1f us (a pull of the same records; the device paced at 9000/s)",
                 arrivals.count, dropped, tailCPU / Double(max(arrivals.count, 1)) * 1e6, pullCPU / Double(burst) * 1e6)).line)
-        try center.close()
     }
 
     /// One round: `rate` records a second for `seconds`, each log call timed, then `flush()`

@@ -28,47 +28,9 @@ struct TriggerBench: AsyncParsableCommand {
     static let uid = "u-bench"
 
     func run() async throws {
-        let dir = NSTemporaryDirectory() + "dredge-bench-trigger-\(getpid())"
-        try? FileManager.default.removeItem(atPath: dir)
-        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let created = try ServerDeployment.initialize(.init(dataDirectory: dir + "/server"))
-        let server = try ServerProcess(data: dir + "/server", log: dir + "/server.log", heartbeatSeconds: 1)
-        defer { server.stop() }
-        let storePath = dir + "/device.sqlite"
-        let center = try LogCenter(path: storePath)
-        center.setUser(Self.uid)
-        let logger = center.logger(type: .app)
-        logger.warning("the device holds the user")
-        try await center.flush()
-
-        let state = dir + "/agent"
-        let enroll = Process()
-        enroll.executableURL = URL(fileURLWithPath: sibling("dredge-agent"))
-        enroll.arguments = ["enroll", "--state", state, "--server", "127.0.0.1:\(server.agentPort)", "--ca", created.caPath, "--token", created.enrollmentToken]
-        enroll.standardOutput = FileHandle.nullDevice
-        enroll.standardError = FileHandle.nullDevice
-        try enroll.run()
-        enroll.waitUntilExit()
-        guard enroll.terminationStatus == 0 else { throw ValidationError("dredge-agent enroll failed") }
-        let agent = Process()
-        agent.executableURL = URL(fileURLWithPath: sibling("dredge-agent"))
-        agent.arguments = ["run", "--state", state, "--store", storePath]
-        agent.standardOutput = FileHandle.nullDevice
-        guard FileManager.default.createFile(atPath: dir + "/agent.log", contents: nil) else { throw ValidationError("cannot write \(dir)/agent.log") }
-        agent.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: dir + "/agent.log"))
-        try agent.run()
-        defer {
-            agent.terminate()
-            agent.waitUntilExit()
-        }
-        let admin = try server.admin(token: created.adminToken)
-        var holding = false
-        for _ in 0..<600 where !holding {
-            holding = try await admin.agents().contains { $0.connected && $0.activeUIDs.contains(Self.uid) }
-            if !holding { try await Task.sleep(for: .milliseconds(100)) }
-        }
-        guard holding else { throw ValidationError("the agent never reported \(Self.uid); see \(dir)/agent.log") }
+        let device = try await LoopbackDevice(name: "trigger", uid: Self.uid)
+        defer { device.stop() }
+        let (dir, center, logger, admin) = (device.dir, device.center, device.logger, device.admin)
         // A window of 10 s before the match and none after: what a crash-like error needs.
         let trigger = try await admin.createTrigger(
             TriggerRequest(name: "bench", match: TriggerMatch(levels: ["error"], text: "benchfire"), beforeSeconds: 10, afterSeconds: 0, perDevicePerDay: 100, perDay: 1_000))
@@ -103,7 +65,6 @@ struct TriggerBench: AsyncParsableCommand {
             extra: String(
                 format: "capture_p50=%.0f ms capture_p99=%.0f ms pull_p50=%.0f ms pull_p99=%.0f ms capture/pull=%.2f (goal <= 1) rounds=%d window_records=%d",
                 median(captured), percentile(captured, 0.99), median(pulled), percentile(pulled, 0.99), ratio, rounds, records)).line)
-        try center.close()
     }
 
     /// Milliseconds from `since` (monotonic ns) until the record with `word` is searchable from

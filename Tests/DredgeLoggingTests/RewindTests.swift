@@ -69,20 +69,8 @@ import Testing
     /// Starts the crash child with `arguments` and returns once it has said "ready" (its first
     /// line). No backtrace is printed for a crash: it is the point.
     static func readyChild(_ arguments: [String]) throws -> Process {
-        let child = Process()
-        child.executableURL = URL(fileURLWithPath: builtProduct("store-crash-child"))
-        child.arguments = arguments
-        child.environment = ProcessInfo.processInfo.environment.merging(["SWIFT_BACKTRACE": "enable=no"]) { $1 }
-        let output = Pipe()
-        child.standardOutput = output
-        try child.run()
-        var line = Data()
-        while !line.contains(UInt8(ascii: "\n")) {
-            let chunk = output.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            line.append(chunk)
-        }
-        #expect(String(decoding: line, as: UTF8.self) == "ready\n")
+        let (child, line) = try startCrashChild(arguments)
+        #expect(line == "ready\n")
         return child
     }
 

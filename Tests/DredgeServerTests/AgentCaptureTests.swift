@@ -103,20 +103,8 @@ import Testing
             try await withStopping(PullOutcomeTests.Device(server, store: path)) { device in
                 #expect(try await CaptureTests.answerRecorded(device.state.file.agentID, in: registry) { $0.triggerIDs == [trigger.id] })
                 // The app: 200 info records stored, 200 debug ones in its rewind buffer, then its end.
-                let child = Process()
-                child.executableURL = URL(fileURLWithPath: builtProduct("store-crash-child"))
-                child.arguments = ["rewind", path, "200", end]
-                child.environment = ProcessInfo.processInfo.environment.merging(["SWIFT_BACKTRACE": "enable=no"]) { $1 }
-                let output = Pipe()
-                child.standardOutput = output
-                try child.run()
-                var line = Data()
-                while !line.contains(UInt8(ascii: "\n")) {
-                    let chunk = output.fileHandleForReading.availableData
-                    if chunk.isEmpty { break }
-                    line.append(chunk)
-                }
-                #expect(String(decoding: line, as: UTF8.self) == "ready\n")
+                let (child, line) = try startCrashChild(["rewind", path, "200", end])
+                #expect(line == "ready\n")
                 let triggers = try #require(device.client.triggers)
                 if end == "kill" {
                     // Alive, it is no crash: two looks at the runs find nothing to capture.

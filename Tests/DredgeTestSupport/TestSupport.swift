@@ -100,3 +100,23 @@ public struct SeededRandom: RandomNumberGenerator {
         return z ^ (z >> 31)
     }
 }
+
+/// Starts the crash child (`store-crash-child`, Tests/Helpers) with `arguments` and returns it
+/// with the first line it wrote ("ready\n" once it is set up). No backtrace is printed for a
+/// crash: it is the point.
+public func startCrashChild(_ arguments: [String]) throws -> (child: Process, firstLine: String) {
+    let child = Process()
+    child.executableURL = URL(fileURLWithPath: builtProduct("store-crash-child"))
+    child.arguments = arguments
+    child.environment = ProcessInfo.processInfo.environment.merging(["SWIFT_BACKTRACE": "enable=no"]) { $1 }
+    let output = Pipe()
+    child.standardOutput = output
+    try child.run()
+    var line = Data()
+    while !line.contains(UInt8(ascii: "\n")) {
+        let chunk = output.fileHandleForReading.availableData
+        if chunk.isEmpty { break }
+        line.append(chunk)
+    }
+    return (child, String(decoding: line, as: UTF8.self))
+}

@@ -11,9 +11,8 @@ import Logging
 /// A capture's upload, made ready in the agent's outbox (Protocol § 21, *The window*, *The
 /// capture's header*, *The payload*): the window's records exported with a manifest that names
 /// the trigger and the record that fired it, sealed under a new key wrapped with the server's
-/// encryption key, as a feedback's is (``Feedback``). The outbox directory
-/// (`STATE/uploads/<id>/`: header, zip, the key wrapped under the agent's own key) appears
-/// whole, survives restarts, and is sent by the ``UploadManager`` like a feedback.
+/// encryption key, as a feedback's is (``Feedback``), and placed in the ``DeviceOutbox``: it
+/// appears whole, survives restarts, and is sent by the ``UploadManager`` like a feedback.
 public enum CaptureExport {
     /// Writes `capture` to the outbox of `state`; returns false when it was there already (a
     /// capture written before a restart that did not record it).
@@ -23,10 +22,7 @@ public enum CaptureExport {
         let root = state.directory + "/uploads"
         if FileManager.default.fileExists(atPath: root + "/" + id) { return false }
         let serverKey = try RSAPublicKey(spki: Hex.decode(state.file.serverEncryptionKey) ?? [])
-        let building = root + "/.\(id).partial"
-        try? FileManager.default.removeItem(atPath: building)  // a build a crash cut short: made again below
-        try FileManager.default.createDirectory(atPath: building, withIntermediateDirectories: true)
-        do {
+        try DeviceOutbox.place(id, what: "capture", state: state) { building in
             let matchedAt = Timestamp(microseconds: capture.matchedAtUs)
             var match: JSONValue?
             if !capture.crash {
@@ -60,13 +56,7 @@ public enum CaptureExport {
                     $0.crash = capture.crash
                 },
                 empty: manifest.empty, createdAt: now.microseconds)
-            try AgentState.write(try upload.header.serializedBytes(), to: building + "/header.pb", mode: 0o600)
-            try AgentState.write(try state.key.publicKey.wrapKey(key), to: building + "/feedback-key.bin", mode: 0o600)
-            guard rename(building, root + "/" + id) == 0 else { throw AgentError("cannot move the capture into the outbox: \(String(cString: strerror(errno)))") }
-            try DurableFile.syncDirectory(root)
-        } catch {
-            try? FileManager.default.removeItem(atPath: building)
-            throw error
+            return (upload, key)
         }
         return true
     }

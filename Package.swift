@@ -288,7 +288,7 @@ let package = Package(
         .testTarget(
             name: "DredgeAgentTests",
             dependencies: [
-                "DredgeTestSupport", "DredgeDomain", "DredgeEnvelope", "DredgeWire", "DredgeAgentCore", "DredgeStore", "DredgeSamples", "DredgePayload", "DredgeExport",
+                "DredgeTestSupport", "DredgeDomain", "DredgeEnvelope", "DredgeWire", "DredgeAgentCore", "DredgeStore", "DredgeSamples", "DredgePayload", "DredgeExport", "DredgeCommandLine",
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),

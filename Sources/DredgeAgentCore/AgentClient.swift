@@ -76,7 +76,8 @@ public final class AgentClient: Service, Sendable {
 
     /// What the agent offers in `Hello`: live tails and triggers only with a store to read.
     var capabilities: [String] {
-        store == nil ? [WireCapability.keyRotation] : [WireCapability.keyRotation, WireCapability.liveTail, WireCapability.triggers]
+        store == nil
+            ? [WireCapability.keyRotation, WireCapability.urgent] : [WireCapability.keyRotation, WireCapability.liveTail, WireCapability.triggers, WireCapability.urgent]
     }
 
     /// The tails' clock now.
@@ -94,6 +95,23 @@ public final class AgentClient: Service, Sendable {
         try await uploads.rescanOutbox()
         return id
     }
+
+    /// Sets the device's upload policy (``UploadPolicy``): saved in the state directory, and
+    /// in force at once for the uploads under way. Throws, changing nothing, when it is not valid.
+    public func setUploadPolicy(_ policy: UploadPolicy) async throws {
+        try policy.save(stateDirectory: state.directory)
+        await uploads.policyChanged()
+    }
+
+    /// Reports what the device's network costs now (``NetworkCost``): saved, and in force at once.
+    public func setNetwork(_ network: NetworkCost) async throws {
+        try network.save(stateDirectory: state.directory)
+        await uploads.policyChanged()
+    }
+
+    /// What the device's upload policy does now: the policy, the network, today's bytes, and
+    /// why uploads wait, if they do.
+    public func uploadPolicyStatus() async -> UploadPolicyStatus { await uploads.policyStatus() }
 
     public func run() async throws {
         await uploads.recover()

@@ -55,7 +55,7 @@ public enum Feedback {
                 zipPath: zip, uploadID: id, kind: .feedback, agentID: state.file.agentID, key: key,
                 wrappedKey: try serverKey.wrapKey(key),
                 feedback: .with { $0.feedbackID = id; $0.uid = uid; $0.text = text; $0.createdAtUs = now.microseconds },
-                empty: manifest.empty, createdAt: now.microseconds)
+                empty: manifest.empty, createdAt: now.microseconds, chunkSize: DeviceOutbox.chunkBytes)
             return (upload, key)
         }
         return id
@@ -74,6 +74,11 @@ public enum Feedback {
 /// with the header, the zip and the upload's key wrapped under the agent's own key, which
 /// ``UploadManager`` sends (it picks up each directory holding `feedback-key.bin`).
 enum DeviceOutbox {
+    /// The chunk size of a device's own uploads: smaller than a pull's (§ 11's default), so that
+    /// an upload paced by the device's policy (``UploadPolicy/maxBytesPerSecond``) goes out
+    /// evenly, a second or less of a low cap at a time.
+    static let chunkBytes = 65_536
+
     /// Builds upload `id` in `.<id>.partial` beside the outbox (`build` exports and seals into
     /// the directory it is given: the zip as `export.zip`) and moves it in whole, durably; on
     /// failure nothing is left. `what` names it in the error.

@@ -18,6 +18,8 @@ actor UploadManager {
     struct Active {
         var sender: UploadSenderStateMachine
         var upload: SealedUpload
+        /// An engineer marked the pull urgent: the upload policy lets it by when it says so.
+        var urgent = false
     }
 
     private var admission: PullAdmission
@@ -36,6 +38,8 @@ actor UploadManager {
     /// Told of each capture the server refused over a budget (`ERROR_BUDGET_SPENT`), with its
     /// trigger (``TriggerAgent/budgetSpent(_:now:)``).
     private var budgetSpent: (@Sendable (String) async -> Void)?
+    /// The device's upload policy and what it holds back (``Politeness``).
+    var politeness: Politeness
 
     func whenBudgetSpent(_ hook: @escaping @Sendable (String) async -> Void) { budgetSpent = hook }
 
@@ -54,6 +58,7 @@ actor UploadManager {
         self.store = store
         self.logger = logger
         self.firstRetryDelay = firstRetryDelay
+        politeness = Politeness(stateDirectory: state.directory, logger: logger)
         let seen = Self.loadSeen(state.directory + "/seen-commands.json", logger: logger)
         admission = PullAdmission(
             agentID: state.file.agentID,
@@ -133,7 +138,7 @@ actor UploadManager {
                 let upload = try? SealedUpload(zipPath: dir + "/export.zip", header: header, key: key)
             {
                 logger.info("resuming upload", metadata: ["upload.id": "\(id)"])
-                uploads[id] = Active(sender: UploadSenderStateMachine(header: header), upload: upload)
+                uploads[id] = Active(sender: UploadSenderStateMachine(header: header), upload: upload, urgent: command.urgent)
                 continue
             }
             if Timestamp.now.microseconds >= command.expiresAtUs {
@@ -142,7 +147,7 @@ actor UploadManager {
             }
             logger.info("exporting again", metadata: ["upload.id": "\(id)"])
             exports.reserveAnyway()
-            export(PullAdmission.Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs)))
+            export(PullAdmission.Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs), urgent: command.urgent))
         }
     }
 
@@ -247,6 +252,7 @@ actor UploadManager {
     func disconnected() {
         outbound = nil
         for id in uploads.keys { uploads[id]?.sender.connectionLost() }
+        paced.removeAll()
     }
 
     /// A frame for the command and upload layer.
@@ -378,7 +384,7 @@ actor UploadManager {
                 switch outcome {
                 case .success(let upload):
                     do {
-                        try await self.start(upload)
+                        try await self.start(upload, urgent: accepted.urgent)
                     } catch {
                         // The connection went away: the upload is kept and the next connection resumes it.
                         logger.warning("upload not started now; the next connection resumes it", metadata: ["upload.id": "\(accepted.commandID)", "error": "\(error)"])
@@ -411,9 +417,9 @@ actor UploadManager {
         do { try await reportFailures() } catch { logger.warning("could not report a failed pull now; will on the next connection", metadata: ["upload.id": "\(id)"]) }
     }
 
-    private func start(_ upload: SealedUpload) async throws {
+    private func start(_ upload: SealedUpload, urgent: Bool) async throws {
         let id = upload.header.uploadID
-        uploads[id] = Active(sender: UploadSenderStateMachine(header: upload.header), upload: upload)
+        uploads[id] = Active(sender: UploadSenderStateMachine(header: upload.header), upload: upload, urgent: urgent)
         if outbound != nil { try await drive(id) { $0.resume() } }
     }
 
@@ -435,8 +441,13 @@ actor UploadManager {
         let writer = outbound
         for action in actions {
             switch action {
+            case .send(let frame) where Self.isBegin(frame) && politeness.governs(active):
+                // Begun only once the policy lets it go (an upload begun opens its lifetime on the server).
+                if let writer { queuePolite(.begin, of: uploadID, on: writer) }
             case .send(let frame):
                 try await writer?.send(frame)
+            case .sendChunk(let index) where politeness.governs(active):
+                if let writer { queuePolite(.chunk(index), of: uploadID, on: writer) }
             case .sendChunk(let index):
                 // Sealed on the steps thread (AES-GCM over up to 2 MiB), not on the actor.
                 let upload = active.upload
@@ -477,6 +488,133 @@ actor UploadManager {
                 }
             }
         }
+    }
+
+    // MARK: Polite uploads
+
+    /// A frame of an upload the device's policy governs, waiting for the policy to let it go.
+    enum PoliteFrame: Equatable {
+        case begin
+        case chunk(UInt32)
+    }
+
+    private struct Queued {
+        var uploadID: String
+        var frame: PoliteFrame
+        /// The connection it was decided for: dropped if that one is gone.
+        var writer: AgentConnection
+    }
+
+    /// Governed frames in the order they were decided (one upload after another's chunks).
+    private var paced: [Queued] = []
+    private var pacing: Task<Void, Never>?
+
+    private static func isBegin(_ frame: WireFrame) -> Bool {
+        if case .uploadBegin? = frame.body { return true }
+        return false
+    }
+
+    private func queuePolite(_ frame: PoliteFrame, of uploadID: String, on writer: AgentConnection) {
+        guard !paced.contains(where: { $0.uploadID == uploadID && $0.frame == frame && $0.writer === writer }) else { return }
+        paced.append(Queued(uploadID: uploadID, frame: frame, writer: writer))
+        if pacing == nil { pacing = Task { await self.pace() } }
+    }
+
+    /// The policy (or the network) changed: look again now rather than at the next second.
+    func policyChanged() {
+        politeness.refresh()
+        pacing?.cancel()
+        pacing = paced.isEmpty ? nil : Task { await self.pace() }
+    }
+
+    /// What the upload policy does now.
+    func policyStatus() -> UploadPolicyStatus {
+        politeness.refresh()
+        return politeness.status(waiting: paced.count)
+    }
+
+    /// How long a held frame waits before the files are read again.
+    static let holdPollInterval: Duration = .seconds(1)
+
+    /// Sends the queued frames, each when the policy lets it: held (a metered network, the
+    /// day's budget spent, a policy that cannot be read) it looks again every second; under
+    /// the cap each frame waits for its slot. A frame whose upload ended, or whose connection
+    /// is gone, is dropped (the next connection resumes the upload and queues it again).
+    private func pace() async {
+        while !Task.isCancelled, let head = paced.first {
+            guard let active = uploads[head.uploadID], head.writer === outbound, Self.stillWanted(head.frame, by: active.sender) else {
+                paced.removeFirst()
+                continue
+            }
+            politeness.refresh()
+            let urgent = active.upload.header.kind == .pull && active.urgent
+            let bytes = Self.frameBytes(head.frame, of: active.upload)
+            if politeness.governs(active), let hold = politeness.hold(bytes: bytes, urgent: urgent, now: .now) {
+                politeness.say(hold)
+                do { try await Task.sleep(for: Self.holdPollInterval) } catch { return }
+                continue
+            }
+            politeness.say(nil)
+            let now = Self.monotonicSeconds()
+            let due = politeness.governs(active) ? politeness.reserve(bytes: bytes, urgent: urgent, monotonic: now) : now
+            if due > now {
+                do { try await Task.sleep(for: .seconds(due - now)) } catch { return }
+                // Looked at again after the wait: the upload, the connection or the policy may have changed.
+                guard let again = uploads[head.uploadID], head.writer === outbound, Self.stillWanted(head.frame, by: again.sender) else {
+                    paced.removeFirst()
+                    continue
+                }
+                politeness.refresh()
+                if politeness.governs(again), politeness.hold(bytes: bytes, urgent: urgent, now: .now) != nil { continue }
+            }
+            paced.removeFirst()
+            do {
+                switch head.frame {
+                case .begin:
+                    try await head.writer.send(.with { $0.uploadBegin = .with { $0.header = active.upload.header } })
+                case .chunk(let index):
+                    let upload = active.upload
+                    let sealed = try await exports.blocking { try upload.chunk(index) }
+                    try await head.writer.send(.with { $0.uploadChunk = .with { $0.uploadID = head.uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
+                }
+            } catch {
+                // The connection is going: its frames are dropped above, and the next one resumes the upload.
+                logger.debug("a paced frame was not sent", metadata: ["upload.id": "\(head.uploadID)", "error": "\(error)"])
+            }
+            saveUsage(politeness.spent(bytes, now: .now))
+        }
+        saveUsage(politeness.spent(0, now: .now, force: true))
+        if !Task.isCancelled { pacing = nil }
+    }
+
+    private func saveUsage(_ usage: DailyUsage?) {
+        guard let usage else { return }
+        let (directory, logger) = (state.directory, logger)
+        exports.step { Politeness.writeUsage(usage, stateDirectory: directory, logger: logger) }
+    }
+
+    /// Whether the sender still waits for `frame` (it was not acknowledged, lost with a
+    /// connection, or the upload begun again since).
+    private static func stillWanted(_ frame: PoliteFrame, by sender: UploadSenderStateMachine) -> Bool {
+        switch frame {
+        case .begin: sender.state == .beginning
+        case .chunk(let index): sender.state == .sending && sender.inFlight.contains(index)
+        }
+    }
+
+    /// What a frame counts against the policy: a chunk's sealed bytes and its frame; a
+    /// beginning as nothing (it is the size of a heartbeat).
+    private static func frameBytes(_ frame: PoliteFrame, of upload: SealedUpload) -> UInt64 {
+        switch frame {
+        case .begin: 0
+        case .chunk(let index): UInt64(upload.cipher.plaintextSize(ofChunk: index) + WireLimits.tagBytes + 48)
+        }
+    }
+
+    private static func monotonicSeconds() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
     }
 
     /// Resumes an upload waiting after ``UploadSenderStateMachine/Action/retryLater(_:)``,

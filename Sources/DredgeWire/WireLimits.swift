@@ -106,9 +106,12 @@ public enum WireCapability {
     /// The server sends standing triggers; the agent uploads captures of what fires them
     /// (README § 21, Triggers and captures).
     public static let triggers = "triggers"
+    /// The server marks the pulls and tails an engineer made urgent; the agent may refuse a
+    /// tail its upload policy holds (README § 22, Polite uploads).
+    public static let urgent = "urgent"
     /// Every capability this release agrees to (a server without a tail registry leaves
     /// `live-tail` out; one without a trigger registry, `triggers`).
-    public static let known: [String] = [keyRotation, liveTail, triggers]
+    public static let known: [String] = [keyRotation, liveTail, triggers, urgent]
 
     /// Of `listed`, those in `known`, in the order listed, each once.
     public static func agreed(_ listed: [String], known: [String] = known) -> [String] {

@@ -19,8 +19,11 @@ public struct PullAdmission: Sendable {
         public var filter: LogFilter
         public var key: SymmetricKey
         public var expiresAt: Timestamp
+        /// Marked urgent by the engineer (§ 22): the device's upload policy may let it by.
+        public var urgent: Bool
 
-        public init(commandID: String, filter: LogFilter, key: SymmetricKey, expiresAt: Timestamp) {
+        public init(commandID: String, filter: LogFilter, key: SymmetricKey, expiresAt: Timestamp, urgent: Bool = false) {
+            self.urgent = urgent
             self.commandID = commandID
             self.filter = filter
             self.key = key
@@ -209,7 +212,7 @@ public struct PullAdmission: Sendable {
         }
         do {
             let filter = try Self.filter(of: command)
-            return .accept(Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs)))
+            return .accept(Accepted(commandID: command.commandID, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs), urgent: command.urgent))
         } catch {
             return .reject(.rejectInvalid, "\(error)")
         }

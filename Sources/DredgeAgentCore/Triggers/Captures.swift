@@ -55,7 +55,7 @@ public enum CaptureExport {
                     $0.matchedAtUs = capture.matchedAtUs
                     $0.crash = capture.crash
                 },
-                empty: manifest.empty, createdAt: now.microseconds)
+                empty: manifest.empty, createdAt: now.microseconds, chunkSize: DeviceOutbox.chunkBytes)
             return (upload, key)
         }
         return true

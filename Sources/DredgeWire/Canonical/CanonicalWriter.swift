@@ -63,6 +63,8 @@ public enum SigningInput {
         w.i64(c.issuedAtUs)
         w.i64(c.expiresAtUs)
         w.bytes(Array(c.wrappedKey))
+        // Only when set (capability `urgent`, § 22): a command that is not urgent signs as before.
+        if c.urgent { w.bool(true) }
         return w.bytes
     }
 
@@ -88,6 +90,7 @@ public enum SigningInput {
         w.bool(c.verbose)
         w.list(byBytes(c.verboseTypes)) { $0.string($1) }
         w.bytes(Array(c.wrappedKey))
+        if c.urgent { w.bool(true) }  // only when set (§ 22)
         return w.bytes
     }
 

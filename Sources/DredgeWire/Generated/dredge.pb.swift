@@ -111,6 +111,9 @@ public nonisolated enum WireRejectReason: SwiftProtobuf.Enum, Swift.CaseIterable
 
   /// no room for another export now (README § 10 Busy): checked last, not
   case rejectBusy // = 8
+
+  /// remembered by the agent; final for the pull (the engineer asks again)
+  case rejectPolicy // = 9
   case UNRECOGNIZED(Int)
 
   public init() {
@@ -128,6 +131,7 @@ public nonisolated enum WireRejectReason: SwiftProtobuf.Enum, Swift.CaseIterable
     case 6: self = .rejectBadKey
     case 7: self = .rejectInvalid
     case 8: self = .rejectBusy
+    case 9: self = .rejectPolicy
     default: self = .UNRECOGNIZED(rawValue)
     }
   }
@@ -143,6 +147,7 @@ public nonisolated enum WireRejectReason: SwiftProtobuf.Enum, Swift.CaseIterable
     case .rejectBadKey: return 6
     case .rejectInvalid: return 7
     case .rejectBusy: return 8
+    case .rejectPolicy: return 9
     case .UNRECOGNIZED(let i): return i
     }
   }
@@ -158,6 +163,7 @@ public nonisolated enum WireRejectReason: SwiftProtobuf.Enum, Swift.CaseIterable
     .rejectBadKey,
     .rejectInvalid,
     .rejectBusy,
+    .rejectPolicy,
   ]
 
 }
@@ -1087,6 +1093,9 @@ public nonisolated struct WirePullCommand: Sendable {
   /// Ed25519 by the server signing key over the command signing input
   public var signature: Data = Data()
 
+  /// an engineer marked it urgent (capability `urgent`, §22): the
+  public var urgent: Bool = false
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
@@ -1534,6 +1543,9 @@ public nonisolated struct WireTailCommand: Sendable {
   /// Ed25519 by the server signing key over the tail signing input
   public var signature: Data = Data()
 
+  /// marked urgent (capability `urgent`, §22); in the signing input when set
+  public var urgent: Bool = false
+
   public var unknownFields = SwiftProtobuf.UnknownStorage()
 
   public init() {}
@@ -1784,7 +1796,7 @@ nonisolated extension WireLevel: SwiftProtobuf._ProtoNameProviding {
 }
 
 nonisolated extension WireRejectReason: SwiftProtobuf._ProtoNameProviding {
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0REJECT_UNSPECIFIED\0\u{1}REJECT_UNSIGNED\0\u{1}REJECT_BAD_SIGNATURE\0\u{1}REJECT_EXPIRED\0\u{1}REJECT_REPLAYED\0\u{1}REJECT_NOT_FOR_ME\0\u{1}REJECT_BAD_KEY\0\u{1}REJECT_INVALID\0\u{1}REJECT_BUSY\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{2}\0REJECT_UNSPECIFIED\0\u{1}REJECT_UNSIGNED\0\u{1}REJECT_BAD_SIGNATURE\0\u{1}REJECT_EXPIRED\0\u{1}REJECT_REPLAYED\0\u{1}REJECT_NOT_FOR_ME\0\u{1}REJECT_BAD_KEY\0\u{1}REJECT_INVALID\0\u{1}REJECT_BUSY\0\u{1}REJECT_POLICY\0")
 }
 
 nonisolated extension WireUploadKind: SwiftProtobuf._ProtoNameProviding {
@@ -2991,7 +3003,7 @@ nonisolated extension WireFilter: SwiftProtobuf.Message, SwiftProtobuf._MessageI
 
 nonisolated extension WirePullCommand: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".PullCommand"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}command_id\0\u{1}target\0\u{1}filter\0\u{3}issued_at_us\0\u{3}expires_at_us\0\u{3}wrapped_key\0\u{1}signature\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}command_id\0\u{1}target\0\u{1}filter\0\u{3}issued_at_us\0\u{3}expires_at_us\0\u{3}wrapped_key\0\u{1}signature\0\u{1}urgent\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -3006,6 +3018,7 @@ nonisolated extension WirePullCommand: SwiftProtobuf.Message, SwiftProtobuf._Mes
       case 5: try { try decoder.decodeSingularInt64Field(value: &self.expiresAtUs) }()
       case 6: try { try decoder.decodeSingularBytesField(value: &self.wrappedKey) }()
       case 7: try { try decoder.decodeSingularBytesField(value: &self.signature) }()
+      case 8: try { try decoder.decodeSingularBoolField(value: &self.urgent) }()
       default: break
       }
     }
@@ -3037,6 +3050,9 @@ nonisolated extension WirePullCommand: SwiftProtobuf.Message, SwiftProtobuf._Mes
     if !self.signature.isEmpty {
       try visitor.visitSingularBytesField(value: self.signature, fieldNumber: 7)
     }
+    if self.urgent != false {
+      try visitor.visitSingularBoolField(value: self.urgent, fieldNumber: 8)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -3048,6 +3064,7 @@ nonisolated extension WirePullCommand: SwiftProtobuf.Message, SwiftProtobuf._Mes
     if lhs.expiresAtUs != rhs.expiresAtUs {return false}
     if lhs.wrappedKey != rhs.wrappedKey {return false}
     if lhs.signature != rhs.signature {return false}
+    if lhs.urgent != rhs.urgent {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }
@@ -3815,7 +3832,7 @@ nonisolated extension WireTailFilter: SwiftProtobuf.Message, SwiftProtobuf._Mess
 
 nonisolated extension WireTailCommand: SwiftProtobuf.Message, SwiftProtobuf._MessageImplementationBase, SwiftProtobuf._ProtoNameProviding {
   public static let protoMessageName: String = _protobuf_package + ".TailCommand"
-  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}target\0\u{1}filter\0\u{3}issued_at_us\0\u{3}expires_at_us\0\u{3}max_records_per_s\0\u{3}max_bytes_per_s\0\u{1}verbose\0\u{3}verbose_types\0\u{3}wrapped_key\0\u{1}signature\0")
+  public static let _protobuf_nameMap = SwiftProtobuf._NameMap(bytecode: "\0\u{3}tail_id\0\u{1}target\0\u{1}filter\0\u{3}issued_at_us\0\u{3}expires_at_us\0\u{3}max_records_per_s\0\u{3}max_bytes_per_s\0\u{1}verbose\0\u{3}verbose_types\0\u{3}wrapped_key\0\u{1}signature\0\u{1}urgent\0")
 
   public mutating func decodeMessage<D: SwiftProtobuf.Decoder>(decoder: inout D) throws {
     while let fieldNumber = try decoder.nextFieldNumber() {
@@ -3834,6 +3851,7 @@ nonisolated extension WireTailCommand: SwiftProtobuf.Message, SwiftProtobuf._Mes
       case 9: try { try decoder.decodeRepeatedStringField(value: &self.verboseTypes) }()
       case 10: try { try decoder.decodeSingularBytesField(value: &self.wrappedKey) }()
       case 11: try { try decoder.decodeSingularBytesField(value: &self.signature) }()
+      case 12: try { try decoder.decodeSingularBoolField(value: &self.urgent) }()
       default: break
       }
     }
@@ -3877,6 +3895,9 @@ nonisolated extension WireTailCommand: SwiftProtobuf.Message, SwiftProtobuf._Mes
     if !self.signature.isEmpty {
       try visitor.visitSingularBytesField(value: self.signature, fieldNumber: 11)
     }
+    if self.urgent != false {
+      try visitor.visitSingularBoolField(value: self.urgent, fieldNumber: 12)
+    }
     try unknownFields.traverse(visitor: &visitor)
   }
 
@@ -3892,6 +3913,7 @@ nonisolated extension WireTailCommand: SwiftProtobuf.Message, SwiftProtobuf._Mes
     if lhs.verboseTypes != rhs.verboseTypes {return false}
     if lhs.wrappedKey != rhs.wrappedKey {return false}
     if lhs.signature != rhs.signature {return false}
+    if lhs.urgent != rhs.urgent {return false}
     if lhs.unknownFields != rhs.unknownFields {return false}
     return true
   }

@@ -1,7 +1,9 @@
+import DredgeAdminAPI
 import DredgeAdminClient
 import DredgeAgentCore
 import DredgeDomain
-import DredgeServer
+@testable import DredgeServer
+import DredgeStore
 import DredgeTestSupport
 import Foundation
 import Testing
@@ -67,5 +69,69 @@ import Testing
                 #expect(try await PullOutcomeTests.waitFor { UploadPolicy.spentToday(stateDirectory: device.state.directory) > budget - 100 })
             }
         }
+    }
+}
+
+/// The node's ingress cap (`connections.maxIngressBytesPerSecond`): two devices upload at once
+/// through a capped node; both land whole, their chunks waited for their turns, and neither
+/// was starved (when the first finishes, the second has most of its chunks in).
+@Suite struct IngressCapTests {
+    typealias Device = PullOutcomeTests.Device
+
+    /// A store whose user u-2 has about `megabytes` of records that do not compress.
+    static func incompressibleStore(_ path: String, megabytes: Int) throws {
+        let (store, context) = try PullEndToEndTests.openDeviceStore(path, host: "oven-\(UUID().uuidString.prefix(4))")
+        let now = Timestamp.now
+        for i in 0..<(megabytes * 2_500) {
+            let noise = Data((0..<300).map { _ in UInt8.random(in: 0...255) }).base64EncodedString()
+            store.enqueue(LogEntry(timestamp: now.subtracting(.seconds(Int64(3_000 - i % 3_000))), level: .info, type: "business", uid: "u-2", message: noise, context: context))
+        }
+        try store.close()
+    }
+
+    @Test func twoDevicesShareACappedNodeAndNothingIsLost() async throws {
+        let limits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 100, maxIngressBytesPerSecond: IngressGovernor.minBytesPerSecond)
+        try await withStopping(InProcessServer(connectionLimits: limits)) { server in
+            let (first, second) = (server.dir.file("first.sqlite"), server.dir.file("second.sqlite"))
+            try Self.incompressibleStore(first, megabytes: 2)
+            try Self.incompressibleStore(second, megabytes: 2)
+            try await withStopping(Device(server, store: first)) { a in
+                try await withStopping(Device(server, store: second)) { b in
+                    #expect(try await PullOutcomeTests.waitFor { try await server.admin.agents().filter(\.connected).count == 2 })
+                    async let idA = a.client.submitFeedback(uid: "u-2", text: "first", days: 1)
+                    async let idB = b.client.submitFeedback(uid: "u-2", text: "second", days: 1)
+                    let ids = try await [idA, idB]
+                    var firstDone: (done: String, other: FeedbackRecord)?
+                    #expect(try await PullOutcomeTests.waitFor(.seconds(120)) {
+                        let records = try await ids.asyncMap { try? await server.admin.feedback($0) }
+                        if firstDone == nil, let done = records.first(where: { $0?.status == .complete }) ?? nil,
+                            let other = records.first(where: { $0?.id != done.id }) ?? nil
+                        {
+                            firstDone = (done.id, other)
+                        }
+                        return records.allSatisfy { $0?.status == .complete }
+                    })
+                    let ingress = try #require(server.listener.ingress)
+                    let records = try await ids.asyncMap { try await server.admin.feedback($0) }
+                    let total = records.reduce(0) { $0 + $1.bytes }
+                    #expect(records.allSatisfy { $0.records == 2 * 2_500 + 1 && $0.chunkCount > 20 }, "\(records.map { ($0.records, $0.chunkCount) })")
+                    // Every chunk went through the cap, and most of them waited for their turn.
+                    #expect(ingress.granted >= UInt64(total), "\(ingress.granted) < \(total)")
+                    #expect(ingress.delayed > UInt64(records.reduce(0) { $0 + $1.chunkCount } / 2), "\(ingress.delayed)")
+                    // Shared: when one was done the other was well on its way (its progress is
+                    // recorded a little behind its chunks, so more than a third is asked).
+                    let (_, other) = try #require(firstDone)
+                    #expect(other.chunksReceived * 3 > other.chunkCount, "\(other.chunksReceived) of \(other.chunkCount)")
+                }
+            }
+        }
+    }
+}
+
+extension Array {
+    func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+        var out: [T] = []
+        for element in self { out.append(try await transform(element)) }
+        return out
     }
 }

@@ -107,6 +107,9 @@ public enum ServerConfiguration {
             Key(
                 "connections.restartWithinSeconds", .integer, default: c.restartWithinSeconds, unit: "seconds", example: 120,
                 "What a stopping server tells its agents it will be back within (0: nothing; at most 600).") { ($0.connections ?? .default).restartWithinSeconds },
+            Key(
+                "connections.maxIngressBytesPerSecond", .integer, default: nil, absent: "no cap", unit: "bytes", example: 50_000_000,
+                "Bytes of upload chunks this node takes a second from all agents together, shared fairly among those uploading (at least 1 MiB).") { $0.connections?.maxIngressBytesPerSecond },
             Key("adminConnections.handshakeSeconds", .number, default: a.handshakeSeconds, unit: "seconds", example: 5, "From accept to a finished TLS handshake on the admin API.") { ($0.adminConnections ?? .default).handshakeSeconds },
             Key("adminConnections.headerSeconds", .number, default: a.headerSeconds, unit: "seconds", example: 5, "From a request's first byte to the end of its head.") { ($0.adminConnections ?? .default).headerSeconds },
             Key("adminConnections.bodySeconds", .number, default: a.bodySeconds, unit: "seconds", example: 20, "From a request's head to the end of its body.") { ($0.adminConnections ?? .default).bodySeconds },

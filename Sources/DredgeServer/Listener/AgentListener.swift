@@ -39,6 +39,8 @@ public final class AgentListener: Service, Sendable {
     let paths: DataDirectory
     let feedbackLimits: FeedbackLimits
     let connectionLimits: ConnectionLimits
+    /// The node's cap on upload chunk bytes a second (`connections.maxIngressBytesPerSecond`), if any.
+    let ingress: IngressGovernor?
     let threads: WorkThreads
     let gate: ConnectionGate
     /// Told of each pull or feedback whose files are in place (the ``Indexer``).
@@ -78,6 +80,7 @@ public final class AgentListener: Service, Sendable {
         self.paths = DataDirectory(deployment.directory)
         self.feedbackLimits = feedbackLimits ?? deployment.config.feedback ?? .default
         self.connectionLimits = connectionLimits ?? deployment.config.connections ?? .default
+        self.ingress = self.connectionLimits.maxIngressBytesPerSecond.map { IngressGovernor(bytesPerSecond: $0) }
         self.threads = threads ?? deployment.config.threads ?? .default
         self.gate = ConnectionGate(
             caps: self.connectionLimits.caps(openFiles: openFiles, adminConnections: (deployment.config.adminConnections ?? .default).maxConnections))
@@ -140,7 +143,7 @@ public final class AgentListener: Service, Sendable {
             registry: registry, pulls: pulls, feedback: feedback, tokens: tokens, tails: tails, tailHub: tailHub, triggers: triggers, triggerSets: triggerSets,
             dispatcher: dispatcher, issuer: issuer, deployment: deployment, paths: paths,
             session: session, feedbackLimits: feedbackLimits, gate: gate, agentConnections: agentConnections, refusals: refusals, enrollmentThrottle: enrollmentThrottle, counters: counters, work: work,
-            landed: landed, metrics: metrics, logger: logger)
+            landed: landed, metrics: metrics, logger: logger, ingress: ingress)
         if let refused = work.idlePolicyRefused {
             logger.warning("upload threads not moved to SCHED_IDLE; they run niced", metadata: ["error": "\(refused)", "nice": "\(threads.bulkNice)"])
         }

@@ -26,13 +26,18 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
     /// `back_within_ms`, Protocol § 6): they try every few seconds for that long rather than
     /// backing off, so a restart costs them seconds. Default 60; 0 says nothing; at most 600.
     public var restartWithinSeconds: Int
+    /// Bytes of upload chunks this node takes a second from all agents together, shared fairly
+    /// among those uploading (``IngressGovernor``). Default: no cap; at least 1 MiB.
+    public var maxIngressBytesPerSecond: Int?
 
     public static let reservedFileDescriptors = 256
 
     public init(
         handshakeSeconds: Double = Double(WireLimits.defaultHandshakeSeconds), missedHeartbeats: Int = Int(WireLimits.missedHeartbeatsBeforeClose),
-        maxConnections: Int? = nil, maxUnauthenticated: Int? = nil, maxUnauthenticatedPerAddress: Int = 32, restartWithinSeconds: Int = 60
+        maxConnections: Int? = nil, maxUnauthenticated: Int? = nil, maxUnauthenticatedPerAddress: Int = 32, restartWithinSeconds: Int = 60,
+        maxIngressBytesPerSecond: Int? = nil
     ) {
+        self.maxIngressBytesPerSecond = maxIngressBytesPerSecond
         self.restartWithinSeconds = restartWithinSeconds
         self.handshakeSeconds = handshakeSeconds
         self.missedHeartbeats = missedHeartbeats
@@ -52,6 +57,7 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
         maxUnauthenticated = try c.decodeIfPresent(Int.self, forKey: .maxUnauthenticated)
         maxUnauthenticatedPerAddress = try c.decodeIfPresent(Int.self, forKey: .maxUnauthenticatedPerAddress) ?? d.maxUnauthenticatedPerAddress
         restartWithinSeconds = try c.decodeIfPresent(Int.self, forKey: .restartWithinSeconds) ?? d.restartWithinSeconds
+        maxIngressBytesPerSecond = try c.decodeIfPresent(Int.self, forKey: .maxIngressBytesPerSecond)
         if let problem { throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: problem)) }
     }
 
@@ -66,6 +72,7 @@ public struct ConnectionLimits: Codable, Sendable, Equatable {
         }
         if maxUnauthenticatedPerAddress < 1 { return "maxUnauthenticatedPerAddress must be at least 1" }
         if !(0...Int(WireLimits.maxRestartWindow.components.seconds)).contains(restartWithinSeconds) { return "restartWithinSeconds must be 0 to 600" }
+        if let cap = maxIngressBytesPerSecond, cap < IngressGovernor.minBytesPerSecond { return "maxIngressBytesPerSecond must be at least \(IngressGovernor.minBytesPerSecond) (1 MiB)" }
         return nil
     }
 

@@ -50,14 +50,17 @@ final class ConnectionServices: Sendable {
     /// Where events are counted for `GET /metrics`.
     let metrics: ServerMetrics
     let logger: Logger
+    /// The node's cap on upload chunk bytes a second, shared fairly among agents (nil: none).
+    let ingress: IngressGovernor?
 
     init(
         registry: any AgentDirectory, pulls: any PullQueue, feedback: any FeedbackInbox, tokens: any TokenVault, tails: (any TailRegistry)?, tailHub: TailHub, triggers: (any TriggerRegistry)?,
         triggerSets: TriggerSetSource, dispatcher: PullDispatcher, issuer: CommandIssuer, deployment: LoadedDeployment, paths: DataDirectory, session: WireAuthResult, feedbackLimits: FeedbackLimits,
         gate: ConnectionGate, agentConnections: AgentConnections, refusals: RateLimitedLog, enrollmentThrottle: EnrollmentThrottle,
         counters: ConnectionCounters, work: ServerWork, landed: @escaping @Sendable (IndexedSource, _ records: Int) -> Void,
-        metrics: ServerMetrics, logger: Logger
+        metrics: ServerMetrics, logger: Logger, ingress: IngressGovernor? = nil
     ) {
+        self.ingress = ingress
         self.enrollmentThrottle = enrollmentThrottle
         self.registry = registry
         self.pulls = pulls

@@ -221,6 +221,8 @@ final class ConnectionUploads: Sendable {
             return [error(.errorUploadUnknown, chunk.uploadID, "no upload \(chunk.uploadID) begun on this connection")]
         }
         services.metrics.chunkReceived(owner(chunk.uploadID).metricsKind, bytes: chunk.ciphertext.count)
+        // The node's ingress cap: this connection reads on once its turn has come (its chunk and the frame around it).
+        if let ingress = services.ingress { await ingress.admit(agent: agentID, bytes: chunk.ciphertext.count + 48) }
         await pipeline.room()
         var out: [WireFrame] = []
         var failed: Progress?

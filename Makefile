@@ -38,6 +38,9 @@ test: deps
 	scripts/postgres.sh run sh -c '$(SWIFT) test --skip-build --skip "$(E2E)" && $(SWIFT) test --skip-build --no-parallel --filter "$(E2E)"'
 	python3 scripts/fresh-app.py
 	python3 Tests/conformance/conformance.py "$$($(SWIFT) build --show-bin-path)/dredge-server"
+	# Polite uploads over a device link the kernel shapes (network namespace, tc): metered waits,
+	# the rate within 10 % of the cap, resumed whole. Needs root, as make test runs.
+	python3 Tests/polite/shaped_link.py "$$($(SWIFT) build --show-bin-path)"
 	# make package's tarball installed into a temporary root and run; its systemd units
 	# verified and hardened (systemd-analyze security), its man pages rendered.
 	python3 Tests/package/check.py "$$($(SWIFT) build --show-bin-path)"
@@ -72,6 +75,7 @@ bench: deps
 	.build/release/dredge-bench network
 	.build/release/dredge-bench tail
 	.build/release/dredge-bench trigger
+	.build/release/dredge-bench politeness
 	# On PostgreSQL, in a private cluster on loopback: the server's figures, presence writes, a 3-node cluster.
 	scripts/postgres.sh run sh -c '.build/release/dredge-bench server --database "$$DREDGE_TEST_POSTGRES" --agents 3000 && .build/release/dredge-bench presence && .build/release/dredge-bench cluster'
 

@@ -602,12 +602,13 @@ actor UploadManager {
         }
     }
 
-    /// What a frame counts against the policy: a chunk's sealed bytes and its frame; a
-    /// beginning as nothing (it is the size of a heartbeat).
+    /// What a frame counts against the policy: a chunk's sealed bytes and its frame, as they
+    /// cross the link (``PoliteGate/wireBytes(payload:)``); a beginning as nothing (it is the
+    /// size of a heartbeat).
     private static func frameBytes(_ frame: PoliteFrame, of upload: SealedUpload) -> UInt64 {
         switch frame {
         case .begin: 0
-        case .chunk(let index): UInt64(upload.cipher.plaintextSize(ofChunk: index) + WireLimits.tagBytes + 48)
+        case .chunk(let index): PoliteGate.wireBytes(payload: UInt64(upload.cipher.plaintextSize(ofChunk: index) + WireLimits.tagBytes + 48))
         }
     }
 

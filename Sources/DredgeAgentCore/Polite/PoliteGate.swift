@@ -37,6 +37,15 @@ struct PoliteGate: Sendable, Equatable {
         }
     }
 
+    /// What `payload` bytes written to the connection cost on the link: TLS records of up to
+    /// 16 KiB (22 bytes each) in TCP segments of up to 1,448 bytes, each with 66 bytes of TCP,
+    /// IP and link headers (as on Ethernet or Wi-Fi). The cap and the daily budget count these,
+    /// as a data plan does.
+    static func wireBytes(payload: UInt64) -> UInt64 {
+        let tls = payload + (payload + 16_383) / 16_384 * 22
+        return tls + (tls + 1_447) / 1_448 * 66
+    }
+
     /// The policy in force; nil when its file could not be read (``policyProblem`` says why).
     var policy: UploadPolicy? = UploadPolicy()
     var policyProblem: String?

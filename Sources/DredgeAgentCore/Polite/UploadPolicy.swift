@@ -12,9 +12,10 @@ import Foundation
 /// ```
 ///
 /// - `unmeteredOnly`: wait while the network is metered (or not known: see ``NetworkCost``).
-/// - `maxBytesPerSecond`: the uploads' chunks go out at most this fast, all uploads together
-///   (the bytes of their frames; TCP, IP and TLS add about 5 % on the wire).
-/// - `dailyBytes`: at most this many bytes of uploads a day (UTC); then they wait for the next.
+/// - `maxBytesPerSecond`: the uploads' chunks go out at most this fast, all uploads together,
+///   counted as they cross the link (their frames with TLS, TCP and IP headers, about 5 % more).
+/// - `dailyBytes`: at most this many bytes of uploads a day (UTC), counted alike; then they
+///   wait for the next.
 /// - `urgentBypass`: a pull or tail an engineer marked urgent skips the three (default true);
 ///   its bytes still count toward the day.
 public struct UploadPolicy: Codable, Sendable, Equatable {

@@ -177,14 +177,18 @@ public struct PullRecord: Sendable, Equatable, Codable {
     /// Made by a scoped caller (#55): the scope it was limited to. Such a pull reaches the
     /// devices it was made for only; none joins it later. Nil for an unscoped pull.
     public var scope: AccessScope?
+    /// True when its requester marked it urgent (#54): devices whose upload policy allows it
+    /// let it by. Nil (absent in JSON) otherwise.
+    public var urgent: Bool?
 
     /// Made under required approvals and not approved yet: no device has been sent it.
     public var isAwaitingApproval: Bool { approval.map { $0.approvedAt == nil } ?? false }
 
     public init(
         id: String, uid: String, agentID: String, filter: LogFilter?, issuedAt: Timestamp, expiresAt: Timestamp, requestedBy: String, reason: String? = nil,
-        targets: [PullTarget], removed: Removal? = nil, diskBytes: Int64? = nil, approval: PullApproval? = nil, scope: AccessScope? = nil
+        targets: [PullTarget], removed: Removal? = nil, diskBytes: Int64? = nil, approval: PullApproval? = nil, scope: AccessScope? = nil, urgent: Bool = false
     ) {
+        self.urgent = urgent ? true : nil
         self.scope = scope
         self.approval = approval
         self.id = id
@@ -279,8 +283,12 @@ public struct PullRequest: Sendable, Equatable, Codable {
     public var expiresInSeconds: Int?
     /// Why (a ticket number, say): recorded in the audit log. At most 256 bytes, no control characters.
     public var reason: String?
+    /// Urgent (#54): a device's upload policy lets it by when it allows urgent pulls
+    /// (Protocol § 22). Absent: not urgent.
+    public var urgent: Bool?
 
-    public init(uid: String?, agent: String?, filter: LogFilter, expiresInSeconds: Int? = nil, reason: String? = nil) {
+    public init(uid: String?, agent: String?, filter: LogFilter, expiresInSeconds: Int? = nil, reason: String? = nil, urgent: Bool? = nil) {
+        self.urgent = urgent
         self.uid = uid
         self.agent = agent
         self.filter = filter

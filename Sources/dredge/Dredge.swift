@@ -145,6 +145,9 @@ struct PullCommand: AsyncParsableCommand {
     @Option(help: "Why (a ticket number, say): recorded in the audit log.")
     var reason: String?
 
+    @Flag(help: "Urgent: a device whose upload policy waits (for an unmetered network, under a byte cap or a daily budget) lets it by, if its policy allows urgent pulls.")
+    var urgent = false
+
     @Flag(help: "Wait until every device is done, showing progress, then say how to get the files.")
     var wait = false
 
@@ -168,7 +171,7 @@ struct PullCommand: AsyncParsableCommand {
     func run() async throws {
         let client = try server.client()
         let agentID: String? = if let agent { try await client.resolveAgent(agent) } else { nil }
-        let request = PullRequest(uid: selection.uid, agent: agentID, filter: try selection.filter(), expiresInSeconds: expiresIn * 60, reason: reason)
+        let request = PullRequest(uid: selection.uid, agent: agentID, filter: try selection.filter(), expiresInSeconds: expiresIn * 60, reason: reason, urgent: urgent ? true : nil)
         let created = try await calling { try await client.createPull(request) }
         // A type no record pulled so far has is most likely a typo; the devices may still hold
         // it, so the pull goes ahead.

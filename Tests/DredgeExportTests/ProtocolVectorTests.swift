@@ -425,6 +425,45 @@ func unhex(_ any: Any?) -> [UInt8] { Hex.decode(any as? String ?? "") ?? [] }
         #expect(file == produced)
     }
 
+    /// A pull command an engineer marked urgent (§ 22, capability `urgent`): the mark is in the
+    /// signing input only when set, so the same command not urgent signs as before (its input
+    /// is a prefix of the urgent one's), and a signature over one never verifies the other.
+    @Test func urgentCommand() throws {
+        let server = try ServerSigningKey(rawRepresentation: Self.ed25519Seed)
+        var plain = WirePullCommand.with {
+            $0.commandID = "5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
+            $0.target = .with { $0.uid = "u-1" }
+            $0.filter = .with { $0.uid = "u-1"; $0.sinceUs = 1_795_336_800_000_000 }
+            $0.issuedAtUs = 1_795_340_400_000_000
+            $0.expiresAtUs = 1_795_344_000_000_000
+            $0.wrappedKey = Data(repeating: 0x55, count: 8)
+        }
+        var urgent = plain
+        urgent.urgent = true
+        try server.sign(&plain)
+        try server.sign(&urgent)
+        let (plainInput, urgentInput) = (SigningInput.pullCommand(plain), SigningInput.pullCommand(urgent))
+        #expect(Array(urgentInput.prefix(plainInput.count)) == plainInput && urgentInput.count == plainInput.count + 1)
+        var forged = plain
+        forged.urgent = true  // the mark added to a command signed without it
+        #expect(!server.verifyingKey.isValid(forged))
+        #expect(server.verifyingKey.isValid(urgent))
+        let (file, produced) = try Vectors.check("command_urgent.json", [
+            "description": "A pull command marked urgent (§22: PullCommand.urgent, field 8, with the capability `urgent`), signed with command.json's Ed25519 key. The mark is the last item of the signing input (a boolean, 0x01), present only when set: the same command without it signs as in command.json.",
+            "command": [
+                "command_id": urgent.commandID, "target_uid": urgent.target.uid, "target_agent_id": urgent.target.agentID,
+                "since_us": urgent.filter.sinceUs, "uid": urgent.filter.uid,
+                "issued_at_us": urgent.issuedAtUs, "expires_at_us": urgent.expiresAtUs, "wrapped_key": hex(urgent.wrappedKey), "urgent": true,
+            ] as [String: Any],
+            "signing_input": hex(urgentInput),
+            "signature": hex(urgent.signature),
+            "signing_input_not_urgent": hex(plainInput),
+            "signature_not_urgent": hex(plain.signature),
+            "frame": hex(try FrameEncoder.bytes(of: WireFrame.with { $0.pullCommand = urgent })),
+        ])
+        #expect(file == produced)
+    }
+
     /// A command with a text filter (non-ASCII, addressed to an agent, no uid), and the §10
     /// matching rule on a few records: Swift's store and the Python check must agree on each.
     @Test func textFilterCommand() throws {

@@ -44,6 +44,40 @@ import Testing
         }
     }
 
+    /// A pull nobody marked urgent waits as feedback does; one marked urgent goes at once on a
+    /// metered network (its command says so: the agent agreed `urgent`), unless the device's
+    /// policy lets nothing by.
+    @Test func anUrgentPullBypassesThePolicyWhenItAllows() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let store = try server.deviceStore()
+            try await withStopping(Device(server, store: store)) { device in
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.agents().first?.connected == true })
+                try await device.client.setUploadPolicy(UploadPolicy(unmeteredOnly: true))
+                try await device.client.setNetwork(.metered)
+                let agent = device.state.file.agentID
+                let plain = try await server.admin.createPull(PullRequest(uid: nil, agent: agent, filter: LogFilter(uid: "u-1")))
+                #expect(plain.urgent == nil)
+                #expect(try await PullOutcomeTests.waitFor { await device.client.uploadPolicyStatus().holdKind == "network" })
+                let urgent = try await server.admin.createPull(PullRequest(uid: nil, agent: agent, filter: LogFilter(uid: "u-1"), urgent: true))
+                #expect(urgent.urgent == true)
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.pull(urgent.id).targets.first?.status == .complete })
+                // The plain one still waits: exported, held before its upload began.
+                let waiting = try await server.admin.pull(plain.id).targets.first
+                #expect(waiting?.status != .complete && waiting?.chunksReceived == 0, "\(String(describing: waiting))")
+                #expect(await device.client.uploadPolicyStatus().waitingFrames == 1)
+                // A policy that lets nothing by holds an urgent pull too.
+                try await device.client.setUploadPolicy(UploadPolicy(unmeteredOnly: true, urgentBypass: false))
+                let held = try await server.admin.createPull(PullRequest(uid: nil, agent: agent, filter: LogFilter(uid: "u-2"), urgent: true))
+                #expect(try await PullOutcomeTests.waitFor { await device.client.uploadPolicyStatus().waitingFrames == 2 })
+                #expect(try await server.admin.pull(held.id).targets.first?.status != .complete)
+                try await device.client.setNetwork(.unmetered)
+                for id in [plain.id, held.id] {
+                    #expect(try await PullOutcomeTests.waitFor { try await server.admin.pull(id).targets.first?.status == .complete })
+                }
+            }
+        }
+    }
+
     @Test func aSpentDayHoldsTheUploadBegunAndMoreBudgetFinishesIt() async throws {
         try await withStopping(InProcessServer()) { server in
             let store = try server.deviceStore()

@@ -138,6 +138,15 @@ for case in ct["matching"]:
     got = spec.text_matches(case["text"], case["message"], metadata)
     check(got == case["matches"], f"text {case['text']!r} {'selects' if case['matches'] else 'does not select'} {case['message']!r} / {metadata}")
 
+cu = load("command_urgent.json")
+urgent_input = spec.pull_command_signing_input(cu["command"])
+check(urgent_input.hex() == cu["signing_input"], "urgent command signing input")
+check(signer.sign(urgent_input).hex() == cu["signature"], "urgent command signature reproduced")
+plain = dict(cu["command"], urgent=False)
+check(spec.pull_command_signing_input(plain).hex() == cu["signing_input_not_urgent"], "the same command not urgent signs as before")
+check(signer.sign(bytes.fromhex(cu["signing_input_not_urgent"])).hex() == cu["signature_not_urgent"], "its signature reproduced")
+check(spec.frame_body_field(bytes.fromhex(cu["frame"])) == 9, "urgent command frame")
+
 
 def check_upload(name, kind):
     up = load(name)

@@ -65,6 +65,8 @@ def pull_command_signing_input(c: dict) -> bytes:
     w.i64(c["issued_at_us"])
     w.i64(c["expires_at_us"])
     w.bytes(bytes.fromhex(c.get("wrapped_key", "")))
+    if c.get("urgent"):  # § 22: only when set
+        w.boolean(True)
     return bytes(w.out)
 
 
@@ -261,6 +263,8 @@ def tail_command_signing_input(c: dict) -> bytes:
     w.boolean(c.get("verbose", False))
     w.list(sorted(c.get("verbose_types", []), key=by_bytes), w.string)
     w.bytes(bytes.fromhex(c.get("wrapped_key", "")))
+    if c.get("urgent"):  # § 22: only when set
+        w.boolean(True)
     return bytes(w.out)
 
 

@@ -66,7 +66,7 @@ extension Console {
             if !set.isEmpty { filter.types = set }
         }
         filter.text = form["text"].flatMap { $0.isEmpty ? nil : $0 }  // as typed, as `--grep` takes it
-        return .success(PullRequest(uid: field("uid"), agent: field("agent"), filter: filter, reason: field("reason")))
+        return .success(PullRequest(uid: field("uid"), agent: field("agent"), filter: filter, reason: field("reason"), urgent: form["urgent"] == "on" ? true : nil))
     }
 
     /// A row of a pulls table (the pulls page, an agent's page).
@@ -104,6 +104,7 @@ extension Console {
         {
             var page = signedInPage("New pull", session, current: "Pulls")
             for name in ["uid", "types", "text", "reason", "since", "until"] { page[name] = form[name] ?? "" }
+            page["urgent"] = form["urgent"] == "on"
             let range = form["range"] ?? "2d"
             page["ranges"] = Range.allCases.map { ["value": $0.rawValue, "label": $0.label, "checked": $0.rawValue == range] }
             page["levels"] = LogLevel.allCases.map { ["name": $0.name, "checked": form["level-\($0.name)"] != nil] }
@@ -148,6 +149,7 @@ extension Console {
             page["filter"] = pull.filter.map(describe) ?? "its stored filter does not read back: the pull failed"
             page["by"] = pull.requestedBy
             if let reason = pull.reason { page["reason"] = reason }
+            page["urgent"] = pull.urgent == true
             page["issuedAt"] = timeText(pull.issuedAt.date)
             page["expiresAt"] = timeText(pull.expiresAt.date)
             if let removed = pull.removed { page["removed"] = "removed \(timeText(removed.at)) by \(removed.by)" + (removed.reason.isEmpty ? "" : " (\(removed.reason))") }

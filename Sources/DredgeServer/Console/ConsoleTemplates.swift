@@ -407,6 +407,7 @@ enum ConsoleTemplates {
         <input id="text" name="text" value="{{text}}" placeholder="any (a substring of the message or metadata)">
         <label for="reason">Reason</label>
         <input id="reason" name="reason" value="{{reason}}" maxlength="256" placeholder="e.g. SUP-1234 (kept with the pull)">
+        <label class="check"><input type="checkbox" name="urgent"{{#urgent}} checked{{/urgent}}> Urgent: devices whose upload policy allows it send it at once, also on a metered network</label>
         <button type="submit">Pull</button>
         </form>
         <p class="hint">A user id, a device, or both. The pull waits up to an hour for devices that are offline.</p>
@@ -424,6 +425,7 @@ enum ConsoleTemplates {
         <dt>Filter</dt><dd>{{filter}}</dd>
         <dt>Asked by</dt><dd>{{by}}, {{issuedAt}}</dd>
         {{#reason}}<dt>Reason</dt><dd>{{reason}}</dd>{{/reason}}
+        {{#urgent}}<dt>Urgent</dt><dd>yes: devices whose upload policy allows urgent pulls send it at once</dd>{{/urgent}}
         {{#approved}}<dt>Approved</dt><dd>{{approved}}</dd>{{/approved}}
         {{#awaiting}}<dt>Approved</dt><dd><strong>Not yet: awaiting approval</strong> by an investigator or admin other than {{by}}; no device is sent it until then.</dd>{{/awaiting}}
         <dt>Waits until</dt><dd>{{expiresAt}}</dd>

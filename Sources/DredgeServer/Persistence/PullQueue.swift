@@ -140,6 +140,8 @@ public struct NewPull: Sendable, Equatable {
     /// It waits for a second person's approval (``PullQueue/approve(_:by:now:)``) before any
     /// device is sent it.
     public var approvalRequired = false
+    /// Marked urgent (#54, Protocol § 22).
+    public var urgent = false
 
     public init(
         id: String, uid: String, agentID: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, wrappedKey: [UInt8], requestedBy: String,
@@ -165,8 +167,11 @@ public struct StoredPull: Sendable, Equatable {
     public var issuedAt: Timestamp
     public var expiresAt: Timestamp
     public var wrappedKey: [UInt8]
+    /// Marked urgent (#54): its command says so to agents that agreed `urgent`.
+    public var urgent: Bool
 
-    public init(id: String, uid: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, wrappedKey: [UInt8]) {
+    public init(id: String, uid: String, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, wrappedKey: [UInt8], urgent: Bool = false) {
+        self.urgent = urgent
         self.id = id
         self.uid = uid
         self.filter = filter
@@ -247,7 +252,7 @@ extension NewPull {
         filter.uid = nil  // said above
         let devices = targets.isEmpty ? "no device holds it yet" : "queued for \(targets.count) device(s): \(targets.joined(separator: ", "))"
         return "pull \(id) \(whom), \(filter.summary(time: \.rfc3339)); \(devices)" + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)")
-            + (approvalRequired ? "; awaiting approval" : "")
+            + (approvalRequired ? "; awaiting approval" : "") + (urgent ? "; urgent" : "")
     }
 }
 

@@ -55,8 +55,10 @@ public struct CommandIssuer: Sendable {
     /// The signed command of `pull` for `agent`, signed with the key of `keyGeneration` (the
     /// generation the agent pins; the current one when nil). Throws ``UnreadablePull`` when its
     /// key does not unwrap, or that generation is retired (the pull can never be sent to this
-    /// agent); other errors are passing.
-    public func command(_ pull: StoredPull, agent: String, agentKey: RSAPublicKey, keyGeneration: Int? = nil) throws -> WirePullCommand {
+    /// agent); other errors are passing. An urgent pull's command says so only when
+    /// `urgentAgreed` (the agent agreed `urgent` on its connection, Protocol § 22): otherwise
+    /// it is signed as every command was before.
+    public func command(_ pull: StoredPull, agent: String, agentKey: RSAPublicKey, keyGeneration: Int? = nil, urgentAgreed: Bool = false) throws -> WirePullCommand {
         let key: SymmetricKey
         do {
             key = try self.key(pull.wrappedKey)
@@ -72,6 +74,7 @@ public struct CommandIssuer: Sendable {
             $0.filter = pull.filter.wire
             $0.issuedAtUs = pull.issuedAt.microseconds
             $0.expiresAtUs = pull.expiresAt.microseconds
+            $0.urgent = pull.urgent && urgentAgreed
         }
         command.wrappedKey = Data(try agentKey.wrapKey(key))
         try signing.signingKey.sign(&command)

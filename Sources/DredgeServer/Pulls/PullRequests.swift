@@ -93,6 +93,7 @@ extension PullQueue {
         pull.reason = request.reason ?? ""
         pull.scope = try scope?.scope.storedJSON
         pull.approvalRequired = approvalRequired
+        pull.urgent = request.urgent ?? false
         // The delivery's one read, made while the pull is written instead of after.
         async let keys = Self.keysForDelivery(of: connected, registry: registry, logger: logger)
         try await create(pull)
@@ -132,6 +133,6 @@ extension PullQueue {
 extension StoredPull {
     /// What a pull's command is made from, as it was queued.
     public init(_ pull: NewPull) {
-        self.init(id: pull.id, uid: pull.uid, filter: pull.filter, issuedAt: pull.issuedAt, expiresAt: pull.expiresAt, wrappedKey: pull.wrappedKey)
+        self.init(id: pull.id, uid: pull.uid, filter: pull.filter, issuedAt: pull.issuedAt, expiresAt: pull.expiresAt, wrappedKey: pull.wrappedKey, urgent: pull.urgent)
     }
 }

@@ -47,6 +47,7 @@ extension ConnectionServices {
     /// others are delivered. A passing failure leaves the pull queued for the next wake.
     /// `keyGeneration`: the generation of the server's keys the agent pins on this connection.
     func deliverDue(to agentID: String, _ request: DeliveryRunner.Request, token: Int, outbound: ConnectionOutbound, keyGeneration: Int) async -> DeliveryRunner.Pass {
+        let urgentAgreed = outbound.agreement.capabilities.contains(WireCapability.urgent)
         let due: [(pull: DuePull, key: RSAPublicKey?, onlyQueued: Bool)]
         do {
             if request.read {
@@ -79,7 +80,7 @@ extension ConnectionServices {
         }
         for (pull, key, onlyQueued) in due {
             guard agentConnections.isLive(agentID, token: token) else { return .stop }
-            guard let frame = await deliverable(pull, to: agentID, key: key, keyGeneration: keyGeneration, onlyQueued: onlyQueued) else { continue }
+            guard let frame = await deliverable(pull, to: agentID, key: key, keyGeneration: keyGeneration, onlyQueued: onlyQueued, urgentAgreed: urgentAgreed) else { continue }
             do {
                 // Through the connection's machine: nothing once the connection is ending.
                 guard let written = outbound.send([frame]) else { throw ChannelError.ioOnClosedChannel }
@@ -101,7 +102,7 @@ extension ConnectionServices {
     /// With `onlyQueued` the pull is claimed only if still queued (a fresh pull, which a read
     /// may have delivered meanwhile); else also if delivered before (sent again on a new
     /// connection).
-    private func deliverable(_ pull: DuePull, to agentID: String, key: RSAPublicKey?, keyGeneration: Int, onlyQueued: Bool) async -> WireFrame? {
+    private func deliverable(_ pull: DuePull, to agentID: String, key: RSAPublicKey?, keyGeneration: Int, onlyQueued: Bool, urgentAgreed: Bool) async -> WireFrame? {
         let stored: StoredPull
         switch pull.stored {
         case .success(let read): stored = read
@@ -118,7 +119,11 @@ extension ConnectionServices {
                 ? try await self.pulls.move(pull.id, agent: agentID, PullTargetLife.deliverQueued)
                 : try await self.pulls.markDelivered(pull.id, agent: agentID)
         }
-        let command = await outcome { try await work.control.runIfActive { [issuer] in try issuer.command(stored, agent: agentID, agentKey: key, keyGeneration: keyGeneration) } }
+        let command = await outcome {
+            try await work.control.runIfActive { [issuer] in
+                try issuer.command(stored, agent: agentID, agentKey: key, keyGeneration: keyGeneration, urgentAgreed: urgentAgreed)
+            }
+        }
         switch await marked {
         case .success(true): break
         case .success(false): return nil  // answered, removed or expired meanwhile

@@ -45,9 +45,9 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
             try await Self.auditTransaction(c)
             try await c.run(
                 """
-                INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, reason, created_at, scope, approval_required)
+                INSERT INTO pull (id, uid, agent_id, filter, issued_at, expires_at, wrapped_key, requested_by, reason, created_at, scope, approval_required, urgent)
                 VALUES (\(pull.id), \(pull.uid), \(pull.agentID), \(filterJSON.storable), \(pull.issuedAt.microseconds), \(pull.expiresAt.microseconds),
-                    \(ByteBuffer(bytes: pull.wrappedKey)), \(pull.requestedBy), \(pull.reason.storable), \(now), \(pull.scope?.storable), \(pull.approvalRequired))
+                    \(ByteBuffer(bytes: pull.wrappedKey)), \(pull.requestedBy), \(pull.reason.storable), \(now), \(pull.scope?.storable), \(pull.approvalRequired), \(pull.urgent))
                 """)
             try await c.run(
                 """
@@ -68,12 +68,12 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
             let row = try await c.rows(
                 """
                 SELECT id, uid, agent_id, filter, issued_at, expires_at, requested_by, removed_at, removed_by, removed_reason, reason,
-                    approval_required, approved_by, approved_at, scope FROM pull WHERE id = \(id)
+                    approval_required, approved_by, approved_at, scope, urgent FROM pull WHERE id = \(id)
                 """
             ).first
         else { return nil }
-        let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason, reason, approvalRequired, approvedBy, approvedAt, scope) =
-            try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?, String, Bool, String?, Double?, String?).self)
+        let (pullID, uid, agentID, filter, issuedAt, expiresAt, requestedBy, removedAt, removedBy, removedReason, reason, approvalRequired, approvedBy, approvedAt, scope, urgent) =
+            try row.decode((String, String, String, String, Int64, Int64, String, Double?, String?, String?, String, Bool, String?, Double?, String?, Bool).self)
         let targets = try await c.rows(
             """
             SELECT agent_id, status, detail, chunks_received, chunk_count, bytes, files, updated_at, error_code FROM pull_target
@@ -96,7 +96,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
             requestedBy: requestedBy, reason: reason.isEmpty ? nil : reason, targets: targets,
             removed: Removal(at: removedAt, by: removedBy, reason: removedReason),
             approval: approvalRequired ? PullApproval(approvedBy: approvedBy, approvedAt: approvedAt.map(Date.init(timeIntervalSince1970:))) : nil,
-            scope: try AccessScope.stored(scope, of: "pull \(id)"))
+            scope: try AccessScope.stored(scope, of: "pull \(id)"), urgent: urgent)
     }
 
     public func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord? {
@@ -152,18 +152,19 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
     }
 
     /// What ``storedPull(_:columns:from:)`` reads, in order.
-    static let storedColumns = "uid, filter, issued_at, expires_at, wrapped_key"
+    static let storedColumns = "uid, filter, issued_at, expires_at, wrapped_key, urgent"
 
     /// A pull's stored form from ``storedColumns`` (starting at column `first`), or why it
     /// cannot become a command.
     static func storedPull(_ id: String, columns row: PostgresRandomAccessRow, from first: Int) -> Result<StoredPull, UnreadablePull> {
-        let uid: String, stored: String, issuedAt: Int64, expiresAt: Int64, key: ByteBuffer
+        let uid: String, stored: String, issuedAt: Int64, expiresAt: Int64, key: ByteBuffer, urgent: Bool
         do {
             uid = try row[first].decode(String.self)
             stored = try row[first + 1].decode(String.self)
             issuedAt = try row[first + 2].decode(Int64.self)
             expiresAt = try row[first + 3].decode(Int64.self)
             key = try row[first + 4].decode(ByteBuffer.self)
+            urgent = try row[first + 5].decode(Bool.self)
         } catch {
             return .failure(UnreadablePull("the stored row of pull \(id) is unreadable: \(String(reflecting: error))"))
         }
@@ -176,7 +177,7 @@ public final class PostgresPullQueue: PullQueue, AuditLog, Sendable {
         return .success(
             StoredPull(
                 id: id, uid: uid, filter: filter, issuedAt: Timestamp(microseconds: issuedAt), expiresAt: Timestamp(microseconds: expiresAt),
-                wrappedKey: Array(key.readableBytesView)))
+                wrappedKey: Array(key.readableBytesView), urgent: urgent))
     }
 
     public func wrappedKey(of pullID: String) async throws -> [UInt8]? {

@@ -344,6 +344,14 @@ enum PostgresSchema {
         // Standing triggers (#54).
         PostgresTriggerRegistry.migration,
         PostgresTriggerRegistry.migrationV2,
+        (
+            "urgent-v1",
+            [
+                // Pulls and tails an engineer marks urgent (#54, Protocol § 22).
+                "ALTER TABLE pull ADD COLUMN urgent boolean NOT NULL DEFAULT false",
+                "ALTER TABLE tail ADD COLUMN urgent boolean NOT NULL DEFAULT false",
+            ]
+        ),
     ]
 
     /// Applies the migrations not applied yet, in one transaction under an advisory lock: nodes

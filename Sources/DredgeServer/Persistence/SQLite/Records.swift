@@ -88,6 +88,8 @@ struct PullRow: ServerRecord {
     var approvalRequired: Bool = false
     var approvedBy: String?
     var approvedAt: Double?
+    /// Marked urgent (#54).
+    var urgent: Bool = false
 }
 
 extension Removal {

@@ -140,7 +140,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             try PullRow(
                 id: pull.id, uid: pull.uid, agentId: pull.agentID, filter: filterJSON, issuedAt: pull.issuedAt.microseconds, expiresAt: pull.expiresAt.microseconds,
                 wrappedKey: Data(pull.wrappedKey), requestedBy: pull.requestedBy, reason: pull.reason, createdAt: now, scope: pull.scope,
-                approvalRequired: pull.approvalRequired
+                approvalRequired: pull.approvalRequired, urgent: pull.urgent
             ).insert(db)
             for agent in pull.targets {
                 try PullTargetRow(pullId: pull.id, agentId: agent, status: Status.queued.rawValue, updatedAt: now).insert(db)
@@ -309,7 +309,7 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
             requestedBy: row.requestedBy, reason: row.reason.isEmpty ? nil : row.reason, targets: targets,
             removed: Removal(at: row.removedAt, by: row.removedBy, reason: row.removedReason),
             approval: row.approvalRequired ? PullApproval(approvedBy: row.approvedBy, approvedAt: row.approvedAt.map(Date.init(timeIntervalSince1970:))) : nil,
-            scope: try AccessScope.stored(row.scope, of: "pull \(id)"))
+            scope: try AccessScope.stored(row.scope, of: "pull \(id)"), urgent: row.urgent)
     }
 
     public func approve(_ pullID: String, by approver: String, now: Timestamp) async throws -> PullRecord? {
@@ -448,6 +448,6 @@ public final class SQLitePullQueue: PullQueue, AuditLog, Sendable {
         return .success(
             StoredPull(
                 id: id, uid: row.uid, filter: filter, issuedAt: Timestamp(microseconds: row.issuedAt), expiresAt: Timestamp(microseconds: row.expiresAt),
-                wrappedKey: Array(row.wrappedKey)))
+                wrappedKey: Array(row.wrappedKey), urgent: row.urgent))
     }
 }

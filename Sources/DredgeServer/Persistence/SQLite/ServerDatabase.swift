@@ -142,6 +142,10 @@ public final class ServerDatabase: Sendable {
         }
         SQLiteTailRegistry.schema(&migrator)
         SQLiteTriggerRegistry.schema(&migrator)
+        // Pulls and tails an engineer marks urgent (#54, Protocol § 22).
+        migrator.registerMigration("urgent-v1") { db in
+            try db.execute(sql: "ALTER TABLE pull ADD COLUMN urgent INTEGER NOT NULL DEFAULT 0; ALTER TABLE tail ADD COLUMN urgent INTEGER NOT NULL DEFAULT 0")
+        }
         return migrator
     }
 }

@@ -195,10 +195,13 @@ class Agent:
             if name == "pull_command" and command["command_id"] == command_id:
                 return command
 
-    def pull(self, link: wire.Link, uid="u-3", filter=None) -> tuple:
+    def pull(self, link: wire.Link, uid="u-3", filter=None, urgent=False) -> tuple:
         """Asks the admin API for a pull of this agent's `uid` records (the admin API's `filter`)
-        and accepts the command: (command, key)."""
-        record = self.server.admin("POST", "/v1/pulls", {"uid": uid, "agent": self.agent_id, "filter": filter or {}})
+        and accepts the command, its signature checked: (command, key)."""
+        request = {"uid": uid, "agent": self.agent_id, "filter": filter or {}}
+        if urgent:
+            request["urgent"] = True
+        record = self.server.admin("POST", "/v1/pulls", request)
         command = self.command(link, record["id"])
         fields = dict(command_id=command["command_id"], target_uid=command.get("target", {}).get("uid", ""),
                       target_agent_id=command.get("target", {}).get("agent_id", ""), issued_at_us=command["issued_at_us"],
@@ -208,6 +211,7 @@ class Agent:
             if k in f:
                 fields[k] = f[k]
         fields["types"], fields["levels"] = f.get("types", []), f.get("levels", [])
+        fields["urgent"] = command.get("urgent", False)
         self.signing_key.verify(command["signature"], spec.pull_command_signing_input(fields))
         key = self.key.decrypt(command["wrapped_key"], OAEP)
         link.send("command_accepted", {"command_id": command["command_id"], "upload_id": command["command_id"]})
@@ -585,6 +589,22 @@ def honest_upload(s: Server, a: Agent):
     link.send("upload_status_query", {"upload_id": cid})
     name, status = link.expect("upload_status")
     expect("its status", wire.STATES[status.get("state", 0)], "COMPLETE")
+    link.close()
+
+
+@case("§22 urgent: an urgent pull's command is marked, and signed with the mark, only for an agent that agreed `urgent`")
+def urgent_pulls(s: Server, a: Agent):
+    plain = a.connect()
+    expect("urgent not agreed unasked", "urgent" in plain.agreed, False)
+    command, _ = a.pull(plain, urgent=True)  # its signature verified as the base protocol's
+    expect("not marked for an agent that did not agree", command.get("urgent", False), False)
+    plain.close()
+    link = a.connect(capabilities=("urgent",))
+    expect("urgent agreed", link.agreed, ["urgent"])
+    command, _ = a.pull(link, urgent=True)  # verified with the mark in the signing input
+    expect("marked for one that agreed", command.get("urgent", False), True)
+    command, _ = a.pull(link)
+    expect("a pull not urgent is not marked", command.get("urgent", False), False)
     link.close()
 
 

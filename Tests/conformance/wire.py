@@ -34,7 +34,8 @@ TARGET = {"uid": (1, "string"), "agent_id": (2, "string")}
 FILTER = {"since_us": (1, "int"), "until_us": (2, "int"), "uid": (3, "string"), "types": (4, ("repeated", "string")),
           "levels": (5, ("repeated", "enum")), "text": (6, "string")}
 PULL_COMMAND = {"command_id": (1, "string"), "target": (2, ("msg", TARGET)), "filter": (3, ("msg", FILTER)), "issued_at_us": (4, "int"),
-                "expires_at_us": (5, "int"), "wrapped_key": (6, "bytes"), "signature": (7, "bytes")}
+                "expires_at_us": (5, "int"), "wrapped_key": (6, "bytes"), "signature": (7, "bytes"),
+                "urgent": (8, "bool")}  # §22, only with `urgent` agreed
 COMMAND_ACCEPTED = {"command_id": (1, "string"), "upload_id": (2, "string")}
 COMMAND_REJECTED = {"command_id": (1, "string"), "reason": (2, "enum"), "detail": (3, "string")}
 FEEDBACK = {"feedback_id": (1, "string"), "uid": (2, "string"), "text": (3, "string"), "created_at_us": (4, "int")}
@@ -58,7 +59,8 @@ GOODBYE = {"reason": (1, "string"), "back_within_ms": (2, "uint"), "retry_every_
 TAIL_FILTER = {"uid": (1, "string"), "types": (2, ("repeated", "string")), "levels": (3, ("repeated", "enum")), "text": (4, "string")}
 TAIL_COMMAND = {"tail_id": (1, "string"), "target": (2, ("msg", TARGET)), "filter": (3, ("msg", TAIL_FILTER)), "issued_at_us": (4, "int"),
                 "expires_at_us": (5, "int"), "max_records_per_s": (6, "uint"), "max_bytes_per_s": (7, "uint"), "verbose": (8, "bool"),
-                "verbose_types": (9, ("repeated", "string")), "wrapped_key": (10, "bytes"), "signature": (11, "bytes")}
+                "verbose_types": (9, ("repeated", "string")), "wrapped_key": (10, "bytes"), "signature": (11, "bytes"),
+                "urgent": (12, "bool")}  # §22, only with `urgent` agreed
 TAIL_ACCEPTED = {"tail_id": (1, "string"), "start_cursor": (2, "uint")}
 TAIL_BATCH = {"tail_id": (1, "string"), "seq": (2, "uint"), "dropped": (3, "uint"), "ciphertext": (4, "bytes"), "cursor": (5, "uint"),
               "nonce": (6, "bytes")}

@@ -89,6 +89,8 @@ public struct TailRecord: Sendable, Equatable, Codable {
     public var requestedBy: String
     /// Why, as the requester said; nil when not said.
     public var reason: String?
+    /// True when its requester marked it urgent (#54); nil (absent in JSON) otherwise.
+    public var urgent: Bool?
     public var createdAt: Date
     /// Set once it stopped (by a person, or by the server at its expiry).
     public var stopped: TailStopping?
@@ -99,8 +101,9 @@ public struct TailRecord: Sendable, Equatable, Codable {
     public init(
         id: String, uid: String, agents: [String]?, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, recordsPerSecond: UInt32, bytesPerSecond: UInt64,
         verbose: Bool, verboseTypes: [String], requestedBy: String, reason: String?, createdAt: Date, stopped: TailStopping?, parts: [TailPart],
-        removed: Removal? = nil
+        removed: Removal? = nil, urgent: Bool = false
     ) {
+        self.urgent = urgent ? true : nil
         self.removed = removed
         self.id = id
         self.uid = uid
@@ -145,11 +148,15 @@ public struct TailRequest: Sendable, Equatable, Codable {
     public var verboseTypes: [String]?
     /// Why (a ticket): in the audit log. At most 256 bytes, no control characters.
     public var reason: String?
+    /// Urgent (#54): devices whose upload policy allows urgent tails run it on a metered
+    /// network too (Protocol § 22). Absent: not urgent.
+    public var urgent: Bool?
 
     public init(
         uid: String, agent: String? = nil, host: String? = nil, filter: LogFilter = LogFilter(), durationSeconds: Int? = nil, recordsPerSecond: UInt32? = nil,
-        bytesPerSecond: UInt64? = nil, verbose: Bool? = nil, verboseTypes: [String]? = nil, reason: String? = nil
+        bytesPerSecond: UInt64? = nil, verbose: Bool? = nil, verboseTypes: [String]? = nil, reason: String? = nil, urgent: Bool? = nil
     ) {
+        self.urgent = urgent
         self.uid = uid
         self.agent = agent
         self.host = host

@@ -145,6 +145,8 @@ public final class AgentClient: Service, Sendable {
         defer { tailing.cancel() }
         // The triggers' matching and captures, connected or not (a capture waits in the outbox).
         if let triggers { await uploads.whenBudgetSpent { triggerID in Task { await triggers.budgetSpent(triggerID) } } }
+        // The live tails follow the device's upload policy.
+        if let tails { await tails.follow({ [uploads] urgent in await uploads.tailPoliteness(urgent: urgent) }, counting: { [uploads] bytes in await uploads.countSent(bytes) }) }
         let matching = Task { [triggers, store, uploads, stop, logger, lastHeartbeat] in
             guard let triggers, let store else { return }
             var failures = 0
@@ -470,7 +472,8 @@ public final class AgentClient: Service, Sendable {
                     case .tailCommand?, .tailAck?, .tailStop?:
                         guard let tails else { break }
                         do {
-                            try await tails.receive(frame, serverKeys: try await uploads.pinnedServerKeys(), clock: tailClock())
+                            try await tails.receive(
+                                frame, serverKeys: try await uploads.pinnedServerKeys(), clock: tailClock(), urgentAgreed: connection.agreed.contains(WireCapability.urgent))
                         } catch {
                             // The store or the connection failed: the tail's pass says so; the
                             // connection goes on for pulls.

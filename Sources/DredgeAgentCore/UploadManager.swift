@@ -527,6 +527,20 @@ actor UploadManager {
         pacing = paced.isEmpty ? nil : Task { await self.pace() }
     }
 
+    /// What the upload policy says of a live tail now (``TailManager/follow(_:counting:)``).
+    func tailPoliteness(urgent: Bool) -> TailManager.TailPoliteness {
+        politeness.refresh()
+        guard politeness.gate.governs(urgent: urgent) else { return TailManager.TailPoliteness() }
+        // A tail is live: the day's budget holds it once spent (a batch is small, not a chunk).
+        let hold = politeness.hold(bytes: 1, urgent: urgent, now: .now)
+        return TailManager.TailPoliteness(hold: hold.map { "\($0)" }, bytesPerSecond: politeness.gate.policy?.maxBytesPerSecond)
+    }
+
+    /// Counts bytes sent outside uploads (a live tail's batches) toward the day.
+    func countSent(_ bytes: UInt64) {
+        saveUsage(politeness.spent(bytes, now: .now))
+    }
+
     /// What the upload policy does now.
     func policyStatus() -> UploadPolicyStatus {
         politeness.refresh()

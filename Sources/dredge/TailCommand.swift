@@ -45,6 +45,7 @@ struct TailCommand: AsyncParsableCommand {
     @Option(name: .customLong("verbose-types"), help: "With --verbose: only of these types; repeatable or comma-separated.") var verboseTypes: [String] = []
     @Option(help: "At most this many records a second per device (1–10000).") var rate: UInt32 = TailRequest.defaultRecordsPerSecond
     @Option(help: "Why (a ticket number, say): recorded in the audit log.") var reason: String?
+    @Flag(help: "Urgent: a device whose upload policy holds live traffic (a metered network, a spent daily budget) runs it anyway, if its policy allows urgent tails.") var urgent = false
     @Option(help: "Watch this running tail (an id or its first 4+ characters) instead of starting one.") var watch: String?
     @Option(help: "Stop this tail (an id or its first 4+ characters), and watch nothing.") var stop: String?
     @Option(help: "text or jsonl.") var format: LogsCommand.OutputFormat = .text
@@ -81,7 +82,7 @@ struct TailCommand: AsyncParsableCommand {
         if let reason, let problem = reasonProblem(reason) { throw ValidationError("--reason: \(problem)") }
         return TailRequest(
             uid: uid, agent: agent, host: host, filter: filter, durationSeconds: seconds, recordsPerSecond: rate, verbose: verbose, verboseTypes: verboseTypes,
-            reason: reason)
+            reason: reason, urgent: urgent ? true : nil)
     }
 
     /// `30s`, `15m`, `1h` as seconds.

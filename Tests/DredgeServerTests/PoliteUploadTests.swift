@@ -78,6 +78,37 @@ import Testing
         }
     }
 
+    /// A live tail on a device whose policy holds it is refused with the policy's reason
+    /// (`REJECT_POLICY`: the agent agreed `urgent`); an urgent one runs; the network turning
+    /// metered ends a plain one that runs, and the server is told why.
+    @Test func aTailFollowsTheDevicesPolicy() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let store = try server.deviceStore()
+            try await withStopping(Device(server, store: store)) { device in
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.agents().first?.activeUIDs.isEmpty == false })
+                try await device.client.setUploadPolicy(UploadPolicy(unmeteredOnly: true))
+                try await device.client.setNetwork(.metered)
+                let agent = device.state.file.agentID
+                let plain = try await server.admin.createTail(TailRequest(uid: "u-1", agent: agent, durationSeconds: 600))
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.tail(plain.id).parts.first?.status == .rejected })
+                let refused = try #require(try await server.admin.tail(plain.id).parts.first)
+                #expect(refused.detail.contains("upload policy") && refused.detail.contains("metered"), "\(refused.detail)")
+                let urgent = try await server.admin.createTail(TailRequest(uid: "u-1", agent: agent, durationSeconds: 600, urgent: true))
+                #expect(urgent.urgent == true)
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.tail(urgent.id).parts.first?.status == .running })
+                // Unmetered: a plain tail runs, until the network turns metered again.
+                try await device.client.setNetwork(.unmetered)
+                let later = try await server.admin.createTail(TailRequest(uid: "u-1", agent: agent, durationSeconds: 600))
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.tail(later.id).parts.first?.status == .running })
+                try await device.client.setNetwork(.metered)
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.tail(later.id).parts.first?.status == .ended })
+                let ended = try #require(try await server.admin.tail(later.id).parts.first)
+                #expect(ended.detail.contains("upload policy"), "\(ended.detail)")
+                #expect(try await server.admin.tail(urgent.id).parts.first?.status == .running)
+            }
+        }
+    }
+
     @Test func aSpentDayHoldsTheUploadBegunAndMoreBudgetFinishesIt() async throws {
         try await withStopping(InProcessServer()) { server in
             let store = try server.deviceStore()

@@ -28,6 +28,8 @@ public enum TailAdmission {
         /// when not empty).
         public var verbose: Bool
         public var verboseTypes: Set<LogType>
+        /// Marked urgent by the engineer (§ 22): the device's upload policy may let it by.
+        public var urgent: Bool = false
     }
 
     public enum Decision: Sendable {
@@ -111,6 +113,7 @@ public enum TailAdmission {
         }
         return Accepted(
             tailID: command.tailID, uid: uid, filter: filter, key: key, expiresAt: Timestamp(microseconds: command.expiresAtUs),
-            recordsPerSecond: command.maxRecordsPerS, bytesPerSecond: command.maxBytesPerS, verbose: command.verbose, verboseTypes: verboseTypes)
+            recordsPerSecond: command.maxRecordsPerS, bytesPerSecond: command.maxBytesPerS, verbose: command.verbose, verboseTypes: verboseTypes,
+            urgent: command.urgent)
     }
 }

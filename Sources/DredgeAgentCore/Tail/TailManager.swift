@@ -27,6 +27,30 @@ public actor TailManager {
     private let agentKey: RSAPrivateKey
     private var runners: [String: TailRunner] = [:]
     private var send: Send?
+    /// The device's upload policy as it applies to a tail (urgent or not), if the agent has one.
+    private var politeness: (@Sendable (_ urgent: Bool) async -> TailPoliteness)?
+    /// Told the bytes each pass sent (they count toward the policy's day).
+    private var counted: (@Sendable (UInt64) async -> Void)?
+
+    /// What the device's upload policy says of a tail now (#54).
+    public struct TailPoliteness: Sendable {
+        /// Why the policy holds it now (a metered network, the day's budget), or nil.
+        public var hold: String?
+        /// The most bytes a second it may send (the policy's cap), or nil.
+        public var bytesPerSecond: UInt64?
+
+        public init(hold: String? = nil, bytesPerSecond: UInt64? = nil) {
+            self.hold = hold
+            self.bytesPerSecond = bytesPerSecond
+        }
+    }
+
+    /// Makes the tails follow the device's upload policy: one it holds is refused (or ended),
+    /// one it caps sends at most at the cap, and what they send counts toward the day.
+    public func follow(_ politeness: @escaping @Sendable (_ urgent: Bool) async -> TailPoliteness, counting counted: @escaping @Sendable (UInt64) async -> Void) {
+        self.politeness = politeness
+        self.counted = counted
+    }
 
     public init(store: LogStore, agentID: String, agentKey: RSAPrivateKey) {
         self.store = store
@@ -52,10 +76,22 @@ public actor TailManager {
     }
 
     /// A frame of the live tail: a command, an acknowledgement, a stop.
-    public func receive(_ frame: WireFrame, serverKeys: PinnedServerKeys, now: Timestamp = .now, clock: Double) async throws {
+    /// - Parameter urgentAgreed: the connection agreed `urgent` (§ 22): a tail the policy holds
+    ///   is refused `REJECT_POLICY`; without it, `REJECT_BUSY` (the base protocol's).
+    public func receive(_ frame: WireFrame, serverKeys: PinnedServerKeys, now: Timestamp = .now, clock: Double, urgentAgreed: Bool = false) async throws {
         switch frame.body {
         case .tailCommand(let command)?:
-            let decision = TailAdmission.admit(command, agentID: agentID, serverKeys: serverKeys, agentKey: agentKey, running: running, now: now)
+            var decision = TailAdmission.admit(command, agentID: agentID, serverKeys: serverKeys, agentKey: agentKey, running: running, now: now)
+            if case .accept(var accepted) = decision, runners[accepted.tailID] == nil, let politeness {
+                let policy = await politeness(accepted.urgent)
+                if let hold = policy.hold {
+                    decision = .reject(urgentAgreed ? .rejectPolicy : .rejectBusy, "the device's upload policy holds it: \(hold)\(accepted.urgent ? "" : "; an urgent tail may go by")")
+                } else if let cap = policy.bytesPerSecond {
+                    // The cap counts the link's bytes, the tail's rate its record lines: a fifth kept for the batches' sealing and framing.
+                    accepted.bytesPerSecond = max(WireLimits.tailByteRate.lowerBound, min(accepted.bytesPerSecond, cap / 5 * 4))
+                    decision = .accept(accepted)
+                }
+            }
             guard case .accept(let accepted) = decision else {
                 try await send?(decision.frame(tailID: command.tailID, startCursor: 0))
                 return
@@ -86,6 +122,12 @@ public actor TailManager {
                 continue
             }
             guard let send else { continue }
+            if let politeness, let hold = await politeness(runner.accepted.urgent).hold {
+                // Held while it ran (the network turned metered, the day's budget is spent): ended, and the server told why.
+                try end(id)
+                try await send(.with { $0.error = .with { $0.code = .errorInternal; $0.fatal = false; $0.uploadID = id; $0.detail = "the device's upload policy holds the tail: \(hold)" } })
+                continue
+            }
             let frames: [WireFrame]
             do {
                 frames = try runner.poll(store: store, now: clock, clock: now)
@@ -96,6 +138,9 @@ public actor TailManager {
             }
             runners[id] = runner
             for frame in frames { try await send(frame) }
+            if let counted, !frames.isEmpty {
+                await counted(PoliteGate.wireBytes(payload: UInt64(frames.reduce(0) { $0 + $1.serializedSizeForPolicy })))
+            }
         }
     }
 
@@ -104,4 +149,9 @@ public actor TailManager {
         guard runners.removeValue(forKey: id) != nil else { return }
         try store.closeVerbosityWindow(owner: id)
     }
+}
+
+extension WireFrame {
+    /// The bytes of the frame on the connection (its length prefix and body), for the upload policy.
+    var serializedSizeForPolicy: Int { ((try? serializedBytes() as [UInt8])?.count ?? 0) + 4 }
 }

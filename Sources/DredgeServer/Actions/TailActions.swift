@@ -73,7 +73,9 @@ extension AdminActions {
         let tail = services.issuer.newTail(
             uid: request.uid, agents: agents, filter: filter, lifetime: .seconds(seconds), recordsPerSecond: records, bytesPerSecond: bytes,
             verbose: request.verbose ?? false, verboseTypes: verboseTypes, requestedBy: caller.name, reason: reason, now: now)
-        try await tails.create(tail)
+        var made = tail
+        made.urgent = request.urgent ?? false
+        try await tails.create(made)
         // The devices connected here that hold the uid are sent it now; others when they connect or come to hold it.
         let holders = try await services.registry.holders(of: request.uid).map(\.agentID).filter { agents?.contains($0) ?? true }
         services.dispatcher.wake(holders, with: nil)

@@ -49,6 +49,7 @@ extension ConsoleTemplates {
         <label for="minutes">For (minutes)</label>
         <input id="minutes" name="minutes" value="{{minutes}}" inputmode="numeric" size="4">
         <label class="check"><input type="checkbox" name="verbose"{{#verbose}} checked{{/verbose}}> Also keep the user's debug and trace records while it runs</label>
+        <label class="check"><input type="checkbox" name="urgent"{{#urgent}} checked{{/urgent}}> Urgent: devices whose upload policy allows it run it also on a metered network</label>
         <label for="reason">Reason</label>
         <input id="reason" name="reason" value="{{reason}}" maxlength="256" placeholder="e.g. SUP-1234 (in the audit log)">
         <button type="submit">Start watching</button>

@@ -65,7 +65,7 @@ extension Console {
         return .success(
             TailRequest(
                 uid: uid, agent: field("agent"), host: field("host"), filter: filter, durationSeconds: seconds, verbose: form["verbose"] != nil,
-                reason: field("reason")))
+                reason: field("reason"), urgent: form["urgent"] != nil ? true : nil))
     }
 
     /// A row of the tails list.
@@ -99,6 +99,7 @@ extension Console {
             for name in ["uid", "host", "level", "type", "text", "reason"] { page[name] = form[name] ?? "" }
             page["minutes"] = form["minutes"] ?? "15"
             page["verbose"] = form["verbose"] != nil
+            page["urgent"] = form["urgent"] != nil
             page["agents"] = try await d.actions.agents(for: session.caller).sorted { $0.hostname < $1.hostname }.map { agent -> [String: Any] in
                 ["id": agent.agentID, "label": "\(agent.hostname) (\(agent.agentID.prefix(8)))\(agent.connected ? "" : ", offline")", "selected": agent.agentID == form["agent"]]
             }

@@ -96,6 +96,8 @@ public struct NewTail: Sendable, Equatable {
     public var requestedBy: String
     /// Why, as the requester said (empty: not said).
     public var reason: String
+    /// Marked urgent (#54, Protocol § 22).
+    public var urgent = false
 
     public init(
         id: String, uid: String, agents: [String]?, filter: LogFilter, issuedAt: Timestamp, expiresAt: Timestamp, recordsPerSecond: UInt32, bytesPerSecond: UInt64,
@@ -126,7 +128,7 @@ public struct NewTail: Sendable, Equatable {
         shown.until = nil
         let verbosity = verbose ? "; verbose" + (verboseTypes.isEmpty ? "" : " for \(verboseTypes.joined(separator: ","))") : ""
         return "tail \(id) \(whom), \(shown.summary(time: \.rfc3339)); until \(expiresAt.rfc3339) at most \(recordsPerSecond) records/s and \(bytesPerSecond) bytes/s"
-            + verbosity + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)")
+            + verbosity + (reason.isEmpty ? "" : "; reason \(reason.debugDescription)") + (urgent ? "; urgent" : "")
     }
 }
 

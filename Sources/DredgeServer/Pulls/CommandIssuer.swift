@@ -112,7 +112,8 @@ extension CommandIssuer {
     /// registry keeps it) rewrapped under the agent's key and signed with the generation the
     /// agent pins. Throws ``UnreadablePull`` when the key does not unwrap or the generation is
     /// retired (the tail can never be sent to this agent).
-    public func tailCommand(_ tail: TailRecord, agent: String, agentKey: RSAPublicKey, wrappedKey: [UInt8], keyGeneration: Int? = nil) throws -> WireTailCommand {
+    /// An urgent tail's command says so only when `urgentAgreed` (Protocol § 22).
+    public func tailCommand(_ tail: TailRecord, agent: String, agentKey: RSAPublicKey, wrappedKey: [UInt8], keyGeneration: Int? = nil, urgentAgreed: Bool = false) throws -> WireTailCommand {
         let key: SymmetricKey
         do {
             key = try self.key(wrappedKey)
@@ -138,6 +139,7 @@ extension CommandIssuer {
             $0.maxBytesPerS = tail.bytesPerSecond
             $0.verbose = tail.verbose
             $0.verboseTypes = tail.verboseTypes
+            $0.urgent = tail.urgent == true && urgentAgreed
         }
         command.wrappedKey = Data(try agentKey.wrapKey(key))
         try signing.signingKey.sign(&command)

@@ -41,7 +41,9 @@ extension ConnectionServices {
                 if offered.isEmpty { offered = try await work.control.runIfActive { [issuer] in try issuer.newTailKey() } }
                 guard let key = try await registry.deliver(id, agent: agentID, wrappedKey: offered, at: Date()) else { continue }
                 command = try await work.control.runIfActive { [issuer] in
-                    try issuer.tailCommand(tail.tail, agent: agentID, agentKey: agentKey, wrappedKey: key, keyGeneration: keyGeneration)
+                    try issuer.tailCommand(
+                        tail.tail, agent: agentID, agentKey: agentKey, wrappedKey: key, keyGeneration: keyGeneration,
+                        urgentAgreed: outbound.agreement.capabilities.contains(WireCapability.urgent))
                 }
             } catch let never as UnreadablePull {
                 logger.error("tail cannot be sent to the agent; ending its part", metadata: ["tail.id": "\(id)", "agent.id": "\(agentID)", "error": "\(never)"])

@@ -65,7 +65,7 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
     private static let open = [TailPartStatus.delivered.rawValue, TailPartStatus.running.rawValue]
     private static let columns = """
         id, uid, agents, filter, issued_at, expires_at, records_per_s, bytes_per_s, is_verbose, verbose_types, requested_by, reason, created_at, stopped_at, stopped_by, stop_reason,
-        removed_at, removed_by, removed_reason
+        removed_at, removed_by, removed_reason, urgent
         """
 
     public func create(_ tail: NewTail) async throws {
@@ -76,10 +76,10 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
             try await PostgresPullQueue.auditTransaction(c)
             try await c.run(
                 """
-                INSERT INTO tail (id, uid, agents, filter, issued_at, expires_at, records_per_s, bytes_per_s, is_verbose, verbose_types, requested_by, reason, created_at)
+                INSERT INTO tail (id, uid, agents, filter, issued_at, expires_at, records_per_s, bytes_per_s, is_verbose, verbose_types, requested_by, reason, created_at, urgent)
                 VALUES (\(tail.id), \(tail.uid), \(agents?.storable), \(filter.storable), \(tail.issuedAt.microseconds), \(tail.expiresAt.microseconds),
                     \(Int64(tail.recordsPerSecond)), \(TailRows.stored(tail.bytesPerSecond)), \(tail.verbose), \(verboseTypes.storable), \(tail.requestedBy.storable),
-                    \(tail.reason.storable), \(now))
+                    \(tail.reason.storable), \(now), \(tail.urgent))
                 """)
             try await PostgresPullQueue.insertAudit(at: now, actor: tail.requestedBy, action: AuditAction.tail.rawValue, detail: detail, on: c)
             // Every node wakes the holders connected to it (on the pull channel, at commit): the
@@ -303,8 +303,8 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
 
     private static func record(_ row: PostgresRow, on c: PostgresConnection) async throws -> TailRecord {
         let (id, uid, agents, filter, issuedAt, expiresAt, recordsPerSecond, bytesPerSecond, verbose, verboseTypes, requestedBy, reason, createdAt, stoppedAt, stoppedBy,
-            stopReason, removedAt, removedBy, removedReason) = try row.decode(
-                (String, String, String?, String, Int64, Int64, Int64, Int64, Bool, String, String, String, Double, Double?, String?, String?, Double?, String?, String?).self)
+            stopReason, removedAt, removedBy, removedReason, urgent) = try row.decode(
+                (String, String, String?, String, Int64, Int64, Int64, Int64, Bool, String, String, String, Double, Double?, String?, String?, Double?, String?, String?, Bool).self)
         var parts: [TailPart] = []
         for p in try await c.rows(
             """
@@ -324,6 +324,6 @@ public final class PostgresTailRegistry: TailRegistry, Sendable {
             bytesPerSecond: TailRows.read(bytesPerSecond), verbose: verbose, verboseTypes: try TailRows.strings(verboseTypes, of: id, "verbose types"),
             requestedBy: requestedBy, reason: reason.isEmpty ? nil : reason, createdAt: Date(timeIntervalSince1970: createdAt),
             stopped: stoppedAt.map { TailStopping(at: Date(timeIntervalSince1970: $0), by: stoppedBy ?? "", reason: stopReason ?? "") }, parts: parts,
-            removed: Removal(at: removedAt, by: removedBy, reason: removedReason))
+            removed: Removal(at: removedAt, by: removedBy, reason: removedReason), urgent: urgent)
     }
 }

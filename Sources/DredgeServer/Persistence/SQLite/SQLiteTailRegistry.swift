@@ -64,12 +64,12 @@ public final class SQLiteTailRegistry: TailRegistry, Sendable {
         try await db.write { db in
             try db.run(
                 """
-                INSERT INTO tail (id, uid, agents, filter, issued_at, expires_at, records_per_s, bytes_per_s, is_verbose, verbose_types, requested_by, reason, created_at)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                INSERT INTO tail (id, uid, agents, filter, issued_at, expires_at, records_per_s, bytes_per_s, is_verbose, verbose_types, requested_by, reason, created_at, urgent)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """,
                 [
                     tail.id, tail.uid, agents, filter, tail.issuedAt.microseconds, tail.expiresAt.microseconds, Int64(tail.recordsPerSecond),
-                    TailRows.stored(tail.bytesPerSecond), tail.verbose, verboseTypes, tail.requestedBy.storable, tail.reason.storable, now,
+                    TailRows.stored(tail.bytesPerSecond), tail.verbose, verboseTypes, tail.requestedBy.storable, tail.reason.storable, now, tail.urgent,
                 ])
             try AuditRow.chained(at: now, actor: tail.requestedBy, action: AuditAction.tail.rawValue, detail: tail.auditDetail, in: db).insert(db)
         }
@@ -263,6 +263,6 @@ public final class SQLiteTailRegistry: TailRegistry, Sendable {
             verboseTypes: try TailRows.strings(row["verbose_types"], of: id, "verbose types"), requestedBy: row["requested_by"], reason: reason.isEmpty ? nil : reason,
             createdAt: Date(timeIntervalSince1970: row["created_at"]),
             stopped: stoppedAt.map { TailStopping(at: Date(timeIntervalSince1970: $0), by: row["stopped_by"] ?? "", reason: row["stop_reason"] ?? "") }, parts: parts,
-            removed: Removal(at: row["removed_at"], by: row["removed_by"], reason: row["removed_reason"]))
+            removed: Removal(at: row["removed_at"], by: row["removed_by"], reason: row["removed_reason"]), urgent: row["urgent"])
     }
 }

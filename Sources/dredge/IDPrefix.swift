@@ -24,6 +24,10 @@ extension AdminClient {
         try await IDPrefix.resolve(text, what: "feedback") { try await feedback(limit: 1000, diskUse: false).map(\.id) }
     }
 
+    func resolveCapture(_ text: String) async throws -> String {
+        try await IDPrefix.resolve(text, what: "capture") { try await captures(limit: 1000).map(\.id) }
+    }
+
     func resolveTail(_ text: String) async throws -> String {
         try await IDPrefix.resolve(text, what: "tail") { try await tails(limit: 1000).map(\.id) }
     }

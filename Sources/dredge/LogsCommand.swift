@@ -38,6 +38,7 @@ struct LogsCommand: AsyncParsableCommand {
     @Option(help: "Only records from this app; repeatable.") var app: [String] = []
     @Option(help: "Only the records of this pull (an id or its first 4+ characters).") var pull: String?
     @Option(help: "Only the records of this feedback (an id or its first 4+ characters).") var feedback: String?
+    @Option(help: "Only the records of this capture of a trigger (an id or its first 4+ characters; `dredge triggers show` lists them).") var capture: String?
     @Option(help: "From this time: 2d, 90m, today, yesterday, 2026-11-20, 2026-11-20T10:00 (local time; UTC with --utc), or with a zone as Dredge prints times (2026-11-20 10:00:00 UTC, … +01:00, …Z).") var since: String?
     @Option(help: "Before this time; the same forms as --since.") var until: String?
     @Option(help: "Records around this time (the same forms as --since), --window either side.") var around: String?
@@ -83,6 +84,10 @@ struct LogsCommand: AsyncParsableCommand {
         if let feedback {
             try IDPrefix.validate(feedback, flag: "--feedback")
             search.feedback = feedback
+        }
+        if let capture {
+            try IDPrefix.validate(capture, flag: "--capture")
+            search.capture = capture
         }
         if let around {
             guard since == nil, until == nil else { throw ValidationError("give --around or --since/--until, not both") }
@@ -135,6 +140,7 @@ struct LogsCommand: AsyncParsableCommand {
         }
         if let pull = search.pull { search.pull = try await client.resolvePull(pull) }
         if let feedback = search.feedback { search.feedback = try await client.resolveFeedback(feedback) }
+        if let capture = search.capture { search.capture = try await client.resolveCapture(capture) }
         let printer = RecordPrinter(format: format, utc: utc, color: color == .always || (color == .auto && isatty(1) == 1 && ProcessInfo.processInfo.environment["NO_COLOR"] == nil))
         var printed = 0
         var newest: Int64?

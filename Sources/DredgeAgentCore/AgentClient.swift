@@ -56,10 +56,12 @@ public final class AgentClient: Service, Sendable {
     ///   - servers: the addresses to connect to, in order, instead of the state's.
     ///   - readyTimeout: how long the TLS handshake, and then authentication, may each take
     ///     before the connection is given up (a node that accepts and then hangs).
+    ///   - heldPullKeepAlive: how often a pull whose chunks the upload policy holds is begun
+    ///     again so the server hears of it (a third of PULL_QUIET_PERIOD).
     public init(
         state: AgentState, store: LogStore?, hostInfo: WireHostInfo, hostOverrides: WireHostInfo = WireHostInfo(), logger: Logger,
         firstRetryDelay: Duration = .seconds(5), maxReconnectDelay: Duration = .seconds(60), maxExports: Int = 2, servers: [ServerAddress]? = nil,
-        readyTimeout: Duration = .seconds(30)
+        readyTimeout: Duration = .seconds(30), heldPullKeepAlive: Duration = WireLimits.pullQuietPeriod / 3
     ) throws {
         self.state = state
         self.readyTimeout = readyTimeout
@@ -69,7 +71,8 @@ public final class AgentClient: Service, Sendable {
         self.hostInfo = hostInfo
         self.hostOverrides = hostOverrides
         self.logger = logger
-        self.uploads = try UploadManager(state: state, store: store, logger: logger, firstRetryDelay: firstRetryDelay, maxExports: maxExports)
+        self.uploads = try UploadManager(
+            state: state, store: store, logger: logger, firstRetryDelay: firstRetryDelay, maxExports: maxExports, heldPullKeepAlive: heldPullKeepAlive)
         self.tails = store.map { TailManager(store: $0, agentID: state.file.agentID, agentKey: state.key) }
         self.triggers = store.map { TriggerAgent(state: state, store: $0, logger: logger) }
     }

@@ -76,7 +76,7 @@ public enum Feedback {
 enum DeviceOutbox {
     /// The chunk size of a device's own uploads: smaller than a pull's (§ 11's default), so that
     /// an upload paced by the device's policy (``UploadPolicy/maxBytesPerSecond``) goes out
-    /// evenly, a second or less of a low cap at a time.
+    /// evenly (a second of a 64 KiB/s cap at a time).
     static let chunkBytes = 65_536
 
     /// Builds upload `id` in `.<id>.partial` beside the outbox (`build` exports and seals into

@@ -52,7 +52,11 @@ actor UploadManager {
     /// Exports run at once by default; a command beyond them is answered `REJECT_BUSY`.
     static let defaultMaxExports = 2
 
-    init(state: AgentState, store: LogStore?, logger: Logger, firstRetryDelay: Duration = .seconds(5), maxExports: Int = UploadManager.defaultMaxExports) throws {
+    init(
+        state: AgentState, store: LogStore?, logger: Logger, firstRetryDelay: Duration = .seconds(5), maxExports: Int = UploadManager.defaultMaxExports,
+        heldPullKeepAlive: Duration = WireLimits.pullQuietPeriod / 3
+    ) throws {
+        self.heldPullKeepAlive = heldPullKeepAlive
         self.state = state
         self.exports = ExportExecutor(capacity: maxExports)
         self.store = store
@@ -253,6 +257,8 @@ actor UploadManager {
         outbound = nil
         for id in uploads.keys { uploads[id]?.sender.connectionLost() }
         paced.removeAll()
+        pacing?.cancel()
+        pacing = nil
     }
 
     /// A frame for the command and upload layer.
@@ -439,10 +445,14 @@ actor UploadManager {
         guard let active = uploads[uploadID] else { return }
         // The connection these actions were decided for: never carry them over to the next one.
         let writer = outbound
+        // The policy as its files say now (another process may have changed them): two stats.
+        politeness.refresh()
         for action in actions {
             switch action {
-            case .send(let frame) where Self.isBegin(frame) && politeness.governs(active):
-                // Begun only once the policy lets it go (an upload begun opens its lifetime on the server).
+            case .send(let frame) where Self.isBegin(frame) && politeness.governs(active) && active.upload.header.kind != .pull:
+                // A device's own upload is begun only once the policy lets it go (beginning
+                // opens its lifetime on the server). A pull's beginning goes at once: it is
+                // what keeps the pull alive on the server while its chunks wait (§ 10, Deadlines).
                 if let writer { queuePolite(.begin, of: uploadID, on: writer) }
             case .send(let frame):
                 try await writer?.send(frame)
@@ -453,6 +463,8 @@ actor UploadManager {
                 let upload = active.upload
                 let sealed = try await exports.blocking { try upload.chunk(index) }
                 try await writer?.send(.with { $0.uploadChunk = .with { $0.uploadID = uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
+                // Counted toward the day although the policy let it by (urgent, or no policy).
+                saveUsage(politeness.spent(Self.frameBytes(.chunk(index), of: upload), now: .now))
             case .finished(let result):
                 uploads[uploadID] = nil
                 retryDelays[uploadID] = nil
@@ -499,6 +511,9 @@ actor UploadManager {
     }
 
     private struct Queued {
+        /// Its own number: a frame is taken out of the queue by it, never by its place (the
+        /// queue changes while the pacer waits).
+        var id: UInt64
         var uploadID: String
         var frame: PoliteFrame
         /// The connection it was decided for: dropped if that one is gone.
@@ -508,6 +523,12 @@ actor UploadManager {
     /// Governed frames in the order they were decided (one upload after another's chunks).
     private var paced: [Queued] = []
     private var pacing: Task<Void, Never>?
+    private var nextQueued: UInt64 = 0
+    /// Per held pull, when the server last heard of it from the pacer (``keepHeldPullsAlive()``).
+    private var heldPullHeard: [String: ContinuousClock.Instant] = [:]
+    /// How often a pull whose chunks the policy holds is begun again, so the server hears of it
+    /// (it ends a pull nothing is heard of for PULL_QUIET_PERIOD after its expiry, § 10).
+    let heldPullKeepAlive: Duration
 
     private static func isBegin(_ frame: WireFrame) -> Bool {
         if case .uploadBegin? = frame.body { return true }
@@ -516,15 +537,17 @@ actor UploadManager {
 
     private func queuePolite(_ frame: PoliteFrame, of uploadID: String, on writer: AgentConnection) {
         guard !paced.contains(where: { $0.uploadID == uploadID && $0.frame == frame && $0.writer === writer }) else { return }
-        paced.append(Queued(uploadID: uploadID, frame: frame, writer: writer))
+        nextQueued += 1
+        paced.append(Queued(id: nextQueued, uploadID: uploadID, frame: frame, writer: writer))
         if pacing == nil { pacing = Task { await self.pace() } }
     }
 
     /// The policy (or the network) changed: look again now rather than at the next second.
+    /// (A held frame is looked at again within ``holdPollInterval``; the pacer is never
+    /// cancelled for it: a frame it was sending would be lost to its upload.)
     func policyChanged() {
         politeness.refresh()
-        pacing?.cancel()
-        pacing = paced.isEmpty ? nil : Task { await self.pace() }
+        if pacing == nil && !paced.isEmpty { pacing = Task { await self.pace() } }
     }
 
     /// What the upload policy says of a live tail now (``TailManager/follow(_:counting:)``).
@@ -557,7 +580,7 @@ actor UploadManager {
     private func pace() async {
         while !Task.isCancelled, let head = paced.first {
             guard let active = uploads[head.uploadID], head.writer === outbound, Self.stillWanted(head.frame, by: active.sender) else {
-                paced.removeFirst()
+                dequeue(head)
                 continue
             }
             politeness.refresh()
@@ -565,23 +588,24 @@ actor UploadManager {
             let bytes = Self.frameBytes(head.frame, of: active.upload)
             if politeness.governs(active), let hold = politeness.hold(bytes: bytes, urgent: urgent, now: .now) {
                 politeness.say(hold)
-                do { try await Task.sleep(for: Self.holdPollInterval) } catch { return }
+                await keepHeldPullsAlive()
+                do { try await Task.sleep(for: Self.holdPollInterval) } catch { break }
                 continue
             }
             politeness.say(nil)
             let now = Self.monotonicSeconds()
             let due = politeness.governs(active) ? politeness.reserve(bytes: bytes, urgent: urgent, monotonic: now) : now
             if due > now {
-                do { try await Task.sleep(for: .seconds(due - now)) } catch { return }
+                do { try await Task.sleep(for: .seconds(due - now)) } catch { break }
                 // Looked at again after the wait: the upload, the connection or the policy may have changed.
                 guard let again = uploads[head.uploadID], head.writer === outbound, Self.stillWanted(head.frame, by: again.sender) else {
-                    paced.removeFirst()
+                    dequeue(head)
                     continue
                 }
                 politeness.refresh()
                 if politeness.governs(again), politeness.hold(bytes: bytes, urgent: urgent, now: .now) != nil { continue }
             }
-            paced.removeFirst()
+            dequeue(head)
             do {
                 switch head.frame {
                 case .begin:
@@ -591,14 +615,43 @@ actor UploadManager {
                     let sealed = try await exports.blocking { try upload.chunk(index) }
                     try await head.writer.send(.with { $0.uploadChunk = .with { $0.uploadID = head.uploadID; $0.index = index; $0.ciphertext = Data(sealed) } })
                 }
+                saveUsage(politeness.spent(bytes, now: .now))
             } catch {
-                // The connection is going: its frames are dropped above, and the next one resumes the upload.
-                logger.debug("a paced frame was not sent", metadata: ["upload.id": "\(head.uploadID)", "error": "\(error)"])
+                if head.writer === outbound, let still = uploads[head.uploadID], Self.stillWanted(head.frame, by: still.sender) {
+                    // Not sent, and still wanted on this connection (a seal that failed, say):
+                    // first again after a pause, never dropped while its upload waits for it.
+                    logger.warning("a paced frame could not be sent; trying again", metadata: ["upload.id": "\(head.uploadID)", "error": "\(error)"])
+                    paced.insert(head, at: 0)
+                    do { try await Task.sleep(for: Self.holdPollInterval) } catch { break }
+                } else {
+                    // The connection is going: the next one resumes the upload and queues it again.
+                    logger.debug("a paced frame was not sent", metadata: ["upload.id": "\(head.uploadID)", "error": "\(error)"])
+                }
             }
-            saveUsage(politeness.spent(bytes, now: .now))
         }
         saveUsage(politeness.spent(0, now: .now, force: true))
+        heldPullHeard.removeAll()
         if !Task.isCancelled { pacing = nil }
+    }
+
+    private func dequeue(_ queued: Queued) { paced.removeAll { $0.id == queued.id } }
+
+    /// Begins again, every ``heldPullKeepAlive``, each pull whose chunks wait for the policy:
+    /// the server hears of it (as of any retried upload, § 10, Deadlines), so a pull held past
+    /// its expiry stays open until PULL_EXPIRY_GRACE instead of ending quiet after 15 minutes.
+    /// Its chunks already acknowledged are not sent again (the server's bitmap says which).
+    private func keepHeldPullsAlive() async {
+        let held = Set(paced.filter { uploads[$0.uploadID]?.upload.header.kind == .pull }.map(\.uploadID))
+        for id in held.sorted() {
+            guard let last = heldPullHeard[id] else {
+                heldPullHeard[id] = .now
+                continue
+            }
+            guard ContinuousClock.now - last >= heldPullKeepAlive, outbound != nil else { continue }
+            heldPullHeard[id] = .now
+            logger.debug("a held pull begun again so the server hears of it", metadata: ["upload.id": "\(id)"])
+            do { try await drive(id) { $0.resume() } } catch { logger.debug("a held pull could not be begun again", metadata: ["upload.id": "\(id)", "error": "\(error)"]) }
+        }
     }
 
     private func saveUsage(_ usage: DailyUsage?) {

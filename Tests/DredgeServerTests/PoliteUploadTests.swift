@@ -50,7 +50,7 @@ import Testing
     @Test func anUrgentPullBypassesThePolicyWhenItAllows() async throws {
         try await withStopping(InProcessServer()) { server in
             let store = try server.deviceStore()
-            try await withStopping(Device(server, store: store)) { device in
+            try await withStopping(Device(server, store: store, heldPullKeepAlive: .milliseconds(500))) { device in
                 #expect(try await PullOutcomeTests.waitFor { try await server.admin.agents().first?.connected == true })
                 try await device.client.setUploadPolicy(UploadPolicy(unmeteredOnly: true))
                 try await device.client.setNetwork(.metered)
@@ -61,14 +61,18 @@ import Testing
                 let urgent = try await server.admin.createPull(PullRequest(uid: nil, agent: agent, filter: LogFilter(uid: "u-1"), urgent: true))
                 #expect(urgent.urgent == true)
                 #expect(try await PullOutcomeTests.waitFor { try await server.admin.pull(urgent.id).targets.first?.status == .complete })
-                // The plain one still waits: exported, held before its upload began.
-                let waiting = try await server.admin.pull(plain.id).targets.first
-                #expect(waiting?.status != .complete && waiting?.chunksReceived == 0, "\(String(describing: waiting))")
-                #expect(await device.client.uploadPolicyStatus().waitingFrames == 1)
+                // The plain one still waits: begun (so the server knows it is under way), no chunk sent.
+                let waiting = try #require(try await server.admin.pull(plain.id).targets.first)
+                #expect(waiting.status == .uploading && waiting.chunksReceived == 0, "\(waiting)")
+                #expect(await device.client.uploadPolicyStatus().waitingFrames >= 1)
+                // Begun again while it waits, so the server hears of it (a pull nothing is heard of
+                // for 15 minutes after its expiry ends): its target's time moves on.
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.pull(plain.id).targets.first.map { $0.updatedAt > waiting.updatedAt } == true })
+                #expect(try await server.admin.pull(plain.id).targets.first?.chunksReceived == 0)
                 // A policy that lets nothing by holds an urgent pull too.
                 try await device.client.setUploadPolicy(UploadPolicy(unmeteredOnly: true, urgentBypass: false))
                 let held = try await server.admin.createPull(PullRequest(uid: nil, agent: agent, filter: LogFilter(uid: "u-2"), urgent: true))
-                #expect(try await PullOutcomeTests.waitFor { await device.client.uploadPolicyStatus().waitingFrames == 2 })
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.pull(held.id).targets.first?.status == .uploading })
                 #expect(try await server.admin.pull(held.id).targets.first?.status != .complete)
                 try await device.client.setNetwork(.unmetered)
                 for id in [plain.id, held.id] {
@@ -105,6 +109,25 @@ import Testing
                 let ended = try #require(try await server.admin.tail(later.id).parts.first)
                 #expect(ended.detail.contains("upload policy"), "\(ended.detail)")
                 #expect(try await server.admin.tail(urgent.id).parts.first?.status == .running)
+            }
+        }
+    }
+
+    /// A policy another process writes (`dredge-agent policy set`, an app beside the agent)
+    /// governs the next upload of a running agent that had none.
+    @Test func aPolicyWrittenByAnotherProcessGovernsTheNextUpload() async throws {
+        try await withStopping(InProcessServer()) { server in
+            let store = try server.deviceStore()
+            try await withStopping(Device(server, store: store)) { device in
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.agents().first?.connected == true })
+                #expect(await device.client.uploadPolicyStatus().policy == UploadPolicy())
+                try UploadPolicy(unmeteredOnly: true).save(stateDirectory: device.state.directory)
+                try NetworkCost.metered.save(stateDirectory: device.state.directory)
+                let pull = try await server.admin.createPull(PullRequest(uid: nil, agent: device.state.file.agentID, filter: LogFilter(uid: "u-1")))
+                #expect(try await PullOutcomeTests.waitFor { await device.client.uploadPolicyStatus().holdKind == "network" })
+                #expect(try await server.admin.pull(pull.id).targets.first?.chunksReceived == 0)
+                try NetworkCost.unmetered.save(stateDirectory: device.state.directory)
+                #expect(try await PullOutcomeTests.waitFor { try await server.admin.pull(pull.id).targets.first?.status == .complete })
             }
         }
     }

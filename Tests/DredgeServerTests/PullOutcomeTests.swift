@@ -24,7 +24,7 @@ import Testing
 
         init(
             _ server: InProcessServer, store: String, retry: Duration = .seconds(5), maxExports: Int = 2, logs: LogCapture? = nil,
-            before: (AgentState) async throws -> Void = { _ in }
+            heldPullKeepAlive: Duration = .seconds(300), before: (AgentState) async throws -> Void = { _ in }
         ) async throws {
             let dir = server.dir.file("agent-\(UUID().uuidString)")
             state = try await AgentEnrollment.enroll(
@@ -32,7 +32,9 @@ import Testing
                 stateDirectory: dir, hostInfo: .with { $0.hostname = "device" })
             try await before(state)
             let logger = Logger(label: "test.agent") { _ in logs.map { $0 as any LogHandler } ?? SwiftLogNoOpLogHandler() }
-            client = try AgentClient(state: state, store: try LogStore(path: store), hostInfo: .with { $0.hostname = "device" }, logger: logger, firstRetryDelay: retry, maxExports: maxExports)
+            client = try AgentClient(
+                state: state, store: try LogStore(path: store), hostInfo: .with { $0.hostname = "device" }, logger: logger, firstRetryDelay: retry, maxExports: maxExports,
+                heldPullKeepAlive: heldPullKeepAlive)
             task = Task { [client] in try await client.run() }
         }
 

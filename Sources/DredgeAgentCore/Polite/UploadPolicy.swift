@@ -24,7 +24,7 @@ public struct UploadPolicy: Codable, Sendable, Equatable {
     public var dailyBytes: UInt64?
     public var urgentBypass: Bool
 
-    /// The lowest cap: a chunk of the default size must not take minutes.
+    /// The lowest cap (a device's own 64 KiB chunk then takes about a minute).
     public static let minBytesPerSecond: UInt64 = 1_024
     /// The lowest daily budget: a chunk of the largest size must fit in a day (§ 16 MAX_CHUNK_BYTES, with its frame).
     public static let minDailyBytes: UInt64 = UInt64(WireLimits.maxChunkBytes) + 65_536

@@ -115,6 +115,12 @@ public actor TailManager {
     /// One pass: each tail past its expiry ends; each other sends what is due. A tail whose
     /// store cannot be read ends, and the server is told (`Error{ERROR_INTERNAL, upload_id}`).
     public func step(now: Timestamp = .now, clock: Double) async throws {
+        // What the upload policy holds, asked before the pass: no runner is copied out across
+        // a wait (an acknowledgement or a stop that came meanwhile would be overwritten).
+        var holds: [Bool: String] = [:]
+        if let politeness, !runners.isEmpty {
+            for urgent in [false, true] { holds[urgent] = await politeness(urgent).hold }
+        }
         for id in runners.keys.sorted() {
             guard var runner = runners[id] else { continue }
             if runner.hasExpired(at: now) {
@@ -122,7 +128,7 @@ public actor TailManager {
                 continue
             }
             guard let send else { continue }
-            if let politeness, let hold = await politeness(runner.accepted.urgent).hold {
+            if let hold = holds[runner.accepted.urgent] {
                 // Held while it ran (the network turned metered, the day's budget is spent): ended, and the server told why.
                 try end(id)
                 try await send(.with { $0.error = .with { $0.code = .errorInternal; $0.fatal = false; $0.uploadID = id; $0.detail = "the device's upload policy holds the tail: \(hold)" } })

@@ -10,9 +10,9 @@ set -euo pipefail
 # binutils (`nm`: the test that the agent links neither ISA-L, ZIPFoundation nor the HTTP client),
 # Prometheus with promtool (the dashboard and alert rules checked against a real one), and
 # systemd's systemd-analyze (the units in docs/systemd/ verified), and mandoc (the package's
-# man pages rendered); and PyPI's django-oauth-toolkit, the OpenID Connect provider of the
-# single sign-on tests.
-packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 libcurl4-openssl-dev chromium chromium-driver postgresql binutils prometheus systemd mandoc)
+# man pages rendered), iproute2 (`ip netns` and `tc`: the polite uploads' shaped link); and
+# PyPI's django-oauth-toolkit, the OpenID Connect provider of the single sign-on tests.
+packages=(libsqlite3-dev zlib1g-dev libisal-dev libcurl4 libcurl4-openssl-dev chromium chromium-driver postgresql binutils prometheus systemd mandoc iproute2)
 command -v python3 >/dev/null || packages+=(python3)
 missing=()
 for p in "${packages[@]}"; do

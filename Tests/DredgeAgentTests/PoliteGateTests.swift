@@ -66,6 +66,10 @@ import Testing
         // Queued behind it: one after the other, whatever the clock says meanwhile.
         #expect(g.reserve(bytes: 100_000, urgent: false, monotonic: 10.1) == 11.5)
         #expect(g.reserve(bytes: 25_000, urgent: false, monotonic: 11.5) == 11.75)
+        // Back late by less than a slot (the last frame took time to seal and send): this one
+        // starts where the last ended, so the delays do not add up below the cap.
+        #expect(g.reserve(bytes: 100_000, urgent: false, monotonic: 12.25) == 12.75)
+        #expect(g.reserve(bytes: 100_000, urgent: false, monotonic: 12.75) == 13.75)
         // After an idle minute nothing is saved up: no burst.
         #expect(g.reserve(bytes: 100_000, urgent: false, monotonic: 70) == 71)
         // 1,000 frames of 10 kB reserve exactly 100 s.

@@ -161,8 +161,7 @@ import Testing
 }
 
 /// The node's ingress cap (`connections.maxIngressBytesPerSecond`): two devices upload at once
-/// through a capped node; both land whole, their chunks waited for their turns, and neither
-/// was starved (when the first finishes, the second has most of its chunks in).
+/// through a capped node; both land whole, and their chunks waited for their turns.
 @Suite struct IngressCapTests {
     typealias Device = PullOutcomeTests.Device
 
@@ -178,8 +177,7 @@ import Testing
     }
 
     @Test func twoDevicesShareACappedNodeAndNothingIsLost() async throws {
-        // A quarter of the least cap a configuration may set: far below what two devices send
-        // even on a loaded machine, so the cap is what paces them (about 12 s for both).
+        // A quarter of the least cap a configuration may set, so the cap is what paces them.
         let limits = ConnectionLimits(handshakeSeconds: 120, missedHeartbeats: 100, maxIngressBytesPerSecond: IngressGovernor.minBytesPerSecond / 4)
         try await withStopping(InProcessServer(connectionLimits: limits)) { server in
             let (first, second) = (server.dir.file("first.sqlite"), server.dir.file("second.sqlite"))
@@ -188,30 +186,30 @@ import Testing
             try await withStopping(Device(server, store: first)) { a in
                 try await withStopping(Device(server, store: second)) { b in
                     #expect(try await PullOutcomeTests.waitFor { try await server.admin.agents().filter(\.connected).count == 2 })
+                    // Both exported and held first (a metered network), then let go together.
+                    for device in [a, b] {
+                        try await device.client.setUploadPolicy(UploadPolicy(unmeteredOnly: true))
+                        try await device.client.setNetwork(.metered)
+                    }
                     async let idA = a.client.submitFeedback(uid: "u-2", text: "first", days: 1)
                     async let idB = b.client.submitFeedback(uid: "u-2", text: "second", days: 1)
                     let ids = try await [idA, idB]
-                    var firstDone: (done: String, other: FeedbackRecord)?
-                    #expect(try await PullOutcomeTests.waitFor(.seconds(120)) {
-                        let records = try await ids.asyncMap { try? await server.admin.feedback($0) }
-                        if firstDone == nil, let done = records.first(where: { $0?.status == .complete }) ?? nil,
-                            let other = records.first(where: { $0?.id != done.id }) ?? nil
-                        {
-                            firstDone = (done.id, other)
-                        }
-                        return records.allSatisfy { $0?.status == .complete }
+                    for device in [a, b] {
+                        #expect(try await PullOutcomeTests.waitFor { await device.client.uploadPolicyStatus().holdKind == "network" })
+                    }
+                    let before = try #require(server.listener.ingress).granted
+                    for device in [a, b] { try await device.client.setNetwork(.unmetered) }
+                    #expect(try await PullOutcomeTests.waitFor(.seconds(180)) {
+                        try await ids.asyncMap { try? await server.admin.feedback($0) }.allSatisfy { $0?.status == .complete }
                     })
                     let ingress = try #require(server.listener.ingress)
                     let records = try await ids.asyncMap { try await server.admin.feedback($0) }
                     let total = records.reduce(0) { $0 + $1.bytes }
                     #expect(records.allSatisfy { $0.records == 2 * 2_500 + 1 && $0.chunkCount > 20 }, "\(records.map { ($0.records, $0.chunkCount) })")
-                    // Every chunk went through the cap, and most of them waited for their turn.
-                    #expect(ingress.granted >= UInt64(total), "\(ingress.granted) < \(total)")
-                    #expect(ingress.delayed > UInt64(records.reduce(0) { $0 + $1.chunkCount } / 2), "\(ingress.delayed)")
-                    // Shared: when one was done the other was well on its way (its progress is
-                    // recorded a little behind its chunks, so more than a third is asked).
-                    let (_, other) = try #require(firstDone)
-                    #expect(other.chunksReceived * 3 > other.chunkCount, "\(other.chunksReceived) of \(other.chunkCount)")
+                    // Every chunk went through the cap, and chunks waited for their turn. (That the
+                    // turns are shared equally by bytes: IngressScheduleTests.)
+                    #expect(ingress.granted - before >= UInt64(total), "\(ingress.granted - before) < \(total)")
+                    #expect(ingress.delayed > 0)
                 }
             }
         }

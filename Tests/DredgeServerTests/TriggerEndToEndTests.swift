@@ -52,6 +52,7 @@ import Testing
         let trigger = try Self.created(made.output)
         #expect(try ManagedProcess.waitFor { try Self.activity(d, admin, trigger).holders == 1 }, "\(agent.output)")
 
+        try log("checkout opened")
         try log("basket: 3 items")
         try log("paying with card ending 4242")
         try log("payment declined by the issuer", level: "error")
@@ -60,11 +61,13 @@ import Testing
         let captureID = try #require(capture["id"] as? String)
         #expect(capture["uid"] as? String == "u-1" && capture["crash"] as? Bool == false)
         // The window's records, the match with them, searchable as the capture's.
-        let logs = try d.dredge(["logs", "--capture", captureID, "--format", "jsonl"], server: admin)
-        #expect(logs.status == 0, "\(logs.output)")
-        for message in ["signed in", "basket: 3 items", "paying with card ending 4242", "payment declined by the issuer"] {
-            #expect(logs.output.contains(message), "\(message): \(logs.output)")
-        }
+        // (Indexed after it lands: looked for until it is.)
+        let window = ["checkout opened", "basket: 3 items", "paying with card ending 4242", "payment declined by the issuer"]
+        var logs = (status: Int32(0), output: "")
+        #expect(try ManagedProcess.waitFor {
+            logs = try d.dredge(["logs", "--capture", captureID, "--format", "jsonl"], server: admin)
+            return logs.status == 0 && window.allSatisfy(logs.output.contains)
+        }, "\(logs.output)")
 
         // Once per budget: the same error again fires nothing. (Event: a second trigger's capture,
         // of a record logged after it, arrives; the agent matches in the store's order.)
@@ -92,7 +95,11 @@ import Testing
         #expect(try ManagedProcess.waitFor(timeout: .seconds(120)) { try Self.activity(d, admin, crashTrigger).captures.first?["status"] as? String == "complete" }, "\(agent.output)")
         let crash = try #require(try Self.activity(d, admin, crashTrigger).captures.first)
         #expect(crash["crash"] as? Bool == true && crash["uid"] as? String == "crash-user" && crash["records"] as? Int == 100, "\(crash)")
-        let crashLogs = try d.dredge(["logs", "--capture", try #require(crash["id"] as? String), "--format", "jsonl", "--level", "debug+"], server: admin)
-        #expect(crashLogs.output.contains("rewound 49") && crashLogs.output.contains("stored 49"), "\(crashLogs.output)")
+        let crashID = try #require(crash["id"] as? String)
+        var crashLogs = (status: Int32(0), output: "")
+        #expect(try ManagedProcess.waitFor {
+            crashLogs = try d.dredge(["logs", "--capture", crashID, "--format", "jsonl", "--level", "debug+"], server: admin)
+            return crashLogs.output.contains("rewound 49") && crashLogs.output.contains("stored 49")
+        }, "\(crashLogs.output)")
     }
 }

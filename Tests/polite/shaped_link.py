@@ -26,6 +26,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -50,13 +51,23 @@ def run(*args, **kw):
 
 
 def wait(what, check, timeout=120.0, every=0.1):
+    """Returns `check()`'s first true value; a passing failure of the admin API (a timeout, a
+    5xx on a loaded machine) is looked at again, not the end of the run."""
     end = time.monotonic() + timeout
+    last_error = None
     while time.monotonic() < end:
-        value = check()
+        try:
+            value = check()
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                raise
+            value, last_error = None, e
+        except (OSError, TimeoutError) as e:
+            value, last_error = None, e
         if value:
             return value
         time.sleep(every)
-    fail(f"timed out waiting for {what}")
+    fail(f"timed out waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))
 
 
 def free_port():
@@ -70,15 +81,24 @@ class Link:
 
     def __init__(self):
         self.sampling = False
-        n = os.getpid() % 250 + 1
-        self.host_dev, self.device_dev = f"dpo{os.getpid() % 100000}h", f"dpo{os.getpid() % 100000}d"
+        self.ns = self.host_dev = None
+        Link.remove_leftovers()
+        # A name and a /30 no other run uses now (their routes would clash).
+        routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout if shutil.which("ip") else ""
+        for _ in range(50):
+            tag = f"{os.getpid()}-{random.randrange(1 << 16):04x}"
+            n = random.randrange(1, 255)
+            if f"10.213.{n}." not in routes:
+                break
+        suffix = tag.replace("-", "")[-9:]
+        host_dev, self.device_dev = f"dp{suffix}h", f"dp{suffix}d"
         self.host_ip, self.device_ip = f"10.213.{n}.1", f"10.213.{n}.2"
-        self.ns = None
         try:
-            run("ip", "netns", "add", f"dredge-polite-{os.getpid()}")
+            run("ip", "netns", "add", f"dredge-polite-{tag}")
         except (subprocess.CalledProcessError, FileNotFoundError) as e:
             fail(f"cannot make a network namespace (this test needs root and iproute2): {getattr(e, 'stderr', e)}")
-        self.ns = f"dredge-polite-{os.getpid()}"
+        self.ns = f"dredge-polite-{tag}"
+        self.host_dev = host_dev
         try:
             self.connect()
         except BaseException:
@@ -99,6 +119,21 @@ class Link:
     def inside(self, *args):
         return run("ip", "netns", "exec", self.ns, *args)
 
+    @staticmethod
+    def remove_leftovers():
+        """Namespaces of runs whose process is gone (killed before they could clean up)."""
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if shutil.which("ip") else ""
+        for line in listed.splitlines():
+            name = line.split()[0] if line.split() else ""
+            m = re.fullmatch(r"dredge-polite-(\d+)-[0-9a-f]{4}", name)
+            if m and not os.path.exists(f"/proc/{m.group(1)}"):
+                for pid in subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+                subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
     def uplink_bytes(self):
         """Bytes the host end received from the device: what crossed the uplink."""
         with open(f"/sys/class/net/{self.host_dev}/statistics/rx_bytes") as f:
@@ -116,10 +151,16 @@ class Link:
         self.sampler.start()
 
     def quiet(self, seconds=2.0, most=4096):
-        """True when at most `most` bytes crossed the uplink in the last `seconds`."""
+        """True when at most `most` bytes crossed the uplink in the last `seconds` (samples
+        that cover the whole stretch, however late the sampler ran)."""
         now = time.monotonic()
-        window = [b for t, b in list(self.samples) if t >= now - seconds]
-        return len(window) >= seconds / 0.05 * 0.8 and window[-1] - window[0] <= most
+        samples = list(self.samples)
+        window = [(t, b) for t, b in samples if t >= now - seconds]
+        before = [(t, b) for t, b in samples if t < now - seconds]
+        if not before or not window:
+            return False
+        first = before[-1]
+        return now - window[-1][0] < 0.5 and window[-1][1] - first[1] <= most
 
     def sending_rate(self, since):
         """The sustained rate, bytes a second, of the upload after `since`: the least-squares
@@ -128,9 +169,15 @@ class Link:
         staircase, a chunk at the link's speed then a pause; the slope is its steps' rate,
         whichever step the stretch begins and ends on."""
         samples = [(t, b) for t, b in list(self.samples) if t >= since]
+        if len(samples) < 3:
+            fail("too few samples of the link to measure a rate")
         base = samples[0][1]
-        start = max(0, next(i for i, (_, b) in enumerate(samples) if b > base + 2048) - 1)
-        end = max(i for i in range(1, len(samples)) if samples[i][1] > samples[i - 1][1] + 256)
+        first = next((i for i, (_, b) in enumerate(samples) if b > base + 2048), None)
+        if first is None:
+            fail("the upload never crossed the link")
+        start = max(0, first - 1)
+        # Growth of a chunk, not of a heartbeat and its acknowledgement (a few hundred bytes).
+        end = max(i for i in range(1, len(samples)) if i <= start + 1 or samples[i][1] > samples[i - 1][1] + 2048)
         stretch = samples[start:end + 1]
         n = len(stretch)
         mt = sum(t for t, _ in stretch) / n
@@ -146,9 +193,16 @@ class Link:
             subprocess.run(["ip", "link", "del", self.host_dev], capture_output=True)
 
 
+def bytes_before_hold(link, since):
+    samples = [b for t, b in list(link.samples) if t >= since]
+    return samples[-1] - samples[0] if samples else 0
+
+
 def main():
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
+    # Killed (a timeout, Ctrl-C): the namespace, the link and the processes are removed all the same.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("shaped_link: terminated"))
     bin_dir = os.path.abspath(sys.argv[1])
     figure = "--figure" in sys.argv[2:]
     work = tempfile.mkdtemp(prefix="dredge-polite-")
@@ -162,10 +216,16 @@ def main():
         words = init.split()
         enrollment = next(w for w in words if w.startswith("dredge_enr_"))
         admin_token = next(w for w in words if w.startswith("dredge_adm_"))
+        # Heartbeats every second, and room for a loaded machine's stalls before a connection is given up.
+        with open(os.path.join(data, "server.json")) as f:
+            config = json.load(f)
+        config["connections"] = {"missedHeartbeats": 30, "handshakeSeconds": 120}
+        with open(os.path.join(data, "server.json"), "w") as f:
+            json.dump(config, f)
         server_log = open(os.path.join(work, "server.log"), "w")
         processes.append(subprocess.Popen(
             [f"{bin_dir}/dredge-server", "run", "--data", data, "--agent-port", str(agent_port), "--admin-port", str(admin_port), "--heartbeat-seconds", "1"],
-            stdout=server_log, stderr=server_log))
+            stdout=server_log, stderr=server_log, start_new_session=True))
         tls = ssl.create_default_context(cafile=os.path.join(data, "ca.pem"))
 
         def api(path):
@@ -203,7 +263,7 @@ def main():
         agent_log_path = os.path.join(device, "agent.log")
         agent_log = open(agent_log_path, "w")
         processes.append(subprocess.Popen(["ip", "netns", "exec", link.ns, *agent, "run", "--state", state, "--store", store, "--app", "oven"],
-                                          stdout=agent_log, stderr=agent_log))
+                                          stdout=agent_log, stderr=agent_log, start_new_session=True))
 
         def log():
             with open(agent_log_path) as f:
@@ -214,33 +274,35 @@ def main():
 
         # 1. Metered: the feedback waits, and the agent says why.
         fid = run(*agent, "feedback", "--state", state, "--store", store, "--uid", "u-1", "--text", "the oven turns itself off", "--days", "1").stdout.strip()
-        wait("the agent to hold the upload", lambda: "uploads held by the device's upload policy" in log() and "metered" in log())
+        wait("the agent to hold the upload", lambda: "uploads held by the device's upload policy" in log() and "the network is metered" in log())
         wait("a quiet link", link.quiet, timeout=30)
         if feedback(fid) is not None:
             fail("the server heard of the feedback while the network was metered")
         print("metered: the feedback waits in the outbox; the server has nothing of it")
 
         # 2. Unmetered: it goes at the cap.
-        resumed = time.monotonic()
+        resumed, resumed_bytes = time.monotonic(), link.uplink_bytes()
         run(*agent, "network", "unmetered", "--state", state)
         record = wait("the upload to begin", lambda: feedback(fid))
         chunk_count = record["chunkCount"]
         if chunk_count < 15:
             fail(f"the upload has {chunk_count} chunks: too few to measure a rate")
-        wait("half the chunks", lambda: (feedback(fid) or {}).get("chunksReceived", 0) >= chunk_count // 2, timeout=120)
+        # Half-way by what crossed the link (the server records its chunks 16 at a time).
+        expected = chunk_count * 65_536 * 1.05
+        wait("half the upload", lambda: link.uplink_bytes() - resumed_bytes >= expected / 2, timeout=120)
 
         # 3. Metered again: the agent stops sending. (If it did not, the link would never go quiet.)
         run(*agent, "network", "metered", "--state", state)
         wait("the agent to hold the upload again", lambda: log().count("uploads held by the device's upload policy") >= 2)
         wait("a quiet link while metered", link.quiet, timeout=30)
         first_stretch = link.sending_rate(resumed)
-        held_chunks = feedback(fid)["chunksReceived"]
-        quiet_since = time.monotonic()
+        held_bytes, quiet_since = link.uplink_bytes(), time.monotonic()
         wait("another quiet stretch", lambda: time.monotonic() > quiet_since + 2 and link.quiet(), timeout=30)
         after = feedback(fid)
-        if after["chunksReceived"] != held_chunks or after["status"] != "uploading":
-            fail(f"chunks kept arriving while metered: {held_chunks} then {after['chunksReceived']} ({after['status']})")
-        print(f"metered again at {held_chunks} of {chunk_count} chunks: the link went quiet and stayed so")
+        crossed = link.uplink_bytes() - held_bytes
+        if after["status"] != "uploading" or crossed > 8192:
+            fail(f"the upload went on while metered: {crossed} bytes crossed, it is {after['status']}")
+        print(f"metered again after {bytes_before_hold(link, resumed)} bytes: the link went quiet and stayed so ({crossed} bytes of heartbeats)")
 
         # 4. Unmetered again: it resumes and lands whole.
         resumed = time.monotonic()
@@ -271,14 +333,25 @@ def main():
         print("shaped_link: ok")
     finally:
         for p in processes:
-            p.terminate()
+            try:
+                os.killpg(p.pid, signal.SIGTERM)  # each in a session of its own
+            except ProcessLookupError:
+                pass
         for p in processes:
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                p.kill()
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
         if link:
             link.close()
+        if sys.exc_info()[0] is not None:
+            # Failed: what the processes said, before their directory goes.
+            for name in ("server.log", "device/agent.log"):
+                path = os.path.join(work, name)
+                if os.path.exists(path):
+                    with open(path, errors="replace") as f:
+                        print(f"--- {name} (last lines) ---\n" + "".join(f.readlines()[-40:]), file=sys.stderr)
         if os.environ.get("KEEP_WORK"):
             print("work kept in", work)
         else:

@@ -82,10 +82,16 @@ struct PoliteGate: Sendable, Equatable {
     }
 
     /// When `bytes` may go under the cap (a monotonic time ≥ `monotonic`), its slot reserved.
+    /// A caller that comes back later than its previous slot's end (sealing and sending the
+    /// last frame took time) by less than this frame's slot starts it where the last ended,
+    /// so the delays of a busy device do not add up below the cap; one idle for longer starts
+    /// from now (nothing saved up).
     mutating func reserve(bytes: UInt64, urgent: Bool, monotonic: Double) -> Double {
         guard governs(urgent: urgent), let rate = policy?.maxBytesPerSecond else { return monotonic }
-        let due = max(slotEnd, monotonic) + Double(bytes) / Double(rate)
-        slotEnd = due
+        let slot = Double(bytes) / Double(rate)
+        let start = monotonic - slotEnd < slot ? slotEnd : monotonic
+        let due = max(start + slot, monotonic)
+        slotEnd = start + slot
         return due
     }
 

@@ -593,7 +593,7 @@ actor UploadManager {
                 continue
             }
             politeness.say(nil)
-            let now = Self.monotonicSeconds()
+            let now = MonotonicClock.seconds()
             let due = politeness.governs(active) ? politeness.reserve(bytes: bytes, urgent: urgent, monotonic: now) : now
             if due > now {
                 do { try await Task.sleep(for: .seconds(due - now)) } catch { break }
@@ -677,12 +677,6 @@ actor UploadManager {
         case .begin: 0
         case .chunk(let index): PoliteGate.wireBytes(payload: UInt64(upload.cipher.plaintextSize(ofChunk: index) + WireLimits.tagBytes + 48))
         }
-    }
-
-    private static func monotonicSeconds() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
     }
 
     /// Resumes an upload waiting after ``UploadSenderStateMachine/Action/retryLater(_:)``,

@@ -84,22 +84,11 @@ import Testing
     @Test func flushedRecordsSurviveSIGKILL() throws {
         let dir = TempDir()
         let path = dir.file("logs.sqlite")
-        let child = Process()
-        child.executableURL = URL(fileURLWithPath: builtProduct("store-crash-child"))
-        child.arguments = [path, "5000"]
-        let output = Pipe()
-        child.standardOutput = output
-        try child.run()
-        // Read until the child says flush() returned, then kill it at once.
-        var line = Data()
-        while !line.contains(UInt8(ascii: "\n")) {
-            let chunk = output.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            line.append(chunk)
-        }
+        // Wait until the child says flush() returned, then kill it at once.
+        let (child, line) = try startCrashChild([path, "5000"])
         kill(child.processIdentifier, SIGKILL)
         child.waitUntilExit()
-        #expect(String(decoding: line, as: UTF8.self) == "flushed 5000\n")
+        #expect(line == "flushed 5000\n")
         #expect(child.terminationReason == .uncaughtSignal)
 
         let store = try LogStore(path: path)

@@ -19,9 +19,7 @@ struct Politeness {
     /// The usage as last written, and when.
     private var savedUsage: DailyUsage
     private var savedAt = ContinuousClock.now
-    /// The hold last said in the log (said again only when it changes).
-    private var saidHold: String?
-    /// What holds the governed uploads now, as last looked at (nil: they go).
+    /// What holds the governed uploads now, as last looked at and said in the log (nil: they go).
     private(set) var currentHold: PoliteGate.Hold?
 
     /// The usage is written at most this often while uploads go (and when they stop).
@@ -55,7 +53,7 @@ struct Politeness {
             do {
                 let policy = try UploadPolicy.load(stateDirectory: stateDirectory)
                 if policy != gate.policy || gate.policyProblem != nil {
-                    logger.notice("upload policy", metadata: ["policy": "\(Self.describe(policy))"])
+                    logger.notice("upload policy", metadata: ["policy": "\(UploadPolicy.describe(policy))"])
                 }
                 gate.policy = policy
                 gate.policyProblem = nil
@@ -85,15 +83,14 @@ struct Politeness {
 
     /// Says a hold in the log once (and its end).
     mutating func say(_ hold: PoliteGate.Hold?) {
+        let said = currentHold?.kind
         currentHold = hold
-        let text = hold.map { "\($0.kind)" }
-        guard text != saidHold else { return }
+        guard hold?.kind != said else { return }
         if let hold {
             logger.notice("uploads held by the device's upload policy", metadata: ["reason": "\(hold)"])
-        } else if saidHold != nil {
+        } else {
             logger.notice("the upload policy lets uploads go again")
         }
-        saidHold = text
     }
 
     /// Counts bytes sent; returns the usage to write when it is due (`force`: now, if changed).
@@ -129,8 +126,6 @@ struct Politeness {
             return DailyUsage(day: DailyUsage.day(of: .now), bytes: 0)
         }
     }
-
-    static func describe(_ policy: UploadPolicy) -> String { UploadPolicy.describe(policy) }
 }
 
 extension UploadPolicy {
@@ -153,22 +148,6 @@ extension UploadPolicy {
             let usage = try? JSONDecoder().decode(DailyUsage.self, from: data), usage.day == DailyUsage.day(of: now)
         else { return 0 }  // none saved today, or unreadable (the agent says so when it starts)
         return usage.bytes
-    }
-}
-
-/// What tells a file changed without reading it: its modification time, size and inode (nil
-/// when it does not exist).
-struct FileStamp: Equatable {
-    let mtimeNs: Int64
-    let size: Int64
-    let inode: UInt64
-
-    init?(_ path: String) {
-        var st = stat()
-        guard stat(path, &st) == 0 else { return nil }
-        mtimeNs = Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec)
-        size = Int64(st.st_size)
-        inode = UInt64(st.st_ino)
     }
 }
 

@@ -118,8 +118,8 @@ public actor TailManager {
         // What the upload policy holds, asked before the pass: no runner is copied out across
         // a wait (an acknowledgement or a stop that came meanwhile would be overwritten).
         var holds: [Bool: String] = [:]
-        if let politeness, !runners.isEmpty {
-            for urgent in [false, true] { holds[urgent] = await politeness(urgent).hold }
+        if let politeness {
+            for urgent in Set(runners.values.map(\.accepted.urgent)) { holds[urgent] = await politeness(urgent).hold }
         }
         for id in runners.keys.sorted() {
             guard var runner = runners[id] else { continue }
@@ -145,7 +145,7 @@ public actor TailManager {
             runners[id] = runner
             for frame in frames { try await send(frame) }
             if let counted, !frames.isEmpty {
-                await counted(PoliteGate.wireBytes(payload: UInt64(frames.reduce(0) { $0 + $1.serializedSizeForPolicy })))
+                await counted(PoliteGate.wireBytes(payload: UInt64(frames.reduce(0) { $0 + $1.sizeForPolicy })))
             }
         }
     }
@@ -158,6 +158,11 @@ public actor TailManager {
 }
 
 extension WireFrame {
-    /// The bytes of the frame on the connection (its length prefix and body), for the upload policy.
-    var serializedSizeForPolicy: Int { ((try? serializedBytes() as [UInt8])?.count ?? 0) + 4 }
+    /// About the bytes of the frame on the connection, for the upload policy: a batch's sealed
+    /// records and a bound on the rest (ids, numbers, nonce, length prefix), without
+    /// serializing it a second time.
+    var sizeForPolicy: Int {
+        if case .tailBatch(let batch)? = body { return batch.ciphertext.count + 96 }
+        return 96
+    }
 }

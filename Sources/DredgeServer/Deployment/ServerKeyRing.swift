@@ -262,20 +262,6 @@ public final class KeyRing: Sendable {
     }
 }
 
-/// What tells a file's replacement: its inode, size and modification time (nil: absent).
-struct FileStamp: Equatable, Sendable {
-    let inode: UInt64, size: Int64, modified: Int64, modifiedNanoseconds: Int
-
-    init?(_ path: String) {
-        var info = stat()
-        guard stat(path, &info) == 0 else { return nil }
-        inode = UInt64(info.st_ino)
-        size = Int64(info.st_size)
-        modified = Int64(info.st_mtim.tv_sec)
-        modifiedNanoseconds = Int(info.st_mtim.tv_nsec)
-    }
-}
-
 /// Keeps a running server's key ring as the directory has it: every `every` (10 s) it
 /// reads `keyring.json` again if it changed (a rotation by `dredge-server keys rotate`, or by
 /// another node), and forgets the private keys of generations that retired.

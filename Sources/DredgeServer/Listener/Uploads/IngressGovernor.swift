@@ -1,3 +1,4 @@
+import DredgeDomain
 import Foundation
 import Synchronization
 
@@ -33,7 +34,7 @@ final class IngressGovernor: Sendable {
     /// The lowest cap: a 1 MiB chunk must not hold a connection's reading for more than a second.
     static let minBytesPerSecond = 1 << 20
 
-    init(bytesPerSecond: Int, clock: @escaping @Sendable () -> Double = IngressGovernor.monotonicSeconds) {
+    init(bytesPerSecond: Int, clock: @escaping @Sendable () -> Double = MonotonicClock.seconds) {
         self.bytesPerSecond = Double(bytesPerSecond)
         self.clock = clock
         state = Mutex(State(schedule: IngressSchedule(bytesPerSecond: Double(bytesPerSecond))))
@@ -88,12 +89,6 @@ final class IngressGovernor: Sendable {
             if wait > 0 { try? await Task.sleep(for: .seconds(wait)) }  // never cancelled: the granter outlives its callers
             state.withLock { $0.continuations.removeValue(forKey: id) }?.resume()
         }
-    }
-
-    static func monotonicSeconds() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
     }
 }
 
